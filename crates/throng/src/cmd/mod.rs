@@ -1,0 +1,8 @@
+//! One module per subcommand: its arguments (clap) and its `run`.
+
+pub(crate) mod attack;
+pub(crate) mod bench;
+pub(crate) mod doctor;
+pub(crate) mod hold;
+pub(crate) mod report;
+pub(crate) mod serve;

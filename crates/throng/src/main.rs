@@ -1,0 +1,53 @@
+//! throng: hold millions of connections, push to all of them, and prove it under load.
+//!
+//! The binary only parses arguments and wires the crates together; each
+//! subcommand lives in its own module under `cmd/`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// Hold millions of connections, push to all of them, and prove it under load.
+#[derive(Debug, Parser)]
+#[command(name = "throng", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the WebSocket push server: subscribe on /<channel>, publish with POST /publish/<channel>.
+    Serve(cmd::serve::Args),
+    /// Open and hold many WebSocket connections at a set rate and measure every push.
+    Hold(cmd::hold::Args),
+    /// Drive HTTP load at a set request rate (open model), measured without coordinated omission.
+    Attack(cmd::attack::Args),
+    /// Read and merge result files into a text, JSON or HTML report.
+    Report(cmd::report::Args),
+    /// One-command proof on this machine: serve + hold + publish + host sampling, then a report.
+    Bench(cmd::bench::Args),
+    /// Check this machine's limits for a run of N connections and print the fixes.
+    Doctor(cmd::doctor::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => cmd::serve::run(args),
+        Command::Hold(args) => cmd::hold::run(args),
+        Command::Attack(args) => cmd::attack::run(args),
+        Command::Report(args) => cmd::report::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+        Command::Doctor(args) => cmd::doctor::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("throng: error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
