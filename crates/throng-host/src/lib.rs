@@ -1,1 +1,5 @@
-//! throng-host
+//! The machine under throng: kernel limits and what they allow (`doctor`),
+//! `/proc` sampling once a second, and the per-process file budget that
+//! decides how many worker processes a run needs.
+
+pub mod sample;

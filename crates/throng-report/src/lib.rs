@@ -1,1 +1,5 @@
-//! throng-report
+//! throng result files: the per-interval records every worker writes, the
+//! versioned file format that holds them, exact merging across workers and
+//! machines, and text, JSON and HTML reports.
+
+pub mod interval;
