@@ -2,4 +2,5 @@
 //! `/proc` sampling once a second, and the per-process file budget that
 //! decides how many worker processes a run needs.
 
+pub mod limits;
 pub mod sample;
