@@ -1,1 +1,11 @@
-//! throng-load
+//! The throng load harness: the open-model [`pacer`], target and source
+//! parsing ([`target`]), plan fitting ([`plan`]), the `hold` client
+//! ([`hold`]) with its recorder ([`recorder`]), the timestamped message
+//! ([`message`]), publishers ([`publish`]) and the supervisor that runs
+//! worker processes ([`supervisor`]).
+
+pub mod message;
+pub mod pacer;
+pub mod plan;
+pub mod recorder;
+pub mod target;

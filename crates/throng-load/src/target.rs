@@ -1,0 +1,469 @@
+//! Where the load goes and where it comes from: the WebSocket target with
+//! its port range (`ws://HOST:10000-10015/chan`), the publish endpoint
+//! (`http://…/publish/chan` or `redis://HOST:PORT`), and the source
+//! addresses connections are spread over (`127.0.0.2-127.0.0.60`, a comma
+//! list, or both).
+//!
+//! Only literal IP addresses and `localhost` are accepted as hosts: a load
+//! harness that resolves names per connection measures DNS, not the server.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Why a URL or address list was refused.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TargetError {
+    /// Not `scheme://host:port/path` with the scheme expected.
+    #[error("invalid URL '{url}': {why}")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A source address list that does not parse.
+    #[error("invalid source addresses '{list}': {why}")]
+    Sources {
+        /// The list as given.
+        list: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+fn url_err(url: &str, why: impl Into<String>) -> TargetError {
+    TargetError::Url {
+        url: url.to_owned(),
+        why: why.into(),
+    }
+}
+
+/// A WebSocket target: one host, one or more consecutive ports, one path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsTarget {
+    /// The server's address.
+    pub ip: IpAddr,
+    /// The host as written in the URL, sent in the `Host` header.
+    pub host: String,
+    /// First port of the range.
+    pub port_first: u16,
+    /// Last port of the range (inclusive, `>= port_first`).
+    pub port_last: u16,
+    /// Request target: `/chan` (with any query).
+    pub path: String,
+}
+
+impl WsTarget {
+    /// Number of target ports.
+    pub fn port_count(&self) -> u32 {
+        u32::from(self.port_last - self.port_first) + 1
+    }
+
+    /// Port number `k` of the range (wraps around).
+    pub fn port(&self, k: u32) -> u16 {
+        // Invariant: the remainder is below port_count() <= 65536, and
+        // port_first + it <= port_last, so it fits in a u16.
+        let off = k % self.port_count();
+        self.port_first + off as u16
+    }
+
+    /// The channel name: the path without its leading `/` and query.
+    pub fn channel(&self) -> &str {
+        let p = self.path.strip_prefix('/').unwrap_or(&self.path);
+        p.split(['?', '#']).next().unwrap_or(p)
+    }
+
+    /// Whether the server is on this machine's loopback.
+    pub fn is_loopback(&self) -> bool {
+        self.ip.is_loopback()
+    }
+
+    /// The `Host` header value for port `port`.
+    pub fn host_header(&self, port: u16) -> String {
+        match self.ip {
+            IpAddr::V6(_) if !self.host.starts_with('[') => format!("[{}]:{port}", self.host),
+            _ => format!("{}:{port}", self.host),
+        }
+    }
+}
+
+impl fmt::Display for WsTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let host = match self.ip {
+            IpAddr::V6(_) if !self.host.starts_with('[') => format!("[{}]", self.host),
+            _ => self.host.clone(),
+        };
+        if self.port_first == self.port_last {
+            write!(f, "ws://{host}:{}{}", self.port_first, self.path)
+        } else {
+            write!(
+                f,
+                "ws://{host}:{}-{}{}",
+                self.port_first, self.port_last, self.path
+            )
+        }
+    }
+}
+
+impl FromStr for WsTarget {
+    type Err = TargetError;
+
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        let parts = split_url(url, &["ws"], 80)?;
+        let (first, last) = parts.ports;
+        if parts.path == "/" {
+            return Err(url_err(
+                url,
+                "no channel in the path (expected ws://HOST:PORT/<channel>)",
+            ));
+        }
+        Ok(Self {
+            ip: parts.ip,
+            host: parts.host,
+            port_first: first,
+            port_last: last,
+            path: parts.path,
+        })
+    }
+}
+
+/// Where `hold` publishes its timestamped messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PublishTarget {
+    /// `POST` the message to this HTTP endpoint (`http://host:port/publish/chan`).
+    Http {
+        /// Server address.
+        addr: SocketAddr,
+        /// `Host` header value.
+        host: String,
+        /// Request target, e.g. `/publish/chan`.
+        path: String,
+    },
+    /// `PUBLISH <channel> <message>` on this Redis server.
+    Redis {
+        /// Redis address.
+        addr: SocketAddr,
+    },
+}
+
+impl FromStr for PublishTarget {
+    type Err = TargetError;
+
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        if url.starts_with("redis://") {
+            let p = split_url(url, &["redis"], 6379)?;
+            if p.ports.0 != p.ports.1 {
+                return Err(url_err(url, "a port range makes no sense for Redis"));
+            }
+            return Ok(Self::Redis {
+                addr: SocketAddr::new(p.ip, p.ports.0),
+            });
+        }
+        let p = split_url(url, &["http"], 80)?;
+        if p.ports.0 != p.ports.1 {
+            return Err(url_err(url, "give one port for the publish endpoint"));
+        }
+        let host = match p.ip {
+            IpAddr::V6(_) if !p.host.starts_with('[') => format!("[{}]:{}", p.host, p.ports.0),
+            _ => format!("{}:{}", p.host, p.ports.0),
+        };
+        Ok(Self::Http {
+            addr: SocketAddr::new(p.ip, p.ports.0),
+            host,
+            path: p.path,
+        })
+    }
+}
+
+impl fmt::Display for PublishTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Http { host, path, .. } => write!(f, "http://{host}{path}"),
+            Self::Redis { addr } => write!(f, "redis://{addr}"),
+        }
+    }
+}
+
+struct UrlParts {
+    ip: IpAddr,
+    host: String,
+    ports: (u16, u16),
+    path: String,
+}
+
+fn split_url(url: &str, schemes: &[&str], default_port: u16) -> Result<UrlParts, TargetError> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(url_err(
+            url,
+            format!("expected {}://HOST:PORT/...", schemes[0]),
+        ));
+    };
+    if !schemes.contains(&scheme) {
+        let why = if scheme == "wss" || scheme == "https" {
+            format!(
+                "{scheme}:// (TLS) is not supported yet; use {}://",
+                schemes[0]
+            )
+        } else {
+            format!("scheme must be {}://", schemes.join(":// or "))
+        };
+        return Err(url_err(url, why));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if authority.contains('@') {
+        return Err(url_err(url, "user info in the URL is not supported"));
+    }
+    let (host, port_text) = if let Some(inner) = authority.strip_prefix('[') {
+        let Some((h, after)) = inner.split_once(']') else {
+            return Err(url_err(url, "unclosed '[' in IPv6 address"));
+        };
+        match after.strip_prefix(':') {
+            Some(p) => (h, Some(p)),
+            None if after.is_empty() => (h, None),
+            None => return Err(url_err(url, "junk after ']'")),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(url_err(url, "no host"));
+    }
+    let ip = if host.eq_ignore_ascii_case("localhost") {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        host.parse::<IpAddr>().map_err(|_| {
+            url_err(
+                url,
+                format!("host '{host}' must be an IP address or localhost"),
+            )
+        })?
+    };
+    let ports = match port_text {
+        None => (default_port, default_port),
+        Some(p) => parse_port_range(p)
+            .ok_or_else(|| url_err(url, format!("invalid port or port range '{p}'")))?,
+    };
+    Ok(UrlParts {
+        ip,
+        host: host.to_owned(),
+        ports,
+        path: path.to_owned(),
+    })
+}
+
+/// `10000` or `10000-10015` (inclusive, first <= last, no port 0).
+fn parse_port_range(s: &str) -> Option<(u16, u16)> {
+    let (a, b) = match s.split_once('-') {
+        Some((a, b)) => (a.parse::<u16>().ok()?, b.parse::<u16>().ok()?),
+        None => {
+            let p = s.parse::<u16>().ok()?;
+            (p, p)
+        }
+    };
+    (a > 0 && a <= b).then_some((a, b))
+}
+
+/// The most source addresses one list may name: a typo such as
+/// `127.0.0.1-127.255.0.0` should be an error, not sixteen million binds.
+pub const MAX_SOURCES: usize = 65_536;
+
+/// Parses `--source-ips`: comma-separated addresses and inclusive ranges
+/// (`127.0.0.2-127.0.0.60`, `::1`, `10.0.0.5,10.0.0.7-10.0.0.9`). Duplicates
+/// are dropped; order is kept.
+pub fn parse_sources(list: &str) -> Result<Vec<IpAddr>, TargetError> {
+    let err = |why: String| TargetError::Sources {
+        list: list.to_owned(),
+        why,
+    };
+    let mut out: Vec<IpAddr> = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match item.split_once('-') {
+            None => {
+                let ip: IpAddr = item
+                    .parse()
+                    .map_err(|_| err(format!("'{item}' is not an IP address")))?;
+                out.push(ip);
+            }
+            Some((a, b)) => {
+                let a: IpAddr = a
+                    .trim()
+                    .parse()
+                    .map_err(|_| err(format!("'{a}' is not an IP address")))?;
+                let b: IpAddr = b
+                    .trim()
+                    .parse()
+                    .map_err(|_| err(format!("'{b}' is not an IP address")))?;
+                let (lo, hi) = match (a, b) {
+                    (IpAddr::V4(a), IpAddr::V4(b)) => {
+                        (u128::from(u32::from(a)), u128::from(u32::from(b)))
+                    }
+                    (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b)),
+                    _ => return Err(err(format!("range '{item}' mixes IPv4 and IPv6"))),
+                };
+                if lo > hi {
+                    return Err(err(format!("range '{item}' runs backwards")));
+                }
+                if hi - lo >= MAX_SOURCES as u128 {
+                    return Err(err(format!(
+                        "range '{item}' has more than {MAX_SOURCES} addresses"
+                    )));
+                }
+                for v in lo..=hi {
+                    out.push(match a {
+                        // Invariant: both ends are IPv4 here, so v fits in a u32.
+                        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::from(v as u32)),
+                        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::from(v)),
+                    });
+                }
+            }
+        }
+        if out.len() > MAX_SOURCES {
+            return Err(err(format!("more than {MAX_SOURCES} addresses")));
+        }
+    }
+    if out.is_empty() {
+        return Err(err("no addresses".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|ip| seen.insert(*ip));
+    Ok(out)
+}
+
+/// `count` loopback source addresses starting at 127.0.0.2 (every address
+/// of 127.0.0.0/8 is local on Linux, no setup needed).
+pub fn loopback_sources(count: usize) -> Vec<IpAddr> {
+    let base = u32::from(Ipv4Addr::new(127, 0, 0, 2));
+    (0..count.min(MAX_SOURCES) as u32)
+        .map(|k| IpAddr::V4(Ipv4Addr::from(base + k)))
+        .collect()
+}
+
+/// Renders a source list compactly: runs of consecutive IPv4 addresses as ranges.
+pub fn format_sources(ips: &[IpAddr]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ips.len() {
+        let mut j = i;
+        if let IpAddr::V4(start) = ips[i] {
+            while j + 1 < ips.len() {
+                match ips[j + 1] {
+                    IpAddr::V4(n) if u32::from(n) == u32::from(start) + (j + 1 - i) as u32 => {
+                        j += 1
+                    }
+                    _ => break,
+                }
+            }
+        }
+        if j > i {
+            parts.push(format!("{}-{}", ips[i], ips[j]));
+        } else {
+            parts.push(ips[i].to_string());
+        }
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ws_target_with_port_range() {
+        let t: WsTarget = "ws://127.0.0.1:10000-10015/chan".parse().unwrap();
+        assert_eq!(t.port_count(), 16);
+        assert_eq!(t.port(0), 10000);
+        assert_eq!(t.port(15), 10015);
+        assert_eq!(t.port(16), 10000);
+        assert_eq!(t.channel(), "chan");
+        assert_eq!(t.host_header(10003), "127.0.0.1:10003");
+        assert_eq!(t.to_string(), "ws://127.0.0.1:10000-10015/chan");
+        let t: WsTarget = "ws://[::1]:9000/a?x=1".parse().unwrap();
+        assert_eq!(t.ip, "::1".parse::<IpAddr>().unwrap());
+        assert_eq!(t.channel(), "a");
+        assert_eq!(t.host_header(9000), "[::1]:9000");
+        let t: WsTarget = "ws://localhost/c".parse().unwrap();
+        assert_eq!((t.port_first, t.is_loopback()), (80, true));
+    }
+
+    #[test]
+    fn ws_target_errors() {
+        for bad in [
+            "http://127.0.0.1:1/c",
+            "wss://127.0.0.1:1/c",
+            "ws://127.0.0.1:1",
+            "ws://127.0.0.1:1/",
+            "ws://example.com:1/c",
+            "ws://127.0.0.1:0/c",
+            "ws://127.0.0.1:20-10/c",
+            "ws://127.0.0.1:99999/c",
+            "ws://[::1/c",
+            "ws://:80/c",
+            "127.0.0.1:80/c",
+        ] {
+            assert!(bad.parse::<WsTarget>().is_err(), "{bad} parsed");
+        }
+    }
+
+    #[test]
+    fn publish_targets() {
+        let p: PublishTarget = "http://127.0.0.1:8080/publish/chan".parse().unwrap();
+        assert_eq!(
+            p,
+            PublishTarget::Http {
+                addr: "127.0.0.1:8080".parse().unwrap(),
+                host: "127.0.0.1:8080".into(),
+                path: "/publish/chan".into()
+            }
+        );
+        let r: PublishTarget = "redis://127.0.0.1".parse().unwrap();
+        assert_eq!(
+            r,
+            PublishTarget::Redis {
+                addr: "127.0.0.1:6379".parse().unwrap()
+            }
+        );
+        assert!("ftp://1.2.3.4/x".parse::<PublishTarget>().is_err());
+        assert!("http://127.0.0.1:1-2/x".parse::<PublishTarget>().is_err());
+    }
+
+    #[test]
+    fn source_ranges_and_lists() {
+        let v = parse_sources("127.0.0.2-127.0.0.5").unwrap();
+        assert_eq!(v.len(), 4);
+        assert_eq!(v[3], "127.0.0.5".parse::<IpAddr>().unwrap());
+        let v = parse_sources("10.0.0.1, 10.0.0.3-10.0.0.4,10.0.0.1").unwrap();
+        assert_eq!(format_sources(&v), "10.0.0.1,10.0.0.3-10.0.0.4");
+        let v = parse_sources("127.0.0.254-127.0.1.1").unwrap();
+        assert_eq!(format_sources(&v), "127.0.0.254-127.0.1.1");
+        assert_eq!(parse_sources("::1").unwrap().len(), 1);
+        assert_eq!(parse_sources("fe80::1-fe80::3").unwrap().len(), 3);
+        for bad in [
+            "",
+            "127.0.0.5-127.0.0.2",
+            "x",
+            "127.0.0.1-::1",
+            "10.0.0.0-10.255.255.255",
+            "1.2.3",
+        ] {
+            assert!(parse_sources(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn loopback_sources_start_at_2() {
+        let v = loopback_sources(3);
+        assert_eq!(format_sources(&v), "127.0.0.2-127.0.0.4");
+    }
+}
