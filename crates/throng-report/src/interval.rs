@@ -14,7 +14,8 @@ pub const HISTOGRAM_SIGFIG: u8 = 3;
 /// A new empty histogram of the shape every interval uses.
 pub fn new_histogram() -> Histogram<u64> {
     // Invariant: the bounds above are valid for hdrhistogram (low 1, high >= 2, sigfig <= 5).
-    Histogram::new_with_bounds(1, HISTOGRAM_MAX_US, HISTOGRAM_SIGFIG).expect("valid histogram bounds")
+    Histogram::new_with_bounds(1, HISTOGRAM_MAX_US, HISTOGRAM_SIGFIG)
+        .expect("valid histogram bounds")
 }
 
 /// What one source (a worker process) recorded in one interval.
@@ -22,7 +23,7 @@ pub fn new_histogram() -> Histogram<u64> {
 /// Intervals are aligned on wall-clock time (`start_ns` a multiple of
 /// `length_ns`), so records from any number of workers and machines line up
 /// and merge exactly: counters and gauges add, histograms add.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Interval {
     /// Start, ns since the Unix epoch, a multiple of `length_ns`.
     pub start_ns: u64,

@@ -2,4 +2,5 @@
 //! versioned file format that holds them, exact merging across workers and
 //! machines, and text, JSON and HTML reports.
 
+pub mod format;
 pub mod interval;

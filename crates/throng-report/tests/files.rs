@@ -1,0 +1,201 @@
+//! Result files on disk: written as they go, read back up to damage, and
+//! refused when they are not result files.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use throng_report::format::{
+    Event, Header, ReadError, Reader, Record, Writer, encode_interval, read_files,
+};
+use throng_report::interval::{Interval, new_histogram};
+
+/// A fresh directory for one test, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("throng-report-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn interval(second: u64, source: &str, seed: u64) -> Interval {
+    let mut h = new_histogram();
+    for i in 0..100 {
+        h.record(1 + (i * 37 + seed * 11) % 5_000).unwrap();
+    }
+    Interval {
+        start_ns: second * 1_000_000_000,
+        length_ns: 1_000_000_000,
+        source: source.to_owned(),
+        counters: BTreeMap::from([("messages.received".to_owned(), 100 + seed)]),
+        gauges: BTreeMap::from([("connections.open".to_owned(), 50)]),
+        histograms: BTreeMap::from([("delivery".to_owned(), h)]),
+        host: None,
+    }
+}
+
+fn header() -> Header {
+    Header::new(
+        vec!["throng".into(), "hold".into()],
+        serde_json::json!({"connections": 100}),
+    )
+}
+
+#[test]
+fn what_is_written_is_read_back_in_order() {
+    let dir = TempDir::new("roundtrip");
+    let path = dir.file("run.throng");
+    let mut w = Writer::create(&path, &header()).unwrap();
+    let written: Vec<Interval> = (0..5)
+        .map(|s| interval(1_000 + s, "box/hold-0", s))
+        .collect();
+    for iv in &written[..3] {
+        w.write_interval(iv).unwrap();
+    }
+    let ev = Event {
+        at_ns: 1,
+        source: "box/hold".into(),
+        kind: "worker.restarted".into(),
+        text: "worker 0 exited: signal 9".into(),
+    };
+    w.write_event(&ev).unwrap();
+    // Lines from a worker's pipe, as the supervisor appends them.
+    for iv in &written[3..] {
+        w.write_encoded(&format!("{}\n", encode_interval(iv)))
+            .unwrap();
+    }
+    assert!(w.write_encoded("{}\n{}").is_err());
+    drop(w);
+
+    let mut reader = Reader::open(&path).unwrap();
+    assert_eq!(reader.header().command, vec!["throng", "hold"]);
+    let records: Vec<Record> = reader.by_ref().collect();
+    assert!(reader.damage().is_none());
+    let mut expected: Vec<Record> = written[..3].iter().cloned().map(Record::Interval).collect();
+    expected.push(Record::Event(ev));
+    expected.extend(written[3..].iter().cloned().map(Record::Interval));
+    assert_eq!(records, expected);
+    assert_eq!(reader.records_read(), 7);
+}
+
+#[test]
+fn a_truncated_file_reads_its_complete_prefix_and_says_where() {
+    let dir = TempDir::new("truncated");
+    let path = dir.file("cut.throng");
+    let mut w = Writer::create(&path, &header()).unwrap();
+    for s in 0..4 {
+        w.write_interval(&interval(2_000 + s, "box/hold-0", s))
+            .unwrap();
+    }
+    drop(w);
+    let full = std::fs::read(&path).unwrap();
+    // Cut inside the last record, as a kill during a write would.
+    let last_start = full[..full.len() - 1]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .unwrap()
+        + 1;
+    let cut = last_start + (full.len() - last_start) / 2;
+    std::fs::write(&path, &full[..cut]).unwrap();
+
+    let mut reader = Reader::open(&path).unwrap();
+    let n = reader.by_ref().count();
+    assert_eq!(n, 3);
+    let damage = reader.damage().expect("damage reported").clone();
+    assert_eq!(damage.offset, last_start as u64);
+    assert_eq!(damage.line, 5);
+    assert_eq!(damage.records_before, 4);
+    let text = damage.to_string();
+    assert!(text.contains("cut.throng"), "{text}");
+    assert!(text.contains(&format!("byte {last_start}")), "{text}");
+    assert!(text.contains("incomplete"), "{text}");
+}
+
+#[test]
+fn garbage_in_the_middle_stops_there() {
+    let dir = TempDir::new("garbage");
+    let path = dir.file("bad.throng");
+    let mut w = Writer::create(&path, &header()).unwrap();
+    w.write_interval(&interval(3_000, "box/hold-0", 1)).unwrap();
+    drop(w);
+    let good_len = std::fs::metadata(&path).unwrap().len();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(b"\0\0\0\0\n").unwrap();
+    f.write_all(encode_interval(&interval(3_001, "box/hold-0", 2)).as_bytes())
+        .unwrap();
+    f.write_all(b"\n").unwrap();
+    drop(f);
+    let mut reader = Reader::open(&path).unwrap();
+    assert_eq!(reader.by_ref().count(), 1);
+    assert_eq!(reader.damage().unwrap().offset, good_len);
+}
+
+#[test]
+fn files_that_are_not_results_are_refused_clearly() {
+    let dir = TempDir::new("foreign");
+    let cases: [(&str, &[u8], &str); 5] = [
+        ("empty", b"", "empty"),
+        ("text", b"hello world\n", "not JSON"),
+        ("json", b"{\"a\":1}\n", "\"throng\":\"results\""),
+        ("binary", b"\x89PNG\r\n\x1a\n\0\0\0", "not UTF-8"),
+        (
+            "cut-header",
+            b"{\"throng\":\"results\",\"vers",
+            "incomplete",
+        ),
+    ];
+    for (name, bytes, why) in cases {
+        let path = dir.file(name);
+        std::fs::write(&path, bytes).unwrap();
+        let err = Reader::open(&path).unwrap_err();
+        assert!(matches!(err, ReadError::NotResults { .. }), "{name}: {err}");
+        let text = err.to_string();
+        assert!(text.contains(name), "{text}");
+        assert!(text.contains("not a throng result file"), "{text}");
+        assert!(text.contains(why), "{name}: {text}");
+    }
+    let newer = dir.file("newer");
+    std::fs::write(&newer, b"{\"throng\":\"results\",\"version\":7}\n").unwrap();
+    let err = Reader::open(&newer).unwrap_err();
+    assert!(err.to_string().contains("newer"), "{err}");
+    let missing = Reader::open(dir.file("nope")).unwrap_err();
+    assert!(matches!(missing, ReadError::Io { .. }), "{missing}");
+}
+
+#[test]
+fn read_files_visits_every_file_and_keeps_damage_per_file() {
+    let dir = TempDir::new("many");
+    let a = dir.file("a");
+    let b = dir.file("b");
+    let mut w = Writer::create(&a, &header()).unwrap();
+    w.write_interval(&interval(1, "a/hold-0", 1)).unwrap();
+    drop(w);
+    let mut w = Writer::create(&b, &header()).unwrap();
+    w.write_interval(&interval(1, "b/hold-0", 1)).unwrap();
+    drop(w);
+    let mut bytes = std::fs::read(&b).unwrap();
+    bytes.extend_from_slice(b"{\"type\":\"interval\"");
+    std::fs::write(&b, bytes).unwrap();
+    let mut seen = vec![];
+    let summaries = read_files(&[&a, &b], |i, r| seen.push((i, r))).unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!((seen[0].0, seen[1].0), (0, 1));
+    assert!(summaries[0].damage.is_none());
+    assert!(summaries[1].damage.is_some());
+}
