@@ -4,3 +4,6 @@
 
 pub mod format;
 pub mod interval;
+pub mod merge;
+pub mod summary;
+pub mod text;

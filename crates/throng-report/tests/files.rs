@@ -199,3 +199,120 @@ fn read_files_visits_every_file_and_keeps_damage_per_file() {
     assert!(summaries[0].damage.is_none());
     assert!(summaries[1].damage.is_some());
 }
+
+mod merging {
+    use super::*;
+    use throng_host::sample::HostSample;
+    use throng_report::merge::merge_files;
+    use throng_report::summary::Report;
+
+    fn with_host(mut iv: Interval, host: &str, at_s: u64, estab: u64) -> Interval {
+        iv.host = Some(HostSample {
+            host: host.to_owned(),
+            at_ns: at_s * 1_000_000_000,
+            tcp_established: estab,
+            packets_in_total: at_s * 1000,
+            bytes_in_total: at_s * 1_000_000,
+            mem_total_bytes: 8 << 30,
+            mem_available_bytes: 4 << 30,
+            ..HostSample::default()
+        });
+        iv
+    }
+
+    /// Two workers on two hosts over 20 s, with host samples from one process per host.
+    fn run() -> Vec<Interval> {
+        let mut all = vec![];
+        for s in 0..20 {
+            all.push(with_host(
+                interval(5_000 + s, "a/hold-0", s),
+                "a",
+                5_001 + s,
+                10 + s,
+            ));
+            all.push(interval(5_000 + s, "a/hold-1", s + 100));
+            all.push(with_host(
+                interval(5_000 + s, "b/hold-0", s + 7),
+                "b",
+                5_001 + s,
+                1000,
+            ));
+        }
+        all
+    }
+
+    #[test]
+    fn two_files_merge_exactly_as_one() {
+        let dir = TempDir::new("merge");
+        let one = dir.file("one");
+        let a = dir.file("a");
+        let b = dir.file("b");
+        let mut w1 = Writer::create(&one, &header()).unwrap();
+        let mut wa = Writer::create(&a, &header()).unwrap();
+        let mut wb = Writer::create(&b, &header()).unwrap();
+        for (i, iv) in run().iter().enumerate() {
+            w1.write_interval(iv).unwrap();
+            // Split unevenly, and not by source: a file may hold any mix.
+            if i % 3 == 0 { &mut wa } else { &mut wb }
+                .write_interval(iv)
+                .unwrap();
+        }
+        drop((w1, wa, wb));
+
+        for width in [1_000_000_000, 10_000_000_000] {
+            let (single, _) = merge_files(&[&one], width).unwrap();
+            let (split, files) = merge_files(&[&b, &a], width).unwrap();
+            assert_eq!(files.len(), 2);
+            assert_eq!(single, split);
+            let r1 = Report::build(&single, &[], true);
+            let r2 = Report::build(&split, &[], true);
+            assert_eq!(r1, r2);
+        }
+
+        let (m, _) = merge_files(&[&a, &b], 1_000_000_000).unwrap();
+        // The merged histogram is the sum of every interval's histogram.
+        let mut expected = new_histogram();
+        for iv in run() {
+            expected.add(&iv.histograms["delivery"]).unwrap();
+        }
+        assert_eq!(m.histograms["delivery"], expected);
+        assert_eq!(
+            m.counters["messages.received"],
+            run()
+                .iter()
+                .map(|iv| iv.counters["messages.received"])
+                .sum::<u64>()
+        );
+        let r = Report::build(&m, &[], true);
+        assert_eq!(r.gauges["connections.open"].last, 150);
+        assert_eq!(r.duration_s, 20.0);
+        let host = r.host.unwrap();
+        // Host a's last sample (29) plus host b's, each once.
+        assert_eq!(host.tcp_established_last, 29 + 1000);
+        assert_eq!(host.packets_in_per_s, 2000.0);
+        let series = r.series.unwrap();
+        assert_eq!(series.len(), 20);
+        assert_eq!(series[0].host.as_ref().unwrap().packets_in_per_s, None);
+        assert_eq!(
+            series[1].host.as_ref().unwrap().packets_in_per_s,
+            Some(2000.0)
+        );
+    }
+
+    #[test]
+    fn the_same_file_twice_is_counted_once() {
+        let dir = TempDir::new("twice");
+        let one = dir.file("one");
+        let mut w = Writer::create(&one, &header()).unwrap();
+        for iv in run() {
+            w.write_interval(&iv).unwrap();
+        }
+        drop(w);
+        let (once, _) = merge_files(&[&one], 1_000_000_000).unwrap();
+        let (twice, _) = merge_files(&[&one, &one], 1_000_000_000).unwrap();
+        assert_eq!(twice.duplicates, 60);
+        assert_eq!(once.histograms, twice.histograms);
+        assert_eq!(once.counters, twice.counters);
+        assert_eq!(once.buckets, twice.buckets);
+    }
+}
