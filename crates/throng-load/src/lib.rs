@@ -4,6 +4,7 @@
 //! ([`message`]), publishers ([`publish`]) and the supervisor that runs
 //! worker processes ([`supervisor`]).
 
+pub mod attack;
 pub mod message;
 pub mod pacer;
 pub mod plan;
