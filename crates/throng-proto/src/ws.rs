@@ -339,7 +339,8 @@ pub enum Frame<'a> {
     Pong(&'a [u8]),
     /// A close; `code` is `None` for an empty close payload.
     Close {
-        /// The peer's close code, already checked to be one a peer may send.
+        /// The peer's close code, already checked to be one a peer may send
+        /// ([`close_code_valid`]).
         code: Option<u16>,
         /// The peer's reason, checked UTF-8.
         reason: &'a str,
@@ -434,6 +435,11 @@ impl ProtocolError {
 /// Incremental frame decoder. Idle, it is a few words with no heap
 /// allocation; it allocates only to assemble a fragmented message, and frees
 /// that when the message completes.
+///
+/// A read loop that calls [`Decoder::decode`] until it returns `Ok(None)`
+/// leaves the decoder with no heap memory unless a message is still
+/// arriving: the buffer of a just-completed fragmented message is freed by
+/// that last call.
 ///
 /// Every [`ProtocolError`] is fatal: close the connection with its
 /// [`close_code`](ProtocolError::close_code) and drop the decoder.
@@ -1156,6 +1162,19 @@ mod tests {
             Some(Frame::Text(b"Hello"))
         );
         assert!(!dec.in_message());
+        assert!(dec.assembly.is_some(), "kept for the returned borrow");
+        // The read loop's last call, on an empty buffer, frees it.
+        assert_eq!(dec.decode(&mut []), Ok(None));
+        assert!(dec.assembly.is_none());
+        let mut again = b"\x02\x01a\x80\x01b".to_vec();
+        let first = dec.decode(&mut again).unwrap().unwrap().consumed;
+        assert!(
+            dec.decode(&mut again[first..])
+                .unwrap()
+                .unwrap()
+                .frame
+                .is_some()
+        );
         dec.release();
         assert!(dec.assembly.is_none());
         // An error mid-message frees it too.
