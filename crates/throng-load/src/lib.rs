@@ -5,8 +5,12 @@
 //! worker processes ([`supervisor`]).
 
 pub mod attack;
+pub mod hold;
 pub mod message;
 pub mod pacer;
 pub mod plan;
+pub mod publish;
 pub mod recorder;
+pub mod supervisor;
 pub mod target;
+pub mod units;

@@ -33,11 +33,12 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// A rate as given on the command line: `500/s`, `2k/s`, `60/m`, `1000`
 /// (per second), or a linear ramp `100/s..5000/s`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum RateSpec {
     /// A constant number of events per second.
     Constant(f64),

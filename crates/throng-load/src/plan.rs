@@ -12,12 +12,9 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use throng_host::limits::{self, DEFAULT_FD_RESERVE};
 
 use crate::target::{WsTarget, format_sources, loopback_sources};
-
-/// File descriptors a worker keeps for itself (stdio, the runtime's epoll
-/// and eventfd, the publisher's socket, a log file) beyond its connections.
-pub const FD_RESERVE: u64 = 64;
 
 /// Fraction of the local port range a plan may use per (source, target
 /// port) pair: the rest is left for TIME_WAIT and other programs.
@@ -45,9 +42,9 @@ impl Machine {
         (range as f64 * PORT_USE) as u64
     }
 
-    /// Connections one worker may hold.
+    /// Connections one worker may hold (`throng-host`'s file budget).
     pub fn per_worker(&self) -> u64 {
-        self.nofile.saturating_sub(FD_RESERVE)
+        limits::budget(1, self.nofile, DEFAULT_FD_RESERVE).map_or(0, |b| b.per_worker)
     }
 }
 
@@ -176,7 +173,7 @@ pub fn fit(req: &Request, machine: &Machine) -> Result<Fit, PlanError> {
             let w = needed.max(by_cores.min(n));
             let reason = if needed >= by_cores.min(n) {
                 format!(
-                    "{n} connections / {per_proc} per process (open-file limit {} - {FD_RESERVE})",
+                    "{n} connections / {per_proc} per process (open-file limit {} - {DEFAULT_FD_RESERVE})",
                     machine.nofile
                 )
             } else {

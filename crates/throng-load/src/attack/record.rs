@@ -1,0 +1,391 @@
+//! What an `attack` worker counts, turned into one [`Interval`] per second,
+//! and the optional per-request rows (`--per-request`).
+//!
+//! Names in the interval (the result-file contract, `docs/results-format.md`):
+//!
+//! - counters: `requests.sent`, `requests.late` (started more than
+//!   [`LATE_US`] after the intended time), `requests.retried` (a reused
+//!   keep-alive connection was found closed and the request went again on a
+//!   new one), `requests.error.<kind>` ([`Failure`]), `status.<code>`,
+//!   `bytes.in`, `bytes.out`, `connections.opened`;
+//! - gauges: `requests.in_flight`, `connections.open`;
+//! - histograms (µs): `latency` (intended start → last response byte),
+//!   `service` (actual start → last response byte), `lag` (intended →
+//!   actual start).
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use throng_report::interval::{HISTOGRAM_MAX_US, Interval, new_histogram};
+
+use crate::recorder::ConnectError;
+
+/// A request started more than this after its intended time counts as late.
+pub const LATE_US: u64 = 10_000;
+
+/// Why a request got no (complete) response; each is `requests.error.<label>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The server refused the TCP connection.
+    Refused,
+    /// No complete response within `--timeout`.
+    Timeout,
+    /// The connection was reset (or broke while writing).
+    Reset,
+    /// The server closed the connection before the response ended.
+    Closed,
+    /// The response was not valid HTTP/1.x (head or body framing).
+    BadResponse,
+    /// No local port or address was left.
+    AddrNotAvailable,
+    /// Still in flight when the run was stopped (Ctrl-C).
+    Canceled,
+    /// Anything else.
+    Other,
+}
+
+impl Failure {
+    /// Every kind, in counter order.
+    pub const ALL: [Self; 8] = [
+        Self::Refused,
+        Self::Timeout,
+        Self::Reset,
+        Self::Closed,
+        Self::BadResponse,
+        Self::AddrNotAvailable,
+        Self::Canceled,
+        Self::Other,
+    ];
+
+    /// The counter suffix.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Refused => "refused",
+            Self::Timeout => "timeout",
+            Self::Reset => "reset",
+            Self::Closed => "closed",
+            Self::BadResponse => "bad_response",
+            Self::AddrNotAvailable => "addr_not_available",
+            Self::Canceled => "canceled",
+            Self::Other => "other",
+        }
+    }
+
+    /// Classifies a socket error (the same rules as `hold`'s connects).
+    pub fn from_io(err: &io::Error) -> Self {
+        match ConnectError::from_io(err) {
+            ConnectError::Refused => Self::Refused,
+            ConnectError::Timeout => Self::Timeout,
+            ConnectError::Reset => Self::Reset,
+            ConnectError::AddrNotAvailable => Self::AddrNotAvailable,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Per-interval counts and histograms of one `attack` worker.
+#[derive(Debug)]
+pub struct AttackRecorder {
+    source: String,
+    length_ns: u64,
+    sent: u64,
+    late: u64,
+    retried: u64,
+    opened: u64,
+    failed: [u64; Failure::ALL.len()],
+    /// Responses by status code; index = code (100..=999 fit).
+    status: Box<[u64; 1000]>,
+    bytes_in: u64,
+    bytes_out: u64,
+    /// Requests started and not yet finished (a level).
+    in_flight: i64,
+    /// Connections open, idle ones included (a level).
+    open: i64,
+    latency: Histogram<u64>,
+    service: Histogram<u64>,
+    lag: Histogram<u64>,
+}
+
+fn record(h: &mut Histogram<u64>, us: u64) {
+    h.saturating_record(us.clamp(1, HISTOGRAM_MAX_US));
+}
+
+impl AttackRecorder {
+    /// A recorder for `source` (`"host/attack-0"`) with intervals of `length_ns`.
+    pub fn new(source: String, length_ns: u64) -> Self {
+        Self {
+            source,
+            length_ns,
+            sent: 0,
+            late: 0,
+            retried: 0,
+            opened: 0,
+            failed: [0; Failure::ALL.len()],
+            status: Box::new([0; 1000]),
+            bytes_in: 0,
+            bytes_out: 0,
+            in_flight: 0,
+            open: 0,
+            latency: new_histogram(),
+            service: new_histogram(),
+            lag: new_histogram(),
+        }
+    }
+
+    /// A request was started `lag_us` after its intended time.
+    pub fn started(&mut self, lag_us: u64) {
+        self.sent += 1;
+        self.in_flight += 1;
+        if lag_us > LATE_US {
+            self.late += 1;
+        }
+        record(&mut self.lag, lag_us);
+    }
+
+    /// A whole response arrived.
+    pub fn answered(&mut self, status: u16, latency_us: u64, service_us: u64) {
+        self.in_flight -= 1;
+        if let Some(n) = self.status.get_mut(usize::from(status)) {
+            *n += 1;
+        }
+        record(&mut self.latency, latency_us);
+        record(&mut self.service, service_us);
+    }
+
+    /// A request failed.
+    pub fn failed(&mut self, why: Failure) {
+        self.in_flight -= 1;
+        self.failed[why as usize] += 1;
+    }
+
+    /// Requests still in flight are abandoned (the run was stopped).
+    pub fn cancel_in_flight(&mut self) {
+        let n = u64::try_from(self.in_flight).unwrap_or(0);
+        self.failed[Failure::Canceled as usize] += n;
+        self.in_flight = 0;
+    }
+
+    /// A request is sent again on a new connection.
+    pub fn retried(&mut self) {
+        self.retried += 1;
+    }
+
+    /// A connection was opened.
+    pub fn connection_opened(&mut self) {
+        self.opened += 1;
+        self.open += 1;
+    }
+
+    /// A connection was closed.
+    pub fn connection_closed(&mut self) {
+        self.open -= 1;
+    }
+
+    /// Bytes written.
+    pub fn bytes_out(&mut self, n: usize) {
+        self.bytes_out += n as u64;
+    }
+
+    /// Bytes read.
+    pub fn bytes_in(&mut self, n: usize) {
+        self.bytes_in += n as u64;
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight
+    }
+
+    /// The interval starting at `start_ns`: everything counted since the last
+    /// call. Counters and histograms restart from zero; levels carry on.
+    pub fn take(&mut self, start_ns: u64) -> Interval {
+        let mut counters = BTreeMap::new();
+        let mut put = |name: &str, v: u64| {
+            if v > 0 {
+                counters.insert(name.to_owned(), v);
+            }
+        };
+        put("requests.sent", self.sent);
+        put("requests.late", self.late);
+        put("requests.retried", self.retried);
+        put("connections.opened", self.opened);
+        put("bytes.in", self.bytes_in);
+        put("bytes.out", self.bytes_out);
+        for kind in Failure::ALL {
+            put(&format!("requests.error.{}", kind.label()), self.failed[kind as usize]);
+        }
+        for (code, n) in self.status.iter_mut().enumerate() {
+            if *n > 0 {
+                counters.insert(format!("status.{code}"), *n);
+                *n = 0;
+            }
+        }
+        let mut histograms = BTreeMap::new();
+        for (name, h) in [("latency", &mut self.latency), ("service", &mut self.service), ("lag", &mut self.lag)] {
+            if !h.is_empty() {
+                histograms.insert(name.to_owned(), h.clone());
+                h.reset();
+            }
+        }
+        let gauges = BTreeMap::from([
+            ("requests.in_flight".to_owned(), self.in_flight),
+            ("connections.open".to_owned(), self.open),
+        ]);
+        self.sent = 0;
+        self.late = 0;
+        self.retried = 0;
+        self.opened = 0;
+        self.bytes_in = 0;
+        self.bytes_out = 0;
+        self.failed = [0; Failure::ALL.len()];
+        Interval {
+            start_ns,
+            length_ns: self.length_ns,
+            source: self.source.clone(),
+            counters,
+            gauges,
+            histograms,
+            host: None,
+        }
+    }
+}
+
+/// How per-request rows are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowFormat {
+    /// Comma-separated, with a header line ([`CSV_HEADER`]).
+    Csv,
+    /// One JSON object per line.
+    JsonLines,
+}
+
+impl RowFormat {
+    /// CSV for a `.csv` file name, JSON lines otherwise.
+    pub fn for_path(path: &Path) -> Self {
+        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv")) { Self::Csv } else { Self::JsonLines }
+    }
+}
+
+/// The CSV header line.
+pub const CSV_HEADER: &str =
+    "seq,worker,target,intended_ns,started_ns,latency_us,service_us,status,error,bytes_in,bytes_out\n";
+
+/// One request's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Row {
+    /// The request's number in the schedule (0-based, over all workers).
+    pub seq: u64,
+    /// The worker that sent it.
+    pub worker: u32,
+    /// Which target (0-based, in the targets' order).
+    pub target: usize,
+    /// Intended start, ns since the Unix epoch.
+    pub intended_ns: u64,
+    /// Actual start, ns since the Unix epoch.
+    pub started_ns: u64,
+    /// Intended start → end (µs).
+    pub latency_us: u64,
+    /// Actual start → end (µs).
+    pub service_us: u64,
+    /// The status code (0 when there was no response).
+    pub status: u16,
+    /// The failure kind, empty when a response arrived.
+    pub error: &'static str,
+    /// Bytes read.
+    pub bytes_in: u64,
+    /// Bytes written.
+    pub bytes_out: u64,
+}
+
+/// Appends rows to a file shared by every worker: each write is a block of
+/// whole lines on an `O_APPEND` file, so workers' rows never interleave
+/// within a line.
+#[derive(Debug)]
+pub struct RowWriter {
+    file: std::fs::File,
+    format: RowFormat,
+    buf: Vec<u8>,
+}
+
+/// Flush when the buffer passes this.
+const ROW_FLUSH: usize = 32 * 1024;
+
+impl RowWriter {
+    /// Opens `path` for appending (the supervisor created it).
+    pub fn open(path: &Path, format: RowFormat) -> io::Result<Self> {
+        let file = std::fs::OpenOptions::new().append(true).open(path)?;
+        Ok(Self { file, format, buf: Vec::with_capacity(ROW_FLUSH + 512) })
+    }
+
+    /// Adds one row.
+    pub fn push(&mut self, r: &Row) -> io::Result<()> {
+        match self.format {
+            RowFormat::Csv => {
+                let _ = writeln!(
+                    self.buf,
+                    "{},{},{},{},{},{},{},{},{},{},{}",
+                    r.seq,
+                    r.worker,
+                    r.target,
+                    r.intended_ns,
+                    r.started_ns,
+                    r.latency_us,
+                    r.service_us,
+                    r.status,
+                    r.error,
+                    r.bytes_in,
+                    r.bytes_out
+                );
+            }
+            RowFormat::JsonLines => {
+                serde_json::to_writer(&mut self.buf, r).map_err(io::Error::other)?;
+                self.buf.push(b'\n');
+            }
+        }
+        if self.buf.len() >= ROW_FLUSH { self.flush() } else { Ok(()) }
+    }
+
+    /// Writes what is buffered, in one `write` (whole lines only).
+    pub fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.file.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_resets_counts_keeps_levels() {
+        let mut r = AttackRecorder::new("h/attack-0".into(), 1_000_000_000);
+        r.started(5);
+        r.started(LATE_US + 1);
+        r.started(1);
+        r.answered(200, 1500, 900);
+        r.answered(503, 10, 9);
+        r.connection_opened();
+        r.bytes_out(100);
+        let iv = r.take(1_000_000_000);
+        assert_eq!(iv.counters["requests.sent"], 3);
+        assert_eq!(iv.counters["requests.late"], 1);
+        assert_eq!(iv.counters["status.200"], 1);
+        assert_eq!(iv.counters["status.503"], 1);
+        assert_eq!(iv.gauges["requests.in_flight"], 1);
+        assert_eq!(iv.gauges["connections.open"], 1);
+        assert_eq!(iv.histograms["latency"].len(), 2);
+        assert_eq!(iv.histograms["lag"].len(), 3);
+        r.failed(Failure::Timeout);
+        let next = r.take(2_000_000_000);
+        assert_eq!(next.counters.len(), 1);
+        assert_eq!(next.counters["requests.error.timeout"], 1);
+        assert_eq!(next.gauges["requests.in_flight"], 0);
+        assert!(next.histograms.is_empty());
+    }
+}

@@ -1,0 +1,379 @@
+//! What `throng attack` sends: targets in Vegeta's text format, or one
+//! target built from `--url`, `-H`, `--body` and `--method`.
+//!
+//! The format, one target after another (blank lines and `#` comments are
+//! ignored):
+//!
+//! ```text
+//! GET http://127.0.0.1:8080/ping
+//! sleep: 1000
+//! times: 2
+//!
+//! POST http://127.0.0.1:8080/ping
+//! Content-Type: application/json
+//! @body.json
+//! ```
+//!
+//! A target line is `METHOD URL`; `Name: value` lines under it are its
+//! headers; one `@path` line names a file whose bytes are its body (relative
+//! paths are relative to the current directory, as in Vegeta). Requests take
+//! the targets in turn: request `i` uses target `i % targets`.
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use throng_proto::http;
+
+/// Why targets could not be read.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TargetError {
+    /// A line of the targets text is not a target, a header or a body line.
+    #[error("{source_name} line {line}: {reason}")]
+    Line {
+        /// Where the text came from (a path or `stdin`).
+        source_name: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The URL cannot be attacked.
+    #[error("invalid URL '{url}': {reason}")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file (the targets, or a body) could not be read.
+    #[error("cannot read {path}: {err}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        err: std::io::Error,
+    },
+    /// The targets text holds no target.
+    #[error("{0}: no targets (expected lines like 'GET http://127.0.0.1:8080/ping')")]
+    Empty(String),
+    /// The host name does not resolve.
+    #[error("cannot resolve {host}: {reason}")]
+    Resolve {
+        /// `host:port`.
+        host: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// An `http://` URL split for a client: where to connect and what to ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpUrl {
+    /// `host[:port]` as written (the `Host` header).
+    pub authority: String,
+    /// The host name or address (IPv6 without brackets).
+    pub host: String,
+    /// The port (80 when not written).
+    pub port: u16,
+    /// Path and query, at least `/`.
+    pub path: String,
+}
+
+impl HttpUrl {
+    /// Parses `http://host[:port][/path][?query]`.
+    pub fn parse(url: &str) -> Result<Self, TargetError> {
+        let bad = |reason: &str| TargetError::Url { url: url.to_owned(), reason: reason.to_owned() };
+        let rest = if let Some(rest) = url.strip_prefix("http://") {
+            rest
+        } else if url.starts_with("https://") {
+            return Err(bad("HTTPS is not supported yet (it comes with TLS); use http://"));
+        } else {
+            return Err(bad("expected http://HOST[:PORT]/PATH"));
+        };
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_owned()),
+            Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
+            None => (rest, "/".to_owned()),
+        };
+        if authority.is_empty() {
+            return Err(bad("no host"));
+        }
+        if authority.contains('@') {
+            return Err(bad("user information in URLs is not supported; send an Authorization header"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (h, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '[' in host"))?;
+            match after.strip_prefix(':') {
+                Some(p) => (h, Some(p)),
+                None if after.is_empty() => (h, None),
+                None => return Err(bad("junk after ']'")),
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        let port = match port {
+            Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| bad("port is not a number 1-65535"))?,
+            None => 80,
+        };
+        if host.is_empty() {
+            return Err(bad("no host"));
+        }
+        if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err(bad("spaces or control characters in the path (percent-encode them)"));
+        }
+        Ok(Self { authority: authority.to_owned(), host: host.to_owned(), port, path })
+    }
+
+    /// Resolves the host to the first address it has.
+    pub fn resolve(&self) -> Result<SocketAddr, TargetError> {
+        let host = format!("{}:{}", self.host, self.port);
+        let err = |reason: String| TargetError::Resolve { host: host.clone(), reason };
+        if let Ok(ip) = self.host.parse::<std::net::IpAddr>() {
+            return Ok(SocketAddr::new(ip, self.port));
+        }
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| err(e.to_string()))?
+            .next()
+            .ok_or_else(|| err("no address".to_owned()))
+    }
+}
+
+impl fmt::Display for HttpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.path)
+    }
+}
+
+/// One request to send, as many times as its turn comes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// Where.
+    pub url: HttpUrl,
+    /// Header lines, in order (never `Content-Length`: it is computed).
+    pub headers: Vec<(String, String)>,
+    /// The body (empty: none).
+    pub body: Vec<u8>,
+}
+
+impl Target {
+    /// Adds `headers` (from `-H`) that the target does not set itself.
+    pub fn add_defaults(&mut self, headers: &[(String, String)]) {
+        for (name, value) in headers {
+            if !self.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+                self.headers.push((name.clone(), value.clone()));
+            }
+        }
+    }
+
+    /// The whole request as bytes on the wire: written once, sent many times.
+    /// Without keep-alive it asks the server to close (`Connection: close`).
+    pub fn encode(&self, keepalive: bool) -> Vec<u8> {
+        let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(self.headers.len() + 2);
+        if !self.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+            headers.push(("Host", self.url.authority.as_bytes()));
+        }
+        for (n, v) in &self.headers {
+            if !keepalive && n.eq_ignore_ascii_case("connection") {
+                continue;
+            }
+            headers.push((n.as_str(), v.as_bytes()));
+        }
+        if !keepalive {
+            headers.push(("Connection", b"close"));
+        }
+        let mut out = Vec::new();
+        http::write_request(&mut out, &self.method, &self.url.path, &headers, &self.body);
+        out
+    }
+}
+
+/// Parses one `Name: value` header (`-H` or a targets line).
+pub fn parse_header(line: &str) -> Result<(String, String), String> {
+    let (name, value) = line.split_once(':').ok_or_else(|| format!("'{line}' is not a header: expected 'Name: value'"))?;
+    let name = name.trim();
+    if name.is_empty() || !name.bytes().all(is_token_byte) {
+        return Err(format!("'{name}' is not a header name"));
+    }
+    let value = value.trim();
+    if value.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
+        return Err(format!("header '{name}' has control characters in its value"));
+    }
+    if name.eq_ignore_ascii_case("content-length") {
+        return Err("do not set Content-Length: it is computed from the body".to_owned());
+    }
+    if name.eq_ignore_ascii_case("transfer-encoding") {
+        return Err("Transfer-Encoding is not supported: bodies are sent with a Content-Length".to_owned());
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
+
+/// RFC 9110 `tchar`.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn is_method(word: &str) -> bool {
+    !word.is_empty() && word.bytes().all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_')
+}
+
+/// Parses targets text. `source_name` names it in errors; `read_body` reads
+/// an `@path` body (a closure so tests need no files).
+pub fn parse(
+    text: &str,
+    source_name: &str,
+    mut read_body: impl FnMut(&Path) -> Result<Vec<u8>, std::io::Error>,
+) -> Result<Vec<Target>, TargetError> {
+    let mut targets: Vec<Target> = Vec::new();
+    // Whether the current target already has its body (no lines may follow).
+    let mut has_body = false;
+    for (n, raw) in text.lines().enumerate() {
+        let line_no = n + 1;
+        let err = |reason: String| TargetError::Line { source_name: source_name.to_owned(), line: line_no, reason };
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let first = line.split_whitespace().next().unwrap_or("");
+        if is_method(first) && line[first.len()..].trim_start().contains("://") {
+            let url_text = line[first.len()..].trim();
+            if url_text.contains(char::is_whitespace) {
+                return Err(err(format!("expected 'METHOD URL', got '{line}'")));
+            }
+            let url = HttpUrl::parse(url_text).map_err(|e| err(e.to_string()))?;
+            targets.push(Target { method: first.to_owned(), url, headers: Vec::new(), body: Vec::new() });
+            has_body = false;
+            continue;
+        }
+        let Some(target) = targets.last_mut() else {
+            return Err(err(format!("expected a target line 'METHOD http://HOST:PORT/PATH' first, got '{line}'")));
+        };
+        if has_body {
+            return Err(err(format!("'{line}' after the body line: a target ends with its '@file' line")));
+        }
+        if let Some(path) = line.strip_prefix('@') {
+            let path = Path::new(path.trim());
+            target.body = read_body(path).map_err(|e| err(format!("cannot read body file {}: {e}", path.display())))?;
+            has_body = true;
+            continue;
+        }
+        if first.contains("://") {
+            return Err(err(format!("'{line}': a target line needs a method first, e.g. 'GET {first}'")));
+        }
+        let header = parse_header(line).map_err(|reason| {
+            err(format!("{reason} (lines are 'METHOD URL', 'Name: value' or '@bodyfile')"))
+        })?;
+        target.headers.push(header);
+    }
+    if targets.is_empty() {
+        return Err(TargetError::Empty(source_name.to_owned()));
+    }
+    Ok(targets)
+}
+
+/// Reads targets from a file, or from stdin for `-`.
+pub fn read(path: &Path) -> Result<Vec<Target>, TargetError> {
+    let (text, name) = if path == Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|err| TargetError::Read { path: PathBuf::from("stdin"), err })?;
+        (s, "stdin".to_owned())
+    } else {
+        let s = std::fs::read_to_string(path).map_err(|err| TargetError::Read { path: path.to_owned(), err })?;
+        (s, path.display().to_string())
+    };
+    parse(&text, &name, |p| std::fs::read(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_files(p: &Path) -> Result<Vec<u8>, std::io::Error> {
+        match p.to_str() {
+            Some("body.json") => Ok(b"{\"a\":1}".to_vec()),
+            _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+        }
+    }
+
+    fn line_of(e: &TargetError) -> usize {
+        match e {
+            TargetError::Line { line, .. } => *line,
+            other => panic!("not a line error: {other}"),
+        }
+    }
+
+    #[test]
+    fn vegeta_format() {
+        let text = "# comment\nGET http://127.0.0.1:8080/ping?x=1\nsleep: 1000\ntimes:2\n\n\
+                    POST http://localhost/things\nContent-Type: application/json\n@body.json\n\
+                    DELETE http://[::1]:9000\n";
+        let t = parse(text, "t", no_files).unwrap();
+        assert_eq!(t.len(), 3);
+        assert_eq!(t[0].method, "GET");
+        assert_eq!(t[0].url.port, 8080);
+        assert_eq!(t[0].url.path, "/ping?x=1");
+        assert_eq!(t[0].headers, vec![("sleep".into(), "1000".into()), ("times".into(), "2".into())]);
+        assert_eq!(t[1].url.port, 80);
+        assert_eq!(t[1].url.authority, "localhost");
+        assert_eq!(t[1].body, b"{\"a\":1}");
+        assert_eq!(t[2].url.host, "::1");
+        assert_eq!(t[2].url.path, "/");
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let cases = [
+            ("Host: x\nGET http://a/\n", 1),
+            ("GET http://a/\nnot a header\n", 2),
+            ("GET http://a/\n\nGET https://a/\n", 3),
+            ("GET http://a/\n@missing.txt\n", 2),
+            ("GET http://a/\n@body.json\nX: y\n", 3),
+            ("GET http://a/\nContent-Length: 5\n", 2),
+            ("http://a/\n", 1),
+            ("GET http://a/ extra\n", 1),
+            ("GET http://a:99999/\n", 1),
+            ("GET http://a/\nBad Name: v\n", 2),
+        ];
+        for (text, line) in cases {
+            let e = parse(text, "t", no_files).unwrap_err();
+            assert_eq!(line_of(&e), line, "{text:?}: {e}");
+        }
+        assert!(matches!(parse("# nothing\n\n", "t", no_files), Err(TargetError::Empty(_))));
+    }
+
+    #[test]
+    fn urls() {
+        let u = HttpUrl::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("127.0.0.1", 8080, "/"));
+        let u = HttpUrl::parse("http://h?q=1").unwrap();
+        assert_eq!(u.path, "/?q=1");
+        for bad in ["ftp://h/", "http://", "http://:80/", "http://h:0/", "http://u@h/", "http://[::1/", "https://h/"] {
+            assert!(HttpUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn encodes_host_and_close() {
+        let mut t = parse("POST http://127.0.0.1:9/ping\nsleep: 5\n", "t", no_files).unwrap().remove(0);
+        t.add_defaults(&[("sleep".into(), "9".into()), ("X-A".into(), "b".into())]);
+        t.body = b"hi".to_vec();
+        let wire = String::from_utf8(t.encode(false)).unwrap();
+        assert!(wire.starts_with("POST /ping HTTP/1.1\r\nHost: 127.0.0.1:9\r\nsleep: 5\r\nX-A: b\r\n"), "{wire}");
+        assert!(wire.contains("Connection: close\r\n"));
+        assert!(wire.ends_with("Content-Length: 2\r\n\r\nhi"), "{wire}");
+        let (req, used) = http::parse_request(wire.as_bytes(), http::MAX_HEAD).unwrap().unwrap();
+        assert_eq!(req.body_kind(), Ok(http::BodyKind::Length(2)));
+        assert_eq!(&wire.as_bytes()[used..], b"hi");
+        assert!(!String::from_utf8(t.encode(true)).unwrap().contains("Connection"));
+    }
+}

@@ -1,0 +1,759 @@
+//! One `hold` worker process: opens its share of the run's connections on
+//! the open-model schedule, holds them, checks every message that arrives,
+//! and closes them cleanly when told to stop.
+//!
+//! A worker is one single-threaded tokio runtime with one task per
+//! connection. While a connection is idle its task waits on readiness
+//! (`readable()`) and owns nothing but the socket, a frame decoder with no
+//! buffer, the last sequence number seen and the time it opened: no read or
+//! write buffer and no timer. Reads go into one scratch buffer per worker;
+//! only a frame split across reads leaves a small owned remainder behind.
+//!
+//! The worker talks to its supervisor over stdio. Its stdin carries the
+//! [`WorkerPlan`] as the first line (JSON), then control lines:
+//! `publishing <first_publish_unix_ns>` before the first message is
+//! published, and `stop <final_seq>` at the end (end of input also stops).
+//! Its stdout carries result-file records (`throng-report` format): one
+//! interval per second, events for errors, and a `worker.done` event last.
+
+use std::cell::{Cell, RefCell};
+use std::io::{self, BufRead, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use throng_proto::http;
+use throng_proto::ws::{self, Decoder, Frame, Role};
+use throng_report::format::{Event, encode_event, encode_interval};
+use throng_report::interval::Interval;
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::Notify;
+
+use crate::message;
+use crate::pacer::{Pacer, RateSpec};
+use crate::plan::assign;
+use crate::recorder::{Closed, ConnectError, HoldRecorder};
+use crate::target::WsTarget;
+
+/// Timeouts and limits of held connections; every one is printed at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings {
+    /// TCP connect, from the actual start (ms).
+    pub connect_timeout_ms: u64,
+    /// The upgrade request and response, after TCP connect (ms).
+    pub handshake_timeout_ms: u64,
+    /// How long to wait for the server's close frame after sending ours (ms).
+    pub close_timeout_ms: u64,
+    /// The largest message accepted; a bigger one closes the connection with 1009.
+    pub max_message: usize,
+    /// The largest upgrade response head accepted.
+    pub max_head: usize,
+    /// Size of the one read buffer per worker.
+    pub scratch: usize,
+    /// Interval length (ns).
+    pub interval_ns: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: 10_000,
+            handshake_timeout_ms: 10_000,
+            close_timeout_ms: 2_000,
+            max_message: 1 << 20,
+            max_head: http::MAX_HEAD,
+            scratch: 64 * 1024,
+            interval_ns: 1_000_000_000,
+        }
+    }
+}
+
+/// Everything one worker needs to run its share; sent as JSON on its stdin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerPlan {
+    /// This worker's number, `0..workers`.
+    pub index: u32,
+    /// Workers in the run.
+    pub workers: u32,
+    /// Connections in the whole run; this worker opens those with `i % workers == index`.
+    pub connections: u64,
+    /// The run's connection rate (the whole run's, not this worker's share).
+    pub rate: RateSpec,
+    /// When event 0 of the schedule is due, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Where to connect.
+    pub target: WsTarget,
+    /// Source addresses to bind (empty: the kernel picks).
+    pub sources: Vec<IpAddr>,
+    /// Timeouts and limits.
+    pub settings: Settings,
+    /// The `source` of this worker's intervals (`host/hold-0`).
+    pub label: String,
+}
+
+impl WorkerPlan {
+    /// Connections this worker opens.
+    pub fn share(&self) -> u64 {
+        let w = u64::from(self.workers.max(1));
+        let i = u64::from(self.index);
+        if i >= self.connections {
+            0
+        } else {
+            (self.connections - i).div_ceil(w)
+        }
+    }
+}
+
+/// Wall-clock time, ns since the Unix epoch.
+pub fn now_unix_ns() -> u64 {
+    throng_host::sample::now_ns()
+}
+
+fn us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A 4-byte client mask. RFC 6455 wants it unpredictable to intermediaries;
+/// fastrand is enough for a load generator that is not a browser.
+fn mask() -> [u8; 4] {
+    fastrand::u32(..).to_ne_bytes()
+}
+
+/// State shared by every task of the worker (single-threaded: `Rc`, `Cell`).
+struct Ctx {
+    plan: WorkerPlan,
+    rec: RefCell<HoldRecorder>,
+    /// The one read buffer of the worker. Borrowed only between awaits.
+    scratch: RefCell<Box<[u8]>>,
+    /// Set once, when the run ends; connections check it before waiting.
+    stopping: Cell<bool>,
+    /// Wakes every idle connection when `stopping` is set.
+    stop: Notify,
+    /// The last sequence number published, from the `stop` line (0: unknown).
+    final_seq: Cell<u64>,
+    /// When the first message was published (0: not yet).
+    first_publish_ns: Cell<u64>,
+    /// Connection tasks still running.
+    live: Cell<u64>,
+    /// Wakes the main task when `live` drops to zero.
+    idle: Notify,
+    /// One log line per error kind, so a failing run does not flood stdout.
+    logged: Cell<u8>,
+    out: RefCell<Box<dyn Write>>,
+}
+
+impl Ctx {
+    fn emit(&self, line: &str) {
+        let mut out = self.out.borrow_mut();
+        // A supervisor that went away will also close our stdin, which stops
+        // the run; nothing more to do about a failed write here.
+        let _ = out
+            .write_all(line.as_bytes())
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| out.flush());
+    }
+
+    fn event(&self, kind: &str, text: String) {
+        let ev = Event {
+            at_ns: now_unix_ns(),
+            source: self.plan.label.clone(),
+            kind: kind.to_owned(),
+            text,
+        };
+        self.emit(&encode_event(&ev));
+    }
+
+    fn fail(&self, kind: ConnectError, detail: impl FnOnce() -> String) {
+        self.rec.borrow_mut().failed(kind);
+        let bit = 1u8 << (kind as u8);
+        if self.logged.get() & bit == 0 {
+            self.logged.set(self.logged.get() | bit);
+            self.event(
+                "connect.error",
+                format!("{} (first of its kind): {}", kind.label(), detail()),
+            );
+        }
+    }
+
+    fn task_done(&self) {
+        let left = self.live.get() - 1;
+        self.live.set(left);
+        if left == 0 {
+            self.idle.notify_one();
+        }
+    }
+}
+
+/// Runs a worker: reads its plan from `control`, runs it, writes records to
+/// `out`. Returns when every connection has closed.
+pub fn run_worker(
+    mut control: impl BufRead + Send + 'static,
+    out: Box<dyn Write>,
+) -> io::Result<()> {
+    let mut first = String::new();
+    control.read_line(&mut first)?;
+    let plan: WorkerPlan = serde_json::from_str(&first).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad worker plan on stdin: {e}"),
+        )
+    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, worker(plan, control, out))
+}
+
+enum Control {
+    Publishing(u64),
+    Stop(u64),
+}
+
+async fn worker(
+    plan: WorkerPlan,
+    control: impl BufRead + Send + 'static,
+    out: Box<dyn Write>,
+) -> io::Result<()> {
+    let pacer = Pacer::for_count(plan.rate, plan.connections)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let settings = plan.settings;
+    let rec = HoldRecorder::new(plan.label.clone(), settings.interval_ns, plan.share());
+    let ctx = Rc::new(Ctx {
+        rec: RefCell::new(rec),
+        scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
+        stopping: Cell::new(false),
+        stop: Notify::new(),
+        final_seq: Cell::new(0),
+        first_publish_ns: Cell::new(0),
+        live: Cell::new(1), // the opener itself, so `idle` waits for the schedule to end
+        idle: Notify::new(),
+        logged: Cell::new(0),
+        out: RefCell::new(out),
+        plan,
+    });
+
+    // Control lines arrive on a blocking stdin; read them on a thread.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let mut control = control;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match control.read_line(&mut line) {
+                Ok(0) | Err(_) => {
+                    let _ = tx.send(Control::Stop(0));
+                    return;
+                }
+                Ok(_) => {}
+            }
+            let mut words = line.split_whitespace();
+            let cmd = words.next();
+            let arg = words
+                .next()
+                .and_then(|w| w.parse::<u64>().ok())
+                .unwrap_or(0);
+            let msg = match cmd {
+                Some("publishing") => Control::Publishing(arg),
+                Some("stop") => Control::Stop(arg),
+                _ => continue,
+            };
+            if tx.send(msg).is_err() {
+                return;
+            }
+        }
+    });
+    let control_ctx = ctx.clone();
+    tokio::task::spawn_local(async move {
+        while let Some(msg) = rx.recv().await {
+            match msg {
+                Control::Publishing(ns) => control_ctx.first_publish_ns.set(ns),
+                Control::Stop(seq) => {
+                    if !control_ctx.stopping.get() {
+                        control_ctx.final_seq.set(seq);
+                        control_ctx.stopping.set(true);
+                        control_ctx.stop.notify_waiters();
+                    }
+                }
+            }
+        }
+    });
+
+    // Align the schedule on the supervisor's wall-clock start.
+    let now_ns = now_unix_ns();
+    let now = Instant::now();
+    let start = if ctx.plan.start_unix_ns >= now_ns {
+        now + Duration::from_nanos(ctx.plan.start_unix_ns - now_ns)
+    } else {
+        now.checked_sub(Duration::from_nanos(now_ns - ctx.plan.start_unix_ns))
+            .unwrap_or(now)
+    };
+
+    tokio::task::spawn_local(open_all(ctx.clone(), pacer, start));
+    let ticker = tokio::task::spawn_local(tick(ctx.clone()));
+
+    while ctx.live.get() > 0 {
+        ctx.idle.notified().await;
+    }
+    ticker.abort();
+    let length = settings.interval_ns.max(1);
+    let start_ns = now_unix_ns() / length * length;
+    let iv = ctx.rec.borrow_mut().take(start_ns);
+    ctx.emit(&encode_interval(&iv));
+    ctx.event(
+        "worker.done",
+        format!("{} connections attempted", ctx.plan.share()),
+    );
+    Ok(())
+}
+
+/// Emits one interval per wall-clock second (aligned).
+async fn tick(ctx: Rc<Ctx>) {
+    let length = ctx.plan.settings.interval_ns.max(1);
+    let mut last_end = 0u64;
+    loop {
+        let now = now_unix_ns();
+        let end = ((now / length + 1) * length).max(last_end + length);
+        tokio::time::sleep(Duration::from_nanos(end.saturating_sub(now))).await;
+        last_end = end;
+        let iv: Interval = ctx.rec.borrow_mut().take(end - length);
+        ctx.emit(&encode_interval(&iv));
+    }
+}
+
+/// Starts this worker's connections on the schedule.
+async fn open_all(ctx: Rc<Ctx>, pacer: Pacer, start: Instant) {
+    let step = u64::from(ctx.plan.workers.max(1));
+    let mut i = u64::from(ctx.plan.index);
+    while i < ctx.plan.connections && !ctx.stopping.get() {
+        let intended = start + pacer.intended(i);
+        let now = Instant::now();
+        if intended > now {
+            let stop = ctx.stop.notified();
+            tokio::select! {
+                biased;
+                () = stop => break,
+                () = tokio::time::sleep_until(intended.into()) => {}
+            }
+            continue;
+        }
+        ctx.rec.borrow_mut().started(us(now - intended));
+        ctx.live.set(ctx.live.get() + 1);
+        tokio::task::spawn_local(connection(ctx.clone(), i, intended));
+        i += step;
+    }
+    ctx.task_done();
+}
+
+/// One connection from first SYN to last close.
+async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
+    let started = Instant::now();
+    let plan = &ctx.plan;
+    let (_, s, p) = assign(
+        i,
+        plan.workers,
+        plan.sources.len(),
+        plan.target.port_count(),
+    );
+    let source = plan.sources.get(s).copied();
+    let port = plan.target.port(p);
+    // Boxed so the handshake's buffers and futures are freed once it is done
+    // and do not widen the task of every idle connection.
+    let opened = Box::pin(open(&ctx, source, port)).await;
+    match opened {
+        Ok((stream, rest)) => {
+            let now = Instant::now();
+            ctx.rec
+                .borrow_mut()
+                .opened(us(now - intended), us(now - started));
+            let how = hold(&ctx, stream, rest).await;
+            ctx.rec.borrow_mut().closed(how);
+        }
+        Err((kind, detail)) => ctx.fail(kind, || detail),
+    }
+    ctx.task_done();
+}
+
+type OpenError = (ConnectError, String);
+
+/// TCP connect from `source` and the WebSocket upgrade; returns the stream
+/// and any bytes that arrived after the response head.
+async fn open(
+    ctx: &Ctx,
+    source: Option<IpAddr>,
+    port: u16,
+) -> Result<(TcpStream, Vec<u8>), OpenError> {
+    let settings = &ctx.plan.settings;
+    let addr = SocketAddr::new(ctx.plan.target.ip, port);
+    let io_err =
+        |what: &str, e: io::Error| (ConnectError::from_io(&e), format!("{what} {addr}: {e}"));
+    let socket = new_socket(source, addr).map_err(|e| io_err("socket/bind for", e))?;
+    let connect = tokio::time::timeout(
+        Duration::from_millis(settings.connect_timeout_ms),
+        socket.connect(addr),
+    );
+    let mut stream = match connect.await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(io_err("connect to", e)),
+        Err(_) => {
+            return Err((
+                ConnectError::Timeout,
+                format!(
+                    "connect to {addr}: no answer in {} ms",
+                    settings.connect_timeout_ms
+                ),
+            ));
+        }
+    };
+    let handshake = tokio::time::timeout(
+        Duration::from_millis(settings.handshake_timeout_ms),
+        upgrade(&mut stream, &ctx.plan.target, port, settings.max_head),
+    );
+    match handshake.await {
+        Ok(Ok(rest)) => Ok((stream, rest)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err((
+            ConnectError::Timeout,
+            format!(
+                "upgrade at {addr}: no 101 response in {} ms",
+                settings.handshake_timeout_ms
+            ),
+        )),
+    }
+}
+
+/// A non-blocking TCP socket bound to `source` with `IP_BIND_ADDRESS_NO_PORT`,
+/// so the local port is chosen at connect time per destination and one
+/// source address carries a full port range to every target port.
+fn new_socket(source: Option<IpAddr>, dst: SocketAddr) -> io::Result<TcpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if dst.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let socket = Socket::new(
+        domain,
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    if let Some(src) = source {
+        if src.is_ipv4() {
+            set_bind_no_port(&socket)?;
+        }
+        socket.bind(&SocketAddr::new(src, 0).into())?;
+    }
+    socket.set_nodelay(true)?;
+    Ok(TcpSocket::from_std_stream(socket.into()))
+}
+
+fn set_bind_no_port(socket: &socket2::Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let one: libc::c_int = 1;
+    // SAFETY: the fd is a valid socket owned by `socket` for the duration of
+    // the call; the option value is a c_int that outlives the call and its
+    // size is passed exactly.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+async fn upgrade(
+    stream: &mut TcpStream,
+    target: &WsTarget,
+    port: u16,
+    max_head: usize,
+) -> Result<Vec<u8>, OpenError> {
+    let key = ws::client_key(fastrand::u128(..).to_ne_bytes());
+    let mut buf = Vec::with_capacity(256);
+    ws::write_upgrade_request(&mut buf, &target.host_header(port), &target.path, &key);
+    let io_err = |e: io::Error| (ConnectError::from_io(&e), format!("upgrade: {e}"));
+    stream.write_all(&buf).await.map_err(io_err)?;
+    buf.clear();
+    loop {
+        stream.readable().await.map_err(io_err)?;
+        let old = buf.len();
+        buf.resize(old + 1024, 0);
+        match stream.try_read(&mut buf[old..]) {
+            Ok(0) => {
+                return Err((
+                    ConnectError::Reset,
+                    "upgrade: the server closed the connection before answering".to_owned(),
+                ));
+            }
+            Ok(n) => buf.truncate(old + n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                buf.truncate(old);
+                continue;
+            }
+            Err(e) => return Err(io_err(e)),
+        }
+        match http::parse_response(&buf, max_head) {
+            Ok(None) => continue,
+            Ok(Some((resp, n))) => {
+                return match ws::client_verify(&resp, &key) {
+                    Ok(()) => Ok(buf.split_off(n)),
+                    Err(ws::HandshakeError::NotSwitching(status)) => Err((
+                        ConnectError::BadStatus,
+                        format!("upgrade: server answered {status} {}", resp.reason),
+                    )),
+                    Err(e) => Err((ConnectError::BadHandshake, format!("upgrade: {e}"))),
+                };
+            }
+            Err(e) => return Err((ConnectError::BadHandshake, format!("upgrade: {e}"))),
+        }
+    }
+}
+
+/// What a held connection keeps while idle.
+struct Conn {
+    decoder: Decoder,
+    /// Bytes of a frame that arrived split; empty (no allocation) otherwise.
+    rest: Vec<u8>,
+    /// The last sequence number received; 0 before the first.
+    last_seq: u64,
+    /// When the handshake completed, ns since the Unix epoch.
+    opened_ns: u64,
+}
+
+/// What reading found, besides messages (which are recorded as they come).
+enum Seen {
+    /// Nothing more to read now.
+    Drained,
+    /// The server sent a close frame.
+    Close(Option<u16>),
+    /// The server closed TCP.
+    Eof,
+    /// A read failed.
+    Reset,
+    /// The server broke the protocol; answered with a close carrying this code.
+    Protocol,
+}
+
+/// Holds an open connection until the server closes it or the run stops.
+async fn hold(ctx: &Ctx, stream: TcpStream, rest: Vec<u8>) -> Closed {
+    let mut conn = Conn {
+        decoder: Decoder::new(Role::Client, ctx.plan.settings.max_message),
+        rest,
+        last_seq: 0,
+        opened_ns: now_unix_ns(),
+    };
+    let mut reply = Vec::new();
+    if !conn.rest.is_empty() {
+        let mut first = std::mem::take(&mut conn.rest);
+        let seen = process(ctx, &mut conn, &mut first, &mut reply);
+        if let Some(how) = after_read(&stream, seen, &mut reply).await {
+            return how;
+        }
+    }
+    loop {
+        if ctx.stopping.get() {
+            return close(ctx, &stream, &mut conn).await;
+        }
+        let stop = ctx.stop.notified();
+        tokio::select! {
+            biased;
+            () = stop => continue,
+            r = stream.readable() => if r.is_err() { return Closed::Reset },
+        }
+        let seen = read(ctx, &stream, &mut conn, &mut reply);
+        if let Some(how) = after_read(&stream, seen, &mut reply).await {
+            return how;
+        }
+    }
+}
+
+/// Writes any reply (pongs, close answers) and turns what was seen into an ending.
+async fn after_read(stream: &TcpStream, seen: Seen, reply: &mut Vec<u8>) -> Option<Closed> {
+    if !reply.is_empty() {
+        let ok = write_all(stream, reply).await.is_ok();
+        *reply = Vec::new();
+        if !ok {
+            return Some(Closed::Reset);
+        }
+    }
+    match seen {
+        Seen::Drained => None,
+        Seen::Close(code) => Some(Closed::ByServer(code)),
+        Seen::Eof => Some(Closed::Eof),
+        Seen::Reset => Some(Closed::Reset),
+        Seen::Protocol => Some(Closed::Protocol),
+    }
+}
+
+async fn write_all(stream: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match stream.try_write(buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads what is there (a bounded number of times, to stay fair to other
+/// connections) and processes it.
+fn read(ctx: &Ctx, stream: &TcpStream, conn: &mut Conn, reply: &mut Vec<u8>) -> Seen {
+    let mut scratch = ctx.scratch.borrow_mut();
+    for _ in 0..8 {
+        let n = match stream.try_read(&mut scratch) {
+            Ok(0) => return Seen::Eof,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Seen::Drained,
+            Err(_) => return Seen::Reset,
+        };
+        ctx.rec.borrow_mut().bytes_in(n);
+        let seen = if conn.rest.is_empty() {
+            process(ctx, conn, &mut scratch[..n], reply)
+        } else {
+            let mut joined = std::mem::take(&mut conn.rest);
+            joined.extend_from_slice(&scratch[..n]);
+            process(ctx, conn, &mut joined, reply)
+        };
+        if !matches!(seen, Seen::Drained) {
+            return seen;
+        }
+        if n < scratch.len() {
+            // A short read: the socket is most likely drained.
+            return Seen::Drained;
+        }
+    }
+    Seen::Drained
+}
+
+/// Decodes every whole frame in `buf`; keeps a trailing partial frame in
+/// `conn.rest` (copying only that tail when `buf` is the shared scratch).
+fn process(ctx: &Ctx, conn: &mut Conn, buf: &mut [u8], reply: &mut Vec<u8>) -> Seen {
+    let mut off = 0;
+    let now_ns = now_unix_ns();
+    let mut seen = Seen::Drained;
+    while off < buf.len() {
+        let decoded = match conn.decoder.decode(&mut buf[off..]) {
+            Ok(Some(d)) => d,
+            Ok(None) => break,
+            Err(e) => {
+                let code = e.close_code();
+                ws::encode_close(reply, code, e.label(), Some(mask()));
+                seen = Seen::Protocol;
+                off = buf.len();
+                break;
+            }
+        };
+        off += decoded.consumed;
+        match decoded.frame {
+            None | Some(Frame::Pong(_)) => {}
+            Some(Frame::Text(payload) | Frame::Binary(payload)) => {
+                on_message(ctx, &mut conn.last_seq, conn.opened_ns, payload, now_ns);
+            }
+            Some(Frame::Ping(payload)) => {
+                ws::encode_into(reply, true, ws::OpCode::Pong, payload, Some(mask()));
+            }
+            Some(Frame::Close { code, .. }) => {
+                ws::encode_close(
+                    reply,
+                    code.unwrap_or(ws::close_code::NORMAL),
+                    "",
+                    Some(mask()),
+                );
+                seen = Seen::Close(code);
+                off = buf.len();
+                break;
+            }
+        }
+    }
+    conn.decoder.release();
+    let tail = &buf[off..];
+    conn.rest = if tail.is_empty() {
+        Vec::new()
+    } else {
+        tail.to_vec()
+    };
+    seen
+}
+
+/// Checks one message's sequence number and records its delivery latency.
+fn on_message(ctx: &Ctx, last_seq: &mut u64, opened_ns: u64, payload: &[u8], now_ns: u64) {
+    let mut rec = ctx.rec.borrow_mut();
+    let Some((seq, sent_ns)) = message::decode(payload) else {
+        rec.foreign();
+        return;
+    };
+    rec.delivered(now_ns.saturating_sub(sent_ns) / 1000);
+    let last = *last_seq;
+    if last == 0 {
+        // The first message: a connection that was open before publishing
+        // began should have received every message from seq 1.
+        let first_publish = ctx.first_publish_ns.get();
+        if first_publish != 0 && opened_ns < first_publish && seq > 1 {
+            rec.lost(seq - 1);
+        }
+        *last_seq = seq;
+    } else if seq > last {
+        if seq > last + 1 {
+            rec.lost(seq - last - 1);
+        }
+        *last_seq = seq;
+    } else if seq == last {
+        rec.duplicated();
+    } else {
+        rec.out_of_order();
+    }
+}
+
+/// Ends a connection at the end of the run: our close frame, then the
+/// server's close (or EOF) within the close timeout; then counts the
+/// messages published after the last one this connection received.
+async fn close(ctx: &Ctx, stream: &TcpStream, conn: &mut Conn) -> Closed {
+    let mut frame = Vec::with_capacity(8);
+    ws::encode_close(&mut frame, ws::close_code::NORMAL, "", Some(mask()));
+    let how = if write_all(stream, &frame).await.is_err() {
+        Closed::Reset
+    } else {
+        let wait = Duration::from_millis(ctx.plan.settings.close_timeout_ms);
+        let answer = tokio::time::timeout(wait, async {
+            let mut reply = Vec::new();
+            loop {
+                if stream.readable().await.is_err() {
+                    return Closed::Reset;
+                }
+                // Replies (pongs, our echo of its close) are not sent: our close is out.
+                reply.clear();
+                match read(ctx, stream, conn, &mut reply) {
+                    Seen::Drained => {}
+                    Seen::Close(_) => return Closed::Clean,
+                    Seen::Eof => return Closed::Eof,
+                    Seen::Reset => return Closed::Reset,
+                    Seen::Protocol => return Closed::Protocol,
+                }
+            }
+        });
+        answer.await.unwrap_or(Closed::CloseTimeout)
+    };
+    let final_seq = ctx.final_seq.get();
+    if final_seq > 0 {
+        let mut rec = ctx.rec.borrow_mut();
+        if conn.last_seq > 0 && conn.last_seq < final_seq {
+            rec.lost(final_seq - conn.last_seq);
+        } else if conn.last_seq == 0 {
+            let first_publish = ctx.first_publish_ns.get();
+            if first_publish != 0 && conn.opened_ns < first_publish {
+                rec.lost(final_seq);
+            }
+        }
+    }
+    how
+}

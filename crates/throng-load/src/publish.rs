@@ -1,0 +1,272 @@
+//! Publishers: send one message to every subscriber of a channel, over the
+//! server's HTTP endpoint (`POST /publish/<channel>`) or Redis `PUBLISH`.
+//!
+//! Each publisher keeps one connection open and reuses it (HTTP keep-alive,
+//! one Redis connection), reconnecting after an error. A call returns the
+//! number of subscribers the server or broker reported, when it says.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use thiserror::Error;
+use throng_proto::http::{self, BodyDecoder};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use crate::target::PublishTarget;
+
+/// The largest publish response body read (the server's JSON answer).
+const MAX_RESPONSE_BODY: u64 = 64 * 1024;
+
+/// Why a publish failed; each kind is counted as `publish.error.<label>`.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// Could not connect to the publish endpoint.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The connection failed mid-call.
+    #[error("publish connection failed: {0}")]
+    Io(#[from] io::Error),
+    /// The server answered with a non-2xx status.
+    #[error("publish answered HTTP {0}")]
+    Status(u16),
+    /// The answer was not HTTP / RESP as expected, or Redis answered an error.
+    #[error("bad publish answer: {0}")]
+    Protocol(String),
+    /// No answer within the timeout.
+    #[error("publish got no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl PublishError {
+    /// A short stable label for counters.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Connect { .. } => "connect",
+            Self::Io(_) => "io",
+            Self::Status(_) => "status",
+            Self::Protocol(_) => "protocol",
+            Self::Timeout(_) => "timeout",
+        }
+    }
+}
+
+/// A publisher for one channel.
+#[derive(Debug)]
+pub struct Publisher {
+    target: PublishTarget,
+    /// The Redis channel (`<prefix><channel>`); unused for HTTP.
+    redis_channel: String,
+    timeout: Duration,
+    conn: Option<TcpStream>,
+    out: Vec<u8>,
+    inbuf: Vec<u8>,
+}
+
+impl Publisher {
+    /// A publisher to `target`; `redis_channel` names the Redis channel.
+    pub fn new(target: PublishTarget, redis_channel: String, timeout: Duration) -> Self {
+        Self {
+            target,
+            redis_channel,
+            timeout,
+            conn: None,
+            out: Vec::new(),
+            inbuf: Vec::new(),
+        }
+    }
+
+    /// Publishes `payload`; returns the subscriber count the far end reported.
+    pub async fn publish(&mut self, payload: &[u8]) -> Result<Option<u64>, PublishError> {
+        let timeout = self.timeout;
+        match tokio::time::timeout(timeout, self.publish_inner(payload)).await {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(e)) => {
+                self.conn = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.conn = None;
+                Err(PublishError::Timeout(timeout))
+            }
+        }
+    }
+
+    async fn publish_inner(&mut self, payload: &[u8]) -> Result<Option<u64>, PublishError> {
+        let addr = match &self.target {
+            PublishTarget::Http { addr, .. } | PublishTarget::Redis { addr } => *addr,
+        };
+        if self.conn.is_none() {
+            let s = TcpStream::connect(addr)
+                .await
+                .map_err(|source| PublishError::Connect { addr, source })?;
+            s.set_nodelay(true)?;
+            self.conn = Some(s);
+            self.inbuf.clear();
+        }
+        self.out.clear();
+        match &self.target {
+            PublishTarget::Http { host, path, .. } => {
+                http::write_request(
+                    &mut self.out,
+                    "POST",
+                    path,
+                    &[("Host", host.as_bytes()), ("Content-Type", b"text/plain")],
+                    payload,
+                );
+            }
+            PublishTarget::Redis { .. } => resp_command(
+                &mut self.out,
+                &[b"PUBLISH", self.redis_channel.as_bytes(), payload],
+            ),
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(PublishError::Protocol("no connection".into()));
+        };
+        conn.write_all(&self.out).await?;
+        match &self.target {
+            PublishTarget::Http { .. } => {
+                let (n, keep) = read_http(conn, &mut self.inbuf).await?;
+                if !keep {
+                    self.conn = None;
+                }
+                Ok(n)
+            }
+            PublishTarget::Redis { .. } => {
+                read_redis_integer(conn, &mut self.inbuf).await.map(Some)
+            }
+        }
+    }
+}
+
+async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), PublishError> {
+    let old = buf.len();
+    buf.resize(old + 4096, 0);
+    let n = conn.read(&mut buf[old..]).await?;
+    buf.truncate(old + n);
+    if n == 0 {
+        return Err(PublishError::Io(io::ErrorKind::UnexpectedEof.into()));
+    }
+    Ok(())
+}
+
+/// Reads one HTTP response; returns the `subscribers` count from a JSON
+/// body, if any, and whether the connection stays open.
+async fn read_http(
+    conn: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<(Option<u64>, bool), PublishError> {
+    let (resp, head_len) = loop {
+        match http::parse_response(buf, http::MAX_HEAD) {
+            Ok(Some(r)) => break r,
+            Ok(None) => fill(conn, buf).await?,
+            Err(e) => return Err(PublishError::Protocol(e.to_string())),
+        }
+    };
+    buf.drain(..head_len);
+    let kind = resp
+        .body_kind("POST")
+        .map_err(|e| PublishError::Protocol(e.to_string()))?;
+    let mut decoder = BodyDecoder::new(kind, MAX_RESPONSE_BODY);
+    let mut body = Vec::new();
+    let mut eof = false;
+    loop {
+        let step = decoder
+            .decode(buf, eof)
+            .map_err(|e| PublishError::Protocol(e.to_string()))?;
+        body.extend_from_slice(&buf[step.data.0..step.data.1]);
+        buf.drain(..step.consumed);
+        if step.done {
+            break;
+        }
+        if eof {
+            return Err(PublishError::Protocol("response body cut short".into()));
+        }
+        if step.consumed == 0 || buf.is_empty() {
+            match fill(conn, buf).await {
+                Ok(()) => {}
+                Err(PublishError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => eof = true,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    if !(200..300).contains(&resp.status) {
+        return Err(PublishError::Status(resp.status));
+    }
+    let subscribers = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("subscribers").and_then(serde_json::Value::as_u64));
+    Ok((subscribers, resp.keep_alive() && !eof))
+}
+
+/// Appends a RESP array of bulk strings.
+fn resp_command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Reads one RESP reply that should be an integer (`:N`); `-ERR` is an error.
+async fn read_redis_integer(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Result<u64, PublishError> {
+    loop {
+        if let Some(end) = buf.windows(2).position(|w| w == b"\r\n") {
+            let line = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..end + 2);
+            return parse_redis_integer(&line);
+        }
+        if buf.len() > 64 * 1024 {
+            return Err(PublishError::Protocol("Redis reply line too long".into()));
+        }
+        fill(conn, buf).await?;
+    }
+}
+
+fn parse_redis_integer(line: &str) -> Result<u64, PublishError> {
+    if let Some(n) = line.strip_prefix(':') {
+        return n
+            .parse()
+            .map_err(|_| PublishError::Protocol(format!("Redis answered '{line}'")));
+    }
+    if let Some(err) = line.strip_prefix('-') {
+        return Err(PublishError::Protocol(format!("Redis error: {err}")));
+    }
+    Err(PublishError::Protocol(format!(
+        "unexpected Redis reply '{line}'"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resp_encoding() {
+        let mut out = Vec::new();
+        resp_command(&mut out, &[b"PUBLISH", b"throng:c", b"hi"]);
+        assert_eq!(
+            out,
+            b"*3\r\n$7\r\nPUBLISH\r\n$8\r\nthrong:c\r\n$2\r\nhi\r\n"
+        );
+    }
+
+    #[test]
+    fn redis_replies() {
+        assert_eq!(parse_redis_integer(":12").unwrap(), 12);
+        assert!(matches!(
+            parse_redis_integer("-ERR wrong"),
+            Err(PublishError::Protocol(_))
+        ));
+        assert!(parse_redis_integer("+OK").is_err());
+        assert!(parse_redis_integer(":x").is_err());
+    }
+}
