@@ -15,7 +15,7 @@ pub const MAX_HEADERS: usize = 32;
 #[non_exhaustive]
 pub enum HeadError {
     /// The head is longer than [`MAX_HEAD`] (or the caller's limit): 431.
-    #[error("request head is larger than {limit} bytes")]
+    #[error("HTTP head is larger than {limit} bytes")]
     TooLarge {
         /// The limit that was passed.
         limit: usize,
