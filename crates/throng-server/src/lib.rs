@@ -1,1 +1,22 @@
-//! throng-server
+//! The throng push server: a supervisor process and single-threaded worker
+//! processes holding WebSocket subscribers per channel, fed by `POST
+//! /publish/<channel>`.
+//!
+//! - [`supervisor`]: plans the workers, starts and restarts them, relays
+//!   published messages through the [`broker`], renders `/metrics`.
+//! - [`worker`]: listeners, HTTP and WebSocket handshakes, subscribers, the
+//!   fan-out hot path, heartbeats ([`wheel`]) and draining.
+//! - [`control`]: the records on the Unix socket between the two.
+
+pub mod broker;
+pub mod channel;
+pub mod config;
+pub mod control;
+pub mod metrics;
+pub mod supervisor;
+pub mod sys;
+pub mod wheel;
+pub mod worker;
+
+pub use config::Config;
+pub use supervisor::{Plan, ServeError, WorkerCommand};

@@ -1,11 +1,120 @@
-//! `throng serve`.
+//! `throng serve`: the WebSocket push server. Parses flags into a
+//! [`throng_server::Config`], prints the plan, runs the supervisor (or, with
+//! the hidden `--worker-index`, one worker started by the supervisor).
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use throng_server::config::{parse_duration, parse_listen, parse_size};
+use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct Args {}
+#[command(after_help = "\
+Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel> (channel: 1-128 bytes of A-Z a-z 0-9 _ . : -)
+Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>   -> {\"channel\":..,\"subscribers\":N}
+            text frame when the body is UTF-8 (or Content-Type text/*, */json), binary otherwise
+            (or Content-Type: application/octet-stream)
+Observe:    GET /metrics (Prometheus text), GET /healthz
 
-pub(crate) fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("'throng serve' is not built yet")
+Close codes sent: 1000 echo of the client's close, 1001 shutdown, 1002 protocol error,
+1007 invalid UTF-8, 1008 idle timeout or slow consumer (queue over --max-queue or no write
+progress within --write-timeout), 1009 client frame too big.
+
+Stops on SIGTERM or SIGINT: stops accepting, sends 1001 to every subscriber, exits within
+--drain-timeout.")]
+pub(crate) struct Args {
+    /// Address to listen on; repeat for more. A range HOST:FIRST-LAST opens a listener
+    /// per port (more ports = more client source ports on one machine). Port 0 picks a free port.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080", value_parser = parse_listen, action = clap::ArgAction::Append)]
+    listen: Vec<Vec<SocketAddr>>,
+
+    /// Worker processes (0 = one per core). Raised automatically when --max-connections needs
+    /// more processes than the per-process open-file limit allows.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    workers: usize,
+
+    /// Connections the server must be able to hold; sets the minimum number of workers.
+    #[arg(long, value_name = "N")]
+    max_connections: Option<u64>,
+
+    /// Largest publish body; larger ones get 413.
+    #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
+    max_message: usize,
+
+    /// How often every connection gets a WebSocket ping (spread over the interval).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    ping_interval: Duration,
+
+    /// Close (1008) a connection that sent nothing (not even a pong) for this long.
+    /// Default: 3 x --ping-interval. Checked once per ping interval.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    idle_timeout: Option<Duration>,
+
+    /// Unsent bytes one connection may have queued; past it the connection is closed (1008).
+    #[arg(long, value_name = "SIZE", default_value = "256KiB", value_parser = parse_size)]
+    max_queue: usize,
+
+    /// Close (1008) a connection whose queued write made no progress for this long.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    write_timeout: Duration,
+
+    /// On SIGTERM/SIGINT, wait this long for close handshakes before exiting.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+
+    /// Close a connection whose request head (or publish body) is not complete within this
+    /// (slowloris).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    handshake_timeout: Duration,
+
+    /// Print the start line as JSON only (for scripts).
+    #[arg(long)]
+    json: bool,
+
+    /// Benchmark only: enable POST /bench/floor/<channel>, a bare write(2) loop over the
+    /// channel's subscribers.
+    #[arg(long, hide = true)]
+    bench_floor: bool,
+
+    /// Internal: run as worker N of a supervisor (stdin is its control socket).
+    #[arg(long, hide = true, value_name = "N")]
+    worker_index: Option<usize>,
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(index) = args.worker_index {
+        throng_server::worker::run_from_stdin(index)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = Config {
+        listen: args.listen.into_iter().flatten().collect(),
+        workers: args.workers,
+        max_connections: args.max_connections,
+        max_message: args.max_message,
+        ping_interval: args.ping_interval,
+        idle_timeout: args.idle_timeout.unwrap_or(args.ping_interval * 3),
+        max_queue: args.max_queue,
+        write_timeout: args.write_timeout,
+        drain_timeout: args.drain_timeout,
+        handshake_timeout: args.handshake_timeout,
+        bench_floor: args.bench_floor,
+    };
+    if config.ping_interval.is_zero() {
+        anyhow::bail!("--ping-interval must be more than 0");
+    }
+    let plan = Plan::new(config)?;
+    if !args.json {
+        eprintln!("{plan}");
+    }
+    // One JSON line on stdout: what scripts and tests read (actual ports, workers, limits).
+    println!("{}", plan.to_json());
+    let command = WorkerCommand {
+        program: std::env::current_exe().context("cannot find this executable to start workers")?,
+        args: vec!["serve".into()],
+    };
+    throng_server::supervisor::run(plan, command)?;
+    Ok(ExitCode::SUCCESS)
 }

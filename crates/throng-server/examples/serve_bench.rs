@@ -1,0 +1,415 @@
+//! The committed benchmark of `throng serve` on one machine (issue 2):
+//!
+//! 1. user-space memory per idle subscriber: worker RSS with N subscribers
+//!    minus RSS at 0, over N;
+//! 2. fan-out of one 64-byte message to all N: worker CPU per delivered
+//!    frame against a bare `write(2)` loop of the same frame to the same
+//!    sockets in the same run (the server's hidden `/bench/floor`), and the
+//!    time from the publish request to its reply (sent after the last
+//!    frame is written);
+//! 3. accepted upgrades per second;
+//! 4. kernel memory per connection (`/proc/meminfo`, `/proc/net/sockstat`).
+//!
+//! This process is the client: it holds every subscriber itself (stay under
+//! the 20,000-file limit) and starts the server as a separate process with
+//! one worker.
+//!
+//! ```text
+//! cargo build --release -p throng && cargo run --release -p throng-server --example serve_bench -- \
+//!     --throng target/release/throng --conns 18000 --rounds 15
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use throng_proto::{http, ws};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+struct Opts {
+    throng: String,
+    conns: usize,
+    rounds: usize,
+    concurrency: usize,
+    payload: usize,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        throng: "target/release/throng".into(),
+        conns: 18_000,
+        rounds: 15,
+        concurrency: 200,
+        payload: 64,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut v = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--throng" => o.throng = v(),
+            "--conns" => o.conns = v().parse().expect("--conns N"),
+            "--rounds" => o.rounds = v().parse().expect("--rounds N"),
+            "--concurrency" => o.concurrency = v().parse().expect("--concurrency N"),
+            "--payload" => o.payload = v().parse().expect("--payload BYTES"),
+            _ => panic!(
+                "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES)"
+            ),
+        }
+    }
+    o
+}
+
+/// What the subscriber readers have seen, shared by this process's tasks.
+#[derive(Default)]
+struct Seen {
+    bytes: Cell<u64>,
+    closed: Cell<u64>,
+    target: Cell<u64>,
+    reached: Cell<Option<Instant>>,
+    scratch: RefCell<Vec<u8>>,
+}
+
+fn proc_field(path: &str, key: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// (utime + stime) of a process in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    proc_field(&format!("/proc/{pid}/status"), "VmRSS:")
+}
+
+/// TCP `mem` (pages) and `inuse` from /proc/net/sockstat.
+fn sockstat() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/net/sockstat").unwrap_or_default();
+    let line = s.lines().find(|l| l.starts_with("TCP:")).unwrap_or("");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let get = |k: &str| {
+        f.iter()
+            .position(|x| *x == k)
+            .and_then(|i| f.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("mem"), get("inuse"))
+}
+
+fn meminfo() -> (u64, u64, u64) {
+    let m = "/proc/meminfo";
+    (
+        proc_field(m, "MemAvailable:"),
+        proc_field(m, "Slab:"),
+        proc_field(m, "MemFree:"),
+    )
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+async fn request(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).await.expect("connect for request");
+    let mut out = Vec::new();
+    let host = addr.to_string();
+    http::write_request(
+        &mut out,
+        method,
+        target,
+        &[("Host", host.as_bytes()), ("Connection", b"close")],
+        body,
+    );
+    s.write_all(&out).await.expect("write request");
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).await.expect("read response");
+    let (head, used) = http::parse_response(&resp, http::MAX_HEAD)
+        .expect("response head")
+        .expect("whole head");
+    (head.status, resp[used..].to_vec())
+}
+
+async fn subscribe(
+    addr: SocketAddr,
+    src: Ipv4Addr,
+    channel: &str,
+    seen: Rc<Seen>,
+) -> Result<(), String> {
+    let sock = TcpSocket::new_v4().map_err(|e| e.to_string())?;
+    sock.bind(SocketAddr::from((src, 0)))
+        .map_err(|e| format!("bind {src}: {e}"))?;
+    let mut s = sock
+        .connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let key = ws::client_key(fastrand::u128(..).to_le_bytes());
+    let mut out = Vec::new();
+    ws::write_upgrade_request(&mut out, &addr.to_string(), &format!("/{channel}"), &key);
+    s.write_all(&out).await.map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(512);
+    let used = loop {
+        if s.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+            return Err("closed during handshake".into());
+        }
+        if let Some((resp, used)) =
+            http::parse_response(&buf, http::MAX_HEAD).map_err(|e| e.to_string())?
+        {
+            ws::client_verify(&resp, &key).map_err(|e| e.to_string())?;
+            break used;
+        }
+    };
+    seen.bytes.set(seen.bytes.get() + (buf.len() - used) as u64);
+    tokio::task::spawn_local(async move {
+        loop {
+            if s.readable().await.is_err() {
+                break;
+            }
+            let r = {
+                let mut scratch = seen.scratch.borrow_mut();
+                s.try_read(&mut scratch)
+            };
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(0) | Err(_) => {
+                    seen.closed.set(seen.closed.get() + 1);
+                    break;
+                }
+                Ok(n) => {
+                    let b = seen.bytes.get() + n as u64;
+                    seen.bytes.set(b);
+                    if b >= seen.target.get() && seen.reached.get().is_none() {
+                        seen.reached.set(Some(Instant::now()));
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn wait_bytes(seen: &Seen, target: u64, limit: Duration) -> Option<Instant> {
+    let start = Instant::now();
+    while seen.bytes.get() < target {
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    seen.reached.get()
+}
+
+fn main() {
+    let o = opts();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    tokio::task::LocalSet::new().block_on(&rt, bench(o));
+}
+
+async fn bench(o: Opts) {
+    // This process holds every subscriber: raise its own open-file limit.
+    let _ = throng_server::sys::raise_nofile();
+    let mut server = Command::new(&o.throng)
+        .args([
+            "serve",
+            "--workers",
+            "1",
+            "--listen",
+            "127.0.0.1:0",
+            "--ping-interval",
+            "1h",
+            "--bench-floor",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start throng serve (build it with: cargo build --release -p throng)");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("start line");
+    let start: serde_json::Value = serde_json::from_str(&line).expect("start line is JSON");
+    let addr: SocketAddr = start["listen"][0]
+        .as_str()
+        .expect("listen")
+        .parse()
+        .expect("addr");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (_, metrics) = request(addr, "GET", "/metrics", b"").await;
+    let metrics = String::from_utf8_lossy(&metrics).to_string();
+    let pid: u32 = metrics
+        .lines()
+        .find(|l| l.starts_with("throng_worker_rss_bytes{"))
+        .and_then(|l| l.split("pid=\"").nth(1))
+        .and_then(|r| r.split('"').next())
+        .and_then(|p| p.parse().ok())
+        .expect("worker pid in /metrics");
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss0 = rss_kib(pid);
+    let (avail0, slab0, _) = meminfo();
+    let (sockmem0, inuse0) = sockstat();
+
+    // (3) upgrades per second, holding every connection.
+    let seen = Rc::new(Seen {
+        scratch: RefCell::new(vec![0; 256 * 1024]),
+        target: Cell::new(u64::MAX),
+        ..Seen::default()
+    });
+    let t = Instant::now();
+    let next = Rc::new(Cell::new(0usize));
+    let failed = Rc::new(Cell::new(0usize));
+    let mut openers = Vec::new();
+    for _ in 0..o.concurrency {
+        let (next, failed, seen) = (next.clone(), failed.clone(), seen.clone());
+        let n = o.conns;
+        openers.push(tokio::task::spawn_local(async move {
+            loop {
+                let i = next.get();
+                if i >= n {
+                    break;
+                }
+                next.set(i + 1);
+                let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
+                if let Err(e) = subscribe(addr, src, "bench", seen.clone()).await {
+                    if failed.get() == 0 {
+                        eprintln!("subscribe failed: {e}");
+                    }
+                    failed.set(failed.get() + 1);
+                }
+            }
+        }));
+    }
+    for h in openers {
+        let _ = h.await;
+    }
+    let open_secs = t.elapsed().as_secs_f64();
+    let held = o.conns - failed.get();
+    let upgrades_per_sec = held as f64 / open_secs;
+
+    // (1) and (4): let the worker settle, then measure.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_n = rss_kib(pid);
+    let (avail_n, slab_n, _) = meminfo();
+    let (sockmem_n, inuse_n) = sockstat();
+    let user_bytes_per_conn = (rss_n as f64 - rss0 as f64) * 1024.0 / held as f64;
+
+    // (2) fan-out vs the bare write loop, interleaved.
+    let payload = vec![b'x'; o.payload];
+    let frame_len = ws::server_frame(ws::OpCode::Text, &payload).len() as u64;
+    let (mut pub_ms, mut recv_ms, mut pub_cpu, mut floor_cpu, mut floor_wall_ms) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut pub_ticks, mut floor_ticks) = (0u64, 0u64);
+    let fan_cpu0 = metric(addr, "throng_fanout_cpu_seconds_total").await;
+    for _ in 0..o.rounds {
+        for floor in [false, true] {
+            let before = seen.bytes.get();
+            let target = before + frame_len * held as u64;
+            seen.target.set(target);
+            seen.reached.set(None);
+            let ticks0 = cpu_ticks(pid);
+            let t = Instant::now();
+            let path = if floor {
+                "/bench/floor/bench"
+            } else {
+                "/publish/bench"
+            };
+            let (status, body) = request(addr, "POST", path, &payload).await;
+            let rtt = t.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
+            let last = wait_bytes(&seen, target, Duration::from_secs(10)).await;
+            let ticks = cpu_ticks(pid) - ticks0;
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON reply");
+            if floor {
+                floor_ticks += ticks;
+                floor_cpu.push(v["cpu_ns"].as_f64().unwrap_or(f64::NAN) / held as f64);
+                floor_wall_ms.push(v["wall_ns"].as_f64().unwrap_or(f64::NAN) / 1e6);
+            } else {
+                pub_ticks += ticks;
+                assert_eq!(
+                    v["subscribers"].as_u64(),
+                    Some(held as u64),
+                    "every subscriber counted"
+                );
+                pub_ms.push(rtt);
+                if let Some(last) = last {
+                    recv_ms.push((last - t).as_secs_f64() * 1e3);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let fan_cpu = metric(addr, "throng_fanout_cpu_seconds_total").await - fan_cpu0;
+    for _ in 0..o.rounds {
+        pub_cpu.push(fan_cpu * 1e9 / (o.rounds * held) as f64);
+    }
+    let delivered = (seen.bytes.get(), seen.closed.get());
+
+    let hz = 100.0; // USER_HZ on Linux
+    let per_frame = |ticks: u64| ticks as f64 / hz * 1e9 / (o.rounds * held) as f64;
+    let fan_ns = median(&mut pub_cpu);
+    let floor_ns = median(&mut floor_cpu);
+    let report = serde_json::json!({
+        "connections": held,
+        "failed": failed.get(),
+        "upgrades_per_sec": upgrades_per_sec.round(),
+        "open_seconds": open_secs,
+        "worker_rss_kib_at_0": rss0,
+        "worker_rss_kib_at_n": rss_n,
+        "user_bytes_per_conn": user_bytes_per_conn.round(),
+        "kernel_sockstat_tcp_mem_bytes_per_conn": ((sockmem_n as f64 - sockmem0 as f64) * 4096.0 / held as f64).round(),
+        "kernel_tcp_sockets_added": inuse_n as i64 - inuse0 as i64,
+        "kernel_slab_bytes_per_conn": ((slab_n as f64 - slab0 as f64) * 1024.0 / held as f64).round(),
+        "memavailable_drop_bytes_per_conn_both_ends": ((avail0 as f64 - avail_n as f64) * 1024.0 / held as f64).round(),
+        "rounds": o.rounds,
+        "payload_bytes": o.payload,
+        "fanout_cpu_ns_per_frame_in_loop": fan_ns,
+        "floor_write_cpu_ns_per_frame": floor_ns,
+        "ratio_in_loop": fan_ns / floor_ns,
+        "process_cpu_ns_per_frame_publish": per_frame(pub_ticks),
+        "process_cpu_ns_per_frame_floor": per_frame(floor_ticks),
+        "ratio_process": per_frame(pub_ticks) / per_frame(floor_ticks),
+        "publish_to_reply_ms_median": median(&mut pub_ms),
+        "publish_to_last_frame_received_ms_median": median(&mut recv_ms),
+        "floor_loop_wall_ms_median": median(&mut floor_wall_ms),
+        "client_bytes_received": delivered.0,
+        "client_connections_closed": delivered.1,
+    });
+    println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+    throng_server::sys::kill(server.id(), libc::SIGTERM);
+    let _ = server.wait();
+}
+
+async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let (_, body) = request(addr, "GET", "/metrics", b"").await;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find(|l| l.starts_with(name) && l.as_bytes().get(name.len()) == Some(&b' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}

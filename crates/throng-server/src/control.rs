@@ -1,0 +1,329 @@
+//! The records a supervisor and its workers exchange over each worker's Unix
+//! socket: small length-prefixed binary records.
+//!
+//! Layout: `u32` length (little endian, of what follows), a tag byte, then the
+//! record's fields. Strings are length-prefixed; a payload runs to the end of
+//! the record, so a published message is copied once into a record and the
+//! same `Bytes` is written to every worker.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// The largest record accepted; far above any `--max-message`.
+pub const MAX_RECORD: usize = 64 * 1024 * 1024;
+
+/// One record on a control socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// Supervisor → worker, first record: the worker's [`crate::Config`] as JSON.
+    Config(Bytes),
+    /// Worker → supervisor: a `POST /publish/<channel>` arrived.
+    Publish(Message),
+    /// Supervisor → worker: fan this message out to your subscribers.
+    Deliver(Message),
+    /// Worker → supervisor: message `id` went to this many subscribers here.
+    Delivered {
+        /// The id of the [`Record::Deliver`].
+        id: u64,
+        /// Subscribers of the channel in this worker.
+        subscribers: u64,
+    },
+    /// Supervisor → worker: publish request `id` reached this many subscribers in all.
+    Published {
+        /// The id of the [`Record::Publish`].
+        id: u64,
+        /// Sum over workers.
+        subscribers: u64,
+    },
+    /// Worker → supervisor: the worker's counters as JSON ([`crate::metrics::Snapshot`]).
+    Snapshot(Bytes),
+    /// Worker → supervisor: someone asked this worker for `/metrics`.
+    MetricsRequest {
+        /// Echoed in the answer.
+        id: u64,
+    },
+    /// Supervisor → worker: the Prometheus text for request `id`.
+    Metrics {
+        /// The id of the [`Record::MetricsRequest`].
+        id: u64,
+        /// Prometheus text exposition.
+        text: Bytes,
+    },
+}
+
+/// A message on its way to subscribers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Publish request id (in `Publish`) or relay sequence number (in `Deliver`).
+    pub id: u64,
+    /// Send as a text frame (else binary).
+    pub text: bool,
+    /// The channel, already validated.
+    pub channel: String,
+    /// The message body.
+    pub payload: Bytes,
+}
+
+/// A control socket carried something that is not a record.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// A record announced more than [`MAX_RECORD`] bytes.
+    #[error("control record of {0} bytes is over the limit")]
+    TooBig(usize),
+    /// A record was cut short or had an unknown tag.
+    #[error("malformed control record: {0}")]
+    Malformed(&'static str),
+    /// Reading the socket failed.
+    #[error("control socket: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+const CONFIG: u8 = 1;
+const PUBLISH: u8 = 2;
+const DELIVER: u8 = 3;
+const DELIVERED: u8 = 4;
+const PUBLISHED: u8 = 5;
+const SNAPSHOT: u8 = 6;
+const METRICS_REQUEST: u8 = 7;
+const METRICS: u8 = 8;
+
+impl Record {
+    /// Encodes the record, length prefix included.
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(32 + self.payload_len());
+        out.put_u32_le(0);
+        match self {
+            Self::Config(json) => {
+                out.put_u8(CONFIG);
+                out.put_slice(json);
+            }
+            Self::Publish(m) | Self::Deliver(m) => {
+                out.put_u8(if matches!(self, Self::Publish(_)) {
+                    PUBLISH
+                } else {
+                    DELIVER
+                });
+                out.put_u64_le(m.id);
+                out.put_u8(u8::from(m.text));
+                // Channel names are at most 128 bytes (validated before any record is made).
+                out.put_u8(m.channel.len().min(255) as u8);
+                out.put_slice(&m.channel.as_bytes()[..m.channel.len().min(255)]);
+                out.put_slice(&m.payload);
+            }
+            Self::Delivered { id, subscribers } | Self::Published { id, subscribers } => {
+                out.put_u8(if matches!(self, Self::Delivered { .. }) {
+                    DELIVERED
+                } else {
+                    PUBLISHED
+                });
+                out.put_u64_le(*id);
+                out.put_u64_le(*subscribers);
+            }
+            Self::Snapshot(json) => {
+                out.put_u8(SNAPSHOT);
+                out.put_slice(json);
+            }
+            Self::MetricsRequest { id } => {
+                out.put_u8(METRICS_REQUEST);
+                out.put_u64_le(*id);
+            }
+            Self::Metrics { id, text } => {
+                out.put_u8(METRICS);
+                out.put_u64_le(*id);
+                out.put_slice(text);
+            }
+        }
+        let len = (out.len() - 4) as u32;
+        out[..4].copy_from_slice(&len.to_le_bytes());
+        out.freeze()
+    }
+
+    fn payload_len(&self) -> usize {
+        match self {
+            Self::Config(b) | Self::Snapshot(b) | Self::Metrics { text: b, .. } => b.len(),
+            Self::Publish(m) | Self::Deliver(m) => m.channel.len() + m.payload.len(),
+            _ => 0,
+        }
+    }
+
+    /// Takes one whole record off the front of `buf`; `Ok(None)` when `buf`
+    /// does not yet hold a whole record.
+    pub fn decode(buf: &mut BytesMut) -> Result<Option<Self>, ControlError> {
+        if buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if len > MAX_RECORD {
+            return Err(ControlError::TooBig(len));
+        }
+        if buf.len() < 4 + len {
+            buf.reserve(4 + len - buf.len());
+            return Ok(None);
+        }
+        buf.advance(4);
+        let mut rec = buf.split_to(len).freeze();
+        if rec.is_empty() {
+            return Err(ControlError::Malformed("empty record"));
+        }
+        let tag = rec.get_u8();
+        let need = |rec: &Bytes, n: usize| {
+            if rec.len() < n {
+                Err(ControlError::Malformed("record cut short"))
+            } else {
+                Ok(())
+            }
+        };
+        Ok(Some(match tag {
+            CONFIG => Self::Config(rec),
+            SNAPSHOT => Self::Snapshot(rec),
+            PUBLISH | DELIVER => {
+                need(&rec, 10)?;
+                let id = rec.get_u64_le();
+                let text = rec.get_u8() != 0;
+                let clen = usize::from(rec.get_u8());
+                need(&rec, clen)?;
+                let channel = String::from_utf8(rec.split_to(clen).to_vec())
+                    .map_err(|_| ControlError::Malformed("channel is not UTF-8"))?;
+                let m = Message {
+                    id,
+                    text,
+                    channel,
+                    payload: rec,
+                };
+                if tag == PUBLISH {
+                    Self::Publish(m)
+                } else {
+                    Self::Deliver(m)
+                }
+            }
+            DELIVERED | PUBLISHED => {
+                need(&rec, 16)?;
+                let id = rec.get_u64_le();
+                let subscribers = rec.get_u64_le();
+                if tag == DELIVERED {
+                    Self::Delivered { id, subscribers }
+                } else {
+                    Self::Published { id, subscribers }
+                }
+            }
+            METRICS_REQUEST => {
+                need(&rec, 8)?;
+                Self::MetricsRequest {
+                    id: rec.get_u64_le(),
+                }
+            }
+            METRICS => {
+                need(&rec, 8)?;
+                let id = rec.get_u64_le();
+                Self::Metrics { id, text: rec }
+            }
+            _ => return Err(ControlError::Malformed("unknown tag")),
+        }))
+    }
+}
+
+/// Reads the next record from `r`, using `buf` for what arrived beyond it.
+/// `Ok(None)` at a clean end of stream.
+pub async fn read_record<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+) -> Result<Option<Record>, ControlError> {
+    loop {
+        if let Some(rec) = Record::decode(buf)? {
+            return Ok(Some(rec));
+        }
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(64 * 1024);
+        }
+        if r.read_buf(buf).await? == 0 {
+            return if buf.is_empty() {
+                Ok(None)
+            } else {
+                Err(ControlError::Malformed("stream ended inside a record"))
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Record> {
+        let m = Message {
+            id: 7,
+            text: true,
+            channel: "news".into(),
+            payload: Bytes::from_static(b"hello"),
+        };
+        vec![
+            Record::Config(Bytes::from_static(b"{}")),
+            Record::Publish(m.clone()),
+            Record::Deliver(Message {
+                text: false,
+                payload: Bytes::new(),
+                ..m
+            }),
+            Record::Delivered {
+                id: 1,
+                subscribers: u64::MAX,
+            },
+            Record::Published {
+                id: 2,
+                subscribers: 3,
+            },
+            Record::Snapshot(Bytes::from_static(b"{\"open\":1}")),
+            Record::MetricsRequest { id: 9 },
+            Record::Metrics {
+                id: 9,
+                text: Bytes::from_static(b"# text\n"),
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trip_every_record_split_anywhere() {
+        let mut stream = Vec::new();
+        for r in all() {
+            stream.extend_from_slice(&r.encode());
+        }
+        for cut in 0..stream.len() {
+            let mut buf = BytesMut::from(&stream[..cut]);
+            let mut got = Vec::new();
+            while let Some(r) = Record::decode(&mut buf).unwrap() {
+                got.push(r);
+            }
+            buf.extend_from_slice(&stream[cut..]);
+            while let Some(r) = Record::decode(&mut buf).unwrap() {
+                got.push(r);
+            }
+            assert_eq!(got, all(), "cut at {cut}");
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn refuses_bad_records() {
+        let mut buf = BytesMut::from(&((MAX_RECORD + 1) as u32).to_le_bytes()[..]);
+        assert!(matches!(
+            Record::decode(&mut buf),
+            Err(ControlError::TooBig(_))
+        ));
+        let mut buf = BytesMut::from(&[1, 0, 0, 0, 99][..]);
+        assert!(matches!(
+            Record::decode(&mut buf),
+            Err(ControlError::Malformed(_))
+        ));
+        let mut buf = BytesMut::from(&[3, 0, 0, 0, DELIVERED, 1, 2][..]);
+        assert!(matches!(
+            Record::decode(&mut buf),
+            Err(ControlError::Malformed(_))
+        ));
+        let mut buf = BytesMut::from(&[0, 0, 0, 0][..]);
+        assert!(matches!(
+            Record::decode(&mut buf),
+            Err(ControlError::Malformed(_))
+        ));
+    }
+}

@@ -1,0 +1,517 @@
+//! Counters: each worker keeps its own (plain `Cell`s, nothing shared), sends
+//! a [`Snapshot`] to the supervisor a few times a second, and the supervisor
+//! renders the sum as Prometheus text for `GET /metrics`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Upper bounds (seconds) of the fan-out duration histogram buckets.
+pub const FANOUT_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Why a subscriber connection ended (the `reason` label of `throng_connections_closed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client sent a close frame.
+    PeerClose,
+    /// The client went away without one (EOF or reset).
+    PeerGone,
+    /// Nothing heard within `--idle-timeout` (closed 1008).
+    IdleTimeout,
+    /// Queue over `--max-queue` or no write progress in `--write-timeout` (closed 1008).
+    SlowConsumer,
+    /// The client broke RFC 6455 (closed 1002, 1007 or 1009).
+    ProtocolError,
+    /// The server is shutting down (closed 1001).
+    Shutdown,
+}
+
+impl CloseReason {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::PeerClose => "peer_close",
+            Self::PeerGone => "peer_gone",
+            Self::IdleTimeout => "idle_timeout",
+            Self::SlowConsumer => "slow_consumer",
+            Self::ProtocolError => "protocol_error",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// One worker's counters. Single-threaded: `Cell`s, no atomics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Subscriber connections open now.
+    pub open: Cell<u64>,
+    /// Subscribers that have a write queue now.
+    pub queued: Cell<u64>,
+    /// TCP connections accepted.
+    pub accepted: Cell<u64>,
+    /// WebSocket upgrades completed.
+    pub upgraded: Cell<u64>,
+    /// Frames written (or queued) to subscribers.
+    pub frames_delivered: Cell<u64>,
+    /// Frames not delivered because their connection was closed first.
+    pub frames_dropped: Cell<u64>,
+    /// Pings sent by the heartbeat.
+    pub pings: Cell<u64>,
+    /// Fan-out durations, one count per bucket of [`FANOUT_BUCKETS`] plus +Inf.
+    pub fanout_buckets: RefCell<Vec<u64>>,
+    /// Sum of fan-out wall time.
+    pub fanout_seconds: Cell<f64>,
+    /// Sum of fan-out CPU time of the worker thread.
+    pub fanout_cpu_seconds: Cell<f64>,
+    /// Subscribers closed, by [`CloseReason::label`].
+    pub closed: RefCell<BTreeMap<&'static str, u64>>,
+    /// Refused or failed handshakes and HTTP requests, by reason.
+    pub handshake_failures: RefCell<BTreeMap<&'static str, u64>>,
+    /// Slow-consumer closes by cause (`queue`, `timeout`).
+    pub slow_consumer: RefCell<BTreeMap<&'static str, u64>>,
+    /// HTTP requests served, by endpoint.
+    pub http_requests: RefCell<BTreeMap<&'static str, u64>>,
+}
+
+fn bump(map: &RefCell<BTreeMap<&'static str, u64>>, key: &'static str) {
+    *map.borrow_mut().entry(key).or_default() += 1;
+}
+
+/// Adds one to a plain counter.
+pub fn inc(c: &Cell<u64>) {
+    c.set(c.get() + 1);
+}
+
+impl Counters {
+    /// Counts a closed subscriber.
+    pub fn closed(&self, why: CloseReason) {
+        bump(&self.closed, why.label());
+    }
+
+    /// Counts a failed handshake or refused request.
+    pub fn handshake_failed(&self, why: &'static str) {
+        bump(&self.handshake_failures, why);
+    }
+
+    /// Counts a slow-consumer close (`queue` or `timeout`).
+    pub fn slow_consumer(&self, why: &'static str) {
+        bump(&self.slow_consumer, why);
+    }
+
+    /// Counts a served HTTP request.
+    pub fn http_request(&self, endpoint: &'static str) {
+        bump(&self.http_requests, endpoint);
+    }
+
+    /// Records one fan-out's wall and CPU time.
+    pub fn fanout(&self, wall: Duration, cpu: Duration) {
+        let secs = wall.as_secs_f64();
+        let mut b = self.fanout_buckets.borrow_mut();
+        if b.len() != FANOUT_BUCKETS.len() + 1 {
+            b.resize(FANOUT_BUCKETS.len() + 1, 0);
+        }
+        let i = FANOUT_BUCKETS
+            .iter()
+            .position(|&le| secs <= le)
+            .unwrap_or(FANOUT_BUCKETS.len());
+        b[i] += 1;
+        self.fanout_seconds.set(self.fanout_seconds.get() + secs);
+        self.fanout_cpu_seconds
+            .set(self.fanout_cpu_seconds.get() + cpu.as_secs_f64());
+    }
+
+    /// A copy for the supervisor.
+    pub fn snapshot(&self, worker: usize, pid: u32, rss_bytes: u64) -> Snapshot {
+        let own = |m: &RefCell<BTreeMap<&'static str, u64>>| {
+            m.borrow()
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect()
+        };
+        Snapshot {
+            worker,
+            pid,
+            rss_bytes,
+            open: self.open.get(),
+            queued: self.queued.get(),
+            accepted: self.accepted.get(),
+            upgraded: self.upgraded.get(),
+            frames_delivered: self.frames_delivered.get(),
+            frames_dropped: self.frames_dropped.get(),
+            pings: self.pings.get(),
+            fanout_buckets: self.fanout_buckets.borrow().clone(),
+            fanout_seconds: self.fanout_seconds.get(),
+            fanout_cpu_seconds: self.fanout_cpu_seconds.get(),
+            closed: own(&self.closed),
+            handshake_failures: own(&self.handshake_failures),
+            slow_consumer: own(&self.slow_consumer),
+            http_requests: own(&self.http_requests),
+        }
+    }
+}
+
+/// One worker's counters at one moment, as sent to the supervisor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Worker index.
+    pub worker: usize,
+    /// Worker process id.
+    pub pid: u32,
+    /// Resident set size of the worker process.
+    pub rss_bytes: u64,
+    /// Gauge: subscribers open.
+    pub open: u64,
+    /// Gauge: subscribers with a write queue.
+    pub queued: u64,
+    /// Counter: TCP connections accepted.
+    pub accepted: u64,
+    /// Counter: WebSocket upgrades completed.
+    pub upgraded: u64,
+    /// Counter: frames delivered.
+    pub frames_delivered: u64,
+    /// Counter: frames dropped.
+    pub frames_dropped: u64,
+    /// Counter: heartbeat pings sent.
+    pub pings: u64,
+    /// Counter per fan-out bucket (not cumulative), +Inf last.
+    pub fanout_buckets: Vec<u64>,
+    /// Counter: fan-out wall seconds.
+    pub fanout_seconds: f64,
+    /// Counter: fan-out CPU seconds.
+    pub fanout_cpu_seconds: f64,
+    /// Counter by reason.
+    pub closed: BTreeMap<String, u64>,
+    /// Counter by reason.
+    pub handshake_failures: BTreeMap<String, u64>,
+    /// Counter by cause.
+    pub slow_consumer: BTreeMap<String, u64>,
+    /// Counter by endpoint.
+    pub http_requests: BTreeMap<String, u64>,
+}
+
+fn add_map(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
+    for (k, v) in from {
+        *into.entry(k.clone()).or_default() += v;
+    }
+}
+
+impl Snapshot {
+    /// Adds `other`'s counters (not its gauges) into `self`: the totals of a
+    /// worker that died are kept so counters never go backwards.
+    pub fn add_counters(&mut self, other: &Self) {
+        self.accepted += other.accepted;
+        self.upgraded += other.upgraded;
+        self.frames_delivered += other.frames_delivered;
+        self.frames_dropped += other.frames_dropped;
+        self.pings += other.pings;
+        if self.fanout_buckets.len() < other.fanout_buckets.len() {
+            self.fanout_buckets.resize(other.fanout_buckets.len(), 0);
+        }
+        for (a, b) in self.fanout_buckets.iter_mut().zip(&other.fanout_buckets) {
+            *a += b;
+        }
+        self.fanout_seconds += other.fanout_seconds;
+        self.fanout_cpu_seconds += other.fanout_cpu_seconds;
+        add_map(&mut self.closed, &other.closed);
+        add_map(&mut self.handshake_failures, &other.handshake_failures);
+        add_map(&mut self.slow_consumer, &other.slow_consumer);
+        add_map(&mut self.http_requests, &other.http_requests);
+    }
+}
+
+/// What only the supervisor knows.
+#[derive(Debug, Clone, Default)]
+pub struct SupervisorStats {
+    /// Messages published (relayed).
+    pub published: u64,
+    /// Workers restarted after dying.
+    pub restarts: u64,
+    /// Workers configured.
+    pub workers: usize,
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn labelled(
+    out: &mut String,
+    name: &str,
+    label: &str,
+    map: &BTreeMap<String, u64>,
+    always: &[&str],
+) {
+    let mut all = map.clone();
+    for k in always {
+        all.entry((*k).to_owned()).or_default();
+    }
+    for (k, v) in all {
+        let _ = writeln!(out, "{name}{{{label}=\"{k}\"}} {v}");
+    }
+}
+
+/// Renders the Prometheus text exposition (format 0.0.4) of all workers.
+/// `live` holds the latest snapshot of each running worker; `retired` the
+/// summed counters of workers that died.
+pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> String {
+    let mut total = retired.clone();
+    let (mut open, mut queued) = (0, 0);
+    for s in live {
+        total.add_counters(s);
+        open += s.open;
+        queued += s.queued;
+    }
+    let mut out = String::with_capacity(4096);
+    let one = |out: &mut String, name: &str, kind: &str, help: &str, v: String| {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    };
+    one(
+        &mut out,
+        "throng_connections_open",
+        "gauge",
+        "WebSocket subscribers connected now.",
+        open.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_connections_queued",
+        "gauge",
+        "Subscribers with unsent bytes queued now.",
+        queued.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_connections_accepted_total",
+        "counter",
+        "TCP connections accepted.",
+        total.accepted.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_upgrades_total",
+        "counter",
+        "WebSocket upgrades completed.",
+        total.upgraded.to_string(),
+    );
+    family(
+        &mut out,
+        "throng_connections_closed_total",
+        "counter",
+        "Subscriber connections closed, by reason.",
+    );
+    labelled(
+        &mut out,
+        "throng_connections_closed_total",
+        "reason",
+        &total.closed,
+        &[
+            "peer_close",
+            "peer_gone",
+            "idle_timeout",
+            "slow_consumer",
+            "protocol_error",
+            "shutdown",
+        ],
+    );
+    family(
+        &mut out,
+        "throng_handshake_failures_total",
+        "counter",
+        "Refused or failed handshakes and HTTP requests, by reason.",
+    );
+    labelled(
+        &mut out,
+        "throng_handshake_failures_total",
+        "reason",
+        &total.handshake_failures,
+        &[],
+    );
+    one(
+        &mut out,
+        "throng_messages_published_total",
+        "counter",
+        "Messages published (relayed to the workers).",
+        sup.published.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_frames_delivered_total",
+        "counter",
+        "Frames written or queued to subscribers.",
+        total.frames_delivered.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_frames_dropped_total",
+        "counter",
+        "Frames discarded because their subscriber was closed first.",
+        total.frames_dropped.to_string(),
+    );
+    family(
+        &mut out,
+        "throng_slow_consumer_closes_total",
+        "counter",
+        "Subscribers closed with 1008 for falling behind, by cause.",
+    );
+    labelled(
+        &mut out,
+        "throng_slow_consumer_closes_total",
+        "cause",
+        &total.slow_consumer,
+        &["queue", "timeout"],
+    );
+    one(
+        &mut out,
+        "throng_pings_sent_total",
+        "counter",
+        "Heartbeat pings sent.",
+        total.pings.to_string(),
+    );
+    family(
+        &mut out,
+        "throng_http_requests_total",
+        "counter",
+        "HTTP requests served, by endpoint.",
+    );
+    labelled(
+        &mut out,
+        "throng_http_requests_total",
+        "endpoint",
+        &total.http_requests,
+        &[],
+    );
+    family(
+        &mut out,
+        "throng_fanout_duration_seconds",
+        "histogram",
+        "Wall time of one fan-out in one worker.",
+    );
+    let mut cum = 0;
+    for (i, le) in FANOUT_BUCKETS.iter().enumerate() {
+        cum += total.fanout_buckets.get(i).copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "throng_fanout_duration_seconds_bucket{{le=\"{le}\"}} {cum}"
+        );
+    }
+    let count: u64 = total.fanout_buckets.iter().sum();
+    let _ = writeln!(
+        out,
+        "throng_fanout_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+    );
+    let _ = writeln!(
+        out,
+        "throng_fanout_duration_seconds_sum {}",
+        total.fanout_seconds
+    );
+    let _ = writeln!(out, "throng_fanout_duration_seconds_count {count}");
+    one(
+        &mut out,
+        "throng_fanout_cpu_seconds_total",
+        "counter",
+        "Worker CPU time spent in fan-out.",
+        total.fanout_cpu_seconds.to_string(),
+    );
+    family(
+        &mut out,
+        "throng_worker_rss_bytes",
+        "gauge",
+        "Resident set size of each worker process.",
+    );
+    for s in live {
+        let _ = writeln!(
+            out,
+            "throng_worker_rss_bytes{{worker=\"{}\",pid=\"{}\"}} {}",
+            s.worker, s.pid, s.rss_bytes
+        );
+    }
+    one(
+        &mut out,
+        "throng_workers",
+        "gauge",
+        "Worker processes configured.",
+        sup.workers.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_worker_restarts_total",
+        "counter",
+        "Workers restarted after they died.",
+        sup.restarts.to_string(),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_workers_and_keeps_retired_counters() {
+        let a = Counters::default();
+        inc(&a.accepted);
+        a.open.set(2);
+        a.closed(CloseReason::SlowConsumer);
+        a.slow_consumer("queue");
+        a.fanout(Duration::from_micros(300), Duration::from_micros(250));
+        a.fanout(Duration::from_secs(9), Duration::ZERO);
+        let sa = a.snapshot(0, 10, 4096);
+        let b = Counters::default();
+        b.open.set(3);
+        inc(&b.accepted);
+        b.handshake_failed("version");
+        let sb = b.snapshot(1, 11, 8192);
+        let mut retired = Snapshot::default();
+        let mut dead = sb.clone();
+        dead.accepted = 5;
+        retired.add_counters(&dead);
+        let text = render(
+            &[&sa, &sb],
+            &retired,
+            &SupervisorStats {
+                published: 4,
+                restarts: 1,
+                workers: 2,
+            },
+        );
+        for line in [
+            "throng_connections_open 5",
+            "throng_connections_accepted_total 7",
+            "throng_connections_closed_total{reason=\"slow_consumer\"} 1",
+            "throng_connections_closed_total{reason=\"peer_gone\"} 0",
+            "throng_handshake_failures_total{reason=\"version\"} 2",
+            "throng_slow_consumer_closes_total{cause=\"queue\"} 1",
+            "throng_messages_published_total 4",
+            "throng_fanout_duration_seconds_bucket{le=\"0.0005\"} 1",
+            "throng_fanout_duration_seconds_bucket{le=\"2.5\"} 1",
+            "throng_fanout_duration_seconds_bucket{le=\"+Inf\"} 2",
+            "throng_fanout_duration_seconds_count 2",
+            "throng_worker_rss_bytes{worker=\"1\",pid=\"11\"} 8192",
+            "throng_worker_restarts_total 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        // Every sample line belongs to a declared family.
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = l.split(['{', ' ']).next().unwrap();
+            let base = name
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count");
+            assert!(
+                text.contains(&format!("# TYPE {base} "))
+                    || text.contains(&format!("# TYPE {name} ")),
+                "{l}"
+            );
+        }
+    }
+}

@@ -1,0 +1,527 @@
+//! The supervisor: the `throng serve` process itself. It decides how many
+//! workers to run, reserves the listen addresses, starts each worker by
+//! re-executing this binary, restarts a worker that dies, relays every
+//! published message to all workers, answers `/metrics` with the sum of their
+//! counters, and on SIGTERM/SIGINT drains them.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::broker::{self, Route};
+use crate::config::Config;
+use crate::control::{Message, Record, read_record};
+use crate::metrics::{self, Snapshot, SupervisorStats};
+use crate::sys;
+
+/// File descriptors a worker keeps for other things than subscribers.
+pub const FD_RESERVE: u64 = 64;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// A listen address could not be bound.
+    #[error(
+        "cannot listen on {addr}: {source} (is another server using the port? pick another with --listen)"
+    )]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// No listen address was given.
+    #[error("no listen address (use --listen HOST:PORT)")]
+    NoListen,
+    /// The first worker could not be started.
+    #[error("cannot start worker: {0}")]
+    Spawn(std::io::Error),
+    /// Something else at the OS level.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// How the worker processes are started: this binary and the arguments
+/// that make it a worker; `--worker-index N` is appended.
+#[derive(Debug, Clone)]
+pub struct WorkerCommand {
+    /// The executable (normally `std::env::current_exe()`).
+    pub program: PathBuf,
+    /// Arguments before the index (normally `["serve"]`).
+    pub args: Vec<OsString>,
+}
+
+/// What the server will run with, known before any worker starts.
+#[derive(Debug)]
+pub struct Plan {
+    /// The resolved settings (listen ports resolved, worker count decided).
+    pub config: Config,
+    /// Open-file limit per process after raising the soft limit: (soft, hard).
+    pub nofile: (u64, u64),
+    /// Subscribers one worker can hold under that limit.
+    pub per_worker: u64,
+    /// CPU cores seen.
+    pub cores: usize,
+    /// Why the worker count is what it is.
+    pub workers_why: String,
+    /// The broker in use.
+    pub broker: &'static str,
+    /// Bound (not listening) sockets that hold the ports while workers start.
+    reserved: Vec<socket2::Socket>,
+}
+
+impl Plan {
+    /// Raises the open-file limit, decides the worker count and reserves the
+    /// listen addresses (port 0 becomes a real port).
+    pub fn new(mut config: Config) -> Result<Self, ServeError> {
+        if config.listen.is_empty() {
+            return Err(ServeError::NoListen);
+        }
+        let nofile = sys::raise_nofile()?;
+        let per_worker = nofile
+            .0
+            .saturating_sub(FD_RESERVE + config.listen.len() as u64)
+            .max(1);
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let mut workers_why = if config.workers == 0 {
+            config.workers = cores;
+            format!("one per core ({cores})")
+        } else {
+            "--workers".to_owned()
+        };
+        if let Some(target) = config.max_connections {
+            let needed = usize::try_from(target.div_ceil(per_worker)).unwrap_or(usize::MAX);
+            if needed > config.workers {
+                workers_why = format!(
+                    "raised from {} so that {target} connections fit {per_worker} per worker",
+                    config.workers
+                );
+                config.workers = needed;
+            }
+        }
+        let mut reserved = Vec::new();
+        let mut resolved = Vec::new();
+        for &addr in &config.listen {
+            let s = reserve(addr).map_err(|source| ServeError::Bind { addr, source })?;
+            let local = s
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .unwrap_or(addr);
+            resolved.push(local);
+            reserved.push(s);
+        }
+        config.listen = resolved;
+        Ok(Self {
+            config,
+            nofile,
+            per_worker,
+            cores,
+            workers_why,
+            broker: broker::Local.describe(),
+            reserved,
+        })
+    }
+
+    /// The settings and limits as one JSON object (the machine-readable start line).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "event": "listening",
+            "listen": self.config.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "workers": self.config.workers,
+            "nofile_soft": self.nofile.0,
+            "nofile_hard": self.nofile.1,
+            "connections_per_worker": self.per_worker,
+            "connections_total": self.per_worker * self.config.workers as u64,
+            "config": self.config,
+        })
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "throng serve: effective settings")?;
+        writeln!(f, "{}", self.config)?;
+        writeln!(f, "  broker           {}", self.broker)?;
+        writeln!(
+            f,
+            "  workers          {} ({})",
+            self.config.workers, self.workers_why
+        )?;
+        writeln!(
+            f,
+            "open-file limit per process: {} (hard {}), so about {} subscribers per worker, {} in all",
+            self.nofile.0,
+            self.nofile.1,
+            self.per_worker,
+            self.per_worker * self.config.workers as u64
+        )?;
+        write!(
+            f,
+            "subscribe: ws://{}/<channel>    publish: curl -d hello http://{}/publish/<channel>",
+            self.config.listen[0], self.config.listen[0]
+        )
+    }
+}
+
+/// Binds `addr` with `SO_REUSEPORT` without listening: the port is held for
+/// the workers (who join the same group) but takes no connections itself.
+fn reserve(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    let domain = if addr.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.bind(&addr.into())?;
+    Ok(s)
+}
+
+/// Something a worker did, as seen by the supervisor's loop.
+enum Event {
+    Record(usize, u64, Record),
+    Exited(usize, u64, String),
+    /// The back-off after worker `i`'s death (of that generation) has passed.
+    Restart(usize, u64),
+}
+
+/// One worker slot; `generation` tells a restarted worker from the one before.
+struct Slot {
+    generation: u64,
+    pid: u32,
+    tx: Option<mpsc::UnboundedSender<Bytes>>,
+    snapshot: Option<Snapshot>,
+    alive: bool,
+}
+
+/// A message relayed to the workers and not yet acknowledged by all.
+struct Pending {
+    origin: (usize, u64),
+    request: u64,
+    waiting: Vec<usize>,
+    subscribers: u64,
+}
+
+struct Supervisor {
+    config: Config,
+    command: WorkerCommand,
+    config_json: Bytes,
+    slots: Vec<Slot>,
+    events: mpsc::UnboundedSender<Event>,
+    broker: broker::Local,
+    next_id: u64,
+    pending: HashMap<u64, Pending>,
+    stats: SupervisorStats,
+    retired: Snapshot,
+    draining: bool,
+}
+
+/// Runs the server until SIGTERM/SIGINT has drained every worker.
+pub fn run(plan: Plan, command: WorkerCommand) -> Result<(), ServeError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, supervise(plan, command))
+}
+
+async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let config_json = Bytes::from(serde_json::to_vec(&plan.config).map_err(std::io::Error::other)?);
+    let workers = plan.config.workers;
+    let mut sup = Supervisor {
+        config: plan.config.clone(),
+        command,
+        config_json,
+        slots: (0..workers)
+            .map(|_| Slot {
+                generation: 0,
+                pid: 0,
+                tx: None,
+                snapshot: None,
+                alive: false,
+            })
+            .collect(),
+        events: tx,
+        broker: broker::Local,
+        next_id: 1,
+        pending: HashMap::new(),
+        stats: SupervisorStats {
+            workers,
+            ..SupervisorStats::default()
+        },
+        retired: Snapshot::default(),
+        draining: false,
+    };
+    for i in 0..workers {
+        sup.spawn(i).map_err(ServeError::Spawn)?;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut deadline = None;
+    loop {
+        let until_deadline = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(ev) => sup.on_event(ev),
+                None => break,
+            },
+            _ = term.recv(), if !sup.draining => deadline = Some(sup.drain("SIGTERM")),
+            _ = int.recv(), if !sup.draining => deadline = Some(sup.drain("SIGINT")),
+            () = until_deadline => {
+                eprintln!("throng: workers did not exit within the drain timeout; killing them");
+                for s in &sup.slots {
+                    if s.alive {
+                        sys::kill(s.pid, libc::SIGKILL);
+                    }
+                }
+                deadline = None;
+            }
+        }
+        if sup.draining && sup.slots.iter().all(|s| !s.alive) {
+            break;
+        }
+    }
+    // Hold the reserved ports until the workers are gone.
+    drop(plan.reserved);
+    eprintln!(
+        "throng: stopped ({} messages published, {} worker restarts)",
+        sup.stats.published, sup.stats.restarts
+    );
+    Ok(())
+}
+
+impl Supervisor {
+    /// Starts worker `i`: this binary with stdin as its end of a socket pair.
+    fn spawn(&mut self, i: usize) -> std::io::Result<()> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let mut cmd = tokio::process::Command::new(&self.command.program);
+        cmd.args(&self.command.args)
+            .arg("--worker-index")
+            .arg(i.to_string());
+        cmd.stdin(Stdio::from(OwnedFd::from(theirs)));
+        cmd.kill_on_drop(true);
+        let mut child = cmd.spawn()?;
+        let pid = child.id().unwrap_or(0);
+        ours.set_nonblocking(true)?;
+        let stream = tokio::net::UnixStream::from_std(ours)?;
+        let (mut rd, mut wr) = stream.into_split();
+        let slot = &mut self.slots[i];
+        slot.generation += 1;
+        let generation = slot.generation;
+        slot.pid = pid;
+        slot.alive = true;
+        slot.snapshot = None;
+        let (tx, mut out) = mpsc::unbounded_channel::<Bytes>();
+        let _ = tx.send(Record::Config(self.config_json.clone()).encode());
+        slot.tx = Some(tx);
+        tokio::task::spawn_local(async move {
+            while let Some(rec) = out.recv().await {
+                if wr.write_all(&rec).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let events = self.events.clone();
+        tokio::task::spawn_local(async move {
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            while let Ok(Some(rec)) = read_record(&mut rd, &mut buf).await {
+                if events.send(Event::Record(i, generation, rec)).is_err() {
+                    break;
+                }
+            }
+            let status = match child.wait().await {
+                Ok(s) => s.to_string(),
+                Err(e) => e.to_string(),
+            };
+            let _ = events.send(Event::Exited(i, generation, status));
+        });
+        Ok(())
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Record(i, generation, rec) => {
+                if self.slots[i].generation == generation {
+                    self.on_record(i, generation, rec);
+                }
+            }
+            Event::Exited(i, generation, status) => {
+                if self.slots[i].generation != generation {
+                    return;
+                }
+                let slot = &mut self.slots[i];
+                slot.alive = false;
+                slot.tx = None;
+                let pid = slot.pid;
+                if let Some(s) = slot.snapshot.take() {
+                    self.retired.add_counters(&s);
+                }
+                // Messages it will never acknowledge no longer wait for it.
+                let ids: Vec<u64> = self.pending.keys().copied().collect();
+                for id in ids {
+                    self.acknowledge(id, i, 0);
+                }
+                if self.draining {
+                    eprintln!("throng: worker {i} (pid {pid}) exited: {status}");
+                    return;
+                }
+                self.stats.restarts += 1;
+                eprintln!(
+                    "throng: worker {i} (pid {pid}) died: {status}; restarting it (restart #{})",
+                    self.stats.restarts
+                );
+                // A worker that dies at once would otherwise be restarted in a tight loop.
+                let events = self.events.clone();
+                tokio::task::spawn_local(async move {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let _ = events.send(Event::Restart(i, generation));
+                });
+            }
+            Event::Restart(i, generation) => {
+                if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
+                    return;
+                }
+                if let Err(e) = self.spawn(i) {
+                    eprintln!("throng: cannot restart worker {i}: {e}; trying again");
+                    let events = self.events.clone();
+                    tokio::task::spawn_local(async move {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let _ = events.send(Event::Restart(i, generation));
+                    });
+                }
+            }
+        }
+    }
+
+    fn on_record(&mut self, i: usize, generation: u64, rec: Record) {
+        match rec {
+            Record::Publish(m) => {
+                self.stats.published += 1;
+                match self.broker.publish(m) {
+                    Route::RelayNow(m) => self.relay((i, generation), m),
+                }
+            }
+            Record::Delivered { id, subscribers } => self.acknowledge(id, i, subscribers),
+            Record::Snapshot(json) => match serde_json::from_slice::<Snapshot>(&json) {
+                Ok(s) => self.slots[i].snapshot = Some(s),
+                Err(e) => eprintln!("throng: worker {i}: bad counters: {e}"),
+            },
+            Record::MetricsRequest { id } => {
+                let live: Vec<&Snapshot> = self
+                    .slots
+                    .iter()
+                    .filter(|s| s.alive)
+                    .filter_map(|s| s.snapshot.as_ref())
+                    .collect();
+                let text = metrics::render(&live, &self.retired, &self.stats);
+                self.send(
+                    i,
+                    Record::Metrics {
+                        id,
+                        text: Bytes::from(text),
+                    }
+                    .encode(),
+                );
+            }
+            other => eprintln!("throng: worker {i}: unexpected control record {other:?}"),
+        }
+    }
+
+    /// Sends a message to every live worker: one record, encoded once.
+    fn relay(&mut self, origin: (usize, u64), m: Message) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let request = m.id;
+        let rec = Record::Deliver(Message { id, ..m }).encode();
+        let mut waiting = Vec::with_capacity(self.slots.len());
+        for (j, s) in self.slots.iter().enumerate() {
+            if let Some(tx) = &s.tx
+                && tx.send(rec.clone()).is_ok()
+            {
+                waiting.push(j);
+            }
+        }
+        self.pending.insert(
+            id,
+            Pending {
+                origin,
+                request,
+                waiting: Vec::new(),
+                subscribers: 0,
+            },
+        );
+        if let Some(p) = self.pending.get_mut(&id) {
+            p.waiting = waiting;
+        }
+        self.acknowledge(id, usize::MAX, 0);
+    }
+
+    /// Worker `j` delivered message `id` to `n` subscribers; answers the
+    /// publisher once every worker has.
+    fn acknowledge(&mut self, id: u64, j: usize, n: u64) {
+        let Some(p) = self.pending.get_mut(&id) else {
+            return;
+        };
+        if let Some(k) = p.waiting.iter().position(|&w| w == j) {
+            p.waiting.swap_remove(k);
+            p.subscribers += n;
+        }
+        if !p.waiting.is_empty() {
+            return;
+        }
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        let (origin, generation) = p.origin;
+        if self.slots[origin].generation == generation {
+            self.send(
+                origin,
+                Record::Published {
+                    id: p.request,
+                    subscribers: p.subscribers,
+                }
+                .encode(),
+            );
+        }
+    }
+
+    fn send(&self, i: usize, rec: Bytes) {
+        if let Some(tx) = &self.slots[i].tx {
+            let _ = tx.send(rec);
+        }
+    }
+
+    /// Stops restarting, tells every worker to drain; returns the deadline
+    /// after which stragglers are killed.
+    fn drain(&mut self, signal: &str) -> tokio::time::Instant {
+        eprintln!(
+            "throng: {signal}: draining (closing every subscriber with 1001, up to {:?})",
+            self.config.drain_timeout
+        );
+        self.draining = true;
+        for s in &self.slots {
+            if s.alive {
+                sys::kill(s.pid, libc::SIGTERM);
+            }
+        }
+        tokio::time::Instant::now() + self.config.drain_timeout + Duration::from_secs(2)
+    }
+}

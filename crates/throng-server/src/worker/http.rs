@@ -1,0 +1,514 @@
+//! A new connection's first life as HTTP: read the request head (within
+//! `--handshake-timeout`), then either upgrade it to a subscriber, answer
+//! `POST /publish/<channel>`, `/metrics` and `/healthz`, or refuse it with
+//! the status and reason a client can act on.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use throng_proto::http::{self, BodyDecoder, BodyError, BodyKind, HeadError, Request};
+use throng_proto::ws::{self, OpCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::Worker;
+use super::conn::Conn;
+use crate::channel;
+use crate::sys;
+
+/// What reading a request head gave.
+enum Head {
+    Request(Request, usize),
+    /// The client closed (or the socket failed) before sending a whole head.
+    Closed,
+    Bad(HeadError),
+}
+
+/// Serves one accepted connection until it upgrades or closes.
+pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut first = true;
+    loop {
+        let read = tokio::time::timeout(w.cfg.handshake_timeout, read_head(&mut stream, &mut buf));
+        let Ok(head) = read.await else {
+            if first || !buf.is_empty() {
+                w.counters.handshake_failed("timeout");
+            }
+            return;
+        };
+        let (req, used) = match head {
+            Head::Request(req, used) => (req, used),
+            Head::Closed => {
+                if !buf.is_empty() {
+                    w.counters.handshake_failed("incomplete_head");
+                }
+                return;
+            }
+            Head::Bad(e) => {
+                let (status, label) = match e {
+                    HeadError::TooLarge { .. } | HeadError::TooManyHeaders => {
+                        (431, "head_too_large")
+                    }
+                    _ => (400, "malformed_head"),
+                };
+                w.counters.handshake_failed(label);
+                reply(
+                    &w,
+                    &mut stream,
+                    status,
+                    "text/plain",
+                    format!("{e}\n").as_bytes(),
+                    false,
+                )
+                .await;
+                return;
+            }
+        };
+        first = false;
+        buf.drain(..used);
+        let path = req
+            .target
+            .split_once('?')
+            .map_or(req.target.as_str(), |(p, _)| p);
+        let keep = match (req.method.as_str(), path) {
+            ("GET", "/healthz") => {
+                w.counters.http_request("healthz");
+                let body: &[u8] = if w.draining.get() {
+                    b"draining\n"
+                } else {
+                    b"ok\n"
+                };
+                let status = if w.draining.get() { 503 } else { 200 };
+                reply(
+                    &w,
+                    &mut stream,
+                    status,
+                    "text/plain",
+                    body,
+                    req.keep_alive(),
+                )
+                .await
+            }
+            ("GET", "/metrics") => {
+                w.counters.http_request("metrics");
+                match w.metrics().await {
+                    Some(text) => {
+                        reply(
+                            &w,
+                            &mut stream,
+                            200,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                            &text,
+                            req.keep_alive(),
+                        )
+                        .await
+                    }
+                    None => {
+                        reply(
+                            &w,
+                            &mut stream,
+                            503,
+                            "text/plain",
+                            b"supervisor unavailable\n",
+                            false,
+                        )
+                        .await
+                    }
+                }
+            }
+            (method, p) if p == "/publish" || p.starts_with("/publish/") => {
+                if method == "POST" {
+                    publish(&w, &mut stream, &req, &mut buf, false).await
+                } else {
+                    w.counters.handshake_failed("method");
+                    reply(
+                        &w,
+                        &mut stream,
+                        405,
+                        "text/plain",
+                        b"publish with POST /publish/<channel>\n",
+                        false,
+                    )
+                    .await
+                }
+            }
+            ("POST", p) if w.cfg.bench_floor && p.starts_with("/bench/floor/") => {
+                publish(&w, &mut stream, &req, &mut buf, true).await
+            }
+            _ => {
+                upgrade(&w, stream, &req, &buf).await;
+                return;
+            }
+        };
+        if !keep {
+            return;
+        }
+    }
+}
+
+async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Head {
+    loop {
+        if !buf.is_empty() {
+            match http::parse_request(buf, http::MAX_HEAD) {
+                Ok(Some((req, used))) => return Head::Request(req, used),
+                Ok(None) => {}
+                Err(e) => return Head::Bad(e),
+            }
+            if buf.len() > http::MAX_HEAD {
+                return Head::Bad(HeadError::TooLarge {
+                    limit: http::MAX_HEAD,
+                });
+            }
+        }
+        buf.reserve(4096);
+        match stream.read_buf(buf).await {
+            Ok(0) | Err(_) => return Head::Closed,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Writes a whole response; returns whether the connection stays open.
+async fn reply(
+    w: &Worker,
+    stream: &mut TcpStream,
+    status: u16,
+    ctype: &str,
+    body: &[u8],
+    keep_alive: bool,
+) -> bool {
+    let mut out = Vec::with_capacity(128 + body.len());
+    let conn = if keep_alive { "keep-alive" } else { "close" };
+    http::write_response(
+        &mut out,
+        status,
+        &[("Content-Type", ctype), ("Connection", conn)],
+        body,
+    );
+    let sent = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+    keep_alive && matches!(sent, Ok(Ok(())))
+}
+
+/// Completes (or refuses) a WebSocket upgrade and hands the socket to the
+/// subscriber task.
+async fn upgrade(w: &Rc<Worker>, mut stream: TcpStream, req: &Request, rest: &[u8]) {
+    let accept = match ws::server_accept(req) {
+        Ok(accept) => accept,
+        Err(e) => {
+            w.counters.handshake_failed(e.label());
+            let mut out = Vec::new();
+            ws::write_refusal(&mut out, &e);
+            let _ = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+            return;
+        }
+    };
+    let name = match channel::from_target(&req.target, "/") {
+        Ok(name) => name,
+        Err(e) => {
+            w.counters.handshake_failed("bad_channel");
+            reply(
+                w,
+                &mut stream,
+                400,
+                "text/plain",
+                format!("{e}\n").as_bytes(),
+                false,
+            )
+            .await;
+            return;
+        }
+    };
+    if w.draining.get() {
+        w.counters.handshake_failed("draining");
+        reply(
+            w,
+            &mut stream,
+            503,
+            "text/plain",
+            b"server is shutting down\n",
+            false,
+        )
+        .await;
+        return;
+    }
+    let mut out = Vec::with_capacity(160);
+    ws::write_accept(&mut out, &accept);
+    match tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await {
+        Ok(Ok(())) => {}
+        _ => {
+            w.counters.handshake_failed("write_failed");
+            return;
+        }
+    }
+    let c = Conn::new(stream, w.now.get(), rest);
+    w.subscribe(name, c);
+}
+
+/// Why a publish body could not be read.
+enum BodyFail {
+    TooLarge,
+    Malformed,
+    Closed,
+}
+
+/// `POST /publish/<channel>` (or, with `floor`, the benchmark's bare write
+/// loop). Returns whether the connection stays open.
+async fn publish(
+    w: &Rc<Worker>,
+    stream: &mut TcpStream,
+    req: &Request,
+    buf: &mut Vec<u8>,
+    floor: bool,
+) -> bool {
+    let prefix = if floor { "/bench/floor/" } else { "/publish/" };
+    let name = match channel::from_target(&req.target, prefix) {
+        Ok(name) => name.to_owned(),
+        Err(e) => {
+            w.counters.handshake_failed("bad_channel");
+            return reply(
+                w,
+                stream,
+                400,
+                "text/plain",
+                format!("{e}\n").as_bytes(),
+                false,
+            )
+            .await;
+        }
+    };
+    let kind = match req.body_kind() {
+        Ok(kind) => kind,
+        Err(e) => {
+            w.counters.handshake_failed("bad_body");
+            let status = if matches!(e, HeadError::UnsupportedTransferEncoding) {
+                501
+            } else {
+                400
+            };
+            return reply(
+                w,
+                stream,
+                status,
+                "text/plain",
+                format!("{e}\n").as_bytes(),
+                false,
+            )
+            .await;
+        }
+    };
+    let max = w.cfg.max_message;
+    if let BodyKind::Length(n) = kind
+        && n > max as u64
+    {
+        w.counters.handshake_failed("too_large");
+        let msg = format!("message of {n} bytes is over --max-message ({max} bytes)\n");
+        return reply(w, stream, 413, "text/plain", msg.as_bytes(), false).await;
+    }
+    if req
+        .header("expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
+    {
+        let _ = stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
+    }
+    let body = match tokio::time::timeout(
+        w.cfg.handshake_timeout,
+        read_body(stream, buf, kind, max),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(BodyFail::TooLarge)) => {
+            w.counters.handshake_failed("too_large");
+            let msg = format!("message is over --max-message ({max} bytes)\n");
+            return reply(w, stream, 413, "text/plain", msg.as_bytes(), false).await;
+        }
+        Ok(Err(BodyFail::Malformed)) => {
+            w.counters.handshake_failed("bad_body");
+            return reply(
+                w,
+                stream,
+                400,
+                "text/plain",
+                b"malformed chunked body\n",
+                false,
+            )
+            .await;
+        }
+        Ok(Err(BodyFail::Closed)) => {
+            w.counters.handshake_failed("incomplete_body");
+            return false;
+        }
+        Err(_) => {
+            w.counters.handshake_failed("timeout");
+            return false;
+        }
+    };
+    let text = match text_or_binary(req.header("content-type"), &body) {
+        Ok(text) => text,
+        Err(why) => {
+            w.counters.handshake_failed("bad_body");
+            return reply(w, stream, 400, "text/plain", why.as_bytes(), false).await;
+        }
+    };
+    if floor {
+        let json = bench_floor(w, &name, text, &body);
+        return reply(
+            w,
+            stream,
+            200,
+            "application/json",
+            json.as_bytes(),
+            req.keep_alive(),
+        )
+        .await;
+    }
+    w.counters.http_request("publish");
+    match w.publish(&name, text, Bytes::from(body)).await {
+        Some(n) => {
+            let json = serde_json::json!({ "channel": name, "subscribers": n }).to_string() + "\n";
+            reply(
+                w,
+                stream,
+                200,
+                "application/json",
+                json.as_bytes(),
+                req.keep_alive(),
+            )
+            .await
+        }
+        None => {
+            reply(
+                w,
+                stream,
+                503,
+                "text/plain",
+                b"supervisor unavailable\n",
+                false,
+            )
+            .await
+        }
+    }
+}
+
+async fn read_body(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    kind: BodyKind,
+    max: usize,
+) -> Result<Vec<u8>, BodyFail> {
+    let mut dec = BodyDecoder::new(kind, max as u64);
+    let mut body = Vec::new();
+    let mut eof = false;
+    loop {
+        let step = dec.decode(buf, eof).map_err(|e| match e {
+            BodyError::TooLarge { .. } => BodyFail::TooLarge,
+            _ => BodyFail::Malformed,
+        })?;
+        body.extend_from_slice(&buf[step.data.0..step.data.1]);
+        buf.drain(..step.consumed);
+        if step.done {
+            return Ok(body);
+        }
+        if eof {
+            return Err(BodyFail::Closed);
+        }
+        if step.consumed == 0 || buf.is_empty() {
+            buf.reserve(16 * 1024);
+            match stream.read_buf(buf).await {
+                Ok(0) => eof = true,
+                Ok(_) => {}
+                Err(_) => return Err(BodyFail::Closed),
+            }
+        }
+        if body.len() > max {
+            return Err(BodyFail::TooLarge);
+        }
+    }
+}
+
+/// Text frame or binary frame: as `Content-Type` says when it names a text
+/// type (`text/*`, JSON) or `application/octet-stream`, else by whether the
+/// body is valid UTF-8.
+fn text_or_binary(ctype: Option<&[u8]>, body: &[u8]) -> Result<bool, &'static str> {
+    let utf8 = std::str::from_utf8(body).is_ok();
+    let Some(ct) = ctype else { return Ok(utf8) };
+    let ct = String::from_utf8_lossy(ct).to_ascii_lowercase();
+    if ct.starts_with("text/") || ct.contains("json") {
+        return if utf8 {
+            Ok(true)
+        } else {
+            Err("Content-Type says text but the body is not valid UTF-8\n")
+        };
+    }
+    if ct.starts_with("application/octet-stream") {
+        return Ok(false);
+    }
+    Ok(utf8)
+}
+
+/// The benchmark's floor: one bare `write(2)` of the pre-encoded frame to
+/// each subscriber of `channel` in this worker, timed on the thread's CPU
+/// clock. Subscribers with a queue are skipped (writing past their queue
+/// would reorder their stream); a subscriber whose write came up short is
+/// closed, since its stream now holds half a frame.
+fn bench_floor(w: &Rc<Worker>, channel: &str, text: bool, payload: &[u8]) -> String {
+    let frame = ws::server_frame(if text { OpCode::Text } else { OpCode::Binary }, payload);
+    let fds: Vec<(i32, Rc<Conn>)> = match w.channels.borrow().get(channel) {
+        Some(ch) => ch
+            .subs
+            .iter()
+            .filter(|c| !c.has_queue() && c.is_open())
+            .map(|c| (c.fd(), c.clone()))
+            .collect(),
+        None => Vec::new(),
+    };
+    let start = Instant::now();
+    let cpu = sys::thread_cpu();
+    let mut short = Vec::new();
+    for (fd, _) in &fds {
+        if sys::raw_write(*fd, &frame) != frame.len() as isize {
+            short.push(*fd);
+        }
+    }
+    let cpu = sys::thread_cpu().saturating_sub(cpu);
+    let wall = start.elapsed();
+    for (fd, c) in &fds {
+        if short.contains(fd) {
+            w.kill(c);
+        }
+    }
+    serde_json::json!({
+        "writes": fds.len(),
+        "short": short.len(),
+        "cpu_ns": cpu.as_nanos() as u64,
+        "wall_ns": wall.as_nanos() as u64,
+    })
+    .to_string()
+        + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::text_or_binary;
+
+    #[test]
+    fn text_or_binary_by_content_type_then_utf8() {
+        assert_eq!(text_or_binary(None, b"hi"), Ok(true));
+        assert_eq!(text_or_binary(None, &[0xff, 0]), Ok(false));
+        assert_eq!(
+            text_or_binary(Some(b"application/octet-stream"), b"hi"),
+            Ok(false)
+        );
+        assert_eq!(
+            text_or_binary(Some(b"text/plain; charset=utf-8"), b"hi"),
+            Ok(true)
+        );
+        assert_eq!(text_or_binary(Some(b"Application/JSON"), b"{}"), Ok(true));
+        assert!(text_or_binary(Some(b"text/plain"), &[0xff]).is_err());
+        assert_eq!(
+            text_or_binary(Some(b"application/x-www-form-urlencoded"), b"a=1"),
+            Ok(true)
+        );
+    }
+}

@@ -1,0 +1,132 @@
+//! The worker's tables: every live subscriber by slot (what the sweep walks)
+//! and the subscribers of each channel (what a fan-out walks).
+//!
+//! Both hold `Rc<Conn>`; a connection knows its slot and its position in its
+//! channel's list, so joining and leaving are O(1).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use super::conn::Conn;
+
+/// Marks a connection that is not in a table.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// Live subscribers by slot. Invariant: `slots[c.slot] == Some(c)` for every
+/// connection in the table; free slots are listed in `free`.
+#[derive(Default)]
+pub(crate) struct Slab {
+    slots: Vec<Option<Rc<Conn>>>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl Slab {
+    pub(crate) fn insert(&mut self, c: &Rc<Conn>) {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        c.slot.set(slot);
+        self.slots[slot as usize] = Some(c.clone());
+        self.len += 1;
+    }
+
+    pub(crate) fn remove(&mut self, c: &Conn) {
+        let slot = c.slot.replace(NONE);
+        if slot == NONE {
+            return;
+        }
+        self.slots[slot as usize] = None;
+        self.free.push(slot);
+        self.len -= 1;
+    }
+
+    /// Number of slots (live or free): the range the sweep walks.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn get(&self, slot: usize) -> Option<&Rc<Conn>> {
+        self.slots.get(slot).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn all(&self) -> Vec<Rc<Conn>> {
+        self.slots.iter().flatten().cloned().collect()
+    }
+}
+
+/// One channel's subscribers, in no particular order.
+pub(crate) struct Channel {
+    pub(crate) subs: Vec<Rc<Conn>>,
+}
+
+/// Channels by name. Invariant: `list[c.channel].subs[c.sub_pos] == c` for
+/// every subscribed connection; a channel is dropped with its last subscriber.
+#[derive(Default)]
+pub(crate) struct Channels {
+    by_name: HashMap<Rc<str>, u32>,
+    list: Vec<Option<(Rc<str>, Channel)>>,
+    free: Vec<u32>,
+}
+
+impl Channels {
+    pub(crate) fn get(&self, name: &str) -> Option<&Channel> {
+        let id = *self.by_name.get(name)?;
+        self.list[id as usize].as_ref().map(|(_, ch)| ch)
+    }
+
+    pub(crate) fn subscribe(&mut self, name: &str, c: &Rc<Conn>) {
+        let id = match self.by_name.get(name) {
+            Some(&id) => id,
+            None => {
+                let name: Rc<str> = Rc::from(name);
+                let entry = Some((name.clone(), Channel { subs: Vec::new() }));
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        self.list[id as usize] = entry;
+                        id
+                    }
+                    None => {
+                        self.list.push(entry);
+                        (self.list.len() - 1) as u32
+                    }
+                };
+                self.by_name.insert(name, id);
+                id
+            }
+        };
+        if let Some((_, ch)) = self.list[id as usize].as_mut() {
+            c.channel.set(id);
+            c.sub_pos.set(ch.subs.len() as u32);
+            ch.subs.push(c.clone());
+        }
+    }
+
+    pub(crate) fn unsubscribe(&mut self, c: &Conn) {
+        let pos = c.sub_pos.replace(NONE);
+        if pos == NONE {
+            return;
+        }
+        let id = c.channel.get() as usize;
+        let Some((name, ch)) = self.list[id].as_mut() else {
+            return;
+        };
+        ch.subs.swap_remove(pos as usize);
+        if let Some(moved) = ch.subs.get(pos as usize) {
+            moved.sub_pos.set(pos);
+        }
+        if ch.subs.is_empty() {
+            self.by_name.remove(&**name);
+            self.list[id] = None;
+            self.free.push(id as u32);
+        }
+    }
+}
