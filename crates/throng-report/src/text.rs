@@ -265,97 +265,107 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
     let hists: BTreeSet<&String> = series.iter().flat_map(|p| p.histograms.keys()).collect();
     let with_host = series.iter().any(|p| p.host.is_some());
     let width = series.first().map_or(0.0, |p| p.length_s);
-    let _ = writeln!(o, "\ntime series, every {width} s (counters per second)");
-    let mut head = format!("  {:>8}", "t");
+
+    // Columns of (title, one cell per point), then aligned to their widest cell.
+    let mut columns: Vec<(String, Vec<String>)> = Vec::new();
+    let mut column = |title: String, cell: &dyn Fn(&crate::summary::SeriesPoint) -> String| {
+        columns.push((title, series.iter().map(cell).collect()));
+    };
+    column("t".to_owned(), &|p| format!("{:.1}", p.t_s));
+    let per_s = |p: &crate::summary::SeriesPoint, n: u64| {
+        if p.length_s > 0.0 {
+            n as f64 / p.length_s
+        } else {
+            0.0
+        }
+    };
     for g in &gauges {
-        let _ = write!(head, " {:>12}", short(g));
+        column(short(g), &|p| {
+            p.gauges
+                .get(*g)
+                .map_or("-".to_owned(), |v| count(*v as f64))
+        });
     }
     for c in &counters {
-        let _ = write!(head, " {:>12}", format!("{}/s", short(c)));
+        column(format!("{}/s", short(c)), &|p| {
+            count(per_s(p, p.counters.get(*c).copied().unwrap_or(0)))
+        });
     }
-    let _ = write!(head, " {:>9}", "errors/s");
+    column("errors/s".to_owned(), &|p| {
+        count(per_s(
+            p,
+            p.counters
+                .iter()
+                .filter(|(k, _)| is_error(k))
+                .map(|(_, v)| v)
+                .sum(),
+        ))
+    });
     for h in &hists {
-        for q in ["p50", "p99", "max"] {
-            let _ = write!(head, " {:>9}", format!("{} {q}", short(h)));
+        for (q, pick) in [
+            ("p50", (|s: &HistStats| s.p50) as fn(&HistStats) -> u64),
+            ("p99", |s: &HistStats| s.p99),
+            ("max", |s: &HistStats| s.max),
+        ] {
+            column(
+                format!("{} {q}", short(h)),
+                &|p| match p.histograms.get(*h) {
+                    Some(s) if s.count > 0 => latency(pick(s) as f64),
+                    _ => "-".to_owned(),
+                },
+            );
         }
     }
     if with_host {
-        let _ = write!(
-            head,
-            " {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
-            "estab", "pkt in/s", "pkt out/s", "in/s", "out/s", "mem avail"
-        );
+        type Pick = fn(&crate::summary::HostPoint) -> String;
+        let host_columns: [(&str, Pick); 6] = [
+            ("estab", |h| count(h.tcp_established as f64)),
+            ("pkt in/s", |h| {
+                h.packets_in_per_s.map_or("-".to_owned(), count)
+            }),
+            ("pkt out/s", |h| {
+                h.packets_out_per_s.map_or("-".to_owned(), count)
+            }),
+            ("in", |h| {
+                h.bytes_in_per_s
+                    .map_or("-".to_owned(), |b| format!("{}/s", bytes(b)))
+            }),
+            ("out", |h| {
+                h.bytes_out_per_s
+                    .map_or("-".to_owned(), |b| format!("{}/s", bytes(b)))
+            }),
+            ("mem avail", |h| bytes(h.mem_available_bytes as f64)),
+        ];
+        for (title, pick) in host_columns {
+            column(title.to_owned(), &|p| {
+                p.host.as_ref().map_or("-".to_owned(), pick)
+            });
+        }
     }
-    let _ = writeln!(o, "{head}");
-    for p in series {
-        let per_s = |n: u64| {
-            if p.length_s > 0.0 {
-                n as f64 / p.length_s
-            } else {
-                0.0
-            }
-        };
-        let mut row = format!("  {:>8}", format!("{:.1}", p.t_s));
-        for g in &gauges {
-            let _ = write!(
-                row,
-                " {:>12}",
-                p.gauges
-                    .get(*g)
-                    .map_or("-".to_owned(), |v| count(*v as f64))
-            );
+
+    let widths: Vec<usize> = columns
+        .iter()
+        .map(|(t, cells)| {
+            cells
+                .iter()
+                .chain([t])
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let _ = writeln!(o, "\ntime series, every {width} s (counters per second)");
+    let mut line = String::new();
+    for ((title, _), w) in columns.iter().zip(&widths) {
+        let _ = write!(line, "  {title:>w$}");
+    }
+    let _ = writeln!(o, "{}", line.trim_end());
+    for i in 0..series.len() {
+        line.clear();
+        for ((_, cells), w) in columns.iter().zip(&widths) {
+            let _ = write!(line, "  {:>w$}", cells[i]);
         }
-        for c in &counters {
-            let _ = write!(
-                row,
-                " {:>12}",
-                count(per_s(p.counters.get(*c).copied().unwrap_or(0)))
-            );
-        }
-        let errs: u64 = p
-            .counters
-            .iter()
-            .filter(|(k, _)| is_error(k))
-            .map(|(_, v)| v)
-            .sum();
-        let _ = write!(row, " {:>9}", count(per_s(errs)));
-        for h in &hists {
-            match p.histograms.get(*h) {
-                Some(s) if s.count > 0 => {
-                    let _ = write!(
-                        row,
-                        " {:>9} {:>9} {:>9}",
-                        latency(s.p50 as f64),
-                        latency(s.p99 as f64),
-                        latency(s.max as f64)
-                    );
-                }
-                _ => {
-                    let _ = write!(row, " {:>9} {:>9} {:>9}", "-", "-", "-");
-                }
-            }
-        }
-        if let Some(hp) = &p.host {
-            let rate = |v: Option<f64>| v.map_or("-".to_owned(), count);
-            let brate = |v: Option<f64>| v.map_or("-".to_owned(), |b| format!("{}/s", bytes(b)));
-            let _ = write!(
-                row,
-                " {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
-                count(hp.tcp_established as f64),
-                rate(hp.packets_in_per_s),
-                rate(hp.packets_out_per_s),
-                brate(hp.bytes_in_per_s),
-                brate(hp.bytes_out_per_s),
-                bytes(hp.mem_available_bytes as f64)
-            );
-        } else if with_host {
-            let _ = write!(
-                row,
-                " {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
-                "-", "-", "-", "-", "-", "-"
-            );
-        }
-        let _ = writeln!(o, "{row}");
+        let _ = writeln!(o, "{}", line.trim_end());
     }
 }
 

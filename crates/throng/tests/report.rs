@@ -1,0 +1,366 @@
+//! `throng report` as a user runs it: on result files written through the
+//! library's Writer, checking text, JSON and HTML output and the errors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use throng_host::sample::HostSample;
+use throng_report::format::{Event, Header, Writer};
+use throng_report::interval::{Interval, new_histogram};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("throng-cli-report-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn throng(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_throng"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(out: &[u8]) -> String {
+    String::from_utf8_lossy(out).into_owned()
+}
+
+/// 30 s of two workers on one host, with a host sample from one of them.
+fn run() -> Vec<Interval> {
+    let base = 1_795_320_000;
+    let mut all = vec![];
+    for s in 0..30u64 {
+        for w in 0..2u64 {
+            let mut delivery = new_histogram();
+            let mut connect = new_histogram();
+            for i in 0..200 {
+                delivery
+                    .record(100 + (i * 13 + s * 7 + w) % 900 + s * 10)
+                    .unwrap();
+                connect.record(50 + (i * 3 + w) % 200).unwrap();
+            }
+            let mut counters = BTreeMap::from([
+                ("connect.ok".to_owned(), 100),
+                ("messages.received".to_owned(), 200),
+                ("messages.lost".to_owned(), 0),
+            ]);
+            if s % 10 == 3 {
+                counters.insert("connect.error.refused".to_owned(), 2 + w);
+            }
+            all.push(Interval {
+                start_ns: (base + s) * 1_000_000_000,
+                length_ns: 1_000_000_000,
+                source: format!("box1/hold-{w}"),
+                counters,
+                gauges: BTreeMap::from([("connections.open".to_owned(), 100 * (s as i64 + 1))]),
+                histograms: BTreeMap::from([
+                    ("delivery".to_owned(), delivery),
+                    ("connect".to_owned(), connect),
+                ]),
+                host: (w == 0).then(|| HostSample {
+                    host: "box1".to_owned(),
+                    at_ns: (base + s + 1) * 1_000_000_000,
+                    tcp_established: 200 * (s + 1),
+                    tcp_inuse: 200 * (s + 1) + 3,
+                    packets_in_total: 1_000_000 + 5_000 * s,
+                    packets_out_total: 2_000_000 + 4_000 * s,
+                    bytes_in_total: 10_000_000 + 1_000_000 * s,
+                    bytes_out_total: 20_000_000 + 900_000 * s,
+                    mem_total_bytes: 24 << 30,
+                    mem_available_bytes: (20 << 30) - s * (1 << 20),
+                    mem_slab_bytes: 100 << 20,
+                    rss_bytes: vec![
+                        ("hold/worker-0".to_owned(), 10 << 20),
+                        ("hold/worker-1".to_owned(), 11 << 20),
+                    ],
+                    cpu_ns: vec![("hold/worker-0".to_owned(), s * 200_000_000)],
+                    ..HostSample::default()
+                }),
+            });
+        }
+    }
+    all
+}
+
+fn write(path: &Path, intervals: &[Interval]) {
+    let header = Header::new(
+        vec!["throng".into(), "hold".into(), "ws://127.0.0.1:1/c".into()],
+        serde_json::json!({}),
+    );
+    let mut w = Writer::create(path, &header).unwrap();
+    for iv in intervals {
+        w.write_interval(iv).unwrap();
+    }
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = throng(args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn two_files_report_exactly_as_one() {
+    let dir = TempDir::new("two");
+    let all = run();
+    let one = dir.file("one.throng");
+    write(&one, &all);
+    let (a, b) = (dir.file("a.throng"), dir.file("b.throng"));
+    let (first, second): (Vec<_>, Vec<_>) = all
+        .iter()
+        .cloned()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    write(&a, &first.into_iter().map(|(_, iv)| iv).collect::<Vec<_>>());
+    write(
+        &b,
+        &second.into_iter().map(|(_, iv)| iv).collect::<Vec<_>>(),
+    );
+
+    for every in ["1s", "10s"] {
+        let mut single = json(&[
+            "report",
+            "--format",
+            "json",
+            "--every",
+            every,
+            one.to_str().unwrap(),
+        ]);
+        let mut split = json(&[
+            "report",
+            "--format",
+            "json",
+            "--every",
+            every,
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+        ]);
+        // Everything but the list of files read is the same.
+        single.as_object_mut().unwrap().remove("files");
+        split.as_object_mut().unwrap().remove("files");
+        assert_eq!(single, split);
+    }
+
+    let r = json(&["report", "--format", "json", one.to_str().unwrap()]);
+    assert_eq!(r["intervals"], 60);
+    assert_eq!(r["counters"]["messages.received"]["total"], 60 * 200);
+    assert_eq!(r["counters"]["messages.received"]["per_second"], 400.0);
+    assert_eq!(r["errors_total"], 3 * (2 + 3));
+    assert_eq!(r["errors"]["connect.error.refused"], 15);
+    assert_eq!(r["losses"]["messages.lost"], 0);
+    assert_eq!(r["gauges"]["connections.open"]["last"], 2 * 3000);
+    assert_eq!(r["latency_us"]["delivery"]["count"], 60 * 200);
+    assert!(
+        r["latency_us"]["delivery"]["p99"].as_u64().unwrap()
+            > r["latency_us"]["delivery"]["p50"].as_u64().unwrap()
+    );
+    assert_eq!(r["host"]["tcp_established_max"], 6000);
+    assert_eq!(r["host"]["packets_in_per_s"], 5000.0);
+    assert!(r.get("series").is_none());
+    let series = json(&[
+        "report",
+        "--format",
+        "json",
+        "--every",
+        "10s",
+        one.to_str().unwrap(),
+    ]);
+    assert_eq!(series["series"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn text_report_shows_every_section() {
+    let dir = TempDir::new("text");
+    let one = dir.file("one.throng");
+    write(&one, &run());
+    let out = throng(&["report", "--every", "10s", one.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    for needle in [
+        "latency",
+        "p99.9",
+        "delivery",
+        "connect.ok",
+        "errors: 15",
+        "connect.error.refused",
+        "losses: messages.lost 0",
+        "connections.open",
+        "tcp established",
+        "packets per second",
+        "memory",
+        "time series, every 10 s",
+    ] {
+        assert!(t.contains(needle), "missing {needle:?} in:\n{t}");
+    }
+}
+
+#[test]
+fn a_truncated_file_reports_its_prefix_with_a_warning() {
+    let dir = TempDir::new("cut");
+    let path = dir.file("cut.throng");
+    let all = run();
+    write(&path, &all);
+    let bytes = std::fs::read(&path).unwrap();
+    let last = bytes[..bytes.len() - 1]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .unwrap()
+        + 1;
+    std::fs::write(&path, &bytes[..last + 10]).unwrap();
+
+    let out = throng(&["report", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    assert!(t.contains("59 interval(s)"), "{t}");
+    assert!(
+        t.contains(&format!(
+            "warning: {}: damaged at byte {last}",
+            path.display()
+        )),
+        "{t}"
+    );
+
+    let out = throng(&["report", "--format", "json", path.to_str().unwrap()]);
+    assert!(out.status.success());
+    assert!(text(&out.stderr).contains(&format!("damaged at byte {last}")));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["intervals"], 59);
+}
+
+#[test]
+fn a_file_that_is_not_a_result_file_is_an_error() {
+    let dir = TempDir::new("foreign");
+    let path = dir.file("notes.txt");
+    std::fs::write(&path, "just some notes\n").unwrap();
+    let out = throng(&["report", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("notes.txt") && err.contains("not a throng result file"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+
+    let out = throng(&["report", dir.file("missing").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("missing"));
+
+    let out = throng(&["report", "--every", "soon", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("not a duration"));
+}
+
+#[test]
+fn help_teaches() {
+    let out = throng(&["report", "--help"]);
+    assert!(out.status.success());
+    let t = text(&out.stdout);
+    assert!(
+        t.contains("Examples:") && t.contains("--every") && t.contains("results-format.md"),
+        "{t}"
+    );
+}
+
+#[test]
+fn html_report_is_well_formed_and_has_the_plots() {
+    let dir = TempDir::new("html");
+    let one = dir.file("one.throng");
+    write(&one, &run());
+    {
+        // An event with characters that need escaping.
+        let mut w = Writer::create(
+            dir.file("ev.throng"),
+            &Header::new(vec![], serde_json::json!({})),
+        )
+        .unwrap();
+        w.write_event(&Event {
+            at_ns: 1_795_320_005_000_000_000,
+            source: "box1/hold".into(),
+            kind: "worker.restarted".into(),
+            text: "exit <signal 9> & \"restarted\"".into(),
+        })
+        .unwrap();
+    }
+    let html = dir.file("out.html");
+    let out = throng(&[
+        "report",
+        "--html",
+        html.to_str().unwrap(),
+        one.to_str().unwrap(),
+        dir.file("ev.throng").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    for fetch in ["src=", "href=", "<link", "url("] {
+        assert!(
+            !page.contains(fetch),
+            "the page must fetch nothing, found {fetch}"
+        );
+    }
+    assert!(!page.contains("<script"), "no scripts needed");
+    assert!(page.contains("exit &lt;signal 9&gt; &amp; &quot;restarted&quot;"));
+
+    // Well-formed: parse it as XML with Python's parser, and list the plots with their point counts.
+    let py = r#"
+import sys, xml.etree.ElementTree as ET
+ns = {'s': 'http://www.w3.org/2000/svg'}
+root = ET.parse(sys.argv[1]).getroot()
+for svg in root.iter('{http://www.w3.org/2000/svg}svg'):
+    pts = [int(p.get('data-points')) for p in svg.findall('s:path', ns)]
+    print(svg.get('id'), min(pts), max(pts))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", py, html.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "not well-formed: {}",
+        text(&out.stderr)
+    );
+    let plots: BTreeMap<String, (u64, u64)> = text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (
+                f[0].to_owned(),
+                (f[1].parse().unwrap(), f[2].parse().unwrap()),
+            )
+        })
+        .collect();
+    for id in [
+        "latency-delivery",
+        "latency-connect",
+        "gauges",
+        "throughput",
+        "errors",
+        "host-sockets",
+        "host-packets",
+        "host-bytes",
+        "host-memory",
+    ] {
+        let (min, max) = plots
+            .get(id)
+            .unwrap_or_else(|| panic!("no plot {id}: {plots:?}"));
+        assert!(
+            *min > 0 && *max >= 29,
+            "plot {id} has lines of {min}..{max} points"
+        );
+    }
+}
