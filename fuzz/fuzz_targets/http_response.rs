@@ -34,7 +34,7 @@ fn read_body(
             return Ok((data, Some(input.len() - start)));
         }
         if step.consumed == 0 || start == end {
-            if eof {
+            if eof && step.consumed == 0 {
                 panic!("decoder neither finished nor failed at EOF");
             }
             let size = sizes.next().unwrap_or(input.len());

@@ -562,7 +562,9 @@ impl BodyDecoder {
     /// and is an error for the others when they are incomplete).
     ///
     /// Each step returns at most one range of data; a step that returns data
-    /// may leave input unconsumed even when more data follows it.
+    /// may leave input unconsumed even when more data follows it. At `eof`,
+    /// a body that `buf` does not complete is [`BodyError::Truncated`]; data
+    /// in that last piece is not returned (the body is unusable anyway).
     pub fn decode(&mut self, buf: &[u8], eof: bool) -> Result<BodyStep, BodyError> {
         let mut i = 0;
         loop {
@@ -613,6 +615,11 @@ impl BodyDecoder {
                 (_, _) => BodyState::ChunkData(left),
             };
             let done = self.state == BodyState::Done;
+            if eof && !done && i + take == buf.len() {
+                // Nothing more will come: say so now rather than on the
+                // next call, so a caller at EOF needs no extra round.
+                return Err(BodyError::Truncated);
+            }
             return Ok(BodyStep {
                 consumed: i + take,
                 data: (i, i + take),
@@ -923,6 +930,35 @@ mod tests {
             if step.consumed == 0 || start == end {
                 end = (end + piece).min(input.len());
             }
+        }
+    }
+
+    /// Found by the `http_response` fuzz target: a Content-Length body cut
+    /// short by EOF handed out its last data as a normal step, and only the
+    /// next call said it was truncated; a caller that stopped at EOF never
+    /// learnt the body was incomplete.
+    #[test]
+    fn truncated_body_at_eof_fails_in_the_same_call() {
+        for (kind, input) in [
+            (BodyKind::Length(9), &b"not here"[..]),
+            (BodyKind::Chunked, b"9\r\nnot here"),
+        ] {
+            let mut dec = BodyDecoder::new(kind, 100);
+            let mut seen = 0;
+            let err = loop {
+                match dec.decode(&input[seen..], true) {
+                    Ok(step) => {
+                        assert!(!step.done && step.consumed > 0, "{kind:?} stalled at EOF");
+                        seen += step.consumed;
+                    }
+                    Err(e) => break e,
+                }
+            };
+            assert_eq!(err, BodyError::Truncated, "{kind:?}");
+            assert!(
+                seen < input.len(),
+                "{kind:?}: the data step itself must fail"
+            );
         }
     }
 
