@@ -4,6 +4,16 @@
 //! back parsed heads, frames and the bytes to write. The same WebSocket codec
 //! serves both roles ([`ws::Role::Server`] and [`ws::Role::Client`]), the way
 //! hyper shares one HTTP/1 state machine between client and server.
+//!
+//! Bad input is always an error value, never a panic, a hang or memory that
+//! grows with what the peer sends: heads are bounded by a caller's limit,
+//! messages by the [`ws::Decoder`]'s limit (checked from frame headers,
+//! before payloads arrive), bodies by the [`http::BodyDecoder`]'s.
+//!
+//! How it is checked: table tests beside the code; property tests and
+//! interop with tungstenite (handshakes and frames, both directions) in
+//! `tests/proto/`; and cargo-fuzz targets in the repository's `fuzz/`
+//! directory for the handshake, the frame decoder and HTTP responses.
 
 pub mod http;
 pub mod ws;
