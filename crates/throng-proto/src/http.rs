@@ -188,13 +188,13 @@ fn tokens<'a>(
 /// Whether `Transfer-Encoding` says chunked. Any other coding, or chunked
 /// twice, cannot be framed by throng.
 fn transfer_chunked(headers: &[(String, Vec<u8>)]) -> Result<bool, HeadError> {
-    let mut lines = headers
+    if !headers
         .iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case("Transfer-Encoding"))
-        .peekable();
-    if lines.peek().is_none() {
+        .any(|(n, _)| n.eq_ignore_ascii_case("Transfer-Encoding"))
+    {
         return Ok(false);
     }
+    // Present but empty is as unframeable as an unknown coding.
     let mut codings = tokens(headers, "Transfer-Encoding");
     match (codings.next(), codings.next()) {
         (Some(c), None) if c.eq_ignore_ascii_case(b"chunked") => Ok(true),
