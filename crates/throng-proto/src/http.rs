@@ -801,6 +801,10 @@ mod tests {
                 Err(HeadError::UnsupportedTransferEncoding),
             ),
             (
+                "Transfer-Encoding: \r\n",
+                Err(HeadError::UnsupportedTransferEncoding),
+            ),
+            (
                 "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
                 Err(HeadError::BadContentLength),
             ),
