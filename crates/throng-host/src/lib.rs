@@ -2,5 +2,6 @@
 //! `/proc` sampling once a second, and the per-process file budget that
 //! decides how many worker processes a run needs.
 
+pub mod doctor;
 pub mod limits;
 pub mod sample;

@@ -1,0 +1,739 @@
+//! What will stop a run of N connections on this machine, and the exact fix.
+//!
+//! [`Machine::read`] takes a snapshot of every limit that matters (open
+//! files, `fs.*`, ports, backlogs, `tcp_mem`, conntrack, memory) from a
+//! `/proc` root that may be a fake tree; [`check_machine`] is a pure function
+//! from a [`Plan`] and that snapshot to [`Finding`]s; [`apply`] writes the
+//! sysctl fixes it can. `serve`, `hold` and `attack` call [`check`] at start
+//! and print the findings that are not OK, one line each.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::limits::{self, DEFAULT_FD_RESERVE, NoFile, Sysctls};
+
+/// Kernel memory of one idle TCP socket (socket, inode, dentry, file,
+/// `tcp_sock`, hashes): about 3.5 KiB on x86-64 Linux. A stated default, overridable.
+pub const DEFAULT_KERNEL_BYTES_PER_SOCKET: u64 = 3584;
+/// User-space memory throng aims to spend per idle connection (each side).
+pub const DEFAULT_USER_BYTES_PER_SOCKET: u64 = 1024;
+/// Kernel memory of one conntrack entry, bytes (about 320 on x86-64).
+pub const CONNTRACK_ENTRY_BYTES: u64 = 320;
+/// Share of a (source, target) pair's ephemeral ports a run may use; the
+/// rest is left for TIME-WAIT and other programs (the same share `hold` plans with).
+pub const PORT_USE: f64 = 0.9;
+/// Listen backlog below which bursts of connects are dropped and retried
+/// after 1 s, 3 s, ...: Linux's own default since 5.4.
+pub const MIN_BACKLOG: u64 = 4096;
+/// The backlog the fixes suggest.
+pub const GOOD_BACKLOG: u64 = 65_535;
+/// Worker processes above which a run still works but the per-process
+/// limit should be raised instead.
+pub const MANY_WORKERS: u64 = 256;
+
+/// Which sides of the connections live on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The load harness (`hold`, `attack`): needs local ports.
+    Client,
+    /// The server (`serve`): needs a listen backlog.
+    Server,
+    /// Both on one machine (`bench`): two sockets per connection.
+    Both,
+}
+
+impl Role {
+    /// Sockets this machine holds per connection.
+    pub fn sides(self) -> u64 {
+        match self {
+            Self::Both => 2,
+            Self::Client | Self::Server => 1,
+        }
+    }
+
+    fn has_client(self) -> bool {
+        matches!(self, Self::Client | Self::Both)
+    }
+
+    fn has_server(self) -> bool {
+        matches!(self, Self::Server | Self::Both)
+    }
+}
+
+/// The run to check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// Connections to hold.
+    pub connections: u64,
+    /// Which sides run here.
+    pub role: Role,
+    /// Source addresses the client side spreads over.
+    pub source_ips: u64,
+    /// Target ports the client side spreads over.
+    pub target_ports: u64,
+    /// Kernel memory per socket, bytes.
+    pub kernel_bytes_per_socket: u64,
+    /// User-space memory per socket, bytes.
+    pub user_bytes_per_socket: u64,
+    /// File descriptors each process keeps for other things.
+    pub fd_reserve: u64,
+}
+
+impl Plan {
+    /// A plan for `connections` with the stated defaults: one source address,
+    /// one target port, 3.5 KiB kernel + 1 KiB user memory per socket.
+    pub fn new(connections: u64, role: Role) -> Self {
+        Self {
+            connections,
+            role,
+            source_ips: 1,
+            target_ports: 1,
+            kernel_bytes_per_socket: DEFAULT_KERNEL_BYTES_PER_SOCKET,
+            user_bytes_per_socket: DEFAULT_USER_BYTES_PER_SOCKET,
+            fd_reserve: DEFAULT_FD_RESERVE,
+        }
+    }
+
+    /// Sockets on this machine.
+    pub fn sockets(&self) -> u64 {
+        self.connections.saturating_mul(self.role.sides())
+    }
+}
+
+/// Every limit that matters, read at one moment. `None`: not available here
+/// (a module not loaded, an old kernel).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Machine {
+    /// This process's open-file limit.
+    pub nofile: NoFile,
+    /// Whether this process may raise its hard open-file limit (root).
+    pub may_raise_hard: bool,
+    /// `fs.nr_open`: the most a process's open-file limit may be raised to.
+    pub nr_open: Option<u64>,
+    /// `fs.file-max`: open files on the whole system.
+    pub file_max: Option<u64>,
+    /// Files open on the system now (`fs.file-nr`, first field).
+    pub files_open: Option<u64>,
+    /// `net.ipv4.ip_local_port_range`, inclusive.
+    pub port_range: Option<(u64, u64)>,
+    /// `net.core.somaxconn`.
+    pub somaxconn: Option<u64>,
+    /// `net.ipv4.tcp_max_syn_backlog`.
+    pub syn_backlog: Option<u64>,
+    /// `net.ipv4.tcp_mem` (min, pressure, max), pages.
+    pub tcp_mem: Option<(u64, u64, u64)>,
+    /// `net.netfilter.nf_conntrack_max`, if conntrack is loaded.
+    pub conntrack_max: Option<u64>,
+    /// `net.netfilter.nf_conntrack_count`, if conntrack is loaded.
+    pub conntrack_count: Option<u64>,
+    /// `MemTotal`, bytes.
+    pub mem_total: Option<u64>,
+    /// `MemAvailable`, bytes.
+    pub mem_available: Option<u64>,
+    /// Page size, bytes.
+    pub page_size: u64,
+}
+
+impl Machine {
+    /// Reads the machine under `proc_root` (`/proc`, or a fake tree laid out
+    /// like it: `sys/...`, `meminfo`, `self/limits`). The open-file limit
+    /// comes from `<proc_root>/self/limits` when it exists, else from getrlimit.
+    pub fn read(proc_root: &Path) -> Self {
+        let sys = Sysctls::at(proc_root.join("sys"));
+        let num = |name: &str| sys.read_u64(name).ok().flatten();
+        let nums = |name: &str| sys.read_numbers(name).ok().flatten();
+        let real_nofile = limits::nofile().unwrap_or(NoFile { soft: 0, hard: 0 });
+        let nofile = read_nofile(&proc_root.join("self/limits")).unwrap_or(real_nofile);
+        let meminfo = std::fs::read_to_string(proc_root.join("meminfo")).unwrap_or_default();
+        let mem = |key: &str| {
+            meminfo.lines().find_map(|l| {
+                let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+                let kib: u64 = rest.split_whitespace().next()?.parse().ok()?;
+                Some(kib * 1024)
+            })
+        };
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        Self {
+            may_raise_hard: nofile == real_nofile && may_raise_hard(real_nofile),
+            nofile,
+            nr_open: num("fs.nr_open"),
+            file_max: num("fs.file-max"),
+            files_open: nums("fs.file-nr").and_then(|v| v.first().copied()),
+            port_range: nums("net.ipv4.ip_local_port_range")
+                .filter(|v| v.len() == 2 && v[0] <= v[1])
+                .map(|v| (v[0], v[1])),
+            somaxconn: num("net.core.somaxconn"),
+            syn_backlog: num("net.ipv4.tcp_max_syn_backlog"),
+            tcp_mem: nums("net.ipv4.tcp_mem")
+                .filter(|v| v.len() == 3)
+                .map(|v| (v[0], v[1], v[2])),
+            conntrack_max: num("net.netfilter.nf_conntrack_max"),
+            conntrack_count: num("net.netfilter.nf_conntrack_count"),
+            mem_total: mem("MemTotal"),
+            mem_available: mem("MemAvailable"),
+            page_size: u64::try_from(page).ok().filter(|p| *p > 0).unwrap_or(4096),
+        }
+    }
+}
+
+/// `Max open files  <soft>  <hard>  files` from a `/proc/<pid>/limits` file.
+fn read_nofile(path: &Path) -> Option<NoFile> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut f = line["Max open files".len()..].split_whitespace();
+    let parse = |s: &str| {
+        if s == "unlimited" {
+            Some(u64::MAX)
+        } else {
+            s.parse().ok()
+        }
+    };
+    Some(NoFile {
+        soft: parse(f.next()?)?,
+        hard: parse(f.next()?)?,
+    })
+}
+
+/// Whether this process may raise its hard open-file limit: tried for real
+/// (one above the current hard limit), then put back.
+fn may_raise_hard(now: NoFile) -> bool {
+    if now.hard == u64::MAX {
+        return true;
+    }
+    if limits::set_nofile(now.soft, now.hard + 1).is_err() {
+        return false;
+    }
+    // Lowering is always allowed; a failure leaves a limit one higher, harmless.
+    let _ = limits::set_nofile(now.soft, now.hard);
+    true
+}
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Enough.
+    Ok,
+    /// The run may work but slower, less reliably, or closer to the edge than it should.
+    Warn,
+    /// This will stop the run.
+    Stop,
+}
+
+/// One way to fix a finding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fix {
+    /// Set a kernel setting (`sysctl -w name="value"`); `--apply` can do it as root.
+    Sysctl {
+        /// Dotted name.
+        name: String,
+        /// New value.
+        value: String,
+    },
+    /// Something for a person to do (a config line, a command, an option).
+    Manual {
+        /// What to do, exactly.
+        text: String,
+    },
+}
+
+impl Fix {
+    fn sysctl(name: &str, value: impl ToString) -> Self {
+        Self::Sysctl {
+            name: name.to_owned(),
+            value: value.to_string(),
+        }
+    }
+
+    fn manual(text: impl Into<String>) -> Self {
+        Self::Manual { text: text.into() }
+    }
+
+    /// The fix as one line a person can run or follow.
+    pub fn line(&self) -> String {
+        match self {
+            Self::Sysctl { name, value } if value.contains(' ') => {
+                format!("sysctl -w {name}=\"{value}\"")
+            }
+            Self::Sysctl { name, value } => format!("sysctl -w {name}={value}"),
+            Self::Manual { text } => text.clone(),
+        }
+    }
+}
+
+/// The verdict on one limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// What was checked (`open files`, `fs.file-max`, `ports`, ...).
+    pub check: String,
+    /// How bad.
+    pub status: Status,
+    /// What the machine has and what the plan needs, in one sentence.
+    pub message: String,
+    /// Ways to fix it, best first; empty when OK.
+    pub fixes: Vec<Fix>,
+}
+
+impl Finding {
+    /// One line: `STOP ports: ... (fix: ...)`, for a command's start-up warnings.
+    pub fn line(&self) -> String {
+        let tag = match self.status {
+            Status::Ok => "ok",
+            Status::Warn => "warning",
+            Status::Stop => "will stop the run",
+        };
+        match self.fixes.first() {
+            Some(fix) => format!(
+                "{tag}: {}: {} (fix: {}; see 'throng doctor')",
+                self.check,
+                self.message,
+                fix.line()
+            ),
+            None => format!("{tag}: {}: {}", self.check, self.message),
+        }
+    }
+}
+
+/// Checks `plan` against this machine (`/proc`).
+pub fn check(plan: &Plan) -> Vec<Finding> {
+    check_machine(plan, &Machine::read(Path::new("/proc")))
+}
+
+/// Checks `plan` against `m`: one finding per limit, in a fixed order.
+pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let n = plan.connections;
+    let sockets = plan.sockets();
+    let per_process = n.saturating_add(plan.fd_reserve);
+
+    // Open files per process: throng raises soft to hard itself and spreads
+    // connections over processes, so only the hard limit matters.
+    {
+        let nf = m.nofile;
+        let target = m.nr_open.map_or(per_process, |o| per_process.min(o));
+        let raise = [
+            Fix::manual(format!(
+                "in /etc/security/limits.conf: '* soft nofile {target}' and '* hard nofile {target}' (then log in again)"
+            )),
+            Fix::manual(format!("for a systemd service: LimitNOFILE={target}")),
+            Fix::manual(format!(
+                "in a root shell before starting throng: ulimit -n {target}"
+            )),
+        ];
+        match limits::budget(n, nf.hard, plan.fd_reserve) {
+            Err(_) => out.push(Finding {
+                check: "open files".into(),
+                status: Status::Stop,
+                message: format!(
+                    "the hard limit {} leaves no room for connections after {} reserved files",
+                    nf.hard, plan.fd_reserve
+                ),
+                fixes: raise.to_vec(),
+            }),
+            Ok(b) => {
+                let sides = if plan.role == Role::Both {
+                    " per side"
+                } else {
+                    ""
+                };
+                let soft = if nf.soft < nf.hard {
+                    format!("; throng raises the soft limit {} to it itself", nf.soft)
+                } else {
+                    String::new()
+                };
+                let may = if m.may_raise_hard {
+                    "; this process may raise it (root)"
+                } else {
+                    ""
+                };
+                let many = b.workers > MANY_WORKERS;
+                out.push(Finding {
+                    check: "open files".into(),
+                    status: if many { Status::Warn } else { Status::Ok },
+                    message: format!(
+                        "hard limit {} per process: {} connections need {} worker process(es){sides} of at most {} each{soft}{may}",
+                        nf.hard, n, b.workers, b.per_worker
+                    ),
+                    fixes: if many { raise.to_vec() } else { Vec::new() },
+                });
+            }
+        }
+    }
+
+    if let Some(nr_open) = m.nr_open {
+        let low = nr_open < m.nofile.hard.min(per_process);
+        out.push(Finding {
+            check: "fs.nr_open".into(),
+            status: Status::Ok,
+            message: if low {
+                format!("{nr_open}: no process can have its open-file limit raised above this")
+            } else {
+                format!("{nr_open}: a process may be allowed up to this many open files")
+            },
+            fixes: if nr_open < per_process {
+                vec![Fix::sysctl("fs.nr_open", round_up(per_process))]
+            } else {
+                Vec::new()
+            },
+        });
+    }
+
+    if let Some(file_max) = m.file_max {
+        let open = m.files_open.unwrap_or(0);
+        let need = sockets.saturating_add(open);
+        let (status, message) = if file_max < need {
+            (
+                Status::Stop,
+                format!(
+                    "{file_max} files on the whole system, {open} open already: {sockets} sockets more do not fit"
+                ),
+            )
+        } else {
+            (
+                Status::Ok,
+                format!(
+                    "{file_max} files on the whole system: room for {sockets} sockets ({open} open already)"
+                ),
+            )
+        };
+        out.push(Finding {
+            check: "fs.file-max".into(),
+            status,
+            message,
+            fixes: if status == Status::Stop {
+                vec![Fix::sysctl(
+                    "fs.file-max",
+                    round_up(need.saturating_mul(5) / 4),
+                )]
+            } else {
+                Vec::new()
+            },
+        });
+    }
+
+    if plan.role.has_client()
+        && let Some((lo, hi)) = m.port_range
+    {
+        let range = hi - lo + 1;
+        let pairs = plan.source_ips.max(1) * plan.target_ports.max(1);
+        let usable = (range as f64 * PORT_USE) as u64;
+        let capacity = usable.saturating_mul(pairs);
+        let (status, mut fixes) = (
+            if n > capacity {
+                Status::Stop
+            } else {
+                Status::Ok
+            },
+            Vec::new(),
+        );
+        if status == Status::Stop {
+            let per_source = usable * plan.target_ports.max(1);
+            let sources = n.div_ceil(per_source.max(1));
+            fixes.push(Fix::manual(format!(
+                "use {sources} source addresses (--source-ips 127.0.0.2-{} on loopback, where every 127.x address is local; \
+                 elsewhere add them first: ip addr add ADDR/32 dev IFACE)",
+                ipv4_plus([127, 0, 0, 2], sources - 1)
+            )));
+            let wide = ((65_535 - 1_024 + 1) as f64 * PORT_USE) as u64 * pairs;
+            if range < 65_535 - 1_024 + 1 {
+                fixes.push(Fix::sysctl("net.ipv4.ip_local_port_range", "1024 65535"));
+                if wide < n {
+                    fixes.push(Fix::manual(format!(
+                        "even 1024-65535 gives only {wide}: add source addresses or target ports as well"
+                    )));
+                }
+            }
+            fixes.push(Fix::manual(format!(
+                "or spread over {} target ports (serve --ports, ws://HOST:P1-P2/...)",
+                n.div_ceil((usable * plan.source_ips.max(1)).max(1))
+            )));
+        }
+        out.push(Finding {
+            check: "local ports".into(),
+            status,
+            message: format!(
+                "{range} ephemeral ports ({lo}-{hi}) × {} source address(es) × {} target port(s), {:.0}% usable = {capacity} for {n} connections",
+                plan.source_ips.max(1),
+                plan.target_ports.max(1),
+                PORT_USE * 100.0
+            ),
+            fixes,
+        });
+    }
+
+    if plan.role.has_server() {
+        for (name, value) in [
+            ("net.core.somaxconn", m.somaxconn),
+            ("net.ipv4.tcp_max_syn_backlog", m.syn_backlog),
+        ] {
+            let Some(v) = value else { continue };
+            let low = v < MIN_BACKLOG;
+            out.push(Finding {
+                check: name.into(),
+                status: if low { Status::Warn } else { Status::Ok },
+                message: if low {
+                    format!(
+                        "{v}: bursts of new connections overflow the listen queue and retry after 1 s, 3 s, ... (connect latency spikes)"
+                    )
+                } else {
+                    format!("{v}: listen queue deep enough for bursts of new connections")
+                },
+                fixes: if low { vec![Fix::sysctl(name, GOOD_BACKLOG)] } else { Vec::new() },
+            });
+        }
+    }
+
+    if let Some((min, pressure, max)) = m.tcp_mem {
+        // A push to every connection at once queues at least one buffer
+        // (about a page) on each socket until it is read.
+        let need = sockets;
+        let page = m.page_size;
+        let (status, message) = if need > max {
+            (
+                Status::Stop,
+                format!(
+                    "max {max} pages ({}): one push to all {sockets} sockets queues ~{need} pages; past max the kernel refuses it ('TCP: out of memory' in dmesg)",
+                    human(max * page)
+                ),
+            )
+        } else if need > pressure {
+            (
+                Status::Warn,
+                format!(
+                    "pressure at {pressure} pages ({}): one push to all {sockets} sockets queues ~{need} pages, so the kernel will shrink buffers",
+                    human(pressure * page)
+                ),
+            )
+        } else {
+            (
+                Status::Ok,
+                format!(
+                    "pressure at {pressure} pages, max {max} ({}): room for a push to all {sockets} sockets",
+                    human(max * page)
+                ),
+            )
+        };
+        let fixes = if status == Status::Ok {
+            Vec::new()
+        } else {
+            let new_max = round_up(need.saturating_mul(2)).max(max);
+            let new_pressure = round_up(need.saturating_mul(5) / 4).max(pressure);
+            vec![Fix::sysctl(
+                "net.ipv4.tcp_mem",
+                format!("{} {new_pressure} {new_max}", min.max(new_pressure / 2)),
+            )]
+        };
+        out.push(Finding {
+            check: "net.ipv4.tcp_mem".into(),
+            status,
+            message,
+            fixes,
+        });
+    }
+
+    if let Some(max) = m.conntrack_max {
+        // Loopback: both sides of a connection share one entry.
+        let count = m.conntrack_count.unwrap_or(0);
+        let need = n.saturating_add(count);
+        let full = need > max;
+        out.push(Finding {
+            check: "conntrack".into(),
+            status: if full { Status::Stop } else { Status::Ok },
+            message: if full {
+                format!(
+                    "nf_conntrack is loaded with room for {max} entries ({count} used): past that new connections are dropped ('nf_conntrack: table full, dropping packet' in dmesg)"
+                )
+            } else {
+                format!("nf_conntrack is loaded with room for {max} entries ({count} used): enough")
+            },
+            fixes: if full {
+                let v = round_up(need.saturating_mul(5) / 4);
+                vec![
+                    Fix::sysctl("net.netfilter.nf_conntrack_max", v),
+                    Fix::manual(format!(
+                        "and its hash table: echo {} > /sys/module/nf_conntrack/parameters/hashsize",
+                        v / 4
+                    )),
+                    Fix::manual("or do not track the test's ports: iptables -t raw -A PREROUTING -p tcp --dport PORT -j NOTRACK (and OUTPUT --sport PORT)"),
+                ]
+            } else {
+                Vec::new()
+            },
+        });
+    }
+
+    if let Some(avail) = m.mem_available {
+        let per_socket = plan.kernel_bytes_per_socket + plan.user_bytes_per_socket;
+        let conntrack = if m.conntrack_max.is_some() {
+            n * CONNTRACK_ENTRY_BYTES
+        } else {
+            0
+        };
+        let need = sockets.saturating_mul(per_socket).saturating_add(conntrack);
+        let fits = (avail as f64 * 0.8 / per_socket as f64 / plan.role.sides() as f64) as u64;
+        let (status, message) = if need > avail {
+            (
+                Status::Stop,
+                format!(
+                    "{} available, {sockets} sockets need ~{}: the OOM killer will end the run (seen only in dmesg)",
+                    human(avail),
+                    human(need)
+                ),
+            )
+        } else if need as f64 > avail as f64 * 0.8 {
+            (
+                Status::Warn,
+                format!(
+                    "{} available, {sockets} sockets need ~{}: close to where the OOM killer acts",
+                    human(avail),
+                    human(need)
+                ),
+            )
+        } else {
+            (
+                Status::Ok,
+                format!(
+                    "{} available, {sockets} sockets need ~{}",
+                    human(avail),
+                    human(need)
+                ),
+            )
+        };
+        out.push(Finding {
+            check: "memory".into(),
+            status,
+            message,
+            fixes: if status == Status::Ok {
+                Vec::new()
+            } else {
+                vec![
+                    Fix::manual(format!("hold at most ~{fits} connections on this machine (80% of what is available)")),
+                    Fix::manual("or spread the run over more machines and merge their results with throng report"),
+                ]
+            },
+        });
+    }
+    out
+}
+
+/// What `--apply` did with one sysctl fix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Applied {
+    /// Dotted name.
+    pub name: String,
+    /// Value written.
+    pub value: String,
+    /// `None` when written; else why not.
+    pub error: Option<String>,
+}
+
+/// Writes every sysctl fix of the findings that are not OK under
+/// `proc_root/sys` (root only on a real `/proc`). Manual fixes are left for
+/// the caller to print.
+pub fn apply(findings: &[Finding], proc_root: &Path) -> Vec<Applied> {
+    let sys = Sysctls::at(proc_root.join("sys"));
+    let mut done = Vec::new();
+    for f in findings.iter().filter(|f| f.status != Status::Ok) {
+        for fix in &f.fixes {
+            if let Fix::Sysctl { name, value } = fix {
+                let error = sys.write(name, value).err().map(|e| match &e {
+                    limits::SysctlError::Io { source, .. }
+                        if source.kind() == std::io::ErrorKind::PermissionDenied =>
+                    {
+                        format!("{e} (needs root: sudo {})", fix.line())
+                    }
+                    _ => e.to_string(),
+                });
+                done.push(Applied {
+                    name: name.clone(),
+                    value: value.clone(),
+                    error,
+                });
+            }
+        }
+    }
+    done
+}
+
+/// The lines of a `/etc/sysctl.d/` file that keeps the sysctl fixes of
+/// findings that are not OK across reboots (empty if there are none).
+pub fn sysctl_d(findings: &[Finding]) -> String {
+    let mut s = String::new();
+    for f in findings.iter().filter(|f| f.status != Status::Ok) {
+        for fix in &f.fixes {
+            if let Fix::Sysctl { name, value } = fix {
+                s.push_str(&format!("{name} = {value}\n"));
+            }
+        }
+    }
+    s
+}
+
+/// The default `/proc` root.
+pub fn proc_root() -> PathBuf {
+    PathBuf::from("/proc")
+}
+
+/// A round figure at or above `n`: two significant digits.
+fn round_up(n: u64) -> u64 {
+    let mut scale = 1u64;
+    while n / scale >= 100 {
+        scale *= 10;
+    }
+    n.div_ceil(scale) * scale
+}
+
+fn ipv4_plus(base: [u8; 4], k: u64) -> String {
+    let v = u32::from_be_bytes(base).saturating_add(u32::try_from(k).unwrap_or(u32::MAX));
+    std::net::Ipv4Addr::from(v).to_string()
+}
+
+fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.1} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_figures() {
+        assert_eq!(round_up(0), 0);
+        assert_eq!(round_up(99), 99);
+        assert_eq!(round_up(100_064), 110_000);
+        assert_eq!(round_up(1_250_000), 1_300_000);
+        assert_eq!(ipv4_plus([127, 0, 0, 2], 300), "127.0.1.46");
+    }
+
+    #[test]
+    fn nofile_reads_from_a_limits_file() {
+        let dir = std::env::temp_dir().join(format!("throng-doctor-limits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("limits");
+        std::fs::write(
+            &p,
+            "Limit                     Soft Limit           Hard Limit           Units\n\
+             Max open files            1024                 unlimited            files\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_nofile(&p),
+            Some(NoFile {
+                soft: 1024,
+                hard: u64::MAX
+            })
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

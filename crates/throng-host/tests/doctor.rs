@@ -1,0 +1,378 @@
+//! `doctor` against fake `/proc` trees: one machine that is fine, then each
+//! limit broken in turn, checked for the verdict and the exact fix, and
+//! `apply` writing the sysctl fixes into the tree.
+
+use std::path::{Path, PathBuf};
+
+use throng_host::doctor::{Fix, Machine, Plan, Role, Status, apply, check_machine, sysctl_d};
+
+/// A fake `/proc` with a roomy machine; dropped with the test.
+struct FakeProc(PathBuf);
+
+impl FakeProc {
+    fn new(name: &str) -> Self {
+        let root =
+            std::env::temp_dir().join(format!("throng-doctor-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let p = Self(root);
+        for (k, v) in [
+            ("fs.nr_open", "1048576"),
+            ("fs.file-max", "9223372036854775807"),
+            ("fs.file-nr", "800\t0\t9223372036854775807"),
+            ("net.ipv4.ip_local_port_range", "1024\t65535"),
+            ("net.core.somaxconn", "4096"),
+            ("net.ipv4.tcp_max_syn_backlog", "4096"),
+            ("net.ipv4.tcp_mem", "1000000\t2000000\t3000000"),
+        ] {
+            p.set(k, v);
+        }
+        p.limits(1024, 1_048_576);
+        p.meminfo(64 << 30);
+        p
+    }
+
+    fn set(&self, name: &str, value: &str) {
+        let path = self.0.join("sys").join(name.replace('.', "/"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, format!("{value}\n")).unwrap();
+    }
+
+    fn get(&self, name: &str) -> String {
+        std::fs::read_to_string(self.0.join("sys").join(name.replace('.', "/")))
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+
+    fn limits(&self, soft: u64, hard: u64) {
+        std::fs::create_dir_all(self.0.join("self")).unwrap();
+        std::fs::write(
+            self.0.join("self/limits"),
+            format!(
+                "Limit                     Soft Limit           Hard Limit           Units     \n\
+                 Max open files            {soft:<20} {hard:<20} files     \n"
+            ),
+        )
+        .unwrap();
+    }
+
+    fn meminfo(&self, available: u64) {
+        std::fs::write(
+            self.0.join("meminfo"),
+            format!(
+                "MemTotal: {} kB\nMemAvailable: {} kB\n",
+                (128u64 << 30) / 1024,
+                available / 1024
+            ),
+        )
+        .unwrap();
+    }
+
+    fn root(&self) -> &Path {
+        &self.0
+    }
+
+    fn check(&self, plan: &Plan) -> Vec<throng_host::doctor::Finding> {
+        check_machine(plan, &Machine::read(&self.0))
+    }
+}
+
+impl Drop for FakeProc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn finding<'a>(
+    all: &'a [throng_host::doctor::Finding],
+    check: &str,
+) -> &'a throng_host::doctor::Finding {
+    all.iter()
+        .find(|f| f.check == check)
+        .unwrap_or_else(|| panic!("no finding {check:?} in {all:#?}"))
+}
+
+fn sysctl_fix(f: &throng_host::doctor::Finding) -> (String, String) {
+    f.fixes
+        .iter()
+        .find_map(|x| match x {
+            Fix::Sysctl { name, value } => Some((name.clone(), value.clone())),
+            Fix::Manual { .. } => None,
+        })
+        .unwrap_or_else(|| panic!("no sysctl fix in {f:#?}"))
+}
+
+#[test]
+fn a_roomy_machine_is_ok_everywhere() {
+    let p = FakeProc::new("roomy");
+    let mut plan = Plan::new(100_000, Role::Both);
+    plan.source_ips = 2;
+    let all = p.check(&plan);
+    for f in &all {
+        assert_eq!(f.status, Status::Ok, "{f:#?}");
+        assert!(f.fixes.is_empty() || f.check == "fs.nr_open", "{f:#?}");
+    }
+    let checks: Vec<&str> = all.iter().map(|f| f.check.as_str()).collect();
+    assert_eq!(
+        checks,
+        [
+            "open files",
+            "fs.nr_open",
+            "fs.file-max",
+            "local ports",
+            "net.core.somaxconn",
+            "net.ipv4.tcp_max_syn_backlog",
+            "net.ipv4.tcp_mem",
+            "memory"
+        ]
+    );
+    // Conntrack not loaded: no finding, not an error.
+    assert!(all.iter().all(|f| f.check != "conntrack"));
+    assert_eq!(sysctl_d(&all), "");
+}
+
+#[test]
+fn open_files() {
+    let p = FakeProc::new("nofile");
+    p.limits(1024, 20_000);
+    let f = finding(&p.check(&Plan::new(100_000, Role::Client)), "open files").clone();
+    assert_eq!(f.status, Status::Ok);
+    assert!(
+        f.message.contains("need 6 worker process(es)"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.message.contains("raises the soft limit 1024"),
+        "{}",
+        f.message
+    );
+
+    // Ten million connections at 20,000 per process: works, but too many processes.
+    let f = finding(&p.check(&Plan::new(10_000_000, Role::Client)), "open files").clone();
+    assert_eq!(f.status, Status::Warn);
+    assert!(
+        f.fixes[0].line().contains("'* hard nofile 1048576'"),
+        "{:?}",
+        f.fixes
+    );
+    assert!(
+        f.fixes
+            .iter()
+            .any(|x| x.line() == "for a systemd service: LimitNOFILE=1048576")
+    );
+
+    p.limits(64, 64);
+    let f = finding(&p.check(&Plan::new(10, Role::Client)), "open files").clone();
+    assert_eq!(f.status, Status::Stop);
+    assert!(f.fixes[0].line().contains("nofile 74"), "{:?}", f.fixes);
+}
+
+#[test]
+fn nr_open() {
+    let p = FakeProc::new("nr-open");
+    p.set("fs.nr_open", "20000");
+    let f = finding(&p.check(&Plan::new(100_000, Role::Client)), "fs.nr_open").clone();
+    assert_eq!(f.status, Status::Ok);
+    assert!(f.message.starts_with("20000"), "{}", f.message);
+    assert_eq!(
+        sysctl_fix(&f),
+        ("fs.nr_open".to_owned(), "110000".to_owned())
+    );
+}
+
+#[test]
+fn file_max() {
+    let p = FakeProc::new("file-max");
+    p.set("fs.file-max", "150000");
+    p.set("fs.file-nr", "5000\t0\t150000");
+    let plan = Plan::new(100_000, Role::Both);
+    let all = p.check(&plan);
+    let f = finding(&all, "fs.file-max");
+    assert_eq!(f.status, Status::Stop);
+    assert!(f.message.contains("5000 open already"), "{}", f.message);
+    assert_eq!(
+        sysctl_fix(f),
+        ("fs.file-max".to_owned(), "260000".to_owned())
+    );
+    assert_eq!(sysctl_d(&all), "fs.file-max = 260000\n");
+
+    // One side only: fits.
+    assert_eq!(
+        finding(&p.check(&Plan::new(100_000, Role::Server)), "fs.file-max").status,
+        Status::Ok
+    );
+
+    let applied = apply(&all, p.root());
+    assert_eq!(applied.len(), 1);
+    assert_eq!(applied[0].error, None);
+    assert_eq!(p.get("fs.file-max"), "260000");
+    assert_eq!(finding(&p.check(&plan), "fs.file-max").status, Status::Ok);
+}
+
+#[test]
+fn local_ports_against_sources_and_target_ports() {
+    let p = FakeProc::new("ports");
+    p.set("net.ipv4.ip_local_port_range", "32768\t60999");
+    let mut plan = Plan::new(100_000, Role::Client);
+    let f = finding(&p.check(&plan), "local ports").clone();
+    assert_eq!(f.status, Status::Stop);
+    assert!(
+        f.message
+            .contains("28232 ephemeral ports (32768-60999) × 1 source"),
+        "{}",
+        f.message
+    );
+    // 90% of 28232 is 25408 per source: 100,000 need 4.
+    assert!(
+        f.fixes[0]
+            .line()
+            .starts_with("use 4 source addresses (--source-ips 127.0.0.2-127.0.0.5"),
+        "{:?}",
+        f.fixes
+    );
+    assert!(f.fixes.contains(&Fix::Sysctl {
+        name: "net.ipv4.ip_local_port_range".into(),
+        value: "1024 65535".into()
+    }));
+    assert!(
+        f.fixes
+            .iter()
+            .any(|x| x.line().contains("over 4 target ports")),
+        "{:?}",
+        f.fixes
+    );
+
+    plan.source_ips = 4;
+    assert_eq!(finding(&p.check(&plan), "local ports").status, Status::Ok);
+    plan.source_ips = 2;
+    plan.target_ports = 2;
+    assert_eq!(finding(&p.check(&plan), "local ports").status, Status::Ok);
+
+    // A server does not use local ports.
+    assert!(
+        p.check(&Plan::new(100_000, Role::Server))
+            .iter()
+            .all(|f| f.check != "local ports")
+    );
+
+    let all = p.check(&Plan::new(100_000, Role::Client));
+    apply(&all, p.root());
+    assert_eq!(p.get("net.ipv4.ip_local_port_range"), "1024 65535");
+    assert_eq!(
+        finding(&p.check(&Plan::new(50_000, Role::Client)), "local ports").status,
+        Status::Ok
+    );
+}
+
+#[test]
+fn listen_backlogs() {
+    let p = FakeProc::new("backlog");
+    p.set("net.core.somaxconn", "128");
+    p.set("net.ipv4.tcp_max_syn_backlog", "512");
+    let all = p.check(&Plan::new(1_000, Role::Server));
+    for name in ["net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog"] {
+        let f = finding(&all, name);
+        assert_eq!(f.status, Status::Warn, "{f:#?}");
+        assert_eq!(sysctl_fix(f), (name.to_owned(), "65535".to_owned()));
+    }
+    assert!(
+        p.check(&Plan::new(1_000, Role::Client))
+            .iter()
+            .all(|f| !f.check.contains("backlog") && !f.check.contains("somaxconn"))
+    );
+    apply(&all, p.root());
+    assert_eq!(p.get("net.core.somaxconn"), "65535");
+    assert_eq!(p.get("net.ipv4.tcp_max_syn_backlog"), "65535");
+}
+
+#[test]
+fn tcp_mem() {
+    let p = FakeProc::new("tcp-mem");
+    p.set("net.ipv4.tcp_mem", "100000\t150000\t200000");
+    let f = finding(&p.check(&Plan::new(90_000, Role::Both)), "net.ipv4.tcp_mem").clone();
+    assert_eq!(f.status, Status::Warn, "{f:#?}");
+    let f = finding(
+        &p.check(&Plan::new(500_000, Role::Both)),
+        "net.ipv4.tcp_mem",
+    )
+    .clone();
+    assert_eq!(f.status, Status::Stop, "{f:#?}");
+    assert!(f.message.contains("TCP: out of memory"));
+    assert_eq!(
+        sysctl_fix(&f),
+        (
+            "net.ipv4.tcp_mem".to_owned(),
+            "650000 1300000 2000000".to_owned()
+        )
+    );
+    assert_eq!(
+        finding(&p.check(&Plan::new(50_000, Role::Both)), "net.ipv4.tcp_mem").status,
+        Status::Ok
+    );
+}
+
+#[test]
+fn conntrack_when_loaded() {
+    let p = FakeProc::new("conntrack");
+    p.set("net.netfilter.nf_conntrack_max", "65536");
+    p.set("net.netfilter.nf_conntrack_count", "1000");
+    let all = p.check(&Plan::new(100_000, Role::Both));
+    let f = finding(&all, "conntrack");
+    assert_eq!(f.status, Status::Stop);
+    assert!(f.message.contains("table full"));
+    assert_eq!(
+        sysctl_fix(f),
+        (
+            "net.netfilter.nf_conntrack_max".to_owned(),
+            "130000".to_owned()
+        )
+    );
+    assert!(f.fixes.iter().any(|x| x.line().contains("hashsize")));
+    assert_eq!(
+        finding(&p.check(&Plan::new(60_000, Role::Both)), "conntrack").status,
+        Status::Ok
+    );
+}
+
+#[test]
+fn memory_and_the_oom_killer() {
+    let p = FakeProc::new("memory");
+    p.meminfo(1 << 30);
+    // 4.5 KiB per socket × 2 sides: 1 GiB holds ~116k connections.
+    let f = finding(&p.check(&Plan::new(200_000, Role::Both)), "memory").clone();
+    assert_eq!(f.status, Status::Stop);
+    assert!(f.message.contains("OOM killer"), "{}", f.message);
+    assert!(
+        f.fixes[0].line().contains("at most ~93206 connections"),
+        "{:?}",
+        f.fixes
+    );
+    let f = finding(&p.check(&Plan::new(100_000, Role::Both)), "memory").clone();
+    assert_eq!(f.status, Status::Warn, "{f:#?}");
+    assert_eq!(
+        finding(&p.check(&Plan::new(50_000, Role::Both)), "memory").status,
+        Status::Ok
+    );
+    // The per-socket cost is the plan's, not fixed.
+    let mut lean = Plan::new(200_000, Role::Both);
+    lean.kernel_bytes_per_socket = 1024;
+    lean.user_bytes_per_socket = 512;
+    assert_eq!(finding(&p.check(&lean), "memory").status, Status::Ok);
+}
+
+#[test]
+fn apply_reports_what_it_could_not_write() {
+    let p = FakeProc::new("apply-fail");
+    p.set("fs.file-max", "10");
+    let all = p.check(&Plan::new(100, Role::Client));
+    // Make the setting unwritable: a directory where the file should be.
+    std::fs::remove_file(p.root().join("sys/fs/file-max")).unwrap();
+    std::fs::create_dir(p.root().join("sys/fs/file-max")).unwrap();
+    let applied = apply(&all, p.root());
+    assert_eq!(applied.len(), 1);
+    assert!(
+        applied[0].error.as_deref().unwrap().contains("fs.file-max"),
+        "{applied:?}"
+    );
+}
