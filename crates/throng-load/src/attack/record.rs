@@ -215,7 +215,10 @@ impl AttackRecorder {
         put("bytes.in", self.bytes_in);
         put("bytes.out", self.bytes_out);
         for kind in Failure::ALL {
-            put(&format!("requests.error.{}", kind.label()), self.failed[kind as usize]);
+            put(
+                &format!("requests.error.{}", kind.label()),
+                self.failed[kind as usize],
+            );
         }
         for (code, n) in self.status.iter_mut().enumerate() {
             if *n > 0 {
@@ -224,7 +227,11 @@ impl AttackRecorder {
             }
         }
         let mut histograms = BTreeMap::new();
-        for (name, h) in [("latency", &mut self.latency), ("service", &mut self.service), ("lag", &mut self.lag)] {
+        for (name, h) in [
+            ("latency", &mut self.latency),
+            ("service", &mut self.service),
+            ("lag", &mut self.lag),
+        ] {
             if !h.is_empty() {
                 histograms.insert(name.to_owned(), h.clone());
                 h.reset();
@@ -265,13 +272,19 @@ pub enum RowFormat {
 impl RowFormat {
     /// CSV for a `.csv` file name, JSON lines otherwise.
     pub fn for_path(path: &Path) -> Self {
-        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv")) { Self::Csv } else { Self::JsonLines }
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+        {
+            Self::Csv
+        } else {
+            Self::JsonLines
+        }
     }
 }
 
 /// The CSV header line.
-pub const CSV_HEADER: &str =
-    "seq,worker,target,intended_ns,started_ns,latency_us,service_us,status,error,bytes_in,bytes_out\n";
+pub const CSV_HEADER: &str = "seq,worker,target,intended_ns,started_ns,latency_us,service_us,status,error,bytes_in,bytes_out\n";
 
 /// One request's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -317,7 +330,11 @@ impl RowWriter {
     /// Opens `path` for appending (the supervisor created it).
     pub fn open(path: &Path, format: RowFormat) -> io::Result<Self> {
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
-        Ok(Self { file, format, buf: Vec::with_capacity(ROW_FLUSH + 512) })
+        Ok(Self {
+            file,
+            format,
+            buf: Vec::with_capacity(ROW_FLUSH + 512),
+        })
     }
 
     /// Adds one row.
@@ -345,7 +362,11 @@ impl RowWriter {
                 self.buf.push(b'\n');
             }
         }
-        if self.buf.len() >= ROW_FLUSH { self.flush() } else { Ok(()) }
+        if self.buf.len() >= ROW_FLUSH {
+            self.flush()
+        } else {
+            Ok(())
+        }
     }
 
     /// Writes what is buffered, in one `write` (whole lines only).

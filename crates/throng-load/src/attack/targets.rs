@@ -86,12 +86,16 @@ pub struct HttpUrl {
 impl HttpUrl {
     /// Parses `http://host[:port][/path][?query]`.
     pub fn parse(url: &str) -> Result<Self, TargetError> {
-        let bad = |reason: &str| TargetError::Url { url: url.to_owned(), reason: reason.to_owned() };
-        let rest = if let Some(rest) = url.strip_prefix("http://") {
-            rest
-        } else if url.starts_with("https://") {
-            return Err(bad("HTTPS is not supported yet (it comes with TLS); use http://"));
-        } else {
+        let bad = |reason: &str| TargetError::Url {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if url.starts_with("https://") {
+            return Err(bad(
+                "HTTPS is not supported yet (it comes with TLS); use http://",
+            ));
+        }
+        let Some(rest) = url.strip_prefix("http://") else {
             return Err(bad("expected http://HOST[:PORT]/PATH"));
         };
         let (authority, path) = match rest.find(['/', '?']) {
@@ -103,10 +107,14 @@ impl HttpUrl {
             return Err(bad("no host"));
         }
         if authority.contains('@') {
-            return Err(bad("user information in URLs is not supported; send an Authorization header"));
+            return Err(bad(
+                "user information in URLs is not supported; send an Authorization header",
+            ));
         }
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (h, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '[' in host"))?;
+            let (h, after) = v6
+                .split_once(']')
+                .ok_or_else(|| bad("unclosed '[' in host"))?;
             match after.strip_prefix(':') {
                 Some(p) => (h, Some(p)),
                 None if after.is_empty() => (h, None),
@@ -119,22 +127,36 @@ impl HttpUrl {
             }
         };
         let port = match port {
-            Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| bad("port is not a number 1-65535"))?,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or_else(|| bad("port is not a number 1-65535"))?,
             None => 80,
         };
         if host.is_empty() {
             return Err(bad("no host"));
         }
         if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
-            return Err(bad("spaces or control characters in the path (percent-encode them)"));
+            return Err(bad(
+                "spaces or control characters in the path (percent-encode them)",
+            ));
         }
-        Ok(Self { authority: authority.to_owned(), host: host.to_owned(), port, path })
+        Ok(Self {
+            authority: authority.to_owned(),
+            host: host.to_owned(),
+            port,
+            path,
+        })
     }
 
     /// Resolves the host to the first address it has.
     pub fn resolve(&self) -> Result<SocketAddr, TargetError> {
         let host = format!("{}:{}", self.host, self.port);
-        let err = |reason: String| TargetError::Resolve { host: host.clone(), reason };
+        let err = |reason: String| TargetError::Resolve {
+            host: host.clone(),
+            reason,
+        };
         if let Ok(ip) = self.host.parse::<std::net::IpAddr>() {
             return Ok(SocketAddr::new(ip, self.port));
         }
@@ -169,7 +191,11 @@ impl Target {
     /// Adds `headers` (from `-H`) that the target does not set itself.
     pub fn add_defaults(&mut self, headers: &[(String, String)]) {
         for (name, value) in headers {
-            if !self.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            if !self
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
                 self.headers.push((name.clone(), value.clone()));
             }
         }
@@ -179,7 +205,11 @@ impl Target {
     /// Without keep-alive it asks the server to close (`Connection: close`).
     pub fn encode(&self, keepalive: bool) -> Vec<u8> {
         let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(self.headers.len() + 2);
-        if !self.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        if !self
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("host"))
+        {
             headers.push(("Host", self.url.authority.as_bytes()));
         }
         for (n, v) in &self.headers {
@@ -199,20 +229,26 @@ impl Target {
 
 /// Parses one `Name: value` header (`-H` or a targets line).
 pub fn parse_header(line: &str) -> Result<(String, String), String> {
-    let (name, value) = line.split_once(':').ok_or_else(|| format!("'{line}' is not a header: expected 'Name: value'"))?;
+    let (name, value) = line
+        .split_once(':')
+        .ok_or_else(|| format!("'{line}' is not a header: expected 'Name: value'"))?;
     let name = name.trim();
     if name.is_empty() || !name.bytes().all(is_token_byte) {
         return Err(format!("'{name}' is not a header name"));
     }
     let value = value.trim();
     if value.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
-        return Err(format!("header '{name}' has control characters in its value"));
+        return Err(format!(
+            "header '{name}' has control characters in its value"
+        ));
     }
     if name.eq_ignore_ascii_case("content-length") {
         return Err("do not set Content-Length: it is computed from the body".to_owned());
     }
     if name.eq_ignore_ascii_case("transfer-encoding") {
-        return Err("Transfer-Encoding is not supported: bodies are sent with a Content-Length".to_owned());
+        return Err(
+            "Transfer-Encoding is not supported: bodies are sent with a Content-Length".to_owned(),
+        );
     }
     Ok((name.to_owned(), value.to_owned()))
 }
@@ -223,7 +259,10 @@ fn is_token_byte(b: u8) -> bool {
 }
 
 fn is_method(word: &str) -> bool {
-    !word.is_empty() && word.bytes().all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_')
+    !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_')
 }
 
 /// Parses targets text. `source_name` names it in errors; `read_body` reads
@@ -238,7 +277,11 @@ pub fn parse(
     let mut has_body = false;
     for (n, raw) in text.lines().enumerate() {
         let line_no = n + 1;
-        let err = |reason: String| TargetError::Line { source_name: source_name.to_owned(), line: line_no, reason };
+        let err = |reason: String| TargetError::Line {
+            source_name: source_name.to_owned(),
+            line: line_no,
+            reason,
+        };
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
@@ -250,27 +293,41 @@ pub fn parse(
                 return Err(err(format!("expected 'METHOD URL', got '{line}'")));
             }
             let url = HttpUrl::parse(url_text).map_err(|e| err(e.to_string()))?;
-            targets.push(Target { method: first.to_owned(), url, headers: Vec::new(), body: Vec::new() });
+            targets.push(Target {
+                method: first.to_owned(),
+                url,
+                headers: Vec::new(),
+                body: Vec::new(),
+            });
             has_body = false;
             continue;
         }
         let Some(target) = targets.last_mut() else {
-            return Err(err(format!("expected a target line 'METHOD http://HOST:PORT/PATH' first, got '{line}'")));
+            return Err(err(format!(
+                "expected a target line 'METHOD http://HOST:PORT/PATH' first, got '{line}'"
+            )));
         };
         if has_body {
-            return Err(err(format!("'{line}' after the body line: a target ends with its '@file' line")));
+            return Err(err(format!(
+                "'{line}' after the body line: a target ends with its '@file' line"
+            )));
         }
         if let Some(path) = line.strip_prefix('@') {
             let path = Path::new(path.trim());
-            target.body = read_body(path).map_err(|e| err(format!("cannot read body file {}: {e}", path.display())))?;
+            target.body = read_body(path)
+                .map_err(|e| err(format!("cannot read body file {}: {e}", path.display())))?;
             has_body = true;
             continue;
         }
         if first.contains("://") {
-            return Err(err(format!("'{line}': a target line needs a method first, e.g. 'GET {first}'")));
+            return Err(err(format!(
+                "'{line}': a target line needs a method first, e.g. 'GET {first}'"
+            )));
         }
         let header = parse_header(line).map_err(|reason| {
-            err(format!("{reason} (lines are 'METHOD URL', 'Name: value' or '@bodyfile')"))
+            err(format!(
+                "{reason} (lines are 'METHOD URL', 'Name: value' or '@bodyfile')"
+            ))
         })?;
         target.headers.push(header);
     }
@@ -284,11 +341,18 @@ pub fn parse(
 pub fn read(path: &Path) -> Result<Vec<Target>, TargetError> {
     let (text, name) = if path == Path::new("-") {
         let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-            .map_err(|err| TargetError::Read { path: PathBuf::from("stdin"), err })?;
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|err| {
+            TargetError::Read {
+                path: PathBuf::from("stdin"),
+                err,
+            }
+        })?;
         (s, "stdin".to_owned())
     } else {
-        let s = std::fs::read_to_string(path).map_err(|err| TargetError::Read { path: path.to_owned(), err })?;
+        let s = std::fs::read_to_string(path).map_err(|err| TargetError::Read {
+            path: path.to_owned(),
+            err,
+        })?;
         (s, path.display().to_string())
     };
     parse(&text, &name, |p| std::fs::read(p))
@@ -322,7 +386,13 @@ mod tests {
         assert_eq!(t[0].method, "GET");
         assert_eq!(t[0].url.port, 8080);
         assert_eq!(t[0].url.path, "/ping?x=1");
-        assert_eq!(t[0].headers, vec![("sleep".into(), "1000".into()), ("times".into(), "2".into())]);
+        assert_eq!(
+            t[0].headers,
+            vec![
+                ("sleep".into(), "1000".into()),
+                ("times".into(), "2".into())
+            ]
+        );
         assert_eq!(t[1].url.port, 80);
         assert_eq!(t[1].url.authority, "localhost");
         assert_eq!(t[1].body, b"{\"a\":1}");
@@ -348,32 +418,57 @@ mod tests {
             let e = parse(text, "t", no_files).unwrap_err();
             assert_eq!(line_of(&e), line, "{text:?}: {e}");
         }
-        assert!(matches!(parse("# nothing\n\n", "t", no_files), Err(TargetError::Empty(_))));
+        assert!(matches!(
+            parse("# nothing\n\n", "t", no_files),
+            Err(TargetError::Empty(_))
+        ));
     }
 
     #[test]
     fn urls() {
         let u = HttpUrl::parse("http://127.0.0.1:8080").unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("127.0.0.1", 8080, "/"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("127.0.0.1", 8080, "/")
+        );
         let u = HttpUrl::parse("http://h?q=1").unwrap();
         assert_eq!(u.path, "/?q=1");
-        for bad in ["ftp://h/", "http://", "http://:80/", "http://h:0/", "http://u@h/", "http://[::1/", "https://h/"] {
+        for bad in [
+            "ftp://h/",
+            "http://",
+            "http://:80/",
+            "http://h:0/",
+            "http://u@h/",
+            "http://[::1/",
+            "https://h/",
+        ] {
             assert!(HttpUrl::parse(bad).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn encodes_host_and_close() {
-        let mut t = parse("POST http://127.0.0.1:9/ping\nsleep: 5\n", "t", no_files).unwrap().remove(0);
+        let mut t = parse("POST http://127.0.0.1:9/ping\nsleep: 5\n", "t", no_files)
+            .unwrap()
+            .remove(0);
         t.add_defaults(&[("sleep".into(), "9".into()), ("X-A".into(), "b".into())]);
         t.body = b"hi".to_vec();
         let wire = String::from_utf8(t.encode(false)).unwrap();
-        assert!(wire.starts_with("POST /ping HTTP/1.1\r\nHost: 127.0.0.1:9\r\nsleep: 5\r\nX-A: b\r\n"), "{wire}");
+        assert!(
+            wire.starts_with("POST /ping HTTP/1.1\r\nHost: 127.0.0.1:9\r\nsleep: 5\r\nX-A: b\r\n"),
+            "{wire}"
+        );
         assert!(wire.contains("Connection: close\r\n"));
         assert!(wire.ends_with("Content-Length: 2\r\n\r\nhi"), "{wire}");
-        let (req, used) = http::parse_request(wire.as_bytes(), http::MAX_HEAD).unwrap().unwrap();
+        let (req, used) = http::parse_request(wire.as_bytes(), http::MAX_HEAD)
+            .unwrap()
+            .unwrap();
         assert_eq!(req.body_kind(), Ok(http::BodyKind::Length(2)));
         assert_eq!(&wire.as_bytes()[used..], b"hi");
-        assert!(!String::from_utf8(t.encode(true)).unwrap().contains("Connection"));
+        assert!(
+            !String::from_utf8(t.encode(true))
+                .unwrap()
+                .contains("Connection")
+        );
     }
 }

@@ -1,0 +1,791 @@
+//! One `attack` worker process: starts its share of the requests on the
+//! schedule (or keeps its share of a closed pool busy), speaks HTTP/1.1 over
+//! a pool of keep-alive connections, and reports one interval per second.
+//!
+//! A request is one task, started at its intended time whatever the
+//! requests before it are doing (open model). While it waits for its
+//! response it owns a socket, a body decoder of a few words and its timeout
+//! entry in the runtime's timer wheel: no read or write buffer. The request
+//! bytes are encoded once per target and shared; responses are read into one
+//! scratch buffer per worker, and only a response head split across reads
+//! leaves a small owned remainder behind. So thousands of slow requests in
+//! flight cost little more than the kernel's sockets.
+//!
+//! Talks to the supervisor over stdio: the [`WorkerPlan`] as the first line
+//! of stdin, then `stop` (or end of input) to stop at once; result-file
+//! records on stdout, a `worker.done` event last (its text: [`Done`] as JSON).
+
+use std::cell::{Cell, RefCell};
+use std::io::{self, BufRead, Write};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use throng_proto::http::{self, BodyDecoder, BodyError};
+use throng_report::format::{Event, encode_event, encode_interval};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use super::record::{AttackRecorder, Failure, Row, RowFormat, RowWriter};
+use super::{Load, WorkerPlan, pacer, share};
+use crate::hold::now_unix_ns;
+
+/// What a worker says when it ends (the `worker.done` event's text, JSON).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Done {
+    /// Requests started.
+    pub sent: u64,
+    /// Actual start of the first request, ns since the epoch (0: none).
+    pub first_sent_ns: u64,
+    /// Actual start of the last request.
+    pub last_sent_ns: u64,
+    /// When the last request ended.
+    pub last_done_ns: u64,
+    /// Stopped before the schedule ended.
+    pub stopped: bool,
+}
+
+fn us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// State shared by every task of the worker (single-threaded).
+struct Ctx {
+    plan: WorkerPlan,
+    /// Each target's request bytes, encoded once.
+    wire: Vec<Rc<[u8]>>,
+    /// Each target's pool index (targets on one address share a pool).
+    pool_of: Vec<usize>,
+    /// Distinct addresses, by pool index.
+    addrs: Vec<SocketAddr>,
+    /// Idle keep-alive connections, by pool index.
+    pools: Vec<RefCell<Vec<TcpStream>>>,
+    /// Connections open or being opened, idle ones included.
+    /// Invariant: `open <= cap`.
+    open: Cell<u64>,
+    /// This worker's share of `--max-connections`.
+    cap: u64,
+    /// A connection went back to a pool or closed: one waiter may go on.
+    freed: Notify,
+    timeout: Duration,
+    /// Where the schedule starts (request 0's intended time).
+    start: Instant,
+    rec: RefCell<AttackRecorder>,
+    /// The one read buffer. Borrowed only between awaits.
+    scratch: RefCell<Box<[u8]>>,
+    rows: RefCell<Option<RowWriter>>,
+    stopping: Cell<bool>,
+    stop: Notify,
+    /// Request tasks and loops still running, plus the scheduler.
+    live: Cell<u64>,
+    idle: Notify,
+    done: Cell<Done>,
+    /// Failure kinds already logged (one event per kind).
+    logged: Cell<u16>,
+    out: RefCell<Box<dyn Write>>,
+}
+
+impl Ctx {
+    fn emit(&self, line: &str) {
+        let mut out = self.out.borrow_mut();
+        // A supervisor that went away also closes our stdin, which stops us.
+        let _ = out
+            .write_all(line.as_bytes())
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| out.flush());
+    }
+
+    fn event(&self, kind: &str, text: String) {
+        let ev = Event {
+            at_ns: now_unix_ns(),
+            source: self.plan.label.clone(),
+            kind: kind.to_owned(),
+            text,
+        };
+        self.emit(&encode_event(&ev));
+    }
+
+    /// Wall-clock ns of `at`, through the schedule's start.
+    fn unix_ns(&self, at: Instant) -> u64 {
+        let start = self.plan.start_unix_ns;
+        if at >= self.start {
+            start + u64::try_from((at - self.start).as_nanos()).unwrap_or(0)
+        } else {
+            start.saturating_sub(u64::try_from((self.start - at).as_nanos()).unwrap_or(0))
+        }
+    }
+
+    fn task_done(&self) {
+        let left = self.live.get() - 1;
+        self.live.set(left);
+        if left == 0 {
+            self.idle.notify_one();
+        }
+    }
+}
+
+/// Runs a worker: reads its plan from `control`, runs it, writes records to
+/// `out`. Returns when its share is done, or at once when told to stop.
+pub fn run_worker(
+    mut control: impl BufRead + Send + 'static,
+    out: Box<dyn Write>,
+) -> io::Result<()> {
+    let mut first = String::new();
+    control.read_line(&mut first)?;
+    let plan: WorkerPlan = serde_json::from_str(&first).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad worker plan on stdin: {e}"),
+        )
+    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, worker(plan, control, out))
+}
+
+async fn worker(
+    plan: WorkerPlan,
+    control: impl BufRead + Send + 'static,
+    out: Box<dyn Write>,
+) -> io::Result<()> {
+    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    if plan.targets.is_empty() || plan.targets.len() != plan.addrs.len() {
+        return Err(invalid(
+            "a worker plan needs targets and one address per target".into(),
+        ));
+    }
+    let settings = plan.settings;
+    let wire: Vec<Rc<[u8]>> = plan
+        .targets
+        .iter()
+        .map(|t| Rc::from(t.encode(settings.keepalive)))
+        .collect();
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    let pool_of = plan
+        .addrs
+        .iter()
+        .map(|a| match addrs.iter().position(|b| b == a) {
+            Some(i) => i,
+            None => {
+                addrs.push(*a);
+                addrs.len() - 1
+            }
+        })
+        .collect();
+    let cap = match plan.load {
+        Load::Rate(_) => share(settings.max_connections, plan.index, plan.workers),
+        Load::Max { connections } => share(
+            connections.min(settings.max_connections),
+            plan.index,
+            plan.workers,
+        ),
+    };
+    let rows = match &plan.per_request {
+        Some(path) => Some(RowWriter::open(path, RowFormat::for_path(path))?),
+        None => None,
+    };
+    // Align the schedule on the supervisor's wall-clock start.
+    let now_ns = now_unix_ns();
+    let now = Instant::now();
+    let start = if plan.start_unix_ns >= now_ns {
+        now + Duration::from_nanos(plan.start_unix_ns - now_ns)
+    } else {
+        now.checked_sub(Duration::from_nanos(now_ns - plan.start_unix_ns))
+            .unwrap_or(now)
+    };
+    let ctx = Rc::new(Ctx {
+        wire,
+        pools: addrs.iter().map(|_| RefCell::new(Vec::new())).collect(),
+        pool_of,
+        addrs,
+        open: Cell::new(0),
+        cap: cap.max(1),
+        freed: Notify::new(),
+        timeout: Duration::from_millis(settings.timeout_ms),
+        start,
+        rec: RefCell::new(AttackRecorder::new(
+            plan.label.clone(),
+            settings.interval_ns.max(1),
+        )),
+        scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
+        rows: RefCell::new(rows),
+        stopping: Cell::new(false),
+        stop: Notify::new(),
+        live: Cell::new(0),
+        idle: Notify::new(),
+        done: Cell::new(Done::default()),
+        logged: Cell::new(0),
+        out: RefCell::new(out),
+        plan,
+    });
+
+    // Control lines arrive on a blocking stdin; read them on a thread.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    std::thread::spawn(move || {
+        let mut control = control;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match control.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) if line.trim() == "stop" => break,
+                Ok(_) => {}
+            }
+        }
+        let _ = tx.send(());
+    });
+    let control_ctx = ctx.clone();
+    tokio::task::spawn_local(async move {
+        if rx.recv().await.is_some() {
+            control_ctx.stopping.set(true);
+            control_ctx.stop.notify_waiters();
+            control_ctx.idle.notify_one();
+        }
+    });
+
+    let duration = ctx.plan.duration_ns.map(Duration::from_nanos);
+    let requests = ctx.plan.requests;
+    ctx.live.set(1);
+    match ctx.plan.load {
+        Load::Rate(spec) => {
+            let pacer = pacer(spec, duration, requests).map_err(|e| invalid(e.to_string()))?;
+            tokio::task::spawn_local(schedule(ctx.clone(), pacer, duration, requests));
+        }
+        Load::Max { .. } => {
+            let end = duration.map(|d| start + d);
+            let next = Rc::new(Cell::new(0u64));
+            let loops = ctx.cap;
+            let c = ctx.clone();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep_until(start.into()).await;
+                for _ in 0..loops {
+                    ctx_live_add(&c);
+                    tokio::task::spawn_local(closed_loop(c.clone(), end, next.clone()));
+                }
+                c.task_done();
+            });
+        }
+    }
+    let ticker = tokio::task::spawn_local(tick(ctx.clone()));
+
+    while ctx.live.get() > 0 && !ctx.stopping.get() {
+        ctx.idle.notified().await;
+    }
+    ticker.abort();
+    let mut done = ctx.done.get();
+    if ctx.stopping.get() {
+        done.stopped = true;
+        ctx.rec.borrow_mut().cancel_in_flight();
+    }
+    if let Some(rows) = ctx.rows.borrow_mut().as_mut() {
+        rows.flush()?;
+    }
+    let length = settings.interval_ns.max(1);
+    let start_ns = now_unix_ns() / length * length;
+    let iv = ctx.rec.borrow_mut().take(start_ns);
+    ctx.emit(&encode_interval(&iv));
+    // Invariant: a struct of integers always serializes.
+    ctx.event(
+        "worker.done",
+        serde_json::to_string(&done).expect("done serializes"),
+    );
+    Ok(())
+}
+
+fn ctx_live_add(ctx: &Ctx) {
+    ctx.live.set(ctx.live.get() + 1);
+}
+
+/// Emits one interval per wall-clock interval (aligned).
+async fn tick(ctx: Rc<Ctx>) {
+    let length = ctx.plan.settings.interval_ns.max(1);
+    let mut last_end = 0u64;
+    loop {
+        let now = now_unix_ns();
+        let end = ((now / length + 1) * length).max(last_end + length);
+        tokio::time::sleep(Duration::from_nanos(end.saturating_sub(now))).await;
+        last_end = end;
+        let iv = ctx.rec.borrow_mut().take(end - length);
+        ctx.emit(&encode_interval(&iv));
+        if let Some(rows) = ctx.rows.borrow_mut().as_mut()
+            && let Err(e) = rows.flush()
+        {
+            ctx.event(
+                "per_request.error",
+                format!("writing per-request rows: {e}"),
+            );
+            *ctx.rows.borrow_mut() = None;
+        }
+    }
+}
+
+/// Starts this worker's requests on the open-model schedule.
+async fn schedule(
+    ctx: Rc<Ctx>,
+    pacer: crate::pacer::Pacer,
+    duration: Option<Duration>,
+    requests: Option<u64>,
+) {
+    let step = u64::from(ctx.plan.workers.max(1));
+    let mut i = u64::from(ctx.plan.index);
+    let mut burst = 0u32;
+    loop {
+        if ctx.stopping.get() || requests.is_some_and(|n| i >= n) {
+            break;
+        }
+        let offset = pacer.intended(i);
+        if duration.is_some_and(|d| offset >= d) {
+            break;
+        }
+        let intended = ctx.start + offset;
+        if intended > Instant::now() {
+            burst = 0;
+            let stop = ctx.stop.notified();
+            tokio::select! {
+                biased;
+                () = stop => break,
+                () = tokio::time::sleep_until(intended.into()) => {}
+            }
+            continue;
+        }
+        ctx_live_add(&ctx);
+        let c = ctx.clone();
+        tokio::task::spawn_local(async move {
+            request(&c, i, intended).await;
+            c.task_done();
+        });
+        i += step;
+        // Behind schedule, every due request starts now; let the responses
+        // already in be read between batches so the lag does not feed itself.
+        burst += 1;
+        if burst % 64 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    ctx.task_done();
+}
+
+/// One connection's worth of closed-model load: the next request as soon as
+/// the last one ends.
+async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
+    let step = u64::from(ctx.plan.workers.max(1));
+    loop {
+        let k = next.get();
+        let seq = u64::from(ctx.plan.index) + k * step;
+        let now = Instant::now();
+        if ctx.stopping.get()
+            || end.is_some_and(|e| now >= e)
+            || ctx.plan.requests.is_some_and(|n| seq >= n)
+        {
+            break;
+        }
+        next.set(k + 1);
+        request(&ctx, seq, now).await;
+    }
+    ctx.task_done();
+}
+
+/// Bytes of one request, for its row.
+#[derive(Debug, Default)]
+struct Io {
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+/// Runs request `seq` (target `seq % targets`), due at `intended`, to its end.
+async fn request(ctx: &Rc<Ctx>, seq: u64, intended: Instant) {
+    let t = (seq % ctx.wire.len() as u64) as usize;
+    let began = Instant::now();
+    let lag = us(began.saturating_duration_since(intended));
+    ctx.rec.borrow_mut().started(lag);
+    let mut done = ctx.done.get();
+    done.sent += 1;
+    let began_ns = ctx.unix_ns(began);
+    if done.first_sent_ns == 0 {
+        done.first_sent_ns = began_ns;
+    }
+    done.last_sent_ns = began_ns;
+    ctx.done.set(done);
+
+    let mut io = Io::default();
+    let result = match tokio::time::timeout_at(
+        (began + ctx.timeout).into(),
+        exchange(ctx, t, &mut io),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(Failure::Timeout),
+    };
+    if ctx.stopping.get() {
+        // Counted as canceled with the rest of those in flight.
+        return;
+    }
+    let end = Instant::now();
+    let (latency, service) = (us(end.saturating_duration_since(intended)), us(end - began));
+    match result {
+        Ok(status) => ctx.rec.borrow_mut().answered(status, latency, service),
+        Err(why) => {
+            ctx.rec.borrow_mut().failed(why);
+            let bit = 1u16 << (why as u16);
+            if ctx.logged.get() & bit == 0 {
+                ctx.logged.set(ctx.logged.get() | bit);
+                let target = &ctx.plan.targets[t];
+                ctx.event(
+                    "request.error",
+                    format!(
+                        "{} (first of its kind): {} {}",
+                        why.label(),
+                        target.method,
+                        target.url
+                    ),
+                );
+            }
+        }
+    }
+    let mut d = ctx.done.get();
+    d.last_done_ns = ctx.unix_ns(end);
+    ctx.done.set(d);
+    if let Some(rows) = ctx.rows.borrow_mut().as_mut() {
+        let row = Row {
+            seq,
+            worker: ctx.plan.index,
+            target: t,
+            intended_ns: ctx.unix_ns(intended),
+            started_ns: began_ns,
+            latency_us: latency,
+            service_us: service,
+            status: *result.as_ref().unwrap_or(&0),
+            error: result.err().map_or("", Failure::label),
+            bytes_in: io.bytes_in,
+            bytes_out: io.bytes_out,
+        };
+        // A failing disk is reported once by the ticker's flush.
+        let _ = rows.push(&row);
+    }
+}
+
+/// An open connection counted against the cap; closing it (by drop) frees
+/// its place. Also stands for a place reserved while connecting.
+struct Conn {
+    ctx: Rc<Ctx>,
+    stream: Option<TcpStream>,
+    /// The connection went back to a pool, which keeps its place.
+    pooled: bool,
+}
+
+impl Conn {
+    /// Reserves a place under the cap. Invariant: the caller checked `open < cap`.
+    fn reserve(ctx: &Rc<Ctx>) -> Self {
+        ctx.open.set(ctx.open.get() + 1);
+        Self {
+            ctx: ctx.clone(),
+            stream: None,
+            pooled: false,
+        }
+    }
+
+    /// Puts the connection back into its pool for the next request.
+    fn release(mut self, pool: usize) {
+        if let Some(s) = self.stream.take() {
+            self.ctx.pools[pool].borrow_mut().push(s);
+            self.ctx.freed.notify_one();
+            self.pooled = true;
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.pooled {
+            return;
+        }
+        if self.stream.take().is_some() {
+            self.ctx.rec.borrow_mut().connection_closed();
+        }
+        self.ctx.open.set(self.ctx.open.get() - 1);
+        self.ctx.freed.notify_one();
+    }
+}
+
+/// A connection for pool `pool`: an idle one, a new one under the cap, or
+/// (at the cap) the next one freed. The flag says whether it was reused.
+async fn acquire(ctx: &Rc<Ctx>, pool: usize) -> Result<(Conn, bool), Failure> {
+    loop {
+        if let Some(s) = ctx.pools[pool].borrow_mut().pop() {
+            return Ok((
+                Conn {
+                    ctx: ctx.clone(),
+                    stream: Some(s),
+                    pooled: false,
+                },
+                true,
+            ));
+        }
+        if ctx.open.get() < ctx.cap {
+            let mut conn = Conn::reserve(ctx);
+            // Boxed: the connect future is large and lives only this long,
+            // so it must not widen every request's task.
+            let stream = Box::pin(connect(ctx.addrs[pool]))
+                .await
+                .map_err(|e| Failure::from_io(&e))?;
+            ctx.rec.borrow_mut().connection_opened();
+            conn.stream = Some(stream);
+            return Ok((conn, false));
+        }
+        // At the cap with idle connections to other addresses: close one.
+        let evicted = ctx
+            .pools
+            .iter()
+            .enumerate()
+            .any(|(i, p)| i != pool && p.borrow_mut().pop().is_some());
+        if evicted {
+            ctx.open.set(ctx.open.get() - 1);
+            ctx.rec.borrow_mut().connection_closed();
+            continue;
+        }
+        ctx.freed.notified().await;
+    }
+}
+
+async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Why one try of a request failed.
+enum Talk {
+    /// Nothing came back before the connection ended: on a reused
+    /// keep-alive connection the server may simply have closed it while
+    /// idle, so the request goes again on a new one.
+    Stale(Failure),
+    /// Failed for good.
+    Fail(Failure),
+}
+
+/// Sends target `t` and reads its response; returns the status code.
+async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, Failure> {
+    let pool = ctx.pool_of[t];
+    let mut retried = false;
+    loop {
+        let (mut conn, reused) = acquire(ctx, pool).await?;
+        let Some(stream) = conn.stream.as_ref() else {
+            return Err(Failure::Other);
+        };
+        match talk(ctx, stream, t, io).await {
+            Ok((status, keep)) => {
+                if keep && ctx.plan.settings.keepalive && !ctx.stopping.get() {
+                    conn.release(pool);
+                } else {
+                    conn.stream.take();
+                    ctx.rec.borrow_mut().connection_closed();
+                }
+                return Ok(status);
+            }
+            Err(Talk::Stale(_)) if reused && !retried => {
+                retried = true;
+                ctx.rec.borrow_mut().retried();
+            }
+            Err(Talk::Stale(why) | Talk::Fail(why)) => return Err(why),
+        }
+    }
+}
+
+/// One request and response on `stream`: whether the connection may be kept.
+async fn talk(ctx: &Ctx, stream: &TcpStream, t: usize, io: &mut Io) -> Result<(u16, bool), Talk> {
+    let wire = &ctx.wire[t];
+    let mut off = 0;
+    while off < wire.len() {
+        match stream.try_write(&wire[off..]) {
+            Ok(n) => {
+                off += n;
+                io.bytes_out += n as u64;
+                ctx.rec.borrow_mut().bytes_out(n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                stream
+                    .writable()
+                    .await
+                    .map_err(|e| Talk::Fail(Failure::from_io(&e)))?;
+            }
+            Err(e) if off == 0 => return Err(Talk::Stale(Failure::from_io(&e))),
+            Err(e) => return Err(Talk::Fail(Failure::from_io(&e))),
+        }
+    }
+    let method = ctx.plan.targets[t].method.as_str();
+    let mut reader = ResponseReader::new();
+    loop {
+        stream
+            .readable()
+            .await
+            .map_err(|e| Talk::Fail(Failure::from_io(&e)))?;
+        let mut scratch = ctx.scratch.borrow_mut();
+        let n = match stream.try_read(&mut scratch[..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if !reader.started() => return Err(Talk::Stale(Failure::from_io(&e))),
+            Err(e) => return Err(Talk::Fail(Failure::from_io(&e))),
+        };
+        if n == 0 {
+            return match reader.eof() {
+                Some(status) => Ok((status, false)),
+                None if !reader.started() => Err(Talk::Stale(Failure::Closed)),
+                None => Err(Talk::Fail(Failure::Closed)),
+            };
+        }
+        io.bytes_in += n as u64;
+        ctx.rec.borrow_mut().bytes_in(n);
+        if let Some(done) = reader.feed(&scratch[..n], method).map_err(Talk::Fail)? {
+            return Ok(done);
+        }
+    }
+}
+
+/// Reads one response from the bytes as they arrive: the head (kept only
+/// when it arrives split), then the body, which is counted and dropped.
+#[derive(Debug)]
+struct ResponseReader {
+    /// A head that has not arrived whole yet (empty otherwise).
+    partial: Vec<u8>,
+    /// Status, keep-alive and the body's decoder, once the head is in.
+    head: Option<(u16, bool, BodyDecoder)>,
+    /// Any byte arrived.
+    any: bool,
+}
+
+impl ResponseReader {
+    fn new() -> Self {
+        Self {
+            partial: Vec::new(),
+            head: None,
+            any: false,
+        }
+    }
+
+    fn started(&self) -> bool {
+        self.any
+    }
+
+    /// Feeds newly read bytes: `Some((status, keep_alive))` once the response ended.
+    fn feed(&mut self, data: &[u8], method: &str) -> Result<Option<(u16, bool)>, Failure> {
+        self.any = true;
+        if let Some((status, keep, dec)) = self.head.as_mut() {
+            return Ok(body(dec, data)?.map(|extra| (*status, *keep && !extra)));
+        }
+        let joined = !self.partial.is_empty();
+        if joined {
+            if self.partial.len() + data.len() > http::MAX_HEAD + data.len().min(64 * 1024) {
+                return Err(Failure::BadResponse);
+            }
+            self.partial.extend_from_slice(data);
+        }
+        let buf: &[u8] = if joined { &self.partial } else { data };
+        let parsed = http::parse_response(buf, http::MAX_HEAD).map_err(|_| Failure::BadResponse)?;
+        let Some((resp, used)) = parsed else {
+            if !joined {
+                self.partial.extend_from_slice(data);
+            }
+            return Ok(None);
+        };
+        let kind = resp.body_kind(method).map_err(|_| Failure::BadResponse)?;
+        let keep = resp.keep_alive();
+        let mut dec = BodyDecoder::new(kind, u64::MAX);
+        let result = body(&mut dec, &buf[used..])?.map(|extra| (resp.status, keep && !extra));
+        self.head = Some((resp.status, keep, dec));
+        self.partial = Vec::new();
+        Ok(result)
+    }
+
+    /// The peer closed: the status if that ended the response.
+    fn eof(&mut self) -> Option<u16> {
+        let (status, _, dec) = self.head.as_mut()?;
+        match dec.decode(&[], true) {
+            Ok(step) if step.done => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// Runs body bytes through the decoder: `Some(extra)` when the body ended
+/// (`extra`: bytes followed it, so the connection cannot be trusted again).
+fn body(dec: &mut BodyDecoder, mut rest: &[u8]) -> Result<Option<bool>, Failure> {
+    loop {
+        if dec.is_done() {
+            return Ok(Some(!rest.is_empty()));
+        }
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let step = dec.decode(rest, false).map_err(|e| match e {
+            BodyError::Truncated => Failure::Closed,
+            _ => Failure::BadResponse,
+        })?;
+        rest = &rest[step.consumed..];
+        if step.done {
+            return Ok(Some(!rest.is_empty()));
+        }
+        if step.consumed == 0 {
+            return Ok(None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_split_heads_and_chunked_bodies() {
+        let wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\npong\r\n4\r\npong\r\n0\r\n\r\n";
+        for split in 1..wire.len() {
+            let mut r = ResponseReader::new();
+            let first = r.feed(&wire[..split], "POST").unwrap();
+            let got = match first {
+                Some(done) => {
+                    assert_eq!(split, wire.len(), "ended early at {split}");
+                    done
+                }
+                None => r.feed(&wire[split..], "POST").unwrap().unwrap(),
+            };
+            assert_eq!(got, (200, true), "split {split}");
+        }
+    }
+
+    #[test]
+    fn length_close_and_bad() {
+        let mut r = ResponseReader::new();
+        assert_eq!(
+            r.feed(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno",
+                "GET"
+            )
+            .unwrap(),
+            Some((404, true))
+        );
+        let mut r = ResponseReader::new();
+        assert_eq!(r.feed(b"HTTP/1.0 200 OK\r\n\r\nbody", "GET").unwrap(), None);
+        assert_eq!(r.eof(), Some(200));
+        let mut r = ResponseReader::new();
+        assert_eq!(
+            r.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort", "GET")
+                .unwrap(),
+            None
+        );
+        assert_eq!(r.eof(), None);
+        let mut r = ResponseReader::new();
+        assert_eq!(
+            r.feed(b"HTTP/1.1 204 No Content\r\n\r\nextra", "GET")
+                .unwrap(),
+            Some((204, false))
+        );
+        let mut r = ResponseReader::new();
+        assert_eq!(
+            r.feed(b"SMTP ready\r\n\r\n", "GET"),
+            Err(Failure::BadResponse)
+        );
+    }
+}
