@@ -128,6 +128,11 @@ pub struct Machine {
     pub conntrack_max: Option<u64>,
     /// `net.netfilter.nf_conntrack_count`, if conntrack is loaded.
     pub conntrack_count: Option<u64>,
+    /// Established TCP connections now (`/proc/net/snmp` `CurrEstab`).
+    pub tcp_established: Option<u64>,
+    /// Whether conntrack tracks connections now: `Some(false)` when it is
+    /// loaded but a loopback connection opened to test it was not tracked.
+    pub conntrack_active: Option<bool>,
     /// `MemTotal`, bytes.
     pub mem_total: Option<u64>,
     /// `MemAvailable`, bytes.
@@ -156,6 +161,16 @@ impl Machine {
         };
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let conntrack_count = num("net.netfilter.nf_conntrack_count");
+        let conntrack_active = match conntrack_count {
+            None => None,
+            Some(c) if c > 0 => Some(true),
+            // Only the real /proc can be probed with a real connection.
+            Some(_) if proc_root == Path::new("/proc") => {
+                probe_tracking(|| num("net.netfilter.nf_conntrack_count"))
+            }
+            Some(_) => None,
+        };
         Self {
             may_raise_hard: nofile == real_nofile && may_raise_hard(real_nofile),
             nofile,
@@ -171,7 +186,9 @@ impl Machine {
                 .filter(|v| v.len() == 3)
                 .map(|v| (v[0], v[1], v[2])),
             conntrack_max: num("net.netfilter.nf_conntrack_max"),
-            conntrack_count: num("net.netfilter.nf_conntrack_count"),
+            conntrack_count,
+            conntrack_active,
+            tcp_established: read_curr_estab(&proc_root.join("net/snmp")),
             mem_total: mem("MemTotal"),
             mem_available: mem("MemAvailable"),
             page_size: u64::try_from(page).ok().filter(|p| *p > 0).unwrap_or(4096),
@@ -195,6 +212,27 @@ fn read_nofile(path: &Path) -> Option<NoFile> {
         soft: parse(f.next()?)?,
         hard: parse(f.next()?)?,
     })
+}
+
+/// Opens one loopback connection and reads the conntrack count while it is
+/// open: `Some(false)` if it stayed 0 (nothing is tracked), `None` if the
+/// probe could not run.
+fn probe_tracking(count: impl Fn() -> Option<u64>) -> Option<bool> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+    let client = std::net::TcpStream::connect(listener.local_addr().ok()?).ok()?;
+    let (_server, _) = listener.accept().ok()?;
+    let tracked = count()? > 0;
+    drop(client);
+    Some(tracked)
+}
+
+/// `Tcp: CurrEstab` from `/proc/net/snmp`.
+fn read_curr_estab(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next()?, tcp.next()?);
+    let i = names.split_whitespace().position(|n| n == "CurrEstab")?;
+    values.split_whitespace().nth(i)?.parse().ok()
 }
 
 /// Whether this process may raise its hard open-file limit: tried for real
@@ -538,17 +576,31 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
     if let Some(max) = m.conntrack_max {
         // Loopback: both sides of a connection share one entry.
         let count = m.conntrack_count.unwrap_or(0);
+        // Loaded but tracking nothing while connections are open: no rule
+        // asks for tracking (newer kernels then skip it), so the table is not
+        // a limit until a firewall rule that uses it appears.
+        let idle = m.conntrack_active == Some(false)
+            || (m.conntrack_count == Some(0) && m.tcp_established.is_some_and(|e| e > 0));
         let need = n.saturating_add(count);
         let full = need > max;
+        let status = match (full, idle) {
+            (false, _) => Status::Ok,
+            (true, true) => Status::Warn,
+            (true, false) => Status::Stop,
+        };
         out.push(Finding {
             check: "conntrack".into(),
-            status: if full { Status::Stop } else { Status::Ok },
-            message: if full {
-                format!(
-                    "nf_conntrack is loaded with room for {max} entries ({count} used): past that new connections are dropped ('nf_conntrack: table full, dropping packet' in dmesg)"
-                )
-            } else {
-                format!("nf_conntrack is loaded with room for {max} entries ({count} used): enough")
+            status,
+            message: match status {
+                Status::Ok => format!("nf_conntrack is loaded with room for {max} entries ({count} used): enough"),
+                Status::Warn => format!(
+                    "nf_conntrack is loaded with room for {max} entries but tracks nothing now (no firewall rule uses it); \
+                     if one appears, connections past {max} are dropped"
+                ),
+                Status::Stop => format!(
+                    "nf_conntrack is loaded with room for {max} entries ({count} used): past that new connections are dropped \
+                     ('nf_conntrack: table full, dropping packet' in dmesg)"
+                ),
             },
             fixes: if full {
                 let v = round_up(need.saturating_mul(5) / 4);
@@ -558,7 +610,9 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
                         "and its hash table: echo {} > /sys/module/nf_conntrack/parameters/hashsize",
                         v / 4
                     )),
-                    Fix::manual("or do not track the test's ports: iptables -t raw -A PREROUTING -p tcp --dport PORT -j NOTRACK (and OUTPUT --sport PORT)"),
+                    Fix::manual(
+                        "or do not track the test's ports: iptables -t raw -A PREROUTING -p tcp --dport PORT -j NOTRACK (and OUTPUT --sport PORT)",
+                    ),
                 ]
             } else {
                 Vec::new()
