@@ -103,6 +103,7 @@ pub struct HoldRecorder {
     target: i64,
     opened: u64,
     failed: [u64; 7],
+    abandoned: u64,
     closed: BTreeMap<String, u64>,
     received: u64,
     lost: u64,
@@ -130,6 +131,7 @@ impl HoldRecorder {
             target: i64::try_from(target).unwrap_or(i64::MAX),
             opened: 0,
             failed: [0; 7],
+            abandoned: 0,
             closed: BTreeMap::new(),
             received: 0,
             lost: 0,
@@ -161,6 +163,11 @@ impl HoldRecorder {
     /// A connection attempt failed.
     pub fn failed(&mut self, kind: ConnectError) {
         self.failed[kind as usize] += 1;
+    }
+
+    /// A connection still opening when the run stopped was given up.
+    pub fn abandoned(&mut self) {
+        self.abandoned += 1;
     }
 
     /// A held connection ended.
@@ -230,6 +237,7 @@ impl HoldRecorder {
                 self.failed[kind as usize],
             );
         }
+        put("connect.abandoned", self.abandoned);
         put("messages.received", self.received);
         put("messages.lost", self.lost);
         put("messages.duplicated", self.duplicated);
@@ -256,6 +264,7 @@ impl HoldRecorder {
         ]);
         self.opened = 0;
         self.failed = [0; 7];
+        self.abandoned = 0;
         self.received = 0;
         self.lost = 0;
         self.duplicated = 0;

@@ -476,30 +476,16 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
                 for start in ready {
                     if let Some(iv) = pending.remove(&start) {
                         reported.remove(&start);
-                        let sup = supervisor_interval(&host, start, length_ns, &stats, &mut sampler, &workers);
-                        if let Some(w) = writer.as_mut() {
-                            w.write_interval(&sup).map_err(io::Error::other)?;
-                        }
-                        if let Some(h) = &sup.host {
-                            for (k, v) in &h.rss_bytes {
-                                let e = summary.peak_rss_bytes.entry(k.clone()).or_insert(0);
-                                *e = (*e).max(*v);
-                            }
-                            last_host = Some(h.clone());
-                        }
-                        let mut merged = iv;
-                        merge_into(&mut merged, &sup);
-                        if merged.counters.get("connect.ok").copied().unwrap_or(0) > 0 {
-                            first_open_start.get_or_insert(start);
-                            last_open_end = start + length_ns;
-                        }
-                        let open_now = merged.gauges.get("connections.open").copied().unwrap_or(0);
-                        summary.peak_open = summary.peak_open.max(open_now);
+                        let merged = absorb(iv, &mut Absorb {
+                            host: &host, length_ns, stats: &stats, sampler: &mut sampler, workers: &workers,
+                            writer: &mut writer, summary: &mut summary, total: &mut total,
+                            first_open_start: &mut first_open_start, last_open_end: &mut last_open_end,
+                            last_host: &mut last_host,
+                        })?;
                         if start > last_flushed {
                             last_flushed = start;
                             out.line(&progress_line(&merged, start_unix_ns, run.connections));
                         }
-                        merge_into(&mut total, &merged);
                     }
                 }
             }
@@ -507,17 +493,26 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     }
     // Everything the workers sent is in; flush what is left.
     for (start, iv) in std::mem::take(&mut pending) {
-        let sup = supervisor_interval(&host, start, length_ns, &stats, &mut sampler, &workers);
-        if let Some(w) = writer.as_mut() {
-            w.write_interval(&sup).map_err(io::Error::other)?;
+        let merged = absorb(
+            iv,
+            &mut Absorb {
+                host: &host,
+                length_ns,
+                stats: &stats,
+                sampler: &mut sampler,
+                workers: &workers,
+                writer: &mut writer,
+                summary: &mut summary,
+                total: &mut total,
+                first_open_start: &mut first_open_start,
+                last_open_end: &mut last_open_end,
+                last_host: &mut last_host,
+            },
+        )?;
+        if start > last_flushed {
+            last_flushed = start;
+            out.line(&progress_line(&merged, start_unix_ns, run.connections));
         }
-        let mut merged = iv;
-        merge_into(&mut merged, &sup);
-        if merged.counters.get("connect.ok").copied().unwrap_or(0) > 0 {
-            first_open_start.get_or_insert(start);
-            last_open_end = start + length_ns;
-        }
-        merge_into(&mut total, &merged);
     }
     out.finish();
     for w in &mut workers {
@@ -563,6 +558,48 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     }
     summary.elapsed_s = now_unix_ns().saturating_sub(start_unix_ns) as f64 / 1e9;
     Ok(summary)
+}
+
+/// Where a merged interval goes once every worker has reported it.
+struct Absorb<'a> {
+    host: &'a str,
+    length_ns: u64,
+    stats: &'a Rc<RefCell<PubStats>>,
+    sampler: &'a mut Sampler,
+    workers: &'a [Worker],
+    writer: &'a mut Option<Writer>,
+    summary: &'a mut Summary,
+    total: &'a mut Interval,
+    first_open_start: &'a mut Option<u64>,
+    last_open_end: &'a mut u64,
+    last_host: &'a mut Option<HostSample>,
+}
+
+/// Adds the supervisor's record (publisher counts, host sample) to the
+/// workers' merged interval, writes it, and folds it into the run's totals.
+fn absorb(iv: Interval, a: &mut Absorb<'_>) -> io::Result<Interval> {
+    let start = iv.start_ns;
+    let sup = supervisor_interval(a.host, start, a.length_ns, a.stats, a.sampler, a.workers);
+    if let Some(w) = a.writer.as_mut() {
+        w.write_interval(&sup).map_err(io::Error::other)?;
+    }
+    if let Some(h) = &sup.host {
+        for (k, v) in &h.rss_bytes {
+            let e = a.summary.peak_rss_bytes.entry(k.clone()).or_insert(0);
+            *e = (*e).max(*v);
+        }
+        *a.last_host = Some(h.clone());
+    }
+    let mut merged = iv;
+    merge_into(&mut merged, &sup);
+    if merged.counters.get("connect.ok").copied().unwrap_or(0) > 0 {
+        a.first_open_start.get_or_insert(start);
+        *a.last_open_end = start + a.length_ns;
+    }
+    let open_now = merged.gauges.get("connections.open").copied().unwrap_or(0);
+    a.summary.peak_open = a.summary.peak_open.max(open_now);
+    merge_into(a.total, &merged);
+    Ok(merged)
 }
 
 /// The supervisor's own record for one interval: publisher counts and the host sample.

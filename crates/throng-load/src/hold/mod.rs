@@ -2,11 +2,12 @@
 //! the open-model schedule, holds them, checks every message that arrives,
 //! and closes them cleanly when told to stop.
 //!
-//! A worker is one single-threaded tokio runtime with one task per
-//! connection. While a connection is idle its task waits on readiness
-//! (`readable()`) and owns nothing but the socket, a frame decoder with no
-//! buffer, the last sequence number seen and the time it opened: no read or
-//! write buffer and no timer. Reads go into one scratch buffer per worker;
+//! A worker is one single-threaded tokio runtime. Each connection is opened
+//! by its own task (connect, upgrade, their timeouts); once upgraded it is
+//! handed to the worker's readiness loop ([`held`]) and its task ends. While
+//! a connection is idle it owns nothing but the socket, a frame decoder with
+//! no buffer, the last sequence number seen and the time it opened: no read
+//! or write buffer and no timer. Reads go into one scratch buffer per worker;
 //! only a frame split across reads leaves a small owned remainder behind.
 //!
 //! The worker talks to its supervisor over stdio. Its stdin carries the
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use throng_proto::http;
-use throng_proto::ws::{self, Decoder, Frame, Role};
+use throng_proto::ws;
 use throng_report::format::{Event, encode_event, encode_interval};
 use throng_report::interval::Interval;
 use tokio::io::AsyncWriteExt as _;
@@ -34,8 +35,11 @@ use tokio::sync::Notify;
 use crate::message;
 use crate::pacer::{Pacer, RateSpec};
 use crate::plan::assign;
-use crate::recorder::{Closed, ConnectError, HoldRecorder};
+use crate::recorder::{ConnectError, HoldRecorder};
 use crate::target::WsTarget;
+use held::Holder;
+
+mod held;
 
 /// Timeouts and limits of held connections; every one is printed at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,8 +139,10 @@ struct Ctx {
     final_seq: Cell<u64>,
     /// When the first message was published (0: not yet).
     first_publish_ns: Cell<u64>,
-    /// Connection tasks still running.
+    /// Connection tasks still running plus connections held.
     live: Cell<u64>,
+    /// The readiness loop holding upgraded connections.
+    holder: Holder,
     /// Wakes the main task when `live` drops to zero.
     idle: Notify,
     /// One log line per error kind, so a failing run does not flood stdout.
@@ -231,6 +237,7 @@ async fn worker(
         live: Cell::new(1), // the opener itself, so `idle` waits for the schedule to end
         idle: Notify::new(),
         logged: Cell::new(0),
+        holder: Holder::new()?,
         out: RefCell::new(out),
         plan,
     });
@@ -275,6 +282,14 @@ async fn worker(
                         control_ctx.final_seq.set(seq);
                         control_ctx.stopping.set(true);
                         control_ctx.stop.notify_waiters();
+                        control_ctx.holder.close_all(&control_ctx);
+                        let wait =
+                            Duration::from_millis(control_ctx.plan.settings.close_timeout_ms);
+                        let expire_ctx = control_ctx.clone();
+                        tokio::task::spawn_local(async move {
+                            tokio::time::sleep(wait).await;
+                            expire_ctx.holder.expire(&expire_ctx);
+                        });
                     }
                 }
             }
@@ -293,11 +308,14 @@ async fn worker(
 
     tokio::task::spawn_local(open_all(ctx.clone(), pacer, start));
     let ticker = tokio::task::spawn_local(tick(ctx.clone()));
+    let loop_ctx = ctx.clone();
+    let holder = tokio::task::spawn_local(async move { loop_ctx.holder.run(&loop_ctx).await });
 
     while ctx.live.get() > 0 {
         ctx.idle.notified().await;
     }
     ticker.abort();
+    holder.abort();
     let length = settings.interval_ns.max(1);
     let start_ns = now_unix_ns() / length * length;
     let iv = ctx.rec.borrow_mut().take(start_ns);
@@ -359,19 +377,26 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
     );
     let source = plan.sources.get(s).copied();
     let port = plan.target.port(p);
-    // Boxed so the handshake's buffers and futures are freed once it is done
-    // and do not widen the task of every idle connection.
-    let opened = Box::pin(open(&ctx, source, port)).await;
+    let opened = if ctx.stopping.get() {
+        None
+    } else {
+        let stop = ctx.stop.notified();
+        tokio::select! {
+            biased;
+            () = stop => None,
+            r = open(&ctx, source, port) => Some(r),
+        }
+    };
     match opened {
-        Ok((stream, rest)) => {
+        Some(Ok((stream, rest))) => {
             let now = Instant::now();
             ctx.rec
                 .borrow_mut()
                 .opened(us(now - intended), us(now - started));
-            let how = hold(&ctx, stream, rest).await;
-            ctx.rec.borrow_mut().closed(how);
+            ctx.holder.adopt(&ctx, stream, rest);
         }
-        Err((kind, detail)) => ctx.fail(kind, || detail),
+        Some(Err((kind, detail))) => ctx.fail(kind, || detail),
+        None => ctx.rec.borrow_mut().abandoned(),
     }
     ctx.task_done();
 }
@@ -518,173 +543,6 @@ async fn upgrade(
     }
 }
 
-/// What a held connection keeps while idle.
-struct Conn {
-    decoder: Decoder,
-    /// Bytes of a frame that arrived split; empty (no allocation) otherwise.
-    rest: Vec<u8>,
-    /// The last sequence number received; 0 before the first.
-    last_seq: u64,
-    /// When the handshake completed, ns since the Unix epoch.
-    opened_ns: u64,
-}
-
-/// What reading found, besides messages (which are recorded as they come).
-enum Seen {
-    /// Nothing more to read now.
-    Drained,
-    /// The server sent a close frame.
-    Close(Option<u16>),
-    /// The server closed TCP.
-    Eof,
-    /// A read failed.
-    Reset,
-    /// The server broke the protocol; answered with a close carrying this code.
-    Protocol,
-}
-
-/// Holds an open connection until the server closes it or the run stops.
-async fn hold(ctx: &Ctx, stream: TcpStream, rest: Vec<u8>) -> Closed {
-    let mut conn = Conn {
-        decoder: Decoder::new(Role::Client, ctx.plan.settings.max_message),
-        rest,
-        last_seq: 0,
-        opened_ns: now_unix_ns(),
-    };
-    let mut reply = Vec::new();
-    if !conn.rest.is_empty() {
-        let mut first = std::mem::take(&mut conn.rest);
-        let seen = process(ctx, &mut conn, &mut first, &mut reply);
-        if let Some(how) = after_read(&stream, seen, &mut reply).await {
-            return how;
-        }
-    }
-    loop {
-        if ctx.stopping.get() {
-            return close(ctx, &stream, &mut conn).await;
-        }
-        let stop = ctx.stop.notified();
-        tokio::select! {
-            biased;
-            () = stop => continue,
-            r = stream.readable() => if r.is_err() { return Closed::Reset },
-        }
-        let seen = read(ctx, &stream, &mut conn, &mut reply);
-        if let Some(how) = after_read(&stream, seen, &mut reply).await {
-            return how;
-        }
-    }
-}
-
-/// Writes any reply (pongs, close answers) and turns what was seen into an ending.
-async fn after_read(stream: &TcpStream, seen: Seen, reply: &mut Vec<u8>) -> Option<Closed> {
-    if !reply.is_empty() {
-        let ok = write_all(stream, reply).await.is_ok();
-        *reply = Vec::new();
-        if !ok {
-            return Some(Closed::Reset);
-        }
-    }
-    match seen {
-        Seen::Drained => None,
-        Seen::Close(code) => Some(Closed::ByServer(code)),
-        Seen::Eof => Some(Closed::Eof),
-        Seen::Reset => Some(Closed::Reset),
-        Seen::Protocol => Some(Closed::Protocol),
-    }
-}
-
-async fn write_all(stream: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        match stream.try_write(buf) {
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Reads what is there (a bounded number of times, to stay fair to other
-/// connections) and processes it.
-fn read(ctx: &Ctx, stream: &TcpStream, conn: &mut Conn, reply: &mut Vec<u8>) -> Seen {
-    let mut scratch = ctx.scratch.borrow_mut();
-    for _ in 0..8 {
-        let n = match stream.try_read(&mut scratch) {
-            Ok(0) => return Seen::Eof,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Seen::Drained,
-            Err(_) => return Seen::Reset,
-        };
-        ctx.rec.borrow_mut().bytes_in(n);
-        let seen = if conn.rest.is_empty() {
-            process(ctx, conn, &mut scratch[..n], reply)
-        } else {
-            let mut joined = std::mem::take(&mut conn.rest);
-            joined.extend_from_slice(&scratch[..n]);
-            process(ctx, conn, &mut joined, reply)
-        };
-        if !matches!(seen, Seen::Drained) {
-            return seen;
-        }
-        if n < scratch.len() {
-            // A short read: the socket is most likely drained.
-            return Seen::Drained;
-        }
-    }
-    Seen::Drained
-}
-
-/// Decodes every whole frame in `buf`; keeps a trailing partial frame in
-/// `conn.rest` (copying only that tail when `buf` is the shared scratch).
-fn process(ctx: &Ctx, conn: &mut Conn, buf: &mut [u8], reply: &mut Vec<u8>) -> Seen {
-    let mut off = 0;
-    let now_ns = now_unix_ns();
-    let mut seen = Seen::Drained;
-    while off < buf.len() {
-        let decoded = match conn.decoder.decode(&mut buf[off..]) {
-            Ok(Some(d)) => d,
-            Ok(None) => break,
-            Err(e) => {
-                let code = e.close_code();
-                ws::encode_close(reply, code, e.label(), Some(mask()));
-                seen = Seen::Protocol;
-                off = buf.len();
-                break;
-            }
-        };
-        off += decoded.consumed;
-        match decoded.frame {
-            None | Some(Frame::Pong(_)) => {}
-            Some(Frame::Text(payload) | Frame::Binary(payload)) => {
-                on_message(ctx, &mut conn.last_seq, conn.opened_ns, payload, now_ns);
-            }
-            Some(Frame::Ping(payload)) => {
-                ws::encode_into(reply, true, ws::OpCode::Pong, payload, Some(mask()));
-            }
-            Some(Frame::Close { code, .. }) => {
-                ws::encode_close(
-                    reply,
-                    code.unwrap_or(ws::close_code::NORMAL),
-                    "",
-                    Some(mask()),
-                );
-                seen = Seen::Close(code);
-                off = buf.len();
-                break;
-            }
-        }
-    }
-    conn.decoder.release();
-    let tail = &buf[off..];
-    conn.rest = if tail.is_empty() {
-        Vec::new()
-    } else {
-        tail.to_vec()
-    };
-    seen
-}
-
 /// Checks one message's sequence number and records its delivery latency.
 fn on_message(ctx: &Ctx, last_seq: &mut u64, opened_ns: u64, payload: &[u8], now_ns: u64) {
     let mut rec = ctx.rec.borrow_mut();
@@ -712,48 +570,4 @@ fn on_message(ctx: &Ctx, last_seq: &mut u64, opened_ns: u64, payload: &[u8], now
     } else {
         rec.out_of_order();
     }
-}
-
-/// Ends a connection at the end of the run: our close frame, then the
-/// server's close (or EOF) within the close timeout; then counts the
-/// messages published after the last one this connection received.
-async fn close(ctx: &Ctx, stream: &TcpStream, conn: &mut Conn) -> Closed {
-    let mut frame = Vec::with_capacity(8);
-    ws::encode_close(&mut frame, ws::close_code::NORMAL, "", Some(mask()));
-    let how = if write_all(stream, &frame).await.is_err() {
-        Closed::Reset
-    } else {
-        let wait = Duration::from_millis(ctx.plan.settings.close_timeout_ms);
-        let answer = tokio::time::timeout(wait, async {
-            let mut reply = Vec::new();
-            loop {
-                if stream.readable().await.is_err() {
-                    return Closed::Reset;
-                }
-                // Replies (pongs, our echo of its close) are not sent: our close is out.
-                reply.clear();
-                match read(ctx, stream, conn, &mut reply) {
-                    Seen::Drained => {}
-                    Seen::Close(_) => return Closed::Clean,
-                    Seen::Eof => return Closed::Eof,
-                    Seen::Reset => return Closed::Reset,
-                    Seen::Protocol => return Closed::Protocol,
-                }
-            }
-        });
-        answer.await.unwrap_or(Closed::CloseTimeout)
-    };
-    let final_seq = ctx.final_seq.get();
-    if final_seq > 0 {
-        let mut rec = ctx.rec.borrow_mut();
-        if conn.last_seq > 0 && conn.last_seq < final_seq {
-            rec.lost(final_seq - conn.last_seq);
-        } else if conn.last_seq == 0 {
-            let first_publish = ctx.first_publish_ns.get();
-            if first_publish != 0 && conn.opened_ns < first_publish {
-                rec.lost(final_seq);
-            }
-        }
-    }
-    how
 }
