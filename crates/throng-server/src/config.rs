@@ -41,6 +41,12 @@ pub struct Config {
     /// Enables `POST /bench/floor/<channel>`: a bare `write(2)` loop over the
     /// channel's subscribers, the floor the benchmark compares fan-out with.
     pub bench_floor: bool,
+    /// `/ping`: a request not answered in full within this is cut off.
+    pub request_timeout: Duration,
+    /// `/ping`: the largest `sleep` header accepted (400 above it).
+    pub max_sleep: Duration,
+    /// `/ping`: the largest `times` header accepted (400 above it).
+    pub max_times: u64,
 }
 
 impl Default for Config {
@@ -57,6 +63,9 @@ impl Default for Config {
             drain_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             bench_floor: false,
+            request_timeout: Duration::from_secs(3600),
+            max_sleep: Duration::from_secs(3600),
+            max_times: 1000,
         }
     }
 }
@@ -169,10 +178,21 @@ impl fmt::Display for Config {
         writeln!(f, "  max-queue        {}", fmt_size(self.max_queue))?;
         writeln!(f, "  write-timeout    {}", fmt_duration(self.write_timeout))?;
         writeln!(f, "  drain-timeout    {}", fmt_duration(self.drain_timeout))?;
-        write!(
+        writeln!(
             f,
             "  handshake-timeout {}",
             fmt_duration(self.handshake_timeout)
+        )?;
+        writeln!(
+            f,
+            "  request-timeout  {} (/ping)",
+            fmt_duration(self.request_timeout)
+        )?;
+        write!(
+            f,
+            "  max-sleep        {}, max-times {} (/ping)",
+            fmt_duration(self.max_sleep),
+            self.max_times
         )
     }
 }

@@ -18,6 +18,8 @@ Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>   -> {\"channel\"
             text frame when the body is UTF-8 (or Content-Type text/*, */json), binary otherwise
             (or Content-Type: application/octet-stream)
 Observe:    GET /metrics (Prometheus text), GET /healthz
+Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random 0..S ms first,
+            'times: T' then sends T more pongs (chunked), each after such a wait
 
 Close codes sent: 1000 echo of the client's close, 1001 shutdown, 1002 protocol error,
 1007 invalid UTF-8, 1008 idle timeout or slow consumer (queue over --max-queue or no write
@@ -70,6 +72,18 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
 
+    /// /ping: cut off a request not answered in full within this (sleep and times included).
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    request_timeout: Duration,
+
+    /// /ping: the largest `sleep` header accepted (400 above it).
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    max_sleep: Duration,
+
+    /// /ping: the largest `times` header accepted (400 above it).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    max_times: u64,
+
     /// Print the start line as JSON only (for scripts).
     #[arg(long)]
     json: bool,
@@ -101,6 +115,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         drain_timeout: args.drain_timeout,
         handshake_timeout: args.handshake_timeout,
         bench_floor: args.bench_floor,
+        request_timeout: args.request_timeout,
+        max_sleep: args.max_sleep,
+        max_times: args.max_times,
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
