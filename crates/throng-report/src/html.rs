@@ -70,7 +70,7 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#22
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}
 td,th{padding:3px 9px;border-bottom:1px solid #ddd;text-align:right}
-td:first-child,th:first-child{text-align:left}
+td:first-child,th:first-child,td.l,th.l{text-align:left}
 .warn{color:#a00}.muted{color:#777;font-size:13px}
 svg.plot{display:block;margin:14px 0;background:#fff;border:1px solid #eee}
 svg text{font-size:11px;fill:#444}svg .title{font-size:13px;font-weight:bold;fill:#222}
@@ -88,11 +88,11 @@ fn summary(o: &mut String, r: &Report) {
         r.duration_s
     );
     if !r.files.is_empty() {
-        o.push_str("<table><tr><th>file</th><th>host</th><th>started</th><th>records</th><th>command</th></tr>\n");
+        o.push_str("<table><tr><th>file</th><th class=\"l\">host</th><th class=\"l\">started</th><th>records</th><th class=\"l\">command</th></tr>\n");
         for f in &r.files {
             let _ = writeln!(
                 o,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td class=\"l\">{}</td></tr>",
                 esc(&f.path),
                 esc(&f.host),
                 esc(&f.started),
@@ -170,11 +170,11 @@ fn summary(o: &mut String, r: &Report) {
         );
     }
     if !r.event_kinds.is_empty() {
-        o.push_str("<h2>Events</h2>\n<table><tr><th>t</th><th>source</th><th>kind</th><th>text</th></tr>\n");
+        o.push_str("<h2>Events</h2>\n<table><tr><th>t</th><th class=\"l\">source</th><th class=\"l\">kind</th><th class=\"l\">text</th></tr>\n");
         for e in r.events.iter().take(200) {
             let _ = writeln!(
                 o,
-                "<tr><td>+{:.1}s</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>+{:.1}s</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
                 e.at_ns.saturating_sub(r.start_ns) as f64 / 1e9,
                 esc(&e.source),
                 esc(&e.kind),
@@ -249,26 +249,39 @@ fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
             0.0
         }
     };
-    let throughput: Vec<Line> = r
-        .counters
-        .iter()
-        .filter(|(k, c)| c.total > 0 && !is_error(k))
-        .map(|(k, _)| {
-            line(
-                k,
-                series
-                    .iter()
-                    .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
-                    .collect(),
-            )
-        })
-        .collect();
+    let rate_lines = |bytes_counters: bool| -> Vec<Line> {
+        r.counters
+            .iter()
+            .filter(|(k, c)| {
+                c.total > 0 && !is_error(k) && k.starts_with("bytes") == bytes_counters
+            })
+            .map(|(k, _)| {
+                line(
+                    k,
+                    series
+                        .iter()
+                        .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    let throughput = rate_lines(false);
     if !throughput.is_empty() {
         plots.push(plot(
             "throughput",
             "throughput (per second)".to_owned(),
             Unit::Count,
             throughput,
+        ));
+    }
+    let byte_rates = rate_lines(true);
+    if !byte_rates.is_empty() {
+        plots.push(plot(
+            "throughput-bytes",
+            "bytes per second".to_owned(),
+            Unit::Bytes,
+            byte_rates,
         ));
     }
     if r.errors_total > 0 {

@@ -488,10 +488,13 @@ fn host_summary(merged: &Merged, points: &[Option<HostPoint>]) -> Option<HostSum
     for b in &merged.buckets {
         for (host, sample) in &b.hosts {
             for (label, rss) in &sample.rss_bytes {
-                let slot = s
-                    .rss_by_process_max
-                    .entry(format!("{host}/{label}"))
-                    .or_insert(0);
+                // Labels usually name their host already (`box1/hold-0`).
+                let key = if label.starts_with(&format!("{host}/")) {
+                    label.clone()
+                } else {
+                    format!("{host}/{label}")
+                };
+                let slot = s.rss_by_process_max.entry(key).or_insert(0);
                 *slot = (*slot).max(*rss);
             }
         }

@@ -91,28 +91,44 @@ pub fn render(r: &Report) -> String {
         );
     }
 
+    // One width for every name column, so long names do not break the tables.
+    let nw = r
+        .latency_us
+        .keys()
+        .chain(r.counters.keys())
+        .chain(r.gauges.keys())
+        .map(|k| k.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(12);
     if !r.latency_us.is_empty() {
         let _ = writeln!(o, "\nlatency");
         let _ = writeln!(
             o,
-            "  {:<12} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "  {:<nw$} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
             "", "count", "min", "mean", "stddev", "p50", "p75", "p90", "p95", "p99", "p99.9", "max"
         );
         for (name, h) in &r.latency_us {
-            let _ = writeln!(o, "  {:<12} {}", name, stats_row(h));
+            let _ = writeln!(o, "  {:<nw$} {}", name, stats_row(h));
         }
     }
 
     if !r.counters.is_empty() {
-        let _ = writeln!(o, "\ncounters{:>31} {:>12}", "total", "per second");
+        let _ = writeln!(
+            o,
+            "\n{:<w$} {:>9} {:>12}",
+            "counters",
+            "total",
+            "per second",
+            w = nw + 2
+        );
         for (name, c) in &r.counters {
-            let _ = writeln!(
-                o,
-                "  {:<30} {:>7} {:>12}",
-                name,
-                count(c.total as f64),
-                count(c.per_second)
-            );
+            let (total, rate) = if name.starts_with("bytes") {
+                (bytes(c.total as f64), format!("{}/s", bytes(c.per_second)))
+            } else {
+                (count(c.total as f64), count(c.per_second))
+            };
+            let _ = writeln!(o, "  {name:<nw$} {total:>9} {rate:>12}");
         }
     }
 
@@ -122,7 +138,7 @@ pub fn render(r: &Report) -> String {
     } else {
         let _ = writeln!(o, " ({:.3}% of all counted)", error_share(r));
         for (name, n) in r.errors.iter().filter(|(_, n)| **n > 0) {
-            let _ = writeln!(o, "  {name:<30} {n:>7}");
+            let _ = writeln!(o, "  {name:<nw$} {n:>9}");
         }
     }
     if !r.losses.is_empty() {
@@ -131,11 +147,19 @@ pub fn render(r: &Report) -> String {
     }
 
     if !r.gauges.is_empty() {
-        let _ = writeln!(o, "\ngauges{:>33} {:>9} {:>9}", "last", "max", "min");
+        let _ = writeln!(
+            o,
+            "\n{:<w$} {:>9} {:>9} {:>9}",
+            "gauges",
+            "last",
+            "max",
+            "min",
+            w = nw + 2
+        );
         for (name, g) in &r.gauges {
             let _ = writeln!(
                 o,
-                "  {:<30} {:>7} {:>9} {:>9}",
+                "  {:<nw$} {:>9} {:>9} {:>9}",
                 name,
                 count(g.last as f64),
                 count(g.max as f64),
@@ -184,7 +208,13 @@ pub fn render(r: &Report) -> String {
                 h.cpu_cores
             );
             for (p, rss) in &h.rss_by_process_max {
-                let _ = writeln!(o, "    {:<30} RSS max {}", p, bytes(*rss as f64));
+                let _ = writeln!(
+                    o,
+                    "    {:<w$} RSS max {}",
+                    p,
+                    bytes(*rss as f64),
+                    w = nw.max(24)
+                );
             }
         }
     }

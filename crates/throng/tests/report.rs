@@ -364,3 +364,135 @@ for svg in root.iter('{http://www.w3.org/2000/svg}svg'):
         );
     }
 }
+
+/// Runs `cmd`, killing it if it is not done within `secs` seconds.
+fn output_within(cmd: &mut Command, secs: u64) -> Output {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{cmd:?} did not finish within {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser"].into_iter().find(|b| {
+        Command::new(b)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// The page in a real browser (Debian's chromium, headless): every plot is
+/// in the rendered DOM, the console is silent (no errors, no failed fetches),
+/// and the screenshot holds more than a blank page's.
+#[test]
+fn html_report_renders_in_a_browser() {
+    let Some(browser) = chromium() else {
+        // The test script installs chromium; CI must have it.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is missing: apt-get install -y --no-install-recommends chromium"
+        );
+        eprintln!("skipped: no chromium here (apt-get install chromium)");
+        return;
+    };
+    let dir = TempDir::new("browser");
+    let one = dir.file("one.throng");
+    write(&one, &run());
+    let html = dir.file("out.html");
+    let out = throng(&[
+        "report",
+        "--html",
+        html.to_str().unwrap(),
+        one.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let blank = dir.file("blank.html");
+    std::fs::write(&blank, "<!DOCTYPE html><html><body></body></html>").unwrap();
+
+    let headless = |extra: &[String], page: &Path| {
+        let mut cmd = Command::new(browser);
+        cmd.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            // Console messages are logged at INFO: they show as "INFO:CONSOLE".
+            "--enable-logging=stderr",
+            "--log-level=0",
+            "--window-size=1100,2400",
+        ])
+        .arg(format!("--user-data-dir={}", dir.file("profile").display()))
+        .args(extra)
+        .arg(format!("file://{}", page.display()));
+        output_within(&mut cmd, 120)
+    };
+
+    let dom = headless(&["--dump-dom".to_owned()], &html);
+    assert!(dom.status.success(), "{}", text(&dom.stderr));
+    let dom_text = text(&dom.stdout);
+    for id in [
+        "latency-delivery",
+        "latency-connect",
+        "gauges",
+        "throughput",
+        "host-sockets",
+        "host-memory",
+    ] {
+        assert!(
+            dom_text.contains(&format!("id=\"{id}\"")),
+            "plot {id} not in the rendered DOM"
+        );
+    }
+    assert!(dom_text.matches("class=\"series\"").count() >= 20);
+    let console = |o: &Output| -> Vec<String> {
+        text(&o.stderr)
+            .lines()
+            .filter(|l| l.contains("CONSOLE"))
+            .map(str::to_owned)
+            .collect()
+    };
+    // The console check itself works: a page that logs an error is caught.
+    let control = dir.file("control.html");
+    std::fs::write(
+        &control,
+        "<!DOCTYPE html><html><body><script>console.error('control')</script></body></html>",
+    )
+    .unwrap();
+    let seen = console(&headless(&["--dump-dom".to_owned()], &control));
+    assert!(
+        seen.iter().any(|l| l.contains("control")),
+        "console messages not captured"
+    );
+    let console = console(&dom);
+    assert!(console.is_empty(), "console output: {console:?}");
+
+    let shot = |page: &Path, name: &str| {
+        let png = dir.file(name);
+        let o = headless(&[format!("--screenshot={}", png.display())], page);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let bytes = std::fs::read(&png).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+        bytes.len()
+    };
+    let page = shot(&html, "page.png");
+    let empty = shot(&blank, "blank.png");
+    assert!(
+        page > 4 * empty,
+        "the screenshot looks blank: {page} bytes against {empty} for an empty page"
+    );
+}
