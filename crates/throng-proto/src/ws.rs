@@ -1207,5 +1207,19 @@ mod tests {
         ];
         let labels: std::collections::HashSet<_> = errs.iter().map(E::label).collect();
         assert_eq!(labels.len(), errs.len());
+
+        use HandshakeError as H;
+        let errs = [
+            H::NotGet("PUT".into()),
+            H::OldHttp,
+            H::NoUpgrade,
+            H::NoConnectionUpgrade,
+            H::BadKey,
+            H::UnsupportedVersion,
+            H::NotSwitching(200),
+            H::BadAccept,
+        ];
+        let labels: std::collections::HashSet<_> = errs.iter().map(H::label).collect();
+        assert_eq!(labels.len(), errs.len());
     }
 }
