@@ -12,7 +12,9 @@ tests can check hold's error counts:
   --ports N          listen for WebSocket on N ports (consecutive when free)
 
 On start it prints one line `READY <ws_first_port> <ws_last_port> <http_port>`
-and then serves until stdin closes or it is killed.
+and then serves until stdin closes or it is killed. A line `stats` on stdin
+prints one JSON line: upgrades seen, connections opened by client address
+and by server port.
 """
 
 import argparse
@@ -28,6 +30,8 @@ from websockets.datastructures import Headers
 
 subscribers = {}
 counter = {"upgrades": 0, "opened": 0}
+by_ip = {}
+by_port = {}
 
 
 def free_consecutive_ports(n):
@@ -74,6 +78,10 @@ async def main():
     async def handler(ws):
         channel = ws.request.path.lstrip("/").split("?")[0]
         counter["opened"] += 1
+        ip = ws.remote_address[0]
+        port = ws.local_address[1]
+        by_ip[ip] = by_ip.get(ip, 0) + 1
+        by_port[port] = by_port.get(port, 0) + 1
         if args.close_every and counter["opened"] % args.close_every == 0:
             await ws.close(args.close_code, "test peer closes this one")
             return
@@ -134,7 +142,13 @@ async def main():
     print(f"READY {first} {first + args.ports - 1} {http_port}", flush=True)
 
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, sys.stdin.read)
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            break
+        if line.strip() == "stats":
+            print(json.dumps({"upgrades": counter["upgrades"], "opened": counter["opened"],
+                              "by_ip": by_ip, "by_port": {str(k): v for k, v in by_port.items()}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ use crate::plan::Fit;
 use crate::publish::Publisher;
 use crate::target::{PublishTarget, WsTarget};
 
-/// How long after the last connection is due before publishing starts, so
-/// that handshakes still in flight finish first.
-pub const PUBLISH_SETTLE: Duration = Duration::from_secs(1);
+/// How long after every connection is open (or failed) before publishing
+/// starts, so that the server has registered every subscriber.
+pub const PUBLISH_SETTLE: Duration = Duration::from_millis(500);
 /// How long after the last publish before connections are closed, so that
 /// messages in flight arrive.
 pub const DRAIN: Duration = Duration::from_secs(1);
@@ -77,7 +77,7 @@ pub struct HoldRun {
     pub fit: Fit,
     /// Timeouts and limits.
     pub settings: Settings,
-    /// How long to hold after the last connection is due (`None`: until Ctrl-C).
+    /// How long to hold once every connection is open or failed (`None`: until Ctrl-C).
     pub duration: Option<Duration>,
     /// Publishing, if any.
     pub publish: Option<PublishPlan>,
@@ -251,7 +251,8 @@ pub fn run(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Result<Sum
 async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Result<Summary> {
     let host = throng_host::sample::hostname();
     let length_ns = run.settings.interval_ns.max(1);
-    let pacer = Pacer::for_count(run.rate, run.connections)
+    // Workers build the same pacer; refuse a bad rate here, once.
+    Pacer::for_count(run.rate, run.connections)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let mut writer = match (&run.output, &run.header) {
         (Some(path), Some(header)) => Some(Writer::create(path, header).map_err(io::Error::other)?),
@@ -330,10 +331,13 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     }
     drop(tx);
 
-    let now_ns = now_unix_ns();
-    let t0 = Instant::now() + Duration::from_nanos(start_unix_ns.saturating_sub(now_ns));
-    let ramp_end = t0 + pacer.span(run.connections);
-    let hold_end = run.duration.map(|d| ramp_end + d);
+    // The hold time starts when every worker has opened (or failed) its whole
+    // share, not when the schedule says it should have: a harness or server
+    // that falls behind still gets every connection attempted and held.
+    let mut hold_end: Option<Instant> = None;
+    let mut ramps_done = 0usize;
+    let ramp_done_at: Rc<Cell<Option<Instant>>> = Rc::new(Cell::new(None));
+    let ramp_done_note = Rc::new(tokio::sync::Notify::new());
 
     // The publisher runs beside the main loop, from after the ramp to the hold's end.
     let stats = Rc::new(RefCell::new(PubStats {
@@ -353,8 +357,9 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     let publisher = run.publish.clone().map(|p| {
         tokio::task::spawn_local(publish_loop(
             p,
-            ramp_end + PUBLISH_SETTLE,
-            hold_end,
+            ramp_done_at.clone(),
+            ramp_done_note.clone(),
+            run.duration,
             stats.clone(),
             publishing_stop.clone(),
             stdins.clone(),
@@ -406,6 +411,14 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
                             }
                             if ev.kind == "worker.done" {
                                 workers[i].done = true;
+                            } else if ev.kind == "worker.ramp_done" {
+                                ramps_done += 1;
+                                if ramps_done == workers.len() {
+                                    let now = Instant::now();
+                                    ramp_done_at.set(Some(now));
+                                    ramp_done_note.notify_one();
+                                    hold_end = run.duration.map(|d| now + d);
+                                }
                             } else {
                                 out.note(&format!("{}: {}: {}", ev.source, ev.kind, ev.text));
                             }
@@ -416,6 +429,16 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
                 }
                 Some(FromWorker::Eof(i)) => {
                     open_workers -= 1;
+                    if !workers[i].done {
+                        // A worker that died never reports its ramp: do not wait for it.
+                        ramps_done += 1;
+                        if ramps_done == workers.len() && ramp_done_at.get().is_none() {
+                            let now = Instant::now();
+                            ramp_done_at.set(Some(now));
+                            ramp_done_note.notify_one();
+                            hold_end = run.duration.map(|d| now + d);
+                        }
+                    }
                     if !workers[i].done && !stopped {
                         out.note(&format!("{}: worker exited early; its connections are gone", workers[i].label));
                     }
@@ -645,12 +668,14 @@ fn supervisor_interval(
     iv
 }
 
-/// Publishes timestamped messages at `plan.rate` from `from` until `until`
-/// (or until stopped), over one connection, one call at a time.
+/// Publishes timestamped messages at `plan.rate`, from [`PUBLISH_SETTLE`]
+/// after every worker has opened its share until the hold ends (or the run
+/// is stopped), over one connection, one call at a time.
 async fn publish_loop(
     plan: PublishPlan,
-    from: Instant,
-    until: Option<Instant>,
+    ramp_done_at: Rc<Cell<Option<Instant>>>,
+    ramp_done: Rc<tokio::sync::Notify>,
+    hold: Option<Duration>,
     stats: Rc<RefCell<PubStats>>,
     stop: Rc<Cell<bool>>,
     stdins: Rc<RefCell<Vec<Option<ChildStdin>>>>,
@@ -658,7 +683,14 @@ async fn publish_loop(
     let Ok(pacer) = Pacer::constant(plan.rate) else {
         return;
     };
-    tokio::time::sleep_until(from.into()).await;
+    while ramp_done_at.get().is_none() {
+        ramp_done.notified().await;
+    }
+    let Some(ramp_end) = ramp_done_at.get() else {
+        return;
+    };
+    let until = hold.map(|d| ramp_end + d);
+    tokio::time::sleep_until((ramp_end + PUBLISH_SETTLE).into()).await;
     if stop.get() {
         return;
     }

@@ -15,7 +15,9 @@
 //! `publishing <first_publish_unix_ns>` before the first message is
 //! published, and `stop <final_seq>` at the end (end of input also stops).
 //! Its stdout carries result-file records (`throng-report` format): one
-//! interval per second, events for errors, and a `worker.done` event last.
+//! interval per second, events for errors, a `worker.ramp_done` event once
+//! every connection of its share is open or has failed, and a `worker.done`
+//! event last.
 
 use std::cell::{Cell, RefCell};
 use std::io::{self, BufRead, Write};
@@ -141,6 +143,8 @@ struct Ctx {
     first_publish_ns: Cell<u64>,
     /// Connection tasks still running plus connections held.
     live: Cell<u64>,
+    /// Connections being opened, plus 1 while the schedule still runs.
+    opening: Cell<u64>,
     /// The readiness loop holding upgraded connections.
     holder: Holder,
     /// Wakes the main task when `live` drops to zero.
@@ -179,6 +183,19 @@ impl Ctx {
             self.event(
                 "connect.error",
                 format!("{} (first of its kind): {}", kind.label(), detail()),
+            );
+        }
+    }
+
+    /// One connection attempt (or the schedule itself) is over; when all
+    /// are, tell the supervisor, which starts the hold time and publishing then.
+    fn opening_done(&self) {
+        let left = self.opening.get() - 1;
+        self.opening.set(left);
+        if left == 0 {
+            self.event(
+                "worker.ramp_done",
+                format!("{} connections attempted", self.plan.share()),
             );
         }
     }
@@ -235,6 +252,7 @@ async fn worker(
         final_seq: Cell::new(0),
         first_publish_ns: Cell::new(0),
         live: Cell::new(1), // the opener itself, so `idle` waits for the schedule to end
+        opening: Cell::new(1),
         idle: Notify::new(),
         logged: Cell::new(0),
         holder: Holder::new()?,
@@ -359,9 +377,11 @@ async fn open_all(ctx: Rc<Ctx>, pacer: Pacer, start: Instant) {
         }
         ctx.rec.borrow_mut().started(us(now - intended));
         ctx.live.set(ctx.live.get() + 1);
+        ctx.opening.set(ctx.opening.get() + 1);
         tokio::task::spawn_local(connection(ctx.clone(), i, intended));
         i += step;
     }
+    ctx.opening_done();
     ctx.task_done();
 }
 
@@ -398,6 +418,7 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
         Some(Err((kind, detail))) => ctx.fail(kind, || detail),
         None => ctx.rec.borrow_mut().abandoned(),
     }
+    ctx.opening_done();
     ctx.task_done();
 }
 

@@ -42,7 +42,7 @@ pub(crate) struct Args {
     #[arg(short, long, default_value = "1000/s")]
     rate: String,
 
-    /// How long to hold after the last connection is due (30s, 5m); default: until Ctrl-C.
+    /// How long to hold once every connection is open or failed (30s, 5m); default: until Ctrl-C.
     #[arg(short, long)]
     duration: Option<String>,
 
@@ -184,7 +184,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         "  connections {}  rate {rate}  hold {}",
         args.connections,
         match duration {
-            Some(d) => format!("{d:?} after the last connection is due"),
+            Some(d) => format!("{d:?} once every connection is open or failed"),
             None => "until Ctrl-C".to_owned(),
         }
     ));
@@ -216,11 +216,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             PublishTarget::Http { .. } => String::new(),
         };
         say(format!(
-            "  publish {}{via} at {}/s, {} bytes per message, from {} s after the last connection is due; timeout {} s",
+            "  publish {}{via} at {}/s, {} bytes per message, from {} ms after every connection is open; timeout {} s",
             p.target,
             p.rate,
             p.message_size,
-            supervisor::PUBLISH_SETTLE.as_secs(),
+            supervisor::PUBLISH_SETTLE.as_millis(),
             supervisor::PUBLISH_TIMEOUT.as_secs()
         ));
     }

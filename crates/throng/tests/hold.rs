@@ -1,0 +1,333 @@
+//! `throng hold` end to end: real worker processes, real sockets on
+//! loopback, against independent peers (Python `websockets`, Node `ws`),
+//! against `throng serve`, and against listeners that misbehave on purpose.
+//! Every run is bounded (a few thousand connections, seconds) and uses free
+//! ports only.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+#[path = "support/serve.rs"]
+mod serve_support;
+
+fn peers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers")
+}
+
+/// An independent peer server (`hold_server.py` or `hold_server.js`); killed on drop.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    ws_ports: (u16, u16),
+    http_port: u16,
+}
+
+impl Peer {
+    fn start(program: &str, script: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(program)
+            .arg(peers_dir().join(script))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {program} {script}: {e}"));
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words.first(), Some(&"READY"), "peer said {line:?}");
+        Self {
+            ws_ports: (words[1].parse().unwrap(), words[2].parse().unwrap()),
+            http_port: words[3].parse().unwrap(),
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn python(args: &[&str]) -> Self {
+        Self::start("python3", "hold_server.py", args)
+    }
+
+    fn node(args: &[&str]) -> Self {
+        Self::start("node", "hold_server.js", args)
+    }
+
+    fn ws_url(&self) -> String {
+        let (a, b) = self.ws_ports;
+        if a == b {
+            format!("ws://127.0.0.1:{a}/chan")
+        } else {
+            format!("ws://127.0.0.1:{a}-{b}/chan")
+        }
+    }
+
+    fn publish_url(&self) -> String {
+        format!("http://127.0.0.1:{}/publish/chan", self.http_port)
+    }
+
+    /// The Python peer's connection counts (by client address and server port).
+    fn stats(&mut self) -> Value {
+        writeln!(self.stdin, "stats").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `throng hold --json` with `args`; returns the summary, the exit
+/// status and stderr.
+fn hold(args: &[&str]) -> (Value, std::process::ExitStatus, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+        .arg("hold")
+        .args(args)
+        .args(["--json", "--quiet"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run throng hold");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (summary, out.status, stderr)
+}
+
+fn count(v: &Value, path: &[&str]) -> u64 {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_u64().unwrap_or(0)
+}
+
+fn temp_file(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("throng-hold-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The acceptance case: many source addresses, two ports, two worker
+/// processes, messages published over HTTP; every subscriber gets every
+/// message, once, in order; the result file holds both workers' intervals.
+#[test]
+fn python_peer_receives_every_message_from_spread_connections() {
+    let mut peer = Peer::python(&["--ports", "2"]);
+    let output = temp_file("python.jsonl");
+    let (s, status, stderr) = hold(&[
+        &peer.ws_url(),
+        "--connections",
+        "1200",
+        "--rate",
+        "1500/s",
+        "--workers",
+        "2",
+        "--source-ips",
+        "127.0.0.2-127.0.0.4",
+        "--duration",
+        "3s",
+        "--publish",
+        &peer.publish_url(),
+        "--publish-rate",
+        "4/s",
+        "--message-size",
+        "200",
+        "--output",
+        output.to_str().unwrap(),
+    ]);
+    assert!(status.success(), "hold failed: {stderr}");
+    assert_eq!(count(&s, &["opened"]), 1200, "{s:#}\n{stderr}");
+    assert_eq!(s["failed"], serde_json::json!({}), "{s:#}");
+    assert_eq!(count(&s, &["workers"]), 2);
+    let published = count(&s, &["published"]);
+    assert!(published >= 4, "published {published}: {s:#}");
+    assert_eq!(count(&s, &["received"]), published * 1200, "{s:#}");
+    assert_eq!(count(&s, &["lost"]), 0, "{s:#}");
+    assert_eq!(count(&s, &["duplicated"]), 0);
+    assert_eq!(count(&s, &["out_of_order"]), 0);
+    assert_eq!(count(&s, &["delivery_us", "count"]), published * 1200);
+    assert!(count(&s, &["delivery_us", "p50"]) > 0);
+    assert!(count(&s, &["bytes_in"]) >= published * 1200 * 200);
+    assert_eq!(count(&s, &["closed", "clean"]), 1200, "{s:#}");
+
+    // The peer saw 400 connections from each source address, 600 on each port.
+    let stats = peer.stats();
+    let by_ip = stats["by_ip"].as_object().unwrap();
+    assert_eq!(by_ip.len(), 3, "{stats}");
+    assert!(by_ip.values().all(|v| v.as_u64() == Some(400)), "{stats}");
+    let by_port = stats["by_port"].as_object().unwrap();
+    assert_eq!(by_port.len(), 2, "{stats}");
+    assert!(by_port.values().all(|v| v.as_u64() == Some(600)), "{stats}");
+
+    // The result file: both workers' intervals, the supervisor's host samples,
+    // and counters that add up to the summary.
+    let text = std::fs::read_to_string(&output).unwrap();
+    let mut sources = std::collections::BTreeSet::new();
+    let mut opened = 0;
+    let mut hosts = 0;
+    for line in text.lines().skip(1) {
+        if let throng_report::format::Record::Interval(iv) =
+            throng_report::format::decode_record(line).unwrap()
+        {
+            opened += iv.counters.get("connect.ok").copied().unwrap_or(0);
+            hosts += usize::from(iv.host.as_ref().is_some_and(|h| h.rss_bytes.len() == 3));
+            sources.insert(iv.source);
+        }
+    }
+    assert_eq!(opened, 1200);
+    assert_eq!(sources.len(), 3, "{sources:?}");
+    assert!(hosts > 0, "no host sample with three processes' RSS");
+}
+
+/// A server that refuses some upgrades and closes some connections: each
+/// shows up under its own count.
+#[test]
+fn refusals_and_server_closes_are_counted_by_kind() {
+    let peer = Peer::node(&[
+        "--refuse-every",
+        "5",
+        "--close-every",
+        "7",
+        "--close-code",
+        "4001",
+    ]);
+    let (s, status, stderr) = hold(&[
+        &peer.ws_url(),
+        "-c",
+        "700",
+        "--rate",
+        "2000/s",
+        "-w",
+        "2",
+        "--duration",
+        "1s",
+    ]);
+    assert!(status.success(), "{stderr}");
+    // Every 5th upgrade answered 503: 140. Of the 560 upgraded, every 7th closed with 4001: 80.
+    assert_eq!(count(&s, &["failed", "bad_status"]), 140, "{s:#}");
+    assert_eq!(count(&s, &["opened"]), 560, "{s:#}");
+    assert_eq!(count(&s, &["closed", "server.4001"]), 80, "{s:#}");
+    assert_eq!(count(&s, &["closed", "clean"]), 480, "{s:#}");
+    assert!(
+        stderr.contains("bad_status"),
+        "the first error of a kind is shown: {stderr}"
+    );
+}
+
+/// Nothing listening: every connection is refused.
+#[test]
+fn connection_refused_is_counted() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (s, status, stderr) = hold(&[
+        &format!("ws://127.0.0.1:{port}/c"),
+        "-c",
+        "50",
+        "--rate",
+        "1000/s",
+        "--duration",
+        "0s",
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(count(&s, &["failed", "refused"]), 50, "{s:#}");
+    assert_eq!(count(&s, &["opened"]), 0);
+}
+
+/// A server that accepts TCP and never answers the upgrade: handshake timeouts.
+#[test]
+fn silent_server_times_out_the_handshake() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            held.push(s);
+            if held.len() >= 40 {
+                std::thread::sleep(Duration::from_secs(5));
+                return;
+            }
+        }
+    });
+    let (s, status, stderr) = hold(&[
+        &format!("ws://{addr}/c"),
+        "-c",
+        "40",
+        "--rate",
+        "1000/s",
+        "--handshake-timeout",
+        "300ms",
+        "--duration",
+        "1s",
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(count(&s, &["failed", "timeout"]), 40, "{s:#}");
+}
+
+/// A plan that cannot fit is refused before any socket is opened, with the fix.
+#[test]
+fn refuses_a_plan_that_cannot_fit() {
+    let (_, status, stderr) = hold(&["ws://127.0.0.1:9/c", "-c", "100000", "--workers", "2"]);
+    assert!(!status.success());
+    assert!(stderr.contains("--workers 6"), "{stderr}");
+    let (_, status, stderr) = hold(&[
+        "ws://127.0.0.1:9/c",
+        "-c",
+        "60000",
+        "--source-ips",
+        "127.0.0.2",
+        "--workers",
+        "4",
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("fix:") && stderr.contains("--source-ips"),
+        "{stderr}"
+    );
+    let (_, status, stderr) = hold(&["http://127.0.0.1:9/c"]);
+    assert!(!status.success());
+    assert!(stderr.contains("ws://"), "{stderr}");
+}
+
+/// Against `throng serve` with two workers: the same guarantees.
+#[test]
+fn throng_serve_delivers_every_message() {
+    let server = serve_support::Server::start(&["--workers", "2"]);
+    let (s, status, stderr) = hold(&[
+        &format!("ws://{}/news", server.addr),
+        "-c",
+        "2000",
+        "--rate",
+        "4000/s",
+        "-w",
+        "2",
+        "--duration",
+        "3s",
+        "--publish",
+        &format!("http://{}/publish/news", server.addr),
+        "--publish-rate",
+        "5/s",
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(count(&s, &["opened"]), 2000, "{s:#}\n{stderr}");
+    let published = count(&s, &["published"]);
+    assert!(published >= 5, "{s:#}");
+    assert_eq!(count(&s, &["received"]), published * 2000, "{s:#}");
+    assert_eq!(count(&s, &["lost"]), 0, "{s:#}");
+    assert_eq!(count(&s, &["delivery_us", "count"]), published * 2000);
+    assert_eq!(count(&s, &["closed", "clean"]), 2000, "{s:#}");
+}
