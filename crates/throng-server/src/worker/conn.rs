@@ -1,27 +1,29 @@
-//! One subscriber connection and everything that happens on it after the
-//! upgrade: reading (control frames only), sending with a queue only when the
-//! socket is full, and closing.
+//! One subscriber connection after the upgrade: reading (control frames
+//! only), sending with a queue only when the socket is full, and closing.
 //!
-//! An idle subscriber is a [`Conn`] (a socket, a few integers, a decoder of a
-//! few words, two empty `Option<Box<_>>`s) and one small task parked on read
-//! readiness. Bytes are read into the worker's one scratch buffer; a
-//! connection keeps a remainder only when a frame arrived split.
+//! An idle subscriber is one [`Conn`] (a socket, a few integers, a decoder of
+//! a few words, two empty `Option<Box<_>>`s) in the worker's tables and its
+//! socket in the worker's epoll ([`super::poll`]): no task, no buffer, no
+//! timer. Bytes are read into the worker's one scratch buffer; a connection
+//! keeps a remainder only when a frame arrived split.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::future::poll_fn;
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use bytes::Bytes;
 use throng_proto::ws::{self, Decoder, Frame, OpCode, close_code};
-use tokio::net::TcpStream;
 
 use super::Worker;
 use super::table::NONE;
 use crate::metrics::CloseReason;
 use crate::sys;
+
+/// How long a closing handshake may take before the socket is closed.
+pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,13 +35,17 @@ pub(crate) enum State {
     /// The client broke the protocol: we sent a close frame and discard
     /// whatever else it sends until it closes (or the deadline).
     Failed,
-    /// Shut down; the task drops the socket when it next wakes.
+    /// The close handshake is complete; the socket closes once the queue
+    /// (ending with our close reply) is written.
+    Finishing,
+    /// Out of every table; the socket closes with the last reference.
     Gone,
 }
 
 /// One subscriber.
 pub(crate) struct Conn {
-    pub(crate) stream: TcpStream,
+    /// Non-blocking, registered in the worker's epoll under `slot`.
+    sock: TcpStream,
     /// Index in the worker's slab, or [`NONE`].
     pub(crate) slot: Cell<u32>,
     /// Channel id in the worker's channel table.
@@ -49,6 +55,8 @@ pub(crate) struct Conn {
     /// Worker tick at which the client was last heard from.
     pub(crate) last_seen: Cell<u32>,
     pub(crate) state: Cell<State>,
+    /// Whether it is in the worker's `queued` list.
+    pub(crate) listed: Cell<bool>,
     /// Bytes of a frame that arrived split; `None` almost always.
     rest: RefCell<Option<Box<[u8]>>>,
     /// Frames the socket would not take yet; `None` unless the client is behind.
@@ -63,6 +71,8 @@ struct Queue {
     frames: VecDeque<Bytes>,
     bytes: usize,
     partial: bool,
+    /// Tick of the last write progress (for `--write-timeout`).
+    since: u32,
 }
 
 /// Why a frame could not be handed to a connection.
@@ -72,26 +82,21 @@ pub(crate) enum SendError {
     QueueFull,
     /// The socket is broken (reset, or the peer is gone).
     Broken,
-    /// The connection is being closed or is gone.
+    /// The connection is gone.
     Closed,
 }
 
-/// What the read task does next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    Stop,
-}
-
 impl Conn {
-    pub(crate) fn new(stream: TcpStream, now: u32, rest: &[u8]) -> Self {
+    /// `sock` must be non-blocking.
+    pub(crate) fn new(sock: TcpStream, now: u32, rest: &[u8]) -> Self {
         Self {
-            stream,
+            sock,
             slot: Cell::new(NONE),
             channel: Cell::new(NONE),
             sub_pos: Cell::new(NONE),
             last_seen: Cell::new(now),
             state: Cell::new(State::Open),
+            listed: Cell::new(false),
             rest: RefCell::new((!rest.is_empty()).then(|| rest.into())),
             queue: RefCell::new(None),
             decoder: RefCell::new(Decoder::new(
@@ -109,35 +114,24 @@ impl Conn {
         self.queue.borrow().is_some()
     }
 
-    pub(crate) fn fd(&self) -> i32 {
-        self.stream.as_raw_fd()
+    pub(crate) fn has_rest(&self) -> bool {
+        self.rest.borrow().is_some()
     }
-}
 
-/// The read side of a subscriber, for its whole life: park on readiness,
-/// handle what arrived, and leave the tables when the connection ends.
-pub(crate) async fn run(w: Rc<Worker>, c: Rc<Conn>) {
-    // Bytes that came with the upgrade request are handled before waiting.
-    if c.rest.borrow().is_some() && w.on_readable(&c, false) == Flow::Stop {
-        w.forget(&c);
-        return;
+    pub(crate) fn fd(&self) -> i32 {
+        self.sock.as_raw_fd()
     }
-    while c.state.get() != State::Gone {
-        if poll_fn(|cx| c.stream.poll_read_ready(cx)).await.is_err() {
-            w.lost(&c);
-            break;
-        }
-        if w.on_readable(&c, true) == Flow::Stop {
-            break;
-        }
+
+    /// Tick of the last write progress, when a queue exists.
+    pub(crate) fn queued_since(&self) -> Option<u32> {
+        self.queue.borrow().as_ref().map(|q| q.since)
     }
-    w.forget(&c);
 }
 
 impl Worker {
     /// Hands `frame` to `c`: straight to the socket when nothing is queued,
     /// else (or for what the socket did not take) to the queue.
-    pub(crate) fn send(self: &Rc<Self>, c: &Rc<Conn>, frame: &Bytes) -> Result<(), SendError> {
+    pub(crate) fn send(&self, c: &Rc<Conn>, frame: &Bytes) -> Result<(), SendError> {
         if c.state.get() == State::Gone {
             return Err(SendError::Closed);
         }
@@ -149,7 +143,7 @@ impl Worker {
             q.frames.push_back(frame.clone());
             return Ok(());
         }
-        match c.stream.try_write(frame) {
+        match (&c.sock).write(frame) {
             Ok(n) if n == frame.len() => Ok(()),
             Ok(n) => {
                 self.start_queue(c, frame.slice(n..), n > 0);
@@ -159,22 +153,28 @@ impl Worker {
                 self.start_queue(c, frame.clone(), false);
                 Ok(())
             }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => self.send(c, frame),
             Err(_) => Err(SendError::Broken),
         }
     }
 
-    fn start_queue(self: &Rc<Self>, c: &Rc<Conn>, first: Bytes, partial: bool) {
+    fn start_queue(&self, c: &Rc<Conn>, first: Bytes, partial: bool) {
         let bytes = first.len();
-        *c.queue.borrow_mut() = Some(Box::new(Queue {
+        let q = Queue {
             frames: VecDeque::from([first]),
             bytes,
             partial,
-        }));
+            since: self.now.get(),
+        };
+        *c.queue.borrow_mut() = Some(Box::new(q));
         self.counters.queued.set(self.counters.queued.get() + 1);
-        tokio::task::spawn_local(flush(self.clone(), c.clone()));
+        if !c.listed.replace(true) {
+            self.queued.borrow_mut().push(c.clone());
+        }
+        let _ = self.poller.want_write(c.fd(), c.slot.get(), true);
     }
 
-    /// Drops `c`'s queue, counting its frames as dropped.
+    /// Drops `c`'s queue, counting its whole frames as dropped.
     fn drop_queue(&self, c: &Conn) -> Option<Box<Queue>> {
         let q = c.queue.borrow_mut().take()?;
         self.counters
@@ -188,8 +188,8 @@ impl Worker {
     }
 
     /// Starts the closing handshake: stop delivering, send a close frame with
-    /// `code`, and wait (up to a deadline kept by the sweep) for the client's.
-    pub(crate) fn close(self: &Rc<Self>, c: &Rc<Conn>, code: u16, reason: &str, why: CloseReason) {
+    /// `code`, and wait (up to [`CLOSE_GRACE`], kept by the tick) for the client's.
+    pub(crate) fn close(&self, c: &Rc<Conn>, code: u16, reason: &str, why: CloseReason) {
         if !c.is_open() {
             return;
         }
@@ -200,10 +200,10 @@ impl Worker {
         } else {
             State::Closing
         });
-        let mut out = Vec::with_capacity(2 + 2 + reason.len());
+        let mut out = Vec::with_capacity(4 + reason.len());
         ws::encode_close(&mut out, code, reason, None);
         if self.send(c, &Bytes::from(out)).is_err() {
-            self.kill(c);
+            self.finish(c);
             return;
         }
         if why == CloseReason::ProtocolError && !c.has_queue() {
@@ -215,102 +215,99 @@ impl Worker {
     }
 
     /// Closes a client that fell behind with 1008: its queued frames are
-    /// dropped, the close frame is sent if the socket takes it, and the
-    /// connection is shut down at once (a slow reader gets no grace period).
-    pub(crate) fn close_slow(self: &Rc<Self>, c: &Rc<Conn>, cause: &'static str) {
+    /// dropped, the close frame is sent if the socket takes it whole, and the
+    /// connection is closed at once (a slow reader gets no grace period).
+    pub(crate) fn close_slow(&self, c: &Rc<Conn>, cause: &'static str) {
         if !c.is_open() {
+            self.finish(c);
             return;
         }
         self.counters.closed(CloseReason::SlowConsumer);
         self.counters.slow_consumer(cause);
-        self.channels.borrow_mut().unsubscribe(c);
         let partial = self.drop_queue(c).is_some_and(|q| q.partial);
         if !partial {
-            let mut out = Vec::with_capacity(32);
             let reason = if cause == "queue" {
-                "slow consumer: queue over --max-queue"
+                "slow consumer: over --max-queue"
             } else {
                 "slow consumer: write timeout"
             };
+            let mut out = Vec::with_capacity(4 + reason.len());
             ws::encode_close(&mut out, close_code::POLICY, reason, None);
-            let _ = c.stream.try_write(&out);
+            let _ = (&c.sock).write(&out);
         }
-        self.kill(c);
+        self.finish(c);
     }
 
-    /// The socket failed under us: count the client as gone and end it.
-    pub(crate) fn lost(self: &Rc<Self>, c: &Rc<Conn>) {
+    /// The socket failed under us or the client left: count it and end it.
+    pub(crate) fn lost(&self, c: &Rc<Conn>) {
         if c.is_open() {
             self.counters.closed(CloseReason::PeerGone);
         }
-        self.kill(c);
+        self.finish(c);
     }
 
-    /// Ends a connection now: no more writes, and its task wakes to a
-    /// shut-down socket and drops it.
-    pub(crate) fn kill(&self, c: &Rc<Conn>) {
+    /// Takes `c` out of every table; its socket closes when the last
+    /// reference (perhaps a fan-out in progress) is dropped.
+    pub(crate) fn finish(&self, c: &Rc<Conn>) {
         if c.state.get() == State::Gone {
             return;
         }
+        c.state.set(State::Gone);
         self.channels.borrow_mut().unsubscribe(c);
         self.drop_queue(c);
-        c.state.set(State::Gone);
-        sys::shutdown(c.fd(), false);
-    }
-
-    /// Takes `c` out of the worker's tables when its task ends.
-    pub(crate) fn forget(&self, c: &Rc<Conn>) {
-        self.channels.borrow_mut().unsubscribe(c);
+        self.poller.remove(c.fd());
         if c.slot.get() != NONE {
             self.conns.borrow_mut().remove(c);
             self.counters
                 .open
                 .set(self.counters.open.get().saturating_sub(1));
         }
-        if c.state.get() != State::Gone && !c.has_queue() {
-            c.state.set(State::Gone);
-        }
     }
 
     /// Reads what the socket has into the scratch buffer and handles every
-    /// complete frame; keeps a split frame's bytes in `c.rest`.
-    fn on_readable(self: &Rc<Self>, c: &Rc<Conn>, read: bool) -> Flow {
+    /// complete frame; keeps a split frame's bytes in `c.rest`. With `read`
+    /// false, only handles bytes already kept (those sent with the upgrade).
+    pub(crate) fn on_readable(&self, c: &Rc<Conn>, read: bool) {
         let mut scratch = self.scratch.borrow_mut();
         let mut read = read;
         loop {
+            if c.state.get() == State::Gone {
+                return;
+            }
             let mut have = 0;
             if let Some(rest) = c.rest.borrow_mut().take() {
                 scratch[..rest.len()].copy_from_slice(&rest);
                 have = rest.len();
             }
-            let mut eof = false;
             if read {
-                match c.stream.try_read(&mut scratch[have..]) {
-                    Ok(0) => eof = true,
+                match (&c.sock).read(&mut scratch[have..]) {
+                    Ok(0) => {
+                        // The client closed (after a close handshake, or not).
+                        self.lost(c);
+                        return;
+                    }
                     Ok(n) => have += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted =>
+                    {
                         if have > 0 {
                             *c.rest.borrow_mut() = Some(scratch[..have].into());
                         }
-                        return Flow::Continue;
+                        return;
                     }
                     Err(_) => {
                         self.lost(c);
-                        return Flow::Stop;
+                        return;
                     }
                 }
             }
             let full = have == scratch.len();
-            if eof {
-                // The client closed without (or after) a close handshake.
-                self.lost(c);
-                return Flow::Stop;
-            }
             c.last_seen.set(self.now.get());
             if c.state.get() == State::Failed {
                 // Discard: the decoder is not trusted after an error.
                 if !full {
-                    return Flow::Continue;
+                    return;
                 }
                 continue;
             }
@@ -322,9 +319,9 @@ impl Worker {
                     Ok(Some(d)) => {
                         pos += d.consumed;
                         if let Some(frame) = d.frame
-                            && self.on_frame(c, frame) == Flow::Stop
+                            && !self.on_frame(c, frame)
                         {
-                            return Flow::Stop;
+                            return;
                         }
                     }
                     Err(e) => {
@@ -335,11 +332,7 @@ impl Worker {
                             &e.to_string(),
                             CloseReason::ProtocolError,
                         );
-                        return if c.state.get() == State::Gone {
-                            Flow::Stop
-                        } else {
-                            Flow::Continue
-                        };
+                        return;
                     }
                 }
             }
@@ -349,120 +342,104 @@ impl Worker {
                 *c.rest.borrow_mut() = Some(scratch[pos..have].into());
             }
             if !full {
-                return Flow::Continue;
+                return;
             }
             read = true;
         }
     }
 
-    fn on_frame(self: &Rc<Self>, c: &Rc<Conn>, frame: Frame<'_>) -> Flow {
+    /// Handles one frame from the client; false when the connection ended.
+    fn on_frame(&self, c: &Rc<Conn>, frame: Frame<'_>) -> bool {
         match frame {
             Frame::Ping(payload) => {
                 if c.is_open() {
                     let pong = ws::server_frame(OpCode::Pong, payload);
-                    if self.send(c, &pong).is_err() {
-                        self.lost(c);
-                        return Flow::Stop;
+                    if let Err(e) = self.send(c, &pong) {
+                        if e == SendError::QueueFull {
+                            self.close_slow(c, "queue");
+                        } else {
+                            self.lost(c);
+                        }
+                        return false;
                     }
                 }
-                Flow::Continue
+                true
             }
-            Frame::Pong(_) => Flow::Continue,
-            Frame::Text(_) | Frame::Binary(_) => {
-                // Subscribers have nothing to say; data is accepted and ignored
-                // (it still counts as a sign of life).
-                Flow::Continue
-            }
+            // Subscribers have nothing to say: data is accepted and ignored,
+            // and like a pong it counts as a sign of life.
+            Frame::Pong(_) | Frame::Text(_) | Frame::Binary(_) => true,
             Frame::Close { code, .. } => {
                 if c.is_open() {
                     self.counters.closed(CloseReason::PeerClose);
                     self.channels.borrow_mut().unsubscribe(c);
                     let mut out = Vec::with_capacity(4);
                     ws::encode_close(&mut out, code.unwrap_or(close_code::NORMAL), "", None);
-                    // The reply follows anything still queued; the flush task
-                    // keeps the socket alive until it is written.
+                    // The reply follows anything still queued.
                     let _ = self.send(c, &Bytes::from(out));
-                    c.state.set(State::Closing);
                 }
-                // Handshake complete (either side started it): the server
-                // closes the TCP connection first (RFC 6455 section 7.1.1).
-                if !c.has_queue() {
-                    c.state.set(State::Gone);
+                // Handshake complete (whichever side started it): the server
+                // closes the TCP connection first (RFC 6455 section 7.1.1),
+                // once the queue is written.
+                if c.has_queue() {
+                    c.state.set(State::Finishing);
+                } else {
+                    self.finish(c);
                 }
-                Flow::Stop
+                false
             }
         }
     }
-}
 
-/// How long a closing handshake may take before the socket is shut.
-pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Writes `c`'s queue out as the socket drains, several frames per `writev`.
-/// Ends when the queue is empty, or closes the client as slow when no byte
-/// could be written for `--write-timeout`.
-async fn flush(w: Rc<Worker>, c: Rc<Conn>) {
-    loop {
-        if c.state.get() == State::Gone || !c.has_queue() {
-            return;
-        }
-        match tokio::time::timeout(w.cfg.write_timeout, c.stream.writable()).await {
-            Err(_) => {
-                if c.is_open() {
-                    w.close_slow(&c, "timeout");
-                } else {
-                    w.kill(&c);
-                }
-                return;
-            }
-            Ok(Err(_)) => {
-                w.lost(&c);
-                return;
-            }
-            Ok(Ok(())) => {}
-        }
-        let written = {
-            let q = c.queue.borrow();
-            let Some(q) = q.as_ref() else { return };
-            let iov: Vec<IoSlice<'_>> = q.frames.iter().take(64).map(|b| IoSlice::new(b)).collect();
-            c.stream.try_write_vectored(&iov)
-        };
-        match written {
-            Ok(mut n) => {
-                let mut guard = c.queue.borrow_mut();
-                let Some(q) = guard.as_mut() else { return };
-                q.bytes -= n;
-                while n > 0 {
-                    let Some(front) = q.frames.front_mut() else {
-                        break;
-                    };
-                    if n >= front.len() {
-                        n -= front.len();
-                        q.frames.pop_front();
-                        q.partial = false;
-                    } else {
-                        *front = front.slice(n..);
-                        q.partial = true;
-                        n = 0;
+    /// Writes `c`'s queue as the socket drains, several frames per `writev`.
+    pub(crate) fn on_writable(&self, c: &Rc<Conn>) {
+        loop {
+            let written = {
+                let q = c.queue.borrow();
+                let Some(q) = q.as_ref() else { return };
+                let iov: Vec<IoSlice<'_>> =
+                    q.frames.iter().take(64).map(|b| IoSlice::new(b)).collect();
+                (&c.sock).write_vectored(&iov)
+            };
+            match written {
+                Ok(mut n) => {
+                    let mut guard = c.queue.borrow_mut();
+                    let Some(q) = guard.as_mut() else { return };
+                    q.bytes -= n;
+                    q.since = self.now.get();
+                    while n > 0 {
+                        let Some(front) = q.frames.front_mut() else {
+                            break;
+                        };
+                        if n >= front.len() {
+                            n -= front.len();
+                            q.frames.pop_front();
+                            q.partial = false;
+                        } else {
+                            *front = front.slice(n..);
+                            q.partial = true;
+                            n = 0;
+                        }
+                    }
+                    if q.frames.is_empty() {
+                        *guard = None;
+                        drop(guard);
+                        self.counters
+                            .queued
+                            .set(self.counters.queued.get().saturating_sub(1));
+                        if c.state.get() == State::Finishing {
+                            self.finish(c);
+                        } else {
+                            let _ = self.poller.want_write(c.fd(), c.slot.get(), false);
+                        }
+                        return;
                     }
                 }
-                if q.frames.is_empty() {
-                    *guard = None;
-                    drop(guard);
-                    w.counters
-                        .queued
-                        .set(w.counters.queued.get().saturating_sub(1));
-                    if !c.is_open() && c.slot.get() == NONE {
-                        // A close reply was the last thing queued: we are done.
-                        c.state.set(State::Gone);
-                    }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.lost(c);
                     return;
                 }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => {
-                w.lost(&c);
-                return;
             }
         }
     }

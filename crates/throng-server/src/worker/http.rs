@@ -133,6 +133,7 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                     .await
                 }
             }
+            ("GET" | "POST", "/ping") => crate::ping::serve(&w, &mut stream, &req, &mut buf).await,
             ("POST", p) if w.cfg.bench_floor && p.starts_with("/bench/floor/") => {
                 publish(&w, &mut stream, &req, &mut buf, true).await
             }
@@ -241,7 +242,12 @@ async fn upgrade(w: &Rc<Worker>, mut stream: TcpStream, req: &Request, rest: &[u
             return;
         }
     }
-    let c = Conn::new(stream, w.now.get(), rest);
+    // From here on the socket lives in the worker's own epoll, not tokio's.
+    let Ok(sock) = stream.into_std() else {
+        w.counters.handshake_failed("write_failed");
+        return;
+    };
+    let c = Conn::new(sock, w.now.get(), rest);
     w.subscribe(name, c);
 }
 
@@ -475,7 +481,7 @@ fn bench_floor(w: &Rc<Worker>, channel: &str, text: bool, payload: &[u8]) -> Str
     let wall = start.elapsed();
     for (fd, c) in &fds {
         if short.contains(fd) {
-            w.kill(c);
+            w.finish(c);
         }
     }
     serde_json::json!({

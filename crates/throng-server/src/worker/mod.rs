@@ -8,6 +8,7 @@
 
 mod conn;
 mod http;
+mod poll;
 mod table;
 
 use std::cell::{Cell, RefCell};
@@ -74,6 +75,10 @@ pub(crate) struct Worker {
     pub(crate) scratch: RefCell<Box<[u8]>>,
     /// Ticks of [`wheel::TICK`] since the worker started.
     pub(crate) now: Cell<u32>,
+    /// Subscriber sockets' readiness (one epoll for all of them).
+    pub(crate) poller: poll::Poller,
+    /// Subscribers that have a write queue (checked each tick for `--write-timeout`).
+    pub(crate) queued: RefCell<Vec<Rc<Conn>>>,
     /// Connections in a closing handshake, with the tick it started.
     pub(crate) closing: RefCell<Vec<(Rc<Conn>, u32)>>,
     pub(crate) draining: Cell<bool>,
@@ -140,6 +145,8 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         channels: RefCell::default(),
         scratch: RefCell::new(vec![0; SCRATCH].into_boxed_slice()),
         now: Cell::new(0),
+        poller: poll::Poller::new()?,
+        queued: RefCell::default(),
         closing: RefCell::default(),
         draining: Cell::new(false),
         ctl: tx,
@@ -154,6 +161,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         .map(|l| tokio::task::spawn_local(accept_loop(w.clone(), l)).abort_handle())
         .collect();
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
+    let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
     w.send_snapshot();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -176,6 +184,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     }
     w.drain(&mut rd, &mut buf).await;
     ticker.abort();
+    reactor.abort();
     Ok(())
 }
 
@@ -214,6 +223,29 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener) {
     }
 }
 
+/// Hands subscriber readiness from the worker's epoll to the connections.
+async fn reactor(w: Rc<Worker>) {
+    let mut events = Vec::with_capacity(256);
+    let mut raw = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    loop {
+        if let Err(e) = w.poller.wait(&mut events, &mut raw).await {
+            eprintln!("throng: worker {}: epoll: {e}", w.index);
+            return;
+        }
+        for ev in &events {
+            let Some(c) = w.conns.borrow().get(ev.slot as usize).cloned() else {
+                continue;
+            };
+            if ev.writable {
+                w.on_writable(&c);
+            }
+            if ev.readable {
+                w.on_readable(&c, true);
+            }
+        }
+    }
+}
+
 /// The worker's one timer: advances the clock, walks a slice of the
 /// connection table (ping, idle check), ends overdue closing handshakes,
 /// and reports counters to the supervisor.
@@ -224,6 +256,7 @@ async fn tick_loop(w: Rc<Worker>) {
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let snapshot_every = wheel::ticks(Duration::from_millis(500));
     let grace = wheel::ticks(conn::CLOSE_GRACE);
+    let write_limit = wheel::ticks(w.cfg.write_timeout);
     loop {
         every.tick().await;
         let now = w.now.get().wrapping_add(1);
@@ -277,7 +310,29 @@ async fn tick_loop(w: Rc<Worker>) {
             out
         };
         for c in overdue {
-            w.kill(&c);
+            w.finish(&c);
+        }
+        let late: Vec<Rc<Conn>> = {
+            let mut queued = w.queued.borrow_mut();
+            let mut late = Vec::new();
+            queued.retain(|c| match c.queued_since() {
+                Some(since) if c.state.get() != conn::State::Gone => {
+                    if wheel::expired(now, since, write_limit) {
+                        late.push(c.clone());
+                        return false;
+                    }
+                    true
+                }
+                _ => {
+                    c.listed.set(false);
+                    false
+                }
+            });
+            late
+        };
+        for c in late {
+            c.listed.set(false);
+            w.close_slow(&c, "timeout");
         }
         if now % snapshot_every == 0 {
             w.send_snapshot();
@@ -414,14 +469,26 @@ impl Worker {
         }
     }
 
-    /// Registers an upgraded connection and starts its task.
-    pub(crate) fn subscribe(self: &Rc<Self>, channel: &str, c: Conn) {
+    /// Registers an upgraded connection: into the tables and the epoll.
+    pub(crate) fn subscribe(&self, channel: &str, c: Conn) {
         let c = Rc::new(c);
         self.conns.borrow_mut().insert(&c);
+        if let Err(e) = self.poller.add(c.fd(), c.slot.get()) {
+            self.conns.borrow_mut().remove(&c);
+            self.counters.handshake_failed("epoll");
+            eprintln!(
+                "throng: worker {}: cannot watch a subscriber: {e}",
+                self.index
+            );
+            return;
+        }
         self.channels.borrow_mut().subscribe(channel, &c);
         self.counters.open.set(self.counters.open.get() + 1);
         crate::metrics::inc(&self.counters.upgraded);
-        tokio::task::spawn_local(conn::run(self.clone(), c));
+        if c.has_rest() {
+            // Frames that came in the same packet as the upgrade request.
+            self.on_readable(&c, false);
+        }
     }
 
     /// Sends 1001 to every subscriber and waits until they are gone (or the
