@@ -10,8 +10,9 @@
 //!   `bytes.in`, `bytes.out`, `connections.opened`;
 //! - gauges: `requests.in_flight`, `connections.open`;
 //! - histograms (µs): `latency` (intended start → last response byte),
-//!   `service` (actual start → last response byte), `lag` (intended →
-//!   actual start).
+//!   `service` (actual send → last response byte; a new connection's
+//!   connect included), `lag` (intended start → actual send: the
+//!   generator's own delay, waiting for a free connection included).
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -135,10 +136,14 @@ impl AttackRecorder {
         }
     }
 
-    /// A request was started `lag_us` after its intended time.
-    pub fn started(&mut self, lag_us: u64) {
+    /// A request was started (at or after its intended time).
+    pub fn started(&mut self) {
         self.sent += 1;
         self.in_flight += 1;
+    }
+
+    /// A request went on the wire `lag_us` after its intended time.
+    pub fn lag(&mut self, lag_us: u64) {
         if lag_us > LATE_US {
             self.late += 1;
         }
@@ -386,9 +391,10 @@ mod tests {
     #[test]
     fn take_resets_counts_keeps_levels() {
         let mut r = AttackRecorder::new("h/attack-0".into(), 1_000_000_000);
-        r.started(5);
-        r.started(LATE_US + 1);
-        r.started(1);
+        for lag in [5, LATE_US + 1, 1] {
+            r.started();
+            r.lag(lag);
+        }
         r.answered(200, 1500, 900);
         r.answered(503, 10, 9);
         r.connection_opened();

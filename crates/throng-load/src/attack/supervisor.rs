@@ -532,7 +532,7 @@ pub fn render(s: &Summary) -> String {
         lat(&s.latency_us)
     ));
     out.push_str(&format!(
-        "Service       [min, mean, 50, 90, 99, 99.9, max]  {}   (from the actual start)\n",
+        "Service       [min, mean, 50, 90, 99, 99.9, max]  {}   (from the actual send)\n",
         lat(&s.service_us)
     ));
     out.push_str(&format!(

@@ -388,19 +388,21 @@ async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
     ctx.task_done();
 }
 
-/// Bytes of one request, for its row.
+/// One request's own figures, for its row.
 #[derive(Debug, Default)]
 struct Io {
     bytes_in: u64,
     bytes_out: u64,
+    /// When it went on the wire: a connection was taken from the pool, or
+    /// a new one began to connect.
+    sent_at: Option<Instant>,
 }
 
 /// Runs request `seq` (target `seq % targets`), due at `intended`, to its end.
 async fn request(ctx: &Rc<Ctx>, seq: u64, intended: Instant) {
     let t = (seq % ctx.wire.len() as u64) as usize;
     let began = Instant::now();
-    let lag = us(began.saturating_duration_since(intended));
-    ctx.rec.borrow_mut().started(lag);
+    ctx.rec.borrow_mut().started();
     let mut done = ctx.done.get();
     done.sent += 1;
     let began_ns = ctx.unix_ns(began);
@@ -425,7 +427,14 @@ async fn request(ctx: &Rc<Ctx>, seq: u64, intended: Instant) {
         return;
     }
     let end = Instant::now();
-    let (latency, service) = (us(end.saturating_duration_since(intended)), us(end - began));
+    let sent_at = io.sent_at.unwrap_or(end);
+    ctx.rec
+        .borrow_mut()
+        .lag(us(sent_at.saturating_duration_since(intended)));
+    let (latency, service) = (
+        us(end.saturating_duration_since(intended)),
+        us(end - sent_at),
+    );
     match result {
         Ok(status) => ctx.rec.borrow_mut().answered(status, latency, service),
         Err(why) => {
@@ -455,7 +464,7 @@ async fn request(ctx: &Rc<Ctx>, seq: u64, intended: Instant) {
             worker: ctx.plan.index,
             target: t,
             intended_ns: ctx.unix_ns(intended),
-            started_ns: began_ns,
+            started_ns: ctx.unix_ns(sent_at),
             latency_us: latency,
             service_us: service,
             status: *result.as_ref().unwrap_or(&0),
@@ -513,9 +522,10 @@ impl Drop for Conn {
 
 /// A connection for pool `pool`: an idle one, a new one under the cap, or
 /// (at the cap) the next one freed. The flag says whether it was reused.
-async fn acquire(ctx: &Rc<Ctx>, pool: usize) -> Result<(Conn, bool), Failure> {
+async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool), Failure> {
     loop {
         if let Some(s) = ctx.pools[pool].borrow_mut().pop() {
+            io.sent_at.get_or_insert_with(Instant::now);
             return Ok((
                 Conn {
                     ctx: ctx.clone(),
@@ -527,6 +537,7 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize) -> Result<(Conn, bool), Failure> {
         }
         if ctx.open.get() < ctx.cap {
             let mut conn = Conn::reserve(ctx);
+            io.sent_at.get_or_insert_with(Instant::now);
             // Boxed: the connect future is large and lives only this long,
             // so it must not widen every request's task.
             let stream = Box::pin(connect(ctx.addrs[pool]))
@@ -572,7 +583,7 @@ async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, Failure> 
     let pool = ctx.pool_of[t];
     let mut retried = false;
     loop {
-        let (mut conn, reused) = acquire(ctx, pool).await?;
+        let (mut conn, reused) = acquire(ctx, pool, io).await?;
         let Some(stream) = conn.stream.as_ref() else {
             return Err(Failure::Other);
         };

@@ -1,0 +1,597 @@
+//! `throng attack` end to end: the real binary against real servers on
+//! loopback (its own `throng serve` /ping, and small std servers written
+//! here that stall on cue). Every run is bounded (seconds, a few thousand
+//! requests) and uses free ports.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+fn throng() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_throng"))
+}
+
+fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "throng-attack-test-{}-{n}-{name}",
+        std::process::id()
+    ))
+}
+
+/// `throng serve` with one worker on a free port; killed on drop.
+struct Serve {
+    child: Child,
+    port: u16,
+}
+
+impl Serve {
+    fn start() -> Self {
+        let mut child = throng()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--workers",
+                "1",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start throng serve");
+        let mut out = child.stdout.take().expect("stdout");
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while out.read(&mut byte).expect("read serve stdout") == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        let v: Value = serde_json::from_slice(&line).expect("serve start line is JSON");
+        let listen = v["listen"][0].as_str().expect("listen address").to_owned();
+        let port = listen
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        // The start line comes before the workers listen: wait for /healthz.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ok = TcpStream::connect(("127.0.0.1", port)).is_ok_and(|mut c| {
+                let mut got = Vec::new();
+                c.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                    .is_ok()
+                    && c.read_to_end(&mut got).is_ok()
+                    && got.starts_with(b"HTTP/1.1 200")
+            });
+            if ok {
+                break;
+            }
+            assert!(Instant::now() < deadline, "throng serve did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/ping", self.port)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// When a stall server saw its first request (monotonic and unix ns).
+type FirstRequest = Arc<Mutex<Option<(Instant, u64)>>>;
+
+/// A keep-alive HTTP server (a thread per connection) that answers every
+/// request with `ok`, except that from `stall_after` after its first request
+/// it holds every answer until `stall_for` later. Returns its port and the
+/// stall's start (unix ns, set at the first request).
+fn stall_server(stall_after: Duration, stall_for: Duration) -> (u16, FirstRequest) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let first: FirstRequest = Arc::new(Mutex::new(None));
+    let f = first.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let _ = conn.set_nodelay(true);
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let (t0, _) = *f
+                            .lock()
+                            .unwrap()
+                            .get_or_insert_with(|| (Instant::now(), unix_ns()));
+                        let (from, until) = (t0 + stall_after, t0 + stall_after + stall_for);
+                        let now = Instant::now();
+                        if now >= from && now < until {
+                            std::thread::sleep(until - now);
+                        }
+                        if conn
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    match conn.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (port, first)
+}
+
+/// Runs `throng attack ARGS --format json -q`, killed after 60 s; returns
+/// the exit code, the JSON summary (Null if none) and stderr.
+fn attack(args: &[&str]) -> (i32, Value, String) {
+    let mut child = throng()
+        .arg("attack")
+        .args(args)
+        .args(["--format", "json", "-q"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start throng attack");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("throng attack {args:?} did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        summary,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("{key} in {v}"))
+}
+
+fn rows(path: &PathBuf) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).expect("per-request file");
+    text.lines()
+        .map(|l| serde_json::from_str(l).expect("row is JSON"))
+        .collect()
+}
+
+#[test]
+fn rate_is_held_and_every_planned_request_is_sent() {
+    let (port, _) = stall_server(Duration::from_secs(3600), Duration::ZERO);
+    let url = format!("http://127.0.0.1:{port}/");
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "1000/s",
+        "--duration",
+        "3s",
+        "--workers",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(n(&s, "planned"), 3000);
+    assert_eq!(n(&s, "requests"), 3000, "{s}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(3000), "{s}");
+    let rate = s["rate"].as_f64().unwrap();
+    assert!(
+        (rate - 1000.0).abs() / 1000.0 < 0.01,
+        "achieved {rate}/s of 1000/s"
+    );
+    // Keep-alive: far fewer connections than requests.
+    assert!(n(&s, "connections_opened") < 300, "{s}");
+}
+
+#[test]
+fn a_stall_shows_in_latency_not_in_service_time() {
+    // One connection (--max-connections 1): the coordinated-omission trap of
+    // closed-loop tools. The server stalls 1 s, one second in.
+    let stall = Duration::from_secs(1);
+    let (port, first) = stall_server(Duration::from_secs(1), stall);
+    let url = format!("http://127.0.0.1:{port}/");
+    let rows_path = temp_path("co.jsonl");
+    let p = rows_path.to_str().unwrap();
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "200/s",
+        "--duration",
+        "3s",
+        "--workers",
+        "1",
+        "--max-connections",
+        "1",
+        "--per-request",
+        p,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(n(&s, "requests"), 600, "{s}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(600), "{s}");
+    let (_, t0_ns) = first.lock().unwrap().expect("the server saw requests");
+    let stall_from = t0_ns + 1_000_000_000;
+    let stall_ns = stall.as_nanos() as u64;
+    let rows = rows(&rows_path);
+    assert_eq!(rows.len(), 600);
+    // Requests due in the first half of the stall waited for its end: their
+    // latency (from the intended start) is at least the rest of the stall.
+    let due: Vec<&Value> = rows
+        .iter()
+        .filter(|r| {
+            let at = n(r, "intended_ns");
+            at >= stall_from + 50_000_000 && at <= stall_from + stall_ns / 2
+        })
+        .collect();
+    assert!(due.len() >= 80, "{} requests due in the stall", due.len());
+    let waited = due
+        .iter()
+        .filter(|r| {
+            n(r, "latency_us") * 1000 + 100_000_000 >= stall_from + stall_ns - n(r, "intended_ns")
+        })
+        .count();
+    assert!(
+        waited * 10 >= due.len() * 9,
+        "{waited} of {} show the stall",
+        due.len()
+    );
+    // Service times (from the actual send) don't: only the request that was
+    // on the wire when the stall began took long.
+    let slow_service = rows
+        .iter()
+        .filter(|r| n(r, "service_us") >= 500_000)
+        .count();
+    assert!(
+        slow_service <= 2,
+        "{slow_service} requests with service >= 500 ms"
+    );
+    assert!(n(&s["latency_us"], "p99") >= 500_000, "{s}");
+    assert!(n(&s["service_us"], "p50") < 100_000, "{s}");
+    // The generator says it could not keep the schedule (its one connection was busy).
+    assert!(n(&s, "late") >= 80, "{s}");
+    let _ = std::fs::remove_file(rows_path);
+}
+
+#[test]
+fn ping_sleep_and_times() {
+    let serve = Serve::start();
+    // Reads a response to its end: the last chunk of a chunked one, else
+    // the close (requests without `times` ask for one).
+    let exchange = |req: &str| -> (Vec<u8>, Duration) {
+        let mut c = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let began = Instant::now();
+        c.write_all(req.as_bytes()).unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !got.ends_with(b"\r\n0\r\n\r\n") {
+            match c.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => got.extend_from_slice(&chunk[..k]),
+            }
+        }
+        (got, began.elapsed())
+    };
+    let count = |hay: &[u8]| hay.windows(4).filter(|w| *w == b"pong").count();
+
+    let (plain, _) = exchange(
+        "POST /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello",
+    );
+    assert!(
+        plain.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&plain)
+    );
+    assert_eq!(count(&plain), 1);
+
+    let (many, took) = exchange("GET /ping HTTP/1.1\r\nHost: t\r\nsleep: 100\r\ntimes: 3\r\n\r\n");
+    let text = String::from_utf8_lossy(&many);
+    assert!(text.contains("Transfer-Encoding: chunked"), "{text}");
+    assert_eq!(count(&many), 4, "{text}");
+    assert!(took < Duration::from_millis(4 * 100 + 3000), "{took:?}");
+
+    for bad in ["sleep: soon", "times: -1", "times: 1000000"] {
+        let (resp, _) = exchange(&format!("GET /ping HTTP/1.1\r\nHost: t\r\n{bad}\r\n\r\n"));
+        let text = String::from_utf8_lossy(&resp);
+        assert!(text.starts_with("HTTP/1.1 400"), "{bad}: {text}");
+        assert!(
+            text.contains(bad.split(':').next().unwrap()),
+            "{bad}: {text}"
+        );
+    }
+
+    // Through attack: counts exact, timing loose; every response identical in size.
+    let (code, s, err) = attack(&[
+        "--url",
+        &serve.url(),
+        "-H",
+        "sleep: 200",
+        "-H",
+        "times: 2",
+        "--rate",
+        "50/s",
+        "--requests",
+        "100",
+        "--workers",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(n(&s, "requests"), 100);
+    assert_eq!(s["status"]["200"].as_u64(), Some(100), "{s}");
+    assert!(s["errors"].as_object().unwrap().is_empty(), "{s}");
+    let (one, _) =
+        exchange("GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nsleep: 0\r\ntimes: 2\r\n\r\n");
+    assert_eq!(count(&one), 3);
+    assert_eq!(n(&s, "bytes_in"), 100 * one.len() as u64, "{s}");
+    assert!(n(&s["latency_us"], "max") < 3 * 200_000 + 2_000_000, "{s}");
+    // Three waits of 0..200 ms each: about 300 ms on average.
+    let mean = s["service_us"]["mean"].as_f64().unwrap();
+    assert!((150_000.0..600_000.0).contains(&mean), "{s}");
+}
+
+#[test]
+fn a_ramp_follows_its_schedule() {
+    let (port, _) = stall_server(Duration::from_secs(3600), Duration::ZERO);
+    let url = format!("http://127.0.0.1:{port}/");
+    let rows_path = temp_path("ramp.csv");
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "100/s..300/s",
+        "--duration",
+        "3s",
+        "--workers",
+        "2",
+        "--per-request",
+        rows_path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // (100 + 300) / 2 × 3 s.
+    assert_eq!(n(&s, "planned"), 600);
+    assert_eq!(n(&s, "requests"), 600, "{s}");
+    let text = std::fs::read_to_string(&rows_path).unwrap();
+    let mut lines = text.lines();
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with("seq,worker,target,intended_ns")
+    );
+    let intended: Vec<u64> = lines
+        .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(intended.len(), 600);
+    let start = *intended.iter().min().unwrap();
+    let in_second = |k: u64| {
+        intended
+            .iter()
+            .filter(|&&t| t - start >= k * 1_000_000_000 && t - start < (k + 1) * 1_000_000_000)
+            .count()
+    };
+    // The rate integral: 100 + 200/3 · t²/2 events by t seconds.
+    let (first, last) = (in_second(0), in_second(2));
+    assert!((132..=135).contains(&first), "first second {first}");
+    assert!((265..=268).contains(&last), "last second {last}");
+    let _ = std::fs::remove_file(rows_path);
+}
+
+#[test]
+fn thresholds_set_the_exit_status() {
+    let serve = Serve::start();
+    let url = serve.url();
+    let slow = [
+        "--url",
+        &url,
+        "-H",
+        "sleep: 400",
+        "--rate",
+        "50/s",
+        "--requests",
+        "50",
+        "--workers",
+        "1",
+    ];
+    let (code, s, err) = attack(&[&slow[..], &["--max-p99", "50ms"]].concat());
+    assert_eq!(code, 1, "{s} {err}");
+    assert!(err.contains("--max-p99"), "{err}");
+    let (code, _, err) =
+        attack(&[&slow[..], &["--max-p99", "10s", "--max-error-rate", "0"]].concat());
+    assert_eq!(code, 0, "{err}");
+
+    // Nobody listens: every request fails as refused, the run still ends on time.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!("http://127.0.0.1:{port}/");
+    let began = Instant::now();
+    let (code, s, err) = attack(&[
+        "--url",
+        &dead,
+        "--rate",
+        "100/s",
+        "--duration",
+        "1s",
+        "--max-error-rate",
+        "0.5",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(s["errors"]["refused"].as_u64(), Some(100), "{s}");
+    assert!(began.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn timeouts_are_their_own_error_kind() {
+    // The server holds every answer for 3 s; the timeout is 300 ms.
+    let (port, _) = stall_server(Duration::ZERO, Duration::from_secs(3));
+    let url = format!("http://127.0.0.1:{port}/");
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "20/s",
+        "--requests",
+        "10",
+        "--timeout",
+        "300ms",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["errors"]["timeout"].as_u64(), Some(10), "{s}");
+    assert!(s["status"].as_object().unwrap().is_empty(), "{s}");
+}
+
+#[test]
+fn closed_pool_and_no_keepalive() {
+    let (port, _) = stall_server(Duration::from_secs(3600), Duration::ZERO);
+    let url = format!("http://127.0.0.1:{port}/");
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--max",
+        "--connections",
+        "4",
+        "--duration",
+        "1s",
+        "--workers",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(n(&s, "requests") > 100, "{s}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(n(&s, "requests")), "{s}");
+    assert_eq!(n(&s, "connections_opened"), 4, "{s}");
+
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "200/s",
+        "--requests",
+        "100",
+        "--no-keepalive",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(100), "{s}");
+    assert_eq!(n(&s, "connections_opened"), 100, "{s}");
+}
+
+#[test]
+fn bad_targets_are_refused_with_the_line() {
+    let path = temp_path("targets.txt");
+    std::fs::write(
+        &path,
+        "GET http://127.0.0.1:9/a\nsleep: 1\n\nGET http://127.0.0.1:9/b\nthis is not a header\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let (code, _, err) = attack(&["--targets", p, "--rate", "10/s", "--duration", "1s"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("line 5"), "{err}");
+    let _ = std::fs::remove_file(&path);
+
+    let (code, _, err) = attack(&["--targets", p, "--rate", "10/s", "--duration", "1s"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot read"), "{err}");
+    let (code, _, err) = attack(&[
+        "--url",
+        "https://127.0.0.1:9/",
+        "--rate",
+        "10/s",
+        "--duration",
+        "1s",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("HTTPS"), "{err}");
+    let (code, _, err) = attack(&[
+        "--url",
+        "http://127.0.0.1:9/",
+        "--rate",
+        "fast",
+        "--duration",
+        "1s",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("rate"), "{err}");
+}
+
+#[test]
+fn targets_from_stdin_rotate() {
+    let (port, first) = stall_server(Duration::from_secs(3600), Duration::ZERO);
+    let targets =
+        format!("GET http://127.0.0.1:{port}/a\n\nPOST http://127.0.0.1:{port}/b\nX-Test: 1\n");
+    let rows_path = temp_path("rotate.jsonl");
+    let mut child = throng()
+        .args([
+            "attack",
+            "--targets",
+            "-",
+            "--rate",
+            "100/s",
+            "--requests",
+            "10",
+            "-q",
+            "--format",
+            "json",
+        ])
+        .args(["--per-request", rows_path.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(targets.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(first.lock().unwrap().is_some());
+    let rows = rows(&rows_path);
+    assert_eq!(rows.len(), 10);
+    for r in &rows {
+        assert_eq!(n(r, "target"), n(r, "seq") % 2);
+        assert_eq!(n(r, "status"), 200);
+    }
+    let _ = std::fs::remove_file(rows_path);
+}
