@@ -13,6 +13,7 @@ pub mod channel;
 pub mod config;
 pub mod control;
 pub mod metrics;
+mod ping;
 pub mod supervisor;
 pub mod sys;
 pub mod wheel;
