@@ -93,22 +93,9 @@ impl Plan {
             .saturating_sub(FD_RESERVE + config.listen.len() as u64)
             .max(1);
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        let mut workers_why = if config.workers == 0 {
-            config.workers = cores;
-            format!("one per core ({cores})")
-        } else {
-            "--workers".to_owned()
-        };
-        if let Some(target) = config.max_connections {
-            let needed = usize::try_from(target.div_ceil(per_worker)).unwrap_or(usize::MAX);
-            if needed > config.workers {
-                workers_why = format!(
-                    "raised from {} so that {target} connections fit {per_worker} per worker",
-                    config.workers
-                );
-                config.workers = needed;
-            }
-        }
+        let (workers, workers_why) =
+            worker_count(config.workers, cores, per_worker, config.max_connections);
+        config.workers = workers;
         let mut reserved = Vec::new();
         let mut resolved = Vec::new();
         for &addr in &config.listen {
@@ -172,6 +159,31 @@ impl fmt::Display for Plan {
             self.config.listen[0], self.config.listen[0]
         )
     }
+}
+
+/// How many workers to run, and why: `requested` (0 = one per core), raised
+/// so that `target` connections fit at `per_worker` each.
+pub fn worker_count(
+    requested: usize,
+    cores: usize,
+    per_worker: u64,
+    target: Option<u64>,
+) -> (usize, String) {
+    let (mut n, mut why) = if requested == 0 {
+        (cores.max(1), format!("one per core ({cores})"))
+    } else {
+        (requested, "--workers".to_owned())
+    };
+    if let Some(target) = target {
+        let needed = usize::try_from(target.div_ceil(per_worker.max(1))).unwrap_or(usize::MAX);
+        if needed > n {
+            why = format!(
+                "raised from {n} so that --max-connections {target} fits at {per_worker} per worker"
+            );
+            n = needed;
+        }
+    }
+    (n, why)
 }
 
 /// Binds `addr` with `SO_REUSEPORT` without listening: the port is held for
@@ -523,5 +535,22 @@ impl Supervisor {
             }
         }
         tokio::time::Instant::now() + self.config.drain_timeout + Duration::from_secs(2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_count;
+
+    #[test]
+    fn workers_follow_cores_flag_and_connection_target() {
+        assert_eq!(worker_count(0, 8, 19_900, None).0, 8);
+        assert_eq!(worker_count(3, 8, 19_900, None).0, 3);
+        assert_eq!(worker_count(0, 2, 19_900, Some(30_000)).0, 2);
+        let (n, why) = worker_count(0, 2, 19_900, Some(100_000));
+        assert_eq!(n, 6);
+        assert!(why.contains("raised from 2"), "{why}");
+        assert_eq!(worker_count(1, 2, 19_900, Some(19_900)).0, 1);
+        assert_eq!(worker_count(1, 2, 0, Some(5)).0, 5);
     }
 }
