@@ -206,6 +206,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 async fn accept_loop(w: Rc<Worker>, l: TcpListener) {
+    let mut last_report: Option<Instant> = None;
     loop {
         match l.accept().await {
             Ok((stream, _)) => {
@@ -216,7 +217,15 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener) {
             Err(e) => {
                 // EMFILE and friends: say so, and back off instead of spinning.
                 w.counters.handshake_failed("accept_error");
-                eprintln!("throng: worker {}: accept: {e}", w.index);
+                if last_report.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
+                    last_report = Some(Instant::now());
+                    let hint = if e.raw_os_error() == Some(libc::EMFILE) {
+                        " (open-file limit reached: run more workers, see --max-connections)"
+                    } else {
+                        ""
+                    };
+                    eprintln!("throng: worker {}: accept: {e}{hint}", w.index);
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

@@ -130,3 +130,64 @@ impl Channels {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+    use std::rc::Rc;
+
+    use super::{Channels, NONE, Slab};
+    use crate::worker::conn::Conn;
+
+    fn conns(n: usize) -> (TcpListener, Vec<Rc<Conn>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let v = (0..n)
+            .map(|_| Rc::new(Conn::new(TcpStream::connect(addr).unwrap(), 0, b"")))
+            .collect();
+        (l, v)
+    }
+
+    fn check(ch: &Channels, name: &str, want: usize) {
+        let subs = ch.get(name).map_or(&[][..], |c| &c.subs[..]);
+        assert_eq!(subs.len(), want, "{name}");
+        for (i, c) in subs.iter().enumerate() {
+            assert_eq!(c.sub_pos.get() as usize, i, "position invariant in {name}");
+        }
+    }
+
+    #[test]
+    fn join_and_leave_keep_positions_and_slots() {
+        let (_l, cs) = conns(7);
+        let (mut slab, mut ch) = (Slab::default(), Channels::default());
+        for (i, c) in cs.iter().enumerate() {
+            slab.insert(c);
+            ch.subscribe(if i < 5 { "a" } else { "b" }, c);
+        }
+        check(&ch, "a", 5);
+        check(&ch, "b", 2);
+        ch.unsubscribe(&cs[1]);
+        ch.unsubscribe(&cs[1]); // twice is harmless
+        assert_eq!(cs[1].sub_pos.get(), NONE);
+        check(&ch, "a", 4);
+        ch.unsubscribe(&cs[5]);
+        ch.unsubscribe(&cs[6]);
+        assert!(
+            ch.get("b").is_none(),
+            "a channel goes with its last subscriber"
+        );
+        ch.subscribe("b", &cs[5]);
+        check(&ch, "b", 1);
+
+        let slot = cs[2].slot.get();
+        slab.remove(&cs[2]);
+        assert_eq!(cs[2].slot.get(), NONE);
+        assert!(slab.get(slot as usize).is_none());
+        assert_eq!(slab.len(), 6);
+        let (_l2, more) = conns(1);
+        slab.insert(&more[0]);
+        assert_eq!(more[0].slot.get(), slot, "free slots are reused");
+        assert_eq!(slab.capacity(), 7);
+        assert_eq!(slab.all().len(), 7);
+    }
+}
