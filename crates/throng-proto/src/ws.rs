@@ -433,8 +433,8 @@ impl ProtocolError {
 }
 
 /// Incremental frame decoder. Idle, it is a few words with no heap
-/// allocation; it allocates only to assemble a fragmented message, and frees
-/// that when the message completes.
+/// allocation; it allocates only to assemble a fragmented message (never
+/// more than the message limit), and frees that when the message completes.
 ///
 /// A read loop that calls [`Decoder::decode`] until it returns `Ok(None)`
 /// leaves the decoder with no heap memory unless a message is still
@@ -612,7 +612,7 @@ impl Decoder {
                     checked: 0,
                     buf: Vec::with_capacity(payload.len()),
                 };
-                asm.push(payload)?;
+                asm.push(payload, self.max_message)?;
                 self.assembly = Some(Box::new(asm));
                 Out::Fragment
             }
@@ -622,7 +622,7 @@ impl Decoder {
                     .assembly
                     .as_deref_mut()
                     .ok_or(ProtocolError::UnexpectedContinuation)?;
-                asm.push(payload)?;
+                asm.push(payload, self.max_message)?;
                 if head.fin {
                     if asm.text && asm.checked != asm.buf.len() {
                         return Err(ProtocolError::InvalidUtf8);
@@ -744,7 +744,15 @@ impl Decoder {
 
 impl Assembly {
     /// Appends one fragment's payload, checking text as it arrives.
-    fn push(&mut self, payload: &[u8]) -> Result<(), ProtocolError> {
+    /// The caller checked that the message stays within `max_message`.
+    fn push(&mut self, payload: &[u8], max_message: usize) -> Result<(), ProtocolError> {
+        let need = self.buf.len() + payload.len();
+        if need > self.buf.capacity() {
+            // Grow by doubling, as Vec would, but never past the limit: a
+            // message near the limit must not cost twice the limit.
+            let cap = need.max(self.buf.capacity().saturating_mul(2).min(max_message));
+            self.buf.reserve_exact(cap - self.buf.len());
+        }
         self.buf.extend_from_slice(payload);
         if self.text {
             match std::str::from_utf8(&self.buf[self.checked..]) {
@@ -1078,6 +1086,29 @@ mod tests {
         assert_eq!(E::InvalidUtf8.close_code(), 1007);
         assert_eq!(E::TooBig { limit: 1 }.close_code(), 1009);
         assert_eq!(E::Unmasked.close_code(), 1002);
+    }
+
+    #[test]
+    fn assembly_never_holds_more_than_the_limit() {
+        let limit = 1000;
+        let mut dec = Decoder::new(Role::Client, limit);
+        let mut wire = Vec::new();
+        encode_into(&mut wire, false, OpCode::Binary, &[1; 10], None);
+        for _ in 0..98 {
+            encode_into(&mut wire, false, OpCode::Continuation, &[2; 10], None);
+        }
+        encode_into(&mut wire, true, OpCode::Continuation, &[3; 10], None);
+        let mut at = 0;
+        while let Some(d) = dec.decode(&mut wire[at..]).unwrap() {
+            at += d.consumed;
+            let done = d.frame.is_some();
+            let asm = dec.assembly.as_ref().unwrap();
+            assert!(asm.buf.capacity() <= limit, "{}", asm.buf.capacity());
+            if done {
+                break;
+            }
+        }
+        assert_eq!(at, wire.len());
     }
 
     #[test]
