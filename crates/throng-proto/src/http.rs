@@ -459,6 +459,27 @@ pub fn reason_phrase(status: u16) -> &'static str {
 
 /// Incremental body reader for a [`BodyKind`]: feed it bytes, it says which
 /// are body data and when the body ended. Holds a few words of state only.
+///
+/// ```
+/// use throng_proto::http::{BodyDecoder, BodyKind};
+///
+/// let input = b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nHTTP/1.1 200 OK";
+/// let mut dec = BodyDecoder::new(BodyKind::Chunked, 1024);
+/// let (mut at, mut body) = (0, Vec::new());
+/// loop {
+///     let step = dec.decode(&input[at..], false)?;
+///     body.extend_from_slice(&input[at + step.data.0..at + step.data.1]);
+///     at += step.consumed;
+///     if step.done {
+///         break;
+///     }
+///     // A reader would read more here when the step consumed everything.
+///     assert!(at < input.len());
+/// }
+/// assert_eq!(body, b"hello world");
+/// assert_eq!(&input[at..], b"HTTP/1.1 200 OK"); // the next response
+/// # Ok::<(), throng_proto::http::BodyError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct BodyDecoder {
     state: BodyState,

@@ -443,6 +443,29 @@ impl ProtocolError {
 ///
 /// Every [`ProtocolError`] is fatal: close the connection with its
 /// [`close_code`](ProtocolError::close_code) and drop the decoder.
+///
+/// A server's read loop over what one read returned:
+///
+/// ```
+/// use throng_proto::ws::{Decoder, Frame, OpCode, Role, encode_into};
+///
+/// // What a client sent: a masked text frame and the start of another.
+/// let mut read = Vec::new();
+/// encode_into(&mut read, true, OpCode::Text, b"hi", Some([1, 2, 3, 4]));
+/// read.extend_from_slice(&[0x81, 0x85]);
+///
+/// let mut dec = Decoder::new(Role::Server, 64 * 1024);
+/// let mut at = 0;
+/// while let Some(d) = dec.decode(&mut read[at..])? {
+///     at += d.consumed;
+///     if let Some(Frame::Text(text)) = d.frame {
+///         assert_eq!(text, b"hi");
+///     }
+/// }
+/// // Keep the incomplete frame for the next read.
+/// assert_eq!(&read[at..], &[0x81, 0x85]);
+/// # Ok::<(), throng_proto::ws::ProtocolError>(())
+/// ```
 #[derive(Debug)]
 pub struct Decoder {
     /// The fragmented message being assembled, or (with `done` set) the one
