@@ -306,7 +306,7 @@ fn heartbeat_pings_and_idle_timeout() {
         "--ping-interval",
         "200ms",
         "--idle-timeout",
-        "700ms",
+        "1s",
     ]);
     // A client that never answers: pinged, then closed with 1008.
     let (mut s, mut buf) = raw_subscribe(server.addr, "idle");
