@@ -530,3 +530,44 @@ fn publish_reports_the_subscribers_it_reached() {
     assert_eq!(status, 200);
     assert_eq!(body.trim(), r#"{"channel":"empty","subscribers":0}"#);
 }
+
+#[test]
+fn a_write_that_makes_no_progress_times_out() {
+    let server = Server::start(&[
+        "--workers",
+        "1",
+        "--max-queue",
+        "64MiB",
+        "--write-timeout",
+        "1s",
+    ]);
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&server.addr.into()).unwrap();
+    let mut stuck: TcpStream = sock.into();
+    let mut req = Vec::new();
+    ws::write_upgrade_request(
+        &mut req,
+        &server.addr.to_string(),
+        "/stuck",
+        &ws::client_key([5; 16]),
+    );
+    stuck.write_all(&req).unwrap();
+    server.wait_metric("throng_connections_open", |v| v == 1.0);
+    // Fill the socket buffers until the server has to queue.
+    let body = vec![b'q'; 32 * 1024];
+    let mut sent = 0;
+    while sent < 2000 && server.metric("throng_connections_queued") < 1.0 {
+        publish_ok(server.addr, "stuck", &body, None);
+        sent += 1;
+    }
+    server.wait_metric(
+        "throng_slow_consumer_closes_total{cause=\"timeout\"}",
+        |v| v == 1.0,
+    );
+    server.wait_metric("throng_connections_open", |v| v == 0.0);
+    assert_eq!(
+        server.metric("throng_slow_consumer_closes_total{cause=\"queue\"}"),
+        0.0
+    );
+}
