@@ -228,6 +228,8 @@ fn main() {
 }
 
 async fn bench(o: Opts) {
+    // A busy machine stretches wall times (not CPU per frame): say how busy.
+    let load0 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     // This process holds every subscriber: raise its own open-file limit.
     let _ = throng_server::sys::raise_nofile();
     let mut server = Command::new(&o.throng)
@@ -374,6 +376,8 @@ async fn bench(o: Opts) {
     let fan_ns = median(&mut pub_cpu);
     let floor_ns = median(&mut floor_cpu);
     let report = serde_json::json!({
+        "loadavg_at_start": load0.trim(),
+        "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         "connections": held,
         "failed": failed.get(),
         "upgrades_per_sec": upgrades_per_sec.round(),
