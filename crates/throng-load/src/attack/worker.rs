@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use throng_proto::http::{self, BodyDecoder, BodyError};
 use throng_report::format::{Event, encode_event, encode_interval};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
@@ -651,6 +652,14 @@ async fn talk(ctx: &Ctx, stream: &TcpStream, t: usize, io: &mut Io) -> Result<(u
         io.bytes_in += n as u64;
         ctx.rec.borrow_mut().bytes_in(n);
         if let Some(done) = reader.feed(&scratch[..n], method).map_err(Talk::Fail)? {
+            if n < scratch.len() {
+                // The read did not fill the buffer, so the socket is drained:
+                // forget its read readiness now, or the next request on this
+                // connection would spend a `recv` finding that out.
+                let _ = stream.try_io(Interest::READABLE, || {
+                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                });
+            }
             return Ok(done);
         }
     }
