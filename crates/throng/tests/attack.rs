@@ -218,6 +218,51 @@ fn rate_is_held_and_every_planned_request_is_sent() {
 }
 
 #[test]
+fn results_are_read_back_by_report() {
+    let (port, _) = stall_server(Duration::from_secs(3600), Duration::ZERO);
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = temp_path("results.jsonl");
+    let (code, _, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "100/s",
+        "--requests",
+        "100",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report = throng()
+        .args(["report", "--format", "json"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    let r: Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(
+        r["counters"]["requests.sent"]["total"].as_u64(),
+        Some(100),
+        "{r}"
+    );
+    assert_eq!(
+        r["counters"]["status.200"]["total"].as_u64(),
+        Some(100),
+        "{r}"
+    );
+    assert_eq!(
+        r["latency_us"]["latency"]["count"].as_u64(),
+        Some(100),
+        "{r}"
+    );
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
 fn a_stall_shows_in_latency_not_in_service_time() {
     // One connection (--max-connections 1): the coordinated-omission trap of
     // closed-loop tools. The server stalls 1 s, one second in.

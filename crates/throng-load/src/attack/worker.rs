@@ -176,13 +176,19 @@ async fn worker(
             }
         })
         .collect();
-    let cap = match plan.load {
-        Load::Rate(_) => share(settings.max_connections, plan.index, plan.workers),
-        Load::Max { connections } => share(
-            connections.min(settings.max_connections),
-            plan.index,
-            plan.workers,
-        ),
+    // Connections this worker may hold, and (closed pool) the loops it runs:
+    // its share, which is 0 for some workers when there are more workers
+    // than connections.
+    let (cap, loops) = match plan.load {
+        Load::Rate(_) => (share(settings.max_connections, plan.index, plan.workers), 0),
+        Load::Max { connections } => {
+            let n = share(
+                connections.min(settings.max_connections),
+                plan.index,
+                plan.workers,
+            );
+            (n, n)
+        }
     };
     let rows = match &plan.per_request {
         Some(path) => Some(RowWriter::open(path, RowFormat::for_path(path))?),
@@ -258,7 +264,6 @@ async fn worker(
         Load::Max { .. } => {
             let end = duration.map(|d| start + d);
             let next = Rc::new(Cell::new(0u64));
-            let loops = ctx.cap;
             let c = ctx.clone();
             tokio::task::spawn_local(async move {
                 tokio::time::sleep_until(start.into()).await;
