@@ -1,5 +1,6 @@
-//! Writes a synthetic result file (two workers, one host, 60 s) to the path
-//! given, for trying `throng report` and its HTML page without a run.
+//! Writes a synthetic result file (two workers, one host, 60 s or the
+//! seconds given) to the path given, for trying `throng report` and its HTML
+//! page without a run, and for timing the report on long runs.
 
 use std::collections::BTreeMap;
 
@@ -10,13 +11,14 @@ use throng_report::interval::{Interval, new_histogram};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()
         .nth(1)
-        .ok_or("usage: synthetic OUT.throng")?;
+        .ok_or("usage: synthetic OUT.throng [SECONDS]")?;
+    let seconds: u64 = std::env::args().nth(2).map_or(Ok(60), |s| s.parse())?;
     let header = Header::new(
         std::env::args().collect(),
         serde_json::json!({"synthetic": true}),
     );
     let mut w = Writer::create(&path, &header)?;
-    let base = throng_host::sample::now_ns() / 1_000_000_000 - 60;
+    let base = throng_host::sample::now_ns() / 1_000_000_000 - seconds;
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
         rng ^= rng << 13;
@@ -24,11 +26,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rng ^= rng << 17;
         rng
     };
-    for s in 0..60u64 {
+    for s in 0..seconds {
         for worker in 0..2u64 {
             let mut delivery = new_histogram();
             let mut connect = new_histogram();
-            let load = 1 + s / 10;
+            let load = 1 + (s / 10) % 6;
             for _ in 0..1_000 {
                 delivery.record(
                     200 + next() % (300 * load) + if next() % 500 == 0 { 20_000 } else { 0 },

@@ -25,22 +25,84 @@ pub const MAX_EVENTS_KEPT: usize = 1_000;
 /// A histogram of the v1 shape reduced to its non-empty bins.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SparseHistogram {
-    /// Lowest value of each non-empty bin → its count.
-    bins: BTreeMap<u64, u64>,
+    /// (lowest value of a bin, its count), sorted by value, counts non-zero.
+    /// A sorted vector rather than a map: a long run keeps thousands of these.
+    bins: Vec<(u64, u64)>,
 }
 
 impl SparseHistogram {
     /// Adds every count of `h` (which must have the v1 shape).
     pub fn add(&mut self, h: &Histogram<u64>) {
-        for v in h.iter_recorded() {
-            let bin = h.lowest_equivalent(v.value_iterated_to());
-            *self.bins.entry(bin).or_insert(0) += v.count_at_value();
+        let new = h.iter_recorded().map(|v| {
+            (
+                h.lowest_equivalent(v.value_iterated_to()),
+                v.count_at_value(),
+            )
+        });
+        if self.bins.is_empty() {
+            self.bins.extend(new);
+            return;
         }
+        // Merge two sorted runs.
+        let old = std::mem::take(&mut self.bins);
+        let mut merged = Vec::with_capacity(old.len() + 16);
+        let mut old = old.into_iter().peekable();
+        for (value, count) in new {
+            while let Some(&(v, c)) = old.peek() {
+                if v >= value {
+                    break;
+                }
+                merged.push((v, c));
+                old.next();
+            }
+            match old.peek() {
+                Some(&(v, c)) if v == value => {
+                    merged.push((v, c + count));
+                    old.next();
+                }
+                _ => merged.push((value, count)),
+            }
+        }
+        merged.extend(old);
+        self.bins = merged;
+    }
+
+    /// Adds every count of `other`.
+    pub fn merge(&mut self, other: &Self) {
+        let old = std::mem::take(&mut self.bins);
+        let mut merged = Vec::with_capacity(old.len().max(other.bins.len()));
+        let (mut a, mut b) = (
+            old.into_iter().peekable(),
+            other.bins.iter().copied().peekable(),
+        );
+        loop {
+            match (a.peek().copied(), b.peek().copied()) {
+                (Some(x), Some(y)) if x.0 == y.0 => {
+                    merged.push((x.0, x.1 + y.1));
+                    a.next();
+                    b.next();
+                }
+                (Some(x), Some(y)) if x.0 < y.0 => {
+                    merged.push(x);
+                    a.next();
+                }
+                (_, Some(y)) => {
+                    merged.push(y);
+                    b.next();
+                }
+                (Some(x), None) => {
+                    merged.push(x);
+                    a.next();
+                }
+                (None, None) => break,
+            }
+        }
+        self.bins = merged;
     }
 
     /// Total count.
     pub fn len(&self) -> u64 {
-        self.bins.values().sum()
+        self.bins.iter().map(|(_, c)| c).sum()
     }
 
     /// Whether nothing was recorded.
@@ -52,7 +114,7 @@ impl SparseHistogram {
     /// statistics apply.
     pub fn fill(&self, into: &mut Histogram<u64>) {
         into.reset();
-        for (&value, &count) in &self.bins {
+        for &(value, count) in &self.bins {
             // Invariant: `value` is the lowest value of a bin of the v1 shape,
             // which `into` (also v1) can hold.
             into.record_n(value, count)
@@ -100,6 +162,36 @@ impl Bucket {
         }
     }
 
+    /// Adds everything of `other` (a neighbouring bucket) into this one.
+    fn absorb(&mut self, other: Self) {
+        self.length_ns = self.length_ns.max(other.length_ns);
+        self.intervals += other.intervals;
+        for (name, v) in other.counters {
+            add_to(&mut self.counters, &name, v);
+        }
+        for (name, h) in other.histograms {
+            self.histograms.entry(name).or_default().merge(&h);
+        }
+        for (source, (at, gauges)) in other.gauges_by_source {
+            match self.gauges_by_source.get_mut(&source) {
+                Some(slot) if slot.0 >= at => {}
+                Some(slot) => *slot = (at, gauges),
+                None => {
+                    self.gauges_by_source.insert(source, (at, gauges));
+                }
+            }
+        }
+        for (host, sample) in other.hosts {
+            match self.hosts.get_mut(&host) {
+                Some(kept) if kept.at_ns >= sample.at_ns => {}
+                Some(kept) => *kept = sample,
+                None => {
+                    self.hosts.insert(host, sample);
+                }
+            }
+        }
+    }
+
     /// Gauges summed across sources.
     pub fn gauges(&self) -> BTreeMap<String, i64> {
         let mut sum = BTreeMap::new();
@@ -142,17 +234,25 @@ pub struct Merged {
 pub struct Merger {
     width_ns: u64,
     buckets: BTreeMap<u64, Bucket>,
+    /// When more buckets than this exist, the width doubles and neighbours merge.
+    max_buckets: Option<usize>,
+    /// Whether buckets keep histograms (a time series of latency needs them;
+    /// whole-run figures do not, and they are most of a long run's memory).
+    bucket_histograms: bool,
     seen: HashSet<(String, u64)>,
     merged: Merged,
 }
 
 impl Merger {
-    /// Merges into buckets `width_ns` wide (at least 1 ns).
+    /// Merges into buckets `width_ns` wide (at least 1 ns), keeping
+    /// histograms per bucket, as many buckets as the run needs.
     pub fn new(width_ns: u64) -> Self {
         let width_ns = width_ns.max(1);
         Self {
             width_ns,
             buckets: BTreeMap::new(),
+            max_buckets: None,
+            bucket_histograms: true,
             seen: HashSet::new(),
             merged: Merged {
                 width_ns,
@@ -169,15 +269,49 @@ impl Merger {
         }
     }
 
+    /// Keeps at most `n` buckets (at least 2): past that the width doubles
+    /// and neighbouring buckets merge, so a plot of a long run stays small.
+    pub fn with_max_buckets(mut self, n: usize) -> Self {
+        self.max_buckets = Some(n.max(2));
+        self
+    }
+
+    /// Keeps no histograms per bucket (only the whole run's).
+    pub fn without_bucket_histograms(mut self) -> Self {
+        self.bucket_histograms = false;
+        self
+    }
+
     /// Merges one record of a result file; headers are ignored here.
-    pub fn add(&mut self, record: Record) {
+    pub fn add(&mut self, record: &Record) {
         match record {
             Record::Interval(iv) => {
-                self.add_interval(&iv);
+                self.add_interval(iv);
             }
-            Record::Event(ev) => self.add_event(ev),
+            Record::Event(ev) => self.add_event(ev.clone()),
             Record::Header(_) | Record::Unknown(_) => {}
         }
+    }
+
+    /// Doubles the width until the buckets fit under the maximum.
+    fn coarsen(&mut self) {
+        let Some(max) = self.max_buckets else { return };
+        while self.buckets.len() > max {
+            self.width_ns = self.width_ns.saturating_mul(2);
+            let old = std::mem::take(&mut self.buckets);
+            for (_, mut b) in old {
+                let start = b.start_ns - b.start_ns % self.width_ns;
+                match self.buckets.get_mut(&start) {
+                    Some(kept) => kept.absorb(b),
+                    None => {
+                        b.start_ns = start;
+                        b.length_ns = b.length_ns.max(self.width_ns);
+                        self.buckets.insert(start, b);
+                    }
+                }
+            }
+        }
+        self.merged.width_ns = self.width_ns;
     }
 
     /// Merges one interval; returns false (and merges nothing) if an interval
@@ -204,7 +338,9 @@ impl Merger {
             add_to(&mut m.counters, name, *v);
         }
         for (name, h) in &iv.histograms {
-            bucket.histograms.entry(name.clone()).or_default().add(h);
+            if self.bucket_histograms {
+                bucket.histograms.entry(name.clone()).or_default().add(h);
+            }
             match m.histograms.get_mut(name) {
                 // Invariant: decoded histograms all have the v1 shape, so
                 // adding never needs to grow the total.
@@ -248,6 +384,9 @@ impl Merger {
                 }
             }
         }
+        if self.max_buckets.is_some_and(|max| self.buckets.len() > max) {
+            self.coarsen();
+        }
         true
     }
 
@@ -272,9 +411,23 @@ pub fn merge_files<P: AsRef<std::path::Path>>(
     paths: &[P],
     width_ns: u64,
 ) -> Result<(Merged, Vec<crate::format::FileSummary>), crate::format::ReadError> {
-    let mut merger = Merger::new(width_ns);
-    let files = crate::format::read_files(paths, |_, record| merger.add(record))?;
+    let mut mergers = [Merger::new(width_ns)];
+    let files = merge_files_into(paths, &mut mergers)?;
+    let [merger] = mergers;
     Ok((merger.finish(), files))
+}
+
+/// Reads the files once, feeding every record to each merger (say, one for
+/// a text report and one bounded in buckets for a plot).
+pub fn merge_files_into<P: AsRef<std::path::Path>>(
+    paths: &[P],
+    mergers: &mut [Merger],
+) -> Result<Vec<crate::format::FileSummary>, crate::format::ReadError> {
+    crate::format::read_files(paths, |_, record| {
+        for m in mergers.iter_mut() {
+            m.add(&record);
+        }
+    })
 }
 
 fn add_to(map: &mut BTreeMap<String, u64>, name: &str, v: u64) {
@@ -322,8 +475,31 @@ mod tests {
     }
 
     #[test]
+    fn sparse_merges_of_many_histograms_equal_the_full_sum() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut sparse = SparseHistogram::default();
+        let mut full = new_histogram();
+        for round in 0..20 {
+            let mut h = new_histogram();
+            for _ in 0..500 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Spread over many orders of magnitude, overlapping between rounds.
+                h.record(1 + x % (10u64.pow(1 + round % 9))).unwrap();
+            }
+            sparse.add(&h);
+            full.add(&h).unwrap();
+        }
+        assert_eq!(sparse.to_histogram(), full);
+        assert_eq!(sparse.len(), 10_000);
+        assert!(sparse.bins.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
     fn wide_buckets_add_counters_but_take_each_sources_last_gauge() {
         let mut m = Merger::new(10_000_000_000);
+        assert!(m.bucket_histograms);
         for s in 0..10 {
             m.add_interval(&iv("a/hold-0", 100 + s, 10 * s as i64, &[s + 1]));
             m.add_interval(&iv("a/hold-1", 100 + s, 1, &[s + 100]));
@@ -338,6 +514,29 @@ mod tests {
         assert_eq!(merged.duplicates, 1);
         assert_eq!(merged.intervals, 20);
         assert_eq!(merged.histograms["delivery"].len(), 20);
+    }
+
+    #[test]
+    fn coarsening_keeps_totals_and_equals_merging_wide_from_the_start() {
+        let all: Vec<Interval> = (0..100)
+            .flat_map(|s| {
+                [
+                    iv("a/hold-0", 1_000 + s, s as i64, &[s + 1, 3 * s + 7]),
+                    iv("a/hold-1", 1_000 + s, 2, &[s + 50]),
+                ]
+            })
+            .collect();
+        let mut bounded = Merger::new(1_000_000_000).with_max_buckets(10);
+        let mut wide = Merger::new(16_000_000_000);
+        for i in &all {
+            bounded.add_interval(i);
+            wide.add_interval(i);
+        }
+        let (bounded, wide) = (bounded.finish(), wide.finish());
+        // 100 one-second buckets need width 16 s to fit in 10.
+        assert_eq!(bounded.width_ns, 16_000_000_000);
+        assert!(bounded.buckets.len() <= 10);
+        assert_eq!(bounded, wide);
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use throng_report::merge::merge_files;
+use throng_report::merge::{Merger, merge_files_into};
 use throng_report::summary::Report;
 
 /// Arguments of `throng report`.
@@ -50,22 +50,34 @@ enum Format {
     Json,
 }
 
+/// Points a plot of the HTML page holds at most: a long run is drawn in
+/// wider buckets rather than in more memory than a screen can show.
+const HTML_MAX_POINTS: usize = 1_000;
+
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let width = args.every.unwrap_or(1_000_000_000);
-    let (merged, files) =
-        merge_files(&args.files, width).context("cannot read the result files")?;
-    let report = Report::build(&merged, &files, args.every.is_some());
+    const SECOND: u64 = 1_000_000_000;
+    let mut text = Merger::new(args.every.unwrap_or(SECOND));
+    if args.every.is_none() {
+        // No time series in the text: only whole-run histograms are needed.
+        text = text.without_bucket_histograms();
+    }
+    let mut mergers = vec![text];
+    let separate_plot = args.html.is_some() && args.every.is_none();
+    if separate_plot {
+        mergers.push(Merger::new(SECOND).with_max_buckets(HTML_MAX_POINTS));
+    }
+    let files =
+        merge_files_into(&args.files, &mut mergers).context("cannot read the result files")?;
+    let mut merged = mergers.into_iter().map(Merger::finish);
+    // Invariant: `mergers` held at least the text merger.
+    let text_merged = merged.next().expect("the text merger");
+    let report = Report::build(&text_merged, &files, args.every.is_some());
 
     if let Some(path) = &args.html {
-        // The page plots a time series even when the text has none.
-        let fine;
-        let with_series = if args.every.is_some() {
-            &report
-        } else {
-            fine = Report::build(&merged, &files, true);
-            &fine
+        let page = match merged.next() {
+            Some(plot) => throng_report::html::render(&Report::build(&plot, &files, true)),
+            None => throng_report::html::render(&report),
         };
-        let page = throng_report::html::render(with_series);
         std::fs::write(path, page).with_context(|| format!("cannot write {}", path.display()))?;
     }
 
