@@ -12,6 +12,7 @@
 //! - [`worker`]: one worker process: the schedule, the HTTP/1.1 client, the
 //!   connection pool;
 //! - [`record`]: what a worker counts per interval, and per-request rows;
+//! - `timer`: the scheduler's microsecond timer (tokio's round up to 1 ms);
 //! - [`supervisor`]: starts the workers, merges their intervals, writes the
 //!   result file, shows progress and sums up the run.
 
@@ -26,6 +27,7 @@ use crate::pacer::{Pacer, RateSpec};
 pub mod record;
 pub mod supervisor;
 pub mod targets;
+mod timer;
 pub mod worker;
 
 /// The shape of the load.

@@ -29,6 +29,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use super::record::{AttackRecorder, Failure, Row, RowFormat, RowWriter};
+use super::timer::PreciseTimer;
 use super::{Load, WorkerPlan, pacer, share};
 use crate::hold::now_unix_ns;
 
@@ -338,6 +339,8 @@ async fn schedule(
     let step = u64::from(ctx.plan.workers.max(1));
     let mut i = u64::from(ctx.plan.index);
     let mut burst = 0u32;
+    // Without a timerfd (not Linux?), tokio's millisecond timers will do.
+    let timer = PreciseTimer::new().ok();
     loop {
         if ctx.stopping.get() || requests.is_some_and(|n| i >= n) {
             break;
@@ -350,10 +353,19 @@ async fn schedule(
         if intended > Instant::now() {
             burst = 0;
             let stop = ctx.stop.notified();
+            let wait = async {
+                let precise = match &timer {
+                    Some(t) => t.sleep_until(intended).await.is_ok(),
+                    None => false,
+                };
+                if !precise {
+                    tokio::time::sleep_until(intended.into()).await;
+                }
+            };
             tokio::select! {
                 biased;
                 () = stop => break,
-                () = tokio::time::sleep_until(intended.into()) => {}
+                () = wait => {}
             }
             continue;
         }
