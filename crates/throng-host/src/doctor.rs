@@ -122,6 +122,8 @@ pub struct Machine {
     pub somaxconn: Option<u64>,
     /// `net.ipv4.tcp_max_syn_backlog`.
     pub syn_backlog: Option<u64>,
+    /// `net.ipv4.tcp_syncookies` (0 off, 1 when the SYN queue overflows, 2 always).
+    pub syncookies: Option<u64>,
     /// `net.ipv4.tcp_mem` (min, pressure, max), pages.
     pub tcp_mem: Option<(u64, u64, u64)>,
     /// `net.netfilter.nf_conntrack_max`, if conntrack is loaded.
@@ -182,6 +184,7 @@ impl Machine {
                 .map(|v| (v[0], v[1])),
             somaxconn: num("net.core.somaxconn"),
             syn_backlog: num("net.ipv4.tcp_max_syn_backlog"),
+            syncookies: num("net.ipv4.tcp_syncookies"),
             tcp_mem: nums("net.ipv4.tcp_mem")
                 .filter(|v| v.len() == 3)
                 .map(|v| (v[0], v[1], v[2])),
@@ -339,6 +342,19 @@ impl Finding {
 /// Checks `plan` against this machine (`/proc`).
 pub fn check(plan: &Plan) -> Vec<Finding> {
     check_machine(plan, &Machine::read(Path::new("/proc")))
+}
+
+/// The one-line warnings a command prints at start: every finding of
+/// [`check`] that is not OK, worst first.
+pub fn warnings(plan: &Plan) -> Vec<String> {
+    warning_lines(&check(plan))
+}
+
+/// [`Finding::line`] of every finding that is not OK, worst first.
+pub fn warning_lines(findings: &[Finding]) -> Vec<String> {
+    let mut bad: Vec<&Finding> = findings.iter().filter(|f| f.status != Status::Ok).collect();
+    bad.sort_by_key(|f| std::cmp::Reverse(f.status));
+    bad.into_iter().map(Finding::line).collect()
 }
 
 /// Checks `plan` against `m`: one finding per limit, in a fixed order.
@@ -504,23 +520,48 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
     }
 
     if plan.role.has_server() {
-        for (name, value) in [
-            ("net.core.somaxconn", m.somaxconn),
-            ("net.ipv4.tcp_max_syn_backlog", m.syn_backlog),
-        ] {
-            let Some(v) = value else { continue };
+        if let Some(v) = m.somaxconn {
             let low = v < MIN_BACKLOG;
             out.push(Finding {
-                check: name.into(),
+                check: "net.core.somaxconn".into(),
                 status: if low { Status::Warn } else { Status::Ok },
                 message: if low {
                     format!(
-                        "{v}: bursts of new connections overflow the listen queue and retry after 1 s, 3 s, ... (connect latency spikes)"
+                        "{v}: bursts of new connections overflow the accept queue and retry after 1 s, 3 s, ... (connect latency spikes)"
                     )
                 } else {
-                    format!("{v}: listen queue deep enough for bursts of new connections")
+                    format!("{v}: accept queue deep enough for bursts of new connections")
                 },
-                fixes: if low { vec![Fix::sysctl(name, GOOD_BACKLOG)] } else { Vec::new() },
+                fixes: if low {
+                    vec![Fix::sysctl("net.core.somaxconn", GOOD_BACKLOG)]
+                } else {
+                    Vec::new()
+                },
+            });
+        }
+        if let Some(v) = m.syn_backlog {
+            // With syncookies (the default) an overflowing SYN queue is
+            // answered with a cookie instead of dropped: no retry, no stall.
+            let cookies = m.syncookies.is_some_and(|c| c > 0);
+            let low = v < MIN_BACKLOG && !cookies;
+            out.push(Finding {
+                check: "net.ipv4.tcp_max_syn_backlog".into(),
+                status: if low { Status::Warn } else { Status::Ok },
+                message: match (v < MIN_BACKLOG, cookies) {
+                    (false, _) => format!("{v}: SYN queue deep enough for bursts of new connections"),
+                    (true, true) => format!("{v}: bursts past it are answered with syncookies (tcp_syncookies is on)"),
+                    (true, false) => format!(
+                        "{v}, and tcp_syncookies is off: bursts of new connections are dropped and retry after 1 s, 3 s, ..."
+                    ),
+                },
+                fixes: if low {
+                    vec![
+                        Fix::sysctl("net.ipv4.tcp_max_syn_backlog", GOOD_BACKLOG),
+                        Fix::sysctl("net.ipv4.tcp_syncookies", 1),
+                    ]
+                } else {
+                    Vec::new()
+                },
             });
         }
     }

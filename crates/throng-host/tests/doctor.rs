@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use throng_host::doctor::{Fix, Machine, Plan, Role, Status, apply, check_machine, sysctl_d};
+use throng_host::doctor::{
+    Fix, Machine, Plan, Role, Status, apply, check_machine, sysctl_d, warning_lines, warnings,
+};
 
 /// A fake `/proc` with a roomy machine; dropped with the test.
 struct FakeProc(PathBuf);
@@ -270,12 +272,23 @@ fn listen_backlogs() {
     let p = FakeProc::new("backlog");
     p.set("net.core.somaxconn", "128");
     p.set("net.ipv4.tcp_max_syn_backlog", "512");
+    p.set("net.ipv4.tcp_syncookies", "0");
     let all = p.check(&Plan::new(1_000, Role::Server));
     for name in ["net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog"] {
         let f = finding(&all, name);
         assert_eq!(f.status, Status::Warn, "{f:#?}");
         assert_eq!(sysctl_fix(f), (name.to_owned(), "65535".to_owned()));
     }
+    // With syncookies on, a short SYN queue does not stall anyone.
+    p.set("net.ipv4.tcp_syncookies", "1");
+    let f = finding(
+        &p.check(&Plan::new(1_000, Role::Server)),
+        "net.ipv4.tcp_max_syn_backlog",
+    )
+    .clone();
+    assert_eq!(f.status, Status::Ok, "{f:#?}");
+    assert!(f.message.contains("syncookies"));
+    p.set("net.ipv4.tcp_syncookies", "0");
     assert!(
         p.check(&Plan::new(1_000, Role::Client))
             .iter()
@@ -375,4 +388,38 @@ fn apply_reports_what_it_could_not_write() {
         applied[0].error.as_deref().unwrap().contains("fs.file-max"),
         "{applied:?}"
     );
+}
+
+#[test]
+fn start_up_warnings_are_one_line_each_worst_first() {
+    let p = FakeProc::new("warnings");
+    p.set("net.core.somaxconn", "128");
+    p.set("net.ipv4.ip_local_port_range", "32768\t60999");
+    let lines = warning_lines(&p.check(&Plan::new(100_000, Role::Both)));
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(
+        lines[0].starts_with("will stop the run: local ports: "),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains("(fix: use 4 source addresses"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with("warning: net.core.somaxconn: 128"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[1].ends_with("(fix: sysctl -w net.core.somaxconn=65535; see 'throng doctor')"),
+        "{}",
+        lines[1]
+    );
+    assert!(lines.iter().all(|l| !l.contains('\n')));
+    // This machine: the same lines as checking it by hand.
+    let plan = Plan::new(10, Role::Server);
+    let by_hand = warning_lines(&check_machine(&plan, &Machine::read(Path::new("/proc"))));
+    assert_eq!(warnings(&plan), by_hand);
 }
