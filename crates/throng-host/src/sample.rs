@@ -25,9 +25,9 @@ pub struct HostSample {
     /// Wall-clock time of the sample, ns since the Unix epoch.
     pub at_ns: u64,
     /// Established TCP sockets (IPv4 + IPv6), from `/proc/net/snmp` `CurrEstab`
-    /// and `/proc/net/snmp6`/sockstat.
+    /// (the kernel keeps one TCP MIB for both).
     pub tcp_established: u64,
-    /// TCP sockets in use (`/proc/net/sockstat` `TCP: inuse`).
+    /// TCP sockets in use (`/proc/net/sockstat` `TCP: inuse` + `/proc/net/sockstat6` `TCP6: inuse`).
     pub tcp_inuse: u64,
     /// Kernel memory held by TCP sockets, bytes (`/proc/net/sockstat` `mem` pages × page size).
     pub tcp_mem_bytes: u64,

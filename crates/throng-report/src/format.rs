@@ -400,6 +400,28 @@ impl Writer {
         Ok(writer)
     }
 
+    /// Opens `path` for appending (creating it if missing) and writes a
+    /// header there: a later header starts a new section of the same file,
+    /// so runs appended to one file are read and merged together.
+    pub fn append(path: impl AsRef<Path>, header: &Header) -> Result<Self, WriteError> {
+        let path = path.as_ref().to_path_buf();
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(|source| WriteError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        let mut writer = Self {
+            file,
+            path,
+            line: String::new(),
+        };
+        writer.put(&encode_header(header))?;
+        Ok(writer)
+    }
+
     /// The file written.
     pub fn path(&self) -> &Path {
         &self.path

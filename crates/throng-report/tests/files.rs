@@ -200,6 +200,22 @@ fn read_files_visits_every_file_and_keeps_damage_per_file() {
     assert!(summaries[1].damage.is_some());
 }
 
+#[test]
+fn runs_appended_to_one_file_read_as_one() {
+    let dir = TempDir::new("append");
+    let path = dir.file("runs.throng");
+    let mut w = Writer::append(&path, &header()).unwrap();
+    w.write_interval(&interval(10, "box/hold-0", 1)).unwrap();
+    drop(w);
+    let mut w = Writer::append(&path, &header()).unwrap();
+    w.write_interval(&interval(20, "box/hold-0", 2)).unwrap();
+    drop(w);
+    let records: Vec<Record> = Reader::open(&path).unwrap().collect();
+    assert_eq!(records.len(), 3);
+    assert!(matches!(records[1], Record::Header(_)));
+    assert_eq!(records[2], Record::Interval(interval(20, "box/hold-0", 2)));
+}
+
 mod merging {
     use super::*;
     use throng_host::sample::HostSample;
@@ -297,6 +313,27 @@ mod merging {
             series[1].host.as_ref().unwrap().packets_in_per_s,
             Some(2000.0)
         );
+    }
+
+    #[test]
+    fn concatenated_files_merge_as_the_files_do() {
+        let dir = TempDir::new("cat");
+        let (a, b, cat) = (dir.file("a"), dir.file("b"), dir.file("cat"));
+        let mut wa = Writer::create(&a, &header()).unwrap();
+        let mut wb = Writer::create(&b, &header()).unwrap();
+        for (i, iv) in run().iter().enumerate() {
+            if i % 2 == 0 { &mut wa } else { &mut wb }
+                .write_interval(iv)
+                .unwrap();
+        }
+        drop((wa, wb));
+        let mut joined = std::fs::read(&a).unwrap();
+        joined.extend(std::fs::read(&b).unwrap());
+        std::fs::write(&cat, joined).unwrap();
+        let (two, _) = merge_files(&[&a, &b], 1_000_000_000).unwrap();
+        let (one, files) = merge_files(&[&cat], 1_000_000_000).unwrap();
+        assert_eq!(one, two);
+        assert!(files[0].damage.is_none());
     }
 
     #[test]
