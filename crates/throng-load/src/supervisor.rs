@@ -145,8 +145,11 @@ pub struct Summary {
     pub failed: BTreeMap<String, u64>,
     /// Ended connections by how (`server.1008`, `eof`, `clean`, ...).
     pub closed: BTreeMap<String, u64>,
-    /// Connections per second, from the first to the last interval with a handshake.
+    /// Connections opened per second, from the schedule's start until every
+    /// worker had opened (or failed) its whole share.
     pub connect_rate: f64,
+    /// Seconds from the schedule's start until every connection was open or failed.
+    pub ramp_s: f64,
     /// Connect latency from the intended start (TCP + upgrade), µs.
     pub connect_us: Latency,
     /// Connect latency from the actual start, µs.
@@ -337,6 +340,7 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     let mut hold_end: Option<Instant> = None;
     let mut ramps_done = 0usize;
     let ramp_done_at: Rc<Cell<Option<Instant>>> = Rc::new(Cell::new(None));
+    let t0 = Instant::now() + Duration::from_nanos(start_unix_ns.saturating_sub(now_unix_ns()));
     let ramp_done_note = Rc::new(tokio::sync::Notify::new());
 
     // The publisher runs beside the main loop, from after the ramp to the hold's end.
@@ -570,7 +574,14 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     summary.connect_lag_us = Latency::of(h.get("connect.lag"));
     summary.publish_us = Latency::of(h.get("publish"));
     summary.delivery_us = Latency::of(h.get("delivery"));
-    if let Some(first) = first_open_start {
+    if let Some(done) = ramp_done_at.get() {
+        let span = done.saturating_duration_since(t0).as_secs_f64();
+        summary.ramp_s = span;
+        if span > 0.0 {
+            summary.connect_rate = summary.opened as f64 / span;
+        }
+    } else if let Some(first) = first_open_start {
+        // Stopped before the ramp ended: per-second intervals are all there is.
         let span = (last_open_end.saturating_sub(first)) as f64 / 1e9;
         if span > 0.0 {
             summary.connect_rate = summary.opened as f64 / span;
@@ -893,8 +904,8 @@ pub fn render_summary(s: &Summary) -> String {
         )
     };
     out.push_str(&format!(
-        "connections: {} opened of {} over {} worker(s), peak {} open, {:.0}/s\n",
-        s.opened, s.target, s.workers, s.peak_open, s.connect_rate
+        "connections: {} opened of {} over {} worker(s) in {:.2}s ({:.0}/s), peak {} open\n",
+        s.opened, s.target, s.workers, s.ramp_s, s.connect_rate, s.peak_open
     ));
     let failed: u64 = s.failed.values().sum();
     if failed > 0 {

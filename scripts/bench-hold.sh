@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Benchmarks of `throng hold` against `throng serve` on this machine.
+#
+#   scripts/bench-hold.sh memory   client RSS per idle held connection: one
+#                                  worker, N=1 vs N=18,000 (target <= 1 KiB)
+#   scripts/bench-hold.sh rate     connect rate (target >= 30,000/s), with the
+#                                  CPU used by the harness and by the server
+#   scripts/bench-hold.sh 100k     100,000 held connections, push latency
+#   scripts/bench-hold.sh all      all three (default)
+#
+# Every run is bounded (--duration) and stops by itself; the server is
+# stopped at the end. Results (throng result files) stay in $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+OUT=${OUT:-$(mktemp -d /tmp/throng-bench-hold.XXXXXX)}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+ulimit -n "$(ulimit -Hn)"
+
+cargo build --release -q -p throng
+BIN=$CARGO_TARGET_DIR/release/throng
+echo "binary: $BIN; results in $OUT"
+
+# A free range of N consecutive ports on 127.0.0.1.
+free_ports() {
+  python3 - "$1" <<'EOF'
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(500):
+    first = random.randint(20000, 30000 - n)
+    socks = []
+    try:
+        for p in range(first, first + n):
+            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
+        print(first); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+EOF
+}
+
+SERVER_PID=
+start_server() { # workers ports
+  local first; first=$(free_ports "$2")
+  local last=$((first + $2 - 1))
+  "$BIN" serve --listen "127.0.0.1:$first-$last" --workers "$1" --ping-interval 5m --json \
+    > "$OUT/serve.json" 2> "$OUT/serve.log" &
+  SERVER_PID=$!
+  PORTS="$first-$last"
+  for _ in $(seq 100); do
+    if curl -sf "http://127.0.0.1:$first/healthz" >/dev/null 2>&1; then break; fi
+    sleep 0.1
+  done
+  echo "server: pid $SERVER_PID, $1 workers, ports $PORTS"
+}
+stop_server() {
+  [ -n "$SERVER_PID" ] && kill -TERM "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+}
+trap stop_server EXIT
+
+# CPU seconds (user+sys) used so far by the server supervisor and its workers.
+server_cpu() {
+  python3 - "$SERVER_PID" <<'EOF'
+import os, sys
+root = int(sys.argv[1]); hz = os.sysconf("SC_CLK_TCK"); total = 0
+for pid in os.listdir("/proc"):
+    if not pid.isdigit(): continue
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        continue
+    f = stat[stat.rindex(")") + 2:].split()
+    if int(pid) == root or int(f[1]) == root:
+        total += (int(f[11]) + int(f[12])) / hz
+print(f"{total:.2f}")
+EOF
+}
+
+# From a result file: the worker's RSS in the last interval where all N were open.
+rss_at_plateau() { # file n
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+path, n = sys.argv[1], int(sys.argv[2])
+opened, rss = {}, {}
+for line in open(path):
+    r = json.loads(line)
+    if r.get("type") != "interval": continue
+    s = r["start_ns"]
+    if r["source"].endswith("/hold-supervisor"):
+        for label, b in (r.get("host") or {}).get("rss_bytes", []):
+            if label.endswith("/hold-0"): rss[s] = b
+    else:
+        opened[s] = opened.get(s, 0) + r.get("gauges", {}).get("connections.open", 0)
+full = [s for s in sorted(opened) if opened[s] == n and s in rss]
+print(rss[full[-1]] if full else "none")
+EOF
+}
+
+bench_memory() {
+  echo; echo "== memory: one worker, N=1 then N=18000 idle held connections"
+  start_server 2 1
+  "$BIN" hold "ws://127.0.0.1:$PORTS/mem" -c 1 -w 1 --duration 3s -q -o "$OUT/mem1.jsonl" > /dev/null
+  "$BIN" hold "ws://127.0.0.1:$PORTS/mem" -c 18000 -w 1 --rate 6000/s --duration 4s -q -o "$OUT/mem18k.jsonl" \
+    > "$OUT/mem18k.txt"
+  tail -n 8 "$OUT/mem18k.txt"
+  local r1 r18
+  r1=$(rss_at_plateau "$OUT/mem1.jsonl" 1)
+  r18=$(rss_at_plateau "$OUT/mem18k.jsonl" 18000)
+  echo "worker RSS: N=1 $r1 bytes, N=18000 $r18 bytes"
+  python3 -c "print(f'per idle held connection: {($r18 - $r1) / 17999:.0f} bytes (target <= 1024)')"
+  stop_server
+}
+
+bench_rate() {
+  local n=${RATE_N:-60000} rate=${RATE:-30000/s} sw=${SERVER_WORKERS:-4} hw=${HOLD_WORKERS:-4}
+  echo; echo "== connect rate: $n connections at $rate against throng serve ($sw workers; hold $hw workers)"
+  start_server "$sw" 4
+  local before after
+  before=$(server_cpu)
+  "$BIN" hold "ws://127.0.0.1:$PORTS/rate" -c "$n" --rate "$rate" -w "$hw" --duration 2s --json -q \
+    -o "$OUT/rate.jsonl" > "$OUT/rate.json" 2> "$OUT/rate.err" || { cat "$OUT/rate.err"; exit 1; }
+  after=$(server_cpu)
+  python3 - "$OUT/rate.json" "$before" "$after" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1])); before, after = float(sys.argv[2]), float(sys.argv[3])
+harness = sum(v for k, v in s["cpu_ns"].items()) / 1e9
+print(f"opened {s['opened']} of {s['target']}, failed {s['failed']}")
+print(f"connect rate {s['connect_rate']:.0f}/s: all {s['opened']} open {s['ramp_s']:.2f}s after the schedule started")
+print(f"connect latency from intended start: p50 {s['connect_us']['p50']} us, p99 {s['connect_us']['p99']} us")
+print(f"harness lag behind schedule: p50 {s['connect_lag_us']['p50']} us, p99 {s['connect_lag_us']['p99']} us, max {s['connect_lag_us']['max']} us")
+server = after - before
+n = max(s["opened"], 1)
+print(f"CPU seconds over the whole run (open, hold, close): harness {harness:.2f} (supervisor + workers), server {server:.2f}")
+print(f"CPU per connection: harness {harness / n * 1e6:.0f} us, server {server / n * 1e6:.0f} us; machine: {__import__('os').cpu_count()} cores shared by both")
+EOF
+  stop_server
+}
+
+bench_100k() {
+  local n=${BIG_N:-100000}
+  echo; echo "== $n held connections, push latency"
+  free -m | sed -n 2p
+  start_server 6 16
+  local first=${PORTS%-*}
+  "$BIN" hold "ws://127.0.0.1:$PORTS/big" -c "$n" --rate 20000/s -w 6 --source-ips 127.0.0.2-127.0.0.5 \
+    --duration 10s --publish "http://127.0.0.1:$first/publish/big" --publish-rate 1/s --message-size 128 \
+    -o "$OUT/100k.jsonl" > "$OUT/100k.txt" 2>&1 || true
+  tail -n 14 "$OUT/100k.txt"
+  free -m | sed -n 2p
+  stop_server
+}
+
+case "$what" in
+  memory) bench_memory ;;
+  rate) bench_rate ;;
+  100k) bench_100k ;;
+  all) bench_memory; bench_rate; bench_100k ;;
+  *) echo "usage: $0 [memory|rate|100k|all]" >&2; exit 2 ;;
+esac
