@@ -89,7 +89,11 @@ impl Publisher {
         match tokio::time::timeout(timeout, self.publish_inner(payload)).await {
             Ok(Ok(n)) => Ok(n),
             Ok(Err(e)) => {
-                self.conn = None;
+                // A status error came with a whole response: the connection
+                // is still good. Anything else leaves it in an unknown state.
+                if !matches!(e, PublishError::Status(_)) {
+                    self.conn = None;
+                }
                 Err(e)
             }
             Err(_) => {
@@ -133,9 +137,12 @@ impl Publisher {
         conn.write_all(&self.out).await?;
         match &self.target {
             PublishTarget::Http { .. } => {
-                let (n, keep) = read_http(conn, &mut self.inbuf).await?;
+                let (status, n, keep) = read_http(conn, &mut self.inbuf).await?;
                 if !keep {
                     self.conn = None;
+                }
+                if !(200..300).contains(&status) {
+                    return Err(PublishError::Status(status));
                 }
                 Ok(n)
             }
@@ -157,12 +164,12 @@ async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), PublishErro
     Ok(())
 }
 
-/// Reads one HTTP response; returns the `subscribers` count from a JSON
-/// body, if any, and whether the connection stays open.
+/// Reads one HTTP response; returns its status, the `subscribers` count
+/// from a JSON body, if any, and whether the connection stays open.
 async fn read_http(
     conn: &mut TcpStream,
     buf: &mut Vec<u8>,
-) -> Result<(Option<u64>, bool), PublishError> {
+) -> Result<(u16, Option<u64>, bool), PublishError> {
     let (resp, head_len) = loop {
         match http::parse_response(buf, http::MAX_HEAD) {
             Ok(Some(r)) => break r,
@@ -197,13 +204,10 @@ async fn read_http(
             }
         }
     }
-    if !(200..300).contains(&resp.status) {
-        return Err(PublishError::Status(resp.status));
-    }
     let subscribers = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v.get("subscribers").and_then(serde_json::Value::as_u64));
-    Ok((subscribers, resp.keep_alive() && !eof))
+    Ok((resp.status, subscribers, resp.keep_alive() && !eof))
 }
 
 /// Appends a RESP array of bulk strings.

@@ -1,0 +1,144 @@
+//! The publishers against real peers: a real `redis-server` (PUBLISH seen by
+//! a RESP subscriber), and a plain HTTP server on a socket.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use throng_load::message;
+use throng_load::publish::{PublishError, Publisher};
+use throng_load::target::PublishTarget;
+
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_redis() -> Redis {
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed by scripts/test.sh");
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Redis { child, port }
+}
+
+/// Reads one RESP line.
+fn line(r: &mut BufReader<TcpStream>) -> String {
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    l.trim_end().to_owned()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn redis_publish_reaches_a_subscriber() {
+    let redis = start_redis();
+    let mut sub = TcpStream::connect(("127.0.0.1", redis.port)).unwrap();
+    sub.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    sub.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$8\r\nthrong:c\r\n")
+        .unwrap();
+    let mut r = BufReader::new(sub.try_clone().unwrap());
+    // *3 $9 subscribe $8 throng:c :1
+    let confirm: Vec<String> = (0..6).map(|_| line(&mut r)).collect();
+    assert_eq!(confirm[5], ":1", "{confirm:?}");
+
+    let target: PublishTarget = format!("redis://127.0.0.1:{}", redis.port).parse().unwrap();
+    let mut publisher = Publisher::new(target, "throng:c".into(), Duration::from_secs(5));
+    let mut msg = Vec::new();
+    message::encode(&mut msg, 7, 1_234_567, 100);
+    assert_eq!(publisher.publish(&msg).await.unwrap(), Some(1));
+    // A second publish reuses the connection.
+    assert_eq!(publisher.publish(&msg).await.unwrap(), Some(1));
+
+    // *3 $7 message $8 throng:c $100 <payload>
+    let head: Vec<String> = (0..6).map(|_| line(&mut r)).collect();
+    assert_eq!(head[2], "message");
+    assert_eq!(head[5], "$100");
+    let mut payload = vec![0u8; 102];
+    r.read_exact(&mut payload).unwrap();
+    assert_eq!(message::decode(&payload[..100]), Some((7, 1_234_567)));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn redis_down_is_a_connect_error() {
+    let target: PublishTarget = format!("redis://127.0.0.1:{}", free_port())
+        .parse()
+        .unwrap();
+    let mut publisher = Publisher::new(target, "throng:c".into(), Duration::from_secs(5));
+    let err = publisher.publish(b"x").await.unwrap_err();
+    assert!(matches!(err, PublishError::Connect { .. }), "{err}");
+    assert_eq!(err.label(), "connect");
+}
+
+/// An HTTP endpoint that answers 503 then 200 with a JSON body, on one
+/// keep-alive connection.
+#[tokio::test(flavor = "current_thread")]
+async fn http_status_and_subscriber_count() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut w = s;
+        for answer in [
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy".to_owned(),
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 17\r\n\r\n{\"subscribers\":3}".to_owned(),
+        ] {
+            let mut len = 0;
+            loop {
+                let mut l = String::new();
+                r.read_line(&mut l).unwrap();
+                if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+                if l == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0u8; len];
+            r.read_exact(&mut body).unwrap();
+            w.write_all(answer.as_bytes()).unwrap();
+        }
+    });
+    let target: PublishTarget = format!("http://{addr}/publish/c").parse().unwrap();
+    let mut publisher = Publisher::new(target, String::new(), Duration::from_secs(5));
+    let err = publisher.publish(b"hello").await.unwrap_err();
+    assert!(matches!(err, PublishError::Status(503)), "{err}");
+    // The 503 was read whole: the same connection carries the next publish.
+    assert_eq!(publisher.publish(b"hello").await.unwrap(), Some(3));
+    server.join().unwrap();
+}
