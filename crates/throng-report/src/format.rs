@@ -291,9 +291,40 @@ pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, String> {
             "shape (digits, lowest, highest) = {shape:?} is not the v1 shape {v1:?}"
         ));
     }
+    check_counts(&plain[V2_HEADER..V2_HEADER + payload])?;
     Deserializer::new()
         .deserialize(&mut plain.as_slice())
         .map_err(|e| format!("cannot decode: {e:?}"))
+}
+
+/// Walks the V2 payload's zig-zag varints (7 bits a byte, the 9th byte
+/// whole) and refuses the one value hdrhistogram's decoder would panic on
+/// (a zero run of 2^63, which it negates).
+fn check_counts(payload: &[u8]) -> Result<(), String> {
+    let mut i = 0;
+    while i < payload.len() {
+        let mut value = 0u64;
+        let mut shift = 0;
+        loop {
+            let Some(&b) = payload.get(i) else {
+                return Err("payload ends inside a number".to_owned());
+            };
+            i += 1;
+            if shift == 56 {
+                value |= u64::from(b) << 56;
+                break;
+            }
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+        }
+        if value == u64::MAX {
+            return Err("a run of zeros too long for any histogram".to_owned());
+        }
+    }
+    Ok(())
 }
 
 /// Decodes one line of a result file (with or without its line break).
@@ -858,6 +889,58 @@ mod tests {
         assert!(err.contains("shape"), "{err}");
         assert!(decode_histogram("!!!").is_err());
         assert!(decode_histogram("").is_err());
+    }
+
+    proptest::proptest! {
+        /// Any damage to a valid encoding is an error or a histogram, never a panic.
+        #[test]
+        fn damaged_histograms_never_panic(
+            seed in proptest::collection::vec(1u64..5_000_000, 0..50),
+            flips in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..8),
+            cut in 0usize..4096,
+        ) {
+            let mut h = new_histogram();
+            for v in &seed {
+                h.record(*v).unwrap();
+            }
+            // The plain V2 form (accepted too), so flipped bytes reach the decoder.
+            let mut plain = Vec::new();
+            hdrhistogram::serialization::V2Serializer::new().serialize(&h, &mut plain).unwrap();
+            for (at, b) in &flips {
+                let n = plain.len();
+                plain[at % n] ^= *b;
+            }
+            let _ = decode_histogram(&BASE64.encode(&plain));
+            plain.truncate(cut % (plain.len() + 1));
+            let _ = decode_histogram(&BASE64.encode(&plain));
+            // And whole records cut anywhere.
+            let line = encode_interval(&Interval {
+                start_ns: 1,
+                length_ns: 1,
+                source: "s".to_owned(),
+                counters: BTreeMap::new(),
+                gauges: BTreeMap::new(),
+                histograms: BTreeMap::from([("h".to_owned(), h)]),
+                host: None,
+            });
+            let _ = decode_record(&line[..cut % (line.len() + 1)]);
+        }
+    }
+
+    #[test]
+    fn a_zero_run_of_two_to_the_63_is_refused() {
+        // Header of a v1-shaped plain V2 histogram, then the varint of u64::MAX (9 bytes).
+        let mut plain = Vec::new();
+        plain.extend_from_slice(&0x1c84_9313u32.to_be_bytes());
+        plain.extend_from_slice(&9u32.to_be_bytes());
+        plain.extend_from_slice(&0u32.to_be_bytes());
+        plain.extend_from_slice(&u32::from(HISTOGRAM_SIGFIG).to_be_bytes());
+        plain.extend_from_slice(&1u64.to_be_bytes());
+        plain.extend_from_slice(&HISTOGRAM_MAX_US.to_be_bytes());
+        plain.extend_from_slice(&1f64.to_be_bytes());
+        plain.extend_from_slice(&[0xff; 9]);
+        let err = decode_histogram(&BASE64.encode(&plain)).unwrap_err();
+        assert!(err.contains("zeros"), "{err}");
     }
 
     #[test]

@@ -57,7 +57,7 @@ impl SparseHistogram {
             }
             match old.peek() {
                 Some(&(v, c)) if v == value => {
-                    merged.push((v, c + count));
+                    merged.push((v, c.saturating_add(count)));
                     old.next();
                 }
                 _ => merged.push((value, count)),
@@ -78,7 +78,7 @@ impl SparseHistogram {
         loop {
             match (a.peek().copied(), b.peek().copied()) {
                 (Some(x), Some(y)) if x.0 == y.0 => {
-                    merged.push((x.0, x.1 + y.1));
+                    merged.push((x.0, x.1.saturating_add(y.1)));
                     a.next();
                     b.next();
                 }
@@ -102,7 +102,9 @@ impl SparseHistogram {
 
     /// Total count.
     pub fn len(&self) -> u64 {
-        self.bins.iter().map(|(_, c)| c).sum()
+        self.bins
+            .iter()
+            .fold(0u64, |n, (_, c)| n.saturating_add(*c))
     }
 
     /// Whether nothing was recorded.
