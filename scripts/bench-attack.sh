@@ -13,7 +13,8 @@
 #    achieved (target: within 1% of 2,000/s), and the generator's user-space
 #    memory per request in flight (target: <= 2 KiB): its worker's peak RSS
 #    minus the peak RSS of the same run without sleep, over the peak number
-#    of requests in flight.
+#    of requests in flight. Beside it, the server's worker RSS per sleeping
+#    request (its peak during the run minus before, over the same count).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,8 +73,26 @@ echo
 echo "== 2. 2000 req/s with 'sleep: 5000' for ${SLEEP_SECS}s (about 5000 requests in flight)"
 timeout $((SLEEP_SECS + 60)) "$THRONG" attack --url "$url" --rate 2000/s --duration "${SLEEP_SECS}s" \
   --workers 1 --timeout 30s --format json -q >"$tmp/base.json" 2>/dev/null
+# The server's workers: its child processes; their summed RSS, KiB.
+server_rss() {
+  local total=0 pid kb
+  for pid in $(pgrep -P "$server_pid"); do
+    kb=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+    total=$((total + ${kb:-0}))
+  done
+  echo "$total"
+}
+server_before=$(server_rss)
 timeout $((SLEEP_SECS + 60)) "$THRONG" attack --url "$url" -H 'sleep: 5000' --rate 2000/s \
-  --duration "${SLEEP_SECS}s" --workers 1 --timeout 30s --format json -q >"$tmp/sleep.json" 2>/dev/null
+  --duration "${SLEEP_SECS}s" --workers 1 --timeout 30s --format json -q >"$tmp/sleep.json" 2>/dev/null &
+attack_pid=$!
+server_peak=$server_before
+while kill -0 "$attack_pid" 2>/dev/null; do
+  now=$(server_rss)
+  [ "$now" -gt "$server_peak" ] && server_peak=$now
+  sleep 0.5
+done
+wait "$attack_pid"
 jq -r '"  without sleep: \(.requests) requests, rate \(.rate | floor)/s, peak in flight \(.peak_in_flight), worker peak RSS \(.peak_rss_bytes | to_entries[] | select(.key | endswith("attack-0")) | .value) bytes"' <"$tmp/base.json"
 jq -r '"  sleep 5000:    \(.requests) requests (planned \(.planned)), rate \(.rate * 100 | floor / 100)/s, 200s \(.status["200"] // 0), errors \([.errors[]] | add // 0), late \(.late), peak in flight \(.peak_in_flight), worker peak RSS \(.peak_rss_bytes | to_entries[] | select(.key | endswith("attack-0")) | .value) bytes"' <"$tmp/sleep.json"
 jq -r '"  sleep 5000 latency p50 \(.latency_us.p50 / 1000 | floor) ms, p99 \(.latency_us.p99 / 1000 | floor) ms, max \(.latency_us.max / 1000 | floor) ms; lag p99 \(.lag_us.p99) µs"' <"$tmp/sleep.json"
@@ -84,3 +103,5 @@ rate=$(jq '.rate' <"$tmp/sleep.json")
 awk -v r="$rate" 'BEGIN {printf "  rate held: %.2f/s, off by %.3f%% (target < 1%%)\n", r, (r - 2000) / 20}'
 awk -v a="$rss_sleep" -v b="$rss_base" -v n="$in_flight" \
   'BEGIN {printf "  generator memory per request in flight: (%d - %d) / %d = %.0f bytes (target <= 2048)\n", a, b, n, (a - b) / n}'
+awk -v a="$server_peak" -v b="$server_before" -v n="$in_flight" \
+  'BEGIN {printf "  server (throng serve) memory per sleeping request: (%d - %d) KiB / %d = %.0f bytes\n", a, b, n, (a - b) * 1024 / n}'

@@ -12,7 +12,7 @@
 //! explicit options printed at start (`--request-timeout`, default 1 h;
 //! `--max-sleep`; `--max-times`), never a hidden two-minute timeout.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use throng_proto::http::{self, BodyDecoder, BodyKind, Request};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -78,13 +78,13 @@ pub(crate) async fn serve(
         }
     };
     w.counters.http_request("ping");
-    match tokio::time::timeout(w.cfg.request_timeout, answer(w, stream, req, buf, ask)).await {
-        Ok(keep) => keep,
-        Err(_) => {
-            w.counters.handshake_failed("request_timeout");
-            false
-        }
+    let deadline = Instant::now() + w.cfg.request_timeout;
+    let keep = answer(w, stream, req, buf, ask, deadline).await;
+    if Instant::now() >= deadline {
+        w.counters.handshake_failed("request_timeout");
+        return false;
     }
+    keep
 }
 
 async fn answer(
@@ -93,8 +93,13 @@ async fn answer(
     req: &Request,
     buf: &mut Vec<u8>,
     ask: Ask,
+    deadline: Instant,
 ) -> bool {
-    if let Err((status, why)) = discard_body(stream, req, buf, w.cfg.max_message).await {
+    let body = discard_body(stream, req, buf, w.cfg.max_message);
+    let Ok(body) = tokio::time::timeout_at(deadline.into(), body).await else {
+        return false;
+    };
+    if let Err((status, why)) = body {
         if status == 0 {
             return false;
         }
@@ -107,7 +112,9 @@ async fn answer(
         *buf = Vec::new();
     }
     let keep = req.keep_alive();
-    pause(ask.sleep_ms).await;
+    if !pause(ask.sleep_ms, deadline).await {
+        return false;
+    }
     if ask.times == 0 {
         let mut out = Vec::with_capacity(128);
         let conn = if keep { "keep-alive" } else { "close" };
@@ -135,7 +142,9 @@ async fn answer(
         return false;
     }
     for _ in 0..ask.times {
-        pause(ask.sleep_ms).await;
+        if !pause(ask.sleep_ms, deadline).await {
+            return false;
+        }
         let mut out = Vec::with_capacity(16);
         push_pong(&mut out, chunked);
         if !write(w, stream, &out).await {
@@ -160,14 +169,23 @@ fn push_pong(out: &mut Vec<u8>, chunked: bool) {
     }
 }
 
-/// Waits a random 0..=`max_ms` ms: one timer-wheel entry, no thread.
-async fn pause(max_ms: u64) {
-    if max_ms > 0 {
-        let ms = fastrand::u64(0..=max_ms);
-        if ms > 0 {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-        }
+/// Waits a random 0..=`max_ms` ms, but not past `deadline` (then false):
+/// the request's one timer-wheel entry while it sleeps, no thread.
+async fn pause(max_ms: u64, deadline: Instant) -> bool {
+    let ms = if max_ms > 0 {
+        fastrand::u64(0..=max_ms)
+    } else {
+        0
+    };
+    let wake = Instant::now() + Duration::from_millis(ms);
+    if wake >= deadline {
+        tokio::time::sleep_until(deadline.into()).await;
+        return false;
     }
+    if ms > 0 {
+        tokio::time::sleep_until(wake.into()).await;
+    }
+    true
 }
 
 /// Reads the request body and drops it. `Err((status, reason))` for a bad

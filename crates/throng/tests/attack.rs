@@ -40,6 +40,10 @@ struct Serve {
 
 impl Serve {
     fn start() -> Self {
+        Self::with(&[])
+    }
+
+    fn with(extra: &[&str]) -> Self {
         let mut child = throng()
             .args([
                 "serve",
@@ -49,6 +53,7 @@ impl Serve {
                 "1",
                 "--json",
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -639,4 +644,27 @@ fn targets_from_stdin_rotate() {
         assert_eq!(n(r, "status"), 200);
     }
     let _ = std::fs::remove_file(rows_path);
+}
+
+#[test]
+fn ping_is_cut_off_at_the_request_timeout() {
+    let serve = Serve::with(&["--request-timeout", "300ms"]);
+    let mut c = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let began = Instant::now();
+    // 51 waits of 0..1000 ms: far longer than 300 ms.
+    c.write_all(b"GET /ping HTTP/1.1\r\nHost: t\r\nsleep: 1000\r\ntimes: 50\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = c.read_to_end(&mut got);
+    let took = began.elapsed();
+    assert!(
+        !got.ends_with(b"0\r\n\r\n"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
 }
