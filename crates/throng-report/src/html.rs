@@ -101,6 +101,15 @@ fn summary(o: &mut String, r: &Report) {
             );
         }
         o.push_str("</table>\n");
+        for f in r.files.iter().filter(|f| !f.settings.is_null()) {
+            let pretty = serde_json::to_string_pretty(&f.settings).unwrap_or_default();
+            let _ = writeln!(
+                o,
+                "<details><summary>settings of {}</summary><pre>{}</pre></details>",
+                esc(&f.path),
+                esc(&pretty)
+            );
+        }
         for d in r.files.iter().filter_map(|f| f.damage.as_ref()) {
             let _ = writeln!(o, "<p class=\"warn\">warning: {}</p>", esc(d));
         }

@@ -187,6 +187,8 @@ pub struct FileInfo {
     pub command: Vec<String>,
     /// Records read.
     pub records: u64,
+    /// The run's settings, as its header holds them.
+    pub settings: serde_json::Value,
     /// Where it was damaged, as a warning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub damage: Option<String>,
@@ -345,6 +347,7 @@ impl Report {
                     started: f.header.started.clone(),
                     command: f.header.command.clone(),
                     records: f.records,
+                    settings: f.header.settings.clone(),
                     damage: f.damage.as_ref().map(ToString::to_string),
                 })
                 .collect(),
