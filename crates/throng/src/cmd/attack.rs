@@ -97,8 +97,12 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 10_000)]
     max_connections: u64,
 
+    /// Reuse connections (HTTP/1.1 keep-alive): the default.
+    #[arg(long, overrides_with = "no_keepalive")]
+    keepalive: bool,
+
     /// Open a new connection for every request (sends Connection: close).
-    #[arg(long)]
+    #[arg(long, overrides_with = "keepalive")]
     no_keepalive: bool,
 
     /// Per request, connect included; a later answer counts as error 'timeout'.
