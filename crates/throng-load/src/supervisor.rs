@@ -388,6 +388,7 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     let mut open_workers = workers.len();
     let mut last_flushed = 0u64;
     let mut last_host: Option<HostSample> = None;
+    let mut last_sup_start = 0u64;
 
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -508,6 +509,7 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
                             writer: &mut writer, summary: &mut summary, total: &mut total,
                             first_open_start: &mut first_open_start, last_open_end: &mut last_open_end,
                             last_host: &mut last_host,
+                            last_sup_start: &mut last_sup_start,
                         })?;
                         if start > last_flushed {
                             last_flushed = start;
@@ -534,6 +536,7 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
                 first_open_start: &mut first_open_start,
                 last_open_end: &mut last_open_end,
                 last_host: &mut last_host,
+                last_sup_start: &mut last_sup_start,
             },
         )?;
         if start > last_flushed {
@@ -607,12 +610,24 @@ struct Absorb<'a> {
     first_open_start: &'a mut Option<u64>,
     last_open_end: &'a mut u64,
     last_host: &'a mut Option<HostSample>,
+    /// The start of the last interval the supervisor wrote its own record for.
+    last_sup_start: &'a mut u64,
 }
 
 /// Adds the supervisor's record (publisher counts, host sample) to the
 /// workers' merged interval, writes it, and folds it into the run's totals.
 fn absorb(iv: Interval, a: &mut Absorb<'_>) -> io::Result<Interval> {
     let start = iv.start_ns;
+    // A worker's record that arrives after its interval was flushed (a worker
+    // held up for seconds) is merged on its own: the supervisor's record for
+    // that start is written once only.
+    if start <= *a.last_sup_start {
+        let mut merged = iv;
+        merged.gauges.clear();
+        merge_into(a.total, &merged);
+        return Ok(merged);
+    }
+    *a.last_sup_start = start;
     let sup = supervisor_interval(a.host, start, a.length_ns, a.stats, a.sampler, a.workers);
     if let Some(w) = a.writer.as_mut() {
         w.write_interval(&sup).map_err(io::Error::other)?;

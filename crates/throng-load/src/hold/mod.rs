@@ -156,6 +156,8 @@ struct Ctx {
     live: Cell<u64>,
     /// Connections being opened, plus 1 while the schedule still runs.
     opening: Cell<u64>,
+    /// The start of the next interval to emit (0 before the first).
+    next_start: Cell<u64>,
     /// The readiness loop holding upgraded connections.
     holder: Holder,
     /// Wakes the main task when `live` drops to zero.
@@ -265,6 +267,7 @@ async fn worker(
         first_publish_ns: Cell::new(0),
         live: Cell::new(1), // the opener itself, so `idle` waits for the schedule to end
         opening: Cell::new(1),
+        next_start: Cell::new(0),
         idle: Notify::new(),
         logged: Cell::new(0),
         holder: Holder::new()?,
@@ -347,7 +350,9 @@ async fn worker(
     ticker.abort();
     holder.abort();
     let length = settings.interval_ns.max(1);
-    let start_ns = now_unix_ns() / length * length;
+    // The ticker's clock (monotonic) and the wall clock may disagree by a
+    // little: never label the last interval with a start already sent.
+    let start_ns = (now_unix_ns() / length * length).max(ctx.next_start.get());
     let iv = ctx.rec.borrow_mut().take(start_ns);
     ctx.emit(&encode_interval(&iv));
     ctx.event(
@@ -360,12 +365,13 @@ async fn worker(
 /// Emits one interval per wall-clock second (aligned).
 async fn tick(ctx: Rc<Ctx>) {
     let length = ctx.plan.settings.interval_ns.max(1);
-    let mut last_end = 0u64;
+    let mut last_end = ctx.next_start.get();
     loop {
         let now = now_unix_ns();
         let end = ((now / length + 1) * length).max(last_end + length);
         tokio::time::sleep(Duration::from_nanos(end.saturating_sub(now))).await;
         last_end = end;
+        ctx.next_start.set(end);
         let iv: Interval = ctx.rec.borrow_mut().take(end - length);
         ctx.emit(&encode_interval(&iv));
     }
