@@ -20,6 +20,7 @@ ulimit -n "$(ulimit -Hn)"
 cargo build --release -q -p throng
 BIN=$CARGO_TARGET_DIR/release/throng
 echo "binary: $BIN; results in $OUT"
+echo "machine: $(nproc) cores, $(free -m | awk '/^Mem:/ {print $7}') MiB available; $(uptime | sed 's/.*load/load/')"
 
 # A free range of N consecutive ports on 127.0.0.1.
 free_ports() {
