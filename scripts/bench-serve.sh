@@ -10,10 +10,11 @@
 #   floor_write_cpu_ns_per_frame        a bare write(2) loop of the same frame to the same sockets
 #   ratio_in_loop / ratio_process       fan-out over floor (target <= 1.5); _process uses /proc utime+stime
 #   publish_to_reply_ms_median          POST /publish until its reply, sent after the last frame is written
-#   publish_to_last_frame_received_ms_median   until the client has read every frame
+#   subscribers_missing_a_frame         after each publish every socket is drained: must be 0
 #   upgrades_per_sec                    WebSocket upgrades accepted per second (200 in flight)
 #   kernel_*                            kernel memory per connection (both ends are on this machine)
-# Keep N under the 20,000-file limit: the client holds all N in one process.
+# Keep N under the 20,000-file limit: the client holds all N in one process,
+# outside any epoll, so a fan-out wakes nothing in it (see the example's docs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
