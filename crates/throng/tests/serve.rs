@@ -529,6 +529,23 @@ fn publish_reports_the_subscribers_it_reached() {
     let (status, body) = publish(server.addr, "empty", b"x", None);
     assert_eq!(status, 200);
     assert_eq!(body.trim(), r#"{"channel":"empty","subscribers":0}"#);
+
+    // Keep-alive: two publishes on one connection, answered in order.
+    let mut sub = subscribe(server.addr, "kept");
+    server.wait_metric("throng_connections_open", |v| v == 1.0);
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.write_all(b"POST /publish/kept HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nfirstPOST /publish/kept HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nConnection: close\r\n\r\nsecond").unwrap();
+    let mut replies = String::new();
+    s.read_to_string(&mut replies).unwrap();
+    assert_eq!(
+        replies
+            .matches(r#"{"channel":"kept","subscribers":1}"#)
+            .count(),
+        2,
+        "{replies}"
+    );
+    assert_eq!(sub.read().unwrap(), Message::text("first"));
+    assert_eq!(sub.read().unwrap(), Message::text("second"));
 }
 
 #[test]
