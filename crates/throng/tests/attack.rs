@@ -508,8 +508,8 @@ fn thresholds_set_the_exit_status() {
 
 #[test]
 fn timeouts_are_their_own_error_kind() {
-    // The server holds every answer for 3 s; the timeout is 300 ms.
-    let (port, _) = stall_server(Duration::ZERO, Duration::from_secs(3));
+    // The server holds every answer for 10 s; the timeout is 300 ms.
+    let (port, _) = stall_server(Duration::ZERO, Duration::from_secs(10));
     let url = format!("http://127.0.0.1:{port}/");
     let (code, s, err) = attack(&[
         "--url",
@@ -524,6 +524,20 @@ fn timeouts_are_their_own_error_kind() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(s["errors"]["timeout"].as_u64(), Some(10), "{s}");
     assert!(s["status"].as_object().unwrap().is_empty(), "{s}");
+    // The closed pool's loops reuse one timer across requests: still exact.
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--max",
+        "--connections",
+        "2",
+        "--requests",
+        "4",
+        "--timeout",
+        "300ms",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["errors"]["timeout"].as_u64(), Some(4), "{s}");
 }
 
 #[test]

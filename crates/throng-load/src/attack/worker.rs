@@ -18,6 +18,7 @@
 use std::cell::{Cell, RefCell};
 use std::io::{self, BufRead, Write};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,7 @@ use throng_report::format::{Event, encode_event, encode_interval};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
+use tokio::time::Sleep;
 
 use super::record::{AttackRecorder, Failure, Row, RowFormat, RowWriter};
 use super::timer::PreciseTimer;
@@ -372,7 +374,7 @@ async fn schedule(
         ctx_live_add(&ctx);
         let c = ctx.clone();
         tokio::task::spawn_local(async move {
-            request(&c, i, intended).await;
+            request(&c, i, intended, Instant::now(), None).await;
             c.task_done();
         });
         i += step;
@@ -390,6 +392,12 @@ async fn schedule(
 /// the last one ends.
 async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
     let step = u64::from(ctx.plan.workers.max(1));
+    // One timer for the loop's whole life rather than one per request: it is
+    // armed for the first request's deadline and, when it fires early for a
+    // later request, moved on to that one's. Keep-alive requests that take
+    // microseconds then cost the timer wheel nothing.
+    let timer = tokio::time::sleep(ctx.timeout);
+    tokio::pin!(timer);
     loop {
         let k = next.get();
         let seq = u64::from(ctx.plan.index) + k * step;
@@ -401,25 +409,34 @@ async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
             break;
         }
         next.set(k + 1);
-        request(&ctx, seq, now).await;
+        request(&ctx, seq, now, now, Some(timer.as_mut())).await;
     }
     ctx.task_done();
 }
 
 /// One request's own figures, for its row.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Io {
     bytes_in: u64,
     bytes_out: u64,
+    /// When the generator started it.
+    began: Instant,
     /// When it went on the wire: a connection was taken from the pool, or
     /// a new one began to connect.
     sent_at: Option<Instant>,
 }
 
-/// Runs request `seq` (target `seq % targets`), due at `intended`, to its end.
-async fn request(ctx: &Rc<Ctx>, seq: u64, intended: Instant) {
+/// Runs request `seq` (target `seq % targets`), due at `intended` and
+/// started at `began` (now), to its end. `timer`: a closed loop's own timer
+/// to reuse for the timeout (else the request takes a timer of its own).
+async fn request(
+    ctx: &Rc<Ctx>,
+    seq: u64,
+    intended: Instant,
+    began: Instant,
+    timer: Option<Pin<&mut Sleep>>,
+) {
     let t = (seq % ctx.wire.len() as u64) as usize;
-    let began = Instant::now();
     ctx.rec.borrow_mut().started();
     let mut done = ctx.done.get();
     done.sent += 1;
@@ -430,15 +447,35 @@ async fn request(ctx: &Rc<Ctx>, seq: u64, intended: Instant) {
     done.last_sent_ns = began_ns;
     ctx.done.set(done);
 
-    let mut io = Io::default();
-    let result = match tokio::time::timeout_at(
-        (began + ctx.timeout).into(),
-        exchange(ctx, t, &mut io),
-    )
-    .await
-    {
-        Ok(r) => r,
-        Err(_) => Err(Failure::Timeout),
+    let mut io = Io {
+        bytes_in: 0,
+        bytes_out: 0,
+        began,
+        sent_at: None,
+    };
+    let deadline = began + ctx.timeout;
+    let result = match timer {
+        None => match tokio::time::timeout_at(deadline.into(), exchange(ctx, t, &mut io)).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::Timeout),
+        },
+        Some(mut timer) => {
+            let exchange = exchange(ctx, t, &mut io);
+            tokio::pin!(exchange);
+            loop {
+                tokio::select! {
+                    biased;
+                    r = &mut exchange => break r,
+                    () = timer.as_mut() => {
+                        if Instant::now() >= deadline {
+                            break Err(Failure::Timeout);
+                        }
+                        // Armed for an earlier request: move on to this one's deadline.
+                        timer.as_mut().reset(deadline.into());
+                    }
+                }
+            }
+        }
     };
     if ctx.stopping.get() {
         // Counted as canceled with the rest of those in flight.
@@ -541,9 +578,15 @@ impl Drop for Conn {
 /// A connection for pool `pool`: an idle one, a new one under the cap, or
 /// (at the cap) the next one freed. The flag says whether it was reused.
 async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool), Failure> {
+    // Until it waits for a free connection, a request goes out as it starts.
+    let mut waited = false;
+    let sent_now = |io: &mut Io, waited: bool| {
+        let at = if waited { Instant::now() } else { io.began };
+        io.sent_at.get_or_insert(at);
+    };
     loop {
         if let Some(s) = ctx.pools[pool].borrow_mut().pop() {
-            io.sent_at.get_or_insert_with(Instant::now);
+            sent_now(io, waited);
             return Ok((
                 Conn {
                     ctx: ctx.clone(),
@@ -555,7 +598,7 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
         }
         if ctx.open.get() < ctx.cap {
             let mut conn = Conn::reserve(ctx);
-            io.sent_at.get_or_insert_with(Instant::now);
+            sent_now(io, waited);
             // Boxed: the connect future is large and lives only this long,
             // so it must not widen every request's task.
             let stream = Box::pin(connect(ctx.addrs[pool]))
@@ -577,6 +620,7 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
             continue;
         }
         ctx.freed.notified().await;
+        waited = true;
     }
 }
 
