@@ -287,7 +287,7 @@ async fn tick_loop(w: Rc<Worker>) {
                 } else {
                     match w.send(c, &w.ping) {
                         Ok(()) => crate::metrics::inc(&w.counters.pings),
-                        Err(_) => slow.push(c.clone()),
+                        Err(e) => slow.push((c.clone(), e)),
                     }
                 }
             }
@@ -300,8 +300,12 @@ async fn tick_loop(w: Rc<Worker>) {
                 CloseReason::IdleTimeout,
             );
         }
-        for c in slow {
-            w.close_slow(&c, "queue");
+        for (c, e) in slow {
+            if e == conn::SendError::QueueFull {
+                w.close_slow(&c, "queue");
+            } else {
+                w.lost(&c);
+            }
         }
         let overdue: Vec<Rc<Conn>> = {
             let mut closing = w.closing.borrow_mut();
