@@ -331,3 +331,51 @@ fn throng_serve_delivers_every_message() {
     assert_eq!(count(&s, &["delivery_us", "count"]), published * 2000);
     assert_eq!(count(&s, &["closed", "clean"]), 2000, "{s:#}");
 }
+
+/// Messages larger than the worker's 64 KiB read buffer arrive split across
+/// reads and are reassembled from the connection's remainder.
+#[test]
+fn large_messages_are_reassembled() {
+    let peer = Peer::node(&[]);
+    let (s, status, stderr) = hold(&[
+        &peer.ws_url(),
+        "-c",
+        "40",
+        "--rate",
+        "400/s",
+        "--duration",
+        "2s",
+        "--publish",
+        &peer.publish_url(),
+        "--publish-rate",
+        "3/s",
+        "--message-size",
+        "150k",
+    ]);
+    assert!(status.success(), "{stderr}");
+    let published = count(&s, &["published"]);
+    assert!(published >= 3, "{s:#}");
+    assert_eq!(count(&s, &["received"]), published * 40, "{s:#}");
+    assert_eq!(count(&s, &["lost"]), 0, "{s:#}");
+    assert!(count(&s, &["bytes_in"]) >= published * 40 * 150 * 1024);
+}
+
+/// `throng serve` pings every connection and closes those that stay silent
+/// for three intervals: held connections answer with pongs and stay open.
+#[test]
+fn pings_are_answered_so_the_server_keeps_connections() {
+    let server = serve_support::Server::start(&["--workers", "1", "--ping-interval", "300ms"]);
+    let (s, status, stderr) = hold(&[
+        &format!("ws://{}/p", server.addr),
+        "-c",
+        "200",
+        "--rate",
+        "2000/s",
+        "--duration",
+        "2500ms",
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(count(&s, &["opened"]), 200, "{s:#}");
+    // Idle timeout is 3 × 300 ms; held 2.5 s: without pongs every one would be closed with 1008.
+    assert_eq!(count(&s, &["closed", "clean"]), 200, "{s:#}");
+}
