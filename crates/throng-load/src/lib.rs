@@ -5,6 +5,7 @@
 //! worker processes ([`supervisor`]).
 
 pub mod attack;
+pub mod bench;
 pub mod hold;
 pub mod message;
 pub mod pacer;
