@@ -204,6 +204,26 @@ pub fn http_get(addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
     Ok((code, body))
 }
 
+/// The first of `n` consecutive free TCP ports on `ip`, below the usual
+/// ephemeral range (so outgoing connections do not take them meanwhile).
+/// Several listening ports give the server several accept queues, which a
+/// burst of connects on a busy machine needs.
+pub fn free_port_range(ip: std::net::IpAddr, n: u16) -> io::Result<u16> {
+    for _ in 0..200 {
+        let first = fastrand::u16(20_000..30_000 - n);
+        let bound: Result<Vec<_>, _> = (first..first + n)
+            .map(|p| std::net::TcpListener::bind((ip, p)))
+            .collect();
+        if bound.is_ok() {
+            return Ok(first);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("no {n} consecutive free ports on {ip} in 20000-30000"),
+    ))
+}
+
 /// The children of `pid` (from `/proc/<pid>/task/*/children`).
 pub fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();

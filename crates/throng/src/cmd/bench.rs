@@ -48,7 +48,7 @@ pub(crate) struct Args {
     connections: Option<u64>,
 
     /// New connections per second while opening.
-    #[arg(short, long, default_value = "20000/s")]
+    #[arg(short, long, default_value = "10000/s")]
     rate: String,
 
     /// Messages to publish to every connection once all are open.
@@ -88,6 +88,11 @@ const DEFAULT_MAX: u64 = 100_000;
 /// Memory a default run may plan on per connection (both ends, user and kernel),
 /// generous against the measured ~10 KiB so a default run never nears the OOM killer.
 const PLAN_BYTES_PER_CONNECTION: u64 = 32 * 1024;
+/// Ports the server listens on: one accept queue each, so that a burst of
+/// connects on a busy machine does not overflow one queue (SYNs dropped there
+/// are retried only after 1, 3, 7, 15, 31 s).
+const LISTEN_PORTS: u16 = 8;
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 /// Close handshakes of 100,000 connections take seconds on two cores.
 const CLOSE_TIMEOUT_MS: u64 = 10_000;
 
@@ -183,6 +188,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // What will stop the run, before anything starts.
     let dplan = doctor::Plan {
         source_ips: fit.sources.len().max(1) as u64,
+        target_ports: u64::from(LISTEN_PORTS),
         ..doctor::Plan::new(connections, Role::Both)
     };
     let findings = doctor::check_machine(&dplan, &snapshot);
@@ -220,10 +226,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     // The server.
     let exe = std::env::current_exe().context("finding this program to start the server")?;
+    let first_port = bench::free_port_range(LOOPBACK, LISTEN_PORTS)
+        .context("finding free ports for the server")?;
+    let ports = format!("{first_port}-{}", first_port + LISTEN_PORTS - 1);
     let serve_args: Vec<String> = vec![
         "serve".into(),
         "--listen".into(),
-        "127.0.0.1:0".into(),
+        format!("127.0.0.1:{ports}"),
         "--max-connections".into(),
         connections.to_string(),
         "--json".into(),
@@ -241,10 +250,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("starting 'throng serve'")?;
     let addr = server.addr();
     let server_workers = bench::children(server.pid()).len();
-    let target: WsTarget = format!("ws://{addr}/bench").parse()?;
+    let target: WsTarget = format!("ws://127.0.0.1:{ports}/bench").parse()?;
     let publish_target: PublishTarget = format!("http://{addr}/publish/bench").parse()?;
     say(&format!(
-        "  server    throng serve on {addr}, {server_workers} worker(s) (pid {})",
+        "  server    throng serve on 127.0.0.1:{ports}, {server_workers} worker(s) (pid {})",
         server.pid()
     ));
     say(&format!(
@@ -271,7 +280,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         "messages": args.messages,
         "message_every_s": every.as_secs_f64(),
         "message_size": message_size,
-        "server": { "address": addr.to_string(), "workers": server_workers, "args": serve_args },
+        "server": { "address": format!("127.0.0.1:{ports}"), "workers": server_workers, "args": serve_args },
         "harness": { "workers": fit.workers, "sources": fit.sources.iter().map(ToString::to_string).collect::<Vec<_>>() },
         "settings": settings,
         "machine": { "cores": cores, "nofile": nofile, "mem_available": snapshot.mem_available },
