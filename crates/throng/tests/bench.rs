@@ -1,0 +1,121 @@
+//! `throng bench` as a user runs it: 20,000 real connections to a real
+//! `throng serve` (two processes on each side under the 20,000-file limit),
+//! a short series of messages, and the result file and HTML report it writes.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("throng-cli-bench-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn throng(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_throng"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(out: &[u8]) -> String {
+    String::from_utf8_lossy(out).into_owned()
+}
+
+#[test]
+fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
+    let dir = TempDir::new("20k");
+    let out_dir = dir.0.to_str().unwrap();
+    let out = throng(&[
+        "bench",
+        "--connections",
+        "20000",
+        "--rate",
+        "10000/s",
+        "--messages",
+        "3",
+        "--out-dir",
+        out_dir,
+        "--format",
+        "json",
+        "--quiet",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)));
+
+    assert_eq!(r["connections"], 20_000);
+    assert_eq!(r["opened"], 20_000, "{r:#}");
+    assert_eq!(r["held"], 20_000, "{r:#}");
+    assert_eq!(r["failed"], 0, "{r:#}");
+    assert_eq!(r["published"], 3);
+    assert_eq!(r["publish_errors"], 0);
+    assert_eq!(r["lost"], 0, "{r:#}");
+    assert_eq!(r["duplicated"], 0);
+    assert_eq!(r["received"], 60_000);
+    // Two processes per side: one process cannot hold 20,000 sockets here.
+    assert!(r["settings"]["server"]["workers"].as_u64().unwrap() >= 2);
+    assert!(r["settings"]["harness"]["workers"].as_u64().unwrap() >= 2);
+
+    let messages = r["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{r:#}");
+    for (i, m) in messages.iter().enumerate() {
+        assert_eq!(m["seq"], i as u64 + 1);
+        assert_eq!(m["delivered"], 20_000, "message {m}");
+        let l = &m["latency_us"];
+        assert!(l["p50"].as_u64().unwrap() <= l["p99"].as_u64().unwrap());
+        assert!(l["p99"].as_u64().unwrap() <= l["max"].as_u64().unwrap());
+    }
+
+    // Measured: both sides grew with the connections, and so did the kernel.
+    let mem = &r["memory"];
+    assert_eq!(mem["connections"], 20_000);
+    assert!(mem["server_loaded"].as_u64().unwrap() > mem["server_before"].as_u64().unwrap());
+    assert!(mem["harness_loaded"].as_u64().unwrap() > mem["harness_before"].as_u64().unwrap());
+    assert!(
+        mem["tcp_inuse_loaded"].as_u64().unwrap()
+            >= mem["tcp_inuse_before"].as_u64().unwrap() + 40_000
+    );
+    assert!(r["cpu"]["server_s"].as_f64().unwrap() > 0.0);
+    assert!(r["cpu"]["harness_s"].as_f64().unwrap() > 0.0);
+
+    // The files it names exist and read back.
+    let results = r["result_file"].as_str().unwrap();
+    let html = std::fs::read_to_string(r["html_report"].as_str().unwrap()).unwrap();
+    assert!(
+        html.contains("<svg") || html.contains("<canvas"),
+        "no plot in the page"
+    );
+    let report = throng(&["report", results, "--format", "json"]);
+    assert!(report.status.success(), "{}", text(&report.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert!(rep.to_string().contains("bench.summary"));
+    // The server's processes are in the host samples beside the harness's.
+    let raw = std::fs::read_to_string(results).unwrap();
+    assert!(raw.contains("/serve-0"), "no server RSS in the samples");
+    // Nothing left behind but the two files.
+    let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().flatten().collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+}
+
+#[test]
+fn bad_settings_are_refused_before_anything_starts() {
+    let out = throng(&["bench", "--message-every", "0s"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--message-every"));
+    let out = throng(&["bench", "--rate", "fast"]);
+    assert_eq!(out.status.code(), Some(2));
+}
