@@ -305,6 +305,7 @@ impl Monitor {
                 if !d.load(Ordering::Relaxed) && dead(server_pid) {
                     d.store(true, Ordering::Relaxed);
                     if a.load(Ordering::Relaxed) {
+                        eprintln!("\nthrong bench: the server exited; stopping the harness");
                         // SAFETY: kill(2) to ourselves; hold's Ctrl-C handler is installed while armed.
                         unsafe { libc::kill(libc::getpid(), libc::SIGINT) };
                     }

@@ -383,16 +383,19 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if stopped.is_none() {
         eprintln!("throng bench: the server did not stop within 15 s of SIGTERM; it was killed");
     }
-    let bad = report.failed > 0
-        || report.lost > 0
-        || report.publish_errors > 0
-        || report.published < u64::from(args.messages);
-    Ok(if bad {
+    let bad = report.failed > 0 || report.lost > 0 || report.publish_errors > 0;
+    if bad {
         eprintln!("throng bench: the run had failures or losses (above)");
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+        return Ok(ExitCode::from(1));
+    }
+    if report.published < u64::from(args.messages) {
+        eprintln!(
+            "throng bench: stopped early: {} of {} messages published",
+            report.published, args.messages
+        );
+        return Ok(ExitCode::from(130));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 impl Report {
