@@ -394,7 +394,7 @@ pub struct Memory {
     pub server_before: u64,
     /// Server RSS with every connection open, bytes.
     pub server_loaded: u64,
-    /// Harness worker RSS before their first connection (each worker's smallest), bytes.
+    /// Harness worker RSS before their first connection (the last sample before any opened), bytes.
     pub harness_before: u64,
     /// Harness worker RSS with every connection open, bytes.
     pub harness_loaded: u64,
@@ -452,16 +452,25 @@ pub fn costs(samples: &[HostSample], before_ns: u64, held: u64) -> (Memory, Cpu)
     };
     m.server_before = sum_rss(base, label::SERVE);
     m.server_loaded = sum_rss(loaded, label::SERVE);
-    // Each harness worker's smallest RSS is its state before connections
-    // (it only grows with them; the heap is trimmed after the ramp, not below that).
+    // Each harness worker's RSS in the last sample before the connections
+    // began (its runtime up, the schedule not yet started); a worker first
+    // seen later falls back to its smallest RSS.
     let mut least: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut idle: BTreeMap<&str, u64> = BTreeMap::new();
     for s in samples {
+        let quiet = s.tcp_inuse <= base.tcp_inuse + grown / 100;
         for (l, v) in &s.rss_bytes {
             if l.contains(label::HOLD) {
                 let e = least.entry(l.as_str()).or_insert(u64::MAX);
                 *e = (*e).min(*v);
+                if quiet && s.at_ns < loaded.at_ns {
+                    idle.insert(l.as_str(), *v);
+                }
             }
         }
+    }
+    for (l, v) in idle {
+        least.insert(l, v);
     }
     for (l, v) in &loaded.rss_bytes {
         if l.contains(label::HOLD) {
