@@ -27,8 +27,8 @@ use throng_report::format::{Event, Header};
 #[command(after_help = "\
 With no arguments: picks N from this machine's open-file limit, ports and
 memory (100,000 on a machine with 20,000 files per process and a few GiB free),
-checks the limits as 'throng doctor' does, starts 'throng serve' on a free
-loopback port with enough workers, opens N WebSocket connections to it from
+checks the limits as 'throng doctor' does, starts 'throng serve' on 8 free
+loopback ports with enough workers, opens N WebSocket connections to it from
 enough harness workers and source addresses, publishes --messages timestamped
 messages to all of them, closes everything and stops the server. A few
 minutes at most; Ctrl-C stops it cleanly.
