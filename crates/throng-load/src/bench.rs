@@ -545,8 +545,9 @@ pub fn latency(h: &Histogram<u64>) -> Latency {
 
 /// Per-message delivery from a `hold` result file. Deliveries are counted
 /// per interval; each interval's deliveries belong to the latest message
-/// published at or before it, which is exact when messages are at least two
-/// intervals apart and each reaches every subscriber within one interval.
+/// published at or before it. `hold` publishes just after an interval
+/// boundary, so this is exact when messages are at least two intervals apart
+/// and each reaches every subscriber before the next one is published.
 pub fn per_message(path: &Path) -> Result<Vec<MessageStats>, BenchError> {
     let reader = Reader::open(path).map_err(|e| BenchError::Results(e.to_string()))?;
     let mut sent: BTreeMap<u64, u64> = BTreeMap::new();

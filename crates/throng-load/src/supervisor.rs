@@ -367,6 +367,7 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
             stats.clone(),
             publishing_stop.clone(),
             stdins.clone(),
+            length_ns,
         ))
     });
 
@@ -705,6 +706,7 @@ async fn publish_loop(
     stats: Rc<RefCell<PubStats>>,
     stop: Rc<Cell<bool>>,
     stdins: Rc<RefCell<Vec<Option<ChildStdin>>>>,
+    interval_ns: u64,
 ) {
     let Ok(pacer) = Pacer::constant(plan.rate) else {
         return;
@@ -727,7 +729,16 @@ async fn publish_loop(
         let _ = writeln!(s, "publishing {first_ns}");
         let _ = s.flush();
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Start just after an interval boundary (intervals are aligned on wall
+    // time), and at least 50 ms after telling the workers. At one message per
+    // interval or slower, each message's deliveries then fall in its own
+    // interval and the ones after it, never in the interval of an earlier
+    // publish: what per-message figures (`throng bench`) attribute by. A
+    // random phase put a slow fan-out's tail in the next message's interval.
+    let into = (now_unix_ns() + 50_000_000) % interval_ns;
+    let phase = interval_ns / 100;
+    let wait = 50_000_000 + (interval_ns + phase - into) % interval_ns;
+    tokio::time::sleep(Duration::from_nanos(wait)).await;
     let mut publisher = Publisher::new(
         plan.target.clone(),
         plan.redis_channel.clone(),
