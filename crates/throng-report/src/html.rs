@@ -72,6 +72,7 @@ table{border-collapse:collapse;font-size:13px;margin:8px 0}
 td,th{padding:3px 9px;border-bottom:1px solid #ddd;text-align:right}
 td:first-child,th:first-child,td.l,th.l{text-align:left}
 .warn{color:#a00}.muted{color:#777;font-size:13px}
+pre.full{white-space:pre-wrap;word-break:break-all;max-width:760px;font-size:12px}
 svg.plot{display:block;margin:14px 0;background:#fff;border:1px solid #eee}
 svg text{font-size:11px;fill:#444}svg .title{font-size:13px;font-weight:bold;fill:#222}
 svg .grid{stroke:#eee}svg .axis{stroke:#999}
@@ -187,7 +188,7 @@ fn summary(o: &mut String, r: &Report) {
                 e.at_ns.saturating_sub(r.start_ns) as f64 / 1e9,
                 esc(&e.source),
                 esc(&e.kind),
-                esc(&e.text)
+                event_text(&e.text)
             );
         }
         o.push_str("</table>\n");
@@ -473,12 +474,18 @@ impl Plot<'_> {
         let mut legend_x = LEFT;
         for (i, l) in self.lines.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
-            let (d, n) = self.path(&l.values, &x, &y);
+            let (d, n, dots) = self.path(&l.values, &x, &y);
             let _ = writeln!(
                 o,
                 "<path class=\"series\" data-name=\"{}\" data-points=\"{n}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" d=\"{d}\"/>",
                 esc(&l.name)
             );
+            for (cx, cy) in dots {
+                let _ = writeln!(
+                    o,
+                    "<circle class=\"dot\" cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"2.5\" fill=\"{color}\"/>"
+                );
+            }
             let _ = writeln!(
                 o,
                 "<rect x=\"{legend_x:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
@@ -493,15 +500,20 @@ impl Plot<'_> {
     }
 
     /// SVG path data through the points, broken where a value is missing or
-    /// buckets are absent (a gap in time); and how many points it draws.
+    /// buckets are absent (a gap in time); how many points it draws; and the
+    /// points with no neighbour to join, which a path cannot show and are
+    /// drawn as dots (a message every other interval gives only such points).
     fn path(
         &self,
         values: &[Option<f64>],
         x: &impl Fn(f64) -> f64,
         y: &impl Fn(f64) -> f64,
-    ) -> (String, usize) {
+    ) -> (String, usize, Vec<(f64, f64)>) {
         let mut d = String::new();
         let mut n = 0;
+        let mut dots = Vec::new();
+        // The last point drawn, while nothing has been joined to it yet.
+        let mut alone: Option<(f64, f64)> = None;
         let mut pen_down = false;
         let mut last_end = f64::NEG_INFINITY;
         for (p, v) in self.points.iter().zip(values) {
@@ -512,18 +524,40 @@ impl Plot<'_> {
                 continue;
             };
             // A point is drawn at the middle of its bucket.
-            let xx = x(p.t_s + p.length_s / 2.0);
-            let cmd = if pen_down && !gap { 'L' } else { 'M' };
-            let _ = write!(d, "{cmd}{xx:.1},{:.1} ", y(v));
+            let (xx, yy) = (x(p.t_s + p.length_s / 2.0), y(v));
+            let joined = pen_down && !gap;
+            let cmd = if joined { 'L' } else { 'M' };
+            let _ = write!(d, "{cmd}{xx:.1},{yy:.1} ");
+            if joined {
+                alone = None;
+            } else {
+                dots.extend(alone.replace((xx, yy)));
+            }
             pen_down = true;
             n += 1;
         }
+        dots.extend(alone);
         if d.is_empty() {
             // An empty path draws nothing but stays valid.
             d.push_str("M0,0");
         }
-        (d.trim_end().to_owned(), n)
+        (d.trim_end().to_owned(), n, dots)
     }
+}
+
+/// An event's text for the table: a long one (a run's JSON summary) folds
+/// into its first line, and opens in full, wrapped, on a click.
+fn event_text(text: &str) -> String {
+    const SHORT: usize = 120;
+    if text.chars().count() <= SHORT {
+        return esc(text);
+    }
+    let head: String = text.chars().take(SHORT).collect();
+    format!(
+        "<details><summary>{}…</summary><pre class=\"full\">{}</pre></details>",
+        esc(&head),
+        esc(text)
+    )
 }
 
 /// A round step (1, 2 or 5 × 10^k) near `raw`.
@@ -574,6 +608,55 @@ mod tests {
         assert_eq!(nice_step(2.6), 5.0);
         assert_eq!(nice_step(2_600.0), 5_000.0);
         assert_eq!(nice_step(f64::NAN), 1.0);
+    }
+
+    fn at(t_s: f64) -> SeriesPoint {
+        SeriesPoint {
+            start_ns: 0,
+            t_s,
+            length_s: 1.0,
+            counters: Default::default(),
+            gauges: Default::default(),
+            histograms: Default::default(),
+            host: None,
+        }
+    }
+
+    fn drawn(times: &[f64], values: &[Option<f64>]) -> (usize, Vec<(f64, f64)>) {
+        let points: Vec<SeriesPoint> = times.iter().map(|&t| at(t)).collect();
+        let plot = Plot {
+            id: "p".into(),
+            title: "t".into(),
+            unit: Unit::Count,
+            lines: Vec::new(),
+            points: &points,
+        };
+        let (_, n, dots) = plot.path(values, &|x| x, &|y| y);
+        (n, dots)
+    }
+
+    // A message every other interval left the delivery plot empty: each
+    // point was a path of its own, and a one-point path draws nothing.
+    #[test]
+    fn lone_points_are_dots_and_joined_ones_are_not() {
+        let (n, dots) = drawn(&[0.0, 2.0, 4.0], &[Some(1.0), Some(2.0), Some(3.0)]);
+        assert_eq!((n, dots), (3, vec![(0.5, 1.0), (2.5, 2.0), (4.5, 3.0)]));
+        let (n, dots) = drawn(&[0.0, 1.0, 2.0], &[Some(1.0), Some(2.0), Some(3.0)]);
+        assert_eq!((n, dots), (3, vec![]));
+        let (n, dots) = drawn(
+            &[0.0, 1.0, 2.0, 3.0],
+            &[Some(1.0), None, Some(3.0), Some(4.0)],
+        );
+        assert_eq!((n, dots), (3, vec![(0.5, 1.0)]));
+    }
+
+    #[test]
+    fn long_event_texts_fold() {
+        assert_eq!(event_text("<short>"), "&lt;short&gt;");
+        let long = "x".repeat(500);
+        let folded = event_text(&long);
+        assert!(folded.starts_with("<details><summary>"));
+        assert!(folded.contains(&long));
     }
 
     #[test]
