@@ -919,6 +919,9 @@ fn progress_line(iv: &Interval, start_unix_ns: u64, target: u64) -> String {
 pub fn render_summary(s: &Summary) -> String {
     let mut out = String::new();
     let lat = |l: &Latency| {
+        if l.count == 0 {
+            return "none measured".to_owned();
+        }
         format!(
             "p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})",
             fmt_us(l.p50),
