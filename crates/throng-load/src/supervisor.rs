@@ -363,11 +363,13 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
             p,
             ramp_done_at.clone(),
             ramp_done_note.clone(),
-            run.duration,
+            PublishTiming {
+                hold: run.duration,
+                interval_ns: length_ns,
+            },
             stats.clone(),
             publishing_stop.clone(),
             stdins.clone(),
-            length_ns,
         ))
     });
 
@@ -695,6 +697,13 @@ fn supervisor_interval(
     iv
 }
 
+/// When the publisher runs: how long the hold lasts (from the end of the
+/// ramp), and the interval length it aligns its first message to.
+struct PublishTiming {
+    hold: Option<Duration>,
+    interval_ns: u64,
+}
+
 /// Publishes timestamped messages at `plan.rate`, from [`PUBLISH_SETTLE`]
 /// after every worker has opened its share until the hold ends (or the run
 /// is stopped), over one connection, one call at a time.
@@ -702,12 +711,12 @@ async fn publish_loop(
     plan: PublishPlan,
     ramp_done_at: Rc<Cell<Option<Instant>>>,
     ramp_done: Rc<tokio::sync::Notify>,
-    hold: Option<Duration>,
+    timing: PublishTiming,
     stats: Rc<RefCell<PubStats>>,
     stop: Rc<Cell<bool>>,
     stdins: Rc<RefCell<Vec<Option<ChildStdin>>>>,
-    interval_ns: u64,
 ) {
+    let PublishTiming { hold, interval_ns } = timing;
     let Ok(pacer) = Pacer::constant(plan.rate) else {
         return;
     };
