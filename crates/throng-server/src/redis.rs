@@ -329,7 +329,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// buffers for us, and past its `client-output-buffer-limit pubsub` it drops
 /// the connection, which we see, count and reconnect. Memory stays bounded
 /// either way.
-pub const MAX_IN_FLIGHT: usize = 4096;
+pub const MAX_IN_FLIGHT: usize = 256;
 /// Channels per `SUBSCRIBE` command when resubscribing many.
 const SUBSCRIBE_BATCH: usize = 512;
 
@@ -569,6 +569,20 @@ impl Link {
             if permit.is_none() {
                 permit = self.in_flight.clone().try_acquire_owned().ok();
             }
+            // Pushes read while we had no permit wait in the buffer: the
+            // socket will not wake us for bytes already read.
+            if permit.is_some()
+                && !sub_in.is_empty()
+                && let Err(e) = self.pushes(
+                    &dec,
+                    &mut sub_in,
+                    &mut permit,
+                    &mut confirming,
+                    &mut sub_ping,
+                )
+            {
+                break Ok(Session::Lost(e));
+            }
             let need_permit = permit.is_none();
             tokio::select! {
                 p = self.in_flight.clone().acquire_owned(), if need_permit => {
@@ -623,8 +637,10 @@ impl Link {
                     }
                 }
                 _ = tick.tick() => {
+                    // An unanswered ping counts only while we read: behind a
+                    // backlog we hold back (no permit), its answer waits unread.
                     let late = waiting.front().is_some_and(|w| w.since().elapsed() > REPLY_TIMEOUT)
-                        || sub_ping.is_some_and(|t| t.elapsed() > REPLY_TIMEOUT);
+                        || (permit.is_some() && sub_ping.is_some_and(|t| t.elapsed() > REPLY_TIMEOUT));
                     if late {
                         break Ok(Session::Lost(format!("Redis did not answer within {REPLY_TIMEOUT:?}")));
                     }
@@ -678,6 +694,8 @@ impl Link {
             else {
                 break;
             };
+            // Anything arriving shows the connection is alive.
+            *sub_ping = None;
             match Push::parse(&v) {
                 Some(Push::Message { channel, payload }) => {
                     let name = channel

@@ -279,3 +279,35 @@ fn unreachable_redis_is_an_error_at_start_unless_redis_wait() {
     assert_eq!(next_text(&mut sub), "now");
     assert_eq!(s.metric("throng_broker_reconnects_total"), 0.0);
 }
+
+/// Regression: more messages at once than the node keeps in flight (256):
+/// it holds back reading, and must still relay what it already read.
+#[test]
+fn a_burst_beyond_the_in_flight_window_arrives_whole_and_in_order() {
+    let (redis, url) = redis_with_acl();
+    let a = node(&url, &["--workers", "2"]);
+    let mut subs: Vec<Sub> = (0..6).map(|_| subscribe(a.addr, "burst")).collect();
+    a.wait_metric("throng_connections_open", |v| v == 6.0);
+    let n = 3000;
+    let script: String = (0..n)
+        .map(|i| format!("PUBLISH throng:burst m{i}\n"))
+        .collect();
+    let mut cli = Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "--user", "alice"])
+        .args(["--pass", "s3cret:p@ss", "--no-auth-warning"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut cli.stdin.take().unwrap(), script.as_bytes()).unwrap();
+    assert!(cli.wait().unwrap().success());
+    for s in &mut subs {
+        for i in 0..n {
+            assert_eq!(next_text(s), format!("m{i}"));
+        }
+    }
+    a.wait_metric("throng_broker_messages_received_total", |v| {
+        v == f64::from(n)
+    });
+    assert_eq!(a.metric("throng_broker_reconnects_total"), 0.0);
+}
