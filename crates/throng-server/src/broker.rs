@@ -234,3 +234,91 @@ impl Remote {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote(mode: RedisMode) -> (Remote, mpsc::UnboundedReceiver<Command>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let settings = RedisSettings {
+            url: "redis://127.0.0.1".parse().unwrap(),
+            prefix: "throng:".into(),
+            mode,
+            wait: false,
+        };
+        (Remote::new(settings, tx, 3), rx)
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<Command>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(c) = rx.try_recv() {
+            out.push(match c {
+                Command::Subscribe(c) => format!("+{c}"),
+                Command::Unsubscribe(c) => format!("-{c}"),
+                Command::Publish { channel, .. } => format!("publish {channel}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn a_channel_is_subscribed_while_any_worker_has_subscribers() {
+        let (mut r, mut rx) = remote(RedisMode::Channels);
+        r.interest(0, "a".into(), true);
+        r.interest(1, "a".into(), true);
+        r.interest(1, "a".into(), true); // repeated: harmless
+        r.interest(2, "b".into(), true);
+        assert_eq!(drain(&mut rx), ["+a", "+b"]);
+        r.interest(0, "a".into(), false);
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        r.interest(1, "a".into(), false);
+        assert_eq!(drain(&mut rx), ["-a"]);
+        r.interest(1, "a".into(), false); // not subscribed: harmless
+        r.interest(9, "x".into(), true); // no such worker
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        // A worker that dies takes its channels with it.
+        r.interest(2, "c".into(), true);
+        r.interest(0, "c".into(), true);
+        r.worker_gone(2);
+        assert_eq!(drain(&mut rx), ["+c", "-b"]);
+        r.worker_gone(0);
+        assert_eq!(drain(&mut rx), ["-c"]);
+    }
+
+    #[test]
+    fn pattern_mode_ignores_interest_and_down_refuses_publishes() {
+        let (mut r, mut rx) = remote(RedisMode::Pattern);
+        r.interest(0, "a".into(), true);
+        let m = Message {
+            id: 5,
+            text: true,
+            channel: "a".into(),
+            payload: Bytes::from_static(b"x"),
+        };
+        let why = r.publish((0, 1, 5), m.clone()).unwrap_err();
+        assert!(
+            why.contains("unreachable") && why.contains("connecting"),
+            "{why}"
+        );
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        assert_eq!(r.on_up(), None, "the first connection is not a reconnect");
+        r.publish((0, 1, 5), m).unwrap();
+        assert_eq!(drain(&mut rx), ["publish a"]);
+        let ((slot, generation, id), rec) = r.published(1, Ok(2)).unwrap();
+        assert_eq!((slot, generation, id), (0, 1, 5));
+        let mut buf = bytes::BytesMut::from(&rec[..]);
+        assert_eq!(
+            Record::decode(&mut buf).unwrap(),
+            Some(Record::Published {
+                id: 5,
+                subscribers: 2
+            })
+        );
+        assert!(r.published(1, Ok(2)).is_none(), "answered once");
+        assert!(r.on_down("gone".into()));
+        assert!(!r.stats().up);
+        assert!(r.on_up().is_some());
+        assert_eq!(r.stats().reconnects, 1);
+    }
+}
