@@ -311,3 +311,27 @@ fn a_burst_beyond_the_in_flight_window_arrives_whole_and_in_order() {
     });
     assert_eq!(a.metric("throng_broker_reconnects_total"), 0.0);
 }
+
+/// A Redis that hangs (SIGSTOP: connections open, no answers) is noticed by
+/// the node's pings and treated as an outage, and the node comes back after.
+#[test]
+fn a_hung_redis_counts_as_an_outage() {
+    let (redis, url) = redis_with_acl();
+    let a = node(&url, &["--workers", "1"]);
+    let mut sub = subscribe(a.addr, "hang");
+    a.wait_metric("throng_connections_open", |v| v == 1.0);
+    redis.signal("STOP");
+    wait_broker(&a, "down");
+    assert!(
+        get(a.addr, "/healthz").1.contains("answer within"),
+        "{}",
+        get(a.addr, "/healthz").1
+    );
+    let (status, body) = publish(a.addr, "hang", b"lost", None);
+    assert_eq!(status, 503, "{body}");
+    redis.signal("CONT");
+    wait_broker(&a, "up");
+    assert_eq!(publish_redis(a.addr, "hang", "back"), 1);
+    assert_eq!(next_text(&mut sub), "back");
+    assert_eq!(a.metric("throng_broker_reconnects_total"), 1.0);
+}

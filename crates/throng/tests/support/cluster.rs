@@ -125,6 +125,17 @@ impl Redis {
         });
     }
 
+    /// Sends a signal (`STOP`, `CONT`) to the server: a hung Redis keeps
+    /// its connections open and answers nothing.
+    pub(crate) fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("redis-server is running").id();
+        let ok = Command::new("kill")
+            .args(["-s", sig, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
     fn cli_output(&self, args: &[&str]) -> Output {
         Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
