@@ -3,7 +3,7 @@
 //!
 //! Two brokers: the supervisor's local relay (a message published on this
 //! machine is relayed to this machine's workers at once), and Redis
-//! ([`Remote`], with the connections in [`crate::redis`]): `publish` sends
+//! (`Remote`, with the connections in [`crate::redis`]): `publish` sends
 //! the message out, and what Redis delivers back arrives as a relay, so every
 //! node, this one included, delivers it once.
 
