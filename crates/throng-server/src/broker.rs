@@ -161,6 +161,9 @@ impl Remote {
         }
         self.up = false;
         self.reason = reason;
+        // The subscriptions went with the connection; they are made again
+        // (and counted) when it is back.
+        self.stats.subscriptions = 0;
         was_up
     }
 

@@ -156,6 +156,7 @@ fn redis_restart_keeps_subscribers_and_publishing_fails_cleanly_meanwhile() {
         );
         assert!(!body.contains("s3cret"), "the password never shows: {body}");
         n.wait_metric("throng_broker_up", |v| v == 0.0);
+        assert_eq!(n.metric("throng_broker_subscriptions"), 0.0);
         n.wait_metric("throng_broker_outage_seconds", |v| v > 0.0);
         assert!(n.metric("throng_broker_publish_failures_total") >= 1.0);
     }
@@ -180,6 +181,7 @@ fn redis_restart_keeps_subscribers_and_publishing_fails_cleanly_meanwhile() {
     for n in [&a, &b] {
         assert_eq!(n.metric("throng_broker_reconnects_total"), 1.0);
         assert_eq!(n.metric("throng_broker_outage_seconds"), 0.0);
+        n.wait_metric("throng_broker_subscriptions", |v| v == 1.0);
         assert!(n.metric("throng_broker_outage_seconds_total") > 0.0);
         assert!(
             n.log().contains("is back after"),
