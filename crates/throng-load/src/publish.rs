@@ -9,8 +9,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use thiserror::Error;
 use throng_proto::http::{self, BodyDecoder};
+use throng_proto::resp::{self, Value};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
@@ -68,6 +70,8 @@ pub struct Publisher {
     conn: Option<TcpStream>,
     out: Vec<u8>,
     inbuf: Vec<u8>,
+    /// Redis replies not yet decoded.
+    resp_in: BytesMut,
 }
 
 impl Publisher {
@@ -80,6 +84,7 @@ impl Publisher {
             conn: None,
             out: Vec::new(),
             inbuf: Vec::new(),
+            resp_in: BytesMut::new(),
         }
     }
 
@@ -114,6 +119,7 @@ impl Publisher {
             s.set_nodelay(true)?;
             self.conn = Some(s);
             self.inbuf.clear();
+            self.resp_in.clear();
         }
         self.out.clear();
         match &self.target {
@@ -126,7 +132,7 @@ impl Publisher {
                     payload,
                 );
             }
-            PublishTarget::Redis { .. } => resp_command(
+            PublishTarget::Redis { .. } => resp::encode_command(
                 &mut self.out,
                 &[b"PUBLISH", self.redis_channel.as_bytes(), payload],
             ),
@@ -147,7 +153,7 @@ impl Publisher {
                 Ok(n)
             }
             PublishTarget::Redis { .. } => {
-                read_redis_integer(conn, &mut self.inbuf).await.map(Some)
+                read_redis_integer(conn, &mut self.resp_in).await.map(Some)
             }
         }
     }
@@ -210,43 +216,34 @@ async fn read_http(
     Ok((resp.status, subscribers, resp.keep_alive() && !eof))
 }
 
-/// Appends a RESP array of bulk strings.
-fn resp_command(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-/// Reads one RESP reply that should be an integer (`:N`); `-ERR` is an error.
-async fn read_redis_integer(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Result<u64, PublishError> {
+/// Reads one Redis reply that should be an integer (`:N`); `-ERR` is an error.
+async fn read_redis_integer(conn: &mut TcpStream, buf: &mut BytesMut) -> Result<u64, PublishError> {
+    let decoder = resp::Decoder::default();
     loop {
-        if let Some(end) = buf.windows(2).position(|w| w == b"\r\n") {
-            let line = String::from_utf8_lossy(&buf[..end]).into_owned();
-            buf.drain(..end + 2);
-            return parse_redis_integer(&line);
+        match decoder.decode(buf) {
+            Ok(Some(v)) => return redis_integer(&v),
+            Ok(None) => {}
+            Err(e) => return Err(PublishError::Protocol(format!("Redis reply: {e}"))),
         }
-        if buf.len() > 64 * 1024 {
-            return Err(PublishError::Protocol("Redis reply line too long".into()));
+        buf.reserve(4096);
+        if conn.read_buf(buf).await? == 0 {
+            return Err(PublishError::Io(io::ErrorKind::UnexpectedEof.into()));
         }
-        fill(conn, buf).await?;
     }
 }
 
-fn parse_redis_integer(line: &str) -> Result<u64, PublishError> {
-    if let Some(n) = line.strip_prefix(':') {
-        return n
-            .parse()
-            .map_err(|_| PublishError::Protocol(format!("Redis answered '{line}'")));
+fn redis_integer(v: &Value) -> Result<u64, PublishError> {
+    match v {
+        Value::Integer(n) => u64::try_from(*n)
+            .map_err(|_| PublishError::Protocol(format!("Redis answered {n} subscribers"))),
+        Value::Error(e) => Err(PublishError::Protocol(format!(
+            "Redis error: {}",
+            String::from_utf8_lossy(e)
+        ))),
+        other => Err(PublishError::Protocol(format!(
+            "unexpected Redis reply {other:?}"
+        ))),
     }
-    if let Some(err) = line.strip_prefix('-') {
-        return Err(PublishError::Protocol(format!("Redis error: {err}")));
-    }
-    Err(PublishError::Protocol(format!(
-        "unexpected Redis reply '{line}'"
-    )))
 }
 
 #[cfg(test)]
@@ -254,23 +251,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resp_encoding() {
-        let mut out = Vec::new();
-        resp_command(&mut out, &[b"PUBLISH", b"throng:c", b"hi"]);
-        assert_eq!(
-            out,
-            b"*3\r\n$7\r\nPUBLISH\r\n$8\r\nthrong:c\r\n$2\r\nhi\r\n"
-        );
-    }
-
-    #[test]
     fn redis_replies() {
-        assert_eq!(parse_redis_integer(":12").unwrap(), 12);
+        assert_eq!(redis_integer(&Value::Integer(12)).unwrap(), 12);
         assert!(matches!(
-            parse_redis_integer("-ERR wrong"),
+            redis_integer(&Value::Error("ERR wrong".into())),
             Err(PublishError::Protocol(_))
         ));
-        assert!(parse_redis_integer("+OK").is_err());
-        assert!(parse_redis_integer(":x").is_err());
+        assert!(redis_integer(&Value::Simple("OK".into())).is_err());
+        assert!(redis_integer(&Value::Integer(-1)).is_err());
     }
 }

@@ -1,4 +1,6 @@
-//! Sans-I/O protocol code shared by the throng server and load harness.
+//! Sans-I/O protocol code shared by the throng server and load harness:
+//! WebSocket ([`ws`]), HTTP/1.1 heads and bodies ([`http`]) and the Redis
+//! protocol RESP2 ([`resp`]).
 //!
 //! Nothing here touches a socket or a clock: callers hand in bytes and get
 //! back parsed heads, frames and the bytes to write. The same WebSocket codec
@@ -16,4 +18,5 @@
 //! directory for the handshake, the frame decoder and HTTP responses.
 
 pub mod http;
+pub mod resp;
 pub mod ws;

@@ -1,12 +1,21 @@
 //! The broker seam: where the supervisor sends a published message and
 //! where messages to relay come from.
 //!
-//! Today there is one broker, the supervisor's local relay: a message
-//! published on this machine is relayed to this machine's workers at once.
-//! A networked broker (Redis, issue 4) goes here: `publish` sends the message
-//! out, and what the broker delivers back arrives as a relay.
+//! Two brokers: the supervisor's local relay (a message published on this
+//! machine is relayed to this machine's workers at once), and Redis
+//! (`Remote`, with the connections in [`crate::redis`]): `publish` sends
+//! the message out, and what Redis delivers back arrives as a relay, so every
+//! node, this one included, delivers it once.
 
-use crate::control::Message;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::control::{Message, Record};
+use crate::metrics::BrokerStats;
+use crate::redis::{Command, RedisMode, RedisSettings};
 
 /// What the supervisor does with a published message after the broker saw it.
 #[derive(Debug)]
@@ -28,5 +37,291 @@ impl Local {
     /// A short name for the startup banner.
     pub fn describe(&self) -> &'static str {
         "local (embedded relay, one machine)"
+    }
+}
+
+/// Who asked for a publish: worker slot, its generation, its request id.
+pub(crate) type Origin = (usize, u64, u64);
+
+/// The supervisor's side of the Redis broker: link state, publishes waiting
+/// for Redis's answer, and which channels have subscribers on this node.
+pub(crate) struct Remote {
+    pub(crate) settings: RedisSettings,
+    cmds: mpsc::UnboundedSender<Command>,
+    /// Both connections work and the subscriptions are confirmed.
+    pub(crate) up: bool,
+    /// Has been up at least once (the first connection is not a reconnect).
+    ever_up: bool,
+    /// When the link went down (or the node started, before the first connection).
+    down_since: Instant,
+    /// Why it is down.
+    reason: String,
+    next_tag: u64,
+    waiting: HashMap<u64, Origin>,
+    /// Channels mode: per worker slot, the channels it has subscribers of.
+    interest: Vec<HashSet<String>>,
+    /// Channels mode: per channel, how many workers have subscribers of it.
+    nodes: HashMap<String, u32>,
+    pub(crate) stats: BrokerStats,
+}
+
+impl Remote {
+    pub(crate) fn new(
+        settings: RedisSettings,
+        cmds: mpsc::UnboundedSender<Command>,
+        workers: usize,
+    ) -> Self {
+        Self {
+            settings,
+            cmds,
+            up: false,
+            ever_up: false,
+            down_since: Instant::now(),
+            reason: "connecting".into(),
+            next_tag: 1,
+            waiting: HashMap::new(),
+            interest: vec![HashSet::new(); workers],
+            nodes: HashMap::new(),
+            stats: BrokerStats::default(),
+        }
+    }
+
+    /// Sends a publish to Redis; `Err` (the reason, for a 503) when the link is down.
+    pub(crate) fn publish(&mut self, origin: Origin, m: Message) -> Result<(), String> {
+        if !self.up {
+            self.stats.publish_failures += 1;
+            return Err(self.unavailable());
+        }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.waiting.insert(tag, origin);
+        let sent = self.cmds.send(Command::Publish {
+            tag,
+            channel: m.channel,
+            payload: m.payload,
+        });
+        if sent.is_err() {
+            self.waiting.remove(&tag);
+            return Err("the Redis broker task has stopped".into());
+        }
+        Ok(())
+    }
+
+    /// Redis answered publish `tag`: who asked, and the record to answer with.
+    pub(crate) fn published(
+        &mut self,
+        tag: u64,
+        result: Result<u64, String>,
+    ) -> Option<(Origin, Bytes)> {
+        let origin = self.waiting.remove(&tag)?;
+        let id = origin.2;
+        let rec = match result {
+            Ok(subscribers) => Record::Published { id, subscribers },
+            Err(reason) => {
+                self.stats.publish_failures += 1;
+                Record::PublishFailed {
+                    id,
+                    reason: Bytes::from(reason),
+                }
+            }
+        };
+        Some((origin, rec.encode()))
+    }
+
+    fn unavailable(&self) -> String {
+        format!(
+            "Redis at {} is unreachable (for {:.1}s: {}); reconnecting",
+            self.settings.url,
+            self.down_since.elapsed().as_secs_f64(),
+            self.reason
+        )
+    }
+
+    /// The link works (again). Returns the outage it ends, if it was a reconnect.
+    pub(crate) fn on_up(&mut self) -> Option<Duration> {
+        let outage = self.down_since.elapsed();
+        self.up = true;
+        let reconnect = self.ever_up;
+        self.ever_up = true;
+        if reconnect {
+            self.stats.reconnects += 1;
+            self.stats.past_outage_seconds += outage.as_secs_f64();
+            Some(outage)
+        } else {
+            None
+        }
+    }
+
+    /// The link failed; returns whether it was up until now.
+    pub(crate) fn on_down(&mut self, reason: String) -> bool {
+        self.stats.connect_failures += 1;
+        let was_up = self.up;
+        if was_up {
+            self.down_since = Instant::now();
+        }
+        self.up = false;
+        self.reason = reason;
+        // The subscriptions went with the connection; they are made again
+        // (and counted) when it is back.
+        self.stats.subscriptions = 0;
+        was_up
+    }
+
+    /// The state record every worker gets (for `/healthz`).
+    pub(crate) fn state_record(&self) -> Bytes {
+        let text = if self.up {
+            format!("up ({}, mode {})", self.settings.url, self.settings.mode)
+        } else {
+            format!("{}: {}; reconnecting", self.settings.url, self.reason)
+        };
+        Record::Broker {
+            up: self.up,
+            down_ms: if self.up {
+                0
+            } else {
+                u64::try_from(self.down_since.elapsed().as_millis()).unwrap_or(u64::MAX)
+            },
+            text: Bytes::from(text),
+        }
+        .encode()
+    }
+
+    /// Counters for `/metrics`, with the current outage brought up to date.
+    pub(crate) fn stats(&self) -> BrokerStats {
+        let current = if self.up {
+            0.0
+        } else {
+            self.down_since.elapsed().as_secs_f64()
+        };
+        BrokerStats {
+            up: self.up,
+            outage_seconds: current,
+            ..self.stats.clone()
+        }
+    }
+
+    /// Worker `i` gained (`on`) or lost its subscribers of `channel`.
+    pub(crate) fn interest(&mut self, i: usize, channel: String, on: bool) {
+        if self.settings.mode != RedisMode::Channels || i >= self.interest.len() {
+            return;
+        }
+        if on {
+            if self.interest[i].insert(channel.clone()) {
+                let n = self.nodes.entry(channel.clone()).or_default();
+                *n += 1;
+                if *n == 1 {
+                    let _ = self.cmds.send(Command::Subscribe(channel));
+                }
+            }
+        } else if self.interest[i].remove(&channel) {
+            self.drop_interest(channel);
+        }
+    }
+
+    /// Worker `i` is gone: its channels have no subscribers there any more.
+    pub(crate) fn worker_gone(&mut self, i: usize) {
+        if let Some(set) = self.interest.get_mut(i) {
+            for channel in std::mem::take(set) {
+                self.drop_interest(channel);
+            }
+        }
+    }
+
+    fn drop_interest(&mut self, channel: String) {
+        if let Some(n) = self.nodes.get_mut(&channel) {
+            *n -= 1;
+            if *n == 0 {
+                self.nodes.remove(&channel);
+                let _ = self.cmds.send(Command::Unsubscribe(channel));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote(mode: RedisMode) -> (Remote, mpsc::UnboundedReceiver<Command>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let settings = RedisSettings {
+            url: "redis://127.0.0.1".parse().unwrap(),
+            prefix: "throng:".into(),
+            mode,
+            wait: false,
+        };
+        (Remote::new(settings, tx, 3), rx)
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<Command>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(c) = rx.try_recv() {
+            out.push(match c {
+                Command::Subscribe(c) => format!("+{c}"),
+                Command::Unsubscribe(c) => format!("-{c}"),
+                Command::Publish { channel, .. } => format!("publish {channel}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn a_channel_is_subscribed_while_any_worker_has_subscribers() {
+        let (mut r, mut rx) = remote(RedisMode::Channels);
+        r.interest(0, "a".into(), true);
+        r.interest(1, "a".into(), true);
+        r.interest(1, "a".into(), true); // repeated: harmless
+        r.interest(2, "b".into(), true);
+        assert_eq!(drain(&mut rx), ["+a", "+b"]);
+        r.interest(0, "a".into(), false);
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        r.interest(1, "a".into(), false);
+        assert_eq!(drain(&mut rx), ["-a"]);
+        r.interest(1, "a".into(), false); // not subscribed: harmless
+        r.interest(9, "x".into(), true); // no such worker
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        // A worker that dies takes its channels with it.
+        r.interest(2, "c".into(), true);
+        r.interest(0, "c".into(), true);
+        r.worker_gone(2);
+        assert_eq!(drain(&mut rx), ["+c", "-b"]);
+        r.worker_gone(0);
+        assert_eq!(drain(&mut rx), ["-c"]);
+    }
+
+    #[test]
+    fn pattern_mode_ignores_interest_and_down_refuses_publishes() {
+        let (mut r, mut rx) = remote(RedisMode::Pattern);
+        r.interest(0, "a".into(), true);
+        let m = Message {
+            id: 5,
+            text: true,
+            channel: "a".into(),
+            payload: Bytes::from_static(b"x"),
+        };
+        let why = r.publish((0, 1, 5), m.clone()).unwrap_err();
+        assert!(
+            why.contains("unreachable") && why.contains("connecting"),
+            "{why}"
+        );
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        assert_eq!(r.on_up(), None, "the first connection is not a reconnect");
+        r.publish((0, 1, 5), m).unwrap();
+        assert_eq!(drain(&mut rx), ["publish a"]);
+        let ((slot, generation, id), rec) = r.published(1, Ok(2)).unwrap();
+        assert_eq!((slot, generation, id), (0, 1, 5));
+        let mut buf = bytes::BytesMut::from(&rec[..]);
+        assert_eq!(
+            Record::decode(&mut buf).unwrap(),
+            Some(Record::Published {
+                id: 5,
+                subscribers: 2
+            })
+        );
+        assert!(r.published(1, Ok(2)).is_none(), "answered once");
+        assert!(r.on_down("gone".into()));
+        assert!(!r.stats().up);
+        assert!(r.on_up().is_some());
+        assert_eq!(r.stats().reconnects, 1);
     }
 }

@@ -47,6 +47,11 @@ pub struct Config {
     pub max_sleep: Duration,
     /// `/ping`: the largest `times` header accepted (400 above it).
     pub max_times: u64,
+    /// The Redis broker's mode when the node routes through Redis (`None`:
+    /// the local relay). Workers need only this: in channels mode they report
+    /// their channels' first and last subscribers; the URL stays with the supervisor.
+    #[serde(default)]
+    pub redis_mode: Option<crate::redis::RedisMode>,
 }
 
 impl Default for Config {
@@ -66,6 +71,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(3600),
             max_sleep: Duration::from_secs(3600),
             max_times: 1000,
+            redis_mode: None,
         }
     }
 }

@@ -49,6 +49,30 @@ pub enum Record {
         /// Prometheus text exposition.
         text: Bytes,
     },
+    /// Worker → supervisor (Redis channels mode): this worker now has
+    /// subscribers of `channel` (its first arrived), or none (its last left).
+    Interest {
+        /// The channel.
+        channel: String,
+        /// `true`: first subscriber; `false`: last one gone.
+        subscribed: bool,
+    },
+    /// Supervisor → worker: publish request `id` could not be published (503).
+    PublishFailed {
+        /// The id of the [`Record::Publish`].
+        id: u64,
+        /// Why, in words for the publisher.
+        reason: Bytes,
+    },
+    /// Supervisor → worker: the broker's state, for `/healthz`.
+    Broker {
+        /// The broker link works.
+        up: bool,
+        /// How long it has been down, when it is.
+        down_ms: u64,
+        /// One line describing the state.
+        text: Bytes,
+    },
 }
 
 /// A message on its way to subscribers.
@@ -87,6 +111,9 @@ const PUBLISHED: u8 = 5;
 const SNAPSHOT: u8 = 6;
 const METRICS_REQUEST: u8 = 7;
 const METRICS: u8 = 8;
+const INTEREST: u8 = 9;
+const PUBLISH_FAILED: u8 = 10;
+const BROKER: u8 = 11;
 
 impl Record {
     /// Encodes the record, length prefix included.
@@ -133,6 +160,25 @@ impl Record {
                 out.put_u64_le(*id);
                 out.put_slice(text);
             }
+            Self::Interest {
+                channel,
+                subscribed,
+            } => {
+                out.put_u8(INTEREST);
+                out.put_u8(u8::from(*subscribed));
+                out.put_slice(channel.as_bytes());
+            }
+            Self::PublishFailed { id, reason } => {
+                out.put_u8(PUBLISH_FAILED);
+                out.put_u64_le(*id);
+                out.put_slice(reason);
+            }
+            Self::Broker { up, down_ms, text } => {
+                out.put_u8(BROKER);
+                out.put_u8(u8::from(*up));
+                out.put_u64_le(*down_ms);
+                out.put_slice(text);
+            }
         }
         let len = (out.len() - 4) as u32;
         out[..4].copy_from_slice(&len.to_le_bytes());
@@ -141,7 +187,12 @@ impl Record {
 
     fn payload_len(&self) -> usize {
         match self {
-            Self::Config(b) | Self::Snapshot(b) | Self::Metrics { text: b, .. } => b.len(),
+            Self::Config(b)
+            | Self::Snapshot(b)
+            | Self::Metrics { text: b, .. }
+            | Self::PublishFailed { reason: b, .. }
+            | Self::Broker { text: b, .. } => b.len(),
+            Self::Interest { channel, .. } => channel.len(),
             Self::Publish(m) | Self::Deliver(m) => m.channel.len() + m.payload.len(),
             _ => 0,
         }
@@ -218,6 +269,31 @@ impl Record {
                 let id = rec.get_u64_le();
                 Self::Metrics { id, text: rec }
             }
+            INTEREST => {
+                need(&rec, 1)?;
+                let subscribed = rec.get_u8() != 0;
+                let channel = String::from_utf8(rec.to_vec())
+                    .map_err(|_| ControlError::Malformed("channel is not UTF-8"))?;
+                Self::Interest {
+                    channel,
+                    subscribed,
+                }
+            }
+            PUBLISH_FAILED => {
+                need(&rec, 8)?;
+                let id = rec.get_u64_le();
+                Self::PublishFailed { id, reason: rec }
+            }
+            BROKER => {
+                need(&rec, 9)?;
+                let up = rec.get_u8() != 0;
+                let down_ms = rec.get_u64_le();
+                Self::Broker {
+                    up,
+                    down_ms,
+                    text: rec,
+                }
+            }
             _ => return Err(ControlError::Malformed("unknown tag")),
         }))
     }
@@ -278,6 +354,19 @@ mod tests {
             Record::Metrics {
                 id: 9,
                 text: Bytes::from_static(b"# text\n"),
+            },
+            Record::Interest {
+                channel: "news".into(),
+                subscribed: true,
+            },
+            Record::PublishFailed {
+                id: 4,
+                reason: Bytes::from_static(b"Redis is down"),
+            },
+            Record::Broker {
+                up: false,
+                down_ms: 1500,
+                text: Bytes::from_static(b"down"),
             },
         ]
     }

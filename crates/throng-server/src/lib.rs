@@ -3,7 +3,8 @@
 //! /publish/<channel>`.
 //!
 //! - [`supervisor`]: plans the workers, starts and restarts them, relays
-//!   published messages through the [`broker`], renders `/metrics`.
+//!   published messages through the [`broker`] (the local relay, or
+//!   [`redis`] shared by many nodes), renders `/metrics`.
 //! - [`worker`]: listeners, HTTP and WebSocket handshakes, subscribers, the
 //!   fan-out hot path, heartbeats ([`wheel`]) and draining.
 //! - [`control`]: the records on the Unix socket between the two.
@@ -14,6 +15,7 @@ pub mod config;
 pub mod control;
 pub mod metrics;
 mod ping;
+pub mod redis;
 pub mod supervisor;
 pub mod sys;
 pub mod wheel;

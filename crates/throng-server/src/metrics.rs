@@ -233,6 +233,31 @@ pub struct SupervisorStats {
     pub restarts: u64,
     /// Workers configured.
     pub workers: usize,
+    /// The Redis broker's state and counters (`None`: the local relay).
+    pub broker: Option<BrokerStats>,
+}
+
+/// The Redis broker as `/metrics` shows it.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerStats {
+    /// Gauge: the link works and the subscriptions are confirmed.
+    pub up: bool,
+    /// Gauge: seconds the current outage has lasted (0 when up).
+    pub outage_seconds: f64,
+    /// Counter: seconds of outages that have ended.
+    pub past_outage_seconds: f64,
+    /// Counter: times the link came back after it was lost.
+    pub reconnects: u64,
+    /// Counter: connection attempts that failed, and links lost.
+    pub connect_failures: u64,
+    /// Counter: messages that arrived from Redis for this node.
+    pub received: u64,
+    /// Counter: messages from Redis no subscriber can get (bad channel name, too large).
+    pub dropped: u64,
+    /// Counter: `POST /publish` answered 503 because of the broker.
+    pub publish_failures: u64,
+    /// Gauge: channels (or patterns) the subscriber connection holds.
+    pub subscriptions: u64,
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -445,7 +470,73 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         "Workers restarted after they died.",
         sup.restarts.to_string(),
     );
+    if let Some(b) = &sup.broker {
+        render_broker(&mut out, b);
+    }
     out
+}
+
+fn render_broker(out: &mut String, b: &BrokerStats) {
+    let rows: [(&str, &str, &str, String); 9] = [
+        (
+            "throng_broker_up",
+            "gauge",
+            "1 when the Redis link works and its subscriptions are confirmed.",
+            u8::from(b.up).to_string(),
+        ),
+        (
+            "throng_broker_outage_seconds",
+            "gauge",
+            "How long the current Redis outage has lasted (0 when up).",
+            format!("{:.3}", b.outage_seconds),
+        ),
+        (
+            "throng_broker_outage_seconds_total",
+            "counter",
+            "Seconds without Redis, over every outage so far (the current one included).",
+            format!("{:.3}", b.past_outage_seconds + b.outage_seconds),
+        ),
+        (
+            "throng_broker_reconnects_total",
+            "counter",
+            "Times the Redis link came back after it was lost.",
+            b.reconnects.to_string(),
+        ),
+        (
+            "throng_broker_connect_failures_total",
+            "counter",
+            "Failed connection attempts to Redis, and links lost.",
+            b.connect_failures.to_string(),
+        ),
+        (
+            "throng_broker_messages_received_total",
+            "counter",
+            "Messages that arrived from Redis for this node's subscribers.",
+            b.received.to_string(),
+        ),
+        (
+            "throng_broker_messages_dropped_total",
+            "counter",
+            "Messages from Redis no subscriber can get (not a throng channel name, or over --max-message).",
+            b.dropped.to_string(),
+        ),
+        (
+            "throng_broker_publish_failures_total",
+            "counter",
+            "Publishes answered 503 because Redis was unreachable or refused.",
+            b.publish_failures.to_string(),
+        ),
+        (
+            "throng_broker_subscriptions",
+            "gauge",
+            "Redis channels (channels mode) or patterns (pattern mode) this node subscribes to.",
+            b.subscriptions.to_string(),
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
 }
 
 #[cfg(test)]
@@ -478,6 +569,7 @@ mod tests {
                 published: 4,
                 restarts: 1,
                 workers: 2,
+                ..SupervisorStats::default()
             },
         );
         for line in [

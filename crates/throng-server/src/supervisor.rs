@@ -17,10 +17,11 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::broker::{self, Route};
+use crate::broker::{self, Remote, Route};
 use crate::config::Config;
 use crate::control::{Message, Record, read_record};
 use crate::metrics::{self, Snapshot, SupervisorStats};
+use crate::redis::{self, RedisSettings};
 use crate::sys;
 
 /// File descriptors a worker keeps for other things than subscribers.
@@ -46,6 +47,17 @@ pub enum ServeError {
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
+    /// Redis (`--redis`) did not answer or refused us at start.
+    #[error(
+        "cannot use Redis at {url}: {reason} (start redis-server there or fix --redis; \
+         --redis-wait starts anyway and keeps retrying)"
+    )]
+    Redis {
+        /// The URL, password hidden.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// Something else at the OS level.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -75,7 +87,9 @@ pub struct Plan {
     /// Why the worker count is what it is.
     pub workers_why: String,
     /// The broker in use.
-    pub broker: &'static str,
+    pub broker: String,
+    /// The Redis broker's settings (`None`: the local relay).
+    pub redis: Option<RedisSettings>,
     /// Bound (not listening) sockets that hold the ports while workers start.
     reserved: Vec<socket2::Socket>,
 }
@@ -115,9 +129,25 @@ impl Plan {
             per_worker,
             cores,
             workers_why,
-            broker: broker::Local.describe(),
+            broker: broker::Local.describe().to_owned(),
+            redis: None,
             reserved,
         })
+    }
+
+    /// Routes through Redis: checks now that Redis answers and takes our
+    /// credentials (unless `settings.wait`), so a wrong URL fails at start.
+    pub fn with_redis(mut self, settings: RedisSettings) -> Result<Self, ServeError> {
+        if !settings.wait {
+            settings.probe().map_err(|reason| ServeError::Redis {
+                url: settings.url.to_string(),
+                reason,
+            })?;
+        }
+        self.config.redis_mode = Some(settings.mode);
+        self.broker = settings.describe();
+        self.redis = Some(settings);
+        Ok(self)
     }
 
     /// The settings and limits as one JSON object (the machine-readable start line).
@@ -131,6 +161,7 @@ impl Plan {
             "connections_per_worker": self.per_worker,
             "connections_total": self.per_worker * self.config.workers as u64,
             "config": self.config,
+            "broker": self.broker,
         })
     }
 }
@@ -207,6 +238,8 @@ enum Event {
     Exited(usize, u64, String),
     /// The back-off after worker `i`'s death (of that generation) has passed.
     Restart(usize, u64),
+    /// News from the Redis broker task.
+    Broker(redis::Event),
 }
 
 /// One worker slot; `generation` tells a restarted worker from the one before.
@@ -220,7 +253,11 @@ struct Slot {
 
 /// A message relayed to the workers and not yet acknowledged by all.
 struct Pending {
-    origin: (usize, u64),
+    /// The worker (slot, generation) whose publish this is; `None` for a
+    /// message that came from Redis.
+    origin: Option<(usize, u64)>,
+    /// Holds a place among [`redis::MAX_IN_FLIGHT`] until every worker delivered.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     request: u64,
     waiting: Vec<usize>,
     subscribers: u64,
@@ -233,6 +270,8 @@ struct Supervisor {
     slots: Vec<Slot>,
     events: mpsc::UnboundedSender<Event>,
     broker: broker::Local,
+    /// The Redis broker, when the node routes through Redis.
+    remote: Option<Remote>,
     next_id: u64,
     pending: HashMap<u64, Pending>,
     stats: SupervisorStats,
@@ -268,6 +307,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             .collect(),
         events: tx,
         broker: broker::Local,
+        remote: None,
         next_id: 1,
         pending: HashMap::new(),
         stats: SupervisorStats {
@@ -277,6 +317,26 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
         retired: Snapshot::default(),
         draining: false,
     };
+    if let Some(settings) = plan.redis.clone() {
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+        let events = sup.events.clone();
+        tokio::task::spawn_local(async move {
+            while let Some(ev) = ev_rx.recv().await {
+                if events.send(Event::Broker(ev)).is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::task::spawn_local(redis::run(
+            settings.clone(),
+            plan.config.max_message,
+            cmd_rx,
+            ev_tx,
+        ));
+        sup.remote = Some(Remote::new(settings, cmd_tx, workers));
+        sup.stats.broker = sup.remote.as_ref().map(Remote::stats);
+    }
     for i in 0..workers {
         sup.spawn(i).map_err(ServeError::Spawn)?;
     }
@@ -343,6 +403,9 @@ impl Supervisor {
         slot.snapshot = None;
         let (tx, mut out) = mpsc::unbounded_channel::<Bytes>();
         let _ = tx.send(Record::Config(self.config_json.clone()).encode());
+        if let Some(r) = &self.remote {
+            let _ = tx.send(r.state_record());
+        }
         slot.tx = Some(tx);
         tokio::task::spawn_local(async move {
             while let Some(rec) = out.recv().await {
@@ -386,6 +449,9 @@ impl Supervisor {
                 if let Some(s) = slot.snapshot.take() {
                     self.retired.add_counters(&s);
                 }
+                if let Some(r) = &mut self.remote {
+                    r.worker_gone(i);
+                }
                 // Messages it will never acknowledge no longer wait for it.
                 let ids: Vec<u64> = self.pending.keys().copied().collect();
                 for id in ids {
@@ -407,6 +473,7 @@ impl Supervisor {
                     let _ = events.send(Event::Restart(i, generation));
                 });
             }
+            Event::Broker(ev) => self.on_broker(ev),
             Event::Restart(i, generation) => {
                 if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
                     return;
@@ -426,9 +493,28 @@ impl Supervisor {
     fn on_record(&mut self, i: usize, generation: u64, rec: Record) {
         match rec {
             Record::Publish(m) => {
+                if let Some(r) = &mut self.remote {
+                    let id = m.id;
+                    if let Err(reason) = r.publish((i, generation, id), m) {
+                        let rec = Record::PublishFailed {
+                            id,
+                            reason: Bytes::from(reason),
+                        };
+                        self.send(i, rec.encode());
+                    }
+                    return;
+                }
                 self.stats.published += 1;
                 match self.broker.publish(m) {
-                    Route::RelayNow(m) => self.relay((i, generation), m),
+                    Route::RelayNow(m) => self.relay(Some((i, generation)), m, None),
+                }
+            }
+            Record::Interest {
+                channel,
+                subscribed,
+            } => {
+                if let Some(r) = &mut self.remote {
+                    r.interest(i, channel, subscribed);
                 }
             }
             Record::Delivered { id, subscribers } => self.acknowledge(id, i, subscribers),
@@ -437,6 +523,9 @@ impl Supervisor {
                 Err(e) => eprintln!("throng: worker {i}: bad counters: {e}"),
             },
             Record::MetricsRequest { id } => {
+                if let Some(r) = &self.remote {
+                    self.stats.broker = Some(r.stats());
+                }
                 let live: Vec<&Snapshot> = self
                     .slots
                     .iter()
@@ -457,8 +546,96 @@ impl Supervisor {
         }
     }
 
+    /// Handles news from the Redis broker task.
+    fn on_broker(&mut self, ev: redis::Event) {
+        let Some(r) = &mut self.remote else { return };
+        match ev {
+            redis::Event::Up => {
+                match r.on_up() {
+                    Some(outage) => eprintln!(
+                        "throng: Redis at {} is back after {:.1}s; subscriptions restored, publishing again",
+                        r.settings.url,
+                        outage.as_secs_f64()
+                    ),
+                    None => eprintln!("throng: connected to Redis at {}", r.settings.url),
+                }
+                self.broadcast_broker();
+            }
+            redis::Event::Down { reason, retry_in } => {
+                let was_up = r.on_down(reason.clone());
+                if was_up {
+                    eprintln!(
+                        "throng: lost Redis at {}: {reason}; subscribers stay connected, \
+                         POST /publish answers 503 until it is back; reconnecting",
+                        r.settings.url
+                    );
+                } else if r.stats.connect_failures.is_power_of_two() {
+                    // Attempt 1, 2, 4, 8, ...: say it, without a line every few seconds.
+                    eprintln!(
+                        "throng: Redis at {} unreachable: {reason} (attempt {}, next in {:.1}s)",
+                        r.settings.url,
+                        r.stats.connect_failures,
+                        retry_in.as_secs_f64()
+                    );
+                }
+                self.broadcast_broker();
+            }
+            redis::Event::Message {
+                channel,
+                payload,
+                permit,
+            } => {
+                r.stats.received += 1;
+                self.stats.published += 1;
+                let text = std::str::from_utf8(&payload).is_ok();
+                let m = Message {
+                    id: 0,
+                    text,
+                    channel,
+                    payload,
+                };
+                self.relay(None, m, Some(permit));
+            }
+            redis::Event::Dropped(why) => {
+                r.stats.dropped += 1;
+                if r.stats.dropped.is_power_of_two() {
+                    eprintln!(
+                        "throng: dropped a message from Redis: {why} ({} so far)",
+                        r.stats.dropped
+                    );
+                }
+            }
+            redis::Event::Published { tag, result } => {
+                if let Some(((i, generation, _), rec)) = r.published(tag, result)
+                    && self.slots[i].generation == generation
+                {
+                    self.send(i, rec);
+                }
+            }
+            redis::Event::Subscriptions(n) => {
+                r.stats.subscriptions = u64::try_from(n).unwrap_or(0);
+            }
+        }
+    }
+
+    /// Tells every worker the broker's state (for `/healthz`).
+    fn broadcast_broker(&self) {
+        let Some(r) = &self.remote else { return };
+        let rec = r.state_record();
+        for s in &self.slots {
+            if let Some(tx) = &s.tx {
+                let _ = tx.send(rec.clone());
+            }
+        }
+    }
+
     /// Sends a message to every live worker: one record, encoded once.
-    fn relay(&mut self, origin: (usize, u64), m: Message) {
+    fn relay(
+        &mut self,
+        origin: Option<(usize, u64)>,
+        m: Message,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
         let id = self.next_id;
         self.next_id += 1;
         let request = m.id;
@@ -475,6 +652,7 @@ impl Supervisor {
             id,
             Pending {
                 origin,
+                _permit: permit,
                 request,
                 waiting: Vec::new(),
                 subscribers: 0,
@@ -502,7 +680,9 @@ impl Supervisor {
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
-        let (origin, generation) = p.origin;
+        let Some((origin, generation)) = p.origin else {
+            return;
+        };
         if self.slots[origin].generation == generation {
             self.send(
                 origin,

@@ -4,4 +4,5 @@
 mod http_props;
 mod interop;
 mod props;
+mod resp_props;
 mod support;

@@ -194,7 +194,7 @@ impl Worker {
             return;
         }
         self.counters.closed(why);
-        self.channels.borrow_mut().unsubscribe(c);
+        self.unsubscribe(c);
         c.state.set(if why == CloseReason::ProtocolError {
             State::Failed
         } else {
@@ -253,7 +253,7 @@ impl Worker {
             return;
         }
         c.state.set(State::Gone);
-        self.channels.borrow_mut().unsubscribe(c);
+        self.unsubscribe(c);
         self.drop_queue(c);
         self.poller.remove(c.fd());
         if c.slot.get() != NONE {
@@ -371,7 +371,7 @@ impl Worker {
             Frame::Close { code, .. } => {
                 if c.is_open() {
                     self.counters.closed(CloseReason::PeerClose);
-                    self.channels.borrow_mut().unsubscribe(c);
+                    self.unsubscribe(c);
                     let mut out = Vec::with_capacity(4);
                     ws::encode_close(&mut out, code.unwrap_or(close_code::NORMAL), "", None);
                     // The reply follows anything still queued.

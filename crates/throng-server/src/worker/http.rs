@@ -77,18 +77,19 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
         let keep = match (req.method.as_str(), path) {
             ("GET", "/healthz") => {
                 w.counters.http_request("healthz");
-                let body: &[u8] = if w.draining.get() {
-                    b"draining\n"
+                let mut body = if w.draining.get() {
+                    String::from("draining\n")
                 } else {
-                    b"ok\n"
+                    String::from("ok\n")
                 };
+                body.push_str(&broker_health(&w));
                 let status = if w.draining.get() { 503 } else { 200 };
                 reply(
                     &w,
                     &mut stream,
                     status,
                     "text/plain",
-                    body,
+                    body.as_bytes(),
                     req.keep_alive(),
                 )
                 .await
@@ -405,7 +406,34 @@ async fn publish(
     }
     w.counters.http_request("publish");
     match w.publish(&name, text, Bytes::from(body)).await {
-        Some(n) => {
+        Some(Err(reason)) => {
+            let msg = format!("cannot publish: {reason}\n");
+            reply(
+                w,
+                stream,
+                503,
+                "text/plain",
+                msg.as_bytes(),
+                req.keep_alive(),
+            )
+            .await
+        }
+        Some(Ok(n)) if w.cfg.redis_mode.is_some() => {
+            // Redis counts the connections that received the message (the
+            // subscribed nodes, plus any other client), not WebSocket subscribers.
+            let json =
+                serde_json::json!({ "channel": name, "redis_receivers": n }).to_string() + "\n";
+            reply(
+                w,
+                stream,
+                200,
+                "application/json",
+                json.as_bytes(),
+                req.keep_alive(),
+            )
+            .await
+        }
+        Some(Ok(n)) => {
             let json = serde_json::json!({ "channel": name, "subscribers": n }).to_string() + "\n";
             reply(
                 w,
@@ -428,6 +456,22 @@ async fn publish(
             )
             .await
         }
+    }
+}
+
+/// The `/healthz` line about the Redis broker (empty with the local relay).
+/// The node stays healthy while Redis is away: its subscribers are kept and
+/// get messages again once it is back; a load balancer that should steer new
+/// subscribers away can check for `broker: up` (docs/deploy.md).
+fn broker_health(w: &Worker) -> String {
+    match &*w.broker.borrow() {
+        None => String::new(),
+        Some((b, _)) if b.up => format!("broker: {}\n", b.text),
+        Some((b, at)) => format!(
+            "broker: down for {:.1}s ({})\n",
+            (b.down + at.elapsed()).as_secs_f64(),
+            b.text
+        ),
     }
 }
 

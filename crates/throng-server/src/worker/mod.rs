@@ -28,6 +28,7 @@ use tokio::task::AbortHandle;
 use crate::config::Config;
 use crate::control::{Message, Record, read_record};
 use crate::metrics::{CloseReason, Counters};
+use crate::redis::RedisMode;
 use crate::sys;
 use crate::wheel::{self, Sweep};
 use conn::Conn;
@@ -60,6 +61,14 @@ pub enum WorkerError {
     Io(#[from] std::io::Error),
 }
 
+/// The Redis broker's state as the supervisor last described it.
+pub(crate) struct BrokerState {
+    pub(crate) up: bool,
+    /// How long it had been down when the supervisor said so.
+    pub(crate) down: Duration,
+    pub(crate) text: String,
+}
+
 /// Size of the one read buffer per worker. Clients only send control
 /// frames, so this is far more than one read ever needs.
 const SCRATCH: usize = 64 * 1024;
@@ -84,7 +93,9 @@ pub(crate) struct Worker {
     pub(crate) draining: Cell<bool>,
     ctl: mpsc::UnboundedSender<Bytes>,
     next_request: Cell<u64>,
-    pending_publish: RefCell<HashMap<u64, oneshot::Sender<u64>>>,
+    pending_publish: RefCell<HashMap<u64, oneshot::Sender<Result<u64, String>>>>,
+    /// The broker's last state from the supervisor (Redis only), and when it came.
+    pub(crate) broker: RefCell<Option<(BrokerState, Instant)>>,
     pending_metrics: RefCell<HashMap<u64, oneshot::Sender<Bytes>>>,
     ping: Bytes,
 }
@@ -152,6 +163,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         ctl: tx,
         next_request: Cell::new(1),
         pending_publish: RefCell::default(),
+        broker: RefCell::default(),
         pending_metrics: RefCell::default(),
         ping: ws::server_frame(OpCode::Ping, b""),
         cfg,
@@ -372,8 +384,21 @@ impl Worker {
             }
             Record::Published { id, subscribers } => {
                 if let Some(tx) = self.pending_publish.borrow_mut().remove(&id) {
-                    let _ = tx.send(subscribers);
+                    let _ = tx.send(Ok(subscribers));
                 }
+            }
+            Record::PublishFailed { id, reason } => {
+                if let Some(tx) = self.pending_publish.borrow_mut().remove(&id) {
+                    let _ = tx.send(Err(String::from_utf8_lossy(&reason).into_owned()));
+                }
+            }
+            Record::Broker { up, down_ms, text } => {
+                let state = BrokerState {
+                    up,
+                    down: Duration::from_millis(down_ms),
+                    text: String::from_utf8_lossy(&text).into_owned(),
+                };
+                *self.broker.borrow_mut() = Some((state, Instant::now()));
             }
             Record::Metrics { id, text } => {
                 if let Some(tx) = self.pending_metrics.borrow_mut().remove(&id) {
@@ -430,8 +455,14 @@ impl Worker {
     }
 
     /// Asks the supervisor to relay a message; resolves to the number of
-    /// subscribers it reached over all workers (`None`: supervisor gone).
-    pub(crate) async fn publish(&self, channel: &str, text: bool, payload: Bytes) -> Option<u64> {
+    /// subscribers it reached over all workers (with Redis: the receivers
+    /// Redis counted), or why it could not be published (`None`: supervisor gone).
+    pub(crate) async fn publish(
+        &self,
+        channel: &str,
+        text: bool,
+        payload: Bytes,
+    ) -> Option<Result<u64, String>> {
         let id = self.next_request.get();
         self.next_request.set(id + 1);
         let (tx, rx) = oneshot::channel();
@@ -482,6 +513,27 @@ impl Worker {
         }
     }
 
+    /// Takes a subscriber out of its channel; in Redis channels mode, tells
+    /// the supervisor when that was the channel's last subscriber here.
+    pub(crate) fn unsubscribe(&self, c: &Conn) {
+        let gone = self.channels.borrow_mut().unsubscribe(c);
+        if let Some(name) = gone {
+            self.interest(&name, false);
+        }
+    }
+
+    /// Redis channels mode: the supervisor subscribes this node to a channel
+    /// while some worker has subscribers of it.
+    fn interest(&self, channel: &str, subscribed: bool) {
+        if self.cfg.redis_mode == Some(RedisMode::Channels) {
+            let rec = Record::Interest {
+                channel: channel.to_owned(),
+                subscribed,
+            };
+            let _ = self.ctl.send(rec.encode());
+        }
+    }
+
     /// Registers an upgraded connection: into the tables and the epoll.
     pub(crate) fn subscribe(&self, channel: &str, c: Conn) {
         let c = Rc::new(c);
@@ -495,7 +547,9 @@ impl Worker {
             );
             return;
         }
-        self.channels.borrow_mut().subscribe(channel, &c);
+        if self.channels.borrow_mut().subscribe(channel, &c) {
+            self.interest(channel, true);
+        }
         self.counters.open.set(self.counters.open.get() + 1);
         crate::metrics::inc(&self.counters.upgraded);
         if c.has_rest() {

@@ -83,10 +83,13 @@ impl Channels {
         self.list[id as usize].as_ref().map(|(_, ch)| ch)
     }
 
-    pub(crate) fn subscribe(&mut self, name: &str, c: &Rc<Conn>) {
+    /// Adds `c` to channel `name`; returns whether it is the channel's first subscriber.
+    pub(crate) fn subscribe(&mut self, name: &str, c: &Rc<Conn>) -> bool {
+        let mut first = false;
         let id = match self.by_name.get(name) {
             Some(&id) => id,
             None => {
+                first = true;
                 let name: Rc<str> = Rc::from(name);
                 let entry = Some((name.clone(), Channel { subs: Vec::new() }));
                 let id = match self.free.pop() {
@@ -108,26 +111,30 @@ impl Channels {
             c.sub_pos.set(ch.subs.len() as u32);
             ch.subs.push(c.clone());
         }
+        first
     }
 
-    pub(crate) fn unsubscribe(&mut self, c: &Conn) {
+    /// Takes `c` out of its channel; returns the channel's name when `c` was
+    /// its last subscriber (the channel is gone).
+    pub(crate) fn unsubscribe(&mut self, c: &Conn) -> Option<Rc<str>> {
         let pos = c.sub_pos.replace(NONE);
         if pos == NONE {
-            return;
+            return None;
         }
         let id = c.channel.get() as usize;
-        let Some((name, ch)) = self.list[id].as_mut() else {
-            return;
-        };
+        let (name, ch) = self.list[id].as_mut()?;
         ch.subs.swap_remove(pos as usize);
         if let Some(moved) = ch.subs.get(pos as usize) {
             moved.sub_pos.set(pos);
         }
         if ch.subs.is_empty() {
-            self.by_name.remove(&**name);
+            let name = name.clone();
+            self.by_name.remove(&*name);
             self.list[id] = None;
             self.free.push(id as u32);
+            return Some(name);
         }
+        None
     }
 }
 
@@ -170,13 +177,17 @@ mod tests {
         ch.unsubscribe(&cs[1]); // twice is harmless
         assert_eq!(cs[1].sub_pos.get(), NONE);
         check(&ch, "a", 4);
-        ch.unsubscribe(&cs[5]);
-        ch.unsubscribe(&cs[6]);
+        assert_eq!(ch.unsubscribe(&cs[5]), None);
+        assert_eq!(ch.unsubscribe(&cs[6]).as_deref(), Some("b"));
         assert!(
             ch.get("b").is_none(),
             "a channel goes with its last subscriber"
         );
-        ch.subscribe("b", &cs[5]);
+        assert!(
+            ch.subscribe("b", &cs[5]),
+            "first subscriber of a new channel"
+        );
+        assert!(!ch.subscribe("a", &cs[6]));
         check(&ch, "b", 1);
 
         let slot = cs[2].slot.get();

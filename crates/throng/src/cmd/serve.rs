@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use throng_server::config::{parse_duration, parse_listen, parse_size};
+use throng_server::redis::{RedisMode, RedisSettings, RedisUrl};
 use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
@@ -18,6 +19,11 @@ Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>   -> {\"channel\"
             text frame when the body is UTF-8 (or Content-Type text/*, */json), binary otherwise
             (or Content-Type: application/octet-stream)
 Observe:    GET /metrics (Prometheus text), GET /healthz
+Cluster:    --redis redis://[user:password@]HOST:PORT[/DB] makes this a node: POST /publish goes
+            to Redis (PUBLISH <prefix><channel>), and every node delivers what Redis sends it.
+            The publish answer is then {\"channel\":..,\"redis_receivers\":N}: the Redis connections
+            that got the message (subscribed nodes, plus any other client), not WebSocket
+            subscribers; 503 with the reason while Redis is unreachable. See docs/deploy.md.
 Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random 0..S ms first,
             'times: T' then sends T more pongs (chunked), each after such a wait
 
@@ -84,6 +90,33 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", default_value_t = 1000)]
     max_times: u64,
 
+    /// Route through Redis pub/sub so many nodes share channels:
+    /// redis://[user:password@]HOST[:PORT][/DB] (escape @ : / in the password as %40 %3A %2F).
+    /// Default: the embedded relay (one machine).
+    #[arg(long, value_name = "URL", value_parser = parse_redis_url)]
+    redis: Option<RedisUrl>,
+
+    /// Redis channel prefix: channel <c> is the Redis channel <prefix><c>.
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "throng:",
+        requires = "redis"
+    )]
+    redis_prefix: String,
+
+    /// pattern: one PSUBSCRIBE <prefix>* (every node receives every message; simplest, best
+    /// for few nodes). channels: SUBSCRIBE only to channels with subscribers on this node,
+    /// UNSUBSCRIBE when the last leaves (for many nodes x many channels).
+    #[arg(long, value_name = "MODE", default_value = "pattern", value_parser = parse_redis_mode, requires = "redis")]
+    redis_mode: RedisMode,
+
+    /// Start even when Redis is unreachable and keep retrying with backoff (subscribers are
+    /// accepted meanwhile; publishing answers 503). Without it, an unreachable Redis is an
+    /// error at start.
+    #[arg(long, requires = "redis")]
+    redis_wait: bool,
+
     /// Print the start line as JSON only (for scripts).
     #[arg(long)]
     json: bool,
@@ -96,6 +129,14 @@ pub(crate) struct Args {
     /// Internal: run as worker N of a supervisor (stdin is its control socket).
     #[arg(long, hide = true, value_name = "N")]
     worker_index: Option<usize>,
+}
+
+fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
+    s.parse()
+}
+
+fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
+    s.parse()
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -118,11 +159,20 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         request_timeout: args.request_timeout,
         max_sleep: args.max_sleep,
         max_times: args.max_times,
+        redis_mode: None,
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
     }
-    let plan = Plan::new(config)?;
+    let mut plan = Plan::new(config)?;
+    if let Some(url) = args.redis {
+        plan = plan.with_redis(RedisSettings {
+            url,
+            prefix: args.redis_prefix,
+            mode: args.redis_mode,
+            wait: args.redis_wait,
+        })?;
+    }
     if !args.json {
         eprintln!("{plan}");
     }

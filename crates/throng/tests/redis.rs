@@ -1,0 +1,339 @@
+//! `throng serve --redis` as a cluster: real `redis-server`, two real nodes,
+//! real HAProxy in front, publishing through a node's HTTP API and through
+//! `redis-cli PUBLISH`; Redis stopped and restarted under live subscribers;
+//! channels mode checked with `PUBSUB NUMSUB`.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+#[path = "support/serve.rs"]
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Command;
+
+use cluster::{Haproxy, Redis, free_port};
+use support::{Server, Sub, get, publish, subscribe, wait_until};
+use tungstenite::Message;
+
+/// Redis with an ACL user (and the default user locked behind a password),
+/// so every node must AUTH as `alice` to get anywhere.
+fn redis_with_acl() -> (Redis, String) {
+    let redis = Redis::start(
+        &[
+            "--requirepass",
+            "not-for-throng",
+            "--user",
+            "alice",
+            "on",
+            ">s3cret:p@ss",
+            "~*",
+            "&*",
+            "+@all",
+        ],
+        &["--user", "alice", "--pass", "s3cret:p@ss"],
+    );
+    // ':' and '@' in the password travel %-escaped; DB 1 is SELECTed.
+    let url = format!("redis://alice:s3cret%3Ap%40ss@127.0.0.1:{}/1", redis.port);
+    (redis, url)
+}
+
+/// A node routing through Redis; returns once its broker link is up.
+fn node(url: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["--redis", url];
+    args.extend_from_slice(extra);
+    let s = Server::start(&args);
+    wait_broker(&s, "up");
+    s
+}
+
+/// Waits until the node's /healthz says `broker: <state>`.
+fn wait_broker(s: &Server, state: &str) {
+    let want = format!("broker: {state}");
+    wait_until(&format!("{} to report '{want}'", s.addr), || {
+        get(s.addr, "/healthz").1.contains(&want)
+    });
+}
+
+/// The next data frame's text (pings are answered by tungstenite).
+fn next_text(s: &mut Sub) -> String {
+    loop {
+        match s.read().expect("subscriber stays connected") {
+            Message::Text(t) => return t.to_string(),
+            Message::Binary(b) => return format!("binary:{b:?}"),
+            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
+            Message::Close(c) => panic!("subscriber closed: {c:?}"),
+        }
+    }
+}
+
+/// POST /publish through Redis: the JSON's `redis_receivers`.
+fn publish_redis(addr: SocketAddr, channel: &str, body: &str) -> u64 {
+    let (status, reply) = publish(addr, channel, body.as_bytes(), None);
+    assert_eq!(status, 200, "{reply}");
+    let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(v["channel"], channel);
+    v["redis_receivers"].as_u64().unwrap()
+}
+
+fn open_on(s: &Server) -> f64 {
+    s.metric("throng_connections_open")
+}
+
+#[test]
+fn two_nodes_behind_haproxy_deliver_every_message_once_in_order() {
+    let (redis, url) = redis_with_acl();
+    let a = node(&url, &["--workers", "2"]);
+    let b = node(&url, &["--workers", "1"]);
+    let lb = Haproxy::start(&[a.addr, b.addr]);
+
+    let mut subs: Vec<Sub> = (0..20).map(|_| subscribe(lb.addr, "room.1")).collect();
+    wait_until("20 subscribers over both nodes", || {
+        open_on(&a) + open_on(&b) == 20.0
+    });
+    let (on_a, on_b) = (open_on(&a), open_on(&b));
+    assert!(
+        on_a >= 1.0 && on_b >= 1.0,
+        "HAProxy spread them: {on_a} on A, {on_b} on B"
+    );
+
+    // Alternate node A's HTTP API and redis-cli; each call returns after
+    // Redis took the PUBLISH, so the sequence is one order for everyone.
+    let mut sent = Vec::new();
+    for i in 0..30 {
+        let body = format!("message {i} ✓");
+        if i % 2 == 0 {
+            assert_eq!(publish_redis(a.addr, "room.1", &body), 2, "both nodes");
+        } else {
+            let out = redis.cli(&["PUBLISH", "throng:room.1", &body]);
+            assert_eq!(out, vec!["2".to_owned()], "both nodes");
+        }
+        sent.push(body);
+    }
+    // A marker last: nothing (no duplicate) may come between the 30 and it.
+    assert_eq!(publish_redis(b.addr, "room.1", "end"), 2);
+    sent.push("end".into());
+    for (k, s) in subs.iter_mut().enumerate() {
+        for (i, want) in sent.iter().enumerate() {
+            assert_eq!(&next_text(s), want, "subscriber {k}, message {i}");
+        }
+    }
+    for n in [&a, &b] {
+        n.wait_metric("throng_broker_messages_received_total", |v| v == 31.0);
+        assert_eq!(n.metric("throng_broker_up"), 1.0);
+        assert_eq!(n.metric("throng_broker_subscriptions"), 1.0);
+        assert_eq!(n.metric("throng_broker_reconnects_total"), 0.0);
+    }
+    a.wait_metric("throng_frames_delivered_total", |v| v == 31.0 * on_a);
+    b.wait_metric("throng_frames_delivered_total", |v| v == 31.0 * on_b);
+}
+
+#[test]
+fn redis_restart_keeps_subscribers_and_publishing_fails_cleanly_meanwhile() {
+    let (mut redis, url) = redis_with_acl();
+    let a = node(&url, &["--workers", "2"]);
+    let b = node(&url, &["--workers", "1", "--redis-mode", "channels"]);
+    let lb = Haproxy::start(&[a.addr, b.addr]);
+    let mut subs: Vec<Sub> = (0..10).map(|_| subscribe(lb.addr, "live")).collect();
+    wait_until("10 subscribers", || open_on(&a) + open_on(&b) == 10.0);
+    let (on_a, on_b) = (open_on(&a), open_on(&b));
+    wait_until("node B subscribed to throng:live", || {
+        redis.numsub("throng:live") == 1
+    });
+    assert_eq!(publish_redis(a.addr, "live", "before"), 2);
+    for s in &mut subs {
+        assert_eq!(next_text(s), "before");
+    }
+
+    redis.stop();
+    wait_broker(&a, "down");
+    wait_broker(&b, "down");
+    for n in [&a, &b] {
+        let (status, body) = publish(n.addr, "live", b"lost", None);
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            body.contains("cannot publish") && body.contains("127.0.0.1"),
+            "{body}"
+        );
+        assert!(!body.contains("s3cret"), "the password never shows: {body}");
+        n.wait_metric("throng_broker_up", |v| v == 0.0);
+        assert_eq!(n.metric("throng_broker_subscriptions"), 0.0);
+        n.wait_metric("throng_broker_outage_seconds", |v| v > 0.0);
+        assert!(n.metric("throng_broker_publish_failures_total") >= 1.0);
+    }
+    assert_eq!(
+        (open_on(&a), open_on(&b)),
+        (on_a, on_b),
+        "no subscriber dropped because of the broker"
+    );
+
+    redis.restart();
+    wait_broker(&a, "up");
+    wait_broker(&b, "up");
+    // B (channels mode) subscribed again to what its subscribers need.
+    assert_eq!(redis.numsub("throng:live"), 1);
+    assert_eq!(publish_redis(b.addr, "live", "after"), 2);
+    let out = redis.cli(&["PUBLISH", "throng:live", "after 2"]);
+    assert_eq!(out, vec!["2".to_owned()]);
+    for s in &mut subs {
+        assert_eq!(next_text(s), "after", "the failed publishes never arrive");
+        assert_eq!(next_text(s), "after 2");
+    }
+    for n in [&a, &b] {
+        assert_eq!(n.metric("throng_broker_reconnects_total"), 1.0);
+        assert_eq!(n.metric("throng_broker_outage_seconds"), 0.0);
+        n.wait_metric("throng_broker_subscriptions", |v| v == 1.0);
+        assert!(n.metric("throng_broker_outage_seconds_total") > 0.0);
+        assert!(
+            n.log().contains("is back after"),
+            "the node says so: {}",
+            n.log()
+        );
+    }
+    assert_eq!((open_on(&a), open_on(&b)), (on_a, on_b));
+}
+
+#[test]
+fn channels_mode_subscribes_only_to_channels_with_local_subscribers() {
+    let (redis, url) = redis_with_acl();
+    let a = node(&url, &["--workers", "2", "--redis-mode", "channels"]);
+    let b = node(&url, &["--workers", "1", "--redis-mode", "channels"]);
+    assert!(redis.channels("throng:*").is_empty(), "nothing yet");
+
+    let mut alpha: Vec<Sub> = (0..4).map(|_| subscribe(a.addr, "alpha")).collect();
+    let mut beta = subscribe(b.addr, "beta");
+    wait_until("PUBSUB CHANNELS shows alpha and beta", || {
+        redis.channels("throng:*") == ["throng:alpha", "throng:beta"]
+    });
+    // One subscription per node, whatever its workers and subscribers.
+    assert_eq!(redis.numsub("throng:alpha"), 1);
+    assert_eq!(redis.numsub("throng:beta"), 1);
+    a.wait_metric("throng_broker_subscriptions", |v| v == 1.0);
+    b.wait_metric("throng_broker_subscriptions", |v| v == 1.0);
+
+    // Published on B, delivered by A only: B is not subscribed to alpha.
+    assert_eq!(publish_redis(b.addr, "alpha", "a1"), 1);
+    assert_eq!(publish_redis(a.addr, "beta", "b1"), 1);
+    for s in &mut alpha {
+        assert_eq!(next_text(s), "a1");
+    }
+    assert_eq!(next_text(&mut beta), "b1");
+    a.wait_metric("throng_broker_messages_received_total", |v| v == 1.0);
+    b.wait_metric("throng_broker_messages_received_total", |v| v == 1.0);
+    assert_eq!(publish_redis(a.addr, "nobody", "x"), 0);
+
+    // The last subscriber of alpha leaves: A unsubscribes.
+    for mut s in alpha.drain(..3) {
+        s.close(None).unwrap();
+        while s.read().is_ok() {}
+    }
+    a.wait_metric("throng_connections_open", |v| v == 1.0);
+    assert_eq!(redis.numsub("throng:alpha"), 1, "one subscriber is left");
+    let mut last = alpha.pop().unwrap();
+    last.close(None).unwrap();
+    while last.read().is_ok() {}
+    wait_until("A to UNSUBSCRIBE throng:alpha", || {
+        redis.numsub("throng:alpha") == 0
+    });
+    assert_eq!(redis.channels("throng:*"), ["throng:beta"]);
+    a.wait_metric("throng_broker_subscriptions", |v| v == 0.0);
+}
+
+#[test]
+fn unreachable_redis_is_an_error_at_start_unless_redis_wait() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--redis", &url])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("cannot use Redis at redis://127.0.0.1:{port}/0"))
+            && err.contains("--redis-wait"),
+        "{err}"
+    );
+
+    let (redis, _) = redis_with_acl();
+    let wrong = format!("redis://alice:nope@127.0.0.1:{}", redis.port);
+    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--redis", &wrong])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("WRONGPASS") && !err.contains("nope"), "{err}");
+    drop(redis);
+
+    // --redis-wait: serves at once, subscribers welcome, publishing refused
+    // until Redis appears on that port.
+    let mut late = Redis::start(&[], &[]);
+    late.stop();
+    let url = format!("redis://127.0.0.1:{}", late.port);
+    let s = Server::start(&["--redis", &url, "--redis-wait"]);
+    wait_broker(&s, "down");
+    let mut sub = subscribe(s.addr, "early");
+    let (status, body) = publish(s.addr, "early", b"too soon", None);
+    assert_eq!(status, 503, "{body}");
+    late.restart();
+    wait_broker(&s, "up");
+    assert_eq!(publish_redis(s.addr, "early", "now"), 1);
+    assert_eq!(next_text(&mut sub), "now");
+    assert_eq!(s.metric("throng_broker_reconnects_total"), 0.0);
+}
+
+/// Regression: more messages at once than the node keeps in flight (256):
+/// it holds back reading, and must still relay what it already read.
+#[test]
+fn a_burst_beyond_the_in_flight_window_arrives_whole_and_in_order() {
+    let (redis, url) = redis_with_acl();
+    let a = node(&url, &["--workers", "2"]);
+    let mut subs: Vec<Sub> = (0..6).map(|_| subscribe(a.addr, "burst")).collect();
+    a.wait_metric("throng_connections_open", |v| v == 6.0);
+    let n = 3000;
+    let script: String = (0..n)
+        .map(|i| format!("PUBLISH throng:burst m{i}\n"))
+        .collect();
+    let mut cli = Command::new("redis-cli")
+        .args(["-p", &redis.port.to_string(), "--user", "alice"])
+        .args(["--pass", "s3cret:p@ss", "--no-auth-warning"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut cli.stdin.take().unwrap(), script.as_bytes()).unwrap();
+    assert!(cli.wait().unwrap().success());
+    for s in &mut subs {
+        for i in 0..n {
+            assert_eq!(next_text(s), format!("m{i}"));
+        }
+    }
+    a.wait_metric("throng_broker_messages_received_total", |v| {
+        v == f64::from(n)
+    });
+    assert_eq!(a.metric("throng_broker_reconnects_total"), 0.0);
+}
+
+/// A Redis that hangs (SIGSTOP: connections open, no answers) is noticed by
+/// the node's pings and treated as an outage, and the node comes back after.
+#[test]
+fn a_hung_redis_counts_as_an_outage() {
+    let (redis, url) = redis_with_acl();
+    let a = node(&url, &["--workers", "1"]);
+    let mut sub = subscribe(a.addr, "hang");
+    a.wait_metric("throng_connections_open", |v| v == 1.0);
+    redis.signal("STOP");
+    wait_broker(&a, "down");
+    assert!(
+        get(a.addr, "/healthz").1.contains("answer within"),
+        "{}",
+        get(a.addr, "/healthz").1
+    );
+    let (status, body) = publish(a.addr, "hang", b"lost", None);
+    assert_eq!(status, 503, "{body}");
+    redis.signal("CONT");
+    wait_broker(&a, "up");
+    assert_eq!(publish_redis(a.addr, "hang", "back"), 1);
+    assert_eq!(next_text(&mut sub), "back");
+    assert_eq!(a.metric("throng_broker_reconnects_total"), 1.0);
+}
