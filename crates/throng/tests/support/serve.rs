@@ -71,13 +71,15 @@ impl Server {
     pub(crate) fn wait_metric(&self, sample: &str, ok: impl Fn(f64) -> bool) -> f64 {
         let start = Instant::now();
         loop {
-            let last = self.metric(sample);
-            if ok(last) {
-                return last;
+            // A request can meet a worker that was just killed (its
+            // SO_REUSEPORT listener goes with it): no sample is "not yet".
+            let last = metric_in(&get(self.addr, "/metrics").1, sample);
+            if let Some(v) = last.filter(|&v| ok(v)) {
+                return v;
             }
             assert!(
                 start.elapsed() < Duration::from_secs(15),
-                "timed out waiting on {sample} (last value {last})"
+                "timed out waiting on {sample} (last value {last:?})"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
