@@ -87,9 +87,16 @@ struct Haproxy {
 impl Haproxy {
     /// `max_ver`: e.g. `TLSv1.2` to hold the frontend to TLS 1.2.
     fn start(backend: SocketAddr, max_ver: Option<&str>) -> Self {
+        Self::with_bind_options(
+            backend,
+            &max_ver.map_or(String::new(), |v| format!(" ssl-max-ver {v}")),
+        )
+    }
+
+    /// `ver`: extra options for the TLS `bind` lines (versions, ciphers).
+    fn with_bind_options(backend: SocketAddr, ver: &str) -> Self {
         let certs = Certs::get();
         let port = free_port();
-        let ver = max_ver.map_or(String::new(), |v| format!(" ssl-max-ver {v}"));
         let cfg = format!(
             "global\n  maxconn 3000\n\
              defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
@@ -227,6 +234,50 @@ fn hold_wss_through_haproxy_delivers_every_message() {
             .any(|l| l.trim_start().starts_with("tls.handshakes.full") && l.contains("600")),
         "{text}"
     );
+}
+
+/// Every record format the client takes over from rustls after the
+/// handshake: TLS 1.3 and TLS 1.2, AES-GCM and ChaCha20-Poly1305. Messages
+/// arrive (decryption), the server's pings are answered (encryption: the
+/// server drops a connection whose pongs it cannot read) and our close is
+/// answered.
+#[test]
+fn every_record_format_delivers_and_answers_pings() {
+    let server = serve_support::Server::start(&["--ping-interval", "300ms"]);
+    for opts in [
+        " ssl-min-ver TLSv1.3 ciphersuites TLS_AES_256_GCM_SHA384",
+        " ssl-min-ver TLSv1.3 ciphersuites TLS_CHACHA20_POLY1305_SHA256",
+        " ssl-max-ver TLSv1.2 ciphers ECDHE-ECDSA-AES128-GCM-SHA256",
+        " ssl-max-ver TLSv1.2 ciphers ECDHE-ECDSA-CHACHA20-POLY1305",
+    ] {
+        let proxy = Haproxy::with_bind_options(server.addr, opts);
+        let (code, s, stderr) = throng(
+            "hold",
+            &[
+                &format!("wss://localhost:{}/fmt", proxy.port),
+                "-c",
+                "100",
+                "--rate",
+                "1000/s",
+                "--tls-ca",
+                &Certs::get().path("ca.pem"),
+                "--duration",
+                "2500ms",
+                "--publish",
+                &format!("http://{}/publish/fmt", server.addr),
+                "--publish-rate",
+                "10/s",
+            ],
+        );
+        assert_eq!(code, 0, "{opts}: {stderr}");
+        assert_eq!(n(&s, &["opened"]), 100, "{opts}: {s:#}\n{stderr}");
+        let published = n(&s, &["published"]);
+        assert!(published >= 10, "{opts}: {s:#}");
+        assert_eq!(n(&s, &["received"]), published * 100, "{opts}: {s:#}");
+        // Idle timeout 3 × 300 ms, held 2.5 s: without readable pongs every
+        // connection would be closed by the server.
+        assert_eq!(n(&s, &["closed", "clean"]), 100, "{opts}: {s:#}");
+    }
 }
 
 /// `--tls-resume` resumes: after a worker's first full handshake, later

@@ -16,10 +16,11 @@
 //! never sends has an empty send buffer, so a reply that does not fit
 //! means a broken connection and closes it.
 //!
-//! A `wss://` connection also owns its TLS [`Session`] (boxed, so plain
-//! slots grow by one pointer only): reads are decrypted from the shared
-//! scratch buffer into a second shared buffer, and replies are encrypted
-//! into a short-lived one. Once our close frame is answered, a TLS
+//! A `wss://` connection also owns its TLS record state, [`Records`]: two
+//! AEAD keys and their sequence numbers, taken over from rustls after the
+//! upgrade (boxed, so plain slots grow by one pointer only). Reads are
+//! decrypted in the shared scratch buffer and copied to a second shared
+//! buffer; replies are encrypted into a short-lived one. Once our close frame is answered, a TLS
 //! connection says close_notify before the socket closes.
 
 use std::cell::{Cell, RefCell};
@@ -33,7 +34,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::{Ctx, mask, now_unix_ns, on_message};
 use crate::recorder::Closed;
-use crate::tls::{Phase, Session};
+use crate::tls::{Phase, Records};
 
 /// Events taken from epoll per call.
 const EVENTS: usize = 1024;
@@ -46,7 +47,7 @@ const ROUNDS_PER_WAKE: usize = 8;
 struct Held {
     stream: TcpStream,
     /// The TLS state of a `wss://` connection.
-    tls: Option<Box<Session>>,
+    tls: Option<Box<Records>>,
     decoder: Decoder,
     /// Bytes of a frame that arrived split; empty (no allocation) otherwise.
     rest: Vec<u8>,
@@ -119,7 +120,7 @@ impl Holder {
         &self,
         ctx: &Ctx,
         stream: tokio::net::TcpStream,
-        tls: Option<Box<Session>>,
+        tls: Option<Box<Records>>,
         rest: Vec<u8>,
     ) {
         ctx.live.set(ctx.live.get() + 1);
@@ -371,13 +372,9 @@ fn read_tls(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
             return Seen::Reset;
         };
         plain.clear();
-        let mut out = Vec::new();
-        let Ok(phase) = session.receive(&mut scratch[..n], &mut plain, &mut out) else {
+        let Ok(phase) = session.receive(&mut scratch[..n], &mut plain) else {
             return Seen::Tls;
         };
-        if !out.is_empty() && write_now(&held.stream, &out).is_err() {
-            return Seen::Reset;
-        }
         let seen = if plain.is_empty() {
             Seen::Drained
         } else if held.rest.is_empty() {

@@ -41,7 +41,7 @@ use crate::pacer::{Pacer, RateSpec};
 use crate::plan::assign;
 use crate::recorder::{ConnectError, HoldRecorder};
 use crate::target::WsTarget;
-use crate::tls::{self, Phase, Session, TlsClient, TlsOptions};
+use crate::tls::{self, Phase, Records, Session, TlsClient, TlsOptions};
 use held::Holder;
 
 mod held;
@@ -456,11 +456,11 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
             let mut rec = ctx.rec.borrow_mut();
             rec.opened(us(now - intended), us(now - started));
             rec.phases(open.tcp_us, open.tls_us, open.upgrade_us);
-            if let Some(session) = &open.session {
-                rec.tls_handshake(session.resumed());
+            if let Some(resumed) = open.resumed {
+                rec.tls_handshake(resumed);
             }
             drop(rec);
-            ctx.holder.adopt(&ctx, open.stream, open.session, open.rest);
+            ctx.holder.adopt(&ctx, open.stream, open.records, open.rest);
         }
         Some(Err((kind, detail))) => ctx.fail(kind, || detail),
         None => ctx.rec.borrow_mut().abandoned(),
@@ -474,8 +474,10 @@ type OpenError = (ConnectError, String);
 /// An upgraded connection and how long each step took.
 struct Opened {
     stream: TcpStream,
-    /// The TLS session of a `wss://` connection.
-    session: Option<Box<Session>>,
+    /// The TLS record state of a `wss://` connection.
+    records: Option<Box<Records>>,
+    /// Whether its handshake resumed a session.
+    resumed: Option<bool>,
     /// Bytes (decrypted) that arrived after the upgrade response head.
     rest: Vec<u8>,
     tcp_us: u64,
@@ -557,10 +559,22 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
     match handshake.await {
         Ok(Ok(rest)) => {
             let done = Instant::now();
+            let resumed = session.as_ref().map(|s| s.resumed());
+            // Out of rustls: only the keys stay (see `tls::records`).
+            let records = match session {
+                None => None,
+                Some(s) => Some(Box::new(s.into_records().map_err(|e| {
+                    (
+                        ConnectError::from_tls(&e),
+                        format!("taking over the TLS connection to {addr}: {e}"),
+                    )
+                })?)),
+            };
             Ok(Opened {
                 stream,
-                tls_us: session.as_ref().map(|_| us(secured - connected)),
-                session,
+                tls_us: resumed.map(|_| us(secured - connected)),
+                records,
+                resumed,
                 rest,
                 tcp_us: us(connected - began),
                 upgrade_us: us(done - secured),

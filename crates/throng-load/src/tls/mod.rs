@@ -43,6 +43,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::net::TcpStream;
 
+mod records;
+pub use records::Records;
+
 /// Where the system's CA bundle usually is (Debian/Ubuntu/Alpine, then
 /// Fedora/RHEL); the first that exists is used when `--tls-ca` is not given.
 pub const SYSTEM_BUNDLES: [&str; 2] = [
@@ -183,6 +186,8 @@ impl TlsClient {
             builder.with_root_certificates(roots).with_no_client_auth()
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // Held connections leave rustls once established ([`Records`]).
+        config.enable_secret_extraction = true;
         config.resumption = if opts.resume {
             Resumption::in_memory_sessions(SESSION_CACHE)
         } else {
@@ -379,6 +384,17 @@ impl Session {
     /// The negotiated cipher suite.
     pub fn suite(&self) -> Option<rustls::SupportedCipherSuite> {
         self.conn.negotiated_cipher_suite()
+    }
+
+    /// Hands an established connection over to a [`Records`]: its keys
+    /// and sequence numbers, and the partial record not yet read. rustls's
+    /// own state is freed.
+    pub fn into_records(self) -> Result<Records, TlsError> {
+        let (secrets, kernel) = self.conn.dangerous_into_kernel_connection()?;
+        let tls13 = kernel.protocol_version() == rustls::ProtocolVersion::TLSv1_3;
+        // Dropped: see `records` for what that gives up and why.
+        drop(kernel);
+        Records::new(secrets, tls13, self.pending)
     }
 
     /// Whether the handshake resumed an earlier session.
