@@ -8,7 +8,7 @@
 //! ([`held`]) and its task ends. While a connection is idle it owns nothing
 //! but the socket, a frame decoder with no buffer, the last sequence number
 //! seen and the time it opened: no read or write buffer and no timer (a TLS
-//! connection adds rustls's state, see [`crate::tls`]). Reads go into one
+//! connection adds its two record keys, see [`crate::tls::Records`]). Reads go into one
 //! scratch buffer per worker; only a frame (or TLS record) split across
 //! reads leaves a small owned remainder behind.
 //!

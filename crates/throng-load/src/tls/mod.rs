@@ -6,9 +6,11 @@
 //! never gives it back while the connection lives. A held subscriber is idle
 //! almost all the time, so that buffer would be most of its memory. With the
 //! unbuffered API the caller owns every buffer: reads go into the worker's
-//! one scratch buffer, and a connection keeps only rustls's state (keys,
-//! sequence numbers) plus, when a record arrived split across reads, the
-//! bytes of that one partial record ([`Session::pending`]).
+//! one scratch buffer, and a connection keeps only rustls's state plus, when
+//! a record arrived split across reads, the bytes of that one partial record
+//! ([`Session::pending`]). A held `hold` connection goes further once its
+//! upgrade is done: it leaves rustls and keeps only its record keys
+//! ([`Records`], in `records`).
 //!
 //! The certificate check: `--tls-ca FILE` trusts the PEM certificates in
 //! FILE; without it the system bundle ([`SYSTEM_BUNDLES`]) is used when there
@@ -381,11 +383,6 @@ impl fmt::Debug for Session {
 }
 
 impl Session {
-    /// The negotiated cipher suite.
-    pub fn suite(&self) -> Option<rustls::SupportedCipherSuite> {
-        self.conn.negotiated_cipher_suite()
-    }
-
     /// Hands an established connection over to a [`Records`]: its keys
     /// and sequence numbers, and the partial record not yet read. rustls's
     /// own state is freed.
