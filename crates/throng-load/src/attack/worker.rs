@@ -67,7 +67,7 @@ struct Ctx {
     /// Each target's pool index (targets on one endpoint share a pool).
     pool_of: Vec<usize>,
     /// Distinct endpoints, by pool index.
-    addrs: Vec<Endpoint>,
+    endpoints: Vec<Endpoint>,
     /// Idle keep-alive connections, by pool index.
     pools: Vec<RefCell<Vec<Link>>>,
     /// The TLS client, when any target is `https://`.
@@ -94,6 +94,8 @@ struct Ctx {
     done: Cell<Done>,
     /// Failure kinds already logged (one event per kind).
     logged: Cell<u32>,
+    /// A TLS handshake failure was logged with rustls's own words.
+    tls_logged: Cell<bool>,
     out: RefCell<Box<dyn Write>>,
 }
 
@@ -174,7 +176,7 @@ async fn worker(
         .iter()
         .map(|t| Rc::from(t.encode(settings.keepalive)))
         .collect();
-    let mut addrs: Vec<Endpoint> = Vec::new();
+    let mut endpoints: Vec<Endpoint> = Vec::new();
     let pool_of = plan
         .addrs
         .iter()
@@ -184,11 +186,11 @@ async fn worker(
                 addr: *a,
                 tls_host: t.url.tls.then(|| t.url.host.clone()),
             };
-            match addrs.iter().position(|b| *b == e) {
+            match endpoints.iter().position(|b| *b == e) {
                 Some(i) => i,
                 None => {
-                    addrs.push(e);
-                    addrs.len() - 1
+                    endpoints.push(e);
+                    endpoints.len() - 1
                 }
             }
         })
@@ -230,10 +232,11 @@ async fn worker(
     };
     let ctx = Rc::new(Ctx {
         wire,
-        pools: addrs.iter().map(|_| RefCell::new(Vec::new())).collect(),
+        pools: endpoints.iter().map(|_| RefCell::new(Vec::new())).collect(),
         pool_of,
-        addrs,
+        endpoints,
         tls,
+        tls_logged: Cell::new(false),
         open: Cell::new(0),
         cap: cap.max(1),
         freed: Notify::new(),
@@ -662,7 +665,7 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
 /// Opens a connection for pool `pool`: TCP connect, then the TLS handshake
 /// for an `https://` endpoint; records how long each took.
 async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, Failure> {
-    let endpoint = &ctx.addrs[pool];
+    let endpoint = &ctx.endpoints[pool];
     let began = Instant::now();
     let stream = TcpStream::connect(endpoint.addr)
         .await
@@ -681,9 +684,8 @@ async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, Failure> {
     let mut plain = Vec::new();
     if let Err(e) = tls::handshake(&stream, &ctx.scratch, &mut session, &mut plain).await {
         let why = Failure::from_tls(&e);
-        if matches!(why, Failure::Tls(_)) && ctx.logged.get() & (1 << 31) == 0 {
+        if matches!(why, Failure::Tls(_)) && !ctx.tls_logged.replace(true) {
             // The reason rustls gave, once: the counter only names its kind.
-            ctx.logged.set(ctx.logged.get() | 1 << 31);
             ctx.event(
                 "request.error",
                 format!("TLS handshake with {}: {e}", endpoint.addr),
