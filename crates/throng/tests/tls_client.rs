@@ -321,8 +321,9 @@ fn tls_resume_actually_resumes_on_tls13_and_tls12() {
                 &Certs::get().path("ca.pem"),
                 "--tls-resume",
                 "--no-keepalive",
-                "--rate",
-                "200/s",
+                "--max",
+                "--connections",
+                "16",
                 "--requests",
                 "200",
                 "-w",
@@ -338,7 +339,9 @@ fn tls_resume_actually_resumes_on_tls13_and_tls12() {
         assert_eq!(n(&a, &["connections_opened"]), 200, "{a:#}");
         let (full, resumed) = (n(&a, &["tls_full"]), n(&a, &["tls_resumed"]));
         assert_eq!(full + resumed, 200, "{max_ver:?}: {a:#}");
-        assert!(resumed >= 150, "{max_ver:?}: only {resumed} resumed: {a:#}");
+        // 16 connections at a time, each TLS 1.3 ticket used once: only the
+        // first few may be full (a cache of 8 tickets would fall back often).
+        assert!(resumed >= 180, "{max_ver:?}: only {resumed} resumed: {a:#}");
     }
 }
 

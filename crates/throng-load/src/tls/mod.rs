@@ -20,26 +20,30 @@
 //! matched against the certificate's IP addresses.
 //!
 //! Session resumption (`--tls-resume`): each worker keeps an in-memory
-//! ticket/session cache shared by all its connections, so after the first
-//! full handshake to a server the next ones resume. Off by default: every
-//! connection then pays a full handshake, the server's worst case, and the
-//! figures are not flattered by a warm cache.
+//! ticket/session cache shared by all its connections ([`Tickets`]), so
+//! after the first full handshakes to a server the next ones resume. Off by
+//! default: every connection then pays a full handshake, the server's worst
+//! case, and the figures are not flattered by a warm cache.
 
 use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{Resumption, UnbufferedClientConnection};
+use rustls::client::{
+    ClientSessionStore, Resumption, Tls12ClientSessionValue, Tls13ClientSessionValue,
+    UnbufferedClientConnection,
+};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError};
 use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, HandshakeKind, RootCertStore,
-    SignatureScheme,
+    CertificateError, ClientConfig, DigitallySignedStruct, HandshakeKind, NamedGroup,
+    RootCertStore, SignatureScheme,
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -150,8 +154,83 @@ pub struct TlsClient {
     config: Arc<ClientConfig>,
 }
 
-/// Sessions kept per worker for resumption (rustls keeps them per server name).
-const SESSION_CACHE: usize = 256;
+/// TLS 1.3 tickets kept per server name. rustls's own cache keeps 8, and a
+/// TLS 1.3 ticket is used once: with more connections opening at once than
+/// tickets in hand, the rest would fall back to full handshakes.
+const TICKETS_PER_SERVER: usize = 1024;
+/// Server names remembered per worker.
+const SERVERS: usize = 64;
+
+/// The session cache of `--tls-resume`: per server name, the key exchange
+/// group it chose, its TLS 1.2 session, and up to [`TICKETS_PER_SERVER`]
+/// TLS 1.3 tickets (newest used first: the least likely to have expired).
+/// A worker is one thread; the lock is only there because rustls asks for
+/// `Sync`.
+#[derive(Debug, Default)]
+pub struct Tickets {
+    servers: Mutex<HashMap<ServerName<'static>, Server>>,
+}
+
+#[derive(Debug, Default)]
+struct Server {
+    kx_hint: Option<NamedGroup>,
+    tls12: Option<Tls12ClientSessionValue>,
+    tls13: VecDeque<Tls13ClientSessionValue>,
+}
+
+impl Tickets {
+    fn with<R>(&self, name: &ServerName<'_>, f: impl FnOnce(Option<&mut Server>) -> R) -> R {
+        let mut servers = self.servers.lock().unwrap_or_else(PoisonError::into_inner);
+        f(servers.get_mut(&name.to_owned()))
+    }
+
+    fn with_new<R>(&self, name: ServerName<'static>, f: impl FnOnce(&mut Server) -> R) -> R {
+        let mut servers = self.servers.lock().unwrap_or_else(PoisonError::into_inner);
+        if !servers.contains_key(&name) && servers.len() >= SERVERS {
+            servers.clear();
+        }
+        f(servers.entry(name).or_default())
+    }
+}
+
+impl ClientSessionStore for Tickets {
+    fn set_kx_hint(&self, name: ServerName<'static>, group: NamedGroup) {
+        self.with_new(name, |s| s.kx_hint = Some(group));
+    }
+
+    fn kx_hint(&self, name: &ServerName<'_>) -> Option<NamedGroup> {
+        self.with(name, |s| s.and_then(|s| s.kx_hint))
+    }
+
+    fn set_tls12_session(&self, name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.with_new(name, |s| s.tls12 = Some(value));
+    }
+
+    fn tls12_session(&self, name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        self.with(name, |s| s.and_then(|s| s.tls12.clone()))
+    }
+
+    fn remove_tls12_session(&self, name: &ServerName<'static>) {
+        self.with(name, |s| {
+            if let Some(s) = s {
+                s.tls12 = None;
+            }
+        });
+    }
+
+    fn insert_tls13_ticket(&self, name: ServerName<'static>, value: Tls13ClientSessionValue) {
+        self.with_new(name, |s| {
+            if s.tls13.len() >= TICKETS_PER_SERVER {
+                s.tls13.pop_front();
+            }
+            s.tls13.push_back(value);
+        });
+    }
+
+    fn take_tls13_ticket(&self, name: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
+        self.with(name, |s| s.and_then(|s| s.tls13.pop_back()))
+    }
+}
 
 impl TlsClient {
     /// Builds the client; reads the CA file (or the system bundle).
@@ -191,7 +270,7 @@ impl TlsClient {
         // Held connections leave rustls once established ([`Records`]).
         config.enable_secret_extraction = true;
         config.resumption = if opts.resume {
-            Resumption::in_memory_sessions(SESSION_CACHE)
+            Resumption::store(Arc::new(Tickets::default()))
         } else {
             Resumption::disabled()
         };
