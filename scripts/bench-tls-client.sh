@@ -4,7 +4,8 @@
 # `throng serve`, on this machine, loopback only. The certificate is an
 # ECDSA P-256 one made here with the openssl CLI.
 #
-#   scripts/bench-tls-client.sh                 build (release) and run
+#   scripts/bench-tls-client.sh                 build (release) and run both parts
+#   scripts/bench-tls-client.sh memory|attack   one part only
 #   N=15000 RATE=600/s SECS=5 ROUNDS=3 scripts/bench-tls-client.sh
 #
 # 1. memory: user-space memory per idle held connection of one `throng hold`
@@ -14,15 +15,20 @@
 #    processes (N/2 connections each) because each process may open at most
 #    20,000 files and HAProxy needs two per connection.
 # 2. attack: https requests/s through HAProxy with keep-alive, and the rate
-#    of new TLS handshakes with a new connection per request
+#    of new TLS connections with a new connection per request
 #    (--no-keepalive), throng attack and wrk alternating, ROUNDS rounds each;
-#    medians and the throng/wrk ratio. Generator, HAProxy and throng serve
-#    share the machine's cores: figures are comparable within a run only.
+#    medians and the throng/wrk ratio. wrk's OpenSSL client resumes its TLS
+#    session on every new connection (HAProxy's own counter, printed after
+#    each run, says so), so throng runs with --tls-resume beside it, and
+#    alone without it: the rate of full handshakes. Generator, HAProxy and
+#    throng serve share the machine's cores: figures are comparable within a
+#    run only.
 #
 # Every run is bounded (--duration, timeouts) and everything started here is
 # stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+what=${1:-all}
 N=${N:-12000}
 SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-3}
@@ -96,6 +102,7 @@ for k in 0 1; do
   cat > "$OUT/haproxy-$k.cfg" <<EOF
 global
   maxconn $per
+  stats socket $OUT/haproxy-$k.sock level user
 defaults
   mode tcp
   timeout connect 5s
@@ -136,6 +143,7 @@ print(rss[full[-1]] if full else "none")
 EOF
 }
 
+if [ "$what" = all ] || [ "$what" = memory ]; then
 echo
 echo "== 1. memory per idle held connection, one hold worker, N=1 then N=$N at $RATE"
 hold_mem() { # name url tls-args...
@@ -166,43 +174,68 @@ if [ -s "$OUT/ws-n.json.per" ] && [ -s "$OUT/wss-n.json.per" ]; then
   awk -v p="$(cat "$OUT/ws-n.json.per")" -v t="$(cat "$OUT/wss-n.json.per")" \
     'BEGIN {printf "  per idle connection: ws %d bytes (target <= 1024), wss %d bytes, TLS adds %d bytes\n", p, t, t - p}'
 fi
+fi
+[ "$what" = all ] || [ "$what" = attack ] || exit 0
 
 echo
 echo "== 2. https through HAProxy: throng attack vs wrk, ${SECS}s per run, $ROUNDS rounds alternating"
 url="https://localhost:$tls_first/ping"
 median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
-run_pair() { # label conns keepalive(yes/no)
+# HAProxy's share of resumed TLS sessions (SslFrontendSessionReuse_pct).
+reuse() {
+  python3 - "$OUT/haproxy-0.sock" <<'EOF'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"show info\n")
+data = b""
+while chunk := s.recv(65536):
+    data += chunk
+info = dict(l.split(": ", 1) for l in data.decode().splitlines() if ": " in l)
+print(info.get("SslFrontendSessionReuse_pct", "?"))
+EOF
+}
+run_pair() { # label conns keepalive(yes/no) [throng options...]
   local label=$1 c=$2 keep=$3 ta=() wa=()
-  [ "$keep" = no ] && { ta=(--no-keepalive); wa=(-H 'Connection: close'); }
+  shift 3
+  ta=("$@")
+  [ "$keep" = no ] && { ta+=(--no-keepalive); wa=(-H 'Connection: close'); }
   : > "$OUT/$label-throng.txt"; : > "$OUT/$label-wrk.txt"
   for round in $(seq "$ROUNDS"); do
-    timeout $((SECS + 60)) wrk -t1 -c"$c" -d"${SECS}s" "${wa[@]}" "$url" > "$OUT/$label-wrk.out" 2>&1 || true
-    local w; w=$(awk '/^Requests\/sec/ {print $2}' "$OUT/$label-wrk.out")
-    echo "${w:-0}" >> "$OUT/$label-wrk.txt"
+    local w=0 wr=-
+    if [ "$label" != full ]; then
+      timeout $((SECS + 60)) wrk -t1 -c"$c" -d"${SECS}s" "${wa[@]}" "$url" > "$OUT/$label-wrk.out" 2>&1 || true
+      w=$(awk '/^Requests\/sec/ {print $2}' "$OUT/$label-wrk.out")
+      wr=$(reuse)
+      echo "${w:-0}" >> "$OUT/$label-wrk.txt"
+    fi
     timeout $((SECS + 60)) "$BIN" attack --url "$url" --max --connections "$c" --workers 1 \
       --duration "${SECS}s" --tls-ca "$OUT/ca.pem" "${ta[@]}" --format json -q \
       > "$OUT/$label-throng.json" 2> "$OUT/$label-throng.err" || true
-    python3 - "$OUT/$label-throng.json" "$round" "$label" "$c" "${w:-0}" >> "$OUT/$label-throng.txt" <<'EOF'
+    python3 - "$OUT/$label-throng.json" "$round" "$label" "$c" "${w:-0}" "$wr" "$(reuse)" >> "$OUT/$label-throng.txt" <<'EOF'
 import json, sys
-path, rnd, label, c, w = sys.argv[1:6]
+path, rnd, label, c, w, wr, tr = sys.argv[1:8]
 try:
     s = json.load(open(path))
 except Exception:
     print(0); sys.stderr.write(f"  round {rnd} {label}: throng attack gave no summary, see {path}\n"); sys.exit()
 errs = sum(s["errors"].values())
 tls = s["connect_tls_us"]
+wrk = f";  wrk {float(w):8.0f} req/s (HAProxy: {wr}% resumed)" if label != "full" else ""
 sys.stderr.write(f"  round {rnd} {label:<10} c={c}: throng {s['throughput']:8.0f} req/s "
                  f"({s['connections_opened']} connections, {s['tls_full']} full + {s['tls_resumed']} resumed handshakes, "
-                 f"handshake p50 {tls['p50']} µs, errors {errs});  wrk {float(w):8.0f} req/s\n")
+                 f"handshake p50 {tls['p50']} µs, errors {errs}; HAProxy: {tr}% resumed){wrk}\n")
 print(f"{s['throughput']:.0f}")
 EOF
   done
   local t w
-  t=$(median < "$OUT/$label-throng.txt"); w=$(median < "$OUT/$label-wrk.txt")
+  t=$(median < "$OUT/$label-throng.txt")
+  if [ "$label" = full ]; then
+    echo "  median $label: throng attack $t req/s (a new connection and a full handshake each)"
+    return
+  fi
+  w=$(median < "$OUT/$label-wrk.txt")
   awk -v t="$t" -v w="$w" -v l="$label" \
     'BEGIN {printf "  median %s: throng attack %.0f req/s, wrk %.0f req/s, ratio %.2f\n", l, t, w, (w > 0 ? t / w : 0)}'
 }
 run_pair keepalive 64 yes
-run_pair handshake 32 no
-echo "  (handshake: a new connection and a full TLS handshake per request; throng resumes"
-echo "   nothing unless --tls-resume; wrk's figure is whatever its OpenSSL client does)"
+run_pair resumed 32 no --tls-resume
+run_pair full 32 no
