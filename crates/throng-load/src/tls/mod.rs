@@ -162,7 +162,7 @@ const TICKETS_PER_SERVER: usize = 1024;
 const SERVERS: usize = 64;
 
 /// The session cache of `--tls-resume`: per server name, the key exchange
-/// group it chose, its TLS 1.2 session, and up to [`TICKETS_PER_SERVER`]
+/// group it chose, its TLS 1.2 session, and up to `TICKETS_PER_SERVER` (1024)
 /// TLS 1.3 tickets (newest used first: the least likely to have expired).
 /// A worker is one thread; the lock is only there because rustls asks for
 /// `Sync`.
