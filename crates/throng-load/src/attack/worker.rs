@@ -96,6 +96,8 @@ struct Ctx {
     logged: Cell<u32>,
     /// A TLS handshake failure was logged with rustls's own words.
     tls_logged: Cell<bool>,
+    /// What the first TLS handshake negotiated was logged.
+    tls_noted: Cell<bool>,
     out: RefCell<Box<dyn Write>>,
 }
 
@@ -237,6 +239,7 @@ async fn worker(
         endpoints,
         tls,
         tls_logged: Cell::new(false),
+        tls_noted: Cell::new(false),
         open: Cell::new(0),
         cap: cap.max(1),
         freed: Notify::new(),
@@ -697,6 +700,9 @@ async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, Failure> {
         us(connected - began),
         Some((us(Instant::now() - connected), session.resumed())),
     );
+    if !ctx.tls_noted.replace(true) {
+        ctx.event("tls.negotiated", session.describe());
+    }
     Ok(Link {
         stream,
         tls: Some(Box::new(session)),

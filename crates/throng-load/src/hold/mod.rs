@@ -174,6 +174,8 @@ struct Ctx {
     idle: Notify,
     /// One log line per error kind, so a failing run does not flood stdout.
     logged: Cell<u32>,
+    /// What the first TLS handshake negotiated was logged.
+    tls_noted: Cell<bool>,
     out: RefCell<Box<dyn Write>>,
 }
 
@@ -295,6 +297,7 @@ async fn worker(
         next_start: Cell::new(0),
         idle: Notify::new(),
         logged: Cell::new(0),
+        tls_noted: Cell::new(false),
         holder: Holder::new()?,
         out: RefCell::new(out),
         plan,
@@ -538,6 +541,9 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
                         ),
                     ));
                 }
+            }
+            if !ctx.tls_noted.replace(true) {
+                ctx.event("tls.negotiated", session.describe());
             }
             Some(Box::new(session))
         }

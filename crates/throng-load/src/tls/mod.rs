@@ -473,6 +473,25 @@ impl Session {
         Records::new(secrets, tls13, self.pending)
     }
 
+    /// What was negotiated, for a log line: `TLSv1_3
+    /// TLS13_AES_256_GCM_SHA384, ALPN http/1.1, full handshake`.
+    pub fn describe(&self) -> String {
+        let version = self
+            .conn
+            .protocol_version()
+            .map_or("?".to_owned(), |v| format!("{v:?}"));
+        let suite = self
+            .conn
+            .negotiated_cipher_suite()
+            .map_or("?".to_owned(), |s| format!("{:?}", s.suite()));
+        let alpn = self
+            .conn
+            .alpn_protocol()
+            .map_or("none".into(), String::from_utf8_lossy);
+        let kind = if self.resumed() { "resumed" } else { "full" };
+        format!("{version} {suite}, ALPN {alpn}, {kind} handshake")
+    }
+
     /// Whether the handshake resumed an earlier session.
     pub fn resumed(&self) -> bool {
         self.conn.handshake_kind() == Some(HandshakeKind::Resumed)
