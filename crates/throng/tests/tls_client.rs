@@ -238,7 +238,7 @@ fn hold_wss_through_haproxy_delivers_every_message() {
 
 /// Every record format the client takes over from rustls after the
 /// handshake: TLS 1.3 and TLS 1.2, AES-GCM and ChaCha20-Poly1305. Messages
-/// arrive (decryption), the server's pings are answered (encryption: the
+/// of 40 KB arrive whole (decryption, records split across reads), the server's pings are answered (encryption: the
 /// server drops a connection whose pongs it cannot read) and our close is
 /// answered.
 #[test]
@@ -267,6 +267,9 @@ fn every_record_format_delivers_and_answers_pings() {
                 &format!("http://{}/publish/fmt", server.addr),
                 "--publish-rate",
                 "10/s",
+                // Each message spans three TLS records and several reads.
+                "--message-size",
+                "40k",
             ],
         );
         assert_eq!(code, 0, "{opts}: {stderr}");
