@@ -578,3 +578,114 @@ fn python_websockets_tls_peer_receives_every_message() {
     let _ = peer.kill();
     let _ = peer.wait();
 }
+
+/// What the rustls test server does once the upgrade is answered.
+#[derive(Debug, Clone, Copy)]
+enum Misbehave {
+    /// Sends a record that does not decrypt.
+    Garbage,
+    /// Starts a TLS 1.3 key update, then sends a message under the new key.
+    KeyUpdate,
+}
+
+/// A WebSocket server on rustls (a second, independent TLS implementation
+/// on the server side) that answers `conns` upgrades, then misbehaves.
+fn rustls_server(conns: usize, how: Misbehave) -> u16 {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::io::{Read as _, Write as _};
+    use std::sync::Arc;
+    use throng_proto::{http, ws};
+
+    let certs = Certs::get();
+    let chain = CertificateDer::pem_file_iter(certs.path("server.pem"))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(certs.path("server.key")).unwrap();
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().take(conns) {
+            let Ok(tcp) = tcp else { return };
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                let req_len = loop {
+                    let Ok(n) = tls.read(&mut buf) else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                    if let Ok(Some((_, used))) = http::parse_request(&head, http::MAX_HEAD) {
+                        break used;
+                    }
+                };
+                let (req, _) = http::parse_request(&head[..req_len], http::MAX_HEAD)
+                    .unwrap()
+                    .unwrap();
+                let accept = ws::server_accept(&req).unwrap();
+                let mut out = Vec::new();
+                ws::write_accept(&mut out, &accept);
+                tls.write_all(&out).unwrap();
+                tls.flush().unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                match how {
+                    Misbehave::Garbage => {
+                        let mut junk = vec![23, 3, 3, 0, 40];
+                        junk.extend_from_slice(&[0x5a; 40]);
+                        let _ = tls.sock.write_all(&junk);
+                    }
+                    Misbehave::KeyUpdate => {
+                        tls.conn.refresh_traffic_keys().unwrap();
+                        let frame = ws::server_frame(ws::OpCode::Text, b"after the update");
+                        let _ = tls.write_all(&frame);
+                        let _ = tls.flush();
+                    }
+                }
+                std::thread::sleep(Duration::from_secs(5));
+            });
+        }
+    });
+    port
+}
+
+/// Bad input on an established connection (a record that does not decrypt,
+/// a key update, which held connections do not follow) ends that
+/// connection, counted as `closed.tls`; nothing panics or hangs.
+#[test]
+fn broken_records_and_key_updates_close_as_tls() {
+    for how in [Misbehave::Garbage, Misbehave::KeyUpdate] {
+        let port = rustls_server(10, how);
+        let (code, s, stderr) = throng(
+            "hold",
+            &[
+                &format!("wss://localhost:{port}/chan"),
+                "-c",
+                "10",
+                "--rate",
+                "100/s",
+                "--tls-ca",
+                &Certs::get().path("ca.pem"),
+                "--duration",
+                "1s",
+            ],
+        );
+        assert_eq!(code, 0, "{how:?}: {stderr}");
+        assert_eq!(n(&s, &["opened"]), 10, "{how:?}: {s:#}\n{stderr}");
+        assert_eq!(n(&s, &["closed", "tls"]), 10, "{how:?}: {s:#}");
+    }
+}
