@@ -336,6 +336,8 @@ impl Records {
 }
 
 /// Appends one protected record of type `typ` carrying `data` to `out`.
+/// Invariant: `data` is at most [`MAX_FRAGMENT`] bytes (callers split), so
+/// every record length below fits in a `u16`.
 fn seal(
     format: Format,
     tx: &mut Direction,
