@@ -10,6 +10,9 @@ tests can check hold's error counts:
   --close-every K    close every K-th connection right after the handshake
                      with --close-code (default 4000)
   --ports N          listen for WebSocket on N ports (consecutive when free)
+  --tls-cert FILE --tls-key FILE
+                     serve wss:// (TLS, Python's ssl module) with this PEM
+                     certificate chain and key; publishing stays plain HTTP
 
 On start it prints one line `READY <ws_first_port> <ws_last_port> <http_port>`
 and then serves until stdin closes or it is killed. A line `stats` on stdin
@@ -21,6 +24,7 @@ import argparse
 import asyncio
 import json
 import socket
+import ssl
 import sys
 
 import websockets
@@ -67,7 +71,13 @@ async def main():
     ap.add_argument("--refuse-every", type=int, default=0)
     ap.add_argument("--close-every", type=int, default=0)
     ap.add_argument("--close-code", type=int, default=4000)
+    ap.add_argument("--tls-cert")
+    ap.add_argument("--tls-key")
     args = ap.parse_args()
+    tls = None
+    if args.tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
 
     def process_request(connection, request):
         counter["upgrades"] += 1
@@ -135,6 +145,7 @@ async def main():
                 max_queue=None,
                 backlog=4096,
                 compression=None,
+                ssl=tls,
             )
         )
     http_server = await asyncio.start_server(http_client, "127.0.0.1", 0)

@@ -14,4 +14,5 @@ pub mod publish;
 pub mod recorder;
 pub mod supervisor;
 pub mod target;
+pub mod tls;
 pub mod units;

@@ -12,6 +12,8 @@ use std::io;
 use hdrhistogram::Histogram;
 use throng_report::interval::{HISTOGRAM_MAX_US, Interval, new_histogram};
 
+use crate::tls::TlsFailure;
+
 /// Why a connection could not be opened; each kind is its own counter
 /// (`connect.error.<label>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +33,17 @@ pub enum ConnectError {
     BadHandshake,
     /// Anything else (the error is logged once per kind).
     Other,
+    /// The TLS handshake (or a TLS record) failed, for this reason
+    /// (`connect.error.tls.<reason>`).
+    Tls(TlsFailure),
 }
 
 impl ConnectError {
+    /// Kinds in all.
+    pub const COUNT: usize = 7 + TlsFailure::ALL.len();
+
     /// Every kind, in counter order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; Self::COUNT] = [
         Self::Refused,
         Self::Timeout,
         Self::Reset,
@@ -43,7 +51,28 @@ impl ConnectError {
         Self::BadStatus,
         Self::BadHandshake,
         Self::Other,
+        Self::Tls(TlsFailure::ALL[0]),
+        Self::Tls(TlsFailure::ALL[1]),
+        Self::Tls(TlsFailure::ALL[2]),
+        Self::Tls(TlsFailure::ALL[3]),
+        Self::Tls(TlsFailure::ALL[4]),
+        Self::Tls(TlsFailure::ALL[5]),
+        Self::Tls(TlsFailure::ALL[6]),
     ];
+
+    /// The kind's place in [`Self::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Self::Refused => 0,
+            Self::Timeout => 1,
+            Self::Reset => 2,
+            Self::AddrNotAvailable => 3,
+            Self::BadStatus => 4,
+            Self::BadHandshake => 5,
+            Self::Other => 6,
+            Self::Tls(r) => 7 + r as usize,
+        }
+    }
 
     /// The counter suffix: `connect.error.<label>`.
     pub fn label(self) -> &'static str {
@@ -55,6 +84,18 @@ impl ConnectError {
             Self::BadStatus => "bad_status",
             Self::BadHandshake => "bad_handshake",
             Self::Other => "other",
+            Self::Tls(r) => r.label(),
+        }
+    }
+
+    /// Classifies a failed TLS connection: rustls's reason, or the socket's.
+    pub fn from_tls(err: &crate::tls::TlsError) -> Self {
+        use crate::tls::TlsError;
+        match err {
+            TlsError::Tls(e) => Self::Tls(TlsFailure::of(e)),
+            TlsError::Io(e) => Self::from_io(e),
+            TlsError::Closed => Self::Reset,
+            TlsError::TooLarge => Self::Tls(TlsFailure::Protocol),
         }
     }
 
@@ -90,6 +131,8 @@ pub enum Closed {
     Clean,
     /// The run ended and the server did not answer our close in time (`closed.timeout`).
     CloseTimeout,
+    /// A TLS record failed: decryption, or a fatal alert from the server (`closed.tls`).
+    Tls,
 }
 
 /// Per-interval counts and histograms of one `hold` worker.
@@ -102,7 +145,9 @@ pub struct HoldRecorder {
     /// Connections this worker will attempt in total (a level).
     target: i64,
     opened: u64,
-    failed: [u64; 7],
+    failed: [u64; ConnectError::COUNT],
+    tls_full: u64,
+    tls_resumed: u64,
     abandoned: u64,
     closed: BTreeMap<String, u64>,
     received: u64,
@@ -114,6 +159,9 @@ pub struct HoldRecorder {
     connect: Histogram<u64>,
     connect_service: Histogram<u64>,
     connect_lag: Histogram<u64>,
+    connect_tcp: Histogram<u64>,
+    connect_tls: Histogram<u64>,
+    connect_upgrade: Histogram<u64>,
     delivery: Histogram<u64>,
 }
 
@@ -130,7 +178,9 @@ impl HoldRecorder {
             open: 0,
             target: i64::try_from(target).unwrap_or(i64::MAX),
             opened: 0,
-            failed: [0; 7],
+            failed: [0; ConnectError::COUNT],
+            tls_full: 0,
+            tls_resumed: 0,
             abandoned: 0,
             closed: BTreeMap::new(),
             received: 0,
@@ -142,6 +192,9 @@ impl HoldRecorder {
             connect: new_histogram(),
             connect_service: new_histogram(),
             connect_lag: new_histogram(),
+            connect_tcp: new_histogram(),
+            connect_tls: new_histogram(),
+            connect_upgrade: new_histogram(),
             delivery: new_histogram(),
         }
     }
@@ -160,9 +213,28 @@ impl HoldRecorder {
         record(&mut self.connect_service, service_us);
     }
 
+    /// How long each phase of an opened connection took: TCP connect, the
+    /// TLS handshake (`None` for `ws://`), the WebSocket upgrade.
+    pub fn phases(&mut self, tcp_us: u64, tls_us: Option<u64>, upgrade_us: u64) {
+        record(&mut self.connect_tcp, tcp_us);
+        if let Some(us) = tls_us {
+            record(&mut self.connect_tls, us);
+        }
+        record(&mut self.connect_upgrade, upgrade_us);
+    }
+
+    /// A TLS handshake completed; `resumed`: it resumed an earlier session.
+    pub fn tls_handshake(&mut self, resumed: bool) {
+        if resumed {
+            self.tls_resumed += 1;
+        } else {
+            self.tls_full += 1;
+        }
+    }
+
     /// A connection attempt failed.
     pub fn failed(&mut self, kind: ConnectError) {
-        self.failed[kind as usize] += 1;
+        self.failed[kind.index()] += 1;
     }
 
     /// A connection still opening when the run stopped was given up.
@@ -181,6 +253,7 @@ impl HoldRecorder {
             Closed::Protocol => "closed.protocol".to_owned(),
             Closed::Clean => "closed.clean".to_owned(),
             Closed::CloseTimeout => "closed.timeout".to_owned(),
+            Closed::Tls => "closed.tls".to_owned(),
         };
         *self.closed.entry(name).or_insert(0) += 1;
     }
@@ -234,9 +307,11 @@ impl HoldRecorder {
         for kind in ConnectError::ALL {
             put(
                 &format!("connect.error.{}", kind.label()),
-                self.failed[kind as usize],
+                self.failed[kind.index()],
             );
         }
+        put("tls.handshakes.full", self.tls_full);
+        put("tls.handshakes.resumed", self.tls_resumed);
         put("connect.abandoned", self.abandoned);
         put("messages.received", self.received);
         put("messages.lost", self.lost);
@@ -251,6 +326,9 @@ impl HoldRecorder {
             ("connect", &mut self.connect),
             ("connect.service", &mut self.connect_service),
             ("connect.lag", &mut self.connect_lag),
+            ("connect.tcp", &mut self.connect_tcp),
+            ("connect.tls", &mut self.connect_tls),
+            ("connect.upgrade", &mut self.connect_upgrade),
             ("delivery", &mut self.delivery),
         ] {
             if !h.is_empty() {
@@ -263,7 +341,9 @@ impl HoldRecorder {
             ("connections.target".to_owned(), self.target),
         ]);
         self.opened = 0;
-        self.failed = [0; 7];
+        self.failed = [0; ConnectError::COUNT];
+        self.tls_full = 0;
+        self.tls_resumed = 0;
         self.abandoned = 0;
         self.received = 0;
         self.lost = 0;
@@ -294,12 +374,18 @@ mod tests {
         r.opened(1500, 900);
         r.opened(2500, 1000);
         r.failed(ConnectError::Refused);
+        r.failed(ConnectError::Tls(TlsFailure::UnknownIssuer));
+        r.phases(100, Some(700), 300);
+        r.tls_handshake(true);
         r.delivered(300);
         r.lost(2);
         r.closed(Closed::ByServer(Some(1008)));
         let iv = r.take(1_000_000_000);
         assert_eq!(iv.counters["connect.ok"], 2);
         assert_eq!(iv.counters["connect.error.refused"], 1);
+        assert_eq!(iv.counters["connect.error.tls.unknown_issuer"], 1);
+        assert_eq!(iv.counters["tls.handshakes.resumed"], 1);
+        assert_eq!(iv.histograms["connect.tls"].len(), 1);
         assert_eq!(iv.counters["closed.server.1008"], 1);
         assert_eq!(iv.counters["messages.lost"], 2);
         assert_eq!(iv.gauges["connections.open"], 1);

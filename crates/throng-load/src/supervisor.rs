@@ -30,6 +30,7 @@ use crate::pacer::{Pacer, RateSpec};
 use crate::plan::Fit;
 use crate::publish::Publisher;
 use crate::target::{PublishTarget, WsTarget};
+use crate::tls::TlsOptions;
 
 /// How long after every connection is open (or failed) before publishing
 /// starts, so that the server has registered every subscriber.
@@ -73,6 +74,8 @@ pub struct HoldRun {
     pub rate: RateSpec,
     /// Where to connect.
     pub target: WsTarget,
+    /// TLS settings of a `wss://` target.
+    pub tls: Option<TlsOptions>,
     /// Workers and sources.
     pub fit: Fit,
     /// Timeouts and limits.
@@ -156,6 +159,16 @@ pub struct Summary {
     pub connect_service_us: Latency,
     /// How late connections were started against the schedule, µs.
     pub connect_lag_us: Latency,
+    /// TCP connect alone, µs.
+    pub connect_tcp_us: Latency,
+    /// The TLS handshake alone (`wss://`), µs.
+    pub connect_tls_us: Latency,
+    /// The WebSocket upgrade alone, µs.
+    pub connect_upgrade_us: Latency,
+    /// TLS handshakes that were full (not resumed).
+    pub tls_full: u64,
+    /// TLS handshakes that resumed an earlier session.
+    pub tls_resumed: u64,
     /// Messages published (calls that succeeded).
     pub published: u64,
     /// Publish calls that failed, by kind.
@@ -279,6 +292,7 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
             sources: run.fit.sources.clone(),
             settings: run.settings,
             label: label.clone(),
+            tls: run.tls.clone(),
         };
         let mut cmd = worker_command();
         cmd.stdin(Stdio::piped())
@@ -578,6 +592,11 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     summary.connect_us = Latency::of(h.get("connect"));
     summary.connect_service_us = Latency::of(h.get("connect.service"));
     summary.connect_lag_us = Latency::of(h.get("connect.lag"));
+    summary.connect_tcp_us = Latency::of(h.get("connect.tcp"));
+    summary.connect_tls_us = Latency::of(h.get("connect.tls"));
+    summary.connect_upgrade_us = Latency::of(h.get("connect.upgrade"));
+    summary.tls_full = get("tls.handshakes.full");
+    summary.tls_resumed = get("tls.handshakes.resumed");
     summary.publish_us = Latency::of(h.get("publish"));
     summary.delivery_us = Latency::of(h.get("delivery"));
     if let Some(done) = ramp_done_at.get() {
@@ -961,6 +980,19 @@ pub fn render_summary(s: &Summary) -> String {
     out.push_str(&format!(
         "  connect (from actual start):   {}\n",
         lat(&s.connect_service_us)
+    ));
+    out.push_str(&format!("    TCP connect:  {}\n", lat(&s.connect_tcp_us)));
+    if s.connect_tls_us.count > 0 {
+        out.push_str(&format!(
+            "    TLS handshake: {}  ({} full, {} resumed)\n",
+            lat(&s.connect_tls_us),
+            s.tls_full,
+            s.tls_resumed
+        ));
+    }
+    out.push_str(&format!(
+        "    WS upgrade:   {}\n",
+        lat(&s.connect_upgrade_us)
     ));
     if s.connect_lag_us.max >= 1000 {
         out.push_str(&format!(

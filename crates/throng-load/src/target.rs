@@ -1,5 +1,5 @@
 //! Where the load goes and where it comes from: the WebSocket target with
-//! its port range (`ws://HOST:10000-10015/chan`), the publish endpoint
+//! its port range (`ws://HOST:10000-10015/chan`, or `wss://` for TLS), the publish endpoint
 //! (`http://…/publish/chan` or `redis://HOST:PORT`), and the source
 //! addresses connections are spread over (`127.0.0.2-127.0.0.60`, a comma
 //! list, or both).
@@ -56,6 +56,9 @@ pub struct WsTarget {
     pub port_last: u16,
     /// Request target: `/chan` (with any query).
     pub path: String,
+    /// `wss://`: TLS before the upgrade.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 impl WsTarget {
@@ -98,12 +101,13 @@ impl fmt::Display for WsTarget {
             IpAddr::V6(_) if !self.host.starts_with('[') => format!("[{}]", self.host),
             _ => self.host.clone(),
         };
+        let scheme = if self.tls { "wss" } else { "ws" };
         if self.port_first == self.port_last {
-            write!(f, "ws://{host}:{}{}", self.port_first, self.path)
+            write!(f, "{scheme}://{host}:{}{}", self.port_first, self.path)
         } else {
             write!(
                 f,
-                "ws://{host}:{}-{}{}",
+                "{scheme}://{host}:{}-{}{}",
                 self.port_first, self.port_last, self.path
             )
         }
@@ -114,7 +118,8 @@ impl FromStr for WsTarget {
     type Err = TargetError;
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
-        let parts = split_url(url, &["ws"], 80)?;
+        let tls = url.starts_with("wss://");
+        let parts = split_url(url, &["ws", "wss"], if tls { 443 } else { 80 })?;
         let (first, last) = parts.ports;
         if parts.path == "/" {
             return Err(url_err(
@@ -128,6 +133,7 @@ impl FromStr for WsTarget {
             port_first: first,
             port_last: last,
             path: parts.path,
+            tls,
         })
     }
 }
@@ -204,9 +210,9 @@ fn split_url(url: &str, schemes: &[&str], default_port: u16) -> Result<UrlParts,
         ));
     };
     if !schemes.contains(&scheme) {
-        let why = if scheme == "wss" || scheme == "https" {
+        let why = if scheme == "https" || scheme == "rediss" {
             format!(
-                "{scheme}:// (TLS) is not supported yet; use {}://",
+                "{scheme}:// (TLS) is not supported here yet; use {}://",
                 schemes[0]
             )
         } else {
@@ -394,14 +400,17 @@ mod tests {
         assert_eq!(t.channel(), "a");
         assert_eq!(t.host_header(9000), "[::1]:9000");
         let t: WsTarget = "ws://localhost/c".parse().unwrap();
-        assert_eq!((t.port_first, t.is_loopback()), (80, true));
+        assert_eq!((t.port_first, t.is_loopback(), t.tls), (80, true, false));
+        let t: WsTarget = "wss://localhost/c".parse().unwrap();
+        assert_eq!((t.port_first, t.tls), (443, true));
+        assert_eq!(t.to_string(), "wss://localhost:443/c");
     }
 
     #[test]
     fn ws_target_errors() {
         for bad in [
             "http://127.0.0.1:1/c",
-            "wss://127.0.0.1:1/c",
+            "wss://127.0.0.1:1",
             "ws://127.0.0.1:1",
             "ws://127.0.0.1:1/",
             "ws://example.com:1/c",

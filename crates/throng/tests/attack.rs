@@ -594,13 +594,15 @@ fn bad_targets_are_refused_with_the_line() {
     let (code, _, err) = attack(&[
         "--url",
         "https://127.0.0.1:9/",
+        "--tls-ca",
+        "/nonexistent/ca.pem",
         "--rate",
         "10/s",
         "--duration",
         "1s",
     ]);
     assert_eq!(code, 2);
-    assert!(err.contains("HTTPS"), "{err}");
+    assert!(err.contains("--tls-ca /nonexistent/ca.pem"), "{err}");
     let (code, _, err) = attack(&[
         "--url",
         "http://127.0.0.1:9/",

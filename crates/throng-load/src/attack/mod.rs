@@ -104,6 +104,9 @@ pub struct WorkerPlan {
     pub settings: Settings,
     /// Append per-request rows here.
     pub per_request: Option<PathBuf>,
+    /// How to check and resume TLS (for `https://` targets).
+    #[serde(default)]
+    pub tls: Option<crate::tls::TlsOptions>,
 }
 
 /// Worker `index`'s share of `total` when it is dealt round-robin over `workers`.

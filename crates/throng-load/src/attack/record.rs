@@ -6,13 +6,17 @@
 //! - counters: `requests.sent`, `requests.late` (started more than
 //!   [`LATE_US`] after the intended time), `requests.retried` (a reused
 //!   keep-alive connection was found closed and the request went again on a
-//!   new one), `requests.error.<kind>` ([`Failure`]), `status.<code>`,
-//!   `bytes.in`, `bytes.out`, `connections.opened`;
+//!   new one), `requests.error.<kind>` ([`Failure`]; TLS failures are
+//!   `requests.error.tls.<reason>`), `status.<code>`, `bytes.in`,
+//!   `bytes.out` (HTTP bytes: before encryption on `https://`),
+//!   `connections.opened`, `tls.handshakes.full`, `tls.handshakes.resumed`;
 //! - gauges: `requests.in_flight`, `connections.open`;
 //! - histograms (µs): `latency` (intended start → last response byte),
 //!   `service` (actual send → last response byte; a new connection's
 //!   connect included), `lag` (intended start → actual send: the
-//!   generator's own delay, waiting for a free connection included).
+//!   generator's own delay, waiting for a free connection included),
+//!   `connect.tcp` (TCP connect of each new connection) and `connect.tls`
+//!   (its TLS handshake, `https://` only).
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
@@ -23,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use throng_report::interval::{HISTOGRAM_MAX_US, Interval, new_histogram};
 
 use crate::recorder::ConnectError;
+use crate::tls::TlsFailure;
 
 /// A request started more than this after its intended time counts as late.
 pub const LATE_US: u64 = 10_000;
@@ -46,11 +51,16 @@ pub enum Failure {
     Canceled,
     /// Anything else.
     Other,
+    /// The TLS handshake or a TLS record failed, for this reason.
+    Tls(TlsFailure),
 }
 
 impl Failure {
+    /// Kinds in all.
+    pub const COUNT: usize = 8 + TlsFailure::ALL.len();
+
     /// Every kind, in counter order.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; Self::COUNT] = [
         Self::Refused,
         Self::Timeout,
         Self::Reset,
@@ -59,7 +69,29 @@ impl Failure {
         Self::AddrNotAvailable,
         Self::Canceled,
         Self::Other,
+        Self::Tls(TlsFailure::ALL[0]),
+        Self::Tls(TlsFailure::ALL[1]),
+        Self::Tls(TlsFailure::ALL[2]),
+        Self::Tls(TlsFailure::ALL[3]),
+        Self::Tls(TlsFailure::ALL[4]),
+        Self::Tls(TlsFailure::ALL[5]),
+        Self::Tls(TlsFailure::ALL[6]),
     ];
+
+    /// The kind's place in [`Self::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Self::Refused => 0,
+            Self::Timeout => 1,
+            Self::Reset => 2,
+            Self::Closed => 3,
+            Self::BadResponse => 4,
+            Self::AddrNotAvailable => 5,
+            Self::Canceled => 6,
+            Self::Other => 7,
+            Self::Tls(r) => 8 + r as usize,
+        }
+    }
 
     /// The counter suffix.
     pub fn label(self) -> &'static str {
@@ -72,6 +104,7 @@ impl Failure {
             Self::AddrNotAvailable => "addr_not_available",
             Self::Canceled => "canceled",
             Self::Other => "other",
+            Self::Tls(r) => r.label(),
         }
     }
 
@@ -85,6 +118,17 @@ impl Failure {
             _ => Self::Other,
         }
     }
+
+    /// Classifies a failed TLS connection.
+    pub fn from_tls(err: &crate::tls::TlsError) -> Self {
+        match ConnectError::from_tls(err) {
+            ConnectError::Tls(r) => Self::Tls(r),
+            _ => match err {
+                crate::tls::TlsError::Io(e) => Self::from_io(e),
+                _ => Self::Closed,
+            },
+        }
+    }
 }
 
 /// Per-interval counts and histograms of one `attack` worker.
@@ -96,7 +140,9 @@ pub struct AttackRecorder {
     late: u64,
     retried: u64,
     opened: u64,
-    failed: [u64; Failure::ALL.len()],
+    failed: [u64; Failure::COUNT],
+    tls_full: u64,
+    tls_resumed: u64,
     /// Responses by status code; index = code (100..=999 fit).
     status: Box<[u64; 1000]>,
     bytes_in: u64,
@@ -108,6 +154,8 @@ pub struct AttackRecorder {
     latency: Histogram<u64>,
     service: Histogram<u64>,
     lag: Histogram<u64>,
+    connect_tcp: Histogram<u64>,
+    connect_tls: Histogram<u64>,
 }
 
 fn record(h: &mut Histogram<u64>, us: u64) {
@@ -124,7 +172,9 @@ impl AttackRecorder {
             late: 0,
             retried: 0,
             opened: 0,
-            failed: [0; Failure::ALL.len()],
+            failed: [0; Failure::COUNT],
+            tls_full: 0,
+            tls_resumed: 0,
             status: Box::new([0; 1000]),
             bytes_in: 0,
             bytes_out: 0,
@@ -133,6 +183,8 @@ impl AttackRecorder {
             latency: new_histogram(),
             service: new_histogram(),
             lag: new_histogram(),
+            connect_tcp: new_histogram(),
+            connect_tls: new_histogram(),
         }
     }
 
@@ -163,19 +215,33 @@ impl AttackRecorder {
     /// A request failed.
     pub fn failed(&mut self, why: Failure) {
         self.in_flight -= 1;
-        self.failed[why as usize] += 1;
+        self.failed[why.index()] += 1;
     }
 
     /// Requests still in flight are abandoned (the run was stopped).
     pub fn cancel_in_flight(&mut self) {
         let n = u64::try_from(self.in_flight).unwrap_or(0);
-        self.failed[Failure::Canceled as usize] += n;
+        self.failed[Failure::Canceled.index()] += n;
         self.in_flight = 0;
     }
 
     /// A request is sent again on a new connection.
     pub fn retried(&mut self) {
         self.retried += 1;
+    }
+
+    /// A new connection's TCP connect took `tcp_us`, and its TLS handshake
+    /// (`https://`) `tls_us`, resumed or full.
+    pub fn connect_phases(&mut self, tcp_us: u64, tls: Option<(u64, bool)>) {
+        record(&mut self.connect_tcp, tcp_us);
+        if let Some((us, resumed)) = tls {
+            record(&mut self.connect_tls, us);
+            if resumed {
+                self.tls_resumed += 1;
+            } else {
+                self.tls_full += 1;
+            }
+        }
     }
 
     /// A connection was opened.
@@ -222,9 +288,11 @@ impl AttackRecorder {
         for kind in Failure::ALL {
             put(
                 &format!("requests.error.{}", kind.label()),
-                self.failed[kind as usize],
+                self.failed[kind.index()],
             );
         }
+        put("tls.handshakes.full", self.tls_full);
+        put("tls.handshakes.resumed", self.tls_resumed);
         for (code, n) in self.status.iter_mut().enumerate() {
             if *n > 0 {
                 counters.insert(format!("status.{code}"), *n);
@@ -236,6 +304,8 @@ impl AttackRecorder {
             ("latency", &mut self.latency),
             ("service", &mut self.service),
             ("lag", &mut self.lag),
+            ("connect.tcp", &mut self.connect_tcp),
+            ("connect.tls", &mut self.connect_tls),
         ] {
             if !h.is_empty() {
                 histograms.insert(name.to_owned(), h.clone());
@@ -252,7 +322,9 @@ impl AttackRecorder {
         self.opened = 0;
         self.bytes_in = 0;
         self.bytes_out = 0;
-        self.failed = [0; Failure::ALL.len()];
+        self.failed = [0; Failure::COUNT];
+        self.tls_full = 0;
+        self.tls_resumed = 0;
         Interval {
             start_ns,
             length_ns: self.length_ns,

@@ -94,6 +94,14 @@ pub struct Summary {
     pub service_us: HistStats,
     /// Intended → actual start (the generator's lag), µs.
     pub lag_us: HistStats,
+    /// TCP connect of new connections, µs.
+    pub connect_tcp_us: HistStats,
+    /// TLS handshake of new connections (`https://`), µs.
+    pub connect_tls_us: HistStats,
+    /// TLS handshakes that were full (not resumed).
+    pub tls_full: u64,
+    /// TLS handshakes that resumed an earlier session.
+    pub tls_resumed: u64,
     /// Peak resident memory per process of the run, bytes.
     pub peak_rss_bytes: BTreeMap<String, u64>,
     /// The run was stopped (Ctrl-C) before its schedule ended.
@@ -390,6 +398,10 @@ fn summarise(
     s.latency_us = stats("latency");
     s.service_us = stats("service");
     s.lag_us = stats("lag");
+    s.connect_tcp_us = stats("connect.tcp");
+    s.connect_tls_us = stats("connect.tls");
+    s.tls_full = get("tls.handshakes.full");
+    s.tls_resumed = get("tls.handshakes.resumed");
     if s.requests > 0 {
         s.success_ratio = s.success as f64 / s.requests as f64;
         s.error_rate = 1.0 - s.success_ratio;
@@ -571,6 +583,20 @@ pub fn render(s: &Summary) -> String {
             String::new()
         }
     ));
+    if s.connect_tcp_us.count > 0 {
+        out.push_str(&format!(
+            "TCP Connect   [min, mean, 50, 90, 99, 99.9, max]  {}\n",
+            lat(&s.connect_tcp_us)
+        ));
+    }
+    if s.connect_tls_us.count > 0 {
+        out.push_str(&format!(
+            "TLS Handshake [min, mean, 50, 90, 99, 99.9, max]  {}   ({} full, {} resumed)\n",
+            lat(&s.connect_tls_us),
+            s.tls_full,
+            s.tls_resumed
+        ));
+    }
     out.push_str(&format!(
         "Success       [ratio]                           {:.2}%\n",
         s.success_ratio * 100.0

@@ -70,7 +70,7 @@ pub enum TargetError {
     },
 }
 
-/// An `http://` URL split for a client: where to connect and what to ask for.
+/// An `http://` or `https://` URL split for a client: where to connect and what to ask for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HttpUrl {
     /// `host[:port]` as written (the `Host` header).
@@ -81,22 +81,22 @@ pub struct HttpUrl {
     pub port: u16,
     /// Path and query, at least `/`.
     pub path: String,
+    /// `https://`: TLS on the connection.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 impl HttpUrl {
-    /// Parses `http://host[:port][/path][?query]`.
+    /// Parses `http[s]://host[:port][/path][?query]`.
     pub fn parse(url: &str) -> Result<Self, TargetError> {
         let bad = |reason: &str| TargetError::Url {
             url: url.to_owned(),
             reason: reason.to_owned(),
         };
-        if url.starts_with("https://") {
-            return Err(bad(
-                "HTTPS is not supported yet (it comes with TLS); use http://",
-            ));
-        }
-        let Some(rest) = url.strip_prefix("http://") else {
-            return Err(bad("expected http://HOST[:PORT]/PATH"));
+        let (tls, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(rest), _) => (false, rest),
+            (None, Some(rest)) => (true, rest),
+            (None, None) => return Err(bad("expected http://HOST[:PORT]/PATH or https://...")),
         };
         let (authority, path) = match rest.find(['/', '?']) {
             Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_owned()),
@@ -132,6 +132,7 @@ impl HttpUrl {
                 .ok()
                 .filter(|&p| p != 0)
                 .ok_or_else(|| bad("port is not a number 1-65535"))?,
+            None if tls => 443,
             None => 80,
         };
         if host.is_empty() {
@@ -147,6 +148,7 @@ impl HttpUrl {
             host: host.to_owned(),
             port,
             path,
+            tls,
         })
     }
 
@@ -170,7 +172,8 @@ impl HttpUrl {
 
 impl fmt::Display for HttpUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.path)
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{}{}", self.authority, self.path)
     }
 }
 
@@ -405,7 +408,7 @@ mod tests {
         let cases = [
             ("Host: x\nGET http://a/\n", 1),
             ("GET http://a/\nnot a header\n", 2),
-            ("GET http://a/\n\nGET https://a/\n", 3),
+            ("GET http://a/\n\nGET ftp://a/\n", 3),
             ("GET http://a/\n@missing.txt\n", 2),
             ("GET http://a/\n@body.json\nX: y\n", 3),
             ("GET http://a/\nContent-Length: 5\n", 2),
@@ -433,6 +436,9 @@ mod tests {
         );
         let u = HttpUrl::parse("http://h?q=1").unwrap();
         assert_eq!(u.path, "/?q=1");
+        let u = HttpUrl::parse("https://localhost/ping").unwrap();
+        assert_eq!((u.port, u.tls), (443, true));
+        assert_eq!(u.to_string(), "https://localhost/ping");
         for bad in [
             "ftp://h/",
             "http://",
@@ -440,7 +446,7 @@ mod tests {
             "http://h:0/",
             "http://u@h/",
             "http://[::1/",
-            "https://h/",
+            "https://",
         ] {
             assert!(HttpUrl::parse(bad).is_err(), "{bad}");
         }

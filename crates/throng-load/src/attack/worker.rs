@@ -11,6 +11,10 @@
 //! leaves a small owned remainder behind. So thousands of slow requests in
 //! flight cost little more than the kernel's sockets.
 //!
+//! An `https://` connection also owns its TLS [`Session`]; its handshake is
+//! part of opening the connection (timed apart from TCP connect), and its
+//! records are read through the same scratch buffer.
+//!
 //! Talks to the supervisor over stdio: the [`WorkerPlan`] as the first line
 //! of stdin, then `stop` (or end of input) to stop at once; result-file
 //! records on stdout, a `worker.done` event last (its text: [`Done`] as JSON).
@@ -34,6 +38,7 @@ use super::record::{AttackRecorder, Failure, Row, RowFormat, RowWriter};
 use super::timer::PreciseTimer;
 use super::{Load, WorkerPlan, pacer, share};
 use crate::hold::now_unix_ns;
+use crate::tls::{self, Phase, Session, TlsClient, TlsError};
 
 /// What a worker says when it ends (the `worker.done` event's text, JSON).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,12 +64,14 @@ struct Ctx {
     plan: WorkerPlan,
     /// Each target's request bytes, encoded once.
     wire: Vec<Rc<[u8]>>,
-    /// Each target's pool index (targets on one address share a pool).
+    /// Each target's pool index (targets on one endpoint share a pool).
     pool_of: Vec<usize>,
-    /// Distinct addresses, by pool index.
-    addrs: Vec<SocketAddr>,
+    /// Distinct endpoints, by pool index.
+    endpoints: Vec<Endpoint>,
     /// Idle keep-alive connections, by pool index.
-    pools: Vec<RefCell<Vec<TcpStream>>>,
+    pools: Vec<RefCell<Vec<Link>>>,
+    /// The TLS client, when any target is `https://`.
+    tls: Option<TlsClient>,
     /// Connections open or being opened, idle ones included.
     /// Invariant: `open <= cap`.
     open: Cell<u64>,
@@ -86,7 +93,11 @@ struct Ctx {
     idle: Notify,
     done: Cell<Done>,
     /// Failure kinds already logged (one event per kind).
-    logged: Cell<u16>,
+    logged: Cell<u32>,
+    /// A TLS handshake failure was logged with rustls's own words.
+    tls_logged: Cell<bool>,
+    /// What the first TLS handshake negotiated was logged.
+    tls_noted: Cell<bool>,
     out: RefCell<Box<dyn Write>>,
 }
 
@@ -167,18 +178,33 @@ async fn worker(
         .iter()
         .map(|t| Rc::from(t.encode(settings.keepalive)))
         .collect();
-    let mut addrs: Vec<SocketAddr> = Vec::new();
+    let mut endpoints: Vec<Endpoint> = Vec::new();
     let pool_of = plan
         .addrs
         .iter()
-        .map(|a| match addrs.iter().position(|b| b == a) {
-            Some(i) => i,
-            None => {
-                addrs.push(*a);
-                addrs.len() - 1
+        .zip(&plan.targets)
+        .map(|(a, t)| {
+            let e = Endpoint {
+                addr: *a,
+                tls_host: t.url.tls.then(|| t.url.host.clone()),
+            };
+            match endpoints.iter().position(|b| *b == e) {
+                Some(i) => i,
+                None => {
+                    endpoints.push(e);
+                    endpoints.len() - 1
+                }
             }
         })
         .collect();
+    let tls = if plan.targets.iter().any(|t| t.url.tls) {
+        let opts = plan.tls.as_ref().ok_or_else(|| {
+            invalid("https:// targets need TLS options in the worker plan".into())
+        })?;
+        Some(TlsClient::new(opts).map_err(|e| invalid(e.to_string()))?)
+    } else {
+        None
+    };
     // Connections this worker may hold, and (closed pool) the loops it runs:
     // its share, which is 0 for some workers when there are more workers
     // than connections.
@@ -208,9 +234,12 @@ async fn worker(
     };
     let ctx = Rc::new(Ctx {
         wire,
-        pools: addrs.iter().map(|_| RefCell::new(Vec::new())).collect(),
+        pools: endpoints.iter().map(|_| RefCell::new(Vec::new())).collect(),
         pool_of,
-        addrs,
+        endpoints,
+        tls,
+        tls_logged: Cell::new(false),
+        tls_noted: Cell::new(false),
         open: Cell::new(0),
         cap: cap.max(1),
         freed: Notify::new(),
@@ -494,7 +523,7 @@ async fn request(
         Ok(status) => ctx.rec.borrow_mut().answered(status, latency, service),
         Err(why) => {
             ctx.rec.borrow_mut().failed(why);
-            let bit = 1u16 << (why as u16);
+            let bit = 1u32 << why.index();
             if ctx.logged.get() & bit == 0 {
                 ctx.logged.set(ctx.logged.get() | bit);
                 let target = &ctx.plan.targets[t];
@@ -532,11 +561,25 @@ async fn request(
     }
 }
 
+/// Where a pool's connections go: an address, and for `https://` the host
+/// named in SNI and checked in the certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Endpoint {
+    addr: SocketAddr,
+    tls_host: Option<String>,
+}
+
+/// An open connection: the socket and, for `https://`, its TLS session.
+struct Link {
+    stream: TcpStream,
+    tls: Option<Box<Session>>,
+}
+
 /// An open connection counted against the cap; closing it (by drop) frees
 /// its place. Also stands for a place reserved while connecting.
 struct Conn {
     ctx: Rc<Ctx>,
-    stream: Option<TcpStream>,
+    stream: Option<Link>,
     /// The connection went back to a pool, which keeps its place.
     pooled: bool,
 }
@@ -601,9 +644,7 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
             sent_now(io, waited);
             // Boxed: the connect future is large and lives only this long,
             // so it must not widen every request's task.
-            let stream = Box::pin(connect(ctx.addrs[pool]))
-                .await
-                .map_err(|e| Failure::from_io(&e))?;
+            let stream = Box::pin(connect(ctx, pool)).await?;
             ctx.rec.borrow_mut().connection_opened();
             conn.stream = Some(stream);
             return Ok((conn, false));
@@ -624,10 +665,48 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
     }
 }
 
-async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let s = TcpStream::connect(addr).await?;
-    s.set_nodelay(true)?;
-    Ok(s)
+/// Opens a connection for pool `pool`: TCP connect, then the TLS handshake
+/// for an `https://` endpoint; records how long each took.
+async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, Failure> {
+    let endpoint = &ctx.endpoints[pool];
+    let began = Instant::now();
+    let stream = TcpStream::connect(endpoint.addr)
+        .await
+        .map_err(|e| Failure::from_io(&e))?;
+    stream.set_nodelay(true).map_err(|e| Failure::from_io(&e))?;
+    let connected = Instant::now();
+    let (Some(host), Some(client)) = (&endpoint.tls_host, &ctx.tls) else {
+        ctx.rec
+            .borrow_mut()
+            .connect_phases(us(connected - began), None);
+        return Ok(Link { stream, tls: None });
+    };
+    let mut session = client
+        .session(host)
+        .map_err(|_| Failure::Tls(tls::TlsFailure::Other))?;
+    let mut plain = Vec::new();
+    if let Err(e) = tls::handshake(&stream, &ctx.scratch, &mut session, &mut plain).await {
+        let why = Failure::from_tls(&e);
+        if matches!(why, Failure::Tls(_)) && !ctx.tls_logged.replace(true) {
+            // The reason rustls gave, once: the counter only names its kind.
+            ctx.event(
+                "request.error",
+                format!("TLS handshake with {}: {e}", endpoint.addr),
+            );
+        }
+        return Err(why);
+    }
+    ctx.rec.borrow_mut().connect_phases(
+        us(connected - began),
+        Some((us(Instant::now() - connected), session.resumed())),
+    );
+    if !ctx.tls_noted.replace(true) {
+        ctx.event("tls.negotiated", session.describe());
+    }
+    Ok(Link {
+        stream,
+        tls: Some(Box::new(session)),
+    })
 }
 
 /// Why one try of a request failed.
@@ -646,10 +725,14 @@ async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, Failure> 
     let mut retried = false;
     loop {
         let (mut conn, reused) = acquire(ctx, pool, io).await?;
-        let Some(stream) = conn.stream.as_ref() else {
+        let Some(link) = conn.stream.as_mut() else {
             return Err(Failure::Other);
         };
-        match talk(ctx, stream, t, io).await {
+        let talked = match link.tls.as_deref_mut() {
+            None => talk(ctx, &link.stream, t, io).await,
+            Some(session) => talk_tls(ctx, &link.stream, session, t, io).await,
+        };
+        match talked {
             Ok((status, keep)) => {
                 if keep && ctx.plan.settings.keepalive && !ctx.stopping.get() {
                     conn.release(pool);
@@ -722,6 +805,63 @@ async fn talk(ctx: &Ctx, stream: &TcpStream, t: usize, io: &mut Io) -> Result<(u
                 });
             }
             return Ok(done);
+        }
+    }
+}
+
+/// [`talk`] over TLS: the request is encrypted, the response decrypted
+/// (byte counts are HTTP bytes, before encryption).
+async fn talk_tls(
+    ctx: &Ctx,
+    stream: &TcpStream,
+    session: &mut Session,
+    t: usize,
+    io: &mut Io,
+) -> Result<(u16, bool), Talk> {
+    let wire = &ctx.wire[t];
+    let tls_fail = |e: TlsError| Talk::Fail(Failure::from_tls(&e));
+    let mut out = Vec::new();
+    session.send(wire, &mut out).map_err(tls_fail)?;
+    if let Err(e) = tls::write_all(stream, &out).await {
+        // Nothing reached a server that closed the idle connection: try again.
+        return Err(Talk::Stale(Failure::from_io(&e)));
+    }
+    io.bytes_out += wire.len() as u64;
+    ctx.rec.borrow_mut().bytes_out(wire.len());
+    out.clear();
+    let method = ctx.plan.targets[t].method.as_str();
+    let mut reader = ResponseReader::new();
+    let mut plain = Vec::new();
+    loop {
+        plain.clear();
+        let got = tls::receive_from(stream, &ctx.scratch, session, &mut plain, &mut out).await;
+        if !out.is_empty() {
+            tls::write_all(stream, &out)
+                .await
+                .map_err(|e| Talk::Fail(Failure::from_io(&e)))?;
+            out.clear();
+        }
+        let ended = match got {
+            Ok(Some(Phase::PeerClosed) | None) => true,
+            Ok(Some(_)) => false,
+            Err(TlsError::Io(e)) if !reader.started() => {
+                return Err(Talk::Stale(Failure::from_io(&e)));
+            }
+            Err(e) => return Err(tls_fail(e)),
+        };
+        if !plain.is_empty() {
+            io.bytes_in += plain.len() as u64;
+            ctx.rec.borrow_mut().bytes_in(plain.len());
+            if let Some(done) = reader.feed(&plain, method).map_err(Talk::Fail)? {
+                return Ok(done);
+            }
+        }
+        if ended {
+            return match reader.eof() {
+                Some(status) => Ok((status, false)),
+                None if !reader.started() => Err(Talk::Stale(Failure::Closed)),
+                None => Err(Talk::Fail(Failure::Closed)),
+            };
         }
     }
 }

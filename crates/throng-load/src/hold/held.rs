@@ -15,6 +15,13 @@
 //! Replies (pongs, the close answer) are written at once; a client that
 //! never sends has an empty send buffer, so a reply that does not fit
 //! means a broken connection and closes it.
+//!
+//! A `wss://` connection also owns its TLS record state, [`Records`]: two
+//! AEAD keys and their sequence numbers, taken over from rustls after the
+//! upgrade (boxed, so plain slots grow by one pointer only). Reads are
+//! decrypted in the shared scratch buffer and copied to a second shared
+//! buffer; replies are encrypted into a short-lived one. Once our close frame is answered, a TLS
+//! connection says close_notify before the socket closes.
 
 use std::cell::{Cell, RefCell};
 use std::io::{self, Read as _, Write as _};
@@ -27,6 +34,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::{Ctx, mask, now_unix_ns, on_message};
 use crate::recorder::Closed;
+use crate::tls::{Phase, Records};
 
 /// Events taken from epoll per call.
 const EVENTS: usize = 1024;
@@ -38,6 +46,8 @@ const ROUNDS_PER_WAKE: usize = 8;
 /// One held connection.
 struct Held {
     stream: TcpStream,
+    /// The TLS state of a `wss://` connection.
+    tls: Option<Box<Records>>,
     decoder: Decoder,
     /// Bytes of a frame that arrived split; empty (no allocation) otherwise.
     rest: Vec<u8>,
@@ -61,6 +71,8 @@ enum Seen {
     Reset,
     /// The server broke the protocol; a close with the right code is in the reply.
     Protocol,
+    /// A TLS record failed (decryption, a fatal alert).
+    Tls,
 }
 
 /// The epoll set and the slots of every held connection of a worker.
@@ -102,9 +114,15 @@ impl Holder {
         self.epoll.get_ref().as_raw_fd()
     }
 
-    /// Takes over an upgraded connection; `rest` is what arrived after the
-    /// handshake response.
-    pub(super) fn adopt(&self, ctx: &Ctx, stream: tokio::net::TcpStream, rest: Vec<u8>) {
+    /// Takes over an upgraded connection; `rest` is what arrived (decrypted)
+    /// after the handshake response.
+    pub(super) fn adopt(
+        &self,
+        ctx: &Ctx,
+        stream: tokio::net::TcpStream,
+        tls: Option<Box<Records>>,
+        rest: Vec<u8>,
+    ) {
         ctx.live.set(ctx.live.get() + 1);
         let Ok(stream) = stream.into_std() else {
             ctx.rec.borrow_mut().closed(Closed::Reset);
@@ -129,6 +147,7 @@ impl Holder {
         }
         let held = Held {
             stream,
+            tls,
             decoder: Decoder::new(Role::Client, ctx.plan.settings.max_message),
             rest: Vec::new(),
             last_seq: 0,
@@ -211,11 +230,12 @@ impl Holder {
             };
             let seen = match first {
                 Some(bytes) => process(ctx, held, bytes, &mut reply),
+                None if held.tls.is_some() => read_tls(ctx, held, &mut reply),
                 None => read(ctx, held, &mut reply),
             };
             let mut seen = seen;
             // Once our close is out, nothing more is sent.
-            if !reply.is_empty() && !held.closing && write_now(&held.stream, &reply).is_err() {
+            if !reply.is_empty() && !held.closing && send_now(held, &reply).is_err() {
                 seen = Seen::Reset;
             }
             (seen, held.closing)
@@ -227,6 +247,7 @@ impl Holder {
             Seen::Eof => Closed::Eof,
             Seen::Reset => Closed::Reset,
             Seen::Protocol => Closed::Protocol,
+            Seen::Tls => Closed::Tls,
         };
         self.finish(ctx, index, how);
     }
@@ -234,7 +255,7 @@ impl Holder {
     /// Ends connection `index`: counts how, and the messages it missed at the
     /// end of the run; closes the socket.
     fn finish(&self, ctx: &Ctx, index: usize, how: Closed) {
-        let Some(held) = self
+        let Some(mut held) = self
             .slots
             .borrow_mut()
             .get_mut(index)
@@ -242,6 +263,15 @@ impl Holder {
         else {
             return;
         };
+        if how == Closed::Clean
+            && let Some(session) = held.tls.as_mut()
+        {
+            let mut out = Vec::new();
+            // Best effort: the server may already be gone.
+            if session.close_notify(&mut out).is_ok() {
+                let _ = write_now(&held.stream, &out);
+            }
+        }
         let fd = held.stream.as_raw_fd();
         // SAFETY: both fds are open; a null event is allowed for EPOLL_CTL_DEL.
         unsafe { libc::epoll_ctl(self.epfd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
@@ -277,7 +307,7 @@ impl Holder {
             let mut frame = Vec::with_capacity(8);
             ws::encode_close(&mut frame, ws::close_code::NORMAL, "", Some(mask()));
             held.closing = true;
-            write_now(&held.stream, &frame).is_err()
+            send_now(held, &frame).is_err()
         };
         if failed {
             self.finish(ctx, index, Closed::Reset);
@@ -310,6 +340,61 @@ fn write_now(mut stream: &TcpStream, buf: &[u8]) -> io::Result<()> {
     } else {
         Err(io::ErrorKind::WriteZero.into())
     }
+}
+
+/// Sends `plain` on `held` at once (encrypted on a TLS connection), or fails.
+fn send_now(held: &mut Held, plain: &[u8]) -> io::Result<()> {
+    match held.tls.as_mut() {
+        None => write_now(&held.stream, plain),
+        Some(session) => {
+            let mut out = Vec::new();
+            session.send(plain, &mut out).map_err(io::Error::other)?;
+            write_now(&held.stream, &out)
+        }
+    }
+}
+
+/// [`read`] for a TLS connection: decrypts into the worker's shared buffer,
+/// then processes the frames in it.
+fn read_tls(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
+    let mut scratch = ctx.scratch.borrow_mut();
+    let mut plain = ctx.plain.borrow_mut();
+    for _ in 0..READS_PER_TURN {
+        let n = match (&held.stream).read(&mut scratch) {
+            Ok(0) => return Seen::Eof,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Seen::Drained,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return Seen::Reset,
+        };
+        ctx.rec.borrow_mut().bytes_in(n);
+        let Some(session) = held.tls.as_mut() else {
+            return Seen::Reset;
+        };
+        plain.clear();
+        let Ok(phase) = session.receive(&mut scratch[..n], &mut plain) else {
+            return Seen::Tls;
+        };
+        let seen = if plain.is_empty() {
+            Seen::Drained
+        } else if held.rest.is_empty() {
+            process(ctx, held, &mut plain, reply)
+        } else {
+            let mut joined = std::mem::take(&mut held.rest);
+            joined.extend_from_slice(&plain);
+            process(ctx, held, &mut joined, reply)
+        };
+        if !matches!(seen, Seen::Drained) {
+            return seen;
+        }
+        if phase == Phase::PeerClosed {
+            return Seen::Eof;
+        }
+        if n < scratch.len() {
+            return Seen::Drained;
+        }
+    }
+    Seen::Drained
 }
 
 /// Reads what is there (a bounded number of times) and processes it.

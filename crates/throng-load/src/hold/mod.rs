@@ -3,12 +3,14 @@
 //! and closes them cleanly when told to stop.
 //!
 //! A worker is one single-threaded tokio runtime. Each connection is opened
-//! by its own task (connect, upgrade, their timeouts); once upgraded it is
-//! handed to the worker's readiness loop ([`held`]) and its task ends. While
-//! a connection is idle it owns nothing but the socket, a frame decoder with
-//! no buffer, the last sequence number seen and the time it opened: no read
-//! or write buffer and no timer. Reads go into one scratch buffer per worker;
-//! only a frame split across reads leaves a small owned remainder behind.
+//! by its own task (connect, TLS handshake for `wss://`, upgrade, their
+//! timeouts); once upgraded it is handed to the worker's readiness loop
+//! ([`held`]) and its task ends. While a connection is idle it owns nothing
+//! but the socket, a frame decoder with no buffer, the last sequence number
+//! seen and the time it opened: no read or write buffer and no timer (a TLS
+//! connection adds its two record keys, see [`crate::tls::Records`]). Reads go into one
+//! scratch buffer per worker; only a frame (or TLS record) split across
+//! reads leaves a small owned remainder behind.
 //!
 //! The worker talks to its supervisor over stdio. Its stdin carries the
 //! [`WorkerPlan`] as the first line (JSON), then control lines:
@@ -39,6 +41,7 @@ use crate::pacer::{Pacer, RateSpec};
 use crate::plan::assign;
 use crate::recorder::{ConnectError, HoldRecorder};
 use crate::target::WsTarget;
+use crate::tls::{self, Phase, Records, Session, TlsClient, TlsOptions};
 use held::Holder;
 
 mod held;
@@ -97,6 +100,9 @@ pub struct WorkerPlan {
     pub settings: Settings,
     /// The `source` of this worker's intervals (`host/hold-0`).
     pub label: String,
+    /// How to check and resume TLS (`wss://` targets only).
+    #[serde(default)]
+    pub tls: Option<TlsOptions>,
 }
 
 impl WorkerPlan {
@@ -144,6 +150,10 @@ struct Ctx {
     rec: RefCell<HoldRecorder>,
     /// The one read buffer of the worker. Borrowed only between awaits.
     scratch: RefCell<Box<[u8]>>,
+    /// Decrypted bytes of one TLS read, reused by every connection.
+    plain: RefCell<Vec<u8>>,
+    /// The TLS client of `wss://` runs.
+    tls: Option<TlsClient>,
     /// Set once, when the run ends; connections check it before waiting.
     stopping: Cell<bool>,
     /// Wakes every idle connection when `stopping` is set.
@@ -163,7 +173,9 @@ struct Ctx {
     /// Wakes the main task when `live` drops to zero.
     idle: Notify,
     /// One log line per error kind, so a failing run does not flood stdout.
-    logged: Cell<u8>,
+    logged: Cell<u32>,
+    /// What the first TLS handshake negotiated was logged.
+    tls_noted: Cell<bool>,
     out: RefCell<Box<dyn Write>>,
 }
 
@@ -190,7 +202,7 @@ impl Ctx {
 
     fn fail(&self, kind: ConnectError, detail: impl FnOnce() -> String) {
         self.rec.borrow_mut().failed(kind);
-        let bit = 1u8 << (kind as u8);
+        let bit = 1u32 << kind.index();
         if self.logged.get() & bit == 0 {
             self.logged.set(self.logged.get() | bit);
             self.event(
@@ -258,7 +270,22 @@ async fn worker(
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let settings = plan.settings;
     let rec = HoldRecorder::new(plan.label.clone(), settings.interval_ns, plan.share());
+    let tls = match (&plan.tls, plan.target.tls) {
+        (Some(opts), true) => Some(
+            TlsClient::new(opts)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?,
+        ),
+        (None, true) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a wss:// target needs TLS options in the worker plan",
+            ));
+        }
+        (_, false) => None,
+    };
     let ctx = Rc::new(Ctx {
+        plain: RefCell::new(Vec::new()),
+        tls,
         rec: RefCell::new(rec),
         scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
         stopping: Cell::new(false),
@@ -270,6 +297,7 @@ async fn worker(
         next_start: Cell::new(0),
         idle: Notify::new(),
         logged: Cell::new(0),
+        tls_noted: Cell::new(false),
         holder: Holder::new()?,
         out: RefCell::new(out),
         plan,
@@ -426,12 +454,16 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
         }
     };
     match opened {
-        Some(Ok((stream, rest))) => {
+        Some(Ok(open)) => {
             let now = Instant::now();
-            ctx.rec
-                .borrow_mut()
-                .opened(us(now - intended), us(now - started));
-            ctx.holder.adopt(&ctx, stream, rest);
+            let mut rec = ctx.rec.borrow_mut();
+            rec.opened(us(now - intended), us(now - started));
+            rec.phases(open.tcp_us, open.tls_us, open.upgrade_us);
+            if let Some(resumed) = open.resumed {
+                rec.tls_handshake(resumed);
+            }
+            drop(rec);
+            ctx.holder.adopt(&ctx, open.stream, open.records, open.rest);
         }
         Some(Err((kind, detail))) => ctx.fail(kind, || detail),
         None => ctx.rec.borrow_mut().abandoned(),
@@ -442,13 +474,24 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
 
 type OpenError = (ConnectError, String);
 
-/// TCP connect from `source` and the WebSocket upgrade; returns the stream
-/// and any bytes that arrived after the response head.
-async fn open(
-    ctx: &Ctx,
-    source: Option<IpAddr>,
-    port: u16,
-) -> Result<(TcpStream, Vec<u8>), OpenError> {
+/// An upgraded connection and how long each step took.
+struct Opened {
+    stream: TcpStream,
+    /// The TLS record state of a `wss://` connection.
+    records: Option<Box<Records>>,
+    /// Whether its handshake resumed a session.
+    resumed: Option<bool>,
+    /// Bytes (decrypted) that arrived after the upgrade response head.
+    rest: Vec<u8>,
+    tcp_us: u64,
+    tls_us: Option<u64>,
+    upgrade_us: u64,
+}
+
+/// TCP connect from `source`, the TLS handshake (`wss://`) and the
+/// WebSocket upgrade.
+async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, OpenError> {
+    let began = Instant::now();
     let settings = &ctx.plan.settings;
     let addr = SocketAddr::new(ctx.plan.target.ip, port);
     let io_err =
@@ -471,12 +514,78 @@ async fn open(
             ));
         }
     };
+    let connected = Instant::now();
+    let timeout = Duration::from_millis(settings.handshake_timeout_ms);
+    let mut plain = Vec::new();
+    let session = match &ctx.tls {
+        None => None,
+        Some(client) => {
+            let mut session = client
+                .session(&ctx.plan.target.host)
+                .map_err(|e| (ConnectError::Other, e.to_string()))?;
+            let handshake = tls::handshake(&stream, &ctx.scratch, &mut session, &mut plain);
+            match tokio::time::timeout(timeout, handshake).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err((
+                        ConnectError::from_tls(&e),
+                        format!("TLS handshake with {addr}: {e}"),
+                    ));
+                }
+                Err(_) => {
+                    return Err((
+                        ConnectError::Timeout,
+                        format!(
+                            "TLS handshake with {addr}: not done in {} ms",
+                            settings.handshake_timeout_ms
+                        ),
+                    ));
+                }
+            }
+            if !ctx.tls_noted.replace(true) {
+                ctx.event("tls.negotiated", session.describe());
+            }
+            Some(Box::new(session))
+        }
+    };
+    let secured = Instant::now();
+    let mut session = session;
     let handshake = tokio::time::timeout(
-        Duration::from_millis(settings.handshake_timeout_ms),
-        upgrade(&mut stream, &ctx.plan.target, port, settings.max_head),
+        timeout,
+        upgrade(
+            &mut stream,
+            &ctx.scratch,
+            session.as_deref_mut(),
+            plain,
+            &ctx.plan.target,
+            port,
+            settings.max_head,
+        ),
     );
     match handshake.await {
-        Ok(Ok(rest)) => Ok((stream, rest)),
+        Ok(Ok(rest)) => {
+            let done = Instant::now();
+            let resumed = session.as_ref().map(|s| s.resumed());
+            // Out of rustls: only the keys stay (see `tls::records`).
+            let records = match session {
+                None => None,
+                Some(s) => Some(Box::new(s.into_records().map_err(|e| {
+                    (
+                        ConnectError::from_tls(&e),
+                        format!("taking over the TLS connection to {addr}: {e}"),
+                    )
+                })?)),
+            };
+            Ok(Opened {
+                stream,
+                tls_us: resumed.map(|_| us(secured - connected)),
+                records,
+                resumed,
+                rest,
+                tcp_us: us(connected - began),
+                upgrade_us: us(done - secured),
+            })
+        }
         Ok(Err(e)) => Err(e),
         Err(_) => Err((
             ConnectError::Timeout,
@@ -535,8 +644,13 @@ fn set_bind_no_port(socket: &socket2::Socket) -> io::Result<()> {
     }
 }
 
+/// The WebSocket upgrade (through `session` for `wss://`); `plain` holds
+/// any bytes that already arrived. Returns the bytes after the response head.
 async fn upgrade(
     stream: &mut TcpStream,
+    scratch: &RefCell<Box<[u8]>>,
+    mut session: Option<&mut Session>,
+    plain: Vec<u8>,
     target: &WsTarget,
     port: u16,
     max_head: usize,
@@ -545,25 +659,64 @@ async fn upgrade(
     let mut buf = Vec::with_capacity(256);
     ws::write_upgrade_request(&mut buf, &target.host_header(port), &target.path, &key);
     let io_err = |e: io::Error| (ConnectError::from_io(&e), format!("upgrade: {e}"));
-    stream.write_all(&buf).await.map_err(io_err)?;
-    buf.clear();
+    let tls_err = |e: tls::TlsError| {
+        (
+            ConnectError::from_tls(&e),
+            format!("upgrade (over TLS): {e}"),
+        )
+    };
+    let closed = || {
+        (
+            ConnectError::Reset,
+            "upgrade: the server closed the connection before answering".to_owned(),
+        )
+    };
+    let mut wire = Vec::new();
+    match session.as_deref_mut() {
+        Some(s) => {
+            s.send(&buf, &mut wire).map_err(tls_err)?;
+            tls::write_all(stream, &wire).await.map_err(io_err)?;
+            wire.clear();
+        }
+        None => stream.write_all(&buf).await.map_err(io_err)?,
+    }
+    buf = plain;
+    let mut first = !buf.is_empty();
     loop {
-        stream.readable().await.map_err(io_err)?;
-        let old = buf.len();
-        buf.resize(old + 1024, 0);
-        match stream.try_read(&mut buf[old..]) {
-            Ok(0) => {
+        if first {
+            // Bytes that came with the handshake: look at them before reading.
+            first = false;
+        } else if let Some(s) = session.as_deref_mut() {
+            let phase = tls::receive_from(stream, scratch, s, &mut buf, &mut wire)
+                .await
+                .map_err(tls_err)?
+                .ok_or_else(closed)?;
+            if !wire.is_empty() {
+                tls::write_all(stream, &wire).await.map_err(io_err)?;
+                wire.clear();
+            }
+            if phase == Phase::PeerClosed {
+                return Err(closed());
+            }
+            if buf.len() > 2 * max_head {
                 return Err((
-                    ConnectError::Reset,
-                    "upgrade: the server closed the connection before answering".to_owned(),
+                    ConnectError::BadHandshake,
+                    format!("upgrade: no response head in the first {max_head} bytes"),
                 ));
             }
-            Ok(n) => buf.truncate(old + n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                buf.truncate(old);
-                continue;
+        } else {
+            stream.readable().await.map_err(io_err)?;
+            let old = buf.len();
+            buf.resize(old + 1024, 0);
+            match stream.try_read(&mut buf[old..]) {
+                Ok(0) => return Err(closed()),
+                Ok(n) => buf.truncate(old + n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    buf.truncate(old);
+                    continue;
+                }
+                Err(e) => return Err(io_err(e)),
             }
-            Err(e) => return Err(io_err(e)),
         }
         match http::parse_response(&buf, max_head) {
             Ok(None) => continue,

@@ -23,6 +23,7 @@ Examples:
   throng attack --url http://127.0.0.1:8080/ping -H 'sleep: 5000' --rate 2000/s --duration 1m --timeout 10s
   throng attack --targets targets.txt --rate 100/s..5000/s --duration 2m --output run.jsonl
   throng attack --url http://127.0.0.1:8080/ping --max --connections 64 --duration 10s
+  throng attack --url https://localhost:8443/ping --tls-ca ca.pem --rate 1000/s --duration 10s --no-keepalive
   cat targets.txt | throng attack --targets - --rate 500/s --requests 10000 --max-p99 200ms
 
 Targets file (Vegeta's format; requests take the targets in turn):
@@ -47,7 +48,7 @@ pub(crate) struct Args {
     #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
     targets: Option<PathBuf>,
 
-    /// One target URL (http://HOST:PORT/PATH) instead of a targets file.
+    /// One target URL (http://HOST:PORT/PATH or https://...) instead of a targets file.
     #[arg(short, long, required_unless_present_any = ["targets", "worker"])]
     url: Option<String>,
 
@@ -132,6 +133,9 @@ pub(crate) struct Args {
     /// No progress lines.
     #[arg(short, long)]
     quiet: bool,
+
+    #[command(flatten)]
+    tls: super::tls_client::TlsArgs,
 
     /// Internal: run as a worker process (plan on stdin).
     #[arg(long, hide = true)]
@@ -278,6 +282,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             "off (--no-keepalive)"
         }
     ));
+    let tls = args.tls.options(targets.iter().any(|t| t.url.tls), &say)?;
     say(format!(
         "  latency from each request's intended start; 'late' = started more than {} ms behind schedule",
         LATE_US / 1000
@@ -331,6 +336,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "planned": planned,
                 "workers": workers,
                 "settings": settings,
+                "tls": tls,
                 "late_threshold_us": LATE_US,
             }),
         )
@@ -347,6 +353,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         start_unix_ns: 0,
         settings,
         per_request: args.per_request.clone(),
+        tls,
     };
     let exe = std::env::current_exe().context("finding this program to start workers")?;
     let worker_command = move || {

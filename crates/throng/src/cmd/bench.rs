@@ -299,6 +299,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         connections,
         rate,
         target,
+        tls: None,
         fit,
         settings,
         duration: Some(hold_for),

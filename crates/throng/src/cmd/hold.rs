@@ -22,6 +22,7 @@ Examples:
   throng hold ws://127.0.0.1:10000-10015/news -c 100000 --rate 100/s..20000/s \\
       --publish http://127.0.0.1:9000/publish/news --publish-rate 10/s --duration 1m --output run.jsonl
   throng hold ws://10.0.0.5:9000/news -c 50000 --source-ips 10.0.1.1-10.0.1.4 --publish redis://10.0.0.6:6379
+  throng hold wss://localhost:9443/news -c 10000 --tls-ca ca.pem --publish http://127.0.0.1:9000/publish/news
 
 Connection i goes to worker i % workers, source address i % sources and
 target port (i / sources) % ports. The run opens every connection on a
@@ -29,7 +30,8 @@ schedule fixed in advance (open model): connect latency counts from the
 intended start, so a stalled server cannot hide its stall, and the harness
 reports its own lag when it falls behind.")]
 pub(crate) struct Args {
-    /// Target: ws://HOST:PORT/<channel>, or a port range ws://HOST:10000-10015/<channel>.
+    /// Target: ws://HOST:PORT/<channel>, or a port range ws://HOST:10000-10015/<channel>;
+    /// wss://... for TLS (see --tls-ca, --tls-insecure).
     #[arg(value_name = "URL", required_unless_present = "worker")]
     url: Option<String>,
 
@@ -75,7 +77,7 @@ pub(crate) struct Args {
     #[arg(long, default_value = "10s")]
     connect_timeout: String,
 
-    /// Timeout of the WebSocket upgrade after TCP connect.
+    /// Timeout of the WebSocket upgrade after TCP connect (wss://: of the TLS handshake, then of the upgrade).
     #[arg(long, default_value = "10s")]
     handshake_timeout: String,
 
@@ -98,6 +100,9 @@ pub(crate) struct Args {
     /// No progress lines.
     #[arg(short, long)]
     quiet: bool,
+
+    #[command(flatten)]
+    tls: super::tls_client::TlsArgs,
 
     /// Internal: run as a worker process (plan on stdin).
     #[arg(long, hide = true)]
@@ -203,6 +208,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         local_ports.0,
         local_ports.1
     ));
+    let tls = args.tls.options(target.tls, &say)?;
     say(format!(
         "  timeouts: connect {} ms, handshake {} ms, close {} ms; max message {} bytes; open-file limit {nofile}/process",
         settings.connect_timeout_ms,
@@ -249,6 +255,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "workers": fit.workers,
                 "sources": fit.sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "settings": settings,
+                "tls": tls,
                 "publish": publish.as_ref().map(|p| serde_json::json!({
                     "target": p.target.to_string(), "rate": p.rate, "message_size": p.message_size,
                 })),
@@ -266,6 +273,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         connections: args.connections,
         rate,
         target,
+        tls,
         fit,
         settings,
         duration,

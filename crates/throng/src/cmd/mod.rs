@@ -6,3 +6,4 @@ pub(crate) mod doctor;
 pub(crate) mod hold;
 pub(crate) mod report;
 pub(crate) mod serve;
+pub(crate) mod tls_client;
