@@ -70,7 +70,9 @@ impl PublishError {
             Self::Protocol(_) => "protocol",
             Self::Timeout(_) => "timeout",
             Self::Redis(e) => match e {
-                LinkError::Tls(_) | LinkError::ServerName(_) => "tls",
+                LinkError::Tls { .. } | LinkError::TlsTimeout(_) | LinkError::ServerName(_) => {
+                    "tls"
+                }
                 LinkError::Refused(_) => "refused",
                 _ => "redis",
             },

@@ -365,18 +365,27 @@ pub enum LinkError {
     /// A step took longer than allowed.
     #[error("no {what} within {limit:?}")]
     Timeout {
-        /// The step: "connection", "TLS handshake", "answer".
+        /// The step: "connection", "answer".
         what: &'static str,
         /// The limit.
         limit: Duration,
     },
+    /// The server did not complete the TLS handshake in time: typically a
+    /// plain Redis behind a `rediss://` URL (it waits for a command line).
+    #[error(
+        "no TLS handshake within {0:?} (is it a TLS port? a plain Redis port waits silently; \
+         use redis:// for it)"
+    )]
+    TlsTimeout(Duration),
     /// The TLS handshake failed: a certificate not signed by the trusted
     /// CA, a name mismatch, or a server that does not speak TLS there.
-    #[error(
-        "TLS handshake failed: {0} (is it a TLS port? is its certificate signed by the CA \
-         given, and for this host name?)"
-    )]
-    Tls(io::Error),
+    #[error("TLS handshake failed: {error} ({hint})")]
+    Tls {
+        /// What rustls (or the socket) said.
+        error: io::Error,
+        /// What to check.
+        hint: &'static str,
+    },
     /// The URL host is not a valid TLS server name.
     #[error("'{0}' is not a valid TLS server name")]
     ServerName(String),
@@ -400,7 +409,7 @@ impl LinkError {
         match self {
             Self::Connect(_) => "connect",
             Self::Timeout { .. } => "timeout",
-            Self::Tls(_) | Self::ServerName(_) => "tls",
+            Self::Tls { .. } | Self::TlsTimeout(_) | Self::ServerName(_) => "tls",
             Self::Refused(_) => "refused",
             Self::Closed | Self::Io(_) => "io",
             Self::Protocol(_) => "protocol",
@@ -473,26 +482,33 @@ pub async fn open(
         })?
         .map_err(LinkError::Connect)?;
     let _ = tcp.set_nodelay(true);
-    let mut s = match tls {
-        None => Stream::Plain(tcp),
-        Some(config) => {
-            // An IP address becomes ServerName::IpAddress: no SNI is sent and
-            // the certificate must name the address.
-            let name = ServerName::try_from(url.host.clone())
-                .map_err(|_| LinkError::ServerName(url.host.clone()))?;
-            let tls = tokio::time::timeout(
+    let mut s =
+        match tls {
+            None => Stream::Plain(tcp),
+            Some(config) => {
+                // An IP address becomes ServerName::IpAddress: no SNI is sent and
+                // the certificate must name the address.
+                let name = ServerName::try_from(url.host.clone())
+                    .map_err(|_| LinkError::ServerName(url.host.clone()))?;
+                let tls = tokio::time::timeout(
                 timeout,
                 tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
             )
             .await
-            .map_err(|_| LinkError::Timeout {
-                what: "TLS handshake",
-                limit: timeout,
-            })?
-            .map_err(LinkError::Tls)?;
-            Stream::Tls(Box::new(tls))
-        }
-    };
+            .map_err(|_| LinkError::TlsTimeout(timeout))?
+            .map_err(|error| {
+                let hint = match error.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                    Some(rustls::Error::InvalidCertificate(_)) => {
+                        "the certificate Redis presented is not signed by a trusted CA, or does \
+                         not name the URL's host: check the CA file given"
+                    }
+                    _ => "is it a TLS port, with TLS 1.2 or 1.3?",
+                };
+                LinkError::Tls { error, hint }
+            })?;
+                Stream::Tls(Box::new(tls))
+            }
+        };
     let (hello, replies) = url.hello();
     write_all(&mut s, &hello).await.map_err(LinkError::Io)?;
     let mut buf = BytesMut::with_capacity(16 * 1024);
