@@ -20,6 +20,7 @@ if [ "$install" = 1 ]; then
   command -v haproxy >/dev/null || apt_missing+=(haproxy)
   command -v wrk >/dev/null || apt_missing+=(wrk)
   command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
+  command -v openssl >/dev/null || apt_missing+=(openssl)
   command -v chromium >/dev/null || apt_missing+=(chromium)
   if [ ${#apt_missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
