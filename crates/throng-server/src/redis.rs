@@ -9,6 +9,11 @@
 //! connected meanwhile, publishing is refused with the reason, and the
 //! subscriptions (one pattern, or the set of channels with local
 //! subscribers) are made again before the broker says it is up.
+//!
+//! Connections are made by [`throng_redis::open`]: plain TCP for
+//! `redis://`, TLS for `rediss://` (the certificate checked against
+//! [`RedisSettings::tls`]), then `AUTH`/`SELECT`/`PING`. Everything after that
+//! is the same code over either kind of [`Stream`].
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
