@@ -228,7 +228,7 @@ fn hold_publishes_over_tls_with_auth_to_every_connection() {
                 "-w",
                 "1",
                 "--duration",
-                "2s",
+                "3s",
             ])
             .args([
                 "--publish",
@@ -256,7 +256,8 @@ fn hold_publishes_over_tls_with_auth_to_every_connection() {
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let n = |k: &str| s[k].as_u64().unwrap_or(0);
     assert_eq!(n("opened"), 200, "{s:#}");
-    assert!(n("published") >= 5, "{s:#}");
+    // Publishing starts a settle time after the last connection is open.
+    assert!(n("published") >= 3, "{s:#}");
     assert_eq!(n("received"), n("published") * 200, "{s:#}");
     assert_eq!(n("lost"), 0, "{s:#}");
 
