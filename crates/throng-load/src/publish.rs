@@ -4,16 +4,22 @@
 //! Each publisher keeps one connection open and reuses it (HTTP keep-alive,
 //! one Redis connection), reconnecting after an error. A call returns the
 //! number of subscribers the server or broker reported, when it says.
+//!
+//! The Redis connection is made by [`throng_redis::open`], as the server's
+//! broker makes its own: TLS for `rediss://`, then `AUTH`/`SELECT` from the
+//! URL, so a password-protected or TLS-only Redis takes the publishes.
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use thiserror::Error;
 use throng_proto::http::{self, BodyDecoder};
 use throng_proto::resp::{self, Value};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use throng_redis::{LinkError, Stream};
+use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::net::TcpStream;
 
 use crate::target::PublishTarget;
@@ -45,6 +51,13 @@ pub enum PublishError {
     /// No answer within the timeout.
     #[error("publish got no answer within {0:?}")]
     Timeout(Duration),
+    /// The connection to Redis could not be set up: TLS, `AUTH`, the
+    /// hello's answers (a refused TCP connect is [`Self::Connect`]).
+    #[error("Redis connection: {0}")]
+    Redis(LinkError),
+    /// `rediss://` trust could not be set up (the CA file).
+    #[error("TLS to Redis: {0}")]
+    Trust(String),
 }
 
 impl PublishError {
@@ -56,6 +69,14 @@ impl PublishError {
             Self::Status(_) => "status",
             Self::Protocol(_) => "protocol",
             Self::Timeout(_) => "timeout",
+            Self::Redis(e) => match e {
+                LinkError::Tls { .. } | LinkError::TlsTimeout(_) | LinkError::ServerName(_) => {
+                    "tls"
+                }
+                LinkError::Refused(_) => "refused",
+                _ => "redis",
+            },
+            Self::Trust(_) => "tls",
         }
     }
 }
@@ -67,7 +88,9 @@ pub struct Publisher {
     /// The Redis channel (`<prefix><channel>`); unused for HTTP.
     redis_channel: String,
     timeout: Duration,
-    conn: Option<TcpStream>,
+    conn: Option<Stream>,
+    /// `rediss://`: the TLS configuration, made at the first connection.
+    redis_tls: Option<Arc<rustls::ClientConfig>>,
     out: Vec<u8>,
     inbuf: Vec<u8>,
     /// Redis replies not yet decoded.
@@ -82,6 +105,7 @@ impl Publisher {
             redis_channel,
             timeout,
             conn: None,
+            redis_tls: None,
             out: Vec::new(),
             inbuf: Vec::new(),
             resp_in: BytesMut::new(),
@@ -109,17 +133,10 @@ impl Publisher {
     }
 
     async fn publish_inner(&mut self, payload: &[u8]) -> Result<Option<u64>, PublishError> {
-        let addr = match &self.target {
-            PublishTarget::Http { addr, .. } | PublishTarget::Redis { addr } => *addr,
-        };
         if self.conn.is_none() {
-            let s = TcpStream::connect(addr)
-                .await
-                .map_err(|source| PublishError::Connect { addr, source })?;
-            s.set_nodelay(true)?;
-            self.conn = Some(s);
             self.inbuf.clear();
             self.resp_in.clear();
+            self.conn = Some(self.connect().await?);
         }
         self.out.clear();
         match &self.target {
@@ -140,7 +157,7 @@ impl Publisher {
         let Some(conn) = self.conn.as_mut() else {
             return Err(PublishError::Protocol("no connection".into()));
         };
-        conn.write_all(&self.out).await?;
+        throng_redis::write_all(conn, &self.out).await?;
         match &self.target {
             PublishTarget::Http { .. } => {
                 let (status, n, keep) = read_http(conn, &mut self.inbuf).await?;
@@ -159,7 +176,43 @@ impl Publisher {
     }
 }
 
-async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), PublishError> {
+impl Publisher {
+    /// A new connection: plain TCP for HTTP; for Redis, TCP (and TLS)
+    /// greeted with `AUTH`/`SELECT`/`PING` (their answers read here; what
+    /// came after them goes to `resp_in`).
+    async fn connect(&mut self) -> Result<Stream, PublishError> {
+        match &self.target {
+            PublishTarget::Http { addr, .. } => {
+                let addr = *addr;
+                let s = TcpStream::connect(addr)
+                    .await
+                    .map_err(|source| PublishError::Connect { addr, source })?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Plain(s))
+            }
+            PublishTarget::Redis { addr, url, trust } => {
+                if url.tls && self.redis_tls.is_none() {
+                    self.redis_tls = trust
+                        .client_config(url)
+                        .map_err(|e| PublishError::Trust(e.to_string()))?;
+                }
+                let (s, rest) = throng_redis::open(url, self.redis_tls.as_ref(), self.timeout)
+                    .await
+                    .map_err(|e| match e {
+                        LinkError::Connect(source) => PublishError::Connect {
+                            addr: *addr,
+                            source,
+                        },
+                        e => PublishError::Redis(e),
+                    })?;
+                self.resp_in = rest;
+                Ok(s)
+            }
+        }
+    }
+}
+
+async fn fill<S: AsyncRead + Unpin>(conn: &mut S, buf: &mut Vec<u8>) -> Result<(), PublishError> {
     let old = buf.len();
     buf.resize(old + 4096, 0);
     let n = conn.read(&mut buf[old..]).await?;
@@ -172,8 +225,8 @@ async fn fill(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), PublishErro
 
 /// Reads one HTTP response; returns its status, the `subscribers` count
 /// from a JSON body, if any, and whether the connection stays open.
-async fn read_http(
-    conn: &mut TcpStream,
+async fn read_http<S: AsyncRead + Unpin>(
+    conn: &mut S,
     buf: &mut Vec<u8>,
 ) -> Result<(u16, Option<u64>, bool), PublishError> {
     let (resp, head_len) = loop {
@@ -217,7 +270,10 @@ async fn read_http(
 }
 
 /// Reads one Redis reply that should be an integer (`:N`); `-ERR` is an error.
-async fn read_redis_integer(conn: &mut TcpStream, buf: &mut BytesMut) -> Result<u64, PublishError> {
+async fn read_redis_integer<S: AsyncRead + Unpin>(
+    conn: &mut S,
+    buf: &mut BytesMut,
+) -> Result<u64, PublishError> {
     let decoder = resp::Decoder::default();
     loop {
         match decoder.decode(buf) {

@@ -1,6 +1,6 @@
 //! Where the load goes and where it comes from: the WebSocket target with
 //! its port range (`ws://HOST:10000-10015/chan`, or `wss://` for TLS), the publish endpoint
-//! (`http://…/publish/chan` or `redis://HOST:PORT`), and the source
+//! (`http://…/publish/chan` or `redis[s]://[user:password@]HOST:PORT`), and the source
 //! addresses connections are spread over (`127.0.0.2-127.0.0.60`, a comma
 //! list, or both).
 //!
@@ -13,6 +13,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use throng_redis::{RedisUrl, Trust};
 
 /// Why a URL or address list was refused.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -139,7 +140,7 @@ impl FromStr for WsTarget {
 }
 
 /// Where `hold` publishes its timestamped messages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishTarget {
     /// `POST` the message to this HTTP endpoint (`http://host:port/publish/chan`).
     Http {
@@ -150,10 +151,16 @@ pub enum PublishTarget {
         /// Request target, e.g. `/publish/chan`.
         path: String,
     },
-    /// `PUBLISH <channel> <message>` on this Redis server.
+    /// `PUBLISH <channel> <message>` on this Redis server
+    /// (`redis[s]://[user:password@]HOST:PORT[/DB]`).
     Redis {
         /// Redis address.
         addr: SocketAddr,
+        /// The URL: TLS or not, the TLS server name, `AUTH` and `SELECT`.
+        url: RedisUrl,
+        /// `rediss://`: which certificates Redis may present (the system
+        /// bundle unless set after parsing).
+        trust: Trust,
     },
 }
 
@@ -161,13 +168,25 @@ impl FromStr for PublishTarget {
     type Err = TargetError;
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
-        if url.starts_with("redis://") {
-            let p = split_url(url, &["redis"], 6379)?;
-            if p.ports.0 != p.ports.1 {
-                return Err(url_err(url, "a port range makes no sense for Redis"));
-            }
+        if url.starts_with("redis://") || url.starts_with("rediss://") {
+            let r: RedisUrl = url.parse().map_err(|why: String| TargetError::Url {
+                url: redact_userinfo(url),
+                why,
+            })?;
+            let ip = if r.host.eq_ignore_ascii_case("localhost") {
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            } else {
+                r.host.parse::<IpAddr>().map_err(|_| {
+                    url_err(
+                        &redact_userinfo(url),
+                        format!("host '{}' must be an IP address or localhost", r.host),
+                    )
+                })?
+            };
             return Ok(Self::Redis {
-                addr: SocketAddr::new(p.ip, p.ports.0),
+                addr: SocketAddr::new(ip, r.port),
+                url: r,
+                trust: Trust::default(),
             });
         }
         let p = split_url(url, &["http"], 80)?;
@@ -190,8 +209,17 @@ impl fmt::Display for PublishTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Http { host, path, .. } => write!(f, "http://{host}{path}"),
-            Self::Redis { addr } => write!(f, "redis://{addr}"),
+            // The URL prints its password as ***.
+            Self::Redis { url, .. } => write!(f, "{url}"),
         }
+    }
+}
+
+/// `url` with anything between `//` and `@` hidden (a Redis password).
+fn redact_userinfo(url: &str) -> String {
+    match (url.find("//"), url.rfind('@')) {
+        (Some(s), Some(a)) if a > s => format!("{}***{}", &url[..s + 2], &url[a..]),
+        _ => url.to_owned(),
     }
 }
 
@@ -437,12 +465,21 @@ mod tests {
             }
         );
         let r: PublishTarget = "redis://127.0.0.1".parse().unwrap();
-        assert_eq!(
-            r,
-            PublishTarget::Redis {
-                addr: "127.0.0.1:6379".parse().unwrap()
-            }
-        );
+        assert!(matches!(
+            &r,
+            PublishTarget::Redis { addr, url, .. }
+                if *addr == "127.0.0.1:6379".parse().unwrap() && !url.tls
+        ));
+        let r: PublishTarget = "rediss://bob:p%40ss@localhost:6380/2".parse().unwrap();
+        let PublishTarget::Redis { addr, url, .. } = &r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(*addr, "127.0.0.1:6380".parse().unwrap());
+        assert!(url.tls);
+        assert_eq!(url.password.as_deref(), Some("p@ss"));
+        assert_eq!(r.to_string(), "rediss://bob:***@localhost:6380/2");
+        let e = "rediss://bob:topsecret@redis.example".parse::<PublishTarget>();
+        assert!(!format!("{e:?}").contains("topsecret"), "{e:?}");
         assert!("ftp://1.2.3.4/x".parse::<PublishTarget>().is_err());
         assert!("http://127.0.0.1:1-2/x".parse::<PublishTarget>().is_err());
     }

@@ -249,6 +249,8 @@ mod tests {
             prefix: "throng:".into(),
             mode,
             wait: false,
+            trust: crate::redis::Trust::default(),
+            tls: None,
         };
         (Remote::new(settings, tx, 3), rx)
     }

@@ -9,11 +9,14 @@
 //! connected meanwhile, publishing is refused with the reason, and the
 //! subscriptions (one pattern, or the set of channels with local
 //! subscribers) are made again before the broker says it is up.
+//!
+//! Connections are made by [`throng_redis::open`]: plain TCP for
+//! `redis://`, TLS for `rediss://` (the certificate checked against
+//! [`RedisSettings::tls`]), then `AUTH`/`SELECT`/`PING`. Everything after that
+//! is the same code over either kind of [`Stream`].
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
-use std::io::{Read as _, Write as _};
-use std::net::ToSocketAddrs as _;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +24,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use throng_proto::resp::{self, Push, Value};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use throng_redis::Stream;
+pub use throng_redis::{RedisUrl, Trust};
+use tokio::io::{AsyncReadExt as _, WriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
@@ -61,149 +65,6 @@ impl fmt::Display for RedisMode {
     }
 }
 
-/// A parsed `redis://[user:password@]HOST[:PORT][/DB]`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisUrl {
-    /// Host name or IP address (IPv6 without brackets).
-    pub host: String,
-    /// TCP port (6379 when not given).
-    pub port: u16,
-    /// ACL user name, if any.
-    pub user: Option<String>,
-    /// Password (for `AUTH`), if any. Never printed.
-    pub password: Option<String>,
-    /// Database number for `SELECT` (pub/sub itself ignores it).
-    pub db: u32,
-}
-
-impl fmt::Debug for RedisUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{self}")
-    }
-}
-
-/// Prints the URL with the password replaced by `***`.
-impl fmt::Display for RedisUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("redis://")?;
-        match (&self.user, &self.password) {
-            (Some(u), Some(_)) => write!(f, "{u}:***@")?,
-            (Some(u), None) => write!(f, "{u}@")?,
-            (None, Some(_)) => f.write_str(":***@")?,
-            (None, None) => {}
-        }
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}/{}", self.host, self.port, self.db)
-        } else {
-            write!(f, "{}:{}/{}", self.host, self.port, self.db)
-        }
-    }
-}
-
-impl FromStr for RedisUrl {
-    type Err = String;
-    fn from_str(url: &str) -> Result<Self, String> {
-        let bad = |why: &str| {
-            format!(
-                "invalid Redis URL '{}': {why} (expected redis://[user:password@]HOST[:PORT][/DB])",
-                redact(url)
-            )
-        };
-        if url.starts_with("rediss://") {
-            return Err(bad("TLS to Redis (rediss://) is not supported yet"));
-        }
-        let rest = url
-            .strip_prefix("redis://")
-            .ok_or_else(|| bad("it must start with redis://"))?;
-        let (auth, rest) = match rest.rsplit_once('@') {
-            Some((a, r)) => (Some(a), r),
-            None => (None, rest),
-        };
-        let (hostport, db) = match rest.split_once('/') {
-            Some((h, "")) => (h, 0),
-            Some((h, d)) => (
-                h,
-                d.parse()
-                    .map_err(|_| bad("the database after '/' must be a number"))?,
-            ),
-            None => (rest, 0),
-        };
-        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (h, p) = v6
-                .split_once(']')
-                .ok_or_else(|| bad("unclosed '[' in host"))?;
-            (h, p.strip_prefix(':'))
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (hostport, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad("no host"));
-        }
-        let port = match port {
-            Some(p) => p
-                .parse()
-                .ok()
-                .filter(|&p| p != 0)
-                .ok_or_else(|| bad("the port must be a number 1-65535"))?,
-            None => 6379,
-        };
-        let (user, password) = match auth {
-            None => (None, None),
-            Some(a) => {
-                let (u, p) = match a.split_once(':') {
-                    Some((u, p)) => (u, Some(p)),
-                    None => (a, None),
-                };
-                let u = percent_decode(u).ok_or_else(|| bad("bad %-escape in the user"))?;
-                let p = match p {
-                    Some(p) => {
-                        Some(percent_decode(p).ok_or_else(|| bad("bad %-escape in the password"))?)
-                    }
-                    None => None,
-                }
-                .filter(|p| !p.is_empty());
-                ((!u.is_empty()).then_some(u), p)
-            }
-        };
-        Ok(Self {
-            host: host.to_owned(),
-            port,
-            user,
-            password,
-            db,
-        })
-    }
-}
-
-/// The URL with anything between `//` and `@` hidden, for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("//"), url.rfind('@')) {
-        (Some(s), Some(a)) if a > s => format!("{}***{}", &url[..s + 2], &url[a..]),
-        _ => url.to_owned(),
-    }
-}
-
-/// Decodes `%XX` escapes (for user names and passwords with `@`, `:` or `/`).
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 /// Everything the Redis broker needs; lives in the supervisor only (the
 /// password never reaches the workers or the start line).
 #[derive(Debug, Clone)]
@@ -216,6 +77,10 @@ pub struct RedisSettings {
     pub mode: RedisMode,
     /// Start even when Redis is unreachable, and keep retrying.
     pub wait: bool,
+    /// `rediss://`: which certificates Redis may present (for the start line).
+    pub trust: Trust,
+    /// `rediss://`: the TLS configuration made from `trust` (`None`: plain TCP).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl RedisSettings {
@@ -239,8 +104,13 @@ impl RedisSettings {
             RedisMode::Pattern => format!("PSUBSCRIBE {}", self.pattern()),
             RedisMode::Channels => format!("SUBSCRIBE {}<channel> per local channel", self.prefix),
         };
+        let tls = if self.url.tls {
+            format!("; {}", self.trust.describe())
+        } else {
+            String::new()
+        };
         format!(
-            "redis {} (mode {}: {what}; publish PUBLISH {}<channel>{})",
+            "redis {} (mode {}: {what}; publish PUBLISH {}<channel>{tls}{})",
             self.url,
             self.mode,
             self.prefix,
@@ -252,64 +122,23 @@ impl RedisSettings {
         )
     }
 
-    /// The commands sent on every new connection before anything else
-    /// (`AUTH`, `SELECT`, `PING`), and how many replies they get.
-    fn hello(&self) -> (BytesMut, usize) {
-        let mut out = BytesMut::new();
-        let mut n = 0;
-        if let Some(p) = &self.url.password {
-            match &self.url.user {
-                Some(u) => resp::encode_command(&mut out, &[b"AUTH", u.as_bytes(), p.as_bytes()]),
-                None => resp::encode_command(&mut out, &[b"AUTH", p.as_bytes()]),
-            }
-            n += 1;
-        }
-        if self.url.db != 0 {
-            resp::encode_command(&mut out, &[b"SELECT", self.url.db.to_string().as_bytes()]);
-            n += 1;
-        }
-        resp::encode_command(&mut out, &[b"PING"]);
-        (out, n + 1)
-    }
-
-    /// Checks, without a runtime, that Redis answers and accepts our
-    /// credentials: what `throng serve` does before it starts, so a wrong
-    /// URL is an error at once rather than a node that never delivers.
+    /// Checks, before the server's runtime exists, that Redis answers
+    /// (over TLS for `rediss://`: the certificate is checked) and accepts
+    /// our credentials: what `throng serve` does before it starts, so a
+    /// wrong URL or CA is an error at once rather than a node that never
+    /// delivers. The same connect as the broker's, on a runtime of its own.
     pub fn probe(&self) -> Result<(), String> {
-        let addrs: Vec<_> = (self.url.host.as_str(), self.url.port)
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {}: {e}", self.url.host))?
-            .collect();
-        let mut last = String::from("no address");
-        for addr in addrs {
-            match std::net::TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
-                Ok(mut s) => {
-                    let _ = s.set_read_timeout(Some(REPLY_TIMEOUT));
-                    let _ = s.set_write_timeout(Some(REPLY_TIMEOUT));
-                    let (hello, replies) = self.hello();
-                    s.write_all(&hello).map_err(|e| e.to_string())?;
-                    let mut buf = BytesMut::new();
-                    let dec = resp::Decoder::default();
-                    for _ in 0..replies {
-                        let v = loop {
-                            if let Some(v) = dec.decode(&mut buf).map_err(|e| e.to_string())? {
-                                break v;
-                            }
-                            let mut chunk = [0u8; 4096];
-                            let n = s.read(&mut chunk).map_err(|e| e.to_string())?;
-                            if n == 0 {
-                                return Err("Redis closed the connection".into());
-                            }
-                            buf.extend_from_slice(&chunk[..n]);
-                        };
-                        check_hello_reply(&v)?;
-                    }
-                    return Ok(());
-                }
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(last)
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a runtime to check Redis: {e}"))?;
+        rt.block_on(throng_redis::open(
+            &self.url,
+            self.tls.as_ref(),
+            CONNECT_TIMEOUT,
+        ))
+        .map(drop)
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -332,13 +161,6 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 pub const MAX_IN_FLIGHT: usize = 256;
 /// Channels per `SUBSCRIBE` command when resubscribing many.
 const SUBSCRIBE_BATCH: usize = 512;
-
-fn check_hello_reply(v: &Value) -> Result<(), String> {
-    match v {
-        Value::Error(e) => Err(format!("Redis refused: {}", String::from_utf8_lossy(e))),
-        _ => Ok(()),
-    }
-}
 
 /// What the supervisor asks of the broker task.
 #[derive(Debug)]
@@ -494,28 +316,15 @@ impl Link {
         }
     }
 
-    async fn connect(&self) -> Result<(TcpStream, BytesMut), String> {
-        let url = &self.settings.url;
-        let s = tokio::time::timeout(
+    /// One connection, greeted: plain or TLS as the URL says.
+    async fn connect(&self) -> Result<(Stream, BytesMut), String> {
+        throng_redis::open(
+            &self.settings.url,
+            self.settings.tls.as_ref(),
             CONNECT_TIMEOUT,
-            TcpStream::connect((url.host.as_str(), url.port)),
         )
         .await
-        .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
-        .map_err(|e| e.to_string())?;
-        let _ = s.set_nodelay(true);
-        let mut s = s;
-        let (hello, replies) = self.settings.hello();
-        s.write_all(&hello).await.map_err(|e| e.to_string())?;
-        let mut buf = BytesMut::with_capacity(16 * 1024);
-        let dec = resp::Decoder::default();
-        for _ in 0..replies {
-            let v = tokio::time::timeout(REPLY_TIMEOUT, read_value(&mut s, &mut buf, &dec))
-                .await
-                .map_err(|_| format!("no answer within {REPLY_TIMEOUT:?}"))??;
-            check_hello_reply(&v)?;
-        }
-        Ok((s, buf))
+        .map_err(|e| e.to_string())
     }
 
     /// Connects both links, subscribes, and relays until something breaks.
@@ -526,8 +335,8 @@ impl Link {
     ) -> Result<Session, String> {
         let (sub, mut sub_in) = self.connect().await?;
         let (publ, mut pub_in) = self.connect().await?;
-        let (mut sub_rd, mut sub_wr) = sub.into_split();
-        let (mut pub_rd, mut pub_wr) = publ.into_split();
+        let (mut sub_rd, mut sub_wr) = tokio::io::split(sub);
+        let (mut pub_rd, mut pub_wr) = tokio::io::split(publ);
         let prefix = self.settings.prefix.clone();
         let mut out = BytesMut::new();
         // Confirmations still due before the node says it is up.
@@ -782,26 +591,8 @@ impl Link {
     }
 }
 
-async fn read_value(
-    s: &mut TcpStream,
-    buf: &mut BytesMut,
-    dec: &resp::Decoder,
-) -> Result<Value, String> {
-    loop {
-        if let Some(v) = dec.decode(buf).map_err(|e| e.to_string())? {
-            return Ok(v);
-        }
-        buf.reserve(4096);
-        match s.read_buf(buf).await {
-            Ok(0) => return Err("Redis closed the connection".into()),
-            Ok(_) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-}
-
-async fn write(w: &mut tokio::net::tcp::OwnedWriteHalf, bytes: &[u8]) -> Result<(), String> {
-    match tokio::time::timeout(REPLY_TIMEOUT, w.write_all(bytes)).await {
+async fn write(w: &mut WriteHalf<Stream>, bytes: &[u8]) -> Result<(), String> {
+    match tokio::time::timeout(REPLY_TIMEOUT, throng_redis::write_all(w, bytes)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("writing to Redis: {e}")),
         Err(_) => Err(format!(
@@ -815,61 +606,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls() {
-        let u: RedisUrl = "redis://127.0.0.1:6380/2".parse().unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.db), ("127.0.0.1", 6380, 2));
-        assert_eq!(u.user, None);
-        let u: RedisUrl = "redis://alice:s%40cret%3A1@redis.local".parse().unwrap();
-        assert_eq!(u.user.as_deref(), Some("alice"));
-        assert_eq!(u.password.as_deref(), Some("s@cret:1"));
-        assert_eq!((u.port, u.db), (6379, 0));
-        assert_eq!(u.to_string(), "redis://alice:***@redis.local:6379/0");
-        let u: RedisUrl = "redis://:pw@[::1]:7000/".parse().unwrap();
-        assert_eq!((u.host.as_str(), u.port), ("::1", 7000));
-        assert_eq!((u.user, u.password.as_deref()), (None, Some("pw")));
-        for bad in [
-            "http://x",
-            "rediss://x",
-            "redis://",
-            "redis://h:0",
-            "redis://h:99999",
-            "redis://h/x",
-            "redis://u:%zz@h",
-        ] {
-            assert!(bad.parse::<RedisUrl>().is_err(), "{bad}");
-        }
-        let e = "redis://u:topsecret@h:1/x".parse::<RedisUrl>().unwrap_err();
-        assert!(!e.contains("topsecret"), "{e}");
-    }
-
-    #[test]
     fn pattern_escapes_glob_characters() {
         let s = |prefix: &str| RedisSettings {
             url: "redis://h".parse().unwrap(),
             prefix: prefix.into(),
             mode: RedisMode::Pattern,
             wait: false,
+            trust: Trust::default(),
+            tls: None,
         };
         assert_eq!(s("throng:").pattern(), "throng:*");
         assert_eq!(s("a*b?[c]\\").pattern(), "a\\*b\\?\\[c\\]\\\\*");
         assert_eq!(s("").pattern(), "*");
-    }
-
-    #[test]
-    fn hello_authenticates_and_selects() {
-        let mut s = RedisSettings {
-            url: "redis://bob:pw@h/3".parse().unwrap(),
-            prefix: "t:".into(),
-            mode: RedisMode::Channels,
-            wait: false,
-        };
-        let (out, n) = s.hello();
-        assert_eq!(n, 3);
-        assert_eq!(
-            &out[..],
-            b"*3\r\n$4\r\nAUTH\r\n$3\r\nbob\r\n$2\r\npw\r\n*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n*1\r\n$4\r\nPING\r\n"
-        );
-        s.url = "redis://h".parse().unwrap();
-        assert_eq!(s.hello().1, 1);
     }
 }

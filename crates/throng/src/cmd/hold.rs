@@ -23,6 +23,7 @@ Examples:
       --publish http://127.0.0.1:9000/publish/news --publish-rate 10/s --duration 1m --output run.jsonl
   throng hold ws://10.0.0.5:9000/news -c 50000 --source-ips 10.0.1.1-10.0.1.4 --publish redis://10.0.0.6:6379
   throng hold wss://localhost:9443/news -c 10000 --tls-ca ca.pem --publish http://127.0.0.1:9000/publish/news
+  throng hold ws://10.0.0.5:9000/news -c 1000 --publish rediss://bob:secret@10.0.0.6:6380 --publish-tls-ca ca.pem
 
 Connection i goes to worker i % workers, source address i % sources and
 target port (i / sources) % ports. The run opens every connection on a
@@ -57,9 +58,22 @@ pub(crate) struct Args {
     #[arg(short, long)]
     workers: Option<u32>,
 
-    /// Publish timestamped messages: http://HOST:PORT/publish/<channel>, or redis://HOST:PORT.
+    /// Publish timestamped messages: http://HOST:PORT/publish/<channel>, or Redis PUBLISH with
+    /// redis://[user:password@]HOST:PORT[/DB] (AUTH as that user; escape @ : / in the password
+    /// as %40 %3A %2F), or rediss://... for TLS to Redis (see --publish-tls-ca).
     #[arg(long, value_name = "URL")]
     publish: Option<String>,
+
+    /// --publish rediss://: PEM file of the CA certificate(s) that signed Redis's certificate
+    /// (which must name the URL's host). Default: the system bundle
+    /// /etc/ssl/certs/ca-certificates.crt.
+    #[arg(long, value_name = "FILE", requires = "publish")]
+    publish_tls_ca: Option<PathBuf>,
+
+    /// --publish rediss://: do not check Redis's certificate at all (trials with a self-signed
+    /// certificate only).
+    #[arg(long, requires = "publish", conflicts_with = "publish_tls_ca")]
+    publish_tls_insecure: bool,
 
     /// Messages per second to publish.
     #[arg(long, default_value = "1/s")]
@@ -137,7 +151,31 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let publish = match &args.publish {
         None => None,
         Some(p) => {
-            let target_pub: PublishTarget = p.parse()?;
+            let mut target_pub: PublishTarget = p.parse()?;
+            let tls_flags = args.publish_tls_ca.is_some() || args.publish_tls_insecure;
+            match &mut target_pub {
+                PublishTarget::Redis { url, trust, .. } if url.tls => {
+                    trust.ca.clone_from(&args.publish_tls_ca);
+                    trust.insecure = args.publish_tls_insecure;
+                    // A bad CA file is an error now, not one per publish.
+                    trust.client_config(url).with_context(|| {
+                        format!(
+                            "cannot set up TLS to Redis at {url} (give --publish-tls-ca FILE, \
+                             or --publish-tls-insecure for a trial)"
+                        )
+                    })?;
+                    if trust.insecure {
+                        eprintln!(
+                            "throng: WARNING: --publish-tls-insecure: the certificate of Redis \
+                             at {url} is NOT checked. For trials only."
+                        );
+                    }
+                }
+                _ if tls_flags => anyhow::bail!(
+                    "--publish-tls-ca and --publish-tls-insecure are for --publish rediss://..."
+                ),
+                _ => {}
+            }
             let rate = match args.publish_rate.parse::<RateSpec>()? {
                 RateSpec::Constant(r) => r,
                 RateSpec::Ramp(..) => {
@@ -218,6 +256,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     ));
     if let Some(p) = &publish {
         let via = match &p.target {
+            PublishTarget::Redis { url, trust, .. } if url.tls => {
+                format!(" (Redis channel {}; {})", p.redis_channel, trust.describe())
+            }
             PublishTarget::Redis { .. } => format!(" (Redis channel {})", p.redis_channel),
             PublishTarget::Http { .. } => String::new(),
         };

@@ -3,12 +3,13 @@
 //! the hidden `--worker-index`, one worker started by the supervisor).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use throng_server::config::{parse_duration, parse_listen, parse_size};
-use throng_server::redis::{RedisMode, RedisSettings, RedisUrl};
+use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Trust};
 use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
@@ -19,7 +20,7 @@ Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>   -> {\"channel\"
             text frame when the body is UTF-8 (or Content-Type text/*, */json), binary otherwise
             (or Content-Type: application/octet-stream)
 Observe:    GET /metrics (Prometheus text), GET /healthz
-Cluster:    --redis redis://[user:password@]HOST:PORT[/DB] makes this a node: POST /publish goes
+Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a node: POST /publish goes
             to Redis (PUBLISH <prefix><channel>), and every node delivers what Redis sends it.
             The publish answer is then {\"channel\":..,\"redis_receivers\":N}: the Redis connections
             that got the message (subscribed nodes, plus any other client), not WebSocket
@@ -91,8 +92,9 @@ pub(crate) struct Args {
     max_times: u64,
 
     /// Route through Redis pub/sub so many nodes share channels:
-    /// redis://[user:password@]HOST[:PORT][/DB] (escape @ : / in the password as %40 %3A %2F).
-    /// Default: the embedded relay (one machine).
+    /// redis://[user:password@]HOST[:PORT][/DB] (escape @ : / in the password as %40 %3A %2F),
+    /// or rediss://... for TLS to Redis (both of the node's connections; SNI from HOST unless it
+    /// is an IP address; see --redis-tls-ca). Default: the embedded relay (one machine).
     #[arg(long, value_name = "URL", value_parser = parse_redis_url)]
     redis: Option<RedisUrl>,
 
@@ -110,6 +112,18 @@ pub(crate) struct Args {
     /// UNSUBSCRIBE when the last leaves (for many nodes x many channels).
     #[arg(long, value_name = "MODE", default_value = "pattern", value_parser = parse_redis_mode, requires = "redis")]
     redis_mode: RedisMode,
+
+    /// rediss://: PEM file of the CA certificate(s) that signed Redis's certificate, which
+    /// must name the URL's host (a DNS name or IP address). Default: the system bundle
+    /// /etc/ssl/certs/ca-certificates.crt.
+    #[arg(long, value_name = "FILE", requires = "redis")]
+    redis_tls_ca: Option<PathBuf>,
+
+    /// rediss://: do not check Redis's certificate at all (trials with a self-signed
+    /// certificate only: anyone on the path can then read and change the traffic, password
+    /// included).
+    #[arg(long, requires = "redis", conflicts_with = "redis_tls_ca")]
+    redis_tls_insecure: bool,
 
     /// Start even when Redis is unreachable and keep retrying with backoff (subscribers are
     /// accepted meanwhile; publishing answers 503). Without it, an unreachable Redis is an
@@ -166,11 +180,35 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut plan = Plan::new(config)?;
     if let Some(url) = args.redis {
+        let trust = Trust {
+            ca: args.redis_tls_ca,
+            insecure: args.redis_tls_insecure,
+        };
+        if !url.tls && (trust.ca.is_some() || trust.insecure) {
+            anyhow::bail!(
+                "--redis-tls-ca and --redis-tls-insecure are for TLS to Redis: use a rediss:// URL"
+            );
+        }
+        let tls = trust.client_config(&url).with_context(|| {
+            format!(
+                "cannot set up TLS to Redis at {url} (give --redis-tls-ca FILE, or \
+                 --redis-tls-insecure for a trial)"
+            )
+        })?;
+        if url.tls && trust.insecure {
+            eprintln!(
+                "throng: WARNING: --redis-tls-insecure: the certificate of Redis at {url} is NOT \
+                 checked; anyone on the path can read and change this node's Redis traffic, \
+                 password included. For trials only."
+            );
+        }
         plan = plan.with_redis(RedisSettings {
             url,
             prefix: args.redis_prefix,
             mode: args.redis_mode,
             wait: args.redis_wait,
+            trust,
+            tls,
         })?;
     }
     if !args.json {

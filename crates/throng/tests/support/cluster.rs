@@ -61,6 +61,8 @@ pub(crate) struct Redis {
     auth: Vec<String>,
     /// What redis-server printed.
     log: Arc<Mutex<String>>,
+    /// TLS only (`--port 0 --tls-port`), with this server certificate.
+    tls: Option<Certs>,
 }
 
 impl Redis {
@@ -74,16 +76,58 @@ impl Redis {
             args: args.iter().map(|s| (*s).to_owned()).collect(),
             auth: auth.iter().map(|s| (*s).to_owned()).collect(),
             log: Arc::default(),
+            tls: None,
         };
         r.restart();
         r
     }
 
+    /// Like [`Self::start`], but the server speaks only TLS on its port,
+    /// with the certificate in `certs` (clients are not asked for one).
+    pub(crate) fn start_tls(certs: Certs, args: &[&str], auth: &[&str]) -> Self {
+        need("redis-server", "redis-server");
+        need("redis-cli", "redis-tools");
+        let mut r = Self {
+            child: None,
+            port: free_port(),
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            auth: auth.iter().map(|s| (*s).to_owned()).collect(),
+            log: Arc::default(),
+            tls: Some(certs),
+        };
+        r.restart();
+        r
+    }
+
+    /// The certificates of a TLS server.
+    pub(crate) fn certs(&self) -> &Certs {
+        self.tls.as_ref().expect("a TLS redis-server")
+    }
+
     /// (Re)starts the server on its port and waits until it answers PING.
     pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none(), "redis-server is already running");
+        let port = self.port.to_string();
+        let listen: Vec<&str> = match &self.tls {
+            None => vec!["--port", &port],
+            Some(c) => vec![
+                "--port",
+                "0",
+                "--tls-port",
+                &port,
+                "--tls-cert-file",
+                c.cert_str(),
+                "--tls-key-file",
+                c.key_str(),
+                "--tls-ca-cert-file",
+                c.ca_str(),
+                "--tls-auth-clients",
+                "no",
+            ],
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(&listen)
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(&self.args)
             .stdout(Stdio::piped())
@@ -137,8 +181,13 @@ impl Redis {
     }
 
     fn cli_output(&self, args: &[&str]) -> Output {
+        let tls: Vec<&str> = match &self.tls {
+            None => vec![],
+            Some(c) => vec!["--tls", "--cacert", c.ca_str()],
+        };
         Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&tls)
             .args(&self.auth)
             .arg("--no-auth-warning")
             .args(args)
@@ -180,6 +229,124 @@ impl Drop for Redis {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A test CA and a server certificate it signed for 127.0.0.1 and
+/// localhost (ECDSA P-256), made with the `openssl` CLI in a fresh
+/// directory that is removed on drop.
+pub(crate) struct Certs {
+    dir: PathBuf,
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+impl Certs {
+    /// Generates the CA (`ca.pem`) and the server's `server.pem`/`server.key`.
+    pub(crate) fn generate(name: &str) -> Self {
+        need("openssl", "openssl");
+        let dir = std::env::temp_dir().join(format!("throng-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |f: &str| dir.join(f).to_string_lossy().into_owned();
+        let c = Self {
+            ca: file("ca.pem"),
+            cert: file("server.pem"),
+            key: file("server.key"),
+            dir,
+        };
+        c.new_ca("ca");
+        let ext = c.dir.join("server.ext");
+        std::fs::write(
+            &ext,
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        c.openssl(&[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        c.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "server.pem",
+            "-extfile",
+            "server.ext",
+        ]);
+        c
+    }
+
+    /// Another self-signed CA, `<name>.pem`, that signed nothing we serve.
+    pub(crate) fn new_ca(&self, name: &str) -> PathBuf {
+        self.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=throng test {name}"),
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.pem"),
+        ]);
+        self.dir.join(format!("{name}.pem"))
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(&self.dir)
+            .output()
+            .expect("run openssl");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    }
+
+    /// The CA certificate (PEM) that signed the server's.
+    pub(crate) fn ca_str(&self) -> &str {
+        &self.ca
+    }
+
+    fn cert_str(&self) -> &str {
+        &self.cert
+    }
+
+    fn key_str(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

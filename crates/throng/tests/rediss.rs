@@ -1,0 +1,278 @@
+//! `rediss://`: the Redis links over TLS, against a real `redis-server`
+//! listening only on a TLS port with a certificate the test makes with the
+//! `openssl` CLI. A node delivers what is published over HTTP and with
+//! `redis-cli --tls`, survives a restart of Redis under live subscribers,
+//! refuses a certificate it cannot check with a clear error, and
+//! `throng hold --publish rediss://user:password@...` authenticates and
+//! reaches every held connection.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+#[path = "support/serve.rs"]
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+
+use cluster::{Certs, Redis};
+use support::{Server, Sub, get, publish, subscribe, wait_until};
+use tungstenite::Message;
+
+/// TLS-only Redis where only the ACL user `alice` gets anywhere.
+fn tls_redis(name: &str) -> Redis {
+    Redis::start_tls(
+        Certs::generate(name),
+        &[
+            "--requirepass",
+            "not-for-throng",
+            "--user",
+            "alice",
+            "on",
+            ">s3cret",
+            "~*",
+            "&*",
+            "+@all",
+        ],
+        &["--user", "alice", "--pass", "s3cret"],
+    )
+}
+
+/// A node with `--redis <url> --redis-tls-ca <the test CA>`, once its link is up.
+fn node(redis: &Redis, url: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["--redis", url, "--redis-tls-ca", redis.certs().ca_str()];
+    args.extend_from_slice(extra);
+    let s = Server::start(&args);
+    wait_broker(&s, "up");
+    s
+}
+
+fn wait_broker(s: &Server, state: &str) {
+    let want = format!("broker: {state}");
+    wait_until(&format!("{} to report '{want}'", s.addr), || {
+        get(s.addr, "/healthz").1.contains(&want)
+    });
+}
+
+fn next_text(s: &mut Sub) -> String {
+    loop {
+        match s.read().expect("subscriber stays connected") {
+            Message::Text(t) => return t.to_string(),
+            Message::Close(c) => panic!("subscriber closed: {c:?}"),
+            _ => {}
+        }
+    }
+}
+
+fn publish_ok(addr: SocketAddr, channel: &str, body: &str) -> u64 {
+    let (status, reply) = publish(addr, channel, body.as_bytes(), None);
+    assert_eq!(status, 200, "{reply}");
+    let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    v["redis_receivers"].as_u64().unwrap()
+}
+
+/// `throng serve` with `args` that must fail at start: its stderr.
+fn serve_fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "should fail: {args:?}\n{err}");
+    err
+}
+
+#[test]
+fn nodes_over_tls_deliver_everything_and_survive_a_redis_restart() {
+    let mut redis = tls_redis("rediss-nodes");
+    // A by IP address (no SNI; the certificate names 127.0.0.1), B by name
+    // (SNI localhost) in channels mode.
+    let a = node(
+        &redis,
+        &format!("rediss://alice:s3cret@127.0.0.1:{}/1", redis.port),
+        &["--workers", "2"],
+    );
+    let b = node(
+        &redis,
+        &format!("rediss://alice:s3cret@localhost:{}", redis.port),
+        &["--workers", "1", "--redis-mode", "channels"],
+    );
+    assert!(
+        a.log().contains("connected to Redis at rediss://"),
+        "{}",
+        a.log()
+    );
+    let mut subs: Vec<Sub> = (0..6)
+        .map(|i| subscribe(if i % 2 == 0 { a.addr } else { b.addr }, "tls.room"))
+        .collect();
+    a.wait_metric("throng_connections_open", |v| v == 3.0);
+    b.wait_metric("throng_connections_open", |v| v == 3.0);
+    wait_until("B subscribed to throng:tls.room", || {
+        redis.numsub("throng:tls.room") == 1
+    });
+    let mut sent = Vec::new();
+    for i in 0..10 {
+        let body = format!("secret {i}");
+        if i % 2 == 0 {
+            assert_eq!(publish_ok(a.addr, "tls.room", &body), 2, "both nodes");
+        } else {
+            let out = redis.cli(&["PUBLISH", "throng:tls.room", &body]);
+            assert_eq!(out, vec!["2".to_owned()], "both nodes");
+        }
+        sent.push(body);
+    }
+    for s in &mut subs {
+        for want in &sent {
+            assert_eq!(&next_text(s), want);
+        }
+    }
+
+    redis.stop();
+    wait_broker(&a, "down");
+    wait_broker(&b, "down");
+    let (status, body) = publish(a.addr, "tls.room", b"lost", None);
+    assert_eq!(status, 503, "{body}");
+    redis.restart();
+    wait_broker(&a, "up");
+    wait_broker(&b, "up");
+    // Resubscribed over the new TLS connections: B to its channel again.
+    assert_eq!(redis.numsub("throng:tls.room"), 1);
+    assert_eq!(publish_ok(b.addr, "tls.room", "after"), 2);
+    let out = redis.cli(&["PUBLISH", "throng:tls.room", "after 2"]);
+    assert_eq!(out, vec!["2".to_owned()]);
+    for s in &mut subs {
+        assert_eq!(next_text(s), "after", "the refused publish never arrives");
+        assert_eq!(next_text(s), "after 2");
+    }
+    for n in [&a, &b] {
+        assert_eq!(n.metric("throng_broker_reconnects_total"), 1.0);
+        n.wait_metric("throng_connections_open", |v| v == 3.0);
+    }
+}
+
+#[test]
+fn certificates_that_cannot_be_checked_are_clear_errors() {
+    let redis = tls_redis("rediss-errors");
+    let url = format!("rediss://alice:s3cret@127.0.0.1:{}", redis.port);
+    let shown = format!(
+        "cannot use Redis at rediss://alice:***@127.0.0.1:{}/0",
+        redis.port
+    );
+
+    // A CA that did not sign Redis's certificate.
+    let other = redis.certs().new_ca("other");
+    let other = other.to_str().unwrap();
+    let err = serve_fails(&["--redis", &url, "--redis-tls-ca", other]);
+    assert!(err.contains(&shown) && err.contains("certificate"), "{err}");
+    assert!(!err.contains("s3cret"), "the password never shows: {err}");
+    // No CA given: the system bundle, which does not know the test CA either.
+    let err = serve_fails(&["--redis", &url]);
+    assert!(err.contains(&shown) && err.contains("certificate"), "{err}");
+    // A CA file that is not there.
+    let err = serve_fails(&["--redis", &url, "--redis-tls-ca", "/nonexistent/ca.pem"]);
+    assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+    // TLS options on a plain URL.
+    let plain = format!("redis://127.0.0.1:{}", redis.port);
+    let err = serve_fails(&["--redis", &plain, "--redis-tls-insecure"]);
+    assert!(err.contains("rediss://"), "{err}");
+    // A plain Redis behind a rediss:// URL: the handshake fails, said so.
+    let plain_redis = Redis::start(&[], &[]);
+    let ca = redis.certs().ca_str();
+    let err = serve_fails(&[
+        "--redis",
+        &format!("rediss://127.0.0.1:{}", plain_redis.port),
+        "--redis-tls-ca",
+        ca,
+    ]);
+    assert!(
+        err.contains("TLS handshake") && err.contains("TLS port"),
+        "{err}"
+    );
+
+    // --redis-wait: serves, and /healthz shows why the link is down.
+    let s = Server::start(&["--redis", &url, "--redis-tls-ca", other, "--redis-wait"]);
+    wait_broker(&s, "down");
+    let health = get(s.addr, "/healthz").1;
+    assert!(health.contains("certificate"), "{health}");
+    assert_eq!(publish(s.addr, "x", b"no", None).0, 503);
+
+    // --redis-tls-insecure: no check, a loud warning, and it works.
+    let s = Server::start(&["--redis", &url, "--redis-tls-insecure"]);
+    wait_broker(&s, "up");
+    assert!(s.log().contains("WARNING"), "{}", s.log());
+    let mut sub = subscribe(s.addr, "ins");
+    s.wait_metric("throng_connections_open", |v| v == 1.0);
+    assert_eq!(publish_ok(s.addr, "ins", "ok"), 1);
+    assert_eq!(next_text(&mut sub), "ok");
+}
+
+#[test]
+fn hold_publishes_over_tls_with_auth_to_every_connection() {
+    let redis = tls_redis("rediss-hold");
+    let a = node(
+        &redis,
+        &format!("rediss://alice:s3cret@127.0.0.1:{}", redis.port),
+        &["--workers", "1"],
+    );
+    let ca = redis.certs().ca_str();
+    let hold = |publish: &str, extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_throng"))
+            .arg("hold")
+            .arg(format!("ws://{}/held", a.addr))
+            .args([
+                "-c",
+                "200",
+                "--rate",
+                "2000/s",
+                "-w",
+                "1",
+                "--duration",
+                "3s",
+            ])
+            .args([
+                "--publish",
+                publish,
+                "--publish-rate",
+                "5/s",
+                "--json",
+                "--quiet",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run throng hold")
+    };
+    let out = hold(
+        &format!("rediss://alice:s3cret@127.0.0.1:{}", redis.port),
+        &["--publish-tls-ca", ca],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("s3cret"),
+        "the password never shows: {stderr}"
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = |k: &str| s[k].as_u64().unwrap_or(0);
+    assert_eq!(n("opened"), 200, "{s:#}");
+    // Publishing starts a settle time after the last connection is open.
+    assert!(n("published") >= 3, "{s:#}");
+    assert_eq!(n("received"), n("published") * 200, "{s:#}");
+    assert_eq!(n("lost"), 0, "{s:#}");
+
+    // Without the password Redis refuses every publish, and hold says why.
+    let out = hold(
+        &format!("rediss://127.0.0.1:{}", redis.port),
+        &["--publish-tls-ca", ca],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(s["published"].as_u64().unwrap_or(0), 0, "{s:#}");
+    assert_eq!(s["received"].as_u64().unwrap_or(0), 0, "{s:#}");
+    assert!(
+        s["publish_errors"]["refused"].as_u64().unwrap_or(0) >= 1,
+        "{s:#}"
+    );
+    assert!(stderr.contains("NOAUTH"), "{stderr}");
+}
