@@ -4,18 +4,20 @@
 //! the status and reason a client can act on.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use throng_proto::http::{self, BodyDecoder, BodyError, BodyKind, HeadError, Request};
 use throng_proto::ws::{self, OpCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::Worker;
-use super::conn::Conn;
+use super::conn::{Conn, TlsState};
 use crate::channel;
 use crate::sys;
+use crate::tls::stream::{Io, TlsStream};
 
 /// What reading a request head gave.
 enum Head {
@@ -25,8 +27,23 @@ enum Head {
     Bad(HeadError),
 }
 
+/// Runs the TLS handshake on a connection from a `--tls-listen` listener
+/// (within `--handshake-timeout`), then serves it like a plain one.
+pub(crate) async fn serve_tls(w: Rc<Worker>, tcp: TcpStream, config: Arc<rustls::ServerConfig>) {
+    let accepted =
+        tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
+    match accepted {
+        Err(_) => w.counters.handshake_failed("tls_timeout"),
+        Ok(Err(e)) => w.counters.handshake_failed(e.label()),
+        Ok(Ok(s)) => {
+            w.counters.tls_handshake(s.handshake_label());
+            serve(w, Io::Tls(Box::new(s))).await;
+        }
+    }
+}
+
 /// Serves one accepted connection until it upgrades or closes.
-pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
+pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
     let mut buf: Vec<u8> = Vec::new();
     let mut first = true;
     loop {
@@ -148,7 +165,7 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
     }
 }
 
-async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Head {
+async fn read_head(stream: &mut Io, buf: &mut Vec<u8>) -> Head {
     loop {
         if !buf.is_empty() {
             match http::parse_request(buf, http::MAX_HEAD) {
@@ -173,7 +190,7 @@ async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Head {
 /// Writes a whole response; returns whether the connection stays open.
 async fn reply(
     w: &Worker,
-    stream: &mut TcpStream,
+    stream: &mut Io,
     status: u16,
     ctype: &str,
     body: &[u8],
@@ -193,7 +210,7 @@ async fn reply(
 
 /// Completes (or refuses) a WebSocket upgrade and hands the socket to the
 /// subscriber task.
-async fn upgrade(w: &Rc<Worker>, mut stream: TcpStream, req: &Request, rest: &[u8]) {
+async fn upgrade(w: &Rc<Worker>, mut stream: Io, req: &Request, rest: &[u8]) {
     let accept = match ws::server_accept(req) {
         Ok(accept) => accept,
         Err(e) => {
@@ -243,11 +260,28 @@ async fn upgrade(w: &Rc<Worker>, mut stream: TcpStream, req: &Request, rest: &[u
         }
     }
     // From here on the socket lives in the worker's own epoll, not tokio's.
-    let Ok(sock) = stream.into_std() else {
-        w.counters.handshake_failed("write_failed");
-        return;
+    let c = match stream {
+        Io::Plain(tcp) => {
+            let Ok(sock) = tcp.into_std() else {
+                w.counters.handshake_failed("write_failed");
+                return;
+            };
+            Conn::new(sock, w.now.get(), rest)
+        }
+        Io::Tls(tls) => {
+            let parts = tls.into_parts();
+            let Ok(sock) = parts.tcp.into_std() else {
+                w.counters.handshake_failed("write_failed");
+                return;
+            };
+            // Frames the client sent right behind its request: first what
+            // the HTTP phase had read, then what it had decrypted but not read.
+            let mut plain = rest.to_vec();
+            plain.extend_from_slice(&parts.plain_rest);
+            Conn::new(sock, w.now.get(), &plain)
+                .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
+        }
     };
-    let c = Conn::new(sock, w.now.get(), rest);
     w.subscribe(name, c);
 }
 
@@ -262,7 +296,7 @@ enum BodyFail {
 /// loop). Returns whether the connection stays open.
 async fn publish(
     w: &Rc<Worker>,
-    stream: &mut TcpStream,
+    stream: &mut Io,
     req: &Request,
     buf: &mut Vec<u8>,
     floor: bool,
@@ -398,7 +432,7 @@ async fn publish(
 }
 
 async fn read_body(
-    stream: &mut TcpStream,
+    stream: &mut Io,
     buf: &mut Vec<u8>,
     kind: BodyKind,
     max: usize,
@@ -464,7 +498,8 @@ fn bench_floor(w: &Rc<Worker>, channel: &str, text: bool, payload: &[u8]) -> Str
         Some(ch) => ch
             .subs
             .iter()
-            .filter(|c| !c.has_queue() && c.is_open())
+            // A TLS subscriber's stream cannot take a bare frame.
+            .filter(|c| !c.has_queue() && c.is_open() && !c.is_tls())
             .map(|c| (c.fd(), c.clone()))
             .collect(),
         None => Vec::new(),

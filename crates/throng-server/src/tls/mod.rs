@@ -1,0 +1,490 @@
+//! TLS for `throng serve`: wss subscriptions and the https endpoints on the
+//! listeners given with `--tls-listen`, terminated by rustls on the `ring`
+//! provider (TLS 1.2 and 1.3, ALPN `http/1.1`, resumption on by default).
+//!
+//! Every TLS connection uses rustls's *unbuffered* API
+//! ([`UnbufferedServerConnection`]): the caller owns every byte buffer, so an
+//! idle subscriber holds only the connection's state (keys, sequence
+//! numbers) and none of the 4 KiB+ read buffer a buffered `ServerConnection`
+//! keeps for its whole life. Records are decrypted from the worker's one
+//! scratch buffer and encrypted into the worker's one output buffer.
+//!
+//! - [`Material`]: the certificate chain and key (from PEM files or made
+//!   here for trials), plus the session-ticket key every worker shares, as
+//!   the supervisor hands them to the workers.
+//! - [`server_config`]: the rustls settings built from it, once per worker.
+//! - [`pump`] and [`seal`]: the two things the worker does with a
+//!   connection: feed it received bytes, and encrypt a frame for it.
+//! - [`stream`]: the handshake and the HTTP phase, as a tokio stream.
+
+pub(crate) mod stream;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use ring::aead::{self, LessSafeKey, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+use rustls::server::{ProducesTickets, ServerSessionMemoryCache, UnbufferedServerConnection};
+use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
+
+/// Sessions each worker remembers for TLS 1.2 clients that resume by
+/// session id instead of a ticket (tickets need no memory on the server).
+pub const SESSION_CACHE: usize = 1024;
+
+/// How long a session ticket may be used, in seconds.
+pub const TICKET_LIFETIME: u32 = 6 * 3600;
+
+/// Why TLS could not be set up. Each says what to check.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// A PEM file could not be read.
+    #[error("cannot read the TLS {what} file '{path}': {source} (check --tls-{what})")]
+    Read {
+        /// `cert` or `key`.
+        what: &'static str,
+        /// The path given.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A PEM file has no usable section of the kind needed, or a broken one.
+    #[error("the TLS {what} file '{path}' {why}")]
+    Pem {
+        /// `cert` or `key`.
+        what: &'static str,
+        /// The path given (or `self-signed`).
+        path: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// rustls refused the certificate and key together.
+    #[error(
+        "the TLS certificate and key were refused: {0} (does the key belong to the certificate's first entry?)"
+    )]
+    Rejected(rustls::Error),
+    /// The trial certificate could not be made.
+    #[error("cannot make a self-signed certificate: {0}")]
+    SelfSigned(String),
+    /// No randomness for the session-ticket key.
+    #[error("no system randomness for the session-ticket key")]
+    Random,
+}
+
+/// A certificate chain and its private key in PEM, where they came from, and
+/// the key that seals session tickets. Made once by the supervisor and sent
+/// to every worker, so all workers present the same certificate and accept
+/// each other's tickets (the kernel spreads a client's connections over
+/// workers). Secrets never appear in `Debug` or in the start line.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Material {
+    /// Where the certificate came from: its path, or `self-signed`.
+    pub source: String,
+    /// The certificate chain, leaf first, in PEM.
+    pub cert_pem: String,
+    key_pem: String,
+    /// 32 bytes for ChaCha20-Poly1305, hex.
+    ticket_key: String,
+}
+
+impl fmt::Debug for Material {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Material")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Material {
+    /// Reads and checks `--tls-cert` and `--tls-key`.
+    pub fn from_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        let read = |what: &'static str, p: &Path| {
+            std::fs::read_to_string(p).map_err(|source| TlsError::Read {
+                what,
+                path: p.display().to_string(),
+                source,
+            })
+        };
+        let m = Self {
+            source: cert.display().to_string(),
+            cert_pem: read("cert", cert)?,
+            key_pem: read("key", key)?,
+            ticket_key: ticket_key()?,
+        };
+        m.check(&key.display().to_string())?;
+        Ok(m)
+    }
+
+    /// A fresh ECDSA P-256 certificate for `localhost`, `127.0.0.1` and
+    /// `::1`, for trials (`--tls-self-signed`). Clients must be told to trust
+    /// it: the start line carries its PEM.
+    pub fn self_signed() -> Result<Self, TlsError> {
+        let names = vec![
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            "::1".to_owned(),
+        ];
+        let made = rcgen::generate_simple_self_signed(names)
+            .map_err(|e| TlsError::SelfSigned(e.to_string()))?;
+        let m = Self {
+            source: "self-signed".to_owned(),
+            cert_pem: made.cert.pem(),
+            key_pem: made.signing_key.serialize_pem(),
+            ticket_key: ticket_key()?,
+        };
+        m.check("self-signed")?;
+        Ok(m)
+    }
+
+    /// Parses both PEMs and lets rustls check that they fit together.
+    fn check(&self, key_path: &str) -> Result<(), TlsError> {
+        server_config(self).map(drop).map_err(|e| match e {
+            TlsError::Pem {
+                what: "key", why, ..
+            } => TlsError::Pem {
+                what: "key",
+                path: key_path.to_owned(),
+                why,
+            },
+            other => other,
+        })
+    }
+
+    /// What the start line shows: the source and the (public) certificate.
+    pub fn public_json(&self) -> serde_json::Value {
+        serde_json::json!({ "source": self.source, "cert_pem": self.cert_pem })
+    }
+
+    fn certs(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+        let bad = |why: String| TlsError::Pem {
+            what: "cert",
+            path: self.source.clone(),
+            why,
+        };
+        let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(format!("has a broken PEM section: {e}")))?;
+        if certs.is_empty() {
+            return Err(bad(
+                "has no '-----BEGIN CERTIFICATE-----' section (is it the key, or DER?)".to_owned(),
+            ));
+        }
+        Ok(certs)
+    }
+
+    fn key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
+        PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|e| TlsError::Pem {
+            what: "key",
+            path: self.source.clone(),
+            why: format!(
+                "has no usable private key ({e}); expected a PKCS#8, PKCS#1 (RSA) or SEC1 (EC) PEM key"
+            ),
+        })
+    }
+}
+
+/// 32 random bytes, hex.
+fn ticket_key() -> Result<String, TlsError> {
+    let mut key = [0u8; 32];
+    SystemRandom::new()
+        .fill(&mut key)
+        .map_err(|_| TlsError::Random)?;
+    Ok(key.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The rustls settings for one worker: TLS 1.2 and 1.3 on `ring`, ALPN
+/// `http/1.1`, tickets sealed with the shared key, a session cache of
+/// [`SESSION_CACHE`] entries.
+pub fn server_config(m: &Material) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs = m.certs()?;
+    let key = m.key()?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(TlsError::Rejected)?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(TlsError::Rejected)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    cfg.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE);
+    cfg.ticketer = Arc::new(SharedTicketer::new(&m.ticket_key)?);
+    Ok(Arc::new(cfg))
+}
+
+/// Seals session tickets with one ChaCha20-Poly1305 key that every worker of
+/// this server shares (rustls's own ticketer makes a key per process, so a
+/// client reconnecting to another worker would always get a full handshake).
+/// The key lives as long as the server: restarting it rotates the key.
+///
+/// A ticket is a random 96-bit nonce followed by the sealed session state.
+struct SharedTicketer {
+    key: LessSafeKey,
+    rng: SystemRandom,
+}
+
+impl fmt::Debug for SharedTicketer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedTicketer").finish_non_exhaustive()
+    }
+}
+
+impl SharedTicketer {
+    fn new(hex: &str) -> Result<Self, TlsError> {
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .filter_map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect();
+        let key =
+            UnboundKey::new(&aead::CHACHA20_POLY1305, &bytes).map_err(|_| TlsError::Random)?;
+        Ok(Self {
+            key: LessSafeKey::new(key),
+            rng: SystemRandom::new(),
+        })
+    }
+}
+
+impl ProducesTickets for SharedTicketer {
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    fn lifetime(&self) -> u32 {
+        TICKET_LIFETIME
+    }
+
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        let mut nonce = [0u8; aead::NONCE_LEN];
+        self.rng.fill(&mut nonce).ok()?;
+        let mut out = Vec::with_capacity(nonce.len() + plain.len() + aead::MAX_TAG_LEN);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(plain);
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                aead::Aad::empty(),
+                &mut out[aead::NONCE_LEN..],
+            )
+            .ok()?;
+        out.extend_from_slice(tag.as_ref());
+        Some(out)
+    }
+
+    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
+        let (nonce, sealed) = cipher.split_at_checked(aead::NONCE_LEN)?;
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut buf = sealed.to_vec();
+        let plain = self
+            .key
+            .open_in_place(nonce, aead::Aad::empty(), &mut buf)
+            .ok()?;
+        let n = plain.len();
+        buf.truncate(n);
+        Some(buf)
+    }
+}
+
+/// Whether a connection ended cleanly while being pumped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pumped {
+    /// Everything complete in the input was handled; more input is needed.
+    NeedInput,
+    /// The peer sent close_notify (or both sides did): no more data will come.
+    Closed,
+}
+
+/// Runs `conn` over the received bytes `incoming`: decrypted application
+/// data is appended to `plain`, records it must send (handshake messages,
+/// tickets, a key update, alerts) to `out`. Returns how many bytes of
+/// `incoming` were consumed (the rest is a record that arrived split) and
+/// whether the peer closed.
+pub(crate) fn pump(
+    conn: &mut UnbufferedServerConnection,
+    incoming: &mut [u8],
+    plain: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Result<(usize, Pumped), rustls::Error> {
+    let mut start = 0;
+    loop {
+        let status = conn.process_tls_records(&mut incoming[start..]);
+        let discard = status.discard;
+        let mut done = None;
+        match status.state? {
+            ConnectionState::ReadTraffic(mut r) => {
+                while let Some(rec) = r.next_record() {
+                    plain.extend_from_slice(rec?.payload);
+                }
+            }
+            ConnectionState::EncodeTlsData(mut e) => encode(&mut e, out)?,
+            ConnectionState::TransmitTlsData(t) => t.done(),
+            ConnectionState::PeerClosed | ConnectionState::Closed => done = Some(Pumped::Closed),
+            // WriteTraffic, BlockedHandshake, and early data (never enabled):
+            // nothing more to do until more bytes arrive.
+            _ => done = Some(Pumped::NeedInput),
+        }
+        start += discard;
+        if let Some(done) = done {
+            return Ok((start, done));
+        }
+    }
+}
+
+/// Appends the record an `EncodeTlsData` state holds to `out`.
+fn encode(
+    e: &mut rustls::unbuffered::EncodeTlsData<'_, rustls::server::ServerConnectionData>,
+    out: &mut Vec<u8>,
+) -> Result<(), rustls::Error> {
+    let len = out.len();
+    out.resize(len + 1024, 0);
+    loop {
+        match e.encode(&mut out[len..]) {
+            Ok(n) => {
+                out.truncate(len + n);
+                return Ok(());
+            }
+            Err(EncodeError::InsufficientSize(s)) => out.resize(len + s.required_size, 0),
+            Err(EncodeError::AlreadyEncoded) => {
+                out.truncate(len);
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Why application data could not be encrypted for a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SealError {
+    /// The connection is closed, broken, or not in a state to send.
+    Closed,
+}
+
+/// Encrypts `data` for `conn` and appends the records to `out` (after any
+/// record the connection had pending). `incoming` is the connection's
+/// unprocessed input, which must hold no complete record (pump first).
+pub(crate) fn seal(
+    conn: &mut UnbufferedServerConnection,
+    incoming: &mut [u8],
+    data: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), SealError> {
+    loop {
+        let status = conn.process_tls_records(incoming);
+        if status.discard != 0 {
+            return Err(SealError::Closed);
+        }
+        match status.state.map_err(|_| SealError::Closed)? {
+            ConnectionState::WriteTraffic(mut w) => {
+                let len = out.len();
+                // Room for the data and one record's overhead per 16 KiB.
+                out.resize(len + data.len() + 64 * (1 + data.len() / 16_384), 0);
+                loop {
+                    match w.encrypt(data, &mut out[len..]) {
+                        Ok(n) => {
+                            out.truncate(len + n);
+                            return Ok(());
+                        }
+                        Err(EncryptError::InsufficientSize(s)) => {
+                            out.resize(len + s.required_size, 0);
+                        }
+                        Err(_) => {
+                            out.truncate(len);
+                            return Err(SealError::Closed);
+                        }
+                    }
+                }
+            }
+            ConnectionState::EncodeTlsData(mut e) => {
+                encode(&mut e, out).map_err(|_| SealError::Closed)?;
+            }
+            ConnectionState::TransmitTlsData(t) => t.done(),
+            // Reported once; sending is still allowed after it.
+            ConnectionState::PeerClosed => {}
+            _ => return Err(SealError::Closed),
+        }
+    }
+}
+
+/// After a protocol error rustls has an alert ready: append it to `out`
+/// (best effort) so the client learns why.
+pub(crate) fn alert(conn: &mut UnbufferedServerConnection, out: &mut Vec<u8>) {
+    let status = conn.process_tls_records(&mut []);
+    if let Ok(ConnectionState::EncodeTlsData(mut e)) = status.state {
+        let _ = encode(&mut e, out);
+    }
+}
+
+/// The `throng_tls_handshakes_total` label for a completed handshake:
+/// version and whether it resumed a session.
+pub(crate) fn handshake_label(conn: &UnbufferedServerConnection) -> &'static str {
+    let resumed = conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+    match (conn.protocol_version(), resumed) {
+        (Some(rustls::ProtocolVersion::TLSv1_2), false) => "tls1.2_full",
+        (Some(rustls::ProtocolVersion::TLSv1_2), true) => "tls1.2_resumed",
+        (_, false) => "tls1.3_full",
+        (_, true) => "tls1.3_resumed",
+    }
+}
+
+/// The `throng_handshake_failures_total` reason for a rustls error.
+pub(crate) fn failure_label(e: &rustls::Error) -> &'static str {
+    match e {
+        rustls::Error::AlertReceived(_) => "tls_peer_alert",
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+            "tls_bad_message"
+        }
+        rustls::Error::PeerIncompatible(_) => "tls_incompatible",
+        _ => "tls_error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tickets_round_trip_and_refuse_tampering() {
+        let t = SharedTicketer::new(&ticket_key().unwrap()).unwrap();
+        let sealed = t.encrypt(b"session state").unwrap();
+        assert_eq!(t.decrypt(&sealed).unwrap(), b"session state");
+        let mut bad = sealed.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(t.decrypt(&bad).is_none());
+        assert!(t.decrypt(&sealed[..5]).is_none());
+        let other = SharedTicketer::new(&ticket_key().unwrap()).unwrap();
+        assert!(other.decrypt(&sealed).is_none());
+    }
+
+    #[test]
+    fn material_self_signed_builds_and_hides_secrets() {
+        let m = Material::self_signed().unwrap();
+        assert!(server_config(&m).is_ok());
+        let shown = format!("{m:?}");
+        assert!(!shown.contains("PRIVATE"), "{shown}");
+        assert!(!m.public_json().to_string().contains("PRIVATE"));
+    }
+
+    #[test]
+    fn bad_pem_is_a_clear_error() {
+        let mut m = Material::self_signed().unwrap();
+        m.cert_pem = "not a certificate".to_owned();
+        let e = server_config(&m).unwrap_err().to_string();
+        assert!(e.contains("BEGIN CERTIFICATE"), "{e}");
+        let mut m = Material::self_signed().unwrap();
+        m.key_pem = String::new();
+        assert!(
+            server_config(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("private key")
+        );
+        // A key that is not the certificate's.
+        let mut m = Material::self_signed().unwrap();
+        m.key_pem = Material::self_signed().unwrap().key_pem;
+        let e = server_config(&m).unwrap_err().to_string();
+        assert!(e.contains("refused"), "{e}");
+    }
+}
