@@ -371,6 +371,34 @@ pub(crate) fn seal(
     data: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), SealError> {
+    // Room for the data and one record's overhead per 16 KiB.
+    let room = data.len() + 64 * (1 + data.len() / 16_384);
+    write_traffic(conn, incoming, out, room, |w, buf| w.encrypt(data, buf))
+}
+
+/// Appends a close_notify alert for `conn` to `out`: the last thing sent
+/// on a connection that ends cleanly, so the client can tell the end from
+/// a truncation.
+pub(crate) fn close_notify(
+    conn: &mut UnbufferedServerConnection,
+    incoming: &mut [u8],
+    out: &mut Vec<u8>,
+) -> Result<(), SealError> {
+    write_traffic(conn, incoming, out, 64, |w, buf| w.queue_close_notify(buf))
+}
+
+/// Brings `conn` to its `WriteTraffic` state (encoding whatever it has
+/// pending into `out` first) and appends what `write` produces there.
+fn write_traffic(
+    conn: &mut UnbufferedServerConnection,
+    incoming: &mut [u8],
+    out: &mut Vec<u8>,
+    room: usize,
+    mut write: impl FnMut(
+        &mut rustls::unbuffered::WriteTraffic<'_, rustls::server::ServerConnectionData>,
+        &mut [u8],
+    ) -> Result<usize, EncryptError>,
+) -> Result<(), SealError> {
     loop {
         let status = conn.process_tls_records(incoming);
         if status.discard != 0 {
@@ -379,10 +407,9 @@ pub(crate) fn seal(
         match status.state.map_err(|_| SealError::Closed)? {
             ConnectionState::WriteTraffic(mut w) => {
                 let len = out.len();
-                // Room for the data and one record's overhead per 16 KiB.
-                out.resize(len + data.len() + 64 * (1 + data.len() / 16_384), 0);
+                out.resize(len + room, 0);
                 loop {
-                    match w.encrypt(data, &mut out[len..]) {
+                    match write(&mut w, &mut out[len..]) {
                         Ok(n) => {
                             out.truncate(len + n);
                             return Ok(());

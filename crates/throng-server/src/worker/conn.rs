@@ -98,6 +98,15 @@ impl TlsState {
         };
         tls::seal(&mut self.conn, incoming, data, out)
     }
+
+    /// Appends a close_notify alert to `out`.
+    fn close_notify(&mut self, out: &mut Vec<u8>) -> Result<(), tls::SealError> {
+        let incoming: &mut [u8] = match self.rest.as_mut() {
+            Some(rest) => rest,
+            None => &mut [],
+        };
+        tls::close_notify(&mut self.conn, incoming, out)
+    }
 }
 
 /// Unsent frames of one connection. Invariant: `bytes` is the sum of the
@@ -340,7 +349,17 @@ impl Worker {
         }
         c.state.set(State::Gone);
         self.channels.borrow_mut().unsubscribe(c);
-        self.drop_queue(c);
+        let partial = self.drop_queue(c).is_some_and(|q| q.partial);
+        if let Some(tls) = &c.tls
+            && !partial
+        {
+            // A clean TLS end (best effort: one write, nothing queued).
+            let mut out = self.tls_out.borrow_mut();
+            out.clear();
+            if tls.borrow_mut().close_notify(&mut out).is_ok() {
+                let _ = (&c.sock).write(&out);
+            }
+        }
         self.poller.remove(c.fd());
         if c.slot.get() != NONE {
             self.conns.borrow_mut().remove(c);
