@@ -98,7 +98,7 @@ pub(crate) struct Args {
     drain_timeout: Duration,
 
     /// Close a connection whose request head (or publish body) is not complete within this
-    /// (slowloris).
+    /// (slowloris). On --tls-listen the TLS handshake gets the same time again, first.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
 
