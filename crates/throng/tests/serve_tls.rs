@@ -534,3 +534,75 @@ fn certificates_from_files_work_and_bad_ones_stop_the_start_with_a_clear_error()
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_tls_subscriber_that_falls_behind_is_queued_ciphertext_and_gets_every_frame_in_order() {
+    let (server, tls, pem) = start(&["--workers", "1", "--max-queue", "16MiB"]);
+    let cfg = client_config(&pem, &[&rustls::version::TLS13]);
+    // A small receive buffer and no reading: the kernel's buffers fill
+    // (send side at most 4 MiB here) and the server queues the rest.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&tls.into()).unwrap();
+    let tcp: TcpStream = sock.into();
+    tcp.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut s = StreamOwned::new(ClientConnection::new(cfg.clone(), name).unwrap(), tcp);
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock).unwrap();
+    }
+    let url = format!("wss://localhost:{}/behind", tls.port());
+    let (mut lagging, _) = tungstenite::client(url, s).expect("upgrade over TLS");
+    server.wait_metric("throng_connections_open", |v| v == 1.0);
+
+    let n = 300;
+    for i in 0..n {
+        let mut body = vec![b'a' + (i % 26) as u8; 20_000];
+        body[..8].copy_from_slice(format!("{i:08}").as_bytes());
+        assert_eq!(publish(tls, &cfg, "behind", &body, Some("text/plain")), 1);
+    }
+    server.wait_metric("throng_connections_queued", |v| v == 1.0);
+    for i in 0..n {
+        match lagging.read().unwrap() {
+            Message::Text(t) => {
+                assert_eq!(t.len(), 20_000);
+                assert_eq!(&t.as_str()[..8], format!("{i:08}"), "message {i} in order");
+            }
+            other => panic!("message {i}: {other:?}"),
+        }
+    }
+    server.wait_metric("throng_connections_queued", |v| v == 0.0);
+    assert_eq!(server.metric("throng_frames_dropped_total"), 0.0);
+}
+
+#[test]
+fn heartbeat_pings_reach_tls_subscribers_and_their_pongs_count() {
+    let (server, tls, pem) = start(&[
+        "--workers",
+        "1",
+        "--ping-interval",
+        "300ms",
+        "--idle-timeout",
+        "1s",
+    ]);
+    let cfg = client_config(&pem, &[&rustls::version::TLS12]);
+    let mut sub = subscribe(tls, &cfg, "beat");
+    // tungstenite answers each ping with a pong as it reads; the pongs,
+    // decrypted by the server, are all it hears for over twice the idle
+    // timeout, and the subscriber stays.
+    for _ in 0..8 {
+        assert!(matches!(sub.read().unwrap(), Message::Ping(_)));
+        sub.flush().unwrap();
+    }
+    server.wait_metric("throng_pings_sent_total", |v| v >= 8.0);
+    assert_eq!(publish(tls, &cfg, "beat", b"still here", None), 1);
+    loop {
+        match sub.read().unwrap() {
+            Message::Ping(_) => sub.flush().unwrap(),
+            m => {
+                assert_eq!(m, Message::text("still here"));
+                break;
+            }
+        }
+    }
+}
