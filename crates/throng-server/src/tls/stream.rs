@@ -16,7 +16,7 @@ use rustls::server::UnbufferedServerConnection;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::{Pumped, alert, pump, seal};
+use super::{Pumped, alert, close_notify, pump, seal};
 
 /// Largest run of received bytes held before a record completes: a 64 KiB
 /// handshake message (rustls's own limit) plus a record header, or a full
@@ -44,6 +44,8 @@ pub(crate) struct TlsStream {
     out_pos: usize,
     /// The peer closed (close_notify or end of stream).
     eof: bool,
+    /// Our close_notify is queued.
+    closing: bool,
 }
 
 /// Why a handshake did not complete; each is a `reason` in
@@ -104,6 +106,7 @@ impl TlsStream {
             out: Vec::new(),
             out_pos: 0,
             eof: false,
+            closing: false,
         };
         let mut first = true;
         loop {
@@ -283,8 +286,19 @@ impl AsyncWrite for TlsStream {
         self.get_mut().poll_flush_out(cx)
     }
 
+    /// Sends close_notify after whatever is pending, then FIN.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !std::mem::replace(&mut this.closing, true) {
+            // Queued behind anything unsent. Best effort: a session that
+            // cannot send any more just closes.
+            let _ = this.run();
+            let _ = close_notify(
+                &mut this.conn,
+                &mut this.incoming[..this.used],
+                &mut this.out,
+            );
+        }
         ready!(this.poll_flush_out(cx))?;
         Pin::new(&mut this.tcp).poll_shutdown(cx)
     }

@@ -44,15 +44,33 @@ pub(crate) async fn serve_tls(w: Rc<Worker>, tcp: TcpStream, config: Arc<rustls:
 
 /// Serves one accepted connection until it upgrades or closes.
 pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
+    match requests(&w, &mut stream).await {
+        Some((req, rest)) => upgrade(&w, stream, &req, &rest).await,
+        None => {
+            if let Io::Tls(_) = stream {
+                // close_notify, so the client can tell the end from a cut.
+                let _ = tokio::time::timeout(
+                    w.cfg.handshake_timeout,
+                    tokio::io::AsyncWriteExt::shutdown(&mut stream),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// Answers requests until the connection ends (`None`) or asks for a
+/// WebSocket upgrade: then the request and the bytes read after it.
+async fn requests(w: &Rc<Worker>, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
     let mut buf: Vec<u8> = Vec::new();
     let mut first = true;
     loop {
-        let read = tokio::time::timeout(w.cfg.handshake_timeout, read_head(&mut stream, &mut buf));
+        let read = tokio::time::timeout(w.cfg.handshake_timeout, read_head(stream, &mut buf));
         let Ok(head) = read.await else {
             if first || !buf.is_empty() {
                 w.counters.handshake_failed("timeout");
             }
-            return;
+            return None;
         };
         let (req, used) = match head {
             Head::Request(req, used) => (req, used),
@@ -60,7 +78,7 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
                 if !buf.is_empty() {
                     w.counters.handshake_failed("incomplete_head");
                 }
-                return;
+                return None;
             }
             Head::Bad(e) => {
                 let (status, label) = match e {
@@ -71,15 +89,15 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
                 };
                 w.counters.handshake_failed(label);
                 reply(
-                    &w,
-                    &mut stream,
+                    w,
+                    stream,
                     status,
                     "text/plain",
                     format!("{e}\n").as_bytes(),
                     false,
                 )
                 .await;
-                return;
+                return None;
             }
         };
         first = false;
@@ -97,23 +115,15 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
                     b"ok\n"
                 };
                 let status = if w.draining.get() { 503 } else { 200 };
-                reply(
-                    &w,
-                    &mut stream,
-                    status,
-                    "text/plain",
-                    body,
-                    req.keep_alive(),
-                )
-                .await
+                reply(w, stream, status, "text/plain", body, req.keep_alive()).await
             }
             ("GET", "/metrics") => {
                 w.counters.http_request("metrics");
                 match w.metrics().await {
                     Some(text) => {
                         reply(
-                            &w,
-                            &mut stream,
+                            w,
+                            stream,
                             200,
                             "text/plain; version=0.0.4; charset=utf-8",
                             &text,
@@ -123,8 +133,8 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
                     }
                     None => {
                         reply(
-                            &w,
-                            &mut stream,
+                            w,
+                            stream,
                             503,
                             "text/plain",
                             b"supervisor unavailable\n",
@@ -136,12 +146,12 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
             }
             (method, p) if p == "/publish" || p.starts_with("/publish/") => {
                 if method == "POST" {
-                    publish(&w, &mut stream, &req, &mut buf, false).await
+                    publish(w, stream, &req, &mut buf, false).await
                 } else {
                     w.counters.handshake_failed("method");
                     reply(
-                        &w,
-                        &mut stream,
+                        w,
+                        stream,
                         405,
                         "text/plain",
                         b"publish with POST /publish/<channel>\n",
@@ -150,17 +160,14 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
                     .await
                 }
             }
-            ("GET" | "POST", "/ping") => crate::ping::serve(&w, &mut stream, &req, &mut buf).await,
+            ("GET" | "POST", "/ping") => crate::ping::serve(w, stream, &req, &mut buf).await,
             ("POST", p) if w.cfg.bench_floor && p.starts_with("/bench/floor/") => {
-                publish(&w, &mut stream, &req, &mut buf, true).await
+                publish(w, stream, &req, &mut buf, true).await
             }
-            _ => {
-                upgrade(&w, stream, &req, &buf).await;
-                return;
-            }
+            _ => return Some((req, buf)),
         };
         if !keep {
-            return;
+            return None;
         }
     }
 }
