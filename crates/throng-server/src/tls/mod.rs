@@ -300,8 +300,14 @@ pub(crate) enum Pumped {
 /// Runs `conn` over the received bytes `incoming`: decrypted application
 /// data is appended to `plain`, records it must send (handshake messages,
 /// tickets, a key update, alerts) to `out`. Returns how many bytes of
-/// `incoming` were consumed (the rest is a record that arrived split) and
-/// whether the peer closed.
+/// `incoming` were consumed and whether the peer closed.
+///
+/// The bytes not consumed must be passed again, first, on the next call
+/// (and to [`seal`]): rustls remembers how far into them it has read (a
+/// handshake message split over records stays there while it is joined)
+/// and panics if handed a shorter buffer. After an error, the alert rustls
+/// has for the client is in `out`, and the connection must not be used
+/// again.
 pub(crate) fn pump(
     conn: &mut UnbufferedServerConnection,
     incoming: &mut [u8],
@@ -313,18 +319,33 @@ pub(crate) fn pump(
         let status = conn.process_tls_records(&mut incoming[start..]);
         let discard = status.discard;
         let mut done = None;
-        match status.state? {
-            ConnectionState::ReadTraffic(mut r) => {
+        let mut failed = None;
+        match status.state {
+            Err(e) => failed = Some(e),
+            Ok(ConnectionState::ReadTraffic(mut r)) => {
                 while let Some(rec) = r.next_record() {
-                    plain.extend_from_slice(rec?.payload);
+                    match rec {
+                        Ok(rec) => plain.extend_from_slice(rec.payload),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
                 }
             }
-            ConnectionState::EncodeTlsData(mut e) => encode(&mut e, out)?,
-            ConnectionState::TransmitTlsData(t) => t.done(),
-            ConnectionState::PeerClosed | ConnectionState::Closed => done = Some(Pumped::Closed),
+            Ok(ConnectionState::EncodeTlsData(mut e)) => encode(&mut e, out),
+            Ok(ConnectionState::TransmitTlsData(t)) => t.done(),
+            Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
+                done = Some(Pumped::Closed);
+            }
             // WriteTraffic, BlockedHandshake, and early data (never enabled):
             // nothing more to do until more bytes arrive.
-            _ => done = Some(Pumped::NeedInput),
+            Ok(_) => done = Some(Pumped::NeedInput),
+        }
+        if let Some(e) = failed {
+            // The same bytes again: rustls's position in them still holds.
+            alert(conn, &mut incoming[start..], out);
+            return Err(e);
         }
         start += discard;
         if let Some(done) = done {
@@ -337,19 +358,19 @@ pub(crate) fn pump(
 fn encode(
     e: &mut rustls::unbuffered::EncodeTlsData<'_, rustls::server::ServerConnectionData>,
     out: &mut Vec<u8>,
-) -> Result<(), rustls::Error> {
+) {
     let len = out.len();
     out.resize(len + 1024, 0);
     loop {
         match e.encode(&mut out[len..]) {
             Ok(n) => {
                 out.truncate(len + n);
-                return Ok(());
+                return;
             }
             Err(EncodeError::InsufficientSize(s)) => out.resize(len + s.required_size, 0),
             Err(EncodeError::AlreadyEncoded) => {
                 out.truncate(len);
-                return Ok(());
+                return;
             }
         }
     }
@@ -424,9 +445,7 @@ fn write_traffic(
                     }
                 }
             }
-            ConnectionState::EncodeTlsData(mut e) => {
-                encode(&mut e, out).map_err(|_| SealError::Closed)?;
-            }
+            ConnectionState::EncodeTlsData(mut e) => encode(&mut e, out),
             ConnectionState::TransmitTlsData(t) => t.done(),
             // Reported once; sending is still allowed after it.
             ConnectionState::PeerClosed => {}
@@ -435,12 +454,12 @@ fn write_traffic(
     }
 }
 
-/// After a protocol error rustls has an alert ready: append it to `out`
-/// (best effort) so the client learns why.
-pub(crate) fn alert(conn: &mut UnbufferedServerConnection, out: &mut Vec<u8>) {
-    let status = conn.process_tls_records(&mut []);
+/// After a protocol error rustls may have an alert ready: append it to
+/// `out` so the client learns why. `incoming` is what the failing call had.
+fn alert(conn: &mut UnbufferedServerConnection, incoming: &mut [u8], out: &mut Vec<u8>) {
+    let status = conn.process_tls_records(incoming);
     if let Ok(ConnectionState::EncodeTlsData(mut e)) = status.state {
-        let _ = encode(&mut e, out);
+        encode(&mut e, out);
     }
 }
 
@@ -492,6 +511,117 @@ mod tests {
         let shown = format!("{m:?}");
         assert!(!shown.contains("PRIVATE"), "{shown}");
         assert!(!m.public_json().to_string().contains("PRIVATE"));
+    }
+
+    /// A rustls client that trusts `m`'s certificate.
+    fn client(m: &Material) -> rustls::ClientConnection {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in m.certs().unwrap() {
+            roots.add(c).unwrap();
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        rustls::ClientConnection::new(Arc::new(cfg), name).unwrap()
+    }
+
+    /// Feeds `wire` to the server `split` bytes at a time, as a socket
+    /// might deliver it, keeping what `pump` leaves unconsumed.
+    fn feed(
+        s: &mut UnbufferedServerConnection,
+        pending: &mut Vec<u8>,
+        wire: &[u8],
+        split: usize,
+        plain: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Pumped {
+        let mut state = Pumped::NeedInput;
+        for chunk in wire.chunks(split) {
+            pending.extend_from_slice(chunk);
+            let (used, st) = pump(s, pending, plain, out).unwrap();
+            pending.drain(..used);
+            state = st;
+        }
+        state
+    }
+
+    #[test]
+    fn pump_and_seal_carry_a_session_over_split_records() {
+        let m = Material::self_signed().unwrap();
+        let mut s = UnbufferedServerConnection::new(server_config(&m).unwrap()).unwrap();
+        let mut c = client(&m);
+        let (mut pending, mut plain, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        while c.is_handshaking() || s.is_handshaking() {
+            let mut wire = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut wire).unwrap();
+            }
+            // Seven bytes at a time: every record arrives split.
+            feed(&mut s, &mut pending, &wire, 7, &mut plain, &mut out);
+            let mut rd = &out[..];
+            while !rd.is_empty() {
+                c.read_tls(&mut rd).unwrap();
+                c.process_new_packets().unwrap();
+            }
+            out.clear();
+        }
+        // Client to server, split.
+        std::io::Write::write_all(&mut c.writer(), b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut wire = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut wire).unwrap();
+        }
+        feed(&mut s, &mut pending, &wire, 3, &mut plain, &mut out);
+        assert!(pending.is_empty());
+        assert_eq!(plain, b"GET / HTTP/1.1\r\n\r\n");
+        // Server to client: a frame bigger than one record.
+        let big: Vec<u8> = (0..40_000).map(|i| (i % 251) as u8).collect();
+        seal(&mut s, &mut [], &big, &mut out).unwrap();
+        let mut rd = &out[..];
+        let mut got = Vec::new();
+        while !rd.is_empty() {
+            c.read_tls(&mut rd).unwrap();
+            c.process_new_packets().unwrap();
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut c.reader(), &mut chunk) {
+                got.extend_from_slice(&chunk[..n]);
+            }
+        }
+        assert_eq!(got, big);
+        // The client's close_notify ends the session; ours answers it.
+        c.send_close_notify();
+        let mut wire = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut wire).unwrap();
+        }
+        out.clear();
+        let state = feed(&mut s, &mut pending, &wire, 5, &mut plain, &mut out);
+        assert_eq!(state, Pumped::Closed);
+        close_notify(&mut s, &mut [], &mut out).unwrap();
+        assert!(!out.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_an_error_with_an_alert_for_the_client() {
+        let m = Material::self_signed().unwrap();
+        let mut s = UnbufferedServerConnection::new(server_config(&m).unwrap()).unwrap();
+        let (mut plain, mut out) = (Vec::new(), Vec::new());
+        // A ClientHello record whose body is nonsense.
+        let mut junk = *b"\x16\x03\x01\x00\x08\x01\x00\x00\x04\xde\xad\xbe\xef";
+        let e = pump(&mut s, &mut junk, &mut plain, &mut out).unwrap_err();
+        assert_eq!(failure_label(&e), "tls_bad_message");
+        assert_eq!(out.first(), Some(&0x15), "an alert record");
+        // A handshake header announcing megabytes: an error, and (the
+        // regression) no panic while looking for the alert with the bytes
+        // rustls had already read.
+        let mut s = UnbufferedServerConnection::new(server_config(&m).unwrap()).unwrap();
+        let mut junk = *b"\x16\x03\x01\x00\x05hello";
+        assert!(pump(&mut s, &mut junk, &mut plain, &mut out).is_err());
     }
 
     #[test]

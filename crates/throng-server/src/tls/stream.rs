@@ -16,7 +16,7 @@ use rustls::server::UnbufferedServerConnection;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::{Pumped, alert, close_notify, pump, seal};
+use super::{Pumped, close_notify, pump, seal};
 
 /// Largest run of received bytes held before a record completes: a 64 KiB
 /// handshake message (rustls's own limit) plus a record header, or a full
@@ -46,6 +46,8 @@ pub(crate) struct TlsStream {
     eof: bool,
     /// Our close_notify is queued.
     closing: bool,
+    /// The session failed: rustls is not called again (see [`pump`]).
+    failed: Option<rustls::Error>,
 }
 
 /// Why a handshake did not complete; each is a `reason` in
@@ -107,6 +109,7 @@ impl TlsStream {
             out_pos: 0,
             eof: false,
             closing: false,
+            failed: None,
         };
         let mut first = true;
         loop {
@@ -124,7 +127,7 @@ impl TlsStream {
                 return Err(AcceptError::NotTls);
             }
             if let Err(e) = s.run() {
-                alert(&mut s.conn, &mut s.out);
+                // The alert for the client, if rustls had one.
                 let _ = std::future::poll_fn(|cx| s.poll_flush_out(cx)).await;
                 return Err(AcceptError::Tls(e));
             }
@@ -171,15 +174,19 @@ impl TlsStream {
     /// Processes what was received; plaintext goes to `plain`, records to
     /// send to `out`. Sets `eof` on close_notify.
     fn run(&mut self) -> Result<(), rustls::Error> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         if self.used == 0 && !self.conn.is_handshaking() {
             return Ok(());
         }
-        let (consumed, state) = pump(
+        let pumped = pump(
             &mut self.conn,
             &mut self.incoming[..self.used],
             &mut self.plain,
             &mut self.out,
-        )?;
+        );
+        let (consumed, state) = pumped.inspect_err(|e| self.failed = Some(e.clone()))?;
         self.incoming.copy_within(consumed..self.used, 0);
         self.used -= consumed;
         if state == Pumped::Closed {
@@ -289,7 +296,7 @@ impl AsyncWrite for TlsStream {
     /// Sends close_notify after whatever is pending, then FIN.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if !std::mem::replace(&mut this.closing, true) {
+        if !std::mem::replace(&mut this.closing, true) && this.failed.is_none() {
             // Queued behind anything unsent. Best effort: a session that
             // cannot send any more just closes.
             let _ = this.run();

@@ -78,8 +78,12 @@ pub(crate) struct Conn {
 /// What a TLS subscriber keeps between reads.
 pub(crate) struct TlsState {
     conn: rustls::server::UnbufferedServerConnection,
-    /// Received bytes of a record that arrived split; `None` almost always.
+    /// Received bytes rustls has not consumed (a record that arrived split);
+    /// `None` almost always. Invariant: always what the last
+    /// [`tls::pump`] left, so rustls's position in them holds.
     rest: Option<Box<[u8]>>,
+    /// The session failed; rustls is not called again.
+    failed: bool,
 }
 
 impl TlsState {
@@ -87,11 +91,15 @@ impl TlsState {
         Self {
             conn,
             rest: (!rest.is_empty()).then(|| rest.into()),
+            failed: false,
         }
     }
 
     /// Encrypts `data` into `out` (after any record the session has pending).
     fn seal(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), tls::SealError> {
+        if self.failed {
+            return Err(tls::SealError::Closed);
+        }
         let incoming: &mut [u8] = match self.rest.as_mut() {
             Some(rest) => rest,
             None => &mut [],
@@ -101,6 +109,9 @@ impl TlsState {
 
     /// Appends a close_notify alert to `out`.
     fn close_notify(&mut self, out: &mut Vec<u8>) -> Result<(), tls::SealError> {
+        if self.failed {
+            return Err(tls::SealError::Closed);
+        }
         let incoming: &mut [u8] = match self.rest.as_mut() {
             Some(rest) => rest,
             None => &mut [],
@@ -430,9 +441,11 @@ impl Worker {
             if c.state.get() == State::Gone {
                 return;
             }
+            // Copied, not taken: `rest` stays what rustls expects until
+            // the next pump replaces it.
             let mut have = 0;
-            if let Some(rest) = tls.borrow_mut().rest.take() {
-                scratch[..rest.len()].copy_from_slice(&rest);
+            if let Some(rest) = &tls.borrow().rest {
+                scratch[..rest.len()].copy_from_slice(rest);
                 have = rest.len();
             }
             if read {
@@ -446,9 +459,6 @@ impl Worker {
                         if e.kind() == io::ErrorKind::WouldBlock
                             || e.kind() == io::ErrorKind::Interrupted =>
                     {
-                        if have > 0 {
-                            tls.borrow_mut().rest = Some(scratch[..have].into());
-                        }
                         return;
                     }
                     Err(_) => {
@@ -470,9 +480,9 @@ impl Worker {
                 let mut t = tls.borrow_mut();
                 let r = tls::pump(&mut t.conn, &mut scratch[..have], &mut plain, &mut out);
                 match r {
-                    Ok((used, _)) if used < have => t.rest = Some(scratch[used..have].into()),
-                    Err(_) => tls::alert(&mut t.conn, &mut out),
-                    Ok(_) => {}
+                    Ok((used, _)) => t.rest = (used < have).then(|| scratch[used..have].into()),
+                    // The alert for the client is in `out`.
+                    Err(_) => t.failed = true,
                 }
                 r
             };
