@@ -625,6 +625,29 @@ mod tests {
     }
 
     #[test]
+    fn random_bytes_in_random_splits_never_panic() {
+        let m = Material::self_signed().unwrap();
+        let cfg = server_config(&m).unwrap();
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..2000 {
+            let mut s = UnbufferedServerConnection::new(cfg.clone()).unwrap();
+            // Mostly TLS-shaped: a record header of any type and length.
+            let len = rng.usize(0..300);
+            let mut wire = vec![rng.u8(20..=24), 3, rng.u8(0..=4)];
+            wire.extend_from_slice(&(len as u16).to_be_bytes());
+            wire.extend((0..rng.usize(0..len + 20)).map(|_| rng.u8(..)));
+            let (mut pending, mut plain, mut out) = (Vec::new(), Vec::new(), Vec::new());
+            for chunk in wire.chunks(rng.usize(1..40)) {
+                pending.extend_from_slice(chunk);
+                match pump(&mut s, &mut pending, &mut plain, &mut out) {
+                    Ok((used, _)) => drop(pending.drain(..used)),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    #[test]
     fn bad_pem_is_a_clear_error() {
         let mut m = Material::self_signed().unwrap();
         m.cert_pem = "not a certificate".to_owned();
