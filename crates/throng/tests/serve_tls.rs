@@ -410,6 +410,21 @@ fn bad_clients_on_a_tls_port_are_closed_and_counted() {
     assert!(refused, "the client should refuse an unknown certificate");
     drop(s);
 
+    // A subscriber whose next record is forged: the server's decryption
+    // fails, it sends its alert and closes.
+    let cfg = client_config(&pem, &[&rustls::version::TLS13]);
+    let mut sub = subscribe(tls, &cfg, "forged");
+    let mut forged = vec![0x17, 0x03, 0x03, 0x00, 0x20];
+    forged.extend_from_slice(&[0x5a; 32]);
+    sub.get_mut().sock.write_all(&forged).unwrap();
+    let mut tail = Vec::new();
+    let _ = sub.get_mut().sock.read_to_end(&mut tail);
+    assert!(!tail.is_empty(), "an alert before the close");
+    server.wait_metric(
+        "throng_connections_closed_total{reason=\"tls_error\"}",
+        |v| v == 1.0,
+    );
+
     wait_until("every failure counted", || {
         failures("tls_plain_http") == 1.0
             && failures("tls_bad_message") == 1.0

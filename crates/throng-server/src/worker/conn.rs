@@ -492,16 +492,12 @@ impl Worker {
                     .send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]))
                     .is_ok();
             drop(out);
-            let state = match pumped {
-                Ok((_, state)) => state,
-                Err(e) => {
-                    self.counters.handshake_failed(tls::failure_label(&e));
-                    if c.is_open() {
-                        self.counters.closed(CloseReason::TlsError);
-                    }
-                    self.finish(c);
-                    return;
+            let Ok((_, state)) = pumped else {
+                if c.is_open() {
+                    self.counters.closed(CloseReason::TlsError);
                 }
+                self.finish(c);
+                return;
             };
             if !sent {
                 self.lost(c);
