@@ -4,7 +4,7 @@
 # crates/throng-server/examples/tls_bench.rs (rustls on ring; it trusts any
 # certificate and checks no signature, so the crypto measured is the server's).
 #
-#   scripts/bench-tls.sh [--conns 15000] [--secs 8] [--threads 4] [--rounds 10]
+#   scripts/bench-tls.sh [--conns 15000] [--secs 5] [--threads 4] [--rounds 10] [--repeat 3]
 #
 # Prints one JSON object per measurement, then a summary:
 #   rustls_heap            live heap rustls holds per idle server connection,
@@ -19,24 +19,28 @@
 #                          over this machine's 20,000-per-process limit)
 #   handshakes_*           new TLS connections per second (full handshake, one
 #                          GET /healthz, close) for an ECDSA P-256 and an RSA
-#                          2048 certificate; HAProxy answers /healthz itself
+#                          2048 certificate; HAProxy answers /healthz itself;
+#                          with the server's CPU per handshake. The servers
+#                          take turns --repeat times; the summary has medians
 #   requests_*             GET /healthz per second over kept-alive TLS
 #                          connections; HAProxy forwards to throng (plain)
 # Both servers get the same 2 cores (throng: 2 workers; HAProxy: 2 threads)
 # as the client; every run is bounded by --secs or by N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CONNS=15000 SECS=8 THREADS=4 ROUNDS=10
+CONNS=15000 SECS=5 THREADS=4 ROUNDS=10 REPEAT=3
 while [ $# -gt 0 ]; do
   case "$1" in
     --conns) CONNS=$2; shift 2 ;;
     --secs) SECS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
-    *) echo "unknown argument $1 (--conns N --secs S --threads T --rounds R)" >&2; exit 2 ;;
+    --repeat) REPEAT=$2; shift 2 ;;
+    *) echo "unknown argument $1 (--conns N --secs S --threads T --rounds R --repeat K)" >&2; exit 2 ;;
   esac
 done
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-tls.XXXXXX)}
+mkdir -p "$OUT"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 ulimit -n "$(ulimit -Hn)"
 command -v haproxy >/dev/null || { echo "haproxy is missing (apt-get install haproxy)" >&2; exit 1; }
@@ -188,33 +192,42 @@ start_haproxy ec local
 record idle_haproxy_tls "$("$CLIENT" idle --target "127.0.0.1:$HA" --conns "$CONNS" --pid "$HAPID" --threads "$THREADS")"
 stop_haproxy
 
-# New handshakes per second, per certificate, same client.
+# New handshakes per second, per certificate, same client. Both servers
+# run at once (the idle one costs nothing) and take turns, --repeat times,
+# so a change in the machine's other load hits both alike; medians.
 for kind in ec rsa; do
   start_throng 2 "$kind"
-  record "handshakes_throng_$kind" "$(measured "$SERVER" handshakes --target "127.0.0.1:$TLS" --secs "$SECS" --threads "$THREADS")"
-  stop_throng
   start_haproxy "$kind" local
-  record "handshakes_haproxy_$kind" "$(measured "$HAPID" handshakes --target "127.0.0.1:$HA" --secs "$SECS" --threads "$THREADS")"
+  for _ in $(seq "$REPEAT"); do
+    record "handshakes_throng_$kind" "$(measured "$SERVER" handshakes --target "127.0.0.1:$TLS" --secs "$SECS" --threads "$THREADS")"
+    record "handshakes_haproxy_$kind" "$(measured "$HAPID" handshakes --target "127.0.0.1:$HA" --secs "$SECS" --threads "$THREADS")"
+  done
   stop_haproxy
+  stop_throng
 done
 
 # Requests per second over kept-alive TLS: throng itself, and HAProxy in
-# front of a plain throng.
+# front of a plain throng; taking turns too.
 start_throng 2 ec
-record requests_throng "$(measured "$SERVER" requests --target "127.0.0.1:$TLS" --secs "$SECS" --threads "$THREADS")"
 start_haproxy ec proxy "$PLAIN"
-record requests_haproxy_to_throng "$(measured "$HAPID" requests --target "127.0.0.1:$HA" --secs "$SECS" --threads "$THREADS")"
+for _ in $(seq "$REPEAT"); do
+  record requests_throng "$(measured "$SERVER" requests --target "127.0.0.1:$TLS" --secs "$SECS" --threads "$THREADS")"
+  record requests_haproxy_to_throng "$(measured "$HAPID" requests --target "127.0.0.1:$HA" --secs "$SECS" --threads "$THREADS")"
+done
 stop_haproxy
 stop_throng
 
 python3 - "$results" <<'EOF'
 import json, sys
-r = {}
+import statistics
+runs = {}
 for line in open(sys.argv[1]):
     d = json.loads(line)
-    r[d["name"]] = d["result"]
+    runs.setdefault(d["name"], []).append(d["result"])
 def g(name, key):
-    return r.get(name, {}).get(key)
+    """The median over the runs of `name` (one run: its value)."""
+    vals = [x[key] for x in runs.get(name, []) if x.get(key) is not None]
+    return statistics.median(vals) if vals else None
 t, h = g("idle_throng_tls", "user_bytes_per_conn"), g("idle_haproxy_tls", "user_bytes_per_conn")
 summary = {
     "conns": g("idle_throng_tls", "connections"),
@@ -241,10 +254,10 @@ for kind in ("ec", "rsa"):
     # Server CPU per handshake: what the rate would be per core with the
     # client elsewhere (the client shares these 2 cores).
     for who in ("throng", "haproxy"):
-        d = r.get(f"handshakes_{who}_{kind}", {})
-        if d.get("completed"):
-            us = d["server_cpu_seconds"] * 1e6 / d["completed"]
-            summary[f"server_cpu_us_per_handshake_{who}_{kind}"] = round(us, 1)
+        us = [d["server_cpu_seconds"] * 1e6 / d["completed"]
+              for d in runs.get(f"handshakes_{who}_{kind}", []) if d.get("completed")]
+        if us:
+            summary[f"server_cpu_us_per_handshake_{who}_{kind}"] = round(statistics.median(us), 1)
     t_us = summary.get(f"server_cpu_us_per_handshake_throng_{kind}")
     h_us = summary.get(f"server_cpu_us_per_handshake_haproxy_{kind}")
     if t_us and h_us:
@@ -252,9 +265,9 @@ for kind in ("ec", "rsa"):
 summary["requests_per_sec_throng_tls"] = g("requests_throng", "requests_per_sec")
 summary["requests_per_sec_haproxy_tls_to_throng"] = g("requests_haproxy_to_throng", "requests_per_sec")
 for name in ("requests_throng", "requests_haproxy_to_throng"):
-    d = r.get(name, {})
-    if d.get("completed"):
-        summary["server_cpu_us_per_request_" + name[len("requests_"):]] = round(d["server_cpu_seconds"] * 1e6 / d["completed"], 1)
+    us = [d["server_cpu_seconds"] * 1e6 / d["completed"] for d in runs.get(name, []) if d.get("completed")]
+    if us:
+        summary["server_cpu_us_per_request_" + name[len("requests_"):]] = round(statistics.median(us), 1)
 summary["target_handshakes_ratio"] = 1.5
 summary["ring_sign_us_rsa2048"] = g("rustls_heap", "ring_sign_us_rsa_pss_sha256")
 summary["ring_sign_us_ecdsa_p256"] = g("rustls_heap", "ring_sign_us_ecdsa_nistp256_sha256")
