@@ -179,7 +179,10 @@ impl fmt::Display for Config {
         writeln!(f, "  listen           {}", listen.join(" "))?;
         if !self.tls_listen.is_empty() {
             let tls: Vec<String> = self.tls_listen.iter().map(ToString::to_string).collect();
-            let cert = self.tls.as_ref().map_or("(none)", |m| m.source.as_str());
+            let cert = self.tls.as_ref().map_or_else(
+                || "(none)".to_owned(),
+                |m| format!("{} (SHA-256 {})", m.source, m.fingerprint()),
+            );
             writeln!(f, "  tls-listen       {}", tls.join(" "))?;
             writeln!(
                 f,

@@ -529,6 +529,15 @@ fn certificates_from_files_work_and_bad_ones_stop_the_start_with_a_clear_error()
             &[&rustls::version::TLS13, &rustls::version::TLS12],
         );
         assert_eq!(publish(tls, &cfg, "files", b"x", None), 0);
+        // The fingerprint shown at start is the one openssl computes.
+        let fp = Command::new("openssl")
+            .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+            .arg(cert)
+            .output()
+            .unwrap();
+        let fp = String::from_utf8_lossy(&fp.stdout);
+        let fp = fp.trim().rsplit('=').next().unwrap();
+        assert_eq!(server.start["config"]["tls"]["sha256"], fp);
     }
 
     let missing = refused(&[

@@ -154,9 +154,25 @@ impl Material {
         })
     }
 
-    /// What the start line shows: the source and the (public) certificate.
+    /// What the start line shows: the source, the (public) certificate and
+    /// its fingerprint.
     pub fn public_json(&self) -> serde_json::Value {
-        serde_json::json!({ "source": self.source, "cert_pem": self.cert_pem })
+        serde_json::json!({
+            "source": self.source,
+            "cert_pem": self.cert_pem,
+            "sha256": self.fingerprint(),
+        })
+    }
+
+    /// SHA-256 of the leaf certificate, as `AB:CD:...` (what browsers and
+    /// `openssl x509 -fingerprint -sha256` show), or empty if unparsable.
+    pub fn fingerprint(&self) -> String {
+        let Some(leaf) = self.certs().ok().and_then(|c| c.into_iter().next()) else {
+            return String::new();
+        };
+        let digest = ring::digest::digest(&ring::digest::SHA256, &leaf);
+        let hex: Vec<String> = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
+        hex.join(":")
     }
 
     fn certs(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -511,6 +527,7 @@ mod tests {
         let shown = format!("{m:?}");
         assert!(!shown.contains("PRIVATE"), "{shown}");
         assert!(!m.public_json().to_string().contains("PRIVATE"));
+        assert_eq!(m.fingerprint().split(':').count(), 32);
     }
 
     /// A rustls client that trusts `m`'s certificate.
