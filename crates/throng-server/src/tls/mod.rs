@@ -13,9 +13,9 @@
 //!   here for trials), plus the session-ticket key every worker shares, as
 //!   the supervisor hands them to the workers.
 //! - [`server_config`]: the rustls settings built from it, once per worker.
-//! - [`pump`] and [`seal`]: the two things the worker does with a
+//! - `pump` and `seal`: the two things the worker does with a
 //!   connection: feed it received bytes, and encrypt a frame for it.
-//! - [`stream`]: the handshake and the HTTP phase, as a tokio stream.
+//! - `stream`: the handshake and the HTTP phase, as a tokio stream.
 
 pub(crate) mod stream;
 
