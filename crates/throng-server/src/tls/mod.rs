@@ -35,7 +35,8 @@ use serde::{Deserialize, Serialize};
 /// session id instead of a ticket (tickets need no memory on the server).
 pub const SESSION_CACHE: usize = 1024;
 
-/// How long a session ticket may be used, in seconds.
+/// How long a session ticket may be used, in seconds (tickets are honoured
+/// for one to two of these: see `SharedTicketer`).
 pub const TICKET_LIFETIME: u32 = 6 * 3600;
 
 /// Why TLS could not be set up. Each says what to check.
@@ -231,15 +232,24 @@ pub fn server_config(m: &Material) -> Result<Arc<rustls::ServerConfig>, TlsError
     Ok(Arc::new(cfg))
 }
 
-/// Seals session tickets with one ChaCha20-Poly1305 key that every worker of
-/// this server shares (rustls's own ticketer makes a key per process, so a
-/// client reconnecting to another worker would always get a full handshake).
-/// The key lives as long as the server: restarting it rotates the key.
+/// Seals session tickets with ChaCha20-Poly1305 keys that every worker of
+/// this server derives alike (rustls's own ticketer makes a key per process,
+/// so a client reconnecting to another worker would always get a full
+/// handshake).
 ///
-/// A ticket is a random 96-bit nonce followed by the sealed session state.
+/// Keys roll: the key for period `n` (`n` = Unix time / [`TICKET_LIFETIME`])
+/// is HKDF-SHA256 of the shared secret with `n`; a ticket opens with the
+/// key of its own period only while that is the current or the previous
+/// one, so no ticket is honoured after two lifetimes. The shared secret
+/// itself lives as long as the server (a restart replaces it).
+///
+/// A ticket is: the low byte of its period, a random 96-bit nonce, the
+/// sealed session state (the period byte is authenticated too).
 struct SharedTicketer {
-    key: LessSafeKey,
+    secret: ring::hkdf::Prk,
     rng: SystemRandom,
+    /// The key of the period last used for sealing.
+    current: std::sync::Mutex<Option<(u64, LessSafeKey)>>,
 }
 
 impl fmt::Debug for SharedTicketer {
@@ -254,13 +264,76 @@ impl SharedTicketer {
             .step_by(2)
             .filter_map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
             .collect();
-        let key =
-            UnboundKey::new(&aead::CHACHA20_POLY1305, &bytes).map_err(|_| TlsError::Random)?;
+        if bytes.len() != 32 {
+            return Err(TlsError::Random);
+        }
         Ok(Self {
-            key: LessSafeKey::new(key),
+            secret: ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"throng session tickets")
+                .extract(&bytes),
             rng: SystemRandom::new(),
+            current: std::sync::Mutex::new(None),
         })
     }
+
+    fn period(unix_secs: u64) -> u64 {
+        unix_secs / u64::from(TICKET_LIFETIME)
+    }
+
+    fn key(&self, period: u64) -> Option<LessSafeKey> {
+        let period = period.to_be_bytes();
+        let info: [&[u8]; 2] = [b"key", &period];
+        let okm = self.secret.expand(&info, &aead::CHACHA20_POLY1305).ok()?;
+        Some(LessSafeKey::new(UnboundKey::from(okm)))
+    }
+
+    fn seal_at(&self, unix_secs: u64, plain: &[u8]) -> Option<Vec<u8>> {
+        let period = Self::period(unix_secs);
+        let mut nonce = [0u8; aead::NONCE_LEN];
+        self.rng.fill(&mut nonce).ok()?;
+        let tag_byte = [period as u8];
+        let mut out = Vec::with_capacity(1 + nonce.len() + plain.len() + aead::MAX_TAG_LEN);
+        out.extend_from_slice(&tag_byte);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(plain);
+        let mut current = self.current.lock().ok()?;
+        if current.as_ref().is_none_or(|(p, _)| *p != period) {
+            *current = Some((period, self.key(period)?));
+        }
+        let (_, key) = current.as_ref()?;
+        let tag = key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                aead::Aad::from(tag_byte),
+                &mut out[1 + aead::NONCE_LEN..],
+            )
+            .ok()?;
+        out.extend_from_slice(tag.as_ref());
+        Some(out)
+    }
+
+    fn open_at(&self, unix_secs: u64, cipher: &[u8]) -> Option<Vec<u8>> {
+        let (&low, rest) = cipher.split_first()?;
+        let (nonce, sealed) = rest.split_at_checked(aead::NONCE_LEN)?;
+        let now = Self::period(unix_secs);
+        let period = [now, now.checked_sub(1)?]
+            .into_iter()
+            .find(|p| *p as u8 == low)?;
+        let key = self.key(period)?;
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut buf = sealed.to_vec();
+        let n = key
+            .open_in_place(nonce, aead::Aad::from([low]), &mut buf)
+            .ok()?
+            .len();
+        buf.truncate(n);
+        Some(buf)
+    }
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl ProducesTickets for SharedTicketer {
@@ -273,34 +346,11 @@ impl ProducesTickets for SharedTicketer {
     }
 
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
-        let mut nonce = [0u8; aead::NONCE_LEN];
-        self.rng.fill(&mut nonce).ok()?;
-        let mut out = Vec::with_capacity(nonce.len() + plain.len() + aead::MAX_TAG_LEN);
-        out.extend_from_slice(&nonce);
-        out.extend_from_slice(plain);
-        let tag = self
-            .key
-            .seal_in_place_separate_tag(
-                Nonce::assume_unique_for_key(nonce),
-                aead::Aad::empty(),
-                &mut out[aead::NONCE_LEN..],
-            )
-            .ok()?;
-        out.extend_from_slice(tag.as_ref());
-        Some(out)
+        self.seal_at(unix_secs(), plain)
     }
 
     fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
-        let (nonce, sealed) = cipher.split_at_checked(aead::NONCE_LEN)?;
-        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
-        let mut buf = sealed.to_vec();
-        let plain = self
-            .key
-            .open_in_place(nonce, aead::Aad::empty(), &mut buf)
-            .ok()?;
-        let n = plain.len();
-        buf.truncate(n);
-        Some(buf)
+        self.open_at(unix_secs(), cipher)
     }
 }
 
@@ -518,6 +568,23 @@ mod tests {
         assert!(t.decrypt(&sealed[..5]).is_none());
         let other = SharedTicketer::new(&ticket_key().unwrap()).unwrap();
         assert!(other.decrypt(&sealed).is_none());
+    }
+
+    #[test]
+    fn tickets_open_for_two_lifetimes_at_most() {
+        let hex = ticket_key().unwrap();
+        let t = SharedTicketer::new(&hex).unwrap();
+        let life = u64::from(TICKET_LIFETIME);
+        let start = 1_000 * life + 10;
+        let sealed = t.seal_at(start, b"state").unwrap();
+        assert_eq!(t.open_at(start + life - 11, &sealed).unwrap(), b"state");
+        assert_eq!(t.open_at(start + life, &sealed).unwrap(), b"state");
+        assert!(t.open_at(start + 2 * life, &sealed).is_none());
+        // A ticket from the future (a clock set back) is refused too.
+        assert!(t.open_at(start - life, &sealed).is_none());
+        // Another worker of the same server opens it.
+        let same = SharedTicketer::new(&hex).unwrap();
+        assert_eq!(same.open_at(start, &sealed).unwrap(), b"state");
     }
 
     #[test]
