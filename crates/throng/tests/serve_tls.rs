@@ -675,3 +675,25 @@ fn sigterm_sends_1001_and_close_notify_to_tls_subscribers() {
     });
     assert!(server.child.wait().unwrap().success());
 }
+
+#[test]
+fn a_key_update_from_a_subscriber_is_answered_and_frames_keep_flowing() {
+    let (server, tls, pem) = start(&["--workers", "1"]);
+    let cfg = client_config(&pem, &[&rustls::version::TLS13]);
+    let mut sub = subscribe(tls, &cfg, "rekey");
+    server.wait_metric("throng_connections_open", |v| v == 1.0);
+    for round in 0..3 {
+        // key_update with update_requested: the server must switch its
+        // receiving keys and send its own key_update before its next record.
+        sub.get_mut().conn.refresh_traffic_keys().unwrap();
+        sub.send(Message::Ping(vec![round].into())).unwrap();
+        assert_eq!(sub.read().unwrap(), Message::Pong(vec![round].into()));
+        let body = format!("after key update {round}");
+        assert_eq!(publish(tls, &cfg, "rekey", body.as_bytes(), None), 1);
+        assert_eq!(sub.read().unwrap(), Message::text(body));
+    }
+    assert_eq!(
+        server.metric("throng_connections_closed_total{reason=\"tls_error\"}"),
+        0.0
+    );
+}
