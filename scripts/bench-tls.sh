@@ -21,7 +21,9 @@
 #                          GET /healthz, close) for an ECDSA P-256 and an RSA
 #                          2048 certificate; HAProxy answers /healthz itself;
 #                          with the server's CPU per handshake. The servers
-#                          take turns --repeat times; the summary has medians
+#                          take turns --repeat times; the summary has medians,
+#                          and the client's own CPU per handshake (it shares
+#                          the cores, so it caps the rates both servers see)
 #   requests_*             GET /healthz per second over kept-alive TLS
 #                          connections; HAProxy forwards to throng (plain)
 # Both servers get the same 2 cores (throng: 2 workers; HAProxy: 2 threads)
@@ -258,6 +260,11 @@ for kind in ("ec", "rsa"):
               for d in runs.get(f"handshakes_{who}_{kind}", []) if d.get("completed")]
         if us:
             summary[f"server_cpu_us_per_handshake_{who}_{kind}"] = round(statistics.median(us), 1)
+    for who in ("throng", "haproxy"):
+        us = [d["client_cpu_seconds"] * 1e6 / d["completed"]
+              for d in runs.get(f"handshakes_{who}_{kind}", []) if d.get("completed")]
+        if us:
+            summary[f"client_cpu_us_per_handshake_{who}_{kind}"] = round(statistics.median(us), 1)
     t_us = summary.get(f"server_cpu_us_per_handshake_throng_{kind}")
     h_us = summary.get(f"server_cpu_us_per_handshake_haproxy_{kind}")
     if t_us and h_us:

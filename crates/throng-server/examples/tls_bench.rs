@@ -389,10 +389,26 @@ fn idle(o: &Opts) -> serde_json::Value {
     report
 }
 
+/// CPU seconds this process has used (all threads).
+fn own_cpu() -> f64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is valid for getrusage to fill.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
+        return f64::NAN;
+    }
+    // SAFETY: getrusage succeeded and filled it.
+    let ru = unsafe { ru.assume_init() };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// Runs `work` on `--threads` threads for `--secs`; returns what they
+/// completed and failed, the seconds taken, and this process's CPU seconds.
 fn timed(
     o: &Opts,
     work: impl Fn(usize, &AtomicBool, &AtomicU64, &AtomicU64) + Sync,
-) -> (u64, u64, f64) {
+) -> (u64, u64, f64, f64) {
+    let cpu0 = own_cpu();
     let stop = AtomicBool::new(false);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
     let t = Instant::now();
@@ -408,12 +424,13 @@ fn timed(
         done.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed),
         t.elapsed().as_secs_f64(),
+        own_cpu() - cpu0,
     )
 }
 
 fn handshakes(o: &Opts) -> serde_json::Value {
     let cfg = client_config();
-    let (done, failed, secs) = timed(o, |k, stop, done, failed| {
+    let (done, failed, secs, cpu) = timed(o, |k, stop, done, failed| {
         let mut buf = Vec::new();
         let mut i = k;
         while !stop.load(Ordering::Relaxed) {
@@ -433,12 +450,13 @@ fn handshakes(o: &Opts) -> serde_json::Value {
         "completed": done,
         "failed": failed,
         "handshakes_per_sec": (done as f64 / secs).round(),
+        "client_cpu_seconds": (cpu * 100.0).round() / 100.0,
     })
 }
 
 fn requests(o: &Opts) -> serde_json::Value {
     let cfg = client_config();
-    let (done, failed, secs) = timed(o, |k, stop, done, failed| {
+    let (done, failed, secs, cpu) = timed(o, |k, stop, done, failed| {
         let mut buf = Vec::new();
         let Ok(mut s) = open(o, &cfg, k) else {
             failed.fetch_add(1, Ordering::Relaxed);
@@ -462,6 +480,7 @@ fn requests(o: &Opts) -> serde_json::Value {
         "completed": done,
         "failed": failed,
         "requests_per_sec": (done as f64 / secs).round(),
+        "client_cpu_seconds": (cpu * 100.0).round() / 100.0,
     })
 }
 
