@@ -22,6 +22,7 @@ if [ "$install" = 1 ]; then
   command -v openssl >/dev/null || apt_missing+=(openssl)
   command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
   command -v chromium >/dev/null || apt_missing+=(chromium)
+  command -v openssl >/dev/null || apt_missing+=(openssl)
   if [ ${#apt_missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
       apt-get update -qq

@@ -52,6 +52,13 @@ pub struct Config {
     /// their channels' first and last subscribers; the URL stays with the supervisor.
     #[serde(default)]
     pub redis_mode: Option<crate::redis::RedisMode>,
+    /// Addresses whose connections start with a TLS handshake (wss, https),
+    /// one listener per address in every worker, beside the plain `listen` ones.
+    #[serde(default)]
+    pub tls_listen: Vec<SocketAddr>,
+    /// Certificate, key and ticket key for `tls_listen` (required when it is not empty).
+    #[serde(default)]
+    pub tls: Option<crate::tls::Material>,
 }
 
 impl Default for Config {
@@ -72,6 +79,8 @@ impl Default for Config {
             max_sleep: Duration::from_secs(3600),
             max_times: 1000,
             redis_mode: None,
+            tls_listen: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -174,6 +183,19 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let listen: Vec<String> = self.listen.iter().map(ToString::to_string).collect();
         writeln!(f, "  listen           {}", listen.join(" "))?;
+        if !self.tls_listen.is_empty() {
+            let tls: Vec<String> = self.tls_listen.iter().map(ToString::to_string).collect();
+            let cert = self.tls.as_ref().map_or_else(
+                || "(none)".to_owned(),
+                |m| format!("{} (SHA-256 {})", m.source, m.fingerprint()),
+            );
+            writeln!(f, "  tls-listen       {}", tls.join(" "))?;
+            writeln!(
+                f,
+                "  tls              cert {cert}; TLS 1.3 and 1.2 (rustls, ring); ALPN http/1.1; resumption: tickets (key shared by workers) + {}-session cache per worker",
+                crate::tls::SESSION_CACHE
+            )?;
+        }
         match self.max_connections {
             Some(n) => writeln!(f, "  max-connections  {n}")?,
             None => writeln!(f, "  max-connections  (none)")?,

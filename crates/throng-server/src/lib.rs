@@ -8,6 +8,8 @@
 //! - [`worker`]: listeners, HTTP and WebSocket handshakes, subscribers, the
 //!   fan-out hot path, heartbeats ([`wheel`]) and draining.
 //! - [`control`]: the records on the Unix socket between the two.
+//! - [`tls`]: `--tls-listen` listeners: certificates, rustls settings, and
+//!   the unbuffered TLS sessions of handshakes and subscribers.
 
 pub mod broker;
 pub mod channel;
@@ -18,6 +20,7 @@ mod ping;
 pub mod redis;
 pub mod supervisor;
 pub mod sys;
+pub mod tls;
 pub mod wheel;
 pub mod worker;
 

@@ -29,6 +29,8 @@ pub enum CloseReason {
     ProtocolError,
     /// The server is shutting down (closed 1001).
     Shutdown,
+    /// A TLS subscriber's records failed to decrypt or broke TLS.
+    TlsError,
 }
 
 impl CloseReason {
@@ -41,6 +43,7 @@ impl CloseReason {
             Self::SlowConsumer => "slow_consumer",
             Self::ProtocolError => "protocol_error",
             Self::Shutdown => "shutdown",
+            Self::TlsError => "tls_error",
         }
     }
 }
@@ -76,6 +79,8 @@ pub struct Counters {
     pub slow_consumer: RefCell<BTreeMap<&'static str, u64>>,
     /// HTTP requests served, by endpoint.
     pub http_requests: RefCell<BTreeMap<&'static str, u64>>,
+    /// TLS handshakes completed, by version and kind (`tls1.3_full`, `tls1.3_resumed`, ...).
+    pub tls_handshakes: RefCell<BTreeMap<&'static str, u64>>,
 }
 
 fn bump(map: &RefCell<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -106,6 +111,11 @@ impl Counters {
     /// Counts a served HTTP request.
     pub fn http_request(&self, endpoint: &'static str) {
         bump(&self.http_requests, endpoint);
+    }
+
+    /// Counts a completed TLS handshake.
+    pub fn tls_handshake(&self, kind: &'static str) {
+        bump(&self.tls_handshakes, kind);
     }
 
     /// Records one fan-out's wall and CPU time.
@@ -151,6 +161,7 @@ impl Counters {
             handshake_failures: own(&self.handshake_failures),
             slow_consumer: own(&self.slow_consumer),
             http_requests: own(&self.http_requests),
+            tls_handshakes: own(&self.tls_handshakes),
         }
     }
 }
@@ -192,6 +203,9 @@ pub struct Snapshot {
     pub slow_consumer: BTreeMap<String, u64>,
     /// Counter by endpoint.
     pub http_requests: BTreeMap<String, u64>,
+    /// Counter by TLS version and handshake kind.
+    #[serde(default)]
+    pub tls_handshakes: BTreeMap<String, u64>,
 }
 
 fn add_map(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
@@ -221,6 +235,7 @@ impl Snapshot {
         add_map(&mut self.handshake_failures, &other.handshake_failures);
         add_map(&mut self.slow_consumer, &other.slow_consumer);
         add_map(&mut self.http_requests, &other.http_requests);
+        add_map(&mut self.tls_handshakes, &other.tls_handshakes);
     }
 }
 
@@ -342,6 +357,7 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
             "slow_consumer",
             "protocol_error",
             "shutdown",
+            "tls_error",
         ],
     );
     family(
@@ -409,6 +425,19 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         "throng_http_requests_total",
         "endpoint",
         &total.http_requests,
+        &[],
+    );
+    family(
+        &mut out,
+        "throng_tls_handshakes_total",
+        "counter",
+        "TLS handshakes completed on --tls-listen listeners, by version and kind (full or resumed).",
+    );
+    labelled(
+        &mut out,
+        "throng_tls_handshakes_total",
+        "kind",
+        &total.tls_handshakes,
         &[],
     );
     family(

@@ -15,9 +15,9 @@
 use std::time::{Duration, Instant};
 
 use throng_proto::http::{self, BodyDecoder, BodyKind, Request};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt as _;
 
+use crate::tls::stream::Io;
 use crate::worker::Worker;
 
 /// The answer's body, once and `times` more.
@@ -64,12 +64,7 @@ pub(crate) fn parse(req: &Request, max_sleep: Duration, max_times: u64) -> Resul
 
 /// Serves one `/ping` request whose head has been read (`buf` holds what
 /// followed it). Returns whether the connection stays open.
-pub(crate) async fn serve(
-    w: &Worker,
-    stream: &mut TcpStream,
-    req: &Request,
-    buf: &mut Vec<u8>,
-) -> bool {
+pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut Vec<u8>) -> bool {
     let ask = match parse(req, w.cfg.max_sleep, w.cfg.max_times) {
         Ok(ask) => ask,
         Err(why) => {
@@ -89,7 +84,7 @@ pub(crate) async fn serve(
 
 async fn answer(
     w: &Worker,
-    stream: &mut TcpStream,
+    stream: &mut Io,
     req: &Request,
     buf: &mut Vec<u8>,
     ask: Ask,
@@ -191,7 +186,7 @@ async fn pause(max_ms: u64, deadline: Instant) -> bool {
 /// Reads the request body and drops it. `Err((status, reason))` for a bad
 /// one (status 0: the client went away).
 async fn discard_body(
-    stream: &mut TcpStream,
+    stream: &mut Io,
     req: &Request,
     buf: &mut Vec<u8>,
     max: usize,
@@ -231,7 +226,7 @@ async fn discard_body(
     }
 }
 
-async fn write(w: &Worker, stream: &mut TcpStream, bytes: &[u8]) -> bool {
+async fn write(w: &Worker, stream: &mut Io, bytes: &[u8]) -> bool {
     matches!(
         tokio::time::timeout(w.cfg.write_timeout, stream.write_all(bytes)).await,
         Ok(Ok(()))
@@ -239,7 +234,7 @@ async fn write(w: &Worker, stream: &mut TcpStream, bytes: &[u8]) -> bool {
 }
 
 /// A short plain-text answer that closes the connection.
-async fn reply(w: &Worker, stream: &mut TcpStream, status: u16, body: &[u8]) -> bool {
+async fn reply(w: &Worker, stream: &mut Io, status: u16, body: &[u8]) -> bool {
     let mut out = Vec::with_capacity(128 + body.len());
     http::write_response(
         &mut out,

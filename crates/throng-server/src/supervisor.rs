@@ -44,6 +44,11 @@ pub enum ServeError {
     /// No listen address was given.
     #[error("no listen address (use --listen HOST:PORT)")]
     NoListen,
+    /// TLS listeners without a certificate.
+    #[error(
+        "--tls-listen needs a certificate: give --tls-cert FILE and --tls-key FILE, or --tls-self-signed for a trial"
+    )]
+    NoTlsCert,
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
@@ -102,10 +107,11 @@ impl Plan {
             return Err(ServeError::NoListen);
         }
         let nofile = sys::raise_nofile()?;
-        let per_worker = nofile
-            .0
-            .saturating_sub(FD_RESERVE + config.listen.len() as u64)
-            .max(1);
+        if !config.tls_listen.is_empty() && config.tls.is_none() {
+            return Err(ServeError::NoTlsCert);
+        }
+        let listeners = (config.listen.len() + config.tls_listen.len()) as u64;
+        let per_worker = nofile.0.saturating_sub(FD_RESERVE + listeners).max(1);
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let (workers, workers_why) =
             worker_count(config.workers, cores, per_worker, config.max_connections);
@@ -123,6 +129,18 @@ impl Plan {
             reserved.push(s);
         }
         config.listen = resolved;
+        let mut resolved = Vec::new();
+        for &addr in &config.tls_listen {
+            let s = reserve(addr).map_err(|source| ServeError::Bind { addr, source })?;
+            let local = s
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .unwrap_or(addr);
+            resolved.push(local);
+            reserved.push(s);
+        }
+        config.tls_listen = resolved;
         Ok(Self {
             config,
             nofile,
@@ -152,7 +170,7 @@ impl Plan {
 
     /// The settings and limits as one JSON object (the machine-readable start line).
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "event": "listening",
             "listen": self.config.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "workers": self.config.workers,
@@ -162,7 +180,13 @@ impl Plan {
             "connections_total": self.per_worker * self.config.workers as u64,
             "config": self.config,
             "broker": self.broker,
-        })
+            "tls_listen": self.config.tls_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        });
+        // The key and ticket key go to the workers, never to the start line.
+        if let Some(m) = &self.config.tls {
+            v["config"]["tls"] = m.public_json();
+        }
+        v
     }
 }
 
@@ -188,7 +212,14 @@ impl fmt::Display for Plan {
             f,
             "subscribe: ws://{}/<channel>    publish: curl -d hello http://{}/publish/<channel>",
             self.config.listen[0], self.config.listen[0]
-        )
+        )?;
+        if let Some(addr) = self.config.tls_listen.first() {
+            write!(
+                f,
+                "\nsubscribe: wss://{addr}/<channel>   publish: curl -d hello https://{addr}/publish/<channel>"
+            )?;
+        }
+        Ok(())
     }
 }
 

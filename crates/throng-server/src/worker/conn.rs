@@ -6,11 +6,19 @@
 //! socket in the worker's epoll ([`super::poll`]): no task, no buffer, no
 //! timer. Bytes are read into the worker's one scratch buffer; a connection
 //! keeps a remainder only when a frame arrived split.
+//!
+//! A TLS subscriber adds one boxed [`TlsState`]: rustls's unbuffered
+//! connection (keys, sequence numbers, no buffers) and, rarely, a record
+//! that arrived split. Received records are decrypted from the scratch
+//! buffer; each frame is encrypted into the worker's one output buffer and
+//! written from there, so fan-out still encodes the frame once per worker and
+//! only encrypts per connection.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::TcpStream;
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
@@ -21,6 +29,7 @@ use super::Worker;
 use super::table::NONE;
 use crate::metrics::CloseReason;
 use crate::sys;
+use crate::tls::{self, Pumped};
 
 /// How long a closing handshake may take before the socket is closed.
 pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -62,6 +71,53 @@ pub(crate) struct Conn {
     /// Frames the socket would not take yet; `None` unless the client is behind.
     queue: RefCell<Option<Box<Queue>>>,
     decoder: RefCell<Decoder>,
+    /// The TLS session of a subscriber from a `--tls-listen` listener.
+    tls: Option<Box<RefCell<TlsState>>>,
+}
+
+/// What a TLS subscriber keeps between reads.
+pub(crate) struct TlsState {
+    conn: rustls::server::UnbufferedServerConnection,
+    /// Received bytes rustls has not consumed (a record that arrived split);
+    /// `None` almost always. Invariant: always what the last
+    /// [`tls::pump`] left, so rustls's position in them holds.
+    rest: Option<Box<[u8]>>,
+    /// The session failed; rustls is not called again.
+    failed: bool,
+}
+
+impl TlsState {
+    pub(crate) fn new(conn: rustls::server::UnbufferedServerConnection, rest: &[u8]) -> Self {
+        Self {
+            conn,
+            rest: (!rest.is_empty()).then(|| rest.into()),
+            failed: false,
+        }
+    }
+
+    /// Encrypts `data` into `out` (after any record the session has pending).
+    fn seal(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), tls::SealError> {
+        if self.failed {
+            return Err(tls::SealError::Closed);
+        }
+        let incoming: &mut [u8] = match self.rest.as_mut() {
+            Some(rest) => rest,
+            None => &mut [],
+        };
+        tls::seal(&mut self.conn, incoming, data, out)
+    }
+
+    /// Appends a close_notify alert to `out`.
+    fn close_notify(&mut self, out: &mut Vec<u8>) -> Result<(), tls::SealError> {
+        if self.failed {
+            return Err(tls::SealError::Closed);
+        }
+        let incoming: &mut [u8] = match self.rest.as_mut() {
+            Some(rest) => rest,
+            None => &mut [],
+        };
+        tls::close_notify(&mut self.conn, incoming, out)
+    }
 }
 
 /// Unsent frames of one connection. Invariant: `bytes` is the sum of the
@@ -103,7 +159,18 @@ impl Conn {
                 ws::Role::Server,
                 crate::config::MAX_CLIENT_MESSAGE,
             )),
+            tls: None,
         }
+    }
+
+    /// Makes this a TLS subscriber.
+    pub(crate) fn with_tls(mut self, tls: TlsState) -> Self {
+        self.tls = Some(Box::new(RefCell::new(tls)));
+        self
+    }
+
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     pub(crate) fn is_open(&self) -> bool {
@@ -115,7 +182,7 @@ impl Conn {
     }
 
     pub(crate) fn has_rest(&self) -> bool {
-        self.rest.borrow().is_some()
+        self.rest.borrow().is_some() || self.tls.as_ref().is_some_and(|t| t.borrow().rest.is_some())
     }
 
     pub(crate) fn fd(&self) -> i32 {
@@ -135,26 +202,65 @@ impl Worker {
         if c.state.get() == State::Gone {
             return Err(SendError::Closed);
         }
+        if let Some(tls) = &c.tls {
+            let mut out = self.tls_out.borrow_mut();
+            out.clear();
+            if tls.borrow_mut().seal(frame, &mut out).is_err() {
+                return Err(SendError::Broken);
+            }
+            return self.send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]));
+        }
+        self.send_wire(c, frame, |r| frame.slice(r))
+    }
+
+    /// Writes `wire` to `c`'s socket, or queues it (as `keep` of the unsent
+    /// range) behind what is already queued or what the socket did not take.
+    fn send_wire(
+        &self,
+        c: &Rc<Conn>,
+        wire: &[u8],
+        keep: impl Fn(Range<usize>) -> Bytes,
+    ) -> Result<(), SendError> {
         if let Some(q) = c.queue.borrow_mut().as_mut() {
-            if q.bytes + frame.len() > self.cfg.max_queue {
+            if q.bytes + wire.len() > self.cfg.max_queue {
                 return Err(SendError::QueueFull);
             }
-            q.bytes += frame.len();
-            q.frames.push_back(frame.clone());
+            q.bytes += wire.len();
+            q.frames.push_back(keep(0..wire.len()));
             return Ok(());
         }
-        match (&c.sock).write(frame) {
-            Ok(n) if n == frame.len() => Ok(()),
-            Ok(n) => {
-                self.start_queue(c, frame.slice(n..), n > 0);
-                Ok(())
+        loop {
+            return match (&c.sock).write(wire) {
+                Ok(n) if n == wire.len() => Ok(()),
+                Ok(n) => {
+                    self.start_queue(c, keep(n..wire.len()), n > 0);
+                    Ok(())
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.start_queue(c, keep(0..wire.len()), false);
+                    Ok(())
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => Err(SendError::Broken),
+            };
+        }
+    }
+
+    /// One write of `data` straight to the socket, encrypted for a TLS
+    /// subscriber; what the socket does not take is dropped (the caller
+    /// closes the connection next).
+    fn write_now(&self, c: &Conn, data: &[u8]) {
+        match &c.tls {
+            Some(tls) => {
+                let mut out = self.tls_out.borrow_mut();
+                out.clear();
+                if tls.borrow_mut().seal(data, &mut out).is_ok() {
+                    let _ = (&c.sock).write(&out);
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.start_queue(c, frame.clone(), false);
-                Ok(())
+            None => {
+                let _ = (&c.sock).write(data);
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => self.send(c, frame),
-            Err(_) => Err(SendError::Broken),
         }
     }
 
@@ -233,7 +339,7 @@ impl Worker {
             };
             let mut out = Vec::with_capacity(4 + reason.len());
             ws::encode_close(&mut out, close_code::POLICY, reason, None);
-            let _ = (&c.sock).write(&out);
+            self.write_now(c, &out);
         }
         self.finish(c);
     }
@@ -254,7 +360,17 @@ impl Worker {
         }
         c.state.set(State::Gone);
         self.unsubscribe(c);
-        self.drop_queue(c);
+        let partial = self.drop_queue(c).is_some_and(|q| q.partial);
+        if let Some(tls) = &c.tls
+            && !partial
+        {
+            // A clean TLS end (best effort: one write, nothing queued).
+            let mut out = self.tls_out.borrow_mut();
+            out.clear();
+            if tls.borrow_mut().close_notify(&mut out).is_ok() {
+                let _ = (&c.sock).write(&out);
+            }
+        }
         self.poller.remove(c.fd());
         if c.slot.get() != NONE {
             self.conns.borrow_mut().remove(c);
@@ -268,6 +384,10 @@ impl Worker {
     /// complete frame; keeps a split frame's bytes in `c.rest`. With `read`
     /// false, only handles bytes already kept (those sent with the upgrade).
     pub(crate) fn on_readable(&self, c: &Rc<Conn>, read: bool) {
+        if c.tls.is_some() {
+            self.on_readable_tls(c, read);
+            return;
+        }
         let mut scratch = self.scratch.borrow_mut();
         let mut read = read;
         loop {
@@ -304,48 +424,141 @@ impl Worker {
             }
             let full = have == scratch.len();
             c.last_seen.set(self.now.get());
-            if c.state.get() == State::Failed {
-                // Discard: the decoder is not trusted after an error.
-                if !full {
-                    return;
-                }
-                continue;
+            if !self.on_bytes(c, &mut scratch[..have]) || !full {
+                return;
             }
-            let mut pos = 0;
-            while pos < have {
-                let mut dec = c.decoder.borrow_mut();
-                match dec.decode(&mut scratch[pos..have]) {
-                    Ok(None) => break,
-                    Ok(Some(d)) => {
-                        pos += d.consumed;
-                        if let Some(frame) = d.frame
-                            && !self.on_frame(c, frame)
-                        {
-                            return;
-                        }
+            read = true;
+        }
+    }
+
+    /// [`Self::on_readable`] for a TLS subscriber: the scratch buffer takes
+    /// the records, the worker's plaintext buffer what they decrypt to.
+    fn on_readable_tls(&self, c: &Rc<Conn>, read: bool) {
+        let Some(tls) = &c.tls else { return };
+        let mut scratch = self.scratch.borrow_mut();
+        let mut read = read;
+        loop {
+            if c.state.get() == State::Gone {
+                return;
+            }
+            // Copied, not taken: `rest` stays what rustls expects until
+            // the next pump replaces it.
+            let mut have = 0;
+            if let Some(rest) = &tls.borrow().rest {
+                scratch[..rest.len()].copy_from_slice(rest);
+                have = rest.len();
+            }
+            if read {
+                match (&c.sock).read(&mut scratch[have..]) {
+                    Ok(0) => {
+                        self.lost(c);
+                        return;
                     }
-                    Err(e) => {
-                        drop(dec);
-                        self.close(
-                            c,
-                            e.close_code(),
-                            &e.to_string(),
-                            CloseReason::ProtocolError,
-                        );
+                    Ok(n) => have += n,
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::Interrupted =>
+                    {
+                        return;
+                    }
+                    Err(_) => {
+                        self.lost(c);
                         return;
                     }
                 }
             }
-            if pos < have {
-                // Bounded: the decoder refuses a header announcing more than
-                // MAX_CLIENT_MESSAGE, so a split frame is at most that plus a header.
-                *c.rest.borrow_mut() = Some(scratch[pos..have].into());
+            let full = have == scratch.len();
+            c.last_seen.set(self.now.get());
+            let mut plain = self.tls_plain.borrow_mut();
+            plain.clear();
+            if let Some(rest) = c.rest.borrow_mut().take() {
+                plain.extend_from_slice(&rest);
+            }
+            let mut out = self.tls_out.borrow_mut();
+            out.clear();
+            let pumped = {
+                let mut t = tls.borrow_mut();
+                let r = tls::pump(&mut t.conn, &mut scratch[..have], &mut plain, &mut out);
+                match r {
+                    Ok((used, _)) => t.rest = (used < have).then(|| scratch[used..have].into()),
+                    // The alert for the client is in `out`.
+                    Err(_) => t.failed = true,
+                }
+                r
+            };
+            // Records the session itself must send (a key update, an alert).
+            let sent = out.is_empty()
+                || self
+                    .send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]))
+                    .is_ok();
+            drop(out);
+            let Ok((_, state)) = pumped else {
+                if c.is_open() {
+                    self.counters.closed(CloseReason::TlsError);
+                }
+                self.finish(c);
+                return;
+            };
+            if !sent {
+                self.lost(c);
+                return;
+            }
+            if !plain.is_empty() && !self.on_bytes(c, &mut plain) {
+                return;
+            }
+            drop(plain);
+            if state == Pumped::Closed {
+                // close_notify: nothing more will come.
+                self.lost(c);
+                return;
             }
             if !full {
                 return;
             }
             read = true;
         }
+    }
+
+    /// Handles every complete frame in `buf` (a kept remainder followed by
+    /// what was just read); keeps a split frame's bytes in `c.rest`. False
+    /// when the connection ended.
+    fn on_bytes(&self, c: &Rc<Conn>, buf: &mut [u8]) -> bool {
+        if c.state.get() == State::Failed {
+            // Discard: the decoder is not trusted after an error.
+            return true;
+        }
+        let have = buf.len();
+        let mut pos = 0;
+        while pos < have {
+            let mut dec = c.decoder.borrow_mut();
+            match dec.decode(&mut buf[pos..have]) {
+                Ok(None) => break,
+                Ok(Some(d)) => {
+                    pos += d.consumed;
+                    if let Some(frame) = d.frame
+                        && !self.on_frame(c, frame)
+                    {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    drop(dec);
+                    self.close(
+                        c,
+                        e.close_code(),
+                        &e.to_string(),
+                        CloseReason::ProtocolError,
+                    );
+                    return false;
+                }
+            }
+        }
+        if pos < have {
+            // Bounded: the decoder refuses a header announcing more than
+            // MAX_CLIENT_MESSAGE, so a split frame is at most that plus a header.
+            *c.rest.borrow_mut() = Some(buf[pos..have].into());
+        }
+        true
     }
 
     /// Handles one frame from the client; false when the connection ended.

@@ -4,18 +4,20 @@
 //! the status and reason a client can act on.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use throng_proto::http::{self, BodyDecoder, BodyError, BodyKind, HeadError, Request};
 use throng_proto::ws::{self, OpCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::Worker;
-use super::conn::Conn;
+use super::conn::{Conn, TlsState};
 use crate::channel;
 use crate::sys;
+use crate::tls::stream::{Io, TlsStream};
 
 /// What reading a request head gave.
 enum Head {
@@ -25,20 +27,50 @@ enum Head {
     Bad(HeadError),
 }
 
+/// Runs the TLS handshake on a connection from a `--tls-listen` listener
+/// (within `--handshake-timeout`), then serves it like a plain one.
+pub(crate) async fn serve_tls(w: Rc<Worker>, tcp: TcpStream, config: Arc<rustls::ServerConfig>) {
+    let accepted =
+        tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
+    match accepted {
+        Err(_) => w.counters.handshake_failed("tls_timeout"),
+        Ok(Err(e)) => w.counters.handshake_failed(e.label()),
+        Ok(Ok(s)) => {
+            w.counters.tls_handshake(s.handshake_label());
+            serve(w, Io::Tls(Box::new(s))).await;
+        }
+    }
+}
+
 /// Serves one accepted connection until it upgrades or closes.
-pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
+pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
+    match requests(&w, &mut stream).await {
+        Some((req, rest)) => upgrade(&w, stream, &req, &rest).await,
+        None => {
+            if let Io::Tls(_) = stream {
+                // close_notify, so the client can tell the end from a cut.
+                let _ = tokio::time::timeout(
+                    w.cfg.handshake_timeout,
+                    tokio::io::AsyncWriteExt::shutdown(&mut stream),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// Answers requests until the connection ends (`None`) or asks for a
+/// WebSocket upgrade: then the request and the bytes read after it.
+async fn requests(w: &Rc<Worker>, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
     let mut buf: Vec<u8> = Vec::new();
     let mut first = true;
     loop {
-        let read = tokio::time::timeout(
-            w.cfg.handshake_timeout,
-            read_head(&w, &mut stream, &mut buf),
-        );
+        let read = tokio::time::timeout(w.cfg.handshake_timeout, read_head(w, stream, &mut buf));
         let Ok(head) = read.await else {
             if first || !buf.is_empty() {
                 w.counters.handshake_failed("timeout");
             }
-            return;
+            return None;
         };
         let (req, used) = match head {
             Head::Request(req, used) => (req, used),
@@ -46,7 +78,7 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                 if !buf.is_empty() {
                     w.counters.handshake_failed("incomplete_head");
                 }
-                return;
+                return None;
             }
             Head::Bad(e) => {
                 let (status, label) = match e {
@@ -57,15 +89,15 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                 };
                 w.counters.handshake_failed(label);
                 reply(
-                    &w,
-                    &mut stream,
+                    w,
+                    stream,
                     status,
                     "text/plain",
                     format!("{e}\n").as_bytes(),
                     false,
                 )
                 .await;
-                return;
+                return None;
             }
         };
         first = false;
@@ -82,11 +114,11 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                 } else {
                     String::from("ok\n")
                 };
-                body.push_str(&broker_health(&w));
+                body.push_str(&broker_health(w));
                 let status = if w.draining.get() { 503 } else { 200 };
                 reply(
-                    &w,
-                    &mut stream,
+                    w,
+                    stream,
                     status,
                     "text/plain",
                     body.as_bytes(),
@@ -99,8 +131,8 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                 match w.metrics().await {
                     Some(text) => {
                         reply(
-                            &w,
-                            &mut stream,
+                            w,
+                            stream,
                             200,
                             "text/plain; version=0.0.4; charset=utf-8",
                             &text,
@@ -110,8 +142,8 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                     }
                     None => {
                         reply(
-                            &w,
-                            &mut stream,
+                            w,
+                            stream,
                             503,
                             "text/plain",
                             b"supervisor unavailable\n",
@@ -123,12 +155,12 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
             }
             (method, p) if p == "/publish" || p.starts_with("/publish/") => {
                 if method == "POST" {
-                    publish(&w, &mut stream, &req, &mut buf, false).await
+                    publish(w, stream, &req, &mut buf, false).await
                 } else {
                     w.counters.handshake_failed("method");
                     reply(
-                        &w,
-                        &mut stream,
+                        w,
+                        stream,
                         405,
                         "text/plain",
                         b"publish with POST /publish/<channel>\n",
@@ -137,17 +169,14 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                     .await
                 }
             }
-            ("GET" | "POST", "/ping") => crate::ping::serve(&w, &mut stream, &req, &mut buf).await,
+            ("GET" | "POST", "/ping") => crate::ping::serve(w, stream, &req, &mut buf).await,
             ("POST", p) if w.cfg.bench_floor && p.starts_with("/bench/floor/") => {
-                publish(&w, &mut stream, &req, &mut buf, true).await
+                publish(w, stream, &req, &mut buf, true).await
             }
-            _ => {
-                upgrade(&w, stream, &req, &buf).await;
-                return;
-            }
+            _ => return Some((req, buf)),
         };
         if !keep {
-            return;
+            return None;
         }
     }
 }
@@ -158,8 +187,9 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
 /// copy only of a head that arrived split, or of bytes after a whole head
 /// (a pipelined request, a body). Measured with `scripts/bench-attack.sh`:
 /// reserving 4 KiB per connection up front was most of what each of 5,000
-/// sleeping `/ping` requests cost the server.
-async fn read_head(w: &Worker, stream: &mut TcpStream, buf: &mut Vec<u8>) -> Head {
+/// sleeping `/ping` requests cost the server. A TLS connection reads through
+/// its stream, which owns the decrypted bytes.
+async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
     loop {
         if !buf.is_empty() {
             match http::parse_request(buf, http::MAX_HEAD) {
@@ -179,11 +209,19 @@ async fn read_head(w: &Worker, stream: &mut TcpStream, buf: &mut Vec<u8>) -> Hea
                 Ok(_) => continue,
             }
         }
-        if stream.readable().await.is_err() {
+        let Io::Plain(tcp) = stream else {
+            // TLS: the stream decrypts whole records into its own buffer.
+            buf.reserve(4096);
+            match stream.read_buf(buf).await {
+                Ok(0) | Err(_) => return Head::Closed,
+                Ok(_) => continue,
+            }
+        };
+        if tcp.readable().await.is_err() {
             return Head::Closed;
         }
         let mut scratch = w.scratch.borrow_mut();
-        let n = match stream.try_read(&mut scratch) {
+        let n = match tcp.try_read(&mut scratch) {
             Ok(0) => return Head::Closed,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
@@ -208,7 +246,7 @@ async fn read_head(w: &Worker, stream: &mut TcpStream, buf: &mut Vec<u8>) -> Hea
 /// Writes a whole response; returns whether the connection stays open.
 async fn reply(
     w: &Worker,
-    stream: &mut TcpStream,
+    stream: &mut Io,
     status: u16,
     ctype: &str,
     body: &[u8],
@@ -228,7 +266,7 @@ async fn reply(
 
 /// Completes (or refuses) a WebSocket upgrade and hands the socket to the
 /// subscriber task.
-async fn upgrade(w: &Rc<Worker>, mut stream: TcpStream, req: &Request, rest: &[u8]) {
+async fn upgrade(w: &Rc<Worker>, mut stream: Io, req: &Request, rest: &[u8]) {
     let accept = match ws::server_accept(req) {
         Ok(accept) => accept,
         Err(e) => {
@@ -278,11 +316,28 @@ async fn upgrade(w: &Rc<Worker>, mut stream: TcpStream, req: &Request, rest: &[u
         }
     }
     // From here on the socket lives in the worker's own epoll, not tokio's.
-    let Ok(sock) = stream.into_std() else {
-        w.counters.handshake_failed("write_failed");
-        return;
+    let c = match stream {
+        Io::Plain(tcp) => {
+            let Ok(sock) = tcp.into_std() else {
+                w.counters.handshake_failed("write_failed");
+                return;
+            };
+            Conn::new(sock, w.now.get(), rest)
+        }
+        Io::Tls(tls) => {
+            let parts = tls.into_parts();
+            let Ok(sock) = parts.tcp.into_std() else {
+                w.counters.handshake_failed("write_failed");
+                return;
+            };
+            // Frames the client sent right behind its request: first what
+            // the HTTP phase had read, then what it had decrypted but not read.
+            let mut plain = rest.to_vec();
+            plain.extend_from_slice(&parts.plain_rest);
+            Conn::new(sock, w.now.get(), &plain)
+                .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
+        }
     };
-    let c = Conn::new(sock, w.now.get(), rest);
     w.subscribe(name, c);
 }
 
@@ -297,7 +352,7 @@ enum BodyFail {
 /// loop). Returns whether the connection stays open.
 async fn publish(
     w: &Rc<Worker>,
-    stream: &mut TcpStream,
+    stream: &mut Io,
     req: &Request,
     buf: &mut Vec<u8>,
     floor: bool,
@@ -476,7 +531,7 @@ fn broker_health(w: &Worker) -> String {
 }
 
 async fn read_body(
-    stream: &mut TcpStream,
+    stream: &mut Io,
     buf: &mut Vec<u8>,
     kind: BodyKind,
     max: usize,
@@ -542,7 +597,8 @@ fn bench_floor(w: &Rc<Worker>, channel: &str, text: bool, payload: &[u8]) -> Str
         Some(ch) => ch
             .subs
             .iter()
-            .filter(|c| !c.has_queue() && c.is_open())
+            // A TLS subscriber's stream cannot take a bare frame.
+            .filter(|c| !c.has_queue() && c.is_open() && !c.is_tls())
             .map(|c| (c.fd(), c.clone()))
             .collect(),
         None => Vec::new(),

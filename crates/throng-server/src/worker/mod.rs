@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -30,6 +31,7 @@ use crate::control::{Message, Record, read_record};
 use crate::metrics::{CloseReason, Counters};
 use crate::redis::RedisMode;
 use crate::sys;
+use crate::tls;
 use crate::wheel::{self, Sweep};
 use conn::Conn;
 use table::{Channels, Slab};
@@ -46,6 +48,15 @@ pub enum WorkerError {
     /// The control socket closed or carried garbage before the settings arrived.
     #[error("worker: no settings from the supervisor: {0}")]
     NoConfig(String),
+    /// The TLS settings from the supervisor were refused (cannot happen
+    /// when the supervisor checked them; kept for a clear message).
+    #[error("worker {index}: {source}")]
+    Tls {
+        /// Worker index.
+        index: usize,
+        /// Why.
+        source: tls::TlsError,
+    },
     /// A listener could not be opened.
     #[error("worker {index}: cannot listen on {addr}: {source}")]
     Listen {
@@ -82,6 +93,11 @@ pub(crate) struct Worker {
     pub(crate) channels: RefCell<Channels>,
     /// The one read buffer: every subscriber reads into it, in turn.
     pub(crate) scratch: RefCell<Box<[u8]>>,
+    /// TLS subscribers: what the records just read decrypt to.
+    pub(crate) tls_plain: RefCell<Vec<u8>>,
+    /// TLS subscribers: one frame (or control record) encrypted for one
+    /// connection, written from here.
+    pub(crate) tls_out: RefCell<Vec<u8>>,
     /// Ticks of [`wheel::TICK`] since the worker started.
     pub(crate) now: Cell<u32>,
     /// Subscriber sockets' readiness (one epoll for all of them).
@@ -131,14 +147,22 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         Ok(other) => return Err(WorkerError::NoConfig(format!("unexpected {other:?}"))),
         Err(e) => return Err(WorkerError::NoConfig(e.to_string())),
     };
+    let tls = match &cfg.tls {
+        Some(m) if !cfg.tls_listen.is_empty() => {
+            Some(tls::server_config(m).map_err(|source| WorkerError::Tls { index, source })?)
+        }
+        _ => None,
+    };
     let mut listeners = Vec::new();
-    for &addr in &cfg.listen {
+    let plain = cfg.listen.iter().map(|a| (*a, None));
+    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone()));
+    for (addr, tls) in plain.chain(secure) {
         let l = listen(addr).map_err(|source| WorkerError::Listen {
             index,
             addr,
             source,
         })?;
-        listeners.push(l);
+        listeners.push((l, tls));
     }
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
@@ -155,6 +179,8 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         conns: RefCell::default(),
         channels: RefCell::default(),
         scratch: RefCell::new(vec![0; SCRATCH].into_boxed_slice()),
+        tls_plain: RefCell::default(),
+        tls_out: RefCell::default(),
         now: Cell::new(0),
         poller: poll::Poller::new()?,
         queued: RefCell::default(),
@@ -170,7 +196,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     });
     let accepts: Vec<AbortHandle> = listeners
         .into_iter()
-        .map(|l| tokio::task::spawn_local(accept_loop(w.clone(), l)).abort_handle())
+        .map(|(l, tls)| tokio::task::spawn_local(accept_loop(w.clone(), l, tls)).abort_handle())
         .collect();
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
@@ -217,14 +243,25 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(s.into())
 }
 
-async fn accept_loop(w: Rc<Worker>, l: TcpListener) {
+/// Accepts connections on `l`; with `tls`, each starts with a TLS handshake.
+async fn accept_loop(w: Rc<Worker>, l: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {
     let mut last_report: Option<Instant> = None;
     loop {
         match l.accept().await {
             Ok((stream, _)) => {
                 crate::metrics::inc(&w.counters.accepted);
                 let _ = stream.set_nodelay(true);
-                tokio::task::spawn_local(http::serve(w.clone(), stream));
+                match &tls {
+                    Some(cfg) => {
+                        tokio::task::spawn_local(http::serve_tls(w.clone(), stream, cfg.clone()));
+                    }
+                    None => {
+                        tokio::task::spawn_local(http::serve(
+                            w.clone(),
+                            tls::stream::Io::Plain(stream),
+                        ));
+                    }
+                }
             }
             Err(e) => {
                 // EMFILE and friends: say so, and back off instead of spinning.

@@ -25,6 +25,12 @@ Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a node:
             The publish answer is then {\"channel\":..,\"redis_receivers\":N}: the Redis connections
             that got the message (subscribed nodes, plus any other client), not WebSocket
             subscribers; 503 with the reason while Redis is unreachable. See docs/deploy.md.
+TLS:        every --tls-listen listener serves the same endpoints as wss:// and https://
+            (TLS 1.3 and 1.2, ALPN http/1.1, session tickets shared by all workers), beside the
+            plain --listen ones; e.g. --listen 127.0.0.1:8080 --tls-listen 0.0.0.0:8443
+            --tls-cert cert.pem --tls-key key.pem. A plain-HTTP request on a TLS port gets a
+            plain 400; failed or stalled handshakes are closed and counted in
+            throng_handshake_failures_total{reason=\"tls_...\"}
 Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random 0..S ms first,
             'times: T' then sends T more pongs (chunked), each after such a wait
 
@@ -39,6 +45,29 @@ pub(crate) struct Args {
     /// per port (more ports = more client source ports on one machine). Port 0 picks a free port.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080", value_parser = parse_listen, action = clap::ArgAction::Append)]
     listen: Vec<Vec<SocketAddr>>,
+
+    /// Address that speaks TLS (wss://, https://); repeat for more, ranges as for --listen.
+    /// Needs --tls-cert and --tls-key, or --tls-self-signed.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
+    tls_listen: Vec<Vec<SocketAddr>>,
+
+    /// Certificate chain for --tls-listen: a PEM file, leaf certificate first.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_key",
+        requires = "tls_listen"
+    )]
+    tls_cert: Option<PathBuf>,
+
+    /// Private key of --tls-cert: a PEM file (PKCS#8, PKCS#1 RSA or SEC1 EC).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// For trials: make an ECDSA P-256 certificate for localhost, 127.0.0.1 and ::1 at start
+    /// (its PEM is in the --json start line, for clients to trust).
+    #[arg(long, conflicts_with = "tls_cert", requires = "tls_listen")]
+    tls_self_signed: bool,
 
     /// Worker processes (0 = one per core). Raised automatically when --max-connections needs
     /// more processes than the per-process open-file limit allows.
@@ -75,7 +104,7 @@ pub(crate) struct Args {
     drain_timeout: Duration,
 
     /// Close a connection whose request head (or publish body) is not complete within this
-    /// (slowloris).
+    /// (slowloris). On --tls-listen the TLS handshake gets the same time again, first.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
 
@@ -174,6 +203,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_sleep: args.max_sleep,
         max_times: args.max_times,
         redis_mode: None,
+        tls_listen: args.tls_listen.into_iter().flatten().collect(),
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(throng_server::tls::Material::from_files(cert, key)?),
+            _ if args.tls_self_signed => Some(throng_server::tls::Material::self_signed()?),
+            _ => None,
+        },
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");

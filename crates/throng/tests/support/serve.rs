@@ -17,6 +17,8 @@ pub(crate) struct Server {
     pub(crate) child: Child,
     pub(crate) addr: SocketAddr,
     pub(crate) log: Arc<Mutex<String>>,
+    /// The JSON start line (`tls_listen`, `config.tls.cert_pem`, ...).
+    pub(crate) start: serde_json::Value,
 }
 
 impl Server {
@@ -44,7 +46,12 @@ impl Server {
                 sink.lock().unwrap().push_str(&(line + "\n"));
             }
         });
-        let s = Self { child, addr, log };
+        let s = Self {
+            child,
+            addr,
+            log,
+            start,
+        };
         // Workers bind after the supervisor reserved the port: wait until one answers.
         wait_until("a worker answers /healthz", || {
             TcpStream::connect(s.addr).is_ok() && get(s.addr, "/healthz").0 == 200

@@ -1,0 +1,368 @@
+//! A TLS connection's first life, as a tokio stream: the handshake (with
+//! the checks that tell a plain-HTTP client or a stalled one apart), then the
+//! HTTP phase (request heads, publish bodies, `/ping`), then — on a
+//! WebSocket upgrade — its parts handed to the worker's own epoll.
+//!
+//! The buffers here live only for the handshake and the HTTP phase, which
+//! already owns per-connection buffers; [`TlsStream::into_parts`] keeps
+//! nothing of them but unread bytes.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use rustls::server::UnbufferedServerConnection;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::{Pumped, close_notify, pump, seal};
+
+/// Largest run of received bytes held before a record completes: a 64 KiB
+/// handshake message (rustls's own limit) plus a record header, or a full
+/// record (16 KiB + overhead).
+const MAX_INCOMING: usize = 64 * 1024 + 2048;
+
+/// How much to read at a time.
+const READ_CHUNK: usize = 4096;
+
+/// The first byte of a TLS record carrying a handshake message.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// A connection on a TLS listener, before or after its handshake.
+pub(crate) struct TlsStream {
+    tcp: TcpStream,
+    conn: UnbufferedServerConnection,
+    /// Received bytes not yet processed: `incoming[..used]`.
+    incoming: Vec<u8>,
+    used: usize,
+    /// Decrypted bytes not yet read: `plain[plain_pos..]`.
+    plain: Vec<u8>,
+    plain_pos: usize,
+    /// Records not yet written: `out[out_pos..]`.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// The peer closed (close_notify or end of stream).
+    eof: bool,
+    /// Our close_notify is queued.
+    closing: bool,
+    /// The session failed: rustls is not called again (see [`pump`]).
+    failed: Option<rustls::Error>,
+}
+
+/// Why a handshake did not complete; each is a `reason` in
+/// `throng_handshake_failures_total`.
+#[derive(Debug)]
+pub(crate) enum AcceptError {
+    /// The client spoke plain HTTP to a TLS port.
+    PlainHttp,
+    /// The first bytes are not a TLS handshake record.
+    NotTls,
+    /// The client went away during the handshake.
+    Closed,
+    /// rustls refused the handshake.
+    Tls(rustls::Error),
+    /// The socket failed.
+    Io,
+}
+
+impl AcceptError {
+    /// The metrics label.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Self::PlainHttp => "tls_plain_http",
+            Self::NotTls => "tls_not_tls",
+            Self::Closed => "tls_closed",
+            Self::Tls(e) => super::failure_label(e),
+            Self::Io => "tls_io",
+        }
+    }
+}
+
+/// What [`TlsStream::into_parts`] gives the subscriber: the socket, the
+/// connection state, and bytes received but not yet used.
+pub(crate) struct Parts {
+    pub(crate) tcp: TcpStream,
+    pub(crate) conn: UnbufferedServerConnection,
+    /// Received bytes of a record that arrived split.
+    pub(crate) cipher_rest: Vec<u8>,
+    /// Decrypted bytes the HTTP phase did not read.
+    pub(crate) plain_rest: Vec<u8>,
+}
+
+impl TlsStream {
+    /// Runs the server side of a handshake on `tcp`. The caller bounds it
+    /// in time (`--handshake-timeout`).
+    pub(crate) async fn accept(
+        tcp: TcpStream,
+        config: Arc<rustls::ServerConfig>,
+    ) -> Result<Self, AcceptError> {
+        let conn = UnbufferedServerConnection::new(config).map_err(AcceptError::Tls)?;
+        let mut s = Self {
+            tcp,
+            conn,
+            incoming: Vec::new(),
+            used: 0,
+            plain: Vec::new(),
+            plain_pos: 0,
+            out: Vec::new(),
+            out_pos: 0,
+            eof: false,
+            closing: false,
+            failed: None,
+        };
+        let mut first = true;
+        loop {
+            let n = std::future::poll_fn(|cx| s.poll_fill(cx))
+                .await
+                .map_err(|_| AcceptError::Io)?;
+            if n == 0 {
+                return Err(AcceptError::Closed);
+            }
+            if std::mem::take(&mut first) && s.incoming[0] != TLS_HANDSHAKE {
+                if s.incoming[0].is_ascii_uppercase() {
+                    s.refuse_plain_http().await;
+                    return Err(AcceptError::PlainHttp);
+                }
+                return Err(AcceptError::NotTls);
+            }
+            if let Err(e) = s.run() {
+                // The alert for the client, if rustls had one.
+                let _ = std::future::poll_fn(|cx| s.poll_flush_out(cx)).await;
+                return Err(AcceptError::Tls(e));
+            }
+            std::future::poll_fn(|cx| s.poll_flush_out(cx))
+                .await
+                .map_err(|_| AcceptError::Io)?;
+            if !s.conn.is_handshaking() {
+                return Ok(s);
+            }
+            if s.eof {
+                return Err(AcceptError::Closed);
+            }
+        }
+    }
+
+    /// A plain-HTTP request on a TLS port gets a plain answer saying so.
+    async fn refuse_plain_http(&mut self) {
+        let body = b"This port speaks TLS: use https:// or wss://\n";
+        let mut out = Vec::with_capacity(160);
+        throng_proto::http::write_response(
+            &mut out,
+            400,
+            &[("Content-Type", "text/plain"), ("Connection", "close")],
+            body,
+        );
+        let _ = self.tcp.write_all(&out).await;
+    }
+
+    /// The negotiated handshake, as a metrics label.
+    pub(crate) fn handshake_label(&self) -> &'static str {
+        super::handshake_label(&self.conn)
+    }
+
+    /// The connection's parts, once everything written has been flushed.
+    pub(crate) fn into_parts(self) -> Parts {
+        Parts {
+            tcp: self.tcp,
+            conn: self.conn,
+            cipher_rest: self.incoming[..self.used].to_vec(),
+            plain_rest: self.plain[self.plain_pos..].to_vec(),
+        }
+    }
+
+    /// Processes what was received; plaintext goes to `plain`, records to
+    /// send to `out`. Sets `eof` on close_notify.
+    fn run(&mut self) -> Result<(), rustls::Error> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.used == 0 && !self.conn.is_handshaking() {
+            return Ok(());
+        }
+        let pumped = pump(
+            &mut self.conn,
+            &mut self.incoming[..self.used],
+            &mut self.plain,
+            &mut self.out,
+        );
+        let (consumed, state) = pumped.inspect_err(|e| self.failed = Some(e.clone()))?;
+        self.incoming.copy_within(consumed..self.used, 0);
+        self.used -= consumed;
+        if state == Pumped::Closed {
+            self.eof = true;
+        }
+        Ok(())
+    }
+
+    /// Reads more bytes from the socket; `Ok(0)` at end of stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.used >= MAX_INCOMING {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "TLS record larger than allowed",
+            )));
+        }
+        let want = (self.used + READ_CHUNK).min(MAX_INCOMING);
+        if self.incoming.len() < want {
+            self.incoming.resize(want, 0);
+        }
+        let mut rb = ReadBuf::new(&mut self.incoming[self.used..]);
+        ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut rb))?;
+        let n = rb.filled().len();
+        self.used += n;
+        Poll::Ready(Ok(n))
+    }
+
+    /// Writes every pending record.
+    fn poll_flush_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.out_pos < self.out.len() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.out_pos..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.out_pos += n;
+        }
+        self.out.clear();
+        self.out_pos = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+fn invalid(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+impl AsyncRead for TlsStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.plain_pos < this.plain.len() {
+                let n = buf.remaining().min(this.plain.len() - this.plain_pos);
+                buf.put_slice(&this.plain[this.plain_pos..this.plain_pos + n]);
+                this.plain_pos += n;
+                if this.plain_pos == this.plain.len() {
+                    this.plain.clear();
+                    this.plain_pos = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            ready!(this.poll_flush_out(cx))?;
+            this.run().map_err(invalid)?;
+            if this.out_pos < this.out.len() || this.plain_pos < this.plain.len() || this.eof {
+                continue;
+            }
+            if ready!(this.poll_fill(cx))? == 0 {
+                this.eof = true;
+            }
+        }
+    }
+}
+
+impl AsyncWrite for TlsStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_flush_out(cx))?;
+        // Complete records in the input would stand in seal's way.
+        this.run().map_err(invalid)?;
+        seal(
+            &mut this.conn,
+            &mut this.incoming[..this.used],
+            data,
+            &mut this.out,
+        )
+        .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        // Accepted: what the socket does not take now goes with the next
+        // write, read or flush.
+        let _ = this.poll_flush_out(cx)?;
+        Poll::Ready(Ok(data.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_flush_out(cx)
+    }
+
+    /// Sends close_notify after whatever is pending, then FIN.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !std::mem::replace(&mut this.closing, true) && this.failed.is_none() {
+            // Queued behind anything unsent. Best effort: a session that
+            // cannot send any more just closes.
+            let _ = this.run();
+            let _ = close_notify(
+                &mut this.conn,
+                &mut this.incoming[..this.used],
+                &mut this.out,
+            );
+        }
+        ready!(this.poll_flush_out(cx))?;
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
+}
+
+/// A connection in its HTTP phase: plain, or TLS.
+pub(crate) enum Io {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+impl Io {
+    /// Writes all of `bytes` and flushes. Shadows `AsyncWriteExt::write_all`
+    /// on purpose: a TLS stream may hold encrypted bytes until flushed, and
+    /// every write in the HTTP phase is a whole message that must go out.
+    pub(crate) async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        AsyncWriteExt::write_all(self, bytes).await?;
+        AsyncWriteExt::flush(self).await
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write(cx, data),
+            Self::Tls(s) => Pin::new(&mut **s).poll_write(cx, data),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_flush(cx),
+            Self::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+}
