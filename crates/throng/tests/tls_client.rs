@@ -236,6 +236,68 @@ fn hold_wss_through_haproxy_delivers_every_message() {
     );
 }
 
+/// The two halves together: `throng hold wss://` against `throng serve`'s own
+/// TLS listener (self-signed; its certificate from the start line as the CA)
+/// on two server workers, with resumption on: every message reaches every
+/// connection, and session tickets issued by one worker resume on the other
+/// (the workers share the ticket key).
+#[test]
+fn hold_wss_against_throng_serve_tls_resumes_across_workers() {
+    let server = serve_support::Server::start(&[
+        "--workers",
+        "2",
+        "--tls-listen",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+    ]);
+    let tls: SocketAddr = server.start["tls_listen"][0]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("tls_listen in the start line");
+    let ca = temp_dir().join("serve-self-signed.pem");
+    let pem = server.start["config"]["tls"]["cert_pem"]
+        .as_str()
+        .expect("the certificate in the start line");
+    std::fs::write(&ca, pem).unwrap();
+    let (code, s, stderr) = throng(
+        "hold",
+        &[
+            &format!("wss://localhost:{}/news", tls.port()),
+            "-c",
+            "400",
+            "--rate",
+            "1000/s",
+            "-w",
+            "2",
+            "--tls-ca",
+            ca.to_str().unwrap(),
+            "--tls-resume",
+            "--duration",
+            "2s",
+            "--publish",
+            &format!("http://{}/publish/news", server.addr),
+            "--publish-rate",
+            "10/s",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(n(&s, &["opened"]), 400, "{s:#}\n{stderr}");
+    let published = n(&s, &["published"]);
+    assert!(published >= 10, "{s:#}");
+    assert_eq!(n(&s, &["received"]), published * 400, "{s:#}");
+    assert_eq!(n(&s, &["lost"]), 0, "{s:#}");
+    assert_eq!(n(&s, &["tls_full"]) + n(&s, &["tls_resumed"]), 400, "{s:#}");
+    // Only the connections a client worker opens before its first ticket
+    // arrives are full (4 of 400 here); the rest resume on whichever server
+    // worker the kernel picks.
+    assert!(n(&s, &["tls_resumed"]) >= 300, "{s:#}");
+    let resumed = server.metric("throng_tls_handshakes_total{kind=\"tls1.3_resumed\"}");
+    assert!(
+        resumed >= 300.0,
+        "server counted {resumed} resumed handshakes"
+    );
+}
+
 /// Every record format the client takes over from rustls after the
 /// handshake: TLS 1.3 and TLS 1.2, AES-GCM and ChaCha20-Poly1305. Messages
 /// of 40 KB arrive whole (decryption, records split across reads), the server's pings are answered (encryption: the
