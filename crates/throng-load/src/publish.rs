@@ -51,12 +51,13 @@ pub enum PublishError {
     /// No answer within the timeout.
     #[error("publish got no answer within {0:?}")]
     Timeout(Duration),
-    /// The connection to Redis could not be set up: TLS, `AUTH`, the
-    /// hello's answers (a refused TCP connect is [`Self::Connect`]).
-    #[error("Redis connection: {0}")]
-    Redis(LinkError),
-    /// `rediss://` trust could not be set up (the CA file).
-    #[error("TLS to Redis: {0}")]
+    /// The connection could not be set up past TCP: the TLS handshake
+    /// (`https://`, `rediss://`), or Redis's `AUTH`/`SELECT` and their
+    /// answers (a refused TCP connect is [`Self::Connect`]).
+    #[error("setting up the publish connection: {0}")]
+    Link(LinkError),
+    /// TLS trust could not be set up (the CA file).
+    #[error("TLS trust for the publish endpoint: {0}")]
     Trust(String),
 }
 
@@ -69,7 +70,7 @@ impl PublishError {
             Self::Status(_) => "status",
             Self::Protocol(_) => "protocol",
             Self::Timeout(_) => "timeout",
-            Self::Redis(e) => match e {
+            Self::Link(e) => match e {
                 LinkError::Tls { .. } | LinkError::TlsTimeout(_) | LinkError::ServerName(_) => {
                     "tls"
                 }
@@ -89,8 +90,8 @@ pub struct Publisher {
     redis_channel: String,
     timeout: Duration,
     conn: Option<Stream>,
-    /// `rediss://`: the TLS configuration, made at the first connection.
-    redis_tls: Option<Arc<rustls::ClientConfig>>,
+    /// `https://`, `rediss://`: the TLS configuration, made at the first connection.
+    tls_config: Option<Arc<rustls::ClientConfig>>,
     out: Vec<u8>,
     inbuf: Vec<u8>,
     /// Redis replies not yet decoded.
@@ -105,7 +106,7 @@ impl Publisher {
             redis_channel,
             timeout,
             conn: None,
-            redis_tls: None,
+            tls_config: None,
             out: Vec::new(),
             inbuf: Vec::new(),
             resp_in: BytesMut::new(),
@@ -182,28 +183,43 @@ impl Publisher {
     /// came after them goes to `resp_in`).
     async fn connect(&mut self) -> Result<Stream, PublishError> {
         match &self.target {
-            PublishTarget::Http { addr, .. } => {
+            PublishTarget::Http { addr, tls, .. } => {
                 let addr = *addr;
                 let s = TcpStream::connect(addr)
                     .await
                     .map_err(|source| PublishError::Connect { addr, source })?;
                 s.set_nodelay(true)?;
-                Ok(Stream::Plain(s))
+                let Some((name, trust)) = tls else {
+                    return Ok(Stream::Plain(s));
+                };
+                let config = match &self.tls_config {
+                    Some(c) => c.clone(),
+                    None => {
+                        let c = trust
+                            .tls_config()
+                            .map_err(|e| PublishError::Trust(e.to_string()))?;
+                        self.tls_config = Some(c.clone());
+                        c
+                    }
+                };
+                throng_redis::tls_handshake(s, name, &config, self.timeout)
+                    .await
+                    .map_err(PublishError::Link)
             }
             PublishTarget::Redis { addr, url, trust } => {
-                if url.tls && self.redis_tls.is_none() {
-                    self.redis_tls = trust
+                if url.tls && self.tls_config.is_none() {
+                    self.tls_config = trust
                         .client_config(url)
                         .map_err(|e| PublishError::Trust(e.to_string()))?;
                 }
-                let (s, rest) = throng_redis::open(url, self.redis_tls.as_ref(), self.timeout)
+                let (s, rest) = throng_redis::open(url, self.tls_config.as_ref(), self.timeout)
                     .await
                     .map_err(|e| match e {
                         LinkError::Connect(source) => PublishError::Connect {
                             addr: *addr,
                             source,
                         },
-                        e => PublishError::Redis(e),
+                        e => PublishError::Link(e),
                     })?;
                 self.resp_in = rest;
                 Ok(s)

@@ -142,7 +142,8 @@ impl FromStr for WsTarget {
 /// Where `hold` publishes its timestamped messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishTarget {
-    /// `POST` the message to this HTTP endpoint (`http://host:port/publish/chan`).
+    /// `POST` the message to this HTTP endpoint (`http://host:port/publish/chan`,
+    /// or `https://` for TLS).
     Http {
         /// Server address.
         addr: SocketAddr,
@@ -150,6 +151,10 @@ pub enum PublishTarget {
         host: String,
         /// Request target, e.g. `/publish/chan`.
         path: String,
+        /// `https://`: the host name to check the certificate against (and
+        /// send as SNI), and which certificates it may present (the system
+        /// bundle unless set after parsing). `None` for `http://`.
+        tls: Option<(String, Trust)>,
     },
     /// `PUBLISH <channel> <message>` on this Redis server
     /// (`redis[s]://[user:password@]HOST:PORT[/DB]`).
@@ -189,7 +194,12 @@ impl FromStr for PublishTarget {
                 trust: Trust::default(),
             });
         }
-        let p = split_url(url, &["http"], 80)?;
+        let https = url.starts_with("https://");
+        let p = if https {
+            split_url(url, &["https"], 443)?
+        } else {
+            split_url(url, &["http"], 80)?
+        };
         if p.ports.0 != p.ports.1 {
             return Err(url_err(url, "give one port for the publish endpoint"));
         }
@@ -197,10 +207,15 @@ impl FromStr for PublishTarget {
             IpAddr::V6(_) if !p.host.starts_with('[') => format!("[{}]:{}", p.host, p.ports.0),
             _ => format!("{}:{}", p.host, p.ports.0),
         };
+        let tls = https.then(|| {
+            let name = p.host.trim_start_matches('[').trim_end_matches(']');
+            (name.to_owned(), Trust::default())
+        });
         Ok(Self::Http {
             addr: SocketAddr::new(p.ip, p.ports.0),
             host,
             path: p.path,
+            tls,
         })
     }
 }
@@ -208,7 +223,12 @@ impl FromStr for PublishTarget {
 impl fmt::Display for PublishTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Http { host, path, .. } => write!(f, "http://{host}{path}"),
+            Self::Http {
+                host, path, tls, ..
+            } => {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                write!(f, "{scheme}://{host}{path}")
+            }
             // The URL prints its password as ***.
             Self::Redis { url, .. } => write!(f, "{url}"),
         }
@@ -461,9 +481,17 @@ mod tests {
             PublishTarget::Http {
                 addr: "127.0.0.1:8080".parse().unwrap(),
                 host: "127.0.0.1:8080".into(),
-                path: "/publish/chan".into()
+                path: "/publish/chan".into(),
+                tls: None,
             }
         );
+        let p: PublishTarget = "https://localhost/publish/chan".parse().unwrap();
+        assert!(matches!(
+            &p,
+            PublishTarget::Http { addr, tls: Some((name, _)), .. }
+                if *addr == "127.0.0.1:443".parse().unwrap() && name == "localhost"
+        ));
+        assert_eq!(p.to_string(), "https://localhost:443/publish/chan");
         let r: PublishTarget = "redis://127.0.0.1".parse().unwrap();
         assert!(matches!(
             &r,

@@ -235,6 +235,12 @@ impl Trust {
         if !url.tls {
             return Ok(None);
         }
+        self.tls_config().map(Some)
+    }
+
+    /// The rustls configuration for a TLS client that trusts what `self`
+    /// says (also used for `https://` publish endpoints).
+    pub fn tls_config(&self) -> Result<Arc<ClientConfig>, TrustError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -254,7 +260,7 @@ impl Trust {
                 .with_root_certificates(load_roots(&path)?)
                 .with_no_client_auth()
         };
-        Ok(Some(Arc::new(config)))
+        Ok(Arc::new(config))
     }
 }
 
@@ -373,8 +379,8 @@ pub enum LinkError {
     /// The server did not complete the TLS handshake in time: typically a
     /// plain Redis behind a `rediss://` URL (it waits for a command line).
     #[error(
-        "no TLS handshake within {0:?} (is it a TLS port? a plain Redis port waits silently; \
-         use redis:// for it)"
+        "no TLS handshake within {0:?} (is it a TLS port? a plain Redis or HTTP port waits \
+         silently; use redis:// or http:// for it)"
     )]
     TlsTimeout(Duration),
     /// The TLS handshake failed: a certificate not signed by the trusted
@@ -482,33 +488,10 @@ pub async fn open(
         })?
         .map_err(LinkError::Connect)?;
     let _ = tcp.set_nodelay(true);
-    let mut s =
-        match tls {
-            None => Stream::Plain(tcp),
-            Some(config) => {
-                // An IP address becomes ServerName::IpAddress: no SNI is sent and
-                // the certificate must name the address.
-                let name = ServerName::try_from(url.host.clone())
-                    .map_err(|_| LinkError::ServerName(url.host.clone()))?;
-                let tls = tokio::time::timeout(
-                timeout,
-                tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
-            )
-            .await
-            .map_err(|_| LinkError::TlsTimeout(timeout))?
-            .map_err(|error| {
-                let hint = match error.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
-                    Some(rustls::Error::InvalidCertificate(_)) => {
-                        "the certificate Redis presented is not signed by a trusted CA, or does \
-                         not name the URL's host: check the CA file given"
-                    }
-                    _ => "is it a TLS port, with TLS 1.2 or 1.3?",
-                };
-                LinkError::Tls { error, hint }
-            })?;
-                Stream::Tls(Box::new(tls))
-            }
-        };
+    let mut s = match tls {
+        None => Stream::Plain(tcp),
+        Some(config) => tls_handshake(tcp, &url.host, config, timeout).await?,
+    };
     let (hello, replies) = url.hello();
     write_all(&mut s, &hello).await.map_err(LinkError::Io)?;
     let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -525,6 +508,39 @@ pub async fn open(
         }
     }
     Ok((s, buf))
+}
+
+/// The TLS handshake on `tcp` as a client of `host` (its name for SNI and
+/// the certificate check; an IP address sends no SNI and must be named by the
+/// certificate), within `timeout`.
+pub async fn tls_handshake(
+    tcp: TcpStream,
+    host: &str,
+    config: &Arc<ClientConfig>,
+    timeout: Duration,
+) -> Result<Stream, LinkError> {
+    let name = ServerName::try_from(host.to_owned())
+        .map_err(|_| LinkError::ServerName(host.to_owned()))?;
+    let tls = tokio::time::timeout(
+        timeout,
+        tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| LinkError::TlsTimeout(timeout))?
+    .map_err(|error| {
+        let hint = match error
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<rustls::Error>())
+        {
+            Some(rustls::Error::InvalidCertificate(_)) => {
+                "the certificate the server presented is not signed by a trusted CA, or does \
+                 not name the URL's host: check the CA file given"
+            }
+            _ => "is it a TLS port, with TLS 1.2 or 1.3?",
+        };
+        LinkError::Tls { error, hint }
+    })?;
+    Ok(Stream::Tls(Box::new(tls)))
 }
 
 /// Writes all of `bytes` and flushes (TLS keeps records in rustls until

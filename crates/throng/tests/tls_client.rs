@@ -238,9 +238,10 @@ fn hold_wss_through_haproxy_delivers_every_message() {
 
 /// The two halves together: `throng hold wss://` against `throng serve`'s own
 /// TLS listener (self-signed; its certificate from the start line as the CA)
-/// on two server workers, with resumption on: every message reaches every
-/// connection, and session tickets issued by one worker resume on the other
-/// (the workers share the ticket key).
+/// on two server workers, with resumption on, publishing over https to the
+/// same listener: every message reaches every connection, and session
+/// tickets issued by one worker resume on the other (the workers share the
+/// ticket key).
 #[test]
 fn hold_wss_against_throng_serve_tls_resumes_across_workers() {
     let server = serve_support::Server::start(&[
@@ -275,7 +276,9 @@ fn hold_wss_against_throng_serve_tls_resumes_across_workers() {
             "--duration",
             "2s",
             "--publish",
-            &format!("http://{}/publish/news", server.addr),
+            &format!("https://localhost:{}/publish/news", tls.port()),
+            "--publish-tls-ca",
+            ca.to_str().unwrap(),
             "--publish-rate",
             "10/s",
         ],

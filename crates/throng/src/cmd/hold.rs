@@ -58,20 +58,21 @@ pub(crate) struct Args {
     #[arg(short, long)]
     workers: Option<u32>,
 
-    /// Publish timestamped messages: http://HOST:PORT/publish/<channel>, or Redis PUBLISH with
+    /// Publish timestamped messages: http://HOST:PORT/publish/<channel> (https:// for TLS, see
+    /// --publish-tls-ca), or Redis PUBLISH with
     /// redis://[user:password@]HOST:PORT[/DB] (AUTH as that user; escape @ : / in the password
     /// as %40 %3A %2F), or rediss://... for TLS to Redis (see --publish-tls-ca).
     #[arg(long, value_name = "URL")]
     publish: Option<String>,
 
-    /// --publish rediss://: PEM file of the CA certificate(s) that signed Redis's certificate
-    /// (which must name the URL's host). Default: the system bundle
+    /// --publish https:// or rediss://: PEM file of the CA certificate(s) that signed the
+    /// publish endpoint's certificate (which must name the URL's host). Default: the system bundle
     /// /etc/ssl/certs/ca-certificates.crt.
     #[arg(long, value_name = "FILE", requires = "publish")]
     publish_tls_ca: Option<PathBuf>,
 
-    /// --publish rediss://: do not check Redis's certificate at all (trials with a self-signed
-    /// certificate only).
+    /// --publish https:// or rediss://: do not check the publish endpoint's certificate at all
+    /// (trials with a self-signed certificate only).
     #[arg(long, requires = "publish", conflicts_with = "publish_tls_ca")]
     publish_tls_insecure: bool,
 
@@ -171,8 +172,28 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                         );
                     }
                 }
+                PublishTarget::Http {
+                    tls: Some((name, trust)),
+                    ..
+                } => {
+                    trust.ca.clone_from(&args.publish_tls_ca);
+                    trust.insecure = args.publish_tls_insecure;
+                    trust.tls_config().with_context(|| {
+                        format!(
+                            "cannot set up TLS to the publish endpoint {name} (give \
+                             --publish-tls-ca FILE, or --publish-tls-insecure for a trial)"
+                        )
+                    })?;
+                    if trust.insecure {
+                        eprintln!(
+                            "throng: WARNING: --publish-tls-insecure: the certificate of the \
+                             publish endpoint {name} is NOT checked. For trials only."
+                        );
+                    }
+                }
                 _ if tls_flags => anyhow::bail!(
-                    "--publish-tls-ca and --publish-tls-insecure are for --publish rediss://..."
+                    "--publish-tls-ca and --publish-tls-insecure are for --publish https://... \
+                     or rediss://..."
                 ),
                 _ => {}
             }
