@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
@@ -248,7 +248,9 @@ impl Trust {
         let config = if self.insecure {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoCheck(provider)))
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(
+                    provider.signature_verification_algorithms,
+                )))
                 .with_no_client_auth()
         } else {
             let path = match &self.ca {
@@ -311,12 +313,14 @@ fn load_roots(path: &Path) -> Result<RootCertStore, TrustError> {
     Ok(roots)
 }
 
-/// `--…-tls-insecure`: accepts any certificate for any name, but still
-/// checks the handshake signatures (so the session keys are the server's).
+/// `--tls-insecure` and its kin: accepts any certificate for any name, but
+/// still checks that the server signed the handshake with the key of the
+/// certificate it sent (so the session keys are the server's). Shared by the
+/// Redis link, the harness's publisher and its `wss://`/`https://` client.
 #[derive(Debug)]
-struct NoCheck(Arc<CryptoProvider>);
+pub struct AnyCertificate(pub WebPkiSupportedAlgorithms);
 
-impl ServerCertVerifier for NoCheck {
+impl ServerCertVerifier for AnyCertificate {
     fn verify_server_cert(
         &self,
         _end_entity: &CertificateDer<'_>,
@@ -334,12 +338,7 @@ impl ServerCertVerifier for NoCheck {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
     }
 
     fn verify_tls13_signature(
@@ -348,16 +347,11 @@ impl ServerCertVerifier for NoCheck {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.0.supported_schemes()
     }
 }
 

@@ -32,21 +32,18 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{
     ClientSessionStore, Resumption, Tls12ClientSessionValue, Tls13ClientSessionValue,
     UnbufferedClientConnection,
 };
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError};
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, HandshakeKind, NamedGroup,
-    RootCertStore, SignatureScheme,
-};
+use rustls::{CertificateError, ClientConfig, HandshakeKind, NamedGroup, RootCertStore};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use throng_redis::AnyCertificate;
 use tokio::net::TcpStream;
 
 mod records;
@@ -291,46 +288,6 @@ impl TlsClient {
             conn,
             pending: Vec::new(),
         })
-    }
-}
-
-/// Accepts any certificate (`--tls-insecure`), but still checks that the
-/// server signed the handshake with the key of the certificate it sent.
-#[derive(Debug)]
-struct AnyCertificate(WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
     }
 }
 
