@@ -8,12 +8,10 @@ mod cluster;
 #[path = "support/serve.rs"]
 mod support;
 
-use std::net::SocketAddr;
 use std::process::Command;
 
 use cluster::{Haproxy, Redis, free_port};
-use support::{Server, Sub, get, publish, subscribe, wait_until};
-use tungstenite::Message;
+use support::{Server, Sub, get, next_text, publish, publish_redis, subscribe, wait_until};
 
 /// Redis with an ACL user (and the default user locked behind a password),
 /// so every node must AUTH as `alice` to get anywhere.
@@ -42,37 +40,8 @@ fn node(url: &str, extra: &[&str]) -> Server {
     let mut args = vec!["--redis", url];
     args.extend_from_slice(extra);
     let s = Server::start(&args);
-    wait_broker(&s, "up");
+    s.wait_broker("up");
     s
-}
-
-/// Waits until the node's /healthz says `broker: <state>`.
-fn wait_broker(s: &Server, state: &str) {
-    let want = format!("broker: {state}");
-    wait_until(&format!("{} to report '{want}'", s.addr), || {
-        get(s.addr, "/healthz").1.contains(&want)
-    });
-}
-
-/// The next data frame's text (pings are answered by tungstenite).
-fn next_text(s: &mut Sub) -> String {
-    loop {
-        match s.read().expect("subscriber stays connected") {
-            Message::Text(t) => return t.to_string(),
-            Message::Binary(b) => return format!("binary:{b:?}"),
-            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
-            Message::Close(c) => panic!("subscriber closed: {c:?}"),
-        }
-    }
-}
-
-/// POST /publish through Redis: the JSON's `redis_receivers`.
-fn publish_redis(addr: SocketAddr, channel: &str, body: &str) -> u64 {
-    let (status, reply) = publish(addr, channel, body.as_bytes(), None);
-    assert_eq!(status, 200, "{reply}");
-    let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
-    assert_eq!(v["channel"], channel);
-    v["redis_receivers"].as_u64().unwrap()
 }
 
 fn open_on(s: &Server) -> f64 {
@@ -145,8 +114,8 @@ fn redis_restart_keeps_subscribers_and_publishing_fails_cleanly_meanwhile() {
     }
 
     redis.stop();
-    wait_broker(&a, "down");
-    wait_broker(&b, "down");
+    a.wait_broker("down");
+    b.wait_broker("down");
     for n in [&a, &b] {
         let (status, body) = publish(n.addr, "live", b"lost", None);
         assert_eq!(status, 503, "{body}");
@@ -167,8 +136,8 @@ fn redis_restart_keeps_subscribers_and_publishing_fails_cleanly_meanwhile() {
     );
 
     redis.restart();
-    wait_broker(&a, "up");
-    wait_broker(&b, "up");
+    a.wait_broker("up");
+    b.wait_broker("up");
     // B (channels mode) subscribed again to what its subscribers need.
     assert_eq!(redis.numsub("throng:live"), 1);
     assert_eq!(publish_redis(b.addr, "live", "after"), 2);
@@ -270,12 +239,12 @@ fn unreachable_redis_is_an_error_at_start_unless_redis_wait() {
     late.stop();
     let url = format!("redis://127.0.0.1:{}", late.port);
     let s = Server::start(&["--redis", &url, "--redis-wait"]);
-    wait_broker(&s, "down");
+    s.wait_broker("down");
     let mut sub = subscribe(s.addr, "early");
     let (status, body) = publish(s.addr, "early", b"too soon", None);
     assert_eq!(status, 503, "{body}");
     late.restart();
-    wait_broker(&s, "up");
+    s.wait_broker("up");
     assert_eq!(publish_redis(s.addr, "early", "now"), 1);
     assert_eq!(next_text(&mut sub), "now");
     assert_eq!(s.metric("throng_broker_reconnects_total"), 0.0);
@@ -322,7 +291,7 @@ fn a_hung_redis_counts_as_an_outage() {
     let mut sub = subscribe(a.addr, "hang");
     a.wait_metric("throng_connections_open", |v| v == 1.0);
     redis.signal("STOP");
-    wait_broker(&a, "down");
+    a.wait_broker("down");
     assert!(
         get(a.addr, "/healthz").1.contains("answer within"),
         "{}",
@@ -331,7 +300,7 @@ fn a_hung_redis_counts_as_an_outage() {
     let (status, body) = publish(a.addr, "hang", b"lost", None);
     assert_eq!(status, 503, "{body}");
     redis.signal("CONT");
-    wait_broker(&a, "up");
+    a.wait_broker("up");
     assert_eq!(publish_redis(a.addr, "hang", "back"), 1);
     assert_eq!(next_text(&mut sub), "back");
     assert_eq!(a.metric("throng_broker_reconnects_total"), 1.0);

@@ -11,12 +11,10 @@ mod cluster;
 #[path = "support/serve.rs"]
 mod support;
 
-use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
 use cluster::{Certs, Redis};
-use support::{Server, Sub, get, publish, subscribe, wait_until};
-use tungstenite::Message;
+use support::{Server, Sub, get, next_text, publish, publish_redis, subscribe, wait_until};
 
 /// TLS-only Redis where only the ACL user `alice` gets anywhere.
 fn tls_redis(name: &str) -> Redis {
@@ -42,32 +40,8 @@ fn node(redis: &Redis, url: &str, extra: &[&str]) -> Server {
     let mut args = vec!["--redis", url, "--redis-tls-ca", redis.certs().ca_str()];
     args.extend_from_slice(extra);
     let s = Server::start(&args);
-    wait_broker(&s, "up");
+    s.wait_broker("up");
     s
-}
-
-fn wait_broker(s: &Server, state: &str) {
-    let want = format!("broker: {state}");
-    wait_until(&format!("{} to report '{want}'", s.addr), || {
-        get(s.addr, "/healthz").1.contains(&want)
-    });
-}
-
-fn next_text(s: &mut Sub) -> String {
-    loop {
-        match s.read().expect("subscriber stays connected") {
-            Message::Text(t) => return t.to_string(),
-            Message::Close(c) => panic!("subscriber closed: {c:?}"),
-            _ => {}
-        }
-    }
-}
-
-fn publish_ok(addr: SocketAddr, channel: &str, body: &str) -> u64 {
-    let (status, reply) = publish(addr, channel, body.as_bytes(), None);
-    assert_eq!(status, 200, "{reply}");
-    let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
-    v["redis_receivers"].as_u64().unwrap()
 }
 
 /// `throng serve` with `args` that must fail at start: its stderr.
@@ -115,7 +89,7 @@ fn nodes_over_tls_deliver_everything_and_survive_a_redis_restart() {
     for i in 0..10 {
         let body = format!("secret {i}");
         if i % 2 == 0 {
-            assert_eq!(publish_ok(a.addr, "tls.room", &body), 2, "both nodes");
+            assert_eq!(publish_redis(a.addr, "tls.room", &body), 2, "both nodes");
         } else {
             let out = redis.cli(&["PUBLISH", "throng:tls.room", &body]);
             assert_eq!(out, vec!["2".to_owned()], "both nodes");
@@ -129,16 +103,16 @@ fn nodes_over_tls_deliver_everything_and_survive_a_redis_restart() {
     }
 
     redis.stop();
-    wait_broker(&a, "down");
-    wait_broker(&b, "down");
+    a.wait_broker("down");
+    b.wait_broker("down");
     let (status, body) = publish(a.addr, "tls.room", b"lost", None);
     assert_eq!(status, 503, "{body}");
     redis.restart();
-    wait_broker(&a, "up");
-    wait_broker(&b, "up");
+    a.wait_broker("up");
+    b.wait_broker("up");
     // Resubscribed over the new TLS connections: B to its channel again.
     assert_eq!(redis.numsub("throng:tls.room"), 1);
-    assert_eq!(publish_ok(b.addr, "tls.room", "after"), 2);
+    assert_eq!(publish_redis(b.addr, "tls.room", "after"), 2);
     let out = redis.cli(&["PUBLISH", "throng:tls.room", "after 2"]);
     assert_eq!(out, vec!["2".to_owned()]);
     for s in &mut subs {
@@ -192,18 +166,18 @@ fn certificates_that_cannot_be_checked_are_clear_errors() {
 
     // --redis-wait: serves, and /healthz shows why the link is down.
     let s = Server::start(&["--redis", &url, "--redis-tls-ca", other, "--redis-wait"]);
-    wait_broker(&s, "down");
+    s.wait_broker("down");
     let health = get(s.addr, "/healthz").1;
     assert!(health.contains("certificate"), "{health}");
     assert_eq!(publish(s.addr, "x", b"no", None).0, 503);
 
     // --redis-tls-insecure: no check, a loud warning, and it works.
     let s = Server::start(&["--redis", &url, "--redis-tls-insecure"]);
-    wait_broker(&s, "up");
+    s.wait_broker("up");
     assert!(s.log().contains("WARNING"), "{}", s.log());
     let mut sub = subscribe(s.addr, "ins");
     s.wait_metric("throng_connections_open", |v| v == 1.0);
-    assert_eq!(publish_ok(s.addr, "ins", "ok"), 1);
+    assert_eq!(publish_redis(s.addr, "ins", "ok"), 1);
     assert_eq!(next_text(&mut sub), "ok");
 }
 

@@ -105,6 +105,14 @@ impl Server {
     pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// Waits until /healthz says `broker: <state>` (a node routing through Redis).
+    pub(crate) fn wait_broker(&self, state: &str) {
+        let want = format!("broker: {state}");
+        wait_until(&format!("{} to report '{want}'", self.addr), || {
+            get(self.addr, "/healthz").1.contains(&want)
+        });
+    }
 }
 
 impl Drop for Server {
@@ -267,4 +275,27 @@ pub(crate) fn client_frame(fin: bool, op: ws::OpCode, payload: &[u8]) -> Vec<u8>
     let mut out = Vec::new();
     ws::encode_into(&mut out, fin, op, payload, Some([1, 2, 3, 4]));
     out
+}
+
+/// The next data frame's text (pings are answered by tungstenite); a binary
+/// frame comes back as `binary:<bytes>`, so a test expecting text fails on it.
+pub(crate) fn next_text(s: &mut Sub) -> String {
+    loop {
+        match s.read().expect("subscriber stays connected") {
+            tungstenite::Message::Text(t) => return t.to_string(),
+            tungstenite::Message::Binary(b) => return format!("binary:{b:?}"),
+            tungstenite::Message::Close(c) => panic!("subscriber closed: {c:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// Publishes through a node routing through Redis; the `redis_receivers`
+/// its answer reports.
+pub(crate) fn publish_redis(addr: SocketAddr, channel: &str, body: &str) -> u64 {
+    let (status, reply) = publish(addr, channel, body.as_bytes(), None);
+    assert_eq!(status, 200, "{reply}");
+    let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(v["channel"], channel);
+    v["redis_receivers"].as_u64().unwrap()
 }
