@@ -23,6 +23,9 @@ use super::{Pumped, close_notify, pump, seal};
 /// record (16 KiB + overhead).
 const MAX_INCOMING: usize = 64 * 1024 + 2048;
 
+/// Unsent records a write adds to before it waits for the socket.
+const MAX_UNSENT: usize = 16 * 1024;
+
 /// How much to read at a time.
 const READ_CHUNK: usize = 4096;
 
@@ -131,12 +134,16 @@ impl TlsStream {
                 let _ = std::future::poll_fn(|cx| s.poll_flush_out(cx)).await;
                 return Err(AcceptError::Tls(e));
             }
+            if !s.conn.is_handshaking() {
+                // What rustls queued last (a session ticket; in TLS 1.2
+                // the server's Finished) stays in `out`: it goes with the
+                // first response, or before the stream waits to read,
+                // whichever comes first: one write instead of two.
+                return Ok(s);
+            }
             std::future::poll_fn(|cx| s.poll_flush_out(cx))
                 .await
                 .map_err(|_| AcceptError::Io)?;
-            if !s.conn.is_handshaking() {
-                return Ok(s);
-            }
             if s.eof {
                 return Err(AcceptError::Closed);
             }
@@ -214,6 +221,19 @@ impl TlsStream {
         Poll::Ready(Ok(n))
     }
 
+    /// Encrypts `data` into the unsent records without writing them.
+    fn queue(&mut self, data: &[u8]) -> io::Result<()> {
+        // Complete records in the input would stand in seal's way.
+        self.run().map_err(invalid)?;
+        seal(
+            &mut self.conn,
+            &mut self.incoming[..self.used],
+            data,
+            &mut self.out,
+        )
+        .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))
+    }
+
     /// Writes every pending record.
     fn poll_flush_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.out_pos < self.out.len() {
@@ -254,11 +274,13 @@ impl AsyncRead for TlsStream {
             if this.eof {
                 return Poll::Ready(Ok(()));
             }
-            ready!(this.poll_flush_out(cx))?;
             this.run().map_err(invalid)?;
-            if this.out_pos < this.out.len() || this.plain_pos < this.plain.len() || this.eof {
+            if this.plain_pos < this.plain.len() || this.eof {
                 continue;
             }
+            // Nothing to read yet: send what is pending (tickets, a key
+            // update, the TLS 1.2 Finished) before waiting for the peer.
+            ready!(this.poll_flush_out(cx))?;
             if ready!(this.poll_fill(cx))? == 0 {
                 this.eof = true;
             }
@@ -273,16 +295,12 @@ impl AsyncWrite for TlsStream {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        ready!(this.poll_flush_out(cx))?;
-        // Complete records in the input would stand in seal's way.
-        this.run().map_err(invalid)?;
-        seal(
-            &mut this.conn,
-            &mut this.incoming[..this.used],
-            data,
-            &mut this.out,
-        )
-        .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        // Pending records (a ticket after the handshake) go in the same
+        // write as this data, unless there is already a lot unsent.
+        if this.out.len() - this.out_pos >= MAX_UNSENT {
+            ready!(this.poll_flush_out(cx))?;
+        }
+        this.queue(data)?;
         // Accepted: what the socket does not take now goes with the next
         // write, read or flush.
         let _ = this.poll_flush_out(cx)?;
@@ -293,7 +311,10 @@ impl AsyncWrite for TlsStream {
         self.get_mut().poll_flush_out(cx)
     }
 
-    /// Sends close_notify after whatever is pending, then FIN.
+    /// Sends close_notify after whatever is pending. The FIN follows when
+    /// the stream is dropped, as every caller does right after: a
+    /// `shutdown(2)` first would cost a system call and send nothing more
+    /// (and mostly fail, against clients that reset after the response).
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if !std::mem::replace(&mut this.closing, true) && this.failed.is_none() {
@@ -306,8 +327,7 @@ impl AsyncWrite for TlsStream {
                 &mut this.out,
             );
         }
-        ready!(this.poll_flush_out(cx))?;
-        Pin::new(&mut this.tcp).poll_shutdown(cx)
+        this.poll_flush_out(cx)
     }
 }
 
@@ -324,6 +344,20 @@ impl Io {
     pub(crate) async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         AsyncWriteExt::write_all(self, bytes).await?;
         AsyncWriteExt::flush(self).await
+    }
+
+    /// Writes `bytes` as the last thing on this connection. On TLS they go
+    /// in one write with the close_notify behind them (and a ticket still
+    /// pending from the handshake), where `write_all` and a shutdown would
+    /// take two or three.
+    pub(crate) async fn write_last(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Self::Plain(_) => self.write_all(bytes).await,
+            Self::Tls(s) => {
+                s.queue(bytes)?;
+                AsyncWriteExt::shutdown(&mut **s).await
+            }
+        }
     }
 }
 

@@ -260,7 +260,14 @@ async fn reply(
         &[("Content-Type", ctype), ("Connection", conn)],
         body,
     );
-    let sent = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+    let write = async {
+        if keep_alive {
+            stream.write_all(&out).await
+        } else {
+            stream.write_last(&out).await
+        }
+    };
+    let sent = tokio::time::timeout(w.cfg.handshake_timeout, write).await;
     keep_alive && matches!(sent, Ok(Ok(())))
 }
 
