@@ -5,6 +5,7 @@
 # certificate and checks no signature, so the crypto measured is the server's).
 #
 #   scripts/bench-tls.sh [--conns 15000] [--secs 5] [--threads 4] [--rounds 10] [--repeat 3]
+#                        [--part idle|handshakes|requests]...   (default: all three)
 #
 # Prints one JSON object per measurement, then a summary:
 #   rustls_heap            live heap rustls holds per idle server connection,
@@ -30,17 +31,22 @@
 # as the client; every run is bounded by --secs or by N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CONNS=15000 SECS=5 THREADS=4 ROUNDS=10 REPEAT=3
+CONNS=15000 SECS=5 THREADS=4 ROUNDS=10 REPEAT=3 PARTS=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --part)
+      case "$2" in idle|handshakes|requests) PARTS="$PARTS $2" ;; *) echo "--part is idle, handshakes or requests" >&2; exit 2 ;; esac
+      shift 2 ;;
     --conns) CONNS=$2; shift 2 ;;
     --secs) SECS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --repeat) REPEAT=$2; shift 2 ;;
-    *) echo "unknown argument $1 (--conns N --secs S --threads T --rounds R --repeat K)" >&2; exit 2 ;;
+    *) echo "unknown argument $1 (--conns N --secs S --threads T --rounds R --repeat K --part P)" >&2; exit 2 ;;
   esac
 done
+PARTS=${PARTS:- idle handshakes requests}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-tls.XXXXXX)}
 mkdir -p "$OUT"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
@@ -107,6 +113,10 @@ global
   maxconn $((CONNS + 1000))
   nbthread 2
   no strict-limits
+  # The order throng serve chooses in (SHA-256 suites first: see
+  # docs/tls.md), so both servers run the same cipher suite.
+  ssl-default-bind-ciphersuites TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384
+  ssl-default-bind-ciphers ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384
 defaults
   mode http
   timeout connect 5s
@@ -167,10 +177,11 @@ record() { # name json
   echo "$line" | tee -a "$results"
 }
 
-record rustls_heap "$("$CARGO_TARGET_DIR/release/examples/tls_mem" --conns 2000 \
-  --sign-key "$OUT/rsa-key.pem" --sign-key "$OUT/ec-key.pem")"
-# The same signatures with OpenSSL (HAProxy's library), for the RSA figures.
-record openssl_speed "$(openssl speed -seconds 2 rsa2048 ecdsap256 2>/dev/null | python3 -c '
+if part idle; then
+  record rustls_heap "$("$CARGO_TARGET_DIR/release/examples/tls_mem" --conns 2000 \
+    --sign-key "$OUT/rsa-key.pem" --sign-key "$OUT/ec-key.pem")"
+  # The same signatures with OpenSSL (HAProxy's library), for the RSA figures.
+  record openssl_speed "$(openssl speed -seconds 2 rsa2048 ecdsap256 2>/dev/null | python3 -c '
 import json, sys
 out = {}
 for line in sys.stdin:
@@ -181,43 +192,48 @@ for line in sys.stdin:
         out["openssl_sign_us_ecdsa_p256"] = round(1e6 / float(f[6]), 1)
 print(json.dumps(out))')"
 
-# Idle memory and fan-out: one worker holds every connection.
-start_throng 1 ec
-record idle_throng_tls "$("$CLIENT" idle --target "127.0.0.1:$TLS" --conns "$CONNS" --pid "$WORKER" --ws \
-  --publish "127.0.0.1:$PLAIN" --rounds "$ROUNDS" --threads "$THREADS")"
-stop_throng
-start_throng 1 ""
-record idle_throng_plain "$("$CLIENT" idle --plain --target "127.0.0.1:$PLAIN" --conns "$CONNS" --pid "$WORKER" --ws \
-  --publish "127.0.0.1:$PLAIN" --rounds "$ROUNDS" --threads "$THREADS")"
-stop_throng
-start_haproxy ec local
-record idle_haproxy_tls "$("$CLIENT" idle --target "127.0.0.1:$HA" --conns "$CONNS" --pid "$HAPID" --threads "$THREADS")"
-stop_haproxy
+  # Idle memory and fan-out: one worker holds every connection.
+  start_throng 1 ec
+  record idle_throng_tls "$("$CLIENT" idle --target "127.0.0.1:$TLS" --conns "$CONNS" --pid "$WORKER" --ws \
+    --publish "127.0.0.1:$PLAIN" --rounds "$ROUNDS" --threads "$THREADS")"
+  stop_throng
+  start_throng 1 ""
+  record idle_throng_plain "$("$CLIENT" idle --plain --target "127.0.0.1:$PLAIN" --conns "$CONNS" --pid "$WORKER" --ws \
+    --publish "127.0.0.1:$PLAIN" --rounds "$ROUNDS" --threads "$THREADS")"
+  stop_throng
+  start_haproxy ec local
+  record idle_haproxy_tls "$("$CLIENT" idle --target "127.0.0.1:$HA" --conns "$CONNS" --pid "$HAPID" --threads "$THREADS")"
+  stop_haproxy
+fi
 
-# New handshakes per second, per certificate, same client. Both servers
-# run at once (the idle one costs nothing) and take turns, --repeat times,
-# so a change in the machine's other load hits both alike; medians.
-for kind in ec rsa; do
-  start_throng 2 "$kind"
-  start_haproxy "$kind" local
+if part handshakes; then
+  # New handshakes per second, per certificate, same client. Both servers
+  # run at once (the idle one costs nothing) and take turns, --repeat times,
+  # so a change in the machine's other load hits both alike; medians.
+  for kind in ec rsa; do
+    start_throng 2 "$kind"
+    start_haproxy "$kind" local
+    for _ in $(seq "$REPEAT"); do
+      record "handshakes_throng_$kind" "$(measured "$SERVER" handshakes --target "127.0.0.1:$TLS" --secs "$SECS" --threads "$THREADS")"
+      record "handshakes_haproxy_$kind" "$(measured "$HAPID" handshakes --target "127.0.0.1:$HA" --secs "$SECS" --threads "$THREADS")"
+    done
+    stop_haproxy
+    stop_throng
+  done
+fi
+
+if part requests; then
+  # Requests per second over kept-alive TLS: throng itself, and HAProxy in
+  # front of a plain throng; taking turns too.
+  start_throng 2 ec
+  start_haproxy ec proxy "$PLAIN"
   for _ in $(seq "$REPEAT"); do
-    record "handshakes_throng_$kind" "$(measured "$SERVER" handshakes --target "127.0.0.1:$TLS" --secs "$SECS" --threads "$THREADS")"
-    record "handshakes_haproxy_$kind" "$(measured "$HAPID" handshakes --target "127.0.0.1:$HA" --secs "$SECS" --threads "$THREADS")"
+    record requests_throng "$(measured "$SERVER" requests --target "127.0.0.1:$TLS" --secs "$SECS" --threads "$THREADS")"
+    record requests_haproxy_to_throng "$(measured "$HAPID" requests --target "127.0.0.1:$HA" --secs "$SECS" --threads "$THREADS")"
   done
   stop_haproxy
   stop_throng
-done
-
-# Requests per second over kept-alive TLS: throng itself, and HAProxy in
-# front of a plain throng; taking turns too.
-start_throng 2 ec
-start_haproxy ec proxy "$PLAIN"
-for _ in $(seq "$REPEAT"); do
-  record requests_throng "$(measured "$SERVER" requests --target "127.0.0.1:$TLS" --secs "$SECS" --threads "$THREADS")"
-  record requests_haproxy_to_throng "$(measured "$HAPID" requests --target "127.0.0.1:$HA" --secs "$SECS" --threads "$THREADS")"
-done
-stop_haproxy
-stop_throng
+fi
 
 python3 - "$results" <<'EOF'
 import json, sys

@@ -25,8 +25,8 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -430,13 +430,32 @@ fn timed(
 
 fn handshakes(o: &Opts) -> serde_json::Value {
     let cfg = client_config();
+    // What the server chose, seen on the first connection.
+    let chosen = OnceLock::<(String, String)>::new();
     let (done, failed, secs, cpu) = timed(o, |k, stop, done, failed| {
         let mut buf = Vec::new();
         let mut i = k;
         while !stop.load(Ordering::Relaxed) {
             i += o.threads;
             buf.clear();
-            match open(o, &cfg, i).and_then(|mut s| request(&mut s, "/healthz", true, &mut buf)) {
+            let opened = open(o, &cfg, i).inspect(|s| {
+                if let (Held::Tls(s), None) = (s, chosen.get()) {
+                    let name = |x: Option<String>| x.unwrap_or_default();
+                    let _ = chosen.set((
+                        name(
+                            s.conn
+                                .negotiated_cipher_suite()
+                                .map(|c| format!("{:?}", c.suite())),
+                        ),
+                        name(
+                            s.conn
+                                .negotiated_key_exchange_group()
+                                .map(|g| format!("{:?}", g.name())),
+                        ),
+                    ));
+                }
+            });
+            match opened.and_then(|mut s| request(&mut s, "/healthz", true, &mut buf)) {
                 Ok(200) => done.fetch_add(1, Ordering::Relaxed),
                 Ok(_) | Err(_) => failed.fetch_add(1, Ordering::Relaxed),
             };
@@ -451,6 +470,8 @@ fn handshakes(o: &Opts) -> serde_json::Value {
         "failed": failed,
         "handshakes_per_sec": (done as f64 / secs).round(),
         "client_cpu_seconds": (cpu * 100.0).round() / 100.0,
+        "cipher_suite": chosen.get().map(|c| c.0.clone()),
+        "key_exchange": chosen.get().map(|c| c.1.clone()),
     })
 }
 
