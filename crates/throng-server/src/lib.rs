@@ -11,6 +11,18 @@
 //! - [`tls`]: `--tls-listen` listeners: certificates, rustls settings, and
 //!   the unbuffered TLS sessions of handshakes and subscribers.
 
+/// `eprintln!` in one `write(2)`: the supervisor and every worker share one
+/// stderr, and `eprintln!` writes a line in pieces, so two processes'
+/// lines came out interleaved mid-line.
+macro_rules! log {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }};
+}
+
 pub mod broker;
 pub mod channel;
 pub mod config;

@@ -389,7 +389,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             _ = term.recv(), if !sup.draining => deadline = Some(sup.drain("SIGTERM")),
             _ = int.recv(), if !sup.draining => deadline = Some(sup.drain("SIGINT")),
             () = until_deadline => {
-                eprintln!("throng: workers did not exit within the drain timeout; killing them");
+                log!("throng: workers did not exit within the drain timeout; killing them");
                 for s in &sup.slots {
                     if s.alive {
                         sys::kill(s.pid, libc::SIGKILL);
@@ -404,9 +404,10 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
     }
     // Hold the reserved ports until the workers are gone.
     drop(plan.reserved);
-    eprintln!(
+    log!(
         "throng: stopped ({} messages published, {} worker restarts)",
-        sup.stats.published, sup.stats.restarts
+        sup.stats.published,
+        sup.stats.restarts
     );
     Ok(())
 }
@@ -489,11 +490,11 @@ impl Supervisor {
                     self.acknowledge(id, i, 0);
                 }
                 if self.draining {
-                    eprintln!("throng: worker {i} (pid {pid}) exited: {status}");
+                    log!("throng: worker {i} (pid {pid}) exited: {status}");
                     return;
                 }
                 self.stats.restarts += 1;
-                eprintln!(
+                log!(
                     "throng: worker {i} (pid {pid}) died: {status}; restarting it (restart #{})",
                     self.stats.restarts
                 );
@@ -510,7 +511,7 @@ impl Supervisor {
                     return;
                 }
                 if let Err(e) = self.spawn(i) {
-                    eprintln!("throng: cannot restart worker {i}: {e}; trying again");
+                    log!("throng: cannot restart worker {i}: {e}; trying again");
                     let events = self.events.clone();
                     tokio::task::spawn_local(async move {
                         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -551,7 +552,7 @@ impl Supervisor {
             Record::Delivered { id, subscribers } => self.acknowledge(id, i, subscribers),
             Record::Snapshot(json) => match serde_json::from_slice::<Snapshot>(&json) {
                 Ok(s) => self.slots[i].snapshot = Some(s),
-                Err(e) => eprintln!("throng: worker {i}: bad counters: {e}"),
+                Err(e) => log!("throng: worker {i}: bad counters: {e}"),
             },
             Record::MetricsRequest { id } => {
                 if let Some(r) = &self.remote {
@@ -573,7 +574,7 @@ impl Supervisor {
                     .encode(),
                 );
             }
-            other => eprintln!("throng: worker {i}: unexpected control record {other:?}"),
+            other => log!("throng: worker {i}: unexpected control record {other:?}"),
         }
     }
 
@@ -583,26 +584,26 @@ impl Supervisor {
         match ev {
             redis::Event::Up => {
                 match r.on_up() {
-                    Some(outage) => eprintln!(
+                    Some(outage) => log!(
                         "throng: Redis at {} is back after {:.1}s; subscriptions restored, publishing again",
                         r.settings.url,
                         outage.as_secs_f64()
                     ),
-                    None => eprintln!("throng: connected to Redis at {}", r.settings.url),
+                    None => log!("throng: connected to Redis at {}", r.settings.url),
                 }
                 self.broadcast_broker();
             }
             redis::Event::Down { reason, retry_in } => {
                 let was_up = r.on_down(reason.clone());
                 if was_up {
-                    eprintln!(
+                    log!(
                         "throng: lost Redis at {}: {reason}; subscribers stay connected, \
                          POST /publish answers 503 until it is back; reconnecting",
                         r.settings.url
                     );
                 } else if r.stats.connect_failures.is_power_of_two() {
                     // Attempt 1, 2, 4, 8, ...: say it, without a line every few seconds.
-                    eprintln!(
+                    log!(
                         "throng: Redis at {} unreachable: {reason} (attempt {}, next in {:.1}s)",
                         r.settings.url,
                         r.stats.connect_failures,
@@ -630,7 +631,7 @@ impl Supervisor {
             redis::Event::Dropped(why) => {
                 r.stats.dropped += 1;
                 if r.stats.dropped.is_power_of_two() {
-                    eprintln!(
+                    log!(
                         "throng: dropped a message from Redis: {why} ({} so far)",
                         r.stats.dropped
                     );
@@ -735,7 +736,7 @@ impl Supervisor {
     /// Stops restarting, tells every worker to drain; returns the deadline
     /// after which stragglers are killed.
     fn drain(&mut self, signal: &str) -> tokio::time::Instant {
-        eprintln!(
+        log!(
             "throng: {signal}: draining (closing every subscriber with 1001, up to {:?})",
             self.config.drain_timeout
         );

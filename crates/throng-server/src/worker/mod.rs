@@ -209,7 +209,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
             rec = read_record(&mut rd, &mut buf) => match rec {
                 Ok(Some(rec)) => w.on_record(rec),
                 Ok(None) | Err(_) => {
-                    eprintln!("throng: worker {index}: supervisor is gone; draining");
+                    log!("throng: worker {index}: supervisor is gone; draining");
                     break;
                 }
             },
@@ -273,7 +273,7 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, tls: Option<Arc<rustls::Serv
                     } else {
                         ""
                     };
-                    eprintln!("throng: worker {}: accept: {e}{hint}", w.index);
+                    log!("throng: worker {}: accept: {e}{hint}", w.index);
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -287,7 +287,7 @@ async fn reactor(w: Rc<Worker>) {
     let mut raw = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     loop {
         if let Err(e) = w.poller.wait(&mut events, &mut raw).await {
-            eprintln!("throng: worker {}: epoll: {e}", w.index);
+            log!("throng: worker {}: epoll: {e}", w.index);
             return;
         }
         for ev in &events {
@@ -442,7 +442,7 @@ impl Worker {
                     let _ = tx.send(text);
                 }
             }
-            other => eprintln!(
+            other => log!(
                 "throng: worker {}: unexpected control record {other:?}",
                 self.index
             ),
@@ -578,7 +578,7 @@ impl Worker {
         if let Err(e) = self.poller.add(c.fd(), c.slot.get()) {
             self.conns.borrow_mut().remove(&c);
             self.counters.handshake_failed("epoll");
-            eprintln!(
+            log!(
                 "throng: worker {}: cannot watch a subscriber: {e}",
                 self.index
             );
@@ -627,7 +627,7 @@ impl Worker {
             }
         }
         let left = self.conns.borrow().len();
-        eprintln!(
+        log!(
             "throng: worker {}: drained {} of {n} subscribers",
             self.index,
             n - left
