@@ -45,6 +45,8 @@ pub enum BenchError {
 pub struct Server {
     child: Child,
     addr: SocketAddr,
+    /// The JSON start line it printed.
+    start_line: serde_json::Value,
     done: Option<ExitStatus>,
 }
 
@@ -98,6 +100,7 @@ impl Server {
         let mut server = Self {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            start_line: serde_json::Value::Null,
             done: None,
         };
         let deadline = Instant::now() + timeout;
@@ -108,9 +111,10 @@ impl Server {
                 status.map_or_else(|| "killed".to_owned(), |s| s.to_string())
             )));
         };
-        let addr = serde_json::from_str::<serde_json::Value>(&line)
-            .ok()
-            .and_then(|v| v["listen"][0].as_str().and_then(|a| a.parse().ok()));
+        let start_line = serde_json::from_str::<serde_json::Value>(&line).unwrap_or_default();
+        let addr = start_line["listen"][0]
+            .as_str()
+            .and_then(|a| a.parse().ok());
         let Some(addr) = addr else {
             server.stop(Duration::from_secs(2));
             return Err(BenchError::NotReady(format!(
@@ -119,6 +123,7 @@ impl Server {
             )));
         };
         server.addr = addr;
+        server.start_line = start_line;
         loop {
             if let Some(status) = server.exited() {
                 return Err(BenchError::NotReady(format!("server exited: {status}")));
@@ -139,6 +144,11 @@ impl Server {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The JSON line it printed when it was ready.
+    pub fn start_line(&self) -> &serde_json::Value {
+        &self.start_line
     }
 
     /// The supervisor's pid.

@@ -123,3 +123,41 @@ fn bad_settings_are_refused_before_anything_starts() {
     let out = throng(&["bench", "--rate", "fast"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn bench_tls_holds_wss_connections_with_a_checked_certificate_and_delivers_every_message() {
+    let dir = TempDir::new("tls");
+    let out = throng(&[
+        "bench",
+        "--tls",
+        "--connections",
+        "3000",
+        "--messages",
+        "2",
+        "--out-dir",
+        dir.0.to_str().unwrap(),
+        "--format",
+        "json",
+        "--quiet",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "bench --tls failed: {stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)));
+    assert_eq!(r["settings"]["tls"], true);
+    // The default rate for TLS.
+    assert_eq!(r["settings"]["rate"], "2500/s", "{:#}", r["settings"]);
+    let serve_args = r["settings"]["server"]["args"].to_string();
+    assert!(serve_args.contains("--tls-self-signed"), "{serve_args}");
+    assert_eq!(r["opened"], 3000, "{r:#}");
+    assert_eq!(r["failed"], 0, "{r:#}");
+    assert_eq!(r["received"], 6000, "{r:#}");
+    assert_eq!(r["lost"], 0);
+    // Every connection made its own checked, full TLS handshake.
+    assert_eq!(r["hold"]["tls_full"], 3000, "{:#}", r["hold"]);
+    assert_eq!(r["hold"]["tls_resumed"], 0);
+    assert_eq!(r["hold"]["connect_tls_us"]["count"], 3000);
+    // The certificate file it trusted is gone with the run.
+    let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().flatten().collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+}

@@ -39,17 +39,30 @@ TCP buffer memory (/proc/meminfo, /proc/net/sockstat) likewise, each divided by
 the connections held. Both ends of each connection are on this machine, so the
 kernel figure covers two sockets.
 
+With --tls the connections are wss://: the server terminates TLS itself on a
+certificate it makes at start (ECDSA P-256, --tls-self-signed), the harness
+trusts exactly that certificate and makes a full handshake per connection, and
+the memory figures include what TLS keeps per connection on each side.
+Handshakes cost CPU on both sides of this one machine, so the default rate is
+lower.
+
 Examples:
   throng bench
+  throng bench --tls
   throng bench --connections 20000 --messages 5 --format json")]
 pub(crate) struct Args {
     /// Connections to hold. Default: from this machine's limits and memory (at most 100,000).
     #[arg(short = 'c', long, value_name = "N")]
     connections: Option<u64>,
 
-    /// New connections per second while opening.
-    #[arg(short, long, default_value = "10000/s")]
-    rate: String,
+    /// New connections per second while opening. Default: 10000/s; with --tls 2500/s.
+    #[arg(short, long, value_name = "RATE")]
+    rate: Option<String>,
+
+    /// Hold wss:// connections: TLS 1.3 terminated by the server on a certificate
+    /// made at start, checked by the harness.
+    #[arg(long)]
+    tls: bool,
 
     /// Messages to publish to every connection once all are open.
     #[arg(short, long, default_value_t = 10, value_name = "N")]
@@ -95,6 +108,10 @@ const LISTEN_PORTS: u16 = 8;
 const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 /// Close handshakes of 100,000 connections take seconds on two cores.
 const CLOSE_TIMEOUT_MS: u64 = 10_000;
+/// Default connect rates: a TLS handshake costs the server about 0.2 ms of
+/// CPU and the harness as much again (docs/tls.md), on the same cores.
+const DEFAULT_RATE: &str = "10000/s";
+const DEFAULT_RATE_TLS: &str = "2500/s";
 
 /// Everything `bench` reports.
 #[derive(Debug)]
@@ -133,7 +150,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("{line}");
         }
     };
-    let rate: RateSpec = args.rate.parse()?;
+    let rate: RateSpec = args
+        .rate
+        .as_deref()
+        .unwrap_or(if args.tls {
+            DEFAULT_RATE_TLS
+        } else {
+            DEFAULT_RATE
+        })
+        .parse()?;
     let every = parse_duration(&args.message_every).map_err(anyhow::Error::msg)?;
     if every.is_zero() {
         anyhow::bail!("--message-every must be more than 0");
@@ -223,20 +248,33 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let result_file = args.out_dir.join(format!("bench-{stamp}.jsonl"));
     let html_file = args.out_dir.join(format!("bench-{stamp}.html"));
     let hold_file = args.out_dir.join(format!(".bench-{stamp}.hold.jsonl"));
+    let cert_file = args.out_dir.join(format!(".bench-{stamp}.cert.pem"));
 
     // The server.
     let exe = std::env::current_exe().context("finding this program to start the server")?;
     let first_port = bench::free_port_range(LOOPBACK, LISTEN_PORTS)
         .context("finding free ports for the server")?;
     let ports = format!("{first_port}-{}", first_port + LISTEN_PORTS - 1);
-    let serve_args: Vec<String> = vec![
-        "serve".into(),
-        "--listen".into(),
-        format!("127.0.0.1:{ports}"),
+    let mut serve_args: Vec<String> = vec!["serve".into(), "--listen".into()];
+    if args.tls {
+        // Subscribers on the TLS ports; publishing, /healthz and /metrics
+        // on a plain one.
+        let plain = bench::free_port_range(LOOPBACK, 1)
+            .context("finding a free port for the server's plain listener")?;
+        serve_args.extend([
+            format!("127.0.0.1:{plain}"),
+            "--tls-listen".into(),
+            format!("127.0.0.1:{ports}"),
+            "--tls-self-signed".into(),
+        ]);
+    } else {
+        serve_args.push(format!("127.0.0.1:{ports}"));
+    }
+    serve_args.extend([
         "--max-connections".into(),
         connections.to_string(),
         "--json".into(),
-    ];
+    ]);
     say(&format!(
         "throng bench: {connections} connections{} on {cores} cores, {} MiB available, open-file limit {nofile}/process",
         if args.connections.is_some() {
@@ -250,10 +288,33 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("starting 'throng serve'")?;
     let addr = server.addr();
     let server_workers = bench::children(server.pid()).len();
-    let target: WsTarget = format!("ws://127.0.0.1:{ports}/bench").parse()?;
+    let scheme = if args.tls { "wss" } else { "ws" };
+    let target: WsTarget = format!("{scheme}://127.0.0.1:{ports}/bench").parse()?;
     let publish_target: PublishTarget = format!("http://{addr}/publish/bench").parse()?;
+    let tls = if args.tls {
+        // Trust exactly the certificate the server made.
+        let pem = server.start_line()["config"]["tls"]["cert_pem"]
+            .as_str()
+            .context("the server's start line has no TLS certificate")?;
+        std::fs::write(&cert_file, pem)
+            .with_context(|| format!("cannot write {}", cert_file.display()))?;
+        let opts = throng_load::tls::TlsOptions {
+            insecure: false,
+            ca_file: Some(cert_file.clone()),
+            resume: false,
+        };
+        throng_load::tls::TlsClient::new(&opts).context("setting up TLS")?;
+        Some(opts)
+    } else {
+        None
+    };
     say(&format!(
-        "  server    throng serve on 127.0.0.1:{ports}, {server_workers} worker(s) (pid {})",
+        "  server    throng serve on {scheme}://127.0.0.1:{ports}{}, {server_workers} worker(s) (pid {})",
+        if args.tls {
+            " (self-signed ECDSA P-256; the harness trusts only it, full handshakes)"
+        } else {
+            ""
+        },
         server.pid()
     ));
     say(&format!(
@@ -280,6 +341,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         "messages": args.messages,
         "message_every_s": every.as_secs_f64(),
         "message_size": message_size,
+        "tls": args.tls,
         "server": { "address": format!("127.0.0.1:{ports}"), "workers": server_workers, "args": serve_args },
         "harness": { "workers": fit.workers, "sources": fit.sources.iter().map(ToString::to_string).collect::<Vec<_>>() },
         "settings": settings,
@@ -299,7 +361,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         connections,
         rate,
         target,
-        tls: None,
+        tls,
         fit,
         settings,
         duration: Some(hold_for),
@@ -374,6 +436,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     bench::write_results(&hold_file, &result_file, &samples, &[event])?;
     let _ = std::fs::remove_file(&hold_file);
+    let _ = std::fs::remove_file(&cert_file);
     write_html(&result_file, &html_file)?;
 
     if json {
@@ -469,6 +532,17 @@ fn render(r: &Report) -> String {
         r.connect_rate,
         r.ramp_s
     ));
+    if r.hold.tls_full + r.hold.tls_resumed > 0 {
+        let t = &r.hold.connect_tls_us;
+        s.push_str(&format!(
+            "tls          {} full handshakes, {} resumed; handshake p50 {}  p99 {}  max {}\n",
+            r.hold.tls_full,
+            r.hold.tls_resumed,
+            us(t.p50),
+            us(t.p99),
+            us(t.max)
+        ));
+    }
     s.push_str(&format!(
         "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab {} -> {} MiB, TCP buffers {} -> {} MiB; two sockets per connection)\n",
         m.connections,
