@@ -230,7 +230,12 @@ fn empty_interval(start_ns: u64, length_ns: u64, source: String) -> Interval {
 
 /// What the publisher task counts, read by the supervisor each second.
 struct PubStats {
-    sent: u64,
+    /// When each message not yet counted in an interval was sent (Unix
+    /// ns): a message counts in the interval it was sent in, however late
+    /// the supervisor closes that interval (a busy machine delays it past
+    /// the next boundary, and a message counted a second early takes the
+    /// previous one's last deliveries in per-message figures).
+    sent_at: Vec<u64>,
     ok: u64,
     errors: BTreeMap<String, u64>,
     call: Histogram<u64>,
@@ -359,7 +364,7 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
 
     // The publisher runs beside the main loop, from after the ramp to the hold's end.
     let stats = Rc::new(RefCell::new(PubStats {
-        sent: 0,
+        sent_at: Vec::new(),
         ok: 0,
         errors: BTreeMap::new(),
         call: new_histogram(),
@@ -684,8 +689,9 @@ fn supervisor_interval(
 ) -> Interval {
     let mut iv = empty_interval(start_ns, length_ns, format!("{host}/hold-supervisor"));
     let mut s = stats.borrow_mut();
-    if s.sent > 0 {
-        iv.counters.insert("publish.sent".into(), s.sent);
+    let sent = s.take_sent_before(start_ns + length_ns);
+    if sent > 0 {
+        iv.counters.insert("publish.sent".into(), sent);
     }
     if s.ok > 0 {
         iv.counters.insert("publish.ok".into(), s.ok);
@@ -707,13 +713,21 @@ fn supervisor_interval(
             i64::try_from(n).unwrap_or(i64::MAX),
         );
     }
-    s.sent = 0;
     s.ok = 0;
     let mut procs: Vec<(String, u32)> =
         vec![(format!("{host}/hold-supervisor"), std::process::id())];
     procs.extend(workers.iter().map(|w| (w.label.clone(), w.child.id())));
     iv.host = sampler.sample(&procs).ok();
     iv
+}
+
+impl PubStats {
+    /// How many messages were sent before `end_ns`; they are counted now.
+    fn take_sent_before(&mut self, end_ns: u64) -> u64 {
+        let before = self.sent_at.len();
+        self.sent_at.retain(|&at| at >= end_ns);
+        (before - self.sent_at.len()) as u64
+    }
 }
 
 /// When the publisher runs: how long the hold lasts (from the end of the
@@ -803,7 +817,7 @@ async fn publish_loop(
         message::encode(&mut buf, seq, sent_ns, plan.message_size);
         {
             let mut s = stats.borrow_mut();
-            s.sent += 1;
+            s.sent_at.push(sent_ns);
             s.last_seq = seq;
             let lag = u64::try_from(began.saturating_duration_since(intended).as_micros())
                 .unwrap_or(u64::MAX);
@@ -1029,4 +1043,32 @@ pub fn render_summary(s: &Summary) -> String {
         out.push_str(&format!("peak RSS: {}\n", rss.join(", ")));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_counts_in_the_interval_it_was_sent_in_however_late_that_closes() {
+        let mut s = PubStats {
+            sent_at: Vec::new(),
+            ok: 0,
+            errors: BTreeMap::new(),
+            call: new_histogram(),
+            lag: new_histogram(),
+            subscribers: None,
+            last_seq: 0,
+            last_error: None,
+        };
+        let sec = 1_000_000_000;
+        // Message 1 at 10.01 s; interval [10 s, 11 s) closes late, at 12.3 s,
+        // by when message 2 went at 12.01 s.
+        s.sent_at
+            .extend([10 * sec + sec / 100, 12 * sec + sec / 100]);
+        assert_eq!(s.take_sent_before(11 * sec), 1);
+        assert_eq!(s.take_sent_before(12 * sec), 0);
+        assert_eq!(s.take_sent_before(13 * sec), 1);
+        assert!(s.sent_at.is_empty());
+    }
 }
