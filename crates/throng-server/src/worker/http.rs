@@ -209,12 +209,23 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
                 Ok(_) => continue,
             }
         }
-        let Io::Plain(tcp) = stream else {
-            // TLS: the stream decrypts whole records into its own buffer.
-            buf.reserve(4096);
-            match stream.read_buf(buf).await {
-                Ok(0) | Err(_) => return Head::Closed,
-                Ok(_) => continue,
+        let tcp = match stream {
+            Io::Plain(tcp) => tcp,
+            Io::Tls(tls) => {
+                // TLS: wait holding no buffer here (nor in the stream), as
+                // the plain path does; then take what was decrypted.
+                crate::tls::stream::give_buffer(std::mem::take(buf));
+                if std::future::poll_fn(|cx| tls.poll_plain_ready(cx))
+                    .await
+                    .is_err()
+                {
+                    return Head::Closed;
+                }
+                *buf = crate::tls::stream::take_buffer();
+                match stream.read_buf(buf).await {
+                    Ok(0) | Err(_) => return Head::Closed,
+                    Ok(_) => continue,
+                }
             }
         };
         if tcp.readable().await.is_err() {
