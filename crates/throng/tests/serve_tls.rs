@@ -538,6 +538,9 @@ fn certificates_from_files_work_and_bad_ones_stop_the_start_with_a_clear_error()
         let fp = String::from_utf8_lossy(&fp.stdout);
         let fp = fp.trim().rsplit('=').next().unwrap();
         assert_eq!(server.start["config"]["tls"]["sha256"], fp);
+        // The key's kind is shown, so an RSA one's cost can be pointed at.
+        let kind = if cert == &rsa_cert { "RSA" } else { "ECDSA" };
+        assert_eq!(server.start["config"]["tls"]["key"], kind);
     }
 
     let missing = refused(&[

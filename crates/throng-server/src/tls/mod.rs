@@ -162,7 +162,16 @@ impl Material {
             "source": self.source,
             "cert_pem": self.cert_pem,
             "sha256": self.fingerprint(),
+            "key": self.key_algorithm(),
         })
+    }
+
+    /// The key's algorithm (`RSA`, `ECDSA`, `ED25519`), or `None` if
+    /// unusable.
+    pub fn key_algorithm(&self) -> Option<String> {
+        let key = self.key().ok()?;
+        let signer = rustls::crypto::ring::sign::any_supported_type(&key).ok()?;
+        Some(format!("{:?}", signer.algorithm()))
     }
 
     /// SHA-256 of the leaf certificate, as `AB:CD:...` (what browsers and
