@@ -363,16 +363,7 @@ async fn supervise(run: HoldRun, worker_command: &dyn Fn() -> Command) -> io::Re
     let ramp_done_note = Rc::new(tokio::sync::Notify::new());
 
     // The publisher runs beside the main loop, from after the ramp to the hold's end.
-    let stats = Rc::new(RefCell::new(PubStats {
-        sent_at: Vec::new(),
-        ok: 0,
-        errors: BTreeMap::new(),
-        call: new_histogram(),
-        lag: new_histogram(),
-        subscribers: None,
-        last_seq: 0,
-        last_error: None,
-    }));
+    let stats = Rc::new(RefCell::new(PubStats::new()));
     let publishing_stop = Rc::new(Cell::new(false));
     let stdins: Rc<RefCell<Vec<Option<ChildStdin>>>> = Rc::new(RefCell::new(
         workers.iter_mut().map(|w| w.stdin.take()).collect(),
@@ -722,6 +713,19 @@ fn supervisor_interval(
 }
 
 impl PubStats {
+    fn new() -> Self {
+        Self {
+            sent_at: Vec::new(),
+            ok: 0,
+            errors: BTreeMap::new(),
+            call: new_histogram(),
+            lag: new_histogram(),
+            subscribers: None,
+            last_seq: 0,
+            last_error: None,
+        }
+    }
+
     /// How many messages were sent before `end_ns`; they are counted now.
     fn take_sent_before(&mut self, end_ns: u64) -> u64 {
         let before = self.sent_at.len();
@@ -1051,16 +1055,7 @@ mod tests {
 
     #[test]
     fn a_message_counts_in_the_interval_it_was_sent_in_however_late_that_closes() {
-        let mut s = PubStats {
-            sent_at: Vec::new(),
-            ok: 0,
-            errors: BTreeMap::new(),
-            call: new_histogram(),
-            lag: new_histogram(),
-            subscribers: None,
-            last_seq: 0,
-            last_error: None,
-        };
+        let mut s = PubStats::new();
         let sec = 1_000_000_000;
         // Message 1 at 10.01 s; interval [10 s, 11 s) closes late, at 12.3 s,
         // by when message 2 went at 12.01 s.
