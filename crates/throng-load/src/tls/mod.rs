@@ -17,7 +17,8 @@
 //! is one; `--tls-insecure` accepts any certificate (the handshake signature
 //! is still checked, so the server must hold the key of the certificate it
 //! sends). SNI comes from the URL's host; an IP address sends no SNI and is
-//! matched against the certificate's IP addresses.
+//! matched against the certificate's IP addresses. A chain verified for a
+//! server name is remembered for a minute ([`RecentChains`]).
 //!
 //! Session resumption (`--tls-resume`): each worker keeps an in-memory
 //! ticket/session cache shared by all its connections ([`Tickets`]), so
@@ -31,10 +32,12 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{
     ClientSessionStore, Resumption, Tls12ClientSessionValue, Tls13ClientSessionValue,
-    UnbufferedClientConnection,
+    UnbufferedClientConnection, WebPkiServerVerifier,
 };
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject as _;
@@ -120,6 +123,9 @@ pub enum TlsSetupError {
     /// The host cannot be a TLS server name.
     #[error("'{0}' is not a valid TLS server name")]
     ServerName(String),
+    /// The certificate check could not be built from the CA certificates.
+    #[error("TLS certificate check: {0}")]
+    Verifier(String),
 }
 
 fn system_bundle() -> Option<&'static str> {
@@ -261,7 +267,13 @@ impl TlsClient {
                     }
                 }
             }
-            builder.with_root_certificates(roots).with_no_client_auth()
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsSetupError::Verifier(e.to_string()))?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(RecentChains::new(webpki)))
+                .with_no_client_auth()
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         // Held connections leave rustls once established ([`Records`]).
@@ -293,6 +305,116 @@ impl TlsClient {
 
 // Keep the provider type named so a change of provider is a compile error here.
 const _: fn() -> CryptoProvider = rustls::crypto::ring::default_provider;
+
+/// How long a verified certificate chain is taken as verified again.
+const RECENT_CHAIN_TTL: Duration = Duration::from_secs(60);
+/// Chains remembered at once (a run talks to a few servers).
+const RECENT_CHAINS: usize = 32;
+
+/// The certificate check with a memory: a chain it verified (path to a
+/// trusted root, names, validity, the issuers' signatures) in the last
+/// [`RECENT_CHAIN_TTL`] for the same server name is taken as verified,
+/// without building the path and checking its signatures again. A run
+/// opens thousands of connections to one server, and the chain check was
+/// an ECDSA (or RSA) verification per connection: a third of the harness's
+/// handshake CPU went to P-256 arithmetic, half of it for this. The
+/// handshake's own signature (CertificateVerify), which proves the server
+/// holds the certificate's key, is still checked on every connection.
+#[derive(Debug)]
+struct RecentChains {
+    inner: Arc<WebPkiServerVerifier>,
+    /// SHA-256 of (server name, chain) and when it was verified.
+    seen: Mutex<VecDeque<([u8; 32], Instant)>>,
+}
+
+impl RecentChains {
+    fn new(inner: Arc<WebPkiServerVerifier>) -> Self {
+        Self {
+            inner,
+            seen: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn key(
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+    ) -> [u8; 32] {
+        let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut part = |b: &[u8]| {
+            h.update(&(b.len() as u64).to_be_bytes());
+            h.update(b);
+        };
+        part(server_name.to_str().as_bytes());
+        part(end_entity);
+        for c in intermediates {
+            part(c);
+        }
+        let mut key = [0u8; 32];
+        key.copy_from_slice(h.finish().as_ref());
+        key
+    }
+}
+
+impl ServerCertVerifier for RecentChains {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let key = Self::key(end_entity, intermediates, server_name);
+        let fresh = |at: &Instant| at.elapsed() < RECENT_CHAIN_TTL;
+        {
+            let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            if seen.iter().any(|(k, at)| *k == key && fresh(at)) {
+                return Ok(ServerCertVerified::assertion());
+            }
+        }
+        let verified = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.retain(|(k, at)| *k != key && fresh(at));
+        if seen.len() >= RECENT_CHAINS {
+            seen.pop_front();
+        }
+        seen.push_back((key, Instant::now()));
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn root_hint_subjects(&self) -> Option<&[rustls::DistinguishedName]> {
+        self.inner.root_hint_subjects()
+    }
+}
 
 /// Why a TLS connection failed; each is a counter `<family>.error.tls.<reason>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -658,6 +780,39 @@ pub async fn handshake(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verified_chain_is_remembered_per_server_name_and_an_untrusted_one_never() {
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let cert = made.cert.der().clone();
+        let mut roots = RootCertStore::empty();
+        roots.add(cert.clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let v = RecentChains::new(
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .unwrap(),
+        );
+        let now = rustls::pki_types::UnixTime::now();
+        let name = ServerName::try_from("localhost").unwrap();
+        let remembered = || v.seen.lock().unwrap().len();
+        assert!(v.verify_server_cert(&cert, &[], &name, &[], now).is_ok());
+        assert_eq!(remembered(), 1);
+        // Within the minute it is not checked again: a time past the
+        // certificate's end still passes, which only the memory explains.
+        let far = rustls::pki_types::UnixTime::since_unix_epoch(Duration::from_secs(1 << 40));
+        assert!(v.verify_server_cert(&cert, &[], &name, &[], far).is_ok());
+        assert_eq!(remembered(), 1);
+        // Another name, or a certificate nobody trusts, is checked in full.
+        let other = ServerName::try_from("example.com").unwrap();
+        assert!(v.verify_server_cert(&cert, &[], &other, &[], now).is_err());
+        let stranger = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        assert!(
+            v.verify_server_cert(stranger.cert.der(), &[], &name, &[], now)
+                .is_err()
+        );
+        assert_eq!(remembered(), 1);
+    }
 
     #[test]
     fn classifies_rustls_errors() {
