@@ -5,7 +5,7 @@
 //! A worker is one single-threaded tokio runtime. Each connection is opened
 //! by its own task (connect, TLS handshake for `wss://`, upgrade, their
 //! timeouts); once upgraded it is handed to the worker's readiness loop
-//! ([`held`]) and its task ends. While a connection is idle it owns nothing
+//! (`held`) and its task ends. While a connection is idle it owns nothing
 //! but the socket, a frame decoder with no buffer, the last sequence number
 //! seen and the time it opened: no read or write buffer and no timer (a TLS
 //! connection adds its two record keys, see [`crate::tls::Records`]). Reads go into one

@@ -18,7 +18,7 @@
 //! is still checked, so the server must hold the key of the certificate it
 //! sends). SNI comes from the URL's host; an IP address sends no SNI and is
 //! matched against the certificate's IP addresses. A chain verified for a
-//! server name is remembered for a minute ([`RecentChains`]).
+//! server name is remembered for a minute (`RecentChains`).
 //!
 //! Session resumption (`--tls-resume`): each worker keeps an in-memory
 //! ticket/session cache shared by all its connections ([`Tickets`]), so
