@@ -35,9 +35,59 @@ use throng_proto::resp::{self, Value};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 
-/// Where the system's CA bundle is on Debian and its relatives: the default
-/// trust for `rediss://` when no CA file is given.
-pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Where the system's CA bundle usually is (Debian/Ubuntu/Alpine, then
+/// Fedora/RHEL): the default trust of every TLS client here (`rediss://`,
+/// `https://` publishing, `hold`/`attack`) when no CA file is given.
+pub const SYSTEM_CA_BUNDLES: [&str; 2] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+];
+
+/// The first of [`SYSTEM_CA_BUNDLES`] that exists.
+pub fn system_ca_bundle() -> Option<&'static str> {
+    SYSTEM_CA_BUNDLES
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+}
+
+/// The certificates to trust: those in the PEM file `ca` (every one must be
+/// usable as a CA: a file given by hand with a broken certificate is a
+/// mistake to show), or, without one, the parsable ones of the system
+/// bundle.
+pub fn trust_roots(ca: Option<&Path>) -> Result<RootCertStore, TrustError> {
+    let path = match ca {
+        Some(p) => p,
+        None => Path::new(system_ca_bundle().ok_or(TrustError::NoSystemBundle)?),
+    };
+    let ca_err = |why: String| TrustError::Ca {
+        path: path.to_owned(),
+        why,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| ca_err(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ca_err(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(ca_err(
+            "no certificate in the file (expected PEM '-----BEGIN CERTIFICATE-----' blocks)"
+                .to_owned(),
+        ));
+    }
+    let mut roots = RootCertStore::empty();
+    if ca.is_some() {
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| ca_err(format!("not a usable CA certificate: {e}")))?;
+        }
+    } else {
+        roots.add_parsable_certificates(certs);
+        if roots.is_empty() {
+            return Err(ca_err("no usable CA certificate in it".to_owned()));
+        }
+    }
+    Ok(roots)
+}
 
 /// A parsed `redis[s]://[user:password@]HOST[:PORT][/DB]`.
 #[derive(Clone, PartialEq, Eq)]
@@ -213,7 +263,7 @@ fn percent_decode(s: &str) -> Option<String> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Trust {
     /// PEM file of the CA certificates to trust. `None`: the system bundle
-    /// ([`SYSTEM_CA_BUNDLE`]).
+    /// ([`system_ca_bundle`]).
     pub ca: Option<PathBuf>,
     /// Check nothing: any certificate, any name (trials only: anyone on the
     /// path can read and change the traffic).
@@ -226,7 +276,10 @@ impl Trust {
         match (&self.ca, self.insecure) {
             (_, true) => "TLS, certificate NOT checked (insecure)".to_owned(),
             (Some(ca), false) => format!("TLS, CA {}", ca.display()),
-            (None, false) => format!("TLS, CA {SYSTEM_CA_BUNDLE} (system)"),
+            (None, false) => match system_ca_bundle() {
+                Some(p) => format!("TLS, CA {p} (system)"),
+                None => "TLS, no system CA bundle found".to_owned(),
+            },
         }
     }
 
@@ -253,13 +306,8 @@ impl Trust {
                 )))
                 .with_no_client_auth()
         } else {
-            let path = match &self.ca {
-                Some(p) => p.clone(),
-                None if Path::new(SYSTEM_CA_BUNDLE).exists() => PathBuf::from(SYSTEM_CA_BUNDLE),
-                None => return Err(TrustError::NoSystemBundle),
-            };
             builder
-                .with_root_certificates(load_roots(&path)?)
+                .with_root_certificates(trust_roots(self.ca.as_deref())?)
                 .with_no_client_auth()
         };
         Ok(Arc::new(config))
@@ -272,9 +320,9 @@ impl Trust {
 pub enum TrustError {
     /// No CA file given and no system bundle either.
     #[error(
-        "no CA certificates to check the Redis server with: there is no system bundle at \
-         {SYSTEM_CA_BUNDLE}; give the CA file that signed Redis's certificate, or skip the \
-         check for a trial"
+        "no CA certificates to check the server with: none of {} exists; give the CA file \
+         that signed the server's certificate, or skip the check for a trial",
+        SYSTEM_CA_BUNDLES.join(", ")
     )]
     NoSystemBundle,
     /// The CA file could not be read or holds no usable certificate.
@@ -288,29 +336,6 @@ pub enum TrustError {
     /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Rustls(String),
-}
-
-fn load_roots(path: &Path) -> Result<RootCertStore, TrustError> {
-    let ca_err = |why: String| TrustError::Ca {
-        path: path.to_owned(),
-        why,
-    };
-    let mut roots = RootCertStore::empty();
-    let mut bad = 0usize;
-    for cert in CertificateDer::pem_file_iter(path).map_err(|e| ca_err(e.to_string()))? {
-        let cert = cert.map_err(|e| ca_err(e.to_string()))?;
-        if roots.add(cert).is_err() {
-            bad += 1;
-        }
-    }
-    if roots.is_empty() {
-        return Err(ca_err(if bad > 0 {
-            format!("none of its {bad} certificates is usable as a CA")
-        } else {
-            "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".to_owned()
-        }));
-    }
-    Ok(roots)
 }
 
 /// `--tls-insecure` and its kin: accepts any certificate for any name, but
@@ -645,6 +670,10 @@ mod tests {
         .unwrap_err()
         .to_string();
         let _ = std::fs::remove_file(&not_pem);
-        assert!(e.contains("no PEM certificate"), "{e}");
+        assert!(
+            e.contains("no certificate in the file") && e.contains("BEGIN CERTIFICATE"),
+            "{e}"
+        );
+        assert!(e.contains(not_pem.to_str().unwrap()), "{e}");
     }
 }

@@ -13,7 +13,7 @@
 //! ([`Records`], in `records`).
 //!
 //! The certificate check: `--tls-ca FILE` trusts the PEM certificates in
-//! FILE; without it the system bundle ([`SYSTEM_BUNDLES`]) is used when there
+//! FILE; without it the system bundle (`throng_redis::SYSTEM_CA_BUNDLES`) is used when there
 //! is one; `--tls-insecure` accepts any certificate (the handshake signature
 //! is still checked, so the server must hold the key of the certificate it
 //! sends). SNI comes from the URL's host; an IP address sends no SNI and is
@@ -30,7 +30,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -40,10 +40,9 @@ use rustls::client::{
     UnbufferedClientConnection, WebPkiServerVerifier,
 };
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError};
-use rustls::{CertificateError, ClientConfig, HandshakeKind, NamedGroup, RootCertStore};
+use rustls::{CertificateError, ClientConfig, HandshakeKind, NamedGroup};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use throng_redis::AnyCertificate;
@@ -51,13 +50,6 @@ use tokio::net::TcpStream;
 
 mod records;
 pub use records::Records;
-
-/// Where the system's CA bundle usually is (Debian/Ubuntu/Alpine, then
-/// Fedora/RHEL); the first that exists is used when `--tls-ca` is not given.
-pub const SYSTEM_BUNDLES: [&str; 2] = [
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-];
 
 /// The largest handshake flight accepted (rustls's own limit for buffered
 /// handshake messages is 64 KiB; a record may add its header and tag).
@@ -82,7 +74,7 @@ impl TlsOptions {
         } else {
             match &self.ca_file {
                 Some(p) => format!("certificates checked against {}", p.display()),
-                None => match system_bundle() {
+                None => match throng_redis::system_ca_bundle() {
                     Some(p) => format!("certificates checked against the system bundle {p}"),
                     None => "no CA bundle found".to_owned(),
                 },
@@ -114,7 +106,7 @@ pub enum TlsSetupError {
     /// Neither `--tls-ca` nor `--tls-insecure`, and no system bundle.
     #[error(
         "no CA certificates to check the server with: none of {} exists; pass --tls-ca FILE (PEM) or, for a self-signed test server, --tls-insecure",
-        SYSTEM_BUNDLES.join(", ")
+        throng_redis::SYSTEM_CA_BUNDLES.join(", ")
     )]
     NoRoots,
     /// rustls refused the configuration.
@@ -126,28 +118,6 @@ pub enum TlsSetupError {
     /// The certificate check could not be built from the CA certificates.
     #[error("TLS certificate check: {0}")]
     Verifier(String),
-}
-
-fn system_bundle() -> Option<&'static str> {
-    SYSTEM_BUNDLES.into_iter().find(|p| Path::new(p).is_file())
-}
-
-fn load_pem(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
-    let err = |why: String| TlsSetupError::CaFile {
-        path: path.to_owned(),
-        why,
-    };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| err(e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(err(
-            "no certificate in the file (expected PEM '-----BEGIN CERTIFICATE-----' blocks)"
-                .to_owned(),
-        ));
-    }
-    Ok(certs)
 }
 
 /// A worker's TLS client: one configuration (and session cache) shared by
@@ -249,24 +219,14 @@ impl TlsClient {
                 )))
                 .with_no_client_auth()
         } else {
-            let mut roots = RootCertStore::empty();
-            match &opts.ca_file {
-                Some(path) => {
-                    for cert in load_pem(path)? {
-                        roots.add(cert).map_err(|e| TlsSetupError::CaFile {
-                            path: path.clone(),
-                            why: format!("not a usable CA certificate: {e}"),
-                        })?;
+            let roots =
+                throng_redis::trust_roots(opts.ca_file.as_deref()).map_err(|e| match e {
+                    throng_redis::TrustError::NoSystemBundle => TlsSetupError::NoRoots,
+                    throng_redis::TrustError::Ca { path, why } => {
+                        TlsSetupError::CaFile { path, why }
                     }
-                }
-                None => {
-                    let path = system_bundle().ok_or(TlsSetupError::NoRoots)?;
-                    roots.add_parsable_certificates(load_pem(Path::new(path))?);
-                    if roots.is_empty() {
-                        return Err(TlsSetupError::NoRoots);
-                    }
-                }
-            }
+                    other => TlsSetupError::Verifier(other.to_string()),
+                })?;
             let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
                 .map_err(|e| TlsSetupError::Verifier(e.to_string()))?;
@@ -779,6 +739,8 @@ pub async fn handshake(
 
 #[cfg(test)]
 mod tests {
+    use rustls::RootCertStore;
+
     use super::*;
 
     #[test]
