@@ -117,30 +117,22 @@ impl Plan {
             worker_count(config.workers, cores, per_worker, config.max_connections);
         config.workers = workers;
         let mut reserved = Vec::new();
-        let mut resolved = Vec::new();
-        for &addr in &config.listen {
-            let s = reserve(addr).map_err(|source| ServeError::Bind { addr, source })?;
-            let local = s
-                .local_addr()
-                .ok()
-                .and_then(|a| a.as_socket())
-                .unwrap_or(addr);
-            resolved.push(local);
-            reserved.push(s);
-        }
-        config.listen = resolved;
-        let mut resolved = Vec::new();
-        for &addr in &config.tls_listen {
-            let s = reserve(addr).map_err(|source| ServeError::Bind { addr, source })?;
-            let local = s
-                .local_addr()
-                .ok()
-                .and_then(|a| a.as_socket())
-                .unwrap_or(addr);
-            resolved.push(local);
-            reserved.push(s);
-        }
-        config.tls_listen = resolved;
+        // Binds each address (port 0 becomes the port the kernel gave).
+        let mut bind_all = |addrs: &mut Vec<SocketAddr>| -> Result<(), ServeError> {
+            for addr in addrs.iter_mut() {
+                let s = reserve(*addr).map_err(|source| ServeError::Bind {
+                    addr: *addr,
+                    source,
+                })?;
+                if let Some(local) = s.local_addr().ok().and_then(|a| a.as_socket()) {
+                    *addr = local;
+                }
+                reserved.push(s);
+            }
+            Ok(())
+        };
+        bind_all(&mut config.listen)?;
+        bind_all(&mut config.tls_listen)?;
         Ok(Self {
             config,
             nofile,
