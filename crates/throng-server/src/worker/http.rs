@@ -491,23 +491,15 @@ async fn publish(
             )
             .await
         }
-        Some(Ok(n)) if w.cfg.redis_mode.is_some() => {
+        Some(Ok(n)) => {
             // Redis counts the connections that received the message (the
             // subscribed nodes, plus any other client), not WebSocket subscribers.
-            let json =
-                serde_json::json!({ "channel": name, "redis_receivers": n }).to_string() + "\n";
-            reply(
-                w,
-                stream,
-                200,
-                "application/json",
-                json.as_bytes(),
-                req.keep_alive(),
-            )
-            .await
-        }
-        Some(Ok(n)) => {
-            let json = serde_json::json!({ "channel": name, "subscribers": n }).to_string() + "\n";
+            let counted = if w.cfg.redis_mode.is_some() {
+                "redis_receivers"
+            } else {
+                "subscribers"
+            };
+            let json = serde_json::json!({ "channel": name, counted: n }).to_string() + "\n";
             reply(
                 w,
                 stream,
