@@ -40,10 +40,10 @@ pub enum ConnectError {
 
 impl ConnectError {
     /// Kinds in all.
-    pub const COUNT: usize = 7 + TlsFailure::ALL.len();
+    pub const COUNT: usize = Self::PLAIN.len() + TlsFailure::ALL.len();
 
-    /// Every kind, in counter order.
-    pub const ALL: [Self; Self::COUNT] = [
+    /// The kinds that are not TLS failures, in counter order.
+    const PLAIN: [Self; 7] = [
         Self::Refused,
         Self::Timeout,
         Self::Reset,
@@ -51,14 +51,23 @@ impl ConnectError {
         Self::BadStatus,
         Self::BadHandshake,
         Self::Other,
-        Self::Tls(TlsFailure::ALL[0]),
-        Self::Tls(TlsFailure::ALL[1]),
-        Self::Tls(TlsFailure::ALL[2]),
-        Self::Tls(TlsFailure::ALL[3]),
-        Self::Tls(TlsFailure::ALL[4]),
-        Self::Tls(TlsFailure::ALL[5]),
-        Self::Tls(TlsFailure::ALL[6]),
     ];
+
+    /// Every kind, in counter order: [`Self::PLAIN`], then one per
+    /// [`TlsFailure`].
+    pub const ALL: [Self; Self::COUNT] = {
+        let mut all = [Self::Other; Self::COUNT];
+        let mut i = 0;
+        while i < Self::COUNT {
+            all[i] = if i < Self::PLAIN.len() {
+                Self::PLAIN[i]
+            } else {
+                Self::Tls(TlsFailure::ALL[i - Self::PLAIN.len()])
+            };
+            i += 1;
+        }
+        all
+    };
 
     /// The kind's place in [`Self::ALL`].
     pub fn index(self) -> usize {
@@ -70,7 +79,7 @@ impl ConnectError {
             Self::BadStatus => 4,
             Self::BadHandshake => 5,
             Self::Other => 6,
-            Self::Tls(r) => 7 + r as usize,
+            Self::Tls(r) => Self::PLAIN.len() + r as usize,
         }
     }
 
@@ -366,6 +375,16 @@ impl HoldRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_counter_slot_and_label() {
+        let mut labels = std::collections::BTreeSet::new();
+        for (i, k) in ConnectError::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i, "{k:?}");
+            assert!(labels.insert(k.label()), "{k:?}");
+        }
+        assert_eq!(labels.len(), ConnectError::COUNT);
+    }
 
     #[test]
     fn take_resets_counts_but_keeps_levels() {

@@ -57,10 +57,10 @@ pub enum Failure {
 
 impl Failure {
     /// Kinds in all.
-    pub const COUNT: usize = 8 + TlsFailure::ALL.len();
+    pub const COUNT: usize = Self::PLAIN.len() + TlsFailure::ALL.len();
 
-    /// Every kind, in counter order.
-    pub const ALL: [Self; Self::COUNT] = [
+    /// The kinds that are not TLS failures, in counter order.
+    const PLAIN: [Self; 8] = [
         Self::Refused,
         Self::Timeout,
         Self::Reset,
@@ -69,14 +69,23 @@ impl Failure {
         Self::AddrNotAvailable,
         Self::Canceled,
         Self::Other,
-        Self::Tls(TlsFailure::ALL[0]),
-        Self::Tls(TlsFailure::ALL[1]),
-        Self::Tls(TlsFailure::ALL[2]),
-        Self::Tls(TlsFailure::ALL[3]),
-        Self::Tls(TlsFailure::ALL[4]),
-        Self::Tls(TlsFailure::ALL[5]),
-        Self::Tls(TlsFailure::ALL[6]),
     ];
+
+    /// Every kind, in counter order: [`Self::PLAIN`], then one per
+    /// [`TlsFailure`].
+    pub const ALL: [Self; Self::COUNT] = {
+        let mut all = [Self::Other; Self::COUNT];
+        let mut i = 0;
+        while i < Self::COUNT {
+            all[i] = if i < Self::PLAIN.len() {
+                Self::PLAIN[i]
+            } else {
+                Self::Tls(TlsFailure::ALL[i - Self::PLAIN.len()])
+            };
+            i += 1;
+        }
+        all
+    };
 
     /// The kind's place in [`Self::ALL`].
     pub fn index(self) -> usize {
@@ -89,7 +98,7 @@ impl Failure {
             Self::AddrNotAvailable => 5,
             Self::Canceled => 6,
             Self::Other => 7,
-            Self::Tls(r) => 8 + r as usize,
+            Self::Tls(r) => Self::PLAIN.len() + r as usize,
         }
     }
 
@@ -459,6 +468,16 @@ impl RowWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_counter_slot_and_label() {
+        let mut labels = std::collections::BTreeSet::new();
+        for (i, k) in Failure::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i, "{k:?}");
+            assert!(labels.insert(k.label()), "{k:?}");
+        }
+        assert_eq!(labels.len(), Failure::COUNT);
+    }
 
     #[test]
     fn take_resets_counts_keeps_levels() {
