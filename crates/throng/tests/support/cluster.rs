@@ -10,7 +10,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Always included beside support/serve.rs, as `support`.
+use crate::support::wait_until;
 
 /// Fails the test at once when `program` cannot run.
 pub(crate) fn need(program: &str, package: &str) {
@@ -37,18 +40,6 @@ pub(crate) fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// Polls `f` every 20 ms for up to 15 s.
-fn wait(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A `redis-server` on 127.0.0.1; extra config lines (`--requirepass x`)
@@ -144,7 +135,7 @@ impl Redis {
             });
         }
         self.child = Some(child);
-        wait("redis-server to answer PING", || {
+        wait_until("redis-server to answer PING", || {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
@@ -164,7 +155,7 @@ impl Redis {
             let _ = c.kill();
             let _ = c.wait();
         }
-        wait("redis-server's port to close", || {
+        wait_until("redis-server's port to close", || {
             TcpStream::connect(("127.0.0.1", self.port)).is_err()
         });
     }
@@ -392,7 +383,7 @@ impl Haproxy {
             .spawn()
             .expect("start haproxy");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        wait("haproxy to listen", || TcpStream::connect(addr).is_ok());
+        wait_until("haproxy to listen", || TcpStream::connect(addr).is_ok());
         Self {
             child,
             addr,
