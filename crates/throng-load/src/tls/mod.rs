@@ -570,22 +570,37 @@ impl Session {
         out: &mut Vec<u8>,
         send: Outgoing<'_>,
     ) -> Result<Phase, TlsError> {
-        if self.pending.is_empty() {
-            let (used, phase) = pump(&mut self.conn, incoming, plain, out, send)?;
-            if used < incoming.len() {
-                self.pending = incoming[used..].to_vec();
-            }
-            Ok(phase)
-        } else {
-            let mut joined = std::mem::take(&mut self.pending);
-            joined.extend_from_slice(incoming);
-            let (used, phase) = pump(&mut self.conn, &mut joined, plain, out, send)?;
-            if used < joined.len() {
-                joined.drain(..used);
-                self.pending = joined;
-            }
-            Ok(phase)
+        let conn = &mut self.conn;
+        after_pending(&mut self.pending, incoming, |buf| {
+            pump(conn, buf, plain, out, send)
+        })
+    }
+}
+
+/// Runs `f` over `incoming`, behind the partial record `pending` kept from
+/// the last read if there is one, and keeps in `pending` what `f` did not
+/// use (a record that arrived split) for the next read. `f` returns how
+/// many bytes it used.
+pub(crate) fn after_pending<T>(
+    pending: &mut Vec<u8>,
+    incoming: &mut [u8],
+    f: impl FnOnce(&mut [u8]) -> Result<(usize, T), TlsError>,
+) -> Result<T, TlsError> {
+    if pending.is_empty() {
+        let (used, out) = f(incoming)?;
+        if used < incoming.len() {
+            *pending = incoming[used..].to_vec();
         }
+        Ok(out)
+    } else {
+        let mut joined = std::mem::take(pending);
+        joined.extend_from_slice(incoming);
+        let (used, out) = f(&mut joined)?;
+        if used < joined.len() {
+            joined.drain(..used);
+            *pending = joined;
+        }
+        Ok(out)
     }
 }
 

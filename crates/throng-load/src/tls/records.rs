@@ -28,7 +28,7 @@ use std::fmt;
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::ConnectionTrafficSecrets;
 
-use super::{Phase, TlsError};
+use super::{Phase, TlsError, after_pending};
 
 const HEADER: usize = 5;
 const TAG: usize = 16;
@@ -172,22 +172,10 @@ impl Records {
     /// Decrypts the records in `incoming` (after any pending partial one),
     /// appending application data to `plain`.
     pub fn receive(&mut self, incoming: &mut [u8], plain: &mut Vec<u8>) -> Result<Phase, TlsError> {
-        if self.pending.is_empty() {
-            let (used, phase) = self.open_all(incoming, plain)?;
-            if used < incoming.len() {
-                self.pending = incoming[used..].to_vec();
-            }
-            Ok(phase)
-        } else {
-            let mut joined = std::mem::take(&mut self.pending);
-            joined.extend_from_slice(incoming);
-            let (used, phase) = self.open_all(&mut joined, plain)?;
-            if used < joined.len() {
-                joined.drain(..used);
-                self.pending = joined;
-            }
-            Ok(phase)
-        }
+        let mut pending = std::mem::take(&mut self.pending);
+        let phase = after_pending(&mut pending, incoming, |buf| self.open_all(buf, plain));
+        self.pending = pending;
+        phase
     }
 
     fn open_all(
