@@ -59,23 +59,16 @@ pub(crate) struct Redis {
 impl Redis {
     /// Starts redis-server with `args` (config directives as flags) on a free port.
     pub(crate) fn start(args: &[&str], auth: &[&str]) -> Self {
-        need("redis-server", "redis-server");
-        need("redis-cli", "redis-tools");
-        let mut r = Self {
-            child: None,
-            port: free_port(),
-            args: args.iter().map(|s| (*s).to_owned()).collect(),
-            auth: auth.iter().map(|s| (*s).to_owned()).collect(),
-            log: Arc::default(),
-            tls: None,
-        };
-        r.restart();
-        r
+        Self::launch(None, args, auth)
     }
 
     /// Like [`Self::start`], but the server speaks only TLS on its port,
     /// with the certificate in `certs` (clients are not asked for one).
     pub(crate) fn start_tls(certs: Certs, args: &[&str], auth: &[&str]) -> Self {
+        Self::launch(Some(certs), args, auth)
+    }
+
+    fn launch(tls: Option<Certs>, args: &[&str], auth: &[&str]) -> Self {
         need("redis-server", "redis-server");
         need("redis-cli", "redis-tools");
         let mut r = Self {
@@ -84,7 +77,7 @@ impl Redis {
             args: args.iter().map(|s| (*s).to_owned()).collect(),
             auth: auth.iter().map(|s| (*s).to_owned()).collect(),
             log: Arc::default(),
-            tls: Some(certs),
+            tls,
         };
         r.restart();
         r
