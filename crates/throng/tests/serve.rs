@@ -447,22 +447,7 @@ fn sigterm_drains_with_1001_and_exits() {
     server.wait_metric("throng_connections_open", |v| v == 20.0);
     server.signal("TERM");
     for s in &mut subs {
-        let code = loop {
-            match s.read() {
-                Ok(Message::Close(f)) => break f.map(|f| u16::from(f.code)),
-                Ok(_) => {}
-                Err(e) => panic!("expected a close frame: {e}"),
-            }
-        };
-        assert_eq!(code, Some(1001));
-        // tungstenite answers the close; the server then closes the TCP connection.
-        loop {
-            match s.read() {
-                Err(tungstenite::Error::ConnectionClosed) => break,
-                Err(e) => panic!("after close: {e}"),
-                Ok(_) => {}
-            }
-        }
+        assert_eq!(support::close_code_then_end(s), Some(1001));
     }
     let start = Instant::now();
     let status = loop {

@@ -655,23 +655,7 @@ fn sigterm_sends_1001_and_close_notify_to_tls_subscribers() {
     server.wait_metric("throng_connections_open", |v| v == 6.0);
     server.signal("TERM");
     for s in &mut subs {
-        let code = loop {
-            match s.read() {
-                Ok(Message::Close(f)) => break f.map(|f| u16::from(f.code)),
-                Ok(_) => {}
-                Err(e) => panic!("expected a close frame: {e}"),
-            }
-        };
-        assert_eq!(code, Some(1001));
-        // tungstenite answers; the server ends TLS cleanly, then TCP (an
-        // end without close_notify would be an error here, not ConnectionClosed).
-        loop {
-            match s.read() {
-                Err(tungstenite::Error::ConnectionClosed) => break,
-                Err(e) => panic!("after close: {e}"),
-                Ok(_) => {}
-            }
-        }
+        assert_eq!(support::close_code_then_end(s), Some(1001));
     }
     wait_until("the server exits after SIGTERM", || {
         server.child.try_wait().unwrap().is_some()

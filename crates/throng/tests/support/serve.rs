@@ -299,3 +299,26 @@ pub(crate) fn publish_redis(addr: SocketAddr, channel: &str, body: &str) -> u64 
     assert_eq!(v["channel"], channel);
     v["redis_receivers"].as_u64().unwrap()
 }
+
+/// Reads up to the server's close frame and returns its code, then reads
+/// until the connection ends cleanly (tungstenite answers the close; over
+/// TLS an end without close_notify would be an error here, not
+/// `ConnectionClosed`).
+pub(crate) fn close_code_then_end<S: Read + Write>(
+    s: &mut tungstenite::WebSocket<S>,
+) -> Option<u16> {
+    let code = loop {
+        match s.read() {
+            Ok(tungstenite::Message::Close(f)) => break f.map(|f| u16::from(f.code)),
+            Ok(_) => {}
+            Err(e) => panic!("expected a close frame: {e}"),
+        }
+    };
+    loop {
+        match s.read() {
+            Err(tungstenite::Error::ConnectionClosed) => return code,
+            Err(e) => panic!("after close: {e}"),
+            Ok(_) => {}
+        }
+    }
+}
