@@ -18,6 +18,7 @@
 #    request (its peak during the run minus before, over the same count).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 
 SECS=${SECS:-5}
 CONNS=${CONNS:-64}
@@ -74,7 +75,6 @@ for round in 1 2 3; do
   printf '  round %s  throng attack --max --connections %s --workers 1: %8.0f req/s, %8.0f req per CPU-s (errors %s)\n' "$round" "$CONNS" "$t" "$(awk -v n="$tn" -v c="$tcpu" 'BEGIN {print n / c}')" "$errs"
   echo "$t $(awk -v n="$tn" -v c="$tcpu" 'BEGIN {print n / c}')" >>"$tmp/throng.txt"
 done
-median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 w_rate=$(awk '{print $1}' "$tmp/wrk.txt" | median)
 t_rate=$(awk '{print $1}' "$tmp/throng.txt" | median)
 w_eff=$(awk '{print $2}' "$tmp/wrk.txt" | median)

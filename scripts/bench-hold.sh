@@ -14,6 +14,7 @@
 # stopped at the end. Results (throng result files) stay in $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 what=${1:-all}
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-hold.XXXXXX)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
@@ -22,26 +23,7 @@ ulimit -n "$(ulimit -Hn)"
 cargo build --release -q -p throng
 BIN=$CARGO_TARGET_DIR/release/throng
 echo "binary: $BIN; results in $OUT"
-echo "machine: $(nproc) cores, $(free -m | awk '/^Mem:/ {print $7}') MiB available; $(uptime | sed 's/.*load/load/')"
-
-# A free range of N consecutive ports on 127.0.0.1.
-free_ports() {
-  python3 - "$1" <<'EOF'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(500):
-    first = random.randint(20000, 30000 - n)
-    socks = []
-    try:
-        for p in range(first, first + n):
-            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
-        print(first); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-EOF
-}
+machine_line
 
 SERVER_PID=
 start_server() { # workers ports
@@ -78,26 +60,6 @@ for pid in os.listdir("/proc"):
     if int(pid) == root or int(f[1]) == root:
         total += (int(f[11]) + int(f[12])) / hz
 print(f"{total:.2f}")
-EOF
-}
-
-# From a result file: the worker's RSS in the last interval where all N were open.
-rss_at_plateau() { # file n
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-path, n = sys.argv[1], int(sys.argv[2])
-opened, rss = {}, {}
-for line in open(path):
-    r = json.loads(line)
-    if r.get("type") != "interval": continue
-    s = r["start_ns"]
-    if r["source"].endswith("/hold-supervisor"):
-        for label, b in (r.get("host") or {}).get("rss_bytes", []):
-            if label.endswith("/hold-0"): rss[s] = b
-    else:
-        opened[s] = opened.get(s, 0) + r.get("gauges", {}).get("connections.open", 0)
-full = [s for s in sorted(opened) if opened[s] == n and s in rss]
-print(rss[full[-1]] if full else "none")
 EOF
 }
 

@@ -19,6 +19,7 @@
 # in $OUT. Knobs: ROUNDS (3), LAT_N (18000), MESSAGES (30000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 what=${1:-all}
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-redis.XXXXXX)}
 ROUNDS=${ROUNDS:-3}
@@ -33,12 +34,8 @@ done
 cargo build --release -q -p throng
 BIN=$CARGO_TARGET_DIR/release/throng
 echo "binary: $BIN; results in $OUT"
-echo "machine: $(nproc) cores, $(free -m | awk '/^Mem:/ {print $7}') MiB available; $(uptime | sed 's/.*load/load/')"
+machine_line
 echo "$(redis-server --version | cut -d' ' -f1-3)"
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
 REDIS_PID= SERVER_PID= HOLD_PIDS=()
 cleanup() {

@@ -28,6 +28,7 @@
 # stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 what=${1:-all}
 N=${N:-12000}
 SECS=${SECS:-5}
@@ -46,26 +47,7 @@ done
 cargo build --release -q -p throng
 BIN=$CARGO_TARGET_DIR/release/throng
 echo "binary: $BIN; results in $OUT"
-echo "machine: $(nproc) cores, $(free -m | awk '/^Mem:/ {print $7}') MiB available; $(uptime | sed 's/.*load/load/')"
-
-# A free range of N consecutive ports on 127.0.0.1.
-free_ports() {
-  python3 - "$1" <<'EOF'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(500):
-    first = random.randint(20000, 30000 - n)
-    socks = []
-    try:
-        for p in range(first, first + n):
-            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
-        print(first); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-EOF
-}
+machine_line
 
 PIDS=()
 cleanup() {
@@ -123,26 +105,6 @@ for _ in $(seq 100); do
 done
 echo "throng serve (1 worker) on 127.0.0.1:$backend; HAProxy $(haproxy -v | awk 'NR == 1 {print $3}') TLS (P-256) on 127.0.0.1:$tls_first-$((tls_first + 1)) (2 processes, maxconn $per each)"
 
-# From a result file: the worker's RSS in the last interval where all N were open.
-rss_at_plateau() { # file n
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-path, n = sys.argv[1], int(sys.argv[2])
-opened, rss = {}, {}
-for line in open(path):
-    r = json.loads(line)
-    if r.get("type") != "interval": continue
-    s = r["start_ns"]
-    if r["source"].endswith("/hold-supervisor"):
-        for label, b in (r.get("host") or {}).get("rss_bytes", []):
-            if label.endswith("/hold-0"): rss[s] = b
-    else:
-        opened[s] = opened.get(s, 0) + r.get("gauges", {}).get("connections.open", 0)
-full = [s for s in sorted(opened) if opened[s] == n and s in rss]
-print(rss[full[-1]] if full else "none")
-EOF
-}
-
 if [ "$what" = all ] || [ "$what" = memory ]; then
 echo
 echo "== 1. memory per idle held connection, one hold worker, N=1 then N=$N at $RATE"
@@ -180,19 +142,6 @@ fi
 echo
 echo "== 2. https through HAProxy: throng attack vs wrk, ${SECS}s per run, $ROUNDS rounds alternating"
 url="https://localhost:$tls_first/ping"
-median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
-# HAProxy's share of resumed TLS sessions (SslFrontendSessionReuse_pct).
-reuse() {
-  python3 - "$OUT/haproxy-0.sock" <<'EOF'
-import socket, sys
-s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"show info\n")
-data = b""
-while chunk := s.recv(65536):
-    data += chunk
-info = dict(l.split(": ", 1) for l in data.decode().splitlines() if ": " in l)
-print(info.get("SslFrontendSessionReuse_pct", "?"))
-EOF
-}
 run_pair() { # label conns keepalive(yes/no) [throng options...]
   local label=$1 c=$2 keep=$3 ta=() wa=()
   shift 3

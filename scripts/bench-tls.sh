@@ -31,6 +31,7 @@
 # as the client; every run is bounded by --secs or by N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 CONNS=15000 SECS=5 THREADS=4 ROUNDS=10 REPEAT=3 PARTS=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -59,7 +60,7 @@ cargo build --release -q -p throng-server --example tls_bench --example tls_mem
 BIN=$CARGO_TARGET_DIR/release/throng
 CLIENT=$CARGO_TARGET_DIR/release/examples/tls_bench
 echo "results in $OUT" >&2
-echo "machine: $(nproc) cores, $(free -m | awk '/^Mem:/ {print $7}') MiB available; $(uptime | sed 's/.*load/load/')" >&2
+machine_line >&2
 
 # Certificates: ECDSA P-256 and RSA 2048, end-entity, for localhost.
 for kind in ec rsa; do
@@ -69,10 +70,6 @@ for kind in ec rsa; do
     -keyout "$OUT/$kind-key.pem" -out "$OUT/$kind-cert.pem" 2>/dev/null
   cat "$OUT/$kind-cert.pem" "$OUT/$kind-key.pem" > "$OUT/$kind-haproxy.pem"
 done
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
