@@ -5,7 +5,7 @@
 //! one Redis connection), reconnecting after an error. A call returns the
 //! number of subscribers the server or broker reported, when it says.
 //!
-//! The Redis connection is made by [`throng_redis::open`], as the server's
+//! The Redis connection is made by [`throng_client::redis::open`], as the server's
 //! broker makes its own: TLS for `rediss://`, then `AUTH`/`SELECT` from the
 //! URL, so a password-protected or TLS-only Redis takes the publishes.
 
@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use thiserror::Error;
+use throng_client::link::{LinkError, Stream};
 use throng_proto::http::{self, BodyDecoder};
 use throng_proto::resp::{self, Value};
-use throng_redis::{LinkError, Stream};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::net::TcpStream;
 
@@ -158,7 +158,7 @@ impl Publisher {
         let Some(conn) = self.conn.as_mut() else {
             return Err(PublishError::Protocol("no connection".into()));
         };
-        throng_redis::write_all(conn, &self.out).await?;
+        throng_client::link::write_all(conn, &self.out).await?;
         match &self.target {
             PublishTarget::Http { .. } => {
                 let (status, n, keep) = read_http(conn, &mut self.inbuf).await?;
@@ -202,7 +202,7 @@ impl Publisher {
                         c
                     }
                 };
-                throng_redis::tls_handshake(s, name, &config, self.timeout)
+                throng_client::link::tls_handshake(s, name, &config, self.timeout)
                     .await
                     .map_err(PublishError::Link)
             }
@@ -212,15 +212,16 @@ impl Publisher {
                         .client_config(url)
                         .map_err(|e| PublishError::Trust(e.to_string()))?;
                 }
-                let (s, rest) = throng_redis::open(url, self.tls_config.as_ref(), self.timeout)
-                    .await
-                    .map_err(|e| match e {
-                        LinkError::Connect(source) => PublishError::Connect {
-                            addr: *addr,
-                            source,
-                        },
-                        e => PublishError::Link(e),
-                    })?;
+                let (s, rest) =
+                    throng_client::redis::open(url, self.tls_config.as_ref(), self.timeout)
+                        .await
+                        .map_err(|e| match e {
+                            LinkError::Connect(source) => PublishError::Connect {
+                                addr: *addr,
+                                source,
+                            },
+                            e => PublishError::Link(e),
+                        })?;
                 self.resp_in = rest;
                 Ok(s)
             }

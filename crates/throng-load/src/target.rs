@@ -13,7 +13,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use throng_redis::{RedisUrl, Trust};
+use throng_client::redis::RedisUrl;
+use throng_client::trust::Trust;
 
 /// Why a URL or address list was refused.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@
 //! subscriptions (one pattern, or the set of channels with local
 //! subscribers) are made again before the broker says it is up.
 //!
-//! Connections are made by [`throng_redis::open`]: plain TCP for
+//! Connections are made by [`throng_client::redis::open`]: plain TCP for
 //! `redis://`, TLS for `rediss://` (the certificate checked against
 //! [`RedisSettings::tls`]), then `AUTH`/`SELECT`/`PING`. Everything after that
 //! is the same code over either kind of [`Stream`].
@@ -23,9 +23,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
+use throng_client::link::Stream;
+pub use throng_client::redis::RedisUrl;
+pub use throng_client::trust::Trust;
 use throng_proto::resp::{self, Push, Value};
-use throng_redis::Stream;
-pub use throng_redis::{RedisUrl, Trust};
 use tokio::io::{AsyncReadExt as _, WriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
@@ -132,7 +133,7 @@ impl RedisSettings {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start a runtime to check Redis: {e}"))?;
-        rt.block_on(throng_redis::open(
+        rt.block_on(throng_client::redis::open(
             &self.url,
             self.tls.as_ref(),
             CONNECT_TIMEOUT,
@@ -318,7 +319,7 @@ impl Link {
 
     /// One connection, greeted: plain or TLS as the URL says.
     async fn connect(&self) -> Result<(Stream, BytesMut), String> {
-        throng_redis::open(
+        throng_client::redis::open(
             &self.settings.url,
             self.settings.tls.as_ref(),
             CONNECT_TIMEOUT,
@@ -592,7 +593,7 @@ impl Link {
 }
 
 async fn write(w: &mut WriteHalf<Stream>, bytes: &[u8]) -> Result<(), String> {
-    match tokio::time::timeout(REPLY_TIMEOUT, throng_redis::write_all(w, bytes)).await {
+    match tokio::time::timeout(REPLY_TIMEOUT, throng_client::link::write_all(w, bytes)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("writing to Redis: {e}")),
         Err(_) => Err(format!(

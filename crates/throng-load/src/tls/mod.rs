@@ -13,7 +13,7 @@
 //! ([`Records`], in `records`).
 //!
 //! The certificate check: `--tls-ca FILE` trusts the PEM certificates in
-//! FILE; without it the system bundle (`throng_redis::SYSTEM_CA_BUNDLES`) is used when there
+//! FILE; without it the system bundle (`throng_client::trust::SYSTEM_CA_BUNDLES`) is used when there
 //! is one; `--tls-insecure` accepts any certificate (the handshake signature
 //! is still checked, so the server must hold the key of the certificate it
 //! sends). SNI comes from the URL's host; an IP address sends no SNI and is
@@ -45,7 +45,7 @@ use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError};
 use rustls::{CertificateError, ClientConfig, HandshakeKind, NamedGroup};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use throng_redis::AnyCertificate;
+use throng_client::trust::AnyCertificate;
 use tokio::net::TcpStream;
 
 mod records;
@@ -74,7 +74,7 @@ impl TlsOptions {
         } else {
             match &self.ca_file {
                 Some(p) => format!("certificates checked against {}", p.display()),
-                None => match throng_redis::system_ca_bundle() {
+                None => match throng_client::trust::system_ca_bundle() {
                     Some(p) => format!("certificates checked against the system bundle {p}"),
                     None => "no CA bundle found".to_owned(),
                 },
@@ -106,7 +106,7 @@ pub enum TlsSetupError {
     /// Neither `--tls-ca` nor `--tls-insecure`, and no system bundle.
     #[error(
         "no CA certificates to check the server with: none of {} exists; pass --tls-ca FILE (PEM) or, for a self-signed test server, --tls-insecure",
-        throng_redis::SYSTEM_CA_BUNDLES.join(", ")
+        throng_client::trust::SYSTEM_CA_BUNDLES.join(", ")
     )]
     NoRoots,
     /// rustls refused the configuration.
@@ -219,14 +219,15 @@ impl TlsClient {
                 )))
                 .with_no_client_auth()
         } else {
-            let roots =
-                throng_redis::trust_roots(opts.ca_file.as_deref()).map_err(|e| match e {
-                    throng_redis::TrustError::NoSystemBundle => TlsSetupError::NoRoots,
-                    throng_redis::TrustError::Ca { path, why } => {
+            let roots = throng_client::trust::trust_roots(opts.ca_file.as_deref()).map_err(
+                |e| match e {
+                    throng_client::trust::TrustError::NoSystemBundle => TlsSetupError::NoRoots,
+                    throng_client::trust::TrustError::Ca { path, why } => {
                         TlsSetupError::CaFile { path, why }
                     }
                     other => TlsSetupError::Verifier(other.to_string()),
-                })?;
+                },
+            )?;
             let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
                 .map_err(|e| TlsSetupError::Verifier(e.to_string()))?;
