@@ -1,7 +1,15 @@
-//! The machine under throng: kernel limits and what they allow (`doctor`),
-//! `/proc` sampling once a second, and the per-process file budget that
-//! decides how many worker processes a run needs.
+//! The machine under throng, and the one layer between throng and the
+//! operating system: kernel limits and what they allow (`doctor`,
+//! `limits`), `/proc` sampling once a second (`sample`), the per-process
+//! file budget that decides how many worker processes a run needs, and the
+//! OS calls both halves make: the epoll set of held connections (`poll`),
+//! a precise timer (`timer`), this process's memory, CPU clocks and signals
+//! (`process`). Every `unsafe` call of the server lives here, behind a safe
+//! function.
 
 pub mod doctor;
 pub mod limits;
+pub mod poll;
+pub mod process;
 pub mod sample;
+pub mod timer;

@@ -116,18 +116,11 @@ impl Sampler {
 
     /// A sampler of the `/proc` tree at `proc_root`, labelling samples `host`.
     pub fn with_root(proc_root: impl Into<PathBuf>, host: impl Into<String>) -> Self {
-        // SAFETY: sysconf has no preconditions; it only reads a constant.
-        let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        // SAFETY: as above.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         Self {
             proc_root: proc_root.into(),
             host: host.into(),
-            page_size: u64::try_from(page_size)
-                .ok()
-                .filter(|p| *p > 0)
-                .unwrap_or(4096),
-            ticks_per_sec: u64::try_from(ticks).ok().filter(|t| *t > 0).unwrap_or(100),
+            page_size: crate::process::page_size(),
+            ticks_per_sec: crate::process::clock_ticks_per_sec(),
             buf: String::with_capacity(8192),
             path: PathBuf::new(),
         }

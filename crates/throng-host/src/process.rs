@@ -1,0 +1,155 @@
+//! This process and the processes it starts: its resident memory, the CPU
+//! clocks of its threads, and signals to a process or a process group.
+//!
+//! The server's workers read their RSS into every counter snapshot and time
+//! each fan-out on the thread's CPU clock; supervisors signal their workers.
+
+use std::io;
+use std::time::Duration;
+
+/// Bytes per memory page (`_SC_PAGESIZE`; 4096 if the system will not say).
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions; it only reads a constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(page).ok().filter(|p| *p > 0).unwrap_or(4096)
+}
+
+/// Kernel clock ticks per second (`_SC_CLK_TCK`), the unit of the CPU times
+/// in `/proc/<pid>/stat`; 100 if the system will not say.
+pub fn clock_ticks_per_sec() -> u64 {
+    // SAFETY: as for `page_size`.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(ticks).ok().filter(|t| *t > 0).unwrap_or(100)
+}
+
+/// Resident set size of this process in bytes (0 when `/proc` is unreadable).
+pub fn rss_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0;
+    };
+    let pages: u64 = statm
+        .split_ascii_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    pages * page_size()
+}
+
+fn cpu_clock(clock: libc::clockid_t) -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for clock_gettime to fill. The CPU
+    // clocks always exist on Linux; on failure `ts` stays zero.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// CPU time (user + system) the calling thread has used, to the nanosecond.
+pub fn thread_cpu() -> Duration {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time (user + system) all threads of this process have used.
+pub fn process_cpu() -> Duration {
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// A signal throng sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// `SIGTERM`: drain and exit.
+    Term,
+    /// `SIGINT`: as Ctrl-C.
+    Int,
+    /// `SIGKILL`: now.
+    Kill,
+}
+
+impl Signal {
+    fn number(self) -> libc::c_int {
+        match self {
+            Self::Term => libc::SIGTERM,
+            Self::Int => libc::SIGINT,
+            Self::Kill => libc::SIGKILL,
+        }
+    }
+}
+
+fn kill(pid: libc::pid_t, signal: Signal) -> io::Result<()> {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    if unsafe { libc::kill(pid, signal.number()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn pid_t(pid: u32) -> io::Result<libc::pid_t> {
+    // 0 would mean "my process group": never what a caller holding a pid means.
+    match libc::pid_t::try_from(pid) {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no process {pid}"),
+        )),
+    }
+}
+
+/// Sends `signal` to process `pid`.
+pub fn signal(pid: u32, signal: Signal) -> io::Result<()> {
+    kill(pid_t(pid)?, signal)
+}
+
+/// Sends `signal` to every process in the group led by `pgid` (a child
+/// started with `process_group(0)` leads its own).
+pub fn signal_group(pgid: u32, signal: Signal) -> io::Result<()> {
+    kill(-pid_t(pgid)?, signal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_and_clocks_of_this_process() {
+        assert!(page_size() >= 4096);
+        assert!(clock_ticks_per_sec() > 0);
+        let rss = rss_bytes();
+        assert!(rss > 0 && rss % page_size() == 0, "{rss}");
+        let (t0, p0) = (thread_cpu(), process_cpu());
+        let mut x = 0u64;
+        for i in 0..3_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        assert!(thread_cpu() > t0, "the thread's clock moves with its work");
+        assert!(process_cpu() > p0);
+    }
+
+    #[test]
+    fn signals_reach_a_child_and_its_group() {
+        use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        signal(child.id(), Signal::Term).unwrap();
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
+
+        let mut leader = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        signal_group(leader.id(), Signal::Kill).unwrap();
+        assert_eq!(leader.wait().unwrap().signal(), Some(libc::SIGKILL));
+
+        assert!(signal(0, Signal::Term).is_err(), "pid 0 is refused");
+        assert!(signal(u32::MAX, Signal::Term).is_err());
+    }
+}
