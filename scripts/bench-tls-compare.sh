@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Before/after for a change to throng serve's TLS: runs two (or more)
 # `throng` binaries side by side, taking turns, with the one client of
-# scripts/bench-tls.sh (examples/tls_bench.rs), and prints per binary:
+# scripts/bench-tls.sh (throng-bench's tls_bench), and prints per binary:
 #   handshakes   new TLS connections per second (full handshake, one
 #                GET /healthz, close; ECDSA P-256) and the server's CPU per
 #                handshake, each round
@@ -33,8 +33,8 @@ for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "$b is not an executable" >&2; e
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-tls-compare.XXXXXX)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 ulimit -n "$(ulimit -Hn)"
-cargo build --release -q -p throng-server --example tls_bench
-CLIENT=$CARGO_TARGET_DIR/release/examples/tls_bench
+cargo build --release -q -p throng-bench --bin tls_bench
+CLIENT=$CARGO_TARGET_DIR/release/tls_bench
 echo "results in $OUT"
 machine_line
 openssl req -x509 -nodes -days 2 -subj /CN=localhost -newkey ec -pkeyopt ec_paramgen_curve:P-256 \

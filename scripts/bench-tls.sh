@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TLS benchmark of `throng serve` beside HAProxy (Debian) terminating TLS in
 # front of a plain `throng serve` (issue 7). One client for both servers:
-# crates/throng-server/examples/tls_bench.rs (rustls on ring; it trusts any
+# crates/throng-bench/src/bin/tls_bench.rs (rustls on ring; it trusts any
 # certificate and checks no signature, so the crypto measured is the server's).
 #
 #   scripts/bench-tls.sh [--conns 15000] [--secs 5] [--threads 4] [--rounds 10] [--repeat 3]
@@ -10,7 +10,7 @@
 # Prints one JSON object per measurement, then a summary:
 #   rustls_heap            live heap rustls holds per idle server connection,
 #                          buffered ServerConnection vs UnbufferedServerConnection
-#                          (examples/tls_mem.rs, counting allocator)
+#                          (throng-bench's tls_mem, counting allocator)
 #   idle_throng_tls        throng worker RSS delta / N with N idle wss subscribers
 #                          (one worker), plus fan-out CPU per frame to them
 #   idle_throng_plain      the same with N plain ws subscribers (fresh server)
@@ -56,9 +56,9 @@ command -v haproxy >/dev/null || { echo "haproxy is missing (apt-get install hap
 command -v openssl >/dev/null || { echo "openssl is missing (apt-get install openssl)" >&2; exit 1; }
 
 cargo build --release -q -p throng
-cargo build --release -q -p throng-server --example tls_bench --example tls_mem
+cargo build --release -q -p throng-bench --bin tls_bench --bin tls_mem
 BIN=$CARGO_TARGET_DIR/release/throng
-CLIENT=$CARGO_TARGET_DIR/release/examples/tls_bench
+CLIENT=$CARGO_TARGET_DIR/release/tls_bench
 echo "results in $OUT" >&2
 machine_line >&2
 
@@ -175,7 +175,7 @@ record() { # name json
 }
 
 if part idle; then
-  record rustls_heap "$("$CARGO_TARGET_DIR/release/examples/tls_mem" --conns 2000 \
+  record rustls_heap "$("$CARGO_TARGET_DIR/release/tls_mem" --conns 2000 \
     --sign-key "$OUT/rsa-key.pem" --sign-key "$OUT/ec-key.pem")"
   # The same signatures with OpenSSL (HAProxy's library), for the RSA figures.
   record openssl_speed "$(openssl speed -seconds 2 rsa2048 ecdsap256 2>/dev/null | python3 -c '

@@ -17,7 +17,7 @@
 //! after every publish.
 //!
 //! ```text
-//! cargo build --release -p throng && cargo run --release -p throng-server --example serve_bench -- \
+//! cargo build --release -p throng && cargo run --release -p throng-bench --bin serve_bench -- \
 //!     --throng target/release/throng --conns 18000 --rounds 15
 //! ```
 
@@ -234,7 +234,7 @@ async fn bench(o: Opts) {
     // A busy machine stretches wall times (not CPU per frame): say how busy.
     let load0 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     // This process holds every subscriber: raise its own open-file limit.
-    let _ = throng_server::sys::raise_nofile();
+    let _ = throng_host::limits::raise_nofile();
     let mut server = Command::new(&o.throng)
         .args([
             "serve",
@@ -398,7 +398,7 @@ async fn bench(o: Opts) {
         "client_connections_closed": closed,
     });
     println!("{}", serde_json::to_string_pretty(&report).expect("json"));
-    throng_server::sys::kill(server.id(), libc::SIGTERM);
+    let _ = throng_host::process::signal(server.id(), throng_host::process::Signal::Term);
     let _ = server.wait();
 }
 

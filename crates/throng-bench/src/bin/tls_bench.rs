@@ -33,9 +33,7 @@ use rustls::{ClientConnection, StreamOwned};
 use rustls_pki_types::ServerName;
 use throng_proto::{http, ws};
 
-#[path = "common/trust_all.rs"]
-mod trust_all;
-use trust_all::TrustAll;
+use throng_bench::trust_all::TrustAll;
 
 #[derive(Clone)]
 struct Opts {
@@ -357,15 +355,7 @@ fn idle(o: &Opts) -> serde_json::Value {
 
 /// CPU seconds this process has used (all threads).
 fn own_cpu() -> f64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `ru` is valid for getrusage to fill.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
-        return f64::NAN;
-    }
-    // SAFETY: getrusage succeeded and filled it.
-    let ru = unsafe { ru.assume_init() };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
+    throng_host::process::process_cpu().as_secs_f64()
 }
 
 /// Runs `work` on `--threads` threads for `--secs`; returns what they
@@ -473,7 +463,7 @@ fn requests(o: &Opts) -> serde_json::Value {
 
 fn main() {
     let o = opts();
-    let _ = throng_server::sys::raise_nofile();
+    let _ = throng_host::limits::raise_nofile();
     let report = match o.mode.as_str() {
         "idle" => idle(&o),
         "handshakes" => handshakes(&o),

@@ -10,7 +10,7 @@
 //! The client side is freed before counting, so only the server side is left.
 //!
 //! ```text
-//! cargo run --release -p throng-server --example tls_mem -- [--conns 2000]
+//! cargo run --release -p throng-bench --bin tls_mem -- [--conns 2000]
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -55,9 +55,7 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOC: Counting = Counting;
 
 /// The bench's client trusts any certificate: only the server is measured.
-#[path = "common/trust_all.rs"]
-mod trust_all;
-use trust_all::TrustAll;
+use throng_bench::trust_all::TrustAll;
 
 fn client_config(tls12: bool) -> Arc<rustls::ClientConfig> {
     let versions: &[&rustls::SupportedProtocolVersion] = if tls12 {
@@ -238,6 +236,30 @@ fn unbuffered(
     s
 }
 
+/// Makes `conns` connections with `make` and reports the live heap bytes and
+/// blocks they hold per connection, as `<name>_heap_bytes_per_conn` and
+/// `<name>_heap_blocks_per_conn`. Returns them, so they are counted alive.
+fn count_heap<T>(
+    report: &mut serde_json::Map<String, serde_json::Value>,
+    name: &str,
+    conns: usize,
+    make: impl Fn() -> T,
+) -> Vec<T> {
+    let (live0, blocks0) = (LIVE.load(Ordering::Relaxed), BLOCKS.load(Ordering::Relaxed));
+    let held: Vec<T> = (0..conns).map(|_| make()).collect();
+    let live = LIVE.load(Ordering::Relaxed) - live0;
+    let blocks = BLOCKS.load(Ordering::Relaxed) - blocks0;
+    report.insert(
+        format!("{name}_heap_bytes_per_conn"),
+        (live as f64 / conns as f64).round().into(),
+    );
+    report.insert(
+        format!("{name}_heap_blocks_per_conn"),
+        (blocks as f64 / conns as f64).into(),
+    );
+    held
+}
+
 fn main() {
     let mut conns = 2000usize;
     let mut sign_keys = Vec::new();
@@ -261,33 +283,13 @@ fn main() {
         };
         report.insert(format!("{v}_cipher_suite"), cs.into());
 
-        let (live0, blocks0) = (LIVE.load(Ordering::Relaxed), BLOCKS.load(Ordering::Relaxed));
-        let held: Vec<ServerConnection> = (0..conns).map(|_| buffered(&server, &client)).collect();
-        let live = LIVE.load(Ordering::Relaxed) - live0;
-        let blocks = BLOCKS.load(Ordering::Relaxed) - blocks0;
-        report.insert(
-            format!("{v}_buffered_heap_bytes_per_conn"),
-            (live as f64 / conns as f64).round().into(),
-        );
-        report.insert(
-            format!("{v}_buffered_heap_blocks_per_conn"),
-            (blocks as f64 / conns as f64).into(),
-        );
+        let held = count_heap(&mut report, &format!("{v}_buffered"), conns, || {
+            buffered(&server, &client)
+        });
         drop(held);
-
-        let (live0, blocks0) = (LIVE.load(Ordering::Relaxed), BLOCKS.load(Ordering::Relaxed));
-        let held: Vec<Box<UnbufferedServerConnection>> =
-            (0..conns).map(|_| unbuffered(&server, &client)).collect();
-        let live = LIVE.load(Ordering::Relaxed) - live0;
-        let blocks = BLOCKS.load(Ordering::Relaxed) - blocks0;
-        report.insert(
-            format!("{v}_unbuffered_heap_bytes_per_conn"),
-            (live as f64 / conns as f64).round().into(),
-        );
-        report.insert(
-            format!("{v}_unbuffered_heap_blocks_per_conn"),
-            (blocks as f64 / conns as f64).into(),
-        );
+        let held = count_heap(&mut report, &format!("{v}_unbuffered"), conns, || {
+            unbuffered(&server, &client)
+        });
         drop(held);
     }
     // What one handshake's signature costs with ring, per key given.

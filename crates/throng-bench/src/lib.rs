@@ -1,0 +1,13 @@
+//! The benchmark clients of `throng serve`, kept out of the server crate:
+//! each binary drives a real server process from outside, as a client would.
+//!
+//! - `serve_bench` (`scripts/bench-serve.sh`): idle memory per subscriber,
+//!   fan-out CPU per frame against a bare write loop, upgrades per second.
+//! - `tls_bench` (`scripts/bench-tls.sh`, `scripts/bench-tls-compare.sh`):
+//!   idle TLS memory, handshakes and requests per second, beside HAProxy.
+//! - `tls_mem` (`scripts/bench-tls.sh`): rustls's heap per idle connection,
+//!   counted by allocator, and the cost of one handshake signature.
+//!
+//! What they share lives here.
+
+pub mod trust_all;
