@@ -31,7 +31,6 @@ pub mod metrics;
 mod ping;
 pub mod redis;
 pub mod supervisor;
-pub mod sys;
 pub mod tls;
 pub mod wheel;
 pub mod worker;

@@ -22,10 +22,8 @@ use crate::config::Config;
 use crate::control::{Message, Record, read_record};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
-use crate::sys;
-
-/// File descriptors a worker keeps for other things than subscribers.
-pub const FD_RESERVE: u64 = 64;
+use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
+use throng_host::process::{self, Signal};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +61,9 @@ pub enum ServeError {
         /// What went wrong.
         reason: String,
     },
+    /// The open-file limit leaves no room for subscribers.
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
     /// Something else at the OS level.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -83,9 +84,10 @@ pub struct WorkerCommand {
 pub struct Plan {
     /// The resolved settings (listen ports resolved, worker count decided).
     pub config: Config,
-    /// Open-file limit per process after raising the soft limit: (soft, hard).
-    pub nofile: (u64, u64),
-    /// Subscribers one worker can hold under that limit.
+    /// Open-file limit per process after raising the soft limit.
+    pub nofile: NoFile,
+    /// Subscribers one worker can hold under that limit (`throng-host`'s
+    /// file budget, the same as `hold`'s).
     pub per_worker: u64,
     /// CPU cores seen.
     pub cores: usize,
@@ -106,15 +108,20 @@ impl Plan {
         if config.listen.is_empty() {
             return Err(ServeError::NoListen);
         }
-        let nofile = sys::raise_nofile()?;
+        limits::raise_nofile()?;
+        let nofile = limits::nofile()?;
         if !config.tls_listen.is_empty() && config.tls.is_none() {
             return Err(ServeError::NoTlsCert);
         }
-        let listeners = (config.listen.len() + config.tls_listen.len()) as u64;
-        let per_worker = nofile.0.saturating_sub(FD_RESERVE + listeners).max(1);
+        // Listeners, the control socket and the epoll set are in the reserve.
+        let budget = limits::budget(
+            config.max_connections.unwrap_or(0),
+            nofile.soft,
+            DEFAULT_FD_RESERVE,
+        )?;
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let (workers, workers_why) =
-            worker_count(config.workers, cores, per_worker, config.max_connections);
+            worker_count(config.workers, cores, budget, config.max_connections);
         config.workers = workers;
         let mut reserved = Vec::new();
         // Binds each address (port 0 becomes the port the kernel gave).
@@ -136,7 +143,7 @@ impl Plan {
         Ok(Self {
             config,
             nofile,
-            per_worker,
+            per_worker: budget.per_worker,
             cores,
             workers_why,
             broker: broker::Local.describe().to_owned(),
@@ -166,8 +173,8 @@ impl Plan {
             "event": "listening",
             "listen": self.config.listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "workers": self.config.workers,
-            "nofile_soft": self.nofile.0,
-            "nofile_hard": self.nofile.1,
+            "nofile_soft": self.nofile.soft,
+            "nofile_hard": self.nofile.hard,
             "connections_per_worker": self.per_worker,
             "connections_total": self.per_worker * self.config.workers as u64,
             "config": self.config,
@@ -195,8 +202,8 @@ impl fmt::Display for Plan {
         writeln!(
             f,
             "open-file limit per process: {} (hard {}), so about {} subscribers per worker, {} in all",
-            self.nofile.0,
-            self.nofile.1,
+            self.nofile.soft,
+            self.nofile.hard,
             self.per_worker,
             self.per_worker * self.config.workers as u64
         )?;
@@ -216,11 +223,11 @@ impl fmt::Display for Plan {
 }
 
 /// How many workers to run, and why: `requested` (0 = one per core), raised
-/// so that `target` connections fit at `per_worker` each.
+/// to the workers `budget` says the `target` connections need.
 pub fn worker_count(
     requested: usize,
     cores: usize,
-    per_worker: u64,
+    budget: Budget,
     target: Option<u64>,
 ) -> (usize, String) {
     let (mut n, mut why) = if requested == 0 {
@@ -229,10 +236,11 @@ pub fn worker_count(
         (requested, "--workers".to_owned())
     };
     if let Some(target) = target {
-        let needed = usize::try_from(target.div_ceil(per_worker.max(1))).unwrap_or(usize::MAX);
+        let needed = usize::try_from(budget.workers).unwrap_or(usize::MAX);
         if needed > n {
             why = format!(
-                "raised from {n} so that --max-connections {target} fits at {per_worker} per worker"
+                "raised from {n} so that --max-connections {target} fits at {} per worker",
+                budget.per_worker
             );
             n = needed;
         }
@@ -384,7 +392,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
                 log!("throng: workers did not exit within the drain timeout; killing them");
                 for s in &sup.slots {
                     if s.alive {
-                        sys::kill(s.pid, libc::SIGKILL);
+                        let _ = process::signal(s.pid, Signal::Kill);
                     }
                 }
                 deadline = None;
@@ -735,7 +743,7 @@ impl Supervisor {
         self.draining = true;
         for s in &self.slots {
             if s.alive {
-                sys::kill(s.pid, libc::SIGTERM);
+                let _ = process::signal(s.pid, Signal::Term);
             }
         }
         tokio::time::Instant::now() + self.config.drain_timeout + Duration::from_secs(2)
@@ -744,17 +752,26 @@ impl Supervisor {
 
 #[cfg(test)]
 mod tests {
+    use throng_host::limits::budget;
+
     use super::worker_count;
 
     #[test]
     fn workers_follow_cores_flag_and_connection_target() {
-        assert_eq!(worker_count(0, 8, 19_900, None).0, 8);
-        assert_eq!(worker_count(3, 8, 19_900, None).0, 3);
-        assert_eq!(worker_count(0, 2, 19_900, Some(30_000)).0, 2);
-        let (n, why) = worker_count(0, 2, 19_900, Some(100_000));
+        let count = |requested, cores, target: Option<u64>| {
+            let b = budget(target.unwrap_or(0), 19_964, 64).unwrap();
+            worker_count(requested, cores, b, target)
+        };
+        assert_eq!(count(0, 8, None).0, 8);
+        assert_eq!(count(3, 8, None).0, 3);
+        assert_eq!(count(0, 2, Some(30_000)).0, 2);
+        let (n, why) = count(0, 2, Some(100_000));
         assert_eq!(n, 6);
-        assert!(why.contains("raised from 2"), "{why}");
-        assert_eq!(worker_count(1, 2, 19_900, Some(19_900)).0, 1);
-        assert_eq!(worker_count(1, 2, 0, Some(5)).0, 5);
+        assert!(
+            why.contains("raised from 2") && why.contains("19900"),
+            "{why}"
+        );
+        assert_eq!(count(1, 2, Some(19_900)).0, 1);
+        assert_eq!(count(1, 2, Some(19_901)).0, 2);
     }
 }

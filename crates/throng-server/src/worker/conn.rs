@@ -17,9 +17,9 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
 use std::net::TcpStream;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -28,8 +28,8 @@ use throng_proto::ws::{self, Decoder, Frame, OpCode, close_code};
 use super::Worker;
 use super::table::NONE;
 use crate::metrics::CloseReason;
-use crate::sys;
 use crate::tls::{self, Pumped};
+use throng_host::poll::Interest;
 
 /// How long a closing handshake may take before the socket is closed.
 pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -185,8 +185,20 @@ impl Conn {
         self.rest.borrow().is_some() || self.tls.as_ref().is_some_and(|t| t.borrow().rest.is_some())
     }
 
-    pub(crate) fn fd(&self) -> i32 {
-        self.sock.as_raw_fd()
+    pub(crate) fn socket(&self) -> &TcpStream {
+        &self.sock
+    }
+
+    /// Watches for room to write while a queue exists, or no longer.
+    fn want_write(&self, w: &Worker, write: bool) {
+        let interest = if write {
+            Interest::ReadWrite
+        } else {
+            Interest::Read
+        };
+        let _ = w
+            .poller
+            .modify(&self.sock, u64::from(self.slot.get()), interest);
     }
 
     /// Tick of the last write progress, when a queue exists.
@@ -277,7 +289,7 @@ impl Worker {
         if !c.listed.replace(true) {
             self.queued.borrow_mut().push(c.clone());
         }
-        let _ = self.poller.want_write(c.fd(), c.slot.get(), true);
+        c.want_write(self, true);
     }
 
     /// Drops `c`'s queue, counting its whole frames as dropped.
@@ -315,7 +327,7 @@ impl Worker {
         if why == CloseReason::ProtocolError && !c.has_queue() {
             // Nothing more will be read from a client that broke the
             // protocol; FIN after the close frame tells it we are done.
-            sys::shutdown(c.fd(), true);
+            let _ = c.sock.shutdown(Shutdown::Write);
         }
         self.closing.borrow_mut().push((c.clone(), self.now.get()));
     }
@@ -371,7 +383,7 @@ impl Worker {
                 let _ = (&c.sock).write(&out);
             }
         }
-        self.poller.remove(c.fd());
+        let _ = self.poller.remove(&c.sock);
         if c.slot.get() != NONE {
             self.conns.borrow_mut().remove(c);
             self.counters
@@ -642,7 +654,7 @@ impl Worker {
                         if c.state.get() == State::Finishing {
                             self.finish(c);
                         } else {
-                            let _ = self.poller.want_write(c.fd(), c.slot.get(), false);
+                            c.want_write(self, false);
                         }
                         return;
                     }

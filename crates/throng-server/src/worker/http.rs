@@ -3,6 +3,7 @@
 //! `POST /publish/<channel>`, `/metrics` and `/healthz`, or refuse it with
 //! the status and reason a client can act on.
 
+use std::io::Write as _;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,8 +17,8 @@ use tokio::net::TcpStream;
 use super::Worker;
 use super::conn::{Conn, TlsState};
 use crate::channel;
-use crate::sys;
 use crate::tls::stream::{Io, TlsStream};
+use throng_host::process;
 
 /// What reading a request head gave.
 enum Head {
@@ -596,40 +597,40 @@ fn text_or_binary(ctype: Option<&[u8]>, body: &[u8]) -> Result<bool, &'static st
     Ok(utf8)
 }
 
-/// The benchmark's floor: one bare `write(2)` of the pre-encoded frame to
-/// each subscriber of `channel` in this worker, timed on the thread's CPU
+/// The benchmark's floor: one bare socket write of the pre-encoded frame
+/// to each subscriber of `channel` in this worker (the same `send` a
+/// fan-out makes, without its bookkeeping), timed on the thread's CPU
 /// clock. Subscribers with a queue are skipped (writing past their queue
 /// would reorder their stream); a subscriber whose write came up short is
 /// closed, since its stream now holds half a frame.
 fn bench_floor(w: &Rc<Worker>, channel: &str, text: bool, payload: &[u8]) -> String {
     let frame = ws::server_frame(if text { OpCode::Text } else { OpCode::Binary }, payload);
-    let fds: Vec<(i32, Rc<Conn>)> = match w.channels.borrow().get(channel) {
+    let conns: Vec<Rc<Conn>> = match w.channels.borrow().get(channel) {
         Some(ch) => ch
             .subs
             .iter()
             // A TLS subscriber's stream cannot take a bare frame.
             .filter(|c| !c.has_queue() && c.is_open() && !c.is_tls())
-            .map(|c| (c.fd(), c.clone()))
+            .cloned()
             .collect(),
         None => Vec::new(),
     };
     let start = Instant::now();
-    let cpu = sys::thread_cpu();
+    let cpu = process::thread_cpu();
     let mut short = Vec::new();
-    for (fd, _) in &fds {
-        if sys::raw_write(*fd, &frame) != frame.len() as isize {
-            short.push(*fd);
+    for c in &conns {
+        let mut sock = c.socket();
+        if !matches!(sock.write(&frame), Ok(n) if n == frame.len()) {
+            short.push(c);
         }
     }
-    let cpu = sys::thread_cpu().saturating_sub(cpu);
+    let cpu = process::thread_cpu().saturating_sub(cpu);
     let wall = start.elapsed();
-    for (fd, c) in &fds {
-        if short.contains(fd) {
-            w.finish(c);
-        }
+    for c in &short {
+        w.finish(c);
     }
     serde_json::json!({
-        "writes": fds.len(),
+        "writes": conns.len(),
         "short": short.len(),
         "cpu_ns": cpu.as_nanos() as u64,
         "wall_ns": wall.as_nanos() as u64,

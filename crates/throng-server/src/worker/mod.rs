@@ -8,7 +8,6 @@
 
 mod conn;
 mod http;
-mod poll;
 mod table;
 
 use std::cell::{Cell, RefCell};
@@ -30,11 +29,13 @@ use crate::config::Config;
 use crate::control::{Message, Record, read_record};
 use crate::metrics::{CloseReason, Counters};
 use crate::redis::RedisMode;
-use crate::sys;
 use crate::tls;
 use crate::wheel::{self, Sweep};
 use conn::Conn;
 use table::{Channels, Slab};
+use throng_host::poll::{Events, Interest, Poller};
+use throng_host::process;
+use throng_host::timer::Timer;
 
 /// Why a worker could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +102,7 @@ pub(crate) struct Worker {
     /// Ticks of [`wheel::TICK`] since the worker started.
     pub(crate) now: Cell<u32>,
     /// Subscriber sockets' readiness (one epoll for all of them).
-    pub(crate) poller: poll::Poller,
+    pub(crate) poller: Poller,
     /// Subscribers that have a write queue (checked each tick for `--write-timeout`).
     pub(crate) queued: RefCell<Vec<Rc<Conn>>>,
     /// Connections in a closing handshake, with the tick it started.
@@ -182,7 +183,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         tls_plain: RefCell::default(),
         tls_out: RefCell::default(),
         now: Cell::new(0),
-        poller: poll::Poller::new()?,
+        poller: Poller::new()?,
         queued: RefCell::default(),
         closing: RefCell::default(),
         draining: Cell::new(false),
@@ -283,15 +284,15 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, tls: Option<Arc<rustls::Serv
 
 /// Hands subscriber readiness from the worker's epoll to the connections.
 async fn reactor(w: Rc<Worker>) {
-    let mut events = Vec::with_capacity(256);
-    let mut raw = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    let mut events = Events::with_capacity(256);
     loop {
-        if let Err(e) = w.poller.wait(&mut events, &mut raw).await {
+        if let Err(e) = w.poller.wait(&mut events).await {
             log!("throng: worker {}: epoll: {e}", w.index);
             return;
         }
-        for ev in &events {
-            let Some(c) = w.conns.borrow().get(ev.slot as usize).cloned() else {
+        for ev in events.iter() {
+            let slot = usize::try_from(ev.token).unwrap_or(usize::MAX);
+            let Some(c) = w.conns.borrow().get(slot).cloned() else {
                 continue;
             };
             if ev.writable {
@@ -310,13 +311,23 @@ async fn reactor(w: Rc<Worker>) {
 async fn tick_loop(w: Rc<Worker>) {
     let mut sweep = Sweep::new(w.cfg.ping_interval);
     let idle = wheel::ticks(w.cfg.idle_timeout);
-    let mut every = tokio::time::interval(wheel::TICK);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let every = match Timer::new().and_then(|t| t.start_ticking(wheel::TICK).map(|()| t)) {
+        Ok(t) => t,
+        Err(e) => {
+            log!("throng: worker {}: cannot start its clock: {e}", w.index);
+            return;
+        }
+    };
     let snapshot_every = wheel::ticks(Duration::from_millis(500));
     let grace = wheel::ticks(conn::CLOSE_GRACE);
     let write_limit = wheel::ticks(w.cfg.write_timeout);
     loop {
-        every.tick().await;
+        // Missed ticks are not made up: the clock counts sweeps, and a
+        // connection's deadlines stretch with a busy worker, never shrink.
+        if let Err(e) = every.tick().await {
+            log!("throng: worker {}: clock: {e}", w.index);
+            return;
+        }
         let now = w.now.get().wrapping_add(1);
         w.now.set(now);
         if w.draining.get() {
@@ -454,7 +465,7 @@ impl Worker {
     /// socket is full gets a queue. Returns the number of subscribers.
     fn fanout(self: &Rc<Self>, m: &Message) -> u64 {
         let start = Instant::now();
-        let cpu = sys::thread_cpu();
+        let cpu = process::thread_cpu();
         let frame = ws::server_frame(
             if m.text { OpCode::Text } else { OpCode::Binary },
             &m.payload,
@@ -487,7 +498,7 @@ impl Worker {
             }
         }
         self.counters
-            .fanout(start.elapsed(), sys::thread_cpu().saturating_sub(cpu));
+            .fanout(start.elapsed(), process::thread_cpu().saturating_sub(cpu));
         n
     }
 
@@ -544,7 +555,7 @@ impl Worker {
     fn send_snapshot(&self) {
         let snap = self
             .counters
-            .snapshot(self.index, std::process::id(), sys::rss_bytes());
+            .snapshot(self.index, std::process::id(), process::rss_bytes());
         if let Ok(json) = serde_json::to_vec(&snap) {
             let _ = self.ctl.send(Record::Snapshot(Bytes::from(json)).encode());
         }
@@ -575,7 +586,10 @@ impl Worker {
     pub(crate) fn subscribe(&self, channel: &str, c: Conn) {
         let c = Rc::new(c);
         self.conns.borrow_mut().insert(&c);
-        if let Err(e) = self.poller.add(c.fd(), c.slot.get()) {
+        if let Err(e) = self
+            .poller
+            .add(c.socket(), u64::from(c.slot.get()), Interest::Read)
+        {
             self.conns.borrow_mut().remove(&c);
             self.counters.handshake_failed("epoll");
             log!(
