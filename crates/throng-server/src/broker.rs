@@ -1,55 +1,118 @@
 //! The broker seam: where the supervisor sends a published message and
 //! where messages to relay come from.
 //!
-//! Two brokers: the supervisor's local relay (a message published on this
-//! machine is relayed to this machine's workers at once), and Redis
-//! (`Remote`, with the connections in [`crate::redis`]): `publish` sends
-//! the message out, and what Redis delivers back arrives as a relay, so every
-//! node, this one included, delivers it once.
+//! Two brokers behind one [`Broker`]: the supervisor's local relay (a
+//! message published on this machine is relayed to this machine's workers
+//! at once), and Redis ([`Remote`], with the connections in
+//! [`crate::redis`]): `publish` sends the message out, and what Redis
+//! delivers back arrives as [`News::Relay`], so every node, this one
+//! included, delivers it once.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::control::{Message, Record};
 use crate::metrics::BrokerStats;
-use crate::redis::{Command, RedisMode, RedisSettings};
+use crate::redis::{self, Command, RedisMode, RedisSettings};
+use crate::relay::Publisher;
 
-/// What the supervisor does with a published message after the broker saw it.
+/// What the supervisor does with a message one of its workers published.
 #[derive(Debug)]
-pub enum Route {
-    /// Relay to the workers now (the local broker routes everything this way).
-    RelayNow(Message),
+pub(crate) enum Routed {
+    /// Relay it to every worker now (the local broker).
+    Relay(Message),
+    /// Redis has it; the publisher's answer comes as [`News::Answer`].
+    Sent,
+    /// It cannot be published now; the reason, for the publisher's 503.
+    Refused(String),
 }
 
-/// The embedded broker: nothing to install, one machine.
-#[derive(Debug, Default)]
-pub struct Local;
-
-impl Local {
-    /// Routes a message published through one of our workers.
-    pub fn publish(&mut self, m: Message) -> Route {
-        Route::RelayNow(m)
-    }
-
-    /// A short name for the startup banner.
-    pub fn describe(&self) -> &'static str {
-        "local (embedded relay, one machine)"
-    }
+/// What the supervisor does after news from the broker.
+#[derive(Debug)]
+pub(crate) enum News {
+    /// Nothing beyond what the broker did itself (count, log).
+    Nothing,
+    /// A message for this node's subscribers: relay it to every worker,
+    /// holding the permit until all delivered.
+    Relay(Message, OwnedSemaphorePermit),
+    /// Redis answered a publish: the record for the worker that asked.
+    Answer(Publisher, Bytes),
+    /// The broker's state changed: the record every worker gets (for `/healthz`).
+    State(Bytes),
 }
 
-/// Who asked for a publish: worker slot, its generation, its request id.
-pub(crate) type Origin = (usize, u64, u64);
+/// The node's broker: the embedded relay, or Redis shared by many nodes.
+pub(crate) enum Broker {
+    /// Nothing to install, one machine.
+    Local,
+    /// Redis pub/sub (`--redis`).
+    Redis(Box<Remote>),
+}
+
+impl Broker {
+    /// A short name for the startup banner, for the local relay.
+    pub(crate) const LOCAL: &'static str = "local (embedded relay, one machine)";
+
+    /// Routes a message published through worker `from`.
+    pub(crate) fn publish(&mut self, from: Publisher, m: Message) -> Routed {
+        match self {
+            Self::Local => Routed::Relay(m),
+            Self::Redis(r) => match r.publish(from, m) {
+                Ok(()) => Routed::Sent,
+                Err(reason) => Routed::Refused(reason),
+            },
+        }
+    }
+
+    /// Worker slot `i` gained (`on`) or lost its subscribers of `channel`.
+    pub(crate) fn interest(&mut self, i: usize, channel: String, on: bool) {
+        if let Self::Redis(r) = self {
+            r.interest(i, channel, on);
+        }
+    }
+
+    /// Worker slot `i` is gone, with its subscribers.
+    pub(crate) fn worker_gone(&mut self, i: usize) {
+        if let Self::Redis(r) = self {
+            r.worker_gone(i);
+        }
+    }
+
+    /// What a (re)started worker is told first about the broker, if anything.
+    pub(crate) fn state_record(&self) -> Option<Bytes> {
+        match self {
+            Self::Local => None,
+            Self::Redis(r) => Some(r.state_record()),
+        }
+    }
+
+    /// The broker's counters for `/metrics` (none for the local relay).
+    pub(crate) fn stats(&self) -> Option<BrokerStats> {
+        match self {
+            Self::Local => None,
+            Self::Redis(r) => Some(r.stats()),
+        }
+    }
+
+    /// Takes news from the Redis task (the local relay has none).
+    pub(crate) fn on_event(&mut self, ev: redis::Event) -> News {
+        match self {
+            Self::Local => News::Nothing,
+            Self::Redis(r) => r.on_event(ev),
+        }
+    }
+}
 
 /// The supervisor's side of the Redis broker: link state, publishes waiting
 /// for Redis's answer, and which channels have subscribers on this node.
 pub(crate) struct Remote {
-    pub(crate) settings: RedisSettings,
+    settings: RedisSettings,
     cmds: mpsc::UnboundedSender<Command>,
     /// Both connections work and the subscriptions are confirmed.
-    pub(crate) up: bool,
+    up: bool,
     /// Has been up at least once (the first connection is not a reconnect).
     ever_up: bool,
     /// When the link went down (or the node started, before the first connection).
@@ -57,12 +120,12 @@ pub(crate) struct Remote {
     /// Why it is down.
     reason: String,
     next_tag: u64,
-    waiting: HashMap<u64, Origin>,
+    waiting: HashMap<u64, Publisher>,
     /// Channels mode: per worker slot, the channels it has subscribers of.
     interest: Vec<HashSet<String>>,
     /// Channels mode: per channel, how many workers have subscribers of it.
     nodes: HashMap<String, u32>,
-    pub(crate) stats: BrokerStats,
+    stats: BrokerStats,
 }
 
 impl Remote {
@@ -87,7 +150,7 @@ impl Remote {
     }
 
     /// Sends a publish to Redis; `Err` (the reason, for a 503) when the link is down.
-    pub(crate) fn publish(&mut self, origin: Origin, m: Message) -> Result<(), String> {
+    fn publish(&mut self, origin: Publisher, m: Message) -> Result<(), String> {
         if !self.up {
             self.stats.publish_failures += 1;
             return Err(self.unavailable());
@@ -108,13 +171,9 @@ impl Remote {
     }
 
     /// Redis answered publish `tag`: who asked, and the record to answer with.
-    pub(crate) fn published(
-        &mut self,
-        tag: u64,
-        result: Result<u64, String>,
-    ) -> Option<(Origin, Bytes)> {
+    fn published(&mut self, tag: u64, result: Result<u64, String>) -> Option<(Publisher, Bytes)> {
         let origin = self.waiting.remove(&tag)?;
-        let id = origin.2;
+        let id = origin.request;
         let rec = match result {
             Ok(subscribers) => Record::Published { id, subscribers },
             Err(reason) => {
@@ -138,7 +197,7 @@ impl Remote {
     }
 
     /// The link works (again). Returns the outage it ends, if it was a reconnect.
-    pub(crate) fn on_up(&mut self) -> Option<Duration> {
+    fn on_up(&mut self) -> Option<Duration> {
         let outage = self.down_since.elapsed();
         self.up = true;
         let reconnect = self.ever_up;
@@ -153,7 +212,7 @@ impl Remote {
     }
 
     /// The link failed; returns whether it was up until now.
-    pub(crate) fn on_down(&mut self, reason: String) -> bool {
+    fn on_down(&mut self, reason: String) -> bool {
         self.stats.connect_failures += 1;
         let was_up = self.up;
         if was_up {
@@ -168,7 +227,7 @@ impl Remote {
     }
 
     /// The state record every worker gets (for `/healthz`).
-    pub(crate) fn state_record(&self) -> Bytes {
+    fn state_record(&self) -> Bytes {
         let text = if self.up {
             format!("up ({}, mode {})", self.settings.url, self.settings.mode)
         } else {
@@ -187,7 +246,7 @@ impl Remote {
     }
 
     /// Counters for `/metrics`, with the current outage brought up to date.
-    pub(crate) fn stats(&self) -> BrokerStats {
+    fn stats(&self) -> BrokerStats {
         let current = if self.up {
             0.0
         } else {
@@ -201,7 +260,7 @@ impl Remote {
     }
 
     /// Worker `i` gained (`on`) or lost its subscribers of `channel`.
-    pub(crate) fn interest(&mut self, i: usize, channel: String, on: bool) {
+    fn interest(&mut self, i: usize, channel: String, on: bool) {
         if self.settings.mode != RedisMode::Channels || i >= self.interest.len() {
             return;
         }
@@ -219,10 +278,80 @@ impl Remote {
     }
 
     /// Worker `i` is gone: its channels have no subscribers there any more.
-    pub(crate) fn worker_gone(&mut self, i: usize) {
+    fn worker_gone(&mut self, i: usize) {
         if let Some(set) = self.interest.get_mut(i) {
             for channel in std::mem::take(set) {
                 self.drop_interest(channel);
+            }
+        }
+    }
+
+    /// Takes news from the Redis task: counts it, says what matters on
+    /// stderr, and tells the supervisor what to do.
+    fn on_event(&mut self, ev: redis::Event) -> News {
+        match ev {
+            redis::Event::Up => {
+                match self.on_up() {
+                    Some(outage) => log!(
+                        "throng: Redis at {} is back after {:.1}s; subscriptions restored, publishing again",
+                        self.settings.url,
+                        outage.as_secs_f64()
+                    ),
+                    None => log!("throng: connected to Redis at {}", self.settings.url),
+                }
+                News::State(self.state_record())
+            }
+            redis::Event::Down { reason, retry_in } => {
+                let was_up = self.on_down(reason.clone());
+                if was_up {
+                    log!(
+                        "throng: lost Redis at {}: {reason}; subscribers stay connected, \
+                         POST /publish answers 503 until it is back; reconnecting",
+                        self.settings.url
+                    );
+                } else if self.stats.connect_failures.is_power_of_two() {
+                    // Attempt 1, 2, 4, 8, ...: say it, without a line every few seconds.
+                    log!(
+                        "throng: Redis at {} unreachable: {reason} (attempt {}, next in {:.1}s)",
+                        self.settings.url,
+                        self.stats.connect_failures,
+                        retry_in.as_secs_f64()
+                    );
+                }
+                News::State(self.state_record())
+            }
+            redis::Event::Message {
+                channel,
+                payload,
+                permit,
+            } => {
+                self.stats.received += 1;
+                let text = std::str::from_utf8(&payload).is_ok();
+                let m = Message {
+                    id: 0,
+                    text,
+                    channel,
+                    payload,
+                };
+                News::Relay(m, permit)
+            }
+            redis::Event::Dropped(why) => {
+                self.stats.dropped += 1;
+                if self.stats.dropped.is_power_of_two() {
+                    log!(
+                        "throng: dropped a message from Redis: {why} ({} so far)",
+                        self.stats.dropped
+                    );
+                }
+                News::Nothing
+            }
+            redis::Event::Published { tag, result } => match self.published(tag, result) {
+                Some((to, rec)) => News::Answer(to, rec),
+                None => News::Nothing,
+            },
+            redis::Event::Subscriptions(n) => {
+                self.stats.subscriptions = u64::try_from(n).unwrap_or(0);
+                News::Nothing
             }
         }
     }
@@ -241,6 +370,7 @@ impl Remote {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relay::WorkerId;
 
     fn remote(mode: RedisMode) -> (Remote, mpsc::UnboundedReceiver<Command>) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -249,7 +379,7 @@ mod tests {
             prefix: "throng:".into(),
             mode,
             wait: false,
-            trust: crate::redis::Trust::default(),
+            trust: redis::Trust::default(),
             tls: None,
         };
         (Remote::new(settings, tx, 3), rx)
@@ -301,17 +431,24 @@ mod tests {
             channel: "a".into(),
             payload: Bytes::from_static(b"x"),
         };
-        let why = r.publish((0, 1, 5), m.clone()).unwrap_err();
+        let from = Publisher {
+            worker: WorkerId {
+                slot: 0,
+                generation: 1,
+            },
+            request: 5,
+        };
+        let why = r.publish(from, m.clone()).unwrap_err();
         assert!(
             why.contains("unreachable") && why.contains("connecting"),
             "{why}"
         );
         assert_eq!(drain(&mut rx), Vec::<String>::new());
         assert_eq!(r.on_up(), None, "the first connection is not a reconnect");
-        r.publish((0, 1, 5), m).unwrap();
+        r.publish(from, m).unwrap();
         assert_eq!(drain(&mut rx), ["publish a"]);
-        let ((slot, generation, id), rec) = r.published(1, Ok(2)).unwrap();
-        assert_eq!((slot, generation, id), (0, 1, 5));
+        let (to, rec) = r.published(1, Ok(2)).unwrap();
+        assert_eq!(to, from);
         let mut buf = bytes::BytesMut::from(&rec[..]);
         assert_eq!(
             Record::decode(&mut buf).unwrap(),

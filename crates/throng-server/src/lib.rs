@@ -3,8 +3,9 @@
 //! /publish/<channel>`.
 //!
 //! - [`supervisor`]: plans the workers, starts and restarts them, relays
-//!   published messages through the [`broker`] (the local relay, or
-//!   [`redis`] shared by many nodes), renders `/metrics`.
+//!   published messages through the broker (the local relay, or [`redis`]
+//!   shared by many nodes), counts what each worker delivered (`relay`),
+//!   renders `/metrics`.
 //! - [`worker`]: listeners, HTTP and WebSocket handshakes, subscribers, the
 //!   fan-out hot path, heartbeats ([`wheel`]) and draining.
 //! - [`control`]: the records on the Unix socket between the two.
@@ -23,13 +24,14 @@ macro_rules! log {
     }};
 }
 
-pub mod broker;
+mod broker;
 pub mod channel;
 pub mod config;
 pub mod control;
 pub mod metrics;
 mod ping;
 pub mod redis;
+mod relay;
 pub mod supervisor;
 pub mod tls;
 pub mod wheel;

@@ -4,7 +4,6 @@
 //! published message to all workers, answers `/metrics` with the sum of their
 //! counters, and on SIGTERM/SIGINT drains them.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
@@ -17,11 +16,12 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::broker::{self, Remote, Route};
+use crate::broker::{Broker, News, Remote, Routed};
 use crate::config::Config;
 use crate::control::{Message, Record, read_record};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
+use crate::relay::{Answer, Publisher, Relay, WorkerId};
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
 use throng_host::process::{self, Signal};
 
@@ -146,7 +146,7 @@ impl Plan {
             per_worker: budget.per_worker,
             cores,
             workers_why,
-            broker: broker::Local.describe().to_owned(),
+            broker: Broker::LOCAL.to_owned(),
             redis: None,
             reserved,
         })
@@ -282,29 +282,15 @@ struct Slot {
     alive: bool,
 }
 
-/// A message relayed to the workers and not yet acknowledged by all.
-struct Pending {
-    /// The worker (slot, generation) whose publish this is; `None` for a
-    /// message that came from Redis.
-    origin: Option<(usize, u64)>,
-    /// Holds a place among [`redis::MAX_IN_FLIGHT`] until every worker delivered.
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    request: u64,
-    waiting: Vec<usize>,
-    subscribers: u64,
-}
-
 struct Supervisor {
     config: Config,
     command: WorkerCommand,
     config_json: Bytes,
     slots: Vec<Slot>,
     events: mpsc::UnboundedSender<Event>,
-    broker: broker::Local,
-    /// The Redis broker, when the node routes through Redis.
-    remote: Option<Remote>,
-    next_id: u64,
-    pending: HashMap<u64, Pending>,
+    broker: Broker,
+    /// Messages relayed to the workers and not yet counted by all.
+    relay: Relay,
     stats: SupervisorStats,
     retired: Snapshot,
     draining: bool,
@@ -337,10 +323,8 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             })
             .collect(),
         events: tx,
-        broker: broker::Local,
-        remote: None,
-        next_id: 1,
-        pending: HashMap::new(),
+        broker: Broker::Local,
+        relay: Relay::default(),
         stats: SupervisorStats {
             workers,
             ..SupervisorStats::default()
@@ -365,8 +349,8 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             cmd_rx,
             ev_tx,
         ));
-        sup.remote = Some(Remote::new(settings, cmd_tx, workers));
-        sup.stats.broker = sup.remote.as_ref().map(Remote::stats);
+        sup.broker = Broker::Redis(Box::new(Remote::new(settings, cmd_tx, workers)));
+        sup.stats.broker = sup.broker.stats();
     }
     for i in 0..workers {
         sup.spawn(i).map_err(ServeError::Spawn)?;
@@ -435,8 +419,8 @@ impl Supervisor {
         slot.snapshot = None;
         let (tx, mut out) = mpsc::unbounded_channel::<Bytes>();
         let _ = tx.send(Record::Config(self.config_json.clone()).encode());
-        if let Some(r) = &self.remote {
-            let _ = tx.send(r.state_record());
+        if let Some(rec) = self.broker.state_record() {
+            let _ = tx.send(rec);
         }
         slot.tx = Some(tx);
         tokio::task::spawn_local(async move {
@@ -481,13 +465,13 @@ impl Supervisor {
                 if let Some(s) = slot.snapshot.take() {
                     self.retired.add_counters(&s);
                 }
-                if let Some(r) = &mut self.remote {
-                    r.worker_gone(i);
-                }
-                // Messages it will never acknowledge no longer wait for it.
-                let ids: Vec<u64> = self.pending.keys().copied().collect();
-                for id in ids {
-                    self.acknowledge(id, i, 0);
+                self.broker.worker_gone(i);
+                // Messages it will never count no longer wait for it.
+                for answer in self.relay.worker_gone(WorkerId {
+                    slot: i,
+                    generation,
+                }) {
+                    self.answer(answer);
                 }
                 if self.draining {
                     log!("throng: worker {i} (pid {pid}) exited: {status}");
@@ -525,39 +509,44 @@ impl Supervisor {
     fn on_record(&mut self, i: usize, generation: u64, rec: Record) {
         match rec {
             Record::Publish(m) => {
-                if let Some(r) = &mut self.remote {
-                    let id = m.id;
-                    if let Err(reason) = r.publish((i, generation, id), m) {
+                let from = Publisher {
+                    worker: WorkerId {
+                        slot: i,
+                        generation,
+                    },
+                    request: m.id,
+                };
+                match self.broker.publish(from, m) {
+                    Routed::Relay(m) => self.relay(Some(from), m, None),
+                    Routed::Sent => {}
+                    Routed::Refused(reason) => {
                         let rec = Record::PublishFailed {
-                            id,
+                            id: from.request,
                             reason: Bytes::from(reason),
                         };
                         self.send(i, rec.encode());
                     }
-                    return;
-                }
-                self.stats.published += 1;
-                match self.broker.publish(m) {
-                    Route::RelayNow(m) => self.relay(Some((i, generation)), m, None),
                 }
             }
             Record::Interest {
                 channel,
                 subscribed,
-            } => {
-                if let Some(r) = &mut self.remote {
-                    r.interest(i, channel, subscribed);
+            } => self.broker.interest(i, channel, subscribed),
+            Record::Delivered { id, subscribers } => {
+                let by = WorkerId {
+                    slot: i,
+                    generation,
+                };
+                if let Some(answer) = self.relay.delivered(id, by, subscribers) {
+                    self.answer(answer);
                 }
             }
-            Record::Delivered { id, subscribers } => self.acknowledge(id, i, subscribers),
             Record::Snapshot(json) => match serde_json::from_slice::<Snapshot>(&json) {
                 Ok(s) => self.slots[i].snapshot = Some(s),
                 Err(e) => log!("throng: worker {i}: bad counters: {e}"),
             },
             Record::MetricsRequest { id } => {
-                if let Some(r) = &self.remote {
-                    self.stats.broker = Some(r.stats());
-                }
+                self.stats.broker = self.broker.stats();
                 let live: Vec<&Snapshot> = self
                     .slots
                     .iter()
@@ -580,83 +569,20 @@ impl Supervisor {
 
     /// Handles news from the Redis broker task.
     fn on_broker(&mut self, ev: redis::Event) {
-        let Some(r) = &mut self.remote else { return };
-        match ev {
-            redis::Event::Up => {
-                match r.on_up() {
-                    Some(outage) => log!(
-                        "throng: Redis at {} is back after {:.1}s; subscriptions restored, publishing again",
-                        r.settings.url,
-                        outage.as_secs_f64()
-                    ),
-                    None => log!("throng: connected to Redis at {}", r.settings.url),
-                }
-                self.broadcast_broker();
-            }
-            redis::Event::Down { reason, retry_in } => {
-                let was_up = r.on_down(reason.clone());
-                if was_up {
-                    log!(
-                        "throng: lost Redis at {}: {reason}; subscribers stay connected, \
-                         POST /publish answers 503 until it is back; reconnecting",
-                        r.settings.url
-                    );
-                } else if r.stats.connect_failures.is_power_of_two() {
-                    // Attempt 1, 2, 4, 8, ...: say it, without a line every few seconds.
-                    log!(
-                        "throng: Redis at {} unreachable: {reason} (attempt {}, next in {:.1}s)",
-                        r.settings.url,
-                        r.stats.connect_failures,
-                        retry_in.as_secs_f64()
-                    );
-                }
-                self.broadcast_broker();
-            }
-            redis::Event::Message {
-                channel,
-                payload,
-                permit,
-            } => {
-                r.stats.received += 1;
-                self.stats.published += 1;
-                let text = std::str::from_utf8(&payload).is_ok();
-                let m = Message {
-                    id: 0,
-                    text,
-                    channel,
-                    payload,
-                };
-                self.relay(None, m, Some(permit));
-            }
-            redis::Event::Dropped(why) => {
-                r.stats.dropped += 1;
-                if r.stats.dropped.is_power_of_two() {
-                    log!(
-                        "throng: dropped a message from Redis: {why} ({} so far)",
-                        r.stats.dropped
-                    );
+        match self.broker.on_event(ev) {
+            News::Nothing => {}
+            News::Relay(m, permit) => self.relay(None, m, Some(permit)),
+            News::Answer(to, rec) => {
+                if self.slots[to.worker.slot].generation == to.worker.generation {
+                    self.send(to.worker.slot, rec);
                 }
             }
-            redis::Event::Published { tag, result } => {
-                if let Some(((i, generation, _), rec)) = r.published(tag, result)
-                    && self.slots[i].generation == generation
-                {
-                    self.send(i, rec);
+            News::State(rec) => {
+                for s in &self.slots {
+                    if let Some(tx) = &s.tx {
+                        let _ = tx.send(rec.clone());
+                    }
                 }
-            }
-            redis::Event::Subscriptions(n) => {
-                r.stats.subscriptions = u64::try_from(n).unwrap_or(0);
-            }
-        }
-    }
-
-    /// Tells every worker the broker's state (for `/healthz`).
-    fn broadcast_broker(&self) {
-        let Some(r) = &self.remote else { return };
-        let rec = r.state_record();
-        for s in &self.slots {
-            if let Some(tx) = &s.tx {
-                let _ = tx.send(rec.clone());
             }
         }
     }
@@ -664,66 +590,34 @@ impl Supervisor {
     /// Sends a message to every live worker: one record, encoded once.
     fn relay(
         &mut self,
-        origin: Option<(usize, u64)>,
+        from: Option<Publisher>,
         m: Message,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
-        let id = self.next_id;
-        self.next_id += 1;
-        let request = m.id;
-        let rec = Record::Deliver(Message { id, ..m }).encode();
-        let mut waiting = Vec::with_capacity(self.slots.len());
-        for (j, s) in self.slots.iter().enumerate() {
+        self.stats.published += 1;
+        let (id, rec) = self.relay.deliver(m);
+        let mut to = Vec::with_capacity(self.slots.len());
+        for (slot, s) in self.slots.iter().enumerate() {
             if let Some(tx) = &s.tx
                 && tx.send(rec.clone()).is_ok()
             {
-                waiting.push(j);
+                to.push(WorkerId {
+                    slot,
+                    generation: s.generation,
+                });
             }
         }
-        self.pending.insert(
-            id,
-            Pending {
-                origin,
-                _permit: permit,
-                request,
-                waiting: Vec::new(),
-                subscribers: 0,
-            },
-        );
-        if let Some(p) = self.pending.get_mut(&id) {
-            p.waiting = waiting;
+        if let Some(answer) = self.relay.wait_for(id, from, permit, to) {
+            self.answer(answer);
         }
-        self.acknowledge(id, usize::MAX, 0);
     }
 
-    /// Worker `j` delivered message `id` to `n` subscribers; answers the
-    /// publisher once every worker has.
-    fn acknowledge(&mut self, id: u64, j: usize, n: u64) {
-        let Some(p) = self.pending.get_mut(&id) else {
-            return;
-        };
-        if let Some(k) = p.waiting.iter().position(|&w| w == j) {
-            p.waiting.swap_remove(k);
-            p.subscribers += n;
-        }
-        if !p.waiting.is_empty() {
-            return;
-        }
-        let Some(p) = self.pending.remove(&id) else {
-            return;
-        };
-        let Some((origin, generation)) = p.origin else {
-            return;
-        };
-        if self.slots[origin].generation == generation {
-            self.send(
-                origin,
-                Record::Published {
-                    id: p.request,
-                    subscribers: p.subscribers,
-                }
-                .encode(),
-            );
+    /// Tells a publisher how many subscribers its message reached, unless
+    /// its worker has been replaced since.
+    fn answer(&self, answer: Answer) {
+        let to = answer.to.worker;
+        if self.slots[to.slot].generation == to.generation {
+            self.send(to.slot, answer.record());
         }
     }
 
