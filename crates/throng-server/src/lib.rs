@@ -29,7 +29,6 @@ pub mod channel;
 pub mod config;
 pub mod control;
 pub mod metrics;
-mod ping;
 pub mod redis;
 mod relay;
 pub mod supervisor;

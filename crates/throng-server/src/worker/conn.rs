@@ -1,11 +1,23 @@
-//! One subscriber connection after the upgrade: reading (control frames
-//! only), sending with a queue only when the socket is full, and closing.
+//! One subscriber connection after the upgrade, and its life: reading
+//! (control frames only), sending with a queue only when the socket is full,
+//! and closing. The life is a state machine over a [`Wire`] (a non-blocking
+//! byte stream) and the worker's clock in ticks; it opens no socket and
+//! reads no clock, so tests drive it in memory.
+//!
+//! ```text
+//!            short write ──▶ queue (writable drains it)
+//!   Open ──┬─ queue over --max-queue, or no write progress in --write-timeout ─▶ 1008, Gone
+//!          ├─ idle timeout (1008) / drain (1001) ──▶ Closing ─┬─ client's close ─▶ Gone
+//!          ├─ protocol error (1002, 1007, 1009) ──▶ Failed ───┴─ CLOSE_GRACE over ▶ Gone
+//!          ├─ client's close ──▶ reply ──▶ Finishing (queue written) ──▶ Gone
+//!          └─ EOF or a socket error ──▶ Gone
+//! ```
 //!
 //! An idle subscriber is one [`Conn`] (a socket, a few integers, a decoder of
 //! a few words, two empty `Option<Box<_>>`s) in the worker's tables and its
-//! socket in the worker's epoll ([`super::poll`]): no task, no buffer, no
-//! timer. Bytes are read into the worker's one scratch buffer; a connection
-//! keeps a remainder only when a frame arrived split.
+//! socket in the worker's epoll: no task, no buffer, no timer. Bytes are
+//! read into the worker's one scratch buffer; a connection keeps a
+//! remainder only when a frame arrived split.
 //!
 //! A TLS subscriber adds one boxed [`TlsState`]: rustls's unbuffered
 //! connection (keys, sequence numbers, no buffers) and, rarely, a record
@@ -17,22 +29,56 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
-use std::net::Shutdown;
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::ops::Range;
 use std::rc::Rc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use throng_proto::ws::{self, Decoder, Frame, OpCode, close_code};
 
-use super::Worker;
+use super::subscribers::{Outside, Subscribers};
 use super::table::NONE;
 use crate::metrics::CloseReason;
 use crate::tls::{self, Pumped};
-use throng_host::poll::Interest;
 
 /// How long a closing handshake may take before the socket is closed.
-pub(crate) const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// A subscriber's byte stream as its life needs it: non-blocking reads and
+/// writes (`WouldBlock` when there is nothing to read or no room), and a
+/// half close. A `TcpStream` in production; an in-memory pipe in tests.
+pub(crate) trait Wire {
+    /// Reads what has arrived; `Ok(0)` at the peer's end.
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Writes what there is room for.
+    fn write(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Writes what there is room for from several buffers, in order.
+    fn write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+    /// Sends FIN after what was written: nothing more will follow.
+    fn shutdown_write(&self);
+}
+
+impl Wire for TcpStream {
+    #[inline]
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        Read::read(&mut &*self, buf)
+    }
+
+    #[inline]
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        Write::write(&mut &*self, buf)
+    }
+
+    #[inline]
+    fn write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        Write::write_vectored(&mut &*self, bufs)
+    }
+
+    fn shutdown_write(&self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+}
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,9 +98,9 @@ pub(crate) enum State {
 }
 
 /// One subscriber.
-pub(crate) struct Conn {
+pub(crate) struct Conn<W> {
     /// Non-blocking, registered in the worker's epoll under `slot`.
-    sock: TcpStream,
+    wire: W,
     /// Index in the worker's slab, or [`NONE`].
     pub(crate) slot: Cell<u32>,
     /// Channel id in the worker's channel table.
@@ -142,11 +188,20 @@ pub(crate) enum SendError {
     Closed,
 }
 
-impl Conn {
-    /// `sock` must be non-blocking.
-    pub(crate) fn new(sock: TcpStream, now: u32, rest: &[u8]) -> Self {
+/// What one read from a connection gave.
+enum Got {
+    Bytes(usize),
+    /// Nothing more to read now.
+    Nothing,
+    /// The client closed or the socket failed: the connection is gone.
+    Ended,
+}
+
+impl<W: Wire> Conn<W> {
+    /// `wire` must be non-blocking; `rest` is what arrived behind the upgrade.
+    pub(crate) fn new(wire: W, now: u32, rest: &[u8]) -> Self {
         Self {
-            sock,
+            wire,
             slot: Cell::new(NONE),
             channel: Cell::new(NONE),
             sub_pos: Cell::new(NONE),
@@ -185,32 +240,28 @@ impl Conn {
         self.rest.borrow().is_some() || self.tls.as_ref().is_some_and(|t| t.borrow().rest.is_some())
     }
 
-    pub(crate) fn socket(&self) -> &TcpStream {
-        &self.sock
-    }
-
-    /// Watches for room to write while a queue exists, or no longer.
-    fn want_write(&self, w: &Worker, write: bool) {
-        let interest = if write {
-            Interest::ReadWrite
-        } else {
-            Interest::Read
-        };
-        let _ = w
-            .poller
-            .modify(&self.sock, u64::from(self.slot.get()), interest);
+    pub(crate) fn wire(&self) -> &W {
+        &self.wire
     }
 
     /// Tick of the last write progress, when a queue exists.
     pub(crate) fn queued_since(&self) -> Option<u32> {
         self.queue.borrow().as_ref().map(|q| q.since)
     }
+
 }
 
-impl Worker {
+/// A close frame with `code` and `reason`.
+fn close_frame(code: u16, reason: &str) -> Bytes {
+    let mut out = Vec::with_capacity(4 + reason.len());
+    ws::encode_close(&mut out, code, reason, None);
+    Bytes::from(out)
+}
+
+impl<O: Outside> Subscribers<O> {
     /// Hands `frame` to `c`: straight to the socket when nothing is queued,
     /// else (or for what the socket did not take) to the queue.
-    pub(crate) fn send(&self, c: &Rc<Conn>, frame: &Bytes) -> Result<(), SendError> {
+    pub(crate) fn send(&self, c: &Rc<Conn<O::Wire>>, frame: &Bytes) -> Result<(), SendError> {
         if c.state.get() == State::Gone {
             return Err(SendError::Closed);
         }
@@ -229,12 +280,12 @@ impl Worker {
     /// range) behind what is already queued or what the socket did not take.
     fn send_wire(
         &self,
-        c: &Rc<Conn>,
+        c: &Rc<Conn<O::Wire>>,
         wire: &[u8],
         keep: impl Fn(Range<usize>) -> Bytes,
     ) -> Result<(), SendError> {
         if let Some(q) = c.queue.borrow_mut().as_mut() {
-            if q.bytes + wire.len() > self.cfg.max_queue {
+            if q.bytes + wire.len() > self.limits.max_queue {
                 return Err(SendError::QueueFull);
             }
             q.bytes += wire.len();
@@ -242,7 +293,7 @@ impl Worker {
             return Ok(());
         }
         loop {
-            return match (&c.sock).write(wire) {
+            return match c.wire.write(wire) {
                 Ok(n) if n == wire.len() => Ok(()),
                 Ok(n) => {
                     self.start_queue(c, keep(n..wire.len()), n > 0);
@@ -261,22 +312,22 @@ impl Worker {
     /// One write of `data` straight to the socket, encrypted for a TLS
     /// subscriber; what the socket does not take is dropped (the caller
     /// closes the connection next).
-    fn write_now(&self, c: &Conn, data: &[u8]) {
+    fn write_now(&self, c: &Conn<O::Wire>, data: &[u8]) {
         match &c.tls {
             Some(tls) => {
                 let mut out = self.tls_out.borrow_mut();
                 out.clear();
                 if tls.borrow_mut().seal(data, &mut out).is_ok() {
-                    let _ = (&c.sock).write(&out);
+                    let _ = c.wire.write(&out);
                 }
             }
             None => {
-                let _ = (&c.sock).write(data);
+                let _ = c.wire.write(data);
             }
         }
     }
 
-    fn start_queue(&self, c: &Rc<Conn>, first: Bytes, partial: bool) {
+    fn start_queue(&self, c: &Rc<Conn<O::Wire>>, first: Bytes, partial: bool) {
         let bytes = first.len();
         let q = Queue {
             frames: VecDeque::from([first]),
@@ -289,11 +340,11 @@ impl Worker {
         if !c.listed.replace(true) {
             self.queued.borrow_mut().push(c.clone());
         }
-        c.want_write(self, true);
+        self.outside.want_write(&c.wire, c.slot.get(), true);
     }
 
     /// Drops `c`'s queue, counting its whole frames as dropped.
-    fn drop_queue(&self, c: &Conn) -> Option<Box<Queue>> {
+    fn drop_queue(&self, c: &Conn<O::Wire>) -> Option<Box<Queue>> {
         let q = c.queue.borrow_mut().take()?;
         self.counters
             .queued
@@ -307,7 +358,7 @@ impl Worker {
 
     /// Starts the closing handshake: stop delivering, send a close frame with
     /// `code`, and wait (up to [`CLOSE_GRACE`], kept by the tick) for the client's.
-    pub(crate) fn close(&self, c: &Rc<Conn>, code: u16, reason: &str, why: CloseReason) {
+    pub(crate) fn close(&self, c: &Rc<Conn<O::Wire>>, code: u16, reason: &str, why: CloseReason) {
         if !c.is_open() {
             return;
         }
@@ -318,16 +369,14 @@ impl Worker {
         } else {
             State::Closing
         });
-        let mut out = Vec::with_capacity(4 + reason.len());
-        ws::encode_close(&mut out, code, reason, None);
-        if self.send(c, &Bytes::from(out)).is_err() {
+        if self.send(c, &close_frame(code, reason)).is_err() {
             self.finish(c);
             return;
         }
         if why == CloseReason::ProtocolError && !c.has_queue() {
             // Nothing more will be read from a client that broke the
             // protocol; FIN after the close frame tells it we are done.
-            let _ = c.sock.shutdown(Shutdown::Write);
+            c.wire.shutdown_write();
         }
         self.closing.borrow_mut().push((c.clone(), self.now.get()));
     }
@@ -335,7 +384,7 @@ impl Worker {
     /// Closes a client that fell behind with 1008: its queued frames are
     /// dropped, the close frame is sent if the socket takes it whole, and the
     /// connection is closed at once (a slow reader gets no grace period).
-    pub(crate) fn close_slow(&self, c: &Rc<Conn>, cause: &'static str) {
+    pub(crate) fn close_slow(&self, c: &Rc<Conn<O::Wire>>, cause: &'static str) {
         if !c.is_open() {
             self.finish(c);
             return;
@@ -349,15 +398,22 @@ impl Worker {
             } else {
                 "slow consumer: write timeout"
             };
-            let mut out = Vec::with_capacity(4 + reason.len());
-            ws::encode_close(&mut out, close_code::POLICY, reason, None);
-            self.write_now(c, &out);
+            self.write_now(c, &close_frame(close_code::POLICY, reason));
         }
         self.finish(c);
     }
 
+    /// A send to `c` failed: close it as slow (its queue is full), or as
+    /// lost (its socket is broken or it is gone).
+    pub(crate) fn send_failed(&self, c: &Rc<Conn<O::Wire>>, e: SendError) {
+        match e {
+            SendError::QueueFull => self.close_slow(c, "queue"),
+            SendError::Broken | SendError::Closed => self.lost(c),
+        }
+    }
+
     /// The socket failed under us or the client left: count it and end it.
-    pub(crate) fn lost(&self, c: &Rc<Conn>) {
+    pub(crate) fn lost(&self, c: &Rc<Conn<O::Wire>>) {
         if c.is_open() {
             self.counters.closed(CloseReason::PeerGone);
         }
@@ -366,7 +422,7 @@ impl Worker {
 
     /// Takes `c` out of every table; its socket closes when the last
     /// reference (perhaps a fan-out in progress) is dropped.
-    pub(crate) fn finish(&self, c: &Rc<Conn>) {
+    pub(crate) fn finish(&self, c: &Rc<Conn<O::Wire>>) {
         if c.state.get() == State::Gone {
             return;
         }
@@ -380,10 +436,10 @@ impl Worker {
             let mut out = self.tls_out.borrow_mut();
             out.clear();
             if tls.borrow_mut().close_notify(&mut out).is_ok() {
-                let _ = (&c.sock).write(&out);
+                let _ = c.wire.write(&out);
             }
         }
-        let _ = self.poller.remove(&c.sock);
+        self.outside.forget(&c.wire);
         if c.slot.get() != NONE {
             self.conns.borrow_mut().remove(c);
             self.counters
@@ -392,10 +448,32 @@ impl Worker {
         }
     }
 
+    /// One read from `c` into `buf`; ends the connection at EOF or on an error.
+    fn read_some(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> Got {
+        match c.wire.read(buf) {
+            // The client closed (after a close handshake, or not).
+            Ok(0) => {
+                self.lost(c);
+                Got::Ended
+            }
+            Ok(n) => Got::Bytes(n),
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                Got::Nothing
+            }
+            Err(_) => {
+                self.lost(c);
+                Got::Ended
+            }
+        }
+    }
+
     /// Reads what the socket has into the scratch buffer and handles every
     /// complete frame; keeps a split frame's bytes in `c.rest`. With `read`
     /// false, only handles bytes already kept (those sent with the upgrade).
-    pub(crate) fn on_readable(&self, c: &Rc<Conn>, read: bool) {
+    pub(crate) fn on_readable(&self, c: &Rc<Conn<O::Wire>>, read: bool) {
         if c.tls.is_some() {
             self.on_readable_tls(c, read);
             return;
@@ -412,26 +490,15 @@ impl Worker {
                 have = rest.len();
             }
             if read {
-                match (&c.sock).read(&mut scratch[have..]) {
-                    Ok(0) => {
-                        // The client closed (after a close handshake, or not).
-                        self.lost(c);
-                        return;
-                    }
-                    Ok(n) => have += n,
-                    Err(e)
-                        if e.kind() == io::ErrorKind::WouldBlock
-                            || e.kind() == io::ErrorKind::Interrupted =>
-                    {
+                match self.read_some(c, &mut scratch[have..]) {
+                    Got::Bytes(n) => have += n,
+                    Got::Nothing => {
                         if have > 0 {
                             *c.rest.borrow_mut() = Some(scratch[..have].into());
                         }
                         return;
                     }
-                    Err(_) => {
-                        self.lost(c);
-                        return;
-                    }
+                    Got::Ended => return,
                 }
             }
             let full = have == scratch.len();
@@ -445,7 +512,7 @@ impl Worker {
 
     /// [`Self::on_readable`] for a TLS subscriber: the scratch buffer takes
     /// the records, the worker's plaintext buffer what they decrypt to.
-    fn on_readable_tls(&self, c: &Rc<Conn>, read: bool) {
+    fn on_readable_tls(&self, c: &Rc<Conn<O::Wire>>, read: bool) {
         let Some(tls) = &c.tls else { return };
         let mut scratch = self.scratch.borrow_mut();
         let mut read = read;
@@ -461,22 +528,9 @@ impl Worker {
                 have = rest.len();
             }
             if read {
-                match (&c.sock).read(&mut scratch[have..]) {
-                    Ok(0) => {
-                        self.lost(c);
-                        return;
-                    }
-                    Ok(n) => have += n,
-                    Err(e)
-                        if e.kind() == io::ErrorKind::WouldBlock
-                            || e.kind() == io::ErrorKind::Interrupted =>
-                    {
-                        return;
-                    }
-                    Err(_) => {
-                        self.lost(c);
-                        return;
-                    }
+                match self.read_some(c, &mut scratch[have..]) {
+                    Got::Bytes(n) => have += n,
+                    Got::Nothing | Got::Ended => return,
                 }
             }
             let full = have == scratch.len();
@@ -534,7 +588,7 @@ impl Worker {
     /// Handles every complete frame in `buf` (a kept remainder followed by
     /// what was just read); keeps a split frame's bytes in `c.rest`. False
     /// when the connection ended.
-    fn on_bytes(&self, c: &Rc<Conn>, buf: &mut [u8]) -> bool {
+    fn on_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
         if c.state.get() == State::Failed {
             // Discard: the decoder is not trusted after an error.
             return true;
@@ -574,17 +628,13 @@ impl Worker {
     }
 
     /// Handles one frame from the client; false when the connection ended.
-    fn on_frame(&self, c: &Rc<Conn>, frame: Frame<'_>) -> bool {
+    fn on_frame(&self, c: &Rc<Conn<O::Wire>>, frame: Frame<'_>) -> bool {
         match frame {
             Frame::Ping(payload) => {
                 if c.is_open() {
                     let pong = ws::server_frame(OpCode::Pong, payload);
                     if let Err(e) = self.send(c, &pong) {
-                        if e == SendError::QueueFull {
-                            self.close_slow(c, "queue");
-                        } else {
-                            self.lost(c);
-                        }
+                        self.send_failed(c, e);
                         return false;
                     }
                 }
@@ -597,10 +647,8 @@ impl Worker {
                 if c.is_open() {
                     self.counters.closed(CloseReason::PeerClose);
                     self.unsubscribe(c);
-                    let mut out = Vec::with_capacity(4);
-                    ws::encode_close(&mut out, code.unwrap_or(close_code::NORMAL), "", None);
                     // The reply follows anything still queued.
-                    let _ = self.send(c, &Bytes::from(out));
+                    let _ = self.send(c, &close_frame(code.unwrap_or(close_code::NORMAL), ""));
                 }
                 // Handshake complete (whichever side started it): the server
                 // closes the TCP connection first (RFC 6455 section 7.1.1),
@@ -616,14 +664,14 @@ impl Worker {
     }
 
     /// Writes `c`'s queue as the socket drains, several frames per `writev`.
-    pub(crate) fn on_writable(&self, c: &Rc<Conn>) {
+    pub(crate) fn on_writable(&self, c: &Rc<Conn<O::Wire>>) {
         loop {
             let written = {
                 let q = c.queue.borrow();
                 let Some(q) = q.as_ref() else { return };
                 let iov: Vec<IoSlice<'_>> =
                     q.frames.iter().take(64).map(|b| IoSlice::new(b)).collect();
-                (&c.sock).write_vectored(&iov)
+                c.wire.write_vectored(&iov)
             };
             match written {
                 Ok(mut n) => {
@@ -654,7 +702,7 @@ impl Worker {
                         if c.state.get() == State::Finishing {
                             self.finish(c);
                         } else {
-                            c.want_write(self, false);
+                            self.outside.want_write(&c.wire, c.slot.get(), false);
                         }
                         return;
                     }
@@ -669,3 +717,4 @@ impl Worker {
         }
     }
 }
+

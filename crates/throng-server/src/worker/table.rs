@@ -14,15 +14,24 @@ pub(crate) const NONE: u32 = u32::MAX;
 
 /// Live subscribers by slot. Invariant: `slots[c.slot] == Some(c)` for every
 /// connection in the table; free slots are listed in `free`.
-#[derive(Default)]
-pub(crate) struct Slab {
-    slots: Vec<Option<Rc<Conn>>>,
+pub(crate) struct Slab<W> {
+    slots: Vec<Option<Rc<Conn<W>>>>,
     free: Vec<u32>,
     len: usize,
 }
 
-impl Slab {
-    pub(crate) fn insert(&mut self, c: &Rc<Conn>) {
+impl<W> Default for Slab<W> {
+    fn default() -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<W> Slab<W> {
+    pub(crate) fn insert(&mut self, c: &Rc<Conn<W>>) {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -35,7 +44,7 @@ impl Slab {
         self.len += 1;
     }
 
-    pub(crate) fn remove(&mut self, c: &Conn) {
+    pub(crate) fn remove(&mut self, c: &Conn<W>) {
         let slot = c.slot.replace(NONE);
         if slot == NONE {
             return;
@@ -54,37 +63,46 @@ impl Slab {
         self.len
     }
 
-    pub(crate) fn get(&self, slot: usize) -> Option<&Rc<Conn>> {
+    pub(crate) fn get(&self, slot: usize) -> Option<&Rc<Conn<W>>> {
         self.slots.get(slot).and_then(Option::as_ref)
     }
 
-    pub(crate) fn all(&self) -> Vec<Rc<Conn>> {
+    pub(crate) fn all(&self) -> Vec<Rc<Conn<W>>> {
         self.slots.iter().flatten().cloned().collect()
     }
 }
 
 /// One channel's subscribers, in no particular order.
-pub(crate) struct Channel {
-    pub(crate) subs: Vec<Rc<Conn>>,
+pub(crate) struct Channel<W> {
+    pub(crate) subs: Vec<Rc<Conn<W>>>,
 }
 
 /// Channels by name. Invariant: `list[c.channel].subs[c.sub_pos] == c` for
 /// every subscribed connection; a channel is dropped with its last subscriber.
-#[derive(Default)]
-pub(crate) struct Channels {
+pub(crate) struct Channels<W> {
     by_name: HashMap<Rc<str>, u32>,
-    list: Vec<Option<(Rc<str>, Channel)>>,
+    list: Vec<Option<(Rc<str>, Channel<W>)>>,
     free: Vec<u32>,
 }
 
-impl Channels {
-    pub(crate) fn get(&self, name: &str) -> Option<&Channel> {
+impl<W> Default for Channels<W> {
+    fn default() -> Self {
+        Self {
+            by_name: HashMap::new(),
+            list: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<W> Channels<W> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Channel<W>> {
         let id = *self.by_name.get(name)?;
         self.list[id as usize].as_ref().map(|(_, ch)| ch)
     }
 
     /// Adds `c` to channel `name`; returns whether it is the channel's first subscriber.
-    pub(crate) fn subscribe(&mut self, name: &str, c: &Rc<Conn>) -> bool {
+    pub(crate) fn subscribe(&mut self, name: &str, c: &Rc<Conn<W>>) -> bool {
         let mut first = false;
         let id = match self.by_name.get(name) {
             Some(&id) => id,
@@ -116,7 +134,7 @@ impl Channels {
 
     /// Takes `c` out of its channel; returns the channel's name when `c` was
     /// its last subscriber (the channel is gone).
-    pub(crate) fn unsubscribe(&mut self, c: &Conn) -> Option<Rc<str>> {
+    pub(crate) fn unsubscribe(&mut self, c: &Conn<W>) -> Option<Rc<str>> {
         let pos = c.sub_pos.replace(NONE);
         if pos == NONE {
             return None;
@@ -146,7 +164,7 @@ mod tests {
     use super::{Channels, NONE, Slab};
     use crate::worker::conn::Conn;
 
-    fn conns(n: usize) -> (TcpListener, Vec<Rc<Conn>>) {
+    fn conns(n: usize) -> (TcpListener, Vec<Rc<Conn<TcpStream>>>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let v = (0..n)
@@ -155,7 +173,7 @@ mod tests {
         (l, v)
     }
 
-    fn check(ch: &Channels, name: &str, want: usize) {
+    fn check(ch: &Channels<TcpStream>, name: &str, want: usize) {
         let subs = ch.get(name).map_or(&[][..], |c| &c.subs[..]);
         assert_eq!(subs.len(), want, "{name}");
         for (i, c) in subs.iter().enumerate() {

@@ -18,7 +18,7 @@ use throng_proto::http::{self, BodyDecoder, BodyKind, Request};
 use tokio::io::AsyncReadExt as _;
 
 use crate::tls::stream::Io;
-use crate::worker::Worker;
+use crate::worker::state::Worker;
 
 /// The answer's body, once and `times` more.
 const PONG: &[u8] = b"pong";

@@ -1,0 +1,93 @@
+//! The worker's HTTP routes: what a request that is not a WebSocket
+//! upgrade gets. Each route is one module; the HTTP phase of a connection
+//! ([`super::http`]) reads the head, asks [`route`] which it is for, and
+//! awaits that route's function.
+//!
+//! - `POST /publish/<channel>` ([`publish`]): relay a message through the supervisor.
+//! - `GET /healthz`, `GET /metrics` ([`ops`]): for load balancers and Prometheus.
+//! - `GET`/`POST /ping` ([`ping`]): the seeds' test back end for HTTP load.
+//! - `POST /bench/floor/<channel>` ([`bench_floor`]): benchmark only, and
+//!   only with `--bench-floor`.
+
+pub(crate) mod bench_floor;
+pub(crate) mod ops;
+pub(crate) mod ping;
+pub(crate) mod publish;
+
+use throng_proto::http::{self, Request};
+
+use super::state::Worker;
+use crate::tls::stream::Io;
+
+/// The route a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// `GET /healthz`: [`ops::healthz`].
+    Healthz,
+    /// `GET /metrics`: [`ops::metrics`].
+    Metrics,
+    /// `POST /publish/<channel>`: [`publish::serve`].
+    Publish,
+    /// `/publish` with another method: [`publish::refuse_method`].
+    PublishMethod,
+    /// `GET` or `POST /ping`: [`ping::serve`].
+    Ping,
+    /// `POST /bench/floor/<channel>` with `--bench-floor`: [`bench_floor::serve`].
+    BenchFloor,
+}
+
+/// The route `req` is for; `None` when no route takes it (a WebSocket
+/// upgrade, or a path for the upgrade to refuse).
+///
+/// The caller awaits the route's function in its own loop rather than
+/// through one more async function here: each HTTP connection is a task,
+/// and a layer of future around the routes made it 160 bytes larger.
+pub(crate) fn route(w: &Worker, req: &Request) -> Option<Route> {
+    let path = req
+        .target
+        .split_once('?')
+        .map_or(req.target.as_str(), |(p, _)| p);
+    Some(match (req.method.as_str(), path) {
+        ("GET", "/healthz") => Route::Healthz,
+        ("GET", "/metrics") => Route::Metrics,
+        ("POST", p) if p == "/publish" || p.starts_with("/publish/") => Route::Publish,
+        (_, p) if p == "/publish" || p.starts_with("/publish/") => Route::PublishMethod,
+        ("GET" | "POST", "/ping") => Route::Ping,
+        ("POST", p) if w.cfg.bench_floor && p.starts_with(bench_floor::PREFIX) => Route::BenchFloor,
+        _ => return None,
+    })
+}
+
+/// Writes a whole response (within `--handshake-timeout`); returns whether
+/// the connection stays open.
+pub(crate) async fn reply(
+    w: &Worker,
+    stream: &mut Io,
+    status: u16,
+    ctype: &str,
+    body: &[u8],
+    keep_alive: bool,
+) -> bool {
+    let mut out = Vec::with_capacity(128 + body.len());
+    let conn = if keep_alive { "keep-alive" } else { "close" };
+    http::write_response(
+        &mut out,
+        status,
+        &[("Content-Type", ctype), ("Connection", conn)],
+        body,
+    );
+    let write = async {
+        if keep_alive {
+            stream.write_all(&out).await
+        } else {
+            stream.write_last(&out).await
+        }
+    };
+    let sent = tokio::time::timeout(w.cfg.handshake_timeout, write).await;
+    keep_alive && matches!(sent, Ok(Ok(())))
+}
+
+/// Refuses a request with `status` and `why` as plain text, and closes.
+pub(crate) async fn refuse(w: &Worker, stream: &mut Io, status: u16, why: &str) -> bool {
+    reply(w, stream, status, "text/plain", why.as_bytes(), false).await
+}

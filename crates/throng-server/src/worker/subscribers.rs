@@ -1,0 +1,294 @@
+//! Every subscriber of one worker, without sockets or clocks of its own:
+//! the tables (by slot, by channel), the fan-out hot path, the clock in
+//! ticks and what each tick does (heartbeat pings and idle checks spread
+//! over the ping interval, overdue closing handshakes, stalled queues).
+//!
+//! What it needs from around it is the [`Outside`]: readiness registration
+//! (the worker's epoll in production) and the report of a channel's first
+//! and last subscriber (to the supervisor, for Redis channels mode). Each
+//! connection's life is in [`super::conn`]; tests drive both in memory.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use throng_host::process;
+use throng_proto::ws::{self, OpCode, close_code};
+
+use super::conn::{CLOSE_GRACE, Conn, State, Wire};
+use super::table::{Channels, NONE, Slab};
+use crate::control::Message;
+use crate::metrics::{CloseReason, Counters};
+use crate::wheel::{self, Sweep};
+
+/// Size of the one read buffer per worker. Clients only send control
+/// frames, so this is far more than one read ever needs.
+pub(crate) const SCRATCH: usize = 64 * 1024;
+
+/// What the subscribers need from around them.
+pub(crate) trait Outside {
+    /// A subscriber's byte stream.
+    type Wire: Wire;
+    /// Watches a new subscriber's wire for reading, reported as `slot`.
+    fn watch(&self, wire: &Self::Wire, slot: u32) -> io::Result<()>;
+    /// Watches it for room to write too (while it has a queue), or no longer.
+    fn want_write(&self, wire: &Self::Wire, slot: u32, on: bool);
+    /// Stops watching it (the connection is gone).
+    fn forget(&self, wire: &Self::Wire);
+    /// A channel got its first subscriber here (`true`) or lost its last.
+    fn channel_interest(&self, channel: &str, subscribed: bool);
+}
+
+/// The settings a subscriber's life follows, in the worker's ticks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Unsent bytes a connection may queue (`--max-queue`).
+    pub(crate) max_queue: usize,
+    /// How often every connection is pinged (`--ping-interval`).
+    pub(crate) ping_interval: Duration,
+    /// Ticks without a word from the client before 1008 (`--idle-timeout`).
+    pub(crate) idle: u32,
+    /// Ticks a queue may make no progress before 1008 (`--write-timeout`).
+    pub(crate) write: u32,
+    /// Ticks a closing handshake may take ([`CLOSE_GRACE`]).
+    pub(crate) grace: u32,
+}
+
+impl Limits {
+    /// The limits of `cfg`.
+    pub(crate) fn of(cfg: &crate::Config) -> Self {
+        Self {
+            max_queue: cfg.max_queue,
+            ping_interval: cfg.ping_interval,
+            idle: wheel::ticks(cfg.idle_timeout),
+            write: wheel::ticks(cfg.write_timeout),
+            grace: wheel::ticks(CLOSE_GRACE),
+        }
+    }
+}
+
+/// A connection in a closing handshake, and the tick the handshake started.
+pub(crate) type Closing<W> = (Rc<Conn<W>>, u32);
+
+/// One worker's subscribers. Nothing here is shared between threads:
+/// `Cell`/`RefCell` state, borrowed one operation at a time.
+pub(crate) struct Subscribers<O: Outside> {
+    pub(crate) limits: Limits,
+    pub(crate) outside: O,
+    pub(crate) counters: Rc<Counters>,
+    pub(crate) conns: RefCell<Slab<O::Wire>>,
+    pub(crate) channels: RefCell<Channels<O::Wire>>,
+    /// The one read buffer: every subscriber reads into it, in turn (and
+    /// the worker's HTTP connections too, between requests).
+    pub(crate) scratch: RefCell<Box<[u8]>>,
+    /// TLS subscribers: what the records just read decrypt to.
+    pub(crate) tls_plain: RefCell<Vec<u8>>,
+    /// TLS subscribers: one frame (or control record) encrypted for one
+    /// connection, written from here.
+    pub(crate) tls_out: RefCell<Vec<u8>>,
+    /// Ticks of [`wheel::TICK`] since the worker started.
+    pub(crate) now: Cell<u32>,
+    /// Subscribers that have a write queue (checked each tick for `--write-timeout`).
+    pub(crate) queued: RefCell<Vec<Rc<Conn<O::Wire>>>>,
+    /// Connections in a closing handshake, with the tick it started.
+    pub(crate) closing: RefCell<Vec<Closing<O::Wire>>>,
+    sweep: RefCell<Sweep>,
+    ping: Bytes,
+}
+
+impl<O: Outside> Subscribers<O> {
+    pub(crate) fn new(limits: Limits, outside: O, counters: Rc<Counters>) -> Self {
+        Self {
+            limits,
+            outside,
+            counters,
+            conns: RefCell::default(),
+            channels: RefCell::default(),
+            scratch: RefCell::new(vec![0; SCRATCH].into_boxed_slice()),
+            tls_plain: RefCell::default(),
+            tls_out: RefCell::default(),
+            now: Cell::new(0),
+            queued: RefCell::default(),
+            closing: RefCell::default(),
+            sweep: RefCell::new(Sweep::new(limits.ping_interval)),
+            ping: ws::server_frame(OpCode::Ping, b""),
+        }
+    }
+
+    /// Subscribers here now.
+    pub(crate) fn len(&self) -> usize {
+        self.conns.borrow().len()
+    }
+
+    /// Registers an upgraded connection: into the tables and the readiness set.
+    pub(crate) fn subscribe(&self, channel: &str, c: Conn<O::Wire>) -> io::Result<()> {
+        let c = Rc::new(c);
+        self.conns.borrow_mut().insert(&c);
+        if let Err(e) = self.outside.watch(c.wire(), c.slot.get()) {
+            self.conns.borrow_mut().remove(&c);
+            return Err(e);
+        }
+        if self.channels.borrow_mut().subscribe(channel, &c) {
+            self.outside.channel_interest(channel, true);
+        }
+        self.counters.open.set(self.counters.open.get() + 1);
+        crate::metrics::inc(&self.counters.upgraded);
+        if c.has_rest() {
+            // Frames that came in the same packet as the upgrade request.
+            self.on_readable(&c, false);
+        }
+        Ok(())
+    }
+
+    /// Takes a subscriber out of its channel, saying so when that was the
+    /// channel's last subscriber here.
+    pub(crate) fn unsubscribe(&self, c: &Conn<O::Wire>) {
+        let gone = self.channels.borrow_mut().unsubscribe(c);
+        if let Some(name) = gone {
+            self.outside.channel_interest(&name, false);
+        }
+    }
+
+    /// The subscriber in `slot`, if any.
+    pub(crate) fn get(&self, slot: u64) -> Option<Rc<Conn<O::Wire>>> {
+        let slot = usize::try_from(slot).ok()?;
+        self.conns.borrow().get(slot).cloned()
+    }
+
+    /// Writes one message to every subscriber of its channel here: encoded
+    /// once, then one write per subscriber; only a subscriber whose socket
+    /// is full gets a queue. Returns the number of subscribers.
+    pub(crate) fn fanout(&self, m: &Message) -> u64 {
+        let start = Instant::now();
+        let cpu = process::thread_cpu();
+        let frame = ws::server_frame(
+            if m.text { OpCode::Text } else { OpCode::Binary },
+            &m.payload,
+        );
+        let mut behind = Vec::new();
+        let n = {
+            let channels = self.channels.borrow();
+            let Some(ch) = channels.get(&m.channel) else {
+                return 0;
+            };
+            let mut delivered = 0u64;
+            for c in &ch.subs {
+                match self.send(c, &frame) {
+                    Ok(()) => delivered += 1,
+                    Err(e) => behind.push((c.clone(), e)),
+                }
+            }
+            self.counters
+                .frames_delivered
+                .set(self.counters.frames_delivered.get() + delivered);
+            ch.subs.len() as u64
+        };
+        self.counters
+            .frames_dropped
+            .set(self.counters.frames_dropped.get() + behind.len() as u64);
+        for (c, e) in behind {
+            self.send_failed(&c, e);
+        }
+        self.counters
+            .fanout(start.elapsed(), process::thread_cpu().saturating_sub(cpu));
+        n
+    }
+
+    /// Advances the clock one tick without visiting anyone (while draining).
+    pub(crate) fn advance(&self) -> u32 {
+        let now = self.now.get().wrapping_add(1);
+        self.now.set(now);
+        now
+    }
+
+    /// One tick: advances the clock, walks this tick's slice of the table
+    /// (an idle connection is closed, any other open one pinged), ends
+    /// closing handshakes past their grace and queues stalled past
+    /// `--write-timeout`.
+    pub(crate) fn tick(&self) {
+        let now = self.advance();
+        let mut idle_out = Vec::new();
+        let mut slow = Vec::new();
+        {
+            let conns = self.conns.borrow();
+            for slot in self.sweep.borrow_mut().step(conns.capacity()) {
+                let Some(c) = conns.get(slot) else { continue };
+                if !c.is_open() {
+                    continue;
+                }
+                if wheel::expired(now, c.last_seen.get(), self.limits.idle) {
+                    idle_out.push(c.clone());
+                } else {
+                    match self.send(c, &self.ping) {
+                        Ok(()) => crate::metrics::inc(&self.counters.pings),
+                        Err(e) => slow.push((c.clone(), e)),
+                    }
+                }
+            }
+        }
+        for c in idle_out {
+            self.close(
+                &c,
+                close_code::POLICY,
+                "idle timeout",
+                CloseReason::IdleTimeout,
+            );
+        }
+        for (c, e) in slow {
+            self.send_failed(&c, e);
+        }
+        let overdue: Vec<_> = {
+            let mut closing = self.closing.borrow_mut();
+            let mut out = Vec::new();
+            closing.retain(|(c, since)| {
+                if c.state.get() == State::Gone || c.slot.get() == NONE {
+                    return false;
+                }
+                if wheel::expired(now, *since, self.limits.grace) {
+                    out.push(c.clone());
+                    return false;
+                }
+                true
+            });
+            out
+        };
+        for c in overdue {
+            self.finish(&c);
+        }
+        let late: Vec<_> = {
+            let mut queued = self.queued.borrow_mut();
+            let mut late = Vec::new();
+            queued.retain(|c| match c.queued_since() {
+                Some(since) if c.state.get() != State::Gone => {
+                    if wheel::expired(now, since, self.limits.write) {
+                        late.push(c.clone());
+                        return false;
+                    }
+                    true
+                }
+                _ => {
+                    c.listed.set(false);
+                    false
+                }
+            });
+            late
+        };
+        for c in late {
+            c.listed.set(false);
+            self.close_slow(&c, "timeout");
+        }
+    }
+
+    /// Starts the closing handshake of every subscriber (a drain); returns
+    /// how many there were.
+    pub(crate) fn close_all(&self, code: u16, reason: &str, why: CloseReason) -> usize {
+        let all = self.conns.borrow().all();
+        for c in &all {
+            self.close(c, code, reason, why);
+        }
+        all.len()
+    }
+}
+
