@@ -249,6 +249,11 @@ impl<W: Wire> Conn<W> {
         self.queue.borrow().as_ref().map(|q| q.since)
     }
 
+    /// Unsent bytes in the queue.
+    #[cfg(test)]
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.queue.borrow().as_ref().map_or(0, |q| q.bytes)
+    }
 }
 
 /// A close frame with `code` and `reason`.
@@ -718,3 +723,256 @@ impl<O: Outside> Subscribers<O> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    //! One connection's life, both ends in memory ([`Pair`]): what the
+    //! client receives, what the server counts, and when the socket closes.
+
+    use std::net::TcpStream;
+
+    use throng_proto::ws::{OpCode, close_code};
+
+    use super::{Conn, State};
+    use crate::worker::pair::{Got, Pair, limits};
+
+    fn text(s: &str) -> Got {
+        Got::Text(s.to_owned())
+    }
+
+    fn closed(p: &Pair, reason: &str) -> u64 {
+        p.counters()
+            .closed
+            .borrow()
+            .get(reason)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn an_idle_subscriber_holds_no_buffer() {
+        // What every idle connection costs in the worker's tables: the
+        // figure scripts/bench-serve.sh measures starts here.
+        assert!(
+            size_of::<Conn<TcpStream>>() <= 104,
+            "{}",
+            size_of::<Conn<TcpStream>>()
+        );
+        let mut p = Pair::defaults();
+        let a = p.connect("news");
+        p.publish("news", "hello");
+        let c = p.conn(a).unwrap();
+        assert!(!c.has_queue() && !c.has_rest());
+    }
+
+    #[test]
+    fn a_message_reaches_every_subscriber_of_its_channel_once() {
+        let mut p = Pair::defaults();
+        let (a, b, other) = (p.connect("news"), p.connect("news"), p.connect("sport"));
+        assert_eq!(p.publish("news", "hi"), 2);
+        assert_eq!(p.publish("nobody", "hi"), 0);
+        assert_eq!(p.clients[a].take(), [text("hi")]);
+        assert_eq!(p.clients[b].take(), [text("hi")]);
+        assert!(p.clients[other].take().is_empty());
+        assert_eq!(p.counters().frames_delivered.get(), 2);
+    }
+
+    #[test]
+    fn a_short_write_queues_the_rest_and_room_to_write_drains_it_in_order() {
+        let mut p = Pair::defaults();
+        let a = p.connect_with("news", 10, b"");
+        p.clients[a].reading = false;
+        for m in ["first message", "second message", "third"] {
+            p.publish("news", m);
+        }
+        let c = p.conn(a).unwrap();
+        assert!(c.has_queue(), "the socket took 10 bytes");
+        assert_eq!(p.counters().queued.get(), 1);
+        assert!(p.clients[a].write_wanted());
+        p.clients[a].reading = true;
+        p.drive();
+        assert_eq!(
+            p.clients[a].take(),
+            [text("first message"), text("second message"), text("third")]
+        );
+        assert!(!c.has_queue());
+        assert_eq!(p.counters().queued.get(), 0);
+        assert!(!p.clients[a].write_wanted(), "no queue, no EPOLLOUT");
+        assert_eq!(p.counters().frames_dropped.get(), 0);
+    }
+
+    #[test]
+    fn a_queue_over_max_queue_closes_1008_and_counts_the_frames_dropped() {
+        // Frames of 2 + 8 bytes; room for two on the wire, 30 bytes queued.
+        let mut p = Pair::new(limits(30, 1000, 1000, 50));
+        let (slow, fine) = (p.connect_with("c", 20, b""), p.connect("c"));
+        p.clients[slow].reading = false;
+        for i in 0..5 {
+            p.fanout("c", &format!("msg-{i:04}"));
+        }
+        let c = p.conn(slow).unwrap();
+        assert_eq!(c.queued_bytes(), 30, "two frames written, three queued");
+        assert!(c.is_open());
+        // The client reads, but the server has not written since: the next
+        // frame is over --max-queue.
+        p.clients[slow].read();
+        p.set_room(slow, 100);
+        p.fanout("c", "msg-0005");
+        assert_eq!(c.state.get(), State::Gone);
+        assert!(p.conn(slow).is_none(), "out of the tables at once");
+        drop(c);
+        p.tick(1);
+        assert!(p.clients[slow].server_closed(), "the socket is closed");
+        p.clients[slow].read();
+        let got = p.clients[slow].take();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(
+            got[2],
+            Got::Close(
+                Some(close_code::POLICY),
+                "slow consumer: over --max-queue".into()
+            )
+        );
+        assert_eq!(closed(&p, "slow_consumer"), 1);
+        assert_eq!(p.counters().slow_consumer.borrow()["queue"], 1);
+        // Three whole frames queued, and the one that did not fit.
+        assert_eq!(p.counters().frames_dropped.get(), 4);
+        assert_eq!(p.counters().queued.get(), 0);
+        assert_eq!(p.counters().open.get(), 1);
+        let texts = p.clients[fine].take();
+        let texts = texts.iter().filter(|g| matches!(g, Got::Text(_)));
+        assert_eq!(texts.count(), 6, "the others are not held back");
+    }
+
+    #[test]
+    fn a_slow_client_with_half_a_frame_on_the_wire_gets_no_close_frame() {
+        let mut p = Pair::new(limits(30, 1000, 1000, 50));
+        let a = p.connect_with("c", 15, b"");
+        p.clients[a].reading = false;
+        for i in 0..5 {
+            p.fanout("c", &format!("msg-{i:04}"));
+        }
+        p.clients[a].read();
+        p.tick(1);
+        assert!(p.clients[a].server_closed());
+        // A close frame behind half a frame would read as garbage.
+        let got = p.clients[a].take();
+        assert!(got.iter().all(|g| matches!(g, Got::Text(_))), "{got:?}");
+        assert_eq!(closed(&p, "slow_consumer"), 1);
+    }
+
+    #[test]
+    fn the_clients_close_is_answered_with_its_code_then_the_socket_closes() {
+        let mut p = Pair::defaults();
+        let a = p.connect("news");
+        p.clients[a].close(close_code::NORMAL);
+        p.drive();
+        assert_eq!(
+            p.clients[a].take(),
+            [Got::Close(Some(close_code::NORMAL), String::new())]
+        );
+        assert!(p.clients[a].server_closed());
+        assert_eq!(closed(&p, "peer_close"), 1);
+        assert_eq!(p.counters().open.get(), 0);
+        assert_eq!(p.publish("news", "late"), 0, "out of its channel");
+    }
+
+    #[test]
+    fn a_close_behind_a_queue_waits_for_the_queue_to_be_written() {
+        let mut p = Pair::defaults();
+        let a = p.connect_with("news", 5, b"");
+        p.clients[a].reading = false;
+        p.publish("news", "queued behind a small window");
+        p.clients[a].close(4000);
+        p.drive();
+        let c = p.conn(a).unwrap();
+        assert_eq!(c.state.get(), State::Finishing);
+        assert!(!p.clients[a].server_closed());
+        drop(c);
+        p.clients[a].reading = true;
+        p.drive();
+        p.tick(1);
+        assert_eq!(
+            p.clients[a].take(),
+            [
+                text("queued behind a small window"),
+                Got::Close(Some(4000), String::new())
+            ]
+        );
+        assert!(p.clients[a].server_closed());
+    }
+
+    #[test]
+    fn a_ping_is_answered_with_a_pong_of_its_payload_even_split_in_two() {
+        let mut p = Pair::defaults();
+        let a = p.connect("news");
+        p.clients[a].send(OpCode::Ping, b"are you there");
+        p.drive();
+        assert_eq!(p.clients[a].take(), [Got::Pong(b"are you there".to_vec())]);
+        let mut frame = Vec::new();
+        throng_proto::ws::encode_into(&mut frame, true, OpCode::Ping, b"split", Some([1, 2, 3, 4]));
+        p.clients[a].send_raw(&frame[..4]);
+        p.drive();
+        assert!(p.conn(a).unwrap().has_rest(), "half a frame is kept");
+        p.clients[a].send_raw(&frame[4..]);
+        p.drive();
+        assert_eq!(p.clients[a].take(), [Got::Pong(b"split".to_vec())]);
+        assert!(!p.conn(a).unwrap().has_rest());
+    }
+
+    #[test]
+    fn frames_sent_with_the_upgrade_are_handled_at_once() {
+        let mut p = Pair::defaults();
+        let mut ping = Vec::new();
+        throng_proto::ws::encode_into(&mut ping, true, OpCode::Ping, b"early", Some([9, 9, 9, 9]));
+        let a = p.connect_with("news", 1 << 16, &ping);
+        p.drive();
+        assert_eq!(p.clients[a].take(), [Got::Pong(b"early".to_vec())]);
+    }
+
+    #[test]
+    fn a_protocol_error_closes_1002_sends_fin_and_ignores_the_rest() {
+        let mut p = Pair::defaults();
+        let a = p.connect("news");
+        // An unmasked frame from a client breaks RFC 6455.
+        p.clients[a].send_raw(&[0x89, 0x00]);
+        p.drive();
+        let got = p.clients[a].take();
+        assert!(
+            matches!(&got[..], [Got::Close(Some(close_code::PROTOCOL), _)]),
+            "{got:?}"
+        );
+        assert!(p.clients[a].server_fin(), "FIN after the close frame");
+        assert!(
+            !p.clients[a].server_closed(),
+            "waits for the client's close"
+        );
+        assert_eq!(p.conn(a).unwrap().state.get(), State::Failed);
+        p.clients[a].send(OpCode::Ping, b"ignored");
+        p.clients[a].close(close_code::NORMAL);
+        p.drive();
+        assert!(p.clients[a].take().is_empty(), "nothing after the close");
+        assert_eq!(closed(&p, "protocol_error"), 1);
+        // EOF ends it; the socket closes when the tick drops it from the
+        // closing list.
+        p.clients[a].fin();
+        p.drive();
+        assert!(p.conn(a).is_none());
+        p.tick(1);
+        assert!(p.clients[a].server_closed());
+    }
+
+    #[test]
+    fn eof_and_a_reset_are_a_peer_gone() {
+        let mut p = Pair::defaults();
+        let (a, b) = (p.connect("news"), p.connect("news"));
+        p.clients[a].fin();
+        p.drive();
+        assert!(p.clients[a].server_closed());
+        p.reset(b);
+        assert_eq!(p.publish("news", "x"), 1, "counted: it was subscribed");
+        assert!(p.clients[b].server_closed());
+        assert_eq!(closed(&p, "peer_gone"), 2);
+        assert_eq!(p.counters().frames_dropped.get(), 1);
+        assert_eq!(p.counters().open.get(), 0);
+    }
+}

@@ -16,6 +16,8 @@
 mod conn;
 mod http;
 mod link;
+#[cfg(test)]
+mod pair;
 mod routes;
 mod state;
 mod subscribers;

@@ -292,3 +292,160 @@ impl<O: Outside> Subscribers<O> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    //! What the tick does to connections, and the drain, both ends in
+    //! memory ([`Pair`]) on the worker's clock.
+
+    use throng_proto::ws::{OpCode, close_code};
+
+    use super::Limits;
+    use crate::metrics::CloseReason;
+    use crate::wheel::TICK;
+    use crate::worker::conn::State;
+    use crate::worker::pair::{Got, Pair, limits};
+
+    fn pings(got: &[Got]) -> usize {
+        got.iter().filter(|g| matches!(g, Got::Ping(_))).count()
+    }
+
+    #[test]
+    fn a_silent_client_is_closed_1008_and_dropped_after_the_grace() {
+        let mut p = Pair::new(limits(1 << 20, 3, 1000, 2));
+        let a = p.connect("news");
+        p.tick(2);
+        assert_eq!(pings(&p.clients[a].take()), 2, "pinged while silent");
+        p.tick(1);
+        assert_eq!(
+            p.clients[a].take(),
+            [Got::Close(Some(close_code::POLICY), "idle timeout".into())]
+        );
+        assert_eq!(p.conn(a).unwrap().state.get(), State::Closing);
+        assert_eq!(p.publish("news", "x"), 0, "no longer delivered to");
+        p.tick(1);
+        assert!(!p.clients[a].server_closed(), "within the grace");
+        p.tick(1);
+        assert!(p.clients[a].server_closed(), "grace over: closed");
+        assert_eq!(p.counters().closed.borrow()["idle_timeout"], 1);
+        assert_eq!(p.counters().open.get(), 0);
+    }
+
+    #[test]
+    fn a_client_that_answers_pings_stays_and_a_close_answered_ends_at_once() {
+        let mut p = Pair::new(limits(1 << 20, 3, 1000, 50));
+        let a = p.connect("news");
+        for _ in 0..20 {
+            p.tick(1);
+            for g in p.clients[a].take() {
+                assert_eq!(g, Got::Ping(Vec::new()));
+                p.clients[a].send(OpCode::Pong, b"");
+            }
+        }
+        assert!(p.conn(a).unwrap().is_open());
+        assert_eq!(p.counters().pings.get(), 20);
+        // The server closes (a drain), the client answers: gone before the grace.
+        p.subs
+            .close_all(close_code::GOING_AWAY, "bye", CloseReason::Shutdown);
+        p.drive();
+        let got = p.clients[a].take();
+        assert_eq!(
+            got,
+            [Got::Close(Some(close_code::GOING_AWAY), "bye".into())]
+        );
+        p.clients[a].close(close_code::GOING_AWAY);
+        p.drive();
+        p.tick(1);
+        assert!(p.clients[a].server_closed());
+    }
+
+    #[test]
+    fn pings_are_spread_over_the_interval_one_per_connection() {
+        let mut p = Pair::new(Limits {
+            ping_interval: TICK * 10,
+            ..limits(1 << 20, 1000, 1000, 50)
+        });
+        let clients: Vec<usize> = (0..20).map(|_| p.connect("c")).collect();
+        for _ in 0..10 {
+            let before = p.counters().pings.get();
+            p.tick(1);
+            assert_eq!(p.counters().pings.get() - before, 2, "two per tick");
+        }
+        for &c in &clients {
+            assert_eq!(pings(&p.clients[c].take()), 1);
+        }
+    }
+
+    #[test]
+    fn a_queue_without_progress_for_write_timeout_closes_the_client() {
+        let mut p = Pair::new(Limits {
+            ping_interval: TICK * 1000,
+            ..limits(1 << 20, 1000, 3, 50)
+        });
+        let a = p.connect_with("news", 8, b"");
+        p.clients[a].reading = false;
+        p.publish("news", &"x".repeat(200));
+        // Reading a little each tick is progress: the deadline moves.
+        for _ in 0..10 {
+            assert!(p.clients[a].read() > 0);
+            p.tick(1);
+            assert!(p.conn(a).unwrap().has_queue());
+        }
+        p.tick(2);
+        assert!(p.conn(a).unwrap().is_open());
+        p.tick(1);
+        assert!(p.conn(a).is_none(), "3 ticks without progress");
+        assert_eq!(p.counters().slow_consumer.borrow()["timeout"], 1);
+        assert_eq!(p.counters().closed.borrow()["slow_consumer"], 1);
+        assert_eq!(p.counters().queued.get(), 0);
+        p.tick(1);
+        assert!(p.clients[a].server_closed());
+    }
+
+    #[test]
+    fn the_first_and_last_subscriber_of_a_channel_are_reported() {
+        let mut p = Pair::defaults();
+        let (a, b) = (p.connect("x"), p.connect("x"));
+        let c = p.connect("y");
+        p.clients[a].close(close_code::NORMAL);
+        p.drive();
+        assert_eq!(
+            *p.subs.outside.interest.borrow(),
+            [("x".to_owned(), true), ("y".to_owned(), true)]
+        );
+        p.clients[b].fin();
+        p.reset(c);
+        p.drive();
+        assert_eq!(
+            p.subs.outside.interest.borrow()[2..],
+            [("x".to_owned(), false), ("y".to_owned(), false)]
+        );
+        assert_eq!(p.subs.len(), 0);
+    }
+
+    #[test]
+    fn a_drain_closes_everyone_with_1001() {
+        let mut p = Pair::defaults();
+        let all: Vec<usize> = (0..3).map(|i| p.connect(&format!("c{i}"))).collect();
+        let n = p.subs.close_all(
+            close_code::GOING_AWAY,
+            "server shutting down",
+            CloseReason::Shutdown,
+        );
+        assert_eq!(n, 3);
+        p.drive();
+        for &c in &all {
+            assert_eq!(
+                p.clients[c].take(),
+                [Got::Close(
+                    Some(close_code::GOING_AWAY),
+                    "server shutting down".into()
+                )]
+            );
+            p.clients[c].close(close_code::GOING_AWAY);
+        }
+        p.drive();
+        assert_eq!(p.subs.len(), 0);
+        assert_eq!(p.counters().closed.borrow()["shutdown"], 3);
+        assert!(!p.counters().closed.borrow().contains_key("peer_close"));
+    }
+}
