@@ -476,21 +476,27 @@ impl<O: Outside> Subscribers<O> {
     }
 
     /// Reads what the socket has into the scratch buffer and handles every
-    /// complete frame; keeps a split frame's bytes in `c.rest`. With `read`
-    /// false, only handles bytes already kept (those sent with the upgrade).
+    /// complete frame (decrypting first, for a TLS subscriber); keeps a
+    /// split frame's (or record's) bytes. With `read` false, only handles
+    /// bytes already kept (those sent with the upgrade).
     pub(crate) fn on_readable(&self, c: &Rc<Conn<O::Wire>>, read: bool) {
-        if c.tls.is_some() {
-            self.on_readable_tls(c, read);
-            return;
-        }
+        let tls = c.tls.as_deref();
         let mut scratch = self.scratch.borrow_mut();
         let mut read = read;
         loop {
             if c.state.get() == State::Gone {
                 return;
             }
+            // What was kept goes first. Plain: taken, it is handled now.
+            // TLS: copied, so `rest` stays what rustls expects until the
+            // next pump replaces it.
             let mut have = 0;
-            if let Some(rest) = c.rest.borrow_mut().take() {
+            if let Some(t) = tls {
+                if let Some(rest) = &t.borrow().rest {
+                    scratch[..rest.len()].copy_from_slice(rest);
+                    have = rest.len();
+                }
+            } else if let Some(rest) = c.rest.borrow_mut().take() {
                 scratch[..rest.len()].copy_from_slice(&rest);
                 have = rest.len();
             }
@@ -498,7 +504,7 @@ impl<O: Outside> Subscribers<O> {
                 match self.read_some(c, &mut scratch[have..]) {
                     Got::Bytes(n) => have += n,
                     Got::Nothing => {
-                        if have > 0 {
+                        if tls.is_none() && have > 0 {
                             *c.rest.borrow_mut() = Some(scratch[..have].into());
                         }
                         return;
@@ -508,86 +514,66 @@ impl<O: Outside> Subscribers<O> {
             }
             let full = have == scratch.len();
             c.last_seen.set(self.now.get());
-            if !self.on_bytes(c, &mut scratch[..have]) || !full {
+            let open = match tls {
+                None => self.on_bytes(c, &mut scratch[..have]),
+                Some(t) => self.on_records(c, t, &mut scratch[..have]),
+            };
+            if !open || !full {
                 return;
             }
             read = true;
         }
     }
 
-    /// [`Self::on_readable`] for a TLS subscriber: the scratch buffer takes
-    /// the records, the worker's plaintext buffer what they decrypt to.
-    fn on_readable_tls(&self, c: &Rc<Conn<O::Wire>>, read: bool) {
-        let Some(tls) = &c.tls else { return };
-        let mut scratch = self.scratch.borrow_mut();
-        let mut read = read;
-        loop {
-            if c.state.get() == State::Gone {
-                return;
-            }
-            // Copied, not taken: `rest` stays what rustls expects until
-            // the next pump replaces it.
-            let mut have = 0;
-            if let Some(rest) = &tls.borrow().rest {
-                scratch[..rest.len()].copy_from_slice(rest);
-                have = rest.len();
-            }
-            if read {
-                match self.read_some(c, &mut scratch[have..]) {
-                    Got::Bytes(n) => have += n,
-                    Got::Nothing | Got::Ended => return,
-                }
-            }
-            let full = have == scratch.len();
-            c.last_seen.set(self.now.get());
-            let mut plain = self.tls_plain.borrow_mut();
-            plain.clear();
-            if let Some(rest) = c.rest.borrow_mut().take() {
-                plain.extend_from_slice(&rest);
-            }
-            let mut out = self.tls_out.borrow_mut();
-            out.clear();
-            let pumped = {
-                let mut t = tls.borrow_mut();
-                let r = tls::pump(&mut t.conn, &mut scratch[..have], &mut plain, &mut out);
-                match r {
-                    Ok((used, _)) => t.rest = (used < have).then(|| scratch[used..have].into()),
-                    // The alert for the client is in `out`.
-                    Err(_) => t.failed = true,
-                }
-                r
-            };
-            // Records the session itself must send (a key update, an alert).
-            let sent = out.is_empty()
-                || self
-                    .send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]))
-                    .is_ok();
-            drop(out);
-            let Ok((_, state)) = pumped else {
-                if c.is_open() {
-                    self.counters.closed(CloseReason::TlsError);
-                }
-                self.finish(c);
-                return;
-            };
-            if !sent {
-                self.lost(c);
-                return;
-            }
-            if !plain.is_empty() && !self.on_bytes(c, &mut plain) {
-                return;
-            }
-            drop(plain);
-            if state == Pumped::Closed {
-                // close_notify: nothing more will come.
-                self.lost(c);
-                return;
-            }
-            if !full {
-                return;
-            }
-            read = true;
+    /// Runs a TLS subscriber's session over the records in `buf`: keeps
+    /// what rustls did not consume, sends what the session must send (a key
+    /// update, an alert), and handles the frames the records decrypt to (in
+    /// the worker's plaintext buffer). False when the connection ended.
+    fn on_records(&self, c: &Rc<Conn<O::Wire>>, tls: &RefCell<TlsState>, buf: &mut [u8]) -> bool {
+        let have = buf.len();
+        let mut plain = self.tls_plain.borrow_mut();
+        plain.clear();
+        if let Some(rest) = c.rest.borrow_mut().take() {
+            plain.extend_from_slice(&rest);
         }
+        let mut out = self.tls_out.borrow_mut();
+        out.clear();
+        let pumped = {
+            let mut t = tls.borrow_mut();
+            let r = tls::pump(&mut t.conn, buf, &mut plain, &mut out);
+            match r {
+                Ok((used, _)) => t.rest = (used < have).then(|| buf[used..have].into()),
+                // The alert for the client is in `out`.
+                Err(_) => t.failed = true,
+            }
+            r
+        };
+        let sent = out.is_empty()
+            || self
+                .send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]))
+                .is_ok();
+        drop(out);
+        let Ok((_, state)) = pumped else {
+            if c.is_open() {
+                self.counters.closed(CloseReason::TlsError);
+            }
+            self.finish(c);
+            return false;
+        };
+        if !sent {
+            self.lost(c);
+            return false;
+        }
+        if !plain.is_empty() && !self.on_bytes(c, &mut plain) {
+            return false;
+        }
+        drop(plain);
+        if state == Pumped::Closed {
+            // close_notify: nothing more will come.
+            self.lost(c);
+            return false;
+        }
+        true
     }
 
     /// Handles every complete frame in `buf` (a kept remainder followed by
