@@ -31,6 +31,7 @@ pub mod control;
 pub mod metrics;
 pub mod redis;
 mod relay;
+mod reuseport;
 pub mod supervisor;
 pub mod tls;
 pub mod wheel;

@@ -22,6 +22,7 @@ use crate::control::{Message, Record, read_record};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
 use crate::relay::{Answer, Publisher, Relay, WorkerId};
+use crate::reuseport;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
 use throng_host::process::{self, Signal};
 
@@ -127,7 +128,8 @@ impl Plan {
         // Binds each address (port 0 becomes the port the kernel gave).
         let mut bind_all = |addrs: &mut Vec<SocketAddr>| -> Result<(), ServeError> {
             for addr in addrs.iter_mut() {
-                let s = reserve(*addr).map_err(|source| ServeError::Bind {
+                // Held, not listening: the port is the workers' to take.
+                let s = reuseport::member(*addr).map_err(|source| ServeError::Bind {
                     addr: *addr,
                     source,
                 })?;
@@ -246,21 +248,6 @@ pub fn worker_count(
         }
     }
     (n, why)
-}
-
-/// Binds `addr` with `SO_REUSEPORT` without listening: the port is held for
-/// the workers (who join the same group) but takes no connections itself.
-fn reserve(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
-    let domain = if addr.is_ipv4() {
-        socket2::Domain::IPV4
-    } else {
-        socket2::Domain::IPV6
-    };
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    s.bind(&addr.into())?;
-    Ok(s)
 }
 
 /// Something a worker did, as seen by the supervisor's loop.

@@ -43,6 +43,7 @@ use crate::config::Config;
 use crate::control::{Record, read_record};
 use crate::metrics::{CloseReason, Counters};
 use crate::redis::RedisMode;
+use crate::reuseport;
 use crate::tls;
 use crate::wheel::{self, TICK};
 use link::Link;
@@ -126,11 +127,13 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let plain = cfg.listen.iter().map(|a| (*a, None));
     let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone()));
     for (addr, tls) in plain.chain(secure) {
-        let l = listen(addr).map_err(|source| WorkerError::Listen {
-            index,
-            addr,
-            source,
-        })?;
+        let l = reuseport::listener(addr)
+            .and_then(TcpListener::from_std)
+            .map_err(|source| WorkerError::Listen {
+                index,
+                addr,
+                source,
+            })?;
         listeners.push((l, tls));
     }
 
@@ -187,23 +190,6 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     ticker.abort();
     reactor.abort();
     Ok(())
-}
-
-/// A listener in the worker's `SO_REUSEPORT` group for `addr`.
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let domain = if addr.is_ipv4() {
-        socket2::Domain::IPV4
-    } else {
-        socket2::Domain::IPV6
-    };
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
-    s.set_reuse_address(true)?;
-    s.set_reuse_port(true)?;
-    s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
-    // The kernel caps this at net.core.somaxconn.
-    s.listen(65_535)?;
-    TcpListener::from_std(s.into())
 }
 
 /// Accepts connections on `l`; with `tls`, each starts with a TLS handshake.
