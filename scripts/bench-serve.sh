@@ -19,17 +19,24 @@
 # With --throng given twice or more (a before/after), the binaries take turns
 # --repeat times with the same client, each run's JSON goes to $OUT, and the
 # last lines are the medians per binary of the figures above.
+# With --callgrind too, each server runs under valgrind's callgrind, and each
+# run adds fanout_instructions_per_frame: the worker's user-space
+# instructions handling Deliver records (the fan-out loop and the send(2)
+# wrappers; the kernel's work is not counted), over rounds x subscribers.
+# Instruction counts repeat on a busy machine where CPU times do not; keep
+# --conns near 2000 (everything runs 20-50x slower).
 # Keep N under the 20,000-file limit: the client holds all N in one process,
 # outside any epoll, so a fan-out wakes nothing in it (see serve_bench's docs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
 target=${CARGO_TARGET_DIR:-target}
-BINS=() REPEAT=1 PASS=()
+BINS=() REPEAT=1 PASS=() CALLGRIND=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --throng) BINS+=("$2"); shift 2 ;;
     --repeat) REPEAT=$2; shift 2 ;;
+    --callgrind) CALLGRIND=1; shift ;;
     *) PASS+=("$1"); shift ;;
   esac
 done
@@ -44,10 +51,39 @@ OUT=${OUT:-$(mktemp -d /tmp/throng-bench-serve.XXXXXX)}
 mkdir -p "$OUT"
 echo "results in $OUT"
 machine_line
+if [ "$CALLGRIND" = 1 ]; then
+  command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)" >&2; exit 1; }
+fi
+# Runs binary $1 once as round $2; its JSON goes to $OUT/bin$1-round$2.json.
+run() {
+  local bin=${BINS[$1]} json=$OUT/bin$1-round$2.json
+  if [ "$CALLGRIND" = 1 ]; then
+    printf '#!/bin/sh\nexec valgrind -q --tool=callgrind --trace-children=yes --callgrind-out-file=%s/cg-bin%s-round%s.%%p %s "$@"\n' \
+      "$OUT" "$1" "$2" "$bin" >"$OUT/cg-bin$1"
+    chmod +x "$OUT/cg-bin$1"
+    bin=$OUT/cg-bin$1
+  fi
+  "$CLIENT" --throng "$bin" "${PASS[@]}" >"$json"
+  if [ "$CALLGRIND" = 1 ]; then
+    # The worker is the process with the most instructions; the control
+    # loop's on_record holds the (inlined) fan-out.
+    worker=$(ls -S "$OUT"/cg-bin"$1"-round"$2".* | head -1)
+    python3 - "$json" "$worker" <<'EOF'
+import json, re, subprocess, sys
+path, profile = sys.argv[1], sys.argv[2]
+r = json.load(open(path))
+out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", profile],
+                     capture_output=True, text=True).stdout
+hit = next(l for l in out.splitlines() if re.search(r"::on_record \[", l))
+r["fanout_instructions_per_frame"] = round(int(hit.split()[0].replace(",", "")) / (r["rounds"] * r["connections"]), 1)
+json.dump(r, open(path, "w"), indent=2)
+EOF
+  fi
+}
 for r in $(seq 1 "$REPEAT"); do
   for i in "${!BINS[@]}"; do
-    "$CLIENT" --throng "${BINS[$i]}" "${PASS[@]}" >"$OUT/bin$i-round$r.json"
-    echo "round $r, ${BINS[$i]}: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["user_bytes_per_conn"], "B/conn,", round(r["ratio_in_loop"], 3), "x floor")' "$OUT/bin$i-round$r.json")"
+    run "$i" "$r"
+    echo "round $r, ${BINS[$i]}: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["user_bytes_per_conn"], "B/conn,", round(r["ratio_in_loop"], 3), "x floor,", r.get("fanout_instructions_per_frame", "-"), "instructions/frame")' "$OUT/bin$i-round$r.json")"
   done
 done
 python3 - "$OUT" "${BINS[@]}" <<'EOF'
@@ -58,6 +94,7 @@ keys = ["user_bytes_per_conn", "fanout_cpu_ns_per_frame_in_loop", "floor_write_c
         "kernel_slab_bytes_per_conn", "subscribers_missing_a_frame"]
 for i, b in enumerate(bins):
     runs = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/bin{i}-round*.json"))]
-    med = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+    med = {k: round(statistics.median(r[k] for r in runs), 3)
+           for k in keys + ["fanout_instructions_per_frame"] if k in runs[0]}
     print(json.dumps({"throng": b, "runs": len(runs), "medians": med}))
 EOF

@@ -31,6 +31,7 @@ done
 [ "${#BINS[@]}" -ge 2 ] || { echo "give two or more throng binaries to compare" >&2; exit 2; }
 for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "$b is not an executable" >&2; exit 2; }; done
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-tls-compare.XXXXXX)}
+mkdir -p "$OUT"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 ulimit -n "$(ulimit -Hn)"
 cargo build --release -q -p throng-bench --bin tls_bench
