@@ -3,8 +3,9 @@
 //! 1. user-space memory per idle subscriber: worker RSS with N subscribers
 //!    minus RSS at 0, over N;
 //! 2. fan-out of one 64-byte message to all N: worker CPU per delivered
-//!    frame against a bare `write(2)` loop of the same frame to the same
-//!    sockets in the same run (the server's hidden `/bench/floor`), and the
+//!    frame against a bare loop of the same socket write of the same frame
+//!    to the same sockets in the same run (the server's benchmark-only
+//!    `/bench/floor`, on with `--bench-floor`), and the
 //!    time from the publish request to its reply (sent after the last
 //!    frame is written);
 //! 3. accepted upgrades per second;
