@@ -4,12 +4,14 @@
 //! file budget that decides how many worker processes a run needs, and the
 //! OS calls both halves make: the epoll set of held connections (`poll`),
 //! a precise timer (`timer`), this process's memory, CPU clocks and signals
-//! (`process`). Every `unsafe` call of the server lives here, behind a safe
-//! function.
+//! and a child that exits with it (`process`), and the socket option source
+//! spreading needs (`socket`). Every `unsafe` call of the server lives here,
+//! behind a safe function.
 
 pub mod doctor;
 pub mod limits;
 pub mod poll;
 pub mod process;
 pub mod sample;
+pub mod socket;
 pub mod timer;

@@ -1,10 +1,13 @@
 //! This process and the processes it starts: its resident memory, the CPU
-//! clocks of its threads, and signals to a process or a process group.
+//! clocks of its threads, signals to a process or a process group, and a
+//! child that dies with its parent.
 //!
 //! The server's workers read their RSS into every counter snapshot and time
 //! each fan-out on the thread's CPU clock; supervisors signal their workers.
 
 use std::io;
+use std::os::unix::process::CommandExt as _;
+use std::process::Command;
 use std::time::Duration;
 
 /// Bytes per memory page (`_SC_PAGESIZE`; 4096 if the system will not say).
@@ -47,6 +50,16 @@ fn cpu_clock(clock: libc::clockid_t) -> Duration {
         u64::try_from(ts.tv_sec).unwrap_or(0),
         u32::try_from(ts.tv_nsec).unwrap_or(0),
     )
+}
+
+/// Gives the allocator's free memory back to the kernel, so RSS shows what
+/// is in use (after a burst of short-lived allocations, such as connecting).
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// CPU time (user + system) the calling thread has used, to the nanosecond.
@@ -110,6 +123,23 @@ pub fn signal_group(pgid: u32, signal: Signal) -> io::Result<()> {
     kill(-pid_t(pgid)?, signal)
 }
 
+/// Makes the child `cmd` starts receive `signal` when this process (the
+/// thread that started it) dies, so a killed harness leaves no server behind.
+pub fn exit_with_parent(cmd: &mut Command, signal: Signal) {
+    let number = libc::c_ulong::try_from(signal.number()).unwrap_or(0);
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: prctl is one, and it touches only
+    // the child; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, number) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,7 +163,7 @@ mod tests {
     #[test]
     fn signals_reach_a_child_and_its_group() {
         use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
-        let mut child = std::process::Command::new("sleep")
+        let mut child = Command::new("sleep")
             .arg("30")
             .process_group(0)
             .spawn()
@@ -141,7 +171,7 @@ mod tests {
         signal(child.id(), Signal::Term).unwrap();
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
 
-        let mut leader = std::process::Command::new("sleep")
+        let mut leader = Command::new("sleep")
             .arg("30")
             .process_group(0)
             .spawn()
@@ -151,5 +181,28 @@ mod tests {
 
         assert!(signal(0, Signal::Term).is_err(), "pid 0 is refused");
         assert!(signal(u32::MAX, Signal::Term).is_err());
+    }
+
+    #[test]
+    fn a_child_told_to_exit_with_its_parent_does() {
+        // A parent shell starts the child, says its pid, and exits; the
+        // child (a long sleep) gets SIGTERM at once instead of running on.
+        let mut parent = Command::new("sh");
+        parent.args(["-c", "sleep 30 >/dev/null 2>&1 & echo $!"]);
+        let out = parent.output().unwrap();
+        let orphan: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let orphan_alive = std::path::Path::new(&format!("/proc/{orphan}")).exists();
+        let _ = signal(orphan, Signal::Kill);
+        assert!(orphan_alive, "without it, the child outlives its parent");
+
+        let mut child = Command::new("sleep");
+        child.arg("30");
+        exit_with_parent(&mut child, Signal::Term);
+        // The parent is a thread of this test that ends right after the spawn.
+        let mut child = std::thread::spawn(move || child.spawn().unwrap())
+            .join()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
     }
 }
