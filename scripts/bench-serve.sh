@@ -83,7 +83,7 @@ EOF
 for r in $(seq 1 "$REPEAT"); do
   for i in "${!BINS[@]}"; do
     run "$i" "$r"
-    echo "round $r, ${BINS[$i]}: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["user_bytes_per_conn"], "B/conn,", round(r["ratio_in_loop"], 3), "x floor,", r.get("fanout_instructions_per_frame", "-"), "instructions/frame")' "$OUT/bin$i-round$r.json")"
+    echo "round $r, ${BINS[$i]}: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); i = r.get("fanout_instructions_per_frame"); print(r["user_bytes_per_conn"], "B/conn,", round(r["ratio_in_loop"], 3), "x floor" + (f", {i} instructions/frame" if i else ""))' "$OUT/bin$i-round$r.json")"
   done
 done
 python3 - "$OUT" "${BINS[@]}" <<'EOF'
