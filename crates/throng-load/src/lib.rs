@@ -15,4 +15,3 @@ pub mod recorder;
 pub mod supervisor;
 pub mod target;
 pub mod tls;
-pub mod units;

@@ -7,13 +7,13 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use throng_host::units::parse_duration;
 use throng_load::attack::record::{CSV_HEADER, LATE_US, RowFormat};
 use throng_load::attack::supervisor::{self, AttackRun};
 use throng_load::attack::targets::{self, HttpUrl, Target};
 use throng_load::attack::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan};
 use throng_load::pacer::RateSpec;
 use throng_load::supervisor::Progress;
-use throng_load::units::parse_duration;
 
 /// Arguments of `throng attack`.
 #[derive(Debug, clap::Args)]

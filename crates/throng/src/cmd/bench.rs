@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use throng_host::doctor::{self, Role, Status};
+use throng_host::units::{parse_duration, parse_size};
 use throng_load::bench::{self, Cpu, Memory, MessageStats, Monitor, Server};
 use throng_load::hold::{Settings, now_unix_ns};
 use throng_load::pacer::RateSpec;
 use throng_load::plan::{self, Machine};
 use throng_load::supervisor::{self, HoldRun, Progress, PublishPlan, Summary};
 use throng_load::target::{PublishTarget, WsTarget};
-use throng_load::units::{parse_duration, parse_size};
 use throng_report::format::{Event, Header};
 
 /// Arguments of `throng bench`.

@@ -7,12 +7,12 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use throng_host::units::{parse_duration, parse_size};
 use throng_load::hold::Settings;
 use throng_load::pacer::RateSpec;
 use throng_load::plan::{self, Machine};
 use throng_load::supervisor::{self, HoldRun, Progress, PublishPlan};
 use throng_load::target::{PublishTarget, WsTarget, parse_sources};
-use throng_load::units::{parse_duration, parse_size};
 
 /// Arguments of `throng hold`.
 #[derive(Debug, clap::Args)]
