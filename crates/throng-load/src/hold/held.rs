@@ -4,8 +4,8 @@
 //! then handed over here: the socket leaves tokio's reactor
 //! (`into_std`) and joins one epoll set per worker, and its task ends. What
 //! stays per idle connection is one [`Held`] slot in a vector indexed by file
-//! descriptor: the socket, a decoder with no buffer, the last sequence number
-//! and the time it opened — well under 100 bytes, against ~1.5 KiB for a
+//! descriptor: the socket, a decoder with no buffer, its place in the
+//! message [`Sequence`] and the time it opened — well under 100 bytes, against ~1.5 KiB for a
 //! tokio task plus its I/O registration (both 128-byte aligned) measured at
 //! 18,000 connections. The epoll fd itself is registered with tokio, so the
 //! loop runs beside the worker's other tasks on the same thread.
@@ -32,8 +32,10 @@ use throng_proto::ws::{self, Decoder, Frame, Role};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use super::{Ctx, mask, now_unix_ns, on_message};
-use crate::recorder::Closed;
+use super::recorder::Closed;
+use super::sequence::Sequence;
+use super::worker::{Ctx, mask, on_message};
+use crate::harness::clock::now_unix_ns;
 use crate::tls::{Phase, Records};
 
 /// Events taken from epoll per call.
@@ -51,10 +53,8 @@ struct Held {
     decoder: Decoder,
     /// Bytes of a frame that arrived split; empty (no allocation) otherwise.
     rest: Vec<u8>,
-    /// The last sequence number received; 0 before the first.
-    last_seq: u64,
-    /// When the handshake completed, ns since the Unix epoch.
-    opened_ns: u64,
+    /// What it has received of the published sequence (and when it opened).
+    seq: Sequence,
     /// Our close frame is out; waiting for the server's.
     closing: bool,
 }
@@ -123,16 +123,16 @@ impl Holder {
         tls: Option<Box<Records>>,
         rest: Vec<u8>,
     ) {
-        ctx.live.set(ctx.live.get() + 1);
+        ctx.live.add();
         let Ok(stream) = stream.into_std() else {
             ctx.rec.borrow_mut().closed(Closed::Reset);
-            ctx.task_done();
+            ctx.live.done();
             return;
         };
         let fd = stream.as_raw_fd();
         let Ok(index) = usize::try_from(fd) else {
             ctx.rec.borrow_mut().closed(Closed::Reset);
-            ctx.task_done();
+            ctx.live.done();
             return;
         };
         let mut ev = libc::epoll_event {
@@ -142,7 +142,7 @@ impl Holder {
         // SAFETY: both fds are open; `ev` is a valid event for the call to read.
         if unsafe { libc::epoll_ctl(self.epfd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
             ctx.rec.borrow_mut().closed(Closed::Reset);
-            ctx.task_done();
+            ctx.live.done();
             return;
         }
         let held = Held {
@@ -150,8 +150,7 @@ impl Holder {
             tls,
             decoder: Decoder::new(Role::Client, ctx.plan.settings.max_message),
             rest: Vec::new(),
-            last_seq: 0,
-            opened_ns: now_unix_ns(),
+            seq: Sequence::new(now_unix_ns()),
             closing: false,
         };
         {
@@ -166,7 +165,7 @@ impl Holder {
             let mut rest = rest;
             self.turn(ctx, index, Some(&mut rest));
         }
-        if ctx.stopping.get() {
+        if ctx.stop.is_set() {
             self.close_one(ctx, index);
             if self.expired.get() {
                 self.finish(ctx, index, Closed::CloseTimeout);
@@ -277,21 +276,17 @@ impl Holder {
         unsafe { libc::epoll_ctl(self.epfd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
         let mut rec = ctx.rec.borrow_mut();
         if held.closing {
-            let final_seq = ctx.final_seq.get();
-            if final_seq > held.last_seq && held.last_seq > 0 {
-                rec.lost(final_seq - held.last_seq);
-            } else if final_seq > 0 && held.last_seq == 0 {
-                let first_publish = ctx.first_publish_ns.get();
-                if first_publish != 0 && held.opened_ns < first_publish {
-                    rec.lost(final_seq);
-                }
-            }
+            // Closed by us at the end of the run: what it never received is lost.
+            rec.lost(
+                held.seq
+                    .missing_at_end(ctx.final_seq.get(), ctx.first_publish_ns.get()),
+            );
         }
         rec.closed(how);
         drop(rec);
         drop(held);
         self.count.set(self.count.get() - 1);
-        ctx.task_done();
+        ctx.live.done();
     }
 
     /// Sends our close frame on connection `index`.
@@ -448,7 +443,7 @@ fn process(ctx: &Ctx, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> S
         match decoded.frame {
             None | Some(Frame::Pong(_)) => {}
             Some(Frame::Text(payload) | Frame::Binary(payload)) => {
-                on_message(ctx, &mut held.last_seq, held.opened_ns, payload, now_ns);
+                on_message(ctx, &mut held.seq, payload, now_ns);
             }
             Some(Frame::Ping(payload)) => {
                 ws::encode_into(reply, true, ws::OpCode::Pong, payload, Some(mask()));

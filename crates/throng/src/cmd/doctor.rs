@@ -92,7 +92,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
     );
     if let Some(list) = &args.source_ips {
-        let ips = throng_load::target::parse_sources(list).context("--source-ips")?;
+        let ips = throng_load::hold::target::parse_sources(list).context("--source-ips")?;
         plan.source_ips = ips.len() as u64;
     }
     if let Some(list) = &args.ports {

@@ -1,4 +1,5 @@
-//! One module per subcommand: its arguments (clap) and its `run`.
+//! One module per subcommand: its arguments (clap) and its `run`, which
+//! builds the library's request from them, calls the library and prints.
 
 pub(crate) mod attack;
 pub(crate) mod bench;
