@@ -229,7 +229,6 @@ impl Holder {
             };
             let seen = match first {
                 Some(bytes) => process(ctx, held, bytes, &mut reply),
-                None if held.tls.is_some() => read_tls(ctx, held, &mut reply),
                 None => read(ctx, held, &mut reply),
             };
             let mut seen = seen;
@@ -349,70 +348,71 @@ fn send_now(held: &mut Held, plain: &[u8]) -> io::Result<()> {
     }
 }
 
-/// [`read`] for a TLS connection: decrypts into the worker's shared buffer,
-/// then processes the frames in it.
-fn read_tls(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
+/// What one `read` into the scratch buffer gave.
+enum Got {
+    /// This many bytes.
+    Bytes(usize),
+    /// Interrupted: read again.
+    Again,
+    /// Nothing more for now, or the end of the connection.
+    Done(Seen),
+}
+
+fn read_into(stream: &TcpStream, buf: &mut [u8]) -> Got {
+    let mut stream = stream;
+    match stream.read(buf) {
+        Ok(0) => Got::Done(Seen::Eof),
+        Ok(n) => Got::Bytes(n),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Got::Done(Seen::Drained),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Got::Again,
+        Err(_) => Got::Done(Seen::Reset),
+    }
+}
+
+/// [`process`] of `data` after what an earlier read left of a split frame.
+fn process_more(ctx: &Ctx, held: &mut Held, data: &mut [u8], reply: &mut Vec<u8>) -> Seen {
+    if held.rest.is_empty() {
+        process(ctx, held, data, reply)
+    } else {
+        let mut joined = std::mem::take(&mut held.rest);
+        joined.extend_from_slice(data);
+        process(ctx, held, &mut joined, reply)
+    }
+}
+
+/// Reads what is there (a bounded number of times) and processes it. A
+/// TLS connection's records are decrypted from the shared scratch buffer
+/// into the second shared buffer first.
+fn read(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
     let mut scratch = ctx.scratch.borrow_mut();
     let mut plain = ctx.plain.borrow_mut();
     for _ in 0..READS_PER_TURN {
-        let n = match (&held.stream).read(&mut scratch) {
-            Ok(0) => return Seen::Eof,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Seen::Drained,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return Seen::Reset,
+        let n = match read_into(&held.stream, &mut scratch) {
+            Got::Bytes(n) => n,
+            Got::Again => continue,
+            Got::Done(seen) => return seen,
         };
         ctx.rec.borrow_mut().bytes_in(n);
-        let Some(session) = held.tls.as_mut() else {
-            return Seen::Reset;
+        let phase = match held.tls.as_mut() {
+            None => None,
+            Some(session) => {
+                plain.clear();
+                match session.receive(&mut scratch[..n], &mut plain) {
+                    Ok(phase) => Some(phase),
+                    Err(_) => return Seen::Tls,
+                }
+            }
         };
-        plain.clear();
-        let Ok(phase) = session.receive(&mut scratch[..n], &mut plain) else {
-            return Seen::Tls;
-        };
-        let seen = if plain.is_empty() {
-            Seen::Drained
-        } else if held.rest.is_empty() {
-            process(ctx, held, &mut plain, reply)
-        } else {
-            let mut joined = std::mem::take(&mut held.rest);
-            joined.extend_from_slice(&plain);
-            process(ctx, held, &mut joined, reply)
+        let seen = match phase {
+            None => process_more(ctx, held, &mut scratch[..n], reply),
+            Some(_) if plain.is_empty() => Seen::Drained,
+            Some(_) => process_more(ctx, held, &mut plain, reply),
         };
         if !matches!(seen, Seen::Drained) {
             return seen;
         }
-        if phase == Phase::PeerClosed {
+        if phase == Some(Phase::PeerClosed) {
             return Seen::Eof;
-        }
-        if n < scratch.len() {
-            return Seen::Drained;
-        }
-    }
-    Seen::Drained
-}
-
-/// Reads what is there (a bounded number of times) and processes it.
-fn read(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
-    let mut scratch = ctx.scratch.borrow_mut();
-    for _ in 0..READS_PER_TURN {
-        let n = match (&held.stream).read(&mut scratch) {
-            Ok(0) => return Seen::Eof,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Seen::Drained,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return Seen::Reset,
-        };
-        ctx.rec.borrow_mut().bytes_in(n);
-        let seen = if held.rest.is_empty() {
-            process(ctx, held, &mut scratch[..n], reply)
-        } else {
-            let mut joined = std::mem::take(&mut held.rest);
-            joined.extend_from_slice(&scratch[..n]);
-            process(ctx, held, &mut joined, reply)
-        };
-        if !matches!(seen, Seen::Drained) {
-            return seen;
         }
         if n < scratch.len() {
             // A short read: most likely drained; epoll says if not.

@@ -127,20 +127,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     max_p99: Option<Duration>,
 
-    /// No progress lines.
-    #[arg(short, long)]
-    quiet: bool,
-
     #[command(flatten)]
-    tls: super::tls_client::TlsArgs,
-
-    /// Internal: run as a worker process (plan on stdin).
-    #[arg(long, hide = true)]
-    worker: bool,
+    client: super::client::ClientArgs,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if args.worker {
+    if args.client.worker {
         attack::run_worker().context("worker")?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -161,10 +153,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         (false, None) => anyhow::bail!("--rate or --max is needed"),
     };
     let json = args.format == "json";
-    let progress = Progress::choose(args.quiet, json);
+    let progress = Progress::choose(args.client.quiet, json);
     let prepared = attack::prepare(attack::Request {
         command_line: std::env::args().collect(),
-        tls: args.tls.options(targets.iter().any(|t| t.url.tls))?,
+        tls: args.client.tls.options(targets.iter().any(|t| t.url.tls))?,
         targets,
         load,
         duration: args.duration,

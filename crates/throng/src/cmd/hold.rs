@@ -112,20 +112,12 @@ pub(crate) struct Args {
     #[arg(long)]
     json: bool,
 
-    /// No progress lines.
-    #[arg(short, long)]
-    quiet: bool,
-
     #[command(flatten)]
-    tls: super::tls_client::TlsArgs,
-
-    /// Internal: run as a worker process (plan on stdin).
-    #[arg(long, hide = true)]
-    worker: bool,
+    client: super::client::ClientArgs,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if args.worker {
+    if args.client.worker {
         hold::run_worker().context("worker")?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -135,7 +127,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(url) => Some(publish(&args, url)?),
         None => None,
     };
-    let progress = Progress::choose(args.quiet, args.json);
+    let progress = Progress::choose(args.client.quiet, args.json);
     let prepared = hold::prepare(hold::Request {
         command_line: std::env::args().collect(),
         connections: args.connections,
@@ -151,7 +143,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             ..Settings::default()
         },
         publish,
-        tls: args.tls.options(target.tls)?,
+        tls: args.client.tls.options(target.tls)?,
         target,
         output: args.output,
         progress,

@@ -3,8 +3,8 @@
 
 pub(crate) mod attack;
 pub(crate) mod bench;
+pub(crate) mod client;
 pub(crate) mod doctor;
 pub(crate) mod hold;
 pub(crate) mod report;
 pub(crate) mod serve;
-pub(crate) mod tls_client;

@@ -1,12 +1,27 @@
-//! The TLS client options shared by `hold` (`wss://`) and `attack`
-//! (`https://`): their arguments, the check that they make sense for the
-//! targets, and the warning `--tls-insecure` deserves. The client itself
-//! is `throng_load::tls`.
+//! The arguments `hold` and `attack` share: quiet, the hidden worker
+//! switch, and the TLS client options (`wss://`, `https://`) with the
+//! check that they make sense for the targets and the warning
+//! `--tls-insecure` deserves. The client itself is `throng_load::tls`.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 use throng_load::tls::{TlsClient, TlsOptions};
+
+/// What `hold` and `attack` share.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ClientArgs {
+    /// No progress lines.
+    #[arg(short, long)]
+    pub(crate) quiet: bool,
+
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
+
+    /// Internal: run as a worker process (plan on stdin).
+    #[arg(long, hide = true)]
+    pub(crate) worker: bool,
+}
 
 /// TLS arguments (used only with wss:// or https:// targets).
 #[derive(Debug, clap::Args)]
