@@ -28,6 +28,11 @@ pub fn latency(us: f64) -> String {
     format!("{v:.decimals$}{unit}")
 }
 
+/// [`latency`] of a whole number of µs (a histogram value).
+pub fn micros(us: u64) -> String {
+    latency(us as f64)
+}
+
 /// Bytes with a binary unit: `512 B`, `3.2 KiB`, `1.50 GiB`.
 pub fn bytes(n: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use throng_report::summary::HistStats;
-use throng_report::text::latency;
+use throng_report::text::micros;
 
 use super::worker::Done;
 use crate::harness::collect::{Totals, kinds, peak_rss};
@@ -165,16 +165,12 @@ pub fn check(s: &Summary, max_error_rate: Option<f64>, max_p99_us: Option<u64>) 
         } else if s.latency_us.p99 > max {
             failed.push(format!(
                 "p99 latency {} is over --max-p99 {}",
-                us(s.latency_us.p99),
-                us(max)
+                micros(s.latency_us.p99),
+                micros(max)
             ));
         }
     }
     failed
-}
-
-fn us(v: u64) -> String {
-    latency(v as f64)
 }
 
 /// The progress line of one interval; `sent` requests so far of `planned`.
@@ -191,11 +187,15 @@ pub(super) fn progress_line(view: &View<'_>, sent: u64, planned: Option<u64>) ->
     );
     if iv.histograms.contains_key("latency") {
         let l = iv.stats("latency");
-        s.push_str(&format!("  latency p50 {} p99 {}", us(l.p50), us(l.p99)));
+        s.push_str(&format!(
+            "  latency p50 {} p99 {}",
+            micros(l.p50),
+            micros(l.p99)
+        ));
     }
     let lag = iv.stats("lag").max;
     if lag >= 1000 {
-        s.push_str(&format!("  lag max {}", us(lag)));
+        s.push_str(&format!("  lag max {}", micros(lag)));
     }
     if iv.counter("requests.late") > 0 {
         s.push_str(&format!("  late {}", iv.counter("requests.late")));
@@ -209,13 +209,13 @@ pub fn render(s: &Summary) -> String {
     let lat = |l: &HistStats| {
         format!(
             "{}, {}, {}, {}, {}, {}, {}",
-            us(l.min),
-            us(l.mean as u64),
-            us(l.p50),
-            us(l.p90),
-            us(l.p99),
-            us(l.p999),
-            us(l.max)
+            micros(l.min),
+            micros(l.mean as u64),
+            micros(l.p50),
+            micros(l.p90),
+            micros(l.p99),
+            micros(l.p999),
+            micros(l.max)
         )
     };
     let planned = s
@@ -241,11 +241,11 @@ pub fn render(s: &Summary) -> String {
     ));
     out.push_str(&format!(
         "Lag           [mean, 99, max, late]             {}, {}, {}, {} late (> {})\n",
-        us(s.lag_us.mean as u64),
-        us(s.lag_us.p99),
-        us(s.lag_us.max),
+        micros(s.lag_us.mean as u64),
+        micros(s.lag_us.p99),
+        micros(s.lag_us.max),
         s.late,
-        us(s.late_threshold_us)
+        micros(s.late_threshold_us)
     ));
     let mean = |n: u64| {
         if s.requests > 0 {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use throng_report::summary::HistStats;
-use throng_report::text::latency;
+use throng_report::text::micros;
 
 use super::BenchError;
 use super::costs::{Cpu, Memory, MessageStats};
@@ -181,10 +181,6 @@ pub(super) fn write_html(result_file: &Path, html_file: &Path) -> Result<(), Ben
     std::fs::write(html_file, page).map_err(|e| err("write", html_file, &e))
 }
 
-fn us(v: u64) -> String {
-    latency(v as f64)
-}
-
 fn bytes(v: f64) -> String {
     if v.abs() >= 1024.0 {
         format!("{:.2} KiB", v / 1024.0)
@@ -217,9 +213,9 @@ pub fn render(r: &Report) -> String {
             "tls          {} full handshakes, {} resumed; handshake p50 {}  p99 {}  max {}\n",
             r.hold.tls_full,
             r.hold.tls_resumed,
-            us(t.p50),
-            us(t.p99),
-            us(t.max)
+            micros(t.p50),
+            micros(t.p99),
+            micros(t.max)
         ));
     }
     s.push_str(&format!(
@@ -244,9 +240,9 @@ pub fn render(r: &Report) -> String {
     let d = &r.delivery_us;
     s.push_str(&format!(
         "delivery     p50 {}  p99 {}  max {}  (all messages, publish to arrival)\n",
-        us(d.p50),
-        us(d.p99),
-        us(d.max)
+        micros(d.p50),
+        micros(d.p99),
+        micros(d.max)
     ));
     for msg in &r.messages {
         let l = &msg.latency_us;
@@ -254,9 +250,9 @@ pub fn render(r: &Report) -> String {
             "  message {:>3}: {:>7} delivered  p50 {:>8}  p99 {:>8}  last subscriber {:>8}\n",
             msg.seq,
             msg.delivered,
-            us(l.p50),
-            us(l.p99),
-            us(l.max)
+            micros(l.p50),
+            micros(l.p99),
+            micros(l.max)
         ));
     }
     s.push_str(&format!(

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use throng_report::interval::Interval;
 use throng_report::summary::HistStats;
-use throng_report::text::latency;
+use throng_report::text::micros;
 
 use crate::harness::collect::{Totals, kinds, peak_rss};
 use crate::harness::progress::View;
@@ -131,11 +131,14 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
         iv.counter("connect.ok")
     );
     if iv.histograms.contains_key("connect") {
-        s.push_str(&format!("  connect p99 {}", us(iv.stats("connect").p99)));
+        s.push_str(&format!(
+            "  connect p99 {}",
+            micros(iv.stats("connect").p99)
+        ));
     }
     let lag = iv.stats("connect.lag").max;
     if lag >= 1000 {
-        s.push_str(&format!("  lag {}", us(lag)));
+        s.push_str(&format!("  lag {}", micros(lag)));
     }
     if iv.counter("publish.sent") > 0 || iv.counter("messages.received") > 0 {
         s.push_str(&format!(
@@ -146,14 +149,14 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
         ));
         if iv.histograms.contains_key("delivery") {
             let d = iv.stats("delivery");
-            s.push_str(&format!("  delivery p50 {} p99 {}", us(d.p50), us(d.p99)));
+            s.push_str(&format!(
+                "  delivery p50 {} p99 {}",
+                micros(d.p50),
+                micros(d.p99)
+            ));
         }
     }
     s
-}
-
-fn us(v: u64) -> String {
-    latency(v as f64)
 }
 
 /// The final human summary.
@@ -165,11 +168,11 @@ pub fn render(s: &Summary) -> String {
         }
         format!(
             "p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})",
-            us(l.p50),
-            us(l.p90),
-            us(l.p99),
-            us(l.p999),
-            us(l.max),
+            micros(l.p50),
+            micros(l.p90),
+            micros(l.p99),
+            micros(l.p999),
+            micros(l.max),
             l.count
         )
     };
