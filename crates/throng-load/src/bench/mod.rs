@@ -27,7 +27,7 @@ use crate::harness::progress::Progress;
 use crate::hold::Settings;
 use crate::hold::plan::{self, Fit, PlanError};
 use crate::hold::request::WORKER_ARGS;
-use crate::hold::supervisor::{HoldRun, PUBLISH_SETTLE, PublishPlan};
+use crate::hold::supervisor::{HoldRun, PublishPlan, first_publish_window};
 use crate::hold::target::{PublishTarget, WsTarget};
 use crate::pacer::RateSpec;
 use crate::tls::{TlsClient, TlsOptions};
@@ -212,13 +212,14 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         "settings": settings,
         "machine": { "cores": plan.machine.cores, "nofile": plan.machine.nofile, "mem_available": plan.snapshot.mem_available },
     });
-    // Hold long enough for `messages` publishes after the settle time, with a
-    // second of slack for a late start (the publisher stops at the hold's end).
-    let hold_for = req
-        .message_every
-        .mul_f64(f64::from(req.messages.max(1)) - 0.5)
-        + PUBLISH_SETTLE
-        + Duration::from_millis(100);
+    // Hold until half a message period after the last message is due
+    // (whenever in its window the first went out), so that a late start
+    // still gets every message out and an early one not one more (the
+    // publisher stops at the hold's end).
+    let rate = 1.0 / req.message_every.as_secs_f64();
+    let (earliest, latest) = first_publish_window(Duration::from_nanos(settings.interval_ns), rate);
+    let hold_for =
+        req.message_every * (req.messages.max(1) - 1) + (earliest + latest + req.message_every) / 2;
     let hold = HoldRun {
         connections: plan.connections,
         rate: plan.rate,
@@ -233,7 +234,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             target: format!("http://{addr}/publish/bench")
                 .parse::<PublishTarget>()
                 .map_err(setting)?,
-            rate: 1.0 / req.message_every.as_secs_f64(),
+            rate,
             message_size: req.message_size,
             redis_channel: "throng:bench".into(),
         }),

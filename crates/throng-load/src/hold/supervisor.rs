@@ -38,6 +38,26 @@ pub const PUBLISH_SETTLE: Duration = Duration::from_millis(500);
 pub const DRAIN: Duration = Duration::from_secs(1);
 /// Timeout of one publish call.
 pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the workers get between learning when publishing began and the
+/// first message.
+const TELL_WORKERS: Duration = Duration::from_millis(50);
+
+/// When the first message goes out after every connection is open, at
+/// the earliest and at the latest: after the settle time and the workers'
+/// notice, and, at one message per `interval` or slower, up to one more
+/// interval to start just after an interval boundary (see `publish_loop`).
+pub fn first_publish_window(interval: Duration, rate: f64) -> (Duration, Duration) {
+    let earliest = PUBLISH_SETTLE + TELL_WORKERS;
+    let aligned = rate * interval.as_secs_f64() <= 1.0;
+    (
+        earliest,
+        if aligned {
+            earliest + interval
+        } else {
+            earliest
+        },
+    )
+}
 
 /// Publishing during a run.
 #[derive(Debug, Clone, PartialEq)]
@@ -406,7 +426,7 @@ async fn publish_loop(p: Publishing) {
     // interval. Faster rates gain nothing from it and would lose up to an
     // interval of a short hold, so they start after the 50 ms.
     let interval_ns = p.interval_ns;
-    let mut wait = 50_000_000;
+    let mut wait = crate::harness::clock::nanos(TELL_WORKERS);
     if p.plan.rate * interval_ns as f64 <= 1e9 {
         let into = (now_unix_ns() + wait) % interval_ns;
         let phase = interval_ns / 100;
@@ -469,6 +489,15 @@ async fn publish_loop(p: Publishing) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_message_waits_for_an_interval_boundary_only_at_slow_rates() {
+        let second = Duration::from_secs(1);
+        let (early, late) = first_publish_window(second, 0.5);
+        assert_eq!(early, Duration::from_millis(550));
+        assert_eq!(late, early + second);
+        assert_eq!(first_publish_window(second, 10.0), (early, early));
+    }
 
     #[test]
     fn a_message_counts_in_the_interval_it_was_sent_in_however_late_that_closes() {
