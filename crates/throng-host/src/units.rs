@@ -30,7 +30,7 @@ pub struct UnitError(String);
 pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     let bad = || {
         UnitError(format!(
-            "invalid duration '{text}': expected e.g. 250ms, 30s, 1.5s, 2m, 1h30m"
+            "invalid duration '{text}' (not a duration: write e.g. 250ms, 30s, 1.5s, 2m or 1h30m)"
         ))
     };
     let t = text.trim();
@@ -80,7 +80,7 @@ fn compound(mut rest: &str) -> Option<Duration> {
 pub fn parse_size(text: &str) -> Result<usize, UnitError> {
     let bad = || {
         UnitError(format!(
-            "invalid size '{text}': expected e.g. 64, 4k, 64KiB, 1MiB, 1GiB"
+            "invalid size '{text}' (not a size: write e.g. 64, 4k, 64KiB, 1MiB or 1GiB)"
         ))
     };
     let t = text.trim();

@@ -150,9 +150,10 @@ impl Collector {
         })
     }
 
-    /// The starts of intervals ready to flush at `now_ns`: every one of
-    /// `workers` sent it, or it ended over 1.5 intervals ago.
-    pub fn due(&self, now_ns: u64, workers: usize) -> Vec<u64> {
+    /// The starts of intervals ready to flush at `now_ns`: every worker
+    /// sent it, or it ended over 1.5 intervals ago.
+    pub fn due(&self, now_ns: u64) -> Vec<u64> {
+        let workers = self.latest.len();
         let late = 2 * self.length_ns + self.length_ns / 2;
         self.pending
             .iter()
@@ -278,9 +279,9 @@ mod tests {
             c.arrive(0, &line("h/hold-0", 5_000, 3, 3)).unwrap(),
             Arrival::Interval
         ));
-        assert!(c.due(5_500, 2).is_empty());
+        assert!(c.due(5_500).is_empty());
         c.arrive(1, &line("h/hold-1", 5_000, 2, 2)).unwrap();
-        assert_eq!(c.due(5_500, 2), [5_000]);
+        assert_eq!(c.due(5_500), [5_000]);
         let f = c.flush(5_000, Vec::new(), own).unwrap().unwrap();
         assert!(f.show);
         assert_eq!(f.merged.counter("connect.ok"), 5);
@@ -290,8 +291,8 @@ mod tests {
         // Worker 1's next record comes late, after its interval was flushed
         // for being overdue; then a duplicate of an old one arrives.
         c.arrive(0, &line("h/hold-0", 6_000, 1, 4)).unwrap();
-        assert!(c.due(8_000, 2).is_empty());
-        assert_eq!(c.due(8_600, 2), [6_000]);
+        assert!(c.due(8_000).is_empty());
+        assert_eq!(c.due(8_600), [6_000]);
         c.flush(6_000, Vec::new(), own).unwrap();
         c.arrive(1, &line("h/hold-1", 6_000, 7, 9)).unwrap();
         let late = c

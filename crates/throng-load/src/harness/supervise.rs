@@ -206,7 +206,7 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
                     run.crew().kill_all();
                     run.kill_at.set(None);
                 }
-                for start in collector.due(now_unix_ns(), done.len()) {
+                for start in collector.due(now_unix_ns()) {
                     flush(&mut role, &mut collector, start, &run)?;
                 }
             }
