@@ -560,4 +560,42 @@ mod tests {
                 .contains("Connection")
         );
     }
+
+    #[test]
+    fn flags_make_one_target_or_refuse_what_does_not_go_together() {
+        let url = |u: &str| Flags {
+            url: Some(u.into()),
+            ..Flags::default()
+        };
+        let get = url("http://127.0.0.1:9/ping").targets().unwrap();
+        assert_eq!((get.len(), get[0].method.as_str()), (1, "GET"));
+        let post = Flags {
+            body: Some("hi".into()),
+            headers: vec!["sleep: 5".into()],
+            ..url("http://127.0.0.1:9/ping")
+        }
+        .targets()
+        .unwrap();
+        assert_eq!(post[0].method, "POST");
+        assert_eq!(post[0].headers, [("sleep".to_owned(), "5".to_owned())]);
+        let bad = [
+            Flags {
+                method: Some("G3T".into()),
+                ..url("http://127.0.0.1:9/")
+            },
+            Flags {
+                file: Some("targets.txt".into()),
+                body: Some("x".into()),
+                ..Flags::default()
+            },
+            Flags {
+                headers: vec!["no colon".into()],
+                ..url("http://127.0.0.1:9/")
+            },
+            Flags::default(),
+        ];
+        for f in bad {
+            assert!(matches!(f.targets(), Err(TargetError::Flags(_))), "{f:?}");
+        }
+    }
 }
