@@ -3,6 +3,7 @@
 # the same short runs with two throng binaries, alternating, medians.
 #
 #   scripts/bench-harness-compare.sh BIN_BEFORE BIN_AFTER [ROUNDS]
+#   PARTS=attack scripts/bench-harness-compare.sh ...   only some of the parts
 #
 # Per round and binary:
 #   bench   throng bench -c 20000 --messages 5: connect rate, memory per
@@ -19,7 +20,10 @@ cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
 [ $# -ge 2 ] || { echo "usage: $0 BIN_BEFORE BIN_AFTER [ROUNDS]" >&2; exit 2; }
 BEFORE=$(realpath "$1"); AFTER=$(realpath "$2"); ROUNDS=${3:-3}
+PARTS=${PARTS:-bench memory attack}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-harness.XXXXXX)}
+mkdir -p "$OUT"
 ulimit -n "$(ulimit -Hn)"
 echo "before: $BEFORE"; echo "after:  $AFTER"; echo "results in $OUT"
 machine_line
@@ -77,8 +81,11 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round"
   for side in before after; do
     bin=$BEFORE; [ "$side" = after ] && bin=$AFTER
-    run_bench "$bin" "$side-$round" "$side"
-    start_server 2 1; run_memory "$bin" "$side-$round" "$side"; run_attack "$bin" "$side-$round" "$side"; stop_server
+    if has bench; then run_bench "$bin" "$side-$round" "$side"; fi
+    start_server 2 1
+    if has memory; then run_memory "$bin" "$side-$round" "$side"; fi
+    if has attack; then run_attack "$bin" "$side-$round" "$side"; fi
+    stop_server
   done
 done
 
@@ -91,12 +98,18 @@ column_medians() { # file names...
 }
 for side in before after; do
   echo; echo "== $side (medians of $ROUNDS rounds)"
-  echo " bench -c 20000 --messages 5"
-  column_medians "$OUT/bench.$side" "connect rate /s" "server B/conn" "harness B/conn" \
-    "kernel B/conn" "delivery p50 us" "delivery p99 us" "harness CPU s" "server CPU s"
-  echo " hold memory: one worker, N=1 vs N=18000"
-  column_medians "$OUT/memory.$side" "B per idle held connection"
-  echo " attack 5000/s for 5s on /ping"
-  column_medians "$OUT/attack.$side" "latency p50 us" "latency p99 us" "lag p99 us" \
-    "harness CPU s" "requests"
+  if has bench; then
+    echo " bench -c 20000 --messages 5"
+    column_medians "$OUT/bench.$side" "connect rate /s" "server B/conn" "harness B/conn" \
+      "kernel B/conn" "delivery p50 us" "delivery p99 us" "harness CPU s" "server CPU s"
+  fi
+  if has memory; then
+    echo " hold memory: one worker, N=1 vs N=18000"
+    column_medians "$OUT/memory.$side" "B per idle held connection"
+  fi
+  if has attack; then
+    echo " attack 5000/s for 5s on /ping"
+    column_medians "$OUT/attack.$side" "latency p50 us" "latency p99 us" "lag p99 us" \
+      "harness CPU s" "requests"
+  fi
 done
