@@ -4,8 +4,9 @@
 //! files, `fs.*`, ports, backlogs, `tcp_mem`, conntrack, memory) from a
 //! `/proc` root that may be a fake tree; [`check_machine`] is a pure function
 //! from a [`Plan`] and that snapshot to [`Finding`]s; [`apply`] writes the
-//! sysctl fixes it can. `serve`, `hold` and `attack` call [`check`] at start
-//! and print the findings that are not OK, one line each.
+//! sysctl fixes it can; [`examine`] does all of it for `throng doctor` and
+//! [`Report::render`] shows it. `bench` checks its plan the same way
+//! before it starts, and prints the findings that are not OK, one line each.
 
 use std::path::{Path, PathBuf};
 
@@ -768,6 +769,171 @@ pub fn sysctl_d(findings: &[Finding]) -> String {
     s
 }
 
+/// A whole check, as `throng doctor` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The run checked.
+    pub plan: Plan,
+    /// The machine, as read last.
+    pub machine: Machine,
+    /// One finding per limit.
+    pub findings: Vec<Finding>,
+    /// The sysctl fixes written (with `apply`).
+    pub applied: Vec<Applied>,
+    /// Findings that will stop the run.
+    pub stops: usize,
+    /// Findings that will slow it or bring it near the edge.
+    pub warnings: usize,
+    /// The `/etc/sysctl.d/` lines that keep the sysctl fixes.
+    pub sysctl_d: String,
+    /// The fixes were to be applied.
+    #[serde(skip)]
+    pub apply: bool,
+}
+
+/// Checks `plan` against the machine under `proc_root`; with `apply`,
+/// writes the sysctl fixes first and checks again.
+pub fn examine(plan: Plan, proc_root: &Path, apply: bool) -> Report {
+    let mut findings = check_machine(&plan, &Machine::read(proc_root));
+    let mut applied = Vec::new();
+    if apply {
+        applied = self::apply(&findings, proc_root);
+        findings = check_machine(&plan, &Machine::read(proc_root));
+    }
+    Report {
+        stops: findings.iter().filter(|f| f.status == Status::Stop).count(),
+        warnings: findings.iter().filter(|f| f.status == Status::Warn).count(),
+        sysctl_d: sysctl_d(&findings),
+        machine: Machine::read(proc_root),
+        plan,
+        findings,
+        applied,
+        apply,
+    }
+}
+
+impl Report {
+    /// The report as text: the plan, each finding with its fixes, and what to do next.
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let Self {
+            plan,
+            findings,
+            applied,
+            stops,
+            warnings,
+            sysctl_d: persist,
+            apply,
+            ..
+        } = self;
+        let (stops, warnings, apply) = (*stops, *warnings, *apply);
+        let mut o = String::new();
+        let role = match plan.role {
+            Role::Both => "client and server on this machine, 2 sockets each",
+            Role::Client => "the client side on this machine",
+            Role::Server => "the server side on this machine",
+        };
+        let _ = writeln!(
+            o,
+            "throng doctor: can this machine hold {} connections ({role})?",
+            plan.connections
+        );
+        let _ = writeln!(
+            o,
+            "  assuming {:.1} KiB kernel + {:.1} KiB user memory per socket (--kernel-per-socket, --user-per-socket),",
+            plan.kernel_bytes_per_socket as f64 / 1024.0,
+            plan.user_bytes_per_socket as f64 / 1024.0
+        );
+        let _ = writeln!(
+            o,
+            "  {} source address(es), {} target port(s), {} files per process kept for other uses\n",
+            plan.source_ips, plan.target_ports, plan.fd_reserve
+        );
+        for a in applied {
+            match &a.error {
+                None => {
+                    let _ = writeln!(o, "  applied  {} = {}", a.name, a.value);
+                }
+                Some(e) => {
+                    let _ = writeln!(o, "  could not apply {} = {}: {e}", a.name, a.value);
+                }
+            }
+        }
+        if !applied.is_empty() {
+            let _ = writeln!(o, "  (checked again after applying)\n");
+        }
+        for f in findings {
+            let tag = match f.status {
+                Status::Ok => "ok",
+                Status::Warn => "WARN",
+                Status::Stop => "STOP",
+            };
+            let _ = writeln!(o, "  {tag:<5} {:<29} {}", f.check, f.message);
+            if f.status != Status::Ok {
+                for fix in &f.fixes {
+                    let _ = writeln!(o, "        fix: {}", fix.line());
+                }
+            }
+        }
+        let _ = writeln!(o);
+        if stops == 0 && warnings == 0 {
+            let _ = writeln!(
+                o,
+                "Nothing here will stop a run of {} connections.",
+                plan.connections
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "{stops} limit(s) will stop this run, {warnings} warning(s). Apply the fixes{}, then run throng doctor again.",
+                if apply || persist.is_empty() {
+                    ""
+                } else {
+                    " (the sysctls: throng doctor --apply, as root)"
+                }
+            );
+        }
+        if !persist.is_empty() {
+            let _ = writeln!(
+                o,
+                "To keep the sysctl fixes after a reboot, put these lines in /etc/sysctl.d/60-throng.conf:"
+            );
+            for line in persist.lines() {
+                let _ = writeln!(o, "  {line}");
+            }
+        }
+        o
+    }
+}
+
+/// How many ports `10000-10015` or `9000,9001,9005-9006` names.
+pub fn count_ports(list: &str) -> Result<u64, String> {
+    let mut n = 0u64;
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let port = |s: &str| {
+            s.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("'{s}' is not a port (1-65535)"))
+        };
+        n += match item.split_once('-') {
+            None => port(item).map(|_| 1)?,
+            Some((a, b)) => {
+                let (a, b) = (port(a)?, port(b)?);
+                if a > b {
+                    return Err(format!("range '{item}' runs backwards"));
+                }
+                u64::from(b - a) + 1
+            }
+        };
+    }
+    if n == 0 {
+        return Err("no ports".to_owned());
+    }
+    Ok(n)
+}
+
 /// The default `/proc` root.
 pub fn proc_root() -> PathBuf {
     PathBuf::from("/proc")
@@ -801,6 +967,15 @@ fn human(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_count() {
+        assert_eq!(count_ports("10000-10015"), Ok(16));
+        assert_eq!(count_ports("9000,9001,9005-9006"), Ok(4));
+        assert!(count_ports("").is_err());
+        assert!(count_ports("70000").is_err());
+        assert!(count_ports("9-1").is_err());
+    }
 
     #[test]
     fn round_figures() {

@@ -1,12 +1,13 @@
 //! The machine under throng, and the one layer between throng and the
 //! operating system: kernel limits and what they allow (`doctor`,
 //! `limits`), `/proc` sampling once a second (`sample`), the per-process
-//! file budget that decides how many worker processes a run needs, and the
-//! OS calls both halves make: the epoll set of held connections (`poll`),
-//! a precise timer (`timer`), this process's memory, CPU clocks and signals
-//! and a child that exits with it (`process`), and the socket option source
-//! spreading needs (`socket`). Every `unsafe` call of the server lives here,
-//! behind a safe function.
+//! file budget that decides how many worker processes a run needs, the OS
+//! calls both halves make: the epoll set of held connections (`poll`), a
+//! precise timer (`timer`), this process's memory, CPU clocks and signals
+//! and a child that exits with it (`process`), the socket option source
+//! spreading needs (`socket`), and the one grammar of the quantities every
+//! command line takes (`units`). Every `unsafe` OS call lives here, behind a
+//! safe function.
 
 pub mod doctor;
 pub mod limits;
@@ -15,3 +16,4 @@ pub mod process;
 pub mod sample;
 pub mod socket;
 pub mod timer;
+pub mod units;

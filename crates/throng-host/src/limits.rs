@@ -61,6 +61,15 @@ pub fn set_nofile(soft: u64, hard: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// The kernel's default `net.ipv4.ip_local_port_range`, taken when the
+/// setting cannot be read.
+pub const DEFAULT_LOCAL_PORTS: (u16, u16) = (32768, 60999);
+
+/// CPU cores this process may run on (at least 1).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Why a kernel setting could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -167,6 +176,19 @@ impl Sysctls {
         }
     }
 
+    /// `net.ipv4.ip_local_port_range`, inclusive: the ports a client socket
+    /// gets per (source, destination) pair; [`DEFAULT_LOCAL_PORTS`] when
+    /// unreadable.
+    pub fn local_port_range(&self) -> (u16, u16) {
+        match self.read_numbers("net.ipv4.ip_local_port_range") {
+            Ok(Some(v)) if v.len() == 2 => (
+                u16::try_from(v[0]).unwrap_or(DEFAULT_LOCAL_PORTS.0),
+                u16::try_from(v[1]).unwrap_or(DEFAULT_LOCAL_PORTS.1),
+            ),
+            _ => DEFAULT_LOCAL_PORTS,
+        }
+    }
+
     /// Writes `value` to the setting (needs root on a real `/proc/sys`).
     pub fn write(&self, name: &str, value: &str) -> Result<(), SysctlError> {
         let path = self.path(name);
@@ -264,12 +286,18 @@ mod tests {
             Some(vec![32768, 60999])
         );
         assert!(fake.read_u64("net.ipv4.ip_local_port_range").is_err());
+        assert_eq!(fake.local_port_range(), (32768, 60999));
         assert!(matches!(
             fake.read_numbers("net.ipv4.tcp_mem"),
             Err(SysctlError::Parse { .. })
         ));
         assert_eq!(fake.read("net.core.somaxconn").unwrap(), None);
         fake.write("net.ipv4.tcp_mem", "1 2 3").unwrap();
+        fake.write("net.ipv4.ip_local_port_range", "1024 99999")
+            .unwrap();
+        assert_eq!(fake.local_port_range(), (1024, DEFAULT_LOCAL_PORTS.1));
+        fake.write("net.ipv4.ip_local_port_range", "junk").unwrap();
+        assert_eq!(fake.local_port_range(), DEFAULT_LOCAL_PORTS);
         assert_eq!(
             fake.read_numbers("net.ipv4.tcp_mem").unwrap(),
             Some(vec![1, 2, 3])

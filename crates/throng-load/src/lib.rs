@@ -1,18 +1,14 @@
-//! The throng load harness: the open-model [`pacer`], target and source
-//! parsing ([`target`]), plan fitting ([`plan`]), the `hold` client
-//! ([`hold`]) with its recorder ([`recorder`]), the timestamped message
-//! ([`message`]), publishers ([`publish`]) and the supervisor that runs
-//! worker processes ([`supervisor`]).
+//! The throng load harness: one core ([`harness`]: worker processes,
+//! merging, the live view and the result file, one clock, one failure
+//! machinery, one recorder interface) with the roles on it, [`hold`]
+//! (hold WebSocket connections, publish, check every delivery) and
+//! [`attack`] (HTTP load at a set rate); [`bench`](mod@bench), the one-command proof
+//! built on `hold`; and what they share: the open-model [`pacer`] and the
+//! [`tls`] client.
 
 pub mod attack;
 pub mod bench;
+pub mod harness;
 pub mod hold;
-pub mod message;
 pub mod pacer;
-pub mod plan;
-pub mod publish;
-pub mod recorder;
-pub mod supervisor;
-pub mod target;
 pub mod tls;
-pub mod units;

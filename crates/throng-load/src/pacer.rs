@@ -29,30 +29,16 @@
 //! assert!(pacer.intended(9_999) <= pacer.span(10_000));
 //! ```
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
+pub use throng_host::units::RateSpec;
 
-/// A rate as given on the command line: `500/s`, `2k/s`, `60/m`, `1000`
-/// (per second), or a linear ramp `100/s..5000/s`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum RateSpec {
-    /// A constant number of events per second.
-    Constant(f64),
-    /// A linear ramp from the first to the second rate (events per second).
-    Ramp(f64, f64),
-}
-
-/// Why a rate or pacer could not be made.
+/// Why a pacer could not be made (a rate's text is parsed, and refused, by
+/// [`throng_host::units`]).
 #[derive(Debug, Error, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum PacerError {
-    /// The text is not a rate.
-    #[error("invalid rate '{0}': expected e.g. '1000/s', '2k/s', '60/m' or a ramp '100/s..5000/s'")]
-    Syntax(String),
     /// A rate of zero, negative, or not finite.
     #[error("rate must be a positive finite number of events per second, not {0}")]
     NotPositive(f64),
@@ -61,76 +47,12 @@ pub enum PacerError {
     EmptyRamp,
 }
 
-impl FromStr for RateSpec {
-    type Err = PacerError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let s = s.trim();
-        if let Some((a, b)) = s.split_once("..") {
-            let a = parse_one(a).ok_or_else(|| PacerError::Syntax(s.to_owned()))?;
-            let b = parse_one(b).ok_or_else(|| PacerError::Syntax(s.to_owned()))?;
-            check_rate(a)?;
-            check_rate(b)?;
-            return Ok(Self::Ramp(a, b));
-        }
-        let r = parse_one(s).ok_or_else(|| PacerError::Syntax(s.to_owned()))?;
-        check_rate(r)?;
-        Ok(Self::Constant(r))
-    }
-}
-
-impl fmt::Display for RateSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Constant(r) => write!(f, "{r}/s"),
-            Self::Ramp(a, b) => write!(f, "{a}/s..{b}/s"),
-        }
-    }
-}
-
-impl RateSpec {
-    /// The highest rate the spec reaches, events per second.
-    pub fn peak(&self) -> f64 {
-        match *self {
-            Self::Constant(r) => r,
-            Self::Ramp(a, b) => a.max(b),
-        }
-    }
-}
-
 fn check_rate(r: f64) -> Result<(), PacerError> {
     if r.is_finite() && r > 0.0 {
         Ok(())
     } else {
         Err(PacerError::NotPositive(r))
     }
-}
-
-/// `500/s`, `2k/s`, `1.5k`, `60/m`, `3600/h`: events per second.
-fn parse_one(s: &str) -> Option<f64> {
-    let s = s.trim();
-    let (num, per) = match s.split_once('/') {
-        Some((n, unit)) => {
-            let per = match unit.trim() {
-                "s" | "sec" => 1.0,
-                "m" | "min" => 60.0,
-                "h" => 3600.0,
-                "ms" => 0.001,
-                _ => return None,
-            };
-            (n.trim(), per)
-        }
-        None => (s, 1.0),
-    };
-    let (num, mult) = match num.strip_suffix(['k', 'K']) {
-        Some(n) => (n, 1000.0),
-        None => match num.strip_suffix('M') {
-            Some(n) => (n, 1_000_000.0),
-            None => (num, 1.0),
-        },
-    };
-    let v: f64 = num.parse().ok()?;
-    Some(v * mult / per)
 }
 
 /// Maps event indices to intended start offsets for a constant rate or a
@@ -269,42 +191,6 @@ pub fn lag(intended: Duration, actual: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_rates() {
-        assert_eq!("1000/s".parse::<RateSpec>(), Ok(RateSpec::Constant(1000.0)));
-        assert_eq!("2k/s".parse::<RateSpec>(), Ok(RateSpec::Constant(2000.0)));
-        assert_eq!("60/m".parse::<RateSpec>(), Ok(RateSpec::Constant(1.0)));
-        assert_eq!("250".parse::<RateSpec>(), Ok(RateSpec::Constant(250.0)));
-        assert_eq!(
-            "100/s..5000/s".parse::<RateSpec>(),
-            Ok(RateSpec::Ramp(100.0, 5000.0))
-        );
-        assert!(matches!(
-            "0/s".parse::<RateSpec>(),
-            Err(PacerError::NotPositive(_))
-        ));
-        assert!(matches!(
-            "-5/s".parse::<RateSpec>(),
-            Err(PacerError::NotPositive(_))
-        ));
-        assert!(matches!(
-            "fast".parse::<RateSpec>(),
-            Err(PacerError::Syntax(_))
-        ));
-        assert!(matches!(
-            "10/fortnight".parse::<RateSpec>(),
-            Err(PacerError::Syntax(_))
-        ));
-        assert!(matches!(
-            "inf/s".parse::<RateSpec>(),
-            Err(PacerError::NotPositive(_))
-        ));
-        assert!(matches!(
-            "NaN".parse::<RateSpec>(),
-            Err(PacerError::NotPositive(_))
-        ));
-    }
 
     #[test]
     fn constant_rate_spaces_events_evenly() {

@@ -6,9 +6,9 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use throng_load::message;
-use throng_load::publish::{PublishError, Publisher};
-use throng_load::target::PublishTarget;
+use throng_load::hold::message;
+use throng_load::hold::publish::{PublishError, Publisher};
+use throng_load::hold::target::PublishTarget;
 
 struct Redis {
     child: Child,

@@ -412,41 +412,31 @@ pub struct Writer {
 impl Writer {
     /// Creates (or truncates) `path` and writes the header.
     pub fn create(path: impl AsRef<Path>, header: &Header) -> Result<Self, WriteError> {
-        let path = path.as_ref().to_path_buf();
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|source| WriteError::Io {
-                path: path.clone(),
-                source,
-            })?;
-        let mut writer = Self {
-            file,
-            path,
-            line: String::new(),
-        };
-        writer.put(&encode_header(header))?;
-        Ok(writer)
+        Self::open(
+            path.as_ref(),
+            OpenOptions::new().write(true).truncate(true),
+            header,
+        )
     }
 
     /// Opens `path` for appending (creating it if missing) and writes a
     /// header there: a later header starts a new section of the same file,
     /// so runs appended to one file are read and merged together.
     pub fn append(path: impl AsRef<Path>, header: &Header) -> Result<Self, WriteError> {
-        let path = path.as_ref().to_path_buf();
-        let file = OpenOptions::new()
-            .append(true)
+        Self::open(path.as_ref(), OpenOptions::new().append(true), header)
+    }
+
+    fn open(path: &Path, how: &mut OpenOptions, header: &Header) -> Result<Self, WriteError> {
+        let file = how
             .create(true)
-            .open(&path)
+            .open(path)
             .map_err(|source| WriteError::Io {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 source,
             })?;
         let mut writer = Self {
             file,
-            path,
+            path: path.to_path_buf(),
             line: String::new(),
         };
         writer.put(&encode_header(header))?;

@@ -259,21 +259,22 @@ fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
             0.0
         }
     };
+    let counter_line = |k: &str| {
+        line(
+            k,
+            series
+                .iter()
+                .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
+                .collect(),
+        )
+    };
     let rate_lines = |bytes_counters: bool| -> Vec<Line> {
         r.counters
             .iter()
             .filter(|(k, c)| {
                 c.total > 0 && !is_error(k) && k.starts_with("bytes") == bytes_counters
             })
-            .map(|(k, _)| {
-                line(
-                    k,
-                    series
-                        .iter()
-                        .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
-                        .collect(),
-                )
-            })
+            .map(|(k, _)| counter_line(k))
             .collect()
     };
     let throughput = rate_lines(false);
@@ -299,15 +300,7 @@ fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
             .errors
             .iter()
             .filter(|(_, v)| **v > 0)
-            .map(|(k, _)| {
-                line(
-                    k,
-                    series
-                        .iter()
-                        .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
-                        .collect(),
-                )
-            })
+            .map(|(k, _)| counter_line(k))
             .collect();
         plots.push(plot(
             "errors",
@@ -330,24 +323,27 @@ fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
                 line("time-wait", host(|h| Some(h.tcp_time_wait as f64))),
             ],
         ));
-        plots.push(plot(
-            "host-packets",
-            "host: packets per second".to_owned(),
-            Unit::Count,
-            vec![
-                line("in", host(|h| h.packets_in_per_s)),
-                line("out", host(|h| h.packets_out_per_s)),
-            ],
-        ));
-        plots.push(plot(
-            "host-bytes",
-            "host: bytes per second".to_owned(),
-            Unit::Bytes,
-            vec![
-                line("in", host(|h| h.bytes_in_per_s)),
-                line("out", host(|h| h.bytes_out_per_s)),
-            ],
-        ));
+        type Rate = fn(&HostPoint) -> Option<f64>;
+        let in_out: [(&str, &str, Unit, Rate, Rate); 2] = [
+            (
+                "host-packets",
+                "host: packets per second",
+                Unit::Count,
+                |h| h.packets_in_per_s,
+                |h| h.packets_out_per_s,
+            ),
+            (
+                "host-bytes",
+                "host: bytes per second",
+                Unit::Bytes,
+                |h| h.bytes_in_per_s,
+                |h| h.bytes_out_per_s,
+            ),
+        ];
+        for (id, title, unit, rate_in, rate_out) in in_out {
+            let lines = vec![line("in", host(rate_in)), line("out", host(rate_out))];
+            plots.push(plot(id, title.to_owned(), unit, lines));
+        }
         plots.push(plot(
             "host-memory",
             "host: memory".to_owned(),

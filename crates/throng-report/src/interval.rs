@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 use throng_host::sample::HostSample;
 
+use crate::summary::HistStats;
+
 /// Histograms record microseconds, from 1 µs to this (one hour), with 3
 /// significant digits: the same shape in every worker, so merging is exact.
 pub const HISTOGRAM_MAX_US: u64 = 3_600_000_000;
@@ -42,4 +44,89 @@ pub struct Interval {
     pub histograms: BTreeMap<String, Histogram<u64>>,
     /// The host sample taken at the interval's end, written by one process per host.
     pub host: Option<HostSample>,
+}
+
+impl Interval {
+    /// An interval of `source` with nothing counted yet.
+    pub fn empty(start_ns: u64, length_ns: u64, source: String) -> Self {
+        Self {
+            start_ns,
+            length_ns,
+            source,
+            counters: BTreeMap::new(),
+            gauges: BTreeMap::new(),
+            histograms: BTreeMap::new(),
+            host: None,
+        }
+    }
+
+    /// Adds `other` into this one, as merging does: counters, gauges and
+    /// histograms add; the time, source and host sample stay this one's.
+    pub fn add(&mut self, other: &Self) {
+        for (k, v) in &other.counters {
+            *self.counters.entry(k.clone()).or_insert(0) += v;
+        }
+        for (k, v) in &other.gauges {
+            *self.gauges.entry(k.clone()).or_insert(0) += v;
+        }
+        for (k, h) in &other.histograms {
+            let mine = self
+                .histograms
+                .entry(k.clone())
+                .or_insert_with(new_histogram);
+            // Every interval histogram has the shared shape, so adding cannot
+            // overflow its range; one that does is foreign and is skipped.
+            let _ = mine.add(h);
+        }
+    }
+
+    /// Counter `name`, 0 when it was not counted.
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters.get(name).copied().unwrap_or(0)
+    }
+
+    /// The sum of every counter whose name starts with `prefix`.
+    pub fn counters_under(&self, prefix: &str) -> u64 {
+        self.counters
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// Gauge `name`, 0 when it was not set.
+    pub fn gauge(&self, name: &str) -> i64 {
+        self.gauges.get(name).copied().unwrap_or(0)
+    }
+
+    /// The latency summary of histogram `name` (all zero when it is missing).
+    pub fn stats(&self, name: &str) -> HistStats {
+        self.histograms
+            .get(name)
+            .map(HistStats::of)
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_sums_counters_gauges_and_histograms() {
+        let mut a = Interval::empty(0, 1, "h/hold".into());
+        let mut b = Interval::empty(0, 1, "h/hold-0".into());
+        b.counters.insert("connect.ok".into(), 3);
+        b.gauges.insert("connections.open".into(), 7);
+        let mut h = new_histogram();
+        h.record(250).unwrap();
+        b.histograms.insert("connect".into(), h);
+        a.add(&b);
+        a.add(&b);
+        assert_eq!(a.counter("connect.ok"), 6);
+        assert_eq!(a.gauge("connections.open"), 14);
+        assert_eq!(a.stats("connect").count, 2);
+        assert_eq!(a.stats("missing").count, 0);
+        assert_eq!(a.source, "h/hold");
+    }
 }

@@ -6,20 +6,31 @@ use std::fmt::Write as _;
 
 use crate::summary::{HistStats, Report, is_error};
 
-/// Latency in µs as a short readable string: `850µs`, `12.4ms`, `3.21s`.
+/// A latency (or any duration) in µs, to 3 significant figures: `850µs`,
+/// `1.23ms`, `12.3ms`, `123ms`, `1.23s`, `12.3s`. Every command prints
+/// latencies with it, so one figure reads the same in `hold`, `attack`,
+/// `bench` and `report`.
 pub fn latency(us: f64) -> String {
-    if us < 1_000.0 {
-        format!("{us:.0}µs")
-    } else if us < 1_000_000.0 {
-        let ms = us / 1_000.0;
-        if ms < 10.0 {
-            format!("{ms:.2}ms")
-        } else {
-            format!("{ms:.1}ms")
-        }
+    let (v, unit) = if us < 999.5 {
+        return format!("{us:.0}µs");
+    } else if us < 999_500.0 {
+        (us / 1e3, "ms")
     } else {
-        format!("{:.2}s", us / 1_000_000.0)
-    }
+        (us / 1e6, "s")
+    };
+    let decimals = if v < 9.995 {
+        2
+    } else if v < 99.95 {
+        1
+    } else {
+        0
+    };
+    format!("{v:.decimals$}{unit}")
+}
+
+/// [`latency`] of a whole number of µs (a histogram value).
+pub fn micros(us: u64) -> String {
+    latency(us as f64)
 }
 
 /// Bytes with a binary unit: `512 B`, `3.2 KiB`, `1.50 GiB`.
@@ -426,9 +437,13 @@ mod tests {
     #[test]
     fn units_read_well() {
         assert_eq!(latency(850.0), "850µs");
+        assert_eq!(latency(999.6), "1.00ms");
         assert_eq!(latency(1_234.0), "1.23ms");
+        assert_eq!(latency(9_996.0), "10.0ms");
         assert_eq!(latency(12_345.0), "12.3ms");
+        assert_eq!(latency(123_456.0), "123ms");
         assert_eq!(latency(3_210_000.0), "3.21s");
+        assert_eq!(latency(12_345_678.0), "12.3s");
         assert_eq!(bytes(512.0), "512 B");
         assert_eq!(bytes(1536.0), "1.5 KiB");
         assert_eq!(count(1234.0), "1234");

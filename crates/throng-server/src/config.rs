@@ -1,5 +1,6 @@
 //! The server's settings: what `throng serve` was asked to do, with the
-//! parsers for its flag values (listen ranges, durations, byte sizes).
+//! parser of its listen ranges (durations and sizes are
+//! [`throng_host::units`], the grammar every command shares).
 //!
 //! The supervisor resolves the listen addresses and sends the whole `Config`
 //! to each worker over its control socket, so workers never parse flags.
@@ -9,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use throng_host::units::{fmt_duration, fmt_size};
 
 /// Largest message a client may send us. Subscribers only send control
 /// frames (at most 125 bytes), so anything bigger is refused with 1009.
@@ -119,66 +121,6 @@ pub fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, ParseError> {
     Ok((first..=last).map(|p| SocketAddr::new(ip, p)).collect())
 }
 
-/// Parses a duration: `30s`, `500ms`, `2m`, `1h`, or plain seconds (`30`).
-pub fn parse_duration(s: &str) -> Result<Duration, ParseError> {
-    let bad = || ParseError(format!("invalid duration '{s}' (examples: 30s, 500ms, 2m)"));
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "" | "s" => value,
-        "ms" => value / 1e3,
-        "us" => value / 1e6,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(bad()),
-    };
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Parses a byte size: `65536`, `64KiB`, `64k`, `1MiB`, `1m`.
-pub fn parse_size(s: &str) -> Result<usize, ParseError> {
-    let bad = || ParseError(format!("invalid size '{s}' (examples: 65536, 64KiB, 1MiB)"));
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: usize = num.parse().map_err(|_| bad())?;
-    let mult = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1024,
-        "m" | "mb" | "mib" => 1024 * 1024,
-        "g" | "gb" | "gib" => 1024 * 1024 * 1024,
-        _ => return Err(bad()),
-    };
-    value.checked_mul(mult).ok_or_else(bad)
-}
-
-/// Formats a duration the way the flags take it (`30s`, `500ms`).
-pub fn fmt_duration(d: Duration) -> String {
-    if d.subsec_millis() == 0 && d.as_secs() > 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
-}
-
-/// Formats a byte size the way the flags take it (`64KiB`).
-pub fn fmt_size(n: usize) -> String {
-    if n >= 1024 * 1024 && n % (1024 * 1024) == 0 {
-        format!("{}MiB", n / (1024 * 1024))
-    } else if n >= 1024 && n % 1024 == 0 {
-        format!("{}KiB", n / 1024)
-    } else {
-        format!("{n}B")
-    }
-}
-
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let listen: Vec<String> = self.listen.iter().map(ToString::to_string).collect();
@@ -264,28 +206,5 @@ mod tests {
         assert!(parse_listen("localhost:80").is_err());
         assert!(parse_listen("127.0.0.1").is_err());
         assert!(parse_listen("127.0.0.1:70000").is_err());
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("3 weeks").is_err());
-        assert_eq!(fmt_duration(Duration::from_secs(30)), "30s");
-        assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("65536").unwrap(), 65536);
-        assert_eq!(parse_size("64KiB").unwrap(), 65536);
-        assert_eq!(parse_size("1m").unwrap(), 1 << 20);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("99999999999999999999g").is_err());
-        assert_eq!(fmt_size(256 * 1024), "256KiB");
-        assert_eq!(fmt_size(100), "100B");
     }
 }

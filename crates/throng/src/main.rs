@@ -3,6 +3,11 @@
 //! The binary only parses arguments and wires the crates together; each
 //! subcommand lives in its own module under `cmd/`.
 
+// The doc comments of the clap structs are the `--help` a user reads in a
+// terminal: `<channel>` and `[user:password@]` there are what to type, not
+// HTML or links, so rustdoc is told not to read them as such.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

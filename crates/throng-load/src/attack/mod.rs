@@ -8,13 +8,16 @@
 //! it records its lag and the requests it started late, and still sends every
 //! request of the schedule.
 //!
+//! A role on the harness core ([`crate::harness`]):
+//!
+//! - [`request`]: what the command asks for, checked and planned ([`prepare`]);
 //! - [`targets`]: what to send (Vegeta's target format, or one `--url`);
+//! - [`supervisor`]: the role on the supervisor's side; [`summary`]: what
+//!   the run did, Vegeta's way, and the thresholds that fail it;
 //! - [`worker`]: one worker process: the schedule, the HTTP/1.1 client, the
 //!   connection pool;
 //! - [`record`]: what a worker counts per interval, and per-request rows;
-//! - `timer`: the scheduler's microsecond timer (tokio's round up to 1 ms);
-//! - [`supervisor`]: starts the workers, merges their intervals, writes the
-//!   result file, shows progress and sums up the run.
+//! - `timer`: the scheduler's microsecond timer (tokio's round up to 1 ms).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,10 +28,20 @@ use serde::{Deserialize, Serialize};
 use crate::pacer::{Pacer, RateSpec};
 
 pub mod record;
+pub mod request;
+pub mod summary;
 pub mod supervisor;
 pub mod targets;
 mod timer;
 pub mod worker;
+
+pub use request::{Prepared, Request, prepare};
+pub use summary::{Summary, render};
+
+/// Runs this process as one `attack` worker (plan on stdin, records on stdout).
+pub fn run_worker() -> std::io::Result<()> {
+    crate::harness::worker::run_process(worker::work)
+}
 
 /// The shape of the load.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -109,17 +122,6 @@ pub struct WorkerPlan {
     pub tls: Option<crate::tls::TlsOptions>,
 }
 
-/// Worker `index`'s share of `total` when it is dealt round-robin over `workers`.
-pub fn share(total: u64, index: u32, workers: u32) -> u64 {
-    let w = u64::from(workers.max(1));
-    let i = u64::from(index);
-    if i >= total {
-        0
-    } else {
-        (total - i).div_ceil(w)
-    }
-}
-
 /// The pacer of a rate run: a ramp spans the duration (or, without one, the
 /// request count).
 pub fn pacer(
@@ -183,8 +185,5 @@ mod tests {
             planned(&ramp, Some(Duration::from_secs(10)), None),
             Some(2000)
         );
-        assert_eq!(share(10, 0, 3), 4);
-        assert_eq!(share(10, 2, 3), 3);
-        assert_eq!(share(1, 1, 3), 0);
     }
 }

@@ -6,7 +6,7 @@
 //! - counters: `requests.sent`, `requests.late` (started more than
 //!   [`LATE_US`] after the intended time), `requests.retried` (a reused
 //!   keep-alive connection was found closed and the request went again on a
-//!   new one), `requests.error.<kind>` ([`Failure`]; TLS failures are
+//!   new one), `requests.error.<kind>` ([`RequestError`]; TLS failures are
 //!   `requests.error.tls.<reason>`), `status.<code>`, `bytes.in`,
 //!   `bytes.out` (HTTP bytes: before encryption on `https://`),
 //!   `connections.opened`, `tls.handshakes.full`, `tls.handshakes.resumed`;
@@ -18,127 +18,46 @@
 //!   `connect.tcp` (TCP connect of each new connection) and `connect.tls`
 //!   (its TLS handshake, `https://` only).
 
-use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use throng_report::interval::{HISTOGRAM_MAX_US, Interval, new_histogram};
+use throng_report::interval::{Interval, new_histogram};
 
-use crate::recorder::ConnectError;
-use crate::tls::TlsFailure;
+use crate::harness::failure::{Failure, OwnKind, Tally};
+use crate::harness::recorder::{Recorder, Take, record};
 
 /// A request started more than this after its intended time counts as late.
 pub const LATE_US: u64 = 10_000;
 
-/// Why a request got no (complete) response; each is `requests.error.<label>`.
+/// `attack`'s own ways for a request to fail, beside the socket's and TLS's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// The server refused the TCP connection.
-    Refused,
-    /// No complete response within `--timeout`.
-    Timeout,
-    /// The connection was reset (or broke while writing).
-    Reset,
+pub enum Exchange {
     /// The server closed the connection before the response ended.
     Closed,
     /// The response was not valid HTTP/1.x (head or body framing).
     BadResponse,
-    /// No local port or address was left.
-    AddrNotAvailable,
     /// Still in flight when the run was stopped (Ctrl-C).
     Canceled,
-    /// Anything else.
-    Other,
-    /// The TLS handshake or a TLS record failed, for this reason.
-    Tls(TlsFailure),
 }
 
-impl Failure {
-    /// Kinds in all.
-    pub const COUNT: usize = Self::PLAIN.len() + TlsFailure::ALL.len();
+impl OwnKind for Exchange {
+    const ALL: &'static [Self] = &[Self::Closed, Self::BadResponse, Self::Canceled];
+    const TLS_CLOSED: Failure<Self> = Failure::Own(Self::Closed);
 
-    /// The kinds that are not TLS failures, in counter order.
-    const PLAIN: [Self; 8] = [
-        Self::Refused,
-        Self::Timeout,
-        Self::Reset,
-        Self::Closed,
-        Self::BadResponse,
-        Self::AddrNotAvailable,
-        Self::Canceled,
-        Self::Other,
-    ];
-
-    /// Every kind, in counter order: [`Self::PLAIN`], then one per
-    /// [`TlsFailure`].
-    pub const ALL: [Self; Self::COUNT] = {
-        let mut all = [Self::Other; Self::COUNT];
-        let mut i = 0;
-        while i < Self::COUNT {
-            all[i] = if i < Self::PLAIN.len() {
-                Self::PLAIN[i]
-            } else {
-                Self::Tls(TlsFailure::ALL[i - Self::PLAIN.len()])
-            };
-            i += 1;
-        }
-        all
-    };
-
-    /// The kind's place in [`Self::ALL`].
-    pub fn index(self) -> usize {
+    fn label(self) -> &'static str {
         match self {
-            Self::Refused => 0,
-            Self::Timeout => 1,
-            Self::Reset => 2,
-            Self::Closed => 3,
-            Self::BadResponse => 4,
-            Self::AddrNotAvailable => 5,
-            Self::Canceled => 6,
-            Self::Other => 7,
-            Self::Tls(r) => Self::PLAIN.len() + r as usize,
-        }
-    }
-
-    /// The counter suffix.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Refused => "refused",
-            Self::Timeout => "timeout",
-            Self::Reset => "reset",
             Self::Closed => "closed",
             Self::BadResponse => "bad_response",
-            Self::AddrNotAvailable => "addr_not_available",
             Self::Canceled => "canceled",
-            Self::Other => "other",
-            Self::Tls(r) => r.label(),
-        }
-    }
-
-    /// Classifies a socket error (the same rules as `hold`'s connects).
-    pub fn from_io(err: &io::Error) -> Self {
-        match ConnectError::from_io(err) {
-            ConnectError::Refused => Self::Refused,
-            ConnectError::Timeout => Self::Timeout,
-            ConnectError::Reset => Self::Reset,
-            ConnectError::AddrNotAvailable => Self::AddrNotAvailable,
-            _ => Self::Other,
-        }
-    }
-
-    /// Classifies a failed TLS connection.
-    pub fn from_tls(err: &crate::tls::TlsError) -> Self {
-        match ConnectError::from_tls(err) {
-            ConnectError::Tls(r) => Self::Tls(r),
-            _ => match err {
-                crate::tls::TlsError::Io(e) => Self::from_io(e),
-                _ => Self::Closed,
-            },
         }
     }
 }
+
+/// Why a request got no (complete) response; each is `requests.error.<label>`
+/// (a timeout is the socket's `timeout`: no complete response within `--timeout`).
+pub type RequestError = Failure<Exchange>;
 
 /// Per-interval counts and histograms of one `attack` worker.
 #[derive(Debug)]
@@ -149,7 +68,7 @@ pub struct AttackRecorder {
     late: u64,
     retried: u64,
     opened: u64,
-    failed: [u64; Failure::COUNT],
+    failed: Tally<Exchange>,
     tls_full: u64,
     tls_resumed: u64,
     /// Responses by status code; index = code (100..=999 fit).
@@ -167,10 +86,6 @@ pub struct AttackRecorder {
     connect_tls: Histogram<u64>,
 }
 
-fn record(h: &mut Histogram<u64>, us: u64) {
-    h.saturating_record(us.clamp(1, HISTOGRAM_MAX_US));
-}
-
 impl AttackRecorder {
     /// A recorder for `source` (`"host/attack-0"`) with intervals of `length_ns`.
     pub fn new(source: String, length_ns: u64) -> Self {
@@ -181,7 +96,7 @@ impl AttackRecorder {
             late: 0,
             retried: 0,
             opened: 0,
-            failed: [0; Failure::COUNT],
+            failed: Tally::default(),
             tls_full: 0,
             tls_resumed: 0,
             status: Box::new([0; 1000]),
@@ -222,15 +137,15 @@ impl AttackRecorder {
     }
 
     /// A request failed.
-    pub fn failed(&mut self, why: Failure) {
+    pub fn failed(&mut self, why: RequestError) {
         self.in_flight -= 1;
-        self.failed[why.index()] += 1;
+        self.failed.add(why);
     }
 
     /// Requests still in flight are abandoned (the run was stopped).
     pub fn cancel_in_flight(&mut self) {
         let n = u64::try_from(self.in_flight).unwrap_or(0);
-        self.failed[Failure::Canceled.index()] += n;
+        self.failed.add_n(Failure::Own(Exchange::Canceled), n);
         self.in_flight = 0;
     }
 
@@ -278,71 +193,33 @@ impl AttackRecorder {
     pub fn in_flight(&self) -> i64 {
         self.in_flight
     }
+}
 
-    /// The interval starting at `start_ns`: everything counted since the last
-    /// call. Counters and histograms restart from zero; levels carry on.
-    pub fn take(&mut self, start_ns: u64) -> Interval {
-        let mut counters = BTreeMap::new();
-        let mut put = |name: &str, v: u64| {
-            if v > 0 {
-                counters.insert(name.to_owned(), v);
-            }
-        };
-        put("requests.sent", self.sent);
-        put("requests.late", self.late);
-        put("requests.retried", self.retried);
-        put("connections.opened", self.opened);
-        put("bytes.in", self.bytes_in);
-        put("bytes.out", self.bytes_out);
-        for kind in Failure::ALL {
-            put(
-                &format!("requests.error.{}", kind.label()),
-                self.failed[kind.index()],
-            );
-        }
-        put("tls.handshakes.full", self.tls_full);
-        put("tls.handshakes.resumed", self.tls_resumed);
+impl Recorder for AttackRecorder {
+    fn take(&mut self, start_ns: u64) -> Interval {
+        let mut t = Take::default();
+        t.count("requests.sent", &mut self.sent)
+            .count("requests.late", &mut self.late)
+            .count("requests.retried", &mut self.retried)
+            .count("connections.opened", &mut self.opened)
+            .count("bytes.in", &mut self.bytes_in)
+            .count("bytes.out", &mut self.bytes_out)
+            .count("tls.handshakes.full", &mut self.tls_full)
+            .count("tls.handshakes.resumed", &mut self.tls_resumed);
+        self.failed.take_into("requests.error", &mut t);
         for (code, n) in self.status.iter_mut().enumerate() {
             if *n > 0 {
-                counters.insert(format!("status.{code}"), *n);
-                *n = 0;
+                t.count(&format!("status.{code}"), n);
             }
         }
-        let mut histograms = BTreeMap::new();
-        for (name, h) in [
-            ("latency", &mut self.latency),
-            ("service", &mut self.service),
-            ("lag", &mut self.lag),
-            ("connect.tcp", &mut self.connect_tcp),
-            ("connect.tls", &mut self.connect_tls),
-        ] {
-            if !h.is_empty() {
-                histograms.insert(name.to_owned(), h.clone());
-                h.reset();
-            }
-        }
-        let gauges = BTreeMap::from([
-            ("requests.in_flight".to_owned(), self.in_flight),
-            ("connections.open".to_owned(), self.open),
-        ]);
-        self.sent = 0;
-        self.late = 0;
-        self.retried = 0;
-        self.opened = 0;
-        self.bytes_in = 0;
-        self.bytes_out = 0;
-        self.failed = [0; Failure::COUNT];
-        self.tls_full = 0;
-        self.tls_resumed = 0;
-        Interval {
-            start_ns,
-            length_ns: self.length_ns,
-            source: self.source.clone(),
-            counters,
-            gauges,
-            histograms,
-            host: None,
-        }
+        t.histogram("latency", &mut self.latency)
+            .histogram("service", &mut self.service)
+            .histogram("lag", &mut self.lag)
+            .histogram("connect.tcp", &mut self.connect_tcp)
+            .histogram("connect.tls", &mut self.connect_tls)
+            .gauge("requests.in_flight", self.in_flight)
+            .gauge("connections.open", self.open);
+        t.into_interval(start_ns, self.length_ns, self.source.clone())
     }
 }
 
@@ -470,16 +347,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_kind_has_its_own_counter_slot_and_label() {
-        let mut labels = std::collections::BTreeSet::new();
-        for (i, k) in Failure::ALL.iter().enumerate() {
-            assert_eq!(k.index(), i, "{k:?}");
-            assert!(labels.insert(k.label()), "{k:?}");
-        }
-        assert_eq!(labels.len(), Failure::COUNT);
-    }
-
-    #[test]
     fn take_resets_counts_keeps_levels() {
         let mut r = AttackRecorder::new("h/attack-0".into(), 1_000_000_000);
         for lag in [5, LATE_US + 1, 1] {
@@ -499,7 +366,7 @@ mod tests {
         assert_eq!(iv.gauges["connections.open"], 1);
         assert_eq!(iv.histograms["latency"].len(), 2);
         assert_eq!(iv.histograms["lag"].len(), 3);
-        r.failed(Failure::Timeout);
+        r.failed(Failure::Net(crate::harness::failure::NetCause::Timeout));
         let next = r.take(2_000_000_000);
         assert_eq!(next.counters.len(), 1);
         assert_eq!(next.counters["requests.error.timeout"], 1);

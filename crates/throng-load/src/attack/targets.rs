@@ -60,6 +60,9 @@ pub enum TargetError {
     /// The targets text holds no target.
     #[error("{0}: no targets (expected lines like 'GET http://127.0.0.1:8080/ping')")]
     Empty(String),
+    /// The flags that say what to send do not go together.
+    #[error("{0}")]
+    Flags(String),
     /// The host name does not resolve.
     #[error("cannot resolve {host}: {reason}")]
     Resolve {
@@ -361,6 +364,86 @@ pub fn read(path: &Path) -> Result<Vec<Target>, TargetError> {
     parse(&text, &name, |p| std::fs::read(p))
 }
 
+/// What to send, as the command line says it: a targets file (`-` for
+/// stdin) or one `--url` with its method and body; `-H` headers go to every
+/// target that does not set them itself.
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    /// `--targets FILE`.
+    pub file: Option<PathBuf>,
+    /// `--url URL`.
+    pub url: Option<String>,
+    /// `--method` (for `--url`).
+    pub method: Option<String>,
+    /// `-H 'Name: value'`, each.
+    pub headers: Vec<String>,
+    /// `--body TEXT` (for `--url`).
+    pub body: Option<String>,
+    /// `--body-file FILE` (for `--url`).
+    pub body_file: Option<PathBuf>,
+}
+
+impl Flags {
+    /// The targets: read from the file, or the one `--url` target.
+    pub fn targets(&self) -> Result<Vec<Target>, TargetError> {
+        let defaults = self
+            .headers
+            .iter()
+            .map(|h| parse_header(h).map_err(|e| TargetError::Flags(format!("-H {h:?}: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut list = match (&self.file, &self.url) {
+            (Some(path), _) => {
+                if self.body.is_some() || self.body_file.is_some() || self.method.is_some() {
+                    return Err(TargetError::Flags(
+                        "--body, --body-file and --method go with --url; a targets file says \
+                         these per target"
+                            .into(),
+                    ));
+                }
+                read(path)?
+            }
+            (None, Some(url)) => vec![self.one(url)?],
+            (None, None) => {
+                return Err(TargetError::Flags(
+                    "give --url URL or --targets FILE".into(),
+                ));
+            }
+        };
+        for t in &mut list {
+            t.add_defaults(&defaults);
+        }
+        Ok(list)
+    }
+
+    /// The `--url` target: GET without a body, POST with one, unless `--method` says.
+    fn one(&self, url: &str) -> Result<Target, TargetError> {
+        let body = match (&self.body, &self.body_file) {
+            (Some(b), _) => b.clone().into_bytes(),
+            (None, Some(p)) => std::fs::read(p).map_err(|err| TargetError::Read {
+                path: p.clone(),
+                err,
+            })?,
+            (None, None) => Vec::new(),
+        };
+        let method = match &self.method {
+            Some(m) => m.to_ascii_uppercase(),
+            None if body.is_empty() => "GET".to_owned(),
+            None => "POST".to_owned(),
+        };
+        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(TargetError::Flags(format!(
+                "--method {method:?} is not an HTTP method"
+            )));
+        }
+        Ok(Target {
+            method,
+            url: HttpUrl::parse(url)?,
+            headers: Vec::new(),
+            body,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,5 +559,43 @@ mod tests {
                 .unwrap()
                 .contains("Connection")
         );
+    }
+
+    #[test]
+    fn flags_make_one_target_or_refuse_what_does_not_go_together() {
+        let url = |u: &str| Flags {
+            url: Some(u.into()),
+            ..Flags::default()
+        };
+        let get = url("http://127.0.0.1:9/ping").targets().unwrap();
+        assert_eq!((get.len(), get[0].method.as_str()), (1, "GET"));
+        let post = Flags {
+            body: Some("hi".into()),
+            headers: vec!["sleep: 5".into()],
+            ..url("http://127.0.0.1:9/ping")
+        }
+        .targets()
+        .unwrap();
+        assert_eq!(post[0].method, "POST");
+        assert_eq!(post[0].headers, [("sleep".to_owned(), "5".to_owned())]);
+        let bad = [
+            Flags {
+                method: Some("G3T".into()),
+                ..url("http://127.0.0.1:9/")
+            },
+            Flags {
+                file: Some("targets.txt".into()),
+                body: Some("x".into()),
+                ..Flags::default()
+            },
+            Flags {
+                headers: vec!["no colon".into()],
+                ..url("http://127.0.0.1:9/")
+            },
+            Flags::default(),
+        ];
+        for f in bad {
+            assert!(matches!(f.targets(), Err(TargetError::Flags(_))), "{f:?}");
+        }
     }
 }

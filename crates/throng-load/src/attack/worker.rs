@@ -15,12 +15,13 @@
 //! part of opening the connection (timed apart from TCP connect), and its
 //! records are read through the same scratch buffer.
 //!
-//! Talks to the supervisor over stdio: the [`WorkerPlan`] as the first line
-//! of stdin, then `stop` (or end of input) to stop at once; result-file
-//! records on stdout, a `worker.done` event last (its text: [`Done`] as JSON).
+//! It talks to its supervisor through the harness core's
+//! [`worker`](crate::harness::worker): the [`WorkerPlan`] first, then a
+//! `stop` order (or the end of its input) stops it at once; its
+//! `worker.done` event carries [`Done`] as JSON.
 
 use std::cell::{Cell, RefCell};
-use std::io::{self, BufRead, Write};
+use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -28,16 +29,18 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use throng_proto::http::{self, BodyDecoder, BodyError};
-use throng_report::format::{Event, encode_event, encode_interval};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 
-use super::record::{AttackRecorder, Failure, Row, RowFormat, RowWriter};
+use super::record::{AttackRecorder, Exchange, RequestError, Row, RowFormat, RowWriter};
 use super::timer::PreciseTimer;
-use super::{Load, WorkerPlan, pacer, share};
-use crate::hold::now_unix_ns;
+use super::{Load, WorkerPlan, pacer};
+use crate::harness::clock::{Anchor, micros};
+use crate::harness::failure::{Failure, FirstOfKind, NetCause};
+use crate::harness::share;
+use crate::harness::worker::{Live, Order, Orders, Output, Stop, Ticker};
 use crate::tls::{self, Phase, Session, TlsClient, TlsError};
 
 /// What a worker says when it ends (the `worker.done` event's text, JSON).
@@ -53,10 +56,6 @@ pub struct Done {
     pub last_done_ns: u64,
     /// Stopped before the schedule ended.
     pub stopped: bool,
-}
-
-fn us(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// State shared by every task of the worker (single-threaded).
@@ -80,92 +79,50 @@ struct Ctx {
     /// A connection went back to a pool or closed: one waiter may go on.
     freed: Notify,
     timeout: Duration,
-    /// Where the schedule starts (request 0's intended time).
-    start: Instant,
+    /// Where the schedule starts (request 0's intended time), both clocks.
+    start: Anchor,
     rec: RefCell<AttackRecorder>,
     /// The one read buffer. Borrowed only between awaits.
     scratch: RefCell<Box<[u8]>>,
     rows: RefCell<Option<RowWriter>>,
-    stopping: Cell<bool>,
-    stop: Notify,
+    stop: Stop,
     /// Request tasks and loops still running, plus the scheduler.
-    live: Cell<u64>,
-    idle: Notify,
+    live: Live,
     done: Cell<Done>,
+    ticker: Ticker,
     /// Failure kinds already logged (one event per kind).
-    logged: Cell<u32>,
+    logged: FirstOfKind,
     /// A TLS handshake failure was logged with rustls's own words.
     tls_logged: Cell<bool>,
     /// What the first TLS handshake negotiated was logged.
     tls_noted: Cell<bool>,
-    out: RefCell<Box<dyn Write>>,
+    out: Output,
 }
 
 impl Ctx {
-    fn emit(&self, line: &str) {
-        let mut out = self.out.borrow_mut();
-        // A supervisor that went away also closes our stdin, which stops us.
-        let _ = out
-            .write_all(line.as_bytes())
-            .and_then(|()| out.write_all(b"\n"))
-            .and_then(|()| out.flush());
-    }
-
-    fn event(&self, kind: &str, text: String) {
-        let ev = Event {
-            at_ns: now_unix_ns(),
-            source: self.plan.label.clone(),
-            kind: kind.to_owned(),
-            text,
-        };
-        self.emit(&encode_event(&ev));
-    }
-
     /// Wall-clock ns of `at`, through the schedule's start.
     fn unix_ns(&self, at: Instant) -> u64 {
-        let start = self.plan.start_unix_ns;
-        if at >= self.start {
-            start + u64::try_from((at - self.start).as_nanos()).unwrap_or(0)
-        } else {
-            start.saturating_sub(u64::try_from((self.start - at).as_nanos()).unwrap_or(0))
-        }
+        self.start.unix_ns_of(at)
     }
 
-    fn task_done(&self) {
-        let left = self.live.get() - 1;
-        self.live.set(left);
-        if left == 0 {
-            self.idle.notify_one();
+    /// Flushes the per-request rows; a failing disk is reported once and
+    /// the rows stop.
+    fn flush_rows(&self) {
+        let mut rows = self.rows.borrow_mut();
+        if let Some(w) = rows.as_mut()
+            && let Err(e) = w.flush()
+        {
+            self.out.event(
+                "per_request.error",
+                format!("writing per-request rows: {e}"),
+            );
+            *rows = None;
         }
     }
 }
 
-/// Runs a worker: reads its plan from `control`, runs it, writes records to
-/// `out`. Returns when its share is done, or at once when told to stop.
-pub fn run_worker(
-    mut control: impl BufRead + Send + 'static,
-    out: Box<dyn Write>,
-) -> io::Result<()> {
-    let mut first = String::new();
-    control.read_line(&mut first)?;
-    let plan: WorkerPlan = serde_json::from_str(&first).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad worker plan on stdin: {e}"),
-        )
-    })?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, worker(plan, control, out))
-}
-
-async fn worker(
-    plan: WorkerPlan,
-    control: impl BufRead + Send + 'static,
-    out: Box<dyn Write>,
-) -> io::Result<()> {
+/// Runs one worker: its share of `plan`, until it is done or told to stop.
+pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> io::Result<()> {
     let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
     if plan.targets.is_empty() || plan.targets.len() != plan.addrs.len() {
         return Err(invalid(
@@ -223,15 +180,6 @@ async fn worker(
         Some(path) => Some(RowWriter::open(path, RowFormat::for_path(path))?),
         None => None,
     };
-    // Align the schedule on the supervisor's wall-clock start.
-    let now_ns = now_unix_ns();
-    let now = Instant::now();
-    let start = if plan.start_unix_ns >= now_ns {
-        now + Duration::from_nanos(plan.start_unix_ns - now_ns)
-    } else {
-        now.checked_sub(Duration::from_nanos(now_ns - plan.start_unix_ns))
-            .unwrap_or(now)
-    };
     let ctx = Rc::new(Ctx {
         wire,
         pools: endpoints.iter().map(|_| RefCell::new(Vec::new())).collect(),
@@ -244,120 +192,77 @@ async fn worker(
         cap: cap.max(1),
         freed: Notify::new(),
         timeout: Duration::from_millis(settings.timeout_ms),
-        start,
+        start: Anchor::at_unix_ns(plan.start_unix_ns),
         rec: RefCell::new(AttackRecorder::new(
             plan.label.clone(),
             settings.interval_ns.max(1),
         )),
         scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
         rows: RefCell::new(rows),
-        stopping: Cell::new(false),
-        stop: Notify::new(),
-        live: Cell::new(0),
-        idle: Notify::new(),
+        stop: Stop::default(),
+        live: Live::default(),
         done: Cell::new(Done::default()),
-        logged: Cell::new(0),
-        out: RefCell::new(out),
+        ticker: Ticker::new(settings.interval_ns),
+        logged: FirstOfKind::default(),
+        out: Output::new(plan.label.clone(), out),
         plan,
     });
 
-    // Control lines arrive on a blocking stdin; read them on a thread.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    std::thread::spawn(move || {
-        let mut control = control;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match control.read_line(&mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) if line.trim() == "stop" => break,
-                Ok(_) => {}
-            }
-        }
-        let _ = tx.send(());
-    });
-    let control_ctx = ctx.clone();
+    // A stop order, or the end of the input, stops the run at once.
+    let orders_ctx = ctx.clone();
     tokio::task::spawn_local(async move {
-        if rx.recv().await.is_some() {
-            control_ctx.stopping.set(true);
-            control_ctx.stop.notify_waiters();
-            control_ctx.idle.notify_one();
-        }
+        while let Some(Order::Publishing(_)) = orders.next().await {}
+        orders_ctx.stop.set();
+        orders_ctx.live.wake();
     });
 
     let duration = ctx.plan.duration_ns.map(Duration::from_nanos);
     let requests = ctx.plan.requests;
-    ctx.live.set(1);
+    ctx.live.add();
     match ctx.plan.load {
         Load::Rate(spec) => {
             let pacer = pacer(spec, duration, requests).map_err(|e| invalid(e.to_string()))?;
             tokio::task::spawn_local(schedule(ctx.clone(), pacer, duration, requests));
         }
         Load::Max { .. } => {
+            let start = ctx.start.instant();
             let end = duration.map(|d| start + d);
             let next = Rc::new(Cell::new(0u64));
             let c = ctx.clone();
             tokio::task::spawn_local(async move {
                 tokio::time::sleep_until(start.into()).await;
                 for _ in 0..loops {
-                    ctx_live_add(&c);
+                    c.live.add();
                     tokio::task::spawn_local(closed_loop(c.clone(), end, next.clone()));
                 }
-                c.task_done();
+                c.live.done();
             });
         }
     }
-    let ticker = tokio::task::spawn_local(tick(ctx.clone()));
+    let tick_ctx = ctx.clone();
+    let ticker = tokio::task::spawn_local(async move {
+        let c = &tick_ctx;
+        c.ticker.run(&c.rec, &c.out, || c.flush_rows()).await;
+    });
 
-    while ctx.live.get() > 0 && !ctx.stopping.get() {
-        ctx.idle.notified().await;
+    while ctx.live.get() > 0 && !ctx.stop.is_set() {
+        ctx.live.changed().await;
     }
     ticker.abort();
     let mut done = ctx.done.get();
-    if ctx.stopping.get() {
+    if ctx.stop.is_set() {
         done.stopped = true;
         ctx.rec.borrow_mut().cancel_in_flight();
     }
     if let Some(rows) = ctx.rows.borrow_mut().as_mut() {
         rows.flush()?;
     }
-    let length = settings.interval_ns.max(1);
-    let start_ns = now_unix_ns() / length * length;
-    let iv = ctx.rec.borrow_mut().take(start_ns);
-    ctx.emit(&encode_interval(&iv));
-    // Invariant: a struct of integers always serializes.
-    ctx.event(
+    ctx.ticker.last(&ctx.rec, &ctx.out);
+    ctx.out.event(
         "worker.done",
-        serde_json::to_string(&done).expect("done serializes"),
+        serde_json::to_string(&done).map_err(io::Error::other)?,
     );
     Ok(())
-}
-
-fn ctx_live_add(ctx: &Ctx) {
-    ctx.live.set(ctx.live.get() + 1);
-}
-
-/// Emits one interval per wall-clock interval (aligned).
-async fn tick(ctx: Rc<Ctx>) {
-    let length = ctx.plan.settings.interval_ns.max(1);
-    let mut last_end = 0u64;
-    loop {
-        let now = now_unix_ns();
-        let end = ((now / length + 1) * length).max(last_end + length);
-        tokio::time::sleep(Duration::from_nanos(end.saturating_sub(now))).await;
-        last_end = end;
-        let iv = ctx.rec.borrow_mut().take(end - length);
-        ctx.emit(&encode_interval(&iv));
-        if let Some(rows) = ctx.rows.borrow_mut().as_mut()
-            && let Err(e) = rows.flush()
-        {
-            ctx.event(
-                "per_request.error",
-                format!("writing per-request rows: {e}"),
-            );
-            *ctx.rows.borrow_mut() = None;
-        }
-    }
 }
 
 /// Starts this worker's requests on the open-model schedule.
@@ -373,14 +278,14 @@ async fn schedule(
     // Without a timerfd (not Linux?), tokio's millisecond timers will do.
     let timer = PreciseTimer::new().ok();
     loop {
-        if ctx.stopping.get() || requests.is_some_and(|n| i >= n) {
+        if ctx.stop.is_set() || requests.is_some_and(|n| i >= n) {
             break;
         }
         let offset = pacer.intended(i);
         if duration.is_some_and(|d| offset >= d) {
             break;
         }
-        let intended = ctx.start + offset;
+        let intended = ctx.start.instant() + offset;
         if intended > Instant::now() {
             burst = 0;
             let stop = ctx.stop.notified();
@@ -400,11 +305,11 @@ async fn schedule(
             }
             continue;
         }
-        ctx_live_add(&ctx);
+        ctx.live.add();
         let c = ctx.clone();
         tokio::task::spawn_local(async move {
             request(&c, i, intended, Instant::now(), None).await;
-            c.task_done();
+            c.live.done();
         });
         i += step;
         // Behind schedule, every due request starts now; let the responses
@@ -414,7 +319,7 @@ async fn schedule(
             tokio::task::yield_now().await;
         }
     }
-    ctx.task_done();
+    ctx.live.done();
 }
 
 /// One connection's worth of closed-model load: the next request as soon as
@@ -431,7 +336,7 @@ async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
         let k = next.get();
         let seq = u64::from(ctx.plan.index) + k * step;
         let now = Instant::now();
-        if ctx.stopping.get()
+        if ctx.stop.is_set()
             || end.is_some_and(|e| now >= e)
             || ctx.plan.requests.is_some_and(|n| seq >= n)
         {
@@ -440,7 +345,7 @@ async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
         next.set(k + 1);
         request(&ctx, seq, now, now, Some(timer.as_mut())).await;
     }
-    ctx.task_done();
+    ctx.live.done();
 }
 
 /// One request's own figures, for its row.
@@ -486,7 +391,7 @@ async fn request(
     let result = match timer {
         None => match tokio::time::timeout_at(deadline.into(), exchange(ctx, t, &mut io)).await {
             Ok(r) => r,
-            Err(_) => Err(Failure::Timeout),
+            Err(_) => Err(Failure::Net(NetCause::Timeout)),
         },
         Some(mut timer) => {
             let exchange = exchange(ctx, t, &mut io);
@@ -497,7 +402,7 @@ async fn request(
                     r = &mut exchange => break r,
                     () = timer.as_mut() => {
                         if Instant::now() >= deadline {
-                            break Err(Failure::Timeout);
+                            break Err(Failure::Net(NetCause::Timeout));
                         }
                         // Armed for an earlier request: move on to this one's deadline.
                         timer.as_mut().reset(deadline.into());
@@ -506,7 +411,7 @@ async fn request(
             }
         }
     };
-    if ctx.stopping.get() {
+    if ctx.stop.is_set() {
         // Counted as canceled with the rest of those in flight.
         return;
     }
@@ -514,20 +419,18 @@ async fn request(
     let sent_at = io.sent_at.unwrap_or(end);
     ctx.rec
         .borrow_mut()
-        .lag(us(sent_at.saturating_duration_since(intended)));
+        .lag(micros(sent_at.saturating_duration_since(intended)));
     let (latency, service) = (
-        us(end.saturating_duration_since(intended)),
-        us(end - sent_at),
+        micros(end.saturating_duration_since(intended)),
+        micros(end - sent_at),
     );
     match result {
         Ok(status) => ctx.rec.borrow_mut().answered(status, latency, service),
         Err(why) => {
             ctx.rec.borrow_mut().failed(why);
-            let bit = 1u32 << why.index();
-            if ctx.logged.get() & bit == 0 {
-                ctx.logged.set(ctx.logged.get() | bit);
+            if ctx.logged.first(why) {
                 let target = &ctx.plan.targets[t];
-                ctx.event(
+                ctx.out.event(
                     "request.error",
                     format!(
                         "{} (first of its kind): {} {}",
@@ -552,7 +455,7 @@ async fn request(
             latency_us: latency,
             service_us: service,
             status: *result.as_ref().unwrap_or(&0),
-            error: result.err().map_or("", Failure::label),
+            error: result.err().map_or("", RequestError::label),
             bytes_in: io.bytes_in,
             bytes_out: io.bytes_out,
         };
@@ -620,7 +523,7 @@ impl Drop for Conn {
 
 /// A connection for pool `pool`: an idle one, a new one under the cap, or
 /// (at the cap) the next one freed. The flag says whether it was reused.
-async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool), Failure> {
+async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool), RequestError> {
     // Until it waits for a free connection, a request goes out as it starts.
     let mut waited = false;
     let sent_now = |io: &mut Io, waited: bool| {
@@ -667,18 +570,20 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
 
 /// Opens a connection for pool `pool`: TCP connect, then the TLS handshake
 /// for an `https://` endpoint; records how long each took.
-async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, Failure> {
+async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, RequestError> {
     let endpoint = &ctx.endpoints[pool];
     let began = Instant::now();
     let stream = TcpStream::connect(endpoint.addr)
         .await
-        .map_err(|e| Failure::from_io(&e))?;
-    stream.set_nodelay(true).map_err(|e| Failure::from_io(&e))?;
+        .map_err(|e| RequestError::from_io(&e))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| RequestError::from_io(&e))?;
     let connected = Instant::now();
     let (Some(host), Some(client)) = (&endpoint.tls_host, &ctx.tls) else {
         ctx.rec
             .borrow_mut()
-            .connect_phases(us(connected - began), None);
+            .connect_phases(micros(connected - began), None);
         return Ok(Link { stream, tls: None });
     };
     let mut session = client
@@ -686,10 +591,10 @@ async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, Failure> {
         .map_err(|_| Failure::Tls(tls::TlsFailure::Other))?;
     let mut plain = Vec::new();
     if let Err(e) = tls::handshake(&stream, &ctx.scratch, &mut session, &mut plain).await {
-        let why = Failure::from_tls(&e);
+        let why = RequestError::from_tls(&e);
         if matches!(why, Failure::Tls(_)) && !ctx.tls_logged.replace(true) {
             // The reason rustls gave, once: the counter only names its kind.
-            ctx.event(
+            ctx.out.event(
                 "request.error",
                 format!("TLS handshake with {}: {e}", endpoint.addr),
             );
@@ -697,11 +602,11 @@ async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, Failure> {
         return Err(why);
     }
     ctx.rec.borrow_mut().connect_phases(
-        us(connected - began),
-        Some((us(Instant::now() - connected), session.resumed())),
+        micros(connected - began),
+        Some((micros(Instant::now() - connected), session.resumed())),
     );
     if !ctx.tls_noted.replace(true) {
-        ctx.event("tls.negotiated", session.describe());
+        ctx.out.event("tls.negotiated", session.describe());
     }
     Ok(Link {
         stream,
@@ -714,19 +619,19 @@ enum Talk {
     /// Nothing came back before the connection ended: on a reused
     /// keep-alive connection the server may simply have closed it while
     /// idle, so the request goes again on a new one.
-    Stale(Failure),
+    Stale(RequestError),
     /// Failed for good.
-    Fail(Failure),
+    Fail(RequestError),
 }
 
 /// Sends target `t` and reads its response; returns the status code.
-async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, Failure> {
+async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, RequestError> {
     let pool = ctx.pool_of[t];
     let mut retried = false;
     loop {
         let (mut conn, reused) = acquire(ctx, pool, io).await?;
         let Some(link) = conn.stream.as_mut() else {
-            return Err(Failure::Other);
+            return Err(Failure::Net(NetCause::Other));
         };
         let talked = match link.tls.as_deref_mut() {
             None => talk(ctx, &link.stream, t, io).await,
@@ -738,7 +643,7 @@ async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, Failure> 
         };
         match talked {
             Ok((status, keep)) => {
-                if keep && ctx.plan.settings.keepalive && !ctx.stopping.get() {
+                if keep && ctx.plan.settings.keepalive && !ctx.stop.is_set() {
                     conn.release(pool);
                 } else {
                     conn.stream.take();
@@ -770,10 +675,10 @@ async fn talk(ctx: &Ctx, stream: &TcpStream, t: usize, io: &mut Io) -> Result<(u
                 stream
                     .writable()
                     .await
-                    .map_err(|e| Talk::Fail(Failure::from_io(&e)))?;
+                    .map_err(|e| Talk::Fail(RequestError::from_io(&e)))?;
             }
-            Err(e) if off == 0 => return Err(Talk::Stale(Failure::from_io(&e))),
-            Err(e) => return Err(Talk::Fail(Failure::from_io(&e))),
+            Err(e) if off == 0 => return Err(Talk::Stale(RequestError::from_io(&e))),
+            Err(e) => return Err(Talk::Fail(RequestError::from_io(&e))),
         }
     }
     let method = ctx.plan.targets[t].method.as_str();
@@ -782,19 +687,19 @@ async fn talk(ctx: &Ctx, stream: &TcpStream, t: usize, io: &mut Io) -> Result<(u
         stream
             .readable()
             .await
-            .map_err(|e| Talk::Fail(Failure::from_io(&e)))?;
+            .map_err(|e| Talk::Fail(RequestError::from_io(&e)))?;
         let mut scratch = ctx.scratch.borrow_mut();
         let n = match stream.try_read(&mut scratch[..]) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) if !reader.started() => return Err(Talk::Stale(Failure::from_io(&e))),
-            Err(e) => return Err(Talk::Fail(Failure::from_io(&e))),
+            Err(e) if !reader.started() => return Err(Talk::Stale(RequestError::from_io(&e))),
+            Err(e) => return Err(Talk::Fail(RequestError::from_io(&e))),
         };
         if n == 0 {
             return match reader.eof() {
                 Some(status) => Ok((status, false)),
-                None if !reader.started() => Err(Talk::Stale(Failure::Closed)),
-                None => Err(Talk::Fail(Failure::Closed)),
+                None if !reader.started() => Err(Talk::Stale(Failure::Own(Exchange::Closed))),
+                None => Err(Talk::Fail(Failure::Own(Exchange::Closed))),
             };
         }
         io.bytes_in += n as u64;
@@ -823,12 +728,12 @@ async fn talk_tls(
     io: &mut Io,
 ) -> Result<(u16, bool), Talk> {
     let wire = &ctx.wire[t];
-    let tls_fail = |e: TlsError| Talk::Fail(Failure::from_tls(&e));
+    let tls_fail = |e: TlsError| Talk::Fail(RequestError::from_tls(&e));
     let mut out = Vec::new();
     session.send(wire, &mut out).map_err(tls_fail)?;
     if let Err(e) = tls::write_all(stream, &out).await {
         // Nothing reached a server that closed the idle connection: try again.
-        return Err(Talk::Stale(Failure::from_io(&e)));
+        return Err(Talk::Stale(RequestError::from_io(&e)));
     }
     io.bytes_out += wire.len() as u64;
     ctx.rec.borrow_mut().bytes_out(wire.len());
@@ -842,14 +747,14 @@ async fn talk_tls(
         if !out.is_empty() {
             tls::write_all(stream, &out)
                 .await
-                .map_err(|e| Talk::Fail(Failure::from_io(&e)))?;
+                .map_err(|e| Talk::Fail(RequestError::from_io(&e)))?;
             out.clear();
         }
         let ended = match got {
             Ok(Some(Phase::PeerClosed) | None) => true,
             Ok(Some(_)) => false,
             Err(TlsError::Io(e)) if !reader.started() => {
-                return Err(Talk::Stale(Failure::from_io(&e)));
+                return Err(Talk::Stale(RequestError::from_io(&e)));
             }
             Err(e) => return Err(tls_fail(e)),
         };
@@ -863,8 +768,8 @@ async fn talk_tls(
         if ended {
             return match reader.eof() {
                 Some(status) => Ok((status, false)),
-                None if !reader.started() => Err(Talk::Stale(Failure::Closed)),
-                None => Err(Talk::Fail(Failure::Closed)),
+                None if !reader.started() => Err(Talk::Stale(Failure::Own(Exchange::Closed))),
+                None => Err(Talk::Fail(Failure::Own(Exchange::Closed))),
             };
         }
     }
@@ -896,7 +801,7 @@ impl ResponseReader {
     }
 
     /// Feeds newly read bytes: `Some((status, keep_alive))` once the response ended.
-    fn feed(&mut self, data: &[u8], method: &str) -> Result<Option<(u16, bool)>, Failure> {
+    fn feed(&mut self, data: &[u8], method: &str) -> Result<Option<(u16, bool)>, RequestError> {
         self.any = true;
         if let Some((status, keep, dec)) = self.head.as_mut() {
             return Ok(body(dec, data)?.map(|extra| (*status, *keep && !extra)));
@@ -904,19 +809,22 @@ impl ResponseReader {
         let joined = !self.partial.is_empty();
         if joined {
             if self.partial.len() + data.len() > http::MAX_HEAD + data.len().min(64 * 1024) {
-                return Err(Failure::BadResponse);
+                return Err(Failure::Own(Exchange::BadResponse));
             }
             self.partial.extend_from_slice(data);
         }
         let buf: &[u8] = if joined { &self.partial } else { data };
-        let parsed = http::parse_response(buf, http::MAX_HEAD).map_err(|_| Failure::BadResponse)?;
+        let parsed = http::parse_response(buf, http::MAX_HEAD)
+            .map_err(|_| Failure::Own(Exchange::BadResponse))?;
         let Some((resp, used)) = parsed else {
             if !joined {
                 self.partial.extend_from_slice(data);
             }
             return Ok(None);
         };
-        let kind = resp.body_kind(method).map_err(|_| Failure::BadResponse)?;
+        let kind = resp
+            .body_kind(method)
+            .map_err(|_| Failure::Own(Exchange::BadResponse))?;
         let keep = resp.keep_alive();
         let mut dec = BodyDecoder::new(kind, u64::MAX);
         let result = body(&mut dec, &buf[used..])?.map(|extra| (resp.status, keep && !extra));
@@ -937,7 +845,7 @@ impl ResponseReader {
 
 /// Runs body bytes through the decoder: `Some(extra)` when the body ended
 /// (`extra`: bytes followed it, so the connection cannot be trusted again).
-fn body(dec: &mut BodyDecoder, mut rest: &[u8]) -> Result<Option<bool>, Failure> {
+fn body(dec: &mut BodyDecoder, mut rest: &[u8]) -> Result<Option<bool>, RequestError> {
     loop {
         if dec.is_done() {
             return Ok(Some(!rest.is_empty()));
@@ -946,8 +854,8 @@ fn body(dec: &mut BodyDecoder, mut rest: &[u8]) -> Result<Option<bool>, Failure>
             return Ok(None);
         }
         let step = dec.decode(rest, false).map_err(|e| match e {
-            BodyError::Truncated => Failure::Closed,
-            _ => Failure::BadResponse,
+            BodyError::Truncated => Failure::Own(Exchange::Closed),
+            _ => Failure::Own(Exchange::BadResponse),
         })?;
         rest = &rest[step.consumed..];
         if step.done {
@@ -1010,7 +918,7 @@ mod tests {
         let mut r = ResponseReader::new();
         assert_eq!(
             r.feed(b"SMTP ready\r\n\r\n", "GET"),
-            Err(Failure::BadResponse)
+            Err(Failure::Own(Exchange::BadResponse))
         );
     }
 }

@@ -4,8 +4,8 @@
 //! then handed over here: the socket leaves tokio's reactor
 //! (`into_std`) and joins one epoll set per worker, and its task ends. What
 //! stays per idle connection is one [`Held`] slot in a vector indexed by file
-//! descriptor: the socket, a decoder with no buffer, the last sequence number
-//! and the time it opened — well under 100 bytes, against ~1.5 KiB for a
+//! descriptor: the socket, a decoder with no buffer, its place in the
+//! message [`Sequence`] and the time it opened — well under 100 bytes, against ~1.5 KiB for a
 //! tokio task plus its I/O registration (both 128-byte aligned) measured at
 //! 18,000 connections. The epoll fd itself is registered with tokio, so the
 //! loop runs beside the worker's other tasks on the same thread.
@@ -32,8 +32,10 @@ use throng_proto::ws::{self, Decoder, Frame, Role};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use super::{Ctx, mask, now_unix_ns, on_message};
-use crate::recorder::Closed;
+use super::recorder::Closed;
+use super::sequence::Sequence;
+use super::worker::{Ctx, mask, on_message};
+use crate::harness::clock::now_unix_ns;
 use crate::tls::{Phase, Records};
 
 /// Events taken from epoll per call.
@@ -51,10 +53,8 @@ struct Held {
     decoder: Decoder,
     /// Bytes of a frame that arrived split; empty (no allocation) otherwise.
     rest: Vec<u8>,
-    /// The last sequence number received; 0 before the first.
-    last_seq: u64,
-    /// When the handshake completed, ns since the Unix epoch.
-    opened_ns: u64,
+    /// What it has received of the published sequence (and when it opened).
+    seq: Sequence,
     /// Our close frame is out; waiting for the server's.
     closing: bool,
 }
@@ -123,16 +123,16 @@ impl Holder {
         tls: Option<Box<Records>>,
         rest: Vec<u8>,
     ) {
-        ctx.live.set(ctx.live.get() + 1);
+        ctx.live.add();
         let Ok(stream) = stream.into_std() else {
             ctx.rec.borrow_mut().closed(Closed::Reset);
-            ctx.task_done();
+            ctx.live.done();
             return;
         };
         let fd = stream.as_raw_fd();
         let Ok(index) = usize::try_from(fd) else {
             ctx.rec.borrow_mut().closed(Closed::Reset);
-            ctx.task_done();
+            ctx.live.done();
             return;
         };
         let mut ev = libc::epoll_event {
@@ -142,7 +142,7 @@ impl Holder {
         // SAFETY: both fds are open; `ev` is a valid event for the call to read.
         if unsafe { libc::epoll_ctl(self.epfd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
             ctx.rec.borrow_mut().closed(Closed::Reset);
-            ctx.task_done();
+            ctx.live.done();
             return;
         }
         let held = Held {
@@ -150,8 +150,7 @@ impl Holder {
             tls,
             decoder: Decoder::new(Role::Client, ctx.plan.settings.max_message),
             rest: Vec::new(),
-            last_seq: 0,
-            opened_ns: now_unix_ns(),
+            seq: Sequence::new(now_unix_ns()),
             closing: false,
         };
         {
@@ -166,7 +165,7 @@ impl Holder {
             let mut rest = rest;
             self.turn(ctx, index, Some(&mut rest));
         }
-        if ctx.stopping.get() {
+        if ctx.stop.is_set() {
             self.close_one(ctx, index);
             if self.expired.get() {
                 self.finish(ctx, index, Closed::CloseTimeout);
@@ -230,7 +229,6 @@ impl Holder {
             };
             let seen = match first {
                 Some(bytes) => process(ctx, held, bytes, &mut reply),
-                None if held.tls.is_some() => read_tls(ctx, held, &mut reply),
                 None => read(ctx, held, &mut reply),
             };
             let mut seen = seen;
@@ -277,21 +275,17 @@ impl Holder {
         unsafe { libc::epoll_ctl(self.epfd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
         let mut rec = ctx.rec.borrow_mut();
         if held.closing {
-            let final_seq = ctx.final_seq.get();
-            if final_seq > held.last_seq && held.last_seq > 0 {
-                rec.lost(final_seq - held.last_seq);
-            } else if final_seq > 0 && held.last_seq == 0 {
-                let first_publish = ctx.first_publish_ns.get();
-                if first_publish != 0 && held.opened_ns < first_publish {
-                    rec.lost(final_seq);
-                }
-            }
+            // Closed by us at the end of the run: what it never received is lost.
+            rec.lost(
+                held.seq
+                    .missing_at_end(ctx.final_seq.get(), ctx.first_publish_ns.get()),
+            );
         }
         rec.closed(how);
         drop(rec);
         drop(held);
         self.count.set(self.count.get() - 1);
-        ctx.task_done();
+        ctx.live.done();
     }
 
     /// Sends our close frame on connection `index`.
@@ -354,70 +348,71 @@ fn send_now(held: &mut Held, plain: &[u8]) -> io::Result<()> {
     }
 }
 
-/// [`read`] for a TLS connection: decrypts into the worker's shared buffer,
-/// then processes the frames in it.
-fn read_tls(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
+/// What one `read` into the scratch buffer gave.
+enum Got {
+    /// This many bytes.
+    Bytes(usize),
+    /// Interrupted: read again.
+    Again,
+    /// Nothing more for now, or the end of the connection.
+    Done(Seen),
+}
+
+fn read_into(stream: &TcpStream, buf: &mut [u8]) -> Got {
+    let mut stream = stream;
+    match stream.read(buf) {
+        Ok(0) => Got::Done(Seen::Eof),
+        Ok(n) => Got::Bytes(n),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Got::Done(Seen::Drained),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Got::Again,
+        Err(_) => Got::Done(Seen::Reset),
+    }
+}
+
+/// [`process`] of `data` after what an earlier read left of a split frame.
+fn process_more(ctx: &Ctx, held: &mut Held, data: &mut [u8], reply: &mut Vec<u8>) -> Seen {
+    if held.rest.is_empty() {
+        process(ctx, held, data, reply)
+    } else {
+        let mut joined = std::mem::take(&mut held.rest);
+        joined.extend_from_slice(data);
+        process(ctx, held, &mut joined, reply)
+    }
+}
+
+/// Reads what is there (a bounded number of times) and processes it. A
+/// TLS connection's records are decrypted from the shared scratch buffer
+/// into the second shared buffer first.
+fn read(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
     let mut scratch = ctx.scratch.borrow_mut();
     let mut plain = ctx.plain.borrow_mut();
     for _ in 0..READS_PER_TURN {
-        let n = match (&held.stream).read(&mut scratch) {
-            Ok(0) => return Seen::Eof,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Seen::Drained,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return Seen::Reset,
+        let n = match read_into(&held.stream, &mut scratch) {
+            Got::Bytes(n) => n,
+            Got::Again => continue,
+            Got::Done(seen) => return seen,
         };
         ctx.rec.borrow_mut().bytes_in(n);
-        let Some(session) = held.tls.as_mut() else {
-            return Seen::Reset;
+        let phase = match held.tls.as_mut() {
+            None => None,
+            Some(session) => {
+                plain.clear();
+                match session.receive(&mut scratch[..n], &mut plain) {
+                    Ok(phase) => Some(phase),
+                    Err(_) => return Seen::Tls,
+                }
+            }
         };
-        plain.clear();
-        let Ok(phase) = session.receive(&mut scratch[..n], &mut plain) else {
-            return Seen::Tls;
-        };
-        let seen = if plain.is_empty() {
-            Seen::Drained
-        } else if held.rest.is_empty() {
-            process(ctx, held, &mut plain, reply)
-        } else {
-            let mut joined = std::mem::take(&mut held.rest);
-            joined.extend_from_slice(&plain);
-            process(ctx, held, &mut joined, reply)
+        let seen = match phase {
+            None => process_more(ctx, held, &mut scratch[..n], reply),
+            Some(_) if plain.is_empty() => Seen::Drained,
+            Some(_) => process_more(ctx, held, &mut plain, reply),
         };
         if !matches!(seen, Seen::Drained) {
             return seen;
         }
-        if phase == Phase::PeerClosed {
+        if phase == Some(Phase::PeerClosed) {
             return Seen::Eof;
-        }
-        if n < scratch.len() {
-            return Seen::Drained;
-        }
-    }
-    Seen::Drained
-}
-
-/// Reads what is there (a bounded number of times) and processes it.
-fn read(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
-    let mut scratch = ctx.scratch.borrow_mut();
-    for _ in 0..READS_PER_TURN {
-        let n = match (&held.stream).read(&mut scratch) {
-            Ok(0) => return Seen::Eof,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Seen::Drained,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return Seen::Reset,
-        };
-        ctx.rec.borrow_mut().bytes_in(n);
-        let seen = if held.rest.is_empty() {
-            process(ctx, held, &mut scratch[..n], reply)
-        } else {
-            let mut joined = std::mem::take(&mut held.rest);
-            joined.extend_from_slice(&scratch[..n]);
-            process(ctx, held, &mut joined, reply)
-        };
-        if !matches!(seen, Seen::Drained) {
-            return seen;
         }
         if n < scratch.len() {
             // A short read: most likely drained; epoll says if not.
@@ -448,7 +443,7 @@ fn process(ctx: &Ctx, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> S
         match decoded.frame {
             None | Some(Frame::Pong(_)) => {}
             Some(Frame::Text(payload) | Frame::Binary(payload)) => {
-                on_message(ctx, &mut held.last_seq, held.opened_ns, payload, now_ns);
+                on_message(ctx, &mut held.seq, payload, now_ns);
             }
             Some(Frame::Ping(payload)) => {
                 ws::encode_into(reply, true, ws::OpCode::Pong, payload, Some(mask()));

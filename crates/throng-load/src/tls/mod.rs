@@ -211,13 +211,10 @@ impl TlsClient {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(rustls::ALL_VERSIONS)?;
-        let mut config = if opts.insecure {
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyCertificate(
-                    provider.signature_verification_algorithms,
-                )))
-                .with_no_client_auth()
+        // Either way a verifier of our own: any certificate (`--tls-insecure`),
+        // or webpki's checks with a verified chain remembered for a minute.
+        let verifier: Arc<dyn ServerCertVerifier> = if opts.insecure {
+            Arc::new(AnyCertificate(provider.signature_verification_algorithms))
         } else {
             let roots = throng_client::trust::trust_roots(opts.ca_file.as_deref()).map_err(
                 |e| match e {
@@ -231,11 +228,12 @@ impl TlsClient {
             let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
                 .map_err(|e| TlsSetupError::Verifier(e.to_string()))?;
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(RecentChains::new(webpki)))
-                .with_no_client_auth()
+            Arc::new(RecentChains::new(webpki))
         };
+        let mut config = builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         // Held connections leave rustls once established ([`Records`]).
         config.enable_secret_extraction = true;

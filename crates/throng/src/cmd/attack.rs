@@ -1,19 +1,16 @@
 //! `throng attack`: HTTP load at a set request rate (open model) or the most
 //! a closed pool of connections can do, measured without coordinated omission.
 
-use std::io::IsTerminal as _;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use throng_load::attack::record::{CSV_HEADER, LATE_US, RowFormat};
-use throng_load::attack::supervisor::{self, AttackRun};
-use throng_load::attack::targets::{self, HttpUrl, Target};
-use throng_load::attack::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan};
+use throng_host::units::parse_duration;
+use throng_load::attack::targets::Flags;
+use throng_load::attack::{self, Load};
+use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
-use throng_load::supervisor::Progress;
-use throng_load::units::parse_duration;
 
 /// Arguments of `throng attack`.
 #[derive(Debug, clap::Args)]
@@ -70,7 +67,7 @@ pub(crate) struct Args {
 
     /// Requests per second: 2000/s, 5k/s, or a linear ramp 100/s..5000/s over the duration.
     #[arg(short, long, required_unless_present_any = ["max", "worker"])]
-    rate: Option<String>,
+    rate: Option<RateSpec>,
 
     /// Closed model instead of a rate: --connections connections, each sending its
     /// next request as soon as the last one ends (the most the server gives; wrk's mode).
@@ -82,8 +79,8 @@ pub(crate) struct Args {
     connections: u64,
 
     /// How long to start requests for (30s, 5m).
-    #[arg(short, long, required_unless_present_any = ["requests", "worker"])]
-    duration: Option<String>,
+    #[arg(short, long, required_unless_present_any = ["requests", "worker"], value_parser = parse_duration)]
+    duration: Option<Duration>,
 
     /// Requests in all (with --duration too: whichever ends first).
     #[arg(short = 'n', long)]
@@ -107,8 +104,8 @@ pub(crate) struct Args {
     no_keepalive: bool,
 
     /// Per request, connect included; a later answer counts as error 'timeout'.
-    #[arg(long, default_value = "60s")]
-    timeout: String,
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    timeout: Duration,
 
     /// Append per-second results (throng result-file format) to FILE; read with `throng report`.
     #[arg(short, long, value_name = "FILE")]
@@ -127,256 +124,62 @@ pub(crate) struct Args {
     max_error_rate: Option<f64>,
 
     /// Exit 1 when the p99 latency (from the intended start) is above this, e.g. 250ms.
-    #[arg(long, value_name = "DURATION")]
-    max_p99: Option<String>,
-
-    /// No progress lines.
-    #[arg(short, long)]
-    quiet: bool,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    max_p99: Option<Duration>,
 
     #[command(flatten)]
-    tls: super::tls_client::TlsArgs,
-
-    /// Internal: run as a worker process (plan on stdin).
-    #[arg(long, hide = true)]
-    worker: bool,
+    client: super::client::ClientArgs,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if args.worker {
-        throng_host::limits::raise_nofile().context("raising the open-file limit")?;
-        let stdin = std::io::BufReader::new(std::io::stdin());
-        throng_load::attack::worker::run_worker(stdin, Box::new(std::io::stdout()))
-            .context("worker")?;
+    if args.client.worker {
+        attack::run_worker().context("worker")?;
         return Ok(ExitCode::SUCCESS);
     }
-    let targets = read_targets(&args)?;
-    let addrs = targets
-        .iter()
-        .map(|t| t.url.resolve())
-        .collect::<Result<Vec<_>, _>>()?;
-    let duration = args
-        .duration
-        .as_deref()
-        .map(parse_duration)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    if duration.is_some_and(|d| d.is_zero()) {
-        anyhow::bail!("--duration must be more than zero");
+    let targets = Flags {
+        file: args.targets.clone(),
+        url: args.url.clone(),
+        method: args.method.clone(),
+        headers: args.headers.clone(),
+        body: args.body.clone(),
+        body_file: args.body_file.clone(),
     }
-    if args.requests == Some(0) {
-        anyhow::bail!("--requests must be at least 1");
-    }
-    let timeout = parse_duration(&args.timeout).map_err(anyhow::Error::msg)?;
-    if timeout.is_zero() {
-        anyhow::bail!("--timeout must be more than zero");
-    }
-    let max_p99 = args
-        .max_p99
-        .as_deref()
-        .map(parse_duration)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    if let Some(r) = args.max_error_rate
-        && !(0.0..=1.0).contains(&r)
-    {
-        anyhow::bail!("--max-error-rate is a fraction between 0 and 1, e.g. 0.01 for 1%");
-    }
-    if args.max_connections == 0 {
-        anyhow::bail!("--max-connections must be at least 1");
-    }
-    let load = if args.max {
-        if args.connections == 0 {
-            anyhow::bail!("--connections must be at least 1");
-        }
-        Load::Max {
+    .targets()?;
+    let load = match (args.max, args.rate) {
+        (true, _) => Load::Max {
             connections: args.connections,
-        }
-    } else {
-        let text = args.rate.as_deref().context("--rate or --max is needed")?;
-        Load::Rate(text.parse::<RateSpec>()?)
+        },
+        (false, Some(spec)) => Load::Rate(spec),
+        (false, None) => anyhow::bail!("--rate or --max is needed"),
     };
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = args
-        .workers
-        .unwrap_or(u32::try_from(cores).unwrap_or(1))
-        .max(1);
-    let nofile = throng_host::limits::raise_nofile().context("raising the open-file limit")?;
-    // Each worker needs a file per connection, and a few of its own.
-    let per_worker_cap = nofile
-        .saturating_sub(throng_host::limits::DEFAULT_FD_RESERVE)
-        .max(1);
-    let mut max_connections = args.max_connections;
-    if let Load::Max { connections } = load
-        && connections > max_connections
-    {
-        anyhow::bail!(
-            "--connections {connections} is over --max-connections {max_connections}; raise --max-connections"
-        );
-    }
-    if max_connections.div_ceil(u64::from(workers)) > per_worker_cap {
-        max_connections = per_worker_cap * u64::from(workers);
-    }
-    let settings = Settings {
-        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        keepalive: !args.no_keepalive,
-        max_connections,
-        ..Settings::default()
-    };
-    let pacer = match load {
-        Load::Rate(spec) => Some(throng_load::attack::pacer(spec, duration, args.requests)?),
-        Load::Max { .. } => None,
-    };
-    let planned = pacer
-        .map(|p| throng_load::attack::planned(&p, duration, args.requests))
-        .and_then(|n| n);
-
-    // Every default that matters, before anything happens.
     let json = args.format == "json";
-    let say = |line: String| {
-        if json {
-            eprintln!("{line}")
-        } else {
-            println!("{line}")
-        }
-    };
-    let first = &targets[0];
-    let more = if targets.len() > 1 {
-        format!(" (+{} more targets, taken in turn)", targets.len() - 1)
-    } else {
-        String::new()
-    };
-    say(format!(
-        "throng attack {} {}{more}",
-        first.method, first.url
-    ));
-    let span = match (duration, args.requests) {
-        (Some(d), Some(n)) => format!("for {d:?} or {n} requests, whichever ends first"),
-        (Some(d), None) => format!("for {d:?}"),
-        (None, Some(n)) => format!("{n} requests"),
-        (None, None) => String::new(),
-    };
-    match load {
-        Load::Rate(spec) => say(format!(
-            "  rate {spec} (open model) {span}: {} requests planned",
-            planned.map_or("?".to_owned(), |n| n.to_string())
-        )),
-        Load::Max { connections } => say(format!(
-            "  closed pool of {connections} connections (--max) {span}"
-        )),
-    }
-    say(format!(
-        "  TIMEOUT {} per request, connect included (--timeout{}); later answers count as error 'timeout'",
-        fmt_duration(timeout),
-        if timeout == DEFAULT_TIMEOUT {
-            ", the default"
-        } else {
-            ""
-        }
-    ));
-    say(format!(
-        "  workers {workers}; max connections {max_connections} over all workers; keep-alive {}; open-file limit {nofile}/process",
-        if settings.keepalive {
-            "on"
-        } else {
-            "off (--no-keepalive)"
-        }
-    ));
-    let tls = args.tls.options(targets.iter().any(|t| t.url.tls), &say)?;
-    say(format!(
-        "  latency from each request's intended start; 'late' = started more than {} ms behind schedule",
-        LATE_US / 1000
-    ));
-    if let Some(o) = &args.output {
-        say(format!("  results to {}", o.display()));
-    }
-    if let Some(p) = &args.per_request {
-        let format = RowFormat::for_path(p);
-        say(format!(
-            "  per-request rows to {} ({format:?})",
-            p.display()
-        ));
-        let head = if format == RowFormat::Csv {
-            CSV_HEADER
-        } else {
-            ""
-        };
-        std::fs::write(p, head).with_context(|| format!("creating {}", p.display()))?;
-    }
-    if args.max_error_rate.is_some() || max_p99.is_some() {
-        say(format!(
-            "  thresholds: error rate <= {}, p99 latency <= {}",
-            args.max_error_rate
-                .map_or("-".to_owned(), |r| r.to_string()),
-            max_p99.map_or("-".to_owned(), fmt_duration)
-        ));
-    }
-
-    let progress = if args.quiet {
-        Progress::Quiet
-    } else if (json && std::io::stderr().is_terminal())
-        || (!json && std::io::stdout().is_terminal())
-    {
-        Progress::Tty
-    } else {
-        Progress::Lines
-    };
-    let header = args.output.as_ref().map(|_| {
-        throng_report::format::Header::new(
-            std::env::args().collect(),
-            serde_json::json!({
-                "subcommand": "attack",
-                "targets": targets.iter().map(|t| format!("{} {}", t.method, t.url)).collect::<Vec<_>>(),
-                "load": match load {
-                    Load::Rate(spec) => serde_json::json!({"rate": spec.to_string()}),
-                    Load::Max { connections } => serde_json::json!({"max": true, "connections": connections}),
-                },
-                "duration_s": duration.map(|d| d.as_secs_f64()),
-                "requests": args.requests,
-                "planned": planned,
-                "workers": workers,
-                "settings": settings,
-                "tls": tls,
-                "late_threshold_us": LATE_US,
-            }),
-        )
-    });
-    let plan = WorkerPlan {
-        index: 0,
-        workers,
-        label: String::new(),
-        load,
-        duration_ns: duration.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        requests: args.requests,
+    let progress = Progress::choose(args.client.quiet, json);
+    let prepared = attack::prepare(attack::Request {
+        command_line: std::env::args().collect(),
+        tls: args.client.tls.options(targets.iter().any(|t| t.url.tls))?,
         targets,
-        addrs,
-        start_unix_ns: 0,
-        settings,
-        per_request: args.per_request.clone(),
-        tls,
-    };
-    let exe = std::env::current_exe().context("finding this program to start workers")?;
-    let worker_command = move || {
-        let mut c = Command::new(&exe);
-        c.args(["attack", "--worker"]);
-        c
-    };
-    let run = AttackRun {
-        plan,
-        planned,
+        load,
+        duration: args.duration,
+        requests: args.requests,
+        workers: args.workers,
+        max_connections: args.max_connections,
+        keepalive: !args.no_keepalive,
+        timeout: args.timeout,
         output: args.output,
-        header,
+        per_request: args.per_request,
+        max_error_rate: args.max_error_rate,
+        max_p99: args.max_p99,
         progress,
-        progress_to_stderr: json,
-    };
-    let summary = supervisor::run(run, &worker_command).context("attack")?;
+    })?;
+    for line in prepared.lines() {
+        progress.say(line);
+    }
+    let (summary, failed) = prepared.run().context("attack")?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        print!("{}", supervisor::render(&summary));
+        print!("{}", attack::render(&summary));
     }
-    let max_p99_us = max_p99.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    let failed = supervisor::check(&summary, args.max_error_rate, max_p99_us);
     for f in &failed {
         eprintln!("throng attack: threshold passed: {f}");
     }
@@ -385,59 +188,4 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
-}
-
-/// The targets: a file (or stdin), or one `--url`.
-fn read_targets(args: &Args) -> anyhow::Result<Vec<Target>> {
-    let defaults = args
-        .headers
-        .iter()
-        .map(|h| targets::parse_header(h).map_err(|e| anyhow::anyhow!("-H {h:?}: {e}")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut list = match (&args.targets, &args.url) {
-        (Some(path), _) => {
-            if args.body.is_some() || args.body_file.is_some() || args.method.is_some() {
-                anyhow::bail!(
-                    "--body, --body-file and --method go with --url; a targets file says these per target"
-                );
-            }
-            targets::read(path)?
-        }
-        (None, Some(url)) => {
-            let body = match (&args.body, &args.body_file) {
-                (Some(b), _) => b.clone().into_bytes(),
-                (None, Some(p)) => std::fs::read(p)
-                    .with_context(|| format!("reading --body-file {}", p.display()))?,
-                (None, None) => Vec::new(),
-            };
-            let method = match &args.method {
-                Some(m) => m.to_ascii_uppercase(),
-                None if body.is_empty() => "GET".to_owned(),
-                None => "POST".to_owned(),
-            };
-            if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
-                anyhow::bail!("--method {method:?} is not an HTTP method");
-            }
-            vec![Target {
-                method,
-                url: HttpUrl::parse(url)?,
-                headers: Vec::new(),
-                body,
-            }]
-        }
-        (None, None) => anyhow::bail!("give --url URL or --targets FILE"),
-    };
-    for t in &mut list {
-        t.add_defaults(&defaults);
-    }
-    Ok(list)
-}
-
-fn fmt_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{ms}ms")
-    }
 }

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use throng_server::config::{parse_duration, parse_listen, parse_size};
+use throng_host::units::{parse_duration, parse_size};
+use throng_server::config::parse_listen;
 use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Trust};
 use throng_server::{Config, Plan, WorkerCommand};
 

@@ -12,41 +12,14 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use throng_host::limits::{self, DEFAULT_FD_RESERVE};
+use throng_host::doctor::PORT_USE;
+use throng_host::limits::DEFAULT_FD_RESERVE;
 
-use crate::target::{WsTarget, format_sources, loopback_sources};
-
-/// Fraction of the local port range a plan may use per (source, target
-/// port) pair: the rest is left for TIME_WAIT and other programs.
-pub const PORT_USE: f64 = 0.9;
+use super::target::{WsTarget, format_sources, loopback_sources};
+use crate::harness::machine::Machine;
 
 /// Loopback source addresses picked by default, when no more are needed.
 pub const DEFAULT_LOOPBACK_SOURCES: usize = 4;
-
-/// What the machine allows, read before planning (see `throng-host`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Machine {
-    /// Open files one process may have (the hard limit: workers raise their soft limit to it).
-    pub nofile: u64,
-    /// `net.ipv4.ip_local_port_range`, inclusive.
-    pub local_ports: (u16, u16),
-    /// CPU cores.
-    pub cores: usize,
-}
-
-impl Machine {
-    /// Local ports a plan may use per (source, target) pair.
-    pub fn usable_ports(&self) -> u64 {
-        let (lo, hi) = self.local_ports;
-        let range = u64::from(hi.saturating_sub(lo)) + 1;
-        (range as f64 * PORT_USE) as u64
-    }
-
-    /// Connections one worker may hold (`throng-host`'s file budget).
-    pub fn per_worker(&self) -> u64 {
-        limits::budget(1, self.nofile, DEFAULT_FD_RESERVE).map_or(0, |b| b.per_worker)
-    }
-}
 
 /// What the user asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -341,7 +314,7 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("3 source addresses"), "{err}");
-        r.sources = Some(crate::target::parse_sources("127.0.0.2").unwrap());
+        r.sources = Some(crate::hold::target::parse_sources("127.0.0.2").unwrap());
         r.target = "ws://127.0.0.1:9000-9001/c".parse().unwrap();
         let err = fit(&r, &machine()).unwrap_err();
         assert!(
@@ -349,7 +322,7 @@ mod tests {
             "{err}"
         );
         // Two sources × two ports fit.
-        r.sources = Some(crate::target::parse_sources("127.0.0.2-127.0.0.3").unwrap());
+        r.sources = Some(crate::hold::target::parse_sources("127.0.0.2-127.0.0.3").unwrap());
         assert_eq!(fit(&r, &machine()).unwrap().per_pair, 15_000);
     }
 

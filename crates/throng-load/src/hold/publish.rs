@@ -22,7 +22,7 @@ use throng_proto::resp::{self, Value};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::net::TcpStream;
 
-use crate::target::PublishTarget;
+use super::target::PublishTarget;
 
 /// The largest publish response body read (the server's JSON answer).
 const MAX_RESPONSE_BODY: u64 = 64 * 1024;

@@ -1,12 +1,27 @@
-//! The TLS client options shared by `hold` (`wss://`) and `attack`
-//! (`https://`): their arguments, the check that they make sense for the
-//! targets, and the lines printed at start. The client itself is
-//! `throng_load::tls`.
+//! The arguments `hold` and `attack` share: quiet, the hidden worker
+//! switch, and the TLS client options (`wss://`, `https://`) with the
+//! check that they make sense for the targets and the warning
+//! `--tls-insecure` deserves. The client itself is `throng_load::tls`.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 use throng_load::tls::{TlsClient, TlsOptions};
+
+/// What `hold` and `attack` share.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ClientArgs {
+    /// No progress lines.
+    #[arg(short, long)]
+    pub(crate) quiet: bool,
+
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
+
+    /// Internal: run as a worker process (plan on stdin).
+    #[arg(long, hide = true)]
+    pub(crate) worker: bool,
+}
 
 /// TLS arguments (used only with wss:// or https:// targets).
 #[derive(Debug, clap::Args)]
@@ -33,13 +48,9 @@ pub(crate) struct TlsArgs {
 
 impl TlsArgs {
     /// The options for a run whose targets use TLS (`used`), checked now
-    /// (the CA file is read) so a mistake stops the run before it starts.
-    /// Prints the TLS line, and a warning for `--tls-insecure`, through `say`.
-    pub(crate) fn options(
-        &self,
-        used: bool,
-        say: &dyn Fn(String),
-    ) -> anyhow::Result<Option<TlsOptions>> {
+    /// (the CA file is read) so a mistake stops the run before it starts;
+    /// with `--tls-insecure`, a warning.
+    pub(crate) fn options(&self, used: bool) -> anyhow::Result<Option<TlsOptions>> {
         if !used {
             if self.tls_insecure || self.tls_ca.is_some() || self.tls_resume {
                 anyhow::bail!(
@@ -54,7 +65,6 @@ impl TlsArgs {
             resume: self.tls_resume && !self.no_tls_resume,
         };
         TlsClient::new(&opts).context("setting up TLS")?;
-        say(format!("  tls: {}", opts.describe()));
         if opts.insecure {
             eprintln!(
                 "WARNING: --tls-insecure: server certificates are NOT checked; anyone in the path could be the server. Use it only against your own test servers."

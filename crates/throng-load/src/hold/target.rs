@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,10 @@ pub enum TargetError {
         /// What is wrong with it.
         why: String,
     },
+    /// The TLS trust of a publish endpoint cannot be set up (a CA file that
+    /// does not read), or was given for one without TLS.
+    #[error("{0}")]
+    Trust(String),
     /// A source address list that does not parse.
     #[error("invalid source addresses '{list}': {why}")]
     Sources {
@@ -233,6 +238,53 @@ impl fmt::Display for PublishTarget {
             // The URL prints its password as ***.
             Self::Redis { url, .. } => write!(f, "{url}"),
         }
+    }
+}
+
+impl PublishTarget {
+    /// Sets which certificates an `https://` or `rediss://` endpoint may
+    /// present (`ca`: a PEM file, else the system bundle; `insecure`: any),
+    /// and checks now that they can be read, so a bad CA file is one error
+    /// at start, not one per publish. Returns the warning to show for
+    /// `insecure`.
+    pub fn set_trust(
+        &mut self,
+        ca: Option<PathBuf>,
+        insecure: bool,
+    ) -> Result<Option<String>, TargetError> {
+        let fix = "(give --publish-tls-ca FILE, or --publish-tls-insecure for a trial)";
+        let (checked, name) = match self {
+            Self::Redis { url, trust, .. } if url.tls => {
+                *trust = Trust { ca, insecure };
+                let checked = trust.client_config(url).map(|_| ());
+                (checked, format!("Redis at {url}"))
+            }
+            Self::Http {
+                tls: Some((host, trust)),
+                ..
+            } => {
+                *trust = Trust { ca, insecure };
+                (
+                    trust.tls_config().map(|_| ()),
+                    format!("the publish endpoint {host}"),
+                )
+            }
+            _ if ca.is_some() || insecure => {
+                return Err(TargetError::Trust(
+                    "--publish-tls-ca and --publish-tls-insecure are for --publish https://... \
+                     or rediss://..."
+                        .to_owned(),
+                ));
+            }
+            _ => return Ok(None),
+        };
+        checked
+            .map_err(|e| TargetError::Trust(format!("cannot set up TLS to {name} {fix}: {e}")))?;
+        Ok(insecure.then(|| {
+            format!(
+                "--publish-tls-insecure: the certificate of {name} is NOT checked. For trials only."
+            )
+        }))
     }
 }
 

@@ -1,0 +1,393 @@
+//! The one grammar for quantities on every command line: durations
+//! (`1h30m`, `1.5s`, `250ms`, a bare number of seconds), byte sizes (`64`,
+//! `64k`, `64KiB`, `1GiB`; a `k` is 1024 bytes) and rates (`5k/s`, `60/m`,
+//! or a ramp `100/s..5000/s`), with the formatters that print them back in
+//! the same words.
+//!
+//! `serve`, `hold`, `attack`, `report` and `bench` each had a parser of
+//! their own, and what one took the other refused (`serve --ping-interval
+//! 1h30m`, `hold --max-message 1GiB`). Every form any of them took is still
+//! taken (the tests below list them).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The longest duration taken: a run, a timeout or an interval past a
+/// century is a typo, and a deadline that far out would overflow a clock.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A quantity that does not parse, with examples of what does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UnitError(String);
+
+/// Parses a duration: one or more `<number><unit>` (`1h30m`, `1.5s`,
+/// `250ms`, `2m30s`), units `ns`, `us`/`µs`, `ms`, `s`, `m`/`min`, `h`; or
+/// a bare number of seconds (`30`, `1.5`).
+pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
+    let bad = || {
+        UnitError(format!(
+            "invalid duration '{text}' (not a duration: write e.g. 250ms, 30s, 1.5s, 2m or 1h30m)"
+        ))
+    };
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(bad());
+    }
+    let secs = match t.parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|_| bad())?,
+        Err(_) => compound(t).ok_or_else(bad)?,
+    };
+    if secs > MAX_DURATION {
+        return Err(UnitError(format!(
+            "duration '{text}' is over a century; give a shorter one"
+        )));
+    }
+    Ok(secs)
+}
+
+/// `1h30m`: a run of `<number><unit>` parts, summed.
+fn compound(mut rest: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let value: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_end..];
+        total = total.checked_add(Duration::try_from_secs_f64(value * scale).ok()?)?;
+    }
+    Some(total)
+}
+
+/// Parses a byte size: a whole number with an optional unit, case
+/// insensitive: `b`, `k`/`kb`/`kib` (1024), `m`/`mb`/`mib`, `g`/`gb`/`gib`,
+/// `t`/`tb`/`tib`; `64`, `64k`, `64 KiB`, `1GiB`.
+pub fn parse_size(text: &str) -> Result<usize, UnitError> {
+    let bad = || {
+        UnitError(format!(
+            "invalid size '{text}' (not a size: write e.g. 64, 4k, 64KiB, 1MiB or 1GiB)"
+        ))
+    };
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: u64 = num.parse().map_err(|_| bad())?;
+    let shift: u32 = match unit.trim_start().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    value
+        .checked_mul(1 << shift)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(bad)
+}
+
+/// Parses one rate, events per second: `500/s`, `2k/s`, `1.5k`, `60/m`,
+/// `60/min`, `3600/h`, `1/ms`, `1M/s`, or a bare number (per second).
+pub fn parse_rate(text: &str) -> Result<f64, UnitError> {
+    let rate = one_rate(text).ok_or_else(|| {
+        UnitError(format!(
+            "invalid rate '{}': expected e.g. '1000/s', '2k/s', '60/m' or a ramp '100/s..5000/s'",
+            text.trim()
+        ))
+    })?;
+    if rate.is_finite() && rate > 0.0 {
+        Ok(rate)
+    } else {
+        Err(UnitError(format!(
+            "rate must be a positive finite number of events per second, not {rate} ('{}')",
+            text.trim()
+        )))
+    }
+}
+
+fn one_rate(text: &str) -> Option<f64> {
+    let (num, per) = match text.trim().split_once('/') {
+        Some((n, unit)) => {
+            let per = match unit.trim() {
+                "s" | "sec" => 1.0,
+                "m" | "min" => 60.0,
+                "h" => 3600.0,
+                "ms" => 0.001,
+                _ => return None,
+            };
+            (n.trim(), per)
+        }
+        None => (text.trim(), 1.0),
+    };
+    let (num, mult) = match num.strip_suffix(['k', 'K']) {
+        Some(n) => (n, 1e3),
+        None => match num.strip_suffix('M') {
+            Some(n) => (n, 1e6),
+            None => (num, 1.0),
+        },
+    };
+    let v: f64 = num.parse().ok()?;
+    Some(v * mult / per)
+}
+
+/// A rate as given on the command line: constant (`2k/s`) or a linear ramp
+/// (`100/s..5000/s`), events per second.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum RateSpec {
+    /// A constant number of events per second.
+    Constant(f64),
+    /// A linear ramp from the first to the second rate (events per second).
+    Ramp(f64, f64),
+}
+
+impl RateSpec {
+    /// The highest rate the spec reaches, events per second.
+    pub fn peak(&self) -> f64 {
+        match *self {
+            Self::Constant(r) => r,
+            Self::Ramp(a, b) => a.max(b),
+        }
+    }
+}
+
+impl FromStr for RateSpec {
+    type Err = UnitError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once("..") {
+            Some((a, b)) => Ok(Self::Ramp(parse_rate(a)?, parse_rate(b)?)),
+            None => Ok(Self::Constant(parse_rate(s)?)),
+        }
+    }
+}
+
+impl fmt::Display for RateSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Constant(r) => write!(f, "{r}/s"),
+            Self::Ramp(a, b) => write!(f, "{a}/s..{b}/s"),
+        }
+    }
+}
+
+/// A duration the way the flags take it, exactly: `1h30m`, `30s`,
+/// `1500ms`, `250us`, `0s`.
+pub fn fmt_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        let s = d.as_secs();
+        if s == 0 {
+            return "0s".to_owned();
+        }
+        let mut out = String::new();
+        for (n, unit) in [(s / 3600, "h"), (s / 60 % 60, "m"), (s % 60, "s")] {
+            if n > 0 {
+                out.push_str(&format!("{n}{unit}"));
+            }
+        }
+        return out;
+    }
+    let ns = d.as_nanos();
+    if ns % 1_000_000 == 0 {
+        format!("{}ms", ns / 1_000_000)
+    } else if ns % 1000 == 0 {
+        format!("{}us", ns / 1000)
+    } else {
+        format!("{ns}ns")
+    }
+}
+
+/// A byte size the way the flags take it, exactly: `64KiB`, `1GiB`, `100B`.
+pub fn fmt_size(n: usize) -> String {
+    let n = n as u64;
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    format!("{n}B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn every_duration_any_command_took_is_taken() {
+        let cases = [
+            // hold, attack, bench (throng-load's parser): compounds, ns..h, bare seconds.
+            ("500ms", secs(0.5)),
+            ("30s", secs(30.0)),
+            ("2m", secs(120.0)),
+            ("1h", secs(3600.0)),
+            ("1h30m", secs(5400.0)),
+            ("1m30s", secs(90.0)),
+            ("1.5s", secs(1.5)),
+            ("1.5", secs(1.5)),
+            ("10ns", Duration::from_nanos(10)),
+            ("250us", Duration::from_micros(250)),
+            ("250µs", Duration::from_micros(250)),
+            ("5min", secs(300.0)),
+            ("1e3", secs(1000.0)),
+            // serve's: a bare number, one unit, fractions, surrounding blanks.
+            ("30", secs(30.0)),
+            (" 30s ", secs(30.0)),
+            ("100us", Duration::from_micros(100)),
+            ("0", Duration::ZERO),
+            ("0s", Duration::ZERO),
+            (".5s", secs(0.5)),
+            // report --every.
+            ("10s", secs(10.0)),
+            ("2h", secs(7200.0)),
+            ("2", secs(2.0)),
+            // New everywhere: serve --ping-interval 1h30m.
+            ("1h30m15s500ms", secs(5415.5)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "",
+            "s",
+            "10x",
+            "-5s",
+            "-5",
+            "1e400",
+            "inf",
+            "NaN",
+            "fast",
+            "3 weeks",
+            "30 s",
+            "5y",
+            "1..2s",
+            "101000000000",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_size_any_command_took_is_taken() {
+        let cases = [
+            // hold, bench (throng-load's parser).
+            ("64", 64),
+            ("4k", 4096),
+            ("4K", 4096),
+            ("4KiB", 4096),
+            ("4kib", 4096),
+            ("4 k", 4096),
+            ("1M", 1 << 20),
+            ("1MiB", 1 << 20),
+            ("1m", 1 << 20),
+            ("100B", 100),
+            ("100b", 100),
+            // serve's.
+            ("65536", 65536),
+            ("64KiB", 65536),
+            ("64k", 65536),
+            ("64kb", 65536),
+            ("64KB", 65536),
+            ("1mb", 1 << 20),
+            ("1g", 1 << 30),
+            ("1gb", 1 << 30),
+            // New for hold: --max-message 1GiB.
+            ("1GiB", 1 << 30),
+            ("2TiB", 2 << 40),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_size(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "",
+            "lots",
+            "1.5k",
+            "-1",
+            "4kbit",
+            "99999999999999999999g",
+            "k",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_rate_any_command_took_is_taken() {
+        let cases = [
+            ("1000/s", RateSpec::Constant(1000.0)),
+            ("2k/s", RateSpec::Constant(2000.0)),
+            ("2K/s", RateSpec::Constant(2000.0)),
+            ("5k/s", RateSpec::Constant(5000.0)),
+            ("1.5k", RateSpec::Constant(1500.0)),
+            ("1M/s", RateSpec::Constant(1e6)),
+            ("60/m", RateSpec::Constant(1.0)),
+            ("60/min", RateSpec::Constant(1.0)),
+            ("3600/h", RateSpec::Constant(1.0)),
+            ("1/ms", RateSpec::Constant(1000.0)),
+            ("10/sec", RateSpec::Constant(10.0)),
+            ("250", RateSpec::Constant(250.0)),
+            ("2k / s", RateSpec::Constant(2000.0)),
+            ("100/s..5000/s", RateSpec::Ramp(100.0, 5000.0)),
+            ("100/s .. 5k/s", RateSpec::Ramp(100.0, 5000.0)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(text.parse::<RateSpec>(), Ok(want), "{text}");
+        }
+        for bad in [
+            "0/s",
+            "-5/s",
+            "fast",
+            "10/fortnight",
+            "inf/s",
+            "NaN",
+            "100/s..",
+            "..5/s",
+            "",
+        ] {
+            let err = bad.parse::<RateSpec>().unwrap_err();
+            assert!(err.to_string().contains("rate"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn formats_read_back_as_what_they_print() {
+        for (d, text) in [
+            (secs(30.0), "30s"),
+            (secs(5400.0), "1h30m"),
+            (secs(3600.0), "1h"),
+            (secs(90.0), "1m30s"),
+            (secs(1.5), "1500ms"),
+            (Duration::from_micros(250), "250us"),
+            (Duration::from_nanos(7), "7ns"),
+            (Duration::ZERO, "0s"),
+        ] {
+            assert_eq!(fmt_duration(d), text);
+            assert_eq!(parse_duration(text), Ok(d), "{text}");
+        }
+        for (n, text) in [(256 * 1024, "256KiB"), (1 << 30, "1GiB"), (100, "100B")] {
+            assert_eq!(fmt_size(n), text);
+            assert_eq!(parse_size(text), Ok(n), "{text}");
+        }
+        for spec in [RateSpec::Constant(2500.0), RateSpec::Ramp(100.0, 5000.0)] {
+            assert_eq!(spec.to_string().parse::<RateSpec>(), Ok(spec));
+        }
+        assert_eq!(RateSpec::Constant(2500.0).to_string(), "2500/s");
+    }
+}

@@ -1,0 +1,318 @@
+//! What `throng attack` asks for, checked and planned before anything
+//! starts: the workers, the connection cap under the open-file limit, the
+//! schedule, and the lines printed at start with every default that
+//! matters (the request timeout first: hidden timeouts are what the
+//! seeds' teams lost days to).
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+use throng_host::limits::DEFAULT_FD_RESERVE;
+use throng_host::units::fmt_duration;
+use throng_report::format::Header;
+
+use super::record::{CSV_HEADER, LATE_US, RowFormat};
+use super::summary::{Summary, check};
+use super::supervisor::AttackRun;
+use super::targets::{Target, TargetError};
+use super::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan, pacer, planned};
+use crate::harness::Setup;
+use crate::harness::clock::{micros, millis, nanos};
+use crate::harness::collect::ResultFile;
+use crate::harness::machine::Machine;
+use crate::harness::pool::WorkerCommand;
+use crate::harness::progress::Progress;
+use crate::pacer::PacerError;
+use crate::tls::TlsOptions;
+
+/// The arguments an `attack` worker process is started with.
+pub const WORKER_ARGS: [&str; 2] = ["attack", "--worker"];
+
+/// An `attack` run as the command line asks for it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The command line, for the result file's header.
+    pub command_line: Vec<String>,
+    /// What to send, taken in turn.
+    pub targets: Vec<Target>,
+    /// A rate, or a closed pool.
+    pub load: Load,
+    /// How long to start requests for.
+    pub duration: Option<Duration>,
+    /// Requests in all (with a duration: whichever ends first).
+    pub requests: Option<u64>,
+    /// Worker processes (`None`: one per core).
+    pub workers: Option<u32>,
+    /// Connections open at once over all workers.
+    pub max_connections: u64,
+    /// Reuse connections.
+    pub keepalive: bool,
+    /// Per request, connect included.
+    pub timeout: Duration,
+    /// The result file, if any.
+    pub output: Option<PathBuf>,
+    /// One row per request to this file, if any.
+    pub per_request: Option<PathBuf>,
+    /// Fail the run above this error rate.
+    pub max_error_rate: Option<f64>,
+    /// Fail the run above this p99 latency.
+    pub max_p99: Option<Duration>,
+    /// TLS of `https://` targets.
+    pub tls: Option<TlsOptions>,
+    /// The live view.
+    pub progress: Progress,
+}
+
+/// Why an `attack` cannot start.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum AttackError {
+    /// A setting that makes no run (with the flag to change).
+    #[error("{0}")]
+    Setting(String),
+    /// A target that cannot be attacked.
+    #[error("{0}")]
+    Target(#[from] TargetError),
+    /// A rate that makes no schedule.
+    #[error("{0}")]
+    Rate(#[from] PacerError),
+    /// The machine could not be read, a file not written, or the workers not found.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// A planned run, ready to start.
+#[derive(Debug)]
+pub struct Prepared {
+    attack: AttackRun,
+    setup: Setup,
+    lines: Vec<String>,
+    max_error_rate: Option<f64>,
+    max_p99: Option<Duration>,
+}
+
+/// Checks `req` and plans it on this machine.
+pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
+    check_settings(&req)?;
+    let addrs = req
+        .targets
+        .iter()
+        .map(|t| t.url.resolve())
+        .collect::<Result<Vec<_>, _>>()?;
+    let machine = Machine::probe()?;
+    let workers = req
+        .workers
+        .unwrap_or(u32::try_from(machine.cores).unwrap_or(1))
+        .max(1);
+    // Each worker needs a file per connection, and a few of its own.
+    let per_worker_cap = machine.nofile.saturating_sub(DEFAULT_FD_RESERVE).max(1);
+    let mut max_connections = req.max_connections;
+    if max_connections.div_ceil(u64::from(workers)) > per_worker_cap {
+        max_connections = per_worker_cap * u64::from(workers);
+    }
+    let settings = Settings {
+        timeout_ms: millis(req.timeout),
+        keepalive: req.keepalive,
+        max_connections,
+        ..Settings::default()
+    };
+    let planned = match req.load {
+        Load::Rate(spec) => planned(
+            &pacer(spec, req.duration, req.requests)?,
+            req.duration,
+            req.requests,
+        ),
+        Load::Max { .. } => None,
+    };
+    if let Some(p) = &req.per_request {
+        let head = if RowFormat::for_path(p) == RowFormat::Csv {
+            CSV_HEADER
+        } else {
+            ""
+        };
+        std::fs::write(p, head)
+            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", p.display())))?;
+    }
+    let attack = AttackRun {
+        plan: WorkerPlan {
+            index: 0,
+            workers,
+            label: String::new(),
+            load: req.load,
+            duration_ns: req.duration.map(nanos),
+            requests: req.requests,
+            targets: req.targets.clone(),
+            addrs,
+            start_unix_ns: 0,
+            settings,
+            per_request: req.per_request.clone(),
+            tls: req.tls.clone(),
+        },
+        planned,
+    };
+    let lines = start_lines(&req, &attack, &machine);
+    let results = req.output.clone().map(|path| ResultFile {
+        path,
+        header: header(&req, &attack),
+    });
+    Ok(Prepared {
+        setup: Setup {
+            command: WorkerCommand::this_program(&WORKER_ARGS)?,
+            results,
+            progress: req.progress,
+        },
+        attack,
+        lines,
+        max_error_rate: req.max_error_rate,
+        max_p99: req.max_p99,
+    })
+}
+
+/// The settings that make no run, refused with the flag to change.
+fn check_settings(req: &Request) -> Result<(), AttackError> {
+    let bad = |m: String| Err(AttackError::Setting(m));
+    if req.targets.is_empty() {
+        return bad("give --url URL or --targets FILE".into());
+    }
+    if req.duration.is_some_and(|d| d.is_zero()) {
+        return bad("--duration must be more than zero".into());
+    }
+    if req.requests == Some(0) {
+        return bad("--requests must be at least 1".into());
+    }
+    if req.timeout.is_zero() {
+        return bad("--timeout must be more than zero".into());
+    }
+    if let Some(r) = req.max_error_rate
+        && !(0.0..=1.0).contains(&r)
+    {
+        return bad("--max-error-rate is a fraction between 0 and 1, e.g. 0.01 for 1%".into());
+    }
+    if req.max_connections == 0 {
+        return bad("--max-connections must be at least 1".into());
+    }
+    match req.load {
+        Load::Max { connections: 0 } => bad("--connections must be at least 1".into()),
+        Load::Max { connections } if connections > req.max_connections => bad(format!(
+            "--connections {connections} is over --max-connections {}; raise --max-connections",
+            req.max_connections
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Prepared {
+    /// What will run, every default that matters, one line each.
+    pub fn lines(&self) -> &[String] {
+        &self.lines
+    }
+
+    /// Runs it; the summary and the thresholds it passed (`--max-error-rate`,
+    /// `--max-p99`), one line each.
+    pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
+        let summary = super::supervisor::run(self.attack, self.setup)?;
+        let failed = check(&summary, self.max_error_rate, self.max_p99.map(micros));
+        Ok((summary, failed))
+    }
+}
+
+fn start_lines(req: &Request, a: &AttackRun, machine: &Machine) -> Vec<String> {
+    let first = &req.targets[0];
+    let more = if req.targets.len() > 1 {
+        format!(" (+{} more targets, taken in turn)", req.targets.len() - 1)
+    } else {
+        String::new()
+    };
+    let span = match (req.duration, req.requests) {
+        (Some(d), Some(n)) => format!(
+            "for {} or {n} requests, whichever ends first",
+            fmt_duration(d)
+        ),
+        (Some(d), None) => format!("for {}", fmt_duration(d)),
+        (None, Some(n)) => format!("{n} requests"),
+        (None, None) => String::new(),
+    };
+    let settings = &a.plan.settings;
+    let mut out = vec![
+        format!("throng attack {} {}{more}", first.method, first.url),
+        match req.load {
+            Load::Rate(spec) => format!(
+                "  rate {spec} (open model) {span}: {} requests planned",
+                a.planned.map_or("?".to_owned(), |n| n.to_string())
+            ),
+            Load::Max { connections } => {
+                format!("  closed pool of {connections} connections (--max) {span}")
+            }
+        },
+        format!(
+            "  TIMEOUT {} per request, connect included (--timeout{}); later answers count as error 'timeout'",
+            fmt_duration(req.timeout),
+            if req.timeout == DEFAULT_TIMEOUT {
+                ", the default"
+            } else {
+                ""
+            }
+        ),
+        format!(
+            "  workers {}; max connections {} over all workers; keep-alive {}; open-file limit {}/process",
+            a.plan.workers,
+            settings.max_connections,
+            if settings.keepalive {
+                "on"
+            } else {
+                "off (--no-keepalive)"
+            },
+            machine.nofile
+        ),
+    ];
+    if let Some(tls) = &req.tls {
+        out.push(format!("  tls: {}", tls.describe()));
+    }
+    out.push(format!(
+        "  latency from each request's intended start; 'late' = started more than {} ms behind schedule",
+        LATE_US / 1000
+    ));
+    if let Some(o) = &req.output {
+        out.push(format!("  results to {}", o.display()));
+    }
+    if let Some(p) = &req.per_request {
+        out.push(format!(
+            "  per-request rows to {} ({:?})",
+            p.display(),
+            RowFormat::for_path(p)
+        ));
+    }
+    if req.max_error_rate.is_some() || req.max_p99.is_some() {
+        out.push(format!(
+            "  thresholds: error rate <= {}, p99 latency <= {}",
+            req.max_error_rate.map_or("-".to_owned(), |r| r.to_string()),
+            req.max_p99.map_or("-".to_owned(), fmt_duration)
+        ));
+    }
+    out
+}
+
+/// The result file's header: the command line and what the run was.
+fn header(req: &Request, a: &AttackRun) -> Header {
+    let plan = &a.plan;
+    Header::new(
+        req.command_line.clone(),
+        serde_json::json!({
+            "subcommand": "attack",
+            "targets": plan.targets.iter().map(|t| format!("{} {}", t.method, t.url)).collect::<Vec<_>>(),
+            "load": match plan.load {
+                Load::Rate(spec) => serde_json::json!({"rate": spec.to_string()}),
+                Load::Max { connections } => serde_json::json!({"max": true, "connections": connections}),
+            },
+            "duration_s": req.duration.map(|d| d.as_secs_f64()),
+            "requests": req.requests,
+            "planned": a.planned,
+            "workers": plan.workers,
+            "settings": plan.settings,
+            "tls": plan.tls,
+            "late_threshold_us": LATE_US,
+        }),
+    )
+}

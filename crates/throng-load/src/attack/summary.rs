@@ -1,0 +1,338 @@
+//! What an `attack` run did, summed up the way Vegeta's report does, with
+//! the generator's own lag beside the latencies; the progress line of each
+//! second; the thresholds that fail a run (`--max-error-rate`, `--max-p99`).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use throng_report::summary::HistStats;
+use throng_report::text::micros;
+
+use super::worker::Done;
+use crate::harness::collect::{Totals, kinds, peak_rss};
+use crate::harness::progress::View;
+
+/// What a run did: the final print and `--format json`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    /// Worker processes.
+    pub workers: u32,
+    /// Requests the schedule planned (rate mode).
+    pub planned: Option<u64>,
+    /// Requests started.
+    pub requests: u64,
+    /// Requests started per second, first to last start.
+    pub rate: f64,
+    /// Successful (2xx/3xx) responses per second, from the start to the last end.
+    pub throughput: f64,
+    /// Seconds from the first to the last request start.
+    pub attack_s: f64,
+    /// Seconds from the last start to the last end.
+    pub wait_s: f64,
+    /// Responses that arrived whole.
+    pub answered: u64,
+    /// 2xx and 3xx responses.
+    pub success: u64,
+    /// `success / requests`.
+    pub success_ratio: f64,
+    /// Requests without a success: failures of every kind plus 1xx/4xx/5xx
+    /// answers, over requests (0 when none were sent).
+    pub error_rate: f64,
+    /// Responses by status code.
+    pub status: BTreeMap<String, u64>,
+    /// Failures by kind (refused, timeout, reset, closed, bad_response, ...).
+    pub errors: BTreeMap<String, u64>,
+    /// Requests started more than `late_threshold_us` after their intended time.
+    pub late: u64,
+    /// The lateness that counts a request as late, µs.
+    pub late_threshold_us: u64,
+    /// Requests sent again because a reused connection had been closed.
+    pub retried: u64,
+    /// Connections opened.
+    pub connections_opened: u64,
+    /// Most requests in flight at an interval's end, over all workers.
+    pub peak_in_flight: i64,
+    /// Most connections open at an interval's end.
+    pub peak_connections: i64,
+    /// Bytes read.
+    pub bytes_in: u64,
+    /// Bytes written.
+    pub bytes_out: u64,
+    /// Intended start → response end, µs.
+    pub latency_us: HistStats,
+    /// Actual start → response end, µs.
+    pub service_us: HistStats,
+    /// Intended → actual start (the generator's lag), µs.
+    pub lag_us: HistStats,
+    /// TCP connect of new connections, µs.
+    pub connect_tcp_us: HistStats,
+    /// TLS handshake of new connections (`https://`), µs.
+    pub connect_tls_us: HistStats,
+    /// TLS handshakes that were full (not resumed).
+    pub tls_full: u64,
+    /// TLS handshakes that resumed an earlier session.
+    pub tls_resumed: u64,
+    /// Peak resident memory per process of the run, bytes.
+    pub peak_rss_bytes: BTreeMap<String, u64>,
+    /// The run was stopped (Ctrl-C) before its schedule ended.
+    pub stopped: bool,
+}
+
+impl Summary {
+    /// Sums up the run from its totals and what each worker said at its
+    /// end. `start_ns`: when the open model's schedule started (a closed
+    /// pool counts from its first request).
+    pub(super) fn finish(
+        &mut self,
+        totals: Totals,
+        dones: &[Option<Done>],
+        start_ns: u64,
+        open_model: bool,
+    ) {
+        let s = self;
+        let total = &totals.total;
+        s.peak_rss_bytes = totals.peak_rss_bytes;
+        let c = &total.counters;
+        s.requests = total.counter("requests.sent");
+        s.late = total.counter("requests.late");
+        s.retried = total.counter("requests.retried");
+        s.connections_opened = total.counter("connections.opened");
+        s.bytes_in = total.counter("bytes.in");
+        s.bytes_out = total.counter("bytes.out");
+        for (k, v) in c {
+            if let Some(code) = k.strip_prefix("status.") {
+                s.status.insert(code.to_owned(), *v);
+                s.answered += v;
+                if code.starts_with('2') || code.starts_with('3') {
+                    s.success += v;
+                }
+            } else if let Some(kind) = k.strip_prefix("requests.error.") {
+                s.errors.insert(kind.to_owned(), *v);
+            }
+        }
+        s.latency_us = total.stats("latency");
+        s.service_us = total.stats("service");
+        s.lag_us = total.stats("lag");
+        s.connect_tcp_us = total.stats("connect.tcp");
+        s.connect_tls_us = total.stats("connect.tls");
+        s.tls_full = total.counter("tls.handshakes.full");
+        s.tls_resumed = total.counter("tls.handshakes.resumed");
+        if s.requests > 0 {
+            s.success_ratio = s.success as f64 / s.requests as f64;
+            s.error_rate = 1.0 - s.success_ratio;
+        }
+        let dones: Vec<Done> = dones.iter().flatten().copied().collect();
+        s.stopped |= dones.iter().any(|d| d.stopped);
+        let first = dones
+            .iter()
+            .map(|d| d.first_sent_ns)
+            .filter(|&n| n > 0)
+            .min();
+        let last_sent = dones.iter().map(|d| d.last_sent_ns).max().unwrap_or(0);
+        let last_done = dones.iter().map(|d| d.last_done_ns).max().unwrap_or(0);
+        // The open model's schedule starts at `start_ns`; a closed pool at its first send.
+        let from = if open_model { Some(start_ns) } else { first };
+        if let Some(from) = from {
+            let attack = last_sent.saturating_sub(from) as f64 / 1e9;
+            s.attack_s = attack;
+            s.wait_s = last_done.saturating_sub(last_sent) as f64 / 1e9;
+            if attack > 0.0 && s.requests > 1 {
+                // n starts span n - 1 gaps.
+                s.rate = (s.requests - 1) as f64 / attack;
+            }
+            let until_done = last_done.saturating_sub(from) as f64 / 1e9;
+            if until_done > 0.0 {
+                s.throughput = s.success as f64 / until_done;
+            }
+        }
+    }
+}
+
+/// Checks `--max-error-rate` and `--max-p99` (µs): one line per threshold passed.
+pub fn check(s: &Summary, max_error_rate: Option<f64>, max_p99_us: Option<u64>) -> Vec<String> {
+    let mut failed = Vec::new();
+    if let Some(max) = max_error_rate
+        && s.error_rate > max
+    {
+        failed.push(format!(
+            "error rate {:.4} is over --max-error-rate {max}",
+            s.error_rate
+        ));
+    }
+    if let Some(max) = max_p99_us {
+        if s.latency_us.count == 0 {
+            failed.push("no response arrived, so p99 latency is unknown (--max-p99)".to_owned());
+        } else if s.latency_us.p99 > max {
+            failed.push(format!(
+                "p99 latency {} is over --max-p99 {}",
+                micros(s.latency_us.p99),
+                micros(max)
+            ));
+        }
+    }
+    failed
+}
+
+/// The progress line of one interval; `sent` requests so far of `planned`.
+pub(super) fn progress_line(view: &View<'_>, sent: u64, planned: Option<u64>) -> String {
+    let iv = view.merged;
+    let of = planned.map_or(String::new(), |p| format!("/{p}"));
+    let mut s = format!(
+        "[{:>6.1}s] sent {sent}{of}  +{}/s  answered {}/s  err {}  in flight {}",
+        view.elapsed_s(),
+        iv.counter("requests.sent"),
+        iv.counters_under("status."),
+        iv.counters_under("requests.error."),
+        iv.gauge("requests.in_flight")
+    );
+    if iv.histograms.contains_key("latency") {
+        let l = iv.stats("latency");
+        s.push_str(&format!(
+            "  latency p50 {} p99 {}",
+            micros(l.p50),
+            micros(l.p99)
+        ));
+    }
+    let lag = iv.stats("lag").max;
+    if lag >= 1000 {
+        s.push_str(&format!("  lag max {}", micros(lag)));
+    }
+    if iv.counter("requests.late") > 0 {
+        s.push_str(&format!("  late {}", iv.counter("requests.late")));
+    }
+    s
+}
+
+/// The final human summary, laid out like Vegeta's report.
+pub fn render(s: &Summary) -> String {
+    let mut out = String::new();
+    let lat = |l: &HistStats| {
+        format!(
+            "{}, {}, {}, {}, {}, {}, {}",
+            micros(l.min),
+            micros(l.mean as u64),
+            micros(l.p50),
+            micros(l.p90),
+            micros(l.p99),
+            micros(l.p999),
+            micros(l.max)
+        )
+    };
+    let planned = s
+        .planned
+        .map_or(String::new(), |p| format!(" (planned {p})"));
+    out.push_str(&format!(
+        "Requests      [total, rate, throughput]         {}{planned}, {:.2}/s, {:.2}/s\n",
+        s.requests, s.rate, s.throughput
+    ));
+    out.push_str(&format!(
+        "Duration      [total, attack, wait]             {:.3}s, {:.3}s, {:.3}s\n",
+        s.attack_s + s.wait_s,
+        s.attack_s,
+        s.wait_s
+    ));
+    out.push_str(&format!(
+        "Latencies     [min, mean, 50, 90, 99, 99.9, max]  {}   (from the intended start)\n",
+        lat(&s.latency_us)
+    ));
+    out.push_str(&format!(
+        "Service       [min, mean, 50, 90, 99, 99.9, max]  {}   (from the actual send)\n",
+        lat(&s.service_us)
+    ));
+    out.push_str(&format!(
+        "Lag           [mean, 99, max, late]             {}, {}, {}, {} late (> {})\n",
+        micros(s.lag_us.mean as u64),
+        micros(s.lag_us.p99),
+        micros(s.lag_us.max),
+        s.late,
+        micros(s.late_threshold_us)
+    ));
+    let mean = |n: u64| {
+        if s.requests > 0 {
+            n as f64 / s.requests as f64
+        } else {
+            0.0
+        }
+    };
+    out.push_str(&format!(
+        "Bytes In      [total, mean]                     {}, {:.2}\n",
+        s.bytes_in,
+        mean(s.bytes_in)
+    ));
+    out.push_str(&format!(
+        "Bytes Out     [total, mean]                     {}, {:.2}\n",
+        s.bytes_out,
+        mean(s.bytes_out)
+    ));
+    out.push_str(&format!(
+        "Connections   [opened, peak open, peak in flight] {}, {}, {}{}\n",
+        s.connections_opened,
+        s.peak_connections,
+        s.peak_in_flight,
+        if s.retried > 0 {
+            format!(", {} retried on a new connection", s.retried)
+        } else {
+            String::new()
+        }
+    ));
+    if s.connect_tcp_us.count > 0 {
+        out.push_str(&format!(
+            "TCP Connect   [min, mean, 50, 90, 99, 99.9, max]  {}\n",
+            lat(&s.connect_tcp_us)
+        ));
+    }
+    if s.connect_tls_us.count > 0 {
+        out.push_str(&format!(
+            "TLS Handshake [min, mean, 50, 90, 99, 99.9, max]  {}   ({} full, {} resumed)\n",
+            lat(&s.connect_tls_us),
+            s.tls_full,
+            s.tls_resumed
+        ));
+    }
+    out.push_str(&format!(
+        "Success       [ratio]                           {:.2}%\n",
+        s.success_ratio * 100.0
+    ));
+    out.push_str(&format!(
+        "Status Codes  [code:count]                      {}\n",
+        kinds(&s.status, ":", "  ")
+    ));
+    if !s.errors.is_empty() {
+        out.push_str(&format!(
+            "Error Set     [kind:count]                      {}\n",
+            kinds(&s.errors, ":", "  ")
+        ));
+    }
+    if !s.peak_rss_bytes.is_empty() {
+        out.push_str(&format!("Peak RSS      {}\n", peak_rss(&s.peak_rss_bytes)));
+    }
+    if s.stopped {
+        out.push_str("Stopped before the schedule ended.\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds() {
+        let mut s = Summary {
+            requests: 100,
+            success: 97,
+            error_rate: 0.03,
+            ..Summary::default()
+        };
+        s.latency_us = HistStats {
+            count: 100,
+            p99: 250_000,
+            ..HistStats::default()
+        };
+        assert!(check(&s, Some(0.05), Some(300_000)).is_empty());
+        assert_eq!(check(&s, Some(0.01), None).len(), 1);
+        assert_eq!(check(&s, None, Some(200_000)).len(), 1);
+        s.latency_us = HistStats::default();
+        assert_eq!(check(&s, None, Some(200_000)).len(), 1);
+    }
+}

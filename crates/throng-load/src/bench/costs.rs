@@ -1,0 +1,289 @@
+//! What a bench measures beside `hold`'s figures: memory per connection on
+//! each side and in the kernel, as deltas between the idle baseline and
+//! the plateau with every connection open; CPU per side; delivery per
+//! message; and the result file with the server's processes in its host
+//! samples.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use throng_host::sample::HostSample;
+use throng_report::format::{Event, Reader, Record, Writer};
+use throng_report::interval::new_histogram;
+use throng_report::summary::HistStats;
+
+use super::BenchError;
+use super::monitor::label;
+
+fn sum_rss(s: &HostSample, part: &str) -> u64 {
+    s.rss_bytes
+        .iter()
+        .filter(|(l, _)| l.contains(part))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Memory per connection, measured as deltas between the idle server (and
+/// each harness worker before its first connection) and the moment every
+/// connection was still open.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Memory {
+    /// Connections the deltas are divided by.
+    pub connections: u64,
+    /// Server RSS (supervisor + workers) before the first connection, bytes.
+    pub server_before: u64,
+    /// Server RSS with every connection open, bytes.
+    pub server_loaded: u64,
+    /// Harness worker RSS before their first connection (the last sample before any opened), bytes.
+    pub harness_before: u64,
+    /// Harness worker RSS with every connection open, bytes.
+    pub harness_loaded: u64,
+    /// `/proc/meminfo` Slab before and loaded, bytes.
+    pub slab_before: u64,
+    /// See `slab_before`.
+    pub slab_loaded: u64,
+    /// `/proc/net/sockstat` TCP mem before and loaded, bytes.
+    pub tcp_mem_before: u64,
+    /// See `tcp_mem_before`.
+    pub tcp_mem_loaded: u64,
+    /// TCP sockets in use before and loaded (both ends of every connection are here).
+    pub tcp_inuse_before: u64,
+    /// See `tcp_inuse_before`.
+    pub tcp_inuse_loaded: u64,
+    /// Server user space per connection, bytes.
+    pub server_per_connection: f64,
+    /// Harness user space per connection, bytes.
+    pub harness_per_connection: f64,
+    /// Kernel (slab + TCP buffers) per connection, both sockets of it, bytes.
+    pub kernel_per_connection: f64,
+    /// When the loaded sample was taken, ns since the epoch.
+    pub loaded_at_ns: u64,
+}
+
+/// CPU used, seconds (user + system).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Cpu {
+    /// Server supervisor and workers, from before the first connection to the end.
+    pub server_s: f64,
+    /// Harness workers and the bench process (supervisor, publisher).
+    pub harness_s: f64,
+}
+
+/// Memory and CPU from the monitor's samples. `before_ns`: when the harness
+/// started (the last sample before it is the idle baseline); `held`:
+/// connections open at the plateau.
+pub fn costs(samples: &[HostSample], before_ns: u64, held: u64) -> (Memory, Cpu) {
+    let mut m = Memory {
+        connections: held,
+        ..Memory::default()
+    };
+    let mut cpu = Cpu::default();
+    let Some(base) = samples.iter().rev().find(|s| s.at_ns <= before_ns) else {
+        return (m, cpu);
+    };
+    let max_inuse = samples.iter().map(|s| s.tcp_inuse).max().unwrap_or(0);
+    let grown = max_inuse.saturating_sub(base.tcp_inuse);
+    let Some(loaded) = samples
+        .iter()
+        .rev()
+        .find(|s| s.at_ns > before_ns && s.tcp_inuse >= max_inuse - grown / 100)
+    else {
+        return (m, cpu);
+    };
+    m.server_before = sum_rss(base, label::SERVE);
+    m.server_loaded = sum_rss(loaded, label::SERVE);
+    // Each harness worker's RSS in the last sample before the connections
+    // began (its runtime up, the schedule not yet started); a worker first
+    // seen later falls back to its smallest RSS.
+    let mut least: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut idle: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in samples {
+        let quiet = s.tcp_inuse <= base.tcp_inuse + grown / 100;
+        for (l, v) in &s.rss_bytes {
+            if l.contains(label::HOLD) {
+                let e = least.entry(l.as_str()).or_insert(u64::MAX);
+                *e = (*e).min(*v);
+                if quiet && s.at_ns < loaded.at_ns {
+                    idle.insert(l.as_str(), *v);
+                }
+            }
+        }
+    }
+    for (l, v) in idle {
+        least.insert(l, v);
+    }
+    for (l, v) in &loaded.rss_bytes {
+        if l.contains(label::HOLD) {
+            m.harness_loaded += v;
+            m.harness_before += least.get(l.as_str()).copied().unwrap_or(*v);
+        }
+    }
+    m.slab_before = base.mem_slab_bytes;
+    m.slab_loaded = loaded.mem_slab_bytes;
+    m.tcp_mem_before = base.tcp_mem_bytes;
+    m.tcp_mem_loaded = loaded.tcp_mem_bytes;
+    m.tcp_inuse_before = base.tcp_inuse;
+    m.tcp_inuse_loaded = loaded.tcp_inuse;
+    m.loaded_at_ns = loaded.at_ns;
+    if held > 0 {
+        let n = held as f64;
+        let d = |a: u64, b: u64| a as f64 - b as f64;
+        m.server_per_connection = d(m.server_loaded, m.server_before) / n;
+        m.harness_per_connection = d(m.harness_loaded, m.harness_before) / n;
+        m.kernel_per_connection =
+            (d(m.slab_loaded, m.slab_before) + d(m.tcp_mem_loaded, m.tcp_mem_before)) / n;
+    }
+    // CPU: each process's last figure minus its figure in the baseline.
+    let mut first: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+    for (l, v) in &base.cpu_ns {
+        first.insert(l.as_str(), *v);
+    }
+    for s in samples.iter().filter(|s| s.at_ns >= base.at_ns) {
+        for (l, v) in &s.cpu_ns {
+            last.insert(l.as_str(), *v);
+        }
+    }
+    for (l, v) in last {
+        let used = v.saturating_sub(first.get(l).copied().unwrap_or(0)) as f64 / 1e9;
+        if l.contains(label::SERVE) {
+            cpu.server_s += used;
+        } else {
+            cpu.harness_s += used;
+        }
+    }
+    (m, cpu)
+}
+
+/// Delivery of one published message to every subscriber.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MessageStats {
+    /// 1, 2, ... in publish order.
+    pub seq: u64,
+    /// Deliveries counted.
+    pub delivered: u64,
+    /// Latency from publish to arrival, µs (`max` is the time to the last subscriber).
+    pub latency_us: HistStats,
+}
+
+/// Per-message delivery from a `hold` result file. Deliveries are counted
+/// per interval; each interval's deliveries belong to the latest message
+/// published at or before it. `hold` publishes just after an interval
+/// boundary, so this is exact when messages are at least two intervals apart
+/// and each reaches every subscriber before the next one is published.
+pub fn per_message(path: &Path) -> Result<Vec<MessageStats>, BenchError> {
+    let reader = Reader::open(path).map_err(|e| BenchError::Results(e.to_string()))?;
+    let mut sent: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut delivered: BTreeMap<u64, Histogram<u64>> = BTreeMap::new();
+    for rec in reader {
+        if let Record::Interval(iv) = rec {
+            if let Some(n) = iv.counters.get("publish.sent") {
+                *sent.entry(iv.start_ns).or_insert(0) += n;
+            }
+            if let Some(h) = iv.histograms.get("delivery") {
+                let e = delivered.entry(iv.start_ns).or_insert_with(new_histogram);
+                // Every interval histogram has the shared shape; a foreign one is skipped.
+                let _ = e.add(h);
+            }
+        }
+    }
+    let mut out: Vec<(u64, Histogram<u64>)> = Vec::new();
+    let mut seq = 0u64;
+    let starts: std::collections::BTreeSet<u64> =
+        sent.keys().chain(delivered.keys()).copied().collect();
+    for start in starts {
+        for _ in 0..sent.get(&start).copied().unwrap_or(0) {
+            seq += 1;
+            out.push((seq, new_histogram()));
+        }
+        if let (Some(h), Some((_, cur))) = (delivered.get(&start), out.last_mut()) {
+            let _ = cur.add(h);
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|(seq, h)| MessageStats {
+            seq,
+            delivered: h.len(),
+            latency_us: HistStats::of(&h),
+        })
+        .collect())
+}
+
+/// Copies `hold`'s result file to `to`, adding to each host sample the
+/// server's processes (RSS and CPU) from the nearest monitor sample, and
+/// then `events`. One host sample per interval stays one: the report plots
+/// server and harness memory together.
+pub fn write_results(
+    hold_file: &Path,
+    to: &Path,
+    samples: &[HostSample],
+    events: &[Event],
+) -> Result<(), BenchError> {
+    let err = |e: &dyn std::fmt::Display| BenchError::Results(e.to_string());
+    let reader = Reader::open(hold_file).map_err(|e| err(&e))?;
+    let mut writer = Writer::create(to, reader.header()).map_err(|e| err(&e))?;
+    for rec in reader {
+        match rec {
+            Record::Interval(mut iv) => {
+                if let Some(h) = iv.host.as_mut() {
+                    let near = samples.iter().min_by_key(|s| s.at_ns.abs_diff(h.at_ns));
+                    if let Some(near) = near {
+                        for (l, v) in &near.rss_bytes {
+                            if l.contains(label::SERVE) {
+                                h.rss_bytes.push((l.clone(), *v));
+                            }
+                        }
+                        for (l, v) in &near.cpu_ns {
+                            if l.contains(label::SERVE) {
+                                h.cpu_ns.push((l.clone(), *v));
+                            }
+                        }
+                    }
+                }
+                writer.write_interval(&iv).map_err(|e| err(&e))?;
+            }
+            Record::Event(ev) => writer.write_event(&ev).map_err(|e| err(&e))?,
+            _ => {}
+        }
+    }
+    for ev in events {
+        writer.write_event(ev).map_err(|e| err(&e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(at: u64, inuse: u64, slab: u64, rss: &[(&str, u64)]) -> HostSample {
+        HostSample {
+            at_ns: at,
+            tcp_inuse: inuse,
+            mem_slab_bytes: slab,
+            rss_bytes: rss.iter().map(|(l, v)| ((*l).to_owned(), *v)).collect(),
+            cpu_ns: rss.iter().map(|(l, v)| ((*l).to_owned(), *v)).collect(),
+            ..HostSample::default()
+        }
+    }
+
+    #[test]
+    fn costs_are_deltas_at_the_plateau() {
+        let s = vec![
+            sample(1, 10, 1000, &[("h/serve-0", 100)]),
+            sample(2, 10, 1000, &[("h/serve-0", 100), ("h/hold-pid9", 50)]),
+            sample(3, 2010, 5000, &[("h/serve-0", 2100), ("h/hold-pid9", 1050)]),
+            sample(4, 2010, 5000, &[("h/serve-0", 3100), ("h/hold-pid9", 2050)]),
+            sample(5, 10, 1000, &[("h/serve-0", 3100)]),
+        ];
+        let (m, cpu) = costs(&s, 1, 1000);
+        assert_eq!(m.loaded_at_ns, 4);
+        assert!((m.server_per_connection - 3.0).abs() < 1e-9);
+        assert!((m.harness_per_connection - 2.0).abs() < 1e-9);
+        assert!((m.kernel_per_connection - 4.0).abs() < 1e-9);
+        assert!((cpu.server_s - 3000e-9).abs() < 1e-12);
+    }
+}

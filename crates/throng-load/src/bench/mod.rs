@@ -1,0 +1,430 @@
+//! `throng bench`, the one-command proof: picks N from this machine's
+//! limits and memory, checks those limits as `throng doctor` does, starts
+//! `throng serve` as a child ([`server`]), holds N connections to it with
+//! `hold`'s machinery (this process its supervisor, the workers its
+//! children), publishes timestamped messages to all of them, samples the
+//! host with both sides' processes labelled ([`monitor`]), stops the
+//! server, and reports what was held, how fast, at what memory and CPU
+//! cost, and how every message was delivered ([`costs`], [`report`]); a
+//! result file and an HTML report go beside it.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use thiserror::Error;
+use throng_host::doctor::{self, Role, Status};
+use throng_host::units::fmt_duration;
+use throng_report::format::{Event, Header};
+
+use crate::harness::Setup;
+use crate::harness::clock::now_unix_ns;
+use crate::harness::collect::ResultFile;
+use crate::harness::machine::Machine;
+use crate::harness::pool::WorkerCommand;
+use crate::harness::progress::Progress;
+use crate::hold::Settings;
+use crate::hold::plan::{self, Fit, PlanError};
+use crate::hold::request::WORKER_ARGS;
+use crate::hold::supervisor::{HoldRun, PublishPlan, first_publish_window};
+use crate::hold::target::{PublishTarget, WsTarget};
+use crate::pacer::RateSpec;
+use crate::tls::{TlsClient, TlsOptions};
+
+pub mod costs;
+pub mod monitor;
+pub mod report;
+pub mod server;
+
+pub use report::{Report, Verdict, render};
+
+/// The most connections a default run holds: enough to prove the point, short enough to wait for.
+pub const DEFAULT_MAX: u64 = 100_000;
+/// Memory a default run may plan on per connection (both ends, user and kernel),
+/// generous against the measured ~10 KiB so a default run never nears the OOM killer.
+pub const PLAN_BYTES_PER_CONNECTION: u64 = 32 * 1024;
+/// Ports the server listens on: one accept queue each, so that a burst of
+/// connects on a busy machine does not overflow one queue (SYNs dropped there
+/// are retried only after 1, 3, 7, 15, 31 s).
+pub const LISTEN_PORTS: u16 = 8;
+/// Close handshakes of 100,000 connections take seconds on two cores.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default connect rates: a TLS handshake costs the server about 0.2 ms of
+/// CPU and the harness as much again (docs/tls.md), on the same cores.
+pub const DEFAULT_RATE: RateSpec = RateSpec::Constant(10_000.0);
+/// See [`DEFAULT_RATE`].
+pub const DEFAULT_RATE_TLS: RateSpec = RateSpec::Constant(2_500.0);
+/// How long the server may take to stop after SIGTERM before it is killed.
+pub const SERVER_STOP: Duration = Duration::from_secs(15);
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// A bench as the command line asks for it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The command line, for the result file's header.
+    pub command_line: Vec<String>,
+    /// Connections to hold (`None`: from the machine's limits and memory).
+    pub connections: Option<u64>,
+    /// New connections per second (`None`: [`DEFAULT_RATE`], with TLS [`DEFAULT_RATE_TLS`]).
+    pub rate: Option<RateSpec>,
+    /// Hold `wss://` connections to a server that terminates TLS.
+    pub tls: bool,
+    /// Messages to publish to every connection.
+    pub messages: u32,
+    /// Time between messages.
+    pub message_every: Duration,
+    /// Size of each message, bytes.
+    pub message_size: usize,
+    /// Where the result file and the HTML report go.
+    pub out_dir: PathBuf,
+    /// The live view (and where the start lines go).
+    pub progress: Progress,
+}
+
+/// Why a bench could not run.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// A setting that makes no bench.
+    #[error("{0}")]
+    Setting(String),
+    /// A limit of this machine will stop the run (the findings were shown).
+    #[error(
+        "a limit of this machine will stop a run of {0} connections (above); run 'throng doctor \
+         --connections {0}' for the fixes, or use a smaller --connections"
+    )]
+    Limits(u64),
+    /// The run does not fit the machine.
+    #[error("this run does not fit the machine (see 'throng doctor'): {0}")]
+    Plan(#[from] PlanError),
+    /// The server could not be started.
+    #[error("cannot start the server: {0}")]
+    Spawn(io::Error),
+    /// The server did not say it was listening, or did not answer /healthz, in time.
+    #[error("the server did not become ready: {0}")]
+    NotReady(String),
+    /// The server exited while the connections were held.
+    #[error(
+        "the server exited during the run; its connections are gone (a limit? see 'throng \
+         doctor --connections {0}')"
+    )]
+    ServerDied(u64),
+    /// Reading or writing a result file.
+    #[error("{0}")]
+    Results(String),
+    /// The machine, a file, the harness.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// What a bench will run, decided before anything starts.
+struct Plan {
+    connections: u64,
+    rate: RateSpec,
+    machine: Machine,
+    snapshot: doctor::Machine,
+    fit: Fit,
+}
+
+/// Runs a whole bench; the start lines go where `req.progress` says.
+pub fn run(req: Request) -> Result<Report, BenchError> {
+    if req.message_every.is_zero() {
+        return Err(BenchError::Setting(
+            "--message-every must be more than 0".into(),
+        ));
+    }
+    let plan = plan(&req)?;
+    let say = |line: &str| req.progress.say(line);
+    std::fs::create_dir_all(&req.out_dir).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot create {}: {e}", req.out_dir.display()),
+        )
+    })?;
+    let files = Files::new(&req.out_dir);
+    say(&format!(
+        "throng bench: {} connections{} on {} cores, {} MiB available, open-file limit {}/process",
+        plan.connections,
+        if req.connections.is_some() {
+            ""
+        } else {
+            " (default: from this machine's limits and memory)"
+        },
+        plan.machine.cores,
+        plan.snapshot.mem_available.unwrap_or(0) >> 20,
+        plan.machine.nofile
+    ));
+    let serve_args = serve_args(plan.connections, req.tls)?;
+    let program = std::env::current_exe()?;
+    let mut server = server::Server::start(&program, &serve_args.args, Duration::from_secs(20))?;
+    let addr = server.addr();
+    let server_workers = monitor::children(server.pid()).len();
+    let scheme = if req.tls { "wss" } else { "ws" };
+    let ports = &serve_args.ports;
+    let tls = if req.tls {
+        Some(trust_the_server(&server, &files.cert)?)
+    } else {
+        None
+    };
+    say(&format!(
+        "  server    throng serve on {scheme}://127.0.0.1:{ports}{}, {server_workers} worker(s) (pid {})",
+        if req.tls {
+            " (self-signed ECDSA P-256; the harness trusts only it, full handshakes)"
+        } else {
+            ""
+        },
+        server.pid()
+    ));
+    say(&format!(
+        "  harness   {} worker(s) ({}), sources {}, rate {}, close timeout {}",
+        plan.fit.workers,
+        plan.fit.workers_reason,
+        plan.fit.sources_reason,
+        plan.rate,
+        fmt_duration(CLOSE_TIMEOUT)
+    ));
+    say(&format!(
+        "  messages  {} of {} bytes, one every {}, over HTTP POST to /publish/bench",
+        req.messages,
+        req.message_size,
+        fmt_duration(req.message_every)
+    ));
+    say(&format!(
+        "  results   {} and {}",
+        files.results.display(),
+        files.html.display()
+    ));
+    let settings = Settings {
+        close_timeout_ms: crate::harness::clock::millis(CLOSE_TIMEOUT),
+        ..Settings::default()
+    };
+    let settings_json = serde_json::json!({
+        "subcommand": "bench",
+        "connections": plan.connections,
+        "rate": plan.rate.to_string(),
+        "messages": req.messages,
+        "message_every_s": req.message_every.as_secs_f64(),
+        "message_size": req.message_size,
+        "tls": req.tls,
+        "server": { "address": format!("127.0.0.1:{ports}"), "workers": server_workers, "args": serve_args.args },
+        "harness": { "workers": plan.fit.workers, "sources": plan.fit.sources.iter().map(ToString::to_string).collect::<Vec<_>>() },
+        "settings": settings,
+        "machine": { "cores": plan.machine.cores, "nofile": plan.machine.nofile, "mem_available": plan.snapshot.mem_available },
+    });
+    // Hold until half a message period after the last message is due
+    // (whenever in its window the first went out), so that a late start
+    // still gets every message out and an early one not one more (the
+    // publisher stops at the hold's end).
+    let rate = 1.0 / req.message_every.as_secs_f64();
+    let (earliest, latest) = first_publish_window(Duration::from_nanos(settings.interval_ns), rate);
+    let hold_for =
+        req.message_every * (req.messages.max(1) - 1) + (earliest + latest + req.message_every) / 2;
+    let hold = HoldRun {
+        connections: plan.connections,
+        rate: plan.rate,
+        target: format!("{scheme}://127.0.0.1:{ports}/bench")
+            .parse()
+            .map_err(setting)?,
+        tls,
+        fit: plan.fit,
+        settings,
+        duration: Some(hold_for),
+        publish: Some(PublishPlan {
+            target: format!("http://{addr}/publish/bench")
+                .parse::<PublishTarget>()
+                .map_err(setting)?,
+            rate,
+            message_size: req.message_size,
+            redis_channel: "throng:bench".into(),
+        }),
+    };
+    let setup = Setup {
+        command: WorkerCommand {
+            program,
+            args: WORKER_ARGS.iter().map(|a| (*a).to_owned()).collect(),
+        },
+        results: Some(ResultFile {
+            path: files.hold.clone(),
+            header: Header::new(req.command_line.clone(), settings_json.clone()),
+        }),
+        progress: req.progress,
+    };
+
+    // Let the monitor see the idle server, then hold.
+    let monitor = monitor::Monitor::start(server.pid(), Duration::from_millis(250));
+    std::thread::sleep(Duration::from_millis(600));
+    let before_ns = now_unix_ns();
+    monitor.arm(true);
+    let held = crate::hold::run(hold, setup);
+    monitor.arm(false);
+    let server_died = monitor.server_died() || server.exited().is_some();
+    let samples = monitor.finish();
+    let server_killed = server.stop(SERVER_STOP).is_none();
+    let summary = held?;
+    if server_died {
+        return Err(BenchError::ServerDied(plan.connections));
+    }
+
+    let (memory, cpu) = costs::costs(&samples, before_ns, summary.peak_open.max(0) as u64);
+    let messages = costs::per_message(&files.hold)?;
+    let report = Report::new(report::Parts {
+        settings: settings_json,
+        connections: plan.connections,
+        messages_asked: req.messages,
+        memory,
+        cpu,
+        messages,
+        result_file: files.results.clone(),
+        html_report: files.html.clone(),
+        server_killed,
+        hold: summary,
+    });
+    let event = Event {
+        at_ns: now_unix_ns(),
+        source: format!("{}/bench", throng_host::sample::hostname()),
+        kind: "bench.summary".into(),
+        text: report.to_json().to_string(),
+    };
+    costs::write_results(&files.hold, &files.results, &samples, &[event])?;
+    let _ = std::fs::remove_file(&files.hold);
+    let _ = std::fs::remove_file(&files.cert);
+    report::write_html(&files.results, &files.html)?;
+    Ok(report)
+}
+
+fn setting(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Setting(e.to_string())
+}
+
+/// The connection count, the rate and the fit, once the machine's limits
+/// said yes: a limit that will stop the run stops it now.
+fn plan(req: &Request) -> Result<Plan, BenchError> {
+    let machine = Machine::probe()?;
+    let snapshot = doctor::Machine::read(&doctor::proc_root());
+    let connections = req.connections.unwrap_or_else(|| {
+        let by_memory = snapshot
+            .mem_available
+            .map_or(DEFAULT_MAX, |m| m / 2 / PLAN_BYTES_PER_CONNECTION);
+        let n = DEFAULT_MAX.min(by_memory);
+        // Round to a figure a person reads at a glance.
+        if n >= 10_000 {
+            n / 10_000 * 10_000
+        } else {
+            n.max(100)
+        }
+    });
+    // The target port is known only once the server runs; plan with a placeholder.
+    let placeholder: WsTarget = "ws://127.0.0.1:1/bench".parse().map_err(setting)?;
+    let fit = plan::fit(
+        &plan::Request {
+            connections,
+            target: placeholder,
+            sources: None,
+            workers: None,
+        },
+        &machine,
+    )?;
+    let check = doctor::Plan {
+        source_ips: fit.sources.len().max(1) as u64,
+        target_ports: u64::from(LISTEN_PORTS),
+        ..doctor::Plan::new(connections, Role::Both)
+    };
+    let findings = doctor::check_machine(&check, &snapshot);
+    for line in doctor::warning_lines(&findings) {
+        eprintln!("throng bench: {line}");
+    }
+    if findings.iter().any(|f| f.status == Status::Stop) {
+        return Err(BenchError::Limits(connections));
+    }
+    let rate = req.rate.unwrap_or(if req.tls {
+        DEFAULT_RATE_TLS
+    } else {
+        DEFAULT_RATE
+    });
+    Ok(Plan {
+        connections,
+        rate,
+        machine,
+        snapshot,
+        fit,
+    })
+}
+
+/// The files of one bench, named by its start time.
+struct Files {
+    results: PathBuf,
+    html: PathBuf,
+    /// `hold`'s own result file, copied into `results` with the server's samples.
+    hold: PathBuf,
+    /// The certificate the harness trusts (`--tls`).
+    cert: PathBuf,
+}
+
+impl Files {
+    fn new(dir: &Path) -> Self {
+        let stamp = throng_report::format::rfc3339(now_unix_ns())
+            .replace([':', '-'], "")
+            .chars()
+            .take(15)
+            .collect::<String>();
+        Self {
+            results: dir.join(format!("bench-{stamp}.jsonl")),
+            html: dir.join(format!("bench-{stamp}.html")),
+            hold: dir.join(format!(".bench-{stamp}.hold.jsonl")),
+            cert: dir.join(format!(".bench-{stamp}.cert.pem")),
+        }
+    }
+}
+
+/// `throng serve`'s arguments and the port range it listens on.
+struct ServeArgs {
+    args: Vec<String>,
+    /// `FIRST-LAST`.
+    ports: String,
+}
+
+/// `serve` on [`LISTEN_PORTS`] free loopback ports, sized for `connections`;
+/// with TLS, subscribers on TLS ports and publishing, `/healthz` and
+/// `/metrics` on a plain one.
+fn serve_args(connections: u64, tls: bool) -> io::Result<ServeArgs> {
+    let first = server::free_port_range(LOOPBACK, LISTEN_PORTS)?;
+    let ports = format!("{first}-{}", first + LISTEN_PORTS - 1);
+    let mut args: Vec<String> = vec!["serve".into(), "--listen".into()];
+    if tls {
+        let plain = server::free_port_range(LOOPBACK, 1)?;
+        args.extend([
+            format!("127.0.0.1:{plain}"),
+            "--tls-listen".into(),
+            format!("127.0.0.1:{ports}"),
+            "--tls-self-signed".into(),
+        ]);
+    } else {
+        args.push(format!("127.0.0.1:{ports}"));
+    }
+    args.extend([
+        "--max-connections".into(),
+        connections.to_string(),
+        "--json".into(),
+    ]);
+    Ok(ServeArgs { args, ports })
+}
+
+/// TLS options that trust exactly the certificate the server made (its PEM
+/// is in its start line), written to `cert`.
+fn trust_the_server(server: &server::Server, cert: &Path) -> Result<TlsOptions, BenchError> {
+    let pem = server.start_line()["config"]["tls"]["cert_pem"]
+        .as_str()
+        .ok_or_else(|| {
+            BenchError::NotReady("the server's start line has no TLS certificate".into())
+        })?;
+    std::fs::write(cert, pem)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot write {}: {e}", cert.display())))?;
+    let opts = TlsOptions {
+        insecure: false,
+        ca_file: Some(cert.to_path_buf()),
+        resume: false,
+    };
+    TlsClient::new(&opts).map_err(|e| BenchError::Setting(format!("setting up TLS: {e}")))?;
+    Ok(opts)
+}

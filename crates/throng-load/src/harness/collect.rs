@@ -1,0 +1,314 @@
+//! Merging the workers' records: every record line is appended to the
+//! result file as it arrives; intervals are merged per start time, and an
+//! interval is flushed once every worker has sent it (or it is overdue,
+//! when a worker is held up or gone). Flushing adds the supervisor's own
+//! record (the role's counts and a host sample, written to the file too)
+//! and folds the merged interval into the run's totals.
+//!
+//! The collector does not know where the lines come from (a child's
+//! stdout today, an agent's stream later: see [`super::pool`]).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+
+use throng_host::sample::{HostSample, Sampler};
+use throng_report::format::{Event, Header, Record, Writer, decode_record};
+use throng_report::interval::Interval;
+
+use super::progress::Latest;
+
+/// A result file to write: where, and the header that says what ran.
+#[derive(Debug, Clone)]
+pub struct ResultFile {
+    /// The file (created, or truncated).
+    pub path: PathBuf,
+    /// The command line and settings of the run.
+    pub header: Header,
+}
+
+/// What a worker's line was.
+#[derive(Debug)]
+pub enum Arrival {
+    /// An interval, merged.
+    Interval,
+    /// An event, for the role to read.
+    Event(Event),
+    /// Another record kind, kept in the file only.
+    Other,
+    /// Not a record (a worker's stray output).
+    Garbage,
+}
+
+/// An interval flushed: every worker's record of it and the supervisor's.
+#[derive(Debug)]
+pub struct Flushed {
+    /// The merged interval, with the host sample.
+    pub merged: Interval,
+    /// Newer than any interval shown before (a late record merged on its
+    /// own is not shown again).
+    pub show: bool,
+}
+
+/// What a run added up to, once every record is in.
+#[derive(Debug)]
+pub struct Totals {
+    /// Every interval of every worker and of the supervisor, added.
+    pub total: Interval,
+    /// The largest RSS seen per process, bytes.
+    pub peak_rss_bytes: BTreeMap<String, u64>,
+    /// The last host sample (CPU used per process).
+    pub last_host: Option<HostSample>,
+}
+
+/// Merges the records of one run.
+#[derive(Debug)]
+pub struct Collector {
+    /// `host/hold`: the source of merged intervals; `-supervisor` is appended for its own.
+    source: String,
+    length_ns: u64,
+    writer: Option<Writer>,
+    /// Intervals still open, by start: the merge so far and how many
+    /// workers sent theirs.
+    pending: BTreeMap<u64, (Interval, usize)>,
+    latest: Vec<Option<Latest>>,
+    sampler: Sampler,
+    total: Interval,
+    /// The start of the last interval the supervisor wrote its record for.
+    written_to: u64,
+    /// The start of the last interval shown.
+    shown_to: u64,
+    peak_rss_bytes: BTreeMap<String, u64>,
+    last_host: Option<HostSample>,
+}
+
+impl Collector {
+    /// A collector for `workers` workers of role `role`, whose schedule
+    /// starts at `start_ns`; creates the result file, if any.
+    pub fn new(
+        role: &str,
+        workers: usize,
+        length_ns: u64,
+        start_ns: u64,
+        file: Option<&ResultFile>,
+    ) -> io::Result<Self> {
+        let writer = match file {
+            Some(f) => Some(Writer::create(&f.path, &f.header).map_err(io::Error::other)?),
+            None => None,
+        };
+        let source = format!("{}/{role}", throng_host::sample::hostname());
+        Ok(Self {
+            total: Interval::empty(start_ns, length_ns, source.clone()),
+            source,
+            length_ns: length_ns.max(1),
+            writer,
+            pending: BTreeMap::new(),
+            latest: vec![None; workers],
+            sampler: Sampler::new(),
+            written_to: 0,
+            shown_to: 0,
+            peak_rss_bytes: BTreeMap::new(),
+            last_host: None,
+        })
+    }
+
+    /// The supervisor's own label: `host/hold-supervisor`.
+    pub fn supervisor_label(&self) -> String {
+        format!("{}-supervisor", self.source)
+    }
+
+    /// Takes one line from `worker`: writes it to the file if it is a
+    /// record, merges it if it is an interval.
+    pub fn arrive(&mut self, worker: usize, line: &str) -> io::Result<Arrival> {
+        let Ok(record) = decode_record(line) else {
+            return Ok(Arrival::Garbage);
+        };
+        if let Some(w) = self.writer.as_mut() {
+            w.write_encoded(line).map_err(io::Error::other)?;
+        }
+        Ok(match record {
+            Record::Interval(iv) => {
+                if let Some(slot) = self.latest.get_mut(worker) {
+                    *slot = Some(Latest {
+                        start_ns: iv.start_ns,
+                        counters: iv.counters.clone(),
+                        gauges: iv.gauges.clone(),
+                    });
+                }
+                let (merged, reported) = self.pending.entry(iv.start_ns).or_insert_with(|| {
+                    (
+                        Interval::empty(iv.start_ns, iv.length_ns, self.source.clone()),
+                        0,
+                    )
+                });
+                merged.add(&iv);
+                *reported += 1;
+                Arrival::Interval
+            }
+            Record::Event(ev) => Arrival::Event(ev),
+            _ => Arrival::Other,
+        })
+    }
+
+    /// The starts of intervals ready to flush at `now_ns`: every worker
+    /// sent it, or it ended over 1.5 intervals ago.
+    pub fn due(&self, now_ns: u64) -> Vec<u64> {
+        let workers = self.latest.len();
+        let late = 2 * self.length_ns + self.length_ns / 2;
+        self.pending
+            .iter()
+            .filter(|(start, (_, reported))| *reported >= workers || *start + late < now_ns)
+            .map(|(start, _)| *start)
+            .collect()
+    }
+
+    /// Every interval still open (the run is over).
+    pub fn open(&self) -> Vec<u64> {
+        self.pending.keys().copied().collect()
+    }
+
+    /// Each worker's last record.
+    pub fn latest(&self) -> &[Option<Latest>] {
+        &self.latest
+    }
+
+    /// Flushes the interval at `start`: adds the supervisor's record (the
+    /// role's `own` counts, a host sample of `processes` and this one),
+    /// writes that, and folds the whole into the totals. A worker's record
+    /// that arrives after its interval was flushed (a worker held up for
+    /// seconds) is merged on its own: the supervisor's record for a start
+    /// is written once only.
+    pub fn flush(
+        &mut self,
+        start: u64,
+        processes: Vec<(String, u32)>,
+        own: impl FnOnce(u64, u64) -> Interval,
+    ) -> io::Result<Option<Flushed>> {
+        let Some((mut merged, _)) = self.pending.remove(&start) else {
+            return Ok(None);
+        };
+        if start <= self.written_to {
+            // Levels were counted with the interval already; only the late counts add.
+            merged.gauges.clear();
+            self.total.add(&merged);
+            return Ok(Some(Flushed {
+                merged,
+                show: false,
+            }));
+        }
+        self.written_to = start;
+        let mut sup = own(start, self.length_ns);
+        sup.source = self.supervisor_label();
+        let mut procs = vec![(sup.source.clone(), std::process::id())];
+        procs.extend(processes);
+        sup.host = self.sampler.sample(&procs).ok();
+        if let Some(w) = self.writer.as_mut() {
+            w.write_interval(&sup).map_err(io::Error::other)?;
+        }
+        if let Some(h) = &sup.host {
+            for (k, v) in &h.rss_bytes {
+                let peak = self.peak_rss_bytes.entry(k.clone()).or_insert(0);
+                *peak = (*peak).max(*v);
+            }
+            self.last_host = Some(h.clone());
+        }
+        merged.add(&sup);
+        merged.host = sup.host;
+        self.total.add(&merged);
+        let show = start > self.shown_to;
+        self.shown_to = self.shown_to.max(start);
+        Ok(Some(Flushed { merged, show }))
+    }
+
+    /// The run's totals.
+    pub fn finish(self) -> Totals {
+        Totals {
+            total: self.total,
+            peak_rss_bytes: self.peak_rss_bytes,
+            last_host: self.last_host,
+        }
+    }
+}
+
+/// `refused 3, timeout 1` from counts by kind.
+pub fn kinds(counts: &BTreeMap<String, u64>, between: &str, sep: &str) -> String {
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(k, v)| format!("{k}{between}{v}"))
+        .collect();
+    parts.join(sep)
+}
+
+/// `hold-0 12.3 MiB, hold-1 12.1 MiB` from peak RSS by process label.
+pub fn peak_rss(by_label: &BTreeMap<String, u64>) -> String {
+    let parts: Vec<String> = by_label
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{} {:.1} MiB",
+                k.rsplit('/').next().unwrap_or(k),
+                *v as f64 / 1_048_576.0
+            )
+        })
+        .collect();
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use throng_report::format::encode_interval;
+
+    fn line(source: &str, start: u64, ok: u64, open: i64) -> String {
+        let mut iv = Interval::empty(start, 1_000, source.into());
+        iv.counters.insert("connect.ok".into(), ok);
+        iv.gauges.insert("connections.open".into(), open);
+        encode_interval(&iv)
+    }
+
+    fn own(start: u64, length: u64) -> Interval {
+        let mut iv = Interval::empty(start, length, String::new());
+        iv.counters.insert("publish.ok".into(), 1);
+        iv
+    }
+
+    #[test]
+    fn an_interval_flushes_once_every_worker_sent_it_and_late_ones_add_alone() {
+        let mut c = Collector::new("hold", 2, 1_000, 0, None).unwrap();
+        assert!(matches!(
+            c.arrive(0, &line("h/hold-0", 5_000, 3, 3)).unwrap(),
+            Arrival::Interval
+        ));
+        assert!(c.due(5_500).is_empty());
+        c.arrive(1, &line("h/hold-1", 5_000, 2, 2)).unwrap();
+        assert_eq!(c.due(5_500), [5_000]);
+        let f = c.flush(5_000, Vec::new(), own).unwrap().unwrap();
+        assert!(f.show);
+        assert_eq!(f.merged.counter("connect.ok"), 5);
+        assert_eq!(f.merged.counter("publish.ok"), 1);
+        assert_eq!(f.merged.gauge("connections.open"), 5);
+        assert!(f.merged.host.is_some());
+        // Worker 1's next record comes late, after its interval was flushed
+        // for being overdue; then a duplicate of an old one arrives.
+        c.arrive(0, &line("h/hold-0", 6_000, 1, 4)).unwrap();
+        assert!(c.due(8_000).is_empty());
+        assert_eq!(c.due(8_600), [6_000]);
+        c.flush(6_000, Vec::new(), own).unwrap();
+        c.arrive(1, &line("h/hold-1", 6_000, 7, 9)).unwrap();
+        let late = c
+            .flush(6_000, Vec::new(), |_, _| panic!("written once"))
+            .unwrap()
+            .unwrap();
+        assert!(!late.show);
+        assert!(late.merged.gauges.is_empty());
+        assert!(matches!(
+            c.arrive(0, "not a record").unwrap(),
+            Arrival::Garbage
+        ));
+        assert_eq!(c.latest()[1].as_ref().map(|l| l.start_ns), Some(6_000));
+        let t = c.finish();
+        assert_eq!(t.total.counter("connect.ok"), 13);
+        assert_eq!(t.total.counter("publish.ok"), 2);
+        assert!(t.last_host.is_some());
+    }
+}

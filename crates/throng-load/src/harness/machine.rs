@@ -1,0 +1,45 @@
+//! What this machine gives a run, read once before planning: open files
+//! per process, local ports per (source, target) pair, cores.
+
+use std::io;
+
+use throng_host::doctor::PORT_USE;
+use throng_host::limits::{self, DEFAULT_FD_RESERVE, Sysctls};
+
+/// What the machine allows (see `throng-host`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Machine {
+    /// Open files one process may have (the hard limit: workers raise their soft limit to it).
+    pub nofile: u64,
+    /// `net.ipv4.ip_local_port_range`, inclusive.
+    pub local_ports: (u16, u16),
+    /// CPU cores.
+    pub cores: usize,
+}
+
+impl Machine {
+    /// This machine, with this process's open-file limit raised to its hard
+    /// limit (as every worker's will be).
+    pub fn probe() -> io::Result<Self> {
+        let nofile = limits::raise_nofile()
+            .map_err(|e| io::Error::new(e.kind(), format!("raising the open-file limit: {e}")))?;
+        Ok(Self {
+            nofile,
+            local_ports: Sysctls::system().local_port_range(),
+            cores: limits::cores(),
+        })
+    }
+
+    /// Local ports a plan may use per (source, target) pair: [`PORT_USE`]
+    /// of the range, the rest left for TIME_WAIT and other programs.
+    pub fn usable_ports(&self) -> u64 {
+        let (lo, hi) = self.local_ports;
+        let range = u64::from(hi.saturating_sub(lo)) + 1;
+        (range as f64 * PORT_USE) as u64
+    }
+
+    /// Connections one worker may hold (`throng-host`'s file budget).
+    pub fn per_worker(&self) -> u64 {
+        limits::budget(1, self.nofile, DEFAULT_FD_RESERVE).map_or(0, |b| b.per_worker)
+    }
+}

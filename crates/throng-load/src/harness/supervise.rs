@@ -1,0 +1,246 @@
+//! The supervisor's loop, the same for every role: start the workers, take
+//! their records as they come (into the result file, merged per interval),
+//! flush each interval once it is complete with a host sample and a
+//! progress line, handle Ctrl-C (a second one kills), kill workers that
+//! outlive their deadline, and sum the run up once every worker is gone.
+//!
+//! What differs between `hold` and `attack` is a [`Role`]: the plan each
+//! worker gets, what its events mean, when the run ends, the supervisor's
+//! own counts (`hold`'s publisher), the progress line and the summary.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use throng_report::format::Event;
+use throng_report::interval::Interval;
+use tokio::sync::mpsc;
+
+use super::clock::{Anchor, now_unix_ns};
+use super::collect::{Arrival, Collector, ResultFile, Totals};
+use super::pool::{Crew, Feed, Pool, WorkerCommand};
+use super::progress::{Progress, Screen, View};
+
+/// What a role does on the supervisor's side.
+pub trait Role {
+    /// `hold`, `attack`: workers are `<host>/<NAME>-<i>`, notes `throng <NAME>: ...`.
+    const NAME: &'static str;
+    /// What each worker is told.
+    type Plan: Serialize;
+    /// What the run returns.
+    type Summary;
+
+    /// Worker processes.
+    fn workers(&self) -> u32;
+    /// Interval length, ns.
+    fn interval_ns(&self) -> u64;
+    /// Worker `index`'s plan; its records carry `label`, its schedule
+    /// starts at `start_unix_ns`.
+    fn plan(&self, index: u32, label: String, start_unix_ns: u64) -> Self::Plan;
+    /// The workers are started.
+    fn started(&mut self, _run: &Rc<Run>) {}
+    /// An event from `worker` (its `worker.done` included); `false` to
+    /// show it as a note.
+    fn event(&mut self, _worker: usize, _ev: &Event, _run: &Rc<Run>) -> bool {
+        false
+    }
+    /// `worker` is gone; `done`: it said `worker.done` first.
+    fn gone(&mut self, worker: usize, done: bool, run: &Rc<Run>);
+    /// Ctrl-C: begin to stop; returns the note to show.
+    fn interrupted(&mut self, run: &Rc<Run>) -> &'static str;
+    /// A quarter of a second passed.
+    fn tick(&mut self, _run: &Rc<Run>) {}
+    /// The supervisor's own counts for the interval at `start_ns` (empty by default).
+    fn own(&mut self, start_ns: u64, length_ns: u64) -> Interval {
+        Interval::empty(start_ns, length_ns, String::new())
+    }
+    /// A flushed interval, before its progress line.
+    fn absorb(&mut self, _merged: &Interval) {}
+    /// The progress line of a flushed interval.
+    fn progress(&mut self, view: &View<'_>) -> String;
+    /// The summary, once every worker is gone.
+    fn finish(self, totals: Totals, run: &Rc<Run>) -> Self::Summary;
+}
+
+/// What a run needs besides its role: how to start a worker, where the
+/// results go, how progress shows.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Starts one worker.
+    pub command: WorkerCommand,
+    /// The result file, if any.
+    pub results: Option<ResultFile>,
+    /// The live view.
+    pub progress: Progress,
+}
+
+/// A running run, as its role sees it.
+pub struct Run {
+    crew: Box<dyn Crew>,
+    screen: RefCell<Screen>,
+    start: Anchor,
+    kill_at: Cell<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run").field("start", &self.start).finish()
+    }
+}
+
+impl Run {
+    /// The workers.
+    pub fn crew(&self) -> &dyn Crew {
+        self.crew.as_ref()
+    }
+
+    /// When the schedule starts (event 0 is due).
+    pub fn start(&self) -> Anchor {
+        self.start
+    }
+
+    /// Shows a note that the next progress line does not overwrite.
+    pub fn note(&self, text: &str) {
+        self.screen.borrow_mut().note(text);
+    }
+
+    /// Kills the workers still running `after` from now.
+    pub fn kill_after(&self, after: Duration) {
+        self.kill_at.set(Some(Instant::now() + after));
+    }
+}
+
+/// When the schedule starts: once every worker has had time to exec.
+fn schedule_start(workers: u32) -> u64 {
+    now_unix_ns() + 300_000_000 + 20_000_000 * u64::from(workers.min(50))
+}
+
+/// Runs `role` to the end on a runtime of its own.
+pub fn run<R: Role>(role: R, setup: Setup) -> io::Result<R::Summary> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, supervise(role, setup))
+}
+
+async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary> {
+    let workers = role.workers().max(1);
+    let length_ns = role.interval_ns().max(1);
+    let start_ns = schedule_start(workers);
+    let mut collector = Collector::new(
+        R::NAME,
+        workers as usize,
+        length_ns,
+        start_ns,
+        setup.results.as_ref(),
+    )?;
+    let host = throng_host::sample::hostname();
+    let plans = (0..workers)
+        .map(|i| {
+            let label = format!("{host}/{}-{i}", R::NAME);
+            (label.clone(), role.plan(i, label, start_ns))
+        })
+        .collect();
+    let (tx, mut feed) = mpsc::unbounded_channel();
+    let pool = Pool::spawn(&setup.command, plans, &tx)?;
+    drop(tx);
+    let run = Rc::new(Run {
+        crew: Box::new(pool),
+        screen: RefCell::new(Screen::new(setup.progress, R::NAME)),
+        start: Anchor::at_unix_ns(start_ns),
+        kill_at: Cell::new(None),
+    });
+    role.started(&run);
+
+    let mut done = vec![false; workers as usize];
+    let mut open = done.len();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut interrupted = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            got = feed.recv() => match got {
+                Some(Feed::Line { worker, line }) => match collector.arrive(worker, &line)? {
+                    Arrival::Event(ev) => {
+                        let is_done = ev.kind == "worker.done";
+                        if is_done && let Some(d) = done.get_mut(worker) {
+                            *d = true;
+                        }
+                        if !role.event(worker, &ev, &run) && !is_done {
+                            run.note(&format!("{}: {}: {}", ev.source, ev.kind, ev.text));
+                        }
+                    }
+                    Arrival::Garbage => run.note(&format!("{}: {line}", run.crew().label(worker))),
+                    Arrival::Interval | Arrival::Other => {}
+                },
+                Some(Feed::Gone { worker }) => {
+                    open -= 1;
+                    role.gone(worker, done.get(worker).copied().unwrap_or(true), &run);
+                    if open == 0 {
+                        break;
+                    }
+                }
+                None => break,
+            },
+            r = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                if r.is_ok() {
+                    let note = role.interrupted(&run);
+                    run.note(note);
+                    // A second Ctrl-C kills.
+                    tokio::task::spawn_local(async {
+                        if tokio::signal::ctrl_c().await.is_ok() {
+                            std::process::exit(130);
+                        }
+                    });
+                }
+            }
+            _ = tick.tick() => {
+                role.tick(&run);
+                if run.kill_at.get().is_some_and(|k| Instant::now() >= k) {
+                    run.note("workers did not finish closing in time; killing them");
+                    run.crew().kill_all();
+                    run.kill_at.set(None);
+                }
+                for start in collector.due(now_unix_ns()) {
+                    flush(&mut role, &mut collector, start, &run)?;
+                }
+            }
+        }
+    }
+    // Everything the workers sent is in.
+    for start in collector.open() {
+        flush(&mut role, &mut collector, start, &run)?;
+    }
+    run.screen.borrow_mut().finish();
+    run.crew().wait_all();
+    Ok(role.finish(collector.finish(), &run))
+}
+
+/// Flushes one interval and shows it.
+fn flush<R: Role>(
+    role: &mut R,
+    collector: &mut Collector,
+    start: u64,
+    run: &Rc<Run>,
+) -> io::Result<()> {
+    let processes = run.crew().processes();
+    let Some(flushed) = collector.flush(start, processes, |s, l| role.own(s, l))? else {
+        return Ok(());
+    };
+    if flushed.show {
+        role.absorb(&flushed.merged);
+        let view = View {
+            merged: &flushed.merged,
+            start_unix_ns: run.start().unix_ns(),
+            workers: collector.latest(),
+        };
+        let line = role.progress(&view);
+        run.screen.borrow_mut().line(&line);
+    }
+    Ok(())
+}

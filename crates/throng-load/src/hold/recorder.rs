@@ -1,0 +1,306 @@
+//! What a `hold` worker counts while it runs, turned into one
+//! [`Interval`] per second ([`Recorder::take`]).
+//!
+//! Names in the interval (the result-file contract, `docs/results-format.md`):
+//! counters `connect.ok`, `connect.error.<kind>` ([`ConnectError`]),
+//! `connect.abandoned`, `tls.handshakes.full`/`.resumed`,
+//! `messages.received`/`.lost`/`.duplicated`/`.out_of_order`/`.foreign`,
+//! `bytes.in`, `closed.<how>` ([`Closed`]); gauges `connections.open`,
+//! `connections.target`; histograms (µs) `connect` (from the intended
+//! start), `connect.service` (from the actual start), `connect.lag`,
+//! `connect.tcp`, `connect.tls`, `connect.upgrade`, `delivery`.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use throng_report::interval::{Interval, new_histogram};
+
+use super::sequence::Arrival;
+use crate::harness::failure::{Failure, NetCause, OwnKind, Tally};
+use crate::harness::recorder::{Recorder, Take, record};
+
+/// `hold`'s own ways for a connection to fail, beside the socket's and TLS's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handshake {
+    /// The server answered the upgrade with a status other than 101.
+    BadStatus,
+    /// The answer was not a valid WebSocket handshake (bad head, wrong accept key).
+    BadHandshake,
+}
+
+impl OwnKind for Handshake {
+    const ALL: &'static [Self] = &[Self::BadStatus, Self::BadHandshake];
+    // A server that hangs up during the TLS handshake reset the connection.
+    const TLS_CLOSED: Failure<Self> = Failure::Net(NetCause::Reset);
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::BadStatus => "bad_status",
+            Self::BadHandshake => "bad_handshake",
+        }
+    }
+}
+
+/// Why a connection could not be opened; each kind is its own counter
+/// (`connect.error.<label>`).
+pub type ConnectError = Failure<Handshake>;
+
+/// How a held connection ended; each is a counter under `closed.`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The server sent a close frame with this code (`closed.server.<code>`,
+    /// `closed.server.none` for an empty close).
+    ByServer(Option<u16>),
+    /// The server closed TCP without a close frame (`closed.eof`).
+    Eof,
+    /// A read or write failed (`closed.reset`).
+    Reset,
+    /// The server broke the protocol; closed with 1002/1007/1009 (`closed.protocol`).
+    Protocol,
+    /// The run ended and the server answered our close (`closed.clean`).
+    Clean,
+    /// The run ended and the server did not answer our close in time (`closed.timeout`).
+    CloseTimeout,
+    /// A TLS record failed: decryption, or a fatal alert from the server (`closed.tls`).
+    Tls,
+}
+
+/// Per-interval counts and histograms of one `hold` worker.
+#[derive(Debug)]
+pub struct HoldRecorder {
+    source: String,
+    length_ns: u64,
+    /// Connections open now (a level, not reset per interval).
+    open: i64,
+    /// Connections this worker will attempt in total (a level).
+    target: i64,
+    opened: u64,
+    failed: Tally<Handshake>,
+    tls_full: u64,
+    tls_resumed: u64,
+    abandoned: u64,
+    closed: BTreeMap<String, u64>,
+    received: u64,
+    lost: u64,
+    duplicated: u64,
+    out_of_order: u64,
+    foreign: u64,
+    bytes_in: u64,
+    connect: Histogram<u64>,
+    connect_service: Histogram<u64>,
+    connect_lag: Histogram<u64>,
+    connect_tcp: Histogram<u64>,
+    connect_tls: Histogram<u64>,
+    connect_upgrade: Histogram<u64>,
+    delivery: Histogram<u64>,
+}
+
+impl HoldRecorder {
+    /// A recorder for `source` (`"host/hold-0"`) with intervals of
+    /// `length_ns`, for a worker that will open `target` connections.
+    pub fn new(source: String, length_ns: u64, target: u64) -> Self {
+        Self {
+            source,
+            length_ns,
+            open: 0,
+            target: i64::try_from(target).unwrap_or(i64::MAX),
+            opened: 0,
+            failed: Tally::default(),
+            tls_full: 0,
+            tls_resumed: 0,
+            abandoned: 0,
+            closed: BTreeMap::new(),
+            received: 0,
+            lost: 0,
+            duplicated: 0,
+            out_of_order: 0,
+            foreign: 0,
+            bytes_in: 0,
+            connect: new_histogram(),
+            connect_service: new_histogram(),
+            connect_lag: new_histogram(),
+            connect_tcp: new_histogram(),
+            connect_tls: new_histogram(),
+            connect_upgrade: new_histogram(),
+            delivery: new_histogram(),
+        }
+    }
+
+    /// A connection was started `lag_us` after its intended time.
+    pub fn started(&mut self, lag_us: u64) {
+        record(&mut self.connect_lag, lag_us);
+    }
+
+    /// A handshake completed: `total_us` from the intended start, `service_us`
+    /// from the actual start.
+    pub fn opened(&mut self, total_us: u64, service_us: u64) {
+        self.opened += 1;
+        self.open += 1;
+        record(&mut self.connect, total_us);
+        record(&mut self.connect_service, service_us);
+    }
+
+    /// How long each phase of an opened connection took: TCP connect, the
+    /// TLS handshake (`None` for `ws://`), the WebSocket upgrade.
+    pub fn phases(&mut self, tcp_us: u64, tls_us: Option<u64>, upgrade_us: u64) {
+        record(&mut self.connect_tcp, tcp_us);
+        if let Some(us) = tls_us {
+            record(&mut self.connect_tls, us);
+        }
+        record(&mut self.connect_upgrade, upgrade_us);
+    }
+
+    /// A TLS handshake completed; `resumed`: it resumed an earlier session.
+    pub fn tls_handshake(&mut self, resumed: bool) {
+        if resumed {
+            self.tls_resumed += 1;
+        } else {
+            self.tls_full += 1;
+        }
+    }
+
+    /// A connection attempt failed.
+    pub fn failed(&mut self, kind: ConnectError) {
+        self.failed.add(kind);
+    }
+
+    /// A connection still opening when the run stopped was given up.
+    pub fn abandoned(&mut self) {
+        self.abandoned += 1;
+    }
+
+    /// A held connection ended.
+    pub fn closed(&mut self, how: Closed) {
+        self.open -= 1;
+        let name = match how {
+            Closed::ByServer(Some(code)) => format!("closed.server.{code}"),
+            Closed::ByServer(None) => "closed.server.none".to_owned(),
+            Closed::Eof => "closed.eof".to_owned(),
+            Closed::Reset => "closed.reset".to_owned(),
+            Closed::Protocol => "closed.protocol".to_owned(),
+            Closed::Clean => "closed.clean".to_owned(),
+            Closed::CloseTimeout => "closed.timeout".to_owned(),
+            Closed::Tls => "closed.tls".to_owned(),
+        };
+        *self.closed.entry(name).or_insert(0) += 1;
+    }
+
+    /// `n` bytes arrived on a held connection.
+    pub fn bytes_in(&mut self, n: usize) {
+        self.bytes_in += n as u64;
+    }
+
+    /// One of our messages arrived `latency_us` after it was published,
+    /// and meant `arrival` for its connection's sequence.
+    pub fn delivered(&mut self, latency_us: u64, arrival: Arrival) {
+        self.received += 1;
+        record(&mut self.delivery, latency_us);
+        match arrival {
+            Arrival::Next { lost } => self.lost += lost,
+            Arrival::Duplicate => self.duplicated += 1,
+            Arrival::OutOfOrder => self.out_of_order += 1,
+        }
+    }
+
+    /// `n` messages never arrived (the tail a connection missed at the end).
+    pub fn lost(&mut self, n: u64) {
+        self.lost += n;
+    }
+
+    /// A data message that is not one of ours.
+    pub fn foreign(&mut self) {
+        self.foreign += 1;
+    }
+
+    /// Connections open now.
+    pub fn open_now(&self) -> i64 {
+        self.open
+    }
+}
+
+impl Recorder for HoldRecorder {
+    fn take(&mut self, start_ns: u64) -> Interval {
+        let mut t = Take::default();
+        t.count("connect.ok", &mut self.opened);
+        self.failed.take_into("connect.error", &mut t);
+        t.count("tls.handshakes.full", &mut self.tls_full)
+            .count("tls.handshakes.resumed", &mut self.tls_resumed)
+            .count("connect.abandoned", &mut self.abandoned)
+            .count("messages.received", &mut self.received)
+            .count("messages.lost", &mut self.lost)
+            .count("messages.duplicated", &mut self.duplicated)
+            .count("messages.out_of_order", &mut self.out_of_order)
+            .count("messages.foreign", &mut self.foreign)
+            .count("bytes.in", &mut self.bytes_in)
+            .counts(&mut self.closed)
+            .histogram("connect", &mut self.connect)
+            .histogram("connect.service", &mut self.connect_service)
+            .histogram("connect.lag", &mut self.connect_lag)
+            .histogram("connect.tcp", &mut self.connect_tcp)
+            .histogram("connect.tls", &mut self.connect_tls)
+            .histogram("connect.upgrade", &mut self.connect_upgrade)
+            .histogram("delivery", &mut self.delivery)
+            .gauge("connections.open", self.open)
+            .gauge("connections.target", self.target);
+        t.into_interval(start_ns, self.length_ns, self.source.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hold::sequence::Sequence;
+    use crate::tls::TlsFailure;
+
+    #[test]
+    fn take_resets_counts_but_keeps_levels() {
+        let mut r = HoldRecorder::new("h/hold-0".into(), 1_000_000_000, 10);
+        r.started(5);
+        r.opened(1500, 900);
+        r.opened(2500, 1000);
+        r.failed(Failure::Net(NetCause::Refused));
+        r.failed(Failure::Tls(TlsFailure::UnknownIssuer));
+        r.failed(Failure::Own(Handshake::BadStatus));
+        r.phases(100, Some(700), 300);
+        r.tls_handshake(true);
+        r.delivered(300, Arrival::Next { lost: 2 });
+        r.closed(Closed::ByServer(Some(1008)));
+        let iv = r.take(1_000_000_000);
+        assert_eq!(iv.counter("connect.ok"), 2);
+        assert_eq!(iv.counter("connect.error.refused"), 1);
+        assert_eq!(iv.counter("connect.error.tls.unknown_issuer"), 1);
+        assert_eq!(iv.counter("connect.error.bad_status"), 1);
+        assert_eq!(iv.counter("tls.handshakes.resumed"), 1);
+        assert_eq!(iv.histograms["connect.tls"].len(), 1);
+        assert_eq!(iv.counter("closed.server.1008"), 1);
+        assert_eq!(iv.counter("messages.lost"), 2);
+        assert_eq!(iv.gauges["connections.open"], 1);
+        assert_eq!(iv.gauges["connections.target"], 10);
+        assert_eq!(iv.histograms["connect"].len(), 2);
+        assert_eq!(iv.histograms["delivery"].len(), 1);
+        let next = r.take(2_000_000_000);
+        assert!(next.counters.is_empty());
+        assert!(next.histograms.is_empty());
+        assert_eq!(next.gauges["connections.open"], 1);
+    }
+
+    /// The worker's accounting in memory: two subscribers, one that opened
+    /// before publishing began and one after, fed what arrives.
+    #[test]
+    fn deliveries_are_counted_as_their_sequences_say() {
+        let mut r = HoldRecorder::new("h/hold-0".into(), 1_000_000_000, 2);
+        let mut subscribers = [Sequence::new(10), Sequence::new(30)];
+        for (seq, who) in [(1, 0), (2, 1), (3, 0), (3, 0)] {
+            let arrival = subscribers[who].receive(seq, 20);
+            r.delivered(100, arrival);
+        }
+        let [early, late] = subscribers;
+        r.lost(early.missing_at_end(4, 20) + late.missing_at_end(4, 20));
+        let iv = r.take(0);
+        assert_eq!(iv.counter("messages.received"), 4);
+        // early: 2 skipped, 4 missing at the end; late: 3 and 4 missing at the end.
+        assert_eq!(iv.counter("messages.lost"), 4);
+        assert_eq!(iv.counter("messages.duplicated"), 1);
+        assert_eq!(iv.counter("messages.out_of_order"), 0);
+    }
+}

@@ -1,0 +1,233 @@
+//! What a `hold` run did: the summary printed at the end (and as JSON),
+//! and the progress line of each second.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use throng_report::interval::Interval;
+use throng_report::summary::HistStats;
+use throng_report::text::micros;
+
+use crate::harness::collect::{Totals, kinds, peak_rss};
+use crate::harness::progress::View;
+
+/// What a run did, for the final print and `--json`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    /// Connections asked for.
+    pub target: u64,
+    /// Worker processes.
+    pub workers: u32,
+    /// Handshakes completed.
+    pub opened: u64,
+    /// The most connections open at an interval's end.
+    pub peak_open: i64,
+    /// Failed attempts by kind.
+    pub failed: BTreeMap<String, u64>,
+    /// Ended connections by how (`server.1008`, `eof`, `clean`, ...).
+    pub closed: BTreeMap<String, u64>,
+    /// Connections opened per second, from the schedule's start until every
+    /// worker had opened (or failed) its whole share.
+    pub connect_rate: f64,
+    /// Seconds from the schedule's start until every connection was open or failed.
+    pub ramp_s: f64,
+    /// Connect latency from the intended start (TCP + upgrade), µs.
+    pub connect_us: HistStats,
+    /// Connect latency from the actual start, µs.
+    pub connect_service_us: HistStats,
+    /// How late connections were started against the schedule, µs.
+    pub connect_lag_us: HistStats,
+    /// TCP connect alone, µs.
+    pub connect_tcp_us: HistStats,
+    /// The TLS handshake alone (`wss://`), µs.
+    pub connect_tls_us: HistStats,
+    /// The WebSocket upgrade alone, µs.
+    pub connect_upgrade_us: HistStats,
+    /// TLS handshakes that were full (not resumed).
+    pub tls_full: u64,
+    /// TLS handshakes that resumed an earlier session.
+    pub tls_resumed: u64,
+    /// Messages published (calls that succeeded).
+    pub published: u64,
+    /// Publish calls that failed, by kind.
+    pub publish_errors: BTreeMap<String, u64>,
+    /// Duration of publish calls, µs.
+    pub publish_us: HistStats,
+    /// Messages received over all subscribers.
+    pub received: u64,
+    /// Messages lost (sequence gaps, and the tail missing at the end).
+    pub lost: u64,
+    /// Messages received twice.
+    pub duplicated: u64,
+    /// Messages received after a later one.
+    pub out_of_order: u64,
+    /// Data messages that were not ours.
+    pub foreign: u64,
+    /// Bytes received on held connections.
+    pub bytes_in: u64,
+    /// Delivery latency (publish start to arrival), µs.
+    pub delivery_us: HistStats,
+    /// The largest RSS seen per process, bytes.
+    pub peak_rss_bytes: BTreeMap<String, u64>,
+    /// CPU time used per process, ns.
+    pub cpu_ns: BTreeMap<String, u64>,
+    /// Seconds from the schedule's start to the end.
+    pub elapsed_s: f64,
+}
+
+impl Summary {
+    /// The counts and latencies of the whole run, from its totals.
+    pub(super) fn of(totals: Totals) -> Self {
+        let t = &totals.total;
+        let mut s = Self {
+            opened: t.counter("connect.ok"),
+            published: t.counter("publish.ok"),
+            received: t.counter("messages.received"),
+            lost: t.counter("messages.lost"),
+            duplicated: t.counter("messages.duplicated"),
+            out_of_order: t.counter("messages.out_of_order"),
+            foreign: t.counter("messages.foreign"),
+            bytes_in: t.counter("bytes.in"),
+            tls_full: t.counter("tls.handshakes.full"),
+            tls_resumed: t.counter("tls.handshakes.resumed"),
+            connect_us: t.stats("connect"),
+            connect_service_us: t.stats("connect.service"),
+            connect_lag_us: t.stats("connect.lag"),
+            connect_tcp_us: t.stats("connect.tcp"),
+            connect_tls_us: t.stats("connect.tls"),
+            connect_upgrade_us: t.stats("connect.upgrade"),
+            publish_us: t.stats("publish"),
+            delivery_us: t.stats("delivery"),
+            peak_rss_bytes: totals.peak_rss_bytes,
+            cpu_ns: totals
+                .last_host
+                .map(|h| h.cpu_ns.into_iter().collect())
+                .unwrap_or_default(),
+            ..Self::default()
+        };
+        for (k, v) in &t.counters {
+            if let Some(kind) = k.strip_prefix("connect.error.") {
+                s.failed.insert(kind.to_owned(), *v);
+            } else if let Some(how) = k.strip_prefix("closed.") {
+                s.closed.insert(how.to_owned(), *v);
+            } else if let Some(kind) = k.strip_prefix("publish.error.") {
+                s.publish_errors.insert(kind.to_owned(), *v);
+            }
+        }
+        s
+    }
+}
+
+/// The progress line of one interval: connections, connects, and with
+/// publishing the messages and their delivery.
+pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
+    let iv: &Interval = view.merged;
+    let errors = iv.counters_under("connect.error.");
+    let closed = iv.counters_under("closed.") - iv.counters_under("closed.clean");
+    let mut s = format!(
+        "[{:>6.1}s] open {}/{target}  +{}/s  err {errors}  closed {closed}",
+        view.elapsed_s(),
+        iv.gauge("connections.open"),
+        iv.counter("connect.ok")
+    );
+    if iv.histograms.contains_key("connect") {
+        s.push_str(&format!(
+            "  connect p99 {}",
+            micros(iv.stats("connect").p99)
+        ));
+    }
+    let lag = iv.stats("connect.lag").max;
+    if lag >= 1000 {
+        s.push_str(&format!("  lag {}", micros(lag)));
+    }
+    if iv.counter("publish.sent") > 0 || iv.counter("messages.received") > 0 {
+        s.push_str(&format!(
+            "  pub {}/s  msgs {}/s  lost {}",
+            iv.counter("publish.ok"),
+            iv.counter("messages.received"),
+            iv.counter("messages.lost")
+        ));
+        if iv.histograms.contains_key("delivery") {
+            let d = iv.stats("delivery");
+            s.push_str(&format!(
+                "  delivery p50 {} p99 {}",
+                micros(d.p50),
+                micros(d.p99)
+            ));
+        }
+    }
+    s
+}
+
+/// The final human summary.
+pub fn render(s: &Summary) -> String {
+    let mut out = String::new();
+    let lat = |l: &HistStats| {
+        if l.count == 0 {
+            return "none measured".to_owned();
+        }
+        format!(
+            "p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})",
+            micros(l.p50),
+            micros(l.p90),
+            micros(l.p99),
+            micros(l.p999),
+            micros(l.max),
+            l.count
+        )
+    };
+    out.push_str(&format!(
+        "connections: {} opened of {} over {} worker(s) in {:.2}s ({:.0}/s), peak {} open\n",
+        s.opened, s.target, s.workers, s.ramp_s, s.connect_rate, s.peak_open
+    ));
+    let failed: u64 = s.failed.values().sum();
+    if failed > 0 {
+        out.push_str(&format!(
+            "  failed: {failed} ({})\n",
+            kinds(&s.failed, " ", ", ")
+        ));
+    }
+    if !s.closed.is_empty() {
+        out.push_str(&format!("  closed: {}\n", kinds(&s.closed, " ", ", ")));
+    }
+    out.push_str(&format!(
+        "  connect (from intended start): {}\n",
+        lat(&s.connect_us)
+    ));
+    out.push_str(&format!(
+        "  connect (from actual start):   {}\n",
+        lat(&s.connect_service_us)
+    ));
+    out.push_str(&format!("    TCP connect:  {}\n", lat(&s.connect_tcp_us)));
+    if s.connect_tls_us.count > 0 {
+        out.push_str(&format!(
+            "    TLS handshake: {}  ({} full, {} resumed)\n",
+            lat(&s.connect_tls_us),
+            s.tls_full,
+            s.tls_resumed
+        ));
+    }
+    out.push_str(&format!(
+        "    WS upgrade:   {}\n",
+        lat(&s.connect_upgrade_us)
+    ));
+    if s.connect_lag_us.max >= 1000 {
+        out.push_str(&format!(
+            "  harness lag behind schedule: {}\n",
+            lat(&s.connect_lag_us)
+        ));
+    }
+    if s.published > 0 || !s.publish_errors.is_empty() || s.received > 0 {
+        let errs: u64 = s.publish_errors.values().sum();
+        out.push_str(&format!(
+            "messages: {} published ({} failed), {} received, {} lost, {} duplicated, {} out of order\n",
+            s.published, errs, s.received, s.lost, s.duplicated, s.out_of_order
+        ));
+        out.push_str(&format!("  delivery: {}\n", lat(&s.delivery_us)));
+        out.push_str(&format!("  publish call: {}\n", lat(&s.publish_us)));
+    }
+    if !s.peak_rss_bytes.is_empty() {
+        out.push_str(&format!("peak RSS: {}\n", peak_rss(&s.peak_rss_bytes)));
+    }
+    out
+}

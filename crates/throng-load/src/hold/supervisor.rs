@@ -1,0 +1,515 @@
+//! `hold` on the supervisor's side, a [`Role`] of the harness core: the
+//! plan of each worker, the ramp (the hold time starts once every worker
+//! has opened or failed its share), the publisher of timestamped messages,
+//! and the end of the run: stop publishing, let messages in flight land,
+//! tell every worker to close its connections, kill those that do not.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::io;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use throng_report::format::Event;
+use throng_report::interval::{Interval, new_histogram};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::plan::Fit;
+use super::publish::Publisher;
+use super::summary::{Summary, progress_line};
+use super::target::{PublishTarget, WsTarget};
+use super::{Settings, WorkerPlan, message};
+use crate::harness::clock::{micros, now_unix_ns};
+use crate::harness::collect::Totals;
+use crate::harness::progress::View;
+use crate::harness::recorder::Take;
+use crate::harness::worker::Order;
+use crate::harness::{Role, Run, Setup};
+use crate::pacer::{Pacer, RateSpec};
+use crate::tls::TlsOptions;
+
+/// How long after every connection is open (or failed) before publishing
+/// starts, so that the server has registered every subscriber.
+pub const PUBLISH_SETTLE: Duration = Duration::from_millis(500);
+/// How long after the last publish before connections are closed, so that
+/// messages in flight arrive.
+pub const DRAIN: Duration = Duration::from_secs(1);
+/// Timeout of one publish call.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the workers get between learning when publishing began and the
+/// first message.
+const TELL_WORKERS: Duration = Duration::from_millis(50);
+
+/// When the first message goes out after every connection is open, at
+/// the earliest and at the latest: after the settle time and the workers'
+/// notice, and, at one message per `interval` or slower, up to one more
+/// interval to start just after an interval boundary (see `publish_loop`).
+pub fn first_publish_window(interval: Duration, rate: f64) -> (Duration, Duration) {
+    let earliest = PUBLISH_SETTLE + TELL_WORKERS;
+    let aligned = rate * interval.as_secs_f64() <= 1.0;
+    (
+        earliest,
+        if aligned {
+            earliest + interval
+        } else {
+            earliest
+        },
+    )
+}
+
+/// Publishing during a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishPlan {
+    /// Where to publish.
+    pub target: PublishTarget,
+    /// Messages per second.
+    pub rate: f64,
+    /// Size of each message, bytes.
+    pub message_size: usize,
+    /// The Redis channel name (`throng:<channel>`).
+    pub redis_channel: String,
+}
+
+/// A whole `hold` run, fitted onto the machine.
+#[derive(Debug, Clone)]
+pub struct HoldRun {
+    /// Connections in total.
+    pub connections: u64,
+    /// The connection rate.
+    pub rate: RateSpec,
+    /// Where to connect.
+    pub target: WsTarget,
+    /// TLS settings of a `wss://` target.
+    pub tls: Option<TlsOptions>,
+    /// Workers and sources.
+    pub fit: Fit,
+    /// Timeouts and limits.
+    pub settings: Settings,
+    /// How long to hold once every connection is open or failed (`None`: until Ctrl-C).
+    pub duration: Option<Duration>,
+    /// Publishing, if any.
+    pub publish: Option<PublishPlan>,
+}
+
+/// Runs a whole `hold`.
+pub fn run(hold: HoldRun, setup: Setup) -> io::Result<Summary> {
+    // Workers build the same pacer; refuse a bad rate here, once.
+    Pacer::for_count(hold.rate, hold.connections)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    crate::harness::supervise::run(Hold::new(hold), setup)
+}
+
+/// What the publisher task counts, read by the supervisor each second.
+#[derive(Debug)]
+struct PubStats {
+    /// When each message not yet counted in an interval was sent (Unix
+    /// ns): a message counts in the interval it was sent in, however late
+    /// the supervisor closes that interval (a busy machine delays it past
+    /// the next boundary, and a message counted a second early takes the
+    /// previous one's last deliveries in per-message figures).
+    sent_at: Vec<u64>,
+    ok: u64,
+    errors: BTreeMap<String, u64>,
+    call: Histogram<u64>,
+    lag: Histogram<u64>,
+    subscribers: Option<u64>,
+    /// Last sequence number attempted.
+    last_seq: u64,
+    last_error: Option<String>,
+}
+
+impl PubStats {
+    fn new() -> Self {
+        Self {
+            sent_at: Vec::new(),
+            ok: 0,
+            errors: BTreeMap::new(),
+            call: new_histogram(),
+            lag: new_histogram(),
+            subscribers: None,
+            last_seq: 0,
+            last_error: None,
+        }
+    }
+
+    /// How many messages were sent before `end_ns`; they are counted now.
+    fn take_sent_before(&mut self, end_ns: u64) -> u64 {
+        let before = self.sent_at.len();
+        self.sent_at.retain(|&at| at >= end_ns);
+        (before - self.sent_at.len()) as u64
+    }
+}
+
+/// When the ramp ended: set once, by the last worker to finish it.
+#[derive(Debug, Default)]
+struct Ramp {
+    done_at: Cell<Option<Instant>>,
+    note: Notify,
+    /// The run is stopping: a publisher still waiting for the ramp gives up.
+    cancelled: Cell<bool>,
+}
+
+impl Ramp {
+    /// Waits for the end of the ramp; `None` if the run stopped first.
+    async fn wait(&self) -> Option<Instant> {
+        loop {
+            if let Some(at) = self.done_at.get() {
+                return Some(at);
+            }
+            if self.cancelled.get() {
+                return None;
+            }
+            self.note.notified().await;
+        }
+    }
+}
+
+/// The `hold` role.
+struct Hold {
+    run: HoldRun,
+    stats: Rc<RefCell<PubStats>>,
+    publishing_stop: Rc<Cell<bool>>,
+    ramp: Rc<Ramp>,
+    /// Workers that opened (or failed) their whole share, or died.
+    ramps_done: usize,
+    hold_end: Option<Instant>,
+    stop_at: Option<Instant>,
+    stopping: bool,
+    publisher: Option<JoinHandle<()>>,
+    first_open_start: Option<u64>,
+    last_open_end: u64,
+    peak_open: i64,
+}
+
+impl Hold {
+    fn new(run: HoldRun) -> Self {
+        Self {
+            run,
+            stats: Rc::new(RefCell::new(PubStats::new())),
+            publishing_stop: Rc::new(Cell::new(false)),
+            ramp: Rc::new(Ramp::default()),
+            ramps_done: 0,
+            hold_end: None,
+            stop_at: None,
+            stopping: false,
+            publisher: None,
+            first_open_start: None,
+            last_open_end: 0,
+            peak_open: 0,
+        }
+    }
+
+    /// One more worker is through its ramp (or gone); after the last, the
+    /// hold time starts and publishing begins.
+    fn ramp_step(&mut self) {
+        self.ramps_done += 1;
+        if self.ramps_done >= self.run.fit.workers as usize && self.ramp.done_at.get().is_none() {
+            let now = Instant::now();
+            self.ramp.done_at.set(Some(now));
+            self.ramp.note.notify_one();
+            self.hold_end = self.run.duration.map(|d| now + d);
+        }
+    }
+}
+
+impl Role for Hold {
+    const NAME: &'static str = "hold";
+    type Plan = WorkerPlan;
+    type Summary = Summary;
+
+    fn workers(&self) -> u32 {
+        self.run.fit.workers
+    }
+
+    fn interval_ns(&self) -> u64 {
+        self.run.settings.interval_ns
+    }
+
+    fn plan(&self, index: u32, label: String, start_unix_ns: u64) -> WorkerPlan {
+        let r = &self.run;
+        WorkerPlan {
+            index,
+            workers: r.fit.workers,
+            connections: r.connections,
+            rate: r.rate,
+            start_unix_ns,
+            target: r.target.clone(),
+            sources: r.fit.sources.clone(),
+            settings: r.settings,
+            label,
+            tls: r.tls.clone(),
+        }
+    }
+
+    fn started(&mut self, run: &Rc<Run>) {
+        self.publisher = self.run.publish.clone().map(|plan| {
+            tokio::task::spawn_local(publish_loop(Publishing {
+                plan,
+                ramp: self.ramp.clone(),
+                hold: self.run.duration,
+                interval_ns: self.run.settings.interval_ns.max(1),
+                stats: self.stats.clone(),
+                stop: self.publishing_stop.clone(),
+                run: run.clone(),
+            }))
+        });
+    }
+
+    fn event(&mut self, _worker: usize, ev: &Event, _run: &Rc<Run>) -> bool {
+        match ev.kind.as_str() {
+            "worker.ramp_done" => self.ramp_step(),
+            "worker.done" => {}
+            _ => return false,
+        }
+        true
+    }
+
+    fn gone(&mut self, worker: usize, done: bool, run: &Rc<Run>) {
+        if done {
+            return;
+        }
+        // A worker that died never reports its ramp: do not wait for it.
+        self.ramp_step();
+        if !self.stopping {
+            run.note(&format!(
+                "{}: worker exited early; its connections are gone",
+                run.crew().label(worker)
+            ));
+        }
+    }
+
+    fn interrupted(&mut self, _run: &Rc<Run>) -> &'static str {
+        self.stop_at = Some(Instant::now());
+        "Ctrl-C: stopping (press again to kill the workers)"
+    }
+
+    fn tick(&mut self, run: &Rc<Run>) {
+        let now = Instant::now();
+        if self.stop_at.is_none() && self.hold_end.is_some_and(|e| now >= e) {
+            self.stop_at = Some(now);
+        }
+        if !self.stopping && self.stop_at.is_some_and(|at| now >= at) {
+            self.stopping = true;
+            self.publishing_stop.set(true);
+            self.ramp.cancelled.set(true);
+            self.ramp.note.notify_one();
+            let close = Duration::from_millis(self.run.settings.close_timeout_ms);
+            tokio::task::spawn_local(end_run(
+                self.publisher.take(),
+                self.stats.clone(),
+                run.clone(),
+                close,
+            ));
+        }
+    }
+
+    fn own(&mut self, start_ns: u64, length_ns: u64) -> Interval {
+        let mut stats = self.stats.borrow_mut();
+        let s = &mut *stats;
+        let mut sent = s.take_sent_before(start_ns + length_ns);
+        let mut t = Take::default();
+        t.count("publish.sent", &mut sent)
+            .count("publish.ok", &mut s.ok)
+            .histogram("publish", &mut s.call)
+            .histogram("publish.lag", &mut s.lag);
+        for (kind, mut n) in std::mem::take(&mut s.errors) {
+            t.count(&format!("publish.error.{kind}"), &mut n);
+        }
+        if let Some(n) = s.subscribers {
+            t.gauge("publish.subscribers", i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        t.into_interval(start_ns, length_ns, String::new())
+    }
+
+    fn absorb(&mut self, merged: &Interval) {
+        if merged.counter("connect.ok") > 0 {
+            self.first_open_start.get_or_insert(merged.start_ns);
+            self.last_open_end = merged.start_ns + merged.length_ns;
+        }
+        self.peak_open = self.peak_open.max(merged.gauge("connections.open"));
+    }
+
+    fn progress(&mut self, view: &View<'_>) -> String {
+        progress_line(view, self.run.connections)
+    }
+
+    fn finish(self, totals: Totals, run: &Rc<Run>) -> Summary {
+        if let Some(p) = self.publisher {
+            p.abort();
+        }
+        let mut s = Summary::of(totals);
+        s.target = self.run.connections;
+        s.workers = self.run.fit.workers;
+        s.peak_open = self.peak_open;
+        if let Some(done) = self.ramp.done_at.get() {
+            let span = done
+                .saturating_duration_since(run.start().instant())
+                .as_secs_f64();
+            s.ramp_s = span;
+            if span > 0.0 {
+                s.connect_rate = s.opened as f64 / span;
+            }
+        } else if let Some(first) = self.first_open_start {
+            // Stopped before the ramp ended: per-second intervals are all there is.
+            let span = self.last_open_end.saturating_sub(first) as f64 / 1e9;
+            if span > 0.0 {
+                s.connect_rate = s.opened as f64 / span;
+            }
+        }
+        s.elapsed_s = now_unix_ns().saturating_sub(run.start().unix_ns()) as f64 / 1e9;
+        s
+    }
+}
+
+/// The end of a run: stop publishing first, let messages in flight land,
+/// then tell every worker the last sequence number and to close.
+async fn end_run(
+    publisher: Option<JoinHandle<()>>,
+    stats: Rc<RefCell<PubStats>>,
+    run: Rc<Run>,
+    close: Duration,
+) {
+    if let Some(p) = publisher {
+        let finished = async {
+            while !p.is_finished() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let _ = tokio::time::timeout(PUBLISH_TIMEOUT, finished).await;
+        p.abort();
+        tokio::time::sleep(DRAIN).await;
+    }
+    let final_seq = stats.borrow().last_seq;
+    run.crew().stop_all(&Order::Stop(final_seq));
+    run.kill_after(close + Duration::from_secs(10));
+}
+
+/// What the publisher task needs.
+struct Publishing {
+    plan: PublishPlan,
+    ramp: Rc<Ramp>,
+    /// How long the hold lasts from the end of the ramp.
+    hold: Option<Duration>,
+    /// The interval length it aligns its first message to.
+    interval_ns: u64,
+    stats: Rc<RefCell<PubStats>>,
+    stop: Rc<Cell<bool>>,
+    run: Rc<Run>,
+}
+
+/// Publishes timestamped messages at `plan.rate`, from [`PUBLISH_SETTLE`]
+/// after every worker has opened its share until the hold ends (or the run
+/// is stopped), over one connection, one call at a time.
+async fn publish_loop(p: Publishing) {
+    let Ok(pacer) = Pacer::constant(p.plan.rate) else {
+        return;
+    };
+    let Some(ramp_end) = p.ramp.wait().await else {
+        return;
+    };
+    let until = p.hold.map(|d| ramp_end + d);
+    tokio::time::sleep_until((ramp_end + PUBLISH_SETTLE).into()).await;
+    if p.stop.get() {
+        return;
+    }
+    // Tell the workers first, so a connection open before the first message
+    // expects sequence number 1.
+    p.run.crew().tell_all(&Order::Publishing(now_unix_ns()));
+    // At one message per interval or slower, start just after an interval
+    // boundary (intervals are aligned on wall time), and at least 50 ms after
+    // telling the workers: each message's deliveries then fall in its own
+    // interval and the ones after it, never in the interval of an earlier
+    // publish, which is what per-message figures (`throng bench`) attribute
+    // by. A random phase put a slow fan-out's tail in the next message's
+    // interval. Faster rates gain nothing from it and would lose up to an
+    // interval of a short hold, so they start after the 50 ms.
+    let interval_ns = p.interval_ns;
+    let mut wait = crate::harness::clock::nanos(TELL_WORKERS);
+    if p.plan.rate * interval_ns as f64 <= 1e9 {
+        let into = (now_unix_ns() + wait) % interval_ns;
+        let phase = interval_ns / 100;
+        wait += (interval_ns + phase - into) % interval_ns;
+    }
+    tokio::time::sleep(Duration::from_nanos(wait)).await;
+    let mut publisher = Publisher::new(
+        p.plan.target.clone(),
+        p.plan.redis_channel.clone(),
+        PUBLISH_TIMEOUT,
+    );
+    let start = Instant::now();
+    let mut buf = Vec::with_capacity(p.plan.message_size.max(message::MAX_HEADER));
+    let mut seq = 0u64;
+    loop {
+        let intended = start + pacer.intended(seq);
+        if until.is_some_and(|u| intended >= u) {
+            break;
+        }
+        while Instant::now() < intended && !p.stop.get() {
+            let step = intended.min(Instant::now() + Duration::from_millis(100));
+            tokio::time::sleep_until(step.into()).await;
+        }
+        if p.stop.get() {
+            break;
+        }
+        seq += 1;
+        let began = Instant::now();
+        let sent_ns = now_unix_ns();
+        buf.clear();
+        message::encode(&mut buf, seq, sent_ns, p.plan.message_size);
+        {
+            let mut s = p.stats.borrow_mut();
+            s.sent_at.push(sent_ns);
+            s.last_seq = seq;
+            let lag = micros(began.saturating_duration_since(intended));
+            let _ = s.lag.record(lag.max(1));
+        }
+        let result = publisher.publish(&buf).await;
+        let mut s = p.stats.borrow_mut();
+        let _ = s.call.record(micros(began.elapsed()).max(1));
+        match result {
+            Ok(n) => {
+                s.ok += 1;
+                if n.is_some() {
+                    s.subscribers = n;
+                }
+            }
+            Err(e) => {
+                *s.errors.entry(e.label().to_owned()).or_insert(0) += 1;
+                if s.last_error.is_none() {
+                    eprintln!("throng hold: publish failed (first error shown): {e}");
+                }
+                s.last_error = Some(e.to_string());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_message_waits_for_an_interval_boundary_only_at_slow_rates() {
+        let second = Duration::from_secs(1);
+        let (early, late) = first_publish_window(second, 0.5);
+        assert_eq!(early, Duration::from_millis(550));
+        assert_eq!(late, early + second);
+        assert_eq!(first_publish_window(second, 10.0), (early, early));
+    }
+
+    #[test]
+    fn a_message_counts_in_the_interval_it_was_sent_in_however_late_that_closes() {
+        let mut s = PubStats::new();
+        let sec = 1_000_000_000;
+        // Message 1 at 10.01 s; interval [10 s, 11 s) closes late, at 12.3 s,
+        // by when message 2 went at 12.01 s.
+        s.sent_at
+            .extend([10 * sec + sec / 100, 12 * sec + sec / 100]);
+        assert_eq!(s.take_sent_before(11 * sec), 1);
+        assert_eq!(s.take_sent_before(12 * sec), 0);
+        assert_eq!(s.take_sent_before(13 * sec), 1);
+        assert!(s.sent_at.is_empty());
+    }
+}

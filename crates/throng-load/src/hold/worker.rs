@@ -1,0 +1,548 @@
+//! One `hold` worker process: opens its share of the run's connections on
+//! the open-model schedule, holds them, checks every message that arrives,
+//! and closes them cleanly when told to stop.
+//!
+//! A worker is one single-threaded tokio runtime (the harness core's
+//! [`worker`](crate::harness::worker)). Each connection is opened by its
+//! own task (connect, TLS handshake for `wss://`, upgrade, their
+//! timeouts); once upgraded it is handed to the worker's readiness loop
+//! (`held`) and its task ends. While a connection is idle it owns nothing
+//! but the socket, a frame decoder with no buffer, its place in the
+//! message sequence and the time it opened: no read or write buffer and no
+//! timer (a TLS connection adds its two record keys, see
+//! [`crate::tls::Records`]). Reads go into one scratch buffer per worker;
+//! only a frame (or TLS record) split across reads leaves a small owned
+//! remainder behind.
+//!
+//! Besides the core's orders (`publishing <ns>` before the first message,
+//! `stop <final_seq>` at the end), its records include a
+//! `worker.ramp_done` event once every connection of its share is open or
+//! has failed, and a `worker.done` event last.
+
+use std::cell::{Cell, RefCell};
+use std::io::{self, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use throng_proto::http;
+use throng_proto::ws;
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::{TcpSocket, TcpStream};
+
+use super::WorkerPlan;
+use super::held::Holder;
+use super::message;
+use super::plan::assign;
+use super::recorder::{ConnectError, Handshake, HoldRecorder};
+use super::sequence::Sequence;
+use super::target::WsTarget;
+use crate::harness::clock::{Anchor, micros};
+use crate::harness::failure::{Failure, FirstOfKind, NetCause};
+use crate::harness::worker::{Live, Order, Orders, Output, Stop, Ticker};
+use crate::pacer::Pacer;
+use crate::tls::{self, Phase, Records, Session, TlsClient};
+
+/// Gives the heap's free memory back to the kernel. Opening many
+/// connections at once leaves freed handshake buffers and task cells behind;
+/// glibc keeps them, and they would count as RSS of the idle connections.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// A 4-byte client mask. RFC 6455 wants it unpredictable to intermediaries;
+/// fastrand is enough for a load generator that is not a browser.
+pub(super) fn mask() -> [u8; 4] {
+    fastrand::u32(..).to_ne_bytes()
+}
+
+/// State shared by every task of the worker (single-threaded: `Rc`, `Cell`).
+pub(super) struct Ctx {
+    pub(super) plan: WorkerPlan,
+    pub(super) rec: RefCell<HoldRecorder>,
+    /// The one read buffer of the worker. Borrowed only between awaits.
+    pub(super) scratch: RefCell<Box<[u8]>>,
+    /// Decrypted bytes of one TLS read, reused by every connection.
+    pub(super) plain: RefCell<Vec<u8>>,
+    /// The TLS client of `wss://` runs.
+    tls: Option<TlsClient>,
+    /// Set once, when the run ends; connections check it before waiting.
+    pub(super) stop: Stop,
+    /// The last sequence number published, from the `stop` order (0: unknown).
+    pub(super) final_seq: Cell<u64>,
+    /// When the first message was published (0: not yet).
+    pub(super) first_publish_ns: Cell<u64>,
+    /// Connection tasks still running plus connections held.
+    pub(super) live: Live,
+    /// Connections being opened, plus 1 while the schedule still runs.
+    opening: Cell<u64>,
+    ticker: Ticker,
+    /// The readiness loop holding upgraded connections.
+    holder: Holder,
+    /// One log line per error kind, so a failing run does not flood stdout.
+    logged: FirstOfKind,
+    /// What the first TLS handshake negotiated was logged.
+    tls_noted: Cell<bool>,
+    out: Output,
+}
+
+impl Ctx {
+    fn fail(&self, kind: ConnectError, detail: impl FnOnce() -> String) {
+        self.rec.borrow_mut().failed(kind);
+        if self.logged.first(kind) {
+            self.out.event(
+                "connect.error",
+                format!("{} (first of its kind): {}", kind.label(), detail()),
+            );
+        }
+    }
+
+    /// One connection attempt (or the schedule itself) is over; when all
+    /// are, tell the supervisor, which starts the hold time and publishing then.
+    fn opening_done(&self) {
+        let left = self.opening.get() - 1;
+        self.opening.set(left);
+        if left == 0 {
+            release_free_memory();
+            self.out.event(
+                "worker.ramp_done",
+                format!("{} connections attempted", self.plan.share()),
+            );
+        }
+    }
+
+    /// The supervisor's order to stop: close every held connection, and
+    /// give up on those that do not answer within the close timeout.
+    fn stop(self: &Rc<Self>, final_seq: u64) {
+        if !self.stop.set() {
+            return;
+        }
+        self.final_seq.set(final_seq);
+        self.holder.close_all(self);
+        let wait = Duration::from_millis(self.plan.settings.close_timeout_ms);
+        let ctx = self.clone();
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(wait).await;
+            ctx.holder.expire(&ctx);
+        });
+    }
+}
+
+/// Runs one worker: its share of `plan`, until every connection has closed.
+pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> io::Result<()> {
+    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    let pacer =
+        Pacer::for_count(plan.rate, plan.connections).map_err(|e| invalid(e.to_string()))?;
+    let settings = plan.settings;
+    let rec = HoldRecorder::new(plan.label.clone(), settings.interval_ns, plan.share());
+    let tls = match (&plan.tls, plan.target.tls) {
+        (Some(opts), true) => Some(TlsClient::new(opts).map_err(|e| invalid(e.to_string()))?),
+        (None, true) => {
+            return Err(invalid(
+                "a wss:// target needs TLS options in the worker plan".into(),
+            ));
+        }
+        (_, false) => None,
+    };
+    let ctx = Rc::new(Ctx {
+        plain: RefCell::new(Vec::new()),
+        tls,
+        rec: RefCell::new(rec),
+        scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
+        stop: Stop::default(),
+        final_seq: Cell::new(0),
+        first_publish_ns: Cell::new(0),
+        live: Live::default(),
+        opening: Cell::new(1),
+        ticker: Ticker::new(settings.interval_ns),
+        logged: FirstOfKind::default(),
+        tls_noted: Cell::new(false),
+        holder: Holder::new()?,
+        out: Output::new(plan.label.clone(), out),
+        plan,
+    });
+    // The opener itself, so that the worker waits for the schedule to end.
+    ctx.live.add();
+
+    let orders_ctx = ctx.clone();
+    tokio::task::spawn_local(async move {
+        while let Some(order) = orders.next().await {
+            match order {
+                Order::Publishing(ns) => orders_ctx.first_publish_ns.set(ns),
+                Order::Stop(seq) => orders_ctx.stop(seq),
+            }
+        }
+    });
+    let start = Anchor::at_unix_ns(ctx.plan.start_unix_ns).instant();
+    tokio::task::spawn_local(open_all(ctx.clone(), pacer, start));
+    let tick_ctx = ctx.clone();
+    let ticker = tokio::task::spawn_local(async move {
+        tick_ctx
+            .ticker
+            .run(&tick_ctx.rec, &tick_ctx.out, || {})
+            .await;
+    });
+    let loop_ctx = ctx.clone();
+    let holder = tokio::task::spawn_local(async move { loop_ctx.holder.run(&loop_ctx).await });
+
+    while ctx.live.get() > 0 {
+        ctx.live.changed().await;
+    }
+    ticker.abort();
+    holder.abort();
+    ctx.ticker.last(&ctx.rec, &ctx.out);
+    ctx.out.event(
+        "worker.done",
+        format!("{} connections attempted", ctx.plan.share()),
+    );
+    Ok(())
+}
+
+/// Starts this worker's connections on the schedule.
+async fn open_all(ctx: Rc<Ctx>, pacer: Pacer, start: Instant) {
+    let step = u64::from(ctx.plan.workers.max(1));
+    let mut i = u64::from(ctx.plan.index);
+    while i < ctx.plan.connections && !ctx.stop.is_set() {
+        let intended = start + pacer.intended(i);
+        let now = Instant::now();
+        if intended > now {
+            let stop = ctx.stop.notified();
+            tokio::select! {
+                biased;
+                () = stop => break,
+                () = tokio::time::sleep_until(intended.into()) => {}
+            }
+            continue;
+        }
+        ctx.rec.borrow_mut().started(micros(now - intended));
+        ctx.live.add();
+        ctx.opening.set(ctx.opening.get() + 1);
+        tokio::task::spawn_local(connection(ctx.clone(), i, intended));
+        i += step;
+    }
+    ctx.opening_done();
+    ctx.live.done();
+}
+
+/// One connection from first SYN to last close.
+async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
+    let started = Instant::now();
+    let plan = &ctx.plan;
+    let (_, s, p) = assign(
+        i,
+        plan.workers,
+        plan.sources.len(),
+        plan.target.port_count(),
+    );
+    let source = plan.sources.get(s).copied();
+    let port = plan.target.port(p);
+    let opened = if ctx.stop.is_set() {
+        None
+    } else {
+        let stop = ctx.stop.notified();
+        tokio::select! {
+            biased;
+            () = stop => None,
+            r = open(&ctx, source, port) => Some(r),
+        }
+    };
+    match opened {
+        Some(Ok(open)) => {
+            let now = Instant::now();
+            let mut rec = ctx.rec.borrow_mut();
+            rec.opened(micros(now - intended), micros(now - started));
+            rec.phases(open.tcp_us, open.tls_us, open.upgrade_us);
+            if let Some(resumed) = open.resumed {
+                rec.tls_handshake(resumed);
+            }
+            drop(rec);
+            ctx.holder.adopt(&ctx, open.stream, open.records, open.rest);
+        }
+        Some(Err((kind, detail))) => ctx.fail(kind, || detail),
+        None => ctx.rec.borrow_mut().abandoned(),
+    }
+    ctx.opening_done();
+    ctx.live.done();
+}
+
+type OpenError = (ConnectError, String);
+
+/// An upgraded connection and how long each step took.
+struct Opened {
+    stream: TcpStream,
+    /// The TLS record state of a `wss://` connection.
+    records: Option<Box<Records>>,
+    /// Whether its handshake resumed a session.
+    resumed: Option<bool>,
+    /// Bytes (decrypted) that arrived after the upgrade response head.
+    rest: Vec<u8>,
+    tcp_us: u64,
+    tls_us: Option<u64>,
+    upgrade_us: u64,
+}
+
+/// TCP connect from `source`, the TLS handshake (`wss://`) and the
+/// WebSocket upgrade.
+async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, OpenError> {
+    let began = Instant::now();
+    let settings = &ctx.plan.settings;
+    let addr = SocketAddr::new(ctx.plan.target.ip, port);
+    let io_err = |what: &str, e: io::Error| (Failure::from_io(&e), format!("{what} {addr}: {e}"));
+    let socket = new_socket(source, addr).map_err(|e| io_err("socket/bind for", e))?;
+    let connect = tokio::time::timeout(
+        Duration::from_millis(settings.connect_timeout_ms),
+        socket.connect(addr),
+    );
+    let mut stream = match connect.await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(io_err("connect to", e)),
+        Err(_) => {
+            return Err((
+                Failure::Net(NetCause::Timeout),
+                format!(
+                    "connect to {addr}: no answer in {} ms",
+                    settings.connect_timeout_ms
+                ),
+            ));
+        }
+    };
+    let connected = Instant::now();
+    let timeout = Duration::from_millis(settings.handshake_timeout_ms);
+    let mut plain = Vec::new();
+    let session = match &ctx.tls {
+        None => None,
+        Some(client) => {
+            let mut session = client
+                .session(&ctx.plan.target.host)
+                .map_err(|e| (Failure::Net(NetCause::Other), e.to_string()))?;
+            let handshake = tls::handshake(&stream, &ctx.scratch, &mut session, &mut plain);
+            match tokio::time::timeout(timeout, handshake).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err((
+                        Failure::from_tls(&e),
+                        format!("TLS handshake with {addr}: {e}"),
+                    ));
+                }
+                Err(_) => {
+                    return Err((
+                        Failure::Net(NetCause::Timeout),
+                        format!(
+                            "TLS handshake with {addr}: not done in {} ms",
+                            settings.handshake_timeout_ms
+                        ),
+                    ));
+                }
+            }
+            if !ctx.tls_noted.replace(true) {
+                ctx.out.event("tls.negotiated", session.describe());
+            }
+            Some(Box::new(session))
+        }
+    };
+    let secured = Instant::now();
+    let mut session = session;
+    let handshake = tokio::time::timeout(
+        timeout,
+        upgrade(
+            &mut stream,
+            &ctx.scratch,
+            session.as_deref_mut(),
+            plain,
+            &ctx.plan.target,
+            port,
+            settings.max_head,
+        ),
+    );
+    match handshake.await {
+        Ok(Ok(rest)) => {
+            let done = Instant::now();
+            let resumed = session.as_ref().map(|s| s.resumed());
+            // Out of rustls: only the keys stay (see `tls::records`).
+            let records = match session {
+                None => None,
+                Some(s) => Some(Box::new(s.into_records().map_err(|e| {
+                    (
+                        Failure::from_tls(&e),
+                        format!("taking over the TLS connection to {addr}: {e}"),
+                    )
+                })?)),
+            };
+            Ok(Opened {
+                stream,
+                tls_us: resumed.map(|_| micros(secured - connected)),
+                records,
+                resumed,
+                rest,
+                tcp_us: micros(connected - began),
+                upgrade_us: micros(done - secured),
+            })
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err((
+            Failure::Net(NetCause::Timeout),
+            format!(
+                "upgrade at {addr}: no 101 response in {} ms",
+                settings.handshake_timeout_ms
+            ),
+        )),
+    }
+}
+
+/// A non-blocking TCP socket bound to `source` with `IP_BIND_ADDRESS_NO_PORT`,
+/// so the local port is chosen at connect time per destination and one
+/// source address carries a full port range to every target port.
+fn new_socket(source: Option<IpAddr>, dst: SocketAddr) -> io::Result<TcpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if dst.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let socket = Socket::new(
+        domain,
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    if let Some(src) = source {
+        if src.is_ipv4() {
+            set_bind_no_port(&socket)?;
+        }
+        socket.bind(&SocketAddr::new(src, 0).into())?;
+    }
+    socket.set_nodelay(true)?;
+    Ok(TcpSocket::from_std_stream(socket.into()))
+}
+
+fn set_bind_no_port(socket: &socket2::Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let one: libc::c_int = 1;
+    // SAFETY: the fd is a valid socket owned by `socket` for the duration of
+    // the call; the option value is a c_int that outlives the call and its
+    // size is passed exactly.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The WebSocket upgrade (through `session` for `wss://`); `plain` holds
+/// any bytes that already arrived. Returns the bytes after the response head.
+async fn upgrade(
+    stream: &mut TcpStream,
+    scratch: &RefCell<Box<[u8]>>,
+    mut session: Option<&mut Session>,
+    plain: Vec<u8>,
+    target: &WsTarget,
+    port: u16,
+    max_head: usize,
+) -> Result<Vec<u8>, OpenError> {
+    let key = ws::client_key(fastrand::u128(..).to_ne_bytes());
+    let mut buf = Vec::with_capacity(256);
+    ws::write_upgrade_request(&mut buf, &target.host_header(port), &target.path, &key);
+    let io_err = |e: io::Error| (Failure::from_io(&e), format!("upgrade: {e}"));
+    let tls_err = |e: tls::TlsError| (Failure::from_tls(&e), format!("upgrade (over TLS): {e}"));
+    let closed = || {
+        (
+            Failure::Net(NetCause::Reset),
+            "upgrade: the server closed the connection before answering".to_owned(),
+        )
+    };
+    let mut wire = Vec::new();
+    match session.as_deref_mut() {
+        Some(s) => {
+            s.send(&buf, &mut wire).map_err(tls_err)?;
+            tls::write_all(stream, &wire).await.map_err(io_err)?;
+            wire.clear();
+        }
+        None => stream.write_all(&buf).await.map_err(io_err)?,
+    }
+    buf = plain;
+    let mut first = !buf.is_empty();
+    loop {
+        if first {
+            // Bytes that came with the handshake: look at them before reading.
+            first = false;
+        } else if let Some(s) = session.as_deref_mut() {
+            let phase = tls::receive_from(stream, scratch, s, &mut buf, &mut wire)
+                .await
+                .map_err(tls_err)?
+                .ok_or_else(closed)?;
+            if !wire.is_empty() {
+                tls::write_all(stream, &wire).await.map_err(io_err)?;
+                wire.clear();
+            }
+            if phase == Phase::PeerClosed {
+                return Err(closed());
+            }
+            if buf.len() > 2 * max_head {
+                return Err((
+                    Failure::Own(Handshake::BadHandshake),
+                    format!("upgrade: no response head in the first {max_head} bytes"),
+                ));
+            }
+        } else {
+            stream.readable().await.map_err(io_err)?;
+            let old = buf.len();
+            buf.resize(old + 1024, 0);
+            match stream.try_read(&mut buf[old..]) {
+                Ok(0) => return Err(closed()),
+                Ok(n) => buf.truncate(old + n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    buf.truncate(old);
+                    continue;
+                }
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+        match http::parse_response(&buf, max_head) {
+            Ok(None) => continue,
+            Ok(Some((resp, n))) => {
+                return match ws::client_verify(&resp, &key) {
+                    Ok(()) => Ok(buf.split_off(n)),
+                    Err(ws::HandshakeError::NotSwitching(status)) => Err((
+                        Failure::Own(Handshake::BadStatus),
+                        format!("upgrade: server answered {status} {}", resp.reason),
+                    )),
+                    Err(e) => Err((
+                        Failure::Own(Handshake::BadHandshake),
+                        format!("upgrade: {e}"),
+                    )),
+                };
+            }
+            Err(e) => {
+                return Err((
+                    Failure::Own(Handshake::BadHandshake),
+                    format!("upgrade: {e}"),
+                ));
+            }
+        }
+    }
+}
+
+/// Checks one message against its connection's sequence and records its
+/// delivery latency.
+pub(super) fn on_message(ctx: &Ctx, seq: &mut Sequence, payload: &[u8], now_ns: u64) {
+    let mut rec = ctx.rec.borrow_mut();
+    match message::decode(payload) {
+        Some((n, sent_ns)) => {
+            let arrival = seq.receive(n, ctx.first_publish_ns.get());
+            rec.delivered(now_ns.saturating_sub(sent_ns) / 1000, arrival);
+        }
+        None => rec.foreign(),
+    }
+}
