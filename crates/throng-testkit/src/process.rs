@@ -1,0 +1,85 @@
+//! Starting programs from a test: the open-file limit every child inherits,
+//! a run with a deadline, and signals.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+/// A `Command` for `program`, after this process's soft open-file limit was
+/// raised to its hard limit (once per process). Children inherit the limit:
+/// a peer holding a thousand test connections must not stop at a shell's
+/// default of 1024.
+pub fn command(program: impl AsRef<OsStr>) -> Command {
+    raise_open_files();
+    Command::new(program)
+}
+
+/// Raises this process's soft open-file limit to its hard limit, once. The
+/// tests that open many sockets themselves call it before they start.
+pub fn raise_open_files() {
+    static RAISED: Once = Once::new();
+    RAISED.call_once(|| {
+        if let Err(e) = throng_host::limits::raise_nofile() {
+            // Not fatal: a test that needs more files fails on its own, with EMFILE.
+            eprintln!("could not raise the open-file limit: {e}");
+        }
+    });
+}
+
+/// Runs `cmd` (stdin closed, stdout and stderr collected) and kills it if it
+/// has not ended within `limit`, failing the test: a hang in the program
+/// under test must not hang the suite.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+    // Read both pipes while waiting, so a child that writes more than a
+    // pipe holds does not stall until the deadline.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    }
+}
+
+/// Sends signal `sig` (`TERM`, `KILL`, `STOP`, ...) to process `pid` with `kill(1)`.
+pub fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args(["-s", sig, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -s {sig} {pid}: {status}");
+}
+
+/// Lossy UTF-8 of a child's output, for assertions and their messages.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
