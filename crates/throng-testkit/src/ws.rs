@@ -125,3 +125,17 @@ pub fn close_code_then_end<S: Read + Write>(s: &mut tungstenite::WebSocket<S>) -
         }
     }
 }
+
+/// Starts a close handshake from the client and reads until the connection
+/// ends, checking that the server echoed the close with 1000.
+pub fn close_expecting_echo<S: Read + Write>(s: &mut tungstenite::WebSocket<S>) {
+    s.close(None).expect("send a close frame");
+    loop {
+        match s.read() {
+            Ok(tungstenite::Message::Close(Some(f))) => assert_eq!(u16::from(f.code), 1000),
+            Ok(_) => {}
+            Err(tungstenite::Error::ConnectionClosed) => return,
+            Err(e) => panic!("close handshake: {e}"),
+        }
+    }
+}

@@ -10,7 +10,8 @@ use throng_proto::ws::{self, OpCode};
 use throng_testkit::http::{publish, publish_ok, raw};
 use throng_testkit::process::signal;
 use throng_testkit::ws::{
-    Got, client_frame, close_code_then_end, next_frame, raw_subscribe, subscribe,
+    Got, client_frame, close_code_then_end, close_expecting_echo, next_frame, raw_subscribe,
+    subscribe,
 };
 use throng_testkit::{Peer, Server, peers, require, wait_until};
 use tungstenite::Message;
@@ -68,15 +69,7 @@ fn every_subscriber_gets_every_message_in_order() {
     }
     // Clean close handshake started by the client: the server echoes 1000.
     for s in subs.iter_mut().chain(others.iter_mut()) {
-        s.close(None).unwrap();
-        loop {
-            match s.read() {
-                Ok(Message::Close(Some(f))) => assert_eq!(u16::from(f.code), 1000),
-                Ok(_) => {}
-                Err(tungstenite::Error::ConnectionClosed) => break,
-                Err(e) => panic!("close handshake: {e}"),
-            }
-        }
+        close_expecting_echo(s);
     }
     server.wait_metric("throng_connections_open", |v| v == 0.0);
     server.wait_metric(

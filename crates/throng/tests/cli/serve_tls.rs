@@ -17,7 +17,7 @@ use throng_proto::http;
 use throng_testkit::certs::{Key, self_signed};
 use throng_testkit::http::{get, metric_in};
 use throng_testkit::process::command;
-use throng_testkit::ws::close_code_then_end;
+use throng_testkit::ws::{close_code_then_end, close_expecting_echo};
 use throng_testkit::{Peer, Server, TempDir, peers, require, wait_until};
 use tungstenite::Message;
 
@@ -247,15 +247,7 @@ fn wss_subscribers_from_python_and_tungstenite_get_every_message_in_order() {
     for s in &mut subs {
         s.send(Message::Ping(b"hi".to_vec().into())).unwrap();
         assert_eq!(s.read().unwrap(), Message::Pong(b"hi".to_vec().into()));
-        s.close(None).unwrap();
-        loop {
-            match s.read() {
-                Ok(Message::Close(Some(f))) => assert_eq!(u16::from(f.code), 1000),
-                Ok(_) => {}
-                Err(tungstenite::Error::ConnectionClosed) => break,
-                Err(e) => panic!("close handshake: {e}"),
-            }
-        }
+        close_expecting_echo(s);
     }
     drop(plain);
     server.wait_metric("throng_connections_open", |v| v == 0.0);
