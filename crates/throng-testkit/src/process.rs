@@ -1,19 +1,81 @@
 //! Starting programs from a test: the open-file limit every child inherits,
-//! a run with a deadline, and signals.
+//! a test that has the machine to itself, a run with a deadline, and signals.
 
+use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
-use std::sync::Once;
+use std::sync::{Once, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// A `Command` for `program`, after this process's soft open-file limit was
 /// raised to its hard limit (once per process). Children inherit the limit:
 /// a peer holding a thousand test connections must not stop at a shell's
-/// default of 1024.
+/// default of 1024. While a test runs [`alone`], this waits for it to end.
 pub fn command(program: impl AsRef<OsStr>) -> Command {
     raise_open_files();
+    share_the_machine();
     Command::new(program)
+}
+
+/// Held for reading by every test of this process that started a program,
+/// for writing by one that runs [`alone`].
+static STARTED: RwLock<()> = RwLock::new(());
+
+/// What the test on this thread holds of [`STARTED`], kept only to be
+/// dropped: the guard goes with the thread, which the test harness ends with
+/// the test (passed or not).
+enum Held {
+    Shared {
+        _guard: RwLockReadGuard<'static, ()>,
+    },
+    Alone {
+        _guard: RwLockWriteGuard<'static, ()>,
+    },
+}
+
+thread_local! {
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+}
+
+/// Whether this is a test's own thread: the harness names each after its
+/// test. Threads a test spawns are unnamed and take no part, so a helper
+/// thread cannot wait on a test that waits on it.
+fn on_a_test_thread() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|name| name != "main")
+}
+
+fn share_the_machine() {
+    if !on_a_test_thread() {
+        return;
+    }
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        if held.is_none() {
+            let guard = STARTED.read().unwrap_or_else(PoisonError::into_inner);
+            *held = Some(Held::Shared { _guard: guard });
+        }
+    });
+}
+
+/// Gives the calling test this process to itself until it ends: waits for
+/// the other tests that started programs to end, and keeps the rest from
+/// starting any. For a test that checks host-wide counts (`sockstat`, memory)
+/// that other tests' sockets would move. Call it first, before starting
+/// anything.
+pub fn alone() {
+    assert!(on_a_test_thread(), "alone() is for a test's own thread");
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        assert!(
+            held.is_none(),
+            "call alone() before the test starts any program"
+        );
+        let guard = STARTED.write().unwrap_or_else(PoisonError::into_inner);
+        *held = Some(Held::Alone { _guard: guard });
+    });
 }
 
 /// Raises this process's soft open-file limit to its hard limit, once. The

@@ -6,7 +6,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use throng_testkit::TempDir;
-use throng_testkit::process::{output_within, text};
+use throng_testkit::process::{alone, output_within, text};
 
 use crate::throng;
 
@@ -17,6 +17,9 @@ fn run(args: &[&str]) -> Output {
 
 #[test]
 fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
+    // The kernel's socket count below is the whole host's: no other test of
+    // this binary may open or close sockets meanwhile.
+    alone();
     let dir = TempDir::new("bench-20k");
     let out_dir = dir.path().to_str().unwrap();
     let out = run(&[
@@ -67,8 +70,9 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     assert!(mem["server_loaded"].as_u64().unwrap() > mem["server_before"].as_u64().unwrap());
     assert!(mem["harness_loaded"].as_u64().unwrap() > mem["harness_before"].as_u64().unwrap());
     // sockstat counts the whole host: sockets other processes were closing
-    // when the run began (an earlier test's) leave the count meanwhile, so
-    // allow a tenth of the 40,000 sockets this run added to be offset by them.
+    // when the run began (an earlier test's, or another program's) leave the
+    // count meanwhile, so allow a tenth of the 40,000 sockets this run added
+    // to be offset by them.
     assert!(
         mem["tcp_inuse_loaded"].as_u64().unwrap()
             >= mem["tcp_inuse_before"].as_u64().unwrap() + 36_000,
