@@ -79,7 +79,7 @@ impl HoldServer {
     }
 
     /// What the peer counted: upgrades seen, connections by client address
-    /// (`by_ip`) and by server port (`by_port`).
+    /// (`by_ip`) and by server port (`by_port`). `hold_server.py` only.
     pub fn stats(&mut self) -> Value {
         writeln!(self.stdin, "stats").expect("ask the peer for its stats");
         self.stdin.flush().expect("flush the peer's stdin");

@@ -72,41 +72,23 @@ impl Peer {
         *FOUND[self as usize].get_or_init(|| self.probe())
     }
 
-    /// Runs a command that succeeds only when the peer can do its job.
+    /// Runs a command that succeeds only when the peer can do its job
+    /// (from `tests/peers`, where node finds `ws`).
     fn probe(self) -> bool {
-        let mut cmd = match self {
-            Self::RedisServer | Self::RedisCli | Self::Openssl => {
-                let mut c = Command::new(self.name());
-                c.arg(if self == Self::Openssl {
-                    "version"
-                } else {
-                    "--version"
-                });
-                c
-            }
-            Self::Haproxy => {
-                let mut c = Command::new("haproxy");
-                c.arg("-v");
-                c
-            }
-            Self::Python => {
-                let mut c = Command::new("python3");
-                c.args(["-c", "pass"]);
-                c
-            }
-            Self::PythonWebsockets => {
-                let mut c = Command::new("python3");
-                c.args(["-c", "import websockets.asyncio.server"]);
-                c
-            }
-            Self::NodeWs => {
-                let mut c = Command::new("node");
-                c.args(["-e", "require.resolve('ws')"]).current_dir(dir());
-                c
-            }
+        let (program, args): (&str, &[&str]) = match self {
+            Self::RedisServer => ("redis-server", &["--version"]),
+            Self::RedisCli => ("redis-cli", &["--version"]),
+            Self::Haproxy => ("haproxy", &["-v"]),
+            Self::Openssl => ("openssl", &["version"]),
+            Self::Python => ("python3", &["-c", "pass"]),
+            Self::PythonWebsockets => ("python3", &["-c", "import websockets.asyncio.server"]),
+            Self::NodeWs => ("node", &["-e", "require.resolve('ws')"]),
             Self::Chromium => return chromium_program().is_some(),
         };
-        cmd.stdin(Stdio::null())
+        Command::new(program)
+            .args(args)
+            .current_dir(dir())
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
