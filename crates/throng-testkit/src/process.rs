@@ -145,3 +145,51 @@ pub fn signal(pid: u32, sig: &str) {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+
+    use super::*;
+
+    #[test]
+    fn output_within_reads_more_than_a_pipe_holds() {
+        let out = output_within(
+            Command::new("head").args(["-c", "1000000", "/dev/zero"]),
+            Duration::from_secs(10),
+        );
+        assert!(out.status.success());
+        assert_eq!(out.stdout.len(), 1_000_000);
+    }
+
+    #[test]
+    #[should_panic(expected = "did not end within")]
+    fn output_within_kills_a_program_past_its_time() {
+        output_within(Command::new("sleep").arg("10"), Duration::from_millis(200));
+    }
+
+    /// A test that runs alone holds back every other test's next program
+    /// until it ends.
+    #[test]
+    fn a_test_alone_holds_back_the_others() {
+        let (started, alone_since) = mpsc::channel();
+        let hold = Duration::from_millis(300);
+        let alone_test = thread::Builder::new()
+            .name("testkit::the_test_alone".into())
+            .spawn(move || {
+                alone();
+                started.send(Instant::now()).unwrap();
+                thread::sleep(hold);
+            })
+            .unwrap();
+        let since = alone_since.recv().unwrap();
+        let _ = command("true");
+        assert!(
+            since.elapsed() >= hold,
+            "started a program {:?} into another test's time alone",
+            since.elapsed()
+        );
+        alone_test.join().unwrap();
+    }
+}

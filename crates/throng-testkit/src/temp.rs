@@ -41,3 +41,19 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_is_new_and_goes_when_dropped() {
+        let (a, b) = (TempDir::new("same"), TempDir::new("same"));
+        assert_ne!(a.path(), b.path());
+        std::fs::write(a.file("x"), "x").unwrap();
+        let path = a.path().to_owned();
+        drop(a);
+        assert!(!path.exists());
+        assert!(b.path().is_dir());
+    }
+}
