@@ -1,55 +1,170 @@
 #!/usr/bin/env bash
-# The one test command (README, .ci/run): installs what the tests need when it
-# is missing, then runs formatting, lints and every test.
+# The one test command (README, .ci/run): installs the test peers that are
+# missing and says what it found and what it installed, then runs formatting,
+# lints, every test (doc tests too) and the docs build, and prints how long
+# each step took.
 #
-#   scripts/test.sh            everything
-#   scripts/test.sh --no-install   skip the install step (offline re-runs)
+#   scripts/test.sh                everything
+#   scripts/test.sh --no-install   skip installing (offline re-runs); still
+#                                  lists the peers it finds
+#
+# Installing needs root and apt (Debian or Ubuntu), python3 with pip, node
+# with npm, and network to Debian's, PyPI's and npm's registries. Here a
+# missing peer fails its tests (THRONG_TEST_REQUIRE_PEERS=1); a plain
+# `cargo test` skips them instead, saying which peer is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
 
 install=1
-[ "${1:-}" = "--no-install" ] && install=0
+case "${1:-}" in
+  "") ;;
+  --no-install) install=0 ;;
+  *) echo "usage: scripts/test.sh [--no-install]" >&2; exit 2 ;;
+esac
 
-say() { printf '\n== %s\n' "$*"; }
+# --- steps and their times -------------------------------------------------
+started=$SECONDS
+step_name=""
+step_started=$SECONDS
+times=()
+end_step() {
+  [ -n "$step_name" ] && times+=("$(printf '%6ss  %s' "$((SECONDS - step_started))" "$step_name")")
+  step_name=""
+}
+step() {
+  end_step
+  step_name=$*
+  step_started=$SECONDS
+  printf '\n== %s\n' "$*"
+}
+trap 'end_step; if [ ${#times[@]} -gt 0 ]; then printf "\n== time per step\n"; printf "%s\n" "${times[@]}"; printf "%6ss  in all\n" "$((SECONDS - started))"; fi' EXIT
+
+# --- the peers the tests run against ---------------------------------------
+# Each probe prints the peer's version (or where it is) when it is usable.
+probe_redis_server() { redis-server --version 2>/dev/null | cut -d' ' -f1-3; }
+probe_redis_cli() { redis-cli --version 2>/dev/null; }
+probe_haproxy() { haproxy -v 2>/dev/null | head -1 | cut -d' ' -f1-3; }
+probe_openssl() { openssl version 2>/dev/null; }
+probe_chromium() {
+  local b
+  b=$(command -v chromium || command -v chromium-browser) || return 1
+  "$b" --version 2>/dev/null | head -1 | cut -d' ' -f1-2
+}
+# wrk exits 1 on --version; only the benchmark scripts use it.
+probe_wrk() { command -v wrk >/dev/null && { wrk --version 2>&1 | head -1 | cut -d' ' -f1-2; }; }
+# The peers use websockets' asyncio API, which came in websockets 13.
+probe_python_websockets() {
+  python3 -c 'import websockets.asyncio.server, websockets; print("websockets", websockets.__version__)' 2>/dev/null
+}
+probe_node_ws() {
+  (cd tests/peers && node -e 'console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
+}
+
+# peer | its probe | its Debian package (none: installed by pip or npm below)
+peers=(
+  "redis-server probe_redis_server redis-server"
+  "redis-cli probe_redis_cli redis-tools"
+  "haproxy probe_haproxy haproxy"
+  "openssl probe_openssl openssl"
+  "chromium probe_chromium chromium"
+  "wrk probe_wrk wrk"
+  "python3-websockets probe_python_websockets"
+  "node-ws probe_node_ws"
+)
+
+declare -A before=()
+for p in "${peers[@]}"; do
+  read -r name probe _ <<<"$p"
+  before[$name]=$($probe || true)
+done
 
 if [ "$install" = 1 ]; then
-  say "test peers and services"
+  step "install the missing test peers"
   apt_missing=()
-  command -v redis-server >/dev/null || apt_missing+=(redis-server)
-  command -v haproxy >/dev/null || apt_missing+=(haproxy)
-  command -v wrk >/dev/null || apt_missing+=(wrk)
-  command -v openssl >/dev/null || apt_missing+=(openssl)
-  command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
-  command -v chromium >/dev/null || apt_missing+=(chromium)
-  command -v openssl >/dev/null || apt_missing+=(openssl)
+  for p in "${peers[@]}"; do
+    read -r name _ package <<<"$p"
+    if [ -z "${before[$name]}" ] && [ -n "${package:-}" ]; then
+      apt_missing+=("$package")
+    fi
+  done
+  if ! command -v python3 >/dev/null; then
+    apt_missing+=(python3 python3-pip)
+  elif ! python3 -m pip --version >/dev/null 2>&1; then
+    apt_missing+=(python3-pip)
+  fi
+  command -v npm >/dev/null || apt_missing+=(nodejs npm)
   if [ ${#apt_missing[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "apt-get install ${apt_missing[*]}"
       apt-get update -qq
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_missing[@]}" >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${apt_missing[@]}" >/dev/null
     else
-      echo "warning: not root, cannot install ${apt_missing[*]}; tests needing them will fail" >&2
+      echo "cannot install ${apt_missing[*]} (needs root and apt-get):" \
+        "the tests that need them will fail" >&2
     fi
   fi
-  python3 -c 'import websockets' 2>/dev/null || python3 -m pip install -q 'websockets>=12'
-  if [ ! -d tests/peers/node_modules/ws ]; then
+  if [ -z "${before[python3-websockets]}" ]; then
+    echo "python3 -m pip install 'websockets>=13'"
+    pip_err=$(mktemp)
+    if ! python3 -m pip install -q 'websockets>=13' 2>"$pip_err"; then
+      if grep -q externally-managed "$pip_err"; then
+        # Debian's own Python refuses pip (PEP 668), and its
+        # python3-websockets is older than the peers' asyncio API.
+        echo "python3 is the system's: pip install --break-system-packages 'websockets>=13'"
+        python3 -m pip install -q --break-system-packages 'websockets>=13'
+      else
+        cat "$pip_err" >&2
+        exit 1
+      fi
+    fi
+    rm -f "$pip_err"
+  fi
+  if [ -z "${before[node-ws]}" ]; then
+    echo "npm install (tests/peers)"
     (cd tests/peers && npm install --silent --no-audit --no-fund >/dev/null)
   fi
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
-say "cargo fmt --check"
+step "test peers"
+for p in "${peers[@]}"; do
+  read -r name probe _ <<<"$p"
+  now=$($probe || true)
+  if [ -z "$now" ]; then
+    state=MISSING
+  elif [ -n "${before[$name]}" ]; then
+    state=found
+  else
+    state=installed
+  fi
+  printf '  %-20s %-10s %s\n' "$name" "$state" "$now"
+done
+
+# A test whose peer is missing fails here instead of skipping.
+export THRONG_TEST_REQUIRE_PEERS=1
+# Run as from a shell with the common default soft limit of 1024 files:
+# the tests raise their own limit (their peers inherit it), and running
+# under 1024 here keeps them doing so.
+ulimit -Sn 1024 2>/dev/null || true
+
+step "cargo fmt --check"
 cargo fmt --all -- --check
 
-say "cargo clippy --all-targets -- -D warnings"
+step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
 if [ -f fuzz/Cargo.toml ]; then
-  say "fuzz targets compile"
+  step "fuzz targets compile"
   cargo check --quiet --manifest-path fuzz/Cargo.toml --bins
 fi
 
-say "cargo test"
-# The tests open thousands of sockets per process; stay under the hard limit.
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+step "cargo test --workspace --all-targets"
 cargo test --workspace --all-targets
+
+# --all-targets leaves out doc tests.
+step "cargo test --workspace --doc"
+cargo test --workspace --doc
+
+step "cargo doc --workspace --no-deps, warnings as errors"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet

@@ -23,6 +23,7 @@ and by server port.
 import argparse
 import asyncio
 import json
+import resource
 import socket
 import ssl
 import sys
@@ -36,6 +37,14 @@ subscribers = {}
 counter = {"upgrades": 0, "opened": 0}
 by_ip = {}
 by_port = {}
+
+
+def raise_open_file_limit():
+    """Lifts the soft open-file limit to the hard one: a shell's default soft
+    limit of 1024 is less than the connections the tests hold."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def free_consecutive_ports(n):
@@ -163,6 +172,7 @@ async def main():
 
 
 if __name__ == "__main__":
+    raise_open_file_limit()
     try:
         asyncio.run(main())
     except KeyboardInterrupt:

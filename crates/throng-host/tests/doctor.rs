@@ -2,99 +2,32 @@
 //! limit broken in turn, checked for the verdict and the exact fix, and
 //! `apply` writing the sysctl fixes into the tree.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use throng_host::doctor::{
-    Fix, Machine, Plan, Role, Status, apply, check_machine, sysctl_d, warning_lines, warnings,
+    Finding, Fix, Machine, Plan, Role, Status, apply, check_machine, sysctl_d, warning_lines,
+    warnings,
 };
+use throng_testkit::fake_proc::FakeProc;
 
-/// A fake `/proc` with a roomy machine; dropped with the test.
-struct FakeProc(PathBuf);
+/// What doctor finds on a fake machine for `plan`.
+trait Check {
+    fn check(&self, plan: &Plan) -> Vec<Finding>;
+}
 
-impl FakeProc {
-    fn new(name: &str) -> Self {
-        let root =
-            std::env::temp_dir().join(format!("throng-doctor-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let p = Self(root);
-        for (k, v) in [
-            ("fs.nr_open", "1048576"),
-            ("fs.file-max", "9223372036854775807"),
-            ("fs.file-nr", "800\t0\t9223372036854775807"),
-            ("net.ipv4.ip_local_port_range", "1024\t65535"),
-            ("net.core.somaxconn", "4096"),
-            ("net.ipv4.tcp_max_syn_backlog", "4096"),
-            ("net.ipv4.tcp_mem", "1000000\t2000000\t3000000"),
-        ] {
-            p.set(k, v);
-        }
-        p.limits(1024, 1_048_576);
-        p.meminfo(64 << 30);
-        p
-    }
-
-    fn set(&self, name: &str, value: &str) {
-        let path = self.0.join("sys").join(name.replace('.', "/"));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, format!("{value}\n")).unwrap();
-    }
-
-    fn get(&self, name: &str) -> String {
-        std::fs::read_to_string(self.0.join("sys").join(name.replace('.', "/")))
-            .unwrap()
-            .trim()
-            .to_owned()
-    }
-
-    fn limits(&self, soft: u64, hard: u64) {
-        std::fs::create_dir_all(self.0.join("self")).unwrap();
-        std::fs::write(
-            self.0.join("self/limits"),
-            format!(
-                "Limit                     Soft Limit           Hard Limit           Units     \n\
-                 Max open files            {soft:<20} {hard:<20} files     \n"
-            ),
-        )
-        .unwrap();
-    }
-
-    fn meminfo(&self, available: u64) {
-        std::fs::write(
-            self.0.join("meminfo"),
-            format!(
-                "MemTotal: {} kB\nMemAvailable: {} kB\n",
-                (128u64 << 30) / 1024,
-                available / 1024
-            ),
-        )
-        .unwrap();
-    }
-
-    fn root(&self) -> &Path {
-        &self.0
-    }
-
-    fn check(&self, plan: &Plan) -> Vec<throng_host::doctor::Finding> {
-        check_machine(plan, &Machine::read(&self.0))
+impl Check for FakeProc {
+    fn check(&self, plan: &Plan) -> Vec<Finding> {
+        check_machine(plan, &Machine::read(self.root()))
     }
 }
 
-impl Drop for FakeProc {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn finding<'a>(
-    all: &'a [throng_host::doctor::Finding],
-    check: &str,
-) -> &'a throng_host::doctor::Finding {
+fn finding<'a>(all: &'a [Finding], check: &str) -> &'a Finding {
     all.iter()
         .find(|f| f.check == check)
         .unwrap_or_else(|| panic!("no finding {check:?} in {all:#?}"))
 }
 
-fn sysctl_fix(f: &throng_host::doctor::Finding) -> (String, String) {
+fn sysctl_fix(f: &Finding) -> (String, String) {
     f.fixes
         .iter()
         .find_map(|x| match x {

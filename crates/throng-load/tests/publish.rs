@@ -3,59 +3,13 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use throng_load::hold::message;
 use throng_load::hold::publish::{PublishError, Publisher};
 use throng_load::hold::target::PublishTarget;
-
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start_redis() -> Redis {
-    let port = free_port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed by scripts/test.sh");
-    let start = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Redis { child, port }
-}
+use throng_testkit::redis::Redis;
+use throng_testkit::{Peer, free_port, require};
 
 /// Reads one RESP line.
 fn line(r: &mut BufReader<TcpStream>) -> String {
@@ -66,7 +20,8 @@ fn line(r: &mut BufReader<TcpStream>) -> String {
 
 #[tokio::test(flavor = "current_thread")]
 async fn redis_publish_reaches_a_subscriber() {
-    let redis = start_redis();
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
     let mut sub = TcpStream::connect(("127.0.0.1", redis.port)).unwrap();
     sub.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     sub.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$8\r\nthrong:c\r\n")

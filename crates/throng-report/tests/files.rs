@@ -3,33 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::PathBuf;
 
 use throng_report::format::{
     Event, Header, ReadError, Reader, Record, Writer, encode_interval, read_files,
 };
 use throng_report::interval::{Interval, new_histogram};
-
-/// A fresh directory for one test, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("throng-report-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use throng_testkit::TempDir;
 
 fn interval(second: u64, source: &str, seed: u64) -> Interval {
     let mut h = new_histogram();
@@ -56,7 +35,7 @@ fn header() -> Header {
 
 #[test]
 fn what_is_written_is_read_back_in_order() {
-    let dir = TempDir::new("roundtrip");
+    let dir = TempDir::new("report-roundtrip");
     let path = dir.file("run.throng");
     let mut w = Writer::create(&path, &header()).unwrap();
     let written: Vec<Interval> = (0..5)
@@ -93,7 +72,7 @@ fn what_is_written_is_read_back_in_order() {
 
 #[test]
 fn a_truncated_file_reads_its_complete_prefix_and_says_where() {
-    let dir = TempDir::new("truncated");
+    let dir = TempDir::new("report-truncated");
     let path = dir.file("cut.throng");
     let mut w = Writer::create(&path, &header()).unwrap();
     for s in 0..4 {
@@ -126,7 +105,7 @@ fn a_truncated_file_reads_its_complete_prefix_and_says_where() {
 
 #[test]
 fn garbage_in_the_middle_stops_there() {
-    let dir = TempDir::new("garbage");
+    let dir = TempDir::new("report-garbage");
     let path = dir.file("bad.throng");
     let mut w = Writer::create(&path, &header()).unwrap();
     w.write_interval(&interval(3_000, "box/hold-0", 1)).unwrap();
@@ -148,7 +127,7 @@ fn garbage_in_the_middle_stops_there() {
 
 #[test]
 fn files_that_are_not_results_are_refused_clearly() {
-    let dir = TempDir::new("foreign");
+    let dir = TempDir::new("report-foreign");
     let cases: [(&str, &[u8], &str); 5] = [
         ("empty", b"", "empty"),
         ("text", b"hello world\n", "not JSON"),
@@ -180,7 +159,7 @@ fn files_that_are_not_results_are_refused_clearly() {
 
 #[test]
 fn read_files_visits_every_file_and_keeps_damage_per_file() {
-    let dir = TempDir::new("many");
+    let dir = TempDir::new("report-many");
     let a = dir.file("a");
     let b = dir.file("b");
     let mut w = Writer::create(&a, &header()).unwrap();
@@ -202,7 +181,7 @@ fn read_files_visits_every_file_and_keeps_damage_per_file() {
 
 #[test]
 fn runs_appended_to_one_file_read_as_one() {
-    let dir = TempDir::new("append");
+    let dir = TempDir::new("report-append");
     let path = dir.file("runs.throng");
     let mut w = Writer::append(&path, &header()).unwrap();
     w.write_interval(&interval(10, "box/hold-0", 1)).unwrap();
@@ -259,7 +238,7 @@ mod merging {
 
     #[test]
     fn two_files_merge_exactly_as_one() {
-        let dir = TempDir::new("merge");
+        let dir = TempDir::new("report-merge");
         let one = dir.file("one");
         let a = dir.file("a");
         let b = dir.file("b");
@@ -317,7 +296,7 @@ mod merging {
 
     #[test]
     fn concatenated_files_merge_as_the_files_do() {
-        let dir = TempDir::new("cat");
+        let dir = TempDir::new("report-cat");
         let (a, b, cat) = (dir.file("a"), dir.file("b"), dir.file("cat"));
         let mut wa = Writer::create(&a, &header()).unwrap();
         let mut wb = Writer::create(&b, &header()).unwrap();
@@ -338,7 +317,7 @@ mod merging {
 
     #[test]
     fn the_same_file_twice_is_counted_once() {
-        let dir = TempDir::new("twice");
+        let dir = TempDir::new("report-twice");
         let one = dir.file("one");
         let mut w = Writer::create(&one, &header()).unwrap();
         for iv in run() {

@@ -3,15 +3,16 @@
 //! `redis-cli PUBLISH`; Redis stopped and restarted under live subscribers;
 //! channels mode checked with `PUBSUB NUMSUB`.
 
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/serve.rs"]
-mod support;
+use std::io::Write as _;
+use std::process::Stdio;
 
-use std::process::Command;
+use throng_testkit::haproxy::Haproxy;
+use throng_testkit::http::{get, publish, publish_redis};
+use throng_testkit::redis::Redis;
+use throng_testkit::ws::{Sub, next_text, subscribe};
+use throng_testkit::{Peer, Server, free_port, require, wait_until};
 
-use cluster::{Haproxy, Redis, free_port};
-use support::{Server, Sub, get, next_text, publish, publish_redis, subscribe, wait_until};
+use crate::{serve, throng};
 
 /// Redis with an ACL user (and the default user locked behind a password),
 /// so every node must AUTH as `alice` to get anywhere.
@@ -39,7 +40,7 @@ fn redis_with_acl() -> (Redis, String) {
 fn node(url: &str, extra: &[&str]) -> Server {
     let mut args = vec!["--redis", url];
     args.extend_from_slice(extra);
-    let s = Server::start(&args);
+    let s = serve(&args);
     s.wait_broker("up");
     s
 }
@@ -50,10 +51,11 @@ fn open_on(s: &Server) -> f64 {
 
 #[test]
 fn two_nodes_behind_haproxy_deliver_every_message_once_in_order() {
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::Haproxy);
     let (redis, url) = redis_with_acl();
     let a = node(&url, &["--workers", "2"]);
     let b = node(&url, &["--workers", "1"]);
-    let lb = Haproxy::start(&[a.addr, b.addr]);
+    let lb = Haproxy::balance(&[a.addr, b.addr]);
 
     let mut subs: Vec<Sub> = (0..20).map(|_| subscribe(lb.addr, "room.1")).collect();
     wait_until("20 subscribers over both nodes", || {
@@ -98,10 +100,11 @@ fn two_nodes_behind_haproxy_deliver_every_message_once_in_order() {
 
 #[test]
 fn redis_restart_keeps_subscribers_and_publishing_fails_cleanly_meanwhile() {
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::Haproxy);
     let (mut redis, url) = redis_with_acl();
     let a = node(&url, &["--workers", "2"]);
     let b = node(&url, &["--workers", "1", "--redis-mode", "channels"]);
-    let lb = Haproxy::start(&[a.addr, b.addr]);
+    let lb = Haproxy::balance(&[a.addr, b.addr]);
     let mut subs: Vec<Sub> = (0..10).map(|_| subscribe(lb.addr, "live")).collect();
     wait_until("10 subscribers", || open_on(&a) + open_on(&b) == 10.0);
     let (on_a, on_b) = (open_on(&a), open_on(&b));
@@ -162,6 +165,7 @@ fn redis_restart_keeps_subscribers_and_publishing_fails_cleanly_meanwhile() {
 
 #[test]
 fn channels_mode_subscribes_only_to_channels_with_local_subscribers() {
+    require!(Peer::RedisServer, Peer::RedisCli);
     let (redis, url) = redis_with_acl();
     let a = node(&url, &["--workers", "2", "--redis-mode", "channels"]);
     let b = node(&url, &["--workers", "1", "--redis-mode", "channels"]);
@@ -208,9 +212,10 @@ fn channels_mode_subscribes_only_to_channels_with_local_subscribers() {
 
 #[test]
 fn unreachable_redis_is_an_error_at_start_unless_redis_wait() {
+    require!(Peer::RedisServer, Peer::RedisCli);
     let port = free_port();
     let url = format!("redis://127.0.0.1:{port}");
-    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+    let out = throng()
         .args(["serve", "--listen", "127.0.0.1:0", "--redis", &url])
         .output()
         .unwrap();
@@ -224,7 +229,7 @@ fn unreachable_redis_is_an_error_at_start_unless_redis_wait() {
 
     let (redis, _) = redis_with_acl();
     let wrong = format!("redis://alice:nope@127.0.0.1:{}", redis.port);
-    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+    let out = throng()
         .args(["serve", "--listen", "127.0.0.1:0", "--redis", &wrong])
         .output()
         .unwrap();
@@ -238,7 +243,7 @@ fn unreachable_redis_is_an_error_at_start_unless_redis_wait() {
     let mut late = Redis::start(&[], &[]);
     late.stop();
     let url = format!("redis://127.0.0.1:{}", late.port);
-    let s = Server::start(&["--redis", &url, "--redis-wait"]);
+    let s = serve(&["--redis", &url, "--redis-wait"]);
     s.wait_broker("down");
     let mut sub = subscribe(s.addr, "early");
     let (status, body) = publish(s.addr, "early", b"too soon", None);
@@ -254,6 +259,7 @@ fn unreachable_redis_is_an_error_at_start_unless_redis_wait() {
 /// it holds back reading, and must still relay what it already read.
 #[test]
 fn a_burst_beyond_the_in_flight_window_arrives_whole_and_in_order() {
+    require!(Peer::RedisServer, Peer::RedisCli);
     let (redis, url) = redis_with_acl();
     let a = node(&url, &["--workers", "2"]);
     let mut subs: Vec<Sub> = (0..6).map(|_| subscribe(a.addr, "burst")).collect();
@@ -262,14 +268,17 @@ fn a_burst_beyond_the_in_flight_window_arrives_whole_and_in_order() {
     let script: String = (0..n)
         .map(|i| format!("PUBLISH throng:burst m{i}\n"))
         .collect();
-    let mut cli = Command::new("redis-cli")
-        .args(["-p", &redis.port.to_string(), "--user", "alice"])
-        .args(["--pass", "s3cret:p@ss", "--no-auth-warning"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
+    let mut cli = redis
+        .cli_command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    std::io::Write::write_all(&mut cli.stdin.take().unwrap(), script.as_bytes()).unwrap();
+    cli.stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
     assert!(cli.wait().unwrap().success());
     for s in &mut subs {
         for i in 0..n {
@@ -286,6 +295,7 @@ fn a_burst_beyond_the_in_flight_window_arrives_whole_and_in_order() {
 /// the node's pings and treated as an outage, and the node comes back after.
 #[test]
 fn a_hung_redis_counts_as_an_outage() {
+    require!(Peer::RedisServer, Peer::RedisCli);
     let (redis, url) = redis_with_acl();
     let a = node(&url, &["--workers", "1"]);
     let mut sub = subscribe(a.addr, "hang");

@@ -1,76 +1,22 @@
 //! `throng doctor` as a user runs it: against fake `/proc` trees (each limit
 //! broken in turn, then `--apply`), and once against this machine.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
-struct FakeProc(PathBuf);
+use throng_testkit::fake_proc::FakeProc;
 
-impl FakeProc {
-    /// A roomy machine: nothing here stops 100,000 connections from 2 source addresses.
-    fn new(name: &str) -> Self {
-        let root =
-            std::env::temp_dir().join(format!("throng-cli-doctor-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let p = Self(root);
-        for (k, v) in [
-            ("fs.nr_open", "1048576"),
-            ("fs.file-max", "9223372036854775807"),
-            ("fs.file-nr", "800\t0\t9223372036854775807"),
-            ("net.ipv4.ip_local_port_range", "1024\t65535"),
-            ("net.core.somaxconn", "4096"),
-            ("net.ipv4.tcp_max_syn_backlog", "4096"),
-            ("net.ipv4.tcp_mem", "1000000\t2000000\t3000000"),
-        ] {
-            p.set(k, v);
-        }
-        std::fs::create_dir_all(p.0.join("self")).unwrap();
-        std::fs::write(
-            p.0.join("self/limits"),
-            "Limit                     Soft Limit           Hard Limit           Units     \n\
-             Max open files            1024                 1048576              files     \n",
-        )
-        .unwrap();
-        std::fs::write(
-            p.0.join("meminfo"),
-            "MemTotal: 134217728 kB\nMemAvailable: 67108864 kB\n",
-        )
-        .unwrap();
-        p
-    }
+use crate::throng;
 
-    fn set(&self, name: &str, value: &str) {
-        let path = self.0.join("sys").join(name.replace('.', "/"));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, format!("{value}\n")).unwrap();
-    }
-
-    fn get(&self, name: &str) -> String {
-        std::fs::read_to_string(self.0.join("sys").join(name.replace('.', "/")))
-            .unwrap()
-            .trim()
-            .to_owned()
-    }
-
-    fn doctor(&self, args: &[&str]) -> Output {
-        doctor(&self.0, args)
-    }
-}
-
-impl Drop for FakeProc {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
+/// `throng doctor --proc-root <root>` plus `args`.
 fn doctor(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_throng"))
+    throng()
         .arg("doctor")
         .arg("--proc-root")
         .arg(root)
         .args(args)
         .output()
-        .unwrap()
+        .expect("run throng doctor")
 }
 
 fn stdout(o: &Output) -> String {
@@ -87,12 +33,15 @@ fn line<'a>(out: &'a str, check: &str) -> &'a str {
 #[test]
 fn a_roomy_machine_passes() {
     let p = FakeProc::new("roomy");
-    let o = p.doctor(&[
-        "--connections",
-        "100000",
-        "--source-ips",
-        "127.0.0.2-127.0.0.3",
-    ]);
+    let o = doctor(
+        p.root(),
+        &[
+            "--connections",
+            "100000",
+            "--source-ips",
+            "127.0.0.2-127.0.0.3",
+        ],
+    );
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(
@@ -156,12 +105,15 @@ fn each_limit_is_reported_with_its_fix() {
     for (name, value, check, status, fix) in cases {
         let p = FakeProc::new(&format!("case-{check}"));
         p.set(name, value);
-        let o = p.doctor(&[
-            "--connections",
-            "100000",
-            "--source-ips",
-            "127.0.0.2,127.0.0.3",
-        ]);
+        let o = doctor(
+            p.root(),
+            &[
+                "--connections",
+                "100000",
+                "--source-ips",
+                "127.0.0.2,127.0.0.3",
+            ],
+        );
         let out = stdout(&o);
         let l = line(&out, check);
         assert!(l.trim_start().starts_with(status), "{name}: {l}");
@@ -179,16 +131,16 @@ fn each_limit_is_reported_with_its_fix() {
 fn open_files_memory_and_sources() {
     let p = FakeProc::new("nofile");
     std::fs::write(
-        p.0.join("self/limits"),
+        p.root().join("self/limits"),
         "Max open files            1024                 20000                files     \n",
     )
     .unwrap();
     std::fs::write(
-        p.0.join("meminfo"),
+        p.root().join("meminfo"),
         "MemTotal: 2097152 kB\nMemAvailable: 1048576 kB\n",
     )
     .unwrap();
-    let o = p.doctor(&["--connections", "300000", "--role", "client"]);
+    let o = doctor(p.root(), &["--connections", "300000", "--role", "client"]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(
@@ -207,18 +159,21 @@ fn open_files_memory_and_sources() {
     );
 
     // The stated per-socket costs are overridable and shown.
-    let o = p.doctor(&[
-        "--connections",
-        "300000",
-        "--role",
-        "client",
-        "--kernel-per-socket",
-        "2048",
-        "--user-per-socket",
-        "512",
-        "--source-ips",
-        "127.0.0.2-127.0.0.7",
-    ]);
+    let o = doctor(
+        p.root(),
+        &[
+            "--connections",
+            "300000",
+            "--role",
+            "client",
+            "--kernel-per-socket",
+            "2048",
+            "--user-per-socket",
+            "512",
+            "--source-ips",
+            "127.0.0.2-127.0.0.7",
+        ],
+    );
     let out = stdout(&o);
     assert!(
         out.contains("assuming 2.0 KiB kernel + 0.5 KiB user"),
@@ -234,13 +189,16 @@ fn apply_writes_the_sysctls_and_checks_again() {
     let p = FakeProc::new("apply");
     p.set("fs.file-max", "50000");
     p.set("net.core.somaxconn", "128");
-    let o = p.doctor(&[
-        "--connections",
-        "100000",
-        "--source-ips",
-        "127.0.0.2-127.0.0.3",
-        "--apply",
-    ]);
+    let o = doctor(
+        p.root(),
+        &[
+            "--connections",
+            "100000",
+            "--source-ips",
+            "127.0.0.2-127.0.0.3",
+            "--apply",
+        ],
+    );
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(out.contains("applied  fs.file-max = 260000"), "{out}");
@@ -254,7 +212,7 @@ fn apply_writes_the_sysctls_and_checks_again() {
 fn json_output() {
     let p = FakeProc::new("json");
     p.set("net.core.somaxconn", "128");
-    let o = p.doctor(&["--connections", "1000", "--format", "json"]);
+    let o = doctor(p.root(), &["--connections", "1000", "--format", "json"]);
     assert_eq!(o.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["plan"]["connections"], 1000);
@@ -279,10 +237,10 @@ fn json_output() {
 #[test]
 fn bad_arguments_are_clear() {
     let p = FakeProc::new("args");
-    let o = p.doctor(&["--ports", "9-1"]);
+    let o = doctor(p.root(), &["--ports", "9-1"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("runs backwards"));
-    let o = p.doctor(&["--source-ips", "nonsense"]);
+    let o = doctor(p.root(), &["--source-ips", "nonsense"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nonsense"));
 }
@@ -320,9 +278,6 @@ fn this_machine_once_for_real() {
     }
     assert_eq!(v["stops"], 0, "{v:#}");
     assert_eq!(o.status.code(), Some(0));
-    let text = Command::new(env!("CARGO_BIN_EXE_throng"))
-        .args(["doctor", "-c", "1000"])
-        .output()
-        .unwrap();
+    let text = throng().args(["doctor", "-c", "1000"]).output().unwrap();
     assert!(stdout(&text).contains("can this machine hold 1000 connections"));
 }

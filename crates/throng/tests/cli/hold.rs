@@ -4,120 +4,21 @@
 //! Every run is bounded (a few thousand connections, seconds) and uses free
 //! ports only.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+use throng_testkit::hold_server::HoldServer;
+use throng_testkit::json::count;
+use throng_testkit::{Peer, TempDir, free_port, require};
 
-#[path = "support/serve.rs"]
-mod serve_support;
+use crate::{run_json, serve};
 
-fn peers_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers")
-}
-
-/// An independent peer server (`hold_server.py` or `hold_server.js`); killed on drop.
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    ws_ports: (u16, u16),
-    http_port: u16,
-}
-
-impl Peer {
-    fn start(program: &str, script: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(program)
-            .arg(peers_dir().join(script))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {program} {script}: {e}"));
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let words: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(words.first(), Some(&"READY"), "peer said {line:?}");
-        Self {
-            ws_ports: (words[1].parse().unwrap(), words[2].parse().unwrap()),
-            http_port: words[3].parse().unwrap(),
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn python(args: &[&str]) -> Self {
-        Self::start("python3", "hold_server.py", args)
-    }
-
-    fn node(args: &[&str]) -> Self {
-        Self::start("node", "hold_server.js", args)
-    }
-
-    fn ws_url(&self) -> String {
-        let (a, b) = self.ws_ports;
-        if a == b {
-            format!("ws://127.0.0.1:{a}/chan")
-        } else {
-            format!("ws://127.0.0.1:{a}-{b}/chan")
-        }
-    }
-
-    fn publish_url(&self) -> String {
-        format!("http://127.0.0.1:{}/publish/chan", self.http_port)
-    }
-
-    /// The Python peer's connection counts (by client address and server port).
-    fn stats(&mut self) -> Value {
-        writeln!(self.stdin, "stats").unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap()
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Runs `throng hold --json` with `args`; returns the summary, the exit
-/// status and stderr.
-fn hold(args: &[&str]) -> (Value, std::process::ExitStatus, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
-        .arg("hold")
-        .args(args)
-        .args(["--json", "--quiet"])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run throng hold");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let summary = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (summary, out.status, stderr)
-}
-
-fn count(v: &Value, path: &[&str]) -> u64 {
-    let mut cur = v;
-    for p in path {
-        cur = &cur[*p];
-    }
-    cur.as_u64().unwrap_or(0)
-}
-
-fn temp_file(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("throng-hold-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// Runs `throng hold --json --quiet` with `args`; returns the summary, the
+/// exit code and stderr.
+fn hold(args: &[&str]) -> (Value, i32, String) {
+    let (code, summary, stderr) = run_json("hold", args);
+    (summary, code, stderr)
 }
 
 /// The acceptance case: many source addresses, two ports, two worker
@@ -125,9 +26,11 @@ fn temp_file(name: &str) -> PathBuf {
 /// message, once, in order; the result file holds both workers' intervals.
 #[test]
 fn python_peer_receives_every_message_from_spread_connections() {
-    let mut peer = Peer::python(&["--ports", "2"]);
-    let output = temp_file("python.jsonl");
-    let (s, status, stderr) = hold(&[
+    require!(Peer::PythonWebsockets);
+    let mut peer = HoldServer::python(&["--ports", "2"]);
+    let dir = TempDir::new("hold");
+    let output = dir.file("python.jsonl");
+    let (s, code, stderr) = hold(&[
         &peer.ws_url(),
         "--connections",
         "1200",
@@ -148,7 +51,7 @@ fn python_peer_receives_every_message_from_spread_connections() {
         "--output",
         output.to_str().unwrap(),
     ]);
-    assert!(status.success(), "hold failed: {stderr}");
+    assert_eq!(code, 0, "hold failed: {stderr}");
     assert_eq!(count(&s, &["opened"]), 1200, "{s:#}\n{stderr}");
     assert_eq!(s["failed"], serde_json::json!({}), "{s:#}");
     assert_eq!(count(&s, &["workers"]), 2);
@@ -196,7 +99,8 @@ fn python_peer_receives_every_message_from_spread_connections() {
 /// shows up under its own count.
 #[test]
 fn refusals_and_server_closes_are_counted_by_kind() {
-    let peer = Peer::node(&[
+    require!(Peer::NodeWs);
+    let peer = HoldServer::node(&[
         "--refuse-every",
         "5",
         "--close-every",
@@ -204,7 +108,7 @@ fn refusals_and_server_closes_are_counted_by_kind() {
         "--close-code",
         "4001",
     ]);
-    let (s, status, stderr) = hold(&[
+    let (s, code, stderr) = hold(&[
         &peer.ws_url(),
         "-c",
         "700",
@@ -215,7 +119,7 @@ fn refusals_and_server_closes_are_counted_by_kind() {
         "--duration",
         "1s",
     ]);
-    assert!(status.success(), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
     // Every 5th upgrade answered 503: 140. Of the 560 upgraded, every 7th closed with 4001: 80.
     assert_eq!(count(&s, &["failed", "bad_status"]), 140, "{s:#}");
     assert_eq!(count(&s, &["opened"]), 560, "{s:#}");
@@ -230,11 +134,8 @@ fn refusals_and_server_closes_are_counted_by_kind() {
 /// Nothing listening: every connection is refused.
 #[test]
 fn connection_refused_is_counted() {
-    let port = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let (s, status, stderr) = hold(&[
+    let port = free_port();
+    let (s, code, stderr) = hold(&[
         &format!("ws://127.0.0.1:{port}/c"),
         "-c",
         "50",
@@ -243,7 +144,7 @@ fn connection_refused_is_counted() {
         "--duration",
         "0s",
     ]);
-    assert!(status.success(), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
     assert_eq!(count(&s, &["failed", "refused"]), 50, "{s:#}");
     assert_eq!(count(&s, &["opened"]), 0);
 }
@@ -263,7 +164,7 @@ fn silent_server_times_out_the_handshake() {
             }
         }
     });
-    let (s, status, stderr) = hold(&[
+    let (s, code, stderr) = hold(&[
         &format!("ws://{addr}/c"),
         "-c",
         "40",
@@ -274,17 +175,17 @@ fn silent_server_times_out_the_handshake() {
         "--duration",
         "1s",
     ]);
-    assert!(status.success(), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
     assert_eq!(count(&s, &["failed", "timeout"]), 40, "{s:#}");
 }
 
 /// A plan that cannot fit is refused before any socket is opened, with the fix.
 #[test]
 fn refuses_a_plan_that_cannot_fit() {
-    let (_, status, stderr) = hold(&["ws://127.0.0.1:9/c", "-c", "100000", "--workers", "2"]);
-    assert!(!status.success());
+    let (_, code, stderr) = hold(&["ws://127.0.0.1:9/c", "-c", "100000", "--workers", "2"]);
+    assert_ne!(code, 0);
     assert!(stderr.contains("--workers 6"), "{stderr}");
-    let (_, status, stderr) = hold(&[
+    let (_, code, stderr) = hold(&[
         "ws://127.0.0.1:9/c",
         "-c",
         "60000",
@@ -293,21 +194,21 @@ fn refuses_a_plan_that_cannot_fit() {
         "--workers",
         "4",
     ]);
-    assert!(!status.success());
+    assert_ne!(code, 0);
     assert!(
         stderr.contains("fix:") && stderr.contains("--source-ips"),
         "{stderr}"
     );
-    let (_, status, stderr) = hold(&["http://127.0.0.1:9/c"]);
-    assert!(!status.success());
+    let (_, code, stderr) = hold(&["http://127.0.0.1:9/c"]);
+    assert_ne!(code, 0);
     assert!(stderr.contains("ws://"), "{stderr}");
 }
 
 /// Against `throng serve` with two workers: the same guarantees.
 #[test]
 fn throng_serve_delivers_every_message() {
-    let server = serve_support::Server::start(&["--workers", "2"]);
-    let (s, status, stderr) = hold(&[
+    let server = serve(&["--workers", "2"]);
+    let (s, code, stderr) = hold(&[
         &format!("ws://{}/news", server.addr),
         "-c",
         "2000",
@@ -322,7 +223,7 @@ fn throng_serve_delivers_every_message() {
         "--publish-rate",
         "5/s",
     ]);
-    assert!(status.success(), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
     assert_eq!(count(&s, &["opened"]), 2000, "{s:#}\n{stderr}");
     let published = count(&s, &["published"]);
     assert!(published >= 5, "{s:#}");
@@ -336,8 +237,9 @@ fn throng_serve_delivers_every_message() {
 /// reads and are reassembled from the connection's remainder.
 #[test]
 fn large_messages_are_reassembled() {
-    let peer = Peer::node(&[]);
-    let (s, status, stderr) = hold(&[
+    require!(Peer::NodeWs);
+    let peer = HoldServer::node(&[]);
+    let (s, code, stderr) = hold(&[
         &peer.ws_url(),
         "-c",
         "40",
@@ -352,7 +254,7 @@ fn large_messages_are_reassembled() {
         "--message-size",
         "150k",
     ]);
-    assert!(status.success(), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
     let published = count(&s, &["published"]);
     assert!(published >= 3, "{s:#}");
     assert_eq!(count(&s, &["received"]), published * 40, "{s:#}");
@@ -364,8 +266,8 @@ fn large_messages_are_reassembled() {
 /// for three intervals: held connections answer with pongs and stay open.
 #[test]
 fn pings_are_answered_so_the_server_keeps_connections() {
-    let server = serve_support::Server::start(&["--workers", "1", "--ping-interval", "300ms"]);
-    let (s, status, stderr) = hold(&[
+    let server = serve(&["--workers", "1", "--ping-interval", "300ms"]);
+    let (s, code, stderr) = hold(&[
         &format!("ws://{}/p", server.addr),
         "-c",
         "200",
@@ -374,7 +276,7 @@ fn pings_are_answered_so_the_server_keeps_connections() {
         "--duration",
         "2500ms",
     ]);
-    assert!(status.success(), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
     assert_eq!(count(&s, &["opened"]), 200, "{s:#}");
     // Idle timeout is 3 × 300 ms; held 2.5 s: without pongs every one would be closed with 1008.
     assert_eq!(count(&s, &["closed", "clean"]), 200, "{s:#}");

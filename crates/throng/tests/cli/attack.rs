@@ -5,17 +5,15 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+use throng_testkit::{Server, TempDir};
 
-fn throng() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_throng"))
-}
+use crate::{run_json, serve, throng};
 
 fn unix_ns() -> u64 {
     SystemTime::now()
@@ -23,83 +21,14 @@ fn unix_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-fn temp_path(name: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!(
-        "throng-attack-test-{}-{n}-{name}",
-        std::process::id()
-    ))
+/// `throng serve` with one worker and `extra`.
+fn serve_one(extra: &[&str]) -> Server {
+    serve(&[&["--workers", "1"], extra].concat())
 }
 
-/// `throng serve` with one worker on a free port; killed on drop.
-struct Serve {
-    child: Child,
-    port: u16,
-}
-
-impl Serve {
-    fn start() -> Self {
-        Self::with(&[])
-    }
-
-    fn with(extra: &[&str]) -> Self {
-        let mut child = throng()
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--workers",
-                "1",
-                "--json",
-            ])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start throng serve");
-        let mut out = child.stdout.take().expect("stdout");
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        while out.read(&mut byte).expect("read serve stdout") == 1 && byte[0] != b'\n' {
-            line.push(byte[0]);
-        }
-        let v: Value = serde_json::from_slice(&line).expect("serve start line is JSON");
-        let listen = v["listen"][0].as_str().expect("listen address").to_owned();
-        let port = listen
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("port");
-        // The start line comes before the workers listen: wait for /healthz.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let ok = TcpStream::connect(("127.0.0.1", port)).is_ok_and(|mut c| {
-                let mut got = Vec::new();
-                c.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-                    .is_ok()
-                    && c.read_to_end(&mut got).is_ok()
-                    && got.starts_with(b"HTTP/1.1 200")
-            });
-            if ok {
-                break;
-            }
-            assert!(Instant::now() < deadline, "throng serve did not come up");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/ping", self.port)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The server's `/ping` URL.
+fn ping_url(server: &Server) -> String {
+    format!("http://{}/ping", server.addr)
 }
 
 /// When a stall server saw its first request (monotonic and unix ns).
@@ -152,43 +81,17 @@ fn stall_server(stall_after: Duration, stall_for: Duration) -> (u16, FirstReques
     (port, first)
 }
 
-/// Runs `throng attack ARGS --format json -q`, killed after 60 s; returns
-/// the exit code, the JSON summary (Null if none) and stderr.
+/// Runs `throng attack ARGS --format json -q`; returns the exit code, the
+/// JSON summary (Null if none) and stderr.
 fn attack(args: &[&str]) -> (i32, Value, String) {
-    let mut child = throng()
-        .arg("attack")
-        .args(args)
-        .args(["--format", "json", "-q"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start throng attack");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("throng attack {args:?} did not end within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let summary = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (
-        out.status.code().unwrap_or(-1),
-        summary,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run_json("attack", args)
 }
 
 fn n(v: &Value, key: &str) -> u64 {
     v[key].as_u64().unwrap_or_else(|| panic!("{key} in {v}"))
 }
 
-fn rows(path: &PathBuf) -> Vec<Value> {
+fn rows(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).expect("per-request file");
     text.lines()
         .map(|l| serde_json::from_str(l).expect("row is JSON"))
@@ -226,7 +129,8 @@ fn rate_is_held_and_every_planned_request_is_sent() {
 fn results_are_read_back_by_report() {
     let (port, _) = stall_server(Duration::from_secs(3600), Duration::ZERO);
     let url = format!("http://127.0.0.1:{port}/");
-    let out = temp_path("results.jsonl");
+    let dir = TempDir::new("attack");
+    let out = dir.file("results.jsonl");
     let (code, _, err) = attack(&[
         "--url",
         &url,
@@ -264,7 +168,6 @@ fn results_are_read_back_by_report() {
         Some(100),
         "{r}"
     );
-    let _ = std::fs::remove_file(out);
 }
 
 #[test]
@@ -274,7 +177,8 @@ fn a_stall_shows_in_latency_not_in_service_time() {
     let stall = Duration::from_secs(1);
     let (port, first) = stall_server(Duration::from_secs(1), stall);
     let url = format!("http://127.0.0.1:{port}/");
-    let rows_path = temp_path("co.jsonl");
+    let dir = TempDir::new("attack");
+    let rows_path = dir.file("co.jsonl");
     let p = rows_path.to_str().unwrap();
     let (code, s, err) = attack(&[
         "--url",
@@ -333,16 +237,15 @@ fn a_stall_shows_in_latency_not_in_service_time() {
     assert!(n(&s["service_us"], "p50") < 100_000, "{s}");
     // The generator says it could not keep the schedule (its one connection was busy).
     assert!(n(&s, "late") >= 80, "{s}");
-    let _ = std::fs::remove_file(rows_path);
 }
 
 #[test]
 fn ping_sleep_and_times() {
-    let serve = Serve::start();
+    let serve = serve_one(&[]);
     // Reads a response to its end: the last chunk of a chunked one, else
     // the close (requests without `times` ask for one).
     let exchange = |req: &str| -> (Vec<u8>, Duration) {
-        let mut c = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+        let mut c = TcpStream::connect(("127.0.0.1", serve.addr.port())).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let began = Instant::now();
         c.write_all(req.as_bytes()).unwrap();
@@ -387,7 +290,7 @@ fn ping_sleep_and_times() {
     // Through attack: counts exact, timing loose; every response identical in size.
     let (code, s, err) = attack(&[
         "--url",
-        &serve.url(),
+        &ping_url(&serve),
         "-H",
         "sleep: 200",
         "-H",
@@ -417,7 +320,8 @@ fn ping_sleep_and_times() {
 fn a_ramp_follows_its_schedule() {
     let (port, _) = stall_server(Duration::from_secs(3600), Duration::ZERO);
     let url = format!("http://127.0.0.1:{port}/");
-    let rows_path = temp_path("ramp.csv");
+    let dir = TempDir::new("attack");
+    let rows_path = dir.file("ramp.csv");
     let (code, s, err) = attack(&[
         "--url",
         &url,
@@ -457,13 +361,12 @@ fn a_ramp_follows_its_schedule() {
     let (first, last) = (in_second(0), in_second(2));
     assert!((132..=135).contains(&first), "first second {first}");
     assert!((265..=268).contains(&last), "last second {last}");
-    let _ = std::fs::remove_file(rows_path);
 }
 
 #[test]
 fn thresholds_set_the_exit_status() {
-    let serve = Serve::start();
-    let url = serve.url();
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
     let slow = [
         "--url",
         &url,
@@ -576,7 +479,8 @@ fn closed_pool_and_no_keepalive() {
 
 #[test]
 fn bad_targets_are_refused_with_the_line() {
-    let path = temp_path("targets.txt");
+    let dir = TempDir::new("attack");
+    let path = dir.file("targets.txt");
     std::fs::write(
         &path,
         "GET http://127.0.0.1:9/a\nsleep: 1\n\nGET http://127.0.0.1:9/b\nthis is not a header\n",
@@ -620,7 +524,8 @@ fn targets_from_stdin_rotate() {
     let (port, first) = stall_server(Duration::from_secs(3600), Duration::ZERO);
     let targets =
         format!("GET http://127.0.0.1:{port}/a\n\nPOST http://127.0.0.1:{port}/b\nX-Test: 1\n");
-    let rows_path = temp_path("rotate.jsonl");
+    let dir = TempDir::new("attack");
+    let rows_path = dir.file("rotate.jsonl");
     let mut child = throng()
         .args([
             "attack",
@@ -659,13 +564,12 @@ fn targets_from_stdin_rotate() {
         assert_eq!(n(r, "target"), n(r, "seq") % 2);
         assert_eq!(n(r, "status"), 200);
     }
-    let _ = std::fs::remove_file(rows_path);
 }
 
 #[test]
 fn ping_is_cut_off_at_the_request_timeout() {
-    let serve = Serve::with(&["--request-timeout", "300ms"]);
-    let mut c = TcpStream::connect(("127.0.0.1", serve.port)).unwrap();
+    let serve = serve_one(&["--request-timeout", "300ms"]);
+    let mut c = TcpStream::connect(("127.0.0.1", serve.addr.port())).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let began = Instant::now();
     // 51 waits of 0..1000 ms: far longer than 300 ms.

@@ -6,169 +6,17 @@
 //! second, unrelated CA. Every run is bounded (hundreds of connections,
 //! seconds) and uses free loopback ports only.
 
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::net::TcpListener;
+use std::time::Duration;
 
-use serde_json::Value;
+use throng_testkit::certs::Certs;
+use throng_testkit::haproxy::Haproxy;
+use throng_testkit::hold_server::HoldServer;
+use throng_testkit::json::count as n;
+use throng_testkit::process::text;
+use throng_testkit::{Peer, TempDir, require};
 
-#[path = "support/serve.rs"]
-mod serve_support;
-
-fn temp_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("throng-tls-client-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn sh(script: &str, dir: &Path) {
-    let out = Command::new("sh")
-        .args(["-ec", script])
-        .current_dir(dir)
-        .output()
-        .expect("run sh");
-    assert!(
-        out.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Certificates made once per test process (each test asks; the first makes them).
-struct Certs {
-    dir: PathBuf,
-}
-
-impl Certs {
-    fn get() -> &'static Self {
-        static CERTS: std::sync::OnceLock<Certs> = std::sync::OnceLock::new();
-        CERTS.get_or_init(|| {
-            let dir = temp_dir().join("certs");
-            std::fs::create_dir_all(&dir).unwrap();
-            sh(
-                "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-                   -subj /CN=throng-test-ca -keyout ca.key -out ca.pem
-                 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-                   -subj /CN=some-other-ca -keyout other.key -out other-ca.pem
-                 openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-                   -subj /CN=localhost -keyout server.key -out server.csr
-                 printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nbasicConstraints=critical,CA:FALSE\\nextendedKeyUsage=serverAuth\\n' > ext.cnf
-                 openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
-                   -days 2 -extfile ext.cnf -out server.pem
-                 cat server.pem server.key > haproxy.pem",
-                &dir,
-            );
-            Self { dir }
-        })
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.join(name).to_string_lossy().into_owned()
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// An HAProxy terminating TLS on its own port, forwarding TCP to `backend`;
-/// killed on drop.
-struct Haproxy {
-    child: Child,
-    port: u16,
-}
-
-impl Haproxy {
-    /// `max_ver`: e.g. `TLSv1.2` to hold the frontend to TLS 1.2.
-    fn start(backend: SocketAddr, max_ver: Option<&str>) -> Self {
-        Self::with_bind_options(
-            backend,
-            &max_ver.map_or(String::new(), |v| format!(" ssl-max-ver {v}")),
-        )
-    }
-
-    /// `ver`: extra options for the TLS `bind` lines (versions, ciphers).
-    fn with_bind_options(backend: SocketAddr, ver: &str) -> Self {
-        let certs = Certs::get();
-        let port = free_port();
-        let cfg = format!(
-            "global\n  maxconn 3000\n\
-             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
-             frontend tls\n  bind 127.0.0.1:{port} ssl crt {cert}{ver}\n  bind 127.0.0.2:{port} ssl crt {cert}{ver}\n  default_backend app\n\
-             backend app\n  server s1 {backend}\n",
-            cert = certs.path("haproxy.pem")
-        );
-        let path = temp_dir().join(format!("haproxy-{port}.cfg"));
-        std::fs::write(&path, cfg).unwrap();
-        let child = Command::new("haproxy")
-            .args(["-db", "-f"])
-            .arg(&path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start haproxy (Debian package haproxy)");
-        let h = Self { child, port };
-        serve_support::wait_until("haproxy listens", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        h
-    }
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Runs a throng subcommand with a JSON summary on stdout, killed after 90 s;
-/// returns the exit code, the summary (Null if none) and stderr.
-fn throng(sub: &str, args: &[&str]) -> (i32, Value, String) {
-    let json: &[&str] = if sub == "attack" {
-        &["--format", "json", "-q"]
-    } else {
-        &["--json", "-q"]
-    };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_throng"))
-        .arg(sub)
-        .args(args)
-        .args(json)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start throng");
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("throng {sub} {args:?} did not end within 90 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
-    (
-        out.status.code().unwrap_or(-1),
-        serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap_or(Value::Null),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn n(v: &Value, path: &[&str]) -> u64 {
-    let mut cur = v;
-    for p in path {
-        cur = &cur[*p];
-    }
-    cur.as_u64().unwrap_or(0)
-}
+use crate::{run_json as throng, serve};
 
 /// The acceptance case: wss:// through HAProxy to `throng serve`, two worker
 /// processes, the CA given; every published message reaches every
@@ -176,14 +24,16 @@ fn n(v: &Value, path: &[&str]) -> u64 {
 /// default), and the result file and `throng report` show the TLS figures.
 #[test]
 fn hold_wss_through_haproxy_delivers_every_message() {
-    let server = serve_support::Server::start(&["--workers", "2"]);
-    let proxy = Haproxy::start(server.addr, None);
-    let out = temp_dir().join("hold-wss.jsonl");
-    let _ = std::fs::remove_file(&out);
+    require!(Peer::Haproxy, Peer::Openssl);
+    let certs = Certs::generate("tls-client");
+    let server = serve(&["--workers", "2"]);
+    let proxy = Haproxy::tls(server.addr, certs.cert_and_key(), "");
+    let dir = TempDir::new("tls-client");
+    let out = dir.file("hold-wss.jsonl");
     let (code, s, stderr) = throng(
         "hold",
         &[
-            &format!("wss://localhost:{}/news", proxy.port),
+            &format!("wss://localhost:{}/news", proxy.port()),
             "-c",
             "600",
             "--rate",
@@ -191,7 +41,7 @@ fn hold_wss_through_haproxy_delivers_every_message() {
             "-w",
             "2",
             "--tls-ca",
-            &Certs::get().path("ca.pem"),
+            certs.ca(),
             "--duration",
             "2s",
             "--publish",
@@ -216,12 +66,8 @@ fn hold_wss_through_haproxy_delivers_every_message() {
         assert_eq!(n(&s, &[phase, "count"]), 600, "{phase}: {s:#}");
     }
 
-    let report = Command::new(env!("CARGO_BIN_EXE_throng"))
-        .arg("report")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&report.stdout);
+    let report = crate::throng().arg("report").arg(&out).output().unwrap();
+    let text = text(&report.stdout);
     assert!(report.status.success(), "{text}");
     for line in ["connect.tls", "connect.tcp", "connect.upgrade"] {
         assert!(
@@ -244,18 +90,16 @@ fn hold_wss_through_haproxy_delivers_every_message() {
 /// ticket key).
 #[test]
 fn hold_wss_against_throng_serve_tls_resumes_across_workers() {
-    let server = serve_support::Server::start(&[
+    let server = serve(&[
         "--workers",
         "2",
         "--tls-listen",
         "127.0.0.1:0",
         "--tls-self-signed",
     ]);
-    let tls: SocketAddr = server.start["tls_listen"][0]
-        .as_str()
-        .and_then(|a| a.parse().ok())
-        .expect("tls_listen in the start line");
-    let ca = temp_dir().join("serve-self-signed.pem");
+    let tls = server.tls_addr();
+    let dir = TempDir::new("tls-client");
+    let ca = dir.file("serve-self-signed.pem");
     let pem = server.start["config"]["tls"]["cert_pem"]
         .as_str()
         .expect("the certificate in the start line");
@@ -308,24 +152,26 @@ fn hold_wss_against_throng_serve_tls_resumes_across_workers() {
 /// answered.
 #[test]
 fn every_record_format_delivers_and_answers_pings() {
-    let server = serve_support::Server::start(&["--ping-interval", "300ms"]);
+    require!(Peer::Haproxy, Peer::Openssl);
+    let certs = Certs::generate("tls-client");
+    let server = serve(&["--ping-interval", "300ms"]);
     for opts in [
         " ssl-min-ver TLSv1.3 ciphersuites TLS_AES_256_GCM_SHA384",
         " ssl-min-ver TLSv1.3 ciphersuites TLS_CHACHA20_POLY1305_SHA256",
         " ssl-max-ver TLSv1.2 ciphers ECDHE-ECDSA-AES128-GCM-SHA256",
         " ssl-max-ver TLSv1.2 ciphers ECDHE-ECDSA-CHACHA20-POLY1305",
     ] {
-        let proxy = Haproxy::with_bind_options(server.addr, opts);
+        let proxy = Haproxy::tls(server.addr, certs.cert_and_key(), opts);
         let (code, s, stderr) = throng(
             "hold",
             &[
-                &format!("wss://localhost:{}/fmt", proxy.port),
+                &format!("wss://localhost:{}/fmt", proxy.port()),
                 "-c",
                 "100",
                 "--rate",
                 "1000/s",
                 "--tls-ca",
-                &Certs::get().path("ca.pem"),
+                certs.ca(),
                 "--duration",
                 "2500ms",
                 "--publish",
@@ -352,13 +198,15 @@ fn every_record_format_delivers_and_answers_pings() {
 /// connections present its tickets, on TLS 1.3 and on TLS 1.2.
 #[test]
 fn tls_resume_actually_resumes_on_tls13_and_tls12() {
-    let server = serve_support::Server::start(&[]);
-    for max_ver in [None, Some("TLSv1.2")] {
-        let proxy = Haproxy::start(server.addr, max_ver);
+    require!(Peer::Haproxy, Peer::Openssl);
+    let certs = Certs::generate("tls-client");
+    let server = serve(&[]);
+    for (max_ver, bind_options) in [(None, ""), (Some("TLSv1.2"), "ssl-max-ver TLSv1.2")] {
+        let proxy = Haproxy::tls(server.addr, certs.cert_and_key(), bind_options);
         let (code, s, stderr) = throng(
             "hold",
             &[
-                &format!("wss://127.0.0.1:{}/chan", proxy.port),
+                &format!("wss://127.0.0.1:{}/chan", proxy.port()),
                 "-c",
                 "200",
                 "--rate",
@@ -366,7 +214,7 @@ fn tls_resume_actually_resumes_on_tls13_and_tls12() {
                 "-w",
                 "2",
                 "--tls-ca",
-                &Certs::get().path("ca.pem"),
+                certs.ca(),
                 "--tls-resume",
                 "--duration",
                 "1s",
@@ -384,9 +232,9 @@ fn tls_resume_actually_resumes_on_tls13_and_tls12() {
             "attack",
             &[
                 "--url",
-                &format!("https://localhost:{}/ping", proxy.port),
+                &format!("https://localhost:{}/ping", proxy.port()),
                 "--tls-ca",
-                &Certs::get().path("ca.pem"),
+                certs.ca(),
                 "--tls-resume",
                 "--no-keepalive",
                 "--max",
@@ -418,25 +266,28 @@ fn tls_resume_actually_resumes_on_tls13_and_tls12() {
 /// with a new connection and full handshake per request.
 #[test]
 fn attack_https_through_haproxy_answers_every_request() {
-    let server = serve_support::Server::start(&[]);
-    let proxy = Haproxy::start(server.addr, None);
-    let targets = temp_dir().join("targets.txt");
+    require!(Peer::Haproxy, Peer::Openssl);
+    let certs = Certs::generate("tls-client");
+    let server = serve(&[]);
+    let proxy = Haproxy::tls(server.addr, certs.cert_and_key(), "");
+    let dir = TempDir::new("tls-client");
+    let targets = dir.file("targets.txt");
     std::fs::write(
         &targets,
         format!(
             "GET https://localhost:{p}/ping\n\nPOST https://127.0.0.1:{p}/ping\nsleep: 1\n",
-            p = proxy.port
+            p = proxy.port()
         ),
     )
     .unwrap();
-    let ca = Certs::get().path("ca.pem");
+    let ca = certs.ca();
     let (code, a, stderr) = throng(
         "attack",
         &[
             "--targets",
             targets.to_str().unwrap(),
             "--tls-ca",
-            &ca,
+            ca,
             "--rate",
             "300/s",
             "--duration",
@@ -461,9 +312,9 @@ fn attack_https_through_haproxy_answers_every_request() {
         "attack",
         &[
             "--url",
-            &format!("https://localhost:{}/ping", proxy.port),
+            &format!("https://localhost:{}/ping", proxy.port()),
             "--tls-ca",
-            &ca,
+            ca,
             "--no-keepalive",
             "--rate",
             "200/s",
@@ -482,13 +333,15 @@ fn attack_https_through_haproxy_answers_every_request() {
 /// server behind a wss:// URL fails as a TLS protocol error.
 #[test]
 fn wrong_ca_and_non_tls_servers_fail_as_tls_errors() {
-    let server = serve_support::Server::start(&[]);
-    let proxy = Haproxy::start(server.addr, None);
-    let other = Certs::get().path("other-ca.pem");
+    require!(Peer::Haproxy, Peer::Openssl);
+    let certs = Certs::generate("tls-client");
+    let server = serve(&[]);
+    let proxy = Haproxy::tls(server.addr, certs.cert_and_key(), "");
+    let other = certs.new_ca("other");
     let (code, s, stderr) = throng(
         "hold",
         &[
-            &format!("wss://localhost:{}/chan", proxy.port),
+            &format!("wss://localhost:{}/chan", proxy.port()),
             "-c",
             "50",
             "--rate",
@@ -510,7 +363,7 @@ fn wrong_ca_and_non_tls_servers_fail_as_tls_errors() {
         "attack",
         &[
             "--url",
-            &format!("https://localhost:{}/ping", proxy.port),
+            &format!("https://localhost:{}/ping", proxy.port()),
             "--tls-ca",
             &other,
             "--rate",
@@ -526,11 +379,11 @@ fn wrong_ca_and_non_tls_servers_fail_as_tls_errors() {
     let (code, s, stderr) = throng(
         "hold",
         &[
-            &format!("wss://127.0.0.2:{}/chan", proxy.port),
+            &format!("wss://127.0.0.2:{}/chan", proxy.port()),
             "-c",
             "20",
             "--tls-ca",
-            &Certs::get().path("ca.pem"),
+            certs.ca(),
             "--duration",
             "1s",
         ],
@@ -561,6 +414,8 @@ fn wrong_ca_and_non_tls_servers_fail_as_tls_errors() {
 /// Setup mistakes stop the run at once with a message that says what to do.
 #[test]
 fn tls_setup_errors_are_clear() {
+    require!(Peer::Openssl);
+    let certs = Certs::generate("tls-client");
     let (code, _, stderr) = throng(
         "hold",
         &["wss://127.0.0.1:9/chan", "--tls-ca", "/nonexistent/ca.pem"],
@@ -576,7 +431,7 @@ fn tls_setup_errors_are_clear() {
             "--url",
             "https://127.0.0.1:9/",
             "--tls-ca",
-            &Certs::get().path("server.key"),
+            certs.key(),
             "--rate",
             "1/s",
             "-n",
@@ -591,24 +446,11 @@ fn tls_setup_errors_are_clear() {
 /// (OpenSSL). `--tls-insecure` accepts its certificate without the CA.
 #[test]
 fn python_websockets_tls_peer_receives_every_message() {
-    let certs = Certs::get();
-    let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/peers");
-    let mut peer = Command::new("python3")
-        .arg(peers.join("hold_server.py"))
-        .args(["--tls-cert", &certs.path("server.pem")])
-        .args(["--tls-key", &certs.path("server.key")])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start hold_server.py");
-    let mut line = String::new();
-    BufReader::new(peer.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let words: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(words.first(), Some(&"READY"), "peer said {line:?}");
-    let (ws_port, http_port) = (words[1], words[3]);
-    for trust in [["--tls-ca", &certs.path("ca.pem")], ["--tls-insecure", ""]] {
+    require!(Peer::PythonWebsockets, Peer::Openssl);
+    let certs = Certs::generate("tls-client");
+    let peer = HoldServer::python(&["--tls-cert", certs.cert(), "--tls-key", certs.key()]);
+    let (ws_port, http_port) = (peer.ws_ports.0, peer.http_port);
+    for trust in [["--tls-ca", certs.ca()], ["--tls-insecure", ""]] {
         let mut args = vec![
             format!("wss://127.0.0.1:{ws_port}/chan"),
             "-c".into(),
@@ -640,8 +482,6 @@ fn python_websockets_tls_peer_receives_every_message() {
         assert_eq!(n(&s, &["lost"]), 0, "{s:#}");
         assert_eq!(n(&s, &["closed", "clean"]), 300, "{s:#}");
     }
-    let _ = peer.kill();
-    let _ = peer.wait();
 }
 
 /// What the rustls test server does once the upgrade is answered.
@@ -655,19 +495,18 @@ enum Misbehave {
 
 /// A WebSocket server on rustls (a second, independent TLS implementation
 /// on the server side) that answers `conns` upgrades, then misbehaves.
-fn rustls_server(conns: usize, how: Misbehave) -> u16 {
+fn rustls_server(certs: &Certs, conns: usize, how: Misbehave) -> u16 {
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use std::io::{Read as _, Write as _};
     use std::sync::Arc;
     use throng_proto::{http, ws};
 
-    let certs = Certs::get();
-    let chain = CertificateDer::pem_file_iter(certs.path("server.pem"))
+    let chain = CertificateDer::pem_file_iter(certs.cert())
         .unwrap()
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    let key = PrivateKeyDer::from_pem_file(certs.path("server.key")).unwrap();
+    let key = PrivateKeyDer::from_pem_file(certs.key()).unwrap();
     let config = Arc::new(
         rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
@@ -733,8 +572,10 @@ fn rustls_server(conns: usize, how: Misbehave) -> u16 {
 /// connection, counted as `closed.tls`; nothing panics or hangs.
 #[test]
 fn broken_records_and_key_updates_close_as_tls() {
+    require!(Peer::Openssl);
+    let certs = Certs::generate("tls-client");
     for how in [Misbehave::Garbage, Misbehave::KeyUpdate] {
-        let port = rustls_server(10, how);
+        let port = rustls_server(&certs, 10, how);
         let (code, s, stderr) = throng(
             "hold",
             &[
@@ -744,7 +585,7 @@ fn broken_records_and_key_updates_close_as_tls() {
                 "--rate",
                 "100/s",
                 "--tls-ca",
-                &Certs::get().path("ca.pem"),
+                certs.ca(),
                 "--duration",
                 "1s",
             ],

@@ -2,43 +2,19 @@
 //! library's Writer, checking text, JSON and HTML output and the errors.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
 
 use throng_host::sample::HostSample;
 use throng_report::format::{Event, Header, Writer};
 use throng_report::interval::{Interval, new_histogram};
+use throng_testkit::process::{command, output_within, text};
+use throng_testkit::{Peer, TempDir, peers, require};
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("throng-cli-report-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn throng(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_throng"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &[u8]) -> String {
-    String::from_utf8_lossy(out).into_owned()
+/// Runs `throng <args>` to its end.
+fn cli(args: &[&str]) -> Output {
+    crate::throng().args(args).output().expect("run throng")
 }
 
 /// 30 s of two workers on one host, with a host sample from one of them.
@@ -110,14 +86,14 @@ fn write(path: &Path, intervals: &[Interval]) {
 }
 
 fn json(args: &[&str]) -> serde_json::Value {
-    let out = throng(args);
+    let out = cli(args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
 fn two_files_report_exactly_as_one() {
-    let dir = TempDir::new("two");
+    let dir = TempDir::new("report-two");
     let all = run();
     let one = dir.file("one.throng");
     write(&one, &all);
@@ -186,10 +162,10 @@ fn two_files_report_exactly_as_one() {
 
 #[test]
 fn text_report_shows_every_section() {
-    let dir = TempDir::new("text");
+    let dir = TempDir::new("report-text");
     let one = dir.file("one.throng");
     write(&one, &run());
-    let out = throng(&["report", "--every", "10s", one.to_str().unwrap()]);
+    let out = cli(&["report", "--every", "10s", one.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let t = text(&out.stdout);
     for needle in [
@@ -212,7 +188,7 @@ fn text_report_shows_every_section() {
 
 #[test]
 fn a_truncated_file_reports_its_prefix_with_a_warning() {
-    let dir = TempDir::new("cut");
+    let dir = TempDir::new("report-cut");
     let path = dir.file("cut.throng");
     let all = run();
     write(&path, &all);
@@ -224,7 +200,7 @@ fn a_truncated_file_reports_its_prefix_with_a_warning() {
         + 1;
     std::fs::write(&path, &bytes[..last + 10]).unwrap();
 
-    let out = throng(&["report", path.to_str().unwrap()]);
+    let out = cli(&["report", path.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let t = text(&out.stdout);
     assert!(t.contains("59 interval(s)"), "{t}");
@@ -236,7 +212,7 @@ fn a_truncated_file_reports_its_prefix_with_a_warning() {
         "{t}"
     );
 
-    let out = throng(&["report", "--format", "json", path.to_str().unwrap()]);
+    let out = cli(&["report", "--format", "json", path.to_str().unwrap()]);
     assert!(out.status.success());
     assert!(text(&out.stderr).contains(&format!("damaged at byte {last}")));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -245,10 +221,10 @@ fn a_truncated_file_reports_its_prefix_with_a_warning() {
 
 #[test]
 fn a_file_that_is_not_a_result_file_is_an_error() {
-    let dir = TempDir::new("foreign");
+    let dir = TempDir::new("report-foreign");
     let path = dir.file("notes.txt");
     std::fs::write(&path, "just some notes\n").unwrap();
-    let out = throng(&["report", path.to_str().unwrap()]);
+    let out = cli(&["report", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert!(
@@ -257,18 +233,18 @@ fn a_file_that_is_not_a_result_file_is_an_error() {
     );
     assert!(out.stdout.is_empty());
 
-    let out = throng(&["report", dir.file("missing").to_str().unwrap()]);
+    let out = cli(&["report", dir.file("missing").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("missing"));
 
-    let out = throng(&["report", "--every", "soon", path.to_str().unwrap()]);
+    let out = cli(&["report", "--every", "soon", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("not a duration"));
 }
 
 #[test]
 fn help_teaches() {
-    let out = throng(&["report", "--help"]);
+    let out = cli(&["report", "--help"]);
     assert!(out.status.success());
     let t = text(&out.stdout);
     assert!(
@@ -279,7 +255,8 @@ fn help_teaches() {
 
 #[test]
 fn html_report_is_well_formed_and_has_the_plots() {
-    let dir = TempDir::new("html");
+    require!(Peer::Python);
+    let dir = TempDir::new("report-html");
     let one = dir.file("one.throng");
     write(&one, &run());
     {
@@ -298,7 +275,7 @@ fn html_report_is_well_formed_and_has_the_plots() {
         .unwrap();
     }
     let html = dir.file("out.html");
-    let out = throng(&[
+    let out = cli(&[
         "report",
         "--html",
         html.to_str().unwrap(),
@@ -325,7 +302,7 @@ for svg in root.iter('{http://www.w3.org/2000/svg}svg'):
     pts = [int(p.get('data-points')) for p in svg.findall('s:path', ns)]
     print(svg.get('id'), min(pts), max(pts))
 "#;
-    let out = Command::new("python3")
+    let out = command("python3")
         .args(["-c", py, html.to_str().unwrap()])
         .output()
         .unwrap();
@@ -365,53 +342,18 @@ for svg in root.iter('{http://www.w3.org/2000/svg}svg'):
     }
 }
 
-/// Runs `cmd`, killing it if it is not done within `secs` seconds.
-fn output_within(cmd: &mut Command, secs: u64) -> Output {
-    use std::process::Stdio;
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{cmd:?} did not finish within {secs} s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser"].into_iter().find(|b| {
-        Command::new(b)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
 /// The page in a real browser (Debian's chromium, headless): every plot is
 /// in the rendered DOM, the console is silent (no errors, no failed fetches),
 /// and the screenshot holds more than a blank page's.
 #[test]
 fn html_report_renders_in_a_browser() {
-    let Some(browser) = chromium() else {
-        // The test script installs chromium; CI must have it.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is missing: apt-get install -y --no-install-recommends chromium"
-        );
-        eprintln!("skipped: no chromium here (apt-get install chromium)");
-        return;
-    };
-    let dir = TempDir::new("browser");
+    require!(Peer::Chromium);
+    let browser = peers::chromium_program().expect("require! found chromium");
+    let dir = TempDir::new("report-browser");
     let one = dir.file("one.throng");
     write(&one, &run());
     let html = dir.file("out.html");
-    let out = throng(&[
+    let out = cli(&[
         "report",
         "--html",
         html.to_str().unwrap(),
@@ -422,7 +364,7 @@ fn html_report_renders_in_a_browser() {
     std::fs::write(&blank, "<!DOCTYPE html><html><body></body></html>").unwrap();
 
     let headless = |extra: &[String], page: &Path| {
-        let mut cmd = Command::new(browser);
+        let mut cmd = command(browser);
         cmd.args([
             "--headless",
             "--no-sandbox",
@@ -439,7 +381,7 @@ fn html_report_renders_in_a_browser() {
         .arg(format!("--user-data-dir={}", dir.file("profile").display()))
         .args(extra)
         .arg(format!("file://{}", page.display()));
-        output_within(&mut cmd, 120)
+        output_within(&mut cmd, Duration::from_secs(120))
     };
 
     let dom = headless(&["--dump-dom".to_owned()], &html);

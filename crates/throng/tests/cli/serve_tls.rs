@@ -3,22 +3,25 @@
 //! stream, a rustls HTTPS client, `openssl` for certificates), and the bad
 //! inputs a TLS port meets.
 
-#[path = "support/serve.rs"]
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::{ClientConnection, StreamOwned};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
-use support::{Server, metric_in, wait_until};
 use throng_proto::http;
+use throng_testkit::certs::{Key, self_signed};
+use throng_testkit::http::{get, metric_in};
+use throng_testkit::process::command;
+use throng_testkit::ws::{close_code_then_end, close_expecting_echo};
+use throng_testkit::{Peer, Server, TempDir, peers, require, wait_until};
 use tungstenite::Message;
+
+use crate::{serve, throng};
 
 type Tls = StreamOwned<ClientConnection, TcpStream>;
 
@@ -26,12 +29,8 @@ type Tls = StreamOwned<ClientConnection, TcpStream>;
 fn start(extra: &[&str]) -> (Server, SocketAddr, String) {
     let mut args = vec!["--tls-listen", "127.0.0.1:0", "--tls-self-signed"];
     args.extend_from_slice(extra);
-    let server = Server::start(&args);
-    let tls: SocketAddr = server.start["tls_listen"][0]
-        .as_str()
-        .expect("tls_listen in the start line")
-        .parse()
-        .unwrap();
+    let server = serve(&args);
+    let tls = server.tls_addr();
     let pem = server.start["config"]["tls"]["cert_pem"]
         .as_str()
         .expect("the self-signed certificate in the start line")
@@ -153,12 +152,6 @@ fn subscribe(
     ws
 }
 
-fn tmp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("throng-tls-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Messages that cross TLS record boundaries (16 KiB) and frame-header sizes.
 fn messages() -> Vec<(Vec<u8>, Option<&'static str>, bool)> {
     (0..30)
@@ -182,29 +175,28 @@ fn messages() -> Vec<(Vec<u8>, Option<&'static str>, bool)> {
 
 #[test]
 fn wss_subscribers_from_python_and_tungstenite_get_every_message_in_order() {
+    require!(Peer::PythonWebsockets);
     let (server, tls, pem) = start(&["--workers", "2"]);
-    let dir = tmp_dir("wss");
-    let ca = dir.join("cert.pem");
+    let dir = TempDir::new("serve-tls-wss");
+    let ca = dir.file("cert.pem");
     std::fs::write(&ca, &pem).unwrap();
     let msgs = messages();
 
-    let peers_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/peers");
-    let mut peers = Vec::new();
+    let mut subscribers = Vec::new();
     for _ in 0..3 {
-        let mut child = Command::new("python3")
-            .arg(format!("{peers_dir}/serve_sub_wss.py"))
+        let mut child = peers::python("serve_sub_wss.py")
             .arg(format!("wss://localhost:{}/interop", tls.port()))
             .arg(&ca)
             .arg(msgs.len().to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("python3 (scripts/test.sh installs websockets)");
+            .expect("start serve_sub_wss.py");
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         out.read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "ready", "the Python peer did not subscribe");
-        peers.push((child, out));
+        subscribers.push((child, out));
     }
     let cfg13 = client_config(&pem, &[&rustls::version::TLS13]);
     let cfg12 = client_config(&pem, &[&rustls::version::TLS12]);
@@ -212,7 +204,7 @@ fn wss_subscribers_from_python_and_tungstenite_get_every_message_in_order() {
         .map(|i| subscribe(tls, if i % 2 == 0 { &cfg13 } else { &cfg12 }, "interop"))
         .collect();
     // A plain subscriber on the same channel gets the same frames.
-    let mut plain = support::subscribe(server.addr, "interop");
+    let mut plain = throng_testkit::ws::subscribe(server.addr, "interop");
     server.wait_metric("throng_connections_open", |v| v == 14.0);
 
     for (body, ctype, _) in &msgs {
@@ -237,7 +229,7 @@ fn wss_subscribers_from_python_and_tungstenite_get_every_message_in_order() {
             "plain message {i}"
         );
     }
-    for (mut child, out) in peers {
+    for (mut child, out) in subscribers {
         let lines: Vec<String> = out.lines().map(Result::unwrap).collect();
         assert!(child.wait().unwrap().success(), "python peer: {lines:?}");
         assert_eq!(lines.len(), msgs.len() + 1, "{lines:?}");
@@ -255,21 +247,13 @@ fn wss_subscribers_from_python_and_tungstenite_get_every_message_in_order() {
     for s in &mut subs {
         s.send(Message::Ping(b"hi".to_vec().into())).unwrap();
         assert_eq!(s.read().unwrap(), Message::Pong(b"hi".to_vec().into()));
-        s.close(None).unwrap();
-        loop {
-            match s.read() {
-                Ok(Message::Close(Some(f))) => assert_eq!(u16::from(f.code), 1000),
-                Ok(_) => {}
-                Err(tungstenite::Error::ConnectionClosed) => break,
-                Err(e) => panic!("close handshake: {e}"),
-            }
-        }
+        close_expecting_echo(s);
     }
     drop(plain);
     server.wait_metric("throng_connections_open", |v| v == 0.0);
     // Metrics are up to 0.5 s old; a client config reused resumes its sessions.
     let handshakes = |v: &str| {
-        let text = support::get(server.addr, "/metrics").1;
+        let text = get(server.addr, "/metrics").1;
         let kind = |k: &str| {
             metric_in(
                 &text,
@@ -286,7 +270,6 @@ fn wss_subscribers_from_python_and_tungstenite_get_every_message_in_order() {
         server.metric("throng_connections_closed_total{reason=\"tls_error\"}"),
         0.0
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -368,10 +351,11 @@ fn send_and_read_to_close(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
 
 #[test]
 fn bad_clients_on_a_tls_port_are_closed_and_counted() {
+    require!(Peer::Openssl);
     let (server, tls, pem) = start(&["--workers", "1", "--handshake-timeout", "1s"]);
     let failures = |reason: &str| {
         metric_in(
-            &support::get(server.addr, "/metrics").1,
+            &get(server.addr, "/metrics").1,
             &format!("throng_handshake_failures_total{{reason=\"{reason}\"}}"),
         )
         .unwrap_or(0.0)
@@ -393,7 +377,7 @@ fn bad_clients_on_a_tls_port_are_closed_and_counted() {
     let out = send_and_read_to_close(tls, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]);
     assert!(out.is_empty(), "{out:?}");
     // A client that does not trust the certificate sends an alert.
-    let untrusting = client_config(&rcgen_free_other_cert(), &[&rustls::version::TLS13]);
+    let untrusting = client_config(&other_cert(), &[&rustls::version::TLS13]);
     let tcp = TcpStream::connect(tls).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut s = StreamOwned::new(
@@ -439,52 +423,15 @@ fn bad_clients_on_a_tls_port_are_closed_and_counted() {
 }
 
 /// Another self-signed certificate (not the server's), made with openssl.
-fn rcgen_free_other_cert() -> String {
-    let dir = tmp_dir("other");
-    let (cert, _) = openssl_cert(&dir, "ec");
-    let pem = std::fs::read_to_string(cert).unwrap();
-    let _ = std::fs::remove_dir_all(dir);
-    pem
-}
-
-/// A certificate and key for localhost made by `openssl` (`ec` or `rsa`).
-fn openssl_cert(dir: &Path, kind: &str) -> (PathBuf, PathBuf) {
-    let cert = dir.join(format!("{kind}-cert.pem"));
-    let key = dir.join(format!("{kind}-key.pem"));
-    let newkey: &[&str] = if kind == "rsa" {
-        &["-newkey", "rsa:2048"]
-    } else {
-        &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
-    };
-    let ok = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=localhost",
-        ])
-        .args(newkey)
-        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
-        // An end-entity certificate: openssl's default is a CA, which webpki refuses.
-        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl (scripts/test.sh installs it)");
-    assert!(ok.success(), "openssl req failed");
-    (cert, key)
+fn other_cert() -> String {
+    let dir = TempDir::new("serve-tls-other");
+    let (cert, _) = self_signed(dir.path(), Key::Ec);
+    std::fs::read_to_string(cert).unwrap()
 }
 
 /// Runs `throng serve` with `args`, expecting it to refuse to start.
 fn refused(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+    let out = throng()
         .args([
             "serve",
             "--listen",
@@ -502,14 +449,15 @@ fn refused(args: &[&str]) -> String {
 
 #[test]
 fn certificates_from_files_work_and_bad_ones_stop_the_start_with_a_clear_error() {
-    let dir = tmp_dir("files");
-    let (ec_cert, ec_key) = openssl_cert(&dir, "ec");
-    let (rsa_cert, rsa_key) = openssl_cert(&dir, "rsa");
+    require!(Peer::Openssl);
+    let dir = TempDir::new("serve-tls-files");
+    let (ec_cert, ec_key) = self_signed(dir.path(), Key::Ec);
+    let (rsa_cert, rsa_key) = self_signed(dir.path(), Key::Rsa);
     let s = |p: &Path| p.to_str().unwrap().to_owned();
 
     // Good files, RSA and ECDSA: a client trusting them completes a handshake.
     for (cert, key) in [(&rsa_cert, &rsa_key), (&ec_cert, &ec_key)] {
-        let server = Server::start(&[
+        let server = serve(&[
             "--workers",
             "1",
             "--tls-listen",
@@ -519,18 +467,14 @@ fn certificates_from_files_work_and_bad_ones_stop_the_start_with_a_clear_error()
             "--tls-key",
             &s(key),
         ]);
-        let tls: SocketAddr = server.start["tls_listen"][0]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let tls = server.tls_addr();
         let cfg = client_config(
             &std::fs::read_to_string(cert).unwrap(),
             &[&rustls::version::TLS13, &rustls::version::TLS12],
         );
         assert_eq!(publish(tls, &cfg, "files", b"x", None), 0);
         // The fingerprint shown at start is the one openssl computes.
-        let fp = Command::new("openssl")
+        let fp = command("openssl")
             .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
             .arg(cert)
             .output()
@@ -553,7 +497,7 @@ fn certificates_from_files_work_and_bad_ones_stop_the_start_with_a_clear_error()
         missing.contains("/nonexistent/cert.pem") && missing.contains("--tls-cert"),
         "{missing}"
     );
-    let junk = dir.join("junk.pem");
+    let junk = dir.file("junk.pem");
     std::fs::write(&junk, "not a certificate\n").unwrap();
     let e = refused(&["--tls-cert", &s(&junk), "--tls-key", &s(&ec_key)]);
     assert!(e.contains("BEGIN CERTIFICATE"), "{e}");
@@ -572,7 +516,6 @@ fn certificates_from_files_work_and_bad_ones_stop_the_start_with_a_clear_error()
         e.contains("--tls-cert") && e.contains("--tls-self-signed"),
         "{e}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -655,7 +598,7 @@ fn sigterm_sends_1001_and_close_notify_to_tls_subscribers() {
     server.wait_metric("throng_connections_open", |v| v == 6.0);
     server.signal("TERM");
     for s in &mut subs {
-        assert_eq!(support::close_code_then_end(s), Some(1001));
+        assert_eq!(close_code_then_end(s), Some(1001));
     }
     wait_until("the server exits after SIGTERM", || {
         server.child.try_wait().unwrap().is_some()

@@ -6,15 +6,15 @@
 //! `throng hold --publish rediss://user:password@...` authenticates and
 //! reaches every held connection.
 
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/serve.rs"]
-mod support;
+use std::process::Stdio;
 
-use std::process::{Command, Stdio};
+use throng_testkit::certs::Certs;
+use throng_testkit::http::{get, publish, publish_redis};
+use throng_testkit::redis::Redis;
+use throng_testkit::ws::{Sub, next_text, subscribe};
+use throng_testkit::{Peer, Server, require, wait_until};
 
-use cluster::{Certs, Redis};
-use support::{Server, Sub, get, next_text, publish, publish_redis, subscribe, wait_until};
+use crate::{serve, throng};
 
 /// TLS-only Redis where only the ACL user `alice` gets anywhere.
 fn tls_redis(name: &str) -> Redis {
@@ -37,16 +37,16 @@ fn tls_redis(name: &str) -> Redis {
 
 /// A node with `--redis <url> --redis-tls-ca <the test CA>`, once its link is up.
 fn node(redis: &Redis, url: &str, extra: &[&str]) -> Server {
-    let mut args = vec!["--redis", url, "--redis-tls-ca", redis.certs().ca_str()];
+    let mut args = vec!["--redis", url, "--redis-tls-ca", redis.certs().ca()];
     args.extend_from_slice(extra);
-    let s = Server::start(&args);
+    let s = serve(&args);
     s.wait_broker("up");
     s
 }
 
 /// `throng serve` with `args` that must fail at start: its stderr.
 fn serve_fails(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+    let out = throng()
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
         .stdin(Stdio::null())
@@ -59,6 +59,7 @@ fn serve_fails(args: &[&str]) -> String {
 
 #[test]
 fn nodes_over_tls_deliver_everything_and_survive_a_redis_restart() {
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::Openssl);
     let mut redis = tls_redis("rediss-nodes");
     // A by IP address (no SNI; the certificate names 127.0.0.1), B by name
     // (SNI localhost) in channels mode.
@@ -127,6 +128,7 @@ fn nodes_over_tls_deliver_everything_and_survive_a_redis_restart() {
 
 #[test]
 fn certificates_that_cannot_be_checked_are_clear_errors() {
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::Openssl);
     let redis = tls_redis("rediss-errors");
     let url = format!("rediss://alice:s3cret@127.0.0.1:{}", redis.port);
     let shown = format!(
@@ -136,7 +138,7 @@ fn certificates_that_cannot_be_checked_are_clear_errors() {
 
     // A CA that did not sign Redis's certificate.
     let other = redis.certs().new_ca("other");
-    let other = other.to_str().unwrap();
+    let other = other.as_str();
     let err = serve_fails(&["--redis", &url, "--redis-tls-ca", other]);
     assert!(err.contains(&shown) && err.contains("certificate"), "{err}");
     assert!(!err.contains("s3cret"), "the password never shows: {err}");
@@ -152,7 +154,7 @@ fn certificates_that_cannot_be_checked_are_clear_errors() {
     assert!(err.contains("rediss://"), "{err}");
     // A plain Redis behind a rediss:// URL: the handshake fails, said so.
     let plain_redis = Redis::start(&[], &[]);
-    let ca = redis.certs().ca_str();
+    let ca = redis.certs().ca();
     let err = serve_fails(&[
         "--redis",
         &format!("rediss://127.0.0.1:{}", plain_redis.port),
@@ -165,14 +167,14 @@ fn certificates_that_cannot_be_checked_are_clear_errors() {
     );
 
     // --redis-wait: serves, and /healthz shows why the link is down.
-    let s = Server::start(&["--redis", &url, "--redis-tls-ca", other, "--redis-wait"]);
+    let s = serve(&["--redis", &url, "--redis-tls-ca", other, "--redis-wait"]);
     s.wait_broker("down");
     let health = get(s.addr, "/healthz").1;
     assert!(health.contains("certificate"), "{health}");
     assert_eq!(publish(s.addr, "x", b"no", None).0, 503);
 
     // --redis-tls-insecure: no check, a loud warning, and it works.
-    let s = Server::start(&["--redis", &url, "--redis-tls-insecure"]);
+    let s = serve(&["--redis", &url, "--redis-tls-insecure"]);
     s.wait_broker("up");
     assert!(s.log().contains("WARNING"), "{}", s.log());
     let mut sub = subscribe(s.addr, "ins");
@@ -183,15 +185,16 @@ fn certificates_that_cannot_be_checked_are_clear_errors() {
 
 #[test]
 fn hold_publishes_over_tls_with_auth_to_every_connection() {
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::Openssl);
     let redis = tls_redis("rediss-hold");
     let a = node(
         &redis,
         &format!("rediss://alice:s3cret@127.0.0.1:{}", redis.port),
         &["--workers", "1"],
     );
-    let ca = redis.certs().ca_str();
+    let ca = redis.certs().ca();
     let hold = |publish: &str, extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_throng"))
+        throng()
             .arg("hold")
             .arg(format!("ws://{}/held", a.addr))
             .args([

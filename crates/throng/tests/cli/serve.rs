@@ -1,20 +1,22 @@
 //! `throng serve` end to end: the real binary, real sockets, independent
 //! WebSocket peers (tungstenite, Python `websockets`, Node `ws`).
 
-#[path = "support/serve.rs"]
-mod support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{
-    Got, Server, client_frame, next_frame, publish, publish_ok, raw, raw_subscribe, subscribe,
-    wait_until,
-};
 use throng_proto::ws::{self, OpCode};
+use throng_testkit::http::{publish, publish_ok, raw};
+use throng_testkit::process::signal;
+use throng_testkit::ws::{
+    Got, client_frame, close_code_then_end, close_expecting_echo, next_frame, raw_subscribe,
+    subscribe,
+};
+use throng_testkit::{Peer, Server, peers, require, wait_until};
 use tungstenite::Message;
+
+use crate::{serve, throng};
 
 /// The messages the ordering tests publish: text, binary by content, binary
 /// by Content-Type, empty, multi-byte UTF-8.
@@ -39,7 +41,7 @@ fn messages(n: usize) -> Vec<(Vec<u8>, Option<&'static str>, bool)> {
 
 #[test]
 fn every_subscriber_gets_every_message_in_order() {
-    let server = Server::start(&["--workers", "2"]);
+    let server = serve(&["--workers", "2"]);
     let mut subs: Vec<_> = (0..40).map(|_| subscribe(server.addr, "room.a")).collect();
     let mut others: Vec<_> = (0..5).map(|_| subscribe(server.addr, "room-b")).collect();
     server.wait_metric("throng_connections_open", |v| v == 45.0);
@@ -67,15 +69,7 @@ fn every_subscriber_gets_every_message_in_order() {
     }
     // Clean close handshake started by the client: the server echoes 1000.
     for s in subs.iter_mut().chain(others.iter_mut()) {
-        s.close(None).unwrap();
-        loop {
-            match s.read() {
-                Ok(Message::Close(Some(f))) => assert_eq!(u16::from(f.code), 1000),
-                Ok(_) => {}
-                Err(tungstenite::Error::ConnectionClosed) => break,
-                Err(e) => panic!("close handshake: {e}"),
-            }
-        }
+        close_expecting_echo(s);
     }
     server.wait_metric("throng_connections_open", |v| v == 0.0);
     server.wait_metric(
@@ -86,57 +80,43 @@ fn every_subscriber_gets_every_message_in_order() {
     server.wait_metric("throng_frames_delivered_total", |v| v == 40.0 * 60.0 + 5.0);
 }
 
-fn run_peer(
-    program: &str,
-    script: &str,
-    server: &Server,
-    channel: &str,
-    count: usize,
-) -> Option<std::process::Child> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/peers");
-    let url = format!("ws://{}/{channel}", server.addr);
-    match Command::new(program)
-        .arg(format!("{dir}/{script}"))
-        .args([url, count.to_string()])
-        .current_dir(dir)
+/// Starts a peer subscriber script (`tests/peers/serve_sub.*`) on
+/// `/<channel>`, expecting `count` messages.
+fn run_peer(mut peer: Command, server: &Server, channel: &str, count: usize) -> Child {
+    peer.arg(format!("ws://{}/{channel}", server.addr))
+        .arg(count.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-    {
-        Ok(c) => Some(c),
-        Err(e) => {
-            eprintln!("skipping {script}: cannot run {program}: {e} (scripts/test.sh installs it)");
-            None
-        }
-    }
+        .unwrap_or_else(|e| panic!("start {peer:?}: {e}"))
 }
 
 #[test]
 fn python_and_node_peers_get_every_message_byte_for_byte() {
-    let server = Server::start(&["--workers", "2"]);
+    require!(Peer::PythonWebsockets, Peer::NodeWs);
+    let server = serve(&["--workers", "2"]);
     let msgs = messages(40);
-    let mut peers = Vec::new();
-    for (program, script) in [("python3", "serve_sub.py"), ("node", "serve_sub.mjs")] {
+    let mut subscribers = Vec::new();
+    for script in ["serve_sub.py", "serve_sub.mjs"] {
         for _ in 0..3 {
-            let Some(mut child) = run_peer(program, script, &server, "interop", msgs.len()) else {
-                continue;
+            let peer = if script.ends_with(".py") {
+                peers::python(script)
+            } else {
+                peers::node(script)
             };
+            let mut child = run_peer(peer, &server, "interop", msgs.len());
             let mut out = BufReader::new(child.stdout.take().unwrap());
             let mut line = String::new();
             out.read_line(&mut line).unwrap();
             assert_eq!(line.trim(), "ready", "{script} did not subscribe");
-            peers.push((script, child, out));
+            subscribers.push((script, child, out));
         }
     }
-    assert!(!peers.is_empty(), "no peer could run");
-    server.wait_metric("throng_connections_open", |v| v == peers.len() as f64);
+    server.wait_metric("throng_connections_open", |v| v == 6.0);
     for (body, ctype, _) in &msgs {
-        assert_eq!(
-            publish_ok(server.addr, "interop", body, *ctype),
-            peers.len() as u64
-        );
+        assert_eq!(publish_ok(server.addr, "interop", body, *ctype), 6);
     }
-    for (script, mut child, out) in peers {
+    for (script, mut child, out) in subscribers {
         let lines: Vec<String> = out.lines().map(Result::unwrap).collect();
         assert!(
             child.wait().unwrap().success(),
@@ -162,7 +142,7 @@ const UPGRADE: &str = "GET /chan HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nCo
 
 #[test]
 fn bad_requests_get_the_right_status_and_reason() {
-    let server = Server::start(&[
+    let server = serve(&[
         "--workers",
         "1",
         "--max-message",
@@ -229,7 +209,7 @@ fn bad_requests_get_the_right_status_and_reason() {
 
 #[test]
 fn protocol_errors_close_with_the_rfc_code() {
-    let server = Server::start(&["--workers", "1"]);
+    let server = serve(&["--workers", "1"]);
     let unmasked = {
         let mut f = Vec::new();
         ws::encode_into(&mut f, true, OpCode::Text, b"hi", None);
@@ -300,7 +280,7 @@ fn protocol_errors_close_with_the_rfc_code() {
 
 #[test]
 fn heartbeat_pings_and_idle_timeout() {
-    let server = Server::start(&[
+    let server = serve(&[
         "--workers",
         "1",
         "--ping-interval",
@@ -352,7 +332,7 @@ fn heartbeat_pings_and_idle_timeout() {
 
 #[test]
 fn slow_consumer_is_closed_and_counted() {
-    let server = Server::start(&[
+    let server = serve(&[
         "--workers",
         "1",
         "--max-queue",
@@ -414,17 +394,13 @@ fn slow_consumer_is_closed_and_counted() {
 
 #[test]
 fn a_killed_worker_is_restarted() {
-    let server = Server::start(&["--workers", "2"]);
+    let server = serve(&["--workers", "2"]);
     let mut pids = Vec::new();
     wait_until("both workers report", || {
         pids = server.worker_pids();
         pids.len() == 2
     });
-    let status = Command::new("kill")
-        .args(["-9", &pids[0].to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(pids[0], "KILL");
     server.wait_metric("throng_worker_restarts_total", |v| v == 1.0);
     wait_until("the new worker reports", || {
         let now = server.worker_pids();
@@ -442,12 +418,12 @@ fn a_killed_worker_is_restarted() {
 
 #[test]
 fn sigterm_drains_with_1001_and_exits() {
-    let mut server = Server::start(&["--workers", "2", "--drain-timeout", "5s"]);
+    let mut server = serve(&["--workers", "2", "--drain-timeout", "5s"]);
     let mut subs: Vec<_> = (0..20).map(|_| subscribe(server.addr, "bye")).collect();
     server.wait_metric("throng_connections_open", |v| v == 20.0);
     server.signal("TERM");
     for s in &mut subs {
-        assert_eq!(support::close_code_then_end(s), Some(1001));
+        assert_eq!(close_code_then_end(s), Some(1001));
     }
     let start = Instant::now();
     let status = loop {
@@ -469,10 +445,7 @@ fn sigterm_drains_with_1001_and_exits() {
 
 #[test]
 fn help_teaches_the_defaults() {
-    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
+    let out = throng().args(["serve", "--help"]).output().unwrap();
     // Collapse clap's line wrapping before searching.
     let help = String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
@@ -495,13 +468,13 @@ fn help_teaches_the_defaults() {
 
 #[test]
 fn bad_flags_are_clear_errors() {
-    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+    let out = throng()
         .args(["serve", "--listen", "127.0.0.1:9-3"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("range ends before it starts"));
-    let out = Command::new(env!("CARGO_BIN_EXE_throng"))
+    let out = throng()
         .args(["serve", "--ping-interval", "soon"])
         .output()
         .unwrap();
@@ -510,7 +483,7 @@ fn bad_flags_are_clear_errors() {
 
 #[test]
 fn publish_reports_the_subscribers_it_reached() {
-    let server = Server::start(&["--workers", "1"]);
+    let server = serve(&["--workers", "1"]);
     let (status, body) = publish(server.addr, "empty", b"x", None);
     assert_eq!(status, 200);
     assert_eq!(body.trim(), r#"{"channel":"empty","subscribers":0}"#);
@@ -535,7 +508,7 @@ fn publish_reports_the_subscribers_it_reached() {
 
 #[test]
 fn a_write_that_makes_no_progress_times_out() {
-    let server = Server::start(&[
+    let server = serve(&[
         "--workers",
         "1",
         "--max-queue",

@@ -2,43 +2,27 @@
 //! `throng serve` (two processes on each side under the 20,000-file limit),
 //! a short series of messages, and the result file and HTML report it writes.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
+use std::time::Duration;
 
-struct TempDir(PathBuf);
+use throng_testkit::TempDir;
+use throng_testkit::process::{alone, output_within, text};
 
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("throng-cli-bench-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
+use crate::throng;
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn throng(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_throng"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(out: &[u8]) -> String {
-    String::from_utf8_lossy(out).into_owned()
+/// Runs `throng <args>`; a bench that has not ended in 5 minutes has hung.
+fn run(args: &[&str]) -> Output {
+    output_within(throng().args(args), Duration::from_secs(300))
 }
 
 #[test]
 fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
-    let dir = TempDir::new("20k");
-    let out_dir = dir.0.to_str().unwrap();
-    let out = throng(&[
+    // The kernel's socket count below is the whole host's: no other test of
+    // this binary may open or close sockets meanwhile.
+    alone();
+    let dir = TempDir::new("bench-20k");
+    let out_dir = dir.path().to_str().unwrap();
+    let out = run(&[
         "bench",
         "--connections",
         "20000",
@@ -86,8 +70,9 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     assert!(mem["server_loaded"].as_u64().unwrap() > mem["server_before"].as_u64().unwrap());
     assert!(mem["harness_loaded"].as_u64().unwrap() > mem["harness_before"].as_u64().unwrap());
     // sockstat counts the whole host: sockets other processes were closing
-    // when the run began (an earlier test's) leave the count meanwhile, so
-    // allow a tenth of the 40,000 sockets this run added to be offset by them.
+    // when the run began (an earlier test's, or another program's) leave the
+    // count meanwhile, so allow a tenth of the 40,000 sockets this run added
+    // to be offset by them.
     assert!(
         mem["tcp_inuse_loaded"].as_u64().unwrap()
             >= mem["tcp_inuse_before"].as_u64().unwrap() + 36_000,
@@ -103,7 +88,7 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
         html.contains("<svg") || html.contains("<canvas"),
         "no plot in the page"
     );
-    let report = throng(&["report", results, "--format", "json"]);
+    let report = run(&["report", results, "--format", "json"]);
     assert!(report.status.success(), "{}", text(&report.stderr));
     let rep: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
     assert!(rep.to_string().contains("bench.summary"));
@@ -111,23 +96,23 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     let raw = std::fs::read_to_string(results).unwrap();
     assert!(raw.contains("/serve-0"), "no server RSS in the samples");
     // Nothing left behind but the two files.
-    let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().flatten().collect();
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert_eq!(left.len(), 2, "{left:?}");
 }
 
 #[test]
 fn bad_settings_are_refused_before_anything_starts() {
-    let out = throng(&["bench", "--message-every", "0s"]);
+    let out = run(&["bench", "--message-every", "0s"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--message-every"));
-    let out = throng(&["bench", "--rate", "fast"]);
+    let out = run(&["bench", "--rate", "fast"]);
     assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]
 fn bench_tls_holds_wss_connections_with_a_checked_certificate_and_delivers_every_message() {
-    let dir = TempDir::new("tls");
-    let out = throng(&[
+    let dir = TempDir::new("bench-tls");
+    let out = run(&[
         "bench",
         "--tls",
         "--connections",
@@ -135,7 +120,7 @@ fn bench_tls_holds_wss_connections_with_a_checked_certificate_and_delivers_every
         "--messages",
         "2",
         "--out-dir",
-        dir.0.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
         "--format",
         "json",
         "--quiet",
@@ -158,6 +143,6 @@ fn bench_tls_holds_wss_connections_with_a_checked_certificate_and_delivers_every
     assert_eq!(r["hold"]["tls_resumed"], 0);
     assert_eq!(r["hold"]["connect_tls_us"]["count"], 3000);
     // The certificate file it trusted is gone with the run.
-    let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().flatten().collect();
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert_eq!(left.len(), 2, "{left:?}");
 }

@@ -1,0 +1,103 @@
+//! A real HAProxy (Debian's) on a free loopback port, in TCP mode: in front
+//! of several `throng serve` nodes as docs/deploy.md sets it up, or
+//! terminating TLS in front of one plain server.
+
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Stdio};
+
+use crate::peers::{Peer, expect};
+use crate::process::command;
+use crate::{TempDir, free_port, wait_until};
+
+/// A running HAProxy, killed on drop.
+#[derive(Debug)]
+pub struct Haproxy {
+    child: Child,
+    /// Where it listens on 127.0.0.1.
+    pub addr: SocketAddr,
+    /// Holds its configuration file.
+    _dir: TempDir,
+}
+
+impl Haproxy {
+    /// Round robin over `backends`, with the health check and timeouts
+    /// docs/deploy.md recommends.
+    pub fn balance(backends: &[SocketAddr]) -> Self {
+        Self::launch(|port| {
+            let mut cfg = format!(
+                "global\n  maxconn 2000\n\
+                 defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  \
+                 timeout server 1h\n  timeout tunnel 1h\n  timeout client-fin 30s\n\
+                 frontend ws\n  bind 127.0.0.1:{port}\n  default_backend nodes\n\
+                 backend nodes\n  balance roundrobin\n  option httpchk\n  \
+                 http-check send meth GET uri /healthz\n  http-check expect status 200\n"
+            );
+            for (i, b) in backends.iter().enumerate() {
+                cfg.push_str(&format!("  server node{i} {b} check inter 1s\n"));
+            }
+            cfg
+        })
+    }
+
+    /// Terminates TLS with `cert_and_key` (a PEM certificate chain followed
+    /// by its key) on 127.0.0.1 and 127.0.0.2 at the same port, and forwards
+    /// the plain bytes to `backend`. `bind_options` go on both `bind` lines
+    /// (`ssl-max-ver TLSv1.2`, `ciphersuites ...`).
+    pub fn tls(backend: SocketAddr, cert_and_key: &str, bind_options: &str) -> Self {
+        Self::launch(|port| {
+            let bind = format!("ssl crt {cert_and_key} {bind_options}");
+            format!(
+                "global\n  maxconn 3000\n\
+                 defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  \
+                 timeout server 30s\n\
+                 frontend tls\n  bind 127.0.0.1:{port} {bind}\n  bind 127.0.0.2:{port} {bind}\n  \
+                 default_backend app\n\
+                 backend app\n  server s1 {backend}\n"
+            )
+        })
+    }
+
+    /// Writes the configuration `config(port)` makes for a free port, checks
+    /// it with `haproxy -c`, starts HAProxy and waits until it listens.
+    fn launch(config: impl FnOnce(u16) -> String) -> Self {
+        expect(Peer::Haproxy);
+        let port = free_port();
+        let dir = TempDir::new("haproxy");
+        let path = dir.file("haproxy.cfg");
+        std::fs::write(&path, config(port)).expect("write haproxy.cfg");
+        let check = command("haproxy")
+            .args(["-c", "-q", "-f"])
+            .arg(&path)
+            .output()
+            .expect("run haproxy -c");
+        assert!(check.status.success(), "haproxy config: {check:?}");
+        let child = command("haproxy")
+            .args(["-db", "-f"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start haproxy");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let h = Self {
+            child,
+            addr,
+            _dir: dir,
+        };
+        wait_until("haproxy to listen", || TcpStream::connect(addr).is_ok());
+        h
+    }
+
+    /// Its port (on 127.0.0.1, and 127.0.0.2 for [`Self::tls`]).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

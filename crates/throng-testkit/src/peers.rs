@@ -1,0 +1,200 @@
+//! The programs outside Rust that some tests run against, how to tell
+//! whether this machine has them, and how a test skips (or, under
+//! `scripts/test.sh`, fails) when one is missing.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use crate::process::command;
+
+/// Set (to anything but `0` or empty) by `scripts/test.sh`: a missing peer
+/// fails the test instead of skipping it.
+pub const REQUIRE_PEERS: &str = "THRONG_TEST_REQUIRE_PEERS";
+
+/// A program some test needs that a Rust toolchain does not bring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// `redis-server` (Debian package `redis-server`).
+    RedisServer,
+    /// `redis-cli` (Debian package `redis-tools`).
+    RedisCli,
+    /// `haproxy` (Debian package `haproxy`).
+    Haproxy,
+    /// The `openssl` command line (Debian package `openssl`).
+    Openssl,
+    /// `python3`, for scripts that need nothing beyond its standard library.
+    Python,
+    /// `python3` with the `websockets` package (13 or later: its asyncio API).
+    PythonWebsockets,
+    /// `node` with the `ws` package installed under `tests/peers`.
+    NodeWs,
+    /// A headless Chromium (Debian package `chromium`).
+    Chromium,
+}
+
+impl Peer {
+    /// How many kinds of peer there are: one past the last variant.
+    const COUNT: usize = Self::Chromium as usize + 1;
+
+    /// What the peer is, as a person would look for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RedisServer => "redis-server",
+            Self::RedisCli => "redis-cli",
+            Self::Haproxy => "haproxy",
+            Self::Openssl => "openssl",
+            Self::Python => "python3",
+            Self::PythonWebsockets => "python3 with websockets >= 13",
+            Self::NodeWs => "node with ws in tests/peers",
+            Self::Chromium => "chromium",
+        }
+    }
+
+    /// How to install it by hand (`scripts/test.sh` does all of them).
+    pub fn install(self) -> &'static str {
+        match self {
+            Self::RedisServer => "apt-get install redis-server",
+            Self::RedisCli => "apt-get install redis-tools",
+            Self::Haproxy => "apt-get install haproxy",
+            Self::Openssl => "apt-get install openssl",
+            Self::Python => "apt-get install python3",
+            Self::PythonWebsockets => "python3 -m pip install 'websockets>=13'",
+            Self::NodeWs => "cd tests/peers && npm install",
+            Self::Chromium => "apt-get install --no-install-recommends chromium",
+        }
+    }
+
+    /// Whether this machine has the peer (asked once per process).
+    pub fn is_present(self) -> bool {
+        static FOUND: [OnceLock<bool>; Peer::COUNT] = [const { OnceLock::new() }; Peer::COUNT];
+        *FOUND[self as usize].get_or_init(|| self.probe())
+    }
+
+    /// Runs a command that succeeds only when the peer can do its job
+    /// (from `tests/peers`, where node finds `ws`).
+    fn probe(self) -> bool {
+        let (program, args): (&str, &[&str]) = match self {
+            Self::RedisServer => ("redis-server", &["--version"]),
+            Self::RedisCli => ("redis-cli", &["--version"]),
+            Self::Haproxy => ("haproxy", &["-v"]),
+            Self::Openssl => ("openssl", &["version"]),
+            Self::Python => ("python3", &["-c", "pass"]),
+            Self::PythonWebsockets => ("python3", &["-c", "import websockets.asyncio.server"]),
+            Self::NodeWs => ("node", &["-e", "require.resolve('ws')"]),
+            Self::Chromium => return chromium_program().is_some(),
+        };
+        Command::new(program)
+            .args(args)
+            .current_dir(dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+/// Whether a missing peer fails the test (`THRONG_TEST_REQUIRE_PEERS`).
+pub fn required() -> bool {
+    std::env::var_os(REQUIRE_PEERS).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Whether every peer in `peers` is here. When one is missing, says so
+/// on the terminal (past the test harness's capture, so a passing run
+/// shows it) and returns false, so the test returns early; under
+/// [`REQUIRE_PEERS`] it fails the test instead. [`require!`](crate::require)
+/// is the short form.
+pub fn check(peers: &[Peer]) -> bool {
+    let missing: Vec<Peer> = peers.iter().copied().filter(|p| !p.is_present()).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("this test")
+        .to_owned();
+    let what = missing
+        .iter()
+        .map(|p| format!("{} ({})", p.name(), p.install()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert!(
+        !required(),
+        "{test} needs {what}; {REQUIRE_PEERS} is set, so a missing peer is a failure \
+         (scripts/test.sh installs every peer)"
+    );
+    // Straight to stderr: the harness captures only print!/eprint!.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\nskipped {test}: needs {what}; scripts/test.sh installs them"
+    );
+    false
+}
+
+/// Fails the test, saying how to install it, unless `peer` is here: for
+/// the launchers, whose tests named their peers with [`require!`](crate::require).
+pub fn expect(peer: Peer) {
+    assert!(
+        peer.is_present(),
+        "{} is not installed: {} (or run scripts/test.sh, which installs every peer)",
+        peer.name(),
+        peer.install()
+    );
+}
+
+/// Skips the test (returns from it) unless every peer named is on this
+/// machine; see [`peers::check`](crate::peers::check).
+///
+/// ```
+/// use throng_testkit::{Peer, require};
+///
+/// fn two_nodes_behind_haproxy() {
+///     require!(Peer::RedisServer, Peer::Haproxy);
+///     // Start Redis and HAProxy here: both are installed.
+/// }
+/// ```
+#[macro_export]
+macro_rules! require {
+    ($($peer:expr),+ $(,)?) => {
+        if !$crate::peers::check(&[$($peer),+]) {
+            return;
+        }
+    };
+}
+
+/// `tests/peers`: the peer scripts and their `node_modules`.
+pub fn dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/peers"))
+}
+
+/// `python3 tests/peers/<script>`.
+pub fn python(script: &str) -> Command {
+    expect(Peer::PythonWebsockets);
+    let mut c = command("python3");
+    c.arg(dir().join(script));
+    c
+}
+
+/// `node tests/peers/<script>`, run from `tests/peers` so it finds `ws`.
+pub fn node(script: &str) -> Command {
+    expect(Peer::NodeWs);
+    let mut c = command("node");
+    c.arg(dir().join(script)).current_dir(dir());
+    c
+}
+
+/// The Chromium on `PATH` (Debian calls it `chromium`, others `chromium-browser`).
+pub fn chromium_program() -> Option<&'static str> {
+    static FOUND: OnceLock<Option<&'static str>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        ["chromium", "chromium-browser"].into_iter().find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .stdin(Stdio::null())
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    })
+}

@@ -1,0 +1,58 @@
+//! `throng` as its users run it: the real binary, real sockets on loopback,
+//! real peers (Redis, HAProxy, Python `websockets`, Node `ws`, Chromium,
+//! `openssl`). One test binary, one module per subcommand or concern, so
+//! the suite links once; the helpers they share live in `throng-testkit`.
+//!
+//! A test whose peer is missing says so and is skipped, unless
+//! `THRONG_TEST_REQUIRE_PEERS` is set (`scripts/test.sh` sets it).
+
+mod attack;
+mod bench;
+mod doctor;
+mod hold;
+mod redis;
+mod rediss;
+mod report;
+mod serve;
+mod serve_tls;
+mod tls_client;
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use throng_testkit::Server;
+use throng_testkit::process::{command, output_within, text};
+
+/// The binary under test.
+const THRONG: &str = env!("CARGO_BIN_EXE_throng");
+
+/// `throng`, with this process's open-file limit raised for it.
+fn throng() -> Command {
+    command(THRONG)
+}
+
+/// `throng serve --listen 127.0.0.1:0 --json` plus `args`, once a worker answers.
+fn serve(args: &[&str]) -> Server {
+    Server::start(THRONG, args)
+}
+
+/// Runs `throng <sub> <args>` asking for its JSON summary (`hold`, `attack`),
+/// killed after 90 s; returns the exit code (-1 when killed by a signal),
+/// the summary (`Null` when stdout held none) and stderr.
+fn run_json(sub: &str, args: &[&str]) -> (i32, Value, String) {
+    let json: &[&str] = if sub == "attack" {
+        &["--format", "json", "-q"]
+    } else {
+        &["--json", "-q"]
+    };
+    let out = output_within(
+        throng().arg(sub).args(args).args(json),
+        Duration::from_secs(90),
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        text(&out.stderr),
+    )
+}
