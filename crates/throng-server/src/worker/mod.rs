@@ -7,10 +7,10 @@
 //! publish requests, per-message subscriber counts and its counters.
 //!
 //! Its tasks: the control loop (this module), one accept loop per listener
-//! handing each connection to [`http`] (and its [`routes`]), the reactor
+//! handing each connection to `http` (and its `routes`), the reactor
 //! over the epoll set of subscribers, and the tick. Every subscriber is in
-//! [`subscribers`] ([`conn`]: one connection's life; [`table`]: slots and
-//! channels); [`state`] is what the tasks share, [`link`] the control
+//! `subscribers` (`conn`: one connection's life; `table`: slots and
+//! channels); `state` is what the tasks share, `link` the control
 //! socket as the routes use it.
 
 mod conn;
