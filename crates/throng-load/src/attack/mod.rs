@@ -16,8 +16,10 @@
 //!   the run did, Vegeta's way, and the thresholds that fail it;
 //! - [`worker`]: one worker process: the schedule, the HTTP/1.1 client, the
 //!   connection pool;
-//! - [`record`]: what a worker counts per interval, and per-request rows;
-//! - `timer`: the scheduler's microsecond timer (tokio's round up to 1 ms).
+//! - [`record`]: what a worker counts per interval, and per-request rows.
+//!
+//! The schedule wakes on `throng-host`'s timerfd [`Timer`](throng_host::timer::Timer)
+//! (tokio's timers round up to the millisecond).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,7 +34,6 @@ pub mod request;
 pub mod summary;
 pub mod supervisor;
 pub mod targets;
-mod timer;
 pub mod worker;
 
 pub use request::{Prepared, Request, prepare};

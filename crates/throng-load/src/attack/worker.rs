@@ -35,7 +35,6 @@ use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use super::record::{AttackRecorder, Exchange, RequestError, Row, RowFormat, RowWriter};
-use super::timer::PreciseTimer;
 use super::{Load, WorkerPlan, pacer};
 use crate::harness::clock::{Anchor, micros};
 use crate::harness::failure::{Failure, FirstOfKind, NetCause};
@@ -276,7 +275,7 @@ async fn schedule(
     let mut i = u64::from(ctx.plan.index);
     let mut burst = 0u32;
     // Without a timerfd (not Linux?), tokio's millisecond timers will do.
-    let timer = PreciseTimer::new().ok();
+    let timer = throng_host::timer::Timer::new().ok();
     loop {
         if ctx.stop.is_set() || requests.is_some_and(|n| i >= n) {
             break;

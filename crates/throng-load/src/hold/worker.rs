@@ -43,17 +43,6 @@ use crate::harness::worker::{Live, Order, Orders, Output, Stop, Ticker};
 use crate::pacer::Pacer;
 use crate::tls::{self, Phase, Records, Session, TlsClient};
 
-/// Gives the heap's free memory back to the kernel. Opening many
-/// connections at once leaves freed handshake buffers and task cells behind;
-/// glibc keeps them, and they would count as RSS of the idle connections.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// A 4-byte client mask. RFC 6455 wants it unpredictable to intermediaries;
 /// fastrand is enough for a load generator that is not a browser.
 pub(super) fn mask() -> [u8; 4] {
@@ -107,7 +96,10 @@ impl Ctx {
         let left = self.opening.get() - 1;
         self.opening.set(left);
         if left == 0 {
-            release_free_memory();
+            // Opening many connections at once leaves freed handshake
+            // buffers and task cells behind; glibc keeps them, and they
+            // would count as RSS of the idle connections.
+            throng_host::process::release_free_memory();
             self.out.event(
                 "worker.ramp_done",
                 format!("{} connections attempted", self.plan.share()),
@@ -410,34 +402,12 @@ fn new_socket(source: Option<IpAddr>, dst: SocketAddr) -> io::Result<TcpSocket> 
     )?;
     if let Some(src) = source {
         if src.is_ipv4() {
-            set_bind_no_port(&socket)?;
+            throng_host::socket::bind_address_no_port(&socket)?;
         }
         socket.bind(&SocketAddr::new(src, 0).into())?;
     }
     socket.set_nodelay(true)?;
     Ok(TcpSocket::from_std_stream(socket.into()))
-}
-
-fn set_bind_no_port(socket: &socket2::Socket) -> io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let one: libc::c_int = 1;
-    // SAFETY: the fd is a valid socket owned by `socket` for the duration of
-    // the call; the option value is a c_int that outlives the call and its
-    // size is passed exactly.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            (&raw const one).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// The WebSocket upgrade (through `session` for `wss://`); `plain` holds
