@@ -174,15 +174,16 @@ pub fn check(s: &Summary, max_error_rate: Option<f64>, max_p99_us: Option<u64>) 
 }
 
 /// The progress line of one interval; `sent` requests so far of `planned`.
-pub(super) fn progress_line(view: &View<'_>, sent: u64, planned: Option<u64>) -> String {
+pub(super) fn progress_line(view: &View<'_>, planned: Option<u64>) -> String {
     let iv = view.merged;
     let of = planned.map_or(String::new(), |p| format!("/{p}"));
     let mut s = format!(
-        "[{:>6.1}s] sent {sent}{of}  +{}/s  answered {}/s  err {}  in flight {}",
+        "[{:>6.1}s] sent {}{of}  +{}/s  answered {}/s  err {}  in flight {}",
         view.elapsed_s(),
+        view.totals.counter("requests.sent"),
         iv.counter("requests.sent"),
         iv.counters_under("status."),
-        iv.counters_under("requests.error."),
+        view.totals.counters_under("requests.error."),
         iv.gauge("requests.in_flight")
     );
     if iv.histograms.contains_key("latency") {
@@ -200,6 +201,7 @@ pub(super) fn progress_line(view: &View<'_>, sent: u64, planned: Option<u64>) ->
     if iv.counter("requests.late") > 0 {
         s.push_str(&format!("  late {}", iv.counter("requests.late")));
     }
+    s.push_str(&view.late_note());
     s
 }
 

@@ -179,7 +179,9 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
                 },
                 Some(Feed::Gone { worker }) => {
                     open -= 1;
-                    role.gone(worker, done.get(worker).copied().unwrap_or(true), &run);
+                    let was_done = done.get(worker).copied().unwrap_or(true);
+                    collector.gone(worker, !was_done);
+                    role.gone(worker, was_done, &run);
                     if open == 0 {
                         break;
                     }
@@ -236,6 +238,8 @@ fn flush<R: Role>(
         role.absorb(&flushed.merged);
         let view = View {
             merged: &flushed.merged,
+            totals: collector.total(),
+            late: flushed.late,
             start_unix_ns: run.start().unix_ns(),
             workers: collector.latest(),
         };

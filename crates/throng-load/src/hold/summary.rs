@@ -118,18 +118,25 @@ impl Summary {
     }
 }
 
-/// The progress line of one interval: connections, connects, and with
-/// publishing the messages and their delivery.
+/// The progress line of one interval: connections (every worker's last
+/// known count), this interval's connects, the run's failures and closes so
+/// far, and with publishing the messages and their delivery; workers whose
+/// record is late are named.
 pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
     let iv: &Interval = view.merged;
-    let errors = iv.counters_under("connect.error.");
-    let closed = iv.counters_under("closed.") - iv.counters_under("closed.clean");
+    let t = view.totals;
+    let failed = t.counters_under("connect.error.");
+    let closed = t.counters_under("closed.");
+    let unclean = closed - t.counter("closed.clean");
     let mut s = format!(
-        "[{:>6.1}s] open {}/{target}  +{}/s  err {errors}  closed {closed}",
+        "[{:>6.1}s] open {}/{target}  +{}/s  failed {failed}  closed {closed}",
         view.elapsed_s(),
         iv.gauge("connections.open"),
         iv.counter("connect.ok")
     );
+    if unclean > 0 {
+        s.push_str(&format!(" ({unclean} not clean)"));
+    }
     if iv.histograms.contains_key("connect") {
         s.push_str(&format!(
             "  connect p99 {}",
@@ -140,12 +147,12 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
     if lag >= 1000 {
         s.push_str(&format!("  lag {}", micros(lag)));
     }
-    if iv.counter("publish.sent") > 0 || iv.counter("messages.received") > 0 {
+    if t.counter("publish.sent") > 0 || iv.counter("messages.received") > 0 {
         s.push_str(&format!(
-            "  pub {}/s  msgs {}/s  lost {}",
-            iv.counter("publish.ok"),
+            "  pub {}  msgs {}/s  lost {}",
+            t.counter("publish.sent"),
             iv.counter("messages.received"),
-            iv.counter("messages.lost")
+            t.counter("messages.lost")
         ));
         if iv.histograms.contains_key("delivery") {
             let d = iv.stats("delivery");
@@ -156,6 +163,7 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
             ));
         }
     }
+    s.push_str(&view.late_note());
     s
 }
 
@@ -230,4 +238,77 @@ pub fn render(s: &Summary) -> String {
         out.push_str(&format!("peak RSS: {}\n", peak_rss(&s.peak_rss_bytes)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::progress::Latest;
+
+    fn interval(counters: &[(&str, u64)], open: i64) -> Interval {
+        let mut iv = Interval::empty(10_000_000_000, 1_000_000_000, "h/hold".into());
+        for (k, v) in counters {
+            iv.counters.insert((*k).to_owned(), *v);
+        }
+        iv.gauges.insert("connections.open".into(), open);
+        iv
+    }
+
+    #[test]
+    fn the_last_line_counts_every_close_of_the_run_clean_ones_too() {
+        // The last interval saw the last 40,000 closes; the run closed 100,000, all cleanly.
+        let merged = interval(&[("closed.clean", 40_000)], 0);
+        let totals = interval(&[("closed.clean", 100_000), ("connect.ok", 100_000)], 0);
+        let workers = vec![None; 6];
+        let view = View {
+            merged: &merged,
+            totals: &totals,
+            late: 0,
+            start_unix_ns: 0,
+            workers: &workers,
+        };
+        let line = progress_line(&view, 100_000);
+        assert!(line.contains("open 0/100000"), "{line}");
+        assert!(line.contains("failed 0  closed 100000"), "{line}");
+        assert!(
+            !line.contains("not clean") && !line.contains("late"),
+            "{line}"
+        );
+
+        let totals = interval(&[("closed.clean", 90), ("closed.reset", 10)], 0);
+        let view = View {
+            totals: &totals,
+            ..view
+        };
+        assert!(progress_line(&view, 100).contains("closed 100 (10 not clean)"));
+    }
+
+    #[test]
+    fn late_workers_are_named_on_the_line() {
+        let merged = interval(&[("connect.ok", 500)], 2_000);
+        let mut workers = vec![
+            Some(Latest {
+                start_ns: 10_000_000_000,
+                ..Latest::default()
+            });
+            3
+        ];
+        workers[2] = Some(Latest {
+            start_ns: 6_000_000_000,
+            ..Latest::default()
+        });
+        let view = View {
+            merged: &merged,
+            totals: &merged,
+            late: 1,
+            start_unix_ns: 0,
+            workers: &workers,
+        };
+        let line = progress_line(&view, 3_000);
+        assert!(line.contains("open 2000/3000"), "{line}");
+        assert!(
+            line.contains("(1 of 3 workers late, oldest 4.0s behind"),
+            "{line}"
+        );
+    }
 }
