@@ -3,16 +3,19 @@
 //! connection): its settings, counters, subscribers and supervisor link.
 //! Nothing here is shared between threads or locked.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
 use std::rc::Rc;
 
 use throng_host::poll::{Interest, Poller};
+use tokio::sync::Notify;
 
 use super::link::Link;
 use super::subscribers::{Outside, Subscribers};
 use crate::config::Config;
+use crate::control::Message;
 use crate::metrics::Counters;
 
 /// Everything one worker owns.
@@ -24,6 +27,10 @@ pub(crate) struct Worker {
     pub(crate) link: Rc<Link>,
     /// SIGTERM/SIGINT came: no new subscribers, no more fan-out.
     pub(crate) draining: Cell<bool>,
+    /// Messages counted and answered for, still to be written (in order).
+    pub(crate) outbox: RefCell<VecDeque<Message>>,
+    /// Wakes the fan-out task when `outbox` gains a message.
+    pub(crate) outbox_ready: Notify,
 }
 
 /// What the subscribers need around them in a worker: its one epoll set,

@@ -157,6 +157,14 @@ impl<O: Outside> Subscribers<O> {
         self.conns.borrow().get(slot).cloned()
     }
 
+    /// Subscribers of `channel` here now.
+    pub(crate) fn subscribers_of(&self, channel: &str) -> u64 {
+        self.channels
+            .borrow()
+            .get(channel)
+            .map_or(0, |ch| ch.subs.len() as u64)
+    }
+
     /// Writes one message to every subscriber of its channel here: encoded
     /// once, then one write per subscriber; only a subscriber whose socket
     /// is full gets a queue. Returns the number of subscribers.
