@@ -27,7 +27,7 @@ use crate::harness::progress::Progress;
 use crate::hold::Settings;
 use crate::hold::plan::{self, Fit, PlanError};
 use crate::hold::request::WORKER_ARGS;
-use crate::hold::supervisor::{HoldRun, PublishPlan, first_publish_window};
+use crate::hold::supervisor::{HoldRun, PublishPlan};
 use crate::hold::target::{PublishTarget, WsTarget};
 use crate::pacer::RateSpec;
 use crate::tls::{TlsClient, TlsOptions};
@@ -57,6 +57,51 @@ pub const DEFAULT_RATE: RateSpec = RateSpec::Constant(10_000.0);
 pub const DEFAULT_RATE_TLS: RateSpec = RateSpec::Constant(2_500.0);
 /// How long the server may take to stop after SIGTERM before it is killed.
 pub const SERVER_STOP: Duration = Duration::from_secs(15);
+/// Pings per second the server may send over all connections: each costs a
+/// wake-up and a loopback round trip on both sides (measured: ~20 µs of CPU
+/// per ping and pong at 200,000 connections), so the default 30 s interval
+/// would spend a third of two cores on keep-alives at 1,000,000.
+pub const MAX_PINGS_PER_S: u64 = 2_000;
+/// The server's ping interval at most (the 10M seed server pinged every 5 minutes).
+pub const MAX_PING_INTERVAL: Duration = Duration::from_secs(300);
+/// Connect, TLS and upgrade timeouts on both sides: on a busy machine a
+/// connection waits in queues (the server's accept queue, a worker's run
+/// queue) for seconds before anyone works on it; that is lag, not failure.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The settings a bench chooses for its scale, every one printed at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScaleSettings {
+    /// The server's `--ping-interval` (its idle timeout is 3 times it).
+    pub ping_interval: Duration,
+    /// The server's `--handshake-timeout` and the harness's connect and
+    /// handshake timeouts.
+    pub connect_timeout: Duration,
+}
+
+impl ScaleSettings {
+    /// The settings for `connections`: pings at most [`MAX_PINGS_PER_S`]
+    /// (the server's default of 30 s below 60,000 connections), up to
+    /// [`MAX_PING_INTERVAL`]; [`CONNECT_TIMEOUT`].
+    pub fn for_connections(connections: u64) -> Self {
+        let secs = connections.div_ceil(MAX_PINGS_PER_S).max(30);
+        Self {
+            ping_interval: Duration::from_secs(secs).min(MAX_PING_INTERVAL),
+            connect_timeout: CONNECT_TIMEOUT,
+        }
+    }
+
+    /// The start line that says them, and why.
+    pub fn line(&self, connections: u64) -> String {
+        let per_s = connections as f64 / self.ping_interval.as_secs_f64();
+        format!(
+            "  settings  server pings every {} ({per_s:.0}/s over {connections} connections; at most {MAX_PINGS_PER_S}/s), idle timeout {}; connect, TLS and upgrade timeouts {} on both sides",
+            fmt_duration(self.ping_interval),
+            fmt_duration(self.ping_interval * 3),
+            fmt_duration(self.connect_timeout),
+        )
+    }
+}
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// A bench as the command line asks for it.
@@ -76,6 +121,8 @@ pub struct Request {
     pub message_every: Duration,
     /// Size of each message, bytes.
     pub message_size: usize,
+    /// Timeout of one publish call.
+    pub publish_timeout: Duration,
     /// Where the result file and the HTML report go.
     pub out_dir: PathBuf,
     /// The live view (and where the start lines go).
@@ -155,7 +202,8 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         plan.snapshot.mem_available.unwrap_or(0) >> 20,
         plan.machine.nofile
     ));
-    let serve_args = serve_args(plan.connections, req.tls)?;
+    let scale = ScaleSettings::for_connections(plan.connections);
+    let serve_args = serve_args(plan.connections, req.tls, &scale)?;
     let program = std::env::current_exe()?;
     let mut server = server::Server::start(&program, &serve_args.args, Duration::from_secs(20))?;
     let addr = server.addr();
@@ -185,18 +233,22 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         fmt_duration(CLOSE_TIMEOUT)
     ));
     say(&format!(
-        "  messages  {} of {} bytes, one every {}, over HTTP POST to /publish/bench",
+        "  messages  {} of {} bytes, one every {}, over HTTP POST to /publish/bench; publish timeout {} (a late answer is counted apart: the message was sent)",
         req.messages,
         req.message_size,
-        fmt_duration(req.message_every)
+        fmt_duration(req.message_every),
+        fmt_duration(req.publish_timeout)
     ));
     say(&format!(
         "  results   {} and {}",
         files.results.display(),
         files.html.display()
     ));
+    say(&scale.line(plan.connections));
     let settings = Settings {
         close_timeout_ms: crate::harness::clock::millis(CLOSE_TIMEOUT),
+        connect_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
+        handshake_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
         ..Settings::default()
     };
     let settings_json = serde_json::json!({
@@ -212,14 +264,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         "settings": settings,
         "machine": { "cores": plan.machine.cores, "nofile": plan.machine.nofile, "mem_available": plan.snapshot.mem_available },
     });
-    // Hold until half a message period after the last message is due
-    // (whenever in its window the first went out), so that a late start
-    // still gets every message out and an early one not one more (the
-    // publisher stops at the hold's end).
     let rate = 1.0 / req.message_every.as_secs_f64();
-    let (earliest, latest) = first_publish_window(Duration::from_nanos(settings.interval_ns), rate);
-    let hold_for =
-        req.message_every * (req.messages.max(1) - 1) + (earliest + latest + req.message_every) / 2;
     let hold = HoldRun {
         connections: plan.connections,
         rate: plan.rate,
@@ -229,7 +274,8 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         tls,
         fit: plan.fit,
         settings,
-        duration: Some(hold_for),
+        // Held until every message is published and delivered.
+        duration: None,
         publish: Some(PublishPlan {
             target: format!("http://{addr}/publish/bench")
                 .parse::<PublishTarget>()
@@ -237,6 +283,8 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             rate,
             message_size: req.message_size,
             redis_channel: "throng:bench".into(),
+            messages: Some(u64::from(req.messages)),
+            timeout: req.publish_timeout,
         }),
     };
     let setup = Setup {
@@ -384,10 +432,11 @@ struct ServeArgs {
     ports: String,
 }
 
-/// `serve` on [`LISTEN_PORTS`] free loopback ports, sized for `connections`;
+/// `serve` on [`LISTEN_PORTS`] free loopback ports, sized for `connections`
+/// with the ping interval and handshake timeout of `scale`;
 /// with TLS, subscribers on TLS ports and publishing, `/healthz` and
 /// `/metrics` on a plain one.
-fn serve_args(connections: u64, tls: bool) -> io::Result<ServeArgs> {
+fn serve_args(connections: u64, tls: bool, scale: &ScaleSettings) -> io::Result<ServeArgs> {
     let first = server::free_port_range(LOOPBACK, LISTEN_PORTS)?;
     let ports = format!("{first}-{}", first + LISTEN_PORTS - 1);
     let mut args: Vec<String> = vec!["serve".into(), "--listen".into()];
@@ -405,6 +454,10 @@ fn serve_args(connections: u64, tls: bool) -> io::Result<ServeArgs> {
     args.extend([
         "--max-connections".into(),
         connections.to_string(),
+        "--ping-interval".into(),
+        fmt_duration(scale.ping_interval),
+        "--handshake-timeout".into(),
+        fmt_duration(scale.connect_timeout),
         "--json".into(),
     ]);
     Ok(ServeArgs { args, ports })

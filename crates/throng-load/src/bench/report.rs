@@ -108,7 +108,7 @@ impl Report {
             published: h.published,
             publish_errors: h.publish_errors.values().sum(),
             received: h.received,
-            expected: h.published * h.opened,
+            expected: h.expected,
             lost: h.lost,
             duplicated: h.duplicated,
             out_of_order: h.out_of_order,

@@ -58,6 +58,8 @@ pub trait Role {
     }
     /// A flushed interval, before its progress line.
     fn absorb(&mut self, _merged: &Interval) {}
+    /// The run's totals so far (late records included), after each flush.
+    fn counted(&mut self, _totals: &Interval) {}
     /// The progress line of a flushed interval.
     fn progress(&mut self, view: &View<'_>) -> String;
     /// The summary, once every worker is gone.
@@ -234,6 +236,7 @@ fn flush<R: Role>(
     let Some(flushed) = collector.flush(start, processes, |s, l| role.own(s, l))? else {
         return Ok(());
     };
+    role.counted(collector.total());
     if flushed.show {
         role.absorb(&flushed.merged);
         let view = View {

@@ -47,12 +47,21 @@ pub struct Summary {
     pub tls_full: u64,
     /// TLS handshakes that resumed an earlier session.
     pub tls_resumed: u64,
-    /// Messages published (calls that succeeded).
+    /// Messages published: sent whole and not refused (an answer that came
+    /// late or not at all still counts, in `publish_unanswered`).
     pub published: u64,
-    /// Publish calls that failed, by kind.
+    /// Publish calls answered 2xx.
+    pub publish_answered: u64,
+    /// Published messages whose answer did not come (`timeout`, `io`), by why.
+    pub publish_unanswered: BTreeMap<String, u64>,
+    /// Messages not published: never sent (`connect`, ...), or refused
+    /// (`status`, `protocol`), by why.
     pub publish_errors: BTreeMap<String, u64>,
-    /// Duration of publish calls, µs.
+    /// Time to each answer that came, µs.
     pub publish_us: HistStats,
+    /// Deliveries expected: every message published to every connection
+    /// held (the peak open).
+    pub expected: u64,
     /// Messages received over all subscribers.
     pub received: u64,
     /// Messages lost (sequence gaps, and the tail missing at the end).
@@ -81,7 +90,8 @@ impl Summary {
         let t = &totals.total;
         let mut s = Self {
             opened: t.counter("connect.ok"),
-            published: t.counter("publish.ok"),
+            published: t.counter("publish.sent"),
+            publish_answered: t.counter("publish.ok"),
             received: t.counter("messages.received"),
             lost: t.counter("messages.lost"),
             duplicated: t.counter("messages.duplicated"),
@@ -112,9 +122,70 @@ impl Summary {
                 s.closed.insert(how.to_owned(), *v);
             } else if let Some(kind) = k.strip_prefix("publish.error.") {
                 s.publish_errors.insert(kind.to_owned(), *v);
+            } else if let Some(kind) = k.strip_prefix("publish.unanswered.") {
+                s.publish_unanswered.insert(kind.to_owned(), *v);
+            } else if let Some(kind) = k.strip_prefix("publish.refused.") {
+                *s.publish_errors.entry(kind.to_owned()).or_insert(0) += *v;
+                s.published = s.published.saturating_sub(*v);
             }
         }
         s
+    }
+}
+
+/// What fails a run (exit status 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Connections that may fail to open.
+    pub max_connect_errors: u64,
+    /// Messages that may be lost.
+    pub max_lost: u64,
+}
+
+impl Default for Thresholds {
+    /// Nothing may fail.
+    fn default() -> Self {
+        Self {
+            max_connect_errors: 0,
+            max_lost: 0,
+        }
+    }
+}
+
+impl Thresholds {
+    /// The start line that states them.
+    pub fn line(&self) -> String {
+        format!(
+            "  fails (exit 1) when over {} connections fail (--max-connect-errors), over {} messages are lost (--max-lost), or a message cannot be published",
+            self.max_connect_errors, self.max_lost
+        )
+    }
+
+    /// What `s` broke, one line each (empty: it passed).
+    pub fn check(&self, s: &Summary) -> Vec<String> {
+        let mut out = Vec::new();
+        let failed: u64 = s.failed.values().sum();
+        if failed > self.max_connect_errors {
+            out.push(format!(
+                "{failed} connections failed ({}), over --max-connect-errors {}",
+                kinds(&s.failed, " ", ", "),
+                self.max_connect_errors
+            ));
+        }
+        if s.lost > self.max_lost {
+            out.push(format!(
+                "{} messages lost, over --max-lost {}",
+                s.lost, self.max_lost
+            ));
+        }
+        let unpublished: u64 = s.publish_errors.values().sum();
+        if unpublished > 0 {
+            out.push(format!(
+                "{unpublished} messages could not be published ({})",
+                kinds(&s.publish_errors, " ", ", ")
+            ));
+        }
+        out
     }
 }
 
@@ -226,13 +297,31 @@ pub fn render(s: &Summary) -> String {
         ));
     }
     if s.published > 0 || !s.publish_errors.is_empty() || s.received > 0 {
-        let errs: u64 = s.publish_errors.values().sum();
         out.push_str(&format!(
-            "messages: {} published ({} failed), {} received, {} lost, {} duplicated, {} out of order\n",
-            s.published, errs, s.received, s.lost, s.duplicated, s.out_of_order
+            "messages: {} published, {} received of {} expected, {} lost, {} duplicated, {} out of order\n",
+            s.published, s.received, s.expected, s.lost, s.duplicated, s.out_of_order
         ));
+        let errs: u64 = s.publish_errors.values().sum();
+        if errs > 0 {
+            out.push_str(&format!(
+                "  not published: {errs} ({})\n",
+                kinds(&s.publish_errors, " ", ", ")
+            ));
+        }
         out.push_str(&format!("  delivery: {}\n", lat(&s.delivery_us)));
-        out.push_str(&format!("  publish call: {}\n", lat(&s.publish_us)));
+        out.push_str(&format!(
+            "  publish answers: {} of {}: {}\n",
+            s.publish_answered,
+            s.published,
+            lat(&s.publish_us)
+        ));
+        let unanswered: u64 = s.publish_unanswered.values().sum();
+        if unanswered > 0 {
+            out.push_str(&format!(
+                "  published, answer missing: {unanswered} ({}); their deliveries are counted above\n",
+                kinds(&s.publish_unanswered, " ", ", ")
+            ));
+        }
     }
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("peak RSS: {}\n", peak_rss(&s.peak_rss_bytes)));

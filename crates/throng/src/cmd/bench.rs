@@ -71,6 +71,11 @@ pub(crate) struct Args {
     #[arg(long, default_value = "64", value_name = "SIZE", value_parser = parse_size)]
     message_size: usize,
 
+    /// Timeout of one publish call. A message whose answer is late still counts as
+    /// published (its answer as 'unanswered'), and its deliveries are expected.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration)]
+    publish_timeout: Duration,
+
     /// Where the result file and HTML report go.
     #[arg(long, default_value = "bench-out", value_name = "DIR")]
     out_dir: PathBuf,
@@ -100,6 +105,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         messages: args.messages,
         message_every: args.message_every,
         message_size: args.message_size,
+        publish_timeout: args.publish_timeout,
         out_dir: args.out_dir,
         progress: Progress::choose(args.quiet, json),
     })
