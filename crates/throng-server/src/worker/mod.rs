@@ -322,6 +322,11 @@ fn on_record(w: &Worker, rec: Record) {
     }
 }
 
+/// Subscribers written to per turn of the fan-out task: about 5 ms of
+/// writes, after which the worker's other tasks (the control socket, the
+/// publish routes waiting for their answer, the reactor) get a turn.
+const FANOUT_TURN: usize = 1024;
+
 /// Writes each message taken by [`on_record`] to its subscribers here, in
 /// order, once its count is on its way to the supervisor.
 async fn fanout_loop(w: Rc<Worker>) {
@@ -331,10 +336,10 @@ async fn fanout_loop(w: Rc<Worker>) {
             let Some(m) = w.outbox.borrow_mut().pop_front() else {
                 break;
             };
-            if !w.draining.get() {
-                w.subs.fanout(&m);
+            let mut f = w.subs.begin_fanout(&m);
+            while !w.draining.get() && w.subs.fanout_some(&mut f, FANOUT_TURN) {
+                tokio::task::yield_now().await;
             }
-            // Let the control loop and the reactor in between messages.
             tokio::task::yield_now().await;
         }
     }
