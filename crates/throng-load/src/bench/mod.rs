@@ -33,11 +33,12 @@ use crate::pacer::RateSpec;
 use crate::tls::{TlsClient, TlsOptions};
 
 pub mod costs;
+pub mod limits;
 pub mod monitor;
 pub mod report;
 pub mod server;
 
-pub use report::{Report, Verdict, render};
+pub use report::{Report, Verdict, criteria, render};
 
 /// The most connections a default run holds: enough to prove the point, short enough to wait for.
 pub const DEFAULT_MAX: u64 = 100_000;
@@ -48,8 +49,15 @@ pub const PLAN_BYTES_PER_CONNECTION: u64 = 32 * 1024;
 /// connects on a busy machine does not overflow one queue (SYNs dropped there
 /// are retried only after 1, 3, 7, 15, 31 s).
 pub const LISTEN_PORTS: u16 = 8;
-/// Close handshakes of 100,000 connections take seconds on two cores.
+/// Close handshakes of 100,000 connections take seconds on two cores: the
+/// close timeout is this, plus a second per [`CLOSES_PER_S`] connections.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Close handshakes per second the close timeout allows for (both sides on
+/// two cores, with room: measured at about twice this).
+pub const CLOSES_PER_S: u64 = 10_000;
+/// Deliveries per second the time estimate counts on (measured: about
+/// 100,000/s on two cores at 1,000,000 connections).
+pub const DELIVERIES_PER_S: u64 = 80_000;
 /// Default connect rates: a TLS handshake costs the server about 0.2 ms of
 /// CPU and the harness as much again (docs/tls.md), on the same cores.
 pub const DEFAULT_RATE: RateSpec = RateSpec::Constant(10_000.0);
@@ -77,6 +85,8 @@ pub struct ScaleSettings {
     /// The server's `--handshake-timeout` and the harness's connect and
     /// handshake timeouts.
     pub connect_timeout: Duration,
+    /// How long the harness waits for the server's close frames at the end.
+    pub close_timeout: Duration,
 }
 
 impl ScaleSettings {
@@ -88,6 +98,7 @@ impl ScaleSettings {
         Self {
             ping_interval: Duration::from_secs(secs).min(MAX_PING_INTERVAL),
             connect_timeout: CONNECT_TIMEOUT,
+            close_timeout: CLOSE_TIMEOUT + Duration::from_secs(connections / CLOSES_PER_S),
         }
     }
 
@@ -95,10 +106,11 @@ impl ScaleSettings {
     pub fn line(&self, connections: u64) -> String {
         let per_s = connections as f64 / self.ping_interval.as_secs_f64();
         format!(
-            "  settings  server pings every {} ({per_s:.0}/s over {connections} connections; at most {MAX_PINGS_PER_S}/s), idle timeout {}; connect, TLS and upgrade timeouts {} on both sides",
+            "  settings  server pings every {} ({per_s:.0}/s over {connections} connections; at most {MAX_PINGS_PER_S}/s), idle timeout {}; connect, TLS and upgrade timeouts {} on both sides; close timeout {}",
             fmt_duration(self.ping_interval),
             fmt_duration(self.ping_interval * 3),
             fmt_duration(self.connect_timeout),
+            fmt_duration(self.close_timeout),
         )
     }
 }
@@ -225,12 +237,8 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         server.pid()
     ));
     say(&format!(
-        "  harness   {} worker(s) ({}), sources {}, rate {}, close timeout {}",
-        plan.fit.workers,
-        plan.fit.workers_reason,
-        plan.fit.sources_reason,
-        plan.rate,
-        fmt_duration(CLOSE_TIMEOUT)
+        "  harness   {} worker(s) ({}), sources {}, rate {}",
+        plan.fit.workers, plan.fit.workers_reason, plan.fit.sources_reason, plan.rate,
     ));
     say(&format!(
         "  messages  {} of {} bytes, one every {}, over HTTP POST to /publish/bench; publish timeout {} (a late answer is counted apart: the message was sent)",
@@ -245,8 +253,16 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         files.html.display()
     ));
     say(&scale.line(plan.connections));
+    say(&format!(
+        "  verdict   {}",
+        criteria(plan.connections, req.messages)
+    ));
+    say(&format!(
+        "  expect    {}",
+        expected_time(plan.connections, plan.rate, req.messages, req.message_every)
+    ));
     let settings = Settings {
-        close_timeout_ms: crate::harness::clock::millis(CLOSE_TIMEOUT),
+        close_timeout_ms: crate::harness::clock::millis(scale.close_timeout),
         connect_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
         handshake_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
         ..Settings::default()
@@ -315,14 +331,20 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
     }
 
     let (memory, cpu) = costs::costs(&samples, before_ns, summary.peak_open.max(0) as u64);
-    let messages = costs::per_message(&files.hold)?;
+    let intervals = costs::intervals(&files.hold)?;
+    let planned_rate = match plan.rate {
+        RateSpec::Constant(r) => Some(r),
+        RateSpec::Ramp(..) => None,
+    };
     let report = Report::new(report::Parts {
         settings: settings_json,
         connections: plan.connections,
         messages_asked: req.messages,
         memory,
         cpu,
-        messages,
+        delivery_cpu: costs::delivery_cpu(&samples, &intervals),
+        messages: costs::per_message(&intervals),
+        limits: limits::reached(&intervals, &samples, summary.start_unix_ns, planned_rate),
         result_file: files.results.clone(),
         html_report: files.html.clone(),
         server_killed,
@@ -339,6 +361,32 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
     let _ = std::fs::remove_file(&files.cert);
     report::write_html(&files.results, &files.html)?;
     Ok(report)
+}
+
+/// How long a bench should take, in words: the ramp at `rate`, the
+/// messages, the last fan-out and the closing, at the speeds measured on
+/// two cores ([`DELIVERIES_PER_S`], [`CLOSES_PER_S`] twice over).
+pub fn expected_time(connections: u64, rate: RateSpec, messages: u32, every: Duration) -> String {
+    let ramp = match rate {
+        RateSpec::Constant(r) if r > 0.0 => Duration::from_secs_f64(connections as f64 / r),
+        RateSpec::Ramp(a, b) if a + b > 0.0 => {
+            Duration::from_secs_f64(2.0 * connections as f64 / (a + b))
+        }
+        _ => Duration::ZERO,
+    };
+    let publishing = every * messages.saturating_sub(1) + Duration::from_secs(2);
+    let fanout = Duration::from_secs(connections / DELIVERIES_PER_S + 1);
+    let closing = Duration::from_secs(connections / (2 * CLOSES_PER_S) + 2);
+    let total = ramp + publishing + fanout + closing + Duration::from_secs(3);
+    let round = |d: Duration| fmt_duration(Duration::from_secs(d.as_secs().max(1)));
+    format!(
+        "about {} on two idle cores: opening {}, {messages} messages over {}, the last one's fan-out ~{}, closing ~{}",
+        round(total),
+        round(ramp),
+        round(publishing),
+        round(fanout),
+        round(closing)
+    )
 }
 
 fn setting(e: impl std::fmt::Display) -> BenchError {

@@ -82,6 +82,10 @@ pub struct Summary {
     pub cpu_ns: BTreeMap<String, u64>,
     /// Seconds from the schedule's start to the end.
     pub elapsed_s: f64,
+    /// When the schedule started (connection 0 was due), ns since the epoch.
+    pub start_unix_ns: u64,
+    /// Stopped by Ctrl-C (or a signal) before its end.
+    pub stopped: bool,
 }
 
 impl Summary {

@@ -234,6 +234,8 @@ struct Hold {
     open_now: i64,
     /// Deliveries counted so far in the run (late records included).
     received: u64,
+    /// Ctrl-C (or a signal) stopped the run.
+    interrupted: bool,
 }
 
 /// Where the end of the run is.
@@ -270,6 +272,7 @@ impl Hold {
             peak_open: 0,
             open_now: 0,
             received: 0,
+            interrupted: false,
         }
     }
 
@@ -364,6 +367,7 @@ impl Role for Hold {
 
     fn interrupted(&mut self, _run: &Rc<Run>) -> &'static str {
         self.stop_at = Some(Instant::now());
+        self.interrupted = true;
         "Ctrl-C: stopping (press again to kill the workers)"
     }
 
@@ -503,6 +507,8 @@ impl Role for Hold {
             }
         }
         s.elapsed_s = now_unix_ns().saturating_sub(run.start().unix_ns()) as f64 / 1e9;
+        s.start_unix_ns = run.start().unix_ns();
+        s.stopped = self.interrupted;
         s
     }
 }

@@ -50,6 +50,9 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     assert_eq!(r["lost"], 0, "{r:#}");
     assert_eq!(r["duplicated"], 0);
     assert_eq!(r["received"], 60_000);
+    assert_eq!(r["expected"], 60_000);
+    assert_eq!(r["verdict"], "PASS", "{r:#}");
+    assert_eq!(r["failures"], serde_json::json!([]));
     // Two processes per side: one process cannot hold 20,000 sockets here.
     assert!(r["settings"]["server"]["workers"].as_u64().unwrap() >= 2);
     assert!(r["settings"]["harness"]["workers"].as_u64().unwrap() >= 2);
