@@ -481,9 +481,14 @@ mod tests {
         assert_eq!(r.verdict(), Verdict::Fail);
         assert_eq!(
             r.failures(),
-            ["990 of 1000 connections held", "10 connections failed (timeout 10)"]
+            [
+                "990 of 1000 connections held",
+                "10 connections failed (timeout 10)"
+            ]
         );
-        assert!(render(&r).ends_with("FAIL         990 of 1000 connections held; 10 connections failed (timeout 10)\n"));
+        assert!(render(&r).ends_with(
+            "FAIL         990 of 1000 connections held; 10 connections failed (timeout 10)\n"
+        ));
 
         // Every connection held, but a message short: one not published, its
         // deliveries missing.

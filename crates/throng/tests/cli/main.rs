@@ -13,6 +13,7 @@ mod hold;
 mod redis;
 mod rediss;
 mod report;
+mod scale;
 mod serve;
 mod serve_tls;
 mod tls_client;

@@ -1,0 +1,142 @@
+//! What a run tells when the machine is busy (issue 13): a publish whose
+//! answer comes late still counts as published and its deliveries are
+//! still expected; `--messages N` publishes N whatever their spacing. A
+//! publish endpoint of the test's own answers late on purpose, in front of
+//! a real `throng serve`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use serde_json::Value;
+use throng_testkit::TempDir;
+use throng_testkit::json::count;
+use throng_testkit::process::{output_within, text};
+
+use crate::{run_json, serve, throng};
+
+/// Reads one HTTP message (head and a `Content-Length` body) from `r`;
+/// `None` at the end of the connection.
+fn read_message(r: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
+    let mut raw = Vec::new();
+    let mut len = 0usize;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().ok()?;
+        }
+        raw.extend_from_slice(line.as_bytes());
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).ok()?;
+    raw.extend_from_slice(&body);
+    Some(raw)
+}
+
+/// A publish endpoint in front of `server`: it passes each publish on at
+/// once, so every subscriber gets the message, and gives the publisher the
+/// server's answer only `delay` later.
+fn late_answers(server: SocketAddr, delay: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut from_client = BufReader::new(client.try_clone().unwrap());
+                let mut to_client = client;
+                let upstream = TcpStream::connect(server).unwrap();
+                let mut from_server = BufReader::new(upstream.try_clone().unwrap());
+                let mut to_server = upstream;
+                while let Some(request) = read_message(&mut from_client) {
+                    to_server.write_all(&request).unwrap();
+                    let answer = read_message(&mut from_server).unwrap();
+                    std::thread::sleep(delay);
+                    // The publisher may have given up and gone.
+                    if to_client.write_all(&answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_late_publish_answer_counts_as_published_and_its_deliveries_as_expected() {
+    let server = serve(&["--workers", "1"]);
+    let publish = late_answers(server.addr, Duration::from_millis(800));
+    let (code, s, stderr) = run_json(
+        "hold",
+        &[
+            &format!("ws://{}/late", server.addr),
+            "-c",
+            "200",
+            "--rate",
+            "2000/s",
+            "--publish",
+            &format!("http://{publish}/publish/late"),
+            "--publish-rate",
+            "2/s",
+            "--messages",
+            "3",
+            "--publish-timeout",
+            "300ms",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}\n{s:#}");
+    assert_eq!(count(&s, &["opened"]), 200, "{s:#}");
+    // Sent whole, never answered in time: published all the same.
+    assert_eq!(count(&s, &["published"]), 3, "{s:#}");
+    assert_eq!(count(&s, &["publish_answered"]), 0, "{s:#}");
+    assert_eq!(count(&s, &["publish_unanswered", "timeout"]), 3, "{s:#}");
+    assert_eq!(s["publish_errors"], serde_json::json!({}), "{s:#}");
+    // Every connection got every message, as expected.
+    assert_eq!(count(&s, &["expected"]), 600, "{s:#}");
+    assert_eq!(count(&s, &["received"]), 600, "{s:#}");
+    assert_eq!(count(&s, &["lost"]), 0, "{s:#}");
+    assert!(
+        stderr.contains(
+            "publish of message 1: sent, but its answer: publish got no answer within 300ms"
+        ),
+        "{stderr}"
+    );
+}
+
+/// `--messages 2 --message-every 1s` published 1 of 2 in two runs of three,
+/// without a word: the hold ended on a clock, not on the count.
+#[test]
+fn bench_publishes_exactly_the_messages_asked_for() {
+    for round in 0..3 {
+        let dir = TempDir::new("bench-messages");
+        let out = output_within(
+            throng().args([
+                "bench",
+                "--connections",
+                "1000",
+                "--messages",
+                "2",
+                "--message-every",
+                "1s",
+                "--out-dir",
+                dir.path().to_str().unwrap(),
+                "--format",
+                "json",
+                "--quiet",
+            ]),
+            Duration::from_secs(120),
+        );
+        let r: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stderr)));
+        assert_eq!(r["published"], 2, "round {round}: {r:#}");
+        assert_eq!(r["received"], 2_000, "round {round}: {r:#}");
+        assert_eq!(r["verdict"], "PASS", "round {round}: {r:#}");
+        assert_eq!(out.status.code(), Some(0));
+    }
+}
