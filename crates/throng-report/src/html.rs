@@ -180,15 +180,19 @@ fn summary(o: &mut String, r: &Report) {
         );
     }
     if !r.event_kinds.is_empty() {
-        o.push_str("<h2>Events</h2>\n<table><tr><th>t</th><th class=\"l\">source</th><th class=\"l\">kind</th><th class=\"l\">text</th></tr>\n");
-        for e in r.events.iter().take(200) {
+        // One row for the same thing said by many sources.
+        o.push_str("<h2>Events</h2>\n<table><tr><th>first</th><th>last</th><th>count</th><th class=\"l\">sources</th><th class=\"l\">kind</th><th class=\"l\">text</th></tr>\n");
+        for g in r.event_groups.iter().take(200) {
+            let t = |ns: u64| ns.saturating_sub(r.start_ns) as f64 / 1e9;
             let _ = writeln!(
                 o,
-                "<tr><td>+{:.1}s</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
-                e.at_ns.saturating_sub(r.start_ns) as f64 / 1e9,
-                esc(&e.source),
-                esc(&e.kind),
-                event_text(&e.text)
+                "<tr><td>+{:.1}s</td><td>+{:.1}s</td><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+                t(g.first_ns),
+                t(g.last_ns),
+                g.count,
+                esc(&g.sources_text()),
+                esc(&g.kind),
+                event_text(&g.text)
             );
         }
         o.push_str("</table>\n");

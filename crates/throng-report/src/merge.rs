@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use hdrhistogram::Histogram;
 use throng_host::sample::HostSample;
 
+use crate::events::{EventGroup, Groups};
 use crate::format::{Event, Record};
 use crate::interval::{Interval, new_histogram};
 
@@ -229,6 +230,8 @@ pub struct Merged {
     pub events: Vec<Event>,
     /// Events by kind, all of them.
     pub event_kinds: BTreeMap<String, u64>,
+    /// Events grouped (kind and text alike), all of them.
+    pub event_groups: Vec<EventGroup>,
     /// Intervals merged.
     pub intervals: u64,
     /// Intervals skipped because the same source and start were already merged.
@@ -246,6 +249,7 @@ pub struct Merger {
     /// whole-run figures do not, and they are most of a long run's memory).
     bucket_histograms: bool,
     seen: HashSet<(String, u64)>,
+    groups: Groups,
     merged: Merged,
 }
 
@@ -260,6 +264,7 @@ impl Merger {
             max_buckets: None,
             bucket_histograms: true,
             seen: HashSet::new(),
+            groups: Groups::default(),
             merged: Merged {
                 width_ns,
                 buckets: Vec::new(),
@@ -269,6 +274,7 @@ impl Merger {
                 host_span: BTreeMap::new(),
                 events: Vec::new(),
                 event_kinds: BTreeMap::new(),
+                event_groups: Vec::new(),
                 intervals: 0,
                 duplicates: 0,
             },
@@ -399,6 +405,7 @@ impl Merger {
     /// Keeps one event (up to [`MAX_EVENTS_KEPT`]) and counts its kind.
     pub fn add_event(&mut self, ev: Event) {
         add_to(&mut self.merged.event_kinds, &ev.kind, 1);
+        self.groups.add(&ev);
         if self.merged.events.len() < MAX_EVENTS_KEPT {
             self.merged.events.push(ev);
         }
@@ -409,6 +416,7 @@ impl Merger {
         let mut buckets: Vec<Bucket> = self.buckets.into_values().collect();
         carry_levels(&mut buckets);
         self.merged.buckets = buckets;
+        self.merged.event_groups = self.groups.into_groups();
         self.merged
     }
 }

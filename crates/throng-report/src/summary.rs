@@ -232,6 +232,8 @@ pub struct Report {
     pub event_kinds: BTreeMap<String, u64>,
     /// The first events, in order.
     pub events: Vec<Event>,
+    /// Every event, grouped: one line for the same thing said by many sources.
+    pub event_groups: Vec<crate::events::EventGroup>,
     /// The time series, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub series: Option<Vec<SeriesPoint>>,
@@ -375,6 +377,7 @@ impl Report {
             host,
             event_kinds: merged.event_kinds.clone(),
             events: merged.events.clone(),
+            event_groups: merged.event_groups.clone(),
             series,
         }
     }

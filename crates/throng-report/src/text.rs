@@ -237,11 +237,20 @@ pub fn render(r: &Report) -> String {
             .map(|(k, v)| format!("{k} ×{v}"))
             .collect();
         let _ = writeln!(o, "\nevents: {}", parts.join(", "));
-        for e in r.events.iter().take(20) {
-            let t = e.at_ns.saturating_sub(r.start_ns) as f64 / 1e9;
-            let _ = writeln!(o, "  +{t:.1}s {} {}: {}", e.source, e.kind, e.text);
+        // One line for the same thing said by many sources.
+        for g in r.event_groups.iter().take(20) {
+            let t = |ns: u64| ns.saturating_sub(r.start_ns) as f64 / 1e9;
+            let (when, who) = if g.count == 1 {
+                (format!("+{:.1}s", t(g.first_ns)), g.sources_text())
+            } else {
+                (
+                    format!("+{:.1}s..+{:.1}s", t(g.first_ns), t(g.last_ns)),
+                    format!("×{} from {}", g.count, g.sources_text()),
+                )
+            };
+            let _ = writeln!(o, "  {when} {} {who}: {}", g.kind, g.text);
         }
-        if r.events.len() > 20 {
+        if r.event_groups.len() > 20 {
             let _ = writeln!(
                 o,
                 "  ... (--format json lists up to {})",

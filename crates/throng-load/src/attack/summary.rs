@@ -5,11 +5,12 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use throng_report::events::EventGroup;
 use throng_report::summary::HistStats;
 use throng_report::text::micros;
 
 use super::worker::Done;
-use crate::harness::collect::{Totals, kinds, peak_rss};
+use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
 use crate::harness::progress::View;
 
 /// What a run did: the final print and `--format json`.
@@ -76,6 +77,10 @@ pub struct Summary {
     pub peak_rss_bytes: BTreeMap<String, u64>,
     /// The run was stopped (Ctrl-C) before its schedule ended.
     pub stopped: bool,
+    /// The workers' events, grouped: one for the same thing said by many workers.
+    pub events: Vec<EventGroup>,
+    /// When the schedule started, ns since the epoch.
+    pub start_unix_ns: u64,
 }
 
 impl Summary {
@@ -92,6 +97,8 @@ impl Summary {
         let s = self;
         let total = &totals.total;
         s.peak_rss_bytes = totals.peak_rss_bytes;
+        s.events = totals.events;
+        s.start_unix_ns = start_ns;
         let c = &total.counters;
         s.requests = total.counter("requests.sent");
         s.late = total.counter("requests.late");
@@ -307,6 +314,10 @@ pub fn render(s: &Summary) -> String {
     }
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("Peak RSS      {}\n", peak_rss(&s.peak_rss_bytes)));
+    }
+    if !s.events.is_empty() {
+        out.push_str("Events\n");
+        out.push_str(&event_lines(&s.events, s.start_unix_ns));
     }
     if s.stopped {
         out.push_str("Stopped before the schedule ended.\n");

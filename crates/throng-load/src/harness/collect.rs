@@ -20,6 +20,7 @@ use std::io;
 use std::path::PathBuf;
 
 use throng_host::sample::{HostSample, Sampler};
+use throng_report::events::EventGroup;
 use throng_report::format::{Event, Header, Record, Writer, decode_record};
 use throng_report::interval::Interval;
 
@@ -87,6 +88,9 @@ pub struct Totals {
     pub peak_rss_bytes: BTreeMap<String, u64>,
     /// The last host sample (CPU used per process).
     pub last_host: Option<HostSample>,
+    /// The workers' events the role did not take, grouped (one group for
+    /// the same thing said by many workers).
+    pub events: Vec<EventGroup>,
 }
 
 /// Merges the records of one run.
@@ -310,6 +314,7 @@ impl Collector {
             total: self.total,
             peak_rss_bytes: self.peak_rss_bytes,
             last_host: self.last_host,
+            events: Vec::new(),
         }
     }
 }
@@ -321,6 +326,28 @@ pub fn kinds(counts: &BTreeMap<String, u64>, between: &str, sep: &str) -> String
         .map(|(k, v)| format!("{k}{between}{v}"))
         .collect();
     parts.join(sep)
+}
+
+/// The summary's lines of grouped events: `  connect.error ×51 from
+/// h/hold-0, h/hold-1 and 49 more, +12.3s..+40.1s: <text>`.
+pub fn event_lines(groups: &[EventGroup], start_ns: u64) -> String {
+    let mut out = String::new();
+    let t = |ns: u64| ns.saturating_sub(start_ns) as f64 / 1e9;
+    for g in groups {
+        let when = if g.count == 1 {
+            format!("+{:.1}s", t(g.first_ns))
+        } else {
+            format!("+{:.1}s..+{:.1}s", t(g.first_ns), t(g.last_ns))
+        };
+        out.push_str(&format!(
+            "  {} ×{} from {}, {when}: {}\n",
+            g.kind,
+            g.count,
+            g.sources_text(),
+            g.text
+        ));
+    }
+    out
 }
 
 /// `hold-0 12.3 MiB, hold-1 12.1 MiB` from peak RSS by process label.

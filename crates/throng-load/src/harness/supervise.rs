@@ -14,6 +14,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use throng_report::events::Groups;
 use throng_report::format::Event;
 use throng_report::interval::Interval;
 use tokio::sync::mpsc;
@@ -162,6 +163,8 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut interrupted = false;
+    // The same thing from many workers is shown once, and listed once at the end.
+    let mut events = Groups::default();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
@@ -172,8 +175,11 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
                         if is_done && let Some(d) = done.get_mut(worker) {
                             *d = true;
                         }
-                        if !role.event(worker, &ev, &run) && !is_done {
-                            run.note(&format!("{}: {}: {}", ev.source, ev.kind, ev.text));
+                        if !role.event(worker, &ev, &run) && !is_done && events.add(&ev) {
+                            run.note(&format!(
+                                "{}: {}: {} (the same from other workers is counted, listed at the end)",
+                                ev.source, ev.kind, ev.text
+                            ));
                         }
                     }
                     Arrival::Garbage => run.note(&format!("{}: {line}", run.crew().label(worker))),
@@ -222,7 +228,9 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
     }
     run.screen.borrow_mut().finish();
     run.crew().wait_all();
-    Ok(role.finish(collector.finish(), &run))
+    let mut totals = collector.finish();
+    totals.events = events.into_groups();
+    Ok(role.finish(totals, &run))
 }
 
 /// Flushes one interval and shows it.

@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use throng_report::events::EventGroup;
 use throng_report::interval::Interval;
 use throng_report::summary::HistStats;
 use throng_report::text::micros;
 
-use crate::harness::collect::{Totals, kinds, peak_rss};
+use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
 use crate::harness::progress::View;
 
 /// What a run did, for the final print and `--json`.
@@ -84,6 +85,8 @@ pub struct Summary {
     pub elapsed_s: f64,
     /// When the schedule started (connection 0 was due), ns since the epoch.
     pub start_unix_ns: u64,
+    /// The workers' events, grouped: one for the same thing said by many workers.
+    pub events: Vec<EventGroup>,
     /// Stopped by Ctrl-C (or a signal) before its end.
     pub stopped: bool,
 }
@@ -113,6 +116,7 @@ impl Summary {
             publish_us: t.stats("publish"),
             delivery_us: t.stats("delivery"),
             peak_rss_bytes: totals.peak_rss_bytes,
+            events: totals.events,
             cpu_ns: totals
                 .last_host
                 .map(|h| h.cpu_ns.into_iter().collect())
@@ -329,6 +333,10 @@ pub fn render(s: &Summary) -> String {
     }
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("peak RSS: {}\n", peak_rss(&s.peak_rss_bytes)));
+    }
+    if !s.events.is_empty() {
+        out.push_str("events:\n");
+        out.push_str(&event_lines(&s.events, s.start_unix_ns));
     }
     out
 }
