@@ -112,6 +112,9 @@ pub struct WorkerPlan {
     pub targets: Vec<targets::Target>,
     /// Each target's resolved address.
     pub addrs: Vec<SocketAddr>,
+    /// Source addresses new connections bind, in turn (empty: the kernel picks).
+    #[serde(default)]
+    pub sources: Vec<std::net::IpAddr>,
     /// When request 0 is due, ns since the Unix epoch.
     pub start_unix_ns: u64,
     /// Timeouts and limits.

@@ -75,6 +75,8 @@ struct Ctx {
     open: Cell<u64>,
     /// This worker's share of `--max-connections`.
     cap: u64,
+    /// The source address the next new connection binds (an index into the plan's).
+    next_source: Cell<usize>,
     /// A connection went back to a pool or closed: one waiter may go on.
     freed: Notify,
     timeout: Duration,
@@ -189,6 +191,7 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
         tls_noted: Cell::new(false),
         open: Cell::new(0),
         cap: cap.max(1),
+        next_source: Cell::new(0),
         freed: Notify::new(),
         timeout: Duration::from_millis(settings.timeout_ms),
         start: Anchor::at_unix_ns(plan.start_unix_ns),
@@ -572,7 +575,17 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
 async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, RequestError> {
     let endpoint = &ctx.endpoints[pool];
     let began = Instant::now();
-    let stream = TcpStream::connect(endpoint.addr)
+    let sources = &ctx.plan.sources;
+    let source = if sources.is_empty() {
+        None
+    } else {
+        let k = ctx.next_source.get();
+        ctx.next_source.set((k + 1) % sources.len());
+        Some(sources[k])
+    };
+    let stream = crate::harness::source::socket(source, endpoint.addr)
+        .map_err(|e| RequestError::from_io(&e))?
+        .connect(endpoint.addr)
         .await
         .map_err(|e| RequestError::from_io(&e))?;
     stream

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use throng_proto::http;
 use throng_proto::ws;
 use tokio::io::AsyncWriteExt as _;
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 use super::WorkerPlan;
 use super::held::Holder;
@@ -284,7 +284,8 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
     let settings = &ctx.plan.settings;
     let addr = SocketAddr::new(ctx.plan.target.ip, port);
     let io_err = |what: &str, e: io::Error| (Failure::from_io(&e), format!("{what} {addr}: {e}"));
-    let socket = new_socket(source, addr).map_err(|e| io_err("socket/bind for", e))?;
+    let socket =
+        crate::harness::source::socket(source, addr).map_err(|e| io_err("socket/bind for", e))?;
     let connect = tokio::time::timeout(
         Duration::from_millis(settings.connect_timeout_ms),
         socket.connect(addr),
@@ -383,31 +384,6 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
             ),
         )),
     }
-}
-
-/// A non-blocking TCP socket bound to `source` with `IP_BIND_ADDRESS_NO_PORT`,
-/// so the local port is chosen at connect time per destination and one
-/// source address carries a full port range to every target port.
-fn new_socket(source: Option<IpAddr>, dst: SocketAddr) -> io::Result<TcpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if dst.is_ipv4() {
-        Domain::IPV4
-    } else {
-        Domain::IPV6
-    };
-    let socket = Socket::new(
-        domain,
-        Type::STREAM.nonblocking().cloexec(),
-        Some(Protocol::TCP),
-    )?;
-    if let Some(src) = source {
-        if src.is_ipv4() {
-            throng_host::socket::bind_address_no_port(&socket)?;
-        }
-        socket.bind(&SocketAddr::new(src, 0).into())?;
-    }
-    socket.set_nodelay(true)?;
-    Ok(TcpSocket::from_std_stream(socket.into()))
 }
 
 /// The WebSocket upgrade (through `session` for `wss://`); `plain` holds

@@ -140,3 +140,61 @@ fn bench_publishes_exactly_the_messages_asked_for() {
         assert_eq!(out.status.code(), Some(0));
     }
 }
+
+/// `--max-connections 60000` capped itself at two workers' files (39,872)
+/// without a word; now it runs as many workers as that needs and says so,
+/// and refuses a `--workers` too few for it.
+#[test]
+fn attack_spreads_over_the_processes_its_connections_need() {
+    let server = serve(&["--workers", "1"]);
+    let url = format!("http://{}/ping", server.addr);
+    let run = |extra: &[&str]| {
+        output_within(
+            throng()
+                .args([
+                    "attack",
+                    "--url",
+                    &url,
+                    "--rate",
+                    "100/s",
+                    "--requests",
+                    "20",
+                ])
+                .args(extra),
+            Duration::from_secs(60),
+        )
+    };
+    let out = run(&["--max-connections", "60000"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("workers "))
+        .unwrap_or_else(|| panic!("no workers line: {stdout}"));
+    assert!(
+        line.contains("workers 4 (raised from") && line.contains("--max-connections 60000 fits"),
+        "{line}"
+    );
+    assert!(
+        stdout.contains("sources 127.0.0.2-127.0.0.4 (3 addresses"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("20 (planned 20)"), "{stdout}");
+    assert!(
+        stdout.contains("Success       [ratio]                           100.00%"),
+        "{stdout}"
+    );
+
+    let out = run(&["--max-connections", "60000", "--workers", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("use --workers 4 or more"),
+        "{}",
+        text(&out.stderr)
+    );
+}
