@@ -16,7 +16,8 @@
 //!   the run did, Vegeta's way, and the thresholds that fail it;
 //! - [`worker`]: one worker process: the schedule, the HTTP/1.1 client, the
 //!   connection pool;
-//! - [`record`]: what a worker counts per interval, and per-request rows.
+//! - [`record`]: what a worker counts per interval, and per-request rows;
+//! - `waiting`: requests whose answer is slow, waiting outside tokio.
 //!
 //! The schedule wakes on `throng-host`'s timerfd [`Timer`](throng_host::timer::Timer)
 //! (tokio's timers round up to the millisecond).
@@ -34,6 +35,7 @@ pub mod request;
 pub mod summary;
 pub mod supervisor;
 pub mod targets;
+mod waiting;
 pub mod worker;
 
 pub use request::{Prepared, Request, prepare};

@@ -198,3 +198,39 @@ fn attack_spreads_over_the_processes_its_connections_need() {
         text(&out.stderr)
     );
 }
+
+/// Requests whose answer is slow leave their task for the worker's waiting
+/// room: each is still answered whole (a chunked answer whose parts come
+/// apart), counted once, and its connection reused afterwards.
+#[test]
+fn slow_answers_are_read_whole_from_the_waiting_room() {
+    let server = serve(&["--workers", "1"]);
+    let (code, s, stderr) = run_json(
+        "attack",
+        &[
+            "--url",
+            &format!("http://{}/ping", server.addr),
+            "-H",
+            "sleep: 600",
+            "-H",
+            "times: 2",
+            "--rate",
+            "100/s",
+            "--duration",
+            "2s",
+            "--timeout",
+            "10s",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}\n{s:#}");
+    assert_eq!(count(&s, &["requests"]), 200, "{s:#}");
+    assert_eq!(count(&s, &["status", "200"]), 200, "{s:#}");
+    assert_eq!(s["errors"], serde_json::json!({}), "{s:#}");
+    // 3 pongs in 5 chunks of a chunked answer, each whole.
+    assert_eq!(count(&s, &["bytes_in"]) % 200, 0, "{s:#}");
+    let opened = count(&s, &["connections_opened"]);
+    assert!(
+        opened < 200,
+        "connections back from the waiting room are reused: {opened}"
+    );
+}
