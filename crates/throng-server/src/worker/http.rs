@@ -5,6 +5,7 @@
 
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 
 use throng_proto::http::{self, HeadError, Request};
 use throng_proto::ws;
@@ -12,6 +13,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::conn::{Conn, TlsState};
+use super::routes::ping::Pinged;
 use super::routes::{self, Route, bench_floor, ops, ping, publish, refuse};
 use super::state::Worker;
 use crate::channel;
@@ -40,11 +42,50 @@ pub(crate) async fn serve_tls(w: Rc<Worker>, tcp: TcpStream, config: Arc<rustls:
     }
 }
 
-/// Serves one accepted connection until it upgrades or closes.
+/// How a connection's HTTP phase ended.
+enum Phase {
+    /// Closed (or to be closed).
+    Closed,
+    /// A WebSocket upgrade was asked for: the request, and the bytes read after it.
+    Upgrade(Request, Vec<u8>),
+    /// A `/ping` answer sleeps until the instant given: the sleepers hold it.
+    Sleeps(ping::Answer, Instant),
+}
+
+/// Serves one accepted connection until it upgrades, sleeps or closes.
 pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
-    match requests(&w, &mut stream).await {
-        Some((req, rest)) => upgrade(&w, stream, &req, &rest).await,
-        None => {
+    let phase = requests(&w, &mut stream).await;
+    end(w, stream, phase).await;
+}
+
+/// Takes up a sleeping `/ping` connection whose next part is due (from the
+/// worker's sleepers): the rest of its answer, then its next requests.
+pub(crate) async fn resume(w: Rc<Worker>, tcp: std::net::TcpStream, answer: ping::Answer) {
+    let Ok(tcp) = TcpStream::from_std(tcp) else {
+        return;
+    };
+    let mut stream = Io::Plain(tcp);
+    let phase = match ping::go_on(&w, &mut stream, answer, true).await {
+        Pinged::Sleeps(answer, wake) => Phase::Sleeps(answer, wake),
+        Pinged::Done(false) => Phase::Closed,
+        Pinged::Done(true) => requests(&w, &mut stream).await,
+    };
+    end(w, stream, phase).await;
+}
+
+/// Ends the HTTP phase: the upgrade, the sleepers, or the close.
+async fn end(w: Rc<Worker>, mut stream: Io, phase: Phase) {
+    match phase {
+        Phase::Upgrade(req, rest) => upgrade(&w, stream, &req, &rest).await,
+        Phase::Sleeps(answer, wake) => {
+            // Only plain connections are handed over (see `requests`).
+            if let Io::Plain(tcp) = stream
+                && let Ok(tcp) = tcp.into_std()
+            {
+                w.sleepers.park(tcp, answer, wake);
+            }
+        }
+        Phase::Closed => {
             if let Io::Tls(_) = stream {
                 // close_notify, so the client can tell the end from a cut.
                 let _ = tokio::time::timeout(
@@ -57,9 +98,10 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
     }
 }
 
-/// Answers requests until the connection ends (`None`) or asks for a
-/// WebSocket upgrade: then the request and the bytes read after it.
-async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
+/// Answers requests until the connection ends, asks for a WebSocket
+/// upgrade, or sleeps in a `/ping` answer long enough to leave its task
+/// (plain connections only: a TLS one keeps its session in its task).
+async fn requests(w: &Worker, stream: &mut Io) -> Phase {
     let mut buf: Vec<u8> = Vec::new();
     let mut first = true;
     loop {
@@ -68,7 +110,7 @@ async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
             if first || !buf.is_empty() {
                 w.counters.handshake_failed("timeout");
             }
-            return None;
+            return Phase::Closed;
         };
         let (req, used) = match head {
             Head::Request(req, used) => (req, used),
@@ -76,7 +118,7 @@ async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
                 if !buf.is_empty() {
                     w.counters.handshake_failed("incomplete_head");
                 }
-                return None;
+                return Phase::Closed;
             }
             Head::Bad(e) => {
                 let (status, label) = match e {
@@ -87,13 +129,13 @@ async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
                 };
                 w.counters.handshake_failed(label);
                 refuse(w, stream, status, &format!("{e}\n")).await;
-                return None;
+                return Phase::Closed;
             }
         };
         first = false;
         buf.drain(..used);
         let Some(route) = routes::route(w, &req) else {
-            return Some((req, buf));
+            return Phase::Upgrade(req, buf);
         };
         // The connection's future is as large as its largest route's, and
         // a sleeping `/ping` request holds it all the while: the publish
@@ -103,11 +145,17 @@ async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
             Route::Metrics => ops::metrics(w, stream, &req).await,
             Route::Publish => Box::pin(publish::serve(w, stream, &req, &mut buf)).await,
             Route::PublishMethod => publish::refuse_method(w, stream).await,
-            Route::Ping => ping::serve(w, stream, &req, &mut buf).await,
+            Route::Ping => {
+                let may_leave = matches!(stream, Io::Plain(_));
+                match ping::serve(w, stream, &req, &mut buf, may_leave).await {
+                    Pinged::Done(keep) => keep,
+                    Pinged::Sleeps(answer, wake) => return Phase::Sleeps(answer, wake),
+                }
+            }
             Route::BenchFloor => Box::pin(bench_floor::serve(w, stream, &req, &mut buf)).await,
         };
         if !keep {
-            return None;
+            return Phase::Closed;
         }
     }
 }

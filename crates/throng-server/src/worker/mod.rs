@@ -9,7 +9,8 @@
 //! Its tasks: the control loop (this module), one accept loop per listener
 //! handing each connection to `http` (and its `routes`), the reactor
 //! over the epoll set of subscribers, the fan-out of published messages
-//! (after their count went back to the supervisor), and the tick. Every subscriber is in
+//! (after their count went back to the supervisor), the sleepers (`/ping`
+//! connections waiting outside their task), and the tick. Every subscriber is in
 //! `subscribers` (`conn`: one connection's life; `table`: slots and
 //! channels); `state` is what the tasks share, `link` the control
 //! socket as the routes use it.
@@ -20,6 +21,7 @@ mod link;
 #[cfg(test)]
 mod pair;
 mod routes;
+mod sleepers;
 mod state;
 mod subscribers;
 mod table;
@@ -161,6 +163,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         draining: Cell::new(false),
         outbox: RefCell::default(),
         outbox_ready: Notify::new(),
+        sleepers: sleepers::Sleepers::default(),
         cfg,
     });
     let accepts: Vec<AbortHandle> = listeners
@@ -170,6 +173,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
     let fanout = tokio::task::spawn_local(fanout_loop(w.clone())).abort_handle();
+    let sleeping = tokio::task::spawn_local(sleepers::run(w.clone())).abort_handle();
     w.link.send_snapshot();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -194,6 +198,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     ticker.abort();
     reactor.abort();
     fanout.abort();
+    sleeping.abort();
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use throng_host::poll::{Interest, Poller};
 use tokio::sync::Notify;
 
 use super::link::Link;
+use super::sleepers::Sleepers;
 use super::subscribers::{Outside, Subscribers};
 use crate::config::Config;
 use crate::control::Message;
@@ -31,6 +32,8 @@ pub(crate) struct Worker {
     pub(crate) outbox: RefCell<VecDeque<Message>>,
     /// Wakes the fan-out task when `outbox` gains a message.
     pub(crate) outbox_ready: Notify,
+    /// `/ping` connections sleeping outside their task.
+    pub(crate) sleepers: Sleepers,
 }
 
 /// What the subscribers need around them in a worker: its one epoll set,

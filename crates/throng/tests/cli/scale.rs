@@ -234,3 +234,29 @@ fn slow_answers_are_read_whole_from_the_waiting_room() {
         "connections back from the waiting room are reused: {opened}"
     );
 }
+
+/// A `/ping` request sleeping outside its task waits once per part: back
+/// from the sleepers, the part is written, not waited for again (every
+/// answer here comes well before the server's 1.5 s request timeout).
+#[test]
+fn a_sleeping_ping_waits_once_per_part() {
+    let server = serve(&["--workers", "1", "--request-timeout", "1500ms"]);
+    let (code, s, stderr) = run_json(
+        "attack",
+        &[
+            "--url",
+            &format!("http://{}/ping", server.addr),
+            "-H",
+            "sleep: 1000",
+            "--rate",
+            "50/s",
+            "--requests",
+            "50",
+            "--timeout",
+            "5s",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}\n{s:#}");
+    assert_eq!(count(&s, &["status", "200"]), 50, "{s:#}");
+    assert_eq!(s["errors"], serde_json::json!({}), "{s:#}");
+}
