@@ -16,6 +16,7 @@ use throng_report::summary::HistStats;
 
 use super::BenchError;
 use super::monitor::label;
+use crate::hold::recorder::MessageTally;
 
 fn sum_rss(s: &HostSample, part: &str) -> u64 {
     s.rss_bytes
@@ -225,10 +226,42 @@ pub fn delivery_cpu(samples: &[HostSample], intervals: &BTreeMap<u64, Interval>)
 pub struct MessageStats {
     /// 1, 2, ... in publish order.
     pub seq: u64,
-    /// Deliveries counted.
+    /// Deliveries counted (each worker counts every message apart).
     pub delivered: u64,
-    /// Latency from publish to arrival, µs (`max` is the time to the last subscriber).
+    /// Mean latency from publish to arrival, µs.
+    pub mean_us: u64,
+    /// From publish to the last subscriber, µs.
+    pub last_subscriber_us: u64,
+    /// Latency from publish to arrival of the deliveries in the intervals
+    /// from this message's publish to the next one's, µs: the message's
+    /// own when each reaches every subscriber before the next is published.
     pub latency_us: HistStats,
+}
+
+/// Each message's deliveries over every worker, from their `worker.messages`
+/// events, by sequence number.
+pub fn message_tallies(path: &Path) -> Result<BTreeMap<u64, MessageTally>, BenchError> {
+    let reader = Reader::open(path).map_err(|e| BenchError::Results(e.to_string()))?;
+    let mut out: BTreeMap<u64, MessageTally> = BTreeMap::new();
+    for rec in reader {
+        let Record::Event(ev) = rec else { continue };
+        if ev.kind != "worker.messages" {
+            continue;
+        }
+        let Ok(tallies) = serde_json::from_str::<Vec<MessageTally>>(&ev.text) else {
+            continue;
+        };
+        for t in tallies {
+            let m = out.entry(t.seq).or_insert(MessageTally {
+                seq: t.seq,
+                ..MessageTally::default()
+            });
+            m.count += t.count;
+            m.sum_us = m.sum_us.saturating_add(t.sum_us);
+            m.max_us = m.max_us.max(t.max_us);
+        }
+    }
+    Ok(out)
 }
 
 /// The intervals of a `hold` result file, every source's record of each
@@ -246,12 +279,16 @@ pub fn intervals(path: &Path) -> Result<BTreeMap<u64, Interval>, BenchError> {
     Ok(out)
 }
 
-/// Per-message delivery from a `hold` run's `intervals`. Deliveries are
-/// counted per interval; each interval's deliveries belong to the latest
-/// message published at or before it. `hold` publishes just after an
-/// interval boundary, so this is exact when each message reaches every
-/// subscriber before the next one is published.
-pub fn per_message(intervals: &BTreeMap<u64, Interval>) -> Vec<MessageStats> {
+/// Per-message delivery: exact counts, means and last subscribers from the
+/// workers' `tallies`, and each message's latency histogram by interval:
+/// each interval's deliveries belong to the latest message published at or
+/// before it (`hold` publishes just after an interval boundary, so this is
+/// exact when each message reaches every subscriber before the next one is
+/// published).
+pub fn per_message(
+    intervals: &BTreeMap<u64, Interval>,
+    tallies: &BTreeMap<u64, MessageTally>,
+) -> Vec<MessageStats> {
     let mut out: Vec<(u64, Histogram<u64>)> = Vec::new();
     let mut seq = 0u64;
     for iv in intervals.values() {
@@ -265,10 +302,25 @@ pub fn per_message(intervals: &BTreeMap<u64, Interval>) -> Vec<MessageStats> {
         }
     }
     out.into_iter()
-        .map(|(seq, h)| MessageStats {
-            seq,
-            delivered: h.len(),
-            latency_us: HistStats::of(&h),
+        .map(|(seq, h)| {
+            let latency_us = HistStats::of(&h);
+            match tallies.get(&seq) {
+                Some(t) => MessageStats {
+                    seq,
+                    delivered: t.count,
+                    mean_us: t.sum_us.checked_div(t.count).unwrap_or(0),
+                    last_subscriber_us: t.max_us,
+                    latency_us,
+                },
+                // An older file: by interval only.
+                None => MessageStats {
+                    seq,
+                    delivered: h.len(),
+                    mean_us: latency_us.mean as u64,
+                    last_subscriber_us: latency_us.max,
+                    latency_us,
+                },
+            }
         })
         .collect()
 }

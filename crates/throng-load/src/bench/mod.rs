@@ -343,7 +343,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         memory,
         cpu,
         delivery_cpu: costs::delivery_cpu(&samples, &intervals),
-        messages: costs::per_message(&intervals),
+        messages: costs::per_message(&intervals, &costs::message_tallies(&files.hold)?),
         limits: limits::reached(&intervals, &samples, summary.start_unix_ns, planned_rate),
         result_file: files.results.clone(),
         html_report: files.html.clone(),

@@ -361,14 +361,12 @@ pub fn render(r: &Report) -> String {
         micros(d.max)
     ));
     for msg in &r.messages {
-        let l = &msg.latency_us;
         s.push_str(&format!(
-            "  message {:>3}: {:>7} delivered  p50 {:>8}  p99 {:>8}  last subscriber {:>8}\n",
+            "  message {:>3}: {:>7} delivered  mean {:>8}  last subscriber {:>8}\n",
             msg.seq,
             msg.delivered,
-            micros(l.p50),
-            micros(l.p99),
-            micros(l.max)
+            micros(msg.mean_us),
+            micros(msg.last_subscriber_us)
         ));
     }
     s.push_str(&format!(

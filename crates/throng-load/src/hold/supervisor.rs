@@ -345,7 +345,8 @@ impl Role for Hold {
     fn event(&mut self, _worker: usize, ev: &Event, _run: &Rc<Run>) -> bool {
         match ev.kind.as_str() {
             "worker.ramp_done" => self.ramp_step(),
-            "worker.done" => {}
+            // In the result file for bench's per-message figures.
+            "worker.done" | "worker.messages" => {}
             _ => return false,
         }
         true

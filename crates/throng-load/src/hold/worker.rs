@@ -17,7 +17,9 @@
 //! Besides the core's orders (`publishing <ns>` before the first message,
 //! `stop <final_seq>` at the end), its records include a
 //! `worker.ramp_done` event once every connection of its share is open or
-//! has failed, and a `worker.done` event last.
+//! has failed, a `worker.messages` event at its end (each message's
+//! deliveries here: count, latency sum and largest), and a `worker.done`
+//! event last.
 
 use std::cell::{Cell, RefCell};
 use std::io::{self, Write};
@@ -187,6 +189,14 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
     ticker.abort();
     holder.abort();
     ctx.ticker.last(&ctx.rec, &ctx.out);
+    let messages = ctx.rec.borrow().messages();
+    if !messages.is_empty() {
+        // Exact per message whatever their spacing (bench's last subscriber).
+        ctx.out.event(
+            "worker.messages",
+            serde_json::to_string(&messages).map_err(io::Error::other)?,
+        );
+    }
     ctx.out.event(
         "worker.done",
         format!("{} connections attempted", ctx.plan.share()),
@@ -487,7 +497,7 @@ pub(super) fn on_message(ctx: &Ctx, seq: &mut Sequence, payload: &[u8], now_ns: 
     match message::decode(payload) {
         Some((n, sent_ns)) => {
             let arrival = seq.receive(n, ctx.first_publish_ns.get());
-            rec.delivered(now_ns.saturating_sub(sent_ns) / 1000, arrival);
+            rec.delivered(n, now_ns.saturating_sub(sent_ns) / 1000, arrival);
         }
         None => rec.foreign(),
     }

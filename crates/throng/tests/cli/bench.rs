@@ -62,6 +62,8 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     for (i, m) in messages.iter().enumerate() {
         assert_eq!(m["seq"], i as u64 + 1);
         assert_eq!(m["delivered"], 20_000, "message {m}");
+        let last = m["last_subscriber_us"].as_u64().unwrap();
+        assert!(m["mean_us"].as_u64().unwrap() <= last, "message {m}");
         let l = &m["latency_us"];
         assert!(l["p50"].as_u64().unwrap() <= l["p99"].as_u64().unwrap());
         assert!(l["p99"].as_u64().unwrap() <= l["max"].as_u64().unwrap());
