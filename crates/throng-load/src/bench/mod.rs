@@ -214,6 +214,9 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         plan.snapshot.mem_available.unwrap_or(0) >> 20,
         plan.machine.nofile
     ));
+    if let Some(line) = busy_machine(&load_average(), plan.machine.cores) {
+        say(&line);
+    }
     let scale = ScaleSettings::for_connections(plan.connections);
     let serve_args = serve_args(plan.connections, req.tls, &scale)?;
     let program = std::env::current_exe()?;
@@ -389,6 +392,25 @@ pub fn expected_time(connections: u64, rate: RateSpec, messages: u32, every: Dur
     )
 }
 
+/// `/proc/loadavg`'s 1-minute figure (0 when unreadable).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default()
+}
+
+/// A warning when other programs keep the machine busy (`loadavg`, as
+/// `/proc/loadavg` has it, at half the cores or more): the run still
+/// holds (its timeouts allow for queues), but it is slower, and the
+/// summary's CPU limit will say whose CPU it was.
+fn busy_machine(loadavg: &str, cores: usize) -> Option<String> {
+    let load: f64 = loadavg.split_whitespace().next()?.parse().ok()?;
+    (load >= cores.max(1) as f64 / 2.0).then(|| {
+        format!(
+            "  WARNING  load average {load:.1} on {cores} cores before the run: other programs are busy; \
+             this run will be slower, and its summary shows their share of the CPU"
+        )
+    })
+}
+
 fn setting(e: impl std::fmt::Display) -> BenchError {
     BenchError::Setting(e.to_string())
 }
@@ -528,4 +550,51 @@ fn trust_the_server(server: &server::Server, cert: &Path) -> Result<TlsOptions, 
     };
     TlsClient::new(&opts).map_err(|e| BenchError::Setting(format!("setting up TLS: {e}")))?;
     Ok(opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_follow_the_scale() {
+        let small = ScaleSettings::for_connections(20_000);
+        assert_eq!(
+            small.ping_interval,
+            Duration::from_secs(30),
+            "the server's default"
+        );
+        assert_eq!(small.close_timeout, Duration::from_secs(12));
+        let big = ScaleSettings::for_connections(1_000_000);
+        assert_eq!(big.ping_interval, MAX_PING_INTERVAL);
+        assert_eq!(big.close_timeout, Duration::from_secs(110));
+        let mid = ScaleSettings::for_connections(100_000);
+        assert_eq!(mid.ping_interval, Duration::from_secs(50), "2,000 pings/s");
+        assert!(
+            big.line(1_000_000)
+                .contains("pings every 5m (3333/s over 1000000 connections")
+        );
+    }
+
+    #[test]
+    fn a_busy_machine_is_named_before_the_run() {
+        assert_eq!(busy_machine("0.40 0.50 0.60 1/200 123", 2), None);
+        let w = busy_machine("6.23 6.28 5.21 3/400 999", 2).unwrap();
+        assert!(w.contains("load average 6.2 on 2 cores"), "{w}");
+        assert_eq!(busy_machine("", 2), None);
+    }
+
+    #[test]
+    fn the_expected_time_adds_up_the_phases() {
+        let t = expected_time(
+            1_000_000,
+            RateSpec::Constant(10_000.0),
+            3,
+            Duration::from_secs(20),
+        );
+        assert!(
+            t.starts_with("about 3m30s on two idle cores: opening 1m40s, 3 messages over 42s"),
+            "{t}"
+        );
+    }
 }
