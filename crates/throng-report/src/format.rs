@@ -382,20 +382,21 @@ fn decode_header_value(value: serde_json::Value) -> Result<Header, FormatError> 
 #[non_exhaustive]
 pub enum WriteError {
     /// The file could not be created or written.
-    #[error("{path}: {source}")]
+    #[error("cannot write {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// What the OS said.
-        source: io::Error,
+        /// What the OS said (in the message, not a `source()`: a chain
+        /// printed in full would say it twice).
+        error: io::Error,
     },
     /// A pre-encoded record was not one line.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Format {
         /// The file.
         path: PathBuf,
-        /// What was wrong.
-        source: FormatError,
+        /// What was wrong (in the message, as with `Io`).
+        error: FormatError,
     },
 }
 
@@ -430,9 +431,9 @@ impl Writer {
         let file = how
             .create(true)
             .open(path)
-            .map_err(|source| WriteError::Io {
+            .map_err(|error| WriteError::Io {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         let mut writer = Self {
             file,
@@ -466,7 +467,7 @@ impl Writer {
         if line.contains('\n') {
             return Err(WriteError::Format {
                 path: self.path.clone(),
-                source: FormatError::Multiline,
+                error: FormatError::Multiline,
             });
         }
         self.put(line)
@@ -478,9 +479,9 @@ impl Writer {
         self.line.push('\n');
         self.file
             .write_all(self.line.as_bytes())
-            .map_err(|source| WriteError::Io {
+            .map_err(|error| WriteError::Io {
                 path: self.path.clone(),
-                source,
+                error,
             })
     }
 }
@@ -490,12 +491,13 @@ impl Writer {
 #[non_exhaustive]
 pub enum ReadError {
     /// The file could not be opened or read.
-    #[error("{path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// What the OS said.
-        source: io::Error,
+        /// What the OS said (in the message, not a `source()`: a chain
+        /// printed in full would say it twice).
+        error: io::Error,
     },
     /// The file does not start with a throng results header.
     #[error(
@@ -508,12 +510,12 @@ pub enum ReadError {
         reason: String,
     },
     /// Written by a newer throng.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Version {
         /// The file.
         path: PathBuf,
-        /// The version error.
-        source: FormatError,
+        /// The version error (in the message, as with `Io`).
+        error: FormatError,
     },
 }
 
@@ -575,9 +577,9 @@ impl Reader {
     /// Opens `path` and reads its header; refuses a file that is not a result file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, ReadError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| ReadError::Io {
+        let file = File::open(&path).map_err(|error| ReadError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         let mut input = BufReader::with_capacity(64 << 10, file);
         let mut buf = Vec::new();
@@ -585,9 +587,9 @@ impl Reader {
             path: path.clone(),
             reason: reason.to_owned(),
         };
-        let first = read_line(&mut input, &mut buf).map_err(|source| ReadError::Io {
+        let first = read_line(&mut input, &mut buf).map_err(|error| ReadError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         match first {
             Line::Eof => return Err(not_results("the file is empty")),
@@ -604,7 +606,7 @@ impl Reader {
             Ok(value) => match decode_header_value(value) {
                 Ok(h) => h,
                 Err(e @ FormatError::Version { .. }) => {
-                    return Err(ReadError::Version { path, source: e });
+                    return Err(ReadError::Version { path, error: e });
                 }
                 Err(FormatError::NotResults) => {
                     return Err(not_results("its first line has no \"throng\":\"results\""));

@@ -174,8 +174,9 @@ pub(super) fn write_html(result_file: &Path, html_file: &Path) -> Result<(), Ben
         BenchError::Results(format!("cannot {what} {}: {e}", path.display()))
     };
     let mut mergers = [Merger::new(1_000_000_000).with_max_buckets(1_000)];
-    let files =
-        merge_files_into(&[result_file], &mut mergers).map_err(|e| err("read", result_file, &e))?;
+    // A read error names the file itself.
+    let files = merge_files_into(&[result_file], &mut mergers)
+        .map_err(|e| BenchError::Results(e.to_string()))?;
     let [merger] = mergers;
     let page = throng_report::html::render(&Page::build(&merger.finish(), &files, true));
     std::fs::write(html_file, page).map_err(|e| err("write", html_file, &e))
