@@ -179,7 +179,7 @@ impl Plan {
             "nofile_hard": self.nofile.hard,
             "connections_per_worker": self.per_worker,
             "connections_total": self.per_worker * self.config.workers as u64,
-            "config": self.config,
+            "config": public_config(&self.config),
             "broker": self.broker,
             "tls_listen": self.config.tls_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
@@ -189,6 +189,32 @@ impl Plan {
         }
         v
     }
+}
+
+/// The config as the start line shows it: durations in the grammar every
+/// flag takes (`30s`, `1m30s`) rather than serde's `{"secs":..,"nanos":..}`
+/// (the workers get the latter), and the benchmark-only switch only when on.
+fn public_config(config: &Config) -> serde_json::Value {
+    let mut v = serde_json::json!(config);
+    if let Some(map) = v.as_object_mut() {
+        if !config.bench_floor {
+            map.remove("bench_floor");
+        }
+        for value in map.values_mut() {
+            if let Some(d) = as_duration(value) {
+                *value = throng_host::units::fmt_duration(d).into();
+            }
+        }
+    }
+    v
+}
+
+/// A `Duration` as serde writes it, `{"secs":10,"nanos":0}`.
+fn as_duration(v: &serde_json::Value) -> Option<Duration> {
+    let o = v.as_object().filter(|o| o.len() == 2)?;
+    let secs = o.get("secs")?.as_u64()?;
+    let nanos = u32::try_from(o.get("nanos")?.as_u64()?).ok()?;
+    Some(Duration::new(secs, nanos))
 }
 
 impl fmt::Display for Plan {

@@ -16,31 +16,45 @@ use throng_server::{Config, Plan, WorkerCommand};
 /// Arguments of `throng serve`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel> (channel: 1-128 bytes of A-Z a-z 0-9 _ . : -)
-Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>   -> {\"channel\":..,\"subscribers\":N}
-            text frame when the body is UTF-8 (or Content-Type text/*, */json), binary otherwise
+Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel>
+            (channel: 1-128 bytes of A-Z a-z 0-9 _ . : -)
+Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>
+            answers {\"channel\":..,\"subscribers\":N}; a text frame when the
+            body is UTF-8 (or Content-Type text/*, */json), binary otherwise
             (or Content-Type: application/octet-stream)
 Observe:    GET /metrics (Prometheus text), GET /healthz
-Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a node: POST /publish goes
-            to Redis (PUBLISH <prefix><channel>), and every node delivers what Redis sends it.
-            The publish answer is then {\"channel\":..,\"redis_receivers\":N}: the Redis connections
-            that got the message (subscribed nodes, plus any other client), not WebSocket
-            subscribers; 503 with the reason while Redis is unreachable. See docs/deploy.md.
-TLS:        every --tls-listen listener serves the same endpoints as wss:// and https://
-            (TLS 1.3 and 1.2, ALPN http/1.1, session tickets shared by all workers), beside the
-            plain --listen ones; e.g. --listen 127.0.0.1:8080 --tls-listen 0.0.0.0:8443
-            --tls-cert cert.pem --tls-key key.pem. A plain-HTTP request on a TLS port gets a
-            plain 400; failed or stalled handshakes are closed and counted in
+Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
+            node: POST /publish goes to Redis (PUBLISH <prefix><channel>),
+            and every node delivers what Redis sends it. The publish answer
+            is then {\"channel\":..,\"redis_receivers\":N}: the Redis
+            connections that got the message (subscribed nodes, plus any
+            other client), not WebSocket subscribers; 503 with the reason
+            while Redis is unreachable. See docs/deploy.md.
+TLS:        every --tls-listen listener serves the same endpoints as wss://
+            and https:// (TLS 1.3 and 1.2, ALPN http/1.1, session tickets
+            shared by all workers), beside the plain --listen ones. A
+            plain-HTTP request on a TLS port gets a plain 400; failed or
+            stalled handshakes are closed and counted in
             throng_handshake_failures_total{reason=\"tls_...\"}
-Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random 0..S ms first,
-            'times: T' then sends T more pongs (chunked), each after such a wait
+Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random
+            0..S ms first, 'times: T' then sends T more pongs (chunked),
+            each after such a wait
 
-Close codes sent: 1000 echo of the client's close, 1001 shutdown, 1002 protocol error,
-1007 invalid UTF-8, 1008 idle timeout or slow consumer (queue over --max-queue or no write
-progress within --write-timeout), 1009 client frame too big.
+Close codes sent: 1000 echo of the client's close, 1001 shutdown, 1002
+protocol error, 1007 invalid UTF-8, 1008 idle timeout or slow consumer (queue
+over --max-queue or no write progress within --write-timeout), 1009 client
+frame too big.
 
-Stops on SIGTERM or SIGINT: stops accepting, sends 1001 to every subscriber, exits within
---drain-timeout.")]
+Stops on SIGTERM or SIGINT: stops accepting, sends 1001 to every subscriber,
+exits within --drain-timeout.
+
+Examples:
+  throng serve
+  throng serve --listen 0.0.0.0:10000-10015 --max-connections 1000000
+  throng serve --listen 127.0.0.1:8080 --tls-listen 0.0.0.0:8443 \\
+      --tls-cert cert.pem --tls-key key.pem
+  throng serve --listen 0.0.0.0:8080 --redis redis://10.0.0.6:6379
+  throng serve --listen 127.0.0.1:0 --json --dry-run")]
 pub(crate) struct Args {
     /// Address to listen on; repeat for more. A range HOST:FIRST-LAST opens a listener
     /// per port (more ports = more client source ports on one machine). Port 0 picks a free port.
@@ -161,9 +175,15 @@ pub(crate) struct Args {
     #[arg(long, requires = "redis")]
     redis_wait: bool,
 
-    /// Print the start line as JSON only (for scripts).
+    /// Print the start line as one JSON object on stdout (for scripts) instead of the
+    /// readable settings on stderr.
     #[arg(long)]
     json: bool,
+
+    /// Print the effective settings (the listen addresses bound, so a port in use is an
+    /// error now), then exit without starting anything.
+    #[arg(long)]
+    dry_run: bool,
 
     /// Benchmark only: enable POST /bench/floor/<channel>, a bare write(2) loop over the
     /// channel's subscribers.
@@ -247,11 +267,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             tls,
         })?;
     }
-    if !args.json {
+    if args.json {
+        // One JSON line on stdout: what scripts and tests read (actual ports, workers, limits).
+        println!("{}", plan.to_json());
+    } else {
         eprintln!("{plan}");
     }
-    // One JSON line on stdout: what scripts and tests read (actual ports, workers, limits).
-    println!("{}", plan.to_json());
+    if args.dry_run {
+        if !args.json {
+            eprintln!("dry run: nothing started");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let command = WorkerCommand {
         program: std::env::current_exe().context("cannot find this executable to start workers")?,
         args: vec!["serve".into()],
