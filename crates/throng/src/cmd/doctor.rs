@@ -24,7 +24,8 @@ stop the run, so scripts can check first.
 
 Examples:
   throng doctor
-  throng doctor --connections 1000000 --role client --source-ips 127.0.0.2-127.0.0.40
+  throng doctor --connections 1000000 --role client \\
+      --source-ips 127.0.0.2-127.0.0.40
   sudo throng doctor --connections 1000000 --apply
   throng doctor --format json | jq '.findings[] | select(.status != \"ok\")'")]
 pub(crate) struct Args {

@@ -18,12 +18,17 @@ use throng_load::pacer::RateSpec;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Examples:
-  throng hold ws://127.0.0.1:9000/news --connections 10000 --rate 2000/s --duration 30s
-  throng hold ws://127.0.0.1:10000-10015/news -c 100000 --rate 100/s..20000/s \\
-      --publish http://127.0.0.1:9000/publish/news --publish-rate 10/s --duration 1m --output run.jsonl
-  throng hold ws://10.0.0.5:9000/news -c 50000 --source-ips 10.0.1.1-10.0.1.4 --publish redis://10.0.0.6:6379
-  throng hold wss://localhost:9443/news -c 10000 --tls-ca ca.pem --publish http://127.0.0.1:9000/publish/news
-  throng hold ws://10.0.0.5:9000/news -c 1000 --publish rediss://bob:secret@10.0.0.6:6380 --publish-tls-ca ca.pem
+  throng hold ws://127.0.0.1:9000/news --connections 10000 --rate 2000/s \\
+      --duration 30s
+  throng hold ws://127.0.0.1:10000-10015/news -c 100000 \\
+      --rate 100/s..20000/s --publish http://127.0.0.1:9000/publish/news \\
+      --publish-rate 10/s --duration 1m --output run.jsonl
+  throng hold ws://10.0.0.5:9000/news -c 50000 \\
+      --source-ips 10.0.1.1-10.0.1.4 --publish redis://10.0.0.6:6379
+  throng hold wss://localhost:9443/news -c 10000 --tls-ca ca.pem \\
+      --publish http://127.0.0.1:9000/publish/news
+  throng hold ws://10.0.0.5:9000/news -c 1000 \\
+      --publish rediss://bob:secret@10.0.0.6:6380 --publish-tls-ca ca.pem
 
 Connection i goes to worker i % workers, source address i % sources and
 target port (i / sources) % ports. The run opens every connection on a
