@@ -10,6 +10,7 @@ mod attack;
 mod bench;
 mod doctor;
 mod hold;
+mod newcomer;
 mod redis;
 mod rediss;
 mod report;
