@@ -117,6 +117,11 @@ pub(crate) struct Args {
     #[arg(long)]
     json: bool,
 
+    /// Fit the run onto this machine (workers, source addresses, local ports) and print
+    /// the plan, then exit without connecting.
+    #[arg(long)]
+    dry_run: bool,
+
     #[command(flatten)]
     client: super::client::ClientArgs,
 }
@@ -155,6 +160,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     })?;
     for line in prepared.lines() {
         progress.say(line);
+    }
+    if args.dry_run {
+        progress.say("dry run: the plan fits this machine; nothing started");
+        return Ok(ExitCode::SUCCESS);
     }
     let summary = prepared.run().context("hold")?;
     if args.json {
