@@ -56,6 +56,10 @@ probe_wrk() { command -v wrk >/dev/null && { wrk --version 2>&1 | head -1 | cut 
 probe_python_websockets() {
   python3 -c 'import websockets.asyncio.server, websockets; print("websockets", websockets.__version__)' 2>/dev/null
 }
+# doctor's fixes run in scratch mount and network namespaces: root, unshare, sysctl.
+probe_namespaces() {
+  unshare --mount --net sysctl -n net.core.somaxconn >/dev/null 2>&1 && echo "unshare and sysctl as root"
+}
 probe_node_ws() {
   (cd tests/peers && node -e 'console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
 }
@@ -67,6 +71,7 @@ peers=(
   "haproxy probe_haproxy haproxy"
   "openssl probe_openssl openssl"
   "chromium probe_chromium chromium"
+  "namespaces probe_namespaces procps"
   "wrk probe_wrk wrk"
   "python3-websockets probe_python_websockets"
   "node-ws probe_node_ws"

@@ -32,11 +32,15 @@ pub enum Peer {
     NodeWs,
     /// A headless Chromium (Debian package `chromium`).
     Chromium,
+    /// Root, with `unshare` (util-linux) and `sysctl` (procps): scratch
+    /// mount and network namespaces, where a test runs a command that
+    /// changes kernel settings or system files without changing this machine's.
+    Namespaces,
 }
 
 impl Peer {
     /// How many kinds of peer there are: one past the last variant.
-    const COUNT: usize = Self::Chromium as usize + 1;
+    const COUNT: usize = Self::Namespaces as usize + 1;
 
     /// What the peer is, as a person would look for it.
     pub fn name(self) -> &'static str {
@@ -49,6 +53,7 @@ impl Peer {
             Self::PythonWebsockets => "python3 with websockets >= 13",
             Self::NodeWs => "node with ws in tests/peers",
             Self::Chromium => "chromium",
+            Self::Namespaces => "root with unshare and sysctl",
         }
     }
 
@@ -63,6 +68,7 @@ impl Peer {
             Self::PythonWebsockets => "python3 -m pip install 'websockets>=13'",
             Self::NodeWs => "cd tests/peers && npm install",
             Self::Chromium => "apt-get install --no-install-recommends chromium",
+            Self::Namespaces => "run the tests as root; apt-get install util-linux procps",
         }
     }
 
@@ -84,6 +90,10 @@ impl Peer {
             Self::PythonWebsockets => ("python3", &["-c", "import websockets.asyncio.server"]),
             Self::NodeWs => ("node", &["-e", "require.resolve('ws')"]),
             Self::Chromium => return chromium_program().is_some(),
+            Self::Namespaces => (
+                "unshare",
+                &["--mount", "--net", "sysctl", "-n", "net.core.somaxconn"],
+            ),
         };
         Command::new(program)
             .args(args)
