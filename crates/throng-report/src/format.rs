@@ -19,6 +19,7 @@ use hdrhistogram::serialization::{Deserializer, Serializer as _, V2DeflateSerial
 use serde::{Deserialize, Serialize};
 use throng_host::sample::HostSample;
 
+use crate::bench::BenchSummary;
 use crate::interval::{HISTOGRAM_MAX_US, HISTOGRAM_SIGFIG, Interval};
 
 /// The format version this crate writes and the newest it reads.
@@ -96,6 +97,8 @@ pub enum Record {
     Interval(Interval),
     /// A one-off event.
     Event(Event),
+    /// What a bench found (its last record).
+    Bench(BenchSummary),
     /// A record type this version does not know (written by a newer one); skipped.
     Unknown(String),
 }
@@ -163,6 +166,14 @@ struct EventOut<'a> {
     event: &'a Event,
 }
 
+#[derive(Serialize)]
+struct BenchOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    summary: &'a BenchSummary,
+}
+
 #[derive(Deserialize)]
 struct IntervalIn {
     start_ns: u64,
@@ -221,6 +232,16 @@ pub fn encode_event(event: &Event) -> String {
     };
     // Invariant: as in encode_header.
     serde_json::to_string(&out).expect("event serializes")
+}
+
+/// Encodes a bench's summary as one line (no line break).
+pub fn encode_bench(summary: &BenchSummary) -> String {
+    let out = BenchOut {
+        kind: "bench",
+        summary,
+    };
+    // Invariant: as in encode_header.
+    serde_json::to_string(&out).expect("bench summary serializes")
 }
 
 /// Base64 of the histogram's V2 compressed serialization.
@@ -356,6 +377,7 @@ pub fn decode_record(line: &str) -> Result<Record, FormatError> {
             }))
         }
         Some("event") => Ok(Record::Event(serde_json::from_value(value)?)),
+        Some("bench") => Ok(Record::Bench(serde_json::from_value(value)?)),
         Some(other) => Ok(Record::Unknown(other.to_owned())),
         None => Err(FormatError::Json(serde::de::Error::missing_field("type"))),
     }
@@ -457,6 +479,11 @@ impl Writer {
     /// Appends one event.
     pub fn write_event(&mut self, event: &Event) -> Result<(), WriteError> {
         self.put(&encode_event(event))
+    }
+
+    /// Appends a bench's summary.
+    pub fn write_bench(&mut self, summary: &BenchSummary) -> Result<(), WriteError> {
+        self.put(&encode_bench(summary))
     }
 
     /// Appends a record already encoded by [`encode_interval`] or
@@ -864,6 +891,42 @@ mod tests {
             "{line}"
         );
         assert_eq!(decode_record(&line).unwrap(), Record::Header(h));
+    }
+
+    #[test]
+    fn a_bench_summary_round_trips_and_reads_with_parts_missing() {
+        use crate::bench::{BenchSummary, Delivery, MessageDelivery};
+        let mut b = BenchSummary {
+            at_ns: 7,
+            source: "box1/bench".into(),
+            title: "3 connections".into(),
+            ..BenchSummary::default()
+        };
+        b.connections.held = 3;
+        b.memory.kernel_bytes = 9120.5;
+        b.messages.each.push(MessageDelivery {
+            seq: 1,
+            delivered: 3,
+            latency: Delivery {
+                p50_us: 10,
+                p99_us: 20,
+                max_us: 30,
+            },
+        });
+        let line = encode_bench(&b);
+        assert!(line.starts_with(r#"{"type":"bench","#), "{line}");
+        assert!(
+            line.contains(r#""each":[{"seq":1,"delivered":3,"p50_us":10"#),
+            "{line}"
+        );
+        assert_eq!(decode_record(&line).unwrap(), Record::Bench(b));
+        // A record with parts missing (or from a newer throng, with more) reads.
+        let sparse = r#"{"type":"bench","title":"t","connections":{"held":5},"new":1}"#;
+        let Record::Bench(read) = decode_record(sparse).unwrap() else {
+            panic!("not a bench record");
+        };
+        assert_eq!((read.title.as_str(), read.connections.held), ("t", 5));
+        assert_eq!(read.messages.each, vec![]);
     }
 
     #[test]

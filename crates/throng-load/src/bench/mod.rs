@@ -16,7 +16,7 @@ use std::time::Duration;
 use thiserror::Error;
 use throng_host::doctor::{self, Role, Status};
 use throng_host::units::fmt_duration;
-use throng_report::format::{Event, Header};
+use throng_report::format::Header;
 
 use crate::harness::Setup;
 use crate::harness::clock::now_unix_ns;
@@ -269,13 +269,11 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         server_killed,
         hold: summary,
     });
-    let event = Event {
-        at_ns: now_unix_ns(),
-        source: format!("{}/bench", throng_host::sample::hostname()),
-        kind: "bench.summary".into(),
-        text: report.to_json().to_string(),
-    };
-    costs::write_results(&files.hold, &files.results, &samples, &[event])?;
+    let summary = report.to_record(
+        now_unix_ns(),
+        format!("{}/bench", throng_host::sample::hostname()),
+    );
+    costs::write_results(&files.hold, &files.results, &samples, &summary)?;
     let _ = std::fs::remove_file(&files.hold);
     let _ = std::fs::remove_file(&files.cert);
     report::write_html(&files.results, &files.html)?;
