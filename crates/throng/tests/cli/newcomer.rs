@@ -2,12 +2,16 @@
 //! showed it: errors said once and in the user's terms, start-up output that
 //! is either for people or for scripts, `--help` examples that paste whole.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use throng_testkit::process::text;
+use throng_report::format::{Event, Header, Writer};
+use throng_report::interval::{Interval, new_histogram};
+use throng_testkit::process::{command, output_within, text};
+use throng_testkit::{Peer, TempDir, peers, require};
 
 use crate::{serve, throng};
 
@@ -165,5 +169,172 @@ fn every_help_example_pastes_whole_at_80_columns() {
             continued = line.ends_with(" \\");
         }
         assert!(!continued, "{sub}: the last example ends with a backslash");
+    }
+}
+
+/// A real bench (small), its result file's `"bench"` record, and the page
+/// it wrote as a browser builds it: the headline box comes before the
+/// first plot and holds the record's figures.
+#[test]
+fn a_bench_page_leads_with_the_bench_figures_in_a_browser() {
+    require!(Peer::Chromium);
+    let dir = TempDir::new("newcomer-bench-page");
+    let out = output_within(
+        throng().args([
+            "bench",
+            "--connections",
+            "300",
+            "--messages",
+            "3",
+            "--out-dir",
+            dir.path().to_str().unwrap(),
+            "--format",
+            "json",
+            "--quiet",
+        ]),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = r["result_file"].as_str().unwrap();
+    let html = r["html_report"].as_str().unwrap();
+    let last = std::fs::read_to_string(results).unwrap();
+    let record: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        record["type"], "bench",
+        "the result file ends with its summary"
+    );
+    assert_eq!(record["connections"]["held"], r["held"]);
+
+    let browser = peers::chromium_program().expect("require! found chromium");
+    let dom = output_within(
+        command(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--dump-dom",
+            ])
+            .arg(format!("--user-data-dir={}", dir.file("profile").display()))
+            .arg(format!("file://{html}")),
+        Duration::from_secs(120),
+    );
+    assert!(dom.status.success(), "{}", text(&dom.stderr));
+    let dom = text(&dom.stdout);
+    let figure = |name: &str| -> String {
+        let at = dom
+            .find(&format!("data-figure=\"{name}\">"))
+            .unwrap_or_else(|| panic!("no {name} in the page"));
+        let rest = &dom[at..];
+        let start = rest.find('>').unwrap() + 1;
+        rest[start..start + rest[start..].find('<').unwrap()].to_owned()
+    };
+    assert_eq!(figure("held"), record["connections"]["held"].to_string());
+    assert_eq!(
+        figure("failed"),
+        record["connections"]["failed"].to_string()
+    );
+    assert_eq!(figure("lost"), record["messages"]["lost"].to_string());
+    let kernel = record["memory"]["kernel_bytes"].as_f64().unwrap();
+    assert_eq!(figure("memory-kernel"), throng_report::text::bytes(kernel));
+    assert_eq!(
+        figure("cpu-server"),
+        format!("{:.2} s", record["cpu"]["server_s"].as_f64().unwrap())
+    );
+    for m in record["messages"]["each"].as_array().unwrap() {
+        let row = format!("<tr><td>{}</td><td>{}</td>", m["seq"], m["delivered"]);
+        assert!(dom.contains(&row), "no row {row} in the delivery table");
+    }
+    let headline = dom.find("id=\"bench-summary\"").unwrap();
+    let first_plot = dom.find("<svg").unwrap();
+    assert!(headline < first_plot, "the plots come before the headline");
+    assert!(dom.contains("<title>throng bench: 300 connections"));
+
+    // The text report leads with the same figures, and no line of it is a
+    // record's raw JSON.
+    let report = cli(&["report", results]);
+    let t = text(&report.stdout);
+    assert!(report.status.success(), "{}", text(&report.stderr));
+    assert!(t.contains("bench: 300 connections"), "{t}");
+    assert!(t.contains(&format!("{} held of 300", r["held"])), "{t}");
+    assert!(!t.contains("{\""), "raw JSON in:\n{t}");
+}
+
+/// `throng report --every 1s` of that kind of run printed a table 544
+/// columns wide and raw 4 KB event lines; "per second" said over what
+/// only by implication.
+#[test]
+fn the_text_report_fits_a_terminal_and_says_what_a_rate_is_over() {
+    let dir = TempDir::new("newcomer-text-report");
+    let file = dir.file("run.jsonl");
+    let mut w = Writer::create(&file, &Header::new(vec![], serde_json::json!({}))).unwrap();
+    let base = 1_795_320_000u64;
+    for s in 0..10u64 {
+        let mut h = new_histogram();
+        h.record(1_000 + s).unwrap();
+        let names = [
+            "connect",
+            "connect.lag",
+            "connect.service",
+            "connect.tcp",
+            "connect.upgrade",
+            "delivery",
+            "publish",
+            "publish.lag",
+        ];
+        w.write_interval(&Interval {
+            start_ns: (base + s) * 1_000_000_000,
+            length_ns: 1_000_000_000,
+            source: "box1/hold-0".into(),
+            counters: BTreeMap::from([
+                (
+                    "messages.received".to_owned(),
+                    if s % 2 == 1 { 20_000 } else { 0 },
+                ),
+                ("connect.ok".to_owned(), 100),
+                ("bytes.in".to_owned(), 1 << 20),
+            ]),
+            gauges: BTreeMap::from([("connections.open".to_owned(), 100 * s as i64)]),
+            histograms: names.iter().map(|n| ((*n).to_owned(), h.clone())).collect(),
+            host: None,
+        })
+        .unwrap();
+    }
+    w.write_event(&Event {
+        at_ns: (base + 9) * 1_000_000_000,
+        source: "box1/bench".into(),
+        kind: "bench.summary".into(),
+        text: format!("{{\"hold\":\"{}\"}}", "x".repeat(4000)),
+    })
+    .unwrap();
+    drop(w);
+    let out = cli(&["report", "--every", "1s", file.to_str().unwrap()]);
+    let t = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for line in t.lines().filter(|l| !l.contains(file.to_str().unwrap())) {
+        assert!(
+            line.chars().count() <= 120,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    assert!(t.contains("bench.summary: {\"hold\":\"xxx"), "{t}");
+    assert!(!t.contains(&"x".repeat(200)), "the event's whole text");
+    // The mean over the run, and the busiest interval beside it.
+    assert!(t.contains("mean/s") && t.contains("busiest/s"), "{t}");
+    assert!(t.contains("over the run's 10.0 s"), "{t}");
+    let row = t
+        .lines()
+        .find(|l| l.trim_start().starts_with("messages.received"))
+        .unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1..], ["100.0k", "10.0k", "20.0k"], "{row}");
+    // What connect.lag and friends measure, said once.
+    for name in ["connect.lag:", "connect.service:", "publish.lag:"] {
+        assert!(t.contains(name), "no {name} in:\n{t}");
     }
 }
