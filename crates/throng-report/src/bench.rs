@@ -48,6 +48,18 @@ pub struct Connections {
     pub ramp_s: f64,
 }
 
+impl Connections {
+    /// The failed attempts by kind, `refused 3, timeout 1` (empty when none failed).
+    pub fn failed_kinds(&self) -> String {
+        let kinds: Vec<String> = self
+            .failed_by_kind
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        kinds.join(", ")
+    }
+}
+
 /// Memory per held connection, bytes, each measured as the growth from
 /// before the first connection to the moment every one was open, divided
 /// by the connections then open.

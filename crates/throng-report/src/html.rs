@@ -10,7 +10,7 @@
 
 use std::fmt::Write as _;
 
-use crate::bench::BenchSummary;
+use crate::bench::{BenchSummary, Delivery};
 use crate::summary::{HostPoint, Report, SeriesPoint, explain, is_error};
 use crate::text::{bytes, count, latency, micros};
 
@@ -160,11 +160,6 @@ fn bench_box(o: &mut String, b: &BenchSummary) {
         m.lost
     );
     o.push_str("<div class=\"cols\">\n<div>\n");
-    let failed: Vec<String> = c
-        .failed_by_kind
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
     let _ = writeln!(
         o,
         "<h2>Connections</h2>\n<table>\n<tr><td>opened</td><td data-figure=\"opened\">{}</td><td class=\"l\">at {}/s over {:.2} s</td></tr>\n\
@@ -173,7 +168,7 @@ fn bench_box(o: &mut String, b: &BenchSummary) {
         count(c.opened_per_s.round()),
         c.ramp_s,
         c.failed,
-        esc(&failed.join(", "))
+        esc(&c.failed_kinds())
     );
     let mem = &b.memory;
     let _ = writeln!(
@@ -212,26 +207,26 @@ fn bench_box(o: &mut String, b: &BenchSummary) {
         "<h2>Delivery per message (publish to arrival)</h2>\n<table id=\"bench-messages\">\n\
          <tr><th>message</th><th>delivered</th><th>p50</th><th>p99</th><th>last subscriber</th></tr>"
     );
-    for e in &m.each {
+    let row = |o: &mut String, cell: &str, message: &str, delivered: u64, l: &Delivery| {
         let _ = writeln!(
             o,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            e.seq,
-            e.delivered,
-            esc(&micros(e.latency.p50_us)),
-            esc(&micros(e.latency.p99_us)),
-            esc(&micros(e.latency.max_us))
+            "<tr><{cell}>{message}</{cell}><{cell}>{delivered}</{cell}><{cell}>{}</{cell}><{cell}>{}</{cell}><{cell}>{}</{cell}></tr>",
+            esc(&micros(l.p50_us)),
+            esc(&micros(l.p99_us)),
+            esc(&micros(l.max_us))
         );
+    };
+    for e in &m.each {
+        row(o, "td", &e.seq.to_string(), e.delivered, &e.latency);
     }
-    let _ = writeln!(
+    row(
         o,
-        "<tr><th>all {}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr>\n</table>",
-        m.published,
+        "th",
+        &format!("all {}", m.published),
         m.received,
-        esc(&micros(m.delivery.p50_us)),
-        esc(&micros(m.delivery.p99_us)),
-        esc(&micros(m.delivery.max_us))
+        &m.delivery,
     );
+    o.push_str("</table>\n");
     if m.duplicated + m.out_of_order + m.publish_errors > 0 {
         let _ = writeln!(
             o,

@@ -306,11 +306,7 @@ fn render_bench(o: &mut String, b: &BenchSummary) {
     let c = &b.connections;
     let m = &b.messages;
     let _ = writeln!(o, "\nbench: {}", b.title);
-    let failed: Vec<String> = c
-        .failed_by_kind
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
+    let failed = c.failed_kinds();
     let _ = writeln!(
         o,
         "  connections  {} held of {} ({} opened, {} failed{}), opened at {}/s over {:.2} s",
@@ -321,7 +317,7 @@ fn render_bench(o: &mut String, b: &BenchSummary) {
         if failed.is_empty() {
             String::new()
         } else {
-            format!(": {}", failed.join(", "))
+            format!(": {failed}")
         },
         count(c.opened_per_s.round()),
         c.ramp_s

@@ -195,6 +195,24 @@ pub fn node(script: &str) -> Command {
     c
 }
 
+/// Headless Chromium (see [`chromium_program`]) with a scratch profile in
+/// `profile` and nothing of its own on the network: add what to do
+/// (`--dump-dom`, `--screenshot=...`) and the page.
+pub fn headless_chromium(profile: &std::path::Path) -> Command {
+    let mut c = command(chromium_program().expect("require!(Peer::Chromium) first"));
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    c
+}
+
 /// The Chromium on `PATH` (Debian calls it `chromium`, others `chromium-browser`).
 pub fn chromium_program() -> Option<&'static str> {
     static FOUND: OnceLock<Option<&'static str>> = OnceLock::new();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use throng_report::format::{Event, Header, Writer};
 use throng_report::interval::{Interval, new_histogram};
-use throng_testkit::process::{command, output_within, text};
+use throng_testkit::process::{output_within, text};
 use throng_testkit::{Peer, TempDir, peers, require};
 
 use crate::{serve, throng};
@@ -206,20 +206,9 @@ fn a_bench_page_leads_with_the_bench_figures_in_a_browser() {
     );
     assert_eq!(record["connections"]["held"], r["held"]);
 
-    let browser = peers::chromium_program().expect("require! found chromium");
     let dom = output_within(
-        command(browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--dump-dom",
-            ])
-            .arg(format!("--user-data-dir={}", dir.file("profile").display()))
+        peers::headless_chromium(&dir.file("profile"))
+            .arg("--dump-dom")
             .arg(format!("file://{html}")),
         Duration::from_secs(120),
     );
