@@ -43,6 +43,13 @@ pub enum ServeError {
     /// No listen address was given.
     #[error("no listen address (use --listen HOST:PORT)")]
     NoListen,
+    /// An internal address (`--publish-listen`, `--metrics-listen`) that is
+    /// also a public one.
+    #[error(
+        "{0} is both a public address (--listen/--tls-listen) and an internal one \
+         (--publish-listen/--metrics-listen); give the internal one its own port"
+    )]
+    InternalIsPublic(SocketAddr),
     /// TLS listeners without a certificate.
     #[error(
         "--tls-listen needs a certificate: give --tls-cert FILE and --tls-key FILE, or --tls-self-signed for a trial"
@@ -140,8 +147,46 @@ impl Plan {
             }
             Ok(())
         };
+        let public: Vec<SocketAddr> = config
+            .listen
+            .iter()
+            .chain(&config.tls_listen)
+            .copied()
+            .collect();
+        if let Some(a) = config
+            .publish_listen
+            .iter()
+            .chain(&config.metrics_listen)
+            .find(|a| public.contains(a))
+        {
+            return Err(ServeError::InternalIsPublic(*a));
+        }
         bind_all(&mut config.listen)?;
         bind_all(&mut config.tls_listen)?;
+        // An address given to both internal options is one listener: bound
+        // once, so port 0 stays one port.
+        let both: Vec<SocketAddr> = config
+            .metrics_listen
+            .iter()
+            .filter(|a| config.publish_listen.contains(a))
+            .copied()
+            .collect();
+        let before = config.publish_listen.clone();
+        bind_all(&mut config.publish_listen)?;
+        let mut metrics_only: Vec<SocketAddr> = config
+            .metrics_listen
+            .iter()
+            .filter(|a| !both.contains(a))
+            .copied()
+            .collect();
+        bind_all(&mut metrics_only)?;
+        config.metrics_listen = before
+            .iter()
+            .zip(&config.publish_listen)
+            .filter(|(given, _)| both.contains(given))
+            .map(|(_, bound)| *bound)
+            .chain(metrics_only)
+            .collect();
         Ok(Self {
             config,
             nofile,
@@ -182,7 +227,11 @@ impl Plan {
             "config": self.config,
             "broker": self.broker,
             "tls_listen": self.config.tls_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "publish_listen": self.config.publish_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "metrics_listen": self.config.metrics_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
+        // Keys and the publish key go to the workers, never to the start line.
+        v["config"]["auth"] = self.config.auth.public_json();
         // The key and ticket key go to the workers, never to the start line.
         if let Some(m) = &self.config.tls {
             v["config"]["tls"] = m.public_json();
@@ -209,16 +258,29 @@ impl fmt::Display for Plan {
             self.per_worker,
             self.per_worker * self.config.workers as u64
         )?;
-        write!(
-            f,
-            "subscribe: ws://{}/<channel>    publish: curl -d hello http://{}/publish/<channel>",
-            self.config.listen[0], self.config.listen[0]
-        )?;
-        if let Some(addr) = self.config.tls_listen.first() {
-            write!(
-                f,
-                "\nsubscribe: wss://{addr}/<channel>   publish: curl -d hello https://{addr}/publish/<channel>"
-            )?;
+        let cfg = &self.config;
+        let token = if cfg.auth.tokens() {
+            "?token=<JWT>"
+        } else {
+            ""
+        };
+        let credential = if cfg.auth.publish_guarded() {
+            " -H 'Authorization: Bearer <token or key>'"
+        } else {
+            ""
+        };
+        let publish_at = cfg.publish_listen.first().map(|a| format!("http://{a}"));
+        let line = |scheme: &str, addr: &SocketAddr, http: &str| {
+            let publish = publish_at
+                .clone()
+                .unwrap_or_else(|| format!("{http}://{addr}"));
+            format!(
+                "subscribe: {scheme}://{addr}/<channel>{token}    publish: curl{credential} -d hello {publish}/publish/<channel>"
+            )
+        };
+        f.write_str(&line("ws", &cfg.listen[0], "http"))?;
+        if let Some(addr) = cfg.tls_listen.first() {
+            write!(f, "\n{}", line("wss", addr, "https"))?;
         }
         Ok(())
     }

@@ -28,6 +28,11 @@ use serde::{Deserialize, Serialize};
 pub use grant::{Grants, Pattern, PatternError};
 pub use keys::{Key, KeyAlg, KeyError};
 
+/// The close code of a subscriber whose token expired (4001; throng keeps
+/// 4001-4099 for its own reasons): the client should get a new token and
+/// reconnect.
+pub const CLOSE_TOKEN_EXPIRED: u16 = 4001;
+
 /// The longest token looked at; longer ones are refused as malformed
 /// before any decoding (a request head is at most 16 KiB anyway).
 pub const MAX_TOKEN: usize = 8 * 1024;

@@ -12,7 +12,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::conn::{Conn, TlsState};
-use super::routes::{self, Route, bench_floor, ops, ping, publish, refuse};
+use super::gate;
+use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
 use super::state::Worker;
 use crate::channel;
 use crate::tls::stream::{Io, TlsStream};
@@ -27,7 +28,12 @@ enum Head {
 
 /// Runs the TLS handshake on a connection from a `--tls-listen` listener
 /// (within `--handshake-timeout`), then serves it like a plain one.
-pub(crate) async fn serve_tls(w: Rc<Worker>, tcp: TcpStream, config: Arc<rustls::ServerConfig>) {
+pub(crate) async fn serve_tls(
+    w: Rc<Worker>,
+    tcp: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    serves: Serves,
+) {
     let accepted =
         tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
     match accepted {
@@ -35,14 +41,14 @@ pub(crate) async fn serve_tls(w: Rc<Worker>, tcp: TcpStream, config: Arc<rustls:
         Ok(Err(e)) => w.counters.handshake_failed(e.label()),
         Ok(Ok(s)) => {
             w.counters.tls_handshake(s.handshake_label());
-            serve(w, Io::Tls(Box::new(s))).await;
+            serve(w, Io::Tls(Box::new(s)), serves).await;
         }
     }
 }
 
 /// Serves one accepted connection until it upgrades or closes.
-pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
-    match requests(&w, &mut stream).await {
+pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves) {
+    match requests(&w, &mut stream, serves).await {
         Some((req, rest)) => upgrade(&w, stream, &req, &rest).await,
         None => {
             if let Io::Tls(_) = stream {
@@ -59,7 +65,7 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
 
 /// Answers requests until the connection ends (`None`) or asks for a
 /// WebSocket upgrade: then the request and the bytes read after it.
-async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
+async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Request, Vec<u8>)> {
     let mut buf: Vec<u8> = Vec::new();
     let mut first = true;
     loop {
@@ -92,7 +98,7 @@ async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
         };
         first = false;
         buf.drain(..used);
-        let Some(route) = routes::route(w, &req) else {
+        let Some(route) = routes::route(w, &req, serves) else {
             return Some((req, buf));
         };
         // The connection's future is as large as its largest route's, and
@@ -105,6 +111,7 @@ async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
             Route::PublishMethod => publish::refuse_method(w, stream).await,
             Route::Ping => ping::serve(w, stream, &req, &mut buf).await,
             Route::BenchFloor => Box::pin(bench_floor::serve(w, stream, &req, &mut buf)).await,
+            Route::NotHere(what) => Box::pin(routes::not_here(w, stream, what)).await,
         };
         if !keep {
             return None;
@@ -211,8 +218,36 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
         refuse(w, &mut stream, 503, "server is shutting down\n").await;
         return;
     }
+    // Refusals are boxed: the upgrade's future is part of every HTTP
+    // connection's, and stays as small as the happy path needs.
+    if !gate::origin_allowed(w, req) {
+        w.counters.refused("origin");
+        let why = "this origin may not subscribe (--allowed-origins)\n";
+        Box::pin(refuse(w, &mut stream, 403, why)).await;
+        return;
+    }
+    let access = match gate::may_subscribe(w, req, name) {
+        Ok(access) => access,
+        Err(why) => {
+            Box::pin(gate::refuse(w, &mut stream, why)).await;
+            return;
+        }
+    };
     let mut out = Vec::with_capacity(160);
-    ws::write_accept(&mut out, &accept);
+    match gate::protocol(req) {
+        // Only the protocol this server speaks goes back, never a token.
+        Some(p) => http::write_response_head(
+            &mut out,
+            101,
+            &[
+                ("Upgrade", "websocket"),
+                ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Accept", &accept),
+                ("Sec-WebSocket-Protocol", p),
+            ],
+        ),
+        None => ws::write_accept(&mut out, &accept),
+    }
     match tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await {
         Ok(Ok(())) => {}
         _ => {
@@ -227,7 +262,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
                 w.counters.handshake_failed("write_failed");
                 return;
             };
-            Conn::new(sock, w.subs.now.get(), rest)
+            Conn::new(sock, w.subs.now.get(), rest).with_expiry(access.expires)
         }
         Io::Tls(tls) => {
             let parts = tls.into_parts();
@@ -240,6 +275,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
             let mut plain = rest.to_vec();
             plain.extend_from_slice(&parts.plain_rest);
             Conn::new(sock, w.subs.now.get(), &plain)
+                .with_expiry(access.expires)
                 .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
         }
     };

@@ -14,6 +14,7 @@
 //! socket as the routes use it.
 
 mod conn;
+mod gate;
 mod http;
 mod link;
 #[cfg(test)]
@@ -39,6 +40,7 @@ use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
 use crate::control::{Record, read_record};
 use crate::metrics::{CloseReason, Counters};
@@ -47,6 +49,7 @@ use crate::reuseport;
 use crate::tls;
 use crate::wheel::{self, TICK};
 use link::Link;
+use routes::Serves;
 use state::{Around, Worker};
 use subscribers::{Limits, Subscribers};
 
@@ -124,9 +127,21 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         _ => None,
     };
     let mut listeners = Vec::new();
-    let plain = cfg.listen.iter().map(|a| (*a, None));
-    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone()));
-    for (addr, tls) in plain.chain(secure) {
+    let public = Serves::public(&cfg);
+    let plain = cfg.listen.iter().map(|a| (*a, None, public));
+    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
+    // An address in both --publish-listen and --metrics-listen is one
+    // listener serving both.
+    let mut internal: Vec<SocketAddr> = cfg.publish_listen.clone();
+    internal.extend(
+        cfg.metrics_listen
+            .iter()
+            .filter(|a| !cfg.publish_listen.contains(a)),
+    );
+    let internal = internal
+        .into_iter()
+        .map(|a| (a, None, Serves::internal(&cfg, a)));
+    for (addr, tls, serves) in plain.chain(secure).chain(internal) {
         let l = reuseport::listener(addr)
             .and_then(TcpListener::from_std)
             .map_err(|source| WorkerError::Listen {
@@ -134,7 +149,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
                 addr,
                 source,
             })?;
-        listeners.push((l, tls));
+        listeners.push((l, tls, serves));
     }
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
@@ -152,17 +167,27 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         poller: Poller::new()?,
         link: link.clone(),
     };
+    let publish_key = match &cfg.auth.publish_key {
+        Some(file) => Some(PublishKey::new(file).map_err(|_| {
+            WorkerError::Io(std::io::Error::other("no randomness for the publish key"))
+        })?),
+        None => None,
+    };
     let w = Rc::new(Worker {
         index,
         subs: Subscribers::new(Limits::of(&cfg), around, counters.clone()),
         counters,
         link,
         draining: Cell::new(false),
+        verifier: Verifier::new(&cfg.auth),
+        publish_key,
         cfg,
     });
     let accepts: Vec<AbortHandle> = listeners
         .into_iter()
-        .map(|(l, tls)| tokio::task::spawn_local(accept_loop(w.clone(), l, tls)).abort_handle())
+        .map(|(l, tls, serves)| {
+            tokio::task::spawn_local(accept_loop(w.clone(), l, tls, serves)).abort_handle()
+        })
         .collect();
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
@@ -193,7 +218,12 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
 }
 
 /// Accepts connections on `l`; with `tls`, each starts with a TLS handshake.
-async fn accept_loop(w: Rc<Worker>, l: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {
+async fn accept_loop(
+    w: Rc<Worker>,
+    l: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    serves: Serves,
+) {
     let mut last_report: Option<Instant> = None;
     loop {
         match l.accept().await {
@@ -202,12 +232,18 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, tls: Option<Arc<rustls::Serv
                 let _ = stream.set_nodelay(true);
                 match &tls {
                     Some(cfg) => {
-                        tokio::task::spawn_local(http::serve_tls(w.clone(), stream, cfg.clone()));
+                        tokio::task::spawn_local(http::serve_tls(
+                            w.clone(),
+                            stream,
+                            cfg.clone(),
+                            serves,
+                        ));
                     }
                     None => {
                         tokio::task::spawn_local(http::serve(
                             w.clone(),
                             tls::stream::Io::Plain(stream),
+                            serves,
                         ));
                     }
                 }
@@ -274,6 +310,7 @@ async fn tick_loop(w: Rc<Worker>) {
         let now = if w.draining.get() {
             w.subs.advance()
         } else {
+            w.subs.wall.set(gate::unix_now());
             w.subs.tick();
             w.subs.now.get()
         };

@@ -12,6 +12,7 @@ use throng_host::poll::{Interest, Poller};
 
 use super::link::Link;
 use super::subscribers::{Outside, Subscribers};
+use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
 use crate::metrics::Counters;
 
@@ -24,6 +25,10 @@ pub(crate) struct Worker {
     pub(crate) link: Rc<Link>,
     /// SIGTERM/SIGINT came: no new subscribers, no more fan-out.
     pub(crate) draining: Cell<bool>,
+    /// Checks tokens, when keys are configured.
+    pub(crate) verifier: Option<Verifier>,
+    /// The publish API key, when one is configured.
+    pub(crate) publish_key: Option<PublishKey>,
 }
 
 /// What the subscribers need around them in a worker: its one epoll set,

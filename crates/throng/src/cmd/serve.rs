@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use throng_host::units::{parse_duration, parse_size};
+use throng_server::auth::{Key, PublishKeyFile, Settings};
 use throng_server::config::parse_listen;
 use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Trust};
 use throng_server::{Config, Plan, WorkerCommand};
@@ -161,6 +162,55 @@ pub(crate) struct Args {
     #[arg(long, requires = "redis")]
     redis_wait: bool,
 
+    /// Require a token (JWT) signed with this HS256 secret: a file of at least 32 bytes (one
+    /// trailing newline is ignored). KID=FILE names the key for tokens whose header has that
+    /// kid. Repeat for more keys.
+    #[arg(long, value_name = "[KID=]FILE", action = clap::ArgAction::Append)]
+    auth_hs256_secret_file: Vec<String>,
+
+    /// Require a token (JWT) signed by this key: a PEM public key whose type decides the one
+    /// algorithm it checks (RSA: RS256, EC P-256: ES256, P-384: ES384, Ed25519: EdDSA).
+    /// KID=FILE as above; repeat for more keys.
+    #[arg(long, value_name = "[KID=]FILE", action = clap::ArgAction::Append)]
+    auth_public_key: Vec<String>,
+
+    /// Tokens must carry this issuer (iss).
+    #[arg(long, value_name = "ISS")]
+    auth_issuer: Option<String>,
+
+    /// Tokens must name this audience (aud). Without it a token that has an aud is refused
+    /// (RFC 7519: it was meant for someone else).
+    #[arg(long, value_name = "AUD")]
+    auth_audience: Option<String>,
+
+    /// Accept tokens without an expiry (exp). Without it they are refused; a subscriber is
+    /// closed with 4001 within one --ping-interval after its token's exp.
+    #[arg(long)]
+    auth_allow_no_exp: bool,
+
+    /// Publishing needs this key (a file of at least 16 bytes), sent as
+    /// 'Authorization: Bearer <key>' (compared in constant time), or a token whose publish
+    /// claim grants the channel.
+    #[arg(long, value_name = "FILE")]
+    publish_key_file: Option<String>,
+
+    /// Serve publishing (and /healthz) on this internal address only, like an admin port;
+    /// the public addresses then refuse POST /publish with 403.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
+    publish_listen: Vec<Vec<SocketAddr>>,
+
+    /// Serve /metrics (and /healthz) on this internal address only; the public addresses
+    /// then refuse it with 403. May be the --publish-listen address.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
+    metrics_listen: Vec<Vec<SocketAddr>>,
+
+    /// Browser pages from these origins only may subscribe: a comma-separated list such as
+    /// https://app.example.com,https://example.com (others get 403: cross-site WebSocket
+    /// hijacking). Clients that send no Origin header are not browsers and are not checked.
+    /// Default: any origin.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    allowed_origins: Option<Vec<String>>,
+
     /// Print the start line as JSON only (for scripts).
     #[arg(long)]
     json: bool,
@@ -173,6 +223,46 @@ pub(crate) struct Args {
     /// Internal: run as worker N of a supervisor (stdin is its control socket).
     #[arg(long, hide = true, value_name = "N")]
     worker_index: Option<usize>,
+}
+
+/// The keys, claims and publish key of `args`, each file read and checked now.
+fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
+    let mut keys = Vec::new();
+    for spec in &args.auth_hs256_secret_file {
+        keys.push(Key::hs256_secret_file(spec).context("--auth-hs256-secret-file")?);
+    }
+    for spec in &args.auth_public_key {
+        keys.push(Key::public_key_file(spec).context("--auth-public-key")?);
+    }
+    if keys.is_empty()
+        && (args.auth_issuer.is_some() || args.auth_audience.is_some() || args.auth_allow_no_exp)
+    {
+        anyhow::bail!(
+            "--auth-issuer, --auth-audience and --auth-allow-no-exp are rules for tokens: \
+             give the key they are signed with (--auth-hs256-secret-file or --auth-public-key)"
+        );
+    }
+    if let Some(allowed) = &args.allowed_origins
+        && let Some(bad) = allowed
+            .iter()
+            .find(|o| !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/'))
+    {
+        anyhow::bail!(
+            "--allowed-origins: '{bad}' is not an origin (scheme://host[:port], no path or \
+             trailing '/'; e.g. https://app.example.com)"
+        );
+    }
+    let publish_key = match &args.publish_key_file {
+        Some(path) => Some(PublishKeyFile::read(path).context("--publish-key-file")?),
+        None => None,
+    };
+    Ok(Settings {
+        keys,
+        issuer: args.auth_issuer.clone(),
+        audience: args.auth_audience.clone(),
+        allow_no_exp: args.auth_allow_no_exp,
+        publish_key,
+    })
 }
 
 fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
@@ -188,6 +278,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         throng_server::worker::run_from_stdin(index)?;
         return Ok(ExitCode::SUCCESS);
     }
+    let auth = auth_settings(&args)?;
     let config = Config {
         listen: args.listen.into_iter().flatten().collect(),
         workers: args.workers,
@@ -210,6 +301,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             _ if args.tls_self_signed => Some(throng_server::tls::Material::self_signed()?),
             _ => None,
         },
+        auth,
+        allowed_origins: args.allowed_origins.clone(),
+        publish_listen: args.publish_listen.iter().flatten().copied().collect(),
+        metrics_listen: args.metrics_listen.iter().flatten().copied().collect(),
+        per_address: Default::default(),
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
@@ -249,6 +345,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if !args.json {
         eprintln!("{plan}");
+    }
+    // Loud whatever the output format: it is about the machine's exposure.
+    if let Some(warning) = plan.config.exposure_warning() {
+        eprintln!("{warning}");
     }
     // One JSON line on stdout: what scripts and tests read (actual ports, workers, limits).
     println!("{}", plan.to_json());
