@@ -80,6 +80,10 @@ pub struct Config {
     /// Limits per client address (`--max-connections-per-ip`, `--handshakes-per-ip`).
     #[serde(default)]
     pub per_address: PerAddress,
+    /// The descriptor of the subscriber counts every worker shares (made by
+    /// the supervisor with `max_connections`, inherited by the workers).
+    #[serde(default)]
+    pub shared_counters: Option<i32>,
 }
 
 /// Limits per client address: an IPv4 address, or an IPv6 /64 (one
@@ -127,6 +131,7 @@ impl Default for Config {
             publish_listen: Vec::new(),
             metrics_listen: Vec::new(),
             per_address: PerAddress::default(),
+            shared_counters: None,
         }
     }
 }

@@ -26,6 +26,7 @@ macro_rules! log {
     }};
 }
 
+pub mod addresses;
 pub mod auth;
 mod broker;
 pub mod channel;

@@ -266,6 +266,8 @@ pub struct SupervisorStats {
     pub workers: usize,
     /// The Redis broker's state and counters (`None`: the local relay).
     pub broker: Option<BrokerStats>,
+    /// Addresses in the per-address table (`None`: no per-address limit).
+    pub addresses: Option<u64>,
 }
 
 /// The Redis broker as `/metrics` shows it.
@@ -543,6 +545,15 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         "Workers restarted after they died.",
         sup.restarts.to_string(),
     );
+    if let Some(n) = sup.addresses {
+        one(
+            &mut out,
+            "throng_address_table_entries",
+            "gauge",
+            "Client addresses the per-address limits track now (live connections or recent handshakes).",
+            n.to_string(),
+        );
+    }
     if let Some(b) = &sup.broker {
         render_broker(&mut out, b);
     }

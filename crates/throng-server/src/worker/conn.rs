@@ -116,6 +116,10 @@ pub(crate) struct Conn<W> {
     /// 0: no token, or one without `exp`. Four bytes that fit beside the
     /// other small fields, so an authenticated subscriber costs no more.
     pub(crate) expires: u32,
+    /// What the worker counts this connection under (its client address
+    /// for the per-address limits, its place under `--max-connections`),
+    /// handed back to [`Outside::forget`]; [`NONE`] when nothing is.
+    pub(crate) tag: u32,
     /// Bytes of a frame that arrived split; `None` almost always. A `Cell`
     /// (taken and put back), not a `RefCell`: one word less per connection.
     rest: Cell<Option<Box<[u8]>>>,
@@ -214,6 +218,7 @@ impl<W: Wire> Conn<W> {
             state: Cell::new(State::Open),
             listed: Cell::new(false),
             expires: 0,
+            tag: NONE,
             rest: Cell::new((!rest.is_empty()).then(|| rest.into())),
             queue: RefCell::new(None),
             decoder: RefCell::new(Decoder::new(
@@ -234,6 +239,12 @@ impl<W: Wire> Conn<W> {
     /// Whether its token has expired at Unix second `now`.
     pub(crate) fn expired(&self, now: u64) -> bool {
         self.expires != 0 && u64::from(self.expires) <= now
+    }
+
+    /// Counts it under `tag` (see [`Conn::tag`]).
+    pub(crate) fn with_tag(mut self, tag: u32) -> Self {
+        self.tag = tag;
+        self
     }
 
     /// Makes this a TLS subscriber.
@@ -465,7 +476,7 @@ impl<O: Outside> Subscribers<O> {
                 let _ = c.wire.write(&out);
             }
         }
-        self.outside.forget(&c.wire);
+        self.outside.forget(&c.wire, c.tag);
         if c.slot.get() != NONE {
             self.conns.borrow_mut().remove(c);
             self.counters

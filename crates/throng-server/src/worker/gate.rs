@@ -109,6 +109,22 @@ pub(crate) fn may_publish(w: &Worker, req: &Request, channel: &str) -> Result<()
     }
 }
 
+/// Refuses an upgrade past `--max-connections`: 503 with `Retry-After`.
+pub(crate) async fn full(w: &Worker, stream: &mut Io) {
+    let retry = super::http::RETRY_AFTER.to_string();
+    let why = "the server holds --max-connections subscribers; try again later\n";
+    reply_with(
+        w,
+        stream,
+        503,
+        "text/plain",
+        &[("Retry-After", &retry)],
+        why.as_bytes(),
+        false,
+    )
+    .await;
+}
+
 /// Answers a refused request (401 with `WWW-Authenticate`, or 403), counts
 /// it, and closes. The body is the refusal's fixed text.
 pub(crate) async fn refuse(w: &Worker, stream: &mut Io, why: Refusal) {

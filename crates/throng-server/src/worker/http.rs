@@ -3,18 +3,23 @@
 //! [`routes`](super::routes), upgrade it to a subscriber, or refuse it with
 //! the status and reason a client can act on.
 
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use throng_proto::http::{self, HeadError, Request};
 use throng_proto::ws;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::conn::{Conn, TlsState};
 use super::gate;
+use super::link::Link;
 use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
 use super::state::Worker;
+use super::table::NONE;
+use crate::addresses::{Source, Verdict};
 use crate::channel;
 use crate::tls::stream::{Io, TlsStream};
 
@@ -26,6 +31,124 @@ enum Head {
     Bad(HeadError),
 }
 
+/// An admitted connection's place in its client address's count
+/// (per-address limits): given back to the supervisor when dropped, unless
+/// the connection became a subscriber, which then holds it
+/// ([`Ticket::into_source`]).
+pub(crate) struct Ticket {
+    link: Rc<Link>,
+    /// `None` once a subscriber holds it.
+    source: Option<Source>,
+}
+
+impl Ticket {
+    /// The address, now held by a subscriber (given back when it ends).
+    fn into_source(mut self) -> Option<Source> {
+        self.source.take()
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(source) = self.source {
+            self.link.release(source);
+        }
+    }
+}
+
+/// Per-address limits: asks the supervisor whether a new connection from
+/// `peer` may be served, then serves it (holding its [`Ticket`]) or turns
+/// it away.
+pub(crate) async fn admit(
+    w: Rc<Worker>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    serves: Serves,
+) {
+    let source = Source::of(peer.ip());
+    let verdict = w.link.admit(source).await;
+    if let Some(label) = verdict.label() {
+        w.counters.refused(label);
+        // On a TLS port the answer would cost the handshake the limits
+        // are there to spare: the connection is just closed.
+        if tls.is_none() {
+            turn_away(&w, tcp, verdict).await;
+        }
+        return;
+    }
+    let ticket = Some(Ticket {
+        link: w.link.clone(),
+        source: Some(source),
+    });
+    match tls {
+        Some(cfg) => serve_tls(w, tcp, cfg, serves, ticket).await,
+        None => serve(w, Io::Plain(tcp), serves, ticket).await,
+    }
+}
+
+/// How long a turned-away connection is read (and its bytes dropped)
+/// after the answer, so that closing it does not reset the connection
+/// before the client reads the answer.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Answers a connection refused by a per-address limit (429) or a full
+/// address table (503) without reading its request, and closes it.
+async fn turn_away(w: &Worker, mut tcp: TcpStream, verdict: Verdict) {
+    let (status, why, retry_after) = match verdict {
+        Verdict::TooMany => (
+            429,
+            "too many connections from your address (--max-connections-per-ip)\n",
+            None,
+        ),
+        Verdict::TooFast { retry_after } => (
+            429,
+            "too many new connections from your address (--handshakes-per-ip)\n",
+            Some(retry_after),
+        ),
+        _ => (
+            503,
+            "too many client addresses at once\n",
+            Some(RETRY_AFTER),
+        ),
+    };
+    let retry = retry_after.map(|s| s.to_string());
+    let mut headers = vec![("Content-Type", "text/plain"), ("Connection", "close")];
+    if let Some(r) = &retry {
+        headers.push(("Retry-After", r));
+    }
+    let mut out = Vec::with_capacity(256);
+    http::write_response(&mut out, status, &headers, why.as_bytes());
+    let answered = async {
+        tcp.write_all(&out).await?;
+        tcp.shutdown().await
+    };
+    if !matches!(
+        tokio::time::timeout(w.cfg.handshake_timeout, answered).await,
+        Ok(Ok(()))
+    ) {
+        return;
+    }
+    let _ = tokio::time::timeout(LINGER.min(w.cfg.handshake_timeout), async {
+        loop {
+            if tcp.readable().await.is_err() {
+                return;
+            }
+            let mut scratch = w.subs.scratch.borrow_mut();
+            match tcp.try_read(&mut scratch) {
+                Ok(0) => return,
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+}
+
+/// The `Retry-After` of a 503 for a full node: long enough for others to
+/// leave, short enough to come back soon.
+pub(crate) const RETRY_AFTER: u32 = 5;
+
 /// Runs the TLS handshake on a connection from a `--tls-listen` listener
 /// (within `--handshake-timeout`), then serves it like a plain one.
 pub(crate) async fn serve_tls(
@@ -33,6 +156,7 @@ pub(crate) async fn serve_tls(
     tcp: TcpStream,
     config: Arc<rustls::ServerConfig>,
     serves: Serves,
+    ticket: Option<Ticket>,
 ) {
     let accepted =
         tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
@@ -41,21 +165,21 @@ pub(crate) async fn serve_tls(
         Ok(Err(e)) => w.counters.handshake_failed(e.label()),
         Ok(Ok(s)) => {
             w.counters.tls_handshake(s.handshake_label());
-            serve(w, Io::Tls(Box::new(s)), serves).await;
+            serve(w, Io::Tls(Box::new(s)), serves, ticket).await;
         }
     }
 }
 
 /// Serves one accepted connection until it upgrades or closes.
-pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves) {
+pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<Ticket>) {
     match requests(&w, &mut stream, serves).await {
-        Some((req, rest)) => upgrade(&w, stream, &req, &rest).await,
+        Some((req, rest)) => upgrade(&w, stream, &req, &rest, ticket).await,
         None => {
             if let Io::Tls(_) = stream {
                 // close_notify, so the client can tell the end from a cut.
                 let _ = tokio::time::timeout(
                     w.cfg.handshake_timeout,
-                    tokio::io::AsyncWriteExt::shutdown(&mut stream),
+                    AsyncWriteExt::shutdown(&mut stream),
                 )
                 .await;
             }
@@ -194,7 +318,7 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
 
 /// Completes (or refuses) a WebSocket upgrade and hands the socket to the
 /// subscriber task.
-async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
+async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket: Option<Ticket>) {
     let accept = match ws::server_accept(req) {
         Ok(accept) => accept,
         Err(e) => {
@@ -233,6 +357,12 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
             return;
         }
     };
+    let counted = &w.subs.outside.counted;
+    if !counted.take_place() {
+        w.counters.refused("max_connections");
+        Box::pin(gate::full(w, &mut stream)).await;
+        return;
+    }
     let mut out = Vec::with_capacity(160);
     match gate::protocol(req) {
         // Only the protocol this server speaks goes back, never a token.
@@ -248,17 +378,17 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
         ),
         None => ws::write_accept(&mut out, &accept),
     }
-    match tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await {
-        Ok(Ok(())) => {}
-        _ => {
-            w.counters.handshake_failed("write_failed");
-            return;
-        }
+    let written = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+    if !matches!(written, Ok(Ok(()))) {
+        counted.give_place();
+        w.counters.handshake_failed("write_failed");
+        return;
     }
     // From here on the socket lives in the worker's own epoll, not tokio's.
     let c = match stream {
         Io::Plain(tcp) => {
             let Ok(sock) = tcp.into_std() else {
+                counted.give_place();
                 w.counters.handshake_failed("write_failed");
                 return;
             };
@@ -267,6 +397,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
         Io::Tls(tls) => {
             let parts = tls.into_parts();
             let Ok(sock) = parts.tcp.into_std() else {
+                counted.give_place();
                 w.counters.handshake_failed("write_failed");
                 return;
             };
@@ -279,7 +410,13 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
                 .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
         }
     };
-    if let Err(e) = w.subs.subscribe(name, c) {
+    // The subscriber holds its place and its address from here on, and
+    // gives both back when it ends (`Outside::forget`).
+    let tag = ticket
+        .and_then(Ticket::into_source)
+        .map_or(NONE, |s| counted.tag(s));
+    if let Err(e) = w.subs.subscribe(name, c.with_tag(tag)) {
+        counted.release(&w.link, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
     }

@@ -24,7 +24,7 @@ mod state;
 mod subscribers;
 mod table;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::rc::Rc;
@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use throng_host::poll::{Events, Poller};
+use throng_host::shared::SharedCounters;
 use throng_host::timer::Timer;
 use throng_proto::ws::close_code;
 use tokio::io::AsyncWriteExt;
@@ -50,7 +51,7 @@ use crate::tls;
 use crate::wheel::{self, TICK};
 use link::Link;
 use routes::Serves;
-use state::{Around, Worker};
+use state::{Around, Counted, Worker};
 use subscribers::{Limits, Subscribers};
 
 /// Why a worker could not start or run.
@@ -163,9 +164,21 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let counters = Rc::new(Counters::default());
     let report_interest = cfg.redis_mode == Some(RedisMode::Channels);
     let link = Rc::new(Link::new(index, counters.clone(), report_interest, tx));
+    let places = match (cfg.max_connections, cfg.shared_counters) {
+        (Some(cap), Some(fd)) => {
+            let shared = SharedCounters::inherit(fd, cfg.workers)?;
+            // What a dead predecessor in this slot held went with it.
+            if let Some(mine) = shared.slot(index) {
+                mine.store(0, std::sync::atomic::Ordering::SeqCst);
+            }
+            Some((shared, cap))
+        }
+        _ => None,
+    };
     let around = Around {
         poller: Poller::new()?,
         link: link.clone(),
+        counted: Counted::new(index, places),
     };
     let publish_key = match &cfg.auth.publish_key {
         Some(file) => Some(PublishKey::new(file).map_err(|_| {
@@ -179,6 +192,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         counters,
         link,
         draining: Cell::new(false),
+        accept_errors: RefCell::new(Recurring::new(index)),
         verifier: Verifier::new(&cfg.auth),
         publish_key,
         cfg,
@@ -224,12 +238,21 @@ async fn accept_loop(
     tls: Option<Arc<rustls::ServerConfig>>,
     serves: Serves,
 ) {
-    let mut last_report: Option<Instant> = None;
     loop {
         match l.accept().await {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 crate::metrics::inc(&w.counters.accepted);
                 let _ = stream.set_nodelay(true);
+                if w.cfg.per_address.any() {
+                    tokio::task::spawn_local(http::admit(
+                        w.clone(),
+                        stream,
+                        peer,
+                        tls.clone(),
+                        serves,
+                    ));
+                    continue;
+                }
                 match &tls {
                     Some(cfg) => {
                         tokio::task::spawn_local(http::serve_tls(
@@ -237,6 +260,7 @@ async fn accept_loop(
                             stream,
                             cfg.clone(),
                             serves,
+                            None,
                         ));
                     }
                     None => {
@@ -244,25 +268,83 @@ async fn accept_loop(
                             w.clone(),
                             tls::stream::Io::Plain(stream),
                             serves,
+                            None,
                         ));
                     }
                 }
             }
             Err(e) => {
-                // EMFILE and friends: say so, and back off instead of spinning.
+                // EMFILE and friends: say so once, count the rest, and back
+                // off instead of spinning.
                 w.counters.handshake_failed("accept_error");
-                if last_report.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
-                    last_report = Some(Instant::now());
-                    let hint = if e.raw_os_error() == Some(libc::EMFILE) {
-                        " (open-file limit reached: run more workers, see --max-connections)"
-                    } else {
-                        ""
-                    };
-                    log!("throng: worker {}: accept: {e}{hint}", w.index);
+                let hint = if e.raw_os_error() == Some(libc::EMFILE) {
+                    " (open-file limit reached: run more workers, see --max-connections)"
+                } else {
+                    ""
+                };
+                let what = format!("accept: {e}{hint}");
+                if let Some(line) = w.accept_errors.borrow_mut().note(&what, Instant::now()) {
+                    log!("{line}");
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// How often a condition that repeats (a failing `accept`) is logged again.
+const REPEAT_EVERY: Duration = Duration::from_secs(10);
+
+/// A condition that can repeat thousands of times a second (`accept:
+/// Too many open files`): its first occurrence is logged at once, the rest
+/// are counted and logged as one line per [`REPEAT_EVERY`] while it lasts.
+pub(crate) struct Recurring {
+    worker: usize,
+    /// The last line logged, and when.
+    last: Option<(String, Instant)>,
+    /// Occurrences since then.
+    since: u64,
+}
+
+impl Recurring {
+    pub(crate) fn new(worker: usize) -> Self {
+        Self {
+            worker,
+            last: None,
+            since: 0,
+        }
+    }
+
+    /// It happened (again) at `now`; returns the line to log, if one is due.
+    pub(crate) fn note(&mut self, what: &str, now: Instant) -> Option<String> {
+        self.since += 1;
+        match &self.last {
+            Some((_, at)) if now.duration_since(*at) < REPEAT_EVERY => None,
+            _ => Some(self.line(what, now)),
+        }
+    }
+
+    /// The count of what happened since the last line, once its interval
+    /// is over (the tick asks, so the count of a condition that stopped is
+    /// logged too).
+    pub(crate) fn flush(&mut self, now: Instant) -> Option<String> {
+        let (what, at) = self.last.clone()?;
+        (self.since > 0 && now.duration_since(at) >= REPEAT_EVERY).then(|| self.line(&what, now))
+    }
+
+    fn line(&mut self, what: &str, now: Instant) -> String {
+        let line = match &self.last {
+            None => format!("throng: worker {}: {what}", self.worker),
+            Some((_, at)) => format!(
+                "throng: worker {}: {what} (x{} in the last {:.0}s)",
+                self.worker,
+                self.since,
+                now.duration_since(*at).as_secs_f64()
+            ),
+        };
+        self.last = Some((what.to_owned(), now));
+        self.since = 0;
+        line
     }
 }
 
@@ -316,6 +398,9 @@ async fn tick_loop(w: Rc<Worker>) {
         };
         if now % snapshot_every == 0 {
             w.link.send_snapshot();
+            if let Some(line) = w.accept_errors.borrow_mut().flush(Instant::now()) {
+                log!("{line}");
+            }
         }
     }
 }
@@ -377,4 +462,33 @@ async fn drain(w: &Worker, rd: &mut tokio::net::unix::OwnedReadHalf, buf: &mut B
     w.link.send_snapshot();
     // Give the writer task a moment to hand the last records over.
     tokio::task::yield_now().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::Recurring;
+
+    #[test]
+    fn a_recurring_error_is_logged_once_then_counted_per_interval() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut r = Recurring::new(3);
+        let what = "accept: Too many open files";
+        assert_eq!(
+            r.note(what, at(0)).as_deref(),
+            Some("throng: worker 3: accept: Too many open files")
+        );
+        let lines: Vec<String> = (1..159).filter_map(|i| r.note(what, at(i * 20))).collect();
+        assert!(lines.is_empty(), "{lines:?}");
+        assert_eq!(r.flush(at(5_000)), None, "not before the interval is over");
+        assert_eq!(
+            r.flush(at(10_000)).as_deref(),
+            Some("throng: worker 3: accept: Too many open files (x158 in the last 10s)")
+        );
+        assert_eq!(r.flush(at(30_000)), None, "nothing since");
+        let again = r.note(what, at(31_000)).unwrap();
+        assert!(again.ends_with("(x1 in the last 21s)"), "{again}");
+    }
 }

@@ -120,7 +120,7 @@ impl Outside for Around {
         wire.0.write_wanted.set(on);
     }
 
-    fn forget(&self, wire: &MemWire) {
+    fn forget(&self, wire: &MemWire, _tag: u32) {
         wire.0.watched.set(false);
         wire.0.write_wanted.set(false);
     }

@@ -36,8 +36,9 @@ pub(crate) trait Outside {
     fn watch(&self, wire: &Self::Wire, slot: u32) -> io::Result<()>;
     /// Watches it for room to write too (while it has a queue), or no longer.
     fn want_write(&self, wire: &Self::Wire, slot: u32, on: bool);
-    /// Stops watching it (the connection is gone).
-    fn forget(&self, wire: &Self::Wire);
+    /// Stops watching it (the connection is gone), and gives back what it
+    /// was counted under (`tag`, see [`Conn::tag`]).
+    fn forget(&self, wire: &Self::Wire, tag: u32);
     /// A channel got its first subscriber here (`true`) or lost its last.
     fn channel_interest(&self, channel: &str, subscribed: bool);
 }

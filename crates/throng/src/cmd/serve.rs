@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use throng_host::units::{parse_duration, parse_size};
+use throng_host::units::{parse_duration, parse_rate, parse_size};
 use throng_server::auth::{Key, PublishKeyFile, Settings};
-use throng_server::config::parse_listen;
+use throng_server::config::{PerAddress, parse_listen};
 use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Trust};
 use throng_server::{Config, Plan, WorkerCommand};
 
@@ -76,9 +76,28 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     workers: usize,
 
-    /// Connections the server must be able to hold; sets the minimum number of workers.
+    /// Subscribers the whole server holds at most (over every worker): past it an upgrade
+    /// gets 503 with Retry-After instead of the workers running out of files. Also sets the
+    /// minimum number of workers.
     #[arg(long, value_name = "N")]
     max_connections: Option<u64>,
+
+    /// Connections (subscribers and HTTP requests) one client address may hold at once,
+    /// counted over every worker; past it a new one gets 429. An address is an IPv4 address
+    /// or an IPv6 /64.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_ip: Option<u32>,
+
+    /// New connections one client address may open, as a rate (e.g. 10/s, 300/m) with a
+    /// burst (--handshake-burst); past it 429 with Retry-After. On --tls-listen ports a
+    /// refused connection is closed before its TLS handshake, without an answer.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    handshakes_per_ip: Option<f64>,
+
+    /// How many new connections an address may open at once after a quiet spell
+    /// (the token bucket of --handshakes-per-ip). Default: one second's worth of the rate.
+    #[arg(long, value_name = "N", requires = "handshakes_per_ip", value_parser = clap::value_parser!(u32).range(1..))]
+    handshake_burst: Option<u32>,
 
     /// Largest publish body; larger ones get 413.
     #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
@@ -305,7 +324,16 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         allowed_origins: args.allowed_origins.clone(),
         publish_listen: args.publish_listen.iter().flatten().copied().collect(),
         metrics_listen: args.metrics_listen.iter().flatten().copied().collect(),
-        per_address: Default::default(),
+        per_address: PerAddress {
+            max_connections: args.max_connections_per_ip,
+            handshakes_per_sec: args.handshakes_per_ip,
+            handshake_burst: args.handshake_burst.unwrap_or_else(|| {
+                // One second's worth, at least one: f64 to u32 saturates.
+                args.handshakes_per_ip
+                    .map_or(0, |r| r.ceil().max(1.0) as u32)
+            }),
+        },
+        shared_counters: None,
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
