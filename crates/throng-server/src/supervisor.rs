@@ -161,18 +161,19 @@ impl Plan {
             .publish_listen
             .iter()
             .chain(&config.metrics_listen)
-            .find(|a| public.contains(a))
+            // Port 0: each gets a port of its own.
+            .find(|a| a.port() != 0 && public.contains(a))
         {
             return Err(ServeError::InternalIsPublic(*a));
         }
         bind_all(&mut config.listen)?;
         bind_all(&mut config.tls_listen)?;
-        // An address given to both internal options is one listener: bound
-        // once, so port 0 stays one port.
+        // An address given to both internal options is one listener, bound
+        // once (port 0 is a new port for each).
         let both: Vec<SocketAddr> = config
             .metrics_listen
             .iter()
-            .filter(|a| config.publish_listen.contains(a))
+            .filter(|a| a.port() != 0 && config.publish_listen.contains(a))
             .copied()
             .collect();
         let before = config.publish_listen.clone();
