@@ -11,6 +11,11 @@
 //! 3. accepted upgrades per second;
 //! 4. kernel memory per connection (`/proc/meminfo`, `/proc/net/sockstat`).
 //!
+//! `--serve-arg ARG` (repeated) passes more options to the server, and
+//! `--token JWT` sends every upgrade with `?token=JWT` and every publish
+//! with `Authorization: Bearer JWT`: `scripts/bench-auth.sh` runs the same
+//! figures with tokens and without.
+//!
 //! This process is the client: it holds every subscriber itself (stay under
 //! the 20,000-file limit) and starts the server as a separate process with
 //! one worker. Its subscriber sockets sit in no epoll while a message fans
@@ -38,6 +43,8 @@ struct Opts {
     rounds: usize,
     concurrency: usize,
     payload: usize,
+    serve_args: Vec<String>,
+    token: Option<String>,
 }
 
 fn opts() -> Opts {
@@ -47,6 +54,8 @@ fn opts() -> Opts {
         rounds: 15,
         concurrency: 200,
         payload: 64,
+        serve_args: Vec::new(),
+        token: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -57,8 +66,11 @@ fn opts() -> Opts {
             "--rounds" => o.rounds = v().parse().expect("--rounds N"),
             "--concurrency" => o.concurrency = v().parse().expect("--concurrency N"),
             "--payload" => o.payload = v().parse().expect("--payload BYTES"),
+            "--serve-arg" => o.serve_args.push(v()),
+            "--token" => o.token = Some(v()),
             _ => panic!(
-                "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES)"
+                "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES \
+                 --serve-arg ARG --token JWT)"
             ),
         }
     }
@@ -164,16 +176,26 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 async fn request(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    request_as(addr, method, target, body, None).await
+}
+
+/// A request with `Authorization: Bearer <token>` when a token is given.
+async fn request_as(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    body: &[u8],
+    token: Option<&str>,
+) -> (u16, Vec<u8>) {
     let mut s = TcpStream::connect(addr).await.expect("connect for request");
     let mut out = Vec::new();
     let host = addr.to_string();
-    http::write_request(
-        &mut out,
-        method,
-        target,
-        &[("Host", host.as_bytes()), ("Connection", b"close")],
-        body,
-    );
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers: Vec<(&str, &[u8])> = vec![("Host", host.as_bytes()), ("Connection", b"close")];
+    if let Some(a) = &auth {
+        headers.push(("Authorization", a.as_bytes()));
+    }
+    http::write_request(&mut out, method, target, &headers, body);
     s.write_all(&out).await.expect("write request");
     let mut resp = Vec::new();
     s.read_to_end(&mut resp).await.expect("read response");
@@ -186,7 +208,7 @@ async fn request(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> (
 async fn subscribe(
     addr: SocketAddr,
     src: Ipv4Addr,
-    channel: &str,
+    target: &str,
     holder: Rc<Held>,
 ) -> Result<(), String> {
     let sock = TcpSocket::new_v4().map_err(|e| e.to_string())?;
@@ -198,7 +220,7 @@ async fn subscribe(
         .map_err(|e| format!("connect: {e}"))?;
     let key = ws::client_key(fastrand::u128(..).to_le_bytes());
     let mut out = Vec::new();
-    ws::write_upgrade_request(&mut out, &addr.to_string(), &format!("/{channel}"), &key);
+    ws::write_upgrade_request(&mut out, &addr.to_string(), target, &key);
     s.write_all(&out).await.map_err(|e| e.to_string())?;
     let mut buf = Vec::with_capacity(512);
     let used = loop {
@@ -249,6 +271,7 @@ async fn bench(o: Opts) {
             "--bench-floor",
             "--json",
         ])
+        .args(&o.serve_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -284,11 +307,16 @@ async fn bench(o: Opts) {
     // (3) upgrades per second, holding every connection.
     let holder = Rc::new(Held::default());
     let t = Instant::now();
+    let target: Rc<str> = match &o.token {
+        Some(t) => format!("/bench?token={t}").into(),
+        None => "/bench".into(),
+    };
     let next = Rc::new(Cell::new(0usize));
     let failed = Rc::new(Cell::new(0usize));
     let mut openers = Vec::new();
     for _ in 0..o.concurrency {
-        let (next, failed, holder) = (next.clone(), failed.clone(), holder.clone());
+        let (next, failed, holder, target) =
+            (next.clone(), failed.clone(), holder.clone(), target.clone());
         let n = o.conns;
         openers.push(tokio::task::spawn_local(async move {
             loop {
@@ -298,7 +326,7 @@ async fn bench(o: Opts) {
                 }
                 next.set(i + 1);
                 let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
-                if let Err(e) = subscribe(addr, src, "bench", holder.clone()).await {
+                if let Err(e) = subscribe(addr, src, &target, holder.clone()).await {
                     if failed.get() == 0 {
                         eprintln!("subscribe failed: {e}");
                     }
@@ -338,7 +366,7 @@ async fn bench(o: Opts) {
             } else {
                 "/publish/bench"
             };
-            let (status, body) = request(addr, "POST", path, &payload).await;
+            let (status, body) = request_as(addr, "POST", path, &payload, o.token.as_deref()).await;
             let rtt = t.elapsed().as_secs_f64() * 1e3;
             assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
             let ticks = cpu_ticks(pid) - ticks0;
@@ -374,6 +402,8 @@ async fn bench(o: Opts) {
     let report = serde_json::json!({
         "loadavg_at_start": load0.trim(),
         "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+        "serve_args": o.serve_args,
+        "token": o.token.is_some(),
         "connections": held,
         "failed": failed.get(),
         "upgrades_per_sec": upgrades_per_sec.round(),

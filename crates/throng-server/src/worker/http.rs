@@ -3,6 +3,7 @@
 //! [`routes`](super::routes), upgrade it to a subscriber, or refuse it with
 //! the status and reason a client can act on.
 
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -15,7 +16,6 @@ use tokio::net::TcpStream;
 
 use super::conn::{Conn, TlsState};
 use super::gate;
-use super::link::Link;
 use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
 use super::state::Worker;
 use super::table::NONE;
@@ -31,30 +31,12 @@ enum Head {
     Bad(HeadError),
 }
 
-/// An admitted connection's place in its client address's count
-/// (per-address limits): given back to the supervisor when dropped, unless
-/// the connection became a subscriber, which then holds it
-/// ([`Ticket::into_source`]).
-pub(crate) struct Ticket {
-    link: Rc<Link>,
-    /// `None` once a subscriber holds it.
-    source: Option<Source>,
-}
-
-impl Ticket {
-    /// The address, now held by a subscriber (given back when it ends).
-    fn into_source(mut self) -> Option<Source> {
-        self.source.take()
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        if let Some(source) = self.source {
-            self.link.release(source);
-        }
-    }
-}
+/// An admitted connection's client address, while it is counted under it
+/// (per-address limits): the upgrade takes it for the subscriber, which
+/// gives it back when it ends; otherwise [`admit`] gives it back when the
+/// connection's HTTP phase ends. Borrowed by the connection's future, so
+/// that future (every HTTP connection's) grows by one pointer only.
+pub(crate) type Ticket = Cell<Option<Source>>;
 
 /// Per-address limits: asks the supervisor whether a new connection from
 /// `peer` may be served, then serves it (holding its [`Ticket`]) or turns
@@ -77,13 +59,13 @@ pub(crate) async fn admit(
         }
         return;
     }
-    let ticket = Some(Ticket {
-        link: w.link.clone(),
-        source: Some(source),
-    });
+    let ticket: Ticket = Cell::new(Some(source));
     match tls {
-        Some(cfg) => serve_tls(w, tcp, cfg, serves, ticket).await,
-        None => serve(w, Io::Plain(tcp), serves, ticket).await,
+        Some(cfg) => serve_tls(w.clone(), tcp, cfg, serves, Some(&ticket)).await,
+        None => serve(w.clone(), Io::Plain(tcp), serves, Some(&ticket)).await,
+    }
+    if let Some(source) = ticket.take() {
+        w.link.release(source);
     }
 }
 
@@ -156,7 +138,7 @@ pub(crate) async fn serve_tls(
     tcp: TcpStream,
     config: Arc<rustls::ServerConfig>,
     serves: Serves,
-    ticket: Option<Ticket>,
+    ticket: Option<&Ticket>,
 ) {
     let accepted =
         tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
@@ -171,7 +153,7 @@ pub(crate) async fn serve_tls(
 }
 
 /// Serves one accepted connection until it upgrades or closes.
-pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<Ticket>) {
+pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Ticket>) {
     match requests(&w, &mut stream, serves).await {
         Some((req, rest)) => upgrade(&w, stream, &req, &rest, ticket).await,
         None => {
@@ -318,7 +300,7 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
 
 /// Completes (or refuses) a WebSocket upgrade and hands the socket to the
 /// subscriber task.
-async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket: Option<Ticket>) {
+async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket: Option<&Ticket>) {
     let accept = match ws::server_accept(req) {
         Ok(accept) => accept,
         Err(e) => {
@@ -412,9 +394,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
     };
     // The subscriber holds its place and its address from here on, and
     // gives both back when it ends (`Outside::forget`).
-    let tag = ticket
-        .and_then(Ticket::into_source)
-        .map_or(NONE, |s| counted.tag(s));
+    let tag = ticket.and_then(Cell::take).map_or(NONE, |s| counted.tag(s));
     if let Err(e) = w.subs.subscribe(name, c.with_tag(tag)) {
         counted.release(&w.link, tag);
         w.counters.handshake_failed("epoll");
