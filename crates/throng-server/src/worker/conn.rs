@@ -7,8 +7,8 @@
 //! ```text
 //!            short write ──▶ queue (writable drains it)
 //!   Open ──┬─ queue over --max-queue, or no write progress in --write-timeout ─▶ 1008, Gone
-//!          ├─ idle timeout (1008) / drain (1001) ──▶ Closing ─┬─ client's close ─▶ Gone
-//!          ├─ protocol error (1002, 1007, 1009) ──▶ Failed ───┴─ CLOSE_GRACE over ▶ Gone
+//!          ├─ idle timeout (1008) / drain (1001) / token expired (4001) ──▶ Closing ─┬─ client's close ─▶ Gone
+//!          ├─ protocol error (1002, 1007, 1009) ──────────────────────────▶ Failed ──┴─ CLOSE_GRACE over ▶ Gone
 //!          ├─ client's close ──▶ reply ──▶ Finishing (queue written) ──▶ Gone
 //!          └─ EOF or a socket error ──▶ Gone
 //! ```

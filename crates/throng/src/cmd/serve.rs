@@ -35,13 +35,29 @@ TLS:        every --tls-listen listener serves the same endpoints as wss:// and 
             throng_handshake_failures_total{reason=\"tls_...\"}
 Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random 0..S ms first,
             'times: T' then sends T more pongs (chunked), each after such a wait
+Access:     with no option below anyone may subscribe to any channel and publish (a non-loopback
+            --listen then prints a warning). docs/auth.md has the whole story.
+            --auth-hs256-secret-file / --auth-public-key: every upgrade needs a JWT whose
+              'channels' claim grants the channel: names, 'prefix*', '*', MQTT-style '+' and '#'.
+              The token goes in 'Authorization: Bearer <JWT>', in ?token=<JWT>, or (browsers) as
+              a Sec-WebSocket-Protocol entry 'bearer.<JWT>' beside 'throng', the one echoed:
+              new WebSocket(url, ['throng', 'bearer.' + jwt]).
+              No or a bad token: 401 with WWW-Authenticate; a channel not granted: 403.
+            Publishing needs the key (--publish-key-file) as 'Authorization: Bearer <key>', or a
+              token whose 'publish' claim grants the channel; --publish-listen moves it to an
+              internal address, --metrics-listen moves /metrics.
+            --allowed-origins: browser pages from other sites get 403.
+Limits:     --max-connections-per-ip, --handshakes-per-ip (429, Retry-After), --max-connections
+            (503, Retry-After); refusals by reason in throng_refused_total.
 
 Close codes sent: 1000 echo of the client's close, 1001 shutdown, 1002 protocol error,
 1007 invalid UTF-8, 1008 idle timeout or slow consumer (queue over --max-queue or no write
-progress within --write-timeout), 1009 client frame too big.
+progress within --write-timeout), 1009 client frame too big, 4001 token expired (get a new
+token and reconnect; sent within one --ping-interval of the token's exp).
 
-Stops on SIGTERM or SIGINT: stops accepting, sends 1001 to every subscriber, exits within
---drain-timeout.")]
+Stops on SIGTERM or SIGINT, to the supervisor or to the whole process group (systemd's
+default): stops accepting, sends 1001 to every subscriber, exits within --drain-timeout. A
+worker that exits cleanly after such a signal is not restarted: the whole server stops.")]
 pub(crate) struct Args {
     /// Address to listen on; repeat for more. A range HOST:FIRST-LAST opens a listener
     /// per port (more ports = more client source ports on one machine). Port 0 picks a free port.
