@@ -243,8 +243,12 @@ impl Plan {
             "publish_listen": self.config.publish_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "metrics_listen": self.config.metrics_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
-        // Keys and the publish key go to the workers, never to the start line.
+        // Keys and the publish key go to the workers, never to the start
+        // line; nor does a descriptor number that means nothing outside.
         v["config"]["auth"] = self.config.auth.public_json();
+        if let Some(c) = v["config"].as_object_mut() {
+            c.remove("shared_counters");
+        }
         // The key and ticket key go to the workers, never to the start line.
         if let Some(m) = &self.config.tls {
             v["config"]["tls"] = m.public_json();
