@@ -1,7 +1,8 @@
 //! The committed benchmark of `throng serve` on one machine (issue 2):
 //!
 //! 1. user-space memory per idle subscriber: worker RSS with N subscribers
-//!    minus RSS at 0, over N;
+//!    minus RSS at 0, over N; and from N/2 to N (`user_bytes_per_more_conn`),
+//!    which leaves out what the connect phase's peak left in the heap;
 //! 2. fan-out of one 64-byte message to all N: worker CPU per delivered
 //!    frame against a bare loop of the same socket write of the same frame
 //!    to the same sockets in the same run (the server's benchmark-only
@@ -304,50 +305,63 @@ async fn bench(o: Opts) {
     let (avail0, slab0, _) = meminfo();
     let (sockmem0, inuse0) = sockstat();
 
-    // (3) upgrades per second, holding every connection.
+    // (3) upgrades per second, holding every connection: in two halves,
+    // with the worker's RSS measured after each.
     let holder = Rc::new(Held::default());
-    let t = Instant::now();
     let target: Rc<str> = match &o.token {
         Some(t) => format!("/bench?token={t}").into(),
         None => "/bench".into(),
     };
     let next = Rc::new(Cell::new(0usize));
     let failed = Rc::new(Cell::new(0usize));
-    let mut openers = Vec::new();
-    for _ in 0..o.concurrency {
-        let (next, failed, holder, target) =
-            (next.clone(), failed.clone(), holder.clone(), target.clone());
-        let n = o.conns;
-        openers.push(tokio::task::spawn_local(async move {
-            loop {
-                let i = next.get();
-                if i >= n {
-                    break;
-                }
-                next.set(i + 1);
-                let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
-                if let Err(e) = subscribe(addr, src, &target, holder.clone()).await {
-                    if failed.get() == 0 {
-                        eprintln!("subscribe failed: {e}");
+    let half = o.conns / 2;
+    let mut open_secs = 0.0;
+    let mut rss_half = 0;
+    for upto in [half, o.conns] {
+        let t = Instant::now();
+        let mut openers = Vec::new();
+        for _ in 0..o.concurrency {
+            let (next, failed, holder, target) =
+                (next.clone(), failed.clone(), holder.clone(), target.clone());
+            openers.push(tokio::task::spawn_local(async move {
+                loop {
+                    let i = next.get();
+                    if i >= upto {
+                        break;
                     }
-                    failed.set(failed.get() + 1);
+                    next.set(i + 1);
+                    let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
+                    if let Err(e) = subscribe(addr, src, &target, holder.clone()).await {
+                        if failed.get() == 0 {
+                            eprintln!("subscribe failed: {e}");
+                        }
+                        failed.set(failed.get() + 1);
+                    }
                 }
-            }
-        }));
+            }));
+        }
+        for h in openers {
+            let _ = h.await;
+        }
+        open_secs += t.elapsed().as_secs_f64();
+        if upto == half {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            rss_half = rss_kib(pid);
+        }
     }
-    for h in openers {
-        let _ = h.await;
-    }
-    let open_secs = t.elapsed().as_secs_f64();
     let held = o.conns - failed.get();
     let upgrades_per_sec = held as f64 / open_secs;
 
-    // (1) and (4): let the worker settle, then measure.
+    // (1) and (4): let the worker settle, then measure. From 0 to N the
+    // figure includes what the connect phase's peak left in the heap (the
+    // upgrades in flight); from N/2 to N it is what each more connection costs.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_n = rss_kib(pid);
     let (avail_n, slab_n, _) = meminfo();
     let (sockmem_n, inuse_n) = sockstat();
     let user_bytes_per_conn = (rss_n as f64 - rss0 as f64) * 1024.0 / held as f64;
+    let user_bytes_per_more_conn =
+        (rss_n as f64 - rss_half as f64) * 1024.0 / (o.conns - half) as f64;
 
     // (2) fan-out vs the bare write loop, interleaved.
     let payload = vec![b'x'; o.payload];
@@ -411,6 +425,8 @@ async fn bench(o: Opts) {
         "worker_rss_kib_at_0": rss0,
         "worker_rss_kib_at_n": rss_n,
         "user_bytes_per_conn": user_bytes_per_conn.round(),
+        "worker_rss_kib_at_half": rss_half,
+        "user_bytes_per_more_conn": user_bytes_per_more_conn.round(),
         "kernel_sockstat_tcp_mem_bytes_per_conn": ((sockmem_n as f64 - sockmem0 as f64) * 4096.0 / held as f64).round(),
         "kernel_tcp_sockets_added": inuse_n as i64 - inuse0 as i64,
         "kernel_slab_bytes_per_conn": ((slab_n as f64 - slab0 as f64) * 1024.0 / held as f64).round(),

@@ -799,33 +799,11 @@ enum GroupStop {
 /// how long it took, its exit status, its log and its workers' pids.
 fn stop_the_group(how: GroupStop) -> (Duration, std::process::ExitStatus, String, Vec<u32>) {
     use std::os::unix::process::CommandExt as _;
-    let mut child = throng()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--workers",
-            "2",
-            "--drain-timeout",
-            "2s",
-            "--json",
-        ])
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start throng serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("start line");
-    let start: Value = serde_json::from_str(&line).expect("JSON");
-    let addr: SocketAddr = start["listen"][0]
-        .as_str()
-        .expect("listen")
-        .parse()
-        .expect("addr");
+    let mut server =
+        Server::start_with(THRONG, &["--workers", "2", "--drain-timeout", "2s"], |c| {
+            c.process_group(0);
+        });
+    let addr = server.addr;
     let pids = |addr| -> Vec<u32> {
         get(addr, "/metrics")
             .1
@@ -874,10 +852,10 @@ fn stop_the_group(how: GroupStop) -> (Duration, std::process::ExitStatus, String
         std::thread::sleep(Duration::from_millis(500));
     }
     // Workers first: the supervisor may have stopped already.
-    let group_there = kill(format!("-{}", child.id()));
+    let group_there = kill(format!("-{}", server.child.id()));
     assert!(group_there || matches!(how, GroupStop::WorkersFirst));
     let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
+        if let Some(s) = server.child.try_wait().expect("wait") {
             break s;
         }
         assert!(
@@ -887,14 +865,11 @@ fn stop_the_group(how: GroupStop) -> (Duration, std::process::ExitStatus, String
         std::thread::sleep(Duration::from_millis(20));
     };
     let stopped = t.elapsed();
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut log)
-        .expect("log");
-    (stopped, status, log, workers)
+    // Its last lines, read by the log thread once the pipe closed.
+    wait_until("the log to end", || {
+        server.log().contains("throng: stopped")
+    });
+    (stopped, status, server.log(), workers)
 }
 
 #[test]
