@@ -229,10 +229,9 @@ impl<W: Wire> Conn<W> {
         }
     }
 
-    /// Closes it (4001) once Unix second `exp` has passed. An expiry
-    /// past 2106 is as good as none.
-    pub(crate) fn with_expiry(mut self, exp: Option<u64>) -> Self {
-        self.expires = exp.and_then(|e| u32::try_from(e).ok()).unwrap_or(0);
+    /// Closes it (4001) once Unix second `exp` has passed ([`expiry`]).
+    pub(crate) fn with_expiry(mut self, exp: u32) -> Self {
+        self.expires = exp;
         self
     }
 
@@ -286,6 +285,12 @@ impl<W: Wire> Conn<W> {
     pub(crate) fn queued_bytes(&self) -> usize {
         self.queue.borrow().as_ref().map_or(0, |q| q.bytes)
     }
+}
+
+/// A token's `exp` as a subscriber keeps it: Unix seconds in four bytes, 0
+/// for none. An expiry past 2106 is as good as none.
+pub(crate) fn expiry(exp: Option<u64>) -> u32 {
+    exp.and_then(|e| u32::try_from(e).ok()).unwrap_or(0)
 }
 
 /// A close frame with `code` and `reason`.

@@ -14,7 +14,7 @@ use throng_proto::ws;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::conn::{Conn, TlsState};
+use super::conn::{self, Conn, TlsState};
 use super::gate;
 use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
 use super::state::Worker;
@@ -332,8 +332,9 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
         Box::pin(refuse(w, &mut stream, 403, why)).await;
         return;
     }
-    let access = match gate::may_subscribe(w, req, name) {
-        Ok(access) => access,
+    // Only its expiry is kept, in the four bytes a subscriber has for it.
+    let expires = match gate::may_subscribe(w, req, name) {
+        Ok(access) => conn::expiry(access.expires),
         Err(why) => {
             Box::pin(gate::refuse(w, &mut stream, why)).await;
             return;
@@ -374,7 +375,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
                 w.counters.handshake_failed("write_failed");
                 return;
             };
-            Conn::new(sock, w.subs.now.get(), rest).with_expiry(access.expires)
+            Conn::new(sock, w.subs.now.get(), rest).with_expiry(expires)
         }
         Io::Tls(tls) => {
             let parts = tls.into_parts();
@@ -388,7 +389,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             let mut plain = rest.to_vec();
             plain.extend_from_slice(&parts.plain_rest);
             Conn::new(sock, w.subs.now.get(), &plain)
-                .with_expiry(access.expires)
+                .with_expiry(expires)
                 .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
         }
     };

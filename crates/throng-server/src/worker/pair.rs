@@ -297,7 +297,8 @@ impl Pair {
             watched: Cell::new(false),
             write_wanted: Cell::new(false),
         });
-        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent).with_expiry(exp);
+        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent)
+            .with_expiry(super::conn::expiry(exp));
         self.subs.subscribe(channel, conn).expect("watched");
         self.clients.push(Client {
             pipe,
