@@ -5,13 +5,14 @@
 //! a real `throng serve`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use serde_json::Value;
-use throng_testkit::TempDir;
+use socket2::{Domain, Socket, Type};
 use throng_testkit::json::count;
 use throng_testkit::process::{output_within, text};
+use throng_testkit::{TempDir, wait_until};
 
 use crate::{run_json, serve, throng};
 
@@ -259,4 +260,56 @@ fn a_sleeping_ping_waits_once_per_part() {
     assert_eq!(code, 0, "{stderr}\n{s:#}");
     assert_eq!(count(&s, &["status", "200"]), 50, "{s:#}");
     assert_eq!(s["errors"], serde_json::json!({}), "{s:#}");
+}
+
+/// A connection to `addr` from loopback address `from`, sending `request`.
+fn send_from(addr: SocketAddr, from: Ipv4Addr, request: &str) -> TcpStream {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    s.connect(&addr.into()).unwrap();
+    let mut s = TcpStream::from(s);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    s
+}
+
+/// The status of the answer to `GET /healthz` from `from`.
+fn healthz_from(addr: SocketAddr, from: Ipv4Addr) -> u16 {
+    let mut s = send_from(addr, from, "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
+    let mut r = BufReader::new(&mut s);
+    let mut line = String::new();
+    let _ = r.read_line(&mut line);
+    line.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A `/ping` request sleeping outside its task is still its address's
+/// connection (`--max-connections-per-ip`) while it sleeps, and gives its
+/// place back once its answer is written and the connection ends.
+#[test]
+fn a_sleeping_ping_keeps_its_place_under_the_address_limit() {
+    let server = serve(&["--workers", "1", "--max-connections-per-ip", "1"]);
+    let (x, y) = (Ipv4Addr::new(127, 0, 0, 31), Ipv4Addr::new(127, 0, 0, 32));
+    // Up to a minute's sleep: past the test, outside its task after 100 ms.
+    let _sleeping = send_from(
+        server.addr,
+        x,
+        "GET /ping HTTP/1.1\r\nHost: t\r\nsleep: 60000\r\n\r\n",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(healthz_from(server.addr, x), 429, "x holds its one place");
+
+    let mut short = send_from(
+        server.addr,
+        y,
+        "GET /ping HTTP/1.1\r\nHost: t\r\nsleep: 1500\r\nConnection: close\r\n\r\n",
+    );
+    let mut answer = String::new();
+    short.read_to_string(&mut answer).unwrap();
+    assert!(answer.ends_with("pong"), "{answer}");
+    wait_until("y's place to come back", || {
+        healthz_from(server.addr, y) == 200
+    });
 }
