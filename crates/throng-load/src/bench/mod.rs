@@ -56,7 +56,7 @@ pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// two cores, with room: measured at about twice this).
 pub const CLOSES_PER_S: u64 = 10_000;
 /// Deliveries per second the time estimate counts on (measured: about
-/// 100,000/s on two cores at 1,000,000 connections).
+/// 80,000/s on two cores at 1,000,000 connections, docs/scale.md).
 pub const DELIVERIES_PER_S: u64 = 80_000;
 /// Default connect rates: a TLS handshake costs the server about 0.2 ms of
 /// CPU and the harness as much again (docs/tls.md), on the same cores.
