@@ -15,6 +15,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::control::{Message, Record};
+use crate::history::MessageId;
 use crate::metrics::BrokerStats;
 use crate::redis::{self, Command, RedisMode, RedisSettings};
 use crate::relay::Publisher;
@@ -175,7 +176,13 @@ impl Remote {
         let origin = self.waiting.remove(&tag)?;
         let id = origin.request;
         let rec = match result {
-            Ok(subscribers) => Record::Published { id, subscribers },
+            // Redis numbers nothing: the message gets its id when it
+            // comes back to be relayed, on each node.
+            Ok(subscribers) => Record::Published {
+                id,
+                subscribers,
+                message: MessageId::NONE,
+            },
             Err(reason) => {
                 self.stats.publish_failures += 1;
                 Record::PublishFailed {
@@ -329,6 +336,7 @@ impl Remote {
                 let text = std::str::from_utf8(&payload).is_ok();
                 let m = Message {
                     id: 0,
+                    message: MessageId::NONE,
                     text,
                     channel,
                     payload,
@@ -427,6 +435,7 @@ mod tests {
         r.interest(0, "a".into(), true);
         let m = Message {
             id: 5,
+            message: MessageId::NONE,
             text: true,
             channel: "a".into(),
             payload: Bytes::from_static(b"x"),
@@ -454,7 +463,8 @@ mod tests {
             Record::decode(&mut buf).unwrap(),
             Some(Record::Published {
                 id: 5,
-                subscribers: 2
+                subscribers: 2,
+                message: MessageId::NONE
             })
         );
         assert!(r.published(1, Ok(2)).is_none(), "answered once");

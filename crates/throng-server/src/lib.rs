@@ -32,6 +32,7 @@ mod broker;
 pub mod channel;
 pub mod config;
 pub mod control;
+pub mod history;
 pub mod metrics;
 pub mod redis;
 mod relay;
