@@ -109,6 +109,28 @@ pub struct Recovery {
     pub messages: Vec<Kept>,
 }
 
+impl Recovery {
+    /// Keeps the newest messages that fit in `max_bytes` (each counted as
+    /// its payload and `per_message` bytes), the answer incomplete if any
+    /// had to go: an answer is one control record, and a record has a limit.
+    pub fn fit(&mut self, max_bytes: usize, per_message: usize) {
+        let mut size = 0;
+        let mut keep = 0;
+        for k in self.messages.iter().rev() {
+            size += per_message + k.payload.len();
+            if size > max_bytes {
+                break;
+            }
+            keep += 1;
+        }
+        let cut = self.messages.len() - keep;
+        if cut > 0 {
+            self.messages.drain(..cut);
+            self.complete = false;
+        }
+    }
+}
+
 /// Messages dropped from the history, by why.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Dropped {
@@ -528,6 +550,21 @@ mod tests {
         let r = h.recover("a", b, 0);
         assert!(r.complete && r.messages.is_empty());
         assert_eq!(h.stats().bytes, 0);
+    }
+
+    #[test]
+    fn an_answer_too_big_for_one_record_keeps_its_newest_and_says_incomplete() {
+        let mut h = History::new(limits(10), EPOCH);
+        for i in 0..5 {
+            put(&mut h, "a", &format!("{i}{i}{i}"), 0);
+        }
+        let mut r = h.recover("a", id(0), 0);
+        assert!(r.complete);
+        r.fit(5 * 13, 10);
+        assert!(r.complete, "all five fit exactly");
+        r.fit(2 * 13 + 12, 10);
+        assert!(!r.complete);
+        assert_eq!(bodies(&r), ["333", "444"]);
     }
 
     #[test]

@@ -713,7 +713,9 @@ impl Supervisor {
             },
             Record::Recover { id, since, channel } => {
                 let now = self.now_ms();
-                let r = self.history.recover(&channel, since, now);
+                let mut r = self.history.recover(&channel, since, now);
+                // 21 bytes of framing per message, 64 for the record's own.
+                r.fit(crate::control::MAX_RECORD - 64, 21);
                 let rec = Record::Recovered {
                     id,
                     complete: r.complete,
