@@ -298,3 +298,142 @@ fn an_sse_subscriber_gets_keep_alive_comments_and_the_retry_hint() {
     assert!(text.contains("\r\n\r\nretry: 2000\n\n"), "{text}");
     assert!(text.matches(":\n").count() >= 2, "keep-alives: {text}");
 }
+
+/// The page the browser test loads: both transports, each written as
+/// docs/clients.md shows it, logging what it sees to the console.
+const PAGE: &str = r#"<!doctype html><title>throng recovery</title><script>
+const T = 'TARGET';
+const log = (...a) => console.log(a.join(' '));
+const es = new EventSource(`http://${T}/sse/b`);
+es.onopen = () => log('open', 'sse');
+es.onmessage = (e) => log('got', 'sse', e.lastEventId, e.data);
+es.addEventListener('incomplete', (e) => log('incomplete', 'sse', e.data));
+let last = null;
+function connect() {
+  const q = last ? `?since=${encodeURIComponent(last)}` : '';
+  const ws = new WebSocket(`ws://${T}/b${q}`, ['throng.v1']);
+  ws.onopen = () => log('open', 'ws');
+  ws.onmessage = ({ data }) => {
+    const i = data.indexOf('\n'), head = data.slice(0, i), body = data.slice(i + 1);
+    if (head === '!incomplete') return log('incomplete', 'ws', body);
+    last = head;
+    log('got', 'ws', head, body);
+  };
+  ws.onclose = () => setTimeout(connect, 300);
+}
+connect();
+</script>"#;
+
+/// Serves `page` to every GET on a free port, from a thread.
+fn page_server(page: String) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                page.len()
+            );
+            let _ = s.write_all(head.as_bytes());
+            let _ = s.write_all(page.as_bytes());
+        }
+    });
+    addr
+}
+
+/// What the page logged, one console line at a time, from Chromium's stderr.
+fn console_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let err = child.stderr.take().expect("stderr is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            // [..:INFO:CONSOLE:1] "got sse 1-2 m1", source: http://... (3)
+            let Some(at) = l.find(":INFO:CONSOLE") else {
+                continue;
+            };
+            let rest = &l[at..];
+            let (Some(a), Some(b)) = (rest.find("] \""), rest.rfind("\", source:")) else {
+                continue;
+            };
+            if tx.send(rest[a + 3..b].to_owned()).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// What the page received per transport (SSE, then WebSocket): id and body.
+type Seen = [Vec<(String, String)>; 2];
+
+/// Kills a child when dropped (a browser left behind by a failed assertion).
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_browser_cut_off_mid_stream_ends_with_every_message_once_in_order_over_sse_and_websocket() {
+    require!(Peer::Chromium);
+    let server = serve(&["--history", "100"]);
+    let relay = Relay::to(server.addr);
+    let page = page_server(PAGE.replace("TARGET", &relay.addr.to_string()));
+    let dir = throng_testkit::TempDir::new("history-browser");
+    let mut browser = peers::headless_chromium(&dir.file("profile"));
+    browser
+        .args(["--enable-logging=stderr", "--v=0"])
+        .arg(format!("http://{page}/"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut browser = Kill(browser.spawn().expect("start chromium"));
+    let console = console_lines(&mut browser.0);
+    let mut got: Seen = [Vec::new(), Vec::new()];
+    let mut opens = 0;
+    // Reads the console until `done` says so (30 s at most).
+    let mut until = |got: &mut Seen, done: &dyn Fn(&Seen, usize) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !done(got, opens) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = console
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("the page stalled: {got:?}, {opens} opens"));
+            let words: Vec<&str> = line.splitn(4, ' ').collect();
+            match words[..] {
+                ["open", _] => opens += 1,
+                ["got", t, id, body] => {
+                    got[usize::from(t == "ws")].push((id.to_owned(), body.to_owned()));
+                }
+                _ => panic!("the page said {line:?}"),
+            }
+        }
+    };
+    until(&mut got, &|_, opens| opens >= 2);
+    let mut ids = Vec::new();
+    let publish_some = |range: std::ops::RangeInclusive<u32>, ids: &mut Vec<(String, String)>| {
+        for i in range {
+            let body = format!("m{i}");
+            ids.push((publish_id(server.addr, "b", body.as_bytes(), None), body));
+        }
+    };
+    publish_some(1..=5, &mut ids);
+    until(&mut got, &|g, _| g.iter().all(|t| t.len() >= 5));
+    // The network drops; five messages go by; the page comes back by itself.
+    relay.cut();
+    publish_some(6..=10, &mut ids);
+    until(&mut got, &|_, opens| opens >= 4);
+    publish_some(11..=15, &mut ids);
+    until(&mut got, &|g, _| g.iter().all(|t| t.len() >= 15));
+    std::thread::sleep(Duration::from_millis(300));
+    if let Ok(line) = console.try_recv() {
+        panic!("more than every message: {line:?}");
+    }
+    assert_eq!(got[0], ids, "EventSource");
+    assert_eq!(got[1], ids, "WebSocket throng.v1");
+    server.wait_metric("throng_recoveries_total{result=\"complete\"}", |v| v >= 2.0);
+}

@@ -505,9 +505,7 @@ fn publish_reports_the_subscribers_it_reached() {
     let mut replies = String::new();
     s.read_to_string(&mut replies).unwrap();
     assert_eq!(
-        replies
-            .matches(r#","subscribers":1}"#)
-            .count(),
+        replies.matches(r#","subscribers":1}"#).count(),
         2,
         "{replies}"
     );
