@@ -75,6 +75,19 @@ impl Broker {
         }
     }
 
+    /// Whether the history is the broker's (Redis Streams), not this node's.
+    pub(crate) fn keeps_history(&self) -> bool {
+        matches!(self, Self::Redis(r) if r.settings.history.is_some())
+    }
+
+    /// Asks the broker's history for what `channel` kept after `since`
+    /// (only when [`Broker::keeps_history`]); the answer comes as news.
+    pub(crate) fn recover(&mut self, to: Publisher, channel: String, since: MessageId) {
+        if let Self::Redis(r) = self {
+            r.recover(to, channel, since);
+        }
+    }
+
     /// Worker slot `i` is gone, with its subscribers.
     pub(crate) fn worker_gone(&mut self, i: usize) {
         if let Self::Redis(r) = self {
@@ -122,6 +135,8 @@ pub(crate) struct Remote {
     reason: String,
     next_tag: u64,
     waiting: HashMap<u64, Publisher>,
+    /// Recoveries sent to Redis, by tag: the worker and its rejoin request.
+    recovering: HashMap<u64, Publisher>,
     /// Channels mode: per worker slot, the channels it has subscribers of.
     interest: Vec<HashSet<String>>,
     /// Channels mode: per channel, how many workers have subscribers of it.
@@ -144,6 +159,7 @@ impl Remote {
             reason: "connecting".into(),
             next_tag: 1,
             waiting: HashMap::new(),
+            recovering: HashMap::new(),
             interest: vec![HashSet::new(); workers],
             nodes: HashMap::new(),
             stats: BrokerStats::default(),
@@ -171,17 +187,34 @@ impl Remote {
         Ok(())
     }
 
+    /// Asks Redis what `channel`'s stream kept after `since`, for rejoin
+    /// request `to.request` of worker `to.worker`.
+    fn recover(&mut self, to: Publisher, channel: String, since: MessageId) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.recovering.insert(tag, to);
+        let _ = self.cmds.send(Command::Recover {
+            tag,
+            channel,
+            since,
+        });
+    }
+
     /// Redis answered publish `tag`: who asked, and the record to answer with.
-    fn published(&mut self, tag: u64, result: Result<u64, String>) -> Option<(Publisher, Bytes)> {
+    fn published(
+        &mut self,
+        tag: u64,
+        result: Result<(u64, MessageId), String>,
+    ) -> Option<(Publisher, Bytes)> {
         let origin = self.waiting.remove(&tag)?;
         let id = origin.request;
         let rec = match result {
-            // Redis numbers nothing: the message gets its id when it
-            // comes back to be relayed, on each node.
-            Ok(subscribers) => Record::Published {
+            // The stream's id with history; without, none: each node
+            // numbers the message when it comes back to be relayed.
+            Ok((subscribers, message)) => Record::Published {
                 id,
                 subscribers,
-                message: MessageId::NONE,
+                message,
             },
             Err(reason) => {
                 self.stats.publish_failures += 1;
@@ -329,6 +362,7 @@ impl Remote {
             }
             redis::Event::Message {
                 channel,
+                id,
                 payload,
                 permit,
             } => {
@@ -336,7 +370,7 @@ impl Remote {
                 let text = std::str::from_utf8(&payload).is_ok();
                 let m = Message {
                     id: 0,
-                    message: MessageId::NONE,
+                    message: id,
                     text,
                     channel,
                     payload,
@@ -353,6 +387,21 @@ impl Remote {
                 }
                 News::Nothing
             }
+            redis::Event::Recovered {
+                tag,
+                complete,
+                messages,
+            } => match self.recovering.remove(&tag) {
+                Some(to) => {
+                    let rec = Record::Recovered {
+                        id: to.request,
+                        complete,
+                        messages,
+                    };
+                    News::Answer(to, rec.encode())
+                }
+                None => News::Nothing,
+            },
             redis::Event::Published { tag, result } => match self.published(tag, result) {
                 Some((to, rec)) => News::Answer(to, rec),
                 None => News::Nothing,
@@ -389,6 +438,7 @@ mod tests {
             wait: false,
             trust: redis::Trust::default(),
             tls: None,
+            history: None,
         };
         (Remote::new(settings, tx, 3), rx)
     }
@@ -400,6 +450,7 @@ mod tests {
                 Command::Subscribe(c) => format!("+{c}"),
                 Command::Unsubscribe(c) => format!("-{c}"),
                 Command::Publish { channel, .. } => format!("publish {channel}"),
+                Command::Recover { channel, since, .. } => format!("recover {channel} {since}"),
             });
         }
         out
@@ -456,7 +507,7 @@ mod tests {
         assert_eq!(r.on_up(), None, "the first connection is not a reconnect");
         r.publish(from, m).unwrap();
         assert_eq!(drain(&mut rx), ["publish a"]);
-        let (to, rec) = r.published(1, Ok(2)).unwrap();
+        let (to, rec) = r.published(1, Ok((2, MessageId::NONE))).unwrap();
         assert_eq!(to, from);
         let mut buf = bytes::BytesMut::from(&rec[..]);
         assert_eq!(
@@ -467,7 +518,10 @@ mod tests {
                 message: MessageId::NONE
             })
         );
-        assert!(r.published(1, Ok(2)).is_none(), "answered once");
+        assert!(
+            r.published(1, Ok((2, MessageId::NONE))).is_none(),
+            "answered once"
+        );
         assert!(r.on_down("gone".into()));
         assert!(!r.stats().up);
         assert!(r.on_up().is_some());

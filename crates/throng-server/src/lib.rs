@@ -37,6 +37,7 @@ pub mod metrics;
 pub mod redis;
 mod relay;
 mod reuseport;
+pub mod stream;
 pub mod supervisor;
 pub mod tls;
 pub mod wheel;

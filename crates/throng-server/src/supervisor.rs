@@ -222,6 +222,14 @@ impl Plan {
                 reason,
             })?;
         }
+        let mut settings = settings;
+        settings.history = (self.config.history > 0).then(|| crate::stream::StreamLimits {
+            keep: self.config.history,
+            ttl_ms: self
+                .config
+                .history_ttl
+                .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        });
         self.config.redis_mode = Some(settings.mode);
         self.broker = settings.describe();
         self.redis = Some(settings);
@@ -711,6 +719,16 @@ impl Supervisor {
                 Ok(s) => self.slots[i].snapshot = Some(s),
                 Err(e) => log!("throng: worker {i}: bad counters: {e}"),
             },
+            Record::Recover { id, since, channel } if self.broker.keeps_history() => {
+                let to = Publisher {
+                    worker: WorkerId {
+                        slot: i,
+                        generation,
+                    },
+                    request: id,
+                };
+                self.broker.recover(to, channel, since);
+            }
             Record::Recover { id, since, channel } => {
                 let now = self.now_ms();
                 let mut r = self.history.recover(&channel, since, now);
@@ -796,7 +814,13 @@ impl Supervisor {
         // comes before it on every worker's socket.
         let now = self.now_ms();
         self.history.expire(now);
-        let message = self.history.record(&m.channel, m.text, &m.payload, now);
+        // With the history in Redis the stream numbered it (or, published
+        // there by someone else, it has no id).
+        let message = if self.broker.keeps_history() {
+            m.message
+        } else {
+            self.history.record(&m.channel, m.text, &m.payload, now)
+        };
         let (id, rec) = self.relay.deliver(Message { message, ..m });
         let mut to = Vec::with_capacity(self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {

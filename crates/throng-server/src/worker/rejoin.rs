@@ -98,7 +98,13 @@ fn encode(kind: Kind, id: MessageId, text: bool, payload: &[u8]) -> Bytes {
     match kind {
         Kind::Ws => ws::server_frame(op, payload),
         Kind::WsIds => {
-            let mut body = id.to_string().into_bytes();
+            // A message without an id (published into Redis by another
+            // client) has an empty first line.
+            let mut body = if id.is_none() {
+                Vec::with_capacity(payload.len() + 1)
+            } else {
+                id.to_string().into_bytes()
+            };
             body.push(b'\n');
             body.extend_from_slice(payload);
             ws::server_frame(op, &body)
@@ -221,6 +227,19 @@ mod tests {
         assert_eq!(
             &frame(Kind::Sse, &bin)[..],
             b"id: 5-6\nevent: binary\ndata: AAE=\n\n"
+        );
+        let plain = Message {
+            message: MessageId::NONE,
+            ..bin.clone()
+        };
+        assert_eq!(
+            frame(Kind::WsIds, &plain),
+            ws::server_frame(OpCode::Binary, b"\n\x00\x01"),
+            "no id: an empty first line"
+        );
+        assert_eq!(
+            &frame(Kind::Sse, &plain)[..],
+            b"event: binary\ndata: AAE=\n\n"
         );
         let since = MessageId { epoch: 1, seq: 2 };
         assert_eq!(

@@ -432,6 +432,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             wait: args.redis_wait,
             trust,
             tls,
+            // Set by the plan from --history: the streams follow the node's settings.
+            history: None,
         })?;
     }
     if args.json {

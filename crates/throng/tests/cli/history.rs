@@ -437,3 +437,80 @@ fn a_browser_cut_off_mid_stream_ends_with_every_message_once_in_order_over_sse_a
     assert_eq!(got[1], ids, "WebSocket throng.v1");
     server.wait_metric("throng_recoveries_total{result=\"complete\"}", |v| v >= 2.0);
 }
+
+/// Publishes through a node routing through Redis and returns the id.
+fn publish_redis_id(addr: SocketAddr, channel: &str, body: &str) -> String {
+    let (status, reply) = publish(addr, channel, body.as_bytes(), None);
+    assert_eq!(status, 200, "{reply}");
+    let v: Value = serde_json::from_str(&reply).expect("a JSON answer");
+    v["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no id in {reply}"))
+        .to_owned()
+}
+
+#[test]
+fn with_redis_the_history_is_a_stream_and_a_subscriber_rejoins_on_the_other_node() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    for mode in ["pattern", "channels"] {
+        let redis = throng_testkit::redis::Redis::start(&[], &[]);
+        let url = redis.url();
+        let node = |extra: &[&str]| {
+            let mut args = vec!["--redis", &url, "--redis-mode", mode, "--history", "50"];
+            args.extend_from_slice(extra);
+            let s = serve(&args);
+            s.wait_broker("up");
+            s
+        };
+        let (a, b) = (node(&[]), node(&["--history-ttl", "1h"]));
+        let mut ws = subscribe_v1(a.addr, "room", None);
+        if mode == "channels" {
+            throng_testkit::wait_until("node A subscribed", || redis.numsub("throng:room") == 1);
+        }
+        let first = publish_redis_id(b.addr, "room", "one");
+        assert_eq!(next(&mut ws), (first.clone(), b"one".to_vec()), "{mode}");
+        drop(ws);
+        // Published on both nodes while the subscriber is away; it comes
+        // back to the other node, which never delivered any of it.
+        let missed = [
+            publish_redis_id(a.addr, "room", "two"),
+            publish_redis_id(b.addr, "room", "three"),
+        ];
+        let mut ws = subscribe_v1(b.addr, "room", Some(&first));
+        assert_eq!(
+            next(&mut ws),
+            (missed[0].clone(), b"two".to_vec()),
+            "{mode}"
+        );
+        assert_eq!(
+            next(&mut ws),
+            (missed[1].clone(), b"three".to_vec()),
+            "{mode}"
+        );
+        let live = publish_redis_id(a.addr, "room", "four");
+        assert_eq!(next(&mut ws), (live, b"four".to_vec()), "{mode}: then live");
+        // The stream is under the prefix, and holds what was published.
+        assert_eq!(redis.cli(&["XLEN", "throng:room"]), ["4"], "{mode}");
+        assert_eq!(
+            redis.cli(&["XRANGE", "throng:room", "-", "+", "COUNT", "1"])[0],
+            first,
+            "{mode}: ids are the stream's"
+        );
+        assert!(
+            !redis.cli(&["PTTL", "throng:room"])[0].starts_with('-'),
+            "--history-ttl gives the stream an expiry"
+        );
+        // An id the stream never gave: the marker, then the live stream.
+        let mut ws = subscribe_v1(a.addr, "room", Some("99999999999999-0"));
+        assert_eq!(next(&mut ws).0, "!incomplete", "{mode}");
+        let five = publish_redis_id(b.addr, "room", "five");
+        assert_eq!(next(&mut ws).0, five, "{mode}");
+        // Published by someone else, without an id: delivered all the same.
+        let mut plain = subscribe_v1(a.addr, "other", None);
+        if mode == "channels" {
+            throng_testkit::wait_until("node A subscribed", || redis.numsub("throng:other") == 1);
+        }
+        redis.cli(&["PUBLISH", "throng:other", "raw"]);
+        assert_eq!(next(&mut plain), (String::new(), b"raw".to_vec()), "{mode}");
+    }
+}
