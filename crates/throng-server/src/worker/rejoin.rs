@@ -230,7 +230,7 @@ mod tests {
         );
         let plain = Message {
             message: MessageId::NONE,
-            ..bin.clone()
+            ..bin
         };
         assert_eq!(
             frame(Kind::WsIds, &plain),
