@@ -80,6 +80,14 @@ impl Broker {
         matches!(self, Self::Redis(r) if r.settings.history.is_some())
     }
 
+    /// Recoveries the broker's history answered: complete, incomplete.
+    pub(crate) fn recoveries(&self) -> (u64, u64) {
+        match self {
+            Self::Redis(r) => r.recovered,
+            Self::Local => (0, 0),
+        }
+    }
+
     /// Asks the broker's history for what `channel` kept after `since`
     /// (only when [`Broker::keeps_history`]); the answer comes as news.
     pub(crate) fn recover(&mut self, to: Publisher, channel: String, since: MessageId) {
@@ -137,6 +145,8 @@ pub(crate) struct Remote {
     waiting: HashMap<u64, Publisher>,
     /// Recoveries sent to Redis, by tag: the worker and its rejoin request.
     recovering: HashMap<u64, Publisher>,
+    /// Recoveries Redis answered: complete, incomplete.
+    recovered: (u64, u64),
     /// Channels mode: per worker slot, the channels it has subscribers of.
     interest: Vec<HashSet<String>>,
     /// Channels mode: per channel, how many workers have subscribers of it.
@@ -160,6 +170,7 @@ impl Remote {
             next_tag: 1,
             waiting: HashMap::new(),
             recovering: HashMap::new(),
+            recovered: (0, 0),
             interest: vec![HashSet::new(); workers],
             nodes: HashMap::new(),
             stats: BrokerStats::default(),
@@ -393,6 +404,11 @@ impl Remote {
                 messages,
             } => match self.recovering.remove(&tag) {
                 Some(to) => {
+                    if complete {
+                        self.recovered.0 += 1;
+                    } else {
+                        self.recovered.1 += 1;
+                    }
                     let rec = Record::Recovered {
                         id: to.request,
                         complete,

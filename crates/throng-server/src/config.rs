@@ -239,6 +239,14 @@ impl fmt::Display for Config {
                 f,
                 "  history          (none): ids on every message, nothing kept to recover (--history N)"
             )?;
+        } else if self.redis_mode.is_some() {
+            writeln!(
+                f,
+                "  history          last ~{} per channel, for {}, in a Redis Stream per channel (shared by every node)",
+                self.history,
+                self.history_ttl
+                    .map_or_else(|| "ever".to_owned(), fmt_duration),
+            )?;
         } else {
             writeln!(
                 f,

@@ -744,7 +744,11 @@ impl Supervisor {
             Record::MetricsRequest { id } => {
                 let now = self.now_ms();
                 self.history.expire(now);
-                self.stats.history = Some(self.history.stats());
+                let mut history = self.history.stats();
+                let (complete, incomplete) = self.broker.recoveries();
+                history.complete += complete;
+                history.incomplete += incomplete;
+                self.stats.history = Some(history);
                 self.stats.broker = self.broker.stats();
                 self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
                 let live: Vec<&Snapshot> = self

@@ -494,6 +494,7 @@ impl<O: Outside> Subscribers<O> {
         }
         c.state.set(State::Gone);
         self.unsubscribe(c);
+        self.forget_rejoin(c);
         let partial = self.drop_queue(c).is_some_and(|q| q.partial);
         if let Some(tls) = &c.tls
             && !partial

@@ -489,6 +489,7 @@ fn with_redis_the_history_is_a_stream_and_a_subscriber_rejoins_on_the_other_node
         );
         let live = publish_redis_id(a.addr, "room", "four");
         assert_eq!(next(&mut ws), (live, b"four".to_vec()), "{mode}: then live");
+        b.wait_metric("throng_recoveries_total{result=\"complete\"}", |v| v == 1.0);
         // The stream is under the prefix, and holds what was published.
         assert_eq!(redis.cli(&["XLEN", "throng:room"]), ["4"], "{mode}");
         assert_eq!(
@@ -513,4 +514,73 @@ fn with_redis_the_history_is_a_stream_and_a_subscriber_rejoins_on_the_other_node
         redis.cli(&["PUBLISH", "throng:other", "raw"]);
         assert_eq!(next(&mut plain), (String::new(), b"raw".to_vec()), "{mode}");
     }
+}
+
+/// Publishes `n` messages (payloads `0..n`) on `channel` at `rate` per
+/// second, spread over `nodes`.
+fn publish_paced(nodes: &[SocketAddr], channel: &str, n: usize, rate: f64) {
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+        let (status, reply) = publish(
+            nodes[i % nodes.len()],
+            channel,
+            i.to_string().as_bytes(),
+            None,
+        );
+        assert_eq!(status, 200, "{reply}");
+    }
+}
+
+/// 1,000 subscribers, 200 messages a second, a third of them cut off at
+/// random moments and back with their last id (on another node, when there
+/// are two): each ends with every message once, in order.
+fn recovery_under_load(nodes: &[SocketAddr]) {
+    const SUBS: usize = 1000;
+    const MESSAGES: usize = 1000;
+    const RATE: f64 = 200.0;
+    let urls: Vec<String> = nodes.iter().map(|a| format!("ws://{a}")).collect();
+    let seconds = (MESSAGES as f64 / RATE).to_string();
+    let mut child = peers::node("rejoin_load.mjs")
+        .args([
+            &urls.join(","),
+            "load",
+            &SUBS.to_string(),
+            &MESSAGES.to_string(),
+            &seconds,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start node");
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    assert_eq!(line(&mut out), serde_json::json!({"ready": true}));
+    publish_paced(nodes, "load", MESSAGES, RATE);
+    let summary = line(&mut out);
+    assert!(child.wait().expect("node exits").success());
+    assert_eq!(summary["ok"], true, "{summary}");
+    assert!(summary["reconnects"].as_u64() >= Some(300), "{summary}");
+}
+
+#[test]
+fn recovery_under_load_with_the_embedded_relay() {
+    require!(Peer::NodeWs);
+    let server = serve(&["--history", "2000"]);
+    recovery_under_load(&[server.addr]);
+    let complete = server.metric("throng_recoveries_total{result=\"complete\"}");
+    assert!(complete >= 300.0, "{complete}");
+}
+
+#[test]
+fn recovery_under_load_through_redis_on_two_nodes() {
+    require!(Peer::NodeWs, Peer::RedisServer);
+    let redis = throng_testkit::redis::Redis::start(&[], &[]);
+    let url = redis.url();
+    let node = || {
+        let s = serve(&["--redis", &url, "--history", "2000", "--workers", "1"]);
+        s.wait_broker("up");
+        s
+    };
+    let (a, b) = (node(), node());
+    recovery_under_load(&[a.addr, b.addr]);
 }
