@@ -12,6 +12,10 @@
 //! 3. accepted upgrades per second;
 //! 4. kernel memory per connection (`/proc/meminfo`, `/proc/net/sockstat`).
 //!
+//! `--kind sse` holds Server-Sent Events subscribers (`GET /sse/bench`)
+//! instead of WebSocket ones: the same figures, for issue 18's "an idle SSE
+//! subscriber costs about what an idle WebSocket subscriber does".
+//!
 //! `--serve-arg ARG` (repeated) passes more options to the server, and
 //! `--token JWT` sends every upgrade with `?token=JWT` and every publish
 //! with `Authorization: Bearer JWT`: `scripts/bench-auth.sh` runs the same
@@ -46,6 +50,8 @@ struct Opts {
     payload: usize,
     serve_args: Vec<String>,
     token: Option<String>,
+    /// Hold SSE subscribers rather than WebSocket ones.
+    sse: bool,
 }
 
 fn opts() -> Opts {
@@ -57,6 +63,7 @@ fn opts() -> Opts {
         payload: 64,
         serve_args: Vec::new(),
         token: None,
+        sse: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -69,9 +76,16 @@ fn opts() -> Opts {
             "--payload" => o.payload = v().parse().expect("--payload BYTES"),
             "--serve-arg" => o.serve_args.push(v()),
             "--token" => o.token = Some(v()),
+            "--kind" => {
+                o.sse = match v().as_str() {
+                    "ws" => false,
+                    "sse" => true,
+                    k => panic!("--kind {k}: ws or sse"),
+                };
+            }
             _ => panic!(
                 "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES \
-                 --serve-arg ARG --token JWT)"
+                 --serve-arg ARG --token JWT --kind ws|sse)"
             ),
         }
     }
@@ -210,6 +224,7 @@ async fn subscribe(
     addr: SocketAddr,
     src: Ipv4Addr,
     target: &str,
+    sse: bool,
     holder: Rc<Held>,
 ) -> Result<(), String> {
     let sock = TcpSocket::new_v4().map_err(|e| e.to_string())?;
@@ -219,6 +234,9 @@ async fn subscribe(
         .connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
+    if sse {
+        return subscribe_sse(s, addr, target, holder).await;
+    }
     let key = ws::client_key(fastrand::u128(..).to_le_bytes());
     let mut out = Vec::new();
     ws::write_upgrade_request(&mut out, &addr.to_string(), target, &key);
@@ -239,6 +257,42 @@ async fn subscribe(
         return Err("unexpected bytes after the upgrade".into());
     }
     // Out of tokio's epoll: nothing in this process is woken by a fan-out.
+    let std = s.into_std().map_err(|e| e.to_string())?;
+    holder.socks.borrow_mut().push(std);
+    holder.got.borrow_mut().push(0);
+    Ok(())
+}
+
+/// An SSE subscriber on `/sse/<channel>`: the head and the `retry:` hint
+/// read, then held like a WebSocket one.
+async fn subscribe_sse(
+    mut s: TcpStream,
+    addr: SocketAddr,
+    target: &str,
+    holder: Rc<Held>,
+) -> Result<(), String> {
+    let target = format!("/sse{target}");
+    let req = format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(512);
+    loop {
+        if s.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+            return Err("closed before the stream began".into());
+        }
+        if let Some((resp, used)) =
+            http::parse_response(&buf, http::MAX_HEAD).map_err(|e| e.to_string())?
+        {
+            if resp.status != 200 {
+                return Err(format!("status {}", resp.status));
+            }
+            // The head, then one `retry:` line and an empty line.
+            if buf[used..].ends_with(b"\n\n") {
+                break;
+            }
+        }
+    }
     let std = s.into_std().map_err(|e| e.to_string())?;
     holder.socks.borrow_mut().push(std);
     holder.got.borrow_mut().push(0);
@@ -312,6 +366,7 @@ async fn bench(o: Opts) {
         Some(t) => format!("/bench?token={t}").into(),
         None => "/bench".into(),
     };
+    let sse = o.sse;
     let next = Rc::new(Cell::new(0usize));
     let failed = Rc::new(Cell::new(0usize));
     let half = o.conns / 2;
@@ -331,7 +386,7 @@ async fn bench(o: Opts) {
                     }
                     next.set(i + 1);
                     let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
-                    if let Err(e) = subscribe(addr, src, &target, holder.clone()).await {
+                    if let Err(e) = subscribe(addr, src, &target, sse, holder.clone()).await {
                         if failed.get() == 0 {
                             eprintln!("subscribe failed: {e}");
                         }
@@ -384,9 +439,14 @@ async fn bench(o: Opts) {
             let rtt = t.elapsed().as_secs_f64() * 1e3;
             assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
             let ticks = cpu_ticks(pid) - ticks0;
-            // Every subscriber got exactly one whole frame.
-            incomplete += held - holder.drain(frame_len, Duration::from_secs(10));
             let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON reply");
+            // An SSE event's length depends on its id: `id: ID\ndata: ...\n\n`.
+            let want = match v["id"].as_str() {
+                Some(id) if o.sse && !floor => (4 + id.len() + 1 + 6 + o.payload + 2) as u64,
+                _ => frame_len,
+            };
+            // Every subscriber got exactly one whole frame.
+            incomplete += held - holder.drain(want, Duration::from_secs(10));
             if floor {
                 floor_ticks += ticks;
                 floor_cpu.push(v["cpu_ns"].as_f64().unwrap_or(f64::NAN) / held as f64);
@@ -418,6 +478,7 @@ async fn bench(o: Opts) {
         "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         "serve_args": o.serve_args,
         "token": o.token.is_some(),
+        "kind": if o.sse { "sse" } else { "ws" },
         "connections": held,
         "failed": failed.get(),
         "upgrades_per_sec": upgrades_per_sec.round(),
