@@ -13,10 +13,10 @@
 
 use std::cell::Cell;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use throng_bench::served::{self, cpu_ticks, request};
 use throng_proto::{http, ws};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -52,37 +52,6 @@ fn opts() -> Opts {
         }
     }
     o
-}
-
-/// CPU ticks (user + system) of process `pid`, from `/proc/<pid>/stat`.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // Fields 14 and 15 of stat; after the ')' they are the 12th and 13th.
-    n(11) + n(12)
-}
-
-/// One request on a new connection; the status and body.
-async fn request(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    let host = addr.to_string();
-    let mut out = Vec::new();
-    http::write_request(
-        &mut out,
-        method,
-        target,
-        &[("Host", host.as_bytes()), ("Connection", b"close")],
-        body,
-    );
-    s.write_all(&out).await.expect("write request");
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp).await.expect("read response");
-    let (head, used) = http::parse_response(&resp, http::MAX_HEAD)
-        .expect("response head")
-        .expect("whole head");
-    (head.status, resp[used..].to_vec())
 }
 
 /// Publishes one message; its id.
@@ -154,47 +123,19 @@ async fn bench(o: Opts) {
     let _ = throng_host::limits::raise_nofile();
     let history = o.messages.to_string();
     let mut args = vec![
-        "serve",
         "--workers",
         "1",
-        "--listen",
-        "127.0.0.1:0",
         "--history",
         &history,
         "--max-queue",
         "64MiB",
-        "--json",
     ];
     if let Some(r) = &o.redis {
         args.extend(["--redis", r]);
     }
-    let mut server = Command::new(&o.throng)
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start throng serve");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
-        &mut line,
-    )
-    .expect("start line");
-    let start: serde_json::Value = serde_json::from_str(&line).expect("start line is JSON");
-    let addr: SocketAddr = start["listen"][0]
-        .as_str()
-        .expect("listen")
-        .parse()
-        .expect("addr");
+    let (mut server, addr) = served::start(&o.throng, &args);
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let (_, metrics) = request(addr, "GET", "/metrics", b"").await;
-    let worker: u32 = String::from_utf8_lossy(&metrics)
-        .lines()
-        .find(|l| l.starts_with("throng_worker_rss_bytes{"))
-        .and_then(|l| l.split("pid=\"").nth(1))
-        .and_then(|r| r.split('"').next())
-        .and_then(|p| p.parse().ok())
-        .expect("worker pid in /metrics");
+    let worker = served::worker_pid(addr).await;
     let supervisor = server.id();
 
     let since: Rc<str> = publish(addr, b"before").await.into();

@@ -34,10 +34,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use throng_bench::served::{self, cpu_ticks, request, request_as};
 use throng_proto::{http, ws};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -144,15 +144,6 @@ fn proc_field(path: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// (utime + stime) of a process in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = s.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
 fn rss_kib(pid: u32) -> u64 {
     proc_field(&format!("/proc/{pid}/status"), "VmRSS:")
 }
@@ -188,36 +179,6 @@ fn median(v: &mut [f64]) -> f64 {
     } else {
         v[v.len() / 2]
     }
-}
-
-async fn request(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    request_as(addr, method, target, body, None).await
-}
-
-/// A request with `Authorization: Bearer <token>` when a token is given.
-async fn request_as(
-    addr: SocketAddr,
-    method: &str,
-    target: &str,
-    body: &[u8],
-    token: Option<&str>,
-) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).await.expect("connect for request");
-    let mut out = Vec::new();
-    let host = addr.to_string();
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers: Vec<(&str, &[u8])> = vec![("Host", host.as_bytes()), ("Connection", b"close")];
-    if let Some(a) = &auth {
-        headers.push(("Authorization", a.as_bytes()));
-    }
-    http::write_request(&mut out, method, target, &headers, body);
-    s.write_all(&out).await.expect("write request");
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp).await.expect("read response");
-    let (head, used) = http::parse_response(&resp, http::MAX_HEAD)
-        .expect("response head")
-        .expect("whole head");
-    (head.status, resp[used..].to_vec())
 }
 
 async fn subscribe(
@@ -313,46 +274,18 @@ async fn bench(o: Opts) {
     let load0 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     // This process holds every subscriber: raise its own open-file limit.
     let _ = throng_host::limits::raise_nofile();
-    let mut server = Command::new(&o.throng)
-        .args([
-            "serve",
-            "--workers",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-            "--ping-interval",
-            // Heartbeat pings would land between the benchmark's frames.
-            "10000h",
-            "--bench-floor",
-            "--json",
-        ])
-        .args(&o.serve_args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start throng serve (build it with: cargo build --release -p throng)");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
-        &mut line,
-    )
-    .expect("start line");
-    let start: serde_json::Value = serde_json::from_str(&line).expect("start line is JSON");
-    let addr: SocketAddr = start["listen"][0]
-        .as_str()
-        .expect("listen")
-        .parse()
-        .expect("addr");
+    let mut args = vec![
+        "--workers",
+        "1",
+        "--ping-interval",
+        // Heartbeat pings would land between the benchmark's frames.
+        "10000h",
+        "--bench-floor",
+    ];
+    args.extend(o.serve_args.iter().map(String::as_str));
+    let (mut server, addr) = served::start(&o.throng, &args);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let (_, metrics) = request(addr, "GET", "/metrics", b"").await;
-    let metrics = String::from_utf8_lossy(&metrics).to_string();
-    let pid: u32 = metrics
-        .lines()
-        .find(|l| l.starts_with("throng_worker_rss_bytes{"))
-        .and_then(|l| l.split("pid=\"").nth(1))
-        .and_then(|r| r.split('"').next())
-        .and_then(|p| p.parse().ok())
-        .expect("worker pid in /metrics");
+    let pid = served::worker_pid(addr).await;
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss0 = rss_kib(pid);

@@ -438,17 +438,6 @@ fn a_browser_cut_off_mid_stream_ends_with_every_message_once_in_order_over_sse_a
     server.wait_metric("throng_recoveries_total{result=\"complete\"}", |v| v >= 2.0);
 }
 
-/// Publishes through a node routing through Redis and returns the id.
-fn publish_redis_id(addr: SocketAddr, channel: &str, body: &str) -> String {
-    let (status, reply) = publish(addr, channel, body.as_bytes(), None);
-    assert_eq!(status, 200, "{reply}");
-    let v: Value = serde_json::from_str(&reply).expect("a JSON answer");
-    v["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no id in {reply}"))
-        .to_owned()
-}
-
 #[test]
 fn with_redis_the_history_is_a_stream_and_a_subscriber_rejoins_on_the_other_node() {
     require!(Peer::RedisServer, Peer::RedisCli);
@@ -467,14 +456,14 @@ fn with_redis_the_history_is_a_stream_and_a_subscriber_rejoins_on_the_other_node
         if mode == "channels" {
             throng_testkit::wait_until("node A subscribed", || redis.numsub("throng:room") == 1);
         }
-        let first = publish_redis_id(b.addr, "room", "one");
+        let first = publish_id(b.addr, "room", b"one", None);
         assert_eq!(next(&mut ws), (first.clone(), b"one".to_vec()), "{mode}");
         drop(ws);
         // Published on both nodes while the subscriber is away; it comes
         // back to the other node, which never delivered any of it.
         let missed = [
-            publish_redis_id(a.addr, "room", "two"),
-            publish_redis_id(b.addr, "room", "three"),
+            publish_id(a.addr, "room", b"two", None),
+            publish_id(b.addr, "room", b"three", None),
         ];
         let mut ws = subscribe_v1(b.addr, "room", Some(&first));
         assert_eq!(
@@ -487,7 +476,7 @@ fn with_redis_the_history_is_a_stream_and_a_subscriber_rejoins_on_the_other_node
             (missed[1].clone(), b"three".to_vec()),
             "{mode}"
         );
-        let live = publish_redis_id(a.addr, "room", "four");
+        let live = publish_id(a.addr, "room", b"four", None);
         assert_eq!(next(&mut ws), (live, b"four".to_vec()), "{mode}: then live");
         b.wait_metric("throng_recoveries_total{result=\"complete\"}", |v| v == 1.0);
         // The stream is under the prefix, and holds what was published.
@@ -504,7 +493,7 @@ fn with_redis_the_history_is_a_stream_and_a_subscriber_rejoins_on_the_other_node
         // An id the stream never gave: the marker, then the live stream.
         let mut ws = subscribe_v1(a.addr, "room", Some("99999999999999-0"));
         assert_eq!(next(&mut ws).0, "!incomplete", "{mode}");
-        let five = publish_redis_id(b.addr, "room", "five");
+        let five = publish_id(b.addr, "room", b"five", None);
         assert_eq!(next(&mut ws).0, five, "{mode}");
         // Published by someone else, without an id: delivered all the same.
         let mut plain = subscribe_v1(a.addr, "other", None);
