@@ -71,7 +71,7 @@ out, configs = sys.argv[1], sys.argv[2:]
 keys = ["user_bytes_per_more_conn", "user_bytes_per_conn", "fanout_cpu_ns_per_frame_in_loop", "ratio_in_loop",
         "publish_to_reply_ms_median", "failed", "subscribers_missing_a_frame"]
 for c in configs:
-    runs = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/{c}-*.json"))]
+    runs = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/{c}-[0-9]*.json"))]
     med = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
     print(json.dumps({"config": c, "runs": len(runs), "medians": med}))
 PY
