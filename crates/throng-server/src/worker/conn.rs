@@ -1,6 +1,7 @@
-//! One subscriber connection after the upgrade, and its life: reading
-//! (control frames only), sending with a queue only when the socket is full,
-//! and closing. The life is a state machine over a [`Wire`] (a non-blocking
+//! One subscriber connection after the upgrade (or the start of its event
+//! stream), and its life: reading (control frames only; an SSE client's
+//! bytes are dropped), sending with a queue only when the socket is full,
+//! and closing (an SSE stream just ends: it has no closing handshake). The life is a state machine over a [`Wire`] (a non-blocking
 //! byte stream) and the worker's clock in ticks; it opens no socket and
 //! reads no clock, so tests drive it in memory.
 //!

@@ -1,6 +1,8 @@
 //! A new connection's first life as HTTP: read the request head (within
 //! `--handshake-timeout`), then either answer it with one of the
-//! [`routes`](super::routes), upgrade it to a subscriber, or refuse it with
+//! [`routes`](super::routes), make it a subscriber (a WebSocket upgrade, or
+//! an event stream: `/sse/<channel>`, `Accept: text/event-stream`; either
+//! may rejoin after an id, `?since=` or `Last-Event-ID`), or refuse it with
 //! the status and reason a client can act on.
 
 use std::cell::Cell;

@@ -1,7 +1,10 @@
 //! Every subscriber of one worker, without sockets or clocks of its own:
-//! the tables (by slot, by channel), the fan-out hot path, the clock in
-//! ticks and what each tick does (heartbeat pings and idle checks spread
-//! over the ping interval, overdue closing handshakes, stalled queues).
+//! the tables (by slot, by channel), the fan-out hot path (one encoding per
+//! kind of subscriber, [`super::rejoin`]), rejoins (a subscriber that came
+//! back after an id holds what is published until its channel's history
+//! arrives), the clock in ticks and what each tick does (heartbeat pings or
+//! SSE comments and idle checks spread over the ping interval, overdue
+//! closing handshakes, stalled queues).
 //!
 //! What it needs from around it is the [`Outside`]: readiness registration
 //! (the worker's epoll in production) and the report of a channel's first
