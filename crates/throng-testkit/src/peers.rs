@@ -28,6 +28,9 @@ pub enum Peer {
     Python,
     /// `python3` with the `websockets` package (13 or later: its asyncio API).
     PythonWebsockets,
+    /// `python3` with `PyJWT` and `cryptography`: tokens from an
+    /// implementation independent of the server's.
+    PythonJwt,
     /// `node` with the `ws` package installed under `tests/peers`.
     NodeWs,
     /// A headless Chromium (Debian package `chromium`).
@@ -51,6 +54,7 @@ impl Peer {
             Self::Openssl => "openssl",
             Self::Python => "python3",
             Self::PythonWebsockets => "python3 with websockets >= 13",
+            Self::PythonJwt => "python3 with PyJWT and cryptography",
             Self::NodeWs => "node with ws in tests/peers",
             Self::Chromium => "chromium",
             Self::Namespaces => "root with unshare and sysctl",
@@ -66,6 +70,7 @@ impl Peer {
             Self::Openssl => "apt-get install openssl",
             Self::Python => "apt-get install python3",
             Self::PythonWebsockets => "python3 -m pip install 'websockets>=13'",
+            Self::PythonJwt => "python3 -m pip install 'PyJWT>=2.8' 'cryptography>=41'",
             Self::NodeWs => "cd tests/peers && npm install",
             Self::Chromium => "apt-get install --no-install-recommends chromium",
             Self::Namespaces => "run the tests as root; apt-get install util-linux procps",
@@ -88,6 +93,13 @@ impl Peer {
             Self::Openssl => ("openssl", &["version"]),
             Self::Python => ("python3", &["-c", "pass"]),
             Self::PythonWebsockets => ("python3", &["-c", "import websockets.asyncio.server"]),
+            Self::PythonJwt => (
+                "python3",
+                &[
+                    "-c",
+                    "import jwt, cryptography.hazmat.primitives.asymmetric.ed25519",
+                ],
+            ),
             Self::NodeWs => ("node", &["-e", "require.resolve('ws')"]),
             Self::Chromium => return chromium_program().is_some(),
             Self::Namespaces => (
