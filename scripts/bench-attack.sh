@@ -100,7 +100,11 @@ timeout $((SLEEP_SECS + 60)) "$THRONG" attack --url "$url" -H 'sleep: 5000' --ra
   --duration "${SLEEP_SECS}s" --workers 1 --timeout 30s --format json -q >"$tmp/sleep.json" 2>/dev/null &
 attack_pid=$!
 server_peak=$server_before
-while kill -0 "$attack_pid" 2>/dev/null; do
+# While the schedule runs: after it, answered connections wait idle for a
+# next request (each in a task) until the generator closes them, which is
+# not what a sleeping request costs.
+end=$((SECONDS + SLEEP_SECS))
+while kill -0 "$attack_pid" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do
   now=$(server_rss)
   [ "$now" -gt "$server_peak" ] && server_peak=$now
   sleep 0.5

@@ -54,6 +54,13 @@ pub struct HostSample {
     pub tcp_time_wait: u64,
     /// TCP sockets orphaned (closed by the program, not yet by the kernel).
     pub tcp_orphan: u64,
+    /// CPU time of the whole machine, all cores, ns since boot (`/proc/stat`
+    /// `cpu` line: every column), and the part of it that was busy (all but
+    /// idle and iowait): with the per-process figures, what other programs
+    /// on the machine took. 0 when `/proc/stat` cannot be read.
+    pub cpu_all_ns: u64,
+    /// See `cpu_all_ns`.
+    pub cpu_busy_ns: u64,
 }
 
 impl HostSample {
@@ -153,6 +160,7 @@ impl Sampler {
         self.read_snmp(&mut s)?;
         self.read_dev(&mut s)?;
         self.read_meminfo(&mut s)?;
+        self.read_stat(&mut s);
         s.rss_bytes.reserve(procs.len());
         s.cpu_ns.reserve(procs.len());
         for (label, pid) in procs {
@@ -273,6 +281,28 @@ impl Sampler {
         s.mem_available_bytes = avail.unwrap_or(0);
         s.mem_slab_bytes = slab.unwrap_or(0);
         Ok(())
+    }
+
+    /// The machine's CPU time from `/proc/stat`; left at 0 if unreadable
+    /// (it adds to a sample, nothing depends on it).
+    fn read_stat(&mut self, s: &mut HostSample) {
+        if self.load("stat").is_err() {
+            return;
+        }
+        let Some(cpu) = self.buf.lines().next().and_then(|l| l.strip_prefix("cpu ")) else {
+            return;
+        };
+        let ticks: Vec<u64> = cpu
+            .split_ascii_whitespace()
+            .map_while(|f| f.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal ...; guest time is
+        // already inside user.
+        let all: u64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        let ns = 1_000_000_000 / self.ticks_per_sec;
+        s.cpu_all_ns = all * ns;
+        s.cpu_busy_ns = all.saturating_sub(idle) * ns;
     }
 
     /// RSS bytes and CPU ns of one process, or `None` if it is gone.
@@ -401,6 +431,10 @@ mod tests {
             "4242 (a (weird) name) S 1 1 1 0 -1 4194304 98 0 0 0 150 50 0 0 20 0 3 0 468597 3133440 407 18446744073709551615\n",
         );
         w("4242/schedstat", "999 0 1\n");
+        w(
+            "stat",
+            "cpu  100 5 50 800 40 3 2 0 0 0\ncpu0 50 2 25 400 20 1 1 0 0 0\n",
+        );
         root
     }
 
@@ -430,6 +464,22 @@ mod tests {
         let tick_ns = 1_000_000_000 / sampler.ticks_per_sec;
         assert_eq!(s.cpu_ns, vec![("hold/worker-0".to_owned(), 200 * tick_ns)]);
         assert_eq!(s.rss_bytes, vec![("hold/worker-0".to_owned(), 407 * page)]);
+        // The machine: 1000 ticks in all, 160 of them busy (not idle or iowait).
+        assert_eq!(
+            (s.cpu_all_ns, s.cpu_busy_ns),
+            (1000 * tick_ns, 160 * tick_ns)
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn no_proc_stat_leaves_the_machine_cpu_at_zero() {
+        let root = fake_proc("nostat");
+        std::fs::remove_file(root.join("stat")).unwrap();
+        let s = Sampler::with_root(&root, "x")
+            .sample_at(1, &[] as &[(&str, u32)])
+            .unwrap();
+        assert_eq!((s.cpu_all_ns, s.cpu_busy_ns), (0, 0));
         std::fs::remove_dir_all(root).unwrap();
     }
 

@@ -5,6 +5,11 @@
 //! [`attack`] (HTTP load at a set rate); [`bench`](mod@bench), the one-command proof
 //! built on `hold`; and what they share: the open-model [`pacer`] and the
 //! [`tls`] client.
+//!
+//! No `unsafe` here: every OS call the harness makes (its epoll set, the
+//! schedule's timer, signals, socket options) is `throng-host`'s.
+
+#![forbid(unsafe_code)]
 
 pub mod attack;
 pub mod bench;

@@ -35,9 +35,14 @@ async fn redis_publish_reaches_a_subscriber() {
     let mut publisher = Publisher::new(target, "throng:c".into(), Duration::from_secs(5));
     let mut msg = Vec::new();
     message::encode(&mut msg, 7, 1_234_567, 100);
-    assert_eq!(publisher.publish(&msg).await.unwrap(), Some(1));
+    let first = publisher.publish(&msg, &mut || {}).await;
+    assert!(first.sent && first.published());
+    assert_eq!(first.answer.unwrap(), Some(1));
     // A second publish reuses the connection.
-    assert_eq!(publisher.publish(&msg).await.unwrap(), Some(1));
+    assert_eq!(
+        publisher.publish(&msg, &mut || {}).await.answer.unwrap(),
+        Some(1)
+    );
 
     // *3 $7 message $8 throng:c $100 <payload>
     let head: Vec<String> = (0..6).map(|_| line(&mut r)).collect();
@@ -54,7 +59,9 @@ async fn redis_down_is_a_connect_error() {
         .parse()
         .unwrap();
     let mut publisher = Publisher::new(target, "throng:c".into(), Duration::from_secs(5));
-    let err = publisher.publish(b"x").await.unwrap_err();
+    let outcome = publisher.publish(b"x", &mut || {}).await;
+    assert!(!outcome.sent && !outcome.published(), "never sent");
+    let err = outcome.answer.unwrap_err();
     assert!(matches!(err, PublishError::Connect { .. }), "{err}");
     assert_eq!(err.label(), "connect");
 }
@@ -91,9 +98,56 @@ async fn http_status_and_subscriber_count() {
     });
     let target: PublishTarget = format!("http://{addr}/publish/c").parse().unwrap();
     let mut publisher = Publisher::new(target, String::new(), Duration::from_secs(5));
-    let err = publisher.publish(b"hello").await.unwrap_err();
+    let refused = publisher.publish(b"hello", &mut || {}).await;
+    assert!(refused.sent && !refused.published(), "sent, and refused");
+    let err = refused.answer.unwrap_err();
     assert!(matches!(err, PublishError::Status(503)), "{err}");
     // The 503 was read whole: the same connection carries the next publish.
-    assert_eq!(publisher.publish(b"hello").await.unwrap(), Some(3));
+    assert_eq!(
+        publisher
+            .publish(b"hello", &mut || {})
+            .await
+            .answer
+            .unwrap(),
+        Some(3)
+    );
+    server.join().unwrap();
+}
+
+/// An endpoint that takes the whole request and answers after the
+/// publisher's timeout: the message was sent (and published), only its
+/// answer is missing.
+#[tokio::test(flavor = "current_thread")]
+async fn a_late_answer_is_a_timeout_of_a_message_that_was_sent() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut got = Vec::new();
+        while !got.ends_with(b"hello") {
+            let mut byte = [0u8; 1];
+            r.read_exact(&mut byte).unwrap();
+            got.push(byte[0]);
+        }
+        std::thread::sleep(Duration::from_millis(600));
+        let mut w = s;
+        let _ = w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 17\r\n\r\n{\"subscribers\":3}");
+    });
+    let target: PublishTarget = format!("http://{addr}/publish/c").parse().unwrap();
+    let mut publisher = Publisher::new(target, String::new(), Duration::from_millis(200));
+    let mut sent_at = None;
+    let began = std::time::Instant::now();
+    let late = publisher
+        .publish(b"hello", &mut || sent_at = Some(began.elapsed()))
+        .await;
+    assert!(late.sent && late.published(), "{late:?}");
+    assert!(
+        sent_at.is_some_and(|t| t < Duration::from_millis(200)),
+        "counted as sent when it went out, not when the wait ended: {sent_at:?}"
+    );
+    let err = late.answer.unwrap_err();
+    assert!(matches!(err, PublishError::Timeout(_)), "{err}");
+    assert_eq!(err.to_string(), "publish got no answer within 200ms");
     server.join().unwrap();
 }

@@ -26,6 +26,28 @@ pub struct BenchSummary {
     pub messages: Messages,
     /// CPU time of each side.
     pub cpu: CpuSplit,
+    /// `PASS`, `FAIL` or `STOPPED` (Ctrl-C before its end), judged by
+    /// `criteria`; empty in a record from before bench had a verdict.
+    pub verdict: String,
+    /// What a PASS needs, as bench stated it at start.
+    pub criteria: String,
+    /// The criteria missed, one line each (none on a PASS).
+    pub failures: Vec<String>,
+    /// The first limit the run reached (`CPU at 67.0 s (...)`), empty when
+    /// it reached none.
+    pub first_limit: String,
+}
+
+impl BenchSummary {
+    /// Whether the run missed a criterion: by its verdict, or (a record
+    /// without one) by its figures.
+    pub fn missed(&self) -> bool {
+        let (c, m) = (&self.connections, &self.messages);
+        match self.verdict.as_str() {
+            "" => c.failed > 0 || m.lost > 0 || m.publish_errors > 0 || m.published < m.asked,
+            v => v != "PASS",
+        }
+    }
 }
 
 /// Connections asked for, held and failed.
@@ -82,10 +104,13 @@ pub struct MemoryPerConnection {
 pub struct Messages {
     /// Messages asked for.
     pub asked: u64,
-    /// Published (calls that succeeded).
+    /// Published: sent whole and not refused.
     pub published: u64,
-    /// Publish calls that failed.
+    /// Messages not published (never sent, or refused).
     pub publish_errors: u64,
+    /// Published messages whose answer came late or not at all (still
+    /// published: their deliveries are expected).
+    pub publish_unanswered: u64,
     /// Deliveries expected: every message to every connection.
     pub expected: u64,
     /// Deliveries counted.

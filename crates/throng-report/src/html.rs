@@ -146,12 +146,16 @@ svg .grid{stroke:#eee}svg .axis{stroke:#999}
 fn bench_box(o: &mut String, b: &BenchSummary) {
     let c = &b.connections;
     let m = &b.messages;
-    let bad = c.failed > 0 || m.lost > 0 || m.publish_errors > 0 || m.published < m.asked;
     let _ = writeln!(
         o,
-        "<section class=\"headline\" id=\"bench-summary\">\n<p class=\"verdict{}\">held <b data-figure=\"held\">{}</b> of {} connections, \
+        "<section class=\"headline\" id=\"bench-summary\">\n<p class=\"verdict{}\">{}held <b data-figure=\"held\">{}</b> of {} connections, \
          <b data-figure=\"failed\">{}</b> failed; {} of {} deliveries, <b data-figure=\"lost\">{}</b> lost</p>",
-        if bad { " bad" } else { "" },
+        if b.missed() { " bad" } else { "" },
+        if b.verdict.is_empty() {
+            String::new()
+        } else {
+            format!("<b data-figure=\"verdict\">{}</b>: ", esc(&b.verdict))
+        },
         c.held,
         c.asked,
         c.failed,
@@ -232,6 +236,20 @@ fn bench_box(o: &mut String, b: &BenchSummary) {
             o,
             "<p class=\"warn\">{} duplicated, {} out of order, {} publish calls failed</p>",
             m.duplicated, m.out_of_order, m.publish_errors
+        );
+    }
+    if !b.failures.is_empty() {
+        let _ = writeln!(
+            o,
+            "<p class=\"warn\" data-figure=\"failures\">missed: {}</p>",
+            esc(&b.failures.join("; "))
+        );
+    }
+    if !b.first_limit.is_empty() {
+        let _ = writeln!(
+            o,
+            "<p data-figure=\"first-limit\">first limit reached: {}</p>",
+            esc(&b.first_limit)
         );
     }
     o.push_str("</div>\n</div>\n</section>\n");
@@ -351,15 +369,19 @@ fn details(o: &mut String, r: &Report) {
         );
     }
     if !r.event_kinds.is_empty() {
-        o.push_str("<h2>Events</h2>\n<table><tr><th>t</th><th class=\"l\">source</th><th class=\"l\">kind</th><th class=\"l\">text</th></tr>\n");
-        for e in r.events.iter().take(200) {
+        // One row for the same thing said by many sources.
+        o.push_str("<h2>Events</h2>\n<table><tr><th>first</th><th>last</th><th>count</th><th class=\"l\">sources</th><th class=\"l\">kind</th><th class=\"l\">text</th></tr>\n");
+        for g in r.event_groups.iter().take(200) {
+            let t = |ns: u64| ns.saturating_sub(r.start_ns) as f64 / 1e9;
             let _ = writeln!(
                 o,
-                "<tr><td class=\"nw\">+{:.1}s</td><td class=\"l nw\">{}</td><td class=\"l nw\">{}</td><td class=\"l\">{}</td></tr>",
-                e.at_ns.saturating_sub(r.start_ns) as f64 / 1e9,
-                esc(&e.source),
-                esc(&e.kind),
-                event_text(&e.text)
+                "<tr><td class=\"nw\">+{:.1}s</td><td class=\"nw\">+{:.1}s</td><td>{}</td><td class=\"l nw\">{}</td><td class=\"l nw\">{}</td><td class=\"l\">{}</td></tr>",
+                t(g.first_ns),
+                t(g.last_ns),
+                g.count,
+                esc(&g.sources_text()),
+                esc(&g.kind),
+                event_text(&g.text)
             );
         }
         o.push_str("</table>\n");
@@ -1082,6 +1104,37 @@ mod tests {
             page.contains("data-figure=\"memory-server\">331 B<"),
             "{page}"
         );
+        assert!(
+            !page.contains("data-figure=\"verdict\""),
+            "an older record has none"
+        );
+    }
+
+    #[test]
+    fn a_bench_page_says_its_verdict_what_missed_and_the_first_limit() {
+        use crate::bench::BenchSummary;
+        let page = |b: BenchSummary| {
+            render(&Report {
+                benches: vec![b],
+                ..Report::build(&crate::merge::Merger::new(1).finish(), &[], true)
+            })
+        };
+        let failed = page(BenchSummary {
+            verdict: "FAIL".into(),
+            failures: vec!["2 connections failed (reset 2)".into()],
+            first_limit: "CPU at 67.0 s (the machine 96% busy)".into(),
+            ..BenchSummary::default()
+        });
+        assert!(failed.contains("class=\"verdict bad\"><b data-figure=\"verdict\">FAIL</b>"));
+        assert!(failed.contains("missed: 2 connections failed (reset 2)"));
+        assert!(failed.contains("first limit reached: CPU at 67.0 s (the machine 96% busy)"));
+        // The verdict decides, not the figures: a PASS is not painted red.
+        let passed = page(BenchSummary {
+            verdict: "PASS".into(),
+            ..BenchSummary::default()
+        });
+        assert!(passed.contains("class=\"verdict\"><b data-figure=\"verdict\">PASS</b>"));
+        assert!(!passed.contains("missed:"));
     }
 
     #[test]

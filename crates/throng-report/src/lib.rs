@@ -3,6 +3,7 @@
 //! machines, and text, JSON and HTML reports.
 
 pub mod bench;
+pub mod events;
 pub mod format;
 pub mod html;
 pub mod interval;

@@ -3,6 +3,10 @@
 //!
 //! Counters add; gauges add across sources (each source's latest value in a
 //! bucket, so a 10 s bucket does not count a level ten times); histograms add.
+//! A source with no record in a bucket between its first and its last one
+//! (a worker held up for seconds skips the intervals it slept through)
+//! keeps its last level there, so a busy run's levels do not fall to a
+//! partial sum.
 //! Host samples are kept per host (the latest in each bucket), so one host is
 //! never counted twice, and host-wide figures sum different hosts.
 //!
@@ -17,6 +21,7 @@ use hdrhistogram::Histogram;
 use throng_host::sample::HostSample;
 
 use crate::bench::BenchSummary;
+use crate::events::{EventGroup, Groups};
 use crate::format::{Event, Record};
 use crate::interval::{Interval, new_histogram};
 
@@ -226,6 +231,8 @@ pub struct Merged {
     pub events: Vec<Event>,
     /// Events by kind, all of them.
     pub event_kinds: BTreeMap<String, u64>,
+    /// Events grouped (kind and text alike), all of them.
+    pub event_groups: Vec<EventGroup>,
     /// What each bench among the files found, in the order read.
     pub benches: Vec<BenchSummary>,
     /// Intervals merged.
@@ -245,6 +252,7 @@ pub struct Merger {
     /// whole-run figures do not, and they are most of a long run's memory).
     bucket_histograms: bool,
     seen: HashSet<(String, u64)>,
+    groups: Groups,
     merged: Merged,
 }
 
@@ -259,6 +267,7 @@ impl Merger {
             max_buckets: None,
             bucket_histograms: true,
             seen: HashSet::new(),
+            groups: Groups::default(),
             merged: Merged {
                 width_ns,
                 buckets: Vec::new(),
@@ -268,6 +277,7 @@ impl Merger {
                 host_span: BTreeMap::new(),
                 events: Vec::new(),
                 event_kinds: BTreeMap::new(),
+                event_groups: Vec::new(),
                 benches: Vec::new(),
                 intervals: 0,
                 duplicates: 0,
@@ -403,6 +413,7 @@ impl Merger {
     /// Keeps one event (up to [`MAX_EVENTS_KEPT`]) and counts its kind.
     pub fn add_event(&mut self, ev: Event) {
         add_to(&mut self.merged.event_kinds, &ev.kind, 1);
+        self.groups.add(&ev);
         if self.merged.events.len() < MAX_EVENTS_KEPT {
             self.merged.events.push(ev);
         }
@@ -410,7 +421,10 @@ impl Merger {
 
     /// The merged run.
     pub fn finish(mut self) -> Merged {
-        self.merged.buckets = self.buckets.into_values().collect();
+        let mut buckets: Vec<Bucket> = self.buckets.into_values().collect();
+        carry_levels(&mut buckets);
+        self.merged.buckets = buckets;
+        self.merged.event_groups = self.groups.into_groups();
         self.merged
     }
 }
@@ -438,6 +452,30 @@ pub fn merge_files_into<P: AsRef<std::path::Path>>(
             m.add(&record);
         }
     })
+}
+
+/// Gives every bucket between a source's first and last one with its
+/// levels, where it has none, its last level before.
+fn carry_levels(buckets: &mut [Bucket]) {
+    let mut last_at: BTreeMap<String, u64> = BTreeMap::new();
+    for b in buckets.iter() {
+        for source in b.gauges_by_source.keys() {
+            last_at.insert(source.clone(), b.start_ns);
+        }
+    }
+    let mut known: BTreeMap<String, (u64, BTreeMap<String, i64>)> = BTreeMap::new();
+    for b in buckets.iter_mut() {
+        for (source, levels) in &known {
+            if last_at.get(source).is_some_and(|&end| end > b.start_ns)
+                && !b.gauges_by_source.contains_key(source)
+            {
+                b.gauges_by_source.insert(source.clone(), levels.clone());
+            }
+        }
+        for (source, levels) in &b.gauges_by_source {
+            known.insert(source.clone(), levels.clone());
+        }
+    }
 }
 
 fn add_to(map: &mut BTreeMap<String, u64>, name: &str, v: u64) {
@@ -524,6 +562,27 @@ mod tests {
         assert_eq!(merged.duplicates, 1);
         assert_eq!(merged.intervals, 20);
         assert_eq!(merged.histograms["delivery"].len(), 20);
+    }
+
+    #[test]
+    fn a_source_that_skips_intervals_keeps_its_last_level_between_its_records() {
+        let mut m = Merger::new(1_000_000_000);
+        for s in 1..=5 {
+            m.add_interval(&iv("a/hold-0", s, 100 * s as i64, &[]));
+        }
+        // hold-1 was held up: nothing for seconds 2 and 3.
+        m.add_interval(&iv("a/hold-1", 1, 50, &[]));
+        m.add_interval(&iv("a/hold-1", 4, 80, &[]));
+        // hold-2 ended after second 2: no level after its last record.
+        m.add_interval(&iv("a/hold-2", 1, 7, &[]));
+        m.add_interval(&iv("a/hold-2", 2, 7, &[]));
+        let open: Vec<i64> = m
+            .finish()
+            .buckets
+            .iter()
+            .map(|b| b.gauges()["connections.open"])
+            .collect();
+        assert_eq!(open, [157, 257, 350, 480, 500]);
     }
 
     #[test]

@@ -241,6 +241,8 @@ pub struct Report {
     pub event_kinds: BTreeMap<String, u64>,
     /// The first events, in order.
     pub events: Vec<Event>,
+    /// Every event, grouped: one line for the same thing said by many sources.
+    pub event_groups: Vec<crate::events::EventGroup>,
     /// The time series, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub series: Option<Vec<SeriesPoint>>,
@@ -266,7 +268,7 @@ pub fn explain(name: &str) -> Option<&'static str> {
             "from the publish call's start (stamped in the message) to its arrival at a subscriber"
         }
         "publish" => {
-            "a publish call, from its start to the server's answer (which comes once every worker has sent it)"
+            "a publish call, from its start to the server's answer (throng serve answers once every worker has counted its subscribers, before the writes)"
         }
         "publish.lag" => "how late the publisher sent a message after its scheduled time",
         "latency" => {
@@ -429,6 +431,7 @@ impl Report {
             host,
             event_kinds: merged.event_kinds.clone(),
             events: merged.events.clone(),
+            event_groups: merged.event_groups.clone(),
             series,
         }
     }

@@ -272,13 +272,29 @@ pub fn render(r: &Report) -> String {
             .map(|(k, v)| format!("{k} ×{v}"))
             .collect();
         let _ = writeln!(o, "\nevents: {}", parts.join(", "));
-        for e in r.events.iter().take(20) {
-            let t = e.at_ns.saturating_sub(r.start_ns) as f64 / 1e9;
-            let head = format!("  +{t:.1}s {} {}: ", e.source, e.kind);
+        // One line for the same thing said by many sources, cut to fit a
+        // terminal (a bench's summary can be kilobytes of JSON).
+        for g in r.event_groups.iter().take(20) {
+            let t = |ns: u64| ns.saturating_sub(r.start_ns) as f64 / 1e9;
+            let (first, last) = (
+                format!("+{:.1}s", t(g.first_ns)),
+                format!("+{:.1}s", t(g.last_ns)),
+            );
+            let when = if first == last {
+                first
+            } else {
+                format!("{first}..{last}")
+            };
+            let who = if g.count == 1 {
+                g.sources_text()
+            } else {
+                format!("{} (×{})", g.sources_text(), g.count)
+            };
+            let head = format!("  {when} {who} {}: ", g.kind);
             let room = EVENT_LINE.saturating_sub(head.chars().count()).max(40);
-            let _ = writeln!(o, "{head}{}", first_line(&e.text, room));
+            let _ = writeln!(o, "{head}{}", first_line(&g.text, room));
         }
-        if r.events.len() > 20 {
+        if r.event_groups.len() > 20 {
             let _ = writeln!(
                 o,
                 "  ... (--format json lists up to {})",
@@ -361,6 +377,15 @@ fn render_bench(o: &mut String, b: &BenchSummary) {
         "  CPU          server {:.2} s, harness {:.2} s (user + system, over the run's {:.1} s)",
         b.cpu.server_s, b.cpu.harness_s, b.cpu.elapsed_s
     );
+    if !b.first_limit.is_empty() {
+        let _ = writeln!(o, "  limits       first reached: {}", b.first_limit);
+    }
+    if !b.verdict.is_empty() {
+        let _ = writeln!(o, "  verdict      {}", b.verdict);
+        for f in &b.failures {
+            let _ = writeln!(o, "    missed: {f}");
+        }
+    }
 }
 
 /// `text` as lines of at most `width` characters, indented by 2 (the

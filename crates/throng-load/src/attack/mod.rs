@@ -17,7 +17,10 @@
 //! - [`worker`]: one worker process: the schedule, the HTTP/1.1 client, the
 //!   connection pool;
 //! - [`record`]: what a worker counts per interval, and per-request rows;
-//! - `timer`: the scheduler's microsecond timer (tokio's round up to 1 ms).
+//! - `waiting`: requests whose answer is slow, waiting outside tokio.
+//!
+//! The schedule wakes on `throng-host`'s timerfd [`Timer`](throng_host::timer::Timer)
+//! (tokio's timers round up to the millisecond).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,7 +35,7 @@ pub mod request;
 pub mod summary;
 pub mod supervisor;
 pub mod targets;
-mod timer;
+mod waiting;
 pub mod worker;
 
 pub use request::{Prepared, Request, prepare};
@@ -111,6 +114,9 @@ pub struct WorkerPlan {
     pub targets: Vec<targets::Target>,
     /// Each target's resolved address.
     pub addrs: Vec<SocketAddr>,
+    /// Source addresses new connections bind, in turn (empty: the kernel picks).
+    #[serde(default)]
+    pub sources: Vec<std::net::IpAddr>,
     /// When request 0 is due, ns since the Unix epoch.
     pub start_unix_ns: u64,
     /// Timeouts and limits.

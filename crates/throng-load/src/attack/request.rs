@@ -47,6 +47,8 @@ pub struct Request {
     pub workers: Option<u32>,
     /// Connections open at once over all workers.
     pub max_connections: u64,
+    /// Source addresses (`None`: picked on loopback, else the kernel's).
+    pub sources: Option<Vec<std::net::IpAddr>>,
     /// Reuse connections.
     pub keepalive: bool,
     /// Per request, connect included.
@@ -102,16 +104,9 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
         .map(|t| t.url.resolve())
         .collect::<Result<Vec<_>, _>>()?;
     let machine = Machine::probe()?;
-    let workers = req
-        .workers
-        .unwrap_or(u32::try_from(machine.cores).unwrap_or(1))
-        .max(1);
-    // Each worker needs a file per connection, and a few of its own.
-    let per_worker_cap = machine.nofile.saturating_sub(DEFAULT_FD_RESERVE).max(1);
-    let mut max_connections = req.max_connections;
-    if max_connections.div_ceil(u64::from(workers)) > per_worker_cap {
-        max_connections = per_worker_cap * u64::from(workers);
-    }
+    let (workers, workers_why) = plan_workers(&req, &machine)?;
+    let max_connections = req.max_connections;
+    let (sources, sources_why) = plan_sources(&req, &addrs, &machine)?;
     let settings = Settings {
         timeout_ms: millis(req.timeout),
         keepalive: req.keepalive,
@@ -145,6 +140,7 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
             requests: req.requests,
             targets: req.targets.clone(),
             addrs,
+            sources,
             start_unix_ns: 0,
             settings,
             per_request: req.per_request.clone(),
@@ -152,7 +148,7 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
         },
         planned,
     };
-    let lines = start_lines(&req, &attack, &machine);
+    let lines = start_lines(&req, &attack, &machine, &workers_why, &sources_why);
     let results = req.output.clone().map(|path| ResultFile {
         path,
         header: header(&req, &attack),
@@ -218,7 +214,92 @@ impl Prepared {
     }
 }
 
-fn start_lines(req: &Request, a: &AttackRun, machine: &Machine) -> Vec<String> {
+/// The worker processes: one per core, or `--workers`, raised to what
+/// `--max-connections` needs under the open-file limit (each worker holds
+/// its share of the connections, one file each); and why.
+fn plan_workers(req: &Request, machine: &Machine) -> Result<(u32, String), AttackError> {
+    let per_worker = machine.per_worker().max(1);
+    let needed = req.max_connections.div_ceil(per_worker).max(1);
+    match req.workers {
+        Some(0) => Err(AttackError::Setting("--workers must be at least 1".into())),
+        Some(w) if u64::from(w) < needed => Err(AttackError::Setting(format!(
+            "--max-connections {} over --workers {w} is {} per process, but a process may open only {} files; use --workers {needed} or more, or leave --workers out",
+            req.max_connections,
+            req.max_connections.div_ceil(u64::from(w)),
+            machine.nofile
+        ))),
+        Some(w) => Ok((w, "--workers".to_owned())),
+        None => {
+            let cores = machine.cores.max(1) as u64;
+            if needed > cores {
+                Ok((
+                    u32::try_from(needed).unwrap_or(u32::MAX),
+                    format!(
+                        "raised from {cores} (one per core) so that --max-connections {} fits at {per_worker} per process (open-file limit {} - {DEFAULT_FD_RESERVE})",
+                        req.max_connections, machine.nofile
+                    ),
+                ))
+            } else {
+                Ok((
+                    u32::try_from(cores).unwrap_or(1),
+                    format!("one per core ({cores})"),
+                ))
+            }
+        }
+    }
+}
+
+/// The source addresses new connections bind: `--source-ips`, or on IPv4
+/// loopback as many of `127.0.0.2..` as the local ports to each target
+/// need (a source address has one port range per target address); and why.
+fn plan_sources(
+    req: &Request,
+    addrs: &[std::net::SocketAddr],
+    machine: &Machine,
+) -> Result<(Vec<std::net::IpAddr>, String), AttackError> {
+    if let Some(list) = &req.sources {
+        if let Some(bad) = list
+            .iter()
+            .find(|ip| addrs.iter().any(|a| a.is_ipv4() != ip.is_ipv4()))
+        {
+            return Err(AttackError::Setting(format!(
+                "source address {bad} is not of the same family as the targets; give --source-ips of their family"
+            )));
+        }
+        return Ok((list.clone(), "--source-ips".to_owned()));
+    }
+    let loopback = addrs.iter().all(|a| a.is_ipv4() && a.ip().is_loopback());
+    let mut endpoints: Vec<_> = addrs.to_vec();
+    endpoints.sort_unstable();
+    endpoints.dedup();
+    let per_source = machine.usable_ports().max(1) * endpoints.len().max(1) as u64;
+    let needed = req.max_connections.div_ceil(per_source);
+    if loopback && needed > 1 {
+        let ips = crate::hold::target::loopback_sources(usize::try_from(needed).unwrap_or(1));
+        let why = format!(
+            "{} ({} addresses; loopback: picked so that --max-connections {} finds local ports)",
+            crate::hold::target::format_sources(&ips),
+            ips.len(),
+            req.max_connections
+        );
+        return Ok((ips, why));
+    }
+    if !loopback && needed > 1 {
+        return Err(AttackError::Setting(format!(
+            "--max-connections {} needs {needed} source addresses for local ports ({per_source} per address to these targets); give --source-ips (add them to an interface first), or more target ports",
+            req.max_connections
+        )));
+    }
+    Ok((Vec::new(), "the kernel picks".to_owned()))
+}
+
+fn start_lines(
+    req: &Request,
+    a: &AttackRun,
+    machine: &Machine,
+    workers_why: &str,
+    sources_why: &str,
+) -> Vec<String> {
     let first = &req.targets[0];
     let more = if req.targets.len() > 1 {
         format!(" (+{} more targets, taken in turn)", req.targets.len() - 1)
@@ -256,8 +337,11 @@ fn start_lines(req: &Request, a: &AttackRun, machine: &Machine) -> Vec<String> {
             }
         ),
         format!(
-            "  workers {}; max connections {} over all workers; keep-alive {}; open-file limit {}/process",
-            a.plan.workers,
+            "  workers {} ({workers_why}); sources {sources_why}",
+            a.plan.workers
+        ),
+        format!(
+            "  max connections {} over all workers; keep-alive {}; open-file limit {}/process",
             settings.max_connections,
             if settings.keepalive {
                 "on"
@@ -310,6 +394,7 @@ fn header(req: &Request, a: &AttackRun) -> Header {
             "requests": req.requests,
             "planned": a.planned,
             "workers": plan.workers,
+            "sources": plan.sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "settings": plan.settings,
             "tls": plan.tls,
             "late_threshold_us": LATE_US,

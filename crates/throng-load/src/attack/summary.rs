@@ -5,11 +5,12 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use throng_report::events::EventGroup;
 use throng_report::summary::HistStats;
 use throng_report::text::micros;
 
 use super::worker::Done;
-use crate::harness::collect::{Totals, kinds, peak_rss};
+use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
 use crate::harness::progress::View;
 
 /// What a run did: the final print and `--format json`.
@@ -76,6 +77,10 @@ pub struct Summary {
     pub peak_rss_bytes: BTreeMap<String, u64>,
     /// The run was stopped (Ctrl-C) before its schedule ended.
     pub stopped: bool,
+    /// The workers' events, grouped: one for the same thing said by many workers.
+    pub events: Vec<EventGroup>,
+    /// When the schedule started, ns since the epoch.
+    pub start_unix_ns: u64,
 }
 
 impl Summary {
@@ -92,6 +97,8 @@ impl Summary {
         let s = self;
         let total = &totals.total;
         s.peak_rss_bytes = totals.peak_rss_bytes;
+        s.events = totals.events;
+        s.start_unix_ns = start_ns;
         let c = &total.counters;
         s.requests = total.counter("requests.sent");
         s.late = total.counter("requests.late");
@@ -174,15 +181,16 @@ pub fn check(s: &Summary, max_error_rate: Option<f64>, max_p99_us: Option<u64>) 
 }
 
 /// The progress line of one interval; `sent` requests so far of `planned`.
-pub(super) fn progress_line(view: &View<'_>, sent: u64, planned: Option<u64>) -> String {
+pub(super) fn progress_line(view: &View<'_>, planned: Option<u64>) -> String {
     let iv = view.merged;
     let of = planned.map_or(String::new(), |p| format!("/{p}"));
     let mut s = format!(
-        "[{:>6.1}s] sent {sent}{of}  +{}/s  answered {}/s  err {}  in flight {}",
+        "[{:>6.1}s] sent {}{of}  +{}/s  answered {}/s  err {}  in flight {}",
         view.elapsed_s(),
+        view.totals.counter("requests.sent"),
         iv.counter("requests.sent"),
         iv.counters_under("status."),
-        iv.counters_under("requests.error."),
+        view.totals.counters_under("requests.error."),
         iv.gauge("requests.in_flight")
     );
     if iv.histograms.contains_key("latency") {
@@ -200,6 +208,7 @@ pub(super) fn progress_line(view: &View<'_>, sent: u64, planned: Option<u64>) ->
     if iv.counter("requests.late") > 0 {
         s.push_str(&format!("  late {}", iv.counter("requests.late")));
     }
+    s.push_str(&view.late_note());
     s
 }
 
@@ -305,6 +314,10 @@ pub fn render(s: &Summary) -> String {
     }
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("Peak RSS      {}\n", peak_rss(&s.peak_rss_bytes)));
+    }
+    if !s.events.is_empty() {
+        out.push_str("Events\n");
+        out.push_str(&event_lines(&s.events, s.start_unix_ns));
     }
     if s.stopped {
         out.push_str("Stopped before the schedule ended.\n");

@@ -39,7 +39,6 @@ pub fn run(attack: AttackRun, setup: Setup) -> io::Result<Summary> {
         },
         attack,
         dones: vec![None; workers],
-        sent: 0,
     };
     crate::harness::supervise::run(role, setup)
 }
@@ -49,8 +48,6 @@ struct Attack {
     attack: AttackRun,
     /// What each worker said at its end.
     dones: Vec<Option<Done>>,
-    /// Requests sent so far (for the progress line).
-    sent: u64,
     /// Figures kept while the run goes (peaks, stopped).
     summary: Summary,
 }
@@ -104,14 +101,13 @@ impl Role for Attack {
     }
 
     fn absorb(&mut self, merged: &Interval) {
-        self.sent += merged.counter("requests.sent");
         let s = &mut self.summary;
         s.peak_in_flight = s.peak_in_flight.max(merged.gauge("requests.in_flight"));
         s.peak_connections = s.peak_connections.max(merged.gauge("connections.open"));
     }
 
     fn progress(&mut self, view: &View<'_>) -> String {
-        progress_line(view, self.sent, self.attack.planned)
+        progress_line(view, self.attack.planned)
     }
 
     fn finish(mut self, totals: Totals, run: &Rc<Run>) -> Summary {

@@ -35,7 +35,7 @@ use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use super::record::{AttackRecorder, Exchange, RequestError, Row, RowFormat, RowWriter};
-use super::timer::PreciseTimer;
+use super::waiting::{Waiting, WaitingRoom};
 use super::{Load, WorkerPlan, pacer};
 use crate::harness::clock::{Anchor, micros};
 use crate::harness::failure::{Failure, FirstOfKind, NetCause};
@@ -59,35 +59,39 @@ pub struct Done {
 }
 
 /// State shared by every task of the worker (single-threaded).
-struct Ctx {
-    plan: WorkerPlan,
+pub(super) struct Ctx {
+    pub(super) plan: WorkerPlan,
     /// Each target's request bytes, encoded once.
     wire: Vec<Rc<[u8]>>,
     /// Each target's pool index (targets on one endpoint share a pool).
-    pool_of: Vec<usize>,
+    pub(super) pool_of: Vec<usize>,
     /// Distinct endpoints, by pool index.
     endpoints: Vec<Endpoint>,
     /// Idle keep-alive connections, by pool index.
-    pools: Vec<RefCell<Vec<Link>>>,
+    pub(super) pools: Vec<RefCell<Vec<Link>>>,
     /// The TLS client, when any target is `https://`.
     tls: Option<TlsClient>,
     /// Connections open or being opened, idle ones included.
     /// Invariant: `open <= cap`.
-    open: Cell<u64>,
+    pub(super) open: Cell<u64>,
     /// This worker's share of `--max-connections`.
     cap: u64,
+    /// The source address the next new connection binds (an index into the plan's).
+    next_source: Cell<usize>,
+    /// Requests whose answer is slow, waiting outside tokio.
+    pub(super) waiting: WaitingRoom,
     /// A connection went back to a pool or closed: one waiter may go on.
-    freed: Notify,
+    pub(super) freed: Notify,
     timeout: Duration,
     /// Where the schedule starts (request 0's intended time), both clocks.
-    start: Anchor,
-    rec: RefCell<AttackRecorder>,
+    pub(super) start: Anchor,
+    pub(super) rec: RefCell<AttackRecorder>,
     /// The one read buffer. Borrowed only between awaits.
-    scratch: RefCell<Box<[u8]>>,
+    pub(super) scratch: RefCell<Box<[u8]>>,
     rows: RefCell<Option<RowWriter>>,
-    stop: Stop,
+    pub(super) stop: Stop,
     /// Request tasks and loops still running, plus the scheduler.
-    live: Live,
+    pub(super) live: Live,
     done: Cell<Done>,
     ticker: Ticker,
     /// Failure kinds already logged (one event per kind).
@@ -190,6 +194,8 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
         tls_noted: Cell::new(false),
         open: Cell::new(0),
         cap: cap.max(1),
+        next_source: Cell::new(0),
+        waiting: WaitingRoom::new()?,
         freed: Notify::new(),
         timeout: Duration::from_millis(settings.timeout_ms),
         start: Anchor::at_unix_ns(plan.start_unix_ns),
@@ -244,11 +250,14 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
         let c = &tick_ctx;
         c.ticker.run(&c.rec, &c.out, || c.flush_rows()).await;
     });
+    let wait_ctx = ctx.clone();
+    let waiting = tokio::task::spawn_local(async move { wait_ctx.waiting.run(&wait_ctx).await });
 
     while ctx.live.get() > 0 && !ctx.stop.is_set() {
         ctx.live.changed().await;
     }
     ticker.abort();
+    waiting.abort();
     let mut done = ctx.done.get();
     if ctx.stop.is_set() {
         done.stopped = true;
@@ -276,7 +285,7 @@ async fn schedule(
     let mut i = u64::from(ctx.plan.index);
     let mut burst = 0u32;
     // Without a timerfd (not Linux?), tokio's millisecond timers will do.
-    let timer = PreciseTimer::new().ok();
+    let timer = throng_host::timer::Timer::new().ok();
     loop {
         if ctx.stop.is_set() || requests.is_some_and(|n| i >= n) {
             break;
@@ -308,8 +317,9 @@ async fn schedule(
         ctx.live.add();
         let c = ctx.clone();
         tokio::task::spawn_local(async move {
-            request(&c, i, intended, Instant::now(), None).await;
-            c.live.done();
+            if request(&c, i, intended, Instant::now(), None).await {
+                c.live.done();
+            }
         });
         i += step;
         // Behind schedule, every due request starts now; let the responses
@@ -343,33 +353,36 @@ async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
             break;
         }
         next.set(k + 1);
-        request(&ctx, seq, now, now, Some(timer.as_mut())).await;
+        // With its own timer a request never leaves for the waiting room.
+        let _ended = request(&ctx, seq, now, now, Some(timer.as_mut())).await;
     }
     ctx.live.done();
 }
 
 /// One request's own figures, for its row.
 #[derive(Debug)]
-struct Io {
-    bytes_in: u64,
-    bytes_out: u64,
+pub(super) struct Io {
+    pub(super) bytes_in: u64,
+    pub(super) bytes_out: u64,
     /// When the generator started it.
-    began: Instant,
+    pub(super) began: Instant,
     /// When it went on the wire: a connection was taken from the pool, or
     /// a new one began to connect.
-    sent_at: Option<Instant>,
+    pub(super) sent_at: Option<Instant>,
 }
 
 /// Runs request `seq` (target `seq % targets`), due at `intended` and
-/// started at `began` (now), to its end. `timer`: a closed loop's own timer
-/// to reuse for the timeout (else the request takes a timer of its own).
+/// started at `began` (now), to its end, or until it waits for a slow
+/// answer in the waiting room (then `false`: the waiting room ends it).
+/// `timer`: a closed loop's own timer to reuse for the timeout (else the
+/// request takes a timer of its own, and may leave for the waiting room).
 async fn request(
     ctx: &Rc<Ctx>,
     seq: u64,
     intended: Instant,
     began: Instant,
     timer: Option<Pin<&mut Sleep>>,
-) {
+) -> bool {
     let t = (seq % ctx.wire.len() as u64) as usize;
     ctx.rec.borrow_mut().started();
     let mut done = ctx.done.get();
@@ -389,12 +402,15 @@ async fn request(
     };
     let deadline = began + ctx.timeout;
     let result = match timer {
-        None => match tokio::time::timeout_at(deadline.into(), exchange(ctx, t, &mut io)).await {
-            Ok(r) => r,
-            Err(_) => Err(Failure::Net(NetCause::Timeout)),
-        },
+        None => {
+            let exchange = exchange(ctx, t, &mut io, true);
+            match tokio::time::timeout_at(deadline.into(), exchange).await {
+                Ok(r) => r,
+                Err(_) => Err(Failure::Net(NetCause::Timeout)),
+            }
+        }
         Some(mut timer) => {
-            let exchange = exchange(ctx, t, &mut io);
+            let exchange = exchange(ctx, t, &mut io, false);
             tokio::pin!(exchange);
             loop {
                 tokio::select! {
@@ -411,6 +427,43 @@ async fn request(
             }
         }
     };
+    let result = match result {
+        Ok(Exchanged::Answered(status)) => Ok(status),
+        Ok(Exchanged::Slow(link)) => match link.stream.into_std() {
+            Ok(stream) => {
+                let wait = Waiting::new(ctx, stream, seq, t, intended, &io);
+                match ctx.waiting.enter(wait, deadline) {
+                    // The waiting room ends it.
+                    Ok(()) => return false,
+                    Err(wait) => {
+                        ctx.waiting.refuse(ctx, wait);
+                        return true;
+                    }
+                }
+            }
+            Err(e) => {
+                // Its place under the cap was kept for the waiting room.
+                ctx.open.set(ctx.open.get().saturating_sub(1));
+                ctx.rec.borrow_mut().connection_closed();
+                ctx.freed.notify_one();
+                Err(RequestError::from_io(&e))
+            }
+        },
+        Err(why) => Err(why),
+    };
+    finish(ctx, seq, t, intended, &io, result);
+    true
+}
+
+/// Records how request `seq` (target `t`, due at `intended`) ended.
+pub(super) fn finish(
+    ctx: &Ctx,
+    seq: u64,
+    t: usize,
+    intended: Instant,
+    io: &Io,
+    result: Result<u16, RequestError>,
+) {
     if ctx.stop.is_set() {
         // Counted as canceled with the rest of those in flight.
         return;
@@ -473,9 +526,9 @@ struct Endpoint {
 }
 
 /// An open connection: the socket and, for `https://`, its TLS session.
-struct Link {
-    stream: TcpStream,
-    tls: Option<Box<Session>>,
+pub(super) struct Link {
+    pub(super) stream: TcpStream,
+    pub(super) tls: Option<Box<Session>>,
 }
 
 /// An open connection counted against the cap; closing it (by drop) frees
@@ -483,7 +536,8 @@ struct Link {
 struct Conn {
     ctx: Rc<Ctx>,
     stream: Option<Link>,
-    /// The connection went back to a pool, which keeps its place.
+    /// The connection went back to a pool (or to the waiting room), which
+    /// keeps its place.
     pooled: bool,
 }
 
@@ -496,6 +550,13 @@ impl Conn {
             stream: None,
             pooled: false,
         }
+    }
+
+    /// Takes the connection out, keeping its place under the cap: the
+    /// waiting room holds both from now on.
+    fn keep_place(mut self) -> Option<Link> {
+        self.pooled = true;
+        self.stream.take()
     }
 
     /// Puts the connection back into its pool for the next request.
@@ -573,7 +634,17 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
 async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, RequestError> {
     let endpoint = &ctx.endpoints[pool];
     let began = Instant::now();
-    let stream = TcpStream::connect(endpoint.addr)
+    let sources = &ctx.plan.sources;
+    let source = if sources.is_empty() {
+        None
+    } else {
+        let k = ctx.next_source.get();
+        ctx.next_source.set((k + 1) % sources.len());
+        Some(sources[k])
+    };
+    let stream = crate::harness::source::socket(source, endpoint.addr)
+        .map_err(|e| RequestError::from_io(&e))?
+        .connect(endpoint.addr)
         .await
         .map_err(|e| RequestError::from_io(&e))?;
     stream
@@ -622,10 +693,33 @@ enum Talk {
     Stale(RequestError),
     /// Failed for good.
     Fail(RequestError),
+    /// The request went out and no byte of its answer came within
+    /// [`WAIT_IN_TASK`]: it waits on outside tokio ([`super::waiting`]).
+    Slow,
+}
+
+/// How long a request waits for the first byte of its answer in its own
+/// task before it leaves the task for the worker's waiting room: most
+/// answers come at once, and a slow one (a sleeping back end) then costs
+/// a few hundred bytes instead of a task, a tokio registration and a timer.
+const WAIT_IN_TASK: Duration = Duration::from_millis(100);
+
+/// How an exchange ended in its task.
+pub(super) enum Exchanged {
+    /// The answer came: its status.
+    Answered(u16),
+    /// The request went out and is slow to be answered: its connection
+    /// goes to the waiting room (its place under the cap with it).
+    Slow(Link),
 }
 
 /// Sends target `t` and reads its response; returns the status code.
-async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, RequestError> {
+async fn exchange(
+    ctx: &Rc<Ctx>,
+    t: usize,
+    io: &mut Io,
+    may_wait_outside: bool,
+) -> Result<Exchanged, RequestError> {
     let pool = ctx.pool_of[t];
     let mut retried = false;
     loop {
@@ -634,7 +728,7 @@ async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, RequestEr
             return Err(Failure::Net(NetCause::Other));
         };
         let talked = match link.tls.as_deref_mut() {
-            None => talk(ctx, &link.stream, t, io).await,
+            None => talk(ctx, &link.stream, t, io, may_wait_outside).await,
             // Boxed: inline, the TLS exchange's state would size every
             // request's task, plain ones included (scripts/bench-attack.sh:
             // 1,307 B per plain request in flight before TLS, 1,832 B with
@@ -649,7 +743,13 @@ async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, RequestEr
                     conn.stream.take();
                     ctx.rec.borrow_mut().connection_closed();
                 }
-                return Ok(status);
+                return Ok(Exchanged::Answered(status));
+            }
+            Err(Talk::Slow) => {
+                return match conn.keep_place() {
+                    Some(link) => Ok(Exchanged::Slow(link)),
+                    None => Err(Failure::Net(NetCause::Other)),
+                };
             }
             Err(Talk::Stale(_)) if reused && !retried => {
                 retried = true;
@@ -660,8 +760,16 @@ async fn exchange(ctx: &Rc<Ctx>, t: usize, io: &mut Io) -> Result<u16, RequestEr
     }
 }
 
-/// One request and response on `stream`: whether the connection may be kept.
-async fn talk(ctx: &Ctx, stream: &TcpStream, t: usize, io: &mut Io) -> Result<(u16, bool), Talk> {
+/// One request and response on `stream`: whether the connection may be
+/// kept. With `may_wait_outside`, an answer whose first byte has not come
+/// within [`WAIT_IN_TASK`] is left to the waiting room ([`Talk::Slow`]).
+async fn talk(
+    ctx: &Ctx,
+    stream: &TcpStream,
+    t: usize,
+    io: &mut Io,
+    may_wait_outside: bool,
+) -> Result<(u16, bool), Talk> {
     let wire = &ctx.wire[t];
     let mut off = 0;
     while off < wire.len() {
@@ -684,10 +792,17 @@ async fn talk(ctx: &Ctx, stream: &TcpStream, t: usize, io: &mut Io) -> Result<(u
     let method = ctx.plan.targets[t].method.as_str();
     let mut reader = ResponseReader::new();
     loop {
-        stream
-            .readable()
-            .await
-            .map_err(|e| Talk::Fail(RequestError::from_io(&e)))?;
+        if may_wait_outside && !reader.started() {
+            match tokio::time::timeout(WAIT_IN_TASK, stream.readable()).await {
+                Ok(ready) => ready.map_err(|e| Talk::Fail(RequestError::from_io(&e)))?,
+                Err(_) => return Err(Talk::Slow),
+            }
+        } else {
+            stream
+                .readable()
+                .await
+                .map_err(|e| Talk::Fail(RequestError::from_io(&e)))?;
+        }
         let mut scratch = ctx.scratch.borrow_mut();
         let n = match stream.try_read(&mut scratch[..]) {
             Ok(n) => n,
@@ -778,7 +893,7 @@ async fn talk_tls(
 /// Reads one response from the bytes as they arrive: the head (kept only
 /// when it arrives split), then the body, which is counted and dropped.
 #[derive(Debug)]
-struct ResponseReader {
+pub(super) struct ResponseReader {
     /// A head that has not arrived whole yet (empty otherwise).
     partial: Vec<u8>,
     /// Status, keep-alive and the body's decoder, once the head is in.
@@ -788,7 +903,7 @@ struct ResponseReader {
 }
 
 impl ResponseReader {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             partial: Vec::new(),
             head: None,
@@ -801,7 +916,11 @@ impl ResponseReader {
     }
 
     /// Feeds newly read bytes: `Some((status, keep_alive))` once the response ended.
-    fn feed(&mut self, data: &[u8], method: &str) -> Result<Option<(u16, bool)>, RequestError> {
+    pub(super) fn feed(
+        &mut self,
+        data: &[u8],
+        method: &str,
+    ) -> Result<Option<(u16, bool)>, RequestError> {
         self.any = true;
         if let Some((status, keep, dec)) = self.head.as_mut() {
             return Ok(body(dec, data)?.map(|extra| (*status, *keep && !extra)));
@@ -834,7 +953,7 @@ impl ResponseReader {
     }
 
     /// The peer closed: the status if that ended the response.
-    fn eof(&mut self) -> Option<u16> {
+    pub(super) fn eof(&mut self) -> Option<u16> {
         let (status, _, dec) = self.head.as_mut()?;
         match dec.decode(&[], true) {
             Ok(step) if step.done => Some(*status),

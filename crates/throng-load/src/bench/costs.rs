@@ -12,11 +12,12 @@ use serde::Serialize;
 use throng_host::sample::HostSample;
 use throng_report::bench::BenchSummary;
 use throng_report::format::{Reader, Record, Writer};
-use throng_report::interval::new_histogram;
+use throng_report::interval::{Interval, new_histogram};
 use throng_report::summary::HistStats;
 
 use super::BenchError;
 use super::monitor::label;
+use crate::hold::recorder::MessageTally;
 
 fn sum_rss(s: &HostSample, part: &str) -> u64 {
     s.rss_bytes
@@ -133,8 +134,9 @@ pub fn costs(samples: &[HostSample], before_ns: u64, held: u64) -> (Memory, Cpu)
         let d = |a: u64, b: u64| a as f64 - b as f64;
         m.server_per_connection = d(m.server_loaded, m.server_before) / n;
         m.harness_per_connection = d(m.harness_loaded, m.harness_before) / n;
+        // TCP buffers that shrank were other programs' (idle sockets hold none).
         m.kernel_per_connection =
-            (d(m.slab_loaded, m.slab_before) + d(m.tcp_mem_loaded, m.tcp_mem_before)) / n;
+            (d(m.slab_loaded, m.slab_before) + d(m.tcp_mem_loaded, m.tcp_mem_before).max(0.0)) / n;
     }
     // CPU: each process's last figure minus its figure in the baseline.
     let mut first: BTreeMap<&str, u64> = BTreeMap::new();
@@ -158,59 +160,170 @@ pub fn costs(samples: &[HostSample], before_ns: u64, held: u64) -> (Memory, Cpu)
     (m, cpu)
 }
 
+/// CPU per delivery while the messages went out: each side's CPU from the
+/// first publish to the last delivery, over the deliveries.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct DeliveryCpu {
+    /// Deliveries in the window.
+    pub deliveries: u64,
+    /// Seconds from the interval of the first publish to the end of the last delivery's.
+    pub window_s: f64,
+    /// Server CPU per delivery (its processes' user + system), ns.
+    pub server_ns: f64,
+    /// Harness CPU per delivery (workers and the bench process), ns.
+    pub harness_ns: f64,
+}
+
+/// [`DeliveryCpu`] from the monitor's samples and the run's intervals.
+pub fn delivery_cpu(samples: &[HostSample], intervals: &BTreeMap<u64, Interval>) -> DeliveryCpu {
+    let from = intervals
+        .iter()
+        .find(|(_, iv)| iv.counter("publish.sent") > 0)
+        .map(|(start, _)| *start);
+    let Some(from) = from else {
+        return DeliveryCpu::default();
+    };
+    let to = intervals
+        .range(from..)
+        .rev()
+        .find(|(_, iv)| iv.counter("messages.received") > 0)
+        .map(|(start, iv)| start + iv.length_ns)
+        .unwrap_or(from);
+    let deliveries: u64 = intervals
+        .range(from..to)
+        .map(|(_, iv)| iv.counter("messages.received"))
+        .sum();
+    let near = |t: u64| samples.iter().min_by_key(|s| s.at_ns.abs_diff(t));
+    let (Some(a), Some(b)) = (near(from), near(to)) else {
+        return DeliveryCpu::default();
+    };
+    let used = |part: &str, extra: &str| -> u64 {
+        b.cpu_ns
+            .iter()
+            .filter(|(l, _)| l.contains(part) || (!extra.is_empty() && l.contains(extra)))
+            .map(|(l, v)| {
+                let before = a.cpu_ns.iter().find(|(k, _)| k == l).map_or(0, |x| x.1);
+                v.saturating_sub(before)
+            })
+            .sum()
+    };
+    let per = |ns: u64| {
+        if deliveries == 0 {
+            0.0
+        } else {
+            ns as f64 / deliveries as f64
+        }
+    };
+    DeliveryCpu {
+        deliveries,
+        window_s: to.saturating_sub(from) as f64 / 1e9,
+        server_ns: per(used(label::SERVE, "")),
+        harness_ns: per(used(label::HOLD, label::BENCH)),
+    }
+}
+
 /// Delivery of one published message to every subscriber.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MessageStats {
     /// 1, 2, ... in publish order.
     pub seq: u64,
-    /// Deliveries counted.
+    /// Deliveries counted (each worker counts every message apart).
     pub delivered: u64,
-    /// Latency from publish to arrival, µs (`max` is the time to the last subscriber).
+    /// Mean latency from publish to arrival, µs.
+    pub mean_us: u64,
+    /// From publish to the last subscriber, µs.
+    pub last_subscriber_us: u64,
+    /// Latency from publish to arrival of the deliveries in the intervals
+    /// from this message's publish to the next one's, µs: the message's
+    /// own when each reaches every subscriber before the next is published.
     pub latency_us: HistStats,
 }
 
-/// Per-message delivery from a `hold` result file. Deliveries are counted
-/// per interval; each interval's deliveries belong to the latest message
-/// published at or before it. `hold` publishes just after an interval
-/// boundary, so this is exact when messages are at least two intervals apart
-/// and each reaches every subscriber before the next one is published.
-pub fn per_message(path: &Path) -> Result<Vec<MessageStats>, BenchError> {
+/// Each message's deliveries over every worker, from their `worker.messages`
+/// events, by sequence number.
+pub fn message_tallies(path: &Path) -> Result<BTreeMap<u64, MessageTally>, BenchError> {
     let reader = Reader::open(path).map_err(|e| BenchError::Results(e.to_string()))?;
-    let mut sent: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut delivered: BTreeMap<u64, Histogram<u64>> = BTreeMap::new();
+    let mut out: BTreeMap<u64, MessageTally> = BTreeMap::new();
     for rec in reader {
-        if let Record::Interval(iv) = rec {
-            if let Some(n) = iv.counters.get("publish.sent") {
-                *sent.entry(iv.start_ns).or_insert(0) += n;
-            }
-            if let Some(h) = iv.histograms.get("delivery") {
-                let e = delivered.entry(iv.start_ns).or_insert_with(new_histogram);
-                // Every interval histogram has the shared shape; a foreign one is skipped.
-                let _ = e.add(h);
-            }
+        let Record::Event(ev) = rec else { continue };
+        if ev.kind != "worker.messages" {
+            continue;
+        }
+        let Some(tallies) = MessageTally::parse_text(&ev.text) else {
+            continue;
+        };
+        for t in tallies {
+            let m = out.entry(t.seq).or_insert(MessageTally {
+                seq: t.seq,
+                ..MessageTally::default()
+            });
+            m.count += t.count;
+            m.sum_us = m.sum_us.saturating_add(t.sum_us);
+            m.max_us = m.max_us.max(t.max_us);
         }
     }
+    Ok(out)
+}
+
+/// The intervals of a `hold` result file, every source's record of each
+/// second added into one.
+pub fn intervals(path: &Path) -> Result<BTreeMap<u64, Interval>, BenchError> {
+    let reader = Reader::open(path).map_err(|e| BenchError::Results(e.to_string()))?;
+    let mut out: BTreeMap<u64, Interval> = BTreeMap::new();
+    for rec in reader {
+        if let Record::Interval(iv) = rec {
+            out.entry(iv.start_ns)
+                .or_insert_with(|| Interval::empty(iv.start_ns, iv.length_ns, String::new()))
+                .add(&iv);
+        }
+    }
+    Ok(out)
+}
+
+/// Per-message delivery: exact counts, means and last subscribers from the
+/// workers' `tallies`, and each message's latency histogram by interval:
+/// each interval's deliveries belong to the latest message published at or
+/// before it (`hold` publishes just after an interval boundary, so this is
+/// exact when each message reaches every subscriber before the next one is
+/// published).
+pub fn per_message(
+    intervals: &BTreeMap<u64, Interval>,
+    tallies: &BTreeMap<u64, MessageTally>,
+) -> Vec<MessageStats> {
     let mut out: Vec<(u64, Histogram<u64>)> = Vec::new();
     let mut seq = 0u64;
-    let starts: std::collections::BTreeSet<u64> =
-        sent.keys().chain(delivered.keys()).copied().collect();
-    for start in starts {
-        for _ in 0..sent.get(&start).copied().unwrap_or(0) {
+    for iv in intervals.values() {
+        for _ in 0..iv.counter("publish.sent") {
             seq += 1;
             out.push((seq, new_histogram()));
         }
-        if let (Some(h), Some((_, cur))) = (delivered.get(&start), out.last_mut()) {
+        if let (Some(h), Some((_, cur))) = (iv.histograms.get("delivery"), out.last_mut()) {
+            // Every interval histogram has the shared shape; a foreign one is skipped.
             let _ = cur.add(h);
         }
     }
-    Ok(out
-        .into_iter()
-        .map(|(seq, h)| MessageStats {
-            seq,
-            delivered: h.len(),
-            latency_us: HistStats::of(&h),
+    out.into_iter()
+        .map(|(seq, h)| {
+            let latency_us = HistStats::of(&h);
+            match tallies.get(&seq) {
+                Some(t) => MessageStats {
+                    seq,
+                    delivered: t.count,
+                    mean_us: t.sum_us.checked_div(t.count).unwrap_or(0),
+                    last_subscriber_us: t.max_us,
+                    latency_us,
+                },
+                // An older file: by interval only.
+                None => MessageStats {
+                    seq,
+                    delivered: h.len(),
+                    mean_us: latency_us.mean as u64,
+                    last_subscriber_us: latency_us.max,
+                    latency_us,
+                },
+            }
         })
-        .collect())
+        .collect()
 }
 
 /// Copies `hold`'s result file to `to`, adding to each host sample the

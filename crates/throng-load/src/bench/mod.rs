@@ -27,17 +27,18 @@ use crate::harness::progress::Progress;
 use crate::hold::Settings;
 use crate::hold::plan::{self, Fit, PlanError};
 use crate::hold::request::WORKER_ARGS;
-use crate::hold::supervisor::{HoldRun, PublishPlan, first_publish_window};
+use crate::hold::supervisor::{HoldRun, PublishPlan};
 use crate::hold::target::{PublishTarget, WsTarget};
 use crate::pacer::RateSpec;
 use crate::tls::{TlsClient, TlsOptions};
 
 pub mod costs;
+pub mod limits;
 pub mod monitor;
 pub mod report;
 pub mod server;
 
-pub use report::{Report, Verdict, render};
+pub use report::{Report, Verdict, criteria, render};
 
 /// The most connections a default run holds: enough to prove the point, short enough to wait for.
 pub const DEFAULT_MAX: u64 = 100_000;
@@ -48,8 +49,15 @@ pub const PLAN_BYTES_PER_CONNECTION: u64 = 32 * 1024;
 /// connects on a busy machine does not overflow one queue (SYNs dropped there
 /// are retried only after 1, 3, 7, 15, 31 s).
 pub const LISTEN_PORTS: u16 = 8;
-/// Close handshakes of 100,000 connections take seconds on two cores.
+/// Close handshakes of 100,000 connections take seconds on two cores: the
+/// close timeout is this, plus a second per [`CLOSES_PER_S`] connections.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Close handshakes per second the close timeout allows for (both sides on
+/// two cores, with room: measured at about twice this).
+pub const CLOSES_PER_S: u64 = 10_000;
+/// Deliveries per second the time estimate counts on (measured: about
+/// 100,000/s on two cores at 1,000,000 connections).
+pub const DELIVERIES_PER_S: u64 = 80_000;
 /// Default connect rates: a TLS handshake costs the server about 0.2 ms of
 /// CPU and the harness as much again (docs/tls.md), on the same cores.
 pub const DEFAULT_RATE: RateSpec = RateSpec::Constant(10_000.0);
@@ -57,6 +65,55 @@ pub const DEFAULT_RATE: RateSpec = RateSpec::Constant(10_000.0);
 pub const DEFAULT_RATE_TLS: RateSpec = RateSpec::Constant(2_500.0);
 /// How long the server may take to stop after SIGTERM before it is killed.
 pub const SERVER_STOP: Duration = Duration::from_secs(15);
+/// Pings per second the server may send over all connections: each costs a
+/// wake-up and a loopback round trip on both sides (measured: ~20 µs of CPU
+/// per ping and pong at 200,000 connections), so the default 30 s interval
+/// would spend a third of two cores on keep-alives at 1,000,000.
+pub const MAX_PINGS_PER_S: u64 = 2_000;
+/// The server's ping interval at most (the 10M seed server pinged every 5 minutes).
+pub const MAX_PING_INTERVAL: Duration = Duration::from_secs(300);
+/// Connect, TLS and upgrade timeouts on both sides: on a busy machine a
+/// connection waits in queues (the server's accept queue, a worker's run
+/// queue) for seconds before anyone works on it; that is lag, not failure.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The settings a bench chooses for its scale, every one printed at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScaleSettings {
+    /// The server's `--ping-interval` (its idle timeout is 3 times it).
+    pub ping_interval: Duration,
+    /// The server's `--handshake-timeout` and the harness's connect and
+    /// handshake timeouts.
+    pub connect_timeout: Duration,
+    /// How long the harness waits for the server's close frames at the end.
+    pub close_timeout: Duration,
+}
+
+impl ScaleSettings {
+    /// The settings for `connections`: pings at most [`MAX_PINGS_PER_S`]
+    /// (the server's default of 30 s below 60,000 connections), up to
+    /// [`MAX_PING_INTERVAL`]; [`CONNECT_TIMEOUT`].
+    pub fn for_connections(connections: u64) -> Self {
+        let secs = connections.div_ceil(MAX_PINGS_PER_S).max(30);
+        Self {
+            ping_interval: Duration::from_secs(secs).min(MAX_PING_INTERVAL),
+            connect_timeout: CONNECT_TIMEOUT,
+            close_timeout: CLOSE_TIMEOUT + Duration::from_secs(connections / CLOSES_PER_S),
+        }
+    }
+
+    /// The start line that says them, and why.
+    pub fn line(&self, connections: u64) -> String {
+        let per_s = connections as f64 / self.ping_interval.as_secs_f64();
+        format!(
+            "  settings  server pings every {} ({per_s:.0}/s over {connections} connections; at most {MAX_PINGS_PER_S}/s), idle timeout {}; connect, TLS and upgrade timeouts {} on both sides; close timeout {}",
+            fmt_duration(self.ping_interval),
+            fmt_duration(self.ping_interval * 3),
+            fmt_duration(self.connect_timeout),
+            fmt_duration(self.close_timeout),
+        )
+    }
+}
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// A bench as the command line asks for it.
@@ -76,6 +133,8 @@ pub struct Request {
     pub message_every: Duration,
     /// Size of each message, bytes.
     pub message_size: usize,
+    /// Timeout of one publish call.
+    pub publish_timeout: Duration,
     /// Where the result file and the HTML report go.
     pub out_dir: PathBuf,
     /// The live view (and where the start lines go).
@@ -144,7 +203,11 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
     })?;
     let files = Files::new(&req.out_dir);
     say(&headline(&req, &plan));
-    let serve_args = serve_args(plan.connections, req.tls)?;
+    if let Some(line) = busy_machine(&load_average(), plan.machine.cores) {
+        say(&line);
+    }
+    let scale = ScaleSettings::for_connections(plan.connections);
+    let serve_args = serve_args(plan.connections, req.tls, &scale)?;
     let program = std::env::current_exe()?;
     let mut server = server::Server::start(&program, &serve_args.args, Duration::from_secs(20))?;
     let addr = server.addr();
@@ -166,26 +229,34 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         server.pid()
     ));
     say(&format!(
-        "  harness   {} worker(s) ({}), sources {}, rate {}, close timeout {}",
-        plan.fit.workers,
-        plan.fit.workers_reason,
-        plan.fit.sources_reason,
-        plan.rate,
-        fmt_duration(CLOSE_TIMEOUT)
+        "  harness   {} worker(s) ({}), sources {}, rate {}",
+        plan.fit.workers, plan.fit.workers_reason, plan.fit.sources_reason, plan.rate,
     ));
     say(&format!(
-        "  messages  {} of {} bytes, one every {}, over HTTP POST to /publish/bench",
+        "  messages  {} of {} bytes, one every {}, over HTTP POST to /publish/bench; publish timeout {} (a late answer is counted apart: the message was sent)",
         req.messages,
         req.message_size,
-        fmt_duration(req.message_every)
+        fmt_duration(req.message_every),
+        fmt_duration(req.publish_timeout)
     ));
     say(&format!(
         "  results   {} and {}",
         files.results.display(),
         files.html.display()
     ));
+    say(&scale.line(plan.connections));
+    say(&format!(
+        "  verdict   {}",
+        criteria(plan.connections, req.messages)
+    ));
+    say(&format!(
+        "  expect    {}",
+        expected_time(plan.connections, plan.rate, req.messages, req.message_every)
+    ));
     let settings = Settings {
-        close_timeout_ms: crate::harness::clock::millis(CLOSE_TIMEOUT),
+        close_timeout_ms: crate::harness::clock::millis(scale.close_timeout),
+        connect_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
+        handshake_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
         ..Settings::default()
     };
     let settings_json = serde_json::json!({
@@ -201,14 +272,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         "settings": settings,
         "machine": { "cores": plan.machine.cores, "nofile": plan.machine.nofile, "mem_available": plan.snapshot.mem_available },
     });
-    // Hold until half a message period after the last message is due
-    // (whenever in its window the first went out), so that a late start
-    // still gets every message out and an early one not one more (the
-    // publisher stops at the hold's end).
     let rate = 1.0 / req.message_every.as_secs_f64();
-    let (earliest, latest) = first_publish_window(Duration::from_nanos(settings.interval_ns), rate);
-    let hold_for =
-        req.message_every * (req.messages.max(1) - 1) + (earliest + latest + req.message_every) / 2;
     let hold = HoldRun {
         connections: plan.connections,
         rate: plan.rate,
@@ -218,7 +282,8 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         tls,
         fit: plan.fit,
         settings,
-        duration: Some(hold_for),
+        // Held until every message is published and delivered.
+        duration: None,
         publish: Some(PublishPlan {
             target: format!("http://{addr}/publish/bench")
                 .parse::<PublishTarget>()
@@ -226,6 +291,8 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             rate,
             message_size: req.message_size,
             redis_channel: "throng:bench".into(),
+            messages: Some(u64::from(req.messages)),
+            timeout: req.publish_timeout,
         }),
     };
     let setup = Setup {
@@ -256,14 +323,20 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
     }
 
     let (memory, cpu) = costs::costs(&samples, before_ns, summary.peak_open.max(0) as u64);
-    let messages = costs::per_message(&files.hold)?;
+    let intervals = costs::intervals(&files.hold)?;
+    let planned_rate = match plan.rate {
+        RateSpec::Constant(r) => Some(r),
+        RateSpec::Ramp(..) => None,
+    };
     let report = Report::new(report::Parts {
         settings: settings_json,
         connections: plan.connections,
         messages_asked: req.messages,
         memory,
         cpu,
-        messages,
+        delivery_cpu: costs::delivery_cpu(&samples, &intervals),
+        messages: costs::per_message(&intervals, &costs::message_tallies(&files.hold)?),
+        limits: limits::reached(&intervals, &samples, summary.start_unix_ns, planned_rate),
         result_file: files.results.clone(),
         html_report: files.html.clone(),
         server_killed,
@@ -278,6 +351,51 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
     let _ = std::fs::remove_file(&files.cert);
     report::write_html(&files.results, &files.html)?;
     Ok(report)
+}
+
+/// How long a bench should take, in words: the ramp at `rate`, the
+/// messages, the last fan-out and the closing, at the speeds measured on
+/// two cores ([`DELIVERIES_PER_S`], [`CLOSES_PER_S`] twice over).
+pub fn expected_time(connections: u64, rate: RateSpec, messages: u32, every: Duration) -> String {
+    let ramp = match rate {
+        RateSpec::Constant(r) if r > 0.0 => Duration::from_secs_f64(connections as f64 / r),
+        RateSpec::Ramp(a, b) if a + b > 0.0 => {
+            Duration::from_secs_f64(2.0 * connections as f64 / (a + b))
+        }
+        _ => Duration::ZERO,
+    };
+    let publishing = every * messages.saturating_sub(1) + Duration::from_secs(2);
+    let fanout = Duration::from_secs(connections / DELIVERIES_PER_S + 1);
+    let closing = Duration::from_secs(connections / (2 * CLOSES_PER_S) + 2);
+    let total = ramp + publishing + fanout + closing + Duration::from_secs(3);
+    let round = |d: Duration| fmt_duration(Duration::from_secs(d.as_secs().max(1)));
+    format!(
+        "about {} on two idle cores: opening {}, {messages} messages over {}, the last one's fan-out ~{}, closing ~{}",
+        round(total),
+        round(ramp),
+        round(publishing),
+        round(fanout),
+        round(closing)
+    )
+}
+
+/// `/proc/loadavg`'s 1-minute figure (0 when unreadable).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default()
+}
+
+/// A warning when other programs keep the machine busy (`loadavg`, as
+/// `/proc/loadavg` has it, at half the cores or more): the run still
+/// holds (its timeouts allow for queues), but it is slower, and the
+/// summary's CPU limit will say whose CPU it was.
+fn busy_machine(loadavg: &str, cores: usize) -> Option<String> {
+    let load: f64 = loadavg.split_whitespace().next()?.parse().ok()?;
+    (load >= cores.max(1) as f64 / 2.0).then(|| {
+        format!(
+            "  WARNING  load average {load:.1} on {cores} cores before the run: other programs are busy; \
+             this run will be slower, and its summary shows their share of the CPU"
+        )
+    })
 }
 
 fn setting(e: impl std::fmt::Display) -> BenchError {
@@ -386,6 +504,8 @@ pub fn dry_run(req: &Request) -> Result<Vec<String>, BenchError> {
             plan.fit.workers, plan.fit.workers_reason, plan.fit.sources_reason, plan.rate
         ),
         format!("  server    throng serve on {LISTEN_PORTS} free loopback ports"),
+        ScaleSettings::for_connections(plan.connections).line(plan.connections),
+        format!("  verdict   {}", criteria(plan.connections, req.messages)),
         "dry run: the limits allow it; nothing started".to_owned(),
     ])
 }
@@ -423,10 +543,11 @@ struct ServeArgs {
     ports: String,
 }
 
-/// `serve` on [`LISTEN_PORTS`] free loopback ports, sized for `connections`;
+/// `serve` on [`LISTEN_PORTS`] free loopback ports, sized for `connections`
+/// with the ping interval and handshake timeout of `scale`;
 /// with TLS, subscribers on TLS ports and publishing, `/healthz` and
 /// `/metrics` on a plain one.
-fn serve_args(connections: u64, tls: bool) -> io::Result<ServeArgs> {
+fn serve_args(connections: u64, tls: bool, scale: &ScaleSettings) -> io::Result<ServeArgs> {
     let first = server::free_port_range(LOOPBACK, LISTEN_PORTS)?;
     let ports = format!("{first}-{}", first + LISTEN_PORTS - 1);
     let mut args: Vec<String> = vec!["serve".into(), "--listen".into()];
@@ -444,6 +565,10 @@ fn serve_args(connections: u64, tls: bool) -> io::Result<ServeArgs> {
     args.extend([
         "--max-connections".into(),
         connections.to_string(),
+        "--ping-interval".into(),
+        fmt_duration(scale.ping_interval),
+        "--handshake-timeout".into(),
+        fmt_duration(scale.connect_timeout),
         "--json".into(),
     ]);
     Ok(ServeArgs { args, ports })
@@ -466,4 +591,51 @@ fn trust_the_server(server: &server::Server, cert: &Path) -> Result<TlsOptions, 
     };
     TlsClient::new(&opts).map_err(|e| BenchError::Setting(format!("setting up TLS: {e}")))?;
     Ok(opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_follow_the_scale() {
+        let small = ScaleSettings::for_connections(20_000);
+        assert_eq!(
+            small.ping_interval,
+            Duration::from_secs(30),
+            "the server's default"
+        );
+        assert_eq!(small.close_timeout, Duration::from_secs(12));
+        let big = ScaleSettings::for_connections(1_000_000);
+        assert_eq!(big.ping_interval, MAX_PING_INTERVAL);
+        assert_eq!(big.close_timeout, Duration::from_secs(110));
+        let mid = ScaleSettings::for_connections(100_000);
+        assert_eq!(mid.ping_interval, Duration::from_secs(50), "2,000 pings/s");
+        assert!(
+            big.line(1_000_000)
+                .contains("pings every 5m (3333/s over 1000000 connections")
+        );
+    }
+
+    #[test]
+    fn a_busy_machine_is_named_before_the_run() {
+        assert_eq!(busy_machine("0.40 0.50 0.60 1/200 123", 2), None);
+        let w = busy_machine("6.23 6.28 5.21 3/400 999", 2).unwrap();
+        assert!(w.contains("load average 6.2 on 2 cores"), "{w}");
+        assert_eq!(busy_machine("", 2), None);
+    }
+
+    #[test]
+    fn the_expected_time_adds_up_the_phases() {
+        let t = expected_time(
+            1_000_000,
+            RateSpec::Constant(10_000.0),
+            3,
+            Duration::from_secs(20),
+        );
+        assert!(
+            t.starts_with("about 3m30s on two idle cores: opening 1m40s, 3 messages over 42s"),
+            "{t}"
+        );
+    }
 }

@@ -91,8 +91,8 @@ impl Monitor {
                     d.store(true, Ordering::Relaxed);
                     if a.load(Ordering::Relaxed) {
                         eprintln!("\nthrong bench: the server exited; stopping the harness");
-                        // SAFETY: kill(2) to ourselves; hold's Ctrl-C handler is installed while armed.
-                        unsafe { libc::kill(libc::getpid(), libc::SIGINT) };
+                        // hold's Ctrl-C handler is installed while armed.
+                        let _ = throng_host::process::signal(me, throng_host::process::Signal::Int);
                     }
                 }
                 procs.push((format!("{host}{}", label::SERVE), server_pid));

@@ -1,6 +1,7 @@
 //! Everything a bench reports: built from `hold`'s summary and the
 //! bench's own measurements, rendered as text or JSON, and written as an
-//! HTML page beside the result file.
+//! HTML page beside the result file; and its verdict against the criteria
+//! it states at start ([`criteria`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,9 @@ use throng_report::summary::HistStats;
 use throng_report::text::micros;
 
 use super::BenchError;
-use super::costs::{Cpu, Memory, MessageStats};
+use super::costs::{Cpu, DeliveryCpu, Memory, MessageStats};
+use super::limits::{Limit, Peaks};
+use crate::harness::collect::kinds;
 use crate::hold::Summary;
 
 /// Everything `bench` reports.
@@ -40,13 +43,19 @@ pub struct Report {
     pub memory: Memory,
     /// CPU per side.
     pub cpu: Cpu,
-    /// Messages published.
+    /// CPU per delivery while the messages went out.
+    pub delivery_cpu: DeliveryCpu,
+    /// Messages published (sent and not refused; a late answer still counts).
     pub published: u64,
-    /// Publish calls that failed.
+    /// Publish calls answered in time.
+    pub publish_answered: u64,
+    /// Published messages whose answer was late or lost.
+    pub publish_unanswered: u64,
+    /// Messages not published (never sent, or refused).
     pub publish_errors: u64,
     /// Deliveries counted.
     pub received: u64,
-    /// Deliveries expected: every message to every connection.
+    /// Deliveries expected: every message published to every connection held.
     pub expected: u64,
     /// Messages lost.
     pub lost: u64,
@@ -58,6 +67,10 @@ pub struct Report {
     pub delivery_us: HistStats,
     /// Delivery of each message.
     pub messages: Vec<MessageStats>,
+    /// The limits the run reached, first first.
+    pub limits: Vec<Limit>,
+    /// The run at its worst (how close it came to a limit).
+    pub peaks: Peaks,
     /// Seconds the run took.
     pub elapsed_s: f64,
     /// The result file.
@@ -78,7 +91,9 @@ pub(super) struct Parts {
     pub(super) messages_asked: u32,
     pub(super) memory: Memory,
     pub(super) cpu: Cpu,
+    pub(super) delivery_cpu: DeliveryCpu,
     pub(super) messages: Vec<MessageStats>,
+    pub(super) limits: (Vec<Limit>, Peaks),
     pub(super) result_file: PathBuf,
     pub(super) html_report: PathBuf,
     pub(super) server_killed: bool,
@@ -88,17 +103,38 @@ pub(super) struct Parts {
 /// How a bench ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Every connection held, every message delivered.
-    Ok,
-    /// Connections failed, or messages were lost or not published.
-    Failures,
-    /// Stopped (Ctrl-C) before every message was published.
-    StoppedEarly,
+    /// Every criterion met (exit 0).
+    Pass,
+    /// A criterion missed (exit 1); [`Report::failures`] says which.
+    Fail,
+    /// Stopped (Ctrl-C) before its end (exit 130).
+    Stopped,
+}
+
+impl Verdict {
+    /// `PASS`, `FAIL` or `STOPPED`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Pass => "PASS",
+            Self::Fail => "FAIL",
+            Self::Stopped => "STOPPED",
+        }
+    }
+}
+
+/// The criteria of a PASS, as the start lines and `--help` state them.
+pub fn criteria(connections: u64, messages: u32) -> String {
+    format!(
+        "PASS when all {connections} connections are held (none fails), all {messages} messages are \
+         published, and every connection receives every one (none lost, none twice, in order); \
+         FAIL (exit 1) otherwise"
+    )
 }
 
 impl Report {
     pub(super) fn new(p: Parts) -> Self {
         let h = &p.hold;
+        let (limits, peaks) = p.limits;
         Self {
             connections: p.connections,
             messages_asked: p.messages_asked,
@@ -109,9 +145,11 @@ impl Report {
             connect_rate: h.connect_rate,
             ramp_s: h.ramp_s,
             published: h.published,
+            publish_answered: h.publish_answered,
+            publish_unanswered: h.publish_unanswered.values().sum(),
             publish_errors: h.publish_errors.values().sum(),
             received: h.received,
-            expected: h.published * h.opened,
+            expected: h.expected,
             lost: h.lost,
             duplicated: h.duplicated,
             out_of_order: h.out_of_order,
@@ -120,7 +158,10 @@ impl Report {
             settings: p.settings,
             memory: p.memory,
             cpu: p.cpu,
+            delivery_cpu: p.delivery_cpu,
             messages: p.messages,
+            limits,
+            peaks,
             result_file: p.result_file,
             html_report: p.html_report,
             server_killed: p.server_killed,
@@ -128,20 +169,66 @@ impl Report {
         }
     }
 
+    /// The criteria of [`criteria`] this run missed, one line each.
+    pub fn failures(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let held = u64::try_from(self.held).unwrap_or(0);
+        if held < self.connections {
+            out.push(format!("{held} of {} connections held", self.connections));
+        }
+        if self.failed > 0 {
+            out.push(format!(
+                "{} connections failed ({})",
+                self.failed,
+                kinds(&self.failed_by_kind, " ", ", ")
+            ));
+        }
+        if self.published < u64::from(self.messages_asked) {
+            let why = if self.hold.publish_errors.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (not published: {})",
+                    kinds(&self.hold.publish_errors, " ", ", ")
+                )
+            };
+            out.push(format!(
+                "{} of {} messages published{why}",
+                self.published, self.messages_asked
+            ));
+        }
+        if self.received < self.expected {
+            out.push(format!("{} of {} deliveries", self.received, self.expected));
+        }
+        for (n, what) in [
+            (self.lost, "lost"),
+            (self.duplicated, "received twice"),
+            (self.out_of_order, "out of order"),
+        ] {
+            if n > 0 {
+                out.push(format!("{n} messages {what}"));
+            }
+        }
+        out
+    }
+
     /// How the bench ended.
     pub fn verdict(&self) -> Verdict {
-        if self.failed > 0 || self.lost > 0 || self.publish_errors > 0 {
-            Verdict::Failures
-        } else if self.published < u64::from(self.messages_asked) {
-            Verdict::StoppedEarly
+        if self.hold.stopped {
+            Verdict::Stopped
+        } else if self.failures().is_empty() {
+            Verdict::Pass
         } else {
-            Verdict::Ok
+            Verdict::Fail
         }
     }
 
-    /// The report as JSON (also the `bench.summary` event of the result file).
+    /// The report as JSON (`throng bench --json`).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
+            "verdict": self.verdict().word(),
+            "failures": self.failures(),
+            "criteria": criteria(self.connections, self.messages_asked),
             "settings": self.settings,
             "connections": self.connections,
             "held": self.held,
@@ -152,7 +239,11 @@ impl Report {
             "ramp_s": self.ramp_s,
             "memory": self.memory,
             "cpu": self.cpu,
+            "delivery_cpu": self.delivery_cpu,
+            "messages_asked": self.messages_asked,
             "published": self.published,
+            "publish_answered": self.publish_answered,
+            "publish_unanswered": self.publish_unanswered,
             "publish_errors": self.publish_errors,
             "received": self.received,
             "expected": self.expected,
@@ -161,6 +252,9 @@ impl Report {
             "out_of_order": self.out_of_order,
             "delivery_us": self.delivery_us,
             "messages": self.messages,
+            "limits": self.limits,
+            "limit_thresholds": super::limits::THRESHOLDS,
+            "peaks": self.peaks,
             "elapsed_s": self.elapsed_s,
             "result_file": self.result_file,
             "html_report": self.html_report,
@@ -216,6 +310,7 @@ impl Report {
                 asked: u64::from(self.messages_asked),
                 published: self.published,
                 publish_errors: self.publish_errors,
+                publish_unanswered: self.publish_unanswered,
                 expected: self.expected,
                 received: self.received,
                 lost: self.lost,
@@ -228,7 +323,12 @@ impl Report {
                     .map(|m| MessageDelivery {
                         seq: m.seq,
                         delivered: m.delivered,
-                        latency: latency(&m.latency_us),
+                        // Exact, from every worker's tally; the percentiles
+                        // are of the deliveries between this publish and the next.
+                        latency: Delivery {
+                            max_us: m.last_subscriber_us,
+                            ..latency(&m.latency_us)
+                        },
                     })
                     .collect(),
             },
@@ -237,6 +337,14 @@ impl Report {
                 harness_s: self.cpu.harness_s,
                 elapsed_s: self.elapsed_s,
             },
+            verdict: self.verdict().word().to_owned(),
+            criteria: criteria(self.connections, self.messages_asked),
+            failures: self.failures(),
+            first_limit: self
+                .limits
+                .first()
+                .map(|l| format!("{} at {:.1} s ({})", l.name, l.at_s, l.detail))
+                .unwrap_or_default(),
         }
     }
 }
@@ -265,6 +373,17 @@ fn bytes(v: f64) -> String {
     }
 }
 
+/// `+245 MiB`, or `none held` for a change under half a MiB (idle
+/// sockets keep no buffers; what moves then is other programs' sockets).
+fn grown(before: u64, after: u64, what: &str) -> String {
+    let d = after as f64 - before as f64;
+    if d < 512.0 * 1024.0 {
+        format!("{what}: none held")
+    } else {
+        format!("{what} +{:.0} MiB", d / 1_048_576.0)
+    }
+}
+
 /// The report as text.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
@@ -278,7 +397,7 @@ pub fn render(r: &Report) -> String {
         if r.failed_by_kind.is_empty() {
             String::new()
         } else {
-            format!(": {:?}", r.failed_by_kind)
+            format!(": {}", kinds(&r.failed_by_kind, " ", ", "))
         },
         r.connect_rate,
         r.ramp_s
@@ -295,7 +414,7 @@ pub fn render(r: &Report) -> String {
         ));
     }
     s.push_str(&format!(
-        "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab {} -> {} MiB, TCP buffers {} -> {} MiB; two sockets per connection)\n",
+        "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab +{:.0} MiB, {}; two sockets per connection)\n",
         m.connections,
         bytes(m.server_per_connection),
         m.server_before >> 20,
@@ -304,14 +423,31 @@ pub fn render(r: &Report) -> String {
         m.harness_before >> 20,
         m.harness_loaded >> 20,
         bytes(m.kernel_per_connection),
-        m.slab_before >> 20,
-        m.slab_loaded >> 20,
-        m.tcp_mem_before >> 20,
-        m.tcp_mem_loaded >> 20,
+        (m.slab_loaded as f64 - m.slab_before as f64) / 1_048_576.0,
+        grown(m.tcp_mem_before, m.tcp_mem_loaded, "TCP buffers"),
     ));
+    let answers = if r.publish_unanswered > 0 {
+        format!(
+            "{} answered in time, {} answered late or not at all",
+            r.publish_answered, r.publish_unanswered
+        )
+    } else {
+        format!("each answered in p50 {}", micros(r.hold.publish_us.p50))
+    };
     s.push_str(&format!(
-        "messages     {} published ({} failed), {} received of {} expected, {} lost, {} duplicated, {} out of order\n",
-        r.published, r.publish_errors, r.received, r.expected, r.lost, r.duplicated, r.out_of_order
+        "messages     {} of {} published ({answers}{}), {} received of {} expected, {} lost, {} duplicated, {} out of order\n",
+        r.published,
+        r.messages_asked,
+        if r.publish_errors > 0 {
+            format!("; {} not published", r.publish_errors)
+        } else {
+            String::new()
+        },
+        r.received,
+        r.expected,
+        r.lost,
+        r.duplicated,
+        r.out_of_order
     ));
     let d = &r.delivery_us;
     s.push_str(&format!(
@@ -321,24 +457,181 @@ pub fn render(r: &Report) -> String {
         micros(d.max)
     ));
     for msg in &r.messages {
-        let l = &msg.latency_us;
         s.push_str(&format!(
-            "  message {:>3}: {:>7} delivered  p50 {:>8}  p99 {:>8}  last subscriber {:>8}\n",
+            "  message {:>3}: {:>7} delivered  mean {:>8}  last subscriber {:>8}\n",
             msg.seq,
             msg.delivered,
-            micros(l.p50),
-            micros(l.p99),
-            micros(l.max)
+            micros(msg.mean_us),
+            micros(msg.last_subscriber_us)
         ));
     }
     s.push_str(&format!(
         "CPU          server {:.2} s, harness {:.2} s (user + system, whole run of {:.1} s)\n",
         r.cpu.server_s, r.cpu.harness_s, r.elapsed_s
     ));
+    let dc = &r.delivery_cpu;
+    if dc.deliveries > 0 {
+        s.push_str(&format!(
+            "  per delivery: server {:.2} µs, harness {:.2} µs ({} deliveries in {:.1} s)\n",
+            dc.server_ns / 1e3,
+            dc.harness_ns / 1e3,
+            dc.deliveries,
+            dc.window_s
+        ));
+    }
+    if r.limits.is_empty() {
+        let p = &r.peaks;
+        s.push_str(&format!(
+            "limits       none reached (the busiest second: CPU {:.0}%; memory available at least {:.0}%; harness lag at most {}; connect p99 at most {})\n",
+            100.0 * p.cpu_busy,
+            100.0 * p.mem_available,
+            micros(p.lag_us),
+            micros(p.connect_p99_us)
+        ));
+    } else {
+        let first = &r.limits[0];
+        s.push_str(&format!(
+            "limits       first reached: {} at {:.1} s ({})\n",
+            first.name, first.at_s, first.detail
+        ));
+        for l in &r.limits[1..] {
+            s.push_str(&format!(
+                "             then {} at {:.1} s ({})\n",
+                l.name, l.at_s, l.detail
+            ));
+        }
+    }
     s.push_str(&format!(
         "results      {}\nreport       {}\n",
         r.result_file.display(),
         r.html_report.display()
     ));
+    match r.verdict() {
+        Verdict::Pass => s.push_str(&format!(
+            "PASS         all {} connections held, {} of {} messages published, {} of {} deliveries, none lost\n",
+            r.connections, r.published, r.messages_asked, r.received, r.expected
+        )),
+        Verdict::Fail => s.push_str(&format!("FAIL         {}\n", r.failures().join("; "))),
+        Verdict::Stopped => s.push_str("STOPPED      by Ctrl-C before its end: no verdict\n"),
+    }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report of a run of 1,000 connections and 2 messages that went as
+    /// `hold` says; the bench's own measurements as given.
+    fn report(hold: Summary, memory: Memory) -> Report {
+        Report::new(Parts {
+            settings: serde_json::json!({}),
+            connections: 1_000,
+            messages_asked: 2,
+            memory,
+            cpu: Cpu::default(),
+            delivery_cpu: DeliveryCpu::default(),
+            messages: Vec::new(),
+            limits: (Vec::new(), Peaks::default()),
+            result_file: PathBuf::from("r.jsonl"),
+            html_report: PathBuf::from("r.html"),
+            server_killed: false,
+            hold,
+        })
+    }
+
+    fn clean() -> Summary {
+        Summary {
+            target: 1_000,
+            opened: 1_000,
+            peak_open: 1_000,
+            published: 2,
+            publish_answered: 2,
+            received: 2_000,
+            expected: 2_000,
+            ..Summary::default()
+        }
+    }
+
+    #[test]
+    fn a_clean_run_passes_and_says_so_last() {
+        let r = report(clean(), Memory::default());
+        assert_eq!(r.verdict(), Verdict::Pass);
+        let text = render(&r);
+        let last = text.lines().last().unwrap();
+        assert!(last.starts_with("PASS "), "{text}");
+        assert_eq!(r.to_json()["verdict"], "PASS");
+    }
+
+    #[test]
+    fn each_missed_criterion_fails_the_run_by_name() {
+        let mut h = clean();
+        h.peak_open = 990;
+        h.opened = 990;
+        h.failed.insert("timeout".into(), 10);
+        h.received = 1_980;
+        h.expected = 1_980;
+        let r = report(h, Memory::default());
+        assert_eq!(r.verdict(), Verdict::Fail);
+        assert_eq!(
+            r.failures(),
+            [
+                "990 of 1000 connections held",
+                "10 connections failed (timeout 10)"
+            ]
+        );
+        assert!(render(&r).ends_with(
+            "FAIL         990 of 1000 connections held; 10 connections failed (timeout 10)\n"
+        ));
+
+        // Every connection held, but a message short: one not published, its
+        // deliveries missing.
+        let mut h = clean();
+        h.published = 1;
+        h.publish_errors.insert("status".into(), 1);
+        h.received = 1_000;
+        h.expected = 1_000;
+        assert_eq!(
+            report(h, Memory::default()).failures(),
+            ["1 of 2 messages published (not published: status 1)"]
+        );
+
+        // Published, but some deliveries never came.
+        let mut h = clean();
+        h.received = 1_990;
+        h.lost = 10;
+        assert_eq!(
+            report(h, Memory::default()).failures(),
+            ["1990 of 2000 deliveries", "10 messages lost"]
+        );
+
+        let mut h = clean();
+        h.stopped = true;
+        assert_eq!(report(h, Memory::default()).verdict(), Verdict::Stopped);
+    }
+
+    #[test]
+    fn the_memory_line_says_idle_sockets_hold_no_tcp_buffers() {
+        // Other programs' sockets freed a MiB of TCP buffers meanwhile.
+        let m = Memory {
+            connections: 1_000,
+            tcp_mem_before: 1 << 20,
+            tcp_mem_loaded: 200 << 10,
+            slab_before: 400 << 20,
+            slab_loaded: 410 << 20,
+            ..Memory::default()
+        };
+        let text = render(&report(clean(), m));
+        assert!(
+            text.contains("(Slab +10 MiB, TCP buffers: none held; two sockets per connection)"),
+            "{text}"
+        );
+        assert!(!text.contains("TCP buffers 1 -> 0"), "{text}");
+        let m = Memory {
+            tcp_mem_before: 0,
+            tcp_mem_loaded: 245 << 20,
+            ..Memory::default()
+        };
+        assert!(render(&report(clean(), m)).contains("TCP buffers +245 MiB"));
+    }
 }

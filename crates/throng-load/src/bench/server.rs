@@ -8,6 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use throng_host::process::{self, Signal};
+
 use super::BenchError;
 
 /// `throng serve` as a child process in its own process group, killed with
@@ -36,16 +38,8 @@ impl Server {
             // Own group: the terminal's Ctrl-C reaches the bench only, which
             // stops the server itself after the harness closed its connections.
             cmd.process_group(0);
-            // SAFETY: prctl is async-signal-safe and touches only this child.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
         }
+        process::exit_with_parent(&mut cmd, Signal::Term);
         let mut child = cmd.spawn().map_err(BenchError::Spawn)?;
         let Some(stdout) = child.stdout.take() else {
             return Err(BenchError::NotReady("no stdout".into()));
@@ -141,9 +135,9 @@ impl Server {
         if let Some(s) = self.exited() {
             return Some(s);
         }
-        let pid = i32::try_from(self.child.id()).unwrap_or(i32::MAX);
-        // SAFETY: plain kill(2) on our own child, which has not been reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        // Our own child, not reaped yet: the pid is still its.
+        let pid = self.child.id();
+        let _ = process::signal(pid, Signal::Term);
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(s) = self.exited() {
@@ -151,8 +145,8 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        // SAFETY: the child leads its own process group (process_group(0)).
-        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        // The child leads its own process group (process_group(0)).
+        let _ = process::signal_group(pid, Signal::Kill);
         let _ = self.child.wait();
         self.done = None;
         None

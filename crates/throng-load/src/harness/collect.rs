@@ -1,9 +1,16 @@
 //! Merging the workers' records: every record line is appended to the
 //! result file as it arrives; intervals are merged per start time, and an
-//! interval is flushed once every worker has sent it (or it is overdue,
-//! when a worker is held up or gone). Flushing adds the supervisor's own
-//! record (the role's counts and a host sample, written to the file too)
-//! and folds the merged interval into the run's totals.
+//! interval is flushed once every worker still running has sent it (or it
+//! is overdue, when a worker is held up). Flushing adds the supervisor's
+//! own record (the role's counts and a host sample, written to the file
+//! too) and folds the merged interval into the run's totals.
+//!
+//! Levels (gauges such as `connections.open`) of a flushed interval are
+//! every worker's last known value: a worker whose record for it has not
+//! come yet (a busy worker's timer fires seconds late, and then it skips
+//! the intervals it slept through) counts with its latest earlier record,
+//! never as zero, and the flush says how many were late. Counts of a late
+//! record are added to the totals when it comes.
 //!
 //! The collector does not know where the lines come from (a child's
 //! stdout today, an agent's stream later: see [`super::pool`]).
@@ -13,10 +20,13 @@ use std::io;
 use std::path::PathBuf;
 
 use throng_host::sample::{HostSample, Sampler};
+use throng_report::events::EventGroup;
 use throng_report::format::{Event, Header, Record, Writer, decode_record};
 use throng_report::interval::Interval;
 
 use super::progress::Latest;
+
+type Gauges = BTreeMap<String, i64>;
 
 /// A result file to write: where, and the header that says what ran.
 #[derive(Debug, Clone)]
@@ -43,11 +53,30 @@ pub enum Arrival {
 /// An interval flushed: every worker's record of it and the supervisor's.
 #[derive(Debug)]
 pub struct Flushed {
-    /// The merged interval, with the host sample.
+    /// The merged interval, with the host sample; its gauges are every
+    /// worker's last known level.
     pub merged: Interval,
     /// Newer than any interval shown before (a late record merged on its
     /// own is not shown again).
     pub show: bool,
+    /// Workers still running whose record of this interval had not come
+    /// (their levels are from an earlier one).
+    pub late: usize,
+}
+
+/// An interval not flushed yet.
+#[derive(Debug)]
+struct Pending {
+    /// Counts and histograms of the records so far (and their gauges, summed).
+    merged: Interval,
+    /// Each worker's gauges in its record of this interval (`None`: none yet).
+    gauges: Vec<Option<Gauges>>,
+}
+
+impl Pending {
+    fn reported(&self, worker: usize) -> bool {
+        self.gauges.get(worker).is_some_and(Option::is_some)
+    }
 }
 
 /// What a run added up to, once every record is in.
@@ -59,6 +88,9 @@ pub struct Totals {
     pub peak_rss_bytes: BTreeMap<String, u64>,
     /// The last host sample (CPU used per process).
     pub last_host: Option<HostSample>,
+    /// The workers' events the role did not take, grouped (one group for
+    /// the same thing said by many workers).
+    pub events: Vec<EventGroup>,
 }
 
 /// Merges the records of one run.
@@ -68,10 +100,14 @@ pub struct Collector {
     source: String,
     length_ns: u64,
     writer: Option<Writer>,
-    /// Intervals still open, by start: the merge so far and how many
-    /// workers sent theirs.
-    pending: BTreeMap<u64, (Interval, usize)>,
+    /// Intervals still open, by start.
+    pending: BTreeMap<u64, Pending>,
     latest: Vec<Option<Latest>>,
+    /// Each worker's levels as of the last interval flushed (or a newer
+    /// late record): what counts for it while its record is late.
+    carried: Vec<Option<(u64, Gauges)>>,
+    /// Workers whose feed ended: nothing more is waited for from them.
+    gone: Vec<bool>,
     sampler: Sampler,
     total: Interval,
     /// The start of the last interval the supervisor wrote its record for.
@@ -104,6 +140,8 @@ impl Collector {
             writer,
             pending: BTreeMap::new(),
             latest: vec![None; workers],
+            carried: vec![None; workers],
+            gone: vec![false; workers],
             sampler: Sampler::new(),
             written_to: 0,
             shown_to: 0,
@@ -135,14 +173,16 @@ impl Collector {
                         gauges: iv.gauges.clone(),
                     });
                 }
-                let (merged, reported) = self.pending.entry(iv.start_ns).or_insert_with(|| {
-                    (
-                        Interval::empty(iv.start_ns, iv.length_ns, self.source.clone()),
-                        0,
-                    )
+                let workers = self.latest.len();
+                let source = &self.source;
+                let pending = self.pending.entry(iv.start_ns).or_insert_with(|| Pending {
+                    merged: Interval::empty(iv.start_ns, iv.length_ns, source.clone()),
+                    gauges: vec![None; workers],
                 });
-                merged.add(&iv);
-                *reported += 1;
+                pending.merged.add(&iv);
+                if let Some(g) = pending.gauges.get_mut(worker) {
+                    *g = Some(iv.gauges);
+                }
                 Arrival::Interval
             }
             Record::Event(ev) => Arrival::Event(ev),
@@ -151,15 +191,29 @@ impl Collector {
     }
 
     /// The starts of intervals ready to flush at `now_ns`: every worker
-    /// sent it, or it ended over 1.5 intervals ago.
+    /// still running sent it, or it ended over 1.5 intervals ago.
     pub fn due(&self, now_ns: u64) -> Vec<u64> {
-        let workers = self.latest.len();
         let late = 2 * self.length_ns + self.length_ns / 2;
         self.pending
             .iter()
-            .filter(|(start, (_, reported))| *reported >= workers || *start + late < now_ns)
+            .filter(|(start, p)| {
+                **start + late < now_ns
+                    || (0..self.gone.len()).all(|w| self.gone[w] || p.reported(w))
+            })
             .map(|(start, _)| *start)
             .collect()
+    }
+
+    /// Worker `worker`'s feed ended: every record it sent is in. `died`:
+    /// without saying it was done, so its connections are gone with it
+    /// and its levels count as zero from now on.
+    pub fn gone(&mut self, worker: usize, died: bool) {
+        if let Some(g) = self.gone.get_mut(worker) {
+            *g = true;
+        }
+        if died && let Some(c) = self.carried.get_mut(worker) {
+            *c = None;
+        }
     }
 
     /// Every interval still open (the run is over).
@@ -184,17 +238,46 @@ impl Collector {
         processes: Vec<(String, u32)>,
         own: impl FnOnce(u64, u64) -> Interval,
     ) -> io::Result<Option<Flushed>> {
-        let Some((mut merged, _)) = self.pending.remove(&start) else {
+        let Some(pending) = self.pending.remove(&start) else {
             return Ok(None);
         };
+        let mut merged = pending.merged;
         if start <= self.written_to {
             // Levels were counted with the interval already; only the late counts add.
             merged.gauges.clear();
+            for (w, g) in pending.gauges.into_iter().enumerate() {
+                if let (Some(g), Some(c)) = (g, self.carried.get_mut(w))
+                    && c.as_ref().is_none_or(|(at, _)| *at < start)
+                {
+                    *c = Some((start, g));
+                }
+            }
             self.total.add(&merged);
             return Ok(Some(Flushed {
                 merged,
                 show: false,
+                late: 0,
             }));
+        }
+        let mut late = 0;
+        for (w, g) in pending.gauges.into_iter().enumerate() {
+            match g {
+                Some(g) => {
+                    if self.carried[w].as_ref().is_none_or(|(at, _)| *at <= start) {
+                        self.carried[w] = Some((start, g));
+                    }
+                }
+                None => {
+                    if !self.gone[w] {
+                        late += 1;
+                    }
+                    if let Some((_, g)) = &self.carried[w] {
+                        for (k, v) in g {
+                            *merged.gauges.entry(k.clone()).or_insert(0) += v;
+                        }
+                    }
+                }
+            }
         }
         self.written_to = start;
         let mut sup = own(start, self.length_ns);
@@ -217,7 +300,12 @@ impl Collector {
         self.total.add(&merged);
         let show = start > self.shown_to;
         self.shown_to = self.shown_to.max(start);
-        Ok(Some(Flushed { merged, show }))
+        Ok(Some(Flushed { merged, show, late }))
+    }
+
+    /// Everything flushed so far, added (late records included).
+    pub fn total(&self) -> &Interval {
+        &self.total
     }
 
     /// The run's totals.
@@ -226,6 +314,7 @@ impl Collector {
             total: self.total,
             peak_rss_bytes: self.peak_rss_bytes,
             last_host: self.last_host,
+            events: Vec::new(),
         }
     }
 }
@@ -237,6 +326,28 @@ pub fn kinds(counts: &BTreeMap<String, u64>, between: &str, sep: &str) -> String
         .map(|(k, v)| format!("{k}{between}{v}"))
         .collect();
     parts.join(sep)
+}
+
+/// The summary's lines of grouped events: `  connect.error ×51 from
+/// h/hold-0, h/hold-1 and 49 more, +12.3s..+40.1s: <text>`.
+pub fn event_lines(groups: &[EventGroup], start_ns: u64) -> String {
+    let mut out = String::new();
+    let t = |ns: u64| ns.saturating_sub(start_ns) as f64 / 1e9;
+    for g in groups {
+        let when = if g.count == 1 {
+            format!("+{:.1}s", t(g.first_ns))
+        } else {
+            format!("+{:.1}s..+{:.1}s", t(g.first_ns), t(g.last_ns))
+        };
+        out.push_str(&format!(
+            "  {} ×{} from {}, {when}: {}\n",
+            g.kind,
+            g.count,
+            g.sources_text(),
+            g.text
+        ));
+    }
+    out
 }
 
 /// `hold-0 12.3 MiB, hold-1 12.1 MiB` from peak RSS by process label.
@@ -284,6 +395,7 @@ mod tests {
         assert_eq!(c.due(5_500), [5_000]);
         let f = c.flush(5_000, Vec::new(), own).unwrap().unwrap();
         assert!(f.show);
+        assert_eq!(f.late, 0);
         assert_eq!(f.merged.counter("connect.ok"), 5);
         assert_eq!(f.merged.counter("publish.ok"), 1);
         assert_eq!(f.merged.gauge("connections.open"), 5);
@@ -293,7 +405,13 @@ mod tests {
         c.arrive(0, &line("h/hold-0", 6_000, 1, 4)).unwrap();
         assert!(c.due(8_000).is_empty());
         assert_eq!(c.due(8_600), [6_000]);
-        c.flush(6_000, Vec::new(), own).unwrap();
+        let f = c.flush(6_000, Vec::new(), own).unwrap().unwrap();
+        assert_eq!(f.late, 1);
+        assert_eq!(
+            f.merged.gauge("connections.open"),
+            4 + 2,
+            "the late worker counts with its last known level"
+        );
         c.arrive(1, &line("h/hold-1", 6_000, 7, 9)).unwrap();
         let late = c
             .flush(6_000, Vec::new(), |_, _| panic!("written once"))
@@ -301,6 +419,7 @@ mod tests {
             .unwrap();
         assert!(!late.show);
         assert!(late.merged.gauges.is_empty());
+        assert_eq!(c.total().counter("connect.ok"), 13, "late counts add");
         assert!(matches!(
             c.arrive(0, "not a record").unwrap(),
             Arrival::Garbage
@@ -310,5 +429,59 @@ mod tests {
         assert_eq!(t.total.counter("connect.ok"), 13);
         assert_eq!(t.total.counter("publish.ok"), 2);
         assert!(t.last_host.is_some());
+    }
+
+    /// A busy machine: three workers, one of them seconds behind. Its
+    /// records come after their intervals were shown, and it skips the
+    /// intervals its timer slept through. The levels shown never drop to
+    /// a partial sum, and the counts all arrive in the totals.
+    #[test]
+    fn a_late_or_skipping_worker_keeps_its_last_level_until_it_reports() {
+        let mut c = Collector::new("hold", 3, 1_000, 0, None).unwrap();
+        let mut shown = Vec::new();
+        let flush_due = |c: &mut Collector, now: u64, shown: &mut Vec<(i64, usize)>| {
+            for start in c.due(now) {
+                let f = c.flush(start, Vec::new(), own).unwrap().unwrap();
+                if f.show {
+                    shown.push((f.merged.gauge("connections.open"), f.late));
+                }
+            }
+        };
+        for w in 0..3 {
+            c.arrive(w, &line(&format!("h/hold-{w}"), 1_000, 100, 100))
+                .unwrap();
+        }
+        flush_due(&mut c, 1_500, &mut shown);
+        // Interval 2: worker 2 is late.
+        c.arrive(0, &line("h/hold-0", 2_000, 100, 200)).unwrap();
+        c.arrive(1, &line("h/hold-1", 2_000, 100, 200)).unwrap();
+        flush_due(&mut c, 4_600, &mut shown);
+        // Its record of interval 2 comes now, then it skips interval 3.
+        c.arrive(2, &line("h/hold-2", 2_000, 100, 200)).unwrap();
+        flush_due(&mut c, 4_700, &mut shown);
+        c.arrive(0, &line("h/hold-0", 3_000, 100, 300)).unwrap();
+        c.arrive(1, &line("h/hold-1", 3_000, 100, 300)).unwrap();
+        flush_due(&mut c, 5_600, &mut shown);
+        c.arrive(2, &line("h/hold-2", 4_000, 200, 400)).unwrap();
+        c.arrive(0, &line("h/hold-0", 4_000, 100, 400)).unwrap();
+        c.arrive(1, &line("h/hold-1", 4_000, 100, 400)).unwrap();
+        flush_due(&mut c, 5_700, &mut shown);
+        assert_eq!(
+            shown,
+            [
+                (300, 0),
+                (200 + 200 + 100, 1),
+                (300 + 300 + 200, 1),
+                (1200, 0)
+            ]
+        );
+        // A worker that dies takes its connections with it.
+        c.gone(2, true);
+        c.arrive(0, &line("h/hold-0", 5_000, 0, 400)).unwrap();
+        c.arrive(1, &line("h/hold-1", 5_000, 0, 400)).unwrap();
+        assert_eq!(c.due(5_800), [5_000], "a gone worker is not waited for");
+        let f = c.flush(5_000, Vec::new(), own).unwrap().unwrap();
+        assert_eq!((f.merged.gauge("connections.open"), f.late), (800, 0));
+        assert_eq!(c.finish().total.counter("connect.ok"), 1_200);
     }
 }

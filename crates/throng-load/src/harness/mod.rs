@@ -15,7 +15,8 @@
 //! - worker side: [`worker`] (the plan, the supervisor's orders, interval
 //!   ticks, records out);
 //! - both: one [`clock`], one [`failure`]-kind machinery, one
-//!   [`recorder`] interface, and the [`machine`] a run is planned on.
+//!   [`recorder`] interface, the [`machine`] a run is planned on, and the
+//!   [`source`] addresses connections spread over.
 //!
 //! `hold` and `attack` are the roles today; `knee` runs a series of them,
 //! an MQTT hold is one more role.
@@ -27,6 +28,7 @@ pub mod machine;
 pub mod pool;
 pub mod progress;
 pub mod recorder;
+pub mod source;
 pub mod supervise;
 pub mod worker;
 

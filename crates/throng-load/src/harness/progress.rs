@@ -84,8 +84,15 @@ pub struct Latest {
 /// What one progress line is drawn from.
 #[derive(Debug)]
 pub struct View<'a> {
-    /// Every worker's record of the interval, merged, with the supervisor's.
+    /// The workers' records of the interval, merged, with the
+    /// supervisor's. Its counts are those that came in time; its levels
+    /// (gauges) are every worker's last known, a late one's from an
+    /// earlier record.
     pub merged: &'a Interval,
+    /// Everything counted so far in the run, late records included.
+    pub totals: &'a Interval,
+    /// Workers whose record of this interval had not come when it was shown.
+    pub late: usize,
     /// When the run's schedule started, ns since the epoch.
     pub start_unix_ns: u64,
     /// Each worker's last record (`None`: nothing from it yet).
@@ -97,6 +104,31 @@ impl View<'_> {
     pub fn elapsed_s(&self) -> f64 {
         let end = self.merged.start_ns + self.merged.length_ns;
         end.saturating_sub(self.start_unix_ns) as f64 / 1e9
+    }
+
+    /// `  (3 of 51 workers late, last heard 4.2s ago)` when some worker's
+    /// record of this interval had not come; empty otherwise.
+    pub fn late_note(&self) -> String {
+        if self.late == 0 {
+            return String::new();
+        }
+        let end = self.merged.start_ns + self.merged.length_ns;
+        let oldest = self
+            .workers
+            .iter()
+            .flatten()
+            .map(|l| l.start_ns + self.merged.length_ns)
+            .filter(|&e| e < end)
+            .min();
+        let heard = match oldest {
+            Some(e) => format!(", oldest {:.1}s behind", (end - e) as f64 / 1e9),
+            None => String::new(),
+        };
+        format!(
+            "  ({} of {} workers late{heard}: their counts come later)",
+            self.late,
+            self.workers.len()
+        )
     }
 }
 

@@ -14,6 +14,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use throng_report::events::Groups;
 use throng_report::format::Event;
 use throng_report::interval::Interval;
 use tokio::sync::mpsc;
@@ -58,6 +59,8 @@ pub trait Role {
     }
     /// A flushed interval, before its progress line.
     fn absorb(&mut self, _merged: &Interval) {}
+    /// The run's totals so far (late records included), after each flush.
+    fn counted(&mut self, _totals: &Interval) {}
     /// The progress line of a flushed interval.
     fn progress(&mut self, view: &View<'_>) -> String;
     /// The summary, once every worker is gone.
@@ -160,6 +163,8 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut interrupted = false;
+    // The same thing from many workers is shown once, and listed once at the end.
+    let mut events = Groups::default();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
@@ -170,8 +175,11 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
                         if is_done && let Some(d) = done.get_mut(worker) {
                             *d = true;
                         }
-                        if !role.event(worker, &ev, &run) && !is_done {
-                            run.note(&format!("{}: {}: {}", ev.source, ev.kind, ev.text));
+                        if !role.event(worker, &ev, &run) && !is_done && events.add(&ev) {
+                            run.note(&format!(
+                                "{}: {}: {} (the same from other workers is counted, listed at the end)",
+                                ev.source, ev.kind, ev.text
+                            ));
                         }
                     }
                     Arrival::Garbage => run.note(&format!("{}: {line}", run.crew().label(worker))),
@@ -179,7 +187,9 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
                 },
                 Some(Feed::Gone { worker }) => {
                     open -= 1;
-                    role.gone(worker, done.get(worker).copied().unwrap_or(true), &run);
+                    let was_done = done.get(worker).copied().unwrap_or(true);
+                    collector.gone(worker, !was_done);
+                    role.gone(worker, was_done, &run);
                     if open == 0 {
                         break;
                     }
@@ -218,7 +228,9 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
     }
     run.screen.borrow_mut().finish();
     run.crew().wait_all();
-    Ok(role.finish(collector.finish(), &run))
+    let mut totals = collector.finish();
+    totals.events = events.into_groups();
+    Ok(role.finish(totals, &run))
 }
 
 /// Flushes one interval and shows it.
@@ -232,10 +244,13 @@ fn flush<R: Role>(
     let Some(flushed) = collector.flush(start, processes, |s, l| role.own(s, l))? else {
         return Ok(());
     };
+    role.counted(collector.total());
     if flushed.show {
         role.absorb(&flushed.merged);
         let view = View {
             merged: &flushed.merged,
+            totals: collector.total(),
+            late: flushed.late,
             start_unix_ns: run.start().unix_ns(),
             workers: collector.latest(),
         };

@@ -7,8 +7,9 @@
 //! descriptor: the socket, a decoder with no buffer, its place in the
 //! message [`Sequence`] and the time it opened — well under 100 bytes, against ~1.5 KiB for a
 //! tokio task plus its I/O registration (both 128-byte aligned) measured at
-//! 18,000 connections. The epoll fd itself is registered with tokio, so the
-//! loop runs beside the worker's other tasks on the same thread.
+//! 18,000 connections. The epoll set is `throng-host`'s [`Poller`], itself
+//! registered with tokio, so the loop runs beside the worker's other tasks
+//! on the same thread.
 //!
 //! The loop is level-triggered: a connection with more data than one turn
 //! reads is reported again, so one busy connection cannot starve the others.
@@ -26,11 +27,10 @@
 use std::cell::{Cell, RefCell};
 use std::io::{self, Read as _, Write as _};
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
+use std::os::fd::AsRawFd as _;
 
+use throng_host::poll::{Events, Interest, Poller};
 use throng_proto::ws::{self, Decoder, Frame, Role};
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
 
 use super::recorder::Closed;
 use super::sequence::Sequence;
@@ -42,7 +42,7 @@ use crate::tls::{Phase, Records};
 const EVENTS: usize = 1024;
 /// Reads per connection per readiness report (fairness).
 const READS_PER_TURN: usize = 4;
-/// epoll_wait calls per wake-up before yielding to the worker's other tasks.
+/// Rounds of events per wake-up before yielding to the worker's other tasks.
 const ROUNDS_PER_WAKE: usize = 8;
 
 /// One held connection.
@@ -77,11 +77,11 @@ enum Seen {
 
 /// The epoll set and the slots of every held connection of a worker.
 pub(super) struct Holder {
-    epoll: AsyncFd<OwnedFd>,
+    poller: Poller,
     /// Indexed by file descriptor. Invariant: `slots[fd]` is `Some` exactly
-    /// when `fd` is registered in `epoll` and owned by the slot's stream.
+    /// when `fd` is in `poller` (with itself as token) and owned by the
+    /// slot's stream.
     slots: RefCell<Vec<Option<Held>>>,
-    events: RefCell<Vec<libc::epoll_event>>,
     /// Connections held now.
     count: Cell<u64>,
     /// The close deadline has passed: anything still closing was given up on.
@@ -89,29 +89,14 @@ pub(super) struct Holder {
 }
 
 impl Holder {
+    /// An empty holder. Must be called inside the worker's runtime.
     pub(super) fn new() -> io::Result<Self> {
-        // SAFETY: epoll_create1 takes only flags and returns a new fd or -1.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by epoll_create1 and is owned by no one else.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: `owned` is the open epoll fd made above; the AsyncFd owns it
-        // and nothing else closes or replaces it while the AsyncFd lives.
-        let epoll = unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) }
-            .map_err(io::Error::from)?;
         Ok(Self {
-            epoll,
+            poller: Poller::new()?,
             slots: RefCell::new(Vec::new()),
-            events: RefCell::new(vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS]),
             count: Cell::new(0),
             expired: Cell::new(false),
         })
-    }
-
-    fn epfd(&self) -> RawFd {
-        self.epoll.get_ref().as_raw_fd()
     }
 
     /// Takes over an upgraded connection; `rest` is what arrived (decrypted)
@@ -135,12 +120,11 @@ impl Holder {
             ctx.live.done();
             return;
         };
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: both fds are open; `ev` is a valid event for the call to read.
-        if unsafe { libc::epoll_ctl(self.epfd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+        if self
+            .poller
+            .add(&stream, index as u64, Interest::Read)
+            .is_err()
+        {
             ctx.rec.borrow_mut().closed(Closed::Reset);
             ctx.live.done();
             return;
@@ -173,47 +157,29 @@ impl Holder {
         }
     }
 
-    /// The loop: waits for the epoll fd, handles every ready connection.
+    /// The loop: waits for the epoll set, handles every ready connection.
     pub(super) async fn run(&self, ctx: &Ctx) {
+        let mut events = Events::with_capacity(EVENTS);
         loop {
-            let Ok(mut guard) = self.epoll.readable().await else {
+            if self.poller.wait(&mut events).await.is_err() {
                 return;
-            };
-            let mut drained = false;
-            for _ in 0..ROUNDS_PER_WAKE {
-                let ready: Vec<(usize, u32)> = {
-                    let mut events = self.events.borrow_mut();
-                    // SAFETY: `events` holds EVENTS valid entries for the kernel to fill.
-                    let n = unsafe {
-                        libc::epoll_wait(self.epfd(), events.as_mut_ptr(), EVENTS as libc::c_int, 0)
-                    };
-                    if n < 0 {
-                        if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                            continue;
-                        }
-                        return;
-                    }
-                    let n = usize::try_from(n).unwrap_or(0);
-                    // Copy out of the packed structs before use.
-                    events[..n]
-                        .iter()
-                        .map(|e| (e.u64 as usize, e.events))
-                        .collect()
-                };
-                if ready.is_empty() {
-                    drained = true;
+            }
+            let mut rounds = 1;
+            loop {
+                for ev in events.iter() {
+                    // Tokens are file descriptors (see `adopt`).
+                    self.turn(ctx, ev.token as usize, None);
+                }
+                if rounds == ROUNDS_PER_WAKE {
+                    // Level-triggered: what is left is reported again after others ran.
+                    tokio::task::yield_now().await;
                     break;
                 }
-                for (index, _) in ready {
-                    self.turn(ctx, index, None);
+                match self.poller.poll_now(&mut events) {
+                    Ok(0) => break,
+                    Ok(_) => rounds += 1,
+                    Err(_) => return,
                 }
-            }
-            if drained {
-                guard.clear_ready();
-            } else {
-                // Level-triggered: what is left is reported again after others ran.
-                drop(guard);
-                tokio::task::yield_now().await;
             }
         }
     }
@@ -270,9 +236,8 @@ impl Holder {
                 let _ = write_now(&held.stream, &out);
             }
         }
-        let fd = held.stream.as_raw_fd();
-        // SAFETY: both fds are open; a null event is allowed for EPOLL_CTL_DEL.
-        unsafe { libc::epoll_ctl(self.epfd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+        // Closing the socket would take it out of the set too; this is at once.
+        let _ = self.poller.remove(&held.stream);
         let mut rec = ctx.rec.borrow_mut();
         if held.closing {
             // Closed by us at the end of the run: what it never received is lost.

@@ -34,7 +34,7 @@ pub mod target;
 pub mod worker;
 
 pub use request::{Prepared, Request, prepare};
-pub use summary::{Summary, render};
+pub use summary::{Summary, Thresholds, render};
 pub use supervisor::{HoldRun, PublishPlan, run};
 
 /// Runs this process as one `hold` worker (plan on stdin, records on stdout).

@@ -3,7 +3,9 @@
 //!
 //! Each publisher keeps one connection open and reuses it (HTTP keep-alive,
 //! one Redis connection), reconnecting after an error. A call returns the
-//! number of subscribers the server or broker reported, when it says.
+//! number of subscribers the server or broker reported, when it says, and
+//! whether the request went out whole: a message whose answer is late or
+//! lost was still sent, and its subscribers still get it.
 //!
 //! The Redis connection is made by [`throng_client::redis::open`], as the server's
 //! broker makes its own: TLS for `rediss://`, then `AUTH`/`SELECT` from the
@@ -49,7 +51,7 @@ pub enum PublishError {
     #[error("bad publish answer: {0}")]
     Protocol(String),
     /// No answer within the timeout.
-    #[error("publish got no answer within {0:?}")]
+    #[error("publish got no answer within {}", throng_host::units::fmt_duration(*.0))]
     Timeout(Duration),
     /// The connection could not be set up past TCP: the TLS handshake
     /// (`https://`, `rediss://`), or Redis's `AUTH`/`SELECT` and their
@@ -82,6 +84,34 @@ impl PublishError {
     }
 }
 
+/// What one publish call did.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The request went out whole (the server or broker has the message,
+    /// whatever became of the answer).
+    pub sent: bool,
+    /// The subscriber count answered, or why there was no good answer.
+    pub answer: Result<Option<u64>, PublishError>,
+}
+
+impl Outcome {
+    /// Sent, and the server or broker took it: a 2xx answer, or no answer
+    /// at all (late, or the connection broke after the request went out).
+    /// Not published: never sent, or refused (a non-2xx status, a Redis error).
+    pub fn published(&self) -> bool {
+        self.sent && !self.refused()
+    }
+
+    /// Sent, and refused by the server or broker.
+    pub fn refused(&self) -> bool {
+        self.sent
+            && matches!(
+                self.answer,
+                Err(PublishError::Status(_) | PublishError::Protocol(_))
+            )
+    }
+}
+
 /// A publisher for one channel.
 #[derive(Debug)]
 pub struct Publisher {
@@ -89,6 +119,8 @@ pub struct Publisher {
     /// The Redis channel (`<prefix><channel>`); unused for HTTP.
     redis_channel: String,
     timeout: Duration,
+    /// The current call's request went out whole.
+    written: bool,
     conn: Option<Stream>,
     /// `https://`, `rediss://`: the TLS configuration, made at the first connection.
     tls_config: Option<Arc<rustls::ClientConfig>>,
@@ -105,6 +137,7 @@ impl Publisher {
             target,
             redis_channel,
             timeout,
+            written: false,
             conn: None,
             tls_config: None,
             out: Vec::new(),
@@ -113,10 +146,15 @@ impl Publisher {
         }
     }
 
-    /// Publishes `payload`; returns the subscriber count the far end reported.
-    pub async fn publish(&mut self, payload: &[u8]) -> Result<Option<u64>, PublishError> {
+    /// Publishes `payload`: the subscriber count the far end reported, and
+    /// whether the request went out (a timeout covers connecting, sending
+    /// and the answer). `on_sent` runs as soon as the request is out whole,
+    /// before the answer: a message counts as sent then, not seconds later.
+    pub async fn publish(&mut self, payload: &[u8], on_sent: &mut dyn FnMut()) -> Outcome {
         let timeout = self.timeout;
-        match tokio::time::timeout(timeout, self.publish_inner(payload)).await {
+        self.written = false;
+        let answer = match tokio::time::timeout(timeout, self.publish_inner(payload, on_sent)).await
+        {
             Ok(Ok(n)) => Ok(n),
             Ok(Err(e)) => {
                 // A status error came with a whole response: the connection
@@ -130,10 +168,18 @@ impl Publisher {
                 self.conn = None;
                 Err(PublishError::Timeout(timeout))
             }
+        };
+        Outcome {
+            sent: self.written,
+            answer,
         }
     }
 
-    async fn publish_inner(&mut self, payload: &[u8]) -> Result<Option<u64>, PublishError> {
+    async fn publish_inner(
+        &mut self,
+        payload: &[u8],
+        on_sent: &mut dyn FnMut(),
+    ) -> Result<Option<u64>, PublishError> {
         if self.conn.is_none() {
             self.inbuf.clear();
             self.resp_in.clear();
@@ -159,6 +205,8 @@ impl Publisher {
             return Err(PublishError::Protocol("no connection".into()));
         };
         throng_client::link::write_all(conn, &self.out).await?;
+        self.written = true;
+        on_sent();
         match &self.target {
             PublishTarget::Http { .. } => {
                 let (status, n, keep) = read_http(conn, &mut self.inbuf).await?;

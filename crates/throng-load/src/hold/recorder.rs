@@ -93,6 +93,67 @@ pub struct HoldRecorder {
     connect_tls: Histogram<u64>,
     connect_upgrade: Histogram<u64>,
     delivery: Histogram<u64>,
+    /// Per message (index: sequence number - 1), over the whole run:
+    /// deliveries, their latencies' sum and the largest, µs. 24 bytes a
+    /// message; what the worker says at its end ([`Self::messages`]).
+    messages: Vec<MessageTally>,
+}
+
+/// The most messages counted one by one (a longer run counts the rest in
+/// the totals only).
+pub const MAX_MESSAGES_TALLIED: u64 = 100_000;
+
+/// One message's deliveries on one worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MessageTally {
+    /// Its sequence number.
+    pub seq: u64,
+    /// Deliveries.
+    pub count: u64,
+    /// Their latencies added, µs.
+    pub sum_us: u64,
+    /// The largest latency: the last subscriber, µs.
+    pub max_us: u64,
+}
+
+/// How a `worker.messages` event's text starts: what its numbers are.
+const TALLIES_HEAD: &str = "deliveries per message (seq count sum_us max_us): ";
+
+impl MessageTally {
+    /// The text of a `worker.messages` event: plain words and numbers
+    /// (`...: 1 150 1440466 9000; 2 150 ...`), so a report shows it as it
+    /// shows any event, and its numbers group it with other workers'.
+    pub fn to_text(tallies: &[Self]) -> String {
+        let each: Vec<String> = tallies
+            .iter()
+            .map(|t| format!("{} {} {} {}", t.seq, t.count, t.sum_us, t.max_us))
+            .collect();
+        format!("{TALLIES_HEAD}{}", each.join("; "))
+    }
+
+    /// The tallies of [`MessageTally::to_text`]; `None` for any other text.
+    pub fn parse_text(text: &str) -> Option<Vec<Self>> {
+        let list = text.strip_prefix(TALLIES_HEAD)?;
+        list.split("; ")
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                let n: Vec<u64> = t
+                    .split(' ')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .ok()?;
+                match n[..] {
+                    [seq, count, sum_us, max_us] => Some(Self {
+                        seq,
+                        count,
+                        sum_us,
+                        max_us,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
 }
 
 impl HoldRecorder {
@@ -123,6 +184,7 @@ impl HoldRecorder {
             connect_tls: new_histogram(),
             connect_upgrade: new_histogram(),
             delivery: new_histogram(),
+            messages: Vec::new(),
         }
     }
 
@@ -190,11 +252,22 @@ impl HoldRecorder {
         self.bytes_in += n as u64;
     }
 
-    /// One of our messages arrived `latency_us` after it was published,
-    /// and meant `arrival` for its connection's sequence.
-    pub fn delivered(&mut self, latency_us: u64, arrival: Arrival) {
+    /// Message `seq` arrived `latency_us` after it was published, and
+    /// meant `arrival` for its connection's sequence.
+    pub fn delivered(&mut self, seq: u64, latency_us: u64, arrival: Arrival) {
         self.received += 1;
         record(&mut self.delivery, latency_us);
+        if (1..=MAX_MESSAGES_TALLIED).contains(&seq) {
+            let i = (seq - 1) as usize;
+            if self.messages.len() <= i {
+                self.messages.resize(i + 1, MessageTally::default());
+            }
+            let m = &mut self.messages[i];
+            m.seq = seq;
+            m.count += 1;
+            m.sum_us = m.sum_us.saturating_add(latency_us);
+            m.max_us = m.max_us.max(latency_us);
+        }
         match arrival {
             Arrival::Next { lost } => self.lost += lost,
             Arrival::Duplicate => self.duplicated += 1,
@@ -215,6 +288,15 @@ impl HoldRecorder {
     /// Connections open now.
     pub fn open_now(&self) -> i64 {
         self.open
+    }
+
+    /// Each message's deliveries here so far, those that had any.
+    pub fn messages(&self) -> Vec<MessageTally> {
+        self.messages
+            .iter()
+            .filter(|m| m.count > 0)
+            .copied()
+            .collect()
     }
 }
 
@@ -263,7 +345,7 @@ mod tests {
         r.failed(Failure::Own(Handshake::BadStatus));
         r.phases(100, Some(700), 300);
         r.tls_handshake(true);
-        r.delivered(300, Arrival::Next { lost: 2 });
+        r.delivered(1, 300, Arrival::Next { lost: 2 });
         r.closed(Closed::ByServer(Some(1008)));
         let iv = r.take(1_000_000_000);
         assert_eq!(iv.counter("connect.ok"), 2);
@@ -292,7 +374,7 @@ mod tests {
         let mut subscribers = [Sequence::new(10), Sequence::new(30)];
         for (seq, who) in [(1, 0), (2, 1), (3, 0), (3, 0)] {
             let arrival = subscribers[who].receive(seq, 20);
-            r.delivered(100, arrival);
+            r.delivered(seq, 100 * seq, arrival);
         }
         let [early, late] = subscribers;
         r.lost(early.missing_at_end(4, 20) + late.missing_at_end(4, 20));
@@ -302,5 +384,56 @@ mod tests {
         assert_eq!(iv.counter("messages.lost"), 4);
         assert_eq!(iv.counter("messages.duplicated"), 1);
         assert_eq!(iv.counter("messages.out_of_order"), 0);
+        // Per message over the run: message 3 twice (once a duplicate).
+        let tally = |seq, count, sum_us, max_us| MessageTally {
+            seq,
+            count,
+            sum_us,
+            max_us,
+        };
+        assert_eq!(
+            r.messages(),
+            [
+                tally(1, 1, 100, 100),
+                tally(2, 1, 200, 200),
+                tally(3, 2, 600, 300)
+            ]
+        );
+    }
+
+    #[test]
+    fn message_tallies_read_back_from_their_text_and_nothing_else_does() {
+        let t = [
+            MessageTally {
+                seq: 1,
+                count: 150,
+                sum_us: 1_440_466,
+                max_us: 9_000,
+            },
+            MessageTally {
+                seq: 2,
+                count: 149,
+                sum_us: 1_380_000,
+                max_us: 8_800,
+            },
+        ];
+        let text = MessageTally::to_text(&t);
+        assert!(
+            text.ends_with(": 1 150 1440466 9000; 2 149 1380000 8800"),
+            "{text}"
+        );
+        assert_eq!(MessageTally::parse_text(&text).as_deref(), Some(&t[..]));
+        assert_eq!(
+            MessageTally::parse_text(&MessageTally::to_text(&[])),
+            Some(vec![])
+        );
+        for bad in [
+            "150 connections attempted",
+            &text.replace("9000", "9x00"),
+            &text.replace("; 2 149 1380000 8800", "; 2 149 1380000"),
+            &text.replace("1 150", "1 -150"),
+        ] {
+            assert_eq!(MessageTally::parse_text(bad), None, "{bad}");
+        }
     }
 }

@@ -14,8 +14,10 @@ use throng_report::format::Header;
 
 use super::Settings;
 use super::plan::{self, PlanError};
-use super::summary::Summary;
-use super::supervisor::{HoldRun, PUBLISH_SETTLE, PUBLISH_TIMEOUT, PublishPlan};
+use super::summary::{Summary, Thresholds};
+use super::supervisor::{
+    DRAIN_MAX, DRAIN_QUIET, HoldRun, PUBLISH_SETTLE, PUBLISH_TIMEOUT, PublishPlan,
+};
 use super::target::{PublishTarget, WsTarget};
 use crate::harness::Setup;
 use crate::harness::collect::ResultFile;
@@ -55,6 +57,8 @@ pub struct Request {
     pub output: Option<PathBuf>,
     /// The live view.
     pub progress: Progress,
+    /// What fails the run.
+    pub thresholds: Thresholds,
 }
 
 /// Publishing as the command line asks for it.
@@ -68,6 +72,10 @@ pub struct PublishRequest {
     pub message_size: usize,
     /// Redis channel prefix: messages go to `<prefix><channel>`.
     pub redis_prefix: String,
+    /// Publish this many, then end once they are delivered (`None`: until the hold ends).
+    pub messages: Option<u64>,
+    /// Timeout of one publish call.
+    pub timeout: Duration,
 }
 
 /// Why a `hold` cannot start.
@@ -91,6 +99,7 @@ pub struct Prepared {
     hold: HoldRun,
     setup: Setup,
     lines: Vec<String>,
+    thresholds: Thresholds,
 }
 
 /// Checks `req` and fits it onto this machine.
@@ -115,6 +124,8 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
             },
             message_size: p.message_size,
             redis_channel: format!("{}{}", p.redis_prefix, req.target.channel()),
+            messages: p.messages,
+            timeout: p.timeout,
         }),
     };
     let hold = HoldRun {
@@ -127,7 +138,8 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
         duration: req.duration,
         publish,
     };
-    let lines = start_lines(&hold, &machine, req.output.as_ref());
+    let mut lines = start_lines(&hold, &machine, req.output.as_ref());
+    lines.push(req.thresholds.line());
     let results = req.output.clone().map(|path| ResultFile {
         path,
         header: header(&req, &hold),
@@ -137,7 +149,12 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
         results,
         progress: req.progress,
     };
-    Ok(Prepared { hold, setup, lines })
+    Ok(Prepared {
+        hold,
+        setup,
+        lines,
+        thresholds: req.thresholds,
+    })
 }
 
 impl Prepared {
@@ -146,9 +163,11 @@ impl Prepared {
         &self.lines
     }
 
-    /// Runs it.
-    pub fn run(self) -> io::Result<Summary> {
-        super::run(self.hold, self.setup)
+    /// Runs it; the summary and what it broke of the thresholds, one line each.
+    pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
+        let summary = super::run(self.hold, self.setup)?;
+        let failed = self.thresholds.check(&summary);
+        Ok((summary, failed))
     }
 }
 
@@ -162,12 +181,13 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
             "  connections {}  rate {}  hold {}",
             h.connections,
             h.rate,
-            match h.duration {
-                Some(d) => format!(
+            match (h.duration, h.publish.as_ref().and_then(|p| p.messages)) {
+                (Some(d), _) => format!(
                     "{} once every connection is open or failed",
                     fmt_duration(d)
                 ),
-                None => "until Ctrl-C".to_owned(),
+                (None, Some(n)) => format!("until {n} messages are published and delivered"),
+                (None, None) => "until Ctrl-C".to_owned(),
             }
         ),
         format!(
@@ -203,13 +223,23 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
             PublishTarget::Redis { .. } => format!(" (Redis channel {})", p.redis_channel),
             PublishTarget::Http { .. } => String::new(),
         };
+        let count = match p.messages {
+            Some(n) => format!("{n} messages"),
+            None => "messages".to_owned(),
+        };
         out.push(format!(
-            "  publish {}{via} at {}/s, {} bytes per message, from {} ms after every connection is open; timeout {}",
+            "  publish {count} to {}{via} at {}/s, {} bytes each, from {} ms after every connection is open; publish timeout {}{} (a late answer counts apart: the message was sent)",
             p.target,
             p.rate,
             p.message_size,
             PUBLISH_SETTLE.as_millis(),
-            fmt_duration(PUBLISH_TIMEOUT)
+            fmt_duration(p.timeout),
+            if p.timeout == PUBLISH_TIMEOUT { ", the default" } else { "" },
+        ));
+        out.push(format!(
+            "  after the last message: connections stay open until every one has every message, or no delivery came for {}, {} at most",
+            fmt_duration(DRAIN_QUIET),
+            fmt_duration(DRAIN_MAX)
         ));
     }
     if let Some(o) = output {

@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use throng_report::events::EventGroup;
 use throng_report::interval::Interval;
 use throng_report::summary::HistStats;
 use throng_report::text::micros;
 
-use crate::harness::collect::{Totals, kinds, peak_rss};
+use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
 use crate::harness::progress::View;
 
 /// What a run did, for the final print and `--json`.
@@ -47,12 +48,21 @@ pub struct Summary {
     pub tls_full: u64,
     /// TLS handshakes that resumed an earlier session.
     pub tls_resumed: u64,
-    /// Messages published (calls that succeeded).
+    /// Messages published: sent whole and not refused (an answer that came
+    /// late or not at all still counts, in `publish_unanswered`).
     pub published: u64,
-    /// Publish calls that failed, by kind.
+    /// Publish calls answered 2xx.
+    pub publish_answered: u64,
+    /// Published messages whose answer did not come (`timeout`, `io`), by why.
+    pub publish_unanswered: BTreeMap<String, u64>,
+    /// Messages not published: never sent (`connect`, ...), or refused
+    /// (`status`, `protocol`), by why.
     pub publish_errors: BTreeMap<String, u64>,
-    /// Duration of publish calls, µs.
+    /// Time to each answer that came, µs.
     pub publish_us: HistStats,
+    /// Deliveries expected: every message published to every connection
+    /// held (the peak open).
+    pub expected: u64,
     /// Messages received over all subscribers.
     pub received: u64,
     /// Messages lost (sequence gaps, and the tail missing at the end).
@@ -73,6 +83,12 @@ pub struct Summary {
     pub cpu_ns: BTreeMap<String, u64>,
     /// Seconds from the schedule's start to the end.
     pub elapsed_s: f64,
+    /// When the schedule started (connection 0 was due), ns since the epoch.
+    pub start_unix_ns: u64,
+    /// The workers' events, grouped: one for the same thing said by many workers.
+    pub events: Vec<EventGroup>,
+    /// Stopped by Ctrl-C (or a signal) before its end.
+    pub stopped: bool,
 }
 
 impl Summary {
@@ -81,7 +97,8 @@ impl Summary {
         let t = &totals.total;
         let mut s = Self {
             opened: t.counter("connect.ok"),
-            published: t.counter("publish.ok"),
+            published: t.counter("publish.sent"),
+            publish_answered: t.counter("publish.ok"),
             received: t.counter("messages.received"),
             lost: t.counter("messages.lost"),
             duplicated: t.counter("messages.duplicated"),
@@ -99,6 +116,7 @@ impl Summary {
             publish_us: t.stats("publish"),
             delivery_us: t.stats("delivery"),
             peak_rss_bytes: totals.peak_rss_bytes,
+            events: totals.events,
             cpu_ns: totals
                 .last_host
                 .map(|h| h.cpu_ns.into_iter().collect())
@@ -112,24 +130,92 @@ impl Summary {
                 s.closed.insert(how.to_owned(), *v);
             } else if let Some(kind) = k.strip_prefix("publish.error.") {
                 s.publish_errors.insert(kind.to_owned(), *v);
+            } else if let Some(kind) = k.strip_prefix("publish.unanswered.") {
+                s.publish_unanswered.insert(kind.to_owned(), *v);
+            } else if let Some(kind) = k.strip_prefix("publish.refused.") {
+                *s.publish_errors.entry(kind.to_owned()).or_insert(0) += *v;
+                s.published = s.published.saturating_sub(*v);
             }
         }
         s
     }
 }
 
-/// The progress line of one interval: connections, connects, and with
-/// publishing the messages and their delivery.
+/// What fails a run (exit status 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Connections that may fail to open.
+    pub max_connect_errors: u64,
+    /// Messages that may be lost.
+    pub max_lost: u64,
+}
+
+impl Default for Thresholds {
+    /// Nothing may fail.
+    fn default() -> Self {
+        Self {
+            max_connect_errors: 0,
+            max_lost: 0,
+        }
+    }
+}
+
+impl Thresholds {
+    /// The start line that states them.
+    pub fn line(&self) -> String {
+        format!(
+            "  fails (exit 1) when over {} connections fail (--max-connect-errors), over {} messages are lost (--max-lost), or a message cannot be published",
+            self.max_connect_errors, self.max_lost
+        )
+    }
+
+    /// What `s` broke, one line each (empty: it passed).
+    pub fn check(&self, s: &Summary) -> Vec<String> {
+        let mut out = Vec::new();
+        let failed: u64 = s.failed.values().sum();
+        if failed > self.max_connect_errors {
+            out.push(format!(
+                "{failed} connections failed ({}), over --max-connect-errors {}",
+                kinds(&s.failed, " ", ", "),
+                self.max_connect_errors
+            ));
+        }
+        if s.lost > self.max_lost {
+            out.push(format!(
+                "{} messages lost, over --max-lost {}",
+                s.lost, self.max_lost
+            ));
+        }
+        let unpublished: u64 = s.publish_errors.values().sum();
+        if unpublished > 0 {
+            out.push(format!(
+                "{unpublished} messages could not be published ({})",
+                kinds(&s.publish_errors, " ", ", ")
+            ));
+        }
+        out
+    }
+}
+
+/// The progress line of one interval: connections (every worker's last
+/// known count), this interval's connects, the run's failures and closes so
+/// far, and with publishing the messages and their delivery; workers whose
+/// record is late are named.
 pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
     let iv: &Interval = view.merged;
-    let errors = iv.counters_under("connect.error.");
-    let closed = iv.counters_under("closed.") - iv.counters_under("closed.clean");
+    let t = view.totals;
+    let failed = t.counters_under("connect.error.");
+    let closed = t.counters_under("closed.");
+    let unclean = closed - t.counter("closed.clean");
     let mut s = format!(
-        "[{:>6.1}s] open {}/{target}  +{}/s  err {errors}  closed {closed}",
+        "[{:>6.1}s] open {}/{target}  +{}/s  failed {failed}  closed {closed}",
         view.elapsed_s(),
         iv.gauge("connections.open"),
         iv.counter("connect.ok")
     );
+    if unclean > 0 {
+        s.push_str(&format!(" ({unclean} not clean)"));
+    }
     if iv.histograms.contains_key("connect") {
         s.push_str(&format!(
             "  connect p99 {}",
@@ -140,12 +226,12 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
     if lag >= 1000 {
         s.push_str(&format!("  lag {}", micros(lag)));
     }
-    if iv.counter("publish.sent") > 0 || iv.counter("messages.received") > 0 {
+    if t.counter("publish.sent") > 0 || iv.counter("messages.received") > 0 {
         s.push_str(&format!(
-            "  pub {}/s  msgs {}/s  lost {}",
-            iv.counter("publish.ok"),
+            "  pub {}  msgs {}/s  lost {}",
+            t.counter("publish.sent"),
             iv.counter("messages.received"),
-            iv.counter("messages.lost")
+            t.counter("messages.lost")
         ));
         if iv.histograms.contains_key("delivery") {
             let d = iv.stats("delivery");
@@ -156,6 +242,7 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
             ));
         }
     }
+    s.push_str(&view.late_note());
     s
 }
 
@@ -218,16 +305,111 @@ pub fn render(s: &Summary) -> String {
         ));
     }
     if s.published > 0 || !s.publish_errors.is_empty() || s.received > 0 {
-        let errs: u64 = s.publish_errors.values().sum();
         out.push_str(&format!(
-            "messages: {} published ({} failed), {} received, {} lost, {} duplicated, {} out of order\n",
-            s.published, errs, s.received, s.lost, s.duplicated, s.out_of_order
+            "messages: {} published, {} received of {} expected, {} lost, {} duplicated, {} out of order\n",
+            s.published, s.received, s.expected, s.lost, s.duplicated, s.out_of_order
         ));
+        let errs: u64 = s.publish_errors.values().sum();
+        if errs > 0 {
+            out.push_str(&format!(
+                "  not published: {errs} ({})\n",
+                kinds(&s.publish_errors, " ", ", ")
+            ));
+        }
         out.push_str(&format!("  delivery: {}\n", lat(&s.delivery_us)));
-        out.push_str(&format!("  publish call: {}\n", lat(&s.publish_us)));
+        out.push_str(&format!(
+            "  publish answers: {} of {}: {}\n",
+            s.publish_answered,
+            s.published,
+            lat(&s.publish_us)
+        ));
+        let unanswered: u64 = s.publish_unanswered.values().sum();
+        if unanswered > 0 {
+            out.push_str(&format!(
+                "  published, answer missing: {unanswered} ({}); their deliveries are counted above\n",
+                kinds(&s.publish_unanswered, " ", ", ")
+            ));
+        }
     }
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("peak RSS: {}\n", peak_rss(&s.peak_rss_bytes)));
     }
+    if !s.events.is_empty() {
+        out.push_str("events:\n");
+        out.push_str(&event_lines(&s.events, s.start_unix_ns));
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::progress::Latest;
+
+    fn interval(counters: &[(&str, u64)], open: i64) -> Interval {
+        let mut iv = Interval::empty(10_000_000_000, 1_000_000_000, "h/hold".into());
+        for (k, v) in counters {
+            iv.counters.insert((*k).to_owned(), *v);
+        }
+        iv.gauges.insert("connections.open".into(), open);
+        iv
+    }
+
+    #[test]
+    fn the_last_line_counts_every_close_of_the_run_clean_ones_too() {
+        // The last interval saw the last 40,000 closes; the run closed 100,000, all cleanly.
+        let merged = interval(&[("closed.clean", 40_000)], 0);
+        let totals = interval(&[("closed.clean", 100_000), ("connect.ok", 100_000)], 0);
+        let workers = vec![None; 6];
+        let view = View {
+            merged: &merged,
+            totals: &totals,
+            late: 0,
+            start_unix_ns: 0,
+            workers: &workers,
+        };
+        let line = progress_line(&view, 100_000);
+        assert!(line.contains("open 0/100000"), "{line}");
+        assert!(line.contains("failed 0  closed 100000"), "{line}");
+        assert!(
+            !line.contains("not clean") && !line.contains("late"),
+            "{line}"
+        );
+
+        let totals = interval(&[("closed.clean", 90), ("closed.reset", 10)], 0);
+        let view = View {
+            totals: &totals,
+            ..view
+        };
+        assert!(progress_line(&view, 100).contains("closed 100 (10 not clean)"));
+    }
+
+    #[test]
+    fn late_workers_are_named_on_the_line() {
+        let merged = interval(&[("connect.ok", 500)], 2_000);
+        let mut workers = vec![
+            Some(Latest {
+                start_ns: 10_000_000_000,
+                ..Latest::default()
+            });
+            3
+        ];
+        workers[2] = Some(Latest {
+            start_ns: 6_000_000_000,
+            ..Latest::default()
+        });
+        let view = View {
+            merged: &merged,
+            totals: &merged,
+            late: 1,
+            start_unix_ns: 0,
+            workers: &workers,
+        };
+        let line = progress_line(&view, 3_000);
+        assert!(line.contains("open 2000/3000"), "{line}");
+        assert!(
+            line.contains("(1 of 3 workers late, oldest 4.0s behind"),
+            "{line}"
+        );
+    }
 }

@@ -1,8 +1,13 @@
 //! `hold` on the supervisor's side, a [`Role`] of the harness core: the
 //! plan of each worker, the ramp (the hold time starts once every worker
 //! has opened or failed its share), the publisher of timestamped messages,
-//! and the end of the run: stop publishing, let messages in flight land,
-//! tell every worker to close its connections, kill those that do not.
+//! and the end of the run: stop publishing, let messages in flight land
+//! (until every connection has every message, or deliveries stop), tell
+//! every worker to close its connections, kill those that do not.
+//!
+//! A message counts as published once its request went out whole and was
+//! not refused: a late or lost answer is counted apart (`unanswered`), and
+//! its subscribers are still expected to get it.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -17,14 +22,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::plan::Fit;
-use super::publish::Publisher;
+use super::publish::{Outcome, Publisher};
 use super::summary::{Summary, progress_line};
 use super::target::{PublishTarget, WsTarget};
 use super::{Settings, WorkerPlan, message};
 use crate::harness::clock::{micros, now_unix_ns};
 use crate::harness::collect::Totals;
 use crate::harness::progress::View;
-use crate::harness::recorder::Take;
+use crate::harness::recorder::{Take, record};
 use crate::harness::worker::Order;
 use crate::harness::{Role, Run, Setup};
 use crate::pacer::{Pacer, RateSpec};
@@ -33,10 +38,16 @@ use crate::tls::TlsOptions;
 /// How long after every connection is open (or failed) before publishing
 /// starts, so that the server has registered every subscriber.
 pub const PUBLISH_SETTLE: Duration = Duration::from_millis(500);
-/// How long after the last publish before connections are closed, so that
-/// messages in flight arrive.
+/// After the last publish, connections stay open at least this long, and
+/// then until every connection has every message, or no delivery came for
+/// [`DRAIN_QUIET`], or [`DRAIN_MAX`] passed: a fan-out to a million
+/// subscribers takes seconds.
 pub const DRAIN: Duration = Duration::from_secs(1);
-/// Timeout of one publish call.
+/// See [`DRAIN`]: longer than a late worker's record can be (2.5 intervals).
+pub const DRAIN_QUIET: Duration = Duration::from_secs(3);
+/// See [`DRAIN`].
+pub const DRAIN_MAX: Duration = Duration::from_secs(120);
+/// The default timeout of one publish call (connect, send, answer).
 pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the workers get between learning when publishing began and the
 /// first message.
@@ -70,6 +81,11 @@ pub struct PublishPlan {
     pub message_size: usize,
     /// The Redis channel name (`throng:<channel>`).
     pub redis_channel: String,
+    /// Publish this many messages, then end the hold once they are
+    /// delivered (`None`: publish until the hold ends).
+    pub messages: Option<u64>,
+    /// Timeout of one publish call.
+    pub timeout: Duration,
 }
 
 /// A whole `hold` run, fitted onto the machine.
@@ -104,33 +120,46 @@ pub fn run(hold: HoldRun, setup: Setup) -> io::Result<Summary> {
 /// What the publisher task counts, read by the supervisor each second.
 #[derive(Debug)]
 struct PubStats {
-    /// When each message not yet counted in an interval was sent (Unix
-    /// ns): a message counts in the interval it was sent in, however late
-    /// the supervisor closes that interval (a busy machine delays it past
-    /// the next boundary, and a message counted a second early takes the
-    /// previous one's last deliveries in per-message figures).
+    /// When each message sent and not yet counted in an interval was sent
+    /// (Unix ns): a message counts in the interval it was sent in, however
+    /// late its answer comes or the supervisor closes that interval (a busy
+    /// machine delays it past the next boundary, and a message counted a
+    /// second early takes the previous one's last deliveries in per-message
+    /// figures).
     sent_at: Vec<u64>,
+    /// Messages published in all: sent, and not refused.
+    published: u64,
+    /// Answers that came (2xx), and how long each took.
     ok: u64,
-    errors: BTreeMap<String, u64>,
     call: Histogram<u64>,
+    /// Published messages whose answer did not come, by why (`timeout`, `io`).
+    unanswered: BTreeMap<String, u64>,
+    /// Messages sent and refused (a non-2xx answer, a Redis error), by why.
+    refused: BTreeMap<String, u64>,
+    /// Messages never sent (no connection), by why.
+    errors: BTreeMap<String, u64>,
     lag: Histogram<u64>,
     subscribers: Option<u64>,
-    /// Last sequence number attempted.
+    /// Sequence number of the last message published.
     last_seq: u64,
-    last_error: Option<String>,
+    /// A publish error was shown.
+    shown_error: bool,
 }
 
 impl PubStats {
     fn new() -> Self {
         Self {
             sent_at: Vec::new(),
+            published: 0,
             ok: 0,
-            errors: BTreeMap::new(),
             call: new_histogram(),
+            unanswered: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            errors: BTreeMap::new(),
             lag: new_histogram(),
             subscribers: None,
             last_seq: 0,
-            last_error: None,
+            shown_error: false,
         }
     }
 
@@ -139,6 +168,26 @@ impl PubStats {
         let before = self.sent_at.len();
         self.sent_at.retain(|&at| at >= end_ns);
         (before - self.sent_at.len()) as u64
+    }
+
+    /// Counts what one call did (its sending was counted as it went out).
+    fn count(&mut self, outcome: &Outcome, call_us: u64) {
+        let why = |e: &super::publish::PublishError| e.label().to_owned();
+        match &outcome.answer {
+            Ok(n) => {
+                self.ok += 1;
+                record(&mut self.call, call_us);
+                if n.is_some() {
+                    self.subscribers = *n;
+                }
+            }
+            Err(e) if outcome.refused() => *self.refused.entry(why(e)).or_insert(0) += 1,
+            Err(e) if outcome.sent => *self.unanswered.entry(why(e)).or_insert(0) += 1,
+            Err(e) => *self.errors.entry(why(e)).or_insert(0) += 1,
+        }
+        if outcome.published() {
+            self.published += 1;
+        }
     }
 }
 
@@ -176,11 +225,34 @@ struct Hold {
     ramps_done: usize,
     hold_end: Option<Instant>,
     stop_at: Option<Instant>,
-    stopping: bool,
+    ending: Ending,
     publisher: Option<JoinHandle<()>>,
     first_open_start: Option<u64>,
     last_open_end: u64,
     peak_open: i64,
+    /// Connections open as last shown (every worker's last known count).
+    open_now: i64,
+    /// Deliveries counted so far in the run (late records included).
+    received: u64,
+    /// Ctrl-C (or a signal) stopped the run.
+    interrupted: bool,
+}
+
+/// Where the end of the run is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ending {
+    /// Holding (and publishing).
+    Holding,
+    /// Told to stop: waiting for the publish call in flight.
+    Publishing { since: Instant },
+    /// Publishing is over: waiting for the last deliveries.
+    Draining {
+        since: Instant,
+        received: u64,
+        changed: Instant,
+    },
+    /// The workers were told to close.
+    Closing,
 }
 
 impl Hold {
@@ -193,12 +265,25 @@ impl Hold {
             ramps_done: 0,
             hold_end: None,
             stop_at: None,
-            stopping: false,
+            ending: Ending::Holding,
             publisher: None,
             first_open_start: None,
             last_open_end: 0,
             peak_open: 0,
+            open_now: 0,
+            received: 0,
+            interrupted: false,
         }
+    }
+
+    /// Whether the last deliveries are in: every connection open has
+    /// every message, or none came for a while, or the drain is over.
+    fn drained(&self, now: Instant, since: Instant, changed: Instant) -> bool {
+        let published = self.stats.borrow().published;
+        let expected = published.saturating_mul(u64::try_from(self.open_now).unwrap_or(0));
+        let waited = now.saturating_duration_since(since);
+        (waited >= DRAIN && (self.received >= expected || now - changed >= DRAIN_QUIET))
+            || waited >= DRAIN_MAX
     }
 
     /// One more worker is through its ramp (or gone); after the last, the
@@ -260,7 +345,8 @@ impl Role for Hold {
     fn event(&mut self, _worker: usize, ev: &Event, _run: &Rc<Run>) -> bool {
         match ev.kind.as_str() {
             "worker.ramp_done" => self.ramp_step(),
-            "worker.done" => {}
+            // In the result file for bench's per-message figures.
+            "worker.done" | "worker.messages" => {}
             _ => return false,
         }
         true
@@ -272,7 +358,7 @@ impl Role for Hold {
         }
         // A worker that died never reports its ramp: do not wait for it.
         self.ramp_step();
-        if !self.stopping {
+        if self.ending == Ending::Holding {
             run.note(&format!(
                 "{}: worker exited early; its connections are gone",
                 run.crew().label(worker)
@@ -282,26 +368,75 @@ impl Role for Hold {
 
     fn interrupted(&mut self, _run: &Rc<Run>) -> &'static str {
         self.stop_at = Some(Instant::now());
+        self.interrupted = true;
         "Ctrl-C: stopping (press again to kill the workers)"
     }
 
     fn tick(&mut self, run: &Rc<Run>) {
         let now = Instant::now();
-        if self.stop_at.is_none() && self.hold_end.is_some_and(|e| now >= e) {
+        let published_all = self
+            .run
+            .publish
+            .as_ref()
+            .is_some_and(|p| p.messages.is_some())
+            && self.publisher.as_ref().is_some_and(JoinHandle::is_finished);
+        if self.stop_at.is_none() && (self.hold_end.is_some_and(|e| now >= e) || published_all) {
             self.stop_at = Some(now);
         }
-        if !self.stopping && self.stop_at.is_some_and(|at| now >= at) {
-            self.stopping = true;
-            self.publishing_stop.set(true);
-            self.ramp.cancelled.set(true);
-            self.ramp.note.notify_one();
-            let close = Duration::from_millis(self.run.settings.close_timeout_ms);
-            tokio::task::spawn_local(end_run(
-                self.publisher.take(),
-                self.stats.clone(),
-                run.clone(),
-                close,
-            ));
+        match self.ending {
+            Ending::Holding if self.stop_at.is_some_and(|at| now >= at) => {
+                self.publishing_stop.set(true);
+                self.ramp.cancelled.set(true);
+                self.ramp.note.notify_one();
+                self.ending = Ending::Publishing { since: now };
+                self.tick(run);
+            }
+            Ending::Publishing { since } => {
+                // A call in flight ends within its timeout.
+                let timeout = self
+                    .run
+                    .publish
+                    .as_ref()
+                    .map_or(Duration::ZERO, |p| p.timeout);
+                let finished = self.publisher.as_ref().is_none_or(JoinHandle::is_finished);
+                if finished || now - since > timeout + Duration::from_secs(1) {
+                    if let Some(p) = &self.publisher {
+                        p.abort();
+                    }
+                    self.ending = if self.stats.borrow().published > 0 {
+                        Ending::Draining {
+                            since: now,
+                            received: self.received,
+                            changed: now,
+                        }
+                    } else {
+                        self.close(run);
+                        Ending::Closing
+                    };
+                }
+            }
+            Ending::Draining {
+                since,
+                received,
+                changed,
+            } => {
+                let changed = if self.received != received {
+                    now
+                } else {
+                    changed
+                };
+                if self.drained(now, since, changed) {
+                    self.close(run);
+                    self.ending = Ending::Closing;
+                } else {
+                    self.ending = Ending::Draining {
+                        since,
+                        received: self.received,
+                        changed,
+                    };
+                }
+            }
+            Ending::Holding | Ending::Closing => {}
         }
     }
 
@@ -317,6 +452,12 @@ impl Role for Hold {
         for (kind, mut n) in std::mem::take(&mut s.errors) {
             t.count(&format!("publish.error.{kind}"), &mut n);
         }
+        for (kind, mut n) in std::mem::take(&mut s.unanswered) {
+            t.count(&format!("publish.unanswered.{kind}"), &mut n);
+        }
+        for (kind, mut n) in std::mem::take(&mut s.refused) {
+            t.count(&format!("publish.refused.{kind}"), &mut n);
+        }
         if let Some(n) = s.subscribers {
             t.gauge("publish.subscribers", i64::try_from(n).unwrap_or(i64::MAX));
         }
@@ -328,7 +469,12 @@ impl Role for Hold {
             self.first_open_start.get_or_insert(merged.start_ns);
             self.last_open_end = merged.start_ns + merged.length_ns;
         }
-        self.peak_open = self.peak_open.max(merged.gauge("connections.open"));
+        self.open_now = merged.gauge("connections.open");
+        self.peak_open = self.peak_open.max(self.open_now);
+    }
+
+    fn counted(&mut self, totals: &Interval) {
+        self.received = totals.counter("messages.received");
     }
 
     fn progress(&mut self, view: &View<'_>) -> String {
@@ -343,6 +489,9 @@ impl Role for Hold {
         s.target = self.run.connections;
         s.workers = self.run.fit.workers;
         s.peak_open = self.peak_open;
+        s.expected = s
+            .published
+            .saturating_mul(u64::try_from(self.peak_open).unwrap_or(0));
         if let Some(done) = self.ramp.done_at.get() {
             let span = done
                 .saturating_duration_since(run.start().instant())
@@ -359,31 +508,21 @@ impl Role for Hold {
             }
         }
         s.elapsed_s = now_unix_ns().saturating_sub(run.start().unix_ns()) as f64 / 1e9;
+        s.start_unix_ns = run.start().unix_ns();
+        s.stopped = self.interrupted;
         s
     }
 }
 
-/// The end of a run: stop publishing first, let messages in flight land,
-/// then tell every worker the last sequence number and to close.
-async fn end_run(
-    publisher: Option<JoinHandle<()>>,
-    stats: Rc<RefCell<PubStats>>,
-    run: Rc<Run>,
-    close: Duration,
-) {
-    if let Some(p) = publisher {
-        let finished = async {
-            while !p.is_finished() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        let _ = tokio::time::timeout(PUBLISH_TIMEOUT, finished).await;
-        p.abort();
-        tokio::time::sleep(DRAIN).await;
+impl Hold {
+    /// Tells every worker the last sequence number and to close; kills
+    /// those still there after the close timeout (and some).
+    fn close(&self, run: &Rc<Run>) {
+        let final_seq = self.stats.borrow().last_seq;
+        run.crew().stop_all(&Order::Stop(final_seq));
+        let close = Duration::from_millis(self.run.settings.close_timeout_ms);
+        run.kill_after(close + Duration::from_secs(10));
     }
-    let final_seq = stats.borrow().last_seq;
-    run.crew().stop_all(&Order::Stop(final_seq));
-    run.kill_after(close + Duration::from_secs(10));
 }
 
 /// What the publisher task needs.
@@ -400,8 +539,10 @@ struct Publishing {
 }
 
 /// Publishes timestamped messages at `plan.rate`, from [`PUBLISH_SETTLE`]
-/// after every worker has opened its share until the hold ends (or the run
-/// is stopped), over one connection, one call at a time.
+/// after every worker has opened its share until the hold ends, `messages`
+/// are published or the run is stopped, over one connection, one call at a
+/// time. A message that was not published (never sent, or refused) gives
+/// its sequence number to the next, so that workers count no gap for it.
 async fn publish_loop(p: Publishing) {
     let Ok(pacer) = Pacer::constant(p.plan.rate) else {
         return;
@@ -436,14 +577,16 @@ async fn publish_loop(p: Publishing) {
     let mut publisher = Publisher::new(
         p.plan.target.clone(),
         p.plan.redis_channel.clone(),
-        PUBLISH_TIMEOUT,
+        p.plan.timeout,
     );
     let start = Instant::now();
     let mut buf = Vec::with_capacity(p.plan.message_size.max(message::MAX_HEADER));
-    let mut seq = 0u64;
-    loop {
-        let intended = start + pacer.intended(seq);
-        if until.is_some_and(|u| intended >= u) {
+    for attempt in 0.. {
+        if p.plan.messages.is_some_and(|n| attempt >= n) {
+            break;
+        }
+        let intended = start + pacer.intended(attempt);
+        if p.plan.messages.is_none() && until.is_some_and(|u| intended >= u) {
             break;
         }
         while Instant::now() < intended && !p.stop.get() {
@@ -453,35 +596,36 @@ async fn publish_loop(p: Publishing) {
         if p.stop.get() {
             break;
         }
-        seq += 1;
+        let seq = p.stats.borrow().last_seq + 1;
         let began = Instant::now();
         let sent_ns = now_unix_ns();
         buf.clear();
         message::encode(&mut buf, seq, sent_ns, p.plan.message_size);
-        {
-            let mut s = p.stats.borrow_mut();
-            s.sent_at.push(sent_ns);
-            s.last_seq = seq;
-            let lag = micros(began.saturating_duration_since(intended));
-            let _ = s.lag.record(lag.max(1));
-        }
-        let result = publisher.publish(&buf).await;
+        record(
+            &mut p.stats.borrow_mut().lag,
+            micros(began.saturating_duration_since(intended)),
+        );
+        let stats = &p.stats;
+        let outcome = publisher
+            .publish(&buf, &mut || stats.borrow_mut().sent_at.push(sent_ns))
+            .await;
         let mut s = p.stats.borrow_mut();
-        let _ = s.call.record(micros(began.elapsed()).max(1));
-        match result {
-            Ok(n) => {
-                s.ok += 1;
-                if n.is_some() {
-                    s.subscribers = n;
-                }
-            }
-            Err(e) => {
-                *s.errors.entry(e.label().to_owned()).or_insert(0) += 1;
-                if s.last_error.is_none() {
-                    eprintln!("throng hold: publish failed (first error shown): {e}");
-                }
-                s.last_error = Some(e.to_string());
-            }
+        s.count(&outcome, micros(began.elapsed()));
+        if outcome.published() {
+            s.last_seq = seq;
+        }
+        if let Err(e) = &outcome.answer
+            && !s.shown_error
+        {
+            s.shown_error = true;
+            let what = if outcome.published() {
+                "sent, but its answer"
+            } else {
+                "not published"
+            };
+            p.run.note(&format!(
+                "publish of message {seq}: {what}: {e} (first publish error shown)"
+            ));
         }
     }
 }

@@ -17,7 +17,9 @@
 //! Besides the core's orders (`publishing <ns>` before the first message,
 //! `stop <final_seq>` at the end), its records include a
 //! `worker.ramp_done` event once every connection of its share is open or
-//! has failed, and a `worker.done` event last.
+//! has failed, a `worker.messages` event at its end (each message's
+//! deliveries here: count, latency sum and largest), and a `worker.done`
+//! event last.
 
 use std::cell::{Cell, RefCell};
 use std::io::{self, Write};
@@ -28,13 +30,13 @@ use std::time::{Duration, Instant};
 use throng_proto::http;
 use throng_proto::ws;
 use tokio::io::AsyncWriteExt as _;
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 use super::WorkerPlan;
 use super::held::Holder;
 use super::message;
 use super::plan::assign;
-use super::recorder::{ConnectError, Handshake, HoldRecorder};
+use super::recorder::{ConnectError, Handshake, HoldRecorder, MessageTally};
 use super::sequence::Sequence;
 use super::target::WsTarget;
 use crate::harness::clock::{Anchor, micros};
@@ -42,17 +44,6 @@ use crate::harness::failure::{Failure, FirstOfKind, NetCause};
 use crate::harness::worker::{Live, Order, Orders, Output, Stop, Ticker};
 use crate::pacer::Pacer;
 use crate::tls::{self, Phase, Records, Session, TlsClient};
-
-/// Gives the heap's free memory back to the kernel. Opening many
-/// connections at once leaves freed handshake buffers and task cells behind;
-/// glibc keeps them, and they would count as RSS of the idle connections.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
 
 /// A 4-byte client mask. RFC 6455 wants it unpredictable to intermediaries;
 /// fastrand is enough for a load generator that is not a browser.
@@ -107,7 +98,10 @@ impl Ctx {
         let left = self.opening.get() - 1;
         self.opening.set(left);
         if left == 0 {
-            release_free_memory();
+            // Opening many connections at once leaves freed handshake
+            // buffers and task cells behind; glibc keeps them, and they
+            // would count as RSS of the idle connections.
+            throng_host::process::release_free_memory();
             self.out.event(
                 "worker.ramp_done",
                 format!("{} connections attempted", self.plan.share()),
@@ -195,6 +189,12 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
     ticker.abort();
     holder.abort();
     ctx.ticker.last(&ctx.rec, &ctx.out);
+    let messages = ctx.rec.borrow().messages();
+    if !messages.is_empty() {
+        // Exact per message whatever their spacing (bench's last subscriber).
+        ctx.out
+            .event("worker.messages", MessageTally::to_text(&messages));
+    }
     ctx.out.event(
         "worker.done",
         format!("{} connections attempted", ctx.plan.share()),
@@ -292,7 +292,8 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
     let settings = &ctx.plan.settings;
     let addr = SocketAddr::new(ctx.plan.target.ip, port);
     let io_err = |what: &str, e: io::Error| (Failure::from_io(&e), format!("{what} {addr}: {e}"));
-    let socket = new_socket(source, addr).map_err(|e| io_err("socket/bind for", e))?;
+    let socket =
+        crate::harness::source::socket(source, addr).map_err(|e| io_err("socket/bind for", e))?;
     let connect = tokio::time::timeout(
         Duration::from_millis(settings.connect_timeout_ms),
         socket.connect(addr),
@@ -390,53 +391,6 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
                 settings.handshake_timeout_ms
             ),
         )),
-    }
-}
-
-/// A non-blocking TCP socket bound to `source` with `IP_BIND_ADDRESS_NO_PORT`,
-/// so the local port is chosen at connect time per destination and one
-/// source address carries a full port range to every target port.
-fn new_socket(source: Option<IpAddr>, dst: SocketAddr) -> io::Result<TcpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if dst.is_ipv4() {
-        Domain::IPV4
-    } else {
-        Domain::IPV6
-    };
-    let socket = Socket::new(
-        domain,
-        Type::STREAM.nonblocking().cloexec(),
-        Some(Protocol::TCP),
-    )?;
-    if let Some(src) = source {
-        if src.is_ipv4() {
-            set_bind_no_port(&socket)?;
-        }
-        socket.bind(&SocketAddr::new(src, 0).into())?;
-    }
-    socket.set_nodelay(true)?;
-    Ok(TcpSocket::from_std_stream(socket.into()))
-}
-
-fn set_bind_no_port(socket: &socket2::Socket) -> io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let one: libc::c_int = 1;
-    // SAFETY: the fd is a valid socket owned by `socket` for the duration of
-    // the call; the option value is a c_int that outlives the call and its
-    // size is passed exactly.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            (&raw const one).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 
@@ -541,7 +495,7 @@ pub(super) fn on_message(ctx: &Ctx, seq: &mut Sequence, payload: &[u8], now_ns: 
     match message::decode(payload) {
         Some((n, sent_ns)) => {
             let arrival = seq.receive(n, ctx.first_publish_ns.get());
-            rec.delivered(now_ns.saturating_sub(sent_ns) / 1000, arrival);
+            rec.delivered(n, now_ns.saturating_sub(sent_ns) / 1000, arrival);
         }
         None => rec.foreign(),
     }

@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use throng_proto::http::{self, HeadError, Request};
 use throng_proto::ws;
@@ -16,7 +16,9 @@ use tokio::net::TcpStream;
 
 use super::conn::{self, Conn, TlsState};
 use super::gate;
+use super::routes::ping::Pinged;
 use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
+use super::sleepers::Sleeper;
 use super::state::Worker;
 use super::table::NONE;
 use crate::addresses::{Source, Verdict};
@@ -152,11 +154,63 @@ pub(crate) async fn serve_tls(
     }
 }
 
-/// Serves one accepted connection until it upgrades or closes.
+/// How a connection's HTTP phase ended.
+enum Phase {
+    /// Closed (or to be closed).
+    Closed,
+    /// A WebSocket upgrade was asked for: the request, and the bytes read after it.
+    Upgrade(Request, Vec<u8>),
+    /// A `/ping` answer sleeps until the instant given: the sleepers hold it.
+    Sleeps(ping::Answer, Instant),
+}
+
+/// Serves one accepted connection until it upgrades, sleeps or closes.
 pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Ticket>) {
-    match requests(&w, &mut stream, serves).await {
-        Some((req, rest)) => upgrade(&w, stream, &req, &rest, ticket).await,
-        None => {
+    let phase = requests(&w, &mut stream, serves).await;
+    end(w, stream, serves, ticket, phase).await;
+}
+
+/// Takes up a sleeping `/ping` connection whose next part is due (from the
+/// worker's sleepers): the rest of its answer, then its next requests,
+/// still counted under its client address if it was.
+pub(crate) async fn resume(w: Rc<Worker>, sleeper: Sleeper) {
+    let ticket: Ticket = Cell::new(sleeper.source);
+    if let Ok(tcp) = TcpStream::from_std(sleeper.stream) {
+        let mut stream = Io::Plain(tcp);
+        let phase = match ping::go_on(&w, &mut stream, sleeper.answer, true).await {
+            Pinged::Sleeps(answer, wake) => Phase::Sleeps(answer, wake),
+            Pinged::Done(false) => Phase::Closed,
+            Pinged::Done(true) => requests(&w, &mut stream, sleeper.serves).await,
+        };
+        end(w.clone(), stream, sleeper.serves, Some(&ticket), phase).await;
+    }
+    if let Some(source) = ticket.take() {
+        w.link.release(source);
+    }
+}
+
+/// Ends the HTTP phase: the upgrade, the sleepers (which keep the client
+/// address's count, taken from `ticket`), or the close.
+async fn end(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Ticket>, phase: Phase) {
+    match phase {
+        Phase::Upgrade(req, rest) => upgrade(&w, stream, &req, &rest, ticket).await,
+        Phase::Sleeps(answer, wake) => {
+            // Only plain connections are handed over (see `requests`).
+            if let Io::Plain(tcp) = stream
+                && let Ok(tcp) = tcp.into_std()
+            {
+                w.sleepers.park(
+                    Sleeper {
+                        stream: tcp,
+                        answer,
+                        serves,
+                        source: ticket.and_then(Cell::take),
+                    },
+                    wake,
+                );
+            }
+        }
+        Phase::Closed => {
             if let Io::Tls(_) = stream {
                 // close_notify, so the client can tell the end from a cut.
                 let _ = tokio::time::timeout(
@@ -169,9 +223,10 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket:
     }
 }
 
-/// Answers requests until the connection ends (`None`) or asks for a
-/// WebSocket upgrade: then the request and the bytes read after it.
-async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Request, Vec<u8>)> {
+/// Answers requests until the connection ends, asks for a WebSocket
+/// upgrade, or sleeps in a `/ping` answer long enough to leave its task
+/// (plain connections only: a TLS one keeps its session in its task).
+async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Phase {
     let mut buf: Vec<u8> = Vec::new();
     let mut first = true;
     loop {
@@ -180,7 +235,7 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Reques
             if first || !buf.is_empty() {
                 w.counters.handshake_failed("timeout");
             }
-            return None;
+            return Phase::Closed;
         };
         let (req, used) = match head {
             Head::Request(req, used) => (req, used),
@@ -188,7 +243,7 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Reques
                 if !buf.is_empty() {
                     w.counters.handshake_failed("incomplete_head");
                 }
-                return None;
+                return Phase::Closed;
             }
             Head::Bad(e) => {
                 let (status, label) = match e {
@@ -199,13 +254,13 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Reques
                 };
                 w.counters.handshake_failed(label);
                 refuse(w, stream, status, &format!("{e}\n")).await;
-                return None;
+                return Phase::Closed;
             }
         };
         first = false;
         buf.drain(..used);
         let Some(route) = routes::route(w, &req, serves) else {
-            return Some((req, buf));
+            return Phase::Upgrade(req, buf);
         };
         // The connection's future is as large as its largest route's, and
         // a sleeping `/ping` request holds it all the while: the publish
@@ -215,12 +270,18 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Reques
             Route::Metrics => ops::metrics(w, stream, &req).await,
             Route::Publish => Box::pin(publish::serve(w, stream, &req, &mut buf)).await,
             Route::PublishMethod => publish::refuse_method(w, stream).await,
-            Route::Ping => ping::serve(w, stream, &req, &mut buf).await,
+            Route::Ping => {
+                let may_leave = matches!(stream, Io::Plain(_));
+                match ping::serve(w, stream, &req, &mut buf, may_leave).await {
+                    Pinged::Done(keep) => keep,
+                    Pinged::Sleeps(answer, wake) => return Phase::Sleeps(answer, wake),
+                }
+            }
             Route::BenchFloor => Box::pin(bench_floor::serve(w, stream, &req, &mut buf)).await,
             Route::NotHere(what) => Box::pin(routes::not_here(w, stream, what)).await,
         };
         if !keep {
-            return None;
+            return Phase::Closed;
         }
     }
 }

@@ -4,19 +4,23 @@
 //! Nothing here is shared between threads or locked.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
 use std::rc::Rc;
 
 use throng_host::poll::{Interest, Poller};
 use throng_host::shared::SharedCounters;
+use tokio::sync::Notify;
 
 use super::link::Link;
+use super::sleepers::Sleepers;
 use super::subscribers::{Outside, Subscribers};
 use super::table::NONE;
 use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
+use crate::control::Message;
 use crate::metrics::Counters;
 
 /// Everything one worker owns.
@@ -28,6 +32,12 @@ pub(crate) struct Worker {
     pub(crate) link: Rc<Link>,
     /// SIGTERM/SIGINT came: no new subscribers, no more fan-out.
     pub(crate) draining: Cell<bool>,
+    /// Messages counted and answered for, still to be written (in order).
+    pub(crate) outbox: RefCell<VecDeque<Message>>,
+    /// Wakes the fan-out task when `outbox` gains a message.
+    pub(crate) outbox_ready: Notify,
+    /// `/ping` connections sleeping outside their task.
+    pub(crate) sleepers: Sleepers,
     /// Failing accepts (`EMFILE`), logged once and then counted.
     pub(crate) accept_errors: RefCell<super::Recurring>,
     /// Checks tokens, when keys are configured.

@@ -71,6 +71,21 @@ impl Limits {
     }
 }
 
+/// One message on its way to the subscribers its channel had when the
+/// fan-out began ([`Subscribers::begin_fanout`]).
+pub(crate) struct Fanout<W> {
+    /// The frame, encoded once.
+    frame: Bytes,
+    /// The subscribers to write to.
+    conns: Vec<Rc<Conn<W>>>,
+    /// Invariant: `next <= conns.len()`; `conns[..next]` were written to.
+    next: usize,
+    /// When it began (the fan-out's wall time is measured to its end).
+    started: Instant,
+    /// The thread CPU its turns took.
+    cpu: Duration,
+}
+
 /// A connection in a closing handshake, and the tick the handshake started.
 pub(crate) type Closing<W> = (Rc<Conn<W>>, u32);
 
@@ -163,43 +178,84 @@ impl<O: Outside> Subscribers<O> {
         self.conns.borrow().get(slot).cloned()
     }
 
-    /// Writes one message to every subscriber of its channel here: encoded
-    /// once, then one write per subscriber; only a subscriber whose socket
-    /// is full gets a queue. Returns the number of subscribers.
+    /// Subscribers of `channel` here now.
+    pub(crate) fn subscribers_of(&self, channel: &str) -> u64 {
+        self.channels
+            .borrow()
+            .get(channel)
+            .map_or(0, |ch| ch.subs.len() as u64)
+    }
+
+    /// Writes one message to every subscriber of its channel here, at once
+    /// (see [`Self::begin_fanout`]). Returns the number of subscribers.
+    #[cfg(test)]
     pub(crate) fn fanout(&self, m: &Message) -> u64 {
-        let start = Instant::now();
-        let cpu = process::thread_cpu();
+        let mut f = self.begin_fanout(m);
+        let n = f.conns.len() as u64;
+        while self.fanout_some(&mut f, usize::MAX) {}
+        n
+    }
+
+    /// A fan-out of `m` to the subscribers its channel has here now: the
+    /// frame encoded once, then one write per subscriber, in turns
+    /// ([`Self::fanout_some`]) so that a worker with tens of thousands of
+    /// subscribers still reads its control socket and answers publishers
+    /// in between. The subscriber list is taken now (a few reference
+    /// counts): one who leaves meanwhile is skipped, one who arrives
+    /// gets the next message.
+    pub(crate) fn begin_fanout(&self, m: &Message) -> Fanout<O::Wire> {
         let frame = ws::server_frame(
             if m.text { OpCode::Text } else { OpCode::Binary },
             &m.payload,
         );
+        let conns = self
+            .channels
+            .borrow()
+            .get(&m.channel)
+            .map(|ch| ch.subs.clone())
+            .unwrap_or_default();
+        Fanout {
+            frame,
+            conns,
+            next: 0,
+            started: Instant::now(),
+            cpu: Duration::ZERO,
+        }
+    }
+
+    /// Writes `f`'s frame to up to `n` more subscribers; only a subscriber
+    /// whose socket is full gets a queue. Returns whether any are left.
+    pub(crate) fn fanout_some(&self, f: &mut Fanout<O::Wire>, n: usize) -> bool {
+        let cpu = process::thread_cpu();
+        let end = f.next.saturating_add(n).min(f.conns.len());
         let mut behind = Vec::new();
-        let n = {
-            let channels = self.channels.borrow();
-            let Some(ch) = channels.get(&m.channel) else {
-                return 0;
-            };
-            let mut delivered = 0u64;
-            for c in &ch.subs {
-                match self.send(c, &frame) {
-                    Ok(()) => delivered += 1,
-                    Err(e) => behind.push((c.clone(), e)),
-                }
+        let mut delivered = 0u64;
+        for c in &f.conns[f.next..end] {
+            if !c.is_open() {
+                // Left the channel since the fan-out began.
+                continue;
             }
-            self.counters
-                .frames_delivered
-                .set(self.counters.frames_delivered.get() + delivered);
-            ch.subs.len() as u64
-        };
+            match self.send(c, &f.frame) {
+                Ok(()) => delivered += 1,
+                Err(e) => behind.push((c.clone(), e)),
+            }
+        }
+        f.next = end;
+        self.counters
+            .frames_delivered
+            .set(self.counters.frames_delivered.get() + delivered);
         self.counters
             .frames_dropped
             .set(self.counters.frames_dropped.get() + behind.len() as u64);
         for (c, e) in behind {
             self.send_failed(&c, e);
         }
-        self.counters
-            .fanout(start.elapsed(), process::thread_cpu().saturating_sub(cpu));
-        n
+        f.cpu += process::thread_cpu().saturating_sub(cpu);
+        let more = f.next < f.conns.len();
+        if !more {
+            self.counters.fanout(f.started.elapsed(), f.cpu);
+        }
+        more
     }
 
     /// Advances the clock one tick without visiting anyone (while draining).
@@ -326,6 +382,50 @@ mod tests {
 
     fn pings(got: &[Got]) -> usize {
         got.iter().filter(|g| matches!(g, Got::Ping(_))).count()
+    }
+
+    /// A fan-out in turns: a subscriber who leaves between turns is
+    /// skipped, one who arrives gets the next message, and nobody gets a
+    /// message twice or misses it.
+    #[test]
+    fn a_fanout_in_turns_writes_each_subscriber_it_began_with_once() {
+        let mut p = Pair::defaults();
+        let subs: Vec<usize> = (0..10).map(|_| p.connect("news")).collect();
+        let m = crate::control::Message {
+            id: 1,
+            text: true,
+            channel: "news".into(),
+            payload: bytes::Bytes::from_static(b"one"),
+        };
+        let mut f = p.subs.begin_fanout(&m);
+        assert!(p.subs.fanout_some(&mut f, 4), "six left");
+        // Between turns: the third, already written to, leaves (the channel's
+        // table moves its last subscriber into its place), the seventh, not
+        // yet written to, leaves too, and a newcomer arrives.
+        p.clients[subs[2]].close(close_code::NORMAL);
+        p.clients[subs[6]].close(close_code::NORMAL);
+        p.drive();
+        let late = p.connect("news");
+        assert!(p.subs.fanout_some(&mut f, 4));
+        assert!(!p.subs.fanout_some(&mut f, 4), "done");
+        p.drive();
+        let texts = |got: Vec<Got>| {
+            got.into_iter()
+                .filter(|g| matches!(g, Got::Text(_)))
+                .count()
+        };
+        for (k, &i) in subs.iter().enumerate() {
+            let n = texts(p.clients[i].take());
+            assert_eq!(n, usize::from(k != 6), "subscriber {k}");
+        }
+        assert_eq!(texts(p.clients[late].take()), 0, "arrived after it began");
+        assert_eq!(p.counters().frames_delivered.get(), 9);
+        assert_eq!(p.counters().frames_dropped.get(), 0);
+        assert_eq!(
+            p.publish("news", "two"),
+            9,
+            "8 left of 10, and the newcomer"
+        );
     }
 
     #[test]

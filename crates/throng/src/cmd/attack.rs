@@ -91,14 +91,22 @@ pub(crate) struct Args {
     #[arg(short = 'n', long)]
     requests: Option<u64>,
 
-    /// Worker processes. Default: one per core.
+    /// Worker processes. Default: one per core, or more when --max-connections needs
+    /// more processes under the open-file limit.
     #[arg(short, long)]
     workers: Option<u32>,
 
     /// Connections open at once over all workers, idle keep-alive ones included;
     /// at the limit a request waits for a free connection (and that wait is in its latency).
+    /// The workers are as many as this needs under the open-file limit.
     #[arg(long, default_value_t = 10_000)]
     max_connections: u64,
+
+    /// Source addresses: a range 127.0.0.2-127.0.0.60 and/or a comma list. Default on
+    /// loopback: as many of 127.0.0.2.. as --max-connections needs local ports for (at
+    /// least 1); elsewhere the kernel picks.
+    #[arg(long, value_name = "LIST")]
+    source_ips: Option<String>,
 
     /// Reuse connections (HTTP/1.1 keep-alive): the default.
     #[arg(long, overrides_with = "no_keepalive")]
@@ -172,6 +180,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         requests: args.requests,
         workers: args.workers,
         max_connections: args.max_connections,
+        sources: args
+            .source_ips
+            .as_deref()
+            .map(throng_load::hold::target::parse_sources)
+            .transpose()?,
         keepalive: !args.no_keepalive,
         timeout: args.timeout,
         output: args.output,

@@ -30,6 +30,11 @@ Examples:
   throng hold ws://10.0.0.5:9000/news -c 1000 \\
       --publish rediss://bob:secret@10.0.0.6:6380 --publish-tls-ca ca.pem
 
+Exit status: 0 when at most --max-connect-errors connections failed, at most
+--max-lost messages were lost and every message was published (both 0 by
+default); 1 otherwise, with the reason on stderr; 2 for bad arguments or a run
+that could not start.
+
 Connection i goes to worker i % workers, source address i % sources and
 target port (i / sources) % ports. The run opens every connection on a
 schedule fixed in advance (open model): connect latency counts from the
@@ -85,6 +90,16 @@ pub(crate) struct Args {
     #[arg(long, default_value = "1/s")]
     publish_rate: RateSpec,
 
+    /// Publish this many messages, then end once every connection has them (or
+    /// deliveries stop); without it, publishing goes on until --duration ends.
+    #[arg(long, value_name = "N", requires = "publish")]
+    messages: Option<u64>,
+
+    /// Timeout of one publish call (connect, send, answer). A message whose answer
+    /// is late still counts as published (its answer as 'unanswered').
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = parse_duration)]
+    publish_timeout: Duration,
+
     /// Size of each published message (64, 1k, ...); never smaller than its header.
     #[arg(long, default_value = "64", value_parser = parse_size)]
     message_size: usize,
@@ -108,6 +123,14 @@ pub(crate) struct Args {
     /// Largest message accepted; a bigger one closes the connection with 1009.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     max_message: usize,
+
+    /// Exit 1 when more than this many connections fail to open.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    max_connect_errors: u64,
+
+    /// Exit 1 when more than this many messages are lost (over all connections).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    max_lost: u64,
 
     /// Append per-second results (throng result-file format) to FILE.
     #[arg(short, long, value_name = "FILE")]
@@ -157,6 +180,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         target,
         output: args.output,
         progress,
+        thresholds: hold::Thresholds {
+            max_connect_errors: args.max_connect_errors,
+            max_lost: args.max_lost,
+        },
     })?;
     for line in prepared.lines() {
         progress.say(line);
@@ -165,13 +192,20 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         progress.say("dry run: the plan fits this machine; nothing started");
         return Ok(ExitCode::SUCCESS);
     }
-    let summary = prepared.run().context("hold")?;
+    let (summary, failed) = prepared.run().context("hold")?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{}", hold::render(&summary));
     }
-    Ok(ExitCode::SUCCESS)
+    for f in &failed {
+        eprintln!("throng hold: FAIL: {f}");
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// `--publish` and its TLS trust, its rate, size and Redis prefix.
@@ -186,5 +220,7 @@ fn publish(args: &Args, url: &str) -> anyhow::Result<PublishRequest> {
         rate: args.publish_rate,
         message_size: args.message_size,
         redis_prefix: args.redis_prefix.clone(),
+        messages: args.messages,
+        timeout: args.publish_timeout,
     })
 }

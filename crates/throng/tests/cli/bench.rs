@@ -50,6 +50,9 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     assert_eq!(r["lost"], 0, "{r:#}");
     assert_eq!(r["duplicated"], 0);
     assert_eq!(r["received"], 60_000);
+    assert_eq!(r["expected"], 60_000);
+    assert_eq!(r["verdict"], "PASS", "{r:#}");
+    assert_eq!(r["failures"], serde_json::json!([]));
     // Two processes per side: one process cannot hold 20,000 sockets here.
     assert!(r["settings"]["server"]["workers"].as_u64().unwrap() >= 2);
     assert!(r["settings"]["harness"]["workers"].as_u64().unwrap() >= 2);
@@ -59,6 +62,8 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     for (i, m) in messages.iter().enumerate() {
         assert_eq!(m["seq"], i as u64 + 1);
         assert_eq!(m["delivered"], 20_000, "message {m}");
+        let last = m["last_subscriber_us"].as_u64().unwrap();
+        assert!(m["mean_us"].as_u64().unwrap() <= last, "message {m}");
         let l = &m["latency_us"];
         assert!(l["p50"].as_u64().unwrap() <= l["p99"].as_u64().unwrap());
         assert!(l["p99"].as_u64().unwrap() <= l["max"].as_u64().unwrap());

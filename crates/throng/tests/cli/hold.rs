@@ -118,7 +118,10 @@ fn refusals_and_server_closes_are_counted_by_kind() {
         "2",
         "--duration",
         "1s",
+        "--max-connect-errors",
+        "140",
     ]);
+    // As many failures as --max-connect-errors allows: a pass.
     assert_eq!(code, 0, "{stderr}");
     // Every 5th upgrade answered 503: 140. Of the 560 upgraded, every 7th closed with 4001: 80.
     assert_eq!(count(&s, &["failed", "bad_status"]), 140, "{s:#}");
@@ -131,22 +134,38 @@ fn refusals_and_server_closes_are_counted_by_kind() {
     );
 }
 
-/// Nothing listening: every connection is refused.
+/// Nothing listening: every connection is refused, and the exit status
+/// says so (it was 0), unless --max-connect-errors allows as many.
 #[test]
-fn connection_refused_is_counted() {
+fn connection_refused_is_counted_and_fails_the_run() {
     let port = free_port();
-    let (s, code, stderr) = hold(&[
-        &format!("ws://127.0.0.1:{port}/c"),
+    let url = format!("ws://127.0.0.1:{port}/c");
+    let args = [
+        url.as_str(),
         "-c",
         "50",
         "--rate",
         "1000/s",
         "--duration",
         "0s",
-    ]);
-    assert_eq!(code, 0, "{stderr}");
+    ];
+    let (s, code, stderr) = hold(&args);
+    assert_eq!(code, 1, "{stderr}");
     assert_eq!(count(&s, &["failed", "refused"]), 50, "{s:#}");
     assert_eq!(count(&s, &["opened"]), 0);
+    assert!(
+        stderr.contains(
+            "throng hold: FAIL: 50 connections failed (refused 50), over --max-connect-errors 0"
+        ),
+        "{stderr}"
+    );
+    let (_, code, stderr) = hold(&[&args[..], &["--max-connect-errors", "50"]].concat());
+    assert_eq!(code, 0, "{stderr}");
+    // Bad arguments: 2.
+    let (_, code, _) = hold(&[url.as_str(), "--rate", "fast"]);
+    assert_eq!(code, 2);
+    let (_, code, _) = hold(&[url.as_str(), "--max-lost", "-1"]);
+    assert_eq!(code, 2);
 }
 
 /// A server that accepts TCP and never answers the upgrade: handshake timeouts.
@@ -175,7 +194,7 @@ fn silent_server_times_out_the_handshake() {
         "--duration",
         "1s",
     ]);
-    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(code, 1, "{stderr}");
     assert_eq!(count(&s, &["failed", "timeout"]), 40, "{s:#}");
 }
 

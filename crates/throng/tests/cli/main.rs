@@ -15,6 +15,7 @@ mod newcomer;
 mod redis;
 mod rediss;
 mod report;
+mod scale;
 mod serve;
 mod serve_tls;
 mod tls_client;

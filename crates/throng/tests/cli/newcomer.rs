@@ -115,7 +115,10 @@ fn publish_answers_end_with_a_newline() {
     let ok = body(
         "POST /publish/news HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
     );
-    assert_eq!(ok, "{\"channel\":\"news\",\"subscribers\":0}\n");
+    assert_eq!(
+        ok,
+        "{\"channel\":\"news\",\"counted\":\"at relay, before delivery\",\"subscribers\":0}\n"
+    );
     let refused = body("GET /publish/news HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     assert!(refused.ends_with('\n') && refused.len() > 1, "{refused:?}");
 }
@@ -205,6 +208,8 @@ fn a_bench_page_leads_with_the_bench_figures_in_a_browser() {
         "the result file ends with its summary"
     );
     assert_eq!(record["connections"]["held"], r["held"]);
+    assert_eq!(record["verdict"], "PASS", "the record carries the verdict");
+    assert_eq!(record["verdict"], r["verdict"]);
 
     let dom = output_within(
         peers::headless_chromium(&dir.file("profile"))
@@ -228,6 +233,7 @@ fn a_bench_page_leads_with_the_bench_figures_in_a_browser() {
         record["connections"]["failed"].to_string()
     );
     assert_eq!(figure("lost"), record["messages"]["lost"].to_string());
+    assert_eq!(figure("verdict"), "PASS");
     let kernel = record["memory"]["kernel_bytes"].as_f64().unwrap();
     assert_eq!(figure("memory-kernel"), throng_report::text::bytes(kernel));
     assert_eq!(
@@ -249,6 +255,7 @@ fn a_bench_page_leads_with_the_bench_figures_in_a_browser() {
     let t = text(&report.stdout);
     assert!(report.status.success(), "{}", text(&report.stderr));
     assert!(t.contains("bench: 300 connections"), "{t}");
+    assert!(t.contains("verdict      PASS"), "{t}");
     assert!(t.contains(&format!("{} held of 300", r["held"])), "{t}");
     assert!(!t.contains("{\""), "raw JSON in:\n{t}");
 }

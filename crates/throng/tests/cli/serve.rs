@@ -486,7 +486,10 @@ fn publish_reports_the_subscribers_it_reached() {
     let server = serve(&["--workers", "1"]);
     let (status, body) = publish(server.addr, "empty", b"x", None);
     assert_eq!(status, 200);
-    assert_eq!(body.trim(), r#"{"channel":"empty","subscribers":0}"#);
+    assert_eq!(
+        body.trim(),
+        r#"{"channel":"empty","counted":"at relay, before delivery","subscribers":0}"#
+    );
 
     // Keep-alive: two publishes on one connection, answered in order.
     let mut sub = subscribe(server.addr, "kept");
@@ -497,7 +500,7 @@ fn publish_reports_the_subscribers_it_reached() {
     s.read_to_string(&mut replies).unwrap();
     assert_eq!(
         replies
-            .matches(r#"{"channel":"kept","subscribers":1}"#)
+            .matches(r#"{"channel":"kept","counted":"at relay, before delivery","subscribers":1}"#)
             .count(),
         2,
         "{replies}"

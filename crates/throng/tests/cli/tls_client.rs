@@ -354,7 +354,7 @@ fn wrong_ca_and_non_tls_servers_fail_as_tls_errors() {
             "1s",
         ],
     );
-    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(code, 1, "every connection failed: {stderr}");
     assert_eq!(n(&s, &["opened"]), 0, "{s:#}");
     assert_eq!(n(&s, &["failed", "tls.unknown_issuer"]), 50, "{s:#}");
     assert!(stderr.contains("UnknownIssuer"), "{stderr}");
@@ -388,7 +388,7 @@ fn wrong_ca_and_non_tls_servers_fail_as_tls_errors() {
             "1s",
         ],
     );
-    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(code, 1, "{stderr}");
     assert_eq!(
         n(&s, &["failed", "tls.name_mismatch"]),
         20,
@@ -407,7 +407,7 @@ fn wrong_ca_and_non_tls_servers_fail_as_tls_errors() {
             "1s",
         ],
     );
-    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(code, 1, "{stderr}");
     assert_eq!(n(&s, &["failed", "tls.protocol"]), 20, "{s:#}\n{stderr}");
 }
 

@@ -1,6 +1,9 @@
 //! `POST /publish/<channel>`: read the body (`Content-Length` or chunked, at
 //! most `--max-message`), decide text or binary, and ask the supervisor to
-//! relay it; the answer counts the subscribers it reached.
+//! relay it. The answer comes once every worker has taken the message and
+//! counted its subscribers, before they are written to (the JSON says so:
+//! `"counted":"at relay, before delivery"`), so it does not wait for a
+//! fan-out to a million subscribers.
 
 use bytes::Bytes;
 use throng_proto::http::{BodyDecoder, BodyError, BodyKind, HeadError, Request};
@@ -48,12 +51,16 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
         Some(Ok(n)) => {
             // Redis counts the connections that received the message (the
             // subscribed nodes, plus any other client), not WebSocket subscribers.
-            let counted = if w.cfg.redis_mode.is_some() {
-                "redis_receivers"
+            let json = if w.cfg.redis_mode.is_some() {
+                serde_json::json!({ "channel": m.channel, "redis_receivers": n })
             } else {
-                "subscribers"
+                serde_json::json!({
+                    "channel": m.channel,
+                    "subscribers": n,
+                    "counted": "at relay, before delivery",
+                })
             };
-            let json = serde_json::json!({ "channel": m.channel, counted: n }).to_string() + "\n";
+            let json = json.to_string() + "\n";
             let keep = req.keep_alive();
             reply(w, stream, 200, "application/json", json.as_bytes(), keep).await
         }

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Issue 13's benchmark: a million connections on this machine, back to back
+# from a clean start, and the table docs/scale.md keeps.
+#
+#   scripts/bench-scale.sh                        build (release) and run everything
+#   THRONG=path/to/throng scripts/bench-scale.sh  use a built binary
+#   RUNS="ws-100k ws-1m" scripts/bench-scale.sh   only some runs (names below)
+#
+# Runs, one after the other (never two at once; each stops every process it
+# started):
+#   ws-100k, ws-500k, ws-1m   throng bench -c N --messages 3 --message-every 20s
+#                             (the same settings at each size, so the fan-out
+#                             times compare: 20 s leaves a million subscribers
+#                             room for each message)
+#   ws-500k-10                throng bench -c 500000 --messages 10 (the default
+#                             spacing, 2 s: fan-outs overlap)
+#   sleep-1m                  throng serve + throng attack --rate 10000/s
+#                             --duration 200s -H 'sleep: 200000' (a random 0-200 s
+#                             each: a mean of 100 s, so a million requests in
+#                             flight when the schedule ends), --timeout 300s
+#   floor                     serve_bench (as scripts/bench-serve.sh): the bare
+#                             write(2) loop a fan-out is compared with (one
+#                             worker, 18,000 subscribers), for the CPU per
+#                             delivery beside it
+#
+# Prints, per bench: held, failed, lost, verdict, connect rate, memory per
+# connection (server, harness, kernel), each message's last subscriber, CPU
+# per delivery on each side, the first limit reached and the highest load
+# average during the run; for the sleeping requests: the most in flight,
+# answered, timeouts, requests started late, lag, and memory per request in
+# flight in attack and in serve (each side's RSS at the second with the most
+# in flight, minus before, over that count). Needs ~10 GiB of kernel memory
+# and tcp_mem room for a million (throng doctor --connections 1000000 says).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
+
+RUNS=${RUNS:-"floor ws-100k ws-500k ws-1m ws-500k-10 sleep-1m"}
+has() { [[ " $RUNS " == *" $1 "* ]]; }
+if [ -z "${THRONG:-}" ]; then
+  cargo build --release -q -p throng || exit 2
+  THRONG="${CARGO_TARGET_DIR:-target}/release/throng"
+fi
+THRONG=$(realpath "$THRONG")
+OUT=${OUT:-$(mktemp -d /tmp/throng-bench-scale.XXXXXX)}
+mkdir -p "$OUT"
+ulimit -n "$(ulimit -Hn)"
+echo "throng bench-scale $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $THRONG"
+machine_line
+echo "results in $OUT"
+"$THRONG" doctor --connections 1000000 >"$OUT/doctor.txt" 2>&1
+if grep -q '^  STOP' "$OUT/doctor.txt"; then
+  echo "throng doctor --connections 1000000 says a limit will stop a million (its fixes: $OUT/doctor.txt):"
+  grep -A3 '^  STOP' "$OUT/doctor.txt"
+fi
+
+# The highest 1-minute load average while a command runs, into $1.
+LOAD_PID=
+load_watch() {
+  echo 0 >"$1"
+  ( while true; do
+      l=$(cut -d' ' -f1 /proc/loadavg)
+      awk -v l="$l" -v f="$1" 'BEGIN {getline m < f; if (l > m) print l > f}'
+      sleep 5
+    done ) &
+  LOAD_PID=$!
+}
+load_stop() { [ -n "$LOAD_PID" ] && kill "$LOAD_PID" 2>/dev/null; wait "$LOAD_PID" 2>/dev/null; LOAD_PID=; }
+SERVER_PID=
+SAMPLER_PID=
+cleanup() {
+  load_stop
+  [ -n "$SAMPLER_PID" ] && kill "$SAMPLER_PID" 2>/dev/null
+  [ -n "$SERVER_PID" ] && kill -TERM "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
+  true
+}
+trap cleanup EXIT
+
+FLOOR_NS=
+if has floor; then
+  echo; echo "== floor: crates/throng-bench's serve_bench (as scripts/bench-serve.sh: one worker, 18,000 subscribers)"
+  cargo build --release -q -p throng-bench --bin serve_bench || exit 2
+  "${CARGO_TARGET_DIR:-target}/release/serve_bench" --throng "$THRONG" --conns 18000 --rounds 10 \
+    >"$OUT/floor.json" 2>"$OUT/floor.err" || tail -3 "$OUT/floor.err"
+  FLOOR_NS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(round(r["floor_write_cpu_ns_per_frame"]), round(r["fanout_cpu_ns_per_frame_in_loop"]))' "$OUT/floor.json" 2>/dev/null)
+  echo "  bare write(2) of a frame: ${FLOOR_NS% *} ns of CPU; the fan-out loop: ${FLOOR_NS#* } ns (serve's worker thread)"
+fi
+
+bench() { # name connections args...
+  local name=$1 n=$2; shift 2
+  echo; echo "== $name: throng bench -c $n $*"
+  load_watch "$OUT/$name.load"
+  local started=$SECONDS
+  "$THRONG" bench -c "$n" "$@" --out-dir "$OUT/$name" --format json >"$OUT/$name.json" 2>"$OUT/$name.err"
+  echo "  exit $? after $((SECONDS - started)) s"
+  load_stop
+  grep -E '^  (settings|expect|verdict)' "$OUT/$name.err" | sed 's/^/  /'
+}
+has ws-100k && bench ws-100k 100000 --messages 3 --message-every 20s
+has ws-500k && bench ws-500k 500000 --messages 3 --message-every 20s
+has ws-1m && bench ws-1m 1000000 --messages 3 --message-every 20s
+has ws-500k-10 && bench ws-500k-10 500000 --messages 10
+
+if has sleep-1m; then
+  echo; echo "== sleep-1m: throng attack --rate 10000/s --duration 200s -H 'sleep: 200000' against throng serve's /ping"
+  port=$(free_port)
+  "$THRONG" serve --listen "127.0.0.1:$port" --max-connections 1050000 --json \
+    >"$OUT/sleep-serve.json" 2>"$OUT/sleep-serve.err" &
+  SERVER_PID=$!
+  for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+  echo "  server: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["workers"])' "$OUT/sleep-serve.json") workers"
+  # The server's workers' RSS once a second (the attack's are in its result file).
+  ( while true; do
+      t=$(date +%s%N); kb=0
+      for p in $(pgrep -P "$SERVER_PID"); do
+        k=$(awk '/^VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null); kb=$((kb + ${k:-0}))
+      done
+      echo "$t $kb"; sleep 1
+    done ) >"$OUT/sleep-serve-rss.txt" &
+  SAMPLER_PID=$!
+  load_watch "$OUT/sleep-1m.load"
+  started=$SECONDS
+  "$THRONG" attack --url "http://127.0.0.1:$port/ping" -H 'sleep: 200000' --rate 10000/s --duration 200s \
+    --max-connections 1050000 --timeout 300s --output "$OUT/sleep-attack.jsonl" --format json \
+    >"$OUT/sleep-1m.json" 2>"$OUT/sleep-1m.err"
+  echo "  exit $? after $((SECONDS - started)) s"
+  load_stop
+  kill "$SAMPLER_PID" 2>/dev/null; SAMPLER_PID=
+  kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
+  grep -E '^  (workers|max connections|TIMEOUT)' "$OUT/sleep-1m.err" | sed 's/^/  /'
+fi
+
+echo
+echo "== the table ($(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+machine_line
+python3 - "$OUT" "$FLOOR_NS" <<'EOF'
+import glob, json, os, sys
+out, floor = sys.argv[1], sys.argv[2].split()
+def load(name):
+    try:
+        return float(open(f"{out}/{name}.load").read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+rows = []
+for name in ["ws-100k", "ws-500k", "ws-1m", "ws-500k-10"]:
+    path = f"{out}/{name}.json"
+    if not os.path.exists(path):
+        continue
+    try:
+        r = json.load(open(path))
+    except ValueError:
+        print(f"{name}: no summary (see {out}/{name}.err)")
+        continue
+    m, dc = r["memory"], r.get("delivery_cpu", {})
+    last = " ".join(f"{x['last_subscriber_us'] / 1e6:.1f}" for x in r["messages"])
+    limit = r["limits"][0] if r.get("limits") else None
+    rows.append((name, r))
+    print(f"{name:<11} {r['verdict']:<4} held {r['held']:>7} of {r['connections']:<7} failed {r['failed']:<5} "
+          f"lost {r['lost']:<5} {r['received']}/{r['expected']} delivered  connect {r['connect_rate']:.0f}/s")
+    print(f"{'':<11} memory per connection: server {m['server_per_connection']:.0f} B, harness "
+          f"{m['harness_per_connection']:.0f} B, kernel {m['kernel_per_connection'] / 1024:.2f} KiB; "
+          f"last subscriber (s) per message: {last}")
+    print(f"{'':<11} CPU per delivery: server {dc.get('server_ns', 0) / 1e3:.2f} µs, harness "
+          f"{dc.get('harness_ns', 0) / 1e3:.2f} µs" + (f" (bare write(2) {int(floor[0]) / 1e3:.2f} µs)" if floor else "")
+          + f"; elapsed {r['elapsed_s']:.0f} s; load average up to {load(name):.1f}")
+    print(f"{'':<11} first limit: " + (f"{limit['name']} at {limit['at_s']:.0f} s ({limit['detail']})" if limit else "none reached"))
+    for f in r.get("failures", []):
+        print(f"{'':<11} FAIL: {f}")
+small = dict(rows).get("ws-100k"); big = dict(rows).get("ws-1m")
+if small and big:
+    a = max(x["last_subscriber_us"] for x in small["messages"]) or 1
+    b = max(x["last_subscriber_us"] for x in big["messages"])
+    print(f"fan-out 100k -> 1M: last subscriber {a / 1e6:.2f} s -> {b / 1e6:.2f} s, x{b / a:.1f} for x10 subscribers")
+path = f"{out}/sleep-1m.json"
+if os.path.exists(path):
+    try:
+        s = json.load(open(path))
+    except ValueError:
+        s = None
+        print(f"sleep-1m: no summary (see {out}/sleep-1m.err)")
+    if s:
+        # Each side's RSS at the second with the most requests in flight.
+        inflight, attack_rss = {}, {}
+        for line in open(f"{out}/sleep-attack.jsonl"):
+            rec = json.loads(line)
+            if rec.get("type") != "interval":
+                continue
+            t = rec["start_ns"]
+            if rec["source"].endswith("-supervisor"):
+                host = rec.get("host") or {}
+                attack_rss[t] = sum(b for l, b in host.get("rss_bytes", []) if "/attack-" in l and not l.endswith("supervisor"))
+            else:
+                inflight[t] = inflight.get(t, 0) + rec.get("gauges", {}).get("requests.in_flight", 0)
+        times = sorted(t for t in inflight if t in attack_rss)
+        peak_t = max(times, key=lambda t: inflight[t])
+        n = inflight[peak_t]
+        first = times[0]
+        serve = [tuple(map(int, l.split())) for l in open(f"{out}/sleep-serve-rss.txt") if len(l.split()) == 2]
+        near = lambda t: min(serve, key=lambda x: abs(x[0] - t))[1] * 1024
+        srv_before = serve[0][1] * 1024
+        a_b = (attack_rss[peak_t] - attack_rss[first]) / max(n - inflight[first], 1)
+        s_b = (near(peak_t) - srv_before) / max(n, 1)
+        ok = s["status"].get("200", 0)
+        timeouts = s["errors"].get("timeout", 0)
+        verdict = "PASS" if ok == s["requests"] and not s["errors"] and s["late"] == 0 else "FAIL"
+        print(f"sleep-1m    {verdict:<4} {s['requests']} requests, {ok} answered, {timeouts} timeouts, "
+              f"other errors {sum(v for k, v in s['errors'].items() if k != 'timeout')}; most in flight {n} "
+              f"(summary's peak {s['peak_in_flight']})")
+        print(f"{'':<11} started late (> {s['late_threshold_us'] / 1000:.0f} ms): {s['late']}; lag p99 "
+              f"{s['lag_us']['p99'] / 1000:.1f} ms, max {s['lag_us']['max'] / 1000:.1f} ms; latency p50 "
+              f"{s['latency_us']['p50'] / 1e6:.1f} s, max {s['latency_us']['max'] / 1e6:.1f} s")
+        print(f"{'':<11} memory per request in flight: attack {a_b:.0f} B, serve {s_b:.0f} B; "
+              f"load average up to {load('sleep-1m'):.1f}")
+EOF
