@@ -24,16 +24,21 @@ pub struct Mosquitto {
 impl Mosquitto {
     /// A plain broker: `mqtt://127.0.0.1:<port>`.
     pub fn start() -> Self {
-        Self::launch(None)
+        Self::launch(None, "")
+    }
+
+    /// A plain broker with more configuration lines (`allow_anonymous false\n`).
+    pub fn start_with(config: &str) -> Self {
+        Self::launch(None, config)
     }
 
     /// A TLS-only broker with the certificate in `certs`:
     /// `mqtts://127.0.0.1:<port>`.
     pub fn start_tls(certs: Certs) -> Self {
-        Self::launch(Some(certs))
+        Self::launch(Some(certs), "")
     }
 
-    fn launch(tls: Option<Certs>) -> Self {
+    fn launch(tls: Option<Certs>, extra: &str) -> Self {
         expect(Peer::Mosquitto);
         let dir = TempDir::new("mosquitto");
         let port = free_port();
@@ -43,6 +48,8 @@ impl Mosquitto {
              max_connections -1\nmax_queued_messages 100000\n",
             dir.arg("mosquitto.log")
         );
+        // Later lines win: what the test asks for overrides the defaults.
+        conf.push_str(extra);
         if let Some(c) = &tls {
             conf.push_str(&format!("certfile {}\nkeyfile {}\n", c.cert(), c.key()));
         }

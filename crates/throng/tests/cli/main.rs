@@ -11,6 +11,7 @@ mod auth;
 mod bench;
 mod doctor;
 mod hold;
+mod mqtt;
 mod newcomer;
 mod redis;
 mod rediss;
