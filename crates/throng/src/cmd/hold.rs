@@ -81,13 +81,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "URL")]
     publish: Option<String>,
 
-    /// --publish https:// or rediss://: PEM file of the CA certificate(s) that signed the
+    /// --publish https://, rediss:// or mqtts://: PEM file of the CA certificate(s) that signed the
     /// publish endpoint's certificate (which must name the URL's host). Default: the system bundle
     /// /etc/ssl/certs/ca-certificates.crt.
     #[arg(long, value_name = "FILE", requires = "publish")]
     publish_tls_ca: Option<PathBuf>,
 
-    /// --publish https:// or rediss://: do not check the publish endpoint's certificate at all
+    /// --publish https://, rediss:// or mqtts://: do not check the publish endpoint's certificate at all
     /// (trials with a self-signed certificate only).
     #[arg(long, requires = "publish", conflicts_with = "publish_tls_ca")]
     publish_tls_insecure: bool,
@@ -118,11 +118,13 @@ pub(crate) struct Args {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     connect_timeout: Duration,
 
-    /// Timeout of the WebSocket upgrade after TCP connect (wss://: of the TLS handshake, then of the upgrade).
+    /// Timeout of the WebSocket upgrade after TCP connect (wss://: of the TLS handshake, then of the
+    /// upgrade; mqtt://: of CONNECT and SUBSCRIBE to SUBACK).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
 
-    /// How long to wait for the server's close frame at the end.
+    /// How long to wait for the server's close frame at the end (mqtt://: for the broker to close
+    /// after our DISCONNECT).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     close_timeout: Duration,
 
