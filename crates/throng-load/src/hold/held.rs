@@ -568,3 +568,17 @@ fn version(decoder: &mqtt::Decoder) -> mqtt::Version {
     // Invariant: a client's decoder knows its version from the start.
     decoder.version().unwrap_or(mqtt::Version::V311)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An MQTT subscriber costs what a WebSocket one does: its codec is no
+    /// bigger, so a held connection is the same 88 bytes either way.
+    #[test]
+    fn an_mqtt_codec_costs_a_held_connection_nothing_more() {
+        assert!(size_of::<MqttConn>() <= size_of::<Decoder>());
+        assert_eq!(size_of::<Codec>(), size_of::<Decoder>() + 8);
+        assert_eq!(size_of::<Held>(), 88);
+    }
+}

@@ -533,7 +533,9 @@ async fn join(
             })?;
             buf.drain(..consumed);
         }
-        Ok(Some(std::mem::take(buf)))
+        // A copy of what follows SUBACK (nothing, almost always: no
+        // allocation), so the read buffer is freed now, not held.
+        Ok(Some(buf.to_vec()))
     };
     let exchange = Exchange {
         what: "MQTT CONNECT/SUBSCRIBE",
