@@ -28,8 +28,8 @@ messages to all of them, waits until every connection has them, closes
 everything and stops the server. Ctrl-C stops it cleanly.
 
 How long: the default run (100,000 connections) takes about 40 s on two
-idle cores, 1,000,000 about 5 minutes; the start lines say what this run
-should take ('expect'), from its size.
+idle cores, 1,000,000 about 3.5 minutes (docs/scale.md); the start lines
+say what this run should take ('expect'), from its size.
 
 It ends with a verdict: PASS when every connection is held (none fails),
 every message is published and every connection receives every one (none
