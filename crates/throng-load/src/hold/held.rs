@@ -216,7 +216,7 @@ impl Holder {
     /// that came with the handshake).
     fn turn(&self, ctx: &Ctx, index: usize, first: Option<&mut Vec<u8>>) {
         let mut reply = Vec::new();
-        let seen = {
+        let (seen, closing, mqtt) = {
             let mut slots = self.slots.borrow_mut();
             let Some(Some(held)) = slots.get_mut(index) else {
                 return;
@@ -232,7 +232,6 @@ impl Holder {
             }
             (seen, held.closing, matches!(held.codec, Codec::Mqtt(_)))
         };
-        let (seen, closing, mqtt) = (seen.0, seen.1, seen.2);
         let how = match seen {
             Seen::Drained => return,
             Seen::Close(_) if closing => Closed::Clean,

@@ -3,7 +3,7 @@
 //!
 //! A subscriber sends CONNECT and SUBSCRIBE in one write (a client may send
 //! packets before CONNACK arrives, so this is one round trip, not two), then
-//! reads CONNACK and SUBACK ([`subscribe`]). From then on it is held like a
+//! reads CONNACK and SUBACK ([`Joining`]). From then on it is held like a
 //! WebSocket connection (`held.rs`): its decoder is a few bytes with no
 //! buffer, a PUBLISH is checked against its sequence, a QoS 1 PUBLISH is
 //! answered with PUBACK at once, and PINGREQ goes out on the worker's
