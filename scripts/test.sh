@@ -64,6 +64,11 @@ probe_namespaces() {
 probe_python_jwt() {
   python3 -c 'import jwt, cryptography, cryptography.hazmat.primitives.asymmetric.ed25519; print("PyJWT", jwt.__version__, "cryptography", cryptography.__version__)' 2>/dev/null
 }
+probe_mosquitto() { mosquitto -h 2>/dev/null | head -1 | cut -d' ' -f1-3; }
+# The MQTT tests' independent client.
+probe_python_paho() {
+  python3 -c 'import paho.mqtt; print("paho-mqtt", paho.mqtt.__version__)' 2>/dev/null
+}
 probe_node_ws() {
   (cd tests/peers && node -e 'require.resolve("eventsource"); console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
 }
@@ -77,8 +82,10 @@ peers=(
   "chromium probe_chromium chromium"
   "namespaces probe_namespaces procps"
   "wrk probe_wrk wrk"
+  "mosquitto probe_mosquitto mosquitto"
   "python3-websockets probe_python_websockets"
   "python3-jwt probe_python_jwt"
+  "python3-paho-mqtt probe_python_paho"
   "node-ws probe_node_ws"
 )
 
@@ -136,6 +143,9 @@ if [ "$install" = 1 ]; then
   fi
   if [ -z "${before[python3-jwt]}" ]; then
     pip_install 'PyJWT>=2.8' 'cryptography>=41'
+  fi
+  if [ -z "${before[python3-paho-mqtt]}" ]; then
+    pip_install 'paho-mqtt>=2'
   fi
   if [ -z "${before[node-ws]}" ]; then
     echo "npm install (tests/peers)"

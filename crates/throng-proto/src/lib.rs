@@ -1,6 +1,7 @@
 //! Sans-I/O protocol code shared by the throng server and load harness:
 //! WebSocket ([`ws`]), HTTP/1.1 heads and bodies ([`http`]), the Redis
-//! protocol RESP2 ([`resp`]) and Server-Sent Events ([`sse`]).
+//! protocol RESP2 ([`resp`]), Server-Sent Events ([`sse`]) and MQTT 3.1.1
+//! and 5.0 ([`mqtt`]), with the topic-filter index ([`mqtt::topic`]).
 //!
 //! Nothing here touches a socket or a clock: callers hand in bytes and get
 //! back parsed heads, frames and the bytes to write. The same WebSocket codec
@@ -10,7 +11,8 @@
 //! Bad input is always an error value, never a panic, a hang or memory that
 //! grows with what the peer sends: heads are bounded by a caller's limit,
 //! messages by the [`ws::Decoder`]'s limit (checked from frame headers,
-//! before payloads arrive), bodies by the [`http::BodyDecoder`]'s.
+//! before payloads arrive), bodies by the [`http::BodyDecoder`]'s, MQTT
+//! packets by the [`mqtt::Decoder`]'s (checked from the fixed header).
 //!
 //! How it is checked: table tests beside the code; property tests and
 //! interop with tungstenite (handshakes and frames, both directions) in
@@ -18,6 +20,7 @@
 //! directory for the handshake, the frame decoder and HTTP responses.
 
 pub mod http;
+pub mod mqtt;
 pub mod resp;
 pub mod sse;
 pub mod ws;

@@ -24,6 +24,7 @@ pub mod hold_server;
 pub mod http;
 pub mod json;
 pub mod jwt;
+pub mod mosquitto;
 pub mod peers;
 pub mod process;
 pub mod redis;

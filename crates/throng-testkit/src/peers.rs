@@ -39,11 +39,15 @@ pub enum Peer {
     /// mount and network namespaces, where a test runs a command that
     /// changes kernel settings or system files without changing this machine's.
     Namespaces,
+    /// The Mosquitto MQTT broker (Debian package `mosquitto`).
+    Mosquitto,
+    /// `python3` with `paho-mqtt` 2: an MQTT client independent of ours.
+    PythonPaho,
 }
 
 impl Peer {
     /// How many kinds of peer there are: one past the last variant.
-    const COUNT: usize = Self::Namespaces as usize + 1;
+    const COUNT: usize = Self::PythonPaho as usize + 1;
 
     /// What the peer is, as a person would look for it.
     pub fn name(self) -> &'static str {
@@ -58,6 +62,8 @@ impl Peer {
             Self::NodeWs => "node with ws and eventsource in tests/peers",
             Self::Chromium => "chromium",
             Self::Namespaces => "root with unshare and sysctl",
+            Self::Mosquitto => "mosquitto",
+            Self::PythonPaho => "python3 with paho-mqtt >= 2",
         }
     }
 
@@ -74,6 +80,8 @@ impl Peer {
             Self::NodeWs => "cd tests/peers && npm install",
             Self::Chromium => "apt-get install --no-install-recommends chromium",
             Self::Namespaces => "run the tests as root; apt-get install util-linux procps",
+            Self::Mosquitto => "apt-get install mosquitto",
+            Self::PythonPaho => "python3 -m pip install 'paho-mqtt>=2'",
         }
     }
 
@@ -111,6 +119,20 @@ impl Peer {
             Self::Namespaces => (
                 "unshare",
                 &["--mount", "--net", "sysctl", "-n", "net.core.somaxconn"],
+            ),
+            // `-h` prints the usage and exits 3; the version line says it runs.
+            Self::Mosquitto => {
+                return Command::new("mosquitto")
+                    .arg("-h")
+                    .stdin(Stdio::null())
+                    .output()
+                    .is_ok_and(|o| {
+                        String::from_utf8_lossy(&o.stdout).contains("mosquitto version")
+                    });
+            }
+            Self::PythonPaho => (
+                "python3",
+                &["-c", "import paho.mqtt.client as m; m.CallbackAPIVersion"],
             ),
         };
         Command::new(program)

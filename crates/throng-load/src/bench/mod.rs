@@ -288,6 +288,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             .parse()
             .map_err(setting)?,
         tls,
+        mqtt: None,
         fit: plan.fit,
         settings,
         // Held until every message is published and delivered.

@@ -30,8 +30,10 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd as _;
 
 use throng_host::poll::{Events, Interest, Poller};
-use throng_proto::ws::{self, Decoder, Frame, Role};
+use throng_proto::mqtt::{self, Packet};
+use throng_proto::ws::{self, Decoder, Frame};
 
+use super::mqtt::{acknowledge, disconnect, ping_due, ping_every, pingreq};
 use super::recorder::Closed;
 use super::sequence::Sequence;
 use super::worker::{Ctx, mask, on_message};
@@ -45,12 +47,37 @@ const READS_PER_TURN: usize = 4;
 /// Rounds of events per wake-up before yielding to the worker's other tasks.
 const ROUNDS_PER_WAKE: usize = 8;
 
+/// What a held connection decodes with: WebSocket frames or MQTT packets.
+pub(super) enum Codec {
+    /// A WebSocket subscriber.
+    Ws(Decoder),
+    /// An MQTT subscriber.
+    Mqtt(MqttConn),
+}
+
+impl Codec {
+    /// An MQTT subscriber's, from the decoder that read its CONNACK.
+    pub(super) fn mqtt(decoder: mqtt::Decoder) -> Self {
+        Self::Mqtt(MqttConn {
+            decoder,
+            ping_out: false,
+        })
+    }
+}
+
+/// An MQTT subscriber's state beside its socket.
+pub(super) struct MqttConn {
+    decoder: mqtt::Decoder,
+    /// A PINGREQ is out and its PINGRESP has not come.
+    ping_out: bool,
+}
+
 /// One held connection.
 struct Held {
     stream: TcpStream,
-    /// The TLS state of a `wss://` connection.
+    /// The TLS state of a `wss://` or `mqtts://` connection.
     tls: Option<Box<Records>>,
-    decoder: Decoder,
+    codec: Codec,
     /// Bytes of a frame that arrived split; empty (no allocation) otherwise.
     rest: Vec<u8>,
     /// What it has received of the published sequence (and when it opened).
@@ -106,6 +133,7 @@ impl Holder {
         ctx: &Ctx,
         stream: tokio::net::TcpStream,
         tls: Option<Box<Records>>,
+        codec: Codec,
         rest: Vec<u8>,
     ) {
         ctx.live.add();
@@ -132,7 +160,7 @@ impl Holder {
         let held = Held {
             stream,
             tls,
-            decoder: Decoder::new(Role::Client, ctx.plan.settings.max_message),
+            codec,
             rest: Vec::new(),
             seq: Sequence::new(now_unix_ns()),
             closing: false,
@@ -188,7 +216,7 @@ impl Holder {
     /// that came with the handshake).
     fn turn(&self, ctx: &Ctx, index: usize, first: Option<&mut Vec<u8>>) {
         let mut reply = Vec::new();
-        let (seen, closing) = {
+        let (seen, closing, mqtt) = {
             let mut slots = self.slots.borrow_mut();
             let Some(Some(held)) = slots.get_mut(index) else {
                 return;
@@ -202,11 +230,13 @@ impl Holder {
             if !reply.is_empty() && !held.closing && send_now(held, &reply).is_err() {
                 seen = Seen::Reset;
             }
-            (seen, held.closing)
+            (seen, held.closing, matches!(held.codec, Codec::Mqtt(_)))
         };
         let how = match seen {
             Seen::Drained => return,
             Seen::Close(_) if closing => Closed::Clean,
+            // MQTT has no close handshake: a broker closes TCP on DISCONNECT.
+            Seen::Eof if closing && mqtt => Closed::Clean,
             Seen::Close(code) => Closed::ByServer(code),
             Seen::Eof => Closed::Eof,
             Seen::Reset => Closed::Reset,
@@ -264,12 +294,56 @@ impl Holder {
                 return;
             }
             let mut frame = Vec::with_capacity(8);
-            ws::encode_close(&mut frame, ws::close_code::NORMAL, "", Some(mask()));
+            match &held.codec {
+                Codec::Ws(_) => {
+                    ws::encode_close(&mut frame, ws::close_code::NORMAL, "", Some(mask()));
+                }
+                Codec::Mqtt(m) => disconnect(version(&m.decoder), &mut frame),
+            }
             held.closing = true;
             send_now(held, &frame).is_err()
         };
         if failed {
             self.finish(ctx, index, Closed::Reset);
+        }
+    }
+
+    /// The one-second sweep of MQTT keep-alives (`tick` counts seconds):
+    /// every connection due sends PINGREQ; one whose last PINGREQ is still
+    /// unanswered is closed (`closed.keepalive`).
+    pub(super) fn ping(&self, ctx: &Ctx, tick: u64, keep_alive_s: u16) {
+        let every = ping_every(keep_alive_s);
+        if every == 0 {
+            return;
+        }
+        let len = self.slots.borrow().len();
+        for index in 0..len {
+            if !ping_due(index as u64, tick, every) {
+                continue;
+            }
+            let outcome = {
+                let mut slots = self.slots.borrow_mut();
+                let Some(Some(held)) = slots.get_mut(index) else {
+                    continue;
+                };
+                let Codec::Mqtt(m) = &mut held.codec else {
+                    continue;
+                };
+                if held.closing {
+                    continue;
+                }
+                if m.ping_out {
+                    Some(Closed::KeepAlive)
+                } else {
+                    m.ping_out = true;
+                    let mut packet = Vec::with_capacity(2);
+                    pingreq(version(&m.decoder), &mut packet);
+                    send_now(held, &packet).err().map(|_| Closed::Reset)
+                }
+            };
+            if let Some(how) = outcome {
+                self.finish(ctx, index, how);
+            }
         }
     }
 
@@ -387,14 +461,36 @@ fn read(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
     Seen::Drained
 }
 
-/// Decodes every whole frame in `buf`; keeps a trailing partial frame in
-/// `held.rest` (copying only that tail when `buf` is the shared scratch).
+/// Decodes every whole frame or packet in `buf`; keeps a trailing partial
+/// one in `held.rest` (copying only that tail when `buf` is the shared scratch).
 fn process(ctx: &Ctx, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> Seen {
-    let mut off = 0;
     let now_ns = now_unix_ns();
+    let (off, seen) = match &mut held.codec {
+        Codec::Ws(decoder) => frames(ctx, decoder, &mut held.seq, buf, reply, now_ns),
+        Codec::Mqtt(m) => packets(ctx, m, &mut held.seq, buf, reply, now_ns),
+    };
+    let tail = &buf[off..];
+    held.rest = if tail.is_empty() {
+        Vec::new()
+    } else {
+        tail.to_vec()
+    };
+    seen
+}
+
+/// WebSocket frames: how far they went, and what was seen.
+fn frames(
+    ctx: &Ctx,
+    decoder: &mut Decoder,
+    seq: &mut Sequence,
+    buf: &mut [u8],
+    reply: &mut Vec<u8>,
+    now_ns: u64,
+) -> (usize, Seen) {
+    let mut off = 0;
     let mut seen = Seen::Drained;
     while off < buf.len() {
-        let decoded = match held.decoder.decode(&mut buf[off..]) {
+        let decoded = match decoder.decode(&mut buf[off..]) {
             Ok(Some(d)) => d,
             Ok(None) => break,
             Err(e) => {
@@ -408,7 +504,7 @@ fn process(ctx: &Ctx, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> S
         match decoded.frame {
             None | Some(Frame::Pong(_)) => {}
             Some(Frame::Text(payload) | Frame::Binary(payload)) => {
-                on_message(ctx, &mut held.seq, payload, now_ns);
+                on_message(ctx, seq, payload, now_ns);
             }
             Some(Frame::Ping(payload)) => {
                 ws::encode_into(reply, true, ws::OpCode::Pong, payload, Some(mask()));
@@ -426,12 +522,62 @@ fn process(ctx: &Ctx, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> S
             }
         }
     }
-    held.decoder.release();
-    let tail = &buf[off..];
-    held.rest = if tail.is_empty() {
-        Vec::new()
-    } else {
-        tail.to_vec()
-    };
-    seen
+    decoder.release();
+    (off, seen)
+}
+
+/// MQTT packets: a PUBLISH is a message (with its PUBACK at QoS 1), a
+/// PINGRESP answers our PINGREQ, a 5.0 DISCONNECT closes with its reason;
+/// a packet the codec refuses gets the protocol's answer.
+fn packets(
+    ctx: &Ctx,
+    m: &mut MqttConn,
+    seq: &mut Sequence,
+    buf: &[u8],
+    reply: &mut Vec<u8>,
+    now_ns: u64,
+) -> (usize, Seen) {
+    let mut off = 0;
+    while off < buf.len() {
+        let decoded = match m.decoder.decode(&buf[off..]) {
+            Ok(Some(d)) => d,
+            Ok(None) => break,
+            Err(e) => {
+                m.decoder.answer(&e).encode(reply);
+                return (buf.len(), Seen::Protocol);
+            }
+        };
+        off += decoded.consumed;
+        match decoded.packet {
+            Packet::Publish(p) => {
+                on_message(ctx, seq, p.payload, now_ns);
+                acknowledge(p.delivery, version(&m.decoder), reply);
+            }
+            Packet::Pingresp => m.ping_out = false,
+            Packet::Disconnect(d) => return (buf.len(), Seen::Close(Some(u16::from(d.reason.0)))),
+            // SUBACK, PUBACK and the like: nothing was asked that they answer.
+            _ => {}
+        }
+    }
+    (off, Seen::Drained)
+}
+
+/// The version a client's decoder was made for.
+fn version(decoder: &mqtt::Decoder) -> mqtt::Version {
+    // Invariant: a client's decoder knows its version from the start.
+    decoder.version().unwrap_or(mqtt::Version::V311)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An MQTT subscriber costs what a WebSocket one does: its codec is no
+    /// bigger, so a held connection is the same 88 bytes either way.
+    #[test]
+    fn an_mqtt_codec_costs_a_held_connection_nothing_more() {
+        assert!(size_of::<MqttConn>() <= size_of::<Decoder>());
+        assert_eq!(size_of::<Codec>(), size_of::<Decoder>() + 8);
+        assert_eq!(size_of::<Held>(), 88);
+    }
 }

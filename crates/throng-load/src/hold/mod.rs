@@ -1,4 +1,4 @@
-//! `throng hold`, a role on the harness core: open N WebSocket connections
+//! `throng hold`, a role on the harness core: open N WebSocket (or MQTT) connections
 //! on an open-model schedule, hold them, publish timestamped messages to
 //! them and check every delivery (latency, losses, duplicates, order).
 //!
@@ -9,6 +9,7 @@
 //! - [`supervisor`]: the role on the supervisor's side: the ramp, the
 //!   publisher, the end of the run; [`summary`]: what the run did;
 //! - [`publish`], [`message`]: publishing the timestamped messages;
+//! - [`mqtt`]: what held MQTT subscribers and the MQTT publisher send;
 //! - [`worker`] (with `held`, its readiness loop): one worker process;
 //! - [`recorder`], [`sequence`]: what a worker counts.
 
@@ -23,6 +24,7 @@ use target::WsTarget;
 
 mod held;
 pub mod message;
+pub mod mqtt;
 pub mod plan;
 pub mod publish;
 pub mod recorder;
@@ -99,6 +101,9 @@ pub struct WorkerPlan {
     /// How to check and resume TLS (`wss://` targets only).
     #[serde(default)]
     pub tls: Option<TlsOptions>,
+    /// How to connect and subscribe (`mqtt://` targets only).
+    #[serde(default)]
+    pub mqtt: Option<mqtt::MqttOptions>,
 }
 
 impl WorkerPlan {

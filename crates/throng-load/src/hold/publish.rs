@@ -1,8 +1,9 @@
 //! Publishers: send one message to every subscriber of a channel, over the
-//! server's HTTP endpoint (`POST /publish/<channel>`) or Redis `PUBLISH`.
+//! server's HTTP endpoint (`POST /publish/<channel>`), Redis `PUBLISH`, or
+//! an MQTT PUBLISH to a broker.
 //!
 //! Each publisher keeps one connection open and reuses it (HTTP keep-alive,
-//! one Redis connection), reconnecting after an error. A call returns the
+//! one Redis connection, one MQTT connection), reconnecting after an error. A call returns the
 //! number of subscribers the server or broker reported, when it says, and
 //! whether the request went out whole: a message whose answer is late or
 //! lost was still sent, and its subscribers still get it.
@@ -10,6 +11,11 @@
 //! The Redis connection is made by [`throng_client::redis::open`], as the server's
 //! broker makes its own: TLS for `rediss://`, then `AUTH`/`SELECT` from the
 //! URL, so a password-protected or TLS-only Redis takes the publishes.
+//!
+//! The MQTT publisher connects with a clean session and no keep-alive (so
+//! a slow publish rate never has the broker close it), publishes at the
+//! QoS asked, and at QoS 1 waits for each PUBACK, whose 5.0 reason may
+//! refuse the message. MQTT answers with no subscriber count.
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,10 +26,12 @@ use bytes::BytesMut;
 use thiserror::Error;
 use throng_client::link::{LinkError, Stream};
 use throng_proto::http::{self, BodyDecoder};
+use throng_proto::mqtt::{self, Packet, PacketId, QoS};
 use throng_proto::resp::{self, Value};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::net::TcpStream;
 
+use super::mqtt::{Refusal, publish};
 use super::target::PublishTarget;
 
 /// The largest publish response body read (the server's JSON answer).
@@ -128,7 +136,15 @@ pub struct Publisher {
     inbuf: Vec<u8>,
     /// Redis replies not yet decoded.
     resp_in: BytesMut,
+    /// The MQTT connection's decoder (and so its phase).
+    mqtt_in: Option<mqtt::Decoder>,
+    /// The packet id of the last QoS 1 PUBLISH.
+    last_id: u16,
 }
+
+/// The largest packet read from an MQTT broker (its PUBACKs are 4 bytes;
+/// anything it sends the publisher is small).
+const MAX_MQTT_PACKET: usize = 64 * 1024;
 
 impl Publisher {
     /// A publisher to `target`; `redis_channel` names the Redis channel.
@@ -143,6 +159,8 @@ impl Publisher {
             out: Vec::new(),
             inbuf: Vec::new(),
             resp_in: BytesMut::new(),
+            mqtt_in: None,
+            last_id: 0,
         }
     }
 
@@ -200,6 +218,16 @@ impl Publisher {
                 &mut self.out,
                 &[b"PUBLISH", self.redis_channel.as_bytes(), payload],
             ),
+            PublishTarget::Mqtt { topic, options, .. } => {
+                // Ids run 1..=65535 and wrap; one message is in flight at a time.
+                let id = (options.qos() == QoS::AtLeastOnce).then(|| {
+                    let id = PacketId::new(self.last_id.wrapping_add(1)).unwrap_or(PacketId::MIN);
+                    self.last_id = id.get();
+                    id
+                });
+                publish(options.version(), topic, id, payload, &mut self.out)
+                    .map_err(|e| PublishError::Protocol(e.to_string()))?;
+            }
         }
         let Some(conn) = self.conn.as_mut() else {
             return Err(PublishError::Protocol("no connection".into()));
@@ -221,7 +249,75 @@ impl Publisher {
             PublishTarget::Redis { .. } => {
                 read_redis_integer(conn, &mut self.resp_in).await.map(Some)
             }
+            PublishTarget::Mqtt { options, .. } => {
+                if options.qos() == QoS::AtMostOnce {
+                    return Ok(None);
+                }
+                let Some(decoder) = self.mqtt_in.as_mut() else {
+                    return Err(PublishError::Protocol("no MQTT connection".into()));
+                };
+                let want = self.last_id;
+                loop {
+                    match read_mqtt(conn, decoder, &mut self.inbuf).await? {
+                        Answered::Puback(id, reason) if id == want => {
+                            return if reason.is_error() {
+                                Err(PublishError::Protocol(format!(
+                                    "PUBACK refused the message: reason {:#04x}",
+                                    reason.0
+                                )))
+                            } else {
+                                Ok(None)
+                            };
+                        }
+                        // An older message's late PUBACK, a PINGRESP, a PUBLISH.
+                        Answered::Puback(..) | Answered::Other => {}
+                        Answered::Connack(_) => {
+                            return Err(PublishError::Protocol("a second CONNACK".into()));
+                        }
+                    }
+                }
+            }
         }
+    }
+}
+
+/// What the broker sent the publisher.
+enum Answered {
+    /// CONNACK with its code.
+    Connack(mqtt::ReasonCode),
+    /// PUBACK for this packet id, with its reason.
+    Puback(u16, mqtt::ReasonCode),
+    /// Anything else.
+    Other,
+}
+
+/// Reads one packet from the broker; a 5.0 DISCONNECT is an error.
+async fn read_mqtt<S: AsyncRead + Unpin>(
+    conn: &mut S,
+    decoder: &mut mqtt::Decoder,
+    buf: &mut Vec<u8>,
+) -> Result<Answered, PublishError> {
+    loop {
+        let decoded = decoder
+            .decode(buf)
+            .map_err(|e| PublishError::Protocol(format!("MQTT: {e}")))?;
+        if let Some(d) = decoded {
+            let answer = match d.packet {
+                Packet::Connack(c) => Answered::Connack(c.code),
+                Packet::Puback(a) => Answered::Puback(a.packet_id.get(), a.reason),
+                Packet::Disconnect(d) => {
+                    return Err(PublishError::Protocol(format!(
+                        "the broker sent DISCONNECT: reason {:#04x}",
+                        d.reason.0
+                    )));
+                }
+                _ => Answered::Other,
+            };
+            let n = d.consumed;
+            buf.drain(..n);
+            return Ok(answer);
+        }
+        fill(conn, buf).await?;
     }
 }
 
@@ -232,27 +328,29 @@ impl Publisher {
     async fn connect(&mut self) -> Result<Stream, PublishError> {
         match &self.target {
             PublishTarget::Http { addr, tls, .. } => {
-                let addr = *addr;
-                let s = TcpStream::connect(addr)
-                    .await
-                    .map_err(|source| PublishError::Connect { addr, source })?;
-                s.set_nodelay(true)?;
-                let Some((name, trust)) = tls else {
-                    return Ok(Stream::Plain(s));
-                };
-                let config = match &self.tls_config {
-                    Some(c) => c.clone(),
-                    None => {
-                        let c = trust
-                            .tls_config()
-                            .map_err(|e| PublishError::Trust(e.to_string()))?;
-                        self.tls_config = Some(c.clone());
-                        c
+                plain_or_tls(*addr, tls.as_ref(), &mut self.tls_config, self.timeout).await
+            }
+            PublishTarget::Mqtt {
+                addr, tls, options, ..
+            } => {
+                let mut conn =
+                    plain_or_tls(*addr, tls.as_ref(), &mut self.tls_config, self.timeout).await?;
+                self.out.clear();
+                let id = format!("{}publisher", options.client_id_prefix);
+                options.connect(&id, 0, &mut self.out);
+                throng_client::link::write_all(&mut conn, &self.out).await?;
+                let mut decoder = mqtt::Decoder::client(options.version(), MAX_MQTT_PACKET);
+                match read_mqtt(&mut conn, &mut decoder, &mut self.inbuf).await? {
+                    Answered::Connack(code) if code.is_error() => {
+                        return Err(PublishError::Protocol(Refusal::Connack(code).to_string()));
                     }
-                };
-                throng_client::link::tls_handshake(s, name, &config, self.timeout)
-                    .await
-                    .map_err(PublishError::Link)
+                    Answered::Connack(_) => {}
+                    // Invariant: a client's decoder refuses anything but CONNACK first.
+                    _ => return Err(PublishError::Protocol("no CONNACK".into())),
+                }
+                self.mqtt_in = Some(decoder);
+                self.last_id = 0;
+                Ok(conn)
             }
             PublishTarget::Redis { addr, url, trust } => {
                 if url.tls && self.tls_config.is_none() {
@@ -275,6 +373,36 @@ impl Publisher {
             }
         }
     }
+}
+
+/// A TCP connection to `addr`, with TLS when `tls` names the server
+/// and its trust (whose configuration is made once, into `config`).
+async fn plain_or_tls(
+    addr: SocketAddr,
+    tls: Option<&(String, throng_client::trust::Trust)>,
+    config: &mut Option<Arc<rustls::ClientConfig>>,
+    timeout: Duration,
+) -> Result<Stream, PublishError> {
+    let s = TcpStream::connect(addr)
+        .await
+        .map_err(|source| PublishError::Connect { addr, source })?;
+    s.set_nodelay(true)?;
+    let Some((name, trust)) = tls else {
+        return Ok(Stream::Plain(s));
+    };
+    let made = match config {
+        Some(c) => c.clone(),
+        None => {
+            let c = trust
+                .tls_config()
+                .map_err(|e| PublishError::Trust(e.to_string()))?;
+            *config = Some(c.clone());
+            c
+        }
+    };
+    throng_client::link::tls_handshake(s, name, &made, timeout)
+        .await
+        .map_err(PublishError::Link)
 }
 
 async fn fill<S: AsyncRead + Unpin>(conn: &mut S, buf: &mut Vec<u8>) -> Result<(), PublishError> {

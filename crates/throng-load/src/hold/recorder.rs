@@ -63,6 +63,8 @@ pub enum Closed {
     CloseTimeout,
     /// A TLS record failed: decryption, or a fatal alert from the server (`closed.tls`).
     Tls,
+    /// MQTT: no PINGRESP came before the next PINGREQ was due (`closed.keepalive`).
+    KeepAlive,
 }
 
 /// Per-interval counts and histograms of one `hold` worker.
@@ -243,6 +245,7 @@ impl HoldRecorder {
             Closed::Clean => "closed.clean".to_owned(),
             Closed::CloseTimeout => "closed.timeout".to_owned(),
             Closed::Tls => "closed.tls".to_owned(),
+            Closed::KeepAlive => "closed.keepalive".to_owned(),
         };
         *self.closed.entry(name).or_insert(0) += 1;
     }

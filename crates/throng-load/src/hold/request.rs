@@ -13,6 +13,7 @@ use throng_host::units::{fmt_duration, fmt_size};
 use throng_report::format::Header;
 
 use super::Settings;
+use super::mqtt::MqttOptions;
 use super::plan::{self, PlanError};
 use super::summary::{Summary, Thresholds};
 use super::supervisor::{
@@ -53,6 +54,8 @@ pub struct Request {
     pub publish: Option<PublishRequest>,
     /// TLS of a `wss://` target.
     pub tls: Option<TlsOptions>,
+    /// How MQTT subscribers (`mqtt://` targets) connect and subscribe.
+    pub mqtt: Option<MqttOptions>,
     /// The result file, if any.
     pub output: Option<PathBuf>,
     /// The live view.
@@ -133,6 +136,7 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
         rate: req.rate,
         target: req.target.clone(),
         tls: req.tls.clone(),
+        mqtt: req.mqtt.clone(),
         fit,
         settings: req.settings,
         duration: req.duration,
@@ -206,6 +210,13 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
     if let Some(tls) = &h.tls {
         out.push(format!("  tls: {}", tls.describe()));
     }
+    let publish_mqtt = h.publish.as_ref().and_then(|p| match &p.target {
+        PublishTarget::Mqtt { options, .. } => Some(options),
+        _ => None,
+    });
+    if let Some(m) = h.mqtt.as_ref().or(publish_mqtt) {
+        out.push(format!("  {}", m.describe()));
+    }
     let s = &h.settings;
     out.push(format!(
         "  timeouts: connect {} ms, handshake {} ms, close {} ms; max message {}; open-file limit {}/process",
@@ -221,7 +232,7 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
                 format!(" (Redis channel {}; {})", p.redis_channel, trust.describe())
             }
             PublishTarget::Redis { .. } => format!(" (Redis channel {})", p.redis_channel),
-            PublishTarget::Http { .. } => String::new(),
+            PublishTarget::Http { .. } | PublishTarget::Mqtt { .. } => String::new(),
         };
         let count = match p.messages {
             Some(n) => format!("{n} messages"),
@@ -262,6 +273,10 @@ fn header(req: &Request, h: &HoldRun) -> Header {
             "sources": h.fit.sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "settings": h.settings,
             "tls": h.tls,
+            "mqtt": h.mqtt.as_ref().map(|m| serde_json::json!({
+                "level": m.level, "qos": m.qos, "keep_alive_s": m.keep_alive_s,
+                "client_id_prefix": m.client_id_prefix,
+            })),
             "publish": h.publish.as_ref().map(|p| serde_json::json!({
                 "target": p.target.to_string(), "rate": p.rate, "message_size": p.message_size,
             })),

@@ -294,8 +294,9 @@ pub fn render(s: &Summary) -> String {
             s.tls_resumed
         ));
     }
+    // WebSocket's upgrade, or MQTT's CONNECT and SUBSCRIBE to their SUBACK.
     out.push_str(&format!(
-        "    WS upgrade:   {}\n",
+        "    upgrade/subscribe: {}\n",
         lat(&s.connect_upgrade_us)
     ));
     if s.connect_lag_us.max >= 1000 {

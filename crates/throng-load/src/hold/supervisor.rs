@@ -21,6 +21,7 @@ use throng_report::interval::{Interval, new_histogram};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::mqtt::MqttOptions;
 use super::plan::Fit;
 use super::publish::{Outcome, Publisher};
 use super::summary::{Summary, progress_line};
@@ -99,6 +100,8 @@ pub struct HoldRun {
     pub target: WsTarget,
     /// TLS settings of a `wss://` target.
     pub tls: Option<TlsOptions>,
+    /// How MQTT subscribers connect (`mqtt://` targets).
+    pub mqtt: Option<MqttOptions>,
     /// Workers and sources.
     pub fit: Fit,
     /// Timeouts and limits.
@@ -325,6 +328,7 @@ impl Role for Hold {
             settings: r.settings,
             label,
             tls: r.tls.clone(),
+            mqtt: r.mqtt.clone(),
         }
     }
 

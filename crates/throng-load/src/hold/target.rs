@@ -1,6 +1,8 @@
-//! Where the load goes and where it comes from: the WebSocket target with
-//! its port range (`ws://HOST:10000-10015/chan`, or `wss://` for TLS), the publish endpoint
-//! (`http://…/publish/chan` or `redis[s]://[user:password@]HOST:PORT`), and the source
+//! Where the load goes and where it comes from: the subscriber target with
+//! its port range (`ws://HOST:10000-10015/chan`, or `wss://` for TLS; MQTT
+//! subscribers with `mqtt://HOST:PORT/<topic filter>` or `mqtts://`), the publish endpoint
+//! (`http://…/publish/chan`, `redis[s]://[user:password@]HOST:PORT` or
+//! `mqtt[s]://HOST:PORT/<topic>`), and the source
 //! addresses connections are spread over (`127.0.0.2-127.0.0.60`, a comma
 //! list, or both).
 //!
@@ -16,6 +18,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use throng_client::redis::RedisUrl;
 use throng_client::trust::Trust;
+use throng_proto::mqtt::topic;
+
+use super::mqtt::MqttOptions;
 
 /// Why a URL or address list was refused.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -50,7 +55,8 @@ fn url_err(url: &str, why: impl Into<String>) -> TargetError {
     }
 }
 
-/// A WebSocket target: one host, one or more consecutive ports, one path.
+/// A subscriber target: one host, one or more consecutive ports, one path;
+/// WebSocket, or MQTT (whose path is the topic filter).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WsTarget {
     /// The server's address.
@@ -66,6 +72,9 @@ pub struct WsTarget {
     /// `wss://`: TLS before the upgrade.
     #[serde(default)]
     pub tls: bool,
+    /// `mqtt://`, `mqtts://`: MQTT subscribers, not WebSocket.
+    #[serde(default)]
+    pub mqtt: bool,
 }
 
 impl WsTarget {
@@ -82,9 +91,13 @@ impl WsTarget {
         self.port_first + off as u16
     }
 
-    /// The channel name: the path without its leading `/` and query.
+    /// The channel name: the path without its leading `/` and query; an
+    /// MQTT target's topic filter (all of the path after its `/`).
     pub fn channel(&self) -> &str {
         let p = self.path.strip_prefix('/').unwrap_or(&self.path);
+        if self.mqtt {
+            return p;
+        }
         p.split(['?', '#']).next().unwrap_or(p)
     }
 
@@ -108,7 +121,12 @@ impl fmt::Display for WsTarget {
             IpAddr::V6(_) if !self.host.starts_with('[') => format!("[{}]", self.host),
             _ => self.host.clone(),
         };
-        let scheme = if self.tls { "wss" } else { "ws" };
+        let scheme = match (self.mqtt, self.tls) {
+            (false, false) => "ws",
+            (false, true) => "wss",
+            (true, false) => "mqtt",
+            (true, true) => "mqtts",
+        };
         if self.port_first == self.port_last {
             write!(f, "{scheme}://{host}:{}{}", self.port_first, self.path)
         } else {
@@ -125,6 +143,21 @@ impl FromStr for WsTarget {
     type Err = TargetError;
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
+        if url.starts_with("mqtt://") || url.starts_with("mqtts://") {
+            let tls = url.starts_with("mqtts://");
+            let (parts, topic) = mqtt_url(url, "<topic filter>")?;
+            topic::check_filter(&topic)
+                .map_err(|e| url_err(url, format!("'{topic}' is not an MQTT topic filter: {e}")))?;
+            return Ok(Self {
+                ip: parts.ip,
+                host: parts.host,
+                port_first: parts.ports.0,
+                port_last: parts.ports.1,
+                path: parts.path,
+                tls,
+                mqtt: true,
+            });
+        }
         let tls = url.starts_with("wss://");
         let parts = split_url(url, &["ws", "wss"], if tls { 443 } else { 80 })?;
         let (first, last) = parts.ports;
@@ -141,8 +174,29 @@ impl FromStr for WsTarget {
             port_last: last,
             path: parts.path,
             tls,
+            mqtt: false,
         })
     }
+}
+
+/// The parts of an `mqtt://` or `mqtts://` URL (ports 1883 and 8883 by
+/// default) and its topic: the path after its `/`, taken as is (`+` and `#`
+/// are MQTT's, not URL syntax).
+fn mqtt_url(url: &str, what: &str) -> Result<(UrlParts, String), TargetError> {
+    let tls = url.starts_with("mqtts://");
+    let parts = split_url(url, &["mqtt", "mqtts"], if tls { 8883 } else { 1883 })?;
+    let topic = parts
+        .path
+        .strip_prefix('/')
+        .unwrap_or(&parts.path)
+        .to_owned();
+    if topic.is_empty() {
+        return Err(url_err(
+            url,
+            format!("no topic in the path (expected mqtt://HOST:PORT/{what})"),
+        ));
+    }
+    Ok((parts, topic))
 }
 
 /// Where `hold` publishes its timestamped messages.
@@ -162,6 +216,20 @@ pub enum PublishTarget {
         /// bundle unless set after parsing). `None` for `http://`.
         tls: Option<(String, Trust)>,
     },
+    /// An MQTT PUBLISH to this topic (`mqtt://HOST:PORT/<topic>`, or
+    /// `mqtts://` for TLS), over one MQTT connection.
+    Mqtt {
+        /// Broker address.
+        addr: SocketAddr,
+        /// The host as written, for the URL.
+        host: String,
+        /// The topic name (no wildcards).
+        topic: String,
+        /// `mqtts://`: as for [`Self::Http`]'s `tls`.
+        tls: Option<(String, Trust)>,
+        /// How to connect and at which QoS (set after parsing).
+        options: MqttOptions,
+    },
     /// `PUBLISH <channel> <message>` on this Redis server
     /// (`redis[s]://[user:password@]HOST:PORT[/DB]`).
     Redis {
@@ -179,6 +247,29 @@ impl FromStr for PublishTarget {
     type Err = TargetError;
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
+        if url.starts_with("mqtt://") || url.starts_with("mqtts://") {
+            let (p, topic) = mqtt_url(url, "<topic>")?;
+            if p.ports.0 != p.ports.1 {
+                return Err(url_err(url, "give one port for the publish endpoint"));
+            }
+            topic::check_name(&topic)
+                .map_err(|e| url_err(url, format!("'{topic}' is not an MQTT topic name: {e}")))?;
+            let tls = url.starts_with("mqtts://").then(|| {
+                let name = p.host.trim_start_matches('[').trim_end_matches(']');
+                (name.to_owned(), Trust::default())
+            });
+            let host = match p.ip {
+                IpAddr::V6(_) if !p.host.starts_with('[') => format!("[{}]:{}", p.host, p.ports.0),
+                _ => format!("{}:{}", p.host, p.ports.0),
+            };
+            return Ok(Self::Mqtt {
+                addr: SocketAddr::new(p.ip, p.ports.0),
+                host,
+                topic,
+                tls,
+                options: MqttOptions::default(),
+            });
+        }
         if url.starts_with("redis://") || url.starts_with("rediss://") {
             let r: RedisUrl = url.parse().map_err(|why: String| TargetError::Url {
                 url: redact_userinfo(url),
@@ -235,6 +326,12 @@ impl fmt::Display for PublishTarget {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 write!(f, "{scheme}://{host}{path}")
             }
+            Self::Mqtt {
+                host, topic, tls, ..
+            } => {
+                let scheme = if tls.is_some() { "mqtts" } else { "mqtt" };
+                write!(f, "{scheme}://{host}/{topic}")
+            }
             // The URL prints its password as ***.
             Self::Redis { url, .. } => write!(f, "{url}"),
         }
@@ -262,6 +359,10 @@ impl PublishTarget {
             Self::Http {
                 tls: Some((host, trust)),
                 ..
+            }
+            | Self::Mqtt {
+                tls: Some((host, trust)),
+                ..
             } => {
                 *trust = Trust { ca, insecure };
                 (
@@ -271,8 +372,8 @@ impl PublishTarget {
             }
             _ if ca.is_some() || insecure => {
                 return Err(TargetError::Trust(
-                    "--publish-tls-ca and --publish-tls-insecure are for --publish https://... \
-                     or rediss://..."
+                    "--publish-tls-ca and --publish-tls-insecure are for --publish https://..., \
+                     rediss://... or mqtts://..."
                         .to_owned(),
                 ));
             }
@@ -505,6 +606,44 @@ mod tests {
         let t: WsTarget = "wss://localhost/c".parse().unwrap();
         assert_eq!((t.port_first, t.tls), (443, true));
         assert_eq!(t.to_string(), "wss://localhost:443/c");
+    }
+
+    #[test]
+    fn mqtt_targets_take_the_path_as_a_topic_filter() {
+        let t: WsTarget = "mqtt://127.0.0.1/sensors/+/temp".parse().unwrap();
+        assert!(t.mqtt && !t.tls);
+        assert_eq!(t.port_first, 1883);
+        assert_eq!(t.channel(), "sensors/+/temp");
+        assert_eq!(t.to_string(), "mqtt://127.0.0.1:1883/sensors/+/temp");
+        let t: WsTarget = "mqtts://localhost:9000-9001/a/#".parse().unwrap();
+        assert!(t.mqtt && t.tls);
+        assert_eq!(
+            (t.port_count(), t.channel()),
+            (2, "a/#"),
+            "'#' is MQTT's, not a fragment"
+        );
+        let t: WsTarget = "mqtts://localhost/x?y".parse().unwrap();
+        assert_eq!((t.port_first, t.channel()), (8883, "x?y"));
+        for bad in [
+            "mqtt://127.0.0.1:1",
+            "mqtt://127.0.0.1:1/",
+            "mqtt://127.0.0.1/a#",
+            "mqtt://h/a",
+        ] {
+            assert!(bad.parse::<WsTarget>().is_err(), "{bad} was accepted");
+        }
+        let p: PublishTarget = "mqtt://127.0.0.1:1884/a/b".parse().unwrap();
+        assert!(matches!(&p, PublishTarget::Mqtt { topic, tls: None, .. } if topic == "a/b"));
+        assert_eq!(p.to_string(), "mqtt://127.0.0.1:1884/a/b");
+        let p: PublishTarget = "mqtts://[::1]/a".parse().unwrap();
+        assert_eq!(p.to_string(), "mqtts://[::1]:8883/a");
+        for bad in [
+            "mqtt://127.0.0.1/a/+",
+            "mqtt://127.0.0.1/#",
+            "mqtt://127.0.0.1:1-2/a",
+        ] {
+            assert!(bad.parse::<PublishTarget>().is_err(), "{bad} was accepted");
+        }
     }
 
     #[test]

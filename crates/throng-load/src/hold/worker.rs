@@ -28,13 +28,14 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use throng_proto::http;
-use throng_proto::ws;
+use throng_proto::{mqtt, ws};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
 use super::WorkerPlan;
-use super::held::Holder;
+use super::held::{Codec, Holder};
 use super::message;
+use super::mqtt::{Joining, MqttOptions, Refusal};
 use super::plan::assign;
 use super::recorder::{ConnectError, Handshake, HoldRecorder, MessageTally};
 use super::sequence::Sequence;
@@ -142,6 +143,11 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
         }
         (_, false) => None,
     };
+    if plan.target.mqtt && plan.mqtt.is_none() {
+        return Err(invalid(
+            "an mqtt:// target needs MQTT options in the worker plan".into(),
+        ));
+    }
     let ctx = Rc::new(Ctx {
         plain: RefCell::new(Vec::new()),
         tls,
@@ -182,12 +188,34 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
     });
     let loop_ctx = ctx.clone();
     let holder = tokio::task::spawn_local(async move { loop_ctx.holder.run(&loop_ctx).await });
+    let pinger = ctx
+        .plan
+        .mqtt
+        .as_ref()
+        .filter(|_| ctx.plan.target.mqtt)
+        .map(|opts| {
+            let keep_alive_s = opts.keep_alive_s;
+            let ping_ctx = ctx.clone();
+            tokio::task::spawn_local(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(1));
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut tick = 0u64;
+                loop {
+                    every.tick().await;
+                    ping_ctx.holder.ping(&ping_ctx, tick, keep_alive_s);
+                    tick += 1;
+                }
+            })
+        });
 
     while ctx.live.get() > 0 {
         ctx.live.changed().await;
     }
     ticker.abort();
     holder.abort();
+    if let Some(p) = pinger {
+        p.abort();
+    }
     ctx.ticker.last(&ctx.rec, &ctx.out);
     let messages = ctx.rec.borrow().messages();
     if !messages.is_empty() {
@@ -247,7 +275,7 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
         tokio::select! {
             biased;
             () = stop => None,
-            r = open(&ctx, source, port) => Some(r),
+            r = open(&ctx, source, port, i) => Some(r),
         }
     };
     match opened {
@@ -260,7 +288,8 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
                 rec.tls_handshake(resumed);
             }
             drop(rec);
-            ctx.holder.adopt(&ctx, open.stream, open.records, open.rest);
+            ctx.holder
+                .adopt(&ctx, open.stream, open.records, open.codec, open.rest);
         }
         Some(Err((kind, detail))) => ctx.fail(kind, || detail),
         None => ctx.rec.borrow_mut().abandoned(),
@@ -280,14 +309,16 @@ struct Opened {
     resumed: Option<bool>,
     /// Bytes (decrypted) that arrived after the upgrade response head.
     rest: Vec<u8>,
+    /// The decoder the connection goes on with.
+    codec: Codec,
     tcp_us: u64,
     tls_us: Option<u64>,
     upgrade_us: u64,
 }
 
-/// TCP connect from `source`, the TLS handshake (`wss://`) and the
-/// WebSocket upgrade.
-async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, OpenError> {
+/// TCP connect from `source`, the TLS handshake (`wss://`, `mqtts://`) and
+/// the WebSocket upgrade, or MQTT's CONNECT and SUBSCRIBE for connection `i`.
+async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16, i: u64) -> Result<Opened, OpenError> {
     let began = Instant::now();
     let settings = &ctx.plan.settings;
     let addr = SocketAddr::new(ctx.plan.target.ip, port);
@@ -347,20 +378,44 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
     };
     let secured = Instant::now();
     let mut session = session;
-    let handshake = tokio::time::timeout(
-        timeout,
-        upgrade(
-            &mut stream,
-            &ctx.scratch,
-            session.as_deref_mut(),
-            plain,
-            &ctx.plan.target,
-            port,
-            settings.max_head,
-        ),
-    );
-    match handshake.await {
-        Ok(Ok(rest)) => {
+    let plan = &ctx.plan;
+    let handshake = async {
+        match plan.mqtt.as_ref().filter(|_| plan.target.mqtt) {
+            Some(opts) => {
+                let id = format!("{}{i}", opts.client_id_prefix);
+                let asked = (opts, id.as_str(), plan.target.channel());
+                let scratch = &ctx.scratch;
+                join(
+                    &mut stream,
+                    scratch,
+                    session.as_deref_mut(),
+                    plain,
+                    asked,
+                    settings.max_message,
+                )
+                .await
+                .map(|(rest, decoder)| (rest, Codec::mqtt(decoder)))
+            }
+            None => upgrade(
+                &mut stream,
+                &ctx.scratch,
+                session.as_deref_mut(),
+                plain,
+                &plan.target,
+                port,
+                settings.max_head,
+            )
+            .await
+            .map(|rest| {
+                (
+                    rest,
+                    Codec::Ws(ws::Decoder::new(ws::Role::Client, settings.max_message)),
+                )
+            }),
+        }
+    };
+    match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok((rest, codec))) => {
             let done = Instant::now();
             let resumed = session.as_ref().map(|s| s.resumed());
             // Out of rustls: only the keys stay (see `tls::records`).
@@ -379,6 +434,7 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
                 records,
                 resumed,
                 rest,
+                codec,
                 tcp_us: micros(connected - began),
                 upgrade_us: micros(done - secured),
             })
@@ -387,7 +443,17 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
         Err(_) => Err((
             Failure::Net(NetCause::Timeout),
             format!(
-                "upgrade at {addr}: no 101 response in {} ms",
+                "{} at {addr}: no {} in {} ms",
+                if plan.target.mqtt {
+                    "MQTT CONNECT/SUBSCRIBE"
+                } else {
+                    "upgrade"
+                },
+                if plan.target.mqtt {
+                    "CONNACK and SUBACK"
+                } else {
+                    "101 response"
+                },
                 settings.handshake_timeout_ms
             ),
         )),
@@ -399,89 +465,168 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16) -> Result<Opened, Op
 async fn upgrade(
     stream: &mut TcpStream,
     scratch: &RefCell<Box<[u8]>>,
-    mut session: Option<&mut Session>,
+    session: Option<&mut Session>,
     plain: Vec<u8>,
     target: &WsTarget,
     port: u16,
     max_head: usize,
 ) -> Result<Vec<u8>, OpenError> {
     let key = ws::client_key(fastrand::u128(..).to_ne_bytes());
-    let mut buf = Vec::with_capacity(256);
-    ws::write_upgrade_request(&mut buf, &target.host_header(port), &target.path, &key);
-    let io_err = |e: io::Error| (Failure::from_io(&e), format!("upgrade: {e}"));
-    let tls_err = |e: tls::TlsError| (Failure::from_tls(&e), format!("upgrade (over TLS): {e}"));
-    let closed = || {
-        (
-            Failure::Net(NetCause::Reset),
-            "upgrade: the server closed the connection before answering".to_owned(),
-        )
+    let mut request = Vec::with_capacity(256);
+    ws::write_upgrade_request(&mut request, &target.host_header(port), &target.path, &key);
+    let bad = |why: String| (Failure::Own(Handshake::BadHandshake), why);
+    let answer = |buf: &mut Vec<u8>| match http::parse_response(buf, max_head) {
+        Ok(None) => Ok(None),
+        Ok(Some((resp, n))) => match ws::client_verify(&resp, &key) {
+            Ok(()) => Ok(Some(buf.split_off(n))),
+            Err(ws::HandshakeError::NotSwitching(status)) => Err((
+                Failure::Own(Handshake::BadStatus),
+                format!("upgrade: server answered {status} {}", resp.reason),
+            )),
+            Err(e) => Err(bad(format!("upgrade: {e}"))),
+        },
+        Err(e) => Err(bad(format!("upgrade: {e}"))),
     };
-    let mut wire = Vec::new();
-    match session.as_deref_mut() {
-        Some(s) => {
-            s.send(&buf, &mut wire).map_err(tls_err)?;
-            tls::write_all(stream, &wire).await.map_err(io_err)?;
-            wire.clear();
+    let exchange = Exchange {
+        what: "upgrade",
+        limit: 2 * max_head,
+    };
+    exchange
+        .run(stream, scratch, session, &request, plain, answer)
+        .await
+}
+
+/// An MQTT subscriber's start (through `session` for `mqtts://`): CONNECT
+/// and SUBSCRIBE in one write, then CONNACK and SUBACK. Returns the bytes
+/// after SUBACK and the decoder, which has seen CONNACK.
+async fn join(
+    stream: &mut TcpStream,
+    scratch: &RefCell<Box<[u8]>>,
+    session: Option<&mut Session>,
+    plain: Vec<u8>,
+    (opts, client_id, filter): (&MqttOptions, &str, &str),
+    max_packet: usize,
+) -> Result<(Vec<u8>, mqtt::Decoder), OpenError> {
+    let mut request = Vec::with_capacity(64 + filter.len());
+    opts.connect(client_id, opts.keep_alive_s, &mut request);
+    opts.subscribe(filter, &mut request);
+    let mut decoder = mqtt::Decoder::client(opts.version(), max_packet);
+    let mut step = Joining::Connack;
+    let answer = |buf: &mut Vec<u8>| {
+        while step != Joining::Done {
+            let (consumed, next) = match decoder.decode(buf) {
+                Ok(None) => return Ok(None),
+                Ok(Some(d)) => (d.consumed, step.on(&d.packet)),
+                Err(e) => {
+                    return Err((
+                        Failure::Own(Handshake::BadHandshake),
+                        format!("MQTT CONNECT/SUBSCRIBE: {e}"),
+                    ));
+                }
+            };
+            step = next.map_err(|refusal| {
+                let kind = match refusal {
+                    Refusal::Unexpected(_) => Handshake::BadHandshake,
+                    Refusal::Connack(_) | Refusal::Suback(_) => Handshake::BadStatus,
+                };
+                (Failure::Own(kind), format!("MQTT: {refusal}"))
+            })?;
+            buf.drain(..consumed);
         }
-        None => stream.write_all(&buf).await.map_err(io_err)?,
-    }
-    buf = plain;
-    let mut first = !buf.is_empty();
-    loop {
-        if first {
-            // Bytes that came with the handshake: look at them before reading.
-            first = false;
-        } else if let Some(s) = session.as_deref_mut() {
-            let phase = tls::receive_from(stream, scratch, s, &mut buf, &mut wire)
-                .await
-                .map_err(tls_err)?
-                .ok_or_else(closed)?;
-            if !wire.is_empty() {
+        // A copy of what follows SUBACK (nothing, almost always: no
+        // allocation), so the read buffer is freed now, not held.
+        Ok(Some(buf.to_vec()))
+    };
+    let exchange = Exchange {
+        what: "MQTT CONNECT/SUBSCRIBE",
+        limit: 2 * max_packet,
+    };
+    let rest = exchange
+        .run(stream, scratch, session, &request, plain, answer)
+        .await?;
+    Ok((rest, decoder))
+}
+
+/// One request and its answer at the start of a connection, plain or
+/// through TLS: the WebSocket upgrade, MQTT's CONNECT and SUBSCRIBE.
+struct Exchange {
+    /// What it is, for errors.
+    what: &'static str,
+    /// The most bytes read before the answer is whole.
+    limit: usize,
+}
+
+impl Exchange {
+    /// Sends `request` and reads until `answer` (given every byte read so
+    /// far, `plain` first) has what it waits for.
+    async fn run<T>(
+        &self,
+        stream: &mut TcpStream,
+        scratch: &RefCell<Box<[u8]>>,
+        mut session: Option<&mut Session>,
+        request: &[u8],
+        plain: Vec<u8>,
+        mut answer: impl FnMut(&mut Vec<u8>) -> Result<Option<T>, OpenError>,
+    ) -> Result<T, OpenError> {
+        let what = self.what;
+        let io_err = |e: io::Error| (Failure::from_io(&e), format!("{what}: {e}"));
+        let tls_err = |e: tls::TlsError| (Failure::from_tls(&e), format!("{what} (over TLS): {e}"));
+        let closed = || {
+            (
+                Failure::Net(NetCause::Reset),
+                format!("{what}: the server closed the connection before answering"),
+            )
+        };
+        let mut wire = Vec::new();
+        match session.as_deref_mut() {
+            Some(s) => {
+                s.send(request, &mut wire).map_err(tls_err)?;
                 tls::write_all(stream, &wire).await.map_err(io_err)?;
                 wire.clear();
             }
-            if phase == Phase::PeerClosed {
+            None => stream.write_all(request).await.map_err(io_err)?,
+        }
+        let mut buf = plain;
+        let mut first = !buf.is_empty();
+        let mut peer_closed = false;
+        loop {
+            if first {
+                // Bytes that came with the handshake: look at them before reading.
+                first = false;
+            } else if let Some(s) = session.as_deref_mut() {
+                let phase = tls::receive_from(stream, scratch, s, &mut buf, &mut wire)
+                    .await
+                    .map_err(tls_err)?
+                    .ok_or_else(closed)?;
+                if !wire.is_empty() {
+                    tls::write_all(stream, &wire).await.map_err(io_err)?;
+                    wire.clear();
+                }
+                peer_closed = phase == Phase::PeerClosed;
+            } else {
+                stream.readable().await.map_err(io_err)?;
+                let old = buf.len();
+                buf.resize(old + 1024, 0);
+                match stream.try_read(&mut buf[old..]) {
+                    Ok(0) => return Err(closed()),
+                    Ok(n) => buf.truncate(old + n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        buf.truncate(old);
+                        continue;
+                    }
+                    Err(e) => return Err(io_err(e)),
+                }
+            }
+            if let Some(done) = answer(&mut buf)? {
+                return Ok(done);
+            }
+            if peer_closed {
                 return Err(closed());
             }
-            if buf.len() > 2 * max_head {
+            if buf.len() > self.limit {
                 return Err((
                     Failure::Own(Handshake::BadHandshake),
-                    format!("upgrade: no response head in the first {max_head} bytes"),
-                ));
-            }
-        } else {
-            stream.readable().await.map_err(io_err)?;
-            let old = buf.len();
-            buf.resize(old + 1024, 0);
-            match stream.try_read(&mut buf[old..]) {
-                Ok(0) => return Err(closed()),
-                Ok(n) => buf.truncate(old + n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    buf.truncate(old);
-                    continue;
-                }
-                Err(e) => return Err(io_err(e)),
-            }
-        }
-        match http::parse_response(&buf, max_head) {
-            Ok(None) => continue,
-            Ok(Some((resp, n))) => {
-                return match ws::client_verify(&resp, &key) {
-                    Ok(()) => Ok(buf.split_off(n)),
-                    Err(ws::HandshakeError::NotSwitching(status)) => Err((
-                        Failure::Own(Handshake::BadStatus),
-                        format!("upgrade: server answered {status} {}", resp.reason),
-                    )),
-                    Err(e) => Err((
-                        Failure::Own(Handshake::BadHandshake),
-                        format!("upgrade: {e}"),
-                    )),
-                };
-            }
-            Err(e) => {
-                return Err((
-                    Failure::Own(Handshake::BadHandshake),
-                    format!("upgrade: {e}"),
+                    format!("{what}: no answer in the first {} bytes", self.limit),
                 ));
             }
         }

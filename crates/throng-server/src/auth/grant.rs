@@ -12,11 +12,17 @@
 //!   `/` once MQTT topics are channels; until then such a pattern simply
 //!   matches nothing a WebSocket can name.
 //!
+//! Filters are matched by the MQTT matcher of `throng-proto`
+//! ([`topic::matches`]), the one subscriptions use, so a grant and a
+//! subscription can never read a filter differently.
+//!
 //! A pattern that mixes the kinds (`a*b`, `a+/b`, `#/a`, `a/+*`) is refused
 //! when the token is checked, so an issuer's typo fails loudly instead of
 //! granting more, or less, than it meant.
 
 use std::fmt;
+
+use throng_proto::mqtt::topic;
 
 /// The longest pattern accepted (a channel name is at most 128 bytes; a
 /// filter may be a little longer than what it matches).
@@ -89,14 +95,9 @@ impl Pattern {
         if !wild {
             return Ok(Self::Exact(text.to_owned()));
         }
-        let levels: Vec<&str> = text.split('/').collect();
-        for (i, level) in levels.iter().enumerate() {
-            if level.contains(['+', '#']) && level.len() != 1 {
-                return bad("'+' and '#' must be a whole level between '/'");
-            }
-            if *level == "#" && i != levels.len() - 1 {
-                return bad("'#' may only be the last level");
-            }
+        // The filter rules are MQTT's own, checked where subscriptions are.
+        if topic::check_filter(text).is_err() {
+            return bad("'+' and '#' must each fill a level between '/', and '#' be the last");
         }
         Ok(Self::Filter(text.to_owned()))
     }
@@ -107,7 +108,7 @@ impl Pattern {
             Self::Any => true,
             Self::Exact(name) => name == channel,
             Self::Prefix(prefix) => channel.starts_with(prefix.as_str()),
-            Self::Filter(filter) => filter_matches(filter, channel),
+            Self::Filter(filter) => topic::matches(filter, channel),
         }
     }
 }
@@ -118,22 +119,6 @@ impl fmt::Display for Pattern {
             Self::Any => f.write_str("*"),
             Self::Exact(s) | Self::Filter(s) => f.write_str(s),
             Self::Prefix(p) => write!(f, "{p}*"),
-        }
-    }
-}
-
-/// MQTT matching (3.1.1 section 4.7): level by level; `+` takes one level,
-/// a final `#` the rest, and also matches the parent level alone.
-fn filter_matches(filter: &str, channel: &str) -> bool {
-    let mut want = filter.split('/');
-    let mut have = channel.split('/');
-    loop {
-        match (want.next(), have.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(w), Some(h)) if w == h => {}
-            (None, None) => return true,
-            _ => return false,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! `throng hold`: open N WebSocket connections at a set rate, hold them,
-//! publish timestamped messages and measure every delivery.
+//! `throng hold`: open N WebSocket (or MQTT) connections at a set rate, hold
+//! them, publish timestamped messages and measure every delivery.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use throng_host::units::{parse_duration, parse_size};
 use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
+use throng_load::hold::mqtt::MqttOptions;
 use throng_load::hold::request::PublishRequest;
 use throng_load::hold::target::{PublishTarget, WsTarget, parse_sources};
 use throng_load::hold::{self, Settings};
@@ -29,6 +30,8 @@ Examples:
       --publish http://127.0.0.1:9000/publish/news
   throng hold ws://10.0.0.5:9000/news -c 1000 \\
       --publish rediss://bob:secret@10.0.0.6:6380 --publish-tls-ca ca.pem
+  throng hold 'mqtt://127.0.0.1:1883/sensors/+/temp' -c 5000 --qos 1 \\
+      --publish mqtt://127.0.0.1:1883/sensors/1/temp --messages 100
 
 Exit status: 0 when at most --max-connect-errors connections failed, at most
 --max-lost messages were lost and every message was published (both 0 by
@@ -42,7 +45,9 @@ intended start, so a stalled server cannot hide its stall, and the harness
 reports its own lag when it falls behind.")]
 pub(crate) struct Args {
     /// Target: ws://HOST:PORT/<channel>, or a port range ws://HOST:10000-10015/<channel>;
-    /// wss://... for TLS (see --tls-ca, --tls-insecure).
+    /// wss://... for TLS (see --tls-ca, --tls-insecure). MQTT subscribers:
+    /// mqtt://HOST:PORT/<topic filter> (+ and # are MQTT wildcards; quote them for the shell),
+    /// mqtts://... for TLS.
     #[arg(value_name = "URL", required_unless_present = "worker")]
     url: Option<String>,
 
@@ -71,17 +76,18 @@ pub(crate) struct Args {
     /// Publish timestamped messages: http://HOST:PORT/publish/<channel> (https:// for TLS, see
     /// --publish-tls-ca), or Redis PUBLISH with
     /// redis://[user:password@]HOST:PORT[/DB] (AUTH as that user; escape @ : / in the password
-    /// as %40 %3A %2F), or rediss://... for TLS to Redis (see --publish-tls-ca).
+    /// as %40 %3A %2F), or rediss://... for TLS to Redis (see --publish-tls-ca), or an MQTT
+    /// PUBLISH with mqtt://HOST:PORT/<topic> (mqtts:// for TLS) at --qos.
     #[arg(long, value_name = "URL")]
     publish: Option<String>,
 
-    /// --publish https:// or rediss://: PEM file of the CA certificate(s) that signed the
+    /// --publish https://, rediss:// or mqtts://: PEM file of the CA certificate(s) that signed the
     /// publish endpoint's certificate (which must name the URL's host). Default: the system bundle
     /// /etc/ssl/certs/ca-certificates.crt.
     #[arg(long, value_name = "FILE", requires = "publish")]
     publish_tls_ca: Option<PathBuf>,
 
-    /// --publish https:// or rediss://: do not check the publish endpoint's certificate at all
+    /// --publish https://, rediss:// or mqtts://: do not check the publish endpoint's certificate at all
     /// (trials with a self-signed certificate only).
     #[arg(long, requires = "publish", conflicts_with = "publish_tls_ca")]
     publish_tls_insecure: bool,
@@ -112,11 +118,13 @@ pub(crate) struct Args {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     connect_timeout: Duration,
 
-    /// Timeout of the WebSocket upgrade after TCP connect (wss://: of the TLS handshake, then of the upgrade).
+    /// Timeout of the WebSocket upgrade after TCP connect (wss://: of the TLS handshake, then of the
+    /// upgrade; mqtt://: of CONNECT and SUBSCRIBE to SUBACK).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
 
-    /// How long to wait for the server's close frame at the end.
+    /// How long to wait for the server's close frame at the end (mqtt://: for the broker to close
+    /// after our DISCONNECT).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     close_timeout: Duration,
 
@@ -146,7 +154,87 @@ pub(crate) struct Args {
     dry_run: bool,
 
     #[command(flatten)]
+    mqtt: MqttArgs,
+
+    #[command(flatten)]
     client: super::client::ClientArgs,
+}
+
+/// How MQTT subscribers and the MQTT publisher connect (mqtt:// URLs only).
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "MQTT (mqtt:// and mqtts:// URLs)")]
+struct MqttArgs {
+    /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once) or 1 (at least
+    /// once, each delivery acknowledged with PUBACK).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    qos: u8,
+
+    /// CONNECT's keep-alive: each subscriber sends PINGREQ every half of it (0: no keep-alive).
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = parse_duration)]
+    mqtt_keepalive: Duration,
+
+    /// Protocol version: 3.1.1 or 5.
+    #[arg(long, default_value = "3.1.1", value_parser = ["3.1.1", "5"])]
+    mqtt_version: String,
+
+    /// Client ids are this followed by the connection's number (the publisher's: followed
+    /// by "publisher"). Default: throng-<process id>-, unique per run on one machine.
+    #[arg(long, value_name = "PREFIX")]
+    client_id_prefix: Option<String>,
+
+    /// CONNECT's user name.
+    #[arg(long)]
+    username: Option<String>,
+
+    /// CONNECT's password (with a broker that checks tokens, the token).
+    #[arg(long)]
+    password: Option<String>,
+}
+
+impl MqttArgs {
+    /// The options, when a URL is mqtt://; an error if MQTT options were
+    /// given for no MQTT URL.
+    fn options(&self, used: bool) -> anyhow::Result<Option<MqttOptions>> {
+        let keep_alive_s = u16::try_from(self.mqtt_keepalive.as_secs())
+            .ok()
+            .filter(|_| self.mqtt_keepalive.subsec_nanos() == 0)
+            .context("--mqtt-keepalive is whole seconds, at most 65535s (18h12m15s)")?;
+        let given = self.qos != 0
+            || keep_alive_s != 60
+            || self.mqtt_version != "3.1.1"
+            || self.client_id_prefix.is_some()
+            || self.username.is_some()
+            || self.password.is_some();
+        if !used {
+            anyhow::ensure!(
+                !given,
+                "--qos, --mqtt-keepalive, --mqtt-version, --client-id-prefix, --username and \
+                 --password are for mqtt:// or mqtts:// URLs"
+            );
+            return Ok(None);
+        }
+        let prefix = self
+            .client_id_prefix
+            .clone()
+            .unwrap_or_else(|| format!("throng-{}-", std::process::id()));
+        for (what, text) in [
+            ("--client-id-prefix", Some(&prefix)),
+            ("--username", self.username.as_ref()),
+            ("--password", self.password.as_ref()),
+        ] {
+            if text.is_some_and(|t| t.len() > 60_000) {
+                anyhow::bail!("{what} is over 60,000 bytes: MQTT strings hold at most 65,535");
+            }
+        }
+        Ok(Some(MqttOptions {
+            level: if self.mqtt_version == "5" { 5 } else { 4 },
+            qos: self.qos,
+            keep_alive_s,
+            client_id_prefix: prefix,
+            username: self.username.clone(),
+            password: self.password.clone(),
+        }))
+    }
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -156,8 +244,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let url = args.url.as_deref().context("a target URL is needed")?;
     let target: WsTarget = url.parse()?;
+    let publish_mqtt = args
+        .publish
+        .as_deref()
+        .is_some_and(|p| p.starts_with("mqtt://") || p.starts_with("mqtts://"));
+    let mqtt = args.mqtt.options(target.mqtt || publish_mqtt)?;
     let publish = match &args.publish {
-        Some(url) => Some(publish(&args, url)?),
+        Some(url) => Some(publish(&args, url, mqtt.as_ref())?),
         None => None,
     };
     let progress = Progress::choose(args.client.quiet, args.json);
@@ -177,6 +270,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         publish,
         tls: args.client.tls.options(target.tls)?,
+        mqtt: mqtt.filter(|_| target.mqtt),
         target,
         output: args.output,
         progress,
@@ -208,9 +302,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// `--publish` and its TLS trust, its rate, size and Redis prefix.
-fn publish(args: &Args, url: &str) -> anyhow::Result<PublishRequest> {
+/// `--publish` and its TLS trust, its rate, size, Redis prefix and MQTT options.
+fn publish(args: &Args, url: &str, mqtt: Option<&MqttOptions>) -> anyhow::Result<PublishRequest> {
     let mut target: PublishTarget = url.parse()?;
+    if let (PublishTarget::Mqtt { options, .. }, Some(m)) = (&mut target, mqtt) {
+        options.clone_from(m);
+    }
     let warning = target.set_trust(args.publish_tls_ca.clone(), args.publish_tls_insecure)?;
     if let Some(w) = warning {
         eprintln!("throng: WARNING: {w}");

@@ -12,6 +12,7 @@ mod bench;
 mod doctor;
 mod history;
 mod hold;
+mod mqtt;
 mod newcomer;
 mod redis;
 mod rediss;

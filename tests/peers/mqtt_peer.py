@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""An MQTT client independent of throng's (paho-mqtt 2), for the tests.
+
+  mqtt_peer.py sub HOST PORT FILTER --qos Q --count N [--timeout S] [--cafile F]
+      Subscribes; prints "ready" once SUBACK came, then, after N messages or
+      the timeout, one JSON line: how many came, and whether their sequence
+      numbers (throng's "t1 <seq> <ns> ..." payloads) were 1..N in order.
+
+  mqtt_peer.py pub HOST PORT TOPIC --qos Q --count N --rate R [--cafile F]
+      Publishes N timestamped messages in throng's format at R per second,
+      each acknowledged at QoS 1; prints one JSON line at the end.
+"""
+
+import argparse
+import json
+import ssl
+import sys
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+
+
+def client(args, name):
+    c = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=f"paho-{name}-{time.monotonic_ns()}",
+        protocol=mqtt.MQTTv5 if args.v5 else mqtt.MQTTv311,
+    )
+    if args.cafile:
+        c.tls_set(ca_certs=args.cafile, cert_reqs=ssl.CERT_REQUIRED)
+    return c
+
+
+def sub(args):
+    c = client(args, "sub")
+    seqs = []
+    subscribed = threading.Event()
+    done = threading.Event()
+
+    def on_connect(c, _userdata, _flags, reason, _props):
+        if reason.is_failure:
+            print(json.dumps({"error": f"CONNACK {reason}"}), flush=True)
+            done.set()
+            return
+        c.subscribe(args.filter, qos=args.qos)
+
+    def on_subscribe(_c, _userdata, _mid, reasons, _props):
+        if any(r.is_failure for r in reasons):
+            print(json.dumps({"error": f"SUBACK {reasons}"}), flush=True)
+            done.set()
+            return
+        subscribed.set()
+        print("ready", flush=True)
+
+    def on_message(_c, _userdata, msg):
+        parts = msg.payload.split(b" ")
+        if len(parts) >= 3 and parts[0] == b"t1":
+            seqs.append(int(parts[1]))
+        if len(seqs) >= args.count:
+            done.set()
+
+    c.on_connect = on_connect
+    c.on_subscribe = on_subscribe
+    c.on_message = on_message
+    c.connect(args.host, args.port, keepalive=30)
+    c.loop_start()
+    done.wait(args.timeout)
+    c.disconnect()
+    c.loop_stop()
+    print(
+        json.dumps(
+            {
+                "received": len(seqs),
+                "in_order": seqs == list(range(1, len(seqs) + 1)),
+                "first": seqs[:3],
+            }
+        ),
+        flush=True,
+    )
+
+
+def pub(args):
+    c = client(args, "pub")
+    c.connect(args.host, args.port, keepalive=30)
+    c.loop_start()
+    start = time.monotonic()
+    acked = 0
+    for seq in range(1, args.count + 1):
+        due = start + (seq - 1) / args.rate
+        time.sleep(max(0.0, due - time.monotonic()))
+        payload = f"t1 {seq} {time.time_ns()} ".encode()
+        info = c.publish(args.topic, payload, qos=args.qos)
+        if args.qos:
+            info.wait_for_publish(10)
+            acked += int(info.is_published())
+    c.disconnect()
+    c.loop_stop()
+    print(json.dumps({"published": args.count, "acked": acked}), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["sub", "pub"])
+    p.add_argument("host")
+    p.add_argument("port", type=int)
+    p.add_argument("filter", metavar="FILTER_OR_TOPIC")
+    p.add_argument("--qos", type=int, default=0)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--rate", type=float, default=10.0)
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--cafile")
+    p.add_argument("--v5", action="store_true")
+    args = p.parse_args()
+    args.topic = args.filter
+    if args.mode == "sub":
+        sub(args)
+    else:
+        pub(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
