@@ -158,6 +158,7 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
             command: WorkerCommand::this_program(&WORKER_ARGS)?,
             results,
             progress: req.progress,
+            remote: None,
         },
         attack,
         lines,

@@ -6,6 +6,7 @@
 use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -22,7 +23,7 @@ use super::target::{PublishTarget, WsTarget};
 use crate::harness::Setup;
 use crate::harness::collect::ResultFile;
 use crate::harness::machine::Machine;
-use crate::harness::pool::WorkerCommand;
+use crate::harness::pool::{Launch, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::RateSpec;
 use crate::tls::TlsOptions;
@@ -102,18 +103,38 @@ pub struct Prepared {
     thresholds: Thresholds,
 }
 
+/// Where a run's workers go instead of this machine's processes: agents
+/// (`crate::agent`), already fitted onto their machines.
+#[derive(Debug)]
+pub struct Remote {
+    /// The run's workers, over every agent.
+    pub fit: plan::Fit,
+    /// Starts them.
+    pub launch: Rc<dyn Launch>,
+    /// How the run is shared out, for the lines printed at start.
+    pub lines: Vec<String>,
+}
+
 /// Checks `req` and fits it onto this machine.
 pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
+    prepare_on(req, None)
+}
+
+/// Checks `req` and fits it onto this machine, or runs it on `remote`.
+pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, HoldError> {
     let machine = Machine::probe()?;
-    let fit = plan::fit(
-        &plan::Request {
-            connections: req.connections,
-            target: req.target.clone(),
-            sources: req.sources.clone(),
-            workers: req.workers,
-        },
-        &machine,
-    )?;
+    let fit = match &remote {
+        Some(r) => r.fit.clone(),
+        None => plan::fit(
+            &plan::Request {
+                connections: req.connections,
+                target: req.target.clone(),
+                sources: req.sources.clone(),
+                workers: req.workers,
+            },
+            &machine,
+        )?,
+    };
     let publish = match &req.publish {
         None => None,
         Some(p) => Some(PublishPlan {
@@ -139,6 +160,10 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
         publish,
     };
     let mut lines = start_lines(&hold, &machine, req.output.as_ref());
+    if let Some(r) = &remote {
+        // Workers, sources and ports are each agent's (its lines), not this machine's.
+        lines.splice(2..5, r.lines.iter().cloned());
+    }
     lines.push(req.thresholds.line());
     let results = req.output.clone().map(|path| ResultFile {
         path,
@@ -148,6 +173,7 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
         command: WorkerCommand::this_program(&WORKER_ARGS)?,
         results,
         progress: req.progress,
+        remote: remote.map(|r| r.launch),
     };
     Ok(Prepared {
         hold,

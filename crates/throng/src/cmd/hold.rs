@@ -137,6 +137,9 @@ pub(crate) struct Args {
 
     #[command(flatten)]
     client: super::client::ClientArgs,
+
+    #[command(flatten)]
+    agents: super::agent::RunArgs,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -151,38 +154,57 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let progress = Progress::choose(args.client.quiet, args.json);
-    let prepared = hold::prepare(hold::Request {
-        command_line: std::env::args().collect(),
-        connections: args.connections,
-        rate: args.rate,
-        duration: args.duration,
-        sources: args.source_ips.as_deref().map(parse_sources).transpose()?,
-        workers: args.workers,
-        settings: Settings {
-            connect_timeout_ms: millis(args.connect_timeout),
-            handshake_timeout_ms: millis(args.handshake_timeout),
-            close_timeout_ms: millis(args.close_timeout),
-            max_message: args.max_message,
-            ..Settings::default()
+    let settings = Settings {
+        connect_timeout_ms: millis(args.connect_timeout),
+        handshake_timeout_ms: millis(args.handshake_timeout),
+        close_timeout_ms: millis(args.close_timeout),
+        max_message: args.max_message,
+        ..Settings::default()
+    };
+    let (remote, agents) = args
+        .agents
+        .hold(args.connections, &target, settings.interval_ns)?
+        .unzip();
+    if agents.is_some() && (args.workers.is_some() || args.source_ips.is_some()) {
+        anyhow::bail!(
+            "with --agents, workers and source addresses are each agent's: give --source-ips to 'throng agent', and leave --workers out"
+        );
+    }
+    let prepared = hold::prepare_on(
+        hold::Request {
+            command_line: std::env::args().collect(),
+            connections: args.connections,
+            rate: args.rate,
+            duration: args.duration,
+            sources: args.source_ips.as_deref().map(parse_sources).transpose()?,
+            workers: args.workers,
+            settings,
+            publish,
+            tls: args.client.tls.options(target.tls)?,
+            target,
+            output: args.output,
+            progress,
+            thresholds: hold::Thresholds {
+                max_connect_errors: args.max_connect_errors,
+                max_lost: args.max_lost,
+            },
         },
-        publish,
-        tls: args.client.tls.options(target.tls)?,
-        target,
-        output: args.output,
-        progress,
-        thresholds: hold::Thresholds {
-            max_connect_errors: args.max_connect_errors,
-            max_lost: args.max_lost,
-        },
-    })?;
+        remote,
+    )?;
     for line in prepared.lines() {
         progress.say(line);
     }
-    let (summary, failed) = prepared.run().context("hold")?;
+    let (summary, mut failed) = prepared.run().context("hold")?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{}", hold::render(&summary));
+    }
+    if let Some(a) = &agents {
+        if !args.json {
+            print!("{}", a.summary(summary.start_unix_ns));
+        }
+        failed.extend(a.lost().into_iter().map(|l| format!("agent {l}")));
     }
     for f in &failed {
         eprintln!("throng hold: FAIL: {f}");
