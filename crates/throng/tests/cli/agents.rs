@@ -1,0 +1,500 @@
+//! `throng agent`, `throng agents` and `hold --agents`: real agents (this
+//! binary), a real `redis-server` between them and the controller, a real
+//! `throng serve` as the target. On loopback: registration, expiry and
+//! re-registration after a Redis restart, a run's merged figures against
+//! each agent's own file, the errors before a start, a killed agent and
+//! Ctrl-C on the controller. In network namespaces (one address each, as
+//! separate machines would have): 30,000 connections from three agents.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use throng_testkit::process::{output_within, signal, text};
+use throng_testkit::redis::Redis;
+use throng_testkit::{Peer, TempDir, require, wait_until};
+
+use crate::{serve, throng};
+
+/// A program started by a test, its stderr kept line by line with the
+/// time each line came; killed on drop.
+struct Spawned {
+    child: Child,
+    lines: Arc<Mutex<Vec<(Instant, String)>>>,
+    stdout: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Spawned {
+    fn start(cmd: &mut Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+        let lines: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+        if let Some(err) = child.stderr.take() {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(err).lines().map_while(Result::ok) {
+                    lines.lock().unwrap().push((Instant::now(), l));
+                }
+            });
+        }
+        let stdout = child.stdout.take().map(|mut out| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = std::io::Read::read_to_string(&mut out, &mut s);
+                s
+            })
+        });
+        Self {
+            child,
+            lines,
+            stdout,
+        }
+    }
+
+    /// When the first stderr line containing `what` came.
+    fn said(&self, what: &str) -> Option<Instant> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, l)| l.contains(what))
+            .map(|(at, _)| *at)
+    }
+
+    fn stderr(&self) -> String {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, l)| format!("{l}\n"))
+            .collect()
+    }
+
+    fn wait_said(&self, what: &str) -> Instant {
+        let start = Instant::now();
+        loop {
+            if let Some(at) = self.said(what) {
+                return at;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no '{what}' within 30 s; stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the end (at most `limit`): exit code, stdout.
+    fn wait(&mut self, limit: Duration) -> (i32, String) {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "did not end within {limit:?}; stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = self
+            .stdout
+            .take()
+            .map(|t| t.join().unwrap())
+            .unwrap_or_default();
+        (status.code().unwrap_or(-1), out)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `throng agent --redis URL --name NAME` plus `args`, once registered.
+fn agent(url: &str, name: &str, args: &[&str]) -> Spawned {
+    let a = Spawned::start(
+        throng()
+            .args(["agent", "--redis", url, "--name", name])
+            .args(args),
+    );
+    a.wait_said("registered as");
+    a
+}
+
+/// `throng agents --json`: the live agents by name.
+fn agents(url: &str) -> Vec<Value> {
+    let out = output_within(
+        throng().args(["agents", "--redis", url, "--json"]),
+        Duration::from_secs(20),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    match serde_json::from_slice(&out.stdout).unwrap() {
+        Value::Array(a) => a,
+        v => panic!("not a list: {v}"),
+    }
+}
+
+fn names(listed: &[Value]) -> Vec<String> {
+    listed
+        .iter()
+        .map(|a| a["registration"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn agents_register_expire_and_register_again_after_a_redis_restart() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let mut redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let a = agent(&url, "a1", &["--group", "g1", "--source-ips", "127.0.0.7"]);
+    let mut b = agent(&url, "b2", &[]);
+    let listed = agents(&url);
+    assert_eq!(names(&listed), ["a1", "b2"]);
+    let r = &listed[0]["registration"];
+    assert_eq!(r["group"], "g1");
+    assert_eq!(r["version"], env!("CARGO_PKG_VERSION"));
+    assert!(r["capacity"]["cores"].as_u64().unwrap() >= 1, "{r}");
+    assert!(r["capacity"]["nofile"].as_u64().unwrap() >= 1024, "{r}");
+    assert_eq!(r["capacity"]["sources"][0], "127.0.0.7");
+    assert!(r["running"].is_null(), "{r}");
+    // Same machine, same clock: the offset through Redis is about zero.
+    assert!(
+        listed[0]["offset_ns"].as_i64().unwrap().abs() < 50_000_000,
+        "{listed:?}"
+    );
+    let table = output_within(
+        throng().args(["agents", "--redis", &url, "--group", "g1"]),
+        Duration::from_secs(20),
+    );
+    let table = text(&table.stdout);
+    assert!(table.contains("a1") && !table.contains("b2"), "{table}");
+    // The key expires by itself: it has a TTL.
+    let ttl: i64 = redis.cli(&["TTL", "throng:agents:agent:a1"])[0]
+        .parse()
+        .unwrap();
+    assert!((1..=5).contains(&ttl), "TTL {ttl}");
+
+    // Redis restarted empty: both agents come back by themselves.
+    redis.stop();
+    redis.restart();
+    wait_until("both agents to register again", || {
+        names(&agents(&url)) == ["a1", "b2"]
+    });
+    assert!(a.said("trying again").is_some(), "{}", a.stderr());
+
+    // SIGTERM: the agent leaves at once; a killed one expires.
+    signal(b.pid(), "TERM");
+    let (code, _) = b.wait(Duration::from_secs(10));
+    assert_eq!(code, 0, "{}", b.stderr());
+    assert_eq!(names(&agents(&url)), ["a1"]);
+    drop(a);
+    let killed = Instant::now();
+    wait_until("the killed agent's key to expire", || {
+        agents(&url).is_empty()
+    });
+    assert!(killed.elapsed() <= Duration::from_secs(7));
+}
+
+/// A `throng serve` for agents on loopback and the flags of a short hold on it.
+fn hold_args(server: &throng_testkit::Server, connections: &str) -> Vec<String> {
+    vec![
+        "hold".into(),
+        format!("ws://{}/news", server.addr),
+        "-c".into(),
+        connections.into(),
+        "--rate".into(),
+        "2000/s".into(),
+        "--publish".into(),
+        format!("http://{}/publish/news", server.addr),
+    ]
+}
+
+/// `throng report --format json` of `files`.
+fn report(files: &[&std::path::Path]) -> Value {
+    let out = output_within(
+        throng()
+            .arg("report")
+            .args(files)
+            .args(["--format", "json"]),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn counter(report: &Value, name: &str) -> u64 {
+    report["counters"][name]["total"]
+        .as_u64()
+        .or_else(|| report["counters"][name].as_u64())
+        .unwrap_or_else(|| panic!("no counter {name} in {}", report["counters"]))
+}
+
+#[test]
+fn a_hold_on_agents_adds_up_and_each_agents_file_adds_up_to_the_merged_one() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let _a = agent(&url, "a1", &[]);
+    let _b = agent(&url, "b2", &[]);
+    let server = serve(&[]);
+    let dir = TempDir::new("agents-hold");
+    let merged = dir.path().join("merged.jsonl");
+    let per = dir.path().join("per");
+    let mut args = hold_args(&server, "1000");
+    args.extend(
+        [
+            "--messages",
+            "3",
+            "--agents",
+            &url,
+            "-o",
+            merged.to_str().unwrap(),
+            "--per-agent-output",
+            per.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    let out = output_within(throng().args(&args), Duration::from_secs(90));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("messages: 3 published, 3000 received of 3000 expected, 0 lost"),
+        "{stdout}"
+    );
+    for name in ["a1", "b2"] {
+        assert!(
+            stdout.contains(&format!(
+                "agent {name}: workers 2, 500 connections planned, 500 opened, 1500 messages received; done"
+            )),
+            "{stdout}"
+        );
+    }
+    let whole = report(&[&merged]);
+    let parts = report(&[&per.join("a1.jsonl"), &per.join("b2.jsonl")]);
+    for c in [
+        "connect.ok",
+        "messages.received",
+        "closed.clean",
+        "bytes.in",
+    ] {
+        assert_eq!(counter(&whole, c), counter(&parts, c), "{c}");
+    }
+    assert_eq!(counter(&whole, "messages.received"), 3000);
+    // Every record's source names its agent.
+    let text = std::fs::read_to_string(&merged).unwrap();
+    assert!(text.contains("\"a1/hold-0\"") && text.contains("\"b2/hold-3\""));
+}
+
+#[test]
+fn a_run_the_agents_cannot_take_is_refused_before_it_starts() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&["--requirepass", "pw"], &["--pass", "pw"]);
+    let url = format!("redis://:pw@127.0.0.1:{}", redis.port);
+    let server = serve(&[]);
+    let run = |url: &str, extra: &[&str]| {
+        let mut args = hold_args(&server, "100");
+        args.extend(["--agents".to_owned(), url.to_owned()]);
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let out = output_within(throng().args(&args), Duration::from_secs(30));
+        (out.status.code(), text(&out.stderr))
+    };
+    let (code, err) = run(&url, &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("no live agents under throng:agents:agent:*"),
+        "{err}"
+    );
+    assert!(err.contains("throng agent --redis"), "{err}");
+
+    let wrong = format!("redis://:nope@127.0.0.1:{}", redis.port);
+    let (code, err) = run(&wrong, &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("Redis refused"), "{err}");
+    assert!(err.contains("check the user and password"), "{err}");
+    assert!(!err.contains("nope"), "the password is printed: {err}");
+
+    // Registrations written as an agent of another kind would write them.
+    let register = |name: &str, version: &str, ports: [u16; 2], group: &str| {
+        let reg = serde_json::json!({
+            "name": name, "group": group, "version": version,
+            "capacity": {"cores": 1, "nofile": 20_000, "free_memory": 0,
+                         "local_ports": ports, "sources": ["127.0.0.9"]},
+            "clock_offset_ns": 0, "clock_rtt_ns": 0, "running": null, "at_unix_ns": 0,
+        });
+        redis.cli(&[
+            "SET",
+            &format!("throng:agents:agent:{name}"),
+            &reg.to_string(),
+            "EX",
+            "60",
+        ]);
+    };
+    register("old", "0.0.1", [32768, 60999], "v");
+    let (code, err) = run(&url, &["--group", "v"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("agent old is throng 0.0.1"), "{err}");
+    assert!(err.contains("install throng"), "{err}");
+
+    // Ten local ports and one source address cannot carry 100 connections.
+    register("small", env!("CARGO_PKG_VERSION"), [60990, 60999], "s");
+    let (code, err) = run(&url, &["--group", "s"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("agent small cannot take its share of 100"),
+        "{err}"
+    );
+    assert!(err.contains("local ports are usable per pair"), "{err}");
+
+    // A group nobody is in.
+    let (code, err) = run(&url, &["--group", "nobody"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("of group nobody"), "{err}");
+}
+
+/// A controller running `hold --agents` with a long hold, once every
+/// connection is open.
+fn controller(server: &throng_testkit::Server, url: &str, extra: &[&str]) -> Spawned {
+    let mut args = hold_args(server, "400");
+    args.extend(
+        [
+            "--duration",
+            "60s",
+            "--publish-rate",
+            "2/s",
+            "--agents",
+            url,
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| (*s).to_owned()),
+    );
+    let c = Spawned::start(throng().args(&args));
+    wait_until("every connection to open", || {
+        server.metric("throng_connections_open") >= 400.0
+    });
+    c
+}
+
+#[test]
+fn a_killed_agent_is_named_within_5_s_and_its_share_counts_as_lost() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let _a = agent(&url, "a1", &[]);
+    let b = agent(&url, "b2", &[]);
+    let server = serve(&[]);
+    let mut c = controller(&server, &url, &[]);
+    std::thread::sleep(Duration::from_secs(2));
+    drop(b);
+    let killed = Instant::now();
+    let named = c.wait_said("agent b2 lost");
+    assert!(
+        named.duration_since(killed) <= Duration::from_secs(5),
+        "named after {:?}",
+        named.duration_since(killed)
+    );
+    // The run goes on without it (--on-agent-loss continue), then Ctrl-C.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(c.child.try_wait().unwrap().is_none(), "{}", c.stderr());
+    signal(c.pid(), "INT");
+    let (code, out) = c.wait(Duration::from_secs(30));
+    assert_eq!(code, 1, "{out}{}", c.stderr());
+    assert!(
+        out.contains("agent b2: workers 2, 200 connections planned"),
+        "{out}"
+    );
+    assert!(out.contains("LOST at"), "{out}");
+    assert!(
+        out.contains("agent a1: workers 2, 200 connections planned, 200 opened"),
+        "{out}"
+    );
+    assert!(
+        c.stderr().contains("FAIL: agent b2: no word from it"),
+        "{}",
+        c.stderr()
+    );
+}
+
+#[test]
+fn on_agent_loss_stop_ends_the_run() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let a = agent(&url, "a1", &[]);
+    let b = agent(&url, "b2", &[]);
+    let server = serve(&[]);
+    let mut c = controller(&server, &url, &["--on-agent-loss", "stop"]);
+    drop(b);
+    c.wait_said("stopping the run (--on-agent-loss stop)");
+    let (code, out) = c.wait(Duration::from_secs(30));
+    assert_eq!(code, 1, "{out}{}", c.stderr());
+    a.wait_said("idle again");
+}
+
+#[test]
+fn ctrl_c_on_the_controller_stops_every_agent_within_the_close_timeout() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let a = agent(&url, "a1", &[]);
+    let b = agent(&url, "b2", &[]);
+    let server = serve(&[]);
+    let mut c = controller(&server, &url, &["--close-timeout", "2s"]);
+    assert!(
+        agents(&url)
+            .iter()
+            .all(|r| r["registration"]["running"]["role"] == "hold")
+    );
+    signal(c.pid(), "INT");
+    let stopped = Instant::now();
+    let (code, out) = c.wait(Duration::from_secs(30));
+    assert_eq!(code, 0, "{out}{}", c.stderr());
+    assert!(out.contains("agent a1:") && out.contains("; done"), "{out}");
+    for x in [&a, &b] {
+        let idle = x.wait_said("idle again");
+        assert!(
+            idle.duration_since(stopped) <= Duration::from_secs(5),
+            "{}",
+            x.stderr()
+        );
+    }
+    wait_until("the server to see every connection closed", || {
+        server.metric("throng_connections_open") == 0.0
+    });
+    wait_until("both agents to register as idle", || {
+        agents(&url)
+            .iter()
+            .all(|r| r["registration"]["running"].is_null())
+    });
+}
+
+#[test]
+fn an_agent_whose_controller_dies_stops_its_workers() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let a = agent(&url, "a1", &[]);
+    let server = serve(&[]);
+    let c = controller(&server, &url, &[]);
+    drop(c);
+    a.wait_said("its controller is gone");
+    a.wait_said("idle again");
+    wait_until("the server to see every connection closed", || {
+        server.metric("throng_connections_open") == 0.0
+    });
+}
