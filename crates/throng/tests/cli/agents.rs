@@ -498,3 +498,257 @@ fn an_agent_whose_controller_dies_stops_its_workers() {
         server.metric("throng_connections_open") == 0.0
     });
 }
+
+/// Machines simulated on this one: network namespaces, each with one
+/// address on a bridge that this (root) namespace also has an address on,
+/// so Redis listening here is reachable from every namespace. Removed on
+/// drop.
+struct Lan {
+    bridge: String,
+    spaces: Vec<String>,
+    /// `10.213.N`: namespace `i` is `.{10 + i}`, this namespace `.1`.
+    subnet: String,
+}
+
+impl Lan {
+    /// `n` namespaces, or why they cannot be made here.
+    fn create(n: usize) -> Result<Self, String> {
+        let tag = std::process::id() % 1000;
+        let mut lan = Self {
+            bridge: format!("tbr{tag}"),
+            spaces: Vec::new(),
+            subnet: format!("10.213.{}", 20 + tag % 200),
+        };
+        let ip = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    text(&out.stderr).trim()
+                ))
+            }
+        };
+        ip(&["link", "add", &lan.bridge, "type", "bridge"])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}.1/24", lan.subnet),
+            "dev",
+            &lan.bridge,
+        ])?;
+        ip(&["link", "set", &lan.bridge, "up"])?;
+        for i in 0..n {
+            let ns = format!("thr{tag}n{i}");
+            ip(&["netns", "add", &ns])?;
+            lan.spaces.push(ns.clone());
+            let (outer, inner) = (format!("tv{tag}n{i}"), format!("tp{tag}n{i}"));
+            ip(&[
+                "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ])?;
+            ip(&["link", "set", &inner, "netns", &ns])?;
+            ip(&["link", "set", &outer, "master", &lan.bridge])?;
+            ip(&["link", "set", &outer, "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", lan.addr(i)),
+                "dev",
+                &inner,
+            ])?;
+            ip(&["-n", &ns, "link", "set", &inner, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(lan)
+    }
+
+    /// Namespace `i`'s address.
+    fn addr(&self, i: usize) -> String {
+        format!("{}.{}", self.subnet, 10 + i)
+    }
+
+    /// This namespace's address on the bridge.
+    fn here(&self) -> String {
+        format!("{}.1", self.subnet)
+    }
+
+    /// `throng` in namespace `i`.
+    fn throng(&self, i: usize) -> Command {
+        let mut c = throng_testkit::process::command("ip");
+        c.args(["netns", "exec", &self.spaces[i], crate::THRONG]);
+        c
+    }
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and with it the other.
+        for ns in &self.spaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+    }
+}
+
+/// Namespaces, or the test is skipped with the reason (and fails under
+/// `scripts/test.sh`, which runs as root where they exist).
+fn lan(n: usize) -> Option<Lan> {
+    match Lan::create(n) {
+        Ok(l) => Some(l),
+        Err(why) => {
+            assert!(
+                !throng_testkit::peers::required(),
+                "network namespaces are needed (root and iproute2): {why}"
+            );
+            eprintln!("SKIP: network namespaces are not available here: {why}");
+            None
+        }
+    }
+}
+
+#[test]
+fn thirty_thousand_connections_from_three_namespace_agents_add_up() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    // Host-wide: 30,000 sockets and every core.
+    throng_testkit::process::alone();
+    let Some(lan) = lan(4) else { return };
+    let redis = Redis::start(&["--bind", "0.0.0.0", "--protected-mode", "no"], &[]);
+    let in_lan = format!("redis://{}:{}", lan.here(), redis.port);
+    // Namespace 0 is the server's machine, 1-3 the agents'.
+    let server_addr: std::net::SocketAddr = format!("{}:9000", lan.addr(0)).parse().unwrap();
+    let _server = Spawned::start(lan.throng(0).args([
+        "serve",
+        "--listen",
+        &server_addr.to_string(),
+        "--max-connections",
+        "31000",
+    ]));
+    wait_until("the server in its namespace to listen", || {
+        std::net::TcpStream::connect(server_addr).is_ok()
+    });
+    let open = || {
+        let (_, body) = throng_testkit::http::get(server_addr, "/metrics");
+        throng_testkit::http::metric_in(&body, "throng_connections_open").unwrap_or(0.0)
+    };
+    let agents: Vec<Spawned> = (1..=3)
+        .map(|i| {
+            let a = Spawned::start(lan.throng(i).args([
+                "agent",
+                "--redis",
+                &in_lan,
+                "--name",
+                &format!("ns{i}"),
+                "--source-ips",
+                &lan.addr(i),
+            ]));
+            a.wait_said("registered as");
+            a
+        })
+        .collect();
+    let dir = TempDir::new("agents-netns");
+    let merged = dir.path().join("merged.jsonl");
+    let per = dir.path().join("per");
+    let mut c = Spawned::start(throng().args([
+        "hold",
+        &format!("ws://{server_addr}/news"),
+        "-c",
+        "30000",
+        "--rate",
+        "5000/s",
+        "--duration",
+        "4s",
+        "--publish",
+        &format!("http://{server_addr}/publish/news"),
+        "--publish-rate",
+        "1/s",
+        "--agents",
+        &redis.url(),
+        "-o",
+        merged.to_str().unwrap(),
+        "--per-agent-output",
+        per.to_str().unwrap(),
+    ]));
+    let start = Instant::now();
+    while open() < 30_000.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{} open after 60 s; controller:\n{}",
+            open(),
+            c.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Seen from the server: every connection comes from an agent's address.
+    let ss = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lan.spaces[0],
+            "ss",
+            "-Htn",
+            "state",
+            "established",
+        ])
+        .args(["( sport = :9000 )"])
+        .output()
+        .unwrap();
+    let mut by_peer = std::collections::BTreeMap::<String, u64>::new();
+    for line in text(&ss.stdout).lines() {
+        let peer = line.split_whitespace().nth(3).unwrap_or("?");
+        let ip = peer.rsplit_once(':').map_or(peer, |(ip, _)| ip);
+        *by_peer.entry(ip.to_owned()).or_default() += 1;
+    }
+    let expected: std::collections::BTreeMap<String, u64> =
+        (1..=3).map(|i| (lan.addr(i), 10_000)).collect();
+    assert_eq!(by_peer, expected);
+
+    let (code, out) = c.wait(Duration::from_secs(120));
+    assert_eq!(code, 0, "{out}{}", c.stderr());
+    let messages = out
+        .lines()
+        .find(|l| l.starts_with("messages:"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let n: Vec<u64> = messages
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // published, received, expected, lost, ...
+    assert!(n[0] >= 3, "{messages}");
+    assert_eq!(
+        (n[1], n[2], n[3]),
+        (n[0] * 30_000, n[0] * 30_000, 0),
+        "{messages}"
+    );
+    for i in 1..=3 {
+        assert!(
+            out.contains(&format!(
+                "agent ns{i}: workers 2, 10000 connections planned, 10000 opened"
+            )),
+            "{out}"
+        );
+    }
+    let whole = report(&[&merged]);
+    let parts = report(&[
+        &per.join("ns1.jsonl"),
+        &per.join("ns2.jsonl"),
+        &per.join("ns3.jsonl"),
+    ]);
+    for name in [
+        "connect.ok",
+        "messages.received",
+        "closed.clean",
+        "bytes.in",
+    ] {
+        assert_eq!(counter(&whole, name), counter(&parts, name), "{name}");
+    }
+    drop(agents);
+}
