@@ -27,12 +27,12 @@ use super::list::{Listed, fmt_offset};
 use super::split::{Split, SplitError};
 use super::{Assigned, Command, Keys, LOST_AFTER, Report, VERSION};
 use crate::harness::clock::now_unix_ns;
-use crate::harness::pool::{Crew, Feed, Launch};
+use crate::harness::pool::{Crew, Feed, Launch, Remote};
 use crate::harness::worker::Order;
 
 /// How far ahead of now a run on agents starts: time for the plans to
 /// cross Redis and every agent to start its workers.
-pub const LEAD: Duration = Duration::from_secs(3);
+pub const LEAD: Duration = Duration::from_secs(2);
 
 /// What to do when an agent is lost mid-run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +230,8 @@ pub struct Agents {
     split: Split,
     offsets: BTreeMap<String, i64>,
     parts: Rc<RefCell<Vec<Part>>>,
+    /// The role launched (`hold`, `attack`).
+    role: std::cell::Cell<&'static str>,
 }
 
 impl Agents {
@@ -263,6 +265,7 @@ impl Agents {
             opts,
             split,
             parts: Rc::new(RefCell::new(parts)),
+            role: std::cell::Cell::new("hold"),
         }
     }
 
@@ -337,19 +340,21 @@ impl Agents {
                 ),
                 None => "done".to_owned(),
             };
+            let did = if self.role.get() == "attack" {
+                format!(
+                    "at most {} connections, {} requests sent",
+                    p.connections, p.requests
+                )
+            } else {
+                format!(
+                    "{} connections planned, {} opened, {} messages received",
+                    p.connections, p.opened, p.received
+                )
+            };
             let _ = writeln!(
                 out,
-                "agent {}: workers {}, {} connections planned, {} opened, {} messages received{}; {state}",
-                p.name,
-                p.workers,
-                p.connections,
-                p.opened,
-                p.received,
-                if p.requests > 0 {
-                    format!(", {} requests", p.requests)
-                } else {
-                    String::new()
-                }
+                "agent {}: workers {}, {did}; {state}",
+                p.name, p.workers
             );
         }
         out
@@ -418,6 +423,7 @@ impl Launch for Agents {
         plans: Vec<(String, serde_json::Value)>,
         feed: &mpsc::UnboundedSender<Feed>,
     ) -> io::Result<Box<dyn Crew>> {
+        self.role.set(role);
         let labels: Vec<String> = plans.iter().map(|(l, _)| l.clone()).collect();
         let mut starts: Vec<(String, Vec<Assigned>)> = self
             .split
@@ -590,7 +596,7 @@ impl Control {
                 if let Ok(Record::Interval(i)) = decode_record(&line) {
                     p.opened += i.counter("connect.ok");
                     p.received += i.counter("messages.received");
-                    p.requests += i.counter("requests");
+                    p.requests += i.counter("requests.sent");
                 }
                 if let Some(f) = p.file.as_mut()
                     && f.write_encoded(&line).is_err()
@@ -671,22 +677,29 @@ pub fn hold(
     connections: u64,
     target: &crate::hold::target::WsTarget,
     interval_ns: u64,
-) -> Result<(crate::hold::Remote, Rc<Agents>), AgentsError> {
+) -> Result<(Remote, Rc<Agents>), AgentsError> {
     let listed = find(&opts, interval_ns)?;
     let split = super::split::hold(&listed, connections, target)?;
-    let fit = crate::hold::plan::Fit {
-        workers: split.workers,
-        sources: Vec::new(),
-        per_worker: connections.div_ceil(u64::from(split.workers.max(1))),
-        per_pair: 0,
-        workers_reason: format!("over {} agents", split.shares.len()),
-        sources_reason: "each agent's own".to_owned(),
-    };
-    let agents = Rc::new(Agents::new(opts, &listed, split));
-    let remote = crate::hold::Remote {
-        fit,
+    Ok(remote(opts, &listed, split))
+}
+
+/// An `attack` holding at most `max_connections` at once on the live agents.
+pub fn attack(
+    opts: Options,
+    max_connections: u64,
+    interval_ns: u64,
+) -> Result<(Remote, Rc<Agents>), AgentsError> {
+    let listed = find(&opts, interval_ns)?;
+    let split = super::split::attack(&listed, max_connections)?;
+    Ok(remote(opts, &listed, split))
+}
+
+fn remote(opts: Options, listed: &[Listed], split: Split) -> (Remote, Rc<Agents>) {
+    let agents = Rc::new(Agents::new(opts, listed, split));
+    let remote = Remote {
+        workers: agents.split.workers,
         launch: agents.clone(),
         lines: agents.lines(),
     };
-    Ok((remote, agents))
+    (remote, agents)
 }

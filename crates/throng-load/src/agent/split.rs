@@ -8,7 +8,8 @@
 //! more when its open-file limit needs them; its `--source-ips`, or on a
 //! loopback target picked ones); then the share its workers really get is
 //! fitted again, and an agent whose limits cannot take it is named with
-//! the limit and the fix.
+//! the limit and the fix. An `attack` has one worker per core of each
+//! agent ([`attack`]).
 
 use std::net::IpAddr;
 
@@ -143,6 +144,49 @@ pub fn hold(agents: &[Listed], connections: u64, target: &WsTarget) -> Result<Sp
     Ok(Split { workers, shares })
 }
 
+/// Shares an `attack` over `agents`: one worker per core of each (request
+/// `i` goes to worker `i % workers`), each worker holding its share of
+/// `max_connections`, which must fit its agent's open-file limit; sources
+/// are each agent's own (or the kernel's pick).
+pub fn attack(agents: &[Listed], max_connections: u64) -> Result<Split, SplitError> {
+    if agents.is_empty() {
+        return Err(SplitError::NoAgents);
+    }
+    let workers: u32 = agents.iter().map(|a| a.reg.capacity.cores.max(1)).sum();
+    let per_worker = max_connections.div_ceil(u64::from(workers));
+    let mut shares = Vec::with_capacity(agents.len());
+    let mut first = 0;
+    for a in agents {
+        let w = a.reg.capacity.cores.max(1);
+        let n: u64 = (first..first + w)
+            .map(|i| crate::harness::share(max_connections, i, workers))
+            .sum();
+        let m = machine(a);
+        if per_worker > m.per_worker() {
+            return Err(SplitError::Agent {
+                agent: a.reg.name.clone(),
+                connections: n,
+                error: PlanError::Files {
+                    connections: n,
+                    workers: w,
+                    per_worker,
+                    nofile: m.nofile,
+                    needed: n.div_ceil(m.per_worker().max(1)),
+                },
+            });
+        }
+        shares.push(Share {
+            agent: a.reg.name.clone(),
+            first,
+            workers: w,
+            sources: a.reg.capacity.sources.clone(),
+            connections: n,
+        });
+        first += w;
+    }
+    Ok(Split { workers, shares })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +248,21 @@ mod tests {
         assert!(e.contains("agent a cannot take its share of 40000"), "{e}");
         assert!(e.contains("source address"), "{e}");
         assert!(matches!(hold(&[], 10, &target), Err(SplitError::NoAgents)));
+    }
+
+    #[test]
+    fn an_attack_gives_each_core_a_worker_and_checks_the_file_limit() {
+        let agents = [
+            agent("a", 1, 20_000, "10.0.0.1"),
+            agent("b", 3, 20_000, "10.0.0.2"),
+        ];
+        let s = attack(&agents, 10_000).unwrap();
+        assert_eq!(s.workers, 4);
+        assert_eq!(s.shares[1].first, 1);
+        assert_eq!(s.shares[0].connections + s.shares[1].connections, 10_000);
+        let small = [agent("a", 1, 1_000, "10.0.0.1")];
+        let e = attack(&small, 5_000).unwrap_err().to_string();
+        assert!(e.contains("agent a cannot take its share of 5000"), "{e}");
+        assert!(e.contains("may open only 1000 files"), "{e}");
     }
 }

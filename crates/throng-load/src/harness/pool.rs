@@ -86,6 +86,19 @@ pub trait Launch: std::fmt::Debug {
     ) -> io::Result<Box<dyn Crew>>;
 }
 
+/// A run's workers somewhere other than this machine, already fitted
+/// there: how many, what starts them, and the lines that say how they are
+/// shared out (printed at start in place of this machine's plan).
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// Workers in the whole run.
+    pub workers: u32,
+    /// Starts them.
+    pub launch: std::rc::Rc<dyn Launch>,
+    /// How the run is shared out.
+    pub lines: Vec<String>,
+}
+
 /// How to start one worker: this program re-executed with the role's
 /// arguments (`throng hold --worker`); it reads its plan on stdin.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,6 @@
 use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -23,7 +22,7 @@ use super::target::{PublishTarget, WsTarget};
 use crate::harness::Setup;
 use crate::harness::collect::ResultFile;
 use crate::harness::machine::Machine;
-use crate::harness::pool::{Launch, WorkerCommand};
+use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::RateSpec;
 use crate::tls::TlsOptions;
@@ -103,18 +102,6 @@ pub struct Prepared {
     thresholds: Thresholds,
 }
 
-/// Where a run's workers go instead of this machine's processes: agents
-/// (`crate::agent`), already fitted onto their machines.
-#[derive(Debug)]
-pub struct Remote {
-    /// The run's workers, over every agent.
-    pub fit: plan::Fit,
-    /// Starts them.
-    pub launch: Rc<dyn Launch>,
-    /// How the run is shared out, for the lines printed at start.
-    pub lines: Vec<String>,
-}
-
 /// Checks `req` and fits it onto this machine.
 pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
     prepare_on(req, None)
@@ -124,7 +111,15 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
 pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, HoldError> {
     let machine = Machine::probe()?;
     let fit = match &remote {
-        Some(r) => r.fit.clone(),
+        // Each agent's machine was fitted when the run was shared out.
+        Some(r) => plan::Fit {
+            workers: r.workers,
+            sources: Vec::new(),
+            per_worker: req.connections.div_ceil(u64::from(r.workers.max(1))),
+            per_pair: 0,
+            workers_reason: "on agents".to_owned(),
+            sources_reason: "each agent's own".to_owned(),
+        },
         None => plan::fit(
             &plan::Request {
                 connections: req.connections,

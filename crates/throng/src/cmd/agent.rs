@@ -13,6 +13,7 @@ use throng_client::trust::Trust;
 use throng_load::agent::crew::{self, Agents, OnLoss};
 use throng_load::agent::link::Redis;
 use throng_load::agent::{DEFAULT_PREFIX, Keys, list, serve, valid_name};
+use throng_load::harness::pool::Remote;
 use throng_load::hold::target::{WsTarget, parse_sources};
 
 /// How to reach Redis, as every agent command takes it.
@@ -164,7 +165,7 @@ pub(crate) fn run_agents(args: AgentsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The `--agents` options of `hold`.
+/// The `--agents` options of `hold` and `attack`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
     /// Run on the live agents registered in this Redis (see 'throng agent'), instead of
@@ -201,18 +202,36 @@ impl RunArgs {
         connections: u64,
         target: &WsTarget,
         interval_ns: u64,
-    ) -> anyhow::Result<Option<(throng_load::hold::Remote, Rc<Agents>)>> {
+    ) -> anyhow::Result<Option<(Remote, Rc<Agents>)>> {
+        let Some(opts) = self.options()? else {
+            return Ok(None);
+        };
+        Ok(Some(crew::hold(opts, connections, target, interval_ns)?))
+    }
+
+    /// The agents of an `attack`, when `--agents` was given.
+    pub(crate) fn attack(
+        &self,
+        max_connections: u64,
+        interval_ns: u64,
+    ) -> anyhow::Result<Option<(Remote, Rc<Agents>)>> {
+        let Some(opts) = self.options()? else {
+            return Ok(None);
+        };
+        Ok(Some(crew::attack(opts, max_connections, interval_ns)?))
+    }
+
+    fn options(&self) -> anyhow::Result<Option<crew::Options>> {
         let Some(url) = &self.agents else {
             return Ok(None);
         };
         let (redis, keys) = self.redis_args.redis(url)?;
-        let opts = crew::Options {
+        Ok(Some(crew::Options {
             redis,
             keys,
             group: self.group.clone(),
             on_loss: self.on_agent_loss,
             per_agent_output: self.per_agent_output.clone(),
-        };
-        Ok(Some(crew::hold(opts, connections, target, interval_ns)?))
+        }))
     }
 }

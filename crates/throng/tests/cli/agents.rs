@@ -513,11 +513,14 @@ struct Lan {
 impl Lan {
     /// `n` namespaces, or why they cannot be made here.
     fn create(n: usize) -> Result<Self, String> {
-        let tag = std::process::id() % 1000;
+        // Unique per test run and per test: names are host-wide.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = (std::process::id() % 1000) * 10 + made % 10;
         let mut lan = Self {
             bridge: format!("tbr{tag}"),
             spaces: Vec::new(),
-            subnet: format!("10.213.{}", 20 + tag % 200),
+            subnet: format!("10.213.{}", 20 + tag % 230),
         };
         let ip = |args: &[&str]| -> Result<(), String> {
             let out = Command::new("ip")
@@ -615,32 +618,33 @@ fn lan(n: usize) -> Option<Lan> {
     }
 }
 
-#[test]
-fn thirty_thousand_connections_from_three_namespace_agents_add_up() {
-    require!(Peer::RedisServer, Peer::RedisCli);
-    // Host-wide: 30,000 sockets and every core.
-    throng_testkit::process::alone();
-    let Some(lan) = lan(4) else { return };
-    let redis = Redis::start(&["--bind", "0.0.0.0", "--protected-mode", "no"], &[]);
-    let in_lan = format!("redis://{}:{}", lan.here(), redis.port);
-    // Namespace 0 is the server's machine, 1-3 the agents'.
-    let server_addr: std::net::SocketAddr = format!("{}:9000", lan.addr(0)).parse().unwrap();
-    let _server = Spawned::start(lan.throng(0).args([
-        "serve",
-        "--listen",
-        &server_addr.to_string(),
-        "--max-connections",
-        "31000",
-    ]));
-    wait_until("the server in its namespace to listen", || {
-        std::net::TcpStream::connect(server_addr).is_ok()
-    });
-    let open = || {
-        let (_, body) = throng_testkit::http::get(server_addr, "/metrics");
-        throng_testkit::http::metric_in(&body, "throng_connections_open").unwrap_or(0.0)
-    };
-    let agents: Vec<Spawned> = (1..=3)
-        .map(|i| {
+/// Three agents in namespaces 1-3 (each binding its namespace's address)
+/// and `throng serve` in namespace 0, all reaching a Redis here.
+struct Machines {
+    server: std::net::SocketAddr,
+    _processes: Vec<Spawned>,
+    redis: Redis,
+    // Last: the namespaces go after every process in them.
+    lan: Lan,
+}
+
+impl Machines {
+    fn start() -> Option<Self> {
+        let lan = lan(4)?;
+        let redis = Redis::start(&["--bind", "0.0.0.0", "--protected-mode", "no"], &[]);
+        let in_lan = format!("redis://{}:{}", lan.here(), redis.port);
+        let server: std::net::SocketAddr = format!("{}:9000", lan.addr(0)).parse().unwrap();
+        let mut processes = vec![Spawned::start(lan.throng(0).args([
+            "serve",
+            "--listen",
+            &server.to_string(),
+            "--max-connections",
+            "31000",
+        ]))];
+        wait_until("the server in its namespace to listen", || {
+            std::net::TcpStream::connect(server).is_ok()
+        });
+        for i in 1..=3 {
             let a = Spawned::start(lan.throng(i).args([
                 "agent",
                 "--redis",
@@ -651,9 +655,69 @@ fn thirty_thousand_connections_from_three_namespace_agents_add_up() {
                 &lan.addr(i),
             ]));
             a.wait_said("registered as");
-            a
+            processes.push(a);
+        }
+        Some(Self {
+            server,
+            _processes: processes,
+            redis,
+            lan,
         })
-        .collect();
+    }
+
+    /// The server's `throng_connections_open`.
+    fn open(&self) -> f64 {
+        let (_, body) = throng_testkit::http::get(self.server, "/metrics");
+        throng_testkit::http::metric_in(&body, "throng_connections_open").unwrap_or(0.0)
+    }
+}
+
+#[test]
+fn an_attack_on_three_namespace_agents_sends_what_was_planned() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let Some(m) = Machines::start() else { return };
+    let out = output_within(
+        throng().args([
+            "attack",
+            "--url",
+            &format!("http://{}/ping", m.server),
+            "--rate",
+            "600/s",
+            "--duration",
+            "3s",
+            "--agents",
+            &m.redis.url(),
+        ]),
+        Duration::from_secs(60),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("1800 (planned 1800)"), "{stdout}");
+    assert!(stdout.contains("200:1800"), "{stdout}");
+    let mut sent = 0;
+    for i in 1..=3 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("agent ns{i}:")))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        let n: u64 = line
+            .split([',', ';'])
+            .find_map(|w| w.trim().strip_suffix(" requests sent"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        sent += n;
+    }
+    assert_eq!(sent, 1800, "{stdout}");
+}
+
+#[test]
+fn thirty_thousand_connections_from_three_namespace_agents_add_up() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    // Host-wide: 30,000 sockets and every core.
+    throng_testkit::process::alone();
+    let Some(m) = Machines::start() else { return };
+    let (lan, redis, server_addr) = (&m.lan, &m.redis, m.server);
+    let open = || m.open();
     let dir = TempDir::new("agents-netns");
     let merged = dir.path().join("merged.jsonl");
     let per = dir.path().join("per");
@@ -750,5 +814,4 @@ fn thirty_thousand_connections_from_three_namespace_agents_add_up() {
     ] {
         assert_eq!(counter(&whole, name), counter(&parts, name), "{name}");
     }
-    drop(agents);
 }
