@@ -125,6 +125,9 @@ pub struct Registration {
     pub running: Option<Running>,
     /// When it wrote this, its own clock, ns since the Unix epoch.
     pub at_unix_ns: u64,
+    /// A number drawn at its start: two live agents of one name differ in it.
+    #[serde(default)]
+    pub instance: u64,
 }
 
 /// A run an agent takes part in.

@@ -42,6 +42,8 @@ pub struct Options {
     pub group: Option<String>,
     /// Source addresses its workers bind (empty: the kernel picks).
     pub sources: Vec<IpAddr>,
+    /// See [`Registration::instance`]; 0: drawn at start.
+    pub instance: u64,
 }
 
 /// This machine's capacity, as registered.
@@ -81,7 +83,10 @@ impl Job {
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
-pub fn run(opts: Options) -> io::Result<()> {
+pub fn run(mut opts: Options) -> io::Result<()> {
+    if opts.instance == 0 {
+        opts.instance = fastrand::u64(1..);
+    }
     let capacity = capacity(&opts.sources)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -205,6 +210,16 @@ async fn session(
     registered: &mut bool,
 ) -> Result<(), LinkError> {
     let mut cmd = Conn::open(&opts.redis).await?;
+    // Another live agent of this name would get our commands, and we its.
+    if let Some(other) = cmd.get(&opts.keys.agent(&opts.name)).await?
+        && let Ok(r) = serde_json::from_slice::<Registration>(&other)
+        && r.instance != opts.instance
+    {
+        return Err(LinkError::Refused(format!(
+            "another agent named {} is registered; waiting until its key expires (give each agent its own --name)",
+            opts.name
+        )));
+    }
     let mut sub = Conn::open(&opts.redis).await?;
     sub.subscribe(&opts.keys.to(&opts.name)).await?;
     register(opts, capacity, job.as_ref(), &mut cmd).await?;
@@ -304,6 +319,7 @@ async fn register(
             workers: u32::try_from(j.global.len()).unwrap_or(u32::MAX),
         }),
         at_unix_ns: now_unix_ns(),
+        instance: opts.instance,
     };
     let value = serde_json::to_vec(&reg).map_err(|e| LinkError::Protocol(e.to_string()))?;
     cmd.call(&[

@@ -60,6 +60,24 @@ pub enum SplitError {
     /// No agent to run it.
     #[error("no live agents")]
     NoAgents,
+    /// An agent has too little free memory for its share.
+    #[error(
+        "agent {agent} cannot take its share of {connections} connections: memory: {available_mib} MiB available, they need ~{need_mib} MiB ({per_socket} bytes each, as throng doctor counts)\n  fix: hold at most ~{fits} connections there (80% of what is available), or add agents"
+    )]
+    Memory {
+        /// The agent.
+        agent: String,
+        /// Its share.
+        connections: u64,
+        /// What they need, MiB.
+        need_mib: u64,
+        /// What it has, MiB.
+        available_mib: u64,
+        /// Kernel and user memory per connection, bytes.
+        per_socket: u64,
+        /// Connections that fit.
+        fits: u64,
+    },
     /// An agent cannot take its share.
     #[error("agent {agent} cannot take its share of {connections} connections: {error}")]
     Agent {
@@ -80,6 +98,27 @@ fn machine(l: &Listed) -> Machine {
         local_ports: c.local_ports,
         cores: c.cores as usize,
     }
+}
+
+/// Refuses `n` connections on agent `a` when they would take more than 80%
+/// of its free memory (at `throng doctor`'s cost per socket).
+fn memory(a: &Listed, n: u64) -> Result<(), SplitError> {
+    use throng_host::doctor::{DEFAULT_KERNEL_BYTES_PER_SOCKET, DEFAULT_USER_BYTES_PER_SOCKET};
+    let available = a.reg.capacity.free_memory;
+    let per_socket = DEFAULT_KERNEL_BYTES_PER_SOCKET + DEFAULT_USER_BYTES_PER_SOCKET;
+    let usable = available / 5 * 4;
+    // 0: the agent could not read it; nothing to check.
+    if available == 0 || n.saturating_mul(per_socket) <= usable {
+        return Ok(());
+    }
+    Err(SplitError::Memory {
+        agent: a.reg.name.clone(),
+        connections: n,
+        need_mib: n.saturating_mul(per_socket) >> 20,
+        available_mib: available >> 20,
+        per_socket,
+        fits: usable / per_socket,
+    })
 }
 
 /// Shares `connections` to `target` over `agents` by their capacity.
@@ -105,6 +144,7 @@ pub fn hold(agents: &[Listed], connections: u64, target: &WsTarget) -> Result<Sp
     for a in agents {
         let part = (u128::from(connections) * u128::from(a.reg.capacity.cores.max(1))
             / u128::from(cores)) as u64;
+        memory(a, part)?;
         let fit = plan::fit(&request(a, part, None, None), &machine(a)).map_err(|error| {
             SplitError::Agent {
                 agent: a.reg.name.clone(),
@@ -121,6 +161,7 @@ pub fn hold(agents: &[Listed], connections: u64, target: &WsTarget) -> Result<Sp
         let n: u64 = (first..first + fit.workers)
             .map(|i| crate::harness::share(connections, i, workers))
             .sum();
+        memory(a, n)?;
         if n > 0 {
             plan::fit(
                 &request(a, n, Some(fit.workers), Some(fit.sources.clone())),
@@ -209,6 +250,7 @@ mod tests {
                 clock_rtt_ns: 0,
                 running: None,
                 at_unix_ns: 0,
+                instance: 0,
             },
             offset_ns: 0,
             offset_error_ns: 0,
@@ -248,6 +290,14 @@ mod tests {
         assert!(e.contains("agent a cannot take its share of 40000"), "{e}");
         assert!(e.contains("source address"), "{e}");
         assert!(matches!(hold(&[], 10, &target), Err(SplitError::NoAgents)));
+        // 1 GiB free holds ~180,000 connections, not 200,000.
+        let e = hold(&[agent("m", 8, 100_000, "10.0.0.1")], 200_000, &target)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("agent m cannot take its share of 200000 connections: memory"),
+            "{e}"
+        );
     }
 
     #[test]

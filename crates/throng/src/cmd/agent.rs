@@ -106,6 +106,7 @@ pub(crate) fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         name,
         group: args.group,
         sources,
+        instance: 0,
     })
     .context("agent")?;
     Ok(ExitCode::SUCCESS)

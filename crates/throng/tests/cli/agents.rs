@@ -815,3 +815,22 @@ fn thirty_thousand_connections_from_three_namespace_agents_add_up() {
         assert_eq!(counter(&whole, name), counter(&parts, name), "{name}");
     }
 }
+
+#[test]
+fn a_second_agent_of_the_same_name_waits_for_the_first_to_go() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let mut first = agent(&url, "same", &[]);
+    let second = Spawned::start(throng().args(["agent", "--redis", &url, "--name", "same"]));
+    second.wait_said("another agent named same is registered");
+    assert!(
+        second.said("registered as").is_none(),
+        "{}",
+        second.stderr()
+    );
+    signal(first.pid(), "TERM");
+    first.wait(Duration::from_secs(10));
+    second.wait_said("registered as");
+    assert_eq!(names(&agents(&url)), ["same"]);
+}
