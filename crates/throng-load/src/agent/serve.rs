@@ -360,6 +360,13 @@ async fn obey(
                     "unknown role '{role}' (an agent runs {:?})",
                     super::ROLES
                 ))
+            } else if workers
+                .iter()
+                .any(|w| w.plan.get("per_request").is_some_and(|p| !p.is_null()))
+            {
+                // A path to write on this machine: whoever can publish to
+                // the agent must not choose files for it to write.
+                Some("a plan that writes per-request rows to a file: agents do not".to_owned())
             } else {
                 match start(&run, &role, &reply, workers) {
                     Ok(j) => {

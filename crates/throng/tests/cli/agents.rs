@@ -834,3 +834,29 @@ fn a_second_agent_of_the_same_name_waits_for_the_first_to_go() {
     second.wait_said("registered as");
     assert_eq!(names(&agents(&url)), ["same"]);
 }
+
+#[test]
+fn an_agent_refuses_what_is_not_a_plan_of_its_own_version() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let a = agent(&redis.url(), "a1", &[]);
+    let start = |role: &str, version: &str, plan: Value| {
+        let c = serde_json::json!({
+            "do": "start", "run": "r1", "role": role, "version": version,
+            "reply": "throng:agents:run:r1",
+            "workers": [{"index": 0, "label": "a1/x-0", "plan": plan}],
+        });
+        redis.cli(&["PUBLISH", "throng:agents:to:a1", &c.to_string()]);
+    };
+    let ours = env!("CARGO_PKG_VERSION");
+    start("sh", ours, serde_json::json!({}));
+    a.wait_said("refused: unknown role 'sh'");
+    start("attack", ours, serde_json::json!({"per_request": "/tmp/x"}));
+    a.wait_said("refused: a plan that writes per-request rows");
+    start("hold", "0.0.1", serde_json::json!({}));
+    a.wait_said("refused: this agent is throng");
+    redis.cli(&["PUBLISH", "throng:agents:to:a1", "rm -rf /"]);
+    a.wait_said("ignored a message that is not a command");
+    assert!(a.said("started").is_none(), "{}", a.stderr());
+    assert!(agents(&redis.url())[0]["registration"]["running"].is_null());
+}
