@@ -299,15 +299,7 @@ impl Agents {
                 s.first,
                 s.first + s.workers.saturating_sub(1),
                 s.connections,
-                if s.sources.is_empty() {
-                    "(the kernel picks)".to_owned()
-                } else {
-                    s.sources
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(",")
-                },
+                super::describe_sources(&s.sources),
                 fmt_offset(self.offsets.get(&s.agent).copied().unwrap_or(0)),
             ));
         }
@@ -479,6 +471,20 @@ impl Launch for Agents {
     }
 }
 
+/// The part running `worker`, heard from now; `None` if there is none, or
+/// its agent was lost (its workers are gone for the run: what it says late
+/// is not counted).
+fn live_part(parts: &mut [Part], worker: u32) -> Option<&mut Part> {
+    let p = parts
+        .iter_mut()
+        .find(|p| (p.first..p.first + p.workers).contains(&worker))?;
+    if p.lost.is_some() {
+        return None;
+    }
+    p.last_heard = Instant::now();
+    Some(p)
+}
+
 /// The task that talks to the agents during a run.
 struct Control {
     opts: Options,
@@ -582,17 +588,9 @@ impl Control {
         let mut parts = self.parts.borrow_mut();
         match r {
             Report::Line { worker, line } => {
-                let Some(p) = parts
-                    .iter_mut()
-                    .find(|p| (p.first..p.first + p.workers).contains(&worker))
-                else {
+                let Some(p) = live_part(&mut parts, worker) else {
                     return;
                 };
-                // A lost agent's workers are gone for the run: what it says late is not counted.
-                if p.lost.is_some() {
-                    return;
-                }
-                p.last_heard = Instant::now();
                 if let Ok(Record::Interval(i)) = decode_record(&line) {
                     p.opened += i.counter("connect.ok");
                     p.received += i.counter("messages.received");
@@ -609,16 +607,9 @@ impl Control {
                 });
             }
             Report::Gone { worker } => {
-                let Some(p) = parts
-                    .iter_mut()
-                    .find(|p| (p.first..p.first + p.workers).contains(&worker))
-                else {
+                let Some(p) = live_part(&mut parts, worker) else {
                     return;
                 };
-                if p.lost.is_some() {
-                    return;
-                }
-                p.last_heard = Instant::now();
                 if let Some(g) = p.gone.get_mut((worker - p.first) as usize)
                     && !*g
                 {

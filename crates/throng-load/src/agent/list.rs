@@ -86,15 +86,7 @@ pub fn render(listed: &[Listed]) -> String {
     );
     for l in listed {
         let c = &l.reg.capacity;
-        let sources = if c.sources.is_empty() {
-            "kernel picks".to_owned()
-        } else {
-            c.sources
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+        let sources = super::describe_sources(&c.sources);
         let running = match &l.reg.running {
             Some(r) => format!("{} run {} ({} workers)", r.role, r.run, r.workers),
             None => "idle".to_owned(),

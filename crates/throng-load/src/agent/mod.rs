@@ -260,6 +260,16 @@ impl Report {
     }
 }
 
+/// Source addresses for people: ranges folded (`10.0.1.1-10.0.1.4`), or
+/// that the kernel picks.
+pub fn describe_sources(sources: &[IpAddr]) -> String {
+    if sources.is_empty() {
+        "(the kernel picks)".to_owned()
+    } else {
+        crate::hold::target::format_sources(sources)
+    }
+}
+
 /// Whether `name` may name an agent: it is part of keys and channel names
 /// and of every record's `source`.
 pub fn valid_name(name: &str) -> bool {

@@ -114,15 +114,7 @@ async fn serve(opts: Options, capacity: Capacity) -> io::Result<()> {
             capacity.nofile,
             capacity.local_ports.0,
             capacity.local_ports.1,
-            if opts.sources.is_empty() {
-                "(the kernel picks)".to_owned()
-            } else {
-                opts.sources
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            }
+            super::describe_sources(&opts.sources),
         ),
     );
     loop {

@@ -203,8 +203,9 @@ impl RunArgs {
         connections: u64,
         target: &WsTarget,
         interval_ns: u64,
+        local_plan: bool,
     ) -> anyhow::Result<Option<(Remote, Rc<Agents>)>> {
-        let Some(opts) = self.options()? else {
+        let Some(opts) = self.options(local_plan)? else {
             return Ok(None);
         };
         Ok(Some(crew::hold(opts, connections, target, interval_ns)?))
@@ -215,17 +216,25 @@ impl RunArgs {
         &self,
         max_connections: u64,
         interval_ns: u64,
+        local_plan: bool,
     ) -> anyhow::Result<Option<(Remote, Rc<Agents>)>> {
-        let Some(opts) = self.options()? else {
+        let Some(opts) = self.options(local_plan)? else {
             return Ok(None);
         };
         Ok(Some(crew::attack(opts, max_connections, interval_ns)?))
     }
 
-    fn options(&self) -> anyhow::Result<Option<crew::Options>> {
+    /// `local_plan`: `--workers` or `--source-ips` was given, which with
+    /// agents are each agent's.
+    fn options(&self, local_plan: bool) -> anyhow::Result<Option<crew::Options>> {
         let Some(url) = &self.agents else {
             return Ok(None);
         };
+        if local_plan {
+            anyhow::bail!(
+                "with --agents, workers and source addresses are each agent's: give --source-ips to 'throng agent', and leave --workers out"
+            );
+        }
         let (redis, keys) = self.redis_args.redis(url)?;
         Ok(Some(crew::Options {
             redis,
@@ -235,4 +244,19 @@ impl RunArgs {
             per_agent_output: self.per_agent_output.clone(),
         }))
     }
+}
+
+/// After a run on agents: one line per agent (unless `json`), and a lost
+/// agent fails the run.
+pub(crate) fn finish(
+    agents: Option<&Agents>,
+    start_unix_ns: u64,
+    json: bool,
+    failed: &mut Vec<String>,
+) {
+    let Some(a) = agents else { return };
+    if !json {
+        print!("{}", a.summary(start_unix_ns));
+    }
+    failed.extend(a.lost().into_iter().map(|l| format!("agent {l}")));
 }

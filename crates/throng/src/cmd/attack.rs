@@ -170,13 +170,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .attack(
             args.max_connections,
             attack::Settings::default().interval_ns,
+            args.workers.is_some() || args.source_ips.is_some(),
         )?
         .unzip();
-    if agents.is_some() && (args.workers.is_some() || args.source_ips.is_some()) {
-        anyhow::bail!(
-            "with --agents, workers and source addresses are each agent's: give --source-ips to 'throng agent', and leave --workers out"
-        );
-    }
     let prepared = attack::prepare_on(
         attack::Request {
             command_line: std::env::args().collect(),
@@ -211,12 +207,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", attack::render(&summary));
     }
-    if let Some(a) = &agents {
-        if !json {
-            print!("{}", a.summary(summary.start_unix_ns));
-        }
-        failed.extend(a.lost().into_iter().map(|l| format!("agent {l}")));
-    }
+    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed);
     for f in &failed {
         eprintln!("throng attack: threshold passed: {f}");
     }

@@ -163,13 +163,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let (remote, agents) = args
         .agents
-        .hold(args.connections, &target, settings.interval_ns)?
+        .hold(
+            args.connections,
+            &target,
+            settings.interval_ns,
+            args.workers.is_some() || args.source_ips.is_some(),
+        )?
         .unzip();
-    if agents.is_some() && (args.workers.is_some() || args.source_ips.is_some()) {
-        anyhow::bail!(
-            "with --agents, workers and source addresses are each agent's: give --source-ips to 'throng agent', and leave --workers out"
-        );
-    }
     let prepared = hold::prepare_on(
         hold::Request {
             command_line: std::env::args().collect(),
@@ -200,12 +200,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", hold::render(&summary));
     }
-    if let Some(a) = &agents {
-        if !args.json {
-            print!("{}", a.summary(summary.start_unix_ns));
-        }
-        failed.extend(a.lost().into_iter().map(|l| format!("agent {l}")));
-    }
+    super::agent::finish(
+        agents.as_deref(),
+        summary.start_unix_ns,
+        args.json,
+        &mut failed,
+    );
     for f in &failed {
         eprintln!("throng hold: FAIL: {f}");
     }

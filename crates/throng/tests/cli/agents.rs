@@ -210,7 +210,29 @@ fn agents_register_expire_and_register_again_after_a_redis_restart() {
     assert!(killed.elapsed() <= Duration::from_secs(7));
 }
 
-/// A `throng serve` for agents on loopback and the flags of a short hold on it.
+/// Redis, agents `a1` and `b2`, and a server: the loopback set-up.
+struct Two {
+    /// Kept for the test's length: dropping it stops Redis.
+    _redis: Redis,
+    url: String,
+    a: Spawned,
+    b: Spawned,
+    server: throng_testkit::Server,
+}
+
+fn two_agents() -> Two {
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    Two {
+        a: agent(&url, "a1", &[]),
+        b: agent(&url, "b2", &[]),
+        server: serve(&[]),
+        url,
+        _redis: redis,
+    }
+}
+
+/// The flags of a short hold on `server`.
 fn hold_args(server: &throng_testkit::Server, connections: &str) -> Vec<String> {
     vec![
         "hold".into(),
@@ -247,21 +269,18 @@ fn counter(report: &Value, name: &str) -> u64 {
 #[test]
 fn a_hold_on_agents_adds_up_and_each_agents_file_adds_up_to_the_merged_one() {
     require!(Peer::RedisServer, Peer::RedisCli);
-    let redis = Redis::start(&[], &[]);
-    let url = redis.url();
-    let _a = agent(&url, "a1", &[]);
-    let _b = agent(&url, "b2", &[]);
-    let server = serve(&[]);
+    let t = two_agents();
+    let (url, server) = (t.url.as_str(), &t.server);
     let dir = TempDir::new("agents-hold");
     let merged = dir.path().join("merged.jsonl");
     let per = dir.path().join("per");
-    let mut args = hold_args(&server, "1000");
+    let mut args = hold_args(server, "1000");
     args.extend(
         [
             "--messages",
             "3",
             "--agents",
-            &url,
+            url,
             "-o",
             merged.to_str().unwrap(),
             "--per-agent-output",
@@ -393,14 +412,11 @@ fn controller(server: &throng_testkit::Server, url: &str, extra: &[&str]) -> Spa
 #[test]
 fn a_killed_agent_is_named_within_5_s_and_its_share_counts_as_lost() {
     require!(Peer::RedisServer, Peer::RedisCli);
-    let redis = Redis::start(&[], &[]);
-    let url = redis.url();
-    let _a = agent(&url, "a1", &[]);
-    let b = agent(&url, "b2", &[]);
-    let server = serve(&[]);
-    let mut c = controller(&server, &url, &[]);
+    let t = two_agents();
+    let (url, server) = (t.url.as_str(), &t.server);
+    let mut c = controller(server, url, &[]);
     std::thread::sleep(Duration::from_secs(2));
-    drop(b);
+    drop(t.b);
     let killed = Instant::now();
     let named = c.wait_said("agent b2 lost");
     assert!(
@@ -433,30 +449,24 @@ fn a_killed_agent_is_named_within_5_s_and_its_share_counts_as_lost() {
 #[test]
 fn on_agent_loss_stop_ends_the_run() {
     require!(Peer::RedisServer, Peer::RedisCli);
-    let redis = Redis::start(&[], &[]);
-    let url = redis.url();
-    let a = agent(&url, "a1", &[]);
-    let b = agent(&url, "b2", &[]);
-    let server = serve(&[]);
-    let mut c = controller(&server, &url, &["--on-agent-loss", "stop"]);
-    drop(b);
+    let t = two_agents();
+    let (url, server) = (t.url.as_str(), &t.server);
+    let mut c = controller(server, url, &["--on-agent-loss", "stop"]);
+    drop(t.b);
     c.wait_said("stopping the run (--on-agent-loss stop)");
     let (code, out) = c.wait(Duration::from_secs(30));
     assert_eq!(code, 1, "{out}{}", c.stderr());
-    a.wait_said("idle again");
+    t.a.wait_said("idle again");
 }
 
 #[test]
 fn ctrl_c_on_the_controller_stops_every_agent_within_the_close_timeout() {
     require!(Peer::RedisServer, Peer::RedisCli);
-    let redis = Redis::start(&[], &[]);
-    let url = redis.url();
-    let a = agent(&url, "a1", &[]);
-    let b = agent(&url, "b2", &[]);
-    let server = serve(&[]);
-    let mut c = controller(&server, &url, &["--close-timeout", "2s"]);
+    let t = two_agents();
+    let (url, server) = (t.url.as_str(), &t.server);
+    let mut c = controller(server, url, &["--close-timeout", "2s"]);
     assert!(
-        agents(&url)
+        agents(url)
             .iter()
             .all(|r| r["registration"]["running"]["role"] == "hold")
     );
@@ -465,7 +475,7 @@ fn ctrl_c_on_the_controller_stops_every_agent_within_the_close_timeout() {
     let (code, out) = c.wait(Duration::from_secs(30));
     assert_eq!(code, 0, "{out}{}", c.stderr());
     assert!(out.contains("agent a1:") && out.contains("; done"), "{out}");
-    for x in [&a, &b] {
+    for x in [&t.a, &t.b] {
         let idle = x.wait_said("idle again");
         assert!(
             idle.duration_since(stopped) <= Duration::from_secs(5),
@@ -477,7 +487,7 @@ fn ctrl_c_on_the_controller_stops_every_agent_within_the_close_timeout() {
         server.metric("throng_connections_open") == 0.0
     });
     wait_until("both agents to register as idle", || {
-        agents(&url)
+        agents(url)
             .iter()
             .all(|r| r["registration"]["running"].is_null())
     });
