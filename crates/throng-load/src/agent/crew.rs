@@ -67,6 +67,8 @@ pub struct Options {
     pub on_loss: OnLoss,
     /// Each agent's own result file goes to `<dir>/<agent>.jsonl`.
     pub per_agent_output: Option<PathBuf>,
+    /// A line per agent every second besides the merged progress.
+    pub verbose: bool,
 }
 
 /// Why a run on agents cannot start.
@@ -213,6 +215,8 @@ struct Part {
     opened: u64,
     received: u64,
     requests: u64,
+    /// Each worker's last `connections.open`.
+    open_now: Vec<i64>,
     file: Option<Writer>,
 }
 
@@ -253,6 +257,7 @@ impl Agents {
                 opened: 0,
                 received: 0,
                 requests: 0,
+                open_now: vec![0; s.workers as usize],
                 file: None,
             })
             .collect();
@@ -543,6 +548,7 @@ impl Control {
         }
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         let mut closing = false;
+        let mut ticks = 0u64;
         while self.parts.borrow().iter().any(Part::open) {
             tokio::select! {
                 m = sub.message() => {
@@ -569,6 +575,10 @@ impl Control {
                     }
                 }
                 _ = tick.tick() => {
+                    ticks += 1;
+                    if self.opts.verbose && ticks % 4 == 0 {
+                        self.show_parts();
+                    }
                     let now = Instant::now();
                     let silent: Vec<String> = self.parts.borrow().iter()
                         .filter(|p| p.open() && now.duration_since(p.last_heard) >= LOST_AFTER)
@@ -583,6 +593,33 @@ impl Control {
         Ok(())
     }
 
+    /// `--verbose`: one line per agent, what it did so far.
+    fn show_parts(&self) {
+        for p in self.parts.borrow().iter() {
+            let state = if p.lost.is_some() {
+                "LOST"
+            } else if p.open() {
+                "running"
+            } else {
+                "done"
+            };
+            let did = if self.role == "attack" {
+                format!("requests {}", p.requests)
+            } else {
+                format!(
+                    "open {}/{}  msgs {}",
+                    p.open_now.iter().sum::<i64>(),
+                    p.connections,
+                    p.received
+                )
+            };
+            let _ = self.feed.send(Feed::Note {
+                text: format!("agent {}: {did}  ({state})", p.name),
+                stop: false,
+            });
+        }
+    }
+
     /// What an agent said.
     fn heard(&self, r: Report) {
         let mut parts = self.parts.borrow_mut();
@@ -592,6 +629,9 @@ impl Control {
                     return;
                 };
                 if let Ok(Record::Interval(i)) = decode_record(&line) {
+                    if let Some(o) = p.open_now.get_mut((worker - p.first) as usize) {
+                        *o = i.gauge("connections.open");
+                    }
                     p.opened += i.counter("connect.ok");
                     p.received += i.counter("messages.received");
                     p.requests += i.counter("requests.sent");

@@ -192,6 +192,10 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DIR", requires = "agents")]
     per_agent_output: Option<PathBuf>,
 
+    /// --agents: a line per agent each second (on stderr) besides the merged progress.
+    #[arg(long, requires = "agents")]
+    verbose: bool,
+
     #[command(flatten)]
     redis_args: RedisArgs,
 }
@@ -242,6 +246,7 @@ impl RunArgs {
             group: self.group.clone(),
             on_loss: self.on_agent_loss,
             per_agent_output: self.per_agent_output.clone(),
+            verbose: self.verbose,
         }))
     }
 }

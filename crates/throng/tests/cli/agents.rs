@@ -213,7 +213,7 @@ fn agents_register_expire_and_register_again_after_a_redis_restart() {
 /// Redis, agents `a1` and `b2`, and a server: the loopback set-up.
 struct Two {
     /// Kept for the test's length: dropping it stops Redis.
-    _redis: Redis,
+    redis: Redis,
     url: String,
     a: Spawned,
     b: Spawned,
@@ -228,7 +228,7 @@ fn two_agents() -> Two {
         b: agent(&url, "b2", &[]),
         server: serve(&[]),
         url,
-        _redis: redis,
+        redis,
     }
 }
 
@@ -285,12 +285,17 @@ fn a_hold_on_agents_adds_up_and_each_agents_file_adds_up_to_the_merged_one() {
             merged.to_str().unwrap(),
             "--per-agent-output",
             per.to_str().unwrap(),
+            "--verbose",
         ]
         .map(String::from),
     );
     let out = output_within(throng().args(&args), Duration::from_secs(90));
     let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    // --verbose: each agent's line each second.
+    assert!(stderr.contains("agent a1: open 500/500  msgs"), "{stderr}");
+    assert!(stderr.contains("agent b2: open"), "{stderr}");
     assert!(
         stdout.contains("messages: 3 published, 3000 received of 3000 expected, 0 lost"),
         "{stdout}"
@@ -869,4 +874,31 @@ fn an_agent_refuses_what_is_not_a_plan_of_its_own_version() {
     a.wait_said("ignored a message that is not a command");
     assert!(a.said("started").is_none(), "{}", a.stderr());
     assert!(agents(&redis.url())[0]["registration"]["running"].is_null());
+}
+
+#[test]
+fn redis_gone_mid_run_ends_it_on_both_sides_and_the_agents_come_back() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let mut t = two_agents();
+    let mut c = controller(&t.server, &t.url, &[]);
+    t.redis.stop();
+    c.wait_said("agent a1 lost (the controller lost Redis");
+    let (code, out) = c.wait(Duration::from_secs(30));
+    assert_eq!(code, 1, "{out}{}", c.stderr());
+    assert!(out.contains("LOST at"), "{out}");
+    for x in [&t.a, &t.b] {
+        x.wait_said("lost Redis during run");
+        x.wait_said("idle again");
+    }
+    wait_until("the server to see every connection closed", || {
+        t.server.metric("throng_connections_open") == 0.0
+    });
+    t.redis.restart();
+    wait_until("both agents to register again, idle", || {
+        let listed = agents(&t.url);
+        names(&listed) == ["a1", "b2"]
+            && listed
+                .iter()
+                .all(|r| r["registration"]["running"].is_null())
+    });
 }
