@@ -69,7 +69,7 @@ for i in 0 1 2 3; do
 done
 
 RPORT=$(free_port)
-redis-server --port "$RPORT" --bind 0.0.0.0 --protected-mode no --save '' --appendonly no >"$OUT/redis.log" 2>&1 &
+redis-server --port "$RPORT" --bind 127.0.0.1 "$NET.1" --protected-mode no --save '' --appendonly no >"$OUT/redis.log" 2>&1 &
 REDIS=$!; PIDS+=("$REDIS")
 SERVER="$NET.10:9000"
 ip netns exec "tba${TAG}n0" "$THRONG" serve --listen "$SERVER" --max-connections $((CONNECTIONS + 1000)) >"$OUT/serve.log" 2>&1 &

@@ -646,7 +646,13 @@ struct Machines {
 impl Machines {
     fn start() -> Option<Self> {
         let lan = lan(4)?;
-        let redis = Redis::start(&["--bind", "0.0.0.0", "--protected-mode", "no"], &[]);
+        // Loopback and the bridge only: a wildcard bind would collide with
+        // other tests' connections from 127.0.0.x on the same port.
+        let here = lan.here();
+        let redis = Redis::start(
+            &["--bind", "127.0.0.1", &here, "--protected-mode", "no"],
+            &[],
+        );
         let in_lan = format!("redis://{}:{}", lan.here(), redis.port);
         let server: std::net::SocketAddr = format!("{}:9000", lan.addr(0)).parse().unwrap();
         let mut processes = vec![Spawned::start(lan.throng(0).args([
