@@ -91,7 +91,7 @@ impl Conn {
     }
 
     /// `SUBSCRIBE channel`, once its confirmation came: from then on the
-    /// connection only carries pushes ([`Self::push`]).
+    /// connection only carries pushes ([`Self::message`]).
     pub async fn subscribe(&mut self, channel: &str) -> Result<(), LinkError> {
         self.send(&[b"SUBSCRIBE", channel.as_bytes()]).await?;
         loop {
