@@ -109,13 +109,18 @@ if has sleep-1m; then
   SERVER_PID=$!
   for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
   echo "  server: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["workers"])' "$OUT/sleep-serve.json") workers"
-  # The server's workers' RSS once a second (the attack's are in its result file).
+  # The server's workers' RSS (KiB) and the server's CPU (user + system
+  # clock ticks, its supervisor's included) once a second; the attack's are
+  # in its result file.
   ( while true; do
-      t=$(date +%s%N); kb=0
+      t=$(date +%s%N); kb=0; ticks=0
       for p in $(pgrep -P "$SERVER_PID"); do
         k=$(awk '/^VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null); kb=$((kb + ${k:-0}))
       done
-      echo "$t $kb"; sleep 1
+      for p in "$SERVER_PID" $(pgrep -P "$SERVER_PID"); do
+        c=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null); ticks=$((ticks + ${c:-0}))
+      done
+      echo "$t $kb $ticks"; sleep 1
     done ) >"$OUT/sleep-serve-rss.txt" &
   SAMPLER_PID=$!
   load_watch "$OUT/sleep-1m.load"
@@ -180,7 +185,7 @@ if os.path.exists(path):
         print(f"sleep-1m: no summary (see {out}/sleep-1m.err)")
     if s:
         # Each side's RSS at the second with the most requests in flight.
-        inflight, attack_rss = {}, {}
+        inflight, attack_rss, cpu = {}, {}, {}
         for line in open(f"{out}/sleep-attack.jsonl"):
             rec = json.loads(line)
             if rec.get("type") != "interval":
@@ -189,13 +194,16 @@ if os.path.exists(path):
             if rec["source"].endswith("-supervisor"):
                 host = rec.get("host") or {}
                 attack_rss[t] = sum(b for l, b in host.get("rss_bytes", []) if "/attack-" in l and not l.endswith("supervisor"))
+                if "cpu_all_ns" in host:
+                    cpu[t] = (host["at_ns"], host["cpu_all_ns"], host["cpu_busy_ns"],
+                              sum(ns for l, ns in host.get("cpu_ns", []) if "/attack-" in l))
             else:
                 inflight[t] = inflight.get(t, 0) + rec.get("gauges", {}).get("requests.in_flight", 0)
         times = sorted(t for t in inflight if t in attack_rss)
         peak_t = max(times, key=lambda t: inflight[t])
         n = inflight[peak_t]
         first = times[0]
-        serve = [tuple(map(int, l.split())) for l in open(f"{out}/sleep-serve-rss.txt") if len(l.split()) == 2]
+        serve = [tuple(map(int, l.split())) for l in open(f"{out}/sleep-serve-rss.txt") if len(l.split()) >= 2]
         near = lambda t: min(serve, key=lambda x: abs(x[0] - t))[1] * 1024
         srv_before = serve[0][1] * 1024
         a_b = (attack_rss[peak_t] - attack_rss[first]) / max(n - inflight[first], 1)
@@ -211,4 +219,17 @@ if os.path.exists(path):
               f"{s['latency_us']['p50'] / 1e6:.1f} s, max {s['latency_us']['max'] / 1e6:.1f} s")
         print(f"{'':<11} memory per request in flight: attack {a_b:.0f} B, serve {s_b:.0f} B; "
               f"load average up to {load('sleep-1m'):.1f}")
+        # Who had the CPU: the machine's busy share, the attack's, the server's, the rest.
+        spans = sorted(cpu.values())
+        ticked = [x for x in serve if len(x) == 3]
+        if len(spans) >= 2 and len(ticked) >= 2:
+            (a0, all0, busy0, att0), (a1, all1, busy1, att1) = spans[0], spans[-1]
+            inside = [x for x in ticked if a0 <= x[0] <= a1] or ticked
+            hz = os.sysconf("SC_CLK_TCK")
+            srv = (inside[-1][2] - inside[0][2]) / hz * 1e9 * (a1 - a0) / max(inside[-1][0] - inside[0][0], 1)
+            total = max(all1 - all0, 1)
+            busy, att = (busy1 - busy0) / total, (att1 - att0) / total
+            print(f"{'':<11} CPU over the run ({(a1 - a0) / 1e9:.0f} s): the machine {100 * busy:.0f}% busy: "
+                  f"attack {100 * att:.0f}%, serve {100 * srv / total:.0f}%, other programs "
+                  f"{100 * max(busy - att - srv / total, 0):.0f}%")
 EOF

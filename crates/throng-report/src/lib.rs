@@ -2,6 +2,7 @@
 //! versioned file format that holds them, exact merging across workers and
 //! machines, and text, JSON and HTML reports.
 
+pub mod bench;
 pub mod events;
 pub mod format;
 pub mod html;

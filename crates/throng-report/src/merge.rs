@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use hdrhistogram::Histogram;
 use throng_host::sample::HostSample;
 
+use crate::bench::BenchSummary;
 use crate::events::{EventGroup, Groups};
 use crate::format::{Event, Record};
 use crate::interval::{Interval, new_histogram};
@@ -232,6 +233,8 @@ pub struct Merged {
     pub event_kinds: BTreeMap<String, u64>,
     /// Events grouped (kind and text alike), all of them.
     pub event_groups: Vec<EventGroup>,
+    /// What each bench among the files found, in the order read.
+    pub benches: Vec<BenchSummary>,
     /// Intervals merged.
     pub intervals: u64,
     /// Intervals skipped because the same source and start were already merged.
@@ -275,6 +278,7 @@ impl Merger {
                 events: Vec::new(),
                 event_kinds: BTreeMap::new(),
                 event_groups: Vec::new(),
+                benches: Vec::new(),
                 intervals: 0,
                 duplicates: 0,
             },
@@ -301,7 +305,11 @@ impl Merger {
                 self.add_interval(iv);
             }
             Record::Event(ev) => self.add_event(ev.clone()),
-            Record::Header(_) | Record::Unknown(_) => {}
+            // The same file given twice is one bench.
+            Record::Bench(b) if !self.merged.benches.contains(b) => {
+                self.merged.benches.push(b.clone());
+            }
+            Record::Bench(_) | Record::Header(_) | Record::Unknown(_) => {}
         }
     }
 

@@ -26,11 +26,11 @@ use throng_host::poll::{Events, Interest, Poller};
 use tokio::sync::Notify;
 
 use super::record::{Exchange, RequestError};
-use super::worker::{Ctx, Io, Link, ResponseReader, finish};
+use super::worker::{Ctx, Io, Link, ResponseReader, attempt, finish};
 use crate::harness::clock::micros;
 use crate::harness::failure::{Failure, NetCause};
 
-/// One request waiting for its answer: 72 bytes, most of a waiting
+/// One request waiting for its answer: 80 bytes, most of a waiting
 /// request's cost (its deadline is in the room's queue).
 pub(super) struct Waiting {
     stream: TcpStream,
@@ -48,11 +48,16 @@ pub(super) struct Waiting {
     bytes_out: u64,
     /// The answer so far, once any of it came (a head in pieces, a body).
     reader: Option<Box<ResponseReader>>,
+    /// Its connection was reused and this is its first try: if the
+    /// connection ends before any byte of the answer (the server closed it
+    /// while idle, just as the request went out), it goes again on a new
+    /// one, as it would have in its task.
+    may_retry: bool,
 }
 
 impl Waiting {
     /// The request `seq` (target `t`) on `stream` (out of tokio's reactor),
-    /// its figures so far in `io`.
+    /// its figures so far in `io`; `may_retry` as [`Waiting::may_retry`].
     pub(super) fn new(
         ctx: &Ctx,
         stream: TcpStream,
@@ -60,6 +65,7 @@ impl Waiting {
         t: usize,
         intended: Instant,
         io: &Io,
+        may_retry: bool,
     ) -> Self {
         let start = ctx.start.instant();
         Self {
@@ -72,6 +78,7 @@ impl Waiting {
             bytes_in: io.bytes_in,
             bytes_out: io.bytes_out,
             reader: None,
+            may_retry,
         }
     }
 
@@ -103,6 +110,28 @@ impl Waiting {
         };
         finish(ctx, seq, t, intended, &io, result);
         ctx.live.done();
+    }
+
+    /// Its connection was stale: closes it and sends the request again, on
+    /// a new connection, by its first try's deadline (counted from when it
+    /// first went out).
+    fn retry(self, ctx: &Rc<Ctx>) {
+        let intended = self.intended(ctx);
+        free_place(ctx, None, ctx.pool_of[self.t as usize]);
+        ctx.rec.borrow_mut().retried();
+        let io = Io {
+            bytes_in: self.bytes_in,
+            bytes_out: self.bytes_out,
+            began: self.sent_at,
+            sent_at: None,
+        };
+        let deadline = self.sent_at + ctx.timeout;
+        let (c, seq) = (ctx.clone(), self.seq);
+        tokio::task::spawn_local(async move {
+            if attempt(&c, seq, intended, io, deadline, None, true).await {
+                c.live.done();
+            }
+        });
     }
 }
 
@@ -217,8 +246,9 @@ impl WaitingRoom {
         }
     }
 
-    /// Reads what request `fd` got; ends it when its answer is whole.
-    fn readable(&self, ctx: &Ctx, fd: usize) {
+    /// Reads what request `fd` got; ends it when its answer is whole (or
+    /// sends it again, when its reused connection ended before any of it).
+    fn readable(&self, ctx: &Rc<Ctx>, fd: usize) {
         let mut slots = self.slots.borrow_mut();
         let Some(Some(wait)) = slots.get_mut(fd) else {
             return;
@@ -263,6 +293,7 @@ impl WaitingRoom {
                 let back = keep && ctx.plan.settings.keepalive && !ctx.stop.is_set();
                 wait.end(ctx, Ok(status), back);
             }
+            Err(_) if wait.may_retry && wait.reader.is_none() => wait.retry(ctx),
             Err(why) => wait.end(ctx, Err(why), false),
         }
     }

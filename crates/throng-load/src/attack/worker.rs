@@ -82,7 +82,7 @@ pub(super) struct Ctx {
     pub(super) waiting: WaitingRoom,
     /// A connection went back to a pool or closed: one waiter may go on.
     pub(super) freed: Notify,
-    timeout: Duration,
+    pub(super) timeout: Duration,
     /// Where the schedule starts (request 0's intended time), both clocks.
     pub(super) start: Anchor,
     pub(super) rec: RefCell<AttackRecorder>,
@@ -383,7 +383,6 @@ async fn request(
     began: Instant,
     timer: Option<Pin<&mut Sleep>>,
 ) -> bool {
-    let t = (seq % ctx.wire.len() as u64) as usize;
     ctx.rec.borrow_mut().started();
     let mut done = ctx.done.get();
     done.sent += 1;
@@ -394,23 +393,39 @@ async fn request(
     done.last_sent_ns = began_ns;
     ctx.done.set(done);
 
-    let mut io = Io {
+    let io = Io {
         bytes_in: 0,
         bytes_out: 0,
         began,
         sent_at: None,
     };
-    let deadline = began + ctx.timeout;
+    attempt(ctx, seq, intended, io, began + ctx.timeout, timer, false).await
+}
+
+/// Runs request `seq` (due at `intended`) to its end by `deadline`, or
+/// until it waits in the waiting room (then `false`). `retried`: this is
+/// its second try, after a reused connection went stale while it waited
+/// there; it gets no third.
+pub(super) async fn attempt(
+    ctx: &Rc<Ctx>,
+    seq: u64,
+    intended: Instant,
+    mut io: Io,
+    deadline: Instant,
+    timer: Option<Pin<&mut Sleep>>,
+    retried: bool,
+) -> bool {
+    let t = (seq % ctx.wire.len() as u64) as usize;
     let result = match timer {
         None => {
-            let exchange = exchange(ctx, t, &mut io, true);
+            let exchange = exchange(ctx, t, &mut io, true, retried);
             match tokio::time::timeout_at(deadline.into(), exchange).await {
                 Ok(r) => r,
                 Err(_) => Err(Failure::Net(NetCause::Timeout)),
             }
         }
         Some(mut timer) => {
-            let exchange = exchange(ctx, t, &mut io, false);
+            let exchange = exchange(ctx, t, &mut io, false, retried);
             tokio::pin!(exchange);
             loop {
                 tokio::select! {
@@ -429,9 +444,9 @@ async fn request(
     };
     let result = match result {
         Ok(Exchanged::Answered(status)) => Ok(status),
-        Ok(Exchanged::Slow(link)) => match link.stream.into_std() {
+        Ok(Exchanged::Slow(link, may_retry)) => match link.stream.into_std() {
             Ok(stream) => {
-                let wait = Waiting::new(ctx, stream, seq, t, intended, &io);
+                let wait = Waiting::new(ctx, stream, seq, t, intended, &io, may_retry);
                 match ctx.waiting.enter(wait, deadline) {
                     // The waiting room ends it.
                     Ok(()) => return false,
@@ -584,7 +599,15 @@ impl Drop for Conn {
 
 /// A connection for pool `pool`: an idle one, a new one under the cap, or
 /// (at the cap) the next one freed. The flag says whether it was reused.
-async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool), RequestError> {
+/// `fresh`: a new one, never an idle one (a retry after a stale one: the
+/// idle connections beside it have likely been idle as long); at the cap an
+/// idle one of any pool is closed for it.
+async fn acquire(
+    ctx: &Rc<Ctx>,
+    pool: usize,
+    io: &mut Io,
+    fresh: bool,
+) -> Result<(Conn, bool), RequestError> {
     // Until it waits for a free connection, a request goes out as it starts.
     let mut waited = false;
     let sent_now = |io: &mut Io, waited: bool| {
@@ -592,7 +615,12 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
         io.sent_at.get_or_insert(at);
     };
     loop {
-        if let Some(s) = ctx.pools[pool].borrow_mut().pop() {
+        let idle = if fresh {
+            None
+        } else {
+            ctx.pools[pool].borrow_mut().pop()
+        };
+        if let Some(s) = idle {
             sent_now(io, waited);
             return Ok((
                 Conn {
@@ -618,7 +646,7 @@ async fn acquire(ctx: &Rc<Ctx>, pool: usize, io: &mut Io) -> Result<(Conn, bool)
             .pools
             .iter()
             .enumerate()
-            .any(|(i, p)| i != pool && p.borrow_mut().pop().is_some());
+            .any(|(i, p)| (fresh || i != pool) && p.borrow_mut().pop().is_some());
         if evicted {
             ctx.open.set(ctx.open.get() - 1);
             ctx.rec.borrow_mut().connection_closed();
@@ -709,21 +737,25 @@ pub(super) enum Exchanged {
     /// The answer came: its status.
     Answered(u16),
     /// The request went out and is slow to be answered: its connection
-    /// goes to the waiting room (its place under the cap with it).
-    Slow(Link),
+    /// goes to the waiting room (its place under the cap with it); and
+    /// whether it may go again on a new connection if this one turns out
+    /// stale there (it was reused, and this is its first try).
+    Slow(Link, bool),
 }
 
 /// Sends target `t` and reads its response; returns the status code.
+/// A request whose reused connection was stale goes again once on a new
+/// one (`retried`: it already did).
 async fn exchange(
     ctx: &Rc<Ctx>,
     t: usize,
     io: &mut Io,
     may_wait_outside: bool,
+    mut retried: bool,
 ) -> Result<Exchanged, RequestError> {
     let pool = ctx.pool_of[t];
-    let mut retried = false;
     loop {
-        let (mut conn, reused) = acquire(ctx, pool, io).await?;
+        let (mut conn, reused) = acquire(ctx, pool, io, retried).await?;
         let Some(link) = conn.stream.as_mut() else {
             return Err(Failure::Net(NetCause::Other));
         };
@@ -747,7 +779,7 @@ async fn exchange(
             }
             Err(Talk::Slow) => {
                 return match conn.keep_place() {
-                    Some(link) => Ok(Exchanged::Slow(link)),
+                    Some(link) => Ok(Exchanged::Slow(link, reused && !retried)),
                     None => Err(Failure::Net(NetCause::Other)),
                 };
             }

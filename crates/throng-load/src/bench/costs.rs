@@ -10,7 +10,8 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use throng_host::sample::HostSample;
-use throng_report::format::{Event, Reader, Record, Writer};
+use throng_report::bench::BenchSummary;
+use throng_report::format::{Reader, Record, Writer};
 use throng_report::interval::{Interval, new_histogram};
 use throng_report::summary::HistStats;
 
@@ -248,7 +249,7 @@ pub fn message_tallies(path: &Path) -> Result<BTreeMap<u64, MessageTally>, Bench
         if ev.kind != "worker.messages" {
             continue;
         }
-        let Ok(tallies) = serde_json::from_str::<Vec<MessageTally>>(&ev.text) else {
+        let Some(tallies) = MessageTally::parse_text(&ev.text) else {
             continue;
         };
         for t in tallies {
@@ -327,13 +328,13 @@ pub fn per_message(
 
 /// Copies `hold`'s result file to `to`, adding to each host sample the
 /// server's processes (RSS and CPU) from the nearest monitor sample, and
-/// then `events`. One host sample per interval stays one: the report plots
+/// then the bench's `summary`. One host sample per interval stays one: the report plots
 /// server and harness memory together.
 pub fn write_results(
     hold_file: &Path,
     to: &Path,
     samples: &[HostSample],
-    events: &[Event],
+    summary: &BenchSummary,
 ) -> Result<(), BenchError> {
     let err = |e: &dyn std::fmt::Display| BenchError::Results(e.to_string());
     let reader = Reader::open(hold_file).map_err(|e| err(&e))?;
@@ -362,9 +363,7 @@ pub fn write_results(
             _ => {}
         }
     }
-    for ev in events {
-        writer.write_event(ev).map_err(|e| err(&e))?;
-    }
+    writer.write_bench(summary).map_err(|e| err(&e))?;
     Ok(())
 }
 

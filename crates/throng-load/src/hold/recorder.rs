@@ -104,7 +104,7 @@ pub struct HoldRecorder {
 pub const MAX_MESSAGES_TALLIED: u64 = 100_000;
 
 /// One message's deliveries on one worker.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MessageTally {
     /// Its sequence number.
     pub seq: u64,
@@ -114,6 +114,46 @@ pub struct MessageTally {
     pub sum_us: u64,
     /// The largest latency: the last subscriber, µs.
     pub max_us: u64,
+}
+
+/// How a `worker.messages` event's text starts: what its numbers are.
+const TALLIES_HEAD: &str = "deliveries per message (seq count sum_us max_us): ";
+
+impl MessageTally {
+    /// The text of a `worker.messages` event: plain words and numbers
+    /// (`...: 1 150 1440466 9000; 2 150 ...`), so a report shows it as it
+    /// shows any event, and its numbers group it with other workers'.
+    pub fn to_text(tallies: &[Self]) -> String {
+        let each: Vec<String> = tallies
+            .iter()
+            .map(|t| format!("{} {} {} {}", t.seq, t.count, t.sum_us, t.max_us))
+            .collect();
+        format!("{TALLIES_HEAD}{}", each.join("; "))
+    }
+
+    /// The tallies of [`MessageTally::to_text`]; `None` for any other text.
+    pub fn parse_text(text: &str) -> Option<Vec<Self>> {
+        let list = text.strip_prefix(TALLIES_HEAD)?;
+        list.split("; ")
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                let n: Vec<u64> = t
+                    .split(' ')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .ok()?;
+                match n[..] {
+                    [seq, count, sum_us, max_us] => Some(Self {
+                        seq,
+                        count,
+                        sum_us,
+                        max_us,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
 }
 
 impl HoldRecorder {
@@ -359,5 +399,41 @@ mod tests {
                 tally(3, 2, 600, 300)
             ]
         );
+    }
+
+    #[test]
+    fn message_tallies_read_back_from_their_text_and_nothing_else_does() {
+        let t = [
+            MessageTally {
+                seq: 1,
+                count: 150,
+                sum_us: 1_440_466,
+                max_us: 9_000,
+            },
+            MessageTally {
+                seq: 2,
+                count: 149,
+                sum_us: 1_380_000,
+                max_us: 8_800,
+            },
+        ];
+        let text = MessageTally::to_text(&t);
+        assert!(
+            text.ends_with(": 1 150 1440466 9000; 2 149 1380000 8800"),
+            "{text}"
+        );
+        assert_eq!(MessageTally::parse_text(&text).as_deref(), Some(&t[..]));
+        assert_eq!(
+            MessageTally::parse_text(&MessageTally::to_text(&[])),
+            Some(vec![])
+        );
+        for bad in [
+            "150 connections attempted",
+            &text.replace("9000", "9x00"),
+            &text.replace("; 2 149 1380000 8800", "; 2 149 1380000"),
+            &text.replace("1 150", "1 -150"),
+        ] {
+            assert_eq!(MessageTally::parse_text(bad), None, "{bad}");
+        }
     }
 }

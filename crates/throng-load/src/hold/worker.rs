@@ -36,7 +36,7 @@ use super::WorkerPlan;
 use super::held::Holder;
 use super::message;
 use super::plan::assign;
-use super::recorder::{ConnectError, Handshake, HoldRecorder};
+use super::recorder::{ConnectError, Handshake, HoldRecorder, MessageTally};
 use super::sequence::Sequence;
 use super::target::WsTarget;
 use crate::harness::clock::{Anchor, micros};
@@ -192,10 +192,8 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
     let messages = ctx.rec.borrow().messages();
     if !messages.is_empty() {
         // Exact per message whatever their spacing (bench's last subscriber).
-        ctx.out.event(
-            "worker.messages",
-            serde_json::to_string(&messages).map_err(io::Error::other)?,
-        );
+        ctx.out
+            .event("worker.messages", MessageTally::to_text(&messages));
     }
     ctx.out.event(
         "worker.done",

@@ -5,7 +5,8 @@
 //! A sleeper is its socket (out of tokio's reactor, watched by no one: the
 //! connection says nothing while it waits for its answer) and what is left
 //! of its answer, in a table by file descriptor, and one entry in a queue
-//! ordered by when it wakes: under a hundred bytes, against the 1.76 KB a
+//! ordered by when it wakes (its slot 56 bytes, with the client address it
+//! stays counted under): under a hundred bytes, against the 1.76 KB a
 //! sleeping connection cost in its task.
 
 use std::cell::RefCell;
@@ -19,15 +20,29 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use super::http;
+use super::routes::Serves;
 use super::routes::ping::Answer;
 use super::state::Worker;
+use crate::addresses::Source;
+
+/// One sleeping connection: what it takes to go on with it.
+pub(crate) struct Sleeper {
+    pub(crate) stream: TcpStream,
+    /// What is left of its answer.
+    pub(crate) answer: Answer,
+    /// What its listener serves, for its next requests.
+    pub(crate) serves: Serves,
+    /// The client address it is counted under (per-address limits): it
+    /// stays counted while it sleeps.
+    pub(crate) source: Option<Source>,
+}
 
 /// Every sleeping connection of a worker.
 #[derive(Default)]
 pub(crate) struct Sleepers {
     /// Indexed by file descriptor. Invariant: `slots[fd]` is `Some` exactly
     /// when `wakes` holds one entry for `fd`.
-    slots: RefCell<Vec<Option<(TcpStream, Answer)>>>,
+    slots: RefCell<Vec<Option<Sleeper>>>,
     /// (when it wakes, fd), soonest first.
     wakes: RefCell<BinaryHeap<Reverse<(Instant, u32)>>>,
     /// A sleeper came that wakes before any other.
@@ -35,9 +50,9 @@ pub(crate) struct Sleepers {
 }
 
 impl Sleepers {
-    /// Holds `stream` until `wake`, then its answer goes on.
-    pub(crate) fn park(&self, stream: TcpStream, answer: Answer, wake: Instant) {
-        let Ok(fd) = u32::try_from(stream.as_raw_fd()) else {
+    /// Holds `sleeper` until `wake`, then its answer goes on.
+    pub(crate) fn park(&self, sleeper: Sleeper, wake: Instant) {
+        let Ok(fd) = u32::try_from(sleeper.stream.as_raw_fd()) else {
             return;
         };
         let index = fd as usize;
@@ -46,7 +61,7 @@ impl Sleepers {
             if slots.len() <= index {
                 slots.resize_with(index + 1, || None);
             }
-            slots[index] = Some((stream, answer));
+            slots[index] = Some(sleeper);
         }
         let mut wakes = self.wakes.borrow_mut();
         let soonest = wakes.peek().is_none_or(|Reverse((at, _))| wake < *at);
@@ -63,7 +78,7 @@ impl Sleepers {
     }
 
     /// The sleepers whose time has come at `now`, taken out.
-    fn due(&self, now: Instant) -> Vec<(TcpStream, Answer)> {
+    fn due(&self, now: Instant) -> Vec<Sleeper> {
         let mut out = Vec::new();
         let mut wakes = self.wakes.borrow_mut();
         let mut slots = self.slots.borrow_mut();
@@ -100,8 +115,8 @@ pub(crate) async fn run(w: Rc<Worker>) {
             () = wait => {}
             () = w.sleepers.sooner.notified() => continue,
         }
-        for (stream, answer) in w.sleepers.due(Instant::now()) {
-            tokio::task::spawn_local(http::resume(w.clone(), stream, answer));
+        for sleeper in w.sleepers.due(Instant::now()) {
+            tokio::task::spawn_local(http::resume(w.clone(), sleeper));
         }
     }
 }
@@ -117,6 +132,19 @@ mod tests {
         TcpStream::connect(l.local_addr().unwrap()).unwrap()
     }
 
+    fn sleeper(stream: TcpStream, answer: Answer) -> Sleeper {
+        Sleeper {
+            stream,
+            answer,
+            serves: Serves {
+                subscribe: true,
+                publish: true,
+                metrics: true,
+            },
+            source: None,
+        }
+    }
+
     #[test]
     fn sleepers_wake_in_the_order_of_their_time_whatever_their_order_in() {
         let s = Sleepers::default();
@@ -124,16 +152,16 @@ mod tests {
         let answer = Answer::sleeping(t0 + Duration::from_secs(60));
         let (a, b, c) = (socket(), socket(), socket());
         let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd()];
-        s.park(a, answer, t0 + Duration::from_millis(300));
-        s.park(b, answer, t0 + Duration::from_millis(100));
-        s.park(c, answer, t0 + Duration::from_millis(200));
+        s.park(sleeper(a, answer), t0 + Duration::from_millis(300));
+        s.park(sleeper(b, answer), t0 + Duration::from_millis(100));
+        s.park(sleeper(c, answer), t0 + Duration::from_millis(200));
         assert_eq!(s.len(), 3);
         assert_eq!(s.next(), Some(t0 + Duration::from_millis(100)));
         assert!(s.due(t0).is_empty());
         let woke: Vec<i32> = s
             .due(t0 + Duration::from_millis(250))
             .iter()
-            .map(|(sock, _)| sock.as_raw_fd())
+            .map(|s| s.stream.as_raw_fd())
             .collect();
         assert_eq!(woke, [fds[1], fds[2]]);
         assert_eq!(s.len(), 1);

@@ -28,8 +28,8 @@ messages to all of them, waits until every connection has them, closes
 everything and stops the server. Ctrl-C stops it cleanly.
 
 How long: the default run (100,000 connections) takes about 40 s on two
-idle cores, 1,000,000 about 5 minutes; the start lines say what this run
-should take ('expect'), from its size.
+idle cores, 1,000,000 about 3.5 minutes (docs/scale.md); the start lines
+say what this run should take ('expect'), from its size.
 
 It ends with a verdict: PASS when every connection is held (none fails),
 every message is published and every connection receives every one (none
@@ -106,6 +106,11 @@ pub(crate) struct Args {
     /// No progress lines.
     #[arg(short, long)]
     quiet: bool,
+
+    /// Plan the run and check this machine's limits as it would, print the plan,
+    /// then exit without starting anything.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -116,7 +121,7 @@ enum Format {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let json = args.format == Format::Json;
-    let report = bench::run(bench::Request {
+    let request = bench::Request {
         command_line: std::env::args().collect(),
         connections: args.connections,
         rate: args.rate,
@@ -127,8 +132,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         publish_timeout: args.publish_timeout,
         out_dir: args.out_dir,
         progress: Progress::choose(args.quiet, json),
-    })
-    .context("bench")?;
+    };
+    if args.dry_run {
+        for line in bench::dry_run(&request).context("bench")? {
+            println!("{line}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = bench::run(request).context("bench")?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);
     } else {

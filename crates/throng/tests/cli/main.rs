@@ -8,9 +8,11 @@
 
 mod agents;
 mod attack;
+mod auth;
 mod bench;
 mod doctor;
 mod hold;
+mod newcomer;
 mod redis;
 mod rediss;
 mod report;

@@ -5,13 +5,14 @@
 //! a real `throng serve`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use serde_json::Value;
-use throng_testkit::TempDir;
+use socket2::{Domain, Socket, Type};
 use throng_testkit::json::count;
 use throng_testkit::process::{output_within, text};
+use throng_testkit::{TempDir, wait_until};
 
 use crate::{run_json, serve, throng};
 
@@ -259,4 +260,172 @@ fn a_sleeping_ping_waits_once_per_part() {
     assert_eq!(code, 0, "{stderr}\n{s:#}");
     assert_eq!(count(&s, &["status", "200"]), 50, "{s:#}");
     assert_eq!(s["errors"], serde_json::json!({}), "{s:#}");
+}
+
+/// A connection to `addr` from loopback address `from`, sending `request`.
+fn send_from(addr: SocketAddr, from: Ipv4Addr, request: &str) -> TcpStream {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    s.connect(&addr.into()).unwrap();
+    let mut s = TcpStream::from(s);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    s
+}
+
+/// The status of the answer to `GET /healthz` from `from`.
+fn healthz_from(addr: SocketAddr, from: Ipv4Addr) -> u16 {
+    let mut s = send_from(addr, from, "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
+    let mut r = BufReader::new(&mut s);
+    let mut line = String::new();
+    let _ = r.read_line(&mut line);
+    line.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A `/ping` request sleeping outside its task is still its address's
+/// connection (`--max-connections-per-ip`) while it sleeps, and gives its
+/// place back once its answer is written and the connection ends.
+#[test]
+fn a_sleeping_ping_keeps_its_place_under_the_address_limit() {
+    let server = serve(&["--workers", "1", "--max-connections-per-ip", "1"]);
+    let (x, y) = (Ipv4Addr::new(127, 0, 0, 31), Ipv4Addr::new(127, 0, 0, 32));
+    // Up to a minute's sleep: past the test, outside its task after 100 ms.
+    let _sleeping = send_from(
+        server.addr,
+        x,
+        "GET /ping HTTP/1.1\r\nHost: t\r\nsleep: 60000\r\n\r\n",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(healthz_from(server.addr, x), 429, "x holds its one place");
+
+    let mut short = send_from(
+        server.addr,
+        y,
+        "GET /ping HTTP/1.1\r\nHost: t\r\nsleep: 1500\r\nConnection: close\r\n\r\n",
+    );
+    let mut answer = String::new();
+    short.read_to_string(&mut answer).unwrap();
+    assert!(answer.ends_with("pong"), "{answer}");
+    wait_until("y's place to come back", || {
+        healthz_from(server.addr, y) == 200
+    });
+}
+
+/// A back end that answers every request at once, except the second
+/// request on a kept-alive connection, the first time: that connection is
+/// closed 300 ms after the request came, unanswered, as a server closing
+/// an idle connection just as a request arrives does on a busy machine.
+fn closes_one_reused_connection() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let closed_one = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let closed_one = closed_one.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut w = conn;
+                let mut n = 0;
+                while read_message(&mut r).is_some() {
+                    n += 1;
+                    if n == 2 && !closed_one.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(300));
+                        return;
+                    }
+                    let answer = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\npong";
+                    if w.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A request on a reused connection that ends before any byte of its
+/// answer goes again on a new connection, once: in its task (the close
+/// came at once) and in the waiting room too (it came after the request
+/// had left its task, 100 ms on).
+#[test]
+fn a_stale_connection_found_in_the_waiting_room_is_retried() {
+    let addr = closes_one_reused_connection();
+    let (code, s, stderr) = run_json(
+        "attack",
+        &[
+            "--url",
+            &format!("http://{addr}/ping"),
+            "--workers",
+            "1",
+            "--rate",
+            "4/s",
+            "--requests",
+            "2",
+            "--timeout",
+            "10s",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}\n{s:#}");
+    assert_eq!(count(&s, &["status", "200"]), 2, "{s:#}");
+    assert_eq!(s["errors"], serde_json::json!({}), "{s:#}");
+    assert_eq!(count(&s, &["retried"]), 1, "{s:#}");
+    assert_eq!(count(&s, &["connections_opened"]), 2, "{s:#}");
+}
+
+/// A back end whose first two connections answer their one request (the
+/// first after 300 ms, the second after 50 ms) as if kept alive, then close;
+/// later connections answer every request at once and stay open.
+fn first_two_connections_close_after_answering() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for (i, conn) in listener.incoming().flatten().enumerate() {
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut w = conn;
+                let delay = [300, 50].get(i).copied();
+                while read_message(&mut r).is_some() {
+                    if let Some(ms) = delay {
+                        std::thread::sleep(Duration::from_millis(ms));
+                    }
+                    let answer = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\npong";
+                    if w.write_all(answer.as_bytes()).is_err() || delay.is_some() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A request whose reused connection was stale goes again on a new
+/// connection, not on the next idle one (which has been idle as long):
+/// request 3 finds both idle connections closed by the server.
+#[test]
+fn a_retry_after_a_stale_connection_takes_a_new_one() {
+    let addr = first_two_connections_close_after_answering();
+    let (code, s, stderr) = run_json(
+        "attack",
+        &[
+            "--url",
+            &format!("http://{addr}/ping"),
+            "--workers",
+            "1",
+            "--rate",
+            "5/s",
+            "--requests",
+            "3",
+            "--timeout",
+            "10s",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}\n{s:#}");
+    assert_eq!(count(&s, &["status", "200"]), 3, "{s:#}");
+    assert_eq!(s["errors"], serde_json::json!({}), "{s:#}");
+    assert_eq!(count(&s, &["retried"]), 1, "{s:#}");
+    assert_eq!(count(&s, &["connections_opened"]), 3, "{s:#}");
 }
