@@ -908,3 +908,21 @@ fn redis_gone_mid_run_ends_it_on_both_sides_and_the_agents_come_back() {
                 .all(|r| r["registration"]["running"].is_null())
     });
 }
+
+#[test]
+fn a_dry_run_on_agents_prints_each_share_and_starts_nothing() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let t = two_agents();
+    let mut args = hold_args(&t.server, "1000");
+    args.extend(["--agents", &t.url, "--dry-run"].map(String::from));
+    let out = output_within(throng().args(&args), Duration::from_secs(30));
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("a1: workers 0-1, 500 connections"), "{all}");
+    assert!(all.contains("b2: workers 2-3, 500 connections"), "{all}");
+    assert!(
+        all.contains("the plan fits the agents; nothing started"),
+        "{all}"
+    );
+    assert!(t.a.said("started").is_none() && t.b.said("started").is_none());
+}
