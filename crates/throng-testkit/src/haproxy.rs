@@ -58,9 +58,24 @@ impl Haproxy {
     }
 
     /// Writes the configuration `config(port)` makes for a free port, checks
-    /// it with `haproxy -c`, starts HAProxy and waits until it listens.
-    fn launch(config: impl FnOnce(u16) -> String) -> Self {
+    /// it with `haproxy -c`, starts HAProxy and waits until it listens. The
+    /// port is free on 127.0.0.1 when picked, but another program's outgoing
+    /// connection may take it (on 127.0.0.1, or on 127.0.0.2 for
+    /// [`Self::tls`]) before HAProxy binds it, on a machine where other
+    /// loads run: HAProxy then exits, and another port is tried.
+    fn launch(config: impl Fn(u16) -> String) -> Self {
         expect(Peer::Haproxy);
+        for _ in 0..3 {
+            if let Some(h) = Self::try_launch(&config) {
+                return h;
+            }
+        }
+        panic!("haproxy exited before listening on three free ports in turn");
+    }
+
+    /// One try of [`Self::launch`]: `None` when HAProxy exited before it
+    /// listened.
+    fn try_launch(config: &impl Fn(u16) -> String) -> Option<Self> {
         let port = free_port();
         let dir = TempDir::new("haproxy");
         let path = dir.file("haproxy.cfg");
@@ -80,13 +95,17 @@ impl Haproxy {
             .spawn()
             .expect("start haproxy");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let h = Self {
+        let mut h = Self {
             child,
             addr,
             _dir: dir,
         };
-        wait_until("haproxy to listen", || TcpStream::connect(addr).is_ok());
-        h
+        let mut exited = false;
+        wait_until("haproxy to listen", || {
+            exited = matches!(h.child.try_wait(), Ok(Some(_)));
+            exited || TcpStream::connect(addr).is_ok()
+        });
+        (!exited).then_some(h)
     }
 
     /// Its port (on 127.0.0.1, and 127.0.0.2 for [`Self::tls`]).

@@ -105,8 +105,16 @@ impl ScaleSettings {
     /// The start line that says them, and why.
     pub fn line(&self, connections: u64) -> String {
         let per_s = connections as f64 / self.ping_interval.as_secs_f64();
+        let why = if per_s > MAX_PINGS_PER_S as f64 {
+            format!(
+                "{} is the longest interval it uses, past the {MAX_PINGS_PER_S}/s it aims at",
+                fmt_duration(MAX_PING_INTERVAL)
+            )
+        } else {
+            format!("at most {MAX_PINGS_PER_S}/s")
+        };
         format!(
-            "  settings  server pings every {} ({per_s:.0}/s over {connections} connections; at most {MAX_PINGS_PER_S}/s), idle timeout {}; connect, TLS and upgrade timeouts {} on both sides; close timeout {}",
+            "  settings  server pings every {} ({per_s:.0}/s over {connections} connections; {why}), idle timeout {}; connect, TLS and upgrade timeouts {} on both sides; close timeout {}",
             fmt_duration(self.ping_interval),
             fmt_duration(self.ping_interval * 3),
             fmt_duration(self.connect_timeout),
@@ -612,9 +620,12 @@ mod tests {
         assert_eq!(big.close_timeout, Duration::from_secs(110));
         let mid = ScaleSettings::for_connections(100_000);
         assert_eq!(mid.ping_interval, Duration::from_secs(50), "2,000 pings/s");
+        assert!(big.line(1_000_000).contains(
+            "pings every 5m (3333/s over 1000000 connections; 5m is the longest interval it uses, past the 2000/s it aims at)"
+        ));
         assert!(
-            big.line(1_000_000)
-                .contains("pings every 5m (3333/s over 1000000 connections")
+            mid.line(100_000)
+                .contains("pings every 50s (2000/s over 100000 connections; at most 2000/s)")
         );
     }
 

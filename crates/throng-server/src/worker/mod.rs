@@ -21,6 +21,7 @@ mod http;
 mod link;
 #[cfg(test)]
 mod pair;
+mod rejoin;
 mod routes;
 mod sleepers;
 mod state;
@@ -442,6 +443,11 @@ fn on_record(w: &Worker, rec: Record) {
                 w.outbox_ready.notify_one();
             }
         }
+        Some(Record::Recovered {
+            id,
+            complete,
+            messages,
+        }) => w.subs.recovered(id, complete, messages),
         Some(other) => log!(
             "throng: worker {}: unexpected control record {other:?}",
             w.index

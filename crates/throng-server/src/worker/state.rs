@@ -21,6 +21,7 @@ use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
 use crate::control::Message;
+use crate::history::MessageId;
 use crate::metrics::Counters;
 
 /// Everything one worker owns.
@@ -152,5 +153,9 @@ impl Outside for Around {
 
     fn channel_interest(&self, channel: &str, subscribed: bool) {
         self.link.interest(channel, subscribed);
+    }
+
+    fn recover(&self, request: u64, channel: &str, since: MessageId) {
+        self.link.recover(request, channel, since);
     }
 }

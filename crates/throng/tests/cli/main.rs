@@ -11,6 +11,7 @@ mod attack;
 mod auth;
 mod bench;
 mod doctor;
+mod history;
 mod hold;
 mod newcomer;
 mod redis;

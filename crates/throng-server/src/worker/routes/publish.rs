@@ -48,18 +48,21 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
             let keep = req.keep_alive();
             reply(w, stream, 503, "text/plain", msg.as_bytes(), keep).await
         }
-        Some(Ok(n)) => {
+        Some(Ok(p)) => {
             // Redis counts the connections that received the message (the
             // subscribed nodes, plus any other client), not WebSocket subscribers.
-            let json = if w.cfg.redis_mode.is_some() {
-                serde_json::json!({ "channel": m.channel, "redis_receivers": n })
+            let mut json = if w.cfg.redis_mode.is_some() {
+                serde_json::json!({ "channel": m.channel, "redis_receivers": p.subscribers })
             } else {
                 serde_json::json!({
                     "channel": m.channel,
-                    "subscribers": n,
+                    "subscribers": p.subscribers,
                     "counted": "at relay, before delivery",
                 })
             };
+            if !p.message.is_none() {
+                json["id"] = p.message.to_string().into();
+            }
             let json = json.to_string() + "\n";
             let keep = req.keep_alive();
             reply(w, stream, 200, "application/json", json.as_bytes(), keep).await
