@@ -18,6 +18,15 @@ use throng_testkit::{Peer, TempDir, require, wait_until};
 
 use crate::{serve, throng};
 
+/// Each test here starts half a dozen processes or more: one such test at a
+/// time, so that together they do not starve the suite's timing-sensitive
+/// tests on a small machine.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A program started by a test, its stderr kept line by line with the
 /// time each line came; killed on drop.
 struct Spawned {
@@ -158,6 +167,7 @@ fn names(listed: &[Value]) -> Vec<String> {
 
 #[test]
 fn agents_register_expire_and_register_again_after_a_redis_restart() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let mut redis = Redis::start(&[], &[]);
     let url = redis.url();
@@ -268,6 +278,7 @@ fn counter(report: &Value, name: &str) -> u64 {
 
 #[test]
 fn a_hold_on_agents_adds_up_and_each_agents_file_adds_up_to_the_merged_one() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let t = two_agents();
     let (url, server) = (t.url.as_str(), &t.server);
@@ -326,6 +337,7 @@ fn a_hold_on_agents_adds_up_and_each_agents_file_adds_up_to_the_merged_one() {
 
 #[test]
 fn a_run_the_agents_cannot_take_is_refused_before_it_starts() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let redis = Redis::start(&["--requirepass", "pw"], &["--pass", "pw"]);
     let url = format!("redis://:pw@127.0.0.1:{}", redis.port);
@@ -416,6 +428,7 @@ fn controller(server: &throng_testkit::Server, url: &str, extra: &[&str]) -> Spa
 
 #[test]
 fn a_killed_agent_is_named_within_5_s_and_its_share_counts_as_lost() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let t = two_agents();
     let (url, server) = (t.url.as_str(), &t.server);
@@ -453,6 +466,7 @@ fn a_killed_agent_is_named_within_5_s_and_its_share_counts_as_lost() {
 
 #[test]
 fn on_agent_loss_stop_ends_the_run() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let t = two_agents();
     let (url, server) = (t.url.as_str(), &t.server);
@@ -466,6 +480,7 @@ fn on_agent_loss_stop_ends_the_run() {
 
 #[test]
 fn ctrl_c_on_the_controller_stops_every_agent_within_the_close_timeout() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let t = two_agents();
     let (url, server) = (t.url.as_str(), &t.server);
@@ -500,6 +515,7 @@ fn ctrl_c_on_the_controller_stops_every_agent_within_the_close_timeout() {
 
 #[test]
 fn an_agent_whose_controller_dies_stops_its_workers() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let redis = Redis::start(&[], &[]);
     let url = redis.url();
@@ -695,6 +711,7 @@ impl Machines {
 
 #[test]
 fn an_attack_on_three_namespace_agents_sends_what_was_planned() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let Some(m) = Machines::start() else { return };
     let out = output_within(
@@ -733,6 +750,7 @@ fn an_attack_on_three_namespace_agents_sends_what_was_planned() {
 
 #[test]
 fn thirty_thousand_connections_from_three_namespace_agents_add_up() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     // Host-wide: 30,000 sockets and every core.
     throng_testkit::process::alone();
@@ -839,6 +857,7 @@ fn thirty_thousand_connections_from_three_namespace_agents_add_up() {
 
 #[test]
 fn a_second_agent_of_the_same_name_waits_for_the_first_to_go() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let redis = Redis::start(&[], &[]);
     let url = redis.url();
@@ -858,6 +877,7 @@ fn a_second_agent_of_the_same_name_waits_for_the_first_to_go() {
 
 #[test]
 fn an_agent_refuses_what_is_not_a_plan_of_its_own_version() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let redis = Redis::start(&[], &[]);
     let a = agent(&redis.url(), "a1", &[]);
@@ -884,6 +904,7 @@ fn an_agent_refuses_what_is_not_a_plan_of_its_own_version() {
 
 #[test]
 fn redis_gone_mid_run_ends_it_on_both_sides_and_the_agents_come_back() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let mut t = two_agents();
     let mut c = controller(&t.server, &t.url, &[]);
@@ -911,6 +932,7 @@ fn redis_gone_mid_run_ends_it_on_both_sides_and_the_agents_come_back() {
 
 #[test]
 fn a_dry_run_on_agents_prints_each_share_and_starts_nothing() {
+    let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let t = two_agents();
     let mut args = hold_args(&t.server, "1000");
