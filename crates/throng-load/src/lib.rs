@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod attack;
 pub mod bench;
 pub mod harness;

@@ -37,6 +37,10 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Check this machine's limits for a run of N connections and print the fixes.
     Doctor(cmd::doctor::Args),
+    /// Be one load machine of a distributed run: register in Redis, run what a controller sends.
+    Agent(cmd::agent::AgentArgs),
+    /// List the live agents in Redis: capacity, clock offset, what they run.
+    Agents(cmd::agent::AgentsArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,8 @@ fn main() -> ExitCode {
         Command::Report(args) => cmd::report::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),
+        Command::Agent(args) => cmd::agent::run_agent(args),
+        Command::Agents(args) => cmd::agent::run_agents(args),
     };
     match result {
         Ok(code) => code,

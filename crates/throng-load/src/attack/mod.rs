@@ -38,7 +38,7 @@ pub mod targets;
 mod waiting;
 pub mod worker;
 
-pub use request::{Prepared, Request, prepare};
+pub use request::{Prepared, Request, prepare, prepare_on};
 pub use summary::{Summary, render};
 
 /// Runs this process as one `attack` worker (plan on stdin, records on stdout).

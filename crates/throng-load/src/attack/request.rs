@@ -22,7 +22,7 @@ use crate::harness::Setup;
 use crate::harness::clock::{micros, millis, nanos};
 use crate::harness::collect::ResultFile;
 use crate::harness::machine::Machine;
-use crate::harness::pool::WorkerCommand;
+use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::PacerError;
 use crate::tls::TlsOptions;
@@ -97,16 +97,33 @@ pub struct Prepared {
 
 /// Checks `req` and plans it on this machine.
 pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
+    prepare_on(req, None)
+}
+
+/// Checks `req` and plans it on this machine, or runs it on `remote`.
+pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, AttackError> {
     check_settings(&req)?;
+    if remote.is_some() && req.per_request.is_some() {
+        return Err(AttackError::Setting(
+            "--per-request writes on this machine; it does not go with --agents".into(),
+        ));
+    }
     let addrs = req
         .targets
         .iter()
         .map(|t| t.url.resolve())
         .collect::<Result<Vec<_>, _>>()?;
     let machine = Machine::probe()?;
-    let (workers, workers_why) = plan_workers(&req, &machine)?;
+    let (workers, workers_why, sources, sources_why) = match &remote {
+        // Each agent's machine was fitted when the run was shared out.
+        Some(r) => (r.workers, String::new(), Vec::new(), String::new()),
+        None => {
+            let (w, why) = plan_workers(&req, &machine)?;
+            let (s, s_why) = plan_sources(&req, &addrs, &machine)?;
+            (w, why, s, s_why)
+        }
+    };
     let max_connections = req.max_connections;
-    let (sources, sources_why) = plan_sources(&req, &addrs, &machine)?;
     let settings = Settings {
         timeout_ms: millis(req.timeout),
         keepalive: req.keepalive,
@@ -148,7 +165,11 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
         },
         planned,
     };
-    let lines = start_lines(&req, &attack, &machine, &workers_why, &sources_why);
+    let mut lines = start_lines(&req, &attack, &machine, &workers_why, &sources_why);
+    if let Some(r) = &remote {
+        // Workers and sources are each agent's (its lines), not this machine's.
+        lines.splice(3..4, r.lines.iter().cloned());
+    }
     let results = req.output.clone().map(|path| ResultFile {
         path,
         header: header(&req, &attack),
@@ -158,6 +179,7 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
             command: WorkerCommand::this_program(&WORKER_ARGS)?,
             results,
             progress: req.progress,
+            remote: remote.map(|r| r.launch),
         },
         attack,
         lines,

@@ -314,6 +314,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             header: Header::new(req.command_line.clone(), settings_json.clone()),
         }),
         progress: req.progress,
+        remote: None,
     };
 
     // Let the monitor see the idle server, then hold.

@@ -5,9 +5,10 @@
 //! record lines they send, from wherever they run. Today every worker is a
 //! local child process ([`Pool`]): this binary re-executed
 //! ([`WorkerCommand`]), its plan written on its stdin, its stdout read by a
-//! thread of its own. Agents on other machines (which will stream the same
-//! records through Redis) are another crew and another feed; merging,
-//! progress and the result file ([`super::collect`]) do not change.
+//! thread of its own. Agents on other machines stream the same records
+//! through Redis: they are a [`Launch`] that returns another crew and
+//! feeds the same feed (`crate::agent::crew`); merging, progress and the
+//! result file ([`super::collect`]) do not change.
 
 use std::cell::RefCell;
 use std::io::{self, BufRead, BufReader, Write};
@@ -35,6 +36,14 @@ pub enum Feed {
         /// The worker.
         worker: usize,
     },
+    /// Something about the workers to show (an agent was lost); with
+    /// `stop`, the run stops as Ctrl-C stops it.
+    Note {
+        /// What to show.
+        text: String,
+        /// Stop the run.
+        stop: bool,
+    },
 }
 
 /// The workers of a run, as the supervisor commands them.
@@ -58,6 +67,36 @@ pub trait Crew {
     fn processes(&self) -> Vec<(String, u32)>;
     /// Waits until every worker process has exited.
     fn wait_all(&self);
+}
+
+/// Starts a run's workers somewhere other than this machine (the agents
+/// of `throng agent`): their plans go out as JSON, their lines come back
+/// on the feed, and the returned [`Crew`] commands them.
+pub trait Launch: std::fmt::Debug {
+    /// Worker `index`'s label (`agent/hold-3`).
+    fn label(&self, role: &str, index: u32) -> String;
+    /// How far ahead of now the schedule starts: time to start every worker.
+    fn lead(&self) -> std::time::Duration;
+    /// Starts the workers, one per `(label, plan)`, sending what they say to `feed`.
+    fn launch(
+        &self,
+        role: &'static str,
+        plans: Vec<(String, serde_json::Value)>,
+        feed: &mpsc::UnboundedSender<Feed>,
+    ) -> io::Result<Box<dyn Crew>>;
+}
+
+/// A run's workers somewhere other than this machine, already fitted
+/// there: how many, what starts them, and the lines that say how they are
+/// shared out (printed at start in place of this machine's plan).
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// Workers in the whole run.
+    pub workers: u32,
+    /// Starts them.
+    pub launch: std::rc::Rc<dyn Launch>,
+    /// How the run is shared out.
+    pub lines: Vec<String>,
 }
 
 /// How to start one worker: this program re-executed with the role's

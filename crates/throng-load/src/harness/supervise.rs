@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use super::clock::{Anchor, now_unix_ns};
 use super::collect::{Arrival, Collector, ResultFile, Totals};
-use super::pool::{Crew, Feed, Pool, WorkerCommand};
+use super::pool::{Crew, Feed, Launch, Pool, WorkerCommand};
 use super::progress::{Progress, Screen, View};
 
 /// What a role does on the supervisor's side.
@@ -77,6 +77,8 @@ pub struct Setup {
     pub results: Option<ResultFile>,
     /// The live view.
     pub progress: Progress,
+    /// Where the workers run instead of child processes (agents), if elsewhere.
+    pub remote: Option<Rc<dyn Launch>>,
 }
 
 /// A running run, as its role sees it.
@@ -132,7 +134,10 @@ pub fn run<R: Role>(role: R, setup: Setup) -> io::Result<R::Summary> {
 async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary> {
     let workers = role.workers().max(1);
     let length_ns = role.interval_ns().max(1);
-    let start_ns = schedule_start(workers);
+    let start_ns = match &setup.remote {
+        Some(r) => now_unix_ns() + super::clock::nanos(r.lead()),
+        None => schedule_start(workers),
+    };
     let mut collector = Collector::new(
         R::NAME,
         workers as usize,
@@ -143,15 +148,28 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
     let host = throng_host::sample::hostname();
     let plans = (0..workers)
         .map(|i| {
-            let label = format!("{host}/{}-{i}", R::NAME);
+            let label = match &setup.remote {
+                Some(r) => r.label(R::NAME, i),
+                None => format!("{host}/{}-{i}", R::NAME),
+            };
             (label.clone(), role.plan(i, label, start_ns))
         })
-        .collect();
+        .collect::<Vec<_>>();
     let (tx, mut feed) = mpsc::unbounded_channel();
-    let pool = Pool::spawn(&setup.command, plans, &tx)?;
+    let crew: Box<dyn Crew> = match &setup.remote {
+        None => Box::new(Pool::spawn(&setup.command, plans, &tx)?),
+        Some(r) => {
+            let plans = plans
+                .into_iter()
+                .map(|(l, p)| serde_json::to_value(p).map(|v| (l, v)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(io::Error::other)?;
+            r.launch(R::NAME, plans, &tx)?
+        }
+    };
     drop(tx);
     let run = Rc::new(Run {
-        crew: Box::new(pool),
+        crew,
         screen: RefCell::new(Screen::new(setup.progress, R::NAME)),
         start: Anchor::at_unix_ns(start_ns),
         kill_at: Cell::new(None),
@@ -163,6 +181,8 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut interrupted = false;
+    // A worker's crew asked to stop the run (a lost agent).
+    let mut stopped = false;
     // The same thing from many workers is shown once, and listed once at the end.
     let mut events = Groups::default();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -192,6 +212,13 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
                     role.gone(worker, was_done, &run);
                     if open == 0 {
                         break;
+                    }
+                }
+                Some(Feed::Note { text, stop }) => {
+                    run.note(&text);
+                    if stop && !interrupted && !stopped {
+                        stopped = true;
+                        role.interrupted(&run);
                     }
                 }
                 None => break,
@@ -247,6 +274,10 @@ fn flush<R: Role>(
     role.counted(collector.total());
     if flushed.show {
         role.absorb(&flushed.merged);
+        // Over before the schedule starts (on agents it starts 2 s ahead): nothing to show.
+        if flushed.merged.start_ns + flushed.merged.length_ns <= run.start().unix_ns() {
+            return Ok(());
+        }
         let view = View {
             merged: &flushed.merged,
             totals: collector.total(),

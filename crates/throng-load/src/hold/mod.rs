@@ -35,7 +35,7 @@ pub mod supervisor;
 pub mod target;
 pub mod worker;
 
-pub use request::{Prepared, Request, prepare};
+pub use request::{Prepared, Request, prepare, prepare_on};
 pub use summary::{Summary, Thresholds, render};
 pub use supervisor::{HoldRun, PublishPlan, run};
 

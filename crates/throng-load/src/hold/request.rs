@@ -23,7 +23,7 @@ use super::target::{PublishTarget, WsTarget};
 use crate::harness::Setup;
 use crate::harness::collect::ResultFile;
 use crate::harness::machine::Machine;
-use crate::harness::pool::WorkerCommand;
+use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::RateSpec;
 use crate::tls::TlsOptions;
@@ -107,16 +107,32 @@ pub struct Prepared {
 
 /// Checks `req` and fits it onto this machine.
 pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
+    prepare_on(req, None)
+}
+
+/// Checks `req` and fits it onto this machine, or runs it on `remote`.
+pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, HoldError> {
     let machine = Machine::probe()?;
-    let fit = plan::fit(
-        &plan::Request {
-            connections: req.connections,
-            target: req.target.clone(),
-            sources: req.sources.clone(),
-            workers: req.workers,
+    let fit = match &remote {
+        // Each agent's machine was fitted when the run was shared out.
+        Some(r) => plan::Fit {
+            workers: r.workers,
+            sources: Vec::new(),
+            per_worker: req.connections.div_ceil(u64::from(r.workers.max(1))),
+            per_pair: 0,
+            workers_reason: "on agents".to_owned(),
+            sources_reason: "each agent's own".to_owned(),
         },
-        &machine,
-    )?;
+        None => plan::fit(
+            &plan::Request {
+                connections: req.connections,
+                target: req.target.clone(),
+                sources: req.sources.clone(),
+                workers: req.workers,
+            },
+            &machine,
+        )?,
+    };
     let publish = match &req.publish {
         None => None,
         Some(p) => Some(PublishPlan {
@@ -143,6 +159,10 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
         publish,
     };
     let mut lines = start_lines(&hold, &machine, req.output.as_ref());
+    if let Some(r) = &remote {
+        // Workers, sources and ports are each agent's (its lines), not this machine's.
+        lines.splice(2..5, r.lines.iter().cloned());
+    }
     lines.push(req.thresholds.line());
     let results = req.output.clone().map(|path| ResultFile {
         path,
@@ -152,6 +172,7 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
         command: WorkerCommand::this_program(&WORKER_ARGS)?,
         results,
         progress: req.progress,
+        remote: remote.map(|r| r.launch),
     };
     Ok(Prepared {
         hold,

@@ -142,6 +142,9 @@ pub(crate) struct Args {
 
     #[command(flatten)]
     client: super::client::ClientArgs,
+
+    #[command(flatten)]
+    agents: super::agent::RunArgs,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -171,37 +174,49 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let json = args.format == "json";
     let progress = Progress::choose(args.client.quiet, json);
-    let prepared = attack::prepare(attack::Request {
-        command_line: std::env::args().collect(),
-        tls: args.client.tls.options(targets.iter().any(|t| t.url.tls))?,
-        targets,
-        load,
-        duration: args.duration,
-        requests: args.requests,
-        workers: args.workers,
-        max_connections: args.max_connections,
-        sources: args
-            .source_ips
-            .as_deref()
-            .map(throng_load::hold::target::parse_sources)
-            .transpose()?,
-        keepalive: !args.no_keepalive,
-        timeout: args.timeout,
-        output: args.output,
-        per_request: args.per_request,
-        max_error_rate: args.max_error_rate,
-        max_p99: args.max_p99,
-        progress,
-    })?;
+    let (remote, agents) = args
+        .agents
+        .attack(
+            args.max_connections,
+            attack::Settings::default().interval_ns,
+            args.workers.is_some() || args.source_ips.is_some(),
+        )?
+        .unzip();
+    let prepared = attack::prepare_on(
+        attack::Request {
+            command_line: std::env::args().collect(),
+            tls: args.client.tls.options(targets.iter().any(|t| t.url.tls))?,
+            targets,
+            load,
+            duration: args.duration,
+            requests: args.requests,
+            workers: args.workers,
+            max_connections: args.max_connections,
+            sources: args
+                .source_ips
+                .as_deref()
+                .map(throng_load::hold::target::parse_sources)
+                .transpose()?,
+            keepalive: !args.no_keepalive,
+            timeout: args.timeout,
+            output: args.output,
+            per_request: args.per_request,
+            max_error_rate: args.max_error_rate,
+            max_p99: args.max_p99,
+            progress,
+        },
+        remote,
+    )?;
     for line in prepared.lines() {
         progress.say(line);
     }
-    let (summary, failed) = prepared.run().context("attack")?;
+    let (summary, mut failed) = prepared.run().context("attack")?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{}", attack::render(&summary));
     }
+    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed);
     for f in &failed {
         eprintln!("throng attack: threshold passed: {f}");
     }

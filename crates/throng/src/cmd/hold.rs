@@ -158,6 +158,9 @@ pub(crate) struct Args {
 
     #[command(flatten)]
     client: super::client::ClientArgs,
+
+    #[command(flatten)]
+    agents: super::agent::RunArgs,
 }
 
 /// How MQTT subscribers and the MQTT publisher connect (mqtt:// URLs only).
@@ -254,44 +257,67 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let progress = Progress::choose(args.client.quiet, args.json);
-    let prepared = hold::prepare(hold::Request {
-        command_line: std::env::args().collect(),
-        connections: args.connections,
-        rate: args.rate,
-        duration: args.duration,
-        sources: args.source_ips.as_deref().map(parse_sources).transpose()?,
-        workers: args.workers,
-        settings: Settings {
-            connect_timeout_ms: millis(args.connect_timeout),
-            handshake_timeout_ms: millis(args.handshake_timeout),
-            close_timeout_ms: millis(args.close_timeout),
-            max_message: args.max_message,
-            ..Settings::default()
+    let settings = Settings {
+        connect_timeout_ms: millis(args.connect_timeout),
+        handshake_timeout_ms: millis(args.handshake_timeout),
+        close_timeout_ms: millis(args.close_timeout),
+        max_message: args.max_message,
+        ..Settings::default()
+    };
+    let (remote, agents) = args
+        .agents
+        .hold(
+            args.connections,
+            &target,
+            settings.interval_ns,
+            args.workers.is_some() || args.source_ips.is_some(),
+        )?
+        .unzip();
+    let prepared = hold::prepare_on(
+        hold::Request {
+            command_line: std::env::args().collect(),
+            connections: args.connections,
+            rate: args.rate,
+            duration: args.duration,
+            sources: args.source_ips.as_deref().map(parse_sources).transpose()?,
+            workers: args.workers,
+            settings,
+            publish,
+            tls: args.client.tls.options(target.tls)?,
+            mqtt: mqtt.filter(|_| target.mqtt),
+            target,
+            output: args.output,
+            progress,
+            thresholds: hold::Thresholds {
+                max_connect_errors: args.max_connect_errors,
+                max_lost: args.max_lost,
+            },
         },
-        publish,
-        tls: args.client.tls.options(target.tls)?,
-        mqtt: mqtt.filter(|_| target.mqtt),
-        target,
-        output: args.output,
-        progress,
-        thresholds: hold::Thresholds {
-            max_connect_errors: args.max_connect_errors,
-            max_lost: args.max_lost,
-        },
-    })?;
+        remote,
+    )?;
     for line in prepared.lines() {
         progress.say(line);
     }
     if args.dry_run {
-        progress.say("dry run: the plan fits this machine; nothing started");
+        progress.say(if agents.is_some() {
+            "dry run: the plan fits the agents; nothing started"
+        } else {
+            "dry run: the plan fits this machine; nothing started"
+        });
         return Ok(ExitCode::SUCCESS);
     }
-    let (summary, failed) = prepared.run().context("hold")?;
+    let (summary, mut failed) = prepared.run().context("hold")?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{}", hold::render(&summary));
     }
+    super::agent::finish(
+        agents.as_deref(),
+        summary.start_unix_ns,
+        args.json,
+        &mut failed,
+    );
     for f in &failed {
         eprintln!("throng hold: FAIL: {f}");
     }

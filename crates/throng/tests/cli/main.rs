@@ -6,6 +6,7 @@
 //! A test whose peer is missing says so and is skipped, unless
 //! `THRONG_TEST_REQUIRE_PEERS` is set (`scripts/test.sh` sets it).
 
+mod agents;
 mod attack;
 mod auth;
 mod bench;
