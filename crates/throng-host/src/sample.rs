@@ -2,8 +2,8 @@
 //! what the seeds read off a separate monitoring system.
 //!
 //! [`Sampler`] reads `/proc/net/sockstat{,6}`, `/proc/net/snmp`,
-//! `/proc/net/dev`, `/proc/meminfo` and, for each process of the run, its RSS
-//! and CPU time. It keeps one read buffer, so calling it every second costs a
+//! `/proc/net/dev`, `/proc/meminfo`, the machine's CPU time (`/proc/stat`)
+//! and, for each process of the run, its RSS and CPU time. It keeps one read buffer, so calling it every second costs a
 //! handful of small reads and no allocation beyond the sample itself. The
 //! `/proc` root is a path so tests can point it at a fake tree.
 
@@ -54,6 +54,14 @@ pub struct HostSample {
     pub tcp_time_wait: u64,
     /// TCP sockets orphaned (closed by the program, not yet by the kernel).
     pub tcp_orphan: u64,
+    /// CPU time every core of the machine spent busy (not idle or waiting
+    /// for I/O), ns, cumulative since boot (`/proc/stat`'s `cpu` line); 0
+    /// where it could not be read. With `host_cpu_total_ns` it says how busy
+    /// the whole machine was, whoever kept it busy (a target on the same
+    /// machine as the load, other programs).
+    pub host_cpu_busy_ns: u64,
+    /// CPU time of every core, busy or not, ns, cumulative since boot.
+    pub host_cpu_total_ns: u64,
 }
 
 impl HostSample {
@@ -153,6 +161,7 @@ impl Sampler {
         self.read_snmp(&mut s)?;
         self.read_dev(&mut s)?;
         self.read_meminfo(&mut s)?;
+        self.read_stat(&mut s);
         s.rss_bytes.reserve(procs.len());
         s.cpu_ns.reserve(procs.len());
         for (label, pid) in procs {
@@ -273,6 +282,31 @@ impl Sampler {
         s.mem_available_bytes = avail.unwrap_or(0);
         s.mem_slab_bytes = slab.unwrap_or(0);
         Ok(())
+    }
+
+    /// The machine's CPU time from `/proc/stat`'s first line (`cpu user nice
+    /// system idle iowait irq softirq steal ...`, in clock ticks). Optional:
+    /// a tree without it (or with a line this does not know) leaves zeros.
+    fn read_stat(&mut self, s: &mut HostSample) {
+        if self.load("stat").is_err() {
+            return;
+        }
+        let Some(line) = self.buf.lines().find_map(|l| l.strip_prefix("cpu ")) else {
+            return;
+        };
+        let ticks: Vec<u64> = line
+            .split_ascii_whitespace()
+            .map_while(|f| f.parse().ok())
+            .collect();
+        let [user, nice, system, idle, iowait, irq, softirq, rest @ ..] = ticks.as_slice() else {
+            return;
+        };
+        // Guest time is already inside user and nice.
+        let steal = rest.first().copied().unwrap_or(0);
+        let busy = user + nice + system + irq + softirq + steal;
+        let tick_ns = 1_000_000_000 / self.ticks_per_sec.max(1);
+        s.host_cpu_busy_ns = busy * tick_ns;
+        s.host_cpu_total_ns = (busy + idle + iowait) * tick_ns;
     }
 
     /// RSS bytes and CPU ns of one process, or `None` if it is gone.
@@ -401,6 +435,10 @@ mod tests {
             "4242 (a (weird) name) S 1 1 1 0 -1 4194304 98 0 0 0 150 50 0 0 20 0 3 0 468597 3133440 407 18446744073709551615\n",
         );
         w("4242/schedstat", "999 0 1\n");
+        w(
+            "stat",
+            "cpu  100 5 40 800 20 3 2 1 0 0\ncpu0 50 2 20 400 10 1 1 0 0 0\n",
+        );
         root
     }
 
@@ -430,6 +468,21 @@ mod tests {
         let tick_ns = 1_000_000_000 / sampler.ticks_per_sec;
         assert_eq!(s.cpu_ns, vec![("hold/worker-0".to_owned(), 200 * tick_ns)]);
         assert_eq!(s.rss_bytes, vec![("hold/worker-0".to_owned(), 407 * page)]);
+        // user + nice + system + irq + softirq + steal; idle and iowait only in the total.
+        assert_eq!(s.host_cpu_busy_ns, 151 * tick_ns);
+        assert_eq!(s.host_cpu_total_ns, 971 * tick_ns);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_tree_without_stat_leaves_the_host_cpu_at_zero() {
+        let root = fake_proc("nostat");
+        std::fs::write(root.join("stat"), "cpu garbage\n").unwrap();
+        let s = Sampler::with_root(&root, "x").sample::<&str>(&[]).unwrap();
+        assert_eq!((s.host_cpu_busy_ns, s.host_cpu_total_ns), (0, 0));
+        std::fs::remove_file(root.join("stat")).unwrap();
+        let s = Sampler::with_root(&root, "x").sample::<&str>(&[]).unwrap();
+        assert_eq!((s.host_cpu_busy_ns, s.host_cpu_total_ns), (0, 0));
         std::fs::remove_dir_all(root).unwrap();
     }
 
@@ -472,6 +525,9 @@ mod tests {
         std::hint::black_box(x);
         let b = sampler.sample(&[("me", me)]).unwrap();
         assert!(b.cpu_ns[0].1 >= a.cpu_ns[0].1);
+        assert!(a.host_cpu_total_ns > 0);
+        assert!(b.host_cpu_busy_ns >= a.host_cpu_busy_ns);
+        assert!(b.host_cpu_busy_ns <= b.host_cpu_total_ns);
         assert!(b.at_ns >= a.at_ns);
     }
 }
