@@ -4,6 +4,10 @@
 //! (established sockets, packets and bytes per second, memory).
 //!
 //! The page is also well-formed XML, so tests (and tools) can parse it.
+//!
+//! The plot drawing is shared with the knee's page ([`crate::knee`]), whose
+//! x axis is the load instead of time: a [`Plot`] takes where each point
+//! sits along an [`XAxis`], and may carry vertical [`Mark`]s.
 
 use std::fmt::Write as _;
 
@@ -22,48 +26,84 @@ const PALETTE: [&str; 8] = [
 
 /// How a plot labels its y values.
 #[derive(Debug, Clone, Copy)]
-enum Unit {
+pub(crate) enum Unit {
     /// µs, drawn on a log scale.
     Latency,
     Count,
     Bytes,
 }
 
-/// One line of a plot: a name and one value (or a gap) per series point.
-struct Line {
+/// One line of a plot: a name and one value (or a gap) per point.
+pub(crate) struct Line {
     name: String,
     values: Vec<Option<f64>>,
 }
 
-struct Plot<'a> {
-    id: String,
-    title: String,
-    unit: Unit,
-    lines: Vec<Line>,
-    points: &'a [SeriesPoint],
+/// A plot's x axis: from 0 to `span`, ticks labelled with `unit` after
+/// the number (`s` for time).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct XAxis {
+    pub(crate) span: f64,
+    pub(crate) unit: &'static str,
+}
+
+/// A vertical line across a plot at `x`, labelled (the knee).
+#[derive(Debug, Clone)]
+pub(crate) struct Mark {
+    pub(crate) x: f64,
+    pub(crate) label: String,
+    /// Drawn dashed (a level that failed) rather than solid.
+    pub(crate) dashed: bool,
+}
+
+pub(crate) struct Plot {
+    pub(crate) id: String,
+    pub(crate) title: String,
+    pub(crate) unit: Unit,
+    pub(crate) lines: Vec<Line>,
+    /// Where each point sits along x, and whether a line may join it to
+    /// the point before (not across a gap in time).
+    pub(crate) at: Vec<(f64, bool)>,
+    pub(crate) x: XAxis,
+    pub(crate) marks: Vec<Mark>,
 }
 
 /// Renders the page. `report` should carry its time series
 /// ([`Report::build`] with `series = true`); without one only the tables appear.
 pub fn render(report: &Report) -> String {
     let mut o = String::with_capacity(64 << 10);
+    head(&mut o, "throng report");
+    o.push_str("<h1>throng report</h1>\n");
+    body(&mut o, report);
+    o.push_str("</body>\n</html>\n");
+    o
+}
+
+/// The page up to and including `<body>`.
+pub(crate) fn head(o: &mut String, title: &str) {
     o.push_str(
         "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n",
     );
-    o.push_str("<meta charset=\"utf-8\"/>\n<title>throng report</title>\n<style>\n");
+    let _ = write!(
+        o,
+        "<meta charset=\"utf-8\"/>\n<title>{}</title>\n<style>\n",
+        esc(title)
+    );
     o.push_str(STYLE);
-    o.push_str("</style>\n</head>\n<body>\n<h1>throng report</h1>\n");
-    summary(&mut o, report);
+    o.push_str("</style>\n</head>\n<body>\n");
+}
+
+/// The report's tables and its plots over time.
+pub(crate) fn body(o: &mut String, report: &Report) {
+    summary(o, report);
     let series = report.series.as_deref().unwrap_or(&[]);
     if series.is_empty() {
         o.push_str("<p class=\"empty\">No intervals: nothing to plot.</p>\n");
     } else {
         for plot in plots(report, series) {
-            plot.render(&mut o, report.duration_s);
+            plot.render(o);
         }
     }
-    o.push_str("</body>\n</html>\n");
-    o
 }
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
@@ -196,14 +236,20 @@ fn summary(o: &mut String, r: &Report) {
     o.push_str("<h2>Over time</h2>\n");
 }
 
-fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
+fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
     let mut plots = Vec::new();
+    let at = time_points(series);
     let plot = |id: &str, title: String, unit, lines| Plot {
         id: id.to_owned(),
         title,
         unit,
         lines,
-        points: series,
+        at: at.clone(),
+        x: XAxis {
+            span: r.duration_s,
+            unit: "s",
+        },
+        marks: Vec::new(),
     };
     for name in r.latency_us.keys() {
         let q = |f: fn(&crate::summary::HistStats) -> u64| {
@@ -368,15 +414,29 @@ fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
     plots
 }
 
-fn line(name: &str, values: Vec<Option<f64>>) -> Line {
+pub(crate) fn line(name: &str, values: Vec<Option<f64>>) -> Line {
     Line {
         name: name.to_owned(),
         values,
     }
 }
 
-impl Plot<'_> {
-    fn render(&self, o: &mut String, duration_s: f64) {
+/// Each series point's place on a time axis (the middle of its bucket),
+/// and whether it follows the one before without a gap in time.
+fn time_points(series: &[SeriesPoint]) -> Vec<(f64, bool)> {
+    let mut last_end = f64::NEG_INFINITY;
+    series
+        .iter()
+        .map(|p| {
+            let follows = p.t_s <= last_end + p.length_s * 0.5;
+            last_end = p.t_s + p.length_s;
+            (p.t_s + p.length_s / 2.0, follows)
+        })
+        .collect()
+}
+
+impl Plot {
+    pub(crate) fn render(&self, o: &mut String) {
         let plot_w = WIDTH - LEFT - RIGHT;
         let plot_h = HEIGHT - TOP - BOTTOM;
         let log = matches!(self.unit, Unit::Latency);
@@ -406,7 +466,7 @@ impl Plot<'_> {
                 .map(|i| i as f64 * step)
                 .collect();
         }
-        let x_span = duration_s.max(1e-9);
+        let x_span = self.x.span.max(1e-9);
         let x = |t: f64| LEFT + t / x_span * plot_w;
         let y = |v: f64| {
             let f = if log {
@@ -451,11 +511,12 @@ impl Plot<'_> {
             let xx = x(t);
             let _ = writeln!(
                 o,
-                "<line class=\"axis\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}s</text>",
+                "<line class=\"axis\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}{}</text>",
                 TOP + plot_h,
                 TOP + plot_h + 4.0,
                 TOP + plot_h + 16.0,
-                count(t)
+                count(t),
+                self.x.unit
             );
             t += x_step;
         }
@@ -467,6 +528,22 @@ impl Plot<'_> {
             TOP + plot_h,
             TOP + plot_h
         );
+        for m in &self.marks {
+            let xx = x(m.x.clamp(0.0, x_span));
+            let dash = if m.dashed {
+                " stroke-dasharray=\"5,4\""
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                o,
+                "<line class=\"mark\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#222\" stroke-width=\"1.5\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                TOP + plot_h,
+                xx + 4.0,
+                TOP + 12.0,
+                esc(&m.label)
+            );
+        }
         let mut legend_x = LEFT;
         for (i, l) in self.lines.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
@@ -496,9 +573,10 @@ impl Plot<'_> {
     }
 
     /// SVG path data through the points, broken where a value is missing or
-    /// buckets are absent (a gap in time); how many points it draws; and the
-    /// points with no neighbour to join, which a path cannot show and are
-    /// drawn as dots (a message every other interval gives only such points).
+    /// a point does not follow the one before (a gap in time); how many
+    /// points it draws; and the points with no neighbour to join, which a
+    /// path cannot show and are drawn as dots (a message every other
+    /// interval gives only such points).
     fn path(
         &self,
         values: &[Option<f64>],
@@ -511,17 +589,13 @@ impl Plot<'_> {
         // The last point drawn, while nothing has been joined to it yet.
         let mut alone: Option<(f64, f64)> = None;
         let mut pen_down = false;
-        let mut last_end = f64::NEG_INFINITY;
-        for (p, v) in self.points.iter().zip(values) {
-            let gap = p.t_s > last_end + p.length_s * 0.5;
-            last_end = p.t_s + p.length_s;
+        for (&(px, follows), v) in self.at.iter().zip(values) {
             let Some(v) = v.filter(|v| v.is_finite()) else {
                 pen_down = false;
                 continue;
             };
-            // A point is drawn at the middle of its bucket.
-            let (xx, yy) = (x(p.t_s + p.length_s / 2.0), y(v));
-            let joined = pen_down && !gap;
+            let (xx, yy) = (x(px), y(v));
+            let joined = pen_down && follows;
             let cmd = if joined { 'L' } else { 'M' };
             let _ = write!(d, "{cmd}{xx:.1},{yy:.1} ");
             if joined {
@@ -576,7 +650,7 @@ fn nice_step(raw: f64) -> f64 {
 }
 
 /// Escapes text for HTML/XML content and attributes.
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -625,7 +699,12 @@ mod tests {
             title: "t".into(),
             unit: Unit::Count,
             lines: Vec::new(),
-            points: &points,
+            at: time_points(&points),
+            x: XAxis {
+                span: 10.0,
+                unit: "s",
+            },
+            marks: Vec::new(),
         };
         let (_, n, dots) = plot.path(values, &|x| x, &|y| y);
         (n, dots)
