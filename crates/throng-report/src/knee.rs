@@ -8,9 +8,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::format::{Reader, Record};
 use crate::html::{self, Mark, Plot, Unit, XAxis, esc, line};
 use crate::summary::{HistStats, Report};
 use crate::text::{bytes, count, micros};
@@ -397,6 +399,36 @@ impl Knee {
         levels.sort_by(|a, b| a.0.total_cmp(&b.0));
         levels
     }
+}
+
+/// The searches kept in result files (the last [`RESULT_EVENT`] of each
+/// file a knee search wrote); other files are not read past their header.
+pub fn read_all<P: AsRef<Path>>(paths: &[P]) -> Vec<Knee> {
+    let mut out = Vec::new();
+    for path in paths {
+        let Ok(reader) = Reader::open(path) else {
+            continue;
+        };
+        if reader
+            .header()
+            .settings
+            .get("subcommand")
+            .and_then(|v| v.as_str())
+            != Some("knee")
+        {
+            continue;
+        }
+        let last = reader
+            .filter_map(|r| match r {
+                Record::Event(ev) if ev.kind == RESULT_EVENT => Some(ev.text),
+                _ => None,
+            })
+            .last();
+        if let Some(knee) = last.and_then(|text| serde_json::from_str(&text).ok()) {
+            out.push(knee);
+        }
+    }
+    out
 }
 
 /// Two levels are the same level (they come from the same arithmetic, but
