@@ -15,7 +15,7 @@ use throng_report::format::Event;
 use throng_report::interval::Interval;
 
 use super::publisher::{self, Publishing};
-use crate::harness::clock::nanos;
+use crate::harness::clock::{nanos, now_unix_ns};
 use crate::harness::collect::Totals;
 use crate::harness::progress::View;
 use crate::harness::{Role, Run};
@@ -50,7 +50,8 @@ pub enum Window {
 /// What one run of a level flushed.
 #[derive(Debug)]
 pub struct Measured {
-    /// Every interval, in order (merged over the workers, with the host sample).
+    /// Every interval, in order (merged over the workers, with the host
+    /// sample), without its histograms.
     pub intervals: Vec<Interval>,
     /// Every interval added up.
     pub all: Interval,
@@ -90,6 +91,8 @@ pub struct Level<R: Role> {
     failed_early: Option<String>,
     /// The inner role was told to stop.
     stopping: bool,
+    /// When it was stopped early (Unix ns): rates are measured before it.
+    stopped_ns: u64,
     interrupted: bool,
     publishing: Option<Rc<Publishing>>,
     /// Workers through their ramp (or gone), for the publisher.
@@ -126,6 +129,7 @@ impl<R: Role> Level<R> {
             check,
             failed_early: None,
             stopping: false,
+            stopped_ns: u64::MAX,
             interrupted: false,
             publishing,
             ramps_done: 0,
@@ -160,7 +164,8 @@ impl<R: Role> Level<R> {
 }
 
 impl<R: Role> Role for Level<R> {
-    const NAME: &'static str = R::NAME;
+    /// Workers are `<host>/knee-<i>`, notes `throng knee: ...`.
+    const NAME: &'static str = "knee";
     type Plan = R::Plan;
     type Summary = Measured;
 
@@ -212,13 +217,16 @@ impl<R: Role> Role for Level<R> {
     }
 
     fn tick(&mut self, run: &Rc<Run>) {
+        // Once: the publisher may take a while to end the hold after it.
         if let Some(why) = &self.failed_early
             && !self.stopping
+            && self.stopped_ns == u64::MAX
         {
             run.note(&format!(
                 "{}: failed beyond doubt ({why}); stopping it early",
                 self.banner.title
             ));
+            self.stopped_ns = now_unix_ns();
             match &self.publishing {
                 // The publisher tells the workers the last message, then the hold ends.
                 Some(p) => p.stop(),
@@ -246,7 +254,17 @@ impl<R: Role> Role for Level<R> {
         if merged.start_ns >= from {
             self.measured.add(merged);
         }
-        self.intervals.push(merged.clone());
+        // Without its histograms (they are in the sums): the publisher shares
+        // this thread, and copying them every second would delay it.
+        self.intervals.push(Interval {
+            start_ns: merged.start_ns,
+            length_ns: merged.length_ns,
+            source: merged.source.clone(),
+            counters: merged.counters.clone(),
+            gauges: merged.gauges.clone(),
+            histograms: Default::default(),
+            host: merged.host.clone(),
+        });
         if self.failed_early.is_none() && !self.stopping {
             self.failed_early = (self.check)(&self.all, &self.measured);
         }
@@ -276,6 +294,7 @@ impl<R: Role> Role for Level<R> {
 
     fn finish(self, totals: Totals, run: &Rc<Run>) -> Measured {
         let (from, to) = self.window_ns();
+        let to = to.min(self.stopped_ns);
         let _ = self.inner.finish(totals, run);
         let mut window_s = 0.0;
         let mut steady = Interval::empty(0, 0, String::new());

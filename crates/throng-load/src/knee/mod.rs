@@ -133,16 +133,16 @@ pub enum KneeError {
     #[error("{0}")]
     Setting(String),
     /// A range or search plan that makes no search.
-    #[error("{0}")]
+    #[error(transparent)]
     Search(#[from] SearchError),
     /// The attack cannot run.
-    #[error("{0}")]
+    #[error(transparent)]
     Attack(#[from] AttackError),
     /// The hold cannot run.
-    #[error("{0}")]
+    #[error(transparent)]
     Hold(#[from] HoldError),
     /// Files, workers, the machine.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 
@@ -341,6 +341,13 @@ fn start_lines(
             objective::GENERATOR_CPU * 100.0
         ),
     ];
+    let first = s.from * req.step.as_secs_f64();
+    if mode != Mode::Hold && first < 100.0 {
+        out.push(format!(
+            "  note: the first level measures about {first:.0} events; a p99 of fewer than 100 is their largest, \
+             so one slow event fails it: a longer --step-duration or a higher --from makes it steadier"
+        ));
+    }
     match &req.load {
         Load::Hold {
             connect_rate,

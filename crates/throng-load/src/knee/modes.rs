@@ -338,7 +338,10 @@ fn hold_seen(m: &Measured, connections: u64) -> Seen {
         latency_name: "connect latency",
         from_actual: Some(a.stats("connect.service")),
         delivery: Some(w.stats("delivery")),
-        attempts: connections + w.counter("publish.sent"),
+        // What was tried: a run stopped early tried fewer than the level.
+        attempts: a.counter("connect.ok")
+            + a.counters_under("connect.error.")
+            + w.counter("publish.sent"),
         errors,
         lost: Some(net_lost(a)),
         lag: HistStats::of(&lag),

@@ -13,8 +13,9 @@
 //!    majority of `repeat` runs agrees; a level that changes its mind moves
 //!    the bracket and the bisection goes on.
 //!
-//! A run the generator could not drive ends the search at once: nothing
-//! above that level can be measured with this generator.
+//! A level the generator could not drive (by a majority of its runs, as
+//! for a failure) ends the search: nothing above it can be measured with
+//! this generator.
 
 use thiserror::Error;
 use throng_report::knee::{Outcome, Phase};
@@ -97,7 +98,16 @@ struct Tally {
     level: f64,
     passes: u32,
     fails: u32,
+    generator: u32,
     clear_fail: bool,
+}
+
+/// What a majority of a level's runs showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decided {
+    Pass,
+    Fail,
+    Generator,
 }
 
 /// Where a level stands.
@@ -108,21 +118,21 @@ enum Status {
     /// Run, no majority yet; `pass`: its runs lean that way.
     Leaning { pass: bool },
     /// A majority (or a clear failure) decided it.
-    Decided { pass: bool },
+    Decided(Decided),
 }
 
 impl Status {
     fn passes(self) -> bool {
         matches!(
             self,
-            Self::Leaning { pass: true } | Self::Decided { pass: true }
+            Self::Leaning { pass: true } | Self::Decided(Decided::Pass)
         )
     }
 
     fn fails(self) -> bool {
         matches!(
             self,
-            Self::Leaning { pass: false } | Self::Decided { pass: false }
+            Self::Leaning { pass: false } | Self::Decided(Decided::Fail | Decided::Generator)
         )
     }
 }
@@ -134,8 +144,6 @@ pub struct Search {
     /// The ramp's levels, from `from` up to `to` (which is last).
     ramp: Vec<f64>,
     tallies: Vec<Tally>,
-    /// The level the generator could not drive.
-    generator: Option<f64>,
 }
 
 impl Search {
@@ -178,7 +186,6 @@ impl Search {
             plan,
             ramp,
             tallies: Vec::new(),
-            generator: None,
         })
     }
 
@@ -189,10 +196,6 @@ impl Search {
 
     /// Records what a run of `level` showed.
     pub fn record(&mut self, level: f64, seen: Seen) {
-        if seen == Seen::Generator {
-            self.generator.get_or_insert(level);
-            return;
-        }
         let t = match self.tallies.iter_mut().find(|t| t.level == level) {
             Some(t) => t,
             None => {
@@ -200,6 +203,7 @@ impl Search {
                     level,
                     passes: 0,
                     fails: 0,
+                    generator: 0,
                     clear_fail: false,
                 });
                 // Invariant: just pushed.
@@ -212,13 +216,19 @@ impl Search {
                 t.fails += 1;
                 t.clear_fail |= clear;
             }
-            Seen::Generator => {}
+            Seen::Generator => t.generator += 1,
         }
     }
 
     /// What to do next.
     pub fn next(&self) -> Step {
-        if let Some(at) = self.generator {
+        if let Some(at) = self
+            .tallies
+            .iter()
+            .filter(|t| self.status(t.level) == Status::Decided(Decided::Generator))
+            .map(|t| t.level)
+            .min_by(f64::total_cmp)
+        {
             return Step::Done(Outcome::GeneratorSaturated {
                 at,
                 passed: self.highest_pass_below(at),
@@ -240,18 +250,18 @@ impl Search {
                         phase: Phase::Repeat,
                     };
                 }
-                Status::Decided { pass: false } => {
+                Status::Decided(Decided::Fail | Decided::Generator) => {
                     failed_at = Some(level);
                     break;
                 }
-                Status::Leaning { pass: true } | Status::Decided { pass: true } => {}
+                Status::Leaning { pass: true } | Status::Decided(Decided::Pass) => {}
             }
         }
         if failed_at.is_none() {
             // Every ramp level passed: confirm the top one.
             let to = *self.ramp.last().unwrap_or(&self.plan.to);
             return match self.status(to) {
-                Status::Decided { pass: true } => Step::Done(Outcome::NoKnee { to }),
+                Status::Decided(Decided::Pass) => Step::Done(Outcome::NoKnee { to }),
                 _ => Step::Run {
                     level: to,
                     phase: Phase::Repeat,
@@ -329,13 +339,22 @@ impl Search {
         };
         let r = self.plan.repeat;
         let majority = r / 2 + 1;
-        if t.clear_fail || t.fails > r - majority {
-            Status::Decided { pass: false }
+        let left = r.saturating_sub(t.passes + t.fails + t.generator);
+        if t.clear_fail {
+            Status::Decided(Decided::Fail)
         } else if t.passes >= majority {
-            Status::Decided { pass: true }
+            Status::Decided(Decided::Pass)
+        } else if t.generator >= majority {
+            Status::Decided(Decided::Generator)
+        } else if t.fails >= majority
+            || (t.passes + left < majority && t.generator + left < majority)
+        {
+            // A failure, or no majority left to reach: the target did not
+            // show it sustains the level.
+            Status::Decided(Decided::Fail)
         } else {
             Status::Leaning {
-                pass: t.passes > t.fails,
+                pass: t.passes > t.fails + t.generator,
             }
         }
     }
@@ -536,6 +555,19 @@ mod tests {
             }
         );
         assert_eq!(ran.last().map(|r| r.0), Some(1600.0));
+    }
+
+    #[test]
+    fn one_generator_hiccup_is_repeated_like_a_failure() {
+        let (o, ran) = drive(plan(100.0, 100_000.0, 3), |level, before| {
+            if level == 400.0 && before == 0 {
+                Seen::Generator
+            } else {
+                knee_at(1900.0)(level, before)
+            }
+        });
+        assert!(matches!(o, Outcome::Knee { .. }), "{o:?}");
+        assert_eq!(ran.iter().filter(|(l, _)| *l == 400.0).count(), 3);
     }
 
     #[test]
