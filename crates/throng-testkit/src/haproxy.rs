@@ -65,7 +65,7 @@ impl Haproxy {
     pub fn limited(backend: SocketAddr, maxconn: u32) -> Self {
         Self::launch(|port| {
             format!(
-                "global\n  maxconn 20000\n\
+                "global\n  maxconn 4000\n\
                  defaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  \
                  timeout server 60s\n  timeout queue 60s\n\
                  frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\n\

@@ -10,6 +10,7 @@ mod attack;
 mod bench;
 mod doctor;
 mod hold;
+mod knee;
 mod redis;
 mod rediss;
 mod report;

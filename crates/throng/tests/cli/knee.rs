@@ -1,0 +1,381 @@
+//! `throng knee` end to end: the real binary searching real targets on
+//! loopback. Targets with a hard capacity are HAProxy letting a few
+//! requests at a time through to a back end that takes a set time per
+//! request (`throng serve`'s `/ping` with `sleep`, or the Node push peer
+//! with `--publish-delay`); their capacity is measured in the same test
+//! by a saturating closed-model `throng attack --max`, before and after
+//! the search, and the knee must land between 0.75 and 1.05 times the
+//! best of the two. Capacities are a few hundred per second, so a shared
+//! two-core machine carries them with room to spare.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use throng_testkit::haproxy::Haproxy;
+use throng_testkit::hold_server::HoldServer;
+use throng_testkit::process::{output_within, text};
+use throng_testkit::{Peer, TempDir, free_port, require};
+
+use crate::{serve, throng};
+
+/// A short search: one-second warm-up, a few measured seconds, no repeats.
+const QUICK: [&str; 8] = [
+    "--warmup",
+    "1s",
+    "--cooldown",
+    "1s",
+    "--repeat",
+    "1",
+    "--format",
+    "json",
+];
+
+/// What a search printed and how it ended.
+struct Searched {
+    code: i32,
+    knee: Value,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `throng knee <args> -q --out-dir <dir>` (killed after 5 minutes).
+fn knee(dir: &TempDir, args: &[&str]) -> Searched {
+    let out = output_within(
+        throng()
+            .arg("knee")
+            .args(args)
+            .args(["-q", "--out-dir"])
+            .arg(dir.path()),
+        Duration::from_secs(300),
+    );
+    let stdout = text(&out.stdout);
+    Searched {
+        code: out.status.code().unwrap_or(-1),
+        knee: serde_json::from_str(&stdout).unwrap_or(Value::Null),
+        stdout,
+        stderr: text(&out.stderr),
+    }
+}
+
+/// The most requests per second a closed pool of `connections` got
+/// through `url` in 5 s (`throng attack --max`). The pool must be large to
+/// saturate: HAProxy refills its back end's slots fastest from a long
+/// queue (through 4 slots, 8 connections got 297/s, 32 got 319/s, 128 got
+/// 340/s, as much as an open-model run at 370/s achieved).
+fn capacity(url: &str, connections: u32, extra: &[&str]) -> f64 {
+    let out = output_within(
+        throng()
+            .args(["attack", "--url", url, "--max", "--connections"])
+            .arg(connections.to_string())
+            .args(["--duration", "5s", "--format", "json", "-q"])
+            .args(extra),
+        Duration::from_secs(60),
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let throughput = summary["throughput"].as_f64().unwrap_or(0.0);
+    assert!(
+        throughput > 0.0 && summary["errors"].as_object().is_none_or(|e| e.is_empty()),
+        "the capacity run failed: {summary}\n{}",
+        text(&out.stderr)
+    );
+    throughput
+}
+
+/// The knee of a search that found one, checked against `capacity`.
+fn assert_near(s: &Searched, capacity: f64) -> f64 {
+    assert_eq!(
+        (s.code, s.knee["outcome"]["kind"].as_str()),
+        (0, Some("knee")),
+        "{}\n{}",
+        s.stdout,
+        s.stderr
+    );
+    let knee = s.knee["outcome"]["knee"].as_f64().unwrap_or(0.0);
+    let ratio = knee / capacity;
+    eprintln!("knee {knee}/s, measured capacity {capacity:.0}/s: {ratio:.2}");
+    assert!(
+        (0.75..=1.05).contains(&ratio),
+        "knee {knee}/s is {ratio:.2} × the measured capacity {capacity:.0}/s\n{}",
+        s.stdout
+    );
+    knee
+}
+
+#[test]
+fn the_knee_of_requests_lies_at_the_capacity_a_saturating_run_measures() {
+    require!(Peer::Haproxy);
+    // 4 requests at a time, each sleeping 0..20 ms (10 ms on average):
+    // at most 400/s, less the overheads.
+    let backend = serve(&["--workers", "1"]);
+    let lb = Haproxy::limited(backend.addr, 4);
+    let url = format!("http://{}/ping", lb.addr);
+    let sleep = ["-H", "sleep: 20"];
+    let before = capacity(&url, 128, &sleep);
+    let dir = TempDir::new("knee-attack");
+    let s = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "-H", "sleep: 20"],
+            &["--from", "50/s", "--to", "2000/s", "--step-duration", "4s"][..],
+            &QUICK,
+        ]
+        .concat(),
+    );
+    let after = capacity(&url, 128, &sleep);
+    let knee = assert_near(&s, before.max(after));
+    // The first failing level is above the knee, and failed on its p99.
+    let failing = s.knee["outcome"]["first_failing"].as_f64().unwrap_or(0.0);
+    assert!(failing > knee, "{}", s.stdout);
+    let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
+    let failed = runs
+        .iter()
+        .rev()
+        .find(|r| r["level"].as_f64() == Some(failing))
+        .expect("the failing level's run");
+    assert_eq!(failed["verdict"], "fail", "{failed}");
+    assert!(
+        failed["reasons"][0]
+            .as_str()
+            .is_some_and(|r| r.starts_with("request latency p99")),
+        "{failed}"
+    );
+
+    // The result file reads back with `throng report`: the search's
+    // table first, then every level's intervals; its page has both plots.
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("the out dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    let results = files
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .expect("a result file");
+    let html = dir.file("report.html");
+    let out = output_within(
+        throng().arg("report").arg(results).arg("--html").arg(&html),
+        Duration::from_secs(60),
+    );
+    let report = text(&out.stdout);
+    assert!(out.status.success(), "{report}");
+    assert!(report.starts_with("knee: "), "{report}");
+    assert!(report.contains("status.200"), "{report}");
+    let page = std::fs::read_to_string(&html).expect("the page");
+    for id in ["knee-latency", "knee-achieved"] {
+        assert!(page.contains(&format!("id=\"{id}\"")), "{id}");
+    }
+    assert!(page.contains(">knee "), "the knee is marked");
+}
+
+#[test]
+fn the_knee_of_publishing_lies_at_the_capacity_a_saturating_run_measures() {
+    require!(Peer::Haproxy, Peer::NodeWs);
+    // 2 publishes at a time, each delivered after 10 ms: at most 200/s.
+    let peer = HoldServer::node(&["--publish-delay", "10"]);
+    let lb = Haproxy::limited(([127, 0, 0, 1], peer.http_port).into(), 2);
+    let publish = format!("http://{}/publish/chan", lb.addr);
+    let body = ["-m", "POST", "--body", "x"];
+    let before = capacity(&publish, 64, &body);
+    let dir = TempDir::new("knee-publish");
+    let s = knee(
+        &dir,
+        &[
+            &["publish", &peer.ws_url(), "--connections", "50"][..],
+            &["--publish", &publish, "--from", "30/s", "--to", "1000/s"],
+            &["--step-duration", "4s"],
+            &QUICK,
+        ]
+        .concat(),
+    );
+    let after = capacity(&publish, 64, &body);
+    assert_near(&s, before.max(after));
+    // Every passing level delivered every message to every subscriber.
+    for r in s.knee["runs"].as_array().cloned().unwrap_or_default() {
+        if r["verdict"] == "pass" {
+            assert_eq!(r["lost"], 0, "{r}");
+            assert!(r["achieved"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+        }
+    }
+}
+
+#[test]
+fn a_target_that_never_breaks_has_no_knee_below_to() {
+    let server = serve(&["--workers", "1"]);
+    let dir = TempDir::new("knee-never");
+    let url = format!("http://{}/ping", server.addr);
+    let s = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "--from", "100/s", "--to", "400/s"][..],
+            &["--step-duration", "2s"],
+            &QUICK,
+        ]
+        .concat(),
+    );
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(s.knee["outcome"]["kind"], "no_knee", "{}", s.stdout);
+    let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
+    assert!(runs.iter().all(|r| r["verdict"] == "pass"), "{}", s.stdout);
+    // Never past --to.
+    assert!(runs.iter().all(|r| r["level"].as_f64() <= Some(400.0)));
+    let text = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "--from", "100/s", "--to", "200/s"][..],
+            &["--step-duration", "1s", "--warmup", "1s", "--repeat", "1"],
+        ]
+        .concat(),
+    );
+    assert_eq!(text.code, 1);
+    assert!(
+        text.stdout
+            .contains("no knee below --to 200/s: the target met the objective at every level"),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
+fn a_generator_limited_on_purpose_is_blamed_not_the_target() {
+    // One worker with one connection: past a few thousand requests per
+    // second they queue for it, while the target answers in microseconds.
+    let server = serve(&["--workers", "1"]);
+    let dir = TempDir::new("knee-generator");
+    let url = format!("http://{}/ping", server.addr);
+    let s = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "--workers", "1"][..],
+            &["--max-connections", "1"],
+            &[
+                "--from",
+                "1000/s",
+                "--to",
+                "64000/s",
+                "--step-duration",
+                "2s",
+            ],
+            &QUICK,
+        ]
+        .concat(),
+    );
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(
+        s.knee["outcome"]["kind"], "generator_saturated",
+        "{}",
+        s.stdout
+    );
+    let at = s.knee["outcome"]["at"].as_f64().unwrap_or(0.0);
+    let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
+    let last = runs.last().expect("a run");
+    assert_eq!(last["verdict"], "generator", "{last}");
+    assert!(
+        last["reasons"][0]
+            .as_str()
+            .is_some_and(|r| r.starts_with("the generator fell behind its schedule")),
+        "{last}"
+    );
+    // No level was called the target's failure.
+    assert!(runs.iter().all(|r| r["verdict"] != "fail"), "{}", s.stdout);
+    // And in words, without --format json.
+    let words = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "--workers", "1"][..],
+            &["--max-connections", "1", "--repeat", "1", "--warmup", "1s"],
+            &["--from", &(at as u64).to_string(), "--to", "64000/s"],
+            &["--step-duration", "2s"],
+        ]
+        .concat(),
+    );
+    assert_eq!(words.code, 1, "{}", words.stdout);
+    assert!(
+        words.stdout.contains("the generator saturated at")
+            && words.stdout.contains("the target's knee is above"),
+        "{}",
+        words.stdout
+    );
+}
+
+#[test]
+fn a_target_failing_from_the_first_level_says_so() {
+    // Every answer takes 150..300 ms: over a 100 ms p99 at any rate.
+    let server = serve(&["--workers", "1"]);
+    let dir = TempDir::new("knee-first");
+    let url = format!("http://{}/ping", server.addr);
+    let s = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "-H", "sleep: 300"][..],
+            &["--from", "50/s", "--to", "800/s", "--step-duration", "2s"],
+            &QUICK,
+        ]
+        .concat(),
+    );
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(
+        s.knee["outcome"],
+        serde_json::json!({"kind": "failed_at_from", "from": 50.0}),
+        "{}",
+        s.stdout
+    );
+    // Only the first level ran.
+    let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
+    assert!(runs.iter().all(|r| r["level"] == 50.0), "{}", s.stdout);
+    let words = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "-H", "sleep: 300", "--repeat", "1"][..],
+            &["--from", "50/s", "--to", "800/s", "--step-duration", "2s"],
+        ]
+        .concat(),
+    );
+    assert_eq!(words.code, 1);
+    assert!(
+        words.stdout.contains(
+            "the target failed the objective at the first level, --from 50/s: request latency p99"
+        ),
+        "{}",
+        words.stdout
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_a_clear_message() {
+    let dir = TempDir::new("knee-bad");
+    // Nothing listens here; no search may start.
+    let url = format!("http://127.0.0.1:{}/ping", free_port());
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["--from", "5000/s", "--to", "100/s"],
+            "--from 5000 is above --to 100; give a range from low to high",
+        ),
+        (&["--slo-p99", "fast"], "invalid duration 'fast'"),
+        (&["--slo-p999", "soon"], "invalid duration 'soon'"),
+        (
+            &["--step-duration", "0s"],
+            "--step-duration must be more than zero",
+        ),
+        (&["--max-error-rate", "150%"], "invalid fraction '150%'"),
+        (&["--from", "lots"], "invalid rate 'lots'"),
+        (
+            &["--slo-p99", "0s"],
+            "a latency objective of zero can never be met",
+        ),
+    ];
+    for (args, want) in cases {
+        let s = knee(&dir, &[&["attack", "--url", &url][..], args].concat());
+        assert_eq!(s.code, 2, "{args:?}: {}", s.stderr);
+        assert!(s.stderr.contains(want), "{args:?}: {}", s.stderr);
+        assert!(!s.stderr.contains("panicked"), "{}", s.stderr);
+    }
+    let s = knee(&dir, &["hold", "ws://127.0.0.1:9/x", "--to", "10.5"]);
+    assert_eq!(s.code, 2, "{}", s.stderr);
+    assert!(s.stderr.contains("invalid count '10.5'"), "{}", s.stderr);
+    let s = knee(
+        &dir,
+        &["publish", "ws://127.0.0.1:9/x", "--publish", "ftp://x"],
+    );
+    assert_eq!(s.code, 2, "{}", s.stderr);
+    assert!(s.stderr.contains("--publish ftp://x"), "{}", s.stderr);
+}
