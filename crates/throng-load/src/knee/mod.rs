@@ -243,16 +243,8 @@ fn plan(req: &Request) -> Result<(Plan, Vec<String>), KneeError> {
         } => {
             // The largest level must fit the machine; check it now.
             let top = req.search.to.round().max(1.0) as u64;
-            let prepared = hold::prepare(hold::Request {
-                connections: top,
-                rate: connect_rate.unwrap_or_else(|| modes::default_connect_rate(top)),
-                duration: Some(span),
-                publish: None,
-                output: None,
-                progress: req.progress,
-                ..h.clone()
-            })?;
-            let lines = prepared.lines().to_vec();
+            let rate = connect_rate.unwrap_or_else(|| modes::default_connect_rate(top));
+            let lines = held(req, h, Some((top, rate)))?.lines().to_vec();
             let plan = Plan::Hold {
                 template: hold::Request {
                     progress: req.progress,
@@ -270,13 +262,7 @@ fn plan(req: &Request) -> Result<(Plan, Vec<String>), KneeError> {
                         .into(),
                 ));
             }
-            let prepared = hold::prepare(hold::Request {
-                duration: Some(span),
-                publish: None,
-                output: None,
-                progress: req.progress,
-                ..h.clone()
-            })?;
+            let prepared = held(req, h, None)?;
             let lines = prepared.lines().to_vec();
             let (run, setup) = prepared.into_parts();
             let plan = Plan::Publish {
@@ -288,6 +274,26 @@ fn plan(req: &Request) -> Result<(Plan, Vec<String>), KneeError> {
             (plan, lines)
         }
     })
+}
+
+/// `hold`'s plan of one level's connections (`connections` at `rate` when
+/// given, else `h`'s own), checked against the machine: the knee publishes
+/// and writes results itself, so the hold does neither.
+fn held(
+    req: &Request,
+    h: &hold::Request,
+    connections: Option<(u64, RateSpec)>,
+) -> Result<hold::Prepared, KneeError> {
+    let (connections, rate) = connections.unwrap_or((h.connections, h.rate));
+    Ok(hold::prepare(hold::Request {
+        connections,
+        rate,
+        duration: Some(req.warmup + req.step),
+        publish: None,
+        output: None,
+        progress: req.progress,
+        ..h.clone()
+    })?)
 }
 
 fn start_lines(

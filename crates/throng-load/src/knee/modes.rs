@@ -317,12 +317,7 @@ fn attack_seen(m: &Measured) -> Seen {
 
 fn hold_seen(m: &Measured, connections: u64) -> Seen {
     let (a, w) = (&m.all, &m.window);
-    let mut errors = held_errors(a);
-    for (k, v) in &w.counters {
-        if let Some(kind) = k.strip_prefix("publish.error.") {
-            errors.insert(format!("publish.{kind}"), *v);
-        }
-    }
+    let errors = held_errors(a, w);
     let mut lag = new_histogram();
     for h in [
         a.histograms.get("connect.lag"),
@@ -364,12 +359,7 @@ fn hold_seen(m: &Measured, connections: u64) -> Seen {
 
 fn publish_seen(m: &Measured, subscribers: u64) -> Seen {
     let (a, w) = (&m.all, &m.window);
-    let mut errors = held_errors(a);
-    for (k, v) in &w.counters {
-        if let Some(kind) = k.strip_prefix("publish.error.") {
-            errors.insert(format!("publish.{kind}"), *v);
-        }
-    }
+    let errors = held_errors(a, w);
     let figures = Figures {
         latency: w.stats("delivery"),
         latency_name: "delivery latency",
@@ -391,10 +381,16 @@ fn publish_seen(m: &Measured, subscribers: u64) -> Seen {
     }
 }
 
-/// The held connections' failures: connects that failed, and connections
-/// the server dropped (every close but the run's own).
-fn held_errors(a: &Interval) -> BTreeMap<String, u64> {
+/// The failures of a hold level: connects that failed and connections the
+/// server dropped (every close but the run's own) over the whole run `a`,
+/// and the publishes that failed in the measured window `w`.
+fn held_errors(a: &Interval, w: &Interval) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
+    for (k, v) in &w.counters {
+        if let Some(kind) = k.strip_prefix("publish.error.") {
+            out.insert(format!("publish.{kind}"), *v);
+        }
+    }
     for (k, v) in &a.counters {
         if let Some(kind) = k.strip_prefix("connect.error.") {
             out.insert(format!("connect.{kind}"), *v);

@@ -199,6 +199,45 @@ fn the_knee_of_publishing_lies_at_the_capacity_a_saturating_run_measures() {
 }
 
 #[test]
+fn hold_levels_judge_connects_and_deliveries_to_every_connection() {
+    // throng serve holds a few hundred connections without effort: every
+    // level passes, and each one published to all of its connections.
+    let server = serve(&["--workers", "1"]);
+    let dir = TempDir::new("knee-hold");
+    let url = format!("ws://{}/room", server.addr);
+    let s = knee(
+        &dir,
+        &[
+            &["hold", &url, "--from", "100", "--to", "300"][..],
+            &["--publish-rate", "5/s", "--step-duration", "2s"],
+            &QUICK,
+        ]
+        .concat(),
+    );
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(
+        s.knee["outcome"],
+        serde_json::json!({"kind": "no_knee", "to": 300.0})
+    );
+    let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
+    let levels: Vec<f64> = runs.iter().filter_map(|r| r["level"].as_f64()).collect();
+    assert_eq!(levels, [100.0, 200.0, 300.0], "{}", s.stdout);
+    for r in &runs {
+        assert_eq!(r["verdict"], "pass", "{r}");
+        // Every connection opened and held; every message reached each of them.
+        assert_eq!(r["achieved"], r["level"], "{r}");
+        assert_eq!(r["lost"], 0, "{r}");
+        // At least a second of 5 messages a second is measured, to each connection.
+        let connections = r["level"].as_f64().unwrap_or(0.0) as u64;
+        let deliveries = r["delivery_us"]["count"].as_u64().unwrap_or(0);
+        assert!(
+            connections > 0 && deliveries >= 3 * connections,
+            "{deliveries} deliveries to {connections} connections: {r}"
+        );
+    }
+}
+
+#[test]
 fn a_target_that_never_breaks_has_no_knee_below_to() {
     let server = serve(&["--workers", "1"]);
     let dir = TempDir::new("knee-never");
