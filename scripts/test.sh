@@ -56,6 +56,14 @@ probe_wrk() { command -v wrk >/dev/null && { wrk --version 2>&1 | head -1 | cut 
 probe_python_websockets() {
   python3 -c 'import websockets.asyncio.server, websockets; print("websockets", websockets.__version__)' 2>/dev/null
 }
+# doctor's fixes run in scratch mount and network namespaces: root, unshare, sysctl.
+probe_namespaces() {
+  unshare --mount --net sysctl -n net.core.somaxconn >/dev/null 2>&1 && echo "unshare and sysctl as root"
+}
+# The auth tests' tokens come from PyJWT with cryptography (RS256, ES256, EdDSA).
+probe_python_jwt() {
+  python3 -c 'import jwt, cryptography, cryptography.hazmat.primitives.asymmetric.ed25519; print("PyJWT", jwt.__version__, "cryptography", cryptography.__version__)' 2>/dev/null
+}
 probe_node_ws() {
   (cd tests/peers && node -e 'console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
 }
@@ -67,8 +75,10 @@ peers=(
   "haproxy probe_haproxy haproxy"
   "openssl probe_openssl openssl"
   "chromium probe_chromium chromium"
+  "namespaces probe_namespaces procps"
   "wrk probe_wrk wrk"
   "python3-websockets probe_python_websockets"
+  "python3-jwt probe_python_jwt"
   "node-ws probe_node_ws"
 )
 
@@ -104,21 +114,28 @@ if [ "$install" = 1 ]; then
         "the tests that need them will fail" >&2
     fi
   fi
-  if [ -z "${before[python3-websockets]}" ]; then
-    echo "python3 -m pip install 'websockets>=13'"
+  # pip_install REQUIREMENT...: installs the Python packages a peer needs.
+  pip_install() {
+    echo "python3 -m pip install $*"
     pip_err=$(mktemp)
-    if ! python3 -m pip install -q 'websockets>=13' 2>"$pip_err"; then
+    if ! python3 -m pip install -q "$@" 2>"$pip_err"; then
       if grep -q externally-managed "$pip_err"; then
-        # Debian's own Python refuses pip (PEP 668), and its
-        # python3-websockets is older than the peers' asyncio API.
-        echo "python3 is the system's: pip install --break-system-packages 'websockets>=13'"
-        python3 -m pip install -q --break-system-packages 'websockets>=13'
+        # Debian's own Python refuses pip (PEP 668), and its packages
+        # (python3-websockets) are older than the peers' APIs.
+        echo "python3 is the system's: pip install --break-system-packages $*"
+        python3 -m pip install -q --break-system-packages "$@"
       else
         cat "$pip_err" >&2
         exit 1
       fi
     fi
     rm -f "$pip_err"
+  }
+  if [ -z "${before[python3-websockets]}" ]; then
+    pip_install 'websockets>=13'
+  fi
+  if [ -z "${before[python3-jwt]}" ]; then
+    pip_install 'PyJWT>=2.8' 'cryptography>=41'
   fi
   if [ -z "${before[node-ws]}" ]; then
     echo "npm install (tests/peers)"

@@ -80,6 +80,14 @@ pub struct Plan {
     pub user_bytes_per_socket: u64,
     /// File descriptors each process keeps for other things.
     pub fd_reserve: u64,
+    /// The source addresses as given (`127.0.0.2-127.0.0.5`), if they were:
+    /// the fixes keep them in the commands they print.
+    pub source_list: Option<String>,
+    /// The target ports as given (`10000-10015`), if they were.
+    pub port_list: Option<String>,
+    /// The plan is `throng bench`'s: both sides here, on the source
+    /// addresses and server ports bench picks itself, so a fix names bench.
+    pub bench: bool,
 }
 
 impl Plan {
@@ -94,6 +102,9 @@ impl Plan {
             kernel_bytes_per_socket: DEFAULT_KERNEL_BYTES_PER_SOCKET,
             user_bytes_per_socket: DEFAULT_USER_BYTES_PER_SOCKET,
             fd_reserve: DEFAULT_FD_RESERVE,
+            source_list: None,
+            port_list: None,
+            bench: false,
         }
     }
 
@@ -265,7 +276,8 @@ pub enum Status {
     Stop,
 }
 
-/// One way to fix a finding.
+/// One way to fix a finding: a command that works as printed (the tests
+/// run every form). What cannot be a command is a [`Finding::notes`] line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Fix {
@@ -276,10 +288,20 @@ pub enum Fix {
         /// New value.
         value: String,
     },
-    /// Something for a person to do (a config line, a command, an option).
-    Manual {
-        /// What to do, exactly.
-        text: String,
+    /// A `throng` command line that fits the limit (`throng serve
+    /// --listen 127.0.0.1:8080-8083`).
+    Throng {
+        /// Its arguments, after `throng`; none holds a space or a quote.
+        args: Vec<String>,
+        /// What it changes, for the comment after it.
+        why: String,
+    },
+    /// A shell command, run as root (`ulimit -Hn 100064`).
+    Shell {
+        /// The command line.
+        command: String,
+        /// What it changes, for the comment after it.
+        why: String,
     },
 }
 
@@ -291,18 +313,39 @@ impl Fix {
         }
     }
 
-    fn manual(text: impl Into<String>) -> Self {
-        Self::Manual { text: text.into() }
+    fn throng(args: Vec<String>, why: impl Into<String>) -> Self {
+        Self::Throng {
+            args,
+            why: why.into(),
+        }
     }
 
-    /// The fix as one line a person can run or follow.
+    fn shell(command: impl Into<String>, why: impl Into<String>) -> Self {
+        Self::Shell {
+            command: command.into(),
+            why: why.into(),
+        }
+    }
+
+    /// The command, as a person types it.
     pub fn line(&self) -> String {
         match self {
             Self::Sysctl { name, value } if value.contains(' ') => {
                 format!("sysctl -w {name}=\"{value}\"")
             }
             Self::Sysctl { name, value } => format!("sysctl -w {name}={value}"),
-            Self::Manual { text } => text.clone(),
+            Self::Throng { args, .. } => format!("throng {}", args.join(" ")),
+            Self::Shell { command, .. } => command.clone(),
+        }
+    }
+
+    /// The command with what it changes as a shell comment: still pasteable.
+    pub fn commented(&self) -> String {
+        match self {
+            Self::Sysctl { .. } => self.line(),
+            Self::Throng { why, .. } | Self::Shell { why, .. } => {
+                format!("{}  # {why}", self.line())
+            }
         }
     }
 }
@@ -318,6 +361,9 @@ pub struct Finding {
     pub message: String,
     /// Ways to fix it, best first; empty when OK.
     pub fixes: Vec<Fix>,
+    /// What a command cannot say: where a fix does not apply, what else
+    /// would work. Empty when OK.
+    pub notes: Vec<String>,
 }
 
 impl Finding {
@@ -370,15 +416,29 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
     {
         let nf = m.nofile;
         let target = m.nr_open.map_or(per_process, |o| per_process.min(o));
-        let raise = [
-            Fix::manual(format!(
-                "in /etc/security/limits.conf: '* soft nofile {target}' and '* hard nofile {target}' (then log in again)"
-            )),
-            Fix::manual(format!("for a systemd service: LimitNOFILE={target}")),
-            Fix::manual(format!(
-                "in a root shell before starting throng: ulimit -n {target}"
-            )),
-        ];
+        // Only the hard limit: throng raises its soft limit to it itself.
+        let mut raise = vec![Fix::shell(
+            format!("echo '* hard nofile {target}' >> /etc/security/limits.conf"),
+            "for login sessions, from the next login on",
+        )];
+        if m.may_raise_hard {
+            raise.insert(
+                0,
+                Fix::shell(
+                    format!("ulimit -Hn {target}"),
+                    "in a root shell; start throng from that shell",
+                ),
+            );
+        }
+        let mut raise_notes = vec![format!(
+            "a systemd service: LimitNOFILE={target} in its [Service] section (docs/deploy.md)"
+        )];
+        if !m.may_raise_hard {
+            raise_notes.push(
+                "this process may not raise its hard limit, even as root: in a container the runtime sets it"
+                    .to_owned(),
+            );
+        }
         match limits::budget(n, nf.hard, plan.fd_reserve) {
             Err(_) => out.push(Finding {
                 check: "open files".into(),
@@ -387,7 +447,8 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
                     "the hard limit {} leaves no room for connections after {} reserved files",
                     nf.hard, plan.fd_reserve
                 ),
-                fixes: raise.to_vec(),
+                fixes: raise.clone(),
+                notes: raise_notes.clone(),
             }),
             Ok(b) => {
                 let sides = if plan.role == Role::Both {
@@ -413,7 +474,8 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
                         "hard limit {} per process: {} connections need {} worker process(es){sides} of at most {} each{soft}{may}",
                         nf.hard, n, b.workers, b.per_worker
                     ),
-                    fixes: if many { raise.to_vec() } else { Vec::new() },
+                    fixes: if many { raise.clone() } else { Vec::new() },
+                    notes: if many { raise_notes.clone() } else { Vec::new() },
                 });
             }
         }
@@ -434,6 +496,7 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
             } else {
                 Vec::new()
             },
+            notes: Vec::new(),
         });
     }
 
@@ -467,6 +530,7 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
             } else {
                 Vec::new()
             },
+            notes: Vec::new(),
         });
     }
 
@@ -477,35 +541,54 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
         let pairs = plan.source_ips.max(1) * plan.target_ports.max(1);
         let usable = (range as f64 * PORT_USE) as u64;
         let capacity = usable.saturating_mul(pairs);
-        let (status, mut fixes) = (
-            if n > capacity {
-                Status::Stop
-            } else {
-                Status::Ok
-            },
-            Vec::new(),
-        );
+        let status = if n > capacity {
+            Status::Stop
+        } else {
+            Status::Ok
+        };
+        let (mut fixes, mut notes) = (Vec::new(), Vec::new());
         if status == Status::Stop {
-            let per_source = usable * plan.target_ports.max(1);
-            let sources = n.div_ceil(per_source.max(1));
-            fixes.push(Fix::manual(format!(
-                "use {sources} source addresses (--source-ips 127.0.0.2-{} on loopback, where every 127.x address is local; \
-                 elsewhere add them first: ip addr add ADDR/32 dev IFACE)",
-                ipv4_plus([127, 0, 0, 2], sources - 1)
-            )));
             let wide = ((65_535 - 1_024 + 1) as f64 * PORT_USE) as u64 * pairs;
+            if !plan.bench {
+                let per_source = usable * plan.target_ports.max(1);
+                let sources = n.div_ceil(per_source.max(1));
+                fixes.push(Fix::throng(
+                    run_command(plan, n, sources, plan.port_list.as_deref()),
+                    format!(
+                        "{sources} source addresses: on loopback every 127.x address is this machine's (hold picks them itself); \
+                         elsewhere give addresses this machine has"
+                    ),
+                ));
+            }
             if range < 65_535 - 1_024 + 1 {
                 fixes.push(Fix::sysctl("net.ipv4.ip_local_port_range", "1024 65535"));
                 if wide < n {
-                    fixes.push(Fix::manual(format!(
-                        "even 1024-65535 gives only {wide}: add source addresses or target ports as well"
-                    )));
+                    notes.push(format!(
+                        "even 1024-65535 gives only {wide}: more source addresses or target ports as well"
+                    ));
                 }
             }
-            fixes.push(Fix::manual(format!(
-                "or spread over {} target ports (serve --ports, ws://HOST:P1-P2/...)",
-                n.div_ceil((usable * plan.source_ips.max(1)).max(1))
-            )));
+            let ports = n.div_ceil((usable * plan.source_ips.max(1)).max(1));
+            if !plan.bench && ports <= 65_535 - 8_080 {
+                let listen = format!("8080-{}", 8_080 + ports - 1);
+                let (on, with) = if plan.role == Role::Both {
+                    ("here", "and the harness here")
+                } else {
+                    ("on the server", "and the harness")
+                };
+                fixes.push(Fix::throng(
+                    vec![
+                        "serve".into(),
+                        "--listen".into(),
+                        format!("127.0.0.1:{listen}"),
+                    ],
+                    format!("or {ports} target ports: the server listens on each ({on})"),
+                ));
+                fixes.push(Fix::throng(
+                    run_command(plan, n, plan.source_ips, Some(&listen)),
+                    format!("{with} spreads its connections over them"),
+                ));
+            }
         }
         out.push(Finding {
             check: "local ports".into(),
@@ -517,6 +600,7 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
                 PORT_USE * 100.0
             ),
             fixes,
+            notes,
         });
     }
 
@@ -538,6 +622,7 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
                 } else {
                     Vec::new()
                 },
+                notes: Vec::new(),
             });
         }
         if let Some(v) = m.syn_backlog {
@@ -563,7 +648,8 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
                 } else {
                     Vec::new()
                 },
-            });
+                notes: Vec::new(),
+                });
         }
     }
 
@@ -612,6 +698,7 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
             status,
             message,
             fixes,
+            notes: Vec::new(),
         });
     }
 
@@ -648,13 +735,21 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
                 let v = round_up(need.saturating_mul(5) / 4);
                 vec![
                     Fix::sysctl("net.netfilter.nf_conntrack_max", v),
-                    Fix::manual(format!(
-                        "and its hash table: echo {} > /sys/module/nf_conntrack/parameters/hashsize",
-                        v / 4
-                    )),
-                    Fix::manual(
-                        "or do not track the test's ports: iptables -t raw -A PREROUTING -p tcp --dport PORT -j NOTRACK (and OUTPUT --sport PORT)",
+                    Fix::shell(
+                        format!(
+                            "echo {} > /sys/module/nf_conntrack/parameters/hashsize",
+                            v / 4
+                        ),
+                        "and its hash table, a quarter of the entries",
                     ),
+                ]
+            } else {
+                Vec::new()
+            },
+            notes: if full {
+                vec![
+                    "or leave the run's ports untracked: a NOTRACK rule for them in the raw table (iptables or nft)"
+                        .to_owned(),
                 ]
             } else {
                 Vec::new()
@@ -703,17 +798,75 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
             check: "memory".into(),
             status,
             message,
-            fixes: if status == Status::Ok {
+            fixes: if status == Status::Ok || plan.role == Role::Server {
                 Vec::new()
             } else {
-                vec![
-                    Fix::manual(format!("hold at most ~{fits} connections on this machine (80% of what is available)")),
-                    Fix::manual("or spread the run over more machines and merge their results with throng report"),
-                ]
+                // As many source addresses as the smaller run needs too.
+                let per_source = m.port_range.map_or(u64::MAX, |(lo, hi)| {
+                    ((hi - lo + 1) as f64 * PORT_USE) as u64 * plan.target_ports.max(1)
+                });
+                vec![Fix::throng(
+                    run_command(
+                        plan,
+                        fits,
+                        fits.div_ceil(per_source.max(1)),
+                        plan.port_list.as_deref(),
+                    ),
+                    "the most that fits in 80% of the memory available",
+                )]
+            },
+            notes: match status {
+                Status::Ok => Vec::new(),
+                _ if plan.role == Role::Server => vec![
+                    format!("this machine serves ~{fits} connections in 80% of the memory available: spread the rest over more servers (docs/deploy.md)"),
+                ],
+                _ => vec![
+                    "or spread the run over more machines and merge their result files with throng report".to_owned(),
+                ],
             },
         });
     }
     out
+}
+
+/// The `throng` arguments of the run `plan` describes, for `connections`:
+/// `bench --connections N` for bench's plan; otherwise `hold` against a
+/// loopback target on `ports` (default `throng serve`'s 8080), from the
+/// source addresses given, or from enough of 127.0.0.2.. for the local
+/// ports (at least `sources`), so the command fits what it fixes.
+fn run_command(plan: &Plan, connections: u64, sources: u64, ports: Option<&str>) -> Vec<String> {
+    if plan.bench {
+        return vec![
+            "bench".into(),
+            "--connections".into(),
+            connections.to_string(),
+        ];
+    }
+    // A comma list is no URL's port part: its first port stands for it.
+    let ports = match ports {
+        Some(p) if !p.contains(',') => p.to_owned(),
+        Some(p) => p.split([',', '-']).next().unwrap_or("8080").to_owned(),
+        None => "8080".to_owned(),
+    };
+    let mut args = vec![
+        "hold".into(),
+        format!("ws://127.0.0.1:{ports}/news"),
+        "--connections".into(),
+        connections.to_string(),
+    ];
+    match &plan.source_list {
+        Some(list) if sources <= plan.source_ips => {
+            args.extend(["--source-ips".into(), list.clone()]);
+        }
+        _ if sources > 1 => {
+            args.extend([
+                "--source-ips".into(),
+                format!("127.0.0.2-{}", ipv4_plus([127, 0, 0, 2], sources - 1)),
+            ]);
+        }
+        _ => {}
+    }
+    args
 }
 
 /// What `--apply` did with one sysctl fix.
@@ -829,6 +982,9 @@ impl Report {
         let (stops, warnings, apply) = (*stops, *warnings, *apply);
         let mut o = String::new();
         let role = match plan.role {
+            Role::Both if plan.bench => {
+                "throng bench: client and server on this machine, 2 sockets each"
+            }
             Role::Both => "client and server on this machine, 2 sockets each",
             Role::Client => "the client side on this machine",
             Role::Server => "the server side on this machine",
@@ -844,10 +1000,23 @@ impl Report {
             plan.kernel_bytes_per_socket as f64 / 1024.0,
             plan.user_bytes_per_socket as f64 / 1024.0
         );
+        let given = |list: &Option<String>| match list {
+            Some(l) => format!(" ({l})"),
+            None => String::new(),
+        };
         let _ = writeln!(
             o,
-            "  {} source address(es), {} target port(s), {} files per process kept for other uses\n",
-            plan.source_ips, plan.target_ports, plan.fd_reserve
+            "  {} source address(es){}, {} target port(s){}{}, {} files per process kept for other uses\n",
+            plan.source_ips,
+            given(&plan.source_list),
+            plan.target_ports,
+            given(&plan.port_list),
+            if plan.bench {
+                ", as bench picks them"
+            } else {
+                ""
+            },
+            plan.fd_reserve
         );
         for a in applied {
             match &a.error {
@@ -871,7 +1040,10 @@ impl Report {
             let _ = writeln!(o, "  {tag:<5} {:<29} {}", f.check, f.message);
             if f.status != Status::Ok {
                 for fix in &f.fixes {
-                    let _ = writeln!(o, "        fix: {}", fix.line());
+                    let _ = writeln!(o, "        fix: {}", fix.commented());
+                }
+                for note in &f.notes {
+                    let _ = writeln!(o, "        note: {note}");
                 }
             }
         }

@@ -5,7 +5,8 @@
 //! calls both halves make: the epoll set of held connections (`poll`), a
 //! precise timer (`timer`), this process's memory, CPU clocks and signals
 //! and a child that exits with it (`process`), the socket option source
-//! spreading needs (`socket`), and the one grammar of the quantities every
+//! spreading needs (`socket`), counters a supervisor shares with its
+//! workers in one sealed memfd (`shared`), and the one grammar of the quantities every
 //! command line takes (`units`). Every `unsafe` OS call lives here, behind a
 //! safe function.
 
@@ -14,6 +15,7 @@ pub mod limits;
 pub mod poll;
 pub mod process;
 pub mod sample;
+pub mod shared;
 pub mod socket;
 pub mod timer;
 pub mod units;

@@ -32,7 +32,7 @@ fn sysctl_fix(f: &Finding) -> (String, String) {
         .iter()
         .find_map(|x| match x {
             Fix::Sysctl { name, value } => Some((name.clone(), value.clone())),
-            Fix::Manual { .. } => None,
+            Fix::Throng { .. } | Fix::Shell { .. } => None,
         })
         .unwrap_or_else(|| panic!("no sysctl fix in {f:#?}"))
 }
@@ -86,15 +86,16 @@ fn open_files() {
     // Ten million connections at 20,000 per process: works, but too many processes.
     let f = finding(&p.check(&Plan::new(10_000_000, Role::Client)), "open files").clone();
     assert_eq!(f.status, Status::Warn);
-    assert!(
-        f.fixes[0].line().contains("'* hard nofile 1048576'"),
+    assert_eq!(
+        f.fixes[0].line(),
+        "echo '* hard nofile 1048576' >> /etc/security/limits.conf",
         "{:?}",
         f.fixes
     );
     assert!(
-        f.fixes
-            .iter()
-            .any(|x| x.line() == "for a systemd service: LimitNOFILE=1048576")
+        f.notes.iter().any(|n| n.contains("LimitNOFILE=1048576")),
+        "{:?}",
+        f.notes
     );
 
     p.limits(64, 64);
@@ -159,10 +160,9 @@ fn local_ports_against_sources_and_target_ports() {
         f.message
     );
     // 90% of 28232 is 25408 per source: 100,000 need 4.
-    assert!(
-        f.fixes[0]
-            .line()
-            .starts_with("use 4 source addresses (--source-ips 127.0.0.2-127.0.0.5"),
+    assert_eq!(
+        f.fixes[0].line(),
+        "throng hold ws://127.0.0.1:8080/news --connections 100000 --source-ips 127.0.0.2-127.0.0.5",
         "{:?}",
         f.fixes
     );
@@ -170,12 +170,13 @@ fn local_ports_against_sources_and_target_ports() {
         name: "net.ipv4.ip_local_port_range".into(),
         value: "1024 65535".into()
     }));
+    let lines: Vec<String> = f.fixes.iter().map(Fix::line).collect();
     assert!(
-        f.fixes
-            .iter()
-            .any(|x| x.line().contains("over 4 target ports")),
-        "{:?}",
-        f.fixes
+        lines.contains(&"throng serve --listen 127.0.0.1:8080-8083".to_owned())
+            && lines.contains(
+                &"throng hold ws://127.0.0.1:8080-8083/news --connections 100000".to_owned()
+            ),
+        "{lines:?}"
     );
 
     plan.source_ips = 4;
@@ -289,10 +290,22 @@ fn memory_and_the_oom_killer() {
     let f = finding(&p.check(&Plan::new(200_000, Role::Both)), "memory").clone();
     assert_eq!(f.status, Status::Stop);
     assert!(f.message.contains("OOM killer"), "{}", f.message);
-    assert!(
-        f.fixes[0].line().contains("at most ~93206 connections"),
+    // Both sides here, one source address given: the hold that fits
+    // spreads over enough of them for the local ports.
+    assert_eq!(
+        f.fixes[0].line(),
+        "throng hold ws://127.0.0.1:8080/news --connections 93206 --source-ips 127.0.0.2-127.0.0.3",
         "{:?}",
         f.fixes
+    );
+    // On bench's plan, the fix is a smaller bench.
+    let bench = Plan {
+        bench: true,
+        ..Plan::new(200_000, Role::Both)
+    };
+    assert_eq!(
+        finding(&p.check(&bench), "memory").fixes[0].line(),
+        "throng bench --connections 93206"
     );
     let f = finding(&p.check(&Plan::new(100_000, Role::Both)), "memory").clone();
     assert_eq!(f.status, Status::Warn, "{f:#?}");
@@ -336,7 +349,7 @@ fn start_up_warnings_are_one_line_each_worst_first() {
         lines[0]
     );
     assert!(
-        lines[0].contains("(fix: use 4 source addresses"),
+        lines[0].contains("(fix: throng hold ws://127.0.0.1:8080/news --connections 100000 --source-ips 127.0.0.2-127.0.0.5;"),
         "{}",
         lines[0]
     );

@@ -19,6 +19,7 @@ use hdrhistogram::serialization::{Deserializer, Serializer as _, V2DeflateSerial
 use serde::{Deserialize, Serialize};
 use throng_host::sample::HostSample;
 
+use crate::bench::BenchSummary;
 use crate::interval::{HISTOGRAM_MAX_US, HISTOGRAM_SIGFIG, Interval};
 
 /// The format version this crate writes and the newest it reads.
@@ -96,6 +97,8 @@ pub enum Record {
     Interval(Interval),
     /// A one-off event.
     Event(Event),
+    /// What a bench found (its last record).
+    Bench(BenchSummary),
     /// A record type this version does not know (written by a newer one); skipped.
     Unknown(String),
 }
@@ -163,6 +166,14 @@ struct EventOut<'a> {
     event: &'a Event,
 }
 
+#[derive(Serialize)]
+struct BenchOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    summary: &'a BenchSummary,
+}
+
 #[derive(Deserialize)]
 struct IntervalIn {
     start_ns: u64,
@@ -221,6 +232,16 @@ pub fn encode_event(event: &Event) -> String {
     };
     // Invariant: as in encode_header.
     serde_json::to_string(&out).expect("event serializes")
+}
+
+/// Encodes a bench's summary as one line (no line break).
+pub fn encode_bench(summary: &BenchSummary) -> String {
+    let out = BenchOut {
+        kind: "bench",
+        summary,
+    };
+    // Invariant: as in encode_header.
+    serde_json::to_string(&out).expect("bench summary serializes")
 }
 
 /// Base64 of the histogram's V2 compressed serialization.
@@ -356,6 +377,7 @@ pub fn decode_record(line: &str) -> Result<Record, FormatError> {
             }))
         }
         Some("event") => Ok(Record::Event(serde_json::from_value(value)?)),
+        Some("bench") => Ok(Record::Bench(serde_json::from_value(value)?)),
         Some(other) => Ok(Record::Unknown(other.to_owned())),
         None => Err(FormatError::Json(serde::de::Error::missing_field("type"))),
     }
@@ -382,20 +404,21 @@ fn decode_header_value(value: serde_json::Value) -> Result<Header, FormatError> 
 #[non_exhaustive]
 pub enum WriteError {
     /// The file could not be created or written.
-    #[error("{path}: {source}")]
+    #[error("cannot write {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// What the OS said.
-        source: io::Error,
+        /// What the OS said (in the message, not a `source()`: a chain
+        /// printed in full would say it twice).
+        error: io::Error,
     },
     /// A pre-encoded record was not one line.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Format {
         /// The file.
         path: PathBuf,
-        /// What was wrong.
-        source: FormatError,
+        /// What was wrong (in the message, as with `Io`).
+        error: FormatError,
     },
 }
 
@@ -430,9 +453,9 @@ impl Writer {
         let file = how
             .create(true)
             .open(path)
-            .map_err(|source| WriteError::Io {
+            .map_err(|error| WriteError::Io {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         let mut writer = Self {
             file,
@@ -458,6 +481,11 @@ impl Writer {
         self.put(&encode_event(event))
     }
 
+    /// Appends a bench's summary.
+    pub fn write_bench(&mut self, summary: &BenchSummary) -> Result<(), WriteError> {
+        self.put(&encode_bench(summary))
+    }
+
     /// Appends a record already encoded by [`encode_interval`] or
     /// [`encode_event`] (a worker's line received over a pipe). A trailing
     /// line break is allowed; any other is refused.
@@ -466,7 +494,7 @@ impl Writer {
         if line.contains('\n') {
             return Err(WriteError::Format {
                 path: self.path.clone(),
-                source: FormatError::Multiline,
+                error: FormatError::Multiline,
             });
         }
         self.put(line)
@@ -478,9 +506,9 @@ impl Writer {
         self.line.push('\n');
         self.file
             .write_all(self.line.as_bytes())
-            .map_err(|source| WriteError::Io {
+            .map_err(|error| WriteError::Io {
                 path: self.path.clone(),
-                source,
+                error,
             })
     }
 }
@@ -490,12 +518,13 @@ impl Writer {
 #[non_exhaustive]
 pub enum ReadError {
     /// The file could not be opened or read.
-    #[error("{path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// What the OS said.
-        source: io::Error,
+        /// What the OS said (in the message, not a `source()`: a chain
+        /// printed in full would say it twice).
+        error: io::Error,
     },
     /// The file does not start with a throng results header.
     #[error(
@@ -508,12 +537,12 @@ pub enum ReadError {
         reason: String,
     },
     /// Written by a newer throng.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Version {
         /// The file.
         path: PathBuf,
-        /// The version error.
-        source: FormatError,
+        /// The version error (in the message, as with `Io`).
+        error: FormatError,
     },
 }
 
@@ -575,9 +604,9 @@ impl Reader {
     /// Opens `path` and reads its header; refuses a file that is not a result file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, ReadError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| ReadError::Io {
+        let file = File::open(&path).map_err(|error| ReadError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         let mut input = BufReader::with_capacity(64 << 10, file);
         let mut buf = Vec::new();
@@ -585,9 +614,9 @@ impl Reader {
             path: path.clone(),
             reason: reason.to_owned(),
         };
-        let first = read_line(&mut input, &mut buf).map_err(|source| ReadError::Io {
+        let first = read_line(&mut input, &mut buf).map_err(|error| ReadError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         match first {
             Line::Eof => return Err(not_results("the file is empty")),
@@ -604,7 +633,7 @@ impl Reader {
             Ok(value) => match decode_header_value(value) {
                 Ok(h) => h,
                 Err(e @ FormatError::Version { .. }) => {
-                    return Err(ReadError::Version { path, source: e });
+                    return Err(ReadError::Version { path, error: e });
                 }
                 Err(FormatError::NotResults) => {
                     return Err(not_results("its first line has no \"throng\":\"results\""));
@@ -862,6 +891,42 @@ mod tests {
             "{line}"
         );
         assert_eq!(decode_record(&line).unwrap(), Record::Header(h));
+    }
+
+    #[test]
+    fn a_bench_summary_round_trips_and_reads_with_parts_missing() {
+        use crate::bench::{BenchSummary, Delivery, MessageDelivery};
+        let mut b = BenchSummary {
+            at_ns: 7,
+            source: "box1/bench".into(),
+            title: "3 connections".into(),
+            ..BenchSummary::default()
+        };
+        b.connections.held = 3;
+        b.memory.kernel_bytes = 9120.5;
+        b.messages.each.push(MessageDelivery {
+            seq: 1,
+            delivered: 3,
+            latency: Delivery {
+                p50_us: 10,
+                p99_us: 20,
+                max_us: 30,
+            },
+        });
+        let line = encode_bench(&b);
+        assert!(line.starts_with(r#"{"type":"bench","#), "{line}");
+        assert!(
+            line.contains(r#""each":[{"seq":1,"delivered":3,"p50_us":10"#),
+            "{line}"
+        );
+        assert_eq!(decode_record(&line).unwrap(), Record::Bench(b));
+        // A record with parts missing (or from a newer throng, with more) reads.
+        let sparse = r#"{"type":"bench","title":"t","connections":{"held":5},"new":1}"#;
+        let Record::Bench(read) = decode_record(sparse).unwrap() else {
+            panic!("not a bench record");
+        };
+        assert_eq!((read.title.as_str(), read.connections.held), ("t", 5));
+        assert_eq!(read.messages.each, vec![]);
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! The HTML report: one self-contained page (no scripts, no fetches) with
-//! the summary tables and inline SVG plots drawn here, all on one time axis:
-//! latency percentiles, connections open, throughput, errors, and the host
-//! (established sockets, packets and bytes per second, memory).
+//! The HTML report: one self-contained page (no scripts, no fetches). A
+//! bench's page leads with a box of its headline figures (the `"bench"`
+//! record: held and failed, memory per connection on each side, delivery
+//! per message, the CPU split), then the plots, then the detail tables; any
+//! other run's page leads with the tables. The inline SVG plots share one
+//! time axis: connections open, latency percentiles, throughput, errors,
+//! and the host (sockets, packets and bytes per second, memory, CPU).
 //!
 //! The page is also well-formed XML, so tests (and tools) can parse it.
 //!
@@ -11,18 +14,37 @@
 
 use std::fmt::Write as _;
 
-use crate::summary::{HostPoint, Report, SeriesPoint, is_error};
-use crate::text::{bytes, count, latency};
+use crate::bench::{BenchSummary, Delivery};
+use crate::summary::{HostPoint, Report, SeriesPoint, explain, is_error};
+use crate::text::{bytes, count, latency, micros};
 
 const WIDTH: f64 = 960.0;
-const HEIGHT: f64 = 240.0;
-const LEFT: f64 = 78.0;
+/// The plotting area's height; a plot's own height adds its titles and legend.
+const PLOT_HEIGHT: f64 = 176.0;
+const LEFT: f64 = 86.0;
 const RIGHT: f64 = 16.0;
-const TOP: f64 = 30.0;
-const BOTTOM: f64 = 34.0;
+/// Above the plotting area: the title, and a line that says what is plotted.
+const TOP: f64 = 44.0;
+/// Below it: the tick labels and the axis title, then the legend's rows.
+const BELOW: f64 = 50.0;
+const LEGEND_ROW: f64 = 16.0;
 const PALETTE: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
+/// A line's width, dash pattern and opacity by its place in the plot: the
+/// first wide and pale, the rest narrow and each dashed its own way, so a
+/// line drawn over another of the same values (sockets in use over
+/// established ones, packets out over packets in) still shows both.
+const STYLES: [(f64, &str, f64); 5] = [
+    (4.0, "", 0.5),
+    (1.5, "", 1.0),
+    (1.5, "6 3", 1.0),
+    (1.5, "2 2", 1.0),
+    (1.5, "9 3 2 3", 1.0),
+];
+/// A rate is averaged over windows as long as its bursts are apart (a
+/// message every 2 s: 2 s windows), at most this many buckets.
+const MAX_WINDOW: usize = 60;
 
 /// How a plot labels its y values.
 #[derive(Debug, Clone, Copy)]
@@ -40,11 +62,12 @@ pub(crate) struct Line {
 }
 
 /// A plot's x axis: from 0 to `span`, ticks labelled with `unit` after
-/// the number (`s` for time).
+/// the number (`s` for time), titled `title`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct XAxis {
     pub(crate) span: f64,
     pub(crate) unit: &'static str,
+    pub(crate) title: &'static str,
 }
 
 /// A vertical line across a plot at `x`, labelled (the knee).
@@ -59,6 +82,10 @@ pub(crate) struct Mark {
 pub(crate) struct Plot {
     pub(crate) id: String,
     pub(crate) title: String,
+    /// What the plot shows, in one line (or empty).
+    pub(crate) caption: String,
+    /// The y axis's title.
+    pub(crate) y_title: &'static str,
     pub(crate) unit: Unit,
     pub(crate) lines: Vec<Line>,
     /// Where each point sits along x, and whether a line may join it to
@@ -72,8 +99,13 @@ pub(crate) struct Plot {
 /// ([`Report::build`] with `series = true`); without one only the tables appear.
 pub fn render(report: &Report) -> String {
     let mut o = String::with_capacity(64 << 10);
-    head(&mut o, "throng report");
-    o.push_str("<h1>throng report</h1>\n");
+    let title = match report.benches.as_slice() {
+        [b] if !b.title.is_empty() => format!("throng bench: {}", b.title),
+        [_, ..] => format!("throng report: {} benches", report.benches.len()),
+        [] => "throng report".to_owned(),
+    };
+    head(&mut o, &title);
+    let _ = writeln!(o, "<h1>{}</h1>", esc(&title));
     body(&mut o, report);
     o.push_str("</body>\n</html>\n");
     o
@@ -93,10 +125,25 @@ pub(crate) fn head(o: &mut String, title: &str) {
     o.push_str("</style>\n</head>\n<body>\n");
 }
 
-/// The report's tables and its plots over time.
+/// The report's headline figures, tables and plots over time.
 pub(crate) fn body(o: &mut String, report: &Report) {
-    summary(o, report);
+    let _ = writeln!(
+        o,
+        "<p class=\"run\">From {} for {:.1} s: {} file(s), {} source(s), {} interval(s).</p>",
+        esc(&report.start),
+        report.duration_s,
+        report.files.len(),
+        report.sources.len(),
+        report.intervals,
+    );
+    for b in &report.benches {
+        bench_box(o, b);
+    }
     let series = report.series.as_deref().unwrap_or(&[]);
+    if report.benches.is_empty() {
+        details(o, report);
+    }
+    o.push_str("<h2>Over time</h2>\n");
     if series.is_empty() {
         o.push_str("<p class=\"empty\">No intervals: nothing to plot.</p>\n");
     } else {
@@ -104,36 +151,137 @@ pub(crate) fn body(o: &mut String, report: &Report) {
             plot.render(o);
         }
     }
+    if !report.benches.is_empty() {
+        details(o, report);
+    }
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px}
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:20px 24px;color:#222;max-width:1000px}
+h1{font-size:21px;margin:0 0 4px}h2{font-size:17px;margin-top:26px}
+p.run{margin:0 0 12px;color:#555;font-size:14px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}
 td,th{padding:3px 9px;border-bottom:1px solid #ddd;text-align:right}
 td:first-child,th:first-child,td.l,th.l{text-align:left}
+td.nw,th.nw{white-space:nowrap}
 .warn{color:#a00}.muted{color:#777;font-size:13px}
 pre.full{white-space:pre-wrap;word-break:break-all;max-width:760px;font-size:12px}
+dl.explain{font-size:13px;margin:4px 0 0}dl.explain dt{font-weight:bold;float:left;clear:left;width:10em}
+dl.explain dd{margin:0 0 2px 10.5em;color:#444}
+section.headline{border:1px solid #bbb;border-radius:6px;background:#f7f9fb;padding:10px 16px;margin:6px 0 10px}
+section.headline h2{font-size:14px;margin:8px 0 0;color:#444}
+section.headline table{margin:4px 0;font-size:13px}
+.verdict{font-size:17px;margin:2px 0 4px}.verdict b{font-size:19px}
+.verdict.bad{color:#a00}
+.cols{display:flex;gap:36px;flex-wrap:wrap}
 svg.plot{display:block;margin:14px 0;background:#fff;border:1px solid #eee}
 svg text{font-size:11px;fill:#444}svg .title{font-size:13px;font-weight:bold;fill:#222}
+svg .caption{font-size:11px;fill:#666}svg .axis-title{font-size:11px;fill:#666}
 svg .grid{stroke:#eee}svg .axis{stroke:#999}
 ";
 
-fn summary(o: &mut String, r: &Report) {
+/// The box a bench's page leads with: what the bench is run for.
+fn bench_box(o: &mut String, b: &BenchSummary) {
+    let c = &b.connections;
+    let m = &b.messages;
+    let bad = c.failed > 0 || m.lost > 0 || m.publish_errors > 0 || m.published < m.asked;
     let _ = writeln!(
         o,
-        "<p>{} file(s), {} source(s), {} interval(s); from {} for {:.1} s.</p>",
-        r.files.len(),
-        r.sources.len(),
-        r.intervals,
-        esc(&r.start),
-        r.duration_s
+        "<section class=\"headline\" id=\"bench-summary\">\n<p class=\"verdict{}\">held <b data-figure=\"held\">{}</b> of {} connections, \
+         <b data-figure=\"failed\">{}</b> failed; {} of {} deliveries, <b data-figure=\"lost\">{}</b> lost</p>",
+        if bad { " bad" } else { "" },
+        c.held,
+        c.asked,
+        c.failed,
+        m.received,
+        m.expected,
+        m.lost
     );
+    o.push_str("<div class=\"cols\">\n<div>\n");
+    let _ = writeln!(
+        o,
+        "<h2>Connections</h2>\n<table>\n<tr><td>opened</td><td data-figure=\"opened\">{}</td><td class=\"l\">at {}/s over {:.2} s</td></tr>\n\
+         <tr><td>failed</td><td>{}</td><td class=\"l\">{}</td></tr>\n</table>",
+        c.opened,
+        count(c.opened_per_s.round()),
+        c.ramp_s,
+        c.failed,
+        esc(&c.failed_kinds())
+    );
+    let mem = &b.memory;
+    let _ = writeln!(
+        o,
+        "<h2>Memory per connection ({} open)</h2>\n<table>\n\
+         <tr><td>server user space</td><td data-figure=\"memory-server\">{}</td></tr>\n\
+         <tr><td>harness user space</td><td data-figure=\"memory-harness\">{}</td></tr>\n\
+         <tr><td>kernel (both sockets)</td><td data-figure=\"memory-kernel\">{}</td></tr>\n</table>",
+        mem.connections,
+        esc(&bytes(mem.server_bytes)),
+        esc(&bytes(mem.harness_bytes)),
+        esc(&bytes(mem.kernel_bytes)),
+    );
+    let cpu = &b.cpu;
+    let share = |s: f64| {
+        if cpu.elapsed_s > 0.0 {
+            format!("{:.0}% of one core", 100.0 * s / cpu.elapsed_s)
+        } else {
+            String::new()
+        }
+    };
+    let _ = writeln!(
+        o,
+        "<h2>CPU over the run's {:.1} s (user + system)</h2>\n<table>\n\
+         <tr><td>server</td><td data-figure=\"cpu-server\">{:.2} s</td><td class=\"l\">{}</td></tr>\n\
+         <tr><td>harness</td><td data-figure=\"cpu-harness\">{:.2} s</td><td class=\"l\">{}</td></tr>\n</table>",
+        cpu.elapsed_s,
+        cpu.server_s,
+        share(cpu.server_s),
+        cpu.harness_s,
+        share(cpu.harness_s)
+    );
+    o.push_str("</div>\n<div>\n");
+    let _ = writeln!(
+        o,
+        "<h2>Delivery per message (publish to arrival)</h2>\n<table id=\"bench-messages\">\n\
+         <tr><th>message</th><th>delivered</th><th>p50</th><th>p99</th><th>last subscriber</th></tr>"
+    );
+    let row = |o: &mut String, cell: &str, message: &str, delivered: u64, l: &Delivery| {
+        let _ = writeln!(
+            o,
+            "<tr><{cell}>{message}</{cell}><{cell}>{delivered}</{cell}><{cell}>{}</{cell}><{cell}>{}</{cell}><{cell}>{}</{cell}></tr>",
+            esc(&micros(l.p50_us)),
+            esc(&micros(l.p99_us)),
+            esc(&micros(l.max_us))
+        );
+    };
+    for e in &m.each {
+        row(o, "td", &e.seq.to_string(), e.delivered, &e.latency);
+    }
+    row(
+        o,
+        "th",
+        &format!("all {}", m.published),
+        m.received,
+        &m.delivery,
+    );
+    o.push_str("</table>\n");
+    if m.duplicated + m.out_of_order + m.publish_errors > 0 {
+        let _ = writeln!(
+            o,
+            "<p class=\"warn\">{} duplicated, {} out of order, {} publish calls failed</p>",
+            m.duplicated, m.out_of_order, m.publish_errors
+        );
+    }
+    o.push_str("</div>\n</div>\n</section>\n");
+}
+
+/// The tables: files, latency, counters, host, events.
+fn details(o: &mut String, r: &Report) {
     if !r.files.is_empty() {
-        o.push_str("<table><tr><th>file</th><th class=\"l\">host</th><th class=\"l\">started</th><th>records</th><th class=\"l\">command</th></tr>\n");
+        o.push_str("<h2>Files</h2>\n<table><tr><th>file</th><th class=\"l\">host</th><th class=\"l\">started</th><th>records</th><th class=\"l\">command</th></tr>\n");
         for f in &r.files {
             let _ = writeln!(
                 o,
-                "<tr><td>{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td class=\"l\">{}</td></tr>",
+                "<tr><td class=\"nw\">{}</td><td class=\"l nw\">{}</td><td class=\"l nw\">{}</td><td>{}</td><td class=\"l\">{}</td></tr>",
                 esc(&f.path),
                 esc(&f.host),
                 esc(&f.started),
@@ -158,7 +306,12 @@ fn summary(o: &mut String, r: &Report) {
     if !r.latency_us.is_empty() {
         o.push_str("<h2>Latency</h2>\n<table><tr><th></th><th>count</th><th>min</th><th>mean</th><th>stddev</th><th>p50</th><th>p75</th><th>p90</th><th>p95</th><th>p99</th><th>p99.9</th><th>max</th></tr>\n");
         for (name, h) in &r.latency_us {
-            let _ = write!(o, "<tr><td>{}</td><td>{}</td>", esc(name), h.count);
+            let _ = write!(
+                o,
+                "<tr><td class=\"nw\">{}</td><td>{}</td>",
+                esc(name),
+                h.count
+            );
             for v in [
                 h.min as f64,
                 h.mean,
@@ -175,11 +328,20 @@ fn summary(o: &mut String, r: &Report) {
             }
             o.push_str("</tr>\n");
         }
-        o.push_str("</table>\n");
+        o.push_str("</table>\n<dl class=\"explain\">\n");
+        for name in r.latency_us.keys() {
+            if let Some(what) = explain(name) {
+                let _ = writeln!(o, "<dt>{}</dt><dd>{}</dd>", esc(name), esc(what));
+            }
+        }
+        o.push_str("</dl>\n");
     }
     if !r.counters.is_empty() {
-        o.push_str(
-            "<h2>Counters</h2>\n<table><tr><th></th><th>total</th><th>per second</th></tr>\n",
+        let _ = writeln!(
+            o,
+            "<h2>Counters</h2>\n<table><tr><th></th><th>total</th><th>mean per second over {:.1} s</th><th>busiest {}</th></tr>",
+            r.duration_s,
+            esc(&bucket_name(r.bucket_s))
         );
         for (name, c) in &r.counters {
             let class = if is_error(name) && c.total > 0 {
@@ -189,10 +351,11 @@ fn summary(o: &mut String, r: &Report) {
             };
             let _ = writeln!(
                 o,
-                "<tr{class}><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr{class}><td class=\"nw\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(name),
                 c.total,
-                esc(&count(c.per_second))
+                esc(&count(c.per_second)),
+                esc(&count(c.peak_per_second))
             );
         }
         o.push_str("</table>\n");
@@ -205,14 +368,19 @@ fn summary(o: &mut String, r: &Report) {
     if let Some(h) = &r.host {
         let _ = writeln!(
             o,
-            "<h2>Host</h2>\n<p>{}: established max {}, packets/s in {} out {}, bytes/s in {} out {}, \
-             memory available min {} of {}, run's RSS max {}, CPU {:.2} cores.</p>",
+            "<h2>Host</h2>\n<p>{}: established max {}; packets/s in {} out {}, bytes/s in {} out {} \
+             (means over {:.1} s; the busiest {}: packets/s in {} out {}); memory available min {} of {}, \
+             run's RSS max {}, CPU {:.2} cores on average.</p>",
             esc(&h.hosts.join(", ")),
             count(h.tcp_established_max as f64),
             count(h.packets_in_per_s),
             count(h.packets_out_per_s),
             esc(&bytes(h.bytes_in_per_s)),
             esc(&bytes(h.bytes_out_per_s)),
+            r.duration_s,
+            esc(&bucket_name(r.bucket_s)),
+            count(h.packets_in_per_s_max),
+            count(h.packets_out_per_s_max),
             esc(&bytes(h.mem_available_min_bytes as f64)),
             esc(&bytes(h.mem_total_bytes as f64)),
             esc(&bytes(h.rss_max_bytes as f64)),
@@ -224,7 +392,7 @@ fn summary(o: &mut String, r: &Report) {
         for e in r.events.iter().take(200) {
             let _ = writeln!(
                 o,
-                "<tr><td>+{:.1}s</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+                "<tr><td class=\"nw\">+{:.1}s</td><td class=\"l nw\">{}</td><td class=\"l nw\">{}</td><td class=\"l\">{}</td></tr>",
                 e.at_ns.saturating_sub(r.start_ns) as f64 / 1e9,
                 esc(&e.source),
                 esc(&e.kind),
@@ -233,25 +401,53 @@ fn summary(o: &mut String, r: &Report) {
         }
         o.push_str("</table>\n");
     }
-    o.push_str("<h2>Over time</h2>\n");
+}
+
+/// `1 s interval`, `10 s bucket`: what the busiest figure is the busiest of.
+fn bucket_name(bucket_s: f64) -> String {
+    format!("{} s interval", count(bucket_s))
 }
 
 fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
     let mut plots = Vec::new();
     let at = time_points(series);
-    let plot = |id: &str, title: String, unit, lines| Plot {
+    let plot = |id: &str, title: String, y_title, unit, lines| Plot {
         id: id.to_owned(),
         title,
+        caption: String::new(),
+        y_title,
         unit,
         lines,
         at: at.clone(),
-        x: XAxis {
-            span: r.duration_s,
-            unit: "s",
-        },
+        x: time_axis(r.duration_s),
         marks: Vec::new(),
     };
-    for name in r.latency_us.keys() {
+    if !r.gauges.is_empty() {
+        let lines = r
+            .gauges
+            .keys()
+            .map(|g| {
+                line(
+                    g,
+                    series
+                        .iter()
+                        .map(|p| p.gauges.get(g).map(|v| *v as f64))
+                        .collect(),
+                )
+            })
+            .collect();
+        plots.push(plot(
+            "gauges",
+            "open (connections and other levels)".to_owned(),
+            "count",
+            Unit::Count,
+            lines,
+        ));
+    }
+    // What a run is for first: delivery (hold, bench), then the rest.
+    let mut names: Vec<&String> = r.latency_us.keys().collect();
+    names.sort_by_key(|n| n.as_str() != "delivery");
+    for name in names {
         let q = |f: fn(&crate::summary::HistStats) -> u64| {
             series
                 .iter()
@@ -270,33 +466,15 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
             line("p99.9", q(|h| h.p999)),
             line("max", q(|h| h.max)),
         ];
-        plots.push(plot(
+        let mut p = plot(
             &format!("latency-{name}"),
             format!("{name} latency percentiles (log scale)"),
+            "latency",
             Unit::Latency,
             lines,
-        ));
-    }
-    if !r.gauges.is_empty() {
-        let lines = r
-            .gauges
-            .keys()
-            .map(|g| {
-                line(
-                    g,
-                    series
-                        .iter()
-                        .map(|p| p.gauges.get(g).map(|v| *v as f64))
-                        .collect(),
-                )
-            })
-            .collect();
-        plots.push(plot(
-            "gauges",
-            "open (connections and other levels)".to_owned(),
-            Unit::Count,
-            lines,
-        ));
+        );
+        p.caption = explain(name).unwrap_or_default().to_owned();
+        plots.push(p);
     }
     let per_s = |p: &SeriesPoint, v: u64| {
         if p.length_s > 0.0 {
@@ -305,14 +483,11 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
             0.0
         }
     };
-    let counter_line = |k: &str| {
-        line(
-            k,
-            series
-                .iter()
-                .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
-                .collect(),
-        )
+    let counter_values = |k: &str| -> Vec<Option<f64>> {
+        series
+            .iter()
+            .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
+            .collect()
     };
     let rate_lines = |bytes_counters: bool| -> Vec<Line> {
         r.counters
@@ -320,37 +495,50 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
             .filter(|(k, c)| {
                 c.total > 0 && !is_error(k) && k.starts_with("bytes") == bytes_counters
             })
-            .map(|(k, _)| counter_line(k))
+            .map(|(k, _)| rate_line(k, counter_values(k), series, STEADY))
             .collect()
     };
-    let throughput = rate_lines(false);
-    if !throughput.is_empty() {
-        plots.push(plot(
-            "throughput",
-            "throughput (per second)".to_owned(),
-            Unit::Count,
-            throughput,
-        ));
-    }
-    let byte_rates = rate_lines(true);
-    if !byte_rates.is_empty() {
-        plots.push(plot(
-            "throughput-bytes",
-            "bytes per second".to_owned(),
-            Unit::Bytes,
-            byte_rates,
-        ));
-    }
+    // The run's rhythm (a message every 2 s), which the host's packets,
+    // bytes and CPU follow though a burst of closes may dwarf their own.
+    let rhythm = r
+        .counters
+        .iter()
+        .filter(|(k, c)| c.total > 0 && !is_error(k))
+        .map(|(k, _)| rate_window(&counter_values(k)))
+        .max_by_key(|r| r.window)
+        .unwrap_or(STEADY);
+    let rates = |id: &str, title: &str, y_title, unit, lines: Vec<Line>| {
+        (!lines.is_empty()).then(|| {
+            let mut p = plot(id, title.to_owned(), y_title, unit, lines);
+            p.caption = RATE_CAPTION.to_owned();
+            p
+        })
+    };
+    plots.extend(rates(
+        "throughput",
+        "throughput (per second)",
+        "per second",
+        Unit::Count,
+        rate_lines(false),
+    ));
+    plots.extend(rates(
+        "throughput-bytes",
+        "bytes per second",
+        "bytes/s",
+        Unit::Bytes,
+        rate_lines(true),
+    ));
     if r.errors_total > 0 {
         let lines = r
             .errors
             .iter()
             .filter(|(_, v)| **v > 0)
-            .map(|(k, _)| counter_line(k))
+            .map(|(k, _)| line(k, counter_values(k)))
             .collect();
         plots.push(plot(
             "errors",
-            "errors (per second)".to_owned(),
+            "errors (per second, each interval)".to_owned(),
+            "per second",
             Unit::Count,
             lines,
         ));
@@ -359,21 +547,27 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
         let host = |f: fn(&HostPoint) -> Option<f64>| -> Vec<Option<f64>> {
             series.iter().map(|p| p.host.as_ref().and_then(f)).collect()
         };
-        plots.push(plot(
+        let mut sockets = plot(
             "host-sockets",
             "host: TCP sockets".to_owned(),
+            "sockets",
             Unit::Count,
             vec![
                 line("established", host(|h| Some(h.tcp_established as f64))),
                 line("in use", host(|h| Some(h.tcp_inuse as f64))),
                 line("time-wait", host(|h| Some(h.tcp_time_wait as f64))),
             ],
-        ));
+        );
+        sockets.caption =
+            "established: connected sockets; in use: every TCP socket, listeners and closing ones too"
+                .to_owned();
+        plots.push(sockets);
         type Rate = fn(&HostPoint) -> Option<f64>;
-        let in_out: [(&str, &str, Unit, Rate, Rate); 2] = [
+        let in_out: [(&str, &str, &'static str, Unit, Rate, Rate); 2] = [
             (
                 "host-packets",
                 "host: packets per second",
+                "packets/s",
                 Unit::Count,
                 |h| h.packets_in_per_s,
                 |h| h.packets_out_per_s,
@@ -381,18 +575,23 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
             (
                 "host-bytes",
                 "host: bytes per second",
+                "bytes/s",
                 Unit::Bytes,
                 |h| h.bytes_in_per_s,
                 |h| h.bytes_out_per_s,
             ),
         ];
-        for (id, title, unit, rate_in, rate_out) in in_out {
-            let lines = vec![line("in", host(rate_in)), line("out", host(rate_out))];
-            plots.push(plot(id, title.to_owned(), unit, lines));
+        for (id, title, y_title, unit, rate_in, rate_out) in in_out {
+            let lines = vec![
+                rate_line("in", host(rate_in), series, rhythm),
+                rate_line("out", host(rate_out), series, rhythm),
+            ];
+            plots.extend(rates(id, title, y_title, unit, lines));
         }
         plots.push(plot(
             "host-memory",
             "host: memory".to_owned(),
+            "bytes",
             Unit::Bytes,
             vec![
                 line(
@@ -404,20 +603,32 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
                 line("TCP kernel", host(|h| Some(h.tcp_mem_bytes as f64))),
             ],
         ));
-        plots.push(plot(
+        plots.extend(rates(
             "host-cpu",
-            "host: CPU cores used by the run's processes".to_owned(),
+            "host: CPU cores used by the run's processes",
+            "cores",
             Unit::Count,
-            vec![line("cores", host(|h| h.cpu_cores))],
+            vec![rate_line("cores", host(|h| h.cpu_cores), series, rhythm)],
         ));
     }
     plots
 }
 
+const RATE_CAPTION: &str = "a rate that comes in bursts is averaged over windows as long as the bursts are apart (the legend says how long)";
+
 pub(crate) fn line(name: &str, values: Vec<Option<f64>>) -> Line {
     Line {
         name: name.to_owned(),
         values,
+    }
+}
+
+/// A run's time axis, `span` seconds long.
+fn time_axis(span: f64) -> XAxis {
+    XAxis {
+        span,
+        unit: "s",
+        title: "seconds since the run's start",
     }
 }
 
@@ -435,10 +646,105 @@ fn time_points(series: &[SeriesPoint]) -> Vec<(f64, bool)> {
         .collect()
 }
 
+/// A rate's line, averaged over windows as long as its bursts are apart
+/// (see [`rate_window`]; `rhythm` where its own bursts do not show one), so
+/// a message every 2 s draws a level, not a sawtooth between 0 and twice
+/// it; the legend names the window.
+fn rate_line(name: &str, values: Vec<Option<f64>>, series: &[SeriesPoint], rhythm: Rhythm) -> Line {
+    let own = rate_window(&values);
+    let Rhythm { window, first } = if own.window > 1 { own } else { rhythm };
+    if window <= 1 {
+        return line(name, values);
+    }
+    let bucket_s = series.first().map_or(1.0, |p| p.length_s);
+    line(
+        &format!("{name} (mean per {} s)", count(window as f64 * bucket_s)),
+        averaged(&values, window, first),
+    )
+}
+
+/// How a rate comes: in bursts `window` buckets apart, the first at bucket
+/// `first` (a window of 1: steadily, or once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rhythm {
+    window: usize,
+    first: usize,
+}
+
+const STEADY: Rhythm = Rhythm {
+    window: 1,
+    first: 0,
+};
+
+/// How many buckets apart a rate's bursts are: the median distance between
+/// buckets at a quarter of its peak or more, when there are at least three
+/// such bursts; 1 (no averaging) for a steady rate or a single burst.
+fn rate_window(values: &[Option<f64>]) -> Rhythm {
+    let peak = values.iter().flatten().fold(0.0f64, |a, v| a.max(*v));
+    if peak <= 0.0 {
+        return STEADY;
+    }
+    let bursts: Vec<usize> = values
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_some_and(|v| v >= peak / 4.0))
+        .map(|(i, _)| i)
+        .collect();
+    if bursts.len() < 3 {
+        return STEADY;
+    }
+    let mut gaps: Vec<usize> = bursts.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.sort_unstable();
+    Rhythm {
+        window: gaps[gaps.len() / 2].clamp(1, MAX_WINDOW),
+        first: bursts[0],
+    }
+}
+
+/// Each value replaced by the mean of its window: windows of `window`
+/// buckets from bucket `first` on (the buckets before it are one window of
+/// their own). Gaps stay gaps and do not count.
+fn averaged(values: &[Option<f64>], window: usize, first: usize) -> Vec<Option<f64>> {
+    let first = first.min(values.len());
+    let mut out = vec![None; values.len()];
+    let mut start = 0;
+    while start < values.len() {
+        let end = if start < first {
+            first
+        } else {
+            (start + window).min(values.len())
+        };
+        let part = &values[start..end];
+        let known: Vec<f64> = part.iter().flatten().copied().collect();
+        if !known.is_empty() {
+            let mean = known.iter().sum::<f64>() / known.len() as f64;
+            for (slot, v) in out[start..end].iter_mut().zip(part) {
+                *slot = v.map(|_| mean);
+            }
+        }
+        start = end;
+    }
+    out
+}
+
 impl Plot {
     pub(crate) fn render(&self, o: &mut String) {
         let plot_w = WIDTH - LEFT - RIGHT;
-        let plot_h = HEIGHT - TOP - BOTTOM;
+        let plot_h = PLOT_HEIGHT;
+        // The legend's entries, placed in rows that fit the width.
+        let mut legend = Vec::with_capacity(self.lines.len());
+        let (mut lx, mut row) = (LEFT, 0usize);
+        for l in &self.lines {
+            let w = 34.0 + 6.2 * l.name.chars().count() as f64;
+            if lx + w > WIDTH - RIGHT && lx > LEFT {
+                lx = LEFT;
+                row += 1;
+            }
+            legend.push((lx, row));
+            lx += w;
+        }
+        let rows = if self.lines.is_empty() { 0 } else { row + 1 };
+        let height = TOP + plot_h + BELOW + LEGEND_ROW * rows as f64 + 6.0;
         let log = matches!(self.unit, Unit::Latency);
         let finite = self
             .lines
@@ -479,15 +785,28 @@ impl Plot {
 
         let _ = writeln!(
             o,
-            "<svg class=\"plot\" id=\"{}\" data-lines=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\">",
+            "<svg class=\"plot\" id=\"{}\" data-lines=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" viewBox=\"0 0 {WIDTH} {height}\" role=\"img\">",
             esc(&self.id),
             self.lines.len()
         );
         let _ = writeln!(o, "<title>{}</title>", esc(&self.title));
         let _ = writeln!(
             o,
-            "<text class=\"title\" x=\"{LEFT}\" y=\"18\">{}</text>",
+            "<text class=\"title\" x=\"{LEFT}\" y=\"17\">{}</text>",
             esc(&self.title)
+        );
+        if !self.caption.is_empty() {
+            let _ = writeln!(
+                o,
+                "<text class=\"caption\" x=\"{LEFT}\" y=\"32\">{}</text>",
+                esc(&self.caption)
+            );
+        }
+        let mid_y = TOP + plot_h / 2.0;
+        let _ = writeln!(
+            o,
+            "<text class=\"axis-title\" x=\"14\" y=\"{mid_y:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 14 {mid_y:.1})\">{}</text>",
+            esc(self.y_title)
         );
         for t in &ticks {
             let yy = y(*t);
@@ -522,6 +841,13 @@ impl Plot {
         }
         let _ = writeln!(
             o,
+            "<text class=\"axis-title\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            LEFT + plot_w / 2.0,
+            TOP + plot_h + 30.0,
+            esc(self.x.title)
+        );
+        let _ = writeln!(
+            o,
             "<line class=\"axis\" x1=\"{LEFT}\" x2=\"{LEFT}\" y1=\"{TOP}\" y2=\"{:.1}\"/><line class=\"axis\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>",
             TOP + plot_h,
             LEFT + plot_w,
@@ -544,30 +870,40 @@ impl Plot {
                 esc(&m.label)
             );
         }
-        let mut legend_x = LEFT;
-        for (i, l) in self.lines.iter().enumerate() {
+        for (i, (l, (lx, row))) in self.lines.iter().zip(&legend).enumerate() {
             let color = PALETTE[i % PALETTE.len()];
+            let (width, dash, opacity) = STYLES[i % STYLES.len()];
+            let style = if dash.is_empty() {
+                format!("stroke=\"{color}\" stroke-width=\"{width}\" stroke-opacity=\"{opacity}\"")
+            } else {
+                format!(
+                    "stroke=\"{color}\" stroke-width=\"{width}\" stroke-opacity=\"{opacity}\" stroke-dasharray=\"{dash}\""
+                )
+            };
             let (d, n, dots) = self.path(&l.values, &x, &y);
             let _ = writeln!(
                 o,
-                "<path class=\"series\" data-name=\"{}\" data-points=\"{n}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" d=\"{d}\"/>",
+                "<path class=\"series\" data-name=\"{}\" data-points=\"{n}\" fill=\"none\" {style} d=\"{d}\"/>",
                 esc(&l.name)
             );
             for (cx, cy) in dots {
                 let _ = writeln!(
                     o,
-                    "<circle class=\"dot\" cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"2.5\" fill=\"{color}\"/>"
+                    "<circle class=\"dot\" cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"{:.1}\" fill=\"{color}\" fill-opacity=\"{opacity}\"/>",
+                    1.5 + width / 2.0
                 );
             }
+            let ly = TOP + plot_h + BELOW + LEGEND_ROW * *row as f64;
             let _ = writeln!(
                 o,
-                "<rect x=\"{legend_x:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                HEIGHT - 12.0,
-                legend_x + 14.0,
-                HEIGHT - 3.0,
+                "<line x1=\"{lx:.1}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" {style}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                lx + 24.0,
+                ly - 4.0,
+                ly - 4.0,
+                lx + 28.0,
+                ly,
                 esc(&l.name)
             );
-            legend_x += 22.0 + 7.0 * l.name.chars().count() as f64;
         }
         o.push_str("</svg>\n");
     }
@@ -697,13 +1033,12 @@ mod tests {
         let plot = Plot {
             id: "p".into(),
             title: "t".into(),
+            caption: String::new(),
+            y_title: "y",
             unit: Unit::Count,
             lines: Vec::new(),
             at: time_points(&points),
-            x: XAxis {
-                span: 10.0,
-                unit: "s",
-            },
+            x: time_axis(10.0),
             marks: Vec::new(),
         };
         let (_, n, dots) = plot.path(values, &|x| x, &|y| y);
@@ -723,6 +1058,113 @@ mod tests {
             &[Some(1.0), None, Some(3.0), Some(4.0)],
         );
         assert_eq!((n, dots), (3, vec![(0.5, 1.0)]));
+    }
+
+    // A message every 2 s drew 0 -> 2000 -> 0 -> 2000: its rate is now
+    // the mean over 2 s windows, a level.
+    #[test]
+    fn bursty_rates_are_averaged_over_their_period() {
+        let every_other: Vec<Option<f64>> = (0..10)
+            .map(|i| Some(if i % 2 == 1 { 2000.0 } else { 0.0 }))
+            .collect();
+        let rhythm = rate_window(&every_other);
+        assert_eq!(
+            rhythm,
+            Rhythm {
+                window: 2,
+                first: 1
+            }
+        );
+        let level = averaged(&every_other, rhythm.window, rhythm.first);
+        assert_eq!(
+            level[0],
+            Some(0.0),
+            "before the first burst: a window of its own"
+        );
+        assert!(level[1..9].iter().all(|v| *v == Some(1000.0)), "{level:?}");
+        // Steady, or once: drawn as recorded.
+        assert_eq!(rate_window(&[Some(5.0); 10]).window, 1);
+        let once: Vec<Option<f64>> = (0..10)
+            .map(|i| Some(if i == 3 { 9.0 } else { 0.0 }))
+            .collect();
+        assert_eq!(rate_window(&once).window, 1);
+        assert_eq!(rate_window(&[None, Some(0.0)]).window, 1);
+        // Gaps stay gaps.
+        assert_eq!(
+            averaged(&[Some(2.0), None, Some(4.0)], 3, 0),
+            vec![Some(3.0), None, Some(3.0)]
+        );
+        // The line says it.
+        let points: Vec<SeriesPoint> = (0..10).map(|t| at(f64::from(t))).collect();
+        let l = rate_line("messages.received", every_other, &points, STEADY);
+        assert_eq!(l.name, "messages.received (mean per 2 s)");
+    }
+
+    // Sockets in use hid established ones (the same values, drawn over
+    // them in the same style); the axes had no titles.
+    #[test]
+    fn plots_tell_equal_lines_apart_and_name_their_axes() {
+        let points: Vec<SeriesPoint> = (0..4).map(|t| at(f64::from(t))).collect();
+        let same = vec![Some(4000.0); 4];
+        let plot = Plot {
+            id: "host-sockets".into(),
+            title: "host: TCP sockets".into(),
+            caption: "what it shows".into(),
+            y_title: "sockets",
+            unit: Unit::Count,
+            lines: vec![line("established", same.clone()), line("in use", same)],
+            at: time_points(&points),
+            x: time_axis(4.0),
+            marks: Vec::new(),
+        };
+        let mut o = String::new();
+        plot.render(&mut o);
+        let styles: Vec<&str> = o
+            .lines()
+            .filter(|l| l.starts_with("<path class=\"series\""))
+            .map(|l| &l[l.find("stroke=").unwrap()..l.find(" d=").unwrap()])
+            .collect();
+        assert_eq!(styles.len(), 2);
+        assert_ne!(styles[0], styles[1]);
+        assert!(
+            o.contains(">sockets</text>")
+                && o.contains(">seconds since the run&#39;s start</text>")
+        );
+        assert!(o.contains(">what it shows</text>"));
+    }
+
+    #[test]
+    fn a_bench_page_leads_with_its_headline() {
+        use crate::bench::{BenchSummary, MessageDelivery};
+        let mut b = BenchSummary {
+            title: "100000 connections, 10 messages".into(),
+            ..BenchSummary::default()
+        };
+        b.connections.held = 99_998;
+        b.connections.asked = 100_000;
+        b.connections.failed = 2;
+        b.memory.server_bytes = 331.0;
+        b.messages.each = vec![MessageDelivery {
+            seq: 1,
+            delivered: 99_998,
+            ..MessageDelivery::default()
+        }];
+        let report = Report {
+            benches: vec![b],
+            ..Report::build(&crate::merge::Merger::new(1).finish(), &[], true)
+        };
+        let page = render(&report);
+        assert!(page.contains("<title>throng bench: 100000 connections, 10 messages</title>"));
+        let headline = page.find("id=\"bench-summary\"").unwrap();
+        let over_time = page.find("<h2>Over time</h2>").unwrap();
+        assert!(headline < over_time, "the headline comes first");
+        assert!(page.contains("data-figure=\"held\">99998<"), "{page}");
+        assert!(page.contains("data-figure=\"failed\">2<"), "{page}");
+        assert!(page.contains("class=\"verdict bad\""), "{page}");
+        assert!(
+            page.contains("data-figure=\"memory-server\">331 B<"),
+            "{page}"
+        );
     }
 
     #[test]

@@ -611,6 +611,7 @@ fn plots(k: &Knee) -> Vec<Plot> {
     let x = XAxis {
         span: top * 1.05,
         unit: k.mode.x_unit(),
+        title: k.mode.what(),
     };
     let at: Vec<(f64, bool)> = levels.iter().map(|(l, _)| (*l, true)).collect();
     let mut marks = Vec::new();
@@ -669,9 +670,15 @@ fn plots(k: &Knee) -> Vec<Plot> {
         Mode::Hold => ("connections open", |r| Some(r.offered)),
         Mode::Publish => ("deliveries per second", |r| r.offered_deliveries),
     };
-    let plot = |id: &str, title: String, unit, lines| Plot {
+    let achieved_y = match k.mode {
+        Mode::Hold => "connections",
+        Mode::Attack | Mode::Publish => "per second",
+    };
+    let plot = |id: &str, title: String, y_title, unit, lines| Plot {
         id: id.to_owned(),
         title,
+        caption: String::new(),
+        y_title,
         unit,
         lines,
         at: at.clone(),
@@ -686,12 +693,14 @@ fn plots(k: &Knee) -> Vec<Plot> {
                 k.mode.latency_name(),
                 k.mode.what()
             ),
+            "latency",
             Unit::Latency,
             latency_lines,
         ),
         plot(
             "knee-achieved",
             format!("achieved against offered, by {}", k.mode.what()),
+            achieved_y,
             Unit::Count,
             vec![
                 line("offered", per_level(&offered_of)),

@@ -3,6 +3,7 @@
 //! machines, and text, JSON and HTML reports; and the result of a knee
 //! search ([`knee`]) with its table and page.
 
+pub mod bench;
 pub mod format;
 pub mod html;
 pub mod interval;

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use hdrhistogram::Histogram;
 use throng_host::sample::HostSample;
 
+use crate::bench::BenchSummary;
 use crate::format::{Event, Record};
 use crate::interval::{Interval, new_histogram};
 
@@ -225,6 +226,8 @@ pub struct Merged {
     pub events: Vec<Event>,
     /// Events by kind, all of them.
     pub event_kinds: BTreeMap<String, u64>,
+    /// What each bench among the files found, in the order read.
+    pub benches: Vec<BenchSummary>,
     /// Intervals merged.
     pub intervals: u64,
     /// Intervals skipped because the same source and start were already merged.
@@ -265,6 +268,7 @@ impl Merger {
                 host_span: BTreeMap::new(),
                 events: Vec::new(),
                 event_kinds: BTreeMap::new(),
+                benches: Vec::new(),
                 intervals: 0,
                 duplicates: 0,
             },
@@ -291,7 +295,11 @@ impl Merger {
                 self.add_interval(iv);
             }
             Record::Event(ev) => self.add_event(ev.clone()),
-            Record::Header(_) | Record::Unknown(_) => {}
+            // The same file given twice is one bench.
+            Record::Bench(b) if !self.merged.benches.contains(b) => {
+                self.merged.benches.push(b.clone());
+            }
+            Record::Bench(_) | Record::Header(_) | Record::Unknown(_) => {}
         }
     }
 

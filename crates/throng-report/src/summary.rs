@@ -7,6 +7,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use throng_host::sample::HostSample;
 
+use crate::bench::BenchSummary;
 use crate::format::{Event, FileSummary, rfc3339};
 use crate::interval::new_histogram;
 use crate::merge::{Bucket, Merged};
@@ -66,8 +67,10 @@ impl HistStats {
 pub struct CounterSummary {
     /// Sum over every interval of every source.
     pub total: u64,
-    /// `total` over the run's duration.
+    /// `total` over the run's duration (the mean: a burst a minute reads low).
     pub per_second: f64,
+    /// The busiest bucket's count over its length ([`Report::bucket_s`]).
+    pub peak_per_second: f64,
 }
 
 /// A gauge (summed across sources) over the run's buckets.
@@ -198,6 +201,9 @@ pub struct FileInfo {
 /// Everything a report shows.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
+    /// What each bench among the files found: the headline, shown first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub benches: Vec<BenchSummary>,
     /// Files read (empty when built from intervals directly).
     pub files: Vec<FileInfo>,
     /// Sources merged.
@@ -210,6 +216,9 @@ pub struct Report {
     pub start: String,
     /// Seconds covered.
     pub duration_s: f64,
+    /// Width of the buckets merged into (the run's interval, or `--every`),
+    /// seconds: what a peak figure is the peak of.
+    pub bucket_s: f64,
     /// Intervals merged.
     pub intervals: u64,
     /// Intervals seen twice and counted once.
@@ -236,6 +245,38 @@ pub struct Report {
     /// The time series, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub series: Option<Vec<SeriesPoint>>,
+}
+
+/// What a latency histogram measures, in one line, for the names the
+/// harness records (`None` for another name).
+pub fn explain(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "connect" => {
+            "from the connection's scheduled start to the end of its WebSocket upgrade: the harness's lag included, so a stall cannot hide"
+        }
+        "connect.lag" => {
+            "how late the harness started a connection after its scheduled time: the harness falling behind, not the server"
+        }
+        "connect.service" => {
+            "from the connect's actual start to the end of the upgrade: the server's and the network's time"
+        }
+        "connect.tcp" => "the TCP connect alone",
+        "connect.tls" => "the TLS handshake alone",
+        "connect.upgrade" => "the WebSocket upgrade alone: request sent to 101 received",
+        "delivery" => {
+            "from the publish call's start (stamped in the message) to its arrival at a subscriber"
+        }
+        "publish" => {
+            "a publish call, from its start to the server's answer (which comes once every worker has sent it)"
+        }
+        "publish.lag" => "how late the publisher sent a message after its scheduled time",
+        "latency" => {
+            "a request, from its scheduled start to the end of its response: the generator's lag included"
+        }
+        "service" => "a request, from its actual start to the end of its response",
+        "lag" => "how late the generator started a request after its scheduled time",
+        _ => return None,
+    })
 }
 
 /// Whether a counter counts an error.
@@ -267,6 +308,16 @@ impl Report {
             }
         };
 
+        let peak = |name: &str| {
+            merged
+                .buckets
+                .iter()
+                .filter(|b| b.length_ns > 0)
+                .map(|b| {
+                    b.counters.get(name).copied().unwrap_or(0) as f64 * 1e9 / b.length_ns as f64
+                })
+                .fold(0.0, f64::max)
+        };
         let counters = merged
             .counters
             .iter()
@@ -276,6 +327,7 @@ impl Report {
                     CounterSummary {
                         total: v,
                         per_second: per_s(v),
+                        peak_per_second: peak(k),
                     },
                 )
             })
@@ -340,6 +392,7 @@ impl Report {
         });
 
         Self {
+            benches: merged.benches.clone(),
             files: files
                 .iter()
                 .map(|f| FileInfo {
@@ -361,6 +414,7 @@ impl Report {
                 String::new()
             },
             duration_s,
+            bucket_s: merged.width_ns as f64 / 1e9,
             intervals: merged.intervals,
             duplicates: merged.duplicates,
             counters,

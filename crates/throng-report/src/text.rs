@@ -4,7 +4,14 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::summary::{HistStats, Report, is_error};
+use crate::bench::BenchSummary;
+use crate::summary::{HistStats, Report, explain, is_error};
+
+/// The widest a table of the time series gets: wider ones are split into
+/// several, each with the time column, so they fit a 100-column terminal.
+const SERIES_WIDTH: usize = 100;
+/// An event's line is cut to this many characters (the JSON report has its text whole).
+const EVENT_LINE: usize = 100;
 
 /// A latency (or any duration) in µs, to 3 significant figures: `850µs`,
 /// `1.23ms`, `12.3ms`, `123ms`, `1.23s`, `12.3s`. Every command prints
@@ -94,6 +101,9 @@ pub fn render(r: &Report) -> String {
             f.command.join(" ")
         );
     }
+    for b in &r.benches {
+        render_bench(o, b);
+    }
     if r.duplicates > 0 {
         let _ = writeln!(
             o,
@@ -116,31 +126,51 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(o, "\nlatency");
         let _ = writeln!(
             o,
-            "  {:<nw$} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "  {:<nw$} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}",
             "", "count", "min", "mean", "stddev", "p50", "p75", "p90", "p95", "p99", "p99.9", "max"
         );
         for (name, h) in &r.latency_us {
             let _ = writeln!(o, "  {:<nw$} {}", name, stats_row(h));
+        }
+        for name in r.latency_us.keys() {
+            if let Some(what) = explain(name) {
+                wrap(o, &format!("{name}: {what}"), SERIES_WIDTH);
+            }
         }
     }
 
     if !r.counters.is_empty() {
         let _ = writeln!(
             o,
-            "\n{:<w$} {:>9} {:>12}",
+            "\n{:<w$} {:>9} {:>12} {:>12}",
             "counters",
             "total",
-            "per second",
+            "mean/s",
+            "busiest/s",
             w = nw + 2
         );
         for (name, c) in &r.counters {
-            let (total, rate) = if name.starts_with("bytes") {
-                (bytes(c.total as f64), format!("{}/s", bytes(c.per_second)))
+            let (total, rate, peak) = if name.starts_with("bytes") {
+                (
+                    bytes(c.total as f64),
+                    format!("{}/s", bytes(c.per_second)),
+                    format!("{}/s", bytes(c.peak_per_second)),
+                )
             } else {
-                (count(c.total as f64), count(c.per_second))
+                (
+                    count(c.total as f64),
+                    count(c.per_second),
+                    count(c.peak_per_second),
+                )
             };
-            let _ = writeln!(o, "  {name:<nw$} {total:>9} {rate:>12}");
+            let _ = writeln!(o, "  {name:<nw$} {total:>9} {rate:>12} {peak:>12}");
         }
+        let _ = writeln!(
+            o,
+            "  (mean/s: over the run's {:.1} s; busiest/s: its busiest {} s interval)",
+            r.duration_s,
+            count(r.bucket_s)
+        );
     }
 
     let _ = write!(o, "\nerrors: {}", r.errors_total);
@@ -187,20 +217,25 @@ pub fn render(r: &Report) -> String {
             count(h.tcp_established_last as f64),
             count(h.tcp_established_max as f64)
         );
+        let over = format!(
+            "means over {:.1} s; the busiest {} s interval",
+            r.duration_s,
+            count(r.bucket_s)
+        );
         let _ = writeln!(
             o,
-            "  packets per second   in {} (max {}), out {} (max {})",
+            "  packets per second   in {}, out {} ({over}: in {}, out {})",
             count(h.packets_in_per_s),
-            count(h.packets_in_per_s_max),
             count(h.packets_out_per_s),
+            count(h.packets_in_per_s_max),
             count(h.packets_out_per_s_max)
         );
         let _ = writeln!(
             o,
-            "  bytes per second     in {} (max {}), out {} (max {})",
+            "  bytes per second     in {}, out {} ({over}: in {}, out {})",
             bytes(h.bytes_in_per_s),
-            bytes(h.bytes_in_per_s_max),
             bytes(h.bytes_out_per_s),
+            bytes(h.bytes_in_per_s_max),
             bytes(h.bytes_out_per_s_max)
         );
         let _ = writeln!(
@@ -239,7 +274,9 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(o, "\nevents: {}", parts.join(", "));
         for e in r.events.iter().take(20) {
             let t = e.at_ns.saturating_sub(r.start_ns) as f64 / 1e9;
-            let _ = writeln!(o, "  +{t:.1}s {} {}: {}", e.source, e.kind, e.text);
+            let head = format!("  +{t:.1}s {} {}: ", e.source, e.kind);
+            let room = EVENT_LINE.saturating_sub(head.chars().count()).max(40);
+            let _ = writeln!(o, "{head}{}", first_line(&e.text, room));
         }
         if r.events.len() > 20 {
             let _ = writeln!(
@@ -264,6 +301,95 @@ pub fn render(r: &Report) -> String {
     out
 }
 
+/// A bench's headline, as `throng bench` printed it.
+fn render_bench(o: &mut String, b: &BenchSummary) {
+    let c = &b.connections;
+    let m = &b.messages;
+    let _ = writeln!(o, "\nbench: {}", b.title);
+    let failed = c.failed_kinds();
+    let _ = writeln!(
+        o,
+        "  connections  {} held of {} ({} opened, {} failed{}), opened at {}/s over {:.2} s",
+        c.held,
+        c.asked,
+        c.opened,
+        c.failed,
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(": {failed}")
+        },
+        count(c.opened_per_s.round()),
+        c.ramp_s
+    );
+    let mem = &b.memory;
+    let _ = writeln!(
+        o,
+        "  memory       per connection ({} open): server {}, harness {}, kernel {} (both sockets)",
+        mem.connections,
+        bytes(mem.server_bytes),
+        bytes(mem.harness_bytes),
+        bytes(mem.kernel_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "  messages     {} published ({} failed), {} of {} delivered, {} lost, {} duplicated, {} out of order",
+        m.published, m.publish_errors, m.received, m.expected, m.lost, m.duplicated, m.out_of_order
+    );
+    let d = &m.delivery;
+    let _ = writeln!(
+        o,
+        "  delivery     p50 {}  p99 {}  last subscriber {}  (publish to arrival)",
+        micros(d.p50_us),
+        micros(d.p99_us),
+        micros(d.max_us)
+    );
+    for e in &m.each {
+        let l = &e.latency;
+        let _ = writeln!(
+            o,
+            "    message {:>3}: {:>9} delivered  p50 {:>8}  p99 {:>8}  last subscriber {:>8}",
+            e.seq,
+            e.delivered,
+            micros(l.p50_us),
+            micros(l.p99_us),
+            micros(l.max_us)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  CPU          server {:.2} s, harness {:.2} s (user + system, over the run's {:.1} s)",
+        b.cpu.server_s, b.cpu.harness_s, b.cpu.elapsed_s
+    );
+}
+
+/// `text` as lines of at most `width` characters, indented by 2 (the
+/// lines after the first by 4).
+fn wrap(o: &mut String, text: &str, width: usize) {
+    let mut line = String::from(" ");
+    for word in text.split_whitespace() {
+        if line.chars().count() + 1 + word.chars().count() > width && !line.trim().is_empty() {
+            let _ = writeln!(o, "{line}");
+            line = String::from("   ");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    if !line.trim().is_empty() {
+        let _ = writeln!(o, "{line}");
+    }
+}
+
+/// The first line of `text`, at most `max` characters, with `…` where cut.
+fn first_line(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or("");
+    if line.chars().count() <= max && line.len() == text.trim_end().len() {
+        return line.to_owned();
+    }
+    let cut: String = line.chars().take(max).collect();
+    format!("{cut}…")
+}
+
 fn error_share(r: &Report) -> f64 {
     let all: u64 = r
         .counters
@@ -280,7 +406,7 @@ fn error_share(r: &Report) -> f64 {
 
 fn stats_row(h: &HistStats) -> String {
     format!(
-        "{:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "{:>9} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}",
         h.count,
         latency(h.min as f64),
         latency(h.mean),
@@ -307,12 +433,19 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
     let with_host = series.iter().any(|p| p.host.is_some());
     let width = series.first().map_or(0.0, |p| p.length_s);
 
-    // Columns of (title, one cell per point), then aligned to their widest cell.
+    // Columns of (title, one cell per point), then aligned to their widest
+    // cell; `groups` starts a new group at a column (one histogram's three
+    // columns stay together when the table is split).
     let mut columns: Vec<(String, Vec<String>)> = Vec::new();
-    let mut column = |title: String, cell: &dyn Fn(&crate::summary::SeriesPoint) -> String| {
-        columns.push((title, series.iter().map(cell).collect()));
-    };
-    column("t".to_owned(), &|p| format!("{:.1}", p.t_s));
+    let mut groups: Vec<usize> = Vec::new();
+    let mut column =
+        |title: String, together: bool, cell: &dyn Fn(&crate::summary::SeriesPoint) -> String| {
+            if !together {
+                groups.push(columns.len());
+            }
+            columns.push((title, series.iter().map(cell).collect()));
+        };
+    column("t".to_owned(), false, &|p| format!("{:.1}", p.t_s));
     let per_s = |p: &crate::summary::SeriesPoint, n: u64| {
         if p.length_s > 0.0 {
             n as f64 / p.length_s
@@ -321,18 +454,23 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
         }
     };
     for g in &gauges {
-        column(short(g), &|p| {
+        column(short(g), false, &|p| {
             p.gauges
                 .get(*g)
                 .map_or("-".to_owned(), |v| count(*v as f64))
         });
     }
     for c in &counters {
-        column(format!("{}/s", short(c)), &|p| {
-            count(per_s(p, p.counters.get(*c).copied().unwrap_or(0)))
+        column(format!("{}/s", short(c)), false, &|p| {
+            let rate = per_s(p, p.counters.get(*c).copied().unwrap_or(0));
+            if c.starts_with("bytes") {
+                bytes(rate)
+            } else {
+                count(rate)
+            }
         });
     }
-    column("errors/s".to_owned(), &|p| {
+    column("errors/s".to_owned(), false, &|p| {
         count(per_s(
             p,
             p.counters
@@ -343,13 +481,17 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
         ))
     });
     for h in &hists {
-        for (q, pick) in [
+        for (i, (q, pick)) in [
             ("p50", (|s: &HistStats| s.p50) as fn(&HistStats) -> u64),
             ("p99", |s: &HistStats| s.p99),
             ("max", |s: &HistStats| s.max),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             column(
                 format!("{} {q}", short(h)),
+                i > 0,
                 &|p| match p.histograms.get(*h) {
                     Some(s) if s.count > 0 => latency(pick(s) as f64),
                     _ => "-".to_owned(),
@@ -367,18 +509,17 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
             ("pkt out/s", |h| {
                 h.packets_out_per_s.map_or("-".to_owned(), count)
             }),
-            ("in", |h| {
-                h.bytes_in_per_s
-                    .map_or("-".to_owned(), |b| format!("{}/s", bytes(b)))
+            ("bytes in/s", |h| {
+                h.bytes_in_per_s.map_or("-".to_owned(), bytes)
             }),
-            ("out", |h| {
-                h.bytes_out_per_s
-                    .map_or("-".to_owned(), |b| format!("{}/s", bytes(b)))
+            ("bytes out/s", |h| {
+                h.bytes_out_per_s.map_or("-".to_owned(), bytes)
             }),
             ("mem avail", |h| bytes(h.mem_available_bytes as f64)),
         ];
-        for (title, pick) in host_columns {
-            column(title.to_owned(), &|p| {
+        for (i, (title, pick)) in host_columns.into_iter().enumerate() {
+            // In and out side by side.
+            column(title.to_owned(), i == 2 || i == 4, &|p| {
                 p.host.as_ref().map_or("-".to_owned(), pick)
             });
         }
@@ -395,16 +536,55 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
                 .unwrap_or(0)
         })
         .collect();
-    let _ = writeln!(o, "\ntime series, every {width} s (counters per second)");
+    let _ = writeln!(
+        o,
+        "\ntime series, every {} s (counters per second over each interval)",
+        count(width)
+    );
+    // The time column, then as many groups as fit; the rest in more tables.
+    let mut block = Vec::new();
+    let mut used = widths[0] + 2;
+    let ends: Vec<usize> = groups
+        .iter()
+        .skip(2)
+        .copied()
+        .chain([columns.len()])
+        .collect();
+    for (&start, &end) in groups.iter().skip(1).zip(&ends) {
+        let wide: usize = widths[start..end].iter().map(|w| w + 2).sum();
+        if !block.is_empty() && used + wide > SERIES_WIDTH {
+            series_table(o, &columns, &widths, &block);
+            block.clear();
+            used = widths[0] + 2;
+        }
+        block.extend(start..end);
+        used += wide;
+    }
+    if !block.is_empty() {
+        series_table(o, &columns, &widths, &block);
+    }
+}
+
+/// One table of the time series: the time column and the columns `block`.
+fn series_table(
+    o: &mut String,
+    columns: &[(String, Vec<String>)],
+    widths: &[usize],
+    block: &[usize],
+) {
+    let shown: Vec<usize> = std::iter::once(0).chain(block.iter().copied()).collect();
     let mut line = String::new();
-    for ((title, _), w) in columns.iter().zip(&widths) {
-        let _ = write!(line, "  {title:>w$}");
+    let _ = writeln!(o);
+    for &i in &shown {
+        let w = widths[i];
+        let _ = write!(line, "  {:>w$}", columns[i].0);
     }
     let _ = writeln!(o, "{}", line.trim_end());
-    for i in 0..series.len() {
+    for row in 0..columns[0].1.len() {
         line.clear();
-        for ((_, cells), w) in columns.iter().zip(&widths) {
-            let _ = write!(line, "  {:>w$}", cells[i]);
+        for &i in &shown {
+            let w = widths[i];
+            let _ = write!(line, "  {:>w$}", columns[i].1[row]);
         }
         let _ = writeln!(o, "{}", line.trim_end());
     }
@@ -452,5 +632,70 @@ mod tests {
         assert_eq!(short("connections.open"), "conn.open");
         assert_eq!(short("messages.received"), "received");
         assert_eq!(short("delivery"), "delivery");
+    }
+
+    // A bench's 4 KB JSON summary filled the terminal as one event line.
+    #[test]
+    fn event_texts_are_one_short_line() {
+        assert_eq!(first_line("worker 3 restarted", 100), "worker 3 restarted");
+        let json = format!("{{\"x\":\"{}\"}}", "y".repeat(4000));
+        let cut = first_line(&json, 100);
+        assert_eq!(cut.chars().count(), 101);
+        assert!(cut.ends_with('…'));
+        assert_eq!(first_line("two\nlines", 100), "two…");
+    }
+
+    // `--every` put every figure in one table, 544 columns wide.
+    #[test]
+    fn time_series_tables_fit_a_terminal() {
+        use crate::summary::{HostPoint, SeriesPoint};
+        let names: Vec<String> = (0..12).map(|i| format!("latency.kind{i}")).collect();
+        let series: Vec<SeriesPoint> = (0..5)
+            .map(|t| SeriesPoint {
+                start_ns: t * 1_000_000_000,
+                t_s: t as f64,
+                length_s: 1.0,
+                counters: names.iter().map(|n| (n.clone(), 1_234_567)).collect(),
+                gauges: names.iter().map(|n| (n.clone(), 98_765)).collect(),
+                histograms: names
+                    .iter()
+                    .map(|n| {
+                        let s = HistStats {
+                            count: 1,
+                            p50: 1_234,
+                            p99: 12_345,
+                            max: 123_456,
+                            ..HistStats::default()
+                        };
+                        (n.clone(), s)
+                    })
+                    .collect(),
+                host: Some(HostPoint::default()),
+            })
+            .collect();
+        let mut report = Report::build(&crate::merge::Merger::new(1).finish(), &[], false);
+        for n in &names {
+            report.counters.insert(
+                n.clone(),
+                crate::summary::CounterSummary {
+                    total: 1,
+                    per_second: 1.0,
+                    peak_per_second: 1.0,
+                },
+            );
+        }
+        let mut o = String::new();
+        render_series(&mut o, &report, &series);
+        let widest = o.lines().map(|l| l.chars().count()).max().unwrap();
+        assert!(widest <= SERIES_WIDTH, "{widest} columns:\n{o}");
+        // Every column is somewhere, each table with the time.
+        for n in &names {
+            assert!(o.contains(&format!("{} p99", short(n))), "{o}");
+        }
+        let tables = o
+            .split("\n\n")
+            .filter(|t| t.trim_start().starts_with('t'))
+            .count();
+        assert!(tables > 3, "{o}");
     }
 }

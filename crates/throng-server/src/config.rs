@@ -61,6 +61,49 @@ pub struct Config {
     /// Certificate, key and ticket key for `tls_listen` (required when it is not empty).
     #[serde(default)]
     pub tls: Option<crate::tls::Material>,
+    /// Who may subscribe and publish: token keys and claims, the publish
+    /// key (`--auth-*`, `--publish-key-file`). Empty: anyone may.
+    #[serde(default)]
+    pub auth: crate::auth::Settings,
+    /// Origins a browser's upgrade may come from (`--allowed-origins`);
+    /// `None`: any. An upgrade without `Origin` (not a browser) is not checked.
+    #[serde(default)]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Addresses that serve publishing (`--publish-listen`); when set, the
+    /// `listen` and `tls_listen` ones refuse it.
+    #[serde(default)]
+    pub publish_listen: Vec<SocketAddr>,
+    /// Addresses that serve `/metrics` (`--metrics-listen`); when set, the
+    /// others refuse it.
+    #[serde(default)]
+    pub metrics_listen: Vec<SocketAddr>,
+    /// Limits per client address (`--max-connections-per-ip`, `--handshakes-per-ip`).
+    #[serde(default)]
+    pub per_address: PerAddress,
+    /// The descriptor of the subscriber counts every worker shares (made by
+    /// the supervisor with `max_connections`, inherited by the workers).
+    #[serde(default)]
+    pub shared_counters: Option<i32>,
+}
+
+/// Limits per client address: an IPv4 address, or an IPv6 /64 (one
+/// subscriber's network: a host is usually given a whole /64). Counted by
+/// the supervisor over all workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PerAddress {
+    /// Open connections (subscribers and HTTP requests) one address may hold.
+    pub max_connections: Option<u32>,
+    /// New connections per second one address may open (a token bucket).
+    pub handshakes_per_sec: Option<f64>,
+    /// How many new connections the bucket holds: a burst after a quiet spell.
+    pub handshake_burst: u32,
+}
+
+impl PerAddress {
+    /// Whether any limit is set (each new connection is then checked).
+    pub fn any(&self) -> bool {
+        self.max_connections.is_some() || self.handshakes_per_sec.is_some()
+    }
 }
 
 impl Default for Config {
@@ -83,6 +126,12 @@ impl Default for Config {
             redis_mode: None,
             tls_listen: Vec::new(),
             tls: None,
+            auth: crate::auth::Settings::default(),
+            allowed_origins: None,
+            publish_listen: Vec::new(),
+            metrics_listen: Vec::new(),
+            per_address: PerAddress::default(),
+            shared_counters: None,
         }
     }
 }
@@ -156,8 +205,12 @@ impl fmt::Display for Config {
                 )?;
             }
         }
+        self.fmt_access(f)?;
         match self.max_connections {
-            Some(n) => writeln!(f, "  max-connections  {n}")?,
+            Some(n) => writeln!(
+                f,
+                "  max-connections  {n} subscribers in all (past it: 503, Retry-After)"
+            )?,
             None => writeln!(f, "  max-connections  (none)")?,
         }
         writeln!(f, "  max-message      {}", fmt_size(self.max_message))?;
@@ -185,9 +238,178 @@ impl fmt::Display for Config {
     }
 }
 
+impl Config {
+    /// The start lines of who may do what: tokens, publishing, metrics,
+    /// origins and per-address limits.
+    fn fmt_access(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let a = &self.auth;
+        if a.tokens() {
+            let keys: Vec<String> = a.keys.iter().map(crate::auth::Key::describe).collect();
+            let mut rules = vec![if a.allow_no_exp {
+                "exp optional (--auth-allow-no-exp)".to_owned()
+            } else {
+                "exp required".to_owned()
+            }];
+            rules.extend(a.issuer.as_ref().map(|i| format!("issuer {i:?}")));
+            rules.push(match &a.audience {
+                Some(aud) => format!("audience {aud:?}"),
+                None => "no aud accepted (--auth-audience)".to_owned(),
+            });
+            writeln!(
+                f,
+                "  auth             tokens by {}; {}; subscribers closed 4001 at exp",
+                keys.join(", "),
+                rules.join(", ")
+            )?;
+        } else {
+            writeln!(
+                f,
+                "  auth             (none): anyone may subscribe to any channel (docs/auth.md)"
+            )?;
+        }
+        let who = match (a.tokens(), &a.publish_key) {
+            (true, Some(k)) => format!("a token with a publish grant, or the key in {}", k.source),
+            (true, None) => "a token with a publish grant".to_owned(),
+            (false, Some(k)) => format!("the key in {}", k.source),
+            (false, None) => "anyone".to_owned(),
+        };
+        let list = |addrs: &[SocketAddr]| {
+            addrs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let publish_at = if self.publish_listen.is_empty() {
+            "the public addresses".to_owned()
+        } else {
+            format!("{} only", list(&self.publish_listen))
+        };
+        writeln!(f, "  publish          {who}, on {publish_at}")?;
+        if self.metrics_listen.is_empty() {
+            writeln!(f, "  metrics          on the public addresses")?;
+        } else {
+            writeln!(
+                f,
+                "  metrics          on {} only",
+                list(&self.metrics_listen)
+            )?;
+        }
+        match &self.allowed_origins {
+            Some(o) => writeln!(f, "  allowed-origins  {}", o.join(" "))?,
+            None => writeln!(
+                f,
+                "  allowed-origins  any (pages of any site may subscribe; --allowed-origins)"
+            )?,
+        }
+        let p = &self.per_address;
+        if p.any() {
+            let mut limits = Vec::new();
+            limits.extend(p.max_connections.map(|n| format!("{n} connections")));
+            limits.extend(p.handshakes_per_sec.map(|r| {
+                format!(
+                    "{} new per second, burst {}",
+                    fmt_rate(r),
+                    p.handshake_burst
+                )
+            }));
+            writeln!(
+                f,
+                "  per-address      {} per IPv4 address or IPv6 /64 (past it: 429)",
+                limits.join(", ")
+            )?;
+        } else {
+            writeln!(f, "  per-address      (none)")?;
+        }
+        Ok(())
+    }
+
+    /// The warning to print when a public address is not loopback and
+    /// nothing guards it: what anyone who reaches it can do, and how to
+    /// stop it. `None` when every public address is loopback, or when a
+    /// token key or the publish key is set.
+    pub fn exposure_warning(&self) -> Option<String> {
+        let exposed: Vec<String> = self
+            .listen
+            .iter()
+            .chain(&self.tls_listen)
+            .filter(|a| !a.ip().is_loopback())
+            .map(ToString::to_string)
+            .collect();
+        if exposed.is_empty() || self.auth.tokens() || self.auth.publish_key.is_some() {
+            return None;
+        }
+        let mut open = vec![
+            "anyone who reaches it can subscribe to any channel \
+             (--auth-hs256-secret-file or --auth-public-key require a token)"
+                .to_owned(),
+        ];
+        if self.publish_listen.is_empty() {
+            open.push(
+                "anyone can publish to every subscriber (--publish-key-file requires a key; \
+                 --publish-listen 127.0.0.1:PORT moves publishing off the public address)"
+                    .to_owned(),
+            );
+        }
+        if self.metrics_listen.is_empty() {
+            open.push(
+                "/metrics is open to all (--metrics-listen 127.0.0.1:PORT moves it)".to_owned(),
+            );
+        }
+        let mut text = format!(
+            "throng: WARNING: {} is not loopback and no authentication is configured:",
+            exposed.join(" ")
+        );
+        for o in open {
+            text.push_str("\nthrong: WARNING:   ");
+            text.push_str(&o);
+        }
+        text.push_str("\nthrong: WARNING: see docs/auth.md");
+        Some(text)
+    }
+}
+
+/// A rate as given (`5/s`), whole numbers without a fraction.
+fn fmt_rate(per_sec: f64) -> String {
+    if per_sec.fract() == 0.0 {
+        format!("{per_sec:.0}")
+    } else {
+        format!("{per_sec}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_public_address_without_auth_warns_naming_what_is_open() {
+        let mut c = Config::default();
+        assert_eq!(c.exposure_warning(), None, "loopback");
+        c.listen = vec!["0.0.0.0:8080".parse().unwrap()];
+        let w = c.exposure_warning().unwrap();
+        for open in [
+            "subscribe to any channel",
+            "publish to every subscriber",
+            "/metrics",
+        ] {
+            assert!(w.contains(open), "{w}");
+        }
+        c.publish_listen = vec!["127.0.0.1:8081".parse().unwrap()];
+        c.metrics_listen = vec!["127.0.0.1:9090".parse().unwrap()];
+        let w = c.exposure_warning().unwrap();
+        assert!(!w.contains("publish to") && !w.contains("/metrics"), "{w}");
+        c.allowed_origins = Some(vec!["https://a.example".into()]);
+        let shown = c.to_string();
+        assert!(
+            shown.contains("allowed-origins  https://a.example"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("publish          anyone, on 127.0.0.1:8081 only"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn listen_single_and_range() {

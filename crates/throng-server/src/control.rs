@@ -9,6 +9,8 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use crate::addresses::{Source, Verdict};
+
 /// The largest record accepted; far above any `--max-message`.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024;
 
@@ -73,6 +75,26 @@ pub enum Record {
         /// One line describing the state.
         text: Bytes,
     },
+    /// Worker → supervisor (per-address limits): may a new connection from
+    /// `source` be served?
+    Admit {
+        /// Echoed in the answer.
+        id: u64,
+        /// The client's address as the limits count it.
+        source: Source,
+    },
+    /// Supervisor → worker: the answer to [`Record::Admit`] `id`.
+    Admitted {
+        /// The id of the [`Record::Admit`].
+        id: u64,
+        /// Served, or why not.
+        verdict: Verdict,
+    },
+    /// Worker → supervisor: an admitted connection from `source` ended.
+    Release {
+        /// The client's address.
+        source: Source,
+    },
 }
 
 /// A message on its way to subscribers.
@@ -114,6 +136,9 @@ const METRICS: u8 = 8;
 const INTEREST: u8 = 9;
 const PUBLISH_FAILED: u8 = 10;
 const BROKER: u8 = 11;
+const ADMIT: u8 = 12;
+const ADMITTED: u8 = 13;
+const RELEASE: u8 = 14;
 
 impl Record {
     /// Encodes the record, length prefix included.
@@ -178,6 +203,26 @@ impl Record {
                 out.put_u8(u8::from(*up));
                 out.put_u64_le(*down_ms);
                 out.put_slice(text);
+            }
+            Self::Admit { id, source } => {
+                out.put_u8(ADMIT);
+                out.put_u64_le(*id);
+                let mut s = Vec::with_capacity(9);
+                source.encode(&mut s);
+                out.put_slice(&s);
+            }
+            Self::Admitted { id, verdict } => {
+                out.put_u8(ADMITTED);
+                out.put_u64_le(*id);
+                let (code, retry_after) = verdict.code();
+                out.put_u8(code);
+                out.put_u32_le(retry_after);
+            }
+            Self::Release { source } => {
+                out.put_u8(RELEASE);
+                let mut s = Vec::with_capacity(9);
+                source.encode(&mut s);
+                out.put_slice(&s);
             }
         }
         let len = (out.len() - 4) as u32;
@@ -284,6 +329,28 @@ impl Record {
                 let id = rec.get_u64_le();
                 Self::PublishFailed { id, reason: rec }
             }
+            ADMIT => {
+                need(&rec, 8)?;
+                let id = rec.get_u64_le();
+                let (source, _) =
+                    Source::decode(&rec).ok_or(ControlError::Malformed("bad source address"))?;
+                Self::Admit { id, source }
+            }
+            ADMITTED => {
+                need(&rec, 13)?;
+                let id = rec.get_u64_le();
+                let code = rec.get_u8();
+                let retry_after = rec.get_u32_le();
+                Self::Admitted {
+                    id,
+                    verdict: Verdict::from_code(code, retry_after),
+                }
+            }
+            RELEASE => {
+                let (source, _) =
+                    Source::decode(&rec).ok_or(ControlError::Malformed("bad source address"))?;
+                Self::Release { source }
+            }
             BROKER => {
                 need(&rec, 9)?;
                 let up = rec.get_u8() != 0;
@@ -367,6 +434,17 @@ mod tests {
                 up: false,
                 down_ms: 1500,
                 text: Bytes::from_static(b"down"),
+            },
+            Record::Admit {
+                id: 5,
+                source: Source::V6([0x20, 1, 0xd, 0xb8, 0, 0, 0, 1]),
+            },
+            Record::Admitted {
+                id: 5,
+                verdict: Verdict::TooFast { retry_after: 3 },
+            },
+            Record::Release {
+                source: Source::V4([127, 0, 0, 9]),
             },
         ]
     }

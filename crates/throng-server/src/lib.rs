@@ -9,6 +9,8 @@
 //! - [`worker`]: listeners, HTTP and WebSocket handshakes, subscribers, the
 //!   fan-out hot path, heartbeats ([`wheel`]) and draining.
 //! - [`control`]: the records on the Unix socket between the two.
+//! - [`auth`]: tokens (JWT), channel grants and the publish key: who may
+//!   subscribe and publish.
 //! - [`tls`]: `--tls-listen` listeners: certificates, rustls settings, and
 //!   the unbuffered TLS sessions of handshakes and subscribers.
 
@@ -24,6 +26,8 @@ macro_rules! log {
     }};
 }
 
+pub mod addresses;
+pub mod auth;
 mod broker;
 pub mod channel;
 pub mod config;

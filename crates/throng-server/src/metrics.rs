@@ -31,6 +31,8 @@ pub enum CloseReason {
     Shutdown,
     /// A TLS subscriber's records failed to decrypt or broke TLS.
     TlsError,
+    /// Its token's `exp` passed (closed 4001).
+    TokenExpired,
 }
 
 impl CloseReason {
@@ -44,6 +46,7 @@ impl CloseReason {
             Self::ProtocolError => "protocol_error",
             Self::Shutdown => "shutdown",
             Self::TlsError => "tls_error",
+            Self::TokenExpired => "token_expired",
         }
     }
 }
@@ -81,6 +84,9 @@ pub struct Counters {
     pub http_requests: RefCell<BTreeMap<&'static str, u64>>,
     /// TLS handshakes completed, by version and kind (`tls1.3_full`, `tls1.3_resumed`, ...).
     pub tls_handshakes: RefCell<BTreeMap<&'static str, u64>>,
+    /// Connections and requests refused by a rule (a token, an origin, a
+    /// limit), by reason.
+    pub refused: RefCell<BTreeMap<&'static str, u64>>,
 }
 
 fn bump(map: &RefCell<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -111,6 +117,11 @@ impl Counters {
     /// Counts a served HTTP request.
     pub fn http_request(&self, endpoint: &'static str) {
         bump(&self.http_requests, endpoint);
+    }
+
+    /// Counts a refusal by a rule (token, origin, limit).
+    pub fn refused(&self, why: &'static str) {
+        bump(&self.refused, why);
     }
 
     /// Counts a completed TLS handshake.
@@ -162,6 +173,7 @@ impl Counters {
             slow_consumer: own(&self.slow_consumer),
             http_requests: own(&self.http_requests),
             tls_handshakes: own(&self.tls_handshakes),
+            refused: own(&self.refused),
         }
     }
 }
@@ -206,6 +218,9 @@ pub struct Snapshot {
     /// Counter by TLS version and handshake kind.
     #[serde(default)]
     pub tls_handshakes: BTreeMap<String, u64>,
+    /// Counter by reason.
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
 }
 
 fn add_map(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
@@ -236,6 +251,7 @@ impl Snapshot {
         add_map(&mut self.slow_consumer, &other.slow_consumer);
         add_map(&mut self.http_requests, &other.http_requests);
         add_map(&mut self.tls_handshakes, &other.tls_handshakes);
+        add_map(&mut self.refused, &other.refused);
     }
 }
 
@@ -250,6 +266,8 @@ pub struct SupervisorStats {
     pub workers: usize,
     /// The Redis broker's state and counters (`None`: the local relay).
     pub broker: Option<BrokerStats>,
+    /// Addresses in the per-address table (`None`: no per-address limit).
+    pub addresses: Option<u64>,
 }
 
 /// The Redis broker as `/metrics` shows it.
@@ -294,6 +312,19 @@ fn labelled(
         let _ = writeln!(out, "{name}{{{label}=\"{k}\"}} {v}");
     }
 }
+
+/// The refusal reasons `/metrics` always shows, at 0 until one happens.
+const REFUSED_ALWAYS: &[&str] = &[
+    "token_missing",
+    "token_expired",
+    "token_signature",
+    "not_granted",
+    "origin",
+    "publish_key",
+    "max_connections",
+    "per_ip_connections",
+    "per_ip_rate",
+];
 
 /// Renders the Prometheus text exposition (format 0.0.4) of all workers.
 /// `live` holds the latest snapshot of each running worker; `retired` the
@@ -358,6 +389,7 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
             "protocol_error",
             "shutdown",
             "tls_error",
+            "token_expired",
         ],
     );
     family(
@@ -372,6 +404,20 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         "reason",
         &total.handshake_failures,
         &[],
+    );
+    family(
+        &mut out,
+        "throng_refused_total",
+        "counter",
+        "Connections and requests refused by a rule, by reason: a token (401/403), an origin, \
+         a limit (429/503). See docs/auth.md.",
+    );
+    labelled(
+        &mut out,
+        "throng_refused_total",
+        "reason",
+        &total.refused,
+        REFUSED_ALWAYS,
     );
     one(
         &mut out,
@@ -499,6 +545,15 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         "Workers restarted after they died.",
         sup.restarts.to_string(),
     );
+    if let Some(n) = sup.addresses {
+        one(
+            &mut out,
+            "throng_address_table_entries",
+            "gauge",
+            "Client addresses the per-address limits track now (live connections or recent handshakes).",
+            n.to_string(),
+        );
+    }
     if let Some(b) = &sup.broker {
         render_broker(&mut out, b);
     }

@@ -16,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
+use crate::addresses::{Addresses, Verdict};
 use crate::broker::{Broker, News, Remote, Routed};
 use crate::config::Config;
 use crate::control::{Message, Record, read_record};
@@ -25,6 +26,7 @@ use crate::relay::{Answer, Publisher, Relay, WorkerId};
 use crate::reuseport;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
 use throng_host::process::{self, Signal};
+use throng_host::shared::SharedCounters;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +45,13 @@ pub enum ServeError {
     /// No listen address was given.
     #[error("no listen address (use --listen HOST:PORT)")]
     NoListen,
+    /// An internal address (`--publish-listen`, `--metrics-listen`) that is
+    /// also a public one.
+    #[error(
+        "{0} is both a public address (--listen/--tls-listen) and an internal one \
+         (--publish-listen/--metrics-listen); give the internal one its own port"
+    )]
+    InternalIsPublic(SocketAddr),
     /// TLS listeners without a certificate.
     #[error(
         "--tls-listen needs a certificate: give --tls-cert FILE and --tls-key FILE, or --tls-self-signed for a trial"
@@ -100,6 +109,8 @@ pub struct Plan {
     pub redis: Option<RedisSettings>,
     /// Bound (not listening) sockets that hold the ports while workers start.
     reserved: Vec<socket2::Socket>,
+    /// The subscriber counts every worker shares, with `--max-connections`.
+    shared: Option<SharedCounters>,
 }
 
 impl Plan {
@@ -140,8 +151,54 @@ impl Plan {
             }
             Ok(())
         };
+        let public: Vec<SocketAddr> = config
+            .listen
+            .iter()
+            .chain(&config.tls_listen)
+            .copied()
+            .collect();
+        if let Some(a) = config
+            .publish_listen
+            .iter()
+            .chain(&config.metrics_listen)
+            // Port 0: each gets a port of its own.
+            .find(|a| a.port() != 0 && public.contains(a))
+        {
+            return Err(ServeError::InternalIsPublic(*a));
+        }
         bind_all(&mut config.listen)?;
         bind_all(&mut config.tls_listen)?;
+        // An address given to both internal options is one listener, bound
+        // once (port 0 is a new port for each).
+        let both: Vec<SocketAddr> = config
+            .metrics_listen
+            .iter()
+            .filter(|a| a.port() != 0 && config.publish_listen.contains(a))
+            .copied()
+            .collect();
+        let before = config.publish_listen.clone();
+        bind_all(&mut config.publish_listen)?;
+        let mut metrics_only: Vec<SocketAddr> = config
+            .metrics_listen
+            .iter()
+            .filter(|a| !both.contains(a))
+            .copied()
+            .collect();
+        bind_all(&mut metrics_only)?;
+        config.metrics_listen = before
+            .iter()
+            .zip(&config.publish_listen)
+            .filter(|(given, _)| both.contains(given))
+            .map(|(_, bound)| *bound)
+            .chain(metrics_only)
+            .collect();
+        // --max-connections is a cap over every worker: each counts its
+        // subscribers in its own slot of counters they all map.
+        let shared = match config.max_connections {
+            Some(_) => Some(SharedCounters::create(workers)?),
+            None => None,
+        };
+        config.shared_counters = shared.as_ref().map(SharedCounters::fd);
         Ok(Self {
             config,
             nofile,
@@ -151,6 +208,7 @@ impl Plan {
             broker: Broker::LOCAL.to_owned(),
             redis: None,
             reserved,
+            shared,
         })
     }
 
@@ -179,16 +237,50 @@ impl Plan {
             "nofile_hard": self.nofile.hard,
             "connections_per_worker": self.per_worker,
             "connections_total": self.per_worker * self.config.workers as u64,
-            "config": self.config,
+            "config": public_config(&self.config),
             "broker": self.broker,
             "tls_listen": self.config.tls_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "publish_listen": self.config.publish_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "metrics_listen": self.config.metrics_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
+        // Keys and the publish key go to the workers, never to the start
+        // line; nor does a descriptor number that means nothing outside.
+        v["config"]["auth"] = self.config.auth.public_json();
+        if let Some(c) = v["config"].as_object_mut() {
+            c.remove("shared_counters");
+        }
         // The key and ticket key go to the workers, never to the start line.
         if let Some(m) = &self.config.tls {
             v["config"]["tls"] = m.public_json();
         }
         v
     }
+}
+
+/// The config as the start line shows it: durations in the grammar every
+/// flag takes (`30s`, `1m30s`) rather than serde's `{"secs":..,"nanos":..}`
+/// (the workers get the latter), and the benchmark-only switch only when on.
+fn public_config(config: &Config) -> serde_json::Value {
+    let mut v = serde_json::json!(config);
+    if let Some(map) = v.as_object_mut() {
+        if !config.bench_floor {
+            map.remove("bench_floor");
+        }
+        for value in map.values_mut() {
+            if let Some(d) = as_duration(value) {
+                *value = throng_host::units::fmt_duration(d).into();
+            }
+        }
+    }
+    v
+}
+
+/// A `Duration` as serde writes it, `{"secs":10,"nanos":0}`.
+fn as_duration(v: &serde_json::Value) -> Option<Duration> {
+    let o = v.as_object().filter(|o| o.len() == 2)?;
+    let secs = o.get("secs")?.as_u64()?;
+    let nanos = u32::try_from(o.get("nanos")?.as_u64()?).ok()?;
+    Some(Duration::new(secs, nanos))
 }
 
 impl fmt::Display for Plan {
@@ -209,16 +301,29 @@ impl fmt::Display for Plan {
             self.per_worker,
             self.per_worker * self.config.workers as u64
         )?;
-        write!(
-            f,
-            "subscribe: ws://{}/<channel>    publish: curl -d hello http://{}/publish/<channel>",
-            self.config.listen[0], self.config.listen[0]
-        )?;
-        if let Some(addr) = self.config.tls_listen.first() {
-            write!(
-                f,
-                "\nsubscribe: wss://{addr}/<channel>   publish: curl -d hello https://{addr}/publish/<channel>"
-            )?;
+        let cfg = &self.config;
+        let token = if cfg.auth.tokens() {
+            "?token=<JWT>"
+        } else {
+            ""
+        };
+        let credential = if cfg.auth.publish_guarded() {
+            " -H 'Authorization: Bearer <token or key>'"
+        } else {
+            ""
+        };
+        let publish_at = cfg.publish_listen.first().map(|a| format!("http://{a}"));
+        let line = |scheme: &str, addr: &SocketAddr, http: &str| {
+            let publish = publish_at
+                .clone()
+                .unwrap_or_else(|| format!("{http}://{addr}"));
+            format!(
+                "subscribe: {scheme}://{addr}/<channel>{token}    publish: curl{credential} -d hello {publish}/publish/<channel>"
+            )
+        };
+        f.write_str(&line("ws", &cfg.listen[0], "http"))?;
+        if let Some(addr) = cfg.tls_listen.first() {
+            write!(f, "\n{}", line("wss", addr, "https"))?;
         }
         Ok(())
     }
@@ -253,7 +358,8 @@ pub fn worker_count(
 /// Something a worker did, as seen by the supervisor's loop.
 enum Event {
     Record(usize, u64, Record),
-    Exited(usize, u64, String),
+    /// Worker `i` of that generation exited; `true`: with status 0.
+    Exited(usize, u64, bool, String),
     /// The back-off after worker `i`'s death (of that generation) has passed.
     Restart(usize, u64),
     /// News from the Redis broker task.
@@ -281,6 +387,12 @@ struct Supervisor {
     stats: SupervisorStats,
     retired: Snapshot,
     draining: bool,
+    /// Per-address limits over every worker (when any is set).
+    addresses: Option<Addresses>,
+    /// The clock `addresses` runs on.
+    started: std::time::Instant,
+    /// The counts shared with the workers (`--max-connections`).
+    shared: Option<SharedCounters>,
 }
 
 /// Runs the server until SIGTERM/SIGINT has drained every worker.
@@ -318,6 +430,13 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
         },
         retired: Snapshot::default(),
         draining: false,
+        addresses: plan
+            .config
+            .per_address
+            .any()
+            .then(|| Addresses::new(plan.config.per_address, workers)),
+        started: std::time::Instant::now(),
+        shared: plan.shared,
     };
     if let Some(settings) = plan.redis.clone() {
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
@@ -345,6 +464,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut deadline = None;
+    let mut prune = tokio::time::interval(Duration::from_secs(1));
     loop {
         let until_deadline = async {
             match deadline {
@@ -353,12 +473,27 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             }
         };
         tokio::select! {
-            ev = rx.recv() => match ev {
-                Some(ev) => sup.on_event(ev),
-                None => break,
-            },
+            // Signals first: when a whole process group is signalled (as
+            // systemd does), a worker's clean exit can arrive in the same
+            // turn as the supervisor's own signal, and must not be taken
+            // for a death.
+            biased;
             _ = term.recv(), if !sup.draining => deadline = Some(sup.drain("SIGTERM")),
             _ = int.recv(), if !sup.draining => deadline = Some(sup.drain("SIGINT")),
+            ev = rx.recv() => match ev {
+                Some(ev) => {
+                    if let Some(d) = sup.on_event(ev) {
+                        deadline = Some(d);
+                    }
+                }
+                None => break,
+            },
+            _ = prune.tick(), if sup.addresses.is_some() => {
+                let now = sup.started.elapsed().as_secs_f64();
+                if let Some(a) = &mut sup.addresses {
+                    a.prune(now);
+                }
+            }
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
                 for s in &sup.slots {
@@ -425,25 +560,27 @@ impl Supervisor {
                     break;
                 }
             }
-            let status = match child.wait().await {
-                Ok(s) => s.to_string(),
-                Err(e) => e.to_string(),
+            let (clean, status) = match child.wait().await {
+                Ok(s) => (s.success(), s.to_string()),
+                Err(e) => (false, e.to_string()),
             };
-            let _ = events.send(Event::Exited(i, generation, status));
+            let _ = events.send(Event::Exited(i, generation, clean, status));
         });
         Ok(())
     }
 
-    fn on_event(&mut self, ev: Event) {
+    /// Handles one event; returns the drain deadline when the event
+    /// started a drain.
+    fn on_event(&mut self, ev: Event) -> Option<tokio::time::Instant> {
         match ev {
             Event::Record(i, generation, rec) => {
                 if self.slots[i].generation == generation {
                     self.on_record(i, generation, rec);
                 }
             }
-            Event::Exited(i, generation, status) => {
+            Event::Exited(i, generation, clean, status) => {
                 if self.slots[i].generation != generation {
-                    return;
+                    return None;
                 }
                 let slot = &mut self.slots[i];
                 slot.alive = false;
@@ -453,6 +590,14 @@ impl Supervisor {
                     self.retired.add_counters(&s);
                 }
                 self.broker.worker_gone(i);
+                // Its sockets closed with it: its connections no longer count.
+                let now = self.started.elapsed().as_secs_f64();
+                if let Some(a) = &mut self.addresses {
+                    a.worker_gone(i, now);
+                }
+                if let Some(slot) = self.shared.as_ref().and_then(|s| s.slot(i)) {
+                    slot.store(0, std::sync::atomic::Ordering::SeqCst);
+                }
                 // Messages it will never count no longer wait for it.
                 for answer in self.relay.worker_gone(WorkerId {
                     slot: i,
@@ -462,7 +607,18 @@ impl Supervisor {
                 }
                 if self.draining {
                     log!("throng: worker {i} (pid {pid}) exited: {status}");
-                    return;
+                    return None;
+                }
+                if clean {
+                    // A worker exits 0 only after draining on a signal: the
+                    // signal was meant for the whole server (systemd's
+                    // KillMode=control-group signals every process), so it
+                    // is not restarted and the rest drain too.
+                    log!(
+                        "throng: worker {i} (pid {pid}) exited cleanly after a signal; \
+                         stopping the whole server"
+                    );
+                    return Some(self.drain("a worker's clean exit"));
                 }
                 self.stats.restarts += 1;
                 log!(
@@ -479,7 +635,7 @@ impl Supervisor {
             Event::Broker(ev) => self.on_broker(ev),
             Event::Restart(i, generation) => {
                 if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
-                    return;
+                    return None;
                 }
                 if let Err(e) = self.spawn(i) {
                     log!("throng: cannot restart worker {i}: {e}; trying again");
@@ -491,6 +647,7 @@ impl Supervisor {
                 }
             }
         }
+        None
     }
 
     fn on_record(&mut self, i: usize, generation: u64, rec: Record) {
@@ -534,6 +691,7 @@ impl Supervisor {
             },
             Record::MetricsRequest { id } => {
                 self.stats.broker = self.broker.stats();
+                self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
                 let live: Vec<&Snapshot> = self
                     .slots
                     .iter()
@@ -549,6 +707,20 @@ impl Supervisor {
                     }
                     .encode(),
                 );
+            }
+            Record::Admit { id, source } => {
+                let now = self.started.elapsed().as_secs_f64();
+                let verdict = match &mut self.addresses {
+                    Some(a) => a.admit(i, source, now),
+                    None => Verdict::Admit,
+                };
+                self.send(i, Record::Admitted { id, verdict }.encode());
+            }
+            Record::Release { source } => {
+                let now = self.started.elapsed().as_secs_f64();
+                if let Some(a) = &mut self.addresses {
+                    a.release(i, source, now);
+                }
             }
             other => log!("throng: worker {i}: unexpected control record {other:?}"),
         }

@@ -1,6 +1,7 @@
 //! What throng's integration tests share: real processes started on free
 //! loopback ports and stopped on drop (`throng serve`, `redis-server`,
-//! HAProxy, the independent peers in `tests/peers`), certificates made with
+//! HAProxy, the independent peers in `tests/peers`), JWT keys and tokens
+//! from an independent library (`jwt`), certificates made with
 //! the `openssl` CLI, fake `/proc` trees, and the small HTTP and WebSocket
 //! clients the tests talk with. A dev-dependency only: nothing here ships.
 //!
@@ -22,6 +23,7 @@ pub mod haproxy;
 pub mod hold_server;
 pub mod http;
 pub mod json;
+pub mod jwt;
 pub mod peers;
 pub mod process;
 pub mod redis;

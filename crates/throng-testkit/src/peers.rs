@@ -28,15 +28,22 @@ pub enum Peer {
     Python,
     /// `python3` with the `websockets` package (13 or later: its asyncio API).
     PythonWebsockets,
+    /// `python3` with `PyJWT` and `cryptography`: tokens from an
+    /// implementation independent of the server's.
+    PythonJwt,
     /// `node` with the `ws` package installed under `tests/peers`.
     NodeWs,
     /// A headless Chromium (Debian package `chromium`).
     Chromium,
+    /// Root, with `unshare` (util-linux) and `sysctl` (procps): scratch
+    /// mount and network namespaces, where a test runs a command that
+    /// changes kernel settings or system files without changing this machine's.
+    Namespaces,
 }
 
 impl Peer {
     /// How many kinds of peer there are: one past the last variant.
-    const COUNT: usize = Self::Chromium as usize + 1;
+    const COUNT: usize = Self::Namespaces as usize + 1;
 
     /// What the peer is, as a person would look for it.
     pub fn name(self) -> &'static str {
@@ -47,8 +54,10 @@ impl Peer {
             Self::Openssl => "openssl",
             Self::Python => "python3",
             Self::PythonWebsockets => "python3 with websockets >= 13",
+            Self::PythonJwt => "python3 with PyJWT and cryptography",
             Self::NodeWs => "node with ws in tests/peers",
             Self::Chromium => "chromium",
+            Self::Namespaces => "root with unshare and sysctl",
         }
     }
 
@@ -61,8 +70,10 @@ impl Peer {
             Self::Openssl => "apt-get install openssl",
             Self::Python => "apt-get install python3",
             Self::PythonWebsockets => "python3 -m pip install 'websockets>=13'",
+            Self::PythonJwt => "python3 -m pip install 'PyJWT>=2.8' 'cryptography>=41'",
             Self::NodeWs => "cd tests/peers && npm install",
             Self::Chromium => "apt-get install --no-install-recommends chromium",
+            Self::Namespaces => "run the tests as root; apt-get install util-linux procps",
         }
     }
 
@@ -82,8 +93,19 @@ impl Peer {
             Self::Openssl => ("openssl", &["version"]),
             Self::Python => ("python3", &["-c", "pass"]),
             Self::PythonWebsockets => ("python3", &["-c", "import websockets.asyncio.server"]),
+            Self::PythonJwt => (
+                "python3",
+                &[
+                    "-c",
+                    "import jwt, cryptography.hazmat.primitives.asymmetric.ed25519",
+                ],
+            ),
             Self::NodeWs => ("node", &["-e", "require.resolve('ws')"]),
             Self::Chromium => return chromium_program().is_some(),
+            Self::Namespaces => (
+                "unshare",
+                &["--mount", "--net", "sysctl", "-n", "net.core.somaxconn"],
+            ),
         };
         Command::new(program)
             .args(args)
@@ -182,6 +204,24 @@ pub fn node(script: &str) -> Command {
     expect(Peer::NodeWs);
     let mut c = command("node");
     c.arg(dir().join(script)).current_dir(dir());
+    c
+}
+
+/// Headless Chromium (see [`chromium_program`]) with a scratch profile in
+/// `profile` and nothing of its own on the network: add what to do
+/// (`--dump-dom`, `--screenshot=...`) and the page.
+pub fn headless_chromium(profile: &std::path::Path) -> Command {
+    let mut c = command(chromium_program().expect("require!(Peer::Chromium) first"));
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
     c
 }
 

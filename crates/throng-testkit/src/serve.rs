@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,9 +27,17 @@ impl Server {
     /// Starts `<throng> serve --listen 127.0.0.1:0 --json` plus `args` and
     /// returns once a worker answers `/healthz`.
     pub fn start(throng: &str, args: &[&str]) -> Self {
-        let mut child = command(throng)
-            .args(["serve", "--listen", "127.0.0.1:0", "--json"])
-            .args(args)
+        Self::start_with(throng, args, |_| {})
+    }
+
+    /// [`Server::start`], with `prepare` given the command before it runs
+    /// (to start it in a process group of its own, say).
+    pub fn start_with(throng: &str, args: &[&str], prepare: impl FnOnce(&mut Command)) -> Self {
+        let mut cmd = command(throng);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--json"])
+            .args(args);
+        prepare(&mut cmd);
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

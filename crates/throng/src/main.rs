@@ -24,8 +24,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    // Boxed: its options (access control included) outweigh the others'.
     /// Run the WebSocket push server: subscribe on /<channel>, publish with POST /publish/<channel>.
-    Serve(cmd::serve::Args),
+    Serve(Box<cmd::serve::Args>),
     /// Open and hold many WebSocket connections at a set rate and measure every push.
     Hold(cmd::hold::Args),
     /// Drive HTTP load at a set request rate (open model), measured without coordinated omission.
@@ -43,7 +44,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => cmd::serve::run(args),
+        Command::Serve(args) => cmd::serve::run(*args),
         Command::Hold(args) => cmd::hold::run(args),
         Command::Attack(args) => cmd::attack::run(args),
         Command::Knee(args) => cmd::knee::run(args),

@@ -1,7 +1,8 @@
 //! The committed benchmark of `throng serve` on one machine (issue 2):
 //!
 //! 1. user-space memory per idle subscriber: worker RSS with N subscribers
-//!    minus RSS at 0, over N;
+//!    minus RSS at 0, over N; and from N/2 to N (`user_bytes_per_more_conn`),
+//!    which leaves out what the connect phase's peak left in the heap;
 //! 2. fan-out of one 64-byte message to all N: worker CPU per delivered
 //!    frame against a bare loop of the same socket write of the same frame
 //!    to the same sockets in the same run (the server's benchmark-only
@@ -10,6 +11,11 @@
 //!    frame is written);
 //! 3. accepted upgrades per second;
 //! 4. kernel memory per connection (`/proc/meminfo`, `/proc/net/sockstat`).
+//!
+//! `--serve-arg ARG` (repeated) passes more options to the server, and
+//! `--token JWT` sends every upgrade with `?token=JWT` and every publish
+//! with `Authorization: Bearer JWT`: `scripts/bench-auth.sh` runs the same
+//! figures with tokens and without.
 //!
 //! This process is the client: it holds every subscriber itself (stay under
 //! the 20,000-file limit) and starts the server as a separate process with
@@ -38,6 +44,8 @@ struct Opts {
     rounds: usize,
     concurrency: usize,
     payload: usize,
+    serve_args: Vec<String>,
+    token: Option<String>,
 }
 
 fn opts() -> Opts {
@@ -47,6 +55,8 @@ fn opts() -> Opts {
         rounds: 15,
         concurrency: 200,
         payload: 64,
+        serve_args: Vec::new(),
+        token: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -57,8 +67,11 @@ fn opts() -> Opts {
             "--rounds" => o.rounds = v().parse().expect("--rounds N"),
             "--concurrency" => o.concurrency = v().parse().expect("--concurrency N"),
             "--payload" => o.payload = v().parse().expect("--payload BYTES"),
+            "--serve-arg" => o.serve_args.push(v()),
+            "--token" => o.token = Some(v()),
             _ => panic!(
-                "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES)"
+                "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES \
+                 --serve-arg ARG --token JWT)"
             ),
         }
     }
@@ -164,16 +177,26 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 async fn request(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    request_as(addr, method, target, body, None).await
+}
+
+/// A request with `Authorization: Bearer <token>` when a token is given.
+async fn request_as(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    body: &[u8],
+    token: Option<&str>,
+) -> (u16, Vec<u8>) {
     let mut s = TcpStream::connect(addr).await.expect("connect for request");
     let mut out = Vec::new();
     let host = addr.to_string();
-    http::write_request(
-        &mut out,
-        method,
-        target,
-        &[("Host", host.as_bytes()), ("Connection", b"close")],
-        body,
-    );
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers: Vec<(&str, &[u8])> = vec![("Host", host.as_bytes()), ("Connection", b"close")];
+    if let Some(a) = &auth {
+        headers.push(("Authorization", a.as_bytes()));
+    }
+    http::write_request(&mut out, method, target, &headers, body);
     s.write_all(&out).await.expect("write request");
     let mut resp = Vec::new();
     s.read_to_end(&mut resp).await.expect("read response");
@@ -186,7 +209,7 @@ async fn request(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> (
 async fn subscribe(
     addr: SocketAddr,
     src: Ipv4Addr,
-    channel: &str,
+    target: &str,
     holder: Rc<Held>,
 ) -> Result<(), String> {
     let sock = TcpSocket::new_v4().map_err(|e| e.to_string())?;
@@ -198,7 +221,7 @@ async fn subscribe(
         .map_err(|e| format!("connect: {e}"))?;
     let key = ws::client_key(fastrand::u128(..).to_le_bytes());
     let mut out = Vec::new();
-    ws::write_upgrade_request(&mut out, &addr.to_string(), &format!("/{channel}"), &key);
+    ws::write_upgrade_request(&mut out, &addr.to_string(), target, &key);
     s.write_all(&out).await.map_err(|e| e.to_string())?;
     let mut buf = Vec::with_capacity(512);
     let used = loop {
@@ -249,6 +272,7 @@ async fn bench(o: Opts) {
             "--bench-floor",
             "--json",
         ])
+        .args(&o.serve_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -281,45 +305,63 @@ async fn bench(o: Opts) {
     let (avail0, slab0, _) = meminfo();
     let (sockmem0, inuse0) = sockstat();
 
-    // (3) upgrades per second, holding every connection.
+    // (3) upgrades per second, holding every connection: in two halves,
+    // with the worker's RSS measured after each.
     let holder = Rc::new(Held::default());
-    let t = Instant::now();
+    let target: Rc<str> = match &o.token {
+        Some(t) => format!("/bench?token={t}").into(),
+        None => "/bench".into(),
+    };
     let next = Rc::new(Cell::new(0usize));
     let failed = Rc::new(Cell::new(0usize));
-    let mut openers = Vec::new();
-    for _ in 0..o.concurrency {
-        let (next, failed, holder) = (next.clone(), failed.clone(), holder.clone());
-        let n = o.conns;
-        openers.push(tokio::task::spawn_local(async move {
-            loop {
-                let i = next.get();
-                if i >= n {
-                    break;
-                }
-                next.set(i + 1);
-                let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
-                if let Err(e) = subscribe(addr, src, "bench", holder.clone()).await {
-                    if failed.get() == 0 {
-                        eprintln!("subscribe failed: {e}");
+    let half = o.conns / 2;
+    let mut open_secs = 0.0;
+    let mut rss_half = 0;
+    for upto in [half, o.conns] {
+        let t = Instant::now();
+        let mut openers = Vec::new();
+        for _ in 0..o.concurrency {
+            let (next, failed, holder, target) =
+                (next.clone(), failed.clone(), holder.clone(), target.clone());
+            openers.push(tokio::task::spawn_local(async move {
+                loop {
+                    let i = next.get();
+                    if i >= upto {
+                        break;
                     }
-                    failed.set(failed.get() + 1);
+                    next.set(i + 1);
+                    let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
+                    if let Err(e) = subscribe(addr, src, &target, holder.clone()).await {
+                        if failed.get() == 0 {
+                            eprintln!("subscribe failed: {e}");
+                        }
+                        failed.set(failed.get() + 1);
+                    }
                 }
-            }
-        }));
+            }));
+        }
+        for h in openers {
+            let _ = h.await;
+        }
+        open_secs += t.elapsed().as_secs_f64();
+        if upto == half {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            rss_half = rss_kib(pid);
+        }
     }
-    for h in openers {
-        let _ = h.await;
-    }
-    let open_secs = t.elapsed().as_secs_f64();
     let held = o.conns - failed.get();
     let upgrades_per_sec = held as f64 / open_secs;
 
-    // (1) and (4): let the worker settle, then measure.
+    // (1) and (4): let the worker settle, then measure. From 0 to N the
+    // figure includes what the connect phase's peak left in the heap (the
+    // upgrades in flight); from N/2 to N it is what each more connection costs.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_n = rss_kib(pid);
     let (avail_n, slab_n, _) = meminfo();
     let (sockmem_n, inuse_n) = sockstat();
     let user_bytes_per_conn = (rss_n as f64 - rss0 as f64) * 1024.0 / held as f64;
+    let user_bytes_per_more_conn =
+        (rss_n as f64 - rss_half as f64) * 1024.0 / (o.conns - half) as f64;
 
     // (2) fan-out vs the bare write loop, interleaved.
     let payload = vec![b'x'; o.payload];
@@ -338,7 +380,7 @@ async fn bench(o: Opts) {
             } else {
                 "/publish/bench"
             };
-            let (status, body) = request(addr, "POST", path, &payload).await;
+            let (status, body) = request_as(addr, "POST", path, &payload, o.token.as_deref()).await;
             let rtt = t.elapsed().as_secs_f64() * 1e3;
             assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
             let ticks = cpu_ticks(pid) - ticks0;
@@ -374,6 +416,8 @@ async fn bench(o: Opts) {
     let report = serde_json::json!({
         "loadavg_at_start": load0.trim(),
         "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+        "serve_args": o.serve_args,
+        "token": o.token.is_some(),
         "connections": held,
         "failed": failed.get(),
         "upgrades_per_sec": upgrades_per_sec.round(),
@@ -381,6 +425,8 @@ async fn bench(o: Opts) {
         "worker_rss_kib_at_0": rss0,
         "worker_rss_kib_at_n": rss_n,
         "user_bytes_per_conn": user_bytes_per_conn.round(),
+        "worker_rss_kib_at_half": rss_half,
+        "user_bytes_per_more_conn": user_bytes_per_more_conn.round(),
         "kernel_sockstat_tcp_mem_bytes_per_conn": ((sockmem_n as f64 - sockmem0 as f64) * 4096.0 / held as f64).round(),
         "kernel_tcp_sockets_added": inuse_n as i64 - inuse0 as i64,
         "kernel_slab_bytes_per_conn": ((slab_n as f64 - slab0 as f64) * 1024.0 / held as f64).round(),

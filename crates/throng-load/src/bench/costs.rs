@@ -10,7 +10,8 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use throng_host::sample::HostSample;
-use throng_report::format::{Event, Reader, Record, Writer};
+use throng_report::bench::BenchSummary;
+use throng_report::format::{Reader, Record, Writer};
 use throng_report::interval::new_histogram;
 use throng_report::summary::HistStats;
 
@@ -214,13 +215,13 @@ pub fn per_message(path: &Path) -> Result<Vec<MessageStats>, BenchError> {
 
 /// Copies `hold`'s result file to `to`, adding to each host sample the
 /// server's processes (RSS and CPU) from the nearest monitor sample, and
-/// then `events`. One host sample per interval stays one: the report plots
+/// then the bench's `summary`. One host sample per interval stays one: the report plots
 /// server and harness memory together.
 pub fn write_results(
     hold_file: &Path,
     to: &Path,
     samples: &[HostSample],
-    events: &[Event],
+    summary: &BenchSummary,
 ) -> Result<(), BenchError> {
     let err = |e: &dyn std::fmt::Display| BenchError::Results(e.to_string());
     let reader = Reader::open(hold_file).map_err(|e| err(&e))?;
@@ -249,9 +250,7 @@ pub fn write_results(
             _ => {}
         }
     }
-    for ev in events {
-        writer.write_event(ev).map_err(|e| err(&e))?;
-    }
+    writer.write_bench(summary).map_err(|e| err(&e))?;
     Ok(())
 }
 

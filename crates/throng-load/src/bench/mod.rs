@@ -16,7 +16,7 @@ use std::time::Duration;
 use thiserror::Error;
 use throng_host::doctor::{self, Role, Status};
 use throng_host::units::fmt_duration;
-use throng_report::format::{Event, Header};
+use throng_report::format::Header;
 
 use crate::harness::Setup;
 use crate::harness::clock::now_unix_ns;
@@ -143,18 +143,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         )
     })?;
     let files = Files::new(&req.out_dir);
-    say(&format!(
-        "throng bench: {} connections{} on {} cores, {} MiB available, open-file limit {}/process",
-        plan.connections,
-        if req.connections.is_some() {
-            ""
-        } else {
-            " (default: from this machine's limits and memory)"
-        },
-        plan.machine.cores,
-        plan.snapshot.mem_available.unwrap_or(0) >> 20,
-        plan.machine.nofile
-    ));
+    say(&headline(&req, &plan));
     let serve_args = serve_args(plan.connections, req.tls)?;
     let program = std::env::current_exe()?;
     let mut server = server::Server::start(&program, &serve_args.args, Duration::from_secs(20))?;
@@ -281,13 +270,11 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         server_killed,
         hold: summary,
     });
-    let event = Event {
-        at_ns: now_unix_ns(),
-        source: format!("{}/bench", throng_host::sample::hostname()),
-        kind: "bench.summary".into(),
-        text: report.to_json().to_string(),
-    };
-    costs::write_results(&files.hold, &files.results, &samples, &[event])?;
+    let summary = report.to_record(
+        now_unix_ns(),
+        format!("{}/bench", throng_host::sample::hostname()),
+    );
+    costs::write_results(&files.hold, &files.results, &samples, &summary)?;
     let _ = std::fs::remove_file(&files.hold);
     let _ = std::fs::remove_file(&files.cert);
     report::write_html(&files.results, &files.html)?;
@@ -303,34 +290,10 @@ fn setting(e: impl std::fmt::Display) -> BenchError {
 fn plan(req: &Request) -> Result<Plan, BenchError> {
     let machine = Machine::probe()?;
     let snapshot = doctor::Machine::read(&doctor::proc_root());
-    let connections = req.connections.unwrap_or_else(|| {
-        let by_memory = snapshot
-            .mem_available
-            .map_or(DEFAULT_MAX, |m| m / 2 / PLAN_BYTES_PER_CONNECTION);
-        let n = DEFAULT_MAX.min(by_memory);
-        // Round to a figure a person reads at a glance.
-        if n >= 10_000 {
-            n / 10_000 * 10_000
-        } else {
-            n.max(100)
-        }
-    });
-    // The target port is known only once the server runs; plan with a placeholder.
-    let placeholder: WsTarget = "ws://127.0.0.1:1/bench".parse().map_err(setting)?;
-    let fit = plan::fit(
-        &plan::Request {
-            connections,
-            target: placeholder,
-            sources: None,
-            workers: None,
-        },
-        &machine,
-    )?;
-    let check = doctor::Plan {
-        source_ips: fit.sources.len().max(1) as u64,
-        target_ports: u64::from(LISTEN_PORTS),
-        ..doctor::Plan::new(connections, Role::Both)
-    };
+    let connections = req
+        .connections
+        .unwrap_or_else(|| default_connections(&snapshot));
+    let (fit, check) = layout(connections, &machine)?;
     let findings = doctor::check_machine(&check, &snapshot);
     for line in doctor::warning_lines(&findings) {
         eprintln!("throng bench: {line}");
@@ -350,6 +313,82 @@ fn plan(req: &Request) -> Result<Plan, BenchError> {
         snapshot,
         fit,
     })
+}
+
+/// The first start line: how many connections, and on what.
+fn headline(req: &Request, plan: &Plan) -> String {
+    format!(
+        "throng bench: {} connections{} on {} cores, {} MiB available, open-file limit {}/process",
+        plan.connections,
+        if req.connections.is_some() {
+            ""
+        } else {
+            " (default: from this machine's limits and memory)"
+        },
+        plan.machine.cores,
+        plan.snapshot.mem_available.unwrap_or(0) >> 20,
+        plan.machine.nofile
+    )
+}
+
+/// The connections a bench holds when none are asked for: [`DEFAULT_MAX`],
+/// fewer where half the memory available would not hold them at
+/// [`PLAN_BYTES_PER_CONNECTION`].
+pub fn default_connections(snapshot: &doctor::Machine) -> u64 {
+    let by_memory = snapshot
+        .mem_available
+        .map_or(DEFAULT_MAX, |m| m / 2 / PLAN_BYTES_PER_CONNECTION);
+    let n = DEFAULT_MAX.min(by_memory);
+    // Round to a figure a person reads at a glance.
+    if n >= 10_000 {
+        n / 10_000 * 10_000
+    } else {
+        n.max(100)
+    }
+}
+
+/// How a bench lays out `connections` on `machine`: the harness's fit
+/// (workers, loopback source addresses) and the plan `throng doctor`
+/// checks (both sides here, those sources × [`LISTEN_PORTS`] server
+/// ports). `throng doctor` shows this same plan, so the two never disagree
+/// about one run.
+pub fn layout(connections: u64, machine: &Machine) -> Result<(Fit, doctor::Plan), PlanError> {
+    // The server's ports are known only once it runs; any loopback port
+    // plans the same.
+    // Invariant: a constant, well-formed URL.
+    let placeholder: WsTarget = "ws://127.0.0.1:1/bench".parse().expect("a well-formed URL");
+    let fit = plan::fit(
+        &plan::Request {
+            connections,
+            target: placeholder,
+            sources: None,
+            workers: None,
+        },
+        machine,
+    )?;
+    let check = doctor::Plan {
+        source_ips: fit.sources.len().max(1) as u64,
+        target_ports: u64::from(LISTEN_PORTS),
+        source_list: Some(crate::hold::target::format_sources(&fit.sources)),
+        bench: true,
+        ..doctor::Plan::new(connections, Role::Both)
+    };
+    Ok((fit, check))
+}
+
+/// What a bench would run, one line each, without starting anything
+/// (`throng bench --dry-run`): the plan, and the limits it passed.
+pub fn dry_run(req: &Request) -> Result<Vec<String>, BenchError> {
+    let plan = plan(req)?;
+    Ok(vec![
+        headline(req, &plan),
+        format!(
+            "  harness   {} worker(s) ({}), sources {}, rate {}",
+            plan.fit.workers, plan.fit.workers_reason, plan.fit.sources_reason, plan.rate
+        ),
+        format!("  server    throng serve on {LISTEN_PORTS} free loopback ports"),
+        "dry run: the limits allow it; nothing started".to_owned(),
+    ])
 }
 
 /// The files of one bench, named by its start time.

@@ -5,6 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use throng_report::bench::{
+    BenchSummary, Connections, CpuSplit, Delivery, MemoryPerConnection, MessageDelivery, Messages,
+};
 use throng_report::summary::HistStats;
 use throng_report::text::micros;
 
@@ -166,6 +169,78 @@ impl Report {
     }
 }
 
+impl Report {
+    /// The `"bench"` record the result file ends with: the headline the
+    /// text and HTML reports lead with.
+    pub fn to_record(&self, at_ns: u64, source: String) -> BenchSummary {
+        let setting = |k: &str| &self.settings[k];
+        let every = setting("message_every_s").as_f64().unwrap_or(0.0);
+        let host = source.split('/').next().unwrap_or_default().to_owned();
+        let latency = |h: &HistStats| Delivery {
+            p50_us: h.p50,
+            p99_us: h.p99,
+            max_us: h.max,
+        };
+        BenchSummary {
+            at_ns,
+            title: format!(
+                "{} connections{}, {} messages of {} B every {}, on {host} ({} cores)",
+                self.connections,
+                if setting("tls").as_bool() == Some(true) {
+                    " over TLS (wss://)"
+                } else {
+                    ""
+                },
+                self.messages_asked,
+                setting("message_size").as_u64().unwrap_or(0),
+                throng_host::units::fmt_duration(std::time::Duration::from_secs_f64(every)),
+                self.settings["machine"]["cores"].as_u64().unwrap_or(0),
+            ),
+            source,
+            connections: Connections {
+                asked: self.connections,
+                held: u64::try_from(self.held).unwrap_or(0),
+                opened: self.opened,
+                failed: self.failed,
+                failed_by_kind: self.failed_by_kind.clone(),
+                opened_per_s: self.connect_rate,
+                ramp_s: self.ramp_s,
+            },
+            memory: MemoryPerConnection {
+                connections: self.memory.connections,
+                server_bytes: self.memory.server_per_connection,
+                harness_bytes: self.memory.harness_per_connection,
+                kernel_bytes: self.memory.kernel_per_connection,
+            },
+            messages: Messages {
+                asked: u64::from(self.messages_asked),
+                published: self.published,
+                publish_errors: self.publish_errors,
+                expected: self.expected,
+                received: self.received,
+                lost: self.lost,
+                duplicated: self.duplicated,
+                out_of_order: self.out_of_order,
+                delivery: latency(&self.delivery_us),
+                each: self
+                    .messages
+                    .iter()
+                    .map(|m| MessageDelivery {
+                        seq: m.seq,
+                        delivered: m.delivered,
+                        latency: latency(&m.latency_us),
+                    })
+                    .collect(),
+            },
+            cpu: CpuSplit {
+                server_s: self.cpu.server_s,
+                harness_s: self.cpu.harness_s,
+                elapsed_s: self.elapsed_s,
+            },
+        }
+    }
+}
+
 /// The HTML page of the result file.
 pub(super) fn write_html(result_file: &Path, html_file: &Path) -> Result<(), BenchError> {
     use throng_report::merge::{Merger, merge_files_into};
@@ -174,8 +249,9 @@ pub(super) fn write_html(result_file: &Path, html_file: &Path) -> Result<(), Ben
         BenchError::Results(format!("cannot {what} {}: {e}", path.display()))
     };
     let mut mergers = [Merger::new(1_000_000_000).with_max_buckets(1_000)];
-    let files =
-        merge_files_into(&[result_file], &mut mergers).map_err(|e| err("read", result_file, &e))?;
+    // A read error names the file itself.
+    let files = merge_files_into(&[result_file], &mut mergers)
+        .map_err(|e| BenchError::Results(e.to_string()))?;
     let [merger] = mergers;
     let page = throng_report::html::render(&Page::build(&merger.finish(), &files, true));
     std::fs::write(html_file, page).map_err(|e| err("write", html_file, &e))

@@ -3,8 +3,8 @@
 
 use std::io;
 
-use throng_host::doctor::PORT_USE;
-use throng_host::limits::{self, DEFAULT_FD_RESERVE, Sysctls};
+use throng_host::doctor::{self, PORT_USE};
+use throng_host::limits::{self, DEFAULT_FD_RESERVE, DEFAULT_LOCAL_PORTS, Sysctls};
 
 /// What the machine allows (see `throng-host`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +28,23 @@ impl Machine {
             local_ports: Sysctls::system().local_port_range(),
             cores: limits::cores(),
         })
+    }
+
+    /// The machine as `throng doctor` read it (from `/proc`, or a fake tree
+    /// in tests), without raising anything: so doctor plans on the limits it
+    /// checks.
+    pub fn from_snapshot(m: &doctor::Machine) -> Self {
+        let port = |p: u64, default: u16| u16::try_from(p).unwrap_or(default);
+        Self {
+            nofile: m.nofile.hard,
+            local_ports: m.port_range.map_or(DEFAULT_LOCAL_PORTS, |(lo, hi)| {
+                (
+                    port(lo, DEFAULT_LOCAL_PORTS.0),
+                    port(hi, DEFAULT_LOCAL_PORTS.1),
+                )
+            }),
+            cores: limits::cores(),
+        }
     }
 
     /// Local ports a plan may use per (source, target) pair: [`PORT_USE`]

@@ -7,8 +7,8 @@
 //! ```text
 //!            short write ──▶ queue (writable drains it)
 //!   Open ──┬─ queue over --max-queue, or no write progress in --write-timeout ─▶ 1008, Gone
-//!          ├─ idle timeout (1008) / drain (1001) ──▶ Closing ─┬─ client's close ─▶ Gone
-//!          ├─ protocol error (1002, 1007, 1009) ──▶ Failed ───┴─ CLOSE_GRACE over ▶ Gone
+//!          ├─ idle timeout (1008) / drain (1001) / token expired (4001) ──▶ Closing ─┬─ client's close ─▶ Gone
+//!          ├─ protocol error (1002, 1007, 1009) ──────────────────────────▶ Failed ──┴─ CLOSE_GRACE over ▶ Gone
 //!          ├─ client's close ──▶ reply ──▶ Finishing (queue written) ──▶ Gone
 //!          └─ EOF or a socket error ──▶ Gone
 //! ```
@@ -112,8 +112,17 @@ pub(crate) struct Conn<W> {
     pub(crate) state: Cell<State>,
     /// Whether it is in the worker's `queued` list.
     pub(crate) listed: Cell<bool>,
-    /// Bytes of a frame that arrived split; `None` almost always.
-    rest: RefCell<Option<Box<[u8]>>>,
+    /// The Unix second its token expires at (closed 4001 by the sweep);
+    /// 0: no token, or one without `exp`. Four bytes that fit beside the
+    /// other small fields, so an authenticated subscriber costs no more.
+    pub(crate) expires: u32,
+    /// What the worker counts this connection under (its client address
+    /// for the per-address limits, its place under `--max-connections`),
+    /// handed back to [`Outside::forget`]; [`NONE`] when nothing is.
+    pub(crate) tag: u32,
+    /// Bytes of a frame that arrived split; `None` almost always. A `Cell`
+    /// (taken and put back), not a `RefCell`: one word less per connection.
+    rest: Cell<Option<Box<[u8]>>>,
     /// Frames the socket would not take yet; `None` unless the client is behind.
     queue: RefCell<Option<Box<Queue>>>,
     decoder: RefCell<Decoder>,
@@ -208,7 +217,9 @@ impl<W: Wire> Conn<W> {
             last_seen: Cell::new(now),
             state: Cell::new(State::Open),
             listed: Cell::new(false),
-            rest: RefCell::new((!rest.is_empty()).then(|| rest.into())),
+            expires: 0,
+            tag: NONE,
+            rest: Cell::new((!rest.is_empty()).then(|| rest.into())),
             queue: RefCell::new(None),
             decoder: RefCell::new(Decoder::new(
                 ws::Role::Server,
@@ -216,6 +227,23 @@ impl<W: Wire> Conn<W> {
             )),
             tls: None,
         }
+    }
+
+    /// Closes it (4001) once Unix second `exp` has passed ([`expiry`]).
+    pub(crate) fn with_expiry(mut self, exp: u32) -> Self {
+        self.expires = exp;
+        self
+    }
+
+    /// Whether its token has expired at Unix second `now`.
+    pub(crate) fn expired(&self, now: u64) -> bool {
+        self.expires != 0 && u64::from(self.expires) <= now
+    }
+
+    /// Counts it under `tag` (see [`Conn::tag`]).
+    pub(crate) fn with_tag(mut self, tag: u32) -> Self {
+        self.tag = tag;
+        self
     }
 
     /// Makes this a TLS subscriber.
@@ -237,7 +265,10 @@ impl<W: Wire> Conn<W> {
     }
 
     pub(crate) fn has_rest(&self) -> bool {
-        self.rest.borrow().is_some() || self.tls.as_ref().is_some_and(|t| t.borrow().rest.is_some())
+        let rest = self.rest.take();
+        let plain = rest.is_some();
+        self.rest.set(rest);
+        plain || self.tls.as_ref().is_some_and(|t| t.borrow().rest.is_some())
     }
 
     pub(crate) fn wire(&self) -> &W {
@@ -254,6 +285,12 @@ impl<W: Wire> Conn<W> {
     pub(crate) fn queued_bytes(&self) -> usize {
         self.queue.borrow().as_ref().map_or(0, |q| q.bytes)
     }
+}
+
+/// A token's `exp` as a subscriber keeps it: Unix seconds in four bytes, 0
+/// for none. An expiry past 2106 is as good as none.
+pub(crate) fn expiry(exp: Option<u64>) -> u32 {
+    exp.and_then(|e| u32::try_from(e).ok()).unwrap_or(0)
 }
 
 /// A close frame with `code` and `reason`.
@@ -444,7 +481,7 @@ impl<O: Outside> Subscribers<O> {
                 let _ = c.wire.write(&out);
             }
         }
-        self.outside.forget(&c.wire);
+        self.outside.forget(&c.wire, c.tag);
         if c.slot.get() != NONE {
             self.conns.borrow_mut().remove(c);
             self.counters
@@ -496,7 +533,7 @@ impl<O: Outside> Subscribers<O> {
                     scratch[..rest.len()].copy_from_slice(rest);
                     have = rest.len();
                 }
-            } else if let Some(rest) = c.rest.borrow_mut().take() {
+            } else if let Some(rest) = c.rest.take() {
                 scratch[..rest.len()].copy_from_slice(&rest);
                 have = rest.len();
             }
@@ -505,7 +542,7 @@ impl<O: Outside> Subscribers<O> {
                     Got::Bytes(n) => have += n,
                     Got::Nothing => {
                         if tls.is_none() && have > 0 {
-                            *c.rest.borrow_mut() = Some(scratch[..have].into());
+                            c.rest.set(Some(scratch[..have].into()));
                         }
                         return;
                     }
@@ -533,7 +570,7 @@ impl<O: Outside> Subscribers<O> {
         let have = buf.len();
         let mut plain = self.tls_plain.borrow_mut();
         plain.clear();
-        if let Some(rest) = c.rest.borrow_mut().take() {
+        if let Some(rest) = c.rest.take() {
             plain.extend_from_slice(&rest);
         }
         let mut out = self.tls_out.borrow_mut();
@@ -613,7 +650,7 @@ impl<O: Outside> Subscribers<O> {
         if pos < have {
             // Bounded: the decoder refuses a header announcing more than
             // MAX_CLIENT_MESSAGE, so a split frame is at most that plus a header.
-            *c.rest.borrow_mut() = Some(buf[pos..have].into());
+            c.rest.set(Some(buf[pos..have].into()));
         }
         true
     }

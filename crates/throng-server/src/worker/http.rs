@@ -3,17 +3,23 @@
 //! [`routes`](super::routes), upgrade it to a subscriber, or refuse it with
 //! the status and reason a client can act on.
 
+use std::cell::Cell;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use throng_proto::http::{self, HeadError, Request};
 use throng_proto::ws;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::conn::{Conn, TlsState};
-use super::routes::{self, Route, bench_floor, ops, ping, publish, refuse};
+use super::conn::{self, Conn, TlsState};
+use super::gate;
+use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
 use super::state::Worker;
+use super::table::NONE;
+use crate::addresses::{Source, Verdict};
 use crate::channel;
 use crate::tls::stream::{Io, TlsStream};
 
@@ -25,9 +31,115 @@ enum Head {
     Bad(HeadError),
 }
 
+/// An admitted connection's client address, while it is counted under it
+/// (per-address limits): the upgrade takes it for the subscriber, which
+/// gives it back when it ends; otherwise [`admit`] gives it back when the
+/// connection's HTTP phase ends. Borrowed by the connection's future, so
+/// that future (every HTTP connection's) grows by one pointer only.
+pub(crate) type Ticket = Cell<Option<Source>>;
+
+/// Per-address limits: asks the supervisor whether a new connection from
+/// `peer` may be served, then serves it (holding its [`Ticket`]) or turns
+/// it away.
+pub(crate) async fn admit(
+    w: Rc<Worker>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    serves: Serves,
+) {
+    let source = Source::of(peer.ip());
+    let verdict = w.link.admit(source).await;
+    if let Some(label) = verdict.label() {
+        w.counters.refused(label);
+        // On a TLS port the answer would cost the handshake the limits
+        // are there to spare: the connection is just closed.
+        if tls.is_none() {
+            turn_away(&w, tcp, verdict).await;
+        }
+        return;
+    }
+    let ticket: Ticket = Cell::new(Some(source));
+    match tls {
+        Some(cfg) => serve_tls(w.clone(), tcp, cfg, serves, Some(&ticket)).await,
+        None => serve(w.clone(), Io::Plain(tcp), serves, Some(&ticket)).await,
+    }
+    if let Some(source) = ticket.take() {
+        w.link.release(source);
+    }
+}
+
+/// How long a turned-away connection is read (and its bytes dropped)
+/// after the answer, so that closing it does not reset the connection
+/// before the client reads the answer.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Answers a connection refused by a per-address limit (429) or a full
+/// address table (503) without reading its request, and closes it.
+async fn turn_away(w: &Worker, mut tcp: TcpStream, verdict: Verdict) {
+    let (status, why, retry_after) = match verdict {
+        Verdict::TooMany => (
+            429,
+            "too many connections from your address (--max-connections-per-ip)\n",
+            None,
+        ),
+        Verdict::TooFast { retry_after } => (
+            429,
+            "too many new connections from your address (--handshakes-per-ip)\n",
+            Some(retry_after),
+        ),
+        _ => (
+            503,
+            "too many client addresses at once\n",
+            Some(RETRY_AFTER),
+        ),
+    };
+    let retry = retry_after.map(|s| s.to_string());
+    let mut headers = vec![("Content-Type", "text/plain"), ("Connection", "close")];
+    if let Some(r) = &retry {
+        headers.push(("Retry-After", r));
+    }
+    let mut out = Vec::with_capacity(256);
+    http::write_response(&mut out, status, &headers, why.as_bytes());
+    let answered = async {
+        tcp.write_all(&out).await?;
+        tcp.shutdown().await
+    };
+    if !matches!(
+        tokio::time::timeout(w.cfg.handshake_timeout, answered).await,
+        Ok(Ok(()))
+    ) {
+        return;
+    }
+    let _ = tokio::time::timeout(LINGER.min(w.cfg.handshake_timeout), async {
+        loop {
+            if tcp.readable().await.is_err() {
+                return;
+            }
+            let mut scratch = w.subs.scratch.borrow_mut();
+            match tcp.try_read(&mut scratch) {
+                Ok(0) => return,
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+}
+
+/// The `Retry-After` of a 503 for a full node: long enough for others to
+/// leave, short enough to come back soon.
+pub(crate) const RETRY_AFTER: u32 = 5;
+
 /// Runs the TLS handshake on a connection from a `--tls-listen` listener
 /// (within `--handshake-timeout`), then serves it like a plain one.
-pub(crate) async fn serve_tls(w: Rc<Worker>, tcp: TcpStream, config: Arc<rustls::ServerConfig>) {
+pub(crate) async fn serve_tls(
+    w: Rc<Worker>,
+    tcp: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    serves: Serves,
+    ticket: Option<&Ticket>,
+) {
     let accepted =
         tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
     match accepted {
@@ -35,21 +147,21 @@ pub(crate) async fn serve_tls(w: Rc<Worker>, tcp: TcpStream, config: Arc<rustls:
         Ok(Err(e)) => w.counters.handshake_failed(e.label()),
         Ok(Ok(s)) => {
             w.counters.tls_handshake(s.handshake_label());
-            serve(w, Io::Tls(Box::new(s))).await;
+            serve(w, Io::Tls(Box::new(s)), serves, ticket).await;
         }
     }
 }
 
 /// Serves one accepted connection until it upgrades or closes.
-pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
-    match requests(&w, &mut stream).await {
-        Some((req, rest)) => upgrade(&w, stream, &req, &rest).await,
+pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Ticket>) {
+    match requests(&w, &mut stream, serves).await {
+        Some((req, rest)) => upgrade(&w, stream, &req, &rest, ticket).await,
         None => {
             if let Io::Tls(_) = stream {
                 // close_notify, so the client can tell the end from a cut.
                 let _ = tokio::time::timeout(
                     w.cfg.handshake_timeout,
-                    tokio::io::AsyncWriteExt::shutdown(&mut stream),
+                    AsyncWriteExt::shutdown(&mut stream),
                 )
                 .await;
             }
@@ -59,7 +171,7 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io) {
 
 /// Answers requests until the connection ends (`None`) or asks for a
 /// WebSocket upgrade: then the request and the bytes read after it.
-async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
+async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Request, Vec<u8>)> {
     let mut buf: Vec<u8> = Vec::new();
     let mut first = true;
     loop {
@@ -92,7 +204,7 @@ async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
         };
         first = false;
         buf.drain(..used);
-        let Some(route) = routes::route(w, &req) else {
+        let Some(route) = routes::route(w, &req, serves) else {
             return Some((req, buf));
         };
         // The connection's future is as large as its largest route's, and
@@ -105,6 +217,7 @@ async fn requests(w: &Worker, stream: &mut Io) -> Option<(Request, Vec<u8>)> {
             Route::PublishMethod => publish::refuse_method(w, stream).await,
             Route::Ping => ping::serve(w, stream, &req, &mut buf).await,
             Route::BenchFloor => Box::pin(bench_floor::serve(w, stream, &req, &mut buf)).await,
+            Route::NotHere(what) => Box::pin(routes::not_here(w, stream, what)).await,
         };
         if !keep {
             return None;
@@ -187,7 +300,7 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
 
 /// Completes (or refuses) a WebSocket upgrade and hands the socket to the
 /// subscriber task.
-async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
+async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket: Option<&Ticket>) {
     let accept = match ws::server_accept(req) {
         Ok(accept) => accept,
         Err(e) => {
@@ -211,27 +324,63 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
         refuse(w, &mut stream, 503, "server is shutting down\n").await;
         return;
     }
-    let mut out = Vec::with_capacity(160);
-    ws::write_accept(&mut out, &accept);
-    match tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await {
-        Ok(Ok(())) => {}
-        _ => {
-            w.counters.handshake_failed("write_failed");
+    // Refusals are boxed: the upgrade's future is part of every HTTP
+    // connection's, and stays as small as the happy path needs.
+    if !gate::origin_allowed(w, req) {
+        w.counters.refused("origin");
+        let why = "this origin may not subscribe (--allowed-origins)\n";
+        Box::pin(refuse(w, &mut stream, 403, why)).await;
+        return;
+    }
+    // Only its expiry is kept, in the four bytes a subscriber has for it.
+    let expires = match gate::may_subscribe(w, req, name) {
+        Ok(access) => conn::expiry(access.expires),
+        Err(why) => {
+            Box::pin(gate::refuse(w, &mut stream, why)).await;
             return;
         }
+    };
+    let counted = &w.subs.outside.counted;
+    if !counted.take_place() {
+        w.counters.refused("max_connections");
+        Box::pin(gate::full(w, &mut stream)).await;
+        return;
+    }
+    let mut out = Vec::with_capacity(160);
+    match gate::protocol(req) {
+        // Only the protocol this server speaks goes back, never a token.
+        Some(p) => http::write_response_head(
+            &mut out,
+            101,
+            &[
+                ("Upgrade", "websocket"),
+                ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Accept", &accept),
+                ("Sec-WebSocket-Protocol", p),
+            ],
+        ),
+        None => ws::write_accept(&mut out, &accept),
+    }
+    let written = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+    if !matches!(written, Ok(Ok(()))) {
+        counted.give_place();
+        w.counters.handshake_failed("write_failed");
+        return;
     }
     // From here on the socket lives in the worker's own epoll, not tokio's.
     let c = match stream {
         Io::Plain(tcp) => {
             let Ok(sock) = tcp.into_std() else {
+                counted.give_place();
                 w.counters.handshake_failed("write_failed");
                 return;
             };
-            Conn::new(sock, w.subs.now.get(), rest)
+            Conn::new(sock, w.subs.now.get(), rest).with_expiry(expires)
         }
         Io::Tls(tls) => {
             let parts = tls.into_parts();
             let Ok(sock) = parts.tcp.into_std() else {
+                counted.give_place();
                 w.counters.handshake_failed("write_failed");
                 return;
             };
@@ -240,10 +389,15 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8]) {
             let mut plain = rest.to_vec();
             plain.extend_from_slice(&parts.plain_rest);
             Conn::new(sock, w.subs.now.get(), &plain)
+                .with_expiry(expires)
                 .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
         }
     };
-    if let Err(e) = w.subs.subscribe(name, c) {
+    // The subscriber holds its place and its address from here on, and
+    // gives both back when it ends (`Outside::forget`).
+    let tag = ticket.and_then(Cell::take).map_or(NONE, |s| counted.tag(s));
+    if let Err(e) = w.subs.subscribe(name, c.with_tag(tag)) {
+        counted.release(&w.link, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
     }

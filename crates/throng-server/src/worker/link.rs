@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::addresses::{Source, Verdict};
 use crate::control::{Message, Record};
 use crate::metrics::Counters;
 
@@ -40,6 +41,7 @@ pub(crate) struct Link {
     next_request: Cell<u64>,
     pending_publish: RefCell<HashMap<u64, oneshot::Sender<Result<u64, String>>>>,
     pending_metrics: RefCell<HashMap<u64, oneshot::Sender<Bytes>>>,
+    pending_admit: RefCell<HashMap<u64, oneshot::Sender<Verdict>>>,
     /// The broker's last state from the supervisor (Redis only).
     broker: RefCell<Option<BrokerState>>,
 }
@@ -60,6 +62,7 @@ impl Link {
             next_request: Cell::new(1),
             pending_publish: RefCell::default(),
             pending_metrics: RefCell::default(),
+            pending_admit: RefCell::default(),
             broker: RefCell::default(),
         }
     }
@@ -102,6 +105,11 @@ impl Link {
                     let _ = tx.send(text);
                 }
             }
+            Record::Admitted { id, verdict } => {
+                if let Some(tx) = self.pending_admit.borrow_mut().remove(&id) {
+                    let _ = tx.send(verdict);
+                }
+            }
             other => return Some(other),
         }
         None
@@ -130,6 +138,29 @@ impl Link {
             return None;
         }
         rx.await.ok()
+    }
+
+    /// Asks the supervisor whether a new connection from `source` may be
+    /// served (per-address limits). With no supervisor to ask, it may: the
+    /// worker is about to drain anyway.
+    pub(crate) async fn admit(&self, source: Source) -> Verdict {
+        let id = self.request_id();
+        let (tx, rx) = oneshot::channel();
+        self.pending_admit.borrow_mut().insert(id, tx);
+        if self
+            .ctl
+            .send(Record::Admit { id, source }.encode())
+            .is_err()
+        {
+            self.pending_admit.borrow_mut().remove(&id);
+            return Verdict::Admit;
+        }
+        rx.await.unwrap_or(Verdict::Admit)
+    }
+
+    /// Tells the supervisor that an admitted connection from `source` ended.
+    pub(crate) fn release(&self, source: Source) {
+        self.send(&Record::Release { source });
     }
 
     /// Asks the supervisor for the Prometheus text of all workers.

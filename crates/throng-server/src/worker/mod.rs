@@ -14,6 +14,7 @@
 //! socket as the routes use it.
 
 mod conn;
+mod gate;
 mod http;
 mod link;
 #[cfg(test)]
@@ -23,7 +24,7 @@ mod state;
 mod subscribers;
 mod table;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::rc::Rc;
@@ -32,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use throng_host::poll::{Events, Poller};
+use throng_host::shared::SharedCounters;
 use throng_host::timer::Timer;
 use throng_proto::ws::close_code;
 use tokio::io::AsyncWriteExt;
@@ -39,6 +41,7 @@ use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
 use crate::control::{Record, read_record};
 use crate::metrics::{CloseReason, Counters};
@@ -47,7 +50,8 @@ use crate::reuseport;
 use crate::tls;
 use crate::wheel::{self, TICK};
 use link::Link;
-use state::{Around, Worker};
+use routes::Serves;
+use state::{Around, Counted, Worker};
 use subscribers::{Limits, Subscribers};
 
 /// Why a worker could not start or run.
@@ -124,9 +128,21 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         _ => None,
     };
     let mut listeners = Vec::new();
-    let plain = cfg.listen.iter().map(|a| (*a, None));
-    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone()));
-    for (addr, tls) in plain.chain(secure) {
+    let public = Serves::public(&cfg);
+    let plain = cfg.listen.iter().map(|a| (*a, None, public));
+    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
+    // An address in both --publish-listen and --metrics-listen is one
+    // listener serving both.
+    let mut internal: Vec<SocketAddr> = cfg.publish_listen.clone();
+    internal.extend(
+        cfg.metrics_listen
+            .iter()
+            .filter(|a| !cfg.publish_listen.contains(a)),
+    );
+    let internal = internal
+        .into_iter()
+        .map(|a| (a, None, Serves::internal(&cfg, a)));
+    for (addr, tls, serves) in plain.chain(secure).chain(internal) {
         let l = reuseport::listener(addr)
             .and_then(TcpListener::from_std)
             .map_err(|source| WorkerError::Listen {
@@ -134,7 +150,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
                 addr,
                 source,
             })?;
-        listeners.push((l, tls));
+        listeners.push((l, tls, serves));
     }
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
@@ -148,9 +164,27 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let counters = Rc::new(Counters::default());
     let report_interest = cfg.redis_mode == Some(RedisMode::Channels);
     let link = Rc::new(Link::new(index, counters.clone(), report_interest, tx));
+    let places = match (cfg.max_connections, cfg.shared_counters) {
+        (Some(cap), Some(fd)) => {
+            let shared = SharedCounters::inherit(fd, cfg.workers)?;
+            // What a dead predecessor in this slot held went with it.
+            if let Some(mine) = shared.slot(index) {
+                mine.store(0, std::sync::atomic::Ordering::SeqCst);
+            }
+            Some((shared, cap))
+        }
+        _ => None,
+    };
     let around = Around {
         poller: Poller::new()?,
         link: link.clone(),
+        counted: Counted::new(index, places),
+    };
+    let publish_key = match &cfg.auth.publish_key {
+        Some(file) => Some(PublishKey::new(file).map_err(|_| {
+            WorkerError::Io(std::io::Error::other("no randomness for the publish key"))
+        })?),
+        None => None,
     };
     let w = Rc::new(Worker {
         index,
@@ -158,11 +192,16 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         counters,
         link,
         draining: Cell::new(false),
+        accept_errors: RefCell::new(Recurring::new(index)),
+        verifier: Verifier::new(&cfg.auth),
+        publish_key,
         cfg,
     });
     let accepts: Vec<AbortHandle> = listeners
         .into_iter()
-        .map(|(l, tls)| tokio::task::spawn_local(accept_loop(w.clone(), l, tls)).abort_handle())
+        .map(|(l, tls, serves)| {
+            tokio::task::spawn_local(accept_loop(w.clone(), l, tls, serves)).abort_handle()
+        })
         .collect();
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
@@ -193,40 +232,119 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
 }
 
 /// Accepts connections on `l`; with `tls`, each starts with a TLS handshake.
-async fn accept_loop(w: Rc<Worker>, l: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {
-    let mut last_report: Option<Instant> = None;
+async fn accept_loop(
+    w: Rc<Worker>,
+    l: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    serves: Serves,
+) {
     loop {
         match l.accept().await {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 crate::metrics::inc(&w.counters.accepted);
                 let _ = stream.set_nodelay(true);
+                if w.cfg.per_address.any() {
+                    tokio::task::spawn_local(http::admit(
+                        w.clone(),
+                        stream,
+                        peer,
+                        tls.clone(),
+                        serves,
+                    ));
+                    continue;
+                }
                 match &tls {
                     Some(cfg) => {
-                        tokio::task::spawn_local(http::serve_tls(w.clone(), stream, cfg.clone()));
+                        tokio::task::spawn_local(http::serve_tls(
+                            w.clone(),
+                            stream,
+                            cfg.clone(),
+                            serves,
+                            None,
+                        ));
                     }
                     None => {
                         tokio::task::spawn_local(http::serve(
                             w.clone(),
                             tls::stream::Io::Plain(stream),
+                            serves,
+                            None,
                         ));
                     }
                 }
             }
             Err(e) => {
-                // EMFILE and friends: say so, and back off instead of spinning.
+                // EMFILE and friends: say so once, count the rest, and back
+                // off instead of spinning.
                 w.counters.handshake_failed("accept_error");
-                if last_report.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
-                    last_report = Some(Instant::now());
-                    let hint = if e.raw_os_error() == Some(libc::EMFILE) {
-                        " (open-file limit reached: run more workers, see --max-connections)"
-                    } else {
-                        ""
-                    };
-                    log!("throng: worker {}: accept: {e}{hint}", w.index);
+                let hint = if e.raw_os_error() == Some(libc::EMFILE) {
+                    " (open-file limit reached: run more workers, see --max-connections)"
+                } else {
+                    ""
+                };
+                let what = format!("accept: {e}{hint}");
+                if let Some(line) = w.accept_errors.borrow_mut().note(&what, Instant::now()) {
+                    log!("{line}");
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// How often a condition that repeats (a failing `accept`) is logged again.
+const REPEAT_EVERY: Duration = Duration::from_secs(10);
+
+/// A condition that can repeat thousands of times a second (`accept:
+/// Too many open files`): its first occurrence is logged at once, the rest
+/// are counted and logged as one line per [`REPEAT_EVERY`] while it lasts.
+pub(crate) struct Recurring {
+    worker: usize,
+    /// The last line logged, and when.
+    last: Option<(String, Instant)>,
+    /// Occurrences since then.
+    since: u64,
+}
+
+impl Recurring {
+    pub(crate) fn new(worker: usize) -> Self {
+        Self {
+            worker,
+            last: None,
+            since: 0,
+        }
+    }
+
+    /// It happened (again) at `now`; returns the line to log, if one is due.
+    pub(crate) fn note(&mut self, what: &str, now: Instant) -> Option<String> {
+        self.since += 1;
+        match &self.last {
+            Some((_, at)) if now.duration_since(*at) < REPEAT_EVERY => None,
+            _ => Some(self.line(what, now)),
+        }
+    }
+
+    /// The count of what happened since the last line, once its interval
+    /// is over (the tick asks, so the count of a condition that stopped is
+    /// logged too).
+    pub(crate) fn flush(&mut self, now: Instant) -> Option<String> {
+        let (what, at) = self.last.clone()?;
+        (self.since > 0 && now.duration_since(at) >= REPEAT_EVERY).then(|| self.line(&what, now))
+    }
+
+    fn line(&mut self, what: &str, now: Instant) -> String {
+        let line = match &self.last {
+            None => format!("throng: worker {}: {what}", self.worker),
+            Some((_, at)) => format!(
+                "throng: worker {}: {what} (x{} in the last {:.0}s)",
+                self.worker,
+                self.since,
+                now.duration_since(*at).as_secs_f64()
+            ),
+        };
+        self.last = Some((what.to_owned(), now));
+        self.since = 0;
+        line
     }
 }
 
@@ -274,11 +392,15 @@ async fn tick_loop(w: Rc<Worker>) {
         let now = if w.draining.get() {
             w.subs.advance()
         } else {
+            w.subs.wall.set(gate::unix_now());
             w.subs.tick();
             w.subs.now.get()
         };
         if now % snapshot_every == 0 {
             w.link.send_snapshot();
+            if let Some(line) = w.accept_errors.borrow_mut().flush(Instant::now()) {
+                log!("{line}");
+            }
         }
     }
 }
@@ -340,4 +462,33 @@ async fn drain(w: &Worker, rd: &mut tokio::net::unix::OwnedReadHalf, buf: &mut B
     w.link.send_snapshot();
     // Give the writer task a moment to hand the last records over.
     tokio::task::yield_now().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::Recurring;
+
+    #[test]
+    fn a_recurring_error_is_logged_once_then_counted_per_interval() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut r = Recurring::new(3);
+        let what = "accept: Too many open files";
+        assert_eq!(
+            r.note(what, at(0)).as_deref(),
+            Some("throng: worker 3: accept: Too many open files")
+        );
+        let lines: Vec<String> = (1..159).filter_map(|i| r.note(what, at(i * 20))).collect();
+        assert!(lines.is_empty(), "{lines:?}");
+        assert_eq!(r.flush(at(5_000)), None, "not before the interval is over");
+        assert_eq!(
+            r.flush(at(10_000)).as_deref(),
+            Some("throng: worker 3: accept: Too many open files (x158 in the last 10s)")
+        );
+        assert_eq!(r.flush(at(30_000)), None, "nothing since");
+        let again = r.note(what, at(31_000)).unwrap();
+        assert!(again.ends_with("(x1 in the last 21s)"), "{again}");
+    }
 }

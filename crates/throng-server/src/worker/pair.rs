@@ -120,7 +120,7 @@ impl Outside for Around {
         wire.0.write_wanted.set(on);
     }
 
-    fn forget(&self, wire: &MemWire) {
+    fn forget(&self, wire: &MemWire, _tag: u32) {
         wire.0.watched.set(false);
         wire.0.write_wanted.set(false);
     }
@@ -270,6 +270,22 @@ impl Pair {
     /// A client subscribes to `channel` (`sent` arrived with its upgrade
     /// request); returns its index.
     pub(crate) fn connect_with(&mut self, channel: &str, room: usize, sent: &[u8]) -> usize {
+        self.connect_token(channel, room, sent, None)
+    }
+
+    /// A client whose token expires at Unix second `exp` subscribes to
+    /// `channel`; returns its index.
+    pub(crate) fn connect_until(&mut self, channel: &str, exp: u64) -> usize {
+        self.connect_token(channel, ROOM, b"", Some(exp))
+    }
+
+    fn connect_token(
+        &mut self,
+        channel: &str,
+        room: usize,
+        sent: &[u8],
+        exp: Option<u64>,
+    ) -> usize {
         let pipe = Rc::new(Pipe {
             to_client: RefCell::default(),
             room: Cell::new(room),
@@ -281,7 +297,8 @@ impl Pair {
             watched: Cell::new(false),
             write_wanted: Cell::new(false),
         });
-        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent);
+        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent)
+            .with_expiry(super::conn::expiry(exp));
         self.subs.subscribe(channel, conn).expect("watched");
         self.clients.push(Client {
             pipe,

@@ -3,15 +3,19 @@
 //! connection): its settings, counters, subscribers and supervisor link.
 //! Nothing here is shared between threads or locked.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::TcpStream;
 use std::rc::Rc;
 
 use throng_host::poll::{Interest, Poller};
+use throng_host::shared::SharedCounters;
 
 use super::link::Link;
 use super::subscribers::{Outside, Subscribers};
+use super::table::NONE;
+use crate::addresses::Source;
+use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
 use crate::metrics::Counters;
 
@@ -24,13 +28,95 @@ pub(crate) struct Worker {
     pub(crate) link: Rc<Link>,
     /// SIGTERM/SIGINT came: no new subscribers, no more fan-out.
     pub(crate) draining: Cell<bool>,
+    /// Failing accepts (`EMFILE`), logged once and then counted.
+    pub(crate) accept_errors: RefCell<super::Recurring>,
+    /// Checks tokens, when keys are configured.
+    pub(crate) verifier: Option<Verifier>,
+    /// The publish API key, when one is configured.
+    pub(crate) publish_key: Option<PublishKey>,
 }
 
 /// What the subscribers need around them in a worker: its one epoll set,
-/// and its link to report channel interest on.
+/// its link to report channel interest on, and what its subscribers are
+/// counted under.
 pub(crate) struct Around {
     pub(crate) poller: Poller,
     pub(crate) link: Rc<Link>,
+    pub(crate) counted: Counted,
+}
+
+/// What a worker's connections are counted under where others see them:
+/// each admitted connection's client address (per-address limits, counted
+/// by the supervisor), and the node's subscribers under `--max-connections`
+/// (one slot per worker in counters shared by every process).
+pub(crate) struct Counted {
+    /// This worker's slot in `places`.
+    pub(crate) index: usize,
+    /// The shared subscriber counts and the cap, with `--max-connections`.
+    pub(crate) places: Option<(SharedCounters, u64)>,
+    /// Client addresses of subscribers that were admitted, by tag.
+    sources: RefCell<Vec<Option<Source>>>,
+    /// Tags free for reuse.
+    free: RefCell<Vec<u32>>,
+}
+
+impl Counted {
+    pub(crate) fn new(index: usize, places: Option<(SharedCounters, u64)>) -> Self {
+        Self {
+            index,
+            places,
+            sources: RefCell::default(),
+            free: RefCell::default(),
+        }
+    }
+
+    /// Takes one place under `--max-connections` for a new subscriber;
+    /// false when the node is full. Always true without a cap.
+    pub(crate) fn take_place(&self) -> bool {
+        self.places
+            .as_ref()
+            .is_none_or(|(shared, cap)| shared.take_one(self.index, *cap))
+    }
+
+    /// Gives back a place [`take_place`](Self::take_place) took.
+    pub(crate) fn give_place(&self) {
+        if let Some((shared, _)) = &self.places {
+            shared.give_one(self.index);
+        }
+    }
+
+    /// The tag a subscriber admitted from `source` is counted under.
+    pub(crate) fn tag(&self, source: Source) -> u32 {
+        let mut sources = self.sources.borrow_mut();
+        match self.free.borrow_mut().pop() {
+            Some(t) => {
+                sources[t as usize] = Some(source);
+                t
+            }
+            None => {
+                sources.push(Some(source));
+                // Fewer subscribers than u32::MAX: each holds a file.
+                (sources.len() - 1) as u32
+            }
+        }
+    }
+
+    /// A subscriber counted under `tag` is gone: its address goes back to
+    /// the supervisor, its place to the node.
+    pub(crate) fn release(&self, link: &Link, tag: u32) {
+        if tag != NONE {
+            let source = self
+                .sources
+                .borrow_mut()
+                .get_mut(tag as usize)
+                .and_then(Option::take);
+            if let Some(source) = source {
+                self.free.borrow_mut().push(tag);
+                link.release(source);
+            }
+        }
+        self.give_place();
+    }
 }
 
 impl Outside for Around {
@@ -49,8 +135,9 @@ impl Outside for Around {
         let _ = self.poller.modify(wire, u64::from(slot), interest);
     }
 
-    fn forget(&self, wire: &TcpStream) {
+    fn forget(&self, wire: &TcpStream, tag: u32) {
         let _ = self.poller.remove(wire);
+        self.counted.release(&self.link, tag);
     }
 
     fn channel_interest(&self, channel: &str, subscribed: bool) {

@@ -19,6 +19,7 @@ use throng_proto::ws::{self, OpCode, close_code};
 
 use super::conn::{CLOSE_GRACE, Conn, State, Wire};
 use super::table::{Channels, NONE, Slab};
+use crate::auth;
 use crate::control::Message;
 use crate::metrics::{CloseReason, Counters};
 use crate::wheel::{self, Sweep};
@@ -35,8 +36,9 @@ pub(crate) trait Outside {
     fn watch(&self, wire: &Self::Wire, slot: u32) -> io::Result<()>;
     /// Watches it for room to write too (while it has a queue), or no longer.
     fn want_write(&self, wire: &Self::Wire, slot: u32, on: bool);
-    /// Stops watching it (the connection is gone).
-    fn forget(&self, wire: &Self::Wire);
+    /// Stops watching it (the connection is gone), and gives back what it
+    /// was counted under (`tag`, see [`Conn::tag`]).
+    fn forget(&self, wire: &Self::Wire, tag: u32);
     /// A channel got its first subscriber here (`true`) or lost its last.
     fn channel_interest(&self, channel: &str, subscribed: bool);
 }
@@ -90,6 +92,9 @@ pub(crate) struct Subscribers<O: Outside> {
     pub(crate) tls_out: RefCell<Vec<u8>>,
     /// Ticks of [`wheel::TICK`] since the worker started.
     pub(crate) now: Cell<u32>,
+    /// Unix seconds, set by the worker before each tick: tokens expire on
+    /// the wall clock, while ticks stretch with a busy worker.
+    pub(crate) wall: Cell<u64>,
     /// Subscribers that have a write queue (checked each tick for `--write-timeout`).
     pub(crate) queued: RefCell<Vec<Rc<Conn<O::Wire>>>>,
     /// Connections in a closing handshake, with the tick it started.
@@ -110,6 +115,7 @@ impl<O: Outside> Subscribers<O> {
             tls_plain: RefCell::default(),
             tls_out: RefCell::default(),
             now: Cell::new(0),
+            wall: Cell::new(0),
             queued: RefCell::default(),
             closing: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
@@ -204,11 +210,14 @@ impl<O: Outside> Subscribers<O> {
     }
 
     /// One tick: advances the clock, walks this tick's slice of the table
-    /// (an idle connection is closed, any other open one pinged), ends
-    /// closing handshakes past their grace and queues stalled past
-    /// `--write-timeout`.
+    /// (a connection whose token expired or that was idle too long is
+    /// closed, any other open one pinged), ends closing handshakes past
+    /// their grace and queues stalled past `--write-timeout`. So a token is
+    /// enforced within one ping interval of its `exp`, with no timer of its own.
     pub(crate) fn tick(&self) {
         let now = self.advance();
+        let wall = self.wall.get();
+        let mut expired = Vec::new();
         let mut idle_out = Vec::new();
         let mut slow = Vec::new();
         {
@@ -218,7 +227,9 @@ impl<O: Outside> Subscribers<O> {
                 if !c.is_open() {
                     continue;
                 }
-                if wheel::expired(now, c.last_seen.get(), self.limits.idle) {
+                if c.expired(wall) {
+                    expired.push(c.clone());
+                } else if wheel::expired(now, c.last_seen.get(), self.limits.idle) {
                     idle_out.push(c.clone());
                 } else {
                     match self.send(c, &self.ping) {
@@ -227,6 +238,14 @@ impl<O: Outside> Subscribers<O> {
                     }
                 }
             }
+        }
+        for c in expired {
+            self.close(
+                &c,
+                auth::CLOSE_TOKEN_EXPIRED,
+                "token expired",
+                CloseReason::TokenExpired,
+            );
         }
         for c in idle_out {
             self.close(
@@ -373,6 +392,43 @@ mod tests {
         for &c in &clients {
             assert_eq!(pings(&p.clients[c].take()), 1);
         }
+    }
+
+    #[test]
+    fn an_expired_token_closes_its_subscriber_4001_within_one_sweep_and_no_one_else() {
+        let mut p = Pair::new(Limits {
+            ping_interval: TICK * 10,
+            ..limits(1 << 20, 1000, 1000, 50)
+        });
+        p.subs.wall.set(1_000);
+        let short = p.connect_until("news", 1_005);
+        let long = p.connect_until("news", 2_000);
+        let plain = p.connect("news");
+        // A whole sweep just before exp: nobody is closed.
+        p.subs.wall.set(1_004);
+        p.tick(10);
+        assert!(p.conn(short).unwrap().is_open());
+        p.subs.wall.set(1_005);
+        p.tick(10);
+        let got = p.clients[short].take();
+        assert_eq!(
+            got.last(),
+            Some(&Got::Close(Some(4001), "token expired".into())),
+            "{got:?}"
+        );
+        assert_eq!(p.publish("news", "still here"), 2);
+        for c in [long, plain] {
+            assert!(p.conn(c).unwrap().is_open());
+            assert_eq!(
+                p.clients[c].take().last(),
+                Some(&Got::Text("still here".into()))
+            );
+        }
+        assert_eq!(p.counters().closed.borrow()["token_expired"], 1);
+        p.clients[short].close(4001);
+        p.drive();
+        p.tick(1);
+        assert!(p.clients[short].server_closed());
     }
 
     #[test]

@@ -17,11 +17,16 @@ use throng_load::pacer::RateSpec;
 #[command(after_help = "\
 Examples:
   throng attack --url http://127.0.0.1:8080/ping --rate 2000/s --duration 30s
-  throng attack --url http://127.0.0.1:8080/ping -H 'sleep: 5000' --rate 2000/s --duration 1m --timeout 10s
-  throng attack --targets targets.txt --rate 100/s..5000/s --duration 2m --output run.jsonl
-  throng attack --url http://127.0.0.1:8080/ping --max --connections 64 --duration 10s
-  throng attack --url https://localhost:8443/ping --tls-ca ca.pem --rate 1000/s --duration 10s --no-keepalive
-  cat targets.txt | throng attack --targets - --rate 500/s --requests 10000 --max-p99 200ms
+  throng attack --url http://127.0.0.1:8080/ping -H 'sleep: 5000' \\
+      --rate 2000/s --duration 1m --timeout 10s
+  throng attack --targets targets.txt --rate 100/s..5000/s --duration 2m \\
+      --output run.jsonl
+  throng attack --url http://127.0.0.1:8080/ping --max --connections 64 \\
+      --duration 10s
+  throng attack --url https://localhost:8443/ping --tls-ca ca.pem \\
+      --rate 1000/s --duration 10s --no-keepalive
+  cat targets.txt | throng attack --targets - --rate 500/s \\
+      --requests 10000 --max-p99 200ms
 
 Targets file (Vegeta's format; requests take the targets in turn):
   GET http://127.0.0.1:8080/ping
@@ -46,7 +51,7 @@ pub(crate) struct Args {
     targets: Option<PathBuf>,
 
     /// One target URL (http://HOST:PORT/PATH or https://...) instead of a targets file.
-    #[arg(short, long, required_unless_present_any = ["targets", "worker"])]
+    #[arg(short, long)]
     url: Option<String>,
 
     /// Method for --url (default GET, or POST with a body).
@@ -66,7 +71,7 @@ pub(crate) struct Args {
     body_file: Option<PathBuf>,
 
     /// Requests per second: 2000/s, 5k/s, or a linear ramp 100/s..5000/s over the duration.
-    #[arg(short, long, required_unless_present_any = ["max", "worker"])]
+    #[arg(short, long)]
     rate: Option<RateSpec>,
 
     /// Closed model instead of a rate: --connections connections, each sending its
@@ -79,7 +84,7 @@ pub(crate) struct Args {
     connections: u64,
 
     /// How long to start requests for (30s, 5m).
-    #[arg(short, long, required_unless_present_any = ["requests", "worker"], value_parser = parse_duration)]
+    #[arg(short, long, value_parser = parse_duration)]
     duration: Option<Duration>,
 
     /// Requests in all (with --duration too: whichever ends first).
@@ -136,6 +141,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         attack::run_worker().context("worker")?;
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(what) = missing(&args) {
+        anyhow::bail!("{what}");
+    }
     let targets = Flags {
         file: args.targets.clone(),
         url: args.url.clone(),
@@ -150,6 +158,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             connections: args.connections,
         },
         (false, Some(spec)) => Load::Rate(spec),
+        // Invariant: `missing` refused a run with neither.
         (false, None) => anyhow::bail!("--rate or --max is needed"),
     };
     let json = args.format == "json";
@@ -188,4 +197,33 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// What a run needs and `args` lacks, said in a user's terms (clap's
+/// "required" list cannot say "one of these, or that"); `None` when
+/// nothing is missing.
+fn missing(args: &Args) -> Option<String> {
+    let mut lines = Vec::new();
+    if args.url.is_none() && args.targets.is_none() {
+        lines.push(
+            "  what to request: --url URL (one target), or --targets FILE (a targets file, - for stdin)",
+        );
+    }
+    if args.rate.is_none() && !args.max {
+        lines.push(
+            "  how hard: --rate RATE (2000/s, or a ramp 100/s..5000/s), or --max (a closed pool of --connections, wrk's mode)",
+        );
+    }
+    if args.duration.is_none() && args.requests.is_none() {
+        lines.push(
+            "  how long: --duration D (30s, 5m), or --requests N (or both: whichever ends first)",
+        );
+    }
+    if lines.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "throng attack needs to know\n{}\nfor example: throng attack --url http://127.0.0.1:8080/ping --rate 2000/s --duration 30s\n(throng attack --help shows more examples)",
+        lines.join("\n")
+    ))
 }

@@ -82,6 +82,11 @@ pub(crate) struct Args {
     /// No progress lines.
     #[arg(short, long)]
     quiet: bool,
+
+    /// Plan the run and check this machine's limits as it would, print the plan,
+    /// then exit without starting anything.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -92,7 +97,7 @@ enum Format {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let json = args.format == Format::Json;
-    let report = bench::run(bench::Request {
+    let request = bench::Request {
         command_line: std::env::args().collect(),
         connections: args.connections,
         rate: args.rate,
@@ -102,8 +107,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         message_size: args.message_size,
         out_dir: args.out_dir,
         progress: Progress::choose(args.quiet, json),
-    })
-    .context("bench")?;
+    };
+    if args.dry_run {
+        for line in bench::dry_run(&request).context("bench")? {
+            println!("{line}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = bench::run(request).context("bench")?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);
     } else {

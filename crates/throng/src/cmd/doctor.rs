@@ -6,10 +6,17 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use throng_host::doctor::{self, Plan, Role};
+use throng_load::bench;
+use throng_load::harness::machine::Machine;
 
 /// Arguments of `throng doctor`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
+With no --source-ips or --ports, --role both (the default) checks the run
+'throng bench' would make: the same connection count (-c, or bench's own
+default from this machine's memory), and the source addresses and 8 server
+ports bench picks itself.
+
 Checks, for a run of N connections: the open-file limit per process (and how
 many worker processes that means), fs.nr_open, fs.file-max, the ephemeral
 port range against source addresses × target ports, the listen backlogs
@@ -19,18 +26,21 @@ loaded, and free memory against the cost per connection (with a warning
 before the OOM killer would act).
 
 Each line is ok, WARN (works, but slower or near the edge) or STOP (this
-will stop the run), with the exact fix. Exit status 1 when something will
-stop the run, so scripts can check first.
+will stop the run). Each fix is a command that works as printed (what it
+changes follows as a # comment); a note says what no command can. Exit
+status 1 when something will stop the run, so scripts can check first.
 
 Examples:
   throng doctor
-  throng doctor --connections 1000000 --role client --source-ips 127.0.0.2-127.0.0.40
+  throng doctor --connections 1000000 --role client \\
+      --source-ips 127.0.0.2-127.0.0.40
   sudo throng doctor --connections 1000000 --apply
   throng doctor --format json | jq '.findings[] | select(.status != \"ok\")'")]
 pub(crate) struct Args {
-    /// Connections the run will hold.
-    #[arg(long, short = 'c', default_value_t = 100_000, value_name = "N")]
-    connections: u64,
+    /// Connections the run will hold. Default: what 'throng bench' picks on this machine
+    /// (100,000 where memory allows).
+    #[arg(long, short = 'c', value_name = "N")]
+    connections: Option<u64>,
 
     /// Which sides run on this machine: both (bench: two sockets per
     /// connection), client (hold, attack) or server (serve).
@@ -38,12 +48,12 @@ pub(crate) struct Args {
     role: RoleArg,
 
     /// Source addresses the client side will use: 127.0.0.2-127.0.0.60 or a
-    /// comma-separated list (default: one).
+    /// comma-separated list (default: one; with --role both, those bench picks).
     #[arg(long, value_name = "LIST")]
     source_ips: Option<String>,
 
     /// Target ports the client side will spread over: 10000-10015 or a
-    /// comma-separated list (default: one).
+    /// comma-separated list (default: one; with --role both, bench's 8).
     #[arg(long, value_name = "LIST")]
     ports: Option<String>,
 
@@ -83,21 +93,33 @@ enum Format {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut plan = Plan::new(
-        args.connections,
-        match args.role {
-            RoleArg::Both => Role::Both,
-            RoleArg::Client => Role::Client,
-            RoleArg::Server => Role::Server,
-        },
-    );
+    let snapshot = doctor::Machine::read(&args.proc_root);
+    let connections = args
+        .connections
+        .unwrap_or_else(|| bench::default_connections(&snapshot));
+    let role = match args.role {
+        RoleArg::Both => Role::Both,
+        RoleArg::Client => Role::Client,
+        RoleArg::Server => Role::Server,
+    };
+    let mut plan = if role == Role::Both && args.source_ips.is_none() && args.ports.is_none() {
+        // Bench's own layout, on the limits read here, so doctor and bench
+        // never disagree about one run.
+        let (_, plan) = bench::layout(connections, &Machine::from_snapshot(&snapshot))
+            .context("the run throng bench would make")?;
+        plan
+    } else {
+        Plan::new(connections, role)
+    };
     if let Some(list) = &args.source_ips {
         let ips = throng_load::hold::target::parse_sources(list).context("--source-ips")?;
         plan.source_ips = ips.len() as u64;
+        plan.source_list = Some(list.clone());
     }
     if let Some(list) = &args.ports {
         plan.target_ports =
             doctor::count_ports(list).map_err(|e| anyhow::anyhow!("--ports {list:?}: {e}"))?;
+        plan.port_list = Some(list.clone());
     }
     plan.kernel_bytes_per_socket = args.kernel_per_socket;
     plan.user_bytes_per_socket = args.user_per_socket;

@@ -18,12 +18,17 @@ use throng_load::pacer::RateSpec;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Examples:
-  throng hold ws://127.0.0.1:9000/news --connections 10000 --rate 2000/s --duration 30s
-  throng hold ws://127.0.0.1:10000-10015/news -c 100000 --rate 100/s..20000/s \\
-      --publish http://127.0.0.1:9000/publish/news --publish-rate 10/s --duration 1m --output run.jsonl
-  throng hold ws://10.0.0.5:9000/news -c 50000 --source-ips 10.0.1.1-10.0.1.4 --publish redis://10.0.0.6:6379
-  throng hold wss://localhost:9443/news -c 10000 --tls-ca ca.pem --publish http://127.0.0.1:9000/publish/news
-  throng hold ws://10.0.0.5:9000/news -c 1000 --publish rediss://bob:secret@10.0.0.6:6380 --publish-tls-ca ca.pem
+  throng hold ws://127.0.0.1:9000/news --connections 10000 --rate 2000/s \\
+      --duration 30s
+  throng hold ws://127.0.0.1:10000-10015/news -c 100000 \\
+      --rate 100/s..20000/s --publish http://127.0.0.1:9000/publish/news \\
+      --publish-rate 10/s --duration 1m --output run.jsonl
+  throng hold ws://10.0.0.5:9000/news -c 50000 \\
+      --source-ips 10.0.1.1-10.0.1.4 --publish redis://10.0.0.6:6379
+  throng hold wss://localhost:9443/news -c 10000 --tls-ca ca.pem \\
+      --publish http://127.0.0.1:9000/publish/news
+  throng hold ws://10.0.0.5:9000/news -c 1000 \\
+      --publish rediss://bob:secret@10.0.0.6:6380 --publish-tls-ca ca.pem
 
 Connection i goes to worker i % workers, source address i % sources and
 target port (i / sources) % ports. The run opens every connection on a
@@ -112,6 +117,11 @@ pub(crate) struct Args {
     #[arg(long)]
     json: bool,
 
+    /// Fit the run onto this machine (workers, source addresses, local ports) and print
+    /// the plan, then exit without connecting.
+    #[arg(long)]
+    dry_run: bool,
+
     #[command(flatten)]
     client: super::client::ClientArgs,
 }
@@ -150,6 +160,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     })?;
     for line in prepared.lines() {
         progress.say(line);
+    }
+    if args.dry_run {
+        progress.say("dry run: the plan fits this machine; nothing started");
+        return Ok(ExitCode::SUCCESS);
     }
     let summary = prepared.run().context("hold")?;
     if args.json {

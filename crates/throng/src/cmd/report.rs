@@ -66,8 +66,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if separate_plot {
         mergers.push(Merger::new(SECOND).with_max_buckets(HTML_MAX_POINTS));
     }
-    let files =
-        merge_files_into(&args.files, &mut mergers).context("cannot read the result files")?;
+    // The error names the file and what is wrong with it: no context to add.
+    let files = merge_files_into(&args.files, &mut mergers)?;
     let mut merged = mergers.into_iter().map(Merger::finish);
     // Invariant: `mergers` held at least the text merger.
     let text_merged = merged.next().expect("the text merger");

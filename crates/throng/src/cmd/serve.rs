@@ -8,39 +8,77 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use throng_host::units::{parse_duration, parse_size};
-use throng_server::config::parse_listen;
+use throng_host::units::{parse_duration, parse_rate, parse_size};
+use throng_server::auth::{Key, PublishKeyFile, Settings};
+use throng_server::config::{PerAddress, parse_listen};
 use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Trust};
 use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel> (channel: 1-128 bytes of A-Z a-z 0-9 _ . : -)
-Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>   -> {\"channel\":..,\"subscribers\":N}
-            text frame when the body is UTF-8 (or Content-Type text/*, */json), binary otherwise
+Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel>
+            (channel: 1-128 bytes of A-Z a-z 0-9 _ . : -)
+Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>
+            answers {\"channel\":..,\"subscribers\":N}; a text frame when the
+            body is UTF-8 (or Content-Type text/*, */json), binary otherwise
             (or Content-Type: application/octet-stream)
 Observe:    GET /metrics (Prometheus text), GET /healthz
-Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a node: POST /publish goes
-            to Redis (PUBLISH <prefix><channel>), and every node delivers what Redis sends it.
-            The publish answer is then {\"channel\":..,\"redis_receivers\":N}: the Redis connections
-            that got the message (subscribed nodes, plus any other client), not WebSocket
-            subscribers; 503 with the reason while Redis is unreachable. See docs/deploy.md.
-TLS:        every --tls-listen listener serves the same endpoints as wss:// and https://
-            (TLS 1.3 and 1.2, ALPN http/1.1, session tickets shared by all workers), beside the
-            plain --listen ones; e.g. --listen 127.0.0.1:8080 --tls-listen 0.0.0.0:8443
-            --tls-cert cert.pem --tls-key key.pem. A plain-HTTP request on a TLS port gets a
-            plain 400; failed or stalled handshakes are closed and counted in
+Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
+            node: POST /publish goes to Redis (PUBLISH <prefix><channel>),
+            and every node delivers what Redis sends it. The publish answer
+            is then {\"channel\":..,\"redis_receivers\":N}: the Redis
+            connections that got the message (subscribed nodes, plus any
+            other client), not WebSocket subscribers; 503 with the reason
+            while Redis is unreachable. See docs/deploy.md.
+TLS:        every --tls-listen listener serves the same endpoints as wss://
+            and https:// (TLS 1.3 and 1.2, ALPN http/1.1, session tickets
+            shared by all workers), beside the plain --listen ones. A
+            plain-HTTP request on a TLS port gets a plain 400; failed or
+            stalled handshakes are closed and counted in
             throng_handshake_failures_total{reason=\"tls_...\"}
-Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random 0..S ms first,
-            'times: T' then sends T more pongs (chunked), each after such a wait
+Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random
+            0..S ms first, 'times: T' then sends T more pongs (chunked),
+            each after such a wait
+Access:     with no option below anyone may subscribe to any channel and
+            publish (a non-loopback --listen then prints a warning).
+            docs/auth.md has the whole story.
+            --auth-hs256-secret-file / --auth-public-key: every upgrade
+              needs a JWT whose 'channels' claim grants the channel: names,
+              'prefix*', '*', MQTT-style '+' and '#'. The token goes in
+              'Authorization: Bearer <JWT>', in ?token=<JWT>, or (browsers)
+              as a Sec-WebSocket-Protocol entry 'bearer.<JWT>' beside
+              'throng', the one echoed:
+              new WebSocket(url, ['throng', 'bearer.' + jwt]).
+              No or a bad token: 401 with WWW-Authenticate; a channel not
+              granted: 403.
+            Publishing needs the key (--publish-key-file) as
+              'Authorization: Bearer <key>', or a token whose 'publish'
+              claim grants the channel; --publish-listen moves it to an
+              internal address, --metrics-listen moves /metrics.
+            --allowed-origins: browser pages from other sites get 403.
+Limits:     --max-connections-per-ip, --handshakes-per-ip (429,
+            Retry-After), --max-connections (503, Retry-After); refusals by
+            reason in throng_refused_total.
 
-Close codes sent: 1000 echo of the client's close, 1001 shutdown, 1002 protocol error,
-1007 invalid UTF-8, 1008 idle timeout or slow consumer (queue over --max-queue or no write
-progress within --write-timeout), 1009 client frame too big.
+Close codes sent: 1000 echo of the client's close, 1001 shutdown, 1002
+protocol error, 1007 invalid UTF-8, 1008 idle timeout or slow consumer (queue
+over --max-queue or no write progress within --write-timeout), 1009 client
+frame too big, 4001 token expired (get a new token and reconnect; sent within
+one --ping-interval of the token's exp).
 
-Stops on SIGTERM or SIGINT: stops accepting, sends 1001 to every subscriber, exits within
---drain-timeout.")]
+Stops on SIGTERM or SIGINT, to the supervisor or to the whole process group
+(systemd's default): stops accepting, sends 1001 to every subscriber, exits
+within --drain-timeout. A worker that exits cleanly after such a signal is not
+restarted: the whole server stops.
+
+Examples:
+  throng serve
+  throng serve --listen 0.0.0.0:10000-10015 --max-connections 1000000
+  throng serve --listen 127.0.0.1:8080 --tls-listen 0.0.0.0:8443 \\
+      --tls-cert cert.pem --tls-key key.pem
+  throng serve --listen 0.0.0.0:8080 --redis redis://10.0.0.6:6379
+  throng serve --listen 127.0.0.1:0 --json --dry-run")]
 pub(crate) struct Args {
     /// Address to listen on; repeat for more. A range HOST:FIRST-LAST opens a listener
     /// per port (more ports = more client source ports on one machine). Port 0 picks a free port.
@@ -75,9 +113,28 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     workers: usize,
 
-    /// Connections the server must be able to hold; sets the minimum number of workers.
+    /// Subscribers the whole server holds at most (over every worker): past it an upgrade
+    /// gets 503 with Retry-After instead of the workers running out of files. Also sets the
+    /// minimum number of workers.
     #[arg(long, value_name = "N")]
     max_connections: Option<u64>,
+
+    /// Connections (subscribers and HTTP requests) one client address may hold at once,
+    /// counted over every worker; past it a new one gets 429. An address is an IPv4 address
+    /// or an IPv6 /64.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_ip: Option<u32>,
+
+    /// New connections one client address may open, as a rate (e.g. 10/s, 300/m) with a
+    /// burst (--handshake-burst); past it 429 with Retry-After. On --tls-listen ports a
+    /// refused connection is closed before its TLS handshake, without an answer.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    handshakes_per_ip: Option<f64>,
+
+    /// How many new connections an address may open at once after a quiet spell
+    /// (the token bucket of --handshakes-per-ip). Default: one second's worth of the rate.
+    #[arg(long, value_name = "N", requires = "handshakes_per_ip", value_parser = clap::value_parser!(u32).range(1..))]
+    handshake_burst: Option<u32>,
 
     /// Largest publish body; larger ones get 413.
     #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
@@ -161,9 +218,64 @@ pub(crate) struct Args {
     #[arg(long, requires = "redis")]
     redis_wait: bool,
 
-    /// Print the start line as JSON only (for scripts).
+    /// Require a token (JWT) signed with this HS256 secret: a file of at least 32 bytes (one
+    /// trailing newline is ignored). KID=FILE names the key for tokens whose header has that
+    /// kid. Repeat for more keys.
+    #[arg(long, value_name = "[KID=]FILE", action = clap::ArgAction::Append)]
+    auth_hs256_secret_file: Vec<String>,
+
+    /// Require a token (JWT) signed by this key: a PEM public key whose type decides the one
+    /// algorithm it checks (RSA: RS256, EC P-256: ES256, P-384: ES384, Ed25519: EdDSA).
+    /// KID=FILE as above; repeat for more keys.
+    #[arg(long, value_name = "[KID=]FILE", action = clap::ArgAction::Append)]
+    auth_public_key: Vec<String>,
+
+    /// Tokens must carry this issuer (iss).
+    #[arg(long, value_name = "ISS")]
+    auth_issuer: Option<String>,
+
+    /// Tokens must name this audience (aud). Without it a token that has an aud is refused
+    /// (RFC 7519: it was meant for someone else).
+    #[arg(long, value_name = "AUD")]
+    auth_audience: Option<String>,
+
+    /// Accept tokens without an expiry (exp). Without it they are refused; a subscriber is
+    /// closed with 4001 within one --ping-interval after its token's exp.
+    #[arg(long)]
+    auth_allow_no_exp: bool,
+
+    /// Publishing needs this key (a file of at least 16 bytes), sent as
+    /// 'Authorization: Bearer <key>' (compared in constant time), or a token whose publish
+    /// claim grants the channel.
+    #[arg(long, value_name = "FILE")]
+    publish_key_file: Option<String>,
+
+    /// Serve publishing (and /healthz) on this internal address only, like an admin port;
+    /// the public addresses then refuse POST /publish with 403.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
+    publish_listen: Vec<Vec<SocketAddr>>,
+
+    /// Serve /metrics (and /healthz) on this internal address only; the public addresses
+    /// then refuse it with 403. May be the --publish-listen address.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
+    metrics_listen: Vec<Vec<SocketAddr>>,
+
+    /// Browser pages from these origins only may subscribe: a comma-separated list such as
+    /// https://app.example.com,https://example.com (others get 403: cross-site WebSocket
+    /// hijacking). Clients that send no Origin header are not browsers and are not checked.
+    /// Default: any origin.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    allowed_origins: Option<Vec<String>>,
+
+    /// Print the start line as one JSON object on stdout (for scripts) instead of the
+    /// readable settings on stderr.
     #[arg(long)]
     json: bool,
+
+    /// Print the effective settings (the listen addresses bound, so a port in use is an
+    /// error now), then exit without starting anything.
+    #[arg(long)]
+    dry_run: bool,
 
     /// Benchmark only: enable POST /bench/floor/<channel>, a bare write(2) loop over the
     /// channel's subscribers.
@@ -173,6 +285,46 @@ pub(crate) struct Args {
     /// Internal: run as worker N of a supervisor (stdin is its control socket).
     #[arg(long, hide = true, value_name = "N")]
     worker_index: Option<usize>,
+}
+
+/// The keys, claims and publish key of `args`, each file read and checked now.
+fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
+    let mut keys = Vec::new();
+    for spec in &args.auth_hs256_secret_file {
+        keys.push(Key::hs256_secret_file(spec).context("--auth-hs256-secret-file")?);
+    }
+    for spec in &args.auth_public_key {
+        keys.push(Key::public_key_file(spec).context("--auth-public-key")?);
+    }
+    if keys.is_empty()
+        && (args.auth_issuer.is_some() || args.auth_audience.is_some() || args.auth_allow_no_exp)
+    {
+        anyhow::bail!(
+            "--auth-issuer, --auth-audience and --auth-allow-no-exp are rules for tokens: \
+             give the key they are signed with (--auth-hs256-secret-file or --auth-public-key)"
+        );
+    }
+    if let Some(allowed) = &args.allowed_origins
+        && let Some(bad) = allowed
+            .iter()
+            .find(|o| !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/'))
+    {
+        anyhow::bail!(
+            "--allowed-origins: '{bad}' is not an origin (scheme://host[:port], no path or \
+             trailing '/'; e.g. https://app.example.com)"
+        );
+    }
+    let publish_key = match &args.publish_key_file {
+        Some(path) => Some(PublishKeyFile::read(path).context("--publish-key-file")?),
+        None => None,
+    };
+    Ok(Settings {
+        keys,
+        issuer: args.auth_issuer.clone(),
+        audience: args.auth_audience.clone(),
+        allow_no_exp: args.auth_allow_no_exp,
+        publish_key,
+    })
 }
 
 fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
@@ -188,6 +340,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         throng_server::worker::run_from_stdin(index)?;
         return Ok(ExitCode::SUCCESS);
     }
+    let auth = auth_settings(&args)?;
     let config = Config {
         listen: args.listen.into_iter().flatten().collect(),
         workers: args.workers,
@@ -210,6 +363,20 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             _ if args.tls_self_signed => Some(throng_server::tls::Material::self_signed()?),
             _ => None,
         },
+        auth,
+        allowed_origins: args.allowed_origins.clone(),
+        publish_listen: args.publish_listen.iter().flatten().copied().collect(),
+        metrics_listen: args.metrics_listen.iter().flatten().copied().collect(),
+        per_address: PerAddress {
+            max_connections: args.max_connections_per_ip,
+            handshakes_per_sec: args.handshakes_per_ip,
+            handshake_burst: args.handshake_burst.unwrap_or_else(|| {
+                // One second's worth, at least one: f64 to u32 saturates.
+                args.handshakes_per_ip
+                    .map_or(0, |r| r.ceil().max(1.0) as u32)
+            }),
+        },
+        shared_counters: None,
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
@@ -247,11 +414,22 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             tls,
         })?;
     }
-    if !args.json {
+    if args.json {
+        // One JSON line on stdout: what scripts and tests read (actual ports, workers, limits).
+        println!("{}", plan.to_json());
+    } else {
         eprintln!("{plan}");
     }
-    // One JSON line on stdout: what scripts and tests read (actual ports, workers, limits).
-    println!("{}", plan.to_json());
+    // Loud whatever the output format: it is about the machine's exposure.
+    if let Some(warning) = plan.config.exposure_warning() {
+        eprintln!("{warning}");
+    }
+    if args.dry_run {
+        if !args.json {
+            eprintln!("dry run: nothing started");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let command = WorkerCommand {
         program: std::env::current_exe().context("cannot find this executable to start workers")?,
         args: vec!["serve".into()],

@@ -7,10 +7,12 @@
 //! `THRONG_TEST_REQUIRE_PEERS` is set (`scripts/test.sh` sets it).
 
 mod attack;
+mod auth;
 mod bench;
 mod doctor;
 mod hold;
 mod knee;
+mod newcomer;
 mod redis;
 mod rediss;
 mod report;

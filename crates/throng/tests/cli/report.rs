@@ -348,7 +348,6 @@ for svg in root.iter('{http://www.w3.org/2000/svg}svg'):
 #[test]
 fn html_report_renders_in_a_browser() {
     require!(Peer::Chromium);
-    let browser = peers::chromium_program().expect("require! found chromium");
     let dir = TempDir::new("report-browser");
     let one = dir.file("one.throng");
     write(&one, &run());
@@ -364,21 +363,13 @@ fn html_report_renders_in_a_browser() {
     std::fs::write(&blank, "<!DOCTYPE html><html><body></body></html>").unwrap();
 
     let headless = |extra: &[String], page: &Path| {
-        let mut cmd = command(browser);
+        let mut cmd = peers::headless_chromium(&dir.file("profile"));
         cmd.args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
             // Console messages are logged at INFO: they show as "INFO:CONSOLE".
             "--enable-logging=stderr",
             "--log-level=0",
             "--window-size=1100,2400",
         ])
-        .arg(format!("--user-data-dir={}", dir.file("profile").display()))
         .args(extra)
         .arg(format!("file://{}", page.display()));
         output_within(&mut cmd, Duration::from_secs(120))

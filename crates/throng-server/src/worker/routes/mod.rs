@@ -19,6 +19,42 @@ use throng_proto::http::{self, Request};
 use super::state::Worker;
 use crate::tls::stream::Io;
 
+/// What one listener serves. The public listeners (`--listen`,
+/// `--tls-listen`) serve subscriptions, `/healthz` and `/ping`, and
+/// publishing and `/metrics` unless `--publish-listen` or `--metrics-listen`
+/// moved them; an internal listener serves only what it was given, and
+/// `/healthz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Serves {
+    /// WebSocket upgrades, `/ping` and `/bench/floor`.
+    pub(crate) subscribe: bool,
+    /// `POST /publish/<channel>`.
+    pub(crate) publish: bool,
+    /// `GET /metrics`.
+    pub(crate) metrics: bool,
+}
+
+impl Serves {
+    /// A public listener of `cfg`.
+    pub(crate) fn public(cfg: &crate::Config) -> Self {
+        Self {
+            subscribe: true,
+            publish: cfg.publish_listen.is_empty(),
+            metrics: cfg.metrics_listen.is_empty(),
+        }
+    }
+
+    /// The internal listener on `addr` (in `--publish-listen`,
+    /// `--metrics-listen`, or both).
+    pub(crate) fn internal(cfg: &crate::Config, addr: std::net::SocketAddr) -> Self {
+        Self {
+            subscribe: false,
+            publish: cfg.publish_listen.contains(&addr),
+            metrics: cfg.metrics_listen.contains(&addr),
+        }
+    }
+}
+
 /// The route a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Route {
@@ -34,6 +70,9 @@ pub(crate) enum Route {
     Ping,
     /// `POST /bench/floor/<channel>` with `--bench-floor`: [`bench_floor::serve`].
     BenchFloor,
+    /// An endpoint this listener does not serve (publishing or `/metrics`
+    /// moved to an internal address; an upgrade on one): [`not_here`].
+    NotHere(&'static str),
 }
 
 /// The route `req` is for; `None` when no route takes it (a WebSocket
@@ -42,20 +81,33 @@ pub(crate) enum Route {
 /// The caller awaits the route's function in its own loop rather than
 /// through one more async function here: each HTTP connection is a task,
 /// and a layer of future around the routes made it 160 bytes larger.
-pub(crate) fn route(w: &Worker, req: &Request) -> Option<Route> {
+pub(crate) fn route(w: &Worker, req: &Request, serves: Serves) -> Option<Route> {
     let path = req
         .target
         .split_once('?')
         .map_or(req.target.as_str(), |(p, _)| p);
+    let publish = path == "/publish" || path.starts_with("/publish/");
     Some(match (req.method.as_str(), path) {
         ("GET", "/healthz") => Route::Healthz,
-        ("GET", "/metrics") => Route::Metrics,
-        ("POST", p) if p == "/publish" || p.starts_with("/publish/") => Route::Publish,
-        (_, p) if p == "/publish" || p.starts_with("/publish/") => Route::PublishMethod,
+        ("GET", "/metrics") if serves.metrics => Route::Metrics,
+        ("GET", "/metrics") => Route::NotHere("/metrics"),
+        _ if publish && !serves.publish => Route::NotHere("publishing"),
+        ("POST", _) if publish => Route::Publish,
+        _ if publish => Route::PublishMethod,
+        _ if !serves.subscribe => Route::NotHere("this endpoint"),
         ("GET" | "POST", "/ping") => Route::Ping,
         ("POST", p) if w.cfg.bench_floor && p.starts_with(bench_floor::PREFIX) => Route::BenchFloor,
         _ => return None,
     })
+}
+
+/// An endpoint another listener serves: 403, counted, and the connection
+/// closes. The answer names the option, not the address.
+pub(crate) async fn not_here(w: &Worker, stream: &mut Io, what: &str) -> bool {
+    w.counters.refused("not_on_this_address");
+    let why =
+        format!("{what} is not served on this address (see --publish-listen, --metrics-listen)\n");
+    refuse(w, stream, 403, &why).await
 }
 
 /// Writes a whole response (within `--handshake-timeout`); returns whether
@@ -68,14 +120,24 @@ pub(crate) async fn reply(
     body: &[u8],
     keep_alive: bool,
 ) -> bool {
+    reply_with(w, stream, status, ctype, &[], body, keep_alive).await
+}
+
+/// [`reply`] with more headers (`WWW-Authenticate`, `Retry-After`).
+pub(crate) async fn reply_with(
+    w: &Worker,
+    stream: &mut Io,
+    status: u16,
+    ctype: &str,
+    more: &[(&str, &str)],
+    body: &[u8],
+    keep_alive: bool,
+) -> bool {
     let mut out = Vec::with_capacity(128 + body.len());
     let conn = if keep_alive { "keep-alive" } else { "close" };
-    http::write_response(
-        &mut out,
-        status,
-        &[("Content-Type", ctype), ("Connection", conn)],
-        body,
-    );
+    let mut headers = vec![("Content-Type", ctype), ("Connection", conn)];
+    headers.extend_from_slice(more);
+    http::write_response(&mut out, status, &headers, body);
     let write = async {
         if keep_alive {
             stream.write_all(&out).await

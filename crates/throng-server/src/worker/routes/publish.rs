@@ -9,6 +9,7 @@ use tokio::io::AsyncReadExt as _;
 use super::{refuse, reply};
 use crate::channel;
 use crate::tls::stream::Io;
+use crate::worker::gate;
 use crate::worker::state::Worker;
 
 /// A message read from a publish request.
@@ -21,6 +22,14 @@ pub(super) struct Published {
 
 /// `POST /publish/<channel>`. Returns whether the connection stays open.
 pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut Vec<u8>) -> bool {
+    // Who may publish, before the body is read (a bad channel name is
+    // read_message's 400).
+    if let Ok(channel) = channel::from_target(&req.target, "/publish/")
+        && let Err(why) = gate::may_publish(w, req, channel)
+    {
+        Box::pin(gate::refuse(w, stream, why)).await;
+        return false;
+    }
     let m = match read_message(w, stream, req, buf, "/publish/").await {
         Ok(m) => m,
         Err(keep) => return keep,

@@ -1,0 +1,182 @@
+//! Who gets in over HTTP: where a request carries its token, which browser
+//! origins may open a subscription, the checks an upgrade and a publish
+//! pass, and the answers for those refused. The token check itself is
+//! [`crate::auth`]'s, the same for every transport.
+//!
+//! A token may come in (first found wins):
+//!
+//! - `Authorization: Bearer <token>`;
+//! - a `Sec-WebSocket-Protocol` entry `bearer.<token>`, the one header a
+//!   browser's `WebSocket` can set; the answer never echoes it, only the
+//!   protocol the server speaks ([`PROTOCOL`]) when the client offered it;
+//! - `?token=<token>` in the request target (JWTs are URL-safe; such URLs
+//!   end up in proxies' logs, so prefer the others).
+
+use throng_proto::http::Request;
+
+use super::routes::reply_with;
+use super::state::Worker;
+use crate::auth::{Access, Action, Refusal};
+use crate::tls::stream::Io;
+
+/// The subprotocol a client may offer beside its `bearer.<token>` entry so
+/// that a browser, which requires the server to pick one of those it
+/// offered, gets one back: plain messages, as without any protocol.
+pub(crate) const PROTOCOL: &str = "throng";
+
+/// The `Sec-WebSocket-Protocol` entry prefix that carries a token.
+const BEARER_PROTOCOL: &str = "bearer.";
+
+/// The token a request carries, if any.
+pub(crate) fn bearer(req: &Request) -> Option<&[u8]> {
+    if let Some(v) = req.header("authorization") {
+        let v = v.trim_ascii();
+        if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
+            return Some(v[7..].trim_ascii());
+        }
+    }
+    if let Some(t) = protocols(req).find_map(|p| p.strip_prefix(BEARER_PROTOCOL.as_bytes())) {
+        return Some(t);
+    }
+    let (_, query) = req.target.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("token="))
+        .map(str::as_bytes)
+}
+
+/// Every entry of every `Sec-WebSocket-Protocol` header, trimmed.
+fn protocols(req: &Request) -> impl Iterator<Item = &[u8]> {
+    req.headers
+        .iter()
+        .filter(|(name, _)| name.eq_ignore_ascii_case("sec-websocket-protocol"))
+        .flat_map(|(_, v)| v.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+}
+
+/// The subprotocol to answer with: [`PROTOCOL`] when the client offered it.
+pub(crate) fn protocol(req: &Request) -> Option<&'static str> {
+    protocols(req)
+        .any(|p| p == PROTOCOL.as_bytes())
+        .then_some(PROTOCOL)
+}
+
+/// Whether a browser from `req`'s `Origin` may subscribe. Without
+/// `--allowed-origins` every origin may; a request without `Origin` is not
+/// from a browser page, which is what the check guards against.
+pub(crate) fn origin_allowed(w: &Worker, req: &Request) -> bool {
+    let (Some(allowed), Some(origin)) = (&w.cfg.allowed_origins, req.header("origin")) else {
+        return true;
+    };
+    let origin = origin.trim_ascii();
+    allowed
+        .iter()
+        .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
+}
+
+/// Unix seconds now, the `now` tokens are checked at.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// May this upgrade subscribe to `channel`? With no key configured,
+/// anyone may (and nothing expires).
+pub(crate) fn may_subscribe(w: &Worker, req: &Request, channel: &str) -> Result<Access, Refusal> {
+    let Some(v) = &w.verifier else {
+        return Ok(Access { expires: None });
+    };
+    let token = bearer(req).ok_or(Refusal::Missing)?;
+    v.check(token, Action::Subscribe, channel, unix_now())
+}
+
+/// May this request publish to `channel`? Either the publish key or a
+/// token granting the channel; with neither configured, anyone may.
+pub(crate) fn may_publish(w: &Worker, req: &Request, channel: &str) -> Result<(), Refusal> {
+    if !w.cfg.auth.publish_guarded() {
+        return Ok(());
+    }
+    let presented = bearer(req).ok_or(Refusal::Missing)?;
+    if w.publish_key.as_ref().is_some_and(|k| k.matches(presented)) {
+        return Ok(());
+    }
+    match &w.verifier {
+        Some(v) => v
+            .check(presented, Action::Publish, channel, unix_now())
+            .map(|_| ()),
+        None => Err(Refusal::PublishKey),
+    }
+}
+
+/// Refuses an upgrade past `--max-connections`: 503 with `Retry-After`.
+pub(crate) async fn full(w: &Worker, stream: &mut Io) {
+    let retry = super::http::RETRY_AFTER.to_string();
+    let why = "the server holds --max-connections subscribers; try again later\n";
+    reply_with(
+        w,
+        stream,
+        503,
+        "text/plain",
+        &[("Retry-After", &retry)],
+        why.as_bytes(),
+        false,
+    )
+    .await;
+}
+
+/// Answers a refused request (401 with `WWW-Authenticate`, or 403), counts
+/// it, and closes. The body is the refusal's fixed text.
+pub(crate) async fn refuse(w: &Worker, stream: &mut Io, why: Refusal) {
+    w.counters.refused(why.label());
+    let challenge = why.www_authenticate();
+    let body = format!("{why}\n");
+    reply_with(
+        w,
+        stream,
+        why.status(),
+        "text/plain",
+        &[("WWW-Authenticate", &challenge)],
+        body.as_bytes(),
+        false,
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use throng_proto::http::parse_request;
+
+    use super::*;
+
+    fn req(head: &str) -> Request {
+        let text = format!("{head}\r\n\r\n");
+        parse_request(text.as_bytes(), 16 * 1024)
+            .unwrap()
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn a_token_comes_from_the_header_then_the_protocol_then_the_query() {
+        let r = req("GET /news?token=q.q.q HTTP/1.1\r\nAuthorization: bearer  h.h.h ");
+        assert_eq!(bearer(&r), Some(&b"h.h.h"[..]));
+        let r = req(
+            "GET /news?token=q.q.q HTTP/1.1\r\nSec-WebSocket-Protocol: throng\r\nSec-WebSocket-Protocol: x, bearer.p.p.p",
+        );
+        assert_eq!(bearer(&r), Some(&b"p.p.p"[..]));
+        assert_eq!(protocol(&r), Some("throng"));
+        let r = req("GET /news?a=1&token=q.q.q&b=2 HTTP/1.1");
+        assert_eq!(bearer(&r), Some(&b"q.q.q"[..]));
+        assert_eq!(protocol(&r), None);
+        let r =
+            req("GET /news HTTP/1.1\r\nAuthorization: Basic abc\r\nSec-WebSocket-Protocol: bearer");
+        assert_eq!(
+            bearer(&r),
+            None,
+            "neither a bearer header nor a bearer. entry"
+        );
+        let r = req("GET /news?tokens=x HTTP/1.1");
+        assert_eq!(bearer(&r), None);
+    }
+}
