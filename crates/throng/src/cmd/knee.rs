@@ -188,6 +188,16 @@ struct HeldArgs {
     #[arg(long, value_name = "URL")]
     publish: Option<String>,
 
+    /// --publish https:// or rediss://: PEM file of the CA certificate(s) that signed the
+    /// publish endpoint's certificate. Default: the system bundle.
+    #[arg(long, value_name = "FILE")]
+    publish_tls_ca: Option<PathBuf>,
+
+    /// --publish https:// or rediss://: do not check the publish endpoint's certificate at all
+    /// (trials with a self-signed certificate only).
+    #[arg(long, conflicts_with = "publish_tls_ca")]
+    publish_tls_insecure: bool,
+
     /// Publish calls in flight at most, one connection each (messages are due on a
     /// schedule; waiting for a free connection is the generator's lag).
     #[arg(long, default_value_t = 64, value_name = "N")]
@@ -427,7 +437,10 @@ fn publish_settings(h: &HeldArgs, rate: f64) -> anyhow::Result<PublishSettings> 
         ),
     };
     let mut target: PublishTarget = url.parse().with_context(|| format!("--publish {url}"))?;
-    target.set_trust(None, false)?;
+    let warning = target.set_trust(h.publish_tls_ca.clone(), h.publish_tls_insecure)?;
+    if let Some(w) = warning {
+        eprintln!("throng: WARNING: {w}");
+    }
     if h.publish_connections == 0 {
         anyhow::bail!("--publish-connections must be at least 1");
     }
