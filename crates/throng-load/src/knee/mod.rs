@@ -361,8 +361,8 @@ fn start_lines(
             ..
         } => {
             out.push(format!(
-                "  each level opens its connections at {}, then publishes {}/s to {} over up to {} connections, \
-                 every message timestamped with its due time",
+                "  each level opens its connections at {}, then publishes {}/s (--publish-rate) of {} B (--message-size) \
+                 to {} over up to {} connections (--publish-connections), every message timestamped with its due time",
                 connect_rate.map_or(
                     format!(
                         "the level / {} (at least 100/s; --rate)",
@@ -371,15 +371,21 @@ fn start_lines(
                     |r| format!("{r} (--rate)")
                 ),
                 publish.rate,
+                publish.message_size,
                 publish.target,
                 publish.connections
             ));
         }
         Load::Publish { hold: h, publish } => {
             out.push(format!(
-                "  each level holds {} subscribers (opened at {}), then publishes at the level's rate to {} \
-                 over up to {} connections (--publish-connections), every message timestamped with its due time",
-                h.connections, h.rate, publish.target, publish.connections
+                "  each level holds {} subscribers (--connections, opened at {}: --rate), then publishes messages of {} B \
+                 (--message-size) at the level's rate to {} over up to {} connections (--publish-connections), \
+                 every message timestamped with its due time",
+                h.connections,
+                h.rate,
+                publish.message_size,
+                publish.target,
+                publish.connections
             ));
         }
         Load::Attack(_) => {}
@@ -390,8 +396,12 @@ fn start_lines(
         html.display()
     ));
     out.push(format!(
-        "  each level runs this {} (shown at the first level):",
-        mode.name()
+        "  each level runs this {} (shown at {}):",
+        mode.name(),
+        match mode {
+            Mode::Hold => "the largest level, which must fit this machine",
+            Mode::Attack | Mode::Publish => "the first level",
+        }
     ));
     out.extend(mode_lines.into_iter().map(|l| format!("  {l}")));
     out
