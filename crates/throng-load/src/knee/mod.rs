@@ -189,12 +189,6 @@ pub fn prepare(req: Request) -> Result<Prepared, KneeError> {
         ));
     }
     let (plan, mode_lines) = plan(&req)?;
-    std::fs::create_dir_all(&req.out_dir).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot create {}: {e}", req.out_dir.display()),
-        )
-    })?;
     let stamp = throng_report::format::rfc3339(now_unix_ns()).replace([':', '-'], "");
     let results = req.out_dir.join(format!("knee-{stamp}.jsonl"));
     let html = req.out_dir.join(format!("knee-{stamp}.html"));
@@ -415,6 +409,13 @@ impl Prepared {
 
     /// Runs the search to its end; writes the result file and the page.
     pub fn run(mut self) -> Result<Finished, KneeError> {
+        // Made here, not in `prepare`: a plan only printed leaves no folder.
+        std::fs::create_dir_all(&self.req.out_dir).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot create {}: {e}", self.req.out_dir.display()),
+            )
+        })?;
         let mode = self.plan.mode();
         let begun = Instant::now();
         let settings = serde_json::json!({

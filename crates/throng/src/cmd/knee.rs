@@ -39,7 +39,8 @@ X\") instead of reporting a false knee.
 
 Exit status: 0 a knee was found within the range; 1 no knee (the target met
 the objective up to --to, or failed at --from, or the generator saturated
-first); 2 bad arguments or a failed run.
+first); 2 bad arguments, a failed run, or Ctrl-C (which stops the level
+under way and prints what the search had found so far).
 
 Examples:
   throng knee attack --url http://127.0.0.1:8080/ping --from 500/s --to 50k/s
@@ -123,6 +124,11 @@ struct SearchArgs {
     /// No progress lines (the start lines and the result still print).
     #[arg(short, long)]
     quiet: bool,
+
+    /// Plan the search on this machine (the largest level must fit) and print the
+    /// plan, then exit without sending anything.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// `throng knee attack`.
@@ -324,6 +330,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     })?;
     for line in prepared.lines() {
         progress.say(line);
+    }
+    if search.dry_run {
+        progress.say("dry run: the search fits this machine; nothing started");
+        return Ok(ExitCode::SUCCESS);
     }
     let done = prepared.run().context("knee")?;
     if json {
