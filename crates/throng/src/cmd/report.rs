@@ -98,7 +98,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                     eprintln!("throng report: warning: {d}");
                 }
             }
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            if knees.is_empty() {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                // A knee search's result goes beside the merged figures, as
+                // `knees` (the same object `throng knee --format json` prints).
+                let mut json = serde_json::to_value(&report)?;
+                if let Some(fields) = json.as_object_mut() {
+                    fields.insert("knees".into(), serde_json::to_value(&knees)?);
+                }
+                println!("{}", serde_json::to_string_pretty(&json)?);
+            }
         }
     }
     if let Some(path) = &args.html {

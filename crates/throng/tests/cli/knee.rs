@@ -263,6 +263,22 @@ fn a_target_that_never_breaks_has_no_knee_below_to() {
     assert!(runs.iter().all(|r| r["verdict"] == "pass"), "{}", s.stdout);
     // Never past --to.
     assert!(runs.iter().all(|r| r["level"].as_f64() <= Some(400.0)));
+    // throng report gives the same search back in its JSON.
+    let results = std::fs::read_dir(dir.path())
+        .expect("the out dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .expect("a result file");
+    let out = output_within(
+        throng()
+            .arg("report")
+            .arg(&results)
+            .args(["--format", "json"]),
+        Duration::from_secs(60),
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(report["knees"][0]["outcome"], s.knee["outcome"], "{report}");
+    assert_eq!(report["knees"][0]["runs"], s.knee["runs"]);
     let text = knee(
         &dir,
         &[
