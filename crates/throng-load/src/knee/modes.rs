@@ -38,7 +38,7 @@ const MIN_CONNECT_RATE: f64 = 100.0;
 #[derive(Debug)]
 // One plan per search: the size of its variants does not matter.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Plan {
+pub(crate) enum Plan {
     /// Requests per second.
     Attack {
         /// The run at `--from`; each level changes its rate.
@@ -64,32 +64,32 @@ pub(super) enum Plan {
 
 /// What every level's run shares.
 #[derive(Debug, Clone)]
-pub(super) struct Common {
-    pub(super) objective: Objective,
-    pub(super) warmup: Duration,
-    pub(super) step: Duration,
-    pub(super) results: std::path::PathBuf,
-    pub(super) command_line: Vec<String>,
+pub(crate) struct Common {
+    pub(crate) objective: Objective,
+    pub(crate) warmup: Duration,
+    pub(crate) step: Duration,
+    pub(crate) results: std::path::PathBuf,
+    pub(crate) command_line: Vec<String>,
 }
 
 /// What one run of a level showed, before the verdict.
 #[derive(Debug)]
-pub(super) struct Seen {
-    pub(super) figures: Figures,
-    pub(super) started_ns: u64,
-    pub(super) measured_s: f64,
-    pub(super) offered: f64,
-    pub(super) achieved: f64,
-    pub(super) offered_deliveries: Option<f64>,
-    pub(super) host_cpu: Option<f64>,
-    pub(super) host_mem_used_bytes: Option<u64>,
-    pub(super) failed_early: Option<String>,
-    pub(super) interrupted: bool,
+pub(crate) struct Seen {
+    pub(crate) figures: Figures,
+    pub(crate) started_ns: u64,
+    pub(crate) measured_s: f64,
+    pub(crate) offered: f64,
+    pub(crate) achieved: f64,
+    pub(crate) offered_deliveries: Option<f64>,
+    pub(crate) host_cpu: Option<f64>,
+    pub(crate) host_mem_used_bytes: Option<u64>,
+    pub(crate) failed_early: Option<String>,
+    pub(crate) interrupted: bool,
 }
 
 impl Plan {
     /// Which mode this is.
-    pub(super) fn mode(&self) -> Mode {
+    pub(crate) fn mode(&self) -> Mode {
         match self {
             Self::Attack { .. } => Mode::Attack,
             Self::Hold { .. } => Mode::Hold,
@@ -98,7 +98,7 @@ impl Plan {
     }
 
     /// How long a run of `level` should take, start to end.
-    pub(super) fn estimate(&self, level: f64, c: &Common) -> Duration {
+    pub(crate) fn estimate(&self, level: f64, c: &Common) -> Duration {
         // Workers starting, the last answers, the last interval flushed.
         let overhead = Duration::from_secs(4);
         let measured = c.warmup + c.step + overhead;
@@ -116,8 +116,11 @@ impl Plan {
         }
     }
 
-    /// Runs `level` once.
-    pub(super) fn run_level(
+    /// Runs `level` once: the one level runner, a function of the plan
+    /// alone, so another driver of levels (the harness spread over agents,
+    /// say) runs a level as the search does. The search judges what it
+    /// returns; this neither judges nor decides what runs next.
+    pub(crate) fn run_level(
         &self,
         level: f64,
         banner: &str,
