@@ -5,7 +5,11 @@
 #
 #   scripts/bench-knee.sh                      build (release) and run
 #   THRONG=path/to/throng scripts/bench-knee.sh
-#   RUNS=3 STEP=5s WARMUP=2s REPEAT=3 scripts/bench-knee.sh
+#   RUNS=3 STEP=5s WARMUP=2s REPEAT=3 SEED_RUNS=1 scripts/bench-knee.sh
+#   SEED_RUNS=0 scripts/bench-knee.sh          A and B only
+#   OUT=dir scripts/bench-knee.sh              keep every search's result file
+#                                              and page in dir (throng report
+#                                              prints a search's table)
 #
 # Two targets, each searched RUNS times with the default objective (p99 at
 # most 100ms, errors at most 0.1%):
@@ -17,6 +21,13 @@
 # Before each target's searches: `throng attack --max` with 64, 128 and 256
 # connections, 5 s each; the best of them is the closed model's capacity,
 # and each knee is shown as a share of it.
+# Then the seed's question, docs/knee.md's worked example, searched
+# SEED_RUNS times each way (no --max: a closed pool of a few hundred
+# connections says nothing of requests that take up to a second):
+#   C1. /ping with `sleep: 1000` and an objective of p99 at most 1.2s, with
+#       the generator's default --max-connections 10000;
+#   C2. the same with room for the requests in flight (--max-connections
+#       39000: two workers under the 20,000-file limit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
@@ -25,6 +36,8 @@ RUNS=${RUNS:-3}
 STEP=${STEP:-5s}
 WARMUP=${WARMUP:-2s}
 REPEAT=${REPEAT:-3}
+SEED_RUNS=${SEED_RUNS:-1}
+OUT=${OUT:-}
 
 if [ -z "${THRONG:-}" ]; then
   cargo build --release -q -p throng
@@ -82,16 +95,24 @@ machine_line
 echo "throng serve (1 worker) on http://$backend/ping; HAProxy (4 at a time) on 127.0.0.1:$lb_port"
 echo "each search: --step-duration $STEP --warmup $WARMUP --repeat $REPEAT, default objective; $RUNS searches per target"
 
-# bench NAME URL FROM TO [HEADER...]: the best --max rate, then RUNS searches.
+# share KNEE BEST: KNEE as a share of the best --max rate ("-" without one).
+share() { awk -v k="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", k / b; else printf "-"}'; }
+
+# bench NAME URL FROM TO [HEADER...]: the best --max rate (with each of
+# MAX_CONNECTIONS, none when empty), then SEARCHES searches with the extra
+# knee arguments KNEE_ARGS.
+MAX_CONNECTIONS="64 128 256"
+SEARCHES=$RUNS
+KNEE_ARGS=()
 bench() {
   local name=$1 url=$2 from=$3 to=$4
   shift 4
   local headers=()
   for h in "$@"; do headers+=(-H "$h"); done
   echo
-  echo "== $name: $url ${*:+(-H $*)}"
+  echo "== $name: $url ${*:+(-H $*)} ${KNEE_ARGS[*]}"
   local best=0
-  for c in 64 128 256; do
+  for c in $MAX_CONNECTIONS; do
     "$THRONG" attack --url "$url" "${headers[@]}" --max --connections "$c" --duration 5s \
       --format json -q >"$tmp/max.json" 2>/dev/null
     local t
@@ -100,22 +121,22 @@ bench() {
       "$(jq '[.errors[]] | add // 0' <"$tmp/max.json")"
     best=$(awk -v a="$best" -v b="$t" 'BEGIN {print (b > a) ? b : a}')
   done
-  printf '  best --max: %.0f req/s\n' "$best"
+  [ -n "$MAX_CONNECTIONS" ] && printf '  best --max: %.0f req/s\n' "$best"
   : >"$tmp/knees.txt"
-  for run in $(seq "$RUNS"); do
+  for run in $(seq "$SEARCHES"); do
     local t0 t1 code=0
     t0=$(date +%s.%N)
     "$THRONG" knee attack --url "$url" "${headers[@]}" --from "$from" --to "$to" \
-      --step-duration "$STEP" --warmup "$WARMUP" --repeat "$REPEAT" \
-      --format json -q --out-dir "$tmp/out" >"$tmp/knee.json" 2>"$tmp/knee.err" || code=$?
+      --step-duration "$STEP" --warmup "$WARMUP" --repeat "$REPEAT" "${KNEE_ARGS[@]}" \
+      --format json -q --out-dir "${OUT:-$tmp/out}" >"$tmp/knee.json" 2>"$tmp/knee.err" || code=$?
     t1=$(date +%s.%N)
     local kind knee fail runs
     kind=$(jq -r '.outcome.kind' <"$tmp/knee.json")
     knee=$(jq -r '.outcome.knee // .outcome.at // .outcome.passed // 0' <"$tmp/knee.json")
     fail=$(jq -r '.outcome.first_failing // "-"' <"$tmp/knee.json")
     runs=$(jq '.runs | length' <"$tmp/knee.json")
-    printf '  search %s: %-20s %8.0f req/s (first failing %s) = %.2f x best --max; %s level runs in %.0f s; exit %s\n' \
-      "$run" "$kind" "$knee" "$fail" "$(awk -v k="$knee" -v b="$best" 'BEGIN {print k / b}')" "$runs" \
+    printf '  search %s: %-20s %8.0f req/s (first failing %s) = %s x best --max; %s level runs in %.0f s; exit %s\n' \
+      "$run" "$kind" "$knee" "$fail" "$(share "$knee" "$best")" "$runs" \
       "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" "$code"
     jq -r '.runs[] | "      \(.run) \(.level)/s \(.phase) \(.verdict): p99 \(.latency_us.p99)us lag p99 \(.lag_us.p99)us gen CPU \(.generator_cpu * 100 | floor)% \(.reasons[0] // "")"' \
       <"$tmp/knee.json" | cut -c1-180
@@ -125,10 +146,19 @@ bench() {
   lo=$(sort -n "$tmp/knees.txt" | head -1)
   hi=$(sort -n "$tmp/knees.txt" | tail -1)
   med=$(median <"$tmp/knees.txt")
-  printf '  knees: min %.0f, median %.0f, max %.0f req/s; spread (max - min) / median %.1f%%; median = %.2f x best --max\n' \
-    "$lo" "$med" "$hi" "$(awk -v a="$lo" -v b="$hi" -v m="$med" 'BEGIN {print (b - a) / m * 100}')" \
-    "$(awk -v m="$med" -v b="$best" 'BEGIN {print m / b}')"
+  printf '  knees: min %.0f, median %.0f, max %.0f req/s; spread (max - min) / median %.1f%%; median = %s x best --max\n' \
+    "$lo" "$med" "$hi" "$(awk -v a="$lo" -v b="$hi" -v m="$med" 'BEGIN {print (m > 0) ? (b - a) / m * 100 : 0}')" \
+    "$(share "$med" "$best")"
 }
 
 bench "A. throng serve /ping" "http://$backend/ping" 1000/s 100k/s
 bench "B. HAProxy maxconn 4 in front of /ping, sleep: 20" "http://127.0.0.1:$lb_port/ping" 50/s 2000/s "sleep: 20"
+
+if [ "$SEED_RUNS" -gt 0 ]; then
+  MAX_CONNECTIONS=""
+  SEARCHES=$SEED_RUNS
+  KNEE_ARGS=(--slo-p99 1.2s)
+  bench "C1. the seed's question, the generator's default connections" "http://$backend/ping" 4000/s 32k/s "sleep: 1000"
+  KNEE_ARGS=(--slo-p99 1.2s --max-connections 39000)
+  bench "C2. the seed's question, room for the requests in flight" "http://$backend/ping" 4000/s 32k/s "sleep: 1000"
+fi
