@@ -51,11 +51,12 @@ tmp=$(mktemp -d)
 server_pid=""
 haproxy_pid=""
 cleanup() {
+  # What the peers exit with (killed: 143) is not the benchmark's status.
   [ -n "$haproxy_pid" ] && kill "$haproxy_pid" 2>/dev/null && wait "$haproxy_pid" 2>/dev/null
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
   rm -rf "$tmp"
 }
-trap cleanup EXIT
+trap 'code=$?; cleanup; exit $code' EXIT
 
 "$THRONG" serve --listen 127.0.0.1:0 --workers 1 --json >"$tmp/serve.json" 2>"$tmp/serve.err" &
 server_pid=$!
