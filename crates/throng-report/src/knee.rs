@@ -495,8 +495,8 @@ pub fn table(k: &Knee) -> String {
                 Phase::Repeat => "repeat",
             }
             .to_owned(),
-            count(r.offered),
-            count(r.achieved),
+            rate(r.offered),
+            rate(r.achieved),
             lat(l.p50),
             lat(l.p90),
             lat(l.p99),
@@ -562,6 +562,12 @@ pub fn table(k: &Knee) -> String {
         let _ = writeln!(o, "{}", cells.join("  ").trim_end());
     }
     o
+}
+
+/// A measured rate for the table: whole from 100 on (a tenth of one in
+/// 8000.5/s says nothing), as measured below that (32.8/s).
+fn rate(v: f64) -> String {
+    count(if v.abs() >= 100.0 { v.round() } else { v })
 }
 
 /// The HTML page: the conclusion, latency percentiles and achieved load
@@ -856,5 +862,14 @@ mod tests {
         assert_eq!(median(vec![4.0, 1.0]), Some(1.0));
         assert_eq!(median(vec![f64::NAN]), None);
         assert_eq!(median(Vec::new()), None);
+    }
+
+    // 7998.5 requests/s offered read as more precise than a rate measured
+    // over a few seconds is.
+    #[test]
+    fn measured_rates_are_whole_from_a_hundred_on() {
+        assert_eq!(rate(7998.5), "7999");
+        assert_eq!(rate(16_040.0), "16.0k");
+        assert_eq!(rate(32.8), "32.8");
     }
 }
