@@ -51,9 +51,10 @@ tmp=$(mktemp -d)
 server_pid=""
 haproxy_pid=""
 cleanup() {
-  # What the peers exit with (killed: 143) is not the benchmark's status.
-  [ -n "$haproxy_pid" ] && kill "$haproxy_pid" 2>/dev/null && wait "$haproxy_pid" 2>/dev/null
-  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+  # What the peers exit with (killed: 143) is not the benchmark's status;
+  # under set -e a failing wait would end the trap with it.
+  [ -n "$haproxy_pid" ] && kill "$haproxy_pid" 2>/dev/null && wait "$haproxy_pid" 2>/dev/null || true
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap 'code=$?; cleanup; exit $code' EXIT
