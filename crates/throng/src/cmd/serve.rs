@@ -79,6 +79,8 @@ Examples:
       --tls-cert cert.pem --tls-key key.pem
   throng serve --listen 0.0.0.0:8080 --redis redis://10.0.0.6:6379
   throng serve --listen 127.0.0.1:0 --json --dry-run")]
+// The doc comments are `--help` text, where a bare URL reads best.
+#[allow(rustdoc::bare_urls)]
 pub(crate) struct Args {
     /// Address to listen on; repeat for more. A range HOST:FIRST-LAST opens a listener
     /// per port (more ports = more client source ports on one machine). Port 0 picks a free port.
