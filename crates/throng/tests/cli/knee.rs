@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use throng_testkit::haproxy::Haproxy;
 use throng_testkit::hold_server::HoldServer;
-use throng_testkit::process::{output_within, signal, text};
+use throng_testkit::process::{alone, output_within, signal, text};
 use throng_testkit::{Peer, TempDir, free_port, require};
 
 use crate::{serve, throng};
@@ -106,6 +106,9 @@ fn assert_near(s: &Searched, capacity: f64) -> f64 {
 
 #[test]
 fn the_knee_of_requests_lies_at_the_capacity_a_saturating_run_measures() {
+    // A capacity measured while other tests of this binary load the same
+    // two cores is theirs as much as the target's: this one runs alone.
+    alone();
     require!(Peer::Haproxy);
     // 4 requests at a time, each sleeping 0..20 ms (10 ms on average):
     // at most 400/s, less the overheads.
@@ -172,6 +175,9 @@ fn the_knee_of_requests_lies_at_the_capacity_a_saturating_run_measures() {
 
 #[test]
 fn the_knee_of_publishing_lies_at_the_capacity_a_saturating_run_measures() {
+    // A capacity measured while other tests of this binary load the same
+    // two cores is theirs as much as the target's: this one runs alone.
+    alone();
     require!(Peer::Haproxy, Peer::NodeWs);
     // 2 publishes at a time, each delivered after 10 ms: at most 200/s.
     let peer = HoldServer::node(&["--publish-delay", "10"]);
@@ -245,6 +251,9 @@ fn hold_levels_judge_connects_and_deliveries_to_every_connection() {
 
 #[test]
 fn a_target_that_never_breaks_has_no_knee_below_to() {
+    // A few hundred pings a second never break throng serve; the objective
+    // is loose so that other tests loading the machine do not either (at
+    // 100% host CPU a 100 ms p99 was missed once at 200/s).
     let server = serve(&["--workers", "1"]);
     let dir = TempDir::new("knee-never");
     let url = format!("http://{}/ping", server.addr);
@@ -252,7 +261,7 @@ fn a_target_that_never_breaks_has_no_knee_below_to() {
         &dir,
         &[
             &["attack", "--url", &url, "--from", "100/s", "--to", "400/s"][..],
-            &["--step-duration", "2s"],
+            &["--step-duration", "2s", "--slo-p99", "1s"],
             &QUICK,
         ]
         .concat(),
@@ -284,6 +293,7 @@ fn a_target_that_never_breaks_has_no_knee_below_to() {
         &[
             &["attack", "--url", &url, "--from", "100/s", "--to", "200/s"][..],
             &["--step-duration", "1s", "--warmup", "1s", "--repeat", "1"],
+            &["--slo-p99", "1s"],
         ]
         .concat(),
     );
