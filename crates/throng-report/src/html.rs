@@ -9,8 +9,8 @@
 //! The page is also well-formed XML, so tests (and tools) can parse it.
 //!
 //! The plot drawing is shared with the knee's page ([`crate::knee`]), whose
-//! x axis is the load instead of time: a [`Plot`] takes where each point
-//! sits along an [`XAxis`], and may carry vertical [`Mark`]s.
+//! x axis is the load instead of time: a `Plot` takes where each point
+//! sits along an `XAxis`, and may carry vertical `Mark`s.
 
 use std::fmt::Write as _;
 

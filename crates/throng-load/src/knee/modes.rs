@@ -32,7 +32,7 @@ use crate::pacer::RateSpec;
 /// given (`hold`: the level over this; `publish`: the subscribers).
 pub const OPEN_IN: Duration = Duration::from_secs(5);
 /// The slowest default connect rate.
-const MIN_CONNECT_RATE: f64 = 100.0;
+pub const MIN_CONNECT_RATE: f64 = 100.0;
 
 /// A mode, planned once before the search.
 #[derive(Debug)]
