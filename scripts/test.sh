@@ -65,7 +65,7 @@ probe_python_jwt() {
   python3 -c 'import jwt, cryptography, cryptography.hazmat.primitives.asymmetric.ed25519; print("PyJWT", jwt.__version__, "cryptography", cryptography.__version__)' 2>/dev/null
 }
 probe_node_ws() {
-  (cd tests/peers && node -e 'console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
+  (cd tests/peers && node -e 'require.resolve("eventsource"); console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
 }
 
 # peer | its probe | its Debian package (none: installed by pip or npm below)

@@ -8,6 +8,10 @@
 //! - `tls_mem` (`scripts/bench-tls.sh`): rustls's heap per idle connection,
 //!   counted by allocator, and the cost of one handshake signature.
 //!
+//! - `rejoin_bench` (`scripts/bench-history.sh`): recovery of M messages
+//!   to N subscribers reconnecting at once.
+//!
 //! What they share lives here.
 
+pub mod served;
 pub mod trust_all;

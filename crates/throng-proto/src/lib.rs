@@ -1,6 +1,6 @@
 //! Sans-I/O protocol code shared by the throng server and load harness:
-//! WebSocket ([`ws`]), HTTP/1.1 heads and bodies ([`http`]) and the Redis
-//! protocol RESP2 ([`resp`]).
+//! WebSocket ([`ws`]), HTTP/1.1 heads and bodies ([`http`]), the Redis
+//! protocol RESP2 ([`resp`]) and Server-Sent Events ([`sse`]).
 //!
 //! Nothing here touches a socket or a clock: callers hand in bytes and get
 //! back parsed heads, frames and the bytes to write. The same WebSocket codec
@@ -19,4 +19,5 @@
 
 pub mod http;
 pub mod resp;
+pub mod sse;
 pub mod ws;

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::control::{Message, Record};
+use crate::history::MessageId;
 use crate::metrics::BrokerStats;
 use crate::redis::{self, Command, RedisMode, RedisSettings};
 use crate::relay::Publisher;
@@ -74,6 +75,27 @@ impl Broker {
         }
     }
 
+    /// Whether the history is the broker's (Redis Streams), not this node's.
+    pub(crate) fn keeps_history(&self) -> bool {
+        matches!(self, Self::Redis(r) if r.settings.history.is_some())
+    }
+
+    /// Recoveries the broker's history answered: complete, incomplete.
+    pub(crate) fn recoveries(&self) -> (u64, u64) {
+        match self {
+            Self::Redis(r) => r.recovered,
+            Self::Local => (0, 0),
+        }
+    }
+
+    /// Asks the broker's history for what `channel` kept after `since`
+    /// (only when [`Broker::keeps_history`]); the answer comes as news.
+    pub(crate) fn recover(&mut self, to: Publisher, channel: String, since: MessageId) {
+        if let Self::Redis(r) = self {
+            r.recover(to, channel, since);
+        }
+    }
+
     /// Worker slot `i` is gone, with its subscribers.
     pub(crate) fn worker_gone(&mut self, i: usize) {
         if let Self::Redis(r) = self {
@@ -121,6 +143,10 @@ pub(crate) struct Remote {
     reason: String,
     next_tag: u64,
     waiting: HashMap<u64, Publisher>,
+    /// Recoveries sent to Redis, by tag: the worker and its rejoin request.
+    recovering: HashMap<u64, Publisher>,
+    /// Recoveries Redis answered: complete, incomplete.
+    recovered: (u64, u64),
     /// Channels mode: per worker slot, the channels it has subscribers of.
     interest: Vec<HashSet<String>>,
     /// Channels mode: per channel, how many workers have subscribers of it.
@@ -143,6 +169,8 @@ impl Remote {
             reason: "connecting".into(),
             next_tag: 1,
             waiting: HashMap::new(),
+            recovering: HashMap::new(),
+            recovered: (0, 0),
             interest: vec![HashSet::new(); workers],
             nodes: HashMap::new(),
             stats: BrokerStats::default(),
@@ -170,12 +198,35 @@ impl Remote {
         Ok(())
     }
 
+    /// Asks Redis what `channel`'s stream kept after `since`, for rejoin
+    /// request `to.request` of worker `to.worker`.
+    fn recover(&mut self, to: Publisher, channel: String, since: MessageId) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.recovering.insert(tag, to);
+        let _ = self.cmds.send(Command::Recover {
+            tag,
+            channel,
+            since,
+        });
+    }
+
     /// Redis answered publish `tag`: who asked, and the record to answer with.
-    fn published(&mut self, tag: u64, result: Result<u64, String>) -> Option<(Publisher, Bytes)> {
+    fn published(
+        &mut self,
+        tag: u64,
+        result: Result<(u64, MessageId), String>,
+    ) -> Option<(Publisher, Bytes)> {
         let origin = self.waiting.remove(&tag)?;
         let id = origin.request;
         let rec = match result {
-            Ok(subscribers) => Record::Published { id, subscribers },
+            // The stream's id with history; without, none: each node
+            // numbers the message when it comes back to be relayed.
+            Ok((subscribers, message)) => Record::Published {
+                id,
+                subscribers,
+                message,
+            },
             Err(reason) => {
                 self.stats.publish_failures += 1;
                 Record::PublishFailed {
@@ -322,6 +373,7 @@ impl Remote {
             }
             redis::Event::Message {
                 channel,
+                id,
                 payload,
                 permit,
             } => {
@@ -329,6 +381,7 @@ impl Remote {
                 let text = std::str::from_utf8(&payload).is_ok();
                 let m = Message {
                     id: 0,
+                    message: id,
                     text,
                     channel,
                     payload,
@@ -345,6 +398,26 @@ impl Remote {
                 }
                 News::Nothing
             }
+            redis::Event::Recovered {
+                tag,
+                complete,
+                messages,
+            } => match self.recovering.remove(&tag) {
+                Some(to) => {
+                    if complete {
+                        self.recovered.0 += 1;
+                    } else {
+                        self.recovered.1 += 1;
+                    }
+                    let rec = Record::Recovered {
+                        id: to.request,
+                        complete,
+                        messages,
+                    };
+                    News::Answer(to, rec.encode())
+                }
+                None => News::Nothing,
+            },
             redis::Event::Published { tag, result } => match self.published(tag, result) {
                 Some((to, rec)) => News::Answer(to, rec),
                 None => News::Nothing,
@@ -381,6 +454,7 @@ mod tests {
             wait: false,
             trust: redis::Trust::default(),
             tls: None,
+            history: None,
         };
         (Remote::new(settings, tx, 3), rx)
     }
@@ -392,6 +466,7 @@ mod tests {
                 Command::Subscribe(c) => format!("+{c}"),
                 Command::Unsubscribe(c) => format!("-{c}"),
                 Command::Publish { channel, .. } => format!("publish {channel}"),
+                Command::Recover { channel, since, .. } => format!("recover {channel} {since}"),
             });
         }
         out
@@ -427,6 +502,7 @@ mod tests {
         r.interest(0, "a".into(), true);
         let m = Message {
             id: 5,
+            message: MessageId::NONE,
             text: true,
             channel: "a".into(),
             payload: Bytes::from_static(b"x"),
@@ -447,17 +523,21 @@ mod tests {
         assert_eq!(r.on_up(), None, "the first connection is not a reconnect");
         r.publish(from, m).unwrap();
         assert_eq!(drain(&mut rx), ["publish a"]);
-        let (to, rec) = r.published(1, Ok(2)).unwrap();
+        let (to, rec) = r.published(1, Ok((2, MessageId::NONE))).unwrap();
         assert_eq!(to, from);
         let mut buf = bytes::BytesMut::from(&rec[..]);
         assert_eq!(
             Record::decode(&mut buf).unwrap(),
             Some(Record::Published {
                 id: 5,
-                subscribers: 2
+                subscribers: 2,
+                message: MessageId::NONE
             })
         );
-        assert!(r.published(1, Ok(2)).is_none(), "answered once");
+        assert!(
+            r.published(1, Ok((2, MessageId::NONE))).is_none(),
+            "answered once"
+        );
         assert!(r.on_down("gone".into()));
         assert!(!r.stats().up);
         assert!(r.on_up().is_some());

@@ -84,6 +84,23 @@ pub struct Config {
     /// the supervisor with `max_connections`, inherited by the workers).
     #[serde(default)]
     pub shared_counters: Option<i32>,
+    /// Messages kept per channel for reconnecting subscribers (`--history`);
+    /// 0: none (messages still get ids).
+    #[serde(default)]
+    pub history: usize,
+    /// How long a kept message stays (`--history-ttl`); `None`: until pushed out.
+    #[serde(default)]
+    pub history_ttl: Option<Duration>,
+    /// Bytes the whole history may hold, oldest dropped first (`--history-max-memory`).
+    #[serde(default = "default_history_memory")]
+    pub history_max_memory: usize,
+}
+
+/// The default `--history-max-memory`.
+pub const DEFAULT_HISTORY_MEMORY: usize = 64 * 1024 * 1024;
+
+fn default_history_memory() -> usize {
+    DEFAULT_HISTORY_MEMORY
 }
 
 /// Limits per client address: an IPv4 address, or an IPv6 /64 (one
@@ -132,6 +149,9 @@ impl Default for Config {
             metrics_listen: Vec::new(),
             per_address: PerAddress::default(),
             shared_counters: None,
+            history: 0,
+            history_ttl: None,
+            history_max_memory: DEFAULT_HISTORY_MEMORY,
         }
     }
 }
@@ -214,6 +234,29 @@ impl fmt::Display for Config {
             None => writeln!(f, "  max-connections  (none)")?,
         }
         writeln!(f, "  max-message      {}", fmt_size(self.max_message))?;
+        if self.history == 0 {
+            writeln!(
+                f,
+                "  history          (none): ids on every message, nothing kept to recover (--history N)"
+            )?;
+        } else if self.redis_mode.is_some() {
+            writeln!(
+                f,
+                "  history          last ~{} per channel, for {}, in a Redis Stream per channel (shared by every node)",
+                self.history,
+                self.history_ttl
+                    .map_or_else(|| "ever".to_owned(), fmt_duration),
+            )?;
+        } else {
+            writeln!(
+                f,
+                "  history          last {} per channel, for {}, at most {} in all (oldest dropped first)",
+                self.history,
+                self.history_ttl
+                    .map_or_else(|| "ever".to_owned(), fmt_duration),
+                fmt_size(self.history_max_memory)
+            )?;
+        }
         writeln!(f, "  ping-interval    {}", fmt_duration(self.ping_interval))?;
         writeln!(f, "  idle-timeout     {}", fmt_duration(self.idle_timeout))?;
         writeln!(f, "  max-queue        {}", fmt_size(self.max_queue))?;

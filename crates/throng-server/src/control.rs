@@ -10,6 +10,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::addresses::{Source, Verdict};
+use crate::history::{Kept, MessageId};
 
 /// The largest record accepted; far above any `--max-message`.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024;
@@ -36,6 +37,28 @@ pub enum Record {
         id: u64,
         /// Sum over workers.
         subscribers: u64,
+        /// The message's id ([`MessageId::NONE`] when the node did not number it).
+        message: MessageId,
+    },
+    /// Worker → supervisor: a subscriber of `channel` reconnected after
+    /// message `since`; what followed it?
+    Recover {
+        /// Echoed in the answer.
+        id: u64,
+        /// The last message id the subscriber saw.
+        since: MessageId,
+        /// The channel.
+        channel: String,
+    },
+    /// Supervisor → worker: the answer to [`Record::Recover`] `id`: the
+    /// kept messages after `since`, and whether nothing else was missed.
+    Recovered {
+        /// The id of the [`Record::Recover`].
+        id: u64,
+        /// No message after `since` was dropped from the history.
+        complete: bool,
+        /// The kept messages after `since`, oldest first.
+        messages: Vec<Kept>,
     },
     /// Worker → supervisor: the worker's counters as JSON ([`crate::metrics::Snapshot`]).
     Snapshot(Bytes),
@@ -102,6 +125,8 @@ pub enum Record {
 pub struct Message {
     /// Publish request id (in `Publish`) or relay sequence number (in `Deliver`).
     pub id: u64,
+    /// The message's id in its channel's history (in `Deliver`; [`MessageId::NONE`] in `Publish`).
+    pub message: MessageId,
     /// Send as a text frame (else binary).
     pub text: bool,
     /// The channel, already validated.
@@ -139,6 +164,8 @@ const BROKER: u8 = 11;
 const ADMIT: u8 = 12;
 const ADMITTED: u8 = 13;
 const RELEASE: u8 = 14;
+const RECOVER: u8 = 15;
+const RECOVERED: u8 = 16;
 
 impl Record {
     /// Encodes the record, length prefix included.
@@ -157,20 +184,53 @@ impl Record {
                     DELIVER
                 });
                 out.put_u64_le(m.id);
+                out.put_u64_le(m.message.epoch);
+                out.put_u64_le(m.message.seq);
                 out.put_u8(u8::from(m.text));
                 // Channel names are at most 128 bytes (validated before any record is made).
                 out.put_u8(m.channel.len().min(255) as u8);
                 out.put_slice(&m.channel.as_bytes()[..m.channel.len().min(255)]);
                 out.put_slice(&m.payload);
             }
-            Self::Delivered { id, subscribers } | Self::Published { id, subscribers } => {
-                out.put_u8(if matches!(self, Self::Delivered { .. }) {
-                    DELIVERED
-                } else {
-                    PUBLISHED
-                });
+            Self::Delivered { id, subscribers } => {
+                out.put_u8(DELIVERED);
                 out.put_u64_le(*id);
                 out.put_u64_le(*subscribers);
+            }
+            Self::Published {
+                id,
+                subscribers,
+                message,
+            } => {
+                out.put_u8(PUBLISHED);
+                out.put_u64_le(*id);
+                out.put_u64_le(*subscribers);
+                out.put_u64_le(message.epoch);
+                out.put_u64_le(message.seq);
+            }
+            Self::Recover { id, since, channel } => {
+                out.put_u8(RECOVER);
+                out.put_u64_le(*id);
+                out.put_u64_le(since.epoch);
+                out.put_u64_le(since.seq);
+                out.put_slice(channel.as_bytes());
+            }
+            Self::Recovered {
+                id,
+                complete,
+                messages,
+            } => {
+                out.put_u8(RECOVERED);
+                out.put_u64_le(*id);
+                out.put_u8(u8::from(*complete));
+                out.put_u32_le(messages.len() as u32);
+                for k in messages {
+                    out.put_u64_le(k.id.epoch);
+                    out.put_u64_le(k.id.seq);
+                    out.put_u8(u8::from(k.text));
+                    out.put_u32_le(k.payload.len() as u32);
+                    out.put_slice(&k.payload);
+                }
             }
             Self::Snapshot(json) => {
                 out.put_u8(SNAPSHOT);
@@ -239,6 +299,8 @@ impl Record {
             | Self::Broker { text: b, .. } => b.len(),
             Self::Interest { channel, .. } => channel.len(),
             Self::Publish(m) | Self::Deliver(m) => m.channel.len() + m.payload.len(),
+            Self::Recover { channel, .. } => channel.len(),
+            Self::Recovered { messages, .. } => messages.iter().map(|k| 21 + k.payload.len()).sum(),
             _ => 0,
         }
     }
@@ -274,8 +336,12 @@ impl Record {
             CONFIG => Self::Config(rec),
             SNAPSHOT => Self::Snapshot(rec),
             PUBLISH | DELIVER => {
-                need(&rec, 10)?;
+                need(&rec, 26)?;
                 let id = rec.get_u64_le();
+                let message = MessageId {
+                    epoch: rec.get_u64_le(),
+                    seq: rec.get_u64_le(),
+                };
                 let text = rec.get_u8() != 0;
                 let clen = usize::from(rec.get_u8());
                 need(&rec, clen)?;
@@ -283,6 +349,7 @@ impl Record {
                     .map_err(|_| ControlError::Malformed("channel is not UTF-8"))?;
                 let m = Message {
                     id,
+                    message,
                     text,
                     channel,
                     payload: rec,
@@ -293,14 +360,66 @@ impl Record {
                     Self::Deliver(m)
                 }
             }
-            DELIVERED | PUBLISHED => {
+            DELIVERED => {
                 need(&rec, 16)?;
                 let id = rec.get_u64_le();
                 let subscribers = rec.get_u64_le();
-                if tag == DELIVERED {
-                    Self::Delivered { id, subscribers }
-                } else {
-                    Self::Published { id, subscribers }
+                Self::Delivered { id, subscribers }
+            }
+            PUBLISHED => {
+                need(&rec, 32)?;
+                let id = rec.get_u64_le();
+                let subscribers = rec.get_u64_le();
+                let message = MessageId {
+                    epoch: rec.get_u64_le(),
+                    seq: rec.get_u64_le(),
+                };
+                Self::Published {
+                    id,
+                    subscribers,
+                    message,
+                }
+            }
+            RECOVER => {
+                need(&rec, 24)?;
+                let id = rec.get_u64_le();
+                let since = MessageId {
+                    epoch: rec.get_u64_le(),
+                    seq: rec.get_u64_le(),
+                };
+                let channel = String::from_utf8(rec.to_vec())
+                    .map_err(|_| ControlError::Malformed("channel is not UTF-8"))?;
+                Self::Recover { id, since, channel }
+            }
+            RECOVERED => {
+                need(&rec, 13)?;
+                let id = rec.get_u64_le();
+                let complete = rec.get_u8() != 0;
+                let n = rec.get_u32_le() as usize;
+                // Each message takes at least 21 bytes: a count beyond that is a lie.
+                if n > rec.len() / 21 {
+                    return Err(ControlError::Malformed("record cut short"));
+                }
+                let mut messages = Vec::with_capacity(n);
+                for _ in 0..n {
+                    need(&rec, 21)?;
+                    let id = MessageId {
+                        epoch: rec.get_u64_le(),
+                        seq: rec.get_u64_le(),
+                    };
+                    let text = rec.get_u8() != 0;
+                    let len = rec.get_u32_le() as usize;
+                    need(&rec, len)?;
+                    messages.push(Kept {
+                        id,
+                        text,
+                        payload: rec.split_to(len),
+                    });
+                }
+                Self::Recovered {
+                    id,
+                    complete,
+                    messages,
                 }
             }
             METRICS_REQUEST => {
@@ -396,6 +515,7 @@ mod tests {
     fn all() -> Vec<Record> {
         let m = Message {
             id: 7,
+            message: MessageId { epoch: 1, seq: 2 },
             text: true,
             channel: "news".into(),
             payload: Bytes::from_static(b"hello"),
@@ -415,6 +535,28 @@ mod tests {
             Record::Published {
                 id: 2,
                 subscribers: 3,
+                message: MessageId { epoch: 4, seq: 5 },
+            },
+            Record::Recover {
+                id: 6,
+                since: MessageId { epoch: 7, seq: 8 },
+                channel: "news".into(),
+            },
+            Record::Recovered {
+                id: 6,
+                complete: false,
+                messages: vec![
+                    Kept {
+                        id: MessageId { epoch: 7, seq: 9 },
+                        text: true,
+                        payload: Bytes::from_static(b"one"),
+                    },
+                    Kept {
+                        id: MessageId { epoch: 7, seq: 10 },
+                        text: false,
+                        payload: Bytes::new(),
+                    },
+                ],
             },
             Record::Snapshot(Bytes::from_static(b"{\"open\":1}")),
             Record::MetricsRequest { id: 9 },

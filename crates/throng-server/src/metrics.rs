@@ -268,6 +268,8 @@ pub struct SupervisorStats {
     pub broker: Option<BrokerStats>,
     /// Addresses in the per-address table (`None`: no per-address limit).
     pub addresses: Option<u64>,
+    /// The channel history's figures (set at each `/metrics`).
+    pub history: Option<crate::history::Stats>,
 }
 
 /// The Redis broker as `/metrics` shows it.
@@ -557,7 +559,59 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
     if let Some(b) = &sup.broker {
         render_broker(&mut out, b);
     }
+    if let Some(h) = &sup.history {
+        render_history(&mut out, h);
+    }
     out
+}
+
+/// The channel history: what it holds, what it dropped and why, and how
+/// reconnecting subscribers fared.
+fn render_history(out: &mut String, h: &crate::history::Stats) {
+    let gauges = [
+        (
+            "throng_history_messages",
+            "Messages kept for reconnecting subscribers now.",
+            h.messages,
+        ),
+        (
+            "throng_history_bytes",
+            "Bytes the kept messages take (payloads and entries), under --history-max-memory.",
+            h.bytes,
+        ),
+        (
+            "throng_history_channels",
+            "Channels with kept messages now.",
+            h.channels,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        family(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    let name = "throng_history_dropped_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Kept messages dropped: pushed out by --history, older than --history-ttl, over --history-max-memory.",
+    );
+    for (reason, v) in [
+        ("count", h.dropped.count),
+        ("ttl", h.dropped.ttl),
+        ("memory", h.dropped.memory),
+    ] {
+        let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {v}");
+    }
+    let name = "throng_recoveries_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Reconnecting subscribers answered: everything since their id (complete), or told it was not (incomplete).",
+    );
+    let _ = writeln!(out, "{name}{{result=\"complete\"}} {}", h.complete);
+    let _ = writeln!(out, "{name}{{result=\"incomplete\"}} {}", h.incomplete);
 }
 
 fn render_broker(out: &mut String, b: &BrokerStats) {

@@ -32,6 +32,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use crate::channel;
+use crate::history::{Kept, MessageId};
+use crate::stream::{self, StreamLimits};
 
 /// How a node subscribes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +84,9 @@ pub struct RedisSettings {
     pub trust: Trust,
     /// `rediss://`: the TLS configuration made from `trust` (`None`: plain TCP).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Channel history in Redis Streams (`--history`): every node recovers
+    /// the same messages under the streams' ids ([`crate::stream`]).
+    pub history: Option<StreamLimits>,
 }
 
 impl RedisSettings {
@@ -110,11 +115,18 @@ impl RedisSettings {
         } else {
             String::new()
         };
+        let publish = match self.history {
+            Some(h) => format!(
+                "XADD {p}<channel> MAXLEN ~ {} and PUBLISH {p}<channel> in one script",
+                h.keep,
+                p = self.prefix
+            ),
+            None => format!("PUBLISH {}<channel>", self.prefix),
+        };
         format!(
-            "redis {} (mode {}: {what}; publish PUBLISH {}<channel>{tls}{})",
+            "redis {} (mode {}: {what}; publish {publish}{tls}{})",
             self.url,
             self.mode,
-            self.prefix,
             if self.wait {
                 "; --redis-wait: serve before Redis answers"
             } else {
@@ -179,6 +191,16 @@ pub enum Command {
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
     Unsubscribe(String),
+    /// What the stream of `channel` kept after `since` (with history);
+    /// answered with [`Event::Recovered`] `tag`.
+    Recover {
+        /// The supervisor's tag for the answer.
+        tag: u64,
+        /// The channel (without prefix).
+        channel: String,
+        /// The last id the subscriber saw.
+        since: MessageId,
+    },
 }
 
 /// What the broker task tells the supervisor.
@@ -198,6 +220,8 @@ pub enum Event {
     Message {
         /// The channel, prefix removed, validated.
         channel: String,
+        /// Its id in the channel's stream (with history; else none).
+        id: MessageId,
         /// The payload.
         payload: Bytes,
         /// One of [`MAX_IN_FLIGHT`].
@@ -210,8 +234,18 @@ pub enum Event {
     Published {
         /// The tag of the command.
         tag: u64,
-        /// Receivers (nodes subscribed, plus any other Redis client), or the reason.
-        result: Result<u64, String>,
+        /// Receivers (nodes subscribed, plus any other Redis client) and
+        /// the message's id (with history), or the reason.
+        result: Result<(u64, MessageId), String>,
+    },
+    /// The answer to a [`Command::Recover`].
+    Recovered {
+        /// The tag of the command.
+        tag: u64,
+        /// Nothing after `since` can have been trimmed.
+        complete: bool,
+        /// What the stream kept after `since`.
+        messages: Vec<Kept>,
     },
     /// Channels this node is subscribed to now (after a (un)subscribe confirmation).
     Subscriptions(i64),
@@ -276,16 +310,28 @@ enum Session {
 
 /// What is waiting for an answer on the publisher connection, in order.
 enum Waiting {
-    Publish(u64, Instant),
+    /// A publish; `true`: through the history script.
+    Publish(u64, bool, Instant),
     Ping(Instant),
+    /// Reply `step` (0, 1, 2) of a recovery's three ([`stream::recover`]).
+    Recover(u64, MessageId, u8, Instant),
 }
 
 impl Waiting {
     fn since(&self) -> Instant {
         match self {
-            Self::Publish(_, t) | Self::Ping(t) => *t,
+            Self::Publish(_, _, t) | Self::Ping(t) | Self::Recover(.., t) => *t,
         }
     }
+}
+
+/// A recovery waiting for its channel's subscription to be confirmed
+/// (channels mode): read before it, the stream could miss what is
+/// published between the read and the subscription.
+struct Parked {
+    tag: u64,
+    channel: String,
+    since: MessageId,
 }
 
 struct Link {
@@ -314,7 +360,34 @@ impl Link {
             Command::Unsubscribe(c) => {
                 self.channels.remove(&c);
             }
+            Command::Recover { tag, .. } => self.unrecovered(tag),
         }
+    }
+
+    /// Answers recovery `tag` with nothing, incomplete: the history cannot
+    /// be read now.
+    fn unrecovered(&self, tag: u64) {
+        let _ = self.events.send(Event::Recovered {
+            tag,
+            complete: false,
+            messages: Vec::new(),
+        });
+    }
+
+    /// Writes recovery `tag`'s three commands and what waits for them.
+    async fn recover(
+        &self,
+        w: &mut WriteHalf<Stream>,
+        waiting: &mut VecDeque<Waiting>,
+        p: Parked,
+    ) -> Result<(), String> {
+        let mut out = BytesMut::new();
+        stream::recover(&mut out, &self.settings.prefix, &p.channel, p.since);
+        let now = Instant::now();
+        for step in 0..3 {
+            waiting.push_back(Waiting::Recover(p.tag, p.since, step, now));
+        }
+        write(w, &out).await
     }
 
     /// One connection, greeted: plain or TLS as the URL says.
@@ -373,7 +446,27 @@ impl Link {
         let mut tick = tokio::time::interval(PING_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut permit: Option<OwnedSemaphorePermit> = None;
+        // Channels mode: subscriptions Redis confirmed, recoveries waiting
+        // for theirs, channels just confirmed; replies of a recovery so far.
+        let mut confirmed: HashSet<String> = HashSet::new();
+        let mut parked: Vec<Parked> = Vec::new();
+        let mut fresh: Vec<String> = Vec::new();
+        let mut parts: Vec<Value> = Vec::new();
         let result: Result<Session, String> = loop {
+            for c in fresh.drain(..) {
+                confirmed.insert(c);
+            }
+            if !parked.is_empty() {
+                let (ready, wait): (Vec<Parked>, Vec<Parked>) = parked
+                    .drain(..)
+                    .partition(|p| confirmed.contains(&p.channel));
+                parked = wait;
+                for p in ready {
+                    if let Err(e) = self.recover(&mut pub_wr, &mut waiting, p).await {
+                        return Ok(Session::Lost(e));
+                    }
+                }
+            }
             // Backpressure: read the subscriber connection only with a
             // permit in hand for the next message.
             if permit.is_none() {
@@ -389,6 +482,7 @@ impl Link {
                     &mut permit,
                     &mut confirming,
                     &mut sub_ping,
+                    &mut fresh,
                 )
             {
                 break Ok(Session::Lost(e));
@@ -404,7 +498,7 @@ impl Link {
                         Err(e) => break Ok(Session::Lost(format!("subscriber connection: {e}"))),
                         Ok(_) => {}
                     }
-                    match self.pushes(&dec, &mut sub_in, &mut permit, &mut confirming, &mut sub_ping) {
+                    match self.pushes(&dec, &mut sub_in, &mut permit, &mut confirming, &mut sub_ping, &mut fresh) {
                         Ok(()) => {}
                         Err(e) => break Ok(Session::Lost(e)),
                     }
@@ -415,7 +509,7 @@ impl Link {
                         Err(e) => break Ok(Session::Lost(format!("publisher connection: {e}"))),
                         Ok(_) => {}
                     }
-                    if let Err(e) = self.replies(&dec, &mut pub_in, &mut waiting) {
+                    if let Err(e) = self.replies(&dec, &mut pub_in, &mut waiting, &mut parts) {
                         break Ok(Session::Lost(e));
                     }
                 }
@@ -424,10 +518,25 @@ impl Link {
                     out.clear();
                     let sent = match cmd {
                         Command::Publish { tag, channel, payload } => {
-                            let name = format!("{prefix}{channel}");
-                            resp::encode_command(&mut out, &[b"PUBLISH", name.as_bytes(), &payload]);
-                            waiting.push_back(Waiting::Publish(tag, Instant::now()));
+                            match self.settings.history {
+                                Some(h) => stream::publish(&mut out, &prefix, &channel, &payload, h),
+                                None => {
+                                    let name = format!("{prefix}{channel}");
+                                    resp::encode_command(&mut out, &[b"PUBLISH", name.as_bytes(), &payload]);
+                                }
+                            }
+                            let kept = self.settings.history.is_some();
+                            waiting.push_back(Waiting::Publish(tag, kept, Instant::now()));
                             write(&mut pub_wr, &out).await
+                        }
+                        Command::Recover { tag, channel, since } => {
+                            let p = Parked { tag, channel, since };
+                            if self.settings.mode == RedisMode::Channels && !confirmed.contains(&p.channel) {
+                                parked.push(p);
+                                Ok(())
+                            } else {
+                                self.recover(&mut pub_wr, &mut waiting, p).await
+                            }
                         }
                         Command::Subscribe(c) => {
                             let name = format!("{prefix}{c}");
@@ -437,6 +546,13 @@ impl Link {
                         }
                         Command::Unsubscribe(c) => {
                             let name = format!("{prefix}{c}");
+                            confirmed.remove(&c);
+                            parked.retain(|p| {
+                                if p.channel == c {
+                                    self.unrecovered(p.tag);
+                                }
+                                p.channel != c
+                            });
                             self.channels.remove(&c);
                             resp::encode_command(&mut out, &[b"UNSUBSCRIBE", name.as_bytes()]);
                             write(&mut sub_wr, &out).await
@@ -476,14 +592,21 @@ impl Link {
             _ => "the server is stopping".into(),
         };
         for w in waiting {
-            if let Waiting::Publish(tag, _) = w {
-                let _ = self.events.send(Event::Published {
-                    tag,
-                    result: Err(format!(
-                        "the connection to Redis broke before it confirmed the publish ({why}); it may or may not have been delivered"
-                    )),
-                });
+            match w {
+                Waiting::Publish(tag, ..) => {
+                    let _ = self.events.send(Event::Published {
+                        tag,
+                        result: Err(format!(
+                            "the connection to Redis broke before it confirmed the publish ({why}); it may or may not have been delivered"
+                        )),
+                    });
+                }
+                Waiting::Recover(tag, _, 0, _) => self.unrecovered(tag),
+                _ => {}
             }
+        }
+        for p in parked {
+            self.unrecovered(p.tag);
         }
         result
     }
@@ -496,6 +619,7 @@ impl Link {
         permit: &mut Option<OwnedSemaphorePermit>,
         confirming: &mut usize,
         sub_ping: &mut Option<Instant>,
+        fresh: &mut Vec<String>,
     ) -> Result<(), String> {
         while permit.is_some() {
             let Some(v) = dec
@@ -526,16 +650,29 @@ impl Link {
                         )));
                         continue;
                     }
+                    let (id, payload) = match self.settings.history {
+                        Some(_) => stream::open(payload),
+                        None => (MessageId::NONE, payload),
+                    };
                     if let Some(p) = permit.take() {
                         let _ = self.events.send(Event::Message {
                             channel: name.to_owned(),
+                            id,
                             payload,
                             permit: p,
                         });
                     }
                     *permit = self.in_flight.clone().try_acquire_owned().ok();
                 }
-                Some(Push::Subscription { kind, count, .. }) => {
+                Some(Push::Subscription { kind, name, count }) => {
+                    if &kind[..] == b"subscribe"
+                        && let Some(c) = name
+                            .as_ref()
+                            .and_then(|n| n.strip_prefix(self.settings.prefix.as_bytes()))
+                            .and_then(|c| std::str::from_utf8(c).ok())
+                    {
+                        fresh.push(c.to_owned());
+                    }
                     if *confirming > 0 && (&kind[..] == b"subscribe" || &kind[..] == b"psubscribe")
                     {
                         *confirming -= 1;
@@ -568,21 +705,53 @@ impl Link {
         dec: &resp::Decoder,
         buf: &mut BytesMut,
         waiting: &mut VecDeque<Waiting>,
+        parts: &mut Vec<Value>,
     ) -> Result<(), String> {
         while let Some(v) = dec
             .decode(buf)
             .map_err(|e| format!("publisher connection: {e}"))?
         {
             match waiting.pop_front() {
-                Some(Waiting::Publish(tag, _)) => {
+                Some(Waiting::Publish(tag, true, _)) => {
+                    let _ = self.events.send(Event::Published {
+                        tag,
+                        result: stream::published(v).map(|(id, n)| (n, id)),
+                    });
+                }
+                Some(Waiting::Publish(tag, false, _)) => {
                     let result = match v {
-                        Value::Integer(n) => Ok(u64::try_from(n).unwrap_or(0)),
+                        Value::Integer(n) => Ok((u64::try_from(n).unwrap_or(0), MessageId::NONE)),
                         Value::Error(e) => {
                             Err(format!("Redis refused: {}", String::from_utf8_lossy(&e)))
                         }
                         other => Err(format!("unexpected Redis reply {other:?}")),
                     };
                     let _ = self.events.send(Event::Published { tag, result });
+                }
+                Some(Waiting::Recover(tag, since, step, _)) => {
+                    parts.push(v);
+                    if step == 2 {
+                        let mut it = parts.drain(..);
+                        let (Some(before), Some(after), Some(info)) =
+                            (it.next(), it.next(), it.next())
+                        else {
+                            return Err("a recovery's replies came apart".into());
+                        };
+                        drop(it);
+                        match stream::recovered(since, before, after, info) {
+                            Ok((complete, messages)) => {
+                                let _ = self.events.send(Event::Recovered {
+                                    tag,
+                                    complete,
+                                    messages,
+                                });
+                            }
+                            Err(e) => {
+                                log!("throng: a recovery from Redis failed: {e}");
+                                self.unrecovered(tag);
+                            }
+                        }
+                    }
                 }
                 Some(Waiting::Ping(_)) => {}
                 None => return Err(format!("Redis sent a reply nobody asked for: {v:?}")),
@@ -615,6 +784,7 @@ mod tests {
             wait: false,
             trust: Trust::default(),
             tls: None,
+            history: None,
         };
         assert_eq!(s("throng:").pattern(), "throng:*");
         assert_eq!(s("a*b?[c]\\").pattern(), "a\\*b\\?\\[c\\]\\\\*");

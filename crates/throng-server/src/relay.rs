@@ -13,6 +13,7 @@ use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::control::{Message, Record};
+use crate::history::MessageId;
 
 /// One worker process: its slot, and which start of that slot it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,6 +37,8 @@ pub(crate) struct Publisher {
 pub(crate) struct Answer {
     pub(crate) to: Publisher,
     pub(crate) subscribers: u64,
+    /// The message's id, for the publisher's answer.
+    pub(crate) message: MessageId,
 }
 
 impl Answer {
@@ -44,6 +47,7 @@ impl Answer {
         Record::Published {
             id: self.to.request,
             subscribers: self.subscribers,
+            message: self.message,
         }
         .encode()
     }
@@ -61,6 +65,8 @@ struct Pending {
     waiting: Vec<WorkerId>,
     /// Sum of the counts so far.
     subscribers: u64,
+    /// The message's id.
+    message: MessageId,
 }
 
 /// Every message in flight between the supervisor and its workers.
@@ -80,24 +86,29 @@ impl Relay {
         (id, Record::Deliver(Message { id, ..m }).encode())
     }
 
-    /// Message `id` went to the workers `to`; their counts go to `from`
-    /// (with `permit` held until then). With nobody to count, the answer
-    /// (0 subscribers) is due at once.
+    /// Message `id` (with history id `message`) went to the workers `to`;
+    /// their counts go to `from` (with `permit` held until then). With
+    /// nobody to count, the answer (0 subscribers) is due at once.
     pub(crate) fn wait_for(
         &mut self,
-        id: u64,
+        (id, message): (u64, MessageId),
         from: Option<Publisher>,
         permit: Option<OwnedSemaphorePermit>,
         to: Vec<WorkerId>,
     ) -> Option<Answer> {
         if to.is_empty() {
-            return from.map(|to| Answer { to, subscribers: 0 });
+            return from.map(|to| Answer {
+                to,
+                subscribers: 0,
+                message,
+            });
         }
         let pending = Pending {
             from,
             _permit: permit,
             waiting: to,
             subscribers: 0,
+            message,
         };
         self.pending.insert(id, pending);
         None
@@ -147,6 +158,7 @@ impl Relay {
         p.from.map(|to| Answer {
             to,
             subscribers: p.subscribers,
+            message: p.message,
         })
     }
 }
@@ -225,6 +237,7 @@ mod tests {
         ) -> u64 {
             let m = Message {
                 id: from.map_or(0, |f| f.1),
+                message: MessageId::NONE,
                 text: true,
                 channel: "news".into(),
                 payload: Bytes::from_static(b"hi"),
@@ -239,7 +252,7 @@ mod tests {
                 request,
             });
             self.answers
-                .extend(self.relay.wait_for(id, from, permit, to));
+                .extend(self.relay.wait_for((id, MessageId::NONE), from, permit, to));
             id
         }
 
@@ -274,14 +287,22 @@ mod tests {
             worker: p.workers[1].id,
             request: 42,
         };
-        assert_eq!(p.answers, [Answer { to, subscribers: 8 }]);
+        assert_eq!(
+            p.answers,
+            [Answer {
+                to,
+                subscribers: 8,
+                message: MessageId::NONE
+            }]
+        );
         assert_eq!(p.relay.in_flight(), 0);
         let mut buf = BytesMut::from(&p.answers[0].record()[..]);
         assert_eq!(
             Record::decode(&mut buf).unwrap(),
             Some(Record::Published {
                 id: 42,
-                subscribers: 8
+                subscribers: 8,
+                message: MessageId::NONE
             })
         );
     }
@@ -369,16 +390,19 @@ mod tests {
         };
         let (id, _) = relay.deliver(Message {
             id: 3,
+            message: MessageId::NONE,
             text: false,
             channel: "c".into(),
             payload: Bytes::new(),
         });
-        let answer = relay.wait_for(id, Some(from), None, Vec::new());
+        let message = MessageId { epoch: 1, seq: 1 };
+        let answer = relay.wait_for((id, message), Some(from), None, Vec::new());
         assert_eq!(
             answer,
             Some(Answer {
                 to: from,
-                subscribers: 0
+                subscribers: 0,
+                message
             })
         );
         assert_eq!(relay.in_flight(), 0);

@@ -20,6 +20,7 @@ use crate::addresses::{Addresses, Verdict};
 use crate::broker::{Broker, News, Remote, Routed};
 use crate::config::Config;
 use crate::control::{Message, Record, read_record};
+use crate::history::{self, History};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
 use crate::relay::{Answer, Publisher, Relay, WorkerId};
@@ -221,6 +222,14 @@ impl Plan {
                 reason,
             })?;
         }
+        let mut settings = settings;
+        settings.history = (self.config.history > 0).then(|| crate::stream::StreamLimits {
+            keep: self.config.history,
+            ttl_ms: self
+                .config
+                .history_ttl
+                .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        });
         self.config.redis_mode = Some(settings.mode);
         self.broker = settings.describe();
         self.redis = Some(settings);
@@ -393,6 +402,17 @@ struct Supervisor {
     started: std::time::Instant,
     /// The counts shared with the workers (`--max-connections`).
     shared: Option<SharedCounters>,
+    /// Ids of relayed messages, and what each channel kept for recovery.
+    history: History,
+}
+
+/// The Unix millisecond now: the epoch of this node's message ids. A
+/// restarted node starts later, so it never gives an id twice (unless the
+/// wall clock steps back across the restart).
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Runs the server until SIGTERM/SIGINT has drained every worker.
@@ -437,6 +457,14 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             .then(|| Addresses::new(plan.config.per_address, workers)),
         started: std::time::Instant::now(),
         shared: plan.shared,
+        history: History::new(
+            history::Limits {
+                keep: plan.config.history,
+                ttl: plan.config.history_ttl,
+                max_bytes: plan.config.history_max_memory,
+            },
+            epoch_ms(),
+        ),
     };
     if let Some(settings) = plan.redis.clone() {
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
@@ -488,11 +516,13 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
                 }
                 None => break,
             },
-            _ = prune.tick(), if sup.addresses.is_some() => {
+            _ = prune.tick(), if sup.addresses.is_some() || sup.config.history_ttl.is_some() => {
                 let now = sup.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut sup.addresses {
                     a.prune(now);
                 }
+                let now = sup.now_ms();
+                sup.history.expire(now);
             }
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
@@ -689,7 +719,36 @@ impl Supervisor {
                 Ok(s) => self.slots[i].snapshot = Some(s),
                 Err(e) => log!("throng: worker {i}: bad counters: {e}"),
             },
+            Record::Recover { id, since, channel } if self.broker.keeps_history() => {
+                let to = Publisher {
+                    worker: WorkerId {
+                        slot: i,
+                        generation,
+                    },
+                    request: id,
+                };
+                self.broker.recover(to, channel, since);
+            }
+            Record::Recover { id, since, channel } => {
+                let now = self.now_ms();
+                let mut r = self.history.recover(&channel, since, now);
+                // 21 bytes of framing per message, 64 for the record's own.
+                r.fit(crate::control::MAX_RECORD - 64, 21);
+                let rec = Record::Recovered {
+                    id,
+                    complete: r.complete,
+                    messages: r.messages,
+                };
+                self.send(i, rec.encode());
+            }
             Record::MetricsRequest { id } => {
+                let now = self.now_ms();
+                self.history.expire(now);
+                let mut history = self.history.stats();
+                let (complete, incomplete) = self.broker.recoveries();
+                history.complete += complete;
+                history.incomplete += incomplete;
+                self.stats.history = Some(history);
                 self.stats.broker = self.broker.stats();
                 self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
                 let live: Vec<&Snapshot> = self
@@ -754,7 +813,19 @@ impl Supervisor {
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
         self.stats.published += 1;
-        let (id, rec) = self.relay.deliver(m);
+        // Numbered and kept before any worker sees it: a recovery the
+        // supervisor answers later finds it here, one answered earlier
+        // comes before it on every worker's socket.
+        let now = self.now_ms();
+        self.history.expire(now);
+        // With the history in Redis the stream numbered it (or, published
+        // there by someone else, it has no id).
+        let message = if self.broker.keeps_history() {
+            m.message
+        } else {
+            self.history.record(&m.channel, m.text, &m.payload, now)
+        };
+        let (id, rec) = self.relay.deliver(Message { message, ..m });
         let mut to = Vec::with_capacity(self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {
             if let Some(tx) = &s.tx
@@ -766,9 +837,14 @@ impl Supervisor {
                 });
             }
         }
-        if let Some(answer) = self.relay.wait_for(id, from, permit, to) {
+        if let Some(answer) = self.relay.wait_for((id, message), from, permit, to) {
             self.answer(answer);
         }
+    }
+
+    /// Milliseconds since the supervisor started: the history's clock.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Tells a publisher how many subscribers its message reached, unless

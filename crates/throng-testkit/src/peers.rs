@@ -31,7 +31,7 @@ pub enum Peer {
     /// `python3` with `PyJWT` and `cryptography`: tokens from an
     /// implementation independent of the server's.
     PythonJwt,
-    /// `node` with the `ws` package installed under `tests/peers`.
+    /// `node` with the `ws` and `eventsource` packages installed under `tests/peers`.
     NodeWs,
     /// A headless Chromium (Debian package `chromium`).
     Chromium,
@@ -55,7 +55,7 @@ impl Peer {
             Self::Python => "python3",
             Self::PythonWebsockets => "python3 with websockets >= 13",
             Self::PythonJwt => "python3 with PyJWT and cryptography",
-            Self::NodeWs => "node with ws in tests/peers",
+            Self::NodeWs => "node with ws and eventsource in tests/peers",
             Self::Chromium => "chromium",
             Self::Namespaces => "root with unshare and sysctl",
         }
@@ -100,7 +100,13 @@ impl Peer {
                     "import jwt, cryptography.hazmat.primitives.asymmetric.ed25519",
                 ],
             ),
-            Self::NodeWs => ("node", &["-e", "require.resolve('ws')"]),
+            Self::NodeWs => (
+                "node",
+                &[
+                    "-e",
+                    "require.resolve('ws'); require.resolve('eventsource')",
+                ],
+            ),
             Self::Chromium => return chromium_program().is_some(),
             Self::Namespaces => (
                 "unshare",

@@ -12,6 +12,10 @@
 //! 3. accepted upgrades per second;
 //! 4. kernel memory per connection (`/proc/meminfo`, `/proc/net/sockstat`).
 //!
+//! `--kind sse` holds Server-Sent Events subscribers (`GET /sse/bench`)
+//! instead of WebSocket ones: the same figures, for issue 18's "an idle SSE
+//! subscriber costs about what an idle WebSocket subscriber does".
+//!
 //! `--serve-arg ARG` (repeated) passes more options to the server, and
 //! `--token JWT` sends every upgrade with `?token=JWT` and every publish
 //! with `Authorization: Bearer JWT`: `scripts/bench-auth.sh` runs the same
@@ -30,10 +34,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use throng_bench::served::{self, cpu_ticks, request, request_as};
 use throng_proto::{http, ws};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -46,6 +50,8 @@ struct Opts {
     payload: usize,
     serve_args: Vec<String>,
     token: Option<String>,
+    /// Hold SSE subscribers rather than WebSocket ones.
+    sse: bool,
 }
 
 fn opts() -> Opts {
@@ -57,6 +63,7 @@ fn opts() -> Opts {
         payload: 64,
         serve_args: Vec::new(),
         token: None,
+        sse: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -69,9 +76,16 @@ fn opts() -> Opts {
             "--payload" => o.payload = v().parse().expect("--payload BYTES"),
             "--serve-arg" => o.serve_args.push(v()),
             "--token" => o.token = Some(v()),
+            "--kind" => {
+                o.sse = match v().as_str() {
+                    "ws" => false,
+                    "sse" => true,
+                    k => panic!("--kind {k}: ws or sse"),
+                };
+            }
             _ => panic!(
                 "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES \
-                 --serve-arg ARG --token JWT)"
+                 --serve-arg ARG --token JWT --kind ws|sse)"
             ),
         }
     }
@@ -130,15 +144,6 @@ fn proc_field(path: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// (utime + stime) of a process in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = s.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
 fn rss_kib(pid: u32) -> u64 {
     proc_field(&format!("/proc/{pid}/status"), "VmRSS:")
 }
@@ -176,40 +181,11 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-async fn request(addr: SocketAddr, method: &str, target: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    request_as(addr, method, target, body, None).await
-}
-
-/// A request with `Authorization: Bearer <token>` when a token is given.
-async fn request_as(
-    addr: SocketAddr,
-    method: &str,
-    target: &str,
-    body: &[u8],
-    token: Option<&str>,
-) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).await.expect("connect for request");
-    let mut out = Vec::new();
-    let host = addr.to_string();
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers: Vec<(&str, &[u8])> = vec![("Host", host.as_bytes()), ("Connection", b"close")];
-    if let Some(a) = &auth {
-        headers.push(("Authorization", a.as_bytes()));
-    }
-    http::write_request(&mut out, method, target, &headers, body);
-    s.write_all(&out).await.expect("write request");
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp).await.expect("read response");
-    let (head, used) = http::parse_response(&resp, http::MAX_HEAD)
-        .expect("response head")
-        .expect("whole head");
-    (head.status, resp[used..].to_vec())
-}
-
 async fn subscribe(
     addr: SocketAddr,
     src: Ipv4Addr,
     target: &str,
+    sse: bool,
     holder: Rc<Held>,
 ) -> Result<(), String> {
     let sock = TcpSocket::new_v4().map_err(|e| e.to_string())?;
@@ -219,6 +195,9 @@ async fn subscribe(
         .connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
+    if sse {
+        return subscribe_sse(s, addr, target, holder).await;
+    }
     let key = ws::client_key(fastrand::u128(..).to_le_bytes());
     let mut out = Vec::new();
     ws::write_upgrade_request(&mut out, &addr.to_string(), target, &key);
@@ -245,6 +224,42 @@ async fn subscribe(
     Ok(())
 }
 
+/// An SSE subscriber on `/sse/<channel>`: the head and the `retry:` hint
+/// read, then held like a WebSocket one.
+async fn subscribe_sse(
+    mut s: TcpStream,
+    addr: SocketAddr,
+    target: &str,
+    holder: Rc<Held>,
+) -> Result<(), String> {
+    let target = format!("/sse{target}");
+    let req = format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(512);
+    loop {
+        if s.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+            return Err("closed before the stream began".into());
+        }
+        if let Some((resp, used)) =
+            http::parse_response(&buf, http::MAX_HEAD).map_err(|e| e.to_string())?
+        {
+            if resp.status != 200 {
+                return Err(format!("status {}", resp.status));
+            }
+            // The head, then one `retry:` line and an empty line.
+            if buf[used..].ends_with(b"\n\n") {
+                break;
+            }
+        }
+    }
+    let std = s.into_std().map_err(|e| e.to_string())?;
+    holder.socks.borrow_mut().push(std);
+    holder.got.borrow_mut().push(0);
+    Ok(())
+}
+
 fn main() {
     let o = opts();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -259,46 +274,18 @@ async fn bench(o: Opts) {
     let load0 = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     // This process holds every subscriber: raise its own open-file limit.
     let _ = throng_host::limits::raise_nofile();
-    let mut server = Command::new(&o.throng)
-        .args([
-            "serve",
-            "--workers",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-            "--ping-interval",
-            // Heartbeat pings would land between the benchmark's frames.
-            "10000h",
-            "--bench-floor",
-            "--json",
-        ])
-        .args(&o.serve_args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start throng serve (build it with: cargo build --release -p throng)");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
-        &mut line,
-    )
-    .expect("start line");
-    let start: serde_json::Value = serde_json::from_str(&line).expect("start line is JSON");
-    let addr: SocketAddr = start["listen"][0]
-        .as_str()
-        .expect("listen")
-        .parse()
-        .expect("addr");
+    let mut args = vec![
+        "--workers",
+        "1",
+        "--ping-interval",
+        // Heartbeat pings would land between the benchmark's frames.
+        "10000h",
+        "--bench-floor",
+    ];
+    args.extend(o.serve_args.iter().map(String::as_str));
+    let (mut server, addr) = served::start(&o.throng, &args);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let (_, metrics) = request(addr, "GET", "/metrics", b"").await;
-    let metrics = String::from_utf8_lossy(&metrics).to_string();
-    let pid: u32 = metrics
-        .lines()
-        .find(|l| l.starts_with("throng_worker_rss_bytes{"))
-        .and_then(|l| l.split("pid=\"").nth(1))
-        .and_then(|r| r.split('"').next())
-        .and_then(|p| p.parse().ok())
-        .expect("worker pid in /metrics");
+    let pid = served::worker_pid(addr).await;
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss0 = rss_kib(pid);
@@ -312,6 +299,7 @@ async fn bench(o: Opts) {
         Some(t) => format!("/bench?token={t}").into(),
         None => "/bench".into(),
     };
+    let sse = o.sse;
     let next = Rc::new(Cell::new(0usize));
     let failed = Rc::new(Cell::new(0usize));
     let half = o.conns / 2;
@@ -331,7 +319,7 @@ async fn bench(o: Opts) {
                     }
                     next.set(i + 1);
                     let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
-                    if let Err(e) = subscribe(addr, src, &target, holder.clone()).await {
+                    if let Err(e) = subscribe(addr, src, &target, sse, holder.clone()).await {
                         if failed.get() == 0 {
                             eprintln!("subscribe failed: {e}");
                         }
@@ -384,9 +372,14 @@ async fn bench(o: Opts) {
             let rtt = t.elapsed().as_secs_f64() * 1e3;
             assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
             let ticks = cpu_ticks(pid) - ticks0;
-            // Every subscriber got exactly one whole frame.
-            incomplete += held - holder.drain(frame_len, Duration::from_secs(10));
             let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON reply");
+            // An SSE event's length depends on its id: `id: ID\ndata: ...\n\n`.
+            let want = match v["id"].as_str() {
+                Some(id) if o.sse && !floor => (4 + id.len() + 1 + 6 + o.payload + 2) as u64,
+                _ => frame_len,
+            };
+            // Every subscriber got exactly one whole frame.
+            incomplete += held - holder.drain(want, Duration::from_secs(10));
             if floor {
                 floor_ticks += ticks;
                 floor_cpu.push(v["cpu_ns"].as_f64().unwrap_or(f64::NAN) / held as f64);
@@ -418,6 +411,7 @@ async fn bench(o: Opts) {
         "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         "serve_args": o.serve_args,
         "token": o.token.is_some(),
+        "kind": if o.sse { "sse" } else { "ws" },
         "connections": held,
         "failed": failed.get(),
         "upgrades_per_sec": upgrades_per_sec.round(),

@@ -1,6 +1,7 @@
-//! One subscriber connection after the upgrade, and its life: reading
-//! (control frames only), sending with a queue only when the socket is full,
-//! and closing. The life is a state machine over a [`Wire`] (a non-blocking
+//! One subscriber connection after the upgrade (or the start of its event
+//! stream), and its life: reading (control frames only; an SSE client's
+//! bytes are dropped), sending with a queue only when the socket is full,
+//! and closing (an SSE stream just ends: it has no closing handshake). The life is a state machine over a [`Wire`] (a non-blocking
 //! byte stream) and the worker's clock in ticks; it opens no socket and
 //! reads no clock, so tests drive it in memory.
 //!
@@ -37,6 +38,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use throng_proto::ws::{self, Decoder, Frame, OpCode, close_code};
 
+use super::rejoin::Kind;
 use super::subscribers::{Outside, Subscribers};
 use super::table::NONE;
 use crate::metrics::CloseReason;
@@ -112,6 +114,11 @@ pub(crate) struct Conn<W> {
     pub(crate) state: Cell<State>,
     /// Whether it is in the worker's `queued` list.
     pub(crate) listed: Cell<bool>,
+    /// How it takes its messages (WebSocket bare or with ids, or SSE).
+    pub(crate) kind: Kind,
+    /// Rejoining after an id: what is published is held until the
+    /// channel's history arrives ([`super::rejoin`]).
+    pub(crate) rejoining: Cell<bool>,
     /// The Unix second its token expires at (closed 4001 by the sweep);
     /// 0: no token, or one without `exp`. Four bytes that fit beside the
     /// other small fields, so an authenticated subscriber costs no more.
@@ -217,6 +224,8 @@ impl<W: Wire> Conn<W> {
             last_seen: Cell::new(now),
             state: Cell::new(State::Open),
             listed: Cell::new(false),
+            kind: Kind::Ws,
+            rejoining: Cell::new(false),
             expires: 0,
             tag: NONE,
             rest: Cell::new((!rest.is_empty()).then(|| rest.into())),
@@ -238,6 +247,12 @@ impl<W: Wire> Conn<W> {
     /// Whether its token has expired at Unix second `now`.
     pub(crate) fn expired(&self, now: u64) -> bool {
         self.expires != 0 && u64::from(self.expires) <= now
+    }
+
+    /// Makes it take its messages as `kind` does.
+    pub(crate) fn with_kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// Counts it under `tag` (see [`Conn::tag`]).
@@ -406,6 +421,16 @@ impl<O: Outside> Subscribers<O> {
         }
         self.counters.closed(why);
         self.unsubscribe(c);
+        if c.kind == Kind::Sse {
+            // An event stream has no closing handshake: it ends (after what
+            // is queued), and the client reconnects with its last id.
+            if c.has_queue() {
+                c.state.set(State::Finishing);
+            } else {
+                self.finish(c);
+            }
+            return;
+        }
         c.state.set(if why == CloseReason::ProtocolError {
             State::Failed
         } else {
@@ -434,7 +459,7 @@ impl<O: Outside> Subscribers<O> {
         self.counters.closed(CloseReason::SlowConsumer);
         self.counters.slow_consumer(cause);
         let partial = self.drop_queue(c).is_some_and(|q| q.partial);
-        if !partial {
+        if !partial && c.kind != Kind::Sse {
             let reason = if cause == "queue" {
                 "slow consumer: over --max-queue"
             } else {
@@ -470,6 +495,7 @@ impl<O: Outside> Subscribers<O> {
         }
         c.state.set(State::Gone);
         self.unsubscribe(c);
+        self.forget_rejoin(c);
         let partial = self.drop_queue(c).is_some_and(|q| q.partial);
         if let Some(tls) = &c.tls
             && !partial
@@ -617,8 +643,10 @@ impl<O: Outside> Subscribers<O> {
     /// what was just read); keeps a split frame's bytes in `c.rest`. False
     /// when the connection ended.
     fn on_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
-        if c.state.get() == State::Failed {
-            // Discard: the decoder is not trusted after an error.
+        if c.state.get() == State::Failed || c.kind == Kind::Sse {
+            // Discard: the decoder is not trusted after an error, and an
+            // SSE client has nothing to say after its request (its end,
+            // or a reset, still ends it).
             return true;
         }
         let have = buf.len();

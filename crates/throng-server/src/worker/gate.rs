@@ -24,6 +24,10 @@ use crate::tls::stream::Io;
 /// offered, gets one back: plain messages, as without any protocol.
 pub(crate) const PROTOCOL: &str = "throng";
 
+/// The subprotocol of a client that wants each message with its id
+/// (`<id>\n<payload>`, docs/clients.md), and may reconnect with `?since=`.
+pub(crate) const PROTOCOL_IDS: &str = "throng.v1";
+
 /// The `Sec-WebSocket-Protocol` entry prefix that carries a token.
 const BEARER_PROTOCOL: &str = "bearer.";
 
@@ -54,11 +58,12 @@ fn protocols(req: &Request) -> impl Iterator<Item = &[u8]> {
         .map(<[u8]>::trim_ascii)
 }
 
-/// The subprotocol to answer with: [`PROTOCOL`] when the client offered it.
+/// The subprotocol to answer with: [`PROTOCOL_IDS`] when the client
+/// offered it, else [`PROTOCOL`] when it offered that.
 pub(crate) fn protocol(req: &Request) -> Option<&'static str> {
-    protocols(req)
-        .any(|p| p == PROTOCOL.as_bytes())
-        .then_some(PROTOCOL)
+    [PROTOCOL_IDS, PROTOCOL]
+        .into_iter()
+        .find(|want| protocols(req).any(|p| p == want.as_bytes()))
 }
 
 /// Whether a browser from `req`'s `Origin` may subscribe. Without

@@ -1,6 +1,8 @@
 //! A new connection's first life as HTTP: read the request head (within
 //! `--handshake-timeout`), then either answer it with one of the
-//! [`routes`](super::routes), upgrade it to a subscriber, or refuse it with
+//! [`routes`](super::routes), make it a subscriber (a WebSocket upgrade, or
+//! an event stream: `/sse/<channel>`, `Accept: text/event-stream`; either
+//! may rejoin after an id, `?since=` or `Last-Event-ID`), or refuse it with
 //! the status and reason a client can act on.
 
 use std::cell::Cell;
@@ -16,11 +18,13 @@ use tokio::net::TcpStream;
 
 use super::conn::{self, Conn, TlsState};
 use super::gate;
+use super::rejoin::Kind;
 use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
 use super::state::Worker;
 use super::table::NONE;
 use crate::addresses::{Source, Verdict};
 use crate::channel;
+use crate::history::MessageId;
 use crate::tls::stream::{Io, TlsStream};
 
 /// What reading a request head gave.
@@ -298,20 +302,30 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
     }
 }
 
-/// Completes (or refuses) a WebSocket upgrade and hands the socket to the
-/// subscriber task.
+/// Completes (or refuses) a subscription, a WebSocket upgrade or an event
+/// stream ([`is_sse`]), and hands the socket to the subscribers.
 async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket: Option<&Ticket>) {
-    let accept = match ws::server_accept(req) {
-        Ok(accept) => accept,
-        Err(e) => {
-            w.counters.handshake_failed(e.label());
-            let mut out = Vec::new();
-            ws::write_refusal(&mut out, &e);
-            let _ = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
-            return;
+    let sse = is_sse(req);
+    let accept = if sse {
+        String::new()
+    } else {
+        match ws::server_accept(req) {
+            Ok(accept) => accept,
+            Err(e) => {
+                w.counters.handshake_failed(e.label());
+                let mut out = Vec::new();
+                ws::write_refusal(&mut out, &e);
+                let _ = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+                return;
+            }
         }
     };
-    let name = match channel::from_target(&req.target, "/") {
+    let prefix = if sse && req.target.starts_with(SSE_PREFIX) {
+        SSE_PREFIX
+    } else {
+        "/"
+    };
+    let name = match channel::from_target(&req.target, prefix) {
         Ok(name) => name,
         Err(e) => {
             w.counters.handshake_failed("bad_channel");
@@ -340,6 +354,20 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             return;
         }
     };
+    let protocol = if sse { None } else { gate::protocol(req) };
+    let kind = match (sse, protocol) {
+        (true, _) => Kind::Sse,
+        (false, Some(gate::PROTOCOL_IDS)) => Kind::WsIds,
+        (false, _) => Kind::Ws,
+    };
+    let since = match since(req, kind) {
+        Ok(since) => since,
+        Err(why) => {
+            w.counters.handshake_failed("bad_since");
+            Box::pin(refuse(w, &mut stream, 400, &why)).await;
+            return;
+        }
+    };
     let counted = &w.subs.outside.counted;
     if !counted.take_place() {
         w.counters.refused("max_connections");
@@ -347,7 +375,8 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
         return;
     }
     let mut out = Vec::with_capacity(160);
-    match gate::protocol(req) {
+    match protocol {
+        _ if sse => sse_head(w, req, &mut out),
         // Only the protocol this server speaks goes back, never a token.
         Some(p) => http::write_response_head(
             &mut out,
@@ -375,7 +404,9 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
                 w.counters.handshake_failed("write_failed");
                 return;
             };
-            Conn::new(sock, w.subs.now.get(), rest).with_expiry(expires)
+            Conn::new(sock, w.subs.now.get(), rest)
+                .with_expiry(expires)
+                .with_kind(kind)
         }
         Io::Tls(tls) => {
             let parts = tls.into_parts();
@@ -390,15 +421,90 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             plain.extend_from_slice(&parts.plain_rest);
             Conn::new(sock, w.subs.now.get(), &plain)
                 .with_expiry(expires)
+                .with_kind(kind)
                 .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
         }
     };
     // The subscriber holds its place and its address from here on, and
     // gives both back when it ends (`Outside::forget`).
     let tag = ticket.and_then(Cell::take).map_or(NONE, |s| counted.tag(s));
-    if let Err(e) = w.subs.subscribe(name, c.with_tag(tag)) {
+    let c = c.with_tag(tag);
+    let subscribed = match since {
+        Some(since) => w.subs.subscribe_after(name, c, since),
+        None => w.subs.subscribe(name, c).map(drop),
+    };
+    if let Err(e) = subscribed {
         counted.release(&w.link, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
     }
+}
+
+/// The path prefix of an event stream for clients that cannot set `Accept`.
+pub(crate) const SSE_PREFIX: &str = "/sse/";
+
+/// How long an SSE client waits before it reconnects (the `retry:` hint).
+pub(crate) const SSE_RETRY_MS: u64 = 2000;
+
+/// Whether `req` asks for an event stream: a `GET` of `/sse/<channel>`, or
+/// of `/<channel>` accepting `text/event-stream` (and not a WebSocket upgrade).
+pub(crate) fn is_sse(req: &Request) -> bool {
+    if req.method != "GET" || req.header("upgrade").is_some() {
+        return false;
+    }
+    req.target.starts_with(SSE_PREFIX)
+        || req.header("accept").is_some_and(|v| {
+            v.windows(17)
+                .any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
+        })
+}
+
+/// The id a reconnecting subscriber gives: `Last-Event-ID` (an event
+/// stream's own), else `?since=`. An id that does not read is a 400 (the
+/// text says why); a bare WebSocket, which could not tell what it missed,
+/// must ask for ids on the wire first.
+fn since(req: &Request, kind: Kind) -> Result<Option<MessageId>, String> {
+    let header = (kind == Kind::Sse)
+        .then(|| req.header("last-event-id"))
+        .flatten()
+        .map(|v| String::from_utf8_lossy(v.trim_ascii()).into_owned())
+        .filter(|v| !v.is_empty());
+    let query = req.target.split_once('?').and_then(|(_, q)| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("since="))
+            .map(str::to_owned)
+    });
+    let Some(given) = header.or(query) else {
+        return Ok(None);
+    };
+    if kind == Kind::Ws {
+        return Err(format!(
+            "since= needs ids on the wire: offer the {} subprotocol (docs/clients.md)\n",
+            gate::PROTOCOL_IDS
+        ));
+    }
+    given
+        .parse()
+        .map(Some)
+        .map_err(|e: crate::history::BadId| format!("{e}\n"))
+}
+
+/// The head of an event stream, and its `retry:` hint. A browser page
+/// from an allowed origin may read it (`Access-Control-Allow-Origin`).
+fn sse_head(w: &Worker, req: &Request, out: &mut Vec<u8>) {
+    let origin = req
+        .header("origin")
+        .filter(|_| gate::origin_allowed(w, req))
+        .map(|o| String::from_utf8_lossy(o).into_owned());
+    let mut headers = vec![
+        ("Content-Type", "text/event-stream"),
+        ("Cache-Control", "no-cache"),
+        ("X-Accel-Buffering", "no"),
+    ];
+    if let Some(o) = &origin {
+        headers.push(("Access-Control-Allow-Origin", o));
+        headers.push(("Vary", "Origin"));
+    }
+    http::write_response_head(out, 200, &headers);
+    throng_proto::sse::retry(out, SSE_RETRY_MS);
 }

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::addresses::{Source, Verdict};
 use crate::control::{Message, Record};
+use crate::history::MessageId;
 use crate::metrics::Counters;
 
 /// How long `/metrics` waits for the supervisor.
@@ -31,6 +32,15 @@ struct BrokerState {
     at: Instant,
 }
 
+/// A publish the supervisor relayed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Published {
+    /// Subscribers it reached over all workers (with Redis: receivers Redis counted).
+    pub(crate) subscribers: u64,
+    /// Its id ([`MessageId::NONE`] when Redis relays it: each node numbers it).
+    pub(crate) message: MessageId,
+}
+
 /// One worker's link to its supervisor.
 pub(crate) struct Link {
     index: usize,
@@ -39,7 +49,7 @@ pub(crate) struct Link {
     report_interest: bool,
     ctl: mpsc::UnboundedSender<Bytes>,
     next_request: Cell<u64>,
-    pending_publish: RefCell<HashMap<u64, oneshot::Sender<Result<u64, String>>>>,
+    pending_publish: RefCell<HashMap<u64, oneshot::Sender<Result<Published, String>>>>,
     pending_metrics: RefCell<HashMap<u64, oneshot::Sender<Bytes>>>,
     pending_admit: RefCell<HashMap<u64, oneshot::Sender<Verdict>>>,
     /// The broker's last state from the supervisor (Redis only).
@@ -82,9 +92,16 @@ impl Link {
     /// state; gives back any other record.
     pub(crate) fn on_record(&self, rec: Record) -> Option<Record> {
         match rec {
-            Record::Published { id, subscribers } => {
+            Record::Published {
+                id,
+                subscribers,
+                message,
+            } => {
                 if let Some(tx) = self.pending_publish.borrow_mut().remove(&id) {
-                    let _ = tx.send(Ok(subscribers));
+                    let _ = tx.send(Ok(Published {
+                        subscribers,
+                        message,
+                    }));
                 }
             }
             Record::PublishFailed { id, reason } => {
@@ -117,18 +134,20 @@ impl Link {
 
     /// Asks the supervisor to relay a message; resolves to the number of
     /// subscribers it reached over all workers (with Redis: the receivers
-    /// Redis counted), or why it could not be published (`None`: supervisor gone).
+    /// Redis counted) and its id, or why it could not be published
+    /// (`None`: supervisor gone).
     pub(crate) async fn publish(
         &self,
         channel: &str,
         text: bool,
         payload: Bytes,
-    ) -> Option<Result<u64, String>> {
+    ) -> Option<Result<Published, String>> {
         let id = self.request_id();
         let (tx, rx) = oneshot::channel();
         self.pending_publish.borrow_mut().insert(id, tx);
         let rec = Record::Publish(Message {
             id,
+            message: MessageId::NONE,
             text,
             channel: channel.to_owned(),
             payload,
@@ -138,6 +157,16 @@ impl Link {
             return None;
         }
         rx.await.ok()
+    }
+
+    /// Asks the supervisor for what `channel` kept after `since` (rejoin
+    /// `request`); the answer goes to the subscribers.
+    pub(crate) fn recover(&self, request: u64, channel: &str, since: MessageId) {
+        self.send(&Record::Recover {
+            id: request,
+            since,
+            channel: channel.to_owned(),
+        });
     }
 
     /// Asks the supervisor whether a new connection from `source` may be

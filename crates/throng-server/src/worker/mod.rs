@@ -19,6 +19,7 @@ mod http;
 mod link;
 #[cfg(test)]
 mod pair;
+mod rejoin;
 mod routes;
 mod state;
 mod subscribers;
@@ -421,6 +422,11 @@ fn on_record(w: &Worker, rec: Record) {
                 subscribers: n,
             });
         }
+        Some(Record::Recovered {
+            id,
+            complete,
+            messages,
+        }) => w.subs.recovered(id, complete, messages),
         Some(other) => log!(
             "throng: worker {}: unexpected control record {other:?}",
             w.index

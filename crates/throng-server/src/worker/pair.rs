@@ -13,8 +13,10 @@ use bytes::Bytes;
 use throng_proto::ws::{self, Decoder, Frame, OpCode, Role};
 
 use super::conn::{Conn, Wire};
+use super::rejoin::Kind;
 use super::subscribers::{Limits, Outside, Subscribers};
 use crate::control::Message;
+use crate::history::MessageId;
 use crate::metrics::Counters;
 use crate::wheel::TICK;
 
@@ -106,6 +108,8 @@ impl Wire for MemWire {
 #[derive(Default)]
 pub(crate) struct Around {
     pub(crate) interest: RefCell<Vec<(String, bool)>>,
+    /// Rejoins asked for: request, channel, since.
+    pub(crate) recovers: RefCell<Vec<(u64, String, MessageId)>>,
 }
 
 impl Outside for Around {
@@ -129,6 +133,12 @@ impl Outside for Around {
         self.interest
             .borrow_mut()
             .push((channel.to_owned(), subscribed));
+    }
+
+    fn recover(&self, request: u64, channel: &str, since: MessageId) {
+        self.recovers
+            .borrow_mut()
+            .push((request, channel.to_owned(), since));
     }
 }
 
@@ -217,6 +227,12 @@ impl Client {
         self.pipe.server_closed.get()
     }
 
+    /// The raw bytes that arrived (an SSE client's view), taken.
+    pub(crate) fn take_raw(&mut self) -> Vec<u8> {
+        let mut q = self.pipe.to_client.borrow_mut();
+        q.drain(..).collect()
+    }
+
     /// Whether the server sent FIN without closing.
     pub(crate) fn server_fin(&self) -> bool {
         self.pipe.server_fin.get()
@@ -286,6 +302,29 @@ impl Pair {
         sent: &[u8],
         exp: Option<u64>,
     ) -> usize {
+        self.connect_as(channel, room, sent, exp, Kind::Ws, None)
+    }
+
+    /// A client of `kind` subscribes to `channel`, rejoining after `since`
+    /// when given; returns its index.
+    pub(crate) fn connect_kind(
+        &mut self,
+        channel: &str,
+        kind: Kind,
+        since: Option<MessageId>,
+    ) -> usize {
+        self.connect_as(channel, ROOM, b"", None, kind, since)
+    }
+
+    fn connect_as(
+        &mut self,
+        channel: &str,
+        room: usize,
+        sent: &[u8],
+        exp: Option<u64>,
+        kind: Kind,
+        since: Option<MessageId>,
+    ) -> usize {
         let pipe = Rc::new(Pipe {
             to_client: RefCell::default(),
             room: Cell::new(room),
@@ -298,8 +337,13 @@ impl Pair {
             write_wanted: Cell::new(false),
         });
         let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent)
-            .with_expiry(super::conn::expiry(exp));
-        self.subs.subscribe(channel, conn).expect("watched");
+            .with_expiry(super::conn::expiry(exp))
+            .with_kind(kind);
+        match since {
+            Some(since) => self.subs.subscribe_after(channel, conn, since),
+            None => self.subs.subscribe(channel, conn).map(drop),
+        }
+        .expect("watched");
         self.clients.push(Client {
             pipe,
             decoder: Decoder::new(Role::Client, 1 << 20),
@@ -380,6 +424,7 @@ impl Pair {
     pub(crate) fn fanout(&self, channel: &str, text: &str) -> u64 {
         self.subs.fanout(&Message {
             id: 1,
+            message: MessageId::NONE,
             text: true,
             channel: channel.into(),
             payload: Bytes::copy_from_slice(text.as_bytes()),

@@ -17,6 +17,7 @@ use super::table::NONE;
 use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
+use crate::history::MessageId;
 use crate::metrics::Counters;
 
 /// Everything one worker owns.
@@ -142,5 +143,9 @@ impl Outside for Around {
 
     fn channel_interest(&self, channel: &str, subscribed: bool) {
         self.link.interest(channel, subscribed);
+    }
+
+    fn recover(&self, request: u64, channel: &str, since: MessageId) {
+        self.link.recover(request, channel, since);
     }
 }

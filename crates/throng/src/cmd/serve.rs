@@ -146,6 +146,21 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     ping_interval: Duration,
 
+    /// Keep the last N messages of every channel, so a subscriber that reconnects with
+    /// the last id it saw (?since=ID with the throng.v1 subprotocol, Last-Event-ID over
+    /// SSE) gets what it missed (docs/clients.md). 0: keep none; ids are given anyway.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    history: usize,
+
+    /// Drop kept messages older than this (default: kept until pushed out).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "history")]
+    history_ttl: Option<Duration>,
+
+    /// Bytes the whole history may hold, over every channel; past it the oldest message
+    /// of any channel is dropped (counted in /metrics: throng_history_dropped_total).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    history_max_memory: usize,
+
     /// Close (1008) a connection that sent nothing (not even a pong) for this long.
     /// Default: 3 x --ping-interval. Checked once per ping interval.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -379,6 +394,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             }),
         },
         shared_counters: None,
+        history: args.history,
+        history_ttl: args.history_ttl,
+        history_max_memory: args.history_max_memory,
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
@@ -414,6 +432,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             wait: args.redis_wait,
             trust,
             tls,
+            // Set by the plan from --history: the streams follow the node's settings.
+            history: None,
         })?;
     }
     if args.json {

@@ -10,6 +10,7 @@ mod attack;
 mod auth;
 mod bench;
 mod doctor;
+mod history;
 mod hold;
 mod knee;
 mod newcomer;

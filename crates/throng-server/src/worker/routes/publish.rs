@@ -45,7 +45,7 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
             let keep = req.keep_alive();
             reply(w, stream, 503, "text/plain", msg.as_bytes(), keep).await
         }
-        Some(Ok(n)) => {
+        Some(Ok(p)) => {
             // Redis counts the connections that received the message (the
             // subscribed nodes, plus any other client), not WebSocket subscribers.
             let counted = if w.cfg.redis_mode.is_some() {
@@ -53,7 +53,11 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
             } else {
                 "subscribers"
             };
-            let json = serde_json::json!({ "channel": m.channel, counted: n }).to_string() + "\n";
+            let mut json = serde_json::json!({ "channel": m.channel, counted: p.subscribers });
+            if !p.message.is_none() {
+                json["id"] = p.message.to_string().into();
+            }
+            let json = json.to_string() + "\n";
             let keep = req.keep_alive();
             reply(w, stream, 200, "application/json", json.as_bytes(), keep).await
         }

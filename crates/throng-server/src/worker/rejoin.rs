@@ -1,0 +1,254 @@
+//! What a subscriber receives, by how it subscribed, and how a reconnecting
+//! subscriber rejoins its channel without a gap or a repeat.
+//!
+//! Three kinds of subscriber ([`Kind`]): a plain WebSocket gets each payload
+//! bare (the seed's behaviour); one that asked for the `throng.v1`
+//! subprotocol gets `<id>\n<payload>` in a frame of the payload's type; an
+//! SSE subscriber gets an event with `id:`. docs/clients.md has the framing.
+//!
+//! A rejoin (`?since=ID`, `Last-Event-ID`) joins two streams: what the
+//! channel's history kept after `ID`, and what is published meanwhile. The
+//! subscriber is in its channel's table from the start, so nothing
+//! published after it asked can pass it by; until the history arrives what
+//! is published is held, not sent. [`join`] then orders the two: the
+//! incomplete-recovery marker first when the history says so, the history,
+//! then what was held, each message once (by id: the history may already
+//! hold what was held, as it does whenever the supervisor numbered the
+//! message before it answered).
+
+use bytes::Bytes;
+use throng_proto::sse;
+use throng_proto::ws::{self, OpCode};
+
+use crate::control::Message;
+use crate::history::{Kept, MessageId};
+
+/// How a subscriber takes its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// WebSocket, bare payloads.
+    Ws,
+    /// WebSocket with the `throng.v1` subprotocol: ids on the wire.
+    WsIds,
+    /// Server-Sent Events.
+    Sse,
+}
+
+/// The first line of a `throng.v1` frame that is not a message: the
+/// history no longer holds everything after the id the client gave.
+pub(crate) const INCOMPLETE: &str = "!incomplete";
+
+/// The SSE event type of that marker.
+pub(crate) const SSE_INCOMPLETE: &str = "incomplete";
+
+/// What a rejoining subscriber is sent, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Joined {
+    /// The history does not hold everything after its id.
+    Incomplete,
+    Message(Kept),
+}
+
+/// Orders a rejoin: the marker when `complete` is false, then the history
+/// after `since` merged with what was held, each id once, ascending (both
+/// come in ascending order). When incomplete, `since` is not trusted as a
+/// bound (it may be another epoch's, or from the future): everything kept
+/// is sent, and what was held that the history already dropped too.
+pub(crate) fn join(
+    since: MessageId,
+    complete: bool,
+    history: Vec<Kept>,
+    held: Vec<Kept>,
+) -> Vec<Joined> {
+    let mut out = Vec::with_capacity(history.len() + held.len() + 1);
+    let mut last = if complete { since } else { MessageId::NONE };
+    if !complete {
+        out.push(Joined::Incomplete);
+    }
+    let (mut a, mut b) = (history.into_iter().peekable(), held.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.id <= y.id => a.next(),
+            (Some(_), Some(_)) | (None, Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, None) => break,
+        };
+        if let Some(k) = next
+            && k.id > last
+        {
+            last = k.id;
+            out.push(Joined::Message(k));
+        }
+    }
+    out
+}
+
+/// A message as a subscriber of `kind` receives it.
+pub(crate) fn frame(kind: Kind, m: &Message) -> Bytes {
+    encode(kind, m.message, m.text, &m.payload)
+}
+
+/// A kept message as a subscriber of `kind` receives it.
+pub(crate) fn kept(kind: Kind, k: &Kept) -> Bytes {
+    encode(kind, k.id, k.text, &k.payload)
+}
+
+fn encode(kind: Kind, id: MessageId, text: bool, payload: &[u8]) -> Bytes {
+    let op = if text { OpCode::Text } else { OpCode::Binary };
+    match kind {
+        Kind::Ws => ws::server_frame(op, payload),
+        Kind::WsIds => {
+            // A message without an id (published into Redis by another
+            // client) has an empty first line.
+            let mut body = if id.is_none() {
+                Vec::with_capacity(payload.len() + 1)
+            } else {
+                id.to_string().into_bytes()
+            };
+            body.push(b'\n');
+            body.extend_from_slice(payload);
+            ws::server_frame(op, &body)
+        }
+        Kind::Sse => {
+            let mut out = Vec::with_capacity(payload.len() + 48);
+            let id = (!id.is_none()).then(|| id.to_string());
+            sse::message(&mut out, id.as_deref(), payload, text);
+            Bytes::from(out)
+        }
+    }
+}
+
+/// The incomplete-recovery marker for a subscriber of `kind` that gave `since`.
+pub(crate) fn marker(kind: Kind, since: MessageId) -> Bytes {
+    match kind {
+        Kind::Ws | Kind::WsIds => {
+            ws::server_frame(OpCode::Text, format!("{INCOMPLETE}\n{since}").as_bytes())
+        }
+        Kind::Sse => {
+            let mut out = Vec::new();
+            sse::event(&mut out, None, Some(SSE_INCOMPLETE), &since.to_string());
+            Bytes::from(out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(seq: u64) -> Kept {
+        Kept {
+            id: MessageId { epoch: 9, seq },
+            text: true,
+            payload: Bytes::from(seq.to_string()),
+        }
+    }
+
+    fn ids(j: &[Joined]) -> Vec<i64> {
+        j.iter()
+            .map(|x| match x {
+                Joined::Incomplete => -1,
+                Joined::Message(k) => k.id.seq as i64,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_overlap_of_history_and_held_gives_each_id_once_in_order() {
+        // The history holds a..=b, what was held c..=d, since = 2: every
+        // arrangement of the two ranges.
+        let since = MessageId { epoch: 9, seq: 2 };
+        let mut tried = 0;
+        for a in 1..=6u64 {
+            for b in a - 1..=6 {
+                for c in 1..=7u64 {
+                    for d in c - 1..=7 {
+                        tried += 1;
+                        let history = (a..=b).map(k).collect();
+                        let held = (c..=d).map(k).collect();
+                        let got = ids(&join(since, true, history, held));
+                        let mut want: Vec<i64> = (a..=b).chain(c..=d).map(|x| x as i64).collect();
+                        want.retain(|&x| x > 2);
+                        want.sort_unstable();
+                        want.dedup();
+                        assert_eq!(got, want, "history {a}..={b}, held {c}..={d}");
+                    }
+                }
+            }
+        }
+        assert!(tried > 100, "{tried}");
+    }
+
+    #[test]
+    fn incomplete_comes_first_and_sends_all_kept() {
+        let since = MessageId { epoch: 9, seq: 50 };
+        let got = ids(&join(since, false, vec![k(3), k(4)], vec![k(4), k(5)]));
+        assert_eq!(got, [-1, 3, 4, 5]);
+        // Held while the history dropped it: still sent, in its place.
+        let got = ids(&join(
+            since,
+            false,
+            vec![k(6), k(7)],
+            vec![k(5), k(6), k(7)],
+        ));
+        assert_eq!(got, [-1, 5, 6, 7]);
+    }
+
+    #[test]
+    fn each_kind_frames_a_message_its_own_way() {
+        let m = Message {
+            id: 1,
+            message: MessageId { epoch: 5, seq: 6 },
+            text: true,
+            channel: "c".into(),
+            payload: Bytes::from_static(b"hi\nthere"),
+        };
+        assert_eq!(
+            frame(Kind::Ws, &m),
+            ws::server_frame(OpCode::Text, b"hi\nthere")
+        );
+        assert_eq!(
+            frame(Kind::WsIds, &m),
+            ws::server_frame(OpCode::Text, b"5-6\nhi\nthere")
+        );
+        assert_eq!(
+            &frame(Kind::Sse, &m)[..],
+            b"id: 5-6\ndata: hi\ndata: there\n\n"
+        );
+        let bin = Message {
+            text: false,
+            payload: Bytes::from_static(&[0, 1]),
+            ..m
+        };
+        assert_eq!(
+            frame(Kind::WsIds, &bin),
+            ws::server_frame(OpCode::Binary, b"5-6\n\x00\x01")
+        );
+        assert_eq!(
+            &frame(Kind::Sse, &bin)[..],
+            b"id: 5-6\nevent: binary\ndata: AAE=\n\n"
+        );
+        let plain = Message {
+            message: MessageId::NONE,
+            ..bin
+        };
+        assert_eq!(
+            frame(Kind::WsIds, &plain),
+            ws::server_frame(OpCode::Binary, b"\n\x00\x01"),
+            "no id: an empty first line"
+        );
+        assert_eq!(
+            &frame(Kind::Sse, &plain)[..],
+            b"event: binary\ndata: AAE=\n\n"
+        );
+        let since = MessageId { epoch: 1, seq: 2 };
+        assert_eq!(
+            marker(Kind::WsIds, since),
+            ws::server_frame(OpCode::Text, b"!incomplete\n1-2")
+        );
+        assert_eq!(
+            &marker(Kind::Sse, since)[..],
+            b"event: incomplete\ndata: 1-2\n\n"
+        );
+    }
+}
