@@ -8,6 +8,8 @@
 //   --ports N          listen for WebSocket on N consecutive ports
 //   --refuse-every K   answer every K-th upgrade with 503
 //   --close-every K    close every K-th connection after the handshake (--close-code, default 4000)
+//   --publish-delay MS wait MS before delivering each publish and answering it (a publish
+//                      endpoint with a service time, for capacity tests)
 //
 // Prints `READY <first_port> <last_port> <http_port>`, serves until stdin closes.
 'use strict';
@@ -15,7 +17,7 @@ const http = require('http');
 const net = require('net');
 const { WebSocketServer } = require('ws');
 
-const args = { ports: 1, refuseEvery: 0, closeEvery: 0, closeCode: 4000 };
+const args = { ports: 1, refuseEvery: 0, closeEvery: 0, closeCode: 4000, publishDelay: 0 };
 for (let i = 2; i < process.argv.length; i += 2) {
   const v = Number(process.argv[i + 1]);
   switch (process.argv[i]) {
@@ -23,6 +25,7 @@ for (let i = 2; i < process.argv.length; i += 2) {
     case '--refuse-every': args.refuseEvery = v; break;
     case '--close-every': args.closeEvery = v; break;
     case '--close-code': args.closeCode = v; break;
+    case '--publish-delay': args.publishDelay = v; break;
     default: console.error(`unknown argument ${process.argv[i]}`); process.exit(2);
   }
 }
@@ -89,12 +92,15 @@ async function main() {
     req.on('data', (c) => chunks.push(c));
     req.on('end', () => {
       if (req.method === 'POST' && req.url.startsWith('/publish/')) {
-        const set = channels.get(req.url.slice('/publish/'.length)) || new Set();
-        const body = Buffer.concat(chunks).toString('utf8');
-        for (const ws of set) ws.send(body);
-        const out = JSON.stringify({ subscribers: set.size });
-        res.writeHead(200, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
-        res.end(out);
+        const deliver = () => {
+          const set = channels.get(req.url.slice('/publish/'.length)) || new Set();
+          const body = Buffer.concat(chunks).toString('utf8');
+          for (const ws of set) ws.send(body);
+          const out = JSON.stringify({ subscribers: set.size });
+          res.writeHead(200, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(out) });
+          res.end(out);
+        };
+        if (args.publishDelay > 0) setTimeout(deliver, args.publishDelay); else deliver();
       } else {
         res.writeHead(404, { 'Content-Length': 0 });
         res.end();

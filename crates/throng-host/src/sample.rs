@@ -2,8 +2,8 @@
 //! what the seeds read off a separate monitoring system.
 //!
 //! [`Sampler`] reads `/proc/net/sockstat{,6}`, `/proc/net/snmp`,
-//! `/proc/net/dev`, `/proc/meminfo` and, for each process of the run, its RSS
-//! and CPU time. It keeps one read buffer, so calling it every second costs a
+//! `/proc/net/dev`, `/proc/meminfo`, the machine's CPU time (`/proc/stat`)
+//! and, for each process of the run, its RSS and CPU time. It keeps one read buffer, so calling it every second costs a
 //! handful of small reads and no allocation beyond the sample itself. The
 //! `/proc` root is a path so tests can point it at a fake tree.
 
@@ -522,6 +522,9 @@ mod tests {
         std::hint::black_box(x);
         let b = sampler.sample(&[("me", me)]).unwrap();
         assert!(b.cpu_ns[0].1 >= a.cpu_ns[0].1);
+        assert!(a.cpu_all_ns > 0);
+        assert!(b.cpu_busy_ns >= a.cpu_busy_ns);
+        assert!(b.cpu_busy_ns <= b.cpu_all_ns);
         assert!(b.at_ns >= a.at_ns);
     }
 }

@@ -1,8 +1,9 @@
 //! The one grammar for quantities on every command line: durations
 //! (`1h30m`, `1.5s`, `250ms`, a bare number of seconds), byte sizes (`64`,
-//! `64k`, `64KiB`, `1GiB`; a `k` is 1024 bytes) and rates (`5k/s`, `60/m`,
-//! or a ramp `100/s..5000/s`), with the formatters that print them back in
-//! the same words.
+//! `64k`, `64KiB`, `1GiB`; a `k` is 1024 bytes), rates (`5k/s`, `60/m`,
+//! or a ramp `100/s..5000/s`), counts (`10k` connections: a `k` is 1000)
+//! and fractions (`0.1%`, `0.001`), with the formatters that print them
+//! back in the same words.
 //!
 //! `serve`, `hold`, `attack`, `report` and `bench` each had a parser of
 //! their own, and what one took the other refused (`serve --ping-interval
@@ -143,6 +144,53 @@ fn one_rate(text: &str) -> Option<f64> {
     };
     let v: f64 = num.parse().ok()?;
     Some(v * mult / per)
+}
+
+/// Parses a count of things (connections, messages): a whole number with an
+/// optional `k` (thousand) or `M` (million): `1000`, `10k`, `1.5k`, `1M`.
+/// Unlike a size, a `k` here is 1000: these are people's counts, not bytes.
+pub fn parse_count(text: &str) -> Result<u64, UnitError> {
+    let bad = || {
+        UnitError(format!(
+            "invalid count '{}' (write a whole number such as 1000, 10k or 1M)",
+            text.trim()
+        ))
+    };
+    let t = text.trim();
+    let (num, mult) = match t.strip_suffix(['k', 'K']) {
+        Some(n) => (n, 1e3),
+        None => match t.strip_suffix('M') {
+            Some(n) => (n, 1e6),
+            None => (t, 1.0),
+        },
+    };
+    let value: f64 = num.parse().map_err(|_| bad())?;
+    let n = value * mult;
+    // Whole, positive or zero, and exact in an f64 (far above any count a run holds).
+    if !(n.is_finite() && n >= 0.0 && n.fract() == 0.0 && n < 9e15) {
+        return Err(bad());
+    }
+    Ok(n as u64)
+}
+
+/// Parses a fraction: a percentage (`0.1%`, `5%`) or a plain number between
+/// 0 and 1 (`0.001`). An error rate is written either way.
+pub fn parse_fraction(text: &str) -> Result<f64, UnitError> {
+    let t = text.trim();
+    let bad = || {
+        UnitError(format!(
+            "invalid fraction '{t}' (write a percentage such as 0.1% or a number between 0 and 1 such as 0.001)"
+        ))
+    };
+    let value = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map_err(|_| bad())? / 100.0,
+        None => t.parse::<f64>().map_err(|_| bad())?,
+    };
+    if (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err(bad())
+    }
 }
 
 /// A rate as given on the command line: constant (`2k/s`) or a linear ramp
@@ -363,6 +411,44 @@ mod tests {
         ] {
             let err = bad.parse::<RateSpec>().unwrap_err();
             assert!(err.to_string().contains("rate"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn counts_take_thousands_and_millions_but_not_fractions() {
+        for (text, want) in [
+            ("1000", 1000),
+            ("10k", 10_000),
+            ("10K", 10_000),
+            ("1.5k", 1500),
+            ("1M", 1_000_000),
+            (" 250 ", 250),
+            ("0", 0),
+        ] {
+            assert_eq!(parse_count(text), Ok(want), "{text}");
+        }
+        for bad in ["", "k", "1.5", "-3", "ten", "1e400", "2m", "NaN", "10k/s"] {
+            let err = parse_count(bad).unwrap_err();
+            assert!(err.to_string().contains("count"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn fractions_are_percentages_or_plain_numbers() {
+        for (text, want) in [
+            ("0.1%", 0.001),
+            ("5%", 0.05),
+            ("100%", 1.0),
+            ("0.001", 0.001),
+            ("0", 0.0),
+            (" 1 % ", 0.01),
+        ] {
+            let got = parse_fraction(text).unwrap();
+            assert!((got - want).abs() < 1e-12, "{text}: {got}");
+        }
+        for bad in ["", "%", "1.5", "-1%", "200%", "lots", "NaN"] {
+            let err = parse_fraction(bad).unwrap_err();
+            assert!(err.to_string().contains("fraction"), "{bad}: {err}");
         }
     }
 

@@ -2,7 +2,8 @@
 //! merging, the live view and the result file, one clock, one failure
 //! machinery, one recorder interface) with the roles on it, [`hold`]
 //! (hold WebSocket connections, publish, check every delivery) and
-//! [`attack`] (HTTP load at a set rate); [`bench`](mod@bench), the one-command proof
+//! [`attack`] (HTTP load at a set rate), and [`knee`], which runs them at
+//! rising levels to find the tipping point; [`bench`](mod@bench), the one-command proof
 //! built on `hold`; and what they share: the open-model [`pacer`] and the
 //! [`tls`] client.
 //!
@@ -16,5 +17,6 @@ pub mod attack;
 pub mod bench;
 pub mod harness;
 pub mod hold;
+pub mod knee;
 pub mod pacer;
 pub mod tls;

@@ -7,6 +7,10 @@
 //! and the host (sockets, packets and bytes per second, memory, CPU).
 //!
 //! The page is also well-formed XML, so tests (and tools) can parse it.
+//!
+//! The plot drawing is shared with the knee's page ([`crate::knee`]), whose
+//! x axis is the load instead of time: a `Plot` takes where each point
+//! sits along an `XAxis`, and may carry vertical `Mark`s.
 
 use std::fmt::Write as _;
 
@@ -44,29 +48,51 @@ const MAX_WINDOW: usize = 60;
 
 /// How a plot labels its y values.
 #[derive(Debug, Clone, Copy)]
-enum Unit {
+pub(crate) enum Unit {
     /// µs, drawn on a log scale.
     Latency,
     Count,
     Bytes,
 }
 
-/// One line of a plot: a name and one value (or a gap) per series point.
-struct Line {
+/// One line of a plot: a name and one value (or a gap) per point.
+pub(crate) struct Line {
     name: String,
     values: Vec<Option<f64>>,
 }
 
-struct Plot<'a> {
-    id: String,
-    title: String,
+/// A plot's x axis: from 0 to `span`, ticks labelled with `unit` after
+/// the number (`s` for time), titled `title`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct XAxis {
+    pub(crate) span: f64,
+    pub(crate) unit: &'static str,
+    pub(crate) title: &'static str,
+}
+
+/// A vertical line across a plot at `x`, labelled (the knee).
+#[derive(Debug, Clone)]
+pub(crate) struct Mark {
+    pub(crate) x: f64,
+    pub(crate) label: String,
+    /// Drawn dashed (a level that failed) rather than solid.
+    pub(crate) dashed: bool,
+}
+
+pub(crate) struct Plot {
+    pub(crate) id: String,
+    pub(crate) title: String,
     /// What the plot shows, in one line (or empty).
-    caption: String,
+    pub(crate) caption: String,
     /// The y axis's title.
-    y_title: &'static str,
-    unit: Unit,
-    lines: Vec<Line>,
-    points: &'a [SeriesPoint],
+    pub(crate) y_title: &'static str,
+    pub(crate) unit: Unit,
+    pub(crate) lines: Vec<Line>,
+    /// Where each point sits along x, and whether a line may join it to
+    /// the point before (not across a gap in time).
+    pub(crate) at: Vec<(f64, bool)>,
+    pub(crate) x: XAxis,
+    pub(crate) marks: Vec<Mark>,
 }
 
 /// Renders the page. `report` should carry its time series
@@ -78,16 +104,29 @@ pub fn render(report: &Report) -> String {
         [_, ..] => format!("throng report: {} benches", report.benches.len()),
         [] => "throng report".to_owned(),
     };
+    head(&mut o, &title);
+    let _ = writeln!(o, "<h1>{}</h1>", esc(&title));
+    body(&mut o, report);
+    o.push_str("</body>\n</html>\n");
+    o
+}
+
+/// The page up to and including `<body>`.
+pub(crate) fn head(o: &mut String, title: &str) {
     o.push_str(
         "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n",
     );
     let _ = write!(
         o,
         "<meta charset=\"utf-8\"/>\n<title>{}</title>\n<style>\n",
-        esc(&title)
+        esc(title)
     );
     o.push_str(STYLE);
-    let _ = writeln!(o, "</style>\n</head>\n<body>\n<h1>{}</h1>", esc(&title));
+    o.push_str("</style>\n</head>\n<body>\n");
+}
+
+/// The report's headline figures, tables and plots over time.
+pub(crate) fn body(o: &mut String, report: &Report) {
     let _ = writeln!(
         o,
         "<p class=\"run\">From {} for {:.1} s: {} file(s), {} source(s), {} interval(s).</p>",
@@ -98,25 +137,23 @@ pub fn render(report: &Report) -> String {
         report.intervals,
     );
     for b in &report.benches {
-        bench_box(&mut o, b);
+        bench_box(o, b);
     }
     let series = report.series.as_deref().unwrap_or(&[]);
     if report.benches.is_empty() {
-        details(&mut o, report);
+        details(o, report);
     }
     o.push_str("<h2>Over time</h2>\n");
     if series.is_empty() {
         o.push_str("<p class=\"empty\">No intervals: nothing to plot.</p>\n");
     } else {
         for plot in plots(report, series) {
-            plot.render(&mut o, report.duration_s);
+            plot.render(o);
         }
     }
     if !report.benches.is_empty() {
-        details(&mut o, report);
+        details(o, report);
     }
-    o.push_str("</body>\n</html>\n");
-    o
 }
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:20px 24px;color:#222;max-width:1000px}
@@ -393,8 +430,9 @@ fn bucket_name(bucket_s: f64) -> String {
     format!("{} s interval", count(bucket_s))
 }
 
-fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
+fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
     let mut plots = Vec::new();
+    let at = time_points(series);
     let plot = |id: &str, title: String, y_title, unit, lines| Plot {
         id: id.to_owned(),
         title,
@@ -402,7 +440,9 @@ fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
         y_title,
         unit,
         lines,
-        points: series,
+        at: at.clone(),
+        x: time_axis(r.duration_s),
+        marks: Vec::new(),
     };
     if !r.gauges.is_empty() {
         let lines = r
@@ -598,11 +638,34 @@ fn plots<'a>(r: &Report, series: &'a [SeriesPoint]) -> Vec<Plot<'a>> {
 
 const RATE_CAPTION: &str = "a rate that comes in bursts is averaged over windows as long as the bursts are apart (the legend says how long)";
 
-fn line(name: &str, values: Vec<Option<f64>>) -> Line {
+pub(crate) fn line(name: &str, values: Vec<Option<f64>>) -> Line {
     Line {
         name: name.to_owned(),
         values,
     }
+}
+
+/// A run's time axis, `span` seconds long.
+fn time_axis(span: f64) -> XAxis {
+    XAxis {
+        span,
+        unit: "s",
+        title: "seconds since the run's start",
+    }
+}
+
+/// Each series point's place on a time axis (the middle of its bucket),
+/// and whether it follows the one before without a gap in time.
+fn time_points(series: &[SeriesPoint]) -> Vec<(f64, bool)> {
+    let mut last_end = f64::NEG_INFINITY;
+    series
+        .iter()
+        .map(|p| {
+            let follows = p.t_s <= last_end + p.length_s * 0.5;
+            last_end = p.t_s + p.length_s;
+            (p.t_s + p.length_s / 2.0, follows)
+        })
+        .collect()
 }
 
 /// A rate's line, averaged over windows as long as its bursts are apart
@@ -686,8 +749,8 @@ fn averaged(values: &[Option<f64>], window: usize, first: usize) -> Vec<Option<f
     out
 }
 
-impl Plot<'_> {
-    fn render(&self, o: &mut String, duration_s: f64) {
+impl Plot {
+    pub(crate) fn render(&self, o: &mut String) {
         let plot_w = WIDTH - LEFT - RIGHT;
         let plot_h = PLOT_HEIGHT;
         // The legend's entries, placed in rows that fit the width.
@@ -731,7 +794,7 @@ impl Plot<'_> {
                 .map(|i| i as f64 * step)
                 .collect();
         }
-        let x_span = duration_s.max(1e-9);
+        let x_span = self.x.span.max(1e-9);
         let x = |t: f64| LEFT + t / x_span * plot_w;
         let y = |v: f64| {
             let f = if log {
@@ -789,19 +852,21 @@ impl Plot<'_> {
             let xx = x(t);
             let _ = writeln!(
                 o,
-                "<line class=\"axis\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}s</text>",
+                "<line class=\"axis\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}{}</text>",
                 TOP + plot_h,
                 TOP + plot_h + 4.0,
                 TOP + plot_h + 16.0,
-                count(t)
+                count(t),
+                self.x.unit
             );
             t += x_step;
         }
         let _ = writeln!(
             o,
-            "<text class=\"axis-title\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">seconds since the run's start</text>",
+            "<text class=\"axis-title\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
             LEFT + plot_w / 2.0,
-            TOP + plot_h + 30.0
+            TOP + plot_h + 30.0,
+            esc(self.x.title)
         );
         let _ = writeln!(
             o,
@@ -811,6 +876,22 @@ impl Plot<'_> {
             TOP + plot_h,
             TOP + plot_h
         );
+        for m in &self.marks {
+            let xx = x(m.x.clamp(0.0, x_span));
+            let dash = if m.dashed {
+                " stroke-dasharray=\"5,4\""
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                o,
+                "<line class=\"mark\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#222\" stroke-width=\"1.5\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                TOP + plot_h,
+                xx + 4.0,
+                TOP + 12.0,
+                esc(&m.label)
+            );
+        }
         for (i, (l, (lx, row))) in self.lines.iter().zip(&legend).enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             let (width, dash, opacity) = STYLES[i % STYLES.len()];
@@ -850,9 +931,10 @@ impl Plot<'_> {
     }
 
     /// SVG path data through the points, broken where a value is missing or
-    /// buckets are absent (a gap in time); how many points it draws; and the
-    /// points with no neighbour to join, which a path cannot show and are
-    /// drawn as dots (a message every other interval gives only such points).
+    /// a point does not follow the one before (a gap in time); how many
+    /// points it draws; and the points with no neighbour to join, which a
+    /// path cannot show and are drawn as dots (a message every other
+    /// interval gives only such points).
     fn path(
         &self,
         values: &[Option<f64>],
@@ -865,17 +947,13 @@ impl Plot<'_> {
         // The last point drawn, while nothing has been joined to it yet.
         let mut alone: Option<(f64, f64)> = None;
         let mut pen_down = false;
-        let mut last_end = f64::NEG_INFINITY;
-        for (p, v) in self.points.iter().zip(values) {
-            let gap = p.t_s > last_end + p.length_s * 0.5;
-            last_end = p.t_s + p.length_s;
+        for (&(px, follows), v) in self.at.iter().zip(values) {
             let Some(v) = v.filter(|v| v.is_finite()) else {
                 pen_down = false;
                 continue;
             };
-            // A point is drawn at the middle of its bucket.
-            let (xx, yy) = (x(p.t_s + p.length_s / 2.0), y(v));
-            let joined = pen_down && !gap;
+            let (xx, yy) = (x(px), y(v));
+            let joined = pen_down && follows;
             let cmd = if joined { 'L' } else { 'M' };
             let _ = write!(d, "{cmd}{xx:.1},{yy:.1} ");
             if joined {
@@ -930,7 +1008,7 @@ fn nice_step(raw: f64) -> f64 {
 }
 
 /// Escapes text for HTML/XML content and attributes.
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -981,7 +1059,9 @@ mod tests {
             y_title: "y",
             unit: Unit::Count,
             lines: Vec::new(),
-            points: &points,
+            at: time_points(&points),
+            x: time_axis(10.0),
+            marks: Vec::new(),
         };
         let (_, n, dots) = plot.path(values, &|x| x, &|y| y);
         (n, dots)
@@ -1055,10 +1135,12 @@ mod tests {
             y_title: "sockets",
             unit: Unit::Count,
             lines: vec![line("established", same.clone()), line("in use", same)],
-            points: &points,
+            at: time_points(&points),
+            x: time_axis(4.0),
+            marks: Vec::new(),
         };
         let mut o = String::new();
-        plot.render(&mut o, 4.0);
+        plot.render(&mut o);
         let styles: Vec<&str> = o
             .lines()
             .filter(|l| l.starts_with("<path class=\"series\""))
@@ -1067,7 +1149,8 @@ mod tests {
         assert_eq!(styles.len(), 2);
         assert_ne!(styles[0], styles[1]);
         assert!(
-            o.contains(">sockets</text>") && o.contains(">seconds since the run's start</text>")
+            o.contains(">sockets</text>")
+                && o.contains(">seconds since the run&#39;s start</text>")
         );
         assert!(o.contains(">what it shows</text>"));
     }

@@ -1,12 +1,14 @@
 //! throng result files: the per-interval records every worker writes, the
 //! versioned file format that holds them, exact merging across workers and
-//! machines, and text, JSON and HTML reports.
+//! machines, and text, JSON and HTML reports; and the result of a knee
+//! search ([`knee`]) with its table and page.
 
 pub mod bench;
 pub mod events;
 pub mod format;
 pub mod html;
 pub mod interval;
+pub mod knee;
 pub mod merge;
 pub mod summary;
 pub mod text;

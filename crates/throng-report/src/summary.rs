@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use throng_host::sample::HostSample;
 
 use crate::bench::BenchSummary;
@@ -13,7 +13,8 @@ use crate::interval::new_histogram;
 use crate::merge::{Bucket, Merged};
 
 /// Statistics of one latency histogram, values in µs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HistStats {
     /// Values recorded.
     pub count: u64,

@@ -1,6 +1,7 @@
 //! A real HAProxy (Debian's) on a free loopback port, in TCP mode: in front
 //! of several `throng serve` nodes as docs/deploy.md sets it up, or
-//! terminating TLS in front of one plain server.
+//! terminating TLS in front of one plain server; or in HTTP mode, limiting
+//! the requests a back end gets at once (a target with a hard capacity).
 
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Stdio};
@@ -53,6 +54,22 @@ impl Haproxy {
                  frontend tls\n  bind 127.0.0.1:{port} {bind}\n  bind 127.0.0.2:{port} {bind}\n  \
                  default_backend app\n\
                  backend app\n  server s1 {backend}\n"
+            )
+        })
+    }
+
+    /// HTTP in front of `backend` with at most `maxconn` requests at the
+    /// back end at once; the rest wait in HAProxy's queue. With a back end
+    /// that takes a set time per request, a target with a hard capacity:
+    /// `maxconn` / the mean service time, less the overheads.
+    pub fn limited(backend: SocketAddr, maxconn: u32) -> Self {
+        Self::launch(|port| {
+            format!(
+                "global\n  maxconn 4000\n\
+                 defaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  \
+                 timeout server 60s\n  timeout queue 60s\n\
+                 frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\n\
+                 backend app\n  server s1 {backend} maxconn {maxconn}\n"
             )
         })
     }

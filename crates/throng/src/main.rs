@@ -31,6 +31,8 @@ enum Command {
     Hold(cmd::hold::Args),
     /// Drive HTTP load at a set request rate (open model), measured without coordinated omission.
     Attack(cmd::attack::Args),
+    /// Find the tipping point: raise a load level by level until the target misses its objective.
+    Knee(cmd::knee::Args),
     /// Read and merge result files into a text, JSON or HTML report.
     Report(cmd::report::Args),
     /// One-command proof on this machine: serve + hold + publish + host sampling, then a report.
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::run(*args),
         Command::Hold(args) => cmd::hold::run(args),
         Command::Attack(args) => cmd::attack::run(args),
+        Command::Knee(args) => cmd::knee::run(args),
         Command::Report(args) => cmd::report::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),

@@ -173,6 +173,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
     let results = req.output.clone().map(|path| ResultFile {
         path,
         header: header(&req, &attack),
+        append: false,
     });
     Ok(Prepared {
         setup: Setup {
@@ -225,6 +226,12 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// The planned run and its set-up, for a caller that runs it its own
+    /// way (`knee` runs it once per level, at the level's rate).
+    pub fn into_parts(self) -> (AttackRun, Setup) {
+        (self.attack, self.setup)
     }
 
     /// Runs it; the summary and the thresholds it passed (`--max-error-rate`,

@@ -29,8 +29,14 @@ pub struct AttackRun {
 
 /// Runs a whole attack.
 pub fn run(attack: AttackRun, setup: Setup) -> io::Result<Summary> {
+    crate::harness::supervise::run(role(attack), setup)
+}
+
+/// The role of a whole attack, for a caller that runs it inside a role of
+/// its own (`knee` runs one per level).
+pub fn role(attack: AttackRun) -> Attack {
     let workers = attack.plan.workers.max(1) as usize;
-    let role = Attack {
+    Attack {
         summary: Summary {
             workers: workers as u32,
             planned: attack.planned,
@@ -39,12 +45,12 @@ pub fn run(attack: AttackRun, setup: Setup) -> io::Result<Summary> {
         },
         attack,
         dones: vec![None; workers],
-    };
-    crate::harness::supervise::run(role, setup)
+    }
 }
 
 /// The `attack` role.
-struct Attack {
+#[derive(Debug)]
+pub struct Attack {
     attack: AttackRun,
     /// What each worker said at its end.
     dones: Vec<Option<Done>>,

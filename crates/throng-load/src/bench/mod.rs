@@ -312,6 +312,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         results: Some(ResultFile {
             path: files.hold.clone(),
             header: Header::new(req.command_line.clone(), settings_json.clone()),
+            append: false,
         }),
         progress: req.progress,
         remote: None,

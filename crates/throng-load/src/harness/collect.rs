@@ -35,6 +35,10 @@ pub struct ResultFile {
     pub path: PathBuf,
     /// The command line and settings of the run.
     pub header: Header,
+    /// Append a new section (this header and the run's records) to the
+    /// file instead of starting it afresh: how `knee` keeps its levels,
+    /// run one after the other, in one file.
+    pub append: bool,
 }
 
 /// What a worker's line was.
@@ -129,6 +133,9 @@ impl Collector {
         file: Option<&ResultFile>,
     ) -> io::Result<Self> {
         let writer = match file {
+            Some(f) if f.append => {
+                Some(Writer::append(&f.path, &f.header).map_err(io::Error::other)?)
+            }
             Some(f) => Some(Writer::create(&f.path, &f.header).map_err(io::Error::other)?),
             None => None,
         };

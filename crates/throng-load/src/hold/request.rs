@@ -167,6 +167,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
     let results = req.output.clone().map(|path| ResultFile {
         path,
         header: header(&req, &hold),
+        append: false,
     });
     let setup = Setup {
         command: WorkerCommand::this_program(&WORKER_ARGS)?,
@@ -186,6 +187,12 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// The fitted run and its set-up, for a caller that runs it its own
+    /// way (`knee` runs it once per level).
+    pub fn into_parts(self) -> (HoldRun, Setup) {
+        (self.hold, self.setup)
     }
 
     /// Runs it; the summary and what it broke of the thresholds, one line each.

@@ -114,10 +114,16 @@ pub struct HoldRun {
 
 /// Runs a whole `hold`.
 pub fn run(hold: HoldRun, setup: Setup) -> io::Result<Summary> {
+    crate::harness::supervise::run(role(hold)?, setup)
+}
+
+/// The role of a whole `hold`, for a caller that runs it inside a role of
+/// its own (`knee` runs one per level).
+pub fn role(hold: HoldRun) -> io::Result<Hold> {
     // Workers build the same pacer; refuse a bad rate here, once.
     Pacer::for_count(hold.rate, hold.connections)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    crate::harness::supervise::run(Hold::new(hold), setup)
+    Ok(Hold::new(hold))
 }
 
 /// What the publisher task counts, read by the supervisor each second.
@@ -219,7 +225,8 @@ impl Ramp {
 }
 
 /// The `hold` role.
-struct Hold {
+#[derive(Debug)]
+pub struct Hold {
     run: HoldRun,
     stats: Rc<RefCell<PubStats>>,
     publishing_stop: Rc<Cell<bool>>,

@@ -7,5 +7,6 @@ pub(crate) mod bench;
 pub(crate) mod client;
 pub(crate) mod doctor;
 pub(crate) mod hold;
+pub(crate) mod knee;
 pub(crate) mod report;
 pub(crate) mod serve;

@@ -26,7 +26,7 @@ Examples:
   throng report run.throng --format json | jq '.latency_us.delivery.p99'
   throng report run.throng --html run.html")]
 pub(crate) struct Args {
-    /// Result files to read and merge (written by hold, attack or bench with --output).
+    /// Result files to read and merge (written by hold, attack or bench with --output, and by knee).
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
 
@@ -72,24 +72,43 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Invariant: `mergers` held at least the text merger.
     let text_merged = merged.next().expect("the text merger");
     let report = Report::build(&text_merged, &files, args.every.is_some());
+    // A knee search's file carries its result: its table and page lead.
+    let knees = throng_report::knee::read_all(&args.files);
 
     if let Some(path) = &args.html {
-        let page = match merged.next() {
-            Some(plot) => throng_report::html::render(&Report::build(&plot, &files, true)),
-            None => throng_report::html::render(&report),
+        let plot = merged.next().map(|plot| Report::build(&plot, &files, true));
+        let over_time = plot.as_ref().unwrap_or(&report);
+        let page = match knees.as_slice() {
+            [knee] => throng_report::knee::render_html(knee, Some(over_time)),
+            _ => throng_report::html::render(over_time),
         };
         std::fs::write(path, page).with_context(|| format!("cannot write {}", path.display()))?;
     }
 
     match args.format {
-        Format::Text => print!("{}", throng_report::text::render(&report)),
+        Format::Text => {
+            for knee in &knees {
+                println!("{}", throng_report::knee::render_text(knee));
+            }
+            print!("{}", throng_report::text::render(&report));
+        }
         Format::Json => {
             for f in &report.files {
                 if let Some(d) = &f.damage {
                     eprintln!("throng report: warning: {d}");
                 }
             }
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            if knees.is_empty() {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                // A knee search's result goes beside the merged figures, as
+                // `knees` (the same object `throng knee --format json` prints).
+                let mut json = serde_json::to_value(&report)?;
+                if let Some(fields) = json.as_object_mut() {
+                    fields.insert("knees".into(), serde_json::to_value(&knees)?);
+                }
+                println!("{}", serde_json::to_string_pretty(&json)?);
+            }
         }
     }
     if let Some(path) = &args.html {
