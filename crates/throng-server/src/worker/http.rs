@@ -9,6 +9,7 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use throng_proto::http::{self, HeadError, Request};
@@ -20,12 +21,14 @@ use super::conn::{self, Conn, TlsState};
 use super::gate;
 use super::rejoin::Kind;
 use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
-use super::state::Worker;
+use super::state::{Waiting, Worker};
 use super::table::NONE;
 use crate::addresses::{Source, Verdict};
 use crate::channel;
 use crate::history::MessageId;
+use crate::tls::park;
 use crate::tls::stream::{Io, TlsStream};
+use crate::wheel;
 
 /// What reading a request head gave.
 enum Head {
@@ -33,6 +36,20 @@ enum Head {
     /// The client closed (or the socket failed) before sending a whole head.
     Closed,
     Bad(HeadError),
+    /// A TLS connection would wait for a request holding no bytes: it
+    /// waits on out of its task ([`park`]).
+    Park,
+}
+
+/// How a connection's requests ended.
+enum Ended {
+    /// It asked for a subscription: the request and the bytes read after it.
+    Upgrade(Request, Vec<u8>),
+    Closed,
+    /// A TLS connection to park; `first`: no request was read yet.
+    Park {
+        first: bool,
+    },
 }
 
 /// An admitted connection's client address, while it is counted under it
@@ -156,11 +173,27 @@ pub(crate) async fn serve_tls(
     }
 }
 
-/// Serves one accepted connection until it upgrades or closes.
-pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Ticket>) {
-    match requests(&w, &mut stream, serves).await {
-        Some((req, rest)) => upgrade(&w, stream, &req, &rest, ticket).await,
-        None => {
+/// Serves one accepted connection until it upgrades, closes, or is parked.
+pub(crate) async fn serve(w: Rc<Worker>, stream: Io, serves: Serves, ticket: Option<&Ticket>) {
+    serve_from(&w, stream, serves, ticket, true).await;
+}
+
+/// [`serve`], `first` if no request was read on the connection yet.
+async fn serve_from(
+    w: &Rc<Worker>,
+    mut stream: Io,
+    serves: Serves,
+    ticket: Option<&Ticket>,
+    first: bool,
+) {
+    match requests(w, &mut stream, serves, first).await {
+        Ended::Upgrade(req, rest) => upgrade(w, stream, &req, &rest, ticket).await,
+        Ended::Park { first } => {
+            if let Io::Tls(s) = stream {
+                park(w, *s, serves, ticket, first);
+            }
+        }
+        Ended::Closed => {
             if let Io::Tls(_) = stream {
                 // close_notify, so the client can tell the end from a cut.
                 let _ = tokio::time::timeout(
@@ -173,18 +206,20 @@ pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket:
     }
 }
 
-/// Answers requests until the connection ends (`None`) or asks for a
-/// WebSocket upgrade: then the request and the bytes read after it.
-async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Request, Vec<u8>)> {
+/// Answers requests until the connection ends, asks for a subscription,
+/// or (TLS) is to be parked.
+async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) -> Ended {
     let mut buf: Vec<u8> = Vec::new();
-    let mut first = true;
     loop {
-        let read = tokio::time::timeout(w.cfg.handshake_timeout, read_head(w, stream, &mut buf));
+        let read = tokio::time::timeout(
+            w.cfg.handshake_timeout,
+            read_head(w, stream, &mut buf, first),
+        );
         let Ok(head) = read.await else {
             if first || !buf.is_empty() {
                 w.counters.handshake_failed("timeout");
             }
-            return None;
+            return Ended::Closed;
         };
         let (req, used) = match head {
             Head::Request(req, used) => (req, used),
@@ -192,8 +227,9 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Reques
                 if !buf.is_empty() {
                     w.counters.handshake_failed("incomplete_head");
                 }
-                return None;
+                return Ended::Closed;
             }
+            Head::Park => return Ended::Park { first },
             Head::Bad(e) => {
                 let (status, label) = match e {
                     HeadError::TooLarge { .. } | HeadError::TooManyHeaders => {
@@ -203,13 +239,13 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Reques
                 };
                 w.counters.handshake_failed(label);
                 refuse(w, stream, status, &format!("{e}\n")).await;
-                return None;
+                return Ended::Closed;
             }
         };
         first = false;
         buf.drain(..used);
         let Some(route) = routes::route(w, &req, serves) else {
-            return Some((req, buf));
+            return Ended::Upgrade(req, buf);
         };
         // The connection's future is as large as its largest route's, and
         // a sleeping `/ping` request holds it all the while: the publish
@@ -224,7 +260,7 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Reques
             Route::NotHere(what) => Box::pin(routes::not_here(w, stream, what)).await,
         };
         if !keep {
-            return None;
+            return Ended::Closed;
         }
     }
 }
@@ -237,7 +273,8 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Option<(Reques
 /// reserving 4 KiB per connection up front was most of what each of 5,000
 /// sleeping `/ping` requests cost the server. A TLS connection reads through
 /// its stream, which owns the decrypted bytes.
-async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
+/// `first`: no request was read on the connection yet.
+async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>, first: bool) -> Head {
     loop {
         if !buf.is_empty() {
             match http::parse_request(buf, http::MAX_HEAD) {
@@ -263,11 +300,29 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
                 // TLS: wait holding no buffer here (nor in the stream), as
                 // the plain path does; then take what was decrypted.
                 crate::tls::stream::give_buffer(std::mem::take(buf));
-                if std::future::poll_fn(|cx| tls.poll_plain_ready(cx))
+                // Boxed: the wait's timer would grow every connection's
+                // future, plain ones too, for TLS's sake.
+                let ready = Box::pin(async {
+                    // A kept-alive client's next request usually comes at
+                    // once: it is waited for in the task a moment.
+                    if !first {
+                        let next = std::future::poll_fn(|cx| tls.poll_plain_ready(cx));
+                        if let Ok(r) = tokio::time::timeout(park::KEPT_GRACE, next).await {
+                            return Some(r);
+                        }
+                    }
+                    // Nothing to read and nothing held (not even part of a
+                    // record): the connection waits on parked, out of its task.
+                    std::future::poll_fn(|cx| match tls.poll_plain_ready(cx) {
+                        Poll::Pending if tls.parkable() => Poll::Ready(None),
+                        other => other.map(Some),
+                    })
                     .await
-                    .is_err()
-                {
-                    return Head::Closed;
+                });
+                match ready.await {
+                    Some(Ok(())) => {}
+                    Some(Err(_)) => return Head::Closed,
+                    None => return Head::Park,
                 }
                 *buf = crate::tls::stream::take_buffer();
                 match stream.read_buf(buf).await {
@@ -300,6 +355,91 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
             Err(e) => return Head::Bad(e),
         }
     }
+}
+
+/// Parks a TLS connection that waits for a request (tls::park) until its
+/// next bytes, for what is left of `--handshake-timeout`. Its address
+/// stays counted (the ticket's source goes with it).
+fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first: bool) {
+    let source = ticket.and_then(Cell::take);
+    let release = |source: Option<Source>| {
+        if let Some(source) = source {
+            w.link.release(source);
+        }
+    };
+    let parts = s.into_parts();
+    let Ok(tcp) = parts.tcp.into_std() else {
+        release(source);
+        return;
+    };
+    let deadline = w
+        .subs
+        .now
+        .get()
+        .saturating_add(wheel::ticks(w.cfg.handshake_timeout));
+    let waiting = Waiting {
+        serves,
+        source,
+        first,
+    };
+    let parked = w.parked.park(
+        &w.subs.outside.poller,
+        tcp,
+        Box::new(parts.conn),
+        waiting,
+        deadline,
+    );
+    if let Err(waiting) = parked {
+        release(waiting.source);
+    }
+}
+
+/// A parked connection's bytes (or its end) came: it goes on in a task.
+pub(crate) fn resume(w: &Rc<Worker>, token: u64) {
+    let Some(e) = w.parked.wake(&w.subs.outside.poller, token) else {
+        return;
+    };
+    match TlsStream::wake(e.tcp, *e.conn) {
+        Ok(Some(s)) => {
+            tokio::task::spawn_local(resumed(w.clone(), s, e.extra));
+        }
+        // Closed (or a spurious wake: the peer's bytes, if any, will be
+        // answered by a reset): it never asked for anything more.
+        _ => {
+            if let Some(source) = e.extra.source {
+                w.link.release(source);
+            }
+        }
+    }
+}
+
+async fn resumed(w: Rc<Worker>, s: TlsStream, waiting: Waiting) {
+    let ticket: Ticket = Cell::new(waiting.source);
+    let counted = waiting.source.is_some().then_some(&ticket);
+    let io = Io::Tls(Box::new(s));
+    serve_from(&w, io, waiting.serves, counted, waiting.first).await;
+    if let Some(source) = ticket.take() {
+        w.link.release(source);
+    }
+}
+
+/// Closes the parked connections whose time ran out (with a
+/// close_notify, as in a task), as the tick finds them.
+pub(crate) fn expire_parked(w: &Worker) {
+    w.parked
+        .expire(&w.subs.outside.poller, w.subs.now.get(), |mut e| {
+            if e.extra.first {
+                w.counters.handshake_failed("timeout");
+            }
+            if let Some(source) = e.extra.source {
+                w.link.release(source);
+            }
+            let mut out = Vec::new();
+            if crate::tls::close_notify(&mut e.conn, &mut [], &mut out).is_ok() {
+                // Best effort: the socket is non-blocking, and closed next.
+                let _ = std::io::Write::write(&mut e.tcp, &out);
+            }
+        });
 }
 
 /// Completes (or refuses) a subscription, a WebSocket upgrade or an event

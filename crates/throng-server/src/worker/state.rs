@@ -12,6 +12,7 @@ use throng_host::poll::{Interest, Poller};
 use throng_host::shared::SharedCounters;
 
 use super::link::Link;
+use super::routes::Serves;
 use super::subscribers::{Outside, Subscribers};
 use super::table::NONE;
 use crate::addresses::Source;
@@ -19,6 +20,7 @@ use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
 use crate::history::MessageId;
 use crate::metrics::Counters;
+use crate::tls::park::Parked;
 
 /// Everything one worker owns.
 pub(crate) struct Worker {
@@ -35,6 +37,17 @@ pub(crate) struct Worker {
     pub(crate) verifier: Option<Verifier>,
     /// The publish API key, when one is configured.
     pub(crate) publish_key: Option<PublishKey>,
+    /// TLS connections waiting for a request out of their task (tls::park).
+    pub(crate) parked: Parked<Waiting>,
+}
+
+/// What a parked TLS connection's HTTP phase goes on with when woken.
+pub(crate) struct Waiting {
+    pub(crate) serves: Serves,
+    /// The client address it is counted under (per-address limits).
+    pub(crate) source: Option<Source>,
+    /// No request was read yet: a timeout counts as a failed handshake.
+    pub(crate) first: bool,
 }
 
 /// What the subscribers need around them in a worker: its one epoll set,

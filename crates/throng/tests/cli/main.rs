@@ -19,6 +19,7 @@ mod report;
 mod serve;
 mod serve_tls;
 mod tls_client;
+mod tls_park;
 
 use std::process::Command;
 use std::time::Duration;
