@@ -64,6 +64,16 @@ pub(crate) fn give_buffer(mut b: Vec<u8>) {
     });
 }
 
+/// What waking a parked connection gave ([`TlsStream::wake`]).
+pub(crate) enum Woken {
+    /// Bytes came: a stream again, holding them.
+    Stream(Box<TlsStream>),
+    /// The peer closed, or the socket failed.
+    Ended,
+    /// Nothing to read after all: to park again.
+    NotYet(std::net::TcpStream, Box<UnbufferedServerConnection>),
+}
+
 /// The first byte of a TLS record carrying a handshake message.
 const TLS_HANDSHAKE: u8 = 0x16;
 
@@ -205,29 +215,40 @@ impl TlsStream {
     /// A parked connection (`park`) its epoll found readable: reads what
     /// came at once (tokio would first wait for its own report of the
     /// same readiness, and the connection would look idle again), then it
-    /// is a stream again. `Ok(None)`: the peer closed, or nothing came.
+    /// is a stream again.
     pub(crate) fn wake(
         mut tcp: std::net::TcpStream,
-        conn: UnbufferedServerConnection,
-    ) -> io::Result<Option<Self>> {
+        conn: Box<UnbufferedServerConnection>,
+    ) -> Woken {
         let mut incoming = take_buffer();
         // Zeroed: std's `read` wants an initialised buffer (a `memset` of
         // 4 KiB per wake, against the system calls of a wake).
         incoming.resize(READ_CHUNK, 0);
-        let n = loop {
+        let read = loop {
             match io::Read::read(&mut tcp, &mut incoming) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                other => break other?,
+                other => break other,
+            }
+        };
+        let n = match read {
+            Ok(n) if n > 0 => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                give_buffer(incoming);
+                return Woken::NotYet(tcp, conn);
+            }
+            _ => {
+                give_buffer(incoming);
+                return Woken::Ended;
             }
         };
         incoming.truncate(n);
-        if n == 0 {
+        let Ok(tcp) = TcpStream::from_std(tcp) else {
             give_buffer(incoming);
-            return Ok(None);
-        }
-        let mut s = Self::from_parts(TcpStream::from_std(tcp)?, conn);
+            return Woken::Ended;
+        };
+        let mut s = Self::from_parts(tcp, *conn);
         s.incoming = incoming;
-        Ok(Some(s))
+        Woken::Stream(Box::new(s))
     }
 
     /// Whether the connection holds nothing but its socket and rustls's

@@ -27,7 +27,7 @@ use crate::addresses::{Source, Verdict};
 use crate::channel;
 use crate::history::MessageId;
 use crate::tls::park;
-use crate::tls::stream::{Io, TlsStream};
+use crate::tls::stream::{Io, TlsStream, Woken};
 use crate::wheel;
 
 /// What reading a request head gave.
@@ -372,11 +372,6 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
         release(source);
         return;
     };
-    let deadline = w
-        .subs
-        .now
-        .get()
-        .saturating_add(wheel::ticks(w.cfg.handshake_timeout));
     let waiting = Waiting {
         serves,
         source,
@@ -387,11 +382,18 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
         tcp,
         Box::new(parts.conn),
         waiting,
-        deadline,
+        park_deadline(w),
     );
     if let Err(waiting) = parked {
         release(waiting.source);
     }
+}
+
+/// The tick a connection parked now is closed at: `--handshake-timeout`
+/// from now, as a task waiting for a request would be.
+fn park_deadline(w: &Worker) -> u32 {
+    let wait = wheel::ticks(w.cfg.handshake_timeout);
+    w.subs.now.get().saturating_add(wait)
 }
 
 /// A parked connection's bytes (or its end) came: it goes on in a task.
@@ -399,25 +401,34 @@ pub(crate) fn resume(w: &Rc<Worker>, token: u64) {
     let Some(e) = w.parked.wake(&w.subs.outside.poller, token) else {
         return;
     };
-    match TlsStream::wake(e.tcp, *e.conn) {
-        Ok(Some(s)) => {
+    let waiting = match TlsStream::wake(e.tcp, e.conn) {
+        Woken::Stream(s) => {
             tokio::task::spawn_local(resumed(w.clone(), s, e.extra));
+            return;
         }
-        // Closed (or a spurious wake: the peer's bytes, if any, will be
-        // answered by a reset): it never asked for anything more.
-        _ => {
-            if let Some(source) = e.extra.source {
-                w.link.release(source);
+        Woken::NotYet(tcp, conn) => {
+            let deadline = park_deadline(w);
+            match w
+                .parked
+                .park(&w.subs.outside.poller, tcp, conn, e.extra, deadline)
+            {
+                Ok(()) => return,
+                Err(waiting) => waiting,
             }
         }
+        Woken::Ended => e.extra,
+    };
+    if let Some(source) = waiting.source {
+        w.link.release(source);
     }
 }
 
-async fn resumed(w: Rc<Worker>, s: TlsStream, waiting: Waiting) {
+/// A woken connection's task: its HTTP phase goes on, counted under its
+/// address as before.
+async fn resumed(w: Rc<Worker>, s: Box<TlsStream>, waiting: Waiting) {
     let ticket: Ticket = Cell::new(waiting.source);
     let counted = waiting.source.is_some().then_some(&ticket);
-    let io = Io::Tls(Box::new(s));
-    serve_from(&w, io, waiting.serves, counted, waiting.first).await;
+    serve_from(&w, Io::Tls(s), waiting.serves, counted, waiting.first).await;
     if let Some(source) = ticket.take() {
         w.link.release(source);
     }
