@@ -5,7 +5,8 @@
 # certificate and checks no signature, so the crypto measured is the server's).
 #
 #   scripts/bench-tls.sh [--conns 15000] [--secs 5] [--threads 4] [--rounds 10] [--repeat 3]
-#                        [--part idle|handshakes|requests]...   (default: all three)
+#                        [--part idle|handshakes|requests|states]...   (default: all four)
+#                        [--bin THRONG]...   (states: the binaries to compare; default the one built)
 #
 # Prints one JSON object per measurement, then a summary:
 #   rustls_heap            live heap rustls holds per idle server connection,
@@ -27,26 +28,34 @@
 #                          the cores, so it caps the rates both servers see)
 #   requests_*             GET /healthz per second over kept-alive TLS
 #                          connections; HAProxy forwards to throng (plain)
+#   idle_state_*           throng worker RSS delta / N with N idle TLS
+#                          connections in each state (one worker, a fresh
+#                          server each): a wss subscriber (ws), waiting for
+#                          its first request (waiting), kept alive after one
+#                          GET /healthz (kept), an SSE subscriber (sse); the
+#                          states take turns --repeat times, and so do the
+#                          --bin binaries (before/after a change, same run)
 # Both servers get the same 2 cores (throng: 2 workers; HAProxy: 2 threads)
 # as the client; every run is bounded by --secs or by N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-CONNS=15000 SECS=5 THREADS=4 ROUNDS=10 REPEAT=3 PARTS=""
+CONNS=15000 SECS=5 THREADS=4 ROUNDS=10 REPEAT=3 PARTS="" BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --part)
-      case "$2" in idle|handshakes|requests) PARTS="$PARTS $2" ;; *) echo "--part is idle, handshakes or requests" >&2; exit 2 ;; esac
+      case "$2" in idle|handshakes|requests|states) PARTS="$PARTS $2" ;; *) echo "--part is idle, handshakes, requests or states" >&2; exit 2 ;; esac
       shift 2 ;;
+    --bin) [ -x "$2" ] || { echo "--bin $2 is not an executable" >&2; exit 2; }; BINS+=("$2"); shift 2 ;;
     --conns) CONNS=$2; shift 2 ;;
     --secs) SECS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --repeat) REPEAT=$2; shift 2 ;;
-    *) echo "unknown argument $1 (--conns N --secs S --threads T --rounds R --repeat K --part P)" >&2; exit 2 ;;
+    *) echo "unknown argument $1 (--conns N --secs S --threads T --rounds R --repeat K --part P --bin THRONG)" >&2; exit 2 ;;
   esac
 done
-PARTS=${PARTS:- idle handshakes requests}
+PARTS=${PARTS:- idle handshakes requests states}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-tls.XXXXXX)}
 mkdir -p "$OUT"
@@ -58,6 +67,7 @@ command -v openssl >/dev/null || { echo "openssl is missing (apt-get install ope
 cargo build --release -q -p throng
 cargo build --release -q -p throng-bench --bin tls_bench --bin tls_mem
 BIN=$CARGO_TARGET_DIR/release/throng
+[ "${#BINS[@]}" -gt 0 ] || BINS=("$BIN")
 CLIENT=$CARGO_TARGET_DIR/release/tls_bench
 echo "results in $OUT" >&2
 machine_line >&2
@@ -80,13 +90,14 @@ wait_http() { # port
   echo "server on $1 did not come up" >&2; exit 1
 }
 
-# Starts throng serve: $1 workers, $2 cert kind ("" for no TLS). Sets
+# Starts throng serve: $1 workers, $2 cert kind ("" for no TLS), then any
+# further options. Sets
 # PLAIN, TLS, SERVER, WORKER (the first worker's pid).
 start_throng() {
   PLAIN=$(free_port); TLS=$(free_port)
   local tls=()
   [ -n "$2" ] && tls=(--tls-listen "127.0.0.1:$TLS" --tls-cert "$OUT/$2-cert.pem" --tls-key "$OUT/$2-key.pem")
-  "$BIN" serve --workers "$1" --listen "127.0.0.1:$PLAIN" "${tls[@]}" --ping-interval 10000h --json \
+  "$BIN" serve --workers "$1" --listen "127.0.0.1:$PLAIN" "${tls[@]}" "${@:3}" --ping-interval 10000h --json \
     > "$OUT/serve-$PLAIN.json" 2> "$OUT/serve-$PLAIN.log" &
   SERVER=$!; PIDS+=("$SERVER")
   wait_http "$PLAIN"
@@ -230,6 +241,34 @@ if part requests; then
   done
   stop_haproxy
   stop_throng
+fi
+
+if part states; then
+  # Idle TLS connections in each state a connection can wait in, beside a
+  # wss subscriber: N on one worker of a fresh server per measurement,
+  # --handshake-timeout long enough that none is closed while counted.
+  for r in $(seq "$REPEAT"); do
+    for state in ws waiting kept sse; do
+      for b in "${BINS[@]}"; do
+        BIN=$b start_throng 1 ec --handshake-timeout 10m
+        out=$("$CLIENT" idle --target "127.0.0.1:$TLS" --conns "$CONNS" --pid "$WORKER" --state "$state" --threads "$THREADS")
+        record "idle_state_$state" "$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["bin"]=sys.argv[2]; print(json.dumps(d))' "$out" "$b")"
+        stop_throng
+      done
+    done
+  done
+  python3 - "$results" "${BINS[@]}" <<'EOF'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+print("idle TLS connections, user-space bytes per connection (medians; target <= 4096):", file=sys.stderr)
+for b in sys.argv[2:]:
+    row = []
+    for state in ["ws", "waiting", "kept", "sse"]:
+        v = [r["result"]["user_bytes_per_conn"] for r in runs
+             if r["name"] == f"idle_state_{state}" and r["result"].get("bin") == b]
+        row.append(f"{state} {statistics.median(v):,.0f}" if v else f"{state} -")
+    print(f"  {b}: " + ", ".join(row), file=sys.stderr)
+EOF
 fi
 
 python3 - "$results" <<'EOF'

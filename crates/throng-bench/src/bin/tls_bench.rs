@@ -2,14 +2,16 @@
 //! `throng serve` and for HAProxy terminating TLS, so their figures compare.
 //!
 //! ```text
-//! tls_bench idle       --target A --conns N --pid P [--ws] [--plain] [--publish A --rounds R --payload B]
+//! tls_bench idle       --target A --conns N --pid P [--state S | --ws] [--plain] [--publish A --rounds R --payload B]
 //! tls_bench handshakes --target A --secs S --threads T
 //! tls_bench requests   --target A --secs S --threads T
 //! ```
 //!
 //! - `idle`: opens N connections (TLS unless `--plain`), each doing its
-//!   handshake and then a WebSocket upgrade on `/bench` (`--ws`) or one
-//!   keep-alive `GET /healthz`, and holds them idle; prints the RSS of
+//!   handshake and then, by `--state`: nothing (`waiting`: a connection
+//!   waiting for its first request), one keep-alive `GET /healthz` (`kept`,
+//!   the default), a WebSocket upgrade on `/bench` (`ws`, or `--ws`), or
+//!   an event stream of `/sse/bench` (`sse`); and holds them idle; prints the RSS of
 //!   process P before and after, per connection. With `--publish` (throng's
 //!   plain listener) it then publishes R messages of B bytes and reports the
 //!   server's fan-out CPU per delivered frame (from `/metrics`), and checks
@@ -41,7 +43,7 @@ struct Opts {
     target: SocketAddr,
     conns: usize,
     pid: u32,
-    ws: bool,
+    state: State,
     plain: bool,
     publish: Option<SocketAddr>,
     rounds: usize,
@@ -58,7 +60,7 @@ fn opts() -> Opts {
         target: SocketAddr::from(([127, 0, 0, 1], 8443)),
         conns: 1000,
         pid: 0,
-        ws: false,
+        state: State::Kept,
         plain: false,
         publish: None,
         rounds: 10,
@@ -72,7 +74,8 @@ fn opts() -> Opts {
             "--target" => o.target = v().parse().expect("--target HOST:PORT"),
             "--conns" => o.conns = v().parse().expect("--conns N"),
             "--pid" => o.pid = v().parse().expect("--pid PID"),
-            "--ws" => o.ws = true,
+            "--ws" => o.state = State::Ws,
+            "--state" => o.state = v().parse().unwrap_or_else(|e| panic!("{e}")),
             "--plain" => o.plain = true,
             "--publish" => o.publish = Some(v().parse().expect("--publish HOST:PORT")),
             "--rounds" => o.rounds = v().parse().expect("--rounds N"),
@@ -83,6 +86,32 @@ fn opts() -> Opts {
         }
     }
     o
+}
+
+/// What an idle connection of `idle` has done after its handshake.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    /// Nothing: the server waits for its first request.
+    Waiting,
+    /// One keep-alive request answered: the server waits for the next.
+    Kept,
+    /// A WebSocket subscriber.
+    Ws,
+    /// A Server-Sent Events subscriber.
+    Sse,
+}
+
+impl std::str::FromStr for State {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "waiting" => Self::Waiting,
+            "kept" => Self::Kept,
+            "ws" => Self::Ws,
+            "sse" => Self::Sse,
+            _ => return Err(format!("--state is waiting, kept, ws or sse, not {s}")),
+        })
+    }
 }
 
 fn client_config() -> Arc<rustls::ClientConfig> {
@@ -212,6 +241,30 @@ fn upgrade(s: &mut Held) -> std::io::Result<()> {
     }
 }
 
+/// Opens an event stream on `/sse/bench`: the response head and the
+/// `retry:` hint that follows it. Returns the status.
+fn subscribe_sse(s: &mut Held, buf: &mut Vec<u8>) -> std::io::Result<u16> {
+    s.write_all(b"GET /sse/bench HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+    s.flush()?;
+    let mut chunk = [0u8; 1024];
+    loop {
+        if let Some((resp, used)) =
+            http::parse_response(buf, http::MAX_HEAD).map_err(std::io::Error::other)?
+        {
+            // The head and the retry hint ("retry: N\n\n") after it.
+            if resp.status != 200 || buf[used..].ends_with(b"\n\n") {
+                buf.clear();
+                return Ok(resp.status);
+            }
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -266,13 +319,14 @@ fn idle(o: &Opts) -> serde_json::Value {
                     let mut buf = Vec::new();
                     for i in k * per..((k + 1) * per).min(o.conns) {
                         let r = open(o, cfg, i).and_then(|mut s| {
-                            if o.ws {
-                                upgrade(&mut s)?;
-                            } else {
-                                let st = request(&mut s, "/healthz", false, &mut buf)?;
-                                if st != 200 {
-                                    return Err(std::io::Error::other(format!("status {st}")));
-                                }
+                            let st = match o.state {
+                                State::Waiting => 200,
+                                State::Ws => upgrade(&mut s).map(|()| 200)?,
+                                State::Kept => request(&mut s, "/healthz", false, &mut buf)?,
+                                State::Sse => subscribe_sse(&mut s, &mut buf)?,
+                            };
+                            if st != 200 {
+                                return Err(std::io::Error::other(format!("status {st}")));
                             }
                             Ok(s)
                         });
@@ -300,7 +354,8 @@ fn idle(o: &Opts) -> serde_json::Value {
     let mut report = serde_json::json!({
         "mode": "idle",
         "tls": !o.plain,
-        "websocket": o.ws,
+        "websocket": o.state == State::Ws,
+        "state": format!("{:?}", o.state).to_lowercase(),
         "connections": n,
         "failed": failed.load(Ordering::Relaxed),
         "open_seconds": open_secs,

@@ -16,7 +16,10 @@
 //! - `pump` and `seal`: the two things the worker does with a
 //!   connection: feed it received bytes, and encrypt a frame for it.
 //! - `stream`: the handshake and the HTTP phase, as a tokio stream.
+//! - `park`: connections waiting between requests, out of their task and
+//!   in the worker's epoll.
 
+pub(crate) mod park;
 pub(crate) mod stream;
 
 use std::fmt;

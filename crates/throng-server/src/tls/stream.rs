@@ -64,6 +64,16 @@ pub(crate) fn give_buffer(mut b: Vec<u8>) {
     });
 }
 
+/// What waking a parked connection gave ([`TlsStream::wake`]).
+pub(crate) enum Woken {
+    /// Bytes came: a stream again, holding them.
+    Stream(Box<TlsStream>),
+    /// The peer closed, or the socket failed.
+    Ended,
+    /// Nothing to read after all: to park again.
+    NotYet(std::net::TcpStream, Box<UnbufferedServerConnection>),
+}
+
 /// The first byte of a TLS record carrying a handshake message.
 const TLS_HANDSHAKE: u8 = 0x16;
 
@@ -135,18 +145,7 @@ impl TlsStream {
         config: Arc<rustls::ServerConfig>,
     ) -> Result<Self, AcceptError> {
         let conn = UnbufferedServerConnection::new(config).map_err(AcceptError::Tls)?;
-        let mut s = Self {
-            tcp,
-            conn,
-            incoming: Vec::new(),
-            plain: Vec::new(),
-            plain_pos: 0,
-            out: Vec::new(),
-            out_pos: 0,
-            eof: false,
-            closing: false,
-            failed: None,
-        };
+        let mut s = Self::from_parts(tcp, conn);
         let mut first = true;
         loop {
             let n = std::future::poll_fn(|cx| s.poll_fill(cx))
@@ -194,6 +193,75 @@ impl TlsStream {
             body,
         );
         let _ = self.tcp.write_all(&out).await;
+    }
+
+    /// A stream over `tcp` and its rustls state, holding no bytes: a new
+    /// connection, or one parked between requests (`park`) back in a task.
+    pub(crate) fn from_parts(tcp: TcpStream, conn: UnbufferedServerConnection) -> Self {
+        Self {
+            tcp,
+            conn,
+            incoming: Vec::new(),
+            plain: Vec::new(),
+            plain_pos: 0,
+            out: Vec::new(),
+            out_pos: 0,
+            eof: false,
+            closing: false,
+            failed: None,
+        }
+    }
+
+    /// A parked connection (`park`) its epoll found readable: reads what
+    /// came at once (tokio would first wait for its own report of the
+    /// same readiness, and the connection would look idle again), then it
+    /// is a stream again.
+    pub(crate) fn wake(
+        mut tcp: std::net::TcpStream,
+        conn: Box<UnbufferedServerConnection>,
+    ) -> Woken {
+        let mut incoming = take_buffer();
+        // Zeroed: std's `read` wants an initialised buffer (a `memset` of
+        // 4 KiB per wake, against the system calls of a wake).
+        incoming.resize(READ_CHUNK, 0);
+        let read = loop {
+            match io::Read::read(&mut tcp, &mut incoming) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other,
+            }
+        };
+        let n = match read {
+            Ok(n) if n > 0 => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                give_buffer(incoming);
+                return Woken::NotYet(tcp, conn);
+            }
+            _ => {
+                give_buffer(incoming);
+                return Woken::Ended;
+            }
+        };
+        incoming.truncate(n);
+        let Ok(tcp) = TcpStream::from_std(tcp) else {
+            give_buffer(incoming);
+            return Woken::Ended;
+        };
+        let mut s = Self::from_parts(tcp, *conn);
+        s.incoming = incoming;
+        Woken::Stream(Box::new(s))
+    }
+
+    /// Whether the connection holds nothing but its socket and rustls's
+    /// state (no bytes received or decrypted and not read, none unsent, not
+    /// ending), so it can be parked between requests.
+    pub(crate) fn parkable(&self) -> bool {
+        self.incoming.is_empty()
+            && self.plain_pos >= self.plain.len()
+            && self.out_pos >= self.out.len()
+            && !self.eof
+            && !self.closing
+            && self.failed.is_none()
+            && !self.conn.is_handshaking()
     }
 
     /// The negotiated handshake, as a metrics label.

@@ -9,6 +9,7 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use throng_proto::http::{self, HeadError, Request};
@@ -22,12 +23,14 @@ use super::rejoin::Kind;
 use super::routes::ping::Pinged;
 use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
 use super::sleepers::Sleeper;
-use super::state::Worker;
+use super::state::{Waiting, Worker};
 use super::table::NONE;
 use crate::addresses::{Source, Verdict};
 use crate::channel;
 use crate::history::MessageId;
-use crate::tls::stream::{Io, TlsStream};
+use crate::tls::park;
+use crate::tls::stream::{Io, TlsStream, Woken};
+use crate::wheel;
 
 /// What reading a request head gave.
 enum Head {
@@ -35,6 +38,9 @@ enum Head {
     /// The client closed (or the socket failed) before sending a whole head.
     Closed,
     Bad(HeadError),
+    /// A TLS connection would wait for a request holding no bytes: it
+    /// waits on out of its task ([`park`]).
+    Park,
 }
 
 /// An admitted connection's client address, while it is counted under it
@@ -166,12 +172,26 @@ enum Phase {
     Upgrade(Request, Vec<u8>),
     /// A `/ping` answer sleeps until the instant given: the sleepers hold it.
     Sleeps(ping::Answer, Instant),
+    /// A TLS connection waiting for a request, to park; `first`: no request
+    /// was read on it yet.
+    Park { first: bool },
 }
 
 /// Serves one accepted connection until it upgrades, sleeps or closes.
-pub(crate) async fn serve(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Ticket>) {
-    let phase = requests(&w, &mut stream, serves).await;
-    end(w, stream, serves, ticket, phase).await;
+pub(crate) async fn serve(w: Rc<Worker>, stream: Io, serves: Serves, ticket: Option<&Ticket>) {
+    serve_from(&w, stream, serves, ticket, true).await;
+}
+
+/// [`serve`], `first` if no request was read on the connection yet.
+async fn serve_from(
+    w: &Rc<Worker>,
+    mut stream: Io,
+    serves: Serves,
+    ticket: Option<&Ticket>,
+    first: bool,
+) {
+    let phase = requests(w, &mut stream, serves, first).await;
+    end(w.clone(), stream, serves, ticket, phase).await;
 }
 
 /// Takes up a sleeping `/ping` connection whose next part is due (from the
@@ -184,7 +204,7 @@ pub(crate) async fn resume(w: Rc<Worker>, sleeper: Sleeper) {
         let phase = match ping::go_on(&w, &mut stream, sleeper.answer, true).await {
             Pinged::Sleeps(answer, wake) => Phase::Sleeps(answer, wake),
             Pinged::Done(false) => Phase::Closed,
-            Pinged::Done(true) => requests(&w, &mut stream, sleeper.serves).await,
+            Pinged::Done(true) => requests(&w, &mut stream, sleeper.serves, false).await,
         };
         end(w.clone(), stream, sleeper.serves, Some(&ticket), phase).await;
     }
@@ -214,6 +234,11 @@ async fn end(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Tick
                 );
             }
         }
+        Phase::Park { first } => {
+            if let Io::Tls(s) = stream {
+                park(&w, *s, serves, ticket, first);
+            }
+        }
         Phase::Closed => {
             if let Io::Tls(_) = stream {
                 // close_notify, so the client can tell the end from a cut.
@@ -227,14 +252,17 @@ async fn end(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Tick
     }
 }
 
-/// Answers requests until the connection ends, asks for a WebSocket
-/// upgrade, or sleeps in a `/ping` answer long enough to leave its task
-/// (plain connections only: a TLS one keeps its session in its task).
-async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Phase {
+/// Answers requests until the connection ends, asks for a subscription,
+/// sleeps in a `/ping` answer long enough to leave its task (plain
+/// connections only: a TLS one keeps its session in its task), or (TLS) is
+/// to be parked.
+async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) -> Phase {
     let mut buf: Vec<u8> = Vec::new();
-    let mut first = true;
     loop {
-        let read = tokio::time::timeout(w.cfg.handshake_timeout, read_head(w, stream, &mut buf));
+        let read = tokio::time::timeout(
+            w.cfg.handshake_timeout,
+            read_head(w, stream, &mut buf, first),
+        );
         let Ok(head) = read.await else {
             if first || !buf.is_empty() {
                 w.counters.handshake_failed("timeout");
@@ -249,6 +277,7 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Phase {
                 }
                 return Phase::Closed;
             }
+            Head::Park => return Phase::Park { first },
             Head::Bad(e) => {
                 let (status, label) = match e {
                     HeadError::TooLarge { .. } | HeadError::TooManyHeaders => {
@@ -298,7 +327,8 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves) -> Phase {
 /// reserving 4 KiB per connection up front was most of what each of 5,000
 /// sleeping `/ping` requests cost the server. A TLS connection reads through
 /// its stream, which owns the decrypted bytes.
-async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
+/// `first`: no request was read on the connection yet.
+async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>, first: bool) -> Head {
     loop {
         if !buf.is_empty() {
             match http::parse_request(buf, http::MAX_HEAD) {
@@ -324,11 +354,29 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
                 // TLS: wait holding no buffer here (nor in the stream), as
                 // the plain path does; then take what was decrypted.
                 crate::tls::stream::give_buffer(std::mem::take(buf));
-                if std::future::poll_fn(|cx| tls.poll_plain_ready(cx))
+                // Boxed: the wait's timer would grow every connection's
+                // future, plain ones too, for TLS's sake.
+                let ready = Box::pin(async {
+                    // A kept-alive client's next request usually comes at
+                    // once: it is waited for in the task a moment.
+                    if !first {
+                        let next = std::future::poll_fn(|cx| tls.poll_plain_ready(cx));
+                        if let Ok(r) = tokio::time::timeout(park::KEPT_GRACE, next).await {
+                            return Some(r);
+                        }
+                    }
+                    // Nothing to read and nothing held (not even part of a
+                    // record): the connection waits on parked, out of its task.
+                    std::future::poll_fn(|cx| match tls.poll_plain_ready(cx) {
+                        Poll::Pending if tls.parkable() => Poll::Ready(None),
+                        other => other.map(Some),
+                    })
                     .await
-                    .is_err()
-                {
-                    return Head::Closed;
+                });
+                match ready.await {
+                    Some(Ok(())) => {}
+                    Some(Err(_)) => return Head::Closed,
+                    None => return Head::Park,
                 }
                 *buf = crate::tls::stream::take_buffer();
                 match stream.read_buf(buf).await {
@@ -361,6 +409,102 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>) -> Head {
             Err(e) => return Head::Bad(e),
         }
     }
+}
+
+/// Parks a TLS connection that waits for a request (tls::park) until its
+/// next bytes, for what is left of `--handshake-timeout`. Its address
+/// stays counted (the ticket's source goes with it).
+fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first: bool) {
+    let source = ticket.and_then(Cell::take);
+    let release = |source: Option<Source>| {
+        if let Some(source) = source {
+            w.link.release(source);
+        }
+    };
+    let parts = s.into_parts();
+    let Ok(tcp) = parts.tcp.into_std() else {
+        release(source);
+        return;
+    };
+    let waiting = Waiting {
+        serves,
+        source,
+        first,
+    };
+    let parked = w.parked.park(
+        &w.subs.outside.poller,
+        tcp,
+        Box::new(parts.conn),
+        waiting,
+        park_deadline(w),
+    );
+    if let Err(waiting) = parked {
+        release(waiting.source);
+    }
+}
+
+/// The tick a connection parked now is closed at: `--handshake-timeout`
+/// from now, as a task waiting for a request would be.
+fn park_deadline(w: &Worker) -> u32 {
+    let wait = wheel::ticks(w.cfg.handshake_timeout);
+    w.subs.now.get().saturating_add(wait)
+}
+
+/// A parked connection's bytes (or its end) came: it goes on in a task.
+pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
+    let Some(e) = w.parked.wake(&w.subs.outside.poller, token) else {
+        return;
+    };
+    let waiting = match TlsStream::wake(e.tcp, e.conn) {
+        Woken::Stream(s) => {
+            tokio::task::spawn_local(resumed(w.clone(), s, e.extra));
+            return;
+        }
+        Woken::NotYet(tcp, conn) => {
+            let deadline = park_deadline(w);
+            match w
+                .parked
+                .park(&w.subs.outside.poller, tcp, conn, e.extra, deadline)
+            {
+                Ok(()) => return,
+                Err(waiting) => waiting,
+            }
+        }
+        Woken::Ended => e.extra,
+    };
+    if let Some(source) = waiting.source {
+        w.link.release(source);
+    }
+}
+
+/// A woken connection's task: its HTTP phase goes on, counted under its
+/// address as before.
+async fn resumed(w: Rc<Worker>, s: Box<TlsStream>, waiting: Waiting) {
+    let ticket: Ticket = Cell::new(waiting.source);
+    let counted = waiting.source.is_some().then_some(&ticket);
+    serve_from(&w, Io::Tls(s), waiting.serves, counted, waiting.first).await;
+    if let Some(source) = ticket.take() {
+        w.link.release(source);
+    }
+}
+
+/// Closes the parked connections whose time ran out (with a
+/// close_notify, as in a task), as the tick finds them.
+pub(crate) fn expire_parked(w: &Worker) {
+    w.parked
+        .expire(&w.subs.outside.poller, w.subs.now.get(), |mut e| {
+            if e.extra.first {
+                w.counters.handshake_failed("timeout");
+            }
+            if let Some(source) = e.extra.source {
+                w.link.release(source);
+            }
+            let mut out = Vec::new();
+            if crate::tls::close_notify(&mut e.conn, &mut [], &mut out).is_ok() {
+                // Best effort: the socket is non-blocking, and closed next.
+                let _ = std::io::Write::write(&mut e.tcp, &out);
+            }
+        });
 }
 
 /// Completes (or refuses) a subscription, a WebSocket upgrade or an event

@@ -51,9 +51,10 @@ use crate::control::{Record, read_record};
 use crate::metrics::{CloseReason, Counters};
 use crate::redis::RedisMode;
 use crate::reuseport;
-use crate::tls;
+use crate::tls::{self, park};
 use crate::wheel::{self, TICK};
 use link::Link;
+use park::Parked;
 use routes::Serves;
 use state::{Around, Counted, Worker};
 use subscribers::{Limits, Subscribers};
@@ -202,6 +203,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         accept_errors: RefCell::new(Recurring::new(index)),
         verifier: Verifier::new(&cfg.auth),
         publish_key,
+        parked: Parked::default(),
         cfg,
     });
     let accepts: Vec<AbortHandle> = listeners
@@ -359,7 +361,8 @@ impl Recurring {
     }
 }
 
-/// Hands subscriber readiness from the worker's epoll to the connections.
+/// Hands readiness from the worker's epoll to the subscribers, and to the
+/// TLS connections parked between requests.
 async fn reactor(w: Rc<Worker>) {
     let mut events = Events::with_capacity(256);
     loop {
@@ -368,6 +371,10 @@ async fn reactor(w: Rc<Worker>) {
             return;
         }
         for ev in events.iter() {
+            if ev.token & park::TOKEN_BIT != 0 {
+                http::unpark(&w, ev.token);
+                continue;
+            }
             let Some(c) = w.subs.get(ev.token) else {
                 continue;
             };
@@ -405,6 +412,7 @@ async fn tick_loop(w: Rc<Worker>) {
         } else {
             w.subs.wall.set(gate::unix_now());
             w.subs.tick();
+            http::expire_parked(&w);
             w.subs.now.get()
         };
         if now % snapshot_every == 0 {

@@ -14,6 +14,7 @@ use throng_host::shared::SharedCounters;
 use tokio::sync::Notify;
 
 use super::link::Link;
+use super::routes::Serves;
 use super::sleepers::Sleepers;
 use super::subscribers::{Outside, Subscribers};
 use super::table::NONE;
@@ -23,6 +24,7 @@ use crate::config::Config;
 use crate::control::Message;
 use crate::history::MessageId;
 use crate::metrics::Counters;
+use crate::tls::park::Parked;
 
 /// Everything one worker owns.
 pub(crate) struct Worker {
@@ -45,6 +47,17 @@ pub(crate) struct Worker {
     pub(crate) verifier: Option<Verifier>,
     /// The publish API key, when one is configured.
     pub(crate) publish_key: Option<PublishKey>,
+    /// TLS connections waiting for a request out of their task (tls::park).
+    pub(crate) parked: Parked<Waiting>,
+}
+
+/// What a parked TLS connection's HTTP phase goes on with when woken.
+pub(crate) struct Waiting {
+    pub(crate) serves: Serves,
+    /// The client address it is counted under (per-address limits).
+    pub(crate) source: Option<Source>,
+    /// No request was read yet: a timeout counts as a failed handshake.
+    pub(crate) first: bool,
 }
 
 /// What the subscribers need around them in a worker: its one epoll set,

@@ -23,6 +23,7 @@ mod scale;
 mod serve;
 mod serve_tls;
 mod tls_client;
+mod tls_park;
 
 use std::process::Command;
 use std::time::Duration;

@@ -23,10 +23,10 @@ use tungstenite::Message;
 
 use crate::{serve, throng};
 
-type Tls = StreamOwned<ClientConnection, TcpStream>;
+pub(crate) type Tls = StreamOwned<ClientConnection, TcpStream>;
 
 /// A server with one plain and one TLS listener and a self-signed certificate.
-fn start(extra: &[&str]) -> (Server, SocketAddr, String) {
+pub(crate) fn start(extra: &[&str]) -> (Server, SocketAddr, String) {
     let mut args = vec!["--tls-listen", "127.0.0.1:0", "--tls-self-signed"];
     args.extend_from_slice(extra);
     let server = serve(&args);
@@ -42,7 +42,7 @@ fn start(extra: &[&str]) -> (Server, SocketAddr, String) {
 }
 
 /// A client config trusting only `pem`, for `versions`.
-fn client_config(
+pub(crate) fn client_config(
     pem: &str,
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Arc<rustls::ClientConfig> {
@@ -62,7 +62,7 @@ fn client_config(
 }
 
 /// A TLS connection to `addr` with its handshake done.
-fn connect(addr: SocketAddr, cfg: &Arc<rustls::ClientConfig>) -> Tls {
+pub(crate) fn connect(addr: SocketAddr, cfg: &Arc<rustls::ClientConfig>) -> Tls {
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
     let name = ServerName::try_from("localhost").unwrap();
@@ -75,7 +75,7 @@ fn connect(addr: SocketAddr, cfg: &Arc<rustls::ClientConfig>) -> Tls {
 }
 
 /// One HTTP request on a kept-alive TLS stream; returns status and body.
-fn https(
+pub(crate) fn https(
     s: &mut Tls,
     method: &str,
     path: &str,
