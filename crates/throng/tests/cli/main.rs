@@ -16,6 +16,7 @@ mod hold;
 mod knee;
 mod mqtt;
 mod newcomer;
+mod ports;
 mod redis;
 mod rediss;
 mod report;
