@@ -47,7 +47,8 @@ pub(crate) struct Args {
     /// Target: ws://HOST:PORT/<channel>, or a port range ws://HOST:10000-10015/<channel>;
     /// wss://... for TLS (see --tls-ca, --tls-insecure). MQTT subscribers:
     /// mqtt://HOST:PORT/<topic filter> (+ and # are MQTT wildcards; quote them for the shell),
-    /// mqtts://... for TLS.
+    /// mqtts://... for TLS. Server-Sent Events subscribers: sse://HOST:PORT/<channel>
+    /// (GET with Accept: text/event-stream), sses://... for TLS.
     #[arg(value_name = "URL", required_unless_present = "worker")]
     url: Option<String>,
 

@@ -13,6 +13,7 @@ mod bench;
 mod doctor;
 mod history;
 mod hold;
+mod hold_sse;
 mod knee;
 mod mqtt;
 mod newcomer;
