@@ -167,7 +167,7 @@ pub(crate) struct Args {
 /// How MQTT subscribers and the MQTT publisher connect (mqtt:// URLs only).
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "MQTT (mqtt:// and mqtts:// URLs)")]
-struct MqttArgs {
+pub(crate) struct MqttArgs {
     /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once) or 1 (at least
     /// once, each delivery acknowledged with PUBACK).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
@@ -198,7 +198,7 @@ struct MqttArgs {
 impl MqttArgs {
     /// The options, when a URL is mqtt://; an error if MQTT options were
     /// given for no MQTT URL.
-    fn options(&self, used: bool) -> anyhow::Result<Option<MqttOptions>> {
+    pub(crate) fn options(&self, used: bool) -> anyhow::Result<Option<MqttOptions>> {
         let keep_alive_s = u16::try_from(self.mqtt_keepalive.as_secs())
             .ok()
             .filter(|_| self.mqtt_keepalive.subsec_nanos() == 0)

@@ -15,6 +15,7 @@ mod history;
 mod hold;
 mod hold_sse;
 mod knee;
+mod knee_transports;
 mod mqtt;
 mod newcomer;
 mod redis;
