@@ -212,11 +212,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let (summary, mut failed) = prepared.run().context("attack")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        super::print(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
     } else {
-        print!("{}", attack::render(&summary));
+        super::print(&attack::render(&summary))?;
     }
-    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed);
+    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed)?;
     for f in &failed {
         eprintln!("throng attack: threshold passed: {f}");
     }

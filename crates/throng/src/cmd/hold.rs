@@ -309,16 +309,16 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let (summary, mut failed) = prepared.run().context("hold")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        super::print(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
     } else {
-        print!("{}", hold::render(&summary));
+        super::print(&hold::render(&summary))?;
     }
     super::agent::finish(
         agents.as_deref(),
         summary.start_unix_ns,
         args.json,
         &mut failed,
-    );
+    )?;
     for f in &failed {
         eprintln!("throng hold: FAIL: {f}");
     }

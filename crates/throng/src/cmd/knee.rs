@@ -358,10 +358,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let done = prepared.run().context("knee")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&done.knee)?);
+        super::print(&format!("{}\n", serde_json::to_string_pretty(&done.knee)?))?;
     } else {
-        println!();
-        print!("{}", render_text(&done.knee));
+        super::print("\n")?;
+        super::print(&render_text(&done.knee))?;
     }
     progress.say(&format!(
         "results: {} (throng report reads it); page: {}",

@@ -18,6 +18,7 @@ mod knee;
 mod knee_transports;
 mod mqtt;
 mod newcomer;
+mod output;
 mod redis;
 mod rediss;
 mod report;
