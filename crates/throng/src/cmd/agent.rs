@@ -266,3 +266,15 @@ pub(crate) fn finish(
     failed.extend(a.lost().into_iter().map(|l| format!("agent {l}")));
     Ok(())
 }
+
+/// The JSON summary of a run, with an `agents` section when it ran on agents.
+pub(crate) fn json_summary(
+    mut value: serde_json::Value,
+    agents: Option<&Agents>,
+    start_unix_ns: u64,
+) -> anyhow::Result<String> {
+    if let (Some(a), Some(fields)) = (agents, value.as_object_mut()) {
+        fields.insert("agents".into(), a.to_json(start_unix_ns));
+    }
+    Ok(format!("{}\n", serde_json::to_string_pretty(&value)?))
+}

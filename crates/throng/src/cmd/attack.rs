@@ -212,7 +212,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let (summary, mut failed) = prepared.run().context("attack")?;
     if json {
-        super::print(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
+        super::print(&super::agent::json_summary(
+            serde_json::to_value(&summary)?,
+            agents.as_deref(),
+            summary.start_unix_ns,
+        )?)?;
     } else {
         super::print(&attack::render(&summary))?;
     }

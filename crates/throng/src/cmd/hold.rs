@@ -309,7 +309,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let (summary, mut failed) = prepared.run().context("hold")?;
     if args.json {
-        super::print(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
+        super::print(&super::agent::json_summary(
+            serde_json::to_value(&summary)?,
+            agents.as_deref(),
+            summary.start_unix_ns,
+        )?)?;
     } else {
         super::print(&hold::render(&summary))?;
     }

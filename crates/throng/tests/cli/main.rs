@@ -7,6 +7,7 @@
 //! `THRONG_TEST_REQUIRE_PEERS` is set (`scripts/test.sh` sets it).
 
 mod agents;
+mod agents_json;
 mod attack;
 mod auth;
 mod bench;
