@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use throng_host::units::{parse_count, parse_duration, parse_fraction, parse_rate, parse_size};
-use throng_load::attack::{self, targets::Flags};
+use throng_load::attack;
 use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
 use throng_load::hold::mqtt::MqttOptions;
@@ -137,29 +137,8 @@ struct SearchArgs {
 /// `throng knee attack`.
 #[derive(Debug, clap::Args)]
 struct AttackArgs {
-    /// Targets file in Vegeta's format ('-' for stdin).
-    #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
-    targets: Option<PathBuf>,
-
-    /// One target URL (http://HOST:PORT/PATH or https://...).
-    #[arg(short, long, required_unless_present = "targets")]
-    url: Option<String>,
-
-    /// Method for --url (default GET, or POST with a body).
-    #[arg(short = 'm', long)]
-    method: Option<String>,
-
-    /// Header for every request, 'Name: value' (repeatable): -H 'sleep: 1000'.
-    #[arg(short = 'H', long = "header", value_name = "HEADER")]
-    headers: Vec<String>,
-
-    /// Body for --url.
-    #[arg(long, conflicts_with = "body_file")]
-    body: Option<String>,
-
-    /// Body for --url, read from a file.
-    #[arg(long, value_name = "FILE")]
-    body_file: Option<PathBuf>,
+    #[command(flatten)]
+    target: super::attack::TargetArgs,
 
     /// Worker processes. Default: one per core.
     #[arg(short, long)]
@@ -402,15 +381,7 @@ fn counts(s: &SearchArgs, from: u64, to: u64) -> anyhow::Result<(f64, f64, bool)
 }
 
 fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
-    let targets = Flags {
-        file: a.targets.clone(),
-        url: a.url.clone(),
-        method: a.method.clone(),
-        headers: a.headers.clone(),
-        body: a.body.clone(),
-        body_file: a.body_file.clone(),
-    }
-    .targets()?;
+    let targets = a.target.targets()?;
     Ok(Load::Attack(attack::Request {
         command_line: std::env::args().collect(),
         tls: a.tls.options(targets.iter().any(|t| t.url.tls))?,
