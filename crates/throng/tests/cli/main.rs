@@ -16,6 +16,7 @@ mod history;
 mod hold;
 mod hold_sse;
 mod knee;
+mod knee_flags;
 mod knee_transports;
 mod mqtt;
 mod newcomer;
