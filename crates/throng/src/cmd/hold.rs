@@ -120,12 +120,12 @@ pub(crate) struct Args {
     connect_timeout: Duration,
 
     /// Timeout of the WebSocket upgrade after TCP connect (wss://: of the TLS handshake, then of the
-    /// upgrade; mqtt://: of CONNECT and SUBSCRIBE to SUBACK).
+    /// upgrade; mqtt://: of CONNECT and SUBSCRIBE to SUBACK; sse://: of the GET to its 200).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
 
     /// How long to wait for the server's close frame at the end (mqtt://: for the broker to close
-    /// after our DISCONNECT).
+    /// after our DISCONNECT; sse:// connections close at once).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     close_timeout: Duration,
 
