@@ -118,7 +118,9 @@ pub struct Parsed<'a> {
 /// Lines end with CR, LF or CRLF. A block ended by a lone CR just before
 /// an LF that has not arrived yet leaves that LF to be read as an empty
 /// block, which dispatches nothing, so no state is kept between calls: the
-/// caller keeps the bytes after `consumed`. A block longer than `limit`
+/// caller keeps the bytes after `consumed`. Comment lines before a block's
+/// first field (keep-alives) are taken on their own, so an idle stream of
+/// them leaves nothing for the caller to keep. A block longer than `limit`
 /// bytes without its end is an error, so a stream that never ends an event
 /// cannot take unbounded memory. A byte-order mark at the start of the
 /// stream is the caller's to skip.
@@ -132,6 +134,8 @@ pub fn parse(buf: &[u8], limit: usize) -> Result<Option<Parsed<'_>>, ParseError>
     let mut kind = None;
     let mut data: Option<Cow<'_, [u8]>> = None;
     let mut at = 0;
+    // Whether the block has had a line other than a comment.
+    let mut fields = false;
     loop {
         let Some(len) = buf[at..].iter().position(|&b| b == b'\r' || b == b'\n') else {
             return too_long(buf, limit);
@@ -146,8 +150,16 @@ pub fn parse(buf: &[u8], limit: usize) -> Result<Option<Parsed<'_>>, ParseError>
             break;
         }
         if line.first() == Some(&b':') {
+            if !fields {
+                // Comments before any field of a block (keep-alives) are
+                // taken at once: a stream of them with no event between
+                // would otherwise pile up, unread, until the next event.
+                parsed.consumed = at;
+                return Ok(Some(parsed));
+            }
             continue;
         }
+        fields = true;
         let (name, value) = match line.iter().position(|&b| b == b':') {
             Some(i) => {
                 let value = &line[i + 1..];
@@ -360,6 +372,23 @@ mod tests {
                 assert_eq!(parse_split(s, cut), want, "cut at {cut}");
             }
         }
+    }
+
+    #[test]
+    fn keep_alives_with_no_event_after_them_are_taken_at_once() {
+        let p = super::parse(b":\n:", 64).unwrap().unwrap();
+        assert_eq!((p.consumed, p.event), (2, None), "nothing left to keep");
+        assert_eq!(super::parse(b":", 64), Ok(None));
+        let p = super::parse(b": ping\r\ndata: a\n\n", 64).unwrap().unwrap();
+        assert_eq!((p.consumed, p.event), (8, None));
+        let p = super::parse(b"data: a\n: in the block\ndata: b\n\n", 64)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            p.event.unwrap().data,
+            &b"a\nb"[..],
+            "a comment inside a block is skipped"
+        );
     }
 
     #[test]
