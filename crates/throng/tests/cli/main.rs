@@ -21,6 +21,7 @@ mod knee_transports;
 mod mqtt;
 mod newcomer;
 mod output;
+mod ports;
 mod redis;
 mod rediss;
 mod report;
