@@ -265,6 +265,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         idle,
         write,
         grace,
+        wildcards: true,
     }
 }
 

@@ -287,18 +287,33 @@ fn connack_says_the_session_is_clean_and_5_0_gets_an_assigned_id() {
 }
 
 #[test]
-fn wildcards_and_bad_topics_are_refused_per_filter_and_the_rest_stand() {
-    let (s, mqtt) = mqtt_server(&[]);
+fn wildcard_filters_match_and_a_message_matched_twice_comes_once() {
+    let (s, mqtt) = mqtt_server(&["--workers", "1"]);
     let mut v5 = Client::connect(mqtt, Version::V5, "v5");
-    let codes = v5.subscribe(1, &["a/+", "ok", "bad topic", "b/#"]);
-    assert_eq!(codes, [0xA2, 0x00, 0x8F, 0xA2]);
+    let codes = v5.subscribe(1, &["site/+/door", "site/#", "bad topic", "site/7/door"]);
+    assert_eq!(codes, [0x00, 0x00, 0x8F, 0x00]);
     let mut v3 = Client::connect(mqtt, Version::V311, "v3");
-    assert_eq!(v3.subscribe(2, &["a/#", "ok"]), [0x80, 0x00]);
-    publish(s.addr, "ok", b"x", None);
-    assert_eq!(v5.message(), pair("ok", "x"));
-    assert_eq!(v3.message(), pair("ok", "x"));
-    s.wait_metric("throng_mqtt_refused_total{kind=\"wildcard_filter\"}", |v| {
-        v == 3.0
+    assert_eq!(v3.subscribe(2, &["+/7/#"]), [0x00]);
+    let (_, body) = publish(s.addr, "site/7/door", b"open", None);
+    assert!(body.contains("\"subscribers\":2"), "{body}");
+    assert_eq!(v5.message(), pair("site/7/door", "open"));
+    assert_eq!(v3.message(), pair("site/7/door", "open"));
+    publish(s.addr, "site/8/window", b"shut", None);
+    assert_eq!(v5.message(), pair("site/8/window", "shut"), "site/#");
+    v5.quiet(Duration::from_millis(300));
+    v3.quiet(Duration::from_millis(100));
+    // Unsubscribing one filter leaves the others.
+    v5.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 4.try_into().unwrap(),
+        properties: Properties::EMPTY,
+        filters: vec!["site/#", "site/#"],
+    }));
+    assert_eq!(v5.next(), Some(Got::Unsuback(4, vec![0x00, 0x11])));
+    publish(s.addr, "site/8/window", b"again", None);
+    publish(s.addr, "site/9/door", b"knock", None);
+    assert_eq!(v5.message(), pair("site/9/door", "knock"));
+    s.wait_metric("throng_mqtt_refused_total{kind=\"bad_channel\"}", |v| {
+        v == 1.0
     });
 }
 
