@@ -399,30 +399,28 @@ impl<O: Outside> Subscribers<O> {
             self.fail(c, &out);
             return false;
         }
-        let known = channel::validate(p.topic).is_ok();
-        if known {
+        let reason = if !self.limits.mqtt_publish {
+            // --publish-listen: publishing is for the internal address.
+            self.counters.mqtt_refused("publish_not_here");
+            ReasonCode::NOT_AUTHORIZED
+        } else if channel::validate(p.topic).is_err() {
+            self.counters.mqtt_refused("bad_channel");
+            ReasonCode::TOPIC_NAME_INVALID
+        } else {
             let text = std::str::from_utf8(p.payload).is_ok();
             self.outside
                 .publish(p.topic, text, Bytes::copy_from_slice(p.payload));
-        } else {
-            self.counters.mqtt_refused("bad_channel");
-        }
+            ReasonCode::SUCCESS
+        };
         match p.delivery {
-            Delivery::AtLeastOnce(id) => {
-                let reason = if known {
-                    ReasonCode::SUCCESS
-                } else {
-                    ReasonCode::TOPIC_NAME_INVALID
-                };
-                self.reply(
-                    c,
-                    &Packet::Puback(Ack {
-                        packet_id: id,
-                        reason,
-                        properties: Properties::EMPTY,
-                    }),
-                )
-            }
+            Delivery::AtLeastOnce(id) => self.reply(
+                c,
+                &Packet::Puback(Ack {
+                    packet_id: id,
+                    reason,
+                    properties: Properties::EMPTY,
+                }),
+            ),
             _ => true,
         }
     }

@@ -266,6 +266,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         write,
         grace,
         wildcards: true,
+        mqtt_publish: true,
     }
 }
 

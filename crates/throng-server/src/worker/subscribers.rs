@@ -101,6 +101,9 @@ pub(crate) struct Limits {
     /// MQTT wildcard filters are served: not with Redis channels mode,
     /// whose node subscribes in Redis per channel, which a filter is not.
     pub(crate) wildcards: bool,
+    /// MQTT clients may publish: not when `--publish-listen` keeps
+    /// publishing off the public addresses.
+    pub(crate) mqtt_publish: bool,
 }
 
 impl Limits {
@@ -113,6 +116,7 @@ impl Limits {
             write: wheel::ticks(cfg.write_timeout),
             grace: wheel::ticks(CLOSE_GRACE),
             wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
+            mqtt_publish: cfg.publish_listen.is_empty(),
         }
     }
 }

@@ -16,7 +16,7 @@ use throng_proto::mqtt::{
 use throng_testkit::http::publish;
 use throng_testkit::redis::Redis;
 use throng_testkit::ws::{next_text, subscribe};
-use throng_testkit::{Peer, Server, require, wait_until};
+use throng_testkit::{Peer, Server, TempDir, require, wait_until};
 
 use crate::serve;
 
@@ -439,6 +439,45 @@ fn an_mqtt_subscriber_on_one_node_gets_what_an_mqtt_client_publishes_on_another(
         publisher.publish("site/7/door", b"closed", Delivery::AtMostOnce);
         assert_eq!(sub.message(), pair("site/7/door", "closed"), "{mode}");
     }
+}
+
+#[test]
+fn publishing_stays_where_publish_listen_and_auth_put_it() {
+    let (s, mqtt) = mqtt_server(&["--publish-listen", "127.0.0.1:0"]);
+    let mut sub = Client::connect(mqtt, Version::V5, "sub");
+    sub.subscribe(1, &["news"]);
+    let mut p = Client::connect(mqtt, Version::V5, "pub");
+    p.publish("news", b"x", Delivery::AtLeastOnce(2.try_into().unwrap()));
+    assert_eq!(p.next(), Some(Got::Puback(2, 0x87)), "not authorized");
+    p.publish("news", b"y", Delivery::AtMostOnce);
+    sub.quiet(Duration::from_millis(300));
+    s.wait_metric(
+        "throng_mqtt_refused_total{kind=\"publish_not_here\"}",
+        |v| v == 2.0,
+    );
+    // Tokens are not checked on MQTT yet: the two do not start together.
+    let dir = TempDir::new("mqtt-auth");
+    let key = dir.file("publish.key");
+    std::fs::write(&key, "0123456789abcdef0123456789").unwrap();
+    let out = crate::throng()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--publish-key-file")
+        .arg(&key)
+        .arg("--dry-run")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        text.contains("--mqtt-listen does not check tokens"),
+        "{text}"
+    );
 }
 
 #[test]
