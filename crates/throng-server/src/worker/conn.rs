@@ -564,6 +564,10 @@ impl<O: Outside> Subscribers<O> {
             self.counters
                 .open
                 .set(self.counters.open.get().saturating_sub(1));
+            if c.kind.is_mqtt() {
+                let mqtt = &self.counters.mqtt_open;
+                mqtt.set(mqtt.get().saturating_sub(1));
+            }
         }
     }
 

@@ -175,6 +175,7 @@ impl<O: Outside> Subscribers<O> {
             return Err(e);
         }
         self.counters.open.set(self.counters.open.get() + 1);
+        crate::metrics::inc(&self.counters.mqtt_open);
         crate::metrics::inc(&self.counters.upgraded);
         if c.has_rest() {
             // Packets that came behind the CONNECT.
@@ -244,6 +245,7 @@ impl<O: Outside> Subscribers<O> {
 
     /// Sends a packet to `c`; false (and `c` ended) when it could not.
     fn reply(&self, c: &Rc<Conn<O::Wire>>, p: &Packet<'_>) -> bool {
+        self.counters.mqtt_sent(p.packet_type().name());
         let bytes = encode(version_of(c.kind), p);
         match self.send(c, &bytes) {
             Ok(()) => true,
@@ -256,6 +258,7 @@ impl<O: Outside> Subscribers<O> {
 
     /// Handles one packet from the client; false when the connection ended.
     fn on_packet(&self, c: &Rc<Conn<O::Wire>>, p: Packet<'_>) -> bool {
+        self.counters.mqtt_received(p.packet_type().name());
         let version = version_of(c.kind);
         match p {
             Packet::Pingreq => self.reply(c, &Packet::Pingresp),

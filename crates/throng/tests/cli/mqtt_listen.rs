@@ -257,6 +257,16 @@ fn mqtt_websocket_and_http_meet_on_a_channel_with_slashes() {
     assert_eq!(next_text(&mut ws), "23");
     v5.quiet(Duration::from_millis(300));
     assert_eq!(s.metric("throng_messages_published_total"), 4.0);
+    s.wait_metric("throng_mqtt_connections", |v| v == 3.0);
+    s.wait_metric(
+        "throng_mqtt_packets_received_total{type=\"SUBSCRIBE\"}",
+        |v| v == 2.0,
+    );
+    s.wait_metric("throng_mqtt_packets_sent_total{type=\"PUBACK\"}", |v| {
+        v == 1.0
+    });
+    drop(publisher);
+    s.wait_metric("throng_mqtt_connections", |v| v == 2.0);
 }
 
 #[test]
