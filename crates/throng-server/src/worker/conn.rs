@@ -869,6 +869,12 @@ mod tests {
             "{}",
             size_of::<Conn<TcpStream>>()
         );
+        // MQTT's state is a box in the decoder's place: a WebSocket
+        // subscriber pays nothing for it.
+        assert_eq!(
+            size_of::<super::Proto>(),
+            size_of::<throng_proto::ws::Decoder>()
+        );
         let mut p = Pair::defaults();
         let a = p.connect("news");
         p.publish("news", "hello");
