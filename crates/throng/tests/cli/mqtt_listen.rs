@@ -391,6 +391,62 @@ fn bad_first_packets_get_the_protocols_answer_and_are_counted() {
 }
 
 #[test]
+fn bad_packets_after_connect_get_their_reason_code_and_are_counted() {
+    let (s, mqtt) = mqtt_server(&["--max-message", "1024"]);
+    let cases: [(&str, &[u8], u8, &str); 6] = [
+        (
+            "remaining length over 4 bytes",
+            &[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x01],
+            0x81,
+            "length",
+        ),
+        ("over --max-message", &[0x30, 0xA0, 0x1F], 0x95, "too_large"),
+        (
+            "invalid UTF-8 in a topic",
+            &[0x30, 0x05, 0x00, 0x02, 0xC3, 0x28, 0x00],
+            0x81,
+            "utf8",
+        ),
+        (
+            "a wildcard in a PUBLISH topic",
+            &[0x30, 0x06, 0x00, 0x03, b'a', b'/', b'+', 0x00],
+            0x90,
+            "topic_name",
+        ),
+        (
+            "packet id 0 at QoS 1",
+            &[0x32, 0x06, 0x00, 0x01, b'a', 0x00, 0x00, 0x00],
+            0x82,
+            "packet_id_zero",
+        ),
+        (
+            "SUBSCRIBE with no filters",
+            &[0x82, 0x03, 0x00, 0x01, 0x00],
+            0x82,
+            "no_filters",
+        ),
+    ];
+    for (what, bytes, code, label) in cases {
+        let mut v5 = Client::connect(mqtt, Version::V5, "bad");
+        v5.s.write_all(bytes).unwrap();
+        assert_eq!(v5.next(), Some(Got::Disconnect(code)), "{what}");
+        assert_eq!(v5.next(), None, "{what}: closed");
+        s.wait_metric(
+            &format!("throng_mqtt_refused_total{{kind=\"{label}\"}}"),
+            |v| v == 1.0,
+        );
+        // 3.1.1 has no DISCONNECT from a server: closed without a word.
+        let mut v3 = Client::connect(mqtt, Version::V311, "bad");
+        v3.s.write_all(bytes).unwrap();
+        assert_eq!(v3.next(), None, "3.1.1 {what}");
+    }
+    s.wait_metric(
+        "throng_connections_closed_total{reason=\"protocol_error\"}",
+        |v| v == 12.0,
+    );
+}
+
+#[test]
 fn a_drain_tells_5_0_subscribers_the_server_is_shutting_down() {
     let (s, mqtt) = mqtt_server(&[]);
     let mut v5 = Client::connect(mqtt, Version::V5, "v5");
