@@ -57,6 +57,14 @@ pub(crate) struct MqttState {
     pub(crate) wild: Vec<WildSub>,
     /// The last lookup that found it ([`super::table::Channels::for_each_mqtt`]).
     pub(crate) seen: u64,
+    /// Its will: published if it ends without a DISCONNECT.
+    pub(crate) will: Option<Box<Will>>,
+}
+
+/// A will message: a channel and a payload.
+pub(crate) struct Will {
+    pub(crate) channel: String,
+    pub(crate) payload: Bytes,
 }
 
 impl MqttState {
@@ -69,6 +77,7 @@ impl MqttState {
             subs: Vec::new(),
             wild: Vec::new(),
             seen: 0,
+            will: None,
         }
     }
 }
@@ -227,6 +236,17 @@ impl<O: Outside> Subscribers<O> {
         true
     }
 
+    /// Publishes `c`'s will, if it has one (its connection is ending
+    /// without a DISCONNECT that dropped it).
+    pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
+        let will = c.proto.borrow_mut().mqtt_mut().and_then(|m| m.will.take());
+        if let Some(will) = will {
+            let text = std::str::from_utf8(&will.payload).is_ok();
+            self.outside.publish(&will.channel, text, will.payload);
+            self.counters.mqtt_sent("will");
+        }
+    }
+
     /// Sends `answer` (if any) and ends `c`: it broke the protocol.
     fn fail(&self, c: &Rc<Conn<O::Wire>>, answer: &[u8]) {
         if c.is_open() {
@@ -265,8 +285,14 @@ impl<O: Outside> Subscribers<O> {
             Packet::Subscribe(s) => self.on_subscribe(c, &s),
             Packet::Unsubscribe(u) => self.on_unsubscribe(c, &u),
             Packet::Publish(p) => self.on_publish(c, &p),
-            Packet::Disconnect(_) => {
-                // The client's clean end: nothing to answer.
+            Packet::Disconnect(d) => {
+                // The client's clean end: nothing to answer, and its will
+                // is dropped unless it asks for it (5.0's 0x04).
+                if d.reason != ReasonCode::DISCONNECT_WITH_WILL
+                    && let Some(m) = c.proto.borrow_mut().mqtt_mut()
+                {
+                    m.will = None;
+                }
                 self.counters.closed(CloseReason::PeerClose);
                 self.unsubscribe(c);
                 if c.has_queue() {
@@ -463,6 +489,8 @@ struct Connected {
     clean_start: bool,
     /// Empty: 5.0 gets an assigned one in CONNACK.
     client_id_empty: bool,
+    /// Its will's topic and payload.
+    will: Option<(String, Bytes)>,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
@@ -500,9 +528,9 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
     let version = connected.version;
     let refuse = |code: ReasonCode| {
         let code = match version {
-            Version::V5 => code,
-            // 3.1.1's "server unavailable".
-            Version::V311 => ReasonCode::SERVER_UNAVAILABLE,
+            // 3.1.1 has six return codes: "server unavailable" for the rest.
+            Version::V311 if code.v3_connack().is_none() => ReasonCode::SERVER_UNAVAILABLE,
+            _ => code,
         };
         encode(
             version,
@@ -525,6 +553,26 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
         let out = refuse(ReasonCode::SERVER_BUSY);
         let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
         return;
+    }
+    let mut will = None;
+    if let Some((channel, payload)) = connected.will {
+        // A will is a publish: where an MQTT client may not publish, or on
+        // a topic that is not a channel, it is refused with the CONNECT.
+        let why = if !w.subs.limits.mqtt_publish {
+            Some(("publish_not_here", ReasonCode::NOT_AUTHORIZED))
+        } else if channel::validate(&channel).is_err() {
+            Some(("bad_channel", ReasonCode::TOPIC_NAME_INVALID))
+        } else {
+            None
+        };
+        if let Some((label, code)) = why {
+            w.counters.mqtt_refused(label);
+            counted.give_place();
+            let out = refuse(code);
+            let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
+            return;
+        }
+        will = Some(Box::new(Will { channel, payload }));
     }
     let mut props = PropertiesBuf::new();
     let assigned;
@@ -578,7 +626,9 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
         0 => 0,
         s => wheel::ticks(std::time::Duration::from_millis(u64::from(s) * 1500)).max(1),
     };
-    let state = MqttState::new(decoder, keep_alive);
+    let mut state = MqttState::new(decoder, keep_alive);
+    state.will = will;
+
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
     let c = Conn::new(sock, w.subs.now.get(), &buf[used..])
         .with_mqtt(version, state)
@@ -610,6 +660,9 @@ async fn read_connect(
                 keep_alive: c.keep_alive,
                 clean_start: c.clean_start,
                 client_id_empty: c.client_id.is_empty(),
+                will: c
+                    .will
+                    .map(|w| (w.topic.to_owned(), Bytes::copy_from_slice(w.payload))),
             };
             return Ok((connected, d.consumed));
         }

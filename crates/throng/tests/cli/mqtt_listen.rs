@@ -10,8 +10,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use throng_proto::mqtt::{
-    Connect, Decoder, Delivery, Packet, Properties, Publish, QoS, ReasonCode, Subscribe,
-    SubscriptionOptions, Unsubscribe, Version,
+    Connect, Decoder, Delivery, Disconnect, Packet, Properties, Publish, QoS, ReasonCode,
+    Subscribe, SubscriptionOptions, Unsubscribe, Version, Will,
 };
 use throng_testkit::http::publish;
 use throng_testkit::redis::Redis;
@@ -101,6 +101,34 @@ impl Client {
             properties: Properties::EMPTY,
             client_id: id,
             will: None,
+            username: None,
+            password: None,
+        }));
+        c
+    }
+
+    /// Connects with a will on `topic`; the CONNACK is the first [`Client::next`].
+    fn with_will(addr: SocketAddr, version: Version, topic: &str, payload: &[u8]) -> Self {
+        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Self {
+            s,
+            version,
+            dec: Decoder::client(version, 1 << 20),
+            buf: Vec::new(),
+        };
+        c.send(&Packet::Connect(Connect {
+            clean_start: true,
+            keep_alive: 60,
+            properties: Properties::EMPTY,
+            client_id: "with-will",
+            will: Some(Will {
+                qos: QoS::AtMostOnce,
+                retain: false,
+                properties: Properties::EMPTY,
+                topic,
+                payload,
+            }),
             username: None,
             password: None,
         }));
@@ -444,6 +472,37 @@ fn bad_packets_after_connect_get_their_reason_code_and_are_counted() {
         "throng_connections_closed_total{reason=\"protocol_error\"}",
         |v| v == 12.0,
     );
+}
+
+#[test]
+fn a_will_is_published_when_its_client_goes_without_a_disconnect() {
+    let (s, mqtt) = mqtt_server(&[]);
+    let mut sub = Client::connect(mqtt, Version::V311, "sub");
+    sub.subscribe(1, &["status/+"]);
+    let mut ws = subscribe(s.addr, "status/a");
+    // A clean DISCONNECT drops the will.
+    let mut polite = Client::with_will(mqtt, Version::V5, "status/a", b"polite gone");
+    assert!(matches!(polite.next(), Some(Got::Connack { code: 0, .. })));
+    polite.send(&Packet::Disconnect(Disconnect::new(ReasonCode::SUCCESS)));
+    assert_eq!(polite.next(), None);
+    // A lost connection publishes it, to MQTT and WebSocket alike.
+    let lost = Client::with_will(mqtt, Version::V311, "status/a", b"offline");
+    let mut lost = lost;
+    assert!(matches!(lost.next(), Some(Got::Connack { code: 0, .. })));
+    drop(lost);
+    assert_eq!(sub.message(), pair("status/a", "offline"));
+    assert_eq!(next_text(&mut ws), "offline");
+    sub.quiet(Duration::from_millis(300));
+    // 5.0's "disconnect with will message" asks for it.
+    let mut asks = Client::with_will(mqtt, Version::V5, "status/b", b"asked");
+    assert!(matches!(asks.next(), Some(Got::Connack { code: 0, .. })));
+    asks.send(&Packet::Disconnect(Disconnect::new(
+        ReasonCode::DISCONNECT_WITH_WILL,
+    )));
+    assert_eq!(sub.message(), pair("status/b", "asked"));
+    // A will on a topic that is not a channel is refused with the CONNECT.
+    let mut bad = Client::with_will(mqtt, Version::V5, "not a channel", b"x");
+    assert!(matches!(bad.next(), Some(Got::Connack { code: 0x90, .. })));
 }
 
 #[test]
