@@ -18,22 +18,27 @@
 //! worker's trie ([`super::table::Channels`]), and a connection two of whose
 //! filters match a topic gets its message once.
 //!
+//! `--mqtts-listen` runs the TLS handshake first (the `--tls-listen` set-up:
+//! certificate, tickets), then the same; a TLS subscriber's session is
+//! the same box a WebSocket one's is.
+//!
 //! Not here yet (docs/mqtt.md): QoS 1 deliveries to subscribers (granted QoS 0), retained and will
 //! messages, auth, TLS.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use throng_proto::mqtt::{
     self, Ack, Connack, Decoder, Delivery, Disconnect, Packet, Properties, PropertiesBuf, Property,
     Publish, ReasonCode, Suback, Subscribe, Unsuback, Unsubscribe, Version,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use super::conn::{Conn, State};
+use super::conn::{Conn, State, TlsState};
 use super::rejoin::Kind;
 use super::state::Worker;
 use super::subscribers::{Outside, SCRATCH, Subscribers};
@@ -42,6 +47,7 @@ use crate::addresses::Source;
 use crate::channel;
 use crate::control::Message;
 use crate::metrics::CloseReason;
+use crate::tls::stream::{Io, TlsStream};
 use crate::wheel;
 
 /// What an MQTT subscriber keeps: boxed in its [`Conn`], so a WebSocket
@@ -463,7 +469,12 @@ thread_local! {
 /// Serves one connection from an `--mqtt-listen` listener: per-address
 /// limits first (a refused connection is just closed: MQTT has no word for
 /// it before CONNECT), then the handshake.
-pub(crate) async fn serve(w: Rc<Worker>, tcp: TcpStream, peer: SocketAddr) {
+pub(crate) async fn serve(
+    w: Rc<Worker>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     let source = if w.cfg.per_address.any() {
         let source = Source::of(peer.ip());
         let verdict = w.link.admit(source).await;
@@ -476,7 +487,32 @@ pub(crate) async fn serve(w: Rc<Worker>, tcp: TcpStream, peer: SocketAddr) {
         None
     };
     let ticket = Cell::new(source);
-    handshake(&w, tcp, &ticket).await;
+    let stream = match tls {
+        None => Io::Plain(tcp),
+        Some(config) => {
+            let accepted =
+                tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
+            let failed = match accepted {
+                Ok(Ok(s)) => {
+                    w.counters.tls_handshake(s.handshake_label());
+                    Ok(Io::Tls(Box::new(s)))
+                }
+                Err(_) => Err("tls_timeout"),
+                Ok(Err(e)) => Err(e.label()),
+            };
+            match failed {
+                Ok(io) => io,
+                Err(label) => {
+                    w.counters.handshake_failed(label);
+                    if let Some(source) = ticket.take() {
+                        w.link.release(source);
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    handshake(&w, stream, &ticket).await;
     if let Some(source) = ticket.take() {
         w.link.release(source);
     }
@@ -496,7 +532,7 @@ struct Connected {
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
 /// the connection to the subscribers, holding its address (`ticket`) and
 /// its place under `--max-connections`.
-async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>) {
+async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     let mut decoder = Decoder::server(max_packet(w.cfg.max_message));
     let mut buf: Vec<u8> = Vec::new();
     let read = tokio::time::timeout(
@@ -616,7 +652,20 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
         w.counters.handshake_failed("write_failed");
         return;
     }
-    let Ok(sock) = tcp.into_std() else {
+    // From here on the socket lives in the worker's own epoll, not tokio's.
+    let (sock, rest, tls) = match tcp {
+        Io::Plain(tcp) => (tcp.into_std(), buf[used..].to_vec(), None),
+        Io::Tls(s) => {
+            let parts = s.into_parts();
+            // Packets behind the CONNECT: what was read, then what was
+            // decrypted but not read.
+            let mut plain = buf[used..].to_vec();
+            plain.extend_from_slice(&parts.plain_rest);
+            let tls = TlsState::new(parts.conn, &parts.cipher_rest);
+            (parts.tcp.into_std(), plain, Some(tls))
+        }
+    };
+    let Ok(sock) = sock else {
         counted.give_place();
         w.counters.handshake_failed("write_failed");
         return;
@@ -630,9 +679,12 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
     state.will = will;
 
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
-    let c = Conn::new(sock, w.subs.now.get(), &buf[used..])
+    let mut c = Conn::new(sock, w.subs.now.get(), &rest)
         .with_mqtt(version, state)
         .with_tag(tag);
+    if let Some(tls) = tls {
+        c = c.with_tls(tls);
+    }
     if let Err(e) = w.subs.add_mqtt(c) {
         counted.release(&w.link, tag);
         w.counters.handshake_failed("epoll");
@@ -644,7 +696,7 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
 /// bytes of `buf` it used (what follows is the client's next packets).
 /// `Err(None)`: the client left first; `Err(Some)`: it broke the protocol.
 async fn read_connect(
-    tcp: &mut TcpStream,
+    tcp: &mut Io,
     decoder: &mut Decoder,
     buf: &mut Vec<u8>,
 ) -> Result<(Connected, usize), Option<mqtt::DecodeError>> {

@@ -76,71 +76,23 @@ fn own(p: Packet<'_>) -> Got {
     }
 }
 
-/// One MQTT client over a blocking socket.
-struct Client {
-    s: TcpStream,
+/// One MQTT client over a blocking stream (a socket, or TLS over one).
+struct Client<S = TcpStream> {
+    s: S,
     version: Version,
     dec: Decoder,
     buf: Vec<u8>,
 }
 
-impl Client {
-    /// Connects and sends CONNECT; the CONNACK is the first [`Client::next`].
-    fn open(addr: SocketAddr, version: Version, id: &str, keep_alive: u16, clean: bool) -> Self {
-        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut c = Self {
+impl<S: Read + Write> Client<S> {
+    /// A client of `version` over `s`, which sent nothing yet.
+    fn over(s: S, version: Version) -> Self {
+        Self {
             s,
             version,
             dec: Decoder::client(version, 1 << 20),
             buf: Vec::new(),
-        };
-        c.send(&Packet::Connect(Connect {
-            clean_start: clean,
-            keep_alive,
-            properties: Properties::EMPTY,
-            client_id: id,
-            will: None,
-            username: None,
-            password: None,
-        }));
-        c
-    }
-
-    /// Connects with a will on `topic`; the CONNACK is the first [`Client::next`].
-    fn with_will(addr: SocketAddr, version: Version, topic: &str, payload: &[u8]) -> Self {
-        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut c = Self {
-            s,
-            version,
-            dec: Decoder::client(version, 1 << 20),
-            buf: Vec::new(),
-        };
-        c.send(&Packet::Connect(Connect {
-            clean_start: true,
-            keep_alive: 60,
-            properties: Properties::EMPTY,
-            client_id: "with-will",
-            will: Some(Will {
-                qos: QoS::AtMostOnce,
-                retain: false,
-                properties: Properties::EMPTY,
-                topic,
-                payload,
-            }),
-            username: None,
-            password: None,
-        }));
-        c
-    }
-
-    /// Connected: CONNACK success checked.
-    fn connect(addr: SocketAddr, version: Version, id: &str) -> Self {
-        let mut c = Self::open(addr, version, id, 60, true);
-        let got = c.next();
-        assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
-        c
+        }
     }
 
     fn send(&mut self, p: &Packet<'_>) {
@@ -169,19 +121,6 @@ impl Client {
                 Err(e) => panic!("read: {e}"),
             }
         }
-    }
-
-    /// Nothing arrives within `wait`.
-    fn quiet(&mut self, wait: Duration) {
-        self.s.set_read_timeout(Some(wait)).unwrap();
-        let mut chunk = [0u8; 64];
-        match self.s.read(&mut chunk) {
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            other => panic!("expected nothing, got {other:?} {:?}", &chunk[..]),
-        }
-        self.s
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
     }
 
     fn subscribe(&mut self, id: u16, filters: &[&str]) -> Vec<u8> {
@@ -224,6 +163,69 @@ impl Client {
             }
             other => panic!("expected a PUBLISH, got {other:?}"),
         }
+    }
+}
+
+impl Client {
+    /// Connects and sends CONNECT; the CONNACK is the first [`Client::next`].
+    fn open(addr: SocketAddr, version: Version, id: &str, keep_alive: u16, clean: bool) -> Self {
+        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Self::over(s, version);
+        c.send(&Packet::Connect(Connect {
+            clean_start: clean,
+            keep_alive,
+            properties: Properties::EMPTY,
+            client_id: id,
+            will: None,
+            username: None,
+            password: None,
+        }));
+        c
+    }
+
+    /// Connects with a will on `topic`; the CONNACK is the first [`Client::next`].
+    fn with_will(addr: SocketAddr, version: Version, topic: &str, payload: &[u8]) -> Self {
+        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Self::over(s, version);
+        c.send(&Packet::Connect(Connect {
+            clean_start: true,
+            keep_alive: 60,
+            properties: Properties::EMPTY,
+            client_id: "with-will",
+            will: Some(Will {
+                qos: QoS::AtMostOnce,
+                retain: false,
+                properties: Properties::EMPTY,
+                topic,
+                payload,
+            }),
+            username: None,
+            password: None,
+        }));
+        c
+    }
+
+    /// Connected: CONNACK success checked.
+    fn connect(addr: SocketAddr, version: Version, id: &str) -> Self {
+        let mut c = Self::open(addr, version, id, 60, true);
+        let got = c.next();
+        assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
+        c
+    }
+
+    /// Nothing arrives within `wait`.
+    fn quiet(&mut self, wait: Duration) {
+        self.s.set_read_timeout(Some(wait)).unwrap();
+        let mut chunk = [0u8; 64];
+        match self.s.read(&mut chunk) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            other => panic!("expected nothing, got {other:?} {:?}", &chunk[..]),
+        }
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
     }
 }
 
@@ -503,6 +505,37 @@ fn a_will_is_published_when_its_client_goes_without_a_disconnect() {
     // A will on a topic that is not a channel is refused with the CONNECT.
     let mut bad = Client::with_will(mqtt, Version::V5, "not a channel", b"x");
     assert!(matches!(bad.next(), Some(Got::Connack { code: 0x90, .. })));
+}
+
+#[test]
+fn mqtts_listen_speaks_mqtt_over_tls_on_the_servers_certificate() {
+    let s = serve(&["--mqtts-listen", "127.0.0.1:0", "--tls-self-signed"]);
+    let addr: SocketAddr = s.start["mqtts_listen"][0]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("mqtts_listen in the start line");
+    let pem = s.start["config"]["tls"]["cert_pem"].as_str().unwrap();
+    let cfg = crate::serve_tls::client_config(pem, rustls::ALL_VERSIONS);
+    let mut c = Client::over(crate::serve_tls::connect(addr, &cfg), Version::V5);
+    c.send(&Packet::Connect(Connect {
+        clean_start: true,
+        keep_alive: 60,
+        properties: Properties::EMPTY,
+        client_id: "tls",
+        will: None,
+        username: None,
+        password: None,
+    }));
+    assert!(matches!(c.next(), Some(Got::Connack { code: 0, .. })));
+    assert_eq!(c.subscribe(1, &["secure/room"]), [0]);
+    for i in 0..3 {
+        let body = format!("sealed {i}");
+        publish(s.addr, "secure/room", body.as_bytes(), None);
+        assert_eq!(c.message(), pair("secure/room", &body));
+    }
+    c.send(&Packet::Pingreq);
+    assert_eq!(c.next(), Some(Got::Pingresp));
+    s.wait_metric("throng_mqtt_connections", |v| v == 1.0);
 }
 
 #[test]
