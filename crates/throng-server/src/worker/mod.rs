@@ -133,19 +133,21 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         }
         _ => None,
     };
-    let mut listeners = Vec::new();
-    let mut mqtt_listeners = Vec::new();
-    let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
-    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
-    for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
-        let l = reuseport::listener(addr)
+    let listen = |addr: SocketAddr| {
+        reuseport::listener(addr)
             .and_then(TcpListener::from_std)
             .map_err(|source| WorkerError::Listen {
                 index,
                 addr,
                 source,
-            })?;
-        mqtt_listeners.push((l, tls));
+            })
+    };
+    let mut listeners = Vec::new();
+    let mut mqtt_listeners = Vec::new();
+    let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
+    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
+    for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
+        mqtt_listeners.push((listen(addr)?, tls));
     }
     let public = Serves::public(&cfg);
     let plain = cfg.listen.iter().map(|a| (*a, None, public));
@@ -162,14 +164,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         .into_iter()
         .map(|a| (a, None, Serves::internal(&cfg, a)));
     for (addr, tls, serves) in plain.chain(secure).chain(internal) {
-        let l = reuseport::listener(addr)
-            .and_then(TcpListener::from_std)
-            .map_err(|source| WorkerError::Listen {
-                index,
-                addr,
-                source,
-            })?;
-        listeners.push((l, tls, serves));
+        listeners.push((listen(addr)?, tls, serves));
     }
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
