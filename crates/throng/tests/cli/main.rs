@@ -17,6 +17,7 @@ mod knee;
 mod mqtt;
 mod mqtt_listen;
 mod newcomer;
+mod ports;
 mod redis;
 mod rediss;
 mod report;
