@@ -58,6 +58,12 @@ pub enum ServeError {
         "--tls-listen needs a certificate: give --tls-cert FILE and --tls-key FILE, or --tls-self-signed for a trial"
     )]
     NoTlsCert,
+    /// MQTT listeners where tokens or a publish key guard the others.
+    #[error(
+        "--mqtt-listen does not check tokens yet (docs/mqtt.md): it cannot run beside \
+         --auth-* or --publish-key-file; drop one of them"
+    )]
+    MqttWithAuth,
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
@@ -123,8 +129,14 @@ impl Plan {
         }
         limits::raise_nofile()?;
         let nofile = limits::nofile()?;
-        if !config.tls_listen.is_empty() && config.tls.is_none() {
+        let tls_wanted = !config.tls_listen.is_empty() || !config.mqtts_listen.is_empty();
+        if tls_wanted && config.tls.is_none() {
             return Err(ServeError::NoTlsCert);
+        }
+        let mqtt = !config.mqtt_listen.is_empty() || !config.mqtts_listen.is_empty();
+        if mqtt && config.auth.publish_guarded() {
+            // An MQTT client would get in where a WebSocket one may not.
+            return Err(ServeError::MqttWithAuth);
         }
         // Listeners, the control socket and the epoll set are in the reserve.
         let budget = limits::budget(
@@ -156,6 +168,8 @@ impl Plan {
             .listen
             .iter()
             .chain(&config.tls_listen)
+            .chain(&config.mqtt_listen)
+            .chain(&config.mqtts_listen)
             .copied()
             .collect();
         if let Some(a) = config
@@ -169,6 +183,8 @@ impl Plan {
         }
         bind_all(&mut config.listen)?;
         bind_all(&mut config.tls_listen)?;
+        bind_all(&mut config.mqtt_listen)?;
+        bind_all(&mut config.mqtts_listen)?;
         // An address given to both internal options is one listener, bound
         // once (port 0 is a new port for each).
         let both: Vec<SocketAddr> = config
@@ -249,6 +265,8 @@ impl Plan {
             "config": public_config(&self.config),
             "broker": self.broker,
             "tls_listen": self.config.tls_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "mqtt_listen": self.config.mqtt_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "mqtts_listen": self.config.mqtts_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "publish_listen": self.config.publish_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "metrics_listen": self.config.metrics_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
@@ -333,6 +351,12 @@ impl fmt::Display for Plan {
         f.write_str(&line("ws", &cfg.listen[0], "http"))?;
         if let Some(addr) = cfg.tls_listen.first() {
             write!(f, "\n{}", line("wss", addr, "https"))?;
+        }
+        if let Some(addr) = cfg.mqtt_listen.first() {
+            write!(f, "\nsubscribe: mqtt://{addr} (topic = channel)")?;
+        }
+        if let Some(addr) = cfg.mqtts_listen.first() {
+            write!(f, "\nsubscribe: mqtts://{addr} (topic = channel)")?;
         }
         Ok(())
     }

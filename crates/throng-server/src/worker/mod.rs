@@ -19,6 +19,7 @@ mod conn;
 mod gate;
 mod http;
 mod link;
+mod mqtt;
 #[cfg(test)]
 mod pair;
 mod rejoin;
@@ -127,12 +128,27 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         Err(e) => return Err(WorkerError::NoConfig(e.to_string())),
     };
     let tls = match &cfg.tls {
-        Some(m) if !cfg.tls_listen.is_empty() => {
+        Some(m) if !cfg.tls_listen.is_empty() || !cfg.mqtts_listen.is_empty() => {
             Some(tls::server_config(m).map_err(|source| WorkerError::Tls { index, source })?)
         }
         _ => None,
     };
+    let listen = |addr: SocketAddr| {
+        reuseport::listener(addr)
+            .and_then(TcpListener::from_std)
+            .map_err(|source| WorkerError::Listen {
+                index,
+                addr,
+                source,
+            })
+    };
     let mut listeners = Vec::new();
+    let mut mqtt_listeners = Vec::new();
+    let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
+    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
+    for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
+        mqtt_listeners.push((listen(addr)?, tls));
+    }
     let public = Serves::public(&cfg);
     let plain = cfg.listen.iter().map(|a| (*a, None, public));
     let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
@@ -148,14 +164,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         .into_iter()
         .map(|a| (a, None, Serves::internal(&cfg, a)));
     for (addr, tls, serves) in plain.chain(secure).chain(internal) {
-        let l = reuseport::listener(addr)
-            .and_then(TcpListener::from_std)
-            .map_err(|source| WorkerError::Listen {
-                index,
-                addr,
-                source,
-            })?;
-        listeners.push((l, tls, serves));
+        listeners.push((listen(addr)?, tls, serves));
     }
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
@@ -206,12 +215,16 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         parked: Parked::default(),
         cfg,
     });
-    let accepts: Vec<AbortHandle> = listeners
+    let mut accepts: Vec<AbortHandle> = listeners
         .into_iter()
         .map(|(l, tls, serves)| {
-            tokio::task::spawn_local(accept_loop(w.clone(), l, tls, serves)).abort_handle()
+            let speaks = Speaks::Http(tls, serves);
+            tokio::task::spawn_local(accept_loop(w.clone(), l, speaks)).abort_handle()
         })
         .collect();
+    accepts.extend(mqtt_listeners.into_iter().map(|(l, tls)| {
+        tokio::task::spawn_local(accept_loop(w.clone(), l, Speaks::Mqtt(tls))).abort_handle()
+    }));
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
     let fanout = tokio::task::spawn_local(fanout_loop(w.clone())).abort_handle();
@@ -244,18 +257,30 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     Ok(())
 }
 
-/// Accepts connections on `l`; with `tls`, each starts with a TLS handshake.
-async fn accept_loop(
-    w: Rc<Worker>,
-    l: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    serves: Serves,
-) {
+/// What a listener's connections speak.
+enum Speaks {
+    /// HTTP (and WebSocket, SSE); with TLS, each starts with a TLS handshake.
+    Http(Option<Arc<rustls::ServerConfig>>, Serves),
+    /// MQTT (`--mqtt-listen`); with TLS (`--mqtts-listen`), each starts
+    /// with a TLS handshake.
+    Mqtt(Option<Arc<rustls::ServerConfig>>),
+}
+
+/// Accepts connections on `l`.
+async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
     loop {
         match l.accept().await {
             Ok((stream, peer)) => {
                 crate::metrics::inc(&w.counters.accepted);
                 let _ = stream.set_nodelay(true);
+                let (tls, serves) = match &speaks {
+                    Speaks::Http(tls, serves) => (tls, *serves),
+                    Speaks::Mqtt(tls) => {
+                        let tls = tls.clone();
+                        tokio::task::spawn_local(mqtt::serve(w.clone(), stream, peer, tls));
+                        continue;
+                    }
+                };
                 if w.cfg.per_address.any() {
                     tokio::task::spawn_local(http::admit(
                         w.clone(),
@@ -486,7 +511,7 @@ async fn fanout_loop(w: Rc<Worker>) {
     }
 }
 
-/// Sends 1001 to every subscriber and waits until they are gone (or the
+/// Sends 1001 (MQTT 5.0: DISCONNECT 0x8B) to every subscriber and waits until they are gone (or the
 /// drain timeout), answering control records meanwhile.
 async fn drain(w: &Worker, rd: &mut tokio::net::unix::OwnedReadHalf, buf: &mut BytesMut) {
     w.draining.set(true);
