@@ -58,6 +58,10 @@ pub struct Config {
     /// one listener per address in every worker, beside the plain `listen` ones.
     #[serde(default)]
     pub tls_listen: Vec<SocketAddr>,
+    /// Addresses that speak MQTT 3.1.1 and 5.0 (`--mqtt-listen`), one
+    /// listener per address in every worker: topics are channels.
+    #[serde(default)]
+    pub mqtt_listen: Vec<SocketAddr>,
     /// Certificate, key and ticket key for `tls_listen` (required when it is not empty).
     #[serde(default)]
     pub tls: Option<crate::tls::Material>,
@@ -142,6 +146,7 @@ impl Default for Config {
             max_times: 1000,
             redis_mode: None,
             tls_listen: Vec::new(),
+            mqtt_listen: Vec::new(),
             tls: None,
             auth: crate::auth::Settings::default(),
             allowed_origins: None,
@@ -194,6 +199,14 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let listen: Vec<String> = self.listen.iter().map(ToString::to_string).collect();
         writeln!(f, "  listen           {}", listen.join(" "))?;
+        if !self.mqtt_listen.is_empty() {
+            let mqtt: Vec<String> = self.mqtt_listen.iter().map(ToString::to_string).collect();
+            writeln!(
+                f,
+                "  mqtt-listen      {} (MQTT 3.1.1 and 5.0; clean sessions, QoS 0 deliveries, exact topics)",
+                mqtt.join(" ")
+            )?;
+        }
         if !self.tls_listen.is_empty() {
             let tls: Vec<String> = self.tls_listen.iter().map(ToString::to_string).collect();
             let key = self

@@ -87,6 +87,10 @@ pub struct Counters {
     /// Connections and requests refused by a rule (a token, an origin, a
     /// limit), by reason.
     pub refused: RefCell<BTreeMap<&'static str, u64>>,
+    /// What MQTT clients sent that was refused or not served as asked
+    /// (a bad packet, by its `DecodeError` label; a wildcard filter; QoS 2;
+    /// a persistent session), by kind.
+    pub mqtt_refused: RefCell<BTreeMap<&'static str, u64>>,
 }
 
 fn bump(map: &RefCell<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -122,6 +126,11 @@ impl Counters {
     /// Counts a refusal by a rule (token, origin, limit).
     pub fn refused(&self, why: &'static str) {
         bump(&self.refused, why);
+    }
+
+    /// Counts something an MQTT client sent that was refused or not served as asked.
+    pub fn mqtt_refused(&self, what: &'static str) {
+        bump(&self.mqtt_refused, what);
     }
 
     /// Counts a completed TLS handshake.
@@ -174,6 +183,7 @@ impl Counters {
             http_requests: own(&self.http_requests),
             tls_handshakes: own(&self.tls_handshakes),
             refused: own(&self.refused),
+            mqtt_refused: own(&self.mqtt_refused),
         }
     }
 }
@@ -221,6 +231,9 @@ pub struct Snapshot {
     /// Counter by reason.
     #[serde(default)]
     pub refused: BTreeMap<String, u64>,
+    /// Counter by kind.
+    #[serde(default)]
+    pub mqtt_refused: BTreeMap<String, u64>,
 }
 
 fn add_map(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
@@ -252,6 +265,7 @@ impl Snapshot {
         add_map(&mut self.http_requests, &other.http_requests);
         add_map(&mut self.tls_handshakes, &other.tls_handshakes);
         add_map(&mut self.refused, &other.refused);
+        add_map(&mut self.mqtt_refused, &other.mqtt_refused);
     }
 }
 
@@ -420,6 +434,20 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         "reason",
         &total.refused,
         REFUSED_ALWAYS,
+    );
+    family(
+        &mut out,
+        "throng_mqtt_refused_total",
+        "counter",
+        "What MQTT clients sent that was refused or not served as asked, by kind: a bad \
+         packet (its decode error), a wildcard filter, QoS 2, a persistent session. See docs/mqtt.md.",
+    );
+    labelled(
+        &mut out,
+        "throng_mqtt_refused_total",
+        "kind",
+        &total.mqtt_refused,
+        &[],
     );
     one(
         &mut out,

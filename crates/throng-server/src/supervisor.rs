@@ -156,6 +156,7 @@ impl Plan {
             .listen
             .iter()
             .chain(&config.tls_listen)
+            .chain(&config.mqtt_listen)
             .copied()
             .collect();
         if let Some(a) = config
@@ -169,6 +170,7 @@ impl Plan {
         }
         bind_all(&mut config.listen)?;
         bind_all(&mut config.tls_listen)?;
+        bind_all(&mut config.mqtt_listen)?;
         // An address given to both internal options is one listener, bound
         // once (port 0 is a new port for each).
         let both: Vec<SocketAddr> = config
@@ -249,6 +251,7 @@ impl Plan {
             "config": public_config(&self.config),
             "broker": self.broker,
             "tls_listen": self.config.tls_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "mqtt_listen": self.config.mqtt_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "publish_listen": self.config.publish_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "metrics_listen": self.config.metrics_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
@@ -333,6 +336,9 @@ impl fmt::Display for Plan {
         f.write_str(&line("ws", &cfg.listen[0], "http"))?;
         if let Some(addr) = cfg.tls_listen.first() {
             write!(f, "\n{}", line("wss", addr, "https"))?;
+        }
+        if let Some(addr) = cfg.mqtt_listen.first() {
+            write!(f, "\nsubscribe: mqtt://{addr} (topic = channel)")?;
         }
         Ok(())
     }

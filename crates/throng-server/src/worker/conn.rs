@@ -36,8 +36,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use throng_proto::mqtt;
 use throng_proto::ws::{self, Decoder, Frame, OpCode, close_code};
 
+use super::mqtt::MqttState;
 use super::rejoin::Kind;
 use super::subscribers::{Outside, Subscribers};
 use super::table::NONE;
@@ -132,9 +134,35 @@ pub(crate) struct Conn<W> {
     rest: Cell<Option<Box<[u8]>>>,
     /// Frames the socket would not take yet; `None` unless the client is behind.
     queue: RefCell<Option<Box<Queue>>>,
-    decoder: RefCell<Decoder>,
+    /// Its protocol's decoder and state.
+    pub(crate) proto: RefCell<Proto>,
     /// The TLS session of a subscriber from a `--tls-listen` listener.
     tls: Option<Box<RefCell<TlsState>>>,
+}
+
+/// What a connection's protocol keeps between reads: a WebSocket decoder
+/// (an SSE subscriber's is never used), or an MQTT connection's state, boxed
+/// so that the enum is no larger than the decoder (the box fits beside the
+/// decoder's role byte) and a WebSocket subscriber does not grow.
+pub(crate) enum Proto {
+    Ws(Decoder),
+    Mqtt(Box<MqttState>),
+}
+
+impl Proto {
+    pub(crate) fn mqtt(&self) -> Option<&MqttState> {
+        match self {
+            Self::Mqtt(m) => Some(m),
+            Self::Ws(_) => None,
+        }
+    }
+
+    pub(crate) fn mqtt_mut(&mut self) -> Option<&mut MqttState> {
+        match self {
+            Self::Mqtt(m) => Some(m),
+            Self::Ws(_) => None,
+        }
+    }
 }
 
 /// What a TLS subscriber keeps between reads.
@@ -230,10 +258,10 @@ impl<W: Wire> Conn<W> {
             tag: NONE,
             rest: Cell::new((!rest.is_empty()).then(|| rest.into())),
             queue: RefCell::new(None),
-            decoder: RefCell::new(Decoder::new(
+            proto: RefCell::new(Proto::Ws(Decoder::new(
                 ws::Role::Server,
                 crate::config::MAX_CLIENT_MESSAGE,
-            )),
+            ))),
             tls: None,
         }
     }
@@ -247,6 +275,16 @@ impl<W: Wire> Conn<W> {
     /// Whether its token has expired at Unix second `now`.
     pub(crate) fn expired(&self, now: u64) -> bool {
         self.expires != 0 && u64::from(self.expires) <= now
+    }
+
+    /// Makes this an MQTT subscriber (of `version`) after its CONNACK.
+    pub(crate) fn with_mqtt(mut self, version: mqtt::Version, state: MqttState) -> Self {
+        self.kind = match version {
+            mqtt::Version::V311 => Kind::Mqtt311,
+            mqtt::Version::V5 => Kind::Mqtt5,
+        };
+        self.proto = RefCell::new(Proto::Mqtt(Box::new(state)));
+        self
     }
 
     /// Makes it take its messages as `kind` does.
@@ -284,6 +322,12 @@ impl<W: Wire> Conn<W> {
         let plain = rest.is_some();
         self.rest.set(rest);
         plain || self.tls.as_ref().is_some_and(|t| t.borrow().rest.is_some())
+    }
+
+    /// Keeps the bytes of a packet that arrived split (bounded by the
+    /// caller's decoder limit).
+    pub(crate) fn set_rest(&self, rest: &[u8]) {
+        self.rest.set(Some(rest.into()));
     }
 
     pub(crate) fn wire(&self) -> &W {
@@ -369,7 +413,7 @@ impl<O: Outside> Subscribers<O> {
     /// One write of `data` straight to the socket, encrypted for a TLS
     /// subscriber; what the socket does not take is dropped (the caller
     /// closes the connection next).
-    fn write_now(&self, c: &Conn<O::Wire>, data: &[u8]) {
+    pub(crate) fn write_now(&self, c: &Conn<O::Wire>, data: &[u8]) {
         match &c.tls {
             Some(tls) => {
                 let mut out = self.tls_out.borrow_mut();
@@ -421,9 +465,14 @@ impl<O: Outside> Subscribers<O> {
         }
         self.counters.closed(why);
         self.unsubscribe(c);
-        if c.kind == Kind::Sse {
+        if c.kind == Kind::Sse || c.kind.is_mqtt() {
             // An event stream has no closing handshake: it ends (after what
-            // is queued), and the client reconnects with its last id.
+            // is queued), and the client reconnects with its last id. An
+            // MQTT server sends 5.0 clients a DISCONNECT saying why, then
+            // closes (3.1.1 has no word for it).
+            if c.kind == Kind::Mqtt5 {
+                let _ = self.send(c, &super::mqtt::disconnect(why));
+            }
             if c.has_queue() {
                 c.state.set(State::Finishing);
             } else {
@@ -459,7 +508,9 @@ impl<O: Outside> Subscribers<O> {
         self.counters.closed(CloseReason::SlowConsumer);
         self.counters.slow_consumer(cause);
         let partial = self.drop_queue(c).is_some_and(|q| q.partial);
-        if !partial && c.kind != Kind::Sse {
+        if !partial && c.kind == Kind::Mqtt5 {
+            self.write_now(c, &super::mqtt::disconnect(CloseReason::SlowConsumer));
+        } else if !partial && c.kind != Kind::Sse && !c.kind.is_mqtt() {
             let reason = if cause == "queue" {
                 "slow consumer: over --max-queue"
             } else {
@@ -649,10 +700,16 @@ impl<O: Outside> Subscribers<O> {
             // or a reset, still ends it).
             return true;
         }
+        if c.kind.is_mqtt() {
+            return self.on_mqtt_bytes(c, buf);
+        }
         let have = buf.len();
         let mut pos = 0;
         while pos < have {
-            let mut dec = c.decoder.borrow_mut();
+            let mut proto = c.proto.borrow_mut();
+            let Proto::Ws(dec) = &mut *proto else {
+                return false;
+            };
             match dec.decode(&mut buf[pos..have]) {
                 Ok(None) => break,
                 Ok(Some(d)) => {
@@ -664,7 +721,7 @@ impl<O: Outside> Subscribers<O> {
                     }
                 }
                 Err(e) => {
-                    drop(dec);
+                    drop(proto);
                     self.close(
                         c,
                         e.close_code(),

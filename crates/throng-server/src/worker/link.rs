@@ -159,6 +159,20 @@ impl Link {
         rx.await.ok()
     }
 
+    /// Asks the supervisor to relay a message whose answer nobody waits
+    /// for (an MQTT client's PUBLISH): its answer, under an id no request
+    /// holds, is dropped by [`Self::on_record`].
+    pub(crate) fn publish_unanswered(&self, channel: &str, text: bool, payload: Bytes) {
+        let id = self.request_id();
+        self.send(&Record::Publish(Message {
+            id,
+            message: MessageId::NONE,
+            text,
+            channel: channel.to_owned(),
+            payload,
+        }));
+    }
+
     /// Asks the supervisor for what `channel` kept after `since` (rejoin
     /// `request`); the answer goes to the subscribers.
     pub(crate) fn recover(&self, request: u64, channel: &str, since: MessageId) {

@@ -19,6 +19,7 @@ mod conn;
 mod gate;
 mod http;
 mod link;
+mod mqtt;
 #[cfg(test)]
 mod pair;
 mod rejoin;
@@ -133,6 +134,17 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         _ => None,
     };
     let mut listeners = Vec::new();
+    let mut mqtt_listeners = Vec::new();
+    for &addr in &cfg.mqtt_listen {
+        let l = reuseport::listener(addr)
+            .and_then(TcpListener::from_std)
+            .map_err(|source| WorkerError::Listen {
+                index,
+                addr,
+                source,
+            })?;
+        mqtt_listeners.push(l);
+    }
     let public = Serves::public(&cfg);
     let plain = cfg.listen.iter().map(|a| (*a, None, public));
     let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
@@ -206,12 +218,18 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         parked: Parked::default(),
         cfg,
     });
-    let accepts: Vec<AbortHandle> = listeners
+    let mut accepts: Vec<AbortHandle> = listeners
         .into_iter()
         .map(|(l, tls, serves)| {
-            tokio::task::spawn_local(accept_loop(w.clone(), l, tls, serves)).abort_handle()
+            let speaks = Speaks::Http(tls, serves);
+            tokio::task::spawn_local(accept_loop(w.clone(), l, speaks)).abort_handle()
         })
         .collect();
+    accepts.extend(
+        mqtt_listeners.into_iter().map(|l| {
+            tokio::task::spawn_local(accept_loop(w.clone(), l, Speaks::Mqtt)).abort_handle()
+        }),
+    );
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
     let fanout = tokio::task::spawn_local(fanout_loop(w.clone())).abort_handle();
@@ -244,18 +262,28 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     Ok(())
 }
 
-/// Accepts connections on `l`; with `tls`, each starts with a TLS handshake.
-async fn accept_loop(
-    w: Rc<Worker>,
-    l: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    serves: Serves,
-) {
+/// What a listener's connections speak.
+enum Speaks {
+    /// HTTP (and WebSocket, SSE); with TLS, each starts with a TLS handshake.
+    Http(Option<Arc<rustls::ServerConfig>>, Serves),
+    /// MQTT (`--mqtt-listen`).
+    Mqtt,
+}
+
+/// Accepts connections on `l`.
+async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
     loop {
         match l.accept().await {
             Ok((stream, peer)) => {
                 crate::metrics::inc(&w.counters.accepted);
                 let _ = stream.set_nodelay(true);
+                let (tls, serves) = match &speaks {
+                    Speaks::Http(tls, serves) => (tls, *serves),
+                    Speaks::Mqtt => {
+                        tokio::task::spawn_local(mqtt::serve(w.clone(), stream, peer));
+                        continue;
+                    }
+                };
                 if w.cfg.per_address.any() {
                     tokio::task::spawn_local(http::admit(
                         w.clone(),
@@ -486,7 +514,7 @@ async fn fanout_loop(w: Rc<Worker>) {
     }
 }
 
-/// Sends 1001 to every subscriber and waits until they are gone (or the
+/// Sends 1001 (MQTT 5.0: DISCONNECT 0x8B) to every subscriber and waits until they are gone (or the
 /// drain timeout), answering control records meanwhile.
 async fn drain(w: &Worker, rd: &mut tokio::net::unix::OwnedReadHalf, buf: &mut BytesMut) {
     w.draining.set(true);

@@ -110,6 +110,8 @@ pub(crate) struct Around {
     pub(crate) interest: RefCell<Vec<(String, bool)>>,
     /// Rejoins asked for: request, channel, since.
     pub(crate) recovers: RefCell<Vec<(u64, String, MessageId)>>,
+    /// What MQTT clients published: channel, payload.
+    pub(crate) published: RefCell<Vec<(String, Bytes)>>,
 }
 
 impl Outside for Around {
@@ -139,6 +141,12 @@ impl Outside for Around {
         self.recovers
             .borrow_mut()
             .push((request, channel.to_owned(), since));
+    }
+
+    fn publish(&self, channel: &str, _text: bool, payload: Bytes) {
+        self.published
+            .borrow_mut()
+            .push((channel.to_owned(), payload));
     }
 }
 

@@ -32,6 +32,16 @@ pub(crate) enum Kind {
     WsIds,
     /// Server-Sent Events.
     Sse,
+    /// MQTT 3.1.1 (a PUBLISH per message, no ids: clean sessions never rejoin).
+    Mqtt311,
+    /// MQTT 5.0.
+    Mqtt5,
+}
+
+impl Kind {
+    pub(crate) fn is_mqtt(self) -> bool {
+        matches!(self, Self::Mqtt311 | Self::Mqtt5)
+    }
 }
 
 /// The first line of a `throng.v1` frame that is not a message: the
@@ -115,6 +125,9 @@ fn encode(kind: Kind, id: MessageId, text: bool, payload: &[u8]) -> Bytes {
             sse::message(&mut out, id.as_deref(), payload, text);
             Bytes::from(out)
         }
+        // An MQTT subscriber never rejoins (clean sessions only), and its
+        // fan-out encodes the PUBLISH itself (it needs the topic).
+        Kind::Mqtt311 | Kind::Mqtt5 => Bytes::new(),
     }
 }
 
@@ -129,6 +142,7 @@ pub(crate) fn marker(kind: Kind, since: MessageId) -> Bytes {
             sse::event(&mut out, None, Some(SSE_INCOMPLETE), &since.to_string());
             Bytes::from(out)
         }
+        Kind::Mqtt311 | Kind::Mqtt5 => Bytes::new(),
     }
 }
 

@@ -9,6 +9,7 @@ use std::io;
 use std::net::TcpStream;
 use std::rc::Rc;
 
+use bytes::Bytes;
 use throng_host::poll::{Interest, Poller};
 use throng_host::shared::SharedCounters;
 use tokio::sync::Notify;
@@ -170,5 +171,9 @@ impl Outside for Around {
 
     fn recover(&self, request: u64, channel: &str, since: MessageId) {
         self.link.recover(request, channel, since);
+    }
+
+    fn publish(&self, channel: &str, text: bool, payload: Bytes) {
+        self.link.publish_unanswered(channel, text, payload);
     }
 }

@@ -18,9 +18,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use throng_host::process;
+use throng_proto::mqtt::Version;
 use throng_proto::ws::{self, OpCode, close_code};
 
 use super::conn::{CLOSE_GRACE, Conn, SendError, State, Wire};
+use super::mqtt;
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, NONE, Slab};
 use crate::auth;
@@ -31,7 +33,10 @@ use crate::wheel::{self, Sweep};
 
 /// Size of the one read buffer per worker. Clients only send control
 /// frames, so this is far more than one read ever needs.
-pub(crate) const SCRATCH: usize = 64 * 1024;
+/// MQTT clients publish: a packet that arrived split is kept and copied
+/// back in front of the next read, so it must leave room for that read
+/// ([`super::mqtt::max_packet`] is at most half of this).
+pub(crate) const SCRATCH: usize = 256 * 1024;
 
 /// What the subscribers need from around them.
 pub(crate) trait Outside {
@@ -46,6 +51,9 @@ pub(crate) trait Outside {
     fn forget(&self, wire: &Self::Wire, tag: u32);
     /// A channel got its first subscriber here (`true`) or lost its last.
     fn channel_interest(&self, channel: &str, subscribed: bool);
+    /// An MQTT client published `payload` on `channel`: to the supervisor,
+    /// which relays it like an HTTP publish (its answer is not awaited).
+    fn publish(&self, channel: &str, text: bool, payload: Bytes);
     /// Asks for what `channel` kept after `since`, for rejoin `request`;
     /// the answer comes to [`Subscribers::recovered`].
     fn recover(&self, request: u64, channel: &str, since: MessageId);
@@ -114,6 +122,8 @@ pub(crate) struct Fanout<W> {
     /// first subscriber that takes them.
     with_id: Option<Bytes>,
     sse: Option<Bytes>,
+    /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers.
+    mqtt: [Option<Bytes>; 2],
     /// The message (its id, for rejoining subscribers; its body, for the
     /// other encodings).
     message: Message,
@@ -335,6 +345,12 @@ impl<O: Outside> Subscribers<O> {
         if let Some(name) = gone {
             self.outside.channel_interest(&name, false);
         }
+        if c.kind.is_mqtt() {
+            let gone = self.channels.borrow_mut().unsubscribe_mqtt_all(c);
+            for name in gone {
+                self.outside.channel_interest(&name, false);
+            }
+        }
     }
 
     /// The subscriber in `slot`, if any.
@@ -348,7 +364,7 @@ impl<O: Outside> Subscribers<O> {
         self.channels
             .borrow()
             .get(channel)
-            .map_or(0, |ch| ch.subs.len() as u64)
+            .map_or(0, |ch| ch.len() as u64)
     }
 
     /// Writes one message to every subscriber of its channel here, at once
@@ -377,12 +393,17 @@ impl<O: Outside> Subscribers<O> {
             .channels
             .borrow()
             .get(&m.channel)
-            .map(|ch| ch.subs.clone())
+            .map(|ch| {
+                let mut conns = ch.subs.clone();
+                conns.extend(ch.mqtt.iter().map(|(c, _)| c.clone()));
+                conns
+            })
             .unwrap_or_default();
         Fanout {
             frame,
             with_id: None,
             sse: None,
+            mqtt: [None, None],
             message: m.clone(),
             conns,
             next: 0,
@@ -419,6 +440,12 @@ impl<O: Outside> Subscribers<O> {
                             .with_id
                             .get_or_insert_with(|| rejoin::frame(Kind::WsIds, m)),
                         Kind::Sse => f.sse.get_or_insert_with(|| rejoin::frame(Kind::Sse, m)),
+                        Kind::Mqtt311 => {
+                            f.mqtt[0].get_or_insert_with(|| mqtt::publish(Version::V311, m))
+                        }
+                        Kind::Mqtt5 => {
+                            f.mqtt[1].get_or_insert_with(|| mqtt::publish(Version::V5, m))
+                        }
                     };
                     self.send(c, frame)
                 }
@@ -478,6 +505,12 @@ impl<O: Outside> Subscribers<O> {
                 let sse = c.kind == Kind::Sse;
                 if c.expired(wall) {
                     expired.push(c.clone());
+                } else if c.kind.is_mqtt() {
+                    // An MQTT client keeps itself alive (PINGREQ): it is
+                    // only checked, at its own keep-alive.
+                    if mqtt::overdue(c, now) {
+                        idle_out.push(c.clone());
+                    }
                 } else if !sse && wheel::expired(now, c.last_seen.get(), self.limits.idle) {
                     idle_out.push(c.clone());
                 } else {

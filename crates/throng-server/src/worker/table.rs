@@ -2,12 +2,17 @@
 //! and the subscribers of each channel (what a fan-out walks).
 //!
 //! Both hold `Rc<Conn>`; a connection knows its slot and its position in its
-//! channel's list, so joining and leaving are O(1).
+//! channel's list, so joining and leaving are O(1). A WebSocket or SSE
+//! subscriber is in one channel; an MQTT one in any number: each channel
+//! keeps its MQTT subscribers in a list of their own, each entry naming the
+//! subscription it is in the connection's list ([`super::mqtt::MqttState`]),
+//! which names the entry back, so that leaving stays O(1) too.
 
 use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::conn::Conn;
+use super::mqtt::Sub;
 
 /// Marks a connection that is not in a table.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -75,6 +80,21 @@ impl<W> Slab<W> {
 /// One channel's subscribers, in no particular order.
 pub(crate) struct Channel<W> {
     pub(crate) subs: Vec<Rc<Conn<W>>>,
+    /// MQTT subscribers, each with the index of this subscription in its
+    /// connection's list. Invariant: `c.mqtt().subs[k] == (this channel,
+    /// position of (c, k) here)`.
+    pub(crate) mqtt: Vec<(Rc<Conn<W>>, u32)>,
+}
+
+impl<W> Channel<W> {
+    /// Subscribers of every kind.
+    pub(crate) fn len(&self) -> usize {
+        self.subs.len() + self.mqtt.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.subs.is_empty() && self.mqtt.is_empty()
+    }
 }
 
 /// Channels by name. Invariant: `list[c.channel].subs[c.sub_pos] == c` for
@@ -101,35 +121,124 @@ impl<W> Channels<W> {
         self.list[id as usize].as_ref().map(|(_, ch)| ch)
     }
 
-    /// Adds `c` to channel `name`; returns whether it is the channel's first subscriber.
-    pub(crate) fn subscribe(&mut self, name: &str, c: &Rc<Conn<W>>) -> bool {
-        let mut first = false;
-        let id = match self.by_name.get(name) {
-            Some(&id) => id,
-            None => {
-                first = true;
-                let name: Rc<str> = Rc::from(name);
-                let entry = Some((name.clone(), Channel { subs: Vec::new() }));
-                let id = match self.free.pop() {
-                    Some(id) => {
-                        self.list[id as usize] = entry;
-                        id
-                    }
-                    None => {
-                        self.list.push(entry);
-                        (self.list.len() - 1) as u32
-                    }
-                };
-                self.by_name.insert(name, id);
+    /// The id of channel `name`, made if it is new (then `true`).
+    fn id_of(&mut self, name: &str) -> (u32, bool) {
+        if let Some(&id) = self.by_name.get(name) {
+            return (id, false);
+        }
+        let name: Rc<str> = Rc::from(name);
+        let entry = Some((
+            name.clone(),
+            Channel {
+                subs: Vec::new(),
+                mqtt: Vec::new(),
+            },
+        ));
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.list[id as usize] = entry;
                 id
             }
+            None => {
+                self.list.push(entry);
+                (self.list.len() - 1) as u32
+            }
         };
+        self.by_name.insert(name, id);
+        (id, true)
+    }
+
+    /// Adds `c` to channel `name`; returns whether it is the channel's first subscriber.
+    pub(crate) fn subscribe(&mut self, name: &str, c: &Rc<Conn<W>>) -> bool {
+        let (id, first) = self.id_of(name);
         if let Some((_, ch)) = self.list[id as usize].as_mut() {
             c.channel.set(id);
             c.sub_pos.set(ch.subs.len() as u32);
             ch.subs.push(c.clone());
         }
         first
+    }
+
+    /// Adds MQTT subscriber `c` to channel `name`, unless it is in it
+    /// already; returns whether it is the channel's first subscriber.
+    pub(crate) fn subscribe_mqtt(&mut self, name: &str, c: &Rc<Conn<W>>) -> bool {
+        let (id, first) = self.id_of(name);
+        let Some((_, ch)) = self.list[id as usize].as_mut() else {
+            return first;
+        };
+        let mut proto = c.proto.borrow_mut();
+        let Some(m) = proto.mqtt_mut() else {
+            return first;
+        };
+        if m.subs.iter().any(|s| s.channel == id) {
+            return first;
+        }
+        m.subs.push(Sub {
+            channel: id,
+            pos: ch.mqtt.len() as u32,
+        });
+        ch.mqtt.push((c.clone(), (m.subs.len() - 1) as u32));
+        first
+    }
+
+    /// Takes MQTT subscriber `c` out of channel `name`: `None` when it was
+    /// not in it, else the channel's name when `c` was its last subscriber.
+    pub(crate) fn unsubscribe_mqtt(&mut self, name: &str, c: &Conn<W>) -> Option<Option<Rc<str>>> {
+        let id = *self.by_name.get(name)?;
+        let k = c
+            .proto
+            .borrow()
+            .mqtt()?
+            .subs
+            .iter()
+            .position(|s| s.channel == id)?;
+        Some(self.leave_mqtt(c, k))
+    }
+
+    /// Takes MQTT subscriber `c` out of every channel; returns the names of
+    /// those it was the last subscriber of.
+    pub(crate) fn unsubscribe_mqtt_all(&mut self, c: &Conn<W>) -> Vec<Rc<str>> {
+        let mut gone = Vec::new();
+        loop {
+            let n = c.proto.borrow().mqtt().map_or(0, |m| m.subs.len());
+            if n == 0 {
+                return gone;
+            }
+            gone.extend(self.leave_mqtt(c, n - 1));
+        }
+    }
+
+    /// Takes subscription `k` of `c` out of its channel and out of `c`'s
+    /// list (whose last subscription moves into its place).
+    fn leave_mqtt(&mut self, c: &Conn<W>, k: usize) -> Option<Rc<str>> {
+        let (sub, moved) = {
+            let mut proto = c.proto.borrow_mut();
+            let m = proto.mqtt_mut()?;
+            let sub = m.subs.swap_remove(k);
+            (sub, m.subs.get(k).copied())
+        };
+        if let Some(moved) = moved
+            && let Some((_, ch)) = self.list[moved.channel as usize].as_mut()
+        {
+            ch.mqtt[moved.pos as usize].1 = k as u32;
+        }
+        let id = sub.channel as usize;
+        let (name, ch) = self.list[id].as_mut()?;
+        ch.mqtt.swap_remove(sub.pos as usize);
+        if let Some((other, j)) = ch.mqtt.get(sub.pos as usize)
+            && let Some(m) = other.proto.borrow_mut().mqtt_mut()
+        {
+            // Another connection's: `c` is in a channel once.
+            m.subs[*j as usize].pos = sub.pos;
+        }
+        if ch.is_empty() {
+            let name = name.clone();
+            self.by_name.remove(&*name);
+            self.list[id] = None;
+            self.free.push(id as u32);
+            return Some(name);
+        }
+        None
     }
 
     /// Takes `c` out of its channel; returns the channel's name when `c` was
@@ -145,7 +254,7 @@ impl<W> Channels<W> {
         if let Some(moved) = ch.subs.get(pos as usize) {
             moved.sub_pos.set(pos);
         }
-        if ch.subs.is_empty() {
+        if ch.is_empty() {
             let name = name.clone();
             self.by_name.remove(&*name);
             self.list[id] = None;

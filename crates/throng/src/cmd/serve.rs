@@ -18,11 +18,12 @@ use throng_server::{Config, Plan, WorkerCommand};
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel>
-            (channel: 1-128 bytes of A-Z a-z 0-9 _ . : -)
+            (channel: 1-128 bytes of A-Z a-z 0-9 _ . : / -)
 Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>
             answers {\"channel\":..,\"subscribers\":N}; a text frame when the
             body is UTF-8 (or Content-Type text/*, */json), binary otherwise
             (or Content-Type: application/octet-stream)
+MQTT:       --mqtt-listen HOST:PORT; a topic is a channel (docs/mqtt.md)
 Observe:    GET /metrics (Prometheus text), GET /healthz
 Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
             node: POST /publish goes to Redis (PUBLISH <prefix><channel>),
@@ -91,6 +92,13 @@ pub(crate) struct Args {
     /// Needs --tls-cert and --tls-key, or --tls-self-signed.
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
     tls_listen: Vec<Vec<SocketAddr>>,
+
+    /// Address that speaks MQTT 3.1.1 and 5.0 (mqtt://); repeat for more, ranges as for
+    /// --listen. A topic is a channel: MQTT, WebSocket and SSE subscribers of one channel get
+    /// the same messages, and what an MQTT client publishes reaches them all. Clean sessions,
+    /// QoS 0 deliveries, exact topics (docs/mqtt.md).
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
+    mqtt_listen: Vec<Vec<SocketAddr>>,
 
     /// Certificate chain for --tls-listen: a PEM file, leaf certificate first.
     #[arg(
@@ -375,6 +383,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_times: args.max_times,
         redis_mode: None,
         tls_listen: args.tls_listen.into_iter().flatten().collect(),
+        mqtt_listen: args.mqtt_listen.into_iter().flatten().collect(),
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(throng_server::tls::Material::from_files(cert, key)?),
             _ if args.tls_self_signed => Some(throng_server::tls::Material::self_signed()?),

@@ -15,6 +15,7 @@ mod history;
 mod hold;
 mod knee;
 mod mqtt;
+mod mqtt_listen;
 mod newcomer;
 mod redis;
 mod rediss;

@@ -1,0 +1,452 @@
+//! `throng serve --mqtt-listen`: real sockets, a client written on the
+//! proto crate's MQTT codec (client role). A topic is a channel: MQTT,
+//! WebSocket and HTTP meet on it, on one node or through Redis; CONNECT,
+//! SUBSCRIBE, UNSUBSCRIBE, PINGREQ, keep-alive, drain and bad first packets
+//! get the protocol's answers. Independent clients (paho, mosquitto_sub,
+//! Node mqtt) are in `mqtt_serve`.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use throng_proto::mqtt::{
+    Connect, Decoder, Delivery, Packet, Properties, Publish, QoS, ReasonCode, Subscribe,
+    SubscriptionOptions, Unsubscribe, Version,
+};
+use throng_testkit::http::publish;
+use throng_testkit::redis::Redis;
+use throng_testkit::ws::{next_text, subscribe};
+use throng_testkit::{Peer, Server, require, wait_until};
+
+use crate::serve;
+
+/// A server with one MQTT listener on a free port.
+fn mqtt_server(extra: &[&str]) -> (Server, SocketAddr) {
+    let mut args = vec!["--mqtt-listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let s = serve(&args);
+    let addr = s.start["mqtt_listen"][0]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("mqtt_listen in the start line");
+    (s, addr)
+}
+
+/// A packet as the test keeps it (the codec's borrow the read buffer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Got {
+    Connack {
+        session_present: bool,
+        code: u8,
+        assigned_id: Option<String>,
+    },
+    Publish {
+        topic: String,
+        payload: Vec<u8>,
+        qos: QoS,
+    },
+    Puback(u16, u8),
+    Suback(u16, Vec<u8>),
+    Unsuback(u16, Vec<u8>),
+    Pingresp,
+    Disconnect(u8),
+    Other(String),
+}
+
+fn own(p: Packet<'_>) -> Got {
+    match p {
+        Packet::Connack(c) => Got::Connack {
+            session_present: c.session_present,
+            code: c.code.0,
+            assigned_id: c.properties.assigned_client_identifier().map(str::to_owned),
+        },
+        Packet::Publish(p) => Got::Publish {
+            topic: p.topic.to_owned(),
+            payload: p.payload.to_vec(),
+            qos: p.delivery.qos(),
+        },
+        Packet::Puback(a) => Got::Puback(a.packet_id.get(), a.reason.0),
+        Packet::Suback(s) => Got::Suback(s.packet_id.get(), s.codes.iter().map(|c| c.0).collect()),
+        Packet::Unsuback(u) => {
+            Got::Unsuback(u.packet_id.get(), u.codes.iter().map(|c| c.0).collect())
+        }
+        Packet::Pingresp => Got::Pingresp,
+        Packet::Disconnect(d) => Got::Disconnect(d.reason.0),
+        other => Got::Other(format!("{other:?}")),
+    }
+}
+
+/// One MQTT client over a blocking socket.
+struct Client {
+    s: TcpStream,
+    version: Version,
+    dec: Decoder,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// Connects and sends CONNECT; the CONNACK is the first [`Client::next`].
+    fn open(addr: SocketAddr, version: Version, id: &str, keep_alive: u16, clean: bool) -> Self {
+        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Self {
+            s,
+            version,
+            dec: Decoder::client(version, 1 << 20),
+            buf: Vec::new(),
+        };
+        c.send(&Packet::Connect(Connect {
+            clean_start: clean,
+            keep_alive,
+            properties: Properties::EMPTY,
+            client_id: id,
+            will: None,
+            username: None,
+            password: None,
+        }));
+        c
+    }
+
+    /// Connected: CONNACK success checked.
+    fn connect(addr: SocketAddr, version: Version, id: &str) -> Self {
+        let mut c = Self::open(addr, version, id, 60, true);
+        let got = c.next();
+        assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
+        c
+    }
+
+    fn send(&mut self, p: &Packet<'_>) {
+        let mut out = Vec::new();
+        p.encode(self.version, &mut out).expect("encode");
+        self.s.write_all(&out).expect("write to the server");
+    }
+
+    /// The next packet; `None` when the server closed the connection.
+    fn next(&mut self) -> Option<Got> {
+        loop {
+            if let Some(d) = self
+                .dec
+                .decode(&self.buf)
+                .expect("a packet the codec reads")
+            {
+                let (n, got) = (d.consumed, own(d.packet));
+                self.buf.drain(..n);
+                return Some(got);
+            }
+            let mut chunk = [0u8; 4096];
+            match self.s.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// Nothing arrives within `wait`.
+    fn quiet(&mut self, wait: Duration) {
+        self.s.set_read_timeout(Some(wait)).unwrap();
+        let mut chunk = [0u8; 64];
+        match self.s.read(&mut chunk) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            other => panic!("expected nothing, got {other:?} {:?}", &chunk[..]),
+        }
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+    }
+
+    fn subscribe(&mut self, id: u16, filters: &[&str]) -> Vec<u8> {
+        let filters = filters
+            .iter()
+            .map(|f| (*f, SubscriptionOptions::qos(QoS::AtMostOnce)))
+            .collect();
+        self.send(&Packet::Subscribe(Subscribe {
+            packet_id: id.try_into().unwrap(),
+            properties: Properties::EMPTY,
+            filters,
+        }));
+        match self.next() {
+            Some(Got::Suback(got, codes)) if got == id => codes,
+            other => panic!("expected SUBACK {id}, got {other:?}"),
+        }
+    }
+
+    fn publish(&mut self, topic: &str, payload: &[u8], delivery: Delivery) {
+        self.send(&Packet::Publish(Publish {
+            dup: false,
+            delivery,
+            retain: false,
+            topic,
+            properties: Properties::EMPTY,
+            payload,
+        }));
+    }
+
+    /// The next packet, which must be a PUBLISH: its topic and payload.
+    fn message(&mut self) -> (String, String) {
+        match self.next() {
+            Some(Got::Publish {
+                topic,
+                payload,
+                qos,
+            }) => {
+                assert_eq!(qos, QoS::AtMostOnce);
+                (topic, String::from_utf8(payload).unwrap())
+            }
+            other => panic!("expected a PUBLISH, got {other:?}"),
+        }
+    }
+}
+
+fn pair(t: &str, p: &str) -> (String, String) {
+    (t.to_owned(), p.to_owned())
+}
+
+#[test]
+fn mqtt_websocket_and_http_meet_on_a_channel_with_slashes() {
+    let (s, mqtt) = mqtt_server(&["--workers", "2"]);
+    let mut v3 = Client::connect(mqtt, Version::V311, "v3");
+    let mut v5 = Client::connect(mqtt, Version::V5, "v5");
+    assert_eq!(v3.subscribe(1, &["sensors/42/temp"]), [0]);
+    assert_eq!(v5.subscribe(7, &["sensors/42/temp", "other"]), [0, 0]);
+    let mut ws = subscribe(s.addr, "sensors/42/temp");
+    wait_until("three subscribers", || {
+        s.metric("throng_connections_open") == 3.0
+    });
+
+    // HTTP to all three.
+    let (status, body) = publish(s.addr, "sensors/42/temp", b"21.5", None);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"subscribers\":3"), "{body}");
+    assert_eq!(v3.message(), pair("sensors/42/temp", "21.5"));
+    assert_eq!(v5.message(), pair("sensors/42/temp", "21.5"));
+    assert_eq!(next_text(&mut ws), "21.5");
+
+    // An MQTT client's PUBLISH (QoS 1: acknowledged) to all three, itself
+    // included (it subscribed).
+    v5.publish(
+        "sensors/42/temp",
+        b"22.0",
+        Delivery::AtLeastOnce(9.try_into().unwrap()),
+    );
+    assert_eq!(v5.next(), Some(Got::Puback(9, 0)));
+    assert_eq!(v5.message(), pair("sensors/42/temp", "22.0"));
+    assert_eq!(v3.message(), pair("sensors/42/temp", "22.0"));
+    assert_eq!(next_text(&mut ws), "22.0");
+
+    // A QoS 0 one from a client subscribed to nothing.
+    let mut publisher = Client::connect(mqtt, Version::V311, "");
+    publisher.publish("other", b"elsewhere", Delivery::AtMostOnce);
+    assert_eq!(v5.message(), pair("other", "elsewhere"));
+    v3.quiet(Duration::from_millis(300));
+
+    // PINGREQ, then UNSUBSCRIBE: no more messages, and 5.0 says which
+    // filters had a subscription.
+    v3.send(&Packet::Pingreq);
+    assert_eq!(v3.next(), Some(Got::Pingresp));
+    v5.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 3.try_into().unwrap(),
+        properties: Properties::EMPTY,
+        filters: vec!["sensors/42/temp", "never"],
+    }));
+    assert_eq!(v5.next(), Some(Got::Unsuback(3, vec![0x00, 0x11])));
+    let (_, body) = publish(s.addr, "sensors/42/temp", b"23", None);
+    assert!(body.contains("\"subscribers\":2"), "{body}");
+    assert_eq!(v3.message(), pair("sensors/42/temp", "23"));
+    assert_eq!(next_text(&mut ws), "23");
+    v5.quiet(Duration::from_millis(300));
+    assert_eq!(s.metric("throng_messages_published_total"), 4.0);
+}
+
+#[test]
+fn connack_says_the_session_is_clean_and_5_0_gets_an_assigned_id() {
+    let (_s, mqtt) = mqtt_server(&[]);
+    let mut v5 = Client::open(mqtt, Version::V5, "", 60, false);
+    match v5.next() {
+        Some(Got::Connack {
+            session_present,
+            code,
+            assigned_id,
+        }) => {
+            assert!(!session_present, "no persistent session is kept");
+            assert_eq!(code, 0);
+            assert!(assigned_id.is_some_and(|id| id.starts_with("throng-")));
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut v3 = Client::open(mqtt, Version::V311, "keep-me", 60, false);
+    assert_eq!(
+        v3.next(),
+        Some(Got::Connack {
+            session_present: false,
+            code: 0,
+            assigned_id: None
+        })
+    );
+}
+
+#[test]
+fn wildcards_and_bad_topics_are_refused_per_filter_and_the_rest_stand() {
+    let (s, mqtt) = mqtt_server(&[]);
+    let mut v5 = Client::connect(mqtt, Version::V5, "v5");
+    let codes = v5.subscribe(1, &["a/+", "ok", "bad topic", "b/#"]);
+    assert_eq!(codes, [0xA2, 0x00, 0x8F, 0xA2]);
+    let mut v3 = Client::connect(mqtt, Version::V311, "v3");
+    assert_eq!(v3.subscribe(2, &["a/#", "ok"]), [0x80, 0x00]);
+    publish(s.addr, "ok", b"x", None);
+    assert_eq!(v5.message(), pair("ok", "x"));
+    assert_eq!(v3.message(), pair("ok", "x"));
+    s.wait_metric("throng_mqtt_refused_total{kind=\"wildcard_filter\"}", |v| {
+        v == 3.0
+    });
+}
+
+#[test]
+fn a_silent_client_is_closed_after_one_and_a_half_keep_alives() {
+    // The check rides the sweep, which visits each connection once per
+    // ping interval: the close comes up to one interval late.
+    let (s, mqtt) = mqtt_server(&["--ping-interval", "200ms"]);
+    let mut v5 = Client::open(mqtt, Version::V5, "sleepy", 1, true);
+    assert!(matches!(v5.next(), Some(Got::Connack { code: 0, .. })));
+    let t0 = Instant::now();
+    assert_eq!(v5.next(), Some(Got::Disconnect(0x8D)), "keep alive timeout");
+    assert_eq!(v5.next(), None);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // One that pings is kept.
+    let mut v3 = Client::open(mqtt, Version::V311, "awake", 1, true);
+    assert!(matches!(v3.next(), Some(Got::Connack { code: 0, .. })));
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(700));
+        v3.send(&Packet::Pingreq);
+        assert_eq!(v3.next(), Some(Got::Pingresp));
+    }
+    s.wait_metric(
+        "throng_connections_closed_total{reason=\"idle_timeout\"}",
+        |v| v == 1.0,
+    );
+}
+
+#[test]
+fn bad_first_packets_get_the_protocols_answer_and_are_counted() {
+    let (s, mqtt) = mqtt_server(&[]);
+    // A PINGREQ before CONNECT: closed without a word.
+    let mut raw = TcpStream::connect(mqtt).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    raw.write_all(&[0xC0, 0x00]).unwrap();
+    let mut got = Vec::new();
+    let _ = raw.read_to_end(&mut got);
+    assert!(got.is_empty(), "{got:?}");
+    // Protocol level 3 (MQTT 3.1): CONNACK 0x01, unacceptable version.
+    let mut raw = TcpStream::connect(mqtt).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut connect = vec![0x10, 14, 0, 6];
+    connect.extend_from_slice(b"MQIsdp");
+    connect.extend_from_slice(&[3, 0x02, 0, 60, 0, 2]);
+    connect.extend_from_slice(b"id");
+    connect[1] = (connect.len() - 2) as u8;
+    raw.write_all(&connect).unwrap();
+    let mut got = Vec::new();
+    let _ = raw.read_to_end(&mut got);
+    assert_eq!(got, [0x20, 0x02, 0x00, 0x01]);
+    // QoS 2 from a 5.0 client: DISCONNECT 0x9B (QoS not supported).
+    let mut v5 = Client::connect(mqtt, Version::V5, "q2");
+    v5.publish("x", b"y", Delivery::ExactlyOnce(1.try_into().unwrap()));
+    assert_eq!(v5.next(), Some(Got::Disconnect(0x9B)));
+    assert_eq!(v5.next(), None);
+    s.wait_metric("throng_mqtt_refused_total{kind=\"qos2\"}", |v| v == 1.0);
+    s.wait_metric(
+        "throng_handshake_failures_total{reason=\"mqtt_bad_connect\"}",
+        |v| v == 2.0,
+    );
+}
+
+#[test]
+fn a_drain_tells_5_0_subscribers_the_server_is_shutting_down() {
+    let (s, mqtt) = mqtt_server(&[]);
+    let mut v5 = Client::connect(mqtt, Version::V5, "v5");
+    let mut v3 = Client::connect(mqtt, Version::V311, "v3");
+    v5.subscribe(1, &["news"]);
+    v3.subscribe(1, &["news"]);
+    s.signal("TERM");
+    assert_eq!(
+        v5.next(),
+        Some(Got::Disconnect(ReasonCode::SERVER_SHUTTING_DOWN.0))
+    );
+    assert_eq!(v5.next(), None);
+    assert_eq!(v3.next(), None, "3.1.1: closed");
+}
+
+#[test]
+fn an_mqtt_subscriber_on_one_node_gets_what_an_mqtt_client_publishes_on_another() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    for mode in ["pattern", "channels"] {
+        let args = ["--redis", &url, "--redis-mode", mode];
+        let (a, mqtt_a) = mqtt_server(&args);
+        let (b, mqtt_b) = mqtt_server(&args);
+        a.wait_broker("up");
+        b.wait_broker("up");
+        let mut sub = Client::connect(mqtt_a, Version::V5, "on-a");
+        sub.subscribe(1, &["site/7/door"]);
+        let mut ws = subscribe(b.addr, "site/7/door");
+        let mut publisher = Client::connect(mqtt_b, Version::V311, "on-b");
+        // Channels mode subscribes in Redis when the node's first
+        // subscriber comes: publish until A has it.
+        let mut n = 0;
+        let got = loop {
+            n += 1;
+            let body = format!("open {n}");
+            publisher.publish("site/7/door", body.as_bytes(), Delivery::AtMostOnce);
+            assert_eq!(next_text(&mut ws), body, "{mode}: B's own subscriber");
+            sub.s
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let mut chunk = [0u8; 256];
+            match sub.s.read(&mut chunk) {
+                Ok(k) if k > 0 => {
+                    sub.buf.extend_from_slice(&chunk[..k]);
+                    sub.s
+                        .set_read_timeout(Some(Duration::from_secs(10)))
+                        .unwrap();
+                    break sub.message();
+                }
+                _ => assert!(n < 50, "{mode}: A never got one"),
+            }
+        };
+        assert_eq!(got.0, "site/7/door", "{mode}");
+        assert!(got.1.starts_with("open "), "{mode}: {got:?}");
+        publisher.publish("site/7/door", b"closed", Delivery::AtMostOnce);
+        assert_eq!(sub.message(), pair("site/7/door", "closed"), "{mode}");
+    }
+}
+
+#[test]
+fn serve_help_teaches_mqtt_listen() {
+    let out = crate::throng().args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--mqtt-listen <HOST:PORT>"), "{help}");
+    assert!(help.contains("A topic is a channel"), "{help}");
+}
+
+#[test]
+fn the_start_says_where_mqtt_is() {
+    let out = crate::throng()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--dry-run",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("mqtt-listen"), "{text}");
+}
