@@ -16,6 +16,7 @@ mod hold;
 mod knee;
 mod mqtt;
 mod mqtt_listen;
+mod mqtt_serve;
 mod newcomer;
 mod redis;
 mod rediss;
