@@ -91,6 +91,13 @@ pub struct Counters {
     /// (a bad packet, by its `DecodeError` label; a wildcard filter; QoS 2;
     /// a persistent session), by kind.
     pub mqtt_refused: RefCell<BTreeMap<&'static str, u64>>,
+    /// MQTT subscribers connected now (also in `open`).
+    pub mqtt_open: Cell<u64>,
+    /// MQTT packets received from clients, by type.
+    pub mqtt_received: RefCell<BTreeMap<&'static str, u64>>,
+    /// MQTT packets sent to clients as answers, by type (deliveries are
+    /// `frames_delivered`).
+    pub mqtt_sent: RefCell<BTreeMap<&'static str, u64>>,
 }
 
 fn bump(map: &RefCell<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -131,6 +138,16 @@ impl Counters {
     /// Counts something an MQTT client sent that was refused or not served as asked.
     pub fn mqtt_refused(&self, what: &'static str) {
         bump(&self.mqtt_refused, what);
+    }
+
+    /// Counts an MQTT packet received, by its type's name.
+    pub fn mqtt_received(&self, kind: &'static str) {
+        bump(&self.mqtt_received, kind);
+    }
+
+    /// Counts an MQTT packet sent as an answer, by its type's name.
+    pub fn mqtt_sent(&self, kind: &'static str) {
+        bump(&self.mqtt_sent, kind);
     }
 
     /// Counts a completed TLS handshake.
@@ -184,6 +201,9 @@ impl Counters {
             tls_handshakes: own(&self.tls_handshakes),
             refused: own(&self.refused),
             mqtt_refused: own(&self.mqtt_refused),
+            mqtt_open: self.mqtt_open.get(),
+            mqtt_received: own(&self.mqtt_received),
+            mqtt_sent: own(&self.mqtt_sent),
         }
     }
 }
@@ -234,6 +254,15 @@ pub struct Snapshot {
     /// Counter by kind.
     #[serde(default)]
     pub mqtt_refused: BTreeMap<String, u64>,
+    /// Gauge: MQTT subscribers connected.
+    #[serde(default)]
+    pub mqtt_open: u64,
+    /// Counter by packet type.
+    #[serde(default)]
+    pub mqtt_received: BTreeMap<String, u64>,
+    /// Counter by packet type.
+    #[serde(default)]
+    pub mqtt_sent: BTreeMap<String, u64>,
 }
 
 fn add_map(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
@@ -266,6 +295,8 @@ impl Snapshot {
         add_map(&mut self.tls_handshakes, &other.tls_handshakes);
         add_map(&mut self.refused, &other.refused);
         add_map(&mut self.mqtt_refused, &other.mqtt_refused);
+        add_map(&mut self.mqtt_received, &other.mqtt_received);
+        add_map(&mut self.mqtt_sent, &other.mqtt_sent);
     }
 }
 
@@ -347,11 +378,12 @@ const REFUSED_ALWAYS: &[&str] = &[
 /// summed counters of workers that died.
 pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> String {
     let mut total = retired.clone();
-    let (mut open, mut queued) = (0, 0);
+    let (mut open, mut queued, mut mqtt_open) = (0, 0, 0);
     for s in live {
         total.add_counters(s);
         open += s.open;
         queued += s.queued;
+        mqtt_open += s.mqtt_open;
     }
     let mut out = String::with_capacity(4096);
     let one = |out: &mut String, name: &str, kind: &str, help: &str, v: String| {
@@ -449,6 +481,29 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         &total.mqtt_refused,
         &[],
     );
+    one(
+        &mut out,
+        "throng_mqtt_connections",
+        "gauge",
+        "MQTT subscribers connected now (counted in throng_connections_open too).",
+        mqtt_open.to_string(),
+    );
+    for (name, help, map) in [
+        (
+            "throng_mqtt_packets_received_total",
+            "MQTT packets received from clients after CONNECT, by type.",
+            &total.mqtt_received,
+        ),
+        (
+            "throng_mqtt_packets_sent_total",
+            "MQTT packets sent to clients as answers, by type (deliveries are \
+             throng_frames_delivered_total).",
+            &total.mqtt_sent,
+        ),
+    ] {
+        family(&mut out, name, "counter", help);
+        labelled(&mut out, name, "type", map, &[]);
+    }
     one(
         &mut out,
         "throng_messages_published_total",

@@ -58,6 +58,12 @@ pub enum ServeError {
         "--tls-listen needs a certificate: give --tls-cert FILE and --tls-key FILE, or --tls-self-signed for a trial"
     )]
     NoTlsCert,
+    /// MQTT listeners where tokens or a publish key guard the others.
+    #[error(
+        "--mqtt-listen does not check tokens yet (docs/mqtt.md): it cannot run beside \
+         --auth-* or --publish-key-file; drop one of them"
+    )]
+    MqttWithAuth,
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
@@ -125,6 +131,10 @@ impl Plan {
         let nofile = limits::nofile()?;
         if !config.tls_listen.is_empty() && config.tls.is_none() {
             return Err(ServeError::NoTlsCert);
+        }
+        if !config.mqtt_listen.is_empty() && config.auth.publish_guarded() {
+            // An MQTT client would get in where a WebSocket one may not.
+            return Err(ServeError::MqttWithAuth);
         }
         // Listeners, the control socket and the epoll set are in the reserve.
         let budget = limits::budget(

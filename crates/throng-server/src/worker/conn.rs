@@ -564,6 +564,10 @@ impl<O: Outside> Subscribers<O> {
             self.counters
                 .open
                 .set(self.counters.open.get().saturating_sub(1));
+            if c.kind.is_mqtt() {
+                let mqtt = &self.counters.mqtt_open;
+                mqtt.set(mqtt.get().saturating_sub(1));
+            }
         }
     }
 
@@ -864,6 +868,12 @@ mod tests {
             size_of::<Conn<TcpStream>>() <= 104,
             "{}",
             size_of::<Conn<TcpStream>>()
+        );
+        // MQTT's state is a box in the decoder's place: a WebSocket
+        // subscriber pays nothing for it.
+        assert_eq!(
+            size_of::<super::Proto>(),
+            size_of::<throng_proto::ws::Decoder>()
         );
         let mut p = Pair::defaults();
         let a = p.connect("news");

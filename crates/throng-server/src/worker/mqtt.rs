@@ -14,8 +14,11 @@
 //! its keep-alive and its subscriptions ([`MqttState`]); an idle one holds
 //! no buffer.
 //!
-//! Not here yet (docs/mqtt.md): wildcard filters (refused per filter),
-//! QoS 1 deliveries to subscribers (granted QoS 0), retained and will
+//! A wildcard filter (`+`, `#`) is not a channel: it is indexed in the
+//! worker's trie ([`super::table::Channels`]), and a connection two of whose
+//! filters match a topic gets its message once.
+//!
+//! Not here yet (docs/mqtt.md): QoS 1 deliveries to subscribers (granted QoS 0), retained and will
 //! messages, auth, TLS.
 
 use std::cell::Cell;
@@ -50,6 +53,32 @@ pub(crate) struct MqttState {
     keep_alive: u32,
     /// Its subscriptions, one per channel ([`super::table::Channels`]).
     pub(crate) subs: Vec<Sub>,
+    /// Its wildcard subscriptions.
+    pub(crate) wild: Vec<WildSub>,
+    /// The last lookup that found it ([`super::table::Channels::for_each_mqtt`]).
+    pub(crate) seen: u64,
+}
+
+impl MqttState {
+    /// A connection's state after CONNACK: its decoder (which read the
+    /// CONNECT) and its keep-alive in ticks (0: none).
+    pub(crate) fn new(decoder: Decoder, keep_alive: u32) -> Self {
+        Self {
+            decoder,
+            keep_alive,
+            subs: Vec::new(),
+            wild: Vec::new(),
+            seen: 0,
+        }
+    }
+}
+
+/// One wildcard subscription: its filter, and its position in the filter's
+/// list in the trie.
+#[derive(Debug, Clone)]
+pub(crate) struct WildSub {
+    pub(crate) filter: Rc<str>,
+    pub(crate) pos: u32,
 }
 
 /// One subscription of an MQTT subscriber: its channel's id, and its
@@ -146,6 +175,7 @@ impl<O: Outside> Subscribers<O> {
             return Err(e);
         }
         self.counters.open.set(self.counters.open.get() + 1);
+        crate::metrics::inc(&self.counters.mqtt_open);
         crate::metrics::inc(&self.counters.upgraded);
         if c.has_rest() {
             // Packets that came behind the CONNECT.
@@ -215,6 +245,7 @@ impl<O: Outside> Subscribers<O> {
 
     /// Sends a packet to `c`; false (and `c` ended) when it could not.
     fn reply(&self, c: &Rc<Conn<O::Wire>>, p: &Packet<'_>) -> bool {
+        self.counters.mqtt_sent(p.packet_type().name());
         let bytes = encode(version_of(c.kind), p);
         match self.send(c, &bytes) {
             Ok(()) => true,
@@ -227,6 +258,7 @@ impl<O: Outside> Subscribers<O> {
 
     /// Handles one packet from the client; false when the connection ended.
     fn on_packet(&self, c: &Rc<Conn<O::Wire>>, p: Packet<'_>) -> bool {
+        self.counters.mqtt_received(p.packet_type().name());
         let version = version_of(c.kind);
         match p {
             Packet::Pingreq => self.reply(c, &Packet::Pingresp),
@@ -278,12 +310,19 @@ impl<O: Outside> Subscribers<O> {
         let mut codes = Vec::with_capacity(s.filters.len());
         for (filter, _options) in &s.filters {
             let code = if mqtt::topic::is_wildcard(filter) {
-                // The wildcard index is the next step (docs/mqtt.md).
-                self.counters.mqtt_refused("wildcard_filter");
-                if v5 {
-                    ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+                let ok = self.limits.wildcards
+                    && self.channels.borrow_mut().subscribe_wild(filter, c).is_ok();
+                if ok {
+                    ReasonCode::SUCCESS
                 } else {
-                    ReasonCode::UNSPECIFIED
+                    // Redis channels mode: the node subscribes in Redis per
+                    // channel, and a filter is not one.
+                    self.counters.mqtt_refused("wildcard_filter");
+                    if v5 {
+                        ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+                    } else {
+                        ReasonCode::UNSPECIFIED
+                    }
                 }
             } else if channel::validate(filter).is_err() {
                 self.counters.mqtt_refused("bad_channel");
@@ -315,6 +354,17 @@ impl<O: Outside> Subscribers<O> {
         let v5 = c.kind == Kind::Mqtt5;
         let mut codes = Vec::new();
         for filter in &u.filters {
+            if mqtt::topic::is_wildcard(filter) {
+                let had = self.channels.borrow_mut().unsubscribe_wild(filter, c);
+                if v5 {
+                    codes.push(if had {
+                        ReasonCode::SUCCESS
+                    } else {
+                        ReasonCode::NO_SUBSCRIPTION_EXISTED
+                    });
+                }
+                continue;
+            }
             let left = self.channels.borrow_mut().unsubscribe_mqtt(filter, c);
             if let Some(Some(name)) = &left {
                 self.outside.channel_interest(name, false);
@@ -352,30 +402,28 @@ impl<O: Outside> Subscribers<O> {
             self.fail(c, &out);
             return false;
         }
-        let known = channel::validate(p.topic).is_ok();
-        if known {
+        let reason = if !self.limits.mqtt_publish {
+            // --publish-listen: publishing is for the internal address.
+            self.counters.mqtt_refused("publish_not_here");
+            ReasonCode::NOT_AUTHORIZED
+        } else if channel::validate(p.topic).is_err() {
+            self.counters.mqtt_refused("bad_channel");
+            ReasonCode::TOPIC_NAME_INVALID
+        } else {
             let text = std::str::from_utf8(p.payload).is_ok();
             self.outside
                 .publish(p.topic, text, Bytes::copy_from_slice(p.payload));
-        } else {
-            self.counters.mqtt_refused("bad_channel");
-        }
+            ReasonCode::SUCCESS
+        };
         match p.delivery {
-            Delivery::AtLeastOnce(id) => {
-                let reason = if known {
-                    ReasonCode::SUCCESS
-                } else {
-                    ReasonCode::TOPIC_NAME_INVALID
-                };
-                self.reply(
-                    c,
-                    &Packet::Puback(Ack {
-                        packet_id: id,
-                        reason,
-                        properties: Properties::EMPTY,
-                    }),
-                )
-            }
+            Delivery::AtLeastOnce(id) => self.reply(
+                c,
+                &Packet::Puback(Ack {
+                    packet_id: id,
+                    reason,
+                    properties: Properties::EMPTY,
+                }),
+            ),
             _ => true,
         }
     }
@@ -485,7 +533,7 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
         let offer = [
             Property::MaximumQos(1),
             Property::RetainAvailable(0),
-            Property::WildcardSubscriptionAvailable(0),
+            Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits.wildcards)),
             Property::SharedSubscriptionAvailable(0),
         ];
         for p in offer {
@@ -530,11 +578,7 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
         0 => 0,
         s => wheel::ticks(std::time::Duration::from_millis(u64::from(s) * 1500)).max(1),
     };
-    let state = MqttState {
-        decoder,
-        keep_alive,
-        subs: Vec::new(),
-    };
+    let state = MqttState::new(decoder, keep_alive);
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
     let c = Conn::new(sock, w.subs.now.get(), &buf[used..])
         .with_mqtt(version, state)

@@ -265,6 +265,8 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         idle,
         write,
         grace,
+        wildcards: true,
+        mqtt_publish: true,
     }
 }
 

@@ -98,6 +98,12 @@ pub(crate) struct Limits {
     pub(crate) write: u32,
     /// Ticks a closing handshake may take ([`CLOSE_GRACE`]).
     pub(crate) grace: u32,
+    /// MQTT wildcard filters are served: not with Redis channels mode,
+    /// whose node subscribes in Redis per channel, which a filter is not.
+    pub(crate) wildcards: bool,
+    /// MQTT clients may publish: not when `--publish-listen` keeps
+    /// publishing off the public addresses.
+    pub(crate) mqtt_publish: bool,
 }
 
 impl Limits {
@@ -109,6 +115,8 @@ impl Limits {
             idle: wheel::ticks(cfg.idle_timeout),
             write: wheel::ticks(cfg.write_timeout),
             grace: wheel::ticks(CLOSE_GRACE),
+            wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
+            mqtt_publish: cfg.publish_listen.is_empty(),
         }
     }
 }
@@ -361,10 +369,13 @@ impl<O: Outside> Subscribers<O> {
 
     /// Subscribers of `channel` here now.
     pub(crate) fn subscribers_of(&self, channel: &str) -> u64 {
-        self.channels
-            .borrow()
-            .get(channel)
-            .map_or(0, |ch| ch.len() as u64)
+        let channels = self.channels.borrow();
+        if !channels.has_wildcards() {
+            return channels.get(channel).map_or(0, |ch| ch.len() as u64);
+        }
+        let mut n = channels.get(channel).map_or(0, |ch| ch.subs.len() as u64);
+        channels.for_each_mqtt(channel, |_| n += 1);
+        n
     }
 
     /// Writes one message to every subscriber of its channel here, at once
@@ -389,16 +400,17 @@ impl<O: Outside> Subscribers<O> {
             if m.text { OpCode::Text } else { OpCode::Binary },
             &m.payload,
         );
-        let conns = self
-            .channels
-            .borrow()
+        let channels = self.channels.borrow();
+        let mut conns = channels
             .get(&m.channel)
-            .map(|ch| {
-                let mut conns = ch.subs.clone();
-                conns.extend(ch.mqtt.iter().map(|(c, _)| c.clone()));
-                conns
-            })
+            .map(|ch| ch.subs.clone())
             .unwrap_or_default();
+        if channels.has_wildcards() {
+            channels.for_each_mqtt(&m.channel, |c| conns.push(c.clone()));
+        } else if let Some(ch) = channels.get(&m.channel) {
+            conns.extend(ch.mqtt.iter().map(|(c, _)| c.clone()));
+        }
+        drop(channels);
         Fanout {
             frame,
             with_id: None,

@@ -8,11 +8,14 @@
 //! subscription it is in the connection's list ([`super::mqtt::MqttState`]),
 //! which names the entry back, so that leaving stays O(1) too.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use throng_proto::mqtt::topic::{FilterTrie, TooDeep};
+
 use super::conn::Conn;
-use super::mqtt::Sub;
+use super::mqtt::{Sub, WildSub};
 
 /// Marks a connection that is not in a table.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -97,12 +100,24 @@ impl<W> Channel<W> {
     }
 }
 
+/// The MQTT subscribers of one wildcard filter, each with the index of
+/// this subscription in its connection's wildcard list (as [`Channel::mqtt`]).
+pub(crate) type Wild<W> = Vec<(Rc<Conn<W>>, u32)>;
+
 /// Channels by name. Invariant: `list[c.channel].subs[c.sub_pos] == c` for
 /// every subscribed connection; a channel is dropped with its last subscriber.
+/// Wildcard filters are not channels: they live in `wild`, a trie whose
+/// lookup costs what the topic's levels and the matching filters cost,
+/// never what the number of filters or subscribers does.
 pub(crate) struct Channels<W> {
     by_name: HashMap<Rc<str>, u32>,
     list: Vec<Option<(Rc<str>, Channel<W>)>>,
     free: Vec<u32>,
+    wild: FilterTrie<Wild<W>>,
+    /// Bumped per lookup of a topic's MQTT subscribers: a connection
+    /// marked with the current one was already found (two of its filters
+    /// match), so it gets the message once.
+    generation: Cell<u64>,
 }
 
 impl<W> Default for Channels<W> {
@@ -111,6 +126,8 @@ impl<W> Default for Channels<W> {
             by_name: HashMap::new(),
             list: Vec::new(),
             free: Vec::new(),
+            wild: FilterTrie::new(),
+            generation: Cell::new(0),
         }
     }
 }
@@ -119,6 +136,101 @@ impl<W> Channels<W> {
     pub(crate) fn get(&self, name: &str) -> Option<&Channel<W>> {
         let id = *self.by_name.get(name)?;
         self.list[id as usize].as_ref().map(|(_, ch)| ch)
+    }
+
+    /// Whether some MQTT subscriber here has a wildcard filter.
+    pub(crate) fn has_wildcards(&self) -> bool {
+        !self.wild.is_empty()
+    }
+
+    /// Calls `found` with every MQTT subscriber a message on `channel`
+    /// reaches (its exact subscribers, then those of every matching
+    /// wildcard filter), each once.
+    pub(crate) fn for_each_mqtt(&self, channel: &str, mut found: impl FnMut(&Rc<Conn<W>>)) {
+        let generation = self.generation.get() + 1;
+        self.generation.set(generation);
+        let mut first = |c: &Rc<Conn<W>>| {
+            let fresh = c
+                .proto
+                .borrow_mut()
+                .mqtt_mut()
+                .is_some_and(|m| std::mem::replace(&mut m.seen, generation) != generation);
+            if fresh {
+                found(c);
+            }
+        };
+        if let Some(ch) = self.get(channel) {
+            ch.mqtt.iter().for_each(|(c, _)| first(c));
+        }
+        self.wild
+            .for_each_match(channel, |subs| subs.iter().for_each(|(c, _)| first(c)));
+    }
+
+    /// Adds MQTT subscriber `c` to wildcard `filter` (a checked filter),
+    /// unless it has it already.
+    pub(crate) fn subscribe_wild(&mut self, filter: &str, c: &Rc<Conn<W>>) -> Result<(), TooDeep> {
+        if c.proto
+            .borrow()
+            .mqtt()
+            .is_some_and(|m| m.wild.iter().any(|w| &*w.filter == filter))
+        {
+            return Ok(());
+        }
+        let subs = self.wild.get_or_insert_with(filter, Vec::new)?;
+        let mut proto = c.proto.borrow_mut();
+        if let Some(m) = proto.mqtt_mut() {
+            m.wild.push(WildSub {
+                filter: Rc::from(filter),
+                pos: subs.len() as u32,
+            });
+            subs.push((c.clone(), (m.wild.len() - 1) as u32));
+        }
+        Ok(())
+    }
+
+    /// Takes MQTT subscriber `c` out of wildcard `filter`; false when it
+    /// had no such subscription.
+    pub(crate) fn unsubscribe_wild(&mut self, filter: &str, c: &Conn<W>) -> bool {
+        let k = c
+            .proto
+            .borrow()
+            .mqtt()
+            .and_then(|m| m.wild.iter().position(|w| &*w.filter == filter));
+        match k {
+            Some(k) => {
+                self.leave_wild(c, k);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes wildcard subscription `k` of `c` out of the trie and out of
+    /// `c`'s list (whose last one moves into its place).
+    fn leave_wild(&mut self, c: &Conn<W>, k: usize) {
+        let (sub, moved) = {
+            let mut proto = c.proto.borrow_mut();
+            let Some(m) = proto.mqtt_mut() else { return };
+            let sub = m.wild.swap_remove(k);
+            (sub, m.wild.get(k).map(|w| (w.filter.clone(), w.pos)))
+        };
+        if let Some((filter, pos)) = moved
+            && let Some(subs) = self.wild.get_mut(&filter)
+        {
+            subs[pos as usize].1 = k as u32;
+        }
+        let Some(subs) = self.wild.get_mut(&sub.filter) else {
+            return;
+        };
+        subs.swap_remove(sub.pos as usize);
+        if let Some((other, j)) = subs.get(sub.pos as usize)
+            && let Some(m) = other.proto.borrow_mut().mqtt_mut()
+        {
+            m.wild[*j as usize].pos = sub.pos;
+        }
+        if subs.is_empty() {
+            self.wild.remove(&sub.filter);
+        }
     }
 
     /// The id of channel `name`, made if it is new (then `true`).
@@ -200,6 +312,13 @@ impl<W> Channels<W> {
     pub(crate) fn unsubscribe_mqtt_all(&mut self, c: &Conn<W>) -> Vec<Rc<str>> {
         let mut gone = Vec::new();
         loop {
+            let n = c.proto.borrow().mqtt().map_or(0, |m| m.wild.len());
+            if n == 0 {
+                break;
+            }
+            self.leave_wild(c, n - 1);
+        }
+        loop {
             let n = c.proto.borrow().mqtt().map_or(0, |m| m.subs.len());
             if n == 0 {
                 return gone;
@@ -270,8 +389,11 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::rc::Rc;
 
+    use throng_proto::mqtt::{Decoder, Version};
+
     use super::{Channels, NONE, Slab};
     use crate::worker::conn::Conn;
+    use crate::worker::mqtt::MqttState;
 
     fn conns(n: usize) -> (TcpListener, Vec<Rc<Conn<TcpStream>>>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -327,5 +449,87 @@ mod tests {
         assert_eq!(more[0].slot.get(), slot, "free slots are reused");
         assert_eq!(slab.capacity(), 7);
         assert_eq!(slab.all().len(), 7);
+    }
+
+    fn mqtt_conns(n: usize) -> (TcpListener, Vec<Rc<Conn<TcpStream>>>) {
+        let (l, cs) = conns(n);
+        let cs = cs
+            .into_iter()
+            .map(|c| {
+                let c = Rc::into_inner(c).unwrap();
+                let state = MqttState::new(Decoder::server(1024), 0);
+                Rc::new(c.with_mqtt(Version::V5, state))
+            })
+            .collect();
+        (l, cs)
+    }
+
+    /// Every MQTT entry of `name` names a subscription of its connection
+    /// that names it back; returns the connections, by pointer.
+    fn check_mqtt(ch: &Channels<TcpStream>, name: &str) -> Vec<*const Conn<TcpStream>> {
+        let id = *ch.by_name.get(name).unwrap_or(&NONE);
+        let entries = ch.get(name).map_or(&[][..], |c| &c.mqtt[..]);
+        for (pos, (c, k)) in entries.iter().enumerate() {
+            let sub = c.proto.borrow().mqtt().unwrap().subs[*k as usize];
+            assert_eq!((sub.channel, sub.pos as usize), (id, pos), "{name}");
+        }
+        entries.iter().map(|(c, _)| Rc::as_ptr(c)).collect()
+    }
+
+    fn found(ch: &Channels<TcpStream>, topic: &str) -> Vec<*const Conn<TcpStream>> {
+        let mut got = Vec::new();
+        ch.for_each_mqtt(topic, |c| got.push(Rc::as_ptr(c)));
+        got.sort();
+        got
+    }
+
+    fn ptrs(cs: &[&Rc<Conn<TcpStream>>]) -> Vec<*const Conn<TcpStream>> {
+        let mut v: Vec<_> = cs.iter().map(|c| Rc::as_ptr(c)).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn mqtt_subscribers_are_found_once_however_many_of_their_filters_match() {
+        let (_l, cs) = mqtt_conns(4);
+        let mut ch = Channels::default();
+        for c in &cs[..3] {
+            ch.subscribe_mqtt("a/x", c);
+        }
+        assert!(!ch.subscribe_mqtt("a/x", &cs[0]), "twice is once");
+        assert!(ch.subscribe_mqtt("b", &cs[0]));
+        ch.subscribe_wild("a/+", &cs[0]).unwrap();
+        ch.subscribe_wild("a/+", &cs[3]).unwrap();
+        ch.subscribe_wild("#", &cs[0]).unwrap();
+        assert_eq!(check_mqtt(&ch, "a/x").len(), 3);
+        assert_eq!(
+            found(&ch, "a/x"),
+            ptrs(&[&cs[0], &cs[1], &cs[2], &cs[3]]),
+            "the first one matches by its channel, a/+ and #: once"
+        );
+        assert_eq!(found(&ch, "b"), ptrs(&[&cs[0]]));
+        assert_eq!(found(&ch, "a/y"), ptrs(&[&cs[0], &cs[3]]));
+        assert_eq!(found(&ch, "a/x"), ptrs(&[&cs[0], &cs[1], &cs[2], &cs[3]]));
+
+        assert_eq!(ch.unsubscribe_mqtt("a/x", &cs[1]), Some(None));
+        assert_eq!(ch.unsubscribe_mqtt("a/x", &cs[1]), None, "not in it");
+        let mut left = check_mqtt(&ch, "a/x");
+        left.sort();
+        assert_eq!(left, ptrs(&[&cs[0], &cs[2]]));
+        // The first leaves everything: "b" goes with it, "a/x" stays.
+        let gone = ch.unsubscribe_mqtt_all(&cs[0]);
+        assert_eq!(gone.iter().map(|n| &**n).collect::<Vec<_>>(), ["b"]);
+        assert!(ch.get("b").is_none());
+        check_mqtt(&ch, "a/x");
+        assert_eq!(found(&ch, "a/x"), ptrs(&[&cs[2], &cs[3]]));
+        assert_eq!(
+            found(&ch, "z"),
+            ptrs(&[]),
+            "# left with its only subscriber"
+        );
+        assert!(ch.unsubscribe_wild("a/+", &cs[3]));
+        assert!(!ch.unsubscribe_wild("a/+", &cs[3]));
+        assert!(!ch.has_wildcards(), "the trie is empty again");
+        assert_eq!(found(&ch, "a/x"), ptrs(&[&cs[2]]));
     }
 }
