@@ -24,6 +24,15 @@ pub const CONNTRACK_ENTRY_BYTES: u64 = 320;
 /// Share of a (source, target) pair's ephemeral ports a run may use; the
 /// rest is left for TIME-WAIT and other programs (the same share `hold` plans with).
 pub const PORT_USE: f64 = 0.9;
+/// Share of a (source, target) pair's ephemeral ports connects stay cheap
+/// in. Linux's `connect()` (`__inet_hash_connect`) looks at ports of one
+/// parity first, from a moving offset; once that half is nearly taken,
+/// every connect walks all of it before it tries the other half. Measured on
+/// kernel 6.18 with 28,232 ports, one attack worker, one pair
+/// (`scripts/bench-ports.sh`): 120 µs of CPU per new request up to half the
+/// range, 1,527 µs past it. Plans that pick their own source addresses stay
+/// under this share; above it (given sources) they warn.
+pub const PORT_FAST: f64 = 0.45;
 /// Listen backlog below which bursts of connects are dropped and retried
 /// after 1 s, 3 s, ...: Linux's own default since 5.4.
 pub const MIN_BACKLOG: u64 = 4096;
@@ -541,16 +550,38 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
         let pairs = plan.source_ips.max(1) * plan.target_ports.max(1);
         let usable = (range as f64 * PORT_USE) as u64;
         let capacity = usable.saturating_mul(pairs);
+        let fast = ((range as f64 * PORT_FAST) as u64).saturating_mul(pairs);
         let status = if n > capacity {
             Status::Stop
+        } else if n > fast {
+            Status::Warn
         } else {
             Status::Ok
         };
         let (mut fixes, mut notes) = (Vec::new(), Vec::new());
+        if status == Status::Warn {
+            let per_source = ((range as f64 * PORT_FAST) as u64) * plan.target_ports.max(1);
+            let sources = n.div_ceil(per_source.max(1));
+            if !plan.bench {
+                fixes.push(Fix::throng(
+                    run_command(plan, n, sources, plan.port_list.as_deref()),
+                    format!("{sources} source addresses keep each pair under half the range"),
+                ));
+            }
+            notes.push(format!(
+                "{} connections per (source, target) pair is over {:.0}% of the range: Linux's connect() tries one \
+                 half of the ports first and, once it is taken, walks all of it on every connect (over 10x the CPU \
+                 per connect); hold and attack pick loopback sources to stay under it",
+                n.div_ceil(pairs.max(1)),
+                PORT_FAST * 100.0
+            ));
+        }
         if status == Status::Stop {
             let wide = ((65_535 - 1_024 + 1) as f64 * PORT_USE) as u64 * pairs;
+            let cheap = (range as f64 * PORT_FAST) as u64;
             if !plan.bench {
-                let per_source = usable * plan.target_ports.max(1);
+                // Fixes aim where connects stay cheap, not merely where they fit.
+                let per_source = cheap * plan.target_ports.max(1);
                 let sources = n.div_ceil(per_source.max(1));
                 fixes.push(Fix::throng(
                     run_command(plan, n, sources, plan.port_list.as_deref()),
@@ -568,7 +599,7 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
                     ));
                 }
             }
-            let ports = n.div_ceil((usable * plan.source_ips.max(1)).max(1));
+            let ports = n.div_ceil((cheap * plan.source_ips.max(1)).max(1));
             if !plan.bench && ports <= 65_535 - 8_080 {
                 let listen = format!("8080-{}", 8_080 + ports - 1);
                 let (on, with) = if plan.role == Role::Both {
@@ -594,7 +625,7 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
             check: "local ports".into(),
             status,
             message: format!(
-                "{range} ephemeral ports ({lo}-{hi}) × {} source address(es) × {} target port(s), {:.0}% usable = {capacity} for {n} connections",
+                "{range} ephemeral ports ({lo}-{hi}) × {} source address(es) × {} target port(s), {:.0}% usable = {capacity} ({fast} with cheap connects) for {n} connections",
                 plan.source_ips.max(1),
                 plan.target_ports.max(1),
                 PORT_USE * 100.0
@@ -803,7 +834,7 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
             } else {
                 // As many source addresses as the smaller run needs too.
                 let per_source = m.port_range.map_or(u64::MAX, |(lo, hi)| {
-                    ((hi - lo + 1) as f64 * PORT_USE) as u64 * plan.target_ports.max(1)
+                    ((hi - lo + 1) as f64 * PORT_FAST) as u64 * plan.target_ports.max(1)
                 });
                 vec![Fix::throng(
                     run_command(

@@ -62,6 +62,10 @@ pub struct Config {
     /// listener per address in every worker: topics are channels.
     #[serde(default)]
     pub mqtt_listen: Vec<SocketAddr>,
+    /// Addresses that speak MQTT over TLS (`--mqtts-listen`), on the
+    /// certificate of `tls`.
+    #[serde(default)]
+    pub mqtts_listen: Vec<SocketAddr>,
     /// Certificate, key and ticket key for `tls_listen` (required when it is not empty).
     #[serde(default)]
     pub tls: Option<crate::tls::Material>,
@@ -147,6 +151,7 @@ impl Default for Config {
             redis_mode: None,
             tls_listen: Vec::new(),
             mqtt_listen: Vec::new(),
+            mqtts_listen: Vec::new(),
             tls: None,
             auth: crate::auth::Settings::default(),
             allowed_origins: None,
@@ -203,9 +208,13 @@ impl fmt::Display for Config {
             let mqtt: Vec<String> = self.mqtt_listen.iter().map(ToString::to_string).collect();
             writeln!(
                 f,
-                "  mqtt-listen      {} (MQTT 3.1.1 and 5.0; clean sessions, QoS 0 deliveries, exact topics)",
+                "  mqtt-listen      {} (MQTT 3.1.1 and 5.0; clean sessions, QoS 0 deliveries)",
                 mqtt.join(" ")
             )?;
+        }
+        if !self.mqtts_listen.is_empty() {
+            let mqtts: Vec<String> = self.mqtts_listen.iter().map(ToString::to_string).collect();
+            writeln!(f, "  mqtts-listen     {} (MQTT over TLS)", mqtts.join(" "))?;
         }
         if !self.tls_listen.is_empty() {
             let tls: Vec<String> = self.tls_listen.iter().map(ToString::to_string).collect();

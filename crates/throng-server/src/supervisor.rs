@@ -129,10 +129,12 @@ impl Plan {
         }
         limits::raise_nofile()?;
         let nofile = limits::nofile()?;
-        if !config.tls_listen.is_empty() && config.tls.is_none() {
+        let tls_wanted = !config.tls_listen.is_empty() || !config.mqtts_listen.is_empty();
+        if tls_wanted && config.tls.is_none() {
             return Err(ServeError::NoTlsCert);
         }
-        if !config.mqtt_listen.is_empty() && config.auth.publish_guarded() {
+        let mqtt = !config.mqtt_listen.is_empty() || !config.mqtts_listen.is_empty();
+        if mqtt && config.auth.publish_guarded() {
             // An MQTT client would get in where a WebSocket one may not.
             return Err(ServeError::MqttWithAuth);
         }
@@ -167,6 +169,7 @@ impl Plan {
             .iter()
             .chain(&config.tls_listen)
             .chain(&config.mqtt_listen)
+            .chain(&config.mqtts_listen)
             .copied()
             .collect();
         if let Some(a) = config
@@ -181,6 +184,7 @@ impl Plan {
         bind_all(&mut config.listen)?;
         bind_all(&mut config.tls_listen)?;
         bind_all(&mut config.mqtt_listen)?;
+        bind_all(&mut config.mqtts_listen)?;
         // An address given to both internal options is one listener, bound
         // once (port 0 is a new port for each).
         let both: Vec<SocketAddr> = config
@@ -262,6 +266,7 @@ impl Plan {
             "broker": self.broker,
             "tls_listen": self.config.tls_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "mqtt_listen": self.config.mqtt_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "mqtts_listen": self.config.mqtts_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "publish_listen": self.config.publish_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "metrics_listen": self.config.metrics_listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
@@ -349,6 +354,9 @@ impl fmt::Display for Plan {
         }
         if let Some(addr) = cfg.mqtt_listen.first() {
             write!(f, "\nsubscribe: mqtt://{addr} (topic = channel)")?;
+        }
+        if let Some(addr) = cfg.mqtts_listen.first() {
+            write!(f, "\nsubscribe: mqtts://{addr} (topic = channel)")?;
         }
         Ok(())
     }

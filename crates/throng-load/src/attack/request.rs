@@ -295,16 +295,27 @@ fn plan_sources(
                 "source address {bad} is not of the same family as the targets; give --source-ips of their family"
             )));
         }
-        return Ok((list.clone(), "--source-ips".to_owned()));
+        let pairs = (list.len() * addrs.len().max(1)).max(1) as u64;
+        let why = slow_connects(req.max_connections.div_ceil(pairs), machine).map_or_else(
+            || "--source-ips".to_owned(),
+            |w| format!("--source-ips; {w}"),
+        );
+        return Ok((list.clone(), why));
     }
     let loopback = addrs.iter().all(|a| a.is_ipv4() && a.ip().is_loopback());
     let mut endpoints: Vec<_> = addrs.to_vec();
     endpoints.sort_unstable();
     endpoints.dedup();
-    let per_source = machine.usable_ports().max(1) * endpoints.len().max(1) as u64;
+    let targets = endpoints.len().max(1) as u64;
+    let per_source = machine.usable_ports().max(1) * targets;
     let needed = req.max_connections.div_ceil(per_source);
-    if loopback && needed > 1 {
-        let ips = crate::hold::target::loopback_sources(usize::try_from(needed).unwrap_or(1));
+    // Loopback sources cost nothing: as many as keep each pair where
+    // connect() is cheap (see `PORT_FAST`), not merely where it fits.
+    let cheap = req
+        .max_connections
+        .div_ceil(machine.fast_ports().max(1) * targets);
+    if loopback && cheap > 1 {
+        let ips = crate::hold::target::loopback_sources(usize::try_from(cheap).unwrap_or(1));
         let why = format!(
             "{} ({} addresses; loopback: picked so that --max-connections {} finds local ports)",
             crate::hold::target::format_sources(&ips),
@@ -319,7 +330,23 @@ fn plan_sources(
             req.max_connections
         )));
     }
-    Ok((Vec::new(), "the kernel picks".to_owned()))
+    let why = slow_connects(req.max_connections.div_ceil(targets), machine).map_or_else(
+        || "the kernel picks".to_owned(),
+        |w| format!("the kernel picks; {w}"),
+    );
+    Ok((Vec::new(), why))
+}
+
+/// A warning when `per_pair` connections per (source, target) pair are
+/// past where connect() is cheap (see `PORT_FAST`).
+fn slow_connects(per_pair: u64, machine: &Machine) -> Option<String> {
+    (per_pair > machine.fast_ports()).then(|| {
+        format!(
+            "slow connects ahead: up to {per_pair} connections per (source, target) pair is over half the local port range ({}); \
+             Linux's connect() walks a whole half of it per connect once that half is taken (over 10x the CPU): give more --source-ips",
+            machine.fast_ports()
+        )
+    })
 }
 
 fn start_lines(

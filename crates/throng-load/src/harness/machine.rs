@@ -3,7 +3,7 @@
 
 use std::io;
 
-use throng_host::doctor::{self, PORT_USE};
+use throng_host::doctor::{self, PORT_FAST, PORT_USE};
 use throng_host::limits::{self, DEFAULT_FD_RESERVE, DEFAULT_LOCAL_PORTS, Sysctls};
 
 /// What the machine allows (see `throng-host`).
@@ -53,6 +53,14 @@ impl Machine {
         let (lo, hi) = self.local_ports;
         let range = u64::from(hi.saturating_sub(lo)) + 1;
         (range as f64 * PORT_USE) as u64
+    }
+
+    /// Local ports per (source, target) pair that connect cheaply
+    /// ([`PORT_FAST`]): what plans aim at when they pick sources themselves.
+    pub fn fast_ports(&self) -> u64 {
+        let (lo, hi) = self.local_ports;
+        let range = u64::from(hi.saturating_sub(lo)) + 1;
+        (range as f64 * PORT_FAST) as u64
     }
 
     /// Connections one worker may hold (`throng-host`'s file budget).

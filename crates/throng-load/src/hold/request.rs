@@ -228,13 +228,22 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
         ),
         format!("  sources {}", fit.sources_reason),
         format!(
-            "  target ports {} × sources {sources} = {} pairs, at most {} connections per pair (usable local ports per pair {}, ip_local_port_range {lo}-{hi})",
+            "  target ports {} × sources {sources} = {} pairs, at most {} connections per pair (usable local ports per pair {}, cheap connects up to {}, ip_local_port_range {lo}-{hi})",
             h.target.port_count(),
             u64::from(h.target.port_count()) * sources as u64,
             fit.per_pair,
             machine.usable_ports(),
+            machine.fast_ports(),
         ),
     ];
+    if fit.per_pair > machine.fast_ports() {
+        out.push(format!(
+            "  slow connects ahead: {} connections per pair is over half the local port range ({}); Linux's connect() \
+             walks a whole half of it per connect once that half is taken (over 10x the CPU): give more --source-ips or target ports",
+            fit.per_pair,
+            machine.fast_ports()
+        ));
+    }
     if let Some(tls) = &h.tls {
         out.push(format!("  tls: {}", tls.describe()));
     }

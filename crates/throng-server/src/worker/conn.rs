@@ -547,6 +547,9 @@ impl<O: Outside> Subscribers<O> {
         c.state.set(State::Gone);
         self.unsubscribe(c);
         self.forget_rejoin(c);
+        if c.kind.is_mqtt() {
+            self.publish_will(c);
+        }
         let partial = self.drop_queue(c).is_some_and(|q| q.partial);
         if let Some(tls) = &c.tls
             && !partial

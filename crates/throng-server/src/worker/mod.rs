@@ -128,22 +128,26 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         Err(e) => return Err(WorkerError::NoConfig(e.to_string())),
     };
     let tls = match &cfg.tls {
-        Some(m) if !cfg.tls_listen.is_empty() => {
+        Some(m) if !cfg.tls_listen.is_empty() || !cfg.mqtts_listen.is_empty() => {
             Some(tls::server_config(m).map_err(|source| WorkerError::Tls { index, source })?)
         }
         _ => None,
     };
-    let mut listeners = Vec::new();
-    let mut mqtt_listeners = Vec::new();
-    for &addr in &cfg.mqtt_listen {
-        let l = reuseport::listener(addr)
+    let listen = |addr: SocketAddr| {
+        reuseport::listener(addr)
             .and_then(TcpListener::from_std)
             .map_err(|source| WorkerError::Listen {
                 index,
                 addr,
                 source,
-            })?;
-        mqtt_listeners.push(l);
+            })
+    };
+    let mut listeners = Vec::new();
+    let mut mqtt_listeners = Vec::new();
+    let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
+    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
+    for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
+        mqtt_listeners.push((listen(addr)?, tls));
     }
     let public = Serves::public(&cfg);
     let plain = cfg.listen.iter().map(|a| (*a, None, public));
@@ -160,14 +164,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         .into_iter()
         .map(|a| (a, None, Serves::internal(&cfg, a)));
     for (addr, tls, serves) in plain.chain(secure).chain(internal) {
-        let l = reuseport::listener(addr)
-            .and_then(TcpListener::from_std)
-            .map_err(|source| WorkerError::Listen {
-                index,
-                addr,
-                source,
-            })?;
-        listeners.push((l, tls, serves));
+        listeners.push((listen(addr)?, tls, serves));
     }
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
@@ -225,11 +222,9 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
             tokio::task::spawn_local(accept_loop(w.clone(), l, speaks)).abort_handle()
         })
         .collect();
-    accepts.extend(
-        mqtt_listeners.into_iter().map(|l| {
-            tokio::task::spawn_local(accept_loop(w.clone(), l, Speaks::Mqtt)).abort_handle()
-        }),
-    );
+    accepts.extend(mqtt_listeners.into_iter().map(|(l, tls)| {
+        tokio::task::spawn_local(accept_loop(w.clone(), l, Speaks::Mqtt(tls))).abort_handle()
+    }));
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
     let fanout = tokio::task::spawn_local(fanout_loop(w.clone())).abort_handle();
@@ -266,8 +261,9 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
 enum Speaks {
     /// HTTP (and WebSocket, SSE); with TLS, each starts with a TLS handshake.
     Http(Option<Arc<rustls::ServerConfig>>, Serves),
-    /// MQTT (`--mqtt-listen`).
-    Mqtt,
+    /// MQTT (`--mqtt-listen`); with TLS (`--mqtts-listen`), each starts
+    /// with a TLS handshake.
+    Mqtt(Option<Arc<rustls::ServerConfig>>),
 }
 
 /// Accepts connections on `l`.
@@ -279,8 +275,9 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                 let _ = stream.set_nodelay(true);
                 let (tls, serves) = match &speaks {
                     Speaks::Http(tls, serves) => (tls, *serves),
-                    Speaks::Mqtt => {
-                        tokio::task::spawn_local(mqtt::serve(w.clone(), stream, peer));
+                    Speaks::Mqtt(tls) => {
+                        let tls = tls.clone();
+                        tokio::task::spawn_local(mqtt::serve(w.clone(), stream, peer, tls));
                         continue;
                     }
                 };

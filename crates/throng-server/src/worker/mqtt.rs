@@ -18,22 +18,27 @@
 //! worker's trie ([`super::table::Channels`]), and a connection two of whose
 //! filters match a topic gets its message once.
 //!
+//! `--mqtts-listen` runs the TLS handshake first (the `--tls-listen` set-up:
+//! certificate, tickets), then the same; a TLS subscriber's session is
+//! the same box a WebSocket one's is.
+//!
 //! Not here yet (docs/mqtt.md): QoS 1 deliveries to subscribers (granted QoS 0), retained and will
 //! messages, auth, TLS.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use throng_proto::mqtt::{
     self, Ack, Connack, Decoder, Delivery, Disconnect, Packet, Properties, PropertiesBuf, Property,
     Publish, ReasonCode, Suback, Subscribe, Unsuback, Unsubscribe, Version,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use super::conn::{Conn, State};
+use super::conn::{Conn, State, TlsState};
 use super::rejoin::Kind;
 use super::state::Worker;
 use super::subscribers::{Outside, SCRATCH, Subscribers};
@@ -42,6 +47,7 @@ use crate::addresses::Source;
 use crate::channel;
 use crate::control::Message;
 use crate::metrics::CloseReason;
+use crate::tls::stream::{Io, TlsStream};
 use crate::wheel;
 
 /// What an MQTT subscriber keeps: boxed in its [`Conn`], so a WebSocket
@@ -57,6 +63,14 @@ pub(crate) struct MqttState {
     pub(crate) wild: Vec<WildSub>,
     /// The last lookup that found it ([`super::table::Channels::for_each_mqtt`]).
     pub(crate) seen: u64,
+    /// Its will: published if it ends without a DISCONNECT.
+    pub(crate) will: Option<Box<Will>>,
+}
+
+/// A will message: a channel and a payload.
+pub(crate) struct Will {
+    pub(crate) channel: String,
+    pub(crate) payload: Bytes,
 }
 
 impl MqttState {
@@ -69,6 +83,7 @@ impl MqttState {
             subs: Vec::new(),
             wild: Vec::new(),
             seen: 0,
+            will: None,
         }
     }
 }
@@ -227,6 +242,17 @@ impl<O: Outside> Subscribers<O> {
         true
     }
 
+    /// Publishes `c`'s will, if it has one (its connection is ending
+    /// without a DISCONNECT that dropped it).
+    pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
+        let will = c.proto.borrow_mut().mqtt_mut().and_then(|m| m.will.take());
+        if let Some(will) = will {
+            let text = std::str::from_utf8(&will.payload).is_ok();
+            self.outside.publish(&will.channel, text, will.payload);
+            self.counters.mqtt_sent("will");
+        }
+    }
+
     /// Sends `answer` (if any) and ends `c`: it broke the protocol.
     fn fail(&self, c: &Rc<Conn<O::Wire>>, answer: &[u8]) {
         if c.is_open() {
@@ -265,8 +291,14 @@ impl<O: Outside> Subscribers<O> {
             Packet::Subscribe(s) => self.on_subscribe(c, &s),
             Packet::Unsubscribe(u) => self.on_unsubscribe(c, &u),
             Packet::Publish(p) => self.on_publish(c, &p),
-            Packet::Disconnect(_) => {
-                // The client's clean end: nothing to answer.
+            Packet::Disconnect(d) => {
+                // The client's clean end: nothing to answer, and its will
+                // is dropped unless it asks for it (5.0's 0x04).
+                if d.reason != ReasonCode::DISCONNECT_WITH_WILL
+                    && let Some(m) = c.proto.borrow_mut().mqtt_mut()
+                {
+                    m.will = None;
+                }
                 self.counters.closed(CloseReason::PeerClose);
                 self.unsubscribe(c);
                 if c.has_queue() {
@@ -437,7 +469,12 @@ thread_local! {
 /// Serves one connection from an `--mqtt-listen` listener: per-address
 /// limits first (a refused connection is just closed: MQTT has no word for
 /// it before CONNECT), then the handshake.
-pub(crate) async fn serve(w: Rc<Worker>, tcp: TcpStream, peer: SocketAddr) {
+pub(crate) async fn serve(
+    w: Rc<Worker>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     let source = if w.cfg.per_address.any() {
         let source = Source::of(peer.ip());
         let verdict = w.link.admit(source).await;
@@ -450,7 +487,32 @@ pub(crate) async fn serve(w: Rc<Worker>, tcp: TcpStream, peer: SocketAddr) {
         None
     };
     let ticket = Cell::new(source);
-    handshake(&w, tcp, &ticket).await;
+    let stream = match tls {
+        None => Io::Plain(tcp),
+        Some(config) => {
+            let accepted =
+                tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
+            let failed = match accepted {
+                Ok(Ok(s)) => {
+                    w.counters.tls_handshake(s.handshake_label());
+                    Ok(Io::Tls(Box::new(s)))
+                }
+                Err(_) => Err("tls_timeout"),
+                Ok(Err(e)) => Err(e.label()),
+            };
+            match failed {
+                Ok(io) => io,
+                Err(label) => {
+                    w.counters.handshake_failed(label);
+                    if let Some(source) = ticket.take() {
+                        w.link.release(source);
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    handshake(&w, stream, &ticket).await;
     if let Some(source) = ticket.take() {
         w.link.release(source);
     }
@@ -463,12 +525,14 @@ struct Connected {
     clean_start: bool,
     /// Empty: 5.0 gets an assigned one in CONNACK.
     client_id_empty: bool,
+    /// Its will's topic and payload.
+    will: Option<(String, Bytes)>,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
 /// the connection to the subscribers, holding its address (`ticket`) and
 /// its place under `--max-connections`.
-async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>) {
+async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     let mut decoder = Decoder::server(max_packet(w.cfg.max_message));
     let mut buf: Vec<u8> = Vec::new();
     let read = tokio::time::timeout(
@@ -500,9 +564,9 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
     let version = connected.version;
     let refuse = |code: ReasonCode| {
         let code = match version {
-            Version::V5 => code,
-            // 3.1.1's "server unavailable".
-            Version::V311 => ReasonCode::SERVER_UNAVAILABLE,
+            // 3.1.1 has six return codes: "server unavailable" for the rest.
+            Version::V311 if code.v3_connack().is_none() => ReasonCode::SERVER_UNAVAILABLE,
+            _ => code,
         };
         encode(
             version,
@@ -525,6 +589,26 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
         let out = refuse(ReasonCode::SERVER_BUSY);
         let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
         return;
+    }
+    let mut will = None;
+    if let Some((channel, payload)) = connected.will {
+        // A will is a publish: where an MQTT client may not publish, or on
+        // a topic that is not a channel, it is refused with the CONNECT.
+        let why = if !w.subs.limits.mqtt_publish {
+            Some(("publish_not_here", ReasonCode::NOT_AUTHORIZED))
+        } else if channel::validate(&channel).is_err() {
+            Some(("bad_channel", ReasonCode::TOPIC_NAME_INVALID))
+        } else {
+            None
+        };
+        if let Some((label, code)) = why {
+            w.counters.mqtt_refused(label);
+            counted.give_place();
+            let out = refuse(code);
+            let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
+            return;
+        }
+        will = Some(Box::new(Will { channel, payload }));
     }
     let mut props = PropertiesBuf::new();
     let assigned;
@@ -568,7 +652,20 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
         w.counters.handshake_failed("write_failed");
         return;
     }
-    let Ok(sock) = tcp.into_std() else {
+    // From here on the socket lives in the worker's own epoll, not tokio's.
+    let (sock, rest, tls) = match tcp {
+        Io::Plain(tcp) => (tcp.into_std(), buf[used..].to_vec(), None),
+        Io::Tls(s) => {
+            let parts = s.into_parts();
+            // Packets behind the CONNECT: what was read, then what was
+            // decrypted but not read.
+            let mut plain = buf[used..].to_vec();
+            plain.extend_from_slice(&parts.plain_rest);
+            let tls = TlsState::new(parts.conn, &parts.cipher_rest);
+            (parts.tcp.into_std(), plain, Some(tls))
+        }
+    };
+    let Ok(sock) = sock else {
         counted.give_place();
         w.counters.handshake_failed("write_failed");
         return;
@@ -578,11 +675,16 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
         0 => 0,
         s => wheel::ticks(std::time::Duration::from_millis(u64::from(s) * 1500)).max(1),
     };
-    let state = MqttState::new(decoder, keep_alive);
+    let mut state = MqttState::new(decoder, keep_alive);
+    state.will = will;
+
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
-    let c = Conn::new(sock, w.subs.now.get(), &buf[used..])
+    let mut c = Conn::new(sock, w.subs.now.get(), &rest)
         .with_mqtt(version, state)
         .with_tag(tag);
+    if let Some(tls) = tls {
+        c = c.with_tls(tls);
+    }
     if let Err(e) = w.subs.add_mqtt(c) {
         counted.release(&w.link, tag);
         w.counters.handshake_failed("epoll");
@@ -594,7 +696,7 @@ async fn handshake(w: &Worker, mut tcp: TcpStream, ticket: &Cell<Option<Source>>
 /// bytes of `buf` it used (what follows is the client's next packets).
 /// `Err(None)`: the client left first; `Err(Some)`: it broke the protocol.
 async fn read_connect(
-    tcp: &mut TcpStream,
+    tcp: &mut Io,
     decoder: &mut Decoder,
     buf: &mut Vec<u8>,
 ) -> Result<(Connected, usize), Option<mqtt::DecodeError>> {
@@ -610,6 +712,9 @@ async fn read_connect(
                 keep_alive: c.keep_alive,
                 clean_start: c.clean_start,
                 client_id_empty: c.client_id.is_empty(),
+                will: c
+                    .will
+                    .map(|w| (w.topic.to_owned(), Bytes::copy_from_slice(w.payload))),
             };
             return Ok((connected, d.consumed));
         }

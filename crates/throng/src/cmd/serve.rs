@@ -16,6 +16,11 @@ use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
 #[derive(Debug, clap::Args)]
+#[command(group(
+    clap::ArgGroup::new("tls_listeners")
+        .args(["tls_listen", "mqtts_listen"])
+        .multiple(true)
+))]
 #[command(after_help = "\
 Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel>
             (channel: 1-128 bytes of A-Z a-z 0-9 _ . : / -)
@@ -96,16 +101,21 @@ pub(crate) struct Args {
     /// Address that speaks MQTT 3.1.1 and 5.0 (mqtt://); repeat for more, ranges as for
     /// --listen. A topic is a channel: MQTT, WebSocket and SSE subscribers of one channel get
     /// the same messages, and what an MQTT client publishes reaches them all. Clean sessions,
-    /// QoS 0 deliveries, exact topics (docs/mqtt.md).
+    /// QoS 0 deliveries, wildcard filters, wills (docs/mqtt.md).
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
     mqtt_listen: Vec<Vec<SocketAddr>>,
 
-    /// Certificate chain for --tls-listen: a PEM file, leaf certificate first.
+    /// Address that speaks MQTT over TLS (mqtts://); repeat for more, ranges as for --listen.
+    /// Uses the certificate of --tls-cert/--tls-key or --tls-self-signed.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
+    mqtts_listen: Vec<Vec<SocketAddr>>,
+
+    /// Certificate chain for --tls-listen and --mqtts-listen: a PEM file, leaf certificate first.
     #[arg(
         long,
         value_name = "FILE",
         requires = "tls_key",
-        requires = "tls_listen"
+        requires = "tls_listeners"
     )]
     tls_cert: Option<PathBuf>,
 
@@ -115,7 +125,7 @@ pub(crate) struct Args {
 
     /// For trials: make an ECDSA P-256 certificate for localhost, 127.0.0.1 and ::1 at start
     /// (its PEM is in the --json start line, for clients to trust).
-    #[arg(long, conflicts_with = "tls_cert", requires = "tls_listen")]
+    #[arg(long, conflicts_with = "tls_cert", requires = "tls_listeners")]
     tls_self_signed: bool,
 
     /// Worker processes (0 = one per core). Raised automatically when --max-connections needs
@@ -384,6 +394,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         redis_mode: None,
         tls_listen: args.tls_listen.into_iter().flatten().collect(),
         mqtt_listen: args.mqtt_listen.into_iter().flatten().collect(),
+        mqtts_listen: args.mqtts_listen.into_iter().flatten().collect(),
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(throng_server::tls::Material::from_files(cert, key)?),
             _ if args.tls_self_signed => Some(throng_server::tls::Material::self_signed()?),

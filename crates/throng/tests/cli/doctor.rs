@@ -41,7 +41,7 @@ fn a_roomy_machine_passes() {
             "--connections",
             "100000",
             "--source-ips",
-            "127.0.0.2-127.0.0.3",
+            "127.0.0.2-127.0.0.5",
         ],
     );
     let out = stdout(&o);
@@ -153,13 +153,13 @@ fn open_files_memory_and_sources() {
     assert!(mem.contains("STOP") && mem.contains("OOM killer"), "{out}");
     assert!(
         out.contains(
-            "fix: throng hold ws://127.0.0.1:8080/news --connections 186413 --source-ips 127.0.0.2-127.0.0.5  # the most that fits"
+            "fix: throng hold ws://127.0.0.1:8080/news --connections 186413 --source-ips 127.0.0.2-127.0.0.8  # the most that fits"
         ),
         "{out}"
     );
     assert!(
         out.contains(
-            "fix: throng hold ws://127.0.0.1:8080/news --connections 300000 --source-ips 127.0.0.2-127.0.0.7  # 6 source addresses"
+            "fix: throng hold ws://127.0.0.1:8080/news --connections 300000 --source-ips 127.0.0.2-127.0.0.12  # 11 source addresses"
         ),
         "{out}"
     );
@@ -177,7 +177,7 @@ fn open_files_memory_and_sources() {
             "--user-per-socket",
             "512",
             "--source-ips",
-            "127.0.0.2-127.0.0.7",
+            "127.0.0.2-127.0.0.12",
         ],
     );
     let out = stdout(&o);
@@ -201,7 +201,7 @@ fn apply_writes_the_sysctls_and_checks_again() {
             "--connections",
             "100000",
             "--source-ips",
-            "127.0.0.2-127.0.0.3",
+            "127.0.0.2-127.0.0.5",
             "--apply",
         ],
     );

@@ -18,6 +18,7 @@ mod mqtt;
 mod mqtt_listen;
 mod mqtt_serve;
 mod newcomer;
+mod ports;
 mod redis;
 mod rediss;
 mod report;

@@ -10,8 +10,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use throng_proto::mqtt::{
-    Connect, Decoder, Delivery, Packet, Properties, Publish, QoS, ReasonCode, Subscribe,
-    SubscriptionOptions, Unsubscribe, Version,
+    Connect, Decoder, Delivery, Disconnect, Packet, Properties, Publish, QoS, ReasonCode,
+    Subscribe, SubscriptionOptions, Unsubscribe, Version, Will,
 };
 use throng_testkit::http::publish;
 use throng_testkit::redis::Redis;
@@ -76,43 +76,23 @@ fn own(p: Packet<'_>) -> Got {
     }
 }
 
-/// One MQTT client over a blocking socket.
-struct Client {
-    s: TcpStream,
+/// One MQTT client over a blocking stream (a socket, or TLS over one).
+struct Client<S = TcpStream> {
+    s: S,
     version: Version,
     dec: Decoder,
     buf: Vec<u8>,
 }
 
-impl Client {
-    /// Connects and sends CONNECT; the CONNACK is the first [`Client::next`].
-    fn open(addr: SocketAddr, version: Version, id: &str, keep_alive: u16, clean: bool) -> Self {
-        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut c = Self {
+impl<S: Read + Write> Client<S> {
+    /// A client of `version` over `s`, which sent nothing yet.
+    fn over(s: S, version: Version) -> Self {
+        Self {
             s,
             version,
             dec: Decoder::client(version, 1 << 20),
             buf: Vec::new(),
-        };
-        c.send(&Packet::Connect(Connect {
-            clean_start: clean,
-            keep_alive,
-            properties: Properties::EMPTY,
-            client_id: id,
-            will: None,
-            username: None,
-            password: None,
-        }));
-        c
-    }
-
-    /// Connected: CONNACK success checked.
-    fn connect(addr: SocketAddr, version: Version, id: &str) -> Self {
-        let mut c = Self::open(addr, version, id, 60, true);
-        let got = c.next();
-        assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
-        c
+        }
     }
 
     fn send(&mut self, p: &Packet<'_>) {
@@ -141,19 +121,6 @@ impl Client {
                 Err(e) => panic!("read: {e}"),
             }
         }
-    }
-
-    /// Nothing arrives within `wait`.
-    fn quiet(&mut self, wait: Duration) {
-        self.s.set_read_timeout(Some(wait)).unwrap();
-        let mut chunk = [0u8; 64];
-        match self.s.read(&mut chunk) {
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            other => panic!("expected nothing, got {other:?} {:?}", &chunk[..]),
-        }
-        self.s
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
     }
 
     fn subscribe(&mut self, id: u16, filters: &[&str]) -> Vec<u8> {
@@ -196,6 +163,69 @@ impl Client {
             }
             other => panic!("expected a PUBLISH, got {other:?}"),
         }
+    }
+}
+
+impl Client {
+    /// Connects and sends CONNECT; the CONNACK is the first [`Client::next`].
+    fn open(addr: SocketAddr, version: Version, id: &str, keep_alive: u16, clean: bool) -> Self {
+        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Self::over(s, version);
+        c.send(&Packet::Connect(Connect {
+            clean_start: clean,
+            keep_alive,
+            properties: Properties::EMPTY,
+            client_id: id,
+            will: None,
+            username: None,
+            password: None,
+        }));
+        c
+    }
+
+    /// Connects with a will on `topic`; the CONNACK is the first [`Client::next`].
+    fn with_will(addr: SocketAddr, version: Version, topic: &str, payload: &[u8]) -> Self {
+        let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Self::over(s, version);
+        c.send(&Packet::Connect(Connect {
+            clean_start: true,
+            keep_alive: 60,
+            properties: Properties::EMPTY,
+            client_id: "with-will",
+            will: Some(Will {
+                qos: QoS::AtMostOnce,
+                retain: false,
+                properties: Properties::EMPTY,
+                topic,
+                payload,
+            }),
+            username: None,
+            password: None,
+        }));
+        c
+    }
+
+    /// Connected: CONNACK success checked.
+    fn connect(addr: SocketAddr, version: Version, id: &str) -> Self {
+        let mut c = Self::open(addr, version, id, 60, true);
+        let got = c.next();
+        assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
+        c
+    }
+
+    /// Nothing arrives within `wait`.
+    fn quiet(&mut self, wait: Duration) {
+        self.s.set_read_timeout(Some(wait)).unwrap();
+        let mut chunk = [0u8; 64];
+        match self.s.read(&mut chunk) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            other => panic!("expected nothing, got {other:?} {:?}", &chunk[..]),
+        }
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
     }
 }
 
@@ -444,6 +474,68 @@ fn bad_packets_after_connect_get_their_reason_code_and_are_counted() {
         "throng_connections_closed_total{reason=\"protocol_error\"}",
         |v| v == 12.0,
     );
+}
+
+#[test]
+fn a_will_is_published_when_its_client_goes_without_a_disconnect() {
+    let (s, mqtt) = mqtt_server(&[]);
+    let mut sub = Client::connect(mqtt, Version::V311, "sub");
+    sub.subscribe(1, &["status/+"]);
+    let mut ws = subscribe(s.addr, "status/a");
+    // A clean DISCONNECT drops the will.
+    let mut polite = Client::with_will(mqtt, Version::V5, "status/a", b"polite gone");
+    assert!(matches!(polite.next(), Some(Got::Connack { code: 0, .. })));
+    polite.send(&Packet::Disconnect(Disconnect::new(ReasonCode::SUCCESS)));
+    assert_eq!(polite.next(), None);
+    // A lost connection publishes it, to MQTT and WebSocket alike.
+    let lost = Client::with_will(mqtt, Version::V311, "status/a", b"offline");
+    let mut lost = lost;
+    assert!(matches!(lost.next(), Some(Got::Connack { code: 0, .. })));
+    drop(lost);
+    assert_eq!(sub.message(), pair("status/a", "offline"));
+    assert_eq!(next_text(&mut ws), "offline");
+    sub.quiet(Duration::from_millis(300));
+    // 5.0's "disconnect with will message" asks for it.
+    let mut asks = Client::with_will(mqtt, Version::V5, "status/b", b"asked");
+    assert!(matches!(asks.next(), Some(Got::Connack { code: 0, .. })));
+    asks.send(&Packet::Disconnect(Disconnect::new(
+        ReasonCode::DISCONNECT_WITH_WILL,
+    )));
+    assert_eq!(sub.message(), pair("status/b", "asked"));
+    // A will on a topic that is not a channel is refused with the CONNECT.
+    let mut bad = Client::with_will(mqtt, Version::V5, "not a channel", b"x");
+    assert!(matches!(bad.next(), Some(Got::Connack { code: 0x90, .. })));
+}
+
+#[test]
+fn mqtts_listen_speaks_mqtt_over_tls_on_the_servers_certificate() {
+    let s = serve(&["--mqtts-listen", "127.0.0.1:0", "--tls-self-signed"]);
+    let addr: SocketAddr = s.start["mqtts_listen"][0]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("mqtts_listen in the start line");
+    let pem = s.start["config"]["tls"]["cert_pem"].as_str().unwrap();
+    let cfg = crate::serve_tls::client_config(pem, rustls::ALL_VERSIONS);
+    let mut c = Client::over(crate::serve_tls::connect(addr, &cfg), Version::V5);
+    c.send(&Packet::Connect(Connect {
+        clean_start: true,
+        keep_alive: 60,
+        properties: Properties::EMPTY,
+        client_id: "tls",
+        will: None,
+        username: None,
+        password: None,
+    }));
+    assert!(matches!(c.next(), Some(Got::Connack { code: 0, .. })));
+    assert_eq!(c.subscribe(1, &["secure/room"]), [0]);
+    for i in 0..3 {
+        let body = format!("sealed {i}");
+        publish(s.addr, "secure/room", body.as_bytes(), None);
+        assert_eq!(c.message(), pair("secure/room", &body));
+    }
+    c.send(&Packet::Pingreq);
+    assert_eq!(c.next(), Some(Got::Pingresp));
+    s.wait_metric("throng_mqtt_connections", |v| v == 1.0);
 }
 
 #[test]
