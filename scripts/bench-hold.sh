@@ -3,6 +3,8 @@
 #
 #   scripts/bench-hold.sh memory   client RSS per idle held connection: one
 #                                  worker, N=1 vs N=18,000 (target <= 1 KiB)
+#   scripts/bench-hold.sh sse      the same for Server-Sent Events subscribers
+#                                  (sse://), beside WebSocket ones, same server
 #   scripts/bench-hold.sh rate     connect rate (target >= 30,000/s), with the
 #                                  CPU used by the harness and by the server
 #   scripts/bench-hold.sh 100k     100,000 held connections, push latency
@@ -63,18 +65,37 @@ print(f"{total:.2f}")
 EOF
 }
 
+# memory_of SCHEME: one worker's RSS with 1 and with 18,000 idle held
+# connections of SCHEME (ws, sse) to the running server.
+memory_of() {
+  local scheme=$1
+  "$BIN" hold "$scheme://127.0.0.1:$PORTS/mem" -c 1 -w 1 --duration 3s -q -o "$OUT/$scheme-mem1.jsonl" > /dev/null
+  "$BIN" hold "$scheme://127.0.0.1:$PORTS/mem" -c 18000 -w 1 --rate 6000/s --duration 4s -q \
+    -o "$OUT/$scheme-mem18k.jsonl" > "$OUT/$scheme-mem18k.txt"
+  tail -n 8 "$OUT/$scheme-mem18k.txt"
+  local r1 r18
+  r1=$(rss_at_plateau "$OUT/$scheme-mem1.jsonl" 1)
+  r18=$(rss_at_plateau "$OUT/$scheme-mem18k.jsonl" 18000)
+  echo "$scheme worker RSS: N=1 $r1 bytes, N=18000 $r18 bytes"
+  python3 -c "print(f'$scheme: per idle held connection: {($r18 - $r1) / 17999:.0f} bytes (target <= 1024)')"
+}
+
 bench_memory() {
   echo; echo "== memory: one worker, N=1 then N=18000 idle held connections"
   start_server 2 1
-  "$BIN" hold "ws://127.0.0.1:$PORTS/mem" -c 1 -w 1 --duration 3s -q -o "$OUT/mem1.jsonl" > /dev/null
-  "$BIN" hold "ws://127.0.0.1:$PORTS/mem" -c 18000 -w 1 --rate 6000/s --duration 4s -q -o "$OUT/mem18k.jsonl" \
-    > "$OUT/mem18k.txt"
-  tail -n 8 "$OUT/mem18k.txt"
-  local r1 r18
-  r1=$(rss_at_plateau "$OUT/mem1.jsonl" 1)
-  r18=$(rss_at_plateau "$OUT/mem18k.jsonl" 18000)
-  echo "worker RSS: N=1 $r1 bytes, N=18000 $r18 bytes"
-  python3 -c "print(f'per idle held connection: {($r18 - $r1) / 17999:.0f} bytes (target <= 1024)')"
+  memory_of ws
+  stop_server
+}
+
+# SSE beside WebSocket, taking turns ($SSE_ROUNDS rounds, default 2), so a
+# change of the machine's load shows as a spread, not as a difference.
+bench_sse() {
+  echo; echo "== memory: one worker, N=1 then N=18000 idle held connections, WebSocket and SSE in turn"
+  start_server 2 1
+  for _ in $(seq "${SSE_ROUNDS:-2}"); do
+    memory_of ws
+    memory_of sse
+  done
   stop_server
 }
 
@@ -120,8 +141,9 @@ bench_100k() {
 
 case "$what" in
   memory) bench_memory ;;
+  sse) bench_sse ;;
   rate) bench_rate ;;
   100k) bench_100k ;;
   all) bench_memory; bench_rate; bench_100k ;;
-  *) echo "usage: $0 [memory|rate|100k|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [memory|sse|rate|100k|all]" >&2; exit 2 ;;
 esac

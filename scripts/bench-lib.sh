@@ -44,7 +44,8 @@ for line in open(path):
     s = r["start_ns"]
     if r["source"].endswith("/hold-supervisor"):
         for label, b in (r.get("host") or {}).get("rss_bytes", []):
-            if label.endswith("/hold-0"): rss[s] = b
+            # 0: the worker had exited by the sample (an SSE hold ends at once).
+            if label.endswith("/hold-0") and b > 0: rss[s] = b
     else:
         opened[s] = opened.get(s, 0) + r.get("gauges", {}).get("connections.open", 0)
 full = [s for s in sorted(opened) if opened[s] == n and s in rss]

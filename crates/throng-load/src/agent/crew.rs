@@ -215,6 +215,10 @@ struct Part {
     opened: u64,
     received: u64,
     requests: u64,
+    /// Messages its connections lost (`messages.lost`).
+    messages_lost: u64,
+    /// Connections that failed to open, or requests that failed.
+    errors: u64,
     /// Each worker's last `connections.open`.
     open_now: Vec<i64>,
     file: Option<Writer>,
@@ -257,6 +261,8 @@ impl Agents {
                 opened: 0,
                 received: 0,
                 requests: 0,
+                messages_lost: 0,
+                errors: 0,
                 open_now: vec![0; s.workers as usize],
                 file: None,
             })
@@ -355,6 +361,44 @@ impl Agents {
             );
         }
         out
+    }
+}
+
+impl Agents {
+    /// One object per agent, for the JSON summary: its name, workers,
+    /// connections (planned: a hold's share, an attack's most at once),
+    /// what it did (a hold's `opened`, `delivered` and `lost` messages; an
+    /// attack's `requests`), its `errors` (failed connects or requests) and
+    /// whether it was lost mid-run (`lost`: at how many seconds, and why).
+    pub fn to_json(&self, start_unix_ns: u64) -> serde_json::Value {
+        let attack = self.role.get() == "attack";
+        let parts = self.parts.borrow();
+        let agents = parts.iter().map(|p| {
+            let mut one = serde_json::json!({
+                "agent": p.name,
+                "workers": p.workers,
+                "connections": p.connections,
+                "errors": p.errors,
+            });
+            if attack {
+                one["requests"] = p.requests.into();
+            } else {
+                one["opened"] = p.opened.into();
+                one["delivered"] = p.received.into();
+                one["lost"] = p.messages_lost.into();
+            }
+            one["state"] = match &p.lost {
+                Some(_) => "lost",
+                None => "done",
+            }
+            .into();
+            if let Some((at, why)) = &p.lost {
+                one["lost_at_s"] = (at.saturating_sub(start_unix_ns) as f64 / 1e9).into();
+                one["lost_why"] = why.clone().into();
+            }
+            one
+        });
+        serde_json::Value::Array(agents.collect())
     }
 }
 
@@ -635,6 +679,9 @@ impl Control {
                     p.opened += i.counter("connect.ok");
                     p.received += i.counter("messages.received");
                     p.requests += i.counter("requests.sent");
+                    p.messages_lost += i.counter("messages.lost");
+                    p.errors +=
+                        i.counters_under("connect.error.") + i.counters_under("requests.error.");
                 }
                 if let Some(f) = p.file.as_mut()
                     && f.write_encoded(&line).is_err()

@@ -65,7 +65,11 @@ impl Progress {
         if self.to_stderr {
             eprintln!("{line}");
         } else {
-            println!("{line}");
+            // Not `println!`, which panics once the reader is gone
+            // (`throng hold | head`): the run goes on, and says the rest
+            // (the summary, the exit status) as well as it can.
+            let mut out = io::stdout().lock();
+            let _ = writeln!(out, "{line}").and_then(|()| out.flush());
         }
     }
 }

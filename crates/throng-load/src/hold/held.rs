@@ -31,6 +31,7 @@ use std::os::fd::AsRawFd as _;
 
 use throng_host::poll::{Events, Interest, Poller};
 use throng_proto::mqtt::{self, Packet};
+use throng_proto::sse;
 use throng_proto::ws::{self, Decoder, Frame};
 
 use super::mqtt::{acknowledge, disconnect, ping_due, ping_every, pingreq};
@@ -47,12 +48,17 @@ const READS_PER_TURN: usize = 4;
 /// Rounds of events per wake-up before yielding to the worker's other tasks.
 const ROUNDS_PER_WAKE: usize = 8;
 
-/// What a held connection decodes with: WebSocket frames or MQTT packets.
+/// What a held connection decodes with: WebSocket frames, MQTT packets or
+/// Server-Sent Events.
 pub(super) enum Codec {
     /// A WebSocket subscriber.
     Ws(Decoder),
     /// An MQTT subscriber.
     Mqtt(MqttConn),
+    /// A Server-Sent Events subscriber: no state beyond `Held::rest` (the
+    /// start of an event whose empty line has not come), since the parser
+    /// reads whole events.
+    Sse,
 }
 
 impl Codec {
@@ -216,7 +222,7 @@ impl Holder {
     /// that came with the handshake).
     fn turn(&self, ctx: &Ctx, index: usize, first: Option<&mut Vec<u8>>) {
         let mut reply = Vec::new();
-        let (seen, closing, mqtt) = {
+        let (seen, closing, no_close_frame) = {
             let mut slots = self.slots.borrow_mut();
             let Some(Some(held)) = slots.get_mut(index) else {
                 return;
@@ -230,13 +236,13 @@ impl Holder {
             if !reply.is_empty() && !held.closing && send_now(held, &reply).is_err() {
                 seen = Seen::Reset;
             }
-            (seen, held.closing, matches!(held.codec, Codec::Mqtt(_)))
+            (seen, held.closing, !matches!(held.codec, Codec::Ws(_)))
         };
         let how = match seen {
             Seen::Drained => return,
             Seen::Close(_) if closing => Closed::Clean,
-            // MQTT has no close handshake: a broker closes TCP on DISCONNECT.
-            Seen::Eof if closing && mqtt => Closed::Clean,
+            // MQTT and SSE have no close handshake: TCP's close is the end.
+            Seen::Eof if closing && no_close_frame => Closed::Clean,
             Seen::Close(code) => Closed::ByServer(code),
             Seen::Eof => Closed::Eof,
             Seen::Reset => Closed::Reset,
@@ -283,9 +289,9 @@ impl Holder {
         ctx.live.done();
     }
 
-    /// Sends our close frame on connection `index`.
+    /// Sends our close frame on connection `index` (an SSE one just closes).
     fn close_one(&self, ctx: &Ctx, index: usize) {
-        let failed = {
+        let ended = {
             let mut slots = self.slots.borrow_mut();
             let Some(Some(held)) = slots.get_mut(index) else {
                 return;
@@ -299,12 +305,19 @@ impl Holder {
                     ws::encode_close(&mut frame, ws::close_code::NORMAL, "", Some(mask()));
                 }
                 Codec::Mqtt(m) => disconnect(version(&m.decoder), &mut frame),
+                // An event stream is ended by its client closing TCP: nothing
+                // to say first (close_notify goes out in `finish`).
+                Codec::Sse => {}
             }
             held.closing = true;
-            send_now(held, &frame).is_err()
+            if frame.is_empty() {
+                Some(Closed::Clean)
+            } else {
+                send_now(held, &frame).err().map(|_| Closed::Reset)
+            }
         };
-        if failed {
-            self.finish(ctx, index, Closed::Reset);
+        if let Some(how) = ended {
+            self.finish(ctx, index, how);
         }
     }
 
@@ -468,6 +481,7 @@ fn process(ctx: &Ctx, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> S
     let (off, seen) = match &mut held.codec {
         Codec::Ws(decoder) => frames(ctx, decoder, &mut held.seq, buf, reply, now_ns),
         Codec::Mqtt(m) => packets(ctx, m, &mut held.seq, buf, reply, now_ns),
+        Codec::Sse => events(ctx, &mut held.seq, buf, now_ns),
     };
     let tail = &buf[off..];
     held.rest = if tail.is_empty() {
@@ -560,6 +574,32 @@ fn packets(
         }
     }
     (off, Seen::Drained)
+}
+
+/// Server-Sent Events: each event's payload (a `binary` one's decoded from
+/// base64) is a message; comments (the keep-alives) and `retry:` are
+/// nothing. An event over the message limit, or binary data that is not
+/// base64, breaks the stream.
+fn events(ctx: &Ctx, seq: &mut Sequence, buf: &[u8], now_ns: u64) -> (usize, Seen) {
+    // An event is its payload plus field names and line ends (base64 makes
+    // a binary one a third longer).
+    let limit = ctx.plan.settings.max_message.saturating_mul(2).max(4096);
+    let mut off = 0;
+    loop {
+        match sse::parse(&buf[off..], limit) {
+            Ok(None) => return (off, Seen::Drained),
+            Ok(Some(parsed)) => {
+                off += parsed.consumed;
+                if let Some(event) = parsed.event {
+                    match event.payload() {
+                        Ok(payload) => on_message(ctx, seq, &payload, now_ns),
+                        Err(_) => return (buf.len(), Seen::Protocol),
+                    }
+                }
+            }
+            Err(_) => return (buf.len(), Seen::Protocol),
+        }
+    }
 }
 
 /// The version a client's decoder was made for.

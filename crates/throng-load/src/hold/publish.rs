@@ -140,6 +140,10 @@ pub struct Publisher {
     mqtt_in: Option<mqtt::Decoder>,
     /// The packet id of the last QoS 1 PUBLISH.
     last_id: u16,
+    /// This publisher's number among several to one MQTT broker, which
+    /// its client id ends with (two connections with one id would take
+    /// each other's session over); `None`: the only one.
+    number: Option<usize>,
 }
 
 /// The largest packet read from an MQTT broker (its PUBACKs are 4 bytes;
@@ -161,7 +165,16 @@ impl Publisher {
             resp_in: BytesMut::new(),
             mqtt_in: None,
             last_id: 0,
+            number: None,
         }
+    }
+
+    /// Publisher number `n` of several at once: over MQTT its client id is
+    /// `<prefix>publisher<n>`, not the one `<prefix>publisher` they would share.
+    #[must_use]
+    pub fn numbered(mut self, n: usize) -> Self {
+        self.number = Some(n);
+        self
     }
 
     /// Publishes `payload`: the subscriber count the far end reported, and
@@ -336,7 +349,10 @@ impl Publisher {
                 let mut conn =
                     plain_or_tls(*addr, tls.as_ref(), &mut self.tls_config, self.timeout).await?;
                 self.out.clear();
-                let id = format!("{}publisher", options.client_id_prefix);
+                let id = match self.number {
+                    None => format!("{}publisher", options.client_id_prefix),
+                    Some(n) => format!("{}publisher{n}", options.client_id_prefix),
+                };
                 options.connect(&id, 0, &mut self.out);
                 throng_client::link::write_all(&mut conn, &self.out).await?;
                 let mut decoder = mqtt::Decoder::client(options.version(), MAX_MQTT_PACKET);

@@ -1,6 +1,7 @@
 //! Where the load goes and where it comes from: the subscriber target with
 //! its port range (`ws://HOST:10000-10015/chan`, or `wss://` for TLS; MQTT
-//! subscribers with `mqtt://HOST:PORT/<topic filter>` or `mqtts://`), the publish endpoint
+//! subscribers with `mqtt://HOST:PORT/<topic filter>` or `mqtts://`; Server-Sent
+//! Events subscribers with `sse://HOST:PORT/chan` or `sses://`), the publish endpoint
 //! (`http://…/publish/chan`, `redis[s]://[user:password@]HOST:PORT` or
 //! `mqtt[s]://HOST:PORT/<topic>`), and the source
 //! addresses connections are spread over (`127.0.0.2-127.0.0.60`, a comma
@@ -56,7 +57,7 @@ fn url_err(url: &str, why: impl Into<String>) -> TargetError {
 }
 
 /// A subscriber target: one host, one or more consecutive ports, one path;
-/// WebSocket, or MQTT (whose path is the topic filter).
+/// WebSocket, MQTT (whose path is the topic filter) or Server-Sent Events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WsTarget {
     /// The server's address.
@@ -75,6 +76,10 @@ pub struct WsTarget {
     /// `mqtt://`, `mqtts://`: MQTT subscribers, not WebSocket.
     #[serde(default)]
     pub mqtt: bool,
+    /// `sse://`, `sses://`: Server-Sent Events subscribers (`GET /chan` with
+    /// `Accept: text/event-stream`, over `https` for `sses://`), not WebSocket.
+    #[serde(default)]
+    pub sse: bool,
 }
 
 impl WsTarget {
@@ -121,11 +126,13 @@ impl fmt::Display for WsTarget {
             IpAddr::V6(_) if !self.host.starts_with('[') => format!("[{}]", self.host),
             _ => self.host.clone(),
         };
-        let scheme = match (self.mqtt, self.tls) {
-            (false, false) => "ws",
-            (false, true) => "wss",
-            (true, false) => "mqtt",
-            (true, true) => "mqtts",
+        let scheme = match (self.mqtt, self.sse, self.tls) {
+            (true, _, false) => "mqtt",
+            (true, _, true) => "mqtts",
+            (false, true, false) => "sse",
+            (false, true, true) => "sses",
+            (false, false, false) => "ws",
+            (false, false, true) => "wss",
         };
         if self.port_first == self.port_last {
             write!(f, "{scheme}://{host}:{}{}", self.port_first, self.path)
@@ -156,15 +163,28 @@ impl FromStr for WsTarget {
                 path: parts.path,
                 tls,
                 mqtt: true,
+                sse: false,
             });
         }
-        let tls = url.starts_with("wss://");
-        let parts = split_url(url, &["ws", "wss"], if tls { 443 } else { 80 })?;
-        let (first, last) = parts.ports;
-        if parts.path == "/" {
+        let tls = url.starts_with("wss://") || url.starts_with("sses://");
+        let sse = url.starts_with("sse://") || url.starts_with("sses://");
+        // Every scheme is named, so a wrong one is told all it could be.
+        let schemes = ["ws", "wss", "mqtt", "mqtts", "sse", "sses"];
+        if url.starts_with("http://") || url.starts_with("https://") {
             return Err(url_err(
                 url,
-                "no channel in the path (expected ws://HOST:PORT/<channel>)",
+                "an http:// URL is where hold publishes (--publish); Server-Sent Events \
+                 subscribers are sse://HOST:PORT/<channel> (sses:// for TLS), WebSocket ones \
+                 ws:// or wss://, MQTT ones mqtt:// or mqtts://",
+            ));
+        }
+        let parts = split_url(url, &schemes, if tls { 443 } else { 80 })?;
+        let (first, last) = parts.ports;
+        if parts.path == "/" {
+            let scheme = if sse { "sse" } else { "ws" };
+            return Err(url_err(
+                url,
+                format!("no channel in the path (expected {scheme}://HOST:PORT/<channel>)"),
             ));
         }
         Ok(Self {
@@ -175,6 +195,7 @@ impl FromStr for WsTarget {
             path: parts.path,
             tls,
             mqtt: false,
+            sse,
         })
     }
 }
@@ -418,7 +439,7 @@ fn split_url(url: &str, schemes: &[&str], default_port: u16) -> Result<UrlParts,
                 schemes[0]
             )
         } else {
-            format!("scheme must be {}://", schemes.join(":// or "))
+            format!("scheme must be {}://", schemes.join("://, "))
         };
         return Err(url_err(url, why));
     }
@@ -606,6 +627,31 @@ mod tests {
         let t: WsTarget = "wss://localhost/c".parse().unwrap();
         assert_eq!((t.port_first, t.tls), (443, true));
         assert_eq!(t.to_string(), "wss://localhost:443/c");
+    }
+
+    #[test]
+    fn sse_targets_are_http_urls_by_another_scheme() {
+        let t: WsTarget = "sse://127.0.0.1:9000-9001/news?token=x".parse().unwrap();
+        assert!(t.sse && !t.tls && !t.mqtt);
+        assert_eq!((t.port_count(), t.channel()), (2, "news"));
+        assert_eq!(t.to_string(), "sse://127.0.0.1:9000-9001/news?token=x");
+        let t: WsTarget = "sses://localhost/news".parse().unwrap();
+        assert!(t.sse && t.tls);
+        assert_eq!(t.to_string(), "sses://localhost:443/news");
+        let e = "sse://127.0.0.1:9000/".parse::<WsTarget>().unwrap_err();
+        assert!(e.to_string().contains("expected sse://"), "{e}");
+    }
+
+    #[test]
+    fn a_wrong_scheme_is_told_every_subscriber_scheme() {
+        for url in ["http://127.0.0.1:9000/news", "tcp://127.0.0.1:9000/news"] {
+            let e = url.parse::<WsTarget>().unwrap_err().to_string();
+            for scheme in [
+                "ws://", "wss://", "mqtt://", "mqtts://", "sse://", "sses://",
+            ] {
+                assert!(e.contains(scheme), "{url}: {e}");
+            }
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use throng_proto::http;
+use throng_proto::http::{self, BodyKind};
 use throng_proto::{mqtt, ws};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
@@ -317,7 +317,8 @@ struct Opened {
 }
 
 /// TCP connect from `source`, the TLS handshake (`wss://`, `mqtts://`) and
-/// the WebSocket upgrade, or MQTT's CONNECT and SUBSCRIBE for connection `i`.
+/// the WebSocket upgrade, the event stream's GET (`sse://`), or MQTT's
+/// CONNECT and SUBSCRIBE for connection `i`.
 async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16, i: u64) -> Result<Opened, OpenError> {
     let began = Instant::now();
     let settings = &ctx.plan.settings;
@@ -380,6 +381,19 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16, i: u64) -> Result<Op
     let mut session = session;
     let plan = &ctx.plan;
     let handshake = async {
+        if plan.target.sse {
+            return subscribe(
+                &mut stream,
+                &ctx.scratch,
+                session.as_deref_mut(),
+                plain,
+                &plan.target,
+                port,
+                settings.max_head,
+            )
+            .await
+            .map(|rest| (rest, Codec::Sse));
+        }
         match plan.mqtt.as_ref().filter(|_| plan.target.mqtt) {
             Some(opts) => {
                 let id = format!("{}{i}", opts.client_id_prefix);
@@ -444,15 +458,15 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16, i: u64) -> Result<Op
             Failure::Net(NetCause::Timeout),
             format!(
                 "{} at {addr}: no {} in {} ms",
-                if plan.target.mqtt {
-                    "MQTT CONNECT/SUBSCRIBE"
-                } else {
-                    "upgrade"
+                match (plan.target.mqtt, plan.target.sse) {
+                    (true, _) => "MQTT CONNECT/SUBSCRIBE",
+                    (false, true) => "event stream GET",
+                    (false, false) => "upgrade",
                 },
-                if plan.target.mqtt {
-                    "CONNACK and SUBACK"
-                } else {
-                    "101 response"
+                match (plan.target.mqtt, plan.target.sse) {
+                    (true, _) => "CONNACK and SUBACK",
+                    (false, true) => "200 response",
+                    (false, false) => "101 response",
                 },
                 settings.handshake_timeout_ms
             ),
@@ -489,6 +503,74 @@ async fn upgrade(
     };
     let exchange = Exchange {
         what: "upgrade",
+        limit: 2 * max_head,
+    };
+    exchange
+        .run(stream, scratch, session, &request, plain, answer)
+        .await
+}
+
+/// A Server-Sent Events subscriber's start (through `session` for
+/// `sses://`): `GET` with `Accept: text/event-stream`, answered by `200`
+/// with that content type and a body that runs until the connection ends.
+/// Returns the bytes after the response head (the first events).
+async fn subscribe(
+    stream: &mut TcpStream,
+    scratch: &RefCell<Box<[u8]>>,
+    session: Option<&mut Session>,
+    plain: Vec<u8>,
+    target: &WsTarget,
+    port: u16,
+    max_head: usize,
+) -> Result<Vec<u8>, OpenError> {
+    let mut request = Vec::with_capacity(256);
+    let host = target.host_header(port);
+    http::write_request(
+        &mut request,
+        "GET",
+        &target.path,
+        &[
+            ("Host", host.as_bytes()),
+            ("Accept", b"text/event-stream"),
+            ("Cache-Control", b"no-cache"),
+        ],
+        b"",
+    );
+    let bad = |why: String| (Failure::Own(Handshake::BadHandshake), why);
+    let answer = |buf: &mut Vec<u8>| match http::parse_response(buf, max_head) {
+        Ok(None) => Ok(None),
+        Ok(Some((resp, _))) if resp.status != 200 => Err((
+            Failure::Own(Handshake::BadStatus),
+            format!(
+                "event stream: server answered {} {}",
+                resp.status, resp.reason
+            ),
+        )),
+        Ok(Some((resp, n))) => {
+            let media = resp.header("content-type").unwrap_or_default();
+            let media = media.split(|&b| b == b';').next().unwrap_or_default();
+            if !media
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"text/event-stream")
+            {
+                return Err(bad(format!(
+                    "event stream: 200 with Content-Type '{}', not text/event-stream",
+                    String::from_utf8_lossy(media)
+                )));
+            }
+            match resp.body_kind("GET") {
+                Ok(BodyKind::UntilClose) => Ok(Some(buf.split_off(n))),
+                Ok(kind) => Err(bad(format!(
+                    "event stream: a body of kind {kind:?}; hold reads one that runs until \
+                     the connection closes (no chunked encoding, no length)"
+                ))),
+                Err(e) => Err(bad(format!("event stream: {e}"))),
+            }
+        }
+        Err(e) => Err(bad(format!("event stream: {e}"))),
+    };
+    let exchange = Exchange {
+        what: "event stream GET",
         limit: 2 * max_head,
     };
     exchange

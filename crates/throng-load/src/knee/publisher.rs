@@ -237,7 +237,8 @@ async fn send_all(p: &Rc<Publishing>, run: &Rc<Run>) {
                     p.plan.target.clone(),
                     p.plan.redis_channel.clone(),
                     PUBLISH_TIMEOUT,
-                );
+                )
+                .numbered(pool.open.get());
             }
             pool.freed.notified().await;
         };

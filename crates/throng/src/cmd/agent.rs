@@ -153,7 +153,7 @@ pub(crate) fn run_agents(args: AgentsArgs) -> anyhow::Result<ExitCode> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&regs)?);
+        super::print(&format!("{}\n", serde_json::to_string_pretty(&regs)?))?;
     } else if listed.is_empty() {
         eprintln!(
             "no live agents under {}agent:* (start 'throng agent --redis {}' on each load machine)",
@@ -161,7 +161,7 @@ pub(crate) fn run_agents(args: AgentsArgs) -> anyhow::Result<ExitCode> {
             redis.url
         );
     } else {
-        print!("{}", list::render(&listed));
+        super::print(&list::render(&listed))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -258,10 +258,23 @@ pub(crate) fn finish(
     start_unix_ns: u64,
     json: bool,
     failed: &mut Vec<String>,
-) {
-    let Some(a) = agents else { return };
+) -> std::io::Result<()> {
+    let Some(a) = agents else { return Ok(()) };
     if !json {
-        print!("{}", a.summary(start_unix_ns));
+        super::print(&a.summary(start_unix_ns))?;
     }
     failed.extend(a.lost().into_iter().map(|l| format!("agent {l}")));
+    Ok(())
+}
+
+/// The JSON summary of a run, with an `agents` section when it ran on agents.
+pub(crate) fn json_summary(
+    mut value: serde_json::Value,
+    agents: Option<&Agents>,
+    start_unix_ns: u64,
+) -> anyhow::Result<String> {
+    if let (Some(a), Some(fields)) = (agents, value.as_object_mut()) {
+        fields.insert("agents".into(), a.to_json(start_unix_ns));
+    }
+    Ok(format!("{}\n", serde_json::to_string_pretty(&value)?))
 }

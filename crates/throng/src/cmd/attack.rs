@@ -46,29 +46,8 @@ started late.
 Exit status: 0 ok, 1 a --max-error-rate or --max-p99 threshold was passed,
 2 bad arguments or a failed run.")]
 pub(crate) struct Args {
-    /// Targets file in Vegeta's format ('-' for stdin).
-    #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
-    targets: Option<PathBuf>,
-
-    /// One target URL (http://HOST:PORT/PATH or https://...) instead of a targets file.
-    #[arg(short, long)]
-    url: Option<String>,
-
-    /// Method for --url (default GET, or POST with a body).
-    #[arg(short = 'm', long)]
-    method: Option<String>,
-
-    /// Header for every request, 'Name: value' (repeatable; a targets file's own headers win).
-    #[arg(short = 'H', long = "header", value_name = "HEADER")]
-    headers: Vec<String>,
-
-    /// Body for --url.
-    #[arg(long, conflicts_with = "body_file")]
-    body: Option<String>,
-
-    /// Body for --url, read from a file.
-    #[arg(long, value_name = "FILE")]
-    body_file: Option<PathBuf>,
+    #[command(flatten)]
+    target: TargetArgs,
 
     /// Requests per second: 2000/s, 5k/s, or a linear ramp 100/s..5000/s over the duration.
     #[arg(short, long)]
@@ -155,15 +134,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(what) = missing(&args) {
         anyhow::bail!("{what}");
     }
-    let targets = Flags {
-        file: args.targets.clone(),
-        url: args.url.clone(),
-        method: args.method.clone(),
-        headers: args.headers.clone(),
-        body: args.body.clone(),
-        body_file: args.body_file.clone(),
-    }
-    .targets()?;
+    let targets = args.target.targets()?;
     let load = match (args.max, args.rate) {
         (true, _) => Load::Max {
             connections: args.connections,
@@ -212,11 +183,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let (summary, mut failed) = prepared.run().context("attack")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        super::print(&super::agent::json_summary(
+            serde_json::to_value(&summary)?,
+            agents.as_deref(),
+            summary.start_unix_ns,
+        )?)?;
     } else {
-        print!("{}", attack::render(&summary));
+        super::print(&attack::render(&summary))?;
     }
-    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed);
+    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed)?;
     for f in &failed {
         eprintln!("throng attack: threshold passed: {f}");
     }
@@ -227,12 +202,56 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// What to request: a targets file, or one URL with its method, headers
+/// and body; `attack`'s and `knee attack`'s.
+#[derive(Debug, clap::Args)]
+pub(crate) struct TargetArgs {
+    /// Targets file in Vegeta's format ('-' for stdin).
+    #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
+    pub(crate) targets: Option<PathBuf>,
+
+    /// One target URL (http://HOST:PORT/PATH or https://...) instead of a targets file.
+    #[arg(short, long)]
+    pub(crate) url: Option<String>,
+
+    /// Method for --url (default GET, or POST with a body).
+    #[arg(short = 'm', long)]
+    method: Option<String>,
+
+    /// Header for every request, 'Name: value' (repeatable; a targets file's own headers win).
+    #[arg(short = 'H', long = "header", value_name = "HEADER")]
+    headers: Vec<String>,
+
+    /// Body for --url.
+    #[arg(long, conflicts_with = "body_file")]
+    body: Option<String>,
+
+    /// Body for --url, read from a file.
+    #[arg(long, value_name = "FILE")]
+    body_file: Option<PathBuf>,
+}
+
+impl TargetArgs {
+    /// The targets these flags name, read (a targets file) and checked.
+    pub(crate) fn targets(&self) -> anyhow::Result<Vec<attack::targets::Target>> {
+        Ok(Flags {
+            file: self.targets.clone(),
+            url: self.url.clone(),
+            method: self.method.clone(),
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+            body_file: self.body_file.clone(),
+        }
+        .targets()?)
+    }
+}
+
 /// What a run needs and `args` lacks, said in a user's terms (clap's
 /// "required" list cannot say "one of these, or that"); `None` when
 /// nothing is missing.
 fn missing(args: &Args) -> Option<String> {
     let mut lines = Vec::new();
-    if args.url.is_none() && args.targets.is_none() {
+    if args.target.url.is_none() && args.target.targets.is_none() {
         lines.push(
             "  what to request: --url URL (one target), or --targets FILE (a targets file, - for stdin)",
         );

@@ -135,15 +135,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     if args.dry_run {
         for line in bench::dry_run(&request).context("bench")? {
-            println!("{line}");
+            super::print(&format!("{line}\n"))?;
         }
         return Ok(ExitCode::SUCCESS);
     }
     let report = bench::run(request).context("bench")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+        super::print(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report.to_json())?
+        ))?;
     } else {
-        print!("{}", bench::render(&report));
+        super::print(&bench::render(&report))?;
     }
     if report.server_killed {
         eprintln!(

@@ -54,7 +54,7 @@ impl TlsArgs {
         if !used {
             if self.tls_insecure || self.tls_ca.is_some() || self.tls_resume {
                 anyhow::bail!(
-                    "--tls-insecure, --tls-ca and --tls-resume need a TLS target (wss:// or https://)"
+                    "--tls-insecure, --tls-ca and --tls-resume need a TLS target (wss://, sses://, mqtts:// or https://)"
                 );
             }
             return Ok(None);

@@ -125,8 +125,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     plan.user_bytes_per_socket = args.user_per_socket;
     let report = doctor::examine(plan, &args.proc_root, args.apply);
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Format::Text => print!("{}", report.render()),
+        Format::Json => super::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?,
+        Format::Text => super::print(&report.render())?,
     }
     Ok(if report.stops > 0 {
         ExitCode::from(1)

@@ -47,7 +47,8 @@ pub(crate) struct Args {
     /// Target: ws://HOST:PORT/<channel>, or a port range ws://HOST:10000-10015/<channel>;
     /// wss://... for TLS (see --tls-ca, --tls-insecure). MQTT subscribers:
     /// mqtt://HOST:PORT/<topic filter> (+ and # are MQTT wildcards; quote them for the shell),
-    /// mqtts://... for TLS.
+    /// mqtts://... for TLS. Server-Sent Events subscribers: sse://HOST:PORT/<channel>
+    /// (GET with Accept: text/event-stream), sses://... for TLS.
     #[arg(value_name = "URL", required_unless_present = "worker")]
     url: Option<String>,
 
@@ -119,12 +120,12 @@ pub(crate) struct Args {
     connect_timeout: Duration,
 
     /// Timeout of the WebSocket upgrade after TCP connect (wss://: of the TLS handshake, then of the
-    /// upgrade; mqtt://: of CONNECT and SUBSCRIBE to SUBACK).
+    /// upgrade; mqtt://: of CONNECT and SUBSCRIBE to SUBACK; sse://: of the GET to its 200).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
 
     /// How long to wait for the server's close frame at the end (mqtt://: for the broker to close
-    /// after our DISCONNECT).
+    /// after our DISCONNECT; sse:// connections close at once).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     close_timeout: Duration,
 
@@ -166,7 +167,7 @@ pub(crate) struct Args {
 /// How MQTT subscribers and the MQTT publisher connect (mqtt:// URLs only).
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "MQTT (mqtt:// and mqtts:// URLs)")]
-struct MqttArgs {
+pub(crate) struct MqttArgs {
     /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once) or 1 (at least
     /// once, each delivery acknowledged with PUBACK).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
@@ -197,7 +198,7 @@ struct MqttArgs {
 impl MqttArgs {
     /// The options, when a URL is mqtt://; an error if MQTT options were
     /// given for no MQTT URL.
-    fn options(&self, used: bool) -> anyhow::Result<Option<MqttOptions>> {
+    pub(crate) fn options(&self, used: bool) -> anyhow::Result<Option<MqttOptions>> {
         let keep_alive_s = u16::try_from(self.mqtt_keepalive.as_secs())
             .ok()
             .filter(|_| self.mqtt_keepalive.subsec_nanos() == 0)
@@ -308,16 +309,20 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let (summary, mut failed) = prepared.run().context("hold")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        super::print(&super::agent::json_summary(
+            serde_json::to_value(&summary)?,
+            agents.as_deref(),
+            summary.start_unix_ns,
+        )?)?;
     } else {
-        print!("{}", hold::render(&summary));
+        super::print(&hold::render(&summary))?;
     }
     super::agent::finish(
         agents.as_deref(),
         summary.start_unix_ns,
         args.json,
         &mut failed,
-    );
+    )?;
     for f in &failed {
         eprintln!("throng hold: FAIL: {f}");
     }

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use throng_host::units::{parse_count, parse_duration, parse_fraction, parse_rate, parse_size};
-use throng_load::attack::{self, targets::Flags};
+use throng_load::attack;
 use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
+use throng_load::hold::mqtt::MqttOptions;
 use throng_load::hold::target::{PublishTarget, WsTarget, parse_sources};
 use throng_load::hold::{self, Settings};
 use throng_load::knee::{self, Load, Objective, PublishSettings, SearchPlan};
@@ -46,6 +47,8 @@ Examples:
   throng knee attack --url http://127.0.0.1:8080/ping --from 500/s --to 50k/s
   throng knee attack --url http://127.0.0.1:8080/ping -H 'sleep: 1000' --slo-p99 1.2s --from 1k/s --to 10k/s
   throng knee hold ws://127.0.0.1:8080/news --from 1000 --to 100k
+  throng knee hold sse://127.0.0.1:8080/news --from 1000 --to 100k
+  throng knee hold mqtt://127.0.0.1:1883/news --qos 1 --from 1000 --to 20k
   throng knee publish ws://127.0.0.1:8080/news --connections 2000 --from 10/s --to 5k/s")]
 pub(crate) struct Args {
     #[command(subcommand)]
@@ -134,29 +137,8 @@ struct SearchArgs {
 /// `throng knee attack`.
 #[derive(Debug, clap::Args)]
 struct AttackArgs {
-    /// Targets file in Vegeta's format ('-' for stdin).
-    #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
-    targets: Option<PathBuf>,
-
-    /// One target URL (http://HOST:PORT/PATH or https://...).
-    #[arg(short, long, required_unless_present = "targets")]
-    url: Option<String>,
-
-    /// Method for --url (default GET, or POST with a body).
-    #[arg(short = 'm', long)]
-    method: Option<String>,
-
-    /// Header for every request, 'Name: value' (repeatable): -H 'sleep: 1000'.
-    #[arg(short = 'H', long = "header", value_name = "HEADER")]
-    headers: Vec<String>,
-
-    /// Body for --url.
-    #[arg(long, conflicts_with = "body_file")]
-    body: Option<String>,
-
-    /// Body for --url, read from a file.
-    #[arg(long, value_name = "FILE")]
-    body_file: Option<PathBuf>,
+    #[command(flatten)]
+    target: super::attack::TargetArgs,
 
     /// Worker processes. Default: one per core.
     #[arg(short, long)]
@@ -185,12 +167,15 @@ struct AttackArgs {
 /// What `knee hold` and `knee publish` share: the subscribers and the publishing.
 #[derive(Debug, clap::Args)]
 struct HeldArgs {
-    /// Target: ws://HOST:PORT/<channel> (or a port range, or wss://).
+    /// Target: ws://HOST:PORT/<channel> (or a port range, or wss://); Server-Sent Events
+    /// subscribers with sse://HOST:PORT/<channel> (sses:// for TLS); MQTT subscribers with
+    /// mqtt://HOST:PORT/<topic filter> (mqtts:// for TLS).
     #[arg(value_name = "URL")]
     url: String,
 
-    /// Publish endpoint: http://HOST:PORT/publish/<channel>, https://..., or
-    /// redis[s]://HOST:PORT. Default: throng serve's, on the target's host and first port.
+    /// Publish endpoint: http://HOST:PORT/publish/<channel>, https://..., redis[s]://HOST:PORT,
+    /// or mqtt[s]://HOST:PORT/<topic>. Default: throng serve's, on the target's host and first
+    /// port; for an mqtt:// target, the broker itself with the filter as the topic.
     #[arg(long, value_name = "URL")]
     publish: Option<String>,
 
@@ -233,7 +218,8 @@ struct HeldArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     connect_timeout: Duration,
 
-    /// Timeout of the WebSocket upgrade after TCP connect.
+    /// Timeout of the WebSocket upgrade after TCP connect (sse://: of the 200 answer;
+    /// mqtt://: of CONNECT and SUBSCRIBE to SUBACK).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
 
@@ -241,7 +227,21 @@ struct HeldArgs {
     tls: super::client::TlsArgs,
 
     #[command(flatten)]
+    mqtt: super::hold::MqttArgs,
+
+    #[command(flatten)]
     search: SearchArgs,
+}
+
+impl HeldArgs {
+    /// The MQTT options, when the target or the publish endpoint is MQTT.
+    fn mqtt_options(&self, target: &WsTarget) -> anyhow::Result<Option<MqttOptions>> {
+        let publish_mqtt = self
+            .publish
+            .as_deref()
+            .is_some_and(|p| p.starts_with("mqtt://") || p.starts_with("mqtts://"));
+        self.mqtt.options(target.mqtt || publish_mqtt)
+    }
 }
 
 /// `throng knee hold`.
@@ -337,10 +337,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let done = prepared.run().context("knee")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&done.knee)?);
+        super::print(&format!("{}\n", serde_json::to_string_pretty(&done.knee)?))?;
     } else {
-        println!();
-        print!("{}", render_text(&done.knee));
+        super::print("\n")?;
+        super::print(&render_text(&done.knee))?;
     }
     progress.say(&format!(
         "results: {} (throng report reads it); page: {}",
@@ -381,15 +381,7 @@ fn counts(s: &SearchArgs, from: u64, to: u64) -> anyhow::Result<(f64, f64, bool)
 }
 
 fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
-    let targets = Flags {
-        file: a.targets.clone(),
-        url: a.url.clone(),
-        method: a.method.clone(),
-        headers: a.headers.clone(),
-        body: a.body.clone(),
-        body_file: a.body_file.clone(),
-    }
-    .targets()?;
+    let targets = a.target.targets()?;
     Ok(Load::Attack(attack::Request {
         command_line: std::env::args().collect(),
         tls: a.tls.options(targets.iter().any(|t| t.url.tls))?,
@@ -429,8 +421,7 @@ fn hold_request(h: &HeldArgs, connections: u64, rate: RateSpec) -> anyhow::Resul
         },
         publish: None,
         tls: h.tls.options(target.tls)?,
-        // WebSocket targets: an MQTT knee comes with the server's MQTT listener.
-        mqtt: None,
+        mqtt: h.mqtt_options(&target)?.filter(|_| target.mqtt),
         target,
         output: None,
         progress: Progress::QUIET,
@@ -440,11 +431,27 @@ fn hold_request(h: &HeldArgs, connections: u64, rate: RateSpec) -> anyhow::Resul
 }
 
 /// Where and how each level publishes; `--publish` defaults to throng
-/// serve's endpoint on the target's host and first port.
+/// serve's endpoint on the target's host and first port, or for an MQTT
+/// target to a PUBLISH on the broker to the topic it subscribes to.
 fn publish_settings(h: &HeldArgs, rate: f64) -> anyhow::Result<PublishSettings> {
     let ws: WsTarget = h.url.parse()?;
     let url = match &h.publish {
         Some(u) => u.clone(),
+        None if ws.mqtt => {
+            if ws.channel().contains(['+', '#']) {
+                anyhow::bail!(
+                    "the topic filter '{}' has wildcards, so there is no one topic to publish to: \
+                     give --publish mqtt://HOST:PORT/<topic> (a topic it matches)",
+                    ws.channel()
+                );
+            }
+            format!(
+                "{}://{}/{}",
+                if ws.tls { "mqtts" } else { "mqtt" },
+                ws.host_header(ws.port(0)),
+                ws.channel()
+            )
+        }
         None => format!(
             "{}://{}/publish/{}",
             if ws.tls { "https" } else { "http" },
@@ -453,6 +460,9 @@ fn publish_settings(h: &HeldArgs, rate: f64) -> anyhow::Result<PublishSettings> 
         ),
     };
     let mut target: PublishTarget = url.parse().with_context(|| format!("--publish {url}"))?;
+    if let (PublishTarget::Mqtt { options, .. }, Some(m)) = (&mut target, h.mqtt_options(&ws)?) {
+        options.clone_from(&m);
+    }
     let warning = target.set_trust(h.publish_tls_ca.clone(), h.publish_tls_insecure)?;
     if let Some(w) = warning {
         eprintln!("throng: WARNING: {w}");

@@ -10,3 +10,17 @@ pub(crate) mod hold;
 pub(crate) mod knee;
 pub(crate) mod report;
 pub(crate) mod serve;
+
+use std::io::{self, Write as _};
+
+/// Writes `text` to stdout. A reader that went away (`throng hold | head`)
+/// is no error: `print!` would panic there, while the run's outcome is its
+/// exit status (and its result file), so what is left of the output is
+/// dropped quietly. Any other failure to write is an error.
+pub(crate) fn print(text: &str) -> io::Result<()> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        done => done,
+    }
+}

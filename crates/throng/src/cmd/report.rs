@@ -88,9 +88,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.format {
         Format::Text => {
             for knee in &knees {
-                println!("{}", throng_report::knee::render_text(knee));
+                super::print(&format!("{}\n", throng_report::knee::render_text(knee)))?;
             }
-            print!("{}", throng_report::text::render(&report));
+            super::print(&throng_report::text::render(&report))?;
         }
         Format::Json => {
             for f in &report.files {
@@ -99,7 +99,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
             if knees.is_empty() {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                super::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
             } else {
                 // A knee search's result goes beside the merged figures, as
                 // `knees` (the same object `throng knee --format json` prints).
@@ -107,7 +107,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 if let Some(fields) = json.as_object_mut() {
                     fields.insert("knees".into(), serde_json::to_value(&knees)?);
                 }
-                println!("{}", serde_json::to_string_pretty(&json)?);
+                super::print(&format!("{}\n", serde_json::to_string_pretty(&json)?))?;
             }
         }
     }

@@ -21,7 +21,7 @@ use crate::{serve, throng};
 /// Each test here starts half a dozen processes or more: one such test at a
 /// time, so that together they do not starve the suite's timing-sensitive
 /// tests on a small machine.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: Mutex<()> = Mutex::new(());
     ONE.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -221,16 +221,16 @@ fn agents_register_expire_and_register_again_after_a_redis_restart() {
 }
 
 /// Redis, agents `a1` and `b2`, and a server: the loopback set-up.
-struct Two {
+pub(crate) struct Two {
     /// Kept for the test's length: dropping it stops Redis.
     redis: Redis,
-    url: String,
+    pub(crate) url: String,
     a: Spawned,
     b: Spawned,
-    server: throng_testkit::Server,
+    pub(crate) server: throng_testkit::Server,
 }
 
-fn two_agents() -> Two {
+pub(crate) fn two_agents() -> Two {
     let redis = Redis::start(&[], &[]);
     let url = redis.url();
     Two {
@@ -243,7 +243,7 @@ fn two_agents() -> Two {
 }
 
 /// The flags of a short hold on `server`.
-fn hold_args(server: &throng_testkit::Server, connections: &str) -> Vec<String> {
+pub(crate) fn hold_args(server: &throng_testkit::Server, connections: &str) -> Vec<String> {
     vec![
         "hold".into(),
         format!("ws://{}/news", server.addr),

@@ -22,7 +22,7 @@ use throng_testkit::{Peer, TempDir, free_port, require};
 use crate::{serve, throng};
 
 /// A short search: one-second warm-up, a few measured seconds, no repeats.
-const QUICK: [&str; 8] = [
+pub(crate) const QUICK: [&str; 8] = [
     "--warmup",
     "1s",
     "--cooldown",
@@ -56,15 +56,15 @@ const REPEATED: [&str; 8] = [
 const SLO: [&str; 2] = ["--slo-p99", "200ms"];
 
 /// What a search printed and how it ended.
-struct Searched {
-    code: i32,
-    knee: Value,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Searched {
+    pub(crate) code: i32,
+    pub(crate) knee: Value,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 /// Runs `throng knee <args> -q --out-dir <dir>` (killed after 5 minutes).
-fn knee(dir: &TempDir, args: &[&str]) -> Searched {
+pub(crate) fn knee(dir: &TempDir, args: &[&str]) -> Searched {
     let out = output_within(
         throng()
             .arg("knee")

@@ -7,17 +7,22 @@
 //! `THRONG_TEST_REQUIRE_PEERS` is set (`scripts/test.sh` sets it).
 
 mod agents;
+mod agents_json;
 mod attack;
 mod auth;
 mod bench;
 mod doctor;
 mod history;
 mod hold;
+mod hold_sse;
 mod knee;
+mod knee_flags;
+mod knee_transports;
 mod mqtt;
 mod mqtt_listen;
 mod mqtt_serve;
 mod newcomer;
+mod output;
 mod ports;
 mod redis;
 mod rediss;

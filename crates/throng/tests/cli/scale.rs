@@ -181,8 +181,10 @@ fn attack_spreads_over_the_processes_its_connections_need() {
         line.contains("workers 4 (raised from") && line.contains("--max-connections 60000 fits"),
         "{line}"
     );
+    // 60,000 over pairs kept under 45% of 28,232 ports (where connect()
+    // stays cheap, see tests/cli/ports.rs): 5 loopback sources.
     assert!(
-        stdout.contains("sources 127.0.0.2-127.0.0.4 (3 addresses"),
+        stdout.contains("sources 127.0.0.2-127.0.0.6 (5 addresses"),
         "{stdout}"
     );
     assert!(stdout.contains("20 (planned 20)"), "{stdout}");
