@@ -69,6 +69,14 @@ probe_mosquitto() { mosquitto -h 2>/dev/null | head -1 | cut -d' ' -f1-3; }
 probe_python_paho() {
   python3 -c 'import paho.mqtt; print("paho-mqtt", paho.mqtt.__version__)' 2>/dev/null
 }
+# --help exits 1 but prints the version (what counts is the output).
+probe_mosquitto_clients() {
+  command -v mosquitto_sub >/dev/null && mosquitto_pub --help 2>/dev/null | sed -n 2p | cut -d' ' -f1-3
+}
+# The MQTT tests' third independent client (Node `mqtt`), beside paho and mosquitto_sub.
+probe_node_mqtt() {
+  (cd tests/peers && node -e 'console.log("mqtt", require("mqtt/package.json").version)') 2>/dev/null
+}
 probe_node_ws() {
   (cd tests/peers && node -e 'require.resolve("eventsource"); console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
 }
@@ -85,8 +93,10 @@ peers=(
   "mosquitto probe_mosquitto mosquitto"
   "python3-websockets probe_python_websockets"
   "python3-jwt probe_python_jwt"
+  "mosquitto-clients probe_mosquitto_clients mosquitto-clients"
   "python3-paho-mqtt probe_python_paho"
   "node-ws probe_node_ws"
+  "node-mqtt probe_node_mqtt"
 )
 
 declare -A before=()
@@ -147,7 +157,7 @@ if [ "$install" = 1 ]; then
   if [ -z "${before[python3-paho-mqtt]}" ]; then
     pip_install 'paho-mqtt>=2'
   fi
-  if [ -z "${before[node-ws]}" ]; then
+  if [ -z "${before[node-ws]}" ] || [ -z "${before[node-mqtt]}" ]; then
     echo "npm install (tests/peers)"
     (cd tests/peers && npm install --silent --no-audit --no-fund >/dev/null)
   fi

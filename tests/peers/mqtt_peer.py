@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
 """An MQTT client independent of throng's (paho-mqtt 2), for the tests.
 
-  mqtt_peer.py sub HOST PORT FILTER --qos Q --count N [--timeout S] [--cafile F]
-      Subscribes; prints "ready" once SUBACK came, then, after N messages or
-      the timeout, one JSON line: how many came, and whether their sequence
-      numbers (throng's "t1 <seq> <ns> ..." payloads) were 1..N in order.
+  mqtt_peer.py sub HOST PORT FILTER [--and FILTER]... --qos Q --count N
+                 [--timeout S] [--cafile F] [--lines]
+      Subscribes to every filter; prints "ready" once SUBACK came (with
+      --lines, then one JSON line per message: {"topic", "payload", "qos",
+      "retain"}), then, after N messages or the timeout, one JSON line: how
+      many came, whether the sequence numbers of throng's "t1 <seq> <ns> ..."
+      payloads among them were 1..N in order, and the QoS SUBACK granted.
 
   mqtt_peer.py pub HOST PORT TOPIC --qos Q --count N --rate R [--cafile F]
       Publishes N timestamped messages in throng's format at R per second,
       each acknowledged at QoS 1; prints one JSON line at the end.
+
+  mqtt_peer.py send HOST PORT TOPIC --qos Q [--retain] [--cafile F]
+      Publishes each line of stdin as one message, in order, each
+      acknowledged at QoS 1 before the next; prints {"sent", "acked"}.
 """
 
 import argparse
@@ -35,6 +42,8 @@ def client(args, name):
 def sub(args):
     c = client(args, "sub")
     seqs = []
+    received = 0
+    granted = []
     subscribed = threading.Event()
     done = threading.Event()
 
@@ -43,21 +52,32 @@ def sub(args):
             print(json.dumps({"error": f"CONNACK {reason}"}), flush=True)
             done.set()
             return
-        c.subscribe(args.filter, qos=args.qos)
+        c.subscribe([(f, args.qos) for f in [args.filter] + args.also])
 
     def on_subscribe(_c, _userdata, _mid, reasons, _props):
         if any(r.is_failure for r in reasons):
             print(json.dumps({"error": f"SUBACK {reasons}"}), flush=True)
             done.set()
             return
+        granted.extend(r.value for r in reasons)
         subscribed.set()
         print("ready", flush=True)
 
     def on_message(_c, _userdata, msg):
+        nonlocal received
+        received += 1
+        if args.lines:
+            line = {
+                "topic": msg.topic,
+                "payload": msg.payload.decode("latin-1"),
+                "qos": msg.qos,
+                "retain": bool(msg.retain),
+            }
+            print(json.dumps(line), flush=True)
         parts = msg.payload.split(b" ")
         if len(parts) >= 3 and parts[0] == b"t1":
             seqs.append(int(parts[1]))
-        if len(seqs) >= args.count:
+        if received >= args.count:
             done.set()
 
     c.on_connect = on_connect
@@ -71,9 +91,10 @@ def sub(args):
     print(
         json.dumps(
             {
-                "received": len(seqs),
+                "received": received,
                 "in_order": seqs == list(range(1, len(seqs) + 1)),
                 "first": seqs[:3],
+                "granted": granted,
             }
         ),
         flush=True,
@@ -99,24 +120,40 @@ def pub(args):
     print(json.dumps({"published": args.count, "acked": acked}), flush=True)
 
 
+def send(args):
+    c = client(args, "send")
+    c.connect(args.host, args.port, keepalive=30)
+    c.loop_start()
+    sent = acked = 0
+    for line in sys.stdin:
+        info = c.publish(args.topic, line.rstrip("\n").encode("latin-1"), qos=args.qos, retain=args.retain)
+        sent += 1
+        if args.qos:
+            info.wait_for_publish(10)
+            acked += int(info.is_published())
+    c.disconnect()
+    c.loop_stop()
+    print(json.dumps({"sent": sent, "acked": acked}), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["sub", "pub"])
+    p.add_argument("mode", choices=["sub", "pub", "send"])
     p.add_argument("host")
     p.add_argument("port", type=int)
     p.add_argument("filter", metavar="FILTER_OR_TOPIC")
     p.add_argument("--qos", type=int, default=0)
-    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--and", dest="also", action="append", default=[], metavar="FILTER")
+    p.add_argument("--count", type=int, default=0)
     p.add_argument("--rate", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--cafile")
     p.add_argument("--v5", action="store_true")
+    p.add_argument("--lines", action="store_true")
+    p.add_argument("--retain", action="store_true")
     args = p.parse_args()
     args.topic = args.filter
-    if args.mode == "sub":
-        sub(args)
-    else:
-        pub(args)
+    {"sub": sub, "pub": pub, "send": send}[args.mode](args)
     return 0
 
 

@@ -43,11 +43,15 @@ pub enum Peer {
     Mosquitto,
     /// `python3` with `paho-mqtt` 2: an MQTT client independent of ours.
     PythonPaho,
+    /// `mosquitto_sub` and `mosquitto_pub` (Debian package `mosquitto-clients`).
+    MosquittoClients,
+    /// `node` with the `mqtt` package installed under `tests/peers`.
+    NodeMqtt,
 }
 
 impl Peer {
     /// How many kinds of peer there are: one past the last variant.
-    const COUNT: usize = Self::PythonPaho as usize + 1;
+    const COUNT: usize = Self::NodeMqtt as usize + 1;
 
     /// What the peer is, as a person would look for it.
     pub fn name(self) -> &'static str {
@@ -64,6 +68,8 @@ impl Peer {
             Self::Namespaces => "root with unshare and sysctl",
             Self::Mosquitto => "mosquitto",
             Self::PythonPaho => "python3 with paho-mqtt >= 2",
+            Self::MosquittoClients => "mosquitto_sub and mosquitto_pub",
+            Self::NodeMqtt => "node with mqtt in tests/peers",
         }
     }
 
@@ -82,6 +88,8 @@ impl Peer {
             Self::Namespaces => "run the tests as root; apt-get install util-linux procps",
             Self::Mosquitto => "apt-get install mosquitto",
             Self::PythonPaho => "python3 -m pip install 'paho-mqtt>=2'",
+            Self::MosquittoClients => "apt-get install mosquitto-clients",
+            Self::NodeMqtt => "cd tests/peers && npm install",
         }
     }
 
@@ -134,6 +142,17 @@ impl Peer {
                 "python3",
                 &["-c", "import paho.mqtt.client as m; m.CallbackAPIVersion"],
             ),
+            // `--help` exits 1; the version line says both run.
+            Self::MosquittoClients => {
+                return ["mosquitto_sub", "mosquitto_pub"].iter().all(|p| {
+                    Command::new(p)
+                        .arg("--help")
+                        .stdin(Stdio::null())
+                        .output()
+                        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(" version "))
+                });
+            }
+            Self::NodeMqtt => ("node", &["-e", "require.resolve('mqtt')"]),
         };
         Command::new(program)
             .args(args)
