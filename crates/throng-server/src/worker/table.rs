@@ -342,7 +342,7 @@ impl<W> Channels<W> {
             ch.mqtt[moved.pos as usize].1 = k as u32;
         }
         let id = sub.channel as usize;
-        let (name, ch) = self.list[id].as_mut()?;
+        let (_, ch) = self.list[id].as_mut()?;
         ch.mqtt.swap_remove(sub.pos as usize);
         if let Some((other, j)) = ch.mqtt.get(sub.pos as usize)
             && let Some(m) = other.proto.borrow_mut().mqtt_mut()
@@ -350,14 +350,7 @@ impl<W> Channels<W> {
             // Another connection's: `c` is in a channel once.
             m.subs[*j as usize].pos = sub.pos;
         }
-        if ch.is_empty() {
-            let name = name.clone();
-            self.by_name.remove(&*name);
-            self.list[id] = None;
-            self.free.push(id as u32);
-            return Some(name);
-        }
-        None
+        self.forget_if_empty(id)
     }
 
     /// Takes `c` out of its channel; returns the channel's name when `c` was
@@ -368,19 +361,26 @@ impl<W> Channels<W> {
             return None;
         }
         let id = c.channel.get() as usize;
-        let (name, ch) = self.list[id].as_mut()?;
+        let (_, ch) = self.list[id].as_mut()?;
         ch.subs.swap_remove(pos as usize);
         if let Some(moved) = ch.subs.get(pos as usize) {
             moved.sub_pos.set(pos);
         }
-        if ch.is_empty() {
-            let name = name.clone();
-            self.by_name.remove(&*name);
-            self.list[id] = None;
-            self.free.push(id as u32);
-            return Some(name);
+        self.forget_if_empty(id)
+    }
+
+    /// Forgets channel `id` when its last subscriber of any kind left;
+    /// returns its name then.
+    fn forget_if_empty(&mut self, id: usize) -> Option<Rc<str>> {
+        let (name, ch) = self.list[id].as_ref()?;
+        if !ch.is_empty() {
+            return None;
         }
-        None
+        let name = name.clone();
+        self.by_name.remove(&*name);
+        self.list[id] = None;
+        self.free.push(id as u32);
+        Some(name)
     }
 }
 
