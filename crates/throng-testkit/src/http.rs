@@ -12,21 +12,33 @@ use throng_proto::http;
 /// returns the status, the head and the body (status 0 and everything read
 /// as the body when no response head came).
 pub fn raw(addr: SocketAddr, bytes: &[u8]) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("set a read timeout");
+    try_raw(addr, bytes).unwrap_or_else(|e| panic!("connect to {addr}: {e}"))
+}
+
+/// [`raw`], with a failed connect returned rather than a panic.
+pub fn try_raw(addr: SocketAddr, bytes: &[u8]) -> std::io::Result<(u16, String, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let _ = s.write_all(bytes);
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let Ok(Some((resp, used))) = http::parse_response(&out, http::MAX_HEAD) else {
-        return (0, String::new(), String::from_utf8_lossy(&out).into_owned());
+        return Ok((0, String::new(), String::from_utf8_lossy(&out).into_owned()));
     };
     let head = String::from_utf8_lossy(&out[..used]).into_owned();
-    (
+    Ok((
         resp.status,
         head,
         String::from_utf8_lossy(&out[used..]).into_owned(),
-    )
+    ))
+}
+
+/// Whether `GET /healthz` answers 200, on one connection (a readiness probe
+/// that opens a second one can be refused by `--max-connections-per-ip 1`
+/// while the first is still counted).
+pub fn healthy(addr: SocketAddr) -> bool {
+    let req = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    try_raw(addr, req).is_ok_and(|(status, _, _)| status == 200)
 }
 
 /// `GET path`; returns the status and the body.

@@ -2,12 +2,12 @@
 //! and what a test asks of it: metrics, worker pids, its log.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::http::{get, metric_in};
+use crate::http::{get, healthy, metric_in};
 use crate::process::command;
 use crate::wait_until;
 
@@ -67,9 +67,7 @@ impl Server {
             start,
         };
         // Workers bind after the supervisor reserved the port: wait until one answers.
-        wait_until("a worker answers /healthz", || {
-            TcpStream::connect(s.addr).is_ok() && get(s.addr, "/healthz").0 == 200
-        });
+        wait_until("a worker answers /healthz", || healthy(s.addr));
         s
     }
 
