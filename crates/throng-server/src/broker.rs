@@ -383,6 +383,8 @@ impl Remote {
                     id: 0,
                     message: id,
                     text,
+                    // Redis carries no QoS: QoS 1 to those who asked.
+                    at_most_once: false,
                     channel,
                     payload,
                 };
@@ -504,6 +506,7 @@ mod tests {
             id: 5,
             message: MessageId::NONE,
             text: true,
+            at_most_once: false,
             channel: "a".into(),
             payload: Bytes::from_static(b"x"),
         };

@@ -129,6 +129,10 @@ pub struct Message {
     pub message: MessageId,
     /// Send as a text frame (else binary).
     pub text: bool,
+    /// Published at QoS 0 (an MQTT client's PUBLISH, or its will): MQTT
+    /// subscribers get it at QoS 0 whatever they asked. Every other
+    /// publish is QoS 1 to those who asked for it.
+    pub at_most_once: bool,
     /// The channel, already validated.
     pub channel: String,
     /// The message body.
@@ -186,7 +190,7 @@ impl Record {
                 out.put_u64_le(m.id);
                 out.put_u64_le(m.message.epoch);
                 out.put_u64_le(m.message.seq);
-                out.put_u8(u8::from(m.text));
+                out.put_u8(u8::from(m.text) | u8::from(m.at_most_once) << 1);
                 // Channel names are at most 128 bytes (validated before any record is made).
                 out.put_u8(m.channel.len().min(255) as u8);
                 out.put_slice(&m.channel.as_bytes()[..m.channel.len().min(255)]);
@@ -342,7 +346,8 @@ impl Record {
                     epoch: rec.get_u64_le(),
                     seq: rec.get_u64_le(),
                 };
-                let text = rec.get_u8() != 0;
+                let flags = rec.get_u8();
+                let (text, at_most_once) = (flags & 1 != 0, flags & 2 != 0);
                 let clen = usize::from(rec.get_u8());
                 need(&rec, clen)?;
                 let channel = String::from_utf8(rec.split_to(clen).to_vec())
@@ -351,6 +356,7 @@ impl Record {
                     id,
                     message,
                     text,
+                    at_most_once,
                     channel,
                     payload: rec,
                 };
@@ -517,6 +523,7 @@ mod tests {
             id: 7,
             message: MessageId { epoch: 1, seq: 2 },
             text: true,
+            at_most_once: false,
             channel: "news".into(),
             payload: Bytes::from_static(b"hello"),
         };
@@ -525,6 +532,7 @@ mod tests {
             Record::Publish(m.clone()),
             Record::Deliver(Message {
                 text: false,
+                at_most_once: true,
                 payload: Bytes::new(),
                 ..m
             }),

@@ -98,6 +98,13 @@ pub struct Counters {
     /// MQTT packets sent to clients as answers, by type (deliveries are
     /// `frames_delivered`).
     pub mqtt_sent: RefCell<BTreeMap<&'static str, u64>>,
+    /// QoS 1 deliveries to MQTT subscribers awaiting their PUBACK now.
+    pub mqtt_inflight: Cell<u64>,
+    /// QoS 1 deliveries held back now: their subscriber has as many in
+    /// flight as its receive maximum allows.
+    pub mqtt_waiting: Cell<u64>,
+    /// QoS 1 deliveries acknowledged (PUBACK).
+    pub mqtt_acked: Cell<u64>,
 }
 
 fn bump(map: &RefCell<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -204,6 +211,9 @@ impl Counters {
             mqtt_open: self.mqtt_open.get(),
             mqtt_received: own(&self.mqtt_received),
             mqtt_sent: own(&self.mqtt_sent),
+            mqtt_inflight: self.mqtt_inflight.get(),
+            mqtt_waiting: self.mqtt_waiting.get(),
+            mqtt_acked: self.mqtt_acked.get(),
         }
     }
 }
@@ -263,6 +273,15 @@ pub struct Snapshot {
     /// Counter by packet type.
     #[serde(default)]
     pub mqtt_sent: BTreeMap<String, u64>,
+    /// Gauge: QoS 1 deliveries awaiting PUBACK.
+    #[serde(default)]
+    pub mqtt_inflight: u64,
+    /// Gauge: QoS 1 deliveries held past a receive maximum.
+    #[serde(default)]
+    pub mqtt_waiting: u64,
+    /// Counter: QoS 1 deliveries acknowledged.
+    #[serde(default)]
+    pub mqtt_acked: u64,
 }
 
 fn add_map(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
@@ -297,6 +316,7 @@ impl Snapshot {
         add_map(&mut self.mqtt_refused, &other.mqtt_refused);
         add_map(&mut self.mqtt_received, &other.mqtt_received);
         add_map(&mut self.mqtt_sent, &other.mqtt_sent);
+        self.mqtt_acked += other.mqtt_acked;
     }
 }
 
@@ -379,11 +399,14 @@ const REFUSED_ALWAYS: &[&str] = &[
 pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> String {
     let mut total = retired.clone();
     let (mut open, mut queued, mut mqtt_open) = (0, 0, 0);
+    let (mut mqtt_inflight, mut mqtt_waiting) = (0, 0);
     for s in live {
         total.add_counters(s);
         open += s.open;
         queued += s.queued;
         mqtt_open += s.mqtt_open;
+        mqtt_inflight += s.mqtt_inflight;
+        mqtt_waiting += s.mqtt_waiting;
     }
     let mut out = String::with_capacity(4096);
     let one = |out: &mut String, name: &str, kind: &str, help: &str, v: String| {
@@ -487,6 +510,28 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         "gauge",
         "MQTT subscribers connected now (counted in throng_connections_open too).",
         mqtt_open.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_mqtt_inflight",
+        "gauge",
+        "QoS 1 deliveries to MQTT subscribers awaiting their PUBACK now.",
+        mqtt_inflight.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_mqtt_inflight_waiting",
+        "gauge",
+        "QoS 1 deliveries held back now because their subscriber has its receive maximum \
+         in flight (sent when a PUBACK frees a slot).",
+        mqtt_waiting.to_string(),
+    );
+    one(
+        &mut out,
+        "throng_mqtt_acked_total",
+        "counter",
+        "QoS 1 deliveries to MQTT subscribers acknowledged with PUBACK.",
+        total.mqtt_acked.to_string(),
     );
     for (name, help, map) in [
         (

@@ -239,6 +239,7 @@ mod tests {
                 id: from.map_or(0, |f| f.1),
                 message: MessageId::NONE,
                 text: true,
+                at_most_once: false,
                 channel: "news".into(),
                 payload: Bytes::from_static(b"hi"),
             };
@@ -392,6 +393,7 @@ mod tests {
             id: 3,
             message: MessageId::NONE,
             text: false,
+            at_most_once: false,
             channel: "c".into(),
             payload: Bytes::new(),
         });

@@ -334,15 +334,34 @@ impl<W: Wire> Conn<W> {
         &self.wire
     }
 
-    /// Tick of the last write progress, when a queue exists.
-    pub(crate) fn queued_since(&self) -> Option<u32> {
-        self.queue.borrow().as_ref().map(|q| q.since)
+    /// The tick since which it has been stalled at tick `now`: the last
+    /// write progress of its queue, or (MQTT) the last PUBACK while
+    /// deliveries await one, whichever is older; `None` when neither waits.
+    pub(crate) fn stalled_since(&self, now: u32) -> Option<u32> {
+        let queued = self.queue.borrow().as_ref().map(|q| q.since);
+        let unacked = if self.kind.is_mqtt() {
+            super::mqtt_qos::unacked_since(self)
+        } else {
+            None
+        };
+        match (queued, unacked) {
+            (Some(q), Some(a)) => Some(if now.wrapping_sub(q) >= now.wrapping_sub(a) {
+                q
+            } else {
+                a
+            }),
+            (q, a) => q.or(a),
+        }
     }
 
     /// Unsent bytes in the queue.
+    pub(crate) fn queued_len(&self) -> usize {
+        self.queue.borrow().as_ref().map_or(0, |q| q.bytes)
+    }
+
     #[cfg(test)]
     pub(crate) fn queued_bytes(&self) -> usize {
-        self.queue.borrow().as_ref().map_or(0, |q| q.bytes)
+        self.queued_len()
     }
 }
 
@@ -386,7 +405,13 @@ impl<O: Outside> Subscribers<O> {
         keep: impl Fn(Range<usize>) -> Bytes,
     ) -> Result<(), SendError> {
         if let Some(q) = c.queue.borrow_mut().as_mut() {
-            if q.bytes + wire.len() > self.limits.max_queue {
+            // An MQTT subscriber's deliveries awaiting PUBACK count too.
+            let inflight = if c.kind.is_mqtt() {
+                super::mqtt_qos::inflight_bytes(c)
+            } else {
+                0
+            };
+            if q.bytes + inflight + wire.len() > self.limits.max_queue {
                 return Err(SendError::QueueFull);
             }
             q.bytes += wire.len();
@@ -402,6 +427,41 @@ impl<O: Outside> Subscribers<O> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.start_queue(c, keep(0..wire.len()), false);
+                    Ok(())
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => Err(SendError::Broken),
+            };
+        }
+    }
+
+    /// Hands the frame made of `parts` to `c` (an MQTT delivery whose
+    /// packet id is its own): one `writev` of the parts when nothing is
+    /// queued; joined into one buffer only for a TLS subscriber, behind a
+    /// queue, or for what the socket did not take.
+    pub(crate) fn send_parts(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        parts: &[&[u8]; 3],
+    ) -> Result<(), SendError> {
+        if c.state.get() == State::Gone {
+            return Err(SendError::Closed);
+        }
+        if c.tls.is_some() || c.has_queue() {
+            return self.send(c, &Bytes::from(parts.concat()));
+        }
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let iov = parts.map(IoSlice::new);
+        let rest = |from: usize| Bytes::from(parts.concat().split_off(from));
+        loop {
+            return match c.wire.write_vectored(&iov) {
+                Ok(n) if n == total => Ok(()),
+                Ok(n) => {
+                    self.start_queue(c, rest(n), n > 0);
+                    Ok(())
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.start_queue(c, rest(0), false);
                     Ok(())
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -549,6 +609,7 @@ impl<O: Outside> Subscribers<O> {
         self.forget_rejoin(c);
         if c.kind.is_mqtt() {
             self.publish_will(c);
+            self.drop_inflight(c);
         }
         let partial = self.drop_queue(c).is_some_and(|q| q.partial);
         if let Some(tls) = &c.tls

@@ -149,6 +149,7 @@ impl Link {
             id,
             message: MessageId::NONE,
             text,
+            at_most_once: false,
             channel: channel.to_owned(),
             payload,
         });
@@ -161,13 +162,21 @@ impl Link {
 
     /// Asks the supervisor to relay a message whose answer nobody waits
     /// for (an MQTT client's PUBLISH): its answer, under an id no request
-    /// holds, is dropped by [`Self::on_record`].
-    pub(crate) fn publish_unanswered(&self, channel: &str, text: bool, payload: Bytes) {
+    /// holds, is dropped by [`Self::on_record`]. `at_most_once`: it was
+    /// published at QoS 0.
+    pub(crate) fn publish_unanswered(
+        &self,
+        channel: &str,
+        text: bool,
+        at_most_once: bool,
+        payload: Bytes,
+    ) {
         let id = self.request_id();
         self.send(&Record::Publish(Message {
             id,
             message: MessageId::NONE,
             text,
+            at_most_once,
             channel: channel.to_owned(),
             payload,
         }));

@@ -20,6 +20,7 @@ mod gate;
 mod http;
 mod link;
 mod mqtt;
+mod mqtt_qos;
 #[cfg(test)]
 mod pair;
 mod rejoin;

@@ -7,7 +7,7 @@
 //! route publishes there (HTTP, Redis, another MQTT client), and what it
 //! publishes reaches WebSocket and SSE subscribers too. Sessions are clean
 //! only: a client asking for a persistent one gets a clean one, and
-//! CONNACK says so (session present 0). Messages go out at QoS 0, one
+//! CONNACK says so (session present 0). Messages go out at QoS 0 as one
 //! PUBLISH encoded per worker and per version, written to every MQTT
 //! subscriber as a WebSocket frame is to every WebSocket one
 //! ([`super::subscribers`]). A subscriber's state is one box: its decoder,
@@ -22,8 +22,10 @@
 //! certificate, tickets), then the same; a TLS subscriber's session is
 //! the same box a WebSocket one's is.
 //!
-//! Not here yet (docs/mqtt.md): QoS 1 deliveries to subscribers (granted QoS 0), retained and will
-//! messages, auth, TLS.
+//! A subscription is granted the QoS it asked, at most 1; QoS 1
+//! deliveries, each with its own packet id, are in [`super::mqtt_qos`].
+//!
+//! Not here yet (docs/mqtt.md): retained messages, auth.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -65,6 +67,12 @@ pub(crate) struct MqttState {
     pub(crate) seen: u64,
     /// Its will: published if it ends without a DISCONNECT.
     pub(crate) will: Option<Box<Will>>,
+    /// QoS 1 deliveries it may have awaiting PUBACK: its 5.0 receive
+    /// maximum, at most [`super::mqtt_qos::MAX_INFLIGHT`].
+    pub(crate) receive_max: u16,
+    /// Its QoS 1 deliveries awaiting PUBACK or held; `None` when there
+    /// are none ([`super::mqtt_qos`]).
+    pub(crate) inflight: Option<Box<super::mqtt_qos::Inflight>>,
 }
 
 /// A will message: a channel and a payload.
@@ -84,6 +92,8 @@ impl MqttState {
             wild: Vec::new(),
             seen: 0,
             will: None,
+            receive_max: super::mqtt_qos::MAX_INFLIGHT,
+            inflight: None,
         }
     }
 }
@@ -248,7 +258,9 @@ impl<O: Outside> Subscribers<O> {
         let will = c.proto.borrow_mut().mqtt_mut().and_then(|m| m.will.take());
         if let Some(will) = will {
             let text = std::str::from_utf8(&will.payload).is_ok();
-            self.outside.publish(&will.channel, text, will.payload);
+            // A will is published at QoS 0 (its QoS is not kept).
+            self.outside
+                .publish(&will.channel, text, true, will.payload);
             self.counters.mqtt_sent("will");
         }
     }
@@ -308,9 +320,10 @@ impl<O: Outside> Subscribers<O> {
                 }
                 false
             }
-            // Acknowledgements of QoS 1 and 2 deliveries this server does
-            // not make yet, and 5.0 AUTH, which it does not offer.
-            Packet::Puback(_) | Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Auth(_) => true,
+            Packet::Puback(a) => self.on_puback(c, a.packet_id),
+            // Acknowledgements of QoS 2 deliveries this server does not
+            // make, and 5.0 AUTH, which it does not offer.
+            Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Auth(_) => true,
             Packet::Pubrel(a) => {
                 // Only answers a QoS 2 PUBLISH, which is refused: say the
                 // id is unknown (5.0) and go on.
@@ -340,12 +353,19 @@ impl<O: Outside> Subscribers<O> {
     fn on_subscribe(&self, c: &Rc<Conn<O::Wire>>, s: &Subscribe<'_>) -> bool {
         let v5 = c.kind == Kind::Mqtt5;
         let mut codes = Vec::with_capacity(s.filters.len());
-        for (filter, _options) in &s.filters {
+        for (filter, options) in &s.filters {
+            // QoS 0 or 1: what was asked, at most the server's maximum.
+            let qos = (options.qos as u8).min(1);
+            let granted = ReasonCode(qos);
             let code = if mqtt::topic::is_wildcard(filter) {
                 let ok = self.limits.wildcards
-                    && self.channels.borrow_mut().subscribe_wild(filter, c).is_ok();
+                    && self
+                        .channels
+                        .borrow_mut()
+                        .subscribe_wild(filter, c, qos)
+                        .is_ok();
                 if ok {
-                    ReasonCode::SUCCESS
+                    granted
                 } else {
                     // Redis channels mode: the node subscribes in Redis per
                     // channel, and a filter is not one.
@@ -364,11 +384,10 @@ impl<O: Outside> Subscribers<O> {
                     ReasonCode::UNSPECIFIED
                 }
             } else {
-                if self.channels.borrow_mut().subscribe_mqtt(filter, c) {
+                if self.channels.borrow_mut().subscribe_mqtt(filter, c, qos) {
                     self.outside.channel_interest(filter, true);
                 }
-                // Deliveries are QoS 0 for now, whatever was asked.
-                ReasonCode::SUCCESS
+                granted
             };
             codes.push(code);
         }
@@ -443,8 +462,13 @@ impl<O: Outside> Subscribers<O> {
             ReasonCode::TOPIC_NAME_INVALID
         } else {
             let text = std::str::from_utf8(p.payload).is_ok();
-            self.outside
-                .publish(p.topic, text, Bytes::copy_from_slice(p.payload));
+            let at_most_once = p.delivery == Delivery::AtMostOnce;
+            self.outside.publish(
+                p.topic,
+                text,
+                at_most_once,
+                Bytes::copy_from_slice(p.payload),
+            );
             ReasonCode::SUCCESS
         };
         match p.delivery {
@@ -527,6 +551,8 @@ struct Connected {
     client_id_empty: bool,
     /// Its will's topic and payload.
     will: Option<(String, Bytes)>,
+    /// Its receive maximum (5.0; 3.1.1 has none).
+    receive_max: Option<u16>,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
@@ -677,6 +703,9 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     };
     let mut state = MqttState::new(decoder, keep_alive);
     state.will = will;
+    if let Some(max) = connected.receive_max {
+        state.receive_max = max.min(state.receive_max);
+    }
 
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
     let mut c = Conn::new(sock, w.subs.now.get(), &rest)
@@ -715,6 +744,7 @@ async fn read_connect(
                 will: c
                     .will
                     .map(|w| (w.topic.to_owned(), Bytes::copy_from_slice(w.payload))),
+                receive_max: c.properties.receive_maximum(),
             };
             return Ok((connected, d.consumed));
         }

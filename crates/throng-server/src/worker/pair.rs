@@ -143,7 +143,7 @@ impl Outside for Around {
             .push((request, channel.to_owned(), since));
     }
 
-    fn publish(&self, channel: &str, _text: bool, payload: Bytes) {
+    fn publish(&self, channel: &str, _text: bool, _at_most_once: bool, payload: Bytes) {
         self.published
             .borrow_mut()
             .push((channel.to_owned(), payload));
@@ -436,6 +436,7 @@ impl Pair {
             id: 1,
             message: MessageId::NONE,
             text: true,
+            at_most_once: false,
             channel: channel.into(),
             payload: Bytes::copy_from_slice(text.as_bytes()),
         })

@@ -214,6 +214,7 @@ mod tests {
             id: 1,
             message: MessageId { epoch: 5, seq: 6 },
             text: true,
+            at_most_once: false,
             channel: "c".into(),
             payload: Bytes::from_static(b"hi\nthere"),
         };

@@ -173,7 +173,8 @@ impl Outside for Around {
         self.link.recover(request, channel, since);
     }
 
-    fn publish(&self, channel: &str, text: bool, payload: Bytes) {
-        self.link.publish_unanswered(channel, text, payload);
+    fn publish(&self, channel: &str, text: bool, at_most_once: bool, payload: Bytes) {
+        self.link
+            .publish_unanswered(channel, text, at_most_once, payload);
     }
 }

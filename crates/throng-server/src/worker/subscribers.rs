@@ -23,6 +23,7 @@ use throng_proto::ws::{self, OpCode, close_code};
 
 use super::conn::{CLOSE_GRACE, Conn, SendError, State, Wire};
 use super::mqtt;
+use super::mqtt_qos::Qos1;
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, NONE, Slab};
 use crate::auth;
@@ -51,9 +52,10 @@ pub(crate) trait Outside {
     fn forget(&self, wire: &Self::Wire, tag: u32);
     /// A channel got its first subscriber here (`true`) or lost its last.
     fn channel_interest(&self, channel: &str, subscribed: bool);
-    /// An MQTT client published `payload` on `channel`: to the supervisor,
-    /// which relays it like an HTTP publish (its answer is not awaited).
-    fn publish(&self, channel: &str, text: bool, payload: Bytes);
+    /// An MQTT client published `payload` on `channel` (at QoS 0:
+    /// `at_most_once`): to the supervisor, which relays it like an HTTP
+    /// publish (its answer is not awaited).
+    fn publish(&self, channel: &str, text: bool, at_most_once: bool, payload: Bytes);
     /// Asks for what `channel` kept after `since`, for rejoin `request`;
     /// the answer comes to [`Subscribers::recovered`].
     fn recover(&self, request: u64, channel: &str, since: MessageId);
@@ -132,17 +134,32 @@ pub(crate) struct Fanout<W> {
     sse: Option<Bytes>,
     /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers.
     mqtt: [Option<Bytes>; 2],
+    /// The QoS 1 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers (`None`
+    /// inside: it could not be encoded, and is sent at QoS 0).
+    mqtt_qos1: [Option<Option<Qos1>>; 2],
     /// The message (its id, for rejoining subscribers; its body, for the
     /// other encodings).
     message: Message,
     /// The subscribers to write to.
     conns: Vec<Rc<Conn<W>>>,
+    /// The QoS each of `conns` gets the message at, when some MQTT
+    /// subscriber gets it at 1; empty (all at 0) otherwise.
+    qos: Vec<u8>,
     /// Invariant: `next <= conns.len()`; `conns[..next]` were written to.
     next: usize,
     /// When it began (the fan-out's wall time is measured to its end).
     started: Instant,
     /// The thread CPU its turns took.
     cpu: Duration,
+}
+
+/// Records that the last of `n` subscribers of a fan-out gets its message
+/// at `q`: `qos` stays empty while every one gets it at 0.
+fn mark_qos(qos: &mut Vec<u8>, n: usize, q: u8) {
+    if q != 0 || !qos.is_empty() {
+        qos.resize(n - 1, 0);
+        qos.push(q);
+    }
 }
 
 /// A connection in a closing handshake, and the tick the handshake started.
@@ -374,7 +391,7 @@ impl<O: Outside> Subscribers<O> {
             return channels.get(channel).map_or(0, |ch| ch.len() as u64);
         }
         let mut n = channels.get(channel).map_or(0, |ch| ch.subs.len() as u64);
-        channels.for_each_mqtt(channel, |_| n += 1);
+        channels.for_each_mqtt(channel, |_, _, first| n += u64::from(first));
         n
     }
 
@@ -405,10 +422,30 @@ impl<O: Outside> Subscribers<O> {
             .get(&m.channel)
             .map(|ch| ch.subs.clone())
             .unwrap_or_default();
+        // QoS 1 to the subscribers who asked for it, unless it was
+        // published at QoS 0.
+        let mut qos: Vec<u8> = Vec::new();
+        let most = u8::from(!m.at_most_once);
         if channels.has_wildcards() {
-            channels.for_each_mqtt(&m.channel, |c| conns.push(c.clone()));
+            channels.for_each_mqtt(&m.channel, |c, q, first| {
+                let q = q.min(most);
+                if first {
+                    conns.push(c.clone());
+                    mark_qos(&mut qos, conns.len(), q);
+                } else if q != 0
+                    && let Some(k) = conns.iter().rposition(|o| Rc::ptr_eq(o, c))
+                {
+                    // Found again by a subscription at a higher QoS (rare).
+                    qos.resize(conns.len(), 0);
+                    qos[k] = q;
+                }
+            });
         } else if let Some(ch) = channels.get(&m.channel) {
-            conns.extend(ch.mqtt.iter().map(|(c, _)| c.clone()));
+            conns.reserve(ch.mqtt.len());
+            for (c, _, q) in &ch.mqtt {
+                conns.push(c.clone());
+                mark_qos(&mut qos, conns.len(), (*q).min(most));
+            }
         }
         drop(channels);
         Fanout {
@@ -416,8 +453,10 @@ impl<O: Outside> Subscribers<O> {
             with_id: None,
             sse: None,
             mqtt: [None, None],
+            mqtt_qos1: [None, None],
             message: m.clone(),
             conns,
+            qos,
             next: 0,
             started: Instant::now(),
             cpu: Duration::ZERO,
@@ -432,7 +471,7 @@ impl<O: Outside> Subscribers<O> {
         let mut behind = Vec::new();
         let mut delivered = 0u64;
         let m = &f.message;
-        for c in &f.conns[f.next..end] {
+        for (k, c) in f.conns[f.next..end].iter().enumerate() {
             if !c.is_open() {
                 // Left the channel since the fan-out began.
                 continue;
@@ -442,8 +481,22 @@ impl<O: Outside> Subscribers<O> {
             } else {
                 Ok(Live::Send)
             };
-            let sent = match now {
-                Ok(Live::Send) => {
+            let qos1 = match f.qos.get(f.next + k) {
+                Some(&q) if q != 0 => {
+                    let (v, version) = if c.kind == Kind::Mqtt5 {
+                        (1, Version::V5)
+                    } else {
+                        (0, Version::V311)
+                    };
+                    f.mqtt_qos1[v]
+                        .get_or_insert_with(|| Qos1::of(version, m))
+                        .as_ref()
+                }
+                _ => None,
+            };
+            let sent = match (now, qos1) {
+                (Ok(Live::Send), Some(q)) => self.deliver_qos1(c, q),
+                (Ok(Live::Send), None) => {
                     // Subscribers with ids or SSE get their own encoding,
                     // made once for all of them at the first one met.
                     let frame = match c.kind {
@@ -461,8 +514,8 @@ impl<O: Outside> Subscribers<O> {
                     };
                     self.send(c, frame)
                 }
-                Ok(Live::Held | Live::Repeat) => Ok(()),
-                Err(e) => Err(e),
+                (Ok(Live::Held | Live::Repeat), _) => Ok(()),
+                (Err(e), _) => Err(e),
             };
             match sent {
                 Ok(()) => delivered += 1,
@@ -574,7 +627,7 @@ impl<O: Outside> Subscribers<O> {
         let late: Vec<_> = {
             let mut queued = self.queued.borrow_mut();
             let mut late = Vec::new();
-            queued.retain(|c| match c.queued_since() {
+            queued.retain(|c| match c.stalled_since(now) {
                 Some(since) if c.state.get() != State::Gone => {
                     if wheel::expired(now, since, self.limits.write) {
                         late.push(c.clone());
@@ -634,6 +687,7 @@ mod tests {
             id: 1,
             message: crate::history::MessageId::NONE,
             text: true,
+            at_most_once: false,
             channel: "news".into(),
             payload: bytes::Bytes::from_static(b"one"),
         };
@@ -1007,6 +1061,7 @@ mod tests {
                     id: seq,
                     message,
                     text: true,
+                    at_most_once: false,
                     channel: "c".into(),
                     payload: body,
                 }

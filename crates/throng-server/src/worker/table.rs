@@ -84,9 +84,9 @@ impl<W> Slab<W> {
 pub(crate) struct Channel<W> {
     pub(crate) subs: Vec<Rc<Conn<W>>>,
     /// MQTT subscribers, each with the index of this subscription in its
-    /// connection's list. Invariant: `c.mqtt().subs[k] == (this channel,
-    /// position of (c, k) here)`.
-    pub(crate) mqtt: Vec<(Rc<Conn<W>>, u32)>,
+    /// connection's list and the QoS it was granted (0 or 1). Invariant:
+    /// `c.mqtt().subs[k] == (this channel, position of (c, k, _) here)`.
+    pub(crate) mqtt: Vec<(Rc<Conn<W>>, u32, u8)>,
 }
 
 impl<W> Channel<W> {
@@ -101,8 +101,9 @@ impl<W> Channel<W> {
 }
 
 /// The MQTT subscribers of one wildcard filter, each with the index of
-/// this subscription in its connection's wildcard list (as [`Channel::mqtt`]).
-pub(crate) type Wild<W> = Vec<(Rc<Conn<W>>, u32)>;
+/// this subscription in its connection's wildcard list and its QoS (as
+/// [`Channel::mqtt`]).
+pub(crate) type Wild<W> = Vec<(Rc<Conn<W>>, u32, u8)>;
 
 /// Channels by name. Invariant: `list[c.channel].subs[c.sub_pos] == c` for
 /// every subscribed connection; a channel is dropped with its last subscriber.
@@ -143,37 +144,65 @@ impl<W> Channels<W> {
         !self.wild.is_empty()
     }
 
-    /// Calls `found` with every MQTT subscriber a message on `channel`
-    /// reaches (its exact subscribers, then those of every matching
-    /// wildcard filter), each once.
-    pub(crate) fn for_each_mqtt(&self, channel: &str, mut found: impl FnMut(&Rc<Conn<W>>)) {
+    /// Calls `found(c, qos, true)` with every MQTT subscriber a message on
+    /// `channel` reaches (its exact subscribers, then those of every
+    /// matching wildcard filter), each once, at the QoS of the subscription
+    /// found first; then `found(c, 1, false)` when a later one of its
+    /// subscriptions has the higher QoS (the message goes at the highest).
+    pub(crate) fn for_each_mqtt(
+        &self,
+        channel: &str,
+        mut found: impl FnMut(&Rc<Conn<W>>, u8, bool),
+    ) {
         let generation = self.generation.get() + 1;
         self.generation.set(generation);
-        let mut first = |c: &Rc<Conn<W>>| {
-            let fresh = c
-                .proto
-                .borrow_mut()
-                .mqtt_mut()
-                .is_some_and(|m| std::mem::replace(&mut m.seen, generation) != generation);
-            if fresh {
-                found(c);
+        // `seen` holds the lookup's generation and, in its low bit, the
+        // highest QoS found for the connection in it.
+        let mut visit = |c: &Rc<Conn<W>>, qos: u8| {
+            let before = c.proto.borrow_mut().mqtt_mut().map(|m| {
+                let before = m.seen;
+                if before >> 1 != generation {
+                    m.seen = generation << 1 | u64::from(qos);
+                } else if qos > (before & 1) as u8 {
+                    m.seen |= 1;
+                }
+                before
+            });
+            match before {
+                Some(b) if b >> 1 != generation => found(c, qos, true),
+                Some(b) if qos > (b & 1) as u8 => found(c, qos, false),
+                _ => {}
             }
         };
         if let Some(ch) = self.get(channel) {
-            ch.mqtt.iter().for_each(|(c, _)| first(c));
+            ch.mqtt.iter().for_each(|(c, _, q)| visit(c, *q));
         }
-        self.wild
-            .for_each_match(channel, |subs| subs.iter().for_each(|(c, _)| first(c)));
+        self.wild.for_each_match(channel, |subs| {
+            subs.iter().for_each(|(c, _, q)| visit(c, *q));
+        });
     }
 
-    /// Adds MQTT subscriber `c` to wildcard `filter` (a checked filter),
-    /// unless it has it already.
-    pub(crate) fn subscribe_wild(&mut self, filter: &str, c: &Rc<Conn<W>>) -> Result<(), TooDeep> {
-        if c.proto
+    /// Adds MQTT subscriber `c` to wildcard `filter` (a checked filter) at
+    /// `qos`; a subscription it has already takes the new QoS.
+    pub(crate) fn subscribe_wild(
+        &mut self,
+        filter: &str,
+        c: &Rc<Conn<W>>,
+        qos: u8,
+    ) -> Result<(), TooDeep> {
+        let had = c
+            .proto
             .borrow()
             .mqtt()
-            .is_some_and(|m| m.wild.iter().any(|w| &*w.filter == filter))
-        {
+            .and_then(|m| m.wild.iter().find(|w| &*w.filter == filter).map(|w| w.pos));
+        if let Some(pos) = had {
+            if let Some(entry) = self
+                .wild
+                .get_mut(filter)
+                .and_then(|subs| subs.get_mut(pos as usize))
+            {
+                entry.2 = qos;
+            }
             return Ok(());
         }
         let subs = self.wild.get_or_insert_with(filter, Vec::new)?;
@@ -183,7 +212,7 @@ impl<W> Channels<W> {
                 filter: Rc::from(filter),
                 pos: subs.len() as u32,
             });
-            subs.push((c.clone(), (m.wild.len() - 1) as u32));
+            subs.push((c.clone(), (m.wild.len() - 1) as u32, qos));
         }
         Ok(())
     }
@@ -223,7 +252,7 @@ impl<W> Channels<W> {
             return;
         };
         subs.swap_remove(sub.pos as usize);
-        if let Some((other, j)) = subs.get(sub.pos as usize)
+        if let Some((other, j, _)) = subs.get(sub.pos as usize)
             && let Some(m) = other.proto.borrow_mut().mqtt_mut()
         {
             m.wild[*j as usize].pos = sub.pos;
@@ -271,9 +300,10 @@ impl<W> Channels<W> {
         first
     }
 
-    /// Adds MQTT subscriber `c` to channel `name`, unless it is in it
-    /// already; returns whether it is the channel's first subscriber.
-    pub(crate) fn subscribe_mqtt(&mut self, name: &str, c: &Rc<Conn<W>>) -> bool {
+    /// Adds MQTT subscriber `c` to channel `name` at `qos` (a subscription
+    /// it has already takes the new QoS); returns whether it is the
+    /// channel's first subscriber.
+    pub(crate) fn subscribe_mqtt(&mut self, name: &str, c: &Rc<Conn<W>>, qos: u8) -> bool {
         let (id, first) = self.id_of(name);
         let Some((_, ch)) = self.list[id as usize].as_mut() else {
             return first;
@@ -282,14 +312,17 @@ impl<W> Channels<W> {
         let Some(m) = proto.mqtt_mut() else {
             return first;
         };
-        if m.subs.iter().any(|s| s.channel == id) {
+        if let Some(s) = m.subs.iter().find(|s| s.channel == id) {
+            if let Some(entry) = ch.mqtt.get_mut(s.pos as usize) {
+                entry.2 = qos;
+            }
             return first;
         }
         m.subs.push(Sub {
             channel: id,
             pos: ch.mqtt.len() as u32,
         });
-        ch.mqtt.push((c.clone(), (m.subs.len() - 1) as u32));
+        ch.mqtt.push((c.clone(), (m.subs.len() - 1) as u32, qos));
         first
     }
 
@@ -344,7 +377,7 @@ impl<W> Channels<W> {
         let id = sub.channel as usize;
         let (_, ch) = self.list[id].as_mut()?;
         ch.mqtt.swap_remove(sub.pos as usize);
-        if let Some((other, j)) = ch.mqtt.get(sub.pos as usize)
+        if let Some((other, j, _)) = ch.mqtt.get(sub.pos as usize)
             && let Some(m) = other.proto.borrow_mut().mqtt_mut()
         {
             // Another connection's: `c` is in a channel once.
@@ -469,16 +502,20 @@ mod tests {
     fn check_mqtt(ch: &Channels<TcpStream>, name: &str) -> Vec<*const Conn<TcpStream>> {
         let id = *ch.by_name.get(name).unwrap_or(&NONE);
         let entries = ch.get(name).map_or(&[][..], |c| &c.mqtt[..]);
-        for (pos, (c, k)) in entries.iter().enumerate() {
+        for (pos, (c, k, _)) in entries.iter().enumerate() {
             let sub = c.proto.borrow().mqtt().unwrap().subs[*k as usize];
             assert_eq!((sub.channel, sub.pos as usize), (id, pos), "{name}");
         }
-        entries.iter().map(|(c, _)| Rc::as_ptr(c)).collect()
+        entries.iter().map(|(c, _, _)| Rc::as_ptr(c)).collect()
     }
 
     fn found(ch: &Channels<TcpStream>, topic: &str) -> Vec<*const Conn<TcpStream>> {
         let mut got = Vec::new();
-        ch.for_each_mqtt(topic, |c| got.push(Rc::as_ptr(c)));
+        ch.for_each_mqtt(topic, |c, _, first| {
+            if first {
+                got.push(Rc::as_ptr(c));
+            }
+        });
         got.sort();
         got
     }
@@ -494,13 +531,13 @@ mod tests {
         let (_l, cs) = mqtt_conns(4);
         let mut ch = Channels::default();
         for c in &cs[..3] {
-            ch.subscribe_mqtt("a/x", c);
+            ch.subscribe_mqtt("a/x", c, 0);
         }
-        assert!(!ch.subscribe_mqtt("a/x", &cs[0]), "twice is once");
-        assert!(ch.subscribe_mqtt("b", &cs[0]));
-        ch.subscribe_wild("a/+", &cs[0]).unwrap();
-        ch.subscribe_wild("a/+", &cs[3]).unwrap();
-        ch.subscribe_wild("#", &cs[0]).unwrap();
+        assert!(!ch.subscribe_mqtt("a/x", &cs[0], 0), "twice is once");
+        assert!(ch.subscribe_mqtt("b", &cs[0], 0));
+        ch.subscribe_wild("a/+", &cs[0], 0).unwrap();
+        ch.subscribe_wild("a/+", &cs[3], 0).unwrap();
+        ch.subscribe_wild("#", &cs[0], 0).unwrap();
         assert_eq!(check_mqtt(&ch, "a/x").len(), 3);
         assert_eq!(
             found(&ch, "a/x"),
@@ -531,5 +568,52 @@ mod tests {
         assert!(!ch.unsubscribe_wild("a/+", &cs[3]));
         assert!(!ch.has_wildcards(), "the trie is empty again");
         assert_eq!(found(&ch, "a/x"), ptrs(&[&cs[2]]));
+    }
+
+    /// What each connection a lookup finds gets the message at: the
+    /// highest QoS of its matching subscriptions, whichever is met first.
+    fn qos_found(ch: &Channels<TcpStream>, topic: &str) -> Vec<(*const Conn<TcpStream>, u8)> {
+        let mut got: Vec<(*const Conn<TcpStream>, u8)> = Vec::new();
+        ch.for_each_mqtt(topic, |c, qos, first| {
+            if first {
+                got.push((Rc::as_ptr(c), qos));
+            } else if let Some(e) = got.iter_mut().find(|(p, _)| *p == Rc::as_ptr(c)) {
+                e.1 = e.1.max(qos);
+            }
+        });
+        got.sort();
+        got
+    }
+
+    #[test]
+    fn a_connection_two_of_whose_subscriptions_match_gets_the_higher_qos() {
+        let (_l, cs) = mqtt_conns(3);
+        let mut ch = Channels::default();
+        // 0: exact at QoS 0, wildcard at 1 (met second); 1: exact at 1,
+        // wildcard at 0; 2: wildcard at 0 only.
+        ch.subscribe_mqtt("a/x", &cs[0], 0);
+        ch.subscribe_wild("a/+", &cs[0], 1).unwrap();
+        ch.subscribe_mqtt("a/x", &cs[1], 1);
+        ch.subscribe_wild("#", &cs[1], 0).unwrap();
+        ch.subscribe_wild("a/#", &cs[2], 0).unwrap();
+        let mut want = vec![
+            (Rc::as_ptr(&cs[0]), 1),
+            (Rc::as_ptr(&cs[1]), 1),
+            (Rc::as_ptr(&cs[2]), 0),
+        ];
+        want.sort();
+        assert_eq!(qos_found(&ch, "a/x"), want);
+        // A subscription made again takes its new QoS.
+        ch.subscribe_wild("a/+", &cs[0], 0).unwrap();
+        ch.subscribe_mqtt("a/x", &cs[1], 0);
+        ch.subscribe_wild("a/#", &cs[2], 1).unwrap();
+        let mut want = vec![
+            (Rc::as_ptr(&cs[0]), 0),
+            (Rc::as_ptr(&cs[1]), 0),
+            (Rc::as_ptr(&cs[2]), 1),
+        ];
+        want.sort();
+        assert_eq!(qos_found(&ch, "a/x"), want);
+        check_mqtt(&ch, "a/x");
     }
 }

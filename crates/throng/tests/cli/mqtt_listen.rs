@@ -21,7 +21,7 @@ use throng_testkit::{Peer, Server, TempDir, require, wait_until};
 use crate::serve;
 
 /// A server with one MQTT listener on a free port.
-fn mqtt_server(extra: &[&str]) -> (Server, SocketAddr) {
+pub(crate) fn mqtt_server(extra: &[&str]) -> (Server, SocketAddr) {
     let mut args = vec!["--mqtt-listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let s = serve(&args);
@@ -34,7 +34,7 @@ fn mqtt_server(extra: &[&str]) -> (Server, SocketAddr) {
 
 /// A packet as the test keeps it (the codec's borrow the read buffer).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Got {
+pub(crate) enum Got {
     Connack {
         session_present: bool,
         code: u8,
@@ -77,7 +77,7 @@ fn own(p: Packet<'_>) -> Got {
 }
 
 /// One MQTT client over a blocking stream (a socket, or TLS over one).
-struct Client<S = TcpStream> {
+pub(crate) struct Client<S = TcpStream> {
     s: S,
     version: Version,
     dec: Decoder,
@@ -86,7 +86,7 @@ struct Client<S = TcpStream> {
 
 impl<S: Read + Write> Client<S> {
     /// A client of `version` over `s`, which sent nothing yet.
-    fn over(s: S, version: Version) -> Self {
+    pub(crate) fn over(s: S, version: Version) -> Self {
         Self {
             s,
             version,
@@ -95,21 +95,27 @@ impl<S: Read + Write> Client<S> {
         }
     }
 
-    fn send(&mut self, p: &Packet<'_>) {
+    pub(crate) fn send(&mut self, p: &Packet<'_>) {
         let mut out = Vec::new();
         p.encode(self.version, &mut out).expect("encode");
         self.s.write_all(&out).expect("write to the server");
     }
 
     /// The next packet; `None` when the server closed the connection.
-    fn next(&mut self) -> Option<Got> {
+    pub(crate) fn next(&mut self) -> Option<Got> {
+        self.next_as(own)
+    }
+
+    /// The next packet as `keep` keeps it (what [`Got`] leaves out, such
+    /// as a PUBLISH's packet id); `None` when the server closed the connection.
+    pub(crate) fn next_as<T>(&mut self, keep: impl FnOnce(Packet<'_>) -> T) -> Option<T> {
         loop {
             if let Some(d) = self
                 .dec
                 .decode(&self.buf)
                 .expect("a packet the codec reads")
             {
-                let (n, got) = (d.consumed, own(d.packet));
+                let (n, got) = (d.consumed, keep(d.packet));
                 self.buf.drain(..n);
                 return Some(got);
             }
@@ -123,7 +129,7 @@ impl<S: Read + Write> Client<S> {
         }
     }
 
-    fn subscribe(&mut self, id: u16, filters: &[&str]) -> Vec<u8> {
+    pub(crate) fn subscribe(&mut self, id: u16, filters: &[&str]) -> Vec<u8> {
         let filters = filters
             .iter()
             .map(|f| (*f, SubscriptionOptions::qos(QoS::AtMostOnce)))
@@ -139,7 +145,7 @@ impl<S: Read + Write> Client<S> {
         }
     }
 
-    fn publish(&mut self, topic: &str, payload: &[u8], delivery: Delivery) {
+    pub(crate) fn publish(&mut self, topic: &str, payload: &[u8], delivery: Delivery) {
         self.send(&Packet::Publish(Publish {
             dup: false,
             delivery,
@@ -151,7 +157,7 @@ impl<S: Read + Write> Client<S> {
     }
 
     /// The next packet, which must be a PUBLISH: its topic and payload.
-    fn message(&mut self) -> (String, String) {
+    pub(crate) fn message(&mut self) -> (String, String) {
         match self.next() {
             Some(Got::Publish {
                 topic,
@@ -208,7 +214,7 @@ impl Client {
     }
 
     /// Connected: CONNACK success checked.
-    fn connect(addr: SocketAddr, version: Version, id: &str) -> Self {
+    pub(crate) fn connect(addr: SocketAddr, version: Version, id: &str) -> Self {
         let mut c = Self::open(addr, version, id, 60, true);
         let got = c.next();
         assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
@@ -216,7 +222,7 @@ impl Client {
     }
 
     /// Nothing arrives within `wait`.
-    fn quiet(&mut self, wait: Duration) {
+    pub(crate) fn quiet(&mut self, wait: Duration) {
         self.s.set_read_timeout(Some(wait)).unwrap();
         let mut chunk = [0u8; 64];
         match self.s.read(&mut chunk) {

@@ -589,7 +589,6 @@ fn retained_messages_go_to_new_subscribers_until_cleared() {
 /// client acknowledges: mosquitto_sub says so), a QoS 0 publish arrives at
 /// QoS 0, and a QoS 0 subscriber gets everything at QoS 0.
 #[test]
-#[ignore = "throng serve grants QoS 0 only yet: mqttd's next step"]
 fn qos_1_is_acknowledged_both_ways() {
     require_clients!();
     for start in Broker::both() {

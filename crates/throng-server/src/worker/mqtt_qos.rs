@@ -1,0 +1,359 @@
+//! QoS 1 deliveries to MQTT subscribers: the PUBLISH encoded once per
+//! fan-out and version with a hole for the packet id, each subscriber's
+//! window of deliveries awaiting PUBACK, and what frees it.
+//!
+//! A QoS 1 PUBLISH differs between subscribers only in its two-byte packet
+//! id, after the topic. [`Qos1`] is the packet encoded once, with id 0 in
+//! that place; a delivery writes it as three slices (what comes before the
+//! id, the connection's id, what follows) in one `writev`, and only a short
+//! write copies (into the connection's queue, as for any frame).
+//!
+//! A delivery is then in flight until its PUBACK: its bytes count against
+//! `--max-queue` beside what is queued, and a connection with its receive
+//! maximum in flight (5.0's CONNECT property; at most [`MAX_INFLIGHT`],
+//! which is also 3.1.1's) gets further deliveries held, not sent, until a
+//! PUBACK frees a slot. A subscriber that stops acknowledging is a slow
+//! consumer: over `--max-queue`, or with no PUBACK for `--write-timeout`
+//! while deliveries await one, it is closed (5.0: DISCONNECT 0x97). Its
+//! state is boxed only while something is in flight, and dies with the
+//! connection: sessions are clean, nothing is redelivered.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use throng_proto::mqtt::{Delivery, Packet, PacketId, Properties, Publish, Version};
+
+use super::conn::{Conn, SendError, State};
+use super::subscribers::{Outside, Subscribers};
+use crate::control::Message;
+
+/// The most deliveries a connection has awaiting PUBACK, whatever its
+/// receive maximum (5.0 allows up to 65,535; 3.1.1 sets none): past it,
+/// deliveries wait in the server, where `--max-queue` bounds them.
+pub(crate) const MAX_INFLIGHT: u16 = 1024;
+
+/// A QoS 1 PUBLISH encoded once for every subscriber of one version, with
+/// its packet id left to each delivery.
+#[derive(Clone)]
+pub(crate) struct Qos1 {
+    packet: Bytes,
+    /// Where the packet id's two bytes are in `packet`.
+    id_at: usize,
+}
+
+impl Qos1 {
+    /// The QoS 1 PUBLISH of message `m` for a subscriber of `version`;
+    /// `None` if it cannot be encoded (never for a channel name and a
+    /// payload under `--max-message`).
+    pub(crate) fn of(version: Version, m: &Message) -> Option<Self> {
+        let p = Packet::Publish(Publish {
+            dup: false,
+            delivery: Delivery::AtLeastOnce(PacketId::MIN),
+            retain: false,
+            topic: &m.channel,
+            properties: Properties::EMPTY,
+            payload: &m.payload,
+        });
+        let mut out = Vec::with_capacity(m.payload.len() + m.channel.len() + 10);
+        p.encode(version, &mut out).ok()?;
+        // The id is followed by the properties (5.0: their length, 0) and
+        // the payload.
+        let props = usize::from(version == Version::V5);
+        let id_at = out.len().checked_sub(m.payload.len() + props + 2)?;
+        Some(Self {
+            packet: Bytes::from(out),
+            id_at,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.packet.len()
+    }
+
+    /// The packet's three slices for a delivery with packet id `id`.
+    fn parts<'a>(&'a self, id: &'a [u8; 2]) -> [&'a [u8]; 3] {
+        [
+            &self.packet[..self.id_at],
+            id,
+            &self.packet[self.id_at + 2..],
+        ]
+    }
+}
+
+/// A subscriber's QoS 1 deliveries: those awaiting PUBACK, and those held
+/// past its receive maximum. Boxed in its [`super::mqtt::MqttState`] only
+/// while there are any.
+pub(crate) struct Inflight {
+    /// Sent and not yet acknowledged, in the order sent: packet id and bytes.
+    sent: VecDeque<(u16, u32)>,
+    /// Bytes of `sent`.
+    bytes: usize,
+    /// Held, in order, until a PUBACK frees a slot.
+    waiting: VecDeque<Qos1>,
+    /// Bytes of `waiting`.
+    waiting_bytes: usize,
+    /// The id the next delivery tries.
+    next_id: u16,
+    /// Ids went round once: the next one may still be in flight.
+    wrapped: bool,
+    /// Tick of the last PUBACK, or of the delivery that found none in
+    /// flight: `--write-timeout` counts from here.
+    since: u32,
+}
+
+impl Inflight {
+    fn new(now: u32) -> Self {
+        Self {
+            sent: VecDeque::new(),
+            bytes: 0,
+            waiting: VecDeque::new(),
+            waiting_bytes: 0,
+            next_id: 1,
+            wrapped: false,
+            since: now,
+        }
+    }
+
+    /// A packet id not in flight (there are at most [`MAX_INFLIGHT`], so
+    /// one is found).
+    fn take_id(&mut self) -> u16 {
+        loop {
+            let id = self.next_id;
+            self.next_id = match id.checked_add(1) {
+                Some(n) => n,
+                None => {
+                    self.wrapped = true;
+                    1
+                }
+            };
+            // Before the first wrap every id is fresh; after it, one that
+            // was never acknowledged is skipped.
+            if !self.wrapped || !self.sent.iter().any(|(s, _)| *s == id) {
+                return id;
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sent.is_empty() && self.waiting.is_empty()
+    }
+}
+
+/// The tick since which `c` has had deliveries awaiting PUBACK without one
+/// coming; `None` when nothing is in flight.
+pub(crate) fn unacked_since<W>(c: &Conn<W>) -> Option<u32> {
+    let proto = c.proto.borrow();
+    let inflight = proto.mqtt()?.inflight.as_ref()?;
+    (!inflight.sent.is_empty()).then_some(inflight.since)
+}
+
+/// Bytes of `c`'s deliveries in flight or held: they count against
+/// `--max-queue` as queued bytes do.
+pub(crate) fn inflight_bytes<W>(c: &Conn<W>) -> usize {
+    let proto = c.proto.borrow();
+    proto
+        .mqtt()
+        .and_then(|m| m.inflight.as_ref())
+        .map_or(0, |i| i.bytes + i.waiting_bytes)
+}
+
+/// What to do with a delivery.
+enum Slot {
+    /// Send it with this packet id.
+    Send(u16),
+    /// Held past the receive maximum.
+    Held,
+}
+
+impl<O: Outside> Subscribers<O> {
+    /// Delivers `p` to `c` at QoS 1: sent with the connection's next
+    /// packet id, or held while its receive maximum is in flight.
+    pub(crate) fn deliver_qos1(&self, c: &Rc<Conn<O::Wire>>, p: &Qos1) -> Result<(), SendError> {
+        if c.state.get() == State::Gone {
+            return Err(SendError::Closed);
+        }
+        let queued = c.queued_len();
+        let now = self.now.get();
+        let slot = {
+            let mut proto = c.proto.borrow_mut();
+            let Some(m) = proto.mqtt_mut() else {
+                return Err(SendError::Closed);
+            };
+            let window = usize::from(m.receive_max);
+            let inflight = m
+                .inflight
+                .get_or_insert_with(|| Box::new(Inflight::new(now)));
+            if queued + inflight.bytes + inflight.waiting_bytes + p.len() > self.limits.max_queue {
+                return Err(SendError::QueueFull);
+            }
+            if inflight.sent.len() >= window {
+                inflight.waiting.push_back(p.clone());
+                inflight.waiting_bytes += p.len();
+                Slot::Held
+            } else {
+                if inflight.sent.is_empty() {
+                    inflight.since = now;
+                }
+                let id = inflight.take_id();
+                // A packet is at most --max-message plus its headers.
+                inflight.sent.push_back((id, p.len() as u32));
+                inflight.bytes += p.len();
+                Slot::Send(id)
+            }
+        };
+        match slot {
+            Slot::Held => {
+                crate::metrics::inc(&self.counters.mqtt_waiting);
+                Ok(())
+            }
+            Slot::Send(id) => {
+                crate::metrics::inc(&self.counters.mqtt_inflight);
+                // The tick checks its acknowledgements with the queues.
+                if !c.listed.replace(true) {
+                    self.queued.borrow_mut().push(c.clone());
+                }
+                self.send_parts(c, &p.parts(&id.to_be_bytes()))
+            }
+        }
+    }
+
+    /// `c` acknowledged delivery `id`: its slot is free, and a held
+    /// delivery takes it. A PUBACK for an id not in flight is counted and
+    /// ignored. False when the connection ended.
+    pub(crate) fn on_puback(&self, c: &Rc<Conn<O::Wire>>, id: PacketId) -> bool {
+        let now = self.now.get();
+        let acked = {
+            let mut proto = c.proto.borrow_mut();
+            let inflight = proto.mqtt_mut().and_then(|m| m.inflight.as_mut());
+            inflight.is_some_and(|i| {
+                let Some(k) = i.sent.iter().position(|(s, _)| *s == id.get()) else {
+                    return false;
+                };
+                if let Some((_, len)) = i.sent.remove(k) {
+                    i.bytes -= len as usize;
+                }
+                i.since = now;
+                true
+            })
+        };
+        if !acked {
+            self.counters.mqtt_refused("unknown_puback");
+            return true;
+        }
+        let gauge = &self.counters.mqtt_inflight;
+        gauge.set(gauge.get().saturating_sub(1));
+        crate::metrics::inc(&self.counters.mqtt_acked);
+        loop {
+            let next = {
+                let mut proto = c.proto.borrow_mut();
+                let Some(m) = proto.mqtt_mut() else {
+                    return true;
+                };
+                let window = usize::from(m.receive_max);
+                let Some(i) = m.inflight.as_mut() else {
+                    return true;
+                };
+                if i.sent.len() < window
+                    && let Some(p) = i.waiting.pop_front()
+                {
+                    i.waiting_bytes -= p.len();
+                    let id = i.take_id();
+                    i.sent.push_back((id, p.len() as u32));
+                    i.bytes += p.len();
+                    Some((p, id))
+                } else {
+                    if i.is_empty() {
+                        // Nothing in flight: an idle subscriber keeps no box.
+                        m.inflight = None;
+                    }
+                    None
+                }
+            };
+            let Some((p, id)) = next else {
+                return true;
+            };
+            let waiting = &self.counters.mqtt_waiting;
+            waiting.set(waiting.get().saturating_sub(1));
+            crate::metrics::inc(&self.counters.mqtt_inflight);
+            if let Err(e) = self.send_parts(c, &p.parts(&id.to_be_bytes())) {
+                self.send_failed(c, e);
+                return false;
+            }
+        }
+    }
+
+    /// `c` is ending: its deliveries in flight die with it (a clean
+    /// session is not resumed), and those held were never sent (dropped).
+    pub(crate) fn drop_inflight(&self, c: &Conn<O::Wire>) {
+        let inflight = c
+            .proto
+            .borrow_mut()
+            .mqtt_mut()
+            .and_then(|m| m.inflight.take());
+        let Some(i) = inflight else { return };
+        let gauge = &self.counters.mqtt_inflight;
+        gauge.set(gauge.get().saturating_sub(i.sent.len() as u64));
+        let waiting = &self.counters.mqtt_waiting;
+        waiting.set(waiting.get().saturating_sub(i.waiting.len() as u64));
+        let dropped = &self.counters.frames_dropped;
+        dropped.set(dropped.get() + i.waiting.len() as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use throng_proto::mqtt::{Connack, Decoder, Delivery, Packet, Properties, ReasonCode, Version};
+
+    use super::{Inflight, Qos1};
+    use crate::control::Message;
+    use crate::history::MessageId;
+
+    #[test]
+    fn a_qos1_publish_encoded_once_takes_any_packet_id() {
+        let m = Message {
+            id: 1,
+            message: MessageId::NONE,
+            text: true,
+            at_most_once: false,
+            channel: "sensors/1".into(),
+            payload: Bytes::from_static(b"21.5"),
+        };
+        for version in [Version::V311, Version::V5] {
+            let q = Qos1::of(version, &m).unwrap();
+            for id in [1u16, 0x1234, u16::MAX] {
+                let wire = q.parts(&id.to_be_bytes()).concat();
+                // A client's decoder reads CONNACK first.
+                let mut d = Decoder::client(version, 1 << 16);
+                let mut connack = Vec::new();
+                Packet::Connack(Connack {
+                    session_present: false,
+                    code: ReasonCode::SUCCESS,
+                    properties: Properties::EMPTY,
+                })
+                .encode(version, &mut connack)
+                .unwrap();
+                d.decode(&connack).unwrap().unwrap();
+                let got = d.decode(&wire).unwrap().unwrap();
+                assert_eq!(got.consumed, wire.len());
+                let Packet::Publish(p) = got.packet else {
+                    panic!("{:?}", got.packet);
+                };
+                assert_eq!(p.delivery, Delivery::AtLeastOnce(id.try_into().unwrap()));
+                assert_eq!((p.topic, p.payload), ("sensors/1", &b"21.5"[..]));
+            }
+        }
+    }
+
+    #[test]
+    fn packet_ids_skip_zero_and_those_still_in_flight_after_a_wrap() {
+        let mut i = Inflight::new(0);
+        assert_eq!(i.take_id(), 1);
+        i.sent.push_back((1, 10));
+        i.next_id = u16::MAX;
+        assert_eq!(i.take_id(), u16::MAX);
+        assert_eq!(i.take_id(), 2, "0 is no id, and 1 is in flight");
+        assert_eq!(i.take_id(), 3);
+    }
+}

@@ -1,0 +1,274 @@
+//! QoS 1 deliveries from `throng serve --mqtt-listen`: real sockets, the
+//! clients of `mqtt_listen` (the proto crate's codec in the client role).
+//! A subscription is granted the QoS it asked, at most 1; a delivery goes at
+//! the lower of its subscription's QoS and its publish's (HTTP: 1), waits
+//! for its PUBACK within the subscriber's receive maximum, and a subscriber
+//! that never acknowledges is a slow consumer.
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use throng_proto::mqtt::{
+    Ack, Connect, Delivery, Packet, Properties, PropertiesBuf, Property, QoS, ReasonCode,
+    Subscribe, SubscriptionOptions, Version,
+};
+use throng_testkit::Server;
+use throng_testkit::http::publish;
+
+use crate::mqtt_listen::{Client, Got, mqtt_server};
+
+/// What a test keeps of a packet: a PUBLISH's packet id (none at QoS 0)
+/// and payload, a DISCONNECT's reason code, or anything else's name.
+#[derive(Debug, PartialEq, Eq)]
+enum Delivered {
+    Publish(Option<u16>, String),
+    Disconnect(u8),
+    Other(&'static str),
+}
+
+/// Connects as `version` with CONNECT properties `props`; CONNACK checked.
+fn connect(addr: SocketAddr, version: Version, id: &str, props: &[Property<'_>]) -> Client {
+    let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut c = Client::over(s, version);
+    let mut properties = PropertiesBuf::new();
+    for p in props {
+        properties.push(*p).unwrap();
+    }
+    c.send(&Packet::Connect(Connect {
+        clean_start: true,
+        keep_alive: 60,
+        properties: properties.properties(),
+        client_id: id,
+        will: None,
+        username: None,
+        password: None,
+    }));
+    let got = c.next();
+    assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
+    c
+}
+
+/// Subscribes to `filters` at `qos`; returns SUBACK's codes.
+fn subscribe(c: &mut Client, id: u16, filters: &[&str], qos: QoS) -> Vec<u8> {
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: id.try_into().unwrap(),
+        properties: Properties::EMPTY,
+        filters: filters
+            .iter()
+            .map(|f| (*f, SubscriptionOptions::qos(qos)))
+            .collect(),
+    }));
+    match c.next() {
+        Some(Got::Suback(got, codes)) if got == id => codes,
+        other => panic!("expected SUBACK {id}, got {other:?}"),
+    }
+}
+
+/// The next packet; `None` when the server closed the connection.
+fn next(c: &mut Client) -> Option<Delivered> {
+    c.next_as(|p| match p {
+        Packet::Publish(p) => Delivered::Publish(
+            p.delivery.packet_id().map(|id| id.get()),
+            String::from_utf8_lossy(p.payload).into_owned(),
+        ),
+        Packet::Disconnect(d) => Delivered::Disconnect(d.reason.0),
+        other => Delivered::Other(other.packet_type().name()),
+    })
+}
+
+/// The next packet, which must be a QoS 1 PUBLISH of `payload`: its id.
+fn qos1(c: &mut Client, payload: &str) -> u16 {
+    match next(c) {
+        Some(Delivered::Publish(Some(id), got)) if got == payload => id,
+        other => panic!("expected {payload:?} at QoS 1, got {other:?}"),
+    }
+}
+
+fn puback(c: &mut Client, id: u16) {
+    c.send(&Packet::Puback(Ack {
+        packet_id: id.try_into().unwrap(),
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::EMPTY,
+    }));
+}
+
+fn post(s: &Server, channel: &str, body: &str) {
+    let (status, answer) = publish(s.addr, channel, body.as_bytes(), None);
+    assert_eq!(status, 200, "{answer}");
+}
+
+#[test]
+fn qos_1_deliveries_go_at_the_lower_qos_and_wait_for_their_puback() {
+    let (s, addr) = mqtt_server(&["--workers", "1"]);
+    let mut v5 = connect(addr, Version::V5, "v5", &[]);
+    let mut v3 = connect(addr, Version::V311, "v3", &[]);
+    let mut zero = connect(addr, Version::V5, "zero", &[]);
+    assert_eq!(subscribe(&mut v5, 1, &["q/a"], QoS::AtLeastOnce), [1]);
+    // 3.1.1 too; QoS 2 is granted 1, the server's maximum.
+    assert_eq!(subscribe(&mut v3, 1, &["q/a"], QoS::ExactlyOnce), [1]);
+    assert_eq!(subscribe(&mut zero, 1, &["q/a"], QoS::AtMostOnce), [0]);
+
+    // HTTP publishes are QoS 1 to whoever asked for it.
+    post(&s, "q/a", "one");
+    let (a, b) = (qos1(&mut v5, "one"), qos1(&mut v3, "one"));
+    assert_eq!(
+        next(&mut zero),
+        Some(Delivered::Publish(None, "one".into()))
+    );
+    s.wait_metric("throng_mqtt_inflight", |v| v == 2.0);
+    puback(&mut v5, a);
+    puback(&mut v3, b);
+    s.wait_metric("throng_mqtt_inflight", |v| v == 0.0);
+    assert_eq!(s.metric("throng_mqtt_acked_total"), 2.0);
+
+    // An MQTT publish goes at its own QoS: 0 stays 0, 1 is 1.
+    let mut publisher = connect(addr, Version::V5, "publisher", &[]);
+    publisher.publish("q/a", b"two", Delivery::AtMostOnce);
+    assert_eq!(next(&mut v5), Some(Delivered::Publish(None, "two".into())));
+    assert_eq!(next(&mut v3), Some(Delivered::Publish(None, "two".into())));
+    publisher.publish(
+        "q/a",
+        b"three",
+        Delivery::AtLeastOnce(9.try_into().unwrap()),
+    );
+    assert_eq!(publisher.next(), Some(Got::Puback(9, 0)));
+    let c = qos1(&mut v5, "three");
+    puback(&mut v5, c);
+    let id = qos1(&mut v3, "three");
+    puback(&mut v3, id);
+    assert_eq!(
+        next(&mut zero),
+        Some(Delivered::Publish(None, "two".into()))
+    );
+    assert_eq!(
+        next(&mut zero),
+        Some(Delivered::Publish(None, "three".into()))
+    );
+
+    // Two matching subscriptions: one message, at the higher QoS, whichever
+    // comes first.
+    assert_eq!(subscribe(&mut zero, 2, &["q/+"], QoS::AtLeastOnce), [1]);
+    assert_eq!(subscribe(&mut v5, 2, &["q/#"], QoS::AtMostOnce), [0]);
+    post(&s, "q/a", "four");
+    let d = qos1(&mut zero, "four");
+    let e = qos1(&mut v5, "four");
+    puback(&mut zero, d);
+    puback(&mut v5, e);
+    let id = qos1(&mut v3, "four");
+    puback(&mut v3, id);
+    s.wait_metric("throng_mqtt_inflight", |v| v == 0.0);
+    zero.quiet(Duration::from_millis(300));
+    v5.quiet(Duration::from_millis(100));
+    assert_eq!(s.metric("throng_mqtt_acked_total"), 7.0);
+}
+
+#[test]
+fn the_receive_maximum_holds_deliveries_until_a_puback_frees_a_slot() {
+    let (s, addr) = mqtt_server(&["--workers", "1"]);
+    let mut c = connect(addr, Version::V5, "two", &[Property::ReceiveMaximum(2)]);
+    assert_eq!(subscribe(&mut c, 1, &["r"], QoS::AtLeastOnce), [1]);
+    for m in ["m1", "m2", "m3", "m4", "m5"] {
+        post(&s, "r", m);
+    }
+    let first = [qos1(&mut c, "m1"), qos1(&mut c, "m2")];
+    c.quiet(Duration::from_millis(300));
+    s.wait_metric("throng_mqtt_inflight", |v| v == 2.0);
+    assert_eq!(s.metric("throng_mqtt_inflight_waiting"), 3.0);
+    // The second acknowledged first: its slot goes to the next in order.
+    puback(&mut c, first[1]);
+    let third = qos1(&mut c, "m3");
+    c.quiet(Duration::from_millis(300));
+    puback(&mut c, first[0]);
+    puback(&mut c, third);
+    let rest = [qos1(&mut c, "m4"), qos1(&mut c, "m5")];
+    s.wait_metric("throng_mqtt_inflight_waiting", |v| v == 0.0);
+    for id in rest {
+        puback(&mut c, id);
+    }
+    s.wait_metric("throng_mqtt_inflight", |v| v == 0.0);
+    assert_eq!(s.metric("throng_mqtt_acked_total"), 5.0);
+}
+
+#[test]
+fn a_subscriber_that_never_acknowledges_is_closed_as_a_slow_consumer() {
+    let (s, addr) = mqtt_server(&["--workers", "1", "--max-queue", "4KiB"]);
+    // Over --max-queue: 5.0 is told why (DISCONNECT 0x97, quota exceeded),
+    // while one that acknowledges each delivery stays.
+    let mut silent = connect(addr, Version::V5, "silent", &[]);
+    let mut acking = connect(addr, Version::V5, "acking", &[]);
+    for c in [&mut silent, &mut acking] {
+        assert_eq!(subscribe(c, 1, &["slow"], QoS::AtLeastOnce), [1]);
+    }
+    let body = "x".repeat(300);
+    let mut got = 0;
+    for _ in 0..30 {
+        post(&s, "slow", &body);
+        let id = qos1(&mut acking, &body);
+        puback(&mut acking, id);
+    }
+    let end = loop {
+        match next(&mut silent) {
+            Some(Delivered::Publish(Some(_), _)) => got += 1,
+            other => break other,
+        }
+    };
+    assert!(
+        (10..=14).contains(&got),
+        "{got} deliveries before the close"
+    );
+    assert_eq!(end, Some(Delivered::Disconnect(0x97)), "quota exceeded");
+    assert_eq!(next(&mut silent), None, "closed after it");
+    s.wait_metric("throng_slow_consumer_closes_total{cause=\"queue\"}", |v| {
+        v == 1.0
+    });
+    // The acking one is still served, and nothing is in flight.
+    post(&s, "slow", "still here");
+    let id = qos1(&mut acking, "still here");
+    puback(&mut acking, id);
+    s.wait_metric("throng_mqtt_inflight", |v| v == 0.0);
+
+    // No PUBACK within --write-timeout: a 3.1.1 subscriber is closed (it
+    // has no word for why), while one that acknowledges stays.
+    let (s, addr) = mqtt_server(&["--workers", "1", "--write-timeout", "1s"]);
+    let mut acking = connect(addr, Version::V311, "acking", &[]);
+    assert_eq!(subscribe(&mut acking, 1, &["late"], QoS::AtLeastOnce), [1]);
+    let mut late = connect(addr, Version::V311, "late", &[]);
+    assert_eq!(subscribe(&mut late, 1, &["late"], QoS::AtLeastOnce), [1]);
+    post(&s, "late", "ack me");
+    let id = qos1(&mut acking, "ack me");
+    puback(&mut acking, id);
+    qos1(&mut late, "ack me");
+    assert_eq!(next(&mut late), None, "closed without a PUBACK");
+    s.wait_metric(
+        "throng_slow_consumer_closes_total{cause=\"timeout\"}",
+        |v| v == 1.0,
+    );
+    s.wait_metric("throng_mqtt_inflight", |v| v == 0.0);
+    post(&s, "late", "still here");
+    let id = qos1(&mut acking, "still here");
+    puback(&mut acking, id);
+}
+
+#[test]
+fn a_puback_for_no_delivery_is_counted_and_the_connection_goes_on() {
+    let (s, addr) = mqtt_server(&["--workers", "1"]);
+    for version in [Version::V5, Version::V311] {
+        let mut c = connect(addr, version, "acks", &[]);
+        assert_eq!(subscribe(&mut c, 1, &["p"], QoS::AtLeastOnce), [1]);
+        puback(&mut c, 77);
+        c.send(&Packet::Pingreq);
+        assert_eq!(c.next(), Some(Got::Pingresp), "{version:?}");
+        post(&s, "p", "real");
+        let id = qos1(&mut c, "real");
+        puback(&mut c, id);
+        // Twice: the second is for an id no longer in flight.
+        puback(&mut c, id);
+        c.send(&Packet::Pingreq);
+        assert_eq!(c.next(), Some(Got::Pingresp), "{version:?}");
+    }
+    s.wait_metric("throng_mqtt_refused_total{kind=\"unknown_puback\"}", |v| {
+        v == 4.0
+    });
+    assert_eq!(s.metric("throng_mqtt_acked_total"), 2.0);
+}
