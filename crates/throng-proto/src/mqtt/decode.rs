@@ -95,6 +95,19 @@ impl Decoder {
         }
     }
 
+    /// A server's decoder for a connection whose CONNECT (in `version`) was
+    /// read: what [`Decoder::server`] is after it. A server holding many
+    /// connections need not keep a decoder per connection: it makes this
+    /// one per read from what it keeps anyway.
+    pub fn server_connected(version: Version, max_packet: usize) -> Self {
+        Self {
+            role: Role::Server,
+            max_packet,
+            version: Some(version),
+            connected: true,
+        }
+    }
+
     /// The connection's version (a server's: once CONNECT's level is read).
     pub fn version(&self) -> Option<Version> {
         self.version

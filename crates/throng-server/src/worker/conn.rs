@@ -39,7 +39,7 @@ use bytes::Bytes;
 use throng_proto::mqtt;
 use throng_proto::ws::{self, Decoder, Frame, OpCode, close_code};
 
-use super::mqtt::MqttState;
+use super::mqtt::Mqtt;
 use super::rejoin::Kind;
 use super::subscribers::{Outside, Subscribers};
 use super::table::NONE;
@@ -141,23 +141,23 @@ pub(crate) struct Conn<W> {
 }
 
 /// What a connection's protocol keeps between reads: a WebSocket decoder
-/// (an SSE subscriber's is never used), or an MQTT connection's state, boxed
-/// so that the enum is no larger than the decoder (the box fits beside the
-/// decoder's role byte) and a WebSocket subscriber does not grow.
+/// (an SSE subscriber's is never used), or an MQTT connection's few bytes
+/// and box ([`Mqtt`]), which fit beside the decoder's role byte: the enum
+/// is no larger than the decoder, so a WebSocket subscriber does not grow.
 pub(crate) enum Proto {
     Ws(Decoder),
-    Mqtt(Box<MqttState>),
+    Mqtt(Mqtt),
 }
 
 impl Proto {
-    pub(crate) fn mqtt(&self) -> Option<&MqttState> {
+    pub(crate) fn mqtt(&self) -> Option<&Mqtt> {
         match self {
             Self::Mqtt(m) => Some(m),
             Self::Ws(_) => None,
         }
     }
 
-    pub(crate) fn mqtt_mut(&mut self) -> Option<&mut MqttState> {
+    pub(crate) fn mqtt_mut(&mut self) -> Option<&mut Mqtt> {
         match self {
             Self::Mqtt(m) => Some(m),
             Self::Ws(_) => None,
@@ -278,12 +278,12 @@ impl<W: Wire> Conn<W> {
     }
 
     /// Makes this an MQTT subscriber (of `version`) after its CONNACK.
-    pub(crate) fn with_mqtt(mut self, version: mqtt::Version, state: MqttState) -> Self {
+    pub(crate) fn with_mqtt(mut self, version: mqtt::Version, state: Mqtt) -> Self {
         self.kind = match version {
             mqtt::Version::V311 => Kind::Mqtt311,
             mqtt::Version::V5 => Kind::Mqtt5,
         };
-        self.proto = RefCell::new(Proto::Mqtt(Box::new(state)));
+        self.proto = RefCell::new(Proto::Mqtt(state));
         self
     }
 
@@ -933,8 +933,8 @@ mod tests {
             "{}",
             size_of::<Conn<TcpStream>>()
         );
-        // MQTT's state is a box in the decoder's place: a WebSocket
-        // subscriber pays nothing for it.
+        // MQTT's state is a few bytes and a box in the decoder's place: a
+        // WebSocket subscriber pays nothing for it.
         assert_eq!(
             size_of::<super::Proto>(),
             size_of::<throng_proto::ws::Decoder>()

@@ -10,9 +10,9 @@
 //! CONNACK says so (session present 0). Messages go out at QoS 0 as one
 //! PUBLISH encoded per worker and per version, written to every MQTT
 //! subscriber as a WebSocket frame is to every WebSocket one
-//! ([`super::subscribers`]). A subscriber's state is one box: its decoder,
-//! its keep-alive and its subscriptions ([`MqttState`]); an idle one holds
-//! no buffer.
+//! ([`super::subscribers`]). A subscriber's state is a few bytes in its
+//! `Conn` and a box for the rarer parts ([`Mqtt`]); an idle one of one
+//! channel has no box and no buffer.
 //!
 //! A wildcard filter (`+`, `#`) is not a channel: it is indexed in the
 //! worker's trie ([`super::table::Channels`]), and a connection two of whose
@@ -52,14 +52,63 @@ use crate::metrics::CloseReason;
 use crate::tls::stream::{Io, TlsStream};
 use crate::wheel;
 
-/// What an MQTT subscriber keeps: boxed in its [`Conn`], so a WebSocket
-/// subscriber pays nothing for it.
-pub(crate) struct MqttState {
-    decoder: Decoder,
+/// What an MQTT subscriber keeps in its [`Conn`], in the WebSocket
+/// decoder's place (so neither grows): its keep-alive, its receive
+/// maximum, the QoS of its first subscription, and a box for the rest,
+/// made only when there is some. An idle subscriber of one channel has no
+/// box at all: that subscription is its `Conn`'s channel, as a WebSocket
+/// subscriber's is, and its decoder is made per read
+/// ([`Decoder::server_connected`]).
+pub(crate) struct Mqtt {
     /// Ticks without a packet from the client after which it is closed:
     /// 1.5 times its keep-alive, as the specification says; 0: never.
-    keep_alive: u32,
-    /// Its subscriptions, one per channel ([`super::table::Channels`]).
+    pub(crate) keep_alive: u32,
+    /// QoS 1 deliveries it may have awaiting PUBACK: its 5.0 receive
+    /// maximum, at most [`super::mqtt_qos::MAX_INFLIGHT`].
+    pub(crate) receive_max: u16,
+    /// The QoS (0 or 1) of its subscription to its `Conn`'s channel, when
+    /// it has one: a connection's only subscription is kept there
+    /// ([`super::table::Channels::subscribe_mqtt`]).
+    pub(crate) qos: u8,
+    /// Everything else; `None` while there is nothing.
+    pub(crate) more: Option<Box<MqttState>>,
+}
+
+impl Mqtt {
+    /// A connection's state after CONNACK: its keep-alive in ticks (0: none).
+    pub(crate) fn new(keep_alive: u32) -> Self {
+        Self {
+            keep_alive,
+            receive_max: super::mqtt_qos::MAX_INFLIGHT,
+            qos: 0,
+            more: None,
+        }
+    }
+
+    /// Its boxed state, if it has one.
+    pub(crate) fn state(&self) -> Option<&MqttState> {
+        self.more.as_deref()
+    }
+
+    /// Its boxed state, made if it has none.
+    pub(crate) fn state_mut(&mut self) -> &mut MqttState {
+        self.more.get_or_insert_with(Box::default)
+    }
+
+    /// Drops the box once nothing is in it, so a subscriber that is idle
+    /// again costs what it did before.
+    pub(crate) fn shrink(&mut self) {
+        if self.more.as_deref().is_some_and(MqttState::is_empty) {
+            self.more = None;
+        }
+    }
+}
+
+/// The rarer part of an MQTT subscriber's state, boxed ([`Mqtt::more`]).
+#[derive(Default)]
+pub(crate) struct MqttState {
+    /// Its subscriptions, one per channel, when it has more than one
+    /// subscription ([`super::table::Channels`]).
     pub(crate) subs: Vec<Sub>,
     /// Its wildcard subscriptions.
     pub(crate) wild: Vec<WildSub>,
@@ -67,35 +116,24 @@ pub(crate) struct MqttState {
     pub(crate) seen: u64,
     /// Its will: published if it ends without a DISCONNECT.
     pub(crate) will: Option<Box<Will>>,
-    /// QoS 1 deliveries it may have awaiting PUBACK: its 5.0 receive
-    /// maximum, at most [`super::mqtt_qos::MAX_INFLIGHT`].
-    pub(crate) receive_max: u16,
     /// Its QoS 1 deliveries awaiting PUBACK or held; `None` when there
     /// are none ([`super::mqtt_qos`]).
     pub(crate) inflight: Option<Box<super::mqtt_qos::Inflight>>,
+}
+
+impl MqttState {
+    fn is_empty(&self) -> bool {
+        self.subs.is_empty()
+            && self.wild.is_empty()
+            && self.will.is_none()
+            && self.inflight.is_none()
+    }
 }
 
 /// A will message: a channel and a payload.
 pub(crate) struct Will {
     pub(crate) channel: String,
     pub(crate) payload: Bytes,
-}
-
-impl MqttState {
-    /// A connection's state after CONNACK: its decoder (which read the
-    /// CONNECT) and its keep-alive in ticks (0: none).
-    pub(crate) fn new(decoder: Decoder, keep_alive: u32) -> Self {
-        Self {
-            decoder,
-            keep_alive,
-            subs: Vec::new(),
-            wild: Vec::new(),
-            seen: 0,
-            will: None,
-            receive_max: super::mqtt_qos::MAX_INFLIGHT,
-            inflight: None,
-        }
-    }
 }
 
 /// One wildcard subscription: its filter, and its position in the filter's
@@ -214,22 +252,17 @@ impl<O: Outside> Subscribers<O> {
     pub(crate) fn on_mqtt_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
         let have = buf.len();
         let mut pos = 0;
+        let mut decoder = Decoder::server_connected(version_of(c.kind), self.limits.mqtt_packet);
         while pos < have {
             if !c.is_open() {
                 // Closing after an answer: what follows is not read.
                 return true;
             }
-            let decoded = {
-                let mut proto = c.proto.borrow_mut();
-                let Some(m) = proto.mqtt_mut() else {
-                    return false;
-                };
-                m.decoder.decode(&buf[pos..have]).map_err(|e| {
-                    let mut out = Vec::new();
-                    m.decoder.answer(&e).encode(&mut out);
-                    (e, out)
-                })
-            };
+            let decoded = decoder.decode(&buf[pos..have]).map_err(|e| {
+                let mut out = Vec::new();
+                decoder.answer(&e).encode(&mut out);
+                (e, out)
+            });
             match decoded {
                 Ok(None) => break,
                 Ok(Some(d)) => {
@@ -255,7 +288,11 @@ impl<O: Outside> Subscribers<O> {
     /// Publishes `c`'s will, if it has one (its connection is ending
     /// without a DISCONNECT that dropped it).
     pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
-        let will = c.proto.borrow_mut().mqtt_mut().and_then(|m| m.will.take());
+        let will = c
+            .proto
+            .borrow_mut()
+            .mqtt_mut()
+            .and_then(|m| m.more.as_mut()?.will.take());
         if let Some(will) = will {
             let text = std::str::from_utf8(&will.payload).is_ok();
             // A will is published at QoS 0 (its QoS is not kept).
@@ -308,8 +345,9 @@ impl<O: Outside> Subscribers<O> {
                 // is dropped unless it asks for it (5.0's 0x04).
                 if d.reason != ReasonCode::DISCONNECT_WITH_WILL
                     && let Some(m) = c.proto.borrow_mut().mqtt_mut()
+                    && let Some(more) = m.more.as_mut()
                 {
-                    m.will = None;
+                    more.will = None;
                 }
                 self.counters.closed(CloseReason::PeerClose);
                 self.unsubscribe(c);
@@ -701,8 +739,10 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         0 => 0,
         s => wheel::ticks(std::time::Duration::from_millis(u64::from(s) * 1500)).max(1),
     };
-    let mut state = MqttState::new(decoder, keep_alive);
-    state.will = will;
+    let mut state = Mqtt::new(keep_alive);
+    if will.is_some() {
+        state.state_mut().will = will;
+    }
     if let Some(max) = connected.receive_max {
         state.receive_max = max.min(state.receive_max);
     }

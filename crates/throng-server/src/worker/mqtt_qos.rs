@@ -15,8 +15,9 @@
 //! PUBACK frees a slot. A subscriber that stops acknowledging is a slow
 //! consumer: over `--max-queue`, or with no PUBACK for `--write-timeout`
 //! while deliveries await one, it is closed (5.0: DISCONNECT 0x97). Its
-//! state is boxed only while something is in flight, and dies with the
-//! connection: sessions are clean, nothing is redelivered.
+//! state is boxed (in the subscriber's own box, [`super::mqtt::Mqtt`])
+//! only while something is in flight, and dies with the connection:
+//! sessions are clean, nothing is redelivered.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -144,7 +145,7 @@ impl Inflight {
 /// coming; `None` when nothing is in flight.
 pub(crate) fn unacked_since<W>(c: &Conn<W>) -> Option<u32> {
     let proto = c.proto.borrow();
-    let inflight = proto.mqtt()?.inflight.as_ref()?;
+    let inflight = proto.mqtt()?.state()?.inflight.as_ref()?;
     (!inflight.sent.is_empty()).then_some(inflight.since)
 }
 
@@ -154,7 +155,7 @@ pub(crate) fn inflight_bytes<W>(c: &Conn<W>) -> usize {
     let proto = c.proto.borrow();
     proto
         .mqtt()
-        .and_then(|m| m.inflight.as_ref())
+        .and_then(|m| m.state()?.inflight.as_ref())
         .map_or(0, |i| i.bytes + i.waiting_bytes)
 }
 
@@ -182,6 +183,7 @@ impl<O: Outside> Subscribers<O> {
             };
             let window = usize::from(m.receive_max);
             let inflight = m
+                .state_mut()
                 .inflight
                 .get_or_insert_with(|| Box::new(Inflight::new(now)));
             if queued + inflight.bytes + inflight.waiting_bytes + p.len() > self.limits.max_queue {
@@ -225,7 +227,9 @@ impl<O: Outside> Subscribers<O> {
         let now = self.now.get();
         let acked = {
             let mut proto = c.proto.borrow_mut();
-            let inflight = proto.mqtt_mut().and_then(|m| m.inflight.as_mut());
+            let inflight = proto
+                .mqtt_mut()
+                .and_then(|m| m.more.as_mut()?.inflight.as_mut());
             inflight.is_some_and(|i| {
                 let Some(k) = i.sent.iter().position(|(s, _)| *s == id.get()) else {
                     return false;
@@ -251,7 +255,7 @@ impl<O: Outside> Subscribers<O> {
                     return true;
                 };
                 let window = usize::from(m.receive_max);
-                let Some(i) = m.inflight.as_mut() else {
+                let Some(i) = m.more.as_mut().and_then(|s| s.inflight.as_mut()) else {
                     return true;
                 };
                 if i.sent.len() < window
@@ -265,7 +269,10 @@ impl<O: Outside> Subscribers<O> {
                 } else {
                     if i.is_empty() {
                         // Nothing in flight: an idle subscriber keeps no box.
-                        m.inflight = None;
+                        if let Some(s) = m.more.as_mut() {
+                            s.inflight = None;
+                        }
+                        m.shrink();
                     }
                     None
                 }
@@ -290,7 +297,7 @@ impl<O: Outside> Subscribers<O> {
             .proto
             .borrow_mut()
             .mqtt_mut()
-            .and_then(|m| m.inflight.take());
+            .and_then(|m| m.more.as_mut()?.inflight.take());
         let Some(i) = inflight else { return };
         let gauge = &self.counters.mqtt_inflight;
         gauge.set(gauge.get().saturating_sub(i.sent.len() as u64));

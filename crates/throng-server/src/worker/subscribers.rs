@@ -106,6 +106,8 @@ pub(crate) struct Limits {
     /// MQTT clients may publish: not when `--publish-listen` keeps
     /// publishing off the public addresses.
     pub(crate) mqtt_publish: bool,
+    /// The largest packet an MQTT client may send ([`mqtt::max_packet`]).
+    pub(crate) mqtt_packet: usize,
 }
 
 impl Limits {
@@ -119,6 +121,7 @@ impl Limits {
             grace: wheel::ticks(CLOSE_GRACE),
             wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
             mqtt_publish: cfg.publish_listen.is_empty(),
+            mqtt_packet: mqtt::max_packet(cfg.max_message),
         }
     }
 }
@@ -140,10 +143,15 @@ pub(crate) struct Fanout<W> {
     /// The message (its id, for rejoining subscribers; its body, for the
     /// other encodings).
     message: Message,
-    /// The subscribers to write to.
+    /// The subscribers to write to: the channel's own (WebSocket, SSE,
+    /// MQTT with this one subscription), then MQTT ones with more.
     conns: Vec<Rc<Conn<W>>>,
-    /// The QoS each of `conns` gets the message at, when some MQTT
-    /// subscriber gets it at 1; empty (all at 0) otherwise.
+    /// How many of `conns` are the channel's own.
+    exact: usize,
+    /// The highest QoS the message goes at: 0 if it was published at 0.
+    most: u8,
+    /// The QoS each of `conns[exact..]` gets the message at (by its index
+    /// in `conns`), when one of them gets it at 1; empty otherwise.
     qos: Vec<u8>,
     /// Invariant: `next <= conns.len()`; `conns[..next]` were written to.
     next: usize,
@@ -422,6 +430,7 @@ impl<O: Outside> Subscribers<O> {
             .get(&m.channel)
             .map(|ch| ch.subs.clone())
             .unwrap_or_default();
+        let exact = conns.len();
         // QoS 1 to the subscribers who asked for it, unless it was
         // published at QoS 0.
         let mut qos: Vec<u8> = Vec::new();
@@ -456,6 +465,8 @@ impl<O: Outside> Subscribers<O> {
             mqtt_qos1: [None, None],
             message: m.clone(),
             conns,
+            exact,
+            most,
             qos,
             next: 0,
             started: Instant::now(),
@@ -481,8 +492,17 @@ impl<O: Outside> Subscribers<O> {
             } else {
                 Ok(Live::Send)
             };
-            let qos1 = match f.qos.get(f.next + k) {
-                Some(&q) if q != 0 => {
+            let at = f.next + k;
+            let qos = if !c.kind.is_mqtt() {
+                0
+            } else if at < f.exact {
+                // An MQTT subscriber of this one channel: its QoS is its own.
+                c.proto.borrow().mqtt().map_or(0, |s| s.qos).min(f.most)
+            } else {
+                f.qos.get(at).copied().unwrap_or(0)
+            };
+            let qos1 = match qos {
+                1 => {
                     let (v, version) = if c.kind == Kind::Mqtt5 {
                         (1, Version::V5)
                     } else {

@@ -3,10 +3,13 @@
 //!
 //! Both hold `Rc<Conn>`; a connection knows its slot and its position in its
 //! channel's list, so joining and leaving are O(1). A WebSocket or SSE
-//! subscriber is in one channel; an MQTT one in any number: each channel
-//! keeps its MQTT subscribers in a list of their own, each entry naming the
-//! subscription it is in the connection's list ([`super::mqtt::MqttState`]),
-//! which names the entry back, so that leaving stays O(1) too.
+//! subscriber is in one channel; an MQTT one in any number. An MQTT
+//! subscriber's only subscription is kept as a WebSocket subscriber's
+//! channel is (in the channel's list, by the connection's own fields: no
+//! box, no list of its own). Once it has more, each is in the channel's
+//! MQTT list, each entry naming the subscription it is in the connection's
+//! list ([`super::mqtt::MqttState`]), which names the entry back, so that
+//! leaving stays O(1) too.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -15,7 +18,7 @@ use std::rc::Rc;
 use throng_proto::mqtt::topic::{FilterTrie, TooDeep};
 
 use super::conn::Conn;
-use super::mqtt::{Sub, WildSub};
+use super::mqtt::{Mqtt, MqttState, Sub, WildSub};
 
 /// Marks a connection that is not in a table.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -82,6 +85,8 @@ impl<W> Slab<W> {
 
 /// One channel's subscribers, in no particular order.
 pub(crate) struct Channel<W> {
+    /// Subscribers for whom this is their only channel: WebSocket and SSE
+    /// ones, and MQTT ones with one subscription (its QoS in [`Mqtt::qos`]).
     pub(crate) subs: Vec<Rc<Conn<W>>>,
     /// MQTT subscribers, each with the index of this subscription in its
     /// connection's list and the QoS it was granted (0 or 1). Invariant:
@@ -144,11 +149,13 @@ impl<W> Channels<W> {
         !self.wild.is_empty()
     }
 
-    /// Calls `found(c, qos, true)` with every MQTT subscriber a message on
-    /// `channel` reaches (its exact subscribers, then those of every
-    /// matching wildcard filter), each once, at the QoS of the subscription
-    /// found first; then `found(c, 1, false)` when a later one of its
-    /// subscriptions has the higher QoS (the message goes at the highest).
+    /// Calls `found(c, qos, true)` with every MQTT subscriber with more
+    /// than one subscription a message on `channel` reaches (those of its
+    /// MQTT list, then those of every matching wildcard filter), each once,
+    /// at the QoS of the subscription found first; then `found(c, 1,
+    /// false)` when a later one of its subscriptions has the higher QoS (the
+    /// message goes at the highest). Those with one subscription are in
+    /// [`Channel::subs`], and cannot be found twice.
     pub(crate) fn for_each_mqtt(
         &self,
         channel: &str,
@@ -159,7 +166,9 @@ impl<W> Channels<W> {
         // `seen` holds the lookup's generation and, in its low bit, the
         // highest QoS found for the connection in it.
         let mut visit = |c: &Rc<Conn<W>>, qos: u8| {
-            let before = c.proto.borrow_mut().mqtt_mut().map(|m| {
+            let mut proto = c.proto.borrow_mut();
+            let state = proto.mqtt_mut().and_then(|m| m.more.as_deref_mut());
+            let before = state.map(|m| {
                 let before = m.seen;
                 if before >> 1 != generation {
                     m.seen = generation << 1 | u64::from(qos);
@@ -168,6 +177,7 @@ impl<W> Channels<W> {
                 }
                 before
             });
+            drop(proto);
             match before {
                 Some(b) if b >> 1 != generation => found(c, qos, true),
                 Some(b) if qos > (b & 1) as u8 => found(c, qos, false),
@@ -190,11 +200,8 @@ impl<W> Channels<W> {
         c: &Rc<Conn<W>>,
         qos: u8,
     ) -> Result<(), TooDeep> {
-        let had = c
-            .proto
-            .borrow()
-            .mqtt()
-            .and_then(|m| m.wild.iter().find(|w| &*w.filter == filter).map(|w| w.pos));
+        let had =
+            state(c).and_then(|m| m.wild.iter().find(|w| &*w.filter == filter).map(|w| w.pos));
         if let Some(pos) = had {
             if let Some(entry) = self
                 .wild
@@ -205,9 +212,12 @@ impl<W> Channels<W> {
             }
             return Ok(());
         }
+        // Found by the trie, it must be found in its channel's MQTT list
+        // too, where a lookup marks what it found.
+        self.spill(c);
         let subs = self.wild.get_or_insert_with(filter, Vec::new)?;
         let mut proto = c.proto.borrow_mut();
-        if let Some(m) = proto.mqtt_mut() {
+        if let Some(m) = proto.mqtt_mut().map(Mqtt::state_mut) {
             m.wild.push(WildSub {
                 filter: Rc::from(filter),
                 pos: subs.len() as u32,
@@ -220,14 +230,13 @@ impl<W> Channels<W> {
     /// Takes MQTT subscriber `c` out of wildcard `filter`; false when it
     /// had no such subscription.
     pub(crate) fn unsubscribe_wild(&mut self, filter: &str, c: &Conn<W>) -> bool {
-        let k = c
-            .proto
-            .borrow()
-            .mqtt()
-            .and_then(|m| m.wild.iter().position(|w| &*w.filter == filter));
+        let k = state(c).and_then(|m| m.wild.iter().position(|w| &*w.filter == filter));
         match k {
             Some(k) => {
                 self.leave_wild(c, k);
+                if let Some(m) = c.proto.borrow_mut().mqtt_mut() {
+                    m.shrink();
+                }
                 true
             }
             None => false,
@@ -239,7 +248,9 @@ impl<W> Channels<W> {
     fn leave_wild(&mut self, c: &Conn<W>, k: usize) {
         let (sub, moved) = {
             let mut proto = c.proto.borrow_mut();
-            let Some(m) = proto.mqtt_mut() else { return };
+            let Some(m) = proto.mqtt_mut().and_then(|m| m.more.as_deref_mut()) else {
+                return;
+            };
             let sub = m.wild.swap_remove(k);
             (sub, m.wild.get(k).map(|w| (w.filter.clone(), w.pos)))
         };
@@ -254,6 +265,7 @@ impl<W> Channels<W> {
         subs.swap_remove(sub.pos as usize);
         if let Some((other, j, _)) = subs.get(sub.pos as usize)
             && let Some(m) = other.proto.borrow_mut().mqtt_mut()
+            && let Some(m) = m.more.as_deref_mut()
         {
             m.wild[*j as usize].pos = sub.pos;
         }
@@ -292,52 +304,97 @@ impl<W> Channels<W> {
     /// Adds `c` to channel `name`; returns whether it is the channel's first subscriber.
     pub(crate) fn subscribe(&mut self, name: &str, c: &Rc<Conn<W>>) -> bool {
         let (id, first) = self.id_of(name);
+        self.join(id, c);
+        first
+    }
+
+    /// Puts `c` in channel `id`'s list, as its channel.
+    fn join(&mut self, id: u32, c: &Rc<Conn<W>>) {
         if let Some((_, ch)) = self.list[id as usize].as_mut() {
             c.channel.set(id);
             c.sub_pos.set(ch.subs.len() as u32);
             ch.subs.push(c.clone());
         }
-        first
     }
 
     /// Adds MQTT subscriber `c` to channel `name` at `qos` (a subscription
     /// it has already takes the new QoS); returns whether it is the
-    /// channel's first subscriber.
+    /// channel's first subscriber. A connection's only subscription is
+    /// kept as a WebSocket subscriber's channel is; a second one moves it
+    /// to the channel's MQTT list.
     pub(crate) fn subscribe_mqtt(&mut self, name: &str, c: &Rc<Conn<W>>, qos: u8) -> bool {
         let (id, first) = self.id_of(name);
-        let Some((_, ch)) = self.list[id as usize].as_mut() else {
-            return first;
-        };
-        let mut proto = c.proto.borrow_mut();
-        let Some(m) = proto.mqtt_mut() else {
-            return first;
-        };
-        if let Some(s) = m.subs.iter().find(|s| s.channel == id) {
-            if let Some(entry) = ch.mqtt.get_mut(s.pos as usize) {
-                entry.2 = qos;
+        let inline = c.sub_pos.get() != NONE;
+        if inline && c.channel.get() == id {
+            if let Some(m) = c.proto.borrow_mut().mqtt_mut() {
+                m.qos = qos;
             }
             return first;
         }
+        let listed = state(c).is_some_and(|m| !m.subs.is_empty() || !m.wild.is_empty());
+        if !inline && !listed {
+            if let Some(m) = c.proto.borrow_mut().mqtt_mut() {
+                m.qos = qos;
+            }
+            self.join(id, c);
+            return first;
+        }
+        self.spill(c);
+        let had = state(c).and_then(|m| m.subs.iter().find(|s| s.channel == id).map(|s| s.pos));
+        match had {
+            Some(pos) => {
+                if let Some((_, ch)) = self.list[id as usize].as_mut()
+                    && let Some(entry) = ch.mqtt.get_mut(pos as usize)
+                {
+                    entry.2 = qos;
+                }
+            }
+            None => self.join_mqtt(id, c, qos),
+        }
+        first
+    }
+
+    /// Puts `c` in channel `id`'s MQTT list at `qos` (it is not in it).
+    fn join_mqtt(&mut self, id: u32, c: &Rc<Conn<W>>, qos: u8) {
+        let Some((_, ch)) = self.list[id as usize].as_mut() else {
+            return;
+        };
+        let mut proto = c.proto.borrow_mut();
+        let Some(m) = proto.mqtt_mut().map(Mqtt::state_mut) else {
+            return;
+        };
         m.subs.push(Sub {
             channel: id,
             pos: ch.mqtt.len() as u32,
         });
         ch.mqtt.push((c.clone(), (m.subs.len() - 1) as u32, qos));
-        first
+    }
+
+    /// Moves MQTT subscriber `c`'s subscription kept as its channel, if it
+    /// has one, to that channel's MQTT list (it is getting another).
+    fn spill(&mut self, c: &Rc<Conn<W>>) {
+        if c.sub_pos.get() == NONE {
+            return;
+        }
+        let id = c.channel.get();
+        let qos = c.proto.borrow().mqtt().map_or(0, |m| m.qos);
+        self.leave(c);
+        self.join_mqtt(id, c, qos);
     }
 
     /// Takes MQTT subscriber `c` out of channel `name`: `None` when it was
     /// not in it, else the channel's name when `c` was its last subscriber.
     pub(crate) fn unsubscribe_mqtt(&mut self, name: &str, c: &Conn<W>) -> Option<Option<Rc<str>>> {
         let id = *self.by_name.get(name)?;
-        let k = c
-            .proto
-            .borrow()
-            .mqtt()?
-            .subs
-            .iter()
-            .position(|s| s.channel == id)?;
-        Some(self.leave_mqtt(c, k))
+        if c.sub_pos.get() != NONE && c.channel.get() == id {
+            return Some(self.unsubscribe(c));
+        }
+        let k = state(c)?.subs.iter().position(|s| s.channel == id)?;
+        let gone = self.leave_mqtt(c, k);
+        if let Some(m) = c.proto.borrow_mut().mqtt_mut() {
+            m.shrink();
+        }
+        Some(gone)
     }
 
     /// Takes MQTT subscriber `c` out of every channel; returns the names of
@@ -345,14 +402,14 @@ impl<W> Channels<W> {
     pub(crate) fn unsubscribe_mqtt_all(&mut self, c: &Conn<W>) -> Vec<Rc<str>> {
         let mut gone = Vec::new();
         loop {
-            let n = c.proto.borrow().mqtt().map_or(0, |m| m.wild.len());
+            let n = state(c).map_or(0, |m| m.wild.len());
             if n == 0 {
                 break;
             }
             self.leave_wild(c, n - 1);
         }
         loop {
-            let n = c.proto.borrow().mqtt().map_or(0, |m| m.subs.len());
+            let n = state(c).map_or(0, |m| m.subs.len());
             if n == 0 {
                 return gone;
             }
@@ -365,7 +422,7 @@ impl<W> Channels<W> {
     fn leave_mqtt(&mut self, c: &Conn<W>, k: usize) -> Option<Rc<str>> {
         let (sub, moved) = {
             let mut proto = c.proto.borrow_mut();
-            let m = proto.mqtt_mut()?;
+            let m = proto.mqtt_mut()?.more.as_deref_mut()?;
             let sub = m.subs.swap_remove(k);
             (sub, m.subs.get(k).copied())
         };
@@ -379,6 +436,7 @@ impl<W> Channels<W> {
         ch.mqtt.swap_remove(sub.pos as usize);
         if let Some((other, j, _)) = ch.mqtt.get(sub.pos as usize)
             && let Some(m) = other.proto.borrow_mut().mqtt_mut()
+            && let Some(m) = m.more.as_deref_mut()
         {
             // Another connection's: `c` is in a channel once.
             m.subs[*j as usize].pos = sub.pos;
@@ -389,6 +447,12 @@ impl<W> Channels<W> {
     /// Takes `c` out of its channel; returns the channel's name when `c` was
     /// its last subscriber (the channel is gone).
     pub(crate) fn unsubscribe(&mut self, c: &Conn<W>) -> Option<Rc<str>> {
+        let id = self.leave(c)?;
+        self.forget_if_empty(id)
+    }
+
+    /// Takes `c` out of its channel's list; returns the channel's id.
+    fn leave(&mut self, c: &Conn<W>) -> Option<usize> {
         let pos = c.sub_pos.replace(NONE);
         if pos == NONE {
             return None;
@@ -399,7 +463,7 @@ impl<W> Channels<W> {
         if let Some(moved) = ch.subs.get(pos as usize) {
             moved.sub_pos.set(pos);
         }
-        self.forget_if_empty(id)
+        Some(id)
     }
 
     /// Forgets channel `id` when its last subscriber of any kind left;
@@ -417,16 +481,21 @@ impl<W> Channels<W> {
     }
 }
 
+/// MQTT subscriber `c`'s boxed state, if it has one.
+fn state<W>(c: &Conn<W>) -> Option<std::cell::Ref<'_, MqttState>> {
+    std::cell::Ref::filter_map(c.proto.borrow(), |p| p.mqtt().and_then(Mqtt::state)).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::rc::Rc;
 
-    use throng_proto::mqtt::{Decoder, Version};
+    use throng_proto::mqtt::Version;
 
-    use super::{Channels, NONE, Slab};
+    use super::{Channels, NONE, Slab, state};
     use crate::worker::conn::Conn;
-    use crate::worker::mqtt::MqttState;
+    use crate::worker::mqtt::Mqtt;
 
     fn conns(n: usize) -> (TcpListener, Vec<Rc<Conn<TcpStream>>>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -490,33 +559,54 @@ mod tests {
             .into_iter()
             .map(|c| {
                 let c = Rc::into_inner(c).unwrap();
-                let state = MqttState::new(Decoder::server(1024), 0);
-                Rc::new(c.with_mqtt(Version::V5, state))
+                Rc::new(c.with_mqtt(Version::V5, Mqtt::new(0)))
             })
             .collect();
         (l, cs)
     }
 
     /// Every MQTT entry of `name` names a subscription of its connection
-    /// that names it back; returns the connections, by pointer.
+    /// that names it back, and those kept as the connection's channel have
+    /// no other; returns the connections, by pointer (MQTT list, then those
+    /// kept as their channel).
     fn check_mqtt(ch: &Channels<TcpStream>, name: &str) -> Vec<*const Conn<TcpStream>> {
         let id = *ch.by_name.get(name).unwrap_or(&NONE);
         let entries = ch.get(name).map_or(&[][..], |c| &c.mqtt[..]);
         for (pos, (c, k, _)) in entries.iter().enumerate() {
-            let sub = c.proto.borrow().mqtt().unwrap().subs[*k as usize];
+            assert_eq!(c.sub_pos.get(), NONE, "{name}: in one list only");
+            let sub = state(c).unwrap().subs[*k as usize];
             assert_eq!((sub.channel, sub.pos as usize), (id, pos), "{name}");
         }
-        entries.iter().map(|(c, _, _)| Rc::as_ptr(c)).collect()
+        let own = ch.get(name).map_or(&[][..], |c| &c.subs[..]);
+        for c in own {
+            assert!(
+                state(c).is_none_or(|m| m.subs.is_empty() && m.wild.is_empty()),
+                "{name}: kept as its channel, it has no other subscription"
+            );
+        }
+        let mut all: Vec<_> = entries.iter().map(|(c, _, _)| Rc::as_ptr(c)).collect();
+        all.extend(own.iter().map(Rc::as_ptr));
+        all
     }
 
+    /// Every MQTT subscriber a message on `topic` reaches, as a fan-out
+    /// finds them: the channel's own, then the lookup's, each once.
     fn found(ch: &Channels<TcpStream>, topic: &str) -> Vec<*const Conn<TcpStream>> {
-        let mut got = Vec::new();
+        let mut got: Vec<_> = ch
+            .get(topic)
+            .map_or(&[][..], |c| &c.subs[..])
+            .iter()
+            .map(Rc::as_ptr)
+            .collect();
         ch.for_each_mqtt(topic, |c, _, first| {
             if first {
                 got.push(Rc::as_ptr(c));
             }
         });
+        let n = got.len();
         got.sort();
+        got.dedup();
+        assert_eq!(got.len(), n, "{topic}: found twice");
         got
     }
 
@@ -532,6 +622,12 @@ mod tests {
         let mut ch = Channels::default();
         for c in &cs[..3] {
             ch.subscribe_mqtt("a/x", c, 0);
+        }
+        for c in &cs[..3] {
+            assert!(
+                c.proto.borrow().mqtt().unwrap().state().is_none(),
+                "one subscription needs no box"
+            );
         }
         assert!(!ch.subscribe_mqtt("a/x", &cs[0], 0), "twice is once");
         assert!(ch.subscribe_mqtt("b", &cs[0], 0));
@@ -573,7 +669,12 @@ mod tests {
     /// What each connection a lookup finds gets the message at: the
     /// highest QoS of its matching subscriptions, whichever is met first.
     fn qos_found(ch: &Channels<TcpStream>, topic: &str) -> Vec<(*const Conn<TcpStream>, u8)> {
-        let mut got: Vec<(*const Conn<TcpStream>, u8)> = Vec::new();
+        let mut got: Vec<(*const Conn<TcpStream>, u8)> = ch
+            .get(topic)
+            .map_or(&[][..], |c| &c.subs[..])
+            .iter()
+            .map(|c| (Rc::as_ptr(c), c.proto.borrow().mqtt().unwrap().qos))
+            .collect();
         ch.for_each_mqtt(topic, |c, qos, first| {
             if first {
                 got.push((Rc::as_ptr(c), qos));
