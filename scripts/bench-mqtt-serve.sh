@@ -10,6 +10,10 @@
 #
 #   scripts/bench-mqtt-serve.sh [N]     N idle subscribers (default 18000)
 #
+# THRONG=path measures that binary instead of building this tree's (for a
+# before/after: run it with each in turn); SERVERS="throng-ws throng-mqtt"
+# measures only those.
+#
 # Each round starts each server afresh (the order turns each round), holds N
 # subscribers on one channel with `throng hold` (one process, no keep-alive
 # and no WebSocket pings, so idle means idle) and measures:
@@ -50,13 +54,20 @@ ulimit -n "$(ulimit -Hn)"
 command -v mosquitto >/dev/null || { echo "needs mosquitto (apt-get install mosquitto)" >&2; exit 2; }
 [ "$N" -lt 19000 ] || { echo "N must stay under 19000: one process holds them all (20,000-file limit)" >&2; exit 2; }
 
-cargo build --release -q -p throng
-BIN=$CARGO_TARGET_DIR/release/throng
+if [ -n "${THRONG:-}" ]; then
+  BIN=$THRONG
+else
+  cargo build --release -q -p throng
+  BIN=$CARGO_TARGET_DIR/release/throng
+fi
 TARGETS=(mosquitto throng-ws)
 if "$BIN" serve --help | grep -q -- '--mqtt-listen'; then
   TARGETS+=(throng-mqtt)
 else
   echo "note: $BIN has no --mqtt-listen yet: no throng-mqtt column"
+fi
+if [ -n "${SERVERS:-}" ]; then
+  read -ra TARGETS <<< "$SERVERS"
 fi
 echo "binary: $BIN ($(git rev-parse --short HEAD)); mosquitto: $(mosquitto -h | head -1)"
 echo "N=$N, opened at $RATE, $ROUNDS rounds; results in $OUT"
