@@ -496,6 +496,50 @@ mod tests {
     }
 
     #[test]
+    fn redis_replies_read_into_retained_messages_and_bad_ones_are_errors() {
+        use throng_proto::resp::Value;
+        let bulk = |b: &[u8]| Value::Bulk(Some(Bytes::copy_from_slice(b)));
+        // HMGET: one reply per filter, nil where nothing is retained.
+        let exact = filters(&["a", "b", "a"]);
+        let reply = Value::Array(Some(vec![
+            bulk(b"\x01one"),
+            Value::Bulk(None),
+            bulk(b"\x01one"),
+        ]));
+        let (got, cut) = in_redis::answer(&exact, reply).unwrap();
+        assert_eq!((bodies(&got), cut), (vec!["a=one".to_owned()], 0));
+        assert_eq!((got[0].qos, got[0].kept.id), (1, MessageId::NONE));
+        // HGETALL: field, value pairs, kept where a filter matches.
+        let wild = filters(&["r/+"]);
+        let reply = Value::Array(Some(vec![
+            bulk(b"r/a"),
+            bulk(b"\x00x"),
+            bulk(b"q/a"),
+            bulk(b"\x00y"),
+            bulk(b"r/b"),
+            bulk(&[0, 0xff]),
+        ]));
+        let (got, _) = in_redis::answer(&wild, reply).unwrap();
+        assert_eq!(bodies(&got), ["r/a=x", "r/b=\u{fffd}"]);
+        assert!(!got.iter().find(|r| r.channel == "r/b").unwrap().kept.text);
+        assert!(in_redis::answer(&wild, Value::Integer(3)).is_err());
+        // EXEC's pair: the store's figures, then the publish's own reply.
+        let exec = Value::Array(Some(vec![
+            Value::Array(Some(vec![Value::Integer(4), Value::Integer(1)])),
+            Value::Integer(2),
+        ]));
+        assert_eq!(in_redis::stored(exec).unwrap(), ((4, 1), Value::Integer(2)));
+        let aborted = Value::Error(Bytes::from_static(b"EXECABORT"));
+        assert!(in_redis::stored(aborted).is_err());
+        assert!(in_redis::stored(Value::Array(Some(vec![Value::Integer(1)]))).is_err());
+        // A retained publish is MULTI, the script, the publish, EXEC.
+        let mut out = bytes::BytesMut::new();
+        in_redis::publish(&mut out, "t:", "a", 1, b"p", 10, b"*1\r\n$4\r\nPING\r\n");
+        assert!(out.starts_with(b"*1\r\n$5\r\nMULTI\r\n*8\r\n$4\r\nEVAL"));
+        assert!(out.ends_with(b"*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nEXEC\r\n"));
+    }
+
+    #[test]
     fn the_same_message_is_known_by_id_or_else_by_payload() {
         let r = kept(5, "x");
         assert!(same_message(&r, MessageId { epoch: 1, seq: 5 }, b"y"));

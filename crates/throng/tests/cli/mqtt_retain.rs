@@ -426,6 +426,25 @@ fn with_redis_every_node_answers_with_the_same_retained_messages() {
             "{mode}: cleared in Redis"
         );
     }
+    // The cap holds in Redis too: the channel set longest ago goes.
+    let (c, _) = server(&[
+        "--redis",
+        &url,
+        "--redis-prefix",
+        "cap:",
+        "--max-retained",
+        "1",
+    ]);
+    c.wait_broker("up");
+    for (channel, body) in [("x/1?retain=1", "a"), ("x/2?retain=1", "b")] {
+        assert_eq!(publish(c.addr, channel, body.as_bytes(), None).0, 200);
+    }
+    assert_eq!(redis.cli(&["HKEYS", "cap:#retained"]), ["x/2"]);
+    c.wait_metric("throng_mqtt_retained_topics", |v| v == 1.0);
+    c.wait_metric(
+        "throng_mqtt_retained_dropped_total{reason=\"count\"}",
+        |v| v == 1.0,
+    );
 }
 
 #[test]
