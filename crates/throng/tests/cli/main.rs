@@ -20,6 +20,7 @@ mod knee_flags;
 mod knee_transports;
 mod mqtt;
 mod mqtt_listen;
+mod mqtt_retain;
 mod mqtt_serve;
 mod newcomer;
 mod output;
