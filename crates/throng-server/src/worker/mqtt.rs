@@ -25,7 +25,11 @@
 //! A subscription is granted the QoS it asked, at most 1; QoS 1
 //! deliveries, each with its own packet id, are in [`super::mqtt_qos`].
 //!
-//! Not here yet (docs/mqtt.md): retained messages, auth.
+//! A retained PUBLISH is relayed and kept as its channel's retained
+//! message; a new subscription gets the retained messages its filters
+//! match first ([`super::mqtt_retain`]).
+//!
+//! Not here yet (docs/mqtt.md): auth.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -35,7 +39,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use throng_proto::mqtt::{
     self, Ack, Connack, Decoder, Delivery, Disconnect, Packet, Properties, PropertiesBuf, Property,
-    Publish, ReasonCode, Suback, Subscribe, Unsuback, Unsubscribe, Version,
+    Publish, ReasonCode, RetainHandling, Suback, Subscribe, Unsuback, Unsubscribe, Version,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -130,10 +134,12 @@ impl MqttState {
     }
 }
 
-/// A will message: a channel and a payload.
+/// A will message: a channel and a payload, and its QoS when it is to be
+/// retained.
 pub(crate) struct Will {
     pub(crate) channel: String,
     pub(crate) payload: Bytes,
+    pub(crate) retain: Option<u8>,
 }
 
 /// One wildcard subscription: its filter, and its position in the filter's
@@ -219,7 +225,8 @@ pub(crate) fn overdue<W>(c: &Conn<W>, now: u32) -> bool {
         .is_some_and(|m| m.keep_alive != 0 && wheel::expired(now, c.last_seen.get(), m.keep_alive))
 }
 
-fn version_of(kind: Kind) -> Version {
+/// The MQTT version a subscriber of `kind` speaks.
+pub(crate) fn version_of(kind: Kind) -> Version {
     if kind == Kind::Mqtt5 {
         Version::V5
     } else {
@@ -297,7 +304,7 @@ impl<O: Outside> Subscribers<O> {
             let text = std::str::from_utf8(&will.payload).is_ok();
             // A will is published at QoS 0 (its QoS is not kept).
             self.outside
-                .publish(&will.channel, text, true, will.payload);
+                .publish(&will.channel, text, true, will.payload, will.retain);
             self.counters.mqtt_sent("will");
         }
     }
@@ -391,7 +398,17 @@ impl<O: Outside> Subscribers<O> {
     fn on_subscribe(&self, c: &Rc<Conn<O::Wire>>, s: &Subscribe<'_>) -> bool {
         let v5 = c.kind == Kind::Mqtt5;
         let mut codes = Vec::with_capacity(s.filters.len());
+        // The filters whose retained messages are sent (5.0's retain
+        // handling: at every subscribe, only a new one's, or never).
+        let mut retained = Vec::new();
         for (filter, options) in &s.filters {
+            let wants_retained = match options.retain_handling {
+                RetainHandling::OnSubscribe => true,
+                RetainHandling::OnNewSubscribe => {
+                    !self.channels.borrow().has_mqtt_subscription(filter, c)
+                }
+                RetainHandling::Never => false,
+            };
             // QoS 0 or 1: what was asked, at most the server's maximum.
             let qos = (options.qos as u8).min(1);
             let granted = ReasonCode(qos);
@@ -427,16 +444,23 @@ impl<O: Outside> Subscribers<O> {
                 }
                 granted
             };
+            if code == granted && wants_retained {
+                retained.push((*filter).to_owned());
+            }
             codes.push(code);
         }
-        self.reply(
+        let answered = self.reply(
             c,
             &Packet::Suback(Suback {
                 packet_id: s.packet_id,
                 properties: Properties::EMPTY,
                 codes,
             }),
-        )
+        );
+        if answered {
+            self.ask_retained(c, retained);
+        }
+        answered
     }
 
     fn on_unsubscribe(&self, c: &Rc<Conn<O::Wire>>, u: &Unsubscribe<'_>) -> bool {
@@ -501,11 +525,13 @@ impl<O: Outside> Subscribers<O> {
         } else {
             let text = std::str::from_utf8(p.payload).is_ok();
             let at_most_once = p.delivery == Delivery::AtMostOnce;
+            let retain = p.retain.then(|| p.delivery.qos() as u8);
             self.outside.publish(
                 p.topic,
                 text,
                 at_most_once,
                 Bytes::copy_from_slice(p.payload),
+                retain,
             );
             ReasonCode::SUCCESS
         };
@@ -587,8 +613,8 @@ struct Connected {
     clean_start: bool,
     /// Empty: 5.0 gets an assigned one in CONNACK.
     client_id_empty: bool,
-    /// Its will's topic and payload.
-    will: Option<(String, Bytes)>,
+    /// Its will's topic and payload, and its QoS if it is retained.
+    will: Option<(String, Bytes, Option<u8>)>,
     /// Its receive maximum (5.0; 3.1.1 has none).
     receive_max: Option<u16>,
 }
@@ -655,7 +681,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         return;
     }
     let mut will = None;
-    if let Some((channel, payload)) = connected.will {
+    if let Some((channel, payload, retain)) = connected.will {
         // A will is a publish: where an MQTT client may not publish, or on
         // a topic that is not a channel, it is refused with the CONNECT.
         let why = if !w.subs.limits.mqtt_publish {
@@ -672,7 +698,11 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
             let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
             return;
         }
-        will = Some(Box::new(Will { channel, payload }));
+        will = Some(Box::new(Will {
+            channel,
+            payload,
+            retain,
+        }));
     }
     let mut props = PropertiesBuf::new();
     let assigned;
@@ -680,7 +710,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         // What this server offers, so a 5.0 client does not try the rest.
         let offer = [
             Property::MaximumQos(1),
-            Property::RetainAvailable(0),
+            Property::RetainAvailable(1),
             Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits.wildcards)),
             Property::SharedSubscriptionAvailable(0),
         ];
@@ -781,9 +811,14 @@ async fn read_connect(
                 keep_alive: c.keep_alive,
                 clean_start: c.clean_start,
                 client_id_empty: c.client_id.is_empty(),
-                will: c
-                    .will
-                    .map(|w| (w.topic.to_owned(), Bytes::copy_from_slice(w.payload))),
+                will: c.will.map(|w| {
+                    let retain = w.retain.then_some(w.qos as u8);
+                    (
+                        w.topic.to_owned(),
+                        Bytes::copy_from_slice(w.payload),
+                        retain,
+                    )
+                }),
                 receive_max: c.properties.receive_maximum(),
             };
             return Ok((connected, d.consumed));

@@ -48,10 +48,16 @@ impl Qos1 {
     /// `None` if it cannot be encoded (never for a channel name and a
     /// payload under `--max-message`).
     pub(crate) fn of(version: Version, m: &Message) -> Option<Self> {
+        Self::with_retain(version, m, false)
+    }
+
+    /// The same, with the RETAIN flag `retain` (a retained message sent
+    /// to a new subscription).
+    pub(crate) fn with_retain(version: Version, m: &Message, retain: bool) -> Option<Self> {
         let p = Packet::Publish(Publish {
             dup: false,
             delivery: Delivery::AtLeastOnce(PacketId::MIN),
-            retain: false,
+            retain,
             topic: &m.channel,
             properties: Properties::EMPTY,
             payload: &m.payload,

@@ -192,6 +192,42 @@ impl<W> Channels<W> {
         });
     }
 
+    /// The highest QoS of MQTT subscriber `c`'s subscriptions that match
+    /// `channel` (0 when none does).
+    pub(crate) fn qos_for(&mut self, c: &Conn<W>, channel: &str) -> u8 {
+        let id = self.by_name.get(channel).copied();
+        if id.is_some_and(|id| c.sub_pos.get() != NONE && c.channel.get() == id) {
+            return c.proto.borrow().mqtt().map_or(0, |m| m.qos);
+        }
+        let Some(m) = state(c) else { return 0 };
+        let mut qos = 0;
+        if let Some(s) = m.subs.iter().find(|s| Some(s.channel) == id)
+            && let Some((_, ch)) = self.list[s.channel as usize].as_ref()
+        {
+            qos = ch.mqtt.get(s.pos as usize).map_or(0, |e| e.2);
+        }
+        for w in &m.wild {
+            if throng_proto::mqtt::topic::matches(&w.filter, channel)
+                && let Some(subs) = self.wild.get_mut(&w.filter)
+            {
+                qos = qos.max(subs.get(w.pos as usize).map_or(0, |e| e.2));
+            }
+        }
+        qos
+    }
+
+    /// Whether MQTT subscriber `c` has subscription `filter` already (an
+    /// exact one, kept as its channel or in its list, or a wildcard one).
+    pub(crate) fn has_mqtt_subscription(&self, filter: &str, c: &Conn<W>) -> bool {
+        let Some(&id) = self.by_name.get(filter) else {
+            return state(c).is_some_and(|m| m.wild.iter().any(|w| &*w.filter == filter));
+        };
+        if c.sub_pos.get() != NONE && c.channel.get() == id {
+            return true;
+        }
+        state(c).is_some_and(|m| m.subs.iter().any(|s| s.channel == id))
+    }
+
     /// Adds MQTT subscriber `c` to wildcard `filter` (a checked filter) at
     /// `qos`; a subscription it has already takes the new QoS.
     pub(crate) fn subscribe_wild(
