@@ -20,6 +20,7 @@ mod gate;
 mod http;
 mod link;
 mod mqtt;
+mod mqtt_auth;
 #[cfg(test)]
 mod pair;
 mod rejoin;

@@ -22,8 +22,12 @@
 //! certificate, tickets), then the same; a TLS subscriber's session is
 //! the same box a WebSocket one's is.
 //!
-//! Not here yet (docs/mqtt.md): QoS 1 deliveries to subscribers (granted QoS 0), retained and will
-//! messages, auth, TLS.
+//! Where `--auth-*` or `--publish-key-file` guard the server, CONNECT's
+//! password is checked and SUBSCRIBE, PUBLISH and the will follow what it
+//! grants ([`super::mqtt_auth`]).
+//!
+//! Not here yet (docs/mqtt.md): QoS 1 deliveries to subscribers (granted
+//! QoS 0), retained messages.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -39,6 +43,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::conn::{Conn, State, TlsState};
+use super::mqtt_auth::{self, MqttGrants};
 use super::rejoin::Kind;
 use super::state::Worker;
 use super::subscribers::{Outside, SCRATCH, Subscribers};
@@ -65,6 +70,9 @@ pub(crate) struct MqttState {
     pub(crate) seen: u64,
     /// Its will: published if it ends without a DISCONNECT.
     pub(crate) will: Option<Box<Will>>,
+    /// What its credential grants where `--auth-*` or `--publish-key-file`
+    /// guard the server ([`super::mqtt_auth`]); `None` elsewhere.
+    pub(crate) auth: Option<Box<MqttGrants>>,
 }
 
 /// A will message: a channel and a payload.
@@ -84,6 +92,7 @@ impl MqttState {
             wild: Vec::new(),
             seen: 0,
             will: None,
+            auth: None,
         }
     }
 }
@@ -341,7 +350,9 @@ impl<O: Outside> Subscribers<O> {
         let v5 = c.kind == Kind::Mqtt5;
         let mut codes = Vec::with_capacity(s.filters.len());
         for (filter, _options) in &s.filters {
-            let code = if mqtt::topic::is_wildcard(filter) {
+            let code = if !self.mqtt_may_subscribe(c, filter) {
+                ReasonCode::NOT_AUTHORIZED
+            } else if mqtt::topic::is_wildcard(filter) {
                 let ok = self.limits.wildcards
                     && self.channels.borrow_mut().subscribe_wild(filter, c).is_ok();
                 if ok {
@@ -441,6 +452,8 @@ impl<O: Outside> Subscribers<O> {
         } else if channel::validate(p.topic).is_err() {
             self.counters.mqtt_refused("bad_channel");
             ReasonCode::TOPIC_NAME_INVALID
+        } else if !self.mqtt_may_publish(c, p.topic) {
+            ReasonCode::NOT_AUTHORIZED
         } else {
             let text = std::str::from_utf8(p.payload).is_ok();
             self.outside
@@ -527,6 +540,8 @@ struct Connected {
     client_id_empty: bool,
     /// Its will's topic and payload.
     will: Option<(String, Bytes)>,
+    /// Its password: a token or the publish key (read, then dropped).
+    password: Option<Vec<u8>>,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
@@ -583,6 +598,15 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
         return;
     }
+    let admitted = mqtt_auth::admit(w, connected.password.as_deref(), super::gate::unix_now());
+    let admitted = match admitted {
+        Ok(a) => a,
+        Err(code) => {
+            let out = refuse(code);
+            let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
+            return;
+        }
+    };
     let counted = &w.subs.outside.counted;
     if !counted.take_place() {
         w.counters.refused("max_connections");
@@ -598,6 +622,8 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
             Some(("publish_not_here", ReasonCode::NOT_AUTHORIZED))
         } else if channel::validate(&channel).is_err() {
             Some(("bad_channel", ReasonCode::TOPIC_NAME_INVALID))
+        } else if !mqtt_auth::may_publish(&w.subs.limits, admitted.grants.as_deref(), &channel) {
+            Some(("will_not_granted", ReasonCode::NOT_AUTHORIZED))
         } else {
             None
         };
@@ -677,10 +703,12 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     };
     let mut state = MqttState::new(decoder, keep_alive);
     state.will = will;
+    state.auth = admitted.grants;
 
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
     let mut c = Conn::new(sock, w.subs.now.get(), &rest)
         .with_mqtt(version, state)
+        .with_expiry(admitted.expires)
         .with_tag(tag);
     if let Some(tls) = tls {
         c = c.with_tls(tls);
@@ -715,6 +743,7 @@ async fn read_connect(
                 will: c
                     .will
                     .map(|w| (w.topic.to_owned(), Bytes::copy_from_slice(w.payload))),
+                password: c.password.map(<[u8]>::to_vec),
             };
             return Ok((connected, d.consumed));
         }

@@ -267,6 +267,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         grace,
         wildcards: true,
         mqtt_publish: true,
+        publish_guarded: false,
     }
 }
 

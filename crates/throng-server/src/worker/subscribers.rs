@@ -104,6 +104,8 @@ pub(crate) struct Limits {
     /// MQTT clients may publish: not when `--publish-listen` keeps
     /// publishing off the public addresses.
     pub(crate) mqtt_publish: bool,
+    /// Publishing takes a credential (`--auth-*`, `--publish-key-file`).
+    pub(crate) publish_guarded: bool,
 }
 
 impl Limits {
@@ -117,6 +119,7 @@ impl Limits {
             grace: wheel::ticks(CLOSE_GRACE),
             wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
             mqtt_publish: cfg.publish_listen.is_empty(),
+            publish_guarded: cfg.auth.publish_guarded(),
         }
     }
 }

@@ -29,7 +29,7 @@ struct Answer {
 }
 
 /// A connection to `addr` from loopback address `from`.
-fn connect_from(addr: SocketAddr, from: Ipv4Addr) -> TcpStream {
+pub(crate) fn connect_from(addr: SocketAddr, from: Ipv4Addr) -> TcpStream {
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
     s.bind(&SocketAddr::from((from, 0)).into())
         .unwrap_or_else(|e| panic!("bind {from}: {e}"));
