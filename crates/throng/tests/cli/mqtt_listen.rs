@@ -118,6 +118,10 @@ impl<S: Read + Write> Client<S> {
                 Ok(0) => return None,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => return None,
+                // A socket read with a timeout is not restarted after a
+                // handled signal or a stop and continue (signal(7)): once
+                // seen in a run, so read again.
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => panic!("read: {e}"),
             }
         }
