@@ -147,6 +147,13 @@ pub struct Machine {
     pub syncookies: Option<u64>,
     /// `net.ipv4.tcp_mem` (min, pressure, max), pages.
     pub tcp_mem: Option<(u64, u64, u64)>,
+    /// Buckets of this namespace's table of established TCP connections
+    /// (`net.ipv4.tcp_ehash_entries`; negative there when the namespace
+    /// shares the host's, whose size it then is).
+    pub tcp_buckets: Option<u64>,
+    /// Whether a namespace made now may get a table of its own size
+    /// (`net.ipv4.tcp_child_ehash_entries` exists: Linux 6.1+).
+    pub child_tables: bool,
     /// `net.netfilter.nf_conntrack_max`, if conntrack is loaded.
     pub conntrack_max: Option<u64>,
     /// `net.netfilter.nf_conntrack_count`, if conntrack is loaded.
@@ -209,6 +216,13 @@ impl Machine {
             tcp_mem: nums("net.ipv4.tcp_mem")
                 .filter(|v| v.len() == 3)
                 .map(|v| (v[0], v[1], v[2])),
+            tcp_buckets: sys
+                .read("net.ipv4.tcp_ehash_entries")
+                .ok()
+                .flatten()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .map(i64::unsigned_abs),
+            child_tables: sys.exists("net.ipv4.tcp_child_ehash_entries"),
             conntrack_max: num("net.netfilter.nf_conntrack_max"),
             conntrack_count,
             conntrack_active,
@@ -733,6 +747,10 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
         });
     }
 
+    if let Some(buckets) = m.tcp_buckets.filter(|b| *b > 0) {
+        out.push(tcp_table(sockets, buckets, m.child_tables));
+    }
+
     if let Some(max) = m.conntrack_max {
         // Loopback: both sides of a connection share one entry.
         let count = m.conntrack_count.unwrap_or(0);
@@ -865,6 +883,59 @@ pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
 /// loopback target on `ports` (default `throng serve`'s 8080), from the
 /// source addresses given, or from enough of 127.0.0.2.. for the local
 /// ports (at least `sources`), so the command fits what it fixes.
+/// Chains past this many sockets per bucket of the TCP connection table,
+/// on average, make each segment's socket lookup a walk worth warning
+/// about (at 7.6 the lookup took 21% of the machine's CPU in a fan-out to a
+/// million, against 6.5% at 1: docs/scale.md).
+pub const TCP_CHAIN_WARN: u64 = 2;
+
+/// The name of the TCP connection table's finding.
+pub const TCP_TABLE: &str = "TCP connection table";
+
+/// The established-connection table against the sockets planned here.
+fn tcp_table(sockets: u64, buckets: u64, child_tables: bool) -> Finding {
+    let check = TCP_TABLE.to_owned();
+    let chain = sockets as f64 / buckets as f64;
+    if sockets <= buckets.saturating_mul(TCP_CHAIN_WARN) {
+        return Finding {
+            check,
+            status: Status::Ok,
+            message: format!(
+                "{buckets} buckets (net.ipv4.tcp_ehash_entries) for {sockets} sockets: chains of {chain:.1} on average"
+            ),
+            fixes: Vec::new(),
+            notes: Vec::new(),
+        };
+    }
+    let want = crate::netns::buckets_for(sockets);
+    let mut fixes = Vec::new();
+    let mut notes = Vec::new();
+    if child_tables {
+        fixes.push(Fix::sysctl("net.ipv4.tcp_child_ehash_entries", want));
+        fixes.push(Fix::shell(
+            "ip netns add throng && ip netns exec throng ip link set lo up",
+            "a namespace made after that sysctl has a table of that size; run throng in it: ip netns exec throng throng ...",
+        ));
+        notes.push(
+            "'throng bench' does this itself when run as root (a private namespace for its run; --host-network keeps the host's table)"
+                .to_owned(),
+        );
+    }
+    notes.push(format!(
+        "the host's own table is sized at boot: the kernel parameter thash_entries={want} sets it"
+    ));
+    Finding {
+        check,
+        status: Status::Warn,
+        message: format!(
+            "{buckets} buckets (net.ipv4.tcp_ehash_entries) for {sockets} sockets: chains of {chain:.1}, \
+             which every segment's socket lookup walks (slower fan-outs and connects; {want} buckets make it 1)"
+        ),
+        fixes,
+        notes,
+    }
+}
+
 fn run_command(plan: &Plan, connections: u64, sources: u64, ports: Option<&str>) -> Vec<String> {
     if plan.bench {
         return vec![

@@ -5,13 +5,15 @@
 //! calls both halves make: the epoll set of held connections (`poll`), a
 //! precise timer (`timer`), this process's memory, CPU clocks and signals
 //! and a child that exits with it (`process`), the socket option source
-//! spreading needs (`socket`), counters a supervisor shares with its
+//! spreading needs (`socket`), a private network namespace sized for a run
+//! that keeps both ends here (`netns`), counters a supervisor shares with its
 //! workers in one sealed memfd (`shared`), and the one grammar of the quantities every
 //! command line takes (`units`). Every `unsafe` OS call lives here, behind a
 //! safe function.
 
 pub mod doctor;
 pub mod limits;
+pub mod netns;
 pub mod poll;
 pub mod process;
 pub mod sample;

@@ -278,6 +278,67 @@ fn tcp_mem() {
 }
 
 #[test]
+fn tcp_connection_table() {
+    let p = FakeProc::new("tcp-table");
+    // A namespace sharing the host's table says so with a negative size.
+    p.set("net.ipv4.tcp_ehash_entries", "-262144");
+    let ok = finding(
+        &p.check(&Plan::new(100_000, Role::Both)),
+        "TCP connection table",
+    )
+    .clone();
+    assert_eq!(ok.status, Status::Ok, "{ok:#?}");
+    assert!(ok.message.contains("262144 buckets"), "{ok:#?}");
+    // Two million sockets: chains of 7.6. Before Linux 6.1 only the boot
+    // parameter can help.
+    let old = finding(
+        &p.check(&Plan::new(1_000_000, Role::Both)),
+        "TCP connection table",
+    )
+    .clone();
+    assert_eq!(old.status, Status::Warn, "{old:#?}");
+    assert!(old.message.contains("chains of 7.6"), "{old:#?}");
+    assert!(old.fixes.is_empty(), "{old:#?}");
+    assert!(
+        old.notes
+            .iter()
+            .any(|n| n.contains("thash_entries=2097152"))
+    );
+    p.set("net.ipv4.tcp_child_ehash_entries", "0");
+    let f = finding(
+        &p.check(&Plan::new(1_000_000, Role::Both)),
+        "TCP connection table",
+    )
+    .clone();
+    assert_eq!(
+        sysctl_fix(&f),
+        (
+            "net.ipv4.tcp_child_ehash_entries".to_owned(),
+            "2097152".to_owned()
+        )
+    );
+    assert!(
+        f.fixes.iter().any(|x| x.line().contains("ip netns add")),
+        "{f:#?}"
+    );
+    // One side only (a server): half the sockets, chains of 3.8, still past 2.
+    let server = finding(
+        &p.check(&Plan::new(1_000_000, Role::Server)),
+        "TCP connection table",
+    )
+    .clone();
+    assert_eq!(server.status, Status::Warn, "{server:#?}");
+    assert_eq!(
+        finding(
+            &p.check(&Plan::new(500_000, Role::Server)),
+            "TCP connection table"
+        )
+        .status,
+        Status::Ok
+    );
+}
+
+#[test]
 fn conntrack_when_loaded() {
     let p = FakeProc::new("conntrack");
     p.set("net.netfilter.nf_conntrack_max", "65536");

@@ -61,6 +61,10 @@ pub struct Request {
     pub max_error_rate: Option<f64>,
     /// Fail the run above this p99 latency.
     pub max_p99: Option<Duration>,
+    /// Fail the run when a request starts further than this behind its
+    /// schedule (the harness fell behind: the load it made was not the
+    /// load asked for).
+    pub max_lag: Option<Duration>,
     /// TLS of `https://` targets.
     pub tls: Option<TlsOptions>,
     /// The live view.
@@ -93,6 +97,7 @@ pub struct Prepared {
     lines: Vec<String>,
     max_error_rate: Option<f64>,
     max_p99: Option<Duration>,
+    max_lag: Option<Duration>,
 }
 
 /// Checks `req` and plans it on this machine.
@@ -186,6 +191,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
         lines,
         max_error_rate: req.max_error_rate,
         max_p99: req.max_p99,
+        max_lag: req.max_lag,
     })
 }
 
@@ -235,10 +241,15 @@ impl Prepared {
     }
 
     /// Runs it; the summary and the thresholds it passed (`--max-error-rate`,
-    /// `--max-p99`), one line each.
+    /// `--max-p99`, `--max-lag`), one line each.
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
         let summary = super::supervisor::run(self.attack, self.setup)?;
-        let failed = check(&summary, self.max_error_rate, self.max_p99.map(micros));
+        let failed = check(
+            &summary,
+            self.max_error_rate,
+            self.max_p99.map(micros),
+            self.max_lag.map(micros),
+        );
         Ok((summary, failed))
     }
 }
@@ -424,11 +435,12 @@ fn start_lines(
             RowFormat::for_path(p)
         ));
     }
-    if req.max_error_rate.is_some() || req.max_p99.is_some() {
+    if req.max_error_rate.is_some() || req.max_p99.is_some() || req.max_lag.is_some() {
         out.push(format!(
-            "  thresholds: error rate <= {}, p99 latency <= {}",
+            "  thresholds: error rate <= {}, p99 latency <= {}, behind schedule <= {}",
             req.max_error_rate.map_or("-".to_owned(), |r| r.to_string()),
-            req.max_p99.map_or("-".to_owned(), fmt_duration)
+            req.max_p99.map_or("-".to_owned(), fmt_duration),
+            req.max_lag.map_or("-".to_owned(), fmt_duration)
         ));
     }
     out

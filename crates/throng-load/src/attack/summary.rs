@@ -155,8 +155,14 @@ impl Summary {
     }
 }
 
-/// Checks `--max-error-rate` and `--max-p99` (µs): one line per threshold passed.
-pub fn check(s: &Summary, max_error_rate: Option<f64>, max_p99_us: Option<u64>) -> Vec<String> {
+/// Checks `--max-error-rate`, `--max-p99` and `--max-lag` (µs): one line
+/// per threshold passed.
+pub fn check(
+    s: &Summary,
+    max_error_rate: Option<f64>,
+    max_p99_us: Option<u64>,
+    max_lag_us: Option<u64>,
+) -> Vec<String> {
     let mut failed = Vec::new();
     if let Some(max) = max_error_rate
         && s.error_rate > max
@@ -176,6 +182,17 @@ pub fn check(s: &Summary, max_error_rate: Option<f64>, max_p99_us: Option<u64>) 
                 micros(max)
             ));
         }
+    }
+    if let Some(max) = max_lag_us
+        && s.lag_us.max > max
+    {
+        failed.push(format!(
+            "a request started {} behind its schedule, over --max-lag {} ({} started more than {} ms late)",
+            micros(s.lag_us.max),
+            micros(max),
+            s.late,
+            s.late_threshold_us / 1000
+        ));
     }
     failed
 }
@@ -342,10 +359,24 @@ mod tests {
             p99: 250_000,
             ..HistStats::default()
         };
-        assert!(check(&s, Some(0.05), Some(300_000)).is_empty());
-        assert_eq!(check(&s, Some(0.01), None).len(), 1);
-        assert_eq!(check(&s, None, Some(200_000)).len(), 1);
+        s.lag_us = HistStats {
+            count: 100,
+            max: 784_000,
+            ..HistStats::default()
+        };
+        s.late = 38;
+        s.late_threshold_us = 10_000;
+        assert!(check(&s, Some(0.05), Some(300_000), Some(1_000_000)).is_empty());
+        assert_eq!(check(&s, Some(0.01), None, None).len(), 1);
+        assert_eq!(check(&s, None, Some(200_000), None).len(), 1);
+        let lag = check(&s, None, None, Some(500_000));
+        assert_eq!(
+            lag,
+            [
+                "a request started 784ms behind its schedule, over --max-lag 500ms (38 started more than 10 ms late)"
+            ]
+        );
         s.latency_us = HistStats::default();
-        assert_eq!(check(&s, None, Some(200_000)).len(), 1);
+        assert_eq!(check(&s, None, Some(200_000), None).len(), 1);
     }
 }

@@ -147,6 +147,9 @@ pub struct Request {
     pub out_dir: PathBuf,
     /// The live view (and where the start lines go).
     pub progress: Progress,
+    /// Run on the host's network even where a private namespace would
+    /// give the run a TCP connection table of its size ([`Network`]).
+    pub host_network: bool,
 }
 
 /// Why a bench could not run.
@@ -192,6 +195,94 @@ struct Plan {
     machine: Machine,
     snapshot: doctor::Machine,
     fit: Fit,
+    network: Network,
+}
+
+/// Where a bench's connections live. Both ends are on this machine, so the
+/// kernel's table of established connections holds two sockets per
+/// connection; the host's is sized at boot (262,144 buckets on 24 GiB), and
+/// at a million connections its chains make every segment's lookup a walk
+/// (the fan-out took 11.6 s against 8.4 s in a table of its size:
+/// docs/scale.md). As root on Linux 6.1+ the bench runs in a private
+/// network namespace whose table fits ([`throng_host::netns`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Network {
+    /// The host's network: its table is big enough, or `--host-network`.
+    Host,
+    /// The host's, although its chains will be long: not root, or a
+    /// kernel that cannot size a namespace's table.
+    HostTooSmall { buckets: u64, sockets: u64 },
+    /// A namespace of the bench's own with a table of `buckets`.
+    Private {
+        buckets: u64,
+        host_buckets: u64,
+        sockets: u64,
+    },
+}
+
+impl Network {
+    /// Decides for `sockets` from the TCP table finding `throng doctor`
+    /// made (its absence: a kernel that does not say: the host's).
+    fn choose(sockets: u64, snapshot: &doctor::Machine, host_network: bool) -> Self {
+        let Some(host) = snapshot.tcp_buckets.filter(|b| *b > 0) else {
+            return Self::Host;
+        };
+        if host_network || sockets <= host.saturating_mul(doctor::TCP_CHAIN_WARN) {
+            return Self::Host;
+        }
+        if throng_host::netns::root() && snapshot.child_tables {
+            Self::Private {
+                buckets: throng_host::netns::buckets_for(sockets),
+                host_buckets: host,
+                sockets,
+            }
+        } else {
+            Self::HostTooSmall {
+                buckets: host,
+                sockets,
+            }
+        }
+    }
+
+    /// The start line that says where the run is, and why.
+    fn line(self) -> Option<String> {
+        match self {
+            Self::Host => None,
+            Self::HostTooSmall { buckets, sockets } => Some(format!(
+                "  network   the host's, whose TCP table has {buckets} buckets for {sockets} sockets \
+                 (chains of {:.1}: slower fan-outs; as root, throng bench gives the run a table of its size)",
+                sockets as f64 / buckets as f64
+            )),
+            Self::Private {
+                buckets,
+                host_buckets,
+                sockets,
+            } => Some(format!(
+                "  network   a private namespace (loopback only) with a TCP table of {buckets} buckets: \
+                 the host's {host_buckets} would chain {sockets} sockets {:.1} deep (--host-network keeps it)",
+                sockets as f64 / host_buckets as f64
+            )),
+        }
+    }
+
+    fn json(self) -> serde_json::Value {
+        match self {
+            Self::Host => serde_json::json!({ "namespace": "host" }),
+            Self::HostTooSmall { buckets, sockets } => {
+                serde_json::json!({ "namespace": "host", "tcp_buckets": buckets, "sockets": sockets })
+            }
+            Self::Private {
+                buckets,
+                host_buckets,
+                sockets,
+            } => serde_json::json!({
+                "namespace": "private",
+                "tcp_buckets": buckets,
+                "host_tcp_buckets": host_buckets,
+                "sockets": sockets,
+            }),
+        }
+    }
 }
 
 /// Runs a whole bench; the start lines go where `req.progress` says.
@@ -201,7 +292,20 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             "--message-every must be more than 0".into(),
         ));
     }
-    let plan = plan(&req)?;
+    let mut plan = plan(&req)?;
+    if let Network::Private { buckets, .. } = plan.network {
+        // Before the server, the harness workers and any thread start: all
+        // of them inherit it.
+        if let Err(e) = throng_host::netns::enter_private(buckets) {
+            eprintln!(
+                "throng bench: warning: cannot make a private network namespace ({e}); the run stays on the host's"
+            );
+            plan.network = Network::HostTooSmall {
+                buckets: plan.snapshot.tcp_buckets.unwrap_or(0),
+                sockets: plan.connections.saturating_mul(2),
+            };
+        }
+    }
     let say = |line: &str| req.progress.say(line);
     std::fs::create_dir_all(&req.out_dir).map_err(|e| {
         io::Error::new(
@@ -253,6 +357,9 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         files.html.display()
     ));
     say(&scale.line(plan.connections));
+    if let Some(line) = plan.network.line() {
+        say(&line);
+    }
     say(&format!(
         "  verdict   {}",
         criteria(plan.connections, req.messages)
@@ -278,6 +385,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         "server": { "address": format!("127.0.0.1:{ports}"), "workers": server_workers, "args": serve_args.args },
         "harness": { "workers": plan.fit.workers, "sources": plan.fit.sources.iter().map(ToString::to_string).collect::<Vec<_>>() },
         "settings": settings,
+        "network": plan.network.json(),
         "machine": { "cores": plan.machine.cores, "nofile": plan.machine.nofile, "mem_available": plan.snapshot.mem_available },
     });
     let rate = 1.0 / req.message_every.as_secs_f64();
@@ -422,7 +530,12 @@ fn plan(req: &Request) -> Result<Plan, BenchError> {
         .connections
         .unwrap_or_else(|| default_connections(&snapshot));
     let (fit, check) = layout(connections, &machine)?;
-    let findings = doctor::check_machine(&check, &snapshot);
+    let mut findings = doctor::check_machine(&check, &snapshot);
+    let network = Network::choose(check.sockets(), &snapshot, req.host_network);
+    if network != Network::Host {
+        // The network line says it, with what the bench does about it.
+        findings.retain(|f| f.check != doctor::TCP_TABLE);
+    }
     for line in doctor::warning_lines(&findings) {
         eprintln!("throng bench: {line}");
     }
@@ -440,6 +553,7 @@ fn plan(req: &Request) -> Result<Plan, BenchError> {
         machine,
         snapshot,
         fit,
+        network,
     })
 }
 
@@ -516,9 +630,14 @@ pub fn dry_run(req: &Request) -> Result<Vec<String>, BenchError> {
         ),
         format!("  server    throng serve on {LISTEN_PORTS} free loopback ports"),
         ScaleSettings::for_connections(plan.connections).line(plan.connections),
+    ]
+    .into_iter()
+    .chain(plan.network.line())
+    .chain([
         format!("  verdict   {}", criteria(plan.connections, req.messages)),
         "dry run: the limits allow it; nothing started".to_owned(),
     ])
+    .collect())
 }
 
 /// The files of one bench, named by its start time.
@@ -629,6 +748,40 @@ mod tests {
             mid.line(100_000)
                 .contains("pings every 50s (2000/s over 100000 connections; at most 2000/s)")
         );
+    }
+
+    #[test]
+    fn the_network_follows_the_tcp_table() {
+        let p = throng_testkit::fake_proc::FakeProc::new("bench-network");
+        p.set("net.ipv4.tcp_ehash_entries", "-262144");
+        let old_kernel = doctor::Machine::read(p.root());
+        p.set("net.ipv4.tcp_child_ehash_entries", "0");
+        let m = doctor::Machine::read(p.root());
+        assert_eq!(Network::choose(200_000, &m, false), Network::Host);
+        assert_eq!(Network::choose(2_000_000, &m, true), Network::Host);
+        let too_small = Network::HostTooSmall {
+            buckets: 262_144,
+            sockets: 2_000_000,
+        };
+        assert_eq!(Network::choose(2_000_000, &old_kernel, false), too_small);
+        let own = Network::choose(2_000_000, &m, false);
+        if throng_host::netns::root() {
+            assert_eq!(
+                own,
+                Network::Private {
+                    buckets: 2_097_152,
+                    host_buckets: 262_144,
+                    sockets: 2_000_000
+                }
+            );
+            let line = own.line().unwrap();
+            assert!(line.contains("2097152 buckets"), "{line}");
+            assert!(line.contains("7.6 deep"), "{line}");
+        } else {
+            assert_eq!(own, too_small);
+        }
+        assert!(too_small.line().unwrap().contains("chains of 7.6"));
+        assert_eq!(Network::Host.line(), None);
     }
 
     #[test]

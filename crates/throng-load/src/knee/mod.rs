@@ -223,6 +223,7 @@ fn plan(req: &Request) -> Result<(Plan, Vec<String>), KneeError> {
                 per_request: None,
                 max_error_rate: None,
                 max_p99: None,
+                max_lag: None,
                 progress: req.progress,
                 ..a.clone()
             })?;

@@ -400,6 +400,7 @@ fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
         per_request: None,
         max_error_rate: None,
         max_p99: None,
+        max_lag: None,
         progress: Progress::QUIET,
     }))
 }

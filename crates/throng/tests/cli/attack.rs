@@ -382,9 +382,30 @@ fn thresholds_set_the_exit_status() {
     let (code, s, err) = attack(&[&slow[..], &["--max-p99", "50ms"]].concat());
     assert_eq!(code, 1, "{s} {err}");
     assert!(err.contains("--max-p99"), "{err}");
-    let (code, _, err) =
-        attack(&[&slow[..], &["--max-p99", "10s", "--max-error-rate", "0"]].concat());
+    let (code, _, err) = attack(
+        &[
+            &slow[..],
+            &[
+                "--max-p99",
+                "10s",
+                "--max-error-rate",
+                "0",
+                "--max-lag",
+                "10s",
+            ],
+        ]
+        .concat(),
+    );
     assert_eq!(code, 0, "{err}");
+    assert!(err.contains("behind schedule <= 10s"), "{err}");
+    // No request goes on the wire at its exact intended microsecond: a
+    // 1 us lag threshold is always passed, and says by how much.
+    let (code, s, err) = attack(&[&slow[..], &["--max-lag", "1us"]].concat());
+    assert_eq!(code, 1, "{s} {err}");
+    assert!(
+        err.contains("behind its schedule, over --max-lag 1µs"),
+        "{err}"
+    );
 
     // Nobody listens: every request fails as refused, the run still ends on time.
     let port = TcpListener::bind("127.0.0.1:0")
