@@ -116,7 +116,8 @@ impl Pattern {
     /// `filter` (checked, with a wildcard) can match: a subscription with
     /// wildcards is a set of channels, and a grant must hold all of them.
     /// An exact name covers no wildcard filter; a prefix covers one whose
-    /// every match starts with it ([`fixed_start`]).
+    /// levels before its first wildcard (and the `/` after them, before a
+    /// `+`) start with it, since every match starts with those.
     pub fn covers(&self, filter: &str) -> bool {
         match self {
             Self::Any => true,
