@@ -221,7 +221,17 @@ mod tests {
         let host_buckets = buckets();
         std::thread::spawn(|| {
             // Not the host's size (262,144 here), so the check can fail.
-            enter_private(1 << 17).expect("a private namespace");
+            match enter_private(1 << 17) {
+                Ok(()) => {}
+                // Root without CAP_SYS_ADMIN (a container): not this test's case.
+                Err(NetnsError::Os { source, .. })
+                    if source.kind() == std::io::ErrorKind::PermissionDenied =>
+                {
+                    eprintln!("skipped: {source}");
+                    return;
+                }
+                Err(e) => panic!("a private namespace: {e}"),
+            }
             assert_eq!(buckets(), Some(1 << 17));
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("loopback is up");
             std::net::TcpStream::connect(l.local_addr().expect("an address")).expect("connect");

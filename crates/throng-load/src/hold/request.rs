@@ -284,6 +284,16 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
             fmt_duration(p.timeout),
             if p.timeout == PUBLISH_TIMEOUT { ", the default" } else { "" },
         ));
+        if let PublishTarget::Http {
+            path, host, tls, ..
+        } = &p.target
+            && !path.starts_with("/publish/")
+        {
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            out.push(format!(
+                "  note: the messages are POSTed to '{path}'; throng serve takes them on /publish/<channel> (--publish {scheme}://{host}/publish/<channel>)"
+            ));
+        }
         out.push(format!(
             "  after the last message: connections stay open until every one has every message, or no delivery came for {}, {} at most",
             fmt_duration(DRAIN_QUIET),

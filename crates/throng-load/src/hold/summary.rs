@@ -190,7 +190,7 @@ impl Thresholds {
         if unpublished > 0 {
             out.push(format!(
                 "{unpublished} messages could not be published ({})",
-                kinds(&s.publish_errors, " ", ", ")
+                kinds(&s.publish_errors, ": ", ", ")
             ));
         }
         out
@@ -313,8 +313,8 @@ pub fn render(s: &Summary) -> String {
         let errs: u64 = s.publish_errors.values().sum();
         if errs > 0 {
             out.push_str(&format!(
-                "  not published: {errs} ({})\n",
-                kinds(&s.publish_errors, " ", ", ")
+                "  not published: {errs} ({}; the first error is in the progress lines)\n",
+                kinds(&s.publish_errors, ": ", ", ")
             ));
         }
         out.push_str(&format!("  delivery: {}\n", lat(&s.delivery_us)));

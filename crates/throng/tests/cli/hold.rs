@@ -252,6 +252,41 @@ fn throng_serve_delivers_every_message() {
     assert_eq!(count(&s, &["closed", "clean"]), 2000, "{s:#}");
 }
 
+/// `--publish http://HOST:PORT` without `/publish/<channel>`: the start
+/// lines say where throng serve takes messages, and the first refusal names
+/// the HTTP status (the summary once said only "status 2").
+#[test]
+fn a_publish_url_without_its_route_is_named() {
+    let server = serve(&[]);
+    let out = crate::throng()
+        .args([
+            "hold",
+            &format!("ws://{}/news", server.addr),
+            "-c",
+            "2",
+            "--duration",
+            "2s",
+            "--publish",
+            &format!("http://{}", server.addr),
+            "--publish-rate",
+            "2/s",
+        ])
+        .output()
+        .expect("run throng hold");
+    // The start lines go to stdout when it is not a terminal.
+    let err = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
+    let said = format!(
+        "throng serve takes them on /publish/<channel> (--publish http://{}/publish/<channel>)",
+        server.addr
+    );
+    assert!(err.contains(&said), "{err}");
+    assert!(
+        err.contains("not published: publish answered HTTP 400"),
+        "{err}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{err}");
+}
+
 /// Messages larger than the worker's 64 KiB read buffer arrive split across
 /// reads and are reassembled from the connection's remainder.
 #[test]
