@@ -19,6 +19,7 @@ use crate::history::MessageId;
 use crate::metrics::BrokerStats;
 use crate::redis::{self, Command, RedisMode, RedisSettings};
 use crate::relay::Publisher;
+use crate::retained;
 
 /// What the supervisor does with a message one of its workers published.
 #[derive(Debug)]
@@ -57,11 +58,12 @@ impl Broker {
     /// A short name for the startup banner, for the local relay.
     pub(crate) const LOCAL: &'static str = "local (embedded relay, one machine)";
 
-    /// Routes a message published through worker `from`.
-    pub(crate) fn publish(&mut self, from: Publisher, m: Message) -> Routed {
+    /// Routes a message published through worker `from` (also its
+    /// channel's retained message when `retain` holds its QoS).
+    pub(crate) fn publish(&mut self, from: Publisher, m: Message, retain: Option<u8>) -> Routed {
         match self {
             Self::Local => Routed::Relay(m),
-            Self::Redis(r) => match r.publish(from, m) {
+            Self::Redis(r) => match r.publish(from, m, retain) {
                 Ok(()) => Routed::Sent,
                 Err(reason) => Routed::Refused(reason),
             },
@@ -78,6 +80,27 @@ impl Broker {
     /// Whether the history is the broker's (Redis Streams), not this node's.
     pub(crate) fn keeps_history(&self) -> bool {
         matches!(self, Self::Redis(r) if r.settings.history.is_some())
+    }
+
+    /// Whether the retained messages are the broker's (Redis), not this node's.
+    pub(crate) fn keeps_retained(&self) -> bool {
+        matches!(self, Self::Redis(_))
+    }
+
+    /// Asks the broker's store for the retained messages `filters` match
+    /// (only when [`Broker::keeps_retained`]); the answer comes as news.
+    pub(crate) fn retained(&mut self, to: Publisher, filters: Vec<String>) {
+        if let Self::Redis(r) = self {
+            r.retained(to, filters);
+        }
+    }
+
+    /// The broker's retained store as this node last saw it (Redis only).
+    pub(crate) fn retained_stats(&self) -> Option<retained::Stats> {
+        match self {
+            Self::Redis(r) => Some(r.retained),
+            Self::Local => None,
+        }
     }
 
     /// Recoveries the broker's history answered: complete, incomplete.
@@ -147,6 +170,10 @@ pub(crate) struct Remote {
     recovering: HashMap<u64, Publisher>,
     /// Recoveries Redis answered: complete, incomplete.
     recovered: (u64, u64),
+    /// Retained reads sent to Redis, by tag: the worker and its request.
+    retaining: HashMap<u64, Publisher>,
+    /// The shared retained store's figures, as this node last saw them.
+    retained: retained::Stats,
     /// Channels mode: per worker slot, the channels it has subscribers of.
     interest: Vec<HashSet<String>>,
     /// Channels mode: per channel, how many workers have subscribers of it.
@@ -171,6 +198,8 @@ impl Remote {
             waiting: HashMap::new(),
             recovering: HashMap::new(),
             recovered: (0, 0),
+            retaining: HashMap::new(),
+            retained: retained::Stats::default(),
             interest: vec![HashSet::new(); workers],
             nodes: HashMap::new(),
             stats: BrokerStats::default(),
@@ -178,7 +207,7 @@ impl Remote {
     }
 
     /// Sends a publish to Redis; `Err` (the reason, for a 503) when the link is down.
-    fn publish(&mut self, origin: Publisher, m: Message) -> Result<(), String> {
+    fn publish(&mut self, origin: Publisher, m: Message, retain: Option<u8>) -> Result<(), String> {
         if !self.up {
             self.stats.publish_failures += 1;
             return Err(self.unavailable());
@@ -190,6 +219,7 @@ impl Remote {
             tag,
             channel: m.channel,
             payload: m.payload,
+            retain,
         });
         if sent.is_err() {
             self.waiting.remove(&tag);
@@ -209,6 +239,15 @@ impl Remote {
             channel,
             since,
         });
+    }
+
+    /// Asks Redis for the retained messages `filters` match, for request
+    /// `to.request` of worker `to.worker`.
+    fn retained(&mut self, to: Publisher, filters: Vec<String>) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.retaining.insert(tag, to);
+        let _ = self.cmds.send(Command::Retained { tag, filters });
     }
 
     /// Redis answered publish `tag`: who asked, and the record to answer with.
@@ -422,6 +461,27 @@ impl Remote {
                 Some((to, rec)) => News::Answer(to, rec),
                 None => News::Nothing,
             },
+            redis::Event::Retained {
+                tag,
+                mut messages,
+                cut,
+            } => match self.retaining.remove(&tag) {
+                Some(to) => {
+                    self.retained.cut += cut;
+                    crate::supervisor::fit_retained(&mut messages);
+                    let rec = Record::Retained {
+                        id: to.request,
+                        messages,
+                    };
+                    News::Answer(to, rec.encode())
+                }
+                None => News::Nothing,
+            },
+            redis::Event::RetainedStore { topics, dropped } => {
+                self.retained.topics = topics;
+                self.retained.dropped_count += dropped;
+                News::Nothing
+            }
             redis::Event::Subscriptions(n) => {
                 self.stats.subscriptions = u64::try_from(n).unwrap_or(0);
                 News::Nothing
@@ -455,6 +515,7 @@ mod tests {
             trust: redis::Trust::default(),
             tls: None,
             history: None,
+            max_retained: 10,
         };
         (Remote::new(settings, tx, 3), rx)
     }
@@ -466,6 +527,7 @@ mod tests {
                 Command::Subscribe(c) => format!("+{c}"),
                 Command::Unsubscribe(c) => format!("-{c}"),
                 Command::Publish { channel, .. } => format!("publish {channel}"),
+                Command::Retained { filters, .. } => format!("retained {filters:?}"),
                 Command::Recover { channel, since, .. } => format!("recover {channel} {since}"),
             });
         }
@@ -514,14 +576,14 @@ mod tests {
             },
             request: 5,
         };
-        let why = r.publish(from, m.clone()).unwrap_err();
+        let why = r.publish(from, m.clone(), None).unwrap_err();
         assert!(
             why.contains("unreachable") && why.contains("connecting"),
             "{why}"
         );
         assert_eq!(drain(&mut rx), Vec::<String>::new());
         assert_eq!(r.on_up(), None, "the first connection is not a reconnect");
-        r.publish(from, m).unwrap();
+        r.publish(from, m, None).unwrap();
         assert_eq!(drain(&mut rx), ["publish a"]);
         let (to, rec) = r.published(1, Ok((2, MessageId::NONE))).unwrap();
         assert_eq!(to, from);

@@ -102,6 +102,20 @@ pub struct Config {
     /// Bytes the whole history may hold, oldest dropped first (`--history-max-memory`).
     #[serde(default = "default_history_memory")]
     pub history_max_memory: usize,
+    /// Channels that may hold a retained message (`--max-retained`).
+    #[serde(default = "default_max_retained")]
+    pub max_retained: usize,
+    /// Bytes the retained messages may take (`--max-retained-memory`).
+    #[serde(default = "default_retained_memory")]
+    pub max_retained_memory: usize,
+}
+
+fn default_max_retained() -> usize {
+    crate::retained::DEFAULT_MAX_TOPICS
+}
+
+fn default_retained_memory() -> usize {
+    crate::retained::DEFAULT_MAX_BYTES
 }
 
 /// The default `--history-max-memory`.
@@ -162,6 +176,8 @@ impl Default for Config {
             history: 0,
             history_ttl: None,
             history_max_memory: DEFAULT_HISTORY_MEMORY,
+            max_retained: crate::retained::DEFAULT_MAX_TOPICS,
+            max_retained_memory: crate::retained::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -277,6 +293,22 @@ impl fmt::Display for Config {
                 self.history_ttl
                     .map_or_else(|| "ever".to_owned(), fmt_duration),
                 fmt_size(self.history_max_memory)
+            )?;
+        }
+        if self.redis_mode.is_some() {
+            writeln!(
+                f,
+                "  retained         last retained message per channel in Redis (one hash under the prefix), \
+                 at most {} channels (the longest-set dropped first)",
+                self.max_retained
+            )?;
+        } else {
+            writeln!(
+                f,
+                "  retained         last retained message per channel, at most {} channels and {} in all \
+                 (the longest-set dropped first)",
+                self.max_retained,
+                fmt_size(self.max_retained_memory)
             )?;
         }
         writeln!(f, "  ping-interval    {}", fmt_duration(self.ping_interval))?;

@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::addresses::{Source, Verdict};
 use crate::history::{Kept, MessageId};
+use crate::retained::RetainedMessage;
 
 /// The largest record accepted; far above any `--max-message`.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024;
@@ -118,6 +119,31 @@ pub enum Record {
         /// The client's address.
         source: Source,
     },
+    /// Worker → supervisor: a publish that also becomes its channel's
+    /// retained message (an empty payload clears it); relayed and answered
+    /// as [`Record::Publish`].
+    PublishRetained {
+        /// The QoS it was published at (HTTP: 1).
+        qos: u8,
+        /// The message, as in `Publish`.
+        message: Message,
+    },
+    /// Worker → supervisor: a new MQTT subscription; what are the retained
+    /// messages of the channels these filters match?
+    RetainedAsk {
+        /// Echoed in the answer.
+        id: u64,
+        /// The filters (exact or wildcard).
+        filters: Vec<String>,
+    },
+    /// Supervisor → worker: the answer to [`Record::RetainedAsk`] `id`,
+    /// sent after every message relayed before the store was read.
+    Retained {
+        /// The id of the [`Record::RetainedAsk`].
+        id: u64,
+        /// One per matching channel.
+        messages: Vec<RetainedMessage>,
+    },
 }
 
 /// A message on its way to subscribers.
@@ -166,6 +192,13 @@ const ADMITTED: u8 = 13;
 const RELEASE: u8 = 14;
 const RECOVER: u8 = 15;
 const RECOVERED: u8 = 16;
+const PUBLISH_RETAINED: u8 = 17;
+const RETAINED_ASK: u8 = 18;
+const RETAINED: u8 = 19;
+
+/// Bytes a retained message takes in a [`Record::Retained`] besides its
+/// channel and payload.
+pub const RETAINED_FRAMING: usize = 23;
 
 impl Record {
     /// Encodes the record, length prefix included.
@@ -183,14 +216,39 @@ impl Record {
                 } else {
                     DELIVER
                 });
-                out.put_u64_le(m.id);
-                out.put_u64_le(m.message.epoch);
-                out.put_u64_le(m.message.seq);
-                out.put_u8(u8::from(m.text));
-                // Channel names are at most 128 bytes (validated before any record is made).
-                out.put_u8(m.channel.len().min(255) as u8);
-                out.put_slice(&m.channel.as_bytes()[..m.channel.len().min(255)]);
-                out.put_slice(&m.payload);
+                put_message(&mut out, m);
+            }
+            Self::PublishRetained { qos, message } => {
+                out.put_u8(PUBLISH_RETAINED);
+                out.put_u8(*qos);
+                put_message(&mut out, message);
+            }
+            Self::RetainedAsk { id, filters } => {
+                out.put_u8(RETAINED_ASK);
+                out.put_u64_le(*id);
+                // A SUBSCRIBE's filters fit its packet (at most 128 KiB),
+                // each at most 64 KiB: the codec's limits.
+                out.put_u32_le(filters.len() as u32);
+                for f in filters {
+                    out.put_u16_le(f.len().min(usize::from(u16::MAX)) as u16);
+                    out.put_slice(&f.as_bytes()[..f.len().min(usize::from(u16::MAX))]);
+                }
+            }
+            Self::Retained { id, messages } => {
+                out.put_u8(RETAINED);
+                out.put_u64_le(*id);
+                out.put_u32_le(messages.len() as u32);
+                for r in messages {
+                    // Channel names are at most 128 bytes.
+                    out.put_u8(r.channel.len().min(255) as u8);
+                    out.put_slice(&r.channel.as_bytes()[..r.channel.len().min(255)]);
+                    out.put_u64_le(r.kept.id.epoch);
+                    out.put_u64_le(r.kept.id.seq);
+                    out.put_u8(r.qos);
+                    out.put_u8(u8::from(r.kept.text));
+                    out.put_u32_le(r.kept.payload.len() as u32);
+                    out.put_slice(&r.kept.payload);
+                }
             }
             Self::Delivered { id, subscribers } => {
                 out.put_u8(DELIVERED);
@@ -298,7 +356,14 @@ impl Record {
             | Self::PublishFailed { reason: b, .. }
             | Self::Broker { text: b, .. } => b.len(),
             Self::Interest { channel, .. } => channel.len(),
-            Self::Publish(m) | Self::Deliver(m) => m.channel.len() + m.payload.len(),
+            Self::Publish(m) | Self::Deliver(m) | Self::PublishRetained { message: m, .. } => {
+                m.channel.len() + m.payload.len()
+            }
+            Self::RetainedAsk { filters, .. } => filters.iter().map(|f| 2 + f.len()).sum(),
+            Self::Retained { messages, .. } => messages
+                .iter()
+                .map(|r| RETAINED_FRAMING + r.channel.len() + r.kept.payload.len())
+                .sum(),
             Self::Recover { channel, .. } => channel.len(),
             Self::Recovered { messages, .. } => messages.iter().map(|k| 21 + k.payload.len()).sum(),
             _ => 0,
@@ -336,29 +401,70 @@ impl Record {
             CONFIG => Self::Config(rec),
             SNAPSHOT => Self::Snapshot(rec),
             PUBLISH | DELIVER => {
-                need(&rec, 26)?;
-                let id = rec.get_u64_le();
-                let message = MessageId {
-                    epoch: rec.get_u64_le(),
-                    seq: rec.get_u64_le(),
-                };
-                let text = rec.get_u8() != 0;
-                let clen = usize::from(rec.get_u8());
-                need(&rec, clen)?;
-                let channel = String::from_utf8(rec.split_to(clen).to_vec())
-                    .map_err(|_| ControlError::Malformed("channel is not UTF-8"))?;
-                let m = Message {
-                    id,
-                    message,
-                    text,
-                    channel,
-                    payload: rec,
-                };
+                let m = get_message(rec)?;
                 if tag == PUBLISH {
                     Self::Publish(m)
                 } else {
                     Self::Deliver(m)
                 }
+            }
+            PUBLISH_RETAINED => {
+                need(&rec, 1)?;
+                let qos = rec.get_u8();
+                Self::PublishRetained {
+                    qos,
+                    message: get_message(rec)?,
+                }
+            }
+            RETAINED_ASK => {
+                need(&rec, 12)?;
+                let id = rec.get_u64_le();
+                let n = rec.get_u32_le() as usize;
+                // Each filter takes at least 2 bytes: a count beyond that is a lie.
+                if n > rec.len() / 2 {
+                    return Err(ControlError::Malformed("record cut short"));
+                }
+                let mut filters = Vec::with_capacity(n);
+                for _ in 0..n {
+                    need(&rec, 2)?;
+                    let len = usize::from(rec.get_u16_le());
+                    need(&rec, len)?;
+                    filters.push(utf8(rec.split_to(len), "filter is not UTF-8")?);
+                }
+                Self::RetainedAsk { id, filters }
+            }
+            RETAINED => {
+                need(&rec, 12)?;
+                let id = rec.get_u64_le();
+                let n = rec.get_u32_le() as usize;
+                if n > rec.len() / RETAINED_FRAMING {
+                    return Err(ControlError::Malformed("record cut short"));
+                }
+                let mut messages = Vec::with_capacity(n);
+                for _ in 0..n {
+                    need(&rec, 1)?;
+                    let clen = usize::from(rec.get_u8());
+                    need(&rec, clen + RETAINED_FRAMING - 1)?;
+                    let channel = utf8(rec.split_to(clen), "channel is not UTF-8")?;
+                    let kid = MessageId {
+                        epoch: rec.get_u64_le(),
+                        seq: rec.get_u64_le(),
+                    };
+                    let qos = rec.get_u8();
+                    let text = rec.get_u8() != 0;
+                    let len = rec.get_u32_le() as usize;
+                    need(&rec, len)?;
+                    messages.push(RetainedMessage {
+                        channel,
+                        qos,
+                        kept: Kept {
+                            id: kid,
+                            text,
+                            payload: rec.split_to(len),
+                        },
+                    });
+                }
+                Self::Retained { id, messages }
             }
             DELIVERED => {
                 need(&rec, 16)?;
@@ -485,6 +591,47 @@ impl Record {
     }
 }
 
+/// Writes a `Publish` or `Deliver` message's fields.
+fn put_message(out: &mut BytesMut, m: &Message) {
+    out.put_u64_le(m.id);
+    out.put_u64_le(m.message.epoch);
+    out.put_u64_le(m.message.seq);
+    out.put_u8(u8::from(m.text));
+    // Channel names are at most 128 bytes (validated before any record is made).
+    out.put_u8(m.channel.len().min(255) as u8);
+    out.put_slice(&m.channel.as_bytes()[..m.channel.len().min(255)]);
+    out.put_slice(&m.payload);
+}
+
+/// Reads what [`put_message`] wrote: the payload runs to the record's end.
+fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
+    if rec.len() < 26 {
+        return Err(ControlError::Malformed("record cut short"));
+    }
+    let id = rec.get_u64_le();
+    let message = MessageId {
+        epoch: rec.get_u64_le(),
+        seq: rec.get_u64_le(),
+    };
+    let text = rec.get_u8() != 0;
+    let clen = usize::from(rec.get_u8());
+    if rec.len() < clen {
+        return Err(ControlError::Malformed("record cut short"));
+    }
+    let channel = utf8(rec.split_to(clen), "channel is not UTF-8")?;
+    Ok(Message {
+        id,
+        message,
+        text,
+        channel,
+        payload: rec,
+    })
+}
+
+fn utf8(b: Bytes, what: &'static str) -> Result<String, ControlError> {
+    String::from_utf8(b.to_vec()).map_err(|_| ControlError::Malformed(what))
+}
+
 /// Reads the next record from `r`, using `buf` for what arrived beyond it.
 /// `Ok(None)` at a clean end of stream.
 pub async fn read_record<R: AsyncRead + Unpin>(
@@ -526,7 +673,7 @@ mod tests {
             Record::Deliver(Message {
                 text: false,
                 payload: Bytes::new(),
-                ..m
+                ..m.clone()
             }),
             Record::Delivered {
                 id: 1,
@@ -588,6 +735,38 @@ mod tests {
             Record::Release {
                 source: Source::V4([127, 0, 0, 9]),
             },
+            Record::PublishRetained { qos: 1, message: m },
+            Record::RetainedAsk {
+                id: 11,
+                filters: vec!["a/+".into(), "b".into(), String::new()],
+            },
+            Record::Retained {
+                id: 11,
+                messages: vec![
+                    RetainedMessage {
+                        channel: "a/b".into(),
+                        qos: 1,
+                        kept: Kept {
+                            id: MessageId { epoch: 3, seq: 4 },
+                            text: true,
+                            payload: Bytes::from_static(b"on"),
+                        },
+                    },
+                    RetainedMessage {
+                        channel: "b".into(),
+                        qos: 0,
+                        kept: Kept {
+                            id: MessageId::NONE,
+                            text: false,
+                            payload: Bytes::from_static(&[0, 1]),
+                        },
+                    },
+                ],
+            },
+            Record::Retained {
+                id: 12,
+                messages: Vec::new(),
+            },
         ]
     }
 
@@ -634,5 +813,16 @@ mod tests {
             Record::decode(&mut buf),
             Err(ControlError::Malformed(_))
         ));
+        // Counts that promise more than the record holds.
+        for tag in [RETAINED_ASK, RETAINED] {
+            let mut rec = vec![13, 0, 0, 0, tag];
+            rec.extend_from_slice(&[0; 8]);
+            rec.extend_from_slice(&u32::MAX.to_le_bytes());
+            let mut buf = BytesMut::from(&rec[..]);
+            assert!(
+                matches!(Record::decode(&mut buf), Err(ControlError::Malformed(_))),
+                "tag {tag}"
+            );
+        }
     }
 }

@@ -98,6 +98,8 @@ pub struct Counters {
     /// MQTT packets sent to clients as answers, by type (deliveries are
     /// `frames_delivered`).
     pub mqtt_sent: RefCell<BTreeMap<&'static str, u64>>,
+    /// Retained messages sent to new MQTT subscriptions.
+    pub mqtt_retained_sent: Cell<u64>,
 }
 
 fn bump(map: &RefCell<BTreeMap<&'static str, u64>>, key: &'static str) {
@@ -204,6 +206,7 @@ impl Counters {
             mqtt_open: self.mqtt_open.get(),
             mqtt_received: own(&self.mqtt_received),
             mqtt_sent: own(&self.mqtt_sent),
+            mqtt_retained_sent: self.mqtt_retained_sent.get(),
         }
     }
 }
@@ -263,6 +266,9 @@ pub struct Snapshot {
     /// Counter by packet type.
     #[serde(default)]
     pub mqtt_sent: BTreeMap<String, u64>,
+    /// Counter: retained messages sent to new subscriptions.
+    #[serde(default)]
+    pub mqtt_retained_sent: u64,
 }
 
 fn add_map(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
@@ -297,6 +303,7 @@ impl Snapshot {
         add_map(&mut self.mqtt_refused, &other.mqtt_refused);
         add_map(&mut self.mqtt_received, &other.mqtt_received);
         add_map(&mut self.mqtt_sent, &other.mqtt_sent);
+        self.mqtt_retained_sent += other.mqtt_retained_sent;
     }
 }
 
@@ -315,6 +322,8 @@ pub struct SupervisorStats {
     pub addresses: Option<u64>,
     /// The channel history's figures (set at each `/metrics`).
     pub history: Option<crate::history::Stats>,
+    /// The retained messages' figures (set at each `/metrics`).
+    pub retained: Option<crate::retained::Stats>,
 }
 
 /// The Redis broker as `/metrics` shows it.
@@ -646,7 +655,59 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
     if let Some(h) = &sup.history {
         render_history(&mut out, h);
     }
+    render_retained(
+        &mut out,
+        sup.retained.unwrap_or_default(),
+        total.mqtt_retained_sent,
+    );
     out
+}
+
+/// Retained messages: how many channels hold one, what the caps dropped,
+/// and how many went to new subscriptions.
+fn render_retained(out: &mut String, r: crate::retained::Stats, sent: u64) {
+    let rows = [
+        (
+            "throng_mqtt_retained_topics",
+            "gauge",
+            "Channels holding a retained message now (with Redis: as this node last saw \
+             the shared store).",
+            r.topics,
+        ),
+        (
+            "throng_mqtt_retained_bytes",
+            "gauge",
+            "Bytes the retained messages take (payloads and entries), under \
+             --max-retained-memory (the embedded relay's store only).",
+            r.bytes,
+        ),
+        (
+            "throng_mqtt_retained_sent_total",
+            "counter",
+            "Retained messages sent to new MQTT subscriptions.",
+            sent,
+        ),
+        (
+            "throng_mqtt_retained_cut_total",
+            "counter",
+            "Retained messages left out of a subscription's answer over its bound (1000).",
+            r.cut,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    let name = "throng_mqtt_retained_dropped_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Retained messages dropped, the longest-set first: over --max-retained (count) or \
+         --max-retained-memory (memory).",
+    );
+    let _ = writeln!(out, "{name}{{reason=\"count\"}} {}", r.dropped_count);
+    let _ = writeln!(out, "{name}{{reason=\"memory\"}} {}", r.dropped_memory);
 }
 
 /// The channel history: what it holds, what it dropped and why, and how

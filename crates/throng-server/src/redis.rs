@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::channel;
 use crate::history::{Kept, MessageId};
+use crate::retained::{RetainedMessage, in_redis};
 use crate::stream::{self, StreamLimits};
 
 /// How a node subscribes.
@@ -87,6 +88,8 @@ pub struct RedisSettings {
     /// Channel history in Redis Streams (`--history`): every node recovers
     /// the same messages under the streams' ids ([`crate::stream`]).
     pub history: Option<StreamLimits>,
+    /// Channels the shared retained store may hold (`--max-retained`).
+    pub max_retained: usize,
 }
 
 impl RedisSettings {
@@ -186,6 +189,18 @@ pub enum Command {
         channel: String,
         /// What to publish.
         payload: Bytes,
+        /// Also the channel's retained message, at this QoS (an empty
+        /// payload clears it).
+        retain: Option<u8>,
+    },
+    /// The retained messages of the channels `filters` match; answered
+    /// with [`Event::Retained`] `tag` once every message published before
+    /// they were read has arrived.
+    Retained {
+        /// The supervisor's tag for the answer.
+        tag: u64,
+        /// A new subscription's filters.
+        filters: Vec<String>,
     },
     /// The node has subscribers of this channel now (channels mode).
     Subscribe(String),
@@ -249,6 +264,24 @@ pub enum Event {
     },
     /// Channels this node is subscribed to now (after a (un)subscribe confirmation).
     Subscriptions(i64),
+    /// The answer to a [`Command::Retained`]: sent after every message
+    /// Redis published before it read them.
+    Retained {
+        /// The tag of the command.
+        tag: u64,
+        /// One per matching channel.
+        messages: Vec<RetainedMessage>,
+        /// Left out over the answer's bound.
+        cut: u64,
+    },
+    /// The shared retained store after a retained publish: channels in it,
+    /// and how many it dropped past `--max-retained`.
+    RetainedStore {
+        /// Channels with a retained message.
+        topics: u64,
+        /// Dropped by this publish.
+        dropped: u64,
+    },
 }
 
 /// Runs the broker until the supervisor drops its command sender.
@@ -315,14 +348,41 @@ enum Waiting {
     Ping(Instant),
     /// Reply `step` (0, 1, 2) of a recovery's three ([`stream::recover`]).
     Recover(u64, MessageId, u8, Instant),
+    /// A reply of no interest (`MULTI`'s `+OK`, `+QUEUED`).
+    Skip(Instant),
+    /// A retained publish's `EXEC` ([`in_redis::publish`]); `true`:
+    /// through the history script.
+    Exec(u64, bool, Instant),
+    /// A read of the retained store for a new subscription's filters.
+    Retained(u64, Vec<String>, Instant),
 }
 
 impl Waiting {
     fn since(&self) -> Instant {
         match self {
-            Self::Publish(_, _, t) | Self::Ping(t) | Self::Recover(.., t) => *t,
+            Self::Publish(_, _, t)
+            | Self::Ping(t)
+            | Self::Recover(.., t)
+            | Self::Skip(t)
+            | Self::Exec(_, _, t)
+            | Self::Retained(_, _, t) => *t,
         }
     }
+}
+
+/// A retained-store answer waiting for the subscriber connection's `PONG`:
+/// the messages published before the store was read come before it.
+type Barrier = (u64, Vec<RetainedMessage>, u64);
+
+/// The PINGs on the subscriber connection.
+#[derive(Default)]
+struct SubPings {
+    /// When the keep-alive's unanswered one went out (`None`: something
+    /// arrived since).
+    last: Option<Instant>,
+    /// Every PING written, in order: the keep-alive's (`None`), and
+    /// retained answers held behind them.
+    pongs: VecDeque<Option<Barrier>>,
 }
 
 /// A recovery waiting for its channel's subscription to be confirmed
@@ -361,7 +421,17 @@ impl Link {
                 self.channels.remove(&c);
             }
             Command::Recover { tag, .. } => self.unrecovered(tag),
+            Command::Retained { tag, .. } => self.unretained(tag),
         }
+    }
+
+    /// Answers retained read `tag` with nothing: the store cannot be read now.
+    fn unretained(&self, tag: u64) {
+        let _ = self.events.send(Event::Retained {
+            tag,
+            messages: Vec::new(),
+            cut: 0,
+        });
     }
 
     /// Answers recovery `tag` with nothing, incomplete: the history cannot
@@ -442,7 +512,7 @@ impl Link {
         }
         let dec = resp::Decoder::default();
         let mut waiting: VecDeque<Waiting> = VecDeque::new();
-        let mut sub_ping: Option<Instant> = None;
+        let mut sub = SubPings::default();
         let mut tick = tokio::time::interval(PING_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut permit: Option<OwnedSemaphorePermit> = None;
@@ -452,7 +522,18 @@ impl Link {
         let mut parked: Vec<Parked> = Vec::new();
         let mut fresh: Vec<String> = Vec::new();
         let mut parts: Vec<Value> = Vec::new();
+        let mut barriers: Vec<Barrier> = Vec::new();
         let result: Result<Session, String> = loop {
+            if !barriers.is_empty() {
+                out.clear();
+                for b in barriers.drain(..) {
+                    resp::encode_command(&mut out, &[b"PING"]);
+                    sub.pongs.push_back(Some(b));
+                }
+                if let Err(e) = write(&mut sub_wr, &out).await {
+                    break Ok(Session::Lost(e));
+                }
+            }
             for c in fresh.drain(..) {
                 confirmed.insert(c);
             }
@@ -481,7 +562,7 @@ impl Link {
                     &mut sub_in,
                     &mut permit,
                     &mut confirming,
-                    &mut sub_ping,
+                    &mut sub,
                     &mut fresh,
                 )
             {
@@ -498,7 +579,7 @@ impl Link {
                         Err(e) => break Ok(Session::Lost(format!("subscriber connection: {e}"))),
                         Ok(_) => {}
                     }
-                    match self.pushes(&dec, &mut sub_in, &mut permit, &mut confirming, &mut sub_ping, &mut fresh) {
+                    match self.pushes(&dec, &mut sub_in, &mut permit, &mut confirming, &mut sub, &mut fresh) {
                         Ok(()) => {}
                         Err(e) => break Ok(Session::Lost(e)),
                     }
@@ -509,7 +590,7 @@ impl Link {
                         Err(e) => break Ok(Session::Lost(format!("publisher connection: {e}"))),
                         Ok(_) => {}
                     }
-                    if let Err(e) = self.replies(&dec, &mut pub_in, &mut waiting, &mut parts) {
+                    if let Err(e) = self.replies(&dec, &mut pub_in, &mut waiting, &mut parts, &mut barriers) {
                         break Ok(Session::Lost(e));
                     }
                 }
@@ -517,7 +598,7 @@ impl Link {
                     let Some(cmd) = cmd else { break Ok(Session::Over) };
                     out.clear();
                     let sent = match cmd {
-                        Command::Publish { tag, channel, payload } => {
+                        Command::Publish { tag, channel, payload, retain } => {
                             match self.settings.history {
                                 Some(h) => stream::publish(&mut out, &prefix, &channel, &payload, h),
                                 None => {
@@ -526,7 +607,21 @@ impl Link {
                                 }
                             }
                             let kept = self.settings.history.is_some();
-                            waiting.push_back(Waiting::Publish(tag, kept, Instant::now()));
+                            let now = Instant::now();
+                            if let Some(qos) = retain {
+                                let publish = out.split().freeze();
+                                let max = self.settings.max_retained;
+                                in_redis::publish(&mut out, &prefix, &channel, qos, &payload, max, &publish);
+                                waiting.extend([Waiting::Skip(now), Waiting::Skip(now), Waiting::Skip(now)]);
+                                waiting.push_back(Waiting::Exec(tag, kept, now));
+                            } else {
+                                waiting.push_back(Waiting::Publish(tag, kept, now));
+                            }
+                            write(&mut pub_wr, &out).await
+                        }
+                        Command::Retained { tag, filters } => {
+                            in_redis::ask(&mut out, &prefix, &filters);
+                            waiting.push_back(Waiting::Retained(tag, filters, Instant::now()));
                             write(&mut pub_wr, &out).await
                         }
                         Command::Recover { tag, channel, since } => {
@@ -566,7 +661,7 @@ impl Link {
                     // An unanswered ping counts only while we read: behind a
                     // backlog we hold back (no permit), its answer waits unread.
                     let late = waiting.front().is_some_and(|w| w.since().elapsed() > REPLY_TIMEOUT)
-                        || (permit.is_some() && sub_ping.is_some_and(|t| t.elapsed() > REPLY_TIMEOUT));
+                        || (permit.is_some() && sub.last.is_some_and(|t| t.elapsed() > REPLY_TIMEOUT));
                     if late {
                         break Ok(Session::Lost(format!("Redis did not answer within {REPLY_TIMEOUT:?}")));
                     }
@@ -578,8 +673,9 @@ impl Link {
                             break Ok(Session::Lost(e));
                         }
                     }
-                    if sub_ping.is_none() {
-                        sub_ping = Some(Instant::now());
+                    if sub.last.is_none() {
+                        sub.last = Some(Instant::now());
+                        sub.pongs.push_back(None);
                         if let Err(e) = write(&mut sub_wr, &out).await {
                             break Ok(Session::Lost(e));
                         }
@@ -601,12 +697,24 @@ impl Link {
                         )),
                     });
                 }
+                Waiting::Exec(tag, ..) => {
+                    let _ = self.events.send(Event::Published {
+                        tag,
+                        result: Err(format!(
+                            "the connection to Redis broke before it confirmed the publish ({why}); it may or may not have been delivered"
+                        )),
+                    });
+                }
                 Waiting::Recover(tag, _, 0, _) => self.unrecovered(tag),
+                Waiting::Retained(tag, ..) => self.unretained(tag),
                 _ => {}
             }
         }
         for p in parked {
             self.unrecovered(p.tag);
+        }
+        for (tag, ..) in barriers.into_iter().chain(sub.pongs.into_iter().flatten()) {
+            self.unretained(tag);
         }
         result
     }
@@ -618,7 +726,7 @@ impl Link {
         buf: &mut BytesMut,
         permit: &mut Option<OwnedSemaphorePermit>,
         confirming: &mut usize,
-        sub_ping: &mut Option<Instant>,
+        sub: &mut SubPings,
         fresh: &mut Vec<String>,
     ) -> Result<(), String> {
         while permit.is_some() {
@@ -629,7 +737,7 @@ impl Link {
                 break;
             };
             // Anything arriving shows the connection is alive.
-            *sub_ping = None;
+            sub.last = None;
             match Push::parse(&v) {
                 Some(Push::Message { channel, payload }) => {
                     let name = channel
@@ -682,10 +790,12 @@ impl Link {
                     }
                     let _ = self.events.send(Event::Subscriptions(count));
                 }
-                Some(Push::Pong) => *sub_ping = None,
                 // A connection subscribed to nothing (channels mode, no
                 // local subscribers) answers PING like any other.
-                None if v == Value::Simple(Bytes::from_static(b"PONG")) => *sub_ping = None,
+                Some(Push::Pong) => self.pong(sub),
+                None if v == Value::Simple(Bytes::from_static(b"PONG")) => {
+                    self.pong(sub);
+                }
                 None => {
                     return Err(match v {
                         Value::Error(e) => {
@@ -699,13 +809,26 @@ impl Link {
         Ok(())
     }
 
-    /// Matches every whole reply in `buf` with what was waiting for it.
+    /// A `PONG` on the subscriber connection: every message published
+    /// before its `PING` has been read, so a retained answer held behind
+    /// it goes now.
+    fn pong(&self, sub: &mut SubPings) {
+        sub.last = None;
+        if let Some(Some((tag, messages, cut))) = sub.pongs.pop_front() {
+            let _ = self.events.send(Event::Retained { tag, messages, cut });
+        }
+    }
+
+    /// Matches every whole reply in `buf` with what was waiting for it;
+    /// retained answers go to `barriers`, to wait for the subscriber
+    /// connection to catch up.
     fn replies(
         &self,
         dec: &resp::Decoder,
         buf: &mut BytesMut,
         waiting: &mut VecDeque<Waiting>,
         parts: &mut Vec<Value>,
+        barriers: &mut Vec<Barrier>,
     ) -> Result<(), String> {
         while let Some(v) = dec
             .decode(buf)
@@ -753,7 +876,30 @@ impl Link {
                         }
                     }
                 }
-                Some(Waiting::Ping(_)) => {}
+                Some(Waiting::Exec(tag, kept, _)) => {
+                    let result = in_redis::stored(v).and_then(|((topics, dropped), v)| {
+                        let _ = self.events.send(Event::RetainedStore { topics, dropped });
+                        if kept {
+                            stream::published(v).map(|(id, n)| (n, id))
+                        } else {
+                            match v {
+                                Value::Integer(n) => {
+                                    Ok((u64::try_from(n).unwrap_or(0), MessageId::NONE))
+                                }
+                                other => Err(format!("unexpected Redis reply {other:?}")),
+                            }
+                        }
+                    });
+                    let _ = self.events.send(Event::Published { tag, result });
+                }
+                Some(Waiting::Retained(tag, filters, _)) => match in_redis::answer(&filters, v) {
+                    Ok((messages, cut)) => barriers.push((tag, messages, cut)),
+                    Err(e) => {
+                        log!("throng: reading retained messages from Redis failed: {e}");
+                        self.unretained(tag);
+                    }
+                },
+                Some(Waiting::Ping(_) | Waiting::Skip(_)) => {}
                 None => return Err(format!("Redis sent a reply nobody asked for: {v:?}")),
             }
         }
@@ -785,6 +931,7 @@ mod tests {
             trust: Trust::default(),
             tls: None,
             history: None,
+            max_retained: 10,
         };
         assert_eq!(s("throng:").pattern(), "throng:*");
         assert_eq!(s("a*b?[c]\\").pattern(), "a\\*b\\?\\[c\\]\\\\*");

@@ -20,10 +20,11 @@ use crate::addresses::{Addresses, Verdict};
 use crate::broker::{Broker, News, Remote, Routed};
 use crate::config::Config;
 use crate::control::{Message, Record, read_record};
-use crate::history::{self, History};
+use crate::history::{self, History, Kept};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
 use crate::relay::{Answer, Publisher, Relay, WorkerId};
+use crate::retained::{self, Retained};
 use crate::reuseport;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
 use throng_host::process::{self, Signal};
@@ -235,6 +236,7 @@ impl Plan {
                 .history_ttl
                 .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         });
+        settings.max_retained = self.config.max_retained;
         self.config.redis_mode = Some(settings.mode);
         self.broker = settings.describe();
         self.redis = Some(settings);
@@ -432,6 +434,22 @@ struct Supervisor {
     shared: Option<SharedCounters>,
     /// Ids of relayed messages, and what each channel kept for recovery.
     history: History,
+    /// Each channel's retained message (the local broker's; with Redis,
+    /// Redis keeps them).
+    retained: Retained,
+}
+
+/// Keeps the retained messages that fit in one control record.
+pub(crate) fn fit_retained(messages: &mut Vec<retained::RetainedMessage>) {
+    let mut size = 64;
+    let keep = messages
+        .iter()
+        .take_while(|r| {
+            size += crate::control::RETAINED_FRAMING + r.channel.len() + r.kept.payload.len();
+            size <= crate::control::MAX_RECORD
+        })
+        .count();
+    messages.truncate(keep);
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -493,6 +511,10 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             },
             epoch_ms(),
         ),
+        retained: Retained::new(retained::Limits {
+            max_topics: plan.config.max_retained,
+            max_bytes: plan.config.max_retained_memory,
+        }),
     };
     if let Some(settings) = plan.redis.clone() {
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
@@ -710,25 +732,27 @@ impl Supervisor {
 
     fn on_record(&mut self, i: usize, generation: u64, rec: Record) {
         match rec {
-            Record::Publish(m) => {
-                let from = Publisher {
+            Record::Publish(m) => self.publish(i, generation, m, None),
+            Record::PublishRetained { qos, message } => {
+                self.publish(i, generation, message, Some(qos));
+            }
+            Record::RetainedAsk { id, filters } if self.broker.keeps_retained() => {
+                let to = Publisher {
                     worker: WorkerId {
                         slot: i,
                         generation,
                     },
-                    request: m.id,
+                    request: id,
                 };
-                match self.broker.publish(from, m) {
-                    Routed::Relay(m) => self.relay(Some(from), m, None),
-                    Routed::Sent => {}
-                    Routed::Refused(reason) => {
-                        let rec = Record::PublishFailed {
-                            id: from.request,
-                            reason: Bytes::from(reason),
-                        };
-                        self.send(i, rec.encode());
-                    }
-                }
+                self.broker.retained(to, filters);
+            }
+            Record::RetainedAsk { id, filters } => {
+                // Answered at once on the worker's socket: behind every
+                // message relayed before the store was read, ahead of
+                // every one after.
+                let mut messages = self.retained.matching(&filters);
+                fit_retained(&mut messages);
+                self.send(i, Record::Retained { id, messages }.encode());
             }
             Record::Interest {
                 channel,
@@ -777,6 +801,10 @@ impl Supervisor {
                 history.complete += complete;
                 history.incomplete += incomplete;
                 self.stats.history = Some(history);
+                self.stats.retained = Some(match self.broker.retained_stats() {
+                    Some(r) => r,
+                    None => self.retained.stats(),
+                });
                 self.stats.broker = self.broker.stats();
                 self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
                 let live: Vec<&Snapshot> = self
@@ -813,11 +841,34 @@ impl Supervisor {
         }
     }
 
+    /// A message published through worker `i` (retained when `retain`
+    /// holds its QoS): relayed, or sent to Redis.
+    fn publish(&mut self, i: usize, generation: u64, m: Message, retain: Option<u8>) {
+        let from = Publisher {
+            worker: WorkerId {
+                slot: i,
+                generation,
+            },
+            request: m.id,
+        };
+        match self.broker.publish(from, m, retain) {
+            Routed::Relay(m) => self.relay(Some(from), m, None, retain),
+            Routed::Sent => {}
+            Routed::Refused(reason) => {
+                let rec = Record::PublishFailed {
+                    id: from.request,
+                    reason: Bytes::from(reason),
+                };
+                self.send(i, rec.encode());
+            }
+        }
+    }
+
     /// Handles news from the Redis broker task.
     fn on_broker(&mut self, ev: redis::Event) {
         match self.broker.on_event(ev) {
             News::Nothing => {}
-            News::Relay(m, permit) => self.relay(None, m, Some(permit)),
+            News::Relay(m, permit) => self.relay(None, m, Some(permit), None),
             News::Answer(to, rec) => {
                 if self.slots[to.worker.slot].generation == to.worker.generation {
                     self.send(to.worker.slot, rec);
@@ -834,11 +885,14 @@ impl Supervisor {
     }
 
     /// Sends a message to every live worker: one record, encoded once.
+    /// A retained one (`retain`: its QoS) becomes its channel's retained
+    /// message first (the local broker's store; Redis's keeps its own).
     fn relay(
         &mut self,
         from: Option<Publisher>,
         m: Message,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        retain: Option<u8>,
     ) {
         self.stats.published += 1;
         // Numbered and kept before any worker sees it: a recovery the
@@ -853,6 +907,14 @@ impl Supervisor {
         } else {
             self.history.record(&m.channel, m.text, &m.payload, now)
         };
+        if let Some(qos) = retain {
+            let kept = Kept {
+                id: message,
+                text: m.text,
+                payload: m.payload.clone(),
+            };
+            self.retained.set(&m.channel, qos, kept);
+        }
         let (id, rec) = self.relay.deliver(Message { message, ..m });
         let mut to = Vec::with_capacity(self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {

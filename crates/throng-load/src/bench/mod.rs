@@ -148,7 +148,8 @@ pub struct Request {
     /// The live view (and where the start lines go).
     pub progress: Progress,
     /// Run on the host's network even where a private namespace would
-    /// give the run a TCP connection table of its size ([`Network`]).
+    /// give the run a TCP connection table of its size (as root, when the
+    /// host's would chain the run's sockets: the `network` start line).
     pub host_network: bool,
 }
 

@@ -41,6 +41,27 @@ pub(crate) struct Published {
     pub(crate) message: MessageId,
 }
 
+/// The record of publish request `id`: retained (at QoS `retain`) or not.
+fn publish_record(
+    id: u64,
+    channel: &str,
+    text: bool,
+    payload: Bytes,
+    retain: Option<u8>,
+) -> Record {
+    let message = Message {
+        id,
+        message: MessageId::NONE,
+        text,
+        channel: channel.to_owned(),
+        payload,
+    };
+    match retain {
+        Some(qos) => Record::PublishRetained { qos, message },
+        None => Record::Publish(message),
+    }
+}
+
 /// One worker's link to its supervisor.
 pub(crate) struct Link {
     index: usize,
@@ -132,7 +153,8 @@ impl Link {
         None
     }
 
-    /// Asks the supervisor to relay a message; resolves to the number of
+    /// Asks the supervisor to relay a message (also its channel's retained
+    /// message when `retain` holds its QoS); resolves to the number of
     /// subscribers it reached over all workers (with Redis: the receivers
     /// Redis counted) and its id, or why it could not be published
     /// (`None`: supervisor gone).
@@ -141,17 +163,12 @@ impl Link {
         channel: &str,
         text: bool,
         payload: Bytes,
+        retain: Option<u8>,
     ) -> Option<Result<Published, String>> {
         let id = self.request_id();
         let (tx, rx) = oneshot::channel();
         self.pending_publish.borrow_mut().insert(id, tx);
-        let rec = Record::Publish(Message {
-            id,
-            message: MessageId::NONE,
-            text,
-            channel: channel.to_owned(),
-            payload,
-        });
+        let rec = publish_record(id, channel, text, payload, retain);
         if self.ctl.send(rec.encode()).is_err() {
             self.pending_publish.borrow_mut().remove(&id);
             return None;
@@ -162,15 +179,15 @@ impl Link {
     /// Asks the supervisor to relay a message whose answer nobody waits
     /// for (an MQTT client's PUBLISH): its answer, under an id no request
     /// holds, is dropped by [`Self::on_record`].
-    pub(crate) fn publish_unanswered(&self, channel: &str, text: bool, payload: Bytes) {
+    pub(crate) fn publish_unanswered(
+        &self,
+        channel: &str,
+        text: bool,
+        payload: Bytes,
+        retain: Option<u8>,
+    ) {
         let id = self.request_id();
-        self.send(&Record::Publish(Message {
-            id,
-            message: MessageId::NONE,
-            text,
-            channel: channel.to_owned(),
-            payload,
-        }));
+        self.send(&publish_record(id, channel, text, payload, retain));
     }
 
     /// Asks the supervisor for what `channel` kept after `since` (rejoin

@@ -21,6 +21,7 @@ mod http;
 mod link;
 mod mqtt;
 mod mqtt_auth;
+mod mqtt_retain;
 #[cfg(test)]
 mod pair;
 mod rejoin;
@@ -58,7 +59,7 @@ use crate::wheel::{self, TICK};
 use link::Link;
 use park::Parked;
 use routes::Serves;
-use state::{Around, Counted, Worker};
+use state::{Around, Counted, Outgoing, Worker};
 use subscribers::{Limits, Subscribers};
 
 /// Why a worker could not start or run.
@@ -473,7 +474,7 @@ fn on_record(w: &Worker, rec: Record) {
                 subscribers: n,
             });
             if n > 0 {
-                w.outbox.borrow_mut().push_back(m);
+                w.outbox.borrow_mut().push_back(Outgoing::Deliver(m));
                 w.outbox_ready.notify_one();
             }
         }
@@ -482,6 +483,13 @@ fn on_record(w: &Worker, rec: Record) {
             complete,
             messages,
         }) => w.subs.recovered(id, complete, messages),
+        Some(Record::Retained { id, messages }) => {
+            // In order with the fan-outs of what came before it.
+            w.outbox
+                .borrow_mut()
+                .push_back(Outgoing::Retained(id, messages));
+            w.outbox_ready.notify_one();
+        }
         Some(other) => log!(
             "throng: worker {}: unexpected control record {other:?}",
             w.index
@@ -500,8 +508,14 @@ async fn fanout_loop(w: Rc<Worker>) {
     loop {
         w.outbox_ready.notified().await;
         loop {
-            let Some(m) = w.outbox.borrow_mut().pop_front() else {
-                break;
+            let next = w.outbox.borrow_mut().pop_front();
+            let m = match next {
+                None => break,
+                Some(Outgoing::Deliver(m)) => m,
+                Some(Outgoing::Retained(id, messages)) => {
+                    w.subs.retained_answer(id, messages);
+                    continue;
+                }
             };
             let mut f = w.subs.begin_fanout(&m);
             while !w.draining.get() && w.subs.fanout_some(&mut f, FANOUT_TURN) {

@@ -22,12 +22,16 @@
 //! certificate, tickets), then the same; a TLS subscriber's session is
 //! the same box a WebSocket one's is.
 //!
+//! A retained PUBLISH is relayed and kept as its channel's retained
+//! message; a new subscription gets the retained messages its filters
+//! match first ([`super::mqtt_retain`]).
+//!
 //! Where `--auth-*` or `--publish-key-file` guard the server, CONNECT's
 //! password is checked and SUBSCRIBE, PUBLISH and the will follow what it
 //! grants ([`super::mqtt_auth`]).
 //!
 //! Not here yet (docs/mqtt.md): QoS 1 deliveries to subscribers (granted
-//! QoS 0), retained messages.
+//! QoS 0).
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -37,7 +41,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use throng_proto::mqtt::{
     self, Ack, Connack, Decoder, Delivery, Disconnect, Packet, Properties, PropertiesBuf, Property,
-    Publish, ReasonCode, Suback, Subscribe, Unsuback, Unsubscribe, Version,
+    Publish, ReasonCode, RetainHandling, Suback, Subscribe, Unsuback, Unsubscribe, Version,
 };
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -75,10 +79,12 @@ pub(crate) struct MqttState {
     pub(crate) auth: Option<Box<MqttGrants>>,
 }
 
-/// A will message: a channel and a payload.
+/// A will message: a channel and a payload, and its QoS when it is to be
+/// retained.
 pub(crate) struct Will {
     pub(crate) channel: String,
     pub(crate) payload: Bytes,
+    pub(crate) retain: Option<u8>,
 }
 
 impl MqttState {
@@ -180,7 +186,8 @@ pub(crate) fn overdue<W>(c: &Conn<W>, now: u32) -> bool {
         .is_some_and(|m| m.keep_alive != 0 && wheel::expired(now, c.last_seen.get(), m.keep_alive))
 }
 
-fn version_of(kind: Kind) -> Version {
+/// The MQTT version a subscriber of `kind` speaks.
+pub(crate) fn version_of(kind: Kind) -> Version {
     if kind == Kind::Mqtt5 {
         Version::V5
     } else {
@@ -257,7 +264,8 @@ impl<O: Outside> Subscribers<O> {
         let will = c.proto.borrow_mut().mqtt_mut().and_then(|m| m.will.take());
         if let Some(will) = will {
             let text = std::str::from_utf8(&will.payload).is_ok();
-            self.outside.publish(&will.channel, text, will.payload);
+            self.outside
+                .publish(&will.channel, text, will.payload, will.retain);
             self.counters.mqtt_sent("will");
         }
     }
@@ -349,7 +357,17 @@ impl<O: Outside> Subscribers<O> {
     fn on_subscribe(&self, c: &Rc<Conn<O::Wire>>, s: &Subscribe<'_>) -> bool {
         let v5 = c.kind == Kind::Mqtt5;
         let mut codes = Vec::with_capacity(s.filters.len());
-        for (filter, _options) in &s.filters {
+        // The filters whose retained messages are sent (5.0's retain
+        // handling: at every subscribe, only a new one's, or never).
+        let mut retained = Vec::new();
+        for (filter, options) in &s.filters {
+            let wants_retained = match options.retain_handling {
+                RetainHandling::OnSubscribe => true,
+                RetainHandling::OnNewSubscribe => {
+                    !self.channels.borrow().has_mqtt_subscription(filter, c)
+                }
+                RetainHandling::Never => false,
+            };
             let code = if !self.mqtt_may_subscribe(c, filter) {
                 ReasonCode::NOT_AUTHORIZED
             } else if mqtt::topic::is_wildcard(filter) {
@@ -381,16 +399,23 @@ impl<O: Outside> Subscribers<O> {
                 // Deliveries are QoS 0 for now, whatever was asked.
                 ReasonCode::SUCCESS
             };
+            if code == ReasonCode::SUCCESS && wants_retained {
+                retained.push((*filter).to_owned());
+            }
             codes.push(code);
         }
-        self.reply(
+        let answered = self.reply(
             c,
             &Packet::Suback(Suback {
                 packet_id: s.packet_id,
                 properties: Properties::EMPTY,
                 codes,
             }),
-        )
+        );
+        if answered {
+            self.ask_retained(c, retained);
+        }
+        answered
     }
 
     fn on_unsubscribe(&self, c: &Rc<Conn<O::Wire>>, u: &Unsubscribe<'_>) -> bool {
@@ -456,8 +481,9 @@ impl<O: Outside> Subscribers<O> {
             ReasonCode::NOT_AUTHORIZED
         } else {
             let text = std::str::from_utf8(p.payload).is_ok();
+            let retain = p.retain.then(|| p.delivery.qos() as u8);
             self.outside
-                .publish(p.topic, text, Bytes::copy_from_slice(p.payload));
+                .publish(p.topic, text, Bytes::copy_from_slice(p.payload), retain);
             ReasonCode::SUCCESS
         };
         match p.delivery {
@@ -538,8 +564,8 @@ struct Connected {
     clean_start: bool,
     /// Empty: 5.0 gets an assigned one in CONNACK.
     client_id_empty: bool,
-    /// Its will's topic and payload.
-    will: Option<(String, Bytes)>,
+    /// Its will's topic and payload, and its QoS if it is retained.
+    will: Option<(String, Bytes, Option<u8>)>,
     /// Its password: a token or the publish key (read, then dropped).
     password: Option<Vec<u8>>,
 }
@@ -615,7 +641,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         return;
     }
     let mut will = None;
-    if let Some((channel, payload)) = connected.will {
+    if let Some((channel, payload, retain)) = connected.will {
         // A will is a publish: where an MQTT client may not publish, or on
         // a topic that is not a channel, it is refused with the CONNECT.
         let why = if !w.subs.limits.mqtt_publish {
@@ -634,7 +660,11 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
             let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
             return;
         }
-        will = Some(Box::new(Will { channel, payload }));
+        will = Some(Box::new(Will {
+            channel,
+            payload,
+            retain,
+        }));
     }
     let mut props = PropertiesBuf::new();
     let assigned;
@@ -642,7 +672,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         // What this server offers, so a 5.0 client does not try the rest.
         let offer = [
             Property::MaximumQos(1),
-            Property::RetainAvailable(0),
+            Property::RetainAvailable(1),
             Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits.wildcards)),
             Property::SharedSubscriptionAvailable(0),
         ];
@@ -740,9 +770,14 @@ async fn read_connect(
                 keep_alive: c.keep_alive,
                 clean_start: c.clean_start,
                 client_id_empty: c.client_id.is_empty(),
-                will: c
-                    .will
-                    .map(|w| (w.topic.to_owned(), Bytes::copy_from_slice(w.payload))),
+                will: c.will.map(|w| {
+                    let retain = w.retain.then_some(w.qos as u8);
+                    (
+                        w.topic.to_owned(),
+                        Bytes::copy_from_slice(w.payload),
+                        retain,
+                    )
+                }),
                 password: c.password.map(<[u8]>::to_vec),
             };
             return Ok((connected, d.consumed));

@@ -44,6 +44,22 @@ pub(crate) struct Pipe {
     write_wanted: Cell<bool>,
 }
 
+impl Pipe {
+    fn new(room: usize) -> Rc<Self> {
+        Rc::new(Self {
+            to_client: RefCell::default(),
+            room: Cell::new(room),
+            to_server: RefCell::default(),
+            client_fin: Cell::new(false),
+            reset: Cell::new(false),
+            server_fin: Cell::new(false),
+            server_closed: Cell::new(false),
+            watched: Cell::new(false),
+            write_wanted: Cell::new(false),
+        })
+    }
+}
+
 /// The server's end of a [`Pipe`]. Dropping it closes the socket.
 pub(crate) struct MemWire(Rc<Pipe>);
 
@@ -112,6 +128,8 @@ pub(crate) struct Around {
     pub(crate) recovers: RefCell<Vec<(u64, String, MessageId)>>,
     /// What MQTT clients published: channel, payload.
     pub(crate) published: RefCell<Vec<(String, Bytes)>>,
+    /// Retained messages asked for: request, filters.
+    pub(crate) retained_asks: RefCell<Vec<(u64, Vec<String>)>>,
 }
 
 impl Outside for Around {
@@ -143,10 +161,14 @@ impl Outside for Around {
             .push((request, channel.to_owned(), since));
     }
 
-    fn publish(&self, channel: &str, _text: bool, payload: Bytes) {
+    fn publish(&self, channel: &str, _text: bool, payload: Bytes, _retain: Option<u8>) {
         self.published
             .borrow_mut()
             .push((channel.to_owned(), payload));
+    }
+
+    fn ask_retained(&self, request: u64, filters: Vec<String>) {
+        self.retained_asks.borrow_mut().push((request, filters));
     }
 }
 
@@ -336,17 +358,7 @@ impl Pair {
         kind: Kind,
         since: Option<MessageId>,
     ) -> usize {
-        let pipe = Rc::new(Pipe {
-            to_client: RefCell::default(),
-            room: Cell::new(room),
-            to_server: RefCell::default(),
-            client_fin: Cell::new(false),
-            reset: Cell::new(false),
-            server_fin: Cell::new(false),
-            server_closed: Cell::new(false),
-            watched: Cell::new(false),
-            write_wanted: Cell::new(false),
-        });
+        let pipe = Pipe::new(room);
         let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent)
             .with_expiry(super::conn::expiry(exp))
             .with_kind(kind);
@@ -363,6 +375,30 @@ impl Pair {
             reading: true,
         });
         self.clients.len() - 1
+    }
+
+    /// An MQTT client of `version` after its CONNACK, subscribed to
+    /// nothing; it does not decode (read its bytes with
+    /// [`Client::take_raw`]). Returns its index and its server connection.
+    pub(crate) fn connect_mqtt(
+        &mut self,
+        version: throng_proto::mqtt::Version,
+    ) -> (usize, Rc<Conn<MemWire>>) {
+        let pipe = Pipe::new(ROOM);
+        let state = super::mqtt::MqttState::new(throng_proto::mqtt::Decoder::server(1 << 16), 0);
+        let conn =
+            Conn::new(MemWire(pipe.clone()), self.subs.now.get(), b"").with_mqtt(version, state);
+        self.subs.add_mqtt(conn).expect("watched");
+        self.clients.push(Client {
+            pipe,
+            decoder: Decoder::new(Role::Client, 1 << 20),
+            buf: Vec::new(),
+            got: Vec::new(),
+            reading: false,
+        });
+        let i = self.clients.len() - 1;
+        let conn = self.conn(i).expect("in the tables");
+        (i, conn)
     }
 
     /// A client subscribes to `channel` with plenty of room; returns its index.

@@ -22,9 +22,10 @@ use super::table::NONE;
 use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
-use crate::control::Message;
+use crate::control::{Message, Record};
 use crate::history::MessageId;
 use crate::metrics::Counters;
+use crate::retained::RetainedMessage;
 use crate::tls::park::Parked;
 
 /// Everything one worker owns.
@@ -36,8 +37,9 @@ pub(crate) struct Worker {
     pub(crate) link: Rc<Link>,
     /// SIGTERM/SIGINT came: no new subscribers, no more fan-out.
     pub(crate) draining: Cell<bool>,
-    /// Messages counted and answered for, still to be written (in order).
-    pub(crate) outbox: RefCell<VecDeque<Message>>,
+    /// Messages counted and answered for, still to be written, and
+    /// retained answers behind them (in order).
+    pub(crate) outbox: RefCell<VecDeque<Outgoing>>,
     /// Wakes the fan-out task when `outbox` gains a message.
     pub(crate) outbox_ready: Notify,
     /// `/ping` connections sleeping outside their task.
@@ -50,6 +52,15 @@ pub(crate) struct Worker {
     pub(crate) publish_key: Option<PublishKey>,
     /// TLS connections waiting for a request out of their task (tls::park).
     pub(crate) parked: Parked<Waiting>,
+}
+
+/// What the fan-out task does next, in the order the supervisor sent it.
+pub(crate) enum Outgoing {
+    /// Write a message to its subscribers.
+    Deliver(Message),
+    /// Answer a retained ask: behind the fan-outs of every message
+    /// relayed before it ([`super::mqtt_retain`]).
+    Retained(u64, Vec<RetainedMessage>),
 }
 
 /// What a parked TLS connection's HTTP phase goes on with when woken.
@@ -173,7 +184,14 @@ impl Outside for Around {
         self.link.recover(request, channel, since);
     }
 
-    fn publish(&self, channel: &str, text: bool, payload: Bytes) {
-        self.link.publish_unanswered(channel, text, payload);
+    fn publish(&self, channel: &str, text: bool, payload: Bytes, retain: Option<u8>) {
+        self.link.publish_unanswered(channel, text, payload, retain);
+    }
+
+    fn ask_retained(&self, request: u64, filters: Vec<String>) {
+        self.link.send(&Record::RetainedAsk {
+            id: request,
+            filters,
+        });
     }
 }

@@ -51,9 +51,14 @@ pub(crate) trait Outside {
     fn forget(&self, wire: &Self::Wire, tag: u32);
     /// A channel got its first subscriber here (`true`) or lost its last.
     fn channel_interest(&self, channel: &str, subscribed: bool);
-    /// An MQTT client published `payload` on `channel`: to the supervisor,
-    /// which relays it like an HTTP publish (its answer is not awaited).
-    fn publish(&self, channel: &str, text: bool, payload: Bytes);
+    /// An MQTT client published `payload` on `channel` (also its retained
+    /// message when `retain` holds its QoS): to the supervisor, which
+    /// relays it like an HTTP publish (its answer is not awaited).
+    fn publish(&self, channel: &str, text: bool, payload: Bytes, retain: Option<u8>);
+    /// Asks for the retained messages of the channels `filters` match, for
+    /// a new MQTT subscription; the answer comes to
+    /// [`Subscribers::retained_answer`], in order with the fan-outs.
+    fn ask_retained(&self, request: u64, filters: Vec<String>);
     /// Asks for what `channel` kept after `since`, for rejoin `request`;
     /// the answer comes to [`Subscribers::recovered`].
     fn recover(&self, request: u64, channel: &str, since: MessageId);
@@ -180,6 +185,8 @@ pub(crate) struct Subscribers<O: Outside> {
     /// list searched, not a table).
     rejoins: RefCell<Vec<Rejoin<O::Wire>>>,
     next_rejoin: Cell<u64>,
+    /// MQTT subscribers waiting for retained messages ([`super::mqtt_retain`]).
+    pub(crate) retained: super::mqtt_retain::Holds<O::Wire>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -202,6 +209,7 @@ impl<O: Outside> Subscribers<O> {
             closing: RefCell::default(),
             rejoins: RefCell::default(),
             next_rejoin: Cell::new(1),
+            retained: super::mqtt_retain::Holds::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -313,6 +321,9 @@ impl<O: Outside> Subscribers<O> {
             self.rejoins
                 .borrow_mut()
                 .retain(|r| !std::ptr::eq(Rc::as_ptr(&r.conn), c));
+            if c.kind.is_mqtt() {
+                self.forget_retained(c);
+            }
         }
     }
 
@@ -323,6 +334,11 @@ impl<O: Outside> Subscribers<O> {
     fn live(&self, c: &Rc<Conn<O::Wire>>, m: &Message) -> Result<Live, SendError> {
         let mut rejoins = self.rejoins.borrow_mut();
         let Some(k) = rejoins.iter().position(|r| Rc::ptr_eq(&r.conn, c)) else {
+            drop(rejoins);
+            // An MQTT subscriber waiting for retained messages holds too.
+            if let Some(held) = self.hold_for_retained(c, m) {
+                return held.map(|()| Live::Held);
+            }
             c.rejoining.set(false);
             return Ok(Live::Send);
         };

@@ -166,6 +166,21 @@ impl<W> Channels<W> {
             .for_each_match(channel, |subs| subs.iter().for_each(|(c, _)| first(c)));
     }
 
+    /// Whether MQTT subscriber `c` has subscription `filter` already (an
+    /// exact one or a wildcard one).
+    pub(crate) fn has_mqtt_subscription(&self, filter: &str, c: &Conn<W>) -> bool {
+        let proto = c.proto.borrow();
+        let Some(m) = proto.mqtt() else {
+            return false;
+        };
+        if m.wild.iter().any(|w| &*w.filter == filter) {
+            return true;
+        }
+        self.by_name
+            .get(filter)
+            .is_some_and(|id| m.subs.iter().any(|s| s.channel == *id))
+    }
+
     /// Adds MQTT subscriber `c` to wildcard `filter` (a checked filter),
     /// unless it has it already.
     pub(crate) fn subscribe_wild(&mut self, filter: &str, c: &Rc<Conn<W>>) -> Result<(), TooDeep> {

@@ -28,6 +28,9 @@ Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>
             answers {\"channel\":..,\"subscribers\":N}; a text frame when the
             body is UTF-8 (or Content-Type text/*, */json), binary otherwise
             (or Content-Type: application/octet-stream)
+            ?retain=1 also makes it the channel's retained message, which
+            each new MQTT subscription of the channel gets first (an empty
+            body clears it; see --max-retained)
 MQTT:       --mqtt-listen HOST:PORT; a topic is a channel (docs/mqtt.md)
 Observe:    GET /metrics (Prometheus text), GET /healthz
 Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
@@ -183,6 +186,18 @@ pub(crate) struct Args {
     /// of any channel is dropped (counted in /metrics: throng_history_dropped_total).
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     history_max_memory: usize,
+
+    /// Channels that may hold a retained message (an MQTT PUBLISH with the retain flag,
+    /// or POST /publish/<channel>?retain=1); past it the channel whose message was set
+    /// longest ago loses it (counted: throng_mqtt_retained_dropped_total). With --redis
+    /// the cap holds for the store all nodes share.
+    #[arg(long, value_name = "N", default_value_t = throng_server::retained::DEFAULT_MAX_TOPICS)]
+    max_retained: usize,
+
+    /// Bytes the retained messages may take (the embedded relay's store); past it the
+    /// longest-set is dropped first.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    max_retained_memory: usize,
 
     /// Close (1008) a connection that sent nothing (not even a pong) for this long.
     /// Default: 3 x --ping-interval. Checked once per ping interval.
@@ -423,6 +438,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         history: args.history,
         history_ttl: args.history_ttl,
         history_max_memory: args.history_max_memory,
+        max_retained: args.max_retained,
+        max_retained_memory: args.max_retained_memory,
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
@@ -460,6 +477,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             tls,
             // Set by the plan from --history: the streams follow the node's settings.
             history: None,
+            // Set by the plan from --max-retained.
+            max_retained: 0,
         })?;
     }
     if args.json {

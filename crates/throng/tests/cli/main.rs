@@ -21,6 +21,7 @@ mod knee_transports;
 mod mqtt;
 mod mqtt_auth;
 mod mqtt_listen;
+mod mqtt_retain;
 mod mqtt_serve;
 mod newcomer;
 mod output;

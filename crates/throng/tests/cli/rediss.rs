@@ -169,8 +169,11 @@ fn certificates_that_cannot_be_checked_are_clear_errors() {
     // --redis-wait: serves, and /healthz shows why the link is down.
     let s = serve(&["--redis", &url, "--redis-tls-ca", other, "--redis-wait"]);
     s.wait_broker("down");
-    let health = get(s.addr, "/healthz").1;
-    assert!(health.contains("certificate"), "{health}");
+    // Down from the start, first as "connecting", then with the reason
+    // once the handshake fails: wait for the reason.
+    wait_until("/healthz names the certificate", || {
+        get(s.addr, "/healthz").1.contains("certificate")
+    });
     assert_eq!(publish(s.addr, "x", b"no", None).0, 503);
 
     // --redis-tls-insecure: no check, a loud warning, and it works.

@@ -4,6 +4,10 @@
 //! counted its subscribers, before they are written to (the JSON says so:
 //! `"counted":"at relay, before delivery"`), so it does not wait for a
 //! fan-out to a million subscribers.
+//!
+//! `?retain=1` also makes the message its channel's retained message (an
+//! empty body clears it), which each new MQTT subscription of the channel
+//! gets first (docs/mqtt.md); it is delivered live as any publish.
 
 use bytes::Bytes;
 use throng_proto::http::{BodyDecoder, BodyError, BodyKind, HeadError, Request};
@@ -33,14 +37,25 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
         Box::pin(gate::refuse(w, stream, why)).await;
         return false;
     }
+    let retain = match retain(&req.target) {
+        Ok(retain) => retain,
+        Err(why) => {
+            w.counters.handshake_failed("bad_retain");
+            return refuse(w, stream, 400, why).await;
+        }
+    };
     let m = match read_message(w, stream, req, buf, "/publish/").await {
         Ok(m) => m,
         Err(keep) => return keep,
     };
     w.counters.http_request("publish");
+    // An HTTP publish is QoS 1 to subscribers who ask for it: so is its
+    // retained copy.
+    let qos = retain.then_some(1);
+    let retained = if m.body.is_empty() { "cleared" } else { "set" };
     match w
         .link
-        .publish(&m.channel, m.text, Bytes::from(m.body))
+        .publish(&m.channel, m.text, Bytes::from(m.body), qos)
         .await
     {
         Some(Err(reason)) => {
@@ -63,12 +78,40 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
             if !p.message.is_none() {
                 json["id"] = p.message.to_string().into();
             }
+            if retain {
+                json["retained"] = retained.into();
+            }
             let json = json.to_string() + "\n";
             let keep = req.keep_alive();
             reply(w, stream, 200, "application/json", json.as_bytes(), keep).await
         }
         None => refuse(w, stream, 503, "supervisor unavailable\n").await,
     }
+}
+
+/// Whether the target's query asks to retain the message (`retain=1` or
+/// `retain=true`; `0`, `false` or no `retain`: not), or why it cannot be read.
+fn retain(target: &str) -> Result<bool, &'static str> {
+    let Some((_, query)) = target.split_once('?') else {
+        return Ok(false);
+    };
+    let mut retain = false;
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k != "retain" {
+            continue;
+        }
+        retain = match v {
+            "1" | "true" => true,
+            "0" | "false" => false,
+            _ => {
+                return Err(
+                    "retain takes 1 or 0 (?retain=1 keeps the message as the channel's retained message)\n",
+                );
+            }
+        };
+    }
+    Ok(retain)
 }
 
 /// `/publish` with a method other than `POST`: 405, and the connection closes.
@@ -220,7 +263,7 @@ fn text_or_binary(ctype: Option<&[u8]>, body: &[u8]) -> Result<bool, &'static st
 
 #[cfg(test)]
 mod tests {
-    use super::text_or_binary;
+    use super::{retain, text_or_binary};
 
     #[test]
     fn text_or_binary_by_content_type_then_utf8() {
@@ -240,5 +283,16 @@ mod tests {
             text_or_binary(Some(b"application/x-www-form-urlencoded"), b"a=1"),
             Ok(true)
         );
+    }
+
+    #[test]
+    fn retain_is_read_from_the_query_and_anything_else_is_refused() {
+        assert_eq!(retain("/publish/a"), Ok(false));
+        assert_eq!(retain("/publish/a?retain=1"), Ok(true));
+        assert_eq!(retain("/publish/a?x=2&retain=true"), Ok(true));
+        assert_eq!(retain("/publish/a?retain=0"), Ok(false));
+        assert_eq!(retain("/publish/a?retainer=1"), Ok(false));
+        assert!(retain("/publish/a?retain=yes").is_err());
+        assert!(retain("/publish/a?retain").is_err());
     }
 }
