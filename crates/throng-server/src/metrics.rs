@@ -504,7 +504,8 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         "throng_mqtt_refused_total",
         "counter",
         "What MQTT clients sent that was refused or not served as asked, by kind: a bad \
-         packet (its decode error), a wildcard filter, QoS 2, a persistent session. See docs/mqtt.md.",
+         packet (its decode error), a wildcard filter, QoS 2, a persistent session, what a \
+         token does not grant (subscribe_, publish_, will_not_granted). See docs/mqtt.md.",
     );
     labelled(
         &mut out,

@@ -59,12 +59,6 @@ pub enum ServeError {
         "--tls-listen needs a certificate: give --tls-cert FILE and --tls-key FILE, or --tls-self-signed for a trial"
     )]
     NoTlsCert,
-    /// MQTT listeners where tokens or a publish key guard the others.
-    #[error(
-        "--mqtt-listen does not check tokens yet (docs/mqtt.md): it cannot run beside \
-         --auth-* or --publish-key-file; drop one of them"
-    )]
-    MqttWithAuth,
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
@@ -133,11 +127,6 @@ impl Plan {
         let tls_wanted = !config.tls_listen.is_empty() || !config.mqtts_listen.is_empty();
         if tls_wanted && config.tls.is_none() {
             return Err(ServeError::NoTlsCert);
-        }
-        let mqtt = !config.mqtt_listen.is_empty() || !config.mqtts_listen.is_empty();
-        if mqtt && config.auth.publish_guarded() {
-            // An MQTT client would get in where a WebSocket one may not.
-            return Err(ServeError::MqttWithAuth);
         }
         // Listeners, the control socket and the epoll set are in the reserve.
         let budget = limits::budget(

@@ -111,6 +111,35 @@ impl Pattern {
             Self::Filter(filter) => topic::matches(filter, channel),
         }
     }
+
+    /// Whether this pattern allows every channel the MQTT topic filter
+    /// `filter` (checked, with a wildcard) can match: a subscription with
+    /// wildcards is a set of channels, and a grant must hold all of them.
+    /// An exact name covers no wildcard filter; a prefix covers one whose
+    /// levels before its first wildcard (and the `/` after them, before a
+    /// `+`) start with it, since every match starts with those.
+    pub fn covers(&self, filter: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Exact(_) => false,
+            Self::Prefix(prefix) => fixed_start(filter).starts_with(prefix.as_str()),
+            Self::Filter(grant) => topic::covers(grant, filter),
+        }
+    }
+}
+
+/// What every topic a checked filter matches starts with: its levels
+/// before the first wildcard, with the `/` that follows them when the
+/// wildcard is `+` (`a/+` matches `a/` and more), without it when it is `#`
+/// (`a/#` matches `a` itself). A filter starting with a wildcard: nothing.
+/// Past this, a match may have any character, so a prefix longer than it
+/// is not a prefix of some match.
+fn fixed_start(filter: &str) -> &str {
+    match filter.find(['+', '#']) {
+        None => filter,
+        Some(at) if filter.as_bytes()[at] == b'#' => &filter[..at.saturating_sub(1)],
+        Some(at) => &filter[..at],
+    }
 }
 
 impl fmt::Display for Pattern {
@@ -137,9 +166,22 @@ impl Grants {
             .map(Self)
     }
 
+    /// A grant of every channel (`*`): what the publish key holds.
+    pub fn all() -> Self {
+        Self(vec![Pattern::Any])
+    }
+
     /// Whether some pattern allows `channel`.
     pub fn allows(&self, channel: &str) -> bool {
         self.0.iter().any(|p| p.allows(channel))
+    }
+
+    /// Whether some pattern allows every channel the wildcard filter
+    /// `filter` can match ([`Pattern::covers`]). Each pattern is asked
+    /// alone: a filter that only several patterns together would cover is
+    /// refused (the safe side of a question that is rarely asked).
+    pub fn covers(&self, filter: &str) -> bool {
+        self.0.iter().any(|p| p.covers(filter))
     }
 
     /// No pattern at all: nothing is allowed.
@@ -191,6 +233,80 @@ mod tests {
         assert!(!allows("+", "a/b"));
         assert!(allows("+/+", "a/b"));
         assert!(!allows("a/+", "a"));
+    }
+
+    fn covers(pattern: &str, filter: &str) -> bool {
+        Pattern::parse(pattern).unwrap().covers(filter)
+    }
+
+    #[test]
+    fn a_pattern_covers_a_wildcard_filter_only_when_it_allows_all_it_matches() {
+        for (p, f) in [
+            ("*", "#"),
+            ("*", "a/+/b"),
+            ("room.*", "room.1/+"),
+            ("room.*", "room./#"),
+            ("a/*", "a/+"),
+            ("a/*", "a/b/#"),
+            ("sensors/#", "sensors/+/temp"),
+            ("sensors/+/temp", "sensors/+/temp"),
+        ] {
+            assert!(covers(p, f), "{p} should cover {f}");
+        }
+        for (p, f) in [
+            ("a", "a/#"),
+            ("a/b", "a/+"),
+            ("room.*", "room/#"),
+            ("room.*", "+/x"),
+            ("a/*", "a/#"),
+            ("ab*", "a/+"),
+            ("sensors/+", "sensors/#"),
+            ("sensors/+/temp", "+/+/temp"),
+        ] {
+            assert!(!covers(p, f), "{p} should not cover {f}");
+        }
+        let g = Grants::parse(&["news", "s/+/t"]).unwrap();
+        assert!(g.covers("s/+/t") && !g.covers("s/#") && !Grants::default().covers("#"));
+    }
+
+    /// Over every topic of up to three levels from a small alphabet: a
+    /// pattern that covers a filter allows each topic the filter matches,
+    /// so a grant never lets a subscription reach more than it allows.
+    #[test]
+    fn covering_never_lets_a_filter_reach_a_channel_its_pattern_refuses() {
+        let levels = ["a", "b", "ab", ""];
+        let mut topics = Vec::new();
+        for x in levels {
+            topics.push(x.to_owned());
+            for y in levels {
+                topics.push(format!("{x}/{y}"));
+                for z in levels {
+                    topics.push(format!("{x}/{y}/{z}"));
+                }
+            }
+        }
+        topics.retain(|t| !t.is_empty());
+        let filters = [
+            "#", "+", "a/#", "a/+", "+/b", "a/+/b", "+/+", "a/b/#", "+/#", "/+", "a//#",
+        ];
+        let patterns = [
+            "*", "a", "a*", "a/*", "ab*", "a/b*", "#", "+", "a/#", "a/+", "+/b", "+/+/#", "a/+/#",
+            "/#",
+        ];
+        let mut covered = 0;
+        for p in patterns {
+            let pattern = Pattern::parse(p).unwrap();
+            for f in filters {
+                if !pattern.covers(f) {
+                    continue;
+                }
+                covered += 1;
+                for t in topics.iter().filter(|t| topic::matches(f, t)) {
+                    assert!(pattern.allows(t), "{p} covers {f}, which matches {t}");
+                }
+            }
+        }
+        assert!(covered > 20, "the check ran on {covered} pairs only");
     }
 
     #[test]

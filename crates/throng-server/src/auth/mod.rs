@@ -4,11 +4,13 @@
 //!
 //! A check is a function of (token bytes, action, channel, now):
 //! [`Verifier::check`]. It knows nothing of HTTP, so the WebSocket upgrade,
-//! the publish route, and later an MQTT CONNECT password or an SSE request
-//! call the same function; where the token was found is the caller's
-//! business (`worker::gate` for HTTP). What a connection keeps of a token
-//! is its expiry ([`Access::expires`]), nothing else: no copy of the token,
-//! no subject.
+//! the publish route and an SSE request call the same function, and an
+//! MQTT CONNECT's password goes through [`Verifier::verify`]; where the
+//! token was found is the caller's business (`worker::gate` for HTTP,
+//! `worker::mqtt_auth` for MQTT). What a WebSocket connection keeps of a
+//! token is its expiry ([`Access::expires`]); an MQTT one keeps its grants
+//! too, since it subscribes and publishes later. Neither keeps a copy of
+//! the token or its subject.
 //!
 //! Verification is `jsonwebtoken` on `ring`: every key has one algorithm,
 //! chosen by its type (`keys`), and a token whose `alg` is another is

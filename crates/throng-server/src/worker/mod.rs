@@ -20,6 +20,7 @@ mod gate;
 mod http;
 mod link;
 mod mqtt;
+mod mqtt_auth;
 mod mqtt_qos;
 mod mqtt_retain;
 #[cfg(test)]

@@ -29,7 +29,9 @@
 //! message; a new subscription gets the retained messages its filters
 //! match first ([`super::mqtt_retain`]).
 //!
-//! Not here yet (docs/mqtt.md): auth.
+//! Where `--auth-*` or `--publish-key-file` guard the server, CONNECT's
+//! password is checked and SUBSCRIBE, PUBLISH and the will follow what it
+//! grants ([`super::mqtt_auth`]).
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -45,6 +47,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::conn::{Conn, State, TlsState};
+use super::mqtt_auth::{self, MqttGrants};
 use super::rejoin::Kind;
 use super::state::Worker;
 use super::subscribers::{Outside, SCRATCH, Subscribers};
@@ -123,6 +126,9 @@ pub(crate) struct MqttState {
     /// Its QoS 1 deliveries awaiting PUBACK or held; `None` when there
     /// are none ([`super::mqtt_qos`]).
     pub(crate) inflight: Option<Box<super::mqtt_qos::Inflight>>,
+    /// What its credential grants where `--auth-*` or `--publish-key-file`
+    /// guard the server ([`super::mqtt_auth`]); `None` elsewhere.
+    pub(crate) auth: Option<Box<MqttGrants>>,
 }
 
 impl MqttState {
@@ -131,6 +137,7 @@ impl MqttState {
             && self.wild.is_empty()
             && self.will.is_none()
             && self.inflight.is_none()
+            && self.auth.is_none()
     }
 }
 
@@ -412,7 +419,9 @@ impl<O: Outside> Subscribers<O> {
             // QoS 0 or 1: what was asked, at most the server's maximum.
             let qos = (options.qos as u8).min(1);
             let granted = ReasonCode(qos);
-            let code = if mqtt::topic::is_wildcard(filter) {
+            let code = if !self.mqtt_may_subscribe(c, filter) {
+                ReasonCode::NOT_AUTHORIZED
+            } else if mqtt::topic::is_wildcard(filter) {
                 let ok = self.limits.wildcards
                     && self
                         .channels
@@ -522,6 +531,8 @@ impl<O: Outside> Subscribers<O> {
         } else if channel::validate(p.topic).is_err() {
             self.counters.mqtt_refused("bad_channel");
             ReasonCode::TOPIC_NAME_INVALID
+        } else if !self.mqtt_may_publish(c, p.topic) {
+            ReasonCode::NOT_AUTHORIZED
         } else {
             let text = std::str::from_utf8(p.payload).is_ok();
             let at_most_once = p.delivery == Delivery::AtMostOnce;
@@ -617,6 +628,8 @@ struct Connected {
     will: Option<(String, Bytes, Option<u8>)>,
     /// Its receive maximum (5.0; 3.1.1 has none).
     receive_max: Option<u16>,
+    /// Its password: a token or the publish key (read, then dropped).
+    password: Option<Vec<u8>>,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
@@ -673,6 +686,15 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
         return;
     }
+    let admitted = mqtt_auth::admit(w, connected.password.as_deref(), super::gate::unix_now());
+    let admitted = match admitted {
+        Ok(a) => a,
+        Err(code) => {
+            let out = refuse(code);
+            let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
+            return;
+        }
+    };
     let counted = &w.subs.outside.counted;
     if !counted.take_place() {
         w.counters.refused("max_connections");
@@ -688,6 +710,8 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
             Some(("publish_not_here", ReasonCode::NOT_AUTHORIZED))
         } else if channel::validate(&channel).is_err() {
             Some(("bad_channel", ReasonCode::TOPIC_NAME_INVALID))
+        } else if !mqtt_auth::may_publish(&w.subs.limits, admitted.grants.as_deref(), &channel) {
+            Some(("will_not_granted", ReasonCode::NOT_AUTHORIZED))
         } else {
             None
         };
@@ -773,6 +797,9 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     if will.is_some() {
         state.state_mut().will = will;
     }
+    if admitted.grants.is_some() {
+        state.state_mut().auth = admitted.grants;
+    }
     if let Some(max) = connected.receive_max {
         state.receive_max = max.min(state.receive_max);
     }
@@ -780,6 +807,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
     let mut c = Conn::new(sock, w.subs.now.get(), &rest)
         .with_mqtt(version, state)
+        .with_expiry(admitted.expires)
         .with_tag(tag);
     if let Some(tls) = tls {
         c = c.with_tls(tls);
@@ -820,6 +848,7 @@ async fn read_connect(
                     )
                 }),
                 receive_max: c.properties.receive_maximum(),
+                password: c.password.map(<[u8]>::to_vec),
             };
             return Ok((connected, d.consumed));
         }

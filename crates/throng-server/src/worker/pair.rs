@@ -297,6 +297,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         wildcards: true,
         mqtt_publish: true,
         mqtt_packet: 1 << 16,
+        publish_guarded: false,
     }
 }
 

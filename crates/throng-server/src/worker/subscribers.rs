@@ -120,6 +120,8 @@ pub(crate) struct Limits {
     pub(crate) mqtt_publish: bool,
     /// The largest packet an MQTT client may send ([`mqtt::max_packet`]).
     pub(crate) mqtt_packet: usize,
+    /// Publishing takes a credential (`--auth-*`, `--publish-key-file`).
+    pub(crate) publish_guarded: bool,
 }
 
 impl Limits {
@@ -134,6 +136,7 @@ impl Limits {
             wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
             mqtt_publish: cfg.publish_listen.is_empty(),
             mqtt_packet: mqtt::max_packet(cfg.max_message),
+            publish_guarded: cfg.auth.publish_guarded(),
         }
     }
 }

@@ -65,6 +65,11 @@ Access:     with no option below anyone may subscribe to any channel and
               'Authorization: Bearer <key>', or a token whose 'publish'
               claim grants the channel; --publish-listen moves it to an
               internal address, --metrics-listen moves /metrics.
+            MQTT: the token (or the publish key) is CONNECT's password,
+              beside any user name (mosquitto_sub -u any -P <JWT>); none:
+              CONNACK 0x87 (3.1.1: 5), a bad one: 0x86 (3.1.1: 4). A
+              filter not granted: SUBACK 0x87; a PUBLISH: PUBACK 0x87 (QoS
+              0, 3.1.1: dropped); expired: DISCONNECT 0x87 (3.1.1: closed).
             --allowed-origins: browser pages from other sites get 403.
 Limits:     --max-connections-per-ip, --handshakes-per-ip (429,
             Retry-After), --max-connections (503, Retry-After); refusals by
@@ -290,7 +295,8 @@ pub(crate) struct Args {
     auth_audience: Option<String>,
 
     /// Accept tokens without an expiry (exp). Without it they are refused; a subscriber is
-    /// closed with 4001 within one --ping-interval after its token's exp.
+    /// closed with 4001 (MQTT 5.0: DISCONNECT 0x87) within one --ping-interval after its
+    /// token's exp.
     #[arg(long)]
     auth_allow_no_exp: bool,
 

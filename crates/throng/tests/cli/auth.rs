@@ -29,7 +29,7 @@ struct Answer {
 }
 
 /// A connection to `addr` from loopback address `from`.
-fn connect_from(addr: SocketAddr, from: Ipv4Addr) -> TcpStream {
+pub(crate) fn connect_from(addr: SocketAddr, from: Ipv4Addr) -> TcpStream {
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
     s.bind(&SocketAddr::from((from, 0)).into())
         .unwrap_or_else(|e| panic!("bind {from}: {e}"));
@@ -98,7 +98,7 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("after 1970")
@@ -469,19 +469,8 @@ fn a_subscriber_is_closed_4001_once_its_token_expires_and_another_keeps_receivin
             Err(e) => panic!("expected a close frame: {e}"),
         }
     };
-    let closed_at = unix_now();
+    closed_after(short_exp);
     assert_eq!(code, Some(4001));
-    assert!(
-        closed_at >= short_exp,
-        "closed before exp: {closed_at} < {short_exp}"
-    );
-    // Enforced by the sweep within one ping interval (1 s) of exp; the
-    // slack is for a busy machine, not a figure.
-    assert!(
-        closed_at < short_exp + 1.0 + 4.0,
-        "closed {:.1} s after exp",
-        closed_at - short_exp
-    );
     server.wait_metric("throng_connections_open", |v| v == 1.0);
     assert_eq!(
         server.metric("throng_connections_closed_total{reason=\"token_expired\"}"),
@@ -509,6 +498,20 @@ fn a_subscriber_is_closed_4001_once_its_token_expires_and_another_keeps_receivin
     assert_eq!(a.status, 200, "{}", a.body);
     assert!(a.body.contains("\"subscribers\":1"), "{}", a.body);
     assert_eq!(throng_testkit::ws::next_text(&mut long), "after the expiry");
+}
+
+/// Checks that a connection whose token expires at `exp` (Unix seconds)
+/// was closed just now: after `exp`, within a ping interval (1 s) of it.
+pub(crate) fn closed_after(exp: f64) {
+    let closed_at = unix_now();
+    assert!(closed_at >= exp, "closed before exp: {closed_at} < {exp}");
+    // Enforced by the sweep within one ping interval of exp; the slack is
+    // for a busy machine, not a figure.
+    assert!(
+        closed_at < exp + 1.0 + 4.0,
+        "closed {:.1} s after exp",
+        closed_at - exp
+    );
 }
 
 /// `POST /publish/<channel>` with an optional `Authorization` value.

@@ -19,6 +19,7 @@ mod knee;
 mod knee_flags;
 mod knee_transports;
 mod mqtt;
+mod mqtt_auth;
 mod mqtt_listen;
 mod mqtt_qos;
 mod mqtt_retain;

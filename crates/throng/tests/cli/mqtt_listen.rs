@@ -16,7 +16,7 @@ use throng_proto::mqtt::{
 use throng_testkit::http::publish;
 use throng_testkit::redis::Redis;
 use throng_testkit::ws::{next_text, subscribe};
-use throng_testkit::{Peer, Server, TempDir, require, wait_until};
+use throng_testkit::{Peer, Server, require, wait_until};
 
 use crate::serve;
 
@@ -124,6 +124,10 @@ impl<S: Read + Write> Client<S> {
                 Ok(0) => return None,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => return None,
+                // A socket read with a timeout is not restarted after a
+                // handled signal or a stop and continue (signal(7)): once
+                // seen in a run, so read again.
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => panic!("read: {e}"),
             }
         }
@@ -618,29 +622,6 @@ fn publishing_stays_where_publish_listen_and_auth_put_it() {
     s.wait_metric(
         "throng_mqtt_refused_total{kind=\"publish_not_here\"}",
         |v| v == 2.0,
-    );
-    // Tokens are not checked on MQTT yet: the two do not start together.
-    let dir = TempDir::new("mqtt-auth");
-    let key = dir.file("publish.key");
-    std::fs::write(&key, "0123456789abcdef0123456789").unwrap();
-    let out = crate::throng()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--mqtt-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--publish-key-file")
-        .arg(&key)
-        .arg("--dry-run")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        text.contains("--mqtt-listen does not check tokens"),
-        "{text}"
     );
 }
 
