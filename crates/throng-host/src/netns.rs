@@ -155,7 +155,7 @@ fn carry(name: &str, host: &str) {
     };
     let (h, n) = (nums(host), nums(&here));
     let wider = match (h.as_slice(), n.as_slice()) {
-        ([hlo, hhi], [lo, hi]) => hhi - hlo > hi - lo,
+        ([hlo, hhi], [lo, hi]) => hhi.saturating_sub(*hlo) > hi.saturating_sub(*lo),
         ([h], [n]) => h > n,
         _ => false,
     };

@@ -294,7 +294,12 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         ));
     }
     let mut plan = plan(&req)?;
-    if let Network::Private { buckets, .. } = plan.network {
+    if let Network::Private {
+        buckets,
+        host_buckets,
+        sockets,
+    } = plan.network
+    {
         // Before the server, the harness workers and any thread start: all
         // of them inherit it.
         if let Err(e) = throng_host::netns::enter_private(buckets) {
@@ -302,8 +307,8 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
                 "throng bench: warning: cannot make a private network namespace ({e}); the run stays on the host's"
             );
             plan.network = Network::HostTooSmall {
-                buckets: plan.snapshot.tcp_buckets.unwrap_or(0),
-                sockets: plan.connections.saturating_mul(2),
+                buckets: host_buckets,
+                sockets,
             };
         }
     }
