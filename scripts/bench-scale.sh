@@ -5,6 +5,7 @@
 #   scripts/bench-scale.sh                        build (release) and run everything
 #   THRONG=path/to/throng scripts/bench-scale.sh  use a built binary
 #   RUNS="ws-100k ws-1m" scripts/bench-scale.sh   only some runs (names below)
+#   RUNS=sweep scripts/bench-scale.sh             the fan-out at five sizes
 #
 # Runs, one after the other (never two at once; each stops every process it
 # started):
@@ -12,6 +13,10 @@
 #                             (the same settings at each size, so the fan-out
 #                             times compare: 20 s leaves a million subscribers
 #                             room for each message)
+#   ws-200k, ws-300k          the same at two more sizes (not in the default
+#                             list; RUNS=sweep runs ws-100k, ws-200k, ws-300k,
+#                             ws-500k and ws-1m): where a fan-out's growth with
+#                             size departs from linear
 #   ws-500k-10                throng bench -c 500000 --messages 10 (the default
 #                             spacing, 2 s: fan-outs overlap)
 #   sleep-1m                  throng serve + throng attack --rate 10000/s
@@ -41,6 +46,7 @@ cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
 
 RUNS=${RUNS:-"floor ws-100k ws-500k ws-1m ws-500k-10 sleep-1m"}
+RUNS=${RUNS/sweep/ws-100k ws-200k ws-300k ws-500k ws-1m}
 has() { [[ " $RUNS " == *" $1 "* ]]; }
 if [ -z "${THRONG:-}" ]; then
   cargo build --release -q -p throng || exit 2
@@ -52,6 +58,10 @@ mkdir -p "$OUT"
 ulimit -n "$(ulimit -Hn)"
 echo "throng bench-scale $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $THRONG"
 machine_line
+# The scheduler's autogroup setting moves a million's fan-out by ~20% here
+# (docs/scale.md), so a run says which it had.
+autogroup_line() { echo "scheduler: kernel.sched_autogroup_enabled=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo '?')"; }
+autogroup_line
 echo "results in $OUT"
 "$THRONG" doctor --connections 1000000 >"$OUT/doctor.txt" 2>&1
 if grep -q '^  STOP' "$OUT/doctor.txt"; then
@@ -104,6 +114,8 @@ bench() { # name connections args...
   grep -E '^  (settings|expect|verdict)' "$OUT/$name.err" | sed 's/^/  /'
 }
 has ws-100k && bench ws-100k 100000 --messages 3 --message-every 20s
+has ws-200k && bench ws-200k 200000 --messages 3 --message-every 20s
+has ws-300k && bench ws-300k 300000 --messages 3 --message-every 20s
 has ws-500k && bench ws-500k 500000 --messages 3 --message-every 20s
 has ws-1m && bench ws-1m 1000000 --messages 3 --message-every 20s
 has ws-500k-10 && bench ws-500k-10 500000 --messages 10
@@ -161,6 +173,7 @@ fi
 echo
 echo "== the table ($(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 machine_line
+autogroup_line
 python3 - "$OUT" "$FLOOR_NS" <<'EOF'
 import glob, json, os, sys
 out, floor = sys.argv[1], sys.argv[2].split()
@@ -170,7 +183,7 @@ def load(name):
     except (OSError, IndexError, ValueError):
         return float("nan")
 rows = []
-for name in ["ws-100k", "ws-500k", "ws-1m", "ws-500k-10"]:
+for name in ["ws-100k", "ws-200k", "ws-300k", "ws-500k", "ws-1m", "ws-500k-10"]:
     path = f"{out}/{name}.json"
     if not os.path.exists(path):
         continue
@@ -199,6 +212,17 @@ if small and big:
     a = max(x["last_subscriber_us"] for x in small["messages"]) or 1
     b = max(x["last_subscriber_us"] for x in big["messages"])
     print(f"fan-out 100k -> 1M: last subscriber {a / 1e6:.2f} s -> {b / 1e6:.2f} s, x{b / a:.1f} for x10 subscribers")
+# The growth by size: each fan-out's slowest message per 100,000
+# subscribers, and that against 100k's (1.00 = linear).
+sizes = [(r["connections"], r) for n, r in rows if n != "ws-500k-10" and r.get("messages")]
+if small and len(sizes) > 2:
+    base = max(x["last_subscriber_us"] for x in small["messages"]) / small["connections"]
+    line = []
+    for n, r in sorted(sizes, key=lambda x: x[0]):
+        t = max(x["last_subscriber_us"] for x in r["messages"])
+        label = f"{n // 1000000}M" if n % 1000000 == 0 else f"{n // 1000}k"
+        line.append(f"{label} {t / 1e6:.2f} s ({t / n / base:.2f})")
+    print("fan-out by size: last subscriber (against linear from 100k): " + ", ".join(line))
 path = f"{out}/sleep-1m.json"
 if os.path.exists(path):
     try:
