@@ -212,11 +212,11 @@ if small and big:
     a = max(x["last_subscriber_us"] for x in small["messages"]) or 1
     b = max(x["last_subscriber_us"] for x in big["messages"])
     print(f"fan-out 100k -> 1M: last subscriber {a / 1e6:.2f} s -> {b / 1e6:.2f} s, x{b / a:.1f} for x10 subscribers")
-# The growth by size: each fan-out's slowest message per 100,000
-# subscribers, and that against 100k's (1.00 = linear).
+# The growth by size: each size's slowest last subscriber, and its time per
+# subscriber against 100k's (1.00 = linear).
 sizes = [(r["connections"], r) for n, r in rows if n != "ws-500k-10" and r.get("messages")]
 if small and len(sizes) > 2:
-    base = max(x["last_subscriber_us"] for x in small["messages"]) / small["connections"]
+    base = (max(x["last_subscriber_us"] for x in small["messages"]) or 1) / small["connections"]
     line = []
     for n, r in sorted(sizes, key=lambda x: x[0]):
         t = max(x["last_subscriber_us"] for x in r["messages"])
