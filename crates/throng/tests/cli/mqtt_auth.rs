@@ -17,7 +17,7 @@ use throng_testkit::process::{command, output_within, text};
 use throng_testkit::{Peer, Server, TempDir, require, wait_until};
 
 use crate::auth::{closed_after, connect_from, unix_now};
-use crate::mqtt_listen::{Client, Got, mqtt_server};
+use crate::mqtt_listen::{Client, Got, mqtt_server, pair};
 use crate::run_json;
 
 /// The CONNACK codes of a refusal on the wire, 3.1.1 and 5.0: not
@@ -114,10 +114,6 @@ fn connected(addr: SocketAddr, version: Version, password: Option<&str>) -> Clie
     let mut c = open(addr, version, password, None);
     assert_eq!(connack(&mut c), 0, "{version:?} with {password:?}");
     c
-}
-
-fn pair(t: &str, p: &str) -> (String, String) {
-    (t.to_owned(), p.to_owned())
 }
 
 /// An MQTT listener on a server whose tokens are checked with `mint`'s

@@ -239,7 +239,7 @@ impl Client {
     }
 }
 
-fn pair(t: &str, p: &str) -> (String, String) {
+pub(crate) fn pair(t: &str, p: &str) -> (String, String) {
     (t.to_owned(), p.to_owned())
 }
 

@@ -19,19 +19,7 @@ use throng_testkit::http::publish;
 use throng_testkit::redis::Redis;
 use throng_testkit::{Peer, Server, require};
 
-use crate::serve;
-
-/// A server with one MQTT listener on a free port.
-fn server(extra: &[&str]) -> (Server, SocketAddr) {
-    let mut args = vec!["--mqtt-listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    let s = serve(&args);
-    let addr = s.start["mqtt_listen"][0]
-        .as_str()
-        .and_then(|a| a.parse().ok())
-        .expect("mqtt_listen in the start line");
-    (s, addr)
-}
+use crate::mqtt_listen::mqtt_server as server;
 
 /// A PUBLISH as a subscriber saw it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
