@@ -5,7 +5,8 @@
 #   scripts/bench-scale.sh                        build (release) and run everything
 #   THRONG=path/to/throng scripts/bench-scale.sh  use a built binary
 #   RUNS="ws-100k ws-1m" scripts/bench-scale.sh   only some runs (names below)
-#   RUNS=sweep scripts/bench-scale.sh             the fan-out at five sizes
+#   RUNS=sweep scripts/bench-scale.sh             the fan-out at five sizes, throng's
+#                                                 and the kernel's alone
 #
 # Runs, one after the other (never two at once; each stops every process it
 # started):
@@ -28,6 +29,21 @@
 #                             started > 10 ms late is printed beside), in a
 #                             network namespace whose TCP table fits 2M sockets
 #                             (as root; 'throng bench' makes its own)
+#   kernel-100k, kernel-1m    fanout_floor (crates/throng-bench): the same
+#                             fan-out with no throng code, in the same process
+#                             layout (writers and readers of at most 19,600
+#                             connections each, level-triggered epoll, one
+#                             66-byte frame to every connection, 9 rounds) and
+#                             the same TCP table size: how the kernel's own
+#                             fan-out grows on this machine, for throng's to be
+#                             judged against (kernel-200k, -300k, -500k too;
+#                             RUNS=sweep runs each size's pair)
+#   fd-tax                    the machine's busy share while idle processes
+#                             hold 0, 200,000 and 2,000,000 descriptors on
+#                             /dev/null (what a run of 100k and of a million
+#                             connections holds): CPU that other programs
+#                             spend because descriptors are open, taken from
+#                             the large runs and not the small
 #   floor                     serve_bench (as scripts/bench-serve.sh): the bare
 #                             write(2) loop a fan-out is compared with (one
 #                             worker, 18,000 subscribers), for the CPU per
@@ -45,8 +61,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
 
-RUNS=${RUNS:-"floor ws-100k ws-500k ws-1m ws-500k-10 sleep-1m"}
-RUNS=${RUNS/sweep/ws-100k ws-200k ws-300k ws-500k ws-1m}
+RUNS=${RUNS:-"floor fd-tax kernel-100k ws-100k ws-500k kernel-1m ws-1m ws-500k-10 sleep-1m"}
+RUNS=${RUNS/sweep/fd-tax kernel-100k ws-100k kernel-200k ws-200k kernel-300k ws-300k kernel-500k ws-500k kernel-1m ws-1m}
 has() { [[ " $RUNS " == *" $1 "* ]]; }
 if [ -z "${THRONG:-}" ]; then
   cargo build --release -q -p throng || exit 2
@@ -93,6 +109,35 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Two million sockets in the host's TCP table (262,144 buckets here) make
+# every segment's lookup a walk, and each connect()'s port search too: as
+# 'throng bench' does for itself, a run gets a network namespace whose table
+# fits it (docs/scale.md), with IN=(ip netns exec NAME) to run inside it.
+# Root and Linux 6.1+; else IN=() and the host's table.
+IN=()
+netns_up() { # buckets
+  IN=()
+  if [ "$(id -u)" = 0 ] && [ -e /proc/sys/net/ipv4/tcp_child_ehash_entries ] && command -v ip >/dev/null; then
+    local before
+    before=$(cat /proc/sys/net/ipv4/tcp_child_ehash_entries)
+    NETNS=throng-scale-$$
+    sysctl -qw net.ipv4.tcp_child_ehash_entries="$1" && ip netns add "$NETNS" && ip netns exec "$NETNS" ip link set lo up
+    sysctl -qw net.ipv4.tcp_child_ehash_entries="$before"
+    IN=(ip netns exec "$NETNS")
+    echo "  network: namespace $NETNS, TCP table $("${IN[@]}" cat /proc/sys/net/ipv4/tcp_ehash_entries) buckets (the host's: $(tr -d - </proc/sys/net/ipv4/tcp_ehash_entries))"
+  fi
+}
+netns_down() { [ -n "$NETNS" ] && ip netns del "$NETNS"; NETNS=; IN=(); }
+# A run that follows a million-socket one waits until the kernel has freed
+# those sockets (a namespace's are freed after it is deleted), so that it
+# does not pay for that work.
+sockets_freed() {
+  for _ in $(seq 120); do
+    [ "$(awk '/^TCP:/ {print $9}' /proc/net/sockstat)" -lt 1000 ] 2>/dev/null && return
+    sleep 1
+  done
+}
+
 FLOOR_NS=
 if has floor; then
   echo; echo "== floor: crates/throng-bench's serve_bench (as scripts/bench-serve.sh: one worker, 18,000 subscribers)"
@@ -106,6 +151,7 @@ fi
 bench() { # name connections args...
   local name=$1 n=$2; shift 2
   echo; echo "== $name: throng bench -c $n $*"
+  sockets_freed
   load_watch "$OUT/$name.load"
   local started=$SECONDS
   "$THRONG" bench -c "$n" "$@" --out-dir "$OUT/$name" --format json >"$OUT/$name.json" 2>"$OUT/$name.err"
@@ -113,28 +159,86 @@ bench() { # name connections args...
   load_stop
   grep -E '^  (settings|expect|verdict)' "$OUT/$name.err" | sed 's/^/  /'
 }
+
+FANOUT_FLOOR=
+kernel() { # name connections
+  local name=$1 n=$2
+  echo; echo "== $name: fanout_floor --conns $n --rounds 9 (the kernel's own fan-out: write(2), epoll_wait(2), read(2); no throng)"
+  if [ -z "$FANOUT_FLOOR" ]; then
+    cargo build --release -q -p throng-bench --bin fanout_floor || exit 2
+    FANOUT_FLOOR=$(realpath "${CARGO_TARGET_DIR:-target}/release/fanout_floor")
+  fi
+  sockets_freed
+  # The table throng bench has at this size (the host's 262,144 buckets at
+  # 100k, a namespace's 2,097,152 at a million): the next power of two
+  # above both ends' sockets.
+  netns_up "$(python3 -c 'import sys; n = 2 * int(sys.argv[1]); print(1 << (n - 1).bit_length())' "$n")"
+  "${IN[@]}" sysctl -qw net.core.somaxconn=65535 2>/dev/null
+  load_watch "$OUT/$name.load"
+  local started=$SECONDS
+  "${IN[@]}" "$FANOUT_FLOOR" --conns "$n" --rounds 9 >"$OUT/$name.json" 2>"$OUT/$name.err"
+  echo "  exit $? after $((SECONDS - started)) s"
+  load_stop
+  netns_down
+  grep -E '^fanout_floor: .* connected' "$OUT/$name.err" | sed 's/^fanout_floor: /  /'
+}
+# What this machine charges for open files: a run of a million holds two
+# million descriptors, and on some machines another program's work grows
+# with that count (this VM's agent scans them: docs/scale.md), taking CPU
+# from a fan-out at a million that it leaves to one at 100k. Idle processes
+# hold N descriptors on /dev/null (as many as a run of N/2 connections
+# holds sockets); the machine's busy share over 10 s, less the idle
+# baseline's, is what others spend because they are open.
+if has fd-tax; then
+  echo; echo "== fd-tax: the machine's CPU while idle processes hold 0, 200,000 and 2,000,000 open descriptors"
+  sockets_freed
+  python3 - "$OUT/fd-tax.json" <<'PY'
+import json, os, sys, time, resource
+per = min(resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 100, 19000)
+def busy(secs):
+    def read():
+        f = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+        return sum(f) - f[3] - f[4], sum(f)
+    (b0, a0) = read(); time.sleep(secs); (b1, a1) = read()
+    return (b1 - b0) / max(a1 - a0, 1)
+rows = []
+for n in [0, 200000, 2000000]:
+    kids = []
+    r, w = os.pipe()
+    for i in range((n + per - 1) // per):
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            keep = [os.open("/dev/null", os.O_RDONLY) for _ in range(min(per, n - i * per))]
+            os.read(r, 1)  # until the parent closes its end
+            os._exit(0)
+        kids.append(pid)
+    os.close(r)
+    time.sleep(5 if n else 1)
+    share = busy(10)
+    os.close(w)
+    for k in kids:
+        os.waitpid(k, 0)
+    rows.append({"descriptors": n, "machine_busy": share})
+    print(f"  {n:>9} descriptors open: the machine {100 * share:.1f}% busy", flush=True)
+json.dump(rows, open(sys.argv[1], "w"))
+PY
+fi
+has kernel-100k && kernel kernel-100k 100000
 has ws-100k && bench ws-100k 100000 --messages 3 --message-every 20s
+has kernel-200k && kernel kernel-200k 200000
 has ws-200k && bench ws-200k 200000 --messages 3 --message-every 20s
+has kernel-300k && kernel kernel-300k 300000
 has ws-300k && bench ws-300k 300000 --messages 3 --message-every 20s
+has kernel-500k && kernel kernel-500k 500000
 has ws-500k && bench ws-500k 500000 --messages 3 --message-every 20s
+has kernel-1m && kernel kernel-1m 1000000
 has ws-1m && bench ws-1m 1000000 --messages 3 --message-every 20s
 has ws-500k-10 && bench ws-500k-10 500000 --messages 10
 
 if has sleep-1m; then
   echo; echo "== sleep-1m: throng attack --rate 10000/s --duration 200s -H 'sleep: 200000' --max-lag 1s against throng serve's /ping"
-  # Two million sockets in the host's TCP table (262,144 buckets here) make
-  # every segment's lookup a walk, and each connect()'s port search too:
-  # as 'throng bench' does for itself, the run gets a network namespace
-  # whose table fits it (docs/scale.md). Root and Linux 6.1+; else the host's.
-  IN=()
-  if [ "$(id -u)" = 0 ] && [ -e /proc/sys/net/ipv4/tcp_child_ehash_entries ] && command -v ip >/dev/null; then
-    before=$(cat /proc/sys/net/ipv4/tcp_child_ehash_entries)
-    NETNS=throng-scale-$$
-    sysctl -qw net.ipv4.tcp_child_ehash_entries=4194304 && ip netns add "$NETNS" && ip netns exec "$NETNS" ip link set lo up
-    sysctl -qw net.ipv4.tcp_child_ehash_entries="$before"
-    IN=(ip netns exec "$NETNS")
-    echo "  network: namespace $NETNS, TCP table $("${IN[@]}" cat /proc/sys/net/ipv4/tcp_ehash_entries) buckets (the host's: $(tr -d - </proc/sys/net/ipv4/tcp_ehash_entries))"
-  fi
+  netns_up 4194304
   port=$(free_port)
   "${IN[@]}" "$THRONG" serve --listen "127.0.0.1:$port" --max-connections 1050000 --json \
     >"$OUT/sleep-serve.json" 2>"$OUT/sleep-serve.err" &
@@ -165,7 +269,7 @@ if has sleep-1m; then
   load_stop
   kill "$SAMPLER_PID" 2>/dev/null; SAMPLER_PID=
   kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
-  [ -n "$NETNS" ] && ip netns del "$NETNS"; NETNS=
+  netns_down
   grep -E '^  (workers|max connections|TIMEOUT|thresholds)' "$OUT/sleep-1m.err" | sed 's/^/  /'
   grep 'threshold passed' "$OUT/sleep-1m.err" | sed 's/^/  /'
 fi
@@ -223,6 +327,50 @@ if small and len(sizes) > 2:
         label = f"{n // 1000000}M" if n % 1000000 == 0 else f"{n // 1000}k"
         line.append(f"{label} {t / 1e6:.2f} s ({t / n / base:.2f})")
     print("fan-out by size: last subscriber (against linear from 100k): " + ", ".join(line))
+# The kernel's own fan-out (fanout_floor) at the same sizes, and throng's
+# growth beside it, each size by its median (throng: of its messages; the
+# kernel: of its rounds).
+med = lambda v: sorted(v)[len(v) // 2]
+kernel = {}
+for name in ["kernel-100k", "kernel-200k", "kernel-300k", "kernel-500k", "kernel-1m"]:
+    try:
+        k = json.load(open(f"{out}/{name}.json"))
+    except (OSError, ValueError):
+        if os.path.exists(f"{out}/{name}.err"):
+            print(f"{name}: no result (see {out}/{name}.err)")
+        continue
+    kernel[k["conns"]] = k
+    rounds = " ".join(f"{x:.2f}" for x in k["last_byte_s"])
+    print(f"{name:<11} last byte (s) per round: {rounds}; median {k['median_last_byte_s']:.2f} s")
+    print(f"{'':<11} CPU per delivery (median): writers {k['median_writer_cpu_ns_per_delivery'] / 1e3:.2f} µs, "
+          f"the machine {k['median_machine_cpu_ns_per_delivery'] / 1e3:.2f} µs; {k['processes_a_side']} processes a side; "
+          f"load average up to {load(name):.1f}")
+ours = {r["connections"]: med([x["last_subscriber_us"] / 1e6 for x in r["messages"]])
+        for n, r in rows if n != "ws-500k-10" and r.get("messages")}
+theirs = {n: k["median_last_byte_s"] for n, k in kernel.items()}
+def growth(times):
+    if 100000 not in times or len(times) < 2:
+        return None
+    base = times[100000] / 100000 or 1
+    label = lambda n: f"{n // 1000000}M" if n % 1000000 == 0 else f"{n // 1000}k"
+    return ", ".join(f"{label(n)} {t:.2f} s ({t / n / base:.2f})" for n, t in sorted(times.items()))
+if growth(ours) and growth(theirs):
+    print("fan-out by size, medians (against linear from 100k): throng " + growth(ours))
+    print("                                                 the kernel alone " + growth(theirs))
+try:
+    tax = {r["descriptors"]: r["machine_busy"] for r in json.load(open(f"{out}/fd-tax.json"))}
+except (OSError, ValueError):
+    tax = {}
+if tax:
+    base = tax.get(0, 0)
+    small, big = max(tax.get(200000, 0) - base, 0), max(tax.get(2000000, 0) - base, 0)
+    print(f"fd-tax: other programs spend {100 * small:.1f}% of the machine while 200,000 descriptors are open "
+          f"(100k connections) and {100 * big:.1f}% at 2,000,000 (a million), over {100 * base:.1f}% idle: a linear "
+          f"fan-out would measure x{10 * (1 - small) / max(1 - big, 0.01):.1f} from 100k to 1M here")
+if 100000 in ours and 1000000 in ours and 100000 in theirs and 1000000 in theirs:
+    a, b = ours[1000000] / ours[100000], theirs[1000000] / theirs[100000]
+    print(f"fan-out 100k -> 1M, medians: throng x{a:.1f}, the kernel alone x{b:.1f} in the same run "
+          f"(throng {ours[1000000] / theirs[1000000]:.2f}x the kernel's time at 1M, {ours[100000] / theirs[100000]:.2f}x at 100k)")
 path = f"{out}/sleep-1m.json"
 if os.path.exists(path):
     try:
