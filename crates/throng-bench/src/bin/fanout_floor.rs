@@ -11,7 +11,7 @@
 //! in the order they were accepted; the round's time is from that word to
 //! the last reader's last byte, on the system-wide monotonic clock. The
 //! machine's CPU per delivery is `/proc/stat`'s busy time over the round,
-//! the writers' from `getrusage`.
+//! each process's its own CPU clock.
 //!
 //! Run it where `throng bench` would run the same size (a namespace with a
 //! TCP table of its own: `scripts/bench-scale.sh` with `RUNS=kernel-sweep`
@@ -27,6 +27,9 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
+
+use throng_host::process;
+use throng_host::sample::Sampler;
 
 struct Opts {
     role: String,
@@ -96,30 +99,18 @@ fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// This process's user + system CPU time in nanoseconds.
+/// This process's CPU time (user + system), ns: throng-host's clock.
 fn cpu_ns() -> u64 {
-    // SAFETY: an all-zero rusage is valid, and getrusage only writes it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    u64::try_from(process::process_cpu().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// (busy, all) jiffies of the whole machine, from /proc/stat's first line.
-fn machine_jiffies() -> (u64, u64) {
-    let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let f: Vec<u64> = s
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    let all: u64 = f.iter().take(8).sum();
-    let idle = f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
-    (all - idle, all)
+/// (busy, all) CPU ns of the whole machine since boot, from throng-host's
+/// sampler (`/proc/stat`); zeros if it cannot be read.
+fn machine_cpu(sampler: &mut Sampler) -> (u64, u64) {
+    let none: &[(&str, u32)] = &[];
+    sampler
+        .sample(none)
+        .map_or((0, 0), |s| (s.cpu_busy_ns, s.cpu_all_ns))
 }
 
 fn main() {
@@ -310,17 +301,17 @@ fn coordinate(o: &Opts) {
         o.payload + 2
     );
     let t_setup = now_ns();
+    // What both roles of worker i are told; a reader more besides.
+    let args = |role: &str, i: usize, more: &[String]| {
+        let mut a: Vec<String> = ["--role", role, "--conns", &share(i).to_string()]
+            .map(String::from)
+            .to_vec();
+        a.extend(["--payload".into(), o.payload.to_string()]);
+        a.extend_from_slice(more);
+        a
+    };
     let mut writers: Vec<Proc> = (0..k)
-        .map(|i| {
-            Proc::start(&[
-                "--role".into(),
-                "writer".into(),
-                "--conns".into(),
-                share(i).to_string(),
-                "--payload".into(),
-                o.payload.to_string(),
-            ])
-        })
+        .map(|i| Proc::start(&args("writer", i, &[])))
         .collect();
     let ports: Vec<String> = writers.iter_mut().map(|w| w.line()[1].clone()).collect();
     let mut readers: Vec<Proc> = (0..k)
@@ -328,20 +319,15 @@ fn coordinate(o: &Opts) {
             // Source addresses of their own per reader, from 127.0.1.0 on.
             let first = u32::from(Ipv4Addr::new(127, 0, 1, 0)) + i as u32 * SOURCES_PER_READER;
             let source = Ipv4Addr::from(first);
-            Proc::start(&[
-                "--role".into(),
-                "reader".into(),
-                "--conns".into(),
-                share(i).to_string(),
-                "--payload".into(),
-                o.payload.to_string(),
+            let more = [
                 "--rounds".into(),
                 o.rounds.to_string(),
                 "--port".into(),
                 ports[i].clone(),
                 "--source".into(),
                 source.to_string(),
-            ])
+            ];
+            Proc::start(&args("reader", i, &more))
         })
         .collect();
     for p in writers.iter_mut().chain(readers.iter_mut()) {
@@ -352,9 +338,10 @@ fn coordinate(o: &Opts) {
         (now_ns() - t_setup) as f64 / 1e9
     );
     std::thread::sleep(o.gap);
+    let mut sampler = Sampler::new();
     let mut rows = Vec::new();
     for round in 1..=o.rounds {
-        let (b0, a0) = machine_jiffies();
+        let (b0, a0) = machine_cpu(&mut sampler);
         let t0 = now_ns();
         for w in &mut writers {
             w.say("go");
@@ -369,9 +356,9 @@ fn coordinate(o: &Opts) {
             last = last.max(l[1].parse().unwrap_or(0));
             read_cpu += l[2].parse::<u64>().unwrap_or(0);
         }
-        let (b1, a1) = machine_jiffies();
+        let (b1, a1) = machine_cpu(&mut sampler);
         let secs = last.saturating_sub(t0) as f64 / 1e9;
-        // Jiffies are 10 ms; the busy share of the round times its length and the cores.
+        // The machine's busy share over the round, times its length and the cores.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
         let busy = (b1 - b0) as f64 / (a1 - a0).max(1) as f64;
         let machine_ns = busy * cores * secs * 1e9 / n as f64;
