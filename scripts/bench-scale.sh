@@ -286,6 +286,7 @@ def load(name):
         return float(open(f"{out}/{name}.load").read().split()[0])
     except (OSError, IndexError, ValueError):
         return float("nan")
+size = lambda n: f"{n // 1000000}M" if n % 1000000 == 0 else f"{n // 1000}k"
 rows = []
 for name in ["ws-100k", "ws-200k", "ws-300k", "ws-500k", "ws-1m", "ws-500k-10"]:
     path = f"{out}/{name}.json"
@@ -324,8 +325,7 @@ if small and len(sizes) > 2:
     line = []
     for n, r in sorted(sizes, key=lambda x: x[0]):
         t = max(x["last_subscriber_us"] for x in r["messages"])
-        label = f"{n // 1000000}M" if n % 1000000 == 0 else f"{n // 1000}k"
-        line.append(f"{label} {t / 1e6:.2f} s ({t / n / base:.2f})")
+        line.append(f"{size(n)} {t / 1e6:.2f} s ({t / n / base:.2f})")
     print("fan-out by size: last subscriber (against linear from 100k): " + ", ".join(line))
 # The kernel's own fan-out (fanout_floor) at the same sizes, and throng's
 # growth beside it, each size by its median (throng: of its messages; the
@@ -352,8 +352,7 @@ def growth(times):
     if 100000 not in times or len(times) < 2:
         return None
     base = times[100000] / 100000 or 1
-    label = lambda n: f"{n // 1000000}M" if n % 1000000 == 0 else f"{n // 1000}k"
-    return ", ".join(f"{label(n)} {t:.2f} s ({t / n / base:.2f})" for n, t in sorted(times.items()))
+    return ", ".join(f"{size(n)} {t:.2f} s ({t / n / base:.2f})" for n, t in sorted(times.items()))
 if growth(ours) and growth(theirs):
     print("fan-out by size, medians (against linear from 100k): throng " + growth(ours))
     print("                                                 the kernel alone " + growth(theirs))
