@@ -30,3 +30,6 @@ pub(crate) use driver::run;
 pub use error::{Conn, LinkError, PublishError, ReplyError};
 pub(crate) use session::{Command, Event};
 pub use settings::{RedisMode, RedisSettings, RedisUrl, Trust};
+
+#[cfg(test)]
+pub(crate) mod fake;

@@ -992,3 +992,6 @@ mod tests {
         assert_eq!(count(0, 2, Some(1_000_000)).0, 52);
     }
 }
+
+#[cfg(test)]
+mod pair;
