@@ -106,7 +106,7 @@ async fn drive(
         pub_wr,
     };
     let now = std::time::Instant::now();
-    session.on_connected(now);
+    session.on_connected();
     let fed = session
         .on_bytes(Conn::Subscriber, &sub_in, now)
         .and_then(|()| session.on_bytes(Conn::Publisher, &pub_in, now));

@@ -282,7 +282,7 @@ impl Session {
     }
 
     /// Both connections are open and greeted: subscribes.
-    pub(crate) fn on_connected(&mut self, _now: Instant) {
+    pub(crate) fn on_connected(&mut self) {
         let prefix = &self.settings.prefix;
         let mut out = BytesMut::new();
         let confirming = match self.settings.mode {
@@ -333,7 +333,7 @@ impl Session {
             }
             Conn::Publisher => {
                 live.pub_in.extend_from_slice(bytes);
-                self.replies(now)
+                self.replies()
             }
         }
     }
@@ -546,25 +546,28 @@ impl Session {
         self.write(Conn::Publisher, out);
     }
 
+    /// The next whole value `conn` delivered, if any; the subscriber
+    /// connection's only while a permit is in hand.
+    fn decode(&mut self, conn: Conn) -> Result<Option<Value>, LinkError> {
+        let Some(live) = &mut self.live else {
+            return Ok(None);
+        };
+        let buf = match conn {
+            Conn::Subscriber if live.permit.is_none() => return Ok(None),
+            Conn::Subscriber => &mut live.sub_in,
+            Conn::Publisher => &mut live.pub_in,
+        };
+        self.dec.decode(buf).map_err(|e| LinkError::Decode(conn, e))
+    }
+
     /// Handles every whole push in the subscriber buffer while a permit is
     /// in hand.
     fn pushes(&mut self, now: Instant) -> Result<(), LinkError> {
-        loop {
-            let Some(live) = &mut self.live else {
-                return Ok(());
-            };
-            if live.permit.is_none() {
-                return Ok(());
-            }
-            let Some(v) = self
-                .dec
-                .decode(&mut live.sub_in)
-                .map_err(|e| LinkError::Decode(Conn::Subscriber, e))?
-            else {
-                return Ok(());
-            };
+        while let Some(v) = self.decode(Conn::Subscriber)? {
             // Anything arriving shows the connection is alive.
-            live.ping_sent = None;
+            if let Some(live) = &mut self.live {
+                live.ping_sent = None;
+            }
             match Push::parse(&v) {
                 Some(Push::Message { channel, payload }) => self.message(&channel, payload),
                 Some(Push::Subscription { kind, name, count }) => {
@@ -584,6 +587,7 @@ impl Session {
                 }
             }
         }
+        Ok(())
     }
 
     /// A message pushed on `channel` (with the prefix): relayed with the
@@ -676,16 +680,9 @@ impl Session {
 
     /// Matches every whole reply in the publisher buffer with what was
     /// waiting for it.
-    fn replies(&mut self, now: Instant) -> Result<(), LinkError> {
-        loop {
+    fn replies(&mut self) -> Result<(), LinkError> {
+        while let Some(v) = self.decode(Conn::Publisher)? {
             let Some(live) = &mut self.live else {
-                return Ok(());
-            };
-            let Some(v) = self
-                .dec
-                .decode(&mut live.pub_in)
-                .map_err(|e| LinkError::Decode(Conn::Publisher, e))?
-            else {
                 return Ok(());
             };
             match live.waiting.pop_front() {
@@ -709,9 +706,7 @@ impl Session {
                 }
                 Some(Waiting::Exec(to, kept, _)) => self.exec(to, kept, v),
                 Some(Waiting::Retained(to, filters, _)) => match in_redis::answer(&filters, v) {
-                    Ok((messages, cut)) => {
-                        self.hold_behind_pong(Barrier { to, messages, cut }, now)
-                    }
+                    Ok((messages, cut)) => self.hold_behind_pong(Barrier { to, messages, cut }),
                     Err(e) => {
                         log!("throng: reading retained messages from Redis failed: {e}");
                         self.unretained(to);
@@ -721,6 +716,7 @@ impl Session {
                 None => return Err(LinkError::Unasked(format!("{v:?}"))),
             }
         }
+        Ok(())
     }
 
     /// A recovery's three replies are in: its answer.
@@ -769,7 +765,7 @@ impl Session {
     }
 
     /// Holds a retained answer behind a `PING` on the subscriber connection.
-    fn hold_behind_pong(&mut self, b: Barrier, _now: Instant) {
+    fn hold_behind_pong(&mut self, b: Barrier) {
         let Some(live) = &mut self.live else {
             return self.unretained(b.to);
         };

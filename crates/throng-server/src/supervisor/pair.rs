@@ -97,7 +97,7 @@ impl Pair {
             hold_sub: false,
             _events: events,
         };
-        pair.session.on_connected(pair.now);
+        pair.session.on_connected();
         pair.drive();
         pair
     }
@@ -111,6 +111,12 @@ impl Pair {
     /// Worker `i` publishes `payload` on `channel` as request `id`.
     fn publish(&mut self, i: usize, id: u64, channel: &str, payload: &str) {
         self.record(i, Record::Publish(message(id, channel, payload)));
+    }
+
+    /// Worker 0 asks for what channel "news" kept after `since`, as request `id`.
+    fn recover(&mut self, id: u64, since: MessageId) {
+        let channel = "news".into();
+        self.record(0, Record::Recover { id, since, channel });
     }
 
     /// Moves everything that can move until nothing does.
@@ -193,7 +199,7 @@ impl Pair {
         self.session.on_closed(&LinkError::Closed(Conn::Publisher));
         self.drive();
         self.now += Duration::from_millis(100);
-        self.session.on_connected(self.now);
+        self.session.on_connected();
         self.drive();
     }
 
@@ -222,6 +228,24 @@ fn delivered(got: &[Record]) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// The answer to recovery request `id` among `got`: complete, and the payloads.
+fn recovered(got: &[Record], id: u64) -> Option<(bool, Vec<String>)> {
+    got.iter().find_map(|r| match r {
+        Record::Recovered {
+            id: i,
+            complete,
+            messages,
+        } if *i == id => Some((
+            *complete,
+            messages
+                .iter()
+                .map(|k| String::from_utf8_lossy(&k.payload).into_owned())
+                .collect(),
+        )),
+        _ => None,
+    })
 }
 
 #[test]
@@ -339,46 +363,17 @@ fn a_recovery_since_an_id_gets_what_the_stream_kept_after_it() {
         .collect();
     assert_eq!(ids.len(), 4, "{got:?}");
     // Since "b": "c" and "d", complete ("b" itself is still kept).
-    p.record(
-        0,
-        Record::Recover {
-            id: 9,
-            since: ids[1],
-            channel: "news".into(),
-        },
+    p.recover(9, ids[1]);
+    assert_eq!(
+        recovered(&p.got(0), 9),
+        Some((true, vec!["c".into(), "d".into()]))
     );
-    let got = p.got(0);
-    let Some(Record::Recovered {
-        id: 9,
-        complete,
-        messages,
-    }) = got.iter().find(|r| matches!(r, Record::Recovered { .. }))
-    else {
-        panic!("no recovery in {got:?}");
-    };
-    let bodies: Vec<&[u8]> = messages.iter().map(|k| &k.payload[..]).collect();
-    assert_eq!(bodies, [&b"c"[..], b"d"]);
-    assert!(complete);
-    // Since "a": "b" went with the trim to 3, so not complete.
-    p.record(
-        0,
-        Record::Recover {
-            id: 10,
-            since: ids[0],
-            channel: "news".into(),
-        },
-    );
-    let got = p.got(0);
-    assert!(
-        got.iter().any(|r| matches!(
-            r,
-            Record::Recovered {
-                id: 10,
-                complete: false,
-                ..
-            }
-        )),
-        "{got:?}"
+    // Since "a": "a" itself went with the trim to 3, so nothing shows
+    // that no message after it went too: what is kept, not complete.
+    p.recover(10, ids[0]);
+    assert_eq!(
+        recovered(&p.got(0), 10),
+        Some((false, vec!["b".into(), "c".into(), "d".into()]))
     );
 }
 
@@ -397,33 +392,15 @@ fn a_recovery_for_a_channel_not_yet_subscribed_waits_for_the_subscription() {
             subscribed: true,
         },
     );
-    p.record(
-        0,
-        Record::Recover {
-            id: 4,
-            since: MessageId { epoch: 1, seq: 0 },
-            channel: "news".into(),
-        },
-    );
-    let got = p.got(0);
-    assert!(
-        !got.iter().any(|r| matches!(r, Record::Recovered { .. })),
-        "answered before the subscription: {got:?}"
+    p.recover(4, MessageId { epoch: 1, seq: 0 });
+    assert_eq!(
+        recovered(&p.got(0), 4),
+        None,
+        "answered before the subscription"
     );
     p.hold_sub = false;
     p.drive();
-    let got = p.got(0);
-    assert!(
-        got.iter().any(|r| matches!(
-            r,
-            Record::Recovered {
-                id: 4,
-                complete: true,
-                ..
-            }
-        )),
-        "{got:?}"
-    );
+    assert_eq!(recovered(&p.got(0), 4), Some((true, Vec::new())));
 }
 
 #[test]
