@@ -27,7 +27,7 @@ pub(crate) mod session;
 pub mod settings;
 
 pub(crate) use driver::run;
-pub use error::{Conn, LinkError, PublishError, ReplyError};
+pub use error::{Conn, PublishError, ReplyError, SessionError};
 pub(crate) use session::{Command, Event};
 pub use settings::{RedisMode, RedisSettings, RedisUrl, Trust};
 

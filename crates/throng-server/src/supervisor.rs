@@ -463,7 +463,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
     sup.shared = plan.shared;
     if let Some(settings) = plan.redis.clone() {
         let events = sup.events.clone();
-        let cmds = sup.link_redis(settings.clone());
+        let cmds = sup.use_redis(settings.clone());
         let emit = move |ev| {
             let _ = events.send(Event::Broker(ev));
         };
@@ -587,7 +587,7 @@ impl Supervisor {
 
     /// Routes through Redis from now on; returns the commands for the
     /// link's task ([`redis::run`]).
-    fn link_redis(&mut self, settings: RedisSettings) -> mpsc::UnboundedReceiver<redis::Command> {
+    fn use_redis(&mut self, settings: RedisSettings) -> mpsc::UnboundedReceiver<redis::Command> {
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let workers = self.slots.len();
         self.broker = Broker::Redis(Box::new(Remote::new(settings, cmd_tx, workers)));

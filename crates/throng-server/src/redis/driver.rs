@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt as _, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::error::{Conn, LinkError};
+use super::error::{Conn, SessionError};
 use super::session::{Command, Event, Output, PING_EVERY, REPLY_TIMEOUT, Session};
 use super::settings::{CONNECT_TIMEOUT, RedisSettings};
 
@@ -74,7 +74,7 @@ pub(crate) async fn run(
 type Opened = (Stream, BytesMut);
 
 /// Both connections, subscriber first: plain or TLS as the URL says.
-async fn connect(settings: &RedisSettings) -> Result<(Opened, Opened), LinkError> {
+async fn connect(settings: &RedisSettings) -> Result<(Opened, Opened), SessionError> {
     let open = || throng_client::redis::open(&settings.url, settings.tls.as_ref(), CONNECT_TIMEOUT);
     let sub = open().await?;
     let publ = open().await?;
@@ -96,7 +96,7 @@ async fn drive(
     ((sub, sub_in), (publ, pub_in)): (Opened, Opened),
     cmds: &mut mpsc::UnboundedReceiver<Command>,
     emit: &mut impl FnMut(Event),
-) -> Option<LinkError> {
+) -> Option<SessionError> {
     let (sub_rd, sub_wr) = tokio::io::split(sub);
     let (pub_rd, pub_wr) = tokio::io::split(publ);
     let mut io = Halves {
@@ -114,7 +114,7 @@ async fn drive(
         Ok(()) => pump(session, &mut io, cmds, emit).await,
         Err(e) => Some(e),
     };
-    session.on_closed(why.as_ref().unwrap_or(&LinkError::Stopping));
+    session.on_closed(why.as_ref().unwrap_or(&SessionError::Stopping));
     // The failures of what was waiting; nothing is written any more.
     while let Some(out) = session.poll_output() {
         if let Output::Event(ev) = out {
@@ -131,7 +131,7 @@ async fn pump(
     io: &mut Halves,
     cmds: &mut mpsc::UnboundedReceiver<Command>,
     emit: &mut impl FnMut(Event),
-) -> Option<LinkError> {
+) -> Option<SessionError> {
     let mut tick = tokio::time::interval(PING_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sub_buf = BytesMut::with_capacity(64 * 1024);
@@ -176,10 +176,10 @@ fn read(
     conn: Conn,
     r: std::io::Result<usize>,
     buf: &mut BytesMut,
-) -> Result<(), LinkError> {
+) -> Result<(), SessionError> {
     match r {
-        Ok(0) => Err(LinkError::Closed(conn)),
-        Err(e) => Err(LinkError::Read(conn, e)),
+        Ok(0) => Err(SessionError::Closed(conn)),
+        Err(e) => Err(SessionError::Read(conn, e)),
         Ok(_) => {
             let fed = session.on_bytes(conn, buf, std::time::Instant::now());
             buf.clear();
@@ -193,7 +193,7 @@ async fn flush(
     session: &mut Session,
     io: &mut Halves,
     emit: &mut impl FnMut(Event),
-) -> Result<(), LinkError> {
+) -> Result<(), SessionError> {
     while let Some(out) = session.poll_output() {
         match out {
             Output::Event(ev) => emit(ev),
@@ -204,10 +204,10 @@ async fn flush(
     Ok(())
 }
 
-async fn write(w: &mut WriteHalf<Stream>, bytes: &[u8]) -> Result<(), LinkError> {
+async fn write(w: &mut WriteHalf<Stream>, bytes: &[u8]) -> Result<(), SessionError> {
     match tokio::time::timeout(REPLY_TIMEOUT, throng_client::link::write_all(w, bytes)).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(LinkError::Write(e)),
-        Err(_) => Err(LinkError::WriteStalled(REPLY_TIMEOUT)),
+        Ok(Err(e)) => Err(SessionError::Write(e)),
+        Err(_) => Err(SessionError::WriteStalled(REPLY_TIMEOUT)),
     }
 }

@@ -1,5 +1,5 @@
 //! What goes wrong between a node and Redis, as types: a reply that does
-//! not read ([`ReplyError`]), a session that is lost ([`LinkError`]), a
+//! not read ([`ReplyError`]), a session that is lost ([`SessionError`]), a
 //! publish that is not confirmed ([`PublishError`]). Their texts are what
 //! the logs, `/healthz` and the publisher's 503 body say.
 
@@ -62,7 +62,7 @@ impl ReplyError {
 
 /// Why a session with Redis ended (the reason `/healthz` and the log give).
 #[derive(Debug, thiserror::Error)]
-pub enum LinkError {
+pub enum SessionError {
     /// Connecting, TLS or the greeting (`AUTH`/`SELECT`/`PING`) failed.
     #[error(transparent)]
     Open(#[from] throng_client::link::LinkError),

@@ -10,6 +10,26 @@ use bytes::{BufMut as _, Bytes, BytesMut};
 use throng_proto::resp::{self, Value};
 
 use super::error::Conn;
+use super::settings::{RedisMode, RedisSettings, Trust};
+use crate::stream::StreamLimits;
+
+/// Settings for a session with the fake: prefix `t:`, `history` messages
+/// kept per channel (0: no history), 10 retained channels.
+pub(crate) fn settings(mode: RedisMode, history: usize) -> RedisSettings {
+    RedisSettings {
+        url: "redis://127.0.0.1".parse().expect("a URL"),
+        prefix: "t:".into(),
+        mode,
+        wait: true,
+        trust: Trust::default(),
+        tls: None,
+        history: (history > 0).then_some(StreamLimits {
+            keep: history,
+            ttl_ms: 0,
+        }),
+        max_retained: 10,
+    }
+}
 
 /// One stream entry: its id (`ms`, `seq`) and its payload.
 type Entry = ((u64, u64), Bytes);
@@ -84,6 +104,15 @@ impl FakeRedis {
             out.put_slice(&b);
         }
         (!out.is_empty()).then(|| out.freeze())
+    }
+
+    /// Another Redis client publishes `payload` on `channel`.
+    pub(crate) fn publish_elsewhere(&mut self, channel: &[u8], payload: &[u8]) {
+        let (channel, payload) = (
+            Bytes::copy_from_slice(channel),
+            Bytes::copy_from_slice(payload),
+        );
+        self.publish(&channel, &payload);
     }
 
     /// Both connections break: what was not yet sent is lost, the

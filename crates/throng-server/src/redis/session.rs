@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use throng_proto::resp::{self, Push, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::error::{Conn, LinkError, PublishError};
+use super::error::{Conn, PublishError, SessionError};
 use super::settings::{RedisMode, RedisSettings};
 use crate::channel;
 use crate::history::{Kept, MessageId};
@@ -93,7 +93,7 @@ pub(crate) enum Event {
     /// Connecting failed or the link was lost; the task retries after `retry_in`.
     Down {
         /// What went wrong.
-        reason: LinkError,
+        reason: SessionError,
         /// When the next attempt is.
         retry_in: Duration,
     },
@@ -322,7 +322,7 @@ impl Session {
         conn: Conn,
         bytes: &[u8],
         now: Instant,
-    ) -> Result<(), LinkError> {
+    ) -> Result<(), SessionError> {
         let Some(live) = &mut self.live else {
             return Ok(());
         };
@@ -344,7 +344,7 @@ impl Session {
         &mut self,
         permit: OwnedSemaphorePermit,
         now: Instant,
-    ) -> Result<(), LinkError> {
+    ) -> Result<(), SessionError> {
         if let Some(live) = &mut self.live {
             live.permit = Some(permit);
         }
@@ -353,7 +353,7 @@ impl Session {
 
     /// Time has passed (every [`PING_EVERY`]): a silent Redis is lost, an
     /// idle one is pinged.
-    pub(crate) fn on_tick(&mut self, now: Instant) -> Result<(), LinkError> {
+    pub(crate) fn on_tick(&mut self, now: Instant) -> Result<(), SessionError> {
         let Some(live) = &mut self.live else {
             return Ok(());
         };
@@ -363,7 +363,7 @@ impl Session {
         if live.waiting.front().is_some_and(|w| late(w.since()))
             || (live.permit.is_some() && live.ping_sent.is_some_and(late))
         {
-            return Err(LinkError::Silent(REPLY_TIMEOUT));
+            return Err(SessionError::Silent(REPLY_TIMEOUT));
         }
         let mut ping = BytesMut::new();
         resp::encode_command(&mut ping, &[b"PING"]);
@@ -462,7 +462,7 @@ impl Session {
 
     /// The connections are gone (`why`): every request on them is
     /// answered with a failure, and the session waits for the next.
-    pub(crate) fn on_closed(&mut self, why: &LinkError) {
+    pub(crate) fn on_closed(&mut self, why: &SessionError) {
         let Some(live) = self.live.take() else {
             return;
         };
@@ -548,7 +548,7 @@ impl Session {
 
     /// The next whole value `conn` delivered, if any; the subscriber
     /// connection's only while a permit is in hand.
-    fn decode(&mut self, conn: Conn) -> Result<Option<Value>, LinkError> {
+    fn decode(&mut self, conn: Conn) -> Result<Option<Value>, SessionError> {
         let Some(live) = &mut self.live else {
             return Ok(None);
         };
@@ -557,12 +557,14 @@ impl Session {
             Conn::Subscriber => &mut live.sub_in,
             Conn::Publisher => &mut live.pub_in,
         };
-        self.dec.decode(buf).map_err(|e| LinkError::Decode(conn, e))
+        self.dec
+            .decode(buf)
+            .map_err(|e| SessionError::Decode(conn, e))
     }
 
     /// Handles every whole push in the subscriber buffer while a permit is
     /// in hand.
-    fn pushes(&mut self, now: Instant) -> Result<(), LinkError> {
+    fn pushes(&mut self, now: Instant) -> Result<(), SessionError> {
         while let Some(v) = self.decode(Conn::Subscriber)? {
             // Anything arriving shows the connection is alive.
             if let Some(live) = &mut self.live {
@@ -580,9 +582,9 @@ impl Session {
                 None => {
                     return Err(match v {
                         Value::Error(e) => {
-                            LinkError::Refused(String::from_utf8_lossy(&e).into_owned())
+                            SessionError::Refused(String::from_utf8_lossy(&e).into_owned())
                         }
-                        other => LinkError::UnexpectedPush(format!("{other:?}")),
+                        other => SessionError::UnexpectedPush(format!("{other:?}")),
                     });
                 }
             }
@@ -680,7 +682,7 @@ impl Session {
 
     /// Matches every whole reply in the publisher buffer with what was
     /// waiting for it.
-    fn replies(&mut self) -> Result<(), LinkError> {
+    fn replies(&mut self) -> Result<(), SessionError> {
         while let Some(v) = self.decode(Conn::Publisher)? {
             let Some(live) = &mut self.live else {
                 return Ok(());
@@ -713,7 +715,7 @@ impl Session {
                     }
                 },
                 Some(Waiting::Ping(_) | Waiting::Skip(_)) => {}
-                None => return Err(LinkError::Unasked(format!("{v:?}"))),
+                None => return Err(SessionError::Unasked(format!("{v:?}"))),
             }
         }
         Ok(())
@@ -725,10 +727,10 @@ impl Session {
         to: Publisher,
         since: MessageId,
         parts: Vec<Value>,
-    ) -> Result<(), LinkError> {
+    ) -> Result<(), SessionError> {
         let mut it = parts.into_iter();
         let (Some(before), Some(after), Some(info)) = (it.next(), it.next(), it.next()) else {
-            return Err(LinkError::RecoveryApart);
+            return Err(SessionError::RecoveryApart);
         };
         match stream::recovered(since, before, after, info) {
             Ok((complete, messages)) => self.emit(Event::Recovered {
@@ -781,5 +783,111 @@ fn receivers(v: Value) -> Result<(u64, MessageId), super::error::ReplyError> {
     match v {
         Value::Integer(n) => Ok((u64::try_from(n).unwrap_or(0), MessageId::NONE)),
         other => Err(super::error::ReplyError::of(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The session alone against the fake Redis, time injected: the rules
+    //! of keep-alive and backpressure.
+
+    use super::*;
+    use crate::redis::fake::{self, FakeRedis};
+
+    /// A session in pattern mode, connected and up, and its Redis.
+    fn up() -> (Session, FakeRedis) {
+        let mut s = Session::new(fake::settings(RedisMode::Pattern, 0), 1 << 20);
+        let mut redis = FakeRedis::default();
+        s.on_connected();
+        let events = exchange(&mut s, &mut redis, Instant::now());
+        assert!(matches!(events[0], Event::Up), "{events:?}");
+        (s, redis)
+    }
+
+    /// Writes what the session wrote to Redis and hands back what Redis
+    /// answered, until neither has more; the session's events.
+    fn exchange(s: &mut Session, redis: &mut FakeRedis, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        loop {
+            while let Some(out) = s.poll_output() {
+                match out {
+                    Output::Write(conn, b) => redis.on_bytes(conn, &b),
+                    Output::Event(ev) => events.push(ev),
+                }
+            }
+            let mut moved = false;
+            for conn in [Conn::Subscriber, Conn::Publisher] {
+                if let Some(b) = redis.take(conn) {
+                    s.on_bytes(conn, &b, now).unwrap();
+                    moved = true;
+                }
+            }
+            if !moved && s.out.is_empty() {
+                return events;
+            }
+        }
+    }
+
+    #[test]
+    fn a_redis_that_leaves_a_ping_unanswered_past_the_reply_timeout_is_lost() {
+        let (mut s, _) = up();
+        let t0 = Instant::now();
+        s.on_tick(t0).unwrap();
+        let pings: Vec<Conn> = std::iter::from_fn(|| s.poll_output())
+            .filter_map(|o| match o {
+                Output::Write(conn, _) => Some(conn),
+                Output::Event(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            pings,
+            [Conn::Publisher, Conn::Subscriber],
+            "idle: both pinged"
+        );
+        // Redis hears nothing of them: silent, but not yet for long.
+        s.on_tick(t0 + PING_EVERY).unwrap();
+        let late = s.on_tick(t0 + REPLY_TIMEOUT + Duration::from_millis(1));
+        assert!(matches!(late, Err(SessionError::Silent(_))), "{late:?}");
+        // Answered, the same wait is fine.
+        let (mut s, mut redis) = up();
+        s.on_tick(t0).unwrap();
+        exchange(&mut s, &mut redis, t0);
+        s.on_tick(t0 + REPLY_TIMEOUT + Duration::from_millis(1))
+            .unwrap();
+    }
+
+    #[test]
+    fn past_the_in_flight_window_the_subscriber_connection_waits_for_a_place() {
+        let (mut s, mut redis) = up();
+        for i in 0..MAX_IN_FLIGHT + 3 {
+            redis.publish_elsewhere(b"t:news", i.to_string().as_bytes());
+        }
+        let now = Instant::now();
+        let mut held = Vec::new();
+        for ev in exchange(&mut s, &mut redis, now) {
+            if let Event::Message { permit, .. } = ev {
+                held.push(permit);
+            }
+        }
+        assert_eq!(held.len(), MAX_IN_FLIGHT);
+        assert!(s.wants_permit(), "no place: nothing more is read");
+        // The subscriber connection's PONG waits unread behind the backlog:
+        // that is no silence.
+        s.on_tick(now).unwrap();
+        assert!(exchange(&mut s, &mut redis, now).is_empty());
+        s.on_tick(now + REPLY_TIMEOUT + Duration::from_millis(1))
+            .unwrap();
+        // Every worker delivered one: the next message goes.
+        held.pop();
+        let p = s.in_flight().try_acquire_owned().unwrap();
+        s.on_permit(p, now).unwrap();
+        let next: Vec<Event> = std::iter::from_fn(|| s.poll_output())
+            .filter_map(|o| match o {
+                Output::Event(ev @ Event::Message { .. }) => Some(ev),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(next.len(), 1);
+        assert!(s.wants_permit());
     }
 }

@@ -13,10 +13,9 @@ use super::{Event, Supervisor, WorkerCommand};
 use crate::config::Config;
 use crate::control::{Message, Record};
 use crate::history::MessageId;
-use crate::redis::fake::FakeRedis;
+use crate::redis::fake::{self, FakeRedis};
 use crate::redis::session::{Output, Session};
-use crate::redis::{Command, Conn, LinkError, RedisMode, RedisSettings, Trust};
-use crate::stream::StreamLimits;
+use crate::redis::{Command, Conn, RedisMode, SessionError};
 
 /// A worker as the supervisor sees it: the records it is sent; it answers
 /// each `Deliver` with its subscriber count.
@@ -59,20 +58,8 @@ impl Pair {
             args: Vec::new(),
         };
         let mut sup = Supervisor::new(&config, command, tx).unwrap();
-        let settings = RedisSettings {
-            url: "redis://127.0.0.1".parse().unwrap(),
-            prefix: "t:".into(),
-            mode,
-            wait: true,
-            trust: Trust::default(),
-            tls: None,
-            history: (history > 0).then_some(StreamLimits {
-                keep: history,
-                ttl_ms: 0,
-            }),
-            max_retained: 10,
-        };
-        let cmds = sup.link_redis(settings.clone());
+        let settings = fake::settings(mode, history);
+        let cmds = sup.use_redis(settings.clone());
         let mut workers = Vec::new();
         for (i, &n) in subscribers.iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -196,7 +183,8 @@ impl Pair {
     /// Both connections break and are made again (time moves on).
     fn reconnect(&mut self) {
         self.redis.disconnect();
-        self.session.on_closed(&LinkError::Closed(Conn::Publisher));
+        self.session
+            .on_closed(&SessionError::Closed(Conn::Publisher));
         self.drive();
         self.now += Duration::from_millis(100);
         self.session.on_connected();
@@ -323,9 +311,9 @@ fn a_publish_cut_off_by_a_reconnect_is_answered_with_an_error_never_a_count() {
 fn while_redis_is_down_a_publish_is_refused_at_once() {
     let mut p = Pair::new(&[1], RedisMode::Pattern, 0);
     p.redis.disconnect();
-    p.session.on_closed(&LinkError::Closed(Conn::Subscriber));
+    p.session.on_closed(&SessionError::Closed(Conn::Subscriber));
     p.sup.on_event(Event::Broker(crate::redis::Event::Down {
-        reason: LinkError::Closed(Conn::Subscriber),
+        reason: SessionError::Closed(Conn::Subscriber),
         retry_in: Duration::from_millis(100),
     }));
     p.drive();
