@@ -28,30 +28,21 @@ pub(crate) async fn run(
     mut emit: impl FnMut(Event),
 ) {
     let mut session = Session::new(settings.clone(), max_message);
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = Backoff::default();
     loop {
         let started = Instant::now();
-        let reason = match connect(&settings).await {
-            Err(why) => why,
+        let (reason, lasted) = match connect(&settings).await {
+            Err(why) => (why, None),
             Ok(conns) => match drive(&mut session, conns, &mut cmds, &mut emit).await {
                 None => return,
-                Some(why) => {
-                    // A link that worked for a while retries soon; one that
-                    // breaks as soon as it is made keeps backing off.
-                    if started.elapsed() > BACKOFF_MAX * 2 {
-                        backoff = BACKOFF_MIN;
-                    }
-                    why
-                }
+                Some(why) => (why, Some(started.elapsed())),
             },
         };
-        // Jitter keeps a fleet of nodes from reconnecting in lockstep.
-        let pause = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
+        let pause = backoff.after(lasted, fastrand::f64());
         emit(Event::Down {
             reason,
             retry_in: pause,
         });
-        backoff = (backoff * 2).min(BACKOFF_MAX);
         let until = Instant::now() + pause;
         loop {
             tokio::select! {
@@ -67,6 +58,36 @@ pub(crate) async fn run(
                 }
             }
         }
+    }
+}
+
+/// The pauses between reconnection attempts: from [`BACKOFF_MIN`],
+/// doubling to [`BACKOFF_MAX`].
+struct Backoff {
+    /// The pause before jitter for the next failure.
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { next: BACKOFF_MIN }
+    }
+}
+
+impl Backoff {
+    /// The pause after a failure: `lasted` is how long the session that
+    /// failed had been connected (`None`: connecting failed); `jitter` in
+    /// `0..1`.
+    fn after(&mut self, lasted: Option<Duration>, jitter: f64) -> Duration {
+        // A link that worked for a while retries soon; one that breaks as
+        // soon as it is made keeps backing off.
+        if lasted.is_some_and(|d| d > BACKOFF_MAX * 2) {
+            self.next = BACKOFF_MIN;
+        }
+        // Jitter keeps a fleet of nodes from reconnecting in lockstep.
+        let pause = self.next.mul_f64(0.5 + jitter / 2.0);
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        pause
     }
 }
 
@@ -209,5 +230,23 @@ async fn write(w: &mut WriteHalf<Stream>, bytes: &[u8]) -> Result<(), SessionErr
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(SessionError::Write(e)),
         Err(_) => Err(SessionError::WriteStalled(REPLY_TIMEOUT)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_starts_over_after_a_link_that_lasted() {
+        let mut b = Backoff::default();
+        let ms = |d: Duration| d.as_millis();
+        let pauses: Vec<u128> = (0..8).map(|_| ms(b.after(None, 1.0))).collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        // Broke at once after connecting: still backing off.
+        assert_eq!(ms(b.after(Some(Duration::from_secs(1)), 1.0)), 5000);
+        // Worked for longer than twice the cap: soon again, jitter halves at most.
+        assert_eq!(ms(b.after(Some(Duration::from_secs(11)), 0.0)), 50);
+        assert_eq!(ms(b.after(None, 1.0)), 200);
     }
 }
