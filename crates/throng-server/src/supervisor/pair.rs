@@ -100,6 +100,11 @@ impl Pair {
         self.record(i, Record::Publish(message(id, channel, payload)));
     }
 
+    /// Worker `i` gained (`on`) or lost its subscribers of channel "news".
+    fn interest(&mut self, i: usize, on: bool) {
+        self.record(i, interest(on));
+    }
+
     /// Worker 0 asks for what channel "news" kept after `since`, as request `id`.
     fn recover(&mut self, id: u64, since: MessageId) {
         let channel = "news".into();
@@ -194,6 +199,14 @@ impl Pair {
     /// The records worker `i` got, taken.
     fn got(&mut self, i: usize) -> Vec<Record> {
         std::mem::take(&mut self.workers[i].got)
+    }
+}
+
+/// A worker's news: it gained (`on`) or lost its subscribers of "news".
+fn interest(on: bool) -> Record {
+    Record::Interest {
+        channel: "news".into(),
+        subscribed: on,
     }
 }
 
@@ -329,15 +342,34 @@ fn while_redis_is_down_a_publish_is_refused_at_once() {
 }
 
 #[test]
+fn in_channels_mode_the_node_hears_a_channel_while_any_worker_has_subscribers_of_it() {
+    let mut p = Pair::new(&[2, 2], RedisMode::Channels, 0);
+    p.publish(0, 1, "news", "unheard");
+    p.interest(0, true);
+    p.publish(0, 2, "news", "heard");
+    p.interest(1, true);
+    p.interest(0, false);
+    p.publish(0, 3, "news", "still");
+    p.interest(1, false);
+    p.publish(0, 4, "news", "gone");
+    let got = p.got(0);
+    assert_eq!(delivered(&got), ["heard", "still"]);
+    let answers: Vec<(u64, u64)> = got
+        .iter()
+        .filter_map(|r| match r {
+            Record::Published {
+                id, subscribers, ..
+            } => Some((*id, *subscribers)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers, [(1, 0), (2, 1), (3, 1), (4, 0)]);
+}
+
+#[test]
 fn a_recovery_since_an_id_gets_what_the_stream_kept_after_it() {
     let mut p = Pair::new(&[1, 1], RedisMode::Channels, 3);
-    p.record(
-        0,
-        Record::Interest {
-            channel: "news".into(),
-            subscribed: true,
-        },
-    );
+    p.interest(0, true);
     for (id, body) in ["a", "b", "c", "d"].iter().enumerate() {
         p.publish(1, id as u64, "news", body);
     }
@@ -372,14 +404,7 @@ fn a_recovery_for_a_channel_not_yet_subscribed_waits_for_the_subscription() {
     // The interest and the recovery arrive together; Redis confirms the
     // subscription only when the subscriber connection is heard.
     p.hold_sub = true;
-    p.sup.on_record(
-        0,
-        1,
-        Record::Interest {
-            channel: "news".into(),
-            subscribed: true,
-        },
-    );
+    p.sup.on_record(0, 1, interest(true));
     p.recover(4, MessageId { epoch: 1, seq: 0 });
     assert_eq!(
         recovered(&p.got(0), 4),
