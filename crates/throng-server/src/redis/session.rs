@@ -466,6 +466,8 @@ impl Session {
         let Some(live) = self.live.take() else {
             return;
         };
+        // Bytes meant for the connections that broke must not reach the next.
+        self.out.retain(|o| matches!(o, Output::Event(_)));
         for w in live.waiting {
             match w {
                 Waiting::Publish(to, ..) | Waiting::Exec(to, ..) => self.emit(Event::Published {
@@ -854,6 +856,22 @@ mod tests {
         exchange(&mut s, &mut redis, t0);
         s.on_tick(t0 + REPLY_TIMEOUT + Duration::from_millis(1))
             .unwrap();
+    }
+
+    #[test]
+    fn what_was_to_be_written_on_a_broken_connection_is_not_written_on_the_next() {
+        let (mut s, _) = up();
+        s.on_tick(Instant::now()).unwrap();
+        s.on_closed(&SessionError::Closed(Conn::Publisher));
+        s.on_connected();
+        let writes: Vec<Bytes> = std::iter::from_fn(|| s.poll_output())
+            .filter_map(|o| match o {
+                Output::Write(_, b) => Some(b),
+                Output::Event(_) => None,
+            })
+            .collect();
+        assert_eq!(writes.len(), 1, "{writes:?}");
+        assert!(writes[0].windows(10).any(|w| w == b"PSUBSCRIBE"));
     }
 
     #[test]
