@@ -658,29 +658,7 @@ impl Supervisor {
                 if self.slots[i].generation != generation {
                     return None;
                 }
-                let slot = &mut self.slots[i];
-                slot.alive = false;
-                slot.tx = None;
-                let pid = slot.pid;
-                if let Some(s) = slot.snapshot.take() {
-                    self.retired.add_counters(&s);
-                }
-                self.broker.worker_gone(i);
-                // Its sockets closed with it: its connections no longer count.
-                let now = self.started.elapsed().as_secs_f64();
-                if let Some(a) = &mut self.addresses {
-                    a.worker_gone(i, now);
-                }
-                if let Some(slot) = self.shared.as_ref().and_then(|s| s.slot(i)) {
-                    slot.store(0, std::sync::atomic::Ordering::SeqCst);
-                }
-                // Messages it will never count no longer wait for it.
-                for answer in self.relay.worker_gone(WorkerId {
-                    slot: i,
-                    generation,
-                }) {
-                    self.answer(answer);
-                }
+                let pid = self.worker_gone(i, generation);
                 if self.draining {
                     log!("throng: worker {i} (pid {pid}) exited: {status}");
                     return None;
@@ -724,6 +702,35 @@ impl Supervisor {
             }
         }
         None
+    }
+
+    /// Worker `i` (of that generation) is gone: what it held and owed is
+    /// settled. Returns its pid.
+    fn worker_gone(&mut self, i: usize, generation: u64) -> u32 {
+        let slot = &mut self.slots[i];
+        slot.alive = false;
+        slot.tx = None;
+        let pid = slot.pid;
+        if let Some(s) = slot.snapshot.take() {
+            self.retired.add_counters(&s);
+        }
+        self.broker.worker_gone(i);
+        // Its sockets closed with it: its connections no longer count.
+        let now = self.started.elapsed().as_secs_f64();
+        if let Some(a) = &mut self.addresses {
+            a.worker_gone(i, now);
+        }
+        if let Some(slot) = self.shared.as_ref().and_then(|s| s.slot(i)) {
+            slot.store(0, std::sync::atomic::Ordering::SeqCst);
+        }
+        // Messages it will never count no longer wait for it.
+        for answer in self.relay.worker_gone(WorkerId {
+            slot: i,
+            generation,
+        }) {
+            self.answer(answer);
+        }
+        pid
     }
 
     fn on_record(&mut self, i: usize, generation: u64, rec: Record) {

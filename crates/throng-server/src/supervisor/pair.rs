@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::control::{Message, Record};
 use crate::history::MessageId;
 use crate::redis::fake::{self, FakeRedis};
-use crate::redis::session::{Output, Session};
+use crate::redis::session::{MAX_IN_FLIGHT, Output, Session};
 use crate::redis::{Command, Conn, RedisMode, SessionError};
 
 /// A worker as the supervisor sees it: the records it is sent; it answers
@@ -23,6 +23,8 @@ struct FakeWorker {
     rx: mpsc::UnboundedReceiver<Bytes>,
     buf: BytesMut,
     subscribers: u64,
+    /// Answers no delivery (a worker stuck, about to die).
+    silent: bool,
     /// Every record it got but `Config` and `Broker`, in order.
     got: Vec<Record>,
 }
@@ -71,6 +73,7 @@ impl Pair {
                 rx,
                 buf: BytesMut::new(),
                 subscribers: n,
+                silent: false,
                 got: Vec::new(),
             });
         }
@@ -165,6 +168,7 @@ impl Pair {
             moved = true;
             match &rec {
                 Record::Config(_) | Record::Broker { .. } => continue,
+                Record::Deliver(_) if w.silent => {}
                 Record::Deliver(m) => answers.push(Record::Delivered {
                     id: m.id,
                     subscribers: w.subscribers,
@@ -264,6 +268,21 @@ fn a_publish_goes_through_redis_to_every_worker_and_is_answered_with_redis_count
         }
     }
     assert_eq!(p.redis.published.len(), 1);
+}
+
+#[test]
+fn a_message_from_redis_holds_its_place_until_every_worker_delivered_or_died() {
+    let mut p = Pair::new(&[1, 1], RedisMode::Pattern, 0);
+    p.workers[1].silent = true;
+    let free = |p: &Pair| p.session.in_flight().available_permits();
+    // One place is the session's own, in hand for the next message.
+    assert_eq!(free(&p), MAX_IN_FLIGHT - 1);
+    p.publish(0, 1, "news", "x");
+    assert_eq!(delivered(&p.got(1)), ["x"]);
+    assert_eq!(free(&p), MAX_IN_FLIGHT - 2, "worker 1 still owes its count");
+    p.sup.worker_gone(1, 1);
+    p.drive();
+    assert_eq!(free(&p), MAX_IN_FLIGHT - 1, "nobody waits for the dead");
 }
 
 #[test]
