@@ -14,12 +14,43 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use crate::control::{Message, Record};
+use crate::control::{MAX_RECORD, Message, RETAINED_FRAMING, Record};
 use crate::history::MessageId;
 use crate::metrics::BrokerStats;
-use crate::redis::{self, Command, RedisMode, RedisSettings};
+use crate::redis::{self, Command, PublishError, RedisMode, RedisSettings};
 use crate::relay::Publisher;
-use crate::retained;
+use crate::retained::{self, RetainedMessage};
+
+/// Why a publish cannot go to Redis now (the text of the publisher's 503).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refusal {
+    /// The link is down.
+    #[error("Redis at {url} is unreachable (for {secs:.1}s: {reason}); reconnecting")]
+    Unreachable {
+        /// Where Redis is (password hidden).
+        url: String,
+        /// How long it has been down.
+        secs: f64,
+        /// Why.
+        reason: String,
+    },
+    /// The Redis task is gone (the server is stopping).
+    #[error("the Redis broker task has stopped")]
+    Stopped,
+}
+
+/// Keeps the retained messages that fit in one control record.
+pub(crate) fn fit_retained(messages: &mut Vec<RetainedMessage>) {
+    let mut size = 64;
+    let keep = messages
+        .iter()
+        .take_while(|r| {
+            size += RETAINED_FRAMING + r.channel.len() + r.kept.payload.len();
+            size <= MAX_RECORD
+        })
+        .count();
+    messages.truncate(keep);
+}
 
 /// What the supervisor does with a message one of its workers published.
 #[derive(Debug)]
@@ -29,7 +60,7 @@ pub(crate) enum Routed {
     /// Redis has it; the publisher's answer comes as [`News::Answer`].
     Sent,
     /// It cannot be published now; the reason, for the publisher's 503.
-    Refused(String),
+    Refused(Refusal),
 }
 
 /// What the supervisor does after news from the broker.
@@ -142,7 +173,7 @@ impl Broker {
         }
     }
 
-    /// Takes news from the Redis task (the local relay has none).
+    /// Takes news from the Redis link (the local relay has none).
     pub(crate) fn on_event(&mut self, ev: redis::Event) -> News {
         match self {
             Self::Local => News::Nothing,
@@ -164,14 +195,8 @@ pub(crate) struct Remote {
     down_since: Instant,
     /// Why it is down.
     reason: String,
-    next_tag: u64,
-    waiting: HashMap<u64, Publisher>,
-    /// Recoveries sent to Redis, by tag: the worker and its rejoin request.
-    recovering: HashMap<u64, Publisher>,
     /// Recoveries Redis answered: complete, incomplete.
     recovered: (u64, u64),
-    /// Retained reads sent to Redis, by tag: the worker and its request.
-    retaining: HashMap<u64, Publisher>,
     /// The shared retained store's figures, as this node last saw them.
     retained: retained::Stats,
     /// Channels mode: per worker slot, the channels it has subscribers of.
@@ -194,11 +219,7 @@ impl Remote {
             ever_up: false,
             down_since: Instant::now(),
             reason: "connecting".into(),
-            next_tag: 1,
-            waiting: HashMap::new(),
-            recovering: HashMap::new(),
             recovered: (0, 0),
-            retaining: HashMap::new(),
             retained: retained::Stats::default(),
             interest: vec![HashSet::new(); workers],
             nodes: HashMap::new(),
@@ -206,57 +227,45 @@ impl Remote {
         }
     }
 
-    /// Sends a publish to Redis; `Err` (the reason, for a 503) when the link is down.
-    fn publish(&mut self, origin: Publisher, m: Message, retain: Option<u8>) -> Result<(), String> {
+    /// Sends a publish to Redis; `Err` (the reason, for a 503) when the
+    /// link is down. Its answer names `origin` ([`redis::Event::Published`]).
+    fn publish(
+        &mut self,
+        origin: Publisher,
+        m: Message,
+        retain: Option<u8>,
+    ) -> Result<(), Refusal> {
         if !self.up {
             self.stats.publish_failures += 1;
             return Err(self.unavailable());
         }
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        self.waiting.insert(tag, origin);
         let sent = self.cmds.send(Command::Publish {
-            tag,
+            to: origin,
             channel: m.channel,
             payload: m.payload,
             retain,
         });
-        if sent.is_err() {
-            self.waiting.remove(&tag);
-            return Err("the Redis broker task has stopped".into());
-        }
-        Ok(())
+        sent.map_err(|_| Refusal::Stopped)
     }
 
     /// Asks Redis what `channel`'s stream kept after `since`, for rejoin
     /// request `to.request` of worker `to.worker`.
     fn recover(&mut self, to: Publisher, channel: String, since: MessageId) {
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        self.recovering.insert(tag, to);
-        let _ = self.cmds.send(Command::Recover {
-            tag,
-            channel,
-            since,
-        });
+        let _ = self.cmds.send(Command::Recover { to, channel, since });
     }
 
     /// Asks Redis for the retained messages `filters` match, for request
     /// `to.request` of worker `to.worker`.
     fn retained(&mut self, to: Publisher, filters: Vec<String>) {
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        self.retaining.insert(tag, to);
-        let _ = self.cmds.send(Command::Retained { tag, filters });
+        let _ = self.cmds.send(Command::Retained { to, filters });
     }
 
-    /// Redis answered publish `tag`: who asked, and the record to answer with.
+    /// Redis answered a publish of `origin`: the record to answer with.
     fn published(
         &mut self,
-        tag: u64,
-        result: Result<(u64, MessageId), String>,
-    ) -> Option<(Publisher, Bytes)> {
-        let origin = self.waiting.remove(&tag)?;
+        origin: Publisher,
+        result: Result<(u64, MessageId), PublishError>,
+    ) -> Bytes {
         let id = origin.request;
         let rec = match result {
             // The stream's id with history; without, none: each node
@@ -270,20 +279,19 @@ impl Remote {
                 self.stats.publish_failures += 1;
                 Record::PublishFailed {
                     id,
-                    reason: Bytes::from(reason),
+                    reason: Bytes::from(reason.to_string()),
                 }
             }
         };
-        Some((origin, rec.encode()))
+        rec.encode()
     }
 
-    fn unavailable(&self) -> String {
-        format!(
-            "Redis at {} is unreachable (for {:.1}s: {}); reconnecting",
-            self.settings.url,
-            self.down_since.elapsed().as_secs_f64(),
-            self.reason
-        )
+    fn unavailable(&self) -> Refusal {
+        Refusal::Unreachable {
+            url: self.settings.url.to_string(),
+            secs: self.down_since.elapsed().as_secs_f64(),
+            reason: self.reason.clone(),
+        }
     }
 
     /// The link works (again). Returns the outage it ends, if it was a reconnect.
@@ -376,7 +384,7 @@ impl Remote {
         }
     }
 
-    /// Takes news from the Redis task: counts it, says what matters on
+    /// Takes news from the Redis link: counts it, says what matters on
     /// stderr, and tells the supervisor what to do.
     fn on_event(&mut self, ev: redis::Event) -> News {
         match ev {
@@ -392,7 +400,7 @@ impl Remote {
                 News::State(self.state_record())
             }
             redis::Event::Down { reason, retry_in } => {
-                let was_up = self.on_down(reason.clone());
+                let was_up = self.on_down(reason.to_string());
                 if was_up {
                     log!(
                         "throng: lost Redis at {}: {reason}; subscribers stay connected, \
@@ -440,45 +448,36 @@ impl Remote {
                 News::Nothing
             }
             redis::Event::Recovered {
-                tag,
+                to,
                 complete,
                 messages,
-            } => match self.recovering.remove(&tag) {
-                Some(to) => {
-                    if complete {
-                        self.recovered.0 += 1;
-                    } else {
-                        self.recovered.1 += 1;
-                    }
-                    let rec = Record::Recovered {
-                        id: to.request,
-                        complete,
-                        messages,
-                    };
-                    News::Answer(to, rec.encode())
+            } => {
+                if complete {
+                    self.recovered.0 += 1;
+                } else {
+                    self.recovered.1 += 1;
                 }
-                None => News::Nothing,
-            },
-            redis::Event::Published { tag, result } => match self.published(tag, result) {
-                Some((to, rec)) => News::Answer(to, rec),
-                None => News::Nothing,
-            },
+                let rec = Record::Recovered {
+                    id: to.request,
+                    complete,
+                    messages,
+                };
+                News::Answer(to, rec.encode())
+            }
+            redis::Event::Published { to, result } => News::Answer(to, self.published(to, result)),
             redis::Event::Retained {
-                tag,
+                to,
                 mut messages,
                 cut,
-            } => match self.retaining.remove(&tag) {
-                Some(to) => {
-                    self.retained.cut += cut;
-                    crate::supervisor::fit_retained(&mut messages);
-                    let rec = Record::Retained {
-                        id: to.request,
-                        messages,
-                    };
-                    News::Answer(to, rec.encode())
-                }
-                None => News::Nothing,
-            },
+            } => {
+                self.retained.cut += cut;
+                fit_retained(&mut messages);
+                let rec = Record::Retained {
+                    id: to.request,
+                    messages,
+                };
+                News::Answer(to, rec.encode())
+            }
             redis::Event::RetainedStore { topics, dropped } => {
                 self.retained.topics = topics;
                 self.retained.dropped_count += dropped;
@@ -579,7 +578,7 @@ mod tests {
             },
             request: 5,
         };
-        let why = r.publish(from, m.clone(), None).unwrap_err();
+        let why = r.publish(from, m.clone(), None).unwrap_err().to_string();
         assert!(
             why.contains("unreachable") && why.contains("connecting"),
             "{why}"
@@ -588,8 +587,7 @@ mod tests {
         assert_eq!(r.on_up(), None, "the first connection is not a reconnect");
         r.publish(from, m, None).unwrap();
         assert_eq!(drain(&mut rx), ["publish a"]);
-        let (to, rec) = r.published(1, Ok((2, MessageId::NONE))).unwrap();
-        assert_eq!(to, from);
+        let rec = r.published(from, Ok((2, MessageId::NONE)));
         let mut buf = bytes::BytesMut::from(&rec[..]);
         assert_eq!(
             Record::decode(&mut buf).unwrap(),
@@ -598,10 +596,6 @@ mod tests {
                 subscribers: 2,
                 message: MessageId::NONE
             })
-        );
-        assert!(
-            r.published(1, Ok((2, MessageId::NONE))).is_none(),
-            "answered once"
         );
         assert!(r.on_down("gone".into()));
         assert!(!r.stats().up);

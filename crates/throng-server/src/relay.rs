@@ -57,7 +57,7 @@ impl Answer {
 struct Pending {
     /// `None` for a message from Redis, or once the publisher died.
     from: Option<Publisher>,
-    /// Holds a place among [`crate::redis::MAX_IN_FLIGHT`] (messages from
+    /// Holds a place among [`crate::redis::session::MAX_IN_FLIGHT`] (messages from
     /// Redis) until every worker delivered.
     _permit: Option<OwnedSemaphorePermit>,
     /// Workers whose count is still to come. Invariant: never empty while

@@ -218,6 +218,7 @@ pub mod in_redis {
 
     use super::{MAX_PER_ANSWER, RetainedMessage};
     use crate::history::{Kept, MessageId};
+    use crate::redis::error::ReplyError;
 
     /// Sets (or, with an empty value, clears) a channel's retained
     /// message and drops the longest-set past the cap. KEYS = hash, order;
@@ -289,13 +290,10 @@ return {redis.call('HLEN', KEYS[1]), dropped}
 
     /// Reads `EXEC`'s answer to [`publish`]: the store's figures (channels
     /// now, dropped) and the publish command's own reply.
-    pub fn stored(v: Value) -> Result<((u64, u64), Value), String> {
+    pub fn stored(v: Value) -> Result<((u64, u64), Value), ReplyError> {
         let mut items = match v {
             Value::Array(Some(items)) if items.len() == 2 => items,
-            Value::Error(e) => {
-                return Err(format!("Redis refused: {}", String::from_utf8_lossy(&e)));
-            }
-            other => return Err(format!("unexpected Redis reply {other:?}")),
+            other => return Err(ReplyError::of(other)),
         };
         let publish = items.pop().unwrap_or(Value::Array(None));
         let figures = match items.pop() {
@@ -303,12 +301,10 @@ return {redis.call('HLEN', KEYS[1]), dropped}
                 [Value::Integer(n), Value::Integer(d)] => {
                     (u64::try_from(n).unwrap_or(0), u64::try_from(d).unwrap_or(0))
                 }
-                _ => return Err("the retained store answered without its figures".into()),
+                _ => return Err(ReplyError::StoreFigures),
             },
-            Some(Value::Error(e)) => {
-                return Err(format!("Redis refused: {}", String::from_utf8_lossy(&e)));
-            }
-            other => return Err(format!("unexpected Redis reply {other:?}")),
+            Some(other) => return Err(ReplyError::of(other)),
+            None => return Err(ReplyError::of(Value::Array(None))),
         };
         Ok((figures, publish))
     }
@@ -329,14 +325,11 @@ return {redis.call('HLEN', KEYS[1]), dropped}
 
     /// Reads the reply to [`ask`] for `filters`: each matching channel
     /// once, at most [`MAX_PER_ANSWER`]; also how many were left out.
-    pub fn answer(filters: &[String], v: Value) -> Result<(Vec<RetainedMessage>, u64), String> {
+    pub fn answer(filters: &[String], v: Value) -> Result<(Vec<RetainedMessage>, u64), ReplyError> {
         let items = match v {
             Value::Array(Some(items)) => items,
             Value::Array(None) => Vec::new(),
-            Value::Error(e) => {
-                return Err(format!("Redis refused: {}", String::from_utf8_lossy(&e)));
-            }
-            other => return Err(format!("unexpected Redis reply {other:?}")),
+            other => return Err(ReplyError::of(other)),
         };
         let pairs: Vec<(String, Bytes)> = if filters.iter().any(|f| topic::is_wildcard(f)) {
             items

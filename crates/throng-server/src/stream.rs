@@ -21,6 +21,7 @@ use bytes::{Bytes, BytesMut};
 use throng_proto::resp::{self, Value};
 
 use crate::history::{Kept, MessageId};
+use crate::redis::error::ReplyError;
 
 /// What the history in Redis keeps (`--history`, `--history-ttl`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,17 +72,16 @@ pub fn publish(out: &mut BytesMut, prefix: &str, channel: &str, payload: &[u8], 
 }
 
 /// Reads the publish script's answer: the message's id and Redis's receivers.
-pub fn published(v: Value) -> Result<(MessageId, u64), String> {
+pub fn published(v: Value) -> Result<(MessageId, u64), ReplyError> {
     match v {
         Value::Array(Some(items)) if items.len() == 2 => {
-            let id = id_of(&items[0]).ok_or("the stream id Redis gave does not read")?;
+            let id = id_of(&items[0]).ok_or(ReplyError::StreamId)?;
             match items[1] {
                 Value::Integer(n) => Ok((id, u64::try_from(n).unwrap_or(0))),
-                _ => Err("Redis answered the publish without a receiver count".into()),
+                _ => Err(ReplyError::NoReceivers),
             }
         }
-        Value::Error(e) => Err(format!("Redis refused: {}", String::from_utf8_lossy(&e))),
-        other => Err(format!("unexpected Redis reply {other:?}")),
+        other => Err(ReplyError::of(other)),
     }
 }
 
@@ -133,7 +133,7 @@ pub fn recovered(
     before: Value,
     after: Value,
     info: Value,
-) -> Result<(bool, Vec<Kept>), String> {
+) -> Result<(bool, Vec<Kept>), ReplyError> {
     let messages = entries(after)?;
     // No stream (never published with history, or expired): nothing to
     // prove that nothing was missed.
@@ -150,21 +150,20 @@ pub fn recovered(
 }
 
 /// The entries of an `XRANGE`/`XREVRANGE` reply, as kept messages.
-fn entries(v: Value) -> Result<Vec<Kept>, String> {
+fn entries(v: Value) -> Result<Vec<Kept>, ReplyError> {
     let items = match v {
         Value::Array(Some(items)) => items,
         Value::Array(None) => return Ok(Vec::new()),
-        Value::Error(e) => return Err(format!("Redis refused: {}", String::from_utf8_lossy(&e))),
-        other => return Err(format!("unexpected Redis reply {other:?}")),
+        other => return Err(ReplyError::of(other)),
     };
     let mut out = Vec::with_capacity(items.len());
     for entry in items {
         let Value::Array(Some(pair)) = entry else {
-            return Err("a stream entry is not [id, fields]".into());
+            return Err(ReplyError::StreamEntry);
         };
         let (Some(id), Some(Value::Array(Some(f)))) = (pair.first().and_then(id_of), pair.get(1))
         else {
-            return Err("a stream entry is not [id, fields]".into());
+            return Err(ReplyError::StreamEntry);
         };
         let payload = f
             .chunks(2)

@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::addresses::{Addresses, Verdict};
-use crate::broker::{Broker, News, Remote, Routed};
+use crate::broker::{Broker, News, Remote, Routed, fit_retained};
 use crate::config::Config;
 use crate::control::{Message, Record, read_record};
 use crate::history::{self, History, Kept};
@@ -223,9 +223,9 @@ impl Plan {
     /// credentials (unless `settings.wait`), so a wrong URL fails at start.
     pub fn with_redis(mut self, settings: RedisSettings) -> Result<Self, ServeError> {
         if !settings.wait {
-            settings.probe().map_err(|reason| ServeError::Redis {
+            settings.probe().map_err(|e| ServeError::Redis {
                 url: settings.url.to_string(),
-                reason,
+                reason: e.to_string(),
             })?;
         }
         let mut settings = settings;
@@ -439,19 +439,6 @@ struct Supervisor {
     retained: Retained,
 }
 
-/// Keeps the retained messages that fit in one control record.
-pub(crate) fn fit_retained(messages: &mut Vec<retained::RetainedMessage>) {
-    let mut size = 64;
-    let keep = messages
-        .iter()
-        .take_while(|r| {
-            size += crate::control::RETAINED_FRAMING + r.channel.len() + r.kept.payload.len();
-            size <= crate::control::MAX_RECORD
-        })
-        .count();
-    messages.truncate(keep);
-}
-
 /// The Unix millisecond now: the epoch of this node's message ids. A
 /// restarted node starts later, so it never gives an id twice (unless the
 /// wall clock steps back across the restart).
@@ -472,70 +459,17 @@ pub fn run(plan: Plan, command: WorkerCommand) -> Result<(), ServeError> {
 
 async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError> {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let config_json = Bytes::from(serde_json::to_vec(&plan.config).map_err(std::io::Error::other)?);
-    let workers = plan.config.workers;
-    let mut sup = Supervisor {
-        config: plan.config.clone(),
-        command,
-        config_json,
-        slots: (0..workers)
-            .map(|_| Slot {
-                generation: 0,
-                pid: 0,
-                tx: None,
-                snapshot: None,
-                alive: false,
-            })
-            .collect(),
-        events: tx,
-        broker: Broker::Local,
-        relay: Relay::default(),
-        stats: SupervisorStats {
-            workers,
-            ..SupervisorStats::default()
-        },
-        retired: Snapshot::default(),
-        draining: false,
-        addresses: plan
-            .config
-            .per_address
-            .any()
-            .then(|| Addresses::new(plan.config.per_address, workers)),
-        started: std::time::Instant::now(),
-        shared: plan.shared,
-        history: History::new(
-            history::Limits {
-                keep: plan.config.history,
-                ttl: plan.config.history_ttl,
-                max_bytes: plan.config.history_max_memory,
-            },
-            epoch_ms(),
-        ),
-        retained: Retained::new(retained::Limits {
-            max_topics: plan.config.max_retained,
-            max_bytes: plan.config.max_retained_memory,
-        }),
-    };
+    let mut sup = Supervisor::new(&plan.config, command, tx)?;
+    sup.shared = plan.shared;
     if let Some(settings) = plan.redis.clone() {
-        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-        let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
         let events = sup.events.clone();
-        tokio::task::spawn_local(async move {
-            while let Some(ev) = ev_rx.recv().await {
-                if events.send(Event::Broker(ev)).is_err() {
-                    break;
-                }
-            }
-        });
-        tokio::task::spawn_local(redis::run(
-            settings.clone(),
-            plan.config.max_message,
-            cmd_rx,
-            ev_tx,
-        ));
-        sup.broker = Broker::Redis(Box::new(Remote::new(settings, cmd_tx, workers)));
-        sup.stats.broker = sup.broker.stats();
+        let cmds = sup.use_redis(settings.clone());
+        let emit = move |ev| {
+            let _ = events.send(Event::Broker(ev));
+        };
+        tokio::task::spawn_local(redis::run(settings, plan.config.max_message, cmds, emit));
     }
+    let workers = plan.config.workers;
     for i in 0..workers {
         sup.spawn(i).map_err(ServeError::Spawn)?;
     }
@@ -599,6 +533,68 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
 }
 
 impl Supervisor {
+    /// A supervisor of `config.workers` slots, none started yet, with the
+    /// local broker; `events` is where what its workers do arrives.
+    fn new(
+        config: &Config,
+        command: WorkerCommand,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<Self, ServeError> {
+        let config_json = Bytes::from(serde_json::to_vec(config).map_err(std::io::Error::other)?);
+        let workers = config.workers;
+        Ok(Self {
+            config: config.clone(),
+            command,
+            config_json,
+            slots: (0..workers)
+                .map(|_| Slot {
+                    generation: 0,
+                    pid: 0,
+                    tx: None,
+                    snapshot: None,
+                    alive: false,
+                })
+                .collect(),
+            events,
+            broker: Broker::Local,
+            relay: Relay::default(),
+            stats: SupervisorStats {
+                workers,
+                ..SupervisorStats::default()
+            },
+            retired: Snapshot::default(),
+            draining: false,
+            addresses: config
+                .per_address
+                .any()
+                .then(|| Addresses::new(config.per_address, workers)),
+            started: std::time::Instant::now(),
+            shared: None,
+            history: History::new(
+                history::Limits {
+                    keep: config.history,
+                    ttl: config.history_ttl,
+                    max_bytes: config.history_max_memory,
+                },
+                epoch_ms(),
+            ),
+            retained: Retained::new(retained::Limits {
+                max_topics: config.max_retained,
+                max_bytes: config.max_retained_memory,
+            }),
+        })
+    }
+
+    /// Routes through Redis from now on; returns the commands for the
+    /// link's task ([`redis::run`]).
+    fn use_redis(&mut self, settings: RedisSettings) -> mpsc::UnboundedReceiver<redis::Command> {
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let workers = self.slots.len();
+        self.broker = Broker::Redis(Box::new(Remote::new(settings, cmd_tx, workers)));
+        self.stats.broker = self.broker.stats();
+        cmd_rx
+    }
+
     /// Starts worker `i`: this binary with stdin as its end of a socket pair.
     fn spawn(&mut self, i: usize) -> std::io::Result<()> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
@@ -662,29 +658,7 @@ impl Supervisor {
                 if self.slots[i].generation != generation {
                     return None;
                 }
-                let slot = &mut self.slots[i];
-                slot.alive = false;
-                slot.tx = None;
-                let pid = slot.pid;
-                if let Some(s) = slot.snapshot.take() {
-                    self.retired.add_counters(&s);
-                }
-                self.broker.worker_gone(i);
-                // Its sockets closed with it: its connections no longer count.
-                let now = self.started.elapsed().as_secs_f64();
-                if let Some(a) = &mut self.addresses {
-                    a.worker_gone(i, now);
-                }
-                if let Some(slot) = self.shared.as_ref().and_then(|s| s.slot(i)) {
-                    slot.store(0, std::sync::atomic::Ordering::SeqCst);
-                }
-                // Messages it will never count no longer wait for it.
-                for answer in self.relay.worker_gone(WorkerId {
-                    slot: i,
-                    generation,
-                }) {
-                    self.answer(answer);
-                }
+                let pid = self.worker_gone(i, generation);
                 if self.draining {
                     log!("throng: worker {i} (pid {pid}) exited: {status}");
                     return None;
@@ -728,6 +702,35 @@ impl Supervisor {
             }
         }
         None
+    }
+
+    /// Worker `i` (of that generation) is gone: what it held and owed is
+    /// settled. Returns its pid.
+    fn worker_gone(&mut self, i: usize, generation: u64) -> u32 {
+        let slot = &mut self.slots[i];
+        slot.alive = false;
+        slot.tx = None;
+        let pid = slot.pid;
+        if let Some(s) = slot.snapshot.take() {
+            self.retired.add_counters(&s);
+        }
+        self.broker.worker_gone(i);
+        // Its sockets closed with it: its connections no longer count.
+        let now = self.started.elapsed().as_secs_f64();
+        if let Some(a) = &mut self.addresses {
+            a.worker_gone(i, now);
+        }
+        if let Some(slot) = self.shared.as_ref().and_then(|s| s.slot(i)) {
+            slot.store(0, std::sync::atomic::Ordering::SeqCst);
+        }
+        // Messages it will never count no longer wait for it.
+        for answer in self.relay.worker_gone(WorkerId {
+            slot: i,
+            generation,
+        }) {
+            self.answer(answer);
+        }
+        pid
     }
 
     fn on_record(&mut self, i: usize, generation: u64, rec: Record) {
@@ -857,7 +860,7 @@ impl Supervisor {
             Routed::Refused(reason) => {
                 let rec = Record::PublishFailed {
                     id: from.request,
-                    reason: Bytes::from(reason),
+                    reason: Bytes::from(reason.to_string()),
                 };
                 self.send(i, rec.encode());
             }
@@ -996,3 +999,6 @@ mod tests {
         assert_eq!(count(0, 2, Some(1_000_000)).0, 52);
     }
 }
+
+#[cfg(test)]
+mod pair;

@@ -389,6 +389,7 @@ fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
 
 fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
     s.parse()
+        .map_err(|e: throng_server::redis::error::UnknownMode| e.to_string())
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
