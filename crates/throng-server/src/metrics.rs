@@ -367,6 +367,8 @@ pub struct BrokerStats {
     pub publish_failures: u64,
     /// Gauge: channels (or patterns) the subscriber connection holds.
     pub subscriptions: u64,
+    /// A Redis Cluster's shards: master address, up, seconds in that state.
+    pub shards: Vec<(String, bool, f64)>,
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -864,6 +866,39 @@ fn render_broker(out: &mut String, b: &BrokerStats) {
     for (name, kind, help, v) in rows {
         family(out, name, kind, help);
         let _ = writeln!(out, "{name} {v}");
+    }
+    render_shards(out, &b.shards);
+}
+
+/// A Redis Cluster's shards, one line each (nothing without a cluster).
+fn render_shards(out: &mut String, shards: &[(String, bool, f64)]) {
+    if shards.is_empty() {
+        return;
+    }
+    family(
+        out,
+        "throng_broker_shard_up",
+        "gauge",
+        "1 when the link to this Redis Cluster master works and its subscriptions are confirmed.",
+    );
+    for (addr, up, _) in shards {
+        let _ = writeln!(
+            out,
+            "throng_broker_shard_up{{shard=\"{addr}\"}} {}",
+            u8::from(*up)
+        );
+    }
+    family(
+        out,
+        "throng_broker_shard_state_seconds",
+        "gauge",
+        "How long this Redis Cluster master has been up, or down.",
+    );
+    for (addr, _, secs) in shards {
+        let _ = writeln!(
+            out,
+            "throng_broker_shard_state_seconds{{shard=\"{addr}\"}} {secs:.3}"
+        );
     }
 }
 

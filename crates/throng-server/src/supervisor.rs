@@ -62,6 +62,14 @@ pub enum ServeError {
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
+    /// `--redis-mode pattern` with `--redis-cluster`.
+    #[error(
+        "--redis-mode pattern cannot run on a Redis Cluster: sharded pub/sub (SSUBSCRIBE) has no \
+         patterns, and PSUBSCRIBE would need plain PUBLISH, which the cluster copies to every \
+         shard (every message crosses every shard: no scaling). Use --redis-mode channels (the \
+         default with --redis-cluster): each node subscribes to its channels on their shards"
+    )]
+    PatternOnCluster,
     /// Redis (`--redis`) did not answer or refused us at start.
     #[error(
         "cannot use Redis at {url}: {reason} (start redis-server there or fix --redis; \
@@ -222,6 +230,9 @@ impl Plan {
     /// Routes through Redis: checks now that Redis answers and takes our
     /// credentials (unless `settings.wait`), so a wrong URL fails at start.
     pub fn with_redis(mut self, settings: RedisSettings) -> Result<Self, ServeError> {
+        if settings.sharded() && settings.mode == redis::RedisMode::Pattern {
+            return Err(ServeError::PatternOnCluster);
+        }
         if !settings.wait {
             settings.probe().map_err(|e| ServeError::Redis {
                 url: settings.url.to_string(),
@@ -467,7 +478,12 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
         let emit = move |ev| {
             let _ = events.send(Event::Broker(ev));
         };
-        tokio::task::spawn_local(redis::run(settings, plan.config.max_message, cmds, emit));
+        let max = plan.config.max_message;
+        if settings.sharded() {
+            tokio::task::spawn_local(redis::router::run(settings, max, cmds, emit));
+        } else {
+            tokio::task::spawn_local(redis::run(settings, max, cmds, emit));
+        }
     }
     let workers = plan.config.workers;
     for i in 0..workers {

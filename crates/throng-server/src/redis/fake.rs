@@ -28,6 +28,7 @@ pub(crate) fn settings(mode: RedisMode, history: usize) -> RedisSettings {
             ttl_ms: 0,
         }),
         max_retained: 10,
+        topology: super::settings::Topology::Single,
     }
 }
 

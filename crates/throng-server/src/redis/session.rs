@@ -21,6 +21,7 @@ use bytes::{Bytes, BytesMut};
 use throng_proto::resp::{self, Push, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::cluster::Redirect;
 use super::error::{Conn, PublishError, SessionError};
 use super::settings::{RedisMode, RedisSettings};
 use crate::channel;
@@ -73,6 +74,20 @@ pub(crate) enum Command {
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
     Unsubscribe(String),
+    /// A cluster publish sent on after a redirect (`asking`: after
+    /// `ASKING`, for a slot in migration); answered like a publish.
+    Resend {
+        /// Who asked.
+        to: Publisher,
+        /// The channel (without prefix).
+        channel: String,
+        /// What to publish.
+        payload: Bytes,
+        /// `ASK` rather than `MOVED`.
+        asking: bool,
+        /// Redirects so far.
+        hops: u8,
+    },
     /// What the stream of `channel` kept after `since` (with history);
     /// answered with [`Event::Recovered`].
     Recover {
@@ -141,6 +156,25 @@ pub(crate) enum Event {
         /// Left out over the answer's bound.
         cut: u64,
     },
+    /// A cluster's master refused a publish with a redirect: the router
+    /// sends it where it points.
+    Redirected {
+        /// Who asked.
+        to: Publisher,
+        /// The channel (without prefix).
+        channel: String,
+        /// What to publish.
+        payload: Bytes,
+        /// Redirects before this one.
+        hops: u8,
+        /// Where to.
+        redirect: Redirect,
+    },
+    /// The cluster moved a channel's slot away from this master (an
+    /// unasked `sunsubscribe`): the router subscribes on its new master.
+    Lost(String),
+    /// A cluster's shards, after one of them came up or went down.
+    Shards(Vec<super::cluster::ShardState>),
     /// The shared retained store after a retained publish: channels in it,
     /// and how many it dropped past `--max-retained`.
     RetainedStore {
@@ -162,8 +196,9 @@ pub(crate) enum Output {
 
 /// What is waiting for an answer on the publisher connection, in order.
 enum Waiting {
-    /// A publish; `true`: through the history script.
-    Publish(Publisher, bool, Instant),
+    /// A publish; `true`: through the history script; on a cluster, what
+    /// to send on when it is redirected.
+    Publish(Publisher, bool, Option<Box<Resend>>, Instant),
     Ping(Instant),
     /// Reply `step` (0, 1, 2) of a recovery's three ([`stream::recover`]).
     Recover(Publisher, MessageId, u8, Instant),
@@ -179,7 +214,7 @@ enum Waiting {
 impl Waiting {
     fn since(&self) -> Instant {
         match self {
-            Self::Publish(_, _, t)
+            Self::Publish(_, _, _, t)
             | Self::Ping(t)
             | Self::Recover(.., t)
             | Self::Skip(t)
@@ -187,6 +222,13 @@ impl Waiting {
             | Self::Retained(_, _, t) => *t,
         }
     }
+}
+
+/// A cluster publish kept until its answer, in case it is redirected.
+struct Resend {
+    channel: String,
+    payload: Bytes,
+    hops: u8,
 }
 
 /// A retained-store answer waiting for the subscriber connection's `PONG`:
@@ -264,6 +306,11 @@ impl Session {
         }
     }
 
+    /// What the session was made with.
+    pub(crate) fn settings(&self) -> &RedisSettings {
+        &self.settings
+    }
+
     /// The next thing to do, if any.
     pub(crate) fn poll_output(&mut self) -> Option<Output> {
         self.out.pop_front()
@@ -297,8 +344,15 @@ impl Session {
                     .iter()
                     .map(|c| format!("{prefix}{c}"))
                     .collect();
-                for batch in names.chunks(SUBSCRIBE_BATCH) {
-                    let mut args: Vec<&[u8]> = vec![b"SUBSCRIBE"];
+                // A cluster takes several channels in one command only
+                // when they share a slot: one each.
+                let batch = if self.settings.sharded() {
+                    1
+                } else {
+                    SUBSCRIBE_BATCH
+                };
+                for batch in names.chunks(batch) {
+                    let mut args: Vec<&[u8]> = vec![self.verb(b"SUBSCRIBE")];
                     args.extend(batch.iter().map(String::as_bytes));
                     resp::encode_command(&mut out, &args);
                 }
@@ -401,13 +455,8 @@ impl Session {
                 payload,
                 retain,
             } => {
-                match self.settings.history {
-                    Some(h) => stream::publish(&mut out, prefix, &channel, &payload, h),
-                    None => {
-                        let name = format!("{prefix}{channel}");
-                        resp::encode_command(&mut out, &[b"PUBLISH", name.as_bytes(), &payload]);
-                    }
-                }
+                let sharded = self.settings.sharded();
+                publish_command(&mut out, &self.settings, &channel, &payload);
                 let kept = self.settings.history.is_some();
                 if let Some(qos) = retain {
                     let publish = out.split().freeze();
@@ -420,8 +469,38 @@ impl Session {
                     ]);
                     live.waiting.push_back(Waiting::Exec(to, kept, now));
                 } else {
-                    live.waiting.push_back(Waiting::Publish(to, kept, now));
+                    let resend = sharded.then(|| {
+                        Box::new(Resend {
+                            channel,
+                            payload,
+                            hops: 0,
+                        })
+                    });
+                    live.waiting
+                        .push_back(Waiting::Publish(to, kept, resend, now));
                 }
+                self.write(Conn::Publisher, out);
+            }
+            Command::Resend {
+                to,
+                channel,
+                payload,
+                asking,
+                hops,
+            } => {
+                if asking {
+                    resp::encode_command(&mut out, &[b"ASKING"]);
+                    live.waiting.push_back(Waiting::Skip(now));
+                }
+                publish_command(&mut out, &self.settings, &channel, &payload);
+                let kept = self.settings.history.is_some();
+                let resend = Box::new(Resend {
+                    channel,
+                    payload,
+                    hops,
+                });
+                live.waiting
+                    .push_back(Waiting::Publish(to, kept, Some(resend), now));
                 self.write(Conn::Publisher, out);
             }
             Command::Retained { to, filters } => {
@@ -441,7 +520,7 @@ impl Session {
             Command::Subscribe(c) => {
                 let name = format!("{prefix}{c}");
                 self.channels.insert(c);
-                resp::encode_command(&mut out, &[b"SUBSCRIBE", name.as_bytes()]);
+                resp::encode_command(&mut out, &[self.verb(b"SUBSCRIBE"), name.as_bytes()]);
                 self.write(Conn::Subscriber, out);
             }
             Command::Unsubscribe(c) => {
@@ -454,7 +533,7 @@ impl Session {
                     self.unrecovered(p.to);
                 }
                 self.channels.remove(&c);
-                resp::encode_command(&mut out, &[b"UNSUBSCRIBE", name.as_bytes()]);
+                resp::encode_command(&mut out, &[self.verb(b"UNSUBSCRIBE"), name.as_bytes()]);
                 self.write(Conn::Subscriber, out);
             }
         }
@@ -490,10 +569,12 @@ impl Session {
     /// A command that arrives while there is no connection.
     fn while_down(&mut self, cmd: Command) {
         match cmd {
-            Command::Publish { to, .. } => self.emit(Event::Published {
-                to,
-                result: Err(PublishError::NotConnected),
-            }),
+            Command::Publish { to, .. } | Command::Resend { to, .. } => {
+                self.emit(Event::Published {
+                    to,
+                    result: Err(PublishError::NotConnected),
+                })
+            }
             Command::Subscribe(c) => {
                 self.channels.insert(c);
             }
@@ -502,6 +583,16 @@ impl Session {
             }
             Command::Recover { to, .. } => self.unrecovered(to),
             Command::Retained { to, .. } => self.unretained(to),
+        }
+    }
+
+    /// A (un)subscribe command's name: `SSUBSCRIBE` and `SUNSUBSCRIBE`
+    /// (sharded pub/sub) on a cluster.
+    fn verb(&self, plain: &'static [u8]) -> &'static [u8] {
+        match (self.settings.sharded(), plain) {
+            (true, b"SUBSCRIBE") => b"SSUBSCRIBE",
+            (true, b"UNSUBSCRIBE") => b"SUNSUBSCRIBE",
+            _ => plain,
         }
     }
 
@@ -640,7 +731,18 @@ impl Session {
             return;
         };
         let mut ready = Vec::new();
-        if kind == b"subscribe"
+        let channel = name
+            .and_then(|n| n.strip_prefix(self.settings.prefix.as_bytes()))
+            .and_then(|c| std::str::from_utf8(c).ok());
+        // Unasked: the cluster moved the channel's slot to another master.
+        if kind == b"sunsubscribe"
+            && let Some(c) = channel
+            && self.channels.contains(c)
+        {
+            live.confirmed.remove(c);
+            self.out.push_back(Output::Event(Event::Lost(c.to_owned())));
+        }
+        if (kind == b"subscribe" || kind == b"ssubscribe")
             && let Some(c) = name
                 .and_then(|n| n.strip_prefix(self.settings.prefix.as_bytes()))
                 .and_then(|c| std::str::from_utf8(c).ok())
@@ -652,7 +754,9 @@ impl Session {
             ready = go;
         }
         let mut up = false;
-        if live.confirming > 0 && (kind == b"subscribe" || kind == b"psubscribe") {
+        if live.confirming > 0
+            && (kind == b"subscribe" || kind == b"psubscribe" || kind == b"ssubscribe")
+        {
             live.confirming -= 1;
             up = live.confirming == 0;
         }
@@ -690,7 +794,19 @@ impl Session {
                 return Ok(());
             };
             match live.waiting.pop_front() {
-                Some(Waiting::Publish(to, kept, _)) => {
+                Some(Waiting::Publish(to, kept, resend, _)) => {
+                    if let (Some(r), Value::Error(e)) = (resend, &v)
+                        && let Some(redirect) = Redirect::parse(&String::from_utf8_lossy(e))
+                    {
+                        self.emit(Event::Redirected {
+                            to,
+                            channel: r.channel,
+                            payload: r.payload,
+                            hops: r.hops,
+                            redirect,
+                        });
+                        continue;
+                    }
                     let result = if kept {
                         stream::published(v).map(|(id, n)| (n, id))
                     } else {
@@ -777,6 +893,24 @@ impl Session {
         let mut out = BytesMut::new();
         resp::encode_command(&mut out, &[b"PING"]);
         self.write(Conn::Subscriber, out);
+    }
+}
+
+/// Appends the command that publishes `payload` on `channel`: `PUBLISH`
+/// (`SPUBLISH` on a cluster), or the history script.
+fn publish_command(out: &mut BytesMut, settings: &RedisSettings, channel: &str, payload: &[u8]) {
+    let prefix = &settings.prefix;
+    match settings.history {
+        Some(h) => stream::publish(out, prefix, channel, payload, h, settings.sharded()),
+        None => {
+            let name = format!("{prefix}{channel}");
+            let verb: &[u8] = if settings.sharded() {
+                b"SPUBLISH"
+            } else {
+                b"PUBLISH"
+            };
+            resp::encode_command(out, &[verb, name.as_bytes(), payload]);
+        }
     }
 }
 
@@ -907,5 +1041,73 @@ mod tests {
             .collect();
         assert_eq!(next.len(), 1);
         assert!(s.wants_permit());
+    }
+
+    /// Everything the session emitted, writes as text.
+    fn drain(s: &mut Session) -> (Vec<String>, Vec<Event>) {
+        let (mut writes, mut events) = (Vec::new(), Vec::new());
+        while let Some(o) = s.poll_output() {
+            match o {
+                Output::Write(_, b) => writes.push(String::from_utf8_lossy(&b).into_owned()),
+                Output::Event(ev) => events.push(ev),
+            }
+        }
+        (writes, events)
+    }
+
+    #[test]
+    fn on_a_cluster_the_session_speaks_sharded_pub_sub_and_hands_redirects_back() {
+        let mut settings = fake::settings(RedisMode::Channels, 0);
+        settings.topology =
+            crate::redis::Topology::Cluster(vec![crate::redis::Addr::parse("h:1").unwrap()]);
+        let mut s = Session::new(settings, 1 << 20);
+        let now = Instant::now();
+        s.on_connected();
+        s.on_command(Command::Subscribe("news".into()), now);
+        let (writes, _) = drain(&mut s);
+        assert!(
+            writes.iter().any(|w| w.contains("SSUBSCRIBE")),
+            "{writes:?}"
+        );
+        let sub = b"*3\r\n$10\r\nssubscribe\r\n$6\r\nt:news\r\n:1\r\n\
+                    *3\r\n$8\r\nsmessage\r\n$6\r\nt:news\r\n$2\r\nhi\r\n";
+        s.on_bytes(Conn::Subscriber, sub, now).unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Subscriptions(1), Event::Message { channel, .. }] if channel == "news"),
+            "{events:?}"
+        );
+        let to = Publisher {
+            worker: crate::relay::WorkerId {
+                slot: 0,
+                generation: 1,
+            },
+            request: 7,
+        };
+        let publish = Command::Publish {
+            to,
+            channel: "news".into(),
+            payload: Bytes::from_static(b"x"),
+            retain: None,
+        };
+        s.on_command(publish, now);
+        let (writes, _) = drain(&mut s);
+        assert!(writes[0].contains("SPUBLISH"), "{writes:?}");
+        s.on_bytes(Conn::Publisher, b"-MOVED 1 127.0.0.1:7001\r\n", now)
+            .unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Redirected { channel, hops: 0, redirect, .. }]
+                if channel == "news" && redirect.to.port == 7001 && !redirect.ask),
+            "{events:?}"
+        );
+        // The cluster moved the slot away: an unasked sunsubscribe.
+        let gone = b"*3\r\n$12\r\nsunsubscribe\r\n$6\r\nt:news\r\n:0\r\n";
+        s.on_bytes(Conn::Subscriber, gone, now).unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Lost(c), Event::Subscriptions(0)] if c == "news"),
+            "{events:?}"
+        );
     }
 }
