@@ -44,9 +44,13 @@ pub(crate) async fn run(
             retry_in: pause,
         });
         let until = Instant::now() + pause;
+        // With Sentinel, a failover announced meanwhile ends the pause.
+        let switch = super::sentinel::watch(settings.sentinels());
+        tokio::pin!(switch);
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(until) => break,
+                _ = &mut switch => break,
                 cmd = cmds.recv() => match cmd {
                     None => return,
                     Some(cmd) => session.on_command(cmd, std::time::Instant::now()),

@@ -45,6 +45,8 @@ pub(crate) struct Router {
     placed: HashMap<String, Option<Addr>>,
     /// The map needs reading again.
     stale: bool,
+    /// Subscriptions each master's link holds (the node's is their sum).
+    subs: HashMap<Addr, i64>,
     spawn: Spawn,
     out: VecDeque<Event>,
 }
@@ -58,6 +60,7 @@ impl Router {
             shards: BTreeMap::new(),
             placed: HashMap::new(),
             stale: true,
+            subs: HashMap::new(),
             spawn,
             out: VecDeque::new(),
         }
@@ -255,6 +258,13 @@ impl Router {
                     hops: hops + 1,
                 };
                 self.send(Some(&redirect.to), cmd);
+            }
+            Event::Subscriptions(n) => {
+                self.subs.insert(from.clone(), n);
+                let shards = &self.shards;
+                self.subs.retain(|a, _| shards.contains_key(a));
+                let total = self.subs.values().sum();
+                self.out.push_back(Event::Subscriptions(total));
             }
             Event::Lost(c) => {
                 // Its slot moved: subscribe where the next map says.
