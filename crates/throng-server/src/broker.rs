@@ -504,7 +504,9 @@ impl Remote {
             }
             redis::Event::Shards(states) => self.on_shards(states),
             // The cluster router's own business: they never reach here.
-            redis::Event::Redirected { .. } | redis::Event::Lost(_) => News::Nothing,
+            redis::Event::Redirected { .. } | redis::Event::Lost(_) | redis::Event::Placed(_) => {
+                News::Nothing
+            }
         }
     }
 

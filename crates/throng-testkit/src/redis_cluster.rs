@@ -138,6 +138,58 @@ impl Cluster {
         None
     }
 
+    /// The node on `port`.
+    pub fn node(&self, port: u16) -> &Redis {
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("a node of this cluster")
+    }
+
+    /// `key`'s slot.
+    pub fn slot(&self, key: &str) -> u16 {
+        let n = self.live().next().expect("a live node");
+        n.cli(&["CLUSTER", "KEYSLOT", key])[0]
+            .trim()
+            .parse()
+            .expect("a slot")
+    }
+
+    /// Moves `slot` from the master on `from` to the master on `to` as
+    /// `redis-cli --cluster reshard` does: `IMPORTING`/`MIGRATING`, its
+    /// keys `MIGRATE`d, `pause` (clients meanwhile meet `ASK`), then
+    /// `SETSLOT NODE` on every master.
+    pub fn move_slot(&self, slot: u16, from: u16, to: u16, pause: Duration) {
+        let (src, dst) = (self.node(from), self.node(to));
+        let id = |n: &Redis| n.cli(&["CLUSTER", "MYID"])[0].trim().to_owned();
+        let (src_id, dst_id) = (id(src), id(dst));
+        let s = slot.to_string();
+        dst.cli(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id]);
+        src.cli(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id]);
+        let keys = src.cli(&["CLUSTER", "GETKEYSINSLOT", &s, "1000"]);
+        let keys: Vec<&str> = keys
+            .iter()
+            .map(String::as_str)
+            .filter(|k| !k.is_empty())
+            .collect();
+        if !keys.is_empty() {
+            let port = to.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys);
+            src.cli(&args);
+        }
+        std::thread::sleep(pause);
+        for n in [dst, src] {
+            n.cli(&["CLUSTER", "SETSLOT", &s, "NODE", &dst_id]);
+        }
+        for n in self.live().filter(|n| n.port != from && n.port != to) {
+            let _ = n
+                .cli_command()
+                .args(["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])
+                .output();
+        }
+    }
+
     /// Kills (SIGKILL) the node on `port`: its replica, if any, takes over.
     pub fn kill(&mut self, port: u16) {
         let i = self

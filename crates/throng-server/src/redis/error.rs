@@ -136,6 +136,13 @@ pub enum PublishError {
         /// Why it is down.
         why: String,
     },
+    /// The channel's slot is moving to another master and this node's
+    /// subscription there is not confirmed yet (its own subscribers would
+    /// miss the message).
+    #[error(
+        "the channel's Redis Cluster slot is moving to another shard; not published, try again"
+    )]
+    Moving,
     /// What a cluster does not do (yet).
     #[error("{0}")]
     NotOnCluster(&'static str),

@@ -8,7 +8,7 @@
 //! the supervisor's commands, the links' events, and the map read from
 //! `CLUSTER SLOTS` at start, on a redirect and while a shard is down.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -47,6 +47,10 @@ pub(crate) struct Router {
     stale: bool,
     /// Subscriptions each master's link holds (the node's is their sum).
     subs: HashMap<Addr, i64>,
+    /// Channels whose slot moved to another master and whose subscription
+    /// there is not confirmed yet: this node's publishes to them are
+    /// refused meanwhile, since its own subscribers would miss them.
+    moving: HashSet<String>,
     spawn: Spawn,
     out: VecDeque<Event>,
 }
@@ -61,6 +65,7 @@ impl Router {
             placed: HashMap::new(),
             stale: true,
             subs: HashMap::new(),
+            moving: HashSet::new(),
             spawn,
             out: VecDeque::new(),
         }
@@ -125,6 +130,7 @@ impl Router {
             }
             if let Some(new) = want.as_ref().and_then(|a| self.shards.get(a)) {
                 let _ = new.cmds.send(Command::Subscribe(c.clone()));
+                self.moving.insert(c.clone());
             }
             self.placed.insert(c, want);
         }
@@ -177,12 +183,22 @@ impl Router {
                 self.placed.insert(c, at);
             }
             Command::Unsubscribe(c) => {
+                self.moving.remove(&c);
                 if let Some(Some(a)) = self.placed.remove(&c)
                     && let Some(s) = self.shards.get(&a)
                 {
                     let _ = s.cmds.send(Command::Unsubscribe(c));
                 }
             }
+            Command::Publish {
+                ref channel, to, ..
+            }
+            | Command::Resend {
+                ref channel, to, ..
+            } if self.moving.contains(channel) => self.out.push_back(Event::Published {
+                to,
+                result: Err(PublishError::Moving),
+            }),
             Command::Publish { ref channel, .. }
             | Command::Resend { ref channel, .. }
             | Command::Recover { ref channel, .. } => {
@@ -245,16 +261,36 @@ impl Router {
                         result: Err(PublishError::Redirects(hops + 1)),
                     });
                 }
-                if !redirect.ask {
-                    self.map.moved(redirect.slot, redirect.to.clone());
-                    self.stale = true;
+                // ASK: the slot is migrating and its keys (the channel's
+                // stream) are partly on the target, while every node's
+                // subscription is still on the source until the slot
+                // moves. Published on the target it would reach nobody:
+                // refused, the publisher tries again.
+                if redirect.ask {
+                    return self.out.push_back(Event::Published {
+                        to,
+                        result: Err(PublishError::Moving),
+                    });
                 }
+                self.map.moved(redirect.slot, redirect.to.clone());
+                self.stale = true;
                 self.link(&redirect.to, now);
+                // This node's subscription is still where the slot was:
+                // moved with the next map, until then refused (its own
+                // subscribers would miss it).
+                if let Some(at) = self.placed.get(&channel)
+                    && at.as_ref() != Some(&redirect.to)
+                {
+                    self.moving.insert(channel);
+                    return self.out.push_back(Event::Published {
+                        to,
+                        result: Err(PublishError::Moving),
+                    });
+                }
                 let cmd = Command::Resend {
                     to,
                     channel,
                     payload,
-                    asking: redirect.ask,
                     hops: hops + 1,
                 };
                 self.send(Some(&redirect.to), cmd);
@@ -270,8 +306,12 @@ impl Router {
                 // Its slot moved: subscribe where the next map says.
                 if let Some(at) = self.placed.get_mut(&c) {
                     *at = None;
+                    self.moving.insert(c);
                 }
                 self.stale = true;
+            }
+            Event::Placed(c) => {
+                self.moving.remove(&c);
             }
             Event::Published {
                 to,
@@ -461,9 +501,7 @@ mod tests {
                     Command::Subscribe(c) => format!("+{c}"),
                     Command::Unsubscribe(c) => format!("-{c}"),
                     Command::Publish { channel, .. } => format!("publish {channel}"),
-                    Command::Resend {
-                        channel, asking, ..
-                    } => format!("resend {channel} asking={asking}"),
+                    Command::Resend { channel, .. } => format!("resend {channel}"),
                     other => format!("{other:?}"),
                 };
                 out.push((a.port, what));
@@ -579,6 +617,22 @@ mod tests {
         // the new master gets it.
         assert_eq!(sent(&links), [(7002, "+c".into()), (7005, "+c".into())]);
         r.on_shard_event(&addr(7005), Event::Up, now);
+        while r.poll_event().is_some() {}
+        // Until 7005 confirms the subscription, this node's own
+        // subscribers would miss a publish: refused, not lost.
+        r.on_command(publish("c"));
+        let ev = r.poll_event();
+        assert!(
+            matches!(
+                ev,
+                Some(Event::Published {
+                    result: Err(PublishError::Moving),
+                    ..
+                })
+            ),
+            "{ev:?}"
+        );
+        r.on_shard_event(&addr(7005), Event::Placed("c".into()), now);
         r.on_command(publish("c"));
         assert_eq!(sent(&links), [(7005, "publish c".into())]);
     }
@@ -600,19 +654,28 @@ mod tests {
                 to: addr(port),
             },
         };
+        // ASK: the slot is migrating; the subscriptions are still on the
+        // source, so publishing on the target would reach nobody: refused.
         r.on_shard_event(&addr(7002), moved(true, 7001), now);
-        assert_eq!(sent(&links), [(7001, "resend c asking=true".into())]);
-        // ASK: this once; the map still says 7002.
+        let ev = r.poll_event();
+        assert!(
+            matches!(
+                ev,
+                Some(Event::Published {
+                    result: Err(PublishError::Moving),
+                    ..
+                })
+            ),
+            "{ev:?}"
+        );
+        assert_eq!(sent(&links), []);
         r.on_command(publish("c"));
         assert_eq!(sent(&links), [(7002, "publish c".into())]);
         r.on_shard_event(&addr(7002), moved(false, 7001), now);
         r.on_command(publish("c"));
         assert_eq!(
             sent(&links),
-            [
-                (7001, "resend c asking=false".into()),
-                (7001, "publish c".into())
-            ]
+            [(7001, "resend c".into()), (7001, "publish c".into())]
         );
         // A redirect loop ends with a failure.
         let mut looped = moved(false, 7001);

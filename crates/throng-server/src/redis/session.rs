@@ -74,8 +74,7 @@ pub(crate) enum Command {
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
     Unsubscribe(String),
-    /// A cluster publish sent on after a redirect (`asking`: after
-    /// `ASKING`, for a slot in migration); answered like a publish.
+    /// A cluster publish sent on after a `MOVED`; answered like a publish.
     Resend {
         /// Who asked.
         to: Publisher,
@@ -83,8 +82,6 @@ pub(crate) enum Command {
         channel: String,
         /// What to publish.
         payload: Bytes,
-        /// `ASK` rather than `MOVED`.
-        asking: bool,
         /// Redirects so far.
         hops: u8,
     },
@@ -171,8 +168,11 @@ pub(crate) enum Event {
         redirect: Redirect,
     },
     /// The cluster moved a channel's slot away from this master (an
-    /// unasked `sunsubscribe`): the router subscribes on its new master.
+    /// unasked `sunsubscribe`, or `MOVED` to an `SSUBSCRIBE`): the router
+    /// subscribes on its new master.
     Lost(String),
+    /// A cluster master confirmed a channel's `SSUBSCRIBE`.
+    Placed(String),
     /// A cluster's shards, after one of them came up or went down.
     Shards(Vec<super::cluster::ShardState>),
     /// The shared retained store after a retained publish: channels in it,
@@ -485,13 +485,8 @@ impl Session {
                 to,
                 channel,
                 payload,
-                asking,
                 hops,
             } => {
-                if asking {
-                    resp::encode_command(&mut out, &[b"ASKING"]);
-                    live.waiting.push_back(Waiting::Skip(now));
-                }
                 publish_command(&mut out, &self.settings, &channel, &payload);
                 let kept = self.settings.history.is_some();
                 let resend = Box::new(Resend {
@@ -672,6 +667,7 @@ impl Session {
                 // local subscribers) answers PING like any other.
                 Some(Push::Pong) => self.pong(),
                 None if v == Value::Simple(Bytes::from_static(b"PONG")) => self.pong(),
+                None if self.settings.sharded() && self.moved_away(&v) => {}
                 None => {
                     return Err(match v {
                         Value::Error(e) => {
@@ -734,13 +730,20 @@ impl Session {
         let channel = name
             .and_then(|n| n.strip_prefix(self.settings.prefix.as_bytes()))
             .and_then(|c| std::str::from_utf8(c).ok());
-        // Unasked: the cluster moved the channel's slot to another master.
+        // Unasked: the cluster moved the channel's slot to another master
+        // (this master no longer has it to subscribe again after a loss).
         if kind == b"sunsubscribe"
             && let Some(c) = channel
-            && self.channels.contains(c)
+            && self.channels.remove(c)
         {
             live.confirmed.remove(c);
             self.out.push_back(Output::Event(Event::Lost(c.to_owned())));
+        }
+        if kind == b"ssubscribe"
+            && let Some(c) = channel
+        {
+            self.out
+                .push_back(Output::Event(Event::Placed(c.to_owned())));
         }
         if (kind == b"subscribe" || kind == b"ssubscribe")
             && let Some(c) = name
@@ -767,6 +770,39 @@ impl Session {
         for p in ready {
             self.recover(p, now);
         }
+    }
+
+    /// An `SSUBSCRIBE` refused with `MOVED`/`ASK` (the map was stale):
+    /// its channels of that slot are the router's to place elsewhere, and
+    /// no confirmation is due for them. False when `v` is no redirect.
+    fn moved_away(&mut self, v: &Value) -> bool {
+        let Value::Error(e) = v else {
+            return false;
+        };
+        let Some(r) = Redirect::parse(&String::from_utf8_lossy(e)) else {
+            return false;
+        };
+        let prefix = &self.settings.prefix;
+        let lost: Vec<String> = self
+            .channels
+            .iter()
+            .filter(|c| super::cluster::slot(format!("{prefix}{c}").as_bytes()) == r.slot)
+            .cloned()
+            .collect();
+        for c in lost {
+            self.channels.remove(&c);
+            if let Some(live) = &mut self.live {
+                live.confirmed.remove(&c);
+                if live.confirming > 0 {
+                    live.confirming -= 1;
+                    if live.confirming == 0 {
+                        self.out.push_back(Output::Event(Event::Up));
+                    }
+                }
+            }
+            self.emit(Event::Lost(c));
+        }
+        true
     }
 
     /// A `PONG` on the subscriber connection: every message published
@@ -1074,7 +1110,8 @@ mod tests {
         s.on_bytes(Conn::Subscriber, sub, now).unwrap();
         let (_, events) = drain(&mut s);
         assert!(
-            matches!(&events[..], [Event::Subscriptions(1), Event::Message { channel, .. }] if channel == "news"),
+            matches!(&events[..], [Event::Placed(p), Event::Subscriptions(1), Event::Message { channel, .. }]
+                if channel == "news" && p == "news"),
             "{events:?}"
         );
         let to = Publisher {
@@ -1107,6 +1144,18 @@ mod tests {
         let (_, events) = drain(&mut s);
         assert!(
             matches!(&events[..], [Event::Lost(c), Event::Subscriptions(0)] if c == "news"),
+            "{events:?}"
+        );
+        // Subscribed again where the map (stale) says, and refused with
+        // MOVED: handed back too, and the link stays.
+        s.on_command(Command::Subscribe("news".into()), now);
+        drain(&mut s);
+        let slot = crate::redis::cluster::slot(b"t:news");
+        let moved = format!("-MOVED {slot} 127.0.0.1:7002\r\n");
+        s.on_bytes(Conn::Subscriber, moved.as_bytes(), now).unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Lost(c)] if c == "news"),
             "{events:?}"
         );
     }

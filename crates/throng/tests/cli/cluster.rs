@@ -244,6 +244,53 @@ fn a_killed_cluster_master_fails_only_its_channels_until_its_replica_takes_over(
 }
 
 #[test]
+fn a_slot_moved_mid_run_with_history_loses_no_acknowledged_publish() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let c = Cluster::start(3, 0);
+    let a = cluster_node(&c, &["--history", "100"]);
+    let channels: Vec<String> = (0..6).map(|i| format!("m.{i}")).collect();
+    let mut subs: Vec<Sub> = channels.iter().map(|ch| subscribe(a.addr, ch)).collect();
+    a.wait_metric("throng_broker_subscriptions", |v| v == 6.0);
+    let key = "throng:m.0";
+    let (slot, from) = (c.slot(key), c.master_of(key));
+    let to = c
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .find(|&p| p != from)
+        .expect("another master");
+    let mut sent = Vec::new();
+    let moved_in = std::thread::scope(|scope| {
+        let mover = scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(500));
+            let t = Instant::now();
+            c.move_slot(slot, from, to, Duration::from_millis(300));
+            t.elapsed()
+        });
+        sent = publish_until(a.addr, &channels, |_, t, so_far| {
+            // Until 30 in a row went through after the move, 30 s at most.
+            let done = mover.is_finished() && last_acked(so_far, 30);
+            !done && t < Duration::from_secs(30)
+        });
+        mover.join().expect("the move")
+    });
+    assert_eq!(c.master_of(key), to, "the slot moved");
+    collect(a.addr, &channels, &mut subs, &mut sent);
+    let t = tally("slot moved between masters", &sent);
+    assert_eq!(t.get("acknowledged, LOST"), None, "{sent:?}");
+    let n = c.node(to).cli(&["PUBSUB", "SHARDNUMSUB", key]);
+    assert_eq!(
+        n.get(1).map(String::as_str),
+        Some("1"),
+        "resubscribed on {to}"
+    );
+    eprintln!(
+        "slot {slot} moved {from} -> {to} in {moved_in:?}; publishes refused (first, last) {:?}",
+        refused_span(&sent)
+    );
+}
+
+#[test]
 fn sentinel_failover_moves_both_nodes_and_loses_no_acknowledged_publish() {
     require!(Peer::RedisServer, Peer::RedisCli, Peer::RedisSentinel);
     let mut s = Sentinel::start();
