@@ -23,6 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-cluster.XXXXXX)}
+mkdir -p "$OUT"
 CHANNELS=${CHANNELS:-10000}
 ROUNDS=${ROUNDS:-3}
 SECONDS_=${DURATION:-5}
