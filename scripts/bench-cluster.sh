@@ -42,7 +42,7 @@ echo "binary: $BIN; results in $OUT"
 machine_line
 echo "$(redis-server --version | cut -d' ' -f1-3); $NODES nodes x 1 worker; $CHANNELS channels"
 
-REDIS_PIDS=() NODE_PIDS=() NODE_PORTS=() SUB_PID=
+REDIS_PIDS=() REDIS_PORTS=() NODE_PIDS=() NODE_PORTS=() SUB_PID=
 stop_nodes() {
   for p in "${NODE_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${NODE_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -51,7 +51,7 @@ stop_nodes() {
 stop_redis() {
   for p in "${REDIS_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${REDIS_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  REDIS_PIDS=()
+  REDIS_PIDS=() REDIS_PORTS=()
 }
 cleanup() {
   [ -n "$SUB_PID" ] && kill "$SUB_PID" 2>/dev/null || true
@@ -65,6 +65,7 @@ redis_one() { # port [extra flags...]
   redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" \
     --client-output-buffer-limit "pubsub 512mb 256mb 60" "$@" > "$OUT/redis-$port.log" &
   REDIS_PIDS+=($!)
+  REDIS_PORTS+=("$port")
   for _ in $(seq 100); do
     [ "$(redis-cli -p "$port" PING 2>/dev/null)" = PONG ] && return
     sleep 0.05
@@ -111,6 +112,14 @@ start_nodes() { # serve flags...
   done
 }
 
+redis_memory() { # used_memory summed over every Redis process
+  local sum=0 p
+  for p in "${REDIS_PORTS[@]}"; do
+    sum=$((sum + $(redis-cli -p "$p" INFO memory | tr -d '\r' | awk -F: '$1 == "used_memory" {print $2}')))
+  done
+  echo "$sum"
+}
+
 cpu_ticks() { # pid: utime + stime, in clock ticks
   awk '{print $14 + $15}' "/proc/$1/stat"
 }
@@ -119,13 +128,17 @@ cpu_ticks() { # pid: utime + stime, in clock ticks
 measure() { # label
   local label=$1 ports wrk_pids r i t0 t1 ticks0=() ticks1=()
   ports=$(IFS=,; echo "${NODE_PORTS[*]}")
+  local mem0 mem1
+  mem0=$(redis_memory)
   mkfifo "$OUT/sub-$label.fifo"
   python3 scripts/bench-cluster.py subscribe "$ports" "$CHANNELS" "$ROUNDS" \
     > "$OUT/sub-$label.fifo" 2> "$OUT/sub-$label.err" &
   SUB_PID=$!
   exec 3< "$OUT/sub-$label.fifo"
   read -r -t 300 ready <&3 || { echo "subscribers did not open"; cat "$OUT/sub-$label.err"; exit 1; }
-  echo "$label: $CHANNELS subscribers open ($ready)"
+  sleep 1
+  mem1=$(redis_memory)
+  echo "$label: $CHANNELS subscribers open ($ready); Redis memory +$(((mem1 - mem0) / CHANNELS)) B per (channel, node) subscription"
   cat > "$OUT/post.lua" <<'EOF'
 local n = 0
 request = function()

@@ -358,18 +358,25 @@ pub(crate) async fn run(
     settings: RedisSettings,
     max_message: usize,
     mut cmds: mpsc::UnboundedReceiver<Command>,
-    mut emit: impl FnMut(Event),
+    mut emit: impl FnMut(Event) + Clone + 'static,
 ) {
     let Topology::Cluster(seeds) = settings.topology.clone() else {
         return;
     };
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<(Addr, Event)>();
     let base = settings.clone();
+    let direct = emit.clone();
     let spawn: Spawn = Box::new(move |a: &Addr| {
         let (tx, rx) = mpsc::unbounded_channel();
-        let (events, from) = (ev_tx.clone(), a.clone());
+        let (events, from, mut direct) = (ev_tx.clone(), a.clone(), direct.clone());
         let link = super::driver::run(base.at(a), max_message, rx, move |ev| {
-            let _ = events.send((from.clone(), ev));
+            // Messages and confirmed publishes are the bulk and the router
+            // has nothing to add to them: straight to the supervisor.
+            if bypasses(&ev) {
+                direct(ev);
+            } else {
+                let _ = events.send((from.clone(), ev));
+            }
         });
         tokio::task::spawn_local(link);
         tx
@@ -411,6 +418,19 @@ pub(crate) async fn run(
             emit(ev);
         }
     }
+}
+
+/// Whether a link's event goes to the supervisor without the router:
+/// nothing about shards, redirects or placement, and no failure the
+/// router names the shard in.
+fn bypasses(ev: &Event) -> bool {
+    matches!(
+        ev,
+        Event::Message { .. }
+            | Event::Dropped(_)
+            | Event::Recovered { .. }
+            | Event::Published { result: Ok(_), .. }
+    )
 }
 
 /// Reads the slot map from the first of `ask` that answers `CLUSTER SLOTS`.
