@@ -470,7 +470,7 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
     let mut names: Vec<&String> = r.latency_us.keys().collect();
     names.sort_by_key(|n| n.as_str() != "delivery");
     for name in names {
-        let q = |f: fn(&crate::summary::HistStats) -> u64| {
+        let q = |f: fn(&crate::interval::HistStats) -> u64| {
             series
                 .iter()
                 .map(|p| {

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::format::{Reader, Record};
 use crate::html::{self, Mark, Plot, Unit, XAxis, esc, line};
-use crate::summary::{HistStats, Report};
+use crate::interval::HistStats;
+use crate::summary::Report;
 use crate::text::{bytes, count, micros};
 
 /// The kind of the event that carries a whole search's [`Knee`] as JSON,

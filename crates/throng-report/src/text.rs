@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use crate::bench::BenchSummary;
-use crate::summary::{HistStats, Report, explain, is_error};
+use crate::interval::HistStats;
+use crate::summary::{Report, explain, is_error};
 
 /// The widest a table of the time series gets: wider ones are split into
 /// several, each with the time column, so they fit a 100-column terminal.

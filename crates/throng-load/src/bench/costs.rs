@@ -12,8 +12,8 @@ use serde::Serialize;
 use throng_host::sample::HostSample;
 use throng_report::bench::BenchSummary;
 use throng_report::format::{Reader, Record, Writer};
+use throng_report::interval::HistStats;
 use throng_report::interval::{Interval, new_histogram};
-use throng_report::summary::HistStats;
 
 use super::BenchError;
 use super::monitor::label;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use throng_report::bench::{
     BenchSummary, Connections, CpuSplit, Delivery, MemoryPerConnection, MessageDelivery, Messages,
 };
-use throng_report::summary::HistStats;
+use throng_report::interval::HistStats;
 use throng_report::text::micros;
 
 use super::BenchError;
