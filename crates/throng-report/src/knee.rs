@@ -682,15 +682,8 @@ fn plots(k: &Knee) -> Vec<Plot> {
         Mode::Attack | Mode::Publish => "per second",
     };
     let plot = |id: &str, title: String, y_title, unit, lines| Plot {
-        id: id.to_owned(),
-        title,
-        caption: String::new(),
-        y_title,
-        unit,
-        lines,
-        at: at.clone(),
-        x,
         marks: marks.clone(),
+        ..Plot::new((id, title), (y_title, unit), lines, at.clone(), x)
     };
     vec![
         plot(

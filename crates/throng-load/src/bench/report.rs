@@ -387,7 +387,29 @@ fn grown(before: u64, after: u64, what: &str) -> String {
 /// The report as text.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let m = &r.memory;
+    connections(&mut s, r);
+    memory(&mut s, r);
+    messages(&mut s, r);
+    cpu(&mut s, r);
+    limits(&mut s, r);
+    s.push_str(&format!(
+        "results      {}\nreport       {}\n",
+        r.result_file.display(),
+        r.html_report.display()
+    ));
+    match r.verdict() {
+        Verdict::Pass => s.push_str(&format!(
+            "PASS         all {} connections held, {} of {} messages published, {} of {} deliveries, none lost\n",
+            r.connections, r.published, r.messages_asked, r.received, r.expected
+        )),
+        Verdict::Fail => s.push_str(&format!("FAIL         {}\n", r.failures().join("; "))),
+        Verdict::Stopped => s.push_str("STOPPED      by Ctrl-C before its end: no verdict\n"),
+    }
+    s
+}
+
+/// What was held, how fast, and the TLS handshakes.
+fn connections(s: &mut String, r: &Report) {
     s.push_str(&format!(
         "\nconnections  {} held of {} ({} opened, {} failed{}), opened at {:.0}/s ({:.2} s)\n",
         r.held,
@@ -413,6 +435,11 @@ pub fn render(r: &Report) -> String {
             micros(t.max)
         ));
     }
+}
+
+/// Memory per connection on each side and in the kernel.
+fn memory(s: &mut String, r: &Report) {
+    let m = &r.memory;
     s.push_str(&format!(
         "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab +{:.0} MiB, {}; two sockets per connection)\n",
         m.connections,
@@ -426,6 +453,10 @@ pub fn render(r: &Report) -> String {
         (m.slab_loaded as f64 - m.slab_before as f64) / 1_048_576.0,
         grown(m.tcp_mem_before, m.tcp_mem_loaded, "TCP buffers"),
     ));
+}
+
+/// The messages published and received, and their delivery.
+fn messages(s: &mut String, r: &Report) {
     let answers = if r.publish_unanswered > 0 {
         format!(
             "{} answered in time, {} answered late or not at all",
@@ -465,6 +496,10 @@ pub fn render(r: &Report) -> String {
             micros(msg.last_subscriber_us)
         ));
     }
+}
+
+/// CPU over the whole run, and per delivery.
+fn cpu(s: &mut String, r: &Report) {
     s.push_str(&format!(
         "CPU          server {:.2} s, harness {:.2} s (user + system, whole run of {:.1} s)\n",
         r.cpu.server_s, r.cpu.harness_s, r.elapsed_s
@@ -479,6 +514,10 @@ pub fn render(r: &Report) -> String {
             dc.window_s
         ));
     }
+}
+
+/// The limits reached, or how close the run came.
+fn limits(s: &mut String, r: &Report) {
     if r.limits.is_empty() {
         let p = &r.peaks;
         s.push_str(&format!(
@@ -501,20 +540,6 @@ pub fn render(r: &Report) -> String {
             ));
         }
     }
-    s.push_str(&format!(
-        "results      {}\nreport       {}\n",
-        r.result_file.display(),
-        r.html_report.display()
-    ));
-    match r.verdict() {
-        Verdict::Pass => s.push_str(&format!(
-            "PASS         all {} connections held, {} of {} messages published, {} of {} deliveries, none lost\n",
-            r.connections, r.published, r.messages_asked, r.received, r.expected
-        )),
-        Verdict::Fail => s.push_str(&format!("FAIL         {}\n", r.failures().join("; "))),
-        Verdict::Stopped => s.push_str("STOPPED      by Ctrl-C before its end: no verdict\n"),
-    }
-    s
 }
 
 #[cfg(test)]
