@@ -37,9 +37,11 @@ pub mod costs;
 pub mod limits;
 pub mod monitor;
 pub mod report;
+pub mod results;
 pub mod server;
 
 pub use report::{Report, Verdict, criteria, render};
+use results::Results;
 
 /// The most connections a default run holds: enough to prove the point, short enough to wait for.
 pub const DEFAULT_MAX: u64 = 100_000;
@@ -356,8 +358,10 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             server_killed,
         },
     ) = hold_and_measure(&mut server, hold, setup, plan.connections)?;
+    // One read of hold's file: the figures, the bench's own file, the page.
+    let mut results = Results::copy(&files.hold, &files.results, &samples)?;
+    let intervals = results.intervals();
     let (memory, cpu) = costs::costs(&samples, before_ns, summary.peak_open.max(0) as u64);
-    let intervals = costs::intervals(&files.hold)?;
     let planned_rate = match plan.rate {
         RateSpec::Constant(r) => Some(r),
         RateSpec::Ramp(..) => None,
@@ -369,7 +373,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         memory,
         cpu,
         delivery_cpu: costs::delivery_cpu(&samples, &intervals),
-        messages: costs::per_message(&intervals, &costs::message_tallies(&files.hold)?),
+        messages: costs::per_message(&intervals, results.tallies()),
         limits: limits::reached(&intervals, &samples, summary.start_unix_ns, planned_rate),
         result_file: files.results.clone(),
         html_report: files.html.clone(),
@@ -380,10 +384,9 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         now_unix_ns(),
         format!("{}/bench", throng_host::sample::hostname()),
     );
-    costs::write_results(&files.hold, &files.results, &samples, &summary)?;
+    results.finish(&summary, &files.html)?;
     let _ = std::fs::remove_file(&files.hold);
     let _ = std::fs::remove_file(&files.cert);
-    report::write_html(&files.results, &files.html)?;
     Ok(report)
 }
 

@@ -4,7 +4,7 @@
 //! it states at start ([`criteria`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use throng_report::bench::{
     BenchSummary, Connections, CpuSplit, Delivery, MemoryPerConnection, MessageDelivery, Messages,
@@ -12,7 +12,6 @@ use throng_report::bench::{
 use throng_report::interval::HistStats;
 use throng_report::text::micros;
 
-use super::BenchError;
 use super::costs::{Cpu, DeliveryCpu, Memory, MessageStats};
 use super::limits::{Limit, Peaks};
 use crate::harness::collect::kinds;
@@ -347,22 +346,6 @@ impl Report {
                 .unwrap_or_default(),
         }
     }
-}
-
-/// The HTML page of the result file.
-pub(super) fn write_html(result_file: &Path, html_file: &Path) -> Result<(), BenchError> {
-    use throng_report::merge::{Merger, merge_files_into};
-    use throng_report::summary::Report as Page;
-    let err = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
-        BenchError::Results(format!("cannot {what} {}: {e}", path.display()))
-    };
-    let mut mergers = [Merger::new(1_000_000_000).with_max_buckets(1_000)];
-    // A read error names the file itself.
-    let files = merge_files_into(&[result_file], &mut mergers)
-        .map_err(|e| BenchError::Results(e.to_string()))?;
-    let [merger] = mergers;
-    let page = throng_report::html::render(&Page::build(&merger.finish(), &files, true));
-    std::fs::write(html_file, page).map_err(|e| err("write", html_file, &e))
 }
 
 fn bytes(v: f64) -> String {
