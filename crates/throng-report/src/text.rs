@@ -41,19 +41,54 @@ pub fn micros(us: u64) -> String {
     latency(us as f64)
 }
 
-/// Bytes with a binary unit: `512 B`, `3.2 KiB`, `1.50 GiB`.
+/// Bytes with a binary unit: `512 B`, `3.2 KiB`, `1.5 GiB` ([`Bytes::SIZE`]).
 pub fn bytes(n: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{v:.0} {}", UNITS[unit])
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
+    Bytes::SIZE.format(n)
+}
+
+/// The one way sizes are written: bytes below 1 KiB, else in the largest
+/// binary unit (up to `largest`) that keeps the figure at 1 or more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes {
+    /// How many units it may climb: 1 stops at KiB, 4 at TiB.
+    largest: usize,
+    /// Decimals past KiB (bytes are whole).
+    decimals: usize,
+    /// Whether a negative figure climbs by its magnitude (a delta that
+    /// shrank), or stays in bytes.
+    signed: bool,
+}
+
+impl Bytes {
+    /// Every report's sizes: `512 B`, `3.2 KiB`, `1.5 GiB`.
+    pub const SIZE: Self = Self {
+        largest: 4,
+        decimals: 1,
+        signed: false,
+    };
+    /// A bench's memory per connection, finer and never past KiB, so
+    /// sides compare at a glance: `512 B`, `9.87 KiB`, `-1.50 KiB`.
+    pub const PER_CONNECTION: Self = Self {
+        largest: 1,
+        decimals: 2,
+        signed: true,
+    };
+
+    /// `n` bytes, written this way.
+    pub fn format(self, n: f64) -> String {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let climbs = |v: f64| if self.signed { v.abs() } else { v } >= 1024.0;
+        let mut v = n;
+        let mut unit = 0;
+        while climbs(v) && unit < self.largest.min(UNITS.len() - 1) {
+            v /= 1024.0;
+            unit += 1;
+        }
+        if unit == 0 {
+            format!("{v:.0} {}", UNITS[unit])
+        } else {
+            format!("{v:.prec$} {}", UNITS[unit], prec = self.decimals)
+        }
     }
 }
 
@@ -719,6 +754,14 @@ mod tests {
         assert_eq!(latency(12_345_678.0), "12.3s");
         assert_eq!(bytes(512.0), "512 B");
         assert_eq!(bytes(1536.0), "1.5 KiB");
+        assert_eq!(bytes(-2048.0), "-2048 B");
+        assert_eq!(Bytes::PER_CONNECTION.format(512.0), "512 B");
+        assert_eq!(Bytes::PER_CONNECTION.format(10_106.9), "9.87 KiB");
+        assert_eq!(Bytes::PER_CONNECTION.format(-1536.0), "-1.50 KiB");
+        assert_eq!(
+            Bytes::PER_CONNECTION.format(3.0 * 1_048_576.0),
+            "3072.00 KiB"
+        );
         assert_eq!(count(1234.0), "1234");
         assert_eq!(count(12_500.0), "12.5k");
         assert_eq!(short("connect.error.refused"), "erro.refused");

@@ -10,7 +10,7 @@ use throng_report::bench::{
     BenchSummary, Connections, CpuSplit, Delivery, MemoryPerConnection, MessageDelivery, Messages,
 };
 use throng_report::interval::HistStats;
-use throng_report::text::micros;
+use throng_report::text::{Bytes, micros};
 
 use super::costs::{Cpu, DeliveryCpu, Memory, MessageStats};
 use super::limits::{Limit, Peaks};
@@ -348,12 +348,9 @@ impl Report {
     }
 }
 
-fn bytes(v: f64) -> String {
-    if v.abs() >= 1024.0 {
-        format!("{:.2} KiB", v / 1024.0)
-    } else {
-        format!("{v:.0} B")
-    }
+/// Bytes per connection: `9.87 KiB`.
+fn per_connection(v: f64) -> String {
+    Bytes::PER_CONNECTION.format(v)
 }
 
 /// `+245 MiB`, or `none held` for a change under half a MiB (idle
@@ -426,13 +423,13 @@ fn memory(s: &mut String, r: &Report) {
     s.push_str(&format!(
         "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab +{:.0} MiB, {}; two sockets per connection)\n",
         m.connections,
-        bytes(m.server_per_connection),
+        per_connection(m.server_per_connection),
         m.server_before >> 20,
         m.server_loaded >> 20,
-        bytes(m.harness_per_connection),
+        per_connection(m.harness_per_connection),
         m.harness_before >> 20,
         m.harness_loaded >> 20,
-        bytes(m.kernel_per_connection),
+        per_connection(m.kernel_per_connection),
         (m.slab_loaded as f64 - m.slab_before as f64) / 1_048_576.0,
         grown(m.tcp_mem_before, m.tcp_mem_loaded, "TCP buffers"),
     ));
