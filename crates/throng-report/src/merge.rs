@@ -270,6 +270,9 @@ struct Live {
     source: String,
     /// Each source's last known levels, as of the intervals flushed.
     levels: Levels,
+    /// The sources of each open bucket's records: the duplicates a live
+    /// merger skips (instead of `seen`, which would grow with the run).
+    reported: BTreeMap<u64, HashSet<String>>,
     /// The start of the last interval flushed (0: none yet).
     flushed_to: u64,
     /// Every interval flushed, added (late records included).
@@ -327,6 +330,7 @@ impl Merger {
             total: Interval::empty(start_ns, m.width_ns, source.clone()),
             source,
             levels: Levels::default(),
+            reported: BTreeMap::new(),
             flushed_to: 0,
         });
         m
@@ -344,7 +348,13 @@ impl Merger {
 
     /// Whether `source`'s record of the interval at `start` was merged.
     pub fn has(&self, source: &str, start: u64) -> bool {
-        self.seen.contains(&(source.to_owned(), start))
+        match &self.live {
+            Some(live) => live
+                .reported
+                .get(&start)
+                .is_some_and(|r| r.contains(source)),
+            None => self.seen.contains(&(source.to_owned(), start)),
+        }
     }
 
     /// Whether the interval at `start` was flushed already (a record of it
@@ -369,6 +379,7 @@ impl Merger {
     pub fn flush(&mut self, start: u64, own: Option<&Interval>) -> Option<Flushed> {
         let live = self.live.as_mut()?;
         let mut bucket = self.buckets.remove(&start)?;
+        live.reported.remove(&start);
         let again = start <= live.flushed_to;
         let mut interval = Interval::empty(start, bucket.length_ns, live.source.clone());
         interval.counters = std::mem::take(&mut bucket.counters);
@@ -455,7 +466,15 @@ impl Merger {
     /// Merges one interval; returns false (and merges nothing) if an interval
     /// of the same source and start was merged already.
     pub fn add_interval(&mut self, iv: &Interval) -> bool {
-        if !self.seen.insert((iv.source.clone(), iv.start_ns)) {
+        let new = match self.live.as_mut() {
+            Some(live) => live
+                .reported
+                .entry(iv.start_ns)
+                .or_default()
+                .insert(iv.source.clone()),
+            None => self.seen.insert((iv.source.clone(), iv.start_ns)),
+        };
+        if !new {
             self.merged.duplicates += 1;
             return false;
         }
@@ -807,6 +826,10 @@ mod tests {
         let mut m = Merger::live("a/hold".into(), 0, 1_000_000_000);
         m.add_interval(&iv("a/hold-0", 1, 10, &[100, 200]));
         m.add_interval(&iv("a/hold-1", 1, 5, &[300]));
+        assert!(
+            !m.add_interval(&iv("a/hold-1", 1, 5, &[300])),
+            "a duplicate"
+        );
         assert_eq!(m.open(), [1_000_000_000]);
         assert!(m.has("a/hold-1", 1_000_000_000));
         assert!(!m.has("a/hold-1", 2_000_000_000));

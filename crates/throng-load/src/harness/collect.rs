@@ -64,8 +64,8 @@ pub struct Flushed {
     /// The merged interval, with the host sample; its gauges are every
     /// worker's last known level.
     pub merged: Interval,
-    /// Newer than any interval shown before (a late record merged on its
-    /// own is not shown again).
+    /// The interval's first flush, newer than any shown before (a late
+    /// record merged on its own is not shown again).
     pub show: bool,
     /// Workers still running whose record of this interval had not come
     /// (their levels are from an earlier one).
@@ -101,8 +101,6 @@ pub struct Collector {
     /// Workers whose feed ended: nothing more is waited for from them.
     gone: Vec<bool>,
     sampler: Sampler,
-    /// The start of the last interval shown.
-    shown_to: u64,
     peak_rss_bytes: BTreeMap<String, u64>,
     last_host: Option<HostSample>,
 }
@@ -134,7 +132,6 @@ impl Collector {
             sources: vec![None; workers],
             gone: vec![false; workers],
             sampler: Sampler::new(),
-            shown_to: 0,
             peak_rss_bytes: BTreeMap::new(),
             last_host: None,
         })
@@ -248,11 +245,9 @@ impl Collector {
         let Some(f) = self.merger.flush(start, Some(&sup)) else {
             return Ok(None);
         };
-        let show = start > self.shown_to;
-        self.shown_to = self.shown_to.max(start);
         Ok(Some(Flushed {
             merged: f.interval,
-            show,
+            show: true,
             late,
         }))
     }
