@@ -47,10 +47,13 @@ pub fn bytes(n: f64) -> String {
 }
 
 /// The one way sizes are written: bytes below 1 KiB, else in the largest
-/// binary unit (up to `largest`) that keeps the figure at 1 or more.
+/// binary unit (up to `largest`) that keeps the figure at 1 or more; or
+/// always in one unit, so that figures line up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bytes {
-    /// How many units it may climb: 1 stops at KiB, 4 at TiB.
+    /// The unit it starts from: 0 bytes, 2 MiB.
+    from: usize,
+    /// The unit it climbs to at most: 1 KiB, 4 TiB.
     largest: usize,
     /// Decimals past KiB (bytes are whole).
     decimals: usize,
@@ -62,6 +65,7 @@ pub struct Bytes {
 impl Bytes {
     /// Every report's sizes: `512 B`, `3.2 KiB`, `1.5 GiB`.
     pub const SIZE: Self = Self {
+        from: 0,
         largest: 4,
         decimals: 1,
         signed: false,
@@ -69,18 +73,36 @@ impl Bytes {
     /// A bench's memory per connection, finer and never past KiB, so
     /// sides compare at a glance: `512 B`, `9.87 KiB`, `-1.50 KiB`.
     pub const PER_CONNECTION: Self = Self {
+        from: 0,
         largest: 1,
         decimals: 2,
         signed: true,
+    };
+    /// A process's memory, in MiB whatever its size: `12.3 MiB`.
+    pub const MIB: Self = Self {
+        from: 2,
+        largest: 2,
+        decimals: 1,
+        signed: false,
+    };
+    /// A machine's memory grown, in whole MiB: `245 MiB`.
+    pub const WHOLE_MIB: Self = Self {
+        from: 2,
+        largest: 2,
+        decimals: 0,
+        signed: false,
     };
 
     /// `n` bytes, written this way.
     pub fn format(self, n: f64) -> String {
         const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let largest = self.largest.min(UNITS.len() - 1);
         let climbs = |v: f64| if self.signed { v.abs() } else { v } >= 1024.0;
         let mut v = n;
         let mut unit = 0;
-        while climbs(v) && unit < self.largest.min(UNITS.len() - 1) {
+        // Dividing by 1024 is exact in binary floating point, so starting
+        // in MiB gives what dividing by 1,048,576 once did.
+        while unit < self.from.min(largest) || (climbs(v) && unit < largest) {
             v /= 1024.0;
             unit += 1;
         }
@@ -762,6 +784,9 @@ mod tests {
             Bytes::PER_CONNECTION.format(3.0 * 1_048_576.0),
             "3072.00 KiB"
         );
+        assert_eq!(Bytes::MIB.format(12_897_485.0), "12.3 MiB");
+        assert_eq!(Bytes::MIB.format(512.0), "0.0 MiB");
+        assert_eq!(Bytes::WHOLE_MIB.format(256_901_120.0), "245 MiB");
         assert_eq!(count(1234.0), "1234");
         assert_eq!(count(12_500.0), "12.5k");
         assert_eq!(short("connect.error.refused"), "erro.refused");

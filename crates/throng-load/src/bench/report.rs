@@ -360,7 +360,7 @@ fn grown(before: u64, after: u64, what: &str) -> String {
     if d < 512.0 * 1024.0 {
         format!("{what}: none held")
     } else {
-        format!("{what} +{:.0} MiB", d / 1_048_576.0)
+        format!("{what} +{}", Bytes::WHOLE_MIB.format(d))
     }
 }
 
@@ -421,7 +421,7 @@ fn connections(s: &mut String, r: &Report) {
 fn memory(s: &mut String, r: &Report) {
     let m = &r.memory;
     s.push_str(&format!(
-        "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab +{:.0} MiB, {}; two sockets per connection)\n",
+        "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab +{}, {}; two sockets per connection)\n",
         m.connections,
         per_connection(m.server_per_connection),
         m.server_before >> 20,
@@ -430,7 +430,7 @@ fn memory(s: &mut String, r: &Report) {
         m.harness_before >> 20,
         m.harness_loaded >> 20,
         per_connection(m.kernel_per_connection),
-        (m.slab_loaded as f64 - m.slab_before as f64) / 1_048_576.0,
+        Bytes::WHOLE_MIB.format(m.slab_loaded as f64 - m.slab_before as f64),
         grown(m.tcp_mem_before, m.tcp_mem_loaded, "TCP buffers"),
     ));
 }

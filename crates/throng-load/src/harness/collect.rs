@@ -29,6 +29,7 @@ use throng_report::events::EventGroup;
 use throng_report::format::{Event, Header, Record, Writer, decode_record};
 use throng_report::interval::Interval;
 use throng_report::merge::Merger;
+use throng_report::text::Bytes;
 
 use super::progress::Latest;
 
@@ -334,9 +335,9 @@ pub fn peak_rss(by_label: &BTreeMap<String, u64>) -> String {
         .iter()
         .map(|(k, v)| {
             format!(
-                "{} {:.1} MiB",
+                "{} {}",
                 k.rsplit('/').next().unwrap_or(k),
-                *v as f64 / 1_048_576.0
+                Bytes::MIB.format(*v as f64)
             )
         })
         .collect();
