@@ -246,7 +246,9 @@ pub struct Merged {
     pub duplicates: u64,
 }
 
-/// Merges records one at a time; [`Merger::finish`] gives the result.
+/// Merges records one at a time; [`Merger::finish`] gives the result of
+/// a whole run, and a live merger ([`Merger::live`]) gives each interval
+/// as it completes ([`Merger::flush`]) and the run's totals.
 #[derive(Debug)]
 pub struct Merger {
     width_ns: u64,
@@ -270,8 +272,9 @@ struct Live {
     source: String,
     /// Each source's last known levels, as of the intervals flushed.
     levels: Levels,
-    /// The sources of each open bucket's records: the duplicates a live
-    /// merger skips (instead of `seen`, which would grow with the run).
+    /// The sources of each open bucket's records, by its start: the
+    /// duplicates a live merger skips (instead of `seen`, which would grow
+    /// with the run).
     reported: BTreeMap<u64, HashSet<String>>,
     /// The start of the last interval flushed (0: none yet).
     flushed_to: u64,
@@ -466,10 +469,13 @@ impl Merger {
     /// Merges one interval; returns false (and merges nothing) if an interval
     /// of the same source and start was merged already.
     pub fn add_interval(&mut self, iv: &Interval) -> bool {
+        let start = iv.start_ns - iv.start_ns % self.width_ns;
         let new = match self.live.as_mut() {
+            // Live, a bucket is one interval (the width is the interval's
+            // length), and what it holds is dropped at its flush.
             Some(live) => live
                 .reported
-                .entry(iv.start_ns)
+                .entry(start)
                 .or_default()
                 .insert(iv.source.clone()),
             None => self.seen.insert((iv.source.clone(), iv.start_ns)),
@@ -483,7 +489,6 @@ impl Merger {
         if !m.sources.contains(&iv.source) {
             m.sources.insert(iv.source.clone());
         }
-        let start = iv.start_ns - iv.start_ns % self.width_ns;
         let bucket = self
             .buckets
             .entry(start)
