@@ -20,11 +20,14 @@ mod gate;
 mod http;
 mod link;
 mod mqtt;
+mod mqtt_accept;
 mod mqtt_auth;
 mod mqtt_qos;
 mod mqtt_retain;
 #[cfg(test)]
 mod pair;
+mod ping_answer;
+mod recurring;
 mod rejoin;
 mod routes;
 mod sleepers;
@@ -59,8 +62,8 @@ use crate::tls::{self, park};
 use crate::wheel::{self, TICK};
 use link::Link;
 use park::Parked;
-use routes::Serves;
-use state::{Around, Counted, Outgoing, Worker};
+use recurring::Recurring;
+use state::{Around, Counted, Outgoing, Serves, Worker};
 use subscribers::{Limits, Subscribers};
 
 /// Why a worker could not start or run.
@@ -123,53 +126,8 @@ pub fn run_from_stdin(index: usize) -> Result<(), WorkerError> {
 async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let (mut rd, mut wr) = ctl.into_split();
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let cfg: Config = match read_record(&mut rd, &mut buf).await {
-        Ok(Some(Record::Config(json))) => {
-            serde_json::from_slice(&json).map_err(|e| WorkerError::NoConfig(e.to_string()))?
-        }
-        Ok(other) => return Err(WorkerError::NoConfig(format!("unexpected {other:?}"))),
-        Err(e) => return Err(WorkerError::NoConfig(e.to_string())),
-    };
-    let tls = match &cfg.tls {
-        Some(m) if !cfg.tls_listen.is_empty() || !cfg.mqtts_listen.is_empty() => {
-            Some(tls::server_config(m).map_err(|source| WorkerError::Tls { index, source })?)
-        }
-        _ => None,
-    };
-    let listen = |addr: SocketAddr| {
-        reuseport::listener(addr)
-            .and_then(TcpListener::from_std)
-            .map_err(|source| WorkerError::Listen {
-                index,
-                addr,
-                source,
-            })
-    };
-    let mut listeners = Vec::new();
-    let mut mqtt_listeners = Vec::new();
-    let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
-    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
-    for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
-        mqtt_listeners.push((listen(addr)?, tls));
-    }
-    let public = Serves::public(&cfg);
-    let plain = cfg.listen.iter().map(|a| (*a, None, public));
-    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
-    // An address in both --publish-listen and --metrics-listen is one
-    // listener serving both.
-    let mut internal: Vec<SocketAddr> = cfg.publish_listen.clone();
-    internal.extend(
-        cfg.metrics_listen
-            .iter()
-            .filter(|a| !cfg.publish_listen.contains(a)),
-    );
-    let internal = internal
-        .into_iter()
-        .map(|a| (a, None, Serves::internal(&cfg, a)));
-    for (addr, tls, serves) in plain.chain(secure).chain(internal) {
-        listeners.push((listen(addr)?, tls, serves));
-    }
-
+    let cfg = settings(&mut rd, &mut buf).await?;
+    let (listeners, mqtt_listeners) = open_listeners(index, &cfg)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     tokio::task::spawn_local(async move {
         while let Some(rec) = rx.recv().await {
@@ -178,46 +136,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
             }
         }
     });
-    let counters = Rc::new(Counters::default());
-    let report_interest = cfg.redis_mode == Some(RedisMode::Channels);
-    let link = Rc::new(Link::new(index, counters.clone(), report_interest, tx));
-    let places = match (cfg.max_connections, cfg.shared_counters) {
-        (Some(cap), Some(fd)) => {
-            let shared = SharedCounters::inherit(fd, cfg.workers)?;
-            // What a dead predecessor in this slot held went with it.
-            if let Some(mine) = shared.slot(index) {
-                mine.store(0, std::sync::atomic::Ordering::SeqCst);
-            }
-            Some((shared, cap))
-        }
-        _ => None,
-    };
-    let around = Around {
-        poller: Poller::new()?,
-        link: link.clone(),
-        counted: Counted::new(index, places),
-    };
-    let publish_key = match &cfg.auth.publish_key {
-        Some(file) => Some(PublishKey::new(file).map_err(|_| {
-            WorkerError::Io(std::io::Error::other("no randomness for the publish key"))
-        })?),
-        None => None,
-    };
-    let w = Rc::new(Worker {
-        index,
-        subs: Subscribers::new(Limits::of(&cfg), around, counters.clone()),
-        counters,
-        link,
-        draining: Cell::new(false),
-        outbox: RefCell::default(),
-        outbox_ready: Notify::new(),
-        sleepers: sleepers::Sleepers::default(),
-        accept_errors: RefCell::new(Recurring::new(index)),
-        verifier: Verifier::new(&cfg.auth),
-        publish_key,
-        parked: Parked::default(),
-        cfg,
-    });
+    let w = Rc::new(worker(index, cfg, tx)?);
     let mut accepts: Vec<AbortHandle> = listeners
         .into_iter()
         .map(|(l, tls, serves)| {
@@ -231,7 +150,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
     let fanout = tokio::task::spawn_local(fanout_loop(w.clone())).abort_handle();
-    let sleeping = tokio::task::spawn_local(sleepers::run(w.clone())).abort_handle();
+    let sleeping = tokio::task::spawn_local(http::wake_sleepers(w.clone())).abort_handle();
     w.link.send_snapshot();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -260,6 +179,124 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     Ok(())
 }
 
+/// Reads the worker's settings, the supervisor's first record.
+async fn settings(
+    rd: &mut tokio::net::unix::OwnedReadHalf,
+    buf: &mut BytesMut,
+) -> Result<Config, WorkerError> {
+    match read_record(rd, buf).await {
+        Ok(Some(Record::Config(json))) => {
+            serde_json::from_slice(&json).map_err(|e| WorkerError::NoConfig(e.to_string()))
+        }
+        Ok(other) => Err(WorkerError::NoConfig(format!("unexpected {other:?}"))),
+        Err(e) => Err(WorkerError::NoConfig(e.to_string())),
+    }
+}
+
+/// A listener of HTTP connections: its socket, TLS and what it serves.
+type HttpListener = (TcpListener, Option<Arc<rustls::ServerConfig>>, Serves);
+
+/// A listener of MQTT connections: its socket and TLS.
+type MqttListener = (TcpListener, Option<Arc<rustls::ServerConfig>>);
+
+/// Opens this worker's listeners (`SO_REUSEPORT`, beside the other
+/// workers'): the HTTP ones (public, then internal) and the MQTT ones.
+fn open_listeners(
+    index: usize,
+    cfg: &Config,
+) -> Result<(Vec<HttpListener>, Vec<MqttListener>), WorkerError> {
+    let tls = match &cfg.tls {
+        Some(m) if !cfg.tls_listen.is_empty() || !cfg.mqtts_listen.is_empty() => {
+            Some(tls::server_config(m).map_err(|source| WorkerError::Tls { index, source })?)
+        }
+        _ => None,
+    };
+    let listen = |addr: SocketAddr| {
+        reuseport::listener(addr)
+            .and_then(TcpListener::from_std)
+            .map_err(|source| WorkerError::Listen {
+                index,
+                addr,
+                source,
+            })
+    };
+    let mut listeners = Vec::new();
+    let mut mqtt_listeners = Vec::new();
+    let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
+    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
+    for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
+        mqtt_listeners.push((listen(addr)?, tls));
+    }
+    let public = Serves::public(cfg);
+    let plain = cfg.listen.iter().map(|a| (*a, None, public));
+    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
+    // An address in both --publish-listen and --metrics-listen is one
+    // listener serving both.
+    let mut internal: Vec<SocketAddr> = cfg.publish_listen.clone();
+    internal.extend(
+        cfg.metrics_listen
+            .iter()
+            .filter(|a| !cfg.publish_listen.contains(a)),
+    );
+    let internal = internal
+        .into_iter()
+        .map(|a| (a, None, Serves::internal(cfg, a)));
+    for (addr, tls, serves) in plain.chain(secure).chain(internal) {
+        listeners.push((listen(addr)?, tls, serves));
+    }
+
+    Ok((listeners, mqtt_listeners))
+}
+
+/// What the worker owns, made from its settings; `tx` takes the records
+/// for the supervisor.
+fn worker(
+    index: usize,
+    cfg: Config,
+    tx: mpsc::UnboundedSender<Bytes>,
+) -> Result<Worker, WorkerError> {
+    let counters = Rc::new(Counters::default());
+    let report_interest = cfg.redis_mode == Some(RedisMode::Channels);
+    let link = Rc::new(Link::new(index, counters.clone(), report_interest, tx));
+    let places = match (cfg.max_connections, cfg.shared_counters) {
+        (Some(cap), Some(fd)) => {
+            let shared = SharedCounters::inherit(fd, cfg.workers)?;
+            // What a dead predecessor in this slot held went with it.
+            if let Some(mine) = shared.slot(index) {
+                mine.store(0, std::sync::atomic::Ordering::SeqCst);
+            }
+            Some((shared, cap))
+        }
+        _ => None,
+    };
+    let around = Around {
+        poller: Poller::new()?,
+        link: link.clone(),
+        counted: Counted::new(index, places),
+    };
+    let publish_key = match &cfg.auth.publish_key {
+        Some(file) => Some(PublishKey::new(file).map_err(|_| {
+            WorkerError::Io(std::io::Error::other("no randomness for the publish key"))
+        })?),
+        None => None,
+    };
+    Ok(Worker {
+        index,
+        subs: Subscribers::new(Limits::of(&cfg), around, counters.clone()),
+        counters,
+        link,
+        draining: Cell::new(false),
+        outbox: RefCell::default(),
+        outbox_ready: Notify::new(),
+        sleepers: sleepers::Sleepers::default(),
+        accept_errors: RefCell::new(Recurring::new(index)),
+        verifier: Verifier::new(&cfg.auth),
+        publish_key,
+        parked: Parked::default(),
+        cfg,
+    })
+}
+
 /// What a listener's connections speak.
 enum Speaks {
     /// HTTP (and WebSocket, SSE); with TLS, each starts with a TLS handshake.
@@ -280,7 +317,7 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                     Speaks::Http(tls, serves) => (tls, *serves),
                     Speaks::Mqtt(tls) => {
                         let tls = tls.clone();
-                        tokio::task::spawn_local(mqtt::serve(w.clone(), stream, peer, tls));
+                        tokio::task::spawn_local(mqtt_accept::serve(w.clone(), stream, peer, tls));
                         continue;
                     }
                 };
@@ -330,62 +367,6 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-    }
-}
-
-/// How often a condition that repeats (a failing `accept`) is logged again.
-const REPEAT_EVERY: Duration = Duration::from_secs(10);
-
-/// A condition that can repeat thousands of times a second (`accept:
-/// Too many open files`): its first occurrence is logged at once, the rest
-/// are counted and logged as one line per [`REPEAT_EVERY`] while it lasts.
-pub(crate) struct Recurring {
-    worker: usize,
-    /// The last line logged, and when.
-    last: Option<(String, Instant)>,
-    /// Occurrences since then.
-    since: u64,
-}
-
-impl Recurring {
-    pub(crate) fn new(worker: usize) -> Self {
-        Self {
-            worker,
-            last: None,
-            since: 0,
-        }
-    }
-
-    /// It happened (again) at `now`; returns the line to log, if one is due.
-    pub(crate) fn note(&mut self, what: &str, now: Instant) -> Option<String> {
-        self.since += 1;
-        match &self.last {
-            Some((_, at)) if now.duration_since(*at) < REPEAT_EVERY => None,
-            _ => Some(self.line(what, now)),
-        }
-    }
-
-    /// The count of what happened since the last line, once its interval
-    /// is over (the tick asks, so the count of a condition that stopped is
-    /// logged too).
-    pub(crate) fn flush(&mut self, now: Instant) -> Option<String> {
-        let (what, at) = self.last.clone()?;
-        (self.since > 0 && now.duration_since(at) >= REPEAT_EVERY).then(|| self.line(&what, now))
-    }
-
-    fn line(&mut self, what: &str, now: Instant) -> String {
-        let line = match &self.last {
-            None => format!("throng: worker {}: {what}", self.worker),
-            Some((_, at)) => format!(
-                "throng: worker {}: {what} (x{} in the last {:.0}s)",
-                self.worker,
-                self.since,
-                now.duration_since(*at).as_secs_f64()
-            ),
-        };
-        self.last = Some((what.to_owned(), now));
-        self.since = 0;
-        line
     }
 }
 
@@ -561,33 +542,4 @@ async fn drain(w: &Worker, rd: &mut tokio::net::unix::OwnedReadHalf, buf: &mut B
     w.link.send_snapshot();
     // Give the writer task a moment to hand the last records over.
     tokio::task::yield_now().await;
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use super::Recurring;
-
-    #[test]
-    fn a_recurring_error_is_logged_once_then_counted_per_interval() {
-        let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
-        let mut r = Recurring::new(3);
-        let what = "accept: Too many open files";
-        assert_eq!(
-            r.note(what, at(0)).as_deref(),
-            Some("throng: worker 3: accept: Too many open files")
-        );
-        let lines: Vec<String> = (1..159).filter_map(|i| r.note(what, at(i * 20))).collect();
-        assert!(lines.is_empty(), "{lines:?}");
-        assert_eq!(r.flush(at(5_000)), None, "not before the interval is over");
-        assert_eq!(
-            r.flush(at(10_000)).as_deref(),
-            Some("throng: worker 3: accept: Too many open files (x158 in the last 10s)")
-        );
-        assert_eq!(r.flush(at(30_000)), None, "nothing since");
-        let again = r.note(what, at(31_000)).unwrap();
-        assert!(again.ends_with("(x1 in the last 21s)"), "{again}");
-    }
 }

@@ -368,7 +368,7 @@ impl Pair {
     ) -> usize {
         let pipe = Pipe::new(room);
         let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent)
-            .with_expiry(super::conn::expiry(exp))
+            .with_expiry(crate::auth::expiry(exp))
             .with_kind(kind);
         match since {
             Some(since) => self.subs.subscribe_after(channel, conn, since),

@@ -7,6 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -14,11 +15,12 @@ use throng_host::poll::{Interest, Poller};
 use throng_host::shared::SharedCounters;
 use tokio::sync::Notify;
 
+use super::conn::NONE;
 use super::link::Link;
-use super::routes::Serves;
+use super::ping_answer::Answer;
+use super::recurring::Recurring;
 use super::sleepers::Sleepers;
 use super::subscribers::{Outside, Subscribers};
-use super::table::NONE;
 use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
@@ -43,9 +45,9 @@ pub(crate) struct Worker {
     /// Wakes the fan-out task when `outbox` gains a message.
     pub(crate) outbox_ready: Notify,
     /// `/ping` connections sleeping outside their task.
-    pub(crate) sleepers: Sleepers,
+    pub(crate) sleepers: Sleepers<Sleeper>,
     /// Failing accepts (`EMFILE`), logged once and then counted.
-    pub(crate) accept_errors: RefCell<super::Recurring>,
+    pub(crate) accept_errors: RefCell<Recurring>,
     /// Checks tokens, when keys are configured.
     pub(crate) verifier: Option<Verifier>,
     /// The publish API key, when one is configured.
@@ -61,6 +63,61 @@ pub(crate) enum Outgoing {
     /// Answer a retained ask: behind the fan-outs of every message
     /// relayed before it ([`super::mqtt_retain`]).
     Retained(u64, Vec<RetainedMessage>),
+}
+
+/// What one listener serves. The public listeners (`--listen`,
+/// `--tls-listen`) serve subscriptions, `/healthz` and `/ping`, and
+/// publishing and `/metrics` unless `--publish-listen` or `--metrics-listen`
+/// moved them; an internal listener serves only what it was given, and
+/// `/healthz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Serves {
+    /// WebSocket upgrades, `/ping` and `/bench/floor`.
+    pub(crate) subscribe: bool,
+    /// `POST /publish/<channel>`.
+    pub(crate) publish: bool,
+    /// `GET /metrics`.
+    pub(crate) metrics: bool,
+}
+
+impl Serves {
+    /// A public listener of `cfg`.
+    pub(crate) fn public(cfg: &Config) -> Self {
+        Self {
+            subscribe: true,
+            publish: cfg.publish_listen.is_empty(),
+            metrics: cfg.metrics_listen.is_empty(),
+        }
+    }
+
+    /// The internal listener on `addr` (in `--publish-listen`,
+    /// `--metrics-listen`, or both).
+    pub(crate) fn internal(cfg: &Config, addr: std::net::SocketAddr) -> Self {
+        Self {
+            subscribe: false,
+            publish: cfg.publish_listen.contains(&addr),
+            metrics: cfg.metrics_listen.contains(&addr),
+        }
+    }
+}
+
+/// One sleeping `/ping` connection ([`super::sleepers`]): what it takes
+/// to go on with it.
+pub(crate) struct Sleeper {
+    pub(crate) stream: TcpStream,
+    /// What is left of its answer.
+    pub(crate) answer: Answer,
+    /// What its listener serves, for its next requests.
+    pub(crate) serves: Serves,
+    /// The client address it is counted under (per-address limits): it
+    /// stays counted while it sleeps.
+    pub(crate) source: Option<Source>,
+}
+
+impl AsRawFd for Sleeper {
+    fn as_raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
 }
 
 /// What a parked TLS connection's HTTP phase goes on with when woken.

@@ -13,31 +13,54 @@
 
 use std::cell::{Cell, RefCell};
 use std::io;
+use std::ops::Range;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use throng_host::process;
-use throng_proto::mqtt::Version;
-use throng_proto::ws::{self, OpCode, close_code};
+use throng_proto::mqtt::{
+    Ack, Answer as MqttAnswer, Decoder, Delivery, Packet, PacketId, Properties, Publish,
+    ReasonCode, RetainHandling, Suback, Subscribe, Unsuback, Unsubscribe, Version, topic,
+};
+use throng_proto::ws::{self, Frame, OpCode, close_code};
 
-use super::conn::{CLOSE_GRACE, Conn, SendError, State, Wire};
-use super::mqtt;
-use super::mqtt_qos::Qos1;
+use super::conn::{
+    CLOSE_GRACE, Conn, Drained, Got, NONE, Proto, SendError, State, TlsState, Unsent, Wire,
+    close_frame,
+};
+use super::mqtt::{self, Mqtt, version_of};
+use super::mqtt_auth;
+use super::mqtt_qos::{Qos1, Slot};
+use super::mqtt_retain::{Holds, Out};
 use super::rejoin::{self, Joined, Kind};
-use super::table::{Channels, NONE, Slab};
+use super::table::{Channels, Slab};
 use crate::auth;
+use crate::channel;
 use crate::control::Message;
 use crate::history::{Kept, MessageId};
 use crate::metrics::{CloseReason, Counters};
+use crate::retained::RetainedMessage;
+use crate::tls::Pumped;
 use crate::wheel::{self, Sweep};
 
 /// Size of the one read buffer per worker. Clients only send control
 /// frames, so this is far more than one read ever needs.
 /// MQTT clients publish: a packet that arrived split is kept and copied
 /// back in front of the next read, so it must leave room for that read
-/// ([`super::mqtt::max_packet`] is at most half of this).
+/// ([`max_packet`] is at most half of this).
 pub(crate) const SCRATCH: usize = 256 * 1024;
+
+/// Bytes of a packet besides a PUBLISH's payload that `--max-message`
+/// leaves room for: its headers, a channel name, a few properties.
+const PACKET_OVERHEAD: usize = 1024;
+
+/// The largest packet a client may send: a PUBLISH of `--max-message`
+/// bytes. A packet that arrives split is kept and read again in the
+/// worker's scratch buffer, which must hold it and leave room to read.
+pub(crate) fn max_packet(max_message: usize) -> usize {
+    max_message.saturating_add(PACKET_OVERHEAD).min(SCRATCH / 2)
+}
 
 /// What the subscribers need from around them.
 pub(crate) trait Outside {
@@ -118,7 +141,7 @@ pub(crate) struct Limits {
     /// MQTT clients may publish: not when `--publish-listen` keeps
     /// publishing off the public addresses.
     pub(crate) mqtt_publish: bool,
-    /// The largest packet an MQTT client may send ([`mqtt::max_packet`]).
+    /// The largest packet an MQTT client may send ([`max_packet`]).
     pub(crate) mqtt_packet: usize,
     /// Publishing takes a credential (`--auth-*`, `--publish-key-file`).
     pub(crate) publish_guarded: bool,
@@ -135,7 +158,7 @@ impl Limits {
             grace: wheel::ticks(CLOSE_GRACE),
             wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
             mqtt_publish: cfg.publish_listen.is_empty(),
-            mqtt_packet: mqtt::max_packet(cfg.max_message),
+            mqtt_packet: max_packet(cfg.max_message),
             publish_guarded: cfg.auth.publish_guarded(),
         }
     }
@@ -218,7 +241,7 @@ pub(crate) struct Subscribers<O: Outside> {
     rejoins: RefCell<Vec<Rejoin<O::Wire>>>,
     next_rejoin: Cell<u64>,
     /// MQTT subscribers waiting for retained messages ([`super::mqtt_retain`]).
-    pub(crate) retained: super::mqtt_retain::Holds<O::Wire>,
+    retained: RefCell<Holds<O::Wire>>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -241,7 +264,7 @@ impl<O: Outside> Subscribers<O> {
             closing: RefCell::default(),
             rejoins: RefCell::default(),
             next_rejoin: Cell::new(1),
-            retained: super::mqtt_retain::Holds::default(),
+            retained: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -354,7 +377,7 @@ impl<O: Outside> Subscribers<O> {
                 .borrow_mut()
                 .retain(|r| !std::ptr::eq(Rc::as_ptr(&r.conn), c));
             if c.kind.is_mqtt() {
-                self.forget_retained(c);
+                self.retained.borrow_mut().forget(c);
             }
         }
     }
@@ -368,7 +391,8 @@ impl<O: Outside> Subscribers<O> {
         let Some(k) = rejoins.iter().position(|r| Rc::ptr_eq(&r.conn, c)) else {
             drop(rejoins);
             // An MQTT subscriber waiting for retained messages holds too.
-            if let Some(held) = self.hold_for_retained(c, m) {
+            let held = self.retained.borrow_mut().hold(c, m, self.limits.max_queue);
+            if let Some(held) = held {
                 return held.map(|()| Live::Held);
             }
             c.rejoining.set(false);
@@ -619,7 +643,7 @@ impl<O: Outside> Subscribers<O> {
                 } else if c.kind.is_mqtt() {
                     // An MQTT client keeps itself alive (PINGREQ): it is
                     // only checked, at its own keep-alive.
-                    if mqtt::overdue(c, now) {
+                    if c.mqtt_overdue(now) {
                         idle_out.push(c.clone());
                     }
                 } else if !sse && wheel::expired(now, c.last_seen.get(), self.limits.idle) {
@@ -702,6 +726,846 @@ impl<O: Outside> Subscribers<O> {
             self.close(c, code, reason, why);
         }
         all.len()
+    }
+
+    /// Hands `frame` to `c`: straight to the socket when nothing is queued,
+    /// else (or for what the socket did not take) to the queue.
+    pub(crate) fn send(&self, c: &Rc<Conn<O::Wire>>, frame: &Bytes) -> Result<(), SendError> {
+        if c.state.get() == State::Gone {
+            return Err(SendError::Closed);
+        }
+        if c.is_tls() {
+            let mut out = self.tls_out.borrow_mut();
+            if c.seal(frame, &mut out).is_err() {
+                return Err(SendError::Broken);
+            }
+            return self.send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]));
+        }
+        self.send_wire(c, frame, |r| frame.slice(r))
+    }
+
+    /// Writes `wire` to `c`'s socket, or queues it (as `keep` of the unsent
+    /// range) behind what is already queued or what the socket did not take.
+    fn send_wire(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        wire: &[u8],
+        keep: impl Fn(Range<usize>) -> Bytes,
+    ) -> Result<(), SendError> {
+        if let Some(unsent) = c.write_or_queue(wire, keep, self.limits.max_queue)? {
+            self.start_queue(c, unsent);
+        }
+        Ok(())
+    }
+
+    /// Hands the frame made of `parts` to `c` (an MQTT delivery whose
+    /// packet id is its own): one `writev` of the parts when nothing is
+    /// queued; joined into one buffer only for a TLS subscriber, behind a
+    /// queue, or for what the socket did not take.
+    pub(crate) fn send_parts(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        parts: &[&[u8]; 3],
+    ) -> Result<(), SendError> {
+        if c.state.get() == State::Gone {
+            return Err(SendError::Closed);
+        }
+        if c.is_tls() || c.has_queue() {
+            return self.send(c, &Bytes::from(parts.concat()));
+        }
+        if let Some(unsent) = c.write_parts(parts)? {
+            self.start_queue(c, unsent);
+        }
+        Ok(())
+    }
+
+    /// Starts `c`'s queue: counted, listed for `--write-timeout`, and
+    /// watched for room to write.
+    fn start_queue(&self, c: &Rc<Conn<O::Wire>>, unsent: Unsent) {
+        c.start_queue(unsent, self.now.get());
+        self.counters.queued.set(self.counters.queued.get() + 1);
+        if !c.listed.replace(true) {
+            self.queued.borrow_mut().push(c.clone());
+        }
+        self.outside.want_write(c.wire(), c.slot.get(), true);
+    }
+
+    /// Drops `c`'s queue, counting its whole frames as dropped; whether
+    /// it had a frame partly written.
+    fn drop_queue(&self, c: &Conn<O::Wire>) -> bool {
+        let Some(q) = c.drop_queue() else {
+            return false;
+        };
+        self.counters
+            .queued
+            .set(self.counters.queued.get().saturating_sub(1));
+        self.counters
+            .frames_dropped
+            .set(self.counters.frames_dropped.get() + q.whole as u64);
+        q.partial
+    }
+
+    /// Starts the closing handshake: stop delivering, send a close frame with
+    /// `code`, and wait (up to [`CLOSE_GRACE`], kept by the tick) for the client's.
+    pub(crate) fn close(&self, c: &Rc<Conn<O::Wire>>, code: u16, reason: &str, why: CloseReason) {
+        if !c.is_open() {
+            return;
+        }
+        self.counters.closed(why);
+        self.unsubscribe(c);
+        if c.kind == Kind::Sse || c.kind.is_mqtt() {
+            // An event stream has no closing handshake: it ends (after what
+            // is queued), and the client reconnects with its last id. An
+            // MQTT server sends 5.0 clients a DISCONNECT saying why, then
+            // closes (3.1.1 has no word for it).
+            if c.kind == Kind::Mqtt5 {
+                let _ = self.send(c, &mqtt::disconnect(why));
+            }
+            self.end_after_queue(c);
+            return;
+        }
+        c.state.set(if why == CloseReason::ProtocolError {
+            State::Failed
+        } else {
+            State::Closing
+        });
+        if self.send(c, &close_frame(code, reason)).is_err() {
+            self.finish(c);
+            return;
+        }
+        if why == CloseReason::ProtocolError && !c.has_queue() {
+            // Nothing more will be read from a client that broke the
+            // protocol; FIN after the close frame tells it we are done.
+            c.wire().shutdown_write();
+        }
+        self.closing.borrow_mut().push((c.clone(), self.now.get()));
+    }
+
+    /// Ends `c` once its queue is written (at once when it has none).
+    fn end_after_queue(&self, c: &Rc<Conn<O::Wire>>) {
+        if c.has_queue() {
+            c.state.set(State::Finishing);
+        } else {
+            self.finish(c);
+        }
+    }
+
+    /// Closes a client that fell behind with 1008: its queued frames are
+    /// dropped, the close frame is sent if the socket takes it whole, and the
+    /// connection is closed at once (a slow reader gets no grace period).
+    pub(crate) fn close_slow(&self, c: &Rc<Conn<O::Wire>>, cause: &'static str) {
+        if !c.is_open() {
+            self.finish(c);
+            return;
+        }
+        self.counters.closed(CloseReason::SlowConsumer);
+        self.counters.slow_consumer(cause);
+        let partial = self.drop_queue(c);
+        if !partial && c.kind == Kind::Mqtt5 {
+            c.write_now(&mqtt::disconnect(CloseReason::SlowConsumer), &self.tls_out);
+        } else if !partial && c.kind != Kind::Sse && !c.kind.is_mqtt() {
+            let reason = if cause == "queue" {
+                "slow consumer: over --max-queue"
+            } else {
+                "slow consumer: write timeout"
+            };
+            c.write_now(&close_frame(close_code::POLICY, reason), &self.tls_out);
+        }
+        self.finish(c);
+    }
+
+    /// A send to `c` failed: close it as slow (its queue is full), or as
+    /// lost (its socket is broken or it is gone).
+    pub(crate) fn send_failed(&self, c: &Rc<Conn<O::Wire>>, e: SendError) {
+        match e {
+            SendError::QueueFull => self.close_slow(c, "queue"),
+            SendError::Broken | SendError::Closed => self.lost(c),
+        }
+    }
+
+    /// The socket failed under us or the client left: count it and end it.
+    pub(crate) fn lost(&self, c: &Rc<Conn<O::Wire>>) {
+        if c.is_open() {
+            self.counters.closed(CloseReason::PeerGone);
+        }
+        self.finish(c);
+    }
+
+    /// Takes `c` out of every table; its socket closes when the last
+    /// reference (perhaps a fan-out in progress) is dropped.
+    pub(crate) fn finish(&self, c: &Rc<Conn<O::Wire>>) {
+        if c.state.get() == State::Gone {
+            return;
+        }
+        c.state.set(State::Gone);
+        self.unsubscribe(c);
+        self.forget_rejoin(c);
+        if c.kind.is_mqtt() {
+            self.publish_will(c);
+            self.drop_inflight(c);
+        }
+        let partial = self.drop_queue(c);
+        if !partial {
+            c.close_notify(&self.tls_out);
+        }
+        self.outside.forget(c.wire(), c.tag);
+        if c.slot.get() != NONE {
+            self.conns.borrow_mut().remove(c);
+            self.counters
+                .open
+                .set(self.counters.open.get().saturating_sub(1));
+            if c.kind.is_mqtt() {
+                let mqtt = &self.counters.mqtt_open;
+                mqtt.set(mqtt.get().saturating_sub(1));
+            }
+        }
+    }
+
+    /// Reads what the socket has into the scratch buffer and handles every
+    /// complete frame (decrypting first, for a TLS subscriber); keeps a
+    /// split frame's (or record's) bytes. With `read` false, only handles
+    /// bytes already kept (those sent with the upgrade).
+    pub(crate) fn on_readable(&self, c: &Rc<Conn<O::Wire>>, read: bool) {
+        let tls = c.tls();
+        let mut scratch = self.scratch.borrow_mut();
+        let mut read = read;
+        loop {
+            if c.state.get() == State::Gone {
+                return;
+            }
+            // What was kept goes first. Plain: taken, it is handled now.
+            // TLS: copied, so `rest` stays what rustls expects until the
+            // next pump replaces it.
+            let mut have = 0;
+            if let Some(t) = tls {
+                if let Some(rest) = t.borrow().rest() {
+                    scratch[..rest.len()].copy_from_slice(rest);
+                    have = rest.len();
+                }
+            } else if let Some(rest) = c.take_rest() {
+                scratch[..rest.len()].copy_from_slice(&rest);
+                have = rest.len();
+            }
+            if read {
+                match c.read_some(&mut scratch[have..]) {
+                    Got::Bytes(n) => have += n,
+                    Got::Nothing => {
+                        if tls.is_none() && have > 0 {
+                            c.set_rest(&scratch[..have]);
+                        }
+                        return;
+                    }
+                    Got::Ended => {
+                        self.lost(c);
+                        return;
+                    }
+                }
+            }
+            let full = have == scratch.len();
+            c.last_seen.set(self.now.get());
+            let open = match tls {
+                None => self.on_bytes(c, &mut scratch[..have]),
+                Some(t) => self.on_records(c, t, &mut scratch[..have]),
+            };
+            if !open || !full {
+                return;
+            }
+            read = true;
+        }
+    }
+
+    /// Runs a TLS subscriber's session over the records in `buf`: keeps
+    /// what rustls did not consume, sends what the session must send (a key
+    /// update, an alert), and handles the frames the records decrypt to (in
+    /// the worker's plaintext buffer). False when the connection ended.
+    fn on_records(&self, c: &Rc<Conn<O::Wire>>, tls: &RefCell<TlsState>, buf: &mut [u8]) -> bool {
+        let mut plain = self.tls_plain.borrow_mut();
+        plain.clear();
+        if let Some(rest) = c.take_rest() {
+            plain.extend_from_slice(&rest);
+        }
+        let mut out = self.tls_out.borrow_mut();
+        out.clear();
+        let pumped = tls.borrow_mut().pump(buf, &mut plain, &mut out);
+        let sent = out.is_empty()
+            || self
+                .send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]))
+                .is_ok();
+        drop(out);
+        let Some(state) = pumped else {
+            if c.is_open() {
+                self.counters.closed(CloseReason::TlsError);
+            }
+            self.finish(c);
+            return false;
+        };
+        if !sent {
+            self.lost(c);
+            return false;
+        }
+        if !plain.is_empty() && !self.on_bytes(c, &mut plain) {
+            return false;
+        }
+        drop(plain);
+        if state == Pumped::Closed {
+            // close_notify: nothing more will come.
+            self.lost(c);
+            return false;
+        }
+        true
+    }
+
+    /// Handles every complete frame in `buf` (a kept remainder followed by
+    /// what was just read); keeps a split frame's bytes in `c.rest`. False
+    /// when the connection ended.
+    fn on_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
+        if c.state.get() == State::Failed || c.kind == Kind::Sse {
+            // Discard: the decoder is not trusted after an error, and an
+            // SSE client has nothing to say after its request (its end,
+            // or a reset, still ends it).
+            return true;
+        }
+        if c.kind.is_mqtt() {
+            return self.on_mqtt_bytes(c, buf);
+        }
+        let have = buf.len();
+        let mut pos = 0;
+        while pos < have {
+            let mut proto = c.proto.borrow_mut();
+            let Proto::Ws(dec) = &mut *proto else {
+                return false;
+            };
+            match dec.decode(&mut buf[pos..have]) {
+                Ok(None) => break,
+                Ok(Some(d)) => {
+                    pos += d.consumed;
+                    if let Some(frame) = d.frame
+                        && !self.on_frame(c, frame)
+                    {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    drop(proto);
+                    self.close(
+                        c,
+                        e.close_code(),
+                        &e.to_string(),
+                        CloseReason::ProtocolError,
+                    );
+                    return false;
+                }
+            }
+        }
+        if pos < have {
+            // Bounded: the decoder refuses a header announcing more than
+            // MAX_CLIENT_MESSAGE, so a split frame is at most that plus a header.
+            c.set_rest(&buf[pos..have]);
+        }
+        true
+    }
+
+    /// Handles one frame from the client; false when the connection ended.
+    fn on_frame(&self, c: &Rc<Conn<O::Wire>>, frame: Frame<'_>) -> bool {
+        match frame {
+            Frame::Ping(payload) => {
+                if c.is_open() {
+                    let pong = ws::server_frame(OpCode::Pong, payload);
+                    if let Err(e) = self.send(c, &pong) {
+                        self.send_failed(c, e);
+                        return false;
+                    }
+                }
+                true
+            }
+            // Subscribers have nothing to say: data is accepted and ignored,
+            // and like a pong it counts as a sign of life.
+            Frame::Pong(_) | Frame::Text(_) | Frame::Binary(_) => true,
+            Frame::Close { code, .. } => {
+                if c.is_open() {
+                    self.counters.closed(CloseReason::PeerClose);
+                    self.unsubscribe(c);
+                    // The reply follows anything still queued.
+                    let _ = self.send(c, &close_frame(code.unwrap_or(close_code::NORMAL), ""));
+                }
+                // Handshake complete (whichever side started it): the server
+                // closes the TCP connection first (RFC 6455 section 7.1.1),
+                // once the queue is written.
+                self.end_after_queue(c);
+                false
+            }
+        }
+    }
+
+    /// Writes `c`'s queue as the socket drains.
+    pub(crate) fn on_writable(&self, c: &Rc<Conn<O::Wire>>) {
+        match c.write_queue(self.now.get()) {
+            Drained::Waiting => {}
+            Drained::Emptied => {
+                self.counters
+                    .queued
+                    .set(self.counters.queued.get().saturating_sub(1));
+                if c.state.get() == State::Finishing {
+                    self.finish(c);
+                } else {
+                    self.outside.want_write(c.wire(), c.slot.get(), false);
+                }
+            }
+            Drained::Broken => self.lost(c),
+        }
+    }
+
+    /// Registers MQTT subscriber `c` after its CONNACK: in the slab and the
+    /// readiness set, in no channel until it subscribes.
+    pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>) -> io::Result<()> {
+        let c = Rc::new(c);
+        self.conns.borrow_mut().insert(&c);
+        if let Err(e) = self.outside.watch(c.wire(), c.slot.get()) {
+            self.conns.borrow_mut().remove(&c);
+            return Err(e);
+        }
+        self.counters.open.set(self.counters.open.get() + 1);
+        crate::metrics::inc(&self.counters.mqtt_open);
+        crate::metrics::inc(&self.counters.upgraded);
+        if c.has_rest() {
+            // Packets that came behind the CONNECT.
+            self.on_readable(&c, false);
+        }
+        Ok(())
+    }
+
+    /// Handles every whole packet in `buf`, keeps a split one's bytes;
+    /// false when the connection ended.
+    pub(crate) fn on_mqtt_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
+        let have = buf.len();
+        let mut pos = 0;
+        let mut decoder = Decoder::server_connected(version_of(c.kind), self.limits.mqtt_packet);
+        while pos < have {
+            if !c.is_open() {
+                // Closing after an answer: what follows is not read.
+                return true;
+            }
+            let decoded = decoder.decode(&buf[pos..have]).map_err(|e| {
+                let mut out = Vec::new();
+                decoder.answer(&e).encode(&mut out);
+                (e, out)
+            });
+            match decoded {
+                Ok(None) => break,
+                Ok(Some(d)) => {
+                    pos += d.consumed;
+                    if !self.on_packet(c, d.packet) {
+                        return false;
+                    }
+                }
+                Err((e, answer)) => {
+                    self.counters.mqtt_refused(e.label());
+                    self.fail(c, &answer);
+                    return false;
+                }
+            }
+        }
+        if pos < have {
+            // Bounded: the decoder refuses a packet over max_packet.
+            c.set_rest(&buf[pos..have]);
+        }
+        true
+    }
+
+    /// Publishes `c`'s will, if it has one (its connection is ending
+    /// without a DISCONNECT that dropped it).
+    pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
+        let will = c.proto.borrow_mut().mqtt_mut().and_then(Mqtt::take_will);
+        if let Some(will) = will {
+            let text = std::str::from_utf8(&will.payload).is_ok();
+            // A will is published at QoS 0 (its QoS is not kept).
+            self.outside
+                .publish(&will.channel, text, true, will.payload, will.retain);
+            self.counters.mqtt_sent("will");
+        }
+    }
+
+    /// Sends `answer` (if any) and ends `c`: it broke the protocol.
+    fn fail(&self, c: &Rc<Conn<O::Wire>>, answer: &[u8]) {
+        if c.is_open() {
+            self.counters.closed(CloseReason::ProtocolError);
+            self.unsubscribe(c);
+        }
+        if !answer.is_empty() {
+            let _ = self.send(c, &Bytes::copy_from_slice(answer));
+        }
+        self.end_after_queue(c);
+    }
+
+    /// Sends a packet to `c`; false (and `c` ended) when it could not.
+    fn reply(&self, c: &Rc<Conn<O::Wire>>, p: &Packet<'_>) -> bool {
+        self.counters.mqtt_sent(p.packet_type().name());
+        let bytes = mqtt::encode(version_of(c.kind), p);
+        match self.send(c, &bytes) {
+            Ok(()) => true,
+            Err(e) => {
+                self.send_failed(c, e);
+                false
+            }
+        }
+    }
+
+    /// Handles one packet from the client; false when the connection ended.
+    fn on_packet(&self, c: &Rc<Conn<O::Wire>>, p: Packet<'_>) -> bool {
+        self.counters.mqtt_received(p.packet_type().name());
+        let version = version_of(c.kind);
+        match p {
+            Packet::Pingreq => self.reply(c, &Packet::Pingresp),
+            Packet::Subscribe(s) => self.on_subscribe(c, &s),
+            Packet::Unsubscribe(u) => self.on_unsubscribe(c, &u),
+            Packet::Publish(p) => self.on_publish(c, &p),
+            Packet::Disconnect(d) => {
+                // The client's clean end: nothing to answer, and its will
+                // is dropped unless it asks for it (5.0's 0x04).
+                if d.reason != ReasonCode::DISCONNECT_WITH_WILL
+                    && let Some(m) = c.proto.borrow_mut().mqtt_mut()
+                {
+                    m.drop_will();
+                }
+                self.counters.closed(CloseReason::PeerClose);
+                self.unsubscribe(c);
+                self.end_after_queue(c);
+                false
+            }
+            Packet::Puback(a) => self.on_puback(c, a.packet_id),
+            // Acknowledgements of QoS 2 deliveries this server does not
+            // make, and 5.0 AUTH, which it does not offer.
+            Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Auth(_) => true,
+            Packet::Pubrel(a) => {
+                // Only answers a QoS 2 PUBLISH, which is refused: say the
+                // id is unknown (5.0) and go on.
+                self.reply(
+                    c,
+                    &Packet::Pubcomp(Ack {
+                        packet_id: a.packet_id,
+                        reason: ReasonCode::PACKET_ID_NOT_FOUND,
+                        properties: Properties::EMPTY,
+                    }),
+                )
+            }
+            // A server's packets, or a second CONNECT: the decoder refuses
+            // those before they get here.
+            _ => {
+                let mut out = Vec::new();
+                if version == Version::V5 {
+                    MqttAnswer::Disconnect(ReasonCode::PROTOCOL_ERROR).encode(&mut out);
+                }
+                self.counters.mqtt_refused("unexpected_packet");
+                self.fail(c, &out);
+                false
+            }
+        }
+    }
+
+    fn on_subscribe(&self, c: &Rc<Conn<O::Wire>>, s: &Subscribe<'_>) -> bool {
+        let v5 = c.kind == Kind::Mqtt5;
+        let mut codes = Vec::with_capacity(s.filters.len());
+        // The filters whose retained messages are sent (5.0's retain
+        // handling: at every subscribe, only a new one's, or never).
+        let mut retained = Vec::new();
+        for (filter, options) in &s.filters {
+            let wants_retained = match options.retain_handling {
+                RetainHandling::OnSubscribe => true,
+                RetainHandling::OnNewSubscribe => {
+                    !self.channels.borrow().has_mqtt_subscription(filter, c)
+                }
+                RetainHandling::Never => false,
+            };
+            // QoS 0 or 1: what was asked, at most the server's maximum.
+            let qos = (options.qos as u8).min(1);
+            let granted = ReasonCode(qos);
+            let code = if !self.mqtt_may_subscribe(c, filter) {
+                ReasonCode::NOT_AUTHORIZED
+            } else if topic::is_wildcard(filter) {
+                let ok = self.limits.wildcards
+                    && self
+                        .channels
+                        .borrow_mut()
+                        .subscribe_wild(filter, c, qos)
+                        .is_ok();
+                if ok {
+                    granted
+                } else {
+                    // Redis channels mode: the node subscribes in Redis per
+                    // channel, and a filter is not one.
+                    self.counters.mqtt_refused("wildcard_filter");
+                    if v5 {
+                        ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+                    } else {
+                        ReasonCode::UNSPECIFIED
+                    }
+                }
+            } else if channel::validate(filter).is_err() {
+                self.counters.mqtt_refused("bad_channel");
+                if v5 {
+                    ReasonCode::TOPIC_FILTER_INVALID
+                } else {
+                    ReasonCode::UNSPECIFIED
+                }
+            } else {
+                if self.channels.borrow_mut().subscribe_mqtt(filter, c, qos) {
+                    self.outside.channel_interest(filter, true);
+                }
+                granted
+            };
+            if code == granted && wants_retained {
+                retained.push((*filter).to_owned());
+            }
+            codes.push(code);
+        }
+        let answered = self.reply(
+            c,
+            &Packet::Suback(Suback {
+                packet_id: s.packet_id,
+                properties: Properties::EMPTY,
+                codes,
+            }),
+        );
+        if answered {
+            self.ask_retained(c, retained);
+        }
+        answered
+    }
+
+    fn on_unsubscribe(&self, c: &Rc<Conn<O::Wire>>, u: &Unsubscribe<'_>) -> bool {
+        let v5 = c.kind == Kind::Mqtt5;
+        let mut codes = Vec::new();
+        for filter in &u.filters {
+            if topic::is_wildcard(filter) {
+                let had = self.channels.borrow_mut().unsubscribe_wild(filter, c);
+                if v5 {
+                    codes.push(if had {
+                        ReasonCode::SUCCESS
+                    } else {
+                        ReasonCode::NO_SUBSCRIPTION_EXISTED
+                    });
+                }
+                continue;
+            }
+            let left = self.channels.borrow_mut().unsubscribe_mqtt(filter, c);
+            if let Some(Some(name)) = &left {
+                self.outside.channel_interest(name, false);
+            }
+            if v5 {
+                codes.push(if left.is_some() {
+                    ReasonCode::SUCCESS
+                } else {
+                    ReasonCode::NO_SUBSCRIPTION_EXISTED
+                });
+            }
+        }
+        self.reply(
+            c,
+            &Packet::Unsuback(Unsuback {
+                packet_id: u.packet_id,
+                properties: Properties::EMPTY,
+                codes,
+            }),
+        )
+    }
+
+    /// A client's PUBLISH: relayed as an HTTP publish is (to every
+    /// subscriber of its channel, on every node with Redis). QoS 1 is
+    /// acknowledged once it is on its way to the supervisor; QoS 2 is
+    /// refused, as for a server whose maximum QoS is 1.
+    fn on_publish(&self, c: &Rc<Conn<O::Wire>>, p: &Publish<'_>) -> bool {
+        let v5 = c.kind == Kind::Mqtt5;
+        if let Delivery::ExactlyOnce(_) = p.delivery {
+            self.counters.mqtt_refused("qos2");
+            let mut out = Vec::new();
+            if v5 {
+                MqttAnswer::Disconnect(ReasonCode::QOS_NOT_SUPPORTED).encode(&mut out);
+            }
+            self.fail(c, &out);
+            return false;
+        }
+        let reason = if !self.limits.mqtt_publish {
+            // --publish-listen: publishing is for the internal address.
+            self.counters.mqtt_refused("publish_not_here");
+            ReasonCode::NOT_AUTHORIZED
+        } else if channel::validate(p.topic).is_err() {
+            self.counters.mqtt_refused("bad_channel");
+            ReasonCode::TOPIC_NAME_INVALID
+        } else if !self.mqtt_may_publish(c, p.topic) {
+            ReasonCode::NOT_AUTHORIZED
+        } else {
+            let text = std::str::from_utf8(p.payload).is_ok();
+            let at_most_once = p.delivery == Delivery::AtMostOnce;
+            let retain = p.retain.then(|| p.delivery.qos() as u8);
+            self.outside.publish(
+                p.topic,
+                text,
+                at_most_once,
+                Bytes::copy_from_slice(p.payload),
+                retain,
+            );
+            ReasonCode::SUCCESS
+        };
+        match p.delivery {
+            Delivery::AtLeastOnce(id) => self.reply(
+                c,
+                &Packet::Puback(Ack {
+                    packet_id: id,
+                    reason,
+                    properties: Properties::EMPTY,
+                }),
+            ),
+            _ => true,
+        }
+    }
+
+    /// Delivers `p` to `c` at QoS 1: sent with the connection's next
+    /// packet id, or held while its receive maximum is in flight.
+    pub(crate) fn deliver_qos1(&self, c: &Rc<Conn<O::Wire>>, p: &Qos1) -> Result<(), SendError> {
+        if c.state.get() == State::Gone {
+            return Err(SendError::Closed);
+        }
+        let queued = c.queued_len();
+        let slot = {
+            let mut proto = c.proto.borrow_mut();
+            let Some(m) = proto.mqtt_mut() else {
+                return Err(SendError::Closed);
+            };
+            m.deliver(p, queued, self.limits.max_queue, self.now.get())
+        };
+        match slot {
+            None => Err(SendError::QueueFull),
+            Some(Slot::Held) => {
+                crate::metrics::inc(&self.counters.mqtt_waiting);
+                Ok(())
+            }
+            Some(Slot::Send(id)) => {
+                crate::metrics::inc(&self.counters.mqtt_inflight);
+                // The tick checks its acknowledgements with the queues.
+                if !c.listed.replace(true) {
+                    self.queued.borrow_mut().push(c.clone());
+                }
+                self.send_parts(c, &p.parts(&id.to_be_bytes()))
+            }
+        }
+    }
+
+    /// `c` acknowledged delivery `id`: its slot is free, and a held
+    /// delivery takes it. A PUBACK for an id not in flight is counted and
+    /// ignored. False when the connection ended.
+    fn on_puback(&self, c: &Rc<Conn<O::Wire>>, id: PacketId) -> bool {
+        let now = self.now.get();
+        let acked = c
+            .proto
+            .borrow_mut()
+            .mqtt_mut()
+            .is_some_and(|m| m.acked(id.get(), now));
+        if !acked {
+            self.counters.mqtt_refused("unknown_puback");
+            return true;
+        }
+        let gauge = &self.counters.mqtt_inflight;
+        gauge.set(gauge.get().saturating_sub(1));
+        crate::metrics::inc(&self.counters.mqtt_acked);
+        loop {
+            let next = c.proto.borrow_mut().mqtt_mut().and_then(Mqtt::next_held);
+            let Some((p, id)) = next else {
+                return true;
+            };
+            let waiting = &self.counters.mqtt_waiting;
+            waiting.set(waiting.get().saturating_sub(1));
+            crate::metrics::inc(&self.counters.mqtt_inflight);
+            if let Err(e) = self.send_parts(c, &p.parts(&id.to_be_bytes())) {
+                self.send_failed(c, e);
+                return false;
+            }
+        }
+    }
+
+    /// `c` is ending: its deliveries in flight die with it (a clean
+    /// session is not resumed), and those held were never sent (dropped).
+    fn drop_inflight(&self, c: &Conn<O::Wire>) {
+        let inflight = c
+            .proto
+            .borrow_mut()
+            .mqtt_mut()
+            .and_then(Mqtt::take_inflight);
+        let Some(i) = inflight else { return };
+        let gauge = &self.counters.mqtt_inflight;
+        gauge.set(gauge.get().saturating_sub(i.sent() as u64));
+        let waiting = &self.counters.mqtt_waiting;
+        waiting.set(waiting.get().saturating_sub(i.held() as u64));
+        let dropped = &self.counters.frames_dropped;
+        dropped.set(dropped.get() + i.held() as u64);
+    }
+
+    /// After a SUBSCRIBE whose `filters` (already in the tables) want
+    /// retained messages: asks for them, and holds `c`'s live messages
+    /// until they come.
+    pub(crate) fn ask_retained(&self, c: &Rc<Conn<O::Wire>>, filters: Vec<String>) {
+        if filters.is_empty() || !c.is_open() {
+            return;
+        }
+        let request = self.retained.borrow_mut().ask(c);
+        c.rejoining.set(true);
+        self.outside.ask_retained(request, filters);
+    }
+
+    /// The answer to ask `request`: its retained messages go out (those
+    /// not held live already), then, once the connection waits for no
+    /// other answer, what was held, in order.
+    pub(crate) fn retained_answer(&self, request: u64, messages: Vec<RetainedMessage>) {
+        let answered = {
+            let mut channels = self.channels.borrow_mut();
+            self.retained
+                .borrow_mut()
+                .answer(request, &messages, &mut channels)
+        };
+        let Some(a) = answered else { return };
+        let c = &a.conn;
+        if a.done {
+            c.rejoining.set(false);
+        }
+        for (i, out) in a.out.iter().enumerate() {
+            let sent = match out {
+                Out::Qos0(bytes) => self.send(c, bytes),
+                Out::Qos1(q) => self.deliver_qos1(c, q),
+            };
+            if let Err(e) = sent {
+                self.retained.borrow_mut().forget(c);
+                self.send_failed(c, e);
+                return;
+            }
+            if i < a.retained {
+                crate::metrics::inc(&self.counters.mqtt_retained_sent);
+            }
+        }
+    }
+
+    /// Whether MQTT subscriber `c` may subscribe to `filter`; counts a refusal.
+    fn mqtt_may_subscribe(&self, c: &Conn<O::Wire>, filter: &str) -> bool {
+        let ok = !c.expired(self.wall.get())
+            && mqtt_auth::may_subscribe(c.proto.borrow().mqtt().and_then(Mqtt::grants), filter);
+        if !ok {
+            self.counters.mqtt_refused("subscribe_not_granted");
+        }
+        ok
+    }
+
+    /// Whether MQTT subscriber `c` may publish to `channel`; counts a
+    /// refusal. A token past its expiry publishes nothing, though the
+    /// sweep may not have closed its connection yet.
+    fn mqtt_may_publish(&self, c: &Conn<O::Wire>, channel: &str) -> bool {
+        let ok = !c.expired(self.wall.get())
+            && mqtt_auth::may_publish(
+                self.limits.publish_guarded,
+                c.proto.borrow().mqtt().and_then(Mqtt::grants),
+                channel,
+            );
+        if !ok {
+            self.counters.mqtt_refused("publish_not_granted");
+        }
+        ok
     }
 }
 

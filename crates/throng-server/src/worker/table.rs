@@ -17,11 +17,8 @@ use std::rc::Rc;
 
 use throng_proto::mqtt::topic::{FilterTrie, TooDeep};
 
-use super::conn::Conn;
+use super::conn::{Conn, NONE};
 use super::mqtt::{Mqtt, MqttState, Sub, WildSub};
-
-/// Marks a connection that is not in a table.
-pub(crate) const NONE: u32 = u32::MAX;
 
 /// Live subscribers by slot. Invariant: `slots[c.slot] == Some(c)` for every
 /// connection in the table; free slots are listed in `free`.
