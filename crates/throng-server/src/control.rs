@@ -510,15 +510,22 @@ fn need(rec: &Bytes, n: usize) -> Result<(), ControlError> {
     }
 }
 
+/// Reads the count of the items that follow, each at least `min` bytes:
+/// a count beyond what `rec` holds is a lie.
+fn count(rec: &mut Bytes, min: usize) -> Result<usize, ControlError> {
+    let n = rec.get_u32_le() as usize;
+    if n > rec.len() / min {
+        return Err(ControlError::Malformed("record cut short"));
+    }
+    Ok(n)
+}
+
 /// Reads a [`Record::RetainedAsk`].
 fn get_retained_ask(mut rec: Bytes) -> Result<Record, ControlError> {
     need(&rec, 12)?;
     let id = rec.get_u64_le();
-    let n = rec.get_u32_le() as usize;
-    // Each filter takes at least 2 bytes: a count beyond that is a lie.
-    if n > rec.len() / 2 {
-        return Err(ControlError::Malformed("record cut short"));
-    }
+    // Each filter takes at least 2 bytes.
+    let n = count(&mut rec, 2)?;
     let mut filters = Vec::with_capacity(n);
     for _ in 0..n {
         need(&rec, 2)?;
@@ -533,10 +540,7 @@ fn get_retained_ask(mut rec: Bytes) -> Result<Record, ControlError> {
 fn get_retained(mut rec: Bytes) -> Result<Record, ControlError> {
     need(&rec, 12)?;
     let id = rec.get_u64_le();
-    let n = rec.get_u32_le() as usize;
-    if n > rec.len() / RETAINED_FRAMING {
-        return Err(ControlError::Malformed("record cut short"));
-    }
+    let n = count(&mut rec, RETAINED_FRAMING)?;
     let mut messages = Vec::with_capacity(n);
     for _ in 0..n {
         need(&rec, 1)?;
@@ -598,11 +602,8 @@ fn get_recovered(mut rec: Bytes) -> Result<Record, ControlError> {
     need(&rec, 13)?;
     let id = rec.get_u64_le();
     let complete = rec.get_u8() != 0;
-    let n = rec.get_u32_le() as usize;
-    // Each message takes at least 21 bytes: a count beyond that is a lie.
-    if n > rec.len() / 21 {
-        return Err(ControlError::Malformed("record cut short"));
-    }
+    // Each message takes at least 21 bytes.
+    let n = count(&mut rec, 21)?;
     let mut messages = Vec::with_capacity(n);
     for _ in 0..n {
         need(&rec, 21)?;
