@@ -60,7 +60,7 @@ pub(crate) async fn admit(
     serves: Serves,
 ) {
     let source = Source::of(peer.ip());
-    let verdict = w.link.admit(source).await;
+    let verdict = w.supervisor.admit(source).await;
     if let Some(label) = verdict.label() {
         w.counters.refused(label);
         // On a TLS port the answer would cost the handshake the limits
@@ -76,7 +76,7 @@ pub(crate) async fn admit(
         None => serve(w.clone(), Io::Plain(tcp), serves, Some(&ticket)).await,
     }
     if let Some(source) = ticket.take() {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -225,7 +225,7 @@ pub(crate) async fn resume(w: Rc<Worker>, sleeper: Sleeper) {
         end(w.clone(), stream, sleeper.serves, Some(&ticket), phase).await;
     }
     if let Some(source) = ticket.take() {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -434,7 +434,7 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
     let source = ticket.and_then(Cell::take);
     let release = |source: Option<Source>| {
         if let Some(source) = source {
-            w.link.release(source);
+            w.supervisor.release(source);
         }
     };
     let parts = s.into_parts();
@@ -489,7 +489,7 @@ pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
         Woken::Ended => e.extra,
     };
     if let Some(source) = waiting.source {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -500,7 +500,7 @@ async fn resumed(w: Rc<Worker>, s: Box<TlsStream>, waiting: Waiting) {
     let counted = waiting.source.is_some().then_some(&ticket);
     serve_from(&w, Io::Tls(s), waiting.serves, counted, waiting.first).await;
     if let Some(source) = ticket.take() {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -513,7 +513,7 @@ pub(crate) fn expire_parked(w: &Worker) {
                 w.counters.handshake_failed("timeout");
             }
             if let Some(source) = e.extra.source {
-                w.link.release(source);
+                w.supervisor.release(source);
             }
             let mut out = Vec::new();
             if crate::tls::close_notify(&mut e.conn, &mut [], &mut out).is_ok() {
@@ -619,7 +619,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
         None => w.subs.subscribe(name, c).map(drop),
     };
     if let Err(e) = subscribed {
-        counted.release(&w.link, tag);
+        counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
     }

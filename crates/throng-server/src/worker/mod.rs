@@ -12,13 +12,12 @@
 //! (after their count went back to the supervisor), the sleepers (`/ping`
 //! connections waiting outside their task), and the tick. Every subscriber is in
 //! `subscribers` (`conn`: one connection's life; `table`: slots and
-//! channels); `state` is what the tasks share, `link` the control
-//! socket as the routes use it.
+//! channels); `state` is what the tasks share, `supervisor_link` the
+//! control socket as the tasks and routes use it.
 
 mod conn;
 mod gate;
 mod http;
-mod link;
 mod mqtt;
 mod mqtt_accept;
 mod mqtt_auth;
@@ -33,6 +32,7 @@ mod routes;
 mod sleepers;
 mod state;
 mod subscribers;
+mod supervisor_link;
 mod table;
 
 use std::cell::{Cell, RefCell};
@@ -60,11 +60,11 @@ use crate::redis::RedisMode;
 use crate::reuseport;
 use crate::tls::{self, park};
 use crate::wheel::{self, TICK};
-use link::Link;
 use park::Parked;
 use recurring::Recurring;
 use state::{Around, Counted, Outgoing, Serves, Worker};
 use subscribers::{Limits, Subscribers};
+use supervisor_link::SupervisorLink;
 
 /// Why a worker could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +77,7 @@ pub enum WorkerError {
     NoControl(std::io::Error),
     /// The control socket closed or carried garbage before the settings arrived.
     #[error("worker: no settings from the supervisor: {0}")]
-    NoConfig(String),
+    NoConfig(NoSettings),
     /// The TLS settings from the supervisor were refused (cannot happen
     /// when the supervisor checked them; kept for a clear message).
     #[error("worker {index}: {source}")]
@@ -100,6 +100,21 @@ pub enum WorkerError {
     /// The runtime could not start.
     #[error("worker: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Why the supervisor's first record did not give a worker its settings.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoSettings {
+    /// The settings record did not read as settings.
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    /// Another record came first (or none: the socket closed).
+    #[error("unexpected {0:?}")]
+    Unexpected(Option<Box<Record>>),
+    /// The control socket failed or carried garbage.
+    #[error("{0}")]
+    Control(#[source] crate::control::ControlError),
 }
 
 /// Runs a worker whose control socket is stdin (as the supervisor starts
@@ -151,7 +166,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
     let fanout = tokio::task::spawn_local(fanout_loop(w.clone())).abort_handle();
     let sleeping = tokio::task::spawn_local(http::wake_sleepers(w.clone())).abort_handle();
-    w.link.send_snapshot();
+    w.supervisor.send_snapshot();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -184,13 +199,15 @@ async fn settings(
     rd: &mut tokio::net::unix::OwnedReadHalf,
     buf: &mut BytesMut,
 ) -> Result<Config, WorkerError> {
-    match read_record(rd, buf).await {
-        Ok(Some(Record::Config(json))) => {
-            serde_json::from_slice(&json).map_err(|e| WorkerError::NoConfig(e.to_string()))
-        }
-        Ok(other) => Err(WorkerError::NoConfig(format!("unexpected {other:?}"))),
-        Err(e) => Err(WorkerError::NoConfig(e.to_string())),
-    }
+    let why = match read_record(rd, buf).await {
+        Ok(Some(Record::Config(json))) => match serde_json::from_slice(&json) {
+            Ok(cfg) => return Ok(cfg),
+            Err(e) => NoSettings::Json(e),
+        },
+        Ok(other) => NoSettings::Unexpected(other.map(Box::new)),
+        Err(e) => NoSettings::Control(e),
+    };
+    Err(WorkerError::NoConfig(why))
 }
 
 /// A listener of HTTP connections: its socket, TLS and what it serves.
@@ -257,7 +274,12 @@ fn worker(
 ) -> Result<Worker, WorkerError> {
     let counters = Rc::new(Counters::default());
     let report_interest = cfg.redis_mode == Some(RedisMode::Channels);
-    let link = Rc::new(Link::new(index, counters.clone(), report_interest, tx));
+    let supervisor = Rc::new(SupervisorLink::new(
+        index,
+        counters.clone(),
+        report_interest,
+        tx,
+    ));
     let places = match (cfg.max_connections, cfg.shared_counters) {
         (Some(cap), Some(fd)) => {
             let shared = SharedCounters::inherit(fd, cfg.workers)?;
@@ -271,7 +293,7 @@ fn worker(
     };
     let around = Around {
         poller: Poller::new()?,
-        link: link.clone(),
+        supervisor: supervisor.clone(),
         counted: Counted::new(index, places),
     };
     let publish_key = match &cfg.auth.publish_key {
@@ -284,7 +306,7 @@ fn worker(
         index,
         subs: Subscribers::new(Limits::of(&cfg), around, counters.clone()),
         counters,
-        link,
+        supervisor,
         draining: Cell::new(false),
         outbox: RefCell::default(),
         outbox_ready: Notify::new(),
@@ -425,7 +447,7 @@ async fn tick_loop(w: Rc<Worker>) {
             w.subs.now.get()
         };
         if now % snapshot_every == 0 {
-            w.link.send_snapshot();
+            w.supervisor.send_snapshot();
             if let Some(line) = w.accept_errors.borrow_mut().flush(Instant::now()) {
                 log!("{line}");
             }
@@ -434,7 +456,7 @@ async fn tick_loop(w: Rc<Worker>) {
 }
 
 /// Handles a record from the supervisor: a message to fan out, or an
-/// answer for the link.
+/// answer for the supervisor link.
 ///
 /// A message is counted (this worker's subscribers of its channel) and the
 /// count sent back before it is written to anyone: the publisher's answer
@@ -443,7 +465,7 @@ async fn tick_loop(w: Rc<Worker>) {
 /// when it waited for the last write). The writes follow on the fan-out
 /// task, in the order messages came.
 fn on_record(w: &Worker, rec: Record) {
-    match w.link.on_record(rec) {
+    match w.supervisor.on_record(rec) {
         None => {}
         Some(Record::Deliver(m)) => {
             let n = if w.draining.get() {
@@ -451,7 +473,7 @@ fn on_record(w: &Worker, rec: Record) {
             } else {
                 w.subs.subscribers_of(&m.channel)
             };
-            w.link.send(&Record::Delivered {
+            w.supervisor.send(&Record::Delivered {
                 id: m.id,
                 subscribers: n,
             });
@@ -539,7 +561,7 @@ async fn drain(w: &Worker, rd: &mut tokio::net::unix::OwnedReadHalf, buf: &mut B
         w.index,
         n - left
     );
-    w.link.send_snapshot();
+    w.supervisor.send_snapshot();
     // Give the writer task a moment to hand the last records over.
     tokio::task::yield_now().await;
 }

@@ -43,7 +43,7 @@ pub(crate) async fn serve(
 ) {
     let source = if w.cfg.per_address.any() {
         let source = Source::of(peer.ip());
-        let verdict = w.link.admit(source).await;
+        let verdict = w.supervisor.admit(source).await;
         if let Some(label) = verdict.label() {
             w.counters.refused(label);
             return;
@@ -71,7 +71,7 @@ pub(crate) async fn serve(
                 Err(label) => {
                     w.counters.handshake_failed(label);
                     if let Some(source) = ticket.take() {
-                        w.link.release(source);
+                        w.supervisor.release(source);
                     }
                     return;
                 }
@@ -80,7 +80,7 @@ pub(crate) async fn serve(
     };
     handshake(&w, stream, &ticket).await;
     if let Some(source) = ticket.take() {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -152,7 +152,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         c = c.with_tls(tls);
     }
     if let Err(e) = w.subs.add_mqtt(c) {
-        counted.release(&w.link, tag);
+        counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
     }

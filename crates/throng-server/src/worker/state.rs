@@ -16,11 +16,11 @@ use throng_host::shared::SharedCounters;
 use tokio::sync::Notify;
 
 use super::conn::NONE;
-use super::link::Link;
 use super::ping_answer::Answer;
 use super::recurring::Recurring;
 use super::sleepers::Sleepers;
 use super::subscribers::{Outside, Subscribers};
+use super::supervisor_link::SupervisorLink;
 use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
@@ -36,7 +36,7 @@ pub(crate) struct Worker {
     pub(crate) index: usize,
     pub(crate) counters: Rc<Counters>,
     pub(crate) subs: Subscribers<Around>,
-    pub(crate) link: Rc<Link>,
+    pub(crate) supervisor: Rc<SupervisorLink>,
     /// SIGTERM/SIGINT came: no new subscribers, no more fan-out.
     pub(crate) draining: Cell<bool>,
     /// Messages counted and answered for, still to be written, and
@@ -130,11 +130,11 @@ pub(crate) struct Waiting {
 }
 
 /// What the subscribers need around them in a worker: its one epoll set,
-/// its link to report channel interest on, and what its subscribers are
+/// its supervisor link to report channel interest on, and what its subscribers are
 /// counted under.
 pub(crate) struct Around {
     pub(crate) poller: Poller,
-    pub(crate) link: Rc<Link>,
+    pub(crate) supervisor: Rc<SupervisorLink>,
     pub(crate) counted: Counted,
 }
 
@@ -196,7 +196,7 @@ impl Counted {
 
     /// A subscriber counted under `tag` is gone: its address goes back to
     /// the supervisor, its place to the node.
-    pub(crate) fn release(&self, link: &Link, tag: u32) {
+    pub(crate) fn release(&self, supervisor: &SupervisorLink, tag: u32) {
         if tag != NONE {
             let source = self
                 .sources
@@ -205,7 +205,7 @@ impl Counted {
                 .and_then(Option::take);
             if let Some(source) = source {
                 self.free.borrow_mut().push(tag);
-                link.release(source);
+                supervisor.release(source);
             }
         }
         self.give_place();
@@ -230,15 +230,15 @@ impl Outside for Around {
 
     fn forget(&self, wire: &TcpStream, tag: u32) {
         let _ = self.poller.remove(wire);
-        self.counted.release(&self.link, tag);
+        self.counted.release(&self.supervisor, tag);
     }
 
     fn channel_interest(&self, channel: &str, subscribed: bool) {
-        self.link.interest(channel, subscribed);
+        self.supervisor.interest(channel, subscribed);
     }
 
     fn recover(&self, request: u64, channel: &str, since: MessageId) {
-        self.link.recover(request, channel, since);
+        self.supervisor.recover(request, channel, since);
     }
 
     fn publish(
@@ -249,12 +249,12 @@ impl Outside for Around {
         payload: Bytes,
         retain: Option<u8>,
     ) {
-        self.link
+        self.supervisor
             .publish_unanswered(channel, text, at_most_once, payload, retain);
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
-        self.link.send(&Record::RetainedAsk {
+        self.supervisor.send(&Record::RetainedAsk {
             id: request,
             filters,
         });
