@@ -127,7 +127,7 @@ async fn turn_away(w: &Worker, mut tcp: TcpStream, verdict: Verdict) {
             if tcp.readable().await.is_err() {
                 return;
             }
-            let mut scratch = w.subs.scratch.borrow_mut();
+            let mut scratch = w.subs.scratch().borrow_mut();
             match tcp.try_read(&mut scratch) {
                 Ok(0) => return,
                 Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return,
@@ -404,7 +404,7 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>, first: bool) 
         if tcp.readable().await.is_err() {
             return Head::Closed;
         }
-        let mut scratch = w.subs.scratch.borrow_mut();
+        let mut scratch = w.subs.scratch().borrow_mut();
         let n = match tcp.try_read(&mut scratch) {
             Ok(0) => return Head::Closed,
             Ok(n) => n,
@@ -448,7 +448,7 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
         first,
     };
     let parked = w.parked.park(
-        &w.subs.outside.poller,
+        &w.subs.outside().poller,
         tcp,
         Box::new(parts.conn),
         waiting,
@@ -463,12 +463,12 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
 /// from now, as a task waiting for a request would be.
 fn park_deadline(w: &Worker) -> u32 {
     let wait = wheel::ticks(w.cfg.handshake_timeout);
-    w.subs.now.get().saturating_add(wait)
+    w.subs.now().saturating_add(wait)
 }
 
 /// A parked connection's bytes (or its end) came: it goes on in a task.
 pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
-    let Some(e) = w.parked.wake(&w.subs.outside.poller, token) else {
+    let Some(e) = w.parked.wake(&w.subs.outside().poller, token) else {
         return;
     };
     let waiting = match TlsStream::wake(e.tcp, e.conn) {
@@ -480,7 +480,7 @@ pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
             let deadline = park_deadline(w);
             match w
                 .parked
-                .park(&w.subs.outside.poller, tcp, conn, e.extra, deadline)
+                .park(&w.subs.outside().poller, tcp, conn, e.extra, deadline)
             {
                 Ok(()) => return,
                 Err(waiting) => waiting,
@@ -508,7 +508,7 @@ async fn resumed(w: Rc<Worker>, s: Box<TlsStream>, waiting: Waiting) {
 /// close_notify, as in a task), as the tick finds them.
 pub(crate) fn expire_parked(w: &Worker) {
     w.parked
-        .expire(&w.subs.outside.poller, w.subs.now.get(), |mut e| {
+        .expire(&w.subs.outside().poller, w.subs.now(), |mut e| {
             if e.extra.first {
                 w.counters.handshake_failed("timeout");
             }
@@ -589,7 +589,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             return;
         }
     };
-    let counted = &w.subs.outside.counted;
+    let counted = &w.subs.outside().counted;
     if !counted.take_place() {
         w.counters.refused("max_connections");
         Box::pin(gate::full(w, &mut stream)).await;
@@ -630,7 +630,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
 /// when the socket could not be taken.
 fn into_conn(w: &Worker, stream: Io, rest: &[u8]) -> Option<Conn<std::net::TcpStream>> {
     Some(match stream {
-        Io::Plain(tcp) => Conn::new(tcp.into_std().ok()?, w.subs.now.get(), rest),
+        Io::Plain(tcp) => Conn::new(tcp.into_std().ok()?, w.subs.now(), rest),
         Io::Tls(tls) => {
             let parts = tls.into_parts();
             let sock = parts.tcp.into_std().ok()?;
@@ -638,7 +638,7 @@ fn into_conn(w: &Worker, stream: Io, rest: &[u8]) -> Option<Conn<std::net::TcpSt
             // the HTTP phase had read, then what it had decrypted but not read.
             let mut plain = rest.to_vec();
             plain.extend_from_slice(&parts.plain_rest);
-            Conn::new(sock, w.subs.now.get(), &plain)
+            Conn::new(sock, w.subs.now(), &plain)
                 .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
         }
     })

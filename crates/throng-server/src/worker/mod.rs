@@ -397,7 +397,7 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
 async fn reactor(w: Rc<Worker>) {
     let mut events = Events::with_capacity(256);
     loop {
-        if let Err(e) = w.subs.outside.poller.wait(&mut events).await {
+        if let Err(e) = w.subs.outside().poller.wait(&mut events).await {
             log!("throng: worker {}: epoll: {e}", w.index);
             return;
         }
@@ -441,10 +441,10 @@ async fn tick_loop(w: Rc<Worker>) {
         let now = if w.draining.get() {
             w.subs.advance()
         } else {
-            w.subs.wall.set(gate::unix_now());
+            w.subs.set_wall(gate::unix_now());
             w.subs.tick();
             http::expire_parked(&w);
-            w.subs.now.get()
+            w.subs.now()
         };
         if now % snapshot_every == 0 {
             w.supervisor.send_snapshot();

@@ -116,7 +116,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
             return;
         }
     };
-    let counted = &w.subs.outside.counted;
+    let counted = &w.subs.outside().counted;
     let connack = connack(w, &connected);
     let written = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&connack)).await;
     if !matches!(written, Ok(Ok(()))) {
@@ -144,7 +144,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     };
     let state = session(&connected, admitted.grants, will);
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
-    let mut c = Conn::new(sock, w.subs.now.get(), &rest)
+    let mut c = Conn::new(sock, w.subs.now(), &rest)
         .with_mqtt(version, state)
         .with_expiry(admitted.expires)
         .with_tag(tag);
@@ -231,7 +231,7 @@ fn admit(
         w.counters.refused(refusal.label());
         mqtt_auth::connack_code(refusal)
     })?;
-    let counted = &w.subs.outside.counted;
+    let counted = &w.subs.outside().counted;
     if !counted.take_place() {
         w.counters.refused("max_connections");
         return Err(ReasonCode::SERVER_BUSY);
@@ -241,8 +241,8 @@ fn admit(
     };
     // A will is a publish: where an MQTT client may not publish, or on a
     // topic that is not a channel, it is refused with the CONNECT.
-    let guarded = w.subs.limits.publish_guarded;
-    let why = if !w.subs.limits.mqtt_publish {
+    let guarded = w.subs.limits().publish_guarded;
+    let why = if !w.subs.limits().mqtt_publish {
         Some(("publish_not_here", ReasonCode::NOT_AUTHORIZED))
     } else if channel::validate(&channel).is_err() {
         Some(("bad_channel", ReasonCode::TOPIC_NAME_INVALID))
@@ -275,7 +275,7 @@ fn connack(w: &Worker, connected: &Connected) -> Bytes {
         let offer = [
             Property::MaximumQos(1),
             Property::RetainAvailable(1),
-            Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits.wildcards)),
+            Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits().wildcards)),
             Property::SharedSubscriptionAvailable(0),
         ];
         for p in offer {

@@ -231,7 +231,7 @@ mod tests {
         // The supervisor reads the store after relaying message `j`; the
         // worker applies the answer after writing it, before the next.
         let answer = |p: &mut Pair, store: &mut Retained| {
-            let request = p.subs.outside.retained_asks.borrow()[0].0;
+            let request = p.subs.outside().retained_asks.borrow()[0].0;
             p.subs
                 .retained_answer(request, store.matching(&["c".to_owned()]));
         };
@@ -283,7 +283,7 @@ mod tests {
     /// A subscriber of `c` joins and asks for its retained message.
     fn join(p: &mut Pair) -> usize {
         let (i, c) = p.connect_mqtt(Version::V5);
-        p.subs.channels.borrow_mut().subscribe_mqtt("c", &c, 0);
+        p.subs.subscribe_mqtt("c", &c, 0);
         p.subs.ask_retained(&c, vec!["c".to_owned()]);
         i
     }

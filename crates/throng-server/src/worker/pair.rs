@@ -321,7 +321,7 @@ impl Pair {
     }
 
     pub(crate) fn counters(&self) -> &Counters {
-        &self.subs.counters
+        self.subs.counters()
     }
 
     /// A client subscribes to `channel` (`sent` arrived with its upgrade
@@ -367,7 +367,7 @@ impl Pair {
         since: Option<MessageId>,
     ) -> usize {
         let pipe = Pipe::new(room);
-        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent)
+        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), sent)
             .with_expiry(crate::auth::expiry(exp))
             .with_kind(kind);
         match since {
@@ -394,8 +394,7 @@ impl Pair {
     ) -> (usize, Rc<Conn<MemWire>>) {
         let pipe = Pipe::new(ROOM);
         let state = super::mqtt::Mqtt::new(0);
-        let conn =
-            Conn::new(MemWire(pipe.clone()), self.subs.now.get(), b"").with_mqtt(version, state);
+        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"").with_mqtt(version, state);
         self.subs.add_mqtt(conn).expect("watched");
         self.clients.push(Client {
             pipe,
@@ -418,8 +417,6 @@ impl Pair {
     pub(crate) fn conn(&self, i: usize) -> Option<Rc<Conn<MemWire>>> {
         let pipe = &self.clients[i].pipe;
         self.subs
-            .conns
-            .borrow()
             .all()
             .into_iter()
             .find(|c| Rc::ptr_eq(&c.wire().0, pipe))
@@ -446,7 +443,7 @@ impl Pair {
                     moved = true;
                 }
             }
-            let all = self.subs.conns.borrow().all();
+            let all = self.subs.all();
             for c in all {
                 let p = &c.wire().0;
                 let before = (p.to_client.borrow().len(), p.to_server.borrow().len());

@@ -214,28 +214,28 @@ pub(crate) type Closing<W> = (Rc<Conn<W>>, u32);
 /// One worker's subscribers. Nothing here is shared between threads:
 /// `Cell`/`RefCell` state, borrowed one operation at a time.
 pub(crate) struct Subscribers<O: Outside> {
-    pub(crate) limits: Limits,
-    pub(crate) outside: O,
-    pub(crate) counters: Rc<Counters>,
-    pub(crate) conns: RefCell<Slab<O::Wire>>,
-    pub(crate) channels: RefCell<Channels<O::Wire>>,
+    limits: Limits,
+    outside: O,
+    counters: Rc<Counters>,
+    conns: RefCell<Slab<O::Wire>>,
+    channels: RefCell<Channels<O::Wire>>,
     /// The one read buffer: every subscriber reads into it, in turn (and
     /// the worker's HTTP connections too, between requests).
-    pub(crate) scratch: RefCell<Box<[u8]>>,
+    scratch: RefCell<Box<[u8]>>,
     /// TLS subscribers: what the records just read decrypt to.
-    pub(crate) tls_plain: RefCell<Vec<u8>>,
+    tls_plain: RefCell<Vec<u8>>,
     /// TLS subscribers: one frame (or control record) encrypted for one
     /// connection, written from here.
-    pub(crate) tls_out: RefCell<Vec<u8>>,
+    tls_out: RefCell<Vec<u8>>,
     /// Ticks of [`wheel::TICK`] since the worker started.
-    pub(crate) now: Cell<u32>,
+    now: Cell<u32>,
     /// Unix seconds, set by the worker before each tick: tokens expire on
     /// the wall clock, while ticks stretch with a busy worker.
-    pub(crate) wall: Cell<u64>,
+    wall: Cell<u64>,
     /// Subscribers that have a write queue (checked each tick for `--write-timeout`).
-    pub(crate) queued: RefCell<Vec<Rc<Conn<O::Wire>>>>,
+    queued: RefCell<Vec<Rc<Conn<O::Wire>>>>,
     /// Connections in a closing handshake, with the tick it started.
-    pub(crate) closing: RefCell<Vec<Closing<O::Wire>>>,
+    closing: RefCell<Vec<Closing<O::Wire>>>,
     /// Subscribers waiting for their channel's history (few at a time: a
     /// list searched, not a table).
     rejoins: RefCell<Vec<Rejoin<O::Wire>>>,
@@ -248,6 +248,66 @@ pub(crate) struct Subscribers<O: Outside> {
 }
 
 impl<O: Outside> Subscribers<O> {
+    /// The settings their lives follow.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// What is around them (the worker's epoll set, its supervisor link).
+    pub(crate) fn outside(&self) -> &O {
+        &self.outside
+    }
+
+    /// The worker's counters they count in.
+    #[cfg(test)]
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The worker's one read buffer, lent to its HTTP connections between
+    /// requests.
+    pub(crate) fn scratch(&self) -> &RefCell<Box<[u8]>> {
+        &self.scratch
+    }
+
+    /// Ticks of [`wheel::TICK`] since the worker started.
+    pub(crate) fn now(&self) -> u32 {
+        self.now.get()
+    }
+
+    /// Sets the Unix second tokens are checked against, before each tick.
+    pub(crate) fn set_wall(&self, unix: u64) {
+        self.wall.set(unix);
+    }
+
+    /// Every subscriber here now.
+    #[cfg(test)]
+    pub(crate) fn all(&self) -> Vec<Rc<Conn<O::Wire>>> {
+        self.conns.borrow().all()
+    }
+
+    /// Subscribes MQTT subscriber `c` to `channel` at QoS `qos` without a
+    /// SUBSCRIBE.
+    #[cfg(test)]
+    pub(crate) fn subscribe_mqtt(&self, channel: &str, c: &Rc<Conn<O::Wire>>, qos: u8) {
+        self.channels.borrow_mut().subscribe_mqtt(channel, c, qos);
+    }
+
+    /// The subscribers of `channel` a bare write can reach now: open, with
+    /// nothing queued, not TLS (`/bench/floor`).
+    pub(crate) fn bare_subscribers_of(&self, channel: &str) -> Vec<Rc<Conn<O::Wire>>> {
+        self.channels
+            .borrow()
+            .get(channel)
+            .map_or_else(Vec::new, |ch| {
+                ch.subs
+                    .iter()
+                    .filter(|c| !c.has_queue() && c.is_open() && !c.is_tls())
+                    .cloned()
+                    .collect()
+            })
+    }
+
     pub(crate) fn new(limits: Limits, outside: O, counters: Rc<Counters>) -> Self {
         Self {
             limits,
@@ -1704,15 +1764,15 @@ mod tests {
             ping_interval: TICK * 10,
             ..limits(1 << 20, 1000, 1000, 50)
         });
-        p.subs.wall.set(1_000);
+        p.subs.set_wall(1_000);
         let short = p.connect_until("news", 1_005);
         let long = p.connect_until("news", 2_000);
         let plain = p.connect("news");
         // A whole sweep just before exp: nobody is closed.
-        p.subs.wall.set(1_004);
+        p.subs.set_wall(1_004);
         p.tick(10);
         assert!(p.conn(short).unwrap().is_open());
-        p.subs.wall.set(1_005);
+        p.subs.set_wall(1_005);
         p.tick(10);
         let got = p.clients[short].take();
         assert_eq!(
@@ -1769,14 +1829,14 @@ mod tests {
         p.clients[a].close(close_code::NORMAL);
         p.drive();
         assert_eq!(
-            *p.subs.outside.interest.borrow(),
+            *p.subs.outside().interest.borrow(),
             [("x".to_owned(), true), ("y".to_owned(), true)]
         );
         p.clients[b].fin();
         p.reset(c);
         p.drive();
         assert_eq!(
-            p.subs.outside.interest.borrow()[2..],
+            p.subs.outside().interest.borrow()[2..],
             [("x".to_owned(), false), ("y".to_owned(), false)]
         );
         assert_eq!(p.subs.len(), 0);
@@ -1999,7 +2059,8 @@ mod tests {
                         rejoined_at = published;
                     }
                     Step::Answer => {
-                        let (req, channel, since) = p.subs.outside.recovers.borrow_mut().remove(0);
+                        let (req, channel, since) =
+                            p.subs.outside().recovers.borrow_mut().remove(0);
                         let r = h.recover(&channel, since, 0);
                         let answer = ToWorker::Recovered(req, r.complete, r.messages);
                         if steps.iter().any(|s| matches!(s, Step::ReadAnswer)) {
