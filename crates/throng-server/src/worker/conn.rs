@@ -644,7 +644,7 @@ mod tests {
 
     use throng_proto::ws::{OpCode, close_code};
 
-    use super::{Conn, State};
+    use super::{Conn, Drained, SendError, State};
     use crate::worker::pair::{Got, Pair, limits};
 
     fn text(s: &str) -> Got {
@@ -658,6 +658,35 @@ mod tests {
             .get(reason)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The connection's own mechanics, called directly: what the socket
+    /// does not take is handed back to start the queue, later writes go
+    /// behind it within `--max-queue`, and room to write drains it in order.
+    #[test]
+    fn a_partial_write_hands_back_the_tail_and_the_queue_drains_in_order() {
+        let mut p = Pair::defaults();
+        let a = p.connect_with("news", 4, b"");
+        p.clients[a].reading = false;
+        let c = p.conn(a).unwrap();
+        let frame = bytes::Bytes::from_static(b"0123456789");
+        let keep = |r: std::ops::Range<usize>| frame.slice(r);
+        let unsent = c.write_or_queue(&frame, keep, 100).unwrap();
+        let unsent = unsent.expect("the socket took 4 bytes of 10");
+        assert_eq!((&unsent.bytes[..], unsent.partial), (&b"456789"[..], true));
+        c.start_queue(unsent, 7);
+        assert!(c.write_or_queue(&frame, keep, 100).unwrap().is_none());
+        assert_eq!(c.queued_len(), 16);
+        assert_eq!(c.stalled_since(9), Some(7));
+        assert_eq!(
+            c.write_or_queue(&frame, keep, 20).err(),
+            Some(SendError::QueueFull)
+        );
+        assert!(matches!(c.write_queue(8), Drained::Waiting), "no room");
+        p.set_room(a, 1 << 20);
+        assert!(matches!(c.write_queue(9), Drained::Emptied));
+        assert!(!c.has_queue());
+        assert_eq!(p.clients[a].take_raw(), b"01234567890123456789");
     }
 
     #[test]

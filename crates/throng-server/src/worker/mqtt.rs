@@ -302,3 +302,79 @@ impl Mqtt {
         self.more.as_mut()?.inflight.take()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! An MQTT session's QoS 1 window, without a connection: what each
+    //! delivery and PUBACK does to it.
+
+    use bytes::Bytes;
+    use throng_proto::mqtt::Version;
+
+    use super::{Mqtt, Slot};
+    use crate::control::Message;
+    use crate::history::MessageId;
+    use crate::worker::mqtt_qos::Qos1;
+
+    fn qos1(payload: &'static [u8]) -> Qos1 {
+        let m = Message {
+            id: 1,
+            message: MessageId::NONE,
+            text: true,
+            at_most_once: false,
+            channel: "c".into(),
+            payload: Bytes::from_static(payload),
+        };
+        Qos1::of(Version::V5, &m).expect("a small PUBLISH encodes")
+    }
+
+    fn sent(slot: Option<Slot>) -> Option<u16> {
+        match slot {
+            Some(Slot::Send(id)) => Some(id),
+            Some(Slot::Held) => Some(0),
+            None => None,
+        }
+    }
+
+    #[test]
+    fn a_full_window_holds_and_each_puback_sends_the_next_held_in_order() {
+        let mut m = Mqtt::new(0);
+        m.receive_max = 2;
+        let p = qos1(b"x");
+        assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 5)), Some(1));
+        assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 6)), Some(2));
+        assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 7)), Some(0), "held");
+        assert_eq!(m.unacked_since(), Some(5), "since the first went out");
+        assert_eq!(m.inflight_bytes(), 3 * p.len());
+        assert!(!m.acked(9, 8), "an id not in flight");
+        assert!(m.acked(1, 8));
+        assert_eq!(m.unacked_since(), Some(8), "a PUBACK is progress");
+        let (_, id) = m.next_held().expect("the held one takes the slot");
+        assert_eq!(id, 3);
+        assert!(m.next_held().is_none(), "the window is full again");
+        assert!(m.acked(2, 9) && m.acked(3, 9));
+        assert!(m.next_held().is_none());
+        assert!(m.more.is_none(), "an idle session keeps no box");
+        assert_eq!((m.unacked_since(), m.inflight_bytes()), (None, 0));
+    }
+
+    #[test]
+    fn a_delivery_past_max_queue_with_what_is_queued_is_refused() {
+        let mut m = Mqtt::new(0);
+        let p = qos1(b"0123456789");
+        let max = 2 * p.len() + 5;
+        assert_eq!(sent(m.deliver(&p, 0, max, 0)), Some(1));
+        assert_eq!(sent(m.deliver(&p, 5, max, 0)), Some(2));
+        assert_eq!(sent(m.deliver(&p, 0, max, 0)), None, "over --max-queue");
+        let i = m.take_inflight().expect("two in flight");
+        assert_eq!((i.sent(), i.held()), (2, 0));
+    }
+
+    #[test]
+    fn keep_alive_is_checked_against_the_last_packet() {
+        let m = Mqtt::new(3);
+        assert!(!m.overdue(10, 12));
+        assert!(m.overdue(10, 13));
+        assert!(!Mqtt::new(0).overdue(0, u32::MAX), "0: no keep-alive");
+    }
+}
