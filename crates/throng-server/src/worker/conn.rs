@@ -1,9 +1,12 @@
 //! One subscriber connection after the upgrade (or the start of its event
-//! stream), and its life: reading (control frames only; an SSE client's
-//! bytes are dropped), sending with a queue only when the socket is full,
-//! and closing (an SSE stream just ends: it has no closing handshake). The life is a state machine over a [`Wire`] (a non-blocking
-//! byte stream) and the worker's clock in ticks; it opens no socket and
-//! reads no clock, so tests drive it in memory.
+//! stream): its socket, its queue (made only when the socket is full) and
+//! its TLS session, with the methods that read, write and drain them and
+//! say what happened. Its life (below: reading control frames only, an SSE
+//! client's bytes dropped; closing, where an SSE stream just ends) is
+//! driven by the worker's subscribers ([`super::subscribers`]). Both run
+//! over a [`Wire`] (a non-blocking byte stream) and the worker's clock in
+//! ticks; they open no socket and read no clock, so tests drive them in
+//! memory.
 //!
 //! ```text
 //!            short write ──▶ queue (writable drains it)

@@ -161,17 +161,8 @@ impl Outside for Around {
             .push((request, channel.to_owned(), since));
     }
 
-    fn publish(
-        &self,
-        channel: &str,
-        _text: bool,
-        _at_most_once: bool,
-        payload: Bytes,
-        _retain: Option<u8>,
-    ) {
-        self.published
-            .borrow_mut()
-            .push((channel.to_owned(), payload));
+    fn publish(&self, m: Message, _retain: Option<u8>) {
+        self.published.borrow_mut().push((m.channel, m.payload));
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {

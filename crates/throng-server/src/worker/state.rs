@@ -10,7 +10,6 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 
-use bytes::Bytes;
 use throng_host::poll::{Interest, Poller};
 use throng_host::shared::SharedCounters;
 use tokio::sync::Notify;
@@ -241,16 +240,8 @@ impl Outside for Around {
         self.supervisor.recover(request, channel, since);
     }
 
-    fn publish(
-        &self,
-        channel: &str,
-        text: bool,
-        at_most_once: bool,
-        payload: Bytes,
-        retain: Option<u8>,
-    ) {
-        self.supervisor
-            .publish_unanswered(channel, text, at_most_once, payload, retain);
+    fn publish(&self, m: Message, retain: Option<u8>) {
+        self.supervisor.publish_unanswered(m, retain);
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {

@@ -4,12 +4,18 @@
 //! back after an id holds what is published until its channel's history
 //! arrives), the clock in ticks and what each tick does (heartbeat pings or
 //! SSE comments and idle checks spread over the ping interval, overdue
-//! closing handshakes, stalled queues).
+//! closing handshakes, stalled queues), and each connection's life: what
+//! it reads (WebSocket frames, MQTT packets), what it is sent, how it
+//! closes. A `Conn` does its own reads, writes and queue and an `Mqtt`
+//! keeps its own session ([`super::conn`], [`super::mqtt`]); each says
+//! what happened, and the subscribers keep the books: counters, the
+//! lists of queued and closing connections, readiness, the tables.
 //!
 //! What it needs from around it is the [`Outside`]: readiness registration
-//! (the worker's epoll in production) and the report of a channel's first
-//! and last subscriber (to the supervisor, for Redis channels mode). Each
-//! connection's life is in [`super::conn`]; tests drive both in memory.
+//! (the worker's epoll in production), the report of a channel's first
+//! and last subscriber (to the supervisor, for Redis channels mode), and
+//! the supervisor's answers it asks for. Tests drive it in memory
+//! (`pair.rs`).
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -29,7 +35,7 @@ use super::conn::{
     CLOSE_GRACE, Conn, Drained, Got, NONE, Proto, SendError, State, TlsState, Unsent, Wire,
     close_frame,
 };
-use super::mqtt::{self, Mqtt, version_of};
+use super::mqtt::{self, Mqtt, Will, version_of};
 use super::mqtt_auth;
 use super::mqtt_qos::{Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
@@ -75,18 +81,11 @@ pub(crate) trait Outside {
     fn forget(&self, wire: &Self::Wire, tag: u32);
     /// A channel got its first subscriber here (`true`) or lost its last.
     fn channel_interest(&self, channel: &str, subscribed: bool);
-    /// An MQTT client published `payload` on `channel` (at QoS 0:
-    /// `at_most_once`; also its retained message when `retain` holds its
-    /// QoS): to the supervisor, which relays it like an HTTP publish (its
-    /// answer is not awaited).
-    fn publish(
-        &self,
-        channel: &str,
-        text: bool,
-        at_most_once: bool,
-        payload: Bytes,
-        retain: Option<u8>,
-    );
+    /// An MQTT client published `m` (its `id` is the link's to set; at
+    /// QoS 0: `m.at_most_once`; also its channel's retained message when
+    /// `retain` holds its QoS): to the supervisor, which relays it like an
+    /// HTTP publish (its answer is not awaited).
+    fn publish(&self, m: Message, retain: Option<u8>);
     /// Asks for the retained messages of the channels `filters` match, for
     /// a new MQTT subscription; the answer comes to
     /// [`Subscribers::retained_answer`], in order with the fan-outs.
@@ -1237,10 +1236,21 @@ impl<O: Outside> Subscribers<O> {
     pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
         let will = c.proto.borrow_mut().mqtt_mut().and_then(Mqtt::take_will);
         if let Some(will) = will {
-            let text = std::str::from_utf8(&will.payload).is_ok();
+            let Will {
+                channel,
+                payload,
+                retain,
+            } = *will;
             // A will is published at QoS 0 (its QoS is not kept).
-            self.outside
-                .publish(&will.channel, text, true, will.payload, will.retain);
+            let m = Message {
+                id: 0,
+                message: MessageId::NONE,
+                text: std::str::from_utf8(&payload).is_ok(),
+                at_most_once: true,
+                channel,
+                payload,
+            };
+            self.outside.publish(m, retain);
             self.counters.mqtt_sent("will");
         }
     }
@@ -1454,16 +1464,16 @@ impl<O: Outside> Subscribers<O> {
         } else if !self.mqtt_may_publish(c, p.topic) {
             ReasonCode::NOT_AUTHORIZED
         } else {
-            let text = std::str::from_utf8(p.payload).is_ok();
-            let at_most_once = p.delivery == Delivery::AtMostOnce;
-            let retain = p.retain.then(|| p.delivery.qos() as u8);
-            self.outside.publish(
-                p.topic,
-                text,
-                at_most_once,
-                Bytes::copy_from_slice(p.payload),
-                retain,
-            );
+            let m = Message {
+                id: 0,
+                message: MessageId::NONE,
+                text: std::str::from_utf8(p.payload).is_ok(),
+                at_most_once: p.delivery == Delivery::AtMostOnce,
+                channel: p.topic.to_owned(),
+                payload: Bytes::copy_from_slice(p.payload),
+            };
+            self.outside
+                .publish(m, p.retain.then(|| p.delivery.qos() as u8));
             ReasonCode::SUCCESS
         };
         match p.delivery {

@@ -54,23 +54,8 @@ pub(crate) enum PublishError {
     Gone,
 }
 
-/// The record of publish request `id`: retained (at QoS `retain`) or not.
-fn publish_record(
-    id: u64,
-    channel: &str,
-    text: bool,
-    at_most_once: bool,
-    payload: Bytes,
-    retain: Option<u8>,
-) -> Record {
-    let message = Message {
-        id,
-        message: MessageId::NONE,
-        text,
-        at_most_once,
-        channel: channel.to_owned(),
-        payload,
-    };
+/// The record of publish request `message`: retained (at QoS `retain`) or not.
+fn publish_record(message: Message, retain: Option<u8>) -> Record {
     match retain {
         Some(qos) => Record::PublishRetained { qos, message },
         None => Record::Publish(message),
@@ -183,7 +168,15 @@ impl SupervisorLink {
         let id = self.request_id();
         let (tx, rx) = oneshot::channel();
         self.pending_publish.borrow_mut().insert(id, tx);
-        let rec = publish_record(id, channel, text, false, payload, retain);
+        let message = Message {
+            id,
+            message: MessageId::NONE,
+            text,
+            at_most_once: false,
+            channel: channel.to_owned(),
+            payload,
+        };
+        let rec = publish_record(message, retain);
         if self.ctl.send(rec.encode()).is_err() {
             self.pending_publish.borrow_mut().remove(&id);
             return Err(PublishError::Gone);
@@ -193,25 +186,10 @@ impl SupervisorLink {
 
     /// Asks the supervisor to relay a message whose answer nobody waits
     /// for (an MQTT client's PUBLISH): its answer, under an id no request
-    /// holds, is dropped by [`Self::on_record`]. `at_most_once`: it was
-    /// published at QoS 0.
-    pub(crate) fn publish_unanswered(
-        &self,
-        channel: &str,
-        text: bool,
-        at_most_once: bool,
-        payload: Bytes,
-        retain: Option<u8>,
-    ) {
-        let id = self.request_id();
-        self.send(&publish_record(
-            id,
-            channel,
-            text,
-            at_most_once,
-            payload,
-            retain,
-        ));
+    /// holds, is dropped by [`Self::on_record`]; its id is set here.
+    pub(crate) fn publish_unanswered(&self, mut message: Message, retain: Option<u8>) {
+        message.id = self.request_id();
+        self.send(&publish_record(message, retain));
     }
 
     /// Asks the supervisor for what `channel` kept after `since` (rejoin
