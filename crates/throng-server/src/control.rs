@@ -242,14 +242,12 @@ impl Record {
                 out.put_u8(PUBLISHED);
                 out.put_u64_le(*id);
                 out.put_u64_le(*subscribers);
-                out.put_u64_le(message.epoch);
-                out.put_u64_le(message.seq);
+                put_id(&mut out, *message);
             }
             Self::Recover { id, since, channel } => {
                 out.put_u8(RECOVER);
                 out.put_u64_le(*id);
-                out.put_u64_le(since.epoch);
-                out.put_u64_le(since.seq);
+                put_id(&mut out, *since);
                 out.put_slice(channel.as_bytes());
             }
             Self::Recovered {
@@ -477,8 +475,7 @@ fn put_retained(out: &mut BytesMut, id: u64, messages: &[RetainedMessage]) {
         // Channel names are at most 128 bytes.
         out.put_u8(r.channel.len().min(255) as u8);
         out.put_slice(&r.channel.as_bytes()[..r.channel.len().min(255)]);
-        out.put_u64_le(r.kept.id.epoch);
-        out.put_u64_le(r.kept.id.seq);
+        put_id(out, r.kept.id);
         out.put_u8(r.qos);
         out.put_u8(u8::from(r.kept.text));
         out.put_u32_le(r.kept.payload.len() as u32);
@@ -493,12 +490,32 @@ fn put_recovered(out: &mut BytesMut, id: u64, complete: bool, messages: &[Kept])
     out.put_u8(u8::from(complete));
     out.put_u32_le(messages.len() as u32);
     for k in messages {
-        out.put_u64_le(k.id.epoch);
-        out.put_u64_le(k.id.seq);
+        put_id(out, k.id);
         out.put_u8(u8::from(k.text));
         out.put_u32_le(k.payload.len() as u32);
         out.put_slice(&k.payload);
     }
+}
+
+/// Writes a message id.
+fn put_id(out: &mut BytesMut, id: MessageId) {
+    out.put_u64_le(id.epoch);
+    out.put_u64_le(id.seq);
+}
+
+/// Reads a message id; the caller checked that its 16 bytes are there.
+fn get_id(rec: &mut Bytes) -> MessageId {
+    MessageId {
+        epoch: rec.get_u64_le(),
+        seq: rec.get_u64_le(),
+    }
+}
+
+/// Reads a payload after its length (4 bytes, checked by the caller).
+fn get_payload(rec: &mut Bytes) -> Result<Bytes, ControlError> {
+    let len = rec.get_u32_le() as usize;
+    need(rec, len)?;
+    Ok(rec.split_to(len))
 }
 
 /// Fails unless `rec` holds `n` more bytes.
@@ -547,21 +564,17 @@ fn get_retained(mut rec: Bytes) -> Result<Record, ControlError> {
         let clen = usize::from(rec.get_u8());
         need(&rec, clen + RETAINED_FRAMING - 1)?;
         let channel = utf8(rec.split_to(clen), "channel is not UTF-8")?;
-        let kid = MessageId {
-            epoch: rec.get_u64_le(),
-            seq: rec.get_u64_le(),
-        };
+        let kid = get_id(&mut rec);
         let qos = rec.get_u8();
         let text = rec.get_u8() != 0;
-        let len = rec.get_u32_le() as usize;
-        need(&rec, len)?;
+        let payload = get_payload(&mut rec)?;
         messages.push(RetainedMessage {
             channel,
             qos,
             kept: Kept {
                 id: kid,
                 text,
-                payload: rec.split_to(len),
+                payload,
             },
         });
     }
@@ -573,10 +586,7 @@ fn get_published(mut rec: Bytes) -> Result<Record, ControlError> {
     need(&rec, 32)?;
     let id = rec.get_u64_le();
     let subscribers = rec.get_u64_le();
-    let message = MessageId {
-        epoch: rec.get_u64_le(),
-        seq: rec.get_u64_le(),
-    };
+    let message = get_id(&mut rec);
     Ok(Record::Published {
         id,
         subscribers,
@@ -588,10 +598,7 @@ fn get_published(mut rec: Bytes) -> Result<Record, ControlError> {
 fn get_recover(mut rec: Bytes) -> Result<Record, ControlError> {
     need(&rec, 24)?;
     let id = rec.get_u64_le();
-    let since = MessageId {
-        epoch: rec.get_u64_le(),
-        seq: rec.get_u64_le(),
-    };
+    let since = get_id(&mut rec);
     let channel = String::from_utf8(rec.to_vec())
         .map_err(|_| ControlError::Malformed("channel is not UTF-8"))?;
     Ok(Record::Recover { id, since, channel })
@@ -607,18 +614,10 @@ fn get_recovered(mut rec: Bytes) -> Result<Record, ControlError> {
     let mut messages = Vec::with_capacity(n);
     for _ in 0..n {
         need(&rec, 21)?;
-        let id = MessageId {
-            epoch: rec.get_u64_le(),
-            seq: rec.get_u64_le(),
-        };
+        let id = get_id(&mut rec);
         let text = rec.get_u8() != 0;
-        let len = rec.get_u32_le() as usize;
-        need(&rec, len)?;
-        messages.push(Kept {
-            id,
-            text,
-            payload: rec.split_to(len),
-        });
+        let payload = get_payload(&mut rec)?;
+        messages.push(Kept { id, text, payload });
     }
     Ok(Record::Recovered {
         id,
@@ -630,8 +629,7 @@ fn get_recovered(mut rec: Bytes) -> Result<Record, ControlError> {
 /// Writes a `Publish` or `Deliver` message's fields.
 fn put_message(out: &mut BytesMut, m: &Message) {
     out.put_u64_le(m.id);
-    out.put_u64_le(m.message.epoch);
-    out.put_u64_le(m.message.seq);
+    put_id(out, m.message);
     out.put_u8(u8::from(m.text) | u8::from(m.at_most_once) << 1);
     // Channel names are at most 128 bytes (validated before any record is made).
     out.put_u8(m.channel.len().min(255) as u8);
@@ -645,10 +643,7 @@ fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
         return Err(ControlError::Malformed("record cut short"));
     }
     let id = rec.get_u64_le();
-    let message = MessageId {
-        epoch: rec.get_u64_le(),
-        seq: rec.get_u64_le(),
-    };
+    let message = get_id(&mut rec);
     let flags = rec.get_u8();
     let (text, at_most_once) = (flags & 1 != 0, flags & 2 != 0);
     let clen = usize::from(rec.get_u8());
