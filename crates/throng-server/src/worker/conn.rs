@@ -108,36 +108,36 @@ pub(crate) struct Conn<W> {
     /// Non-blocking, registered in the worker's epoll under `slot`.
     wire: W,
     /// Index in the worker's slab, or [`NONE`].
-    pub(crate) slot: Cell<u32>,
+    slot: Cell<u32>,
     /// Channel id in the worker's channel table.
-    pub(crate) channel: Cell<u32>,
+    channel: Cell<u32>,
     /// Position in the channel's subscriber list, or [`NONE`] when not subscribed.
-    pub(crate) sub_pos: Cell<u32>,
+    sub_pos: Cell<u32>,
     /// Worker tick at which the client was last heard from.
-    pub(crate) last_seen: Cell<u32>,
-    pub(crate) state: Cell<State>,
+    last_seen: Cell<u32>,
+    state: Cell<State>,
     /// Whether it is in the worker's `queued` list.
-    pub(crate) listed: Cell<bool>,
+    listed: Cell<bool>,
     /// How it takes its messages (WebSocket bare or with ids, or SSE).
-    pub(crate) kind: Kind,
+    kind: Kind,
     /// Rejoining after an id: what is published is held until the
     /// channel's history arrives ([`super::rejoin`]).
-    pub(crate) rejoining: Cell<bool>,
+    rejoining: Cell<bool>,
     /// The Unix second its token expires at (closed 4001 by the sweep);
     /// 0: no token, or one without `exp`. Four bytes that fit beside the
     /// other small fields, so an authenticated subscriber costs no more.
-    pub(crate) expires: u32,
+    expires: u32,
     /// What the worker counts this connection under (its client address
     /// for the per-address limits, its place under `--max-connections`),
     /// handed back to [`Outside::forget`]; [`NONE`] when nothing is.
-    pub(crate) tag: u32,
+    tag: u32,
     /// Bytes of a frame that arrived split; `None` almost always. A `Cell`
     /// (taken and put back), not a `RefCell`: one word less per connection.
     rest: Cell<Option<Box<[u8]>>>,
     /// Frames the socket would not take yet; `None` unless the client is behind.
     queue: RefCell<Option<Box<Queue>>>,
     /// Its protocol's decoder and state.
-    pub(crate) proto: RefCell<Proto>,
+    proto: RefCell<Proto>,
     /// The TLS session of a subscriber from a `--tls-listen` listener.
     tls: Option<Box<RefCell<TlsState>>>,
 }
@@ -269,6 +269,108 @@ pub(crate) enum Got {
     Nothing,
     /// The client closed or the socket failed: the connection is gone.
     Ended,
+}
+
+/// Where a connection is, and what it is: read and set by the
+/// subscribers and their tables, one field at a time.
+impl<W> Conn<W> {
+    /// Its index in the worker's slab, or [`NONE`].
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot.get()
+    }
+
+    pub(crate) fn set_slot(&self, slot: u32) {
+        self.slot.set(slot);
+    }
+
+    /// Takes its slot, leaving [`NONE`].
+    pub(crate) fn take_slot(&self) -> u32 {
+        self.slot.replace(NONE)
+    }
+
+    /// Its channel's id in the worker's channel table.
+    pub(crate) fn channel(&self) -> u32 {
+        self.channel.get()
+    }
+
+    pub(crate) fn set_channel(&self, id: u32) {
+        self.channel.set(id);
+    }
+
+    /// Its position in its channel's subscriber list, or [`NONE`].
+    pub(crate) fn sub_pos(&self) -> u32 {
+        self.sub_pos.get()
+    }
+
+    pub(crate) fn set_sub_pos(&self, pos: u32) {
+        self.sub_pos.set(pos);
+    }
+
+    /// Takes its position, leaving [`NONE`].
+    pub(crate) fn take_sub_pos(&self) -> u32 {
+        self.sub_pos.replace(NONE)
+    }
+
+    /// The tick it was last heard from at.
+    pub(crate) fn last_seen(&self) -> u32 {
+        self.last_seen.get()
+    }
+
+    pub(crate) fn set_last_seen(&self, now: u32) {
+        self.last_seen.set(now);
+    }
+
+    pub(crate) fn state(&self) -> State {
+        self.state.get()
+    }
+
+    pub(crate) fn set_state(&self, state: State) {
+        self.state.set(state);
+    }
+
+    /// Marks it as in the worker's `queued` list; whether it was already.
+    pub(crate) fn list(&self) -> bool {
+        self.listed.replace(true)
+    }
+
+    /// It left the worker's `queued` list.
+    pub(crate) fn unlist(&self) {
+        self.listed.set(false);
+    }
+
+    /// How it takes its messages.
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Whether what is published is held for it (a rejoin, or retained
+    /// messages on their way).
+    pub(crate) fn rejoining(&self) -> bool {
+        self.rejoining.get()
+    }
+
+    pub(crate) fn set_rejoining(&self, on: bool) {
+        self.rejoining.set(on);
+    }
+
+    /// It holds nothing any more; whether it did.
+    pub(crate) fn stop_rejoining(&self) -> bool {
+        self.rejoining.replace(false)
+    }
+
+    /// What the worker counts it under ([`Conn::tag`]'s field).
+    pub(crate) fn tag(&self) -> u32 {
+        self.tag
+    }
+
+    /// Its protocol's decoder and state.
+    pub(crate) fn proto(&self) -> std::cell::Ref<'_, Proto> {
+        self.proto.borrow()
+    }
+
+    pub(crate) fn proto_mut(&self) -> std::cell::RefMut<'_, Proto> {
+        self.proto.borrow_mut()
+    }
 }
 
 impl<W: Wire> Conn<W> {
@@ -767,7 +869,7 @@ mod tests {
         p.clients[slow].read();
         p.set_room(slow, 100);
         p.fanout("c", "msg-0005");
-        assert_eq!(c.state.get(), State::Gone);
+        assert_eq!(c.state(), State::Gone);
         assert!(p.conn(slow).is_none(), "out of the tables at once");
         drop(c);
         p.tick(1);
@@ -835,7 +937,7 @@ mod tests {
         p.clients[a].close(4000);
         p.drive();
         let c = p.conn(a).unwrap();
-        assert_eq!(c.state.get(), State::Finishing);
+        assert_eq!(c.state(), State::Finishing);
         assert!(!p.clients[a].server_closed());
         drop(c);
         p.clients[a].reading = true;
@@ -896,7 +998,7 @@ mod tests {
             !p.clients[a].server_closed(),
             "waits for the client's close"
         );
-        assert_eq!(p.conn(a).unwrap().state.get(), State::Failed);
+        assert_eq!(p.conn(a).unwrap().state(), State::Failed);
         p.clients[a].send(OpCode::Ping, b"ignored");
         p.clients[a].close(close_code::NORMAL);
         p.drive();

@@ -150,7 +150,7 @@ impl<W: Wire> Holds<W> {
             return None;
         }
         let c = h.conn.clone();
-        let version = version_of(c.kind);
+        let version = version_of(c.kind());
         let mut out: Vec<Out> = messages
             .iter()
             .filter(|r| {

@@ -343,7 +343,7 @@ impl<O: Outside> Subscribers<O> {
     ) -> io::Result<Rc<Conn<O::Wire>>> {
         let c = Rc::new(c);
         self.conns.borrow_mut().insert(&c);
-        if let Err(e) = self.outside.watch(c.wire(), c.slot.get()) {
+        if let Err(e) = self.outside.watch(c.wire(), c.slot()) {
             self.conns.borrow_mut().remove(&c);
             return Err(e);
         }
@@ -368,7 +368,7 @@ impl<O: Outside> Subscribers<O> {
         c: Conn<O::Wire>,
         since: MessageId,
     ) -> io::Result<()> {
-        c.rejoining.set(true);
+        c.set_rejoining(true);
         let request = self.next_rejoin.get();
         self.next_rejoin.set(request + 1);
         let conn = self.subscribe(channel, c)?;
@@ -410,10 +410,10 @@ impl<O: Outside> Subscribers<O> {
         let mut last = MessageId::NONE;
         for j in rejoin::join(since, complete, history, held) {
             let frame = match j {
-                Joined::Incomplete => rejoin::marker(c.kind, since),
+                Joined::Incomplete => rejoin::marker(c.kind(), since),
                 Joined::Message(k) => {
                     last = k.id;
-                    rejoin::kept(c.kind, &k)
+                    rejoin::kept(c.kind(), &k)
                 }
             };
             if let Err(e) = self.send(&c, &frame) {
@@ -431,11 +431,11 @@ impl<O: Outside> Subscribers<O> {
 
     /// A rejoining subscriber is gone, or live: it holds nothing any more.
     pub(crate) fn forget_rejoin(&self, c: &Conn<O::Wire>) {
-        if c.rejoining.replace(false) {
+        if c.stop_rejoining() {
             self.rejoins
                 .borrow_mut()
                 .retain(|r| !std::ptr::eq(Rc::as_ptr(&r.conn), c));
-            if c.kind.is_mqtt() {
+            if c.kind().is_mqtt() {
                 self.retained.borrow_mut().forget(c);
             }
         }
@@ -454,7 +454,7 @@ impl<O: Outside> Subscribers<O> {
             if let Some(held) = held {
                 return held.map(|()| Live::Held);
             }
-            c.rejoining.set(false);
+            c.set_rejoining(false);
             return Ok(Live::Send);
         };
         let r = &mut rejoins[k];
@@ -462,7 +462,7 @@ impl<O: Outside> Subscribers<O> {
             Some(fence) if !m.message.is_none() && m.message <= fence => Ok(Live::Repeat),
             Some(_) => {
                 rejoins.swap_remove(k);
-                c.rejoining.set(false);
+                c.set_rejoining(false);
                 Ok(Live::Send)
             }
             None => {
@@ -487,7 +487,7 @@ impl<O: Outside> Subscribers<O> {
         if let Some(name) = gone {
             self.outside.channel_interest(&name, false);
         }
-        if c.kind.is_mqtt() {
+        if c.kind().is_mqtt() {
             let gone = self.channels.borrow_mut().unsubscribe_mqtt_all(c);
             for name in gone {
                 self.outside.channel_interest(&name, false);
@@ -596,23 +596,23 @@ impl<O: Outside> Subscribers<O> {
                 // Left the channel since the fan-out began.
                 continue;
             }
-            let now = if c.rejoining.get() {
+            let now = if c.rejoining() {
                 self.live(c, m)
             } else {
                 Ok(Live::Send)
             };
             let at = f.next + k;
-            let qos = if !c.kind.is_mqtt() {
+            let qos = if !c.kind().is_mqtt() {
                 0
             } else if at < f.exact {
                 // An MQTT subscriber of this one channel: its QoS is its own.
-                c.proto.borrow().mqtt().map_or(0, |s| s.qos).min(f.most)
+                c.proto().mqtt().map_or(0, |s| s.qos).min(f.most)
             } else {
                 f.qos.get(at).copied().unwrap_or(0)
             };
             let qos1 = match qos {
                 1 => {
-                    let (v, version) = if c.kind == Kind::Mqtt5 {
+                    let (v, version) = if c.kind() == Kind::Mqtt5 {
                         (1, Version::V5)
                     } else {
                         (0, Version::V311)
@@ -628,7 +628,7 @@ impl<O: Outside> Subscribers<O> {
                 (Ok(Live::Send), None) => {
                     // Subscribers with ids or SSE get their own encoding,
                     // made once for all of them at the first one met.
-                    let frame = match c.kind {
+                    let frame = match c.kind() {
                         Kind::Ws => &f.frame,
                         Kind::WsIds => f
                             .with_id
@@ -696,16 +696,16 @@ impl<O: Outside> Subscribers<O> {
                 }
                 // An SSE client never speaks: its keep-alive is a comment,
                 // and a dead one is found by its writes failing or stalling.
-                let sse = c.kind == Kind::Sse;
+                let sse = c.kind() == Kind::Sse;
                 if c.expired(wall) {
                     expired.push(c.clone());
-                } else if c.kind.is_mqtt() {
+                } else if c.kind().is_mqtt() {
                     // An MQTT client keeps itself alive (PINGREQ): it is
                     // only checked, at its own keep-alive.
                     if c.mqtt_overdue(now) {
                         idle_out.push(c.clone());
                     }
-                } else if !sse && wheel::expired(now, c.last_seen.get(), self.limits.idle) {
+                } else if !sse && wheel::expired(now, c.last_seen(), self.limits.idle) {
                     idle_out.push(c.clone());
                 } else {
                     let ping = if sse { &self.keep_alive } else { &self.ping };
@@ -739,7 +739,7 @@ impl<O: Outside> Subscribers<O> {
             let mut closing = self.closing.borrow_mut();
             let mut out = Vec::new();
             closing.retain(|(c, since)| {
-                if c.state.get() == State::Gone || c.slot.get() == NONE {
+                if c.state() == State::Gone || c.slot() == NONE {
                     return false;
                 }
                 if wheel::expired(now, *since, self.limits.grace) {
@@ -757,7 +757,7 @@ impl<O: Outside> Subscribers<O> {
             let mut queued = self.queued.borrow_mut();
             let mut late = Vec::new();
             queued.retain(|c| match c.stalled_since(now) {
-                Some(since) if c.state.get() != State::Gone => {
+                Some(since) if c.state() != State::Gone => {
                     if wheel::expired(now, since, self.limits.write) {
                         late.push(c.clone());
                         return false;
@@ -765,14 +765,14 @@ impl<O: Outside> Subscribers<O> {
                     true
                 }
                 _ => {
-                    c.listed.set(false);
+                    c.unlist();
                     false
                 }
             });
             late
         };
         for c in late {
-            c.listed.set(false);
+            c.unlist();
             self.close_slow(&c, "timeout");
         }
     }
@@ -790,7 +790,7 @@ impl<O: Outside> Subscribers<O> {
     /// Hands `frame` to `c`: straight to the socket when nothing is queued,
     /// else (or for what the socket did not take) to the queue.
     pub(crate) fn send(&self, c: &Rc<Conn<O::Wire>>, frame: &Bytes) -> Result<(), SendError> {
-        if c.state.get() == State::Gone {
+        if c.state() == State::Gone {
             return Err(SendError::Closed);
         }
         if c.is_tls() {
@@ -826,7 +826,7 @@ impl<O: Outside> Subscribers<O> {
         c: &Rc<Conn<O::Wire>>,
         parts: &[&[u8]; 3],
     ) -> Result<(), SendError> {
-        if c.state.get() == State::Gone {
+        if c.state() == State::Gone {
             return Err(SendError::Closed);
         }
         if c.is_tls() || c.has_queue() {
@@ -843,10 +843,10 @@ impl<O: Outside> Subscribers<O> {
     fn start_queue(&self, c: &Rc<Conn<O::Wire>>, unsent: Unsent) {
         c.start_queue(unsent, self.now.get());
         self.counters.queued.set(self.counters.queued.get() + 1);
-        if !c.listed.replace(true) {
+        if !c.list() {
             self.queued.borrow_mut().push(c.clone());
         }
-        self.outside.want_write(c.wire(), c.slot.get(), true);
+        self.outside.want_write(c.wire(), c.slot(), true);
     }
 
     /// Drops `c`'s queue, counting its whole frames as dropped; whether
@@ -872,18 +872,18 @@ impl<O: Outside> Subscribers<O> {
         }
         self.counters.closed(why);
         self.unsubscribe(c);
-        if c.kind == Kind::Sse || c.kind.is_mqtt() {
+        if c.kind() == Kind::Sse || c.kind().is_mqtt() {
             // An event stream has no closing handshake: it ends (after what
             // is queued), and the client reconnects with its last id. An
             // MQTT server sends 5.0 clients a DISCONNECT saying why, then
             // closes (3.1.1 has no word for it).
-            if c.kind == Kind::Mqtt5 {
+            if c.kind() == Kind::Mqtt5 {
                 let _ = self.send(c, &mqtt::disconnect(why));
             }
             self.end_after_queue(c);
             return;
         }
-        c.state.set(if why == CloseReason::ProtocolError {
+        c.set_state(if why == CloseReason::ProtocolError {
             State::Failed
         } else {
             State::Closing
@@ -903,7 +903,7 @@ impl<O: Outside> Subscribers<O> {
     /// Ends `c` once its queue is written (at once when it has none).
     fn end_after_queue(&self, c: &Rc<Conn<O::Wire>>) {
         if c.has_queue() {
-            c.state.set(State::Finishing);
+            c.set_state(State::Finishing);
         } else {
             self.finish(c);
         }
@@ -920,9 +920,9 @@ impl<O: Outside> Subscribers<O> {
         self.counters.closed(CloseReason::SlowConsumer);
         self.counters.slow_consumer(cause);
         let partial = self.drop_queue(c);
-        if !partial && c.kind == Kind::Mqtt5 {
+        if !partial && c.kind() == Kind::Mqtt5 {
             c.write_now(&mqtt::disconnect(CloseReason::SlowConsumer), &self.tls_out);
-        } else if !partial && c.kind != Kind::Sse && !c.kind.is_mqtt() {
+        } else if !partial && c.kind() != Kind::Sse && !c.kind().is_mqtt() {
             let reason = if cause == "queue" {
                 "slow consumer: over --max-queue"
             } else {
@@ -953,13 +953,13 @@ impl<O: Outside> Subscribers<O> {
     /// Takes `c` out of every table; its socket closes when the last
     /// reference (perhaps a fan-out in progress) is dropped.
     pub(crate) fn finish(&self, c: &Rc<Conn<O::Wire>>) {
-        if c.state.get() == State::Gone {
+        if c.state() == State::Gone {
             return;
         }
-        c.state.set(State::Gone);
+        c.set_state(State::Gone);
         self.unsubscribe(c);
         self.forget_rejoin(c);
-        if c.kind.is_mqtt() {
+        if c.kind().is_mqtt() {
             self.publish_will(c);
             self.drop_inflight(c);
         }
@@ -967,13 +967,13 @@ impl<O: Outside> Subscribers<O> {
         if !partial {
             c.close_notify(&self.tls_out);
         }
-        self.outside.forget(c.wire(), c.tag);
-        if c.slot.get() != NONE {
+        self.outside.forget(c.wire(), c.tag());
+        if c.slot() != NONE {
             self.conns.borrow_mut().remove(c);
             self.counters
                 .open
                 .set(self.counters.open.get().saturating_sub(1));
-            if c.kind.is_mqtt() {
+            if c.kind().is_mqtt() {
                 let mqtt = &self.counters.mqtt_open;
                 mqtt.set(mqtt.get().saturating_sub(1));
             }
@@ -989,7 +989,7 @@ impl<O: Outside> Subscribers<O> {
         let mut scratch = self.scratch.borrow_mut();
         let mut read = read;
         loop {
-            if c.state.get() == State::Gone {
+            if c.state() == State::Gone {
                 return;
             }
             // What was kept goes first. Plain: taken, it is handled now.
@@ -1021,7 +1021,7 @@ impl<O: Outside> Subscribers<O> {
                 }
             }
             let full = have == scratch.len();
-            c.last_seen.set(self.now.get());
+            c.set_last_seen(self.now.get());
             let open = match tls {
                 None => self.on_bytes(c, &mut scratch[..have]),
                 Some(t) => self.on_records(c, t, &mut scratch[..have]),
@@ -1078,19 +1078,19 @@ impl<O: Outside> Subscribers<O> {
     /// what was just read); keeps a split frame's bytes in `c.rest`. False
     /// when the connection ended.
     fn on_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
-        if c.state.get() == State::Failed || c.kind == Kind::Sse {
+        if c.state() == State::Failed || c.kind() == Kind::Sse {
             // Discard: the decoder is not trusted after an error, and an
             // SSE client has nothing to say after its request (its end,
             // or a reset, still ends it).
             return true;
         }
-        if c.kind.is_mqtt() {
+        if c.kind().is_mqtt() {
             return self.on_mqtt_bytes(c, buf);
         }
         let have = buf.len();
         let mut pos = 0;
         while pos < have {
-            let mut proto = c.proto.borrow_mut();
+            let mut proto = c.proto_mut();
             let Proto::Ws(dec) = &mut *proto else {
                 return false;
             };
@@ -1164,10 +1164,10 @@ impl<O: Outside> Subscribers<O> {
                 self.counters
                     .queued
                     .set(self.counters.queued.get().saturating_sub(1));
-                if c.state.get() == State::Finishing {
+                if c.state() == State::Finishing {
                     self.finish(c);
                 } else {
-                    self.outside.want_write(c.wire(), c.slot.get(), false);
+                    self.outside.want_write(c.wire(), c.slot(), false);
                 }
             }
             Drained::Broken => self.lost(c),
@@ -1179,7 +1179,7 @@ impl<O: Outside> Subscribers<O> {
     pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>) -> io::Result<()> {
         let c = Rc::new(c);
         self.conns.borrow_mut().insert(&c);
-        if let Err(e) = self.outside.watch(c.wire(), c.slot.get()) {
+        if let Err(e) = self.outside.watch(c.wire(), c.slot()) {
             self.conns.borrow_mut().remove(&c);
             return Err(e);
         }
@@ -1198,7 +1198,7 @@ impl<O: Outside> Subscribers<O> {
     pub(crate) fn on_mqtt_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
         let have = buf.len();
         let mut pos = 0;
-        let mut decoder = Decoder::server_connected(version_of(c.kind), self.limits.mqtt_packet);
+        let mut decoder = Decoder::server_connected(version_of(c.kind()), self.limits.mqtt_packet);
         while pos < have {
             if !c.is_open() {
                 // Closing after an answer: what follows is not read.
@@ -1234,7 +1234,7 @@ impl<O: Outside> Subscribers<O> {
     /// Publishes `c`'s will, if it has one (its connection is ending
     /// without a DISCONNECT that dropped it).
     pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
-        let will = c.proto.borrow_mut().mqtt_mut().and_then(Mqtt::take_will);
+        let will = c.proto_mut().mqtt_mut().and_then(Mqtt::take_will);
         if let Some(will) = will {
             let Will {
                 channel,
@@ -1270,7 +1270,7 @@ impl<O: Outside> Subscribers<O> {
     /// Sends a packet to `c`; false (and `c` ended) when it could not.
     fn reply(&self, c: &Rc<Conn<O::Wire>>, p: &Packet<'_>) -> bool {
         self.counters.mqtt_sent(p.packet_type().name());
-        let bytes = mqtt::encode(version_of(c.kind), p);
+        let bytes = mqtt::encode(version_of(c.kind()), p);
         match self.send(c, &bytes) {
             Ok(()) => true,
             Err(e) => {
@@ -1283,7 +1283,7 @@ impl<O: Outside> Subscribers<O> {
     /// Handles one packet from the client; false when the connection ended.
     fn on_packet(&self, c: &Rc<Conn<O::Wire>>, p: Packet<'_>) -> bool {
         self.counters.mqtt_received(p.packet_type().name());
-        let version = version_of(c.kind);
+        let version = version_of(c.kind());
         match p {
             Packet::Pingreq => self.reply(c, &Packet::Pingresp),
             Packet::Subscribe(s) => self.on_subscribe(c, &s),
@@ -1293,7 +1293,7 @@ impl<O: Outside> Subscribers<O> {
                 // The client's clean end: nothing to answer, and its will
                 // is dropped unless it asks for it (5.0's 0x04).
                 if d.reason != ReasonCode::DISCONNECT_WITH_WILL
-                    && let Some(m) = c.proto.borrow_mut().mqtt_mut()
+                    && let Some(m) = c.proto_mut().mqtt_mut()
                 {
                     m.drop_will();
                 }
@@ -1333,7 +1333,7 @@ impl<O: Outside> Subscribers<O> {
     }
 
     fn on_subscribe(&self, c: &Rc<Conn<O::Wire>>, s: &Subscribe<'_>) -> bool {
-        let v5 = c.kind == Kind::Mqtt5;
+        let v5 = c.kind() == Kind::Mqtt5;
         let mut codes = Vec::with_capacity(s.filters.len());
         // The filters whose retained messages are sent (5.0's retain
         // handling: at every subscribe, only a new one's, or never).
@@ -1403,7 +1403,7 @@ impl<O: Outside> Subscribers<O> {
     }
 
     fn on_unsubscribe(&self, c: &Rc<Conn<O::Wire>>, u: &Unsubscribe<'_>) -> bool {
-        let v5 = c.kind == Kind::Mqtt5;
+        let v5 = c.kind() == Kind::Mqtt5;
         let mut codes = Vec::new();
         for filter in &u.filters {
             if topic::is_wildcard(filter) {
@@ -1444,7 +1444,7 @@ impl<O: Outside> Subscribers<O> {
     /// acknowledged once it is on its way to the supervisor; QoS 2 is
     /// refused, as for a server whose maximum QoS is 1.
     fn on_publish(&self, c: &Rc<Conn<O::Wire>>, p: &Publish<'_>) -> bool {
-        let v5 = c.kind == Kind::Mqtt5;
+        let v5 = c.kind() == Kind::Mqtt5;
         if let Delivery::ExactlyOnce(_) = p.delivery {
             self.counters.mqtt_refused("qos2");
             let mut out = Vec::new();
@@ -1492,12 +1492,12 @@ impl<O: Outside> Subscribers<O> {
     /// Delivers `p` to `c` at QoS 1: sent with the connection's next
     /// packet id, or held while its receive maximum is in flight.
     pub(crate) fn deliver_qos1(&self, c: &Rc<Conn<O::Wire>>, p: &Qos1) -> Result<(), SendError> {
-        if c.state.get() == State::Gone {
+        if c.state() == State::Gone {
             return Err(SendError::Closed);
         }
         let queued = c.queued_len();
         let slot = {
-            let mut proto = c.proto.borrow_mut();
+            let mut proto = c.proto_mut();
             let Some(m) = proto.mqtt_mut() else {
                 return Err(SendError::Closed);
             };
@@ -1512,7 +1512,7 @@ impl<O: Outside> Subscribers<O> {
             Some(Slot::Send(id)) => {
                 crate::metrics::inc(&self.counters.mqtt_inflight);
                 // The tick checks its acknowledgements with the queues.
-                if !c.listed.replace(true) {
+                if !c.list() {
                     self.queued.borrow_mut().push(c.clone());
                 }
                 self.send_parts(c, &p.parts(&id.to_be_bytes()))
@@ -1526,8 +1526,7 @@ impl<O: Outside> Subscribers<O> {
     fn on_puback(&self, c: &Rc<Conn<O::Wire>>, id: PacketId) -> bool {
         let now = self.now.get();
         let acked = c
-            .proto
-            .borrow_mut()
+            .proto_mut()
             .mqtt_mut()
             .is_some_and(|m| m.acked(id.get(), now));
         if !acked {
@@ -1538,7 +1537,7 @@ impl<O: Outside> Subscribers<O> {
         gauge.set(gauge.get().saturating_sub(1));
         crate::metrics::inc(&self.counters.mqtt_acked);
         loop {
-            let next = c.proto.borrow_mut().mqtt_mut().and_then(Mqtt::next_held);
+            let next = c.proto_mut().mqtt_mut().and_then(Mqtt::next_held);
             let Some((p, id)) = next else {
                 return true;
             };
@@ -1555,11 +1554,7 @@ impl<O: Outside> Subscribers<O> {
     /// `c` is ending: its deliveries in flight die with it (a clean
     /// session is not resumed), and those held were never sent (dropped).
     fn drop_inflight(&self, c: &Conn<O::Wire>) {
-        let inflight = c
-            .proto
-            .borrow_mut()
-            .mqtt_mut()
-            .and_then(Mqtt::take_inflight);
+        let inflight = c.proto_mut().mqtt_mut().and_then(Mqtt::take_inflight);
         let Some(i) = inflight else { return };
         let gauge = &self.counters.mqtt_inflight;
         gauge.set(gauge.get().saturating_sub(i.sent() as u64));
@@ -1577,7 +1572,7 @@ impl<O: Outside> Subscribers<O> {
             return;
         }
         let request = self.retained.borrow_mut().ask(c);
-        c.rejoining.set(true);
+        c.set_rejoining(true);
         self.outside.ask_retained(request, filters);
     }
 
@@ -1594,7 +1589,7 @@ impl<O: Outside> Subscribers<O> {
         let Some(a) = answered else { return };
         let c = &a.conn;
         if a.done {
-            c.rejoining.set(false);
+            c.set_rejoining(false);
         }
         for (i, out) in a.out.iter().enumerate() {
             let sent = match out {
@@ -1615,7 +1610,7 @@ impl<O: Outside> Subscribers<O> {
     /// Whether MQTT subscriber `c` may subscribe to `filter`; counts a refusal.
     fn mqtt_may_subscribe(&self, c: &Conn<O::Wire>, filter: &str) -> bool {
         let ok = !c.expired(self.wall.get())
-            && mqtt_auth::may_subscribe(c.proto.borrow().mqtt().and_then(Mqtt::grants), filter);
+            && mqtt_auth::may_subscribe(c.proto().mqtt().and_then(Mqtt::grants), filter);
         if !ok {
             self.counters.mqtt_refused("subscribe_not_granted");
         }
@@ -1629,7 +1624,7 @@ impl<O: Outside> Subscribers<O> {
         let ok = !c.expired(self.wall.get())
             && mqtt_auth::may_publish(
                 self.limits.publish_guarded,
-                c.proto.borrow().mqtt().and_then(Mqtt::grants),
+                c.proto().mqtt().and_then(Mqtt::grants),
                 channel,
             );
         if !ok {
@@ -1713,7 +1708,7 @@ mod tests {
             p.clients[a].take(),
             [Got::Close(Some(close_code::POLICY), "idle timeout".into())]
         );
-        assert_eq!(p.conn(a).unwrap().state.get(), State::Closing);
+        assert_eq!(p.conn(a).unwrap().state(), State::Closing);
         assert_eq!(p.publish("news", "x"), 0, "no longer delivered to");
         p.tick(1);
         assert!(!p.clients[a].server_closed(), "within the grace");
