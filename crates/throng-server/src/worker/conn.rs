@@ -129,7 +129,7 @@ pub(crate) struct Conn<W> {
     expires: u32,
     /// What the worker counts this connection under (its client address
     /// for the per-address limits, its place under `--max-connections`),
-    /// handed back to [`Outside::forget`]; [`NONE`] when nothing is.
+    /// handed back to [`Outside::forget`](super::subscribers::Outside::forget); [`NONE`] when nothing is.
     tag: u32,
     /// Bytes of a frame that arrived split; `None` almost always. A `Cell`
     /// (taken and put back), not a `RefCell`: one word less per connection.
@@ -398,7 +398,7 @@ impl<W: Wire> Conn<W> {
         }
     }
 
-    /// Closes it (4001) once Unix second `exp` has passed ([`expiry`]).
+    /// Closes it (4001) once Unix second `exp` has passed ([`crate::auth::expiry`]).
     pub(crate) fn with_expiry(mut self, exp: u32) -> Self {
         self.expires = exp;
         self

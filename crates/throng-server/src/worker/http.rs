@@ -1,6 +1,6 @@
 //! A new connection's first life as HTTP: read the request head (within
 //! `--handshake-timeout`), then either answer it with one of the
-//! [`routes`](super::routes), make it a subscriber (a WebSocket upgrade, or
+//! [`routes`], make it a subscriber (a WebSocket upgrade, or
 //! an event stream: `/sse/<channel>`, `Accept: text/event-stream`; either
 //! may rejoin after an id, `?since=` or `Last-Event-ID`), or refuse it with
 //! the status and reason a client can act on.
@@ -38,7 +38,7 @@ enum Head {
     Closed,
     Bad(HeadError),
     /// A TLS connection would wait for a request holding no bytes: it
-    /// waits on out of its task ([`park`]).
+    /// waits on out of its task ([`park()`]).
     Park,
 }
 
