@@ -58,10 +58,10 @@ use crate::wheel;
 pub(crate) struct Mqtt {
     /// Ticks without a packet from the client after which it is closed:
     /// 1.5 times its keep-alive, as the specification says; 0: never.
-    pub(crate) keep_alive: u32,
+    keep_alive: u32,
     /// QoS 1 deliveries it may have awaiting PUBACK: its 5.0 receive
     /// maximum, at most [`MAX_INFLIGHT`].
-    pub(crate) receive_max: u16,
+    receive_max: u16,
     /// The QoS (0 or 1) of its subscription to its `Conn`'s channel, when
     /// it has one: a connection's only subscription is kept there
     /// ([`super::table::Channels::subscribe_mqtt`]).
@@ -79,6 +79,28 @@ impl Mqtt {
             qos: 0,
             more: None,
         }
+    }
+
+    /// A session after CONNACK: its keep-alive in ticks (0: none), the
+    /// client's receive maximum (5.0), its will and its credential's
+    /// grants.
+    pub(crate) fn session(
+        keep_alive: u32,
+        receive_max: Option<u16>,
+        will: Option<Box<Will>>,
+        grants: Option<Box<MqttGrants>>,
+    ) -> Self {
+        let mut m = Self::new(keep_alive);
+        if will.is_some() {
+            m.state_mut().will = will;
+        }
+        if grants.is_some() {
+            m.state_mut().auth = grants;
+        }
+        if let Some(max) = receive_max {
+            m.receive_max = max.min(m.receive_max);
+        }
+        m
     }
 
     /// Its boxed state, if it has one.
@@ -111,13 +133,13 @@ pub(crate) struct MqttState {
     /// The last lookup that found it ([`super::table::Channels::for_each_mqtt`]).
     pub(crate) seen: u64,
     /// Its will: published if it ends without a DISCONNECT.
-    pub(crate) will: Option<Box<Will>>,
+    will: Option<Box<Will>>,
     /// Its QoS 1 deliveries awaiting PUBACK or held; `None` when there
     /// are none ([`super::mqtt_qos`]).
-    pub(crate) inflight: Option<Box<Inflight>>,
+    inflight: Option<Box<Inflight>>,
     /// What its credential grants where `--auth-*` or `--publish-key-file`
     /// guard the server ([`super::mqtt_auth`]); `None` elsewhere.
-    pub(crate) auth: Option<Box<MqttGrants>>,
+    auth: Option<Box<MqttGrants>>,
 }
 
 impl MqttState {

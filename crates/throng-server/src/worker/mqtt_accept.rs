@@ -318,17 +318,7 @@ fn session(
         0 => 0,
         s => wheel::ticks(std::time::Duration::from_millis(u64::from(s) * 1500)).max(1),
     };
-    let mut state = Mqtt::new(keep_alive);
-    if will.is_some() {
-        state.state_mut().will = will;
-    }
-    if grants.is_some() {
-        state.state_mut().auth = grants;
-    }
-    if let Some(max) = connected.receive_max {
-        state.receive_max = max.min(state.receive_max);
-    }
-    state
+    Mqtt::session(keep_alive, connected.receive_max, will, grants)
 }
 
 /// Reads until `decoder` gives the CONNECT; returns its fields and the
