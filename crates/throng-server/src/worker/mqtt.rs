@@ -366,8 +366,9 @@ mod tests {
         assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 5)), Some(1));
         assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 6)), Some(2));
         assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 7)), Some(0), "held");
+        assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 7)), Some(0), "held");
         assert_eq!(m.unacked_since(), Some(5), "since the first went out");
-        assert_eq!(m.inflight_bytes(), 3 * p.len());
+        assert_eq!(m.inflight_bytes(), 4 * p.len());
         assert!(!m.acked(9, 8), "an id not in flight");
         assert!(m.acked(1, 8));
         assert_eq!(m.unacked_since(), Some(8), "a PUBACK is progress");
@@ -375,6 +376,9 @@ mod tests {
         assert_eq!(id, 3);
         assert!(m.next_held().is_none(), "the window is full again");
         assert!(m.acked(2, 9) && m.acked(3, 9));
+        assert_eq!(m.next_held().map(|(_, id)| id), Some(4));
+        assert!(m.next_held().is_none());
+        assert!(m.acked(4, 9));
         assert!(m.next_held().is_none());
         assert!(m.more.is_none(), "an idle session keeps no box");
         assert_eq!((m.unacked_since(), m.inflight_bytes()), (None, 0));
