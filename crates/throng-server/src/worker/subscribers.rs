@@ -341,19 +341,30 @@ impl<O: Outside> Subscribers<O> {
         channel: &str,
         c: Conn<O::Wire>,
     ) -> io::Result<Rc<Conn<O::Wire>>> {
+        self.admit(c, Some(channel))
+    }
+
+    /// Takes `c` into the slab and the readiness set (and into `channel`'s
+    /// table, for a subscriber of one), counts it, and handles what came
+    /// in the same packet as its upgrade request or CONNECT.
+    fn admit(&self, c: Conn<O::Wire>, channel: Option<&str>) -> io::Result<Rc<Conn<O::Wire>>> {
         let c = Rc::new(c);
         self.conns.borrow_mut().insert(&c);
         if let Err(e) = self.outside.watch(c.wire(), c.slot()) {
             self.conns.borrow_mut().remove(&c);
             return Err(e);
         }
-        if self.channels.borrow_mut().subscribe(channel, &c) {
+        if let Some(channel) = channel
+            && self.channels.borrow_mut().subscribe(channel, &c)
+        {
             self.outside.channel_interest(channel, true);
         }
         self.counters.open.set(self.counters.open.get() + 1);
+        if c.kind().is_mqtt() {
+            crate::metrics::inc(&self.counters.mqtt_open);
+        }
         crate::metrics::inc(&self.counters.upgraded);
         if c.has_rest() {
-            // Frames that came in the same packet as the upgrade request.
             self.on_readable(&c, false);
         }
         Ok(c)
@@ -1177,20 +1188,7 @@ impl<O: Outside> Subscribers<O> {
     /// Registers MQTT subscriber `c` after its CONNACK: in the slab and the
     /// readiness set, in no channel until it subscribes.
     pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>) -> io::Result<()> {
-        let c = Rc::new(c);
-        self.conns.borrow_mut().insert(&c);
-        if let Err(e) = self.outside.watch(c.wire(), c.slot()) {
-            self.conns.borrow_mut().remove(&c);
-            return Err(e);
-        }
-        self.counters.open.set(self.counters.open.get() + 1);
-        crate::metrics::inc(&self.counters.mqtt_open);
-        crate::metrics::inc(&self.counters.upgraded);
-        if c.has_rest() {
-            // Packets that came behind the CONNECT.
-            self.on_readable(&c, false);
-        }
-        Ok(())
+        self.admit(c, None).map(drop)
     }
 
     /// Handles every whole packet in `buf`, keeps a split one's bytes;
