@@ -262,4 +262,57 @@ mod tests {
         );
         assert!(parse(&req(&[("sleep", "99999999999999999999999")]), max, 1000).is_err());
     }
+
+    #[test]
+    fn an_answer_of_three_pongs_is_one_chunked_response_in_three_parts() {
+        let now = Instant::now();
+        let ask = Ask {
+            sleep_ms: 0,
+            times: 2,
+        };
+        let mut a = Answer::new(ask, &req(&[]), now + Duration::from_secs(1));
+        let mut parts = Vec::new();
+        while a.done().is_none() {
+            assert!(matches!(a.wait(now, true), Wait::Here(at) if at == now));
+            let mut out = Vec::new();
+            a.part(&mut out);
+            parts.push(String::from_utf8(out).unwrap());
+        }
+        assert_eq!(a.done(), Some(true), "HTTP/1.1 keeps the connection");
+        assert_eq!(parts.len(), 3);
+        assert!(parts[0].starts_with("HTTP/1.1 200 OK\r\n"), "{}", parts[0]);
+        assert!(parts[0].contains("Transfer-Encoding: chunked\r\n"));
+        assert!(
+            parts[0].ends_with("\r\n\r\n4\r\npong\r\n"),
+            "{:?}",
+            parts[0]
+        );
+        assert_eq!(parts[1], "4\r\npong\r\n");
+        assert_eq!(parts[2], "4\r\npong\r\n0\r\n\r\n");
+    }
+
+    #[test]
+    fn a_wait_past_the_deadline_cuts_the_answer_off_and_no_sleep_waits_here() {
+        let now = Instant::now();
+        let ask = Ask {
+            sleep_ms: 0,
+            times: 0,
+        };
+        let mut a = Answer::new(ask, &req(&[]), now + Duration::from_millis(50));
+        let later = now + Duration::from_millis(10);
+        assert!(
+            matches!(a.wait(later, true), Wait::Here(_)),
+            "no sleep asked"
+        );
+        assert!(!a.expired() && !a.take_due());
+        let ask = Ask {
+            sleep_ms: 1,
+            times: 0,
+        };
+        // Past the deadline: the wait ends there, the answer is cut off,
+        // and nothing is due when it comes back.
+        let mut a = Answer::new(ask, &req(&[]), now);
+        assert!(matches!(a.wait(later, true), Wait::Here(at) if at == now));
+        assert!(a.expired() && !a.take_due());
+    }
 }
