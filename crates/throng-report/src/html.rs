@@ -15,6 +15,7 @@
 use std::fmt::Write as _;
 
 use crate::bench::{BenchSummary, Delivery};
+use crate::interval::HistStats;
 use crate::summary::{HostPoint, Report, SeriesPoint, explain, is_error};
 use crate::text::{bytes, count, latency, micros};
 
@@ -23,6 +24,8 @@ const WIDTH: f64 = 960.0;
 const PLOT_HEIGHT: f64 = 176.0;
 const LEFT: f64 = 86.0;
 const RIGHT: f64 = 16.0;
+/// The plot area's width.
+const PLOT_WIDTH: f64 = WIDTH - LEFT - RIGHT;
 /// Above the plotting area: the title, and a line that says what is plotted.
 const TOP: f64 = 44.0;
 /// Below it: the tick labels and the axis title, then the legend's rows.
@@ -294,6 +297,41 @@ fn bench_box(o: &mut String, b: &BenchSummary) {
 
 /// The tables: files, latency, counters, host, events.
 fn details(o: &mut String, r: &Report) {
+    files_table(o, r);
+    latency_table(o, r);
+    counters_table(o, r);
+    let _ = writeln!(o, "<p>errors: {}", r.errors_total);
+    for (k, v) in &r.losses {
+        let _ = write!(o, "; {}: {v}", esc(k));
+    }
+    o.push_str("</p>\n");
+    if let Some(h) = &r.host {
+        let _ = writeln!(
+            o,
+            "<h2>Host</h2>\n<p>{}: established max {}; packets/s in {} out {}, bytes/s in {} out {} \
+             (means over {:.1} s; the busiest {}: packets/s in {} out {}); memory available min {} of {}, \
+             run's RSS max {}, CPU {:.2} cores on average.</p>",
+            esc(&h.hosts.join(", ")),
+            count(h.tcp_established_max as f64),
+            count(h.packets_in_per_s),
+            count(h.packets_out_per_s),
+            esc(&bytes(h.bytes_in_per_s)),
+            esc(&bytes(h.bytes_out_per_s)),
+            r.duration_s,
+            esc(&bucket_name(r.bucket_s)),
+            count(h.packets_in_per_s_max),
+            count(h.packets_out_per_s_max),
+            esc(&bytes(h.mem_available_min_bytes as f64)),
+            esc(&bytes(h.mem_total_bytes as f64)),
+            esc(&bytes(h.rss_max_bytes as f64)),
+            h.cpu_cores
+        );
+    }
+    events_table(o, r);
+}
+
+/// The files merged, their settings and any damage.
+fn files_table(o: &mut String, r: &Report) {
     if !r.files.is_empty() {
         o.push_str("<h2>Files</h2>\n<table><tr><th>file</th><th class=\"l\">host</th><th class=\"l\">started</th><th>records</th><th class=\"l\">command</th></tr>\n");
         for f in &r.files {
@@ -321,6 +359,10 @@ fn details(o: &mut String, r: &Report) {
             let _ = writeln!(o, "<p class=\"warn\">warning: {}</p>", esc(d));
         }
     }
+}
+
+/// Latency percentiles, with what each latency measures.
+fn latency_table(o: &mut String, r: &Report) {
     if !r.latency_us.is_empty() {
         o.push_str("<h2>Latency</h2>\n<table><tr><th></th><th>count</th><th>min</th><th>mean</th><th>stddev</th><th>p50</th><th>p75</th><th>p90</th><th>p95</th><th>p99</th><th>p99.9</th><th>max</th></tr>\n");
         for (name, h) in &r.latency_us {
@@ -354,6 +396,10 @@ fn details(o: &mut String, r: &Report) {
         }
         o.push_str("</dl>\n");
     }
+}
+
+/// Counter totals, means and the busiest interval.
+fn counters_table(o: &mut String, r: &Report) {
     if !r.counters.is_empty() {
         let _ = writeln!(
             o,
@@ -378,33 +424,10 @@ fn details(o: &mut String, r: &Report) {
         }
         o.push_str("</table>\n");
     }
-    let _ = writeln!(o, "<p>errors: {}", r.errors_total);
-    for (k, v) in &r.losses {
-        let _ = write!(o, "; {}: {v}", esc(k));
-    }
-    o.push_str("</p>\n");
-    if let Some(h) = &r.host {
-        let _ = writeln!(
-            o,
-            "<h2>Host</h2>\n<p>{}: established max {}; packets/s in {} out {}, bytes/s in {} out {} \
-             (means over {:.1} s; the busiest {}: packets/s in {} out {}); memory available min {} of {}, \
-             run's RSS max {}, CPU {:.2} cores on average.</p>",
-            esc(&h.hosts.join(", ")),
-            count(h.tcp_established_max as f64),
-            count(h.packets_in_per_s),
-            count(h.packets_out_per_s),
-            esc(&bytes(h.bytes_in_per_s)),
-            esc(&bytes(h.bytes_out_per_s)),
-            r.duration_s,
-            esc(&bucket_name(r.bucket_s)),
-            count(h.packets_in_per_s_max),
-            count(h.packets_out_per_s_max),
-            esc(&bytes(h.mem_available_min_bytes as f64)),
-            esc(&bytes(h.mem_total_bytes as f64)),
-            esc(&bytes(h.rss_max_bytes as f64)),
-            h.cpu_cores
-        );
-    }
+}
+
+/// One row for the same thing said by many sources.
+fn events_table(o: &mut String, r: &Report) {
     if !r.event_kinds.is_empty() {
         // One row for the same thing said by many sources.
         o.push_str("<h2>Events</h2>\n<table><tr><th>first</th><th>last</th><th>count</th><th class=\"l\">sources</th><th class=\"l\">kind</th><th class=\"l\">text</th></tr>\n");
@@ -430,146 +453,206 @@ fn bucket_name(bucket_s: f64) -> String {
     format!("{} s interval", count(bucket_s))
 }
 
+/// The plots of a report over time, in the order the page shows them.
 fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
-    let mut plots = Vec::new();
-    let at = time_points(series);
-    let plot = |id: &str, title: String, y_title, unit, lines| Plot {
-        id: id.to_owned(),
-        title,
-        caption: String::new(),
-        y_title,
-        unit,
-        lines,
-        at: at.clone(),
-        x: time_axis(r.duration_s),
-        marks: Vec::new(),
+    let mut p = Plots {
+        r,
+        series,
+        at: time_points(series),
+        out: Vec::new(),
     };
-    if !r.gauges.is_empty() {
-        let lines = r
+    p.gauges();
+    p.latencies();
+    p.rates();
+    if r.host.is_some() {
+        p.host();
+    }
+    p.out
+}
+
+/// What the plots of one report are drawn from, and the plots so far.
+struct Plots<'a> {
+    r: &'a Report,
+    series: &'a [SeriesPoint],
+    at: Vec<(f64, bool)>,
+    out: Vec<Plot>,
+}
+
+impl Plots<'_> {
+    /// A plot over the run's time.
+    fn plot(
+        &self,
+        id: &str,
+        title: String,
+        y_title: &'static str,
+        unit: Unit,
+        lines: Vec<Line>,
+    ) -> Plot {
+        Plot::new(
+            (id, title),
+            (y_title, unit),
+            lines,
+            self.at.clone(),
+            time_axis(self.r.duration_s),
+        )
+    }
+
+    /// A plot of rates averaged over their rhythm; none without lines.
+    fn rate_plot(
+        &self,
+        id: &str,
+        title: &str,
+        y_title: &'static str,
+        unit: Unit,
+        lines: Vec<Line>,
+    ) -> Option<Plot> {
+        (!lines.is_empty()).then(|| {
+            let mut p = self.plot(id, title.to_owned(), y_title, unit, lines);
+            p.caption = RATE_CAPTION.to_owned();
+            p
+        })
+    }
+
+    /// Counter `k` per second, each point.
+    fn counter_values(&self, k: &str) -> Vec<Option<f64>> {
+        self.series
+            .iter()
+            .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
+            .collect()
+    }
+
+    /// The run's rhythm (a message every 2 s), which the host's packets,
+    /// bytes and CPU follow though a burst of closes may dwarf their own.
+    fn rhythm(&self) -> Rhythm {
+        self.r
+            .counters
+            .iter()
+            .filter(|(k, c)| c.total > 0 && !is_error(k))
+            .map(|(k, _)| rate_window(&self.counter_values(k)))
+            .max_by_key(|r| r.window)
+            .unwrap_or(STEADY)
+    }
+
+    /// Every level, one line each.
+    fn gauges(&mut self) {
+        if self.r.gauges.is_empty() {
+            return;
+        }
+        let lines = self
+            .r
             .gauges
             .keys()
             .map(|g| {
                 line(
                     g,
-                    series
+                    self.series
                         .iter()
                         .map(|p| p.gauges.get(g).map(|v| *v as f64))
                         .collect(),
                 )
             })
             .collect();
-        plots.push(plot(
+        let p = self.plot(
             "gauges",
             "open (connections and other levels)".to_owned(),
             "count",
             Unit::Count,
             lines,
-        ));
+        );
+        self.out.push(p);
     }
-    // What a run is for first: delivery (hold, bench), then the rest.
-    let mut names: Vec<&String> = r.latency_us.keys().collect();
-    names.sort_by_key(|n| n.as_str() != "delivery");
-    for name in names {
-        let q = |f: fn(&crate::summary::HistStats) -> u64| {
-            series
+
+    /// One plot of percentiles per latency: delivery (hold, bench) first,
+    /// what a run is for, then the rest.
+    fn latencies(&mut self) {
+        let mut names: Vec<&String> = self.r.latency_us.keys().collect();
+        names.sort_by_key(|n| n.as_str() != "delivery");
+        for name in names {
+            let q = |f: fn(&HistStats) -> u64| {
+                self.series
+                    .iter()
+                    .map(|p| {
+                        p.histograms
+                            .get(name)
+                            .filter(|h| h.count > 0)
+                            .map(|h| f(h) as f64)
+                    })
+                    .collect()
+            };
+            let lines = vec![
+                line("p50", q(|h| h.p50)),
+                line("p90", q(|h| h.p90)),
+                line("p99", q(|h| h.p99)),
+                line("p99.9", q(|h| h.p999)),
+                line("max", q(|h| h.max)),
+            ];
+            let mut p = self.plot(
+                &format!("latency-{name}"),
+                format!("{name} latency percentiles (log scale)"),
+                "latency",
+                Unit::Latency,
+                lines,
+            );
+            p.caption = explain(name).unwrap_or_default().to_owned();
+            self.out.push(p);
+        }
+    }
+
+    /// Throughput of counts and of bytes, then errors.
+    fn rates(&mut self) {
+        let rate_lines = |bytes_counters: bool| -> Vec<Line> {
+            self.r
+                .counters
                 .iter()
-                .map(|p| {
-                    p.histograms
-                        .get(name)
-                        .filter(|h| h.count > 0)
-                        .map(|h| f(h) as f64)
+                .filter(|(k, c)| {
+                    c.total > 0 && !is_error(k) && k.starts_with("bytes") == bytes_counters
                 })
+                .map(|(k, _)| rate_line(k, self.counter_values(k), self.series, STEADY))
                 .collect()
         };
-        let lines = vec![
-            line("p50", q(|h| h.p50)),
-            line("p90", q(|h| h.p90)),
-            line("p99", q(|h| h.p99)),
-            line("p99.9", q(|h| h.p999)),
-            line("max", q(|h| h.max)),
-        ];
-        let mut p = plot(
-            &format!("latency-{name}"),
-            format!("{name} latency percentiles (log scale)"),
-            "latency",
-            Unit::Latency,
-            lines,
-        );
-        p.caption = explain(name).unwrap_or_default().to_owned();
-        plots.push(p);
-    }
-    let per_s = |p: &SeriesPoint, v: u64| {
-        if p.length_s > 0.0 {
-            v as f64 / p.length_s
-        } else {
-            0.0
-        }
-    };
-    let counter_values = |k: &str| -> Vec<Option<f64>> {
-        series
-            .iter()
-            .map(|p| Some(per_s(p, p.counters.get(k).copied().unwrap_or(0))))
-            .collect()
-    };
-    let rate_lines = |bytes_counters: bool| -> Vec<Line> {
-        r.counters
-            .iter()
-            .filter(|(k, c)| {
-                c.total > 0 && !is_error(k) && k.starts_with("bytes") == bytes_counters
-            })
-            .map(|(k, _)| rate_line(k, counter_values(k), series, STEADY))
-            .collect()
-    };
-    // The run's rhythm (a message every 2 s), which the host's packets,
-    // bytes and CPU follow though a burst of closes may dwarf their own.
-    let rhythm = r
-        .counters
-        .iter()
-        .filter(|(k, c)| c.total > 0 && !is_error(k))
-        .map(|(k, _)| rate_window(&counter_values(k)))
-        .max_by_key(|r| r.window)
-        .unwrap_or(STEADY);
-    let rates = |id: &str, title: &str, y_title, unit, lines: Vec<Line>| {
-        (!lines.is_empty()).then(|| {
-            let mut p = plot(id, title.to_owned(), y_title, unit, lines);
-            p.caption = RATE_CAPTION.to_owned();
-            p
-        })
-    };
-    plots.extend(rates(
-        "throughput",
-        "throughput (per second)",
-        "per second",
-        Unit::Count,
-        rate_lines(false),
-    ));
-    plots.extend(rates(
-        "throughput-bytes",
-        "bytes per second",
-        "bytes/s",
-        Unit::Bytes,
-        rate_lines(true),
-    ));
-    if r.errors_total > 0 {
-        let lines = r
-            .errors
-            .iter()
-            .filter(|(_, v)| **v > 0)
-            .map(|(k, _)| line(k, counter_values(k)))
-            .collect();
-        plots.push(plot(
-            "errors",
-            "errors (per second, each interval)".to_owned(),
+        let counts = self.rate_plot(
+            "throughput",
+            "throughput (per second)",
             "per second",
             Unit::Count,
-            lines,
-        ));
+            rate_lines(false),
+        );
+        let bytes = self.rate_plot(
+            "throughput-bytes",
+            "bytes per second",
+            "bytes/s",
+            Unit::Bytes,
+            rate_lines(true),
+        );
+        self.out.extend(counts);
+        self.out.extend(bytes);
+        if self.r.errors_total > 0 {
+            let lines = self
+                .r
+                .errors
+                .iter()
+                .filter(|(_, v)| **v > 0)
+                .map(|(k, _)| line(k, self.counter_values(k)))
+                .collect();
+            let p = self.plot(
+                "errors",
+                "errors (per second, each interval)".to_owned(),
+                "per second",
+                Unit::Count,
+                lines,
+            );
+            self.out.push(p);
+        }
     }
-    if r.host.is_some() {
+
+    /// The host's sockets, packets, bytes, memory and CPU.
+    fn host(&mut self) {
+        let rhythm = self.rhythm();
+        let series = self.series;
         let host = |f: fn(&HostPoint) -> Option<f64>| -> Vec<Option<f64>> {
             series.iter().map(|p| p.host.as_ref().and_then(f)).collect()
         };
-        let mut sockets = plot(
+        let mut sockets = self.plot(
             "host-sockets",
             "host: TCP sockets".to_owned(),
             "sockets",
@@ -583,7 +666,7 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
         sockets.caption =
             "established: connected sockets; in use: every TCP socket, listeners and closing ones too"
                 .to_owned();
-        plots.push(sockets);
+        self.out.push(sockets);
         type Rate = fn(&HostPoint) -> Option<f64>;
         let in_out: [(&str, &str, &'static str, Unit, Rate, Rate); 2] = [
             (
@@ -608,9 +691,10 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
                 rate_line("in", host(rate_in), series, rhythm),
                 rate_line("out", host(rate_out), series, rhythm),
             ];
-            plots.extend(rates(id, title, y_title, unit, lines));
+            let p = self.rate_plot(id, title, y_title, unit, lines);
+            self.out.extend(p);
         }
-        plots.push(plot(
+        let memory = self.plot(
             "host-memory",
             "host: memory".to_owned(),
             "bytes",
@@ -624,16 +708,25 @@ fn plots(r: &Report, series: &[SeriesPoint]) -> Vec<Plot> {
                 line("slab", host(|h| Some(h.mem_slab_bytes as f64))),
                 line("TCP kernel", host(|h| Some(h.tcp_mem_bytes as f64))),
             ],
-        ));
-        plots.extend(rates(
+        );
+        self.out.push(memory);
+        let cpu = self.rate_plot(
             "host-cpu",
             "host: CPU cores used by the run's processes",
             "cores",
             Unit::Count,
             vec![rate_line("cores", host(|h| h.cpu_cores), series, rhythm)],
-        ));
+        );
+        self.out.extend(cpu);
     }
-    plots
+}
+
+fn per_s(p: &SeriesPoint, v: u64) -> f64 {
+    if p.length_s > 0.0 {
+        v as f64 / p.length_s
+    } else {
+        0.0
+    }
 }
 
 const RATE_CAPTION: &str = "a rate that comes in bursts is averaged over windows as long as the bursts are apart (the legend says how long)";
@@ -749,11 +842,67 @@ fn averaged(values: &[Option<f64>], window: usize, first: usize) -> Vec<Option<f
     out
 }
 
+/// Where a plot's values fall: its y range (on a log scale or not) with
+/// its ticks, and its x span.
+struct Scale {
+    log: bool,
+    lo: f64,
+    hi: f64,
+    ticks: Vec<f64>,
+    x_span: f64,
+}
+
+impl Scale {
+    fn x(&self, t: f64) -> f64 {
+        LEFT + t / self.x_span * PLOT_WIDTH
+    }
+
+    fn y(&self, v: f64) -> f64 {
+        let (lo, hi) = (self.lo, self.hi);
+        let f = if self.log {
+            (v.max(lo).log10() - lo.log10()) / (hi.log10() - lo.log10())
+        } else {
+            (v - lo) / (hi - lo)
+        };
+        TOP + PLOT_HEIGHT - f.clamp(0.0, 1.0) * PLOT_HEIGHT
+    }
+}
+
 impl Plot {
+    /// A plot of `lines` over points `at` along `x`, with no caption or marks yet.
+    pub(crate) fn new(
+        (id, title): (&str, String),
+        (y_title, unit): (&'static str, Unit),
+        lines: Vec<Line>,
+        at: Vec<(f64, bool)>,
+        x: XAxis,
+    ) -> Self {
+        Self {
+            id: id.to_owned(),
+            title,
+            caption: String::new(),
+            y_title,
+            unit,
+            lines,
+            at,
+            x,
+            marks: Vec::new(),
+        }
+    }
+
     pub(crate) fn render(&self, o: &mut String) {
-        let plot_w = WIDTH - LEFT - RIGHT;
-        let plot_h = PLOT_HEIGHT;
-        // The legend's entries, placed in rows that fit the width.
+        let (legend, rows) = self.legend();
+        let height = TOP + PLOT_HEIGHT + BELOW + LEGEND_ROW * rows as f64 + 6.0;
+        let scale = self.scale();
+        self.open(o, height);
+        self.axes(o, &scale);
+        self.marks(o, &scale);
+        self.lines(o, &scale, &legend);
+        o.push_str("</svg>\n");
+    }
+
+    /// Each legend entry's place, in rows that fit the width; and the rows.
+    fn legend(&self) -> (Vec<(f64, usize)>, usize) {
         let mut legend = Vec::with_capacity(self.lines.len());
         let (mut lx, mut row) = (LEFT, 0usize);
         for l in &self.lines {
@@ -766,7 +915,12 @@ impl Plot {
             lx += w;
         }
         let rows = if self.lines.is_empty() { 0 } else { row + 1 };
-        let height = TOP + plot_h + BELOW + LEGEND_ROW * rows as f64 + 6.0;
+        (legend, rows)
+    }
+
+    /// The y range that holds every value, with round ticks (powers of
+    /// ten for latencies), and the x span.
+    fn scale(&self) -> Scale {
         let log = matches!(self.unit, Unit::Latency);
         let finite = self
             .lines
@@ -794,17 +948,17 @@ impl Plot {
                 .map(|i| i as f64 * step)
                 .collect();
         }
-        let x_span = self.x.span.max(1e-9);
-        let x = |t: f64| LEFT + t / x_span * plot_w;
-        let y = |v: f64| {
-            let f = if log {
-                (v.max(lo).log10() - lo.log10()) / (hi.log10() - lo.log10())
-            } else {
-                (v - lo) / (hi - lo)
-            };
-            TOP + plot_h - f.clamp(0.0, 1.0) * plot_h
-        };
+        Scale {
+            log,
+            lo,
+            hi,
+            ticks,
+            x_span: self.x.span.max(1e-9),
+        }
+    }
 
+    /// The `<svg>` element's start, the title, caption and y axis title.
+    fn open(&self, o: &mut String, height: f64) {
         let _ = writeln!(
             o,
             "<svg class=\"plot\" id=\"{}\" data-lines=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" viewBox=\"0 0 {WIDTH} {height}\" role=\"img\">",
@@ -824,14 +978,18 @@ impl Plot {
                 esc(&self.caption)
             );
         }
-        let mid_y = TOP + plot_h / 2.0;
+        let mid_y = TOP + PLOT_HEIGHT / 2.0;
         let _ = writeln!(
             o,
             "<text class=\"axis-title\" x=\"14\" y=\"{mid_y:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 14 {mid_y:.1})\">{}</text>",
             esc(self.y_title)
         );
-        for t in &ticks {
-            let yy = y(*t);
+    }
+
+    /// The y ticks with their grid, the x ticks, both axes and their titles.
+    fn axes(&self, o: &mut String, scale: &Scale) {
+        for t in &scale.ticks {
+            let yy = scale.y(*t);
             let label = match self.unit {
                 Unit::Latency => latency(*t),
                 Unit::Count => count(*t),
@@ -840,22 +998,22 @@ impl Plot {
             let _ = writeln!(
                 o,
                 "<line class=\"grid\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-                LEFT + plot_w,
+                LEFT + PLOT_WIDTH,
                 LEFT - 6.0,
                 yy + 4.0,
                 esc(&label)
             );
         }
-        let x_step = nice_step(x_span / 8.0);
+        let x_step = nice_step(scale.x_span / 8.0);
         let mut t = 0.0;
-        while t <= x_span + 1e-9 {
-            let xx = x(t);
+        while t <= scale.x_span + 1e-9 {
+            let xx = scale.x(t);
             let _ = writeln!(
                 o,
                 "<line class=\"axis\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/><text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}{}</text>",
-                TOP + plot_h,
-                TOP + plot_h + 4.0,
-                TOP + plot_h + 16.0,
+                TOP + PLOT_HEIGHT,
+                TOP + PLOT_HEIGHT + 4.0,
+                TOP + PLOT_HEIGHT + 16.0,
                 count(t),
                 self.x.unit
             );
@@ -864,20 +1022,24 @@ impl Plot {
         let _ = writeln!(
             o,
             "<text class=\"axis-title\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
-            LEFT + plot_w / 2.0,
-            TOP + plot_h + 30.0,
+            LEFT + PLOT_WIDTH / 2.0,
+            TOP + PLOT_HEIGHT + 30.0,
             esc(self.x.title)
         );
         let _ = writeln!(
             o,
             "<line class=\"axis\" x1=\"{LEFT}\" x2=\"{LEFT}\" y1=\"{TOP}\" y2=\"{:.1}\"/><line class=\"axis\" x1=\"{LEFT}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>",
-            TOP + plot_h,
-            LEFT + plot_w,
-            TOP + plot_h,
-            TOP + plot_h
+            TOP + PLOT_HEIGHT,
+            LEFT + PLOT_WIDTH,
+            TOP + PLOT_HEIGHT,
+            TOP + PLOT_HEIGHT
         );
+    }
+
+    /// The vertical marks (a knee).
+    fn marks(&self, o: &mut String, scale: &Scale) {
         for m in &self.marks {
-            let xx = x(m.x.clamp(0.0, x_span));
+            let xx = scale.x(m.x.clamp(0.0, scale.x_span));
             let dash = if m.dashed {
                 " stroke-dasharray=\"5,4\""
             } else {
@@ -886,13 +1048,17 @@ impl Plot {
             let _ = writeln!(
                 o,
                 "<line class=\"mark\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#222\" stroke-width=\"1.5\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                TOP + plot_h,
+                TOP + PLOT_HEIGHT,
                 xx + 4.0,
                 TOP + 12.0,
                 esc(&m.label)
             );
         }
-        for (i, (l, (lx, row))) in self.lines.iter().zip(&legend).enumerate() {
+    }
+
+    /// Each line, its lone points as dots, and its legend entry.
+    fn lines(&self, o: &mut String, scale: &Scale, legend: &[(f64, usize)]) {
+        for (i, (l, (lx, row))) in self.lines.iter().zip(legend).enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             let (width, dash, opacity) = STYLES[i % STYLES.len()];
             let style = if dash.is_empty() {
@@ -902,7 +1068,7 @@ impl Plot {
                     "stroke=\"{color}\" stroke-width=\"{width}\" stroke-opacity=\"{opacity}\" stroke-dasharray=\"{dash}\""
                 )
             };
-            let (d, n, dots) = self.path(&l.values, &x, &y);
+            let (d, n, dots) = self.path(&l.values, &|t| scale.x(t), &|v| scale.y(v));
             let _ = writeln!(
                 o,
                 "<path class=\"series\" data-name=\"{}\" data-points=\"{n}\" fill=\"none\" {style} d=\"{d}\"/>",
@@ -915,7 +1081,7 @@ impl Plot {
                     1.5 + width / 2.0
                 );
             }
-            let ly = TOP + plot_h + BELOW + LEGEND_ROW * *row as f64;
+            let ly = TOP + PLOT_HEIGHT + BELOW + LEGEND_ROW * *row as f64;
             let _ = writeln!(
                 o,
                 "<line x1=\"{lx:.1}\" x2=\"{:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" {style}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
@@ -927,7 +1093,6 @@ impl Plot {
                 esc(&l.name)
             );
         }
-        o.push_str("</svg>\n");
     }
 
     /// SVG path data through the points, broken where a value is missing or

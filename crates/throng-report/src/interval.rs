@@ -3,9 +3,8 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
 use throng_host::sample::HostSample;
-
-use crate::summary::HistStats;
 
 /// Histograms record microseconds, from 1 µs to this (one hour), with 3
 /// significant digits: the same shape in every worker, so merging is exact.
@@ -105,6 +104,56 @@ impl Interval {
             .get(name)
             .map(HistStats::of)
             .unwrap_or_default()
+    }
+}
+
+/// Statistics of one latency histogram, values in µs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HistStats {
+    /// Values recorded.
+    pub count: u64,
+    /// Smallest.
+    pub min: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Standard deviation.
+    pub stddev: f64,
+    /// Percentiles.
+    pub p50: u64,
+    /// 75th percentile.
+    pub p75: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 95th percentile.
+    pub p95: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+impl HistStats {
+    /// The statistics of `h` (all zero when it is empty).
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        Self {
+            count: h.len(),
+            min: h.min(),
+            mean: h.mean(),
+            stddev: h.stdev(),
+            p50: h.value_at_quantile(0.50),
+            p75: h.value_at_quantile(0.75),
+            p90: h.value_at_quantile(0.90),
+            p95: h.value_at_quantile(0.95),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        }
     }
 }
 

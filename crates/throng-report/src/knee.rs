@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::format::{Reader, Record};
 use crate::html::{self, Mark, Plot, Unit, XAxis, esc, line};
-use crate::summary::{HistStats, Report};
+use crate::interval::HistStats;
+use crate::summary::Report;
 use crate::text::{bytes, count, micros};
 
 /// The kind of the event that carries a whole search's [`Knee`] as JSON,
@@ -681,15 +682,8 @@ fn plots(k: &Knee) -> Vec<Plot> {
         Mode::Attack | Mode::Publish => "per second",
     };
     let plot = |id: &str, title: String, y_title, unit, lines| Plot {
-        id: id.to_owned(),
-        title,
-        caption: String::new(),
-        y_title,
-        unit,
-        lines,
-        at: at.clone(),
-        x,
         marks: marks.clone(),
+        ..Plot::new((id, title), (y_title, unit), lines, at.clone(), x)
     };
     vec![
         plot(

@@ -1,12 +1,17 @@
 //! Exact merging of intervals from any number of sources, files and
-//! machines, aligned on wall-clock time into buckets of a chosen width.
+//! machines, aligned on wall-clock time into buckets of a chosen width: the
+//! one merger of results, fed one record at a time, from files (`throng
+//! report`, `bench`) or live as workers send them (the harness's collector,
+//! which flushes each interval as it completes: [`Merger::flush`]).
 //!
 //! Counters add; gauges add across sources (each source's latest value in a
 //! bucket, so a 10 s bucket does not count a level ten times); histograms add.
 //! A source with no record in a bucket between its first and its last one
 //! (a worker held up for seconds skips the intervals it slept through)
 //! keeps its last level there, so a busy run's levels do not fall to a
-//! partial sum.
+//! partial sum ([`Levels`], the one place levels are carried forward; live,
+//! where a source's last record is not known yet, a source keeps its level
+//! until it is forgotten).
 //! Host samples are kept per host (the latest in each bucket), so one host is
 //! never counted twice, and host-wide figures sum different hosts.
 //!
@@ -241,7 +246,9 @@ pub struct Merged {
     pub duplicates: u64,
 }
 
-/// Merges records one at a time; [`Merger::finish`] gives the result.
+/// Merges records one at a time; [`Merger::finish`] gives the result of
+/// a whole run, and a live merger ([`Merger::live`]) gives each interval
+/// as it completes ([`Merger::flush`]) and the run's totals.
 #[derive(Debug)]
 pub struct Merger {
     width_ns: u64,
@@ -254,6 +261,37 @@ pub struct Merger {
     seen: HashSet<(String, u64)>,
     groups: Groups,
     merged: Merged,
+    /// Live merging: what has been flushed.
+    live: Option<Live>,
+}
+
+/// What a live merger keeps besides its open buckets.
+#[derive(Debug)]
+struct Live {
+    /// The source flushed intervals carry (`host/hold`).
+    source: String,
+    /// Each source's last known levels, as of the intervals flushed.
+    levels: Levels,
+    /// The sources of each open bucket's records, by its start: the
+    /// duplicates a live merger skips (instead of `seen`, which would grow
+    /// with the run).
+    reported: BTreeMap<u64, HashSet<String>>,
+    /// The start of the last interval flushed (0: none yet).
+    flushed_to: u64,
+    /// Every interval flushed, added (late records included).
+    total: Interval,
+}
+
+/// An interval flushed by a live merger.
+#[derive(Debug)]
+pub struct Flushed {
+    /// Counts and histograms of every record of the interval, and the own
+    /// record given; gauges: every source's last known level (none when
+    /// `again`).
+    pub interval: Interval,
+    /// The interval was flushed before: these are late records, whose
+    /// counts add to the totals and whose levels only update what is known.
+    pub again: bool,
 }
 
 impl Merger {
@@ -282,7 +320,101 @@ impl Merger {
                 intervals: 0,
                 duplicates: 0,
             },
+            live: None,
         }
+    }
+
+    /// A live merger: intervals of `length_ns` are flushed one by one as
+    /// they complete ([`Merger::flush`]), labelled `source`; its totals
+    /// start at `start_ns`. Buckets keep no histograms past their flush.
+    pub fn live(source: String, start_ns: u64, length_ns: u64) -> Self {
+        let mut m = Self::new(length_ns);
+        m.live = Some(Live {
+            total: Interval::empty(start_ns, m.width_ns, source.clone()),
+            source,
+            levels: Levels::default(),
+            reported: BTreeMap::new(),
+            flushed_to: 0,
+        });
+        m
+    }
+
+    /// The starts of the buckets not flushed yet, in time order.
+    pub fn open(&self) -> Vec<u64> {
+        self.buckets.keys().copied().collect()
+    }
+
+    /// Whether a bucket starts at `start` (open: not flushed since its last record).
+    pub fn is_open(&self, start: u64) -> bool {
+        self.buckets.contains_key(&start)
+    }
+
+    /// Whether `source`'s record of the interval at `start` was merged.
+    pub fn has(&self, source: &str, start: u64) -> bool {
+        match &self.live {
+            Some(live) => live
+                .reported
+                .get(&start)
+                .is_some_and(|r| r.contains(source)),
+            None => self.seen.contains(&(source.to_owned(), start)),
+        }
+    }
+
+    /// Whether the interval at `start` was flushed already (a record of it
+    /// now is late).
+    pub fn flushed(&self, start: u64) -> bool {
+        self.live.as_ref().is_some_and(|l| start <= l.flushed_to)
+    }
+
+    /// `source`'s levels count no more (a worker that died took its
+    /// connections with it).
+    pub fn forget(&mut self, source: &str) {
+        if let Some(live) = self.live.as_mut() {
+            live.levels.forget(source);
+        }
+    }
+
+    /// Flushes the bucket at `start` of a live merger: its counts and
+    /// histograms, `own` (the supervisor's record: its counts, its levels
+    /// as they are, its host sample) added, and every source's last known
+    /// level; and adds that to the totals. `None` when no bucket is open
+    /// there, or the merger is not live.
+    pub fn flush(&mut self, start: u64, own: Option<&Interval>) -> Option<Flushed> {
+        let live = self.live.as_mut()?;
+        let mut bucket = self.buckets.remove(&start)?;
+        live.reported.remove(&start);
+        let again = start <= live.flushed_to;
+        let mut interval = Interval::empty(start, bucket.length_ns, live.source.clone());
+        interval.counters = std::mem::take(&mut bucket.counters);
+        interval.histograms = bucket
+            .histograms
+            .iter()
+            .map(|(name, h)| (name.clone(), h.to_histogram()))
+            .collect();
+        for (source, (at, gauges)) in &bucket.gauges_by_source {
+            live.levels.note(source, *at, gauges);
+        }
+        if !again {
+            live.levels.fill(&mut bucket.gauges_by_source, |_| true);
+            interval.gauges = bucket.gauges();
+            live.flushed_to = start;
+        }
+        if let Some(own) = own {
+            interval.add(own);
+            interval.host.clone_from(&own.host);
+        }
+        live.total.add(&interval);
+        Some(Flushed { interval, again })
+    }
+
+    /// Every interval flushed so far, added (late records included).
+    pub fn total(&self) -> Option<&Interval> {
+        self.live.as_ref().map(|l| &l.total)
+    }
+
+    /// The totals of a live merger, once everything is flushed.
+    pub fn into_total(self) -> Option<Interval> {
+        self.live.map(|l| l.total)
     }
 
     /// Keeps at most `n` buckets (at least 2): past that the width doubles
@@ -337,7 +469,18 @@ impl Merger {
     /// Merges one interval; returns false (and merges nothing) if an interval
     /// of the same source and start was merged already.
     pub fn add_interval(&mut self, iv: &Interval) -> bool {
-        if !self.seen.insert((iv.source.clone(), iv.start_ns)) {
+        let start = iv.start_ns - iv.start_ns % self.width_ns;
+        let new = match self.live.as_mut() {
+            // Live, a bucket is one interval (the width is the interval's
+            // length), and what it holds is dropped at its flush.
+            Some(live) => live
+                .reported
+                .entry(start)
+                .or_default()
+                .insert(iv.source.clone()),
+            None => self.seen.insert((iv.source.clone(), iv.start_ns)),
+        };
+        if !new {
             self.merged.duplicates += 1;
             return false;
         }
@@ -346,7 +489,6 @@ impl Merger {
         if !m.sources.contains(&iv.source) {
             m.sources.insert(iv.source.clone());
         }
-        let start = iv.start_ns - iv.start_ns % self.width_ns;
         let bucket = self
             .buckets
             .entry(start)
@@ -463,17 +605,54 @@ fn carry_levels(buckets: &mut [Bucket]) {
             last_at.insert(source.clone(), b.start_ns);
         }
     }
-    let mut known: BTreeMap<String, (u64, BTreeMap<String, i64>)> = BTreeMap::new();
+    let mut levels = Levels::default();
     for b in buckets.iter_mut() {
-        for (source, levels) in &known {
-            if last_at.get(source).is_some_and(|&end| end > b.start_ns)
-                && !b.gauges_by_source.contains_key(source)
-            {
-                b.gauges_by_source.insert(source.clone(), levels.clone());
+        let start = b.start_ns;
+        levels.fill(&mut b.gauges_by_source, |source| {
+            last_at.get(source).is_some_and(|&end| end > start)
+        });
+        for (source, (at, gauges)) in &b.gauges_by_source {
+            levels.note(source, *at, gauges);
+        }
+    }
+}
+
+/// Each source's last known levels (gauges), and the interval they are
+/// of: what counts for a source in an interval it has no record of.
+#[derive(Debug, Default)]
+pub struct Levels {
+    known: BTreeMap<String, (u64, BTreeMap<String, i64>)>,
+}
+
+impl Levels {
+    /// `source`'s levels in its record of the interval at `at`; an older
+    /// record (a late one) does not replace newer levels.
+    pub fn note(&mut self, source: &str, at: u64, gauges: &BTreeMap<String, i64>) {
+        match self.known.get_mut(source) {
+            Some(known) if known.0 > at => {}
+            Some(known) => *known = (at, gauges.clone()),
+            None => {
+                self.known.insert(source.to_owned(), (at, gauges.clone()));
             }
         }
-        for (source, levels) in &b.gauges_by_source {
-            known.insert(source.clone(), levels.clone());
+    }
+
+    /// `source`'s levels count no more.
+    pub fn forget(&mut self, source: &str) {
+        self.known.remove(source);
+    }
+
+    /// Gives each source `carry` accepts that is missing from `by_source`
+    /// (levels by source, as a bucket keeps them) its last known levels.
+    pub fn fill(
+        &self,
+        by_source: &mut BTreeMap<String, (u64, BTreeMap<String, i64>)>,
+        carry: impl Fn(&str) -> bool,
+    ) {
+        for (source, levels) in &self.known {
+            if carry(source) && !by_source.contains_key(source) {
+                by_source.insert(source.clone(), levels.clone());
+            }
         }
     }
 }
@@ -630,5 +809,87 @@ mod tests {
         assert_eq!(hosts.len(), 2);
         assert_eq!(hosts["a"].tcp_established, 12);
         assert_eq!(hosts["b"].tcp_established, 100);
+    }
+
+    fn own(second: u64, published: u64) -> Interval {
+        let mut i = Interval::empty(
+            second * 1_000_000_000,
+            1_000_000_000,
+            "a/hold-supervisor".into(),
+        );
+        i.counters.insert("publish.sent".into(), published);
+        i.host = Some(HostSample {
+            host: "a".into(),
+            at_ns: second,
+            ..HostSample::default()
+        });
+        i
+    }
+
+    #[test]
+    fn live_flushes_merge_each_interval_with_the_supervisors_record() {
+        let mut m = Merger::live("a/hold".into(), 0, 1_000_000_000);
+        m.add_interval(&iv("a/hold-0", 1, 10, &[100, 200]));
+        m.add_interval(&iv("a/hold-1", 1, 5, &[300]));
+        assert!(
+            !m.add_interval(&iv("a/hold-1", 1, 5, &[300])),
+            "a duplicate"
+        );
+        assert_eq!(m.open(), [1_000_000_000]);
+        assert!(m.has("a/hold-1", 1_000_000_000));
+        assert!(!m.has("a/hold-1", 2_000_000_000));
+        let f = m.flush(1_000_000_000, Some(&own(1, 1))).unwrap();
+        assert!(!f.again);
+        let i = &f.interval;
+        assert_eq!(i.source, "a/hold");
+        assert_eq!(i.counter("messages.received"), 3);
+        assert_eq!(i.counter("publish.sent"), 1);
+        assert_eq!(i.gauge("connections.open"), 15);
+        assert_eq!(i.stats("delivery").count, 3);
+        assert!(i.host.is_some());
+        assert!(m.open().is_empty());
+        assert!(m.flush(1_000_000_000, None).is_none(), "nothing open there");
+        assert_eq!(m.total().unwrap().counter("messages.received"), 3);
+    }
+
+    #[test]
+    fn live_a_source_missing_from_an_interval_keeps_its_last_level() {
+        let mut m = Merger::live("a/hold".into(), 0, 1_000_000_000);
+        m.add_interval(&iv("a/hold-0", 1, 10, &[]));
+        m.add_interval(&iv("a/hold-1", 1, 5, &[]));
+        m.flush(1_000_000_000, None).unwrap();
+        // hold-1 is held up: its level of second 1 counts in second 2.
+        m.add_interval(&iv("a/hold-0", 2, 20, &[]));
+        let f = m.flush(2_000_000_000, None).unwrap();
+        assert_eq!(f.interval.gauge("connections.open"), 20 + 5);
+        // Once forgotten (it died), it counts no more.
+        m.forget("a/hold-1");
+        m.add_interval(&iv("a/hold-0", 3, 30, &[]));
+        let f = m.flush(3_000_000_000, None).unwrap();
+        assert_eq!(f.interval.gauge("connections.open"), 30);
+    }
+
+    #[test]
+    fn live_a_record_after_its_interval_was_flushed_adds_its_counts_alone() {
+        let mut m = Merger::live("a/hold".into(), 0, 1_000_000_000);
+        m.add_interval(&iv("a/hold-0", 1, 10, &[1]));
+        m.flush(1_000_000_000, Some(&own(1, 1))).unwrap();
+        assert!(m.flushed(1_000_000_000));
+        // hold-1's record of second 1 comes late, with a level of its own.
+        m.add_interval(&iv("a/hold-1", 1, 7, &[2, 3]));
+        assert_eq!(m.open(), [1_000_000_000]);
+        let late = m.flush(1_000_000_000, None).unwrap();
+        assert!(late.again);
+        assert!(late.interval.gauges.is_empty(), "levels were shown already");
+        assert_eq!(late.interval.counter("messages.received"), 2);
+        let total = m.total().unwrap();
+        assert_eq!(total.counter("messages.received"), 3, "late counts add");
+        assert_eq!(total.counter("publish.sent"), 1);
+        assert_eq!(total.stats("delivery").count, 3);
+        // Its level is known now, and carried into the next interval.
+        m.add_interval(&iv("a/hold-0", 2, 10, &[]));
+        let f = m.flush(2_000_000_000, None).unwrap();
+        assert_eq!(f.interval.gauge("connections.open"), 10 + 7);
+        assert_eq!(m.into_total().unwrap().counter("messages.received"), 3);
     }
 }

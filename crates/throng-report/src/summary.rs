@@ -3,64 +3,15 @@
 
 use std::collections::BTreeMap;
 
-use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use throng_host::sample::HostSample;
 
 use crate::bench::BenchSummary;
 use crate::format::{Event, FileSummary, rfc3339};
+// Re-exported: a report's figures are read with it (`throng_report::summary::HistStats`).
+pub use crate::interval::HistStats;
 use crate::interval::new_histogram;
 use crate::merge::{Bucket, Merged};
-
-/// Statistics of one latency histogram, values in µs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct HistStats {
-    /// Values recorded.
-    pub count: u64,
-    /// Smallest.
-    pub min: u64,
-    /// Mean.
-    pub mean: f64,
-    /// Standard deviation.
-    pub stddev: f64,
-    /// Percentiles.
-    pub p50: u64,
-    /// 75th percentile.
-    pub p75: u64,
-    /// 90th percentile.
-    pub p90: u64,
-    /// 95th percentile.
-    pub p95: u64,
-    /// 99th percentile.
-    pub p99: u64,
-    /// 99.9th percentile.
-    pub p999: u64,
-    /// Largest.
-    pub max: u64,
-}
-
-impl HistStats {
-    /// The statistics of `h` (all zero when it is empty).
-    pub fn of(h: &Histogram<u64>) -> Self {
-        if h.is_empty() {
-            return Self::default();
-        }
-        Self {
-            count: h.len(),
-            min: h.min(),
-            mean: h.mean(),
-            stddev: h.stdev(),
-            p50: h.value_at_quantile(0.50),
-            p75: h.value_at_quantile(0.75),
-            p90: h.value_at_quantile(0.90),
-            p95: h.value_at_quantile(0.95),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-            max: h.max(),
-        }
-    }
-}
 
 /// A counter over the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -302,38 +253,7 @@ impl Report {
             .max()
             .unwrap_or(0);
         let duration_s = end_ns.saturating_sub(start_ns) as f64 / 1e9;
-        let per_s = |n: u64| {
-            if duration_s > 0.0 {
-                n as f64 / duration_s
-            } else {
-                0.0
-            }
-        };
-
-        let peak = |name: &str| {
-            merged
-                .buckets
-                .iter()
-                .filter(|b| b.length_ns > 0)
-                .map(|b| {
-                    b.counters.get(name).copied().unwrap_or(0) as f64 * 1e9 / b.length_ns as f64
-                })
-                .fold(0.0, f64::max)
-        };
-        let counters = merged
-            .counters
-            .iter()
-            .map(|(k, &v)| {
-                (
-                    k.clone(),
-                    CounterSummary {
-                        total: v,
-                        per_second: per_s(v),
-                        peak_per_second: peak(k),
-                    },
-                )
-            })
-            .collect();
+        let counters = counter_summaries(merged, duration_s);
         let errors: BTreeMap<String, u64> = merged
             .counters
             .iter()
@@ -347,66 +267,16 @@ impl Report {
             .map(|(k, v)| (k.clone(), *v))
             .collect();
 
-        let mut gauges: BTreeMap<String, GaugeSummary> = BTreeMap::new();
-        for b in &merged.buckets {
-            for (name, v) in b.gauges() {
-                gauges
-                    .entry(name)
-                    .and_modify(|g| {
-                        g.last = v;
-                        g.max = g.max.max(v);
-                        g.min = g.min.min(v);
-                    })
-                    .or_insert(GaugeSummary {
-                        last: v,
-                        max: v,
-                        min: v,
-                    });
-            }
-        }
+        let gauges = gauge_summaries(&merged.buckets);
 
         let host_points = host_points(&merged.buckets);
         let host = host_summary(merged, &host_points);
 
-        let series = series.then(|| {
-            let mut scratch = new_histogram();
-            merged
-                .buckets
-                .iter()
-                .zip(&host_points)
-                .map(|(b, hp)| SeriesPoint {
-                    start_ns: b.start_ns,
-                    t_s: (b.start_ns - start_ns) as f64 / 1e9,
-                    length_s: b.length_ns as f64 / 1e9,
-                    counters: b.counters.clone(),
-                    gauges: b.gauges(),
-                    histograms: b
-                        .histograms
-                        .iter()
-                        .map(|(name, s)| {
-                            s.fill(&mut scratch);
-                            (name.clone(), HistStats::of(&scratch))
-                        })
-                        .collect(),
-                    host: hp.clone(),
-                })
-                .collect()
-        });
+        let series = series.then(|| series_points(&merged.buckets, &host_points, start_ns));
 
         Self {
             benches: merged.benches.clone(),
-            files: files
-                .iter()
-                .map(|f| FileInfo {
-                    path: f.path.display().to_string(),
-                    host: f.header.host.clone(),
-                    started: f.header.started.clone(),
-                    command: f.header.command.clone(),
-                    records: f.records,
-                    settings: f.header.settings.clone(),
-                    damage: f.damage.as_ref().map(ToString::to_string),
-                })
-                .collect(),
+            files: files.iter().map(FileInfo::of).collect(),
             sources: merged.sources.iter().cloned().collect(),
             start_ns,
             end_ns,
@@ -434,6 +304,104 @@ impl Report {
             events: merged.events.clone(),
             event_groups: merged.event_groups.clone(),
             series,
+        }
+    }
+}
+
+/// Each counter's total, its mean rate over `duration_s` and its busiest bucket.
+fn counter_summaries(merged: &Merged, duration_s: f64) -> BTreeMap<String, CounterSummary> {
+    let per_s = |n: u64| {
+        if duration_s > 0.0 {
+            n as f64 / duration_s
+        } else {
+            0.0
+        }
+    };
+    let peak = |name: &str| {
+        merged
+            .buckets
+            .iter()
+            .filter(|b| b.length_ns > 0)
+            .map(|b| b.counters.get(name).copied().unwrap_or(0) as f64 * 1e9 / b.length_ns as f64)
+            .fold(0.0, f64::max)
+    };
+    merged
+        .counters
+        .iter()
+        .map(|(k, &v)| {
+            (
+                k.clone(),
+                CounterSummary {
+                    total: v,
+                    per_second: per_s(v),
+                    peak_per_second: peak(k),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Each gauge's last, highest and lowest level over the buckets.
+fn gauge_summaries(buckets: &[Bucket]) -> BTreeMap<String, GaugeSummary> {
+    let mut gauges: BTreeMap<String, GaugeSummary> = BTreeMap::new();
+    for b in buckets {
+        for (name, v) in b.gauges() {
+            gauges
+                .entry(name)
+                .and_modify(|g| {
+                    g.last = v;
+                    g.max = g.max.max(v);
+                    g.min = g.min.min(v);
+                })
+                .or_insert(GaugeSummary {
+                    last: v,
+                    max: v,
+                    min: v,
+                });
+        }
+    }
+    gauges
+}
+
+/// The time series: one point per bucket, `t_s` from `start_ns`.
+fn series_points(
+    buckets: &[Bucket],
+    host_points: &[Option<HostPoint>],
+    start_ns: u64,
+) -> Vec<SeriesPoint> {
+    let mut scratch = new_histogram();
+    buckets
+        .iter()
+        .zip(host_points)
+        .map(|(b, hp)| SeriesPoint {
+            start_ns: b.start_ns,
+            t_s: (b.start_ns - start_ns) as f64 / 1e9,
+            length_s: b.length_ns as f64 / 1e9,
+            counters: b.counters.clone(),
+            gauges: b.gauges(),
+            histograms: b
+                .histograms
+                .iter()
+                .map(|(name, s)| {
+                    s.fill(&mut scratch);
+                    (name.clone(), HistStats::of(&scratch))
+                })
+                .collect(),
+            host: hp.clone(),
+        })
+        .collect()
+}
+
+impl FileInfo {
+    fn of(f: &FileSummary) -> Self {
+        Self {
+            path: f.path.display().to_string(),
+            host: f.header.host.clone(),
+            started: f.header.started.clone(),
+            command: f.header.command.clone(),
+            records: f.records,
+            settings: f.header.settings.clone(),
+            damage: f.damage.as_ref().map(ToString::to_string),
         }
     }
 }

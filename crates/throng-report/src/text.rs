@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use crate::bench::BenchSummary;
-use crate::summary::{HistStats, Report, explain, is_error};
+use crate::interval::HistStats;
+use crate::summary::{HostPoint, HostSummary, Report, SeriesPoint, explain, is_error};
 
 /// The widest a table of the time series gets: wider ones are split into
 /// several, each with the time column, so they fit a 100-column terminal.
@@ -40,19 +41,76 @@ pub fn micros(us: u64) -> String {
     latency(us as f64)
 }
 
-/// Bytes with a binary unit: `512 B`, `3.2 KiB`, `1.50 GiB`.
+/// Bytes with a binary unit: `512 B`, `3.2 KiB`, `1.5 GiB` ([`Bytes::SIZE`]).
 pub fn bytes(n: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{v:.0} {}", UNITS[unit])
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
+    Bytes::SIZE.format(n)
+}
+
+/// The one way sizes are written: bytes below 1 KiB, else in the largest
+/// binary unit (up to `largest`) that keeps the figure at 1 or more; or
+/// always in one unit, so that figures line up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes {
+    /// The unit it starts from: 0 bytes, 2 MiB.
+    from: usize,
+    /// The unit it climbs to at most: 1 KiB, 4 TiB.
+    largest: usize,
+    /// Decimals past KiB (bytes are whole).
+    decimals: usize,
+    /// Whether a negative figure climbs by its magnitude (a delta that
+    /// shrank), or stays in bytes.
+    signed: bool,
+}
+
+impl Bytes {
+    /// Every report's sizes: `512 B`, `3.2 KiB`, `1.5 GiB`.
+    pub const SIZE: Self = Self {
+        from: 0,
+        largest: 4,
+        decimals: 1,
+        signed: false,
+    };
+    /// A bench's memory per connection, finer and never past KiB, so
+    /// sides compare at a glance: `512 B`, `9.87 KiB`, `-1.50 KiB`.
+    pub const PER_CONNECTION: Self = Self {
+        from: 0,
+        largest: 1,
+        decimals: 2,
+        signed: true,
+    };
+    /// A process's memory, in MiB whatever its size: `12.3 MiB`.
+    pub const MIB: Self = Self {
+        from: 2,
+        largest: 2,
+        decimals: 1,
+        signed: false,
+    };
+    /// A machine's memory grown, in whole MiB: `245 MiB`.
+    pub const WHOLE_MIB: Self = Self {
+        from: 2,
+        largest: 2,
+        decimals: 0,
+        signed: false,
+    };
+
+    /// `n` bytes, written this way.
+    pub fn format(self, n: f64) -> String {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let largest = self.largest.min(UNITS.len() - 1);
+        let climbs = |v: f64| if self.signed { v.abs() } else { v } >= 1024.0;
+        let mut v = n;
+        let mut unit = 0;
+        // Dividing by 1024 is exact in binary floating point, so starting
+        // in MiB gives what dividing by 1,048,576 once did.
+        while unit < self.from.min(largest) || (climbs(v) && unit < largest) {
+            v /= 1024.0;
+            unit += 1;
+        }
+        if unit == 0 {
+            format!("{v:.0} {}", UNITS[unit])
+        } else {
+            format!("{v:.prec$} {}", UNITS[unit], prec = self.decimals)
+        }
     }
 }
 
@@ -75,6 +133,41 @@ pub fn count(n: f64) -> String {
 pub fn render(r: &Report) -> String {
     let mut out = String::new();
     let o = &mut out;
+    render_head(o, r);
+    // One width for every name column, so long names do not break the tables.
+    let nw = r
+        .latency_us
+        .keys()
+        .chain(r.counters.keys())
+        .chain(r.gauges.keys())
+        .map(|k| k.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(12);
+    render_latency(o, r, nw);
+    render_counters(o, r, nw);
+    render_errors(o, r, nw);
+    render_gauges(o, r, nw);
+    if let Some(h) = &r.host {
+        render_host(o, r, h, nw);
+    }
+    render_events(o, r);
+    if let Some(series) = &r.series {
+        render_series(o, r, series);
+    }
+
+    let damaged: Vec<&String> = r.files.iter().filter_map(|f| f.damage.as_ref()).collect();
+    if !damaged.is_empty() {
+        let _ = writeln!(o);
+        for d in damaged {
+            let _ = writeln!(o, "warning: {d}");
+        }
+    }
+    out
+}
+
+/// What was merged: the files, their runs, any benches among them.
+fn render_head(o: &mut String, r: &Report) {
     let _ = writeln!(
         o,
         "throng report: {} file(s), {} source(s), {} interval(s) merged",
@@ -111,17 +204,10 @@ pub fn render(r: &Report) -> String {
             r.duplicates
         );
     }
+}
 
-    // One width for every name column, so long names do not break the tables.
-    let nw = r
-        .latency_us
-        .keys()
-        .chain(r.counters.keys())
-        .chain(r.gauges.keys())
-        .map(|k| k.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(12);
+/// The latency table, with what each latency measures.
+fn render_latency(o: &mut String, r: &Report, nw: usize) {
     if !r.latency_us.is_empty() {
         let _ = writeln!(o, "\nlatency");
         let _ = writeln!(
@@ -138,7 +224,10 @@ pub fn render(r: &Report) -> String {
             }
         }
     }
+}
 
+/// The counters: totals, means and the busiest interval.
+fn render_counters(o: &mut String, r: &Report, nw: usize) {
     if !r.counters.is_empty() {
         let _ = writeln!(
             o,
@@ -172,7 +261,10 @@ pub fn render(r: &Report) -> String {
             count(r.bucket_s)
         );
     }
+}
 
+/// Errors by name and their share of everything counted; losses.
+fn render_errors(o: &mut String, r: &Report, nw: usize) {
     let _ = write!(o, "\nerrors: {}", r.errors_total);
     if r.errors_total == 0 {
         let _ = writeln!(o);
@@ -186,7 +278,10 @@ pub fn render(r: &Report) -> String {
         let parts: Vec<String> = r.losses.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(o, "losses: {}", parts.join(", "));
     }
+}
 
+/// The gauges: last, highest and lowest level.
+fn render_gauges(o: &mut String, r: &Report, nw: usize) {
     if !r.gauges.is_empty() {
         let _ = writeln!(
             o,
@@ -208,63 +303,67 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
+}
 
-    if let Some(h) = &r.host {
-        let _ = writeln!(o, "\nhost ({}: {})", h.hosts.len(), h.hosts.join(", "));
+/// The host figures: sockets, packets, bytes, memory, the run's processes.
+fn render_host(o: &mut String, r: &Report, h: &HostSummary, nw: usize) {
+    let _ = writeln!(o, "\nhost ({}: {})", h.hosts.len(), h.hosts.join(", "));
+    let _ = writeln!(
+        o,
+        "  tcp established      last {}, max {}",
+        count(h.tcp_established_last as f64),
+        count(h.tcp_established_max as f64)
+    );
+    let over = format!(
+        "means over {:.1} s; the busiest {} s interval",
+        r.duration_s,
+        count(r.bucket_s)
+    );
+    let _ = writeln!(
+        o,
+        "  packets per second   in {}, out {} ({over}: in {}, out {})",
+        count(h.packets_in_per_s),
+        count(h.packets_out_per_s),
+        count(h.packets_in_per_s_max),
+        count(h.packets_out_per_s_max)
+    );
+    let _ = writeln!(
+        o,
+        "  bytes per second     in {}, out {} ({over}: in {}, out {})",
+        bytes(h.bytes_in_per_s),
+        bytes(h.bytes_out_per_s),
+        bytes(h.bytes_in_per_s_max),
+        bytes(h.bytes_out_per_s_max)
+    );
+    let _ = writeln!(
+        o,
+        "  memory               available min {} of {}, slab max {}, TCP kernel max {}",
+        bytes(h.mem_available_min_bytes as f64),
+        bytes(h.mem_total_bytes as f64),
+        bytes(h.mem_slab_max_bytes as f64),
+        bytes(h.tcp_mem_max_bytes as f64)
+    );
+    if !h.rss_by_process_max.is_empty() {
         let _ = writeln!(
             o,
-            "  tcp established      last {}, max {}",
-            count(h.tcp_established_last as f64),
-            count(h.tcp_established_max as f64)
+            "  run's processes      RSS max {} in all; CPU {:.2} cores on average",
+            bytes(h.rss_max_bytes as f64),
+            h.cpu_cores
         );
-        let over = format!(
-            "means over {:.1} s; the busiest {} s interval",
-            r.duration_s,
-            count(r.bucket_s)
-        );
-        let _ = writeln!(
-            o,
-            "  packets per second   in {}, out {} ({over}: in {}, out {})",
-            count(h.packets_in_per_s),
-            count(h.packets_out_per_s),
-            count(h.packets_in_per_s_max),
-            count(h.packets_out_per_s_max)
-        );
-        let _ = writeln!(
-            o,
-            "  bytes per second     in {}, out {} ({over}: in {}, out {})",
-            bytes(h.bytes_in_per_s),
-            bytes(h.bytes_out_per_s),
-            bytes(h.bytes_in_per_s_max),
-            bytes(h.bytes_out_per_s_max)
-        );
-        let _ = writeln!(
-            o,
-            "  memory               available min {} of {}, slab max {}, TCP kernel max {}",
-            bytes(h.mem_available_min_bytes as f64),
-            bytes(h.mem_total_bytes as f64),
-            bytes(h.mem_slab_max_bytes as f64),
-            bytes(h.tcp_mem_max_bytes as f64)
-        );
-        if !h.rss_by_process_max.is_empty() {
+        for (p, rss) in &h.rss_by_process_max {
             let _ = writeln!(
                 o,
-                "  run's processes      RSS max {} in all; CPU {:.2} cores on average",
-                bytes(h.rss_max_bytes as f64),
-                h.cpu_cores
+                "    {:<w$} RSS max {}",
+                p,
+                bytes(*rss as f64),
+                w = nw.max(24)
             );
-            for (p, rss) in &h.rss_by_process_max {
-                let _ = writeln!(
-                    o,
-                    "    {:<w$} RSS max {}",
-                    p,
-                    bytes(*rss as f64),
-                    w = nw.max(24)
-                );
-            }
         }
     }
+}
 
+/// Events by kind, then one line per group of the same thing said.
+fn render_events(o: &mut String, r: &Report) {
     if !r.event_kinds.is_empty() {
         let parts: Vec<String> = r
             .event_kinds
@@ -302,19 +401,6 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
-
-    if let Some(series) = &r.series {
-        render_series(o, r, series);
-    }
-
-    let damaged: Vec<&String> = r.files.iter().filter_map(|f| f.damage.as_ref()).collect();
-    if !damaged.is_empty() {
-        let _ = writeln!(o);
-        for d in damaged {
-            let _ = writeln!(o, "warning: {d}");
-        }
-    }
-    out
 }
 
 /// A bench's headline, as `throng bench` printed it.
@@ -446,7 +532,62 @@ fn stats_row(h: &HistStats) -> String {
     )
 }
 
-fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoint]) {
+/// Columns of (title, one cell per point), aligned later to their widest
+/// cell; `groups` starts a new group at a column (one histogram's three
+/// columns stay together when the table is split).
+struct Columns<'a> {
+    series: &'a [SeriesPoint],
+    columns: Vec<(String, Vec<String>)>,
+    groups: Vec<usize>,
+}
+
+impl<'a> Columns<'a> {
+    fn new(series: &'a [SeriesPoint]) -> Self {
+        Self {
+            series,
+            columns: Vec::new(),
+            groups: Vec::new(),
+        }
+    }
+
+    /// A column of `cell` of every point; `together`: in the group of the one before.
+    fn push(&mut self, title: String, together: bool, cell: &dyn Fn(&SeriesPoint) -> String) {
+        if !together {
+            self.groups.push(self.columns.len());
+        }
+        self.columns
+            .push((title, self.series.iter().map(cell).collect()));
+    }
+}
+
+fn per_s(p: &SeriesPoint, n: u64) -> f64 {
+    if p.length_s > 0.0 {
+        n as f64 / p.length_s
+    } else {
+        0.0
+    }
+}
+
+fn render_series(o: &mut String, r: &Report, series: &[SeriesPoint]) {
+    let mut columns = Columns::new(series);
+    columns.push("t".to_owned(), false, &|p| format!("{:.1}", p.t_s));
+    level_and_rate_columns(&mut columns, r);
+    latency_columns(&mut columns);
+    if series.iter().any(|p| p.host.is_some()) {
+        host_columns(&mut columns);
+    }
+    let width = series.first().map_or(0.0, |p| p.length_s);
+    let _ = writeln!(
+        o,
+        "\ntime series, every {} s (counters per second over each interval)",
+        count(width)
+    );
+    series_tables(o, &columns.columns, &columns.groups);
+}
+
+/// A column per gauge, per counter (its rate) and one of errors per second.
+fn level_and_rate_columns(columns: &mut Columns<'_>, r: &Report) {
+    let series = columns.series;
     let gauges: BTreeSet<&String> = series.iter().flat_map(|p| p.gauges.keys()).collect();
     let counters: Vec<&String> = r
         .counters
@@ -454,39 +595,15 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
         .filter(|(k, c)| c.total > 0 && !is_error(k))
         .map(|(k, _)| k)
         .collect();
-    let hists: BTreeSet<&String> = series.iter().flat_map(|p| p.histograms.keys()).collect();
-    let with_host = series.iter().any(|p| p.host.is_some());
-    let width = series.first().map_or(0.0, |p| p.length_s);
-
-    // Columns of (title, one cell per point), then aligned to their widest
-    // cell; `groups` starts a new group at a column (one histogram's three
-    // columns stay together when the table is split).
-    let mut columns: Vec<(String, Vec<String>)> = Vec::new();
-    let mut groups: Vec<usize> = Vec::new();
-    let mut column =
-        |title: String, together: bool, cell: &dyn Fn(&crate::summary::SeriesPoint) -> String| {
-            if !together {
-                groups.push(columns.len());
-            }
-            columns.push((title, series.iter().map(cell).collect()));
-        };
-    column("t".to_owned(), false, &|p| format!("{:.1}", p.t_s));
-    let per_s = |p: &crate::summary::SeriesPoint, n: u64| {
-        if p.length_s > 0.0 {
-            n as f64 / p.length_s
-        } else {
-            0.0
-        }
-    };
     for g in &gauges {
-        column(short(g), false, &|p| {
+        columns.push(short(g), false, &|p| {
             p.gauges
                 .get(*g)
                 .map_or("-".to_owned(), |v| count(*v as f64))
         });
     }
     for c in &counters {
-        column(format!("{}/s", short(c)), false, &|p| {
+        columns.push(format!("{}/s", short(c)), false, &|p| {
             let rate = per_s(p, p.counters.get(*c).copied().unwrap_or(0));
             if c.starts_with("bytes") {
                 bytes(rate)
@@ -495,7 +612,7 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
             }
         });
     }
-    column("errors/s".to_owned(), false, &|p| {
+    columns.push("errors/s".to_owned(), false, &|p| {
         count(per_s(
             p,
             p.counters
@@ -505,6 +622,15 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
                 .sum(),
         ))
     });
+}
+
+/// Three columns (p50, p99, max) per histogram, kept together.
+fn latency_columns(columns: &mut Columns<'_>) {
+    let hists: BTreeSet<&String> = columns
+        .series
+        .iter()
+        .flat_map(|p| p.histograms.keys())
+        .collect();
     for h in &hists {
         for (i, (q, pick)) in [
             ("p50", (|s: &HistStats| s.p50) as fn(&HistStats) -> u64),
@@ -514,7 +640,7 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
         .into_iter()
         .enumerate()
         {
-            column(
+            columns.push(
                 format!("{} {q}", short(h)),
                 i > 0,
                 &|p| match p.histograms.get(*h) {
@@ -524,32 +650,37 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
             );
         }
     }
-    if with_host {
-        type Pick = fn(&crate::summary::HostPoint) -> String;
-        let host_columns: [(&str, Pick); 6] = [
-            ("estab", |h| count(h.tcp_established as f64)),
-            ("pkt in/s", |h| {
-                h.packets_in_per_s.map_or("-".to_owned(), count)
-            }),
-            ("pkt out/s", |h| {
-                h.packets_out_per_s.map_or("-".to_owned(), count)
-            }),
-            ("bytes in/s", |h| {
-                h.bytes_in_per_s.map_or("-".to_owned(), bytes)
-            }),
-            ("bytes out/s", |h| {
-                h.bytes_out_per_s.map_or("-".to_owned(), bytes)
-            }),
-            ("mem avail", |h| bytes(h.mem_available_bytes as f64)),
-        ];
-        for (i, (title, pick)) in host_columns.into_iter().enumerate() {
-            // In and out side by side.
-            column(title.to_owned(), i == 2 || i == 4, &|p| {
-                p.host.as_ref().map_or("-".to_owned(), pick)
-            });
-        }
-    }
+}
 
+/// The host's columns: sockets, packets and bytes each way, memory.
+fn host_columns(columns: &mut Columns<'_>) {
+    type Pick = fn(&HostPoint) -> String;
+    let host_columns: [(&str, Pick); 6] = [
+        ("estab", |h| count(h.tcp_established as f64)),
+        ("pkt in/s", |h| {
+            h.packets_in_per_s.map_or("-".to_owned(), count)
+        }),
+        ("pkt out/s", |h| {
+            h.packets_out_per_s.map_or("-".to_owned(), count)
+        }),
+        ("bytes in/s", |h| {
+            h.bytes_in_per_s.map_or("-".to_owned(), bytes)
+        }),
+        ("bytes out/s", |h| {
+            h.bytes_out_per_s.map_or("-".to_owned(), bytes)
+        }),
+        ("mem avail", |h| bytes(h.mem_available_bytes as f64)),
+    ];
+    for (i, (title, pick)) in host_columns.into_iter().enumerate() {
+        // In and out side by side.
+        columns.push(title.to_owned(), i == 2 || i == 4, &|p| {
+            p.host.as_ref().map_or("-".to_owned(), pick)
+        });
+    }
+}
+
+/// The time column, then as many groups as fit; the rest in more tables.
+fn series_tables(o: &mut String, columns: &[(String, Vec<String>)], groups: &[usize]) {
     let widths: Vec<usize> = columns
         .iter()
         .map(|(t, cells)| {
@@ -561,12 +692,6 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
                 .unwrap_or(0)
         })
         .collect();
-    let _ = writeln!(
-        o,
-        "\ntime series, every {} s (counters per second over each interval)",
-        count(width)
-    );
-    // The time column, then as many groups as fit; the rest in more tables.
     let mut block = Vec::new();
     let mut used = widths[0] + 2;
     let ends: Vec<usize> = groups
@@ -578,7 +703,7 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
     for (&start, &end) in groups.iter().skip(1).zip(&ends) {
         let wide: usize = widths[start..end].iter().map(|w| w + 2).sum();
         if !block.is_empty() && used + wide > SERIES_WIDTH {
-            series_table(o, &columns, &widths, &block);
+            series_table(o, columns, &widths, &block);
             block.clear();
             used = widths[0] + 2;
         }
@@ -586,7 +711,7 @@ fn render_series(o: &mut String, r: &Report, series: &[crate::summary::SeriesPoi
         used += wide;
     }
     if !block.is_empty() {
-        series_table(o, &columns, &widths, &block);
+        series_table(o, columns, &widths, &block);
     }
 }
 
@@ -651,6 +776,17 @@ mod tests {
         assert_eq!(latency(12_345_678.0), "12.3s");
         assert_eq!(bytes(512.0), "512 B");
         assert_eq!(bytes(1536.0), "1.5 KiB");
+        assert_eq!(bytes(-2048.0), "-2048 B");
+        assert_eq!(Bytes::PER_CONNECTION.format(512.0), "512 B");
+        assert_eq!(Bytes::PER_CONNECTION.format(10_106.9), "9.87 KiB");
+        assert_eq!(Bytes::PER_CONNECTION.format(-1536.0), "-1.50 KiB");
+        assert_eq!(
+            Bytes::PER_CONNECTION.format(3.0 * 1_048_576.0),
+            "3072.00 KiB"
+        );
+        assert_eq!(Bytes::MIB.format(12_897_485.0), "12.3 MiB");
+        assert_eq!(Bytes::MIB.format(512.0), "0.0 MiB");
+        assert_eq!(Bytes::WHOLE_MIB.format(256_901_120.0), "245 MiB");
         assert_eq!(count(1234.0), "1234");
         assert_eq!(count(12_500.0), "12.5k");
         assert_eq!(short("connect.error.refused"), "erro.refused");

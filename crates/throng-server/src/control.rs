@@ -227,33 +227,8 @@ impl Record {
                 out.put_u8(*qos);
                 put_message(&mut out, message);
             }
-            Self::RetainedAsk { id, filters } => {
-                out.put_u8(RETAINED_ASK);
-                out.put_u64_le(*id);
-                // A SUBSCRIBE's filters fit its packet (at most 128 KiB),
-                // each at most 64 KiB: the codec's limits.
-                out.put_u32_le(filters.len() as u32);
-                for f in filters {
-                    out.put_u16_le(f.len().min(usize::from(u16::MAX)) as u16);
-                    out.put_slice(&f.as_bytes()[..f.len().min(usize::from(u16::MAX))]);
-                }
-            }
-            Self::Retained { id, messages } => {
-                out.put_u8(RETAINED);
-                out.put_u64_le(*id);
-                out.put_u32_le(messages.len() as u32);
-                for r in messages {
-                    // Channel names are at most 128 bytes.
-                    out.put_u8(r.channel.len().min(255) as u8);
-                    out.put_slice(&r.channel.as_bytes()[..r.channel.len().min(255)]);
-                    out.put_u64_le(r.kept.id.epoch);
-                    out.put_u64_le(r.kept.id.seq);
-                    out.put_u8(r.qos);
-                    out.put_u8(u8::from(r.kept.text));
-                    out.put_u32_le(r.kept.payload.len() as u32);
-                    out.put_slice(&r.kept.payload);
-                }
-            }
+            Self::RetainedAsk { id, filters } => put_retained_ask(&mut out, *id, filters),
+            Self::Retained { id, messages } => put_retained(&mut out, *id, messages),
             Self::Delivered { id, subscribers } => {
                 out.put_u8(DELIVERED);
                 out.put_u64_le(*id);
@@ -267,33 +242,19 @@ impl Record {
                 out.put_u8(PUBLISHED);
                 out.put_u64_le(*id);
                 out.put_u64_le(*subscribers);
-                out.put_u64_le(message.epoch);
-                out.put_u64_le(message.seq);
+                put_id(&mut out, *message);
             }
             Self::Recover { id, since, channel } => {
                 out.put_u8(RECOVER);
                 out.put_u64_le(*id);
-                out.put_u64_le(since.epoch);
-                out.put_u64_le(since.seq);
+                put_id(&mut out, *since);
                 out.put_slice(channel.as_bytes());
             }
             Self::Recovered {
                 id,
                 complete,
                 messages,
-            } => {
-                out.put_u8(RECOVERED);
-                out.put_u64_le(*id);
-                out.put_u8(u8::from(*complete));
-                out.put_u32_le(messages.len() as u32);
-                for k in messages {
-                    out.put_u64_le(k.id.epoch);
-                    out.put_u64_le(k.id.seq);
-                    out.put_u8(u8::from(k.text));
-                    out.put_u32_le(k.payload.len() as u32);
-                    out.put_slice(&k.payload);
-                }
-            }
+            } => put_recovered(&mut out, *id, *complete, messages),
             Self::Snapshot(json) => {
                 out.put_u8(SNAPSHOT);
                 out.put_slice(json);
@@ -394,14 +355,12 @@ impl Record {
             return Err(ControlError::Malformed("empty record"));
         }
         let tag = rec.get_u8();
-        let need = |rec: &Bytes, n: usize| {
-            if rec.len() < n {
-                Err(ControlError::Malformed("record cut short"))
-            } else {
-                Ok(())
-            }
-        };
-        Ok(Some(match tag {
+        Self::decode_body(tag, rec).map(Some)
+    }
+
+    /// The record of kind `tag` whose body is `rec`.
+    fn decode_body(tag: u8, mut rec: Bytes) -> Result<Self, ControlError> {
+        Ok(match tag {
             CONFIG => Self::Config(rec),
             SNAPSHOT => Self::Snapshot(rec),
             PUBLISH | DELIVER => {
@@ -420,118 +379,17 @@ impl Record {
                     message: get_message(rec)?,
                 }
             }
-            RETAINED_ASK => {
-                need(&rec, 12)?;
-                let id = rec.get_u64_le();
-                let n = rec.get_u32_le() as usize;
-                // Each filter takes at least 2 bytes: a count beyond that is a lie.
-                if n > rec.len() / 2 {
-                    return Err(ControlError::Malformed("record cut short"));
-                }
-                let mut filters = Vec::with_capacity(n);
-                for _ in 0..n {
-                    need(&rec, 2)?;
-                    let len = usize::from(rec.get_u16_le());
-                    need(&rec, len)?;
-                    filters.push(utf8(rec.split_to(len), "filter is not UTF-8")?);
-                }
-                Self::RetainedAsk { id, filters }
-            }
-            RETAINED => {
-                need(&rec, 12)?;
-                let id = rec.get_u64_le();
-                let n = rec.get_u32_le() as usize;
-                if n > rec.len() / RETAINED_FRAMING {
-                    return Err(ControlError::Malformed("record cut short"));
-                }
-                let mut messages = Vec::with_capacity(n);
-                for _ in 0..n {
-                    need(&rec, 1)?;
-                    let clen = usize::from(rec.get_u8());
-                    need(&rec, clen + RETAINED_FRAMING - 1)?;
-                    let channel = utf8(rec.split_to(clen), "channel is not UTF-8")?;
-                    let kid = MessageId {
-                        epoch: rec.get_u64_le(),
-                        seq: rec.get_u64_le(),
-                    };
-                    let qos = rec.get_u8();
-                    let text = rec.get_u8() != 0;
-                    let len = rec.get_u32_le() as usize;
-                    need(&rec, len)?;
-                    messages.push(RetainedMessage {
-                        channel,
-                        qos,
-                        kept: Kept {
-                            id: kid,
-                            text,
-                            payload: rec.split_to(len),
-                        },
-                    });
-                }
-                Self::Retained { id, messages }
-            }
+            RETAINED_ASK => get_retained_ask(rec)?,
+            RETAINED => get_retained(rec)?,
             DELIVERED => {
                 need(&rec, 16)?;
                 let id = rec.get_u64_le();
                 let subscribers = rec.get_u64_le();
                 Self::Delivered { id, subscribers }
             }
-            PUBLISHED => {
-                need(&rec, 32)?;
-                let id = rec.get_u64_le();
-                let subscribers = rec.get_u64_le();
-                let message = MessageId {
-                    epoch: rec.get_u64_le(),
-                    seq: rec.get_u64_le(),
-                };
-                Self::Published {
-                    id,
-                    subscribers,
-                    message,
-                }
-            }
-            RECOVER => {
-                need(&rec, 24)?;
-                let id = rec.get_u64_le();
-                let since = MessageId {
-                    epoch: rec.get_u64_le(),
-                    seq: rec.get_u64_le(),
-                };
-                let channel = String::from_utf8(rec.to_vec())
-                    .map_err(|_| ControlError::Malformed("channel is not UTF-8"))?;
-                Self::Recover { id, since, channel }
-            }
-            RECOVERED => {
-                need(&rec, 13)?;
-                let id = rec.get_u64_le();
-                let complete = rec.get_u8() != 0;
-                let n = rec.get_u32_le() as usize;
-                // Each message takes at least 21 bytes: a count beyond that is a lie.
-                if n > rec.len() / 21 {
-                    return Err(ControlError::Malformed("record cut short"));
-                }
-                let mut messages = Vec::with_capacity(n);
-                for _ in 0..n {
-                    need(&rec, 21)?;
-                    let id = MessageId {
-                        epoch: rec.get_u64_le(),
-                        seq: rec.get_u64_le(),
-                    };
-                    let text = rec.get_u8() != 0;
-                    let len = rec.get_u32_le() as usize;
-                    need(&rec, len)?;
-                    messages.push(Kept {
-                        id,
-                        text,
-                        payload: rec.split_to(len),
-                    });
-                }
-                Self::Recovered {
-                    id,
-                    complete,
-                    messages,
-                }
-            }
+            PUBLISHED => get_published(rec)?,
+            RECOVER => get_recover(rec)?,
+            RECOVERED => get_recovered(rec)?,
             METRICS_REQUEST => {
                 need(&rec, 8)?;
                 Self::MetricsRequest {
@@ -591,15 +449,187 @@ impl Record {
                 }
             }
             _ => return Err(ControlError::Malformed("unknown tag")),
-        }))
+        })
     }
+}
+
+/// Writes a [`Record::RetainedAsk`].
+fn put_retained_ask(out: &mut BytesMut, id: u64, filters: &[String]) {
+    out.put_u8(RETAINED_ASK);
+    out.put_u64_le(id);
+    // A SUBSCRIBE's filters fit its packet (at most 128 KiB),
+    // each at most 64 KiB: the codec's limits.
+    out.put_u32_le(filters.len() as u32);
+    for f in filters {
+        out.put_u16_le(f.len().min(usize::from(u16::MAX)) as u16);
+        out.put_slice(&f.as_bytes()[..f.len().min(usize::from(u16::MAX))]);
+    }
+}
+
+/// Writes a [`Record::Retained`].
+fn put_retained(out: &mut BytesMut, id: u64, messages: &[RetainedMessage]) {
+    out.put_u8(RETAINED);
+    out.put_u64_le(id);
+    out.put_u32_le(messages.len() as u32);
+    for r in messages {
+        // Channel names are at most 128 bytes.
+        out.put_u8(r.channel.len().min(255) as u8);
+        out.put_slice(&r.channel.as_bytes()[..r.channel.len().min(255)]);
+        put_id(out, r.kept.id);
+        out.put_u8(r.qos);
+        out.put_u8(u8::from(r.kept.text));
+        out.put_u32_le(r.kept.payload.len() as u32);
+        out.put_slice(&r.kept.payload);
+    }
+}
+
+/// Writes a [`Record::Recovered`].
+fn put_recovered(out: &mut BytesMut, id: u64, complete: bool, messages: &[Kept]) {
+    out.put_u8(RECOVERED);
+    out.put_u64_le(id);
+    out.put_u8(u8::from(complete));
+    out.put_u32_le(messages.len() as u32);
+    for k in messages {
+        put_id(out, k.id);
+        out.put_u8(u8::from(k.text));
+        out.put_u32_le(k.payload.len() as u32);
+        out.put_slice(&k.payload);
+    }
+}
+
+/// Writes a message id.
+fn put_id(out: &mut BytesMut, id: MessageId) {
+    out.put_u64_le(id.epoch);
+    out.put_u64_le(id.seq);
+}
+
+/// Reads a message id; the caller checked that its 16 bytes are there.
+fn get_id(rec: &mut Bytes) -> MessageId {
+    MessageId {
+        epoch: rec.get_u64_le(),
+        seq: rec.get_u64_le(),
+    }
+}
+
+/// Reads a payload after its length (4 bytes, checked by the caller).
+fn get_payload(rec: &mut Bytes) -> Result<Bytes, ControlError> {
+    let len = rec.get_u32_le() as usize;
+    need(rec, len)?;
+    Ok(rec.split_to(len))
+}
+
+/// Fails unless `rec` holds `n` more bytes.
+fn need(rec: &Bytes, n: usize) -> Result<(), ControlError> {
+    if rec.len() < n {
+        Err(ControlError::Malformed("record cut short"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Reads the count of the items that follow, each at least `min` bytes:
+/// a count beyond what `rec` holds is a lie.
+fn count(rec: &mut Bytes, min: usize) -> Result<usize, ControlError> {
+    let n = rec.get_u32_le() as usize;
+    if n > rec.len() / min {
+        return Err(ControlError::Malformed("record cut short"));
+    }
+    Ok(n)
+}
+
+/// Reads a [`Record::RetainedAsk`].
+fn get_retained_ask(mut rec: Bytes) -> Result<Record, ControlError> {
+    need(&rec, 12)?;
+    let id = rec.get_u64_le();
+    // Each filter takes at least 2 bytes.
+    let n = count(&mut rec, 2)?;
+    let mut filters = Vec::with_capacity(n);
+    for _ in 0..n {
+        need(&rec, 2)?;
+        let len = usize::from(rec.get_u16_le());
+        need(&rec, len)?;
+        filters.push(utf8(rec.split_to(len), "filter is not UTF-8")?);
+    }
+    Ok(Record::RetainedAsk { id, filters })
+}
+
+/// Reads a [`Record::Retained`].
+fn get_retained(mut rec: Bytes) -> Result<Record, ControlError> {
+    need(&rec, 12)?;
+    let id = rec.get_u64_le();
+    let n = count(&mut rec, RETAINED_FRAMING)?;
+    let mut messages = Vec::with_capacity(n);
+    for _ in 0..n {
+        need(&rec, 1)?;
+        let clen = usize::from(rec.get_u8());
+        need(&rec, clen + RETAINED_FRAMING - 1)?;
+        let channel = utf8(rec.split_to(clen), "channel is not UTF-8")?;
+        let kid = get_id(&mut rec);
+        let qos = rec.get_u8();
+        let text = rec.get_u8() != 0;
+        let payload = get_payload(&mut rec)?;
+        messages.push(RetainedMessage {
+            channel,
+            qos,
+            kept: Kept {
+                id: kid,
+                text,
+                payload,
+            },
+        });
+    }
+    Ok(Record::Retained { id, messages })
+}
+
+/// Reads a [`Record::Published`].
+fn get_published(mut rec: Bytes) -> Result<Record, ControlError> {
+    need(&rec, 32)?;
+    let id = rec.get_u64_le();
+    let subscribers = rec.get_u64_le();
+    let message = get_id(&mut rec);
+    Ok(Record::Published {
+        id,
+        subscribers,
+        message,
+    })
+}
+
+/// Reads a [`Record::Recover`].
+fn get_recover(mut rec: Bytes) -> Result<Record, ControlError> {
+    need(&rec, 24)?;
+    let id = rec.get_u64_le();
+    let since = get_id(&mut rec);
+    let channel = String::from_utf8(rec.to_vec())
+        .map_err(|_| ControlError::Malformed("channel is not UTF-8"))?;
+    Ok(Record::Recover { id, since, channel })
+}
+
+/// Reads a [`Record::Recovered`].
+fn get_recovered(mut rec: Bytes) -> Result<Record, ControlError> {
+    need(&rec, 13)?;
+    let id = rec.get_u64_le();
+    let complete = rec.get_u8() != 0;
+    // Each message takes at least 21 bytes.
+    let n = count(&mut rec, 21)?;
+    let mut messages = Vec::with_capacity(n);
+    for _ in 0..n {
+        need(&rec, 21)?;
+        let id = get_id(&mut rec);
+        let text = rec.get_u8() != 0;
+        let payload = get_payload(&mut rec)?;
+        messages.push(Kept { id, text, payload });
+    }
+    Ok(Record::Recovered {
+        id,
+        complete,
+        messages,
+    })
 }
 
 /// Writes a `Publish` or `Deliver` message's fields.
 fn put_message(out: &mut BytesMut, m: &Message) {
     out.put_u64_le(m.id);
-    out.put_u64_le(m.message.epoch);
-    out.put_u64_le(m.message.seq);
+    put_id(out, m.message);
     out.put_u8(u8::from(m.text) | u8::from(m.at_most_once) << 1);
     // Channel names are at most 128 bytes (validated before any record is made).
     out.put_u8(m.channel.len().min(255) as u8);
@@ -613,10 +643,7 @@ fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
         return Err(ControlError::Malformed("record cut short"));
     }
     let id = rec.get_u64_le();
-    let message = MessageId {
-        epoch: rec.get_u64_le(),
-        seq: rec.get_u64_le(),
-    };
+    let message = get_id(&mut rec);
     let flags = rec.get_u8();
     let (text, at_most_once) = (flags & 1 != 0, flags & 2 != 0);
     let clen = usize::from(rec.get_u8());

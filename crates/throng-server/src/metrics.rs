@@ -404,62 +404,94 @@ const REFUSED_ALWAYS: &[&str] = &[
     "per_ip_rate",
 ];
 
+/// One family of one sample.
+fn one(out: &mut String, name: &str, kind: &str, help: &str, v: String) {
+    family(out, name, kind, help);
+    let _ = writeln!(out, "{name} {v}");
+}
+
+/// The gauges summed over the live workers.
+#[derive(Default)]
+struct Gauges {
+    open: u64,
+    queued: u64,
+    mqtt_open: u64,
+    mqtt_inflight: u64,
+    mqtt_waiting: u64,
+}
+
 /// Renders the Prometheus text exposition (format 0.0.4) of all workers.
 /// `live` holds the latest snapshot of each running worker; `retired` the
 /// summed counters of workers that died.
 pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> String {
     let mut total = retired.clone();
-    let (mut open, mut queued, mut mqtt_open) = (0, 0, 0);
-    let (mut mqtt_inflight, mut mqtt_waiting) = (0, 0);
+    let mut now = Gauges::default();
     for s in live {
         total.add_counters(s);
-        open += s.open;
-        queued += s.queued;
-        mqtt_open += s.mqtt_open;
-        mqtt_inflight += s.mqtt_inflight;
-        mqtt_waiting += s.mqtt_waiting;
+        now.open += s.open;
+        now.queued += s.queued;
+        now.mqtt_open += s.mqtt_open;
+        now.mqtt_inflight += s.mqtt_inflight;
+        now.mqtt_waiting += s.mqtt_waiting;
     }
     let mut out = String::with_capacity(4096);
-    let one = |out: &mut String, name: &str, kind: &str, help: &str, v: String| {
-        family(out, name, kind, help);
-        let _ = writeln!(out, "{name} {v}");
-    };
-    one(
+    render_connections(&mut out, &total, &now);
+    render_mqtt(&mut out, &total, &now);
+    render_delivery(&mut out, &total, sup);
+    render_fanout(&mut out, &total);
+    render_workers(&mut out, live, sup);
+    if let Some(b) = &sup.broker {
+        render_broker(&mut out, b);
+    }
+    if let Some(h) = &sup.history {
+        render_history(&mut out, h);
+    }
+    render_retained(
         &mut out,
+        sup.retained.unwrap_or_default(),
+        total.mqtt_retained_sent,
+    );
+    out
+}
+
+/// Connections: open, accepted, upgraded, closed, failed and refused.
+fn render_connections(out: &mut String, total: &Snapshot, now: &Gauges) {
+    one(
+        out,
         "throng_connections_open",
         "gauge",
         "WebSocket subscribers connected now.",
-        open.to_string(),
+        now.open.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_connections_queued",
         "gauge",
         "Subscribers with unsent bytes queued now.",
-        queued.to_string(),
+        now.queued.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_connections_accepted_total",
         "counter",
         "TCP connections accepted.",
         total.accepted.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_upgrades_total",
         "counter",
         "WebSocket upgrades completed.",
         total.upgraded.to_string(),
     );
     family(
-        &mut out,
+        out,
         "throng_connections_closed_total",
         "counter",
         "Subscriber connections closed, by reason.",
     );
     labelled(
-        &mut out,
+        out,
         "throng_connections_closed_total",
         "reason",
         &total.closed,
@@ -475,34 +507,38 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         ],
     );
     family(
-        &mut out,
+        out,
         "throng_handshake_failures_total",
         "counter",
         "Refused or failed handshakes and HTTP requests, by reason.",
     );
     labelled(
-        &mut out,
+        out,
         "throng_handshake_failures_total",
         "reason",
         &total.handshake_failures,
         &[],
     );
     family(
-        &mut out,
+        out,
         "throng_refused_total",
         "counter",
         "Connections and requests refused by a rule, by reason: a token (401/403), an origin, \
          a limit (429/503). See docs/auth.md.",
     );
     labelled(
-        &mut out,
+        out,
         "throng_refused_total",
         "reason",
         &total.refused,
         REFUSED_ALWAYS,
     );
+}
+
+/// MQTT: refusals, connections, QoS 1 deliveries, packets.
+fn render_mqtt(out: &mut String, total: &Snapshot, now: &Gauges) {
     family(
-        &mut out,
+        out,
         "throng_mqtt_refused_total",
         "counter",
         "What MQTT clients sent that was refused or not served as asked, by kind: a bad \
@@ -510,36 +546,36 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
          token does not grant (subscribe_, publish_, will_not_granted). See docs/mqtt.md.",
     );
     labelled(
-        &mut out,
+        out,
         "throng_mqtt_refused_total",
         "kind",
         &total.mqtt_refused,
         &[],
     );
     one(
-        &mut out,
+        out,
         "throng_mqtt_connections",
         "gauge",
         "MQTT subscribers connected now (counted in throng_connections_open too).",
-        mqtt_open.to_string(),
+        now.mqtt_open.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_mqtt_inflight",
         "gauge",
         "QoS 1 deliveries to MQTT subscribers awaiting their PUBACK now.",
-        mqtt_inflight.to_string(),
+        now.mqtt_inflight.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_mqtt_inflight_waiting",
         "gauge",
         "QoS 1 deliveries held back now because their subscriber has its receive maximum \
          in flight (sent when a PUBACK frees a slot).",
-        mqtt_waiting.to_string(),
+        now.mqtt_waiting.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_mqtt_acked_total",
         "counter",
         "QoS 1 deliveries to MQTT subscribers acknowledged with PUBACK.",
@@ -558,78 +594,86 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
             &total.mqtt_sent,
         ),
     ] {
-        family(&mut out, name, "counter", help);
-        labelled(&mut out, name, "type", map, &[]);
+        family(out, name, "counter", help);
+        labelled(out, name, "type", map, &[]);
     }
+}
+
+/// Messages and what reached the subscribers; HTTP requests, TLS handshakes.
+fn render_delivery(out: &mut String, total: &Snapshot, sup: &SupervisorStats) {
     one(
-        &mut out,
+        out,
         "throng_messages_published_total",
         "counter",
         "Messages published (relayed to the workers).",
         sup.published.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_frames_delivered_total",
         "counter",
         "Frames written or queued to subscribers.",
         total.frames_delivered.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_frames_dropped_total",
         "counter",
         "Frames discarded because their subscriber was closed first.",
         total.frames_dropped.to_string(),
     );
     family(
-        &mut out,
+        out,
         "throng_slow_consumer_closes_total",
         "counter",
         "Subscribers closed with 1008 for falling behind, by cause.",
     );
     labelled(
-        &mut out,
+        out,
         "throng_slow_consumer_closes_total",
         "cause",
         &total.slow_consumer,
         &["queue", "timeout"],
     );
     one(
-        &mut out,
+        out,
         "throng_pings_sent_total",
         "counter",
         "Heartbeat pings sent.",
         total.pings.to_string(),
     );
     family(
-        &mut out,
+        out,
         "throng_http_requests_total",
         "counter",
         "HTTP requests served, by endpoint.",
     );
     labelled(
-        &mut out,
+        out,
         "throng_http_requests_total",
         "endpoint",
         &total.http_requests,
         &[],
     );
     family(
-        &mut out,
+        out,
         "throng_tls_handshakes_total",
         "counter",
         "TLS handshakes completed on --tls-listen listeners, by version and kind (full or resumed).",
     );
     labelled(
-        &mut out,
+        out,
         "throng_tls_handshakes_total",
         "kind",
         &total.tls_handshakes,
         &[],
     );
+}
+
+/// How long fan-outs took, and their CPU.
+fn render_fanout(out: &mut String, total: &Snapshot) {
     family(
-        &mut out,
+        out,
         "throng_fanout_duration_seconds",
         "histogram",
         "Wall time of one fan-out in one worker.",
@@ -654,14 +698,18 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
     );
     let _ = writeln!(out, "throng_fanout_duration_seconds_count {count}");
     one(
-        &mut out,
+        out,
         "throng_fanout_cpu_seconds_total",
         "counter",
         "Worker CPU time spent in fan-out.",
         total.fanout_cpu_seconds.to_string(),
     );
+}
+
+/// The worker processes.
+fn render_workers(out: &mut String, live: &[&Snapshot], sup: &SupervisorStats) {
     family(
-        &mut out,
+        out,
         "throng_worker_rss_bytes",
         "gauge",
         "Resident set size of each worker process.",
@@ -674,14 +722,14 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         );
     }
     one(
-        &mut out,
+        out,
         "throng_workers",
         "gauge",
         "Worker processes configured.",
         sup.workers.to_string(),
     );
     one(
-        &mut out,
+        out,
         "throng_worker_restarts_total",
         "counter",
         "Workers restarted after they died.",
@@ -689,25 +737,13 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
     );
     if let Some(n) = sup.addresses {
         one(
-            &mut out,
+            out,
             "throng_address_table_entries",
             "gauge",
             "Client addresses the per-address limits track now (live connections or recent handshakes).",
             n.to_string(),
         );
     }
-    if let Some(b) = &sup.broker {
-        render_broker(&mut out, b);
-    }
-    if let Some(h) = &sup.history {
-        render_history(&mut out, h);
-    }
-    render_retained(
-        &mut out,
-        sup.retained.unwrap_or_default(),
-        total.mqtt_retained_sent,
-    );
-    out
 }
 
 /// Retained messages: how many channels hold one, what the caps dropped,

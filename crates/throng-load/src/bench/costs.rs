@@ -1,21 +1,16 @@
 //! What a bench measures beside `hold`'s figures: memory per connection on
 //! each side and in the kernel, as deltas between the idle baseline and
 //! the plateau with every connection open; CPU per side; delivery per
-//! message; and the result file with the server's processes in its host
-//! samples.
+//! message.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use throng_host::sample::HostSample;
-use throng_report::bench::BenchSummary;
-use throng_report::format::{Reader, Record, Writer};
+use throng_report::interval::HistStats;
 use throng_report::interval::{Interval, new_histogram};
-use throng_report::summary::HistStats;
 
-use super::BenchError;
 use super::monitor::label;
 use crate::hold::recorder::MessageTally;
 
@@ -239,47 +234,6 @@ pub struct MessageStats {
     pub latency_us: HistStats,
 }
 
-/// Each message's deliveries over every worker, from their `worker.messages`
-/// events, by sequence number.
-pub fn message_tallies(path: &Path) -> Result<BTreeMap<u64, MessageTally>, BenchError> {
-    let reader = Reader::open(path).map_err(|e| BenchError::Results(e.to_string()))?;
-    let mut out: BTreeMap<u64, MessageTally> = BTreeMap::new();
-    for rec in reader {
-        let Record::Event(ev) = rec else { continue };
-        if ev.kind != "worker.messages" {
-            continue;
-        }
-        let Some(tallies) = MessageTally::parse_text(&ev.text) else {
-            continue;
-        };
-        for t in tallies {
-            let m = out.entry(t.seq).or_insert(MessageTally {
-                seq: t.seq,
-                ..MessageTally::default()
-            });
-            m.count += t.count;
-            m.sum_us = m.sum_us.saturating_add(t.sum_us);
-            m.max_us = m.max_us.max(t.max_us);
-        }
-    }
-    Ok(out)
-}
-
-/// The intervals of a `hold` result file, every source's record of each
-/// second added into one.
-pub fn intervals(path: &Path) -> Result<BTreeMap<u64, Interval>, BenchError> {
-    let reader = Reader::open(path).map_err(|e| BenchError::Results(e.to_string()))?;
-    let mut out: BTreeMap<u64, Interval> = BTreeMap::new();
-    for rec in reader {
-        if let Record::Interval(iv) = rec {
-            out.entry(iv.start_ns)
-                .or_insert_with(|| Interval::empty(iv.start_ns, iv.length_ns, String::new()))
-                .add(&iv);
-        }
-    }
-    Ok(out)
-}
-
 /// Per-message delivery: exact counts, means and last subscribers from the
 /// workers' `tallies`, and each message's latency histogram by interval:
 /// each interval's deliveries belong to the latest message published at or
@@ -324,47 +278,6 @@ pub fn per_message(
             }
         })
         .collect()
-}
-
-/// Copies `hold`'s result file to `to`, adding to each host sample the
-/// server's processes (RSS and CPU) from the nearest monitor sample, and
-/// then the bench's `summary`. One host sample per interval stays one: the report plots
-/// server and harness memory together.
-pub fn write_results(
-    hold_file: &Path,
-    to: &Path,
-    samples: &[HostSample],
-    summary: &BenchSummary,
-) -> Result<(), BenchError> {
-    let err = |e: &dyn std::fmt::Display| BenchError::Results(e.to_string());
-    let reader = Reader::open(hold_file).map_err(|e| err(&e))?;
-    let mut writer = Writer::create(to, reader.header()).map_err(|e| err(&e))?;
-    for rec in reader {
-        match rec {
-            Record::Interval(mut iv) => {
-                if let Some(h) = iv.host.as_mut() {
-                    let near = samples.iter().min_by_key(|s| s.at_ns.abs_diff(h.at_ns));
-                    if let Some(near) = near {
-                        for (l, v) in &near.rss_bytes {
-                            if l.contains(label::SERVE) {
-                                h.rss_bytes.push((l.clone(), *v));
-                            }
-                        }
-                        for (l, v) in &near.cpu_ns {
-                            if l.contains(label::SERVE) {
-                                h.cpu_ns.push((l.clone(), *v));
-                            }
-                        }
-                    }
-                }
-                writer.write_interval(&iv).map_err(|e| err(&e))?;
-            }
-            Record::Event(ev) => writer.write_event(&ev).map_err(|e| err(&e))?,
-            _ => {}
-        }
-    }
-    writer.write_bench(summary).map_err(|e| err(&e))?;
-    Ok(())
 }
 
 #[cfg(test)]

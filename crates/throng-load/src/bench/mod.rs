@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 use throng_host::doctor::{self, Role, Status};
+use throng_host::sample::HostSample;
 use throng_host::units::fmt_duration;
 use throng_report::format::Header;
 
@@ -24,11 +25,11 @@ use crate::harness::collect::ResultFile;
 use crate::harness::machine::Machine;
 use crate::harness::pool::WorkerCommand;
 use crate::harness::progress::Progress;
-use crate::hold::Settings;
 use crate::hold::plan::{self, Fit, PlanError};
 use crate::hold::request::WORKER_ARGS;
 use crate::hold::supervisor::{HoldRun, PublishPlan};
 use crate::hold::target::{PublishTarget, WsTarget};
+use crate::hold::{Settings, Summary};
 use crate::pacer::RateSpec;
 use crate::tls::{TlsClient, TlsOptions};
 
@@ -36,9 +37,11 @@ pub mod costs;
 pub mod limits;
 pub mod monitor;
 pub mod report;
+pub mod results;
 pub mod server;
 
 pub use report::{Report, Verdict, criteria, render};
+use results::Results;
 
 /// The most connections a default run holds: enough to prove the point, short enough to wait for.
 pub const DEFAULT_MAX: u64 = 100_000;
@@ -294,6 +297,103 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         ));
     }
     let mut plan = plan(&req)?;
+    enter_network(&mut plan);
+    std::fs::create_dir_all(&req.out_dir).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot create {}: {e}", req.out_dir.display()),
+        )
+    })?;
+    let files = Files::new(&req.out_dir);
+    req.progress.say(&headline(&req, &plan));
+    if let Some(line) = busy_machine(&load_average(), plan.machine.cores) {
+        req.progress.say(&line);
+    }
+    let scale = ScaleSettings::for_connections(plan.connections);
+    let serve_args = serve_args(plan.connections, req.tls, &scale)?;
+    let program = std::env::current_exe()?;
+    let mut server = server::Server::start(&program, &serve_args.args, Duration::from_secs(20))?;
+    let tls = if req.tls {
+        Some(trust_the_server(&server, &files.cert)?)
+    } else {
+        None
+    };
+    let server_workers = monitor::children(server.pid()).len();
+    start_lines(
+        &req,
+        &plan,
+        &files,
+        &server,
+        server_workers,
+        &serve_args,
+        &scale,
+    );
+    let settings_json = settings_json(&req, &plan, server_workers, &serve_args, &scale);
+    let hold = hold_run(
+        &req,
+        (plan.connections, plan.rate, plan.fit),
+        &server,
+        &serve_args.ports,
+        tls,
+        &scale,
+    )?;
+    let setup = Setup {
+        command: WorkerCommand {
+            program,
+            args: WORKER_ARGS.iter().map(|a| (*a).to_owned()).collect(),
+        },
+        results: Some(ResultFile {
+            path: files.hold.clone(),
+            header: Header::new(req.command_line.clone(), settings_json.clone()),
+            append: false,
+        }),
+        progress: req.progress,
+        remote: None,
+    };
+    let (
+        summary,
+        Measured {
+            samples,
+            before_ns,
+            server_killed,
+        },
+    ) = hold_and_measure(&mut server, hold, setup, plan.connections)?;
+    // One read of hold's file: the figures, the bench's own file, the page.
+    let mut results = Results::copy(&files.hold, &files.results, &samples)?;
+    let intervals = results.intervals();
+    let (memory, cpu) = costs::costs(&samples, before_ns, summary.peak_open.max(0) as u64);
+    let planned_rate = match plan.rate {
+        RateSpec::Constant(r) => Some(r),
+        RateSpec::Ramp(..) => None,
+    };
+    let report = Report::new(report::Parts {
+        settings: settings_json,
+        connections: plan.connections,
+        messages_asked: req.messages,
+        memory,
+        cpu,
+        delivery_cpu: costs::delivery_cpu(&samples, &intervals),
+        messages: costs::per_message(&intervals, results.tallies()),
+        limits: limits::reached(&intervals, &samples, summary.start_unix_ns, planned_rate),
+        result_file: files.results.clone(),
+        html_report: files.html.clone(),
+        server_killed,
+        hold: summary,
+    });
+    let summary = report.to_record(
+        now_unix_ns(),
+        format!("{}/bench", throng_host::sample::hostname()),
+    );
+    results.finish(&summary, &files.html)?;
+    let _ = std::fs::remove_file(&files.hold);
+    let _ = std::fs::remove_file(&files.cert);
+    Ok(report)
+}
+
+/// Enters the private network namespace the plan chose, before the
+/// server, the harness workers and any thread start (all of them inherit
+/// it); where it cannot, the run stays on the host's and says so.
+fn enter_network(plan: &mut Plan) {
     if let Network::Private {
         buckets,
         host_buckets,
@@ -312,31 +412,23 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             };
         }
     }
+}
+
+/// The start lines after the headline: the server, the harness, the
+/// messages, where the results go, the settings, the network, the
+/// verdict's criteria and the time to expect.
+fn start_lines(
+    req: &Request,
+    plan: &Plan,
+    files: &Files,
+    server: &server::Server,
+    server_workers: usize,
+    serve_args: &ServeArgs,
+    scale: &ScaleSettings,
+) {
     let say = |line: &str| req.progress.say(line);
-    std::fs::create_dir_all(&req.out_dir).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot create {}: {e}", req.out_dir.display()),
-        )
-    })?;
-    let files = Files::new(&req.out_dir);
-    say(&headline(&req, &plan));
-    if let Some(line) = busy_machine(&load_average(), plan.machine.cores) {
-        say(&line);
-    }
-    let scale = ScaleSettings::for_connections(plan.connections);
-    let serve_args = serve_args(plan.connections, req.tls, &scale)?;
-    let program = std::env::current_exe()?;
-    let mut server = server::Server::start(&program, &serve_args.args, Duration::from_secs(20))?;
-    let addr = server.addr();
-    let server_workers = monitor::children(server.pid()).len();
     let scheme = if req.tls { "wss" } else { "ws" };
     let ports = &serve_args.ports;
-    let tls = if req.tls {
-        Some(trust_the_server(&server, &files.cert)?)
-    } else {
-        None
-    };
     say(&format!(
         "  server    throng serve on {scheme}://127.0.0.1:{ports}{}, {server_workers} worker(s) (pid {})",
         if req.tls {
@@ -374,13 +466,18 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         "  expect    {}",
         expected_time(plan.connections, plan.rate, req.messages, req.message_every)
     ));
-    let settings = Settings {
-        close_timeout_ms: crate::harness::clock::millis(scale.close_timeout),
-        connect_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
-        handshake_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
-        ..Settings::default()
-    };
-    let settings_json = serde_json::json!({
+}
+
+/// The settings of the run, as the result file's header holds them.
+fn settings_json(
+    req: &Request,
+    plan: &Plan,
+    server_workers: usize,
+    serve_args: &ServeArgs,
+    scale: &ScaleSettings,
+) -> serde_json::Value {
+    let ports = &serve_args.ports;
+    serde_json::json!({
         "subcommand": "bench",
         "connections": plan.connections,
         "rate": plan.rate.to_string(),
@@ -390,49 +487,77 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         "tls": req.tls,
         "server": { "address": format!("127.0.0.1:{ports}"), "workers": server_workers, "args": serve_args.args },
         "harness": { "workers": plan.fit.workers, "sources": plan.fit.sources.iter().map(ToString::to_string).collect::<Vec<_>>() },
-        "settings": settings,
+        "settings": hold_settings(scale),
         "network": plan.network.json(),
         "machine": { "cores": plan.machine.cores, "nofile": plan.machine.nofile, "mem_available": plan.snapshot.mem_available },
-    });
-    let rate = 1.0 / req.message_every.as_secs_f64();
-    let hold = HoldRun {
-        connections: plan.connections,
-        rate: plan.rate,
+    })
+}
+
+/// The harness's timeouts for the bench's scale.
+fn hold_settings(scale: &ScaleSettings) -> Settings {
+    Settings {
+        close_timeout_ms: crate::harness::clock::millis(scale.close_timeout),
+        connect_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
+        handshake_timeout_ms: crate::harness::clock::millis(scale.connect_timeout),
+        ..Settings::default()
+    }
+}
+
+/// `hold`'s run: every connection to the server's ports, and its
+/// publisher posting the messages to the server's plain address.
+fn hold_run(
+    req: &Request,
+    (connections, rate, fit): (u64, RateSpec, Fit),
+    server: &server::Server,
+    ports: &str,
+    tls: Option<TlsOptions>,
+    scale: &ScaleSettings,
+) -> Result<HoldRun, BenchError> {
+    let scheme = if req.tls { "wss" } else { "ws" };
+    let addr = server.addr();
+    Ok(HoldRun {
+        connections,
+        rate,
         target: format!("{scheme}://127.0.0.1:{ports}/bench")
             .parse()
             .map_err(setting)?,
         tls,
         mqtt: None,
-        fit: plan.fit,
-        settings,
+        fit,
+        settings: hold_settings(scale),
         // Held until every message is published and delivered.
         duration: None,
         publish: Some(PublishPlan {
             target: format!("http://{addr}/publish/bench")
                 .parse::<PublishTarget>()
                 .map_err(setting)?,
-            rate,
+            rate: 1.0 / req.message_every.as_secs_f64(),
             message_size: req.message_size,
             redis_channel: "throng:bench".into(),
             messages: Some(u64::from(req.messages)),
             timeout: req.publish_timeout,
         }),
-    };
-    let setup = Setup {
-        command: WorkerCommand {
-            program,
-            args: WORKER_ARGS.iter().map(|a| (*a).to_owned()).collect(),
-        },
-        results: Some(ResultFile {
-            path: files.hold.clone(),
-            header: Header::new(req.command_line.clone(), settings_json.clone()),
-            append: false,
-        }),
-        progress: req.progress,
-        remote: None,
-    };
+    })
+}
 
-    // Let the monitor see the idle server, then hold.
+/// What the hold measured beside its summary.
+struct Measured {
+    /// The monitor's host samples, the server's processes labelled.
+    samples: Vec<HostSample>,
+    /// When the harness started: the last sample before is the idle baseline.
+    before_ns: u64,
+    /// The server did not stop in time after SIGTERM and was killed.
+    server_killed: bool,
+}
+
+/// Lets the monitor see the idle server, then holds, then stops the
+/// server: an error if it died during the run.
+fn hold_and_measure(
+    server: &mut server::Server,
+    hold: HoldRun,
+    setup: Setup,
+    connections: u64,
+) -> Result<(Summary, Measured), BenchError> {
     let monitor = monitor::Monitor::start(server.pid(), Duration::from_millis(250));
     std::thread::sleep(Duration::from_millis(600));
     let before_ns = now_unix_ns();
@@ -444,38 +569,16 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
     let server_killed = server.stop(SERVER_STOP).is_none();
     let summary = held?;
     if server_died {
-        return Err(BenchError::ServerDied(plan.connections));
+        return Err(BenchError::ServerDied(connections));
     }
-
-    let (memory, cpu) = costs::costs(&samples, before_ns, summary.peak_open.max(0) as u64);
-    let intervals = costs::intervals(&files.hold)?;
-    let planned_rate = match plan.rate {
-        RateSpec::Constant(r) => Some(r),
-        RateSpec::Ramp(..) => None,
-    };
-    let report = Report::new(report::Parts {
-        settings: settings_json,
-        connections: plan.connections,
-        messages_asked: req.messages,
-        memory,
-        cpu,
-        delivery_cpu: costs::delivery_cpu(&samples, &intervals),
-        messages: costs::per_message(&intervals, &costs::message_tallies(&files.hold)?),
-        limits: limits::reached(&intervals, &samples, summary.start_unix_ns, planned_rate),
-        result_file: files.results.clone(),
-        html_report: files.html.clone(),
-        server_killed,
-        hold: summary,
-    });
-    let summary = report.to_record(
-        now_unix_ns(),
-        format!("{}/bench", throng_host::sample::hostname()),
-    );
-    costs::write_results(&files.hold, &files.results, &samples, &summary)?;
-    let _ = std::fs::remove_file(&files.hold);
-    let _ = std::fs::remove_file(&files.cert);
-    report::write_html(&files.results, &files.html)?;
-    Ok(report)
+    Ok((
+        summary,
+        Measured {
+            samples,
+            before_ns,
+            server_killed,
+        },
+    ))
 }
 
 /// How long a bench should take, in words: the ramp at `rate`, the

@@ -4,15 +4,14 @@
 //! it states at start ([`criteria`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use throng_report::bench::{
     BenchSummary, Connections, CpuSplit, Delivery, MemoryPerConnection, MessageDelivery, Messages,
 };
-use throng_report::summary::HistStats;
-use throng_report::text::micros;
+use throng_report::interval::HistStats;
+use throng_report::text::{Bytes, micros};
 
-use super::BenchError;
 use super::costs::{Cpu, DeliveryCpu, Memory, MessageStats};
 use super::limits::{Limit, Peaks};
 use crate::harness::collect::kinds;
@@ -349,28 +348,9 @@ impl Report {
     }
 }
 
-/// The HTML page of the result file.
-pub(super) fn write_html(result_file: &Path, html_file: &Path) -> Result<(), BenchError> {
-    use throng_report::merge::{Merger, merge_files_into};
-    use throng_report::summary::Report as Page;
-    let err = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
-        BenchError::Results(format!("cannot {what} {}: {e}", path.display()))
-    };
-    let mut mergers = [Merger::new(1_000_000_000).with_max_buckets(1_000)];
-    // A read error names the file itself.
-    let files = merge_files_into(&[result_file], &mut mergers)
-        .map_err(|e| BenchError::Results(e.to_string()))?;
-    let [merger] = mergers;
-    let page = throng_report::html::render(&Page::build(&merger.finish(), &files, true));
-    std::fs::write(html_file, page).map_err(|e| err("write", html_file, &e))
-}
-
-fn bytes(v: f64) -> String {
-    if v.abs() >= 1024.0 {
-        format!("{:.2} KiB", v / 1024.0)
-    } else {
-        format!("{v:.0} B")
-    }
+/// Bytes per connection: `9.87 KiB`.
+fn per_connection(v: f64) -> String {
+    Bytes::PER_CONNECTION.format(v)
 }
 
 /// `+245 MiB`, or `none held` for a change under half a MiB (idle
@@ -380,14 +360,36 @@ fn grown(before: u64, after: u64, what: &str) -> String {
     if d < 512.0 * 1024.0 {
         format!("{what}: none held")
     } else {
-        format!("{what} +{:.0} MiB", d / 1_048_576.0)
+        format!("{what} +{}", Bytes::WHOLE_MIB.format(d))
     }
 }
 
 /// The report as text.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let m = &r.memory;
+    connections(&mut s, r);
+    memory(&mut s, r);
+    messages(&mut s, r);
+    cpu(&mut s, r);
+    limits(&mut s, r);
+    s.push_str(&format!(
+        "results      {}\nreport       {}\n",
+        r.result_file.display(),
+        r.html_report.display()
+    ));
+    match r.verdict() {
+        Verdict::Pass => s.push_str(&format!(
+            "PASS         all {} connections held, {} of {} messages published, {} of {} deliveries, none lost\n",
+            r.connections, r.published, r.messages_asked, r.received, r.expected
+        )),
+        Verdict::Fail => s.push_str(&format!("FAIL         {}\n", r.failures().join("; "))),
+        Verdict::Stopped => s.push_str("STOPPED      by Ctrl-C before its end: no verdict\n"),
+    }
+    s
+}
+
+/// What was held, how fast, and the TLS handshakes.
+fn connections(s: &mut String, r: &Report) {
     s.push_str(&format!(
         "\nconnections  {} held of {} ({} opened, {} failed{}), opened at {:.0}/s ({:.2} s)\n",
         r.held,
@@ -413,19 +415,28 @@ pub fn render(r: &Report) -> String {
             micros(t.max)
         ));
     }
+}
+
+/// Memory per connection on each side and in the kernel.
+fn memory(s: &mut String, r: &Report) {
+    let m = &r.memory;
     s.push_str(&format!(
-        "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab +{:.0} MiB, {}; two sockets per connection)\n",
+        "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab +{}, {}; two sockets per connection)\n",
         m.connections,
-        bytes(m.server_per_connection),
+        per_connection(m.server_per_connection),
         m.server_before >> 20,
         m.server_loaded >> 20,
-        bytes(m.harness_per_connection),
+        per_connection(m.harness_per_connection),
         m.harness_before >> 20,
         m.harness_loaded >> 20,
-        bytes(m.kernel_per_connection),
-        (m.slab_loaded as f64 - m.slab_before as f64) / 1_048_576.0,
+        per_connection(m.kernel_per_connection),
+        Bytes::WHOLE_MIB.format(m.slab_loaded as f64 - m.slab_before as f64),
         grown(m.tcp_mem_before, m.tcp_mem_loaded, "TCP buffers"),
     ));
+}
+
+/// The messages published and received, and their delivery.
+fn messages(s: &mut String, r: &Report) {
     let answers = if r.publish_unanswered > 0 {
         format!(
             "{} answered in time, {} answered late or not at all",
@@ -465,6 +476,10 @@ pub fn render(r: &Report) -> String {
             micros(msg.last_subscriber_us)
         ));
     }
+}
+
+/// CPU over the whole run, and per delivery.
+fn cpu(s: &mut String, r: &Report) {
     s.push_str(&format!(
         "CPU          server {:.2} s, harness {:.2} s (user + system, whole run of {:.1} s)\n",
         r.cpu.server_s, r.cpu.harness_s, r.elapsed_s
@@ -479,6 +494,10 @@ pub fn render(r: &Report) -> String {
             dc.window_s
         ));
     }
+}
+
+/// The limits reached, or how close the run came.
+fn limits(s: &mut String, r: &Report) {
     if r.limits.is_empty() {
         let p = &r.peaks;
         s.push_str(&format!(
@@ -501,20 +520,6 @@ pub fn render(r: &Report) -> String {
             ));
         }
     }
-    s.push_str(&format!(
-        "results      {}\nreport       {}\n",
-        r.result_file.display(),
-        r.html_report.display()
-    ));
-    match r.verdict() {
-        Verdict::Pass => s.push_str(&format!(
-            "PASS         all {} connections held, {} of {} messages published, {} of {} deliveries, none lost\n",
-            r.connections, r.published, r.messages_asked, r.received, r.expected
-        )),
-        Verdict::Fail => s.push_str(&format!("FAIL         {}\n", r.failures().join("; "))),
-        Verdict::Stopped => s.push_str("STOPPED      by Ctrl-C before its end: no verdict\n"),
-    }
-    s
 }
 
 #[cfg(test)]

@@ -12,6 +12,11 @@
 //! never as zero, and the flush says how many were late. Counts of a late
 //! record are added to the totals when it comes.
 //!
+//! The merging itself, carry-forward included, is throng-report's one
+//! merger ([`Merger::live`]), the same that merges result files; the
+//! collector adds what only a live run has: the file, the supervisor's
+//! record, host samples, and when an interval is complete.
+//!
 //! The collector does not know where the lines come from (a child's
 //! stdout today, an agent's stream later: see [`super::pool`]).
 
@@ -23,10 +28,10 @@ use throng_host::sample::{HostSample, Sampler};
 use throng_report::events::EventGroup;
 use throng_report::format::{Event, Header, Record, Writer, decode_record};
 use throng_report::interval::Interval;
+use throng_report::merge::Merger;
+use throng_report::text::Bytes;
 
 use super::progress::Latest;
-
-type Gauges = BTreeMap<String, i64>;
 
 /// A result file to write: where, and the header that says what ran.
 #[derive(Debug, Clone)]
@@ -60,27 +65,12 @@ pub struct Flushed {
     /// The merged interval, with the host sample; its gauges are every
     /// worker's last known level.
     pub merged: Interval,
-    /// Newer than any interval shown before (a late record merged on its
-    /// own is not shown again).
+    /// The interval's first flush, newer than any shown before (a late
+    /// record merged on its own is not shown again).
     pub show: bool,
     /// Workers still running whose record of this interval had not come
     /// (their levels are from an earlier one).
     pub late: usize,
-}
-
-/// An interval not flushed yet.
-#[derive(Debug)]
-struct Pending {
-    /// Counts and histograms of the records so far (and their gauges, summed).
-    merged: Interval,
-    /// Each worker's gauges in its record of this interval (`None`: none yet).
-    gauges: Vec<Option<Gauges>>,
-}
-
-impl Pending {
-    fn reported(&self, worker: usize) -> bool {
-        self.gauges.get(worker).is_some_and(Option::is_some)
-    }
 }
 
 /// What a run added up to, once every record is in.
@@ -104,20 +94,14 @@ pub struct Collector {
     source: String,
     length_ns: u64,
     writer: Option<Writer>,
-    /// Intervals still open, by start.
-    pending: BTreeMap<u64, Pending>,
+    /// The workers' intervals, merged; open ones until flushed.
+    merger: Merger,
     latest: Vec<Option<Latest>>,
-    /// Each worker's levels as of the last interval flushed (or a newer
-    /// late record): what counts for it while its record is late.
-    carried: Vec<Option<(u64, Gauges)>>,
+    /// Each worker's source, once its first record came.
+    sources: Vec<Option<String>>,
     /// Workers whose feed ended: nothing more is waited for from them.
     gone: Vec<bool>,
     sampler: Sampler,
-    total: Interval,
-    /// The start of the last interval the supervisor wrote its record for.
-    written_to: u64,
-    /// The start of the last interval shown.
-    shown_to: u64,
     peak_rss_bytes: BTreeMap<String, u64>,
     last_host: Option<HostSample>,
 }
@@ -141,17 +125,14 @@ impl Collector {
         };
         let source = format!("{}/{role}", throng_host::sample::hostname());
         Ok(Self {
-            total: Interval::empty(start_ns, length_ns, source.clone()),
+            merger: Merger::live(source.clone(), start_ns, length_ns),
             source,
             length_ns: length_ns.max(1),
             writer,
-            pending: BTreeMap::new(),
             latest: vec![None; workers],
-            carried: vec![None; workers],
+            sources: vec![None; workers],
             gone: vec![false; workers],
             sampler: Sampler::new(),
-            written_to: 0,
-            shown_to: 0,
             peak_rss_bytes: BTreeMap::new(),
             last_host: None,
         })
@@ -180,16 +161,10 @@ impl Collector {
                         gauges: iv.gauges.clone(),
                     });
                 }
-                let workers = self.latest.len();
-                let source = &self.source;
-                let pending = self.pending.entry(iv.start_ns).or_insert_with(|| Pending {
-                    merged: Interval::empty(iv.start_ns, iv.length_ns, source.clone()),
-                    gauges: vec![None; workers],
-                });
-                pending.merged.add(&iv);
-                if let Some(g) = pending.gauges.get_mut(worker) {
-                    *g = Some(iv.gauges);
+                if let Some(slot @ None) = self.sources.get_mut(worker) {
+                    *slot = Some(iv.source.clone());
                 }
+                self.merger.add_interval(&iv);
                 Arrival::Interval
             }
             Record::Event(ev) => Arrival::Event(ev),
@@ -201,14 +176,22 @@ impl Collector {
     /// still running sent it, or it ended over 1.5 intervals ago.
     pub fn due(&self, now_ns: u64) -> Vec<u64> {
         let late = 2 * self.length_ns + self.length_ns / 2;
-        self.pending
-            .iter()
-            .filter(|(start, p)| {
-                **start + late < now_ns
-                    || (0..self.gone.len()).all(|w| self.gone[w] || p.reported(w))
+        self.merger
+            .open()
+            .into_iter()
+            .filter(|start| {
+                *start + late < now_ns
+                    || (0..self.gone.len()).all(|w| self.gone[w] || self.reported(w, *start))
             })
-            .map(|(start, _)| *start)
             .collect()
+    }
+
+    /// Whether `worker`'s record of the interval at `start` came.
+    fn reported(&self, worker: usize, start: u64) -> bool {
+        self.sources
+            .get(worker)
+            .and_then(Option::as_deref)
+            .is_some_and(|source| self.merger.has(source, start))
     }
 
     /// Worker `worker`'s feed ended: every record it sent is in. `died`:
@@ -218,14 +201,14 @@ impl Collector {
         if let Some(g) = self.gone.get_mut(worker) {
             *g = true;
         }
-        if died && let Some(c) = self.carried.get_mut(worker) {
-            *c = None;
+        if died && let Some(Some(source)) = self.sources.get(worker) {
+            self.merger.forget(source);
         }
     }
 
     /// Every interval still open (the run is over).
     pub fn open(&self) -> Vec<u64> {
-        self.pending.keys().copied().collect()
+        self.merger.open()
     }
 
     /// Each worker's last record.
@@ -245,48 +228,40 @@ impl Collector {
         processes: Vec<(String, u32)>,
         own: impl FnOnce(u64, u64) -> Interval,
     ) -> io::Result<Option<Flushed>> {
-        let Some(pending) = self.pending.remove(&start) else {
+        if !self.merger.is_open(start) {
             return Ok(None);
-        };
-        let mut merged = pending.merged;
-        if start <= self.written_to {
+        }
+        if self.merger.flushed(start) {
             // Levels were counted with the interval already; only the late counts add.
-            merged.gauges.clear();
-            for (w, g) in pending.gauges.into_iter().enumerate() {
-                if let (Some(g), Some(c)) = (g, self.carried.get_mut(w))
-                    && c.as_ref().is_none_or(|(at, _)| *at < start)
-                {
-                    *c = Some((start, g));
-                }
-            }
-            self.total.add(&merged);
-            return Ok(Some(Flushed {
-                merged,
+            return Ok(self.merger.flush(start, None).map(|f| Flushed {
+                merged: f.interval,
                 show: false,
                 late: 0,
             }));
         }
-        let mut late = 0;
-        for (w, g) in pending.gauges.into_iter().enumerate() {
-            match g {
-                Some(g) => {
-                    if self.carried[w].as_ref().is_none_or(|(at, _)| *at <= start) {
-                        self.carried[w] = Some((start, g));
-                    }
-                }
-                None => {
-                    if !self.gone[w] {
-                        late += 1;
-                    }
-                    if let Some((_, g)) = &self.carried[w] {
-                        for (k, v) in g {
-                            *merged.gauges.entry(k.clone()).or_insert(0) += v;
-                        }
-                    }
-                }
-            }
-        }
-        self.written_to = start;
+        let late = (0..self.gone.len())
+            .filter(|&w| !self.gone[w] && !self.reported(w, start))
+            .count();
+        let sup = self.own_record(start, processes, own)?;
+        let Some(f) = self.merger.flush(start, Some(&sup)) else {
+            return Ok(None);
+        };
+        Ok(Some(Flushed {
+            merged: f.interval,
+            show: true,
+            late,
+        }))
+    }
+
+    /// The supervisor's record of the interval at `start`: the role's
+    /// `own` counts and a host sample of `processes` and this one; written
+    /// to the file.
+    fn own_record(
+        &mut self,
+        start: u64,
+        processes: Vec<(String, u32)>,
+        own: impl FnOnce(u64, u64) -> Interval,
+    ) -> io::Result<Interval> {
         let mut sup = own(start, self.length_ns);
         sup.source = self.supervisor_label();
         let mut procs = vec![(sup.source.clone(), std::process::id())];
@@ -302,23 +277,20 @@ impl Collector {
             }
             self.last_host = Some(h.clone());
         }
-        merged.add(&sup);
-        merged.host = sup.host;
-        self.total.add(&merged);
-        let show = start > self.shown_to;
-        self.shown_to = self.shown_to.max(start);
-        Ok(Some(Flushed { merged, show, late }))
+        Ok(sup)
     }
 
     /// Everything flushed so far, added (late records included).
     pub fn total(&self) -> &Interval {
-        &self.total
+        // Invariant: the merger was made live (in `new`).
+        self.merger.total().expect("a live merger")
     }
 
     /// The run's totals.
     pub fn finish(self) -> Totals {
         Totals {
-            total: self.total,
+            // Invariant: as in `total`.
+            total: self.merger.into_total().expect("a live merger"),
             peak_rss_bytes: self.peak_rss_bytes,
             last_host: self.last_host,
             events: Vec::new(),
@@ -363,9 +335,9 @@ pub fn peak_rss(by_label: &BTreeMap<String, u64>) -> String {
         .iter()
         .map(|(k, v)| {
             format!(
-                "{} {:.1} MiB",
+                "{} {}",
                 k.rsplit('/').next().unwrap_or(k),
-                *v as f64 / 1_048_576.0
+                Bytes::MIB.format(*v as f64)
             )
         })
         .collect();

@@ -523,6 +523,12 @@ impl PublishKey {
     }
 }
 
+/// A token's `exp` as a subscriber keeps it: Unix seconds in four bytes, 0
+/// for none. An expiry past 2106 is as good as none.
+pub(crate) fn expiry(exp: Option<u64>) -> u32 {
+    exp.and_then(|e| u32::try_from(e).ok()).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     //! Tokens made with `jsonwebtoken`'s own encoder: these pin this

@@ -1,9 +1,12 @@
 //! One subscriber connection after the upgrade (or the start of its event
-//! stream), and its life: reading (control frames only; an SSE client's
-//! bytes are dropped), sending with a queue only when the socket is full,
-//! and closing (an SSE stream just ends: it has no closing handshake). The life is a state machine over a [`Wire`] (a non-blocking
-//! byte stream) and the worker's clock in ticks; it opens no socket and
-//! reads no clock, so tests drive it in memory.
+//! stream): its socket, its queue (made only when the socket is full) and
+//! its TLS session, with the methods that read, write and drain them and
+//! say what happened. Its life (below: reading control frames only, an SSE
+//! client's bytes dropped; closing, where an SSE stream just ends) is
+//! driven by the worker's subscribers ([`super::subscribers`]). Both run
+//! over a [`Wire`] (a non-blocking byte stream) and the worker's clock in
+//! ticks; they open no socket and read no clock, so tests drive them in
+//! memory.
 //!
 //! ```text
 //!            short write ──▶ queue (writable drains it)
@@ -32,19 +35,18 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::ops::Range;
-use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use throng_proto::mqtt;
-use throng_proto::ws::{self, Decoder, Frame, OpCode, close_code};
+use throng_proto::ws::{self, Decoder};
 
 use super::mqtt::Mqtt;
 use super::rejoin::Kind;
-use super::subscribers::{Outside, Subscribers};
-use super::table::NONE;
-use crate::metrics::CloseReason;
 use crate::tls::{self, Pumped};
+
+/// An empty place: a connection in no slot, or in no channel's list.
+pub(crate) const NONE: u32 = u32::MAX;
 
 /// How long a closing handshake may take before the socket is closed.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(5);
@@ -106,36 +108,36 @@ pub(crate) struct Conn<W> {
     /// Non-blocking, registered in the worker's epoll under `slot`.
     wire: W,
     /// Index in the worker's slab, or [`NONE`].
-    pub(crate) slot: Cell<u32>,
+    slot: Cell<u32>,
     /// Channel id in the worker's channel table.
-    pub(crate) channel: Cell<u32>,
+    channel: Cell<u32>,
     /// Position in the channel's subscriber list, or [`NONE`] when not subscribed.
-    pub(crate) sub_pos: Cell<u32>,
+    sub_pos: Cell<u32>,
     /// Worker tick at which the client was last heard from.
-    pub(crate) last_seen: Cell<u32>,
-    pub(crate) state: Cell<State>,
+    last_seen: Cell<u32>,
+    state: Cell<State>,
     /// Whether it is in the worker's `queued` list.
-    pub(crate) listed: Cell<bool>,
+    listed: Cell<bool>,
     /// How it takes its messages (WebSocket bare or with ids, or SSE).
-    pub(crate) kind: Kind,
+    kind: Kind,
     /// Rejoining after an id: what is published is held until the
     /// channel's history arrives ([`super::rejoin`]).
-    pub(crate) rejoining: Cell<bool>,
+    rejoining: Cell<bool>,
     /// The Unix second its token expires at (closed 4001 by the sweep);
     /// 0: no token, or one without `exp`. Four bytes that fit beside the
     /// other small fields, so an authenticated subscriber costs no more.
-    pub(crate) expires: u32,
+    expires: u32,
     /// What the worker counts this connection under (its client address
     /// for the per-address limits, its place under `--max-connections`),
-    /// handed back to [`Outside::forget`]; [`NONE`] when nothing is.
-    pub(crate) tag: u32,
+    /// handed back to [`Outside::forget`](super::subscribers::Outside::forget); [`NONE`] when nothing is.
+    tag: u32,
     /// Bytes of a frame that arrived split; `None` almost always. A `Cell`
     /// (taken and put back), not a `RefCell`: one word less per connection.
     rest: Cell<Option<Box<[u8]>>>,
     /// Frames the socket would not take yet; `None` unless the client is behind.
     queue: RefCell<Option<Box<Queue>>>,
     /// Its protocol's decoder and state.
-    pub(crate) proto: RefCell<Proto>,
+    proto: RefCell<Proto>,
     /// The TLS session of a subscriber from a `--tls-listen` listener.
     tls: Option<Box<RefCell<TlsState>>>,
 }
@@ -197,6 +199,34 @@ impl TlsState {
         tls::seal(&mut self.conn, incoming, data, out)
     }
 
+    /// Runs the session over the records in `buf`: keeps what rustls did
+    /// not consume, decrypts into `plain`, puts what the session must send
+    /// (a key update, an alert) in `out`. `None` when the session failed
+    /// (the alert for the client is in `out`).
+    pub(crate) fn pump(
+        &mut self,
+        buf: &mut [u8],
+        plain: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Option<Pumped> {
+        let have = buf.len();
+        match tls::pump(&mut self.conn, buf, plain, out) {
+            Ok((used, state)) => {
+                self.rest = (used < have).then(|| buf[used..have].into());
+                Some(state)
+            }
+            Err(_) => {
+                self.failed = true;
+                None
+            }
+        }
+    }
+
+    /// Received bytes rustls has not consumed yet.
+    pub(crate) fn rest(&self) -> Option<&[u8]> {
+        self.rest.as_deref()
+    }
+
     /// Appends a close_notify alert to `out`.
     fn close_notify(&mut self, out: &mut Vec<u8>) -> Result<(), tls::SealError> {
         if self.failed {
@@ -233,12 +263,114 @@ pub(crate) enum SendError {
 }
 
 /// What one read from a connection gave.
-enum Got {
+pub(crate) enum Got {
     Bytes(usize),
     /// Nothing more to read now.
     Nothing,
     /// The client closed or the socket failed: the connection is gone.
     Ended,
+}
+
+/// Where a connection is, and what it is: read and set by the
+/// subscribers and their tables, one field at a time.
+impl<W> Conn<W> {
+    /// Its index in the worker's slab, or [`NONE`].
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot.get()
+    }
+
+    pub(crate) fn set_slot(&self, slot: u32) {
+        self.slot.set(slot);
+    }
+
+    /// Takes its slot, leaving [`NONE`].
+    pub(crate) fn take_slot(&self) -> u32 {
+        self.slot.replace(NONE)
+    }
+
+    /// Its channel's id in the worker's channel table.
+    pub(crate) fn channel(&self) -> u32 {
+        self.channel.get()
+    }
+
+    pub(crate) fn set_channel(&self, id: u32) {
+        self.channel.set(id);
+    }
+
+    /// Its position in its channel's subscriber list, or [`NONE`].
+    pub(crate) fn sub_pos(&self) -> u32 {
+        self.sub_pos.get()
+    }
+
+    pub(crate) fn set_sub_pos(&self, pos: u32) {
+        self.sub_pos.set(pos);
+    }
+
+    /// Takes its position, leaving [`NONE`].
+    pub(crate) fn take_sub_pos(&self) -> u32 {
+        self.sub_pos.replace(NONE)
+    }
+
+    /// The tick it was last heard from at.
+    pub(crate) fn last_seen(&self) -> u32 {
+        self.last_seen.get()
+    }
+
+    pub(crate) fn set_last_seen(&self, now: u32) {
+        self.last_seen.set(now);
+    }
+
+    pub(crate) fn state(&self) -> State {
+        self.state.get()
+    }
+
+    pub(crate) fn set_state(&self, state: State) {
+        self.state.set(state);
+    }
+
+    /// Marks it as in the worker's `queued` list; whether it was already.
+    pub(crate) fn list(&self) -> bool {
+        self.listed.replace(true)
+    }
+
+    /// It left the worker's `queued` list.
+    pub(crate) fn unlist(&self) {
+        self.listed.set(false);
+    }
+
+    /// How it takes its messages.
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Whether what is published is held for it (a rejoin, or retained
+    /// messages on their way).
+    pub(crate) fn rejoining(&self) -> bool {
+        self.rejoining.get()
+    }
+
+    pub(crate) fn set_rejoining(&self, on: bool) {
+        self.rejoining.set(on);
+    }
+
+    /// It holds nothing any more; whether it did.
+    pub(crate) fn stop_rejoining(&self) -> bool {
+        self.rejoining.replace(false)
+    }
+
+    /// What the worker counts it under ([`Conn::tag`]'s field).
+    pub(crate) fn tag(&self) -> u32 {
+        self.tag
+    }
+
+    /// Its protocol's decoder and state.
+    pub(crate) fn proto(&self) -> std::cell::Ref<'_, Proto> {
+        self.proto.borrow()
+    }
+
+    pub(crate) fn proto_mut(&self) -> std::cell::RefMut<'_, Proto> {
+        self.proto.borrow_mut()
+    }
 }
 
 impl<W: Wire> Conn<W> {
@@ -266,7 +398,7 @@ impl<W: Wire> Conn<W> {
         }
     }
 
-    /// Closes it (4001) once Unix second `exp` has passed ([`expiry`]).
+    /// Closes it (4001) once Unix second `exp` has passed ([`crate::auth::expiry`]).
     pub(crate) fn with_expiry(mut self, exp: u32) -> Self {
         self.expires = exp;
         self
@@ -340,7 +472,7 @@ impl<W: Wire> Conn<W> {
     pub(crate) fn stalled_since(&self, now: u32) -> Option<u32> {
         let queued = self.queue.borrow().as_ref().map(|q| q.since);
         let unacked = if self.kind.is_mqtt() {
-            super::mqtt_qos::unacked_since(self)
+            self.proto.borrow().mqtt().and_then(Mqtt::unacked_since)
         } else {
             None
         };
@@ -365,284 +497,47 @@ impl<W: Wire> Conn<W> {
     }
 }
 
-/// A token's `exp` as a subscriber keeps it: Unix seconds in four bytes, 0
-/// for none. An expiry past 2106 is as good as none.
-pub(crate) fn expiry(exp: Option<u64>) -> u32 {
-    exp.and_then(|e| u32::try_from(e).ok()).unwrap_or(0)
-}
-
 /// A close frame with `code` and `reason`.
-fn close_frame(code: u16, reason: &str) -> Bytes {
+pub(crate) fn close_frame(code: u16, reason: &str) -> Bytes {
     let mut out = Vec::with_capacity(4 + reason.len());
     ws::encode_close(&mut out, code, reason, None);
     Bytes::from(out)
 }
+/// What the socket did not take of a write to a connection with nothing
+/// queued: its queue starts with it ([`Conn::start_queue`]).
+pub(crate) struct Unsent {
+    bytes: Bytes,
+    /// The socket took the head of the frame: this is its tail.
+    partial: bool,
+}
 
-impl<O: Outside> Subscribers<O> {
-    /// Hands `frame` to `c`: straight to the socket when nothing is queued,
-    /// else (or for what the socket did not take) to the queue.
-    pub(crate) fn send(&self, c: &Rc<Conn<O::Wire>>, frame: &Bytes) -> Result<(), SendError> {
-        if c.state.get() == State::Gone {
-            return Err(SendError::Closed);
-        }
-        if let Some(tls) = &c.tls {
-            let mut out = self.tls_out.borrow_mut();
-            out.clear();
-            if tls.borrow_mut().seal(frame, &mut out).is_err() {
-                return Err(SendError::Broken);
-            }
-            return self.send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]));
-        }
-        self.send_wire(c, frame, |r| frame.slice(r))
-    }
+/// A queue dropped unwritten ([`Conn::drop_queue`]).
+pub(crate) struct Dropped {
+    /// Whole frames in it (a partly written one is not counted).
+    pub(crate) whole: usize,
+    /// Its first frame was partly written: the client is mid-frame.
+    pub(crate) partial: bool,
+}
 
-    /// Writes `wire` to `c`'s socket, or queues it (as `keep` of the unsent
-    /// range) behind what is already queued or what the socket did not take.
-    fn send_wire(
-        &self,
-        c: &Rc<Conn<O::Wire>>,
-        wire: &[u8],
-        keep: impl Fn(Range<usize>) -> Bytes,
-    ) -> Result<(), SendError> {
-        if let Some(q) = c.queue.borrow_mut().as_mut() {
-            // An MQTT subscriber's deliveries awaiting PUBACK count too.
-            let inflight = if c.kind.is_mqtt() {
-                super::mqtt_qos::inflight_bytes(c)
-            } else {
-                0
-            };
-            if q.bytes + inflight + wire.len() > self.limits.max_queue {
-                return Err(SendError::QueueFull);
-            }
-            q.bytes += wire.len();
-            q.frames.push_back(keep(0..wire.len()));
-            return Ok(());
-        }
-        loop {
-            return match c.wire.write(wire) {
-                Ok(n) if n == wire.len() => Ok(()),
-                Ok(n) => {
-                    self.start_queue(c, keep(n..wire.len()), n > 0);
-                    Ok(())
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.start_queue(c, keep(0..wire.len()), false);
-                    Ok(())
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => Err(SendError::Broken),
-            };
-        }
-    }
+/// What writing a connection's queue did ([`Conn::write_queue`]).
+pub(crate) enum Drained {
+    /// No queue, or the socket is full again.
+    Waiting,
+    /// The queue is written and gone.
+    Emptied,
+    /// The socket failed.
+    Broken,
+}
 
-    /// Hands the frame made of `parts` to `c` (an MQTT delivery whose
-    /// packet id is its own): one `writev` of the parts when nothing is
-    /// queued; joined into one buffer only for a TLS subscriber, behind a
-    /// queue, or for what the socket did not take.
-    pub(crate) fn send_parts(
-        &self,
-        c: &Rc<Conn<O::Wire>>,
-        parts: &[&[u8]; 3],
-    ) -> Result<(), SendError> {
-        if c.state.get() == State::Gone {
-            return Err(SendError::Closed);
-        }
-        if c.tls.is_some() || c.has_queue() {
-            return self.send(c, &Bytes::from(parts.concat()));
-        }
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        let iov = parts.map(IoSlice::new);
-        let rest = |from: usize| Bytes::from(parts.concat().split_off(from));
-        loop {
-            return match c.wire.write_vectored(&iov) {
-                Ok(n) if n == total => Ok(()),
-                Ok(n) => {
-                    self.start_queue(c, rest(n), n > 0);
-                    Ok(())
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.start_queue(c, rest(0), false);
-                    Ok(())
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => Err(SendError::Broken),
-            };
-        }
-    }
-
-    /// One write of `data` straight to the socket, encrypted for a TLS
-    /// subscriber; what the socket does not take is dropped (the caller
-    /// closes the connection next).
-    pub(crate) fn write_now(&self, c: &Conn<O::Wire>, data: &[u8]) {
-        match &c.tls {
-            Some(tls) => {
-                let mut out = self.tls_out.borrow_mut();
-                out.clear();
-                if tls.borrow_mut().seal(data, &mut out).is_ok() {
-                    let _ = c.wire.write(&out);
-                }
-            }
-            None => {
-                let _ = c.wire.write(data);
-            }
-        }
-    }
-
-    fn start_queue(&self, c: &Rc<Conn<O::Wire>>, first: Bytes, partial: bool) {
-        let bytes = first.len();
-        let q = Queue {
-            frames: VecDeque::from([first]),
-            bytes,
-            partial,
-            since: self.now.get(),
-        };
-        *c.queue.borrow_mut() = Some(Box::new(q));
-        self.counters.queued.set(self.counters.queued.get() + 1);
-        if !c.listed.replace(true) {
-            self.queued.borrow_mut().push(c.clone());
-        }
-        self.outside.want_write(&c.wire, c.slot.get(), true);
-    }
-
-    /// Drops `c`'s queue, counting its whole frames as dropped.
-    fn drop_queue(&self, c: &Conn<O::Wire>) -> Option<Box<Queue>> {
-        let q = c.queue.borrow_mut().take()?;
-        self.counters
-            .queued
-            .set(self.counters.queued.get().saturating_sub(1));
-        let whole = q.frames.len() - usize::from(q.partial);
-        self.counters
-            .frames_dropped
-            .set(self.counters.frames_dropped.get() + whole as u64);
-        Some(q)
-    }
-
-    /// Starts the closing handshake: stop delivering, send a close frame with
-    /// `code`, and wait (up to [`CLOSE_GRACE`], kept by the tick) for the client's.
-    pub(crate) fn close(&self, c: &Rc<Conn<O::Wire>>, code: u16, reason: &str, why: CloseReason) {
-        if !c.is_open() {
-            return;
-        }
-        self.counters.closed(why);
-        self.unsubscribe(c);
-        if c.kind == Kind::Sse || c.kind.is_mqtt() {
-            // An event stream has no closing handshake: it ends (after what
-            // is queued), and the client reconnects with its last id. An
-            // MQTT server sends 5.0 clients a DISCONNECT saying why, then
-            // closes (3.1.1 has no word for it).
-            if c.kind == Kind::Mqtt5 {
-                let _ = self.send(c, &super::mqtt::disconnect(why));
-            }
-            if c.has_queue() {
-                c.state.set(State::Finishing);
-            } else {
-                self.finish(c);
-            }
-            return;
-        }
-        c.state.set(if why == CloseReason::ProtocolError {
-            State::Failed
-        } else {
-            State::Closing
-        });
-        if self.send(c, &close_frame(code, reason)).is_err() {
-            self.finish(c);
-            return;
-        }
-        if why == CloseReason::ProtocolError && !c.has_queue() {
-            // Nothing more will be read from a client that broke the
-            // protocol; FIN after the close frame tells it we are done.
-            c.wire.shutdown_write();
-        }
-        self.closing.borrow_mut().push((c.clone(), self.now.get()));
-    }
-
-    /// Closes a client that fell behind with 1008: its queued frames are
-    /// dropped, the close frame is sent if the socket takes it whole, and the
-    /// connection is closed at once (a slow reader gets no grace period).
-    pub(crate) fn close_slow(&self, c: &Rc<Conn<O::Wire>>, cause: &'static str) {
-        if !c.is_open() {
-            self.finish(c);
-            return;
-        }
-        self.counters.closed(CloseReason::SlowConsumer);
-        self.counters.slow_consumer(cause);
-        let partial = self.drop_queue(c).is_some_and(|q| q.partial);
-        if !partial && c.kind == Kind::Mqtt5 {
-            self.write_now(c, &super::mqtt::disconnect(CloseReason::SlowConsumer));
-        } else if !partial && c.kind != Kind::Sse && !c.kind.is_mqtt() {
-            let reason = if cause == "queue" {
-                "slow consumer: over --max-queue"
-            } else {
-                "slow consumer: write timeout"
-            };
-            self.write_now(c, &close_frame(close_code::POLICY, reason));
-        }
-        self.finish(c);
-    }
-
-    /// A send to `c` failed: close it as slow (its queue is full), or as
-    /// lost (its socket is broken or it is gone).
-    pub(crate) fn send_failed(&self, c: &Rc<Conn<O::Wire>>, e: SendError) {
-        match e {
-            SendError::QueueFull => self.close_slow(c, "queue"),
-            SendError::Broken | SendError::Closed => self.lost(c),
-        }
-    }
-
-    /// The socket failed under us or the client left: count it and end it.
-    pub(crate) fn lost(&self, c: &Rc<Conn<O::Wire>>) {
-        if c.is_open() {
-            self.counters.closed(CloseReason::PeerGone);
-        }
-        self.finish(c);
-    }
-
-    /// Takes `c` out of every table; its socket closes when the last
-    /// reference (perhaps a fan-out in progress) is dropped.
-    pub(crate) fn finish(&self, c: &Rc<Conn<O::Wire>>) {
-        if c.state.get() == State::Gone {
-            return;
-        }
-        c.state.set(State::Gone);
-        self.unsubscribe(c);
-        self.forget_rejoin(c);
-        if c.kind.is_mqtt() {
-            self.publish_will(c);
-            self.drop_inflight(c);
-        }
-        let partial = self.drop_queue(c).is_some_and(|q| q.partial);
-        if let Some(tls) = &c.tls
-            && !partial
-        {
-            // A clean TLS end (best effort: one write, nothing queued).
-            let mut out = self.tls_out.borrow_mut();
-            out.clear();
-            if tls.borrow_mut().close_notify(&mut out).is_ok() {
-                let _ = c.wire.write(&out);
-            }
-        }
-        self.outside.forget(&c.wire, c.tag);
-        if c.slot.get() != NONE {
-            self.conns.borrow_mut().remove(c);
-            self.counters
-                .open
-                .set(self.counters.open.get().saturating_sub(1));
-            if c.kind.is_mqtt() {
-                let mqtt = &self.counters.mqtt_open;
-                mqtt.set(mqtt.get().saturating_sub(1));
-            }
-        }
-    }
-
-    /// One read from `c` into `buf`; ends the connection at EOF or on an error.
-    fn read_some(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> Got {
-        match c.wire.read(buf) {
+/// The connection's own mechanics: reads, writes and its queue, its TLS
+/// session. Each returns what happened; the subscribers keep the books
+/// (counters, the lists of queued and closing connections, readiness).
+impl<W: Wire> Conn<W> {
+    /// One read into `buf`. [`Got::Ended`] at EOF or on an error.
+    pub(crate) fn read_some(&self, buf: &mut [u8]) -> Got {
+        match self.wire.read(buf) {
             // The client closed (after a close handshake, or not).
-            Ok(0) => {
-                self.lost(c);
-                Got::Ended
-            }
+            Ok(0) => Got::Ended,
             Ok(n) => Got::Bytes(n),
             Err(e)
                 if e.kind() == io::ErrorKind::WouldBlock
@@ -650,216 +545,116 @@ impl<O: Outside> Subscribers<O> {
             {
                 Got::Nothing
             }
-            Err(_) => {
-                self.lost(c);
-                Got::Ended
-            }
+            Err(_) => Got::Ended,
         }
     }
 
-    /// Reads what the socket has into the scratch buffer and handles every
-    /// complete frame (decrypting first, for a TLS subscriber); keeps a
-    /// split frame's (or record's) bytes. With `read` false, only handles
-    /// bytes already kept (those sent with the upgrade).
-    pub(crate) fn on_readable(&self, c: &Rc<Conn<O::Wire>>, read: bool) {
-        let tls = c.tls.as_deref();
-        let mut scratch = self.scratch.borrow_mut();
-        let mut read = read;
+    /// Writes `bytes` to the socket, or appends them (as `keep` of the
+    /// range) to the queue, within `max_queue` (with an MQTT subscriber's
+    /// deliveries awaiting PUBACK). With nothing queued, returns what the
+    /// socket did not take: the caller starts the queue with it.
+    pub(crate) fn write_or_queue(
+        &self,
+        bytes: &[u8],
+        keep: impl Fn(Range<usize>) -> Bytes,
+        max_queue: usize,
+    ) -> Result<Option<Unsent>, SendError> {
+        if let Some(q) = self.queue.borrow_mut().as_mut() {
+            let inflight = if self.kind.is_mqtt() {
+                self.proto.borrow().mqtt().map_or(0, Mqtt::inflight_bytes)
+            } else {
+                0
+            };
+            if q.bytes + inflight + bytes.len() > max_queue {
+                return Err(SendError::QueueFull);
+            }
+            q.bytes += bytes.len();
+            q.frames.push_back(keep(0..bytes.len()));
+            return Ok(None);
+        }
         loop {
-            if c.state.get() == State::Gone {
-                return;
-            }
-            // What was kept goes first. Plain: taken, it is handled now.
-            // TLS: copied, so `rest` stays what rustls expects until the
-            // next pump replaces it.
-            let mut have = 0;
-            if let Some(t) = tls {
-                if let Some(rest) = &t.borrow().rest {
-                    scratch[..rest.len()].copy_from_slice(rest);
-                    have = rest.len();
-                }
-            } else if let Some(rest) = c.rest.take() {
-                scratch[..rest.len()].copy_from_slice(&rest);
-                have = rest.len();
-            }
-            if read {
-                match self.read_some(c, &mut scratch[have..]) {
-                    Got::Bytes(n) => have += n,
-                    Got::Nothing => {
-                        if tls.is_none() && have > 0 {
-                            c.rest.set(Some(scratch[..have].into()));
-                        }
-                        return;
-                    }
-                    Got::Ended => return,
-                }
-            }
-            let full = have == scratch.len();
-            c.last_seen.set(self.now.get());
-            let open = match tls {
-                None => self.on_bytes(c, &mut scratch[..have]),
-                Some(t) => self.on_records(c, t, &mut scratch[..have]),
+            return match self.wire.write(bytes) {
+                Ok(n) if n == bytes.len() => Ok(None),
+                Ok(n) => Ok(Some(Unsent {
+                    bytes: keep(n..bytes.len()),
+                    partial: n > 0,
+                })),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Some(Unsent {
+                    bytes: keep(0..bytes.len()),
+                    partial: false,
+                })),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => Err(SendError::Broken),
             };
-            if !open || !full {
-                return;
-            }
-            read = true;
         }
     }
 
-    /// Runs a TLS subscriber's session over the records in `buf`: keeps
-    /// what rustls did not consume, sends what the session must send (a key
-    /// update, an alert), and handles the frames the records decrypt to (in
-    /// the worker's plaintext buffer). False when the connection ended.
-    fn on_records(&self, c: &Rc<Conn<O::Wire>>, tls: &RefCell<TlsState>, buf: &mut [u8]) -> bool {
-        let have = buf.len();
-        let mut plain = self.tls_plain.borrow_mut();
-        plain.clear();
-        if let Some(rest) = c.rest.take() {
-            plain.extend_from_slice(&rest);
-        }
-        let mut out = self.tls_out.borrow_mut();
-        out.clear();
-        let pumped = {
-            let mut t = tls.borrow_mut();
-            let r = tls::pump(&mut t.conn, buf, &mut plain, &mut out);
-            match r {
-                Ok((used, _)) => t.rest = (used < have).then(|| buf[used..have].into()),
-                // The alert for the client is in `out`.
-                Err(_) => t.failed = true,
-            }
-            r
-        };
-        let sent = out.is_empty()
-            || self
-                .send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]))
-                .is_ok();
-        drop(out);
-        let Ok((_, state)) = pumped else {
-            if c.is_open() {
-                self.counters.closed(CloseReason::TlsError);
-            }
-            self.finish(c);
-            return false;
-        };
-        if !sent {
-            self.lost(c);
-            return false;
-        }
-        if !plain.is_empty() && !self.on_bytes(c, &mut plain) {
-            return false;
-        }
-        drop(plain);
-        if state == Pumped::Closed {
-            // close_notify: nothing more will come.
-            self.lost(c);
-            return false;
-        }
-        true
-    }
-
-    /// Handles every complete frame in `buf` (a kept remainder followed by
-    /// what was just read); keeps a split frame's bytes in `c.rest`. False
-    /// when the connection ended.
-    fn on_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
-        if c.state.get() == State::Failed || c.kind == Kind::Sse {
-            // Discard: the decoder is not trusted after an error, and an
-            // SSE client has nothing to say after its request (its end,
-            // or a reset, still ends it).
-            return true;
-        }
-        if c.kind.is_mqtt() {
-            return self.on_mqtt_bytes(c, buf);
-        }
-        let have = buf.len();
-        let mut pos = 0;
-        while pos < have {
-            let mut proto = c.proto.borrow_mut();
-            let Proto::Ws(dec) = &mut *proto else {
-                return false;
+    /// Writes the frame made of `parts` with one `writev`; the caller
+    /// checked that nothing is queued and that it is not TLS. Returns what
+    /// the socket did not take, joined into one buffer.
+    pub(crate) fn write_parts(&self, parts: &[&[u8]; 3]) -> Result<Option<Unsent>, SendError> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let iov = parts.map(IoSlice::new);
+        let rest = |from: usize| Bytes::from(parts.concat().split_off(from));
+        loop {
+            return match self.wire.write_vectored(&iov) {
+                Ok(n) if n == total => Ok(None),
+                Ok(n) => Ok(Some(Unsent {
+                    bytes: rest(n),
+                    partial: n > 0,
+                })),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Some(Unsent {
+                    bytes: rest(0),
+                    partial: false,
+                })),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => Err(SendError::Broken),
             };
-            match dec.decode(&mut buf[pos..have]) {
-                Ok(None) => break,
-                Ok(Some(d)) => {
-                    pos += d.consumed;
-                    if let Some(frame) = d.frame
-                        && !self.on_frame(c, frame)
-                    {
-                        return false;
-                    }
-                }
-                Err(e) => {
-                    drop(proto);
-                    self.close(
-                        c,
-                        e.close_code(),
-                        &e.to_string(),
-                        CloseReason::ProtocolError,
-                    );
-                    return false;
-                }
-            }
-        }
-        if pos < have {
-            // Bounded: the decoder refuses a header announcing more than
-            // MAX_CLIENT_MESSAGE, so a split frame is at most that plus a header.
-            c.rest.set(Some(buf[pos..have].into()));
-        }
-        true
-    }
-
-    /// Handles one frame from the client; false when the connection ended.
-    fn on_frame(&self, c: &Rc<Conn<O::Wire>>, frame: Frame<'_>) -> bool {
-        match frame {
-            Frame::Ping(payload) => {
-                if c.is_open() {
-                    let pong = ws::server_frame(OpCode::Pong, payload);
-                    if let Err(e) = self.send(c, &pong) {
-                        self.send_failed(c, e);
-                        return false;
-                    }
-                }
-                true
-            }
-            // Subscribers have nothing to say: data is accepted and ignored,
-            // and like a pong it counts as a sign of life.
-            Frame::Pong(_) | Frame::Text(_) | Frame::Binary(_) => true,
-            Frame::Close { code, .. } => {
-                if c.is_open() {
-                    self.counters.closed(CloseReason::PeerClose);
-                    self.unsubscribe(c);
-                    // The reply follows anything still queued.
-                    let _ = self.send(c, &close_frame(code.unwrap_or(close_code::NORMAL), ""));
-                }
-                // Handshake complete (whichever side started it): the server
-                // closes the TCP connection first (RFC 6455 section 7.1.1),
-                // once the queue is written.
-                if c.has_queue() {
-                    c.state.set(State::Finishing);
-                } else {
-                    self.finish(c);
-                }
-                false
-            }
         }
     }
 
-    /// Writes `c`'s queue as the socket drains, several frames per `writev`.
-    pub(crate) fn on_writable(&self, c: &Rc<Conn<O::Wire>>) {
+    /// Starts its queue with what the socket did not take, at tick `now`.
+    pub(crate) fn start_queue(&self, unsent: Unsent, now: u32) {
+        let bytes = unsent.bytes.len();
+        let q = Queue {
+            frames: VecDeque::from([unsent.bytes]),
+            bytes,
+            partial: unsent.partial,
+            since: now,
+        };
+        *self.queue.borrow_mut() = Some(Box::new(q));
+    }
+
+    /// Drops its queue unwritten, if it has one.
+    pub(crate) fn drop_queue(&self) -> Option<Dropped> {
+        let q = self.queue.borrow_mut().take()?;
+        Some(Dropped {
+            whole: q.frames.len() - usize::from(q.partial),
+            partial: q.partial,
+        })
+    }
+
+    /// Writes its queue as the socket takes it, several frames per
+    /// `writev`; progress at tick `now` moves its `--write-timeout`.
+    pub(crate) fn write_queue(&self, now: u32) -> Drained {
         loop {
             let written = {
-                let q = c.queue.borrow();
-                let Some(q) = q.as_ref() else { return };
+                let q = self.queue.borrow();
+                let Some(q) = q.as_ref() else {
+                    return Drained::Waiting;
+                };
                 let iov: Vec<IoSlice<'_>> =
                     q.frames.iter().take(64).map(|b| IoSlice::new(b)).collect();
-                c.wire.write_vectored(&iov)
+                self.wire.write_vectored(&iov)
             };
             match written {
                 Ok(mut n) => {
-                    let mut guard = c.queue.borrow_mut();
-                    let Some(q) = guard.as_mut() else { return };
+                    let mut guard = self.queue.borrow_mut();
+                    let Some(q) = guard.as_mut() else {
+                        return Drained::Waiting;
+                    };
                     q.bytes -= n;
-                    q.since = self.now.get();
+                    q.since = now;
                     while n > 0 {
                         let Some(front) = q.frames.front_mut() else {
                             break;
@@ -876,26 +671,72 @@ impl<O: Outside> Subscribers<O> {
                     }
                     if q.frames.is_empty() {
                         *guard = None;
-                        drop(guard);
-                        self.counters
-                            .queued
-                            .set(self.counters.queued.get().saturating_sub(1));
-                        if c.state.get() == State::Finishing {
-                            self.finish(c);
-                        } else {
-                            self.outside.want_write(&c.wire, c.slot.get(), false);
-                        }
-                        return;
+                        return Drained::Emptied;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Drained::Waiting,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.lost(c);
-                    return;
-                }
+                Err(_) => return Drained::Broken,
             }
         }
+    }
+
+    /// Encrypts `data` into `out` (cleared first); an error for a plain
+    /// connection or a failed session.
+    pub(crate) fn seal(&self, data: &[u8], out: &mut Vec<u8>) -> Result<(), tls::SealError> {
+        let Some(session) = &self.tls else {
+            return Err(tls::SealError::Closed);
+        };
+        out.clear();
+        session.borrow_mut().seal(data, out)
+    }
+
+    /// One write of `data` straight to the socket, encrypted (in `out`)
+    /// for a TLS subscriber; what the socket does not take is dropped (the
+    /// caller closes the connection next).
+    pub(crate) fn write_now(&self, data: &[u8], out: &RefCell<Vec<u8>>) {
+        if self.tls.is_some() {
+            let mut out = out.borrow_mut();
+            if self.seal(data, &mut out).is_ok() {
+                let _ = self.wire.write(&out);
+            }
+        } else {
+            let _ = self.wire.write(data);
+        }
+    }
+
+    /// A clean TLS end (best effort: one write, nothing queued), encrypted
+    /// in `out`; nothing for a plain connection.
+    pub(crate) fn close_notify(&self, out: &RefCell<Vec<u8>>) {
+        if let Some(session) = &self.tls {
+            let mut out = out.borrow_mut();
+            out.clear();
+            if session.borrow_mut().close_notify(&mut out).is_ok() {
+                let _ = self.wire.write(&out);
+            }
+        }
+    }
+
+    /// Its TLS session, for a TLS subscriber.
+    pub(crate) fn tls(&self) -> Option<&RefCell<TlsState>> {
+        self.tls.as_deref()
+    }
+
+    /// Takes the bytes of a frame that arrived split, if any.
+    pub(crate) fn take_rest(&self) -> Option<Box<[u8]>> {
+        self.rest.take()
+    }
+
+    /// Whether MQTT subscriber `c` said nothing for longer than its
+    /// keep-alive allows at tick `now`. The tick's sweep asks, once per
+    /// `--ping-interval` for each connection: a silent client is closed up
+    /// to one interval late (MQTT servers commonly check on a period; no
+    /// timer per connection).
+    pub(crate) fn mqtt_overdue(&self, now: u32) -> bool {
+        let proto = self.proto.borrow();
+        proto
+            .mqtt()
+            .is_some_and(|m| m.overdue(self.last_seen.get(), now))
     }
 }
 
@@ -908,7 +749,7 @@ mod tests {
 
     use throng_proto::ws::{OpCode, close_code};
 
-    use super::{Conn, State};
+    use super::{Conn, Drained, SendError, State};
     use crate::worker::pair::{Got, Pair, limits};
 
     fn text(s: &str) -> Got {
@@ -922,6 +763,35 @@ mod tests {
             .get(reason)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The connection's own mechanics, called directly: what the socket
+    /// does not take is handed back to start the queue, later writes go
+    /// behind it within `--max-queue`, and room to write drains it in order.
+    #[test]
+    fn a_partial_write_hands_back_the_tail_and_the_queue_drains_in_order() {
+        let mut p = Pair::defaults();
+        let a = p.connect_with("news", 4, b"");
+        p.clients[a].reading = false;
+        let c = p.conn(a).unwrap();
+        let frame = bytes::Bytes::from_static(b"0123456789");
+        let keep = |r: std::ops::Range<usize>| frame.slice(r);
+        let unsent = c.write_or_queue(&frame, keep, 100).unwrap();
+        let unsent = unsent.expect("the socket took 4 bytes of 10");
+        assert_eq!((&unsent.bytes[..], unsent.partial), (&b"456789"[..], true));
+        c.start_queue(unsent, 7);
+        assert!(c.write_or_queue(&frame, keep, 100).unwrap().is_none());
+        assert_eq!(c.queued_len(), 16);
+        assert_eq!(c.stalled_since(9), Some(7));
+        assert_eq!(
+            c.write_or_queue(&frame, keep, 20).err(),
+            Some(SendError::QueueFull)
+        );
+        assert!(matches!(c.write_queue(8), Drained::Waiting), "no room");
+        p.set_room(a, 1 << 20);
+        assert!(matches!(c.write_queue(9), Drained::Emptied));
+        assert!(!c.has_queue());
+        assert_eq!(p.clients[a].take_raw(), b"01234567890123456789");
     }
 
     #[test]
@@ -999,7 +869,7 @@ mod tests {
         p.clients[slow].read();
         p.set_room(slow, 100);
         p.fanout("c", "msg-0005");
-        assert_eq!(c.state.get(), State::Gone);
+        assert_eq!(c.state(), State::Gone);
         assert!(p.conn(slow).is_none(), "out of the tables at once");
         drop(c);
         p.tick(1);
@@ -1067,7 +937,7 @@ mod tests {
         p.clients[a].close(4000);
         p.drive();
         let c = p.conn(a).unwrap();
-        assert_eq!(c.state.get(), State::Finishing);
+        assert_eq!(c.state(), State::Finishing);
         assert!(!p.clients[a].server_closed());
         drop(c);
         p.clients[a].reading = true;
@@ -1128,7 +998,7 @@ mod tests {
             !p.clients[a].server_closed(),
             "waits for the client's close"
         );
-        assert_eq!(p.conn(a).unwrap().state.get(), State::Failed);
+        assert_eq!(p.conn(a).unwrap().state(), State::Failed);
         p.clients[a].send(OpCode::Ping, b"ignored");
         p.clients[a].close(close_code::NORMAL);
         p.drive();

@@ -114,9 +114,13 @@ pub(crate) fn may_publish(w: &Worker, req: &Request, channel: &str) -> Result<()
     }
 }
 
+/// The `Retry-After` of a 503 for a full node: long enough for others to
+/// leave, short enough to come back soon.
+pub(crate) const RETRY_AFTER: u32 = 5;
+
 /// Refuses an upgrade past `--max-connections`: 503 with `Retry-After`.
 pub(crate) async fn full(w: &Worker, stream: &mut Io) {
-    let retry = super::http::RETRY_AFTER.to_string();
+    let retry = RETRY_AFTER.to_string();
     let why = "the server holds --max-connections subscribers; try again later\n";
     reply_with(
         w,

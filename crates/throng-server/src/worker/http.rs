@@ -1,6 +1,6 @@
 //! A new connection's first life as HTTP: read the request head (within
 //! `--handshake-timeout`), then either answer it with one of the
-//! [`routes`](super::routes), make it a subscriber (a WebSocket upgrade, or
+//! [`routes`], make it a subscriber (a WebSocket upgrade, or
 //! an event stream: `/sse/<channel>`, `Accept: text/event-stream`; either
 //! may rejoin after an id, `?since=` or `Last-Event-ID`), or refuse it with
 //! the status and reason a client can act on.
@@ -17,14 +17,13 @@ use throng_proto::ws;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::conn::{self, Conn, TlsState};
+use super::conn::{Conn, NONE, TlsState};
 use super::gate;
+use super::ping_answer::Answer;
 use super::rejoin::Kind;
 use super::routes::ping::Pinged;
-use super::routes::{self, Route, Serves, bench_floor, ops, ping, publish, refuse};
-use super::sleepers::Sleeper;
-use super::state::{Waiting, Worker};
-use super::table::NONE;
+use super::routes::{self, Route, bench_floor, ops, ping, publish, refuse};
+use super::state::{Serves, Sleeper, Waiting, Worker};
 use crate::addresses::{Source, Verdict};
 use crate::channel;
 use crate::history::MessageId;
@@ -39,7 +38,7 @@ enum Head {
     Closed,
     Bad(HeadError),
     /// A TLS connection would wait for a request holding no bytes: it
-    /// waits on out of its task ([`park`]).
+    /// waits on out of its task ([`park()`]).
     Park,
 }
 
@@ -61,7 +60,7 @@ pub(crate) async fn admit(
     serves: Serves,
 ) {
     let source = Source::of(peer.ip());
-    let verdict = w.link.admit(source).await;
+    let verdict = w.supervisor.admit(source).await;
     if let Some(label) = verdict.label() {
         w.counters.refused(label);
         // On a TLS port the answer would cost the handshake the limits
@@ -77,7 +76,7 @@ pub(crate) async fn admit(
         None => serve(w.clone(), Io::Plain(tcp), serves, Some(&ticket)).await,
     }
     if let Some(source) = ticket.take() {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -103,7 +102,7 @@ async fn turn_away(w: &Worker, mut tcp: TcpStream, verdict: Verdict) {
         _ => (
             503,
             "too many client addresses at once\n",
-            Some(RETRY_AFTER),
+            Some(gate::RETRY_AFTER),
         ),
     };
     let retry = retry_after.map(|s| s.to_string());
@@ -128,7 +127,7 @@ async fn turn_away(w: &Worker, mut tcp: TcpStream, verdict: Verdict) {
             if tcp.readable().await.is_err() {
                 return;
             }
-            let mut scratch = w.subs.scratch.borrow_mut();
+            let mut scratch = w.subs.scratch().borrow_mut();
             match tcp.try_read(&mut scratch) {
                 Ok(0) => return,
                 Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return,
@@ -138,10 +137,6 @@ async fn turn_away(w: &Worker, mut tcp: TcpStream, verdict: Verdict) {
     })
     .await;
 }
-
-/// The `Retry-After` of a 503 for a full node: long enough for others to
-/// leave, short enough to come back soon.
-pub(crate) const RETRY_AFTER: u32 = 5;
 
 /// Runs the TLS handshake on a connection from a `--tls-listen` listener
 /// (within `--handshake-timeout`), then serves it like a plain one.
@@ -171,7 +166,7 @@ enum Phase {
     /// A WebSocket upgrade was asked for: the request, and the bytes read after it.
     Upgrade(Request, Vec<u8>),
     /// A `/ping` answer sleeps until the instant given: the sleepers hold it.
-    Sleeps(ping::Answer, Instant),
+    Sleeps(Answer, Instant),
     /// A TLS connection waiting for a request, to park; `first`: no request
     /// was read on it yet.
     Park { first: bool },
@@ -194,6 +189,27 @@ async fn serve_from(
     end(w.clone(), stream, serves, ticket, phase).await;
 }
 
+/// Wakes each of the worker's sleepers when its next part is due: a task
+/// of its own takes the connection up again ([`resume`]).
+pub(crate) async fn wake_sleepers(w: Rc<Worker>) {
+    loop {
+        let next = w.sleepers.next();
+        let wait = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = wait => {}
+            () = w.sleepers.sooner() => continue,
+        }
+        for sleeper in w.sleepers.due(Instant::now()) {
+            tokio::task::spawn_local(resume(w.clone(), sleeper));
+        }
+    }
+}
+
 /// Takes up a sleeping `/ping` connection whose next part is due (from the
 /// worker's sleepers): the rest of its answer, then its next requests,
 /// still counted under its client address if it was.
@@ -209,7 +225,7 @@ pub(crate) async fn resume(w: Rc<Worker>, sleeper: Sleeper) {
         end(w.clone(), stream, sleeper.serves, Some(&ticket), phase).await;
     }
     if let Some(source) = ticket.take() {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -388,7 +404,7 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>, first: bool) 
         if tcp.readable().await.is_err() {
             return Head::Closed;
         }
-        let mut scratch = w.subs.scratch.borrow_mut();
+        let mut scratch = w.subs.scratch().borrow_mut();
         let n = match tcp.try_read(&mut scratch) {
             Ok(0) => return Head::Closed,
             Ok(n) => n,
@@ -418,7 +434,7 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
     let source = ticket.and_then(Cell::take);
     let release = |source: Option<Source>| {
         if let Some(source) = source {
-            w.link.release(source);
+            w.supervisor.release(source);
         }
     };
     let parts = s.into_parts();
@@ -432,7 +448,7 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
         first,
     };
     let parked = w.parked.park(
-        &w.subs.outside.poller,
+        &w.subs.outside().poller,
         tcp,
         Box::new(parts.conn),
         waiting,
@@ -447,12 +463,12 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
 /// from now, as a task waiting for a request would be.
 fn park_deadline(w: &Worker) -> u32 {
     let wait = wheel::ticks(w.cfg.handshake_timeout);
-    w.subs.now.get().saturating_add(wait)
+    w.subs.now().saturating_add(wait)
 }
 
 /// A parked connection's bytes (or its end) came: it goes on in a task.
 pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
-    let Some(e) = w.parked.wake(&w.subs.outside.poller, token) else {
+    let Some(e) = w.parked.wake(&w.subs.outside().poller, token) else {
         return;
     };
     let waiting = match TlsStream::wake(e.tcp, e.conn) {
@@ -464,7 +480,7 @@ pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
             let deadline = park_deadline(w);
             match w
                 .parked
-                .park(&w.subs.outside.poller, tcp, conn, e.extra, deadline)
+                .park(&w.subs.outside().poller, tcp, conn, e.extra, deadline)
             {
                 Ok(()) => return,
                 Err(waiting) => waiting,
@@ -473,7 +489,7 @@ pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
         Woken::Ended => e.extra,
     };
     if let Some(source) = waiting.source {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -484,7 +500,7 @@ async fn resumed(w: Rc<Worker>, s: Box<TlsStream>, waiting: Waiting) {
     let counted = waiting.source.is_some().then_some(&ticket);
     serve_from(&w, Io::Tls(s), waiting.serves, counted, waiting.first).await;
     if let Some(source) = ticket.take() {
-        w.link.release(source);
+        w.supervisor.release(source);
     }
 }
 
@@ -492,12 +508,12 @@ async fn resumed(w: Rc<Worker>, s: Box<TlsStream>, waiting: Waiting) {
 /// close_notify, as in a task), as the tick finds them.
 pub(crate) fn expire_parked(w: &Worker) {
     w.parked
-        .expire(&w.subs.outside.poller, w.subs.now.get(), |mut e| {
+        .expire(&w.subs.outside().poller, w.subs.now(), |mut e| {
             if e.extra.first {
                 w.counters.handshake_failed("timeout");
             }
             if let Some(source) = e.extra.source {
-                w.link.release(source);
+                w.supervisor.release(source);
             }
             let mut out = Vec::new();
             if crate::tls::close_notify(&mut e.conn, &mut [], &mut out).is_ok() {
@@ -553,7 +569,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
     }
     // Only its expiry is kept, in the four bytes a subscriber has for it.
     let expires = match gate::may_subscribe(w, req, name) {
-        Ok(access) => conn::expiry(access.expires),
+        Ok(access) => crate::auth::expiry(access.expires),
         Err(why) => {
             Box::pin(gate::refuse(w, &mut stream, why)).await;
             return;
@@ -569,32 +585,18 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
         Ok(since) => since,
         Err(why) => {
             w.counters.handshake_failed("bad_since");
-            Box::pin(refuse(w, &mut stream, 400, &why)).await;
+            Box::pin(refuse(w, &mut stream, 400, &why.to_string())).await;
             return;
         }
     };
-    let counted = &w.subs.outside.counted;
+    let counted = &w.subs.outside().counted;
     if !counted.take_place() {
         w.counters.refused("max_connections");
         Box::pin(gate::full(w, &mut stream)).await;
         return;
     }
     let mut out = Vec::with_capacity(160);
-    match protocol {
-        _ if sse => sse_head(w, req, &mut out),
-        // Only the protocol this server speaks goes back, never a token.
-        Some(p) => http::write_response_head(
-            &mut out,
-            101,
-            &[
-                ("Upgrade", "websocket"),
-                ("Connection", "Upgrade"),
-                ("Sec-WebSocket-Accept", &accept),
-                ("Sec-WebSocket-Protocol", p),
-            ],
-        ),
-        None => ws::write_accept(&mut out, &accept),
-    }
+    upgrade_head(w, req, kind, protocol, &accept, &mut out);
     let written = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
     if !matches!(written, Ok(Ok(()))) {
         counted.give_place();
@@ -602,34 +604,12 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
         return;
     }
     // From here on the socket lives in the worker's own epoll, not tokio's.
-    let c = match stream {
-        Io::Plain(tcp) => {
-            let Ok(sock) = tcp.into_std() else {
-                counted.give_place();
-                w.counters.handshake_failed("write_failed");
-                return;
-            };
-            Conn::new(sock, w.subs.now.get(), rest)
-                .with_expiry(expires)
-                .with_kind(kind)
-        }
-        Io::Tls(tls) => {
-            let parts = tls.into_parts();
-            let Ok(sock) = parts.tcp.into_std() else {
-                counted.give_place();
-                w.counters.handshake_failed("write_failed");
-                return;
-            };
-            // Frames the client sent right behind its request: first what
-            // the HTTP phase had read, then what it had decrypted but not read.
-            let mut plain = rest.to_vec();
-            plain.extend_from_slice(&parts.plain_rest);
-            Conn::new(sock, w.subs.now.get(), &plain)
-                .with_expiry(expires)
-                .with_kind(kind)
-                .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
-        }
+    let Some(c) = into_conn(w, stream, rest) else {
+        counted.give_place();
+        w.counters.handshake_failed("write_failed");
+        return;
     };
+    let c = c.with_expiry(expires).with_kind(kind);
     // The subscriber holds its place and its address from here on, and
     // gives both back when it ends (`Outside::forget`).
     let tag = ticket.and_then(Cell::take).map_or(NONE, |s| counted.tag(s));
@@ -639,9 +619,55 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
         None => w.subs.subscribe(name, c).map(drop),
     };
     if let Err(e) = subscribed {
-        counted.release(&w.link, tag);
+        counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
+    }
+}
+
+/// The upgraded connection as a subscriber's `Conn`, its socket out of
+/// tokio (`rest`: what the HTTP phase read behind the request); `None`
+/// when the socket could not be taken.
+fn into_conn(w: &Worker, stream: Io, rest: &[u8]) -> Option<Conn<std::net::TcpStream>> {
+    Some(match stream {
+        Io::Plain(tcp) => Conn::new(tcp.into_std().ok()?, w.subs.now(), rest),
+        Io::Tls(tls) => {
+            let parts = tls.into_parts();
+            let sock = parts.tcp.into_std().ok()?;
+            // Frames the client sent right behind its request: first what
+            // the HTTP phase had read, then what it had decrypted but not read.
+            let mut plain = rest.to_vec();
+            plain.extend_from_slice(&parts.plain_rest);
+            Conn::new(sock, w.subs.now(), &plain)
+                .with_tls(TlsState::new(parts.conn, &parts.cipher_rest))
+        }
+    })
+}
+
+/// The head that answers an upgrade to `kind`, in `out`: 101 with the
+/// WebSocket `accept` (and the `protocol` chosen), or an event stream's.
+fn upgrade_head(
+    w: &Worker,
+    req: &Request,
+    kind: Kind,
+    protocol: Option<&str>,
+    accept: &str,
+    out: &mut Vec<u8>,
+) {
+    match protocol {
+        _ if kind == Kind::Sse => sse_head(w, req, out),
+        // Only the protocol this server speaks goes back, never a token.
+        Some(p) => http::write_response_head(
+            out,
+            101,
+            &[
+                ("Upgrade", "websocket"),
+                ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Accept", accept),
+                ("Sec-WebSocket-Protocol", p),
+            ],
+        ),
+        None => ws::write_accept(out, accept),
     }
 }
 
@@ -668,7 +694,7 @@ pub(crate) fn is_sse(req: &Request) -> bool {
 /// stream's own), else `?since=`. An id that does not read is a 400 (the
 /// text says why); a bare WebSocket, which could not tell what it missed,
 /// must ask for ids on the wire first.
-fn since(req: &Request, kind: Kind) -> Result<Option<MessageId>, String> {
+fn since(req: &Request, kind: Kind) -> Result<Option<MessageId>, BadSince> {
     let header = (kind == Kind::Sse)
         .then(|| req.header("last-event-id"))
         .flatten()
@@ -683,15 +709,25 @@ fn since(req: &Request, kind: Kind) -> Result<Option<MessageId>, String> {
         return Ok(None);
     };
     if kind == Kind::Ws {
-        return Err(format!(
-            "since= needs ids on the wire: offer the {} subprotocol (docs/clients.md)\n",
-            gate::PROTOCOL_IDS
-        ));
+        return Err(BadSince::NeedsIds);
     }
-    given
-        .parse()
-        .map(Some)
-        .map_err(|e: crate::history::BadId| format!("{e}\n"))
+    given.parse().map(Some).map_err(BadSince::Id)
+}
+
+/// Why a reconnecting subscriber's id was refused (400); the text is the
+/// answer's body.
+#[derive(Debug, thiserror::Error)]
+enum BadSince {
+    /// A bare WebSocket subscriber gave an id: it could not tell what it
+    /// missed without ids on the wire.
+    #[error(
+        "since= needs ids on the wire: offer the {} subprotocol (docs/clients.md)\n",
+        gate::PROTOCOL_IDS
+    )]
+    NeedsIds,
+    /// The id does not read.
+    #[error("{0}\n")]
+    Id(crate::history::BadId),
 }
 
 /// The head of an event stream, and its `retry:` hint. A browser page

@@ -12,24 +12,27 @@
 //! (after their count went back to the supervisor), the sleepers (`/ping`
 //! connections waiting outside their task), and the tick. Every subscriber is in
 //! `subscribers` (`conn`: one connection's life; `table`: slots and
-//! channels); `state` is what the tasks share, `link` the control
-//! socket as the routes use it.
+//! channels); `state` is what the tasks share, `supervisor_link` the
+//! control socket as the tasks and routes use it.
 
 mod conn;
 mod gate;
 mod http;
-mod link;
 mod mqtt;
+mod mqtt_accept;
 mod mqtt_auth;
 mod mqtt_qos;
 mod mqtt_retain;
 #[cfg(test)]
 mod pair;
+mod ping_answer;
+mod recurring;
 mod rejoin;
 mod routes;
 mod sleepers;
 mod state;
 mod subscribers;
+mod supervisor_link;
 mod table;
 
 use std::cell::{Cell, RefCell};
@@ -57,11 +60,11 @@ use crate::redis::RedisMode;
 use crate::reuseport;
 use crate::tls::{self, park};
 use crate::wheel::{self, TICK};
-use link::Link;
 use park::Parked;
-use routes::Serves;
-use state::{Around, Counted, Outgoing, Worker};
+use recurring::Recurring;
+use state::{Around, Counted, Outgoing, Serves, Worker};
 use subscribers::{Limits, Subscribers};
+use supervisor_link::SupervisorLink;
 
 /// Why a worker could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +77,7 @@ pub enum WorkerError {
     NoControl(std::io::Error),
     /// The control socket closed or carried garbage before the settings arrived.
     #[error("worker: no settings from the supervisor: {0}")]
-    NoConfig(String),
+    NoConfig(NoSettings),
     /// The TLS settings from the supervisor were refused (cannot happen
     /// when the supervisor checked them; kept for a clear message).
     #[error("worker {index}: {source}")]
@@ -97,6 +100,21 @@ pub enum WorkerError {
     /// The runtime could not start.
     #[error("worker: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Why the supervisor's first record did not give a worker its settings.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoSettings {
+    /// The settings record did not read as settings.
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    /// Another record came first (or none: the socket closed).
+    #[error("unexpected {0:?}")]
+    Unexpected(Option<Box<Record>>),
+    /// The control socket failed or carried garbage.
+    #[error("{0}")]
+    Control(#[source] crate::control::ControlError),
 }
 
 /// Runs a worker whose control socket is stdin (as the supervisor starts
@@ -123,53 +141,8 @@ pub fn run_from_stdin(index: usize) -> Result<(), WorkerError> {
 async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let (mut rd, mut wr) = ctl.into_split();
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let cfg: Config = match read_record(&mut rd, &mut buf).await {
-        Ok(Some(Record::Config(json))) => {
-            serde_json::from_slice(&json).map_err(|e| WorkerError::NoConfig(e.to_string()))?
-        }
-        Ok(other) => return Err(WorkerError::NoConfig(format!("unexpected {other:?}"))),
-        Err(e) => return Err(WorkerError::NoConfig(e.to_string())),
-    };
-    let tls = match &cfg.tls {
-        Some(m) if !cfg.tls_listen.is_empty() || !cfg.mqtts_listen.is_empty() => {
-            Some(tls::server_config(m).map_err(|source| WorkerError::Tls { index, source })?)
-        }
-        _ => None,
-    };
-    let listen = |addr: SocketAddr| {
-        reuseport::listener(addr)
-            .and_then(TcpListener::from_std)
-            .map_err(|source| WorkerError::Listen {
-                index,
-                addr,
-                source,
-            })
-    };
-    let mut listeners = Vec::new();
-    let mut mqtt_listeners = Vec::new();
-    let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
-    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
-    for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
-        mqtt_listeners.push((listen(addr)?, tls));
-    }
-    let public = Serves::public(&cfg);
-    let plain = cfg.listen.iter().map(|a| (*a, None, public));
-    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
-    // An address in both --publish-listen and --metrics-listen is one
-    // listener serving both.
-    let mut internal: Vec<SocketAddr> = cfg.publish_listen.clone();
-    internal.extend(
-        cfg.metrics_listen
-            .iter()
-            .filter(|a| !cfg.publish_listen.contains(a)),
-    );
-    let internal = internal
-        .into_iter()
-        .map(|a| (a, None, Serves::internal(&cfg, a)));
-    for (addr, tls, serves) in plain.chain(secure).chain(internal) {
-        listeners.push((listen(addr)?, tls, serves));
-    }
-
+    let cfg = settings(&mut rd, &mut buf).await?;
+    let (listeners, mqtt_listeners) = open_listeners(index, &cfg)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     tokio::task::spawn_local(async move {
         while let Some(rec) = rx.recv().await {
@@ -178,46 +151,7 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
             }
         }
     });
-    let counters = Rc::new(Counters::default());
-    let report_interest = cfg.redis_mode == Some(RedisMode::Channels);
-    let link = Rc::new(Link::new(index, counters.clone(), report_interest, tx));
-    let places = match (cfg.max_connections, cfg.shared_counters) {
-        (Some(cap), Some(fd)) => {
-            let shared = SharedCounters::inherit(fd, cfg.workers)?;
-            // What a dead predecessor in this slot held went with it.
-            if let Some(mine) = shared.slot(index) {
-                mine.store(0, std::sync::atomic::Ordering::SeqCst);
-            }
-            Some((shared, cap))
-        }
-        _ => None,
-    };
-    let around = Around {
-        poller: Poller::new()?,
-        link: link.clone(),
-        counted: Counted::new(index, places),
-    };
-    let publish_key = match &cfg.auth.publish_key {
-        Some(file) => Some(PublishKey::new(file).map_err(|_| {
-            WorkerError::Io(std::io::Error::other("no randomness for the publish key"))
-        })?),
-        None => None,
-    };
-    let w = Rc::new(Worker {
-        index,
-        subs: Subscribers::new(Limits::of(&cfg), around, counters.clone()),
-        counters,
-        link,
-        draining: Cell::new(false),
-        outbox: RefCell::default(),
-        outbox_ready: Notify::new(),
-        sleepers: sleepers::Sleepers::default(),
-        accept_errors: RefCell::new(Recurring::new(index)),
-        verifier: Verifier::new(&cfg.auth),
-        publish_key,
-        parked: Parked::default(),
-        cfg,
-    });
+    let w = Rc::new(worker(index, cfg, tx)?);
     let mut accepts: Vec<AbortHandle> = listeners
         .into_iter()
         .map(|(l, tls, serves)| {
@@ -231,8 +165,8 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
     let fanout = tokio::task::spawn_local(fanout_loop(w.clone())).abort_handle();
-    let sleeping = tokio::task::spawn_local(sleepers::run(w.clone())).abort_handle();
-    w.link.send_snapshot();
+    let sleeping = tokio::task::spawn_local(http::wake_sleepers(w.clone())).abort_handle();
+    w.supervisor.send_snapshot();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -260,6 +194,131 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     Ok(())
 }
 
+/// Reads the worker's settings, the supervisor's first record.
+async fn settings(
+    rd: &mut tokio::net::unix::OwnedReadHalf,
+    buf: &mut BytesMut,
+) -> Result<Config, WorkerError> {
+    let why = match read_record(rd, buf).await {
+        Ok(Some(Record::Config(json))) => match serde_json::from_slice(&json) {
+            Ok(cfg) => return Ok(cfg),
+            Err(e) => NoSettings::Json(e),
+        },
+        Ok(other) => NoSettings::Unexpected(other.map(Box::new)),
+        Err(e) => NoSettings::Control(e),
+    };
+    Err(WorkerError::NoConfig(why))
+}
+
+/// A listener of HTTP connections: its socket, TLS and what it serves.
+type HttpListener = (TcpListener, Option<Arc<rustls::ServerConfig>>, Serves);
+
+/// A listener of MQTT connections: its socket and TLS.
+type MqttListener = (TcpListener, Option<Arc<rustls::ServerConfig>>);
+
+/// Opens this worker's listeners (`SO_REUSEPORT`, beside the other
+/// workers'): the HTTP ones (public, then internal) and the MQTT ones.
+fn open_listeners(
+    index: usize,
+    cfg: &Config,
+) -> Result<(Vec<HttpListener>, Vec<MqttListener>), WorkerError> {
+    let tls = match &cfg.tls {
+        Some(m) if !cfg.tls_listen.is_empty() || !cfg.mqtts_listen.is_empty() => {
+            Some(tls::server_config(m).map_err(|source| WorkerError::Tls { index, source })?)
+        }
+        _ => None,
+    };
+    let listen = |addr: SocketAddr| {
+        reuseport::listener(addr)
+            .and_then(TcpListener::from_std)
+            .map_err(|source| WorkerError::Listen {
+                index,
+                addr,
+                source,
+            })
+    };
+    let mut listeners = Vec::new();
+    let mut mqtt_listeners = Vec::new();
+    let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
+    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
+    for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
+        mqtt_listeners.push((listen(addr)?, tls));
+    }
+    let public = Serves::public(cfg);
+    let plain = cfg.listen.iter().map(|a| (*a, None, public));
+    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
+    // An address in both --publish-listen and --metrics-listen is one
+    // listener serving both.
+    let mut internal: Vec<SocketAddr> = cfg.publish_listen.clone();
+    internal.extend(
+        cfg.metrics_listen
+            .iter()
+            .filter(|a| !cfg.publish_listen.contains(a)),
+    );
+    let internal = internal
+        .into_iter()
+        .map(|a| (a, None, Serves::internal(cfg, a)));
+    for (addr, tls, serves) in plain.chain(secure).chain(internal) {
+        listeners.push((listen(addr)?, tls, serves));
+    }
+
+    Ok((listeners, mqtt_listeners))
+}
+
+/// What the worker owns, made from its settings; `tx` takes the records
+/// for the supervisor.
+fn worker(
+    index: usize,
+    cfg: Config,
+    tx: mpsc::UnboundedSender<Bytes>,
+) -> Result<Worker, WorkerError> {
+    let counters = Rc::new(Counters::default());
+    let report_interest = cfg.redis_mode == Some(RedisMode::Channels);
+    let supervisor = Rc::new(SupervisorLink::new(
+        index,
+        counters.clone(),
+        report_interest,
+        tx,
+    ));
+    let places = match (cfg.max_connections, cfg.shared_counters) {
+        (Some(cap), Some(fd)) => {
+            let shared = SharedCounters::inherit(fd, cfg.workers)?;
+            // What a dead predecessor in this slot held went with it.
+            if let Some(mine) = shared.slot(index) {
+                mine.store(0, std::sync::atomic::Ordering::SeqCst);
+            }
+            Some((shared, cap))
+        }
+        _ => None,
+    };
+    let around = Around {
+        poller: Poller::new()?,
+        supervisor: supervisor.clone(),
+        counted: Counted::new(index, places),
+    };
+    let publish_key = match &cfg.auth.publish_key {
+        Some(file) => Some(PublishKey::new(file).map_err(|_| {
+            WorkerError::Io(std::io::Error::other("no randomness for the publish key"))
+        })?),
+        None => None,
+    };
+    Ok(Worker {
+        index,
+        subs: Subscribers::new(Limits::of(&cfg), around, counters.clone()),
+        counters,
+        supervisor,
+        draining: Cell::new(false),
+        outbox: RefCell::default(),
+        outbox_ready: Notify::new(),
+        sleepers: sleepers::Sleepers::default(),
+        accept_errors: RefCell::new(Recurring::new(index)),
+        verifier: Verifier::new(&cfg.auth),
+        publish_key,
+        parked: Parked::default(),
+        cfg,
+    })
+}
+
 /// What a listener's connections speak.
 enum Speaks {
     /// HTTP (and WebSocket, SSE); with TLS, each starts with a TLS handshake.
@@ -280,7 +339,7 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                     Speaks::Http(tls, serves) => (tls, *serves),
                     Speaks::Mqtt(tls) => {
                         let tls = tls.clone();
-                        tokio::task::spawn_local(mqtt::serve(w.clone(), stream, peer, tls));
+                        tokio::task::spawn_local(mqtt_accept::serve(w.clone(), stream, peer, tls));
                         continue;
                     }
                 };
@@ -333,68 +392,12 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
     }
 }
 
-/// How often a condition that repeats (a failing `accept`) is logged again.
-const REPEAT_EVERY: Duration = Duration::from_secs(10);
-
-/// A condition that can repeat thousands of times a second (`accept:
-/// Too many open files`): its first occurrence is logged at once, the rest
-/// are counted and logged as one line per [`REPEAT_EVERY`] while it lasts.
-pub(crate) struct Recurring {
-    worker: usize,
-    /// The last line logged, and when.
-    last: Option<(String, Instant)>,
-    /// Occurrences since then.
-    since: u64,
-}
-
-impl Recurring {
-    pub(crate) fn new(worker: usize) -> Self {
-        Self {
-            worker,
-            last: None,
-            since: 0,
-        }
-    }
-
-    /// It happened (again) at `now`; returns the line to log, if one is due.
-    pub(crate) fn note(&mut self, what: &str, now: Instant) -> Option<String> {
-        self.since += 1;
-        match &self.last {
-            Some((_, at)) if now.duration_since(*at) < REPEAT_EVERY => None,
-            _ => Some(self.line(what, now)),
-        }
-    }
-
-    /// The count of what happened since the last line, once its interval
-    /// is over (the tick asks, so the count of a condition that stopped is
-    /// logged too).
-    pub(crate) fn flush(&mut self, now: Instant) -> Option<String> {
-        let (what, at) = self.last.clone()?;
-        (self.since > 0 && now.duration_since(at) >= REPEAT_EVERY).then(|| self.line(&what, now))
-    }
-
-    fn line(&mut self, what: &str, now: Instant) -> String {
-        let line = match &self.last {
-            None => format!("throng: worker {}: {what}", self.worker),
-            Some((_, at)) => format!(
-                "throng: worker {}: {what} (x{} in the last {:.0}s)",
-                self.worker,
-                self.since,
-                now.duration_since(*at).as_secs_f64()
-            ),
-        };
-        self.last = Some((what.to_owned(), now));
-        self.since = 0;
-        line
-    }
-}
-
 /// Hands readiness from the worker's epoll to the subscribers, and to the
 /// TLS connections parked between requests.
 async fn reactor(w: Rc<Worker>) {
     let mut events = Events::with_capacity(256);
     loop {
-        if let Err(e) = w.subs.outside.poller.wait(&mut events).await {
+        if let Err(e) = w.subs.outside().poller.wait(&mut events).await {
             log!("throng: worker {}: epoll: {e}", w.index);
             return;
         }
@@ -438,13 +441,13 @@ async fn tick_loop(w: Rc<Worker>) {
         let now = if w.draining.get() {
             w.subs.advance()
         } else {
-            w.subs.wall.set(gate::unix_now());
+            w.subs.set_wall(gate::unix_now());
             w.subs.tick();
             http::expire_parked(&w);
-            w.subs.now.get()
+            w.subs.now()
         };
         if now % snapshot_every == 0 {
-            w.link.send_snapshot();
+            w.supervisor.send_snapshot();
             if let Some(line) = w.accept_errors.borrow_mut().flush(Instant::now()) {
                 log!("{line}");
             }
@@ -453,7 +456,7 @@ async fn tick_loop(w: Rc<Worker>) {
 }
 
 /// Handles a record from the supervisor: a message to fan out, or an
-/// answer for the link.
+/// answer for the supervisor link.
 ///
 /// A message is counted (this worker's subscribers of its channel) and the
 /// count sent back before it is written to anyone: the publisher's answer
@@ -462,7 +465,7 @@ async fn tick_loop(w: Rc<Worker>) {
 /// when it waited for the last write). The writes follow on the fan-out
 /// task, in the order messages came.
 fn on_record(w: &Worker, rec: Record) {
-    match w.link.on_record(rec) {
+    match w.supervisor.on_record(rec) {
         None => {}
         Some(Record::Deliver(m)) => {
             let n = if w.draining.get() {
@@ -470,7 +473,7 @@ fn on_record(w: &Worker, rec: Record) {
             } else {
                 w.subs.subscribers_of(&m.channel)
             };
-            w.link.send(&Record::Delivered {
+            w.supervisor.send(&Record::Delivered {
                 id: m.id,
                 subscribers: n,
             });
@@ -558,36 +561,7 @@ async fn drain(w: &Worker, rd: &mut tokio::net::unix::OwnedReadHalf, buf: &mut B
         w.index,
         n - left
     );
-    w.link.send_snapshot();
+    w.supervisor.send_snapshot();
     // Give the writer task a moment to hand the last records over.
     tokio::task::yield_now().await;
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use super::Recurring;
-
-    #[test]
-    fn a_recurring_error_is_logged_once_then_counted_per_interval() {
-        let t0 = Instant::now();
-        let at = |ms| t0 + Duration::from_millis(ms);
-        let mut r = Recurring::new(3);
-        let what = "accept: Too many open files";
-        assert_eq!(
-            r.note(what, at(0)).as_deref(),
-            Some("throng: worker 3: accept: Too many open files")
-        );
-        let lines: Vec<String> = (1..159).filter_map(|i| r.note(what, at(i * 20))).collect();
-        assert!(lines.is_empty(), "{lines:?}");
-        assert_eq!(r.flush(at(5_000)), None, "not before the interval is over");
-        assert_eq!(
-            r.flush(at(10_000)).as_deref(),
-            Some("throng: worker 3: accept: Too many open files (x158 in the last 10s)")
-        );
-        assert_eq!(r.flush(at(30_000)), None, "nothing since");
-        let again = r.note(what, at(31_000)).unwrap();
-        assert!(again.ends_with("(x1 in the last 21s)"), "{again}");
-    }
 }

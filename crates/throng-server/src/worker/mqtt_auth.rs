@@ -29,9 +29,6 @@
 
 use throng_proto::mqtt::{ReasonCode, topic};
 
-use super::conn::Conn;
-use super::state::Worker;
-use super::subscribers::{Limits, Outside, Subscribers};
 use crate::auth::{Grants, PublishKey, Refusal, Verifier};
 
 /// What an MQTT connection's credential grants. `None` in its state when
@@ -53,33 +50,18 @@ pub(crate) struct Admitted {
 }
 
 /// What the CONNACK of a refused credential says.
-fn connack_code(refusal: Refusal) -> ReasonCode {
+pub(crate) fn connack_code(refusal: Refusal) -> ReasonCode {
     match refusal {
         Refusal::Missing | Refusal::NotGranted => ReasonCode::NOT_AUTHORIZED,
         _ => ReasonCode::BAD_USERNAME_OR_PASSWORD,
     }
 }
 
-/// Checks the CONNECT password of a client of worker `w`, at Unix second
-/// `now`; a refusal is counted, and is the CONNACK code to answer with.
-pub(crate) fn admit(w: &Worker, password: Option<&[u8]>, now: u64) -> Result<Admitted, ReasonCode> {
-    let checked = check(
-        w.cfg.auth.publish_guarded(),
-        w.verifier.as_ref(),
-        w.publish_key.as_ref(),
-        password.unwrap_or_default(),
-        now,
-    );
-    checked.map_err(|refusal| {
-        w.counters.refused(refusal.label());
-        connack_code(refusal)
-    })
-}
-
-/// The rules of [`admit`]: `guarded` when publishing needs a credential;
-/// `verifier` when subscribing needs a token too. An empty password is
-/// none (3.1.1 clients may have to send one to send a user name).
-fn check(
+/// Checks a CONNECT's password at Unix second `now`: `guarded` when
+/// publishing needs a credential; `verifier` when subscribing needs a
+/// token too. An empty password is none (3.1.1 clients may have to send
+/// one to send a user name). A refusal's CONNACK code is [`connack_code`].
+pub(crate) fn check(
     guarded: bool,
     verifier: Option<&Verifier>,
     publish_key: Option<&PublishKey>,
@@ -114,7 +96,7 @@ fn check(
         Some(v) => {
             let token = v.verify(password, now)?;
             Ok(Admitted {
-                expires: super::conn::expiry(token.expires),
+                expires: crate::auth::expiry(token.expires),
                 grants: Some(Box::new(MqttGrants {
                     channels: token.channels,
                     publish: token.publish,
@@ -130,9 +112,10 @@ fn check(
 
 /// Whether a connection with `grants` may publish to `channel` (a will
 /// too): without a credential, only where publishing is open.
-pub(crate) fn may_publish(limits: &Limits, grants: Option<&MqttGrants>, channel: &str) -> bool {
+/// `guarded`: publishing takes a credential.
+pub(crate) fn may_publish(guarded: bool, grants: Option<&MqttGrants>, channel: &str) -> bool {
     match grants {
-        None => !limits.publish_guarded,
+        None => !guarded,
         Some(g) => g.publish.allows(channel),
     }
 }
@@ -141,48 +124,11 @@ pub(crate) fn may_publish(limits: &Limits, grants: Option<&MqttGrants>, channel:
 /// filter is a channel its grants must allow; a wildcard filter, a set of
 /// channels some grant pattern must cover whole. Without a credential,
 /// anyone may (a server that requires tokens lets no one in without).
-fn may_subscribe(grants: Option<&MqttGrants>, filter: &str) -> bool {
+pub(crate) fn may_subscribe(grants: Option<&MqttGrants>, filter: &str) -> bool {
     match grants {
         None => true,
         Some(g) if topic::is_wildcard(filter) => g.channels.covers(filter),
         Some(g) => g.channels.allows(filter),
-    }
-}
-
-impl<O: Outside> Subscribers<O> {
-    /// Whether MQTT subscriber `c` may subscribe to `filter`; counts a refusal.
-    pub(crate) fn mqtt_may_subscribe(&self, c: &Conn<O::Wire>, filter: &str) -> bool {
-        let ok = !c.expired(self.wall.get())
-            && may_subscribe(
-                c.proto
-                    .borrow()
-                    .mqtt()
-                    .and_then(|m| m.state()?.auth.as_deref()),
-                filter,
-            );
-        if !ok {
-            self.counters.mqtt_refused("subscribe_not_granted");
-        }
-        ok
-    }
-
-    /// Whether MQTT subscriber `c` may publish to `channel`; counts a
-    /// refusal. A token past its expiry publishes nothing, though the
-    /// sweep may not have closed its connection yet.
-    pub(crate) fn mqtt_may_publish(&self, c: &Conn<O::Wire>, channel: &str) -> bool {
-        let ok = !c.expired(self.wall.get())
-            && may_publish(
-                &self.limits,
-                c.proto
-                    .borrow()
-                    .mqtt()
-                    .and_then(|m| m.state()?.auth.as_deref()),
-                channel,
-            );
-        if !ok {
-            self.counters.mqtt_refused("publish_not_granted");
-        }
-        ok
     }
 }
 
@@ -237,11 +183,9 @@ mod tests {
         .into_bytes()
     }
 
-    fn limits(publish_guarded: bool) -> Limits {
-        Limits {
-            publish_guarded,
-            ..crate::worker::pair::limits(1 << 20, 10, 10, 10)
-        }
+    /// Whether publishing takes a credential.
+    fn limits(publish_guarded: bool) -> bool {
+        publish_guarded
     }
 
     #[test]
@@ -260,7 +204,7 @@ mod tests {
             "an exact grant covers no filter"
         );
         let l = limits(true);
-        assert!(may_publish(&l, g, "up/1") && !may_publish(&l, g, "news"));
+        assert!(may_publish(l, g, "up/1") && !may_publish(l, g, "news"));
     }
 
     #[test]
@@ -294,7 +238,7 @@ mod tests {
         let with_tokens = check(true, Some(&v), Some(&k), PUBLISH_KEY, NOW).unwrap();
         let g = with_tokens.grants.as_deref();
         assert_eq!(with_tokens.expires, 0);
-        assert!(may_publish(&l, g, "any/where"));
+        assert!(may_publish(l, g, "any/where"));
         assert!(!may_subscribe(g, "news"), "subscribing takes a token");
         let alone = check(true, None, Some(&k), PUBLISH_KEY, NOW).unwrap();
         assert!(may_subscribe(alone.grants.as_deref(), "#"));
@@ -302,7 +246,7 @@ mod tests {
         // one is refused.
         let anyone = check(true, None, Some(&k), b"", NOW).unwrap();
         assert_eq!(anyone.grants, None);
-        assert!(may_subscribe(None, "news") && !may_publish(&l, None, "news"));
+        assert!(may_subscribe(None, "news") && !may_publish(l, None, "news"));
         assert_eq!(
             check(true, None, Some(&k), b"the-publish-key-of-this-serveR", NOW),
             Err(Refusal::PublishKey)
@@ -319,6 +263,6 @@ mod tests {
                 expires: 0
             }
         );
-        assert!(may_publish(&limits(false), None, "news"));
+        assert!(may_publish(limits(false), None, "news"));
     }
 }

@@ -20,13 +20,10 @@
 //! sessions are clean, nothing is redelivered.
 
 use std::collections::VecDeque;
-use std::rc::Rc;
 
 use bytes::Bytes;
 use throng_proto::mqtt::{Delivery, Packet, PacketId, Properties, Publish, Version};
 
-use super::conn::{Conn, SendError, State};
-use super::subscribers::{Outside, Subscribers};
 use crate::control::Message;
 
 /// The most deliveries a connection has awaiting PUBACK, whatever its
@@ -74,12 +71,12 @@ impl Qos1 {
         })
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.packet.len()
     }
 
     /// The packet's three slices for a delivery with packet id `id`.
-    fn parts<'a>(&'a self, id: &'a [u8; 2]) -> [&'a [u8]; 3] {
+    pub(crate) fn parts<'a>(&'a self, id: &'a [u8; 2]) -> [&'a [u8]; 3] {
         [
             &self.packet[..self.id_at],
             id,
@@ -109,8 +106,16 @@ pub(crate) struct Inflight {
     since: u32,
 }
 
+/// What to do with a delivery ([`Inflight::offer`]).
+pub(crate) enum Slot {
+    /// Send it with this packet id.
+    Send(u16),
+    /// Held past the receive maximum.
+    Held,
+}
+
 impl Inflight {
-    fn new(now: u32) -> Self {
+    pub(crate) fn new(now: u32) -> Self {
         Self {
             sent: VecDeque::new(),
             bytes: 0,
@@ -142,175 +147,74 @@ impl Inflight {
         }
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sent.is_empty() && self.waiting.is_empty()
     }
-}
 
-/// The tick since which `c` has had deliveries awaiting PUBACK without one
-/// coming; `None` when nothing is in flight.
-pub(crate) fn unacked_since<W>(c: &Conn<W>) -> Option<u32> {
-    let proto = c.proto.borrow();
-    let inflight = proto.mqtt()?.state()?.inflight.as_ref()?;
-    (!inflight.sent.is_empty()).then_some(inflight.since)
-}
-
-/// Bytes of `c`'s deliveries in flight or held: they count against
-/// `--max-queue` as queued bytes do.
-pub(crate) fn inflight_bytes<W>(c: &Conn<W>) -> usize {
-    let proto = c.proto.borrow();
-    proto
-        .mqtt()
-        .and_then(|m| m.state()?.inflight.as_ref())
-        .map_or(0, |i| i.bytes + i.waiting_bytes)
-}
-
-/// What to do with a delivery.
-enum Slot {
-    /// Send it with this packet id.
-    Send(u16),
-    /// Held past the receive maximum.
-    Held,
-}
-
-impl<O: Outside> Subscribers<O> {
-    /// Delivers `p` to `c` at QoS 1: sent with the connection's next
-    /// packet id, or held while its receive maximum is in flight.
-    pub(crate) fn deliver_qos1(&self, c: &Rc<Conn<O::Wire>>, p: &Qos1) -> Result<(), SendError> {
-        if c.state.get() == State::Gone {
-            return Err(SendError::Closed);
-        }
-        let queued = c.queued_len();
-        let now = self.now.get();
-        let slot = {
-            let mut proto = c.proto.borrow_mut();
-            let Some(m) = proto.mqtt_mut() else {
-                return Err(SendError::Closed);
-            };
-            let window = usize::from(m.receive_max);
-            let inflight = m
-                .state_mut()
-                .inflight
-                .get_or_insert_with(|| Box::new(Inflight::new(now)));
-            if queued + inflight.bytes + inflight.waiting_bytes + p.len() > self.limits.max_queue {
-                return Err(SendError::QueueFull);
-            }
-            if inflight.sent.len() >= window {
-                inflight.waiting.push_back(p.clone());
-                inflight.waiting_bytes += p.len();
-                Slot::Held
-            } else {
-                if inflight.sent.is_empty() {
-                    inflight.since = now;
-                }
-                let id = inflight.take_id();
-                // A packet is at most --max-message plus its headers.
-                inflight.sent.push_back((id, p.len() as u32));
-                inflight.bytes += p.len();
-                Slot::Send(id)
-            }
-        };
-        match slot {
-            Slot::Held => {
-                crate::metrics::inc(&self.counters.mqtt_waiting);
-                Ok(())
-            }
-            Slot::Send(id) => {
-                crate::metrics::inc(&self.counters.mqtt_inflight);
-                // The tick checks its acknowledgements with the queues.
-                if !c.listed.replace(true) {
-                    self.queued.borrow_mut().push(c.clone());
-                }
-                self.send_parts(c, &p.parts(&id.to_be_bytes()))
-            }
-        }
+    /// The tick since which deliveries have awaited PUBACK without one
+    /// coming; `None` when nothing is in flight.
+    pub(crate) fn unacked_since(&self) -> Option<u32> {
+        (!self.sent.is_empty()).then_some(self.since)
     }
 
-    /// `c` acknowledged delivery `id`: its slot is free, and a held
-    /// delivery takes it. A PUBACK for an id not in flight is counted and
-    /// ignored. False when the connection ended.
-    pub(crate) fn on_puback(&self, c: &Rc<Conn<O::Wire>>, id: PacketId) -> bool {
-        let now = self.now.get();
-        let acked = {
-            let mut proto = c.proto.borrow_mut();
-            let inflight = proto
-                .mqtt_mut()
-                .and_then(|m| m.more.as_mut()?.inflight.as_mut());
-            inflight.is_some_and(|i| {
-                let Some(k) = i.sent.iter().position(|(s, _)| *s == id.get()) else {
-                    return false;
-                };
-                if let Some((_, len)) = i.sent.remove(k) {
-                    i.bytes -= len as usize;
-                }
-                i.since = now;
-                true
-            })
-        };
-        if !acked {
-            self.counters.mqtt_refused("unknown_puback");
-            return true;
-        }
-        let gauge = &self.counters.mqtt_inflight;
-        gauge.set(gauge.get().saturating_sub(1));
-        crate::metrics::inc(&self.counters.mqtt_acked);
-        loop {
-            let next = {
-                let mut proto = c.proto.borrow_mut();
-                let Some(m) = proto.mqtt_mut() else {
-                    return true;
-                };
-                let window = usize::from(m.receive_max);
-                let Some(i) = m.more.as_mut().and_then(|s| s.inflight.as_mut()) else {
-                    return true;
-                };
-                if i.sent.len() < window
-                    && let Some(p) = i.waiting.pop_front()
-                {
-                    i.waiting_bytes -= p.len();
-                    let id = i.take_id();
-                    i.sent.push_back((id, p.len() as u32));
-                    i.bytes += p.len();
-                    Some((p, id))
-                } else {
-                    if i.is_empty() {
-                        // Nothing in flight: an idle subscriber keeps no box.
-                        if let Some(s) = m.more.as_mut() {
-                            s.inflight = None;
-                        }
-                        m.shrink();
-                    }
-                    None
-                }
-            };
-            let Some((p, id)) = next else {
-                return true;
-            };
-            let waiting = &self.counters.mqtt_waiting;
-            waiting.set(waiting.get().saturating_sub(1));
-            crate::metrics::inc(&self.counters.mqtt_inflight);
-            if let Err(e) = self.send_parts(c, &p.parts(&id.to_be_bytes())) {
-                self.send_failed(c, e);
-                return false;
-            }
-        }
+    /// Bytes in flight or held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes + self.waiting_bytes
     }
 
-    /// `c` is ending: its deliveries in flight die with it (a clean
-    /// session is not resumed), and those held were never sent (dropped).
-    pub(crate) fn drop_inflight(&self, c: &Conn<O::Wire>) {
-        let inflight = c
-            .proto
-            .borrow_mut()
-            .mqtt_mut()
-            .and_then(|m| m.more.as_mut()?.inflight.take());
-        let Some(i) = inflight else { return };
-        let gauge = &self.counters.mqtt_inflight;
-        gauge.set(gauge.get().saturating_sub(i.sent.len() as u64));
-        let waiting = &self.counters.mqtt_waiting;
-        waiting.set(waiting.get().saturating_sub(i.waiting.len() as u64));
-        let dropped = &self.counters.frames_dropped;
-        dropped.set(dropped.get() + i.waiting.len() as u64);
+    /// Deliveries sent and not yet acknowledged.
+    pub(crate) fn sent(&self) -> usize {
+        self.sent.len()
+    }
+
+    /// Deliveries held, never sent.
+    pub(crate) fn held(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Takes delivery `p` at tick `now`, with `window` (the receive
+    /// maximum) in flight at most: a packet id to send it with, or held.
+    pub(crate) fn offer(&mut self, p: &Qos1, window: usize, now: u32) -> Slot {
+        if self.sent.len() >= window {
+            self.waiting.push_back(p.clone());
+            self.waiting_bytes += p.len();
+            return Slot::Held;
+        }
+        if self.sent.is_empty() {
+            self.since = now;
+        }
+        let id = self.take_id();
+        // A packet is at most --max-message plus its headers.
+        self.sent.push_back((id, p.len() as u32));
+        self.bytes += p.len();
+        Slot::Send(id)
+    }
+
+    /// The PUBACK of delivery `id` at tick `now`: its slot is free. False
+    /// when `id` was not in flight.
+    pub(crate) fn ack(&mut self, id: u16, now: u32) -> bool {
+        let Some(k) = self.sent.iter().position(|(s, _)| *s == id) else {
+            return false;
+        };
+        if let Some((_, len)) = self.sent.remove(k) {
+            self.bytes -= len as usize;
+        }
+        self.since = now;
+        true
+    }
+
+    /// The next held delivery, with its packet id, when `window` has a
+    /// free slot.
+    pub(crate) fn release(&mut self, window: usize) -> Option<(Qos1, u16)> {
+        if self.sent.len() >= window {
+            return None;
+        }
+        let p = self.waiting.pop_front()?;
+        self.waiting_bytes -= p.len();
+        let id = self.take_id();
+        self.sent.push_back((id, p.len() as u32));
+        self.bytes += p.len();
+        Some((p, id))
     }
 }
 

@@ -19,31 +19,30 @@
 //! Retained messages go out at QoS 0, encoded per subscriber (they are
 //! rare, and go once per subscription).
 
-use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use bytes::Bytes;
 use throng_proto::mqtt::{Delivery, Packet, Properties, Publish, Version};
 
-use super::conn::{Conn, SendError};
+use super::conn::{Conn, SendError, Wire};
 use super::mqtt::{self, version_of};
 use super::mqtt_qos::Qos1;
-use super::subscribers::{Outside, Subscribers};
+use super::table::Channels;
 use crate::control::Message;
 use crate::retained::{self, RetainedMessage};
 
 /// The connections waiting for retained messages, with what was published
 /// to them meanwhile (few at a time: a list searched, not a table).
 pub(crate) struct Holds<W> {
-    list: RefCell<Vec<Hold<W>>>,
-    next_request: Cell<u64>,
+    list: Vec<Hold<W>>,
+    next_request: u64,
 }
 
 impl<W> Default for Holds<W> {
     fn default() -> Self {
         Self {
-            list: RefCell::default(),
-            next_request: Cell::new(1),
+            list: Vec::new(),
+            next_request: 1,
         }
     }
 }
@@ -58,9 +57,21 @@ struct Hold<W> {
 }
 
 /// A message for one subscriber, at the QoS it gets it at.
-enum Out {
+pub(crate) enum Out {
     Qos0(Bytes),
     Qos1(Qos1),
+}
+
+/// What the answer to an ask sends its connection ([`Holds::answer`]).
+pub(crate) struct Answered<W> {
+    pub(crate) conn: Rc<Conn<W>>,
+    /// Its retained messages, then (once it waits for no other answer)
+    /// what was held, in order.
+    pub(crate) out: Vec<Out>,
+    /// How many of `out` are retained messages.
+    pub(crate) retained: usize,
+    /// It waits for no other answer: its live messages flow again.
+    pub(crate) done: bool,
 }
 
 /// The PUBLISH of retained message `r` for a subscriber of `version`:
@@ -83,44 +94,36 @@ fn publish(version: Version, r: &RetainedMessage) -> Bytes {
     }
 }
 
-impl<O: Outside> Subscribers<O> {
-    /// After a SUBSCRIBE whose `filters` (already in the tables) want
-    /// retained messages: asks for them, and holds `c`'s live messages
-    /// until they come.
-    pub(crate) fn ask_retained(&self, c: &Rc<Conn<O::Wire>>, filters: Vec<String>) {
-        if filters.is_empty() || !c.is_open() {
-            return;
+impl<W: Wire> Holds<W> {
+    /// After a SUBSCRIBE of `c` whose filters (already in the tables)
+    /// want retained messages: the request to ask them with; `c`'s live
+    /// messages are held until they come.
+    pub(crate) fn ask(&mut self, c: &Rc<Conn<W>>) -> u64 {
+        let request = self.next_request;
+        self.next_request += 1;
+        match self.list.iter_mut().find(|h| Rc::ptr_eq(&h.conn, c)) {
+            Some(h) => h.asks.push(request),
+            None => self.list.push(Hold {
+                conn: c.clone(),
+                asks: vec![request],
+                held: Vec::new(),
+                bytes: 0,
+            }),
         }
-        let holds = &self.retained;
-        let request = holds.next_request.get();
-        holds.next_request.set(request + 1);
-        {
-            let mut list = holds.list.borrow_mut();
-            match list.iter_mut().find(|h| Rc::ptr_eq(&h.conn, c)) {
-                Some(h) => h.asks.push(request),
-                None => list.push(Hold {
-                    conn: c.clone(),
-                    asks: vec![request],
-                    held: Vec::new(),
-                    bytes: 0,
-                }),
-            }
-        }
-        c.rejoining.set(true);
-        self.outside.ask_retained(request, filters);
+        request
     }
 
     /// A live message for `c` while it waits for retained messages: held
-    /// (`Some(Ok)`), or over `--max-queue` (`Some(Err)`: a slow consumer);
+    /// (`Some(Ok)`), or over `max_queue` (`Some(Err)`: a slow consumer);
     /// `None` when `c` waits for nothing.
-    pub(crate) fn hold_for_retained(
-        &self,
-        c: &Rc<Conn<O::Wire>>,
+    pub(crate) fn hold(
+        &mut self,
+        c: &Rc<Conn<W>>,
         m: &Message,
+        max_queue: usize,
     ) -> Option<Result<(), SendError>> {
-        let mut list = self.retained.list.borrow_mut();
-        let h = list.iter_mut().find(|h| Rc::ptr_eq(&h.conn, c))?;
-        if h.bytes + m.payload.len() > self.limits.max_queue {
+        let h = self.list.iter_mut().find(|h| Rc::ptr_eq(&h.conn, c))?;
+        if h.bytes + m.payload.len() > max_queue {
             return Some(Err(SendError::QueueFull));
         }
         h.bytes += m.payload.len();
@@ -128,101 +131,76 @@ impl<O: Outside> Subscribers<O> {
         Some(Ok(()))
     }
 
-    /// The answer to ask `request`: its retained messages go out (those
-    /// not held live already), then, once the connection waits for no
-    /// other answer, what was held, in order.
-    pub(crate) fn retained_answer(&self, request: u64, messages: Vec<RetainedMessage>) {
-        let (c, first, held) = {
-            let mut list = self.retained.list.borrow_mut();
-            let Some(k) = list.iter().position(|h| h.asks.contains(&request)) else {
-                return;
-            };
-            let h = &mut list[k];
-            h.asks.retain(|&a| a != request);
-            if !h.conn.is_open() {
-                list.swap_remove(k);
-                return;
-            }
-            let c = h.conn.clone();
-            let version = version_of(c.kind);
-            let mut channels = self.channels.borrow_mut();
-            let first: Vec<Out> = messages
-                .iter()
-                .filter(|r| {
-                    !h.held.iter().any(|m| {
-                        m.channel == r.channel
-                            && retained::same_message(&r.kept, m.message, &m.payload)
-                    })
-                })
-                .map(|r| {
-                    // At the lower of its publish's QoS and the subscription's.
-                    let qos = r.qos.min(channels.qos_for(&c, &r.channel));
-                    let m = Message {
-                        id: 0,
-                        message: r.kept.id,
-                        text: r.kept.text,
-                        at_most_once: false,
-                        channel: r.channel.clone(),
-                        payload: r.kept.payload.clone(),
-                    };
-                    match (qos, Qos1::with_retain(version, &m, true)) {
-                        (1, Some(q)) => Out::Qos1(q),
-                        _ => Out::Qos0(publish(version, r)),
-                    }
-                })
-                .collect();
-            drop(channels);
-            let held = if h.asks.is_empty() {
-                list.swap_remove(k).held
-            } else {
-                Vec::new()
-            };
-            (c, first, held)
-        };
-        let waiting = self
-            .retained
-            .list
-            .borrow()
+    /// The answer to ask `request`: its retained messages (those not held
+    /// live already), at the lower of their publish's QoS and the
+    /// subscription's (from `channels`), then, once the connection waits
+    /// for no other answer, what was held. `None` when no open connection
+    /// waits for it.
+    pub(crate) fn answer(
+        &mut self,
+        request: u64,
+        messages: &[RetainedMessage],
+        channels: &mut Channels<W>,
+    ) -> Option<Answered<W>> {
+        let k = self.list.iter().position(|h| h.asks.contains(&request))?;
+        let h = &mut self.list[k];
+        h.asks.retain(|&a| a != request);
+        if !h.conn.is_open() {
+            self.list.swap_remove(k);
+            return None;
+        }
+        let c = h.conn.clone();
+        let version = version_of(c.kind());
+        let mut out: Vec<Out> = messages
             .iter()
-            .any(|h| Rc::ptr_eq(&h.conn, &c));
-        if !waiting {
-            c.rejoining.set(false);
+            .filter(|r| {
+                !h.held.iter().any(|m| {
+                    m.channel == r.channel && retained::same_message(&r.kept, m.message, &m.payload)
+                })
+            })
+            .map(|r| {
+                let qos = r.qos.min(channels.qos_for(&c, &r.channel));
+                let m = Message {
+                    id: 0,
+                    message: r.kept.id,
+                    text: r.kept.text,
+                    at_most_once: false,
+                    channel: r.channel.clone(),
+                    payload: r.kept.payload.clone(),
+                };
+                match (qos, Qos1::with_retain(version, &m, true)) {
+                    (1, Some(q)) => Out::Qos1(q),
+                    _ => Out::Qos0(publish(version, r)),
+                }
+            })
+            .collect();
+        let retained = out.len();
+        let done = h.asks.is_empty();
+        if done {
+            let held = self.list.swap_remove(k).held;
+            out.extend(held.iter().map(|m| {
+                let qos = if m.at_most_once {
+                    0
+                } else {
+                    channels.qos_for(&c, &m.channel)
+                };
+                match (qos, Qos1::of(version, m)) {
+                    (1, Some(q)) => Out::Qos1(q),
+                    _ => Out::Qos0(mqtt::publish(version, m)),
+                }
+            }));
         }
-        let version = version_of(c.kind);
-        let live = held.iter().map(|m| {
-            let qos = if m.at_most_once {
-                0
-            } else {
-                self.channels.borrow_mut().qos_for(&c, &m.channel)
-            };
-            match (qos, Qos1::of(version, m)) {
-                (1, Some(q)) => Out::Qos1(q),
-                _ => Out::Qos0(mqtt::publish(version, m)),
-            }
-        });
-        let n = first.len();
-        for (i, out) in first.into_iter().chain(live).enumerate() {
-            let sent = match &out {
-                Out::Qos0(bytes) => self.send(&c, bytes),
-                Out::Qos1(q) => self.deliver_qos1(&c, q),
-            };
-            if let Err(e) = sent {
-                self.forget_retained(&c);
-                self.send_failed(&c, e);
-                return;
-            }
-            if i < n {
-                crate::metrics::inc(&self.counters.mqtt_retained_sent);
-            }
-        }
+        Some(Answered {
+            conn: c,
+            out,
+            retained,
+            done,
+        })
     }
 
     /// `c` is gone: it waits for nothing any more.
-    pub(crate) fn forget_retained(&self, c: &Conn<O::Wire>) {
-        self.retained
-            .list
-            .borrow_mut()
-            .retain(|h| !std::ptr::eq(Rc::as_ptr(&h.conn), c));
+    pub(crate) fn forget(&mut self, c: &Conn<W>) {
+        self.list.retain(|h| !std::ptr::eq(Rc::as_ptr(&h.conn), c));
     }
 }
 
@@ -253,7 +231,7 @@ mod tests {
         // The supervisor reads the store after relaying message `j`; the
         // worker applies the answer after writing it, before the next.
         let answer = |p: &mut Pair, store: &mut Retained| {
-            let request = p.subs.outside.retained_asks.borrow()[0].0;
+            let request = p.subs.outside().retained_asks.borrow()[0].0;
             p.subs
                 .retained_answer(request, store.matching(&["c".to_owned()]));
         };
@@ -305,7 +283,7 @@ mod tests {
     /// A subscriber of `c` joins and asks for its retained message.
     fn join(p: &mut Pair) -> usize {
         let (i, c) = p.connect_mqtt(Version::V5);
-        p.subs.channels.borrow_mut().subscribe_mqtt("c", &c, 0);
+        p.subs.subscribe_mqtt("c", &c, 0);
         p.subs.ask_retained(&c, vec!["c".to_owned()]);
         i
     }

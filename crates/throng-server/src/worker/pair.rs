@@ -161,17 +161,8 @@ impl Outside for Around {
             .push((request, channel.to_owned(), since));
     }
 
-    fn publish(
-        &self,
-        channel: &str,
-        _text: bool,
-        _at_most_once: bool,
-        payload: Bytes,
-        _retain: Option<u8>,
-    ) {
-        self.published
-            .borrow_mut()
-            .push((channel.to_owned(), payload));
+    fn publish(&self, m: Message, _retain: Option<u8>) {
+        self.published.borrow_mut().push((m.channel, m.payload));
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
@@ -321,7 +312,7 @@ impl Pair {
     }
 
     pub(crate) fn counters(&self) -> &Counters {
-        &self.subs.counters
+        self.subs.counters()
     }
 
     /// A client subscribes to `channel` (`sent` arrived with its upgrade
@@ -367,8 +358,8 @@ impl Pair {
         since: Option<MessageId>,
     ) -> usize {
         let pipe = Pipe::new(room);
-        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now.get(), sent)
-            .with_expiry(super::conn::expiry(exp))
+        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), sent)
+            .with_expiry(crate::auth::expiry(exp))
             .with_kind(kind);
         match since {
             Some(since) => self.subs.subscribe_after(channel, conn, since),
@@ -394,8 +385,7 @@ impl Pair {
     ) -> (usize, Rc<Conn<MemWire>>) {
         let pipe = Pipe::new(ROOM);
         let state = super::mqtt::Mqtt::new(0);
-        let conn =
-            Conn::new(MemWire(pipe.clone()), self.subs.now.get(), b"").with_mqtt(version, state);
+        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"").with_mqtt(version, state);
         self.subs.add_mqtt(conn).expect("watched");
         self.clients.push(Client {
             pipe,
@@ -418,8 +408,6 @@ impl Pair {
     pub(crate) fn conn(&self, i: usize) -> Option<Rc<Conn<MemWire>>> {
         let pipe = &self.clients[i].pipe;
         self.subs
-            .conns
-            .borrow()
             .all()
             .into_iter()
             .find(|c| Rc::ptr_eq(&c.wire().0, pipe))
@@ -446,7 +434,7 @@ impl Pair {
                     moved = true;
                 }
             }
-            let all = self.subs.conns.borrow().all();
+            let all = self.subs.all();
             for c in all {
                 let p = &c.wire().0;
                 let before = (p.to_client.borrow().len(), p.to_server.borrow().len());

@@ -7,18 +7,19 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 
-use bytes::Bytes;
 use throng_host::poll::{Interest, Poller};
 use throng_host::shared::SharedCounters;
 use tokio::sync::Notify;
 
-use super::link::Link;
-use super::routes::Serves;
+use super::conn::NONE;
+use super::ping_answer::Answer;
+use super::recurring::Recurring;
 use super::sleepers::Sleepers;
 use super::subscribers::{Outside, Subscribers};
-use super::table::NONE;
+use super::supervisor_link::SupervisorLink;
 use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
@@ -34,7 +35,7 @@ pub(crate) struct Worker {
     pub(crate) index: usize,
     pub(crate) counters: Rc<Counters>,
     pub(crate) subs: Subscribers<Around>,
-    pub(crate) link: Rc<Link>,
+    pub(crate) supervisor: Rc<SupervisorLink>,
     /// SIGTERM/SIGINT came: no new subscribers, no more fan-out.
     pub(crate) draining: Cell<bool>,
     /// Messages counted and answered for, still to be written, and
@@ -43,9 +44,9 @@ pub(crate) struct Worker {
     /// Wakes the fan-out task when `outbox` gains a message.
     pub(crate) outbox_ready: Notify,
     /// `/ping` connections sleeping outside their task.
-    pub(crate) sleepers: Sleepers,
+    pub(crate) sleepers: Sleepers<Sleeper>,
     /// Failing accepts (`EMFILE`), logged once and then counted.
-    pub(crate) accept_errors: RefCell<super::Recurring>,
+    pub(crate) accept_errors: RefCell<Recurring>,
     /// Checks tokens, when keys are configured.
     pub(crate) verifier: Option<Verifier>,
     /// The publish API key, when one is configured.
@@ -63,6 +64,61 @@ pub(crate) enum Outgoing {
     Retained(u64, Vec<RetainedMessage>),
 }
 
+/// What one listener serves. The public listeners (`--listen`,
+/// `--tls-listen`) serve subscriptions, `/healthz` and `/ping`, and
+/// publishing and `/metrics` unless `--publish-listen` or `--metrics-listen`
+/// moved them; an internal listener serves only what it was given, and
+/// `/healthz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Serves {
+    /// WebSocket upgrades, `/ping` and `/bench/floor`.
+    pub(crate) subscribe: bool,
+    /// `POST /publish/<channel>`.
+    pub(crate) publish: bool,
+    /// `GET /metrics`.
+    pub(crate) metrics: bool,
+}
+
+impl Serves {
+    /// A public listener of `cfg`.
+    pub(crate) fn public(cfg: &Config) -> Self {
+        Self {
+            subscribe: true,
+            publish: cfg.publish_listen.is_empty(),
+            metrics: cfg.metrics_listen.is_empty(),
+        }
+    }
+
+    /// The internal listener on `addr` (in `--publish-listen`,
+    /// `--metrics-listen`, or both).
+    pub(crate) fn internal(cfg: &Config, addr: std::net::SocketAddr) -> Self {
+        Self {
+            subscribe: false,
+            publish: cfg.publish_listen.contains(&addr),
+            metrics: cfg.metrics_listen.contains(&addr),
+        }
+    }
+}
+
+/// One sleeping `/ping` connection ([`super::sleepers`]): what it takes
+/// to go on with it.
+pub(crate) struct Sleeper {
+    pub(crate) stream: TcpStream,
+    /// What is left of its answer.
+    pub(crate) answer: Answer,
+    /// What its listener serves, for its next requests.
+    pub(crate) serves: Serves,
+    /// The client address it is counted under (per-address limits): it
+    /// stays counted while it sleeps.
+    pub(crate) source: Option<Source>,
+}
+
+impl AsRawFd for Sleeper {
+    fn as_raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
 /// What a parked TLS connection's HTTP phase goes on with when woken.
 pub(crate) struct Waiting {
     pub(crate) serves: Serves,
@@ -73,11 +129,11 @@ pub(crate) struct Waiting {
 }
 
 /// What the subscribers need around them in a worker: its one epoll set,
-/// its link to report channel interest on, and what its subscribers are
+/// its supervisor link to report channel interest on, and what its subscribers are
 /// counted under.
 pub(crate) struct Around {
     pub(crate) poller: Poller,
-    pub(crate) link: Rc<Link>,
+    pub(crate) supervisor: Rc<SupervisorLink>,
     pub(crate) counted: Counted,
 }
 
@@ -139,7 +195,7 @@ impl Counted {
 
     /// A subscriber counted under `tag` is gone: its address goes back to
     /// the supervisor, its place to the node.
-    pub(crate) fn release(&self, link: &Link, tag: u32) {
+    pub(crate) fn release(&self, supervisor: &SupervisorLink, tag: u32) {
         if tag != NONE {
             let source = self
                 .sources
@@ -148,7 +204,7 @@ impl Counted {
                 .and_then(Option::take);
             if let Some(source) = source {
                 self.free.borrow_mut().push(tag);
-                link.release(source);
+                supervisor.release(source);
             }
         }
         self.give_place();
@@ -173,31 +229,23 @@ impl Outside for Around {
 
     fn forget(&self, wire: &TcpStream, tag: u32) {
         let _ = self.poller.remove(wire);
-        self.counted.release(&self.link, tag);
+        self.counted.release(&self.supervisor, tag);
     }
 
     fn channel_interest(&self, channel: &str, subscribed: bool) {
-        self.link.interest(channel, subscribed);
+        self.supervisor.interest(channel, subscribed);
     }
 
     fn recover(&self, request: u64, channel: &str, since: MessageId) {
-        self.link.recover(request, channel, since);
+        self.supervisor.recover(request, channel, since);
     }
 
-    fn publish(
-        &self,
-        channel: &str,
-        text: bool,
-        at_most_once: bool,
-        payload: Bytes,
-        retain: Option<u8>,
-    ) {
-        self.link
-            .publish_unanswered(channel, text, at_most_once, payload, retain);
+    fn publish(&self, m: Message, retain: Option<u8>) {
+        self.supervisor.publish_unanswered(m, retain);
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
-        self.link.send(&Record::RetainedAsk {
+        self.supervisor.send(&Record::RetainedAsk {
             id: request,
             filters,
         });

@@ -4,40 +4,69 @@
 //! back after an id holds what is published until its channel's history
 //! arrives), the clock in ticks and what each tick does (heartbeat pings or
 //! SSE comments and idle checks spread over the ping interval, overdue
-//! closing handshakes, stalled queues).
+//! closing handshakes, stalled queues), and each connection's life: what
+//! it reads (WebSocket frames, MQTT packets), what it is sent, how it
+//! closes. A `Conn` does its own reads, writes and queue and an `Mqtt`
+//! keeps its own session ([`super::conn`], [`super::mqtt`]); each says
+//! what happened, and the subscribers keep the books: counters, the
+//! lists of queued and closing connections, readiness, the tables.
 //!
 //! What it needs from around it is the [`Outside`]: readiness registration
-//! (the worker's epoll in production) and the report of a channel's first
-//! and last subscriber (to the supervisor, for Redis channels mode). Each
-//! connection's life is in [`super::conn`]; tests drive both in memory.
+//! (the worker's epoll in production), the report of a channel's first
+//! and last subscriber (to the supervisor, for Redis channels mode), and
+//! the supervisor's answers it asks for. Tests drive it in memory
+//! (`pair.rs`).
 
 use std::cell::{Cell, RefCell};
 use std::io;
+use std::ops::Range;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use throng_host::process;
-use throng_proto::mqtt::Version;
-use throng_proto::ws::{self, OpCode, close_code};
+use throng_proto::mqtt::{
+    Ack, Answer as MqttAnswer, Decoder, Delivery, Packet, PacketId, Properties, Publish,
+    ReasonCode, RetainHandling, Suback, Subscribe, Unsuback, Unsubscribe, Version, topic,
+};
+use throng_proto::ws::{self, Frame, OpCode, close_code};
 
-use super::conn::{CLOSE_GRACE, Conn, SendError, State, Wire};
-use super::mqtt;
-use super::mqtt_qos::Qos1;
+use super::conn::{
+    CLOSE_GRACE, Conn, Drained, Got, NONE, Proto, SendError, State, TlsState, Unsent, Wire,
+    close_frame,
+};
+use super::mqtt::{self, Mqtt, Will, version_of};
+use super::mqtt_auth;
+use super::mqtt_qos::{Qos1, Slot};
+use super::mqtt_retain::{Holds, Out};
 use super::rejoin::{self, Joined, Kind};
-use super::table::{Channels, NONE, Slab};
+use super::table::{Channels, Slab};
 use crate::auth;
+use crate::channel;
 use crate::control::Message;
 use crate::history::{Kept, MessageId};
 use crate::metrics::{CloseReason, Counters};
+use crate::retained::RetainedMessage;
+use crate::tls::Pumped;
 use crate::wheel::{self, Sweep};
 
 /// Size of the one read buffer per worker. Clients only send control
 /// frames, so this is far more than one read ever needs.
 /// MQTT clients publish: a packet that arrived split is kept and copied
 /// back in front of the next read, so it must leave room for that read
-/// ([`super::mqtt::max_packet`] is at most half of this).
+/// ([`max_packet`] is at most half of this).
 pub(crate) const SCRATCH: usize = 256 * 1024;
+
+/// Bytes of a packet besides a PUBLISH's payload that `--max-message`
+/// leaves room for: its headers, a channel name, a few properties.
+const PACKET_OVERHEAD: usize = 1024;
+
+/// The largest packet a client may send: a PUBLISH of `--max-message`
+/// bytes. A packet that arrives split is kept and read again in the
+/// worker's scratch buffer, which must hold it and leave room to read.
+pub(crate) fn max_packet(max_message: usize) -> usize {
+    max_message.saturating_add(PACKET_OVERHEAD).min(SCRATCH / 2)
+}
 
 /// What the subscribers need from around them.
 pub(crate) trait Outside {
@@ -52,18 +81,11 @@ pub(crate) trait Outside {
     fn forget(&self, wire: &Self::Wire, tag: u32);
     /// A channel got its first subscriber here (`true`) or lost its last.
     fn channel_interest(&self, channel: &str, subscribed: bool);
-    /// An MQTT client published `payload` on `channel` (at QoS 0:
-    /// `at_most_once`; also its retained message when `retain` holds its
-    /// QoS): to the supervisor, which relays it like an HTTP publish (its
-    /// answer is not awaited).
-    fn publish(
-        &self,
-        channel: &str,
-        text: bool,
-        at_most_once: bool,
-        payload: Bytes,
-        retain: Option<u8>,
-    );
+    /// An MQTT client published `m` (its `id` is the link's to set; at
+    /// QoS 0: `m.at_most_once`; also its channel's retained message when
+    /// `retain` holds its QoS): to the supervisor, which relays it like an
+    /// HTTP publish (its answer is not awaited).
+    fn publish(&self, m: Message, retain: Option<u8>);
     /// Asks for the retained messages of the channels `filters` match, for
     /// a new MQTT subscription; the answer comes to
     /// [`Subscribers::retained_answer`], in order with the fan-outs.
@@ -118,7 +140,7 @@ pub(crate) struct Limits {
     /// MQTT clients may publish: not when `--publish-listen` keeps
     /// publishing off the public addresses.
     pub(crate) mqtt_publish: bool,
-    /// The largest packet an MQTT client may send ([`mqtt::max_packet`]).
+    /// The largest packet an MQTT client may send ([`max_packet`]).
     pub(crate) mqtt_packet: usize,
     /// Publishing takes a credential (`--auth-*`, `--publish-key-file`).
     pub(crate) publish_guarded: bool,
@@ -135,7 +157,7 @@ impl Limits {
             grace: wheel::ticks(CLOSE_GRACE),
             wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
             mqtt_publish: cfg.publish_listen.is_empty(),
-            mqtt_packet: mqtt::max_packet(cfg.max_message),
+            mqtt_packet: max_packet(cfg.max_message),
             publish_guarded: cfg.auth.publish_guarded(),
         }
     }
@@ -191,40 +213,100 @@ pub(crate) type Closing<W> = (Rc<Conn<W>>, u32);
 /// One worker's subscribers. Nothing here is shared between threads:
 /// `Cell`/`RefCell` state, borrowed one operation at a time.
 pub(crate) struct Subscribers<O: Outside> {
-    pub(crate) limits: Limits,
-    pub(crate) outside: O,
-    pub(crate) counters: Rc<Counters>,
-    pub(crate) conns: RefCell<Slab<O::Wire>>,
-    pub(crate) channels: RefCell<Channels<O::Wire>>,
+    limits: Limits,
+    outside: O,
+    counters: Rc<Counters>,
+    conns: RefCell<Slab<O::Wire>>,
+    channels: RefCell<Channels<O::Wire>>,
     /// The one read buffer: every subscriber reads into it, in turn (and
     /// the worker's HTTP connections too, between requests).
-    pub(crate) scratch: RefCell<Box<[u8]>>,
+    scratch: RefCell<Box<[u8]>>,
     /// TLS subscribers: what the records just read decrypt to.
-    pub(crate) tls_plain: RefCell<Vec<u8>>,
+    tls_plain: RefCell<Vec<u8>>,
     /// TLS subscribers: one frame (or control record) encrypted for one
     /// connection, written from here.
-    pub(crate) tls_out: RefCell<Vec<u8>>,
+    tls_out: RefCell<Vec<u8>>,
     /// Ticks of [`wheel::TICK`] since the worker started.
-    pub(crate) now: Cell<u32>,
+    now: Cell<u32>,
     /// Unix seconds, set by the worker before each tick: tokens expire on
     /// the wall clock, while ticks stretch with a busy worker.
-    pub(crate) wall: Cell<u64>,
+    wall: Cell<u64>,
     /// Subscribers that have a write queue (checked each tick for `--write-timeout`).
-    pub(crate) queued: RefCell<Vec<Rc<Conn<O::Wire>>>>,
+    queued: RefCell<Vec<Rc<Conn<O::Wire>>>>,
     /// Connections in a closing handshake, with the tick it started.
-    pub(crate) closing: RefCell<Vec<Closing<O::Wire>>>,
+    closing: RefCell<Vec<Closing<O::Wire>>>,
     /// Subscribers waiting for their channel's history (few at a time: a
     /// list searched, not a table).
     rejoins: RefCell<Vec<Rejoin<O::Wire>>>,
     next_rejoin: Cell<u64>,
     /// MQTT subscribers waiting for retained messages ([`super::mqtt_retain`]).
-    pub(crate) retained: super::mqtt_retain::Holds<O::Wire>,
+    retained: RefCell<Holds<O::Wire>>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
 }
 
 impl<O: Outside> Subscribers<O> {
+    /// The settings their lives follow.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// What is around them (the worker's epoll set, its supervisor link).
+    pub(crate) fn outside(&self) -> &O {
+        &self.outside
+    }
+
+    /// The worker's counters they count in.
+    #[cfg(test)]
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The worker's one read buffer, lent to its HTTP connections between
+    /// requests.
+    pub(crate) fn scratch(&self) -> &RefCell<Box<[u8]>> {
+        &self.scratch
+    }
+
+    /// Ticks of [`wheel::TICK`] since the worker started.
+    pub(crate) fn now(&self) -> u32 {
+        self.now.get()
+    }
+
+    /// Sets the Unix second tokens are checked against, before each tick.
+    pub(crate) fn set_wall(&self, unix: u64) {
+        self.wall.set(unix);
+    }
+
+    /// Every subscriber here now.
+    #[cfg(test)]
+    pub(crate) fn all(&self) -> Vec<Rc<Conn<O::Wire>>> {
+        self.conns.borrow().all()
+    }
+
+    /// Subscribes MQTT subscriber `c` to `channel` at QoS `qos` without a
+    /// SUBSCRIBE.
+    #[cfg(test)]
+    pub(crate) fn subscribe_mqtt(&self, channel: &str, c: &Rc<Conn<O::Wire>>, qos: u8) {
+        self.channels.borrow_mut().subscribe_mqtt(channel, c, qos);
+    }
+
+    /// The subscribers of `channel` a bare write can reach now: open, with
+    /// nothing queued, not TLS (`/bench/floor`).
+    pub(crate) fn bare_subscribers_of(&self, channel: &str) -> Vec<Rc<Conn<O::Wire>>> {
+        self.channels
+            .borrow()
+            .get(channel)
+            .map_or_else(Vec::new, |ch| {
+                ch.subs
+                    .iter()
+                    .filter(|c| !c.has_queue() && c.is_open() && !c.is_tls())
+                    .cloned()
+                    .collect()
+            })
+    }
+
     pub(crate) fn new(limits: Limits, outside: O, counters: Rc<Counters>) -> Self {
         Self {
             limits,
@@ -241,7 +323,7 @@ impl<O: Outside> Subscribers<O> {
             closing: RefCell::default(),
             rejoins: RefCell::default(),
             next_rejoin: Cell::new(1),
-            retained: super::mqtt_retain::Holds::default(),
+            retained: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -259,19 +341,30 @@ impl<O: Outside> Subscribers<O> {
         channel: &str,
         c: Conn<O::Wire>,
     ) -> io::Result<Rc<Conn<O::Wire>>> {
+        self.admit(c, Some(channel))
+    }
+
+    /// Takes `c` into the slab and the readiness set (and into `channel`'s
+    /// table, for a subscriber of one), counts it, and handles what came
+    /// in the same packet as its upgrade request or CONNECT.
+    fn admit(&self, c: Conn<O::Wire>, channel: Option<&str>) -> io::Result<Rc<Conn<O::Wire>>> {
         let c = Rc::new(c);
         self.conns.borrow_mut().insert(&c);
-        if let Err(e) = self.outside.watch(c.wire(), c.slot.get()) {
+        if let Err(e) = self.outside.watch(c.wire(), c.slot()) {
             self.conns.borrow_mut().remove(&c);
             return Err(e);
         }
-        if self.channels.borrow_mut().subscribe(channel, &c) {
+        if let Some(channel) = channel
+            && self.channels.borrow_mut().subscribe(channel, &c)
+        {
             self.outside.channel_interest(channel, true);
         }
         self.counters.open.set(self.counters.open.get() + 1);
+        if c.kind().is_mqtt() {
+            crate::metrics::inc(&self.counters.mqtt_open);
+        }
         crate::metrics::inc(&self.counters.upgraded);
         if c.has_rest() {
-            // Frames that came in the same packet as the upgrade request.
             self.on_readable(&c, false);
         }
         Ok(c)
@@ -286,7 +379,7 @@ impl<O: Outside> Subscribers<O> {
         c: Conn<O::Wire>,
         since: MessageId,
     ) -> io::Result<()> {
-        c.rejoining.set(true);
+        c.set_rejoining(true);
         let request = self.next_rejoin.get();
         self.next_rejoin.set(request + 1);
         let conn = self.subscribe(channel, c)?;
@@ -328,10 +421,10 @@ impl<O: Outside> Subscribers<O> {
         let mut last = MessageId::NONE;
         for j in rejoin::join(since, complete, history, held) {
             let frame = match j {
-                Joined::Incomplete => rejoin::marker(c.kind, since),
+                Joined::Incomplete => rejoin::marker(c.kind(), since),
                 Joined::Message(k) => {
                     last = k.id;
-                    rejoin::kept(c.kind, &k)
+                    rejoin::kept(c.kind(), &k)
                 }
             };
             if let Err(e) = self.send(&c, &frame) {
@@ -349,12 +442,12 @@ impl<O: Outside> Subscribers<O> {
 
     /// A rejoining subscriber is gone, or live: it holds nothing any more.
     pub(crate) fn forget_rejoin(&self, c: &Conn<O::Wire>) {
-        if c.rejoining.replace(false) {
+        if c.stop_rejoining() {
             self.rejoins
                 .borrow_mut()
                 .retain(|r| !std::ptr::eq(Rc::as_ptr(&r.conn), c));
-            if c.kind.is_mqtt() {
-                self.forget_retained(c);
+            if c.kind().is_mqtt() {
+                self.retained.borrow_mut().forget(c);
             }
         }
     }
@@ -368,10 +461,11 @@ impl<O: Outside> Subscribers<O> {
         let Some(k) = rejoins.iter().position(|r| Rc::ptr_eq(&r.conn, c)) else {
             drop(rejoins);
             // An MQTT subscriber waiting for retained messages holds too.
-            if let Some(held) = self.hold_for_retained(c, m) {
+            let held = self.retained.borrow_mut().hold(c, m, self.limits.max_queue);
+            if let Some(held) = held {
                 return held.map(|()| Live::Held);
             }
-            c.rejoining.set(false);
+            c.set_rejoining(false);
             return Ok(Live::Send);
         };
         let r = &mut rejoins[k];
@@ -379,7 +473,7 @@ impl<O: Outside> Subscribers<O> {
             Some(fence) if !m.message.is_none() && m.message <= fence => Ok(Live::Repeat),
             Some(_) => {
                 rejoins.swap_remove(k);
-                c.rejoining.set(false);
+                c.set_rejoining(false);
                 Ok(Live::Send)
             }
             None => {
@@ -404,7 +498,7 @@ impl<O: Outside> Subscribers<O> {
         if let Some(name) = gone {
             self.outside.channel_interest(&name, false);
         }
-        if c.kind.is_mqtt() {
+        if c.kind().is_mqtt() {
             let gone = self.channels.borrow_mut().unsubscribe_mqtt_all(c);
             for name in gone {
                 self.outside.channel_interest(&name, false);
@@ -513,23 +607,23 @@ impl<O: Outside> Subscribers<O> {
                 // Left the channel since the fan-out began.
                 continue;
             }
-            let now = if c.rejoining.get() {
+            let now = if c.rejoining() {
                 self.live(c, m)
             } else {
                 Ok(Live::Send)
             };
             let at = f.next + k;
-            let qos = if !c.kind.is_mqtt() {
+            let qos = if !c.kind().is_mqtt() {
                 0
             } else if at < f.exact {
                 // An MQTT subscriber of this one channel: its QoS is its own.
-                c.proto.borrow().mqtt().map_or(0, |s| s.qos).min(f.most)
+                c.proto().mqtt().map_or(0, |s| s.qos).min(f.most)
             } else {
                 f.qos.get(at).copied().unwrap_or(0)
             };
             let qos1 = match qos {
                 1 => {
-                    let (v, version) = if c.kind == Kind::Mqtt5 {
+                    let (v, version) = if c.kind() == Kind::Mqtt5 {
                         (1, Version::V5)
                     } else {
                         (0, Version::V311)
@@ -545,7 +639,7 @@ impl<O: Outside> Subscribers<O> {
                 (Ok(Live::Send), None) => {
                     // Subscribers with ids or SSE get their own encoding,
                     // made once for all of them at the first one met.
-                    let frame = match c.kind {
+                    let frame = match c.kind() {
                         Kind::Ws => &f.frame,
                         Kind::WsIds => f
                             .with_id
@@ -613,16 +707,16 @@ impl<O: Outside> Subscribers<O> {
                 }
                 // An SSE client never speaks: its keep-alive is a comment,
                 // and a dead one is found by its writes failing or stalling.
-                let sse = c.kind == Kind::Sse;
+                let sse = c.kind() == Kind::Sse;
                 if c.expired(wall) {
                     expired.push(c.clone());
-                } else if c.kind.is_mqtt() {
+                } else if c.kind().is_mqtt() {
                     // An MQTT client keeps itself alive (PINGREQ): it is
                     // only checked, at its own keep-alive.
-                    if mqtt::overdue(c, now) {
+                    if c.mqtt_overdue(now) {
                         idle_out.push(c.clone());
                     }
-                } else if !sse && wheel::expired(now, c.last_seen.get(), self.limits.idle) {
+                } else if !sse && wheel::expired(now, c.last_seen(), self.limits.idle) {
                     idle_out.push(c.clone());
                 } else {
                     let ping = if sse { &self.keep_alive } else { &self.ping };
@@ -656,7 +750,7 @@ impl<O: Outside> Subscribers<O> {
             let mut closing = self.closing.borrow_mut();
             let mut out = Vec::new();
             closing.retain(|(c, since)| {
-                if c.state.get() == State::Gone || c.slot.get() == NONE {
+                if c.state() == State::Gone || c.slot() == NONE {
                     return false;
                 }
                 if wheel::expired(now, *since, self.limits.grace) {
@@ -674,7 +768,7 @@ impl<O: Outside> Subscribers<O> {
             let mut queued = self.queued.borrow_mut();
             let mut late = Vec::new();
             queued.retain(|c| match c.stalled_since(now) {
-                Some(since) if c.state.get() != State::Gone => {
+                Some(since) if c.state() != State::Gone => {
                     if wheel::expired(now, since, self.limits.write) {
                         late.push(c.clone());
                         return false;
@@ -682,14 +776,14 @@ impl<O: Outside> Subscribers<O> {
                     true
                 }
                 _ => {
-                    c.listed.set(false);
+                    c.unlist();
                     false
                 }
             });
             late
         };
         for c in late {
-            c.listed.set(false);
+            c.unlist();
             self.close_slow(&c, "timeout");
         }
     }
@@ -702,6 +796,839 @@ impl<O: Outside> Subscribers<O> {
             self.close(c, code, reason, why);
         }
         all.len()
+    }
+
+    /// Hands `frame` to `c`: straight to the socket when nothing is queued,
+    /// else (or for what the socket did not take) to the queue.
+    pub(crate) fn send(&self, c: &Rc<Conn<O::Wire>>, frame: &Bytes) -> Result<(), SendError> {
+        if c.state() == State::Gone {
+            return Err(SendError::Closed);
+        }
+        if c.is_tls() {
+            let mut out = self.tls_out.borrow_mut();
+            if c.seal(frame, &mut out).is_err() {
+                return Err(SendError::Broken);
+            }
+            return self.send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]));
+        }
+        self.send_wire(c, frame, |r| frame.slice(r))
+    }
+
+    /// Writes `wire` to `c`'s socket, or queues it (as `keep` of the unsent
+    /// range) behind what is already queued or what the socket did not take.
+    fn send_wire(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        wire: &[u8],
+        keep: impl Fn(Range<usize>) -> Bytes,
+    ) -> Result<(), SendError> {
+        if let Some(unsent) = c.write_or_queue(wire, keep, self.limits.max_queue)? {
+            self.start_queue(c, unsent);
+        }
+        Ok(())
+    }
+
+    /// Hands the frame made of `parts` to `c` (an MQTT delivery whose
+    /// packet id is its own): one `writev` of the parts when nothing is
+    /// queued; joined into one buffer only for a TLS subscriber, behind a
+    /// queue, or for what the socket did not take.
+    pub(crate) fn send_parts(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        parts: &[&[u8]; 3],
+    ) -> Result<(), SendError> {
+        if c.state() == State::Gone {
+            return Err(SendError::Closed);
+        }
+        if c.is_tls() || c.has_queue() {
+            return self.send(c, &Bytes::from(parts.concat()));
+        }
+        if let Some(unsent) = c.write_parts(parts)? {
+            self.start_queue(c, unsent);
+        }
+        Ok(())
+    }
+
+    /// Starts `c`'s queue: counted, listed for `--write-timeout`, and
+    /// watched for room to write.
+    fn start_queue(&self, c: &Rc<Conn<O::Wire>>, unsent: Unsent) {
+        c.start_queue(unsent, self.now.get());
+        self.counters.queued.set(self.counters.queued.get() + 1);
+        if !c.list() {
+            self.queued.borrow_mut().push(c.clone());
+        }
+        self.outside.want_write(c.wire(), c.slot(), true);
+    }
+
+    /// Drops `c`'s queue, counting its whole frames as dropped; whether
+    /// it had a frame partly written.
+    fn drop_queue(&self, c: &Conn<O::Wire>) -> bool {
+        let Some(q) = c.drop_queue() else {
+            return false;
+        };
+        self.counters
+            .queued
+            .set(self.counters.queued.get().saturating_sub(1));
+        self.counters
+            .frames_dropped
+            .set(self.counters.frames_dropped.get() + q.whole as u64);
+        q.partial
+    }
+
+    /// Starts the closing handshake: stop delivering, send a close frame with
+    /// `code`, and wait (up to [`CLOSE_GRACE`], kept by the tick) for the client's.
+    pub(crate) fn close(&self, c: &Rc<Conn<O::Wire>>, code: u16, reason: &str, why: CloseReason) {
+        if !c.is_open() {
+            return;
+        }
+        self.counters.closed(why);
+        self.unsubscribe(c);
+        if c.kind() == Kind::Sse || c.kind().is_mqtt() {
+            // An event stream has no closing handshake: it ends (after what
+            // is queued), and the client reconnects with its last id. An
+            // MQTT server sends 5.0 clients a DISCONNECT saying why, then
+            // closes (3.1.1 has no word for it).
+            if c.kind() == Kind::Mqtt5 {
+                let _ = self.send(c, &mqtt::disconnect(why));
+            }
+            self.end_after_queue(c);
+            return;
+        }
+        c.set_state(if why == CloseReason::ProtocolError {
+            State::Failed
+        } else {
+            State::Closing
+        });
+        if self.send(c, &close_frame(code, reason)).is_err() {
+            self.finish(c);
+            return;
+        }
+        if why == CloseReason::ProtocolError && !c.has_queue() {
+            // Nothing more will be read from a client that broke the
+            // protocol; FIN after the close frame tells it we are done.
+            c.wire().shutdown_write();
+        }
+        self.closing.borrow_mut().push((c.clone(), self.now.get()));
+    }
+
+    /// Ends `c` once its queue is written (at once when it has none).
+    fn end_after_queue(&self, c: &Rc<Conn<O::Wire>>) {
+        if c.has_queue() {
+            c.set_state(State::Finishing);
+        } else {
+            self.finish(c);
+        }
+    }
+
+    /// Closes a client that fell behind with 1008: its queued frames are
+    /// dropped, the close frame is sent if the socket takes it whole, and the
+    /// connection is closed at once (a slow reader gets no grace period).
+    pub(crate) fn close_slow(&self, c: &Rc<Conn<O::Wire>>, cause: &'static str) {
+        if !c.is_open() {
+            self.finish(c);
+            return;
+        }
+        self.counters.closed(CloseReason::SlowConsumer);
+        self.counters.slow_consumer(cause);
+        let partial = self.drop_queue(c);
+        if !partial && c.kind() == Kind::Mqtt5 {
+            c.write_now(&mqtt::disconnect(CloseReason::SlowConsumer), &self.tls_out);
+        } else if !partial && c.kind() != Kind::Sse && !c.kind().is_mqtt() {
+            let reason = if cause == "queue" {
+                "slow consumer: over --max-queue"
+            } else {
+                "slow consumer: write timeout"
+            };
+            c.write_now(&close_frame(close_code::POLICY, reason), &self.tls_out);
+        }
+        self.finish(c);
+    }
+
+    /// A send to `c` failed: close it as slow (its queue is full), or as
+    /// lost (its socket is broken or it is gone).
+    pub(crate) fn send_failed(&self, c: &Rc<Conn<O::Wire>>, e: SendError) {
+        match e {
+            SendError::QueueFull => self.close_slow(c, "queue"),
+            SendError::Broken | SendError::Closed => self.lost(c),
+        }
+    }
+
+    /// The socket failed under us or the client left: count it and end it.
+    pub(crate) fn lost(&self, c: &Rc<Conn<O::Wire>>) {
+        if c.is_open() {
+            self.counters.closed(CloseReason::PeerGone);
+        }
+        self.finish(c);
+    }
+
+    /// Takes `c` out of every table; its socket closes when the last
+    /// reference (perhaps a fan-out in progress) is dropped.
+    pub(crate) fn finish(&self, c: &Rc<Conn<O::Wire>>) {
+        if c.state() == State::Gone {
+            return;
+        }
+        c.set_state(State::Gone);
+        self.unsubscribe(c);
+        self.forget_rejoin(c);
+        if c.kind().is_mqtt() {
+            self.publish_will(c);
+            self.drop_inflight(c);
+        }
+        let partial = self.drop_queue(c);
+        if !partial {
+            c.close_notify(&self.tls_out);
+        }
+        self.outside.forget(c.wire(), c.tag());
+        if c.slot() != NONE {
+            self.conns.borrow_mut().remove(c);
+            self.counters
+                .open
+                .set(self.counters.open.get().saturating_sub(1));
+            if c.kind().is_mqtt() {
+                let mqtt = &self.counters.mqtt_open;
+                mqtt.set(mqtt.get().saturating_sub(1));
+            }
+        }
+    }
+
+    /// Reads what the socket has into the scratch buffer and handles every
+    /// complete frame (decrypting first, for a TLS subscriber); keeps a
+    /// split frame's (or record's) bytes. With `read` false, only handles
+    /// bytes already kept (those sent with the upgrade).
+    pub(crate) fn on_readable(&self, c: &Rc<Conn<O::Wire>>, read: bool) {
+        let tls = c.tls();
+        let mut scratch = self.scratch.borrow_mut();
+        let mut read = read;
+        loop {
+            if c.state() == State::Gone {
+                return;
+            }
+            // What was kept goes first. Plain: taken, it is handled now.
+            // TLS: copied, so `rest` stays what rustls expects until the
+            // next pump replaces it.
+            let mut have = 0;
+            if let Some(t) = tls {
+                if let Some(rest) = t.borrow().rest() {
+                    scratch[..rest.len()].copy_from_slice(rest);
+                    have = rest.len();
+                }
+            } else if let Some(rest) = c.take_rest() {
+                scratch[..rest.len()].copy_from_slice(&rest);
+                have = rest.len();
+            }
+            if read {
+                match c.read_some(&mut scratch[have..]) {
+                    Got::Bytes(n) => have += n,
+                    Got::Nothing => {
+                        if tls.is_none() && have > 0 {
+                            c.set_rest(&scratch[..have]);
+                        }
+                        return;
+                    }
+                    Got::Ended => {
+                        self.lost(c);
+                        return;
+                    }
+                }
+            }
+            let full = have == scratch.len();
+            c.set_last_seen(self.now.get());
+            let open = match tls {
+                None => self.on_bytes(c, &mut scratch[..have]),
+                Some(t) => self.on_records(c, t, &mut scratch[..have]),
+            };
+            if !open || !full {
+                return;
+            }
+            read = true;
+        }
+    }
+
+    /// Runs a TLS subscriber's session over the records in `buf`: keeps
+    /// what rustls did not consume, sends what the session must send (a key
+    /// update, an alert), and handles the frames the records decrypt to (in
+    /// the worker's plaintext buffer). False when the connection ended.
+    fn on_records(&self, c: &Rc<Conn<O::Wire>>, tls: &RefCell<TlsState>, buf: &mut [u8]) -> bool {
+        let mut plain = self.tls_plain.borrow_mut();
+        plain.clear();
+        if let Some(rest) = c.take_rest() {
+            plain.extend_from_slice(&rest);
+        }
+        let mut out = self.tls_out.borrow_mut();
+        out.clear();
+        let pumped = tls.borrow_mut().pump(buf, &mut plain, &mut out);
+        let sent = out.is_empty()
+            || self
+                .send_wire(c, &out, |r| Bytes::copy_from_slice(&out[r]))
+                .is_ok();
+        drop(out);
+        let Some(state) = pumped else {
+            if c.is_open() {
+                self.counters.closed(CloseReason::TlsError);
+            }
+            self.finish(c);
+            return false;
+        };
+        if !sent {
+            self.lost(c);
+            return false;
+        }
+        if !plain.is_empty() && !self.on_bytes(c, &mut plain) {
+            return false;
+        }
+        drop(plain);
+        if state == Pumped::Closed {
+            // close_notify: nothing more will come.
+            self.lost(c);
+            return false;
+        }
+        true
+    }
+
+    /// Handles every complete frame in `buf` (a kept remainder followed by
+    /// what was just read); keeps a split frame's bytes in `c.rest`. False
+    /// when the connection ended.
+    fn on_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
+        if c.state() == State::Failed || c.kind() == Kind::Sse {
+            // Discard: the decoder is not trusted after an error, and an
+            // SSE client has nothing to say after its request (its end,
+            // or a reset, still ends it).
+            return true;
+        }
+        if c.kind().is_mqtt() {
+            return self.on_mqtt_bytes(c, buf);
+        }
+        let have = buf.len();
+        let mut pos = 0;
+        while pos < have {
+            let mut proto = c.proto_mut();
+            let Proto::Ws(dec) = &mut *proto else {
+                return false;
+            };
+            match dec.decode(&mut buf[pos..have]) {
+                Ok(None) => break,
+                Ok(Some(d)) => {
+                    pos += d.consumed;
+                    if let Some(frame) = d.frame
+                        && !self.on_frame(c, frame)
+                    {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    drop(proto);
+                    self.close(
+                        c,
+                        e.close_code(),
+                        &e.to_string(),
+                        CloseReason::ProtocolError,
+                    );
+                    return false;
+                }
+            }
+        }
+        if pos < have {
+            // Bounded: the decoder refuses a header announcing more than
+            // MAX_CLIENT_MESSAGE, so a split frame is at most that plus a header.
+            c.set_rest(&buf[pos..have]);
+        }
+        true
+    }
+
+    /// Handles one frame from the client; false when the connection ended.
+    fn on_frame(&self, c: &Rc<Conn<O::Wire>>, frame: Frame<'_>) -> bool {
+        match frame {
+            Frame::Ping(payload) => {
+                if c.is_open() {
+                    let pong = ws::server_frame(OpCode::Pong, payload);
+                    if let Err(e) = self.send(c, &pong) {
+                        self.send_failed(c, e);
+                        return false;
+                    }
+                }
+                true
+            }
+            // Subscribers have nothing to say: data is accepted and ignored,
+            // and like a pong it counts as a sign of life.
+            Frame::Pong(_) | Frame::Text(_) | Frame::Binary(_) => true,
+            Frame::Close { code, .. } => {
+                if c.is_open() {
+                    self.counters.closed(CloseReason::PeerClose);
+                    self.unsubscribe(c);
+                    // The reply follows anything still queued.
+                    let _ = self.send(c, &close_frame(code.unwrap_or(close_code::NORMAL), ""));
+                }
+                // Handshake complete (whichever side started it): the server
+                // closes the TCP connection first (RFC 6455 section 7.1.1),
+                // once the queue is written.
+                self.end_after_queue(c);
+                false
+            }
+        }
+    }
+
+    /// Writes `c`'s queue as the socket drains.
+    pub(crate) fn on_writable(&self, c: &Rc<Conn<O::Wire>>) {
+        match c.write_queue(self.now.get()) {
+            Drained::Waiting => {}
+            Drained::Emptied => {
+                self.counters
+                    .queued
+                    .set(self.counters.queued.get().saturating_sub(1));
+                if c.state() == State::Finishing {
+                    self.finish(c);
+                } else {
+                    self.outside.want_write(c.wire(), c.slot(), false);
+                }
+            }
+            Drained::Broken => self.lost(c),
+        }
+    }
+
+    /// Registers MQTT subscriber `c` after its CONNACK: in the slab and the
+    /// readiness set, in no channel until it subscribes.
+    pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>) -> io::Result<()> {
+        self.admit(c, None).map(drop)
+    }
+
+    /// Handles every whole packet in `buf`, keeps a split one's bytes;
+    /// false when the connection ended.
+    pub(crate) fn on_mqtt_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
+        let have = buf.len();
+        let mut pos = 0;
+        let mut decoder = Decoder::server_connected(version_of(c.kind()), self.limits.mqtt_packet);
+        while pos < have {
+            if !c.is_open() {
+                // Closing after an answer: what follows is not read.
+                return true;
+            }
+            let decoded = decoder.decode(&buf[pos..have]).map_err(|e| {
+                let mut out = Vec::new();
+                decoder.answer(&e).encode(&mut out);
+                (e, out)
+            });
+            match decoded {
+                Ok(None) => break,
+                Ok(Some(d)) => {
+                    pos += d.consumed;
+                    if !self.on_packet(c, d.packet) {
+                        return false;
+                    }
+                }
+                Err((e, answer)) => {
+                    self.counters.mqtt_refused(e.label());
+                    self.fail(c, &answer);
+                    return false;
+                }
+            }
+        }
+        if pos < have {
+            // Bounded: the decoder refuses a packet over max_packet.
+            c.set_rest(&buf[pos..have]);
+        }
+        true
+    }
+
+    /// Publishes `c`'s will, if it has one (its connection is ending
+    /// without a DISCONNECT that dropped it).
+    pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
+        let will = c.proto_mut().mqtt_mut().and_then(Mqtt::take_will);
+        if let Some(will) = will {
+            let Will {
+                channel,
+                payload,
+                retain,
+            } = *will;
+            // A will is published at QoS 0 (its QoS is not kept).
+            let m = Message {
+                id: 0,
+                message: MessageId::NONE,
+                text: std::str::from_utf8(&payload).is_ok(),
+                at_most_once: true,
+                channel,
+                payload,
+            };
+            self.outside.publish(m, retain);
+            self.counters.mqtt_sent("will");
+        }
+    }
+
+    /// Sends `answer` (if any) and ends `c`: it broke the protocol.
+    fn fail(&self, c: &Rc<Conn<O::Wire>>, answer: &[u8]) {
+        if c.is_open() {
+            self.counters.closed(CloseReason::ProtocolError);
+            self.unsubscribe(c);
+        }
+        if !answer.is_empty() {
+            let _ = self.send(c, &Bytes::copy_from_slice(answer));
+        }
+        self.end_after_queue(c);
+    }
+
+    /// Sends a packet to `c`; false (and `c` ended) when it could not.
+    fn reply(&self, c: &Rc<Conn<O::Wire>>, p: &Packet<'_>) -> bool {
+        self.counters.mqtt_sent(p.packet_type().name());
+        let bytes = mqtt::encode(version_of(c.kind()), p);
+        match self.send(c, &bytes) {
+            Ok(()) => true,
+            Err(e) => {
+                self.send_failed(c, e);
+                false
+            }
+        }
+    }
+
+    /// Handles one packet from the client; false when the connection ended.
+    fn on_packet(&self, c: &Rc<Conn<O::Wire>>, p: Packet<'_>) -> bool {
+        self.counters.mqtt_received(p.packet_type().name());
+        let version = version_of(c.kind());
+        match p {
+            Packet::Pingreq => self.reply(c, &Packet::Pingresp),
+            Packet::Subscribe(s) => self.on_subscribe(c, &s),
+            Packet::Unsubscribe(u) => self.on_unsubscribe(c, &u),
+            Packet::Publish(p) => self.on_publish(c, &p),
+            Packet::Disconnect(d) => {
+                // The client's clean end: nothing to answer, and its will
+                // is dropped unless it asks for it (5.0's 0x04).
+                if d.reason != ReasonCode::DISCONNECT_WITH_WILL
+                    && let Some(m) = c.proto_mut().mqtt_mut()
+                {
+                    m.drop_will();
+                }
+                self.counters.closed(CloseReason::PeerClose);
+                self.unsubscribe(c);
+                self.end_after_queue(c);
+                false
+            }
+            Packet::Puback(a) => self.on_puback(c, a.packet_id),
+            // Acknowledgements of QoS 2 deliveries this server does not
+            // make, and 5.0 AUTH, which it does not offer.
+            Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Auth(_) => true,
+            Packet::Pubrel(a) => {
+                // Only answers a QoS 2 PUBLISH, which is refused: say the
+                // id is unknown (5.0) and go on.
+                self.reply(
+                    c,
+                    &Packet::Pubcomp(Ack {
+                        packet_id: a.packet_id,
+                        reason: ReasonCode::PACKET_ID_NOT_FOUND,
+                        properties: Properties::EMPTY,
+                    }),
+                )
+            }
+            // A server's packets, or a second CONNECT: the decoder refuses
+            // those before they get here.
+            _ => {
+                let mut out = Vec::new();
+                if version == Version::V5 {
+                    MqttAnswer::Disconnect(ReasonCode::PROTOCOL_ERROR).encode(&mut out);
+                }
+                self.counters.mqtt_refused("unexpected_packet");
+                self.fail(c, &out);
+                false
+            }
+        }
+    }
+
+    fn on_subscribe(&self, c: &Rc<Conn<O::Wire>>, s: &Subscribe<'_>) -> bool {
+        let v5 = c.kind() == Kind::Mqtt5;
+        let mut codes = Vec::with_capacity(s.filters.len());
+        // The filters whose retained messages are sent (5.0's retain
+        // handling: at every subscribe, only a new one's, or never).
+        let mut retained = Vec::new();
+        for (filter, options) in &s.filters {
+            let wants_retained = match options.retain_handling {
+                RetainHandling::OnSubscribe => true,
+                RetainHandling::OnNewSubscribe => {
+                    !self.channels.borrow().has_mqtt_subscription(filter, c)
+                }
+                RetainHandling::Never => false,
+            };
+            // QoS 0 or 1: what was asked, at most the server's maximum.
+            let qos = (options.qos as u8).min(1);
+            let granted = ReasonCode(qos);
+            let code = if !self.mqtt_may_subscribe(c, filter) {
+                ReasonCode::NOT_AUTHORIZED
+            } else if topic::is_wildcard(filter) {
+                let ok = self.limits.wildcards
+                    && self
+                        .channels
+                        .borrow_mut()
+                        .subscribe_wild(filter, c, qos)
+                        .is_ok();
+                if ok {
+                    granted
+                } else {
+                    // Redis channels mode: the node subscribes in Redis per
+                    // channel, and a filter is not one.
+                    self.counters.mqtt_refused("wildcard_filter");
+                    if v5 {
+                        ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED
+                    } else {
+                        ReasonCode::UNSPECIFIED
+                    }
+                }
+            } else if channel::validate(filter).is_err() {
+                self.counters.mqtt_refused("bad_channel");
+                if v5 {
+                    ReasonCode::TOPIC_FILTER_INVALID
+                } else {
+                    ReasonCode::UNSPECIFIED
+                }
+            } else {
+                if self.channels.borrow_mut().subscribe_mqtt(filter, c, qos) {
+                    self.outside.channel_interest(filter, true);
+                }
+                granted
+            };
+            if code == granted && wants_retained {
+                retained.push((*filter).to_owned());
+            }
+            codes.push(code);
+        }
+        let answered = self.reply(
+            c,
+            &Packet::Suback(Suback {
+                packet_id: s.packet_id,
+                properties: Properties::EMPTY,
+                codes,
+            }),
+        );
+        if answered {
+            self.ask_retained(c, retained);
+        }
+        answered
+    }
+
+    fn on_unsubscribe(&self, c: &Rc<Conn<O::Wire>>, u: &Unsubscribe<'_>) -> bool {
+        let v5 = c.kind() == Kind::Mqtt5;
+        let mut codes = Vec::new();
+        for filter in &u.filters {
+            if topic::is_wildcard(filter) {
+                let had = self.channels.borrow_mut().unsubscribe_wild(filter, c);
+                if v5 {
+                    codes.push(if had {
+                        ReasonCode::SUCCESS
+                    } else {
+                        ReasonCode::NO_SUBSCRIPTION_EXISTED
+                    });
+                }
+                continue;
+            }
+            let left = self.channels.borrow_mut().unsubscribe_mqtt(filter, c);
+            if let Some(Some(name)) = &left {
+                self.outside.channel_interest(name, false);
+            }
+            if v5 {
+                codes.push(if left.is_some() {
+                    ReasonCode::SUCCESS
+                } else {
+                    ReasonCode::NO_SUBSCRIPTION_EXISTED
+                });
+            }
+        }
+        self.reply(
+            c,
+            &Packet::Unsuback(Unsuback {
+                packet_id: u.packet_id,
+                properties: Properties::EMPTY,
+                codes,
+            }),
+        )
+    }
+
+    /// A client's PUBLISH: relayed as an HTTP publish is (to every
+    /// subscriber of its channel, on every node with Redis). QoS 1 is
+    /// acknowledged once it is on its way to the supervisor; QoS 2 is
+    /// refused, as for a server whose maximum QoS is 1.
+    fn on_publish(&self, c: &Rc<Conn<O::Wire>>, p: &Publish<'_>) -> bool {
+        let v5 = c.kind() == Kind::Mqtt5;
+        if let Delivery::ExactlyOnce(_) = p.delivery {
+            self.counters.mqtt_refused("qos2");
+            let mut out = Vec::new();
+            if v5 {
+                MqttAnswer::Disconnect(ReasonCode::QOS_NOT_SUPPORTED).encode(&mut out);
+            }
+            self.fail(c, &out);
+            return false;
+        }
+        let reason = if !self.limits.mqtt_publish {
+            // --publish-listen: publishing is for the internal address.
+            self.counters.mqtt_refused("publish_not_here");
+            ReasonCode::NOT_AUTHORIZED
+        } else if channel::validate(p.topic).is_err() {
+            self.counters.mqtt_refused("bad_channel");
+            ReasonCode::TOPIC_NAME_INVALID
+        } else if !self.mqtt_may_publish(c, p.topic) {
+            ReasonCode::NOT_AUTHORIZED
+        } else {
+            let m = Message {
+                id: 0,
+                message: MessageId::NONE,
+                text: std::str::from_utf8(p.payload).is_ok(),
+                at_most_once: p.delivery == Delivery::AtMostOnce,
+                channel: p.topic.to_owned(),
+                payload: Bytes::copy_from_slice(p.payload),
+            };
+            self.outside
+                .publish(m, p.retain.then(|| p.delivery.qos() as u8));
+            ReasonCode::SUCCESS
+        };
+        match p.delivery {
+            Delivery::AtLeastOnce(id) => self.reply(
+                c,
+                &Packet::Puback(Ack {
+                    packet_id: id,
+                    reason,
+                    properties: Properties::EMPTY,
+                }),
+            ),
+            _ => true,
+        }
+    }
+
+    /// Delivers `p` to `c` at QoS 1: sent with the connection's next
+    /// packet id, or held while its receive maximum is in flight.
+    pub(crate) fn deliver_qos1(&self, c: &Rc<Conn<O::Wire>>, p: &Qos1) -> Result<(), SendError> {
+        if c.state() == State::Gone {
+            return Err(SendError::Closed);
+        }
+        let queued = c.queued_len();
+        let slot = {
+            let mut proto = c.proto_mut();
+            let Some(m) = proto.mqtt_mut() else {
+                return Err(SendError::Closed);
+            };
+            m.deliver(p, queued, self.limits.max_queue, self.now.get())
+        };
+        match slot {
+            None => Err(SendError::QueueFull),
+            Some(Slot::Held) => {
+                crate::metrics::inc(&self.counters.mqtt_waiting);
+                Ok(())
+            }
+            Some(Slot::Send(id)) => {
+                crate::metrics::inc(&self.counters.mqtt_inflight);
+                // The tick checks its acknowledgements with the queues.
+                if !c.list() {
+                    self.queued.borrow_mut().push(c.clone());
+                }
+                self.send_parts(c, &p.parts(&id.to_be_bytes()))
+            }
+        }
+    }
+
+    /// `c` acknowledged delivery `id`: its slot is free, and a held
+    /// delivery takes it. A PUBACK for an id not in flight is counted and
+    /// ignored. False when the connection ended.
+    fn on_puback(&self, c: &Rc<Conn<O::Wire>>, id: PacketId) -> bool {
+        let now = self.now.get();
+        let acked = c
+            .proto_mut()
+            .mqtt_mut()
+            .is_some_and(|m| m.acked(id.get(), now));
+        if !acked {
+            self.counters.mqtt_refused("unknown_puback");
+            return true;
+        }
+        let gauge = &self.counters.mqtt_inflight;
+        gauge.set(gauge.get().saturating_sub(1));
+        crate::metrics::inc(&self.counters.mqtt_acked);
+        loop {
+            let next = c.proto_mut().mqtt_mut().and_then(Mqtt::next_held);
+            let Some((p, id)) = next else {
+                return true;
+            };
+            let waiting = &self.counters.mqtt_waiting;
+            waiting.set(waiting.get().saturating_sub(1));
+            crate::metrics::inc(&self.counters.mqtt_inflight);
+            if let Err(e) = self.send_parts(c, &p.parts(&id.to_be_bytes())) {
+                self.send_failed(c, e);
+                return false;
+            }
+        }
+    }
+
+    /// `c` is ending: its deliveries in flight die with it (a clean
+    /// session is not resumed), and those held were never sent (dropped).
+    fn drop_inflight(&self, c: &Conn<O::Wire>) {
+        let inflight = c.proto_mut().mqtt_mut().and_then(Mqtt::take_inflight);
+        let Some(i) = inflight else { return };
+        let gauge = &self.counters.mqtt_inflight;
+        gauge.set(gauge.get().saturating_sub(i.sent() as u64));
+        let waiting = &self.counters.mqtt_waiting;
+        waiting.set(waiting.get().saturating_sub(i.held() as u64));
+        let dropped = &self.counters.frames_dropped;
+        dropped.set(dropped.get() + i.held() as u64);
+    }
+
+    /// After a SUBSCRIBE whose `filters` (already in the tables) want
+    /// retained messages: asks for them, and holds `c`'s live messages
+    /// until they come.
+    pub(crate) fn ask_retained(&self, c: &Rc<Conn<O::Wire>>, filters: Vec<String>) {
+        if filters.is_empty() || !c.is_open() {
+            return;
+        }
+        let request = self.retained.borrow_mut().ask(c);
+        c.set_rejoining(true);
+        self.outside.ask_retained(request, filters);
+    }
+
+    /// The answer to ask `request`: its retained messages go out (those
+    /// not held live already), then, once the connection waits for no
+    /// other answer, what was held, in order.
+    pub(crate) fn retained_answer(&self, request: u64, messages: Vec<RetainedMessage>) {
+        let answered = {
+            let mut channels = self.channels.borrow_mut();
+            self.retained
+                .borrow_mut()
+                .answer(request, &messages, &mut channels)
+        };
+        let Some(a) = answered else { return };
+        let c = &a.conn;
+        if a.done {
+            c.set_rejoining(false);
+        }
+        for (i, out) in a.out.iter().enumerate() {
+            let sent = match out {
+                Out::Qos0(bytes) => self.send(c, bytes),
+                Out::Qos1(q) => self.deliver_qos1(c, q),
+            };
+            if let Err(e) = sent {
+                self.retained.borrow_mut().forget(c);
+                self.send_failed(c, e);
+                return;
+            }
+            if i < a.retained {
+                crate::metrics::inc(&self.counters.mqtt_retained_sent);
+            }
+        }
+    }
+
+    /// Whether MQTT subscriber `c` may subscribe to `filter`; counts a refusal.
+    fn mqtt_may_subscribe(&self, c: &Conn<O::Wire>, filter: &str) -> bool {
+        let ok = !c.expired(self.wall.get())
+            && mqtt_auth::may_subscribe(c.proto().mqtt().and_then(Mqtt::grants), filter);
+        if !ok {
+            self.counters.mqtt_refused("subscribe_not_granted");
+        }
+        ok
+    }
+
+    /// Whether MQTT subscriber `c` may publish to `channel`; counts a
+    /// refusal. A token past its expiry publishes nothing, though the
+    /// sweep may not have closed its connection yet.
+    fn mqtt_may_publish(&self, c: &Conn<O::Wire>, channel: &str) -> bool {
+        let ok = !c.expired(self.wall.get())
+            && mqtt_auth::may_publish(
+                self.limits.publish_guarded,
+                c.proto().mqtt().and_then(Mqtt::grants),
+                channel,
+            );
+        if !ok {
+            self.counters.mqtt_refused("publish_not_granted");
+        }
+        ok
     }
 }
 
@@ -779,7 +1706,7 @@ mod tests {
             p.clients[a].take(),
             [Got::Close(Some(close_code::POLICY), "idle timeout".into())]
         );
-        assert_eq!(p.conn(a).unwrap().state.get(), State::Closing);
+        assert_eq!(p.conn(a).unwrap().state(), State::Closing);
         assert_eq!(p.publish("news", "x"), 0, "no longer delivered to");
         p.tick(1);
         assert!(!p.clients[a].server_closed(), "within the grace");
@@ -840,15 +1767,15 @@ mod tests {
             ping_interval: TICK * 10,
             ..limits(1 << 20, 1000, 1000, 50)
         });
-        p.subs.wall.set(1_000);
+        p.subs.set_wall(1_000);
         let short = p.connect_until("news", 1_005);
         let long = p.connect_until("news", 2_000);
         let plain = p.connect("news");
         // A whole sweep just before exp: nobody is closed.
-        p.subs.wall.set(1_004);
+        p.subs.set_wall(1_004);
         p.tick(10);
         assert!(p.conn(short).unwrap().is_open());
-        p.subs.wall.set(1_005);
+        p.subs.set_wall(1_005);
         p.tick(10);
         let got = p.clients[short].take();
         assert_eq!(
@@ -905,14 +1832,14 @@ mod tests {
         p.clients[a].close(close_code::NORMAL);
         p.drive();
         assert_eq!(
-            *p.subs.outside.interest.borrow(),
+            *p.subs.outside().interest.borrow(),
             [("x".to_owned(), true), ("y".to_owned(), true)]
         );
         p.clients[b].fin();
         p.reset(c);
         p.drive();
         assert_eq!(
-            p.subs.outside.interest.borrow()[2..],
+            p.subs.outside().interest.borrow()[2..],
             [("x".to_owned(), false), ("y".to_owned(), false)]
         );
         assert_eq!(p.subs.len(), 0);
@@ -1135,7 +2062,8 @@ mod tests {
                         rejoined_at = published;
                     }
                     Step::Answer => {
-                        let (req, channel, since) = p.subs.outside.recovers.borrow_mut().remove(0);
+                        let (req, channel, since) =
+                            p.subs.outside().recovers.borrow_mut().remove(0);
                         let r = h.recover(&channel, since, 0);
                         let answer = ToWorker::Recovered(req, r.complete, r.messages);
                         if steps.iter().any(|s| matches!(s, Step::ReadAnswer)) {

@@ -17,11 +17,8 @@ use std::rc::Rc;
 
 use throng_proto::mqtt::topic::{FilterTrie, TooDeep};
 
-use super::conn::Conn;
+use super::conn::{Conn, NONE};
 use super::mqtt::{Mqtt, MqttState, Sub, WildSub};
-
-/// Marks a connection that is not in a table.
-pub(crate) const NONE: u32 = u32::MAX;
 
 /// Live subscribers by slot. Invariant: `slots[c.slot] == Some(c)` for every
 /// connection in the table; free slots are listed in `free`.
@@ -50,13 +47,13 @@ impl<W> Slab<W> {
                 (self.slots.len() - 1) as u32
             }
         };
-        c.slot.set(slot);
+        c.set_slot(slot);
         self.slots[slot as usize] = Some(c.clone());
         self.len += 1;
     }
 
     pub(crate) fn remove(&mut self, c: &Conn<W>) {
-        let slot = c.slot.replace(NONE);
+        let slot = c.take_slot();
         if slot == NONE {
             return;
         }
@@ -166,7 +163,7 @@ impl<W> Channels<W> {
         // `seen` holds the lookup's generation and, in its low bit, the
         // highest QoS found for the connection in it.
         let mut visit = |c: &Rc<Conn<W>>, qos: u8| {
-            let mut proto = c.proto.borrow_mut();
+            let mut proto = c.proto_mut();
             let state = proto.mqtt_mut().and_then(|m| m.more.as_deref_mut());
             let before = state.map(|m| {
                 let before = m.seen;
@@ -196,8 +193,8 @@ impl<W> Channels<W> {
     /// `channel` (0 when none does).
     pub(crate) fn qos_for(&mut self, c: &Conn<W>, channel: &str) -> u8 {
         let id = self.by_name.get(channel).copied();
-        if id.is_some_and(|id| c.sub_pos.get() != NONE && c.channel.get() == id) {
-            return c.proto.borrow().mqtt().map_or(0, |m| m.qos);
+        if id.is_some_and(|id| c.sub_pos() != NONE && c.channel() == id) {
+            return c.proto().mqtt().map_or(0, |m| m.qos);
         }
         let Some(m) = state(c) else { return 0 };
         let mut qos = 0;
@@ -222,7 +219,7 @@ impl<W> Channels<W> {
         let Some(&id) = self.by_name.get(filter) else {
             return state(c).is_some_and(|m| m.wild.iter().any(|w| &*w.filter == filter));
         };
-        if c.sub_pos.get() != NONE && c.channel.get() == id {
+        if c.sub_pos() != NONE && c.channel() == id {
             return true;
         }
         state(c).is_some_and(|m| m.subs.iter().any(|s| s.channel == id))
@@ -252,7 +249,7 @@ impl<W> Channels<W> {
         // too, where a lookup marks what it found.
         self.spill(c);
         let subs = self.wild.get_or_insert_with(filter, Vec::new)?;
-        let mut proto = c.proto.borrow_mut();
+        let mut proto = c.proto_mut();
         if let Some(m) = proto.mqtt_mut().map(Mqtt::state_mut) {
             m.wild.push(WildSub {
                 filter: Rc::from(filter),
@@ -270,7 +267,7 @@ impl<W> Channels<W> {
         match k {
             Some(k) => {
                 self.leave_wild(c, k);
-                if let Some(m) = c.proto.borrow_mut().mqtt_mut() {
+                if let Some(m) = c.proto_mut().mqtt_mut() {
                     m.shrink();
                 }
                 true
@@ -283,7 +280,7 @@ impl<W> Channels<W> {
     /// `c`'s list (whose last one moves into its place).
     fn leave_wild(&mut self, c: &Conn<W>, k: usize) {
         let (sub, moved) = {
-            let mut proto = c.proto.borrow_mut();
+            let mut proto = c.proto_mut();
             let Some(m) = proto.mqtt_mut().and_then(|m| m.more.as_deref_mut()) else {
                 return;
             };
@@ -300,7 +297,7 @@ impl<W> Channels<W> {
         };
         subs.swap_remove(sub.pos as usize);
         if let Some((other, j, _)) = subs.get(sub.pos as usize)
-            && let Some(m) = other.proto.borrow_mut().mqtt_mut()
+            && let Some(m) = other.proto_mut().mqtt_mut()
             && let Some(m) = m.more.as_deref_mut()
         {
             m.wild[*j as usize].pos = sub.pos;
@@ -347,8 +344,8 @@ impl<W> Channels<W> {
     /// Puts `c` in channel `id`'s list, as its channel.
     fn join(&mut self, id: u32, c: &Rc<Conn<W>>) {
         if let Some((_, ch)) = self.list[id as usize].as_mut() {
-            c.channel.set(id);
-            c.sub_pos.set(ch.subs.len() as u32);
+            c.set_channel(id);
+            c.set_sub_pos(ch.subs.len() as u32);
             ch.subs.push(c.clone());
         }
     }
@@ -360,16 +357,16 @@ impl<W> Channels<W> {
     /// to the channel's MQTT list.
     pub(crate) fn subscribe_mqtt(&mut self, name: &str, c: &Rc<Conn<W>>, qos: u8) -> bool {
         let (id, first) = self.id_of(name);
-        let inline = c.sub_pos.get() != NONE;
-        if inline && c.channel.get() == id {
-            if let Some(m) = c.proto.borrow_mut().mqtt_mut() {
+        let inline = c.sub_pos() != NONE;
+        if inline && c.channel() == id {
+            if let Some(m) = c.proto_mut().mqtt_mut() {
                 m.qos = qos;
             }
             return first;
         }
         let listed = state(c).is_some_and(|m| !m.subs.is_empty() || !m.wild.is_empty());
         if !inline && !listed {
-            if let Some(m) = c.proto.borrow_mut().mqtt_mut() {
+            if let Some(m) = c.proto_mut().mqtt_mut() {
                 m.qos = qos;
             }
             self.join(id, c);
@@ -395,7 +392,7 @@ impl<W> Channels<W> {
         let Some((_, ch)) = self.list[id as usize].as_mut() else {
             return;
         };
-        let mut proto = c.proto.borrow_mut();
+        let mut proto = c.proto_mut();
         let Some(m) = proto.mqtt_mut().map(Mqtt::state_mut) else {
             return;
         };
@@ -409,11 +406,11 @@ impl<W> Channels<W> {
     /// Moves MQTT subscriber `c`'s subscription kept as its channel, if it
     /// has one, to that channel's MQTT list (it is getting another).
     fn spill(&mut self, c: &Rc<Conn<W>>) {
-        if c.sub_pos.get() == NONE {
+        if c.sub_pos() == NONE {
             return;
         }
-        let id = c.channel.get();
-        let qos = c.proto.borrow().mqtt().map_or(0, |m| m.qos);
+        let id = c.channel();
+        let qos = c.proto().mqtt().map_or(0, |m| m.qos);
         self.leave(c);
         self.join_mqtt(id, c, qos);
     }
@@ -422,12 +419,12 @@ impl<W> Channels<W> {
     /// not in it, else the channel's name when `c` was its last subscriber.
     pub(crate) fn unsubscribe_mqtt(&mut self, name: &str, c: &Conn<W>) -> Option<Option<Rc<str>>> {
         let id = *self.by_name.get(name)?;
-        if c.sub_pos.get() != NONE && c.channel.get() == id {
+        if c.sub_pos() != NONE && c.channel() == id {
             return Some(self.unsubscribe(c));
         }
         let k = state(c)?.subs.iter().position(|s| s.channel == id)?;
         let gone = self.leave_mqtt(c, k);
-        if let Some(m) = c.proto.borrow_mut().mqtt_mut() {
+        if let Some(m) = c.proto_mut().mqtt_mut() {
             m.shrink();
         }
         Some(gone)
@@ -457,7 +454,7 @@ impl<W> Channels<W> {
     /// list (whose last subscription moves into its place).
     fn leave_mqtt(&mut self, c: &Conn<W>, k: usize) -> Option<Rc<str>> {
         let (sub, moved) = {
-            let mut proto = c.proto.borrow_mut();
+            let mut proto = c.proto_mut();
             let m = proto.mqtt_mut()?.more.as_deref_mut()?;
             let sub = m.subs.swap_remove(k);
             (sub, m.subs.get(k).copied())
@@ -471,7 +468,7 @@ impl<W> Channels<W> {
         let (_, ch) = self.list[id].as_mut()?;
         ch.mqtt.swap_remove(sub.pos as usize);
         if let Some((other, j, _)) = ch.mqtt.get(sub.pos as usize)
-            && let Some(m) = other.proto.borrow_mut().mqtt_mut()
+            && let Some(m) = other.proto_mut().mqtt_mut()
             && let Some(m) = m.more.as_deref_mut()
         {
             // Another connection's: `c` is in a channel once.
@@ -489,15 +486,15 @@ impl<W> Channels<W> {
 
     /// Takes `c` out of its channel's list; returns the channel's id.
     fn leave(&mut self, c: &Conn<W>) -> Option<usize> {
-        let pos = c.sub_pos.replace(NONE);
+        let pos = c.take_sub_pos();
         if pos == NONE {
             return None;
         }
-        let id = c.channel.get() as usize;
+        let id = c.channel() as usize;
         let (_, ch) = self.list[id].as_mut()?;
         ch.subs.swap_remove(pos as usize);
         if let Some(moved) = ch.subs.get(pos as usize) {
-            moved.sub_pos.set(pos);
+            moved.set_sub_pos(pos);
         }
         Some(id)
     }
@@ -519,7 +516,7 @@ impl<W> Channels<W> {
 
 /// MQTT subscriber `c`'s boxed state, if it has one.
 fn state<W>(c: &Conn<W>) -> Option<std::cell::Ref<'_, MqttState>> {
-    std::cell::Ref::filter_map(c.proto.borrow(), |p| p.mqtt().and_then(Mqtt::state)).ok()
+    std::cell::Ref::filter_map(c.proto(), |p| p.mqtt().and_then(Mqtt::state)).ok()
 }
 
 #[cfg(test)]
@@ -546,7 +543,7 @@ mod tests {
         let subs = ch.get(name).map_or(&[][..], |c| &c.subs[..]);
         assert_eq!(subs.len(), want, "{name}");
         for (i, c) in subs.iter().enumerate() {
-            assert_eq!(c.sub_pos.get() as usize, i, "position invariant in {name}");
+            assert_eq!(c.sub_pos() as usize, i, "position invariant in {name}");
         }
     }
 
@@ -562,7 +559,7 @@ mod tests {
         check(&ch, "b", 2);
         ch.unsubscribe(&cs[1]);
         ch.unsubscribe(&cs[1]); // twice is harmless
-        assert_eq!(cs[1].sub_pos.get(), NONE);
+        assert_eq!(cs[1].sub_pos(), NONE);
         check(&ch, "a", 4);
         assert_eq!(ch.unsubscribe(&cs[5]), None);
         assert_eq!(ch.unsubscribe(&cs[6]).as_deref(), Some("b"));
@@ -577,14 +574,14 @@ mod tests {
         assert!(!ch.subscribe("a", &cs[6]));
         check(&ch, "b", 1);
 
-        let slot = cs[2].slot.get();
+        let slot = cs[2].slot();
         slab.remove(&cs[2]);
-        assert_eq!(cs[2].slot.get(), NONE);
+        assert_eq!(cs[2].slot(), NONE);
         assert!(slab.get(slot as usize).is_none());
         assert_eq!(slab.len(), 6);
         let (_l2, more) = conns(1);
         slab.insert(&more[0]);
-        assert_eq!(more[0].slot.get(), slot, "free slots are reused");
+        assert_eq!(more[0].slot(), slot, "free slots are reused");
         assert_eq!(slab.capacity(), 7);
         assert_eq!(slab.all().len(), 7);
     }
@@ -609,7 +606,7 @@ mod tests {
         let id = *ch.by_name.get(name).unwrap_or(&NONE);
         let entries = ch.get(name).map_or(&[][..], |c| &c.mqtt[..]);
         for (pos, (c, k, _)) in entries.iter().enumerate() {
-            assert_eq!(c.sub_pos.get(), NONE, "{name}: in one list only");
+            assert_eq!(c.sub_pos(), NONE, "{name}: in one list only");
             let sub = state(c).unwrap().subs[*k as usize];
             assert_eq!((sub.channel, sub.pos as usize), (id, pos), "{name}");
         }
@@ -661,7 +658,7 @@ mod tests {
         }
         for c in &cs[..3] {
             assert!(
-                c.proto.borrow().mqtt().unwrap().state().is_none(),
+                c.proto().mqtt().unwrap().state().is_none(),
                 "one subscription needs no box"
             );
         }
@@ -709,7 +706,7 @@ mod tests {
             .get(topic)
             .map_or(&[][..], |c| &c.subs[..])
             .iter()
-            .map(|c| (Rc::as_ptr(c), c.proto.borrow().mqtt().unwrap().qos))
+            .map(|c| (Rc::as_ptr(c), c.proto().mqtt().unwrap().qos))
             .collect();
         ch.for_each_mqtt(topic, |c, qos, first| {
             if first {

@@ -7,7 +7,6 @@
 //! same `send` a fan-out makes, without its bookkeeping), timed on the
 //! thread's CPU clock. Nothing on the publish path passes through here.
 
-use std::rc::Rc;
 use std::time::Instant;
 
 use throng_host::process;
@@ -47,16 +46,8 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
 /// short is closed, since its stream now holds half a frame.
 fn floor(w: &Worker, channel: &str, text: bool, payload: &[u8]) -> String {
     let frame = ws::server_frame(if text { OpCode::Text } else { OpCode::Binary }, payload);
-    let conns: Vec<Rc<_>> = match w.subs.channels.borrow().get(channel) {
-        Some(ch) => ch
-            .subs
-            .iter()
-            // A TLS subscriber's stream cannot take a bare frame.
-            .filter(|c| !c.has_queue() && c.is_open() && !c.is_tls())
-            .cloned()
-            .collect(),
-        None => Vec::new(),
-    };
+    // A TLS subscriber's stream cannot take a bare frame.
+    let conns = w.subs.bare_subscribers_of(channel);
     let start = Instant::now();
     let cpu = process::thread_cpu();
     let mut short = Vec::new();

@@ -16,44 +16,8 @@ pub(crate) mod publish;
 
 use throng_proto::http::{self, Request};
 
-use super::state::Worker;
+use super::state::{Serves, Worker};
 use crate::tls::stream::Io;
-
-/// What one listener serves. The public listeners (`--listen`,
-/// `--tls-listen`) serve subscriptions, `/healthz` and `/ping`, and
-/// publishing and `/metrics` unless `--publish-listen` or `--metrics-listen`
-/// moved them; an internal listener serves only what it was given, and
-/// `/healthz`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Serves {
-    /// WebSocket upgrades, `/ping` and `/bench/floor`.
-    pub(crate) subscribe: bool,
-    /// `POST /publish/<channel>`.
-    pub(crate) publish: bool,
-    /// `GET /metrics`.
-    pub(crate) metrics: bool,
-}
-
-impl Serves {
-    /// A public listener of `cfg`.
-    pub(crate) fn public(cfg: &crate::Config) -> Self {
-        Self {
-            subscribe: true,
-            publish: cfg.publish_listen.is_empty(),
-            metrics: cfg.metrics_listen.is_empty(),
-        }
-    }
-
-    /// The internal listener on `addr` (in `--publish-listen`,
-    /// `--metrics-listen`, or both).
-    pub(crate) fn internal(cfg: &crate::Config, addr: std::net::SocketAddr) -> Self {
-        Self {
-            subscribe: false,
-            publish: cfg.publish_listen.contains(&addr),
-            metrics: cfg.metrics_listen.contains(&addr),
-        }
-    }
-}
 
 /// The route a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,6 +18,7 @@ use crate::channel;
 use crate::tls::stream::Io;
 use crate::worker::gate;
 use crate::worker::state::Worker;
+use crate::worker::supervisor_link::PublishError;
 
 /// A message read from a publish request.
 pub(super) struct Published {
@@ -54,16 +55,16 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
     let qos = retain.then_some(1);
     let retained = if m.body.is_empty() { "cleared" } else { "set" };
     match w
-        .link
+        .supervisor
         .publish(&m.channel, m.text, Bytes::from(m.body), qos)
         .await
     {
-        Some(Err(reason)) => {
-            let msg = format!("cannot publish: {reason}\n");
+        Err(refused @ PublishError::Refused(_)) => {
+            let msg = format!("{refused}\n");
             let keep = req.keep_alive();
             reply(w, stream, 503, "text/plain", msg.as_bytes(), keep).await
         }
-        Some(Ok(p)) => {
+        Ok(p) => {
             // Redis counts the connections that received the message (the
             // subscribed nodes, plus any other client), not WebSocket subscribers.
             let mut json = if w.cfg.redis_mode.is_some() {
@@ -85,7 +86,7 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
             let keep = req.keep_alive();
             reply(w, stream, 200, "application/json", json.as_bytes(), keep).await
         }
-        None => refuse(w, stream, 503, "supervisor unavailable\n").await,
+        Err(PublishError::Gone) => refuse(w, stream, 503, "supervisor unavailable\n").await,
     }
 }
 

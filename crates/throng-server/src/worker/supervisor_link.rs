@@ -1,4 +1,5 @@
-//! The worker's end of its control socket, as its HTTP routes use it: ask
+//! The worker's end of its control socket to the supervisor (not a Redis
+//! link, nor a client's stream), as its tasks and HTTP routes use it: ask
 //! the supervisor to relay a publish and wait for the count, ask for the
 //! `/metrics` text, remember the broker's last state (for `/healthz`), send
 //! counter snapshots and channel interest.
@@ -41,23 +42,20 @@ pub(crate) struct Published {
     pub(crate) message: MessageId,
 }
 
-/// The record of publish request `id`: retained (at QoS `retain`) or not.
-fn publish_record(
-    id: u64,
-    channel: &str,
-    text: bool,
-    at_most_once: bool,
-    payload: Bytes,
-    retain: Option<u8>,
-) -> Record {
-    let message = Message {
-        id,
-        message: MessageId::NONE,
-        text,
-        at_most_once,
-        channel: channel.to_owned(),
-        payload,
-    };
+/// Why a publish through the supervisor did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PublishError {
+    /// The supervisor could not publish it (Redis is down, the message is
+    /// too large for it, ...): its reason.
+    #[error("cannot publish: {0}")]
+    Refused(String),
+    /// The supervisor is gone (the worker is about to drain).
+    #[error("supervisor unavailable")]
+    Gone,
+}
+
+/// The record of publish request `message`: retained (at QoS `retain`) or not.
+fn publish_record(message: Message, retain: Option<u8>) -> Record {
     match retain {
         Some(qos) => Record::PublishRetained { qos, message },
         None => Record::Publish(message),
@@ -65,21 +63,21 @@ fn publish_record(
 }
 
 /// One worker's link to its supervisor.
-pub(crate) struct Link {
+pub(crate) struct SupervisorLink {
     index: usize,
     counters: Rc<Counters>,
     /// Whether channel interest is reported (Redis channels mode).
     report_interest: bool,
     ctl: mpsc::UnboundedSender<Bytes>,
     next_request: Cell<u64>,
-    pending_publish: RefCell<HashMap<u64, oneshot::Sender<Result<Published, String>>>>,
+    pending_publish: RefCell<HashMap<u64, oneshot::Sender<Result<Published, PublishError>>>>,
     pending_metrics: RefCell<HashMap<u64, oneshot::Sender<Bytes>>>,
     pending_admit: RefCell<HashMap<u64, oneshot::Sender<Verdict>>>,
     /// The broker's last state from the supervisor (Redis only).
     broker: RefCell<Option<BrokerState>>,
 }
 
-impl Link {
+impl SupervisorLink {
     /// The link of worker `index` whose records go to `ctl`.
     pub(crate) fn new(
         index: usize,
@@ -129,7 +127,8 @@ impl Link {
             }
             Record::PublishFailed { id, reason } => {
                 if let Some(tx) = self.pending_publish.borrow_mut().remove(&id) {
-                    let _ = tx.send(Err(String::from_utf8_lossy(&reason).into_owned()));
+                    let reason = String::from_utf8_lossy(&reason).into_owned();
+                    let _ = tx.send(Err(PublishError::Refused(reason)));
                 }
             }
             Record::Broker { up, down_ms, text } => {
@@ -158,47 +157,39 @@ impl Link {
     /// Asks the supervisor to relay a message (also its channel's retained
     /// message when `retain` holds its QoS); resolves to the number of
     /// subscribers it reached over all workers (with Redis: the receivers
-    /// Redis counted) and its id, or why it could not be published
-    /// (`None`: supervisor gone).
+    /// Redis counted) and its id, or why it could not be published.
     pub(crate) async fn publish(
         &self,
         channel: &str,
         text: bool,
         payload: Bytes,
         retain: Option<u8>,
-    ) -> Option<Result<Published, String>> {
+    ) -> Result<Published, PublishError> {
         let id = self.request_id();
         let (tx, rx) = oneshot::channel();
         self.pending_publish.borrow_mut().insert(id, tx);
-        let rec = publish_record(id, channel, text, false, payload, retain);
+        let message = Message {
+            id,
+            message: MessageId::NONE,
+            text,
+            at_most_once: false,
+            channel: channel.to_owned(),
+            payload,
+        };
+        let rec = publish_record(message, retain);
         if self.ctl.send(rec.encode()).is_err() {
             self.pending_publish.borrow_mut().remove(&id);
-            return None;
+            return Err(PublishError::Gone);
         }
-        rx.await.ok()
+        rx.await.unwrap_or(Err(PublishError::Gone))
     }
 
     /// Asks the supervisor to relay a message whose answer nobody waits
     /// for (an MQTT client's PUBLISH): its answer, under an id no request
-    /// holds, is dropped by [`Self::on_record`]. `at_most_once`: it was
-    /// published at QoS 0.
-    pub(crate) fn publish_unanswered(
-        &self,
-        channel: &str,
-        text: bool,
-        at_most_once: bool,
-        payload: Bytes,
-        retain: Option<u8>,
-    ) {
-        let id = self.request_id();
-        self.send(&publish_record(
-            id,
-            channel,
-            text,
-            at_most_once,
-            payload,
-            retain,
-        ));
+    /// holds, is dropped by [`Self::on_record`]; its id is set here.
+    pub(crate) fn publish_unanswered(&self, mut message: Message, retain: Option<u8>) {
+        message.id = self.request_id();
+        self.send(&publish_record(message, retain));
     }
 
     /// Asks the supervisor for what `channel` kept after `since` (rejoin

@@ -1,0 +1,363 @@
+//! The accept step of an `--mqtt-listen` connection, beside [`super::http`]
+//! for HTTP ones: per-address limits, the TLS handshake (`--mqtts-listen`),
+//! CONNECT within `--handshake-timeout`, the credential, CONNACK; then the
+//! socket leaves tokio for the worker's epoll, and the connection is an
+//! MQTT subscriber ([`super::mqtt`]) in the worker's tables.
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use throng_proto::mqtt::{
+    self, Connack, Decoder, Packet, Properties, PropertiesBuf, Property, ReasonCode, Version,
+};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use super::conn::{Conn, NONE, TlsState};
+use super::gate;
+use super::mqtt::{Mqtt, Will, encode};
+use super::mqtt_auth::{self, Admitted};
+use super::state::Worker;
+use super::subscribers::max_packet;
+use crate::addresses::Source;
+use crate::channel;
+use crate::tls::stream::{Io, TlsStream};
+use crate::wheel;
+
+thread_local! {
+    // Clients given an id by this worker (5.0, empty client id), for a unique one.
+    static ASSIGNED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Serves one connection from an `--mqtt-listen` listener: per-address
+/// limits first (a refused connection is just closed: MQTT has no word for
+/// it before CONNECT), then the handshake.
+pub(crate) async fn serve(
+    w: Rc<Worker>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
+    let source = if w.cfg.per_address.any() {
+        let source = Source::of(peer.ip());
+        let verdict = w.supervisor.admit(source).await;
+        if let Some(label) = verdict.label() {
+            w.counters.refused(label);
+            return;
+        }
+        Some(source)
+    } else {
+        None
+    };
+    let ticket = Cell::new(source);
+    let stream = match tls {
+        None => Io::Plain(tcp),
+        Some(config) => {
+            let accepted =
+                tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
+            let failed = match accepted {
+                Ok(Ok(s)) => {
+                    w.counters.tls_handshake(s.handshake_label());
+                    Ok(Io::Tls(Box::new(s)))
+                }
+                Err(_) => Err("tls_timeout"),
+                Ok(Err(e)) => Err(e.label()),
+            };
+            match failed {
+                Ok(io) => io,
+                Err(label) => {
+                    w.counters.handshake_failed(label);
+                    if let Some(source) = ticket.take() {
+                        w.supervisor.release(source);
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    handshake(&w, stream, &ticket).await;
+    if let Some(source) = ticket.take() {
+        w.supervisor.release(source);
+    }
+}
+
+/// What the handshake read: the CONNECT's fields the connection keeps.
+struct Connected {
+    version: Version,
+    keep_alive: u16,
+    clean_start: bool,
+    /// Empty: 5.0 gets an assigned one in CONNACK.
+    client_id_empty: bool,
+    /// Its will's topic and payload, and its QoS if it is retained.
+    will: Option<(String, Bytes, Option<u8>)>,
+    /// Its receive maximum (5.0; 3.1.1 has none).
+    receive_max: Option<u16>,
+    /// Its password: a token or the publish key (read, then dropped).
+    password: Option<Vec<u8>>,
+}
+
+/// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
+/// the connection to the subscribers, holding its address (`ticket`) and
+/// its place under `--max-connections`.
+async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
+    let mut buf: Vec<u8> = Vec::new();
+    let Some((mut connected, used)) = connect(w, &mut tcp, &mut buf).await else {
+        return;
+    };
+    let version = connected.version;
+    let (admitted, will) = match admit(w, &mut connected) {
+        Ok(admitted) => admitted,
+        Err(code) => {
+            let out = refusal(version, code);
+            let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
+            return;
+        }
+    };
+    let counted = &w.subs.outside().counted;
+    let connack = connack(w, &connected);
+    let written = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&connack)).await;
+    if !matches!(written, Ok(Ok(()))) {
+        counted.give_place();
+        w.counters.handshake_failed("write_failed");
+        return;
+    }
+    // From here on the socket lives in the worker's own epoll, not tokio's.
+    let (sock, rest, tls) = match tcp {
+        Io::Plain(tcp) => (tcp.into_std(), buf[used..].to_vec(), None),
+        Io::Tls(s) => {
+            let parts = s.into_parts();
+            // Packets behind the CONNECT: what was read, then what was
+            // decrypted but not read.
+            let mut plain = buf[used..].to_vec();
+            plain.extend_from_slice(&parts.plain_rest);
+            let tls = TlsState::new(parts.conn, &parts.cipher_rest);
+            (parts.tcp.into_std(), plain, Some(tls))
+        }
+    };
+    let Ok(sock) = sock else {
+        counted.give_place();
+        w.counters.handshake_failed("write_failed");
+        return;
+    };
+    let state = session(&connected, admitted.grants, will);
+    let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
+    let mut c = Conn::new(sock, w.subs.now(), &rest)
+        .with_mqtt(version, state)
+        .with_expiry(admitted.expires)
+        .with_tag(tag);
+    if let Some(tls) = tls {
+        c = c.with_tls(tls);
+    }
+    if let Err(e) = w.subs.add_mqtt(c) {
+        counted.release(&w.supervisor, tag);
+        w.counters.handshake_failed("epoll");
+        log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
+    }
+}
+
+/// Reads CONNECT within `--handshake-timeout`: its fields and the bytes of
+/// `buf` it took. `None` (counted, and a protocol error answered) when the
+/// client was too slow, left, or broke the protocol.
+async fn connect(w: &Worker, tcp: &mut Io, buf: &mut Vec<u8>) -> Option<(Connected, usize)> {
+    let mut decoder = Decoder::server(max_packet(w.cfg.max_message));
+    let read = tokio::time::timeout(
+        w.cfg.handshake_timeout,
+        read_connect(tcp, &mut decoder, buf),
+    )
+    .await;
+    match read {
+        Err(_) => {
+            w.counters.handshake_failed("mqtt_timeout");
+            None
+        }
+        Ok(Err(None)) => {
+            if !buf.is_empty() {
+                w.counters.handshake_failed("mqtt_incomplete");
+            }
+            None
+        }
+        Ok(Err(Some(e))) => {
+            w.counters.handshake_failed("mqtt_bad_connect");
+            w.counters.mqtt_refused(e.label());
+            let mut out = Vec::new();
+            decoder.answer(&e).encode(&mut out);
+            let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
+            None
+        }
+        Ok(Ok(got)) => Some(got),
+    }
+}
+
+/// The CONNACK refusing a client of `version` with `code`.
+fn refusal(version: Version, code: ReasonCode) -> Bytes {
+    let code = match version {
+        // 3.1.1 has six return codes: "server unavailable" for the rest.
+        Version::V311 if code.v3_connack().is_none() => ReasonCode::SERVER_UNAVAILABLE,
+        _ => code,
+    };
+    encode(
+        version,
+        &Packet::Connack(Connack {
+            session_present: false,
+            code,
+            properties: Properties::EMPTY,
+        }),
+    )
+}
+
+/// Lets the client in or not (each refusal counted): not while the worker
+/// drains, only with a credential where one is needed, only with a place
+/// under `--max-connections` (taken here), and with a will only where it
+/// may publish. What its credential grants, and its will.
+fn admit(
+    w: &Worker,
+    connected: &mut Connected,
+) -> Result<(Admitted, Option<Box<Will>>), ReasonCode> {
+    if w.draining.get() {
+        w.counters.handshake_failed("draining");
+        return Err(ReasonCode::SERVER_UNAVAILABLE);
+    }
+    let admitted = mqtt_auth::check(
+        w.cfg.auth.publish_guarded(),
+        w.verifier.as_ref(),
+        w.publish_key.as_ref(),
+        connected.password.as_deref().unwrap_or_default(),
+        gate::unix_now(),
+    )
+    .map_err(|refusal| {
+        w.counters.refused(refusal.label());
+        mqtt_auth::connack_code(refusal)
+    })?;
+    let counted = &w.subs.outside().counted;
+    if !counted.take_place() {
+        w.counters.refused("max_connections");
+        return Err(ReasonCode::SERVER_BUSY);
+    }
+    let Some((channel, payload, retain)) = connected.will.take() else {
+        return Ok((admitted, None));
+    };
+    // A will is a publish: where an MQTT client may not publish, or on a
+    // topic that is not a channel, it is refused with the CONNECT.
+    let guarded = w.subs.limits().publish_guarded;
+    let why = if !w.subs.limits().mqtt_publish {
+        Some(("publish_not_here", ReasonCode::NOT_AUTHORIZED))
+    } else if channel::validate(&channel).is_err() {
+        Some(("bad_channel", ReasonCode::TOPIC_NAME_INVALID))
+    } else if !mqtt_auth::may_publish(guarded, admitted.grants.as_deref(), &channel) {
+        Some(("will_not_granted", ReasonCode::NOT_AUTHORIZED))
+    } else {
+        None
+    };
+    if let Some((label, code)) = why {
+        w.counters.mqtt_refused(label);
+        counted.give_place();
+        return Err(code);
+    }
+    let will = Will {
+        channel,
+        payload,
+        retain,
+    };
+    Ok((admitted, Some(Box::new(will))))
+}
+
+/// The CONNACK that lets the client in: for 5.0, what this server offers
+/// and the client id it assigned.
+fn connack(w: &Worker, connected: &Connected) -> Bytes {
+    let version = connected.version;
+    let mut props = PropertiesBuf::new();
+    let assigned;
+    if version == Version::V5 {
+        // What this server offers, so a 5.0 client does not try the rest.
+        let offer = [
+            Property::MaximumQos(1),
+            Property::RetainAvailable(1),
+            Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits().wildcards)),
+            Property::SharedSubscriptionAvailable(0),
+        ];
+        for p in offer {
+            let _ = props.push(p);
+        }
+        if connected.client_id_empty {
+            let n = ASSIGNED.with(|a| {
+                let n = a.get() + 1;
+                a.set(n);
+                n
+            });
+            assigned = format!("throng-{}-{n}", w.index);
+            let _ = props.push(Property::AssignedClientIdentifier(&assigned));
+        }
+    }
+    if !connected.clean_start {
+        // A persistent session is not kept: this one is clean, and
+        // "session present 0" tells the client so.
+        w.counters.mqtt_refused("persistent_session");
+    }
+    encode(
+        version,
+        &Packet::Connack(Connack {
+            session_present: false,
+            code: ReasonCode::SUCCESS,
+            properties: props.properties(),
+        }),
+    )
+}
+
+/// The new subscriber's state: its keep-alive, receive maximum, grants
+/// and will.
+fn session(
+    connected: &Connected,
+    grants: Option<Box<mqtt_auth::MqttGrants>>,
+    will: Option<Box<Will>>,
+) -> Mqtt {
+    // 1.5 times the keep-alive, rounded up to a tick.
+    let keep_alive = match connected.keep_alive {
+        0 => 0,
+        s => wheel::ticks(std::time::Duration::from_millis(u64::from(s) * 1500)).max(1),
+    };
+    Mqtt::session(keep_alive, connected.receive_max, will, grants)
+}
+
+/// Reads until `decoder` gives the CONNECT; returns its fields and the
+/// bytes of `buf` it used (what follows is the client's next packets).
+/// `Err(None)`: the client left first; `Err(Some)`: it broke the protocol.
+async fn read_connect(
+    tcp: &mut Io,
+    decoder: &mut Decoder,
+    buf: &mut Vec<u8>,
+) -> Result<(Connected, usize), Option<mqtt::DecodeError>> {
+    loop {
+        if let Some(d) = decoder.decode(buf).map_err(Some)? {
+            let Packet::Connect(c) = d.packet else {
+                // The decoder refuses anything else first.
+                return Err(None);
+            };
+            let version = decoder.version().unwrap_or(Version::V311);
+            let connected = Connected {
+                version,
+                keep_alive: c.keep_alive,
+                clean_start: c.clean_start,
+                client_id_empty: c.client_id.is_empty(),
+                will: c.will.map(|w| {
+                    let retain = w.retain.then_some(w.qos as u8);
+                    (
+                        w.topic.to_owned(),
+                        Bytes::copy_from_slice(w.payload),
+                        retain,
+                    )
+                }),
+                receive_max: c.properties.receive_maximum(),
+                password: c.password.map(<[u8]>::to_vec),
+            };
+            return Ok((connected, d.consumed));
+        }
+        buf.reserve(1024);
+        match tcp.read_buf(buf).await {
+            Ok(0) | Err(_) => return Err(None),
+            Ok(_) => {}
+        }
+    }
+}
