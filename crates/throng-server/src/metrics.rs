@@ -906,35 +906,31 @@ fn render_broker(out: &mut String, b: &BrokerStats) {
     render_shards(out, &b.shards);
 }
 
+/// One per-shard family: its name, its help, its value from (up, seconds).
+type ShardFamily = (&'static str, &'static str, fn(bool, f64) -> String);
+
 /// A Redis Cluster's shards, one line each (nothing without a cluster).
 fn render_shards(out: &mut String, shards: &[(String, bool, f64)]) {
     if shards.is_empty() {
         return;
     }
-    family(
-        out,
-        "throng_broker_shard_up",
-        "gauge",
-        "1 when the link to this Redis Cluster master works and its subscriptions are confirmed.",
-    );
-    for (addr, up, _) in shards {
-        let _ = writeln!(
-            out,
-            "throng_broker_shard_up{{shard=\"{addr}\"}} {}",
-            u8::from(*up)
-        );
-    }
-    family(
-        out,
-        "throng_broker_shard_state_seconds",
-        "gauge",
-        "How long this Redis Cluster master has been up, or down.",
-    );
-    for (addr, _, secs) in shards {
-        let _ = writeln!(
-            out,
-            "throng_broker_shard_state_seconds{{shard=\"{addr}\"}} {secs:.3}"
-        );
+    let families: [ShardFamily; 2] = [
+        (
+            "throng_broker_shard_up",
+            "1 when the link to this Redis Cluster master works and its subscriptions are confirmed.",
+            |up, _| u8::from(up).to_string(),
+        ),
+        (
+            "throng_broker_shard_state_seconds",
+            "How long this Redis Cluster master has been up, or down.",
+            |_, secs| format!("{secs:.3}"),
+        ),
+    ];
+    for (name, help, value) in families {
+        family(out, name, "gauge", help);
+        for (addr, up, secs) in shards {
+            let _ = writeln!(out, "{name}{{shard=\"{addr}\"}} {}", value(*up, *secs));
+        }
     }
 }
 

@@ -28,6 +28,7 @@
 pub mod cluster;
 pub(crate) mod driver;
 pub mod error;
+pub(crate) mod oneshot;
 pub(crate) mod router;
 pub(crate) mod sentinel;
 pub(crate) mod session;

@@ -11,8 +11,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use throng_proto::resp;
 use tokio::sync::mpsc;
 
 use super::cluster::{Addr, ShardState, SlotMap, slot};
@@ -450,22 +448,8 @@ async fn read_map(settings: &RedisSettings, ask: &[Addr]) -> Result<SlotMap, Ses
 
 /// One node's `CLUSTER SLOTS`, read into a map.
 async fn slots_of(s: &RedisSettings, host: &str) -> Result<SlotMap, String> {
-    let (mut stream, mut buf) = throng_client::redis::open(&s.url, s.tls.as_ref(), CONNECT_TIMEOUT)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut cmd = BytesMut::new();
-    resp::encode_command(&mut cmd, &[b"CLUSTER", b"SLOTS"]);
-    throng_client::link::write_all(&mut stream, &cmd)
-        .await
-        .map_err(|e| e.to_string())?;
-    let dec = resp::Decoder::default();
-    let v = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        throng_client::redis::read_value(&mut stream, &mut buf, &dec),
-    )
-    .await
-    .map_err(|_| format!("no answer within {CONNECT_TIMEOUT:?}"))?
-    .map_err(|e| e.to_string())?;
+    let args: [&[u8]; 2] = [b"CLUSTER", b"SLOTS"];
+    let v = super::oneshot::ask(&s.url, s.tls.as_ref(), &args, CONNECT_TIMEOUT).await?;
     SlotMap::from_slots(&v, host).map_err(|e| e.to_string())
 }
 
@@ -547,6 +531,21 @@ mod tests {
             },
             request: 1,
         }
+    }
+
+    /// The next event is a publish refused as moving.
+    fn refused_moving(r: &mut Router) {
+        let ev = r.poll_event();
+        assert!(
+            matches!(
+                ev,
+                Some(Event::Published {
+                    result: Err(PublishError::Moving),
+                    ..
+                })
+            ),
+            "{ev:?}"
+        );
     }
 
     fn all_up(r: &mut Router, now: Instant) {
@@ -641,17 +640,7 @@ mod tests {
         // Until 7005 confirms the subscription, this node's own
         // subscribers would miss a publish: refused, not lost.
         r.on_command(publish("c"));
-        let ev = r.poll_event();
-        assert!(
-            matches!(
-                ev,
-                Some(Event::Published {
-                    result: Err(PublishError::Moving),
-                    ..
-                })
-            ),
-            "{ev:?}"
-        );
+        refused_moving(&mut r);
         r.on_shard_event(&addr(7005), Event::Placed("c".into()), now);
         r.on_command(publish("c"));
         assert_eq!(sent(&links), [(7005, "publish c".into())]);
@@ -677,17 +666,7 @@ mod tests {
         // ASK: the slot is migrating; the subscriptions are still on the
         // source, so publishing on the target would reach nobody: refused.
         r.on_shard_event(&addr(7002), moved(true, 7001), now);
-        let ev = r.poll_event();
-        assert!(
-            matches!(
-                ev,
-                Some(Event::Published {
-                    result: Err(PublishError::Moving),
-                    ..
-                })
-            ),
-            "{ev:?}"
-        );
+        refused_moving(&mut r);
         assert_eq!(sent(&links), []);
         r.on_command(publish("c"));
         assert_eq!(sent(&links), [(7002, "publish c".into())]);

@@ -67,25 +67,8 @@ pub(crate) async fn resolve(q: &Sentinels) -> Result<Addr, SessionError> {
 
 /// Asks sentinel `s` where the master is.
 async fn ask(q: &Sentinels, s: &Addr) -> Result<Addr, String> {
-    let (mut stream, mut buf) = throng_client::redis::open(&q.url(s), q.tls.as_ref(), TIMEOUT)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut cmd = BytesMut::new();
-    resp::encode_command(
-        &mut cmd,
-        &[b"SENTINEL", b"get-master-addr-by-name", q.master.as_bytes()],
-    );
-    throng_client::link::write_all(&mut stream, &cmd)
-        .await
-        .map_err(|e| e.to_string())?;
-    let dec = resp::Decoder::default();
-    let v = tokio::time::timeout(
-        TIMEOUT,
-        throng_client::redis::read_value(&mut stream, &mut buf, &dec),
-    )
-    .await
-    .map_err(|_| format!("no answer within {TIMEOUT:?}"))?
-    .map_err(|e| e.to_string())?;
+    let args: [&[u8]; 3] = [b"SENTINEL", b"get-master-addr-by-name", q.master.as_bytes()];
+    let v = super::oneshot::ask(&q.url(s), q.tls.as_ref(), &args, TIMEOUT).await?;
     addr_of(&v).ok_or_else(|| match v {
         Value::Error(e) => String::from_utf8_lossy(&e).into_owned(),
         _ => "it does not know that master".to_owned(),

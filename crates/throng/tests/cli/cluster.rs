@@ -190,10 +190,16 @@ fn a_killed_cluster_master_fails_only_its_channels_until_its_replica_takes_over(
         .filter(|&i| c.master_of(&format!("throng:{}", channels[i])) == victim)
         .collect();
     let (mut killed_at, mut failover) = (None, None);
+    let mut seen_down = None;
+    let shard_up = format!("throng_broker_shard_up{{shard=\"127.0.0.1:{victim}\"}}");
     let mut sent = publish_until(a.addr, &channels, |i, t, _| {
         if i == 60 {
             c.kill(victim);
             killed_at = Some(t);
+        }
+        if i == 75 {
+            // What an operator sees while the master is down.
+            seen_down = Some((get(a.addr, "/healthz").1, a.metric(&shard_up)));
         }
         if let Some(k) = killed_at
             && failover.is_none()
@@ -208,6 +214,11 @@ fn a_killed_cluster_master_fails_only_its_channels_until_its_replica_takes_over(
         !done && t < Duration::from_secs(40)
     });
     assert!(failover.is_some(), "the replica took over");
+    let (health, up) = seen_down.expect("looked while it was down");
+    assert!(
+        health.contains(&format!("shard 127.0.0.1:{victim} unreachable")) && up == 0.0,
+        "{health} {shard_up} {up}"
+    );
     collect(a.addr, &channels, &mut subs, &mut sent);
     let t = tally("cluster master killed", &sent);
     assert_eq!(t.get("acknowledged, LOST"), None, "{sent:?}");
