@@ -45,6 +45,10 @@ Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
             connections that got the message (subscribed nodes, plus any
             other client), not WebSocket subscribers; 503 with the reason
             while Redis is unreachable. See docs/deploy.md.
+            Past one Redis: --redis-cluster HOST:PORT,... (a Redis Cluster,
+            sharded pub/sub, one link per master; channels mode) or
+            --redis-sentinel HOST:PORT,... --redis-master NAME (the master
+            Sentinel names, followed on failover). See docs/scale-out.md.
 TLS:        every --tls-listen listener serves the same endpoints as wss://
             and https:// (TLS 1.3 and 1.2, ALPN http/1.1, session tickets
             shared by all workers), beside the plain --listen ones. A
