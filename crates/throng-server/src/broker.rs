@@ -504,9 +504,10 @@ impl Remote {
             }
             redis::Event::Shards(states) => self.on_shards(states),
             // The cluster router's own business: they never reach here.
-            redis::Event::Redirected { .. } | redis::Event::Lost(_) | redis::Event::Placed(_) => {
-                News::Nothing
-            }
+            redis::Event::Redirected { .. }
+            | redis::Event::Lost(_)
+            | redis::Event::Placed(_)
+            | redis::Event::Stored(_) => News::Nothing,
         }
     }
 
@@ -600,6 +601,7 @@ mod tests {
                 Command::Retained { filters, .. } => format!("retained {filters:?}"),
                 Command::Recover { channel, since, .. } => format!("recover {channel} {since}"),
                 Command::Resend { channel, .. } => format!("resend {channel}"),
+                Command::Store { channel, .. } => format!("store {channel}"),
             });
         }
         out

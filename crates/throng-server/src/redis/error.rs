@@ -143,9 +143,6 @@ pub enum PublishError {
         "the channel's Redis Cluster slot is moving to another shard; not published, try again"
     )]
     Moving,
-    /// What a cluster does not do (yet).
-    #[error("{0}")]
-    NotOnCluster(&'static str),
     /// Redirected too many times (a cluster in the middle of changing).
     #[error("Redis Cluster redirected the publish {0} times; not published")]
     Redirects(u8),

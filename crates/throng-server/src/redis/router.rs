@@ -90,6 +90,12 @@ impl Router {
         self.map.master(slot(key.as_bytes())).cloned()
     }
 
+    /// The master of the retained store's slot.
+    fn store(&self) -> Option<Addr> {
+        let key = crate::retained::in_redis::slot_key(&self.prefix);
+        self.map.master(slot(key.as_bytes())).cloned()
+    }
+
     /// A new map: links to new masters, none to masters gone, and every
     /// subscription on the master of its slot.
     pub(crate) fn apply(&mut self, map: SlotMap, now: Instant) {
@@ -159,20 +165,43 @@ impl Router {
     pub(crate) fn on_command(&mut self, cmd: Command) {
         match cmd {
             Command::Publish {
+                ref channel, to, ..
+            }
+            | Command::Resend {
+                ref channel, to, ..
+            } if self.moving.contains(channel) => self.out.push_back(Event::Published {
                 to,
-                retain: Some(_),
-                ..
-            } => self.out.push_back(Event::Published {
-                to,
-                result: Err(PublishError::NotOnCluster(
-                    "retained messages (MQTT retain) are not kept on a Redis Cluster yet; not published",
-                )),
+                result: Err(PublishError::Moving),
             }),
-            Command::Retained { to, .. } => self.out.push_back(Event::Retained {
+            // Retained: stored on the store's master first, then published
+            // on the channel's (a reader of the store then either finds it
+            // or is subscribed in time to receive it live).
+            Command::Publish {
                 to,
-                messages: Vec::new(),
-                cut: 0,
-            }),
+                channel,
+                payload,
+                retain: Some(qos),
+            } => {
+                let then = Box::new(Command::Publish {
+                    to,
+                    channel: channel.clone(),
+                    payload: payload.clone(),
+                    retain: None,
+                });
+                let store = Command::Store {
+                    to,
+                    channel,
+                    qos,
+                    payload,
+                    then,
+                };
+                let at = self.store();
+                self.send(at.as_ref(), store);
+            }
+            Command::Retained { .. } | Command::Store { .. } => {
+                let at = self.store();
+                self.send(at.as_ref(), cmd);
+            }
             Command::Subscribe(c) => {
                 let at = self.owner(&c);
                 if let Some(s) = at.as_ref().and_then(|a| self.shards.get(a)) {
@@ -188,15 +217,6 @@ impl Router {
                     let _ = s.cmds.send(Command::Unsubscribe(c));
                 }
             }
-            Command::Publish {
-                ref channel, to, ..
-            }
-            | Command::Resend {
-                ref channel, to, ..
-            } if self.moving.contains(channel) => self.out.push_back(Event::Published {
-                to,
-                result: Err(PublishError::Moving),
-            }),
             Command::Publish { ref channel, .. }
             | Command::Resend { ref channel, .. }
             | Command::Recover { ref channel, .. } => {
@@ -232,10 +252,22 @@ impl Router {
                     }),
                 });
             }
+            Command::Store { to, .. } => self.out.push_back(Event::Published {
+                to,
+                result: Err(PublishError::ShardDown {
+                    shard: why.0,
+                    why: format!("the retained store's master: {}", why.1),
+                }),
+            }),
             Command::Recover { to, .. } => self.out.push_back(Event::Recovered {
                 to,
                 complete: false,
                 messages: Vec::new(),
+            }),
+            Command::Retained { to, .. } => self.out.push_back(Event::Retained {
+                to,
+                messages: Vec::new(),
+                cut: 0,
             }),
             _ => {}
         }
@@ -311,6 +343,7 @@ impl Router {
             Event::Placed(c) => {
                 self.moving.remove(&c);
             }
+            Event::Stored(then) => self.on_command(*then),
             Event::Published {
                 to,
                 result: Err(PublishError::NotConnected),
@@ -506,6 +539,8 @@ mod tests {
                     Command::Unsubscribe(c) => format!("-{c}"),
                     Command::Publish { channel, .. } => format!("publish {channel}"),
                     Command::Resend { channel, .. } => format!("resend {channel}"),
+                    Command::Store { channel, .. } => format!("store {channel}"),
+                    Command::Retained { .. } => "retained".into(),
                     other => format!("{other:?}"),
                 };
                 out.push((a.port, what));
@@ -575,24 +610,24 @@ mod tests {
                 (7002, "publish c".into())
             ]
         );
-        // A retained publish is refused with the reason, not sent.
+        // A retained publish: the store's master (slot 11938 of
+        // "{t:#retained}": 7002) first, then the channel's.
         r.on_command(Command::Publish {
             to: who(),
-            channel: "c".into(),
-            payload: Bytes::new(),
+            channel: "d".into(),
+            payload: Bytes::from_static(b"r"),
             retain: Some(1),
         });
-        let ev = r.poll_event();
-        assert!(
-            matches!(
-                &ev,
-                Some(Event::Published {
-                    result: Err(PublishError::NotOnCluster(_)),
-                    ..
-                })
-            ),
-            "{ev:?}"
-        );
+        assert_eq!(sent(&links), [(7002, "store d".into())]);
+        let then = Box::new(publish("d"));
+        r.on_shard_event(&addr(7002), Event::Stored(then), now);
+        assert_eq!(sent(&links), [(7000, "publish d".into())]);
+        // Reads of the store go to its master too.
+        r.on_command(Command::Retained {
+            to: who(),
+            filters: vec!["#".into()],
+        });
+        assert_eq!(sent(&links), [(7002, "retained".into())]);
     }
 
     #[test]

@@ -74,6 +74,22 @@ pub(crate) enum Command {
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
     Unsubscribe(String),
+    /// A cluster's retained publish, first half: the store (on its own
+    /// master); once it answered, `then` (the publish) goes to the
+    /// channel's master ([`Event::Stored`]), or the publisher is answered
+    /// with the failure.
+    Store {
+        /// Who asked.
+        to: Publisher,
+        /// The channel (without prefix).
+        channel: String,
+        /// The retained message's QoS.
+        qos: u8,
+        /// The message (empty: clears the channel's retained message).
+        payload: Bytes,
+        /// The publish to send once stored.
+        then: Box<Self>,
+    },
     /// A cluster publish sent on after a `MOVED`; answered like a publish.
     Resend {
         /// Who asked.
@@ -173,6 +189,8 @@ pub(crate) enum Event {
     Lost(String),
     /// A cluster master confirmed a channel's `SSUBSCRIBE`.
     Placed(String),
+    /// A cluster's retained store took a message: the publish to send now.
+    Stored(Box<Command>),
     /// A cluster's shards, after one of them came up or went down.
     Shards(Vec<super::cluster::ShardState>),
     /// The shared retained store after a retained publish: channels in it,
@@ -209,6 +227,8 @@ enum Waiting {
     Exec(Publisher, bool, Instant),
     /// A read of the retained store for a new subscription's filters.
     Retained(Publisher, Vec<String>, Instant),
+    /// A cluster's store write, and the publish that follows it.
+    Store(Publisher, Box<Command>, Instant),
 }
 
 impl Waiting {
@@ -219,7 +239,8 @@ impl Waiting {
             | Self::Recover(.., t)
             | Self::Skip(t)
             | Self::Exec(_, _, t)
-            | Self::Retained(_, _, t) => *t,
+            | Self::Retained(_, _, t)
+            | Self::Store(_, _, t) => *t,
         }
     }
 }
@@ -481,6 +502,18 @@ impl Session {
                 }
                 self.write(Conn::Publisher, out);
             }
+            Command::Store {
+                to,
+                channel,
+                qos,
+                payload,
+                then,
+            } => {
+                let max = self.settings.max_retained;
+                in_redis::store(&mut out, prefix, &channel, qos, &payload, max, true);
+                live.waiting.push_back(Waiting::Store(to, then, now));
+                self.write(Conn::Publisher, out);
+            }
             Command::Resend {
                 to,
                 channel,
@@ -499,7 +532,7 @@ impl Session {
                 self.write(Conn::Publisher, out);
             }
             Command::Retained { to, filters } => {
-                in_redis::ask(&mut out, prefix, &filters);
+                in_redis::ask(&mut out, prefix, &filters, self.settings.sharded());
                 live.waiting.push_back(Waiting::Retained(to, filters, now));
                 self.write(Conn::Publisher, out);
             }
@@ -544,10 +577,11 @@ impl Session {
         self.out.retain(|o| matches!(o, Output::Event(_)));
         for w in live.waiting {
             match w {
-                Waiting::Publish(to, ..) | Waiting::Exec(to, ..) => self.emit(Event::Published {
-                    to,
-                    result: Err(PublishError::Unconfirmed(why.to_string())),
-                }),
+                Waiting::Publish(to, ..) | Waiting::Exec(to, ..) | Waiting::Store(to, ..) => self
+                    .emit(Event::Published {
+                        to,
+                        result: Err(PublishError::Unconfirmed(why.to_string())),
+                    }),
                 Waiting::Recover(to, _, 0, _) => self.unrecovered(to),
                 Waiting::Retained(to, ..) => self.unretained(to),
                 _ => {}
@@ -564,12 +598,12 @@ impl Session {
     /// A command that arrives while there is no connection.
     fn while_down(&mut self, cmd: Command) {
         match cmd {
-            Command::Publish { to, .. } | Command::Resend { to, .. } => {
-                self.emit(Event::Published {
-                    to,
-                    result: Err(PublishError::NotConnected),
-                })
-            }
+            Command::Publish { to, .. }
+            | Command::Resend { to, .. }
+            | Command::Store { to, .. } => self.emit(Event::Published {
+                to,
+                result: Err(PublishError::NotConnected),
+            }),
             Command::Subscribe(c) => {
                 self.channels.insert(c);
             }
@@ -861,6 +895,16 @@ impl Session {
                     }
                 }
                 Some(Waiting::Exec(to, kept, _)) => self.exec(to, kept, v),
+                Some(Waiting::Store(to, then, _)) => match in_redis::figures(v) {
+                    Ok((topics, dropped)) => {
+                        self.emit(Event::RetainedStore { topics, dropped });
+                        self.emit(Event::Stored(then));
+                    }
+                    Err(e) => self.emit(Event::Published {
+                        to,
+                        result: Err(e.into()),
+                    }),
+                },
                 Some(Waiting::Retained(to, filters, _)) => match in_redis::answer(&filters, v) {
                     Ok((messages, cut)) => self.hold_behind_pong(Barrier { to, messages, cut }),
                     Err(e) => {
