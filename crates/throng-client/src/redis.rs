@@ -70,6 +70,12 @@ impl FromStr for RedisUrl {
             (true, r)
         } else if let Some(r) = url.strip_prefix("redis://") {
             (false, r)
+        } else if url.starts_with("redis+sentinel://") || url.starts_with("redis-sentinel://") {
+            // Another client's URL form: say what this one takes instead.
+            return Err(bad(
+                "for Sentinel give --redis-sentinel HOST:PORT[,HOST:PORT...] --redis-master NAME; \
+                 for a Redis Cluster --redis-cluster HOST:PORT[,...]",
+            ));
         } else {
             return Err(bad("it must start with redis:// or rediss://"));
         };
@@ -279,6 +285,11 @@ mod tests {
         ] {
             assert!(bad.parse::<RedisUrl>().is_err(), "{bad}");
         }
+        // Another client's Sentinel URL: pointed at the options instead.
+        let e = "redis+sentinel://h:26379/m"
+            .parse::<RedisUrl>()
+            .unwrap_err();
+        assert!(e.contains("--redis-sentinel"), "{e}");
         let e = "redis://u:topsecret@h:1/x".parse::<RedisUrl>().unwrap_err();
         assert!(!e.contains("topsecret"), "{e}");
     }
