@@ -79,9 +79,16 @@ impl Router {
         self.stale || self.shards.values().any(|s| !s.state.up)
     }
 
-    /// The masters to ask for the map: the known ones first.
+    /// The masters to ask for the map: those up first, those down last
+    /// (a host that is gone can take the whole connect timeout to say so).
     pub(crate) fn known(&self) -> Vec<Addr> {
-        self.shards.keys().cloned().collect()
+        let (up, down): (Vec<_>, Vec<_>) = self.shards.iter().partition(|(_, s)| s.state.up);
+        up.into_iter().chain(down).map(|(a, _)| a.clone()).collect()
+    }
+
+    /// How many masters' links are up.
+    pub(crate) fn up_count(&self) -> usize {
+        self.shards.values().filter(|s| s.state.up).count()
     }
 
     /// The master of `channel`'s slot.
@@ -428,7 +435,11 @@ pub(crate) async fn run(
                 let due = last_read.is_none_or(|t| t.elapsed() > REFRESH_ANYWAY);
                 if router.stale() || due {
                     let mut ask = router.known();
-                    ask.extend(seeds.iter().cloned());
+                    // Seeds after the masters that are up, before those down.
+                    let up = router.up_count();
+                    for (i, a) in seeds.iter().enumerate() {
+                        ask.insert(up + i, a.clone());
+                    }
                     match read_map(&settings, &ask).await {
                         Ok(map) => {
                             failures = 0;
