@@ -1203,4 +1203,62 @@ mod tests {
             "{events:?}"
         );
     }
+
+    #[test]
+    fn a_cluster_session_against_the_fake_master_publishes_with_history_and_follows_a_moved_slot() {
+        let mut settings = fake::settings(RedisMode::Channels, 5);
+        settings.topology =
+            crate::redis::Topology::Cluster(vec![crate::redis::Addr::parse("h:1").unwrap()]);
+        let mut s = Session::new(settings, 1 << 20);
+        let mut redis = FakeRedis::default();
+        let now = Instant::now();
+        s.on_command(Command::Subscribe("news".into()), now);
+        s.on_connected();
+        let events = exchange(&mut s, &mut redis, now);
+        assert!(
+            matches!(events[..], [Event::Placed(_), Event::Up, ..]),
+            "{events:?}"
+        );
+        let to = Publisher {
+            worker: crate::relay::WorkerId {
+                slot: 0,
+                generation: 1,
+            },
+            request: 3,
+        };
+        let publish = Command::Publish {
+            to,
+            channel: "news".into(),
+            payload: Bytes::from_static(b"hello"),
+            retain: None,
+        };
+        s.on_command(publish, now);
+        let events = exchange(&mut s, &mut redis, now);
+        // Through the history script's SPUBLISH: one receiver, an id, and
+        // the message back on the shard subscription with that id.
+        let (mut answered, mut relayed) = (None, None);
+        for ev in events {
+            match ev {
+                Event::Published { result, .. } => answered = Some(result.unwrap()),
+                Event::Message { id, payload, .. } => relayed = Some((id, payload)),
+                _ => {}
+            }
+        }
+        let (receivers, id) = answered.expect("answered");
+        assert_eq!(receivers, 1);
+        assert_eq!(relayed, Some((id, Bytes::from_static(b"hello"))));
+        // The slot moves away: handed to the router, and not subscribed
+        // again here after a reconnect.
+        redis.slot_moved_away(b"t:news");
+        let events = exchange(&mut s, &mut redis, now);
+        assert!(
+            matches!(&events[..], [Event::Lost(c), ..] if c == "news"),
+            "{events:?}"
+        );
+        s.on_closed(&SessionError::Closed(Conn::Subscriber));
+        redis.disconnect();
+        s.on_connected();
+        let events = exchange(&mut s, &mut redis, now);
+        assert!(matches!(events[..], [Event::Up]), "{events:?}");
+    }
 }
