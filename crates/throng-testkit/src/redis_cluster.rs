@@ -239,16 +239,18 @@ impl Sentinel {
     /// Starts the three; returns once the sentinel knows the replica.
     pub fn start() -> Self {
         expect(Peer::RedisSentinel);
-        let master = Redis::start(&[], &[]);
+        let dir = TempDir::new("sentinel");
+        // A replica's sync writes an RDB file: in the scratch directory.
+        let at = dir.arg("");
+        let master = Redis::start(&["--dir", &at], &[]);
         let mp = master.port.to_string();
-        let replica = Redis::start(&["--replicaof", "127.0.0.1", &mp], &[]);
+        let replica = Redis::start(&["--dir", &at, "--replicaof", "127.0.0.1", &mp], &[]);
         wait_until("the replica to sync", || {
             replica
                 .cli(&["INFO", "replication"])
                 .iter()
                 .any(|l| l.trim() == "master_link_status:up")
         });
-        let dir = TempDir::new("sentinel");
         let port = free_port();
         let conf = dir.file("sentinel.conf");
         std::fs::write(
