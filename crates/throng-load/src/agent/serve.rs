@@ -49,7 +49,7 @@ pub struct Options {
 /// This machine's capacity, as registered.
 pub fn capacity(sources: &[IpAddr]) -> io::Result<Capacity> {
     let m = Machine::probe()?;
-    let free_memory = throng_host::doctor::Machine::read(std::path::Path::new("/proc"))
+    let free_memory = throng_host::doctor::HostLimits::read(std::path::Path::new("/proc"))
         .mem_available
         .unwrap_or(0);
     Ok(Capacity {

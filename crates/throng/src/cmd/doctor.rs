@@ -93,7 +93,7 @@ enum Format {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let snapshot = doctor::Machine::read(&args.proc_root);
+    let snapshot = doctor::HostLimits::read(&args.proc_root);
     let connections = args
         .connections
         .unwrap_or_else(|| bench::default_connections(&snapshot));
