@@ -16,6 +16,8 @@ use throng_load::agent::{DEFAULT_PREFIX, Keys, list, serve, valid_name};
 use throng_load::harness::pool::Remote;
 use throng_load::hold::target::{WsTarget, parse_sources};
 
+use super::Format;
+
 /// How to reach Redis, as every agent command takes it.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RedisArgs {
@@ -130,8 +132,12 @@ pub(crate) struct AgentsArgs {
     #[arg(long, value_name = "G")]
     group: Option<String>,
 
-    /// Print the registrations as JSON.
-    #[arg(long)]
+    /// The registrations as text or json.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+
+    /// The same as --format json.
+    #[arg(long, conflicts_with = "format")]
     json: bool,
 
     #[command(flatten)]
@@ -142,7 +148,7 @@ pub(crate) fn run_agents(args: AgentsArgs) -> anyhow::Result<ExitCode> {
     let (redis, keys) = args.redis_args.redis(&args.redis)?;
     let listed = list::list(&redis, &keys, args.group.as_deref())
         .with_context(|| format!("Redis at {}", redis.url))?;
-    if args.json {
+    if args.json || args.format == Format::Json {
         let regs: Vec<_> = listed
             .iter()
             .map(|l| {

@@ -12,6 +12,8 @@ use throng_load::attack::{self, Load};
 use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
 
+use super::Format;
+
 /// Arguments of `throng attack`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -108,8 +110,8 @@ pub(crate) struct Args {
     per_request: Option<PathBuf>,
 
     /// Final summary as text or json (JSON on stdout; progress then goes to stderr).
-    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
-    format: String,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
 
     /// Exit 1 when more than this fraction of requests fail (errors and non-2xx/3xx), e.g. 0.01.
     #[arg(long, value_name = "FRACTION")]
@@ -151,7 +153,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         // Invariant: `missing` refused a run with neither.
         (false, None) => anyhow::bail!("--rate or --max is needed"),
     };
-    let json = args.format == "json";
+    let json = args.format == Format::Json;
     let progress = Progress::choose(args.client.quiet, json);
     let (remote, agents) = args
         .agents

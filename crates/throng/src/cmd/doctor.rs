@@ -9,6 +9,8 @@ use throng_host::doctor::{self, Plan, Role};
 use throng_load::bench;
 use throng_load::harness::machine::Machine;
 
+use super::Format;
+
 /// Arguments of `throng doctor`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -84,12 +86,6 @@ enum RoleArg {
     Both,
     Client,
     Server,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Format {
-    Text,
-    Json,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {

@@ -19,6 +19,8 @@ use throng_load::knee::{self, Load, Objective, PublishSettings, SearchPlan};
 use throng_load::pacer::RateSpec;
 use throng_report::knee::render_text;
 
+use super::Format;
+
 /// Arguments of `throng knee`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -121,8 +123,8 @@ struct SearchArgs {
     out_dir: PathBuf,
 
     /// The result as text, or JSON on stdout (progress then goes to stderr).
-    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
-    format: String,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
 
     /// No progress lines (the start lines and the result still print).
     #[arg(short, long)]
@@ -301,7 +303,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             (load, p.held.search, range, Some(p.held.max_lost))
         }
     };
-    let json = search.format == "json";
+    let json = search.format == Format::Json;
     let progress = Progress::choose(search.quiet, json);
     let objective = Objective {
         p99: Some(search.slo_p99),
