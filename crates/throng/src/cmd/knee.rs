@@ -13,9 +13,9 @@ use throng_load::attack;
 use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
 use throng_load::hold::mqtt::MqttOptions;
-use throng_load::hold::target::{PublishTarget, WsTarget, parse_sources};
+use throng_load::hold::target::{WsTarget, parse_sources};
 use throng_load::hold::{self, Settings};
-use throng_load::knee::{self, Load, Objective, PublishSettings, SearchPlan};
+use throng_load::knee::{self, Load, Objective, PublishRequest, PublishSettings, SearchPlan};
 use throng_load::pacer::RateSpec;
 use throng_report::knee::render_text;
 
@@ -279,11 +279,11 @@ struct PublishArgs {
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (load, search, range, max_lost) = match args.mode {
         ModeArgs::Attack(a) => {
-            let range = rates(&a.search, 100.0, 50_000.0)?;
+            let range = range(&a.search, (100.0, 50_000.0), false)?;
             (attack_load(&a)?, a.search, range, None)
         }
         ModeArgs::Hold(h) => {
-            let range = counts(&h.held.search, 1_000, 100_000)?;
+            let range = range(&h.held.search, (1_000.0, 100_000.0), true)?;
             let load = Load::Hold {
                 hold: hold_request(&h.held, 1, RateSpec::Constant(1.0))?,
                 connect_rate: h.rate,
@@ -292,7 +292,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             (load, h.held.search, range, Some(h.held.max_lost))
         }
         ModeArgs::Publish(p) => {
-            let range = rates(&p.held.search, 10.0, 10_000.0)?;
+            let range = range(&p.held.search, (10.0, 10_000.0), false)?;
             let rate = p
                 .rate
                 .unwrap_or_else(|| knee::modes::default_connect_rate(p.connections));
@@ -352,33 +352,22 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(done.knee.outcome.exit_code()))
 }
 
-/// `--from`/`--to` as rates, with the mode's defaults; levels are not whole.
-fn rates(s: &SearchArgs, from: f64, to: f64) -> anyhow::Result<(f64, f64, bool)> {
+/// `--from`/`--to` with the mode's defaults: connection counts when the
+/// levels are `whole`, else rates.
+fn range(s: &SearchArgs, (from, to): (f64, f64), whole: bool) -> anyhow::Result<(f64, f64, bool)> {
     let parse = |text: &Option<String>, flag: &str, default: f64| -> anyhow::Result<f64> {
-        match text {
-            None => Ok(default),
-            Some(t) => parse_rate(t).with_context(|| format!("{flag} {t}")),
-        }
+        let Some(t) = text else { return Ok(default) };
+        let level = if whole {
+            parse_count(t).map(|n| n as f64)
+        } else {
+            parse_rate(t)
+        };
+        level.with_context(|| format!("{flag} {t}"))
     };
     Ok((
         parse(&s.from, "--from", from)?,
         parse(&s.to, "--to", to)?,
-        false,
-    ))
-}
-
-/// `--from`/`--to` as connection counts, with the mode's defaults.
-fn counts(s: &SearchArgs, from: u64, to: u64) -> anyhow::Result<(f64, f64, bool)> {
-    let parse = |text: &Option<String>, flag: &str, default: u64| -> anyhow::Result<f64> {
-        match text {
-            None => Ok(default as f64),
-            Some(t) => Ok(parse_count(t).with_context(|| format!("{flag} {t}"))? as f64),
-        }
-    };
-    Ok((
-        parse(&s.from, "--from", from)?,
-        parse(&s.to, "--to", to)?,
-        true,
+        whole,
     ))
 }
 
@@ -433,51 +422,25 @@ fn hold_request(h: &HeldArgs, connections: u64, rate: RateSpec) -> anyhow::Resul
     })
 }
 
-/// Where and how each level publishes; `--publish` defaults to throng
-/// serve's endpoint on the target's host and first port, or for an MQTT
-/// target to a PUBLISH on the broker to the topic it subscribes to.
+/// Where and how each level publishes (`--publish` or its default: the
+/// library's to choose).
 fn publish_settings(h: &HeldArgs, rate: f64) -> anyhow::Result<PublishSettings> {
     let ws: WsTarget = h.url.parse()?;
-    let url = match &h.publish {
-        Some(u) => u.clone(),
-        None if ws.mqtt => {
-            if ws.channel().contains(['+', '#']) {
-                anyhow::bail!(
-                    "the topic filter '{}' has wildcards, so there is no one topic to publish to: \
-                     give --publish mqtt://HOST:PORT/<topic> (a topic it matches)",
-                    ws.channel()
-                );
-            }
-            format!(
-                "{}://{}/{}",
-                if ws.tls { "mqtts" } else { "mqtt" },
-                ws.host_header(ws.port(0)),
-                ws.channel()
-            )
-        }
-        None => format!(
-            "{}://{}/publish/{}",
-            if ws.tls { "https" } else { "http" },
-            ws.host_header(ws.port(0)),
-            ws.channel()
-        ),
-    };
-    let mut target: PublishTarget = url.parse().with_context(|| format!("--publish {url}"))?;
-    if let (PublishTarget::Mqtt { options, .. }, Some(m)) = (&mut target, h.mqtt_options(&ws)?) {
-        options.clone_from(&m);
-    }
-    let warning = target.set_trust(h.publish_tls_ca.clone(), h.publish_tls_insecure)?;
+    let (settings, warning) = PublishSettings::new(
+        &ws,
+        PublishRequest {
+            url: h.publish.clone(),
+            tls_ca: h.publish_tls_ca.clone(),
+            tls_insecure: h.publish_tls_insecure,
+            mqtt: h.mqtt_options(&ws)?,
+            redis_prefix: h.redis_prefix.clone(),
+            message_size: h.message_size,
+            rate,
+            connections: h.publish_connections,
+        },
+    )?;
     if let Some(w) = warning {
         eprintln!("throng: WARNING: {w}");
     }
-    if h.publish_connections == 0 {
-        anyhow::bail!("--publish-connections must be at least 1");
-    }
-    Ok(PublishSettings {
-        target,
-        redis_channel: format!("{}{}", h.redis_prefix, ws.channel()),
-        message_size: h.message_size,
-        rate,
-        connections: h.publish_connections,
-    })
+    Ok(settings)
 }
