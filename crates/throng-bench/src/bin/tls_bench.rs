@@ -35,7 +35,7 @@ use rustls::{ClientConnection, StreamOwned};
 use rustls_pki_types::ServerName;
 use throng_proto::{http, ws};
 
-use throng_bench::trust_all::TrustAll;
+use throng_client::trust::AnyCertificate;
 
 #[derive(Clone)]
 struct Opts {
@@ -115,14 +115,14 @@ impl std::str::FromStr for State {
 }
 
 fn client_config() -> Arc<rustls::ClientConfig> {
-    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(TrustAll))
-    .with_no_client_auth();
+    let provider = rustls::crypto::ring::default_provider();
+    let trust_all = AnyCertificate::unchecked(provider.signature_verification_algorithms);
+    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(trust_all))
+        .with_no_client_auth();
     c.alpn_protocols = vec![b"http/1.1".to_vec()];
     c.resumption = rustls::client::Resumption::disabled();
     Arc::new(c)
