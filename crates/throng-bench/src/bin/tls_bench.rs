@@ -75,7 +75,11 @@ fn opts() -> Opts {
             "--conns" => o.conns = v().parse().expect("--conns N"),
             "--pid" => o.pid = v().parse().expect("--pid PID"),
             "--ws" => o.state = State::Ws,
-            "--state" => o.state = v().parse().unwrap_or_else(|e| panic!("{e}")),
+            "--state" => {
+                let s = v();
+                o.state = State::named(&s)
+                    .unwrap_or_else(|| panic!("--state is waiting, kept, ws or sse, not {s}"));
+            }
             "--plain" => o.plain = true,
             "--publish" => o.publish = Some(v().parse().expect("--publish HOST:PORT")),
             "--rounds" => o.rounds = v().parse().expect("--rounds N"),
@@ -101,15 +105,15 @@ enum State {
     Sse,
 }
 
-impl std::str::FromStr for State {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
+impl State {
+    /// The state `--state` names.
+    fn named(s: &str) -> Option<Self> {
+        Some(match s {
             "waiting" => Self::Waiting,
             "kept" => Self::Kept,
             "ws" => Self::Ws,
             "sse" => Self::Sse,
-            _ => return Err(format!("--state is waiting, kept, ws or sse, not {s}")),
+            _ => return None,
         })
     }
 }
