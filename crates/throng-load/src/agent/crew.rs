@@ -43,13 +43,18 @@ pub enum OnLoss {
     Stop,
 }
 
+/// An `--on-agent-loss` that is neither `continue` nor `stop`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("'{0}': expected continue or stop")]
+pub struct OnLossError(String);
+
 impl std::str::FromStr for OnLoss {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = OnLossError;
+    fn from_str(s: &str) -> Result<Self, OnLossError> {
         match s {
             "continue" => Ok(Self::Continue),
             "stop" => Ok(Self::Stop),
-            _ => Err(format!("'{s}': expected continue or stop")),
+            _ => Err(OnLossError(s.to_owned())),
         }
     }
 }

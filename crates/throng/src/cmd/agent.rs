@@ -34,7 +34,7 @@ pub(crate) struct RedisArgs {
 
 impl RedisArgs {
     fn redis(&self, url: &str) -> anyhow::Result<(Redis, Keys)> {
-        let url: RedisUrl = url.parse().map_err(anyhow::Error::msg)?;
+        let url: RedisUrl = url.parse()?;
         let trust = Trust {
             ca: self.redis_tls_ca.clone(),
             insecure: false,
