@@ -22,8 +22,8 @@ use throng_client::link::LinkError;
 use throng_report::format::{Header, Record, Writer, decode_record};
 use tokio::sync::mpsc;
 
-use super::link::{Conn, Redis};
 use super::list::{Listed, fmt_offset};
+use super::redis::{Conn, Redis};
 use super::split::{Split, SplitError};
 use super::{Assigned, Command, Keys, LOST_AFTER, Report, VERSION};
 use crate::harness::clock::now_unix_ns;

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use throng_client::redis::RedisUrl;
 use throng_client::trust::Trust;
 use throng_load::agent::crew::{self, Agents, OnLoss};
-use throng_load::agent::link::Redis;
+use throng_load::agent::redis::Redis;
 use throng_load::agent::{DEFAULT_PREFIX, Keys, list, serve, valid_name};
 use throng_load::harness::pool::Remote;
 use throng_load::hold::target::{WsTarget, parse_sources};
