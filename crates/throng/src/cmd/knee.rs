@@ -277,22 +277,22 @@ struct PublishArgs {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (load, search, range, max_lost) = match args.mode {
+    let (load, search, plan, max_lost) = match args.mode {
         ModeArgs::Attack(a) => {
-            let range = range(&a.search, (100.0, 50_000.0), false)?;
-            (attack_load(&a)?, a.search, range, None)
+            let plan = search_plan(&a.search, (100.0, 50_000.0), false)?;
+            (attack_load(&a)?, a.search, plan, None)
         }
         ModeArgs::Hold(h) => {
-            let range = range(&h.held.search, (1_000.0, 100_000.0), true)?;
+            let plan = search_plan(&h.held.search, (1_000.0, 100_000.0), true)?;
             let load = Load::Hold {
                 hold: hold_request(&h.held, 1, RateSpec::Constant(1.0))?,
                 connect_rate: h.rate,
                 publish: publish_settings(&h.held, h.publish_rate)?,
             };
-            (load, h.held.search, range, Some(h.held.max_lost))
+            (load, h.held.search, plan, Some(h.held.max_lost))
         }
         ModeArgs::Publish(p) => {
-            let range = range(&p.held.search, (10.0, 10_000.0), false)?;
+            let plan = search_plan(&p.held.search, (10.0, 10_000.0), false)?;
             let rate = p
                 .rate
                 .unwrap_or_else(|| knee::modes::default_connect_rate(p.connections));
@@ -300,7 +300,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 hold: hold_request(&p.held, p.connections, rate)?,
                 publish: publish_settings(&p.held, 1.0)?,
             };
-            (load, p.held.search, range, Some(p.held.max_lost))
+            (load, p.held.search, plan, Some(p.held.max_lost))
         }
     };
     let json = search.format == Format::Json;
@@ -315,14 +315,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         command_line: std::env::args().collect(),
         load,
         objective,
-        search: SearchPlan {
-            from: range.0,
-            to: range.1,
-            factor: search.factor,
-            precision: search.precision,
-            repeat: search.repeat,
-            whole: range.2,
-        },
+        search: plan,
         step: search.step_duration,
         warmup: search.warmup,
         cooldown: search.cooldown,
@@ -352,9 +345,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(done.knee.outcome.exit_code()))
 }
 
-/// `--from`/`--to` with the mode's defaults: connection counts when the
-/// levels are `whole`, else rates.
-fn range(s: &SearchArgs, (from, to): (f64, f64), whole: bool) -> anyhow::Result<(f64, f64, bool)> {
+/// The search as asked, `--from`/`--to` with the mode's defaults:
+/// connection counts when the levels are `whole`, else rates.
+fn search_plan(s: &SearchArgs, (from, to): (f64, f64), whole: bool) -> anyhow::Result<SearchPlan> {
     let parse = |text: &Option<String>, flag: &str, default: f64| -> anyhow::Result<f64> {
         let Some(t) = text else { return Ok(default) };
         let level = if whole {
@@ -364,11 +357,14 @@ fn range(s: &SearchArgs, (from, to): (f64, f64), whole: bool) -> anyhow::Result<
         };
         level.with_context(|| format!("{flag} {t}"))
     };
-    Ok((
-        parse(&s.from, "--from", from)?,
-        parse(&s.to, "--to", to)?,
+    Ok(SearchPlan {
+        from: parse(&s.from, "--from", from)?,
+        to: parse(&s.to, "--to", to)?,
+        factor: s.factor,
+        precision: s.precision,
+        repeat: s.repeat,
         whole,
-    ))
+    })
 }
 
 fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
