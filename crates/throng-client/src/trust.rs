@@ -181,6 +181,20 @@ impl AnyCertificate {
             signatures: false,
         }
     }
+
+    /// The handshake signature checked by `verify` with the algorithms, or
+    /// (unchecked) taken as valid.
+    fn signature(
+        &self,
+        verify: impl FnOnce(
+            &WebPkiSupportedAlgorithms,
+        ) -> Result<HandshakeSignatureValid, rustls::Error>,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        if !self.signatures {
+            return Ok(HandshakeSignatureValid::assertion());
+        }
+        verify(&self.algorithms)
+    }
 }
 
 impl ServerCertVerifier for AnyCertificate {
@@ -201,10 +215,9 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        if !self.signatures {
-            return Ok(HandshakeSignatureValid::assertion());
-        }
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+        self.signature(|algorithms| {
+            rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+        })
     }
 
     fn verify_tls13_signature(
@@ -213,10 +226,9 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        if !self.signatures {
-            return Ok(HandshakeSignatureValid::assertion());
-        }
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+        self.signature(|algorithms| {
+            rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+        })
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
