@@ -192,25 +192,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     for line in prepared.lines() {
         progress.say(line);
     }
-    let (summary, mut failed) = prepared.run().context("attack")?;
-    if json {
-        super::print(&super::agent::json_summary(
-            serde_json::to_value(&summary)?,
-            agents.as_deref(),
-            summary.start_unix_ns,
-        )?)?;
-    } else {
-        super::print(&attack::render(&summary))?;
-    }
-    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed)?;
-    for f in &failed {
-        eprintln!("throng attack: threshold passed: {f}");
-    }
-    Ok(if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    let (summary, failed) = prepared.run().context("attack")?;
+    super::agent::conclude(
+        json.then(|| serde_json::to_value(&summary)).transpose()?,
+        || attack::render(&summary),
+        summary.start_unix_ns,
+        agents.as_deref(),
+        failed,
+        "throng attack: threshold passed: ",
+    )
 }
 
 /// What to request: a targets file, or one URL with its method, headers

@@ -314,25 +314,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
         return Ok(ExitCode::SUCCESS);
     }
-    let (summary, mut failed) = prepared.run().context("hold")?;
-    if json {
-        super::print(&super::agent::json_summary(
-            serde_json::to_value(&summary)?,
-            agents.as_deref(),
-            summary.start_unix_ns,
-        )?)?;
-    } else {
-        super::print(&hold::render(&summary))?;
-    }
-    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed)?;
-    for f in &failed {
-        eprintln!("throng hold: FAIL: {f}");
-    }
-    Ok(if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    let (summary, failed) = prepared.run().context("hold")?;
+    super::agent::conclude(
+        json.then(|| serde_json::to_value(&summary)).transpose()?,
+        || hold::render(&summary),
+        summary.start_unix_ns,
+        agents.as_deref(),
+        failed,
+        "throng hold: FAIL: ",
+    )
 }
 
 /// `--publish` and its TLS trust, its rate, size, Redis prefix and MQTT options.
