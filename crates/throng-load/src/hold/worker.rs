@@ -427,38 +427,71 @@ async fn greet(
     let plan = &ctx.shared.plan;
     let settings = &plan.settings;
     let scratch = &ctx.shared.scratch;
-    if plan.target.sse {
-        let rest = subscribe(
-            stream,
-            scratch,
-            session,
-            plain,
-            &plan.target,
-            port,
-            settings.max_head,
-        )
-        .await?;
-        return Ok((rest, Codec::Sse));
-    }
-    if let Some(opts) = plan.mqtt.as_ref().filter(|_| plan.target.mqtt) {
+    let mqtt = plan.mqtt.as_ref().filter(|_| plan.target.mqtt);
+    if let Some(opts) = mqtt.filter(|_| !plan.target.sse) {
         let id = format!("{}{i}", opts.client_id_prefix);
         let asked = (opts, id.as_str(), plan.target.channel());
         let (rest, decoder) =
             join(stream, scratch, session, plain, asked, settings.max_message).await?;
         return Ok((rest, Codec::mqtt(decoder)));
     }
-    let rest = upgrade(
+    let start = HttpStart {
         stream,
         scratch,
         session,
         plain,
-        &plan.target,
+        target: &plan.target,
         port,
-        settings.max_head,
-    )
-    .await?;
+        max_head: settings.max_head,
+    };
+    if plan.target.sse {
+        return Ok((subscribe(start).await?, Codec::Sse));
+    }
+    let rest = upgrade(start).await?;
     let decoder = ws::Decoder::new(ws::Role::Client, settings.max_message);
     Ok((rest, Codec::Ws(decoder)))
+}
+
+/// What the HTTP start of a connection (the WebSocket upgrade, the event
+/// stream's GET) works with.
+struct HttpStart<'a> {
+    stream: &'a mut TcpStream,
+    scratch: &'a RefCell<Box<[u8]>>,
+    /// The TLS session of `wss://` and `sses://`.
+    session: Option<&'a mut Session>,
+    /// Bytes that already arrived (with the TLS handshake).
+    plain: Vec<u8>,
+    target: &'a WsTarget,
+    /// The target port this connection goes to.
+    port: u16,
+    /// The largest response head accepted.
+    max_head: usize,
+}
+
+impl HttpStart<'_> {
+    /// Sends `request` and reads until `answer` has what it waits for
+    /// (see [`Exchange::run`]); `what` names it in errors.
+    async fn ask<T>(
+        self,
+        what: &'static str,
+        request: &[u8],
+        answer: impl FnMut(&mut Vec<u8>) -> Result<Option<T>, OpenError>,
+    ) -> Result<T, OpenError> {
+        let exchange = Exchange {
+            what,
+            limit: 2 * self.max_head,
+        };
+        exchange
+            .run(
+                self.stream,
+                self.scratch,
+                self.session,
+                request,
+                self.plain,
+                answer,
+            )
+            .await
+    }
 }
 
 /// The error of a subscriber's greeting (upgrade, GET, CONNECT) that had
@@ -480,15 +513,8 @@ fn greeting_timed_out(plan: &WorkerPlan, addr: SocketAddr) -> OpenError {
 
 /// The WebSocket upgrade (through `session` for `wss://`); `plain` holds
 /// any bytes that already arrived. Returns the bytes after the response head.
-async fn upgrade(
-    stream: &mut TcpStream,
-    scratch: &RefCell<Box<[u8]>>,
-    session: Option<&mut Session>,
-    plain: Vec<u8>,
-    target: &WsTarget,
-    port: u16,
-    max_head: usize,
-) -> Result<Vec<u8>, OpenError> {
+async fn upgrade(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
+    let (target, port, max_head) = (start.target, start.port, start.max_head);
     let key = ws::client_key(fastrand::u128(..).to_ne_bytes());
     let mut request = Vec::with_capacity(256);
     ws::write_upgrade_request(&mut request, &target.host_header(port), &target.path, &key);
@@ -505,28 +531,15 @@ async fn upgrade(
         },
         Err(e) => Err(bad(format!("upgrade: {e}"))),
     };
-    let exchange = Exchange {
-        what: "upgrade",
-        limit: 2 * max_head,
-    };
-    exchange
-        .run(stream, scratch, session, &request, plain, answer)
-        .await
+    start.ask("upgrade", &request, answer).await
 }
 
 /// A Server-Sent Events subscriber's start (through `session` for
 /// `sses://`): `GET` with `Accept: text/event-stream`, answered by `200`
 /// with that content type and a body that runs until the connection ends.
 /// Returns the bytes after the response head (the first events).
-async fn subscribe(
-    stream: &mut TcpStream,
-    scratch: &RefCell<Box<[u8]>>,
-    session: Option<&mut Session>,
-    plain: Vec<u8>,
-    target: &WsTarget,
-    port: u16,
-    max_head: usize,
-) -> Result<Vec<u8>, OpenError> {
+async fn subscribe(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
+    let (target, port, max_head) = (start.target, start.port, start.max_head);
     let mut request = Vec::with_capacity(256);
     let host = target.host_header(port);
     http::write_request(
@@ -573,13 +586,7 @@ async fn subscribe(
         }
         Err(e) => Err(bad(format!("event stream: {e}"))),
     };
-    let exchange = Exchange {
-        what: "event stream GET",
-        limit: 2 * max_head,
-    };
-    exchange
-        .run(stream, scratch, session, &request, plain, answer)
-        .await
+    start.ask("event stream GET", &request, answer).await
 }
 
 /// An MQTT subscriber's start (through `session` for `mqtts://`): CONNECT
