@@ -384,7 +384,7 @@ fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
 }
 
 fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
-    s.parse()
+    s.parse::<RedisUrl>().map_err(|e| e.to_string())
 }
 
 fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
