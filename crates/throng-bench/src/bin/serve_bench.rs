@@ -6,7 +6,9 @@
 //! 2. fan-out of one 64-byte message to all N: worker CPU per delivered
 //!    frame against a bare loop of the same socket write of the same frame
 //!    to the same sockets in the same run (the server's benchmark-only
-//!    `/bench/floor`, on with `--bench-floor`), and the
+//!    `/bench/floor`, on with `--bench-floor`: `--throng` must name a binary
+//!    built with `--features bench-floor`, as `scripts/bench-serve.sh`
+//!    builds it; `serve` as shipped has no such route), and the
 //!    time from the publish request to its reply (sent after the last
 //!    frame is written);
 //! 3. accepted upgrades per second;

@@ -334,7 +334,8 @@ pub(crate) struct Args {
     dry_run: bool,
 
     /// Benchmark only: enable POST /bench/floor/<channel>, a bare write(2) loop over the
-    /// channel's subscribers.
+    /// channel's subscribers (in a build with the `bench-floor` feature only).
+    #[cfg(feature = "bench-floor")]
     #[arg(long, hide = true)]
     bench_floor: bool,
 
@@ -409,7 +410,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         write_timeout: args.write_timeout,
         drain_timeout: args.drain_timeout,
         handshake_timeout: args.handshake_timeout,
+        #[cfg(feature = "bench-floor")]
         bench_floor: args.bench_floor,
+        #[cfg(not(feature = "bench-floor"))]
+        bench_floor: false,
         request_timeout: args.request_timeout,
         max_sleep: args.max_sleep,
         max_times: args.max_times,
