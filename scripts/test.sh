@@ -191,8 +191,10 @@ ulimit -Sn 1024 2>/dev/null || true
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --workspace --all-targets -- -D warnings"
+# With the benchmark-only route (scripts/bench-serve.sh builds it) checked too.
+step "cargo clippy --workspace --all-targets -- -D warnings (and --features throng/bench-floor)"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --features throng/bench-floor -- -D warnings
 
 if [ -f fuzz/Cargo.toml ]; then
   step "fuzz targets compile"

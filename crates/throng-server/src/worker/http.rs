@@ -22,7 +22,7 @@ use super::gate;
 use super::ping_answer::Answer;
 use super::rejoin::Kind;
 use super::routes::ping::Pinged;
-use super::routes::{self, Route, bench_floor, ops, ping, publish, refuse};
+use super::routes::{self, Route, ops, ping, publish, refuse};
 use super::state::{Serves, Sleeper, Waiting, Worker};
 use crate::addresses::{Source, Verdict};
 use crate::channel;
@@ -326,7 +326,10 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) 
                     Pinged::Sleeps(answer, wake) => return Phase::Sleeps(answer, wake),
                 }
             }
-            Route::BenchFloor => Box::pin(bench_floor::serve(w, stream, &req, &mut buf)).await,
+            #[cfg(feature = "bench-floor")]
+            Route::BenchFloor => {
+                Box::pin(routes::bench_floor::serve(w, stream, &req, &mut buf)).await
+            }
             Route::NotHere(what) => Box::pin(routes::not_here(w, stream, what)).await,
         };
         if !keep {

@@ -365,7 +365,8 @@ pub(crate) struct Args {
     dry_run: bool,
 
     /// Benchmark only: enable POST /bench/floor/<channel>, a bare write(2) loop over the
-    /// channel's subscribers.
+    /// channel's subscribers (in a build with the `bench-floor` feature only).
+    #[cfg(feature = "bench-floor")]
     #[arg(long, hide = true)]
     bench_floor: bool,
 
@@ -415,7 +416,7 @@ fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
 }
 
 fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
-    s.parse()
+    s.parse::<RedisUrl>().map_err(|e| e.to_string())
 }
 
 fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
@@ -440,7 +441,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         write_timeout: args.write_timeout,
         drain_timeout: args.drain_timeout,
         handshake_timeout: args.handshake_timeout,
+        #[cfg(feature = "bench-floor")]
         bench_floor: args.bench_floor,
+        #[cfg(not(feature = "bench-floor"))]
+        bench_floor: false,
         request_timeout: args.request_timeout,
         max_sleep: args.max_sleep,
         max_times: args.max_times,
