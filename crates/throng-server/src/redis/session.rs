@@ -1123,6 +1123,32 @@ mod tests {
         assert!(s.wants_permit());
     }
 
+    /// A session on a cluster's master (sharded pub/sub), history
+    /// messages kept per channel (0: none).
+    fn on_a_cluster(history: usize) -> Session {
+        let mut settings = fake::settings(RedisMode::Channels, history);
+        settings.topology =
+            crate::redis::Topology::Cluster(vec![crate::redis::Addr::parse("h:1").unwrap()]);
+        Session::new(settings, 1 << 20)
+    }
+
+    /// A publish of `payload` on `news`, as request `request` of worker 0.
+    fn publish_news(request: u64, payload: &'static [u8]) -> Command {
+        let to = Publisher {
+            worker: crate::relay::WorkerId {
+                slot: 0,
+                generation: 1,
+            },
+            request,
+        };
+        Command::Publish {
+            to,
+            channel: "news".into(),
+            payload: Bytes::from_static(payload),
+            retain: None,
+        }
+    }
+
     /// Everything the session emitted, writes as text.
     fn drain(s: &mut Session) -> (Vec<String>, Vec<Event>) {
         let (mut writes, mut events) = (Vec::new(), Vec::new());
@@ -1137,10 +1163,7 @@ mod tests {
 
     #[test]
     fn on_a_cluster_the_session_speaks_sharded_pub_sub_and_hands_redirects_back() {
-        let mut settings = fake::settings(RedisMode::Channels, 0);
-        settings.topology =
-            crate::redis::Topology::Cluster(vec![crate::redis::Addr::parse("h:1").unwrap()]);
-        let mut s = Session::new(settings, 1 << 20);
+        let mut s = on_a_cluster(0);
         let now = Instant::now();
         s.on_connected();
         s.on_command(Command::Subscribe("news".into()), now);
@@ -1158,20 +1181,7 @@ mod tests {
                 if channel == "news" && p == "news"),
             "{events:?}"
         );
-        let to = Publisher {
-            worker: crate::relay::WorkerId {
-                slot: 0,
-                generation: 1,
-            },
-            request: 7,
-        };
-        let publish = Command::Publish {
-            to,
-            channel: "news".into(),
-            payload: Bytes::from_static(b"x"),
-            retain: None,
-        };
-        s.on_command(publish, now);
+        s.on_command(publish_news(7, b"x"), now);
         let (writes, _) = drain(&mut s);
         assert!(writes[0].contains("SPUBLISH"), "{writes:?}");
         s.on_bytes(Conn::Publisher, b"-MOVED 1 127.0.0.1:7001\r\n", now)
@@ -1206,10 +1216,7 @@ mod tests {
 
     #[test]
     fn a_cluster_session_against_the_fake_master_publishes_with_history_and_follows_a_moved_slot() {
-        let mut settings = fake::settings(RedisMode::Channels, 5);
-        settings.topology =
-            crate::redis::Topology::Cluster(vec![crate::redis::Addr::parse("h:1").unwrap()]);
-        let mut s = Session::new(settings, 1 << 20);
+        let mut s = on_a_cluster(5);
         let mut redis = FakeRedis::default();
         let now = Instant::now();
         s.on_command(Command::Subscribe("news".into()), now);
@@ -1219,20 +1226,7 @@ mod tests {
             matches!(events[..], [Event::Placed(_), Event::Up, ..]),
             "{events:?}"
         );
-        let to = Publisher {
-            worker: crate::relay::WorkerId {
-                slot: 0,
-                generation: 1,
-            },
-            request: 3,
-        };
-        let publish = Command::Publish {
-            to,
-            channel: "news".into(),
-            payload: Bytes::from_static(b"hello"),
-            retain: None,
-        };
-        s.on_command(publish, now);
+        s.on_command(publish_news(3, b"hello"), now);
         let events = exchange(&mut s, &mut redis, now);
         // Through the history script's SPUBLISH: one receiver, an id, and
         // the message back on the shard subscription with that id.
