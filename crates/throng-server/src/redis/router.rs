@@ -107,6 +107,11 @@ impl Router {
     /// subscription on the master of its slot.
     pub(crate) fn apply(&mut self, map: SlotMap, now: Instant) {
         self.stale = map.unserved() > 0;
+        // Read again and again while a shard is down: with nothing changed
+        // there is nothing to place (a walk of every local channel).
+        if map == self.map {
+            return self.place_missing();
+        }
         for a in map.masters() {
             self.link(a, now);
         }
@@ -131,20 +136,40 @@ impl Router {
     fn place_all(&mut self) {
         let channels: Vec<String> = self.placed.keys().cloned().collect();
         for c in channels {
-            let want = self.owner(&c);
-            let at = self.placed.get(&c).cloned().flatten();
-            if want == at {
-                continue;
-            }
-            if let Some(old) = at.and_then(|a| self.shards.get(&a)) {
-                let _ = old.cmds.send(Command::Unsubscribe(c.clone()));
-            }
-            if let Some(new) = want.as_ref().and_then(|a| self.shards.get(a)) {
-                let _ = new.cmds.send(Command::Subscribe(c.clone()));
-                self.moving.insert(c.clone());
-            }
-            self.placed.insert(c, want);
+            self.place(c);
         }
+    }
+
+    /// Places the channels that are subscribed nowhere (their slot moved
+    /// away, or no master served it).
+    fn place_missing(&mut self) {
+        let channels: Vec<String> = self
+            .placed
+            .iter()
+            .filter(|(_, at)| at.is_none())
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in channels {
+            self.place(c);
+        }
+    }
+
+    /// Subscribes `c` on its slot's master when it is elsewhere (and
+    /// unsubscribes it there); until the master confirms, it is moving.
+    fn place(&mut self, c: String) {
+        let want = self.owner(&c);
+        let at = self.placed.get(&c).cloned().flatten();
+        if want == at {
+            return;
+        }
+        if let Some(old) = at.and_then(|a| self.shards.get(&a)) {
+            let _ = old.cmds.send(Command::Unsubscribe(c.clone()));
+        }
+        if let Some(new) = want.as_ref().and_then(|a| self.shards.get(a)) {
+            let _ = new.cmds.send(Command::Subscribe(c.clone()));
+            self.moving.insert(c.clone());
+        }
+        self.placed.insert(c, want);
     }
 
     /// The link to master `a`, made when there is none.
@@ -318,6 +343,8 @@ impl Router {
                 if let Some(at) = self.placed.get(&channel)
                     && at.as_ref() != Some(&redirect.to)
                 {
+                    // The map says the new master now: subscribe there.
+                    self.place(channel.clone());
                     self.moving.insert(channel);
                     return self.out.push_back(Event::Published {
                         to,
@@ -739,5 +766,41 @@ mod tests {
             ),
             "{ev:?}"
         );
+    }
+
+    #[test]
+    fn a_moved_subscribed_channel_follows_its_slot_and_publishes_wait_for_the_new_master() {
+        let (mut r, links) = router();
+        let now = Instant::now();
+        r.apply(three(), now);
+        all_up(&mut r, now);
+        r.on_command(Command::Subscribe("c".into()));
+        assert_eq!(sent(&links), [(7002, "+c".into())]);
+        let moved = Event::Redirected {
+            to: who(),
+            channel: "c".into(),
+            payload: Bytes::from_static(b"x"),
+            hops: 0,
+            redirect: Redirect {
+                ask: false,
+                slot: 12883,
+                to: addr(7001),
+            },
+        };
+        r.on_shard_event(&addr(7002), moved, now);
+        // Refused (this node's subscribers would miss it), and the
+        // subscription moves at once, without waiting for a new map.
+        refused_moving(&mut r);
+        assert_eq!(sent(&links), [(7001, "+c".into()), (7002, "-c".into())]);
+        // A map read that says the same changes nothing.
+        let mut patched = three();
+        patched.moved(12883, addr(7001));
+        r.apply(patched, now);
+        assert_eq!(sent(&links), []);
+        r.on_command(publish("c"));
+        refused_moving(&mut r);
+        r.on_shard_event(&addr(7001), Event::Placed("c".into()), now);
+        r.on_command(publish("c"));
+        assert_eq!(sent(&links), [(7001, "publish c".into())]);
     }
 }
