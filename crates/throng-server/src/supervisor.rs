@@ -62,6 +62,12 @@ pub enum ServeError {
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
+    /// A `--redis-prefix` with `{` or `}` on a cluster.
+    #[error(
+        "--redis-prefix '{0}' has a brace: on a Redis Cluster a {{hash tag}} in the prefix would \
+         put every channel in one slot (one shard for everything); give a prefix without {{ }}"
+    )]
+    TaggedPrefix(String),
     /// `--redis-mode pattern` with `--redis-cluster`.
     #[error(
         "--redis-mode pattern cannot run on a Redis Cluster: sharded pub/sub (SSUBSCRIBE) has no \
@@ -232,6 +238,9 @@ impl Plan {
     pub fn with_redis(mut self, settings: RedisSettings) -> Result<Self, ServeError> {
         if settings.sharded() && settings.mode == redis::RedisMode::Pattern {
             return Err(ServeError::PatternOnCluster);
+        }
+        if settings.sharded() && settings.prefix.contains(['{', '}']) {
+            return Err(ServeError::TaggedPrefix(settings.prefix));
         }
         if !settings.wait {
             settings.probe().map_err(|e| ServeError::Redis {

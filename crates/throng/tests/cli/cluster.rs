@@ -77,6 +77,21 @@ fn three_masters_each_channel_on_its_shard_and_history_publishes() {
         err.contains("pattern cannot run on a Redis Cluster") && err.contains("channels"),
         "{err}"
     );
+    // A hash tag in the prefix would put every channel in one slot.
+    let out = output_within(
+        throng().args(["serve", "--listen", "127.0.0.1:0"]).args([
+            "--redis-cluster",
+            &seeds,
+            "--redis-prefix",
+            "{app}:",
+        ]),
+        Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("has a brace"),
+        "{err}"
+    );
 }
 
 /// What became of one published message.
