@@ -96,6 +96,12 @@ pub enum UrlFault {
     /// The password has a `%` not followed by two hex digits.
     #[error("bad %-escape in the password")]
     PasswordEscape,
+    /// Another client's Sentinel URL form (`redis+sentinel://`).
+    #[error(
+        "for Sentinel give --redis-sentinel HOST:PORT[,HOST:PORT...] --redis-master NAME; \
+         for a Redis Cluster --redis-cluster HOST:PORT[,...]"
+    )]
+    Sentinel,
 }
 
 impl FromStr for RedisUrl {
@@ -109,6 +115,9 @@ impl FromStr for RedisUrl {
             (true, r)
         } else if let Some(r) = url.strip_prefix("redis://") {
             (false, r)
+        } else if url.starts_with("redis+sentinel://") || url.starts_with("redis-sentinel://") {
+            // Another client's URL form: say what this one takes instead.
+            return Err(bad(UrlFault::Sentinel));
         } else {
             return Err(bad(UrlFault::Scheme));
         };
@@ -312,6 +321,12 @@ mod tests {
         ] {
             assert!(bad.parse::<RedisUrl>().is_err(), "{bad}");
         }
+        // Another client's Sentinel URL: pointed at the options instead.
+        let e = "redis+sentinel://h:26379/m"
+            .parse::<RedisUrl>()
+            .unwrap_err();
+        assert_eq!(e.fault, UrlFault::Sentinel);
+        assert!(e.to_string().contains("--redis-sentinel"), "{e}");
         let e = "redis://u:topsecret@h:1/x".parse::<RedisUrl>().unwrap_err();
         assert!(!e.to_string().contains("topsecret"), "{e}");
         assert_eq!(e.fault, UrlFault::Db);

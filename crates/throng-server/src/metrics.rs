@@ -367,6 +367,8 @@ pub struct BrokerStats {
     pub publish_failures: u64,
     /// Gauge: channels (or patterns) the subscriber connection holds.
     pub subscriptions: u64,
+    /// A Redis Cluster's shards: master address, up, seconds in that state.
+    pub shards: Vec<(String, bool, f64)>,
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -900,6 +902,35 @@ fn render_broker(out: &mut String, b: &BrokerStats) {
     for (name, kind, help, v) in rows {
         family(out, name, kind, help);
         let _ = writeln!(out, "{name} {v}");
+    }
+    render_shards(out, &b.shards);
+}
+
+/// One per-shard family: its name, its help, its value from (up, seconds).
+type ShardFamily = (&'static str, &'static str, fn(bool, f64) -> String);
+
+/// A Redis Cluster's shards, one line each (nothing without a cluster).
+fn render_shards(out: &mut String, shards: &[(String, bool, f64)]) {
+    if shards.is_empty() {
+        return;
+    }
+    let families: [ShardFamily; 2] = [
+        (
+            "throng_broker_shard_up",
+            "1 when the link to this Redis Cluster master works and its subscriptions are confirmed.",
+            |up, _| u8::from(up).to_string(),
+        ),
+        (
+            "throng_broker_shard_state_seconds",
+            "How long this Redis Cluster master has been up, or down.",
+            |_, secs| format!("{secs:.3}"),
+        ),
+    ];
+    for (name, help, value) in families {
+        family(out, name, "gauge", help);
+        for (addr, up, secs) in shards {
+            let _ = writeln!(out, "{name}{{shard=\"{addr}\"}} {}", value(*up, *secs));
+        }
     }
 }
 

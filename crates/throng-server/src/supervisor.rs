@@ -62,6 +62,20 @@ pub enum ServeError {
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
+    /// A `--redis-prefix` with `{` or `}` on a cluster.
+    #[error(
+        "--redis-prefix '{0}' has a brace: on a Redis Cluster a {{hash tag}} in the prefix would \
+         put every channel in one slot (one shard for everything); give a prefix without {{ }}"
+    )]
+    TaggedPrefix(String),
+    /// `--redis-mode pattern` with `--redis-cluster`.
+    #[error(
+        "--redis-mode pattern cannot run on a Redis Cluster: sharded pub/sub (SSUBSCRIBE) has no \
+         patterns, and PSUBSCRIBE would need plain PUBLISH, which the cluster copies to every \
+         shard (every message crosses every shard: no scaling). Use --redis-mode channels (the \
+         default with --redis-cluster): each node subscribes to its channels on their shards"
+    )]
+    PatternOnCluster,
     /// Redis (`--redis`) did not answer or refused us at start.
     #[error(
         "cannot use Redis at {url}: {reason} (start redis-server there or fix --redis; \
@@ -222,6 +236,12 @@ impl Plan {
     /// Routes through Redis: checks now that Redis answers and takes our
     /// credentials (unless `settings.wait`), so a wrong URL fails at start.
     pub fn with_redis(mut self, settings: RedisSettings) -> Result<Self, ServeError> {
+        if settings.sharded() && settings.mode == redis::RedisMode::Pattern {
+            return Err(ServeError::PatternOnCluster);
+        }
+        if settings.sharded() && settings.prefix.contains(['{', '}']) {
+            return Err(ServeError::TaggedPrefix(settings.prefix));
+        }
         if !settings.wait {
             settings.probe().map_err(|e| ServeError::Redis {
                 url: settings.url.to_string(),
@@ -467,7 +487,12 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
         let emit = move |ev| {
             let _ = events.send(Event::Broker(ev));
         };
-        tokio::task::spawn_local(redis::run(settings, plan.config.max_message, cmds, emit));
+        let max = plan.config.max_message;
+        if settings.sharded() {
+            tokio::task::spawn_local(redis::router::run(settings, max, cmds, emit));
+        } else {
+            tokio::task::spawn_local(redis::run(settings, max, cmds, emit));
+        }
     }
     let workers = plan.config.workers;
     for i in 0..workers {

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use throng_host::units::{parse_duration, parse_rate, parse_size};
 use throng_server::auth::{Key, PublishKeyFile, Settings};
 use throng_server::config::{PerAddress, parse_listen};
-use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Trust};
+use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Topology, Trust};
 use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
@@ -19,6 +19,11 @@ use throng_server::{Config, Plan, WorkerCommand};
 #[command(group(
     clap::ArgGroup::new("tls_listeners")
         .args(["tls_listen", "mqtts_listen"])
+        .multiple(true)
+))]
+#[command(group(
+    clap::ArgGroup::new("redis_any")
+        .args(["redis", "redis_cluster", "redis_sentinel"])
         .multiple(true)
 ))]
 #[command(after_help = "\
@@ -40,6 +45,10 @@ Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
             connections that got the message (subscribed nodes, plus any
             other client), not WebSocket subscribers; 503 with the reason
             while Redis is unreachable. See docs/deploy.md.
+            Past one Redis: --redis-cluster HOST:PORT,... (a Redis Cluster,
+            sharded pub/sub, one link per master; channels mode) or
+            --redis-sentinel HOST:PORT,... --redis-master NAME (the master
+            Sentinel names, followed on failover). See docs/scale-out.md.
 TLS:        every --tls-listen listener serves the same endpoints as wss://
             and https:// (TLS 1.3 and 1.2, ALPN http/1.1, session tickets
             shared by all workers), beside the plain --listen ones. A
@@ -245,33 +254,55 @@ pub(crate) struct Args {
         long,
         value_name = "PREFIX",
         default_value = "throng:",
-        requires = "redis"
+        requires = "redis_any"
     )]
     redis_prefix: String,
 
     /// pattern: one PSUBSCRIBE <prefix>* (every node receives every message; simplest, best
     /// for few nodes). channels: SUBSCRIBE only to channels with subscribers on this node,
-    /// UNSUBSCRIBE when the last leaves (for many nodes x many channels).
-    #[arg(long, value_name = "MODE", default_value = "pattern", value_parser = parse_redis_mode, requires = "redis")]
-    redis_mode: RedisMode,
+    /// UNSUBSCRIBE when the last leaves (for many nodes x many channels). Default: pattern;
+    /// channels with --redis-cluster, where pattern is refused.
+    #[arg(long, value_name = "MODE", value_parser = parse_redis_mode, requires = "redis_any")]
+    redis_mode: Option<RedisMode>,
 
     /// rediss://: PEM file of the CA certificate(s) that signed Redis's certificate, which
     /// must name the URL's host (a DNS name or IP address). Default: the system bundle
     /// /etc/ssl/certs/ca-certificates.crt.
-    #[arg(long, value_name = "FILE", requires = "redis")]
+    #[arg(long, value_name = "FILE", requires = "redis_any")]
     redis_tls_ca: Option<PathBuf>,
 
     /// rediss://: do not check Redis's certificate at all (trials with a self-signed
     /// certificate only: anyone on the path can then read and change the traffic, password
     /// included).
-    #[arg(long, requires = "redis", conflicts_with = "redis_tls_ca")]
+    #[arg(long, requires = "redis_any", conflicts_with = "redis_tls_ca")]
     redis_tls_insecure: bool,
 
     /// Start even when Redis is unreachable and keep retrying with backoff (subscribers are
     /// accepted meanwhile; publishing answers 503). Without it, an unreachable Redis is an
     /// error at start.
-    #[arg(long, requires = "redis")]
+    #[arg(long, requires = "redis_any")]
     redis_wait: bool,
+
+    /// Route through a Redis Cluster (Redis 7): HOST:PORT[,HOST:PORT...] of any of its nodes
+    /// (the map is read from them). One link per master, sharded pub/sub (SSUBSCRIBE and
+    /// SPUBLISH on the master of each channel's slot), MOVED/ASK followed. --redis, if given,
+    /// supplies only credentials and TLS. See docs/scale-out.md.
+    #[arg(
+        long,
+        value_name = "HOST:PORT[,...]",
+        conflicts_with = "redis_sentinel"
+    )]
+    redis_cluster: Option<String>,
+
+    /// Find the master through Redis Sentinel: HOST:PORT[,HOST:PORT...] of the sentinels,
+    /// asked in turn before every connection; a +switch-master moves the node to the new
+    /// master. Needs --redis-master. --redis, if given, supplies only credentials and TLS.
+    #[arg(long, value_name = "HOST:PORT[,...]", requires = "redis_master")]
+    redis_sentinel: Option<String>,
+
+    /// The master's name in Sentinel's configuration (with --redis-sentinel).
+    #[arg(long, value_name = "NAME", requires = "redis_sentinel")]
+    redis_master: Option<String>,
 
     /// Require a token (JWT) signed with this HS256 secret: a file of at least 32 bytes (one
     /// trailing newline is ignored). KID=FILE names the key for tokens whose header has that
@@ -450,7 +481,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--ping-interval must be more than 0");
     }
     let mut plan = Plan::new(config)?;
-    if let Some(url) = args.redis {
+    let topology = Topology::from_flags(
+        args.redis_cluster.as_deref(),
+        args.redis_sentinel.as_deref(),
+        args.redis_master.clone(),
+    )?;
+    if let Some(url) = topology.url(args.redis) {
         let trust = Trust {
             ca: args.redis_tls_ca,
             insecure: args.redis_tls_insecure,
@@ -476,7 +512,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         plan = plan.with_redis(RedisSettings {
             url,
             prefix: args.redis_prefix,
-            mode: args.redis_mode,
+            mode: topology.mode(args.redis_mode),
             wait: args.redis_wait,
             trust,
             tls,
@@ -484,6 +520,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             history: None,
             // Set by the plan from --max-retained.
             max_retained: 0,
+            topology,
         })?;
     }
     if args.json {

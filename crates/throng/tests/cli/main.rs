@@ -11,6 +11,7 @@ mod agents_json;
 mod attack;
 mod auth;
 mod bench;
+mod cluster;
 mod doctor;
 mod history;
 mod hold;
