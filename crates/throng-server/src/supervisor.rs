@@ -27,6 +27,7 @@ use crate::relay::{Answer, Publisher, Relay, WorkerId};
 use crate::retained::{self, Retained};
 use crate::reuseport;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
+use throng_host::portlock::{ClaimError, PortLocks};
 use throng_host::process::{self, Signal};
 use throng_host::shared::SharedCounters;
 
@@ -47,6 +48,27 @@ pub enum ServeError {
     /// No listen address was given.
     #[error("no listen address (use --listen HOST:PORT)")]
     NoListen,
+    /// A port that a running `throng serve` holds.
+    #[error(
+        "cannot listen on port {port}: a running throng serve (pid {pid}) holds it, and two \
+         servers on one port would split its connections; stop that one first (kill {pid}: it \
+         drains within its --drain-timeout; under systemd: systemctl stop) or pick another port"
+    )]
+    PortHeld {
+        /// The port.
+        port: u16,
+        /// The holder's pid (0: unknown).
+        pid: i32,
+    },
+    /// The same address given to two listeners of one command.
+    #[error(
+        "{0} is given twice (--listen, --tls-listen, --mqtt-listen, --mqtts-listen, \
+         --publish-listen, --metrics-listen); each address serves one purpose"
+    )]
+    Twice(SocketAddr),
+    /// The lock file of the ports could not be used.
+    #[error("{0}")]
+    PortLock(ClaimError),
     /// An internal address (`--publish-listen`, `--metrics-listen`) that is
     /// also a public one.
     #[error(
@@ -111,6 +133,8 @@ pub struct Plan {
     pub redis: Option<RedisSettings>,
     /// Bound (not listening) sockets that hold the ports while workers start.
     reserved: Vec<socket2::Socket>,
+    /// The claim on every port, so a second `throng serve` is refused.
+    locks: PortLocks,
     /// The subscriber counts every worker shares, with `--max-connections`.
     shared: Option<SharedCounters>,
 }
@@ -121,6 +145,26 @@ impl Plan {
     pub fn new(mut config: Config) -> Result<Self, ServeError> {
         if config.listen.is_empty() {
             return Err(ServeError::NoListen);
+        }
+        let public: Vec<SocketAddr> = config
+            .listen
+            .iter()
+            .chain(&config.tls_listen)
+            .chain(&config.mqtt_listen)
+            .chain(&config.mqtts_listen)
+            .copied()
+            .collect();
+        if let Some(a) = config
+            .publish_listen
+            .iter()
+            .chain(&config.metrics_listen)
+            // Port 0: each gets a port of its own.
+            .find(|a| a.port() != 0 && public.contains(a))
+        {
+            return Err(ServeError::InternalIsPublic(*a));
+        }
+        if let Some(a) = given_twice(&config) {
+            return Err(ServeError::Twice(a));
         }
         limits::raise_nofile()?;
         let nofile = limits::nofile()?;
@@ -154,23 +198,6 @@ impl Plan {
             }
             Ok(())
         };
-        let public: Vec<SocketAddr> = config
-            .listen
-            .iter()
-            .chain(&config.tls_listen)
-            .chain(&config.mqtt_listen)
-            .chain(&config.mqtts_listen)
-            .copied()
-            .collect();
-        if let Some(a) = config
-            .publish_listen
-            .iter()
-            .chain(&config.metrics_listen)
-            // Port 0: each gets a port of its own.
-            .find(|a| a.port() != 0 && public.contains(a))
-        {
-            return Err(ServeError::InternalIsPublic(*a));
-        }
         bind_all(&mut config.listen)?;
         bind_all(&mut config.tls_listen)?;
         bind_all(&mut config.mqtt_listen)?;
@@ -206,6 +233,7 @@ impl Plan {
             None => None,
         };
         config.shared_counters = shared.as_ref().map(SharedCounters::fd);
+        let locks = claim_ports(&reserved)?;
         Ok(Self {
             config,
             nofile,
@@ -215,6 +243,7 @@ impl Plan {
             broker: Broker::LOCAL.to_owned(),
             redis: None,
             reserved,
+            locks,
             shared,
         })
     }
@@ -278,6 +307,60 @@ impl Plan {
 /// The config as the start line shows it: durations in the grammar every
 /// flag takes (`30s`, `1m30s`) rather than serde's `{"secs":..,"nanos":..}`
 /// (the workers get the latter), and the benchmark-only switch only when on.
+/// An address two listener options of one command name (or a wildcard
+/// and an address on the same port): the kernel would split its
+/// connections between them. `--publish-listen` and `--metrics-listen` may
+/// share one address (one listener serves both); port 0 is a new port each time.
+fn given_twice(config: &Config) -> Option<SocketAddr> {
+    let overlaps = |a: &SocketAddr, b: &SocketAddr| {
+        a.port() == b.port()
+            && a.is_ipv4() == b.is_ipv4()
+            && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    };
+    let mut seen: Vec<SocketAddr> = Vec::new();
+    let metrics_alone = config
+        .metrics_listen
+        .iter()
+        .filter(|a| !config.publish_listen.contains(a));
+    let all = config
+        .listen
+        .iter()
+        .chain(&config.tls_listen)
+        .chain(&config.mqtt_listen)
+        .chain(&config.mqtts_listen)
+        .chain(&config.publish_listen)
+        .chain(metrics_alone)
+        .filter(|a| a.port() != 0);
+    for a in all {
+        if seen.iter().any(|b| overlaps(a, b)) {
+            return Some(*a);
+        }
+        seen.push(*a);
+    }
+    None
+}
+
+/// Claims every reserved port (after port 0 became a real one), so that a
+/// second `throng serve` on any of them is refused, naming this one.
+fn claim_ports(reserved: &[socket2::Socket]) -> Result<PortLocks, ServeError> {
+    let mut locks = PortLocks::open().map_err(ServeError::PortLock)?;
+    for s in reserved {
+        let Some(port) = s
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.port())
+        else {
+            continue;
+        };
+        locks.claim(port).map_err(|e| match e {
+            ClaimError::Held { port, pid } => ServeError::PortHeld { port, pid },
+            e @ ClaimError::File { .. } => ServeError::PortLock(e),
+        })?;
+    }
+    Ok(locks)
+}
+
 fn public_config(config: &Config) -> serde_json::Value {
     let mut v = serde_json::json!(config);
     if let Some(map) = v.as_object_mut() {
@@ -524,6 +607,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
     }
     // Hold the reserved ports until the workers are gone.
     drop(plan.reserved);
+    drop(plan.locks);
     log!(
         "throng: stopped ({} messages published, {} worker restarts)",
         sup.stats.published,

@@ -25,6 +25,7 @@ mod mqtt_qos;
 mod mqtt_retain;
 mod mqtt_serve;
 mod newcomer;
+mod one_owner;
 mod output;
 mod ports;
 mod redis;
