@@ -36,6 +36,7 @@ pub mod history;
 pub mod metrics;
 pub mod redis;
 mod relay;
+pub mod reload;
 pub mod retained;
 mod reuseport;
 pub mod stream;

@@ -24,6 +24,7 @@ use crate::history::{self, History, Kept};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
 use crate::relay::{Answer, Publisher, Relay, WorkerId};
+use crate::reload;
 use crate::retained::{self, Retained};
 use crate::reuseport;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
@@ -131,6 +132,8 @@ pub struct Plan {
     pub broker: String,
     /// The Redis broker's settings (`None`: the local relay).
     pub redis: Option<RedisSettings>,
+    /// The files SIGHUP reads again (certificate, keys).
+    pub reload: reload::Files,
     /// Bound (not listening) sockets that hold the ports while workers start.
     reserved: Vec<socket2::Socket>,
     /// The claim on every port, so a second `throng serve` is refused.
@@ -242,6 +245,7 @@ impl Plan {
             workers_why,
             broker: Broker::LOCAL.to_owned(),
             redis: None,
+            reload: reload::Files::default(),
             reserved,
             locks,
             shared,
@@ -558,6 +562,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut deadline = None;
     let mut prune = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -575,6 +580,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             biased;
             _ = term.recv(), if !sup.draining => deadline = Some(sup.drain("SIGTERM")),
             _ = int.recv(), if !sup.draining => deadline = Some(sup.drain("SIGINT")),
+            _ = hup.recv() => sup.reload(&plan.reload),
             ev = rx.recv() => match ev {
                 Some(ev) => {
                     if let Some(d) = sup.on_event(ev) {
@@ -1041,6 +1047,37 @@ impl Supervisor {
 
     /// Stops restarting, tells every worker to drain; returns the deadline
     /// after which stragglers are killed.
+    /// SIGHUP: reads the certificate and keys again, logs what it took and
+    /// what it kept, and hands the new settings to every worker (and to
+    /// those started later).
+    fn reload(&mut self, files: &reload::Files) {
+        if files.is_empty() {
+            log!("throng: SIGHUP: nothing to reload (no certificate or key files were given)");
+            return;
+        }
+        let out = files.reload(&mut self.config);
+        for line in &out.reloaded {
+            log!("throng: SIGHUP: reloaded {line}");
+        }
+        for line in &out.kept {
+            log!("throng: SIGHUP: ERROR: {line}");
+        }
+        if !out.changed() {
+            return;
+        }
+        match serde_json::to_vec(&self.config) {
+            Ok(json) => self.config_json = Bytes::from(json),
+            Err(e) => {
+                log!("throng: SIGHUP: cannot encode the settings: {e}");
+                return;
+            }
+        }
+        let rec = Record::Reload(self.config_json.clone()).encode();
+        for i in 0..self.slots.len() {
+            self.send(i, rec.clone());
+        }
+    }
+
     fn drain(&mut self, signal: &str) -> tokio::time::Instant {
         log!(
             "throng: {signal}: draining (closing every subscriber with 1001, up to {:?})",

@@ -89,7 +89,7 @@ pub(crate) fn unix_now() -> u64 {
 /// May this upgrade subscribe to `channel`? With no key configured,
 /// anyone may (and nothing expires).
 pub(crate) fn may_subscribe(w: &Worker, req: &Request, channel: &str) -> Result<Access, Refusal> {
-    let Some(v) = &w.verifier else {
+    let Some(v) = w.verifier.get() else {
         return Ok(Access { expires: None });
     };
     let token = bearer(req).ok_or(Refusal::Missing)?;
@@ -103,10 +103,10 @@ pub(crate) fn may_publish(w: &Worker, req: &Request, channel: &str) -> Result<()
         return Ok(());
     }
     let presented = bearer(req).ok_or(Refusal::Missing)?;
-    if w.publish_key.as_ref().is_some_and(|k| k.matches(presented)) {
+    if w.publish_key.get().is_some_and(|k| k.matches(presented)) {
         return Ok(());
     }
-    match &w.verifier {
+    match w.verifier.get() {
         Some(v) => v
             .check(presented, Action::Publish, channel, unix_now())
             .map(|_| ()),

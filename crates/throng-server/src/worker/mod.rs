@@ -62,7 +62,7 @@ use crate::tls::{self, park};
 use crate::wheel::{self, TICK};
 use park::Parked;
 use recurring::Recurring;
-use state::{Around, Counted, Outgoing, Serves, Worker};
+use state::{Around, Counted, Outgoing, Reloadable, Serves, Worker};
 use subscribers::{Limits, Subscribers};
 use supervisor_link::SupervisorLink;
 
@@ -170,8 +170,13 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    // SIGHUP is the supervisor's (a reload): a whole process group
+    // signalled must not kill the workers, which get the reload over the
+    // control socket.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     loop {
         tokio::select! {
+            _ = hup.recv() => {}
             rec = read_record(&mut rd, &mut buf) => match rec {
                 Ok(Some(rec)) => on_record(&w, rec),
                 Ok(None) | Err(_) => {
@@ -312,8 +317,9 @@ fn worker(
         outbox_ready: Notify::new(),
         sleepers: sleepers::Sleepers::default(),
         accept_errors: RefCell::new(Recurring::new(index)),
-        verifier: Verifier::new(&cfg.auth),
-        publish_key,
+        verifier: Reloadable::new(Verifier::new(&cfg.auth).map(Rc::new)),
+        publish_key: Reloadable::new(publish_key.map(Rc::new)),
+        tls: Reloadable::new(None),
         parked: Parked::default(),
         cfg,
     })
@@ -336,9 +342,9 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                 crate::metrics::inc(&w.counters.accepted);
                 let _ = stream.set_nodelay(true);
                 let (tls, serves) = match &speaks {
-                    Speaks::Http(tls, serves) => (tls, *serves),
+                    Speaks::Http(tls, serves) => (current_tls(&w, tls), *serves),
                     Speaks::Mqtt(tls) => {
-                        let tls = tls.clone();
+                        let tls = current_tls(&w, tls);
                         tokio::task::spawn_local(mqtt_accept::serve(w.clone(), stream, peer, tls));
                         continue;
                     }
@@ -389,6 +395,46 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// The TLS settings a new connection of a listener started with `given`
+/// gets: the reloaded ones once a SIGHUP brought some (`None`: a plain listener).
+fn current_tls(
+    w: &Worker,
+    given: &Option<Arc<rustls::ServerConfig>>,
+) -> Option<Arc<rustls::ServerConfig>> {
+    given
+        .as_ref()
+        .map(|g| w.tls.get().unwrap_or_else(|| g.clone()))
+}
+
+/// Takes the certificate and keys a SIGHUP re-read (`json`: the whole
+/// settings, as at start); what does not parse leaves the old material.
+fn reload(w: &Worker, json: &[u8]) {
+    let cfg: Config = match serde_json::from_slice(json) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            log!(
+                "throng: worker {}: reload: unreadable settings: {e}",
+                w.index
+            );
+            return;
+        }
+    };
+    if let Some(m) = &cfg.tls
+        && (!cfg.tls_listen.is_empty() || !cfg.mqtts_listen.is_empty())
+    {
+        match tls::server_config(m) {
+            Ok(c) => w.tls.set(Some(c)),
+            Err(e) => log!("throng: worker {}: reload: TLS kept: {e}", w.index),
+        }
+    }
+    w.verifier.set(Verifier::new(&cfg.auth).map(Rc::new));
+    if let Some(file) = &cfg.auth.publish_key
+        && let Ok(key) = PublishKey::new(file)
+    {
+        w.publish_key.set(Some(Rc::new(key)));
     }
 }
 
@@ -487,6 +533,7 @@ fn on_record(w: &Worker, rec: Record) {
             complete,
             messages,
         }) => w.subs.recovered(id, complete, messages),
+        Some(Record::Reload(json)) => reload(w, &json),
         Some(Record::Retained { id, messages }) => {
             // In order with the fan-outs of what came before it.
             w.outbox

@@ -47,12 +47,36 @@ pub(crate) struct Worker {
     pub(crate) sleepers: Sleepers<Sleeper>,
     /// Failing accepts (`EMFILE`), logged once and then counted.
     pub(crate) accept_errors: RefCell<Recurring>,
-    /// Checks tokens, when keys are configured.
-    pub(crate) verifier: Option<Verifier>,
-    /// The publish API key, when one is configured.
-    pub(crate) publish_key: Option<PublishKey>,
+    /// Checks tokens, when keys are configured (SIGHUP may replace it).
+    pub(crate) verifier: Reloadable<Rc<Verifier>>,
+    /// The publish API key, when one is configured (SIGHUP may replace it).
+    pub(crate) publish_key: Reloadable<Rc<PublishKey>>,
+    /// The TLS settings of every TLS listener, once a SIGHUP replaced
+    /// those they started with.
+    pub(crate) tls: Reloadable<std::sync::Arc<rustls::ServerConfig>>,
     /// TLS connections waiting for a request out of their task (tls::park).
     pub(crate) parked: Parked<Waiting>,
+}
+
+/// Material a SIGHUP may replace ([`crate::reload`]): whoever uses it
+/// takes a clone of what is current, so a reload never changes a check
+/// halfway through.
+pub(crate) struct Reloadable<T>(RefCell<Option<T>>);
+
+impl<T: Clone> Reloadable<T> {
+    pub(crate) fn new(value: Option<T>) -> Self {
+        Self(RefCell::new(value))
+    }
+
+    /// What is current.
+    pub(crate) fn get(&self) -> Option<T> {
+        self.0.borrow().clone()
+    }
+
+    /// Replaces it.
+    pub(crate) fn set(&self, value: Option<T>) {
+        *self.0.borrow_mut() = value;
+    }
 }
 
 /// What the fan-out task does next, in the order the supervisor sent it.

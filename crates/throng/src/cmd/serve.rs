@@ -12,6 +12,7 @@ use throng_host::units::{parse_duration, parse_rate, parse_size};
 use throng_server::auth::{Key, PublishKeyFile, Settings};
 use throng_server::config::{PerAddress, parse_listen};
 use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Trust};
+use throng_server::reload::Files;
 use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
@@ -85,6 +86,10 @@ Stops on SIGTERM or SIGINT, to the supervisor or to the whole process group
 (systemd's default): stops accepting, sends 1001 to every subscriber, exits
 within --drain-timeout. A worker that exits cleanly after such a signal is not
 restarted: the whole server stops.
+
+SIGHUP (systemctl reload) reads --tls-cert/--tls-key, the --auth-* key files and
+--publish-key-file again; each new connection uses what was read. A bad file is
+logged and the old material kept; nothing else changes without a restart.
 
 Examples:
   throng serve
@@ -446,6 +451,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--ping-interval must be more than 0");
     }
     let mut plan = Plan::new(config)?;
+    plan.reload = Files {
+        tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+        hs256: args.auth_hs256_secret_file.clone(),
+        public_keys: args.auth_public_key.clone(),
+        publish_key: args.publish_key_file.clone(),
+    };
     if let Some(url) = args.redis {
         let trust = Trust {
             ca: args.redis_tls_ca,

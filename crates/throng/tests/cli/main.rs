@@ -30,6 +30,7 @@ mod output;
 mod ports;
 mod redis;
 mod rediss;
+mod reload;
 mod report;
 mod scale;
 mod serve;
