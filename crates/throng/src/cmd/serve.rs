@@ -338,6 +338,23 @@ pub(crate) struct Args {
     #[arg(long)]
     dry_run: bool,
 
+    /// Read settings from this TOML file (or $THRONG_CONFIG): keys are the long option
+    /// names (max-connections = 100000), a repeatable option takes an array
+    /// (listen = ["0.0.0.0:8080", "0.0.0.0:8081"]). Every option is also read from
+    /// THRONG_<OPTION> (THRONG_MAX_CONNECTIONS=100000; one value for a repeatable one).
+    /// Flags override the environment, which overrides the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Print every setting with its value and where it came from (flag, environment,
+    /// file, default), as a file --config reads, then exit.
+    #[arg(long)]
+    print_config: bool,
+
+    /// What --print-config shows (filled in by the settings layer).
+    #[arg(skip)]
+    pub(crate) shown: String,
+
     /// Benchmark only: enable POST /bench/floor/<channel>, a bare write(2) loop over the
     /// channel's subscribers.
     #[arg(long, hide = true)]
@@ -400,6 +417,10 @@ fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(index) = args.worker_index {
         throng_server::worker::run_from_stdin(index)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.print_config {
+        print!("{}", args.shown);
         return Ok(ExitCode::SUCCESS);
     }
     let auth = auth_settings(&args)?;

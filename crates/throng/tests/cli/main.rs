@@ -11,6 +11,7 @@ mod agents_json;
 mod attack;
 mod auth;
 mod bench;
+mod config_file;
 mod doctor;
 mod history;
 mod hold;
