@@ -108,6 +108,13 @@ pub struct Config {
     /// Bytes the retained messages may take (`--max-retained-memory`).
     #[serde(default = "default_retained_memory")]
     pub max_retained_memory: usize,
+    /// Connections to the public listeners start with a PROXY protocol
+    /// header (v1 or v2) from a trusted proxy (`--proxy-protocol`).
+    #[serde(default)]
+    pub proxy_protocol: bool,
+    /// Whose PROXY headers and `X-Forwarded-For` are believed (`--trusted-proxies`).
+    #[serde(default)]
+    pub trusted_proxies: Vec<crate::proxied::Cidr>,
 }
 
 fn default_max_retained() -> usize {
@@ -178,6 +185,8 @@ impl Default for Config {
             history_max_memory: DEFAULT_HISTORY_MEMORY,
             max_retained: crate::retained::DEFAULT_MAX_TOPICS,
             max_retained_memory: crate::retained::DEFAULT_MAX_BYTES,
+            proxy_protocol: false,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -417,6 +426,19 @@ impl Config {
             )?;
         } else {
             writeln!(f, "  per-address      (none)")?;
+        }
+        if !self.trusted_proxies.is_empty() {
+            let blocks: Vec<String> = self
+                .trusted_proxies
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            let how = if self.proxy_protocol {
+                "PROXY protocol v1/v2 required on the public addresses"
+            } else {
+                "X-Forwarded-For believed for subscriptions"
+            };
+            writeln!(f, "  trusted-proxies  {} ({how})", blocks.join(" "))?;
         }
         Ok(())
     }

@@ -34,6 +34,7 @@ pub mod config;
 pub mod control;
 pub mod history;
 pub mod metrics;
+pub mod proxied;
 pub mod redis;
 mod relay;
 pub mod reload;

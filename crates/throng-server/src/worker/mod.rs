@@ -48,7 +48,7 @@ use throng_host::shared::SharedCounters;
 use throng_host::timer::Timer;
 use throng_proto::ws::close_code;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
@@ -326,12 +326,25 @@ fn worker(
 }
 
 /// What a listener's connections speak.
+#[derive(Clone)]
 enum Speaks {
     /// HTTP (and WebSocket, SSE); with TLS, each starts with a TLS handshake.
     Http(Option<Arc<rustls::ServerConfig>>, Serves),
     /// MQTT (`--mqtt-listen`); with TLS (`--mqtts-listen`), each starts
     /// with a TLS handshake.
     Mqtt(Option<Arc<rustls::ServerConfig>>),
+}
+
+impl Speaks {
+    /// A listener clients reach (through a balancer, with
+    /// `--proxy-protocol`), not an internal `--publish-listen` or
+    /// `--metrics-listen` one.
+    fn is_public(&self) -> bool {
+        match self {
+            Self::Http(_, serves) => serves.subscribe,
+            Self::Mqtt(_) => true,
+        }
+    }
 }
 
 /// Accepts connections on `l`.
@@ -341,43 +354,11 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
             Ok((stream, peer)) => {
                 crate::metrics::inc(&w.counters.accepted);
                 let _ = stream.set_nodelay(true);
-                let (tls, serves) = match &speaks {
-                    Speaks::Http(tls, serves) => (current_tls(&w, tls), *serves),
-                    Speaks::Mqtt(tls) => {
-                        let tls = current_tls(&w, tls);
-                        tokio::task::spawn_local(mqtt_accept::serve(w.clone(), stream, peer, tls));
-                        continue;
-                    }
-                };
-                if w.cfg.per_address.any() {
-                    tokio::task::spawn_local(http::admit(
-                        w.clone(),
-                        stream,
-                        peer,
-                        tls.clone(),
-                        serves,
-                    ));
+                if w.cfg.proxy_protocol && speaks.is_public() {
+                    tokio::task::spawn_local(proxied(w.clone(), stream, peer, speaks.clone()));
                     continue;
                 }
-                match &tls {
-                    Some(cfg) => {
-                        tokio::task::spawn_local(http::serve_tls(
-                            w.clone(),
-                            stream,
-                            cfg.clone(),
-                            serves,
-                            None,
-                        ));
-                    }
-                    None => {
-                        tokio::task::spawn_local(http::serve(
-                            w.clone(),
-                            tls::stream::Io::Plain(stream),
-                            serves,
-                            None,
-                        ));
-                    }
-                }
+                dispatch(&w, stream, peer, &speaks);
             }
             Err(e) => {
                 // EMFILE and friends: say so once, count the rest, and back
@@ -394,6 +375,94 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        }
+    }
+}
+
+/// Starts serving an accepted connection from `client` as its listener speaks.
+fn dispatch(w: &Rc<Worker>, stream: TcpStream, client: SocketAddr, speaks: &Speaks) {
+    let (tls, serves) = match speaks {
+        Speaks::Http(tls, serves) => (current_tls(w, tls), *serves),
+        Speaks::Mqtt(tls) => {
+            let tls = current_tls(w, tls);
+            tokio::task::spawn_local(mqtt_accept::serve(w.clone(), stream, client, tls));
+            return;
+        }
+    };
+    if w.cfg.per_address.any() {
+        // A trusted proxy is not the client: its requests name the client
+        // in X-Forwarded-For, counted at the upgrade.
+        if !w.cfg.proxy_protocol && crate::proxied::trusted(&w.cfg.trusted_proxies, client.ip()) {
+            tokio::task::spawn_local(http::forwarded(w.clone(), stream, tls, serves));
+        } else {
+            tokio::task::spawn_local(http::admit(w.clone(), stream, client, tls, serves));
+        }
+        return;
+    }
+    match tls {
+        Some(cfg) => {
+            tokio::task::spawn_local(http::serve_tls(w.clone(), stream, cfg, serves, None));
+        }
+        None => {
+            tokio::task::spawn_local(http::serve(
+                w.clone(),
+                tls::stream::Io::Plain(stream),
+                serves,
+                None,
+            ));
+        }
+    }
+}
+
+/// `--proxy-protocol`: a connection from a trusted proxy starts with a
+/// PROXY header naming the client, who is then served (and counted) as
+/// if it had connected itself; anyone else, or a connection without a
+/// whole header within `--handshake-timeout`, is closed.
+async fn proxied(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, speaks: Speaks) {
+    if !crate::proxied::trusted(&w.cfg.trusted_proxies, peer.ip()) {
+        w.counters.refused("untrusted_proxy");
+        return;
+    }
+    let header = tokio::time::timeout(w.cfg.handshake_timeout, proxy_header(&stream)).await;
+    match header {
+        Ok(Ok(client)) => dispatch(&w, stream, client.unwrap_or(peer), &speaks),
+        Ok(Err(_)) => w.counters.handshake_failed("proxy_header"),
+        Err(_) => w.counters.handshake_failed("proxy_timeout"),
+    }
+}
+
+/// Reads the PROXY header off `stream` and nothing after it (the bytes are
+/// peeked first, so what follows stays for TLS or HTTP); the client it
+/// names (`None`: the proxy's own check, served as the proxy).
+async fn proxy_header(stream: &TcpStream) -> std::io::Result<Option<SocketAddr>> {
+    use throng_proto::proxy;
+    let mut buf = vec![0u8; proxy::V2_MAX];
+    let mut seen = 0;
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        match proxy::parse(&buf[..n]).map_err(std::io::Error::other)? {
+            Some(h) => {
+                let mut header = &mut buf[..h.len];
+                while !header.is_empty() {
+                    let got = stream.try_read(header);
+                    match got {
+                        Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                        Ok(k) => header = &mut header[k..],
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            stream.readable().await?;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                return Ok(h.addresses.map(|(client, _)| client));
+            }
+            // Part of a header: the socket stays readable while those
+            // bytes wait, so wait a little for the rest rather than spin.
+            None if n == seen => tokio::time::sleep(Duration::from_millis(5)).await,
+            None => seen = n,
         }
     }
 }

@@ -328,6 +328,19 @@ pub(crate) struct Args {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     allowed_origins: Option<Vec<String>>,
 
+    /// Connections to the public listeners (--listen, --tls-listen, --mqtt-listen,
+    /// --mqtts-listen) start with a PROXY protocol header, v1 or v2 (HAProxy's send-proxy,
+    /// send-proxy-v2), naming the client: per-address limits and logs then count the
+    /// client, not the balancer. Accepted only from --trusted-proxies; any other
+    /// connection, or one without a header, is closed.
+    #[arg(long, requires = "trusted_proxies")]
+    proxy_protocol: bool,
+
+    /// The balancers whose word about the client is believed: a comma-separated list of
+    /// address blocks (10.0.0.0/8,192.0.2.7,2001:db8::/32). Needed by --proxy-protocol.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = parse_cidr)]
+    trusted_proxies: Vec<throng_server::proxied::Cidr>,
+
     /// Print the start line as one JSON object on stdout (for scripts) instead of the
     /// readable settings on stderr.
     #[arg(long)]
@@ -405,6 +418,11 @@ fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
     })
 }
 
+fn parse_cidr(s: &str) -> Result<throng_server::proxied::Cidr, String> {
+    s.parse()
+        .map_err(|e: throng_server::proxied::BadCidr| e.to_string())
+}
+
 fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
     s.parse()
 }
@@ -414,18 +432,11 @@ fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
         .map_err(|e: throng_server::redis::error::UnknownMode| e.to_string())
 }
 
-pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if let Some(index) = args.worker_index {
-        throng_server::worker::run_from_stdin(index)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    if args.print_config {
-        print!("{}", args.shown);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let auth = auth_settings(&args)?;
+/// The server's settings from `args`, every file read and checked now.
+fn build_config(args: &Args) -> anyhow::Result<Config> {
+    let auth = auth_settings(args)?;
     let config = Config {
-        listen: args.listen.into_iter().flatten().collect(),
+        listen: args.listen.iter().flatten().copied().collect(),
         workers: args.workers,
         max_connections: args.max_connections,
         max_message: args.max_message,
@@ -440,9 +451,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_sleep: args.max_sleep,
         max_times: args.max_times,
         redis_mode: None,
-        tls_listen: args.tls_listen.into_iter().flatten().collect(),
-        mqtt_listen: args.mqtt_listen.into_iter().flatten().collect(),
-        mqtts_listen: args.mqtts_listen.into_iter().flatten().collect(),
+        tls_listen: args.tls_listen.iter().flatten().copied().collect(),
+        mqtt_listen: args.mqtt_listen.iter().flatten().copied().collect(),
+        mqtts_listen: args.mqtts_listen.iter().flatten().copied().collect(),
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(throng_server::tls::Material::from_files(cert, key)?),
             _ if args.tls_self_signed => Some(throng_server::tls::Material::self_signed()?),
@@ -467,10 +478,31 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         history_max_memory: args.history_max_memory,
         max_retained: args.max_retained,
         max_retained_memory: args.max_retained_memory,
+        proxy_protocol: args.proxy_protocol,
+        trusted_proxies: args.trusted_proxies.clone(),
     };
+    if config.proxy_protocol && config.trusted_proxies.is_empty() {
+        anyhow::bail!(
+            "--proxy-protocol needs --trusted-proxies CIDR,... (the balancers' addresses): \
+             a PROXY header from anyone else would let them claim any address"
+        );
+    }
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
     }
+    Ok(config)
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(index) = args.worker_index {
+        throng_server::worker::run_from_stdin(index)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.print_config {
+        print!("{}", args.shown);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = build_config(&args)?;
     let mut plan = Plan::new(config)?;
     plan.reload = Files {
         tls: args.tls_cert.clone().zip(args.tls_key.clone()),

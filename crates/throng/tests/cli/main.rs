@@ -29,6 +29,7 @@ mod newcomer;
 mod one_owner;
 mod output;
 mod ports;
+mod proxy_protocol;
 mod redis;
 mod rediss;
 mod reload;
