@@ -115,6 +115,11 @@ pub struct Config {
     /// Whose PROXY headers and `X-Forwarded-For` are believed (`--trusted-proxies`).
     #[serde(default)]
     pub trusted_proxies: Vec<crate::proxied::Cidr>,
+    /// Subscribers one worker may hold: the files its limit leaves after
+    /// its listeners and the reserve (set by the supervisor's plan). Past
+    /// it an upgrade gets 503, before an accept could fail with `EMFILE`.
+    #[serde(default)]
+    pub worker_files: Option<u64>,
 }
 
 fn default_max_retained() -> usize {
@@ -187,6 +192,7 @@ impl Default for Config {
             max_retained_memory: crate::retained::DEFAULT_MAX_BYTES,
             proxy_protocol: false,
             trusted_proxies: Vec::new(),
+            worker_files: None,
         }
     }
 }

@@ -175,12 +175,12 @@ impl Plan {
         if tls_wanted && config.tls.is_none() {
             return Err(ServeError::NoTlsCert);
         }
-        // Listeners, the control socket and the epoll set are in the reserve.
-        let budget = limits::budget(
-            config.max_connections.unwrap_or(0),
-            nofile.soft,
-            DEFAULT_FD_RESERVE,
-        )?;
+        // Each worker holds one listener per address besides the reserve
+        // (the control socket, the epoll set, stdio): 1,001 ports are
+        // 1,001 files of every worker.
+        let reserve = DEFAULT_FD_RESERVE + listeners_per_worker(&config);
+        let budget = limits::budget(config.max_connections.unwrap_or(0), nofile.soft, reserve)?;
+        config.worker_files = Some(budget.per_worker);
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let (workers, workers_why) =
             worker_count(config.workers, cores, budget, config.max_connections);
@@ -311,6 +311,23 @@ impl Plan {
 /// The config as the start line shows it: durations in the grammar every
 /// flag takes (`30s`, `1m30s`) rather than serde's `{"secs":..,"nanos":..}`
 /// (the workers get the latter), and the benchmark-only switch only when on.
+/// The listening sockets every worker opens: one per address (an address
+/// in both `--publish-listen` and `--metrics-listen` is one).
+fn listeners_per_worker(config: &Config) -> u64 {
+    let metrics_alone = config
+        .metrics_listen
+        .iter()
+        .filter(|a| a.port() == 0 || !config.publish_listen.contains(a))
+        .count();
+    let n = config.listen.len()
+        + config.tls_listen.len()
+        + config.mqtt_listen.len()
+        + config.mqtts_listen.len()
+        + config.publish_listen.len()
+        + metrics_alone;
+    n as u64
+}
+
 /// An address two listener options of one command name (or a wildcard
 /// and an address on the same port): the kernel would split its
 /// connections between them. `--publish-listen` and `--metrics-listen` may

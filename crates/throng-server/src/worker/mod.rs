@@ -299,7 +299,7 @@ fn worker(
     let around = Around {
         poller: Poller::new()?,
         supervisor: supervisor.clone(),
-        counted: Counted::new(index, places),
+        counted: Counted::new(index, places, cfg.worker_files),
     };
     let publish_key = match &cfg.auth.publish_key {
         Some(file) => Some(PublishKey::new(file).map_err(|_| {

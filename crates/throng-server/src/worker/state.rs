@@ -170,6 +170,9 @@ pub(crate) struct Counted {
     pub(crate) index: usize,
     /// The shared subscriber counts and the cap, with `--max-connections`.
     pub(crate) places: Option<(SharedCounters, u64)>,
+    /// Subscribers this worker holds, and the most its files allow.
+    own: Cell<u64>,
+    own_cap: u64,
     /// Client addresses of subscribers that were admitted, by tag.
     sources: RefCell<Vec<Option<Source>>>,
     /// Tags free for reuse.
@@ -177,25 +180,42 @@ pub(crate) struct Counted {
 }
 
 impl Counted {
-    pub(crate) fn new(index: usize, places: Option<(SharedCounters, u64)>) -> Self {
+    /// `own_cap`: the subscribers this worker's files allow (`None`: no cap).
+    pub(crate) fn new(
+        index: usize,
+        places: Option<(SharedCounters, u64)>,
+        own_cap: Option<u64>,
+    ) -> Self {
         Self {
             index,
             places,
+            own: Cell::new(0),
+            own_cap: own_cap.unwrap_or(u64::MAX),
             sources: RefCell::default(),
             free: RefCell::default(),
         }
     }
 
-    /// Takes one place under `--max-connections` for a new subscriber;
-    /// false when the node is full. Always true without a cap.
+    /// Takes one place for a new subscriber: under this worker's files and
+    /// under `--max-connections`; false when either is full (a 503, not an
+    /// `EMFILE` on the next accept).
     pub(crate) fn take_place(&self) -> bool {
-        self.places
+        if self.own.get() >= self.own_cap {
+            return false;
+        }
+        let taken = self
+            .places
             .as_ref()
-            .is_none_or(|(shared, cap)| shared.take_one(self.index, *cap))
+            .is_none_or(|(shared, cap)| shared.take_one(self.index, *cap));
+        if taken {
+            self.own.set(self.own.get() + 1);
+        }
+        taken
     }
 
     /// Gives back a place [`take_place`](Self::take_place) took.
     pub(crate) fn give_place(&self) {
+        self.own.set(self.own.get().saturating_sub(1));
         if let Some((shared, _)) = &self.places {
             shared.give_one(self.index);
         }

@@ -480,6 +480,8 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         max_retained_memory: args.max_retained_memory,
         proxy_protocol: args.proxy_protocol,
         trusted_proxies: args.trusted_proxies.clone(),
+        // Set by the plan from the open-file limit and the listeners.
+        worker_files: None,
     };
     if config.proxy_protocol && config.trusted_proxies.is_empty() {
         anyhow::bail!(
