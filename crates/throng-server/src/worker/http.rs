@@ -356,6 +356,14 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) 
         };
         first = false;
         buf.drain(..used);
+        // RFC 9112 section 3.2: an HTTP/1.1 request with no Host, or more
+        // than one, gets 400.
+        if req.minor_version == 1 && hosts(&req) != 1 {
+            w.counters.handshake_failed("bad_host");
+            let why = "an HTTP/1.1 request needs exactly one Host header (RFC 9112 section 3.2)\n";
+            Box::pin(refuse(w, stream, 400, why)).await;
+            return Phase::Closed;
+        }
         let Some(route) = routes::route(w, &req, serves) else {
             return Phase::Upgrade(req, buf);
         };
@@ -376,11 +384,20 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) 
             }
             Route::BenchFloor => Box::pin(bench_floor::serve(w, stream, &req, &mut buf)).await,
             Route::NotHere(what) => Box::pin(routes::not_here(w, stream, what)).await,
+            Route::TestBackendOff => Box::pin(routes::test_backend_off(w, stream)).await,
         };
         if !keep {
             return Phase::Closed;
         }
     }
+}
+
+/// How many `Host` lines `req` has.
+fn hosts(req: &Request) -> usize {
+    req.headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("host"))
+        .count()
 }
 
 /// Reads one request head. A connection waiting for a request (a new one,

@@ -249,9 +249,14 @@ fn open_listeners(
     for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
         mqtt_listeners.push((listen(addr)?, tls));
     }
-    let public = Serves::public(cfg);
-    let plain = cfg.listen.iter().map(|a| (*a, None, public));
-    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
+    let plain = cfg
+        .listen
+        .iter()
+        .map(|a| (*a, None, Serves::public(cfg, *a)));
+    let secure = cfg
+        .tls_listen
+        .iter()
+        .map(|a| (*a, tls.clone(), Serves::public(cfg, *a)));
     // An address in both --publish-listen and --metrics-listen is one
     // listener serving both.
     let mut internal: Vec<SocketAddr> = cfg.publish_listen.clone();

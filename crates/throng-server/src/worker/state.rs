@@ -101,15 +101,19 @@ pub(crate) struct Serves {
     pub(crate) publish: bool,
     /// `GET /metrics`.
     pub(crate) metrics: bool,
+    /// `/ping`, the test back end (it holds a connection up to an hour):
+    /// on loopback addresses, elsewhere only with `--test-backend`.
+    pub(crate) ping: bool,
 }
 
 impl Serves {
-    /// A public listener of `cfg`.
-    pub(crate) fn public(cfg: &Config) -> Self {
+    /// The public listener of `cfg` on `addr`.
+    pub(crate) fn public(cfg: &Config, addr: std::net::SocketAddr) -> Self {
         Self {
             subscribe: true,
             publish: cfg.publish_listen.is_empty(),
             metrics: cfg.metrics_listen.is_empty(),
+            ping: cfg.test_backend || addr.ip().is_loopback(),
         }
     }
 
@@ -120,6 +124,7 @@ impl Serves {
             subscribe: false,
             publish: cfg.publish_listen.contains(&addr),
             metrics: cfg.metrics_listen.contains(&addr),
+            ping: false,
         }
     }
 }

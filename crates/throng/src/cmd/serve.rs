@@ -49,7 +49,8 @@ TLS:        every --tls-listen listener serves the same endpoints as wss://
             throng_handshake_failures_total{reason=\"tls_...\"}
 Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random
             0..S ms first, 'times: T' then sends T more pongs (chunked),
-            each after such a wait
+            each after such a wait. On loopback addresses only, unless
+            --test-backend
 Access:     with no option below anyone may subscribe to any channel and
             publish (a non-loopback --listen then prints a warning).
             docs/auth.md has the whole story.
@@ -63,8 +64,8 @@ Access:     with no option below anyone may subscribe to any channel and
               No or a bad token: 401 with WWW-Authenticate; a channel not
               granted: 403.
             Publishing needs the key (--publish-key-file) as
-              'Authorization: Bearer <key>', or a token whose 'publish'
-              claim grants the channel; --publish-listen moves it to an
+              'Authorization: Bearer <key>' (only there: never ?token=),
+              or a token whose 'publish' claim grants the channel; --publish-listen moves it to an
               internal address, --metrics-listen moves /metrics.
             MQTT: the token (or the publish key) is CONNECT's password,
               beside any user name (mosquitto_sub -u any -P <JWT>); none:
@@ -341,6 +342,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = parse_cidr)]
     trusted_proxies: Vec<throng_server::proxied::Cidr>,
 
+    /// Serve /ping, the test back end (it may hold a connection an hour), on addresses that
+    /// are not loopback too; without it only loopback addresses serve it (others: 404).
+    #[arg(long)]
+    test_backend: bool,
+
     /// Print the start line as one JSON object on stdout (for scripts) instead of the
     /// readable settings on stderr.
     #[arg(long)]
@@ -482,6 +488,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         trusted_proxies: args.trusted_proxies.clone(),
         // Set by the plan from the open-file limit and the listeners.
         worker_files: None,
+        test_backend: args.test_backend,
     };
     if config.proxy_protocol && config.trusted_proxies.is_empty() {
         anyhow::bail!(

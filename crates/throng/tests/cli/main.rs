@@ -13,6 +13,7 @@ mod auth;
 mod bench;
 mod config_file;
 mod doctor;
+mod exposure;
 mod file_budget;
 mod history;
 mod hold;
