@@ -904,26 +904,7 @@ impl Supervisor {
                 self.send(i, rec.encode());
             }
             Record::MetricsRequest { id } => {
-                let now = self.now_ms();
-                self.history.expire(now);
-                let mut history = self.history.stats();
-                let (complete, incomplete) = self.broker.recoveries();
-                history.complete += complete;
-                history.incomplete += incomplete;
-                self.stats.history = Some(history);
-                self.stats.retained = Some(match self.broker.retained_stats() {
-                    Some(r) => r,
-                    None => self.retained.stats(),
-                });
-                self.stats.broker = self.broker.stats();
-                self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
-                let live: Vec<&Snapshot> = self
-                    .slots
-                    .iter()
-                    .filter(|s| s.alive)
-                    .filter_map(|s| s.snapshot.as_ref())
-                    .collect();
-                let text = metrics::render(&live, &self.retired, &self.stats);
+                let text = self.metrics_text();
                 self.send(
                     i,
                     Record::Metrics {
@@ -1064,6 +1045,48 @@ impl Supervisor {
 
     /// Stops restarting, tells every worker to drain; returns the deadline
     /// after which stragglers are killed.
+    /// `/metrics`: the workers' counters summed, the supervisor's own, and
+    /// every process's `process_*` figures.
+    fn metrics_text(&mut self) -> String {
+        let now = self.now_ms();
+        self.history.expire(now);
+        let mut history = self.history.stats();
+        let (complete, incomplete) = self.broker.recoveries();
+        history.complete += complete;
+        history.incomplete += incomplete;
+        self.stats.history = Some(history);
+        self.stats.retained = Some(match self.broker.retained_stats() {
+            Some(r) => r,
+            None => self.retained.stats(),
+        });
+        self.stats.broker = self.broker.stats();
+        self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
+        let live: Vec<&Snapshot> = self
+            .slots
+            .iter()
+            .filter(|s| s.alive)
+            .filter_map(|s| s.snapshot.as_ref())
+            .collect();
+        let mut text = metrics::render(&live, &self.retired, &self.stats);
+        let procs: Vec<metrics::Process> = std::iter::once(metrics::Process {
+            worker: None,
+            pid: std::process::id(),
+        })
+        .chain(
+            self.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.alive)
+                .map(|(i, s)| metrics::Process {
+                    worker: Some(i),
+                    pid: s.pid,
+                }),
+        )
+        .collect();
+        metrics::render_processes(&mut text, &procs);
+        text
+    }
+
     /// SIGHUP: reads the certificate and keys again, logs what it took and
     /// what it kept, and hands the new settings to every worker (and to
     /// those started later).

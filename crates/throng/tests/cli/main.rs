@@ -31,6 +31,7 @@ mod newcomer;
 mod one_owner;
 mod output;
 mod ports;
+mod process_metrics;
 mod proxy_protocol;
 mod redis;
 mod rediss;
