@@ -12,6 +12,7 @@ mod attack;
 mod auth;
 mod bench;
 mod config_file;
+mod deploy;
 mod doctor;
 mod exposure;
 mod file_budget;
