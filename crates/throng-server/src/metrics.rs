@@ -799,9 +799,10 @@ pub fn render_processes(out: &mut String, procs: &[Process]) {
     for (name, kind, help, value) in rows {
         family(out, name, kind, help);
         for (p, s) in &read {
+            // No pid label: a restarted worker stays one series.
             let labels = match p.worker {
-                None => format!("role=\"supervisor\",pid=\"{}\"", p.pid),
-                Some(i) => format!("role=\"worker\",worker=\"{i}\",pid=\"{}\"", p.pid),
+                None => "role=\"supervisor\"".to_owned(),
+                Some(i) => format!("role=\"worker\",worker=\"{i}\""),
             };
             let _ = writeln!(out, "{name}{{{labels}}} {}", value(s));
         }
