@@ -5,7 +5,6 @@
 use std::io::{BufRead as _, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Stdio};
-use std::time::Duration;
 
 use throng_testkit::process::command;
 
@@ -43,16 +42,11 @@ fn start(base: u16, args: &[&str]) -> Option<(Child, serde_json::Value)> {
 }
 
 /// Upgrades to `news` on `addr`: the status.
-fn subscribe(addr: SocketAddr) -> (u16, Option<tungstenite::WebSocket<TcpStream>>) {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    match tungstenite::client(format!("ws://{addr}/news"), s) {
-        Ok((ws, r)) => (r.status().as_u16(), Some(ws)),
-        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => {
-            (r.status().as_u16(), None)
-        }
-        Err(e) => panic!("upgrade on {addr}: {e}"),
-    }
+fn subscribe(addr: SocketAddr) -> (u16, Option<throng_testkit::ws::Sub>) {
+    throng_testkit::ws::upgrade_status(
+        TcpStream::connect(addr).unwrap(),
+        &format!("ws://{addr}/news"),
+    )
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod deploy;
 mod doctor;
 mod exposure;
 mod file_budget;
+mod grafana;
 mod history;
 mod hold;
 mod hold_sse;

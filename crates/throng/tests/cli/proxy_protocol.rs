@@ -26,15 +26,8 @@ fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
 }
 
 /// Subscribes to `news` through `to` from `from`: the HTTP status of the answer.
-fn subscribe_from(from: &str, to: SocketAddr) -> (u16, Option<tungstenite::WebSocket<TcpStream>>) {
-    let s = connect_from(from, to);
-    match tungstenite::client(format!("ws://{to}/news"), s) {
-        Ok((ws, resp)) => (resp.status().as_u16(), Some(ws)),
-        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => {
-            (r.status().as_u16(), None)
-        }
-        Err(e) => panic!("upgrade from {from}: {e}"),
-    }
+fn subscribe_from(from: &str, to: SocketAddr) -> (u16, Option<throng_testkit::ws::Sub>) {
+    throng_testkit::ws::upgrade_status(connect_from(from, to), &format!("ws://{to}/news"))
 }
 
 #[test]

@@ -26,13 +26,10 @@ fn publish_with_key(addr: SocketAddr, key: &str) -> u16 {
     throng_testkit::http::raw(addr, &req).0
 }
 
-/// The SHA-256 fingerprint of the certificate served on `addr`, as
-/// `openssl x509 -fingerprint` prints it.
-fn served_fingerprint(addr: SocketAddr) -> String {
-    let script = format!(
-        "timeout 10 openssl s_client -connect {addr} </dev/null 2>/dev/null \
-         | openssl x509 -noout -fingerprint -sha256"
-    );
+/// What `openssl x509 -fingerprint -sha256` says of the certificate
+/// `source` pipes into it: the certificate served on an address, or a file.
+fn fingerprint(source: &str) -> String {
+    let script = format!("{source} | openssl x509 -noout -fingerprint -sha256");
     let out = Command::new("sh").args(["-c", &script]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.trim()
@@ -42,17 +39,14 @@ fn served_fingerprint(addr: SocketAddr) -> String {
         .to_owned()
 }
 
+fn served_fingerprint(addr: SocketAddr) -> String {
+    fingerprint(&format!(
+        "timeout 10 openssl s_client -connect {addr} </dev/null 2>/dev/null"
+    ))
+}
+
 fn file_fingerprint(pem: &str) -> String {
-    let out = Command::new("openssl")
-        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in", pem])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.trim()
-        .rsplit('=')
-        .next()
-        .unwrap_or_default()
-        .to_owned()
+    fingerprint(&format!("cat {pem}"))
 }
 
 #[test]
