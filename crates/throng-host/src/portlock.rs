@@ -49,7 +49,8 @@ pub struct PortLocks {
 
 impl PortLocks {
     /// Opens this user's lock file for this network namespace, making its
-    /// directory (mode 0700) if needed: `/run/throng` for root,
+    /// directory (mode 0700) if needed: `/run/throng` for root or for the
+    /// user who owns it (a service's `RuntimeDirectory=throng`),
     /// `/tmp/throng-<uid>` for anyone else (the same place whatever the
     /// session's environment, so every shell of the user finds it).
     pub fn open() -> Result<Self, ClaimError> {
@@ -146,8 +147,12 @@ fn record(port: u16, kind: libc::c_int) -> libc::flock {
 fn default_dir() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    if uid == 0 {
-        PathBuf::from("/run/throng")
+    let run = PathBuf::from("/run/throng");
+    // A service user's own /run/throng (systemd's RuntimeDirectory=throng)
+    // is shared by the service and anything run by hand as that user.
+    let ours = std::fs::metadata(&run).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+    if uid == 0 || ours {
+        run
     } else {
         PathBuf::from(format!("/tmp/throng-{uid}"))
     }
