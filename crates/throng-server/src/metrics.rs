@@ -746,6 +746,87 @@ fn render_workers(out: &mut String, live: &[&Snapshot], sup: &SupervisorStats) {
     }
 }
 
+/// One process of the node: `worker` is `None` for the supervisor.
+#[derive(Debug, Clone, Copy)]
+pub struct Process {
+    /// Which worker, if not the supervisor.
+    pub worker: Option<usize>,
+    /// Its pid.
+    pub pid: u32,
+}
+
+/// One `process_*` family: name, type, help, and its value of a process.
+type ProcessRow = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&throng_host::process::Stats) -> String,
+);
+
+/// Prometheus's standard `process_*` families for every process of the
+/// node, with a `role` label (`supervisor`, `worker`), and the kernel's
+/// TCP socket count and memory (machine-wide: what the node's sockets
+/// cost beyond its processes' RSS). Read from `/proc` when asked.
+pub fn render_processes(out: &mut String, procs: &[Process]) {
+    let read: Vec<(Process, throng_host::process::Stats)> = procs
+        .iter()
+        .filter_map(|p| throng_host::process::stats(p.pid).map(|s| (*p, s)))
+        .collect();
+    let rows: [ProcessRow; 5] = [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time, seconds.",
+            |s| s.cpu_seconds.to_string(),
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory, bytes.",
+            |s| s.rss_bytes.to_string(),
+        ),
+        ("process_open_fds", "gauge", "Open file descriptors.", |s| {
+            s.open_fds.to_string()
+        }),
+        ("process_max_fds", "gauge", "The open-file limit.", |s| {
+            s.max_fds.to_string()
+        }),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time, Unix seconds.",
+            |s| s.start_time_seconds.to_string(),
+        ),
+    ];
+    for (name, kind, help, value) in rows {
+        family(out, name, kind, help);
+        for (p, s) in &read {
+            // No pid label: a restarted worker stays one series.
+            let labels = match p.worker {
+                None => "role=\"supervisor\"".to_owned(),
+                Some(i) => format!("role=\"worker\",worker=\"{i}\""),
+            };
+            let _ = writeln!(out, "{name}{{{labels}}} {}", value(s));
+        }
+    }
+    if let Ok(host) = throng_host::sample::Sampler::new().sample::<&str>(&[]) {
+        one(
+            out,
+            "throng_kernel_tcp_sockets",
+            "gauge",
+            "TCP sockets in use on the machine (/proc/net/sockstat{,6}).",
+            host.tcp_inuse.to_string(),
+        );
+        one(
+            out,
+            "throng_kernel_tcp_memory_bytes",
+            "gauge",
+            "Kernel memory held by TCP socket buffers on the machine (/proc/net/sockstat mem).",
+            host.tcp_mem_bytes.to_string(),
+        );
+    }
+}
+
 /// Retained messages: how many channels hold one, what the caps dropped,
 /// and how many went to new subscriptions.
 fn render_retained(out: &mut String, r: crate::retained::Stats, sent: u64) {

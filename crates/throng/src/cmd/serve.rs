@@ -12,6 +12,7 @@ use throng_host::units::{parse_duration, parse_rate, parse_size};
 use throng_server::auth::{Key, PublishKeyFile, Settings};
 use throng_server::config::{PerAddress, parse_listen};
 use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Topology, Trust};
+use throng_server::reload::Files;
 use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
@@ -57,7 +58,8 @@ TLS:        every --tls-listen listener serves the same endpoints as wss://
             throng_handshake_failures_total{reason=\"tls_...\"}
 Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random
             0..S ms first, 'times: T' then sends T more pongs (chunked),
-            each after such a wait
+            each after such a wait. On loopback addresses only, unless
+            --test-backend
 Access:     with no option below anyone may subscribe to any channel and
             publish (a non-loopback --listen then prints a warning).
             docs/auth.md has the whole story.
@@ -71,8 +73,8 @@ Access:     with no option below anyone may subscribe to any channel and
               No or a bad token: 401 with WWW-Authenticate; a channel not
               granted: 403.
             Publishing needs the key (--publish-key-file) as
-              'Authorization: Bearer <key>', or a token whose 'publish'
-              claim grants the channel; --publish-listen moves it to an
+              'Authorization: Bearer <key>' (only there: never ?token=),
+              or a token whose 'publish' claim grants the channel; --publish-listen moves it to an
               internal address, --metrics-listen moves /metrics.
             MQTT: the token (or the publish key) is CONNECT's password,
               beside any user name (mosquitto_sub -u any -P <JWT>); none:
@@ -94,6 +96,10 @@ Stops on SIGTERM or SIGINT, to the supervisor or to the whole process group
 (systemd's default): stops accepting, sends 1001 to every subscriber, exits
 within --drain-timeout. A worker that exits cleanly after such a signal is not
 restarted: the whole server stops.
+
+SIGHUP (systemctl reload) reads --tls-cert/--tls-key, the --auth-* key files and
+--publish-key-file again; each new connection uses what was read. A bad file is
+logged and the old material kept; nothing else changes without a restart.
 
 Examples:
   throng serve
@@ -354,6 +360,24 @@ pub(crate) struct Args {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     allowed_origins: Option<Vec<String>>,
 
+    /// Connections to the public listeners (--listen, --tls-listen, --mqtt-listen,
+    /// --mqtts-listen) start with a PROXY protocol header, v1 or v2 (HAProxy's send-proxy,
+    /// send-proxy-v2), naming the client: per-address limits and logs then count the
+    /// client, not the balancer. Accepted only from --trusted-proxies; any other
+    /// connection, or one without a header, is closed.
+    #[arg(long, requires = "trusted_proxies")]
+    proxy_protocol: bool,
+
+    /// The balancers whose word about the client is believed: a comma-separated list of
+    /// address blocks (10.0.0.0/8,192.0.2.7,2001:db8::/32). Needed by --proxy-protocol.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = parse_cidr)]
+    trusted_proxies: Vec<throng_server::proxied::Cidr>,
+
+    /// Serve /ping, the test back end (it may hold a connection an hour), on addresses that
+    /// are not loopback too; without it only loopback addresses serve it (others: 404).
+    #[arg(long)]
+    test_backend: bool,
+
     /// Print the start line as one JSON object on stdout (for scripts) instead of the
     /// readable settings on stderr.
     #[arg(long)]
@@ -363,6 +387,23 @@ pub(crate) struct Args {
     /// error now), then exit without starting anything.
     #[arg(long)]
     dry_run: bool,
+
+    /// Read settings from this TOML file (or $THRONG_CONFIG): keys are the long option
+    /// names (max-connections = 100000), a repeatable option takes an array
+    /// (listen = ["0.0.0.0:8080", "0.0.0.0:8081"]). Every option is also read from
+    /// THRONG_<OPTION> (THRONG_MAX_CONNECTIONS=100000; one value for a repeatable one).
+    /// Flags override the environment, which overrides the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Print every setting with its value and where it came from (flag, environment,
+    /// file, default), as a file --config reads, then exit.
+    #[arg(long)]
+    print_config: bool,
+
+    /// What --print-config shows (filled in by the settings layer).
+    #[arg(skip)]
+    pub(crate) shown: String,
 
     /// Benchmark only: enable POST /bench/floor/<channel>, a bare write(2) loop over the
     /// channel's subscribers (in a build with the `bench-floor` feature only).
@@ -415,6 +456,11 @@ fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
     })
 }
 
+fn parse_cidr(s: &str) -> Result<throng_server::proxied::Cidr, String> {
+    s.parse()
+        .map_err(|e: throng_server::proxied::BadCidr| e.to_string())
+}
+
 fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
     s.parse::<RedisUrl>().map_err(|e| e.to_string())
 }
@@ -424,14 +470,11 @@ fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
         .map_err(|e: throng_server::redis::error::UnknownMode| e.to_string())
 }
 
-pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if let Some(index) = args.worker_index {
-        throng_server::worker::run_from_stdin(index)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let auth = auth_settings(&args)?;
+/// The server's settings from `args`, every file read and checked now.
+fn build_config(args: &Args) -> anyhow::Result<Config> {
+    let auth = auth_settings(args)?;
     let config = Config {
-        listen: args.listen.into_iter().flatten().collect(),
+        listen: args.listen.iter().flatten().copied().collect(),
         workers: args.workers,
         max_connections: args.max_connections,
         max_message: args.max_message,
@@ -449,9 +492,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_sleep: args.max_sleep,
         max_times: args.max_times,
         redis_mode: None,
-        tls_listen: args.tls_listen.into_iter().flatten().collect(),
-        mqtt_listen: args.mqtt_listen.into_iter().flatten().collect(),
-        mqtts_listen: args.mqtts_listen.into_iter().flatten().collect(),
+        tls_listen: args.tls_listen.iter().flatten().copied().collect(),
+        mqtt_listen: args.mqtt_listen.iter().flatten().copied().collect(),
+        mqtts_listen: args.mqtts_listen.iter().flatten().copied().collect(),
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(throng_server::tls::Material::from_files(cert, key)?),
             _ if args.tls_self_signed => Some(throng_server::tls::Material::self_signed()?),
@@ -476,11 +519,41 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         history_max_memory: args.history_max_memory,
         max_retained: args.max_retained,
         max_retained_memory: args.max_retained_memory,
+        proxy_protocol: args.proxy_protocol,
+        trusted_proxies: args.trusted_proxies.clone(),
+        // Set by the plan from the open-file limit and the listeners.
+        worker_files: None,
+        test_backend: args.test_backend,
     };
+    if config.proxy_protocol && config.trusted_proxies.is_empty() {
+        anyhow::bail!(
+            "--proxy-protocol needs --trusted-proxies CIDR,... (the balancers' addresses): \
+             a PROXY header from anyone else would let them claim any address"
+        );
+    }
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
     }
+    Ok(config)
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(index) = args.worker_index {
+        throng_server::worker::run_from_stdin(index)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.print_config {
+        print!("{}", args.shown);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = build_config(&args)?;
     let mut plan = Plan::new(config)?;
+    plan.reload = Files {
+        tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+        hs256: args.auth_hs256_secret_file.clone(),
+        public_keys: args.auth_public_key.clone(),
+        publish_key: args.publish_key_file.clone(),
+    };
     let topology = Topology::from_flags(
         args.redis_cluster.as_deref(),
         args.redis_sentinel.as_deref(),

@@ -33,6 +33,8 @@ pub(crate) enum Route {
     PublishMethod,
     /// `GET` or `POST /ping`: [`ping::serve`].
     Ping,
+    /// `/ping` where the test back end is off: [`test_backend_off`].
+    TestBackendOff,
     /// `POST /bench/floor/<channel>` with `--bench-floor`: [`bench_floor::serve`].
     #[cfg(feature = "bench-floor")]
     BenchFloor,
@@ -62,11 +64,21 @@ pub(crate) fn route(w: &Worker, req: &Request, serves: Serves) -> Option<Route> 
         ("POST", _) if publish => Route::Publish,
         _ if publish => Route::PublishMethod,
         _ if !serves.subscribe => Route::NotHere("this endpoint"),
-        ("GET" | "POST", "/ping") => Route::Ping,
+        ("GET" | "POST", "/ping") if serves.ping => Route::Ping,
+        ("GET" | "POST", "/ping") => Route::TestBackendOff,
         #[cfg(feature = "bench-floor")]
         ("POST", p) if w.cfg.bench_floor && p.starts_with(bench_floor::PREFIX) => Route::BenchFloor,
         _ => return None,
     })
+}
+
+/// `/ping` on an address that is not loopback, without `--test-backend`:
+/// 404, counted, and the connection closes. The test back end holds a
+/// connection up to an hour, which is not for anyone on the network.
+pub(crate) async fn test_backend_off(w: &Worker, stream: &mut Io) -> bool {
+    w.counters.refused("test_backend_off");
+    let why = "/ping is the test back end, served on loopback addresses only (--test-backend serves it here)\n";
+    refuse(w, stream, 404, why).await
 }
 
 /// An endpoint another listener serves: 403, counted, and the connection
