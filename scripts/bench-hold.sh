@@ -12,6 +12,8 @@
 #                                  answers ~50k of the 100k closes within 2 s)
 #   scripts/bench-hold.sh all      all three (default)
 #
+# THRONG=BIN measures that binary instead of building this tree's.
+#
 # Every run is bounded (--duration) and stops by itself; the server is
 # stopped at the end. Results (throng result files) stay in $OUT.
 set -euo pipefail
@@ -22,8 +24,13 @@ OUT=${OUT:-$(mktemp -d /tmp/throng-bench-hold.XXXXXX)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 ulimit -n "$(ulimit -Hn)"
 
-cargo build --release -q -p throng
-BIN=$CARGO_TARGET_DIR/release/throng
+# THRONG=BIN measures a given binary (a before/after run), else this tree's.
+if [ -n "${THRONG:-}" ]; then
+  BIN=$THRONG
+else
+  cargo build --release -q -p throng
+  BIN=$CARGO_TARGET_DIR/release/throng
+fi
 echo "binary: $BIN; results in $OUT"
 machine_line
 
