@@ -487,6 +487,8 @@ fn on_record(w: &Worker, rec: Record) {
             complete,
             messages,
         }) => w.subs.recovered(id, complete, messages),
+        Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
+        Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
         Some(Record::Retained { id, messages }) => {
             // In order with the fan-outs of what came before it.
             w.outbox

@@ -42,7 +42,7 @@ use bytes::Bytes;
 use throng_proto::mqtt::{Delivery, Disconnect, Packet, Properties, Publish, ReasonCode, Version};
 
 use super::mqtt_auth::MqttGrants;
-use super::mqtt_qos::{Inflight, MAX_INFLIGHT, Qos1, Slot};
+use super::mqtt_qos::{Incoming, Inflight, MAX_INFLIGHT, Qos1, Received, Slot};
 use super::rejoin::Kind;
 use crate::control::Message;
 use crate::metrics::CloseReason;
@@ -140,6 +140,9 @@ pub(crate) struct MqttState {
     /// What its credential grants where `--auth-*` or `--publish-key-file`
     /// guard the server ([`super::mqtt_auth`]); `None` elsewhere.
     auth: Option<Box<MqttGrants>>,
+    /// Its own PUBLISHes at QoS 1 and 2 not finished yet; `None` when
+    /// there are none ([`super::mqtt_qos::Received`]).
+    received: Option<Box<Received>>,
 }
 
 impl MqttState {
@@ -149,6 +152,7 @@ impl MqttState {
             && self.will.is_none()
             && self.inflight.is_none()
             && self.auth.is_none()
+            && self.received.is_none()
     }
 }
 
@@ -317,6 +321,45 @@ impl Mqtt {
             self.shrink();
         }
         None
+    }
+
+    /// Its PUBLISH at QoS 1 (`qos2` `None`) or 2 (its packet id): relay
+    /// it, or not again, or too many are unfinished.
+    pub(crate) fn receive(&mut self, qos2: Option<u16>) -> Incoming {
+        self.state_mut()
+            .received
+            .get_or_insert_with(Box::default)
+            .take(qos2)
+    }
+
+    /// The relay took (or refused) its PUBLISH at QoS 1 or 2.
+    pub(crate) fn answered(&mut self, qos2: Option<u16>, took: bool) {
+        if let Some(r) = self.more.as_mut().and_then(|s| s.received.as_mut()) {
+            r.answered(qos2, took);
+        }
+        self.drop_received();
+    }
+
+    /// Its PUBREL for QoS 2 PUBLISH `id`: false when none the relay took
+    /// has that id.
+    pub(crate) fn released(&mut self, id: u16) -> bool {
+        let found = self
+            .more
+            .as_mut()
+            .and_then(|s| s.received.as_mut())
+            .is_some_and(|r| r.released(id));
+        self.drop_received();
+        found
+    }
+
+    /// Drops the box of its unfinished PUBLISHes once there are none.
+    fn drop_received(&mut self) {
+        if let Some(more) = self.more.as_mut()
+            && more.received.as_deref().is_some_and(Received::is_empty)
+        {
+            more.received = None;
+            self.shrink();
+        }
     }
 
     /// Takes its QoS 1 window: the connection is ending.

@@ -20,6 +20,7 @@ use super::conn::{Conn, NONE, TlsState};
 use super::gate;
 use super::mqtt::{Mqtt, Will, encode};
 use super::mqtt_auth::{self, Admitted};
+use super::mqtt_qos::RECEIVE_MAX;
 use super::state::Worker;
 use super::subscribers::max_packet;
 use crate::addresses::Source;
@@ -272,8 +273,10 @@ fn connack(w: &Worker, connected: &Connected) -> Bytes {
     let assigned;
     if version == Version::V5 {
         // What this server offers, so a 5.0 client does not try the rest.
+        // No Maximum QoS: 2 is served. The Receive Maximum bounds the
+        // client's QoS 1 and 2 PUBLISHes awaiting their end here.
         let offer = [
-            Property::MaximumQos(1),
+            Property::ReceiveMaximum(RECEIVE_MAX),
             Property::RetainAvailable(1),
             Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits().wildcards)),
             Property::SharedSubscriptionAvailable(0),

@@ -218,12 +218,95 @@ impl Inflight {
     }
 }
 
+/// The most PUBLISHes at QoS 1 and 2 a client may have unfinished here
+/// (awaiting the relay's answer, or at QoS 2 its PUBREL): the Receive
+/// Maximum 5.0 CONNACK offers. Past it: 5.0 DISCONNECT 0x93, 3.1.1 close.
+pub(crate) const RECEIVE_MAX: u16 = 1024;
+
+/// A client's PUBLISHes at QoS 1 and 2 not finished yet: the QoS 1 ones
+/// whose PUBACK waits for the relay's answer, and the QoS 2 ones by
+/// packet id from PUBLISH to PUBREL, so that a PUBLISH sent again with
+/// the same id before its PUBREL is not published twice. Boxed in the
+/// client's [`super::mqtt::MqttState`] only while there are any.
+#[derive(Default)]
+pub(crate) struct Received {
+    /// QoS 1 PUBLISHes awaiting the relay's answer.
+    owed: u16,
+    /// QoS 2 packet ids, each with whether the relay took it (its PUBREC
+    /// went out) or its answer is awaited.
+    exactly: Vec<(u16, bool)>,
+}
+
+/// What to do with a client's PUBLISH at QoS 1 or 2 ([`Received::take`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Incoming {
+    /// Relay it; acknowledge it when the relay answers.
+    Relay,
+    /// A QoS 2 PUBLISH again before its PUBREL: not relayed again; its
+    /// PUBREC is sent again if the relay took it (`true`), else it comes
+    /// with the relay's answer.
+    Again(bool),
+    /// More than [`RECEIVE_MAX`] unfinished: a protocol error.
+    TooMany,
+}
+
+impl Received {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.owed == 0 && self.exactly.is_empty()
+    }
+
+    /// A PUBLISH at QoS 1 (`qos2` `None`) or at QoS 2 with packet id `qos2`.
+    pub(crate) fn take(&mut self, qos2: Option<u16>) -> Incoming {
+        if let Some(id) = qos2
+            && let Some((_, took)) = self.exactly.iter().find(|(i, _)| *i == id)
+        {
+            return Incoming::Again(*took);
+        }
+        if usize::from(self.owed) + self.exactly.len() >= usize::from(RECEIVE_MAX) {
+            return Incoming::TooMany;
+        }
+        match qos2 {
+            Some(id) => self.exactly.push((id, false)),
+            None => self.owed += 1,
+        }
+        Incoming::Relay
+    }
+
+    /// The relay's answer to a PUBLISH taken by [`Self::take`]: a QoS 2
+    /// one it took now awaits PUBREL; a refused one is forgotten.
+    pub(crate) fn answered(&mut self, qos2: Option<u16>, took: bool) {
+        match qos2 {
+            None => self.owed = self.owed.saturating_sub(1),
+            Some(id) => {
+                if let Some(k) = self.exactly.iter().position(|(i, _)| *i == id) {
+                    if took {
+                        self.exactly[k].1 = true;
+                    } else {
+                        self.exactly.swap_remove(k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// PUBREL `id`: false when no QoS 2 PUBLISH the relay took has it.
+    pub(crate) fn released(&mut self, id: u16) -> bool {
+        match self.exactly.iter().position(|e| *e == (id, true)) {
+            Some(k) => {
+                self.exactly.swap_remove(k);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
     use throng_proto::mqtt::{Connack, Decoder, Delivery, Packet, Properties, ReasonCode, Version};
 
-    use super::{Inflight, Qos1};
+    use super::{Incoming, Inflight, Qos1, RECEIVE_MAX, Received};
     use crate::control::Message;
     use crate::history::MessageId;
 
@@ -272,5 +355,27 @@ mod tests {
         assert_eq!(i.take_id(), u16::MAX);
         assert_eq!(i.take_id(), 2, "0 is no id, and 1 is in flight");
         assert_eq!(i.take_id(), 3);
+    }
+
+    #[test]
+    fn a_qos2_publish_is_relayed_once_until_its_pubrel_and_the_count_is_bounded() {
+        let mut r = Received::default();
+        assert_eq!(r.take(Some(7)), Incoming::Relay);
+        assert_eq!(r.take(Some(7)), Incoming::Again(false), "answer awaited");
+        r.answered(Some(7), true);
+        assert_eq!(r.take(Some(7)), Incoming::Again(true), "PUBREC again");
+        assert!(!r.released(8));
+        assert!(r.released(7));
+        assert!(r.is_empty());
+        assert_eq!(r.take(Some(7)), Incoming::Relay, "a new message");
+        r.answered(Some(7), false);
+        assert!(r.is_empty(), "refused: forgotten");
+        for _ in 0..RECEIVE_MAX {
+            assert_eq!(r.take(None), Incoming::Relay);
+        }
+        assert_eq!(r.take(None), Incoming::TooMany);
+        assert_eq!(r.take(Some(1)), Incoming::TooMany);
+        r.answered(None, true);
+        assert_eq!(r.take(Some(1)), Incoming::Relay);
     }
 }

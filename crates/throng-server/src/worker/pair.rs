@@ -161,8 +161,10 @@ impl Outside for Around {
             .push((request, channel.to_owned(), since));
     }
 
-    fn publish(&self, m: Message, _retain: Option<u8>) {
-        self.published.borrow_mut().push((m.channel, m.payload));
+    fn publish(&self, m: Message, _retain: Option<u8>) -> u64 {
+        let mut published = self.published.borrow_mut();
+        published.push((m.channel, m.payload));
+        published.len() as u64
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
@@ -288,6 +290,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         wildcards: true,
         mqtt_publish: true,
         mqtt_packet: 1 << 16,
+        max_message: 1 << 16,
         publish_guarded: false,
     }
 }

@@ -240,8 +240,8 @@ impl Outside for Around {
         self.supervisor.recover(request, channel, since);
     }
 
-    fn publish(&self, m: Message, retain: Option<u8>) {
-        self.supervisor.publish_unanswered(m, retain);
+    fn publish(&self, m: Message, retain: Option<u8>) -> u64 {
+        self.supervisor.publish_unanswered(m, retain)
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {

@@ -18,6 +18,7 @@
 //! (`pair.rs`).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::io;
 use std::ops::Range;
 use std::rc::Rc;
@@ -37,7 +38,7 @@ use super::conn::{
 };
 use super::mqtt::{self, Mqtt, Will, version_of};
 use super::mqtt_auth;
-use super::mqtt_qos::{Qos1, Slot};
+use super::mqtt_qos::{Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
@@ -84,8 +85,9 @@ pub(crate) trait Outside {
     /// An MQTT client published `m` (its `id` is the link's to set; at
     /// QoS 0: `m.at_most_once`; also its channel's retained message when
     /// `retain` holds its QoS): to the supervisor, which relays it like an
-    /// HTTP publish (its answer is not awaited).
-    fn publish(&self, m: Message, retain: Option<u8>);
+    /// HTTP publish. Returns the request's id: the relay's answer comes
+    /// to [`Subscribers::publish_answered`] under it.
+    fn publish(&self, m: Message, retain: Option<u8>) -> u64;
     /// Asks for the retained messages of the channels `filters` match, for
     /// a new MQTT subscription; the answer comes to
     /// [`Subscribers::retained_answer`], in order with the fan-outs.
@@ -109,6 +111,32 @@ pub(crate) struct Rejoin<W> {
     /// ahead of the live stream (another connection); the embedded relay
     /// never is, and the first live message clears it.
     fence: Option<MessageId>,
+}
+
+/// An MQTT client's PUBLISH at QoS 1 or 2 awaiting the relay's answer:
+/// its PUBACK (or PUBREC) goes out only once the relay took it.
+pub(crate) struct Owed<W> {
+    conn: Rc<Conn<W>>,
+    packet_id: PacketId,
+    /// QoS 2 (PUBREC), else QoS 1 (PUBACK).
+    exactly_once: bool,
+}
+
+/// The message an MQTT client's PUBLISH `p` relays.
+fn client_message(p: &Publish<'_>) -> Message {
+    Message {
+        id: 0,
+        message: MessageId::NONE,
+        text: std::str::from_utf8(p.payload).is_ok(),
+        at_most_once: p.delivery == Delivery::AtMostOnce,
+        channel: p.topic.to_owned(),
+        payload: Bytes::copy_from_slice(p.payload),
+    }
+}
+
+/// The QoS `p` is kept at as its channel's retained message, if it is one.
+fn retain_qos(p: &Publish<'_>) -> Option<u8> {
+    p.retain.then(|| p.delivery.qos() as u8)
 }
 
 /// What a rejoining subscriber does with a live message.
@@ -142,6 +170,9 @@ pub(crate) struct Limits {
     pub(crate) mqtt_publish: bool,
     /// The largest packet an MQTT client may send ([`max_packet`]).
     pub(crate) mqtt_packet: usize,
+    /// The largest payload an MQTT client may publish (`--max-message`,
+    /// as for HTTP).
+    pub(crate) max_message: usize,
     /// Publishing takes a credential (`--auth-*`, `--publish-key-file`).
     pub(crate) publish_guarded: bool,
 }
@@ -158,6 +189,7 @@ impl Limits {
             wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
             mqtt_publish: cfg.publish_listen.is_empty(),
             mqtt_packet: max_packet(cfg.max_message),
+            max_message: cfg.max_message,
             publish_guarded: cfg.auth.publish_guarded(),
         }
     }
@@ -241,6 +273,9 @@ pub(crate) struct Subscribers<O: Outside> {
     next_rejoin: Cell<u64>,
     /// MQTT subscribers waiting for retained messages ([`super::mqtt_retain`]).
     retained: RefCell<Holds<O::Wire>>,
+    /// MQTT PUBLISHes at QoS 1 and 2 whose acknowledgement waits for the
+    /// relay's answer, by the relay request's id.
+    owed: RefCell<HashMap<u64, Owed<O::Wire>>>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -324,6 +359,7 @@ impl<O: Outside> Subscribers<O> {
             rejoins: RefCell::default(),
             next_rejoin: Cell::new(1),
             retained: RefCell::default(),
+            owed: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -1304,18 +1340,7 @@ impl<O: Outside> Subscribers<O> {
             // Acknowledgements of QoS 2 deliveries this server does not
             // make, and 5.0 AUTH, which it does not offer.
             Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Auth(_) => true,
-            Packet::Pubrel(a) => {
-                // Only answers a QoS 2 PUBLISH, which is refused: say the
-                // id is unknown (5.0) and go on.
-                self.reply(
-                    c,
-                    &Packet::Pubcomp(Ack {
-                        packet_id: a.packet_id,
-                        reason: ReasonCode::PACKET_ID_NOT_FOUND,
-                        properties: Properties::EMPTY,
-                    }),
-                )
-            }
+            Packet::Pubrel(a) => self.on_pubrel(c, a.packet_id),
             // A server's packets, or a second CONNECT: the decoder refuses
             // those before they get here.
             _ => {
@@ -1439,18 +1464,15 @@ impl<O: Outside> Subscribers<O> {
 
     /// A client's PUBLISH: relayed as an HTTP publish is (to every
     /// subscriber of its channel, on every node with Redis). QoS 1 is
-    /// acknowledged once it is on its way to the supervisor; QoS 2 is
-    /// refused, as for a server whose maximum QoS is 1.
+    /// acknowledged (PUBACK) and QoS 2 received (PUBREC) only once the
+    /// relay took it ([`Self::publish_answered`]); a QoS 2 PUBLISH sent
+    /// again before its PUBREL is not relayed again. A payload over
+    /// `--max-message` ends the connection (5.0: DISCONNECT 0x95).
     fn on_publish(&self, c: &Rc<Conn<O::Wire>>, p: &Publish<'_>) -> bool {
         let v5 = c.kind() == Kind::Mqtt5;
-        if let Delivery::ExactlyOnce(_) = p.delivery {
-            self.counters.mqtt_refused("qos2");
-            let mut out = Vec::new();
-            if v5 {
-                MqttAnswer::Disconnect(ReasonCode::QOS_NOT_SUPPORTED).encode(&mut out);
-            }
-            self.fail(c, &out);
-            return false;
+        if p.payload.len() > self.limits.max_message {
+            self.counters.mqtt_refused("too_large");
+            return self.protocol_end(c, ReasonCode::PACKET_TOO_LARGE);
         }
         let reason = if !self.limits.mqtt_publish {
             // --publish-listen: publishing is for the internal address.
@@ -1462,29 +1484,135 @@ impl<O: Outside> Subscribers<O> {
         } else if !self.mqtt_may_publish(c, p.topic) {
             ReasonCode::NOT_AUTHORIZED
         } else {
-            let m = Message {
-                id: 0,
-                message: MessageId::NONE,
-                text: std::str::from_utf8(p.payload).is_ok(),
-                at_most_once: p.delivery == Delivery::AtMostOnce,
-                channel: p.topic.to_owned(),
-                payload: Bytes::copy_from_slice(p.payload),
-            };
-            self.outside
-                .publish(m, p.retain.then(|| p.delivery.qos() as u8));
             ReasonCode::SUCCESS
         };
-        match p.delivery {
-            Delivery::AtLeastOnce(id) => self.reply(
-                c,
-                &Packet::Puback(Ack {
-                    packet_id: id,
-                    reason,
-                    properties: Properties::EMPTY,
-                }),
-            ),
-            _ => true,
+        let (packet_id, exactly_once) = match p.delivery {
+            Delivery::AtMostOnce => {
+                if reason == ReasonCode::SUCCESS {
+                    self.outside.publish(client_message(p), retain_qos(p));
+                }
+                return true;
+            }
+            Delivery::AtLeastOnce(id) => (id, false),
+            Delivery::ExactlyOnce(id) => (id, true),
+        };
+        if reason != ReasonCode::SUCCESS {
+            return self.ack_publish(c, packet_id, exactly_once, reason);
         }
+        let qos2 = exactly_once.then_some(packet_id.get());
+        let incoming = c
+            .proto_mut()
+            .mqtt_mut()
+            .map_or(Incoming::TooMany, |m| m.receive(qos2));
+        match incoming {
+            Incoming::TooMany => {
+                self.counters.mqtt_refused("receive_maximum");
+                self.protocol_end(c, ReasonCode::RECEIVE_MAXIMUM_EXCEEDED)
+            }
+            Incoming::Again(true) => self.ack_publish(c, packet_id, true, ReasonCode::SUCCESS),
+            Incoming::Again(false) => {
+                if !v5 {
+                    // 3.1.1's DUP: the same message, whose PUBREC comes.
+                    self.counters.mqtt_refused("qos2_again");
+                }
+                true
+            }
+            Incoming::Relay => {
+                let request = self.outside.publish(client_message(p), retain_qos(p));
+                let owed = Owed {
+                    conn: c.clone(),
+                    packet_id,
+                    exactly_once,
+                };
+                self.owed.borrow_mut().insert(request, owed);
+                true
+            }
+        }
+    }
+
+    /// Ends `c` for breaking a rule: 5.0 gets DISCONNECT `reason` first.
+    fn protocol_end(&self, c: &Rc<Conn<O::Wire>>, reason: ReasonCode) -> bool {
+        let mut out = Vec::new();
+        if c.kind() == Kind::Mqtt5 {
+            MqttAnswer::Disconnect(reason).encode(&mut out);
+        }
+        self.fail(c, &out);
+        false
+    }
+
+    /// PUBACK (QoS 1) or PUBREC (QoS 2) `id` with `reason`.
+    fn ack_publish(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        packet_id: PacketId,
+        exactly_once: bool,
+        reason: ReasonCode,
+    ) -> bool {
+        let ack = Ack {
+            packet_id,
+            reason,
+            properties: Properties::EMPTY,
+        };
+        if exactly_once {
+            self.reply(c, &Packet::Pubrec(ack))
+        } else {
+            self.reply(c, &Packet::Puback(ack))
+        }
+    }
+
+    /// The relay's answer to MQTT publish `request`: taken (`refused`
+    /// `None`), or refused with the supervisor's reason. A client's QoS 1
+    /// or 2 PUBLISH is acknowledged now; a refused one gets 5.0's PUBACK
+    /// or PUBREC 0x80, and a 3.1.1 client, which has no way to hear a
+    /// refusal, is closed rather than told a lost message arrived.
+    pub(crate) fn publish_answered(&self, request: u64, refused: Option<&[u8]>) {
+        let Some(o) = self.owed.borrow_mut().remove(&request) else {
+            // A QoS 0 publish, or a connection gone.
+            return;
+        };
+        let c = &o.conn;
+        if !c.is_open() {
+            return;
+        }
+        let qos2 = o.exactly_once.then_some(o.packet_id.get());
+        if let Some(m) = c.proto_mut().mqtt_mut() {
+            m.answered(qos2, refused.is_none());
+        }
+        if refused.is_none() {
+            self.ack_publish(c, o.packet_id, o.exactly_once, ReasonCode::SUCCESS);
+            return;
+        }
+        self.counters.mqtt_refused("publish_failed");
+        if c.kind() == Kind::Mqtt5 {
+            self.ack_publish(c, o.packet_id, o.exactly_once, ReasonCode::UNSPECIFIED);
+        } else {
+            self.fail(c, &[]);
+        }
+    }
+
+    /// PUBREL `id`: the QoS 2 exchange ends with PUBCOMP (5.0: 0x92 when
+    /// no PUBLISH the relay took has that id).
+    fn on_pubrel(&self, c: &Rc<Conn<O::Wire>>, packet_id: PacketId) -> bool {
+        let known = c
+            .proto_mut()
+            .mqtt_mut()
+            .is_some_and(|m| m.released(packet_id.get()));
+        if !known {
+            self.counters.mqtt_refused("unknown_pubrel");
+        }
+        let reason = if known {
+            ReasonCode::SUCCESS
+        } else {
+            ReasonCode::PACKET_ID_NOT_FOUND
+        };
+        self.reply(
+            c,
+            &Packet::Pubcomp(Ack {
+                packet_id,
+                reason,
+                properties: Properties::EMPTY,
+            }),
+        )
     }
 
     /// Delivers `p` to `c` at QoS 1: sent with the connection's next

@@ -109,7 +109,7 @@ pub(crate) struct Args {
     /// Address that speaks MQTT 3.1.1 and 5.0 (mqtt://); repeat for more, ranges as for
     /// --listen. A topic is a channel: MQTT, WebSocket and SSE subscribers of one channel get
     /// the same messages, and what an MQTT client publishes reaches them all. Clean sessions,
-    /// QoS 0 deliveries, wildcard filters, wills (docs/mqtt.md).
+    /// QoS 0, 1 and 2, retained messages, wildcard filters, wills (docs/mqtt.md).
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
     mqtt_listen: Vec<Vec<SocketAddr>>,
 

@@ -239,6 +239,23 @@ impl Client {
     }
 }
 
+/// The next two packets, a PUBACK of 9 and a PUBLISH in either order (the
+/// relay's answer and the publisher's own copy race): the message.
+pub(crate) fn puback_and_message(c: &mut Client) -> (String, String) {
+    let mut message = None;
+    let mut acked = false;
+    for _ in 0..2 {
+        match c.next() {
+            Some(Got::Puback(_, 0)) if !acked => acked = true,
+            Some(Got::Publish { topic, payload, .. }) if message.is_none() => {
+                message = Some((topic, String::from_utf8(payload).unwrap()));
+            }
+            other => panic!("expected a PUBACK and a PUBLISH, got {other:?}"),
+        }
+    }
+    message.expect("a PUBLISH")
+}
+
 pub(crate) fn pair(t: &str, p: &str) -> (String, String) {
     (t.to_owned(), p.to_owned())
 }
@@ -263,15 +280,15 @@ fn mqtt_websocket_and_http_meet_on_a_channel_with_slashes() {
     assert_eq!(v5.message(), pair("sensors/42/temp", "21.5"));
     assert_eq!(next_text(&mut ws), "21.5");
 
-    // An MQTT client's PUBLISH (QoS 1: acknowledged) to all three, itself
-    // included (it subscribed).
+    // An MQTT client's PUBLISH (QoS 1: acknowledged once relayed, which
+    // may be after its own copy) to all three, itself included (it
+    // subscribed).
     v5.publish(
         "sensors/42/temp",
         b"22.0",
         Delivery::AtLeastOnce(9.try_into().unwrap()),
     );
-    assert_eq!(v5.next(), Some(Got::Puback(9, 0)));
-    assert_eq!(v5.message(), pair("sensors/42/temp", "22.0"));
+    assert_eq!(puback_and_message(&mut v5), pair("sensors/42/temp", "22.0"));
     assert_eq!(v3.message(), pair("sensors/42/temp", "22.0"));
     assert_eq!(next_text(&mut ws), "22.0");
 
@@ -418,12 +435,6 @@ fn bad_first_packets_get_the_protocols_answer_and_are_counted() {
     let mut got = Vec::new();
     let _ = raw.read_to_end(&mut got);
     assert_eq!(got, [0x20, 0x02, 0x00, 0x01]);
-    // QoS 2 from a 5.0 client: DISCONNECT 0x9B (QoS not supported).
-    let mut v5 = Client::connect(mqtt, Version::V5, "q2");
-    v5.publish("x", b"y", Delivery::ExactlyOnce(1.try_into().unwrap()));
-    assert_eq!(v5.next(), Some(Got::Disconnect(0x9B)));
-    assert_eq!(v5.next(), None);
-    s.wait_metric("throng_mqtt_refused_total{kind=\"qos2\"}", |v| v == 1.0);
     s.wait_metric(
         "throng_handshake_failures_total{reason=\"mqtt_bad_connect\"}",
         |v| v == 2.0,

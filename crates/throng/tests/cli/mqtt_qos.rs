@@ -272,3 +272,111 @@ fn a_puback_for_no_delivery_is_counted_and_the_connection_goes_on() {
     });
     assert_eq!(s.metric("throng_mqtt_acked_total"), 2.0);
 }
+
+/// Sends PUBREL `id` (a QoS 2 exchange's second half).
+fn pubrel(c: &mut Client, id: u16) {
+    c.send(&Packet::Pubrel(Ack {
+        packet_id: id.try_into().unwrap(),
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::EMPTY,
+    }));
+}
+
+/// The next packet's type, packet id and reason code (an acknowledgement).
+fn ack(c: &mut Client) -> Option<(&'static str, u16, u8)> {
+    c.next_as(|p| match p {
+        Packet::Puback(a) => ("PUBACK", a.packet_id.get(), a.reason.0),
+        Packet::Pubrec(a) => ("PUBREC", a.packet_id.get(), a.reason.0),
+        Packet::Pubrel(a) => ("PUBREL", a.packet_id.get(), a.reason.0),
+        Packet::Pubcomp(a) => ("PUBCOMP", a.packet_id.get(), a.reason.0),
+        Packet::Disconnect(d) => ("disconnect", 0, d.reason.0),
+        other => (other.packet_type().name(), 0, 0),
+    })
+}
+
+#[test]
+fn a_qos_2_publish_is_received_once_until_its_pubrel_however_often_it_comes() {
+    let (s, addr) = mqtt_server(&["--workers", "2"]);
+    for version in [Version::V5, Version::V311] {
+        let mut sub = connect(addr, Version::V5, "sub", &[]);
+        assert_eq!(subscribe(&mut sub, 1, &["q2/a"], QoS::AtMostOnce), [0]);
+        let mut p = connect(addr, version, "q2-publisher", &[]);
+        let q2 = Delivery::ExactlyOnce(5.try_into().unwrap());
+        p.publish("q2/a", b"once", q2);
+        assert_eq!(ack(&mut p), Some(("PUBREC", 5, 0)), "{version:?}");
+        // The client did not see the PUBREC, say: the same PUBLISH again.
+        p.publish("q2/a", b"once", q2);
+        assert_eq!(ack(&mut p), Some(("PUBREC", 5, 0)), "{version:?}");
+        pubrel(&mut p, 5);
+        assert_eq!(ack(&mut p), Some(("PUBCOMP", 5, 0)), "{version:?}");
+        assert_eq!(
+            next(&mut sub),
+            Some(Delivered::Publish(None, "once".into()))
+        );
+        sub.quiet(Duration::from_millis(300));
+        // A PUBREL for an id nobody has: 5.0 says so.
+        pubrel(&mut p, 6);
+        let unknown = if version == Version::V5 { 0x92 } else { 0 };
+        assert_eq!(ack(&mut p), Some(("PUBCOMP", 6, unknown)), "{version:?}");
+        // The same id again after PUBCOMP is a new message.
+        p.publish("q2/a", b"twice", q2);
+        assert_eq!(ack(&mut p), Some(("PUBREC", 5, 0)), "{version:?}");
+        pubrel(&mut p, 5);
+        assert_eq!(ack(&mut p), Some(("PUBCOMP", 5, 0)), "{version:?}");
+        assert_eq!(
+            next(&mut sub),
+            Some(Delivered::Publish(None, "twice".into()))
+        );
+    }
+    s.wait_metric("throng_mqtt_refused_total{kind=\"unknown_pubrel\"}", |v| {
+        v == 2.0
+    });
+}
+
+#[test]
+fn a_publish_over_max_message_is_refused_as_http_refuses_it() {
+    let (s, addr) = mqtt_server(&["--max-message", "1KiB"]);
+    let mut sub = connect(addr, Version::V5, "sub", &[]);
+    assert_eq!(subscribe(&mut sub, 1, &["big"], QoS::AtMostOnce), [0]);
+    let big = vec![b'x'; 1025];
+    let mut v5 = connect(addr, Version::V5, "v5", &[]);
+    v5.publish("big", &big, Delivery::AtLeastOnce(1.try_into().unwrap()));
+    assert_eq!(ack(&mut v5), Some(("disconnect", 0, 0x95)));
+    assert_eq!(ack(&mut v5), None);
+    let mut v3 = connect(addr, Version::V311, "v3", &[]);
+    v3.publish("big", &big, Delivery::AtLeastOnce(1.try_into().unwrap()));
+    assert_eq!(ack(&mut v3), None, "3.1.1: closed, no PUBACK");
+    sub.quiet(Duration::from_millis(300));
+    let (status, _) = publish(s.addr, "big", &big, None);
+    assert_eq!(status, 413);
+    s.wait_metric("throng_mqtt_refused_total{kind=\"too_large\"}", |v| {
+        v == 2.0
+    });
+}
+
+#[test]
+fn with_redis_down_a_publish_is_refused_never_acknowledged() {
+    use throng_testkit::redis::Redis;
+    use throng_testkit::{Peer, require};
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let mut redis = Redis::start(&[], &[]);
+    let (s, addr) = mqtt_server(&["--redis", &redis.url()]);
+    s.wait_broker("up");
+    let mut v5 = connect(addr, Version::V5, "v5", &[]);
+    v5.publish("r/a", b"kept", Delivery::AtLeastOnce(1.try_into().unwrap()));
+    assert_eq!(ack(&mut v5), Some(("PUBACK", 1, 0)), "Redis took it");
+    v5.publish("r/a", b"kept", Delivery::ExactlyOnce(2.try_into().unwrap()));
+    assert_eq!(ack(&mut v5), Some(("PUBREC", 2, 0)), "Redis took it");
+    redis.stop();
+    s.wait_broker("down");
+    v5.publish("r/a", b"lost", Delivery::AtLeastOnce(3.try_into().unwrap()));
+    assert_eq!(ack(&mut v5), Some(("PUBACK", 3, 0x80)));
+    v5.publish("r/a", b"lost", Delivery::ExactlyOnce(4.try_into().unwrap()));
+    assert_eq!(ack(&mut v5), Some(("PUBREC", 4, 0x80)));
+    let mut v3 = connect(addr, Version::V311, "v3", &[]);
+    v3.publish("r/a", b"lost", Delivery::AtLeastOnce(1.try_into().unwrap()));
+    assert_eq!(ack(&mut v3), None, "3.1.1: closed, never a PUBACK");
+    s.wait_metric("throng_mqtt_refused_total{kind=\"publish_failed\"}", |v| {
+        v == 3.0
+    });
+}
