@@ -432,6 +432,7 @@ impl Remote {
                     text,
                     // Redis carries no QoS: QoS 1 to those who asked.
                     at_most_once: false,
+                    exactly_once: false,
                     channel,
                     payload,
                 };
@@ -568,6 +569,7 @@ mod tests {
             message: MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
             channel: "a".into(),
             payload: Bytes::from_static(b"x"),
         };

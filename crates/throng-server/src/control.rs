@@ -159,6 +159,9 @@ pub struct Message {
     /// subscribers get it at QoS 0 whatever they asked. Every other
     /// publish is QoS 1 to those who asked for it.
     pub at_most_once: bool,
+    /// Published at QoS 2 (an MQTT client's PUBLISH): MQTT subscribers
+    /// that asked for QoS 2 get it at 2 (others at what they asked).
+    pub exactly_once: bool,
     /// The channel, already validated.
     pub channel: String,
     /// The message body.
@@ -630,7 +633,7 @@ fn get_recovered(mut rec: Bytes) -> Result<Record, ControlError> {
 fn put_message(out: &mut BytesMut, m: &Message) {
     out.put_u64_le(m.id);
     put_id(out, m.message);
-    out.put_u8(u8::from(m.text) | u8::from(m.at_most_once) << 1);
+    out.put_u8(u8::from(m.text) | u8::from(m.at_most_once) << 1 | u8::from(m.exactly_once) << 2);
     // Channel names are at most 128 bytes (validated before any record is made).
     out.put_u8(m.channel.len().min(255) as u8);
     out.put_slice(&m.channel.as_bytes()[..m.channel.len().min(255)]);
@@ -646,6 +649,7 @@ fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
     let message = get_id(&mut rec);
     let flags = rec.get_u8();
     let (text, at_most_once) = (flags & 1 != 0, flags & 2 != 0);
+    let exactly_once = flags & 4 != 0;
     let clen = usize::from(rec.get_u8());
     if rec.len() < clen {
         return Err(ControlError::Malformed("record cut short"));
@@ -656,6 +660,7 @@ fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
         message,
         text,
         at_most_once,
+        exactly_once,
         channel,
         payload: rec,
     })
@@ -698,6 +703,7 @@ mod tests {
             message: MessageId { epoch: 1, seq: 2 },
             text: true,
             at_most_once: false,
+            exactly_once: false,
             channel: "news".into(),
             payload: Bytes::from_static(b"hello"),
         };
@@ -707,6 +713,7 @@ mod tests {
             Record::Deliver(Message {
                 text: false,
                 at_most_once: true,
+                exactly_once: false,
                 payload: Bytes::new(),
                 ..m.clone()
             }),

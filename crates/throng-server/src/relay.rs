@@ -240,6 +240,7 @@ mod tests {
                 message: MessageId::NONE,
                 text: true,
                 at_most_once: false,
+                exactly_once: false,
                 channel: "news".into(),
                 payload: Bytes::from_static(b"hi"),
             };
@@ -394,6 +395,7 @@ mod tests {
             message: MessageId::NONE,
             text: false,
             at_most_once: false,
+            exactly_once: false,
             channel: "c".into(),
             payload: Bytes::new(),
         });

@@ -214,6 +214,7 @@ fn message(id: u64, channel: &str, payload: &str) -> Message {
         message: MessageId::NONE,
         text: true,
         at_most_once: false,
+        exactly_once: false,
         channel: channel.into(),
         payload: Bytes::copy_from_slice(payload.as_bytes()),
     }

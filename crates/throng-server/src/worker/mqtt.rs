@@ -42,7 +42,7 @@ use bytes::Bytes;
 use throng_proto::mqtt::{Delivery, Disconnect, Packet, Properties, Publish, ReasonCode, Version};
 
 use super::mqtt_auth::MqttGrants;
-use super::mqtt_qos::{Incoming, Inflight, MAX_INFLIGHT, Qos1, Received, Slot};
+use super::mqtt_qos::{DeliveryAck, Incoming, Inflight, MAX_INFLIGHT, Qos1, Received, Slot};
 use super::rejoin::Kind;
 use crate::control::Message;
 use crate::metrics::CloseReason;
@@ -62,7 +62,7 @@ pub(crate) struct Mqtt {
     /// QoS 1 deliveries it may have awaiting PUBACK: its 5.0 receive
     /// maximum, at most [`MAX_INFLIGHT`].
     receive_max: u16,
-    /// The QoS (0 or 1) of its subscription to its `Conn`'s channel, when
+    /// The QoS (0, 1 or 2) of its subscription to its `Conn`'s channel, when
     /// it has one: a connection's only subscription is kept there
     /// ([`super::table::Channels::subscribe_mqtt`]).
     pub(crate) qos: u8,
@@ -297,13 +297,13 @@ impl Mqtt {
         Some(inflight.offer(p, window, now))
     }
 
-    /// Its PUBACK for delivery `id` at tick `now`: false when `id` was
-    /// not in flight.
-    pub(crate) fn acked(&mut self, id: u16, now: u32) -> bool {
+    /// Its acknowledgement `ack` (PUBACK, PUBREC, PUBCOMP) of delivery
+    /// `id` at tick `now`: false when no delivery in flight awaits it.
+    pub(crate) fn acked(&mut self, ack: DeliveryAck, id: u16, now: u32) -> bool {
         self.more
             .as_mut()
             .and_then(|s| s.inflight.as_mut())
-            .is_some_and(|i| i.ack(id, now))
+            .is_some_and(|i| i.ack(ack, id, now))
     }
 
     /// The next held delivery a free slot takes, with its packet id; once
@@ -376,7 +376,7 @@ mod tests {
     use bytes::Bytes;
     use throng_proto::mqtt::Version;
 
-    use super::{Mqtt, Slot};
+    use super::{DeliveryAck, Mqtt, Slot};
     use crate::control::Message;
     use crate::history::MessageId;
     use crate::worker::mqtt_qos::Qos1;
@@ -387,6 +387,7 @@ mod tests {
             message: MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
             channel: "c".into(),
             payload: Bytes::from_static(payload),
         };
@@ -412,16 +413,16 @@ mod tests {
         assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 7)), Some(0), "held");
         assert_eq!(m.unacked_since(), Some(5), "since the first went out");
         assert_eq!(m.inflight_bytes(), 4 * p.len());
-        assert!(!m.acked(9, 8), "an id not in flight");
-        assert!(m.acked(1, 8));
+        assert!(!m.acked(DeliveryAck::Puback, 9, 8), "an id not in flight");
+        assert!(m.acked(DeliveryAck::Puback, 1, 8));
         assert_eq!(m.unacked_since(), Some(8), "a PUBACK is progress");
         let (_, id) = m.next_held().expect("the held one takes the slot");
         assert_eq!(id, 3);
         assert!(m.next_held().is_none(), "the window is full again");
-        assert!(m.acked(2, 9) && m.acked(3, 9));
+        assert!(m.acked(DeliveryAck::Puback, 2, 9) && m.acked(DeliveryAck::Puback, 3, 9));
         assert_eq!(m.next_held().map(|(_, id)| id), Some(4));
         assert!(m.next_held().is_none());
-        assert!(m.acked(4, 9));
+        assert!(m.acked(DeliveryAck::Puback, 4, 9));
         assert!(m.next_held().is_none());
         assert!(m.more.is_none(), "an idle session keeps no box");
         assert_eq!((m.unacked_since(), m.inflight_bytes()), (None, 0));

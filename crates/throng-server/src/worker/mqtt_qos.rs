@@ -75,6 +75,23 @@ impl Qos1 {
         self.packet.len()
     }
 
+    /// The same PUBLISH at QoS 2 (its fixed header's QoS bits are 2).
+    pub(crate) fn exactly_once(&self) -> Self {
+        let mut packet = self.packet.to_vec();
+        if let Some(first) = packet.first_mut() {
+            *first = (*first & !0b0110) | 0b0100;
+        }
+        Self {
+            packet: Bytes::from(packet),
+            id_at: self.id_at,
+        }
+    }
+
+    /// Whether it goes at QoS 2.
+    pub(crate) fn is_exactly_once(&self) -> bool {
+        self.packet.first().is_some_and(|b| b & 0b0110 == 0b0100)
+    }
+
     /// The packet's three slices for a delivery with packet id `id`.
     pub(crate) fn parts<'a>(&'a self, id: &'a [u8; 2]) -> [&'a [u8]; 3] {
         [
@@ -89,8 +106,8 @@ impl Qos1 {
 /// past its receive maximum. Boxed in its [`super::mqtt::MqttState`] only
 /// while there are any.
 pub(crate) struct Inflight {
-    /// Sent and not yet acknowledged, in the order sent: packet id and bytes.
-    sent: VecDeque<(u16, u32)>,
+    /// Sent and not yet acknowledged, in the order sent.
+    sent: VecDeque<Out>,
     /// Bytes of `sent`.
     bytes: usize,
     /// Held, in order, until a PUBACK frees a slot.
@@ -104,6 +121,41 @@ pub(crate) struct Inflight {
     /// Tick of the last PUBACK, or of the delivery that found none in
     /// flight: `--write-timeout` counts from here.
     since: u32,
+}
+
+/// A delivery sent and not finished: its packet id, where its QoS 1 or 2
+/// exchange is, and its bytes (0 once a QoS 2 one was received).
+#[derive(Debug, Clone, Copy)]
+struct Out {
+    id: u16,
+    phase: Phase,
+    len: u32,
+}
+
+/// Where a delivery's exchange is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// QoS 1: awaiting PUBACK.
+    Puback,
+    /// QoS 2: awaiting PUBREC.
+    Pubrec,
+    /// QoS 2: PUBREL sent, awaiting PUBCOMP.
+    Pubcomp,
+}
+
+/// A subscriber's acknowledgement of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeliveryAck {
+    /// QoS 1's PUBACK: the slot is free.
+    Puback,
+    /// QoS 2's PUBREC: the message arrived; PUBREL follows, and the slot
+    /// stays taken until PUBCOMP.
+    Pubrec,
+    /// QoS 2's PUBCOMP: the slot is free.
+    Pubcomp,
+    /// A PUBREC with an error reason: the subscriber refused it, the
+    /// exchange ends and the slot is free.
+    Refused,
 }
 
 /// What to do with a delivery ([`Inflight::offer`]).
@@ -141,7 +193,7 @@ impl Inflight {
             };
             // Before the first wrap every id is fresh; after it, one that
             // was never acknowledged is skipped.
-            if !self.wrapped || !self.sent.iter().any(|(s, _)| *s == id) {
+            if !self.wrapped || !self.sent.iter().any(|o| o.id == id) {
                 return id;
             }
         }
@@ -183,23 +235,52 @@ impl Inflight {
         if self.sent.is_empty() {
             self.since = now;
         }
-        let id = self.take_id();
-        // A packet is at most --max-message plus its headers.
-        self.sent.push_back((id, p.len() as u32));
-        self.bytes += p.len();
-        Slot::Send(id)
+        Slot::Send(self.push(p))
     }
 
-    /// The PUBACK of delivery `id` at tick `now`: its slot is free. False
-    /// when `id` was not in flight.
-    pub(crate) fn ack(&mut self, id: u16, now: u32) -> bool {
-        let Some(k) = self.sent.iter().position(|(s, _)| *s == id) else {
+    /// Sends `p` with a fresh packet id, which it returns.
+    fn push(&mut self, p: &Qos1) -> u16 {
+        let id = self.take_id();
+        let phase = if p.is_exactly_once() {
+            Phase::Pubrec
+        } else {
+            Phase::Puback
+        };
+        // A packet is at most --max-message plus its headers.
+        let len = p.len() as u32;
+        self.sent.push_back(Out { id, phase, len });
+        self.bytes += p.len();
+        id
+    }
+
+    /// Acknowledgement `ack` of delivery `id` at tick `now`: false when no
+    /// delivery in flight awaits it. A PUBACK, a PUBCOMP or a refusal
+    /// frees the slot; a PUBREC moves it on (and a PUBREC again for one
+    /// released is taken too: its PUBREL is sent again).
+    pub(crate) fn ack(&mut self, ack: DeliveryAck, id: u16, now: u32) -> bool {
+        let awaited = |o: &Out| {
+            o.id == id
+                && match ack {
+                    DeliveryAck::Puback => o.phase == Phase::Puback,
+                    DeliveryAck::Pubrec => o.phase != Phase::Puback,
+                    DeliveryAck::Pubcomp => o.phase == Phase::Pubcomp,
+                    DeliveryAck::Refused => o.phase == Phase::Pubrec,
+                }
+        };
+        let Some(k) = self.sent.iter().position(awaited) else {
             return false;
         };
-        if let Some((_, len)) = self.sent.remove(k) {
-            self.bytes -= len as usize;
-        }
         self.since = now;
+        if ack == DeliveryAck::Pubrec {
+            let o = &mut self.sent[k];
+            self.bytes -= o.len as usize;
+            o.len = 0;
+            o.phase = Phase::Pubcomp;
+            return true;
+        }
+        if let Some(o) = self.sent.remove(k) {
+            self.bytes -= o.len as usize;
+        }
         true
     }
 
@@ -211,9 +292,7 @@ impl Inflight {
         }
         let p = self.waiting.pop_front()?;
         self.waiting_bytes -= p.len();
-        let id = self.take_id();
-        self.sent.push_back((id, p.len() as u32));
-        self.bytes += p.len();
+        let id = self.push(&p);
         Some((p, id))
     }
 }
@@ -306,7 +385,7 @@ mod tests {
     use bytes::Bytes;
     use throng_proto::mqtt::{Connack, Decoder, Delivery, Packet, Properties, ReasonCode, Version};
 
-    use super::{Incoming, Inflight, Qos1, RECEIVE_MAX, Received};
+    use super::{DeliveryAck, Incoming, Inflight, Out, Phase, Qos1, RECEIVE_MAX, Received, Slot};
     use crate::control::Message;
     use crate::history::MessageId;
 
@@ -317,6 +396,7 @@ mod tests {
             message: MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
             channel: "sensors/1".into(),
             payload: Bytes::from_static(b"21.5"),
         };
@@ -350,7 +430,11 @@ mod tests {
     fn packet_ids_skip_zero_and_those_still_in_flight_after_a_wrap() {
         let mut i = Inflight::new(0);
         assert_eq!(i.take_id(), 1);
-        i.sent.push_back((1, 10));
+        i.sent.push_back(Out {
+            id: 1,
+            phase: Phase::Puback,
+            len: 10,
+        });
         i.next_id = u16::MAX;
         assert_eq!(i.take_id(), u16::MAX);
         assert_eq!(i.take_id(), 2, "0 is no id, and 1 is in flight");
@@ -377,5 +461,33 @@ mod tests {
         assert_eq!(r.take(Some(1)), Incoming::TooMany);
         r.answered(None, true);
         assert_eq!(r.take(Some(1)), Incoming::Relay);
+    }
+
+    #[test]
+    fn a_qos2_delivery_keeps_its_slot_from_pubrec_to_pubcomp() {
+        let m = Message {
+            id: 1,
+            message: MessageId::NONE,
+            text: true,
+            at_most_once: false,
+            exactly_once: true,
+            channel: "c".into(),
+            payload: Bytes::from_static(b"x"),
+        };
+        let q2 = Qos1::of(Version::V5, &m).unwrap().exactly_once();
+        assert!(q2.is_exactly_once());
+        let mut i = Inflight::new(0);
+        assert!(matches!(i.offer(&q2, 1, 0), Slot::Send(1)));
+        assert!(matches!(i.offer(&q2, 1, 0), Slot::Held));
+        assert!(!i.ack(DeliveryAck::Puback, 1, 1), "a QoS 2 delivery");
+        assert!(!i.ack(DeliveryAck::Pubcomp, 1, 1), "before its PUBREC");
+        assert!(i.ack(DeliveryAck::Pubrec, 1, 1));
+        assert!(i.ack(DeliveryAck::Pubrec, 1, 1), "again: PUBREL again");
+        assert_eq!(i.bytes(), q2.len(), "the held one only");
+        assert!(i.release(1).is_none(), "the slot is still taken");
+        assert!(i.ack(DeliveryAck::Pubcomp, 1, 2));
+        assert_eq!(i.release(1).map(|(_, id)| id), Some(2));
+        assert!(i.ack(DeliveryAck::Refused, 2, 3), "refused by PUBREC");
+        assert!(i.is_empty());
     }
 }

@@ -165,11 +165,13 @@ impl<W: Wire> Holds<W> {
                     message: r.kept.id,
                     text: r.kept.text,
                     at_most_once: false,
+                    exactly_once: false,
                     channel: r.channel.clone(),
                     payload: r.kept.payload.clone(),
                 };
                 match (qos, Qos1::with_retain(version, &m, true)) {
                     (1, Some(q)) => Out::Qos1(q),
+                    (2, Some(q)) => Out::Qos1(q.exactly_once()),
                     _ => Out::Qos0(publish(version, r)),
                 }
             })
@@ -179,13 +181,15 @@ impl<W: Wire> Holds<W> {
         if done {
             let held = self.list.swap_remove(k).held;
             out.extend(held.iter().map(|m| {
-                let qos = if m.at_most_once {
+                let most = if m.at_most_once {
                     0
                 } else {
-                    channels.qos_for(&c, &m.channel)
+                    1 + u8::from(m.exactly_once)
                 };
+                let qos = channels.qos_for(&c, &m.channel).min(most);
                 match (qos, Qos1::of(version, m)) {
                     (1, Some(q)) => Out::Qos1(q),
+                    (2, Some(q)) => Out::Qos1(q.exactly_once()),
                     _ => Out::Qos0(mqtt::publish(version, m)),
                 }
             }));
@@ -265,6 +269,7 @@ mod tests {
                 message: id,
                 text: true,
                 at_most_once: false,
+                exactly_once: false,
                 channel: "c".into(),
                 payload,
             });

@@ -473,6 +473,7 @@ impl Pair {
             message: MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
             channel: channel.into(),
             payload: Bytes::copy_from_slice(text.as_bytes()),
         })

@@ -215,6 +215,7 @@ mod tests {
             message: MessageId { epoch: 5, seq: 6 },
             text: true,
             at_most_once: false,
+            exactly_once: false,
             channel: "c".into(),
             payload: Bytes::from_static(b"hi\nthere"),
         };

@@ -38,7 +38,7 @@ use super::conn::{
 };
 use super::mqtt::{self, Mqtt, Will, version_of};
 use super::mqtt_auth;
-use super::mqtt_qos::{Incoming, Qos1, Slot};
+use super::mqtt_qos::{DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
@@ -129,6 +129,7 @@ fn client_message(p: &Publish<'_>) -> Message {
         message: MessageId::NONE,
         text: std::str::from_utf8(p.payload).is_ok(),
         at_most_once: p.delivery == Delivery::AtMostOnce,
+        exactly_once: matches!(p.delivery, Delivery::ExactlyOnce(_)),
         channel: p.topic.to_owned(),
         payload: Bytes::copy_from_slice(p.payload),
     }
@@ -206,9 +207,10 @@ pub(crate) struct Fanout<W> {
     sse: Option<Bytes>,
     /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers.
     mqtt: [Option<Bytes>; 2],
-    /// The QoS 1 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers (`None`
-    /// inside: it could not be encoded, and is sent at QoS 0).
-    mqtt_qos1: [Option<Option<Qos1>>; 2],
+    /// The QoS 1 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers, then the
+    /// QoS 2 one for each (`None` inside: it could not be encoded, and is
+    /// sent at QoS 0).
+    mqtt_qos1: [Option<Option<Qos1>>; 4],
     /// The message (its id, for rejoining subscribers; its body, for the
     /// other encodings).
     message: Message,
@@ -587,10 +589,16 @@ impl<O: Outside> Subscribers<O> {
             .map(|ch| ch.subs.clone())
             .unwrap_or_default();
         let exact = conns.len();
-        // QoS 1 to the subscribers who asked for it, unless it was
-        // published at QoS 0.
+        // QoS 1 (2) to the subscribers who asked for it, unless it was
+        // published at QoS 0 (1); HTTP and Redis publishes are QoS 1.
         let mut qos: Vec<u8> = Vec::new();
-        let most = u8::from(!m.at_most_once);
+        let most = if m.at_most_once {
+            0
+        } else if m.exactly_once {
+            2
+        } else {
+            1
+        };
         if channels.has_wildcards() {
             channels.for_each_mqtt(&m.channel, |c, q, first| {
                 let q = q.min(most);
@@ -618,7 +626,7 @@ impl<O: Outside> Subscribers<O> {
             with_id: None,
             sse: None,
             mqtt: [None, None],
-            mqtt_qos1: [None, None],
+            mqtt_qos1: [None, None, None, None],
             message: m.clone(),
             conns,
             exact,
@@ -658,17 +666,25 @@ impl<O: Outside> Subscribers<O> {
                 f.qos.get(at).copied().unwrap_or(0)
             };
             let qos1 = match qos {
-                1 => {
+                0 => None,
+                q => {
                     let (v, version) = if c.kind() == Kind::Mqtt5 {
                         (1, Version::V5)
                     } else {
                         (0, Version::V311)
                     };
-                    f.mqtt_qos1[v]
-                        .get_or_insert_with(|| Qos1::of(version, m))
+                    let at = v + 2 * usize::from(q - 1);
+                    f.mqtt_qos1[at]
+                        .get_or_insert_with(|| {
+                            let p = Qos1::of(version, m);
+                            if q == 2 {
+                                p.map(|p| p.exactly_once())
+                            } else {
+                                p
+                            }
+                        })
                         .as_ref()
                 }
-                _ => None,
             };
             let sent = match (now, qos1) {
                 (Ok(Live::Send), Some(q)) => self.deliver_qos1(c, q),
@@ -1281,6 +1297,7 @@ impl<O: Outside> Subscribers<O> {
                 message: MessageId::NONE,
                 text: std::str::from_utf8(&payload).is_ok(),
                 at_most_once: true,
+                exactly_once: false,
                 channel,
                 payload,
             };
@@ -1336,10 +1353,14 @@ impl<O: Outside> Subscribers<O> {
                 self.end_after_queue(c);
                 false
             }
-            Packet::Puback(a) => self.on_puback(c, a.packet_id),
-            // Acknowledgements of QoS 2 deliveries this server does not
-            // make, and 5.0 AUTH, which it does not offer.
-            Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Auth(_) => true,
+            Packet::Puback(a) => self.on_delivery_ack(c, DeliveryAck::Puback, a.packet_id),
+            Packet::Pubrec(a) if a.reason.0 >= 0x80 => {
+                self.on_delivery_ack(c, DeliveryAck::Refused, a.packet_id)
+            }
+            Packet::Pubrec(a) => self.on_delivery_ack(c, DeliveryAck::Pubrec, a.packet_id),
+            Packet::Pubcomp(a) => self.on_delivery_ack(c, DeliveryAck::Pubcomp, a.packet_id),
+            // 5.0 AUTH, which it does not offer.
+            Packet::Auth(_) => true,
             Packet::Pubrel(a) => self.on_pubrel(c, a.packet_id),
             // A server's packets, or a second CONNECT: the decoder refuses
             // those before they get here.
@@ -1369,8 +1390,8 @@ impl<O: Outside> Subscribers<O> {
                 }
                 RetainHandling::Never => false,
             };
-            // QoS 0 or 1: what was asked, at most the server's maximum.
-            let qos = (options.qos as u8).min(1);
+            // QoS 0, 1 or 2: what was asked.
+            let qos = (options.qos as u8).min(2);
             let granted = ReasonCode(qos);
             let code = if !self.mqtt_may_subscribe(c, filter) {
                 ReasonCode::NOT_AUTHORIZED
@@ -1646,17 +1667,37 @@ impl<O: Outside> Subscribers<O> {
         }
     }
 
-    /// `c` acknowledged delivery `id`: its slot is free, and a held
-    /// delivery takes it. A PUBACK for an id not in flight is counted and
-    /// ignored. False when the connection ended.
-    fn on_puback(&self, c: &Rc<Conn<O::Wire>>, id: PacketId) -> bool {
+    /// `c` acknowledged delivery `id`: a PUBREC is answered with PUBREL;
+    /// a PUBACK, a PUBCOMP or a refusal frees its slot, and a held delivery
+    /// takes it. One for an id not in flight is counted and ignored (5.0:
+    /// a PUBREC's PUBREL says 0x92). False when the connection ended.
+    fn on_delivery_ack(&self, c: &Rc<Conn<O::Wire>>, ack: DeliveryAck, id: PacketId) -> bool {
         let now = self.now.get();
         let acked = c
             .proto_mut()
             .mqtt_mut()
-            .is_some_and(|m| m.acked(id.get(), now));
+            .is_some_and(|m| m.acked(ack, id.get(), now));
         if !acked {
-            self.counters.mqtt_refused("unknown_puback");
+            self.counters.mqtt_refused(match ack {
+                DeliveryAck::Puback => "unknown_puback",
+                DeliveryAck::Pubcomp => "unknown_pubcomp",
+                DeliveryAck::Pubrec | DeliveryAck::Refused => "unknown_pubrec",
+            });
+        }
+        if ack == DeliveryAck::Pubrec {
+            let reason = if acked {
+                ReasonCode::SUCCESS
+            } else {
+                ReasonCode::PACKET_ID_NOT_FOUND
+            };
+            let pubrel = Ack {
+                packet_id: id,
+                reason,
+                properties: Properties::EMPTY,
+            };
+            return self.reply(c, &Packet::Pubrel(pubrel));
+        }
+        if !acked {
             return true;
         }
         let gauge = &self.counters.mqtt_inflight;
@@ -1789,6 +1830,7 @@ mod tests {
             message: crate::history::MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
             channel: "news".into(),
             payload: bytes::Bytes::from_static(b"one"),
         };
@@ -2163,6 +2205,7 @@ mod tests {
                     message,
                     text: true,
                     at_most_once: false,
+                    exactly_once: false,
                     channel: "c".into(),
                     payload: body,
                 }

@@ -179,6 +179,7 @@ impl SupervisorLink {
             message: MessageId::NONE,
             text,
             at_most_once: false,
+            exactly_once: false,
             channel: channel.to_owned(),
             payload,
         };

@@ -149,8 +149,8 @@ impl<W> Channels<W> {
     /// Calls `found(c, qos, true)` with every MQTT subscriber with more
     /// than one subscription a message on `channel` reaches (those of its
     /// MQTT list, then those of every matching wildcard filter), each once,
-    /// at the QoS of the subscription found first; then `found(c, 1,
-    /// false)` when a later one of its subscriptions has the higher QoS (the
+    /// at the QoS of the subscription found first; then `found(c, q,
+    /// false)` when a later one of its subscriptions has a higher QoS `q` (the
     /// message goes at the highest). Those with one subscription are in
     /// [`Channel::subs`], and cannot be found twice.
     pub(crate) fn for_each_mqtt(
@@ -160,24 +160,22 @@ impl<W> Channels<W> {
     ) {
         let generation = self.generation.get() + 1;
         self.generation.set(generation);
-        // `seen` holds the lookup's generation and, in its low bit, the
-        // highest QoS found for the connection in it.
+        // `seen` holds the lookup's generation and, in its low two bits,
+        // the highest QoS found for the connection in it.
         let mut visit = |c: &Rc<Conn<W>>, qos: u8| {
             let mut proto = c.proto_mut();
             let state = proto.mqtt_mut().and_then(|m| m.more.as_deref_mut());
             let before = state.map(|m| {
                 let before = m.seen;
-                if before >> 1 != generation {
-                    m.seen = generation << 1 | u64::from(qos);
-                } else if qos > (before & 1) as u8 {
-                    m.seen |= 1;
+                if before >> 2 != generation || qos > (before & 3) as u8 {
+                    m.seen = generation << 2 | u64::from(qos);
                 }
                 before
             });
             drop(proto);
             match before {
-                Some(b) if b >> 1 != generation => found(c, qos, true),
-                Some(b) if qos > (b & 1) as u8 => found(c, qos, false),
+                Some(b) if b >> 2 != generation => found(c, qos, true),
+                Some(b) if qos > (b & 3) as u8 => found(c, qos, false),
                 _ => {}
             }
         };

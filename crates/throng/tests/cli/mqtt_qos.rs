@@ -1,6 +1,6 @@
 //! QoS 1 deliveries from `throng serve --mqtt-listen`: real sockets, the
 //! clients of `mqtt_listen` (the proto crate's codec in the client role).
-//! A subscription is granted the QoS it asked, at most 1; a delivery goes at
+//! A subscription is granted the QoS it asked; a delivery goes at
 //! the lower of its subscription's QoS and its publish's (HTTP: 1), waits
 //! for its PUBACK within the subscriber's receive maximum, and a subscriber
 //! that never acknowledges is a slow consumer.
@@ -105,8 +105,8 @@ fn qos_1_deliveries_go_at_the_lower_qos_and_wait_for_their_puback() {
     let mut v3 = connect(addr, Version::V311, "v3", &[]);
     let mut zero = connect(addr, Version::V5, "zero", &[]);
     assert_eq!(subscribe(&mut v5, 1, &["q/a"], QoS::AtLeastOnce), [1]);
-    // 3.1.1 too; QoS 2 is granted 1, the server's maximum.
-    assert_eq!(subscribe(&mut v3, 1, &["q/a"], QoS::ExactlyOnce), [1]);
+    // 3.1.1 too; QoS 2 is granted 2, and HTTP's QoS 1 goes at 1.
+    assert_eq!(subscribe(&mut v3, 1, &["q/a"], QoS::ExactlyOnce), [2]);
     assert_eq!(subscribe(&mut zero, 1, &["q/a"], QoS::AtMostOnce), [0]);
 
     // HTTP publishes are QoS 1 to whoever asked for it.
@@ -379,4 +379,71 @@ fn with_redis_down_a_publish_is_refused_never_acknowledged() {
     s.wait_metric("throng_mqtt_refused_total{kind=\"publish_failed\"}", |v| {
         v == 3.0
     });
+}
+
+#[test]
+fn qos_2_deliveries_go_to_who_asked_and_hold_their_slot_until_pubcomp() {
+    let (s, addr) = mqtt_server(&["--workers", "1"]);
+    let props = [Property::ReceiveMaximum(1)];
+    let mut two = connect(addr, Version::V5, "two", &props);
+    let mut one = connect(addr, Version::V311, "one", &[]);
+    assert_eq!(subscribe(&mut two, 1, &["q2/+"], QoS::ExactlyOnce), [2]);
+    assert_eq!(subscribe(&mut one, 1, &["q2/b"], QoS::AtLeastOnce), [1]);
+    let mut p = connect(addr, Version::V5, "publisher", &[]);
+    for (n, body) in [(1u16, "first"), (2, "second")] {
+        p.publish(
+            "q2/b",
+            body.as_bytes(),
+            Delivery::ExactlyOnce(n.try_into().unwrap()),
+        );
+        assert_eq!(ack(&mut p), Some(("PUBREC", n, 0)));
+        pubrel(&mut p, n);
+        assert_eq!(ack(&mut p), Some(("PUBCOMP", n, 0)));
+    }
+    // The QoS 1 subscriber gets both at 1.
+    for body in ["first", "second"] {
+        let id = qos1(&mut one, body);
+        puback(&mut one, id);
+    }
+    // The QoS 2 one: the first at 2; the second waits for its slot (receive
+    // maximum 1), which PUBREC does not free and PUBCOMP does.
+    let first = two.next_as(|p| match p {
+        Packet::Publish(p) => (p.delivery, String::from_utf8_lossy(p.payload).into_owned()),
+        other => panic!("expected a PUBLISH, got {other:?}"),
+    });
+    let Some((Delivery::ExactlyOnce(id), body)) = first else {
+        panic!("expected QoS 2, got {first:?}");
+    };
+    assert_eq!(body, "first");
+    two.send(&Packet::Pubrec(Ack {
+        packet_id: id,
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::EMPTY,
+    }));
+    assert_eq!(ack(&mut two), Some(("PUBREL", id.get(), 0)));
+    two.quiet(Duration::from_millis(300));
+    two.send(&Packet::Pubcomp(Ack {
+        packet_id: id,
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::EMPTY,
+    }));
+    let second = two.next_as(|p| match p {
+        Packet::Publish(p) => (
+            p.delivery.qos(),
+            String::from_utf8_lossy(p.payload).into_owned(),
+        ),
+        other => panic!("expected a PUBLISH, got {other:?}"),
+    });
+    assert_eq!(second, Some((QoS::ExactlyOnce, "second".to_owned())));
+    s.wait_metric("throng_mqtt_inflight", |v| v == 1.0);
+    // A PUBCOMP for an id not in flight is counted and changes nothing.
+    two.send(&Packet::Pubcomp(Ack {
+        packet_id: 999.try_into().unwrap(),
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::EMPTY,
+    }));
+    s.wait_metric("throng_mqtt_refused_total{kind=\"unknown_pubcomp\"}", |v| {
+        v == 1.0
+    });
+    assert_eq!(s.metric("throng_mqtt_inflight"), 1.0);
 }
