@@ -144,6 +144,13 @@ pub enum Record {
         /// One per matching channel.
         messages: Vec<RetainedMessage>,
     },
+    /// Worker → supervisor: an MQTT client connected with a client id
+    /// (its hash); supervisor → every other worker: close your connection
+    /// with that client id, it was taken over (MQTT-3.1.4-2).
+    ClientId {
+        /// The client id's hash ([`crate::worker`]'s takeover table).
+        hash: u64,
+    },
 }
 
 /// A message on its way to subscribers.
@@ -202,6 +209,7 @@ const RECOVERED: u8 = 16;
 const PUBLISH_RETAINED: u8 = 17;
 const RETAINED_ASK: u8 = 18;
 const RETAINED: u8 = 19;
+const CLIENT_ID: u8 = 40;
 
 /// Bytes a retained message takes in a [`Record::Retained`] besides its
 /// channel and payload.
@@ -303,6 +311,10 @@ impl Record {
                 let (code, retry_after) = verdict.code();
                 out.put_u8(code);
                 out.put_u32_le(retry_after);
+            }
+            Self::ClientId { hash } => {
+                out.put_u8(CLIENT_ID);
+                out.put_u64_le(*hash);
             }
             Self::Release { source } => {
                 out.put_u8(RELEASE);
@@ -412,6 +424,12 @@ impl Record {
                 Self::Interest {
                     channel,
                     subscribed,
+                }
+            }
+            CLIENT_ID => {
+                need(&rec, 8)?;
+                Self::ClientId {
+                    hash: rec.get_u64_le(),
                 }
             }
             PUBLISH_FAILED => {

@@ -21,6 +21,7 @@ mod http;
 mod mqtt;
 mod mqtt_accept;
 mod mqtt_auth;
+mod mqtt_ids;
 mod mqtt_qos;
 mod mqtt_retain;
 #[cfg(test)]
@@ -488,6 +489,7 @@ fn on_record(w: &Worker, rec: Record) {
             messages,
         }) => w.subs.recovered(id, complete, messages),
         Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
+        Some(Record::ClientId { hash }) => w.subs.taken_over(hash),
         Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
         Some(Record::Retained { id, messages }) => {
             // In order with the fan-outs of what came before it.

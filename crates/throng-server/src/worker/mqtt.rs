@@ -207,6 +207,7 @@ pub(crate) fn disconnect(why: CloseReason) -> Bytes {
         CloseReason::IdleTimeout => ReasonCode::KEEP_ALIVE_TIMEOUT,
         CloseReason::SlowConsumer => ReasonCode::QUOTA_EXCEEDED,
         CloseReason::TokenExpired => ReasonCode::NOT_AUTHORIZED,
+        CloseReason::TakenOver => ReasonCode::SESSION_TAKEN_OVER,
         CloseReason::ProtocolError => ReasonCode::PROTOCOL_ERROR,
         CloseReason::PeerClose | CloseReason::PeerGone | CloseReason::TlsError => {
             ReasonCode::UNSPECIFIED

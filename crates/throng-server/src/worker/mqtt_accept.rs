@@ -20,6 +20,7 @@ use super::conn::{Conn, NONE, TlsState};
 use super::gate;
 use super::mqtt::{Mqtt, Will, encode};
 use super::mqtt_auth::{self, Admitted};
+use super::mqtt_ids;
 use super::mqtt_qos::RECEIVE_MAX;
 use super::state::Worker;
 use super::subscribers::max_packet;
@@ -98,6 +99,8 @@ struct Connected {
     receive_max: Option<u16>,
     /// Its password: a token or the publish key (read, then dropped).
     password: Option<Vec<u8>>,
+    /// Its client id's hash, for takeover; none when it sent none.
+    client_hash: Option<u64>,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
@@ -152,7 +155,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     if let Some(tls) = tls {
         c = c.with_tls(tls);
     }
-    if let Err(e) = w.subs.add_mqtt(c) {
+    if let Err(e) = w.subs.add_mqtt(c, connected.client_hash) {
         counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
@@ -354,6 +357,7 @@ async fn read_connect(
                 }),
                 receive_max: c.properties.receive_maximum(),
                 password: c.password.map(<[u8]>::to_vec),
+                client_hash: (!c.client_id.is_empty()).then(|| mqtt_ids::hash(c.client_id)),
             };
             return Ok((connected, d.consumed));
         }

@@ -170,6 +170,8 @@ impl Outside for Around {
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
         self.retained_asks.borrow_mut().push((request, filters));
     }
+
+    fn client_id(&self, _hash: u64) {}
 }
 
 /// A frame a client received, owned.
@@ -389,7 +391,7 @@ impl Pair {
         let pipe = Pipe::new(ROOM);
         let state = super::mqtt::Mqtt::new(0);
         let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"").with_mqtt(version, state);
-        self.subs.add_mqtt(conn).expect("watched");
+        self.subs.add_mqtt(conn, None).expect("watched");
         self.clients.push(Client {
             pipe,
             decoder: Decoder::new(Role::Client, 1 << 20),

@@ -244,6 +244,10 @@ impl Outside for Around {
         self.supervisor.publish_unanswered(m, retain)
     }
 
+    fn client_id(&self, hash: u64) {
+        self.supervisor.send(&Record::ClientId { hash });
+    }
+
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
         self.supervisor.send(&Record::RetainedAsk {
             id: request,

@@ -38,6 +38,7 @@ use super::conn::{
 };
 use super::mqtt::{self, Mqtt, Will, version_of};
 use super::mqtt_auth;
+use super::mqtt_ids::ClientIds;
 use super::mqtt_qos::{DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
 use super::rejoin::{self, Joined, Kind};
@@ -95,6 +96,9 @@ pub(crate) trait Outside {
     /// Asks for what `channel` kept after `since`, for rejoin `request`;
     /// the answer comes to [`Subscribers::recovered`].
     fn recover(&self, request: u64, channel: &str, since: MessageId);
+    /// An MQTT client connected here with the client id `hash`
+    /// ([`super::mqtt_ids`]): the node's other workers close theirs.
+    fn client_id(&self, hash: u64);
 }
 
 /// A subscriber waiting for its channel's history, and what was published
@@ -278,6 +282,8 @@ pub(crate) struct Subscribers<O: Outside> {
     /// MQTT PUBLISHes at QoS 1 and 2 whose acknowledgement waits for the
     /// relay's answer, by the relay request's id.
     owed: RefCell<HashMap<u64, Owed<O::Wire>>>,
+    /// MQTT client ids held here, for takeover ([`super::mqtt_ids`]).
+    client_ids: RefCell<ClientIds>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -362,6 +368,7 @@ impl<O: Outside> Subscribers<O> {
             next_rejoin: Cell::new(1),
             retained: RefCell::default(),
             owed: RefCell::default(),
+            client_ids: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -1023,6 +1030,7 @@ impl<O: Outside> Subscribers<O> {
         self.unsubscribe(c);
         self.forget_rejoin(c);
         if c.kind().is_mqtt() {
+            self.client_ids.borrow_mut().release(c.slot());
             self.publish_will(c);
             self.drop_inflight(c);
         }
@@ -1239,8 +1247,28 @@ impl<O: Outside> Subscribers<O> {
 
     /// Registers MQTT subscriber `c` after its CONNACK: in the slab and the
     /// readiness set, in no channel until it subscribes.
-    pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>) -> io::Result<()> {
-        self.admit(c, None).map(drop)
+    /// With its client id's hash `client_id` (none for an empty or an
+    /// assigned one), a connection that holds it already, here or on
+    /// another worker, is closed: taken over (5.0: DISCONNECT 0x8E).
+    pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>, client_id: Option<u64>) -> io::Result<()> {
+        let c = self.admit(c, None)?;
+        if let Some(hash) = client_id {
+            let before = self.client_ids.borrow_mut().claim(hash, c.slot());
+            self.outside.client_id(hash);
+            if let Some(old) = before.and_then(|s| self.get(u64::from(s))) {
+                self.close(&old, 0, "", CloseReason::TakenOver);
+            }
+        }
+        Ok(())
+    }
+
+    /// A connection on another worker took the client id `hash`: this
+    /// worker's connection that holds it, if any, is closed.
+    pub(crate) fn taken_over(&self, hash: u64) {
+        let slot = self.client_ids.borrow_mut().take(hash);
+        if let Some(old) = slot.and_then(|s| self.get(u64::from(s))) {
+            self.close(&old, 0, "", CloseReason::TakenOver);
+        }
     }
 
     /// Handles every whole packet in `buf`, keeps a split one's bytes;

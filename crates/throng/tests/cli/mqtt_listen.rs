@@ -660,3 +660,34 @@ fn the_start_says_where_mqtt_is() {
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("mqtt-listen"), "{text}");
 }
+
+#[test]
+fn a_second_connect_with_a_client_id_takes_it_over_on_any_worker() {
+    let (s, mqtt) = mqtt_server(&["--workers", "2"]);
+    // Connections land on either worker: several rounds meet both cases.
+    let mut old = Client::connect(mqtt, Version::V5, "device-7");
+    for round in 1..=6 {
+        let version = if round % 2 == 0 {
+            Version::V311
+        } else {
+            Version::V5
+        };
+        let new = Client::connect(mqtt, version, "device-7");
+        let was = old.version;
+        if was == Version::V5 {
+            assert_eq!(old.next(), Some(Got::Disconnect(0x8E)), "round {round}");
+        }
+        assert_eq!(old.next(), None, "round {round}: closed");
+        old = new;
+    }
+    // The last one stands, and other ids are left alone.
+    let mut other = Client::connect(mqtt, Version::V5, "device-8");
+    old.send(&Packet::Pingreq);
+    assert_eq!(old.next(), Some(Got::Pingresp));
+    other.send(&Packet::Pingreq);
+    assert_eq!(other.next(), Some(Got::Pingresp));
+    s.wait_metric(
+        "throng_connections_closed_total{reason=\"taken_over\"}",
+        |v| v == 6.0,
+    );
+}
