@@ -77,8 +77,11 @@ run_one() {
   local port pid log="$work/$broker.$kind.$test.log"
   port=$(free_port)
   if [ "$broker" = throng ]; then
+    # The keep-alive check rides the sweep of --ping-interval (30 s by
+    # default); the tests use keep-alives of 2-5 s and wait 10 s for the
+    # will a missed one sends.
     "$throng" serve --listen 127.0.0.1:0 --mqtt-listen "127.0.0.1:$port" --workers 1 \
-      >"$log.server" 2>&1 &
+      --ping-interval 1s >"$log.server" 2>&1 &
     pid=$!
   else
     printf 'listener %s 127.0.0.1\nallow_anonymous true\n' "$port" >"$work/$broker.$kind.$test.conf"

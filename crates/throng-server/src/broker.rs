@@ -433,6 +433,7 @@ impl Remote {
                     // Redis carries no QoS: QoS 1 to those who asked.
                     at_most_once: false,
                     exactly_once: false,
+                    properties: Bytes::new(),
                     channel,
                     payload,
                 };
@@ -570,6 +571,7 @@ mod tests {
             text: true,
             at_most_once: false,
             exactly_once: false,
+            properties: Bytes::new(),
             channel: "a".into(),
             payload: Bytes::from_static(b"x"),
         };

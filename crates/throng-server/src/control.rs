@@ -169,6 +169,10 @@ pub struct Message {
     /// Published at QoS 2 (an MQTT client's PUBLISH): MQTT subscribers
     /// that asked for QoS 2 get it at 2 (others at what they asked).
     pub exactly_once: bool,
+    /// An MQTT 5.0 PUBLISH's (or will's) properties its subscribers get
+    /// (user properties, message expiry, content type, payload format,
+    /// response topic, correlation data), encoded; empty for the rest.
+    pub properties: Bytes,
     /// The channel, already validated.
     pub channel: String,
     /// The message body.
@@ -651,10 +655,22 @@ fn get_recovered(mut rec: Bytes) -> Result<Record, ControlError> {
 fn put_message(out: &mut BytesMut, m: &Message) {
     out.put_u64_le(m.id);
     put_id(out, m.message);
-    out.put_u8(u8::from(m.text) | u8::from(m.at_most_once) << 1 | u8::from(m.exactly_once) << 2);
+    // MQTT properties are at most a packet's: --max-message plus 1 KiB,
+    // itself at most 128 KiB; past 64 KiB of them none are sent.
+    let props = u16::try_from(m.properties.len()).map_or(&[][..], |_| &m.properties[..]);
+    out.put_u8(
+        u8::from(m.text)
+            | u8::from(m.at_most_once) << 1
+            | u8::from(m.exactly_once) << 2
+            | u8::from(!props.is_empty()) << 3,
+    );
     // Channel names are at most 128 bytes (validated before any record is made).
     out.put_u8(m.channel.len().min(255) as u8);
     out.put_slice(&m.channel.as_bytes()[..m.channel.len().min(255)]);
+    if !props.is_empty() {
+        out.put_u16_le(props.len() as u16);
+        out.put_slice(props);
+    }
     out.put_slice(&m.payload);
 }
 
@@ -673,12 +689,20 @@ fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
         return Err(ControlError::Malformed("record cut short"));
     }
     let channel = utf8(rec.split_to(clen), "channel is not UTF-8")?;
+    let mut properties = Bytes::new();
+    if flags & 8 != 0 {
+        need(&rec, 2)?;
+        let plen = usize::from(rec.get_u16_le());
+        need(&rec, plen)?;
+        properties = rec.split_to(plen);
+    }
     Ok(Message {
         id,
         message,
         text,
         at_most_once,
         exactly_once,
+        properties,
         channel,
         payload: rec,
     })
@@ -722,6 +746,7 @@ mod tests {
             text: true,
             at_most_once: false,
             exactly_once: false,
+            properties: Bytes::new(),
             channel: "news".into(),
             payload: Bytes::from_static(b"hello"),
         };
@@ -732,9 +757,17 @@ mod tests {
                 text: false,
                 at_most_once: true,
                 exactly_once: false,
+                properties: Bytes::new(),
                 payload: Bytes::new(),
                 ..m.clone()
             }),
+            Record::Deliver(Message {
+                exactly_once: true,
+                // A 5.0 user property ("k", "v").
+                properties: Bytes::from_static(&[0x26, 0, 1, b'k', 0, 1, b'v']),
+                ..m.clone()
+            }),
+            Record::ClientId { hash: u64::MAX - 1 },
             Record::Delivered {
                 id: 1,
                 subscribers: u64::MAX,

@@ -241,6 +241,7 @@ mod tests {
                 text: true,
                 at_most_once: false,
                 exactly_once: false,
+                properties: Bytes::new(),
                 channel: "news".into(),
                 payload: Bytes::from_static(b"hi"),
             };
@@ -396,6 +397,7 @@ mod tests {
             text: false,
             at_most_once: false,
             exactly_once: false,
+            properties: Bytes::new(),
             channel: "c".into(),
             payload: Bytes::new(),
         });

@@ -215,6 +215,7 @@ fn message(id: u64, channel: &str, payload: &str) -> Message {
         text: true,
         at_most_once: false,
         exactly_once: false,
+        properties: Bytes::new(),
         channel: channel.into(),
         payload: Bytes::copy_from_slice(payload.as_bytes()),
     }

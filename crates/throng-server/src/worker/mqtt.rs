@@ -39,10 +39,14 @@
 use std::rc::Rc;
 
 use bytes::Bytes;
-use throng_proto::mqtt::{Delivery, Disconnect, Packet, Properties, Publish, ReasonCode, Version};
+use throng_proto::mqtt::{
+    Delivery, Disconnect, Packet, Properties, PropertiesBuf, Publish, ReasonCode, Version,
+};
 
 use super::mqtt_auth::MqttGrants;
-use super::mqtt_qos::{DeliveryAck, Incoming, Inflight, MAX_INFLIGHT, Qos1, Received, Slot};
+use super::mqtt_qos::{
+    DeliveryAck, Incoming, Inflight, MAX_INFLIGHT, Qos1, Received, Slot, properties_of,
+};
 use super::rejoin::Kind;
 use crate::control::Message;
 use crate::metrics::CloseReason;
@@ -89,8 +93,12 @@ impl Mqtt {
         receive_max: Option<u16>,
         will: Option<Box<Will>>,
         grants: Option<Box<MqttGrants>>,
+        max_packet: Option<u32>,
     ) -> Self {
         let mut m = Self::new(keep_alive);
+        if max_packet.is_some() {
+            m.state_mut().max_packet = max_packet;
+        }
         if will.is_some() {
             m.state_mut().will = will;
         }
@@ -143,6 +151,9 @@ pub(crate) struct MqttState {
     /// Its own PUBLISHes at QoS 1 and 2 not finished yet; `None` when
     /// there are none ([`super::mqtt_qos::Received`]).
     received: Option<Box<Received>>,
+    /// The largest packet it takes (5.0's Maximum Packet Size), when it
+    /// set one: a delivery larger is skipped for it.
+    max_packet: Option<u32>,
 }
 
 impl MqttState {
@@ -153,6 +164,7 @@ impl MqttState {
             && self.inflight.is_none()
             && self.auth.is_none()
             && self.received.is_none()
+            && self.max_packet.is_none()
     }
 }
 
@@ -161,6 +173,8 @@ impl MqttState {
 pub(crate) struct Will {
     pub(crate) channel: String,
     pub(crate) payload: Bytes,
+    /// Its 5.0 properties its subscribers get ([`forwarded`]).
+    pub(crate) properties: Bytes,
     pub(crate) retain: Option<u8>,
 }
 
@@ -180,6 +194,17 @@ pub(crate) struct Sub {
     pub(crate) pos: u32,
 }
 
+/// The properties of a client's PUBLISH or will that its subscribers get
+/// ([`Properties::forwarded`]), encoded for [`Message::properties`].
+pub(crate) fn forwarded(p: Properties<'_>) -> Bytes {
+    let mut buf = PropertiesBuf::new();
+    for property in p.forwarded() {
+        // Each was read from a packet within the size limits: it fits.
+        let _ = buf.push(property);
+    }
+    Bytes::copy_from_slice(buf.properties().as_bytes())
+}
+
 /// The QoS 0 PUBLISH of message `m` for a subscriber of `version`.
 pub(crate) fn publish(version: Version, m: &Message) -> Bytes {
     let p = Packet::Publish(Publish {
@@ -187,7 +212,7 @@ pub(crate) fn publish(version: Version, m: &Message) -> Bytes {
         delivery: Delivery::AtMostOnce,
         retain: false,
         topic: &m.channel,
-        properties: Properties::EMPTY,
+        properties: properties_of(m),
         payload: &m.payload,
     });
     let mut out = Vec::with_capacity(m.payload.len() + m.channel.len() + 8);
@@ -243,6 +268,13 @@ impl Mqtt {
     /// keep-alive allows at tick `now`.
     pub(crate) fn overdue(&self, last_seen: u32, now: u32) -> bool {
         self.keep_alive != 0 && wheel::expired(now, last_seen, self.keep_alive)
+    }
+
+    /// Whether a packet of `len` bytes is over its Maximum Packet Size.
+    pub(crate) fn too_large(&self, len: usize) -> bool {
+        self.state()
+            .and_then(|s| s.max_packet)
+            .is_some_and(|max| len > max as usize)
     }
 
     /// What its credential grants, where one is needed.
@@ -389,6 +421,7 @@ mod tests {
             text: true,
             at_most_once: false,
             exactly_once: false,
+            properties: Bytes::new(),
             channel: "c".into(),
             payload: Bytes::from_static(payload),
         };

@@ -56,14 +56,20 @@ impl Qos1 {
             delivery: Delivery::AtLeastOnce(PacketId::MIN),
             retain,
             topic: &m.channel,
-            properties: Properties::EMPTY,
+            properties: properties_of(m),
             payload: &m.payload,
         });
         let mut out = Vec::with_capacity(m.payload.len() + m.channel.len() + 10);
         p.encode(version, &mut out).ok()?;
-        // The id is followed by the properties (5.0: their length, 0) and
-        // the payload.
-        let props = usize::from(version == Version::V5);
+        // The id is followed by the properties (5.0: their length, then
+        // them) and the payload.
+        let props = match version {
+            Version::V5 => {
+                let n = properties_of(m).as_bytes().len();
+                n + varint_len(n)
+            }
+            Version::V311 => 0,
+        };
         let id_at = out.len().checked_sub(m.payload.len() + props + 2)?;
         Some(Self {
             packet: Bytes::from(out),
@@ -99,6 +105,34 @@ impl Qos1 {
             id,
             &self.packet[self.id_at + 2..],
         ]
+    }
+}
+
+/// The properties message `m` goes out with (those its publisher set).
+pub(crate) fn properties_of(m: &Message) -> Properties<'_> {
+    // Made by `mqtt::forwarded` from a checked packet: they check again.
+    Properties::of_publish(&m.properties).unwrap_or(Properties::EMPTY)
+}
+
+/// The size of message `m`'s 5.0 PUBLISH at `qos`, whole.
+pub(crate) fn publish_len(m: &Message, qos: u8) -> usize {
+    let props = m.properties.len();
+    let rest = 2
+        + m.channel.len()
+        + if qos > 0 { 2 } else { 0 }
+        + varint_len(props)
+        + props
+        + m.payload.len();
+    1 + varint_len(rest) + rest
+}
+
+/// Bytes of `n` as MQTT's variable byte integer.
+fn varint_len(n: usize) -> usize {
+    match n {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
     }
 }
 
@@ -397,6 +431,7 @@ mod tests {
             text: true,
             at_most_once: false,
             exactly_once: false,
+            properties: Bytes::new(),
             channel: "sensors/1".into(),
             payload: Bytes::from_static(b"21.5"),
         };
@@ -471,6 +506,7 @@ mod tests {
             text: true,
             at_most_once: false,
             exactly_once: true,
+            properties: Bytes::new(),
             channel: "c".into(),
             payload: Bytes::from_static(b"x"),
         };

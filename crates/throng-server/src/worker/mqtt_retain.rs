@@ -166,6 +166,7 @@ impl<W: Wire> Holds<W> {
                     text: r.kept.text,
                     at_most_once: false,
                     exactly_once: false,
+                    properties: Bytes::new(),
                     channel: r.channel.clone(),
                     payload: r.kept.payload.clone(),
                 };
@@ -270,6 +271,7 @@ mod tests {
                 text: true,
                 at_most_once: false,
                 exactly_once: false,
+                properties: Bytes::new(),
                 channel: "c".into(),
                 payload,
             });

@@ -476,6 +476,7 @@ impl Pair {
             text: true,
             at_most_once: false,
             exactly_once: false,
+            properties: Bytes::new(),
             channel: channel.into(),
             payload: Bytes::copy_from_slice(text.as_bytes()),
         })

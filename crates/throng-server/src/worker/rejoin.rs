@@ -216,6 +216,7 @@ mod tests {
             text: true,
             at_most_once: false,
             exactly_once: false,
+            properties: Bytes::new(),
             channel: "c".into(),
             payload: Bytes::from_static(b"hi\nthere"),
         };

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use throng_host::process;
 use throng_proto::mqtt::{
-    Ack, Answer as MqttAnswer, Decoder, Delivery, Packet, PacketId, Properties, Publish,
+    Ack, Answer as MqttAnswer, Decoder, Delivery, Packet, PacketId, Properties, Property, Publish,
     ReasonCode, RetainHandling, Suback, Subscribe, Unsuback, Unsubscribe, Version, topic,
 };
 use throng_proto::ws::{self, Frame, OpCode, close_code};
@@ -39,7 +39,7 @@ use super::conn::{
 use super::mqtt::{self, Mqtt, Will, version_of};
 use super::mqtt_auth;
 use super::mqtt_ids::ClientIds;
-use super::mqtt_qos::{DeliveryAck, Incoming, Qos1, Slot};
+use super::mqtt_qos::{self, DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
@@ -134,6 +134,7 @@ fn client_message(p: &Publish<'_>) -> Message {
         text: std::str::from_utf8(p.payload).is_ok(),
         at_most_once: p.delivery == Delivery::AtMostOnce,
         exactly_once: matches!(p.delivery, Delivery::ExactlyOnce(_)),
+        properties: mqtt::forwarded(p.properties),
         channel: p.topic.to_owned(),
         payload: Bytes::copy_from_slice(p.payload),
     }
@@ -694,6 +695,7 @@ impl<O: Outside> Subscribers<O> {
                 }
             };
             let sent = match (now, qos1) {
+                (Ok(Live::Send), _) if self.over_client_max(c, m, qos) => Ok(()),
                 (Ok(Live::Send), Some(q)) => self.deliver_qos1(c, q),
                 (Ok(Live::Send), None) => {
                     // Subscribers with ids or SSE get their own encoding,
@@ -1317,6 +1319,7 @@ impl<O: Outside> Subscribers<O> {
             let Will {
                 channel,
                 payload,
+                properties,
                 retain,
             } = *will;
             // A will is published at QoS 0 (its QoS is not kept).
@@ -1326,6 +1329,7 @@ impl<O: Outside> Subscribers<O> {
                 text: std::str::from_utf8(&payload).is_ok(),
                 at_most_once: true,
                 exactly_once: false,
+                properties,
                 channel,
                 payload,
             };
@@ -1406,6 +1410,14 @@ impl<O: Outside> Subscribers<O> {
 
     fn on_subscribe(&self, c: &Rc<Conn<O::Wire>>, s: &Subscribe<'_>) -> bool {
         let v5 = c.kind() == Kind::Mqtt5;
+        if s.properties
+            .iter()
+            .any(|p| matches!(p, Property::SubscriptionIdentifier(_)))
+        {
+            // CONNACK said Subscription Identifiers are not available.
+            self.counters.mqtt_refused("subscription_identifier");
+            return self.protocol_end(c, ReasonCode::SUBSCRIPTION_IDS_NOT_SUPPORTED);
+        }
         let mut codes = Vec::with_capacity(s.filters.len());
         // The filters whose retained messages are sent (5.0's retain
         // handling: at every subscribe, only a new one's, or never).
@@ -1522,6 +1534,11 @@ impl<O: Outside> Subscribers<O> {
         if p.payload.len() > self.limits.max_message {
             self.counters.mqtt_refused("too_large");
             return self.protocol_end(c, ReasonCode::PACKET_TOO_LARGE);
+        }
+        if p.properties.topic_alias().is_some() {
+            // CONNACK offered no Topic Alias Maximum (0).
+            self.counters.mqtt_refused("topic_alias");
+            return self.protocol_end(c, ReasonCode::TOPIC_ALIAS_INVALID);
         }
         let reason = if !self.limits.mqtt_publish {
             // --publish-listen: publishing is for the internal address.
@@ -1662,6 +1679,19 @@ impl<O: Outside> Subscribers<O> {
                 properties: Properties::EMPTY,
             }),
         )
+    }
+
+    /// Whether message `m` is too large for MQTT subscriber `c` (its 5.0
+    /// Maximum Packet Size): then it is skipped for `c`, and counted.
+    fn over_client_max(&self, c: &Conn<O::Wire>, m: &Message, qos: u8) -> bool {
+        let over = c.kind() == Kind::Mqtt5
+            && c.proto()
+                .mqtt()
+                .is_some_and(|s| s.too_large(mqtt_qos::publish_len(m, qos)));
+        if over {
+            self.counters.mqtt_refused("over_client_maximum_packet");
+        }
+        over
     }
 
     /// Delivers `p` to `c` at QoS 1: sent with the connection's next
@@ -1859,6 +1889,7 @@ mod tests {
             text: true,
             at_most_once: false,
             exactly_once: false,
+            properties: bytes::Bytes::new(),
             channel: "news".into(),
             payload: bytes::Bytes::from_static(b"one"),
         };
@@ -2234,6 +2265,7 @@ mod tests {
                     text: true,
                     at_most_once: false,
                     exactly_once: false,
+                    properties: Bytes::new(),
                     channel: "c".into(),
                     payload: body,
                 }

@@ -180,6 +180,7 @@ impl SupervisorLink {
             text,
             at_most_once: false,
             exactly_once: false,
+            properties: Bytes::new(),
             channel: channel.to_owned(),
             payload,
         };

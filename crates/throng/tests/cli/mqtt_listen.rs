@@ -691,3 +691,106 @@ fn a_second_connect_with_a_client_id_takes_it_over_on_any_worker() {
         |v| v == 6.0,
     );
 }
+
+/// Connects as 5.0 with CONNECT properties `props`; the CONNACK is the
+/// first [`Client::next`].
+fn open_v5(addr: SocketAddr, id: &str, props: &[throng_proto::mqtt::Property<'_>]) -> Client {
+    let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut c = Client::over(s, Version::V5);
+    let mut properties = throng_proto::mqtt::PropertiesBuf::new();
+    for p in props {
+        properties.push(*p).unwrap();
+    }
+    c.send(&Packet::Connect(Connect {
+        clean_start: true,
+        keep_alive: 60,
+        properties: properties.properties(),
+        client_id: id,
+        will: None,
+        username: None,
+        password: None,
+    }));
+    c
+}
+
+#[test]
+fn mqtt_5_rules_a_client_relies_on_are_kept() {
+    use throng_proto::mqtt::{PropertiesBuf, Property};
+    let (s, mqtt) = mqtt_server(&[]);
+    // Enhanced authentication is not offered: CONNACK 0x8C.
+    let mut c = open_v5(
+        mqtt,
+        "auth",
+        &[Property::AuthenticationMethod("SCRAM-SHA-1")],
+    );
+    assert!(
+        matches!(c.next(), Some(Got::Connack { code: 0x8C, .. })),
+        "bad authentication method"
+    );
+    assert_eq!(c.next(), None);
+
+    // A Maximum Packet Size of 64: a larger message is skipped for it,
+    // and counted; a smaller one comes, with its publisher's properties.
+    let mut small = open_v5(mqtt, "small", &[Property::MaximumPacketSize(64)]);
+    assert!(matches!(small.next(), Some(Got::Connack { code: 0, .. })));
+    assert_eq!(small.subscribe(1, &["rules/a"]), [0]);
+    let mut p = Client::connect(mqtt, Version::V5, "publisher");
+    p.publish("rules/a", &[b'x'; 100], Delivery::AtMostOnce);
+    let mut props = PropertiesBuf::new();
+    props.push(Property::UserProperty("k", "v")).unwrap();
+    props.push(Property::ResponseTopic("rules/reply")).unwrap();
+    props.push(Property::CorrelationData(b"42")).unwrap();
+    p.send(&Packet::Publish(Publish {
+        dup: false,
+        delivery: Delivery::AtMostOnce,
+        retain: false,
+        topic: "rules/a",
+        properties: props.properties(),
+        payload: b"fits",
+    }));
+    let got = small.next_as(|p| match p {
+        Packet::Publish(p) => (
+            String::from_utf8_lossy(p.payload).into_owned(),
+            p.properties
+                .iter()
+                .map(|q| format!("{q:?}"))
+                .collect::<Vec<_>>(),
+        ),
+        other => panic!("expected a PUBLISH, got {other:?}"),
+    });
+    let (payload, props) = got.unwrap();
+    assert_eq!(payload, "fits", "the 100-byte one was skipped");
+    assert_eq!(props.len(), 3, "{props:?}");
+    s.wait_metric(
+        "throng_mqtt_refused_total{kind=\"over_client_maximum_packet\"}",
+        |v| v == 1.0,
+    );
+
+    // A Topic Alias, when CONNACK offered none: DISCONNECT 0x94.
+    let mut alias = PropertiesBuf::new();
+    alias.push(Property::TopicAlias(1)).unwrap();
+    p.send(&Packet::Publish(Publish {
+        dup: false,
+        delivery: Delivery::AtMostOnce,
+        retain: false,
+        topic: "rules/a",
+        properties: alias.properties(),
+        payload: b"aliased",
+    }));
+    assert_eq!(p.next(), Some(Got::Disconnect(0x94)));
+    assert_eq!(p.next(), None);
+
+    // A Subscription Identifier, when CONNACK said none are available:
+    // DISCONNECT 0xA1.
+    let mut ids = PropertiesBuf::new();
+    ids.push(Property::SubscriptionIdentifier(7)).unwrap();
+    let mut sub = Client::connect(mqtt, Version::V5, "with-id");
+    sub.send(&Packet::Subscribe(Subscribe {
+        packet_id: 1.try_into().unwrap(),
+        properties: ids.properties(),
+        filters: vec![("rules/a", SubscriptionOptions::qos(QoS::AtMostOnce))],
+    }));
+    assert_eq!(sub.next(), Some(Got::Disconnect(0xA1)));
+    assert_eq!(sub.next(), None);
+}
