@@ -108,6 +108,26 @@ pub struct Config {
     /// Bytes the retained messages may take (`--max-retained-memory`).
     #[serde(default = "default_retained_memory")]
     pub max_retained_memory: usize,
+    /// Subscriptions one MQTT connection may hold (`--max-subscriptions`).
+    #[serde(default = "default_max_subscriptions")]
+    pub max_subscriptions: usize,
+    /// Bytes of topic filters one MQTT connection may hold (`--max-filter-bytes`).
+    #[serde(default = "default_max_filter_bytes")]
+    pub max_filter_bytes: usize,
+}
+
+/// `--max-subscriptions`' default.
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100;
+
+/// `--max-filter-bytes`' default: 100 filters of 160 bytes.
+pub const DEFAULT_MAX_FILTER_BYTES: usize = 16 * 1024;
+
+fn default_max_subscriptions() -> usize {
+    DEFAULT_MAX_SUBSCRIPTIONS
+}
+
+fn default_max_filter_bytes() -> usize {
+    DEFAULT_MAX_FILTER_BYTES
 }
 
 fn default_max_retained() -> usize {
@@ -178,6 +198,8 @@ impl Default for Config {
             history_max_memory: DEFAULT_HISTORY_MEMORY,
             max_retained: crate::retained::DEFAULT_MAX_TOPICS,
             max_retained_memory: crate::retained::DEFAULT_MAX_BYTES,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+            max_filter_bytes: DEFAULT_MAX_FILTER_BYTES,
         }
     }
 }

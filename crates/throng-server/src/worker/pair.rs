@@ -293,6 +293,8 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         mqtt_publish: true,
         mqtt_packet: 1 << 16,
         max_message: 1 << 16,
+        max_subscriptions: 100,
+        max_filter_bytes: 1 << 14,
         publish_guarded: false,
     }
 }

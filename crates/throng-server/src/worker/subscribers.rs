@@ -181,6 +181,10 @@ pub(crate) struct Limits {
     pub(crate) max_message: usize,
     /// Publishing takes a credential (`--auth-*`, `--publish-key-file`).
     pub(crate) publish_guarded: bool,
+    /// Subscriptions one MQTT connection may hold (`--max-subscriptions`).
+    pub(crate) max_subscriptions: usize,
+    /// Bytes of filters one MQTT connection may hold (`--max-filter-bytes`).
+    pub(crate) max_filter_bytes: usize,
 }
 
 impl Limits {
@@ -197,6 +201,8 @@ impl Limits {
             mqtt_packet: max_packet(cfg.max_message),
             max_message: cfg.max_message,
             publish_guarded: cfg.auth.publish_guarded(),
+            max_subscriptions: cfg.max_subscriptions,
+            max_filter_bytes: cfg.max_filter_bytes,
         }
     }
 }
@@ -1419,6 +1425,8 @@ impl<O: Outside> Subscribers<O> {
             return self.protocol_end(c, ReasonCode::SUBSCRIPTION_IDS_NOT_SUPPORTED);
         }
         let mut codes = Vec::with_capacity(s.filters.len());
+        // Its subscriptions and their filters' bytes, against the limits.
+        let mut held = self.channels.borrow().mqtt_footprint(c);
         // The filters whose retained messages are sent (5.0's retain
         // handling: at every subscribe, only a new one's, or never).
         let mut retained = Vec::new();
@@ -1433,7 +1441,18 @@ impl<O: Outside> Subscribers<O> {
             // QoS 0, 1 or 2: what was asked.
             let qos = (options.qos as u8).min(2);
             let granted = ReasonCode(qos);
-            let code = if !self.mqtt_may_subscribe(c, filter) {
+            let new = !self.channels.borrow().has_mqtt_subscription(filter, c);
+            let over = new
+                .then(|| self.over_subscription_limits(held, filter))
+                .flatten();
+            let code = if let Some(kind) = over {
+                self.counters.mqtt_refused(kind);
+                if v5 {
+                    ReasonCode::QUOTA_EXCEEDED
+                } else {
+                    ReasonCode::UNSPECIFIED
+                }
+            } else if !self.mqtt_may_subscribe(c, filter) {
                 ReasonCode::NOT_AUTHORIZED
             } else if topic::is_wildcard(filter) {
                 let ok = self.limits.wildcards
@@ -1467,6 +1486,9 @@ impl<O: Outside> Subscribers<O> {
                 }
                 granted
             };
+            if code == granted && new {
+                held = (held.0 + 1, held.1 + filter.len());
+            }
             if code == granted && wants_retained {
                 retained.push((*filter).to_owned());
             }
@@ -1484,6 +1506,18 @@ impl<O: Outside> Subscribers<O> {
             self.ask_retained(c, retained);
         }
         answered
+    }
+
+    /// Whether one more subscription, to `filter`, would take a connection
+    /// holding `held` (subscriptions, filter bytes) past a limit: which.
+    fn over_subscription_limits(&self, held: (usize, usize), filter: &str) -> Option<&'static str> {
+        if held.0 >= self.limits.max_subscriptions {
+            Some("max_subscriptions")
+        } else if held.1 + filter.len() > self.limits.max_filter_bytes {
+            Some("max_filter_bytes")
+        } else {
+            None
+        }
     }
 
     fn on_unsubscribe(&self, c: &Rc<Conn<O::Wire>>, u: &Unsubscribe<'_>) -> bool {

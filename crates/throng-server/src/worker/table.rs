@@ -211,6 +211,29 @@ impl<W> Channels<W> {
         qos
     }
 
+    /// MQTT subscriber `c`'s subscriptions: how many, and the bytes of
+    /// their filters (what `--max-subscriptions` and `--max-filter-bytes`
+    /// bound).
+    pub(crate) fn mqtt_footprint(&self, c: &Conn<W>) -> (usize, usize) {
+        let name_len = |id: u32| {
+            self.list
+                .get(id as usize)
+                .and_then(Option::as_ref)
+                .map_or(0, |(name, _)| name.len())
+        };
+        let (mut n, mut bytes) = (0, 0);
+        if c.sub_pos() != NONE {
+            n += 1;
+            bytes += name_len(c.channel());
+        }
+        if let Some(m) = state(c) {
+            n += m.subs.len() + m.wild.len();
+            bytes += m.subs.iter().map(|s| name_len(s.channel)).sum::<usize>();
+            bytes += m.wild.iter().map(|w| w.filter.len()).sum::<usize>();
+        }
+        (n, bytes)
+    }
+
     /// Whether MQTT subscriber `c` has subscription `filter` already (an
     /// exact one, kept as its channel or in its list, or a wildcard one).
     pub(crate) fn has_mqtt_subscription(&self, filter: &str, c: &Conn<W>) -> bool {

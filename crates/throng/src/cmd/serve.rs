@@ -199,6 +199,16 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     max_retained_memory: usize,
 
+    /// Subscriptions one MQTT connection may hold; a SUBSCRIBE filter past it is refused
+    /// (5.0 SUBACK 0x97, 3.1.1 0x80; counted: throng_mqtt_refused_total{kind="max_subscriptions"}).
+    #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_MAX_SUBSCRIPTIONS)]
+    max_subscriptions: usize,
+
+    /// Bytes of topic filters one MQTT connection may hold; a filter past it is refused
+    /// as past --max-subscriptions (kind="max_filter_bytes").
+    #[arg(long, value_name = "SIZE", default_value = "16KiB", value_parser = parse_size)]
+    max_filter_bytes: usize,
+
     /// Close (1008) a connection that sent nothing (not even a pong) for this long.
     /// Default: 3 x --ping-interval. Checked once per ping interval.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -441,6 +451,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         history_max_memory: args.history_max_memory,
         max_retained: args.max_retained,
         max_retained_memory: args.max_retained_memory,
+        max_subscriptions: args.max_subscriptions,
+        max_filter_bytes: args.max_filter_bytes,
     };
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");

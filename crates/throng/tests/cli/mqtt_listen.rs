@@ -794,3 +794,36 @@ fn mqtt_5_rules_a_client_relies_on_are_kept() {
     assert_eq!(sub.next(), Some(Got::Disconnect(0xA1)));
     assert_eq!(sub.next(), None);
 }
+
+#[test]
+fn subscriptions_past_max_subscriptions_or_max_filter_bytes_are_refused_and_counted() {
+    let (s, mqtt) = mqtt_server(&["--max-subscriptions", "3", "--max-filter-bytes", "40"]);
+    let mut v5 = Client::connect(mqtt, Version::V5, "v5");
+    assert_eq!(
+        v5.subscribe(1, &["l/a", "l/+", "l/c", "l/d"]),
+        [0, 0, 0, 0x97]
+    );
+    // Again to one it has: no new subscription, granted.
+    assert_eq!(v5.subscribe(2, &["l/a"]), [0]);
+    // One gone frees a place.
+    v5.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 3.try_into().unwrap(),
+        properties: Properties::EMPTY,
+        filters: vec!["l/c"],
+    }));
+    assert!(matches!(v5.next(), Some(Got::Unsuback(3, _))));
+    assert_eq!(v5.subscribe(4, &["l/d"]), [0]);
+    // 3.1.1 says 0x80; filter bytes count too (37 + 4 > 40).
+    let mut v3 = Client::connect(mqtt, Version::V311, "v3");
+    let long = format!("l/{}", "x".repeat(35));
+    assert_eq!(v3.subscribe(1, &[&long, "l/yy"]), [0, 0x80]);
+    assert_eq!(v3.subscribe(2, &["l/y"]), [0], "37 + 3 fits");
+    s.wait_metric(
+        "throng_mqtt_refused_total{kind=\"max_subscriptions\"}",
+        |v| v == 1.0,
+    );
+    s.wait_metric(
+        "throng_mqtt_refused_total{kind=\"max_filter_bytes\"}",
+        |v| v == 1.0,
+    );
+}
