@@ -241,7 +241,14 @@ fn open_listeners(
     let mut listeners = Vec::new();
     let mut mqtt_listeners = Vec::new();
     let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
-    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
+    // --mqtts-listen offers ALPN `mqtt` (what an MQTT client that names
+    // its protocol asks for), then `http/1.1` as before.
+    let mqtts = tls.as_ref().map(|t| {
+        let mut c = rustls::ServerConfig::clone(t);
+        c.alpn_protocols = vec![b"mqtt".to_vec(), b"http/1.1".to_vec()];
+        Arc::new(c)
+    });
+    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, mqtts.clone()));
     for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
         mqtt_listeners.push((listen(addr)?, tls));
     }

@@ -827,3 +827,36 @@ fn subscriptions_past_max_subscriptions_or_max_filter_bytes_are_refused_and_coun
         |v| v == 1.0,
     );
 }
+
+#[test]
+fn mqtts_listen_offers_alpn_mqtt_to_a_client_that_asks_for_it_alone() {
+    use std::sync::Arc;
+    let s = serve(&["--mqtts-listen", "127.0.0.1:0", "--tls-self-signed"]);
+    let addr: SocketAddr = s.start["mqtts_listen"][0]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("mqtts_listen in the start line");
+    let pem = s.start["config"]["tls"]["cert_pem"].as_str().unwrap();
+    let mut cfg = (*crate::serve_tls::client_config(pem, rustls::ALL_VERSIONS)).clone();
+    cfg.alpn_protocols = vec![b"mqtt".to_vec()];
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock).expect("TLS handshake");
+    }
+    assert_eq!(tls.conn.alpn_protocol(), Some(&b"mqtt"[..]));
+    let mut c = Client::over(tls, Version::V311);
+    c.send(&Packet::Connect(Connect {
+        clean_start: true,
+        keep_alive: 60,
+        properties: Properties::EMPTY,
+        client_id: "alpn",
+        will: None,
+        username: None,
+        password: None,
+    }));
+    assert!(matches!(c.next(), Some(Got::Connack { code: 0, .. })));
+}
