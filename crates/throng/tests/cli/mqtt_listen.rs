@@ -528,15 +528,25 @@ fn a_will_is_published_when_its_client_goes_without_a_disconnect() {
     assert!(matches!(bad.next(), Some(Got::Connack { code: 0x90, .. })));
 }
 
-#[test]
-fn mqtts_listen_speaks_mqtt_over_tls_on_the_servers_certificate() {
+/// A server with one MQTT TLS listener (a self-signed certificate): the
+/// listener's address and the certificate.
+fn mqtts_server() -> (Server, SocketAddr, String) {
     let s = serve(&["--mqtts-listen", "127.0.0.1:0", "--tls-self-signed"]);
     let addr: SocketAddr = s.start["mqtts_listen"][0]
         .as_str()
         .and_then(|a| a.parse().ok())
         .expect("mqtts_listen in the start line");
-    let pem = s.start["config"]["tls"]["cert_pem"].as_str().unwrap();
-    let cfg = crate::serve_tls::client_config(pem, rustls::ALL_VERSIONS);
+    let pem = s.start["config"]["tls"]["cert_pem"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (s, addr, pem)
+}
+
+#[test]
+fn mqtts_listen_speaks_mqtt_over_tls_on_the_servers_certificate() {
+    let (s, addr, pem) = mqtts_server();
+    let cfg = crate::serve_tls::client_config(&pem, rustls::ALL_VERSIONS);
     let mut c = Client::over(crate::serve_tls::connect(addr, &cfg), Version::V5);
     c.send(&Packet::Connect(Connect {
         clean_start: true,
@@ -692,12 +702,17 @@ fn a_second_connect_with_a_client_id_takes_it_over_on_any_worker() {
     );
 }
 
-/// Connects as 5.0 with CONNECT properties `props`; the CONNACK is the
-/// first [`Client::next`].
-fn open_v5(addr: SocketAddr, id: &str, props: &[throng_proto::mqtt::Property<'_>]) -> Client {
+/// Connects as `version` with CONNECT properties `props`; the CONNACK is
+/// the first [`Client::next`].
+pub(crate) fn open_with(
+    addr: SocketAddr,
+    version: Version,
+    id: &str,
+    props: &[throng_proto::mqtt::Property<'_>],
+) -> Client {
     let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut c = Client::over(s, Version::V5);
+    let mut c = Client::over(s, version);
     let mut properties = throng_proto::mqtt::PropertiesBuf::new();
     for p in props {
         properties.push(*p).unwrap();
@@ -719,8 +734,9 @@ fn mqtt_5_rules_a_client_relies_on_are_kept() {
     use throng_proto::mqtt::{PropertiesBuf, Property};
     let (s, mqtt) = mqtt_server(&[]);
     // Enhanced authentication is not offered: CONNACK 0x8C.
-    let mut c = open_v5(
+    let mut c = open_with(
         mqtt,
+        Version::V5,
         "auth",
         &[Property::AuthenticationMethod("SCRAM-SHA-1")],
     );
@@ -732,7 +748,12 @@ fn mqtt_5_rules_a_client_relies_on_are_kept() {
 
     // A Maximum Packet Size of 64: a larger message is skipped for it,
     // and counted; a smaller one comes, with its publisher's properties.
-    let mut small = open_v5(mqtt, "small", &[Property::MaximumPacketSize(64)]);
+    let mut small = open_with(
+        mqtt,
+        Version::V5,
+        "small",
+        &[Property::MaximumPacketSize(64)],
+    );
     assert!(matches!(small.next(), Some(Got::Connack { code: 0, .. })));
     assert_eq!(small.subscribe(1, &["rules/a"]), [0]);
     let mut p = Client::connect(mqtt, Version::V5, "publisher");
@@ -831,13 +852,8 @@ fn subscriptions_past_max_subscriptions_or_max_filter_bytes_are_refused_and_coun
 #[test]
 fn mqtts_listen_offers_alpn_mqtt_to_a_client_that_asks_for_it_alone() {
     use std::sync::Arc;
-    let s = serve(&["--mqtts-listen", "127.0.0.1:0", "--tls-self-signed"]);
-    let addr: SocketAddr = s.start["mqtts_listen"][0]
-        .as_str()
-        .and_then(|a| a.parse().ok())
-        .expect("mqtts_listen in the start line");
-    let pem = s.start["config"]["tls"]["cert_pem"].as_str().unwrap();
-    let mut cfg = (*crate::serve_tls::client_config(pem, rustls::ALL_VERSIONS)).clone();
+    let (_s, addr, pem) = mqtts_server();
+    let mut cfg = (*crate::serve_tls::client_config(&pem, rustls::ALL_VERSIONS)).clone();
     cfg.alpn_protocols = vec![b"mqtt".to_vec()];
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

@@ -5,17 +5,17 @@
 //! for its PUBACK within the subscriber's receive maximum, and a subscriber
 //! that never acknowledges is a slow consumer.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use throng_proto::mqtt::{
-    Ack, Connect, Delivery, Packet, Properties, PropertiesBuf, Property, QoS, ReasonCode,
-    Subscribe, SubscriptionOptions, Version,
+    Ack, Delivery, Packet, Properties, Property, QoS, ReasonCode, Subscribe, SubscriptionOptions,
+    Version,
 };
 use throng_testkit::Server;
 use throng_testkit::http::publish;
 
-use crate::mqtt_listen::{Client, Got, mqtt_server};
+use crate::mqtt_listen::{Client, Got, mqtt_server, open_with};
 
 /// What a test keeps of a packet: a PUBLISH's packet id (none at QoS 0)
 /// and payload, a DISCONNECT's reason code, or anything else's name.
@@ -28,22 +28,7 @@ enum Delivered {
 
 /// Connects as `version` with CONNECT properties `props`; CONNACK checked.
 fn connect(addr: SocketAddr, version: Version, id: &str, props: &[Property<'_>]) -> Client {
-    let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut c = Client::over(s, version);
-    let mut properties = PropertiesBuf::new();
-    for p in props {
-        properties.push(*p).unwrap();
-    }
-    c.send(&Packet::Connect(Connect {
-        clean_start: true,
-        keep_alive: 60,
-        properties: properties.properties(),
-        client_id: id,
-        will: None,
-        username: None,
-        password: None,
-    }));
+    let mut c = open_with(addr, version, id, props);
     let got = c.next();
     assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
     c
