@@ -434,6 +434,8 @@ impl Remote {
                     at_most_once: false,
                     exactly_once: false,
                     properties: Bytes::new(),
+                    retained: false,
+                    origin: 0,
                     channel,
                     payload,
                 };
@@ -572,6 +574,8 @@ mod tests {
             at_most_once: false,
             exactly_once: false,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "a".into(),
             payload: Bytes::from_static(b"x"),
         };

@@ -173,6 +173,14 @@ pub struct Message {
     /// (user properties, message expiry, content type, payload format,
     /// response topic, correlation data), encoded; empty for the rest.
     pub properties: Bytes,
+    /// Published with MQTT's retain flag (an MQTT PUBLISH or an HTTP
+    /// `?retain=1`): a 5.0 subscription with Retain As Published gets it
+    /// with the flag set.
+    pub retained: bool,
+    /// Which MQTT connection of this node published it (its worker and
+    /// slot, [`crate::worker`]'s `origin`), 0 for any other publisher: a
+    /// 5.0 subscription with No Local does not get its own messages.
+    pub origin: u64,
     /// The channel, already validated.
     pub channel: String,
     /// The message body.
@@ -662,7 +670,9 @@ fn put_message(out: &mut BytesMut, m: &Message) {
         u8::from(m.text)
             | u8::from(m.at_most_once) << 1
             | u8::from(m.exactly_once) << 2
-            | u8::from(!props.is_empty()) << 3,
+            | u8::from(!props.is_empty()) << 3
+            | u8::from(m.retained) << 4
+            | u8::from(m.origin != 0) << 5,
     );
     // Channel names are at most 128 bytes (validated before any record is made).
     out.put_u8(m.channel.len().min(255) as u8);
@@ -670,6 +680,9 @@ fn put_message(out: &mut BytesMut, m: &Message) {
     if !props.is_empty() {
         out.put_u16_le(props.len() as u16);
         out.put_slice(props);
+    }
+    if m.origin != 0 {
+        out.put_u64_le(m.origin);
     }
     out.put_slice(&m.payload);
 }
@@ -696,6 +709,11 @@ fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
         need(&rec, plen)?;
         properties = rec.split_to(plen);
     }
+    let mut origin = 0;
+    if flags & 32 != 0 {
+        need(&rec, 8)?;
+        origin = rec.get_u64_le();
+    }
     Ok(Message {
         id,
         message,
@@ -703,6 +721,8 @@ fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
         at_most_once,
         exactly_once,
         properties,
+        retained: flags & 16 != 0,
+        origin,
         channel,
         payload: rec,
     })
@@ -747,6 +767,8 @@ mod tests {
             at_most_once: false,
             exactly_once: false,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "news".into(),
             payload: Bytes::from_static(b"hello"),
         };
@@ -758,11 +780,15 @@ mod tests {
                 at_most_once: true,
                 exactly_once: false,
                 properties: Bytes::new(),
+                retained: false,
+                origin: 0,
                 payload: Bytes::new(),
                 ..m.clone()
             }),
             Record::Deliver(Message {
                 exactly_once: true,
+                retained: true,
+                origin: 7 << 32 | 3,
                 // A 5.0 user property ("k", "v").
                 properties: Bytes::from_static(&[0x26, 0, 1, b'k', 0, 1, b'v']),
                 ..m.clone()

@@ -242,6 +242,8 @@ mod tests {
                 at_most_once: false,
                 exactly_once: false,
                 properties: Bytes::new(),
+                retained: false,
+                origin: 0,
                 channel: "news".into(),
                 payload: Bytes::from_static(b"hi"),
             };
@@ -398,6 +400,8 @@ mod tests {
             at_most_once: false,
             exactly_once: false,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "c".into(),
             payload: Bytes::new(),
         });

@@ -50,7 +50,7 @@ pub struct Limits {
 pub struct RetainedMessage {
     /// Its channel (the PUBLISH's topic).
     pub channel: String,
-    /// The QoS it was published at (0 or 1): a subscriber gets it at the
+    /// The QoS it was published at (0, 1 or 2): a subscriber gets it at the
     /// lower of this and its subscription's.
     pub qos: u8,
     /// Its id (as relayed live: [`MessageId::NONE`] from Redis), its
@@ -129,7 +129,7 @@ impl Retained {
         self.by_channel.insert(
             name,
             Entry {
-                qos: qos.min(1),
+                qos: qos.min(2),
                 kept,
                 stamp,
             },
@@ -262,7 +262,7 @@ return {redis.call('HLEN', KEYS[1]), dropped}
     ) {
         let mut value = Vec::with_capacity(payload.len() + 1);
         if !payload.is_empty() {
-            value.push(qos.min(1));
+            value.push(qos.min(2));
             value.extend_from_slice(payload);
         }
         let (hash, order, max) = (
@@ -364,7 +364,7 @@ return {redis.call('HLEN', KEYS[1]), dropped}
             let payload = value.slice(1..);
             out.push(RetainedMessage {
                 channel,
-                qos: value[0].min(1),
+                qos: value[0].min(2),
                 kept: Kept {
                     id: MessageId::NONE,
                     text: std::str::from_utf8(&payload).is_ok(),

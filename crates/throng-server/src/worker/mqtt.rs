@@ -66,8 +66,9 @@ pub(crate) struct Mqtt {
     /// QoS 1 deliveries it may have awaiting PUBACK: its 5.0 receive
     /// maximum, at most [`MAX_INFLIGHT`].
     receive_max: u16,
-    /// The QoS (0, 1 or 2) of its subscription to its `Conn`'s channel, when
-    /// it has one: a connection's only subscription is kept there
+    /// The QoS (0, 1 or 2) and options ([`QOS`], [`NO_LOCAL`],
+    /// [`RETAIN_AS_PUBLISHED`]) of its subscription to its `Conn`'s
+    /// channel, when it has one: a connection's only subscription is kept there
     /// ([`super::table::Channels::subscribe_mqtt`]).
     pub(crate) qos: u8,
     /// Everything else; `None` while there is nothing.
@@ -129,6 +130,15 @@ impl Mqtt {
         }
     }
 }
+
+/// A subscription's byte in the tables (its channel's MQTT list, the
+/// trie's lists, [`Mqtt::qos`]): its QoS in the low two bits ([`QOS`]),
+/// then its 5.0 options, so that they cost no memory of their own.
+pub(crate) const QOS: u8 = 0b0011;
+/// 5.0 No Local: not the connection's own messages.
+pub(crate) const NO_LOCAL: u8 = 0b0100;
+/// 5.0 Retain As Published: live messages keep their retain flag.
+pub(crate) const RETAIN_AS_PUBLISHED: u8 = 0b1000;
 
 /// The rarer part of an MQTT subscriber's state, boxed ([`Mqtt::more`]).
 #[derive(Default)]
@@ -207,10 +217,15 @@ pub(crate) fn forwarded(p: Properties<'_>) -> Bytes {
 
 /// The QoS 0 PUBLISH of message `m` for a subscriber of `version`.
 pub(crate) fn publish(version: Version, m: &Message) -> Bytes {
+    publish_as(version, m, false)
+}
+
+/// The same, with the RETAIN flag `retain` (Retain As Published).
+pub(crate) fn publish_as(version: Version, m: &Message, retain: bool) -> Bytes {
     let p = Packet::Publish(Publish {
         dup: false,
         delivery: Delivery::AtMostOnce,
-        retain: false,
+        retain,
         topic: &m.channel,
         properties: properties_of(m),
         payload: &m.payload,
@@ -422,6 +437,8 @@ mod tests {
             at_most_once: false,
             exactly_once: false,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "c".into(),
             payload: Bytes::from_static(payload),
         };

@@ -432,6 +432,8 @@ mod tests {
             at_most_once: false,
             exactly_once: false,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "sensors/1".into(),
             payload: Bytes::from_static(b"21.5"),
         };
@@ -507,6 +509,8 @@ mod tests {
             at_most_once: false,
             exactly_once: true,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "c".into(),
             payload: Bytes::from_static(b"x"),
         };

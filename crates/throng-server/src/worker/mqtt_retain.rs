@@ -167,6 +167,8 @@ impl<W: Wire> Holds<W> {
                     at_most_once: false,
                     exactly_once: false,
                     properties: Bytes::new(),
+                    retained: false,
+                    origin: 0,
                     channel: r.channel.clone(),
                     payload: r.kept.payload.clone(),
                 };
@@ -272,6 +274,8 @@ mod tests {
                 at_most_once: false,
                 exactly_once: false,
                 properties: Bytes::new(),
+                retained: false,
+                origin: 0,
                 channel: "c".into(),
                 payload,
             });

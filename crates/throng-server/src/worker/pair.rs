@@ -172,6 +172,10 @@ impl Outside for Around {
     }
 
     fn client_id(&self, _hash: u64) {}
+
+    fn origin(&self, slot: u32) -> u64 {
+        u64::from(slot) + 1
+    }
 }
 
 /// A frame a client received, owned.
@@ -479,6 +483,8 @@ impl Pair {
             at_most_once: false,
             exactly_once: false,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: channel.into(),
             payload: Bytes::copy_from_slice(text.as_bytes()),
         })

@@ -217,6 +217,8 @@ mod tests {
             at_most_once: false,
             exactly_once: false,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "c".into(),
             payload: Bytes::from_static(b"hi\nthere"),
         };

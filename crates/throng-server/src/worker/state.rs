@@ -244,6 +244,10 @@ impl Outside for Around {
         self.supervisor.publish_unanswered(m, retain)
     }
 
+    fn origin(&self, slot: u32) -> u64 {
+        (self.supervisor.index() as u64 + 1) << 32 | u64::from(slot)
+    }
+
     fn client_id(&self, hash: u64) {
         self.supervisor.send(&Record::ClientId { hash });
     }

@@ -96,6 +96,9 @@ pub(crate) trait Outside {
     /// Asks for what `channel` kept after `since`, for rejoin `request`;
     /// the answer comes to [`Subscribers::recovered`].
     fn recover(&self, request: u64, channel: &str, since: MessageId);
+    /// The id of this node's MQTT connection in `slot` as a message's
+    /// publisher ([`Message::origin`]): never 0.
+    fn origin(&self, slot: u32) -> u64;
     /// An MQTT client connected here with the client id `hash`
     /// ([`super::mqtt_ids`]): the node's other workers close theirs.
     fn client_id(&self, hash: u64);
@@ -126,8 +129,9 @@ pub(crate) struct Owed<W> {
     exactly_once: bool,
 }
 
-/// The message an MQTT client's PUBLISH `p` relays.
-fn client_message(p: &Publish<'_>) -> Message {
+/// The message an MQTT client's PUBLISH `p` relays; `origin` names the
+/// client's connection.
+fn client_message(p: &Publish<'_>, origin: u64) -> Message {
     Message {
         id: 0,
         message: MessageId::NONE,
@@ -135,6 +139,8 @@ fn client_message(p: &Publish<'_>) -> Message {
         at_most_once: p.delivery == Delivery::AtMostOnce,
         exactly_once: matches!(p.delivery, Delivery::ExactlyOnce(_)),
         properties: mqtt::forwarded(p.properties),
+        retained: p.retain,
+        origin,
         channel: p.topic.to_owned(),
         payload: Bytes::copy_from_slice(p.payload),
     }
@@ -216,12 +222,13 @@ pub(crate) struct Fanout<W> {
     /// first subscriber that takes them.
     with_id: Option<Bytes>,
     sse: Option<Bytes>,
-    /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers.
-    mqtt: [Option<Bytes>; 2],
+    /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers, then with
+    /// the retain flag (Retain As Published).
+    mqtt: [Option<Bytes>; 4],
     /// The QoS 1 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers, then the
-    /// QoS 2 one for each (`None` inside: it could not be encoded, and is
-    /// sent at QoS 0).
-    mqtt_qos1: [Option<Option<Qos1>>; 4],
+    /// QoS 2 one for each, then those four with the retain flag (`None`
+    /// inside: it could not be encoded, and is sent at QoS 0).
+    mqtt_qos1: [Option<Option<Qos1>>; 8],
     /// The message (its id, for rejoining subscribers; its body, for the
     /// other encodings).
     message: Message,
@@ -243,8 +250,51 @@ pub(crate) struct Fanout<W> {
     cpu: Duration,
 }
 
+/// Where an MQTT subscriber of `kind` finds its version's encodings in a
+/// fan-out (0: 3.1.1, 1: 5.0), and its version.
+fn version_at(kind: Kind) -> (usize, Version) {
+    if kind == Kind::Mqtt5 {
+        (1, Version::V5)
+    } else {
+        (0, Version::V311)
+    }
+}
+
+/// A fan-out's QoS 1 or 2 PUBLISH of `m` for a subscriber of `kind` at
+/// `qos` (with the retain flag `retain`), encoded at the first one that
+/// takes it; `None` at QoS 0.
+fn qos1_for<'a>(
+    encoded: &'a mut [Option<Option<Qos1>>; 8],
+    m: &Message,
+    kind: Kind,
+    qos: u8,
+    retain: bool,
+) -> Option<&'a Qos1> {
+    if qos == 0 {
+        return None;
+    }
+    let (v, version) = version_at(kind);
+    let at = v + 2 * usize::from(qos - 1) + 4 * usize::from(retain);
+    encoded[at]
+        .get_or_insert_with(|| {
+            let p = Qos1::with_retain(version, m, retain);
+            if qos == 2 {
+                p.map(|p| p.exactly_once())
+            } else {
+                p
+            }
+        })
+        .as_ref()
+}
+
+/// A subscription's byte `sub` (QoS and options) with its QoS at most `most`.
+fn capped(sub: u8, most: u8) -> u8 {
+    (sub & mqtt::QOS).min(most) | (sub & !mqtt::QOS)
+}
+
 /// Records that the last of `n` subscribers of a fan-out gets its message
-/// at `q`: `qos` stays empty while every one gets it at 0.
+/// at `q` (a subscription's byte, [`capped`]): `qos` stays empty while
+/// every one gets it at 0 with no option.
 fn mark_qos(qos: &mut Vec<u8>, n: usize, q: u8) {
     if q != 0 || !qos.is_empty() {
         qos.resize(n - 1, 0);
@@ -615,7 +665,7 @@ impl<O: Outside> Subscribers<O> {
         };
         if channels.has_wildcards() {
             channels.for_each_mqtt(&m.channel, |c, q, first| {
-                let q = q.min(most);
+                let q = capped(q, most);
                 if first {
                     conns.push(c.clone());
                     mark_qos(&mut qos, conns.len(), q);
@@ -631,7 +681,7 @@ impl<O: Outside> Subscribers<O> {
             conns.reserve(ch.mqtt.len());
             for (c, _, q) in &ch.mqtt {
                 conns.push(c.clone());
-                mark_qos(&mut qos, conns.len(), (*q).min(most));
+                mark_qos(&mut qos, conns.len(), capped(*q, most));
             }
         }
         drop(channels);
@@ -639,8 +689,8 @@ impl<O: Outside> Subscribers<O> {
             frame,
             with_id: None,
             sse: None,
-            mqtt: [None, None],
-            mqtt_qos1: [None, None, None, None],
+            mqtt: Default::default(),
+            mqtt_qos1: Default::default(),
             message: m.clone(),
             conns,
             exact,
@@ -671,35 +721,24 @@ impl<O: Outside> Subscribers<O> {
                 Ok(Live::Send)
             };
             let at = f.next + k;
-            let qos = if !c.kind().is_mqtt() {
+            let sub = if !c.kind().is_mqtt() {
                 0
             } else if at < f.exact {
                 // An MQTT subscriber of this one channel: its QoS is its own.
-                c.proto().mqtt().map_or(0, |s| s.qos).min(f.most)
+                capped(c.proto().mqtt().map_or(0, |s| s.qos), f.most)
             } else {
                 f.qos.get(at).copied().unwrap_or(0)
             };
-            let qos1 = match qos {
-                0 => None,
-                q => {
-                    let (v, version) = if c.kind() == Kind::Mqtt5 {
-                        (1, Version::V5)
-                    } else {
-                        (0, Version::V311)
-                    };
-                    let at = v + 2 * usize::from(q - 1);
-                    f.mqtt_qos1[at]
-                        .get_or_insert_with(|| {
-                            let p = Qos1::of(version, m);
-                            if q == 2 {
-                                p.map(|p| p.exactly_once())
-                            } else {
-                                p
-                            }
-                        })
-                        .as_ref()
-                }
-            };
+            if sub & mqtt::NO_LOCAL != 0
+                && m.origin != 0
+                && m.origin == self.outside.origin(c.slot())
+            {
+                // 5.0 No Local: its own message.
+                continue;
+            }
+            let qos = sub & mqtt::QOS;
+            let retain = sub & mqtt::RETAIN_AS_PUBLISHED != 0 && m.retained;
+            let qos1 = qos1_for(&mut f.mqtt_qos1, m, c.kind(), qos, retain);
             let sent = match (now, qos1) {
                 (Ok(Live::Send), _) if self.over_client_max(c, m, qos) => Ok(()),
                 (Ok(Live::Send), Some(q)) => self.deliver_qos1(c, q),
@@ -712,11 +751,10 @@ impl<O: Outside> Subscribers<O> {
                             .with_id
                             .get_or_insert_with(|| rejoin::frame(Kind::WsIds, m)),
                         Kind::Sse => f.sse.get_or_insert_with(|| rejoin::frame(Kind::Sse, m)),
-                        Kind::Mqtt311 => {
-                            f.mqtt[0].get_or_insert_with(|| mqtt::publish(Version::V311, m))
-                        }
-                        Kind::Mqtt5 => {
-                            f.mqtt[1].get_or_insert_with(|| mqtt::publish(Version::V5, m))
+                        Kind::Mqtt311 | Kind::Mqtt5 => {
+                            let (v, version) = version_at(c.kind());
+                            f.mqtt[v + 2 * usize::from(retain)]
+                                .get_or_insert_with(|| mqtt::publish_as(version, m, retain))
                         }
                     };
                     self.send(c, frame)
@@ -1336,6 +1374,8 @@ impl<O: Outside> Subscribers<O> {
                 at_most_once: true,
                 exactly_once: false,
                 properties,
+                retained: false,
+                origin: 0,
                 channel,
                 payload,
             };
@@ -1438,9 +1478,16 @@ impl<O: Outside> Subscribers<O> {
                 }
                 RetainHandling::Never => false,
             };
-            // QoS 0, 1 or 2: what was asked.
+            // QoS 0, 1 or 2: what was asked; the 5.0 options beside it.
             let qos = (options.qos as u8).min(2);
             let granted = ReasonCode(qos);
+            let sub = qos
+                | if options.no_local { mqtt::NO_LOCAL } else { 0 }
+                | if options.retain_as_published {
+                    mqtt::RETAIN_AS_PUBLISHED
+                } else {
+                    0
+                };
             let new = !self.channels.borrow().has_mqtt_subscription(filter, c);
             let over = new
                 .then(|| self.over_subscription_limits(held, filter))
@@ -1459,7 +1506,7 @@ impl<O: Outside> Subscribers<O> {
                     && self
                         .channels
                         .borrow_mut()
-                        .subscribe_wild(filter, c, qos)
+                        .subscribe_wild(filter, c, sub)
                         .is_ok();
                 if ok {
                     granted
@@ -1481,7 +1528,7 @@ impl<O: Outside> Subscribers<O> {
                     ReasonCode::UNSPECIFIED
                 }
             } else {
-                if self.channels.borrow_mut().subscribe_mqtt(filter, c, qos) {
+                if self.channels.borrow_mut().subscribe_mqtt(filter, c, sub) {
                     self.outside.channel_interest(filter, true);
                 }
                 granted
@@ -1589,7 +1636,10 @@ impl<O: Outside> Subscribers<O> {
         let (packet_id, exactly_once) = match p.delivery {
             Delivery::AtMostOnce => {
                 if reason == ReasonCode::SUCCESS {
-                    self.outside.publish(client_message(p), retain_qos(p));
+                    self.outside.publish(
+                        client_message(p, self.outside.origin(c.slot())),
+                        retain_qos(p),
+                    );
                 }
                 return true;
             }
@@ -1618,7 +1668,10 @@ impl<O: Outside> Subscribers<O> {
                 true
             }
             Incoming::Relay => {
-                let request = self.outside.publish(client_message(p), retain_qos(p));
+                let request = self.outside.publish(
+                    client_message(p, self.outside.origin(c.slot())),
+                    retain_qos(p),
+                );
                 let owed = Owed {
                     conn: c.clone(),
                     packet_id,
@@ -1924,6 +1977,8 @@ mod tests {
             at_most_once: false,
             exactly_once: false,
             properties: bytes::Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "news".into(),
             payload: bytes::Bytes::from_static(b"one"),
         };
@@ -2300,6 +2355,8 @@ mod tests {
                     at_most_once: false,
                     exactly_once: false,
                     properties: Bytes::new(),
+                    retained: false,
+                    origin: 0,
                     channel: "c".into(),
                     payload: body,
                 }

@@ -98,6 +98,11 @@ impl SupervisorLink {
         }
     }
 
+    /// The worker's index.
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
     /// Sends a record to the supervisor (dropped if it is gone).
     pub(crate) fn send(&self, rec: &Record) {
         let _ = self.ctl.send(rec.encode());
@@ -181,6 +186,8 @@ impl SupervisorLink {
             at_most_once: false,
             exactly_once: false,
             properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: channel.to_owned(),
             payload,
         };

@@ -18,7 +18,7 @@ use std::rc::Rc;
 use throng_proto::mqtt::topic::{FilterTrie, TooDeep};
 
 use super::conn::{Conn, NONE};
-use super::mqtt::{Mqtt, MqttState, Sub, WildSub};
+use super::mqtt::{Mqtt, MqttState, QOS, Sub, WildSub};
 
 /// Live subscribers by slot. Invariant: `slots[c.slot] == Some(c)` for every
 /// connection in the table; free slots are listed in `free`.
@@ -146,12 +146,13 @@ impl<W> Channels<W> {
         !self.wild.is_empty()
     }
 
-    /// Calls `found(c, qos, true)` with every MQTT subscriber with more
+    /// Calls `found(c, sub, true)` with every MQTT subscriber with more
     /// than one subscription a message on `channel` reaches (those of its
     /// MQTT list, then those of every matching wildcard filter), each once,
-    /// at the QoS of the subscription found first; then `found(c, q,
-    /// false)` when a later one of its subscriptions has a higher QoS `q` (the
-    /// message goes at the highest). Those with one subscription are in
+    /// with the byte (QoS and options, [`super::mqtt::QOS`]) of the
+    /// subscription found first; then `found(c, sub, false)` when a later
+    /// one of its subscriptions has a higher QoS (the message goes at the
+    /// highest, with that one's options). Those with one subscription are in
     /// [`Channel::subs`], and cannot be found twice.
     pub(crate) fn for_each_mqtt(
         &self,
@@ -162,7 +163,8 @@ impl<W> Channels<W> {
         self.generation.set(generation);
         // `seen` holds the lookup's generation and, in its low two bits,
         // the highest QoS found for the connection in it.
-        let mut visit = |c: &Rc<Conn<W>>, qos: u8| {
+        let mut visit = |c: &Rc<Conn<W>>, sub: u8| {
+            let qos = sub & QOS;
             let mut proto = c.proto_mut();
             let state = proto.mqtt_mut().and_then(|m| m.more.as_deref_mut());
             let before = state.map(|m| {
@@ -174,8 +176,8 @@ impl<W> Channels<W> {
             });
             drop(proto);
             match before {
-                Some(b) if b >> 2 != generation => found(c, qos, true),
-                Some(b) if qos > (b & 3) as u8 => found(c, qos, false),
+                Some(b) if b >> 2 != generation => found(c, sub, true),
+                Some(b) if qos > (b & 3) as u8 => found(c, sub, false),
                 _ => {}
             }
         };
@@ -192,20 +194,20 @@ impl<W> Channels<W> {
     pub(crate) fn qos_for(&mut self, c: &Conn<W>, channel: &str) -> u8 {
         let id = self.by_name.get(channel).copied();
         if id.is_some_and(|id| c.sub_pos() != NONE && c.channel() == id) {
-            return c.proto().mqtt().map_or(0, |m| m.qos);
+            return c.proto().mqtt().map_or(0, |m| m.qos & QOS);
         }
         let Some(m) = state(c) else { return 0 };
         let mut qos = 0;
         if let Some(s) = m.subs.iter().find(|s| Some(s.channel) == id)
             && let Some((_, ch)) = self.list[s.channel as usize].as_ref()
         {
-            qos = ch.mqtt.get(s.pos as usize).map_or(0, |e| e.2);
+            qos = ch.mqtt.get(s.pos as usize).map_or(0, |e| e.2 & QOS);
         }
         for w in &m.wild {
             if throng_proto::mqtt::topic::matches(&w.filter, channel)
                 && let Some(subs) = self.wild.get_mut(&w.filter)
             {
-                qos = qos.max(subs.get(w.pos as usize).map_or(0, |e| e.2));
+                qos = qos.max(subs.get(w.pos as usize).map_or(0, |e| e.2 & QOS));
             }
         }
         qos

@@ -432,3 +432,49 @@ fn qos_2_deliveries_go_to_who_asked_and_hold_their_slot_until_pubcomp() {
     });
     assert_eq!(s.metric("throng_mqtt_inflight"), 1.0);
 }
+
+#[test]
+fn no_local_and_retain_as_published_are_kept_per_subscription() {
+    use throng_proto::mqtt::{Publish, RetainHandling};
+    let (_s, addr) = mqtt_server(&["--workers", "2"]);
+    let mut me = connect(addr, Version::V5, "me", &[]);
+    let options = SubscriptionOptions {
+        qos: QoS::AtMostOnce,
+        no_local: true,
+        retain_as_published: true,
+        retain_handling: RetainHandling::Never,
+    };
+    me.send(&Packet::Subscribe(Subscribe {
+        packet_id: 1.try_into().unwrap(),
+        properties: Properties::EMPTY,
+        filters: vec![("opts/a", options)],
+    }));
+    assert_eq!(me.next(), Some(Got::Suback(1, vec![0])));
+    let mut other = connect(addr, Version::V5, "other", &[]);
+    assert_eq!(subscribe(&mut other, 1, &["opts/a"], QoS::AtMostOnce), [0]);
+    // Its own message does not come back to it; others get it.
+    me.publish("opts/a", b"mine", Delivery::AtMostOnce);
+    assert_eq!(
+        next(&mut other),
+        Some(Delivered::Publish(None, "mine".into()))
+    );
+    me.quiet(Duration::from_millis(300));
+    // Another's retained message: the retain flag as published for "me",
+    // cleared for "other".
+    let retain = |c: &mut Client| {
+        c.next_as(|p| match p {
+            Packet::Publish(p) => (p.retain, String::from_utf8_lossy(p.payload).into_owned()),
+            other => panic!("expected a PUBLISH, got {other:?}"),
+        })
+    };
+    other.send(&Packet::Publish(Publish {
+        dup: false,
+        delivery: Delivery::AtMostOnce,
+        retain: true,
+        topic: "opts/a",
+        properties: Properties::EMPTY,
+        payload: b"kept",
+    }));
+    assert_eq!(retain(&mut me), Some((true, "kept".to_owned())));
+    assert_eq!(retain(&mut other), Some((false, "kept".to_owned())));
+}
