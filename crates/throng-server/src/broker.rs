@@ -45,7 +45,7 @@ pub(crate) fn fit_retained(messages: &mut Vec<RetainedMessage>) {
     let keep = messages
         .iter()
         .take_while(|r| {
-            size += RETAINED_FRAMING + r.channel.len() + r.kept.payload.len();
+            size += RETAINED_FRAMING + r.channel.len() + r.kept.payload.len() + r.properties.len();
             size <= MAX_RECORD
         })
         .count();

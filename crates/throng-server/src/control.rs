@@ -509,10 +509,17 @@ fn put_retained(out: &mut BytesMut, id: u64, messages: &[RetainedMessage]) {
         out.put_u8(r.channel.len().min(255) as u8);
         out.put_slice(&r.channel.as_bytes()[..r.channel.len().min(255)]);
         put_id(out, r.kept.id);
-        out.put_u8(r.qos);
+        // The QoS's high bit: properties follow the payload (they are
+        // at most a packet's, under 64 KiB; larger ones are not sent).
+        let props = u16::try_from(r.properties.len()).map_or(&[][..], |_| &r.properties[..]);
+        out.put_u8(r.qos | if props.is_empty() { 0 } else { 0x80 });
         out.put_u8(u8::from(r.kept.text));
         out.put_u32_le(r.kept.payload.len() as u32);
         out.put_slice(&r.kept.payload);
+        if !props.is_empty() {
+            out.put_u16_le(props.len() as u16);
+            out.put_slice(props);
+        }
     }
 }
 
@@ -601,14 +608,22 @@ fn get_retained(mut rec: Bytes) -> Result<Record, ControlError> {
         let qos = rec.get_u8();
         let text = rec.get_u8() != 0;
         let payload = get_payload(&mut rec)?;
+        let mut properties = Bytes::new();
+        if qos & 0x80 != 0 {
+            need(&rec, 2)?;
+            let plen = usize::from(rec.get_u16_le());
+            need(&rec, plen)?;
+            properties = rec.split_to(plen);
+        }
         messages.push(RetainedMessage {
             channel,
-            qos,
+            qos: qos & 0x7F,
             kept: Kept {
                 id: kid,
                 text,
                 payload,
             },
+            properties,
         });
     }
     Ok(Record::Retained { id, messages })
@@ -870,6 +885,7 @@ mod tests {
                             text: true,
                             payload: Bytes::from_static(b"on"),
                         },
+                        properties: Bytes::from_static(&[0x26, 0, 1, b'k', 0, 1, b'v']),
                     },
                     RetainedMessage {
                         channel: "b".into(),
@@ -879,6 +895,7 @@ mod tests {
                             text: false,
                             payload: Bytes::from_static(&[0, 1]),
                         },
+                        properties: Bytes::new(),
                     },
                 ],
             },

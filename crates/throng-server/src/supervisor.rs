@@ -924,7 +924,8 @@ impl Supervisor {
                 text: m.text,
                 payload: m.payload.clone(),
             };
-            self.retained.set(&m.channel, qos, kept);
+            self.retained
+                .set(&m.channel, qos, kept, m.properties.clone());
         }
         let (id, rec) = self.relay.deliver(Message { message, ..m });
         let mut to = Vec::with_capacity(self.slots.len());

@@ -82,7 +82,8 @@ fn publish(version: Version, r: &RetainedMessage) -> Bytes {
         delivery: Delivery::AtMostOnce,
         retain: true,
         topic: &r.channel,
-        properties: Properties::EMPTY,
+        // Made by `mqtt::forwarded` from a checked packet: they check again.
+        properties: Properties::of_publish(&r.properties).unwrap_or(Properties::EMPTY),
         payload: &r.kept.payload,
     });
     let mut out = Vec::with_capacity(r.kept.payload.len() + r.channel.len() + 8);
@@ -166,8 +167,8 @@ impl<W: Wire> Holds<W> {
                     text: r.kept.text,
                     at_most_once: false,
                     exactly_once: false,
-                    properties: Bytes::new(),
-                    retained: false,
+                    properties: r.properties.clone(),
+                    retained: true,
                     origin: 0,
                     channel: r.channel.clone(),
                     payload: r.kept.payload.clone(),
@@ -265,7 +266,7 @@ mod tests {
                     text: true,
                     payload: payload.clone(),
                 };
-                store.set("c", 0, kept);
+                store.set("c", 0, kept, Bytes::new());
             }
             p.subs.fanout(&Message {
                 id: i as u64 + 1,

@@ -876,3 +876,44 @@ fn mqtts_listen_offers_alpn_mqtt_to_a_client_that_asks_for_it_alone() {
     }));
     assert!(matches!(c.next(), Some(Got::Connack { code: 0, .. })));
 }
+
+#[test]
+fn a_retained_message_keeps_its_publishers_properties_and_qos_2() {
+    use throng_proto::mqtt::{PropertiesBuf, Property};
+    let (_s, mqtt) = mqtt_server(&[]);
+    let mut p = Client::connect(mqtt, Version::V5, "publisher");
+    let mut props = PropertiesBuf::new();
+    props.push(Property::UserProperty("unit", "C")).unwrap();
+    p.send(&Packet::Publish(Publish {
+        dup: false,
+        delivery: Delivery::ExactlyOnce(1.try_into().unwrap()),
+        retain: true,
+        topic: "kept/temp",
+        properties: props.properties(),
+        payload: b"21.5",
+    }));
+    assert!(matches!(p.next(), Some(Got::Other(s)) if s.starts_with("Pubrec")));
+    let mut late = Client::connect(mqtt, Version::V5, "late");
+    late.send(&Packet::Subscribe(Subscribe {
+        packet_id: 1.try_into().unwrap(),
+        properties: Properties::EMPTY,
+        filters: vec![("kept/+", SubscriptionOptions::qos(QoS::ExactlyOnce))],
+    }));
+    assert_eq!(late.next(), Some(Got::Suback(1, vec![2])));
+    let got = late.next_as(|p| match p {
+        Packet::Publish(p) => (
+            p.retain,
+            p.delivery.qos(),
+            p.properties
+                .iter()
+                .map(|q| format!("{q:?}"))
+                .collect::<Vec<_>>(),
+        ),
+        other => panic!("expected a PUBLISH, got {other:?}"),
+    });
+    let (retain, qos, props) = got.unwrap();
+    assert!(retain);
+    assert_eq!(qos, QoS::ExactlyOnce);
+    assert_eq!(props.len(), 1, "{props:?}");
+    assert!(props[0].contains("unit"), "{props:?}");
+}
