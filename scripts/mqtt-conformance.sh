@@ -16,15 +16,15 @@
 #
 # Environment: PAHO_DIR (default: the clone's sibling
 # shared/peers/paho.mqtt.testing), THRONG (a built binary; default
-# target/debug/throng, built if missing), JOBS (tests at once, default 10),
-# LIMIT (seconds per test, default 40).
+# target/debug/throng, built if missing), JOBS (tests at once, default 12),
+# LIMIT (seconds per test, default 30).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 paho=${PAHO_DIR:-"$(dirname "$root")/shared/peers/paho.mqtt.testing"}
 suite="$paho/interoperability"
-jobs=${JOBS:-10}
-limit=${LIMIT:-40}
+jobs=${JOBS:-12}
+limit=${LIMIT:-30}
 known_file="$root/scripts/mqtt-conformance.known"
 
 if [ ! -f "$suite/client_test5.py" ]; then

@@ -1611,7 +1611,6 @@ impl<O: Outside> Subscribers<O> {
     /// again before its PUBREL is not relayed again. A payload over
     /// `--max-message` ends the connection (5.0: DISCONNECT 0x95).
     fn on_publish(&self, c: &Rc<Conn<O::Wire>>, p: &Publish<'_>) -> bool {
-        let v5 = c.kind() == Kind::Mqtt5;
         if p.payload.len() > self.limits.max_message {
             self.counters.mqtt_refused("too_large");
             return self.protocol_end(c, ReasonCode::PACKET_TOO_LARGE);
@@ -1660,13 +1659,8 @@ impl<O: Outside> Subscribers<O> {
                 self.protocol_end(c, ReasonCode::RECEIVE_MAXIMUM_EXCEEDED)
             }
             Incoming::Again(true) => self.ack_publish(c, packet_id, true, ReasonCode::SUCCESS),
-            Incoming::Again(false) => {
-                if !v5 {
-                    // 3.1.1's DUP: the same message, whose PUBREC comes.
-                    self.counters.mqtt_refused("qos2_again");
-                }
-                true
-            }
+            // Sent again before the relay answered: its PUBREC comes then.
+            Incoming::Again(false) => true,
             Incoming::Relay => {
                 let request = self.outside.publish(
                     client_message(p, self.outside.origin(c.slot())),
