@@ -5,6 +5,8 @@
 #
 #   scripts/bench-serve.sh [--conns 18000] [--rounds 15] [--payload 64]
 #   scripts/bench-serve.sh --throng BIN_BEFORE --throng BIN_AFTER [--repeat 3] [--conns N] ...
+#   (each BIN built with `cargo build --release -p throng --features bench-floor`:
+#   the floor below is a benchmark-only route of the server)
 #
 # With no --throng it builds and measures this tree's binary once and prints
 # one JSON object:
@@ -44,7 +46,9 @@ done
 cargo build --quiet --release -p throng-bench --bin serve_bench
 CLIENT=$target/release/serve_bench
 if [ "${#BINS[@]}" -eq 0 ]; then
-  cargo build --quiet --release -p throng
+  # The floor the fan-out is compared with is a benchmark-only route of the
+  # server, compiled in only with this feature.
+  cargo build --quiet --release -p throng --features bench-floor
   exec "$CLIENT" --throng "$target/release/throng" "${PASS[@]}"
 fi
 for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "$b is not an executable" >&2; exit 2; }; done

@@ -43,6 +43,8 @@ trap 'end_step; if [ ${#times[@]} -gt 0 ]; then printf "\n== time per step\n"; p
 # Each probe prints the peer's version (or where it is) when it is usable.
 probe_redis_server() { redis-server --version 2>/dev/null | cut -d' ' -f1-3; }
 probe_redis_cli() { redis-cli --version 2>/dev/null; }
+# Debian's redis-sentinel package: the redis-sentinel command (the Sentinel tests).
+probe_redis_sentinel() { command -v redis-sentinel >/dev/null && redis-sentinel --version 2>/dev/null | cut -d' ' -f1-3; }
 probe_haproxy() { haproxy -v 2>/dev/null | head -1 | cut -d' ' -f1-3; }
 probe_openssl() { openssl version 2>/dev/null; }
 probe_chromium() {
@@ -85,6 +87,7 @@ probe_node_ws() {
 peers=(
   "redis-server probe_redis_server redis-server"
   "redis-cli probe_redis_cli redis-tools"
+  "redis-sentinel probe_redis_sentinel redis-sentinel"
   "haproxy probe_haproxy haproxy"
   "openssl probe_openssl openssl"
   "chromium probe_chromium chromium"
@@ -188,8 +191,10 @@ ulimit -Sn 1024 2>/dev/null || true
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --workspace --all-targets -- -D warnings"
+# With the benchmark-only route (scripts/bench-serve.sh builds it) checked too.
+step "cargo clippy --workspace --all-targets -- -D warnings (and --features throng/bench-floor)"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --features throng/bench-floor -- -D warnings
 
 if [ -f fuzz/Cargo.toml ]; then
   step "fuzz targets compile"

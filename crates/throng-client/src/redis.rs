@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use rustls::ClientConfig;
+use thiserror::Error;
 use throng_proto::resp::{self, Value};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::net::TcpStream;
@@ -56,22 +57,69 @@ impl fmt::Display for RedisUrl {
     }
 }
 
+/// Why a Redis URL does not parse: the URL (its password hidden) and what
+/// is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "invalid Redis URL '{url}': {fault} (expected redis://[user:password@]HOST[:PORT][/DB], \
+     or rediss:// for TLS)"
+)]
+pub struct RedisUrlError {
+    /// The URL as given, its password replaced by `***`.
+    pub url: String,
+    /// What is wrong with it.
+    pub fault: UrlFault,
+}
+
+/// What is wrong with a Redis URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum UrlFault {
+    /// Neither `redis://` nor `rediss://`.
+    #[error("it must start with redis:// or rediss://")]
+    Scheme,
+    /// The path is not a database number.
+    #[error("the database after '/' must be a number")]
+    Db,
+    /// An IPv6 host without its `]`.
+    #[error("unclosed '[' in host")]
+    Bracket,
+    /// Nothing between the scheme and the port or path.
+    #[error("no host")]
+    NoHost,
+    /// The port is not 1-65535.
+    #[error("the port must be a number 1-65535")]
+    Port,
+    /// The user name has a `%` not followed by two hex digits.
+    #[error("bad %-escape in the user")]
+    UserEscape,
+    /// The password has a `%` not followed by two hex digits.
+    #[error("bad %-escape in the password")]
+    PasswordEscape,
+    /// Another client's Sentinel URL form (`redis+sentinel://`).
+    #[error(
+        "for Sentinel give --redis-sentinel HOST:PORT[,HOST:PORT...] --redis-master NAME; \
+         for a Redis Cluster --redis-cluster HOST:PORT[,...]"
+    )]
+    Sentinel,
+}
+
 impl FromStr for RedisUrl {
-    type Err = String;
-    fn from_str(url: &str) -> Result<Self, String> {
-        let bad = |why: &str| {
-            format!(
-                "invalid Redis URL '{}': {why} (expected redis://[user:password@]HOST[:PORT][/DB], \
-                 or rediss:// for TLS)",
-                redact(url)
-            )
+    type Err = RedisUrlError;
+    fn from_str(url: &str) -> Result<Self, RedisUrlError> {
+        let bad = |fault: UrlFault| RedisUrlError {
+            url: redact(url),
+            fault,
         };
         let (tls, rest) = if let Some(r) = url.strip_prefix("rediss://") {
             (true, r)
         } else if let Some(r) = url.strip_prefix("redis://") {
             (false, r)
+        } else if url.starts_with("redis+sentinel://") || url.starts_with("redis-sentinel://") {
+            // Another client's URL form: say what this one takes instead.
+            return Err(bad(UrlFault::Sentinel));
         } else {
-            return Err(bad("it must start with redis:// or rediss://"));
+            return Err(bad(UrlFault::Scheme));
         };
         let (auth, rest) = match rest.rsplit_once('@') {
             Some((a, r)) => (Some(a), r),
@@ -79,17 +127,11 @@ impl FromStr for RedisUrl {
         };
         let (hostport, db) = match rest.split_once('/') {
             Some((h, "")) => (h, 0),
-            Some((h, d)) => (
-                h,
-                d.parse()
-                    .map_err(|_| bad("the database after '/' must be a number"))?,
-            ),
+            Some((h, d)) => (h, d.parse().map_err(|_| bad(UrlFault::Db))?),
             None => (rest, 0),
         };
         let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (h, p) = v6
-                .split_once(']')
-                .ok_or_else(|| bad("unclosed '[' in host"))?;
+            let (h, p) = v6.split_once(']').ok_or_else(|| bad(UrlFault::Bracket))?;
             (h, p.strip_prefix(':'))
         } else {
             match hostport.rsplit_once(':') {
@@ -98,14 +140,14 @@ impl FromStr for RedisUrl {
             }
         };
         if host.is_empty() {
-            return Err(bad("no host"));
+            return Err(bad(UrlFault::NoHost));
         }
         let port = match port {
             Some(p) => p
                 .parse()
                 .ok()
                 .filter(|&p| p != 0)
-                .ok_or_else(|| bad("the port must be a number 1-65535"))?,
+                .ok_or_else(|| bad(UrlFault::Port))?,
             None => 6379,
         };
         let (user, password) = match auth {
@@ -115,10 +157,10 @@ impl FromStr for RedisUrl {
                     Some((u, p)) => (u, Some(p)),
                     None => (a, None),
                 };
-                let u = percent_decode(u).ok_or_else(|| bad("bad %-escape in the user"))?;
+                let u = percent_decode(u).ok_or_else(|| bad(UrlFault::UserEscape))?;
                 let p = match p {
                     Some(p) => {
-                        Some(percent_decode(p).ok_or_else(|| bad("bad %-escape in the password"))?)
+                        Some(percent_decode(p).ok_or_else(|| bad(UrlFault::PasswordEscape))?)
                     }
                     None => None,
                 }
@@ -279,8 +321,15 @@ mod tests {
         ] {
             assert!(bad.parse::<RedisUrl>().is_err(), "{bad}");
         }
+        // Another client's Sentinel URL: pointed at the options instead.
+        let e = "redis+sentinel://h:26379/m"
+            .parse::<RedisUrl>()
+            .unwrap_err();
+        assert_eq!(e.fault, UrlFault::Sentinel);
+        assert!(e.to_string().contains("--redis-sentinel"), "{e}");
         let e = "redis://u:topsecret@h:1/x".parse::<RedisUrl>().unwrap_err();
-        assert!(!e.contains("topsecret"), "{e}");
+        assert!(!e.to_string().contains("topsecret"), "{e}");
+        assert_eq!(e.fault, UrlFault::Db);
     }
 
     #[test]

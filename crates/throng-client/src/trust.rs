@@ -110,7 +110,7 @@ impl Trust {
         let config = if self.insecure {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyCertificate(
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate::new(
                     provider.signature_verification_algorithms,
                 )))
                 .with_no_client_auth()
@@ -151,8 +151,51 @@ pub enum TrustError {
 /// still checks that the server signed the handshake with the key of the
 /// certificate it sent (so the session keys are the server's). Shared by the
 /// Redis link, the harness's publisher and its `wss://`/`https://` client.
+///
+/// [`AnyCertificate::unchecked`] checks no signature either: for the TLS
+/// benchmarks only (`throng-bench`), which measure the server's crypto alone.
 #[derive(Debug)]
-pub struct AnyCertificate(pub WebPkiSupportedAlgorithms);
+pub struct AnyCertificate {
+    /// The algorithms the handshake signature is checked with.
+    algorithms: WebPkiSupportedAlgorithms,
+    /// Whether the handshake signature is checked at all.
+    signatures: bool,
+}
+
+impl AnyCertificate {
+    /// Any certificate, with the handshake signed by its key (checked with
+    /// `algorithms`).
+    pub fn new(algorithms: WebPkiSupportedAlgorithms) -> Self {
+        Self {
+            algorithms,
+            signatures: true,
+        }
+    }
+
+    /// Any certificate, and no signature checked: so that a benchmark's
+    /// client spends no CPU on the server's crypto. Never for traffic that
+    /// matters: the session keys may be anyone's.
+    pub fn unchecked(algorithms: WebPkiSupportedAlgorithms) -> Self {
+        Self {
+            algorithms,
+            signatures: false,
+        }
+    }
+
+    /// The handshake signature checked by `verify` with the algorithms, or
+    /// (unchecked) taken as valid.
+    fn signature(
+        &self,
+        verify: impl FnOnce(
+            &WebPkiSupportedAlgorithms,
+        ) -> Result<HandshakeSignatureValid, rustls::Error>,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        if !self.signatures {
+            return Ok(HandshakeSignatureValid::assertion());
+        }
+        verify(&self.algorithms)
+    }
+}
 
 impl ServerCertVerifier for AnyCertificate {
     fn verify_server_cert(
@@ -172,7 +215,9 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+        self.signature(|algorithms| {
+            rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+        })
     }
 
     fn verify_tls13_signature(
@@ -181,11 +226,13 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+        self.signature(|algorithms| {
+            rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+        })
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 

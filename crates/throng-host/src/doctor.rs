@@ -1,6 +1,6 @@
 //! What will stop a run of N connections on this machine, and the exact fix.
 //!
-//! [`Machine::read`] takes a snapshot of every limit that matters (open
+//! [`HostLimits::read`] takes a snapshot of every limit that matters (open
 //! files, `fs.*`, ports, backlogs, `tcp_mem`, conntrack, memory) from a
 //! `/proc` root that may be a fake tree; [`check_machine`] is a pure function
 //! from a [`Plan`] and that snapshot to [`Finding`]s; [`apply`] writes the
@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+use thiserror::Error;
 
 use crate::limits::{self, DEFAULT_FD_RESERVE, NoFile, Sysctls};
 
@@ -126,7 +127,7 @@ impl Plan {
 /// Every limit that matters, read at one moment. `None`: not available here
 /// (a module not loaded, an old kernel).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Machine {
+pub struct HostLimits {
     /// This process's open-file limit.
     pub nofile: NoFile,
     /// Whether this process may raise its hard open-file limit (root).
@@ -171,7 +172,7 @@ pub struct Machine {
     pub page_size: u64,
 }
 
-impl Machine {
+impl HostLimits {
     /// Reads the machine under `proc_root` (`/proc`, or a fake tree laid out
     /// like it: `sys/...`, `meminfo`, `self/limits`). The open-file limit
     /// comes from `<proc_root>/self/limits` when it exists, else from getrlimit.
@@ -411,7 +412,7 @@ impl Finding {
 
 /// Checks `plan` against this machine (`/proc`).
 pub fn check(plan: &Plan) -> Vec<Finding> {
-    check_machine(plan, &Machine::read(Path::new("/proc")))
+    check_machine(plan, &HostLimits::read(Path::new("/proc")))
 }
 
 /// The one-line warnings a command prints at start: every finding of
@@ -427,462 +428,512 @@ pub fn warning_lines(findings: &[Finding]) -> Vec<String> {
     bad.into_iter().map(Finding::line).collect()
 }
 
+/// Every check, in the order of its findings; each says nothing (`None`)
+/// when its limit is not known here or does not apply to the plan's role.
+const CHECKS: [fn(&Plan, &HostLimits) -> Option<Finding>; 10] = [
+    open_files,
+    nr_open,
+    file_max,
+    local_ports,
+    somaxconn,
+    syn_backlog,
+    tcp_mem,
+    tcp_table_of,
+    conntrack,
+    memory,
+];
+
 /// Checks `plan` against `m`: one finding per limit, in a fixed order.
-pub fn check_machine(plan: &Plan, m: &Machine) -> Vec<Finding> {
-    let mut out = Vec::new();
-    let n = plan.connections;
-    let sockets = plan.sockets();
-    let per_process = n.saturating_add(plan.fd_reserve);
-
-    // Open files per process: throng raises soft to hard itself and spreads
-    // connections over processes, so only the hard limit matters.
-    {
-        let nf = m.nofile;
-        let target = m.nr_open.map_or(per_process, |o| per_process.min(o));
-        // Only the hard limit: throng raises its soft limit to it itself.
-        let mut raise = vec![Fix::shell(
-            format!("echo '* hard nofile {target}' >> /etc/security/limits.conf"),
-            "for login sessions, from the next login on",
-        )];
-        if m.may_raise_hard {
-            raise.insert(
-                0,
-                Fix::shell(
-                    format!("ulimit -Hn {target}"),
-                    "in a root shell; start throng from that shell",
-                ),
-            );
-        }
-        let mut raise_notes = vec![format!(
-            "a systemd service: LimitNOFILE={target} in its [Service] section (docs/deploy.md)"
-        )];
-        if !m.may_raise_hard {
-            raise_notes.push(
-                "this process may not raise its hard limit, even as root: in a container the runtime sets it"
-                    .to_owned(),
-            );
-        }
-        match limits::budget(n, nf.hard, plan.fd_reserve) {
-            Err(_) => out.push(Finding {
-                check: "open files".into(),
-                status: Status::Stop,
-                message: format!(
-                    "the hard limit {} leaves no room for connections after {} reserved files",
-                    nf.hard, plan.fd_reserve
-                ),
-                fixes: raise.clone(),
-                notes: raise_notes.clone(),
-            }),
-            Ok(b) => {
-                let sides = if plan.role == Role::Both {
-                    " per side"
-                } else {
-                    ""
-                };
-                let soft = if nf.soft < nf.hard {
-                    format!("; throng raises the soft limit {} to it itself", nf.soft)
-                } else {
-                    String::new()
-                };
-                let may = if m.may_raise_hard {
-                    "; this process may raise it (root)"
-                } else {
-                    ""
-                };
-                let many = b.workers > MANY_WORKERS;
-                out.push(Finding {
-                    check: "open files".into(),
-                    status: if many { Status::Warn } else { Status::Ok },
-                    message: format!(
-                        "hard limit {} per process: {} connections need {} worker process(es){sides} of at most {} each{soft}{may}",
-                        nf.hard, n, b.workers, b.per_worker
-                    ),
-                    fixes: if many { raise.clone() } else { Vec::new() },
-                    notes: if many { raise_notes.clone() } else { Vec::new() },
-                });
-            }
-        }
-    }
-
-    if let Some(nr_open) = m.nr_open {
-        let low = nr_open < m.nofile.hard.min(per_process);
-        out.push(Finding {
-            check: "fs.nr_open".into(),
-            status: Status::Ok,
-            message: if low {
-                format!("{nr_open}: no process can have its open-file limit raised above this")
-            } else {
-                format!("{nr_open}: a process may be allowed up to this many open files")
-            },
-            fixes: if nr_open < per_process {
-                vec![Fix::sysctl("fs.nr_open", round_up(per_process))]
-            } else {
-                Vec::new()
-            },
-            notes: Vec::new(),
-        });
-    }
-
-    if let Some(file_max) = m.file_max {
-        let open = m.files_open.unwrap_or(0);
-        let need = sockets.saturating_add(open);
-        let (status, message) = if file_max < need {
-            (
-                Status::Stop,
-                format!(
-                    "{file_max} files on the whole system, {open} open already: {sockets} sockets more do not fit"
-                ),
-            )
-        } else {
-            (
-                Status::Ok,
-                format!(
-                    "{file_max} files on the whole system: room for {sockets} sockets ({open} open already)"
-                ),
-            )
-        };
-        out.push(Finding {
-            check: "fs.file-max".into(),
-            status,
-            message,
-            fixes: if status == Status::Stop {
-                vec![Fix::sysctl(
-                    "fs.file-max",
-                    round_up(need.saturating_mul(5) / 4),
-                )]
-            } else {
-                Vec::new()
-            },
-            notes: Vec::new(),
-        });
-    }
-
-    if plan.role.has_client()
-        && let Some((lo, hi)) = m.port_range
-    {
-        let range = hi - lo + 1;
-        let pairs = plan.source_ips.max(1) * plan.target_ports.max(1);
-        let usable = (range as f64 * PORT_USE) as u64;
-        let capacity = usable.saturating_mul(pairs);
-        let fast = ((range as f64 * PORT_FAST) as u64).saturating_mul(pairs);
-        let status = if n > capacity {
-            Status::Stop
-        } else if n > fast {
-            Status::Warn
-        } else {
-            Status::Ok
-        };
-        let (mut fixes, mut notes) = (Vec::new(), Vec::new());
-        if status == Status::Warn {
-            let per_source = ((range as f64 * PORT_FAST) as u64) * plan.target_ports.max(1);
-            let sources = n.div_ceil(per_source.max(1));
-            if !plan.bench {
-                fixes.push(Fix::throng(
-                    run_command(plan, n, sources, plan.port_list.as_deref()),
-                    format!("{sources} source addresses keep each pair under half the range"),
-                ));
-            }
-            notes.push(format!(
-                "{} connections per (source, target) pair is over {:.0}% of the range: Linux's connect() tries one \
-                 half of the ports first and, once it is taken, walks all of it on every connect (over 10x the CPU \
-                 per connect); hold and attack pick loopback sources to stay under it",
-                n.div_ceil(pairs.max(1)),
-                PORT_FAST * 100.0
-            ));
-        }
-        if status == Status::Stop {
-            let wide = ((65_535 - 1_024 + 1) as f64 * PORT_USE) as u64 * pairs;
-            let cheap = (range as f64 * PORT_FAST) as u64;
-            if !plan.bench {
-                // Fixes aim where connects stay cheap, not merely where they fit.
-                let per_source = cheap * plan.target_ports.max(1);
-                let sources = n.div_ceil(per_source.max(1));
-                fixes.push(Fix::throng(
-                    run_command(plan, n, sources, plan.port_list.as_deref()),
-                    format!(
-                        "{sources} source addresses: on loopback every 127.x address is this machine's (hold picks them itself); \
-                         elsewhere give addresses this machine has"
-                    ),
-                ));
-            }
-            if range < 65_535 - 1_024 + 1 {
-                fixes.push(Fix::sysctl("net.ipv4.ip_local_port_range", "1024 65535"));
-                if wide < n {
-                    notes.push(format!(
-                        "even 1024-65535 gives only {wide}: more source addresses or target ports as well"
-                    ));
-                }
-            }
-            let ports = n.div_ceil((cheap * plan.source_ips.max(1)).max(1));
-            if !plan.bench && ports <= 65_535 - 8_080 {
-                let listen = format!("8080-{}", 8_080 + ports - 1);
-                let (on, with) = if plan.role == Role::Both {
-                    ("here", "and the harness here")
-                } else {
-                    ("on the server", "and the harness")
-                };
-                fixes.push(Fix::throng(
-                    vec![
-                        "serve".into(),
-                        "--listen".into(),
-                        format!("127.0.0.1:{listen}"),
-                    ],
-                    format!("or {ports} target ports: the server listens on each ({on})"),
-                ));
-                fixes.push(Fix::throng(
-                    run_command(plan, n, plan.source_ips, Some(&listen)),
-                    format!("{with} spreads its connections over them"),
-                ));
-            }
-        }
-        out.push(Finding {
-            check: "local ports".into(),
-            status,
-            message: format!(
-                "{range} ephemeral ports ({lo}-{hi}) × {} source address(es) × {} target port(s), {:.0}% usable = {capacity} ({fast} with cheap connects) for {n} connections",
-                plan.source_ips.max(1),
-                plan.target_ports.max(1),
-                PORT_USE * 100.0
-            ),
-            fixes,
-            notes,
-        });
-    }
-
-    if plan.role.has_server() {
-        if let Some(v) = m.somaxconn {
-            let low = v < MIN_BACKLOG;
-            out.push(Finding {
-                check: "net.core.somaxconn".into(),
-                status: if low { Status::Warn } else { Status::Ok },
-                message: if low {
-                    format!(
-                        "{v}: bursts of new connections overflow the accept queue and retry after 1 s, 3 s, ... (connect latency spikes)"
-                    )
-                } else {
-                    format!("{v}: accept queue deep enough for bursts of new connections")
-                },
-                fixes: if low {
-                    vec![Fix::sysctl("net.core.somaxconn", GOOD_BACKLOG)]
-                } else {
-                    Vec::new()
-                },
-                notes: Vec::new(),
-            });
-        }
-        if let Some(v) = m.syn_backlog {
-            // With syncookies (the default) an overflowing SYN queue is
-            // answered with a cookie instead of dropped: no retry, no stall.
-            let cookies = m.syncookies.is_some_and(|c| c > 0);
-            let low = v < MIN_BACKLOG && !cookies;
-            out.push(Finding {
-                check: "net.ipv4.tcp_max_syn_backlog".into(),
-                status: if low { Status::Warn } else { Status::Ok },
-                message: match (v < MIN_BACKLOG, cookies) {
-                    (false, _) => format!("{v}: SYN queue deep enough for bursts of new connections"),
-                    (true, true) => format!("{v}: bursts past it are answered with syncookies (tcp_syncookies is on)"),
-                    (true, false) => format!(
-                        "{v}, and tcp_syncookies is off: bursts of new connections are dropped and retry after 1 s, 3 s, ..."
-                    ),
-                },
-                fixes: if low {
-                    vec![
-                        Fix::sysctl("net.ipv4.tcp_max_syn_backlog", GOOD_BACKLOG),
-                        Fix::sysctl("net.ipv4.tcp_syncookies", 1),
-                    ]
-                } else {
-                    Vec::new()
-                },
-                notes: Vec::new(),
-                });
-        }
-    }
-
-    if let Some((min, pressure, max)) = m.tcp_mem {
-        // A push to every connection at once queues at least one buffer
-        // (about a page) on each socket until it is read.
-        let need = sockets;
-        let page = m.page_size;
-        let (status, message) = if need > max {
-            (
-                Status::Stop,
-                format!(
-                    "max {max} pages ({}): one push to all {sockets} sockets queues ~{need} pages; past max the kernel refuses it ('TCP: out of memory' in dmesg)",
-                    human(max * page)
-                ),
-            )
-        } else if need > pressure {
-            (
-                Status::Warn,
-                format!(
-                    "pressure at {pressure} pages ({}): one push to all {sockets} sockets queues ~{need} pages, so the kernel will shrink buffers",
-                    human(pressure * page)
-                ),
-            )
-        } else {
-            (
-                Status::Ok,
-                format!(
-                    "pressure at {pressure} pages, max {max} ({}): room for a push to all {sockets} sockets",
-                    human(max * page)
-                ),
-            )
-        };
-        let fixes = if status == Status::Ok {
-            Vec::new()
-        } else {
-            let new_max = round_up(need.saturating_mul(2)).max(max);
-            let new_pressure = round_up(need.saturating_mul(5) / 4).max(pressure);
-            vec![Fix::sysctl(
-                "net.ipv4.tcp_mem",
-                format!("{} {new_pressure} {new_max}", min.max(new_pressure / 2)),
-            )]
-        };
-        out.push(Finding {
-            check: "net.ipv4.tcp_mem".into(),
-            status,
-            message,
-            fixes,
-            notes: Vec::new(),
-        });
-    }
-
-    if let Some(buckets) = m.tcp_buckets.filter(|b| *b > 0) {
-        out.push(tcp_table(sockets, buckets, m.child_tables));
-    }
-
-    if let Some(max) = m.conntrack_max {
-        // Loopback: both sides of a connection share one entry.
-        let count = m.conntrack_count.unwrap_or(0);
-        // Loaded but tracking nothing while connections are open: no rule
-        // asks for tracking (newer kernels then skip it), so the table is not
-        // a limit until a firewall rule that uses it appears.
-        let idle = m.conntrack_active == Some(false)
-            || (m.conntrack_count == Some(0) && m.tcp_established.is_some_and(|e| e > 0));
-        let need = n.saturating_add(count);
-        let full = need > max;
-        let status = match (full, idle) {
-            (false, _) => Status::Ok,
-            (true, true) => Status::Warn,
-            (true, false) => Status::Stop,
-        };
-        out.push(Finding {
-            check: "conntrack".into(),
-            status,
-            message: match status {
-                Status::Ok => format!("nf_conntrack is loaded with room for {max} entries ({count} used): enough"),
-                Status::Warn => format!(
-                    "nf_conntrack is loaded with room for {max} entries but tracks nothing now (no firewall rule uses it); \
-                     if one appears, connections past {max} are dropped"
-                ),
-                Status::Stop => format!(
-                    "nf_conntrack is loaded with room for {max} entries ({count} used): past that new connections are dropped \
-                     ('nf_conntrack: table full, dropping packet' in dmesg)"
-                ),
-            },
-            fixes: if full {
-                let v = round_up(need.saturating_mul(5) / 4);
-                vec![
-                    Fix::sysctl("net.netfilter.nf_conntrack_max", v),
-                    Fix::shell(
-                        format!(
-                            "echo {} > /sys/module/nf_conntrack/parameters/hashsize",
-                            v / 4
-                        ),
-                        "and its hash table, a quarter of the entries",
-                    ),
-                ]
-            } else {
-                Vec::new()
-            },
-            notes: if full {
-                vec![
-                    "or leave the run's ports untracked: a NOTRACK rule for them in the raw table (iptables or nft)"
-                        .to_owned(),
-                ]
-            } else {
-                Vec::new()
-            },
-        });
-    }
-
-    if let Some(avail) = m.mem_available {
-        let per_socket = plan.kernel_bytes_per_socket + plan.user_bytes_per_socket;
-        let conntrack = if m.conntrack_max.is_some() {
-            n * CONNTRACK_ENTRY_BYTES
-        } else {
-            0
-        };
-        let need = sockets.saturating_mul(per_socket).saturating_add(conntrack);
-        let fits = (avail as f64 * 0.8 / per_socket as f64 / plan.role.sides() as f64) as u64;
-        let (status, message) = if need > avail {
-            (
-                Status::Stop,
-                format!(
-                    "{} available, {sockets} sockets need ~{}: the OOM killer will end the run (seen only in dmesg)",
-                    human(avail),
-                    human(need)
-                ),
-            )
-        } else if need as f64 > avail as f64 * 0.8 {
-            (
-                Status::Warn,
-                format!(
-                    "{} available, {sockets} sockets need ~{}: close to where the OOM killer acts",
-                    human(avail),
-                    human(need)
-                ),
-            )
-        } else {
-            (
-                Status::Ok,
-                format!(
-                    "{} available, {sockets} sockets need ~{}",
-                    human(avail),
-                    human(need)
-                ),
-            )
-        };
-        out.push(Finding {
-            check: "memory".into(),
-            status,
-            message,
-            fixes: if status == Status::Ok || plan.role == Role::Server {
-                Vec::new()
-            } else {
-                // As many source addresses as the smaller run needs too.
-                let per_source = m.port_range.map_or(u64::MAX, |(lo, hi)| {
-                    ((hi - lo + 1) as f64 * PORT_FAST) as u64 * plan.target_ports.max(1)
-                });
-                vec![Fix::throng(
-                    run_command(
-                        plan,
-                        fits,
-                        fits.div_ceil(per_source.max(1)),
-                        plan.port_list.as_deref(),
-                    ),
-                    "the most that fits in 80% of the memory available",
-                )]
-            },
-            notes: match status {
-                Status::Ok => Vec::new(),
-                _ if plan.role == Role::Server => vec![
-                    format!("this machine serves ~{fits} connections in 80% of the memory available: spread the rest over more servers (docs/deploy.md)"),
-                ],
-                _ => vec![
-                    "or spread the run over more machines and merge their result files with throng report".to_owned(),
-                ],
-            },
-        });
-    }
-    out
+pub fn check_machine(plan: &Plan, m: &HostLimits) -> Vec<Finding> {
+    CHECKS.iter().filter_map(|check| check(plan, m)).collect()
 }
 
-/// The `throng` arguments of the run `plan` describes, for `connections`:
-/// `bench --connections N` for bench's plan; otherwise `hold` against a
-/// loopback target on `ports` (default `throng serve`'s 8080), from the
-/// source addresses given, or from enough of 127.0.0.2.. for the local
-/// ports (at least `sources`), so the command fits what it fixes.
+/// Open files per process: throng raises soft to hard itself and spreads
+/// connections over processes, so only the hard limit matters.
+fn open_files(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    let n = plan.connections;
+    let per_process = n.saturating_add(plan.fd_reserve);
+    let nf = m.nofile;
+    let target = m.nr_open.map_or(per_process, |o| per_process.min(o));
+    // Only the hard limit: throng raises its soft limit to it itself.
+    let mut raise = vec![Fix::shell(
+        format!("echo '* hard nofile {target}' >> /etc/security/limits.conf"),
+        "for login sessions, from the next login on",
+    )];
+    if m.may_raise_hard {
+        raise.insert(
+            0,
+            Fix::shell(
+                format!("ulimit -Hn {target}"),
+                "in a root shell; start throng from that shell",
+            ),
+        );
+    }
+    let mut raise_notes = vec![format!(
+        "a systemd service: LimitNOFILE={target} in its [Service] section (docs/deploy.md)"
+    )];
+    if !m.may_raise_hard {
+        raise_notes.push(
+            "this process may not raise its hard limit, even as root: in a container the runtime sets it"
+                .to_owned(),
+        );
+    }
+    Some(match limits::budget(n, nf.hard, plan.fd_reserve) {
+        Err(_) => Finding {
+            check: "open files".into(),
+            status: Status::Stop,
+            message: format!(
+                "the hard limit {} leaves no room for connections after {} reserved files",
+                nf.hard, plan.fd_reserve
+            ),
+            fixes: raise.clone(),
+            notes: raise_notes.clone(),
+        },
+        Ok(b) => {
+            let sides = if plan.role == Role::Both {
+                " per side"
+            } else {
+                ""
+            };
+            let soft = if nf.soft < nf.hard {
+                format!("; throng raises the soft limit {} to it itself", nf.soft)
+            } else {
+                String::new()
+            };
+            let may = if m.may_raise_hard {
+                "; this process may raise it (root)"
+            } else {
+                ""
+            };
+            let many = b.workers > MANY_WORKERS;
+            Finding {
+                check: "open files".into(),
+                status: if many { Status::Warn } else { Status::Ok },
+                message: format!(
+                    "hard limit {} per process: {} connections need {} worker process(es){sides} of at most {} each{soft}{may}",
+                    nf.hard, n, b.workers, b.per_worker
+                ),
+                fixes: if many { raise.clone() } else { Vec::new() },
+                notes: if many {
+                    raise_notes.clone()
+                } else {
+                    Vec::new()
+                },
+            }
+        }
+    })
+}
+
+/// `fs.nr_open`: how far a process's open-file limit may be raised.
+fn nr_open(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    let n = plan.connections;
+    let per_process = n.saturating_add(plan.fd_reserve);
+    let nr_open = m.nr_open?;
+    let low = nr_open < m.nofile.hard.min(per_process);
+    Some(Finding {
+        check: "fs.nr_open".into(),
+        status: Status::Ok,
+        message: if low {
+            format!("{nr_open}: no process can have its open-file limit raised above this")
+        } else {
+            format!("{nr_open}: a process may be allowed up to this many open files")
+        },
+        fixes: if nr_open < per_process {
+            vec![Fix::sysctl("fs.nr_open", round_up(per_process))]
+        } else {
+            Vec::new()
+        },
+        notes: Vec::new(),
+    })
+}
+
+/// `fs.file-max`: open files on the whole system.
+fn file_max(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    let sockets = plan.sockets();
+    let file_max = m.file_max?;
+    let open = m.files_open.unwrap_or(0);
+    let need = sockets.saturating_add(open);
+    let (status, message) = if file_max < need {
+        (
+            Status::Stop,
+            format!(
+                "{file_max} files on the whole system, {open} open already: {sockets} sockets more do not fit"
+            ),
+        )
+    } else {
+        (
+            Status::Ok,
+            format!(
+                "{file_max} files on the whole system: room for {sockets} sockets ({open} open already)"
+            ),
+        )
+    };
+    Some(Finding {
+        check: "fs.file-max".into(),
+        status,
+        message,
+        fixes: if status == Status::Stop {
+            vec![Fix::sysctl(
+                "fs.file-max",
+                round_up(need.saturating_mul(5) / 4),
+            )]
+        } else {
+            Vec::new()
+        },
+        notes: Vec::new(),
+    })
+}
+
+/// Local ports for the client side: the (source, target) pairs' ephemeral
+/// ports against the connections, and where connects stay cheap.
+fn local_ports(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    let n = plan.connections;
+    if !plan.role.has_client() {
+        return None;
+    }
+    let (lo, hi) = m.port_range?;
+    let range = hi - lo + 1;
+    let pairs = plan.source_ips.max(1) * plan.target_ports.max(1);
+    let usable = (range as f64 * PORT_USE) as u64;
+    let capacity = usable.saturating_mul(pairs);
+    let fast = ((range as f64 * PORT_FAST) as u64).saturating_mul(pairs);
+    let status = if n > capacity {
+        Status::Stop
+    } else if n > fast {
+        Status::Warn
+    } else {
+        Status::Ok
+    };
+    let (mut fixes, mut notes) = (Vec::new(), Vec::new());
+    if status == Status::Warn {
+        let per_source = ((range as f64 * PORT_FAST) as u64) * plan.target_ports.max(1);
+        let sources = n.div_ceil(per_source.max(1));
+        if !plan.bench {
+            fixes.push(Fix::throng(
+                run_command(plan, n, sources, plan.port_list.as_deref()),
+                format!("{sources} source addresses keep each pair under half the range"),
+            ));
+        }
+        notes.push(format!(
+            "{} connections per (source, target) pair is over {:.0}% of the range: Linux's connect() tries one \
+             half of the ports first and, once it is taken, walks all of it on every connect (over 10x the CPU \
+             per connect); hold and attack pick loopback sources to stay under it",
+            n.div_ceil(pairs.max(1)),
+            PORT_FAST * 100.0
+        ));
+    }
+    if status == Status::Stop {
+        let wide = ((65_535 - 1_024 + 1) as f64 * PORT_USE) as u64 * pairs;
+        let cheap = (range as f64 * PORT_FAST) as u64;
+        if !plan.bench {
+            // Fixes aim where connects stay cheap, not merely where they fit.
+            let per_source = cheap * plan.target_ports.max(1);
+            let sources = n.div_ceil(per_source.max(1));
+            fixes.push(Fix::throng(
+                run_command(plan, n, sources, plan.port_list.as_deref()),
+                format!(
+                    "{sources} source addresses: on loopback every 127.x address is this machine's (hold picks them itself); \
+                     elsewhere give addresses this machine has"
+                ),
+            ));
+        }
+        if range < 65_535 - 1_024 + 1 {
+            fixes.push(Fix::sysctl("net.ipv4.ip_local_port_range", "1024 65535"));
+            if wide < n {
+                notes.push(format!(
+                    "even 1024-65535 gives only {wide}: more source addresses or target ports as well"
+                ));
+            }
+        }
+        let ports = n.div_ceil((cheap * plan.source_ips.max(1)).max(1));
+        if !plan.bench && ports <= 65_535 - 8_080 {
+            let listen = format!("8080-{}", 8_080 + ports - 1);
+            let (on, with) = if plan.role == Role::Both {
+                ("here", "and the harness here")
+            } else {
+                ("on the server", "and the harness")
+            };
+            fixes.push(Fix::throng(
+                vec![
+                    "serve".into(),
+                    "--listen".into(),
+                    format!("127.0.0.1:{listen}"),
+                ],
+                format!("or {ports} target ports: the server listens on each ({on})"),
+            ));
+            fixes.push(Fix::throng(
+                run_command(plan, n, plan.source_ips, Some(&listen)),
+                format!("{with} spreads its connections over them"),
+            ));
+        }
+    }
+    Some(Finding {
+        check: "local ports".into(),
+        status,
+        message: format!(
+            "{range} ephemeral ports ({lo}-{hi}) × {} source address(es) × {} target port(s), {:.0}% usable = {capacity} ({fast} with cheap connects) for {n} connections",
+            plan.source_ips.max(1),
+            plan.target_ports.max(1),
+            PORT_USE * 100.0
+        ),
+        fixes,
+        notes,
+    })
+}
+
+/// `net.core.somaxconn`: the server side's accept queue.
+fn somaxconn(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    if !plan.role.has_server() {
+        return None;
+    }
+    let v = m.somaxconn?;
+    let low = v < MIN_BACKLOG;
+    Some(Finding {
+        check: "net.core.somaxconn".into(),
+        status: if low { Status::Warn } else { Status::Ok },
+        message: if low {
+            format!(
+                "{v}: bursts of new connections overflow the accept queue and retry after 1 s, 3 s, ... (connect latency spikes)"
+            )
+        } else {
+            format!("{v}: accept queue deep enough for bursts of new connections")
+        },
+        fixes: if low {
+            vec![Fix::sysctl("net.core.somaxconn", GOOD_BACKLOG)]
+        } else {
+            Vec::new()
+        },
+        notes: Vec::new(),
+    })
+}
+
+/// `net.ipv4.tcp_max_syn_backlog`: the server side's SYN queue.
+fn syn_backlog(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    if !plan.role.has_server() {
+        return None;
+    }
+    let v = m.syn_backlog?;
+    // With syncookies (the default) an overflowing SYN queue is
+    // answered with a cookie instead of dropped: no retry, no stall.
+    let cookies = m.syncookies.is_some_and(|c| c > 0);
+    let low = v < MIN_BACKLOG && !cookies;
+    Some(Finding {
+        check: "net.ipv4.tcp_max_syn_backlog".into(),
+        status: if low { Status::Warn } else { Status::Ok },
+        message: match (v < MIN_BACKLOG, cookies) {
+            (false, _) => format!("{v}: SYN queue deep enough for bursts of new connections"),
+            (true, true) => {
+                format!("{v}: bursts past it are answered with syncookies (tcp_syncookies is on)")
+            }
+            (true, false) => format!(
+                "{v}, and tcp_syncookies is off: bursts of new connections are dropped and retry after 1 s, 3 s, ..."
+            ),
+        },
+        fixes: if low {
+            vec![
+                Fix::sysctl("net.ipv4.tcp_max_syn_backlog", GOOD_BACKLOG),
+                Fix::sysctl("net.ipv4.tcp_syncookies", 1),
+            ]
+        } else {
+            Vec::new()
+        },
+        notes: Vec::new(),
+    })
+}
+
+/// `net.ipv4.tcp_mem`: the kernel's memory for TCP buffers.
+fn tcp_mem(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    let sockets = plan.sockets();
+    let (min, pressure, max) = m.tcp_mem?;
+    // A push to every connection at once queues at least one buffer
+    // (about a page) on each socket until it is read.
+    let need = sockets;
+    let page = m.page_size;
+    let (status, message) = if need > max {
+        (
+            Status::Stop,
+            format!(
+                "max {max} pages ({}): one push to all {sockets} sockets queues ~{need} pages; past max the kernel refuses it ('TCP: out of memory' in dmesg)",
+                human(max * page)
+            ),
+        )
+    } else if need > pressure {
+        (
+            Status::Warn,
+            format!(
+                "pressure at {pressure} pages ({}): one push to all {sockets} sockets queues ~{need} pages, so the kernel will shrink buffers",
+                human(pressure * page)
+            ),
+        )
+    } else {
+        (
+            Status::Ok,
+            format!(
+                "pressure at {pressure} pages, max {max} ({}): room for a push to all {sockets} sockets",
+                human(max * page)
+            ),
+        )
+    };
+    let fixes = if status == Status::Ok {
+        Vec::new()
+    } else {
+        let new_max = round_up(need.saturating_mul(2)).max(max);
+        let new_pressure = round_up(need.saturating_mul(5) / 4).max(pressure);
+        vec![Fix::sysctl(
+            "net.ipv4.tcp_mem",
+            format!("{} {new_pressure} {new_max}", min.max(new_pressure / 2)),
+        )]
+    };
+    Some(Finding {
+        check: "net.ipv4.tcp_mem".into(),
+        status,
+        message,
+        fixes,
+        notes: Vec::new(),
+    })
+}
+
+/// The TCP connection table, when its size is known.
+fn tcp_table_of(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    let sockets = plan.sockets();
+    let buckets = m.tcp_buckets.filter(|b| *b > 0)?;
+    Some(tcp_table(sockets, buckets, m.child_tables))
+}
+
+/// Conntrack's table, when the module is loaded.
+fn conntrack(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    let n = plan.connections;
+    let max = m.conntrack_max?;
+    // Loopback: both sides of a connection share one entry.
+    let count = m.conntrack_count.unwrap_or(0);
+    // Loaded but tracking nothing while connections are open: no rule
+    // asks for tracking (newer kernels then skip it), so the table is not
+    // a limit until a firewall rule that uses it appears.
+    let idle = m.conntrack_active == Some(false)
+        || (m.conntrack_count == Some(0) && m.tcp_established.is_some_and(|e| e > 0));
+    let need = n.saturating_add(count);
+    let full = need > max;
+    let status = match (full, idle) {
+        (false, _) => Status::Ok,
+        (true, true) => Status::Warn,
+        (true, false) => Status::Stop,
+    };
+    Some(Finding {
+        check: "conntrack".into(),
+        status,
+        message: match status {
+            Status::Ok => {
+                format!("nf_conntrack is loaded with room for {max} entries ({count} used): enough")
+            }
+            Status::Warn => format!(
+                "nf_conntrack is loaded with room for {max} entries but tracks nothing now (no firewall rule uses it); \
+                 if one appears, connections past {max} are dropped"
+            ),
+            Status::Stop => format!(
+                "nf_conntrack is loaded with room for {max} entries ({count} used): past that new connections are dropped \
+                 ('nf_conntrack: table full, dropping packet' in dmesg)"
+            ),
+        },
+        fixes: if full {
+            let v = round_up(need.saturating_mul(5) / 4);
+            vec![
+                Fix::sysctl("net.netfilter.nf_conntrack_max", v),
+                Fix::shell(
+                    format!(
+                        "echo {} > /sys/module/nf_conntrack/parameters/hashsize",
+                        v / 4
+                    ),
+                    "and its hash table, a quarter of the entries",
+                ),
+            ]
+        } else {
+            Vec::new()
+        },
+        notes: if full {
+            vec![
+                "or leave the run's ports untracked: a NOTRACK rule for them in the raw table (iptables or nft)"
+                    .to_owned(),
+            ]
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+/// Memory: the sockets' kernel and user-space memory against what is available.
+fn memory(plan: &Plan, m: &HostLimits) -> Option<Finding> {
+    let n = plan.connections;
+    let sockets = plan.sockets();
+    let avail = m.mem_available?;
+    let per_socket = plan.kernel_bytes_per_socket + plan.user_bytes_per_socket;
+    let conntrack = if m.conntrack_max.is_some() {
+        n * CONNTRACK_ENTRY_BYTES
+    } else {
+        0
+    };
+    let need = sockets.saturating_mul(per_socket).saturating_add(conntrack);
+    let fits = (avail as f64 * 0.8 / per_socket as f64 / plan.role.sides() as f64) as u64;
+    let (status, message) = if need > avail {
+        (
+            Status::Stop,
+            format!(
+                "{} available, {sockets} sockets need ~{}: the OOM killer will end the run (seen only in dmesg)",
+                human(avail),
+                human(need)
+            ),
+        )
+    } else if need as f64 > avail as f64 * 0.8 {
+        (
+            Status::Warn,
+            format!(
+                "{} available, {sockets} sockets need ~{}: close to where the OOM killer acts",
+                human(avail),
+                human(need)
+            ),
+        )
+    } else {
+        (
+            Status::Ok,
+            format!(
+                "{} available, {sockets} sockets need ~{}",
+                human(avail),
+                human(need)
+            ),
+        )
+    };
+    Some(Finding {
+        check: "memory".into(),
+        status,
+        message,
+        fixes: if status == Status::Ok || plan.role == Role::Server {
+            Vec::new()
+        } else {
+            // As many source addresses as the smaller run needs too.
+            let per_source = m.port_range.map_or(u64::MAX, |(lo, hi)| {
+                ((hi - lo + 1) as f64 * PORT_FAST) as u64 * plan.target_ports.max(1)
+            });
+            vec![Fix::throng(
+                run_command(
+                    plan,
+                    fits,
+                    fits.div_ceil(per_source.max(1)),
+                    plan.port_list.as_deref(),
+                ),
+                "the most that fits in 80% of the memory available",
+            )]
+        },
+        notes: match status {
+            Status::Ok => Vec::new(),
+            _ if plan.role == Role::Server => vec![
+                format!("this machine serves ~{fits} connections in 80% of the memory available: spread the rest over more servers (docs/deploy.md)"),
+            ],
+            _ => vec![
+                "or spread the run over more machines and merge their result files with throng report".to_owned(),
+            ],
+        },
+    })
+}
+
 /// Chains past this many sockets per bucket of the TCP connection table,
 /// on average, make each segment's socket lookup a walk worth warning
 /// about (at 7.6 the lookup took 21% of the machine's CPU in a fan-out to a
@@ -936,6 +987,11 @@ fn tcp_table(sockets: u64, buckets: u64, child_tables: bool) -> Finding {
     }
 }
 
+/// The `throng` arguments of the run `plan` describes, for `connections`:
+/// `bench --connections N` for bench's plan; otherwise `hold` against a
+/// loopback target on `ports` (default `throng serve`'s 8080), from the
+/// source addresses given, or from enough of 127.0.0.2.. for the local
+/// ports (at least `sources`), so the command fits what it fixes.
 fn run_command(plan: &Plan, connections: u64, sources: u64, ports: Option<&str>) -> Vec<String> {
     if plan.bench {
         return vec![
@@ -1030,7 +1086,7 @@ pub struct Report {
     /// The run checked.
     pub plan: Plan,
     /// The machine, as read last.
-    pub machine: Machine,
+    pub machine: HostLimits,
     /// One finding per limit.
     pub findings: Vec<Finding>,
     /// The sysctl fixes written (with `apply`).
@@ -1049,17 +1105,17 @@ pub struct Report {
 /// Checks `plan` against the machine under `proc_root`; with `apply`,
 /// writes the sysctl fixes first and checks again.
 pub fn examine(plan: Plan, proc_root: &Path, apply: bool) -> Report {
-    let mut findings = check_machine(&plan, &Machine::read(proc_root));
+    let mut findings = check_machine(&plan, &HostLimits::read(proc_root));
     let mut applied = Vec::new();
     if apply {
         applied = self::apply(&findings, proc_root);
-        findings = check_machine(&plan, &Machine::read(proc_root));
+        findings = check_machine(&plan, &HostLimits::read(proc_root));
     }
     Report {
         stops: findings.iter().filter(|f| f.status == Status::Stop).count(),
         warnings: findings.iter().filter(|f| f.status == Status::Warn).count(),
         sysctl_d: sysctl_d(&findings),
-        machine: Machine::read(proc_root),
+        machine: HostLimits::read(proc_root),
         plan,
         findings,
         applied,
@@ -1180,8 +1236,23 @@ impl Report {
     }
 }
 
+/// Why a list of ports (`--ports`) does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum PortsError {
+    /// An item that is not a port number 1-65535.
+    #[error("'{0}' is not a port (1-65535)")]
+    NotAPort(String),
+    /// A range whose first port is above its last.
+    #[error("range '{0}' runs backwards")]
+    Backwards(String),
+    /// The list names no port at all.
+    #[error("no ports")]
+    Empty,
+}
+
 /// How many ports `10000-10015` or `9000,9001,9005-9006` names.
-pub fn count_ports(list: &str) -> Result<u64, String> {
+pub fn count_ports(list: &str) -> Result<u64, PortsError> {
     let mut n = 0u64;
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let port = |s: &str| {
@@ -1189,21 +1260,21 @@ pub fn count_ports(list: &str) -> Result<u64, String> {
                 .parse::<u16>()
                 .ok()
                 .filter(|p| *p > 0)
-                .ok_or_else(|| format!("'{s}' is not a port (1-65535)"))
+                .ok_or_else(|| PortsError::NotAPort(s.to_owned()))
         };
         n += match item.split_once('-') {
             None => port(item).map(|_| 1)?,
             Some((a, b)) => {
                 let (a, b) = (port(a)?, port(b)?);
                 if a > b {
-                    return Err(format!("range '{item}' runs backwards"));
+                    return Err(PortsError::Backwards(item.to_owned()));
                 }
                 u64::from(b - a) + 1
             }
         };
     }
     if n == 0 {
-        return Err("no ports".to_owned());
+        return Err(PortsError::Empty);
     }
     Ok(n)
 }

@@ -2,7 +2,8 @@
 //! operating system: kernel limits and what they allow (`doctor`,
 //! `limits`), `/proc` sampling once a second (`sample`), the per-process
 //! file budget that decides how many worker processes a run needs, the OS
-//! calls both halves make: the epoll set of held connections (`poll`), a
+//! calls both halves make: the epoll set of held connections (`poll`), one owner per
+//! listening port (`portlock`), a
 //! precise timer (`timer`), this process's memory, CPU clocks and signals
 //! and a child that exits with it (`process`), the socket option source
 //! spreading needs (`socket`), a private network namespace sized for a run
@@ -15,6 +16,7 @@ pub mod doctor;
 pub mod limits;
 pub mod netns;
 pub mod poll;
+pub mod portlock;
 pub mod process;
 pub mod sample;
 pub mod shared;

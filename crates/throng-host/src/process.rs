@@ -140,9 +140,75 @@ pub fn exit_with_parent(cmd: &mut Command, signal: Signal) {
     }
 }
 
+/// What `/metrics` shows of one process, in Prometheus's standard
+/// `process_*` terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// User and system CPU time, seconds.
+    pub cpu_seconds: f64,
+    /// Resident set size, bytes.
+    pub rss_bytes: u64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// Its soft open-file limit.
+    pub max_fds: u64,
+    /// When it started, Unix seconds.
+    pub start_time_seconds: f64,
+}
+
+/// [`Stats`] of process `pid` from `/proc`, or `None` when it is gone or
+/// `/proc` is unreadable.
+pub fn stats(pid: u32) -> Option<Stats> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (field 2) is in parentheses and may hold spaces or ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..]
+        .split_ascii_whitespace()
+        .collect();
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    let ticks = clock_ticks_per_sec() as f64;
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse::<u64>().ok())?;
+    let open_fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    let max_fds = std::fs::read_to_string(format!("/proc/{pid}/limits"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_ascii_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Some(Stats {
+        cpu_seconds: (field(14)? + field(15)?) as f64 / ticks,
+        rss_bytes: field(24)? * page_size(),
+        open_fds,
+        max_fds,
+        start_time_seconds: boot as f64 + field(22)? as f64 / ticks,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_of_this_process_are_plausible() {
+        let s = stats(std::process::id()).unwrap();
+        assert!(
+            s.rss_bytes > 0 && s.open_fds >= 3 && s.max_fds >= s.open_fds,
+            "{s:?}"
+        );
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(
+            s.start_time_seconds <= now + 1.0 && s.start_time_seconds > now - 3600.0,
+            "{s:?}"
+        );
+        assert_eq!(stats(u32::MAX), None);
+    }
 
     #[test]
     fn memory_and_clocks_of_this_process() {

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use throng_host::doctor::{
-    Finding, Fix, Machine, Plan, Role, Status, apply, check_machine, sysctl_d, warning_lines,
+    Finding, Fix, HostLimits, Plan, Role, Status, apply, check_machine, sysctl_d, warning_lines,
     warnings,
 };
 use throng_testkit::fake_proc::FakeProc;
@@ -17,7 +17,7 @@ trait Check {
 
 impl Check for FakeProc {
     fn check(&self, plan: &Plan) -> Vec<Finding> {
-        check_machine(plan, &Machine::read(self.root()))
+        check_machine(plan, &HostLimits::read(self.root()))
     }
 }
 
@@ -445,6 +445,6 @@ fn start_up_warnings_are_one_line_each_worst_first() {
     assert!(lines.iter().all(|l| !l.contains('\n')));
     // This machine: the same lines as checking it by hand.
     let plan = Plan::new(10, Role::Server);
-    let by_hand = warning_lines(&check_machine(&plan, &Machine::read(Path::new("/proc"))));
+    let by_hand = warning_lines(&check_machine(&plan, &HostLimits::read(Path::new("/proc"))));
     assert_eq!(warnings(&plan), by_hand);
 }

@@ -1,7 +1,8 @@
 //! Sans-I/O protocol code shared by the throng server and load harness:
 //! WebSocket ([`ws`]), HTTP/1.1 heads and bodies ([`http`]), the Redis
 //! protocol RESP2 ([`resp`]), Server-Sent Events ([`sse`]) and MQTT 3.1.1
-//! and 5.0 ([`mqtt`]), with the topic-filter index ([`mqtt::topic`]).
+//! and 5.0 ([`mqtt`]), with the topic-filter index ([`mqtt::topic`]), and
+//! the PROXY protocol header a load balancer sends first ([`proxy`]).
 //!
 //! Nothing here touches a socket or a clock: callers hand in bytes and get
 //! back parsed heads, frames and the bytes to write. The same WebSocket codec
@@ -21,6 +22,7 @@
 
 pub mod http;
 pub mod mqtt;
+pub mod proxy;
 pub mod resp;
 pub mod sse;
 pub mod ws;

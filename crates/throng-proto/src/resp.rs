@@ -288,7 +288,8 @@ fn build(frame: &Bytes, at: usize) -> (Value, usize) {
 /// A message a subscribed connection pushed to us.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Push {
-    /// `message <channel> <payload>` (from `SUBSCRIBE`), or `pmessage
+    /// `message <channel> <payload>` (from `SUBSCRIBE`; `smessage` from
+    /// `SSUBSCRIBE`), or `pmessage
     /// <pattern> <channel> <payload>` (from `PSUBSCRIBE`).
     Message {
         /// The channel it was published on, as Redis names it.
@@ -297,7 +298,8 @@ pub enum Push {
         payload: Bytes,
     },
     /// A (un)subscription confirmation: `subscribe`, `psubscribe`,
-    /// `unsubscribe`, `punsubscribe`, with the channel or pattern and how many
+    /// `unsubscribe`, `punsubscribe` (and `ssubscribe`, `sunsubscribe` of
+    /// sharded pub/sub, also sent unasked when a slot moves away), with the channel or pattern and how many
     /// subscriptions this connection now has.
     Subscription {
         /// Which confirmation.
@@ -328,7 +330,16 @@ impl Push {
                 channel: items[2].as_bytes()?.clone(),
                 payload: items[3].as_bytes()?.clone(),
             }),
-            (b"subscribe" | b"unsubscribe" | b"psubscribe" | b"punsubscribe", 3) => {
+            // Sharded pub/sub (Redis 7): the same shapes under other names.
+            (b"smessage", 3) => Some(Self::Message {
+                channel: items[1].as_bytes()?.clone(),
+                payload: items[2].as_bytes()?.clone(),
+            }),
+            (
+                b"subscribe" | b"unsubscribe" | b"psubscribe" | b"punsubscribe" | b"ssubscribe"
+                | b"sunsubscribe",
+                3,
+            ) => {
                 let Value::Integer(count) = items[2] else {
                     return None;
                 };

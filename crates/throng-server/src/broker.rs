@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use crate::control::{MAX_RECORD, Message, RETAINED_FRAMING, Record};
 use crate::history::MessageId;
 use crate::metrics::BrokerStats;
+use crate::redis::cluster::ShardState;
 use crate::redis::{self, Command, PublishError, RedisMode, RedisSettings};
 use crate::relay::Publisher;
 use crate::retained::{self, RetainedMessage};
@@ -204,6 +205,8 @@ pub(crate) struct Remote {
     /// Channels mode: per channel, how many workers have subscribers of it.
     nodes: HashMap<String, u32>,
     stats: BrokerStats,
+    /// A cluster's shards as last reported (empty otherwise).
+    shards: Vec<ShardState>,
 }
 
 impl Remote {
@@ -224,6 +227,7 @@ impl Remote {
             interest: vec![HashSet::new(); workers],
             nodes: HashMap::new(),
             stats: BrokerStats::default(),
+            shards: Vec::new(),
         }
     }
 
@@ -235,7 +239,9 @@ impl Remote {
         m: Message,
         retain: Option<u8>,
     ) -> Result<(), Refusal> {
-        if !self.up {
+        // On a cluster each shard answers for its own channels: one down
+        // does not stop the others.
+        if !self.up && (!self.settings.sharded() || self.shards.iter().all(|s| !s.up)) {
             self.stats.publish_failures += 1;
             return Err(self.unavailable());
         }
@@ -327,9 +333,13 @@ impl Remote {
     /// The state record every worker gets (for `/healthz`).
     fn state_record(&self) -> Bytes {
         let text = if self.up {
-            format!("up ({}, mode {})", self.settings.url, self.settings.mode)
+            format!(
+                "up ({}, mode {})",
+                self.settings.place(),
+                self.settings.mode
+            )
         } else {
-            format!("{}: {}; reconnecting", self.settings.url, self.reason)
+            format!("{}: {}; reconnecting", self.settings.place(), self.reason)
         };
         Record::Broker {
             up: self.up,
@@ -353,6 +363,11 @@ impl Remote {
         BrokerStats {
             up: self.up,
             outage_seconds: current,
+            shards: self
+                .shards
+                .iter()
+                .map(|s| (s.addr.clone(), s.up, s.since.elapsed().as_secs_f64()))
+                .collect(),
             ..self.stats.clone()
         }
     }
@@ -491,7 +506,61 @@ impl Remote {
                 self.stats.subscriptions = u64::try_from(n).unwrap_or(0);
                 News::Nothing
             }
+            redis::Event::Shards(states) => self.on_shards(states),
+            // The cluster router's own business: they never reach here.
+            redis::Event::Redirected { .. }
+            | redis::Event::Lost(_)
+            | redis::Event::Placed(_)
+            | redis::Event::Stored(_) => News::Nothing,
         }
+    }
+
+    /// A cluster's shards changed: the link is up when every shard is,
+    /// and the reason names the shards that are not.
+    fn on_shards(&mut self, states: Vec<ShardState>) -> News {
+        for s in &states {
+            let before = self.shards.iter().find(|b| b.addr == s.addr);
+            match (before.map(|b| b.up), s.up) {
+                (Some(false) | None, true) => log!("throng: Redis Cluster shard {} is up", s.addr),
+                (Some(true), false) => log!(
+                    "throng: lost Redis Cluster shard {}: {}; its channels answer 503, the other shards publish",
+                    s.addr,
+                    s.reason
+                ),
+                _ => {}
+            }
+        }
+        let down: Vec<String> = states
+            .iter()
+            .filter(|s| !s.up)
+            .map(|s| {
+                format!(
+                    "shard {} unreachable for {:.1}s ({})",
+                    s.addr,
+                    s.since.elapsed().as_secs_f64(),
+                    s.reason
+                )
+            })
+            .collect();
+        let ups = states.iter().filter(|s| s.up).count();
+        self.shards = states;
+        if down.is_empty() && ups > 0 {
+            if !self.up {
+                let _ = self.on_up();
+            }
+        } else {
+            let reason = format!(
+                "{}; {ups} of {} shards up",
+                down.join(", "),
+                self.shards.len()
+            );
+            if self.up {
+                self.on_down(reason);
+            } else {
+                self.reason = reason;
+            }
+        }
+        News::State(self.state_record())
     }
 
     fn drop_interest(&mut self, channel: String) {
@@ -521,6 +590,7 @@ mod tests {
             tls: None,
             history: None,
             max_retained: 10,
+            topology: redis::Topology::Single,
         };
         (Remote::new(settings, tx, 3), rx)
     }
@@ -534,6 +604,8 @@ mod tests {
                 Command::Publish { channel, .. } => format!("publish {channel}"),
                 Command::Retained { filters, .. } => format!("retained {filters:?}"),
                 Command::Recover { channel, since, .. } => format!("recover {channel} {since}"),
+                Command::Resend { channel, .. } => format!("resend {channel}"),
+                Command::Store { channel, .. } => format!("store {channel}"),
             });
         }
         out

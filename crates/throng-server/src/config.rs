@@ -108,6 +108,22 @@ pub struct Config {
     /// Bytes the retained messages may take (`--max-retained-memory`).
     #[serde(default = "default_retained_memory")]
     pub max_retained_memory: usize,
+    /// Connections to the public listeners start with a PROXY protocol
+    /// header (v1 or v2) from a trusted proxy (`--proxy-protocol`).
+    #[serde(default)]
+    pub proxy_protocol: bool,
+    /// Whose PROXY headers and `X-Forwarded-For` are believed (`--trusted-proxies`).
+    #[serde(default)]
+    pub trusted_proxies: Vec<crate::proxied::Cidr>,
+    /// Subscribers one worker may hold: the files its limit leaves after
+    /// its listeners and the reserve (set by the supervisor's plan). Past
+    /// it an upgrade gets 503, before an accept could fail with `EMFILE`.
+    #[serde(default)]
+    pub worker_files: Option<u64>,
+    /// Serve `/ping`, the test back end, on addresses that are not
+    /// loopback too (`--test-backend`); without it only loopback ones do.
+    #[serde(default)]
+    pub test_backend: bool,
     /// Subscriptions one MQTT connection may hold (`--max-subscriptions`).
     #[serde(default = "default_max_subscriptions")]
     pub max_subscriptions: usize,
@@ -198,6 +214,10 @@ impl Default for Config {
             history_max_memory: DEFAULT_HISTORY_MEMORY,
             max_retained: crate::retained::DEFAULT_MAX_TOPICS,
             max_retained_memory: crate::retained::DEFAULT_MAX_BYTES,
+            proxy_protocol: false,
+            trusted_proxies: Vec::new(),
+            worker_files: None,
+            test_backend: false,
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
             max_filter_bytes: DEFAULT_MAX_FILTER_BYTES,
         }
@@ -440,40 +460,92 @@ impl Config {
         } else {
             writeln!(f, "  per-address      (none)")?;
         }
+        if !self.trusted_proxies.is_empty() {
+            let blocks: Vec<String> = self
+                .trusted_proxies
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            let how = if self.proxy_protocol {
+                "PROXY protocol v1/v2 required on the public addresses"
+            } else {
+                "X-Forwarded-For believed for subscriptions"
+            };
+            writeln!(f, "  trusted-proxies  {} ({how})", blocks.join(" "))?;
+        }
         Ok(())
     }
 
-    /// The warning to print when a public address is not loopback and
-    /// nothing guards it: what anyone who reaches it can do, and how to
-    /// stop it. `None` when every public address is loopback, or when a
-    /// token key or the publish key is set.
+    /// The warning to print when a listener is not loopback and nothing
+    /// guards it: what anyone who reaches it can do, and how to stop it.
+    /// Every listener counts (`--listen`, `--tls-listen`, `--mqtt-listen`,
+    /// `--mqtts-listen`, `--publish-listen`, `--metrics-listen`). `None`
+    /// when every listener is loopback, or when a token key or the publish
+    /// key is set.
     pub fn exposure_warning(&self) -> Option<String> {
-        let exposed: Vec<String> = self
+        if self.auth.tokens() || self.auth.publish_key.is_some() {
+            return None;
+        }
+        let outside = |addrs: &[&SocketAddr]| -> Vec<String> {
+            addrs
+                .iter()
+                .filter(|a| !a.ip().is_loopback())
+                .map(ToString::to_string)
+                .collect()
+        };
+        let subscribers: Vec<&SocketAddr> = self
             .listen
             .iter()
             .chain(&self.tls_listen)
-            .filter(|a| !a.ip().is_loopback())
-            .map(ToString::to_string)
+            .chain(&self.mqtt_listen)
+            .chain(&self.mqtts_listen)
             .collect();
-        if exposed.is_empty() || self.auth.tokens() || self.auth.publish_key.is_some() {
-            return None;
-        }
-        let mut open = vec![
-            "anyone who reaches it can subscribe to any channel \
-             (--auth-hs256-secret-file or --auth-public-key require a token)"
-                .to_owned(),
-        ];
-        if self.publish_listen.is_empty() {
+        let publishers: Vec<&SocketAddr> = if self.publish_listen.is_empty() {
+            subscribers.clone()
+        } else {
+            self.publish_listen.iter().collect()
+        };
+        let metrics: Vec<&SocketAddr> = if self.metrics_listen.is_empty() {
+            self.listen.iter().chain(&self.tls_listen).collect()
+        } else {
+            self.metrics_listen.iter().collect()
+        };
+        let (sub, publish, met) = (
+            outside(&subscribers),
+            outside(&publishers),
+            outside(&metrics),
+        );
+        let mut open = Vec::new();
+        if !sub.is_empty() {
             open.push(
-                "anyone can publish to every subscriber (--publish-key-file requires a key; \
-                 --publish-listen 127.0.0.1:PORT moves publishing off the public address)"
+                "anyone who reaches it can subscribe to any channel \
+                 (--auth-hs256-secret-file or --auth-public-key require a token)"
                     .to_owned(),
             );
         }
-        if self.metrics_listen.is_empty() {
+        if !publish.is_empty() {
+            let moved = if self.publish_listen.is_empty() {
+                "; --publish-listen 127.0.0.1:PORT moves publishing off the public address"
+            } else {
+                ""
+            };
+            open.push(format!(
+                "anyone can publish to every subscriber (--publish-key-file requires a key{moved})"
+            ));
+        }
+        if !met.is_empty() && !open.is_empty() {
             open.push(
                 "/metrics is open to all (--metrics-listen 127.0.0.1:PORT moves it)".to_owned(),
             );
+        }
+        if open.is_empty() {
+            return None;
+        }
+        let mut exposed = sub;
+        for a in publish.into_iter().chain(met) {
+            if !exposed.contains(&a) {
+                exposed.push(a);
+            }
         }
         let mut text = format!(
             "throng: WARNING: {} is not loopback and no authentication is configured:",
@@ -518,6 +590,26 @@ mod tests {
         c.metrics_listen = vec!["127.0.0.1:9090".parse().unwrap()];
         let w = c.exposure_warning().unwrap();
         assert!(!w.contains("publish to") && !w.contains("/metrics"), "{w}");
+        // An MQTT or an internal publishing listener outside is no safer.
+        let m = Config {
+            mqtt_listen: vec!["0.0.0.0:1883".parse().unwrap()],
+            ..Config::default()
+        };
+        let w = m.exposure_warning().unwrap();
+        assert!(
+            w.contains("0.0.0.0:1883") && w.contains("subscribe to any channel"),
+            "{w}"
+        );
+        let p = Config {
+            publish_listen: vec!["10.0.0.5:8081".parse().unwrap()],
+            ..Config::default()
+        };
+        let w = p.exposure_warning().unwrap();
+        assert!(
+            w.contains("10.0.0.5:8081") && w.contains("publish to every subscriber"),
+            "{w}"
+        );
+        assert!(!w.contains("subscribe to any channel"), "{w}");
         c.allowed_origins = Some(vec!["https://a.example".into()]);
         let shown = c.to_string();
         assert!(

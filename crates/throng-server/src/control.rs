@@ -144,6 +144,10 @@ pub enum Record {
         /// One per matching channel.
         messages: Vec<RetainedMessage>,
     },
+    /// Supervisor → worker: the settings again after SIGHUP re-read the
+    /// certificate and keys ([`crate::reload`]), as JSON like
+    /// [`Record::Config`]; the worker takes their TLS and auth material.
+    Reload(Bytes),
     /// Worker → supervisor: an MQTT client connected with a client id
     /// (its hash); supervisor → every other worker: close your connection
     /// with that client id, it was taken over (MQTT-3.1.4-2).
@@ -221,7 +225,9 @@ const RECOVERED: u8 = 16;
 const PUBLISH_RETAINED: u8 = 17;
 const RETAINED_ASK: u8 = 18;
 const RETAINED: u8 = 19;
-const CLIENT_ID: u8 = 40;
+// Far from the others: kinds added beside it by other work stay apart.
+const RELOAD: u8 = 40;
+const CLIENT_ID: u8 = 41;
 
 /// Bytes a retained message takes in a [`Record::Retained`] besides its
 /// channel and payload.
@@ -235,6 +241,10 @@ impl Record {
         match self {
             Self::Config(json) => {
                 out.put_u8(CONFIG);
+                out.put_slice(json);
+            }
+            Self::Reload(json) => {
+                out.put_u8(RELOAD);
                 out.put_slice(json);
             }
             Self::Publish(m) | Self::Deliver(m) => {
@@ -343,6 +353,7 @@ impl Record {
     fn payload_len(&self) -> usize {
         match self {
             Self::Config(b)
+            | Self::Reload(b)
             | Self::Snapshot(b)
             | Self::Metrics { text: b, .. }
             | Self::PublishFailed { reason: b, .. }
@@ -389,6 +400,7 @@ impl Record {
     fn decode_body(tag: u8, mut rec: Bytes) -> Result<Self, ControlError> {
         Ok(match tag {
             CONFIG => Self::Config(rec),
+            RELOAD => Self::Reload(rec),
             SNAPSHOT => Self::Snapshot(rec),
             PUBLISH | DELIVER => {
                 let m = get_message(rec)?;
@@ -789,6 +801,7 @@ mod tests {
         };
         vec![
             Record::Config(Bytes::from_static(b"{}")),
+            Record::Reload(Bytes::from_static(b"{\"tls\":null}")),
             Record::Publish(m.clone()),
             Record::Deliver(Message {
                 text: false,

@@ -370,6 +370,8 @@ pub struct BrokerStats {
     pub publish_failures: u64,
     /// Gauge: channels (or patterns) the subscriber connection holds.
     pub subscriptions: u64,
+    /// A Redis Cluster's shards: master address, up, seconds in that state.
+    pub shards: Vec<(String, bool, f64)>,
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -747,6 +749,87 @@ fn render_workers(out: &mut String, live: &[&Snapshot], sup: &SupervisorStats) {
     }
 }
 
+/// One process of the node: `worker` is `None` for the supervisor.
+#[derive(Debug, Clone, Copy)]
+pub struct Process {
+    /// Which worker, if not the supervisor.
+    pub worker: Option<usize>,
+    /// Its pid.
+    pub pid: u32,
+}
+
+/// One `process_*` family: name, type, help, and its value of a process.
+type ProcessRow = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&throng_host::process::Stats) -> String,
+);
+
+/// Prometheus's standard `process_*` families for every process of the
+/// node, with a `role` label (`supervisor`, `worker`), and the kernel's
+/// TCP socket count and memory (machine-wide: what the node's sockets
+/// cost beyond its processes' RSS). Read from `/proc` when asked.
+pub fn render_processes(out: &mut String, procs: &[Process]) {
+    let read: Vec<(Process, throng_host::process::Stats)> = procs
+        .iter()
+        .filter_map(|p| throng_host::process::stats(p.pid).map(|s| (*p, s)))
+        .collect();
+    let rows: [ProcessRow; 5] = [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time, seconds.",
+            |s| s.cpu_seconds.to_string(),
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory, bytes.",
+            |s| s.rss_bytes.to_string(),
+        ),
+        ("process_open_fds", "gauge", "Open file descriptors.", |s| {
+            s.open_fds.to_string()
+        }),
+        ("process_max_fds", "gauge", "The open-file limit.", |s| {
+            s.max_fds.to_string()
+        }),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time, Unix seconds.",
+            |s| s.start_time_seconds.to_string(),
+        ),
+    ];
+    for (name, kind, help, value) in rows {
+        family(out, name, kind, help);
+        for (p, s) in &read {
+            // No pid label: a restarted worker stays one series.
+            let labels = match p.worker {
+                None => "role=\"supervisor\"".to_owned(),
+                Some(i) => format!("role=\"worker\",worker=\"{i}\""),
+            };
+            let _ = writeln!(out, "{name}{{{labels}}} {}", value(s));
+        }
+    }
+    if let Ok(host) = throng_host::sample::Sampler::new().sample::<&str>(&[]) {
+        one(
+            out,
+            "throng_kernel_tcp_sockets",
+            "gauge",
+            "TCP sockets in use on the machine (/proc/net/sockstat{,6}).",
+            host.tcp_inuse.to_string(),
+        );
+        one(
+            out,
+            "throng_kernel_tcp_memory_bytes",
+            "gauge",
+            "Kernel memory held by TCP socket buffers on the machine (/proc/net/sockstat mem).",
+            host.tcp_mem_bytes.to_string(),
+        );
+    }
+}
+
 /// Retained messages: how many channels hold one, what the caps dropped,
 /// and how many went to new subscriptions.
 fn render_retained(out: &mut String, r: crate::retained::Stats, sent: u64) {
@@ -903,6 +986,35 @@ fn render_broker(out: &mut String, b: &BrokerStats) {
     for (name, kind, help, v) in rows {
         family(out, name, kind, help);
         let _ = writeln!(out, "{name} {v}");
+    }
+    render_shards(out, &b.shards);
+}
+
+/// One per-shard family: its name, its help, its value from (up, seconds).
+type ShardFamily = (&'static str, &'static str, fn(bool, f64) -> String);
+
+/// A Redis Cluster's shards, one line each (nothing without a cluster).
+fn render_shards(out: &mut String, shards: &[(String, bool, f64)]) {
+    if shards.is_empty() {
+        return;
+    }
+    let families: [ShardFamily; 2] = [
+        (
+            "throng_broker_shard_up",
+            "1 when the link to this Redis Cluster master works and its subscriptions are confirmed.",
+            |up, _| u8::from(up).to_string(),
+        ),
+        (
+            "throng_broker_shard_state_seconds",
+            "How long this Redis Cluster master has been up, or down.",
+            |_, secs| format!("{secs:.3}"),
+        ),
+    ];
+    for (name, help, value) in families {
+        family(out, name, "gauge", help);
+        for (addr, up, secs) in shards {
+            let _ = writeln!(out, "{name}{{shard=\"{addr}\"}} {}", value(*up, *secs));
+        }
     }
 }
 

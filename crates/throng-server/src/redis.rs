@@ -14,6 +14,10 @@
 //!   publishing is refused with the reason, and the subscriptions (one
 //!   pattern, or the set of channels with local subscribers) are made again
 //!   before the broker says it is up.
+//! - [`cluster`]: Redis Cluster's slots, slot map and redirects (sans-I/O);
+//!   [`router`]: one link per master behind one router (`--redis-cluster`).
+//! - [`sentinel`]: the master found through Sentinel and followed on
+//!   failover (`--redis-sentinel`).
 //! - [`error`]: what goes wrong, as types.
 //!
 //! Connections are made by [`throng_client::redis::open`]: plain TCP for
@@ -21,15 +25,19 @@
 //! [`RedisSettings::tls`]), then `AUTH`/`SELECT`/`PING`. Everything after that
 //! is the same code over either kind of stream.
 
+pub mod cluster;
 pub(crate) mod driver;
 pub mod error;
+pub(crate) mod oneshot;
+pub(crate) mod router;
+pub(crate) mod sentinel;
 pub(crate) mod session;
 pub mod settings;
 
 pub(crate) use driver::run;
 pub use error::{Conn, PublishError, ReplyError, SessionError};
 pub(crate) use session::{Command, Event};
-pub use settings::{RedisMode, RedisSettings, RedisUrl, Trust};
+pub use settings::{Addr, RedisMode, RedisSettings, RedisUrl, Topology, Trust};
 
 #[cfg(test)]
 pub(crate) mod fake;

@@ -248,8 +248,25 @@ end
 return {redis.call('HLEN', KEYS[1]), dropped}
 ";
 
-    fn hash(prefix: &str) -> String {
-        format!("{prefix}#retained")
+    /// The store's hash and sorted set. On a Redis Cluster (`sharded`)
+    /// both carry the hash tag `{<prefix>#retained}`, so they share one
+    /// slot and the store script runs on one master.
+    fn keys(prefix: &str, sharded: bool) -> (String, String) {
+        if sharded {
+            let tag = slot_key(prefix);
+            (tag.clone(), format!("{tag}-order"))
+        } else {
+            (
+                format!("{prefix}#retained"),
+                format!("{prefix}#retained-order"),
+            )
+        }
+    }
+
+    /// On a Redis Cluster: a key in the store's slot, whose master the
+    /// store's commands go to.
+    pub fn slot_key(prefix: &str) -> String {
+        format!("{{{prefix}#retained}}")
     }
 
     /// Appends a retained publish: `MULTI`, the store script, `publish`
@@ -266,17 +283,31 @@ return {redis.call('HLEN', KEYS[1]), dropped}
         max: usize,
         publish: &[u8],
     ) {
+        resp::encode_command(out, &[b"MULTI"]);
+        store(out, prefix, channel, qos, payload, max, false);
+        out.put_slice(publish);
+        resp::encode_command(out, &[b"EXEC"]);
+    }
+
+    /// Appends the store script alone: sets (or, with an empty payload,
+    /// clears) `channel`'s retained message; answered `[channels now,
+    /// dropped]` ([`figures`]). On a cluster the publish goes separately,
+    /// to its channel's master, after this answer.
+    pub fn store(
+        out: &mut BytesMut,
+        prefix: &str,
+        channel: &str,
+        qos: u8,
+        payload: &[u8],
+        max: usize,
+        sharded: bool,
+    ) {
         let mut value = Vec::with_capacity(payload.len() + 1);
         if !payload.is_empty() {
             value.push(qos.min(2));
             value.extend_from_slice(payload);
         }
-        let (hash, order, max) = (
-            hash(prefix),
-            format!("{prefix}#retained-order"),
-            max.to_string(),
-        );
-        resp::encode_command(out, &[b"MULTI"]);
+        let ((hash, order), max) = (keys(prefix, sharded), max.to_string());
         resp::encode_command(
             out,
             &[
@@ -290,8 +321,6 @@ return {redis.call('HLEN', KEYS[1]), dropped}
                 max.as_bytes(),
             ],
         );
-        out.put_slice(publish);
-        resp::encode_command(out, &[b"EXEC"]);
     }
 
     /// Reads `EXEC`'s answer to [`publish`]: the store's figures (channels
@@ -302,24 +331,29 @@ return {redis.call('HLEN', KEYS[1]), dropped}
             other => return Err(ReplyError::of(other)),
         };
         let publish = items.pop().unwrap_or(Value::Array(None));
-        let figures = match items.pop() {
-            Some(Value::Array(Some(f))) => match f[..] {
-                [Value::Integer(n), Value::Integer(d)] => {
-                    (u64::try_from(n).unwrap_or(0), u64::try_from(d).unwrap_or(0))
-                }
-                _ => return Err(ReplyError::StoreFigures),
-            },
-            Some(other) => return Err(ReplyError::of(other)),
-            None => return Err(ReplyError::of(Value::Array(None))),
-        };
+        let figures = figures(items.pop().unwrap_or(Value::Array(None)))?;
         Ok((figures, publish))
+    }
+
+    /// Reads the store script's answer: channels in the store now, and
+    /// how many this write dropped past the cap.
+    pub fn figures(v: Value) -> Result<(u64, u64), ReplyError> {
+        match v {
+            Value::Array(Some(f)) => match f[..] {
+                [Value::Integer(n), Value::Integer(d)] => {
+                    Ok((u64::try_from(n).unwrap_or(0), u64::try_from(d).unwrap_or(0)))
+                }
+                _ => Err(ReplyError::StoreFigures),
+            },
+            other => Err(ReplyError::of(other)),
+        }
     }
 
     /// Appends the command that reads the retained messages `filters`
     /// match: `HMGET` of the exact ones, or `HGETALL` when one is a
     /// wildcard (the hash holds at most `--max-retained` fields).
-    pub fn ask(out: &mut BytesMut, prefix: &str, filters: &[String]) {
-        let hash = hash(prefix);
+    pub fn ask(out: &mut BytesMut, prefix: &str, filters: &[String], sharded: bool) {
+        let (hash, _) = keys(prefix, sharded);
         if filters.iter().any(|f| topic::is_wildcard(f)) {
             resp::encode_command(out, &[b"HGETALL", hash.as_bytes()]);
         } else {

@@ -51,8 +51,22 @@ end
 return {id, redis.call('PUBLISH', KEYS[2], '\0throng ' .. id .. '\n' .. ARGV[2])}
 ";
 
-/// Appends the command that keeps and publishes `payload` on `channel`.
-pub fn publish(out: &mut BytesMut, prefix: &str, channel: &str, payload: &[u8], l: StreamLimits) {
+/// Appends the command that keeps and publishes `payload` on `channel`;
+/// `sharded`: with `SPUBLISH` (a Redis Cluster, where the stream and the
+/// shard channel share the channel's slot).
+pub fn publish(
+    out: &mut BytesMut,
+    prefix: &str,
+    channel: &str,
+    payload: &[u8],
+    l: StreamLimits,
+    sharded: bool,
+) {
+    let script: std::borrow::Cow<'_, str> = if sharded {
+        PUBLISH_SCRIPT.replace("'PUBLISH'", "'SPUBLISH'").into()
+    } else {
+        PUBLISH_SCRIPT.into()
+    };
     let key = format!("{prefix}{channel}");
     let keep = l.keep.to_string();
     let ttl = l.ttl_ms.to_string();
@@ -60,7 +74,7 @@ pub fn publish(out: &mut BytesMut, prefix: &str, channel: &str, payload: &[u8], 
         out,
         &[
             b"EVAL",
-            PUBLISH_SCRIPT.as_bytes(),
+            script.as_bytes(),
             b"2",
             key.as_bytes(),
             key.as_bytes(),
@@ -331,7 +345,14 @@ mod tests {
                 keep: 10,
                 ttl_ms: 0,
             },
+            false,
         );
         assert!(out.starts_with(b"*8\r\n$4\r\nEVAL\r\n"));
+        // On a cluster the script publishes to the shard channel.
+        let mut sharded = BytesMut::new();
+        let l = StreamLimits { keep: 1, ttl_ms: 0 };
+        publish(&mut sharded, "t:", "news", b"hi", l, true);
+        let has = |b: &[u8], w: &[u8]| b.windows(w.len()).any(|x| x == w);
+        assert!(has(&sharded, b"'SPUBLISH'") && !has(&out, b"'SPUBLISH'"));
     }
 }

@@ -24,9 +24,11 @@ use crate::history::{self, History, Kept};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
 use crate::relay::{Answer, Publisher, Relay, WorkerId};
+use crate::reload;
 use crate::retained::{self, Retained};
 use crate::reuseport;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
+use throng_host::portlock::{ClaimError, PortLocks};
 use throng_host::process::{self, Signal};
 use throng_host::shared::SharedCounters;
 
@@ -47,6 +49,27 @@ pub enum ServeError {
     /// No listen address was given.
     #[error("no listen address (use --listen HOST:PORT)")]
     NoListen,
+    /// A port that a running `throng serve` holds.
+    #[error(
+        "cannot listen on port {port}: a running throng serve (pid {pid}) holds it, and two \
+         servers on one port would split its connections; stop that one first (kill {pid}: it \
+         drains within its --drain-timeout; under systemd: systemctl stop) or pick another port"
+    )]
+    PortHeld {
+        /// The port.
+        port: u16,
+        /// The holder's pid (0: unknown).
+        pid: i32,
+    },
+    /// The same address given to two listeners of one command.
+    #[error(
+        "{0} is given twice (--listen, --tls-listen, --mqtt-listen, --mqtts-listen, \
+         --publish-listen, --metrics-listen); each address serves one purpose"
+    )]
+    Twice(SocketAddr),
+    /// The lock file of the ports could not be used.
+    #[error("{0}")]
+    PortLock(ClaimError),
     /// An internal address (`--publish-listen`, `--metrics-listen`) that is
     /// also a public one.
     #[error(
@@ -62,6 +85,20 @@ pub enum ServeError {
     /// The first worker could not be started.
     #[error("cannot start worker: {0}")]
     Spawn(std::io::Error),
+    /// A `--redis-prefix` with `{` or `}` on a cluster.
+    #[error(
+        "--redis-prefix '{0}' has a brace: on a Redis Cluster a {{hash tag}} in the prefix would \
+         put every channel in one slot (one shard for everything); give a prefix without {{ }}"
+    )]
+    TaggedPrefix(String),
+    /// `--redis-mode pattern` with `--redis-cluster`.
+    #[error(
+        "--redis-mode pattern cannot run on a Redis Cluster: sharded pub/sub (SSUBSCRIBE) has no \
+         patterns, and PSUBSCRIBE would need plain PUBLISH, which the cluster copies to every \
+         shard (every message crosses every shard: no scaling). Use --redis-mode channels (the \
+         default with --redis-cluster): each node subscribes to its channels on their shards"
+    )]
+    PatternOnCluster,
     /// Redis (`--redis`) did not answer or refused us at start.
     #[error(
         "cannot use Redis at {url}: {reason} (start redis-server there or fix --redis; \
@@ -109,8 +146,12 @@ pub struct Plan {
     pub broker: String,
     /// The Redis broker's settings (`None`: the local relay).
     pub redis: Option<RedisSettings>,
+    /// The files SIGHUP reads again (certificate, keys).
+    pub reload: reload::Files,
     /// Bound (not listening) sockets that hold the ports while workers start.
     reserved: Vec<socket2::Socket>,
+    /// The claim on every port, so a second `throng serve` is refused.
+    locks: PortLocks,
     /// The subscriber counts every worker shares, with `--max-connections`.
     shared: Option<SharedCounters>,
 }
@@ -122,18 +163,38 @@ impl Plan {
         if config.listen.is_empty() {
             return Err(ServeError::NoListen);
         }
+        let public: Vec<SocketAddr> = config
+            .listen
+            .iter()
+            .chain(&config.tls_listen)
+            .chain(&config.mqtt_listen)
+            .chain(&config.mqtts_listen)
+            .copied()
+            .collect();
+        if let Some(a) = config
+            .publish_listen
+            .iter()
+            .chain(&config.metrics_listen)
+            // Port 0: each gets a port of its own.
+            .find(|a| a.port() != 0 && public.contains(a))
+        {
+            return Err(ServeError::InternalIsPublic(*a));
+        }
+        if let Some(a) = given_twice(&config) {
+            return Err(ServeError::Twice(a));
+        }
         limits::raise_nofile()?;
         let nofile = limits::nofile()?;
         let tls_wanted = !config.tls_listen.is_empty() || !config.mqtts_listen.is_empty();
         if tls_wanted && config.tls.is_none() {
             return Err(ServeError::NoTlsCert);
         }
-        // Listeners, the control socket and the epoll set are in the reserve.
-        let budget = limits::budget(
-            config.max_connections.unwrap_or(0),
-            nofile.soft,
-            DEFAULT_FD_RESERVE,
-        )?;
+        // Each worker holds one listener per address besides the reserve
+        // (the control socket, the epoll set, stdio): 1,001 ports are
+        // 1,001 files of every worker.
+        let reserve = DEFAULT_FD_RESERVE + listeners_per_worker(&config);
+        let budget = limits::budget(config.max_connections.unwrap_or(0), nofile.soft, reserve)?;
+        config.worker_files = Some(budget.per_worker);
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let (workers, workers_why) =
             worker_count(config.workers, cores, budget, config.max_connections);
@@ -154,23 +215,6 @@ impl Plan {
             }
             Ok(())
         };
-        let public: Vec<SocketAddr> = config
-            .listen
-            .iter()
-            .chain(&config.tls_listen)
-            .chain(&config.mqtt_listen)
-            .chain(&config.mqtts_listen)
-            .copied()
-            .collect();
-        if let Some(a) = config
-            .publish_listen
-            .iter()
-            .chain(&config.metrics_listen)
-            // Port 0: each gets a port of its own.
-            .find(|a| a.port() != 0 && public.contains(a))
-        {
-            return Err(ServeError::InternalIsPublic(*a));
-        }
         bind_all(&mut config.listen)?;
         bind_all(&mut config.tls_listen)?;
         bind_all(&mut config.mqtt_listen)?;
@@ -206,6 +250,7 @@ impl Plan {
             None => None,
         };
         config.shared_counters = shared.as_ref().map(SharedCounters::fd);
+        let locks = claim_ports(&reserved)?;
         Ok(Self {
             config,
             nofile,
@@ -214,7 +259,9 @@ impl Plan {
             workers_why,
             broker: Broker::LOCAL.to_owned(),
             redis: None,
+            reload: reload::Files::default(),
             reserved,
+            locks,
             shared,
         })
     }
@@ -222,6 +269,12 @@ impl Plan {
     /// Routes through Redis: checks now that Redis answers and takes our
     /// credentials (unless `settings.wait`), so a wrong URL fails at start.
     pub fn with_redis(mut self, settings: RedisSettings) -> Result<Self, ServeError> {
+        if settings.sharded() && settings.mode == redis::RedisMode::Pattern {
+            return Err(ServeError::PatternOnCluster);
+        }
+        if settings.sharded() && settings.prefix.contains(['{', '}']) {
+            return Err(ServeError::TaggedPrefix(settings.prefix));
+        }
         if !settings.wait {
             settings.probe().map_err(|e| ServeError::Redis {
                 url: settings.url.to_string(),
@@ -278,6 +331,77 @@ impl Plan {
 /// The config as the start line shows it: durations in the grammar every
 /// flag takes (`30s`, `1m30s`) rather than serde's `{"secs":..,"nanos":..}`
 /// (the workers get the latter), and the benchmark-only switch only when on.
+/// The listening sockets every worker opens: one per address (an address
+/// in both `--publish-listen` and `--metrics-listen` is one).
+fn listeners_per_worker(config: &Config) -> u64 {
+    let metrics_alone = config
+        .metrics_listen
+        .iter()
+        .filter(|a| a.port() == 0 || !config.publish_listen.contains(a))
+        .count();
+    let n = config.listen.len()
+        + config.tls_listen.len()
+        + config.mqtt_listen.len()
+        + config.mqtts_listen.len()
+        + config.publish_listen.len()
+        + metrics_alone;
+    n as u64
+}
+
+/// An address two listener options of one command name (or a wildcard
+/// and an address on the same port): the kernel would split its
+/// connections between them. `--publish-listen` and `--metrics-listen` may
+/// share one address (one listener serves both); port 0 is a new port each time.
+fn given_twice(config: &Config) -> Option<SocketAddr> {
+    let overlaps = |a: &SocketAddr, b: &SocketAddr| {
+        a.port() == b.port()
+            && a.is_ipv4() == b.is_ipv4()
+            && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    };
+    let mut seen: Vec<SocketAddr> = Vec::new();
+    let metrics_alone = config
+        .metrics_listen
+        .iter()
+        .filter(|a| !config.publish_listen.contains(a));
+    let all = config
+        .listen
+        .iter()
+        .chain(&config.tls_listen)
+        .chain(&config.mqtt_listen)
+        .chain(&config.mqtts_listen)
+        .chain(&config.publish_listen)
+        .chain(metrics_alone)
+        .filter(|a| a.port() != 0);
+    for a in all {
+        if seen.iter().any(|b| overlaps(a, b)) {
+            return Some(*a);
+        }
+        seen.push(*a);
+    }
+    None
+}
+
+/// Claims every reserved port (after port 0 became a real one), so that a
+/// second `throng serve` on any of them is refused, naming this one.
+fn claim_ports(reserved: &[socket2::Socket]) -> Result<PortLocks, ServeError> {
+    let mut locks = PortLocks::open().map_err(ServeError::PortLock)?;
+    for s in reserved {
+        let Some(port) = s
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.port())
+        else {
+            continue;
+        };
+        locks.claim(port).map_err(|e| match e {
+            ClaimError::Held { port, pid } => ServeError::PortHeld { port, pid },
+            e @ ClaimError::File { .. } => ServeError::PortLock(e),
+        })?;
+    }
+    Ok(locks)
+}
+
 fn public_config(config: &Config) -> serde_json::Value {
     let mut v = serde_json::json!(config);
     if let Some(map) = v.as_object_mut() {
@@ -467,7 +591,12 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
         let emit = move |ev| {
             let _ = events.send(Event::Broker(ev));
         };
-        tokio::task::spawn_local(redis::run(settings, plan.config.max_message, cmds, emit));
+        let max = plan.config.max_message;
+        if settings.sharded() {
+            tokio::task::spawn_local(redis::router::run(settings, max, cmds, emit));
+        } else {
+            tokio::task::spawn_local(redis::run(settings, max, cmds, emit));
+        }
     }
     let workers = plan.config.workers;
     for i in 0..workers {
@@ -475,6 +604,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut deadline = None;
     let mut prune = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -492,6 +622,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             biased;
             _ = term.recv(), if !sup.draining => deadline = Some(sup.drain("SIGTERM")),
             _ = int.recv(), if !sup.draining => deadline = Some(sup.drain("SIGINT")),
+            _ = hup.recv() => sup.reload(&plan.reload),
             ev = rx.recv() => match ev {
                 Some(ev) => {
                     if let Some(d) = sup.on_event(ev) {
@@ -524,6 +655,7 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
     }
     // Hold the reserved ports until the workers are gone.
     drop(plan.reserved);
+    drop(plan.locks);
     log!(
         "throng: stopped ({} messages published, {} worker restarts)",
         sup.stats.published,
@@ -797,26 +929,7 @@ impl Supervisor {
                 self.send(i, rec.encode());
             }
             Record::MetricsRequest { id } => {
-                let now = self.now_ms();
-                self.history.expire(now);
-                let mut history = self.history.stats();
-                let (complete, incomplete) = self.broker.recoveries();
-                history.complete += complete;
-                history.incomplete += incomplete;
-                self.stats.history = Some(history);
-                self.stats.retained = Some(match self.broker.retained_stats() {
-                    Some(r) => r,
-                    None => self.retained.stats(),
-                });
-                self.stats.broker = self.broker.stats();
-                self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
-                let live: Vec<&Snapshot> = self
-                    .slots
-                    .iter()
-                    .filter(|s| s.alive)
-                    .filter_map(|s| s.snapshot.as_ref())
-                    .collect();
-                let text = metrics::render(&live, &self.retired, &self.stats);
+                let text = self.metrics_text();
                 self.send(
                     i,
                     Record::Metrics {
@@ -966,6 +1079,79 @@ impl Supervisor {
 
     /// Stops restarting, tells every worker to drain; returns the deadline
     /// after which stragglers are killed.
+    /// `/metrics`: the workers' counters summed, the supervisor's own, and
+    /// every process's `process_*` figures.
+    fn metrics_text(&mut self) -> String {
+        let now = self.now_ms();
+        self.history.expire(now);
+        let mut history = self.history.stats();
+        let (complete, incomplete) = self.broker.recoveries();
+        history.complete += complete;
+        history.incomplete += incomplete;
+        self.stats.history = Some(history);
+        self.stats.retained = Some(match self.broker.retained_stats() {
+            Some(r) => r,
+            None => self.retained.stats(),
+        });
+        self.stats.broker = self.broker.stats();
+        self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
+        let live: Vec<&Snapshot> = self
+            .slots
+            .iter()
+            .filter(|s| s.alive)
+            .filter_map(|s| s.snapshot.as_ref())
+            .collect();
+        let mut text = metrics::render(&live, &self.retired, &self.stats);
+        let procs: Vec<metrics::Process> = std::iter::once(metrics::Process {
+            worker: None,
+            pid: std::process::id(),
+        })
+        .chain(
+            self.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.alive)
+                .map(|(i, s)| metrics::Process {
+                    worker: Some(i),
+                    pid: s.pid,
+                }),
+        )
+        .collect();
+        metrics::render_processes(&mut text, &procs);
+        text
+    }
+
+    /// SIGHUP: reads the certificate and keys again, logs what it took and
+    /// what it kept, and hands the new settings to every worker (and to
+    /// those started later).
+    fn reload(&mut self, files: &reload::Files) {
+        if files.is_empty() {
+            log!("throng: SIGHUP: nothing to reload (no certificate or key files were given)");
+            return;
+        }
+        let out = files.reload(&mut self.config);
+        for line in &out.reloaded {
+            log!("throng: SIGHUP: reloaded {line}");
+        }
+        for line in &out.kept {
+            log!("throng: SIGHUP: ERROR: {line}");
+        }
+        if !out.changed() {
+            return;
+        }
+        match serde_json::to_vec(&self.config) {
+            Ok(json) => self.config_json = Bytes::from(json),
+            Err(e) => {
+                log!("throng: SIGHUP: cannot encode the settings: {e}");
+                return;
+            }
+        }
+        let rec = Record::Reload(self.config_json.clone()).encode();
+        for i in 0..self.slots.len() {
+            self.send(i, rec.clone());
+        }
+    }
+
     fn drain(&mut self, signal: &str) -> tokio::time::Instant {
         log!(
             "throng: {signal}: draining (closing every subscriber with 1001, up to {:?})",

@@ -30,7 +30,7 @@ impl FakeProc {
         p
     }
 
-    /// The tree's root, for `--proc-root` or `Machine::read`.
+    /// The tree's root, for `--proc-root` or `HostLimits::read`.
     pub fn root(&self) -> &Path {
         self.0.path()
     }

@@ -40,6 +40,36 @@ impl Haproxy {
         })
     }
 
+    /// TCP mode in front of one `backend`, telling it each client's address
+    /// in a PROXY protocol header: `send` is the server option,
+    /// `send-proxy` (v1) or `send-proxy-v2`.
+    pub fn proxy_protocol(backend: SocketAddr, send: &str) -> Self {
+        Self::launch(|port| {
+            format!(
+                "global\n  maxconn 2000\n\
+                 defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  \
+                 timeout server 1h\n  timeout tunnel 1h\n\
+                 frontend ws\n  bind 127.0.0.1:{port}\n  default_backend node\n\
+                 backend node\n  server node0 {backend} {send}\n"
+            )
+        })
+    }
+
+    /// HTTP mode in front of one `backend` with `option forwardfor`: each
+    /// request (a WebSocket upgrade too) carries the client's address in
+    /// `X-Forwarded-For`.
+    pub fn forwardfor(backend: SocketAddr) -> Self {
+        Self::launch(|port| {
+            format!(
+                "global\n  maxconn 2000\n\
+                 defaults\n  mode http\n  option forwardfor\n  timeout connect 5s\n  \
+                 timeout client 1h\n  timeout server 1h\n  timeout tunnel 1h\n\
+                 frontend web\n  bind 127.0.0.1:{port}\n  default_backend node\n\
+                 backend node\n  server node0 {backend}\n"
+            )
+        })
+    }
+
     /// Terminates TLS with `cert_and_key` (a PEM certificate chain followed
     /// by its key) on 127.0.0.1 and 127.0.0.2 at the same port, and forwards
     /// the plain bytes to `backend`. `bind_options` go on both `bind` lines

@@ -1,6 +1,7 @@
 //! What throng's integration tests share: real processes started on free
 //! loopback ports and stopped on drop (`throng serve`, `redis-server`,
-//! HAProxy, the independent peers in `tests/peers`), JWT keys and tokens
+//! HAProxy, the independent peers in `tests/peers`; a Redis Cluster and a
+//! Sentinel set-up in `redis_cluster`), JWT keys and tokens
 //! from an independent library (`jwt`), certificates made with
 //! the `openssl` CLI, fake `/proc` trees, and the small HTTP and WebSocket
 //! clients the tests talk with. A dev-dependency only: nothing here ships.
@@ -28,6 +29,7 @@ pub mod mosquitto;
 pub mod peers;
 pub mod process;
 pub mod redis;
+pub mod redis_cluster;
 pub mod serve;
 pub mod temp;
 pub mod ws;

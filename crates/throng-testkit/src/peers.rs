@@ -47,11 +47,13 @@ pub enum Peer {
     MosquittoClients,
     /// `node` with the `mqtt` package installed under `tests/peers`.
     NodeMqtt,
+    /// `redis-sentinel` (Debian package `redis-sentinel`).
+    RedisSentinel,
 }
 
 impl Peer {
     /// How many kinds of peer there are: one past the last variant.
-    const COUNT: usize = Self::NodeMqtt as usize + 1;
+    const COUNT: usize = Self::RedisSentinel as usize + 1;
 
     /// What the peer is, as a person would look for it.
     pub fn name(self) -> &'static str {
@@ -70,6 +72,7 @@ impl Peer {
             Self::PythonPaho => "python3 with paho-mqtt >= 2",
             Self::MosquittoClients => "mosquitto_sub and mosquitto_pub",
             Self::NodeMqtt => "node with mqtt in tests/peers",
+            Self::RedisSentinel => "redis-sentinel",
         }
     }
 
@@ -90,6 +93,7 @@ impl Peer {
             Self::PythonPaho => "python3 -m pip install 'paho-mqtt>=2'",
             Self::MosquittoClients => "apt-get install mosquitto-clients",
             Self::NodeMqtt => "cd tests/peers && npm install",
+            Self::RedisSentinel => "apt-get install redis-sentinel",
         }
     }
 
@@ -105,6 +109,7 @@ impl Peer {
         let (program, args): (&str, &[&str]) = match self {
             Self::RedisServer => ("redis-server", &["--version"]),
             Self::RedisCli => ("redis-cli", &["--version"]),
+            Self::RedisSentinel => ("redis-sentinel", &["--version"]),
             Self::Haproxy => ("haproxy", &["-v"]),
             Self::Openssl => ("openssl", &["version"]),
             Self::Python => ("python3", &["-c", "pass"]),

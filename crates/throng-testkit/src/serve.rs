@@ -17,6 +17,10 @@ pub struct Server {
     pub child: Child,
     /// The first plain listen address.
     pub addr: SocketAddr,
+    /// Where `/healthz` and `/metrics` are asked: the first
+    /// `--metrics-listen` address if given (the public ones then refuse
+    /// `/metrics`; with `--proxy-protocol` they want a PROXY header), else `addr`.
+    pub ops: SocketAddr,
     /// The JSON start line (`tls_listen`, `config.tls.cert_pem`, ...).
     pub start: serde_json::Value,
     /// What the server wrote to stderr so far.
@@ -53,6 +57,10 @@ impl Server {
             .as_str()
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("no listen address in {line}"));
+        let ops = start["metrics_listen"][0]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(addr);
         let log = Arc::new(Mutex::new(String::new()));
         let (err, sink) = (child.stderr.take().expect("stderr is piped"), log.clone());
         std::thread::spawn(move || {
@@ -63,11 +71,12 @@ impl Server {
         let s = Self {
             child,
             addr,
+            ops,
             log,
             start,
         };
         // Workers bind after the supervisor reserved the port: wait until one answers.
-        wait_until("a worker answers /healthz", || healthy(s.addr));
+        wait_until("a worker answers /healthz", || healthy(s.ops));
         s
     }
 
@@ -86,7 +95,7 @@ impl Server {
 
     /// The value of one /metrics sample (`name` with its labels, as printed).
     pub fn metric(&self, sample: &str) -> f64 {
-        metric_in(&get(self.addr, "/metrics").1, sample)
+        metric_in(&get(self.ops, "/metrics").1, sample)
             .unwrap_or_else(|| panic!("no sample {sample}"))
     }
 
@@ -96,7 +105,7 @@ impl Server {
         loop {
             // A request can meet a worker that was just killed (its
             // SO_REUSEPORT listener goes with it): no sample is "not yet".
-            let last = metric_in(&get(self.addr, "/metrics").1, sample);
+            let last = metric_in(&get(self.ops, "/metrics").1, sample);
             if let Some(v) = last.filter(|&v| ok(v)) {
                 return v;
             }
@@ -110,7 +119,7 @@ impl Server {
 
     /// Worker pids from /metrics.
     pub fn worker_pids(&self) -> Vec<u32> {
-        get(self.addr, "/metrics")
+        get(self.ops, "/metrics")
             .1
             .lines()
             .filter(|l| l.starts_with("throng_worker_rss_bytes{"))
@@ -127,7 +136,7 @@ impl Server {
     pub fn wait_broker(&self, state: &str) {
         let want = format!("broker: {state}");
         wait_until(&format!("{} to report '{want}'", self.addr), || {
-            get(self.addr, "/healthz").1.contains(&want)
+            get(self.ops, "/healthz").1.contains(&want)
         });
     }
 }

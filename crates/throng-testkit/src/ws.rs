@@ -20,6 +20,20 @@ pub fn subscribe(addr: SocketAddr, channel: &str) -> Sub {
     ws
 }
 
+/// Upgrades `s` to `url`: the answer's status, and the subscription when
+/// it was 101 (a refusal such as 429 or 503 is a status, not a panic).
+pub fn upgrade_status(s: TcpStream, url: &str) -> (u16, Option<Sub>) {
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("set a read timeout");
+    match tungstenite::client(url, s) {
+        Ok((ws, r)) => (r.status().as_u16(), Some(ws)),
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => {
+            (r.status().as_u16(), None)
+        }
+        Err(e) => panic!("upgrade to {url}: {e}"),
+    }
+}
+
 /// An upgraded socket with no client library on it, for sending broken
 /// frames; returns it with the bytes read past the upgrade's answer.
 pub fn raw_subscribe(addr: SocketAddr, channel: &str) -> (TcpStream, Vec<u8>) {

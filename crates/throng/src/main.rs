@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod layers;
 
 /// Hold millions of connections, push to all of them, and prove it under load.
 #[derive(Debug, Parser)]
@@ -46,7 +47,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `serve` reads a settings file and the environment under its flags.
+    let cli = match layers::parse::<Cli>() {
+        Ok((mut cli, shown)) => {
+            if let Command::Serve(args) = &mut cli.command {
+                args.shown = shown;
+            }
+            cli
+        }
+        Err(err) => {
+            eprintln!("throng: error: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(*args),
         Command::Hold(args) => cmd::hold::run(args),

@@ -6,7 +6,9 @@
 //! 2. fan-out of one 64-byte message to all N: worker CPU per delivered
 //!    frame against a bare loop of the same socket write of the same frame
 //!    to the same sockets in the same run (the server's benchmark-only
-//!    `/bench/floor`, on with `--bench-floor`), and the
+//!    `/bench/floor`, on with `--bench-floor`: `--throng` must name a binary
+//!    built with `--features bench-floor`, as `scripts/bench-serve.sh`
+//!    builds it; `serve` as shipped has no such route), and the
 //!    time from the publish request to its reply (sent after the last
 //!    frame is written);
 //! 3. accepted upgrades per second;
@@ -33,6 +35,7 @@
 //! ```
 
 use std::cell::{Cell, RefCell};
+use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -117,7 +120,7 @@ impl Held {
         while !pending.is_empty() && start.elapsed() < limit {
             pending.retain(|&i| {
                 loop {
-                    match std::io::Read::read(&mut &socks[i], &mut buf) {
+                    match io::Read::read(&mut &socks[i], &mut buf) {
                         Ok(0) => {
                             self.closed.set(self.closed.get() + 1);
                             return false;
@@ -187,38 +190,38 @@ async fn subscribe(
     target: &str,
     sse: bool,
     holder: Rc<Held>,
-) -> Result<(), String> {
-    let sock = TcpSocket::new_v4().map_err(|e| e.to_string())?;
+) -> io::Result<()> {
+    let sock = TcpSocket::new_v4()?;
     sock.bind(SocketAddr::from((src, 0)))
-        .map_err(|e| format!("bind {src}: {e}"))?;
+        .map_err(|e| io::Error::other(format!("bind {src}: {e}")))?;
     let mut s = sock
         .connect(addr)
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| io::Error::other(format!("connect: {e}")))?;
     if sse {
         return subscribe_sse(s, addr, target, holder).await;
     }
     let key = ws::client_key(fastrand::u128(..).to_le_bytes());
     let mut out = Vec::new();
     ws::write_upgrade_request(&mut out, &addr.to_string(), target, &key);
-    s.write_all(&out).await.map_err(|e| e.to_string())?;
+    s.write_all(&out).await?;
     let mut buf = Vec::with_capacity(512);
     let used = loop {
-        if s.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
-            return Err("closed during handshake".into());
+        if s.read_buf(&mut buf).await? == 0 {
+            return Err(io::Error::other("closed during handshake"));
         }
         if let Some((resp, used)) =
-            http::parse_response(&buf, http::MAX_HEAD).map_err(|e| e.to_string())?
+            http::parse_response(&buf, http::MAX_HEAD).map_err(io::Error::other)?
         {
-            ws::client_verify(&resp, &key).map_err(|e| e.to_string())?;
+            ws::client_verify(&resp, &key).map_err(io::Error::other)?;
             break used;
         }
     };
     if buf.len() != used {
-        return Err("unexpected bytes after the upgrade".into());
+        return Err(io::Error::other("unexpected bytes after the upgrade"));
     }
     // Out of tokio's epoll: nothing in this process is woken by a fan-out.
-    let std = s.into_std().map_err(|e| e.to_string())?;
+    let std = s.into_std()?;
     holder.socks.borrow_mut().push(std);
     holder.got.borrow_mut().push(0);
     Ok(())
@@ -231,22 +234,20 @@ async fn subscribe_sse(
     addr: SocketAddr,
     target: &str,
     holder: Rc<Held>,
-) -> Result<(), String> {
+) -> io::Result<()> {
     let target = format!("/sse{target}");
     let req = format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
+    s.write_all(req.as_bytes()).await?;
     let mut buf = Vec::with_capacity(512);
     loop {
-        if s.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
-            return Err("closed before the stream began".into());
+        if s.read_buf(&mut buf).await? == 0 {
+            return Err(io::Error::other("closed before the stream began"));
         }
         if let Some((resp, used)) =
-            http::parse_response(&buf, http::MAX_HEAD).map_err(|e| e.to_string())?
+            http::parse_response(&buf, http::MAX_HEAD).map_err(io::Error::other)?
         {
             if resp.status != 200 {
-                return Err(format!("status {}", resp.status));
+                return Err(io::Error::other(format!("status {}", resp.status)));
             }
             // The head, then one `retry:` line and an empty line.
             if buf[used..].ends_with(b"\n\n") {
@@ -254,7 +255,7 @@ async fn subscribe_sse(
             }
         }
     }
-    let std = s.into_std().map_err(|e| e.to_string())?;
+    let std = s.into_std()?;
     holder.socks.borrow_mut().push(std);
     holder.got.borrow_mut().push(0);
     Ok(())
@@ -292,9 +293,94 @@ async fn bench(o: Opts) {
     let (avail0, slab0, _) = meminfo();
     let (sockmem0, inuse0) = sockstat();
 
-    // (3) upgrades per second, holding every connection: in two halves,
-    // with the worker's RSS measured after each.
+    // (3) upgrades per second, holding every connection.
     let holder = Rc::new(Held::default());
+    let opened = open_subscribers(&o, addr, pid, &holder).await;
+    let (held, failed, open_secs) = (opened.held, opened.failed, opened.secs);
+    let upgrades_per_sec = held as f64 / open_secs;
+
+    // (1) and (4): let the worker settle, then measure. From 0 to N the
+    // figure includes what the connect phase's peak left in the heap (the
+    // upgrades in flight); from N/2 to N it is what each more connection costs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_n = rss_kib(pid);
+    let (avail_n, slab_n, _) = meminfo();
+    let (sockmem_n, inuse_n) = sockstat();
+    let user_bytes_per_conn = (rss_n as f64 - rss0 as f64) * 1024.0 / held as f64;
+    let user_bytes_per_more_conn =
+        (rss_n as f64 - opened.rss_half as f64) * 1024.0 / (o.conns - o.conns / 2) as f64;
+
+    // (2) fan-out vs the bare write loop, interleaved.
+    let FanOut {
+        mut pub_ms,
+        mut pub_last_ms,
+        mut pub_cpu,
+        mut floor_cpu,
+        mut floor_wall_ms,
+        incomplete,
+        pub_ticks,
+        floor_ticks,
+    } = fan_out(&o, addr, pid, &holder, held).await;
+    let closed = holder.closed.get();
+
+    let hz = 100.0; // USER_HZ on Linux
+    let per_frame = |ticks: u64| ticks as f64 / hz * 1e9 / (o.rounds * held) as f64;
+    let fan_ns = median(&mut pub_cpu);
+    let floor_ns = median(&mut floor_cpu);
+    let report = serde_json::json!({
+        "loadavg_at_start": load0.trim(),
+        "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+        "serve_args": o.serve_args,
+        "token": o.token.is_some(),
+        "kind": if o.sse { "sse" } else { "ws" },
+        "connections": held,
+        "failed": failed,
+        "upgrades_per_sec": upgrades_per_sec.round(),
+        "open_seconds": open_secs,
+        "worker_rss_kib_at_0": rss0,
+        "worker_rss_kib_at_n": rss_n,
+        "user_bytes_per_conn": user_bytes_per_conn.round(),
+        "worker_rss_kib_at_half": opened.rss_half,
+        "user_bytes_per_more_conn": user_bytes_per_more_conn.round(),
+        "kernel_sockstat_tcp_mem_bytes_per_conn": ((sockmem_n as f64 - sockmem0 as f64) * 4096.0 / held as f64).round(),
+        "kernel_tcp_sockets_added": inuse_n as i64 - inuse0 as i64,
+        "kernel_slab_bytes_per_conn": ((slab_n as f64 - slab0 as f64) * 1024.0 / held as f64).round(),
+        "memavailable_drop_bytes_per_conn_both_ends": ((avail0 as f64 - avail_n as f64) * 1024.0 / held as f64).round(),
+        "rounds": o.rounds,
+        "payload_bytes": o.payload,
+        "fanout_cpu_ns_per_frame_in_loop": fan_ns,
+        "floor_write_cpu_ns_per_frame": floor_ns,
+        "ratio_in_loop": fan_ns / floor_ns,
+        "process_cpu_ns_per_frame_publish": per_frame(pub_ticks),
+        "process_cpu_ns_per_frame_floor": per_frame(floor_ticks),
+        "ratio_process": per_frame(pub_ticks) / per_frame(floor_ticks),
+        "publish_to_reply_ms_median": median(&mut pub_ms),
+        "publish_to_last_frame_ms_median": median(&mut pub_last_ms),
+        "floor_loop_wall_ms_median": median(&mut floor_wall_ms),
+        "subscribers_missing_a_frame": incomplete,
+        "client_connections_closed": closed,
+    });
+    println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+    let _ = throng_host::process::signal(server.id(), throng_host::process::Signal::Term);
+    let _ = server.wait();
+}
+
+/// What opening the subscribers did.
+struct Opened {
+    /// Subscribers held.
+    held: usize,
+    /// Subscribers that failed to open.
+    failed: usize,
+    /// Seconds spent opening.
+    secs: f64,
+    /// The worker's RSS with half of them open (KiB).
+    rss_half: u64,
+}
+
+/// (3) Opens `o.conns` subscribers into `holder`, `o.concurrency` at a
+/// time, in two halves, with the worker's (`pid`) RSS measured after the
+/// first.
+async fn open_subscribers(o: &Opts, addr: SocketAddr, pid: u32, holder: &Rc<Held>) -> Opened {
     let target: Rc<str> = match &o.token {
         Some(t) => format!("/bench?token={t}").into(),
         None => "/bench".into(),
@@ -309,8 +395,12 @@ async fn bench(o: Opts) {
         let t = Instant::now();
         let mut openers = Vec::new();
         for _ in 0..o.concurrency {
-            let (next, failed, holder, target) =
-                (next.clone(), failed.clone(), holder.clone(), target.clone());
+            let (next, failed, holder, target) = (
+                next.clone(),
+                failed.clone(),
+                Rc::clone(holder),
+                target.clone(),
+            );
             openers.push(tokio::task::spawn_local(async move {
                 loop {
                     let i = next.get();
@@ -337,21 +427,38 @@ async fn bench(o: Opts) {
             rss_half = rss_kib(pid);
         }
     }
-    let held = o.conns - failed.get();
-    let upgrades_per_sec = held as f64 / open_secs;
+    Opened {
+        held: o.conns - failed.get(),
+        failed: failed.get(),
+        secs: open_secs,
+        rss_half,
+    }
+}
 
-    // (1) and (4): let the worker settle, then measure. From 0 to N the
-    // figure includes what the connect phase's peak left in the heap (the
-    // upgrades in flight); from N/2 to N it is what each more connection costs.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_n = rss_kib(pid);
-    let (avail_n, slab_n, _) = meminfo();
-    let (sockmem_n, inuse_n) = sockstat();
-    let user_bytes_per_conn = (rss_n as f64 - rss0 as f64) * 1024.0 / held as f64;
-    let user_bytes_per_more_conn =
-        (rss_n as f64 - rss_half as f64) * 1024.0 / (o.conns - half) as f64;
+/// The figures of the fan-out rounds.
+struct FanOut {
+    /// Publish to its reply, per round (ms).
+    pub_ms: Vec<f64>,
+    /// Publish to the last frame in, per round (ms).
+    pub_last_ms: Vec<f64>,
+    /// The server's fan-out CPU per frame (its own metric), per round (ns).
+    pub_cpu: Vec<f64>,
+    /// The bare write loop's CPU per frame, per round (ns).
+    floor_cpu: Vec<f64>,
+    /// The bare write loop's wall time, per round (ms).
+    floor_wall_ms: Vec<f64>,
+    /// Subscribers that missed a frame, over all rounds.
+    incomplete: usize,
+    /// The worker's CPU ticks over the publish rounds.
+    pub_ticks: u64,
+    /// The worker's CPU ticks over the floor rounds.
+    floor_ticks: u64,
+}
 
-    // (2) fan-out vs the bare write loop, interleaved.
+/// (2) `o.rounds` rounds of one publish to the `held` subscribers against
+/// the server's bare write loop of the same frame, interleaved; each
+/// checked by draining `holder`.
+async fn fan_out(o: &Opts, addr: SocketAddr, pid: u32, holder: &Held, held: usize) -> FanOut {
     let payload = vec![b'x'; o.payload];
     let frame_len = ws::server_frame(ws::OpCode::Text, &payload).len() as u64;
     let (mut pub_ms, mut pub_last_ms, mut pub_cpu, mut floor_cpu, mut floor_wall_ms) =
@@ -404,48 +511,16 @@ async fn bench(o: Opts) {
     for _ in 0..o.rounds {
         pub_cpu.push(fan_cpu * 1e9 / (o.rounds * held) as f64);
     }
-    let closed = holder.closed.get();
-
-    let hz = 100.0; // USER_HZ on Linux
-    let per_frame = |ticks: u64| ticks as f64 / hz * 1e9 / (o.rounds * held) as f64;
-    let fan_ns = median(&mut pub_cpu);
-    let floor_ns = median(&mut floor_cpu);
-    let report = serde_json::json!({
-        "loadavg_at_start": load0.trim(),
-        "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
-        "serve_args": o.serve_args,
-        "token": o.token.is_some(),
-        "kind": if o.sse { "sse" } else { "ws" },
-        "connections": held,
-        "failed": failed.get(),
-        "upgrades_per_sec": upgrades_per_sec.round(),
-        "open_seconds": open_secs,
-        "worker_rss_kib_at_0": rss0,
-        "worker_rss_kib_at_n": rss_n,
-        "user_bytes_per_conn": user_bytes_per_conn.round(),
-        "worker_rss_kib_at_half": rss_half,
-        "user_bytes_per_more_conn": user_bytes_per_more_conn.round(),
-        "kernel_sockstat_tcp_mem_bytes_per_conn": ((sockmem_n as f64 - sockmem0 as f64) * 4096.0 / held as f64).round(),
-        "kernel_tcp_sockets_added": inuse_n as i64 - inuse0 as i64,
-        "kernel_slab_bytes_per_conn": ((slab_n as f64 - slab0 as f64) * 1024.0 / held as f64).round(),
-        "memavailable_drop_bytes_per_conn_both_ends": ((avail0 as f64 - avail_n as f64) * 1024.0 / held as f64).round(),
-        "rounds": o.rounds,
-        "payload_bytes": o.payload,
-        "fanout_cpu_ns_per_frame_in_loop": fan_ns,
-        "floor_write_cpu_ns_per_frame": floor_ns,
-        "ratio_in_loop": fan_ns / floor_ns,
-        "process_cpu_ns_per_frame_publish": per_frame(pub_ticks),
-        "process_cpu_ns_per_frame_floor": per_frame(floor_ticks),
-        "ratio_process": per_frame(pub_ticks) / per_frame(floor_ticks),
-        "publish_to_reply_ms_median": median(&mut pub_ms),
-        "publish_to_last_frame_ms_median": median(&mut pub_last_ms),
-        "floor_loop_wall_ms_median": median(&mut floor_wall_ms),
-        "subscribers_missing_a_frame": incomplete,
-        "client_connections_closed": closed,
-    });
-    println!("{}", serde_json::to_string_pretty(&report).expect("json"));
-    let _ = throng_host::process::signal(server.id(), throng_host::process::Signal::Term);
-    let _ = server.wait();
+    FanOut {
+        pub_ms,
+        pub_last_ms,
+        pub_cpu,
+        floor_cpu,
+        floor_wall_ms,
+        incomplete,
+        pub_ticks,
+        floor_ticks,
+    }
 }
 
 async fn metric(addr: SocketAddr, name: &str) -> f64 {

@@ -35,7 +35,7 @@ use rustls::{ClientConnection, StreamOwned};
 use rustls_pki_types::ServerName;
 use throng_proto::{http, ws};
 
-use throng_bench::trust_all::TrustAll;
+use throng_client::trust::AnyCertificate;
 
 #[derive(Clone)]
 struct Opts {
@@ -75,7 +75,11 @@ fn opts() -> Opts {
             "--conns" => o.conns = v().parse().expect("--conns N"),
             "--pid" => o.pid = v().parse().expect("--pid PID"),
             "--ws" => o.state = State::Ws,
-            "--state" => o.state = v().parse().unwrap_or_else(|e| panic!("{e}")),
+            "--state" => {
+                let s = v();
+                o.state = State::named(&s)
+                    .unwrap_or_else(|| panic!("--state is waiting, kept, ws or sse, not {s}"));
+            }
             "--plain" => o.plain = true,
             "--publish" => o.publish = Some(v().parse().expect("--publish HOST:PORT")),
             "--rounds" => o.rounds = v().parse().expect("--rounds N"),
@@ -101,28 +105,28 @@ enum State {
     Sse,
 }
 
-impl std::str::FromStr for State {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
+impl State {
+    /// The state `--state` names.
+    fn named(s: &str) -> Option<Self> {
+        Some(match s {
             "waiting" => Self::Waiting,
             "kept" => Self::Kept,
             "ws" => Self::Ws,
             "sse" => Self::Sse,
-            _ => return Err(format!("--state is waiting, kept, ws or sse, not {s}")),
+            _ => return None,
         })
     }
 }
 
 fn client_config() -> Arc<rustls::ClientConfig> {
-    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(TrustAll))
-    .with_no_client_auth();
+    let provider = rustls::crypto::ring::default_provider();
+    let trust_all = AnyCertificate::unchecked(provider.signature_verification_algorithms);
+    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(trust_all))
+        .with_no_client_auth();
     c.alpn_protocols = vec![b"http/1.1".to_vec()];
     c.resumption = rustls::client::Resumption::disabled();
     Arc::new(c)

@@ -54,8 +54,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-/// The bench's client trusts any certificate: only the server is measured.
-use throng_bench::trust_all::TrustAll;
+/// The bench's client trusts any certificate and checks no signature: only
+/// the server is measured.
+use throng_client::trust::AnyCertificate;
 
 fn client_config(tls12: bool) -> Arc<rustls::ClientConfig> {
     let versions: &[&rustls::SupportedProtocolVersion] = if tls12 {
@@ -63,14 +64,14 @@ fn client_config(tls12: bool) -> Arc<rustls::ClientConfig> {
     } else {
         &[&rustls::version::TLS13]
     };
-    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(versions)
-    .expect("versions")
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(TrustAll))
-    .with_no_client_auth();
+    let provider = rustls::crypto::ring::default_provider();
+    let trust_all = AnyCertificate::unchecked(provider.signature_verification_algorithms);
+    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(versions)
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(trust_all))
+        .with_no_client_auth();
     c.alpn_protocols = vec![b"http/1.1".to_vec()];
     Arc::new(c)
 }

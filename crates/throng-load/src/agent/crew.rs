@@ -22,8 +22,8 @@ use throng_client::link::LinkError;
 use throng_report::format::{Header, Record, Writer, decode_record};
 use tokio::sync::mpsc;
 
-use super::link::{Conn, Redis};
 use super::list::{Listed, fmt_offset};
+use super::redis::{Conn, Redis};
 use super::split::{Split, SplitError};
 use super::{Assigned, Command, Keys, LOST_AFTER, Report, VERSION};
 use crate::harness::clock::now_unix_ns;
@@ -43,13 +43,18 @@ pub enum OnLoss {
     Stop,
 }
 
+/// An `--on-agent-loss` that is neither `continue` nor `stop`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("'{0}': expected continue or stop")]
+pub struct OnLossError(String);
+
 impl std::str::FromStr for OnLoss {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = OnLossError;
+    fn from_str(s: &str) -> Result<Self, OnLossError> {
         match s {
             "continue" => Ok(Self::Continue),
             "stop" => Ok(Self::Stop),
-            _ => Err(format!("'{s}': expected continue or stop")),
+            _ => Err(OnLossError(s.to_owned())),
         }
     }
 }

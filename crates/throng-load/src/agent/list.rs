@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use throng_client::link::LinkError;
 
-use super::link::{Conn, Redis};
+use super::redis::{Conn, Redis};
 use super::{Keys, Registration};
 
 /// One live agent.

@@ -19,7 +19,7 @@
 //!   when a worker is gone, and a heartbeat twice a second that tells the
 //!   controller an agent is still there.
 //!
-//! [`link`] is the Redis connection both sides use (on
+//! [`redis`] is the Redis connection both sides use (on
 //! `throng-client`'s connect and greeting), [`serve`] the agent process,
 //! [`list`] what `throng agents` shows, [`crew`] the controller's side of a
 //! run, [`split`] how a run is shared out by capacity.
@@ -30,8 +30,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub mod crew;
-pub mod link;
 pub mod list;
+pub mod redis;
 pub mod serve;
 pub mod split;
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use throng_client::link::LinkError;
 use tokio::sync::mpsc;
 
-use super::link::{Conn, Redis};
+use super::redis::{Conn, Redis};
 use super::{Assigned, BEAT, Capacity, Command, Keys, Registration, Report, Running, TTL};
 use crate::harness::clock::now_unix_ns;
 use crate::harness::machine::Machine;
@@ -49,7 +49,7 @@ pub struct Options {
 /// This machine's capacity, as registered.
 pub fn capacity(sources: &[IpAddr]) -> io::Result<Capacity> {
     let m = Machine::probe()?;
-    let free_memory = throng_host::doctor::Machine::read(std::path::Path::new("/proc"))
+    let free_memory = throng_host::doctor::HostLimits::read(std::path::Path::new("/proc"))
         .mem_available
         .unwrap_or(0);
     Ok(Capacity {
@@ -194,7 +194,7 @@ async fn next_feed(job: &mut Option<Job>) -> Option<Feed> {
 }
 
 /// One connected stretch: register, then serve commands and forward
-/// records until the link fails.
+/// records until the Redis connection fails.
 async fn session(
     opts: &Options,
     capacity: &Capacity,

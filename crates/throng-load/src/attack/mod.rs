@@ -17,7 +17,9 @@
 //! - [`worker`]: one worker process: the schedule, the HTTP/1.1 client, the
 //!   connection pool;
 //! - [`record`]: what a worker counts per interval, and per-request rows;
-//! - `waiting`: requests whose answer is slow, waiting outside tokio.
+//! - `waiting`: requests whose answer is slow, waiting outside tokio;
+//! - `response`: one HTTP/1.1 response read as it arrives, sans I/O (both
+//!   the worker and the waiting room feed it).
 //!
 //! The schedule wakes on `throng-host`'s timerfd [`Timer`](throng_host::timer::Timer)
 //! (tokio's timers round up to the millisecond).
@@ -32,6 +34,7 @@ use crate::pacer::{Pacer, RateSpec};
 
 pub mod record;
 pub mod request;
+mod response;
 pub mod summary;
 pub mod supervisor;
 pub mod targets;

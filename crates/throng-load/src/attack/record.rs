@@ -20,6 +20,7 @@
 
 use std::io::{self, Write};
 use std::path::Path;
+use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,18 @@ use throng_report::interval::{Interval, new_histogram};
 
 use crate::harness::failure::{Failure, OwnKind, Tally};
 use crate::harness::recorder::{Recorder, Take, record};
+
+/// One request's own figures, for its row.
+#[derive(Debug)]
+pub(super) struct Io {
+    pub(super) bytes_in: u64,
+    pub(super) bytes_out: u64,
+    /// When the generator started it.
+    pub(super) began: Instant,
+    /// When it went on the wire: a connection was taken from the pool, or
+    /// a new one began to connect.
+    pub(super) sent_at: Option<Instant>,
+}
 
 /// A request started more than this after its intended time counts as late.
 pub const LATE_US: u64 = 10_000;

@@ -233,28 +233,45 @@ impl Target {
     }
 }
 
+/// Why a header (`-H` or a targets line) cannot be sent.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// No `:` in the line.
+    #[error("'{0}' is not a header: expected 'Name: value'")]
+    NoColon(String),
+    /// The name is empty or not an HTTP token.
+    #[error("'{0}' is not a header name")]
+    Name(String),
+    /// The value holds control characters (a CR or LF would split the request).
+    #[error("header '{0}' has control characters in its value")]
+    Control(String),
+    /// `Content-Length`, which the body sets.
+    #[error("do not set Content-Length: it is computed from the body")]
+    ContentLength,
+    /// `Transfer-Encoding`, which the client does not do.
+    #[error("Transfer-Encoding is not supported: bodies are sent with a Content-Length")]
+    TransferEncoding,
+}
+
 /// Parses one `Name: value` header (`-H` or a targets line).
-pub fn parse_header(line: &str) -> Result<(String, String), String> {
+pub fn parse_header(line: &str) -> Result<(String, String), HeaderError> {
     let (name, value) = line
         .split_once(':')
-        .ok_or_else(|| format!("'{line}' is not a header: expected 'Name: value'"))?;
+        .ok_or_else(|| HeaderError::NoColon(line.to_owned()))?;
     let name = name.trim();
     if name.is_empty() || !name.bytes().all(is_token_byte) {
-        return Err(format!("'{name}' is not a header name"));
+        return Err(HeaderError::Name(name.to_owned()));
     }
     let value = value.trim();
     if value.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
-        return Err(format!(
-            "header '{name}' has control characters in its value"
-        ));
+        return Err(HeaderError::Control(name.to_owned()));
     }
     if name.eq_ignore_ascii_case("content-length") {
-        return Err("do not set Content-Length: it is computed from the body".to_owned());
+        return Err(HeaderError::ContentLength);
     }
     if name.eq_ignore_ascii_case("transfer-encoding") {
-        return Err(
-            "Transfer-Encoding is not supported: bodies are sent with a Content-Length".to_owned(),
-        );
+        return Err(HeaderError::TransferEncoding);
     }
     Ok((name.to_owned(), value.to_owned()))
 }

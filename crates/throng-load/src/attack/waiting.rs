@@ -10,6 +10,11 @@
 //! (`scripts/bench-attack.sh`): a task, its registration and its timer cost
 //! about 1,460 bytes per request; a waiting request costs a few hundred.
 //!
+//! The room is a table and a queue, and its loop only reads: it hands back
+//! each request that left it ([`Left`]) with how it ended, and the worker
+//! ([`super::worker`]) records that, frees the connection or sends the
+//! request again.
+//!
 //! Timeouts: every request has the same `--timeout` from its start, and
 //! requests start in order, so their deadlines come in the order they
 //! entered: a queue, checked against the clock, is their timer.
@@ -19,14 +24,14 @@ use std::collections::VecDeque;
 use std::io::{self, Read as _};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd as _;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use throng_host::poll::{Events, Interest, Poller};
 use tokio::sync::Notify;
 
-use super::record::{Exchange, RequestError};
-use super::worker::{Ctx, Io, Link, ResponseReader, attempt, finish};
+use super::record::{AttackRecorder, Exchange, Io, RequestError};
+use super::response::ResponseReader;
+use super::targets::Target;
 use crate::harness::clock::micros;
 use crate::harness::failure::{Failure, NetCause};
 
@@ -57,9 +62,10 @@ pub(super) struct Waiting {
 
 impl Waiting {
     /// The request `seq` (target `t`) on `stream` (out of tokio's reactor),
-    /// its figures so far in `io`; `may_retry` as [`Waiting::may_retry`].
+    /// due at `intended` on a schedule that started at `start`, its figures
+    /// so far in `io`; `may_retry` as [`Waiting::may_retry`].
     pub(super) fn new(
-        ctx: &Ctx,
+        start: Instant,
         stream: TcpStream,
         seq: u64,
         t: usize,
@@ -67,7 +73,6 @@ impl Waiting {
         io: &Io,
         may_retry: bool,
     ) -> Self {
-        let start = ctx.start.instant();
         Self {
             stream,
             t: u32::try_from(t).unwrap_or(u32::MAX),
@@ -82,62 +87,64 @@ impl Waiting {
         }
     }
 
+    /// It leaves the room (schedule started at `start`), ended as `how`.
+    fn leave(self, start: Instant, how: Outcome) -> Left {
+        Left {
+            seq: self.seq,
+            t: self.t as usize,
+            intended: start + Duration::from_micros(self.intended_us),
+            io: Io {
+                bytes_in: self.bytes_in,
+                bytes_out: self.bytes_out,
+                began: self.sent_at,
+                sent_at: Some(self.sent_at),
+            },
+            stream: self.stream,
+            how,
+        }
+    }
+}
+
+/// A request that left the room, and how it ended there.
+pub(super) struct Left {
+    pub(super) seq: u64,
+    /// Its target (an index into the plan's).
+    pub(super) t: usize,
     /// When it was due.
-    fn intended(&self, ctx: &Ctx) -> Instant {
-        ctx.start.instant() + Duration::from_micros(self.intended_us)
-    }
+    pub(super) intended: Instant,
+    /// Its figures; it began (for this try) when it went on the wire.
+    pub(super) io: Io,
+    /// Its connection, out of tokio's reactor.
+    pub(super) stream: TcpStream,
+    pub(super) how: Outcome,
+}
 
-    /// Records how it ended, and that its task's work is done; its
-    /// connection goes back to its pool as `keep`, or is closed.
-    fn end(self, ctx: &Ctx, result: Result<u16, RequestError>, keep: bool) {
-        let intended = self.intended(ctx);
-        let Self {
-            stream,
-            seq,
-            t,
-            sent_at,
-            bytes_in,
-            bytes_out,
-            ..
-        } = self;
-        let t = t as usize;
-        free_place(ctx, keep.then_some(stream), ctx.pool_of[t]);
-        let io = Io {
-            bytes_in,
-            bytes_out,
-            began: sent_at,
-            sent_at: Some(sent_at),
-        };
-        finish(ctx, seq, t, intended, &io, result);
-        ctx.live.done();
-    }
+/// How a request ended in the waiting room.
+pub(super) enum Outcome {
+    /// Its answer came: the status, and whether the connection may be kept.
+    Answered(u16, bool),
+    /// Its reused connection ended before any byte of the answer: it goes
+    /// again on a new one (see [`Waiting::may_retry`]).
+    Stale,
+    /// It failed: timed out, a broken answer, a lost connection, or it
+    /// could not enter the room at all.
+    Failed(RequestError),
+}
 
-    /// Its connection was stale: closes it and sends the request again, on
-    /// a new connection, by its first try's deadline (counted from when it
-    /// first went out).
-    fn retry(self, ctx: &Rc<Ctx>) {
-        let intended = self.intended(ctx);
-        free_place(ctx, None, ctx.pool_of[self.t as usize]);
-        ctx.rec.borrow_mut().retried();
-        let io = Io {
-            bytes_in: self.bytes_in,
-            bytes_out: self.bytes_out,
-            began: self.sent_at,
-            sent_at: None,
-        };
-        let deadline = self.sent_at + ctx.timeout;
-        let (c, seq) = (ctx.clone(), self.seq);
-        tokio::task::spawn_local(async move {
-            if attempt(&c, seq, intended, io, deadline, None, true).await {
-                c.live.done();
-            }
-        });
-    }
+/// What woke the room's loop.
+pub(super) enum Wake {
+    /// Sockets are readable: their file descriptors are in the events.
+    Ready,
+    /// The first deadline in the queue came (or the first request entered
+    /// an empty room): [`WaitingRoom::expire`] what is due.
+    Due,
 }
 
 /// The waiting requests of one worker.
 pub(super) struct WaitingRoom {
     poller: Poller,
+    /// Where the schedule starts: requests keep their due time relative to it.
+    start: Instant,
     /// Indexed by file descriptor. Invariant: `slots[fd]` is `Some` exactly
     /// when `fd` is in `poller` (with itself as token) and owned by its stream.
     slots: RefCell<Vec<Option<Waiting>>>,
@@ -150,10 +157,12 @@ pub(super) struct WaitingRoom {
 }
 
 impl WaitingRoom {
-    /// An empty room. Must be called inside the worker's runtime.
-    pub(super) fn new() -> io::Result<Self> {
+    /// An empty room for a schedule that starts at `start`. Must be called
+    /// inside the worker's runtime.
+    pub(super) fn new(start: Instant) -> io::Result<Self> {
         Ok(Self {
             poller: Poller::new()?,
+            start,
             slots: RefCell::default(),
             deadlines: RefCell::default(),
             next_ticket: Cell::new(1),
@@ -161,19 +170,21 @@ impl WaitingRoom {
         })
     }
 
-    /// Takes `wait` in, to be ended by `deadline`; gives it back if its
-    /// socket cannot be watched.
-    pub(super) fn enter(&self, mut wait: Waiting, deadline: Instant) -> Result<(), Waiting> {
+    /// Takes `wait` in, to be ended by `deadline`; if its socket cannot be
+    /// watched, it leaves at once, failed (its connection to be closed).
+    pub(super) fn enter(&self, mut wait: Waiting, deadline: Instant) -> Result<(), Left> {
+        let refused =
+            |wait: Waiting| wait.leave(self.start, Outcome::Failed(Failure::Net(NetCause::Other)));
         let fd = wait.stream.as_raw_fd();
         let Ok(index) = usize::try_from(fd) else {
-            return Err(wait);
+            return Err(refused(wait));
         };
         if self
             .poller
             .add(&wait.stream, index as u64, Interest::Read)
             .is_err()
         {
-            return Err(wait);
+            return Err(refused(wait));
         }
         let ticket = self.next_ticket.get();
         self.next_ticket.set(ticket + 1);
@@ -191,71 +202,38 @@ impl WaitingRoom {
         Ok(())
     }
 
-    /// Gives a request that could not wait here back its task's ending:
-    /// a failure, its connection closed.
-    pub(super) fn refuse(&self, ctx: &Ctx, wait: Waiting) {
-        let intended = wait.intended(ctx);
-        let Waiting {
-            seq,
-            t,
-            sent_at,
-            bytes_in,
-            bytes_out,
-            ..
-        } = wait;
-        let t = t as usize;
-        free_place(ctx, None, ctx.pool_of[t]);
-        let io = Io {
-            bytes_in,
-            bytes_out,
-            began: sent_at,
-            sent_at: Some(sent_at),
-        };
-        finish(
-            ctx,
-            seq,
-            t,
-            intended,
-            &io,
-            Err(Failure::Net(NetCause::Other)),
-        );
-    }
-
-    /// The loop: reads answers as they come, ends requests at their deadline.
-    pub(super) async fn run(&self, ctx: &Rc<Ctx>) {
-        let mut events = Events::with_capacity(1024);
-        loop {
-            let next = self.deadlines.borrow().front().map(|d| d.0);
-            let deadline = async {
-                match next {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => self.entered.notified().await,
-                }
-            };
-            tokio::select! {
-                got = self.poller.wait(&mut events) => {
-                    if got.is_err() {
-                        return;
-                    }
-                    for ev in events.iter() {
-                        self.readable(ctx, ev.token as usize);
-                    }
-                }
-                () = deadline => self.expire(ctx, Instant::now()),
+    /// Waits until sockets are readable (their events in `events`) or the
+    /// first deadline comes.
+    pub(super) async fn wait(&self, events: &mut Events) -> io::Result<Wake> {
+        let next = self.deadlines.borrow().front().map(|d| d.0);
+        let deadline = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => self.entered.notified().await,
             }
+        };
+        tokio::select! {
+            got = self.poller.wait(events) => got.map(|_| Wake::Ready),
+            () = deadline => Ok(Wake::Due),
         }
     }
 
-    /// Reads what request `fd` got; ends it when its answer is whole (or
-    /// sends it again, when its reused connection ended before any of it).
-    fn readable(&self, ctx: &Rc<Ctx>, fd: usize) {
+    /// Reads what request `fd` got (into `scratch`, counting the bytes in
+    /// `rec`); it leaves when its answer is whole, or its connection ended.
+    pub(super) fn read(
+        &self,
+        fd: usize,
+        scratch: &RefCell<Box<[u8]>>,
+        targets: &[Target],
+        rec: &RefCell<AttackRecorder>,
+    ) -> Option<Left> {
         let mut slots = self.slots.borrow_mut();
         let Some(Some(wait)) = slots.get_mut(fd) else {
-            return;
+            return None;
         };
-        let method = ctx.plan.targets[wait.t as usize].method.as_str();
+        let method = targets[wait.t as usize].method.as_str();
         let outcome = {
-            let mut scratch = ctx.scratch.borrow_mut();
+            let mut scratch = scratch.borrow_mut();
             loop {
                 match (&wait.stream).read(&mut scratch[..]) {
                     Ok(0) => {
@@ -268,7 +246,7 @@ impl WaitingRoom {
                     }
                     Ok(n) => {
                         wait.bytes_in += n as u64;
-                        ctx.rec.borrow_mut().bytes_in(n);
+                        rec.borrow_mut().bytes_in(n);
                         let reader = wait
                             .reader
                             .get_or_insert_with(|| Box::new(ResponseReader::new()));
@@ -284,34 +262,32 @@ impl WaitingRoom {
                 }
             }
         };
-        let Some(outcome) = outcome else { return };
-        let Some(wait) = slots[fd].take() else { return };
+        let outcome = outcome?;
+        let wait = slots[fd].take()?;
         drop(slots);
         let _ = self.poller.remove(&wait.stream);
-        match outcome {
-            Ok((status, keep)) => {
-                let back = keep && ctx.plan.settings.keepalive && !ctx.stop.is_set();
-                wait.end(ctx, Ok(status), back);
-            }
-            Err(_) if wait.may_retry && wait.reader.is_none() => wait.retry(ctx),
-            Err(why) => wait.end(ctx, Err(why), false),
-        }
+        let how = match outcome {
+            Ok((status, keep)) => Outcome::Answered(status, keep),
+            Err(_) if wait.may_retry && wait.reader.is_none() => Outcome::Stale,
+            Err(why) => Outcome::Failed(why),
+        };
+        Some(wait.leave(self.start, how))
     }
 
-    /// Ends every request whose deadline is at or before `now` as a timeout.
-    fn expire(&self, ctx: &Ctx, now: Instant) {
+    /// The next request whose deadline is at or before `now`, timed out;
+    /// `None` when no more are due.
+    pub(super) fn expire(&self, now: Instant) -> Option<Left> {
         loop {
-            let due = {
+            let (fd, ticket) = {
                 let mut deadlines = self.deadlines.borrow_mut();
                 match deadlines.front() {
                     Some(&(at, fd, ticket)) if at <= now => {
                         deadlines.pop_front();
-                        Some((fd as usize, ticket))
+                        (fd as usize, ticket)
                     }
-                    _ => None,
+                    _ => return None,
                 }
             };
-            let Some((fd, ticket)) = due else { return };
             let wait = {
                 let mut slots = self.slots.borrow_mut();
                 match slots.get_mut(fd) {
@@ -322,25 +298,7 @@ impl WaitingRoom {
             // Gone already: answered before its deadline.
             let Some(wait) = wait else { continue };
             let _ = self.poller.remove(&wait.stream);
-            wait.end(ctx, Err(Failure::Net(NetCause::Timeout)), false);
+            return Some(wait.leave(self.start, Outcome::Failed(Failure::Net(NetCause::Timeout))));
         }
     }
-}
-
-/// The connection of an ended request: back to pool `pool` (`keep`), or
-/// closed; either way the cap's waiters hear of it.
-fn free_place(ctx: &Ctx, keep: Option<TcpStream>, pool: usize) {
-    let back = keep.and_then(|s| tokio::net::TcpStream::from_std(s).ok());
-    match back {
-        Some(stream) => {
-            ctx.pools[pool]
-                .borrow_mut()
-                .push(Link { stream, tls: None });
-        }
-        None => {
-            ctx.open.set(ctx.open.get().saturating_sub(1));
-            ctx.rec.borrow_mut().connection_closed();
-        }
-    }
-    ctx.freed.notify_one();
 }

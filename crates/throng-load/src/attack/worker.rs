@@ -28,14 +28,15 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use throng_proto::http::{self, BodyDecoder, BodyError};
+use throng_host::poll::Events;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 
-use super::record::{AttackRecorder, Exchange, RequestError, Row, RowFormat, RowWriter};
-use super::waiting::{Waiting, WaitingRoom};
+use super::record::{AttackRecorder, Exchange, Io, RequestError, Row, RowFormat, RowWriter};
+use super::response::ResponseReader;
+use super::waiting::{Left, Outcome, Waiting, WaitingRoom, Wake};
 use super::{Load, WorkerPlan, pacer};
 use crate::harness::clock::{Anchor, micros};
 use crate::harness::failure::{Failure, FirstOfKind, NetCause};
@@ -59,39 +60,39 @@ pub struct Done {
 }
 
 /// State shared by every task of the worker (single-threaded).
-pub(super) struct Ctx {
-    pub(super) plan: WorkerPlan,
+struct Ctx {
+    plan: WorkerPlan,
     /// Each target's request bytes, encoded once.
     wire: Vec<Rc<[u8]>>,
     /// Each target's pool index (targets on one endpoint share a pool).
-    pub(super) pool_of: Vec<usize>,
+    pool_of: Vec<usize>,
     /// Distinct endpoints, by pool index.
     endpoints: Vec<Endpoint>,
     /// Idle keep-alive connections, by pool index.
-    pub(super) pools: Vec<RefCell<Vec<Link>>>,
+    pools: Vec<RefCell<Vec<Link>>>,
     /// The TLS client, when any target is `https://`.
     tls: Option<TlsClient>,
     /// Connections open or being opened, idle ones included.
     /// Invariant: `open <= cap`.
-    pub(super) open: Cell<u64>,
+    open: Cell<u64>,
     /// This worker's share of `--max-connections`.
     cap: u64,
     /// The source address the next new connection binds (an index into the plan's).
     next_source: Cell<usize>,
     /// Requests whose answer is slow, waiting outside tokio.
-    pub(super) waiting: WaitingRoom,
+    waiting: WaitingRoom,
     /// A connection went back to a pool or closed: one waiter may go on.
-    pub(super) freed: Notify,
-    pub(super) timeout: Duration,
+    freed: Notify,
+    timeout: Duration,
     /// Where the schedule starts (request 0's intended time), both clocks.
-    pub(super) start: Anchor,
-    pub(super) rec: RefCell<AttackRecorder>,
+    start: Anchor,
+    rec: RefCell<AttackRecorder>,
     /// The one read buffer. Borrowed only between awaits.
-    pub(super) scratch: RefCell<Box<[u8]>>,
+    scratch: RefCell<Box<[u8]>>,
     rows: RefCell<Option<RowWriter>>,
-    pub(super) stop: Stop,
+    stop: Stop,
     /// Request tasks and loops still running, plus the scheduler.
-    pub(super) live: Live,
+    live: Live,
     done: Cell<Done>,
     ticker: Ticker,
     /// Failure kinds already logged (one event per kind).
@@ -127,92 +128,8 @@ impl Ctx {
 
 /// Runs one worker: its share of `plan`, until it is done or told to stop.
 pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> io::Result<()> {
-    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-    if plan.targets.is_empty() || plan.targets.len() != plan.addrs.len() {
-        return Err(invalid(
-            "a worker plan needs targets and one address per target".into(),
-        ));
-    }
-    let settings = plan.settings;
-    let wire: Vec<Rc<[u8]>> = plan
-        .targets
-        .iter()
-        .map(|t| Rc::from(t.encode(settings.keepalive)))
-        .collect();
-    let mut endpoints: Vec<Endpoint> = Vec::new();
-    let pool_of = plan
-        .addrs
-        .iter()
-        .zip(&plan.targets)
-        .map(|(a, t)| {
-            let e = Endpoint {
-                addr: *a,
-                tls_host: t.url.tls.then(|| t.url.host.clone()),
-            };
-            match endpoints.iter().position(|b| *b == e) {
-                Some(i) => i,
-                None => {
-                    endpoints.push(e);
-                    endpoints.len() - 1
-                }
-            }
-        })
-        .collect();
-    let tls = if plan.targets.iter().any(|t| t.url.tls) {
-        let opts = plan.tls.as_ref().ok_or_else(|| {
-            invalid("https:// targets need TLS options in the worker plan".into())
-        })?;
-        Some(TlsClient::new(opts).map_err(|e| invalid(e.to_string()))?)
-    } else {
-        None
-    };
-    // Connections this worker may hold, and (closed pool) the loops it runs:
-    // its share, which is 0 for some workers when there are more workers
-    // than connections.
-    let (cap, loops) = match plan.load {
-        Load::Rate(_) => (share(settings.max_connections, plan.index, plan.workers), 0),
-        Load::Max { connections } => {
-            let n = share(
-                connections.min(settings.max_connections),
-                plan.index,
-                plan.workers,
-            );
-            (n, n)
-        }
-    };
-    let rows = match &plan.per_request {
-        Some(path) => Some(RowWriter::open(path, RowFormat::for_path(path))?),
-        None => None,
-    };
-    let ctx = Rc::new(Ctx {
-        wire,
-        pools: endpoints.iter().map(|_| RefCell::new(Vec::new())).collect(),
-        pool_of,
-        endpoints,
-        tls,
-        tls_logged: Cell::new(false),
-        tls_noted: Cell::new(false),
-        open: Cell::new(0),
-        cap: cap.max(1),
-        next_source: Cell::new(0),
-        waiting: WaitingRoom::new()?,
-        freed: Notify::new(),
-        timeout: Duration::from_millis(settings.timeout_ms),
-        start: Anchor::at_unix_ns(plan.start_unix_ns),
-        rec: RefCell::new(AttackRecorder::new(
-            plan.label.clone(),
-            settings.interval_ns.max(1),
-        )),
-        scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
-        rows: RefCell::new(rows),
-        stop: Stop::default(),
-        live: Live::default(),
-        done: Cell::new(Done::default()),
-        ticker: Ticker::new(settings.interval_ns),
-        logged: FirstOfKind::default(),
-        out: Output::new(plan.label.clone(), out),
-        plan,
-    });
+    let (ctx, loops) = Ctx::new(plan, out)?;
+    let ctx = Rc::new(ctx);
 
     // A stop order, or the end of the input, stops the run at once.
     let orders_ctx = ctx.clone();
@@ -222,9 +139,123 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
         orders_ctx.live.wake();
     });
 
+    ctx.live.add();
+    start_load(&ctx, loops)?;
+    let tick_ctx = ctx.clone();
+    let ticker = tokio::task::spawn_local(async move {
+        let c = &tick_ctx;
+        c.ticker.run(&c.rec, &c.out, || c.flush_rows()).await;
+    });
+    let waiting = tokio::task::spawn_local(serve_waiting(ctx.clone()));
+
+    while ctx.live.get() > 0 && !ctx.stop.is_set() {
+        ctx.live.changed().await;
+    }
+    ticker.abort();
+    waiting.abort();
+    let mut done = ctx.done.get();
+    if ctx.stop.is_set() {
+        done.stopped = true;
+        ctx.rec.borrow_mut().cancel_in_flight();
+    }
+    if let Some(rows) = ctx.rows.borrow_mut().as_mut() {
+        rows.flush()?;
+    }
+    ctx.ticker.last(&ctx.rec, &ctx.out);
+    ctx.out.event(
+        "worker.done",
+        serde_json::to_string(&done).map_err(io::Error::other)?,
+    );
+    Ok(())
+}
+
+/// An invalid worker plan.
+fn invalid(m: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, m)
+}
+
+impl Ctx {
+    /// The worker's state for `plan`, writing its records to `out`, and
+    /// (closed pool) the number of loops it runs. Must be called inside
+    /// the worker's runtime.
+    fn new(plan: WorkerPlan, out: Box<dyn Write>) -> io::Result<(Self, u64)> {
+        if plan.targets.is_empty() || plan.targets.len() != plan.addrs.len() {
+            return Err(invalid(
+                "a worker plan needs targets and one address per target".into(),
+            ));
+        }
+        let settings = plan.settings;
+        let wire: Vec<Rc<[u8]>> = plan
+            .targets
+            .iter()
+            .map(|t| Rc::from(t.encode(settings.keepalive)))
+            .collect();
+        let (endpoints, pool_of) = Endpoint::pools(&plan);
+        let tls = if plan.targets.iter().any(|t| t.url.tls) {
+            let opts = plan.tls.as_ref().ok_or_else(|| {
+                invalid("https:// targets need TLS options in the worker plan".into())
+            })?;
+            Some(TlsClient::new(opts).map_err(|e| invalid(e.to_string()))?)
+        } else {
+            None
+        };
+        // Connections this worker may hold, and (closed pool) the loops it runs:
+        // its share, which is 0 for some workers when there are more workers
+        // than connections.
+        let (cap, loops) = match plan.load {
+            Load::Rate(_) => (share(settings.max_connections, plan.index, plan.workers), 0),
+            Load::Max { connections } => {
+                let n = share(
+                    connections.min(settings.max_connections),
+                    plan.index,
+                    plan.workers,
+                );
+                (n, n)
+            }
+        };
+        let rows = match &plan.per_request {
+            Some(path) => Some(RowWriter::open(path, RowFormat::for_path(path))?),
+            None => None,
+        };
+        let start = Anchor::at_unix_ns(plan.start_unix_ns);
+        let ctx = Self {
+            wire,
+            pools: endpoints.iter().map(|_| RefCell::new(Vec::new())).collect(),
+            pool_of,
+            endpoints,
+            tls,
+            tls_logged: Cell::new(false),
+            tls_noted: Cell::new(false),
+            open: Cell::new(0),
+            cap: cap.max(1),
+            next_source: Cell::new(0),
+            waiting: WaitingRoom::new(start.instant())?,
+            freed: Notify::new(),
+            timeout: Duration::from_millis(settings.timeout_ms),
+            start,
+            rec: RefCell::new(AttackRecorder::new(
+                plan.label.clone(),
+                settings.interval_ns.max(1),
+            )),
+            scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
+            rows: RefCell::new(rows),
+            stop: Stop::default(),
+            live: Live::default(),
+            done: Cell::new(Done::default()),
+            ticker: Ticker::new(settings.interval_ns),
+            logged: FirstOfKind::default(),
+            out: Output::new(plan.label.clone(), out),
+            plan,
+        };
+        Ok((ctx, loops))
+    }
+}
+
+/// Starts the load: the open-model schedule, or (closed pool) `loops`
+/// loops at the schedule's start.
+fn start_load(ctx: &Rc<Ctx>, loops: u64) -> io::Result<()> {
     let duration = ctx.plan.duration_ns.map(Duration::from_nanos);
     let requests = ctx.plan.requests;
-    ctx.live.add();
     match ctx.plan.load {
         Load::Rate(spec) => {
             let pacer = pacer(spec, duration, requests).map_err(|e| invalid(e.to_string()))?;
@@ -245,32 +276,6 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
             });
         }
     }
-    let tick_ctx = ctx.clone();
-    let ticker = tokio::task::spawn_local(async move {
-        let c = &tick_ctx;
-        c.ticker.run(&c.rec, &c.out, || c.flush_rows()).await;
-    });
-    let wait_ctx = ctx.clone();
-    let waiting = tokio::task::spawn_local(async move { wait_ctx.waiting.run(&wait_ctx).await });
-
-    while ctx.live.get() > 0 && !ctx.stop.is_set() {
-        ctx.live.changed().await;
-    }
-    ticker.abort();
-    waiting.abort();
-    let mut done = ctx.done.get();
-    if ctx.stop.is_set() {
-        done.stopped = true;
-        ctx.rec.borrow_mut().cancel_in_flight();
-    }
-    if let Some(rows) = ctx.rows.borrow_mut().as_mut() {
-        rows.flush()?;
-    }
-    ctx.ticker.last(&ctx.rec, &ctx.out);
-    ctx.out.event(
-        "worker.done",
-        serde_json::to_string(&done).map_err(io::Error::other)?,
-    );
     Ok(())
 }
 
@@ -359,18 +364,6 @@ async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
     ctx.live.done();
 }
 
-/// One request's own figures, for its row.
-#[derive(Debug)]
-pub(super) struct Io {
-    pub(super) bytes_in: u64,
-    pub(super) bytes_out: u64,
-    /// When the generator started it.
-    pub(super) began: Instant,
-    /// When it went on the wire: a connection was taken from the pool, or
-    /// a new one began to connect.
-    pub(super) sent_at: Option<Instant>,
-}
-
 /// Runs request `seq` (target `seq % targets`), due at `intended` and
 /// started at `began` (now), to its end, or until it waits for a slow
 /// answer in the waiting room (then `false`: the waiting room ends it).
@@ -406,7 +399,7 @@ async fn request(
 /// until it waits in the waiting room (then `false`). `retried`: this is
 /// its second try, after a reused connection went stale while it waited
 /// there; it gets no third.
-pub(super) async fn attempt(
+async fn attempt(
     ctx: &Rc<Ctx>,
     seq: u64,
     intended: Instant,
@@ -446,15 +439,14 @@ pub(super) async fn attempt(
         Ok(Exchanged::Answered(status)) => Ok(status),
         Ok(Exchanged::Slow(link, may_retry)) => match link.stream.into_std() {
             Ok(stream) => {
-                let wait = Waiting::new(ctx, stream, seq, t, intended, &io, may_retry);
-                match ctx.waiting.enter(wait, deadline) {
-                    // The waiting room ends it.
-                    Ok(()) => return false,
-                    Err(wait) => {
-                        ctx.waiting.refuse(ctx, wait);
-                        return true;
-                    }
+                let start = ctx.start.instant();
+                let wait = Waiting::new(start, stream, seq, t, intended, &io, may_retry);
+                if let Err(refused) = ctx.waiting.enter(wait, deadline) {
+                    // Ended at once, its task's work with it.
+                    settle(ctx, refused);
                 }
+                // Otherwise the waiting room ends it.
+                return false;
             }
             Err(e) => {
                 // Its place under the cap was kept for the waiting room.
@@ -470,8 +462,91 @@ pub(super) async fn attempt(
     true
 }
 
+/// The waiting room's loop: reads answers as they come, ends requests at
+/// their deadline, and settles each request that leaves the room.
+async fn serve_waiting(ctx: Rc<Ctx>) {
+    let room = &ctx.waiting;
+    let mut events = Events::with_capacity(1024);
+    loop {
+        match room.wait(&mut events).await {
+            Err(_) => return,
+            Ok(Wake::Ready) => {
+                for ev in events.iter() {
+                    let fd = ev.token as usize;
+                    if let Some(left) = room.read(fd, &ctx.scratch, &ctx.plan.targets, &ctx.rec) {
+                        settle(&ctx, left);
+                    }
+                }
+            }
+            Ok(Wake::Due) => {
+                let now = Instant::now();
+                while let Some(left) = room.expire(now) {
+                    settle(&ctx, left);
+                }
+            }
+        }
+    }
+}
+
+/// A request left the waiting room: records how it ended, and that its
+/// task's work is done, its connection back in its pool or closed; or (its
+/// reused connection was stale) sends it again, on a new connection, by
+/// its first try's deadline (counted from when it first went out).
+fn settle(ctx: &Rc<Ctx>, left: Left) {
+    let Left {
+        seq,
+        t,
+        intended,
+        mut io,
+        stream,
+        how,
+    } = left;
+    let pool = ctx.pool_of[t];
+    let (result, keep) = match how {
+        Outcome::Answered(status, keep) => (
+            Ok(status),
+            keep && ctx.plan.settings.keepalive && !ctx.stop.is_set(),
+        ),
+        Outcome::Failed(why) => (Err(why), false),
+        Outcome::Stale => {
+            free_place(ctx, None, pool);
+            ctx.rec.borrow_mut().retried();
+            io.sent_at = None;
+            let deadline = io.began + ctx.timeout;
+            let c = ctx.clone();
+            tokio::task::spawn_local(async move {
+                if attempt(&c, seq, intended, io, deadline, None, true).await {
+                    c.live.done();
+                }
+            });
+            return;
+        }
+    };
+    free_place(ctx, keep.then_some(stream), pool);
+    finish(ctx, seq, t, intended, &io, result);
+    ctx.live.done();
+}
+
+/// The connection of a request that left the waiting room: back to pool
+/// `pool` (`keep`), or closed; either way the cap's waiters hear of it.
+fn free_place(ctx: &Ctx, keep: Option<std::net::TcpStream>, pool: usize) {
+    let back = keep.and_then(|s| TcpStream::from_std(s).ok());
+    match back {
+        Some(stream) => {
+            ctx.pools[pool]
+                .borrow_mut()
+                .push(Link { stream, tls: None });
+        }
+        None => {
+            ctx.open.set(ctx.open.get().saturating_sub(1));
+            ctx.rec.borrow_mut().connection_closed();
+        }
+    }
+    ctx.freed.notify_one();
+}
+
 /// Records how request `seq` (target `t`, due at `intended`) ended.
-pub(super) fn finish(
+fn finish(
     ctx: &Ctx,
     seq: u64,
     t: usize,
@@ -540,10 +615,37 @@ struct Endpoint {
     tls_host: Option<String>,
 }
 
+impl Endpoint {
+    /// The distinct endpoints of `plan`'s targets, and each target's index
+    /// among them (its pool: targets on one endpoint share one).
+    fn pools(plan: &WorkerPlan) -> (Vec<Self>, Vec<usize>) {
+        let mut endpoints: Vec<Self> = Vec::new();
+        let pool_of = plan
+            .addrs
+            .iter()
+            .zip(&plan.targets)
+            .map(|(a, t)| {
+                let e = Self {
+                    addr: *a,
+                    tls_host: t.url.tls.then(|| t.url.host.clone()),
+                };
+                match endpoints.iter().position(|b| *b == e) {
+                    Some(i) => i,
+                    None => {
+                        endpoints.push(e);
+                        endpoints.len() - 1
+                    }
+                }
+            })
+            .collect();
+        (endpoints, pool_of)
+    }
+}
+
 /// An open connection: the socket and, for `https://`, its TLS session.
-pub(super) struct Link {
-    pub(super) stream: TcpStream,
-    pub(super) tls: Option<Box<Session>>,
+struct Link {
+    stream: TcpStream,
+    tls: Option<Box<Session>>,
 }
 
 /// An open connection counted against the cap; closing it (by drop) frees
@@ -733,7 +835,7 @@ enum Talk {
 const WAIT_IN_TASK: Duration = Duration::from_millis(100);
 
 /// How an exchange ended in its task.
-pub(super) enum Exchanged {
+enum Exchanged {
     /// The answer came: its status.
     Answered(u16),
     /// The request went out and is slow to be answered: its connection
@@ -919,157 +1021,5 @@ async fn talk_tls(
                 None => Err(Talk::Fail(Failure::Own(Exchange::Closed))),
             };
         }
-    }
-}
-
-/// Reads one response from the bytes as they arrive: the head (kept only
-/// when it arrives split), then the body, which is counted and dropped.
-#[derive(Debug)]
-pub(super) struct ResponseReader {
-    /// A head that has not arrived whole yet (empty otherwise).
-    partial: Vec<u8>,
-    /// Status, keep-alive and the body's decoder, once the head is in.
-    head: Option<(u16, bool, BodyDecoder)>,
-    /// Any byte arrived.
-    any: bool,
-}
-
-impl ResponseReader {
-    pub(super) fn new() -> Self {
-        Self {
-            partial: Vec::new(),
-            head: None,
-            any: false,
-        }
-    }
-
-    fn started(&self) -> bool {
-        self.any
-    }
-
-    /// Feeds newly read bytes: `Some((status, keep_alive))` once the response ended.
-    pub(super) fn feed(
-        &mut self,
-        data: &[u8],
-        method: &str,
-    ) -> Result<Option<(u16, bool)>, RequestError> {
-        self.any = true;
-        if let Some((status, keep, dec)) = self.head.as_mut() {
-            return Ok(body(dec, data)?.map(|extra| (*status, *keep && !extra)));
-        }
-        let joined = !self.partial.is_empty();
-        if joined {
-            if self.partial.len() + data.len() > http::MAX_HEAD + data.len().min(64 * 1024) {
-                return Err(Failure::Own(Exchange::BadResponse));
-            }
-            self.partial.extend_from_slice(data);
-        }
-        let buf: &[u8] = if joined { &self.partial } else { data };
-        let parsed = http::parse_response(buf, http::MAX_HEAD)
-            .map_err(|_| Failure::Own(Exchange::BadResponse))?;
-        let Some((resp, used)) = parsed else {
-            if !joined {
-                self.partial.extend_from_slice(data);
-            }
-            return Ok(None);
-        };
-        let kind = resp
-            .body_kind(method)
-            .map_err(|_| Failure::Own(Exchange::BadResponse))?;
-        let keep = resp.keep_alive();
-        let mut dec = BodyDecoder::new(kind, u64::MAX);
-        let result = body(&mut dec, &buf[used..])?.map(|extra| (resp.status, keep && !extra));
-        self.head = Some((resp.status, keep, dec));
-        self.partial = Vec::new();
-        Ok(result)
-    }
-
-    /// The peer closed: the status if that ended the response.
-    pub(super) fn eof(&mut self) -> Option<u16> {
-        let (status, _, dec) = self.head.as_mut()?;
-        match dec.decode(&[], true) {
-            Ok(step) if step.done => Some(*status),
-            _ => None,
-        }
-    }
-}
-
-/// Runs body bytes through the decoder: `Some(extra)` when the body ended
-/// (`extra`: bytes followed it, so the connection cannot be trusted again).
-fn body(dec: &mut BodyDecoder, mut rest: &[u8]) -> Result<Option<bool>, RequestError> {
-    loop {
-        if dec.is_done() {
-            return Ok(Some(!rest.is_empty()));
-        }
-        if rest.is_empty() {
-            return Ok(None);
-        }
-        let step = dec.decode(rest, false).map_err(|e| match e {
-            BodyError::Truncated => Failure::Own(Exchange::Closed),
-            _ => Failure::Own(Exchange::BadResponse),
-        })?;
-        rest = &rest[step.consumed..];
-        if step.done {
-            return Ok(Some(!rest.is_empty()));
-        }
-        if step.consumed == 0 {
-            return Ok(None);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_split_heads_and_chunked_bodies() {
-        let wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\npong\r\n4\r\npong\r\n0\r\n\r\n";
-        for split in 1..wire.len() {
-            let mut r = ResponseReader::new();
-            let first = r.feed(&wire[..split], "POST").unwrap();
-            let got = match first {
-                Some(done) => {
-                    assert_eq!(split, wire.len(), "ended early at {split}");
-                    done
-                }
-                None => r.feed(&wire[split..], "POST").unwrap().unwrap(),
-            };
-            assert_eq!(got, (200, true), "split {split}");
-        }
-    }
-
-    #[test]
-    fn length_close_and_bad() {
-        let mut r = ResponseReader::new();
-        assert_eq!(
-            r.feed(
-                b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno",
-                "GET"
-            )
-            .unwrap(),
-            Some((404, true))
-        );
-        let mut r = ResponseReader::new();
-        assert_eq!(r.feed(b"HTTP/1.0 200 OK\r\n\r\nbody", "GET").unwrap(), None);
-        assert_eq!(r.eof(), Some(200));
-        let mut r = ResponseReader::new();
-        assert_eq!(
-            r.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort", "GET")
-                .unwrap(),
-            None
-        );
-        assert_eq!(r.eof(), None);
-        let mut r = ResponseReader::new();
-        assert_eq!(
-            r.feed(b"HTTP/1.1 204 No Content\r\n\r\nextra", "GET")
-                .unwrap(),
-            Some((204, false))
-        );
-        let mut r = ResponseReader::new();
-        assert_eq!(
-            r.feed(b"SMTP ready\r\n\r\n", "GET"),
-            Err(Failure::Own(Exchange::BadResponse))
-        );
     }
 }

@@ -197,7 +197,7 @@ struct Plan {
     connections: u64,
     rate: RateSpec,
     machine: Machine,
-    snapshot: doctor::Machine,
+    snapshot: doctor::HostLimits,
     fit: Fit,
     network: Network,
 }
@@ -227,7 +227,7 @@ enum Network {
 impl Network {
     /// Decides for `sockets` from the TCP table finding `throng doctor`
     /// made (its absence: a kernel that does not say: the host's).
-    fn choose(sockets: u64, snapshot: &doctor::Machine, host_network: bool) -> Self {
+    fn choose(sockets: u64, snapshot: &doctor::HostLimits, host_network: bool) -> Self {
         let Some(host) = snapshot.tcp_buckets.filter(|b| *b > 0) else {
             return Self::Host;
         };
@@ -634,7 +634,7 @@ fn setting(e: impl std::fmt::Display) -> BenchError {
 /// said yes: a limit that will stop the run stops it now.
 fn plan(req: &Request) -> Result<Plan, BenchError> {
     let machine = Machine::probe()?;
-    let snapshot = doctor::Machine::read(&doctor::proc_root());
+    let snapshot = doctor::HostLimits::read(&doctor::proc_root());
     let connections = req
         .connections
         .unwrap_or_else(|| default_connections(&snapshot));
@@ -685,7 +685,7 @@ fn headline(req: &Request, plan: &Plan) -> String {
 /// The connections a bench holds when none are asked for: [`DEFAULT_MAX`],
 /// fewer where half the memory available would not hold them at
 /// [`PLAN_BYTES_PER_CONNECTION`].
-pub fn default_connections(snapshot: &doctor::Machine) -> u64 {
+pub fn default_connections(snapshot: &doctor::HostLimits) -> u64 {
     let by_memory = snapshot
         .mem_available
         .map_or(DEFAULT_MAX, |m| m / 2 / PLAN_BYTES_PER_CONNECTION);
@@ -863,9 +863,9 @@ mod tests {
     fn the_network_follows_the_tcp_table() {
         let p = throng_testkit::fake_proc::FakeProc::new("bench-network");
         p.set("net.ipv4.tcp_ehash_entries", "-262144");
-        let old_kernel = doctor::Machine::read(p.root());
+        let old_kernel = doctor::HostLimits::read(p.root());
         p.set("net.ipv4.tcp_child_ehash_entries", "0");
-        let m = doctor::Machine::read(p.root());
+        let m = doctor::HostLimits::read(p.root());
         assert_eq!(Network::choose(200_000, &m, false), Network::Host);
         assert_eq!(Network::choose(2_000_000, &m, true), Network::Host);
         let too_small = Network::HostTooSmall {

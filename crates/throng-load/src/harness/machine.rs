@@ -33,7 +33,7 @@ impl Machine {
     /// The machine as `throng doctor` read it (from `/proc`, or a fake tree
     /// in tests), without raising anything: so doctor plans on the limits it
     /// checks.
-    pub fn from_snapshot(m: &doctor::Machine) -> Self {
+    pub fn from_snapshot(m: &doctor::HostLimits) -> Self {
         let port = |p: u64, default: u16| u16::try_from(p).unwrap_or(default);
         Self {
             nofile: m.nofile.hard,

@@ -131,50 +131,11 @@ pub fn run<R: Role>(role: R, setup: Setup) -> io::Result<R::Summary> {
     local.block_on(&rt, supervise(role, setup))
 }
 
+/// Runs `role`: starts its workers, then takes their records, flushes
+/// intervals, handles Ctrl-C and deadlines until every worker is gone.
 async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary> {
     let workers = role.workers().max(1);
-    let length_ns = role.interval_ns().max(1);
-    let start_ns = match &setup.remote {
-        Some(r) => now_unix_ns() + super::clock::nanos(r.lead()),
-        None => schedule_start(workers),
-    };
-    let mut collector = Collector::new(
-        R::NAME,
-        workers as usize,
-        length_ns,
-        start_ns,
-        setup.results.as_ref(),
-    )?;
-    let host = throng_host::sample::hostname();
-    let plans = (0..workers)
-        .map(|i| {
-            let label = match &setup.remote {
-                Some(r) => r.label(R::NAME, i),
-                None => format!("{host}/{}-{i}", R::NAME),
-            };
-            (label.clone(), role.plan(i, label, start_ns))
-        })
-        .collect::<Vec<_>>();
-    let (tx, mut feed) = mpsc::unbounded_channel();
-    let crew: Box<dyn Crew> = match &setup.remote {
-        None => Box::new(Pool::spawn(&setup.command, plans, &tx)?),
-        Some(r) => {
-            let plans = plans
-                .into_iter()
-                .map(|(l, p)| serde_json::to_value(p).map(|v| (l, v)))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(io::Error::other)?;
-            r.launch(R::NAME, plans, &tx)?
-        }
-    };
-    drop(tx);
-    let run = Rc::new(Run {
-        crew,
-        screen: RefCell::new(Screen::new(setup.progress, R::NAME)),
-        start: Anchor::at_unix_ns(start_ns),
-        kill_at: Cell::new(None),
-    });
-    role.started(&run);
+    let (mut collector, run, mut feed) = start(&mut role, &setup)?;
 
     let mut done = vec![false; workers as usize];
     let mut open = done.len();
@@ -258,6 +219,58 @@ async fn supervise<R: Role>(mut role: R, setup: Setup) -> io::Result<R::Summary>
     let mut totals = collector.finish();
     totals.events = events.into_groups();
     Ok(role.finish(totals, &run))
+}
+
+/// Starts `role`'s workers (child processes, or on agents): the collector
+/// of their records, the run, and the feed their records come on.
+fn start<R: Role>(
+    role: &mut R,
+    setup: &Setup,
+) -> io::Result<(Collector, Rc<Run>, mpsc::UnboundedReceiver<Feed>)> {
+    let workers = role.workers().max(1);
+    let length_ns = role.interval_ns().max(1);
+    let start_ns = match &setup.remote {
+        Some(r) => now_unix_ns() + super::clock::nanos(r.lead()),
+        None => schedule_start(workers),
+    };
+    let collector = Collector::new(
+        R::NAME,
+        workers as usize,
+        length_ns,
+        start_ns,
+        setup.results.as_ref(),
+    )?;
+    let host = throng_host::sample::hostname();
+    let plans = (0..workers)
+        .map(|i| {
+            let label = match &setup.remote {
+                Some(r) => r.label(R::NAME, i),
+                None => format!("{host}/{}-{i}", R::NAME),
+            };
+            (label.clone(), role.plan(i, label, start_ns))
+        })
+        .collect::<Vec<_>>();
+    let (tx, feed) = mpsc::unbounded_channel();
+    let crew: Box<dyn Crew> = match &setup.remote {
+        None => Box::new(Pool::spawn(&setup.command, plans, &tx)?),
+        Some(r) => {
+            let plans = plans
+                .into_iter()
+                .map(|(l, p)| serde_json::to_value(p).map(|v| (l, v)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(io::Error::other)?;
+            r.launch(R::NAME, plans, &tx)?
+        }
+    };
+    drop(tx);
+    let run = Rc::new(Run {
+        crew,
+        screen: RefCell::new(Screen::new(setup.progress, R::NAME)),
+        start: Anchor::at_unix_ns(start_ns),
+        kill_at: Cell::new(None),
+    });
+    role.started(&run);
+    Ok((collector, run, feed))
 }
 
 /// Flushes one interval and shows it.

@@ -37,7 +37,7 @@ use throng_proto::ws::{self, Decoder, Frame};
 use super::mqtt::{acknowledge, disconnect, ping_due, ping_every, pingreq};
 use super::recorder::Closed;
 use super::sequence::Sequence;
-use super::worker::{Ctx, mask, on_message};
+use super::shared::Shared;
 use crate::harness::clock::now_unix_ns;
 use crate::tls::{Phase, Records};
 
@@ -47,6 +47,12 @@ const EVENTS: usize = 1024;
 const READS_PER_TURN: usize = 4;
 /// Rounds of events per wake-up before yielding to the worker's other tasks.
 const ROUNDS_PER_WAKE: usize = 8;
+
+/// A 4-byte client mask. RFC 6455 wants it unpredictable to intermediaries;
+/// fastrand is enough for a load generator that is not a browser.
+fn mask() -> [u8; 4] {
+    fastrand::u32(..).to_ne_bytes()
+}
 
 /// What a held connection decodes with: WebSocket frames, MQTT packets or
 /// Server-Sent Events.
@@ -136,7 +142,7 @@ impl Holder {
     /// after the handshake response.
     pub(super) fn adopt(
         &self,
-        ctx: &Ctx,
+        ctx: &Shared,
         stream: tokio::net::TcpStream,
         tls: Option<Box<Records>>,
         codec: Codec,
@@ -192,7 +198,7 @@ impl Holder {
     }
 
     /// The loop: waits for the epoll set, handles every ready connection.
-    pub(super) async fn run(&self, ctx: &Ctx) {
+    pub(super) async fn run(&self, ctx: &Shared) {
         let mut events = Events::with_capacity(EVENTS);
         loop {
             if self.poller.wait(&mut events).await.is_err() {
@@ -220,7 +226,7 @@ impl Holder {
 
     /// Reads and handles what connection `index` has (or `first`, the bytes
     /// that came with the handshake).
-    fn turn(&self, ctx: &Ctx, index: usize, first: Option<&mut Vec<u8>>) {
+    fn turn(&self, ctx: &Shared, index: usize, first: Option<&mut Vec<u8>>) {
         let mut reply = Vec::new();
         let (seen, closing, no_close_frame) = {
             let mut slots = self.slots.borrow_mut();
@@ -254,7 +260,7 @@ impl Holder {
 
     /// Ends connection `index`: counts how, and the messages it missed at the
     /// end of the run; closes the socket.
-    fn finish(&self, ctx: &Ctx, index: usize, how: Closed) {
+    fn finish(&self, ctx: &Shared, index: usize, how: Closed) {
         let Some(mut held) = self
             .slots
             .borrow_mut()
@@ -290,7 +296,7 @@ impl Holder {
     }
 
     /// Sends our close frame on connection `index` (an SSE one just closes).
-    fn close_one(&self, ctx: &Ctx, index: usize) {
+    fn close_one(&self, ctx: &Shared, index: usize) {
         let ended = {
             let mut slots = self.slots.borrow_mut();
             let Some(Some(held)) = slots.get_mut(index) else {
@@ -324,7 +330,7 @@ impl Holder {
     /// The one-second sweep of MQTT keep-alives (`tick` counts seconds):
     /// every connection due sends PINGREQ; one whose last PINGREQ is still
     /// unanswered is closed (`closed.keepalive`).
-    pub(super) fn ping(&self, ctx: &Ctx, tick: u64, keep_alive_s: u16) {
+    pub(super) fn ping(&self, ctx: &Shared, tick: u64, keep_alive_s: u16) {
         let every = ping_every(keep_alive_s);
         if every == 0 {
             return;
@@ -361,7 +367,7 @@ impl Holder {
     }
 
     /// The run ends: send every held connection our close frame.
-    pub(super) fn close_all(&self, ctx: &Ctx) {
+    pub(super) fn close_all(&self, ctx: &Shared) {
         let len = self.slots.borrow().len();
         for index in 0..len {
             self.close_one(ctx, index);
@@ -369,7 +375,7 @@ impl Holder {
     }
 
     /// The close timeout has passed: give up on every connection still open.
-    pub(super) fn expire(&self, ctx: &Ctx) {
+    pub(super) fn expire(&self, ctx: &Shared) {
         self.expired.set(true);
         let len = self.slots.borrow().len();
         for index in 0..len {
@@ -422,7 +428,7 @@ fn read_into(stream: &TcpStream, buf: &mut [u8]) -> Got {
 }
 
 /// [`process`] of `data` after what an earlier read left of a split frame.
-fn process_more(ctx: &Ctx, held: &mut Held, data: &mut [u8], reply: &mut Vec<u8>) -> Seen {
+fn process_more(ctx: &Shared, held: &mut Held, data: &mut [u8], reply: &mut Vec<u8>) -> Seen {
     if held.rest.is_empty() {
         process(ctx, held, data, reply)
     } else {
@@ -435,7 +441,7 @@ fn process_more(ctx: &Ctx, held: &mut Held, data: &mut [u8], reply: &mut Vec<u8>
 /// Reads what is there (a bounded number of times) and processes it. A
 /// TLS connection's records are decrypted from the shared scratch buffer
 /// into the second shared buffer first.
-fn read(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
+fn read(ctx: &Shared, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
     let mut scratch = ctx.scratch.borrow_mut();
     let mut plain = ctx.plain.borrow_mut();
     for _ in 0..READS_PER_TURN {
@@ -476,7 +482,7 @@ fn read(ctx: &Ctx, held: &mut Held, reply: &mut Vec<u8>) -> Seen {
 
 /// Decodes every whole frame or packet in `buf`; keeps a trailing partial
 /// one in `held.rest` (copying only that tail when `buf` is the shared scratch).
-fn process(ctx: &Ctx, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> Seen {
+fn process(ctx: &Shared, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> Seen {
     let now_ns = now_unix_ns();
     let (off, seen) = match &mut held.codec {
         Codec::Ws(decoder) => frames(ctx, decoder, &mut held.seq, buf, reply, now_ns),
@@ -494,7 +500,7 @@ fn process(ctx: &Ctx, held: &mut Held, buf: &mut [u8], reply: &mut Vec<u8>) -> S
 
 /// WebSocket frames: how far they went, and what was seen.
 fn frames(
-    ctx: &Ctx,
+    ctx: &Shared,
     decoder: &mut Decoder,
     seq: &mut Sequence,
     buf: &mut [u8],
@@ -518,7 +524,7 @@ fn frames(
         match decoded.frame {
             None | Some(Frame::Pong(_)) => {}
             Some(Frame::Text(payload) | Frame::Binary(payload)) => {
-                on_message(ctx, seq, payload, now_ns);
+                ctx.on_message(seq, payload, now_ns);
             }
             Some(Frame::Ping(payload)) => {
                 ws::encode_into(reply, true, ws::OpCode::Pong, payload, Some(mask()));
@@ -544,7 +550,7 @@ fn frames(
 /// PINGRESP answers our PINGREQ, a 5.0 DISCONNECT closes with its reason;
 /// a packet the codec refuses gets the protocol's answer.
 fn packets(
-    ctx: &Ctx,
+    ctx: &Shared,
     m: &mut MqttConn,
     seq: &mut Sequence,
     buf: &[u8],
@@ -564,7 +570,7 @@ fn packets(
         off += decoded.consumed;
         match decoded.packet {
             Packet::Publish(p) => {
-                on_message(ctx, seq, p.payload, now_ns);
+                ctx.on_message(seq, p.payload, now_ns);
                 acknowledge(p.delivery, version(&m.decoder), reply);
             }
             Packet::Pingresp => m.ping_out = false,
@@ -580,7 +586,7 @@ fn packets(
 /// base64) is a message; comments (the keep-alives) and `retry:` are
 /// nothing. An event over the message limit, or binary data that is not
 /// base64, breaks the stream.
-fn events(ctx: &Ctx, seq: &mut Sequence, buf: &[u8], now_ns: u64) -> (usize, Seen) {
+fn events(ctx: &Shared, seq: &mut Sequence, buf: &[u8], now_ns: u64) -> (usize, Seen) {
     // An event is its payload plus field names and line ends (base64 makes
     // a binary one a third longer).
     let limit = ctx.plan.settings.max_message.saturating_mul(2).max(4096);
@@ -592,7 +598,7 @@ fn events(ctx: &Ctx, seq: &mut Sequence, buf: &[u8], now_ns: u64) -> (usize, See
                 off += parsed.consumed;
                 if let Some(event) = parsed.event {
                     match event.payload() {
-                        Ok(payload) => on_message(ctx, seq, &payload, now_ns),
+                        Ok(payload) => ctx.on_message(seq, &payload, now_ns),
                         Err(_) => return (buf.len(), Seen::Protocol),
                     }
                 }

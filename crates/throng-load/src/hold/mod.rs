@@ -10,7 +10,8 @@
 //!   publisher, the end of the run; [`summary`]: what the run did;
 //! - [`publish`], [`message`]: publishing the timestamped messages;
 //! - [`mqtt`]: what held MQTT subscribers and the MQTT publisher send;
-//! - [`worker`] (with `held`, its readiness loop): one worker process;
+//! - [`worker`] (with `held`, its readiness loop, and `shared`, what the
+//!   two share): one worker process;
 //! - [`recorder`], [`sequence`]: what a worker counts.
 
 use std::net::IpAddr;
@@ -30,6 +31,7 @@ pub mod publish;
 pub mod recorder;
 pub mod request;
 pub mod sequence;
+mod shared;
 pub mod summary;
 pub mod supervisor;
 pub mod target;

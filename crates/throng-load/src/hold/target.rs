@@ -17,7 +17,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use throng_client::redis::RedisUrl;
+use throng_client::redis::{RedisUrl, RedisUrlError};
 use throng_client::trust::Trust;
 use throng_proto::mqtt::topic;
 
@@ -292,9 +292,9 @@ impl FromStr for PublishTarget {
             });
         }
         if url.starts_with("redis://") || url.starts_with("rediss://") {
-            let r: RedisUrl = url.parse().map_err(|why: String| TargetError::Url {
+            let r: RedisUrl = url.parse().map_err(|e: RedisUrlError| TargetError::Url {
                 url: redact_userinfo(url),
-                why,
+                why: e.to_string(),
             })?;
             let ip = if r.host.eq_ignore_ascii_case("localhost") {
                 IpAddr::V4(Ipv4Addr::LOCALHOST)

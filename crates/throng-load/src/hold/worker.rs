@@ -34,11 +34,10 @@ use tokio::net::TcpStream;
 
 use super::WorkerPlan;
 use super::held::{Codec, Holder};
-use super::message;
 use super::mqtt::{Joining, MqttOptions, Refusal};
 use super::plan::assign;
 use super::recorder::{ConnectError, Handshake, HoldRecorder, MessageTally};
-use super::sequence::Sequence;
+use super::shared::Shared;
 use super::target::WsTarget;
 use crate::harness::clock::{Anchor, micros};
 use crate::harness::failure::{Failure, FirstOfKind, NetCause};
@@ -46,30 +45,12 @@ use crate::harness::worker::{Live, Order, Orders, Output, Stop, Ticker};
 use crate::pacer::Pacer;
 use crate::tls::{self, Phase, Records, Session, TlsClient};
 
-/// A 4-byte client mask. RFC 6455 wants it unpredictable to intermediaries;
-/// fastrand is enough for a load generator that is not a browser.
-pub(super) fn mask() -> [u8; 4] {
-    fastrand::u32(..).to_ne_bytes()
-}
-
 /// State shared by every task of the worker (single-threaded: `Rc`, `Cell`).
-pub(super) struct Ctx {
-    pub(super) plan: WorkerPlan,
-    pub(super) rec: RefCell<HoldRecorder>,
-    /// The one read buffer of the worker. Borrowed only between awaits.
-    pub(super) scratch: RefCell<Box<[u8]>>,
-    /// Decrypted bytes of one TLS read, reused by every connection.
-    pub(super) plain: RefCell<Vec<u8>>,
+struct Ctx {
+    /// What the tasks share with the readiness loop.
+    shared: Shared,
     /// The TLS client of `wss://` runs.
     tls: Option<TlsClient>,
-    /// Set once, when the run ends; connections check it before waiting.
-    pub(super) stop: Stop,
-    /// The last sequence number published, from the `stop` order (0: unknown).
-    pub(super) final_seq: Cell<u64>,
-    /// When the first message was published (0: not yet).
-    pub(super) first_publish_ns: Cell<u64>,
-    /// Connection tasks still running plus connections held.
-    pub(super) live: Live,
     /// Connections being opened, plus 1 while the schedule still runs.
     opening: Cell<u64>,
     ticker: Ticker,
@@ -84,7 +65,7 @@ pub(super) struct Ctx {
 
 impl Ctx {
     fn fail(&self, kind: ConnectError, detail: impl FnOnce() -> String) {
-        self.rec.borrow_mut().failed(kind);
+        self.shared.rec.borrow_mut().failed(kind);
         if self.logged.first(kind) {
             self.out.event(
                 "connect.error",
@@ -105,7 +86,7 @@ impl Ctx {
             throng_host::process::release_free_memory();
             self.out.event(
                 "worker.ramp_done",
-                format!("{} connections attempted", self.plan.share()),
+                format!("{} connections attempted", self.shared.plan.share()),
             );
         }
     }
@@ -113,16 +94,16 @@ impl Ctx {
     /// The supervisor's order to stop: close every held connection, and
     /// give up on those that do not answer within the close timeout.
     fn stop(self: &Rc<Self>, final_seq: u64) {
-        if !self.stop.set() {
+        if !self.shared.stop.set() {
             return;
         }
-        self.final_seq.set(final_seq);
-        self.holder.close_all(self);
-        let wait = Duration::from_millis(self.plan.settings.close_timeout_ms);
+        self.shared.final_seq.set(final_seq);
+        self.holder.close_all(&self.shared);
+        let wait = Duration::from_millis(self.shared.plan.settings.close_timeout_ms);
         let ctx = self.clone();
         tokio::task::spawn_local(async move {
             tokio::time::sleep(wait).await;
-            ctx.holder.expire(&ctx);
+            ctx.holder.expire(&ctx.shared);
         });
     }
 }
@@ -148,51 +129,56 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
             "an mqtt:// target needs MQTT options in the worker plan".into(),
         ));
     }
+    let out = Output::new(plan.label.clone(), out);
     let ctx = Rc::new(Ctx {
-        plain: RefCell::new(Vec::new()),
+        shared: Shared {
+            plain: RefCell::new(Vec::new()),
+            rec: RefCell::new(rec),
+            scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
+            stop: Stop::default(),
+            final_seq: Cell::new(0),
+            first_publish_ns: Cell::new(0),
+            live: Live::default(),
+            plan,
+        },
         tls,
-        rec: RefCell::new(rec),
-        scratch: RefCell::new(vec![0u8; settings.scratch.max(4096)].into_boxed_slice()),
-        stop: Stop::default(),
-        final_seq: Cell::new(0),
-        first_publish_ns: Cell::new(0),
-        live: Live::default(),
         opening: Cell::new(1),
         ticker: Ticker::new(settings.interval_ns),
         logged: FirstOfKind::default(),
         tls_noted: Cell::new(false),
         holder: Holder::new()?,
-        out: Output::new(plan.label.clone(), out),
-        plan,
+        out,
     });
     // The opener itself, so that the worker waits for the schedule to end.
-    ctx.live.add();
+    ctx.shared.live.add();
 
     let orders_ctx = ctx.clone();
     tokio::task::spawn_local(async move {
         while let Some(order) = orders.next().await {
             match order {
-                Order::Publishing(ns) => orders_ctx.first_publish_ns.set(ns),
+                Order::Publishing(ns) => orders_ctx.shared.first_publish_ns.set(ns),
                 Order::Stop(seq) => orders_ctx.stop(seq),
             }
         }
     });
-    let start = Anchor::at_unix_ns(ctx.plan.start_unix_ns).instant();
+    let start = Anchor::at_unix_ns(ctx.shared.plan.start_unix_ns).instant();
     tokio::task::spawn_local(open_all(ctx.clone(), pacer, start));
     let tick_ctx = ctx.clone();
     let ticker = tokio::task::spawn_local(async move {
         tick_ctx
             .ticker
-            .run(&tick_ctx.rec, &tick_ctx.out, || {})
+            .run(&tick_ctx.shared.rec, &tick_ctx.out, || {})
             .await;
     });
     let loop_ctx = ctx.clone();
-    let holder = tokio::task::spawn_local(async move { loop_ctx.holder.run(&loop_ctx).await });
+    let holder =
+        tokio::task::spawn_local(async move { loop_ctx.holder.run(&loop_ctx.shared).await });
     let pinger = ctx
+        .shared
         .plan
         .mqtt
         .as_ref()
-        .filter(|_| ctx.plan.target.mqtt)
+        .filter(|_| ctx.shared.plan.target.mqtt)
         .map(|opts| {
             let keep_alive_s = opts.keep_alive_s;
             let ping_ctx = ctx.clone();
@@ -202,22 +188,22 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
                 let mut tick = 0u64;
                 loop {
                     every.tick().await;
-                    ping_ctx.holder.ping(&ping_ctx, tick, keep_alive_s);
+                    ping_ctx.holder.ping(&ping_ctx.shared, tick, keep_alive_s);
                     tick += 1;
                 }
             })
         });
 
-    while ctx.live.get() > 0 {
-        ctx.live.changed().await;
+    while ctx.shared.live.get() > 0 {
+        ctx.shared.live.changed().await;
     }
     ticker.abort();
     holder.abort();
     if let Some(p) = pinger {
         p.abort();
     }
-    ctx.ticker.last(&ctx.rec, &ctx.out);
-    let messages = ctx.rec.borrow().messages();
+    ctx.ticker.last(&ctx.shared.rec, &ctx.out);
+    let messages = ctx.shared.rec.borrow().messages();
     if !messages.is_empty() {
         // Exact per message whatever their spacing (bench's last subscriber).
         ctx.out
@@ -225,20 +211,20 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
     }
     ctx.out.event(
         "worker.done",
-        format!("{} connections attempted", ctx.plan.share()),
+        format!("{} connections attempted", ctx.shared.plan.share()),
     );
     Ok(())
 }
 
 /// Starts this worker's connections on the schedule.
 async fn open_all(ctx: Rc<Ctx>, pacer: Pacer, start: Instant) {
-    let step = u64::from(ctx.plan.workers.max(1));
-    let mut i = u64::from(ctx.plan.index);
-    while i < ctx.plan.connections && !ctx.stop.is_set() {
+    let step = u64::from(ctx.shared.plan.workers.max(1));
+    let mut i = u64::from(ctx.shared.plan.index);
+    while i < ctx.shared.plan.connections && !ctx.shared.stop.is_set() {
         let intended = start + pacer.intended(i);
         let now = Instant::now();
         if intended > now {
-            let stop = ctx.stop.notified();
+            let stop = ctx.shared.stop.notified();
             tokio::select! {
                 biased;
                 () = stop => break,
@@ -246,20 +232,20 @@ async fn open_all(ctx: Rc<Ctx>, pacer: Pacer, start: Instant) {
             }
             continue;
         }
-        ctx.rec.borrow_mut().started(micros(now - intended));
-        ctx.live.add();
+        ctx.shared.rec.borrow_mut().started(micros(now - intended));
+        ctx.shared.live.add();
         ctx.opening.set(ctx.opening.get() + 1);
         tokio::task::spawn_local(connection(ctx.clone(), i, intended));
         i += step;
     }
     ctx.opening_done();
-    ctx.live.done();
+    ctx.shared.live.done();
 }
 
 /// One connection from first SYN to last close.
 async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
     let started = Instant::now();
-    let plan = &ctx.plan;
+    let plan = &ctx.shared.plan;
     let (_, s, p) = assign(
         i,
         plan.workers,
@@ -268,10 +254,10 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
     );
     let source = plan.sources.get(s).copied();
     let port = plan.target.port(p);
-    let opened = if ctx.stop.is_set() {
+    let opened = if ctx.shared.stop.is_set() {
         None
     } else {
-        let stop = ctx.stop.notified();
+        let stop = ctx.shared.stop.notified();
         tokio::select! {
             biased;
             () = stop => None,
@@ -281,21 +267,26 @@ async fn connection(ctx: Rc<Ctx>, i: u64, intended: Instant) {
     match opened {
         Some(Ok(open)) => {
             let now = Instant::now();
-            let mut rec = ctx.rec.borrow_mut();
+            let mut rec = ctx.shared.rec.borrow_mut();
             rec.opened(micros(now - intended), micros(now - started));
             rec.phases(open.tcp_us, open.tls_us, open.upgrade_us);
             if let Some(resumed) = open.resumed {
                 rec.tls_handshake(resumed);
             }
             drop(rec);
-            ctx.holder
-                .adopt(&ctx, open.stream, open.records, open.codec, open.rest);
+            ctx.holder.adopt(
+                &ctx.shared,
+                open.stream,
+                open.records,
+                open.codec,
+                open.rest,
+            );
         }
         Some(Err((kind, detail))) => ctx.fail(kind, || detail),
-        None => ctx.rec.borrow_mut().abandoned(),
+        None => ctx.shared.rec.borrow_mut().abandoned(),
     }
     ctx.opening_done();
-    ctx.live.done();
+    ctx.shared.live.done();
 }
 
 type OpenError = (ConnectError, String);
@@ -321,114 +312,19 @@ struct Opened {
 /// CONNECT and SUBSCRIBE for connection `i`.
 async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16, i: u64) -> Result<Opened, OpenError> {
     let began = Instant::now();
-    let settings = &ctx.plan.settings;
-    let addr = SocketAddr::new(ctx.plan.target.ip, port);
-    let io_err = |what: &str, e: io::Error| (Failure::from_io(&e), format!("{what} {addr}: {e}"));
-    let socket =
-        crate::harness::source::socket(source, addr).map_err(|e| io_err("socket/bind for", e))?;
-    let connect = tokio::time::timeout(
-        Duration::from_millis(settings.connect_timeout_ms),
-        socket.connect(addr),
-    );
-    let mut stream = match connect.await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(io_err("connect to", e)),
-        Err(_) => {
-            return Err((
-                Failure::Net(NetCause::Timeout),
-                format!(
-                    "connect to {addr}: no answer in {} ms",
-                    settings.connect_timeout_ms
-                ),
-            ));
-        }
-    };
+    let settings = &ctx.shared.plan.settings;
+    let addr = SocketAddr::new(ctx.shared.plan.target.ip, port);
+    let mut stream = connect(source, addr, settings.connect_timeout_ms).await?;
     let connected = Instant::now();
     let timeout = Duration::from_millis(settings.handshake_timeout_ms);
     let mut plain = Vec::new();
-    let session = match &ctx.tls {
+    let mut session = match &ctx.tls {
         None => None,
-        Some(client) => {
-            let mut session = client
-                .session(&ctx.plan.target.host)
-                .map_err(|e| (Failure::Net(NetCause::Other), e.to_string()))?;
-            let handshake = tls::handshake(&stream, &ctx.scratch, &mut session, &mut plain);
-            match tokio::time::timeout(timeout, handshake).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    return Err((
-                        Failure::from_tls(&e),
-                        format!("TLS handshake with {addr}: {e}"),
-                    ));
-                }
-                Err(_) => {
-                    return Err((
-                        Failure::Net(NetCause::Timeout),
-                        format!(
-                            "TLS handshake with {addr}: not done in {} ms",
-                            settings.handshake_timeout_ms
-                        ),
-                    ));
-                }
-            }
-            if !ctx.tls_noted.replace(true) {
-                ctx.out.event("tls.negotiated", session.describe());
-            }
-            Some(Box::new(session))
-        }
+        Some(client) => Some(secure(ctx, client, &stream, addr, &mut plain).await?),
     };
     let secured = Instant::now();
-    let mut session = session;
-    let plan = &ctx.plan;
-    let handshake = async {
-        if plan.target.sse {
-            return subscribe(
-                &mut stream,
-                &ctx.scratch,
-                session.as_deref_mut(),
-                plain,
-                &plan.target,
-                port,
-                settings.max_head,
-            )
-            .await
-            .map(|rest| (rest, Codec::Sse));
-        }
-        match plan.mqtt.as_ref().filter(|_| plan.target.mqtt) {
-            Some(opts) => {
-                let id = format!("{}{i}", opts.client_id_prefix);
-                let asked = (opts, id.as_str(), plan.target.channel());
-                let scratch = &ctx.scratch;
-                join(
-                    &mut stream,
-                    scratch,
-                    session.as_deref_mut(),
-                    plain,
-                    asked,
-                    settings.max_message,
-                )
-                .await
-                .map(|(rest, decoder)| (rest, Codec::mqtt(decoder)))
-            }
-            None => upgrade(
-                &mut stream,
-                &ctx.scratch,
-                session.as_deref_mut(),
-                plain,
-                &plan.target,
-                port,
-                settings.max_head,
-            )
-            .await
-            .map(|rest| {
-                (
-                    rest,
-                    Codec::Ws(ws::Decoder::new(ws::Role::Client, settings.max_message)),
-                )
-            }),
-        }
-    };
-    match tokio::time::timeout(timeout, handshake).await {
+    let greeting = greet(ctx, &mut stream, session.as_deref_mut(), plain, port, i);
+    match tokio::time::timeout(timeout, greeting).await {
         Ok(Ok((rest, codec))) => {
             let done = Instant::now();
             let resumed = session.as_ref().map(|s| s.resumed());
@@ -454,37 +350,171 @@ async fn open(ctx: &Ctx, source: Option<IpAddr>, port: u16, i: u64) -> Result<Op
             })
         }
         Ok(Err(e)) => Err(e),
+        Err(_) => Err(greeting_timed_out(&ctx.shared.plan, addr)),
+    }
+}
+
+/// TCP connect from `source` to `addr`, within `timeout_ms`.
+async fn connect(
+    source: Option<IpAddr>,
+    addr: SocketAddr,
+    timeout_ms: u64,
+) -> Result<TcpStream, OpenError> {
+    let io_err = |what: &str, e: io::Error| (Failure::from_io(&e), format!("{what} {addr}: {e}"));
+    let socket =
+        crate::harness::source::socket(source, addr).map_err(|e| io_err("socket/bind for", e))?;
+    let connect = tokio::time::timeout(Duration::from_millis(timeout_ms), socket.connect(addr));
+    match connect.await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(io_err("connect to", e)),
         Err(_) => Err((
             Failure::Net(NetCause::Timeout),
-            format!(
-                "{} at {addr}: no {} in {} ms",
-                match (plan.target.mqtt, plan.target.sse) {
-                    (true, _) => "MQTT CONNECT/SUBSCRIBE",
-                    (false, true) => "event stream GET",
-                    (false, false) => "upgrade",
-                },
-                match (plan.target.mqtt, plan.target.sse) {
-                    (true, _) => "CONNACK and SUBACK",
-                    (false, true) => "200 response",
-                    (false, false) => "101 response",
-                },
-                settings.handshake_timeout_ms
-            ),
+            format!("connect to {addr}: no answer in {timeout_ms} ms"),
         )),
     }
 }
 
-/// The WebSocket upgrade (through `session` for `wss://`); `plain` holds
-/// any bytes that already arrived. Returns the bytes after the response head.
-async fn upgrade(
+/// The TLS handshake with `client` on `stream` (to `addr`), within the
+/// handshake timeout; bytes that came after it go to `plain`.
+async fn secure(
+    ctx: &Ctx,
+    client: &TlsClient,
+    stream: &TcpStream,
+    addr: SocketAddr,
+    plain: &mut Vec<u8>,
+) -> Result<Box<Session>, OpenError> {
+    let settings = &ctx.shared.plan.settings;
+    let timeout = Duration::from_millis(settings.handshake_timeout_ms);
+    let mut session = client
+        .session(&ctx.shared.plan.target.host)
+        .map_err(|e| (Failure::Net(NetCause::Other), e.to_string()))?;
+    let handshake = tls::handshake(stream, &ctx.shared.scratch, &mut session, plain);
+    match tokio::time::timeout(timeout, handshake).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err((
+                Failure::from_tls(&e),
+                format!("TLS handshake with {addr}: {e}"),
+            ));
+        }
+        Err(_) => {
+            return Err((
+                Failure::Net(NetCause::Timeout),
+                format!(
+                    "TLS handshake with {addr}: not done in {} ms",
+                    settings.handshake_timeout_ms
+                ),
+            ));
+        }
+    }
+    if !ctx.tls_noted.replace(true) {
+        ctx.out.event("tls.negotiated", session.describe());
+    }
+    Ok(Box::new(session))
+}
+
+/// What makes a subscriber of connection `i` (to `port`): the event
+/// stream's GET, MQTT's CONNECT and SUBSCRIBE, or the WebSocket upgrade;
+/// the bytes after its answer and the decoder it goes on with.
+async fn greet(
+    ctx: &Ctx,
     stream: &mut TcpStream,
-    scratch: &RefCell<Box<[u8]>>,
     session: Option<&mut Session>,
     plain: Vec<u8>,
-    target: &WsTarget,
     port: u16,
+    i: u64,
+) -> Result<(Vec<u8>, Codec), OpenError> {
+    let plan = &ctx.shared.plan;
+    let settings = &plan.settings;
+    let scratch = &ctx.shared.scratch;
+    let mqtt = plan.mqtt.as_ref().filter(|_| plan.target.mqtt);
+    if let Some(opts) = mqtt.filter(|_| !plan.target.sse) {
+        let id = format!("{}{i}", opts.client_id_prefix);
+        let asked = (opts, id.as_str(), plan.target.channel());
+        let (rest, decoder) =
+            join(stream, scratch, session, plain, asked, settings.max_message).await?;
+        return Ok((rest, Codec::mqtt(decoder)));
+    }
+    let start = HttpStart {
+        stream,
+        scratch,
+        session,
+        plain,
+        target: &plan.target,
+        port,
+        max_head: settings.max_head,
+    };
+    if plan.target.sse {
+        return Ok((subscribe(start).await?, Codec::Sse));
+    }
+    let rest = upgrade(start).await?;
+    let decoder = ws::Decoder::new(ws::Role::Client, settings.max_message);
+    Ok((rest, Codec::Ws(decoder)))
+}
+
+/// What the HTTP start of a connection (the WebSocket upgrade, the event
+/// stream's GET) works with.
+struct HttpStart<'a> {
+    stream: &'a mut TcpStream,
+    scratch: &'a RefCell<Box<[u8]>>,
+    /// The TLS session of `wss://` and `sses://`.
+    session: Option<&'a mut Session>,
+    /// Bytes that already arrived (with the TLS handshake).
+    plain: Vec<u8>,
+    target: &'a WsTarget,
+    /// The target port this connection goes to.
+    port: u16,
+    /// The largest response head accepted.
     max_head: usize,
-) -> Result<Vec<u8>, OpenError> {
+}
+
+impl HttpStart<'_> {
+    /// Sends `request` and reads until `answer` has what it waits for
+    /// (see [`Exchange::run`]); `what` names it in errors.
+    async fn ask<T>(
+        self,
+        what: &'static str,
+        request: &[u8],
+        answer: impl FnMut(&mut Vec<u8>) -> Result<Option<T>, OpenError>,
+    ) -> Result<T, OpenError> {
+        let exchange = Exchange {
+            what,
+            limit: 2 * self.max_head,
+        };
+        exchange
+            .run(
+                self.stream,
+                self.scratch,
+                self.session,
+                request,
+                self.plain,
+                answer,
+            )
+            .await
+    }
+}
+
+/// The error of a subscriber's greeting (upgrade, GET, CONNECT) that had
+/// no answer within the handshake timeout.
+fn greeting_timed_out(plan: &WorkerPlan, addr: SocketAddr) -> OpenError {
+    let (what, answer) = match (plan.target.mqtt, plan.target.sse) {
+        (true, _) => ("MQTT CONNECT/SUBSCRIBE", "CONNACK and SUBACK"),
+        (false, true) => ("event stream GET", "200 response"),
+        (false, false) => ("upgrade", "101 response"),
+    };
+    (
+        Failure::Net(NetCause::Timeout),
+        format!(
+            "{what} at {addr}: no {answer} in {} ms",
+            plan.settings.handshake_timeout_ms
+        ),
+    )
+}
+
+/// The WebSocket upgrade (through `session` for `wss://`); `plain` holds
+/// any bytes that already arrived. Returns the bytes after the response head.
+async fn upgrade(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
+    let (target, port, max_head) = (start.target, start.port, start.max_head);
     let key = ws::client_key(fastrand::u128(..).to_ne_bytes());
     let mut request = Vec::with_capacity(256);
     ws::write_upgrade_request(&mut request, &target.host_header(port), &target.path, &key);
@@ -501,28 +531,15 @@ async fn upgrade(
         },
         Err(e) => Err(bad(format!("upgrade: {e}"))),
     };
-    let exchange = Exchange {
-        what: "upgrade",
-        limit: 2 * max_head,
-    };
-    exchange
-        .run(stream, scratch, session, &request, plain, answer)
-        .await
+    start.ask("upgrade", &request, answer).await
 }
 
 /// A Server-Sent Events subscriber's start (through `session` for
 /// `sses://`): `GET` with `Accept: text/event-stream`, answered by `200`
 /// with that content type and a body that runs until the connection ends.
 /// Returns the bytes after the response head (the first events).
-async fn subscribe(
-    stream: &mut TcpStream,
-    scratch: &RefCell<Box<[u8]>>,
-    session: Option<&mut Session>,
-    plain: Vec<u8>,
-    target: &WsTarget,
-    port: u16,
-    max_head: usize,
-) -> Result<Vec<u8>, OpenError> {
+async fn subscribe(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
+    let (target, port, max_head) = (start.target, start.port, start.max_head);
     let mut request = Vec::with_capacity(256);
     let host = target.host_header(port);
     http::write_request(
@@ -569,13 +586,7 @@ async fn subscribe(
         }
         Err(e) => Err(bad(format!("event stream: {e}"))),
     };
-    let exchange = Exchange {
-        what: "event stream GET",
-        limit: 2 * max_head,
-    };
-    exchange
-        .run(stream, scratch, session, &request, plain, answer)
-        .await
+    start.ask("event stream GET", &request, answer).await
 }
 
 /// An MQTT subscriber's start (through `session` for `mqtts://`): CONNECT
@@ -712,18 +723,5 @@ impl Exchange {
                 ));
             }
         }
-    }
-}
-
-/// Checks one message against its connection's sequence and records its
-/// delivery latency.
-pub(super) fn on_message(ctx: &Ctx, seq: &mut Sequence, payload: &[u8], now_ns: u64) {
-    let mut rec = ctx.rec.borrow_mut();
-    match message::decode(payload) {
-        Some((n, sent_ns)) => {
-            let arrival = seq.receive(n, ctx.first_publish_ns.get());
-            rec.delivered(n, now_ns.saturating_sub(sent_ns) / 1000, arrival);
-        }
-        None => rec.foreign(),
     }
 }

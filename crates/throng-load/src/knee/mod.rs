@@ -31,8 +31,9 @@ use crate::attack::request::AttackError;
 use crate::attack::{self};
 use crate::harness::clock::now_unix_ns;
 use crate::harness::progress::{Mode as Shown, Progress};
+use crate::hold::mqtt::MqttOptions;
 use crate::hold::request::HoldError;
-use crate::hold::target::PublishTarget;
+use crate::hold::target::{PublishTarget, TargetError, WsTarget};
 use crate::hold::{self};
 use crate::pacer::RateSpec;
 
@@ -98,6 +99,113 @@ pub struct PublishSettings {
     pub rate: f64,
     /// Calls in flight at most, one connection each.
     pub connections: usize,
+}
+
+/// How a level publishes, as the command line asks for it: what
+/// [`PublishSettings::new`] checks and completes.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    /// `--publish`; `None`: the default for the subscribers' target
+    /// ([`default_publish_url`]).
+    pub url: Option<String>,
+    /// `--publish-tls-ca`.
+    pub tls_ca: Option<PathBuf>,
+    /// `--publish-tls-insecure`.
+    pub tls_insecure: bool,
+    /// The MQTT options, when the target or the publish endpoint is MQTT.
+    pub mqtt: Option<MqttOptions>,
+    /// Redis channel prefix: messages go to `<prefix><channel>`.
+    pub redis_prefix: String,
+    /// Bytes per message.
+    pub message_size: usize,
+    /// Messages per second.
+    pub rate: f64,
+    /// Calls in flight at most.
+    pub connections: usize,
+}
+
+/// Why a level's publishing cannot be set up.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// An MQTT target's topic filter has wildcards, so no `--publish`
+    /// default can be made from it.
+    #[error(
+        "the topic filter '{0}' has wildcards, so there is no one topic to publish to: \
+         give --publish mqtt://HOST:PORT/<topic> (a topic it matches)"
+    )]
+    Wildcards(String),
+    /// `--publish` does not parse.
+    #[error("--publish {url}")]
+    Url {
+        /// The URL as given (or defaulted).
+        url: String,
+        /// Why it does not parse.
+        #[source]
+        why: TargetError,
+    },
+    /// The publish endpoint's TLS trust cannot be set up.
+    #[error(transparent)]
+    Trust(TargetError),
+    /// `--publish-connections 0`.
+    #[error("--publish-connections must be at least 1")]
+    NoConnections,
+}
+
+/// The publish endpoint a level uses when `--publish` is not given: throng
+/// serve's `POST /publish/<channel>` on the target's host and first port,
+/// or for an MQTT target a PUBLISH on the broker to the topic it
+/// subscribes to (which must then have no wildcards).
+pub fn default_publish_url(ws: &WsTarget) -> Result<String, PublishError> {
+    if ws.mqtt {
+        if ws.channel().contains(['+', '#']) {
+            return Err(PublishError::Wildcards(ws.channel().to_owned()));
+        }
+        return Ok(format!(
+            "{}://{}/{}",
+            if ws.tls { "mqtts" } else { "mqtt" },
+            ws.host_header(ws.port(0)),
+            ws.channel()
+        ));
+    }
+    Ok(format!(
+        "{}://{}/publish/{}",
+        if ws.tls { "https" } else { "http" },
+        ws.host_header(ws.port(0)),
+        ws.channel()
+    ))
+}
+
+impl PublishSettings {
+    /// Where and how each level publishes to the subscribers of `ws`, as
+    /// `req` asks; with the warning to show for `--publish-tls-insecure`.
+    pub fn new(ws: &WsTarget, req: PublishRequest) -> Result<(Self, Option<String>), PublishError> {
+        let url = match req.url {
+            Some(u) => u,
+            None => default_publish_url(ws)?,
+        };
+        let mut target: PublishTarget = match url.parse() {
+            Ok(t) => t,
+            Err(why) => return Err(PublishError::Url { url, why }),
+        };
+        if let (PublishTarget::Mqtt { options, .. }, Some(m)) = (&mut target, req.mqtt) {
+            *options = m;
+        }
+        let warning = target
+            .set_trust(req.tls_ca, req.tls_insecure)
+            .map_err(PublishError::Trust)?;
+        if req.connections == 0 {
+            return Err(PublishError::NoConnections);
+        }
+        let settings = Self {
+            target,
+            redis_channel: format!("{}{}", req.redis_prefix, ws.channel()),
+            message_size: req.message_size,
+            rate: req.rate,
+            connections: req.connections,
+        };
+        Ok((settings, warning))
+    }
 }
 
 /// A knee search as the command line asks for it.

@@ -438,9 +438,9 @@ fn late_share(lag: Option<&Histogram<u64>>) -> f64 {
 /// What every mode reads the same way: the machine and the generator's CPU
 /// over the measured span, the run's start and its flags.
 fn seen(m: &Measured, mut figures: Figures) -> Seen {
-    let machine = Machine::over(m);
-    figures.generator_cpu = machine.busiest_cpu;
-    figures.generator_busiest = machine.busiest;
+    let used = HostUse::over(m);
+    figures.generator_cpu = used.busiest_cpu;
+    figures.generator_busiest = used.busiest;
     Seen {
         figures,
         started_ns: m.intervals.first().map_or(0, |iv| iv.start_ns),
@@ -448,8 +448,8 @@ fn seen(m: &Measured, mut figures: Figures) -> Seen {
         offered: 0.0,
         achieved: 0.0,
         offered_deliveries: None,
-        host_cpu: machine.host_cpu,
-        host_mem_used_bytes: machine.mem_used,
+        host_cpu: used.host_cpu,
+        host_mem_used_bytes: used.mem_used,
         failed_early: m.failed_early.clone(),
         interrupted: m.interrupted,
     }
@@ -458,9 +458,10 @@ fn seen(m: &Measured, mut figures: Figures) -> Seen {
 /// A host sample is taken at its interval's end: one interval after its start.
 const SAMPLE_AT_END: u64 = 1_000_000_000;
 
-/// The machine over a run's measured span, from its host samples.
+/// How the host was used over a run's measured span (the busiest generator
+/// process's CPU, the whole machine's CPU and memory), from its host samples.
 #[derive(Debug, Default, PartialEq)]
-struct Machine {
+struct HostUse {
     /// The generator process that used the most CPU, and how much (cores).
     busiest: String,
     busiest_cpu: f64,
@@ -470,7 +471,7 @@ struct Machine {
     mem_used: Option<u64>,
 }
 
-impl Machine {
+impl HostUse {
     /// From the sample before the steady span (or its first) to the
     /// sample at its end (or the last one taken).
     fn over(m: &Measured) -> Self {
@@ -589,12 +590,12 @@ mod tests {
             3.0,
             2.0,
         );
-        let machine = Machine::over(&m);
+        let used = HostUse::over(&m);
         // From the 10 s sample to the 12 s sample: 1.4 s of CPU in 2 s.
-        assert_eq!(machine.busiest, "h/attack-0");
-        assert!((machine.busiest_cpu - 0.7).abs() < 1e-9, "{machine:?}");
-        assert_eq!(machine.host_cpu, Some(0.8));
-        assert_eq!(machine.mem_used, Some(2 << 30));
+        assert_eq!(used.busiest, "h/attack-0");
+        assert!((used.busiest_cpu - 0.7).abs() < 1e-9, "{used:?}");
+        assert_eq!(used.host_cpu, Some(0.8));
+        assert_eq!(used.mem_used, Some(2 << 30));
     }
 
     #[test]

@@ -214,7 +214,9 @@ impl TlsClient {
         // Either way a verifier of our own: any certificate (`--tls-insecure`),
         // or webpki's checks with a verified chain remembered for a minute.
         let verifier: Arc<dyn ServerCertVerifier> = if opts.insecure {
-            Arc::new(AnyCertificate(provider.signature_verification_algorithms))
+            Arc::new(AnyCertificate::new(
+                provider.signature_verification_algorithms,
+            ))
         } else {
             let roots = throng_client::trust::trust_roots(opts.ca_file.as_deref()).map_err(
                 |e| match e {

@@ -98,9 +98,12 @@ pub enum KeyError {
         source: std::io::Error,
     },
     /// An HS256 secret under [`MIN_SECRET`] bytes.
+    // The fix names a new file and refuses to overwrite one (`set -C`):
+    // the file given may be anything (`/etc/hostname`), never to be replaced.
     #[error(
-        "{path}: an HS256 secret must be at least 32 bytes (it has {len}); make one with: \
-         head -c 32 /dev/urandom | base64 > {path}"
+        "{path}: an HS256 secret must be at least 32 bytes (it has {len}); make a new one \
+         with: (set -C; umask 077; head -c 32 /dev/urandom | base64 > throng-hs256.key) and \
+         give --auth-hs256-secret-file throng-hs256.key (this writes no existing file)"
     )]
     ShortSecret {
         /// The file.
@@ -466,6 +469,13 @@ mod tests {
         let short = write(&dir, "short", b"tooshort\n");
         let e = Key::hs256_secret_file(&short).unwrap_err().to_string();
         assert!(e.contains("at least 32 bytes (it has 8)"), "{e}");
+        // The fix never names the file given: it may be /etc/hostname.
+        let fix = e
+            .split("make a new one")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        assert!(fix.contains("set -C") && !fix.contains("> /"), "{e}");
         assert!(
             !format!("{key:?}").contains("kkkk"),
             "Debug never shows a secret"

@@ -95,7 +95,9 @@ impl PublishKeyFile {
                 path: path.to_owned(),
                 why: format!(
                     "a publish key must be at least {MIN_PUBLISH_KEY} bytes (it has {}); \
-                     make one with: head -c 24 /dev/urandom | base64 > {path}",
+                     make a new one with: (set -C; umask 077; head -c 24 /dev/urandom | base64 \
+                     > throng-publish.key) and give --publish-key-file throng-publish.key \
+                     (this writes no existing file)",
                     secret.len()
                 ),
             });
@@ -190,6 +192,10 @@ pub enum Refusal {
     /// `channels` not a list of patterns, an invalid pattern).
     #[error("malformed claims")]
     Claims,
+    /// A `crit` header: extensions the token says must be understood, and
+    /// this server understands none (RFC 7515 section 4.1.11).
+    #[error("the token's crit header names extensions this server does not understand")]
+    Critical,
     /// The wrong publish key.
     #[error("invalid publish key")]
     PublishKey,
@@ -222,6 +228,7 @@ impl Refusal {
             Self::Issuer => "token_issuer",
             Self::Audience => "token_audience",
             Self::Claims => "token_claims",
+            Self::Critical => "token_crit",
             Self::PublishKey => "publish_key",
             Self::NotGranted => "not_granted",
         }
@@ -304,6 +311,9 @@ struct Claims {
 struct Header {
     alg: String,
     kid: Option<String>,
+    /// Any value at all is refused: no extension is understood here.
+    #[serde(default)]
+    crit: Option<serde_json::Value>,
 }
 
 /// One key ready to verify with.
@@ -475,7 +485,11 @@ fn header(token: &str) -> Result<Header, Refusal> {
     let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(head)
         .map_err(|_| Refusal::Malformed)?;
-    serde_json::from_slice(&json).map_err(|_| Refusal::Malformed)
+    let h: Header = serde_json::from_slice(&json).map_err(|_| Refusal::Malformed)?;
+    if h.crit.is_some() {
+        return Err(Refusal::Critical);
+    }
+    Ok(h)
 }
 
 /// The refusal a `jsonwebtoken` error stands for, once a key was chosen.
@@ -665,6 +679,31 @@ mod tests {
             v.verify(hs(json!({})).as_bytes(), NOW).map(|t| t.expires),
             Ok(None)
         );
+    }
+
+    #[test]
+    fn a_crit_header_is_refused_even_when_the_signature_holds() {
+        let dir = Dir::new();
+        let v = verifier(&hs_settings(&dir));
+        let signed = |header: serde_json::Value| {
+            let body = format!(
+                "{}.{}",
+                b64(&header),
+                b64(&json!({"exp": NOW + 60, "channels": ["*"]}))
+            );
+            let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, SECRET);
+            let tag = ring::hmac::sign(&key, body.as_bytes());
+            let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag.as_ref());
+            format!("{body}.{sig}")
+        };
+        let plain = signed(json!({"alg": "HS256", "typ": "JWT"}));
+        assert!(
+            v.check(plain.as_bytes(), Action::Subscribe, "x", NOW)
+                .is_ok()
+        );
+        let crit = signed(json!({"alg": "HS256", "crit": ["b64"], "b64": false}));
+        assert_eq!(v.verify(crit.as_bytes(), NOW), Err(Refusal::Critical));
+        assert_eq!(Refusal::Critical.label(), "token_crit");
     }
 
     #[test]

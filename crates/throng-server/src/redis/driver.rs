@@ -44,9 +44,13 @@ pub(crate) async fn run(
             retry_in: pause,
         });
         let until = Instant::now() + pause;
+        // With Sentinel, a failover announced meanwhile ends the pause.
+        let switch = super::sentinel::watch(settings.sentinels());
+        tokio::pin!(switch);
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(until) => break,
+                _ = &mut switch => break,
                 cmd = cmds.recv() => match cmd {
                     None => return,
                     Some(cmd) => session.on_command(cmd, std::time::Instant::now()),
@@ -94,8 +98,11 @@ impl Backoff {
 /// One connection, greeted, and the bytes that came after its greeting.
 type Opened = (Stream, BytesMut);
 
-/// Both connections, subscriber first: plain or TLS as the URL says.
+/// Both connections, subscriber first: plain or TLS as the URL says; at
+/// the address the sentinels name when the master is found through them.
 async fn connect(settings: &RedisSettings) -> Result<(Opened, Opened), SessionError> {
+    let master = settings.master().await?;
+    let settings = &settings.at(&master);
     let open = || throng_client::redis::open(&settings.url, settings.tls.as_ref(), CONNECT_TIMEOUT);
     let sub = open().await?;
     let publ = open().await?;
@@ -157,6 +164,10 @@ async fn pump(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sub_buf = BytesMut::with_capacity(64 * 1024);
     let mut pub_buf = BytesMut::with_capacity(16 * 1024);
+    // With Sentinel: a failover announced while this master still answers
+    // ends the session (pending forever otherwise).
+    let switch = super::sentinel::watch(session.settings().sentinels());
+    tokio::pin!(switch);
     loop {
         if let Err(e) = flush(session, io, emit).await {
             return Some(e);
@@ -184,6 +195,7 @@ async fn pump(
                 }
             },
             _ = tick.tick() => session.on_tick(std::time::Instant::now()),
+            to = &mut switch => Err(SessionError::Switched(to)),
         };
         if let Err(e) = fed {
             return Some(e);

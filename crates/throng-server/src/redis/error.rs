@@ -99,6 +99,16 @@ pub enum SessionError {
     /// The supervisor stopped the link.
     #[error("the server is stopping")]
     Stopping,
+    /// No sentinel named the master.
+    #[error("{0}")]
+    Sentinel(String),
+    /// A sentinel announced that the master moved (a failover): the node
+    /// leaves the old one, whose answers no longer count.
+    #[error("Sentinel switched the master to {0}")]
+    Switched(super::cluster::Addr),
+    /// The cluster's map could not be read from any of its nodes.
+    #[error("{0}")]
+    NoMap(String),
 }
 
 /// Why a publish got no receiver count (the text of the publisher's 503).
@@ -115,6 +125,27 @@ pub enum PublishError {
     /// Redis answered, but not with a receiver count.
     #[error(transparent)]
     Reply(#[from] ReplyError),
+    /// The master of the channel's slot is unreachable (a cluster; the
+    /// other shards still publish).
+    #[error(
+        "the Redis Cluster shard {shard} that serves this channel is unreachable ({why}); not published"
+    )]
+    ShardDown {
+        /// The master's address.
+        shard: String,
+        /// Why it is down.
+        why: String,
+    },
+    /// The channel's slot is moving to another master and this node's
+    /// subscription there is not confirmed yet (its own subscribers would
+    /// miss the message).
+    #[error(
+        "the channel's Redis Cluster slot is moving to another shard; not published, try again"
+    )]
+    Moving,
+    /// Redirected too many times (a cluster in the middle of changing).
+    #[error("Redis Cluster redirected the publish {0} times; not published")]
+    Redirects(u8),
 }
 
 /// Why `throng serve` could not check Redis before it started.
@@ -126,9 +157,17 @@ pub enum ProbeError {
     /// The connection or its greeting failed.
     #[error(transparent)]
     Open(#[from] throng_client::link::LinkError),
+    /// No sentinel named the master.
+    #[error("{0}")]
+    Sentinel(String),
 }
 
 /// A `--redis-mode` that is neither `pattern` nor `channels`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown Redis mode '{0}' (expected 'pattern' or 'channels')")]
 pub struct UnknownMode(pub String);
+
+/// A `--redis-cluster` or `--redis-sentinel` entry that is not `HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not HOST:PORT (give HOST:PORT[,HOST:PORT...])")]
+pub struct BadAddr(pub String);

@@ -28,6 +28,7 @@ pub(crate) fn settings(mode: RedisMode, history: usize) -> RedisSettings {
             ttl_ms: 0,
         }),
         max_retained: 10,
+        topology: super::settings::Topology::Single,
     }
 }
 
@@ -52,6 +53,8 @@ pub(crate) struct FakeRedis {
     to_pub: VecDeque<Bytes>,
     channels: HashSet<Bytes>,
     patterns: Vec<Bytes>,
+    /// Shard channels (`SSUBSCRIBE`, a cluster's master).
+    sharded: HashSet<Bytes>,
     /// Commands queued since `MULTI`.
     multi: Option<Vec<Vec<Bytes>>>,
     streams: HashMap<Bytes, Stream>,
@@ -115,6 +118,21 @@ impl FakeRedis {
         self.publish(&channel, &payload);
     }
 
+    /// As a cluster master whose slot of `channel` moved to another: the
+    /// shard subscription ends with an unasked `sunsubscribe`.
+    pub(crate) fn slot_moved_away(&mut self, channel: &[u8]) {
+        let name = Bytes::copy_from_slice(channel);
+        if self.sharded.remove(&name) {
+            let count = (self.channels.len() + self.patterns.len() + self.sharded.len()) as i64;
+            let v = list(vec![
+                bulk(b"sunsubscribe"),
+                Value::Bulk(Some(name)),
+                Value::Integer(count),
+            ]);
+            self.send(Conn::Subscriber, &v);
+        }
+    }
+
     /// Both connections break: what was not yet sent is lost, the
     /// subscriptions go; the data stays.
     pub(crate) fn disconnect(&mut self) {
@@ -124,6 +142,7 @@ impl FakeRedis {
         self.to_pub.clear();
         self.channels.clear();
         self.patterns.clear();
+        self.sharded.clear();
         self.multi = None;
     }
 
@@ -147,9 +166,15 @@ impl FakeRedis {
                     self.channels.remove(name);
                 }
                 b"psubscribe" => self.patterns.push(name.clone()),
+                b"ssubscribe" => {
+                    self.sharded.insert(name.clone());
+                }
+                b"sunsubscribe" => {
+                    self.sharded.remove(name);
+                }
                 _ => {}
             }
-            let count = (self.channels.len() + self.patterns.len()) as i64;
+            let count = (self.channels.len() + self.patterns.len() + self.sharded.len()) as i64;
             let v = list(vec![
                 bulk(&kind),
                 Value::Bulk(Some(name.clone())),
@@ -191,7 +216,7 @@ impl FakeRedis {
     fn run(&mut self, args: Vec<Bytes>) -> Value {
         match &args[0].to_ascii_uppercase()[..] {
             b"PING" => Value::Simple(Bytes::from_static(b"PONG")),
-            b"PUBLISH" => Value::Integer(self.publish(&args[1], &args[2])),
+            b"PUBLISH" | b"SPUBLISH" => Value::Integer(self.publish(&args[1], &args[2])),
             b"EVAL" if args[1].windows(4).any(|w| w == b"XADD") => self.history_publish(&args),
             b"EVAL" => self.store(&args),
             b"XREVRANGE" => {
@@ -239,7 +264,13 @@ impl FakeRedis {
     /// `PUBLISH`: pushed to the node's subscriber connection when it
     /// subscribed to the channel or a pattern that matches it.
     fn publish(&mut self, channel: &Bytes, payload: &Bytes) -> i64 {
-        let push = if self.channels.contains(channel) {
+        let push = if self.sharded.contains(channel) {
+            Some(list(vec![
+                bulk(b"smessage"),
+                Value::Bulk(Some(channel.clone())),
+                Value::Bulk(Some(payload.clone())),
+            ]))
+        } else if self.channels.contains(channel) {
             Some(list(vec![
                 bulk(b"message"),
                 Value::Bulk(Some(channel.clone())),

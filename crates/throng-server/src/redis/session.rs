@@ -21,6 +21,7 @@ use bytes::{Bytes, BytesMut};
 use throng_proto::resp::{self, Push, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::cluster::Redirect;
 use super::error::{Conn, PublishError, SessionError};
 use super::settings::{RedisMode, RedisSettings};
 use crate::channel;
@@ -73,6 +74,33 @@ pub(crate) enum Command {
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
     Unsubscribe(String),
+    /// A cluster's retained publish, first half: the store (on its own
+    /// master); once it answered, `then` (the publish) goes to the
+    /// channel's master ([`Event::Stored`]), or the publisher is answered
+    /// with the failure.
+    Store {
+        /// Who asked.
+        to: Publisher,
+        /// The channel (without prefix).
+        channel: String,
+        /// The retained message's QoS.
+        qos: u8,
+        /// The message (empty: clears the channel's retained message).
+        payload: Bytes,
+        /// The publish to send once stored.
+        then: Box<Self>,
+    },
+    /// A cluster publish sent on after a `MOVED`; answered like a publish.
+    Resend {
+        /// Who asked.
+        to: Publisher,
+        /// The channel (without prefix).
+        channel: String,
+        /// What to publish.
+        payload: Bytes,
+        /// Redirects so far.
+        hops: u8,
+    },
     /// What the stream of `channel` kept after `since` (with history);
     /// answered with [`Event::Recovered`].
     Recover {
@@ -141,6 +169,30 @@ pub(crate) enum Event {
         /// Left out over the answer's bound.
         cut: u64,
     },
+    /// A cluster's master refused a publish with a redirect: the router
+    /// sends it where it points.
+    Redirected {
+        /// Who asked.
+        to: Publisher,
+        /// The channel (without prefix).
+        channel: String,
+        /// What to publish.
+        payload: Bytes,
+        /// Redirects before this one.
+        hops: u8,
+        /// Where to.
+        redirect: Redirect,
+    },
+    /// The cluster moved a channel's slot away from this master (an
+    /// unasked `sunsubscribe`, or `MOVED` to an `SSUBSCRIBE`): the router
+    /// subscribes on its new master.
+    Lost(String),
+    /// A cluster master confirmed a channel's `SSUBSCRIBE`.
+    Placed(String),
+    /// A cluster's retained store took a message: the publish to send now.
+    Stored(Box<Command>),
+    /// A cluster's shards, after one of them came up or went down.
+    Shards(Vec<super::cluster::ShardState>),
     /// The shared retained store after a retained publish: channels in it,
     /// and how many it dropped past `--max-retained`.
     RetainedStore {
@@ -162,8 +214,9 @@ pub(crate) enum Output {
 
 /// What is waiting for an answer on the publisher connection, in order.
 enum Waiting {
-    /// A publish; `true`: through the history script.
-    Publish(Publisher, bool, Instant),
+    /// A publish; `true`: through the history script; on a cluster, what
+    /// to send on when it is redirected.
+    Publish(Publisher, bool, Option<Box<Resend>>, Instant),
     Ping(Instant),
     /// Reply `step` (0, 1, 2) of a recovery's three ([`stream::recover`]).
     Recover(Publisher, MessageId, u8, Instant),
@@ -174,19 +227,29 @@ enum Waiting {
     Exec(Publisher, bool, Instant),
     /// A read of the retained store for a new subscription's filters.
     Retained(Publisher, Vec<String>, Instant),
+    /// A cluster's store write, and the publish that follows it.
+    Store(Publisher, Box<Command>, Instant),
 }
 
 impl Waiting {
     fn since(&self) -> Instant {
         match self {
-            Self::Publish(_, _, t)
+            Self::Publish(_, _, _, t)
             | Self::Ping(t)
             | Self::Recover(.., t)
             | Self::Skip(t)
             | Self::Exec(_, _, t)
-            | Self::Retained(_, _, t) => *t,
+            | Self::Retained(_, _, t)
+            | Self::Store(_, _, t) => *t,
         }
     }
+}
+
+/// A cluster publish kept until its answer, in case it is redirected.
+struct Resend {
+    channel: String,
+    payload: Bytes,
+    hops: u8,
 }
 
 /// A retained-store answer waiting for the subscriber connection's `PONG`:
@@ -264,6 +327,11 @@ impl Session {
         }
     }
 
+    /// What the session was made with.
+    pub(crate) fn settings(&self) -> &RedisSettings {
+        &self.settings
+    }
+
     /// The next thing to do, if any.
     pub(crate) fn poll_output(&mut self) -> Option<Output> {
         self.out.pop_front()
@@ -297,8 +365,15 @@ impl Session {
                     .iter()
                     .map(|c| format!("{prefix}{c}"))
                     .collect();
-                for batch in names.chunks(SUBSCRIBE_BATCH) {
-                    let mut args: Vec<&[u8]> = vec![b"SUBSCRIBE"];
+                // A cluster takes several channels in one command only
+                // when they share a slot: one each.
+                let batch = if self.settings.sharded() {
+                    1
+                } else {
+                    SUBSCRIBE_BATCH
+                };
+                for batch in names.chunks(batch) {
+                    let mut args: Vec<&[u8]> = vec![self.verb(b"SUBSCRIBE")];
                     args.extend(batch.iter().map(String::as_bytes));
                     resp::encode_command(&mut out, &args);
                 }
@@ -401,13 +476,8 @@ impl Session {
                 payload,
                 retain,
             } => {
-                match self.settings.history {
-                    Some(h) => stream::publish(&mut out, prefix, &channel, &payload, h),
-                    None => {
-                        let name = format!("{prefix}{channel}");
-                        resp::encode_command(&mut out, &[b"PUBLISH", name.as_bytes(), &payload]);
-                    }
-                }
+                let sharded = self.settings.sharded();
+                publish_command(&mut out, &self.settings, &channel, &payload);
                 let kept = self.settings.history.is_some();
                 if let Some(qos) = retain {
                     let publish = out.split().freeze();
@@ -420,12 +490,49 @@ impl Session {
                     ]);
                     live.waiting.push_back(Waiting::Exec(to, kept, now));
                 } else {
-                    live.waiting.push_back(Waiting::Publish(to, kept, now));
+                    let resend = sharded.then(|| {
+                        Box::new(Resend {
+                            channel,
+                            payload,
+                            hops: 0,
+                        })
+                    });
+                    live.waiting
+                        .push_back(Waiting::Publish(to, kept, resend, now));
                 }
                 self.write(Conn::Publisher, out);
             }
+            Command::Store {
+                to,
+                channel,
+                qos,
+                payload,
+                then,
+            } => {
+                let max = self.settings.max_retained;
+                in_redis::store(&mut out, prefix, &channel, qos, &payload, max, true);
+                live.waiting.push_back(Waiting::Store(to, then, now));
+                self.write(Conn::Publisher, out);
+            }
+            Command::Resend {
+                to,
+                channel,
+                payload,
+                hops,
+            } => {
+                publish_command(&mut out, &self.settings, &channel, &payload);
+                let kept = self.settings.history.is_some();
+                let resend = Box::new(Resend {
+                    channel,
+                    payload,
+                    hops,
+                });
+                live.waiting
+                    .push_back(Waiting::Publish(to, kept, Some(resend), now));
+                self.write(Conn::Publisher, out);
+            }
             Command::Retained { to, filters } => {
-                in_redis::ask(&mut out, prefix, &filters);
+                in_redis::ask(&mut out, prefix, &filters, self.settings.sharded());
                 live.waiting.push_back(Waiting::Retained(to, filters, now));
                 self.write(Conn::Publisher, out);
             }
@@ -441,7 +548,7 @@ impl Session {
             Command::Subscribe(c) => {
                 let name = format!("{prefix}{c}");
                 self.channels.insert(c);
-                resp::encode_command(&mut out, &[b"SUBSCRIBE", name.as_bytes()]);
+                resp::encode_command(&mut out, &[self.verb(b"SUBSCRIBE"), name.as_bytes()]);
                 self.write(Conn::Subscriber, out);
             }
             Command::Unsubscribe(c) => {
@@ -454,7 +561,7 @@ impl Session {
                     self.unrecovered(p.to);
                 }
                 self.channels.remove(&c);
-                resp::encode_command(&mut out, &[b"UNSUBSCRIBE", name.as_bytes()]);
+                resp::encode_command(&mut out, &[self.verb(b"UNSUBSCRIBE"), name.as_bytes()]);
                 self.write(Conn::Subscriber, out);
             }
         }
@@ -470,10 +577,11 @@ impl Session {
         self.out.retain(|o| matches!(o, Output::Event(_)));
         for w in live.waiting {
             match w {
-                Waiting::Publish(to, ..) | Waiting::Exec(to, ..) => self.emit(Event::Published {
-                    to,
-                    result: Err(PublishError::Unconfirmed(why.to_string())),
-                }),
+                Waiting::Publish(to, ..) | Waiting::Exec(to, ..) | Waiting::Store(to, ..) => self
+                    .emit(Event::Published {
+                        to,
+                        result: Err(PublishError::Unconfirmed(why.to_string())),
+                    }),
                 Waiting::Recover(to, _, 0, _) => self.unrecovered(to),
                 Waiting::Retained(to, ..) => self.unretained(to),
                 _ => {}
@@ -490,7 +598,9 @@ impl Session {
     /// A command that arrives while there is no connection.
     fn while_down(&mut self, cmd: Command) {
         match cmd {
-            Command::Publish { to, .. } => self.emit(Event::Published {
+            Command::Publish { to, .. }
+            | Command::Resend { to, .. }
+            | Command::Store { to, .. } => self.emit(Event::Published {
                 to,
                 result: Err(PublishError::NotConnected),
             }),
@@ -502,6 +612,16 @@ impl Session {
             }
             Command::Recover { to, .. } => self.unrecovered(to),
             Command::Retained { to, .. } => self.unretained(to),
+        }
+    }
+
+    /// A (un)subscribe command's name: `SSUBSCRIBE` and `SUNSUBSCRIBE`
+    /// (sharded pub/sub) on a cluster.
+    fn verb(&self, plain: &'static [u8]) -> &'static [u8] {
+        match (self.settings.sharded(), plain) {
+            (true, b"SUBSCRIBE") => b"SSUBSCRIBE",
+            (true, b"UNSUBSCRIBE") => b"SUNSUBSCRIBE",
+            _ => plain,
         }
     }
 
@@ -581,6 +701,7 @@ impl Session {
                 // local subscribers) answers PING like any other.
                 Some(Push::Pong) => self.pong(),
                 None if v == Value::Simple(Bytes::from_static(b"PONG")) => self.pong(),
+                None if self.settings.sharded() && self.moved_away(&v) => {}
                 None => {
                     return Err(match v {
                         Value::Error(e) => {
@@ -640,7 +761,25 @@ impl Session {
             return;
         };
         let mut ready = Vec::new();
-        if kind == b"subscribe"
+        let channel = name
+            .and_then(|n| n.strip_prefix(self.settings.prefix.as_bytes()))
+            .and_then(|c| std::str::from_utf8(c).ok());
+        // Unasked: the cluster moved the channel's slot to another master
+        // (this master no longer has it to subscribe again after a loss).
+        if kind == b"sunsubscribe"
+            && let Some(c) = channel
+            && self.channels.remove(c)
+        {
+            live.confirmed.remove(c);
+            self.out.push_back(Output::Event(Event::Lost(c.to_owned())));
+        }
+        if kind == b"ssubscribe"
+            && let Some(c) = channel
+        {
+            self.out
+                .push_back(Output::Event(Event::Placed(c.to_owned())));
+        }
+        if (kind == b"subscribe" || kind == b"ssubscribe")
             && let Some(c) = name
                 .and_then(|n| n.strip_prefix(self.settings.prefix.as_bytes()))
                 .and_then(|c| std::str::from_utf8(c).ok())
@@ -652,7 +791,9 @@ impl Session {
             ready = go;
         }
         let mut up = false;
-        if live.confirming > 0 && (kind == b"subscribe" || kind == b"psubscribe") {
+        if live.confirming > 0
+            && (kind == b"subscribe" || kind == b"psubscribe" || kind == b"ssubscribe")
+        {
             live.confirming -= 1;
             up = live.confirming == 0;
         }
@@ -663,6 +804,39 @@ impl Session {
         for p in ready {
             self.recover(p, now);
         }
+    }
+
+    /// An `SSUBSCRIBE` refused with `MOVED`/`ASK` (the map was stale):
+    /// its channels of that slot are the router's to place elsewhere, and
+    /// no confirmation is due for them. False when `v` is no redirect.
+    fn moved_away(&mut self, v: &Value) -> bool {
+        let Value::Error(e) = v else {
+            return false;
+        };
+        let Some(r) = Redirect::parse(&String::from_utf8_lossy(e)) else {
+            return false;
+        };
+        let prefix = &self.settings.prefix;
+        let lost: Vec<String> = self
+            .channels
+            .iter()
+            .filter(|c| super::cluster::slot(format!("{prefix}{c}").as_bytes()) == r.slot)
+            .cloned()
+            .collect();
+        for c in lost {
+            self.channels.remove(&c);
+            if let Some(live) = &mut self.live {
+                live.confirmed.remove(&c);
+                if live.confirming > 0 {
+                    live.confirming -= 1;
+                    if live.confirming == 0 {
+                        self.out.push_back(Output::Event(Event::Up));
+                    }
+                }
+            }
+            self.emit(Event::Lost(c));
+        }
+        true
     }
 
     /// A `PONG` on the subscriber connection: every message published
@@ -690,7 +864,19 @@ impl Session {
                 return Ok(());
             };
             match live.waiting.pop_front() {
-                Some(Waiting::Publish(to, kept, _)) => {
+                Some(Waiting::Publish(to, kept, resend, _)) => {
+                    if let (Some(r), Value::Error(e)) = (resend, &v)
+                        && let Some(redirect) = Redirect::parse(&String::from_utf8_lossy(e))
+                    {
+                        self.emit(Event::Redirected {
+                            to,
+                            channel: r.channel,
+                            payload: r.payload,
+                            hops: r.hops,
+                            redirect,
+                        });
+                        continue;
+                    }
                     let result = if kept {
                         stream::published(v).map(|(id, n)| (n, id))
                     } else {
@@ -709,6 +895,16 @@ impl Session {
                     }
                 }
                 Some(Waiting::Exec(to, kept, _)) => self.exec(to, kept, v),
+                Some(Waiting::Store(to, then, _)) => match in_redis::figures(v) {
+                    Ok((topics, dropped)) => {
+                        self.emit(Event::RetainedStore { topics, dropped });
+                        self.emit(Event::Stored(then));
+                    }
+                    Err(e) => self.emit(Event::Published {
+                        to,
+                        result: Err(e.into()),
+                    }),
+                },
                 Some(Waiting::Retained(to, filters, _)) => match in_redis::answer(&filters, v) {
                     Ok((messages, cut)) => self.hold_behind_pong(Barrier { to, messages, cut }),
                     Err(e) => {
@@ -777,6 +973,24 @@ impl Session {
         let mut out = BytesMut::new();
         resp::encode_command(&mut out, &[b"PING"]);
         self.write(Conn::Subscriber, out);
+    }
+}
+
+/// Appends the command that publishes `payload` on `channel`: `PUBLISH`
+/// (`SPUBLISH` on a cluster), or the history script.
+fn publish_command(out: &mut BytesMut, settings: &RedisSettings, channel: &str, payload: &[u8]) {
+    let prefix = &settings.prefix;
+    match settings.history {
+        Some(h) => stream::publish(out, prefix, channel, payload, h, settings.sharded()),
+        None => {
+            let name = format!("{prefix}{channel}");
+            let verb: &[u8] = if settings.sharded() {
+                b"SPUBLISH"
+            } else {
+                b"PUBLISH"
+            };
+            resp::encode_command(out, &[verb, name.as_bytes(), payload]);
+        }
     }
 }
 
@@ -907,5 +1121,138 @@ mod tests {
             .collect();
         assert_eq!(next.len(), 1);
         assert!(s.wants_permit());
+    }
+
+    /// A session on a cluster's master (sharded pub/sub), history
+    /// messages kept per channel (0: none).
+    fn on_a_cluster(history: usize) -> Session {
+        let mut settings = fake::settings(RedisMode::Channels, history);
+        settings.topology =
+            crate::redis::Topology::Cluster(vec![crate::redis::Addr::parse("h:1").unwrap()]);
+        Session::new(settings, 1 << 20)
+    }
+
+    /// A publish of `payload` on `news`, as request `request` of worker 0.
+    fn publish_news(request: u64, payload: &'static [u8]) -> Command {
+        let to = Publisher {
+            worker: crate::relay::WorkerId {
+                slot: 0,
+                generation: 1,
+            },
+            request,
+        };
+        Command::Publish {
+            to,
+            channel: "news".into(),
+            payload: Bytes::from_static(payload),
+            retain: None,
+        }
+    }
+
+    /// Everything the session emitted, writes as text.
+    fn drain(s: &mut Session) -> (Vec<String>, Vec<Event>) {
+        let (mut writes, mut events) = (Vec::new(), Vec::new());
+        while let Some(o) = s.poll_output() {
+            match o {
+                Output::Write(_, b) => writes.push(String::from_utf8_lossy(&b).into_owned()),
+                Output::Event(ev) => events.push(ev),
+            }
+        }
+        (writes, events)
+    }
+
+    #[test]
+    fn on_a_cluster_the_session_speaks_sharded_pub_sub_and_hands_redirects_back() {
+        let mut s = on_a_cluster(0);
+        let now = Instant::now();
+        s.on_connected();
+        s.on_command(Command::Subscribe("news".into()), now);
+        let (writes, _) = drain(&mut s);
+        assert!(
+            writes.iter().any(|w| w.contains("SSUBSCRIBE")),
+            "{writes:?}"
+        );
+        let sub = b"*3\r\n$10\r\nssubscribe\r\n$6\r\nt:news\r\n:1\r\n\
+                    *3\r\n$8\r\nsmessage\r\n$6\r\nt:news\r\n$2\r\nhi\r\n";
+        s.on_bytes(Conn::Subscriber, sub, now).unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Placed(p), Event::Subscriptions(1), Event::Message { channel, .. }]
+                if channel == "news" && p == "news"),
+            "{events:?}"
+        );
+        s.on_command(publish_news(7, b"x"), now);
+        let (writes, _) = drain(&mut s);
+        assert!(writes[0].contains("SPUBLISH"), "{writes:?}");
+        s.on_bytes(Conn::Publisher, b"-MOVED 1 127.0.0.1:7001\r\n", now)
+            .unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Redirected { channel, hops: 0, redirect, .. }]
+                if channel == "news" && redirect.to.port == 7001 && !redirect.ask),
+            "{events:?}"
+        );
+        // The cluster moved the slot away: an unasked sunsubscribe.
+        let gone = b"*3\r\n$12\r\nsunsubscribe\r\n$6\r\nt:news\r\n:0\r\n";
+        s.on_bytes(Conn::Subscriber, gone, now).unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Lost(c), Event::Subscriptions(0)] if c == "news"),
+            "{events:?}"
+        );
+        // Subscribed again where the map (stale) says, and refused with
+        // MOVED: handed back too, and the link stays.
+        s.on_command(Command::Subscribe("news".into()), now);
+        drain(&mut s);
+        let slot = crate::redis::cluster::slot(b"t:news");
+        let moved = format!("-MOVED {slot} 127.0.0.1:7002\r\n");
+        s.on_bytes(Conn::Subscriber, moved.as_bytes(), now).unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Lost(c)] if c == "news"),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_session_against_the_fake_master_publishes_with_history_and_follows_a_moved_slot() {
+        let mut s = on_a_cluster(5);
+        let mut redis = FakeRedis::default();
+        let now = Instant::now();
+        s.on_command(Command::Subscribe("news".into()), now);
+        s.on_connected();
+        let events = exchange(&mut s, &mut redis, now);
+        assert!(
+            matches!(events[..], [Event::Placed(_), Event::Up, ..]),
+            "{events:?}"
+        );
+        s.on_command(publish_news(3, b"hello"), now);
+        let events = exchange(&mut s, &mut redis, now);
+        // Through the history script's SPUBLISH: one receiver, an id, and
+        // the message back on the shard subscription with that id.
+        let (mut answered, mut relayed) = (None, None);
+        for ev in events {
+            match ev {
+                Event::Published { result, .. } => answered = Some(result.unwrap()),
+                Event::Message { id, payload, .. } => relayed = Some((id, payload)),
+                _ => {}
+            }
+        }
+        let (receivers, id) = answered.expect("answered");
+        assert_eq!(receivers, 1);
+        assert_eq!(relayed, Some((id, Bytes::from_static(b"hello"))));
+        // The slot moves away: handed to the router, and not subscribed
+        // again here after a reconnect.
+        redis.slot_moved_away(b"t:news");
+        let events = exchange(&mut s, &mut redis, now);
+        assert!(
+            matches!(&events[..], [Event::Lost(c), ..] if c == "news"),
+            "{events:?}"
+        );
+        s.on_closed(&SessionError::Closed(Conn::Subscriber));
+        redis.disconnect();
+        s.on_connected();
+        let events = exchange(&mut s, &mut redis, now);
+        assert!(matches!(events[..], [Event::Up]), "{events:?}");
     }
 }

@@ -144,6 +144,12 @@ impl Material {
         Ok(m)
     }
 
+    /// Takes `old`'s ticket key, so the tickets given before a reload
+    /// (SIGHUP) still resume on the new certificate.
+    pub fn keep_ticket_key(&mut self, old: &Self) {
+        self.ticket_key.clone_from(&old.ticket_key);
+    }
+
     /// Parses both PEMs and lets rustls check that they fit together.
     fn check(&self, key_path: &str) -> Result<(), TlsError> {
         server_config(self).map(drop).map_err(|e| match e {

@@ -31,13 +31,17 @@ pub(crate) const PROTOCOL_IDS: &str = "throng.v1";
 /// The `Sec-WebSocket-Protocol` entry prefix that carries a token.
 const BEARER_PROTOCOL: &str = "bearer.";
 
+/// The credential of an `Authorization: Bearer` header, if any: the one
+/// place the publish key is taken from (a URL's `?token=` ends up in logs).
+fn authorization(req: &Request) -> Option<&[u8]> {
+    let v = req.header("authorization")?.trim_ascii();
+    (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ")).then(|| v[7..].trim_ascii())
+}
+
 /// The token a request carries, if any.
 pub(crate) fn bearer(req: &Request) -> Option<&[u8]> {
-    if let Some(v) = req.header("authorization") {
-        let v = v.trim_ascii();
-        if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
-            return Some(v[7..].trim_ascii());
-        }
+    if let Some(t) = authorization(req) {
+        return Some(t);
     }
     if let Some(t) = protocols(req).find_map(|p| p.strip_prefix(BEARER_PROTOCOL.as_bytes())) {
         return Some(t);
@@ -89,7 +93,7 @@ pub(crate) fn unix_now() -> u64 {
 /// May this upgrade subscribe to `channel`? With no key configured,
 /// anyone may (and nothing expires).
 pub(crate) fn may_subscribe(w: &Worker, req: &Request, channel: &str) -> Result<Access, Refusal> {
-    let Some(v) = &w.verifier else {
+    let Some(v) = w.verifier.get() else {
         return Ok(Access { expires: None });
     };
     let token = bearer(req).ok_or(Refusal::Missing)?;
@@ -103,10 +107,14 @@ pub(crate) fn may_publish(w: &Worker, req: &Request, channel: &str) -> Result<()
         return Ok(());
     }
     let presented = bearer(req).ok_or(Refusal::Missing)?;
-    if w.publish_key.as_ref().is_some_and(|k| k.matches(presented)) {
+    // The key counts only in the Authorization header: a key in `?token=`
+    // would be in every proxy's and server's access log.
+    if let Some(key) = authorization(req)
+        && w.publish_key.get().is_some_and(|k| k.matches(key))
+    {
         return Ok(());
     }
-    match &w.verifier {
+    match w.verifier.get() {
         Some(v) => v
             .check(presented, Action::Publish, channel, unix_now())
             .map(|_| ()),

@@ -22,7 +22,7 @@ use super::gate;
 use super::ping_answer::Answer;
 use super::rejoin::Kind;
 use super::routes::ping::Pinged;
-use super::routes::{self, Route, bench_floor, ops, ping, publish, refuse};
+use super::routes::{self, Route, ops, ping, publish, refuse};
 use super::state::{Serves, Sleeper, Waiting, Worker};
 use crate::addresses::{Source, Verdict};
 use crate::channel;
@@ -78,6 +78,54 @@ pub(crate) async fn admit(
     if let Some(source) = ticket.take() {
         w.supervisor.release(source);
     }
+}
+
+/// Per-address limits for a connection from a trusted proxy without
+/// `--proxy-protocol`: the proxy is not the client, so nothing is counted
+/// at accept; an upgrade is admitted under the client its
+/// `X-Forwarded-For` names ([`forwarded_admission`]), and that address is
+/// given back when the connection ends.
+pub(crate) async fn forwarded(
+    w: Rc<Worker>,
+    tcp: TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    serves: Serves,
+) {
+    let ticket: Ticket = Cell::new(None);
+    match tls {
+        Some(cfg) => serve_tls(w.clone(), tcp, cfg, serves, Some(&ticket)).await,
+        None => serve(w.clone(), Io::Plain(tcp), serves, Some(&ticket)).await,
+    }
+    if let Some(source) = ticket.take() {
+        w.supervisor.release(source);
+    }
+}
+
+/// An upgrade on a connection that was not counted at accept (it came
+/// from a trusted proxy, see [`forwarded`]): counts it under the client
+/// `X-Forwarded-For` names, or refuses it (429) past that client's limit.
+/// `false`: refused and answered.
+async fn forwarded_admission(w: &Worker, stream: &mut Io, req: &Request, ticket: &Ticket) -> bool {
+    let values: Vec<&[u8]> = req
+        .headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("x-forwarded-for"))
+        .map(|(_, v)| v.as_slice())
+        .collect();
+    // Without the header the proxy speaks for itself: not counted.
+    let Some(client) = crate::proxied::forwarded_for(&w.cfg.trusted_proxies, &values) else {
+        return true;
+    };
+    let source = Source::of(client);
+    let verdict = w.supervisor.admit(source).await;
+    if let Some(label) = verdict.label() {
+        w.counters.refused(label);
+        let why = "too many connections from your address (--max-connections-per-ip)\n";
+        refuse(w, stream, 429, why).await;
+        return false;
+    }
+    ticket.set(Some(source));
+    true
 }
 
 /// How long a turned-away connection is read (and its bytes dropped)
@@ -308,6 +356,14 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) 
         };
         first = false;
         buf.drain(..used);
+        // RFC 9112 section 3.2: an HTTP/1.1 request with no Host, or more
+        // than one, gets 400.
+        if req.minor_version == 1 && hosts(&req) != 1 {
+            w.counters.handshake_failed("bad_host");
+            let why = "an HTTP/1.1 request needs exactly one Host header (RFC 9112 section 3.2)\n";
+            Box::pin(refuse(w, stream, 400, why)).await;
+            return Phase::Closed;
+        }
         let Some(route) = routes::route(w, &req, serves) else {
             return Phase::Upgrade(req, buf);
         };
@@ -326,13 +382,25 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) 
                     Pinged::Sleeps(answer, wake) => return Phase::Sleeps(answer, wake),
                 }
             }
-            Route::BenchFloor => Box::pin(bench_floor::serve(w, stream, &req, &mut buf)).await,
+            #[cfg(feature = "bench-floor")]
+            Route::BenchFloor => {
+                Box::pin(routes::bench_floor::serve(w, stream, &req, &mut buf)).await
+            }
             Route::NotHere(what) => Box::pin(routes::not_here(w, stream, what)).await,
+            Route::TestBackendOff => Box::pin(routes::test_backend_off(w, stream)).await,
         };
         if !keep {
             return Phase::Closed;
         }
     }
+}
+
+/// How many `Host` lines `req` has.
+fn hosts(req: &Request) -> usize {
+    req.headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("host"))
+        .count()
 }
 
 /// Reads one request head. A connection waiting for a request (a new one,
@@ -589,6 +657,12 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             return;
         }
     };
+    if w.cfg.per_address.any()
+        && let Some(t) = ticket.filter(|t| t.get().is_none())
+        && !Box::pin(forwarded_admission(w, &mut stream, req, t)).await
+    {
+        return;
+    }
     let counted = &w.subs.outside().counted;
     if !counted.take_place() {
         w.counters.refused("max_connections");

@@ -49,7 +49,7 @@ use throng_host::shared::SharedCounters;
 use throng_host::timer::Timer;
 use throng_proto::ws::close_code;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 
@@ -63,7 +63,7 @@ use crate::tls::{self, park};
 use crate::wheel::{self, TICK};
 use park::Parked;
 use recurring::Recurring;
-use state::{Around, Counted, Outgoing, Serves, Worker};
+use state::{Around, Counted, Outgoing, Reloadable, Serves, Worker};
 use subscribers::{Limits, Subscribers};
 use supervisor_link::SupervisorLink;
 
@@ -171,8 +171,13 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    // SIGHUP is the supervisor's (a reload): a whole process group
+    // signalled must not kill the workers, which get the reload over the
+    // control socket.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     loop {
         tokio::select! {
+            _ = hup.recv() => {}
             rec = read_record(&mut rd, &mut buf) => match rec {
                 Ok(Some(rec)) => on_record(&w, rec),
                 Ok(None) | Err(_) => {
@@ -252,9 +257,14 @@ fn open_listeners(
     for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
         mqtt_listeners.push((listen(addr)?, tls));
     }
-    let public = Serves::public(cfg);
-    let plain = cfg.listen.iter().map(|a| (*a, None, public));
-    let secure = cfg.tls_listen.iter().map(|a| (*a, tls.clone(), public));
+    let plain = cfg
+        .listen
+        .iter()
+        .map(|a| (*a, None, Serves::public(cfg, *a)));
+    let secure = cfg
+        .tls_listen
+        .iter()
+        .map(|a| (*a, tls.clone(), Serves::public(cfg, *a)));
     // An address in both --publish-listen and --metrics-listen is one
     // listener serving both.
     let mut internal: Vec<SocketAddr> = cfg.publish_listen.clone();
@@ -302,7 +312,7 @@ fn worker(
     let around = Around {
         poller: Poller::new()?,
         supervisor: supervisor.clone(),
-        counted: Counted::new(index, places),
+        counted: Counted::new(index, places, cfg.worker_files),
     };
     let publish_key = match &cfg.auth.publish_key {
         Some(file) => Some(PublishKey::new(file).map_err(|_| {
@@ -320,20 +330,34 @@ fn worker(
         outbox_ready: Notify::new(),
         sleepers: sleepers::Sleepers::default(),
         accept_errors: RefCell::new(Recurring::new(index)),
-        verifier: Verifier::new(&cfg.auth),
-        publish_key,
+        verifier: Reloadable::new(Verifier::new(&cfg.auth).map(Rc::new)),
+        publish_key: Reloadable::new(publish_key.map(Rc::new)),
+        tls: Reloadable::new(None),
         parked: Parked::default(),
         cfg,
     })
 }
 
 /// What a listener's connections speak.
+#[derive(Clone)]
 enum Speaks {
     /// HTTP (and WebSocket, SSE); with TLS, each starts with a TLS handshake.
     Http(Option<Arc<rustls::ServerConfig>>, Serves),
     /// MQTT (`--mqtt-listen`); with TLS (`--mqtts-listen`), each starts
     /// with a TLS handshake.
     Mqtt(Option<Arc<rustls::ServerConfig>>),
+}
+
+impl Speaks {
+    /// A listener clients reach (through a balancer, with
+    /// `--proxy-protocol`), not an internal `--publish-listen` or
+    /// `--metrics-listen` one.
+    fn is_public(&self) -> bool {
+        match self {
+            Self::Http(_, serves) => serves.subscribe,
+            Self::Mqtt(_) => true,
+        }
+    }
 }
 
 /// Accepts connections on `l`.
@@ -343,43 +367,11 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
             Ok((stream, peer)) => {
                 crate::metrics::inc(&w.counters.accepted);
                 let _ = stream.set_nodelay(true);
-                let (tls, serves) = match &speaks {
-                    Speaks::Http(tls, serves) => (tls, *serves),
-                    Speaks::Mqtt(tls) => {
-                        let tls = tls.clone();
-                        tokio::task::spawn_local(mqtt_accept::serve(w.clone(), stream, peer, tls));
-                        continue;
-                    }
-                };
-                if w.cfg.per_address.any() {
-                    tokio::task::spawn_local(http::admit(
-                        w.clone(),
-                        stream,
-                        peer,
-                        tls.clone(),
-                        serves,
-                    ));
+                if w.cfg.proxy_protocol && speaks.is_public() {
+                    tokio::task::spawn_local(proxied(w.clone(), stream, peer, speaks.clone()));
                     continue;
                 }
-                match &tls {
-                    Some(cfg) => {
-                        tokio::task::spawn_local(http::serve_tls(
-                            w.clone(),
-                            stream,
-                            cfg.clone(),
-                            serves,
-                            None,
-                        ));
-                    }
-                    None => {
-                        tokio::task::spawn_local(http::serve(
-                            w.clone(),
-                            tls::stream::Io::Plain(stream),
-                            serves,
-                            None,
-                        ));
-                    }
-                }
+                dispatch(&w, stream, peer, &speaks);
             }
             Err(e) => {
                 // EMFILE and friends: say so once, count the rest, and back
@@ -397,6 +389,134 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// Starts serving an accepted connection from `client` as its listener speaks.
+fn dispatch(w: &Rc<Worker>, stream: TcpStream, client: SocketAddr, speaks: &Speaks) {
+    let (tls, serves) = match speaks {
+        Speaks::Http(tls, serves) => (current_tls(w, tls), *serves),
+        Speaks::Mqtt(tls) => {
+            let tls = current_tls(w, tls);
+            tokio::task::spawn_local(mqtt_accept::serve(w.clone(), stream, client, tls));
+            return;
+        }
+    };
+    if w.cfg.per_address.any() {
+        // A trusted proxy is not the client: its requests name the client
+        // in X-Forwarded-For, counted at the upgrade.
+        if !w.cfg.proxy_protocol && crate::proxied::trusted(&w.cfg.trusted_proxies, client.ip()) {
+            tokio::task::spawn_local(http::forwarded(w.clone(), stream, tls, serves));
+        } else {
+            tokio::task::spawn_local(http::admit(w.clone(), stream, client, tls, serves));
+        }
+        return;
+    }
+    match tls {
+        Some(cfg) => {
+            tokio::task::spawn_local(http::serve_tls(w.clone(), stream, cfg, serves, None));
+        }
+        None => {
+            tokio::task::spawn_local(http::serve(
+                w.clone(),
+                tls::stream::Io::Plain(stream),
+                serves,
+                None,
+            ));
+        }
+    }
+}
+
+/// `--proxy-protocol`: a connection from a trusted proxy starts with a
+/// PROXY header naming the client, who is then served (and counted) as
+/// if it had connected itself; anyone else, or a connection without a
+/// whole header within `--handshake-timeout`, is closed.
+async fn proxied(w: Rc<Worker>, stream: TcpStream, peer: SocketAddr, speaks: Speaks) {
+    if !crate::proxied::trusted(&w.cfg.trusted_proxies, peer.ip()) {
+        w.counters.refused("untrusted_proxy");
+        return;
+    }
+    let header = tokio::time::timeout(w.cfg.handshake_timeout, proxy_header(&stream)).await;
+    match header {
+        Ok(Ok(client)) => dispatch(&w, stream, client.unwrap_or(peer), &speaks),
+        Ok(Err(_)) => w.counters.handshake_failed("proxy_header"),
+        Err(_) => w.counters.handshake_failed("proxy_timeout"),
+    }
+}
+
+/// Reads the PROXY header off `stream` and nothing after it (the bytes are
+/// peeked first, so what follows stays for TLS or HTTP); the client it
+/// names (`None`: the proxy's own check, served as the proxy).
+async fn proxy_header(stream: &TcpStream) -> std::io::Result<Option<SocketAddr>> {
+    use throng_proto::proxy;
+    let mut buf = vec![0u8; proxy::V2_MAX];
+    let mut seen = 0;
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        match proxy::parse(&buf[..n]).map_err(std::io::Error::other)? {
+            Some(h) => {
+                let mut header = &mut buf[..h.len];
+                while !header.is_empty() {
+                    let got = stream.try_read(header);
+                    match got {
+                        Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                        Ok(k) => header = &mut header[k..],
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            stream.readable().await?;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                return Ok(h.addresses.map(|(client, _)| client));
+            }
+            // Part of a header: the socket stays readable while those
+            // bytes wait, so wait a little for the rest rather than spin.
+            None if n == seen => tokio::time::sleep(Duration::from_millis(5)).await,
+            None => seen = n,
+        }
+    }
+}
+
+/// The TLS settings a new connection of a listener started with `given`
+/// gets: the reloaded ones once a SIGHUP brought some (`None`: a plain listener).
+fn current_tls(
+    w: &Worker,
+    given: &Option<Arc<rustls::ServerConfig>>,
+) -> Option<Arc<rustls::ServerConfig>> {
+    given
+        .as_ref()
+        .map(|g| w.tls.get().unwrap_or_else(|| g.clone()))
+}
+
+/// Takes the certificate and keys a SIGHUP re-read (`json`: the whole
+/// settings, as at start); what does not parse leaves the old material.
+fn reload(w: &Worker, json: &[u8]) {
+    let cfg: Config = match serde_json::from_slice(json) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            log!(
+                "throng: worker {}: reload: unreadable settings: {e}",
+                w.index
+            );
+            return;
+        }
+    };
+    if let Some(m) = &cfg.tls
+        && (!cfg.tls_listen.is_empty() || !cfg.mqtts_listen.is_empty())
+    {
+        match tls::server_config(m) {
+            Ok(c) => w.tls.set(Some(c)),
+            Err(e) => log!("throng: worker {}: reload: TLS kept: {e}", w.index),
+        }
+    }
+    w.verifier.set(Verifier::new(&cfg.auth).map(Rc::new));
+    if let Some(file) = &cfg.auth.publish_key
+        && let Ok(key) = PublishKey::new(file)
+    {
+        w.publish_key.set(Some(Rc::new(key)));
     }
 }
 
@@ -498,6 +618,7 @@ fn on_record(w: &Worker, rec: Record) {
         Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
         Some(Record::ClientId { hash }) => w.subs.taken_over(hash),
         Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
+        Some(Record::Reload(json)) => reload(w, &json),
         Some(Record::Retained { id, messages }) => {
             // In order with the fan-outs of what came before it.
             w.outbox

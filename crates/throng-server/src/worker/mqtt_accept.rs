@@ -235,8 +235,8 @@ fn admit(
     }
     let admitted = mqtt_auth::check(
         w.cfg.auth.publish_guarded(),
-        w.verifier.as_ref(),
-        w.publish_key.as_ref(),
+        w.verifier.get().as_deref(),
+        w.publish_key.get().as_deref(),
         connected.password.as_deref().unwrap_or_default(),
         gate::unix_now(),
     )

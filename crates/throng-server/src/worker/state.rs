@@ -47,12 +47,36 @@ pub(crate) struct Worker {
     pub(crate) sleepers: Sleepers<Sleeper>,
     /// Failing accepts (`EMFILE`), logged once and then counted.
     pub(crate) accept_errors: RefCell<Recurring>,
-    /// Checks tokens, when keys are configured.
-    pub(crate) verifier: Option<Verifier>,
-    /// The publish API key, when one is configured.
-    pub(crate) publish_key: Option<PublishKey>,
+    /// Checks tokens, when keys are configured (SIGHUP may replace it).
+    pub(crate) verifier: Reloadable<Rc<Verifier>>,
+    /// The publish API key, when one is configured (SIGHUP may replace it).
+    pub(crate) publish_key: Reloadable<Rc<PublishKey>>,
+    /// The TLS settings of every TLS listener, once a SIGHUP replaced
+    /// those they started with.
+    pub(crate) tls: Reloadable<std::sync::Arc<rustls::ServerConfig>>,
     /// TLS connections waiting for a request out of their task (tls::park).
     pub(crate) parked: Parked<Waiting>,
+}
+
+/// Material a SIGHUP may replace ([`crate::reload`]): whoever uses it
+/// takes a clone of what is current, so a reload never changes a check
+/// halfway through.
+pub(crate) struct Reloadable<T>(RefCell<Option<T>>);
+
+impl<T: Clone> Reloadable<T> {
+    pub(crate) fn new(value: Option<T>) -> Self {
+        Self(RefCell::new(value))
+    }
+
+    /// What is current.
+    pub(crate) fn get(&self) -> Option<T> {
+        self.0.borrow().clone()
+    }
+
+    /// Replaces it.
+    pub(crate) fn set(&self, value: Option<T>) {
+        *self.0.borrow_mut() = value;
+    }
 }
 
 /// What the fan-out task does next, in the order the supervisor sent it.
@@ -77,15 +101,19 @@ pub(crate) struct Serves {
     pub(crate) publish: bool,
     /// `GET /metrics`.
     pub(crate) metrics: bool,
+    /// `/ping`, the test back end (it holds a connection up to an hour):
+    /// on loopback addresses, elsewhere only with `--test-backend`.
+    pub(crate) ping: bool,
 }
 
 impl Serves {
-    /// A public listener of `cfg`.
-    pub(crate) fn public(cfg: &Config) -> Self {
+    /// The public listener of `cfg` on `addr`.
+    pub(crate) fn public(cfg: &Config, addr: std::net::SocketAddr) -> Self {
         Self {
             subscribe: true,
             publish: cfg.publish_listen.is_empty(),
             metrics: cfg.metrics_listen.is_empty(),
+            ping: cfg.test_backend || addr.ip().is_loopback(),
         }
     }
 
@@ -96,6 +124,7 @@ impl Serves {
             subscribe: false,
             publish: cfg.publish_listen.contains(&addr),
             metrics: cfg.metrics_listen.contains(&addr),
+            ping: false,
         }
     }
 }
@@ -146,6 +175,9 @@ pub(crate) struct Counted {
     pub(crate) index: usize,
     /// The shared subscriber counts and the cap, with `--max-connections`.
     pub(crate) places: Option<(SharedCounters, u64)>,
+    /// Subscribers this worker holds, and the most its files allow.
+    own: Cell<u64>,
+    own_cap: u64,
     /// Client addresses of subscribers that were admitted, by tag.
     sources: RefCell<Vec<Option<Source>>>,
     /// Tags free for reuse.
@@ -153,25 +185,42 @@ pub(crate) struct Counted {
 }
 
 impl Counted {
-    pub(crate) fn new(index: usize, places: Option<(SharedCounters, u64)>) -> Self {
+    /// `own_cap`: the subscribers this worker's files allow (`None`: no cap).
+    pub(crate) fn new(
+        index: usize,
+        places: Option<(SharedCounters, u64)>,
+        own_cap: Option<u64>,
+    ) -> Self {
         Self {
             index,
             places,
+            own: Cell::new(0),
+            own_cap: own_cap.unwrap_or(u64::MAX),
             sources: RefCell::default(),
             free: RefCell::default(),
         }
     }
 
-    /// Takes one place under `--max-connections` for a new subscriber;
-    /// false when the node is full. Always true without a cap.
+    /// Takes one place for a new subscriber: under this worker's files and
+    /// under `--max-connections`; false when either is full (a 503, not an
+    /// `EMFILE` on the next accept).
     pub(crate) fn take_place(&self) -> bool {
-        self.places
+        if self.own.get() >= self.own_cap {
+            return false;
+        }
+        let taken = self
+            .places
             .as_ref()
-            .is_none_or(|(shared, cap)| shared.take_one(self.index, *cap))
+            .is_none_or(|(shared, cap)| shared.take_one(self.index, *cap));
+        if taken {
+            self.own.set(self.own.get() + 1);
+        }
+        taken
     }
 
     /// Gives back a place [`take_place`](Self::take_place) took.
     pub(crate) fn give_place(&self) {
+        self.own.set(self.own.get().saturating_sub(1));
         if let Some((shared, _)) = &self.places {
             shared.give_one(self.index);
         }

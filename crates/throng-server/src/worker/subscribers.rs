@@ -394,6 +394,7 @@ impl<O: Outside> Subscribers<O> {
 
     /// The subscribers of `channel` a bare write can reach now: open, with
     /// nothing queued, not TLS (`/bench/floor`).
+    #[cfg(feature = "bench-floor")]
     pub(crate) fn bare_subscribers_of(&self, channel: &str) -> Vec<Rc<Conn<O::Wire>>> {
         self.channels
             .borrow()

@@ -11,10 +11,12 @@ use anyhow::Context as _;
 use throng_client::redis::RedisUrl;
 use throng_client::trust::Trust;
 use throng_load::agent::crew::{self, Agents, OnLoss};
-use throng_load::agent::link::Redis;
+use throng_load::agent::redis::Redis;
 use throng_load::agent::{DEFAULT_PREFIX, Keys, list, serve, valid_name};
 use throng_load::harness::pool::Remote;
 use throng_load::hold::target::{WsTarget, parse_sources};
+
+use super::Format;
 
 /// How to reach Redis, as every agent command takes it.
 #[derive(Debug, clap::Args)]
@@ -32,7 +34,7 @@ pub(crate) struct RedisArgs {
 
 impl RedisArgs {
     fn redis(&self, url: &str) -> anyhow::Result<(Redis, Keys)> {
-        let url: RedisUrl = url.parse().map_err(anyhow::Error::msg)?;
+        let url: RedisUrl = url.parse()?;
         let trust = Trust {
             ca: self.redis_tls_ca.clone(),
             insecure: false,
@@ -130,8 +132,12 @@ pub(crate) struct AgentsArgs {
     #[arg(long, value_name = "G")]
     group: Option<String>,
 
-    /// Print the registrations as JSON.
-    #[arg(long)]
+    /// The registrations as text or json.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+
+    /// The same as --format json.
+    #[arg(long, conflicts_with = "format")]
     json: bool,
 
     #[command(flatten)]
@@ -142,7 +148,7 @@ pub(crate) fn run_agents(args: AgentsArgs) -> anyhow::Result<ExitCode> {
     let (redis, keys) = args.redis_args.redis(&args.redis)?;
     let listed = list::list(&redis, &keys, args.group.as_deref())
         .with_context(|| format!("Redis at {}", redis.url))?;
-    if args.json {
+    if args.json || args.format == Format::Json {
         let regs: Vec<_> = listed
             .iter()
             .map(|l| {
@@ -251,30 +257,40 @@ impl RunArgs {
     }
 }
 
-/// After a run on agents: one line per agent (unless `json`), and a lost
-/// agent fails the run.
-pub(crate) fn finish(
-    agents: Option<&Agents>,
+/// The end of a `hold` or `attack` run, maybe on agents: its summary (the
+/// `json` one when given, with an `agents` section when it ran on agents;
+/// or the `text` followed by one line per agent), then each failed
+/// threshold (a lost agent fails the run) on stderr after `fail`; exit
+/// status 1 if any failed.
+pub(crate) fn conclude(
+    json: Option<serde_json::Value>,
+    text: impl FnOnce() -> String,
     start_unix_ns: u64,
-    json: bool,
-    failed: &mut Vec<String>,
-) -> std::io::Result<()> {
-    let Some(a) = agents else { return Ok(()) };
-    if !json {
-        super::print(&a.summary(start_unix_ns))?;
-    }
-    failed.extend(a.lost().into_iter().map(|l| format!("agent {l}")));
-    Ok(())
-}
-
-/// The JSON summary of a run, with an `agents` section when it ran on agents.
-pub(crate) fn json_summary(
-    mut value: serde_json::Value,
     agents: Option<&Agents>,
-    start_unix_ns: u64,
-) -> anyhow::Result<String> {
-    if let (Some(a), Some(fields)) = (agents, value.as_object_mut()) {
-        fields.insert("agents".into(), a.to_json(start_unix_ns));
+    mut failed: Vec<String>,
+    fail: &str,
+) -> anyhow::Result<ExitCode> {
+    let shown_as_json = json.is_some();
+    if let Some(mut value) = json {
+        if let (Some(a), Some(fields)) = (agents, value.as_object_mut()) {
+            fields.insert("agents".into(), a.to_json(start_unix_ns));
+        }
+        super::print(&format!("{}\n", serde_json::to_string_pretty(&value)?))?;
+    } else {
+        super::print(&text())?;
     }
-    Ok(format!("{}\n", serde_json::to_string_pretty(&value)?))
+    if let Some(a) = agents {
+        if !shown_as_json {
+            super::print(&a.summary(start_unix_ns))?;
+        }
+        failed.extend(a.lost().into_iter().map(|l| format!("agent {l}")));
+    }
+    for f in &failed {
+        eprintln!("{fail}{f}");
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

@@ -12,6 +12,8 @@ use throng_load::attack::{self, Load};
 use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
 
+use super::Format;
+
 /// Arguments of `throng attack`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -108,8 +110,8 @@ pub(crate) struct Args {
     per_request: Option<PathBuf>,
 
     /// Final summary as text or json (JSON on stdout; progress then goes to stderr).
-    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
-    format: String,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
 
     /// Exit 1 when more than this fraction of requests fail (errors and non-2xx/3xx), e.g. 0.01.
     #[arg(long, value_name = "FRACTION")]
@@ -151,7 +153,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         // Invariant: `missing` refused a run with neither.
         (false, None) => anyhow::bail!("--rate or --max is needed"),
     };
-    let json = args.format == "json";
+    let json = args.format == Format::Json;
     let progress = Progress::choose(args.client.quiet, json);
     let (remote, agents) = args
         .agents
@@ -190,25 +192,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     for line in prepared.lines() {
         progress.say(line);
     }
-    let (summary, mut failed) = prepared.run().context("attack")?;
-    if json {
-        super::print(&super::agent::json_summary(
-            serde_json::to_value(&summary)?,
-            agents.as_deref(),
-            summary.start_unix_ns,
-        )?)?;
-    } else {
-        super::print(&attack::render(&summary))?;
-    }
-    super::agent::finish(agents.as_deref(), summary.start_unix_ns, json, &mut failed)?;
-    for f in &failed {
-        eprintln!("throng attack: threshold passed: {f}");
-    }
-    Ok(if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    let (summary, failed) = prepared.run().context("attack")?;
+    super::agent::conclude(
+        json.then(|| serde_json::to_value(&summary)).transpose()?,
+        || attack::render(&summary),
+        summary.start_unix_ns,
+        agents.as_deref(),
+        failed,
+        "throng attack: threshold passed: ",
+    )
 }
 
 /// What to request: a targets file, or one URL with its method, headers

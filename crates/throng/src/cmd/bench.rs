@@ -16,6 +16,8 @@ use throng_load::bench::{self, Verdict};
 use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
 
+use super::Format;
+
 /// Arguments of `throng bench`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -119,12 +121,6 @@ pub(crate) struct Args {
     /// then exit without starting anything.
     #[arg(long)]
     dry_run: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Format {
-    Text,
-    Json,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {

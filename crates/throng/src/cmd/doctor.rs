@@ -9,6 +9,8 @@ use throng_host::doctor::{self, Plan, Role};
 use throng_load::bench;
 use throng_load::harness::machine::Machine;
 
+use super::Format;
+
 /// Arguments of `throng doctor`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -86,14 +88,8 @@ enum RoleArg {
     Server,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Format {
-    Text,
-    Json,
-}
-
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let snapshot = doctor::Machine::read(&args.proc_root);
+    let snapshot = doctor::HostLimits::read(&args.proc_root);
     let connections = args
         .connections
         .unwrap_or_else(|| bench::default_connections(&snapshot));

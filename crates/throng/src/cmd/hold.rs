@@ -15,6 +15,8 @@ use throng_load::hold::target::{PublishTarget, WsTarget, parse_sources};
 use throng_load::hold::{self, Settings};
 use throng_load::pacer::RateSpec;
 
+use super::Format;
+
 /// Arguments of `throng hold`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -145,8 +147,12 @@ pub(crate) struct Args {
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
 
-    /// Print the final summary as JSON on stdout (progress goes to stderr).
-    #[arg(long)]
+    /// Final summary as text or json (JSON on stdout; progress then goes to stderr).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+
+    /// The same as --format json.
+    #[arg(long, conflicts_with = "format")]
     json: bool,
 
     /// Fit the run onto this machine (workers, source addresses, local ports) and print
@@ -257,7 +263,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(url) => Some(publish(&args, url, mqtt.as_ref())?),
         None => None,
     };
-    let progress = Progress::choose(args.client.quiet, args.json);
+    let json = args.json || args.format == Format::Json;
+    let progress = Progress::choose(args.client.quiet, json);
     let settings = Settings {
         connect_timeout_ms: millis(args.connect_timeout),
         handshake_timeout_ms: millis(args.handshake_timeout),
@@ -307,30 +314,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
         return Ok(ExitCode::SUCCESS);
     }
-    let (summary, mut failed) = prepared.run().context("hold")?;
-    if args.json {
-        super::print(&super::agent::json_summary(
-            serde_json::to_value(&summary)?,
-            agents.as_deref(),
-            summary.start_unix_ns,
-        )?)?;
-    } else {
-        super::print(&hold::render(&summary))?;
-    }
-    super::agent::finish(
-        agents.as_deref(),
+    let (summary, failed) = prepared.run().context("hold")?;
+    super::agent::conclude(
+        json.then(|| serde_json::to_value(&summary)).transpose()?,
+        || hold::render(&summary),
         summary.start_unix_ns,
-        args.json,
-        &mut failed,
-    )?;
-    for f in &failed {
-        eprintln!("throng hold: FAIL: {f}");
-    }
-    Ok(if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+        agents.as_deref(),
+        failed,
+        "throng hold: FAIL: ",
+    )
 }
 
 /// `--publish` and its TLS trust, its rate, size, Redis prefix and MQTT options.

@@ -13,11 +13,13 @@ use throng_load::attack;
 use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
 use throng_load::hold::mqtt::MqttOptions;
-use throng_load::hold::target::{PublishTarget, WsTarget, parse_sources};
+use throng_load::hold::target::{WsTarget, parse_sources};
 use throng_load::hold::{self, Settings};
-use throng_load::knee::{self, Load, Objective, PublishSettings, SearchPlan};
+use throng_load::knee::{self, Load, Objective, PublishRequest, PublishSettings, SearchPlan};
 use throng_load::pacer::RateSpec;
 use throng_report::knee::render_text;
+
+use super::Format;
 
 /// Arguments of `throng knee`.
 #[derive(Debug, clap::Args)]
@@ -121,8 +123,8 @@ struct SearchArgs {
     out_dir: PathBuf,
 
     /// The result as text, or JSON on stdout (progress then goes to stderr).
-    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
-    format: String,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
 
     /// No progress lines (the start lines and the result still print).
     #[arg(short, long)]
@@ -275,22 +277,22 @@ struct PublishArgs {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (load, search, range, max_lost) = match args.mode {
+    let (load, search, plan, max_lost) = match args.mode {
         ModeArgs::Attack(a) => {
-            let range = rates(&a.search, 100.0, 50_000.0)?;
-            (attack_load(&a)?, a.search, range, None)
+            let plan = search_plan(&a.search, (100.0, 50_000.0), false)?;
+            (attack_load(&a)?, a.search, plan, None)
         }
         ModeArgs::Hold(h) => {
-            let range = counts(&h.held.search, 1_000, 100_000)?;
+            let plan = search_plan(&h.held.search, (1_000.0, 100_000.0), true)?;
             let load = Load::Hold {
                 hold: hold_request(&h.held, 1, RateSpec::Constant(1.0))?,
                 connect_rate: h.rate,
                 publish: publish_settings(&h.held, h.publish_rate)?,
             };
-            (load, h.held.search, range, Some(h.held.max_lost))
+            (load, h.held.search, plan, Some(h.held.max_lost))
         }
         ModeArgs::Publish(p) => {
-            let range = rates(&p.held.search, 10.0, 10_000.0)?;
+            let plan = search_plan(&p.held.search, (10.0, 10_000.0), false)?;
             let rate = p
                 .rate
                 .unwrap_or_else(|| knee::modes::default_connect_rate(p.connections));
@@ -298,10 +300,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 hold: hold_request(&p.held, p.connections, rate)?,
                 publish: publish_settings(&p.held, 1.0)?,
             };
-            (load, p.held.search, range, Some(p.held.max_lost))
+            (load, p.held.search, plan, Some(p.held.max_lost))
         }
     };
-    let json = search.format == "json";
+    let json = search.format == Format::Json;
     let progress = Progress::choose(search.quiet, json);
     let objective = Objective {
         p99: Some(search.slo_p99),
@@ -313,14 +315,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         command_line: std::env::args().collect(),
         load,
         objective,
-        search: SearchPlan {
-            from: range.0,
-            to: range.1,
-            factor: search.factor,
-            precision: search.precision,
-            repeat: search.repeat,
-            whole: range.2,
-        },
+        search: plan,
         step: search.step_duration,
         warmup: search.warmup,
         cooldown: search.cooldown,
@@ -350,34 +345,26 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(done.knee.outcome.exit_code()))
 }
 
-/// `--from`/`--to` as rates, with the mode's defaults; levels are not whole.
-fn rates(s: &SearchArgs, from: f64, to: f64) -> anyhow::Result<(f64, f64, bool)> {
+/// The search as asked, `--from`/`--to` with the mode's defaults:
+/// connection counts when the levels are `whole`, else rates.
+fn search_plan(s: &SearchArgs, (from, to): (f64, f64), whole: bool) -> anyhow::Result<SearchPlan> {
     let parse = |text: &Option<String>, flag: &str, default: f64| -> anyhow::Result<f64> {
-        match text {
-            None => Ok(default),
-            Some(t) => parse_rate(t).with_context(|| format!("{flag} {t}")),
-        }
+        let Some(t) = text else { return Ok(default) };
+        let level = if whole {
+            parse_count(t).map(|n| n as f64)
+        } else {
+            parse_rate(t)
+        };
+        level.with_context(|| format!("{flag} {t}"))
     };
-    Ok((
-        parse(&s.from, "--from", from)?,
-        parse(&s.to, "--to", to)?,
-        false,
-    ))
-}
-
-/// `--from`/`--to` as connection counts, with the mode's defaults.
-fn counts(s: &SearchArgs, from: u64, to: u64) -> anyhow::Result<(f64, f64, bool)> {
-    let parse = |text: &Option<String>, flag: &str, default: u64| -> anyhow::Result<f64> {
-        match text {
-            None => Ok(default as f64),
-            Some(t) => Ok(parse_count(t).with_context(|| format!("{flag} {t}"))? as f64),
-        }
-    };
-    Ok((
-        parse(&s.from, "--from", from)?,
-        parse(&s.to, "--to", to)?,
-        true,
-    ))
+    Ok(SearchPlan {
+        from: parse(&s.from, "--from", from)?,
+        to: parse(&s.to, "--to", to)?,
+        factor: s.factor,
+        precision: s.precision,
+        repeat: s.repeat,
+        whole,
+    })
 }
 
 fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
@@ -431,51 +418,25 @@ fn hold_request(h: &HeldArgs, connections: u64, rate: RateSpec) -> anyhow::Resul
     })
 }
 
-/// Where and how each level publishes; `--publish` defaults to throng
-/// serve's endpoint on the target's host and first port, or for an MQTT
-/// target to a PUBLISH on the broker to the topic it subscribes to.
+/// Where and how each level publishes (`--publish` or its default: the
+/// library's to choose).
 fn publish_settings(h: &HeldArgs, rate: f64) -> anyhow::Result<PublishSettings> {
     let ws: WsTarget = h.url.parse()?;
-    let url = match &h.publish {
-        Some(u) => u.clone(),
-        None if ws.mqtt => {
-            if ws.channel().contains(['+', '#']) {
-                anyhow::bail!(
-                    "the topic filter '{}' has wildcards, so there is no one topic to publish to: \
-                     give --publish mqtt://HOST:PORT/<topic> (a topic it matches)",
-                    ws.channel()
-                );
-            }
-            format!(
-                "{}://{}/{}",
-                if ws.tls { "mqtts" } else { "mqtt" },
-                ws.host_header(ws.port(0)),
-                ws.channel()
-            )
-        }
-        None => format!(
-            "{}://{}/publish/{}",
-            if ws.tls { "https" } else { "http" },
-            ws.host_header(ws.port(0)),
-            ws.channel()
-        ),
-    };
-    let mut target: PublishTarget = url.parse().with_context(|| format!("--publish {url}"))?;
-    if let (PublishTarget::Mqtt { options, .. }, Some(m)) = (&mut target, h.mqtt_options(&ws)?) {
-        options.clone_from(&m);
-    }
-    let warning = target.set_trust(h.publish_tls_ca.clone(), h.publish_tls_insecure)?;
+    let (settings, warning) = PublishSettings::new(
+        &ws,
+        PublishRequest {
+            url: h.publish.clone(),
+            tls_ca: h.publish_tls_ca.clone(),
+            tls_insecure: h.publish_tls_insecure,
+            mqtt: h.mqtt_options(&ws)?,
+            redis_prefix: h.redis_prefix.clone(),
+            message_size: h.message_size,
+            rate,
+            connections: h.publish_connections,
+        },
+    )?;
     if let Some(w) = warning {
         eprintln!("throng: WARNING: {w}");
     }
-    if h.publish_connections == 0 {
-        anyhow::bail!("--publish-connections must be at least 1");
-    }
-    Ok(PublishSettings {
-        target,
-        redis_channel: format!("{}{}", h.redis_prefix, ws.channel()),
-        message_size: h.message_size,
-        rate,
-        connections: h.publish_connections,
-    })
+    Ok(settings)
 }

@@ -13,6 +13,15 @@ pub(crate) mod serve;
 
 use std::io::{self, Write as _};
 
+/// How a command prints its result: `--format text` (the default) or
+/// `--format json`, one JSON document on stdout with progress on stderr.
+/// The one spelling every command takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    Text,
+    Json,
+}
+
 /// Writes `text` to stdout. A reader that went away (`throng hold | head`)
 /// is no error: `print!` would panic there, while the run's outcome is its
 /// exit status (and its result file), so what is left of the output is

@@ -7,6 +7,8 @@ use anyhow::Context as _;
 use throng_report::merge::{Merger, merge_files_into};
 use throng_report::summary::Report;
 
+use super::Format;
+
 /// Arguments of `throng report`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -42,12 +44,6 @@ pub(crate) struct Args {
     /// percentiles, connections, throughput, host) to this file.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Format {
-    Text,
-    Json,
 }
 
 /// Points a plot of the HTML page holds at most: a long run is drawn in

@@ -11,7 +11,8 @@ use anyhow::Context as _;
 use throng_host::units::{parse_duration, parse_rate, parse_size};
 use throng_server::auth::{Key, PublishKeyFile, Settings};
 use throng_server::config::{PerAddress, parse_listen};
-use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Trust};
+use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Topology, Trust};
+use throng_server::reload::Files;
 use throng_server::{Config, Plan, WorkerCommand};
 
 /// Arguments of `throng serve`.
@@ -19,6 +20,11 @@ use throng_server::{Config, Plan, WorkerCommand};
 #[command(group(
     clap::ArgGroup::new("tls_listeners")
         .args(["tls_listen", "mqtts_listen"])
+        .multiple(true)
+))]
+#[command(group(
+    clap::ArgGroup::new("redis_any")
+        .args(["redis", "redis_cluster", "redis_sentinel"])
         .multiple(true)
 ))]
 #[command(after_help = "\
@@ -40,6 +46,10 @@ Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
             connections that got the message (subscribed nodes, plus any
             other client), not WebSocket subscribers; 503 with the reason
             while Redis is unreachable. See docs/deploy.md.
+            Past one Redis: --redis-cluster HOST:PORT,... (a Redis Cluster,
+            sharded pub/sub, one link per master; channels mode) or
+            --redis-sentinel HOST:PORT,... --redis-master NAME (the master
+            Sentinel names, followed on failover). See docs/scale-out.md.
 TLS:        every --tls-listen listener serves the same endpoints as wss://
             and https:// (TLS 1.3 and 1.2, ALPN http/1.1, session tickets
             shared by all workers), beside the plain --listen ones. A
@@ -48,7 +58,8 @@ TLS:        every --tls-listen listener serves the same endpoints as wss://
             throng_handshake_failures_total{reason=\"tls_...\"}
 Test back end: GET or POST /ping -> pong; header 'sleep: S' waits a random
             0..S ms first, 'times: T' then sends T more pongs (chunked),
-            each after such a wait
+            each after such a wait. On loopback addresses only, unless
+            --test-backend
 Access:     with no option below anyone may subscribe to any channel and
             publish (a non-loopback --listen then prints a warning).
             docs/auth.md has the whole story.
@@ -62,8 +73,8 @@ Access:     with no option below anyone may subscribe to any channel and
               No or a bad token: 401 with WWW-Authenticate; a channel not
               granted: 403.
             Publishing needs the key (--publish-key-file) as
-              'Authorization: Bearer <key>', or a token whose 'publish'
-              claim grants the channel; --publish-listen moves it to an
+              'Authorization: Bearer <key>' (only there: never ?token=),
+              or a token whose 'publish' claim grants the channel; --publish-listen moves it to an
               internal address, --metrics-listen moves /metrics.
             MQTT: the token (or the publish key) is CONNECT's password,
               beside any user name (mosquitto_sub -u any -P <JWT>); none:
@@ -85,6 +96,10 @@ Stops on SIGTERM or SIGINT, to the supervisor or to the whole process group
 (systemd's default): stops accepting, sends 1001 to every subscriber, exits
 within --drain-timeout. A worker that exits cleanly after such a signal is not
 restarted: the whole server stops.
+
+SIGHUP (systemctl reload) reads --tls-cert/--tls-key, the --auth-* key files and
+--publish-key-file again; each new connection uses what was read. A bad file is
+logged and the old material kept; nothing else changes without a restart.
 
 Examples:
   throng serve
@@ -255,33 +270,55 @@ pub(crate) struct Args {
         long,
         value_name = "PREFIX",
         default_value = "throng:",
-        requires = "redis"
+        requires = "redis_any"
     )]
     redis_prefix: String,
 
     /// pattern: one PSUBSCRIBE <prefix>* (every node receives every message; simplest, best
     /// for few nodes). channels: SUBSCRIBE only to channels with subscribers on this node,
-    /// UNSUBSCRIBE when the last leaves (for many nodes x many channels).
-    #[arg(long, value_name = "MODE", default_value = "pattern", value_parser = parse_redis_mode, requires = "redis")]
-    redis_mode: RedisMode,
+    /// UNSUBSCRIBE when the last leaves (for many nodes x many channels). Default: pattern;
+    /// channels with --redis-cluster, where pattern is refused.
+    #[arg(long, value_name = "MODE", value_parser = parse_redis_mode, requires = "redis_any")]
+    redis_mode: Option<RedisMode>,
 
     /// rediss://: PEM file of the CA certificate(s) that signed Redis's certificate, which
     /// must name the URL's host (a DNS name or IP address). Default: the system bundle
     /// /etc/ssl/certs/ca-certificates.crt.
-    #[arg(long, value_name = "FILE", requires = "redis")]
+    #[arg(long, value_name = "FILE", requires = "redis_any")]
     redis_tls_ca: Option<PathBuf>,
 
     /// rediss://: do not check Redis's certificate at all (trials with a self-signed
     /// certificate only: anyone on the path can then read and change the traffic, password
     /// included).
-    #[arg(long, requires = "redis", conflicts_with = "redis_tls_ca")]
+    #[arg(long, requires = "redis_any", conflicts_with = "redis_tls_ca")]
     redis_tls_insecure: bool,
 
     /// Start even when Redis is unreachable and keep retrying with backoff (subscribers are
     /// accepted meanwhile; publishing answers 503). Without it, an unreachable Redis is an
     /// error at start.
-    #[arg(long, requires = "redis")]
+    #[arg(long, requires = "redis_any")]
     redis_wait: bool,
+
+    /// Route through a Redis Cluster (Redis 7): HOST:PORT[,HOST:PORT...] of any of its nodes
+    /// (the map is read from them). One link per master, sharded pub/sub (SSUBSCRIBE and
+    /// SPUBLISH on the master of each channel's slot), MOVED/ASK followed. --redis, if given,
+    /// supplies only credentials and TLS. See docs/scale-out.md.
+    #[arg(
+        long,
+        value_name = "HOST:PORT[,...]",
+        conflicts_with = "redis_sentinel"
+    )]
+    redis_cluster: Option<String>,
+
+    /// Find the master through Redis Sentinel: HOST:PORT[,HOST:PORT...] of the sentinels,
+    /// asked in turn before every connection; a +switch-master moves the node to the new
+    /// master. Needs --redis-master. --redis, if given, supplies only credentials and TLS.
+    #[arg(long, value_name = "HOST:PORT[,...]", requires = "redis_master")]
+    redis_sentinel: Option<String>,
+
+    /// The master's name in Sentinel's configuration (with --redis-sentinel).
+    #[arg(long, value_name = "NAME", requires = "redis_sentinel")]
+    redis_master: Option<String>,
 
     /// Require a token (JWT) signed with this HS256 secret: a file of at least 32 bytes (one
     /// trailing newline is ignored). KID=FILE names the key for tokens whose header has that
@@ -333,6 +370,24 @@ pub(crate) struct Args {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     allowed_origins: Option<Vec<String>>,
 
+    /// Connections to the public listeners (--listen, --tls-listen, --mqtt-listen,
+    /// --mqtts-listen) start with a PROXY protocol header, v1 or v2 (HAProxy's send-proxy,
+    /// send-proxy-v2), naming the client: per-address limits and logs then count the
+    /// client, not the balancer. Accepted only from --trusted-proxies; any other
+    /// connection, or one without a header, is closed.
+    #[arg(long, requires = "trusted_proxies")]
+    proxy_protocol: bool,
+
+    /// The balancers whose word about the client is believed: a comma-separated list of
+    /// address blocks (10.0.0.0/8,192.0.2.7,2001:db8::/32). Needed by --proxy-protocol.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = parse_cidr)]
+    trusted_proxies: Vec<throng_server::proxied::Cidr>,
+
+    /// Serve /ping, the test back end (it may hold a connection an hour), on addresses that
+    /// are not loopback too; without it only loopback addresses serve it (others: 404).
+    #[arg(long)]
+    test_backend: bool,
+
     /// Print the start line as one JSON object on stdout (for scripts) instead of the
     /// readable settings on stderr.
     #[arg(long)]
@@ -343,8 +398,26 @@ pub(crate) struct Args {
     #[arg(long)]
     dry_run: bool,
 
+    /// Read settings from this TOML file (or $THRONG_CONFIG): keys are the long option
+    /// names (max-connections = 100000), a repeatable option takes an array
+    /// (listen = ["0.0.0.0:8080", "0.0.0.0:8081"]). Every option is also read from
+    /// THRONG_<OPTION> (THRONG_MAX_CONNECTIONS=100000; one value for a repeatable one).
+    /// Flags override the environment, which overrides the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Print every setting with its value and where it came from (flag, environment,
+    /// file, default), as a file --config reads, then exit.
+    #[arg(long)]
+    print_config: bool,
+
+    /// What --print-config shows (filled in by the settings layer).
+    #[arg(skip)]
+    pub(crate) shown: String,
+
     /// Benchmark only: enable POST /bench/floor/<channel>, a bare write(2) loop over the
-    /// channel's subscribers.
+    /// channel's subscribers (in a build with the `bench-floor` feature only).
+    #[cfg(feature = "bench-floor")]
     #[arg(long, hide = true)]
     bench_floor: bool,
 
@@ -393,8 +466,13 @@ fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
     })
 }
 
-fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
+fn parse_cidr(s: &str) -> Result<throng_server::proxied::Cidr, String> {
     s.parse()
+        .map_err(|e: throng_server::proxied::BadCidr| e.to_string())
+}
+
+fn parse_redis_url(s: &str) -> Result<RedisUrl, String> {
+    s.parse::<RedisUrl>().map_err(|e| e.to_string())
 }
 
 fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
@@ -402,14 +480,11 @@ fn parse_redis_mode(s: &str) -> Result<RedisMode, String> {
         .map_err(|e: throng_server::redis::error::UnknownMode| e.to_string())
 }
 
-pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if let Some(index) = args.worker_index {
-        throng_server::worker::run_from_stdin(index)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let auth = auth_settings(&args)?;
+/// The server's settings from `args`, every file read and checked now.
+fn build_config(args: &Args) -> anyhow::Result<Config> {
+    let auth = auth_settings(args)?;
     let config = Config {
-        listen: args.listen.into_iter().flatten().collect(),
+        listen: args.listen.iter().flatten().copied().collect(),
         workers: args.workers,
         max_connections: args.max_connections,
         max_message: args.max_message,
@@ -419,14 +494,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         write_timeout: args.write_timeout,
         drain_timeout: args.drain_timeout,
         handshake_timeout: args.handshake_timeout,
+        #[cfg(feature = "bench-floor")]
         bench_floor: args.bench_floor,
+        #[cfg(not(feature = "bench-floor"))]
+        bench_floor: false,
         request_timeout: args.request_timeout,
         max_sleep: args.max_sleep,
         max_times: args.max_times,
         redis_mode: None,
-        tls_listen: args.tls_listen.into_iter().flatten().collect(),
-        mqtt_listen: args.mqtt_listen.into_iter().flatten().collect(),
-        mqtts_listen: args.mqtts_listen.into_iter().flatten().collect(),
+        tls_listen: args.tls_listen.iter().flatten().copied().collect(),
+        mqtt_listen: args.mqtt_listen.iter().flatten().copied().collect(),
+        mqtts_listen: args.mqtts_listen.iter().flatten().copied().collect(),
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(throng_server::tls::Material::from_files(cert, key)?),
             _ if args.tls_self_signed => Some(throng_server::tls::Material::self_signed()?),
@@ -451,14 +529,49 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         history_max_memory: args.history_max_memory,
         max_retained: args.max_retained,
         max_retained_memory: args.max_retained_memory,
+        proxy_protocol: args.proxy_protocol,
+        trusted_proxies: args.trusted_proxies.clone(),
+        // Set by the plan from the open-file limit and the listeners.
+        worker_files: None,
+        test_backend: args.test_backend,
         max_subscriptions: args.max_subscriptions,
         max_filter_bytes: args.max_filter_bytes,
     };
+    if config.proxy_protocol && config.trusted_proxies.is_empty() {
+        anyhow::bail!(
+            "--proxy-protocol needs --trusted-proxies CIDR,... (the balancers' addresses): \
+             a PROXY header from anyone else would let them claim any address"
+        );
+    }
     if config.ping_interval.is_zero() {
         anyhow::bail!("--ping-interval must be more than 0");
     }
+    Ok(config)
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(index) = args.worker_index {
+        throng_server::worker::run_from_stdin(index)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.print_config {
+        print!("{}", args.shown);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = build_config(&args)?;
     let mut plan = Plan::new(config)?;
-    if let Some(url) = args.redis {
+    plan.reload = Files {
+        tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+        hs256: args.auth_hs256_secret_file.clone(),
+        public_keys: args.auth_public_key.clone(),
+        publish_key: args.publish_key_file.clone(),
+    };
+    let topology = Topology::from_flags(
+        args.redis_cluster.as_deref(),
+        args.redis_sentinel.as_deref(),
+        args.redis_master.clone(),
+    )?;
+    if let Some(url) = topology.url(args.redis) {
         let trust = Trust {
             ca: args.redis_tls_ca,
             insecure: args.redis_tls_insecure,
@@ -484,7 +597,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         plan = plan.with_redis(RedisSettings {
             url,
             prefix: args.redis_prefix,
-            mode: args.redis_mode,
+            mode: topology.mode(args.redis_mode),
             wait: args.redis_wait,
             trust,
             tls,
@@ -492,6 +605,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             history: None,
             // Set by the plan from --max-retained.
             max_retained: 0,
+            topology,
         })?;
     }
     if args.json {

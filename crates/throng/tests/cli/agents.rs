@@ -677,6 +677,8 @@ impl Machines {
             &server.to_string(),
             "--max-connections",
             "31000",
+            // /ping on the bridge address, not loopback: asked for.
+            "--test-backend",
         ]))];
         wait_until("the server in its namespace to listen", || {
             std::net::TcpStream::connect(server).is_ok()

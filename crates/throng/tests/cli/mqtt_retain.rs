@@ -17,6 +17,7 @@ use throng_proto::mqtt::{
 };
 use throng_testkit::http::publish;
 use throng_testkit::redis::Redis;
+use throng_testkit::redis_cluster::Cluster;
 use throng_testkit::{Peer, Server, require};
 
 use crate::mqtt_listen::mqtt_server as server;
@@ -433,6 +434,45 @@ fn with_redis_every_node_answers_with_the_same_retained_messages() {
         "throng_mqtt_retained_dropped_total{reason=\"count\"}",
         |v| v == 1.0,
     );
+}
+
+#[test]
+fn on_a_redis_cluster_the_store_is_one_slot_and_every_node_answers_the_same() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let c = Cluster::start(3, 0);
+    let seeds = c.seeds();
+    let args = ["--redis-cluster", &seeds];
+    let (a, _) = server(&args);
+    let (b, mqtt_b) = server(&args);
+    a.wait_broker("up");
+    b.wait_broker("up");
+    // Channels on different masters, their retained messages in one slot.
+    let doors = ["door/1", "door/2", "door/3", "door/4"];
+    for d in doors {
+        let (status, body) = publish(a.addr, &format!("{d}?retain=1"), d.as_bytes(), None);
+        assert_eq!(status, 200, "{body}");
+    }
+    let masters: std::collections::BTreeSet<u16> = doors
+        .iter()
+        .map(|d| c.master_of(&format!("throng:{d}")))
+        .collect();
+    assert!(masters.len() >= 2, "{masters:?}");
+    let key = "{throng:#retained}";
+    let mut keys = c.node(c.master_of(key)).cli(&["HKEYS", key]);
+    keys.sort();
+    assert_eq!(keys, doors);
+    let mut sub = Client::connect(mqtt_b, Version::V5);
+    sub.subscribe(&doors);
+    let want: Vec<Msg> = doors.iter().map(|d| msg(d, d, true)).collect();
+    assert_eq!(sub.sorted(4), want);
+    // Cleared on A: delivered live, and gone for B's next subscriber.
+    let (status, _) = publish(a.addr, "door/1?retain=1", b"", None);
+    assert_eq!(status, 200);
+    assert_eq!(sub.messages(1), [msg("door/1", "", false)]);
+    let mut late = Client::connect(mqtt_b, Version::V5);
+    late.subscribe(&["door/1"]);
+    late.quiet();
+    a.wait_metric("throng_mqtt_retained_topics", |v| v == 3.0);
 }
 
 #[test]

@@ -159,13 +159,16 @@ fn bad_requests_get_the_right_status_and_reason() {
         ("bad channel", format!("{}Sec-WebSocket-Version: 13\r\n\r\n", UPGRADE.replacen("/chan", "/a/+", 1)).into_bytes(), 400, "channel"),
         ("empty channel", format!("{}Sec-WebSocket-Version: 13\r\n\r\n", UPGRADE.replacen("/chan", "/", 1)).into_bytes(), 400, "channel"),
         ("long channel", format!("{}Sec-WebSocket-Version: 13\r\n\r\n", UPGRADE.replacen("chan", &"c".repeat(129), 1)).into_bytes(), 400, "128"),
-        ("huge head", format!("GET /chan HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(9000)).into_bytes(), 431, ""),
+        ("huge head", format!("GET /chan HTTP/1.1\r\nHost: x\r\nX: {}\r\n\r\n", "a".repeat(9000)).into_bytes(), 431, ""),
         ("garbage", b"\x16\x03\x01 hello\r\n\r\n".to_vec(), 400, ""),
-        ("publish too big", format!("POST /publish/x HTTP/1.1\r\nContent-Length: 2000\r\n\r\n{}", "a".repeat(2000)).into_bytes(), 413, "max-message"),
-        ("publish chunked too big", format!("POST /publish/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n{}\r\n0\r\n\r\n", "a".repeat(2000)).into_bytes(), 413, ""),
-        ("publish bad channel", b"POST /publish/a%20b HTTP/1.1\r\nContent-Length: 1\r\n\r\nx".to_vec(), 400, "channel"),
-        ("publish with GET", b"GET /publish/x HTTP/1.1\r\n\r\n".to_vec(), 405, "POST"),
-        ("text that is not UTF-8", b"POST /publish/x HTTP/1.1\r\nContent-Type: text/plain\r\nContent-Length: 1\r\n\r\n\xff".to_vec(), 400, "UTF-8"),
+        ("publish too big", format!("POST /publish/x HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n{}", "a".repeat(2000)).into_bytes(), 413, "max-message"),
+        ("publish chunked too big", format!("POST /publish/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n{}\r\n0\r\n\r\n", "a".repeat(2000)).into_bytes(), 413, ""),
+        ("publish bad channel", b"POST /publish/a%20b HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx".to_vec(), 400, "channel"),
+        ("publish with GET", b"GET /publish/x HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), 405, "POST"),
+        ("no Host", b"GET /publish/x HTTP/1.1\r\n\r\n".to_vec(), 400, "Host"),
+        ("two Hosts", b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".to_vec(), 400, "Host"),
+        ("HTTP/1.0 without Host", b"GET /healthz HTTP/1.0\r\n\r\n".to_vec(), 200, "ok"),
+        ("text that is not UTF-8", b"POST /publish/x HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 1\r\n\r\n\xff".to_vec(), 400, "UTF-8"),
     ];
     for (name, req, status, reason) in cases {
         let (got, head, body) = raw(a, &req);
@@ -179,7 +182,7 @@ fn bad_requests_get_the_right_status_and_reason() {
         }
     }
     // A chunked publish within the limit works.
-    let (got, _, body) = raw(a, b"POST /publish/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+    let (got, _, body) = raw(a, b"POST /publish/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
     assert_eq!(got, 200, "{body}");
 
     // Slowloris: half a head, then nothing: closed after the handshake timeout.

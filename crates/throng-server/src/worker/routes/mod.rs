@@ -6,9 +6,10 @@
 //! - `POST /publish/<channel>` ([`publish`]): relay a message through the supervisor.
 //! - `GET /healthz`, `GET /metrics` ([`ops`]): for load balancers and Prometheus.
 //! - `GET`/`POST /ping` ([`ping`]): the seeds' test back end for HTTP load.
-//! - `POST /bench/floor/<channel>` ([`bench_floor`]): benchmark only, and
-//!   only with `--bench-floor`.
+//! - `POST /bench/floor/<channel>` (`bench_floor`): benchmark only: in a
+//!   build with the `bench-floor` feature, and then only with `--bench-floor`.
 
+#[cfg(feature = "bench-floor")]
 pub(crate) mod bench_floor;
 pub(crate) mod ops;
 pub(crate) mod ping;
@@ -32,7 +33,10 @@ pub(crate) enum Route {
     PublishMethod,
     /// `GET` or `POST /ping`: [`ping::serve`].
     Ping,
+    /// `/ping` where the test back end is off: [`test_backend_off`].
+    TestBackendOff,
     /// `POST /bench/floor/<channel>` with `--bench-floor`: [`bench_floor::serve`].
+    #[cfg(feature = "bench-floor")]
     BenchFloor,
     /// An endpoint this listener does not serve (publishing or `/metrics`
     /// moved to an internal address; an upgrade on one): [`not_here`].
@@ -45,6 +49,7 @@ pub(crate) enum Route {
 /// The caller awaits the route's function in its own loop rather than
 /// through one more async function here: each HTTP connection is a task,
 /// and a layer of future around the routes made it 160 bytes larger.
+#[cfg_attr(not(feature = "bench-floor"), expect(unused_variables))]
 pub(crate) fn route(w: &Worker, req: &Request, serves: Serves) -> Option<Route> {
     let path = req
         .target
@@ -59,10 +64,21 @@ pub(crate) fn route(w: &Worker, req: &Request, serves: Serves) -> Option<Route> 
         ("POST", _) if publish => Route::Publish,
         _ if publish => Route::PublishMethod,
         _ if !serves.subscribe => Route::NotHere("this endpoint"),
-        ("GET" | "POST", "/ping") => Route::Ping,
+        ("GET" | "POST", "/ping") if serves.ping => Route::Ping,
+        ("GET" | "POST", "/ping") => Route::TestBackendOff,
+        #[cfg(feature = "bench-floor")]
         ("POST", p) if w.cfg.bench_floor && p.starts_with(bench_floor::PREFIX) => Route::BenchFloor,
         _ => return None,
     })
+}
+
+/// `/ping` on an address that is not loopback, without `--test-backend`:
+/// 404, counted, and the connection closes. The test back end holds a
+/// connection up to an hour, which is not for anyone on the network.
+pub(crate) async fn test_backend_off(w: &Worker, stream: &mut Io) -> bool {
+    w.counters.refused("test_backend_off");
+    let why = "/ping is the test back end, served on loopback addresses only (--test-backend serves it here)\n";
+    refuse(w, stream, 404, why).await
 }
 
 /// An endpoint another listener serves: 403, counted, and the connection
