@@ -1958,6 +1958,86 @@ mod tests {
         got.iter().filter(|g| matches!(g, Got::Ping(_))).count()
     }
 
+    /// The acknowledgements in `raw` (what a 5.0 client read): each
+    /// packet's type and reason code.
+    fn acks(raw: &[u8]) -> Vec<(&'static str, u8)> {
+        use throng_proto::mqtt::{Connack, Decoder, Packet, Properties, ReasonCode, Version};
+        let mut dec = Decoder::client(Version::V5, 1 << 16);
+        let mut connack = Vec::new();
+        Packet::Connack(Connack {
+            session_present: false,
+            code: ReasonCode::SUCCESS,
+            properties: Properties::EMPTY,
+        })
+        .encode(Version::V5, &mut connack)
+        .expect("encode");
+        dec.decode(&connack).expect("a CONNACK");
+        let mut pos = 0;
+        let mut out = Vec::new();
+        while let Some(d) = dec.decode(&raw[pos..]).expect("MQTT") {
+            pos += d.consumed;
+            let name = d.packet.packet_type().name();
+            let code = match d.packet {
+                Packet::Puback(a) | Packet::Pubrec(a) | Packet::Pubcomp(a) => a.reason.0,
+                Packet::Disconnect(x) => x.reason.0,
+                _ => 0,
+            };
+            out.push((name, code));
+        }
+        out
+    }
+
+    /// A client's QoS 1 and 2 PUBLISHes are acknowledged only with the
+    /// relay's answer, in the reason it gives; a QoS 2 one sent again
+    /// before PUBREL is relayed once.
+    #[test]
+    fn a_publish_is_acknowledged_by_the_relays_answer_and_a_qos2_one_relayed_once() {
+        use throng_proto::mqtt::{Delivery, Packet, Properties, Publish, Version};
+        let mut p = Pair::defaults();
+        let (i, _) = p.connect_mqtt(Version::V5);
+        let publish = |delivery| {
+            let mut out = Vec::new();
+            Packet::Publish(Publish {
+                dup: false,
+                delivery,
+                retain: false,
+                topic: "q/a",
+                properties: Properties::EMPTY,
+                payload: b"x",
+            })
+            .encode(Version::V5, &mut out)
+            .expect("encode");
+            out
+        };
+        let q2 = publish(Delivery::ExactlyOnce(5.try_into().unwrap()));
+        p.clients[i].send_raw(&q2);
+        p.clients[i].send_raw(&q2);
+        p.clients[i].send_raw(&publish(Delivery::AtLeastOnce(6.try_into().unwrap())));
+        p.drive();
+        assert_eq!(
+            p.subs.outside().published.borrow().len(),
+            2,
+            "the QoS 2 one once"
+        );
+        assert!(
+            acks(&p.clients[i].take_raw()).is_empty(),
+            "nothing before the relay"
+        );
+        p.subs.publish_answered(1, None);
+        p.subs.publish_answered(2, Some(b"Redis is unreachable"));
+        p.subs.publish_answered(99, None);
+        p.drive();
+        assert_eq!(
+            acks(&p.clients[i].take_raw()),
+            [("PUBREC", 0), ("PUBACK", 0x80)]
+        );
+        // Again after the relay took it: PUBREC again, not relayed again.
+        p.clients[i].send_raw(&q2);
+        p.drive();
+        assert_eq!(acks(&p.clients[i].take_raw()), [("PUBREC", 0)]);
+        assert_eq!(p.subs.outside().published.borrow().len(), 2);
+    }
+
     /// A fan-out in turns: a subscriber who leaves between turns is
     /// skipped, one who arrives gets the next message, and nobody gets a
     /// message twice or misses it.
