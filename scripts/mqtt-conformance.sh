@@ -16,15 +16,15 @@
 #
 # Environment: PAHO_DIR (default: the clone's sibling
 # shared/peers/paho.mqtt.testing), THRONG (a built binary; default
-# target/debug/throng, built if missing), JOBS (tests at once, default 12),
-# LIMIT (seconds per test, default 30).
+# target/debug/throng, built if missing), JOBS (tests at once, default 14),
+# LIMIT (seconds per test, default 45).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 paho=${PAHO_DIR:-"$(dirname "$root")/shared/peers/paho.mqtt.testing"}
 suite="$paho/interoperability"
-jobs=${JOBS:-12}
-limit=${LIMIT:-30}
+jobs=${JOBS:-14}
+limit=${LIMIT:-45}
 known_file="$root/scripts/mqtt-conformance.known"
 
 if [ ! -f "$suite/client_test5.py" ]; then
