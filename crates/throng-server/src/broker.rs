@@ -46,7 +46,7 @@ pub(crate) fn fit_retained(messages: &mut Vec<RetainedMessage>) {
     let keep = messages
         .iter()
         .take_while(|r| {
-            size += RETAINED_FRAMING + r.channel.len() + r.kept.payload.len();
+            size += RETAINED_FRAMING + r.channel.len() + r.kept.payload.len() + r.properties.len();
             size <= MAX_RECORD
         })
         .count();
@@ -447,6 +447,10 @@ impl Remote {
                     text,
                     // Redis carries no QoS: QoS 1 to those who asked.
                     at_most_once: false,
+                    exactly_once: false,
+                    properties: Bytes::new(),
+                    retained: false,
+                    origin: 0,
                     channel,
                     payload,
                 };
@@ -640,6 +644,10 @@ mod tests {
             message: MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "a".into(),
             payload: Bytes::from_static(b"x"),
         };

@@ -124,6 +124,26 @@ pub struct Config {
     /// loopback too (`--test-backend`); without it only loopback ones do.
     #[serde(default)]
     pub test_backend: bool,
+    /// Subscriptions one MQTT connection may hold (`--max-subscriptions`).
+    #[serde(default = "default_max_subscriptions")]
+    pub max_subscriptions: usize,
+    /// Bytes of topic filters one MQTT connection may hold (`--max-filter-bytes`).
+    #[serde(default = "default_max_filter_bytes")]
+    pub max_filter_bytes: usize,
+}
+
+/// `--max-subscriptions`' default.
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100;
+
+/// `--max-filter-bytes`' default: 100 filters of 160 bytes.
+pub const DEFAULT_MAX_FILTER_BYTES: usize = 16 * 1024;
+
+fn default_max_subscriptions() -> usize {
+    DEFAULT_MAX_SUBSCRIPTIONS
+}
+
+fn default_max_filter_bytes() -> usize {
+    DEFAULT_MAX_FILTER_BYTES
 }
 
 fn default_max_retained() -> usize {
@@ -198,6 +218,8 @@ impl Default for Config {
             trusted_proxies: Vec::new(),
             worker_files: None,
             test_backend: false,
+            max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+            max_filter_bytes: DEFAULT_MAX_FILTER_BYTES,
         }
     }
 }

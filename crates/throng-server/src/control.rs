@@ -148,6 +148,13 @@ pub enum Record {
     /// certificate and keys ([`crate::reload`]), as JSON like
     /// [`Record::Config`]; the worker takes their TLS and auth material.
     Reload(Bytes),
+    /// Worker → supervisor: an MQTT client connected with a client id
+    /// (its hash); supervisor → every other worker: close your connection
+    /// with that client id, it was taken over (MQTT-3.1.4-2).
+    ClientId {
+        /// The client id's hash ([`crate::worker`]'s takeover table).
+        hash: u64,
+    },
 }
 
 /// A message on its way to subscribers.
@@ -163,6 +170,21 @@ pub struct Message {
     /// subscribers get it at QoS 0 whatever they asked. Every other
     /// publish is QoS 1 to those who asked for it.
     pub at_most_once: bool,
+    /// Published at QoS 2 (an MQTT client's PUBLISH): MQTT subscribers
+    /// that asked for QoS 2 get it at 2 (others at what they asked).
+    pub exactly_once: bool,
+    /// An MQTT 5.0 PUBLISH's (or will's) properties its subscribers get
+    /// (user properties, message expiry, content type, payload format,
+    /// response topic, correlation data), encoded; empty for the rest.
+    pub properties: Bytes,
+    /// Published with MQTT's retain flag (an MQTT PUBLISH or an HTTP
+    /// `?retain=1`): a 5.0 subscription with Retain As Published gets it
+    /// with the flag set.
+    pub retained: bool,
+    /// Which MQTT connection of this node published it (its worker and
+    /// slot, [`crate::worker`]'s `origin`), 0 for any other publisher: a
+    /// 5.0 subscription with No Local does not get its own messages.
+    pub origin: u64,
     /// The channel, already validated.
     pub channel: String,
     /// The message body.
@@ -205,6 +227,7 @@ const RETAINED_ASK: u8 = 18;
 const RETAINED: u8 = 19;
 // Far from the others: kinds added beside it by other work stay apart.
 const RELOAD: u8 = 40;
+const CLIENT_ID: u8 = 41;
 
 /// Bytes a retained message takes in a [`Record::Retained`] besides its
 /// channel and payload.
@@ -310,6 +333,10 @@ impl Record {
                 let (code, retry_after) = verdict.code();
                 out.put_u8(code);
                 out.put_u32_le(retry_after);
+            }
+            Self::ClientId { hash } => {
+                out.put_u8(CLIENT_ID);
+                out.put_u64_le(*hash);
             }
             Self::Release { source } => {
                 out.put_u8(RELEASE);
@@ -423,6 +450,12 @@ impl Record {
                     subscribed,
                 }
             }
+            CLIENT_ID => {
+                need(&rec, 8)?;
+                Self::ClientId {
+                    hash: rec.get_u64_le(),
+                }
+            }
             PUBLISH_FAILED => {
                 need(&rec, 8)?;
                 let id = rec.get_u64_le();
@@ -488,10 +521,17 @@ fn put_retained(out: &mut BytesMut, id: u64, messages: &[RetainedMessage]) {
         out.put_u8(r.channel.len().min(255) as u8);
         out.put_slice(&r.channel.as_bytes()[..r.channel.len().min(255)]);
         put_id(out, r.kept.id);
-        out.put_u8(r.qos);
+        // The QoS's high bit: properties follow the payload (they are
+        // at most a packet's, under 64 KiB; larger ones are not sent).
+        let props = u16::try_from(r.properties.len()).map_or(&[][..], |_| &r.properties[..]);
+        out.put_u8(r.qos | if props.is_empty() { 0 } else { 0x80 });
         out.put_u8(u8::from(r.kept.text));
         out.put_u32_le(r.kept.payload.len() as u32);
         out.put_slice(&r.kept.payload);
+        if !props.is_empty() {
+            out.put_u16_le(props.len() as u16);
+            out.put_slice(props);
+        }
     }
 }
 
@@ -580,14 +620,22 @@ fn get_retained(mut rec: Bytes) -> Result<Record, ControlError> {
         let qos = rec.get_u8();
         let text = rec.get_u8() != 0;
         let payload = get_payload(&mut rec)?;
+        let mut properties = Bytes::new();
+        if qos & 0x80 != 0 {
+            need(&rec, 2)?;
+            let plen = usize::from(rec.get_u16_le());
+            need(&rec, plen)?;
+            properties = rec.split_to(plen);
+        }
         messages.push(RetainedMessage {
             channel,
-            qos,
+            qos: qos & 0x7F,
             kept: Kept {
                 id: kid,
                 text,
                 payload,
             },
+            properties,
         });
     }
     Ok(Record::Retained { id, messages })
@@ -642,10 +690,27 @@ fn get_recovered(mut rec: Bytes) -> Result<Record, ControlError> {
 fn put_message(out: &mut BytesMut, m: &Message) {
     out.put_u64_le(m.id);
     put_id(out, m.message);
-    out.put_u8(u8::from(m.text) | u8::from(m.at_most_once) << 1);
+    // MQTT properties are at most a packet's: --max-message plus 1 KiB,
+    // itself at most 128 KiB; past 64 KiB of them none are sent.
+    let props = u16::try_from(m.properties.len()).map_or(&[][..], |_| &m.properties[..]);
+    out.put_u8(
+        u8::from(m.text)
+            | u8::from(m.at_most_once) << 1
+            | u8::from(m.exactly_once) << 2
+            | u8::from(!props.is_empty()) << 3
+            | u8::from(m.retained) << 4
+            | u8::from(m.origin != 0) << 5,
+    );
     // Channel names are at most 128 bytes (validated before any record is made).
     out.put_u8(m.channel.len().min(255) as u8);
     out.put_slice(&m.channel.as_bytes()[..m.channel.len().min(255)]);
+    if !props.is_empty() {
+        out.put_u16_le(props.len() as u16);
+        out.put_slice(props);
+    }
+    if m.origin != 0 {
+        out.put_u64_le(m.origin);
+    }
     out.put_slice(&m.payload);
 }
 
@@ -658,16 +723,33 @@ fn get_message(mut rec: Bytes) -> Result<Message, ControlError> {
     let message = get_id(&mut rec);
     let flags = rec.get_u8();
     let (text, at_most_once) = (flags & 1 != 0, flags & 2 != 0);
+    let exactly_once = flags & 4 != 0;
     let clen = usize::from(rec.get_u8());
     if rec.len() < clen {
         return Err(ControlError::Malformed("record cut short"));
     }
     let channel = utf8(rec.split_to(clen), "channel is not UTF-8")?;
+    let mut properties = Bytes::new();
+    if flags & 8 != 0 {
+        need(&rec, 2)?;
+        let plen = usize::from(rec.get_u16_le());
+        need(&rec, plen)?;
+        properties = rec.split_to(plen);
+    }
+    let mut origin = 0;
+    if flags & 32 != 0 {
+        need(&rec, 8)?;
+        origin = rec.get_u64_le();
+    }
     Ok(Message {
         id,
         message,
         text,
         at_most_once,
+        exactly_once,
+        properties,
+        retained: flags & 16 != 0,
+        origin,
         channel,
         payload: rec,
     })
@@ -710,6 +792,10 @@ mod tests {
             message: MessageId { epoch: 1, seq: 2 },
             text: true,
             at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "news".into(),
             payload: Bytes::from_static(b"hello"),
         };
@@ -720,9 +806,22 @@ mod tests {
             Record::Deliver(Message {
                 text: false,
                 at_most_once: true,
+                exactly_once: false,
+                properties: Bytes::new(),
+                retained: false,
+                origin: 0,
                 payload: Bytes::new(),
                 ..m.clone()
             }),
+            Record::Deliver(Message {
+                exactly_once: true,
+                retained: true,
+                origin: 7 << 32 | 3,
+                // A 5.0 user property ("k", "v").
+                properties: Bytes::from_static(&[0x26, 0, 1, b'k', 0, 1, b'v']),
+                ..m.clone()
+            }),
+            Record::ClientId { hash: u64::MAX - 1 },
             Record::Delivered {
                 id: 1,
                 subscribers: u64::MAX,
@@ -799,6 +898,7 @@ mod tests {
                             text: true,
                             payload: Bytes::from_static(b"on"),
                         },
+                        properties: Bytes::from_static(&[0x26, 0, 1, b'k', 0, 1, b'v']),
                     },
                     RetainedMessage {
                         channel: "b".into(),
@@ -808,6 +908,7 @@ mod tests {
                             text: false,
                             payload: Bytes::from_static(&[0, 1]),
                         },
+                        properties: Bytes::new(),
                     },
                 ],
             },

@@ -33,6 +33,8 @@ pub enum CloseReason {
     TlsError,
     /// Its token's `exp` passed (closed 4001).
     TokenExpired,
+    /// An MQTT client connected with its client id (5.0: DISCONNECT 0x8E).
+    TakenOver,
 }
 
 impl CloseReason {
@@ -47,6 +49,7 @@ impl CloseReason {
             Self::Shutdown => "shutdown",
             Self::TlsError => "tls_error",
             Self::TokenExpired => "token_expired",
+            Self::TakenOver => "taken_over",
         }
     }
 }

@@ -240,6 +240,10 @@ mod tests {
                 message: MessageId::NONE,
                 text: true,
                 at_most_once: false,
+                exactly_once: false,
+                properties: Bytes::new(),
+                retained: false,
+                origin: 0,
                 channel: "news".into(),
                 payload: Bytes::from_static(b"hi"),
             };
@@ -394,6 +398,10 @@ mod tests {
             message: MessageId::NONE,
             text: false,
             at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "c".into(),
             payload: Bytes::new(),
         });

@@ -50,12 +50,15 @@ pub struct Limits {
 pub struct RetainedMessage {
     /// Its channel (the PUBLISH's topic).
     pub channel: String,
-    /// The QoS it was published at (0 or 1): a subscriber gets it at the
+    /// The QoS it was published at (0, 1 or 2): a subscriber gets it at the
     /// lower of this and its subscription's.
     pub qos: u8,
     /// Its id (as relayed live: [`MessageId::NONE`] from Redis), its
     /// framing and its payload.
     pub kept: Kept,
+    /// The MQTT 5.0 properties it was published with (user properties,
+    /// ...: [`crate::control::Message::properties`]); not kept in Redis.
+    pub properties: Bytes,
 }
 
 /// The store's figures for `/metrics`.
@@ -76,6 +79,7 @@ pub struct Stats {
 struct Entry {
     qos: u8,
     kept: Kept,
+    properties: Bytes,
     /// Its place in [`Retained::order`].
     stamp: u64,
 }
@@ -110,12 +114,12 @@ impl Retained {
 
     /// A retained publish on `channel`: `kept` becomes its retained
     /// message, or (an empty payload) the channel has none any more.
-    pub fn set(&mut self, channel: &str, qos: u8, kept: Kept) {
+    pub fn set(&mut self, channel: &str, qos: u8, kept: Kept, properties: Bytes) {
         self.clear(channel);
         if kept.payload.is_empty() {
             return;
         }
-        let size = cost(channel, &kept.payload);
+        let size = cost(channel, &kept.payload) + properties.len();
         if size > self.limits.max_bytes || self.limits.max_topics == 0 {
             // Could never fit: dropped at once, as if pushed out.
             self.stats.dropped_memory += u64::from(size > self.limits.max_bytes);
@@ -129,8 +133,9 @@ impl Retained {
         self.by_channel.insert(
             name,
             Entry {
-                qos: qos.min(1),
+                qos: qos.min(2),
                 kept,
+                properties,
                 stamp,
             },
         );
@@ -161,6 +166,7 @@ impl Retained {
                 channel: name.to_string(),
                 qos: e.qos,
                 kept: e.kept.clone(),
+                properties: e.properties.clone(),
             });
         };
         for f in filters {
@@ -192,7 +198,7 @@ impl Retained {
     fn clear(&mut self, channel: &str) {
         if let Some((name, e)) = self.by_channel.remove_entry(channel) {
             self.order.remove(&e.stamp);
-            self.bytes -= cost(&name, &e.kept.payload);
+            self.bytes -= cost(&name, &e.kept.payload) + e.properties.len();
         }
     }
 
@@ -200,7 +206,7 @@ impl Retained {
         if let Some((_, name)) = self.order.pop_first()
             && let Some(e) = self.by_channel.remove(&name)
         {
-            self.bytes -= cost(&name, &e.kept.payload);
+            self.bytes -= cost(&name, &e.kept.payload) + e.properties.len();
         }
     }
 }
@@ -298,7 +304,7 @@ return {redis.call('HLEN', KEYS[1]), dropped}
     ) {
         let mut value = Vec::with_capacity(payload.len() + 1);
         if !payload.is_empty() {
-            value.push(qos.min(1));
+            value.push(qos.min(2));
             value.extend_from_slice(payload);
         }
         let ((hash, order), max) = (keys(prefix, sharded), max.to_string());
@@ -398,12 +404,13 @@ return {redis.call('HLEN', KEYS[1]), dropped}
             let payload = value.slice(1..);
             out.push(RetainedMessage {
                 channel,
-                qos: value[0].min(1),
+                qos: value[0].min(2),
                 kept: Kept {
                     id: MessageId::NONE,
                     text: std::str::from_utf8(&payload).is_ok(),
                     payload,
                 },
+                properties: Bytes::new(),
             });
         }
         Ok((out, cut))
@@ -456,17 +463,17 @@ mod tests {
     #[test]
     fn a_retained_publish_replaces_and_an_empty_one_clears() {
         let mut s = store(10);
-        s.set("a", 1, kept(1, "one"));
-        s.set("b", 0, kept(2, "two"));
+        s.set("a", 1, kept(1, "one"), Bytes::new());
+        s.set("b", 0, kept(2, "two"), Bytes::new());
         assert_eq!(bodies(&s.matching(&filters(&["a"]))), ["a=one"]);
-        s.set("a", 0, kept(3, "uno"));
+        s.set("a", 0, kept(3, "uno"), Bytes::new());
         let got = s.matching(&filters(&["a"]));
         assert_eq!(bodies(&got), ["a=uno"]);
         assert_eq!((got[0].qos, got[0].kept.id.seq), (0, 3));
-        s.set("a", 1, kept(4, ""));
+        s.set("a", 1, kept(4, ""), Bytes::new());
         assert!(s.matching(&filters(&["a"])).is_empty());
         assert_eq!(s.stats().topics, 1);
-        s.set("b", 1, kept(5, ""));
+        s.set("b", 1, kept(5, ""), Bytes::new());
         assert_eq!(s.stats(), Stats::default(), "nothing held, nothing costs");
     }
 
@@ -474,7 +481,7 @@ mod tests {
     fn wildcards_match_by_level_and_each_channel_comes_once() {
         let mut s = store(10);
         for (i, c) in ["r/a", "r/b", "r/b/c", "q/a"].iter().enumerate() {
-            s.set(c, 0, kept(i as u64 + 1, c));
+            s.set(c, 0, kept(i as u64 + 1, c), Bytes::new());
         }
         assert_eq!(
             bodies(&s.matching(&filters(&["r/+"]))),
@@ -490,10 +497,10 @@ mod tests {
     #[test]
     fn past_the_caps_the_channel_set_longest_ago_loses_its_message() {
         let mut s = store(2);
-        s.set("a", 0, kept(1, "1"));
-        s.set("b", 0, kept(2, "2"));
-        s.set("a", 0, kept(3, "3")); // a is now the newest
-        s.set("c", 0, kept(4, "4"));
+        s.set("a", 0, kept(1, "1"), Bytes::new());
+        s.set("b", 0, kept(2, "2"), Bytes::new());
+        s.set("a", 0, kept(3, "3"), Bytes::new()); // a is now the newest
+        s.set("c", 0, kept(4, "4"), Bytes::new());
         assert_eq!(bodies(&s.matching(&filters(&["#"]))), ["a=3", "c=4"]);
         assert_eq!(s.stats().dropped_count, 1);
         let one = cost("x", &Bytes::from_static(b"0123456789"));
@@ -502,12 +509,12 @@ mod tests {
             max_bytes: 2 * one,
         });
         for c in ["x", "y", "z"] {
-            s.set(c, 0, kept(1, "0123456789"));
+            s.set(c, 0, kept(1, "0123456789"), Bytes::new());
             assert!(s.stats().bytes as usize <= 2 * one);
         }
         assert_eq!(bodies(&s.matching(&filters(&["+"]))).len(), 2);
         assert_eq!(s.stats().dropped_memory, 1);
-        s.set("big", 0, kept(9, &"x".repeat(3 * one)));
+        s.set("big", 0, kept(9, &"x".repeat(3 * one)), Bytes::new());
         assert_eq!(s.stats().dropped_memory, 2, "one that can never fit");
         assert_eq!(s.stats().topics, 2);
     }
@@ -516,7 +523,7 @@ mod tests {
     fn an_answer_holds_at_most_its_bound_and_counts_the_rest() {
         let mut s = store(MAX_PER_ANSWER + 10);
         for i in 0..MAX_PER_ANSWER + 10 {
-            s.set(&format!("t/{i}"), 0, kept(i as u64, "x"));
+            s.set(&format!("t/{i}"), 0, kept(i as u64, "x"), Bytes::new());
         }
         assert_eq!(s.matching(&filters(&["t/#"])).len(), MAX_PER_ANSWER);
         assert_eq!(s.stats().cut, 10);

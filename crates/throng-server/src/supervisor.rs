@@ -947,6 +947,14 @@ impl Supervisor {
                 };
                 self.send(i, Record::Admitted { id, verdict }.encode());
             }
+            Record::ClientId { .. } => {
+                // MQTT takeover: the other workers close their connection
+                // with this client id, if they have one.
+                let rec = rec.encode();
+                for j in (0..self.slots.len()).filter(|&j| j != i) {
+                    self.send(j, rec.clone());
+                }
+            }
             Record::Release { source } => {
                 let now = self.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut self.addresses {
@@ -1029,7 +1037,8 @@ impl Supervisor {
                 text: m.text,
                 payload: m.payload.clone(),
             };
-            self.retained.set(&m.channel, qos, kept);
+            self.retained
+                .set(&m.channel, qos, kept, m.properties.clone());
         }
         let (id, rec) = self.relay.deliver(Message { message, ..m });
         let mut to = Vec::with_capacity(self.slots.len());

@@ -366,6 +366,25 @@ impl<'a> Properties<'a> {
     pub(super) fn decode(r: &mut Reader<'a>, place: Place) -> Result<Self, DecodeError> {
         let len = r.varint()?;
         let raw = r.bytes(len)?;
+        Self::check(raw, place)
+    }
+
+    /// The properties a server passes on from a PUBLISH or a will to the
+    /// subscribers' PUBLISH (payload format, message expiry, content type,
+    /// response topic, correlation data, user properties), in order.
+    pub fn forwarded(&self) -> impl Iterator<Item = Property<'a>> + use<'a> {
+        self.iter()
+            .filter(|p| matches!(p.id(), 0x01 | 0x02 | 0x03 | 0x08 | 0x09 | 0x26))
+    }
+
+    /// A PUBLISH's properties from their encoding ([`Self::as_bytes`]),
+    /// checked as the decoder checks those of a PUBLISH it reads.
+    pub fn of_publish(raw: &'a [u8]) -> Result<Self, DecodeError> {
+        Self::check(raw, Place::Publish)
+    }
+
+    /// Checks `raw`, the encoded properties of a packet in `place`.
+    fn check(raw: &'a [u8], place: Place) -> Result<Self, DecodeError> {
         let mut inner = Reader::new(raw, "properties");
         let mut seen = 0u64;
         while !inner.is_empty() {
@@ -633,5 +652,24 @@ mod tests {
             Err(EncodeError::TooLong { .. })
         ));
         assert!(b.properties().is_empty(), "nothing half-written");
+    }
+
+    #[test]
+    fn a_publishs_forwarded_properties_leave_out_the_hop_by_hop_ones_and_read_back() {
+        let mut b = PropertiesBuf::new();
+        b.push(Property::TopicAlias(3)).unwrap();
+        b.push(Property::UserProperty("a", "1")).unwrap();
+        b.push(Property::MessageExpiryInterval(9)).unwrap();
+        b.push(Property::SubscriptionIdentifier(2)).unwrap();
+        b.push(Property::CorrelationData(b"c")).unwrap();
+        let mut kept = PropertiesBuf::new();
+        for p in b.properties().forwarded() {
+            kept.push(p).unwrap();
+        }
+        let raw = kept.properties().as_bytes().to_vec();
+        let back = Properties::of_publish(&raw).unwrap();
+        let ids: Vec<u8> = back.iter().map(|p| p.id()).collect();
+        assert_eq!(ids, [0x26, 0x02, 0x09]);
+        assert!(Properties::of_publish(&[0x26, 0x00]).is_err(), "cut short");
     }
 }

@@ -214,6 +214,10 @@ fn message(id: u64, channel: &str, payload: &str) -> Message {
         message: MessageId::NONE,
         text: true,
         at_most_once: false,
+        exactly_once: false,
+        properties: Bytes::new(),
+        retained: false,
+        origin: 0,
         channel: channel.into(),
         payload: Bytes::copy_from_slice(payload.as_bytes()),
     }

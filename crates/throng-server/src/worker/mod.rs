@@ -21,6 +21,7 @@ mod http;
 mod mqtt;
 mod mqtt_accept;
 mod mqtt_auth;
+mod mqtt_ids;
 mod mqtt_qos;
 mod mqtt_retain;
 #[cfg(test)]
@@ -245,7 +246,14 @@ fn open_listeners(
     let mut listeners = Vec::new();
     let mut mqtt_listeners = Vec::new();
     let plain_mqtt = cfg.mqtt_listen.iter().map(|a| (*a, None));
-    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, tls.clone()));
+    // --mqtts-listen offers ALPN `mqtt` (what an MQTT client that names
+    // its protocol asks for), then `http/1.1` as before.
+    let mqtts = tls.as_ref().map(|t| {
+        let mut c = rustls::ServerConfig::clone(t);
+        c.alpn_protocols = vec![b"mqtt".to_vec(), b"http/1.1".to_vec()];
+        Arc::new(c)
+    });
+    let secure_mqtt = cfg.mqtts_listen.iter().map(|a| (*a, mqtts.clone()));
     for (addr, tls) in plain_mqtt.chain(secure_mqtt) {
         mqtt_listeners.push((listen(addr)?, tls));
     }
@@ -607,6 +615,9 @@ fn on_record(w: &Worker, rec: Record) {
             complete,
             messages,
         }) => w.subs.recovered(id, complete, messages),
+        Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
+        Some(Record::ClientId { hash }) => w.subs.taken_over(hash),
+        Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
         Some(Record::Reload(json)) => reload(w, &json),
         Some(Record::Retained { id, messages }) => {
             // In order with the fan-outs of what came before it.

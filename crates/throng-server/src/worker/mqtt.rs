@@ -39,10 +39,14 @@
 use std::rc::Rc;
 
 use bytes::Bytes;
-use throng_proto::mqtt::{Delivery, Disconnect, Packet, Properties, Publish, ReasonCode, Version};
+use throng_proto::mqtt::{
+    Delivery, Disconnect, Packet, Properties, PropertiesBuf, Publish, ReasonCode, Version,
+};
 
 use super::mqtt_auth::MqttGrants;
-use super::mqtt_qos::{Inflight, MAX_INFLIGHT, Qos1, Slot};
+use super::mqtt_qos::{
+    DeliveryAck, Incoming, Inflight, MAX_INFLIGHT, Qos1, Received, Slot, properties_of,
+};
 use super::rejoin::Kind;
 use crate::control::Message;
 use crate::metrics::CloseReason;
@@ -62,8 +66,9 @@ pub(crate) struct Mqtt {
     /// QoS 1 deliveries it may have awaiting PUBACK: its 5.0 receive
     /// maximum, at most [`MAX_INFLIGHT`].
     receive_max: u16,
-    /// The QoS (0 or 1) of its subscription to its `Conn`'s channel, when
-    /// it has one: a connection's only subscription is kept there
+    /// The QoS (0, 1 or 2) and options ([`QOS`], [`NO_LOCAL`],
+    /// [`RETAIN_AS_PUBLISHED`]) of its subscription to its `Conn`'s
+    /// channel, when it has one: a connection's only subscription is kept there
     /// ([`super::table::Channels::subscribe_mqtt`]).
     pub(crate) qos: u8,
     /// Everything else; `None` while there is nothing.
@@ -89,8 +94,12 @@ impl Mqtt {
         receive_max: Option<u16>,
         will: Option<Box<Will>>,
         grants: Option<Box<MqttGrants>>,
+        max_packet: Option<u32>,
     ) -> Self {
         let mut m = Self::new(keep_alive);
+        if max_packet.is_some() {
+            m.state_mut().max_packet = max_packet;
+        }
         if will.is_some() {
             m.state_mut().will = will;
         }
@@ -122,6 +131,15 @@ impl Mqtt {
     }
 }
 
+/// A subscription's byte in the tables (its channel's MQTT list, the
+/// trie's lists, [`Mqtt::qos`]): its QoS in the low two bits ([`QOS`]),
+/// then its 5.0 options, so that they cost no memory of their own.
+pub(crate) const QOS: u8 = 0b0011;
+/// 5.0 No Local: not the connection's own messages.
+pub(crate) const NO_LOCAL: u8 = 0b0100;
+/// 5.0 Retain As Published: live messages keep their retain flag.
+pub(crate) const RETAIN_AS_PUBLISHED: u8 = 0b1000;
+
 /// The rarer part of an MQTT subscriber's state, boxed ([`Mqtt::more`]).
 #[derive(Default)]
 pub(crate) struct MqttState {
@@ -140,6 +158,12 @@ pub(crate) struct MqttState {
     /// What its credential grants where `--auth-*` or `--publish-key-file`
     /// guard the server ([`super::mqtt_auth`]); `None` elsewhere.
     auth: Option<Box<MqttGrants>>,
+    /// Its own PUBLISHes at QoS 1 and 2 not finished yet; `None` when
+    /// there are none ([`super::mqtt_qos::Received`]).
+    received: Option<Box<Received>>,
+    /// The largest packet it takes (5.0's Maximum Packet Size), when it
+    /// set one: a delivery larger is skipped for it.
+    max_packet: Option<u32>,
 }
 
 impl MqttState {
@@ -149,6 +173,8 @@ impl MqttState {
             && self.will.is_none()
             && self.inflight.is_none()
             && self.auth.is_none()
+            && self.received.is_none()
+            && self.max_packet.is_none()
     }
 }
 
@@ -157,6 +183,8 @@ impl MqttState {
 pub(crate) struct Will {
     pub(crate) channel: String,
     pub(crate) payload: Bytes,
+    /// Its 5.0 properties its subscribers get ([`forwarded`]).
+    pub(crate) properties: Bytes,
     pub(crate) retain: Option<u8>,
 }
 
@@ -176,14 +204,30 @@ pub(crate) struct Sub {
     pub(crate) pos: u32,
 }
 
+/// The properties of a client's PUBLISH or will that its subscribers get
+/// ([`Properties::forwarded`]), encoded for [`Message::properties`].
+pub(crate) fn forwarded(p: Properties<'_>) -> Bytes {
+    let mut buf = PropertiesBuf::new();
+    for property in p.forwarded() {
+        // Each was read from a packet within the size limits: it fits.
+        let _ = buf.push(property);
+    }
+    Bytes::copy_from_slice(buf.properties().as_bytes())
+}
+
 /// The QoS 0 PUBLISH of message `m` for a subscriber of `version`.
 pub(crate) fn publish(version: Version, m: &Message) -> Bytes {
+    publish_as(version, m, false)
+}
+
+/// The same, with the RETAIN flag `retain` (Retain As Published).
+pub(crate) fn publish_as(version: Version, m: &Message, retain: bool) -> Bytes {
     let p = Packet::Publish(Publish {
         dup: false,
         delivery: Delivery::AtMostOnce,
-        retain: false,
+        retain,
         topic: &m.channel,
-        properties: Properties::EMPTY,
+        properties: properties_of(m),
         payload: &m.payload,
     });
     let mut out = Vec::with_capacity(m.payload.len() + m.channel.len() + 8);
@@ -203,6 +247,7 @@ pub(crate) fn disconnect(why: CloseReason) -> Bytes {
         CloseReason::IdleTimeout => ReasonCode::KEEP_ALIVE_TIMEOUT,
         CloseReason::SlowConsumer => ReasonCode::QUOTA_EXCEEDED,
         CloseReason::TokenExpired => ReasonCode::NOT_AUTHORIZED,
+        CloseReason::TakenOver => ReasonCode::SESSION_TAKEN_OVER,
         CloseReason::ProtocolError => ReasonCode::PROTOCOL_ERROR,
         CloseReason::PeerClose | CloseReason::PeerGone | CloseReason::TlsError => {
             ReasonCode::UNSPECIFIED
@@ -238,6 +283,13 @@ impl Mqtt {
     /// keep-alive allows at tick `now`.
     pub(crate) fn overdue(&self, last_seen: u32, now: u32) -> bool {
         self.keep_alive != 0 && wheel::expired(now, last_seen, self.keep_alive)
+    }
+
+    /// Whether a packet of `len` bytes is over its Maximum Packet Size.
+    pub(crate) fn too_large(&self, len: usize) -> bool {
+        self.state()
+            .and_then(|s| s.max_packet)
+            .is_some_and(|max| len > max as usize)
     }
 
     /// What its credential grants, where one is needed.
@@ -293,13 +345,13 @@ impl Mqtt {
         Some(inflight.offer(p, window, now))
     }
 
-    /// Its PUBACK for delivery `id` at tick `now`: false when `id` was
-    /// not in flight.
-    pub(crate) fn acked(&mut self, id: u16, now: u32) -> bool {
+    /// Its acknowledgement `ack` (PUBACK, PUBREC, PUBCOMP) of delivery
+    /// `id` at tick `now`: false when no delivery in flight awaits it.
+    pub(crate) fn acked(&mut self, ack: DeliveryAck, id: u16, now: u32) -> bool {
         self.more
             .as_mut()
             .and_then(|s| s.inflight.as_mut())
-            .is_some_and(|i| i.ack(id, now))
+            .is_some_and(|i| i.ack(ack, id, now))
     }
 
     /// The next held delivery a free slot takes, with its packet id; once
@@ -319,6 +371,45 @@ impl Mqtt {
         None
     }
 
+    /// Its PUBLISH at QoS 1 (`qos2` `None`) or 2 (its packet id): relay
+    /// it, or not again, or too many are unfinished.
+    pub(crate) fn receive(&mut self, qos2: Option<u16>) -> Incoming {
+        self.state_mut()
+            .received
+            .get_or_insert_with(Box::default)
+            .take(qos2)
+    }
+
+    /// The relay took (or refused) its PUBLISH at QoS 1 or 2.
+    pub(crate) fn answered(&mut self, qos2: Option<u16>, took: bool) {
+        if let Some(r) = self.more.as_mut().and_then(|s| s.received.as_mut()) {
+            r.answered(qos2, took);
+        }
+        self.drop_received();
+    }
+
+    /// Its PUBREL for QoS 2 PUBLISH `id`: false when none the relay took
+    /// has that id.
+    pub(crate) fn released(&mut self, id: u16) -> bool {
+        let found = self
+            .more
+            .as_mut()
+            .and_then(|s| s.received.as_mut())
+            .is_some_and(|r| r.released(id));
+        self.drop_received();
+        found
+    }
+
+    /// Drops the box of its unfinished PUBLISHes once there are none.
+    fn drop_received(&mut self) {
+        if let Some(more) = self.more.as_mut()
+            && more.received.as_deref().is_some_and(Received::is_empty)
+        {
+            more.received = None;
+            self.shrink();
+        }
+    }
+
     /// Takes its QoS 1 window: the connection is ending.
     pub(crate) fn take_inflight(&mut self) -> Option<Box<Inflight>> {
         self.more.as_mut()?.inflight.take()
@@ -333,7 +424,7 @@ mod tests {
     use bytes::Bytes;
     use throng_proto::mqtt::Version;
 
-    use super::{Mqtt, Slot};
+    use super::{DeliveryAck, Mqtt, Slot};
     use crate::control::Message;
     use crate::history::MessageId;
     use crate::worker::mqtt_qos::Qos1;
@@ -344,6 +435,10 @@ mod tests {
             message: MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "c".into(),
             payload: Bytes::from_static(payload),
         };
@@ -369,16 +464,16 @@ mod tests {
         assert_eq!(sent(m.deliver(&p, 0, 1 << 20, 7)), Some(0), "held");
         assert_eq!(m.unacked_since(), Some(5), "since the first went out");
         assert_eq!(m.inflight_bytes(), 4 * p.len());
-        assert!(!m.acked(9, 8), "an id not in flight");
-        assert!(m.acked(1, 8));
+        assert!(!m.acked(DeliveryAck::Puback, 9, 8), "an id not in flight");
+        assert!(m.acked(DeliveryAck::Puback, 1, 8));
         assert_eq!(m.unacked_since(), Some(8), "a PUBACK is progress");
         let (_, id) = m.next_held().expect("the held one takes the slot");
         assert_eq!(id, 3);
         assert!(m.next_held().is_none(), "the window is full again");
-        assert!(m.acked(2, 9) && m.acked(3, 9));
+        assert!(m.acked(DeliveryAck::Puback, 2, 9) && m.acked(DeliveryAck::Puback, 3, 9));
         assert_eq!(m.next_held().map(|(_, id)| id), Some(4));
         assert!(m.next_held().is_none());
-        assert!(m.acked(4, 9));
+        assert!(m.acked(DeliveryAck::Puback, 4, 9));
         assert!(m.next_held().is_none());
         assert!(m.more.is_none(), "an idle session keeps no box");
         assert_eq!((m.unacked_since(), m.inflight_bytes()), (None, 0));

@@ -20,6 +20,8 @@ use super::conn::{Conn, NONE, TlsState};
 use super::gate;
 use super::mqtt::{Mqtt, Will, encode};
 use super::mqtt_auth::{self, Admitted};
+use super::mqtt_ids;
+use super::mqtt_qos::RECEIVE_MAX;
 use super::state::Worker;
 use super::subscribers::max_packet;
 use crate::addresses::Source;
@@ -92,11 +94,18 @@ struct Connected {
     /// Empty: 5.0 gets an assigned one in CONNACK.
     client_id_empty: bool,
     /// Its will's topic and payload, and its QoS if it is retained.
-    will: Option<(String, Bytes, Option<u8>)>,
+    will: Option<(String, Bytes, Option<u8>, Bytes)>,
     /// Its receive maximum (5.0; 3.1.1 has none).
     receive_max: Option<u16>,
     /// Its password: a token or the publish key (read, then dropped).
     password: Option<Vec<u8>>,
+    /// Its client id's hash, for takeover; none when it sent none.
+    client_hash: Option<u64>,
+    /// Its Maximum Packet Size (5.0).
+    max_packet: Option<u32>,
+    /// It asked for 5.0 enhanced authentication (an Authentication
+    /// Method), which the server does not offer.
+    auth_method: bool,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
@@ -151,7 +160,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     if let Some(tls) = tls {
         c = c.with_tls(tls);
     }
-    if let Err(e) = w.subs.add_mqtt(c) {
+    if let Err(e) = w.subs.add_mqtt(c, connected.client_hash) {
         counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
@@ -220,6 +229,10 @@ fn admit(
         w.counters.handshake_failed("draining");
         return Err(ReasonCode::SERVER_UNAVAILABLE);
     }
+    if connected.auth_method {
+        w.counters.mqtt_refused("auth_method");
+        return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
+    }
     let admitted = mqtt_auth::check(
         w.cfg.auth.publish_guarded(),
         w.verifier.get().as_deref(),
@@ -236,7 +249,7 @@ fn admit(
         w.counters.refused("max_connections");
         return Err(ReasonCode::SERVER_BUSY);
     }
-    let Some((channel, payload, retain)) = connected.will.take() else {
+    let Some((channel, payload, retain, properties)) = connected.will.take() else {
         return Ok((admitted, None));
     };
     // A will is a publish: where an MQTT client may not publish, or on a
@@ -259,6 +272,7 @@ fn admit(
     let will = Will {
         channel,
         payload,
+        properties,
         retain,
     };
     Ok((admitted, Some(Box::new(will))))
@@ -272,11 +286,15 @@ fn connack(w: &Worker, connected: &Connected) -> Bytes {
     let assigned;
     if version == Version::V5 {
         // What this server offers, so a 5.0 client does not try the rest.
+        // No Maximum QoS: 2 is served. The Receive Maximum bounds the
+        // client's QoS 1 and 2 PUBLISHes awaiting their end here.
         let offer = [
-            Property::MaximumQos(1),
+            Property::ReceiveMaximum(RECEIVE_MAX),
             Property::RetainAvailable(1),
             Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits().wildcards)),
             Property::SharedSubscriptionAvailable(0),
+            // No Topic Alias Maximum: 0, a client may send none.
+            Property::SubscriptionIdentifierAvailable(0),
         ];
         for p in offer {
             let _ = props.push(p);
@@ -318,7 +336,13 @@ fn session(
         0 => 0,
         s => wheel::ticks(std::time::Duration::from_millis(u64::from(s) * 1500)).max(1),
     };
-    Mqtt::session(keep_alive, connected.receive_max, will, grants)
+    Mqtt::session(
+        keep_alive,
+        connected.receive_max,
+        will,
+        grants,
+        connected.max_packet,
+    )
 }
 
 /// Reads until `decoder` gives the CONNECT; returns its fields and the
@@ -347,10 +371,14 @@ async fn read_connect(
                         w.topic.to_owned(),
                         Bytes::copy_from_slice(w.payload),
                         retain,
+                        super::mqtt::forwarded(w.properties),
                     )
                 }),
                 receive_max: c.properties.receive_maximum(),
                 password: c.password.map(<[u8]>::to_vec),
+                client_hash: (!c.client_id.is_empty()).then(|| mqtt_ids::hash(c.client_id)),
+                max_packet: c.properties.maximum_packet_size(),
+                auth_method: c.properties.authentication_method().is_some(),
             };
             return Ok((connected, d.consumed));
         }

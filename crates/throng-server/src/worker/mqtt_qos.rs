@@ -56,14 +56,20 @@ impl Qos1 {
             delivery: Delivery::AtLeastOnce(PacketId::MIN),
             retain,
             topic: &m.channel,
-            properties: Properties::EMPTY,
+            properties: properties_of(m),
             payload: &m.payload,
         });
         let mut out = Vec::with_capacity(m.payload.len() + m.channel.len() + 10);
         p.encode(version, &mut out).ok()?;
-        // The id is followed by the properties (5.0: their length, 0) and
-        // the payload.
-        let props = usize::from(version == Version::V5);
+        // The id is followed by the properties (5.0: their length, then
+        // them) and the payload.
+        let props = match version {
+            Version::V5 => {
+                let n = properties_of(m).as_bytes().len();
+                n + varint_len(n)
+            }
+            Version::V311 => 0,
+        };
         let id_at = out.len().checked_sub(m.payload.len() + props + 2)?;
         Some(Self {
             packet: Bytes::from(out),
@@ -73,6 +79,23 @@ impl Qos1 {
 
     pub(crate) fn len(&self) -> usize {
         self.packet.len()
+    }
+
+    /// The same PUBLISH at QoS 2 (its fixed header's QoS bits are 2).
+    pub(crate) fn exactly_once(&self) -> Self {
+        let mut packet = self.packet.to_vec();
+        if let Some(first) = packet.first_mut() {
+            *first = (*first & !0b0110) | 0b0100;
+        }
+        Self {
+            packet: Bytes::from(packet),
+            id_at: self.id_at,
+        }
+    }
+
+    /// Whether it goes at QoS 2.
+    pub(crate) fn is_exactly_once(&self) -> bool {
+        self.packet.first().is_some_and(|b| b & 0b0110 == 0b0100)
     }
 
     /// The packet's three slices for a delivery with packet id `id`.
@@ -85,12 +108,40 @@ impl Qos1 {
     }
 }
 
+/// The properties message `m` goes out with (those its publisher set).
+pub(crate) fn properties_of(m: &Message) -> Properties<'_> {
+    // Made by `mqtt::forwarded` from a checked packet: they check again.
+    Properties::of_publish(&m.properties).unwrap_or(Properties::EMPTY)
+}
+
+/// The size of message `m`'s 5.0 PUBLISH at `qos`, whole.
+pub(crate) fn publish_len(m: &Message, qos: u8) -> usize {
+    let props = m.properties.len();
+    let rest = 2
+        + m.channel.len()
+        + if qos > 0 { 2 } else { 0 }
+        + varint_len(props)
+        + props
+        + m.payload.len();
+    1 + varint_len(rest) + rest
+}
+
+/// Bytes of `n` as MQTT's variable byte integer.
+fn varint_len(n: usize) -> usize {
+    match n {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
+    }
+}
+
 /// A subscriber's QoS 1 deliveries: those awaiting PUBACK, and those held
 /// past its receive maximum. Boxed in its [`super::mqtt::MqttState`] only
 /// while there are any.
 pub(crate) struct Inflight {
-    /// Sent and not yet acknowledged, in the order sent: packet id and bytes.
-    sent: VecDeque<(u16, u32)>,
+    /// Sent and not yet acknowledged, in the order sent.
+    sent: VecDeque<Out>,
     /// Bytes of `sent`.
     bytes: usize,
     /// Held, in order, until a PUBACK frees a slot.
@@ -104,6 +155,41 @@ pub(crate) struct Inflight {
     /// Tick of the last PUBACK, or of the delivery that found none in
     /// flight: `--write-timeout` counts from here.
     since: u32,
+}
+
+/// A delivery sent and not finished: its packet id, where its QoS 1 or 2
+/// exchange is, and its bytes (0 once a QoS 2 one was received).
+#[derive(Debug, Clone, Copy)]
+struct Out {
+    id: u16,
+    phase: Phase,
+    len: u32,
+}
+
+/// Where a delivery's exchange is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// QoS 1: awaiting PUBACK.
+    Puback,
+    /// QoS 2: awaiting PUBREC.
+    Pubrec,
+    /// QoS 2: PUBREL sent, awaiting PUBCOMP.
+    Pubcomp,
+}
+
+/// A subscriber's acknowledgement of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeliveryAck {
+    /// QoS 1's PUBACK: the slot is free.
+    Puback,
+    /// QoS 2's PUBREC: the message arrived; PUBREL follows, and the slot
+    /// stays taken until PUBCOMP.
+    Pubrec,
+    /// QoS 2's PUBCOMP: the slot is free.
+    Pubcomp,
+    /// A PUBREC with an error reason: the subscriber refused it, the
+    /// exchange ends and the slot is free.
+    Refused,
 }
 
 /// What to do with a delivery ([`Inflight::offer`]).
@@ -141,7 +227,7 @@ impl Inflight {
             };
             // Before the first wrap every id is fresh; after it, one that
             // was never acknowledged is skipped.
-            if !self.wrapped || !self.sent.iter().any(|(s, _)| *s == id) {
+            if !self.wrapped || !self.sent.iter().any(|o| o.id == id) {
                 return id;
             }
         }
@@ -183,23 +269,52 @@ impl Inflight {
         if self.sent.is_empty() {
             self.since = now;
         }
-        let id = self.take_id();
-        // A packet is at most --max-message plus its headers.
-        self.sent.push_back((id, p.len() as u32));
-        self.bytes += p.len();
-        Slot::Send(id)
+        Slot::Send(self.push(p))
     }
 
-    /// The PUBACK of delivery `id` at tick `now`: its slot is free. False
-    /// when `id` was not in flight.
-    pub(crate) fn ack(&mut self, id: u16, now: u32) -> bool {
-        let Some(k) = self.sent.iter().position(|(s, _)| *s == id) else {
+    /// Sends `p` with a fresh packet id, which it returns.
+    fn push(&mut self, p: &Qos1) -> u16 {
+        let id = self.take_id();
+        let phase = if p.is_exactly_once() {
+            Phase::Pubrec
+        } else {
+            Phase::Puback
+        };
+        // A packet is at most --max-message plus its headers.
+        let len = p.len() as u32;
+        self.sent.push_back(Out { id, phase, len });
+        self.bytes += p.len();
+        id
+    }
+
+    /// Acknowledgement `ack` of delivery `id` at tick `now`: false when no
+    /// delivery in flight awaits it. A PUBACK, a PUBCOMP or a refusal
+    /// frees the slot; a PUBREC moves it on (and a PUBREC again for one
+    /// released is taken too: its PUBREL is sent again).
+    pub(crate) fn ack(&mut self, ack: DeliveryAck, id: u16, now: u32) -> bool {
+        let awaited = |o: &Out| {
+            o.id == id
+                && match ack {
+                    DeliveryAck::Puback => o.phase == Phase::Puback,
+                    DeliveryAck::Pubrec => o.phase != Phase::Puback,
+                    DeliveryAck::Pubcomp => o.phase == Phase::Pubcomp,
+                    DeliveryAck::Refused => o.phase == Phase::Pubrec,
+                }
+        };
+        let Some(k) = self.sent.iter().position(awaited) else {
             return false;
         };
-        if let Some((_, len)) = self.sent.remove(k) {
-            self.bytes -= len as usize;
-        }
         self.since = now;
+        if ack == DeliveryAck::Pubrec {
+            let o = &mut self.sent[k];
+            self.bytes -= o.len as usize;
+            o.len = 0;
+            o.phase = Phase::Pubcomp;
+            return true;
+        }
+        if let Some(o) = self.sent.remove(k) {
+            self.bytes -= o.len as usize;
+        }
         true
     }
 
@@ -211,10 +326,91 @@ impl Inflight {
         }
         let p = self.waiting.pop_front()?;
         self.waiting_bytes -= p.len();
-        let id = self.take_id();
-        self.sent.push_back((id, p.len() as u32));
-        self.bytes += p.len();
+        let id = self.push(&p);
         Some((p, id))
+    }
+}
+
+/// The most PUBLISHes at QoS 1 and 2 a client may have unfinished here
+/// (awaiting the relay's answer, or at QoS 2 its PUBREL): the Receive
+/// Maximum 5.0 CONNACK offers. Past it: 5.0 DISCONNECT 0x93, 3.1.1 close.
+pub(crate) const RECEIVE_MAX: u16 = 1024;
+
+/// A client's PUBLISHes at QoS 1 and 2 not finished yet: the QoS 1 ones
+/// whose PUBACK waits for the relay's answer, and the QoS 2 ones by
+/// packet id from PUBLISH to PUBREL, so that a PUBLISH sent again with
+/// the same id before its PUBREL is not published twice. Boxed in the
+/// client's [`super::mqtt::MqttState`] only while there are any.
+#[derive(Default)]
+pub(crate) struct Received {
+    /// QoS 1 PUBLISHes awaiting the relay's answer.
+    owed: u16,
+    /// QoS 2 packet ids, each with whether the relay took it (its PUBREC
+    /// went out) or its answer is awaited.
+    exactly: Vec<(u16, bool)>,
+}
+
+/// What to do with a client's PUBLISH at QoS 1 or 2 ([`Received::take`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Incoming {
+    /// Relay it; acknowledge it when the relay answers.
+    Relay,
+    /// A QoS 2 PUBLISH again before its PUBREL: not relayed again; its
+    /// PUBREC is sent again if the relay took it (`true`), else it comes
+    /// with the relay's answer.
+    Again(bool),
+    /// More than [`RECEIVE_MAX`] unfinished: a protocol error.
+    TooMany,
+}
+
+impl Received {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.owed == 0 && self.exactly.is_empty()
+    }
+
+    /// A PUBLISH at QoS 1 (`qos2` `None`) or at QoS 2 with packet id `qos2`.
+    pub(crate) fn take(&mut self, qos2: Option<u16>) -> Incoming {
+        if let Some(id) = qos2
+            && let Some((_, took)) = self.exactly.iter().find(|(i, _)| *i == id)
+        {
+            return Incoming::Again(*took);
+        }
+        if usize::from(self.owed) + self.exactly.len() >= usize::from(RECEIVE_MAX) {
+            return Incoming::TooMany;
+        }
+        match qos2 {
+            Some(id) => self.exactly.push((id, false)),
+            None => self.owed += 1,
+        }
+        Incoming::Relay
+    }
+
+    /// The relay's answer to a PUBLISH taken by [`Self::take`]: a QoS 2
+    /// one it took now awaits PUBREL; a refused one is forgotten.
+    pub(crate) fn answered(&mut self, qos2: Option<u16>, took: bool) {
+        match qos2 {
+            None => self.owed = self.owed.saturating_sub(1),
+            Some(id) => {
+                if let Some(k) = self.exactly.iter().position(|(i, _)| *i == id) {
+                    if took {
+                        self.exactly[k].1 = true;
+                    } else {
+                        self.exactly.swap_remove(k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// PUBREL `id`: false when no QoS 2 PUBLISH the relay took has it.
+    pub(crate) fn released(&mut self, id: u16) -> bool {
+        match self.exactly.iter().position(|e| *e == (id, true)) {
+            Some(k) => {
+                self.exactly.swap_remove(k);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -223,7 +419,7 @@ mod tests {
     use bytes::Bytes;
     use throng_proto::mqtt::{Connack, Decoder, Delivery, Packet, Properties, ReasonCode, Version};
 
-    use super::{Inflight, Qos1};
+    use super::{DeliveryAck, Incoming, Inflight, Out, Phase, Qos1, RECEIVE_MAX, Received, Slot};
     use crate::control::Message;
     use crate::history::MessageId;
 
@@ -234,6 +430,10 @@ mod tests {
             message: MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "sensors/1".into(),
             payload: Bytes::from_static(b"21.5"),
         };
@@ -267,10 +467,67 @@ mod tests {
     fn packet_ids_skip_zero_and_those_still_in_flight_after_a_wrap() {
         let mut i = Inflight::new(0);
         assert_eq!(i.take_id(), 1);
-        i.sent.push_back((1, 10));
+        i.sent.push_back(Out {
+            id: 1,
+            phase: Phase::Puback,
+            len: 10,
+        });
         i.next_id = u16::MAX;
         assert_eq!(i.take_id(), u16::MAX);
         assert_eq!(i.take_id(), 2, "0 is no id, and 1 is in flight");
         assert_eq!(i.take_id(), 3);
+    }
+
+    #[test]
+    fn a_qos2_publish_is_relayed_once_until_its_pubrel_and_the_count_is_bounded() {
+        let mut r = Received::default();
+        assert_eq!(r.take(Some(7)), Incoming::Relay);
+        assert_eq!(r.take(Some(7)), Incoming::Again(false), "answer awaited");
+        r.answered(Some(7), true);
+        assert_eq!(r.take(Some(7)), Incoming::Again(true), "PUBREC again");
+        assert!(!r.released(8));
+        assert!(r.released(7));
+        assert!(r.is_empty());
+        assert_eq!(r.take(Some(7)), Incoming::Relay, "a new message");
+        r.answered(Some(7), false);
+        assert!(r.is_empty(), "refused: forgotten");
+        for _ in 0..RECEIVE_MAX {
+            assert_eq!(r.take(None), Incoming::Relay);
+        }
+        assert_eq!(r.take(None), Incoming::TooMany);
+        assert_eq!(r.take(Some(1)), Incoming::TooMany);
+        r.answered(None, true);
+        assert_eq!(r.take(Some(1)), Incoming::Relay);
+    }
+
+    #[test]
+    fn a_qos2_delivery_keeps_its_slot_from_pubrec_to_pubcomp() {
+        let m = Message {
+            id: 1,
+            message: MessageId::NONE,
+            text: true,
+            at_most_once: false,
+            exactly_once: true,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
+            channel: "c".into(),
+            payload: Bytes::from_static(b"x"),
+        };
+        let q2 = Qos1::of(Version::V5, &m).unwrap().exactly_once();
+        assert!(q2.is_exactly_once());
+        let mut i = Inflight::new(0);
+        assert!(matches!(i.offer(&q2, 1, 0), Slot::Send(1)));
+        assert!(matches!(i.offer(&q2, 1, 0), Slot::Held));
+        assert!(!i.ack(DeliveryAck::Puback, 1, 1), "a QoS 2 delivery");
+        assert!(!i.ack(DeliveryAck::Pubcomp, 1, 1), "before its PUBREC");
+        assert!(i.ack(DeliveryAck::Pubrec, 1, 1));
+        assert!(i.ack(DeliveryAck::Pubrec, 1, 1), "again: PUBREL again");
+        assert_eq!(i.bytes(), q2.len(), "the held one only");
+        assert!(i.release(1).is_none(), "the slot is still taken");
+        assert!(i.ack(DeliveryAck::Pubcomp, 1, 2));
+        assert_eq!(i.release(1).map(|(_, id)| id), Some(2));
+        assert!(i.ack(DeliveryAck::Refused, 2, 3), "refused by PUBREC");
+        assert!(i.is_empty());
     }
 }

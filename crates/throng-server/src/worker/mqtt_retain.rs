@@ -82,7 +82,8 @@ fn publish(version: Version, r: &RetainedMessage) -> Bytes {
         delivery: Delivery::AtMostOnce,
         retain: true,
         topic: &r.channel,
-        properties: Properties::EMPTY,
+        // Made by `mqtt::forwarded` from a checked packet: they check again.
+        properties: Properties::of_publish(&r.properties).unwrap_or(Properties::EMPTY),
         payload: &r.kept.payload,
     });
     let mut out = Vec::with_capacity(r.kept.payload.len() + r.channel.len() + 8);
@@ -165,11 +166,16 @@ impl<W: Wire> Holds<W> {
                     message: r.kept.id,
                     text: r.kept.text,
                     at_most_once: false,
+                    exactly_once: false,
+                    properties: r.properties.clone(),
+                    retained: true,
+                    origin: 0,
                     channel: r.channel.clone(),
                     payload: r.kept.payload.clone(),
                 };
                 match (qos, Qos1::with_retain(version, &m, true)) {
                     (1, Some(q)) => Out::Qos1(q),
+                    (2, Some(q)) => Out::Qos1(q.exactly_once()),
                     _ => Out::Qos0(publish(version, r)),
                 }
             })
@@ -179,13 +185,15 @@ impl<W: Wire> Holds<W> {
         if done {
             let held = self.list.swap_remove(k).held;
             out.extend(held.iter().map(|m| {
-                let qos = if m.at_most_once {
+                let most = if m.at_most_once {
                     0
                 } else {
-                    channels.qos_for(&c, &m.channel)
+                    1 + u8::from(m.exactly_once)
                 };
+                let qos = channels.qos_for(&c, &m.channel).min(most);
                 match (qos, Qos1::of(version, m)) {
                     (1, Some(q)) => Out::Qos1(q),
+                    (2, Some(q)) => Out::Qos1(q.exactly_once()),
                     _ => Out::Qos0(mqtt::publish(version, m)),
                 }
             }));
@@ -258,13 +266,17 @@ mod tests {
                     text: true,
                     payload: payload.clone(),
                 };
-                store.set("c", 0, kept);
+                store.set("c", 0, kept, Bytes::new());
             }
             p.subs.fanout(&Message {
                 id: i as u64 + 1,
                 message: id,
                 text: true,
                 at_most_once: false,
+                exactly_once: false,
+                properties: Bytes::new(),
+                retained: false,
+                origin: 0,
                 channel: "c".into(),
                 payload,
             });

@@ -161,12 +161,20 @@ impl Outside for Around {
             .push((request, channel.to_owned(), since));
     }
 
-    fn publish(&self, m: Message, _retain: Option<u8>) {
-        self.published.borrow_mut().push((m.channel, m.payload));
+    fn publish(&self, m: Message, _retain: Option<u8>) -> u64 {
+        let mut published = self.published.borrow_mut();
+        published.push((m.channel, m.payload));
+        published.len() as u64
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
         self.retained_asks.borrow_mut().push((request, filters));
+    }
+
+    fn client_id(&self, _hash: u64) {}
+
+    fn origin(&self, slot: u32) -> u64 {
+        u64::from(slot) + 1
     }
 }
 
@@ -288,6 +296,9 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         wildcards: true,
         mqtt_publish: true,
         mqtt_packet: 1 << 16,
+        max_message: 1 << 16,
+        max_subscriptions: 100,
+        max_filter_bytes: 1 << 14,
         publish_guarded: false,
     }
 }
@@ -386,7 +397,7 @@ impl Pair {
         let pipe = Pipe::new(ROOM);
         let state = super::mqtt::Mqtt::new(0);
         let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"").with_mqtt(version, state);
-        self.subs.add_mqtt(conn).expect("watched");
+        self.subs.add_mqtt(conn, None).expect("watched");
         self.clients.push(Client {
             pipe,
             decoder: Decoder::new(Role::Client, 1 << 20),
@@ -470,6 +481,10 @@ impl Pair {
             message: MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: channel.into(),
             payload: Bytes::copy_from_slice(text.as_bytes()),
         })

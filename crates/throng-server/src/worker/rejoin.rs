@@ -215,6 +215,10 @@ mod tests {
             message: MessageId { epoch: 5, seq: 6 },
             text: true,
             at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "c".into(),
             payload: Bytes::from_static(b"hi\nthere"),
         };

@@ -289,8 +289,16 @@ impl Outside for Around {
         self.supervisor.recover(request, channel, since);
     }
 
-    fn publish(&self, m: Message, retain: Option<u8>) {
-        self.supervisor.publish_unanswered(m, retain);
+    fn publish(&self, m: Message, retain: Option<u8>) -> u64 {
+        self.supervisor.publish_unanswered(m, retain)
+    }
+
+    fn origin(&self, slot: u32) -> u64 {
+        (self.supervisor.index() as u64 + 1) << 32 | u64::from(slot)
+    }
+
+    fn client_id(&self, hash: u64) {
+        self.supervisor.send(&Record::ClientId { hash });
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {

@@ -18,6 +18,7 @@
 //! (`pair.rs`).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::io;
 use std::ops::Range;
 use std::rc::Rc;
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use throng_host::process;
 use throng_proto::mqtt::{
-    Ack, Answer as MqttAnswer, Decoder, Delivery, Packet, PacketId, Properties, Publish,
+    Ack, Answer as MqttAnswer, Decoder, Delivery, Packet, PacketId, Properties, Property, Publish,
     ReasonCode, RetainHandling, Suback, Subscribe, Unsuback, Unsubscribe, Version, topic,
 };
 use throng_proto::ws::{self, Frame, OpCode, close_code};
@@ -37,7 +38,8 @@ use super::conn::{
 };
 use super::mqtt::{self, Mqtt, Will, version_of};
 use super::mqtt_auth;
-use super::mqtt_qos::{Qos1, Slot};
+use super::mqtt_ids::ClientIds;
+use super::mqtt_qos::{self, DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
@@ -84,8 +86,9 @@ pub(crate) trait Outside {
     /// An MQTT client published `m` (its `id` is the link's to set; at
     /// QoS 0: `m.at_most_once`; also its channel's retained message when
     /// `retain` holds its QoS): to the supervisor, which relays it like an
-    /// HTTP publish (its answer is not awaited).
-    fn publish(&self, m: Message, retain: Option<u8>);
+    /// HTTP publish. Returns the request's id: the relay's answer comes
+    /// to [`Subscribers::publish_answered`] under it.
+    fn publish(&self, m: Message, retain: Option<u8>) -> u64;
     /// Asks for the retained messages of the channels `filters` match, for
     /// a new MQTT subscription; the answer comes to
     /// [`Subscribers::retained_answer`], in order with the fan-outs.
@@ -93,6 +96,12 @@ pub(crate) trait Outside {
     /// Asks for what `channel` kept after `since`, for rejoin `request`;
     /// the answer comes to [`Subscribers::recovered`].
     fn recover(&self, request: u64, channel: &str, since: MessageId);
+    /// The id of this node's MQTT connection in `slot` as a message's
+    /// publisher ([`Message::origin`]): never 0.
+    fn origin(&self, slot: u32) -> u64;
+    /// An MQTT client connected here with the client id `hash`
+    /// ([`super::mqtt_ids`]): the node's other workers close theirs.
+    fn client_id(&self, hash: u64);
 }
 
 /// A subscriber waiting for its channel's history, and what was published
@@ -109,6 +118,37 @@ pub(crate) struct Rejoin<W> {
     /// ahead of the live stream (another connection); the embedded relay
     /// never is, and the first live message clears it.
     fence: Option<MessageId>,
+}
+
+/// An MQTT client's PUBLISH at QoS 1 or 2 awaiting the relay's answer:
+/// its PUBACK (or PUBREC) goes out only once the relay took it.
+pub(crate) struct Owed<W> {
+    conn: Rc<Conn<W>>,
+    packet_id: PacketId,
+    /// QoS 2 (PUBREC), else QoS 1 (PUBACK).
+    exactly_once: bool,
+}
+
+/// The message an MQTT client's PUBLISH `p` relays; `origin` names the
+/// client's connection.
+fn client_message(p: &Publish<'_>, origin: u64) -> Message {
+    Message {
+        id: 0,
+        message: MessageId::NONE,
+        text: std::str::from_utf8(p.payload).is_ok(),
+        at_most_once: p.delivery == Delivery::AtMostOnce,
+        exactly_once: matches!(p.delivery, Delivery::ExactlyOnce(_)),
+        properties: mqtt::forwarded(p.properties),
+        retained: p.retain,
+        origin,
+        channel: p.topic.to_owned(),
+        payload: Bytes::copy_from_slice(p.payload),
+    }
+}
+
+/// The QoS `p` is kept at as its channel's retained message, if it is one.
+fn retain_qos(p: &Publish<'_>) -> Option<u8> {
+    p.retain.then(|| p.delivery.qos() as u8)
 }
 
 /// What a rejoining subscriber does with a live message.
@@ -142,8 +182,15 @@ pub(crate) struct Limits {
     pub(crate) mqtt_publish: bool,
     /// The largest packet an MQTT client may send ([`max_packet`]).
     pub(crate) mqtt_packet: usize,
+    /// The largest payload an MQTT client may publish (`--max-message`,
+    /// as for HTTP).
+    pub(crate) max_message: usize,
     /// Publishing takes a credential (`--auth-*`, `--publish-key-file`).
     pub(crate) publish_guarded: bool,
+    /// Subscriptions one MQTT connection may hold (`--max-subscriptions`).
+    pub(crate) max_subscriptions: usize,
+    /// Bytes of filters one MQTT connection may hold (`--max-filter-bytes`).
+    pub(crate) max_filter_bytes: usize,
 }
 
 impl Limits {
@@ -158,7 +205,10 @@ impl Limits {
             wildcards: cfg.redis_mode != Some(crate::redis::RedisMode::Channels),
             mqtt_publish: cfg.publish_listen.is_empty(),
             mqtt_packet: max_packet(cfg.max_message),
+            max_message: cfg.max_message,
             publish_guarded: cfg.auth.publish_guarded(),
+            max_subscriptions: cfg.max_subscriptions,
+            max_filter_bytes: cfg.max_filter_bytes,
         }
     }
 }
@@ -172,11 +222,13 @@ pub(crate) struct Fanout<W> {
     /// first subscriber that takes them.
     with_id: Option<Bytes>,
     sse: Option<Bytes>,
-    /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers.
-    mqtt: [Option<Bytes>; 2],
-    /// The QoS 1 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers (`None`
+    /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers, then with
+    /// the retain flag (Retain As Published).
+    mqtt: [Option<Bytes>; 4],
+    /// The QoS 1 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers, then the
+    /// QoS 2 one for each, then those four with the retain flag (`None`
     /// inside: it could not be encoded, and is sent at QoS 0).
-    mqtt_qos1: [Option<Option<Qos1>>; 2],
+    mqtt_qos1: [Option<Option<Qos1>>; 8],
     /// The message (its id, for rejoining subscribers; its body, for the
     /// other encodings).
     message: Message,
@@ -198,8 +250,51 @@ pub(crate) struct Fanout<W> {
     cpu: Duration,
 }
 
+/// Where an MQTT subscriber of `kind` finds its version's encodings in a
+/// fan-out (0: 3.1.1, 1: 5.0), and its version.
+fn version_at(kind: Kind) -> (usize, Version) {
+    if kind == Kind::Mqtt5 {
+        (1, Version::V5)
+    } else {
+        (0, Version::V311)
+    }
+}
+
+/// A fan-out's QoS 1 or 2 PUBLISH of `m` for a subscriber of `kind` at
+/// `qos` (with the retain flag `retain`), encoded at the first one that
+/// takes it; `None` at QoS 0.
+fn qos1_for<'a>(
+    encoded: &'a mut [Option<Option<Qos1>>; 8],
+    m: &Message,
+    kind: Kind,
+    qos: u8,
+    retain: bool,
+) -> Option<&'a Qos1> {
+    if qos == 0 {
+        return None;
+    }
+    let (v, version) = version_at(kind);
+    let at = v + 2 * usize::from(qos - 1) + 4 * usize::from(retain);
+    encoded[at]
+        .get_or_insert_with(|| {
+            let p = Qos1::with_retain(version, m, retain);
+            if qos == 2 {
+                p.map(|p| p.exactly_once())
+            } else {
+                p
+            }
+        })
+        .as_ref()
+}
+
+/// A subscription's byte `sub` (QoS and options) with its QoS at most `most`.
+fn capped(sub: u8, most: u8) -> u8 {
+    (sub & mqtt::QOS).min(most) | (sub & !mqtt::QOS)
+}
+
 /// Records that the last of `n` subscribers of a fan-out gets its message
-/// at `q`: `qos` stays empty while every one gets it at 0.
+/// at `q` (a subscription's byte, [`capped`]): `qos` stays empty while
+/// every one gets it at 0 with no option.
 fn mark_qos(qos: &mut Vec<u8>, n: usize, q: u8) {
     if q != 0 || !qos.is_empty() {
         qos.resize(n - 1, 0);
@@ -241,6 +336,11 @@ pub(crate) struct Subscribers<O: Outside> {
     next_rejoin: Cell<u64>,
     /// MQTT subscribers waiting for retained messages ([`super::mqtt_retain`]).
     retained: RefCell<Holds<O::Wire>>,
+    /// MQTT PUBLISHes at QoS 1 and 2 whose acknowledgement waits for the
+    /// relay's answer, by the relay request's id.
+    owed: RefCell<HashMap<u64, Owed<O::Wire>>>,
+    /// MQTT client ids held here, for takeover ([`super::mqtt_ids`]).
+    client_ids: RefCell<ClientIds>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -325,6 +425,8 @@ impl<O: Outside> Subscribers<O> {
             rejoins: RefCell::default(),
             next_rejoin: Cell::new(1),
             retained: RefCell::default(),
+            owed: RefCell::default(),
+            client_ids: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -552,13 +654,19 @@ impl<O: Outside> Subscribers<O> {
             .map(|ch| ch.subs.clone())
             .unwrap_or_default();
         let exact = conns.len();
-        // QoS 1 to the subscribers who asked for it, unless it was
-        // published at QoS 0.
+        // QoS 1 (2) to the subscribers who asked for it, unless it was
+        // published at QoS 0 (1); HTTP and Redis publishes are QoS 1.
         let mut qos: Vec<u8> = Vec::new();
-        let most = u8::from(!m.at_most_once);
+        let most = if m.at_most_once {
+            0
+        } else if m.exactly_once {
+            2
+        } else {
+            1
+        };
         if channels.has_wildcards() {
             channels.for_each_mqtt(&m.channel, |c, q, first| {
-                let q = q.min(most);
+                let q = capped(q, most);
                 if first {
                     conns.push(c.clone());
                     mark_qos(&mut qos, conns.len(), q);
@@ -574,7 +682,7 @@ impl<O: Outside> Subscribers<O> {
             conns.reserve(ch.mqtt.len());
             for (c, _, q) in &ch.mqtt {
                 conns.push(c.clone());
-                mark_qos(&mut qos, conns.len(), (*q).min(most));
+                mark_qos(&mut qos, conns.len(), capped(*q, most));
             }
         }
         drop(channels);
@@ -582,8 +690,8 @@ impl<O: Outside> Subscribers<O> {
             frame,
             with_id: None,
             sse: None,
-            mqtt: [None, None],
-            mqtt_qos1: [None, None],
+            mqtt: Default::default(),
+            mqtt_qos1: Default::default(),
             message: m.clone(),
             conns,
             exact,
@@ -614,28 +722,26 @@ impl<O: Outside> Subscribers<O> {
                 Ok(Live::Send)
             };
             let at = f.next + k;
-            let qos = if !c.kind().is_mqtt() {
+            let sub = if !c.kind().is_mqtt() {
                 0
             } else if at < f.exact {
                 // An MQTT subscriber of this one channel: its QoS is its own.
-                c.proto().mqtt().map_or(0, |s| s.qos).min(f.most)
+                capped(c.proto().mqtt().map_or(0, |s| s.qos), f.most)
             } else {
                 f.qos.get(at).copied().unwrap_or(0)
             };
-            let qos1 = match qos {
-                1 => {
-                    let (v, version) = if c.kind() == Kind::Mqtt5 {
-                        (1, Version::V5)
-                    } else {
-                        (0, Version::V311)
-                    };
-                    f.mqtt_qos1[v]
-                        .get_or_insert_with(|| Qos1::of(version, m))
-                        .as_ref()
-                }
-                _ => None,
-            };
+            if sub & mqtt::NO_LOCAL != 0
+                && m.origin != 0
+                && m.origin == self.outside.origin(c.slot())
+            {
+                // 5.0 No Local: its own message.
+                continue;
+            }
+            let qos = sub & mqtt::QOS;
+            let retain = sub & mqtt::RETAIN_AS_PUBLISHED != 0 && m.retained;
+            let qos1 = qos1_for(&mut f.mqtt_qos1, m, c.kind(), qos, retain);
             let sent = match (now, qos1) {
+                (Ok(Live::Send), _) if self.over_client_max(c, m, qos) => Ok(()),
                 (Ok(Live::Send), Some(q)) => self.deliver_qos1(c, q),
                 (Ok(Live::Send), None) => {
                     // Subscribers with ids or SSE get their own encoding,
@@ -646,11 +752,10 @@ impl<O: Outside> Subscribers<O> {
                             .with_id
                             .get_or_insert_with(|| rejoin::frame(Kind::WsIds, m)),
                         Kind::Sse => f.sse.get_or_insert_with(|| rejoin::frame(Kind::Sse, m)),
-                        Kind::Mqtt311 => {
-                            f.mqtt[0].get_or_insert_with(|| mqtt::publish(Version::V311, m))
-                        }
-                        Kind::Mqtt5 => {
-                            f.mqtt[1].get_or_insert_with(|| mqtt::publish(Version::V5, m))
+                        Kind::Mqtt311 | Kind::Mqtt5 => {
+                            let (v, version) = version_at(c.kind());
+                            f.mqtt[v + 2 * usize::from(retain)]
+                                .get_or_insert_with(|| mqtt::publish_as(version, m, retain))
                         }
                     };
                     self.send(c, frame)
@@ -972,6 +1077,7 @@ impl<O: Outside> Subscribers<O> {
         self.unsubscribe(c);
         self.forget_rejoin(c);
         if c.kind().is_mqtt() {
+            self.client_ids.borrow_mut().release(c.slot());
             self.publish_will(c);
             self.drop_inflight(c);
         }
@@ -1188,8 +1294,28 @@ impl<O: Outside> Subscribers<O> {
 
     /// Registers MQTT subscriber `c` after its CONNACK: in the slab and the
     /// readiness set, in no channel until it subscribes.
-    pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>) -> io::Result<()> {
-        self.admit(c, None).map(drop)
+    /// With its client id's hash `client_id` (none for an empty or an
+    /// assigned one), a connection that holds it already, here or on
+    /// another worker, is closed: taken over (5.0: DISCONNECT 0x8E).
+    pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>, client_id: Option<u64>) -> io::Result<()> {
+        let c = self.admit(c, None)?;
+        if let Some(hash) = client_id {
+            let before = self.client_ids.borrow_mut().claim(hash, c.slot());
+            self.outside.client_id(hash);
+            if let Some(old) = before.and_then(|s| self.get(u64::from(s))) {
+                self.close(&old, 0, "", CloseReason::TakenOver);
+            }
+        }
+        Ok(())
+    }
+
+    /// A connection on another worker took the client id `hash`: this
+    /// worker's connection that holds it, if any, is closed.
+    pub(crate) fn taken_over(&self, hash: u64) {
+        let slot = self.client_ids.borrow_mut().take(hash);
+        if let Some(old) = slot.and_then(|s| self.get(u64::from(s))) {
+            self.close(&old, 0, "", CloseReason::TakenOver);
+        }
     }
 
     /// Handles every whole packet in `buf`, keeps a split one's bytes;
@@ -1238,6 +1364,7 @@ impl<O: Outside> Subscribers<O> {
             let Will {
                 channel,
                 payload,
+                properties,
                 retain,
             } = *will;
             // A will is published at QoS 0 (its QoS is not kept).
@@ -1246,6 +1373,10 @@ impl<O: Outside> Subscribers<O> {
                 message: MessageId::NONE,
                 text: std::str::from_utf8(&payload).is_ok(),
                 at_most_once: true,
+                exactly_once: false,
+                properties,
+                retained: false,
+                origin: 0,
                 channel,
                 payload,
             };
@@ -1301,22 +1432,15 @@ impl<O: Outside> Subscribers<O> {
                 self.end_after_queue(c);
                 false
             }
-            Packet::Puback(a) => self.on_puback(c, a.packet_id),
-            // Acknowledgements of QoS 2 deliveries this server does not
-            // make, and 5.0 AUTH, which it does not offer.
-            Packet::Pubrec(_) | Packet::Pubcomp(_) | Packet::Auth(_) => true,
-            Packet::Pubrel(a) => {
-                // Only answers a QoS 2 PUBLISH, which is refused: say the
-                // id is unknown (5.0) and go on.
-                self.reply(
-                    c,
-                    &Packet::Pubcomp(Ack {
-                        packet_id: a.packet_id,
-                        reason: ReasonCode::PACKET_ID_NOT_FOUND,
-                        properties: Properties::EMPTY,
-                    }),
-                )
+            Packet::Puback(a) => self.on_delivery_ack(c, DeliveryAck::Puback, a.packet_id),
+            Packet::Pubrec(a) if a.reason.0 >= 0x80 => {
+                self.on_delivery_ack(c, DeliveryAck::Refused, a.packet_id)
             }
+            Packet::Pubrec(a) => self.on_delivery_ack(c, DeliveryAck::Pubrec, a.packet_id),
+            Packet::Pubcomp(a) => self.on_delivery_ack(c, DeliveryAck::Pubcomp, a.packet_id),
+            // 5.0 AUTH, which it does not offer.
+            Packet::Auth(_) => true,
+            Packet::Pubrel(a) => self.on_pubrel(c, a.packet_id),
             // A server's packets, or a second CONNECT: the decoder refuses
             // those before they get here.
             _ => {
@@ -1333,7 +1457,17 @@ impl<O: Outside> Subscribers<O> {
 
     fn on_subscribe(&self, c: &Rc<Conn<O::Wire>>, s: &Subscribe<'_>) -> bool {
         let v5 = c.kind() == Kind::Mqtt5;
+        if s.properties
+            .iter()
+            .any(|p| matches!(p, Property::SubscriptionIdentifier(_)))
+        {
+            // CONNACK said Subscription Identifiers are not available.
+            self.counters.mqtt_refused("subscription_identifier");
+            return self.protocol_end(c, ReasonCode::SUBSCRIPTION_IDS_NOT_SUPPORTED);
+        }
         let mut codes = Vec::with_capacity(s.filters.len());
+        // Its subscriptions and their filters' bytes, against the limits.
+        let mut held = self.channels.borrow().mqtt_footprint(c);
         // The filters whose retained messages are sent (5.0's retain
         // handling: at every subscribe, only a new one's, or never).
         let mut retained = Vec::new();
@@ -1345,17 +1479,35 @@ impl<O: Outside> Subscribers<O> {
                 }
                 RetainHandling::Never => false,
             };
-            // QoS 0 or 1: what was asked, at most the server's maximum.
-            let qos = (options.qos as u8).min(1);
+            // QoS 0, 1 or 2: what was asked; the 5.0 options beside it.
+            let qos = (options.qos as u8).min(2);
             let granted = ReasonCode(qos);
-            let code = if !self.mqtt_may_subscribe(c, filter) {
+            let sub = qos
+                | if options.no_local { mqtt::NO_LOCAL } else { 0 }
+                | if options.retain_as_published {
+                    mqtt::RETAIN_AS_PUBLISHED
+                } else {
+                    0
+                };
+            let new = !self.channels.borrow().has_mqtt_subscription(filter, c);
+            let over = new
+                .then(|| self.over_subscription_limits(held, filter))
+                .flatten();
+            let code = if let Some(kind) = over {
+                self.counters.mqtt_refused(kind);
+                if v5 {
+                    ReasonCode::QUOTA_EXCEEDED
+                } else {
+                    ReasonCode::UNSPECIFIED
+                }
+            } else if !self.mqtt_may_subscribe(c, filter) {
                 ReasonCode::NOT_AUTHORIZED
             } else if topic::is_wildcard(filter) {
                 let ok = self.limits.wildcards
                     && self
                         .channels
                         .borrow_mut()
-                        .subscribe_wild(filter, c, qos)
+                        .subscribe_wild(filter, c, sub)
                         .is_ok();
                 if ok {
                     granted
@@ -1377,11 +1529,14 @@ impl<O: Outside> Subscribers<O> {
                     ReasonCode::UNSPECIFIED
                 }
             } else {
-                if self.channels.borrow_mut().subscribe_mqtt(filter, c, qos) {
+                if self.channels.borrow_mut().subscribe_mqtt(filter, c, sub) {
                     self.outside.channel_interest(filter, true);
                 }
                 granted
             };
+            if code == granted && new {
+                held = (held.0 + 1, held.1 + filter.len());
+            }
             if code == granted && wants_retained {
                 retained.push((*filter).to_owned());
             }
@@ -1399,6 +1554,18 @@ impl<O: Outside> Subscribers<O> {
             self.ask_retained(c, retained);
         }
         answered
+    }
+
+    /// Whether one more subscription, to `filter`, would take a connection
+    /// holding `held` (subscriptions, filter bytes) past a limit: which.
+    fn over_subscription_limits(&self, held: (usize, usize), filter: &str) -> Option<&'static str> {
+        if held.0 >= self.limits.max_subscriptions {
+            Some("max_subscriptions")
+        } else if held.1 + filter.len() > self.limits.max_filter_bytes {
+            Some("max_filter_bytes")
+        } else {
+            None
+        }
     }
 
     fn on_unsubscribe(&self, c: &Rc<Conn<O::Wire>>, u: &Unsubscribe<'_>) -> bool {
@@ -1440,18 +1607,19 @@ impl<O: Outside> Subscribers<O> {
 
     /// A client's PUBLISH: relayed as an HTTP publish is (to every
     /// subscriber of its channel, on every node with Redis). QoS 1 is
-    /// acknowledged once it is on its way to the supervisor; QoS 2 is
-    /// refused, as for a server whose maximum QoS is 1.
+    /// acknowledged (PUBACK) and QoS 2 received (PUBREC) only once the
+    /// relay took it ([`Self::publish_answered`]); a QoS 2 PUBLISH sent
+    /// again before its PUBREL is not relayed again. A payload over
+    /// `--max-message` ends the connection (5.0: DISCONNECT 0x95).
     fn on_publish(&self, c: &Rc<Conn<O::Wire>>, p: &Publish<'_>) -> bool {
-        let v5 = c.kind() == Kind::Mqtt5;
-        if let Delivery::ExactlyOnce(_) = p.delivery {
-            self.counters.mqtt_refused("qos2");
-            let mut out = Vec::new();
-            if v5 {
-                MqttAnswer::Disconnect(ReasonCode::QOS_NOT_SUPPORTED).encode(&mut out);
-            }
-            self.fail(c, &out);
-            return false;
+        if p.payload.len() > self.limits.max_message {
+            self.counters.mqtt_refused("too_large");
+            return self.protocol_end(c, ReasonCode::PACKET_TOO_LARGE);
+        }
+        if p.properties.topic_alias().is_some() {
+            // CONNACK offered no Topic Alias Maximum (0).
+            self.counters.mqtt_refused("topic_alias");
+            return self.protocol_end(c, ReasonCode::TOPIC_ALIAS_INVALID);
         }
         let reason = if !self.limits.mqtt_publish {
             // --publish-listen: publishing is for the internal address.
@@ -1463,29 +1631,149 @@ impl<O: Outside> Subscribers<O> {
         } else if !self.mqtt_may_publish(c, p.topic) {
             ReasonCode::NOT_AUTHORIZED
         } else {
-            let m = Message {
-                id: 0,
-                message: MessageId::NONE,
-                text: std::str::from_utf8(p.payload).is_ok(),
-                at_most_once: p.delivery == Delivery::AtMostOnce,
-                channel: p.topic.to_owned(),
-                payload: Bytes::copy_from_slice(p.payload),
-            };
-            self.outside
-                .publish(m, p.retain.then(|| p.delivery.qos() as u8));
             ReasonCode::SUCCESS
         };
-        match p.delivery {
-            Delivery::AtLeastOnce(id) => self.reply(
-                c,
-                &Packet::Puback(Ack {
-                    packet_id: id,
-                    reason,
-                    properties: Properties::EMPTY,
-                }),
-            ),
-            _ => true,
+        let (packet_id, exactly_once) = match p.delivery {
+            Delivery::AtMostOnce => {
+                if reason == ReasonCode::SUCCESS {
+                    self.outside.publish(
+                        client_message(p, self.outside.origin(c.slot())),
+                        retain_qos(p),
+                    );
+                }
+                return true;
+            }
+            Delivery::AtLeastOnce(id) => (id, false),
+            Delivery::ExactlyOnce(id) => (id, true),
+        };
+        if reason != ReasonCode::SUCCESS {
+            return self.ack_publish(c, packet_id, exactly_once, reason);
         }
+        let qos2 = exactly_once.then_some(packet_id.get());
+        let incoming = c
+            .proto_mut()
+            .mqtt_mut()
+            .map_or(Incoming::TooMany, |m| m.receive(qos2));
+        match incoming {
+            Incoming::TooMany => {
+                self.counters.mqtt_refused("receive_maximum");
+                self.protocol_end(c, ReasonCode::RECEIVE_MAXIMUM_EXCEEDED)
+            }
+            Incoming::Again(true) => self.ack_publish(c, packet_id, true, ReasonCode::SUCCESS),
+            // Sent again before the relay answered: its PUBREC comes then.
+            Incoming::Again(false) => true,
+            Incoming::Relay => {
+                let request = self.outside.publish(
+                    client_message(p, self.outside.origin(c.slot())),
+                    retain_qos(p),
+                );
+                let owed = Owed {
+                    conn: c.clone(),
+                    packet_id,
+                    exactly_once,
+                };
+                self.owed.borrow_mut().insert(request, owed);
+                true
+            }
+        }
+    }
+
+    /// Ends `c` for breaking a rule: 5.0 gets DISCONNECT `reason` first.
+    fn protocol_end(&self, c: &Rc<Conn<O::Wire>>, reason: ReasonCode) -> bool {
+        let mut out = Vec::new();
+        if c.kind() == Kind::Mqtt5 {
+            MqttAnswer::Disconnect(reason).encode(&mut out);
+        }
+        self.fail(c, &out);
+        false
+    }
+
+    /// PUBACK (QoS 1) or PUBREC (QoS 2) `id` with `reason`.
+    fn ack_publish(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        packet_id: PacketId,
+        exactly_once: bool,
+        reason: ReasonCode,
+    ) -> bool {
+        let ack = Ack {
+            packet_id,
+            reason,
+            properties: Properties::EMPTY,
+        };
+        if exactly_once {
+            self.reply(c, &Packet::Pubrec(ack))
+        } else {
+            self.reply(c, &Packet::Puback(ack))
+        }
+    }
+
+    /// The relay's answer to MQTT publish `request`: taken (`refused`
+    /// `None`), or refused with the supervisor's reason. A client's QoS 1
+    /// or 2 PUBLISH is acknowledged now; a refused one gets 5.0's PUBACK
+    /// or PUBREC 0x80, and a 3.1.1 client, which has no way to hear a
+    /// refusal, is closed rather than told a lost message arrived.
+    pub(crate) fn publish_answered(&self, request: u64, refused: Option<&[u8]>) {
+        let Some(o) = self.owed.borrow_mut().remove(&request) else {
+            // A QoS 0 publish, or a connection gone.
+            return;
+        };
+        let c = &o.conn;
+        if !c.is_open() {
+            return;
+        }
+        let qos2 = o.exactly_once.then_some(o.packet_id.get());
+        if let Some(m) = c.proto_mut().mqtt_mut() {
+            m.answered(qos2, refused.is_none());
+        }
+        if refused.is_none() {
+            self.ack_publish(c, o.packet_id, o.exactly_once, ReasonCode::SUCCESS);
+            return;
+        }
+        self.counters.mqtt_refused("publish_failed");
+        if c.kind() == Kind::Mqtt5 {
+            self.ack_publish(c, o.packet_id, o.exactly_once, ReasonCode::UNSPECIFIED);
+        } else {
+            self.fail(c, &[]);
+        }
+    }
+
+    /// PUBREL `id`: the QoS 2 exchange ends with PUBCOMP (5.0: 0x92 when
+    /// no PUBLISH the relay took has that id).
+    fn on_pubrel(&self, c: &Rc<Conn<O::Wire>>, packet_id: PacketId) -> bool {
+        let known = c
+            .proto_mut()
+            .mqtt_mut()
+            .is_some_and(|m| m.released(packet_id.get()));
+        if !known {
+            self.counters.mqtt_refused("unknown_pubrel");
+        }
+        let reason = if known {
+            ReasonCode::SUCCESS
+        } else {
+            ReasonCode::PACKET_ID_NOT_FOUND
+        };
+        self.reply(
+            c,
+            &Packet::Pubcomp(Ack {
+                packet_id,
+                reason,
+                properties: Properties::EMPTY,
+            }),
+        )
+    }
+
+    /// Whether message `m` is too large for MQTT subscriber `c` (its 5.0
+    /// Maximum Packet Size): then it is skipped for `c`, and counted.
+    fn over_client_max(&self, c: &Conn<O::Wire>, m: &Message, qos: u8) -> bool {
+        let over = c.kind() == Kind::Mqtt5
+            && c.proto()
+                .mqtt()
+                .is_some_and(|s| s.too_large(mqtt_qos::publish_len(m, qos)));
+        if over {
+            self.counters.mqtt_refused("over_client_maximum_packet");
+        }
+        over
     }
 
     /// Delivers `p` to `c` at QoS 1: sent with the connection's next
@@ -1519,17 +1807,37 @@ impl<O: Outside> Subscribers<O> {
         }
     }
 
-    /// `c` acknowledged delivery `id`: its slot is free, and a held
-    /// delivery takes it. A PUBACK for an id not in flight is counted and
-    /// ignored. False when the connection ended.
-    fn on_puback(&self, c: &Rc<Conn<O::Wire>>, id: PacketId) -> bool {
+    /// `c` acknowledged delivery `id`: a PUBREC is answered with PUBREL;
+    /// a PUBACK, a PUBCOMP or a refusal frees its slot, and a held delivery
+    /// takes it. One for an id not in flight is counted and ignored (5.0:
+    /// a PUBREC's PUBREL says 0x92). False when the connection ended.
+    fn on_delivery_ack(&self, c: &Rc<Conn<O::Wire>>, ack: DeliveryAck, id: PacketId) -> bool {
         let now = self.now.get();
         let acked = c
             .proto_mut()
             .mqtt_mut()
-            .is_some_and(|m| m.acked(id.get(), now));
+            .is_some_and(|m| m.acked(ack, id.get(), now));
         if !acked {
-            self.counters.mqtt_refused("unknown_puback");
+            self.counters.mqtt_refused(match ack {
+                DeliveryAck::Puback => "unknown_puback",
+                DeliveryAck::Pubcomp => "unknown_pubcomp",
+                DeliveryAck::Pubrec | DeliveryAck::Refused => "unknown_pubrec",
+            });
+        }
+        if ack == DeliveryAck::Pubrec {
+            let reason = if acked {
+                ReasonCode::SUCCESS
+            } else {
+                ReasonCode::PACKET_ID_NOT_FOUND
+            };
+            let pubrel = Ack {
+                packet_id: id,
+                reason,
+                properties: Properties::EMPTY,
+            };
+            return self.reply(c, &Packet::Pubrel(pubrel));
+        }
+        if !acked {
             return true;
         }
         let gauge = &self.counters.mqtt_inflight;
@@ -1650,6 +1958,86 @@ mod tests {
         got.iter().filter(|g| matches!(g, Got::Ping(_))).count()
     }
 
+    /// The acknowledgements in `raw` (what a 5.0 client read): each
+    /// packet's type and reason code.
+    fn acks(raw: &[u8]) -> Vec<(&'static str, u8)> {
+        use throng_proto::mqtt::{Connack, Decoder, Packet, Properties, ReasonCode, Version};
+        let mut dec = Decoder::client(Version::V5, 1 << 16);
+        let mut connack = Vec::new();
+        Packet::Connack(Connack {
+            session_present: false,
+            code: ReasonCode::SUCCESS,
+            properties: Properties::EMPTY,
+        })
+        .encode(Version::V5, &mut connack)
+        .expect("encode");
+        dec.decode(&connack).expect("a CONNACK");
+        let mut pos = 0;
+        let mut out = Vec::new();
+        while let Some(d) = dec.decode(&raw[pos..]).expect("MQTT") {
+            pos += d.consumed;
+            let name = d.packet.packet_type().name();
+            let code = match d.packet {
+                Packet::Puback(a) | Packet::Pubrec(a) | Packet::Pubcomp(a) => a.reason.0,
+                Packet::Disconnect(x) => x.reason.0,
+                _ => 0,
+            };
+            out.push((name, code));
+        }
+        out
+    }
+
+    /// A client's QoS 1 and 2 PUBLISHes are acknowledged only with the
+    /// relay's answer, in the reason it gives; a QoS 2 one sent again
+    /// before PUBREL is relayed once.
+    #[test]
+    fn a_publish_is_acknowledged_by_the_relays_answer_and_a_qos2_one_relayed_once() {
+        use throng_proto::mqtt::{Delivery, Packet, Properties, Publish, Version};
+        let mut p = Pair::defaults();
+        let (i, _) = p.connect_mqtt(Version::V5);
+        let publish = |delivery| {
+            let mut out = Vec::new();
+            Packet::Publish(Publish {
+                dup: false,
+                delivery,
+                retain: false,
+                topic: "q/a",
+                properties: Properties::EMPTY,
+                payload: b"x",
+            })
+            .encode(Version::V5, &mut out)
+            .expect("encode");
+            out
+        };
+        let q2 = publish(Delivery::ExactlyOnce(5.try_into().unwrap()));
+        p.clients[i].send_raw(&q2);
+        p.clients[i].send_raw(&q2);
+        p.clients[i].send_raw(&publish(Delivery::AtLeastOnce(6.try_into().unwrap())));
+        p.drive();
+        assert_eq!(
+            p.subs.outside().published.borrow().len(),
+            2,
+            "the QoS 2 one once"
+        );
+        assert!(
+            acks(&p.clients[i].take_raw()).is_empty(),
+            "nothing before the relay"
+        );
+        p.subs.publish_answered(1, None);
+        p.subs.publish_answered(2, Some(b"Redis is unreachable"));
+        p.subs.publish_answered(99, None);
+        p.drive();
+        assert_eq!(
+            acks(&p.clients[i].take_raw()),
+            [("PUBREC", 0), ("PUBACK", 0x80)]
+        );
+        // Again after the relay took it: PUBREC again, not relayed again.
+        p.clients[i].send_raw(&q2);
+        p.drive();
+        assert_eq!(acks(&p.clients[i].take_raw()), [("PUBREC", 0)]);
+        assert_eq!(p.subs.outside().published.borrow().len(), 2);
+    }
+
     /// A fan-out in turns: a subscriber who leaves between turns is
     /// skipped, one who arrives gets the next message, and nobody gets a
     /// message twice or misses it.
@@ -1662,6 +2050,10 @@ mod tests {
             message: crate::history::MessageId::NONE,
             text: true,
             at_most_once: false,
+            exactly_once: false,
+            properties: bytes::Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: "news".into(),
             payload: bytes::Bytes::from_static(b"one"),
         };
@@ -2036,6 +2428,10 @@ mod tests {
                     message,
                     text: true,
                     at_most_once: false,
+                    exactly_once: false,
+                    properties: Bytes::new(),
+                    retained: false,
+                    origin: 0,
                     channel: "c".into(),
                     payload: body,
                 }

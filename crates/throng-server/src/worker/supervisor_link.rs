@@ -98,6 +98,11 @@ impl SupervisorLink {
         }
     }
 
+    /// The worker's index.
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
     /// Sends a record to the supervisor (dropped if it is gone).
     pub(crate) fn send(&self, rec: &Record) {
         let _ = self.ctl.send(rec.encode());
@@ -113,6 +118,12 @@ impl SupervisorLink {
     /// state; gives back any other record.
     pub(crate) fn on_record(&self, rec: Record) -> Option<Record> {
         match rec {
+            Record::Published { id, .. } | Record::PublishFailed { id, .. }
+                if !self.pending_publish.borrow().contains_key(&id) =>
+            {
+                // An MQTT client's publish: the subscribers acknowledge it.
+                return Some(rec);
+            }
             Record::Published {
                 id,
                 subscribers,
@@ -173,6 +184,10 @@ impl SupervisorLink {
             message: MessageId::NONE,
             text,
             at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
             channel: channel.to_owned(),
             payload,
         };
@@ -184,12 +199,15 @@ impl SupervisorLink {
         rx.await.unwrap_or(Err(PublishError::Gone))
     }
 
-    /// Asks the supervisor to relay a message whose answer nobody waits
+    /// Asks the supervisor to relay a message whose answer no task waits
     /// for (an MQTT client's PUBLISH): its answer, under an id no request
-    /// holds, is dropped by [`Self::on_record`]; its id is set here.
-    pub(crate) fn publish_unanswered(&self, mut message: Message, retain: Option<u8>) {
-        message.id = self.request_id();
+    /// holds, is given back by [`Self::on_record`] for the subscribers;
+    /// its id is set here and returned.
+    pub(crate) fn publish_unanswered(&self, mut message: Message, retain: Option<u8>) -> u64 {
+        let id = self.request_id();
+        message.id = id;
         self.send(&publish_record(message, retain));
+        id
     }
 
     /// Asks the supervisor for what `channel` kept after `since` (rejoin

@@ -18,7 +18,7 @@ use std::rc::Rc;
 use throng_proto::mqtt::topic::{FilterTrie, TooDeep};
 
 use super::conn::{Conn, NONE};
-use super::mqtt::{Mqtt, MqttState, Sub, WildSub};
+use super::mqtt::{Mqtt, MqttState, QOS, Sub, WildSub};
 
 /// Live subscribers by slot. Invariant: `slots[c.slot] == Some(c)` for every
 /// connection in the table; free slots are listed in `free`.
@@ -146,12 +146,13 @@ impl<W> Channels<W> {
         !self.wild.is_empty()
     }
 
-    /// Calls `found(c, qos, true)` with every MQTT subscriber with more
+    /// Calls `found(c, sub, true)` with every MQTT subscriber with more
     /// than one subscription a message on `channel` reaches (those of its
     /// MQTT list, then those of every matching wildcard filter), each once,
-    /// at the QoS of the subscription found first; then `found(c, 1,
-    /// false)` when a later one of its subscriptions has the higher QoS (the
-    /// message goes at the highest). Those with one subscription are in
+    /// with the byte (QoS and options, [`super::mqtt::QOS`]) of the
+    /// subscription found first; then `found(c, sub, false)` when a later
+    /// one of its subscriptions has a higher QoS (the message goes at the
+    /// highest, with that one's options). Those with one subscription are in
     /// [`Channel::subs`], and cannot be found twice.
     pub(crate) fn for_each_mqtt(
         &self,
@@ -160,24 +161,23 @@ impl<W> Channels<W> {
     ) {
         let generation = self.generation.get() + 1;
         self.generation.set(generation);
-        // `seen` holds the lookup's generation and, in its low bit, the
-        // highest QoS found for the connection in it.
-        let mut visit = |c: &Rc<Conn<W>>, qos: u8| {
+        // `seen` holds the lookup's generation and, in its low two bits,
+        // the highest QoS found for the connection in it.
+        let mut visit = |c: &Rc<Conn<W>>, sub: u8| {
+            let qos = sub & QOS;
             let mut proto = c.proto_mut();
             let state = proto.mqtt_mut().and_then(|m| m.more.as_deref_mut());
             let before = state.map(|m| {
                 let before = m.seen;
-                if before >> 1 != generation {
-                    m.seen = generation << 1 | u64::from(qos);
-                } else if qos > (before & 1) as u8 {
-                    m.seen |= 1;
+                if before >> 2 != generation || qos > (before & 3) as u8 {
+                    m.seen = generation << 2 | u64::from(qos);
                 }
                 before
             });
             drop(proto);
             match before {
-                Some(b) if b >> 1 != generation => found(c, qos, true),
-                Some(b) if qos > (b & 1) as u8 => found(c, qos, false),
+                Some(b) if b >> 2 != generation => found(c, sub, true),
+                Some(b) if qos > (b & 3) as u8 => found(c, sub, false),
                 _ => {}
             }
         };
@@ -194,23 +194,46 @@ impl<W> Channels<W> {
     pub(crate) fn qos_for(&mut self, c: &Conn<W>, channel: &str) -> u8 {
         let id = self.by_name.get(channel).copied();
         if id.is_some_and(|id| c.sub_pos() != NONE && c.channel() == id) {
-            return c.proto().mqtt().map_or(0, |m| m.qos);
+            return c.proto().mqtt().map_or(0, |m| m.qos & QOS);
         }
         let Some(m) = state(c) else { return 0 };
         let mut qos = 0;
         if let Some(s) = m.subs.iter().find(|s| Some(s.channel) == id)
             && let Some((_, ch)) = self.list[s.channel as usize].as_ref()
         {
-            qos = ch.mqtt.get(s.pos as usize).map_or(0, |e| e.2);
+            qos = ch.mqtt.get(s.pos as usize).map_or(0, |e| e.2 & QOS);
         }
         for w in &m.wild {
             if throng_proto::mqtt::topic::matches(&w.filter, channel)
                 && let Some(subs) = self.wild.get_mut(&w.filter)
             {
-                qos = qos.max(subs.get(w.pos as usize).map_or(0, |e| e.2));
+                qos = qos.max(subs.get(w.pos as usize).map_or(0, |e| e.2 & QOS));
             }
         }
         qos
+    }
+
+    /// MQTT subscriber `c`'s subscriptions: how many, and the bytes of
+    /// their filters (what `--max-subscriptions` and `--max-filter-bytes`
+    /// bound).
+    pub(crate) fn mqtt_footprint(&self, c: &Conn<W>) -> (usize, usize) {
+        let name_len = |id: u32| {
+            self.list
+                .get(id as usize)
+                .and_then(Option::as_ref)
+                .map_or(0, |(name, _)| name.len())
+        };
+        let (mut n, mut bytes) = (0, 0);
+        if c.sub_pos() != NONE {
+            n += 1;
+            bytes += name_len(c.channel());
+        }
+        if let Some(m) = state(c) {
+            n += m.subs.len() + m.wild.len();
+            bytes += m.subs.iter().map(|s| name_len(s.channel)).sum::<usize>();
+            bytes += m.wild.iter().map(|w| w.filter.len()).sum::<usize>();
+        }
+        (n, bytes)
     }
 
     /// Whether MQTT subscriber `c` has subscription `filter` already (an

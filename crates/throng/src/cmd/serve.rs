@@ -124,7 +124,7 @@ pub(crate) struct Args {
     /// Address that speaks MQTT 3.1.1 and 5.0 (mqtt://); repeat for more, ranges as for
     /// --listen. A topic is a channel: MQTT, WebSocket and SSE subscribers of one channel get
     /// the same messages, and what an MQTT client publishes reaches them all. Clean sessions,
-    /// QoS 0 deliveries, wildcard filters, wills (docs/mqtt.md).
+    /// QoS 0, 1 and 2, retained messages, wildcard filters, wills (docs/mqtt.md).
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
     mqtt_listen: Vec<Vec<SocketAddr>>,
 
@@ -213,6 +213,16 @@ pub(crate) struct Args {
     /// longest-set is dropped first.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     max_retained_memory: usize,
+
+    /// Subscriptions one MQTT connection may hold; a SUBSCRIBE filter past it is refused
+    /// (5.0 SUBACK 0x97, 3.1.1 0x80; counted: throng_mqtt_refused_total{kind="max_subscriptions"}).
+    #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_MAX_SUBSCRIPTIONS)]
+    max_subscriptions: usize,
+
+    /// Bytes of topic filters one MQTT connection may hold; a filter past it is refused
+    /// as past --max-subscriptions (kind="max_filter_bytes").
+    #[arg(long, value_name = "SIZE", default_value = "16KiB", value_parser = parse_size)]
+    max_filter_bytes: usize,
 
     /// Close (1008) a connection that sent nothing (not even a pong) for this long.
     /// Default: 3 x --ping-interval. Checked once per ping interval.
@@ -524,6 +534,8 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         // Set by the plan from the open-file limit and the listeners.
         worker_files: None,
         test_backend: args.test_backend,
+        max_subscriptions: args.max_subscriptions,
+        max_filter_bytes: args.max_filter_bytes,
     };
     if config.proxy_protocol && config.trusted_proxies.is_empty() {
         anyhow::bail!(
