@@ -2,7 +2,7 @@
 //! 1,300 open files leave a worker 235 subscribers, and the next upgrade
 //! gets 503 where it used to meet `EMFILE` at accept.
 
-use std::io::{BufRead as _, BufReader};
+use std::io::{BufRead as _, BufReader, Read as _};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Stdio};
 
@@ -11,8 +11,8 @@ use throng_testkit::process::command;
 use crate::THRONG;
 
 /// `throng serve` on 1,001 ports from `base` under `prlimit --nofile=1300`,
-/// or `None` when a port of the range is taken.
-fn start(base: u16, args: &[&str]) -> Option<(Child, serde_json::Value)> {
+/// or why it did not start (a port of the range taken, most likely).
+fn start(base: u16, args: &[&str]) -> Result<(Child, serde_json::Value), String> {
     let range = format!("127.0.0.1:{base}-{}", base + 1000);
     let mut child = command("prlimit")
         .args([
@@ -26,17 +26,19 @@ fn start(base: u16, args: &[&str]) -> Option<(Child, serde_json::Value)> {
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start prlimit throng serve");
     let mut line = String::new();
     let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
     match serde_json::from_str(&line) {
-        Ok(start) => Some((child, start)),
+        Ok(start) => Ok((child, start)),
         Err(_) => {
             let _ = child.kill();
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
             let _ = child.wait();
-            None
+            Err(format!("{range}: {err}"))
         }
     }
 }
@@ -51,11 +53,15 @@ fn subscribe(addr: SocketAddr) -> (u16, Option<throng_testkit::ws::Sub>) {
 
 #[test]
 fn a_thousand_and_one_ports_answer_503_before_emfile() {
-    let Some((mut child, start)) = [21_000, 23_000, 25_000, 27_000]
-        .into_iter()
-        .find_map(|base| start(base, &["--workers", "1"]))
-    else {
-        panic!("no free range of 1,001 ports");
+    // Ranges below Linux's default ephemeral ports (32768 on), where no
+    // outgoing connection of another test takes one.
+    let mut why = Vec::new();
+    let Some((mut child, start)) = (10_000..=30_000).step_by(2_000).find_map(|base| {
+        start(base, &["--workers", "1"])
+            .map_err(|e| why.push(e))
+            .ok()
+    }) else {
+        panic!("no free range of 1,001 ports:\n{}", why.join("\n"));
     };
     let per_worker = start["connections_per_worker"].as_u64().unwrap();
     assert_eq!(per_worker, 1300 - 64 - 1001, "{start}");
