@@ -10,8 +10,9 @@ use crate::bench::BenchSummary;
 use crate::format::{Event, FileSummary, rfc3339};
 // Re-exported: a report's figures are read with it (`throng_report::summary::HistStats`).
 pub use crate::interval::HistStats;
-use crate::interval::new_histogram;
+use crate::interval::{latency_table, new_histogram};
 use crate::merge::{Bucket, Merged};
+use hdrhistogram::Histogram;
 
 /// A counter over the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -224,7 +225,14 @@ pub fn explain(name: &str) -> Option<&'static str> {
         }
         "publish.lag" => "how late the publisher sent a message after its scheduled time",
         "latency" => {
-            "a request, from its scheduled start to the end of its response: the generator's lag included"
+            "a request, from its scheduled start to the end of its response: the generator's lag included; where latency.timeout or latency.error appear, every request (a timed-out one at its timeout, a failed one when it failed)"
+        }
+        "latency.answered" => "latency of the requests that got a whole response, alone",
+        "latency.timeout" => {
+            "a request that got no answer within --timeout, counted at the time it was given up"
+        }
+        "latency.error" => {
+            "a request that failed (refused, reset, ...), counted at the time it failed"
         }
         "service" => "a request, from its actual start to the end of its response",
         "lag" => "how late the generator started a request after its scheduled time",
@@ -294,11 +302,7 @@ impl Report {
             errors,
             losses,
             gauges,
-            latency_us: merged
-                .histograms
-                .iter()
-                .map(|(k, h)| (k.clone(), HistStats::of(h)))
-                .collect(),
+            latency_us: latency_table(&merged.histograms),
             host,
             event_kinds: merged.event_kinds.clone(),
             events: merged.events.clone(),
@@ -369,25 +373,28 @@ fn series_points(
     host_points: &[Option<HostPoint>],
     start_ns: u64,
 ) -> Vec<SeriesPoint> {
-    let mut scratch = new_histogram();
     buckets
         .iter()
         .zip(host_points)
-        .map(|(b, hp)| SeriesPoint {
-            start_ns: b.start_ns,
-            t_s: (b.start_ns - start_ns) as f64 / 1e9,
-            length_s: b.length_ns as f64 / 1e9,
-            counters: b.counters.clone(),
-            gauges: b.gauges(),
-            histograms: b
+        .map(|(b, hp)| {
+            let filled: BTreeMap<String, Histogram<u64>> = b
                 .histograms
                 .iter()
                 .map(|(name, s)| {
-                    s.fill(&mut scratch);
-                    (name.clone(), HistStats::of(&scratch))
+                    let mut h = new_histogram();
+                    s.fill(&mut h);
+                    (name.clone(), h)
                 })
-                .collect(),
-            host: hp.clone(),
+                .collect();
+            SeriesPoint {
+                start_ns: b.start_ns,
+                t_s: (b.start_ns - start_ns) as f64 / 1e9,
+                length_s: b.length_ns as f64 / 1e9,
+                counters: b.counters.clone(),
+                gauges: b.gauges(),
+                histograms: latency_table(&filled),
+                host: hp.clone(),
+            }
         })
         .collect()
 }

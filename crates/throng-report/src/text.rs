@@ -1,7 +1,7 @@
 //! The human report: aligned plain text, latencies in readable units, one
 //! section per kind of figure, and the time series as a table when asked.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use crate::bench::BenchSummary;
@@ -218,12 +218,31 @@ fn render_latency(o: &mut String, r: &Report, nw: usize) {
         for (name, h) in &r.latency_us {
             let _ = writeln!(o, "  {:<nw$} {}", name, stats_row(h));
         }
+        if let Some(note) = unanswered_note(&r.latency_us) {
+            let _ = writeln!(o, "  {note}");
+        }
         for name in r.latency_us.keys() {
             if let Some(what) = explain(name) {
                 wrap(o, &format!("{name}: {what}"), SERIES_WIDTH);
             }
         }
     }
+}
+
+/// How many of `latency`'s requests are timeouts and failures, when a run
+/// recorded them apart (`None` for an older file or a run without any).
+pub fn unanswered_note(table: &BTreeMap<String, HistStats>) -> Option<String> {
+    let of = |n: &str| table.get(n).map_or(0, |h| h.count);
+    let (timeouts, errors) = (of("latency.timeout"), of("latency.error"));
+    if !table.contains_key("latency.answered") {
+        return None;
+    }
+    Some(format!(
+        "latency counts every request: {} of {} are timeouts (at their timeout), {} failed (at the time they failed)",
+        timeouts,
+        of("latency"),
+        errors
+    ))
 }
 
 /// The counters: totals, means and the busiest interval.

@@ -12,6 +12,9 @@
 //!   `connections.opened`, `tls.handshakes.full`, `tls.handshakes.resumed`;
 //! - gauges: `requests.in_flight`, `connections.open`;
 //! - histograms (µs): `latency` (intended start → last response byte),
+//!   `latency.timeout` and `latency.error` (intended start → the moment a
+//!   request was given up at `--timeout`, or failed: with `latency`, every
+//!   request),
 //!   `service` (actual send → last response byte; a new connection's
 //!   connect included), `lag` (intended start → actual send: the
 //!   generator's own delay, waiting for a free connection included),
@@ -26,7 +29,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use throng_report::interval::{Interval, new_histogram};
 
-use crate::harness::failure::{Failure, OwnKind, Tally};
+use crate::harness::failure::{Failure, NetCause, OwnKind, Tally};
 use crate::harness::recorder::{Recorder, Take, record};
 
 /// One request's own figures, for its row.
@@ -93,6 +96,11 @@ pub struct AttackRecorder {
     /// Connections open, idle ones included (a level).
     open: i64,
     latency: Histogram<u64>,
+    /// Requests given up at `--timeout`, at that time (the result file's
+    /// `latency.timeout`).
+    latency_timeout: Histogram<u64>,
+    /// Requests that failed otherwise, at the time they failed (`latency.error`).
+    latency_error: Histogram<u64>,
     service: Histogram<u64>,
     lag: Histogram<u64>,
     connect_tcp: Histogram<u64>,
@@ -118,6 +126,8 @@ impl AttackRecorder {
             in_flight: 0,
             open: 0,
             latency: new_histogram(),
+            latency_timeout: new_histogram(),
+            latency_error: new_histogram(),
             service: new_histogram(),
             lag: new_histogram(),
             connect_tcp: new_histogram(),
@@ -149,10 +159,17 @@ impl AttackRecorder {
         record(&mut self.service, service_us);
     }
 
-    /// A request failed.
-    pub fn failed(&mut self, why: RequestError) {
+    /// A request failed `latency_us` after its intended start: a timeout
+    /// counts at its timeout, another failure when it failed, so that the
+    /// run's latency leaves no request out.
+    pub fn failed(&mut self, why: RequestError, latency_us: u64) {
         self.in_flight -= 1;
         self.failed.add(why);
+        if why == Failure::Net(NetCause::Timeout) {
+            record(&mut self.latency_timeout, latency_us);
+        } else {
+            record(&mut self.latency_error, latency_us);
+        }
     }
 
     /// Requests still in flight are abandoned (the run was stopped).
@@ -226,6 +243,8 @@ impl Recorder for AttackRecorder {
             }
         }
         t.histogram("latency", &mut self.latency)
+            .histogram("latency.timeout", &mut self.latency_timeout)
+            .histogram("latency.error", &mut self.latency_error)
             .histogram("service", &mut self.service)
             .histogram("lag", &mut self.lag)
             .histogram("connect.tcp", &mut self.connect_tcp)
@@ -379,11 +398,17 @@ mod tests {
         assert_eq!(iv.gauges["connections.open"], 1);
         assert_eq!(iv.histograms["latency"].len(), 2);
         assert_eq!(iv.histograms["lag"].len(), 3);
-        r.failed(Failure::Net(crate::harness::failure::NetCause::Timeout));
+        r.failed(Failure::Net(NetCause::Timeout), 2_000_000);
         let next = r.take(2_000_000_000);
         assert_eq!(next.counters.len(), 1);
         assert_eq!(next.counters["requests.error.timeout"], 1);
         assert_eq!(next.gauges["requests.in_flight"], 0);
-        assert!(next.histograms.is_empty());
+        assert_eq!(next.histograms.len(), 1);
+        assert!(next.histograms["latency.timeout"].max() >= 1_999_000);
+        r.started();
+        r.failed(Failure::Net(NetCause::Refused), 300);
+        let third = r.take(3_000_000_000);
+        assert_eq!(third.histograms["latency.error"].len(), 1);
+        assert_eq!(third.every_request_stats().count, 1);
     }
 }

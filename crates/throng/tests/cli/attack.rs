@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+use throng_testkit::process::{output_within, text};
 use throng_testkit::{Server, TempDir};
 
 use crate::{run_json, serve, throng};
@@ -608,4 +609,102 @@ fn ping_is_cut_off_at_the_request_timeout() {
         took >= Duration::from_millis(300) && took < Duration::from_secs(10),
         "{took:?}"
     );
+}
+
+/// Half the requests answered at once, half held past `--timeout`: every
+/// request is in the latency (a timeout at its timeout), so the p99 is the
+/// timeout's and `--max-p99` fails; the report says how many are timeouts.
+#[test]
+fn timed_out_requests_count_at_their_timeout() {
+    // Answers for 250 ms from the first request, then holds every answer.
+    let (port, _) = stall_server(Duration::from_millis(250), Duration::from_secs(30));
+    let url = format!("http://127.0.0.1:{port}/");
+    let dir = TempDir::new("attack-timeouts");
+    let file = dir.path().join("run.jsonl");
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "20/s",
+        "--requests",
+        "10",
+        "--timeout",
+        "400ms",
+        "--max-p99",
+        "100ms",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "--max-p99 fails on the timeouts: {err}");
+    let timeouts = s["errors"]["timeout"].as_u64().unwrap_or(0);
+    assert!(timeouts >= 3, "{s}");
+    assert_eq!(n(&s, "latency_timeouts"), timeouts, "{s}");
+    assert_eq!(s["latency_us"]["count"].as_u64(), Some(10), "{s}");
+    assert!(s["latency_us"]["p99"].as_u64().unwrap() >= 400_000, "{s}");
+    assert!(
+        s["answered_latency_us"]["p99"].as_u64().unwrap() < 100_000,
+        "{s}"
+    );
+    assert!(err.contains("p99 latency"), "{err}");
+
+    let out = output_within(throng().arg("report").arg(&file), Duration::from_secs(30));
+    let text = text(&out.stdout);
+    assert!(
+        text.contains(&format!("{timeouts} of 10 are timeouts")),
+        "{text}"
+    );
+    assert!(text.contains("latency.answered"), "{text}");
+    let out = output_within(
+        throng().args(["report", "--format", "json"]).arg(&file),
+        Duration::from_secs(30),
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    assert_eq!(
+        r["latency_us"]["latency"]["count"].as_u64(),
+        Some(10),
+        "{r}"
+    );
+    assert_eq!(
+        r["latency_us"]["latency.timeout"]["count"].as_u64(),
+        Some(timeouts)
+    );
+}
+
+/// A frozen server (SIGSTOP: connections accepted by the kernel, nothing
+/// answered): the latencies are the timeouts, the answered figures say
+/// "no answers" instead of 0 µs.
+#[test]
+fn a_frozen_server_shows_its_timeouts_not_zero() {
+    let server = serve_one(&[]);
+    let pids = server.worker_pids();
+    for pid in &pids {
+        throng_testkit::process::signal(*pid, "STOP");
+    }
+    let out = output_within(
+        throng().args([
+            "attack",
+            "--url",
+            &ping_url(&server),
+            "--rate",
+            "20/s",
+            "--requests",
+            "5",
+            "--timeout",
+            "300ms",
+        ]),
+        Duration::from_secs(30),
+    );
+    for pid in &pids {
+        throng_testkit::process::signal(*pid, "CONT");
+    }
+    let stdout = text(&out.stdout);
+    let latencies = stdout
+        .lines()
+        .find(|l| l.starts_with("Latencies"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(!latencies.contains(" 0µs"), "{stdout}");
+    assert!(latencies.contains("ms"), "{stdout}");
+    assert!(stdout.contains("5 of 5 timed out"), "{stdout}");
+    let service = stdout.lines().find(|l| l.starts_with("Service")).unwrap();
+    assert!(service.contains("no answers"), "{stdout}");
 }
