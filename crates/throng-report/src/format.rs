@@ -153,6 +153,8 @@ struct IntervalOut<'a> {
     source: &'a str,
     counters: &'a BTreeMap<String, u64>,
     gauges: &'a BTreeMap<String, i64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    peaks: &'a BTreeMap<String, i64>,
     histograms: BTreeMap<&'a str, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     host: Option<&'a HostSample>,
@@ -184,6 +186,8 @@ struct IntervalIn {
     #[serde(default)]
     gauges: BTreeMap<String, i64>,
     #[serde(default)]
+    peaks: BTreeMap<String, i64>,
+    #[serde(default)]
     histograms: BTreeMap<String, String>,
     #[serde(default)]
     host: Option<HostSample>,
@@ -213,6 +217,7 @@ pub fn encode_interval(interval: &Interval) -> String {
         source: &interval.source,
         counters: &interval.counters,
         gauges: &interval.gauges,
+        peaks: &interval.peaks,
         histograms: interval
             .histograms
             .iter()
@@ -372,6 +377,7 @@ pub fn decode_record(line: &str) -> Result<Record, FormatError> {
                 source: raw.source,
                 counters: raw.counters,
                 gauges: raw.gauges,
+                peaks: raw.peaks,
                 histograms,
                 host: raw.host,
             }))
@@ -847,6 +853,7 @@ mod tests {
                 ("messages.lost".to_owned(), 0),
             ]),
             gauges: BTreeMap::from([("connections.open".to_owned(), -3)]),
+            peaks: BTreeMap::new(),
             histograms: BTreeMap::from([("delivery".to_owned(), h)]),
             host: Some(HostSample {
                 host: "box1".to_owned(),
@@ -975,6 +982,7 @@ mod tests {
                 source: "s".to_owned(),
                 counters: BTreeMap::new(),
                 gauges: BTreeMap::new(),
+                peaks: BTreeMap::new(),
                 histograms: BTreeMap::from([("h".to_owned(), h)]),
                 host: None,
             });

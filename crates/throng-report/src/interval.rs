@@ -78,6 +78,12 @@ pub struct Interval {
     pub counters: BTreeMap<String, u64>,
     /// Levels at the interval's end, by name (`connections.open`); summed across sources.
     pub gauges: BTreeMap<String, i64>,
+    /// The highest each level reached during the interval (tracked at every
+    /// change, not sampled). A gauge missing here peaked at its end value (an
+    /// older file, or a level no one tracks); see [`Interval::peak`]. Summed
+    /// across sources, this is an upper bound of the sum's own peak (the
+    /// sources need not peak at the same moment); for one source it is exact.
+    pub peaks: BTreeMap<String, i64>,
     /// Latencies in µs recorded during this interval, by name
     /// (`connect`, `delivery`, `latency`, `service`).
     pub histograms: BTreeMap<String, Histogram<u64>>,
@@ -94,14 +100,40 @@ impl Interval {
             source,
             counters: BTreeMap::new(),
             gauges: BTreeMap::new(),
+            peaks: BTreeMap::new(),
             histograms: BTreeMap::new(),
             host: None,
         }
     }
 
-    /// Adds `other` into this one, as merging does: counters, gauges and
-    /// histograms add; the time, source and host sample stay this one's.
+    /// The highest gauge `name` reached during the interval: its tracked
+    /// peak, never below its end value (0 when it was not set).
+    pub fn peak(&self, name: &str) -> i64 {
+        match (self.peaks.get(name), self.gauges.get(name)) {
+            (Some(p), Some(g)) => (*p).max(*g),
+            (Some(v), None) | (None, Some(v)) => *v,
+            (None, None) => 0,
+        }
+    }
+
+    /// Every gauge's [`Interval::peak`], by name.
+    pub fn all_peaks(&self) -> BTreeMap<String, i64> {
+        self.gauges
+            .keys()
+            .chain(self.peaks.keys())
+            .map(|k| (k.clone(), self.peak(k)))
+            .collect()
+    }
+
+    /// Adds `other` into this one, as merging does: counters, gauges,
+    /// peaks (each side's [`Interval::peak`]) and histograms add; the time,
+    /// source and host sample stay this one's.
     pub fn add(&mut self, other: &Self) {
+        let mut peaks = self.all_peaks();
+        for (k, v) in other.all_peaks() {
+            *peaks.entry(k).or_insert(0) += v;
+        }
+        self.peaks = peaks;
         for (k, v) in &other.counters {
             *self.counters.entry(k.clone()).or_insert(0) += v;
         }
@@ -223,6 +255,22 @@ mod tests {
         assert_eq!(a.stats("connect").count, 2);
         assert_eq!(a.stats("missing").count, 0);
         assert_eq!(a.source, "h/hold");
+    }
+
+    #[test]
+    fn peaks_default_to_the_end_level_and_add() {
+        let mut a = Interval::empty(0, 1, "h/attack-0".into());
+        a.gauges.insert("requests.in_flight".into(), 0);
+        a.peaks.insert("requests.in_flight".into(), 4);
+        let mut b = Interval::empty(0, 1, "h/attack-1".into());
+        // An older record: no peaks, its end level is all that is known.
+        b.gauges.insert("requests.in_flight".into(), 2);
+        assert_eq!(a.peak("requests.in_flight"), 4);
+        assert_eq!(b.peak("requests.in_flight"), 2);
+        a.add(&b);
+        assert_eq!(a.gauge("requests.in_flight"), 2);
+        assert_eq!(a.peak("requests.in_flight"), 6);
+        assert_eq!(a.peak("missing"), 0);
     }
 
     fn hist(values: &[u64]) -> Histogram<u64> {

@@ -30,10 +30,16 @@ pub struct CounterSummary {
 pub struct GaugeSummary {
     /// In the last bucket.
     pub last: i64,
-    /// Highest in any bucket.
+    /// Highest at any bucket's end.
     pub max: i64,
-    /// Lowest in any bucket.
+    /// Lowest at any bucket's end.
     pub min: i64,
+    /// Highest reached at any moment ([`Bucket::peaks`]): tracked at every
+    /// change by each source, so a level that rose and fell between two
+    /// bucket ends counts. Exact for one source; over several, the highest
+    /// bucket's sum of each source's own peak, an upper bound of the
+    /// sum's true peak (never below `max`).
+    pub peak: i64,
 }
 
 /// Host figures at one bucket, summed over hosts (each host once).
@@ -349,18 +355,22 @@ fn counter_summaries(merged: &Merged, duration_s: f64) -> BTreeMap<String, Count
 fn gauge_summaries(buckets: &[Bucket]) -> BTreeMap<String, GaugeSummary> {
     let mut gauges: BTreeMap<String, GaugeSummary> = BTreeMap::new();
     for b in buckets {
+        let peaks = b.peaks();
         for (name, v) in b.gauges() {
+            let peak = peaks.get(&name).copied().unwrap_or(v).max(v);
             gauges
                 .entry(name)
                 .and_modify(|g| {
                     g.last = v;
                     g.max = g.max.max(v);
                     g.min = g.min.min(v);
+                    g.peak = g.peak.max(peak);
                 })
                 .or_insert(GaugeSummary {
                     last: v,
                     max: v,
                     min: v,
+                    peak,
                 });
         }
     }

@@ -304,23 +304,41 @@ fn render_gauges(o: &mut String, r: &Report, nw: usize) {
     if !r.gauges.is_empty() {
         let _ = writeln!(
             o,
-            "\n{:<w$} {:>9} {:>9} {:>9}",
+            "\n{:<w$} {:>9} {:>9} {:>9} {:>9}",
             "gauges",
             "last",
             "max",
             "min",
+            "peak",
             w = nw + 2
         );
         for (name, g) in &r.gauges {
             let _ = writeln!(
                 o,
-                "  {:<nw$} {:>9} {:>9} {:>9}",
+                "  {:<nw$} {:>9} {:>9} {:>9} {:>9}",
                 name,
                 count(g.last as f64),
                 count(g.max as f64),
-                count(g.min as f64)
+                count(g.min as f64),
+                count(g.peak as f64)
             );
         }
+        let sources = r.sources.len();
+        wrap(
+            o,
+            &format!(
+                "last, max, min: at the ends of {}s buckets; peak: the highest at any moment, tracked at every change{}",
+                r.bucket_s,
+                if sources > 1 {
+                    format!(
+                        " by each of the {sources} sources and summed: at most that (they need not peak at once)"
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+            SERIES_WIDTH,
+        );
     }
 }
 

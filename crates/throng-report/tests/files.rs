@@ -21,6 +21,7 @@ fn interval(second: u64, source: &str, seed: u64) -> Interval {
         source: source.to_owned(),
         counters: BTreeMap::from([("messages.received".to_owned(), 100 + seed)]),
         gauges: BTreeMap::from([("connections.open".to_owned(), 50)]),
+        peaks: BTreeMap::new(),
         histograms: BTreeMap::from([("delivery".to_owned(), h)]),
         host: None,
     }

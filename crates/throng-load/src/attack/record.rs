@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use throng_report::interval::{Interval, new_histogram};
 
 use crate::harness::failure::{Failure, NetCause, OwnKind, Tally};
-use crate::harness::recorder::{Recorder, Take, record};
+use crate::harness::recorder::{Level, Recorder, Take, record};
 
 /// One request's own figures, for its row.
 #[derive(Debug)]
@@ -92,9 +92,9 @@ pub struct AttackRecorder {
     bytes_in: u64,
     bytes_out: u64,
     /// Requests started and not yet finished (a level).
-    in_flight: i64,
+    in_flight: Level,
     /// Connections open, idle ones included (a level).
-    open: i64,
+    open: Level,
     latency: Histogram<u64>,
     /// Requests given up at `--timeout`, at that time (the result file's
     /// `latency.timeout`).
@@ -123,8 +123,8 @@ impl AttackRecorder {
             status: Box::new([0; 1000]),
             bytes_in: 0,
             bytes_out: 0,
-            in_flight: 0,
-            open: 0,
+            in_flight: Level::default(),
+            open: Level::default(),
             latency: new_histogram(),
             latency_timeout: new_histogram(),
             latency_error: new_histogram(),
@@ -138,7 +138,7 @@ impl AttackRecorder {
     /// A request was started (at or after its intended time).
     pub fn started(&mut self) {
         self.sent += 1;
-        self.in_flight += 1;
+        self.in_flight.up();
     }
 
     /// A request went on the wire `lag_us` after its intended time.
@@ -151,7 +151,7 @@ impl AttackRecorder {
 
     /// A whole response arrived.
     pub fn answered(&mut self, status: u16, latency_us: u64, service_us: u64) {
-        self.in_flight -= 1;
+        self.in_flight.down();
         if let Some(n) = self.status.get_mut(usize::from(status)) {
             *n += 1;
         }
@@ -163,7 +163,7 @@ impl AttackRecorder {
     /// counts at its timeout, another failure when it failed, so that the
     /// run's latency leaves no request out.
     pub fn failed(&mut self, why: RequestError, latency_us: u64) {
-        self.in_flight -= 1;
+        self.in_flight.down();
         self.failed.add(why);
         if why == Failure::Net(NetCause::Timeout) {
             record(&mut self.latency_timeout, latency_us);
@@ -174,9 +174,9 @@ impl AttackRecorder {
 
     /// Requests still in flight are abandoned (the run was stopped).
     pub fn cancel_in_flight(&mut self) {
-        let n = u64::try_from(self.in_flight).unwrap_or(0);
+        let n = u64::try_from(self.in_flight.get()).unwrap_or(0);
         self.failed.add_n(Failure::Own(Exchange::Canceled), n);
-        self.in_flight = 0;
+        self.in_flight.set(0);
     }
 
     /// A request is sent again on a new connection.
@@ -201,12 +201,12 @@ impl AttackRecorder {
     /// A connection was opened.
     pub fn connection_opened(&mut self) {
         self.opened += 1;
-        self.open += 1;
+        self.open.up();
     }
 
     /// A connection was closed.
     pub fn connection_closed(&mut self) {
-        self.open -= 1;
+        self.open.down();
     }
 
     /// Bytes written.
@@ -221,7 +221,7 @@ impl AttackRecorder {
 
     /// Requests in flight now.
     pub fn in_flight(&self) -> i64 {
-        self.in_flight
+        self.in_flight.get()
     }
 }
 
@@ -249,8 +249,8 @@ impl Recorder for AttackRecorder {
             .histogram("lag", &mut self.lag)
             .histogram("connect.tcp", &mut self.connect_tcp)
             .histogram("connect.tls", &mut self.connect_tls)
-            .gauge("requests.in_flight", self.in_flight)
-            .gauge("connections.open", self.open);
+            .level("requests.in_flight", &mut self.in_flight)
+            .level("connections.open", &mut self.open);
         t.into_interval(start_ns, self.length_ns, self.source.clone())
     }
 }

@@ -51,9 +51,11 @@ pub struct Summary {
     pub retried: u64,
     /// Connections opened.
     pub connections_opened: u64,
-    /// Most requests in flight at an interval's end, over all workers.
+    /// Most requests in flight at any moment: each worker's own peak (tracked
+    /// at every change), summed over workers in the busiest interval (exact
+    /// with one worker, at most that with several).
     pub peak_in_flight: i64,
-    /// Most connections open at an interval's end.
+    /// Most connections open at any moment, the same way.
     pub peak_connections: i64,
     /// Bytes read.
     pub bytes_in: u64,

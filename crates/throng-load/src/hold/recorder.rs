@@ -17,7 +17,7 @@ use throng_report::interval::{Interval, new_histogram};
 
 use super::sequence::Arrival;
 use crate::harness::failure::{Failure, NetCause, OwnKind, Tally};
-use crate::harness::recorder::{Recorder, Take, record};
+use crate::harness::recorder::{Level, Recorder, Take, record};
 
 /// `hold`'s own ways for a connection to fail, beside the socket's and TLS's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub struct HoldRecorder {
     source: String,
     length_ns: u64,
     /// Connections open now (a level, not reset per interval).
-    open: i64,
+    open: Level,
     /// Connections this worker will attempt in total (a level).
     target: i64,
     opened: u64,
@@ -165,7 +165,7 @@ impl HoldRecorder {
         Self {
             source,
             length_ns,
-            open: 0,
+            open: Level::default(),
             target: i64::try_from(target).unwrap_or(i64::MAX),
             opened: 0,
             failed: Tally::default(),
@@ -199,7 +199,7 @@ impl HoldRecorder {
     /// from the actual start.
     pub fn opened(&mut self, total_us: u64, service_us: u64) {
         self.opened += 1;
-        self.open += 1;
+        self.open.up();
         record(&mut self.connect, total_us);
         record(&mut self.connect_service, service_us);
     }
@@ -235,7 +235,7 @@ impl HoldRecorder {
 
     /// A held connection ended.
     pub fn closed(&mut self, how: Closed) {
-        self.open -= 1;
+        self.open.down();
         let name = match how {
             Closed::ByServer(Some(code)) => format!("closed.server.{code}"),
             Closed::ByServer(None) => "closed.server.none".to_owned(),
@@ -290,7 +290,7 @@ impl HoldRecorder {
 
     /// Connections open now.
     pub fn open_now(&self) -> i64 {
-        self.open
+        self.open.get()
     }
 
     /// Each message's deliveries here so far, those that had any.
@@ -325,7 +325,7 @@ impl Recorder for HoldRecorder {
             .histogram("connect.tls", &mut self.connect_tls)
             .histogram("connect.upgrade", &mut self.connect_upgrade)
             .histogram("delivery", &mut self.delivery)
-            .gauge("connections.open", self.open)
+            .level("connections.open", &mut self.open)
             .gauge("connections.target", self.target);
         t.into_interval(start_ns, self.length_ns, self.source.clone())
     }

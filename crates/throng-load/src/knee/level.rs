@@ -247,6 +247,10 @@ impl<R: Role> Role for Level<R> {
         own
     }
 
+    fn late(&mut self, merged: &Interval) {
+        self.inner.late(merged);
+    }
+
     fn absorb(&mut self, merged: &Interval) {
         self.inner.absorb(merged);
         self.all.add(merged);
@@ -262,6 +266,7 @@ impl<R: Role> Role for Level<R> {
             source: merged.source.clone(),
             counters: merged.counters.clone(),
             gauges: merged.gauges.clone(),
+            peaks: merged.peaks.clone(),
             histograms: Default::default(),
             host: merged.host.clone(),
         });

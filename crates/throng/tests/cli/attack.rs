@@ -708,3 +708,35 @@ fn a_frozen_server_shows_its_timeouts_not_zero() {
     let service = stdout.lines().find(|l| l.starts_with("Service")).unwrap();
     assert!(service.contains("no answers"), "{stdout}");
 }
+
+/// Peaks are tracked at every change: short requests on new connections
+/// rise and fall between interval ends, and still show as a peak.
+#[test]
+fn peaks_are_seen_between_interval_ends() {
+    let server = serve_one(&[]);
+    let dir = TempDir::new("attack-peaks");
+    let file = dir.path().join("run.jsonl");
+    let (code, s, err) = attack(&[
+        "--url",
+        &ping_url(&server),
+        "--rate",
+        "300/s",
+        "--duration",
+        "2s",
+        "--no-keepalive",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(n(&s, "requests") >= 590, "{s}");
+    assert!(s["peak_in_flight"].as_i64().unwrap() >= 1, "{s}");
+    assert!(s["peak_connections"].as_i64().unwrap() >= 1, "{s}");
+    let out = output_within(
+        throng().args(["report", "--format", "json"]).arg(&file),
+        Duration::from_secs(30),
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let g = &r["gauges"]["requests.in_flight"];
+    assert!(g["peak"].as_i64().unwrap() >= 1, "{r}");
+    assert!(g["peak"].as_i64() >= g["max"].as_i64(), "{r}");
+}

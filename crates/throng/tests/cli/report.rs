@@ -45,6 +45,7 @@ fn run() -> Vec<Interval> {
                 source: format!("box1/hold-{w}"),
                 counters,
                 gauges: BTreeMap::from([("connections.open".to_owned(), 100 * (s as i64 + 1))]),
+                peaks: BTreeMap::new(),
                 histograms: BTreeMap::from([
                     ("delivery".to_owned(), delivery),
                     ("connect".to_owned(), connect),
