@@ -297,6 +297,12 @@ pub struct Merger {
     merged: Merged,
     /// Live merging: what has been flushed.
     live: Option<Live>,
+    /// Every run id seen in headers, in order (empty: a file from before
+    /// run ids, which merges by source name as it always did).
+    runs: Vec<String>,
+    /// What the current run's sources get appended, to keep them apart from
+    /// another run's of the same name: empty for the first run.
+    run_tag: String,
 }
 
 /// What a live merger keeps besides its open buckets.
@@ -355,7 +361,28 @@ impl Merger {
                 duplicates: 0,
             },
             live: None,
+            runs: Vec::new(),
+            run_tag: String::new(),
         }
+    }
+
+    /// The records that follow are `run`'s (a header's run id): the first
+    /// run's sources keep their names, a later one's get ` (run N)`, so two
+    /// runs whose sources share names (two attacks at once on one host)
+    /// merge as two: every interval counted, levels summed over both.
+    fn start_run(&mut self, run: &str) {
+        let n = match self.runs.iter().position(|r| r == run) {
+            Some(n) => n,
+            None => {
+                self.runs.push(run.to_owned());
+                self.runs.len() - 1
+            }
+        };
+        self.run_tag = if n == 0 || run.is_empty() {
+            String::new()
+        } else {
+            format!(" (run {})", n + 1)
+        };
     }
 
     /// A live merger: intervals of `length_ns` are flushed one by one as
@@ -467,7 +494,7 @@ impl Merger {
         self
     }
 
-    /// Merges one record of a result file; headers are ignored here.
+    /// Merges one record of a result file; a header says whose run follows.
     pub fn add(&mut self, record: &Record) {
         match record {
             Record::Interval(iv) => {
@@ -478,7 +505,8 @@ impl Merger {
             Record::Bench(b) if !self.merged.benches.contains(b) => {
                 self.merged.benches.push(b.clone());
             }
-            Record::Bench(_) | Record::Header(_) | Record::Unknown(_) => {}
+            Record::Header(h) => self.start_run(&h.run),
+            Record::Bench(_) | Record::Unknown(_) => {}
         }
     }
 
@@ -506,6 +534,11 @@ impl Merger {
     /// Merges one interval; returns false (and merges nothing) if an interval
     /// of the same source and start was merged already.
     pub fn add_interval(&mut self, iv: &Interval) -> bool {
+        let source = if self.run_tag.is_empty() {
+            iv.source.clone()
+        } else {
+            format!("{}{}", iv.source, self.run_tag)
+        };
         let start = iv.start_ns - iv.start_ns % self.width_ns;
         let new = match self.live.as_mut() {
             // Live, a bucket is one interval (the width is the interval's
@@ -514,8 +547,8 @@ impl Merger {
                 .reported
                 .entry(start)
                 .or_default()
-                .insert(iv.source.clone()),
-            None => self.seen.insert((iv.source.clone(), iv.start_ns)),
+                .insert(source.clone()),
+            None => self.seen.insert((source.clone(), iv.start_ns)),
         };
         if !new {
             self.merged.duplicates += 1;
@@ -523,8 +556,8 @@ impl Merger {
         }
         let m = &mut self.merged;
         m.intervals += 1;
-        if !m.sources.contains(&iv.source) {
-            m.sources.insert(iv.source.clone());
+        if !m.sources.contains(&source) {
+            m.sources.insert(source.clone());
         }
         let bucket = self
             .buckets
@@ -550,14 +583,14 @@ impl Merger {
             }
         }
         if !iv.gauges.is_empty() {
-            bucket.note_peaks(&iv.source, iv.all_peaks());
-            match bucket.gauges_by_source.get_mut(&iv.source) {
+            bucket.note_peaks(&source, iv.all_peaks());
+            match bucket.gauges_by_source.get_mut(&source) {
                 Some((at, _)) if *at > iv.start_ns => {}
                 Some(slot) => *slot = (iv.start_ns, iv.gauges.clone()),
                 None => {
                     bucket
                         .gauges_by_source
-                        .insert(iv.source.clone(), (iv.start_ns, iv.gauges.clone()));
+                        .insert(source, (iv.start_ns, iv.gauges.clone()));
                 }
             }
         }
@@ -619,6 +652,36 @@ pub fn merge_files<P: AsRef<std::path::Path>>(
     let files = merge_files_into(paths, &mut mergers)?;
     let [merger] = mergers;
     Ok((merger.finish(), files))
+}
+
+/// The files grouped by the kind of run that wrote them (its header's
+/// [`Header::kind`](crate::format::Header::kind): `hold`, `attack`,
+/// `bench`, `knee`), kinds in the order first seen. Runs of different
+/// kinds do not add up (a hold's histograms and an attack's are different
+/// things), so a report of more than one group shows each apart.
+pub fn group_by_kind<P: AsRef<std::path::Path>>(
+    paths: &[P],
+) -> Result<Vec<(String, Vec<std::path::PathBuf>)>, crate::format::ReadError> {
+    let mut groups: Vec<(String, Vec<std::path::PathBuf>)> = Vec::new();
+    for path in paths {
+        let kind = crate::format::Reader::open(path)?.header().kind();
+        let path = path.as_ref().to_path_buf();
+        match groups.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, files)) => files.push(path),
+            None => groups.push((kind, vec![path])),
+        }
+    }
+    // A file that does not say its kind (a header without a command or
+    // settings) goes with the others rather than make a kind of its own.
+    if groups.len() > 1
+        && let Some(i) = groups
+            .iter()
+            .position(|(k, _)| k == crate::format::UNKNOWN_KIND)
+    {
+        let (_, files) = groups.remove(i);
+        groups[0].1.extend(files);
+    }
+    Ok(groups)
 }
 
 /// Reads the files once, feeding every record to each merger (say, one for
@@ -1012,5 +1075,26 @@ mod tests {
         assert!(late.interval.gauges.is_empty());
         // Its own peak, beside attack-0's level as last known.
         assert_eq!(late.interval.peak("connections.open"), 30);
+    }
+
+    #[test]
+    fn two_runs_whose_sources_share_names_merge_as_two() {
+        let header = |run: &str| {
+            let mut h = crate::format::Header::new(vec![], serde_json::json!({}));
+            h.run = run.to_owned();
+            Record::Header(h)
+        };
+        let mut m = Merger::new(1_000_000_000);
+        for run in ["a", "b", "a"] {
+            m.add(&header(run));
+            // The same source and second in both runs; run a's given twice.
+            m.add(&Record::Interval(iv("h/attack-0", 1, 3, &[5])));
+        }
+        let merged = m.finish();
+        assert_eq!(merged.counters["messages.received"], 2);
+        assert_eq!(merged.duplicates, 1);
+        assert_eq!(merged.buckets[0].gauges()["connections.open"], 6);
+        let sources: Vec<&String> = merged.sources.iter().collect();
+        assert_eq!(sources, ["h/attack-0", "h/attack-0 (run 2)"]);
     }
 }
