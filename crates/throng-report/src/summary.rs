@@ -425,7 +425,12 @@ impl FileInfo {
 
 /// Host figures of each bucket (`None` where no host sample was taken).
 pub fn host_points(buckets: &[Bucket]) -> Vec<Option<HostPoint>> {
-    let mut previous: BTreeMap<&str, &HostSample> = BTreeMap::new();
+    // Each host's last sample, and the one before it: a sample that comes
+    // less than half a bucket after the last (a run's final sample, taken
+    // as it ends) is not a span of its own, whose rate over a few ms would
+    // read as a busiest second: its tail is merged into the span before,
+    // and the rate taken over both.
+    let mut previous: BTreeMap<&str, (Option<&HostSample>, &HostSample)> = BTreeMap::new();
     let mut points = Vec::with_capacity(buckets.len());
     for b in buckets {
         if b.hosts.is_empty() {
@@ -443,15 +448,21 @@ pub fn host_points(buckets: &[Bucket]) -> Vec<Option<HostPoint>> {
             p.mem_available_bytes += s.mem_available_bytes;
             p.mem_slab_bytes += s.mem_slab_bytes;
             p.rss_bytes += s.rss_total();
-            if let Some(prev) = previous.get(name.as_str()) {
-                let r = rates(prev, s);
-                add_opt(&mut p.packets_in_per_s, r.packets_in);
-                add_opt(&mut p.packets_out_per_s, r.packets_out);
-                add_opt(&mut p.bytes_in_per_s, r.bytes_in);
-                add_opt(&mut p.bytes_out_per_s, r.bytes_out);
-                add_opt(&mut p.cpu_cores, r.cpu_cores);
+            let mut before = None;
+            if let Some(&(prior, last)) = previous.get(name.as_str()) {
+                let short = s.at_ns.saturating_sub(last.at_ns) < b.length_ns / 2;
+                let from = if short { prior } else { Some(last) };
+                before = if short { prior } else { Some(last) };
+                if let Some(from) = from {
+                    let r = rates(from, s);
+                    add_opt(&mut p.packets_in_per_s, r.packets_in);
+                    add_opt(&mut p.packets_out_per_s, r.packets_out);
+                    add_opt(&mut p.bytes_in_per_s, r.bytes_in);
+                    add_opt(&mut p.bytes_out_per_s, r.bytes_out);
+                    add_opt(&mut p.cpu_cores, r.cpu_cores);
+                }
             }
-            previous.insert(name, s);
+            previous.insert(name, (before, s));
         }
         points.push(Some(p));
     }
@@ -546,4 +557,44 @@ fn host_summary(merged: &Merged, points: &[Option<HostPoint>]) -> Option<HostSum
         }
     }
     Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interval::Interval;
+    use crate::merge::Merger;
+
+    fn sampled(second: u64, at_ms: u64, packets: u64) -> Interval {
+        let mut iv = Interval::empty(second * 1_000_000_000, 1_000_000_000, "h/attack".into());
+        iv.host = Some(HostSample {
+            host: "h".into(),
+            at_ns: at_ms * 1_000_000,
+            packets_in_total: packets,
+            ..HostSample::default()
+        });
+        iv
+    }
+
+    #[test]
+    fn a_short_last_sample_is_not_a_busiest_second() {
+        let mut m = Merger::new(1_000_000_000);
+        m.add_interval(&sampled(1, 1_000, 0));
+        m.add_interval(&sampled(2, 2_000, 28_000));
+        m.add_interval(&sampled(3, 3_000, 56_000));
+        // The run's last sample, 15 ms after the one before, 2,400 packets on.
+        m.add_interval(&sampled(4, 3_015, 58_400));
+        let r = Report::build(&m.finish(), &[], true);
+        let series = r.series.unwrap();
+        let rates: Vec<Option<f64>> = series
+            .iter()
+            .map(|p| p.host.as_ref().unwrap().packets_in_per_s)
+            .collect();
+        // The tail is merged into the span before: 30,400 over 1.015 s.
+        let tail = 30_400.0 / 1.015;
+        assert_eq!(rates[..3], [None, Some(28_000.0), Some(28_000.0)]);
+        assert!((rates[3].unwrap() - tail).abs() < 1.0, "{rates:?}");
+        let host = r.host.unwrap();
+        assert!(host.packets_in_per_s_max < 30_000.0, "{host:?}");
+    }
 }

@@ -352,7 +352,7 @@ fn render_host(o: &mut String, r: &Report, h: &HostSummary, nw: usize) {
         count(h.tcp_established_max as f64)
     );
     let over = format!(
-        "means over {:.1} s; the busiest {} s interval",
+        "means over {:.1} s; the busiest {} s interval (a shorter last span merged into the one before)",
         r.duration_s,
         count(r.bucket_s)
     );
