@@ -740,3 +740,59 @@ fn peaks_are_seen_between_interval_ends() {
     assert!(g["peak"].as_i64().unwrap() >= 1, "{r}");
     assert!(g["peak"].as_i64() >= g["max"].as_i64(), "{r}");
 }
+
+/// Sockets in CLOSE-WAIT on local port `port` (IPv4), from /proc/net/tcp.
+fn close_wait(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let local = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].ends_with(&local) && f[3] == "08"
+        })
+        .count()
+}
+
+/// A client that gives up on a sleeping `/ping` and closes frees its socket
+/// at once (no CLOSE-WAIT until the sleep ends), counted in /metrics.
+#[test]
+fn a_sleeping_ping_is_let_go_when_its_client_closes() {
+    let server = serve_one(&[]);
+    let port = server.addr.port();
+    let clients: Vec<TcpStream> = (0..5)
+        .map(|_| {
+            let mut c = TcpStream::connect(server.addr).unwrap();
+            c.write_all(b"GET /ping HTTP/1.1\r\nHost: t\r\nsleep: 30000\r\n\r\n")
+                .unwrap();
+            c
+        })
+        .collect();
+    // Long enough for the answers to go to sleep.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(clients);
+    let sample = "throng_handshake_failures_total{reason=\"ping_client_closed\"}";
+    server.wait_metric(sample, |v| v >= 5.0);
+    let began = Instant::now();
+    while close_wait(port) > 0 && began.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(close_wait(port), 0, "sockets left in CLOSE-WAIT");
+    // An attack that gives up at its timeout frees the server's sockets too.
+    let (_, s, err) = attack(&[
+        "--url",
+        &ping_url(&server),
+        "-H",
+        "sleep: 30000",
+        "--rate",
+        "20/s",
+        "--requests",
+        "10",
+        "--timeout",
+        "500ms",
+    ]);
+    assert_eq!(s["latency_timeouts"].as_u64(), Some(10), "{s} {err}");
+    server.wait_metric(sample, |v| v >= 15.0);
+    assert_eq!(close_wait(port), 0);
+}
