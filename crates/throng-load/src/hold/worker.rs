@@ -518,6 +518,7 @@ async fn upgrade(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
     let key = ws::client_key(fastrand::u128(..).to_ne_bytes());
     let mut request = Vec::with_capacity(256);
     ws::write_upgrade_request(&mut request, &target.host_header(port), &target.path, &key);
+    with_extra_head(&mut request, target);
     let bad = |why: String| (Failure::Own(Handshake::BadHandshake), why);
     let answer = |buf: &mut Vec<u8>| match http::parse_response(buf, max_head) {
         Ok(None) => Ok(None),
@@ -532,6 +533,17 @@ async fn upgrade(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
         Err(e) => Err(bad(format!("upgrade: {e}"))),
     };
     start.ask("upgrade", &request, answer).await
+}
+
+/// Puts `target`'s extra head lines (`-H`, `--subprotocol`) before the
+/// blank line that ends `request`'s head (a request without a body).
+fn with_extra_head(request: &mut Vec<u8>, target: &WsTarget) {
+    let extra = target.extra_head();
+    if !extra.is_empty() && request.ends_with(b"\r\n\r\n") {
+        request.truncate(request.len() - 2);
+        request.extend_from_slice(extra.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
 }
 
 /// A Server-Sent Events subscriber's start (through `session` for
@@ -553,6 +565,7 @@ async fn subscribe(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
         ],
         b"",
     );
+    with_extra_head(&mut request, target);
     let bad = |why: String| (Failure::Own(Handshake::BadHandshake), why);
     let answer = |buf: &mut Vec<u8>| match http::parse_response(buf, max_head) {
         Ok(None) => Ok(None),

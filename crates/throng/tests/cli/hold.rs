@@ -335,3 +335,75 @@ fn pings_are_answered_so_the_server_keeps_connections() {
     // Idle timeout is 3 × 300 ms; held 2.5 s: without pongs every one would be closed with 1008.
     assert_eq!(count(&s, &["closed", "clean"]), 200, "{s:#}");
 }
+
+/// A child process killed (by its pid) and reaped when the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tests/peers/push_server.py` with `args`, once it listens: the child and its port.
+fn push_server(args: &[&str]) -> (Killed, u16) {
+    use std::io::BufRead as _;
+    let mut child = throng_testkit::process::command("python3")
+        .arg(throng_testkit::peers::dir().join("push_server.py"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start push_server.py");
+    let mut line = String::new();
+    let out = child.stdout.as_mut().expect("piped stdout");
+    std::io::BufReader::new(out)
+        .read_line(&mut line)
+        .expect("read");
+    let port = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("push_server.py: {line}"));
+    (Killed(child), port)
+}
+
+/// A server that pushes on its root path and wants a token header and a
+/// subprotocol: hold takes `/`, `-H` and `--subprotocol`; without the
+/// header the upgrade is refused.
+#[test]
+fn the_root_path_headers_and_a_subprotocol() {
+    require!(Peer::PythonWebsockets);
+    let (_server, port) = push_server(&[
+        "--need-header",
+        "X-Token: abc",
+        "--subprotocol",
+        "chat",
+        "--timeout",
+        "30",
+    ]);
+    let url = format!("ws://127.0.0.1:{port}/");
+    let (s, code, err) = hold(&[
+        &url,
+        "-c",
+        "3",
+        "--rate",
+        "100/s",
+        "--duration",
+        "1s",
+        "-H",
+        "X-Token: abc",
+        "--subprotocol",
+        "chat",
+    ]);
+    assert_eq!(code, 0, "{s} {err}");
+    assert_eq!(count(&s, &["opened"]), 3, "{s}");
+    assert!(count(&s, &["foreign"]) > 0, "the pushes arrive: {s}");
+    let (s, code, _) = hold(&[&url, "-c", "2", "--rate", "100/s", "--duration", "1s"]);
+    assert_eq!(code, 1, "{s}");
+    assert_eq!(count(&s, &["opened"]), 0, "{s}");
+    // A header with a line break would end the request early: refused.
+    let (_, code, err) = hold(&[&url, "-c", "1", "-H", "X-Bad: a\r\nX-More: b"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("invalid header"), "{err}");
+}
