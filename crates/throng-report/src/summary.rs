@@ -230,6 +230,9 @@ pub fn explain(name: &str) -> Option<&'static str> {
             "a publish call, from its start to the server's answer (throng serve answers once every worker has counted its subscribers, before the writes)"
         }
         "publish.lag" => "how late the publisher sent a message after its scheduled time",
+        "delivery.pushed" => {
+            "a message the server made on its own, from the send time it holds (hold --stamp) to its arrival"
+        }
         "latency" => {
             "a request, from its scheduled start to the end of its response: the generator's lag included; where latency.timeout or latency.error appear, every request (a timed-out one at its timeout, a failed one when it failed)"
         }

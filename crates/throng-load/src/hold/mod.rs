@@ -32,6 +32,7 @@ pub mod recorder;
 pub mod request;
 pub mod sequence;
 mod shared;
+pub mod stamp;
 pub mod summary;
 pub mod supervisor;
 pub mod target;

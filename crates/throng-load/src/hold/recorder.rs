@@ -95,6 +95,9 @@ pub struct HoldRecorder {
     connect_tls: Histogram<u64>,
     connect_upgrade: Histogram<u64>,
     delivery: Histogram<u64>,
+    /// Messages the server made, timed by their own stamp (`--stamp`).
+    pushed: u64,
+    delivery_pushed: Histogram<u64>,
     /// Per message (index: sequence number - 1), over the whole run:
     /// deliveries, their latencies' sum and the largest, µs. 24 bytes a
     /// message; what the worker says at its end ([`Self::messages`]).
@@ -186,6 +189,8 @@ impl HoldRecorder {
             connect_tls: new_histogram(),
             connect_upgrade: new_histogram(),
             delivery: new_histogram(),
+            pushed: 0,
+            delivery_pushed: new_histogram(),
             messages: Vec::new(),
         }
     }
@@ -288,6 +293,13 @@ impl HoldRecorder {
         self.foreign += 1;
     }
 
+    /// A message the server made (not ours) arrived `latency_us` after the
+    /// send time it holds (`--stamp`).
+    pub fn pushed(&mut self, latency_us: u64) {
+        self.pushed += 1;
+        record(&mut self.delivery_pushed, latency_us);
+    }
+
     /// Connections open now.
     pub fn open_now(&self) -> i64 {
         self.open.get()
@@ -316,6 +328,7 @@ impl Recorder for HoldRecorder {
             .count("messages.duplicated", &mut self.duplicated)
             .count("messages.out_of_order", &mut self.out_of_order)
             .count("messages.foreign", &mut self.foreign)
+            .count("messages.pushed", &mut self.pushed)
             .count("bytes.in", &mut self.bytes_in)
             .counts(&mut self.closed)
             .histogram("connect", &mut self.connect)
@@ -325,6 +338,7 @@ impl Recorder for HoldRecorder {
             .histogram("connect.tls", &mut self.connect_tls)
             .histogram("connect.upgrade", &mut self.connect_upgrade)
             .histogram("delivery", &mut self.delivery)
+            .histogram("delivery.pushed", &mut self.delivery_pushed)
             .level("connections.open", &mut self.open)
             .gauge("connections.target", self.target);
         t.into_interval(start_ns, self.length_ns, self.source.clone())

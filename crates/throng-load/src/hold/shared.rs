@@ -42,7 +42,11 @@ impl Shared {
                 let arrival = seq.receive(n, self.first_publish_ns.get());
                 rec.delivered(n, now_ns.saturating_sub(sent_ns) / 1000, arrival);
             }
-            None => rec.foreign(),
+            None => match self.plan.target.stamp.sent_ns(payload) {
+                // A message the server made, timed by its own stamp.
+                Some(sent_ns) => rec.pushed(now_ns.saturating_sub(sent_ns) / 1000),
+                None => rec.foreign(),
+            },
         }
     }
 }

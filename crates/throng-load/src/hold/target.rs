@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+use super::stamp::Stamp;
 use thiserror::Error;
 use throng_client::redis::{RedisUrl, RedisUrlError};
 use throng_client::trust::Trust;
@@ -90,6 +92,10 @@ pub struct WsTarget {
     /// The subprotocol the upgrade asks for (`Sec-WebSocket-Protocol`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subprotocol: Option<String>,
+    /// Where a message the harness did not publish says when it was sent
+    /// (`--stamp`): such messages are timed, not only counted as foreign.
+    #[serde(default)]
+    pub stamp: Stamp,
 }
 
 /// Parses one `-H` header, `Name: value`; refuses a line break anywhere
@@ -209,6 +215,7 @@ impl FromStr for WsTarget {
                 sse: false,
                 headers: Vec::new(),
                 subprotocol: None,
+                stamp: Stamp::Throng,
             });
         }
         let tls = url.starts_with("wss://") || url.starts_with("sses://");
@@ -238,6 +245,7 @@ impl FromStr for WsTarget {
             sse,
             headers: Vec::new(),
             subprotocol: None,
+            stamp: Stamp::Throng,
         })
     }
 }

@@ -11,6 +11,7 @@ use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
 use throng_load::hold::mqtt::MqttOptions;
 use throng_load::hold::request::PublishRequest;
+use throng_load::hold::stamp::Stamp;
 use throng_load::hold::target::{PublishTarget, WsTarget, parse_header, parse_sources};
 use throng_load::hold::{self, Settings};
 use throng_load::pacer::RateSpec;
@@ -63,6 +64,13 @@ pub(crate) struct Args {
     /// The WebSocket subprotocol to ask for (Sec-WebSocket-Protocol).
     #[arg(long, value_name = "NAME")]
     subprotocol: Option<String>,
+
+    /// Where messages the server makes on its own say when they were sent:
+    /// json:FIELD (a JSON object's field), number (a number the message
+    /// starts with), or throng (only throng's own messages; the default).
+    /// A Unix time in s, ms, µs or ns, told by its magnitude.
+    #[arg(long, value_name = "FORMAT", default_value = "throng")]
+    stamp: Stamp,
 
     /// Connections to open and hold.
     #[arg(short = 'c', long, default_value_t = 1000)]
@@ -270,6 +278,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map(|h| parse_header(h))
         .collect::<Result<_, _>>()?;
     target.subprotocol.clone_from(&args.subprotocol);
+    target.stamp = args.stamp.clone();
     let publish_mqtt = args
         .publish
         .as_deref()

@@ -407,3 +407,33 @@ fn the_root_path_headers_and_a_subprotocol() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("invalid header"), "{err}");
 }
+
+/// A server that pushes its own messages, stamped in µs in a JSON field:
+/// `--stamp json:t` times them; without it they are only counted.
+#[test]
+fn server_pushes_are_timed_by_their_own_stamp() {
+    require!(Peer::PythonWebsockets);
+    let (_server, port) = push_server(&["--every", "0.1", "--timeout", "30"]);
+    let url = format!("ws://127.0.0.1:{port}/");
+    let (s, code, err) = hold(&[
+        &url,
+        "-c",
+        "4",
+        "--rate",
+        "100/s",
+        "--duration",
+        "1500ms",
+        "--stamp",
+        "json:t",
+    ]);
+    assert_eq!(code, 0, "{s} {err}");
+    let pushed = count(&s, &["pushed"]);
+    assert!(pushed >= 20, "{s}");
+    assert_eq!(count(&s, &["foreign"]), 0, "{s}");
+    assert_eq!(count(&s, &["pushed_delivery_us", "count"]), pushed, "{s}");
+    // On loopback a push arrives within a second of its stamp.
+    assert!(count(&s, &["pushed_delivery_us", "max"]) < 1_000_000, "{s}");
+    let (_, code, err) = hold(&[&url, "-c", "1", "--stamp", "xml:t"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--stamp"), "{err}");
+}
