@@ -65,6 +65,8 @@ pub enum Closed {
     Tls,
     /// MQTT: no PINGRESP came before the next PINGREQ was due (`closed.keepalive`).
     KeepAlive,
+    /// Nothing at all arrived for `--read-timeout` (`closed.read_timeout`).
+    ReadTimeout,
 }
 
 /// Per-interval counts and histograms of one `hold` worker.
@@ -251,6 +253,7 @@ impl HoldRecorder {
             Closed::CloseTimeout => "closed.timeout".to_owned(),
             Closed::Tls => "closed.tls".to_owned(),
             Closed::KeepAlive => "closed.keepalive".to_owned(),
+            Closed::ReadTimeout => "closed.read_timeout".to_owned(),
         };
         *self.closed.entry(name).or_insert(0) += 1;
     }

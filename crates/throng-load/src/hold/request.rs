@@ -256,10 +256,15 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
     }
     let s = &h.settings;
     out.push(format!(
-        "  timeouts: connect {} ms, handshake {} ms, close {} ms; max message {}; open-file limit {}/process",
+        "  timeouts: connect {} ms, handshake {} ms, close {} ms, read {}; max message {}; open-file limit {}/process",
         s.connect_timeout_ms,
         s.handshake_timeout_ms,
         s.close_timeout_ms,
+        if s.read_timeout_ms > 0 {
+            format!("{} ms", s.read_timeout_ms)
+        } else {
+            "none".to_owned()
+        },
         fmt_size(s.max_message),
         machine.nofile
     ));

@@ -192,6 +192,11 @@ impl Thresholds {
                 s.lost, self.max_lost
             ));
         }
+        if let Some(n) = s.closed.get("read_timeout") {
+            out.push(format!(
+                "{n} held connections received nothing, not even a ping, for --read-timeout"
+            ));
+        }
         let unpublished: u64 = s.publish_errors.values().sum();
         if unpublished > 0 {
             out.push(format!(

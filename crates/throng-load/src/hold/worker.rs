@@ -194,13 +194,27 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
             })
         });
 
+    let read_timeout_ms = ctx.shared.plan.settings.read_timeout_ms;
+    let sweeper = (read_timeout_ms > 0).then(|| {
+        let sweep_ctx = ctx.clone();
+        tokio::task::spawn_local(async move {
+            let half = Duration::from_millis(read_timeout_ms.div_ceil(2));
+            let mut every = tokio::time::interval_at(tokio::time::Instant::now() + half, half);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                sweep_ctx.holder.sweep(&sweep_ctx.shared);
+            }
+        })
+    });
+
     while ctx.shared.live.get() > 0 {
         ctx.shared.live.changed().await;
     }
     ticker.abort();
     holder.abort();
-    if let Some(p) = pinger {
-        p.abort();
+    for task in [pinger, sweeper].into_iter().flatten() {
+        task.abort();
     }
     ctx.ticker.last(&ctx.shared.rec, &ctx.out);
     let messages = ctx.shared.rec.borrow().messages();

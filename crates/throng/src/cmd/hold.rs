@@ -65,6 +65,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NAME")]
     subprotocol: Option<String>,
 
+    /// Fail a held connection that receives nothing, not even a ping, for
+    /// this long (closed.read_timeout; the run exits 1): 30s, 2m. Checked
+    /// every half of it. Default: never.
+    #[arg(long, value_parser = parse_duration)]
+    read_timeout: Option<Duration>,
+
     /// Where messages the server makes on its own say when they were sent:
     /// json:FIELD (a JSON object's field), number (a number the message
     /// starts with), or throng (only throng's own messages; the default).
@@ -295,6 +301,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         handshake_timeout_ms: millis(args.handshake_timeout),
         close_timeout_ms: millis(args.close_timeout),
         max_message: args.max_message,
+        read_timeout_ms: args.read_timeout.map_or(0, millis),
         ..Settings::default()
     };
     let (remote, agents) = args

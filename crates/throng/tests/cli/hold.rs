@@ -437,3 +437,40 @@ fn server_pushes_are_timed_by_their_own_stamp() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--stamp"), "{err}");
 }
+
+/// A server frozen for the whole run (SIGSTOP after the connections are
+/// up) sends nothing, not even a ping: `--read-timeout` fails every held
+/// connection as `read_timeout` and the run exits 1, instead of all "held".
+#[test]
+fn a_frozen_server_fails_the_read_timeout() {
+    let server = serve(&["--workers", "1"]);
+    let url = format!("ws://{}/frozen", server.addr);
+    let pids = server.worker_pids();
+    let run = std::thread::spawn(move || {
+        hold(&[
+            &url,
+            "-c",
+            "3",
+            "--rate",
+            "100/s",
+            "--duration",
+            "3s",
+            "--read-timeout",
+            "1s",
+            "--close-timeout",
+            "500ms",
+        ])
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    for pid in &pids {
+        throng_testkit::process::signal(*pid, "STOP");
+    }
+    let (s, code, err) = run.join().expect("hold thread");
+    for pid in &pids {
+        throng_testkit::process::signal(*pid, "CONT");
+    }
+    assert_eq!(count(&s, &["opened"]), 3, "{s} {err}");
+    assert_eq!(count(&s, &["closed", "read_timeout"]), 3, "{s}");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--read-timeout"), "{err}");
+}
