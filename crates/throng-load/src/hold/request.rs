@@ -123,15 +123,17 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             workers_reason: "on agents".to_owned(),
             sources_reason: "each agent's own".to_owned(),
         },
-        None => plan::fit(
-            &plan::Request {
+        None => {
+            let asked = plan::Request {
                 connections: req.connections,
                 target: req.target.clone(),
                 sources: req.sources.clone(),
                 workers: req.workers,
-            },
-            &machine,
-        )?,
+            };
+            let fit = plan::fit(&asked, &machine)?;
+            plan::check_sources(&asked)?;
+            fit
+        }
     };
     let publish = match &req.publish {
         None => None,

@@ -474,3 +474,62 @@ fn a_frozen_server_fails_the_read_timeout() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("--read-timeout"), "{err}");
 }
+
+/// A dry run tells the truth: a source address not on this host is refused
+/// by binding it (hold and attack, exit 2), and `--workers` is capped by
+/// the connections instead of starting processes with nothing to do.
+#[test]
+fn dry_runs_bind_their_sources_and_cap_their_workers() {
+    let out = crate::throng()
+        .args([
+            "hold",
+            "ws://127.0.0.1:9/c",
+            "-c",
+            "10",
+            "--source-ips",
+            "192.0.2.1",
+            "--dry-run",
+        ])
+        .output()
+        .expect("run throng");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("192.0.2.1 cannot be used here"), "{err}");
+    let out = crate::throng()
+        .args([
+            "attack",
+            "--url",
+            "http://127.0.0.1:9/",
+            "--rate",
+            "10/s",
+            "--requests",
+            "1",
+            "--source-ips",
+            "192.0.2.1",
+            "-q",
+        ])
+        .output()
+        .expect("run throng");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("192.0.2.1 cannot be used here"), "{err}");
+    let out = crate::throng()
+        .args([
+            "hold",
+            "ws://127.0.0.1:9/c",
+            "-c",
+            "1",
+            "-w",
+            "100000",
+            "--dry-run",
+        ])
+        .output()
+        .expect("run throng");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("capped at one per connection"), "{text}");
+}
