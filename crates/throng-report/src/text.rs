@@ -462,14 +462,22 @@ fn render_bench(o: &mut String, b: &BenchSummary) {
         c.ramp_s
     );
     let mem = &b.memory;
-    let _ = writeln!(
-        o,
-        "  memory       per connection ({} open): server {}, harness {}, kernel {} (both sockets)",
-        mem.connections,
-        bytes(mem.server_bytes),
-        bytes(mem.harness_bytes),
-        bytes(mem.kernel_bytes)
-    );
+    if mem.connections < crate::bench::MIN_MEASURED_CONNECTIONS {
+        let _ = writeln!(
+            o,
+            "  memory       per connection: not measured (too few connections: {} open)",
+            mem.connections
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "  memory       per connection ({} open): server {}, harness {}, kernel {} (both sockets)",
+            mem.connections,
+            bytes(mem.server_bytes),
+            bytes(mem.harness_bytes),
+            bytes(mem.kernel_bytes)
+        );
+    }
     let _ = writeln!(
         o,
         "  messages     {} published ({} failed), {} of {} delivered, {} lost, {} duplicated, {} out of order",
