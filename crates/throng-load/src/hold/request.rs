@@ -91,9 +91,43 @@ pub enum HoldError {
     /// `--publish-rate` was a ramp.
     #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp")]
     PublishRamp,
+    /// A limit `throng doctor` checks will stop the run (the same check:
+    /// a dry run that passed would promise what doctor refuses).
+    #[error(
+        "a limit of this machine will stop a run of {connections} connections:\n  {}\n  run 'throng doctor --connections {connections}' for the fixes, or use a smaller --connections",
+        .stops.join("\n  ")
+    )]
+    Limits {
+        /// Connections asked for.
+        connections: u64,
+        /// Each limit that stops it, one line.
+        stops: Vec<String>,
+    },
     /// The machine could not be read, or the workers not found.
     #[error("{0}")]
     Io(#[from] io::Error),
+}
+
+/// The limits `throng doctor` would call STOP for `connections` from
+/// `sources` addresses to `ports` target ports (both ends here when the
+/// target is on loopback), one line each.
+fn doctor_stops(connections: u64, target: &WsTarget, sources: usize) -> Vec<String> {
+    use throng_host::doctor::{self, Role, Status};
+    let role = if target.is_loopback() {
+        Role::Both
+    } else {
+        Role::Client
+    };
+    let plan = doctor::Plan {
+        source_ips: sources.max(1) as u64,
+        target_ports: u64::from(target.port_count()),
+        ..doctor::Plan::new(connections, role)
+    };
+    doctor::check(&plan)
+        .iter()
+        .filter(|f| f.status == Status::Stop)
+        .map(doctor::Finding::line)
+        .collect()
 }
 
 /// A run that fits, ready to start.
@@ -132,6 +166,13 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             };
             let fit = plan::fit(&asked, &machine)?;
             plan::check_sources(&asked)?;
+            let stops = doctor_stops(req.connections, &req.target, fit.sources.len());
+            if !stops.is_empty() {
+                return Err(HoldError::Limits {
+                    connections: req.connections,
+                    stops,
+                });
+            }
             fit
         }
     };

@@ -532,4 +532,19 @@ fn dry_runs_bind_their_sources_and_cap_their_workers() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("capped at one per connection"), "{text}");
+    // What doctor calls STOP, the dry run does not call fitting.
+    let out = crate::throng()
+        .args([
+            "hold",
+            "ws://127.0.0.1:9/c",
+            "-c",
+            "1000000000",
+            "--dry-run",
+        ])
+        .output()
+        .expect("run throng");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("will stop the run"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("fits this machine"));
 }
