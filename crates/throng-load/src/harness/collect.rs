@@ -155,10 +155,13 @@ impl Collector {
         Ok(match record {
             Record::Interval(iv) => {
                 if let Some(slot) = self.latest.get_mut(worker) {
+                    let end = iv.start_ns.saturating_add(iv.length_ns);
                     *slot = Some(Latest {
                         start_ns: iv.start_ns,
                         counters: iv.counters.clone(),
                         gauges: iv.gauges.clone(),
+                        late_ns: throng_host::sample::now_ns().saturating_sub(end),
+                        source: iv.source.clone(),
                     });
                 }
                 if let Some(slot @ None) = self.sources.get_mut(worker) {

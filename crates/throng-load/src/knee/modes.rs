@@ -444,6 +444,8 @@ fn seen(m: &Measured, mut figures: Figures) -> Seen {
     let used = HostUse::over(m);
     figures.generator_cpu = used.busiest_cpu;
     figures.generator_busiest = used.busiest;
+    figures.stall_us = m.stall_ns / 1000;
+    figures.stalled.clone_from(&m.stalled);
     Seen {
         figures,
         started_ns: m.intervals.first().map_or(0, |iv| iv.start_ns),
@@ -557,6 +559,8 @@ mod tests {
             steady_s,
             failed_early: None,
             interrupted: false,
+            stall_ns: 0,
+            stalled: String::new(),
         }
     }
 
