@@ -8,6 +8,7 @@
 //! [`Report::render`] shows it. `bench` checks its plan the same way
 //! before it starts, and prints the findings that are not OK, one line each.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -93,6 +94,11 @@ pub struct Plan {
     /// The source addresses as given (`127.0.0.2-127.0.0.5`), if they were:
     /// the fixes keep them in the commands they print.
     pub source_list: Option<String>,
+    /// The source addresses themselves, when given: each is bound to see
+    /// that it is on this host (a plan from addresses elsewhere fails at
+    /// every connection).
+    #[serde(skip)]
+    pub source_addrs: Vec<IpAddr>,
     /// The target ports as given (`10000-10015`), if they were.
     pub port_list: Option<String>,
     /// The plan is `throng bench`'s: both sides here, on the source
@@ -113,6 +119,7 @@ impl Plan {
             user_bytes_per_socket: DEFAULT_USER_BYTES_PER_SOCKET,
             fd_reserve: DEFAULT_FD_RESERVE,
             source_list: None,
+            source_addrs: Vec::new(),
             port_list: None,
             bench: false,
         }
@@ -1141,6 +1148,36 @@ pub struct Report {
     pub apply: bool,
 }
 
+/// The plan's source addresses that do not bind on this host, as one STOP
+/// finding (`None` when every one binds, or none was given). Bound for
+/// real, not read from /proc: only the kernel knows which address it takes.
+fn sources_here(plan: &Plan) -> Option<Finding> {
+    let bad: Vec<String> = plan
+        .source_addrs
+        .iter()
+        .filter_map(|ip| {
+            std::net::TcpListener::bind((*ip, 0))
+                .err()
+                .map(|e| format!("{ip} ({e})"))
+        })
+        .collect();
+    if bad.is_empty() {
+        return None;
+    }
+    Some(Finding {
+        check: "source addresses".into(),
+        status: Status::Stop,
+        message: format!(
+            "{} cannot be bound on this host: every connection from them would fail",
+            bad.join(", ")
+        ),
+        fixes: Vec::new(),
+        notes: vec![
+            "give --source-ips of this host (ip -brief address), or add each address to an interface first (ip address add ADDR/32 dev lo)".into(),
+        ],
+    })
+}
+
 /// Checks `plan` against the machine under `proc_root`; with `apply`,
 /// writes the sysctl fixes first and checks again.
 pub fn examine(plan: Plan, proc_root: &Path, apply: bool) -> Report {
@@ -1150,6 +1187,7 @@ pub fn examine(plan: Plan, proc_root: &Path, apply: bool) -> Report {
         applied = self::apply(&findings, proc_root);
         findings = check_machine(&plan, &HostLimits::read(proc_root));
     }
+    findings.extend(sources_here(&plan));
     Report {
         stops: findings.iter().filter(|f| f.status == Status::Stop).count(),
         warnings: findings.iter().filter(|f| f.status == Status::Warn).count(),
