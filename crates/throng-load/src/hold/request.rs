@@ -94,7 +94,7 @@ pub enum HoldError {
     /// A limit `throng doctor` checks will stop the run (the same check:
     /// a dry run that passed would promise what doctor refuses).
     #[error(
-        "a limit of this machine will stop a run of {connections} connections:\n  {}\n  run 'throng doctor --connections {connections}' for the fixes, or use a smaller --connections",
+        "a limit of this machine will stop a run of {connections} connections:\n  {}\n  run 'throng doctor --connections {connections} --role client' for the fixes, or use a smaller --connections",
         .stops.join("\n  ")
     )]
     Limits {
@@ -108,20 +108,16 @@ pub enum HoldError {
     Io(#[from] io::Error),
 }
 
-/// The limits `throng doctor` would call STOP for `connections` from
-/// `sources` addresses to `ports` target ports (both ends here when the
-/// target is on loopback), one line each.
+/// The limits `throng doctor --role client` would call STOP for hold's own
+/// side of `connections` from `sources` addresses to the target's ports,
+/// one line each. The client side only: a server on this machine plans its
+/// own sockets (`throng serve`, or doctor's default role, both).
 fn doctor_stops(connections: u64, target: &WsTarget, sources: usize) -> Vec<String> {
     use throng_host::doctor::{self, Role, Status};
-    let role = if target.is_loopback() {
-        Role::Both
-    } else {
-        Role::Client
-    };
     let plan = doctor::Plan {
         source_ips: sources.max(1) as u64,
         target_ports: u64::from(target.port_count()),
-        ..doctor::Plan::new(connections, role)
+        ..doctor::Plan::new(connections, Role::Client)
     };
     doctor::check(&plan)
         .iter()
