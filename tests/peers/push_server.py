@@ -20,6 +20,8 @@ def main():
     p.add_argument("--need-header", default=None)
     p.add_argument("--subprotocol", default=None)
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--skip-every", type=int, default=0,
+                   help="skip one sequence number after every N messages")
     args = p.parse_args()
     asyncio.run(run(args))
 
@@ -39,6 +41,8 @@ async def run(args):
         try:
             while True:
                 seq += 1
+                if args.skip_every and seq % (args.skip_every + 1) == 0:
+                    seq += 1
                 stamp = time.time_ns() // 1000
                 await ws.send(json.dumps({"t": stamp, "seq": seq}))
                 await asyncio.sleep(args.every)

@@ -298,9 +298,17 @@ impl HoldRecorder {
 
     /// A message the server made (not ours) arrived `latency_us` after the
     /// send time it holds (`--stamp`).
-    pub fn pushed(&mut self, latency_us: u64) {
+    /// `arrival`: what its own sequence number meant for its connection
+    /// (gaps are losses, as for ours).
+    pub fn pushed(&mut self, latency_us: u64, arrival: Option<Arrival>) {
         self.pushed += 1;
         record(&mut self.delivery_pushed, latency_us);
+        match arrival {
+            Some(Arrival::Next { lost }) => self.lost += lost,
+            Some(Arrival::Duplicate) => self.duplicated += 1,
+            Some(Arrival::OutOfOrder) => self.out_of_order += 1,
+            None => {}
+        }
     }
 
     /// Connections open now.

@@ -43,6 +43,23 @@ impl std::str::FromStr for Stamp {
 }
 
 impl Stamp {
+    /// The send time `msg` holds (ns since the Unix epoch) and, for a JSON
+    /// message, its `seq` field when it has a whole number there: the
+    /// server's own sequence, whose gaps are losses. `None` for
+    /// [`Stamp::Throng`] or a message without a readable time.
+    pub fn read(&self, msg: &[u8]) -> Option<(u64, Option<u64>)> {
+        if let Self::Json(field) = self {
+            let v: serde_json::Value = serde_json::from_slice(msg).ok()?;
+            let sent = match v.get(field)? {
+                serde_json::Value::Number(n) => unix_ns(&n.to_string()),
+                serde_json::Value::String(s) => unix_ns(s.trim()),
+                _ => None,
+            }?;
+            return Some((sent, v.get("seq").and_then(serde_json::Value::as_u64)));
+        }
+        self.sent_ns(msg).map(|sent| (sent, None))
+    }
+
     /// The send time `msg` holds, ns since the Unix epoch; `None` for
     /// [`Stamp::Throng`] or a message without a readable one.
     pub fn sent_ns(&self, msg: &[u8]) -> Option<u64> {
@@ -135,6 +152,23 @@ mod tests {
         assert_eq!(Stamp::Json("t".into()).sent_ns(b"not json"), None);
         assert_eq!(Stamp::Json("t".into()).sent_ns(br#"{"u":1}"#), None);
         assert_eq!(Stamp::Throng.sent_ns(b"1795320185"), None);
+    }
+
+    #[test]
+    fn a_json_seq_field_comes_with_the_time() {
+        let json = Stamp::Json("t".into());
+        assert_eq!(
+            json.read(br#"{"t":1795320185,"seq":7}"#),
+            Some((1_795_320_185_000_000_000, Some(7)))
+        );
+        assert_eq!(
+            json.read(br#"{"t":1795320185}"#),
+            Some((1_795_320_185_000_000_000, None))
+        );
+        assert_eq!(
+            Stamp::Leading.read(b"1795320185 x"),
+            Some((1_795_320_185_000_000_000, None))
+        );
     }
 
     #[test]

@@ -433,6 +433,9 @@ fn server_pushes_are_timed_by_their_own_stamp() {
     assert_eq!(count(&s, &["pushed_delivery_us", "count"]), pushed, "{s}");
     // On loopback a push arrives within a second of its stamp.
     assert!(count(&s, &["pushed_delivery_us", "max"]) < 1_000_000, "{s}");
+    // The server's own `seq` field: every push, in order, none lost.
+    assert_eq!(count(&s, &["lost"]), 0, "{s}");
+    assert_eq!(count(&s, &["out_of_order"]), 0, "{s}");
     let (_, code, err) = hold(&[&url, "-c", "1", "--stamp", "xml:t"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--stamp"), "{err}");
@@ -547,4 +550,27 @@ fn dry_runs_bind_their_sources_and_cap_their_workers() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("will stop the run"), "{err}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("fits this machine"));
+}
+
+/// A server whose own sequence skips numbers: hold counts the gaps as
+/// losses on each connection, and the run fails --max-lost.
+#[test]
+fn gaps_in_a_servers_own_sequence_are_losses() {
+    require!(Peer::PythonWebsockets);
+    let (_server, port) = push_server(&["--every", "0.05", "--skip-every", "3", "--timeout", "30"]);
+    let url = format!("ws://127.0.0.1:{port}/");
+    let (s, code, err) = hold(&[
+        &url,
+        "-c",
+        "2",
+        "--rate",
+        "100/s",
+        "--duration",
+        "1500ms",
+        "--stamp",
+        "json:t",
+    ]);
+    assert_eq!(code, 1, "{s} {err}");
+    assert!(count(&s, &["lost"]) >= 4, "{s}");
+    assert!(err.contains("lost"), "{err}");
 }
