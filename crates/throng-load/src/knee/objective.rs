@@ -143,7 +143,18 @@ impl Objective {
                     .is_none_or(|d| self.misses(d, "", false).is_empty())
         }) && errors.is_empty()
             && f.lost.zip(self.max_lost).is_none_or(|(l, m)| l <= m);
-        if f.stall_us >= GENERATOR_STALL_US {
+        // A stall explains a miss that is mostly the stall itself (a
+        // subscriber held up 1.5 s reads a delivery 1.46 s late); a target
+        // far slower than any hiccup of a busy machine is still the target's.
+        let worst_p99 = f
+            .delivery
+            .as_ref()
+            .map_or(f.latency.p99, |d| d.p99.max(f.latency.p99));
+        let stall_explains = f.stall_us >= GENERATOR_STALL_US
+            && f.stall_us.saturating_mul(5) >= worst_p99.saturating_mul(4)
+            && errors.is_empty()
+            && f.lost.zip(self.max_lost).is_none_or(|(l, m)| l <= m);
+        if stall_explains {
             let mut why = vec![format!(
                 "a generator worker ({}) was held up {}: what it measured then (deliveries read late) is its own delay, not the target's",
                 f.stalled,
@@ -340,6 +351,10 @@ mod tests {
         );
         // A short hiccup is not a stall: the target is judged.
         f.stall_us = 200_000;
+        assert_eq!(objective().judge(&f).0, Verdict::Fail);
+        // Nor is a stall far shorter than the target's own slowness.
+        f.stall_us = 1_200_000;
+        f.delivery = Some(stats(6_000_000));
         assert_eq!(objective().judge(&f).0, Verdict::Fail);
     }
 
