@@ -48,21 +48,6 @@ impl Stamp {
     /// server's own sequence, whose gaps are losses. `None` for
     /// [`Stamp::Throng`] or a message without a readable time.
     pub fn read(&self, msg: &[u8]) -> Option<(u64, Option<u64>)> {
-        if let Self::Json(field) = self {
-            let v: serde_json::Value = serde_json::from_slice(msg).ok()?;
-            let sent = match v.get(field)? {
-                serde_json::Value::Number(n) => unix_ns(&n.to_string()),
-                serde_json::Value::String(s) => unix_ns(s.trim()),
-                _ => None,
-            }?;
-            return Some((sent, v.get("seq").and_then(serde_json::Value::as_u64)));
-        }
-        self.sent_ns(msg).map(|sent| (sent, None))
-    }
-
-    /// The send time `msg` holds, ns since the Unix epoch; `None` for
-    /// [`Stamp::Throng`] or a message without a readable one.
-    pub fn sent_ns(&self, msg: &[u8]) -> Option<u64> {
         match self {
             Self::Throng => None,
             Self::Leading => {
@@ -71,17 +56,23 @@ impl Stamp {
                 let end = text
                     .find(|c: char| !(c.is_ascii_digit() || c == '.'))
                     .unwrap_or(text.len());
-                unix_ns(&text[..end])
+                Some((unix_ns(&text[..end])?, None))
             }
             Self::Json(field) => {
                 let v: serde_json::Value = serde_json::from_slice(msg).ok()?;
-                match v.get(field)? {
+                let sent = match v.get(field)? {
                     serde_json::Value::Number(n) => unix_ns(&n.to_string()),
                     serde_json::Value::String(s) => unix_ns(s.trim()),
                     _ => None,
-                }
+                }?;
+                Some((sent, v.get("seq").and_then(serde_json::Value::as_u64)))
             }
         }
+    }
+
+    /// The send time `msg` holds, ns since the Unix epoch (see [`Stamp::read`]).
+    pub fn sent_ns(&self, msg: &[u8]) -> Option<u64> {
+        self.read(msg).map(|(sent, _)| sent)
     }
 }
 
