@@ -216,7 +216,12 @@ fn render_latency(o: &mut String, r: &Report, nw: usize) {
             "", "count", "min", "mean", "stddev", "p50", "p75", "p90", "p95", "p99", "p99.9", "max"
         );
         for (name, h) in &r.latency_us {
-            let _ = writeln!(o, "  {:<nw$} {}", name, stats_row(h));
+            if h.count == 0 {
+                // Not a figure of 0 µs: there was nothing to measure.
+                let _ = writeln!(o, "  {:<nw$} {:>9}   no answers", name, 0);
+            } else {
+                let _ = writeln!(o, "  {:<nw$} {}", name, stats_row(h));
+            }
         }
         if let Some(note) = unanswered_note(&r.latency_us) {
             let _ = writeln!(o, "  {note}");

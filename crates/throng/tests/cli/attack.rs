@@ -680,18 +680,23 @@ fn a_frozen_server_shows_its_timeouts_not_zero() {
     for pid in &pids {
         throng_testkit::process::signal(*pid, "STOP");
     }
+    let dir = TempDir::new("attack-frozen");
+    let file = dir.path().join("run.jsonl");
     let out = output_within(
-        throng().args([
-            "attack",
-            "--url",
-            &ping_url(&server),
-            "--rate",
-            "20/s",
-            "--requests",
-            "5",
-            "--timeout",
-            "300ms",
-        ]),
+        throng()
+            .args([
+                "attack",
+                "--url",
+                &ping_url(&server),
+                "--rate",
+                "20/s",
+                "--requests",
+                "5",
+                "--timeout",
+                "300ms",
+                "--output",
+            ])
+            .arg(&file),
         Duration::from_secs(30),
     );
     for pid in &pids {
@@ -707,6 +712,17 @@ fn a_frozen_server_shows_its_timeouts_not_zero() {
     assert!(stdout.contains("5 of 5 timed out"), "{stdout}");
     let service = stdout.lines().find(|l| l.starts_with("Service")).unwrap();
     assert!(service.contains("no answers"), "{stdout}");
+    // The report too: no 0 µs row for what nothing measured.
+    let report =
+        text(&output_within(throng().arg("report").arg(&file), Duration::from_secs(30)).stdout);
+    let answered = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("latency.answered "))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        answered.contains("no answers") && !answered.contains("µs"),
+        "{answered}"
+    );
 }
 
 /// Peaks are tracked at every change: short requests on new connections
