@@ -85,9 +85,11 @@ pub struct PublishRequest {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum HoldError {
-    /// The run does not fit this machine (with the fix).
+    /// The run does not fit this machine (with the fix). Not a `source`:
+    /// its text is in the message, and a chain printed in full would say
+    /// it twice.
     #[error("this run does not fit the machine: {0}")]
-    Plan(#[from] PlanError),
+    Plan(PlanError),
     /// `--publish-rate` was a ramp.
     #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp")]
     PublishRamp,
@@ -124,6 +126,12 @@ fn doctor_stops(connections: u64, target: &WsTarget, sources: usize) -> Vec<Stri
         .filter(|f| f.status == Status::Stop)
         .map(doctor::Finding::line)
         .collect()
+}
+
+impl From<PlanError> for HoldError {
+    fn from(e: PlanError) -> Self {
+        Self::Plan(e)
+    }
 }
 
 /// A run that fits, ready to start.

@@ -498,6 +498,11 @@ fn dry_runs_bind_their_sources_and_cap_their_workers() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("192.0.2.1 cannot be used here"), "{err}");
+    assert_eq!(
+        err.matches("cannot be used here").count(),
+        1,
+        "said once: {err}"
+    );
     let out = crate::throng()
         .args([
             "attack",
