@@ -8,6 +8,7 @@
 //! [`Report::render`] shows it. `bench` checks its plan the same way
 //! before it starts, and prints the findings that are not OK, one line each.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -93,6 +94,11 @@ pub struct Plan {
     /// The source addresses as given (`127.0.0.2-127.0.0.5`), if they were:
     /// the fixes keep them in the commands they print.
     pub source_list: Option<String>,
+    /// The source addresses themselves, when given: each is bound to see
+    /// that it is on this host (a plan from addresses elsewhere fails at
+    /// every connection).
+    #[serde(skip)]
+    pub source_addrs: Vec<IpAddr>,
     /// The target ports as given (`10000-10015`), if they were.
     pub port_list: Option<String>,
     /// The plan is `throng bench`'s: both sides here, on the source
@@ -113,6 +119,7 @@ impl Plan {
             user_bytes_per_socket: DEFAULT_USER_BYTES_PER_SOCKET,
             fd_reserve: DEFAULT_FD_RESERVE,
             source_list: None,
+            source_addrs: Vec::new(),
             port_list: None,
             bench: false,
         }
@@ -296,6 +303,9 @@ pub enum Status {
     Ok,
     /// The run may work but slower, less reliably, or closer to the edge than it should.
     Warn,
+    /// What this checks could not be read here (a /proc that does not
+    /// answer): nothing is known of the limit, so nothing is promised.
+    Unknown,
     /// This will stop the run.
     Stop,
 }
@@ -396,6 +406,7 @@ impl Finding {
         let tag = match self.status {
             Status::Ok => "ok",
             Status::Warn => "warning",
+            Status::Unknown => "unknown",
             Status::Stop => "will stop the run",
         };
         match self.fixes.first() {
@@ -445,7 +456,42 @@ const CHECKS: [fn(&Plan, &HostLimits) -> Option<Finding>; 10] = [
 
 /// Checks `plan` against `m`: one finding per limit, in a fixed order.
 pub fn check_machine(plan: &Plan, m: &HostLimits) -> Vec<Finding> {
-    CHECKS.iter().filter_map(|check| check(plan, m)).collect()
+    let mut findings: Vec<Finding> = CHECKS.iter().filter_map(|check| check(plan, m)).collect();
+    findings.extend(unknowns(plan, m));
+    findings
+}
+
+/// What could not be read of the limits every run meets: each an
+/// `Unknown` finding, so that a machine whose /proc does not answer is not
+/// said to have nothing that will stop a run.
+fn unknowns(plan: &Plan, m: &HostLimits) -> Vec<Finding> {
+    let client = plan.role.has_client();
+    let missing = [
+        (m.file_max.is_none(), "fs.file-max", "/proc/sys/fs/file-max"),
+        (m.nr_open.is_none(), "fs.nr_open", "/proc/sys/fs/nr_open"),
+        (
+            client && m.port_range.is_none(),
+            "ports",
+            "/proc/sys/net/ipv4/ip_local_port_range",
+        ),
+        (
+            m.tcp_mem.is_none(),
+            "net.ipv4.tcp_mem",
+            "/proc/sys/net/ipv4/tcp_mem",
+        ),
+        (m.mem_available.is_none(), "memory", "/proc/meminfo"),
+    ];
+    missing
+        .into_iter()
+        .filter(|(gone, _, _)| *gone)
+        .map(|(_, check, path)| Finding {
+            check: check.to_owned(),
+            status: Status::Unknown,
+            message: format!("unknown: {path} could not be read, so this limit was not checked"),
+            fixes: Vec::new(),
+            notes: Vec::new(),
+        })
+        .collect()
 }
 
 /// Open files per process: throng raises soft to hard itself and spreads
@@ -829,7 +875,7 @@ fn conntrack(plan: &Plan, m: &HostLimits) -> Option<Finding> {
                 "nf_conntrack is loaded with room for {max} entries but tracks nothing now (no firewall rule uses it); \
                  if one appears, connections past {max} are dropped"
             ),
-            Status::Stop => format!(
+            Status::Stop | Status::Unknown => format!(
                 "nf_conntrack is loaded with room for {max} entries ({count} used): past that new connections are dropped \
                  ('nf_conntrack: table full, dropping packet' in dmesg)"
             ),
@@ -1102,6 +1148,36 @@ pub struct Report {
     pub apply: bool,
 }
 
+/// The plan's source addresses that do not bind on this host, as one STOP
+/// finding (`None` when every one binds, or none was given). Bound for
+/// real, not read from /proc: only the kernel knows which address it takes.
+fn sources_here(plan: &Plan) -> Option<Finding> {
+    let bad: Vec<String> = plan
+        .source_addrs
+        .iter()
+        .filter_map(|ip| {
+            std::net::TcpListener::bind((*ip, 0))
+                .err()
+                .map(|e| format!("{ip} ({e})"))
+        })
+        .collect();
+    if bad.is_empty() {
+        return None;
+    }
+    Some(Finding {
+        check: "source addresses".into(),
+        status: Status::Stop,
+        message: format!(
+            "{} cannot be bound on this host: every connection from them would fail",
+            bad.join(", ")
+        ),
+        fixes: Vec::new(),
+        notes: vec![
+            "give --source-ips of this host (ip -brief address), or add each address to an interface first (ip address add ADDR/32 dev lo)".into(),
+        ],
+    })
+}
+
 /// Checks `plan` against the machine under `proc_root`; with `apply`,
 /// writes the sysctl fixes first and checks again.
 pub fn examine(plan: Plan, proc_root: &Path, apply: bool) -> Report {
@@ -1111,6 +1187,7 @@ pub fn examine(plan: Plan, proc_root: &Path, apply: bool) -> Report {
         applied = self::apply(&findings, proc_root);
         findings = check_machine(&plan, &HostLimits::read(proc_root));
     }
+    findings.extend(sources_here(&plan));
     Report {
         stops: findings.iter().filter(|f| f.status == Status::Stop).count(),
         warnings: findings.iter().filter(|f| f.status == Status::Warn).count(),
@@ -1193,6 +1270,7 @@ impl Report {
             let tag = match f.status {
                 Status::Ok => "ok",
                 Status::Warn => "WARN",
+                Status::Unknown => "??",
                 Status::Stop => "STOP",
             };
             let _ = writeln!(o, "  {tag:<5} {:<29} {}", f.check, f.message);
@@ -1206,7 +1284,17 @@ impl Report {
             }
         }
         let _ = writeln!(o);
-        if stops == 0 && warnings == 0 {
+        let unknown = findings
+            .iter()
+            .filter(|f| f.status == Status::Unknown)
+            .count();
+        if stops == 0 && warnings == 0 && unknown > 0 {
+            let _ = writeln!(
+                o,
+                "{unknown} limit(s) unknown: what they check could not be read here, so nothing is promised for a run of {} connections.",
+                plan.connections
+            );
+        } else if stops == 0 && warnings == 0 {
             let _ = writeln!(
                 o,
                 "Nothing here will stop a run of {} connections.",
@@ -1311,6 +1399,20 @@ fn human(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_proc_that_cannot_be_read_is_unknown_not_fine() {
+        let empty =
+            std::env::temp_dir().join(format!("throng-doctor-empty-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let report = examine(Plan::new(1000, Role::Both), &empty, false);
+        let _ = std::fs::remove_dir_all(&empty);
+        assert!(report.findings.iter().any(|f| f.status == Status::Unknown));
+        let text = report.render();
+        assert!(!text.contains("Nothing here will stop"), "{text}");
+        assert!(text.contains("unknown"), "{text}");
+        assert!(text.contains("/proc/meminfo could not be read"), "{text}");
+    }
+
     use super::*;
 
     #[test]

@@ -54,6 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 source: format!("synthetic/hold-{worker}"),
                 counters,
                 gauges: BTreeMap::from([("connections.open".to_owned(), open)]),
+                peaks: BTreeMap::new(),
                 histograms: BTreeMap::from([
                     ("delivery".to_owned(), delivery),
                     ("connect".to_owned(), connect),

@@ -7,6 +7,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Below this many connections open, memory per connection is not
+/// measured: a few hundred connections move RSS and slab by less than their
+/// own noise (a page here, a cache there), so a figure would be a guess.
+pub const MIN_MEASURED_CONNECTIONS: u64 = 1_000;
+
 /// The headline of one bench. Every part reads as empty when missing, so a
 /// record written by a newer throng with more (or fewer) parts still reads.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -53,6 +53,28 @@ pub struct Header {
     /// Every setting of the run that matters, defaults included, as the command saw them.
     #[serde(default)]
     pub settings: serde_json::Value,
+    /// The run's own id ([`run_id`]): what keeps two runs apart whose
+    /// sources share names (two attacks at once on one host both name
+    /// theirs `<host>/attack-0`). Empty in files written before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run: String,
+}
+
+/// What [`Header::kind`] says of a header that names no kind.
+pub const UNKNOWN_KIND: &str = "unknown";
+
+/// This process's run id: its pid and the moment it first asked, so that
+/// every section it writes (a knee's levels, a bench's parts, each agent's
+/// file) is one run, and two runs at once on one host are two.
+pub fn run_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        format!(
+            "{:x}-{:x}",
+            std::process::id(),
+            throng_host::sample::now_ns()
+        )
+    })
 }
 
 impl Header {
@@ -68,7 +90,23 @@ impl Header {
             host: throng_host::sample::hostname(),
             command,
             settings,
+            run: run_id().to_owned(),
         }
+    }
+
+    /// What kind of run wrote the section: `settings.subcommand` (`hold`,
+    /// `attack`, `bench`, `knee`), else the command's subcommand, else
+    /// `"unknown"`.
+    pub fn kind(&self) -> String {
+        if let Some(k) = self.settings.get("subcommand").and_then(|v| v.as_str()) {
+            return k.to_owned();
+        }
+        self.command
+            .iter()
+            .skip(1)
+            .find(|a| !a.starts_with('-'))
+            .cloned()
+            .unwrap_or_else(|| UNKNOWN_KIND.to_owned())
     }
 }
 
@@ -153,6 +191,8 @@ struct IntervalOut<'a> {
     source: &'a str,
     counters: &'a BTreeMap<String, u64>,
     gauges: &'a BTreeMap<String, i64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    peaks: &'a BTreeMap<String, i64>,
     histograms: BTreeMap<&'a str, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     host: Option<&'a HostSample>,
@@ -184,6 +224,8 @@ struct IntervalIn {
     #[serde(default)]
     gauges: BTreeMap<String, i64>,
     #[serde(default)]
+    peaks: BTreeMap<String, i64>,
+    #[serde(default)]
     histograms: BTreeMap<String, String>,
     #[serde(default)]
     host: Option<HostSample>,
@@ -213,6 +255,7 @@ pub fn encode_interval(interval: &Interval) -> String {
         source: &interval.source,
         counters: &interval.counters,
         gauges: &interval.gauges,
+        peaks: &interval.peaks,
         histograms: interval
             .histograms
             .iter()
@@ -372,6 +415,7 @@ pub fn decode_record(line: &str) -> Result<Record, FormatError> {
                 source: raw.source,
                 counters: raw.counters,
                 gauges: raw.gauges,
+                peaks: raw.peaks,
                 histograms,
                 host: raw.host,
             }))
@@ -774,8 +818,8 @@ pub struct FileSummary {
     pub damage: Option<Damage>,
 }
 
-/// Reads every file in turn, handing each record (with the index of its file)
-/// to `visit`. A file that is not a result file stops everything with an
+/// Reads every file in turn, handing its header and then each record (with
+/// the index of its file) to `visit`. A file that is not a result file stops everything with an
 /// error; damage stops only that file and is reported in its summary.
 pub fn read_files<P: AsRef<Path>>(
     paths: &[P],
@@ -784,6 +828,8 @@ pub fn read_files<P: AsRef<Path>>(
     let mut summaries = Vec::with_capacity(paths.len());
     for (i, path) in paths.iter().enumerate() {
         let mut reader = Reader::open(path)?;
+        // The first header too: what follows is its run's.
+        visit(i, Record::Header(reader.header.clone()));
         for record in reader.by_ref() {
             visit(i, record);
         }
@@ -847,6 +893,7 @@ mod tests {
                 ("messages.lost".to_owned(), 0),
             ]),
             gauges: BTreeMap::from([("connections.open".to_owned(), -3)]),
+            peaks: BTreeMap::new(),
             histograms: BTreeMap::from([("delivery".to_owned(), h)]),
             host: Some(HostSample {
                 host: "box1".to_owned(),
@@ -975,6 +1022,7 @@ mod tests {
                 source: "s".to_owned(),
                 counters: BTreeMap::new(),
                 gauges: BTreeMap::new(),
+                peaks: BTreeMap::new(),
                 histograms: BTreeMap::from([("h".to_owned(), h)]),
                 host: None,
             });

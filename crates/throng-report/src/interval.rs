@@ -19,6 +19,46 @@ pub fn new_histogram() -> Histogram<u64> {
         .expect("valid histogram bounds")
 }
 
+/// The histograms of requests that got no answer, beside `latency` (the
+/// answered ones): a timed-out request at the time it was given up (its
+/// timeout, from its scheduled start), another failure at the time it
+/// failed. Kept apart so that a file written before them still reads as
+/// it was: there `latency` held the answered requests only.
+pub const UNANSWERED: [&str; 2] = ["latency.timeout", "latency.error"];
+
+/// The latency of every request: `latency` plus [`UNANSWERED`], or `None`
+/// when `histograms` holds no unanswered part (an older file, or every
+/// request answered: then `latency` is already every request).
+pub fn every_request(histograms: &BTreeMap<String, Histogram<u64>>) -> Option<Histogram<u64>> {
+    if !UNANSWERED.iter().any(|n| histograms.contains_key(*n)) {
+        return None;
+    }
+    let mut all = new_histogram();
+    for name in std::iter::once("latency").chain(UNANSWERED) {
+        if let Some(h) = histograms.get(name) {
+            // Same shape everywhere: adding is exact and cannot overflow.
+            let _ = all.add(h);
+        }
+    }
+    Some(all)
+}
+
+/// The statistics of every histogram in `histograms`, with `latency` made
+/// the latency of every request ([`every_request`]) and the answered ones
+/// alone kept as `latency.answered`, when there were unanswered ones.
+pub fn latency_table(histograms: &BTreeMap<String, Histogram<u64>>) -> BTreeMap<String, HistStats> {
+    let mut table: BTreeMap<String, HistStats> = histograms
+        .iter()
+        .map(|(k, h)| (k.clone(), HistStats::of(h)))
+        .collect();
+    if let Some(all) = every_request(histograms) {
+        let answered = table.remove("latency").unwrap_or_default();
+        table.insert("latency.answered".to_owned(), answered);
+        table.insert("latency".to_owned(), HistStats::of(&all));
+    }
+    table
+}
+
 /// What one source (a worker process) recorded in one interval.
 ///
 /// Intervals are aligned on wall-clock time (`start_ns` a multiple of
@@ -38,6 +78,12 @@ pub struct Interval {
     pub counters: BTreeMap<String, u64>,
     /// Levels at the interval's end, by name (`connections.open`); summed across sources.
     pub gauges: BTreeMap<String, i64>,
+    /// The highest each level reached during the interval (tracked at every
+    /// change, not sampled). A gauge missing here peaked at its end value (an
+    /// older file, or a level no one tracks); see [`Interval::peak`]. Summed
+    /// across sources, this is an upper bound of the sum's own peak (the
+    /// sources need not peak at the same moment); for one source it is exact.
+    pub peaks: BTreeMap<String, i64>,
     /// Latencies in µs recorded during this interval, by name
     /// (`connect`, `delivery`, `latency`, `service`).
     pub histograms: BTreeMap<String, Histogram<u64>>,
@@ -54,14 +100,40 @@ impl Interval {
             source,
             counters: BTreeMap::new(),
             gauges: BTreeMap::new(),
+            peaks: BTreeMap::new(),
             histograms: BTreeMap::new(),
             host: None,
         }
     }
 
-    /// Adds `other` into this one, as merging does: counters, gauges and
-    /// histograms add; the time, source and host sample stay this one's.
+    /// The highest gauge `name` reached during the interval: its tracked
+    /// peak, never below its end value (0 when it was not set).
+    pub fn peak(&self, name: &str) -> i64 {
+        match (self.peaks.get(name), self.gauges.get(name)) {
+            (Some(p), Some(g)) => (*p).max(*g),
+            (Some(v), None) | (None, Some(v)) => *v,
+            (None, None) => 0,
+        }
+    }
+
+    /// Every gauge's [`Interval::peak`], by name.
+    pub fn all_peaks(&self) -> BTreeMap<String, i64> {
+        self.gauges
+            .keys()
+            .chain(self.peaks.keys())
+            .map(|k| (k.clone(), self.peak(k)))
+            .collect()
+    }
+
+    /// Adds `other` into this one, as merging does: counters, gauges,
+    /// peaks (each side's [`Interval::peak`]) and histograms add; the time,
+    /// source and host sample stay this one's.
     pub fn add(&mut self, other: &Self) {
+        let mut peaks = self.all_peaks();
+        for (k, v) in other.all_peaks() {
+            *peaks.entry(k).or_insert(0) += v;
+        }
+        self.peaks = peaks;
         for (k, v) in &other.counters {
             *self.counters.entry(k.clone()).or_insert(0) += v;
         }
@@ -96,6 +168,12 @@ impl Interval {
     /// Gauge `name`, 0 when it was not set.
     pub fn gauge(&self, name: &str) -> i64 {
         self.gauges.get(name).copied().unwrap_or(0)
+    }
+
+    /// The latency of every request ([`every_request`]): `latency` with the
+    /// timed-out and failed ones.
+    pub fn every_request_stats(&self) -> HistStats {
+        every_request(&self.histograms).map_or_else(|| self.stats("latency"), |h| HistStats::of(&h))
     }
 
     /// The latency summary of histogram `name` (all zero when it is missing).
@@ -177,5 +255,65 @@ mod tests {
         assert_eq!(a.stats("connect").count, 2);
         assert_eq!(a.stats("missing").count, 0);
         assert_eq!(a.source, "h/hold");
+    }
+
+    #[test]
+    fn peaks_default_to_the_end_level_and_add() {
+        let mut a = Interval::empty(0, 1, "h/attack-0".into());
+        a.gauges.insert("requests.in_flight".into(), 0);
+        a.peaks.insert("requests.in_flight".into(), 4);
+        let mut b = Interval::empty(0, 1, "h/attack-1".into());
+        // An older record: no peaks, its end level is all that is known.
+        b.gauges.insert("requests.in_flight".into(), 2);
+        assert_eq!(a.peak("requests.in_flight"), 4);
+        assert_eq!(b.peak("requests.in_flight"), 2);
+        a.add(&b);
+        assert_eq!(a.gauge("requests.in_flight"), 2);
+        assert_eq!(a.peak("requests.in_flight"), 6);
+        assert_eq!(a.peak("missing"), 0);
+    }
+
+    fn hist(values: &[u64]) -> Histogram<u64> {
+        let mut h = new_histogram();
+        for v in values {
+            h.record(*v).unwrap();
+        }
+        h
+    }
+
+    #[test]
+    fn every_request_counts_timeouts_at_their_timeout() {
+        let mut iv = Interval::empty(0, 1, "h/attack-0".into());
+        iv.histograms.insert("latency".into(), hist(&[500; 50]));
+        iv.histograms
+            .insert("latency.timeout".into(), hist(&[2_000_000; 50]));
+        let all = iv.every_request_stats();
+        assert_eq!(all.count, 100);
+        assert!(all.p99 >= 1_990_000, "{all:?}");
+        let table = latency_table(&iv.histograms);
+        assert_eq!(table["latency"].count, 100);
+        assert_eq!(table["latency.answered"].count, 50);
+        assert_eq!(table["latency.timeout"].count, 50);
+    }
+
+    #[test]
+    fn an_older_file_reads_as_it_was() {
+        let mut iv = Interval::empty(0, 1, "h/attack-0".into());
+        iv.histograms.insert("latency".into(), hist(&[500, 700]));
+        assert!(every_request(&iv.histograms).is_none());
+        assert_eq!(iv.every_request_stats().count, 2);
+        let table = latency_table(&iv.histograms);
+        assert_eq!(table.len(), 1);
+        assert_eq!(table["latency"].count, 2);
+    }
+
+    #[test]
+    fn nothing_answered_is_every_request_unanswered() {
+        let mut iv = Interval::empty(0, 1, "h/attack-0".into());
+        iv.histograms
+            .insert("latency.timeout".into(), hist(&[500_000; 3]));
+        let table = latency_table(&iv.histograms);
+        assert_eq!(table["latency"].count, 3);
+        assert_eq!(table["latency.answered"].count, 0);
     }
 }

@@ -156,6 +156,9 @@ pub struct Bucket {
     pub histograms: BTreeMap<String, SparseHistogram>,
     /// Each source's latest gauges in the bucket: source → (interval start, gauges).
     pub gauges_by_source: BTreeMap<String, (u64, BTreeMap<String, i64>)>,
+    /// Each source's highest peak of each gauge over its intervals in the
+    /// bucket (exact per source: its own tracked maximum).
+    pub peaks_by_source: BTreeMap<String, BTreeMap<String, i64>>,
     /// Each host's latest sample in the bucket.
     pub hosts: BTreeMap<String, HostSample>,
     /// Intervals merged into it.
@@ -170,8 +173,18 @@ impl Bucket {
             counters: BTreeMap::new(),
             histograms: BTreeMap::new(),
             gauges_by_source: BTreeMap::new(),
+            peaks_by_source: BTreeMap::new(),
             hosts: BTreeMap::new(),
             intervals: 0,
+        }
+    }
+
+    /// Keeps `source`'s peaks `peaks` where they are higher than its own so far.
+    fn note_peaks(&mut self, source: &str, peaks: BTreeMap<String, i64>) {
+        let mine = self.peaks_by_source.entry(source.to_owned()).or_default();
+        for (name, v) in peaks {
+            let p = mine.entry(name).or_insert(v);
+            *p = (*p).max(v);
         }
     }
 
@@ -194,6 +207,9 @@ impl Bucket {
                 }
             }
         }
+        for (source, peaks) in other.peaks_by_source {
+            self.note_peaks(&source, peaks);
+        }
         for (host, sample) in other.hosts {
             match self.hosts.get_mut(&host) {
                 Some(kept) if kept.at_ns >= sample.at_ns => {}
@@ -203,6 +219,24 @@ impl Bucket {
                 }
             }
         }
+    }
+
+    /// The peak of each gauge in the bucket, as honest as the records
+    /// allow: each source's own peak (exact: tracked at every change; its
+    /// level where it has no record in the bucket), summed over sources.
+    /// For one source this is exact; for several it is an upper bound of
+    /// the sum's true peak (they need not peak at the same moment), and
+    /// never below the summed level at the bucket's end ([`Bucket::gauges`]).
+    pub fn peaks(&self) -> BTreeMap<String, i64> {
+        let mut sum = BTreeMap::new();
+        for (source, (_, gauges)) in &self.gauges_by_source {
+            let peaks = self.peaks_by_source.get(source);
+            for (name, v) in gauges {
+                let p = peaks.and_then(|p| p.get(name)).map_or(*v, |p| (*p).max(*v));
+                *sum.entry(name.clone()).or_insert(0i64) += p;
+            }
+        }
+        sum
     }
 
     /// Gauges summed across sources.
@@ -263,6 +297,12 @@ pub struct Merger {
     merged: Merged,
     /// Live merging: what has been flushed.
     live: Option<Live>,
+    /// Every run id seen in headers, in order (empty: a file from before
+    /// run ids, which merges by source name as it always did).
+    runs: Vec<String>,
+    /// What the current run's sources get appended, to keep them apart from
+    /// another run's of the same name: empty for the first run.
+    run_tag: String,
 }
 
 /// What a live merger keeps besides its open buckets.
@@ -321,7 +361,28 @@ impl Merger {
                 duplicates: 0,
             },
             live: None,
+            runs: Vec::new(),
+            run_tag: String::new(),
         }
+    }
+
+    /// The records that follow are `run`'s (a header's run id): the first
+    /// run's sources keep their names, a later one's get ` (run N)`, so two
+    /// runs whose sources share names (two attacks at once on one host)
+    /// merge as two: every interval counted, levels summed over both.
+    fn start_run(&mut self, run: &str) {
+        let n = match self.runs.iter().position(|r| r == run) {
+            Some(n) => n,
+            None => {
+                self.runs.push(run.to_owned());
+                self.runs.len() - 1
+            }
+        };
+        self.run_tag = if n == 0 || run.is_empty() {
+            String::new()
+        } else {
+            format!(" (run {})", n + 1)
+        };
     }
 
     /// A live merger: intervals of `length_ns` are flushed one by one as
@@ -394,8 +455,11 @@ impl Merger {
         for (source, (at, gauges)) in &bucket.gauges_by_source {
             live.levels.note(source, *at, gauges);
         }
+        // Late records (`again`) bring their own peaks, beside every other
+        // source's level as last known; their levels only update `levels`.
+        live.levels.fill(&mut bucket.gauges_by_source, |_| true);
+        interval.peaks = bucket.peaks();
         if !again {
-            live.levels.fill(&mut bucket.gauges_by_source, |_| true);
             interval.gauges = bucket.gauges();
             live.flushed_to = start;
         }
@@ -430,7 +494,7 @@ impl Merger {
         self
     }
 
-    /// Merges one record of a result file; headers are ignored here.
+    /// Merges one record of a result file; a header says whose run follows.
     pub fn add(&mut self, record: &Record) {
         match record {
             Record::Interval(iv) => {
@@ -441,7 +505,8 @@ impl Merger {
             Record::Bench(b) if !self.merged.benches.contains(b) => {
                 self.merged.benches.push(b.clone());
             }
-            Record::Bench(_) | Record::Header(_) | Record::Unknown(_) => {}
+            Record::Header(h) => self.start_run(&h.run),
+            Record::Bench(_) | Record::Unknown(_) => {}
         }
     }
 
@@ -469,6 +534,11 @@ impl Merger {
     /// Merges one interval; returns false (and merges nothing) if an interval
     /// of the same source and start was merged already.
     pub fn add_interval(&mut self, iv: &Interval) -> bool {
+        let source = if self.run_tag.is_empty() {
+            iv.source.clone()
+        } else {
+            format!("{}{}", iv.source, self.run_tag)
+        };
         let start = iv.start_ns - iv.start_ns % self.width_ns;
         let new = match self.live.as_mut() {
             // Live, a bucket is one interval (the width is the interval's
@@ -477,8 +547,8 @@ impl Merger {
                 .reported
                 .entry(start)
                 .or_default()
-                .insert(iv.source.clone()),
-            None => self.seen.insert((iv.source.clone(), iv.start_ns)),
+                .insert(source.clone()),
+            None => self.seen.insert((source.clone(), iv.start_ns)),
         };
         if !new {
             self.merged.duplicates += 1;
@@ -486,8 +556,8 @@ impl Merger {
         }
         let m = &mut self.merged;
         m.intervals += 1;
-        if !m.sources.contains(&iv.source) {
-            m.sources.insert(iv.source.clone());
+        if !m.sources.contains(&source) {
+            m.sources.insert(source.clone());
         }
         let bucket = self
             .buckets
@@ -513,13 +583,14 @@ impl Merger {
             }
         }
         if !iv.gauges.is_empty() {
-            match bucket.gauges_by_source.get_mut(&iv.source) {
+            bucket.note_peaks(&source, iv.all_peaks());
+            match bucket.gauges_by_source.get_mut(&source) {
                 Some((at, _)) if *at > iv.start_ns => {}
                 Some(slot) => *slot = (iv.start_ns, iv.gauges.clone()),
                 None => {
                     bucket
                         .gauges_by_source
-                        .insert(iv.source.clone(), (iv.start_ns, iv.gauges.clone()));
+                        .insert(source, (iv.start_ns, iv.gauges.clone()));
                 }
             }
         }
@@ -581,6 +652,36 @@ pub fn merge_files<P: AsRef<std::path::Path>>(
     let files = merge_files_into(paths, &mut mergers)?;
     let [merger] = mergers;
     Ok((merger.finish(), files))
+}
+
+/// The files grouped by the kind of run that wrote them (its header's
+/// [`Header::kind`](crate::format::Header::kind): `hold`, `attack`,
+/// `bench`, `knee`), kinds in the order first seen. Runs of different
+/// kinds do not add up (a hold's histograms and an attack's are different
+/// things), so a report of more than one group shows each apart.
+pub fn group_by_kind<P: AsRef<std::path::Path>>(
+    paths: &[P],
+) -> Result<Vec<(String, Vec<std::path::PathBuf>)>, crate::format::ReadError> {
+    let mut groups: Vec<(String, Vec<std::path::PathBuf>)> = Vec::new();
+    for path in paths {
+        let kind = crate::format::Reader::open(path)?.header().kind();
+        let path = path.as_ref().to_path_buf();
+        match groups.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, files)) => files.push(path),
+            None => groups.push((kind, vec![path])),
+        }
+    }
+    // A file that does not say its kind (a header without a command or
+    // settings) goes with the others rather than make a kind of its own.
+    if groups.len() > 1
+        && let Some(i) = groups
+            .iter()
+            .position(|(k, _)| k == crate::format::UNKNOWN_KIND)
+    {
+        let (_, files) = groups.remove(i);
+        groups[0].1.extend(files);
+    }
+    Ok(groups)
 }
 
 /// Reads the files once, feeding every record to each merger (say, one for
@@ -681,6 +782,7 @@ mod tests {
             source: source.to_owned(),
             counters: BTreeMap::from([("messages.received".to_owned(), values.len() as u64)]),
             gauges: BTreeMap::from([("connections.open".to_owned(), open)]),
+            peaks: BTreeMap::new(),
             histograms: BTreeMap::from([("delivery".to_owned(), h)]),
             host: None,
         }
@@ -891,5 +993,108 @@ mod tests {
         let f = m.flush(2_000_000_000, None).unwrap();
         assert_eq!(f.interval.gauge("connections.open"), 10 + 7);
         assert_eq!(m.into_total().unwrap().counter("messages.received"), 3);
+    }
+
+    fn peaked(source: &str, second: u64, open: i64, peak: i64) -> Interval {
+        let mut i = iv(source, second, open, &[]);
+        i.peaks.insert("connections.open".to_owned(), peak);
+        i
+    }
+
+    #[test]
+    fn peaks_are_each_sources_own_summed_and_never_below_the_level() {
+        let mut m = Merger::new(1_000_000_000);
+        // One source rose to 40 and fell to 0 within second 1.
+        m.add_interval(&peaked("a/attack-0", 1, 0, 40));
+        // Another has no peaks (an older file): its level is its peak.
+        m.add_interval(&iv("a/attack-1", 1, 5, &[]));
+        m.add_interval(&peaked("a/attack-0", 2, 3, 9));
+        let merged = m.finish();
+        let peaks: Vec<i64> = merged
+            .buckets
+            .iter()
+            .map(|b| b.peaks()["connections.open"])
+            .collect();
+        // attack-1 ended after second 1: no level of it carried into second 2.
+        assert_eq!(peaks, [45, 9]);
+        assert_eq!(merged.buckets[0].gauges()["connections.open"], 5);
+    }
+
+    #[test]
+    fn a_wide_bucket_keeps_each_sources_highest_peak() {
+        let mut wide = Merger::new(10_000_000_000);
+        for s in 0..10 {
+            wide.add_interval(&peaked(
+                "a/attack-0",
+                100 + s,
+                1,
+                if s == 3 { 50 } else { 2 },
+            ));
+        }
+        let merged = wide.finish();
+        assert_eq!(merged.buckets[0].peaks()["connections.open"], 50);
+        assert_eq!(merged.buckets[0].gauges()["connections.open"], 1);
+        // Coarsening keeps it too.
+        let mut bounded = Merger::new(1_000_000_000).with_max_buckets(2);
+        for s in 0..10 {
+            bounded.add_interval(&peaked(
+                "a/attack-0",
+                100 + s,
+                1,
+                if s == 3 { 50 } else { 2 },
+            ));
+        }
+        let merged = bounded.finish();
+        let top = merged
+            .buckets
+            .iter()
+            .map(|b| b.peaks()["connections.open"])
+            .max();
+        assert_eq!(top, Some(50));
+    }
+
+    #[test]
+    fn live_peaks_are_flushed_and_a_late_records_peak_still_counts() {
+        let mut m = Merger::live("a/attack".into(), 0, 1_000_000_000);
+        m.add_interval(&peaked("a/attack-0", 1, 0, 12));
+        m.add_interval(&peaked("a/attack-1", 1, 1, 3));
+        let f = m.flush(1_000_000_000, None).unwrap();
+        assert_eq!(f.interval.gauge("connections.open"), 1);
+        assert_eq!(f.interval.peak("connections.open"), 15);
+        // attack-0 reports second 2 in time; attack-1's record of it is late.
+        m.add_interval(&peaked("a/attack-0", 2, 0, 2));
+        let f = m.flush(2_000_000_000, None).unwrap();
+        assert_eq!(
+            f.interval.peak("connections.open"),
+            2 + 1,
+            "attack-1 at its level"
+        );
+        m.add_interval(&peaked("a/attack-1", 2, 0, 30));
+        let late = m.flush(2_000_000_000, None).unwrap();
+        assert!(late.again);
+        assert!(late.interval.gauges.is_empty());
+        // Its own peak, beside attack-0's level as last known.
+        assert_eq!(late.interval.peak("connections.open"), 30);
+    }
+
+    #[test]
+    fn two_runs_whose_sources_share_names_merge_as_two() {
+        let header = |run: &str| {
+            let mut h = crate::format::Header::new(vec![], serde_json::json!({}));
+            h.run = run.to_owned();
+            Record::Header(h)
+        };
+        let mut m = Merger::new(1_000_000_000);
+        for run in ["a", "b", "a"] {
+            m.add(&header(run));
+            // The same source and second in both runs; run a's given twice.
+            m.add(&Record::Interval(iv("h/attack-0", 1, 3, &[5])));
+        }
+        let merged = m.finish();
+        assert_eq!(merged.counters["messages.received"], 2);
+        assert_eq!(merged.duplicates, 1);
+        assert_eq!(merged.buckets[0].gauges()["connections.open"], 6);
+        let sources: Vec<&String> = merged.sources.iter().collect();
+        assert_eq!(sources, ["h/attack-0", "h/attack-0 (run 2)"]);
     }
 }

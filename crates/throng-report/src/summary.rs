@@ -10,8 +10,9 @@ use crate::bench::BenchSummary;
 use crate::format::{Event, FileSummary, rfc3339};
 // Re-exported: a report's figures are read with it (`throng_report::summary::HistStats`).
 pub use crate::interval::HistStats;
-use crate::interval::new_histogram;
+use crate::interval::{latency_table, new_histogram};
 use crate::merge::{Bucket, Merged};
+use hdrhistogram::Histogram;
 
 /// A counter over the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -29,10 +30,16 @@ pub struct CounterSummary {
 pub struct GaugeSummary {
     /// In the last bucket.
     pub last: i64,
-    /// Highest in any bucket.
+    /// Highest at any bucket's end.
     pub max: i64,
-    /// Lowest in any bucket.
+    /// Lowest at any bucket's end.
     pub min: i64,
+    /// Highest reached at any moment ([`Bucket::peaks`]): tracked at every
+    /// change by each source, so a level that rose and fell between two
+    /// bucket ends counts. Exact for one source; over several, the highest
+    /// bucket's sum of each source's own peak, an upper bound of the
+    /// sum's true peak (never below `max`).
+    pub peak: i64,
 }
 
 /// Host figures at one bucket, summed over hosts (each host once).
@@ -223,8 +230,18 @@ pub fn explain(name: &str) -> Option<&'static str> {
             "a publish call, from its start to the server's answer (throng serve answers once every worker has counted its subscribers, before the writes)"
         }
         "publish.lag" => "how late the publisher sent a message after its scheduled time",
+        "delivery.pushed" => {
+            "a message the server made on its own, from the send time it holds (hold --stamp) to its arrival"
+        }
         "latency" => {
-            "a request, from its scheduled start to the end of its response: the generator's lag included"
+            "a request, from its scheduled start to the end of its response: the generator's lag included; where latency.timeout or latency.error appear, every request (a timed-out one at its timeout, a failed one when it failed)"
+        }
+        "latency.answered" => "latency of the requests that got a whole response, alone",
+        "latency.timeout" => {
+            "a request that got no answer within --timeout, counted at the time it was given up"
+        }
+        "latency.error" => {
+            "a request that failed (refused, reset, ...), counted at the time it failed"
         }
         "service" => "a request, from its actual start to the end of its response",
         "lag" => "how late the generator started a request after its scheduled time",
@@ -294,11 +311,7 @@ impl Report {
             errors,
             losses,
             gauges,
-            latency_us: merged
-                .histograms
-                .iter()
-                .map(|(k, h)| (k.clone(), HistStats::of(h)))
-                .collect(),
+            latency_us: latency_table(&merged.histograms),
             host,
             event_kinds: merged.event_kinds.clone(),
             events: merged.events.clone(),
@@ -345,18 +358,22 @@ fn counter_summaries(merged: &Merged, duration_s: f64) -> BTreeMap<String, Count
 fn gauge_summaries(buckets: &[Bucket]) -> BTreeMap<String, GaugeSummary> {
     let mut gauges: BTreeMap<String, GaugeSummary> = BTreeMap::new();
     for b in buckets {
+        let peaks = b.peaks();
         for (name, v) in b.gauges() {
+            let peak = peaks.get(&name).copied().unwrap_or(v).max(v);
             gauges
                 .entry(name)
                 .and_modify(|g| {
                     g.last = v;
                     g.max = g.max.max(v);
                     g.min = g.min.min(v);
+                    g.peak = g.peak.max(peak);
                 })
                 .or_insert(GaugeSummary {
                     last: v,
                     max: v,
                     min: v,
+                    peak,
                 });
         }
     }
@@ -369,25 +386,28 @@ fn series_points(
     host_points: &[Option<HostPoint>],
     start_ns: u64,
 ) -> Vec<SeriesPoint> {
-    let mut scratch = new_histogram();
     buckets
         .iter()
         .zip(host_points)
-        .map(|(b, hp)| SeriesPoint {
-            start_ns: b.start_ns,
-            t_s: (b.start_ns - start_ns) as f64 / 1e9,
-            length_s: b.length_ns as f64 / 1e9,
-            counters: b.counters.clone(),
-            gauges: b.gauges(),
-            histograms: b
+        .map(|(b, hp)| {
+            let filled: BTreeMap<String, Histogram<u64>> = b
                 .histograms
                 .iter()
                 .map(|(name, s)| {
-                    s.fill(&mut scratch);
-                    (name.clone(), HistStats::of(&scratch))
+                    let mut h = new_histogram();
+                    s.fill(&mut h);
+                    (name.clone(), h)
                 })
-                .collect(),
-            host: hp.clone(),
+                .collect();
+            SeriesPoint {
+                start_ns: b.start_ns,
+                t_s: (b.start_ns - start_ns) as f64 / 1e9,
+                length_s: b.length_ns as f64 / 1e9,
+                counters: b.counters.clone(),
+                gauges: b.gauges(),
+                histograms: latency_table(&filled),
+                host: hp.clone(),
+            }
         })
         .collect()
 }
@@ -408,7 +428,12 @@ impl FileInfo {
 
 /// Host figures of each bucket (`None` where no host sample was taken).
 pub fn host_points(buckets: &[Bucket]) -> Vec<Option<HostPoint>> {
-    let mut previous: BTreeMap<&str, &HostSample> = BTreeMap::new();
+    // Each host's last sample, and the one before it: a sample that comes
+    // less than half a bucket after the last (a run's final sample, taken
+    // as it ends) is not a span of its own, whose rate over a few ms would
+    // read as a busiest second: its tail is merged into the span before,
+    // and the rate taken over both.
+    let mut previous: BTreeMap<&str, (Option<&HostSample>, &HostSample)> = BTreeMap::new();
     let mut points = Vec::with_capacity(buckets.len());
     for b in buckets {
         if b.hosts.is_empty() {
@@ -426,15 +451,21 @@ pub fn host_points(buckets: &[Bucket]) -> Vec<Option<HostPoint>> {
             p.mem_available_bytes += s.mem_available_bytes;
             p.mem_slab_bytes += s.mem_slab_bytes;
             p.rss_bytes += s.rss_total();
-            if let Some(prev) = previous.get(name.as_str()) {
-                let r = rates(prev, s);
-                add_opt(&mut p.packets_in_per_s, r.packets_in);
-                add_opt(&mut p.packets_out_per_s, r.packets_out);
-                add_opt(&mut p.bytes_in_per_s, r.bytes_in);
-                add_opt(&mut p.bytes_out_per_s, r.bytes_out);
-                add_opt(&mut p.cpu_cores, r.cpu_cores);
+            let mut before = None;
+            if let Some(&(prior, last)) = previous.get(name.as_str()) {
+                let short = s.at_ns.saturating_sub(last.at_ns) < b.length_ns / 2;
+                let from = if short { prior } else { Some(last) };
+                before = if short { prior } else { Some(last) };
+                if let Some(from) = from {
+                    let r = rates(from, s);
+                    add_opt(&mut p.packets_in_per_s, r.packets_in);
+                    add_opt(&mut p.packets_out_per_s, r.packets_out);
+                    add_opt(&mut p.bytes_in_per_s, r.bytes_in);
+                    add_opt(&mut p.bytes_out_per_s, r.bytes_out);
+                    add_opt(&mut p.cpu_cores, r.cpu_cores);
+                }
             }
-            previous.insert(name, s);
+            previous.insert(name, (before, s));
         }
         points.push(Some(p));
     }
@@ -529,4 +560,44 @@ fn host_summary(merged: &Merged, points: &[Option<HostPoint>]) -> Option<HostSum
         }
     }
     Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interval::Interval;
+    use crate::merge::Merger;
+
+    fn sampled(second: u64, at_ms: u64, packets: u64) -> Interval {
+        let mut iv = Interval::empty(second * 1_000_000_000, 1_000_000_000, "h/attack".into());
+        iv.host = Some(HostSample {
+            host: "h".into(),
+            at_ns: at_ms * 1_000_000,
+            packets_in_total: packets,
+            ..HostSample::default()
+        });
+        iv
+    }
+
+    #[test]
+    fn a_short_last_sample_is_not_a_busiest_second() {
+        let mut m = Merger::new(1_000_000_000);
+        m.add_interval(&sampled(1, 1_000, 0));
+        m.add_interval(&sampled(2, 2_000, 28_000));
+        m.add_interval(&sampled(3, 3_000, 56_000));
+        // The run's last sample, 15 ms after the one before, 2,400 packets on.
+        m.add_interval(&sampled(4, 3_015, 58_400));
+        let r = Report::build(&m.finish(), &[], true);
+        let series = r.series.unwrap();
+        let rates: Vec<Option<f64>> = series
+            .iter()
+            .map(|p| p.host.as_ref().unwrap().packets_in_per_s)
+            .collect();
+        // The tail is merged into the span before: 30,400 over 1.015 s.
+        let tail = 30_400.0 / 1.015;
+        assert_eq!(rates[..3], [None, Some(28_000.0), Some(28_000.0)]);
+        assert!((rates[3].unwrap() - tail).abs() < 1.0, "{rates:?}");
+        let host = r.host.unwrap();
+        assert!(host.packets_in_per_s_max < 30_000.0, "{host:?}");
+    }
 }

@@ -1,7 +1,7 @@
 //! The human report: aligned plain text, latencies in readable units, one
 //! section per kind of figure, and the time series as a table when asked.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use crate::bench::BenchSummary;
@@ -216,7 +216,15 @@ fn render_latency(o: &mut String, r: &Report, nw: usize) {
             "", "count", "min", "mean", "stddev", "p50", "p75", "p90", "p95", "p99", "p99.9", "max"
         );
         for (name, h) in &r.latency_us {
-            let _ = writeln!(o, "  {:<nw$} {}", name, stats_row(h));
+            if h.count == 0 {
+                // Not a figure of 0 µs: there was nothing to measure.
+                let _ = writeln!(o, "  {:<nw$} {:>9}   no answers", name, 0);
+            } else {
+                let _ = writeln!(o, "  {:<nw$} {}", name, stats_row(h));
+            }
+        }
+        if let Some(note) = unanswered_note(&r.latency_us) {
+            let _ = writeln!(o, "  {note}");
         }
         for name in r.latency_us.keys() {
             if let Some(what) = explain(name) {
@@ -224,6 +232,22 @@ fn render_latency(o: &mut String, r: &Report, nw: usize) {
             }
         }
     }
+}
+
+/// How many of `latency`'s requests are timeouts and failures, when a run
+/// recorded them apart (`None` for an older file or a run without any).
+pub fn unanswered_note(table: &BTreeMap<String, HistStats>) -> Option<String> {
+    let of = |n: &str| table.get(n).map_or(0, |h| h.count);
+    let (timeouts, errors) = (of("latency.timeout"), of("latency.error"));
+    if !table.contains_key("latency.answered") {
+        return None;
+    }
+    Some(format!(
+        "latency counts every request: {} of {} are timeouts (at their timeout), {} failed (at the time they failed)",
+        timeouts,
+        of("latency"),
+        errors
+    ))
 }
 
 /// The counters: totals, means and the busiest interval.
@@ -285,23 +309,41 @@ fn render_gauges(o: &mut String, r: &Report, nw: usize) {
     if !r.gauges.is_empty() {
         let _ = writeln!(
             o,
-            "\n{:<w$} {:>9} {:>9} {:>9}",
+            "\n{:<w$} {:>9} {:>9} {:>9} {:>9}",
             "gauges",
             "last",
             "max",
             "min",
+            "peak",
             w = nw + 2
         );
         for (name, g) in &r.gauges {
             let _ = writeln!(
                 o,
-                "  {:<nw$} {:>9} {:>9} {:>9}",
+                "  {:<nw$} {:>9} {:>9} {:>9} {:>9}",
                 name,
                 count(g.last as f64),
                 count(g.max as f64),
-                count(g.min as f64)
+                count(g.min as f64),
+                count(g.peak as f64)
             );
         }
+        let sources = r.sources.len();
+        wrap(
+            o,
+            &format!(
+                "last, max, min: at the ends of {}s buckets; peak: the highest at any moment, tracked at every change{}",
+                r.bucket_s,
+                if sources > 1 {
+                    format!(
+                        " by each of the {sources} sources and summed: at most that (they need not peak at once)"
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+            SERIES_WIDTH,
+        );
     }
 }
 
@@ -315,7 +357,7 @@ fn render_host(o: &mut String, r: &Report, h: &HostSummary, nw: usize) {
         count(h.tcp_established_max as f64)
     );
     let over = format!(
-        "means over {:.1} s; the busiest {} s interval",
+        "means over {:.1} s; the busiest {} s interval (a shorter last span merged into the one before)",
         r.duration_s,
         count(r.bucket_s)
     );
@@ -425,14 +467,22 @@ fn render_bench(o: &mut String, b: &BenchSummary) {
         c.ramp_s
     );
     let mem = &b.memory;
-    let _ = writeln!(
-        o,
-        "  memory       per connection ({} open): server {}, harness {}, kernel {} (both sockets)",
-        mem.connections,
-        bytes(mem.server_bytes),
-        bytes(mem.harness_bytes),
-        bytes(mem.kernel_bytes)
-    );
+    if mem.connections < crate::bench::MIN_MEASURED_CONNECTIONS {
+        let _ = writeln!(
+            o,
+            "  memory       per connection: not measured (too few connections: {} open)",
+            mem.connections
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "  memory       per connection ({} open): server {}, harness {}, kernel {} (both sockets)",
+            mem.connections,
+            bytes(mem.server_bytes),
+            bytes(mem.harness_bytes),
+            bytes(mem.kernel_bytes)
+        );
+    }
     let _ = writeln!(
         o,
         "  messages     {} published ({} failed), {} of {} delivered, {} lost, {} duplicated, {} out of order",

@@ -21,6 +21,7 @@ fn interval(second: u64, source: &str, seed: u64) -> Interval {
         source: source.to_owned(),
         counters: BTreeMap::from([("messages.received".to_owned(), 100 + seed)]),
         gauges: BTreeMap::from([("connections.open".to_owned(), 50)]),
+        peaks: BTreeMap::new(),
         histograms: BTreeMap::from([("delivery".to_owned(), h)]),
         host: None,
     }
@@ -173,8 +174,10 @@ fn read_files_visits_every_file_and_keeps_damage_per_file() {
     std::fs::write(&b, bytes).unwrap();
     let mut seen = vec![];
     let summaries = read_files(&[&a, &b], |i, r| seen.push((i, r))).unwrap();
-    assert_eq!(seen.len(), 2);
-    assert_eq!((seen[0].0, seen[1].0), (0, 1));
+    // Each file's header, then its records.
+    assert_eq!(seen.len(), 4);
+    assert!(matches!(seen[0].1, Record::Header(_)));
+    assert_eq!((seen[1].0, seen[3].0), (0, 1));
     assert!(summaries[0].damage.is_none());
     assert!(summaries[1].damage.is_some());
 }

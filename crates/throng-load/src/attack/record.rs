@@ -12,6 +12,9 @@
 //!   `connections.opened`, `tls.handshakes.full`, `tls.handshakes.resumed`;
 //! - gauges: `requests.in_flight`, `connections.open`;
 //! - histograms (µs): `latency` (intended start → last response byte),
+//!   `latency.timeout` and `latency.error` (intended start → the moment a
+//!   request was given up at `--timeout`, or failed: with `latency`, every
+//!   request),
 //!   `service` (actual send → last response byte; a new connection's
 //!   connect included), `lag` (intended start → actual send: the
 //!   generator's own delay, waiting for a free connection included),
@@ -26,8 +29,8 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use throng_report::interval::{Interval, new_histogram};
 
-use crate::harness::failure::{Failure, OwnKind, Tally};
-use crate::harness::recorder::{Recorder, Take, record};
+use crate::harness::failure::{Failure, NetCause, OwnKind, Tally};
+use crate::harness::recorder::{Level, Recorder, Take, record};
 
 /// One request's own figures, for its row.
 #[derive(Debug)]
@@ -89,10 +92,15 @@ pub struct AttackRecorder {
     bytes_in: u64,
     bytes_out: u64,
     /// Requests started and not yet finished (a level).
-    in_flight: i64,
+    in_flight: Level,
     /// Connections open, idle ones included (a level).
-    open: i64,
+    open: Level,
     latency: Histogram<u64>,
+    /// Requests given up at `--timeout`, at that time (the result file's
+    /// `latency.timeout`).
+    latency_timeout: Histogram<u64>,
+    /// Requests that failed otherwise, at the time they failed (`latency.error`).
+    latency_error: Histogram<u64>,
     service: Histogram<u64>,
     lag: Histogram<u64>,
     connect_tcp: Histogram<u64>,
@@ -115,9 +123,11 @@ impl AttackRecorder {
             status: Box::new([0; 1000]),
             bytes_in: 0,
             bytes_out: 0,
-            in_flight: 0,
-            open: 0,
+            in_flight: Level::default(),
+            open: Level::default(),
             latency: new_histogram(),
+            latency_timeout: new_histogram(),
+            latency_error: new_histogram(),
             service: new_histogram(),
             lag: new_histogram(),
             connect_tcp: new_histogram(),
@@ -128,7 +138,7 @@ impl AttackRecorder {
     /// A request was started (at or after its intended time).
     pub fn started(&mut self) {
         self.sent += 1;
-        self.in_flight += 1;
+        self.in_flight.up();
     }
 
     /// A request went on the wire `lag_us` after its intended time.
@@ -141,7 +151,7 @@ impl AttackRecorder {
 
     /// A whole response arrived.
     pub fn answered(&mut self, status: u16, latency_us: u64, service_us: u64) {
-        self.in_flight -= 1;
+        self.in_flight.down();
         if let Some(n) = self.status.get_mut(usize::from(status)) {
             *n += 1;
         }
@@ -149,17 +159,24 @@ impl AttackRecorder {
         record(&mut self.service, service_us);
     }
 
-    /// A request failed.
-    pub fn failed(&mut self, why: RequestError) {
-        self.in_flight -= 1;
+    /// A request failed `latency_us` after its intended start: a timeout
+    /// counts at its timeout, another failure when it failed, so that the
+    /// run's latency leaves no request out.
+    pub fn failed(&mut self, why: RequestError, latency_us: u64) {
+        self.in_flight.down();
         self.failed.add(why);
+        if why == Failure::Net(NetCause::Timeout) {
+            record(&mut self.latency_timeout, latency_us);
+        } else {
+            record(&mut self.latency_error, latency_us);
+        }
     }
 
     /// Requests still in flight are abandoned (the run was stopped).
     pub fn cancel_in_flight(&mut self) {
-        let n = u64::try_from(self.in_flight).unwrap_or(0);
+        let n = u64::try_from(self.in_flight.get()).unwrap_or(0);
         self.failed.add_n(Failure::Own(Exchange::Canceled), n);
-        self.in_flight = 0;
+        self.in_flight.set(0);
     }
 
     /// A request is sent again on a new connection.
@@ -184,12 +201,12 @@ impl AttackRecorder {
     /// A connection was opened.
     pub fn connection_opened(&mut self) {
         self.opened += 1;
-        self.open += 1;
+        self.open.up();
     }
 
     /// A connection was closed.
     pub fn connection_closed(&mut self) {
-        self.open -= 1;
+        self.open.down();
     }
 
     /// Bytes written.
@@ -204,7 +221,7 @@ impl AttackRecorder {
 
     /// Requests in flight now.
     pub fn in_flight(&self) -> i64 {
-        self.in_flight
+        self.in_flight.get()
     }
 }
 
@@ -226,12 +243,14 @@ impl Recorder for AttackRecorder {
             }
         }
         t.histogram("latency", &mut self.latency)
+            .histogram("latency.timeout", &mut self.latency_timeout)
+            .histogram("latency.error", &mut self.latency_error)
             .histogram("service", &mut self.service)
             .histogram("lag", &mut self.lag)
             .histogram("connect.tcp", &mut self.connect_tcp)
             .histogram("connect.tls", &mut self.connect_tls)
-            .gauge("requests.in_flight", self.in_flight)
-            .gauge("connections.open", self.open);
+            .level("requests.in_flight", &mut self.in_flight)
+            .level("connections.open", &mut self.open);
         t.into_interval(start_ns, self.length_ns, self.source.clone())
     }
 }
@@ -379,11 +398,17 @@ mod tests {
         assert_eq!(iv.gauges["connections.open"], 1);
         assert_eq!(iv.histograms["latency"].len(), 2);
         assert_eq!(iv.histograms["lag"].len(), 3);
-        r.failed(Failure::Net(crate::harness::failure::NetCause::Timeout));
+        r.failed(Failure::Net(NetCause::Timeout), 2_000_000);
         let next = r.take(2_000_000_000);
         assert_eq!(next.counters.len(), 1);
         assert_eq!(next.counters["requests.error.timeout"], 1);
         assert_eq!(next.gauges["requests.in_flight"], 0);
-        assert!(next.histograms.is_empty());
+        assert_eq!(next.histograms.len(), 1);
+        assert!(next.histograms["latency.timeout"].max() >= 1_999_000);
+        r.started();
+        r.failed(Failure::Net(NetCause::Refused), 300);
+        let third = r.take(3_000_000_000);
+        assert_eq!(third.histograms["latency.error"].len(), 1);
+        assert_eq!(third.every_request_stats().count, 1);
     }
 }

@@ -306,6 +306,11 @@ fn plan_sources(
                 "source address {bad} is not of the same family as the targets; give --source-ips of their family"
             )));
         }
+        if let Err((ip, e)) = crate::harness::source::check_bindable(list) {
+            return Err(AttackError::Setting(format!(
+                "source address {ip} cannot be used here: {e}; give --source-ips of this host, or add the address to an interface first"
+            )));
+        }
         let pairs = (list.len() * addrs.len().max(1)).max(1) as u64;
         let why = slow_connects(req.max_connections.div_ceil(pairs), machine).map_or_else(
             || "--source-ips".to_owned(),

@@ -51,16 +51,25 @@ pub struct Summary {
     pub retried: u64,
     /// Connections opened.
     pub connections_opened: u64,
-    /// Most requests in flight at an interval's end, over all workers.
+    /// Most requests in flight at any moment: each worker's own peak (tracked
+    /// at every change), summed over workers in the busiest interval (exact
+    /// with one worker, at most that with several).
     pub peak_in_flight: i64,
-    /// Most connections open at an interval's end.
+    /// Most connections open at any moment, the same way.
     pub peak_connections: i64,
     /// Bytes read.
     pub bytes_in: u64,
     /// Bytes written.
     pub bytes_out: u64,
-    /// Intended start → response end, µs.
+    /// Intended start → response end, µs, of every request: a timed-out one
+    /// at the moment it was given up, a failed one when it failed.
     pub latency_us: HistStats,
+    /// The answered requests' latency alone, µs.
+    pub answered_latency_us: HistStats,
+    /// Of `latency_us`'s requests, those given up at `--timeout`.
+    pub latency_timeouts: u64,
+    /// Of `latency_us`'s requests, those that failed otherwise.
+    pub latency_errors: u64,
     /// Actual start → response end, µs.
     pub service_us: HistStats,
     /// Intended → actual start (the generator's lag), µs.
@@ -117,7 +126,10 @@ impl Summary {
                 s.errors.insert(kind.to_owned(), *v);
             }
         }
-        s.latency_us = total.stats("latency");
+        s.latency_us = total.every_request_stats();
+        s.answered_latency_us = total.stats("latency");
+        s.latency_timeouts = total.stats("latency.timeout").count;
+        s.latency_errors = total.stats("latency.error").count;
         s.service_us = total.stats("service");
         s.lag_us = total.stats("lag");
         s.connect_tcp_us = total.stats("connect.tcp");
@@ -174,7 +186,7 @@ pub fn check(
     }
     if let Some(max) = max_p99_us {
         if s.latency_us.count == 0 {
-            failed.push("no response arrived, so p99 latency is unknown (--max-p99)".to_owned());
+            failed.push("no request ended, so p99 latency is unknown (--max-p99)".to_owned());
         } else if s.latency_us.p99 > max {
             failed.push(format!(
                 "p99 latency {} is over --max-p99 {}",
@@ -210,8 +222,8 @@ pub(super) fn progress_line(view: &View<'_>, planned: Option<u64>) -> String {
         view.totals.counters_under("requests.error."),
         iv.gauge("requests.in_flight")
     );
-    if iv.histograms.contains_key("latency") {
-        let l = iv.stats("latency");
+    let l = iv.every_request_stats();
+    if l.count > 0 {
         s.push_str(&format!(
             "  latency p50 {} p99 {}",
             micros(l.p50),
@@ -229,10 +241,35 @@ pub(super) fn progress_line(view: &View<'_>, planned: Option<u64>) -> String {
     s
 }
 
+/// What the latencies include beside answers: every request counts.
+fn unanswered(s: &Summary) -> String {
+    if s.latency_timeouts + s.latency_errors == 0 {
+        return String::new();
+    }
+    format!(
+        "\n              every request: {} of {} timed out (counted at their timeout), {} failed (at the time they failed); answered alone: {}",
+        s.latency_timeouts,
+        s.latency_us.count,
+        s.latency_errors,
+        if s.answered_latency_us.count == 0 {
+            "no answers".to_owned()
+        } else {
+            format!(
+                "p50 {}, p99 {}",
+                micros(s.answered_latency_us.p50),
+                micros(s.answered_latency_us.p99)
+            )
+        }
+    )
+}
+
 /// The final human summary, laid out like Vegeta's report.
 pub fn render(s: &Summary) -> String {
     let mut out = String::new();
     let lat = |l: &HistStats| {
+        if l.count == 0 {
+            return "no answers".to_owned();
+        }
         format!(
             "{}, {}, {}, {}, {}, {}, {}",
             micros(l.min),
@@ -258,8 +295,9 @@ pub fn render(s: &Summary) -> String {
         s.wait_s
     ));
     out.push_str(&format!(
-        "Latencies     [min, mean, 50, 90, 99, 99.9, max]  {}   (from the intended start)\n",
-        lat(&s.latency_us)
+        "Latencies     [min, mean, 50, 90, 99, 99.9, max]  {}   (from the intended start){}\n",
+        lat(&s.latency_us),
+        unanswered(s)
     ));
     out.push_str(&format!(
         "Service       [min, mean, 50, 90, 99, 99.9, max]  {}   (from the actual send)\n",

@@ -106,10 +106,14 @@ impl Role for Attack {
         "Ctrl-C: stopping; requests in flight count as canceled (press again to kill)"
     }
 
+    fn late(&mut self, merged: &Interval) {
+        self.absorb(merged);
+    }
+
     fn absorb(&mut self, merged: &Interval) {
         let s = &mut self.summary;
-        s.peak_in_flight = s.peak_in_flight.max(merged.gauge("requests.in_flight"));
-        s.peak_connections = s.peak_connections.max(merged.gauge("connections.open"));
+        s.peak_in_flight = s.peak_in_flight.max(merged.peak("requests.in_flight"));
+        s.peak_connections = s.peak_connections.max(merged.peak("connections.open"));
     }
 
     fn progress(&mut self, view: &View<'_>) -> String {

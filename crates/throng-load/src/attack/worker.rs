@@ -570,7 +570,7 @@ fn finish(
     match result {
         Ok(status) => ctx.rec.borrow_mut().answered(status, latency, service),
         Err(why) => {
-            ctx.rec.borrow_mut().failed(why);
+            ctx.rec.borrow_mut().failed(why, latency);
             if ctx.logged.first(why) {
                 let target = &ctx.plan.targets[t];
                 ctx.out.event(

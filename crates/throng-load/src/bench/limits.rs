@@ -63,13 +63,22 @@ pub fn reached(
     for w in cpu_windows(samples) {
         peaks.cpu_busy = peaks.cpu_busy.max(w.busy);
         if w.busy >= 0.95 {
-            let detail = format!(
-                "the machine {:.0}% busy: server {:.0}%, harness {:.0}%, other programs {:.0}%",
-                100.0 * w.busy,
-                100.0 * w.server,
-                100.0 * w.harness,
-                100.0 * (w.busy - w.server - w.harness).max(0.0)
-            );
+            // Without the run's own CPU in the window, nothing is known of
+            // whose the rest is: not blamed on other programs.
+            let detail = if w.server + w.harness > 0.0 {
+                format!(
+                    "the machine {:.0}% busy: server {:.0}%, harness {:.0}%, other programs {:.0}%",
+                    100.0 * w.busy,
+                    100.0 * w.server,
+                    100.0 * w.harness,
+                    100.0 * (w.busy - w.server - w.harness).max(0.0)
+                )
+            } else {
+                format!(
+                    "the machine {:.0}% busy (the run's own CPU not measured in that second)",
+                    100.0 * w.busy
+                )
+            };
             note(&mut found, "CPU", at(w.at_ns), detail);
         }
     }

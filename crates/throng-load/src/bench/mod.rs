@@ -187,8 +187,9 @@ pub enum BenchError {
     /// Reading or writing a result file.
     #[error("{0}")]
     Results(String),
-    /// The machine, a file, the harness.
-    #[error("{0}")]
+    /// The machine, a file, the harness. Transparent: the OS's error said
+    /// once, not again as its own source.
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 
@@ -305,6 +306,11 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         )
     })?;
     let files = Files::new(&req.out_dir);
+    // Whatever ends the run (a full disk), no hidden or partial file stays.
+    let mut cleanup = Cleanup {
+        files: &files,
+        done: false,
+    };
     req.progress.say(&headline(&req, &plan));
     if let Some(line) = busy_machine(&load_average(), plan.machine.cores) {
         req.progress.say(&line);
@@ -385,9 +391,29 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         format!("{}/bench", throng_host::sample::hostname()),
     );
     results.finish(&summary, &files.html)?;
-    let _ = std::fs::remove_file(&files.hold);
-    let _ = std::fs::remove_file(&files.cert);
+    cleanup.done = true;
     Ok(report)
+}
+
+/// Removes a bench's own scratch files (hold's result file, the
+/// certificate) when the run ends, and its results and page too when it
+/// ends in an error: a run that could not finish its file leaves none.
+struct Cleanup<'a> {
+    files: &'a Files,
+    /// The results and the page were written whole.
+    done: bool,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        let f = self.files;
+        let _ = std::fs::remove_file(&f.hold);
+        let _ = std::fs::remove_file(&f.cert);
+        if !self.done {
+            let _ = std::fs::remove_file(&f.results);
+            let _ = std::fs::remove_file(&f.html);
+        }
+    }
 }
 
 /// Enters the private network namespace the plan chose, before the

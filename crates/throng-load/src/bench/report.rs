@@ -419,7 +419,15 @@ fn connections(s: &mut String, r: &Report) {
 
 /// Memory per connection on each side and in the kernel.
 fn memory(s: &mut String, r: &Report) {
+    use throng_report::bench::MIN_MEASURED_CONNECTIONS;
     let m = &r.memory;
+    if m.connections < MIN_MEASURED_CONNECTIONS {
+        s.push_str(&format!(
+            "memory per connection: not measured (too few connections: {} open, at least {MIN_MEASURED_CONNECTIONS} needed)\n",
+            m.connections
+        ));
+        return;
+    }
     s.push_str(&format!(
         "memory per connection (measured with {} open):\n  server user space   {:>10}   (RSS {} -> {} MiB)\n  harness user space  {:>10}   (RSS {} -> {} MiB)\n  kernel              {:>10}   (Slab +{}, {}; two sockets per connection)\n",
         m.connections,
@@ -480,6 +488,13 @@ fn messages(s: &mut String, r: &Report) {
 
 /// CPU over the whole run, and per delivery.
 fn cpu(s: &mut String, r: &Report) {
+    if r.cpu.server_s + r.cpu.harness_s < 0.005 {
+        s.push_str(&format!(
+            "CPU          not measured (the run of {:.1} s used less than the sampling shows)\n",
+            r.elapsed_s
+        ));
+        return;
+    }
     s.push_str(&format!(
         "CPU          server {:.2} s, harness {:.2} s (user + system, whole run of {:.1} s)\n",
         r.cpu.server_s, r.cpu.harness_s, r.elapsed_s
@@ -633,10 +648,26 @@ mod tests {
         );
         assert!(!text.contains("TCP buffers 1 -> 0"), "{text}");
         let m = Memory {
+            connections: 1_000,
             tcp_mem_before: 0,
             tcp_mem_loaded: 245 << 20,
             ..Memory::default()
         };
         assert!(render(&report(clean(), m)).contains("TCP buffers +245 MiB"));
+    }
+
+    #[test]
+    fn a_small_run_says_what_it_did_not_measure() {
+        let m = Memory {
+            connections: 200,
+            ..Memory::default()
+        };
+        let text = render(&report(clean(), m));
+        assert!(
+            text.contains("memory per connection: not measured (too few connections: 200 open"),
+            "{text}"
+        );
+        assert!(!text.contains(" 0 B"), "{text}");
+        assert!(text.contains("CPU          not measured"), "{text}");
     }
 }

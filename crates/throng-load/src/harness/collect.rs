@@ -155,10 +155,13 @@ impl Collector {
         Ok(match record {
             Record::Interval(iv) => {
                 if let Some(slot) = self.latest.get_mut(worker) {
+                    let end = iv.start_ns.saturating_add(iv.length_ns);
                     *slot = Some(Latest {
                         start_ns: iv.start_ns,
                         counters: iv.counters.clone(),
                         gauges: iv.gauges.clone(),
+                        late_ns: throng_host::sample::now_ns().saturating_sub(end),
+                        source: iv.source.clone(),
                     });
                 }
                 if let Some(slot @ None) = self.sources.get_mut(worker) {
@@ -360,6 +363,49 @@ mod tests {
         let mut iv = Interval::empty(start, length, String::new());
         iv.counters.insert("publish.ok".into(), 1);
         iv
+    }
+
+    /// An attack worker's record: `answered` at 1 ms, `timed_out` at 2 s,
+    /// its in-flight level `now` after a peak of `peak`.
+    fn attack_line(source: &str, start: u64, answered: u64, timed_out: u64, peak: i64) -> String {
+        let mut iv = Interval::empty(start, 1_000, source.into());
+        let hist = |n: u64, us: u64| {
+            let mut h = throng_report::interval::new_histogram();
+            h.record_n(us, n).unwrap();
+            h
+        };
+        iv.histograms
+            .insert("latency".into(), hist(answered, 1_000));
+        iv.histograms
+            .insert("latency.timeout".into(), hist(timed_out, 2_000_000));
+        iv.gauges.insert("requests.in_flight".into(), 0);
+        iv.peaks.insert("requests.in_flight".into(), peak);
+        encode_interval(&iv)
+    }
+
+    #[test]
+    fn a_late_record_keeps_every_request_in_the_latency_and_its_peak() {
+        let mut c = Collector::new("attack", 2, 1_000, 0, None).unwrap();
+        c.arrive(0, &attack_line("h/attack-0", 5_000, 50, 0, 3))
+            .unwrap();
+        // Worker 1 is held up: the interval is flushed without it.
+        assert_eq!(c.due(8_600), [5_000]);
+        let f = c.flush(5_000, Vec::new(), own).unwrap().unwrap();
+        assert_eq!(f.merged.every_request_stats().count, 50);
+        assert_eq!(f.merged.peak("requests.in_flight"), 3);
+        // Its record comes late, with every timeout of the interval.
+        c.arrive(1, &attack_line("h/attack-1", 5_000, 0, 50, 40))
+            .unwrap();
+        let late = c
+            .flush(5_000, Vec::new(), |_, _| panic!("written once"))
+            .unwrap()
+            .unwrap();
+        assert!(!late.show);
+        // Its own peak, beside worker 0's last known level (0).
+        assert_eq!(late.merged.peak("requests.in_flight"), 40);
+        let all = c.total().every_request_stats();
+        assert_eq!(all.count, 100, "the late timeouts count");
+        assert!(all.p99 >= 1_990_000, "{all:?}");
     }
 
     #[test]

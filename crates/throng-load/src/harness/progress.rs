@@ -83,6 +83,11 @@ pub struct Latest {
     pub counters: BTreeMap<String, u64>,
     /// Its levels at that interval's end.
     pub gauges: BTreeMap<String, i64>,
+    /// How long after that interval's end its record came, ns: a worker
+    /// held up (a stalled subscriber) sends it late.
+    pub late_ns: u64,
+    /// Its source (`host/knee-3`).
+    pub source: String,
 }
 
 /// What one progress line is drawn from.

@@ -32,7 +32,53 @@ pub fn record(h: &mut Histogram<u64>, us: u64) {
 pub struct Take {
     counters: BTreeMap<String, u64>,
     gauges: BTreeMap<String, i64>,
+    peaks: BTreeMap<String, i64>,
     histograms: BTreeMap<String, Histogram<u64>>,
+}
+
+/// A level (connections open, requests in flight) and the highest it
+/// reached since the last interval: a peak is tracked at every change, so
+/// a level that rises and falls within an interval is not missed by the
+/// sample at its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Level {
+    now: i64,
+    peak: i64,
+}
+
+impl Level {
+    /// The level now.
+    pub fn get(self) -> i64 {
+        self.now
+    }
+
+    /// One more.
+    pub fn up(&mut self) {
+        self.add(1);
+    }
+
+    /// One less.
+    pub fn down(&mut self) {
+        self.add(-1);
+    }
+
+    /// `n` more (or less).
+    pub fn add(&mut self, n: i64) {
+        self.now += n;
+        self.peak = self.peak.max(self.now);
+    }
+
+    /// Sets the level.
+    pub fn set(&mut self, v: i64) {
+        self.now = v;
+        self.peak = self.peak.max(v);
+    }
+
+    /// The highest since the last call; the next interval's peak starts at
+    /// the level now.
+    fn take_peak(&mut self) -> i64 {
+        std::mem::replace(&mut self.peak, self.now)
+    }
 }
 
 impl Take {
@@ -68,11 +114,20 @@ impl Take {
         self
     }
 
+    /// Level `name`: its value now as the gauge, and its peak since the
+    /// last interval (then started again from the value now).
+    pub fn level(&mut self, name: &str, l: &mut Level) -> &mut Self {
+        self.gauges.insert(name.to_owned(), l.get());
+        self.peaks.insert(name.to_owned(), l.take_peak());
+        self
+    }
+
     /// The interval of `source` starting at `start_ns`.
     pub fn into_interval(self, start_ns: u64, length_ns: u64, source: String) -> Interval {
         Interval {
             counters: self.counters,
             gauges: self.gauges,
+            peaks: self.peaks,
             histograms: self.histograms,
             ..Interval::empty(start_ns, length_ns, source)
         }
@@ -83,6 +138,28 @@ impl Take {
 mod tests {
     use super::*;
     use throng_report::interval::new_histogram;
+
+    #[test]
+    fn a_level_keeps_its_peak_between_interval_ends() {
+        let mut l = Level::default();
+        for _ in 0..5 {
+            l.up();
+        }
+        for _ in 0..5 {
+            l.down();
+        }
+        let mut take = Take::default();
+        take.level("requests.in_flight", &mut l);
+        let iv = take.into_interval(0, 1, "h/x-0".into());
+        assert_eq!(iv.gauge("requests.in_flight"), 0);
+        assert_eq!(iv.peak("requests.in_flight"), 5);
+        // The next interval's peak starts at the level now.
+        l.up();
+        let mut take = Take::default();
+        take.level("requests.in_flight", &mut l);
+        let iv = take.into_interval(1, 1, "h/x-0".into());
+        assert_eq!(iv.peak("requests.in_flight"), 1);
+    }
 
     #[test]
     fn take_moves_counts_out_and_skips_zeroes() {

@@ -59,6 +59,9 @@ pub trait Role {
     }
     /// A flushed interval, before its progress line.
     fn absorb(&mut self, _merged: &Interval) {}
+    /// Late records of an interval flushed before: their counts, and their
+    /// peaks beside every other source's last known level (no gauges).
+    fn late(&mut self, _merged: &Interval) {}
     /// The run's totals so far (late records included), after each flush.
     fn counted(&mut self, _totals: &Interval) {}
     /// The progress line of a flushed interval.
@@ -285,6 +288,9 @@ fn flush<R: Role>(
         return Ok(());
     };
     role.counted(collector.total());
+    if !flushed.show {
+        role.late(&flushed.merged);
+    }
     if flushed.show {
         role.absorb(&flushed.merged);
         // Over before the schedule starts (on agents it starts 2 s ahead): nothing to show.

@@ -96,6 +96,8 @@ struct Held {
     seq: Sequence,
     /// Our close frame is out; waiting for the server's.
     closing: bool,
+    /// Read-timeout sweeps since anything last arrived (see [`Holder::sweep`]).
+    silent: u8,
 }
 
 /// What reading found, besides messages (recorded as they come).
@@ -176,6 +178,7 @@ impl Holder {
             rest: Vec::new(),
             seq: Sequence::new(now_unix_ns()),
             closing: false,
+            silent: 0,
         };
         {
             let mut slots = self.slots.borrow_mut();
@@ -233,6 +236,8 @@ impl Holder {
             let Some(Some(held)) = slots.get_mut(index) else {
                 return;
             };
+            // Something arrived (data, a ping, the end): not silent.
+            held.silent = 0;
             let seen = match first {
                 Some(bytes) => process(ctx, held, bytes, &mut reply),
                 None => read(ctx, held, &mut reply),
@@ -362,6 +367,26 @@ impl Holder {
             };
             if let Some(how) = outcome {
                 self.finish(ctx, index, how);
+            }
+        }
+    }
+
+    /// One read-timeout sweep, every half `--read-timeout`: a connection
+    /// that heard nothing since two sweeps ago (silent at least the
+    /// timeout, at most half as long again) fails as `closed.read_timeout`.
+    pub(super) fn sweep(&self, ctx: &Shared) {
+        let len = self.slots.borrow().len();
+        for index in 0..len {
+            let timed_out = {
+                let mut slots = self.slots.borrow_mut();
+                let Some(Some(held)) = slots.get_mut(index) else {
+                    continue;
+                };
+                held.silent = held.silent.saturating_add(1);
+                !held.closing && held.silent > 2
+            };
+            if timed_out {
+                self.finish(ctx, index, Closed::ReadTimeout);
             }
         }
     }

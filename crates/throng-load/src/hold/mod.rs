@@ -32,6 +32,7 @@ pub mod recorder;
 pub mod request;
 pub mod sequence;
 mod shared;
+pub mod stamp;
 pub mod summary;
 pub mod supervisor;
 pub mod target;
@@ -63,6 +64,10 @@ pub struct Settings {
     pub scratch: usize,
     /// Interval length (ns).
     pub interval_ns: u64,
+    /// A held connection that receives nothing (not even a ping) for this
+    /// long fails as `closed.read_timeout` (ms; 0: never).
+    #[serde(default)]
+    pub read_timeout_ms: u64,
 }
 
 impl Default for Settings {
@@ -75,6 +80,7 @@ impl Default for Settings {
             max_head: http::MAX_HEAD,
             scratch: 64 * 1024,
             interval_ns: 1_000_000_000,
+            read_timeout_ms: 0,
         }
     }
 }

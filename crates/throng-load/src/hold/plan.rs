@@ -105,6 +105,16 @@ pub enum PlanError {
         /// The target address.
         target: IpAddr,
     },
+    /// A source address that does not bind here.
+    #[error(
+        "source address {source_ip} cannot be used here: {reason}\n  fix: give --source-ips of this host (ip -brief address), or add the address to an interface first"
+    )]
+    NotHere {
+        /// The offending source.
+        source_ip: IpAddr,
+        /// What binding to it said.
+        reason: String,
+    },
     /// Nothing to do.
     #[error("--connections must be at least 1")]
     NoConnections,
@@ -117,6 +127,18 @@ fn div_ceil(a: u64, b: u64) -> u64 {
     a.div_ceil(b.max(1))
 }
 
+/// Checks that every source address `req` names binds on this host, as
+/// its connections will (a plan run here; an agent's are its own).
+pub fn check_sources(req: &Request) -> Result<(), PlanError> {
+    let Some(list) = &req.sources else {
+        return Ok(());
+    };
+    crate::harness::source::check_bindable(list).map_err(|(ip, e)| PlanError::NotHere {
+        source_ip: ip,
+        reason: e.to_string(),
+    })
+}
+
 /// Fits `req` onto `machine`, or says why it cannot.
 pub fn fit(req: &Request, machine: &Machine) -> Result<Fit, PlanError> {
     let n = req.connections;
@@ -127,6 +149,11 @@ pub fn fit(req: &Request, machine: &Machine) -> Result<Fit, PlanError> {
     let needed = div_ceil(n, per_proc);
     let (workers, workers_reason) = match req.workers {
         Some(0) => return Err(PlanError::NoWorkers),
+        // More workers than connections would start processes with nothing to do.
+        Some(w) if u64::from(w) > n => (
+            u32::try_from(n).unwrap_or(w),
+            format!("--workers {w}, capped at one per connection"),
+        ),
         Some(w) => {
             if u64::from(w) < needed {
                 return Err(PlanError::Files {
@@ -266,6 +293,25 @@ mod tests {
             target: url.parse().unwrap(),
             sources: None,
             workers: None,
+        }
+    }
+
+    #[test]
+    fn workers_are_capped_by_the_connections_and_sources_must_bind() {
+        let mut r = req(1, "ws://127.0.0.1:9000/c");
+        r.workers = Some(100_000);
+        let f = fit(&r, &machine()).unwrap();
+        assert_eq!(f.workers, 1);
+        assert!(f.workers_reason.contains("capped"), "{}", f.workers_reason);
+        let mut r = req(10, "ws://127.0.0.1:9000/c");
+        r.sources = Some(vec!["192.0.2.1".parse().unwrap()]);
+        let mut r2 = r.clone();
+        r2.target = "ws://192.0.2.7:9000/c".parse().unwrap();
+        for r in [r, r2] {
+            assert!(fit(&r, &machine()).is_ok());
+            let err = check_sources(&r).unwrap_err();
+            assert!(matches!(err, PlanError::NotHere { .. }), "{err}");
+            assert!(err.to_string().contains("192.0.2.1"), "{err}");
         }
     }
 

@@ -17,7 +17,7 @@ use throng_report::interval::{Interval, new_histogram};
 
 use super::sequence::Arrival;
 use crate::harness::failure::{Failure, NetCause, OwnKind, Tally};
-use crate::harness::recorder::{Recorder, Take, record};
+use crate::harness::recorder::{Level, Recorder, Take, record};
 
 /// `hold`'s own ways for a connection to fail, beside the socket's and TLS's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,8 @@ pub enum Closed {
     Tls,
     /// MQTT: no PINGRESP came before the next PINGREQ was due (`closed.keepalive`).
     KeepAlive,
+    /// Nothing at all arrived for `--read-timeout` (`closed.read_timeout`).
+    ReadTimeout,
 }
 
 /// Per-interval counts and histograms of one `hold` worker.
@@ -73,7 +75,7 @@ pub struct HoldRecorder {
     source: String,
     length_ns: u64,
     /// Connections open now (a level, not reset per interval).
-    open: i64,
+    open: Level,
     /// Connections this worker will attempt in total (a level).
     target: i64,
     opened: u64,
@@ -95,6 +97,9 @@ pub struct HoldRecorder {
     connect_tls: Histogram<u64>,
     connect_upgrade: Histogram<u64>,
     delivery: Histogram<u64>,
+    /// Messages the server made, timed by their own stamp (`--stamp`).
+    pushed: u64,
+    delivery_pushed: Histogram<u64>,
     /// Per message (index: sequence number - 1), over the whole run:
     /// deliveries, their latencies' sum and the largest, µs. 24 bytes a
     /// message; what the worker says at its end ([`Self::messages`]).
@@ -165,7 +170,7 @@ impl HoldRecorder {
         Self {
             source,
             length_ns,
-            open: 0,
+            open: Level::default(),
             target: i64::try_from(target).unwrap_or(i64::MAX),
             opened: 0,
             failed: Tally::default(),
@@ -186,6 +191,8 @@ impl HoldRecorder {
             connect_tls: new_histogram(),
             connect_upgrade: new_histogram(),
             delivery: new_histogram(),
+            pushed: 0,
+            delivery_pushed: new_histogram(),
             messages: Vec::new(),
         }
     }
@@ -199,7 +206,7 @@ impl HoldRecorder {
     /// from the actual start.
     pub fn opened(&mut self, total_us: u64, service_us: u64) {
         self.opened += 1;
-        self.open += 1;
+        self.open.up();
         record(&mut self.connect, total_us);
         record(&mut self.connect_service, service_us);
     }
@@ -235,7 +242,7 @@ impl HoldRecorder {
 
     /// A held connection ended.
     pub fn closed(&mut self, how: Closed) {
-        self.open -= 1;
+        self.open.down();
         let name = match how {
             Closed::ByServer(Some(code)) => format!("closed.server.{code}"),
             Closed::ByServer(None) => "closed.server.none".to_owned(),
@@ -246,6 +253,7 @@ impl HoldRecorder {
             Closed::CloseTimeout => "closed.timeout".to_owned(),
             Closed::Tls => "closed.tls".to_owned(),
             Closed::KeepAlive => "closed.keepalive".to_owned(),
+            Closed::ReadTimeout => "closed.read_timeout".to_owned(),
         };
         *self.closed.entry(name).or_insert(0) += 1;
     }
@@ -288,9 +296,24 @@ impl HoldRecorder {
         self.foreign += 1;
     }
 
+    /// A message the server made (not ours) arrived `latency_us` after the
+    /// send time it holds (`--stamp`).
+    /// `arrival`: what its own sequence number meant for its connection
+    /// (gaps are losses, as for ours).
+    pub fn pushed(&mut self, latency_us: u64, arrival: Option<Arrival>) {
+        self.pushed += 1;
+        record(&mut self.delivery_pushed, latency_us);
+        match arrival {
+            Some(Arrival::Next { lost }) => self.lost += lost,
+            Some(Arrival::Duplicate) => self.duplicated += 1,
+            Some(Arrival::OutOfOrder) => self.out_of_order += 1,
+            None => {}
+        }
+    }
+
     /// Connections open now.
     pub fn open_now(&self) -> i64 {
-        self.open
+        self.open.get()
     }
 
     /// Each message's deliveries here so far, those that had any.
@@ -316,6 +339,7 @@ impl Recorder for HoldRecorder {
             .count("messages.duplicated", &mut self.duplicated)
             .count("messages.out_of_order", &mut self.out_of_order)
             .count("messages.foreign", &mut self.foreign)
+            .count("messages.pushed", &mut self.pushed)
             .count("bytes.in", &mut self.bytes_in)
             .counts(&mut self.closed)
             .histogram("connect", &mut self.connect)
@@ -325,7 +349,8 @@ impl Recorder for HoldRecorder {
             .histogram("connect.tls", &mut self.connect_tls)
             .histogram("connect.upgrade", &mut self.connect_upgrade)
             .histogram("delivery", &mut self.delivery)
-            .gauge("connections.open", self.open)
+            .histogram("delivery.pushed", &mut self.delivery_pushed)
+            .level("connections.open", &mut self.open)
             .gauge("connections.target", self.target);
         t.into_interval(start_ns, self.length_ns, self.source.clone())
     }

@@ -85,15 +85,53 @@ pub struct PublishRequest {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum HoldError {
-    /// The run does not fit this machine (with the fix).
+    /// The run does not fit this machine (with the fix). Not a `source`:
+    /// its text is in the message, and a chain printed in full would say
+    /// it twice.
     #[error("this run does not fit the machine: {0}")]
-    Plan(#[from] PlanError),
+    Plan(PlanError),
     /// `--publish-rate` was a ramp.
     #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp")]
     PublishRamp,
+    /// A limit `throng doctor` checks will stop the run (the same check:
+    /// a dry run that passed would promise what doctor refuses).
+    #[error(
+        "a limit of this machine will stop a run of {connections} connections:\n  {}\n  run 'throng doctor --connections {connections} --role client' for the fixes, or use a smaller --connections",
+        .stops.join("\n  ")
+    )]
+    Limits {
+        /// Connections asked for.
+        connections: u64,
+        /// Each limit that stops it, one line.
+        stops: Vec<String>,
+    },
     /// The machine could not be read, or the workers not found.
     #[error("{0}")]
     Io(#[from] io::Error),
+}
+
+/// The limits `throng doctor --role client` would call STOP for hold's own
+/// side of `connections` from `sources` addresses to the target's ports,
+/// one line each. The client side only: a server on this machine plans its
+/// own sockets (`throng serve`, or doctor's default role, both).
+fn doctor_stops(connections: u64, target: &WsTarget, sources: usize) -> Vec<String> {
+    use throng_host::doctor::{self, Role, Status};
+    let plan = doctor::Plan {
+        source_ips: sources.max(1) as u64,
+        target_ports: u64::from(target.port_count()),
+        ..doctor::Plan::new(connections, Role::Client)
+    };
+    doctor::check(&plan)
+        .iter()
+        .filter(|f| f.status == Status::Stop)
+        .map(doctor::Finding::line)
+        .collect()
+}
+
+impl From<PlanError> for HoldError {
+    fn from(e: PlanError) -> Self {
+        Self::Plan(e)
+    }
 }
 
 /// A run that fits, ready to start.
@@ -123,15 +161,24 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             workers_reason: "on agents".to_owned(),
             sources_reason: "each agent's own".to_owned(),
         },
-        None => plan::fit(
-            &plan::Request {
+        None => {
+            let asked = plan::Request {
                 connections: req.connections,
                 target: req.target.clone(),
                 sources: req.sources.clone(),
                 workers: req.workers,
-            },
-            &machine,
-        )?,
+            };
+            let fit = plan::fit(&asked, &machine)?;
+            plan::check_sources(&asked)?;
+            let stops = doctor_stops(req.connections, &req.target, fit.sources.len());
+            if !stops.is_empty() {
+                return Err(HoldError::Limits {
+                    connections: req.connections,
+                    stops,
+                });
+            }
+            fit
+        }
     };
     let publish = match &req.publish {
         None => None,
@@ -256,10 +303,15 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
     }
     let s = &h.settings;
     out.push(format!(
-        "  timeouts: connect {} ms, handshake {} ms, close {} ms; max message {}; open-file limit {}/process",
+        "  timeouts: connect {} ms, handshake {} ms, close {} ms, read {}; max message {}; open-file limit {}/process",
         s.connect_timeout_ms,
         s.handshake_timeout_ms,
         s.close_timeout_ms,
+        if s.read_timeout_ms > 0 {
+            format!("{} ms", s.read_timeout_ms)
+        } else {
+            "none".to_owned()
+        },
         fmt_size(s.max_message),
         machine.nofile
     ));

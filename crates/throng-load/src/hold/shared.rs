@@ -42,7 +42,17 @@ impl Shared {
                 let arrival = seq.receive(n, self.first_publish_ns.get());
                 rec.delivered(n, now_ns.saturating_sub(sent_ns) / 1000, arrival);
             }
-            None => rec.foreign(),
+            None => match self.plan.target.stamp.read(payload) {
+                // A message the server made, timed by its own stamp; its
+                // own sequence (a JSON `seq`) counts losses per connection
+                // when hold publishes nothing itself (the numbers would mix).
+                Some((sent_ns, server_seq)) => {
+                    let own = self.first_publish_ns.get() > 0 || self.final_seq.get() > 0;
+                    let arrival = server_seq.filter(|_| !own).map(|n| seq.receive(n, 0));
+                    rec.pushed(now_ns.saturating_sub(sent_ns) / 1000, arrival);
+                }
+                None => rec.foreign(),
+            },
         }
     }
 }

@@ -71,8 +71,12 @@ pub struct Summary {
     pub duplicated: u64,
     /// Messages received after a later one.
     pub out_of_order: u64,
-    /// Data messages that were not ours.
+    /// Data messages that were not ours (nor timed by `--stamp`).
     pub foreign: u64,
+    /// Messages the server made, timed by their own stamp (`--stamp`).
+    pub pushed: u64,
+    /// Their delivery latency (their stamp to arrival), µs.
+    pub pushed_delivery_us: HistStats,
     /// Bytes received on held connections.
     pub bytes_in: u64,
     /// Delivery latency (publish start to arrival), µs.
@@ -104,6 +108,8 @@ impl Summary {
             duplicated: t.counter("messages.duplicated"),
             out_of_order: t.counter("messages.out_of_order"),
             foreign: t.counter("messages.foreign"),
+            pushed: t.counter("messages.pushed"),
+            pushed_delivery_us: t.stats("delivery.pushed"),
             bytes_in: t.counter("bytes.in"),
             tls_full: t.counter("tls.handshakes.full"),
             tls_resumed: t.counter("tls.handshakes.resumed"),
@@ -184,6 +190,11 @@ impl Thresholds {
             out.push(format!(
                 "{} messages lost, over --max-lost {}",
                 s.lost, self.max_lost
+            ));
+        }
+        if let Some(n) = s.closed.get("read_timeout") {
+            out.push(format!(
+                "{n} held connections received nothing, not even a ping, for --read-timeout"
             ));
         }
         let unpublished: u64 = s.publish_errors.values().sum();
@@ -332,12 +343,36 @@ pub fn render(s: &Summary) -> String {
             ));
         }
     }
+    out.push_str(&server_messages(s));
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("peak RSS: {}\n", peak_rss(&s.peak_rss_bytes)));
     }
     if !s.events.is_empty() {
         out.push_str("events:\n");
         out.push_str(&event_lines(&s.events, s.start_unix_ns));
+    }
+    out
+}
+
+/// The messages the server made on its own: timed by their stamp
+/// (`--stamp`), or only counted.
+fn server_messages(s: &Summary) -> String {
+    let mut out = String::new();
+    if s.pushed > 0 {
+        let d = &s.pushed_delivery_us;
+        out.push_str(&format!(
+            "server messages: {} timed by their own stamp: delivery p50 {}, p99 {}, max {}\n",
+            s.pushed,
+            micros(d.p50),
+            micros(d.p99),
+            micros(d.max)
+        ));
+    }
+    if s.foreign > 0 {
+        out.push_str(&format!(
+            "  {} message(s) not ours and without a stamp (--stamp json:FIELD or number times them)\n",
+            s.foreign
+        ));
     }
     out
 }

@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+use super::stamp::Stamp;
 use thiserror::Error;
 use throng_client::redis::{RedisUrl, RedisUrlError};
 use throng_client::trust::Trust;
@@ -39,6 +41,9 @@ pub enum TargetError {
     /// does not read), or was given for one without TLS.
     #[error("{0}")]
     Trust(String),
+    /// A `-H` header that is not `Name: value`, or holds a line break.
+    #[error("invalid header '{0}': expected 'Name: value' on one line")]
+    Header(String),
     /// A source address list that does not parse.
     #[error("invalid source addresses '{list}': {why}")]
     Sources {
@@ -80,9 +85,53 @@ pub struct WsTarget {
     /// `Accept: text/event-stream`, over `https` for `sses://`), not WebSocket.
     #[serde(default)]
     pub sse: bool,
+    /// Headers added to the WebSocket upgrade or the event stream's `GET`
+    /// (`-H`: a cookie, a token), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+    /// The subprotocol the upgrade asks for (`Sec-WebSocket-Protocol`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subprotocol: Option<String>,
+    /// Where a message the harness did not publish says when it was sent
+    /// (`--stamp`): such messages are timed, not only counted as foreign.
+    #[serde(default)]
+    pub stamp: Stamp,
+}
+
+/// Parses one `-H` header, `Name: value`; refuses a line break anywhere
+/// (it would end the request head early).
+pub fn parse_header(text: &str) -> Result<(String, String), TargetError> {
+    let bad = || TargetError::Header(text.to_owned());
+    if text.contains(['\r', '\n']) {
+        return Err(bad());
+    }
+    let (name, value) = text.split_once(':').ok_or_else(bad)?;
+    let name = name.trim();
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if name.is_empty() || !name.chars().all(token) {
+        return Err(bad());
+    }
+    Ok((name.to_owned(), value.trim().to_owned()))
 }
 
 impl WsTarget {
+    /// The extra lines of a subscriber's request head: each `-H` header and
+    /// the subprotocol, each ended by CRLF.
+    pub fn extra_head(&self) -> String {
+        let mut out = String::new();
+        for (name, value) in &self.headers {
+            out.push_str(&format!("{name}: {value}\r\n"));
+        }
+        if let Some(p) = self
+            .subprotocol
+            .as_ref()
+            .filter(|_| !self.sse && !self.mqtt)
+        {
+            out.push_str(&format!("Sec-WebSocket-Protocol: {p}\r\n"));
+        }
+        out
+    }
+
     /// Number of target ports.
     pub fn port_count(&self) -> u32 {
         u32::from(self.port_last - self.port_first) + 1
@@ -164,6 +213,9 @@ impl FromStr for WsTarget {
                 tls,
                 mqtt: true,
                 sse: false,
+                headers: Vec::new(),
+                subprotocol: None,
+                stamp: Stamp::Throng,
             });
         }
         let tls = url.starts_with("wss://") || url.starts_with("sses://");
@@ -180,13 +232,8 @@ impl FromStr for WsTarget {
         }
         let parts = split_url(url, &schemes, if tls { 443 } else { 80 })?;
         let (first, last) = parts.ports;
-        if parts.path == "/" {
-            let scheme = if sse { "sse" } else { "ws" };
-            return Err(url_err(
-                url,
-                format!("no channel in the path (expected {scheme}://HOST:PORT/<channel>)"),
-            ));
-        }
+        // The root path is a target too: servers that push to every client
+        // (the time, each minute) serve it; it names no channel to publish to.
         Ok(Self {
             ip: parts.ip,
             host: parts.host,
@@ -196,6 +243,9 @@ impl FromStr for WsTarget {
             tls,
             mqtt: false,
             sse,
+            headers: Vec::new(),
+            subprotocol: None,
+            stamp: Stamp::Throng,
         })
     }
 }
@@ -638,8 +688,9 @@ mod tests {
         let t: WsTarget = "sses://localhost/news".parse().unwrap();
         assert!(t.sse && t.tls);
         assert_eq!(t.to_string(), "sses://localhost:443/news");
-        let e = "sse://127.0.0.1:9000/".parse::<WsTarget>().unwrap_err();
-        assert!(e.to_string().contains("expected sse://"), "{e}");
+        // The root path: a server that pushes to every client.
+        let t: WsTarget = "sse://127.0.0.1:9000/".parse().unwrap();
+        assert_eq!((t.path.as_str(), t.channel()), ("/", ""));
     }
 
     #[test]
@@ -693,12 +744,27 @@ mod tests {
     }
 
     #[test]
+    fn the_root_path_and_extra_head_lines() {
+        for root in ["ws://127.0.0.1:1", "ws://127.0.0.1:1/", "wss://127.0.0.1:1"] {
+            let t: WsTarget = root.parse().unwrap();
+            assert_eq!(t.path, "/", "{root}");
+        }
+        let mut t: WsTarget = "ws://127.0.0.1:1/".parse().unwrap();
+        t.headers = vec![parse_header("Cookie: s=1; t=2").unwrap()];
+        t.subprotocol = Some("chat".into());
+        assert_eq!(
+            t.extra_head(),
+            "Cookie: s=1; t=2\r\nSec-WebSocket-Protocol: chat\r\n"
+        );
+        for bad in ["NoColon", ": v", "Bad Name: v", "X: a\r\nY: b"] {
+            assert!(parse_header(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn ws_target_errors() {
         for bad in [
             "http://127.0.0.1:1/c",
-            "wss://127.0.0.1:1",
-            "ws://127.0.0.1:1",
-            "ws://127.0.0.1:1/",
             "ws://example.com:1/c",
             "ws://127.0.0.1:0/c",
             "ws://127.0.0.1:20-10/c",

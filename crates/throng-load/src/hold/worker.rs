@@ -194,13 +194,27 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
             })
         });
 
+    let read_timeout_ms = ctx.shared.plan.settings.read_timeout_ms;
+    let sweeper = (read_timeout_ms > 0).then(|| {
+        let sweep_ctx = ctx.clone();
+        tokio::task::spawn_local(async move {
+            let half = Duration::from_millis(read_timeout_ms.div_ceil(2));
+            let mut every = tokio::time::interval_at(tokio::time::Instant::now() + half, half);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                sweep_ctx.holder.sweep(&sweep_ctx.shared);
+            }
+        })
+    });
+
     while ctx.shared.live.get() > 0 {
         ctx.shared.live.changed().await;
     }
     ticker.abort();
     holder.abort();
-    if let Some(p) = pinger {
-        p.abort();
+    for task in [pinger, sweeper].into_iter().flatten() {
+        task.abort();
     }
     ctx.ticker.last(&ctx.shared.rec, &ctx.out);
     let messages = ctx.shared.rec.borrow().messages();
@@ -518,6 +532,7 @@ async fn upgrade(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
     let key = ws::client_key(fastrand::u128(..).to_ne_bytes());
     let mut request = Vec::with_capacity(256);
     ws::write_upgrade_request(&mut request, &target.host_header(port), &target.path, &key);
+    with_extra_head(&mut request, target);
     let bad = |why: String| (Failure::Own(Handshake::BadHandshake), why);
     let answer = |buf: &mut Vec<u8>| match http::parse_response(buf, max_head) {
         Ok(None) => Ok(None),
@@ -532,6 +547,17 @@ async fn upgrade(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
         Err(e) => Err(bad(format!("upgrade: {e}"))),
     };
     start.ask("upgrade", &request, answer).await
+}
+
+/// Puts `target`'s extra head lines (`-H`, `--subprotocol`) before the
+/// blank line that ends `request`'s head (a request without a body).
+fn with_extra_head(request: &mut Vec<u8>, target: &WsTarget) {
+    let extra = target.extra_head();
+    if !extra.is_empty() && request.ends_with(b"\r\n\r\n") {
+        request.truncate(request.len() - 2);
+        request.extend_from_slice(extra.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
 }
 
 /// A Server-Sent Events subscriber's start (through `session` for
@@ -553,6 +579,7 @@ async fn subscribe(start: HttpStart<'_>) -> Result<Vec<u8>, OpenError> {
         ],
         b"",
     );
+    with_extra_head(&mut request, target);
     let bad = |why: String| (Failure::Own(Handshake::BadHandshake), why);
     let answer = |buf: &mut Vec<u8>| match http::parse_response(buf, max_head) {
         Ok(None) => Ok(None),

@@ -74,6 +74,11 @@ pub struct Measured {
     pub failed_early: Option<String>,
     /// Stopped by Ctrl-C.
     pub interrupted: bool,
+    /// The longest a generator worker (a subscriber's included) was held
+    /// up in the measured span: how late its record came, ns; and whose.
+    pub stall_ns: u64,
+    /// See `stall_ns`.
+    pub stalled: String,
 }
 
 /// The knee's role around a level's `attack` or `hold`.
@@ -97,6 +102,8 @@ pub struct Level<R: Role> {
     publishing: Option<Rc<Publishing>>,
     /// Workers through their ramp (or gone), for the publisher.
     ramps_done: usize,
+    /// The longest lateness of a worker's record in the measured span, and whose.
+    stall: (u64, String),
 }
 
 impl<R: Role> std::fmt::Debug for Level<R> {
@@ -133,6 +140,7 @@ impl<R: Role> Level<R> {
             interrupted: false,
             publishing,
             ramps_done: 0,
+            stall: (0, String::new()),
         }
     }
 
@@ -247,6 +255,10 @@ impl<R: Role> Role for Level<R> {
         own
     }
 
+    fn late(&mut self, merged: &Interval) {
+        self.inner.late(merged);
+    }
+
     fn absorb(&mut self, merged: &Interval) {
         self.inner.absorb(merged);
         self.all.add(merged);
@@ -262,6 +274,7 @@ impl<R: Role> Role for Level<R> {
             source: merged.source.clone(),
             counters: merged.counters.clone(),
             gauges: merged.gauges.clone(),
+            peaks: merged.peaks.clone(),
             histograms: Default::default(),
             host: merged.host.clone(),
         });
@@ -273,6 +286,16 @@ impl<R: Role> Role for Level<R> {
     fn progress(&mut self, view: &View<'_>) -> String {
         let (from, to) = self.window_ns();
         let end = view.merged.start_ns + view.merged.length_ns;
+        if from != u64::MAX && view.merged.start_ns >= from && end <= to {
+            // A worker held up sends its record late: a subscriber worker
+            // that stalls reads its deliveries late, and the target is not
+            // to blame for that.
+            for w in view.workers.iter().flatten() {
+                if w.start_ns >= from && w.late_ns > self.stall.0 {
+                    self.stall = (w.late_ns, w.source.clone());
+                }
+            }
+        }
         let stage = if from == u64::MAX || end <= from {
             "warm-up"
         } else if end <= to {
@@ -318,6 +341,8 @@ impl<R: Role> Role for Level<R> {
             to_ns: to,
             failed_early: self.failed_early,
             interrupted: self.interrupted,
+            stall_ns: self.stall.0,
+            stalled: self.stall.1,
         }
     }
 }

@@ -57,9 +57,10 @@ pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(15 * 60);
 /// The default `--publish-connections`.
 pub const DEFAULT_PUBLISH_CONNECTIONS: usize = 64;
-/// The default `--timeout` of a level's requests: far above any objective,
-/// short enough that an overloaded level ends soon after its schedule.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default `--timeout` of a level's requests: `attack`'s own, so that a
+/// level and the same `attack` count the same requests as timed out (an
+/// overloaded level is stopped early by its objective, not by the timeout).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = attack::DEFAULT_TIMEOUT;
 
 /// What rises, as the command asks for it.
 #[derive(Debug, Clone)]

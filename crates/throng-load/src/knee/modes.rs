@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use throng_report::format::Header;
-use throng_report::interval::{Interval, new_histogram};
+use throng_report::interval::{Interval, every_request, new_histogram};
 use throng_report::knee::Mode;
 use throng_report::summary::HistStats;
 
@@ -154,7 +154,10 @@ impl Plan {
                 let objective = c.objective.clone();
                 let check: Check = Box::new(move |_all: &Interval, window: &Interval| {
                     let errors = attack_errors(window).values().sum();
-                    objective.clearly_missed(window.histograms.get("latency"), errors, planned)
+                    // Every request's latency: a timeout counts at its timeout.
+                    let every = every_request(&window.histograms);
+                    let latency = every.as_ref().or(window.histograms.get("latency"));
+                    objective.clearly_missed(latency, errors, planned)
                 });
                 let role = Level::new(
                     attack::supervisor::role(run),
@@ -291,7 +294,7 @@ fn attack_seen(m: &Measured) -> Seen {
     let errors = attack_errors(w);
     let answered = w.counters_under("status.");
     let figures = Figures {
-        latency: w.stats("latency"),
+        latency: w.every_request_stats(),
         latency_name: "request latency",
         from_actual: Some(w.stats("service")),
         delivery: None,
@@ -441,6 +444,8 @@ fn seen(m: &Measured, mut figures: Figures) -> Seen {
     let used = HostUse::over(m);
     figures.generator_cpu = used.busiest_cpu;
     figures.generator_busiest = used.busiest;
+    figures.stall_us = m.stall_ns / 1000;
+    figures.stalled.clone_from(&m.stalled);
     Seen {
         figures,
         started_ns: m.intervals.first().map_or(0, |iv| iv.start_ns),
@@ -554,6 +559,8 @@ mod tests {
             steady_s,
             failed_early: None,
             interrupted: false,
+            stall_ns: 0,
+            stalled: String::new(),
         }
     }
 

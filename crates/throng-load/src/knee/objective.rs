@@ -30,6 +30,11 @@ pub const GENERATOR_CPU: f64 = 0.9;
 /// The generator's lag p99 above which it fell behind (the harness's
 /// "late" threshold).
 pub const GENERATOR_LAG_US: u64 = LATE_US;
+/// A generator worker whose record of a measured interval came this late
+/// (µs after the interval's end) was held up that long: the level is the
+/// generator's, whatever it measured meanwhile. A second: far above a busy
+/// machine's usual few hundred ms, below the 1.5 s stalls that misled.
+pub const GENERATOR_STALL_US: u64 = 1_000_000;
 /// Share of events started late above which the generator fell behind.
 pub const GENERATOR_LATE_SHARE: f64 = 0.01;
 
@@ -72,6 +77,11 @@ pub struct Figures {
     pub generator_cpu: f64,
     /// That process.
     pub generator_busiest: String,
+    /// The longest a generator worker (a subscriber's included) was held
+    /// up in the measured span, µs (its record came that late), and whose.
+    pub stall_us: u64,
+    /// See `stall_us`.
+    pub stalled: String,
 }
 
 impl Figures {
@@ -133,6 +143,26 @@ impl Objective {
                     .is_none_or(|d| self.misses(d, "", false).is_empty())
         }) && errors.is_empty()
             && f.lost.zip(self.max_lost).is_none_or(|(l, m)| l <= m);
+        // A stall explains a miss that is mostly the stall itself (a
+        // subscriber held up 1.5 s reads a delivery 1.46 s late); a target
+        // far slower than any hiccup of a busy machine is still the target's.
+        let worst_p99 = f
+            .delivery
+            .as_ref()
+            .map_or(f.latency.p99, |d| d.p99.max(f.latency.p99));
+        let stall_explains = f.stall_us >= GENERATOR_STALL_US
+            && f.stall_us.saturating_mul(5) >= worst_p99.saturating_mul(4)
+            && errors.is_empty()
+            && f.lost.zip(self.max_lost).is_none_or(|(l, m)| l <= m);
+        if stall_explains {
+            let mut why = vec![format!(
+                "a generator worker ({}) was held up {}: what it measured then (deliveries read late) is its own delay, not the target's",
+                f.stalled,
+                micros(f.stall_us)
+            )];
+            why.extend(reasons);
+            return (Verdict::Generator, why);
+        }
         if behind && (out_of_cpu || fine_from_actual) {
             let mut why = vec![format!(
                 "the generator fell behind its schedule: lag p99 {}, {} of its events started over {} late",
@@ -303,6 +333,29 @@ mod tests {
     #[test]
     fn a_level_within_the_objective_passes() {
         assert_eq!(objective().judge(&figures(80_000)), (Verdict::Pass, vec![]));
+    }
+
+    #[test]
+    fn a_stalled_subscriber_worker_is_the_generators_fault() {
+        // knee publish: the publisher kept its schedule, a subscriber worker
+        // stalled 1.5 s and read its deliveries late.
+        let mut f = figures(2_000);
+        f.delivery = Some(stats(1_460_000));
+        f.stall_us = 1_500_000;
+        f.stalled = "h/knee-1".into();
+        let (v, why) = objective().judge(&f);
+        assert_eq!(v, Verdict::Generator, "{why:?}");
+        assert!(
+            why[0].contains("h/knee-1") && why[0].contains("1.50s"),
+            "{why:?}"
+        );
+        // A short hiccup is not a stall: the target is judged.
+        f.stall_us = 200_000;
+        assert_eq!(objective().judge(&f).0, Verdict::Fail);
+        // Nor is a stall far shorter than the target's own slowness.
+        f.stall_us = 1_200_000;
+        f.delivery = Some(stats(6_000_000));
+        assert_eq!(objective().judge(&f).0, Verdict::Fail);
     }
 
     #[test]

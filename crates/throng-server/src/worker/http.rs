@@ -239,7 +239,11 @@ async fn serve_from(
 
 /// Wakes each of the worker's sleepers when its next part is due: a task
 /// of its own takes the connection up again ([`resume`]).
+/// A sleeper whose client closed or reset its socket meanwhile is let go
+/// at once (its client address released) and counted in /metrics as
+/// `throng_handshake_failures_total{reason="ping_client_closed"}`.
 pub(crate) async fn wake_sleepers(w: Rc<Worker>) {
+    let mut events = throng_host::poll::Events::with_capacity(64);
     loop {
         let next = w.sleepers.next();
         let wait = async {
@@ -251,6 +255,21 @@ pub(crate) async fn wake_sleepers(w: Rc<Worker>) {
         tokio::select! {
             () = wait => {}
             () = w.sleepers.sooner() => continue,
+            fds = w.sleepers.stirred(&mut events) => {
+                for fd in fds {
+                    let gone = |s: &Sleeper| match s.stream.peek(&mut [0u8; 1]) {
+                        Ok(n) => n == 0,
+                        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                    };
+                    if let Some(sleeper) = w.sleepers.stir(fd, gone) {
+                        w.counters.handshake_failed("ping_client_closed");
+                        if let Some(source) = sleeper.source {
+                            w.supervisor.release(source);
+                        }
+                    }
+                }
+                continue;
+            }
         }
         for sleeper in w.sleepers.due(Instant::now()) {
             tokio::task::spawn_local(resume(w.clone(), sleeper));

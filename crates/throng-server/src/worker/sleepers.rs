@@ -9,21 +9,32 @@
 //! ordered by when it wakes (its slot 56 bytes, with the client address it
 //! stays counted under): under a hundred bytes, against the 1.76 KB a
 //! sleeping connection cost in its task.
+//!
+//! Each sleeping socket is also watched in an epoll set of the sleepers'
+//! own ([`Sleepers::stirred`]), so that a client that gives up and closes
+//! frees its socket at once instead of leaving it in CLOSE-WAIT until its
+//! answer's sleep ends.
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
+use throng_host::poll::{Events, Interest, Poller};
 use tokio::sync::Notify;
 
 /// Every sleeping connection of a worker: `S` is what it takes to go on
 /// with one (its socket, the rest of its answer).
 pub(crate) struct Sleepers<S> {
-    /// Indexed by file descriptor. Invariant: `slots[fd]` is `Some` exactly
-    /// when `wakes` holds one entry for `fd`.
-    slots: RefCell<Vec<Option<S>>>,
+    /// Indexed by file descriptor, with when it wakes. `wakes` holds an
+    /// entry for each; an entry whose slot is empty or wakes at another
+    /// time is of a sleeper already gone (its client closed), and skipped.
+    slots: RefCell<Vec<Option<(Instant, S)>>>,
+    /// The sleeping sockets, watched for their client's close (made by the
+    /// first [`Sleepers::stirred`], inside the runtime; `None` inside
+    /// when the set could not be made: then nothing is watched).
+    watch: OnceCell<Option<Poller>>,
     /// (when it wakes, fd), soonest first.
     wakes: RefCell<BinaryHeap<Reverse<(Instant, u32)>>>,
     /// A sleeper came that wakes before any other.
@@ -34,25 +45,34 @@ impl<S> Default for Sleepers<S> {
     fn default() -> Self {
         Self {
             slots: RefCell::default(),
+            watch: OnceCell::new(),
             wakes: RefCell::default(),
             sooner: Notify::new(),
         }
     }
 }
 
-impl<S: AsRawFd> Sleepers<S> {
+impl<S: AsRawFd + AsFd> Sleepers<S> {
+    fn poller(&self) -> Option<&Poller> {
+        self.watch.get().and_then(Option::as_ref)
+    }
+
     /// Holds `sleeper` until `wake`.
     pub(crate) fn park(&self, sleeper: S, wake: Instant) {
         let Ok(fd) = u32::try_from(sleeper.as_raw_fd()) else {
             return;
         };
+        if let Some(p) = self.poller() {
+            // Unwatched, it still wakes on time: only its close goes unseen.
+            let _ = p.add(&sleeper, u64::from(fd), Interest::Read);
+        }
         let index = fd as usize;
         {
             let mut slots = self.slots.borrow_mut();
             if slots.len() <= index {
                 slots.resize_with(index + 1, || None);
             }
-            slots[index] = Some(sleeper);
+            slots[index] = Some((wake, sleeper));
         }
         let mut wakes = self.wakes.borrow_mut();
         let soonest = wakes.peek().is_none_or(|Reverse((at, _))| wake < *at);
@@ -65,7 +85,7 @@ impl<S: AsRawFd> Sleepers<S> {
     /// Connections sleeping now.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.wakes.borrow().len()
+        self.slots.borrow().iter().flatten().count()
     }
 
     /// The sleepers whose time has come at `now`, taken out.
@@ -78,11 +98,53 @@ impl<S: AsRawFd> Sleepers<S> {
                 break;
             }
             wakes.pop();
-            if let Some(s) = slots.get_mut(fd as usize).and_then(Option::take) {
+            let Some(slot) = slots.get_mut(fd as usize) else {
+                continue;
+            };
+            if slot.as_ref().is_some_and(|(wake, _)| *wake == at)
+                && let Some((_, s)) = slot.take()
+            {
+                if let Some(p) = self.poller() {
+                    let _ = p.remove(&s);
+                }
                 out.push(s);
             }
         }
         out
+    }
+
+    /// Waits until a sleeping socket stirs (its client closed or reset it,
+    /// or sent more), and returns their descriptors. Never returns when the
+    /// set cannot be made.
+    pub(crate) async fn stirred(&self, events: &mut Events) -> Vec<u32> {
+        let watch = self.watch.get_or_init(|| Poller::new().ok());
+        let Some(p) = watch else {
+            return std::future::pending().await;
+        };
+        if p.wait(events).await.is_err() {
+            return Vec::new();
+        }
+        events
+            .iter()
+            .filter_map(|e| u32::try_from(e.token).ok())
+            .collect()
+    }
+
+    /// Sleeper `fd` stirred: takes it out if `gone` says its client is
+    /// gone (its wake entry is then skipped), else stops watching it (it
+    /// sent its next request early, read when it wakes).
+    pub(crate) fn stir(&self, fd: u32, gone: impl Fn(&S) -> bool) -> Option<S> {
+        let mut slots = self.slots.borrow_mut();
+        let slot = slots.get_mut(fd as usize)?;
+        let (_, s) = slot.as_ref()?;
+        if let Some(p) = self.poller() {
+            let _ = p.remove(s);
+        }
+        if gone(s) {
+            slot.take().map(|(_, s)| s)
+        } else {
+            None
+        }
     }
 
     /// When the next sleeper wakes.
@@ -129,5 +191,33 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert_eq!(s.due(t0 + Duration::from_secs(1)).len(), 1);
         assert_eq!((s.len(), s.next()), (0, None));
+    }
+
+    #[tokio::test]
+    async fn a_client_that_closes_while_its_answer_sleeps_is_let_go_at_once() {
+        let s = Sleepers::default();
+        let mut events = Events::with_capacity(8);
+        // The set is made by the first wait; nothing stirs yet.
+        let none = tokio::time::timeout(Duration::from_millis(20), s.stirred(&mut events)).await;
+        assert!(none.is_err());
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (served, _) = l.accept().unwrap();
+        served.set_nonblocking(true).unwrap();
+        let fd = served.as_raw_fd() as u32;
+        let t0 = Instant::now();
+        s.park(served, t0 + Duration::from_secs(30));
+        drop(client);
+        let fds = tokio::time::timeout(Duration::from_secs(5), s.stirred(&mut events))
+            .await
+            .expect("the close is seen");
+        assert_eq!(fds, [fd]);
+        let gone = s.stir(fd, |t| matches!(t.peek(&mut [0u8; 1]), Ok(0) | Err(_)));
+        assert!(gone.is_some());
+        assert_eq!(s.len(), 0);
+        // Its wake entry is skipped; a new sleeper on the same fd is not woken by it.
+        s.park(socket(), t0 + Duration::from_secs(60));
+        assert!(s.due(t0 + Duration::from_secs(31)).is_empty());
+        assert_eq!(s.due(t0 + Duration::from_secs(61)).len(), 1);
     }
 }

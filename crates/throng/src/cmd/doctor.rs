@@ -111,6 +111,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         let ips = throng_load::hold::target::parse_sources(list).context("--source-ips")?;
         plan.source_ips = ips.len() as u64;
         plan.source_list = Some(list.clone());
+        plan.source_addrs = ips;
     }
     if let Some(list) = &args.ports {
         plan.target_ports =

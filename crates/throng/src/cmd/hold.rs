@@ -11,7 +11,8 @@ use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
 use throng_load::hold::mqtt::MqttOptions;
 use throng_load::hold::request::PublishRequest;
-use throng_load::hold::target::{PublishTarget, WsTarget, parse_sources};
+use throng_load::hold::stamp::Stamp;
+use throng_load::hold::target::{PublishTarget, WsTarget, parse_header, parse_sources};
 use throng_load::hold::{self, Settings};
 use throng_load::pacer::RateSpec;
 
@@ -50,9 +51,32 @@ pub(crate) struct Args {
     /// wss://... for TLS (see --tls-ca, --tls-insecure). MQTT subscribers:
     /// mqtt://HOST:PORT/<topic filter> (+ and # are MQTT wildcards; quote them for the shell),
     /// mqtts://... for TLS. Server-Sent Events subscribers: sse://HOST:PORT/<channel>
-    /// (GET with Accept: text/event-stream), sses://... for TLS.
+    /// (GET with Accept: text/event-stream), sses://... for TLS. The root path
+    /// (ws://HOST:PORT/) is a target too: a server that pushes to every client.
     #[arg(value_name = "URL", required_unless_present = "worker")]
     url: Option<String>,
+
+    /// A header for the upgrade (or the event stream's GET): 'Cookie: s=1',
+    /// 'Authorization: Bearer ...'. Repeatable.
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+    headers: Vec<String>,
+
+    /// The WebSocket subprotocol to ask for (Sec-WebSocket-Protocol).
+    #[arg(long, value_name = "NAME")]
+    subprotocol: Option<String>,
+
+    /// Fail a held connection that receives nothing, not even a ping, for
+    /// this long (closed.read_timeout; the run exits 1): 30s, 2m. Checked
+    /// every half of it. Default: never.
+    #[arg(long, value_parser = parse_duration)]
+    read_timeout: Option<Duration>,
+
+    /// Where messages the server makes on its own say when they were sent:
+    /// json:FIELD (a JSON object's field), number (a number the message
+    /// starts with), or throng (only throng's own messages; the default).
+    /// A Unix time in s, ms, µs or ns, told by its magnitude.
+    #[arg(long, value_name = "FORMAT", default_value = "throng")]
+    stamp: Stamp,
 
     /// Connections to open and hold.
     #[arg(short = 'c', long, default_value_t = 1000)]
@@ -253,7 +277,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let url = args.url.as_deref().context("a target URL is needed")?;
-    let target: WsTarget = url.parse()?;
+    let mut target: WsTarget = url.parse()?;
+    target.headers = args
+        .headers
+        .iter()
+        .map(|h| parse_header(h))
+        .collect::<Result<_, _>>()?;
+    target.subprotocol.clone_from(&args.subprotocol);
+    target.stamp = args.stamp.clone();
     let publish_mqtt = args
         .publish
         .as_deref()
@@ -270,6 +301,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         handshake_timeout_ms: millis(args.handshake_timeout),
         close_timeout_ms: millis(args.close_timeout),
         max_message: args.max_message,
+        read_timeout_ms: args.read_timeout.map_or(0, millis),
         ..Settings::default()
     };
     let (remote, agents) = args

@@ -155,8 +155,9 @@ struct AttackArgs {
     #[arg(long)]
     no_keepalive: bool,
 
-    /// Per request, connect included; a later answer counts as error 'timeout'.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// Per request, connect included; a later answer counts as error
+    /// 'timeout', at its timeout in the latency. The same default as attack's.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
     timeout: Duration,
 
     #[command(flatten)]

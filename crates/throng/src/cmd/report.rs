@@ -17,6 +17,10 @@ or from runs you want to add up. Intervals are aligned on wall-clock time and
 merged exactly: counters and latency histograms add, gauges such as
 connections.open add across sources, and host samples count each machine once.
 An interval that appears twice (the same file given twice) is counted once.
+Each run has its own id: two runs at once on one host (whose workers share
+names) merge as two runs, every interval counted. Runs of different kinds
+(hold, attack, bench, knee) do not add up: report refuses them (exit 2)
+unless --mixed, which shows each kind as a report of its own.
 
 A file cut short (a killed run) is read up to the damage, with a warning that
 names the file and byte offset. A file that is not a result file is refused.
@@ -44,6 +48,12 @@ pub(crate) struct Args {
     /// percentiles, connections, throughput, host) to this file.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+
+    /// Files of different kinds of run (hold, attack, bench, knee): show
+    /// each kind as a report of its own, one after the other, instead of
+    /// refusing them.
+    #[arg(long, conflicts_with = "html")]
+    mixed: bool,
 }
 
 /// Points a plot of the HTML page holds at most: a long run is drawn in
@@ -51,6 +61,54 @@ pub(crate) struct Args {
 const HTML_MAX_POINTS: usize = 1_000;
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let groups = throng_report::merge::group_by_kind(&args.files)?;
+    if groups.len() > 1 {
+        let kinds: Vec<String> = groups
+            .iter()
+            .map(|(kind, files)| {
+                let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+                format!("{kind} ({})", names.join(", "))
+            })
+            .collect();
+        if !args.mixed {
+            eprintln!(
+                "throng report: these files hold different kinds of run, whose figures do not add up: {}; give --mixed to show each kind apart",
+                kinds.join("; ")
+            );
+            return Ok(ExitCode::from(2));
+        }
+        return mixed(&args, groups);
+    }
+    super::print(&render(&args, &args.files)?)?;
+    if let Some(path) = &args.html {
+        eprintln!("throng report: wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--mixed`: each kind of run as a report of its own.
+fn mixed(args: &Args, groups: Vec<(String, Vec<PathBuf>)>) -> anyhow::Result<ExitCode> {
+    let mut runs = Vec::new();
+    for (kind, files) in groups {
+        let out = render(args, &files)?;
+        match args.format {
+            Format::Text => super::print(&format!("=== {kind} ===\n{out}\n"))?,
+            Format::Json => runs.push(serde_json::json!({
+                "kind": kind,
+                "report": serde_json::from_str::<serde_json::Value>(&out)?,
+            })),
+        }
+    }
+    if args.format == Format::Json {
+        let json = serde_json::json!({ "mixed": runs });
+        super::print(&format!("{}\n", serde_json::to_string_pretty(&json)?))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The report of `files` (of one kind), as `args` asks: text or JSON, and
+/// the HTML page written.
+fn render(args: &Args, files: &[PathBuf]) -> anyhow::Result<String> {
     const SECOND: u64 = 1_000_000_000;
     let mut text = Merger::new(args.every.unwrap_or(SECOND));
     if args.every.is_none() {
@@ -63,13 +121,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         mergers.push(Merger::new(SECOND).with_max_buckets(HTML_MAX_POINTS));
     }
     // The error names the file and what is wrong with it: no context to add.
-    let files = merge_files_into(&args.files, &mut mergers)?;
+    let paths = files;
+    let files = merge_files_into(paths, &mut mergers)?;
     let mut merged = mergers.into_iter().map(Merger::finish);
     // Invariant: `mergers` held at least the text merger.
     let text_merged = merged.next().expect("the text merger");
     let report = Report::build(&text_merged, &files, args.every.is_some());
     // A knee search's file carries its result: its table and page lead.
-    let knees = throng_report::knee::read_all(&args.files);
+    let knees = throng_report::knee::read_all(paths);
 
     if let Some(path) = &args.html {
         let plot = merged.next().map(|plot| Report::build(&plot, &files, true));
@@ -81,12 +140,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         std::fs::write(path, page).with_context(|| format!("cannot write {}", path.display()))?;
     }
 
+    let mut out = String::new();
     match args.format {
         Format::Text => {
             for knee in &knees {
-                super::print(&format!("{}\n", throng_report::knee::render_text(knee)))?;
+                out.push_str(&format!("{}\n", throng_report::knee::render_text(knee)));
             }
-            super::print(&throng_report::text::render(&report))?;
+            out.push_str(&throng_report::text::render(&report));
         }
         Format::Json => {
             for f in &report.files {
@@ -95,7 +155,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
             if knees.is_empty() {
-                super::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
+                out.push_str(&format!("{}\n", serde_json::to_string_pretty(&report)?));
             } else {
                 // A knee search's result goes beside the merged figures, as
                 // `knees` (the same object `throng knee --format json` prints).
@@ -103,14 +163,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 if let Some(fields) = json.as_object_mut() {
                     fields.insert("knees".into(), serde_json::to_value(&knees)?);
                 }
-                super::print(&format!("{}\n", serde_json::to_string_pretty(&json)?))?;
+                out.push_str(&format!("{}\n", serde_json::to_string_pretty(&json)?));
             }
         }
     }
-    if let Some(path) = &args.html {
-        eprintln!("throng report: wrote {}", path.display());
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(out)
 }
 
 /// `--every`: a duration in the one grammar (`10s`, `500ms`, `1m`), as ns.

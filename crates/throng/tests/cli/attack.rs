@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+use throng_testkit::process::{output_within, text};
 use throng_testkit::{Server, TempDir};
 
 use crate::{run_json, serve, throng};
@@ -608,4 +609,213 @@ fn ping_is_cut_off_at_the_request_timeout() {
         took >= Duration::from_millis(300) && took < Duration::from_secs(10),
         "{took:?}"
     );
+}
+
+/// Half the requests answered at once, half held past `--timeout`: every
+/// request is in the latency (a timeout at its timeout), so the p99 is the
+/// timeout's and `--max-p99` fails; the report says how many are timeouts.
+#[test]
+fn timed_out_requests_count_at_their_timeout() {
+    // Answers for 250 ms from the first request, then holds every answer.
+    let (port, _) = stall_server(Duration::from_millis(250), Duration::from_secs(30));
+    let url = format!("http://127.0.0.1:{port}/");
+    let dir = TempDir::new("attack-timeouts");
+    let file = dir.path().join("run.jsonl");
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "20/s",
+        "--requests",
+        "10",
+        "--timeout",
+        "400ms",
+        "--max-p99",
+        "100ms",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "--max-p99 fails on the timeouts: {err}");
+    let timeouts = s["errors"]["timeout"].as_u64().unwrap_or(0);
+    assert!(timeouts >= 3, "{s}");
+    assert_eq!(n(&s, "latency_timeouts"), timeouts, "{s}");
+    assert_eq!(s["latency_us"]["count"].as_u64(), Some(10), "{s}");
+    assert!(s["latency_us"]["p99"].as_u64().unwrap() >= 400_000, "{s}");
+    assert!(
+        s["answered_latency_us"]["p99"].as_u64().unwrap() < 100_000,
+        "{s}"
+    );
+    assert!(err.contains("p99 latency"), "{err}");
+
+    let out = output_within(throng().arg("report").arg(&file), Duration::from_secs(30));
+    let text = text(&out.stdout);
+    assert!(
+        text.contains(&format!("{timeouts} of 10 are timeouts")),
+        "{text}"
+    );
+    assert!(text.contains("latency.answered"), "{text}");
+    let out = output_within(
+        throng().args(["report", "--format", "json"]).arg(&file),
+        Duration::from_secs(30),
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    assert_eq!(
+        r["latency_us"]["latency"]["count"].as_u64(),
+        Some(10),
+        "{r}"
+    );
+    assert_eq!(
+        r["latency_us"]["latency.timeout"]["count"].as_u64(),
+        Some(timeouts)
+    );
+}
+
+/// A frozen server (SIGSTOP: connections accepted by the kernel, nothing
+/// answered): the latencies are the timeouts, the answered figures say
+/// "no answers" instead of 0 µs.
+#[test]
+fn a_frozen_server_shows_its_timeouts_not_zero() {
+    let server = serve_one(&[]);
+    let pids = server.worker_pids();
+    for pid in &pids {
+        throng_testkit::process::signal(*pid, "STOP");
+    }
+    let dir = TempDir::new("attack-frozen");
+    let file = dir.path().join("run.jsonl");
+    let out = output_within(
+        throng()
+            .args([
+                "attack",
+                "--url",
+                &ping_url(&server),
+                "--rate",
+                "20/s",
+                "--requests",
+                "5",
+                "--timeout",
+                "300ms",
+                "--output",
+            ])
+            .arg(&file),
+        Duration::from_secs(30),
+    );
+    for pid in &pids {
+        throng_testkit::process::signal(*pid, "CONT");
+    }
+    let stdout = text(&out.stdout);
+    let latencies = stdout
+        .lines()
+        .find(|l| l.starts_with("Latencies"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(!latencies.contains(" 0µs"), "{stdout}");
+    assert!(latencies.contains("ms"), "{stdout}");
+    assert!(stdout.contains("5 of 5 timed out"), "{stdout}");
+    let service = stdout.lines().find(|l| l.starts_with("Service")).unwrap();
+    assert!(service.contains("no answers"), "{stdout}");
+    // The report too: no 0 µs row for what nothing measured.
+    let report =
+        text(&output_within(throng().arg("report").arg(&file), Duration::from_secs(30)).stdout);
+    let answered = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("latency.answered "))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        answered.contains("no answers") && !answered.contains("µs"),
+        "{answered}"
+    );
+}
+
+/// Peaks are tracked at every change: short requests on new connections
+/// rise and fall between interval ends, and still show as a peak.
+#[test]
+fn peaks_are_seen_between_interval_ends() {
+    let server = serve_one(&[]);
+    let dir = TempDir::new("attack-peaks");
+    let file = dir.path().join("run.jsonl");
+    let (code, s, err) = attack(&[
+        "--url",
+        &ping_url(&server),
+        "--rate",
+        "300/s",
+        "--duration",
+        "2s",
+        "--no-keepalive",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(n(&s, "requests") >= 590, "{s}");
+    assert!(s["peak_in_flight"].as_i64().unwrap() >= 1, "{s}");
+    assert!(s["peak_connections"].as_i64().unwrap() >= 1, "{s}");
+    let out = output_within(
+        throng().args(["report", "--format", "json"]).arg(&file),
+        Duration::from_secs(30),
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let g = &r["gauges"]["requests.in_flight"];
+    assert!(g["peak"].as_i64().unwrap() >= 1, "{r}");
+    assert!(g["peak"].as_i64() >= g["max"].as_i64(), "{r}");
+}
+
+/// Sockets in CLOSE-WAIT on local port `port` (IPv4), from /proc/net/tcp.
+fn close_wait(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let local = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].ends_with(&local) && f[3] == "08"
+        })
+        .count()
+}
+
+/// A client that gives up on a sleeping `/ping` and closes frees its socket
+/// at once (no CLOSE-WAIT until the sleep ends), counted in /metrics.
+#[test]
+fn a_sleeping_ping_is_let_go_when_its_client_closes() {
+    let server = serve_one(&[]);
+    let port = server.addr.port();
+    let clients: Vec<TcpStream> = (0..5)
+        .map(|_| {
+            let mut c = TcpStream::connect(server.addr).unwrap();
+            c.write_all(b"GET /ping HTTP/1.1\r\nHost: t\r\nsleep: 30000\r\n\r\n")
+                .unwrap();
+            c
+        })
+        .collect();
+    // Long enough for the answers to go to sleep (on a busy machine a
+    // request may still be in its task when its client closes: that one is
+    // let go there, and not counted as a sleeper).
+    std::thread::sleep(Duration::from_millis(1000));
+    drop(clients);
+    let sample = "throng_handshake_failures_total{reason=\"ping_client_closed\"}";
+    let freed = server.wait_metric(sample, |v| v >= 1.0);
+    let began = Instant::now();
+    while close_wait(port) > 0 && began.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The symptom itself: none waits in CLOSE-WAIT for its 30 s sleep.
+    assert_eq!(close_wait(port), 0, "sockets left in CLOSE-WAIT");
+    // An attack that gives up at its timeout frees the server's sockets too.
+    let (_, s, err) = attack(&[
+        "--url",
+        &ping_url(&server),
+        "-H",
+        "sleep: 30000",
+        "--rate",
+        "20/s",
+        "--requests",
+        "10",
+        "--timeout",
+        "500ms",
+    ]);
+    assert_eq!(s["latency_timeouts"].as_u64(), Some(10), "{s} {err}");
+    server.wait_metric(sample, |v| v > freed);
+    let began = Instant::now();
+    while close_wait(port) > 0 && began.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(close_wait(port), 0);
 }

@@ -151,3 +151,57 @@ fn bench_tls_holds_wss_connections_with_a_checked_certificate_and_delivers_every
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert_eq!(left.len(), 2, "{left:?}");
 }
+
+/// A tmpfs mounted for one test (as root), unmounted when it ends.
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A full disk: bench says so in one line and leaves no file behind, not
+/// its hidden hold file nor a partial result or page. Needs root (mount).
+#[test]
+fn a_full_disk_is_one_error_line_and_no_partial_file() {
+    let dir = TempDir::new("bench-full");
+    for size in ["8k", "40k"] {
+        let mnt = dir.path().join(format!("full-{size}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        let _umount = Tmpfs(mnt.clone());
+        let out = run(&[
+            "bench",
+            "-c",
+            "200",
+            "--messages",
+            "2",
+            "--out-dir",
+            mnt.to_str().unwrap(),
+            "-q",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        let errors: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("No space left"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{err}");
+        assert_eq!(errors[0].matches("No space left").count(), 1, "{err}");
+        let left: Vec<_> = std::fs::read_dir(&mnt)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{size}: left {left:?}");
+    }
+}

@@ -589,3 +589,32 @@ fn throng_works(line: &str) {
         text(&o.stderr)
     );
 }
+
+/// A source address that is not on this host will fail every connection:
+/// doctor binds it and says STOP, naming it (exit 1).
+#[test]
+fn a_source_address_not_on_this_host_will_stop_the_run() {
+    let out = throng()
+        .args([
+            "doctor",
+            "--connections",
+            "1000",
+            "--role",
+            "client",
+            "--source-ips",
+            "127.0.0.2,192.0.2.1",
+        ])
+        .output()
+        .expect("run throng");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("source addresses"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("STOP") && line.contains("192.0.2.1"),
+        "{line}"
+    );
+    assert!(!line.contains("127.0.0.2"), "{line}");
+}

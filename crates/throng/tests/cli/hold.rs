@@ -335,3 +335,247 @@ fn pings_are_answered_so_the_server_keeps_connections() {
     // Idle timeout is 3 × 300 ms; held 2.5 s: without pongs every one would be closed with 1008.
     assert_eq!(count(&s, &["closed", "clean"]), 200, "{s:#}");
 }
+
+/// A child process killed (by its pid) and reaped when the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tests/peers/push_server.py` with `args`, once it listens: the child and its port.
+fn push_server(args: &[&str]) -> (Killed, u16) {
+    use std::io::BufRead as _;
+    let mut child = throng_testkit::process::command("python3")
+        .arg(throng_testkit::peers::dir().join("push_server.py"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start push_server.py");
+    let mut line = String::new();
+    let out = child.stdout.as_mut().expect("piped stdout");
+    std::io::BufReader::new(out)
+        .read_line(&mut line)
+        .expect("read");
+    let port = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("push_server.py: {line}"));
+    (Killed(child), port)
+}
+
+/// A server that pushes on its root path and wants a token header and a
+/// subprotocol: hold takes `/`, `-H` and `--subprotocol`; without the
+/// header the upgrade is refused.
+#[test]
+fn the_root_path_headers_and_a_subprotocol() {
+    require!(Peer::PythonWebsockets);
+    let (_server, port) = push_server(&[
+        "--need-header",
+        "X-Token: abc",
+        "--subprotocol",
+        "chat",
+        "--timeout",
+        "30",
+    ]);
+    let url = format!("ws://127.0.0.1:{port}/");
+    let (s, code, err) = hold(&[
+        &url,
+        "-c",
+        "3",
+        "--rate",
+        "100/s",
+        "--duration",
+        "1s",
+        "-H",
+        "X-Token: abc",
+        "--subprotocol",
+        "chat",
+    ]);
+    assert_eq!(code, 0, "{s} {err}");
+    assert_eq!(count(&s, &["opened"]), 3, "{s}");
+    assert!(count(&s, &["foreign"]) > 0, "the pushes arrive: {s}");
+    let (s, code, _) = hold(&[&url, "-c", "2", "--rate", "100/s", "--duration", "1s"]);
+    assert_eq!(code, 1, "{s}");
+    assert_eq!(count(&s, &["opened"]), 0, "{s}");
+    // A header with a line break would end the request early: refused.
+    let (_, code, err) = hold(&[&url, "-c", "1", "-H", "X-Bad: a\r\nX-More: b"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("invalid header"), "{err}");
+}
+
+/// A server that pushes its own messages, stamped in µs in a JSON field:
+/// `--stamp json:t` times them; without it they are only counted.
+#[test]
+fn server_pushes_are_timed_by_their_own_stamp() {
+    require!(Peer::PythonWebsockets);
+    let (_server, port) = push_server(&["--every", "0.1", "--timeout", "30"]);
+    let url = format!("ws://127.0.0.1:{port}/");
+    let (s, code, err) = hold(&[
+        &url,
+        "-c",
+        "4",
+        "--rate",
+        "100/s",
+        "--duration",
+        "1500ms",
+        "--stamp",
+        "json:t",
+    ]);
+    assert_eq!(code, 0, "{s} {err}");
+    let pushed = count(&s, &["pushed"]);
+    assert!(pushed >= 20, "{s}");
+    assert_eq!(count(&s, &["foreign"]), 0, "{s}");
+    assert_eq!(count(&s, &["pushed_delivery_us", "count"]), pushed, "{s}");
+    // On loopback a push arrives within a second of its stamp.
+    assert!(count(&s, &["pushed_delivery_us", "max"]) < 1_000_000, "{s}");
+    // The server's own `seq` field: every push, in order, none lost.
+    assert_eq!(count(&s, &["lost"]), 0, "{s}");
+    assert_eq!(count(&s, &["out_of_order"]), 0, "{s}");
+    let (_, code, err) = hold(&[&url, "-c", "1", "--stamp", "xml:t"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--stamp"), "{err}");
+}
+
+/// A server frozen for the whole run (SIGSTOP after the connections are
+/// up) sends nothing, not even a ping: `--read-timeout` fails every held
+/// connection as `read_timeout` and the run exits 1, instead of all "held".
+#[test]
+fn a_frozen_server_fails_the_read_timeout() {
+    let server = serve(&["--workers", "1"]);
+    let url = format!("ws://{}/frozen", server.addr);
+    let pids = server.worker_pids();
+    let run = std::thread::spawn(move || {
+        hold(&[
+            &url,
+            "-c",
+            "3",
+            "--rate",
+            "100/s",
+            "--duration",
+            "3s",
+            "--read-timeout",
+            "1s",
+            "--close-timeout",
+            "500ms",
+        ])
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    for pid in &pids {
+        throng_testkit::process::signal(*pid, "STOP");
+    }
+    let (s, code, err) = run.join().expect("hold thread");
+    for pid in &pids {
+        throng_testkit::process::signal(*pid, "CONT");
+    }
+    assert_eq!(count(&s, &["opened"]), 3, "{s} {err}");
+    assert_eq!(count(&s, &["closed", "read_timeout"]), 3, "{s}");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--read-timeout"), "{err}");
+}
+
+/// A dry run tells the truth: a source address not on this host is refused
+/// by binding it (hold and attack, exit 2), and `--workers` is capped by
+/// the connections instead of starting processes with nothing to do.
+#[test]
+fn dry_runs_bind_their_sources_and_cap_their_workers() {
+    let out = crate::throng()
+        .args([
+            "hold",
+            "ws://127.0.0.1:9/c",
+            "-c",
+            "10",
+            "--source-ips",
+            "192.0.2.1",
+            "--dry-run",
+        ])
+        .output()
+        .expect("run throng");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("192.0.2.1 cannot be used here"), "{err}");
+    assert_eq!(
+        err.matches("cannot be used here").count(),
+        1,
+        "said once: {err}"
+    );
+    let out = crate::throng()
+        .args([
+            "attack",
+            "--url",
+            "http://127.0.0.1:9/",
+            "--rate",
+            "10/s",
+            "--requests",
+            "1",
+            "--source-ips",
+            "192.0.2.1",
+            "-q",
+        ])
+        .output()
+        .expect("run throng");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("192.0.2.1 cannot be used here"), "{err}");
+    let out = crate::throng()
+        .args([
+            "hold",
+            "ws://127.0.0.1:9/c",
+            "-c",
+            "1",
+            "-w",
+            "100000",
+            "--dry-run",
+        ])
+        .output()
+        .expect("run throng");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("capped at one per connection"), "{text}");
+    // What doctor calls STOP, the dry run does not call fitting.
+    let out = crate::throng()
+        .args([
+            "hold",
+            "ws://127.0.0.1:9/c",
+            "-c",
+            "1000000000",
+            "--dry-run",
+        ])
+        .output()
+        .expect("run throng");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("will stop the run"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("fits this machine"));
+}
+
+/// A server whose own sequence skips numbers: hold counts the gaps as
+/// losses on each connection, and the run fails --max-lost.
+#[test]
+fn gaps_in_a_servers_own_sequence_are_losses() {
+    require!(Peer::PythonWebsockets);
+    let (_server, port) = push_server(&["--every", "0.05", "--skip-every", "3", "--timeout", "30"]);
+    let url = format!("ws://127.0.0.1:{port}/");
+    let (s, code, err) = hold(&[
+        &url,
+        "-c",
+        "2",
+        "--rate",
+        "100/s",
+        "--duration",
+        "1500ms",
+        "--stamp",
+        "json:t",
+    ]);
+    assert_eq!(code, 1, "{s} {err}");
+    assert!(count(&s, &["lost"]) >= 4, "{s}");
+    assert!(err.contains("lost"), "{err}");
+}

@@ -296,6 +296,7 @@ fn the_text_report_fits_a_terminal_and_says_what_a_rate_is_over() {
                 ("bytes.in".to_owned(), 1 << 20),
             ]),
             gauges: BTreeMap::from([("connections.open".to_owned(), 100 * s as i64)]),
+            peaks: BTreeMap::new(),
             histograms: names.iter().map(|n| ((*n).to_owned(), h.clone())).collect(),
             host: None,
         })

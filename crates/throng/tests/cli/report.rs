@@ -45,6 +45,7 @@ fn run() -> Vec<Interval> {
                 source: format!("box1/hold-{w}"),
                 counters,
                 gauges: BTreeMap::from([("connections.open".to_owned(), 100 * (s as i64 + 1))]),
+                peaks: BTreeMap::new(),
                 histograms: BTreeMap::from([
                     ("delivery".to_owned(), delivery),
                     ("connect".to_owned(), connect),
@@ -428,4 +429,125 @@ fn html_report_renders_in_a_browser() {
         page > 4 * empty,
         "the screenshot looks blank: {page} bytes against {empty} for an empty page"
     );
+}
+
+/// Two attacks at once on one host name their workers alike
+/// (`<host>/attack-0`); each run has its own id, so both files merge as two
+/// runs and every request counts.
+#[test]
+fn two_overlapping_runs_on_one_host_merge_as_two() {
+    let server = crate::serve(&["--workers", "1"]);
+    let url = format!("http://{}/ping", server.addr);
+    let dir = TempDir::new("report-two-runs");
+    let (m1, m2) = (dir.path().join("m1.jsonl"), dir.path().join("m2.jsonl"));
+    // Both at once, each bounded.
+    let runs: Vec<_> = [m1.clone(), m2.clone()]
+        .into_iter()
+        .map(|file| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let mut c = crate::throng();
+                c.args([
+                    "attack",
+                    "--url",
+                    &url,
+                    "--rate",
+                    "250/s",
+                    "--requests",
+                    "500",
+                    "-q",
+                ])
+                .arg("--output")
+                .arg(&file);
+                output_within(&mut c, Duration::from_secs(60))
+            })
+        })
+        .collect();
+    for run in runs {
+        let out = run.join().expect("attack thread");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let r = json(&[
+        "report",
+        "--format",
+        "json",
+        m1.to_str().unwrap(),
+        m2.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        r["counters"]["requests.sent"]["total"].as_u64(),
+        Some(1000),
+        "{r}"
+    );
+    assert_eq!(r["duplicates"].as_u64(), Some(0), "{r}");
+    let sources: Vec<&str> = r["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    assert!(
+        sources.iter().any(|s| s.ends_with("(run 2)")),
+        "{sources:?}"
+    );
+    // The same file twice is still one run, counted once.
+    let r = json(&[
+        "report",
+        "--format",
+        "json",
+        m1.to_str().unwrap(),
+        m1.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        r["counters"]["requests.sent"]["total"].as_u64(),
+        Some(500),
+        "{r}"
+    );
+}
+
+/// A hold's file and an attack's do not add up: refused with exit 2 and
+/// both kinds named; `--mixed` shows each as a report of its own.
+#[test]
+fn different_kinds_of_run_are_refused_or_shown_apart() {
+    let dir = TempDir::new("report-kinds");
+    let hold = dir.path().join("hold.jsonl");
+    write(&hold, &run());
+    let attack = dir.path().join("attack.jsonl");
+    let header = Header::new(
+        vec!["throng".into(), "attack".into()],
+        serde_json::json!({"subcommand": "attack"}),
+    );
+    let mut w = Writer::create(&attack, &header).unwrap();
+    let mut iv = Interval::empty(
+        1_795_320_000_000_000_000,
+        1_000_000_000,
+        "h/attack-0".into(),
+    );
+    iv.counters.insert("requests.sent".into(), 7);
+    w.write_interval(&iv).unwrap();
+    drop(w);
+    let (h, a) = (hold.to_str().unwrap(), attack.to_str().unwrap());
+    let out = cli(&["report", h, a]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("hold (") && err.contains("attack ("), "{err}");
+    assert!(err.contains("--mixed"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    let out = cli(&["report", "--mixed", h, a]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    assert!(
+        t.contains("=== hold ===") && t.contains("=== attack ==="),
+        "{t}"
+    );
+    let r = json(&["report", "--mixed", "--format", "json", h, a]);
+    let runs = r["mixed"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["kind"], "attack");
+    assert_eq!(
+        runs[1]["report"]["counters"]["requests.sent"]["total"].as_u64(),
+        Some(7)
+    );
+    assert!(runs[0]["report"]["counters"].get("requests.sent").is_none());
 }
