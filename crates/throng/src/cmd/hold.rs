@@ -174,9 +174,10 @@ pub(crate) struct Args {
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "MQTT (mqtt:// and mqtts:// URLs)")]
 pub(crate) struct MqttArgs {
-    /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once) or 1 (at least
-    /// once, each delivery acknowledged with PUBACK).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once), 1 (at least
+    /// once, each delivery acknowledged with PUBACK) or 2 (exactly once: PUBREC, PUBREL,
+    /// PUBCOMP).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
     qos: u8,
 
     /// CONNECT's keep-alive: each subscriber sends PINGREQ every half of it (0: no keep-alive).
