@@ -38,6 +38,10 @@ pub struct MqttOptions {
     pub username: Option<String>,
     /// CONNECT's password.
     pub password: Option<String>,
+    /// Connections send CONNECT and no SUBSCRIBE: a broker's cost of
+    /// connected, idle devices (emqtt-bench's `conn`).
+    #[serde(default)]
+    pub connect_only: bool,
 }
 
 impl Default for MqttOptions {
@@ -49,6 +53,7 @@ impl Default for MqttOptions {
             client_id_prefix: "throng-".to_owned(),
             username: None,
             password: None,
+            connect_only: false,
         }
     }
 }
@@ -84,9 +89,13 @@ impl MqttOptions {
     /// The start line: version, QoS, keep-alive, client ids, credentials.
     pub fn describe(&self) -> String {
         format!(
-            "mqtt: version {}, QoS {}, keep-alive {} s (PINGREQ every {}), client ids {}<n>{}",
+            "mqtt: version {}, {}, keep-alive {} s (PINGREQ every {}), client ids {}<n>{}",
             if self.level == 5 { "5.0" } else { "3.1.1" },
-            self.qos,
+            if self.connect_only {
+                "connect only (no SUBSCRIBE)".to_owned()
+            } else {
+                format!("QoS {}", self.qos)
+            },
             self.keep_alive_s,
             match ping_every(self.keep_alive_s) {
                 0 => "never".to_owned(),
@@ -118,8 +127,22 @@ impl MqttOptions {
         let _ = packet.encode(self.version(), out);
     }
 
-    /// Appends SUBSCRIBE to `filter` at the QoS asked.
+    /// Where a connection's start begins: CONNACK, then SUBACK unless
+    /// [`Self::connect_only`].
+    pub fn joining(&self) -> Joining {
+        if self.connect_only {
+            Joining::ConnackOnly
+        } else {
+            Joining::Connack
+        }
+    }
+
+    /// Appends SUBSCRIBE to `filter` at the QoS asked (nothing for a
+    /// connect-only connection).
     pub fn subscribe(&self, filter: &str, out: &mut Vec<u8>) {
+        if self.connect_only {
+            return;
+        }
         let packet = Packet::Subscribe(Subscribe {
             packet_id: SUBSCRIBE_ID,
             properties: Properties::EMPTY,
@@ -174,6 +197,8 @@ impl std::fmt::Display for Refusal {
 pub enum Joining {
     /// CONNACK not read yet.
     Connack,
+    /// CONNACK not read yet, and no SUBSCRIBE was sent.
+    ConnackOnly,
     /// SUBACK not read yet.
     Suback,
     /// Subscribed.
@@ -184,9 +209,10 @@ impl Joining {
     /// The next step after `packet`, or why it ends the connection.
     pub fn on(self, packet: &Packet<'_>) -> Result<Self, Refusal> {
         match (self, packet) {
-            (Self::Connack, Packet::Connack(c)) if c.code.is_error() => {
+            (Self::Connack | Self::ConnackOnly, Packet::Connack(c)) if c.code.is_error() => {
                 Err(Refusal::Connack(c.code))
             }
+            (Self::ConnackOnly, Packet::Connack(_)) => Ok(Self::Done),
             (Self::Connack, Packet::Connack(_)) => Ok(Self::Suback),
             (Self::Suback, Packet::Suback(s)) if s.packet_id != SUBSCRIBE_ID => Err(
                 Refusal::Unexpected("SUBACK for a SUBSCRIBE that was not sent"),

@@ -813,3 +813,43 @@ fn hold_at_qos_2_gets_every_message_exactly_once() {
         }
     }
 }
+
+/// `--mqtt-connect-only`: connections that CONNECT and send no SUBSCRIBE
+/// (idle devices), held open on throng serve and Mosquitto alike; with
+/// `--publish` it is refused.
+#[test]
+fn hold_can_connect_without_subscribing() {
+    require!(Peer::Mosquitto);
+    for start in Broker::both() {
+        let broker = start();
+        let name = broker.name();
+        let url = format!("mqtt://127.0.0.1:{}/idle", broker.port());
+        let (code, s, stderr) = run_json(
+            "hold",
+            &[&url, "-c", "40", "--mqtt-connect-only", "--duration", "2s"],
+        );
+        assert_eq!(code, 0, "{name}: hold failed: {stderr}\n{}", broker.log());
+        assert_eq!(count(&s, &["opened"]), 40, "{name}: {s:#}");
+        assert_eq!(count(&s, &["closed", "clean"]), 40, "{name}: {s:#}");
+        if let Broker::Throng(server, _) = &broker {
+            let (_, metrics) = throng_testkit::http::get(server.ops, "/metrics");
+            assert!(!metrics.contains("type=\"SUBSCRIBE\""), "{name}: {metrics}");
+            let disconnects =
+                server.metric("throng_mqtt_packets_received_total{type=\"DISCONNECT\"}");
+            assert_eq!(disconnects, 40.0, "{name}");
+        }
+        let (code, _, stderr) = run_json(
+            "hold",
+            &[
+                &url,
+                "--mqtt-connect-only",
+                "--publish",
+                &url,
+                "--messages",
+                "1",
+            ],
+        );
+        assert_ne!(code, 0, "{name}: {stderr}");
+        assert!(stderr.contains("--mqtt-connect-only"), "{stderr}");
+    }
+}
