@@ -199,6 +199,9 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     for a in accepts {
         a.abort();
     }
+    // Let the aborted accept loops go (closing the listeners) before the
+    // first subscriber is told to reconnect: it must not land on them.
+    tokio::task::yield_now().await;
     drain(&w, &mut rd, &mut buf, spread).await;
     ticker.abort();
     reactor.abort();
@@ -705,7 +708,7 @@ async fn drain(
                 n
             } else {
                 let part = start.elapsed().as_secs_f64() / spread.as_secs_f64();
-                ((n as f64 * part).ceil() as usize).min(n)
+                ((n as f64 * part).floor() as usize).min(n)
             };
             let closed = n - pending.len();
             for c in pending.drain(..due.saturating_sub(closed).min(n - closed)) {
