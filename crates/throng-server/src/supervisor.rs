@@ -696,7 +696,9 @@ async fn supervise(
                 Step::Go => deadline = Some(sup.taken_over()),
                 Step::Abandoned => {
                     log!("throng: the takeover was abandoned; serving on");
-                    claim_ports(&mut plan.locks, &plan.reserved)?;
+                    if let Err(e) = claim_ports(&mut plan.locks, &plan.reserved) {
+                        log!("throng: cannot claim the ports again: {e}");
+                    }
                 }
             },
             ev = rx.recv() => match ev {
