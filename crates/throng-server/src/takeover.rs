@@ -153,8 +153,12 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    /// Listens on `path`.
+    /// Listens on `path`, after removing the sockets of serves that are
+    /// gone (a `kill -9` leaves its file behind).
     pub(crate) fn open(path: PathBuf) -> io::Result<Self> {
+        if let Some(dir) = path.parent() {
+            remove_stale(dir);
+        }
         let l = listen(&path)?;
         l.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(l)?;
@@ -196,6 +200,26 @@ impl Control {
                     });
                 }
             }
+        }
+    }
+}
+
+/// Removes `control.<pid>.sock` files in `dir` whose process is gone.
+fn remove_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("control."))
+            .and_then(|n| n.strip_suffix(".sock"))
+            .and_then(|n| n.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
