@@ -37,7 +37,9 @@ class Run:
         self.a, self.got, self.closes, self.rejoins = a, {}, {}, []
         self.refused = self.probes = self.rejoin_failed = 0
         self.sent = -1
-        self.done = False
+        self.connected = 0
+        self.why = {}
+
 
     async def subscriber(self, i):
         since, seen = None, set()
@@ -46,12 +48,16 @@ class Run:
             path = "/feed" + (f"?since={since}" if since else "")
             try:
                 r, w = await upgrade(self.a.host, self.a.port, path)
-            except (OSError, asyncio.IncompleteReadError):
+            except (OSError, asyncio.IncompleteReadError) as e:
                 self.rejoin_failed += 1
+                why = str(e)[:60]
+                self.why[why] = self.why.get(why, 0) + 1
                 await asyncio.sleep(0.2)
                 continue
             if since:
                 self.rejoins.append(time.monotonic())
+            elif not seen:
+                self.connected += 1
             try:
                 async for op, data in frames(r):
                     if op == 1:
@@ -66,35 +72,45 @@ class Run:
                 pass
             w.close()
 
-    async def publisher(self):
+
+
+def side(a, sent, probes, refused, stop):
+    """The publisher and the prober, in a process of their own so that the
+    subscribers' event loop does not slow them down."""
+    import socket, threading
+
+    def publisher():
         n = 0
-        while not self.done:
+        while not stop.value:
             body = str(n).encode()
             try:
-                r, w = await asyncio.open_connection(self.a.host, self.a.port)
-                w.write(b"POST /publish/feed HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-                line = await r.readline()
-                w.close()
-                if b" 200 " in line:
-                    self.sent = n
-                    n += 1
+                with socket.create_connection((a.host, a.port), timeout=5) as c:
+                    c.sendall(b"POST /publish/feed HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                    if b" 200 " in c.recv(64):
+                        sent.value = n
+                        n += 1
             except OSError:
                 pass
-            await asyncio.sleep(1 / self.a.pub_rate)
+            time.sleep(1 / a.pub_rate)
 
-    async def prober(self):
-        while not self.done:
-            self.probes += 1
+    def prober():
+        while not stop.value:
+            probes.value += 1
             try:
-                r, w = await asyncio.open_connection(self.a.host, self.a.port)
-                w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                if not (await r.readline()).startswith(b"HTTP/1.1"):
-                    self.refused += 1
-                w.close()
+                with socket.create_connection((a.host, a.port), timeout=5) as c:
+                    c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    if not c.recv(64).startswith(b"HTTP/1.1"):
+                        refused.value += 1
             except OSError:
-                self.refused += 1
-            await asyncio.sleep(0.005)
+                refused.value += 1
+            time.sleep(0.005)
+
+    ts = [threading.Thread(target=publisher), threading.Thread(target=prober)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
 
 
 async def main(a):
@@ -107,7 +123,13 @@ async def main(a):
         subs.append(asyncio.create_task(run.subscriber(i)))
         if i % 500 == 499:
             await asyncio.sleep(0.25)
-    tasks = [asyncio.create_task(run.publisher()), asyncio.create_task(run.prober())]
+    while run.connected < a.n and time.monotonic() - t0 < a.limit:
+        await asyncio.sleep(0.1)
+    import multiprocessing as mp
+    sent, probes, refused, stop = (mp.Value("q", -1), mp.Value("q", 0), mp.Value("q", 0),
+                                   mp.Value("b", 0))
+    helper = mp.Process(target=side, args=(a, sent, probes, refused, stop))
+    helper.start()
     await asyncio.sleep(3)
     print(f"subscribers: {a.n} opened in {time.monotonic() - t0:.1f} s", flush=True)
     t1 = time.monotonic()
@@ -116,10 +138,12 @@ async def main(a):
         await asyncio.sleep(0.05)
     old_gone = time.monotonic() - t1
     await asyncio.sleep(2)
-    run.done = True
+    stop.value = 1
+    helper.join(timeout=10)
+    run.sent, run.probes, run.refused = sent.value, probes.value, refused.value
     # The last messages' way to every subscriber.
     await asyncio.sleep(3)
-    for t in tasks + subs:
+    for t in subs:
         t.cancel()
     lost = sum(len(set(range(run.sent + 1)) - s) for s in run.got.values())
     print(f"refused or reset connections: {run.refused} of {run.probes} probes; "
@@ -127,6 +151,8 @@ async def main(a):
     print(f"messages published: {run.sent + 1}; lost after ?since= rejoin: {lost} "
           f"(over {len(run.got)} subscribers)")
     print(f"close codes: {run.closes}")
+    if run.why:
+        print(f"why rejoins failed: {sorted(run.why.items(), key=lambda x: -x[1])[:3]}")
     print(f"old process gone {old_gone:.1f} s after the takeover started"
           + ("" if old.poll() is not None else " (STILL RUNNING, killed)"))
     per = {}

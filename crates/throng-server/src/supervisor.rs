@@ -730,8 +730,11 @@ async fn supervise(
         if sup.draining && sup.slots.iter().all(|s| !s.alive) {
             break;
         }
-        // Our workers listen: the old server may stop.
-        if handover.is_some() && sup.slots.iter().all(|s| s.snapshot.is_some()) {
+        // Our workers listen (and our Redis link is up, for the
+        // subscribers that rejoin with ?since=): the old server may stop.
+        let ready = sup.slots.iter().all(|s| s.snapshot.is_some())
+            && sup.broker.stats().is_none_or(|b| b.up);
+        if handover.is_some() && ready {
             if let Some(Err(e)) = handover.take().map(Handover::go) {
                 log!("throng: --takeover: the old server is gone already ({e})");
             }
