@@ -115,7 +115,9 @@ def side(a, sent, probes, refused, stop):
 
 async def main(a):
     run = Run(a)
-    old = subprocess.Popen(a.old.split(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    logs = os.environ.get("LOGDIR", "/tmp")
+    old = subprocess.Popen(a.old.split(), stdout=subprocess.DEVNULL,
+                           stderr=open(f"{logs}/bench-takeover-old.log", "w"))
     await asyncio.sleep(2)
     t0 = time.monotonic()
     subs = []
@@ -133,7 +135,8 @@ async def main(a):
     await asyncio.sleep(3)
     print(f"subscribers: {a.n} opened in {time.monotonic() - t0:.1f} s", flush=True)
     t1 = time.monotonic()
-    new = subprocess.Popen(a.new.split(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    new = subprocess.Popen(a.new.split(), stdout=subprocess.DEVNULL,
+                           stderr=open(f"{logs}/bench-takeover-new.log", "w"))
     while old.poll() is None and time.monotonic() - t1 < a.limit:
         await asyncio.sleep(0.05)
     old_gone = time.monotonic() - t1
