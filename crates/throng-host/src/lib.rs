@@ -13,6 +13,7 @@
 //! safe function.
 
 pub mod doctor;
+pub mod fdpass;
 pub mod limits;
 pub mod netns;
 pub mod poll;

@@ -100,6 +100,13 @@ impl PortLocks {
         &self.path
     }
 
+    /// The control socket a running serve with pid `pid` listens on for a
+    /// `--takeover` (next to the lock file, so whoever finds the holder of
+    /// a port finds it too).
+    pub fn control_path(&self, pid: i32) -> PathBuf {
+        self.path.with_file_name(format!("control.{pid}.sock"))
+    }
+
     /// The ports claimed so far.
     pub fn ports(&self) -> &[u16] {
         &self.ports

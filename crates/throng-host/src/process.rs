@@ -81,6 +81,8 @@ pub enum Signal {
     Int,
     /// `SIGKILL`: now.
     Kill,
+    /// `SIGUSR2`: a serve worker's "taken over" (close spread out, exit).
+    Usr2,
 }
 
 impl Signal {
@@ -89,6 +91,7 @@ impl Signal {
             Self::Term => libc::SIGTERM,
             Self::Int => libc::SIGINT,
             Self::Kill => libc::SIGKILL,
+            Self::Usr2 => libc::SIGUSR2,
         }
     }
 }

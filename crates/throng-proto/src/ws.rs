@@ -61,6 +61,8 @@ pub mod close_code {
     pub const TOO_BIG: u16 = 1009;
     /// An unexpected condition in the server.
     pub const INTERNAL: u16 = 1011;
+    /// The service is restarting (a takeover): reconnect.
+    pub const SERVICE_RESTART: u16 = 1012;
 }
 
 /// Why an opening handshake was refused. [`HandshakeError::status`] gives the

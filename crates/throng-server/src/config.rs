@@ -38,6 +38,13 @@ pub struct Config {
     pub write_timeout: Duration,
     /// On SIGTERM/SIGINT: how long to wait for close handshakes before exiting.
     pub drain_timeout: Duration,
+    /// Start by taking the ports of the running serve that holds them
+    /// (`--takeover`), which then closes its connections spread over
+    /// `drain_spread`.
+    pub takeover: bool,
+    /// When this server is taken over: its subscribers are closed (1012)
+    /// spread evenly over this long, so they reconnect gradually.
+    pub drain_spread: Duration,
     /// A request head (or publish body) not complete within this is closed (slowloris).
     pub handshake_timeout: Duration,
     /// Enables `POST /bench/floor/<channel>`: a bare `write(2)` loop over the
@@ -193,6 +200,8 @@ impl Default for Config {
             max_queue: 256 * 1024,
             write_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
+            takeover: false,
+            drain_spread: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             bench_floor: false,
             request_timeout: Duration::from_secs(3600),

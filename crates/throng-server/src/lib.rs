@@ -42,6 +42,7 @@ pub mod retained;
 mod reuseport;
 pub mod stream;
 pub mod supervisor;
+pub mod takeover;
 pub mod tls;
 pub mod wheel;
 pub mod worker;

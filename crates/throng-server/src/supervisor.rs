@@ -29,6 +29,8 @@ use crate::retained::{self, Retained};
 use crate::reuseport;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
 use throng_host::portlock::{ClaimError, PortLocks};
+
+use crate::takeover::{Control, Handover, Step, TakeoverError};
 use throng_host::process::{self, Signal};
 use throng_host::shared::SharedCounters;
 
@@ -113,6 +115,9 @@ pub enum ServeError {
     /// The open-file limit leaves no room for subscribers.
     #[error(transparent)]
     Budget(#[from] BudgetError),
+    /// `--takeover` found a running serve but could not take its ports.
+    #[error(transparent)]
+    Takeover(#[from] TakeoverError),
     /// Something else at the OS level.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -152,6 +157,8 @@ pub struct Plan {
     reserved: Vec<socket2::Socket>,
     /// The claim on every port, so a second `throng serve` is refused.
     locks: PortLocks,
+    /// `--takeover` and a running serve holds the ports: its pid.
+    pub takeover_from: Option<i32>,
     /// The subscriber counts every worker shares, with `--max-connections`.
     shared: Option<SharedCounters>,
 }
@@ -250,7 +257,12 @@ impl Plan {
             None => None,
         };
         config.shared_counters = shared.as_ref().map(SharedCounters::fd);
-        let locks = claim_ports(&reserved)?;
+        let mut locks = PortLocks::open().map_err(ServeError::PortLock)?;
+        let takeover_from = match claim_ports(&mut locks, &reserved) {
+            // The claims are the takeover's to make (`run`).
+            Err(ServeError::PortHeld { pid, .. }) if config.takeover && pid > 0 => Some(pid),
+            other => other.map(|()| None)?,
+        };
         Ok(Self {
             config,
             nofile,
@@ -262,6 +274,7 @@ impl Plan {
             reload: reload::Files::default(),
             reserved,
             locks,
+            takeover_from,
             shared,
         })
     }
@@ -383,8 +396,7 @@ fn given_twice(config: &Config) -> Option<SocketAddr> {
 
 /// Claims every reserved port (after port 0 became a real one), so that a
 /// second `throng serve` on any of them is refused, naming this one.
-fn claim_ports(reserved: &[socket2::Socket]) -> Result<PortLocks, ServeError> {
-    let mut locks = PortLocks::open().map_err(ServeError::PortLock)?;
+fn claim_ports(locks: &mut PortLocks, reserved: &[socket2::Socket]) -> Result<(), ServeError> {
     for s in reserved {
         let Some(port) = s
             .local_addr()
@@ -399,7 +411,38 @@ fn claim_ports(reserved: &[socket2::Socket]) -> Result<PortLocks, ServeError> {
             e @ ClaimError::File { .. } => ServeError::PortLock(e),
         })?;
     }
-    Ok(locks)
+    Ok(())
+}
+
+/// The ports of `reserved`.
+fn ports_of(reserved: &[socket2::Socket]) -> Vec<u16> {
+    reserved
+        .iter()
+        .filter_map(|s| s.local_addr().ok()?.as_socket())
+        .map(|a| a.port())
+        .collect()
+}
+
+/// `--takeover`: receives the sockets of the serve with pid `pid`, then
+/// claims the ports it gives up (it does so right after sending them).
+fn take_ports(plan: &mut Plan, pid: i32) -> Result<Handover, ServeError> {
+    let mut h = Handover::take(&plan.locks.control_path(pid), pid)?;
+    log!(
+        "throng: --takeover: received {} sockets from pid {pid}",
+        h.sockets.len()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match claim_ports(&mut plan.locks, &plan.reserved) {
+            Ok(()) => break,
+            Err(ServeError::PortHeld { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    plan.reserved.append(&mut h.sockets);
+    Ok(h)
 }
 
 fn public_config(config: &Config) -> serde_json::Value {
@@ -573,15 +616,35 @@ fn epoch_ms() -> u64 {
 }
 
 /// Runs the server until SIGTERM/SIGINT has drained every worker.
-pub fn run(plan: Plan, command: WorkerCommand) -> Result<(), ServeError> {
+pub fn run(mut plan: Plan, command: WorkerCommand) -> Result<(), ServeError> {
+    let handover = match plan.takeover_from.take() {
+        Some(pid) => Some(take_ports(&mut plan, pid)?),
+        None if plan.config.takeover => {
+            log!("throng: --takeover: no running serve holds these ports; starting normally");
+            None
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, supervise(plan, command))
+    local.block_on(&rt, supervise(plan, command, handover))
 }
 
-async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError> {
+/// The next step of a takeover of this server (never, without a control socket).
+async fn next_step(ctl: &mut Option<Control>, ports: &[u16], sockets: &[socket2::Socket]) -> Step {
+    match ctl {
+        Some(c) => c.next(ports, sockets).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn supervise(
+    mut plan: Plan,
+    command: WorkerCommand,
+    mut handover: Option<Handover>,
+) -> Result<(), ServeError> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut sup = Supervisor::new(&plan.config, command, tx)?;
     sup.shared = plan.shared;
@@ -607,6 +670,10 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut deadline = None;
     let mut prune = tokio::time::interval(Duration::from_secs(1));
+    let ports = ports_of(&plan.reserved);
+    let mut ctl = Control::open(plan.locks.control_path(std::process::id() as i32))
+        .map_err(|e| log!("throng: no takeover control socket: {e}"))
+        .ok();
     loop {
         let until_deadline = async {
             match deadline {
@@ -623,6 +690,17 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
             _ = term.recv(), if !sup.draining => deadline = Some(sup.drain("SIGTERM")),
             _ = int.recv(), if !sup.draining => deadline = Some(sup.drain("SIGINT")),
             _ = hup.recv() => sup.reload(&plan.reload),
+            step = next_step(&mut ctl, &ports, &plan.reserved), if !sup.draining => match step {
+                // Dropping our claims' file frees every one of them.
+                Step::Release => plan.locks = PortLocks::open().map_err(ServeError::PortLock)?,
+                Step::Go => deadline = Some(sup.taken_over()),
+                Step::Abandoned => {
+                    log!("throng: the takeover was abandoned; serving on");
+                    if let Err(e) = claim_ports(&mut plan.locks, &plan.reserved) {
+                        log!("throng: cannot claim the ports again: {e}");
+                    }
+                }
+            },
             ev = rx.recv() => match ev {
                 Some(ev) => {
                     if let Some(d) = sup.on_event(ev) {
@@ -651,6 +729,15 @@ async fn supervise(plan: Plan, command: WorkerCommand) -> Result<(), ServeError>
         }
         if sup.draining && sup.slots.iter().all(|s| !s.alive) {
             break;
+        }
+        // Our workers listen (and our Redis link is up, for the
+        // subscribers that rejoin with ?since=): the old server may stop.
+        let ready = sup.slots.iter().all(|s| s.snapshot.is_some())
+            && sup.broker.stats().is_none_or(|b| b.up);
+        if handover.is_some() && ready {
+            if let Some(Err(e)) = handover.take().map(Handover::go) {
+                log!("throng: --takeover: the old server is gone already ({e})");
+            }
         }
     }
     // Hold the reserved ports until the workers are gone.
@@ -1150,6 +1237,20 @@ impl Supervisor {
         for i in 0..self.slots.len() {
             self.send(i, rec.clone());
         }
+    }
+
+    /// A `serve --takeover` listens on our ports: every worker stops
+    /// accepting and closes its subscribers spread over `--drain-spread`.
+    fn taken_over(&mut self) -> tokio::time::Instant {
+        let spread = self.config.drain_spread;
+        log!("throng: taken over: closing every subscriber with 1012, spread over {spread:?}");
+        self.draining = true;
+        for s in &self.slots {
+            if s.alive {
+                let _ = process::signal(s.pid, Signal::Usr2);
+            }
+        }
+        tokio::time::Instant::now() + spread + self.config.drain_timeout + Duration::from_secs(2)
     }
 
     fn drain(&mut self, signal: &str) -> tokio::time::Instant {

@@ -176,6 +176,9 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
     // signalled must not kill the workers, which get the reload over the
     // control socket.
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    // SIGUSR2 is the supervisor's "you are taken over": close spread out.
+    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())?;
+    let mut spread = None;
     loop {
         tokio::select! {
             _ = hup.recv() => {}
@@ -188,12 +191,19 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
             },
             _ = term.recv() => break,
             _ = int.recv() => break,
+            _ = usr2.recv() => {
+                spread = Some(w.cfg.drain_spread);
+                break;
+            }
         }
     }
     for a in accepts {
         a.abort();
     }
-    drain(&w, &mut rd, &mut buf).await;
+    // Let the aborted accept loops go (closing the listeners) before the
+    // first subscriber is told to reconnect: it must not land on them.
+    tokio::task::yield_now().await;
+    drain(&w, &mut rd, &mut buf, spread).await;
     ticker.abort();
     reactor.abort();
     fanout.abort();
@@ -664,18 +674,62 @@ async fn fanout_loop(w: Rc<Worker>) {
 }
 
 /// Sends 1001 (MQTT 5.0: DISCONNECT 0x8B) to every subscriber and waits until they are gone (or the
-/// drain timeout), answering control records meanwhile.
-async fn drain(w: &Worker, rd: &mut tokio::net::unix::OwnedReadHalf, buf: &mut BytesMut) {
-    w.draining.set(true);
-    let n = w.subs.close_all(
-        close_code::GOING_AWAY,
-        "server shutting down",
-        CloseReason::Shutdown,
-    );
-    let deadline = tokio::time::Instant::now() + w.cfg.drain_timeout;
+/// drain timeout), answering control records meanwhile. Taken over
+/// (`spread`): 1012 "service restart" instead, to a share of the
+/// subscribers every 20 ms so that the last gets it when `spread` is over.
+async fn drain(
+    w: &Worker,
+    rd: &mut tokio::net::unix::OwnedReadHalf,
+    buf: &mut BytesMut,
+    spread: Option<Duration>,
+) {
+    // Taken over, the subscribers still open keep getting messages until
+    // their turn comes.
+    w.draining.set(spread.is_none());
+    let start = tokio::time::Instant::now();
+    let mut pending = Vec::new();
+    let n = match spread {
+        None => w.subs.close_all(
+            close_code::GOING_AWAY,
+            "server shutting down",
+            CloseReason::Shutdown,
+        ),
+        Some(_) => {
+            pending = w.subs.all();
+            pending.len()
+        }
+    };
+    let spread = spread.unwrap_or_default();
+    let deadline = start + spread + w.cfg.drain_timeout;
     let mut ctl_open = true;
     loop {
-        if w.subs.len() == 0 && w.counters.queued.get() == 0 {
+        if !pending.is_empty() {
+            // Those due by now: n x elapsed/spread.
+            let due = if spread.is_zero() {
+                n
+            } else {
+                let part = start.elapsed().as_secs_f64() / spread.as_secs_f64();
+                ((n as f64 * part).floor() as usize).min(n)
+            };
+            let closed = n - pending.len();
+            for c in pending.drain(..due.saturating_sub(closed).min(n - closed)) {
+                w.subs.close(
+                    &c,
+                    close_code::SERVICE_RESTART,
+                    "service restart",
+                    CloseReason::Shutdown,
+                );
+            }
+            if pending.is_empty() {
+                // And whoever finished a handshake meanwhile.
+                w.draining.set(true);
+                w.subs.close_all(
+                    close_code::SERVICE_RESTART,
+                    "service restart",
+                    CloseReason::Shutdown,
+                );
+            }
+        } else if w.subs.len() == 0 && w.counters.queued.get() == 0 {
             break;
         }
         let wait = tokio::time::sleep(Duration::from_millis(20));

@@ -385,8 +385,7 @@ impl<O: Outside> Subscribers<O> {
         self.wall.set(unix);
     }
 
-    /// Every subscriber here now.
-    #[cfg(test)]
+    /// Every subscriber here now (a takeover's drain closes them in turns).
     pub(crate) fn all(&self) -> Vec<Rc<Conn<O::Wire>>> {
         self.conns.borrow().all()
     }

@@ -241,6 +241,19 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     drain_timeout: Duration,
 
+    /// Take the ports of the running throng serve that holds them: its
+    /// listening sockets come over its control socket, this server's workers
+    /// start on them, then the old one closes its connections (WebSocket
+    /// 1012, MQTT 5 DISCONNECT 0x8B, SSE end of stream) spread over
+    /// --drain-spread and exits. Without a running serve: starts normally.
+    #[arg(long)]
+    takeover: bool,
+
+    /// When taken over by a `serve --takeover`: close the connections spread
+    /// evenly over this long, so clients reconnect gradually (no storm).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    drain_spread: Duration,
+
     /// Close a connection whose request head (or publish body) is not complete within this
     /// (slowloris). On --tls-listen the TLS handshake gets the same time again, first.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
@@ -493,6 +506,8 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         max_queue: args.max_queue,
         write_timeout: args.write_timeout,
         drain_timeout: args.drain_timeout,
+        takeover: args.takeover,
+        drain_spread: args.drain_spread,
         handshake_timeout: args.handshake_timeout,
         #[cfg(feature = "bench-floor")]
         bench_floor: args.bench_floor,

@@ -32,7 +32,7 @@ fn publish_id(addr: SocketAddr, channel: &str, body: &[u8], ctype: Option<&str>)
 type Sub = tungstenite::WebSocket<TcpStream>;
 
 /// A `throng.v1` subscriber of `channel`, after `since` when given.
-fn subscribe_v1(addr: SocketAddr, channel: &str, since: Option<&str>) -> Sub {
+pub(crate) fn subscribe_v1(addr: SocketAddr, channel: &str, since: Option<&str>) -> Sub {
     let query = since.map_or(String::new(), |s| format!("?since={s}"));
     let mut req = format!("ws://{addr}/{channel}{query}")
         .into_client_request()

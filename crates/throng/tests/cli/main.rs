@@ -44,6 +44,7 @@ mod report;
 mod scale;
 mod serve;
 mod serve_tls;
+mod takeover;
 mod tls_client;
 mod tls_park;
 

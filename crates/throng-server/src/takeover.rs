@@ -1,0 +1,260 @@
+//! `serve --takeover`: the handover of the ports from a running serve to a
+//! new one over the running one's control socket (a Unix socket next to
+//! the port lock file, named by the holder's pid).
+//!
+//! The exchange, one line each way, the sockets riding on the answer:
+//! new `take` -> old `ports P,...` with its reserved sockets attached
+//! (`SCM_RIGHTS`), and the old one gives up its port claims; the new one
+//! claims them, starts its workers in the same `SO_REUSEPORT` groups and,
+//! once they listen, says `go` -> the old one closes its connections
+//! spread over `--drain-spread` and exits. Until `go` both accept, so no
+//! connection is refused in between. Without `go` (the new one died) the
+//! old one claims its ports again and carries on.
+
+use std::io::{self, BufRead as _, BufReader, Write as _};
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use throng_host::fdpass;
+
+/// Why a takeover could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum TakeoverError {
+    /// The running serve's control socket did not answer.
+    #[error("cannot reach the control socket {path} of the running serve (pid {pid}): {source}")]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// The running serve.
+        pid: i32,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The exchange broke off or made no sense.
+    #[error("the takeover from pid {pid} failed: {source}")]
+    Exchange {
+        /// The running serve.
+        pid: i32,
+        /// What went wrong.
+        source: io::Error,
+    },
+}
+
+/// The new server's side of a handover in progress.
+#[derive(Debug)]
+pub struct Handover {
+    stream: UnixStream,
+    pid: i32,
+    /// The running server's reserved sockets, received.
+    pub sockets: Vec<socket2::Socket>,
+}
+
+impl Handover {
+    /// Asks the serve with pid `pid` (control socket `path`) for its ports.
+    pub fn take(path: &Path, pid: i32) -> Result<Self, TakeoverError> {
+        let stream = UnixStream::connect(path).map_err(|source| TakeoverError::Connect {
+            path: path.to_owned(),
+            pid,
+            source,
+        })?;
+        let fail = |source| TakeoverError::Exchange { pid, source };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(fail)?;
+        (&stream).write_all(b"take\n").map_err(fail)?;
+        let mut buf = [0u8; 64 * 1024];
+        let (n, fds) = fdpass::recv(&stream, &mut buf).map_err(fail)?;
+        if !buf[..n].starts_with(b"ports ") {
+            return Err(fail(io::Error::other(format!(
+                "unexpected answer {:?}",
+                String::from_utf8_lossy(&buf[..n])
+            ))));
+        }
+        Ok(Self {
+            stream,
+            pid,
+            sockets: fds.into_iter().map(socket2::Socket::from).collect(),
+        })
+    }
+
+    /// The running serve's pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Tells the old server that our workers listen: it closes its own.
+    pub fn go(self) -> io::Result<()> {
+        (&self.stream).write_all(b"go\n")
+    }
+}
+
+/// What the old server's side of a handover reports to its supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The sockets went over: give up the port claims.
+    Release,
+    /// The new server listens: close spread out and exit.
+    Go,
+    /// The new server went away without `go`: claim the ports again.
+    Abandoned,
+}
+
+/// The control socket of a running serve: binds `path` (a stale file of a
+/// dead serve is replaced).
+pub fn listen(path: &Path) -> io::Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    UnixListener::bind(path)
+}
+
+/// The old server's side of one handover over `stream` (blocking: run it
+/// on a thread of its own): sends `ports` and `sockets`, then reports
+/// each step through `report`.
+pub fn give(
+    stream: &UnixStream,
+    ports: &[u16],
+    sockets: &[OwnedFd],
+    mut report: impl FnMut(Step),
+) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut lines = BufReader::new(stream);
+    let mut line = String::new();
+    lines.read_line(&mut line)?;
+    if line.trim() != "take" {
+        return Err(io::Error::other(format!("unexpected request {line:?}")));
+    }
+    let list: Vec<String> = ports.iter().map(u16::to_string).collect();
+    let text = format!("ports {}\n", list.join(","));
+    let fds: Vec<_> = sockets.iter().map(|s| s.as_fd()).collect();
+    fdpass::send(stream, text.as_bytes(), &fds)?;
+    report(Step::Release);
+    // The new server's workers start within seconds; a minute is plenty.
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    line.clear();
+    match lines.read_line(&mut line) {
+        Ok(_) if line.trim() == "go" => report(Step::Go),
+        _ => report(Step::Abandoned),
+    }
+    Ok(())
+}
+
+/// A running serve's control socket, in its supervisor's event loop.
+#[derive(Debug)]
+pub(crate) struct Control {
+    listener: tokio::net::UnixListener,
+    path: PathBuf,
+    tx: tokio::sync::mpsc::UnboundedSender<Step>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Step>,
+}
+
+impl Control {
+    /// Listens on `path`, after removing the sockets of serves that are
+    /// gone (a `kill -9` leaves its file behind).
+    pub(crate) fn open(path: PathBuf) -> io::Result<Self> {
+        if let Some(dir) = path.parent() {
+            remove_stale(dir);
+        }
+        let l = listen(&path)?;
+        l.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(l)?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        Ok(Self {
+            listener,
+            path,
+            tx,
+            rx,
+        })
+    }
+
+    /// Serves takeover requests (each on a thread of its own, with copies
+    /// of `sockets`, the reserved ones of `ports`) until one reports a step.
+    pub(crate) async fn next(&mut self, ports: &[u16], sockets: &[socket2::Socket]) -> Step {
+        loop {
+            tokio::select! {
+                step = self.rx.recv() => if let Some(step) = step {
+                    return step;
+                },
+                conn = self.listener.accept() => {
+                    let Ok((conn, _)) = conn else { continue };
+                    let copies: io::Result<Vec<OwnedFd>> = sockets
+                        .iter()
+                        .map(|s| s.try_clone().map(OwnedFd::from))
+                        .collect();
+                    let (Ok(copies), Ok(conn)) = (copies, conn.into_std()) else {
+                        continue;
+                    };
+                    let tx = self.tx.clone();
+                    let ports = ports.to_vec();
+                    std::thread::spawn(move || {
+                        let _ = conn.set_nonblocking(false);
+                        if let Err(e) = give(&conn, &ports, &copies, |s| {
+                            let _ = tx.send(s);
+                        }) {
+                            log!("throng: takeover request: {e}");
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Removes `control.<pid>.sock` files in `dir` whose process is gone.
+fn remove_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("control."))
+            .and_then(|n| n.strip_suffix(".sock"))
+            .and_then(|n| n.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handover_passes_the_sockets_and_reports_each_step() {
+        let dir = std::env::temp_dir().join(format!("throng-takeover-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("control.1.sock");
+        let ctl = listen(&path).unwrap();
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        let sockets = vec![OwnedFd::from(held)];
+        let old = std::thread::spawn(move || {
+            let (s, _) = ctl.accept().unwrap();
+            let mut steps = Vec::new();
+            give(&s, &[addr.port()], &sockets, |st| steps.push(st)).unwrap();
+            steps
+        });
+        let h = Handover::take(&path, 1).unwrap();
+        assert_eq!(h.sockets.len(), 1);
+        let got = h.sockets[0].local_addr().unwrap().as_socket().unwrap();
+        assert_eq!(got, addr);
+        h.go().unwrap();
+        assert_eq!(old.join().unwrap(), [Step::Release, Step::Go]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

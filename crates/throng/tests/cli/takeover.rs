@@ -1,0 +1,194 @@
+//! `serve --takeover`: a second serve takes the ports of a running one
+//! while a client connects in a loop (none refused), the old one closes its
+//! subscribers with 1012 spread over `--drain-spread` and exits, and with
+//! `--redis` history the subscribers that rejoin the new one with
+//! `?since=` miss nothing a steady publisher sent meanwhile.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use throng_testkit::http::{publish, try_raw};
+use throng_testkit::redis::Redis;
+use throng_testkit::ws::subscribe;
+use throng_testkit::{Peer, Server, require, wait_until};
+use tungstenite::Message;
+
+use crate::history::subscribe_v1;
+use crate::serve;
+
+/// Connects (and asks `/healthz`) in a loop until `stop`; returns
+/// (attempts, failures: refused, reset or unanswered).
+fn connect_loop(addr: SocketAddr, stop: Arc<AtomicBool>) -> JoinHandle<(u64, u64)> {
+    std::thread::spawn(move || {
+        let (mut tries, mut failed) = (0, 0);
+        while !stop.load(Ordering::Relaxed) {
+            tries += 1;
+            let req = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+            if try_raw(addr, req.as_bytes()).is_err() {
+                failed += 1;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        (tries, failed)
+    })
+}
+
+/// The close code a subscriber got and when.
+fn closed_at(mut ws: throng_testkit::ws::Sub) -> (Option<u16>, Instant) {
+    loop {
+        match ws.read() {
+            Ok(Message::Close(f)) => return (f.map(|f| u16::from(f.code)), Instant::now()),
+            Ok(_) => {}
+            Err(_) => return (None, Instant::now()),
+        }
+    }
+}
+
+/// Waits (up to `limit`) for `child` to exit.
+fn exits_within(child: &mut std::process::Child, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if child.try_wait().ok().flatten().is_some() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// `serve --takeover` of `old`'s address, with `extra` options.
+fn take_over(old: &Server, extra: &[&str]) -> Server {
+    let addr = old.addr.to_string();
+    let mut args = vec!["--listen", &addr, "--takeover", "--workers", "2"];
+    args.extend_from_slice(extra);
+    serve(&args)
+}
+
+#[test]
+fn a_takeover_refuses_no_one_and_the_old_serve_closes_with_1012_spread_then_exits() {
+    let mut old = serve(&["--workers", "2", "--drain-spread", "2s"]);
+    let addr = old.addr;
+    let subs: Vec<_> = (0..20)
+        .map(|_| {
+            let ws = subscribe(addr, "room");
+            std::thread::spawn(move || closed_at(ws))
+        })
+        .collect();
+    old.wait_metric("throng_connections_open", |v| v == 20.0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let looping = connect_loop(addr, stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let new = take_over(&old, &[]);
+    let closes: Vec<_> = subs.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        exits_within(&mut old.child, Duration::from_secs(15)),
+        "the old serve exits"
+    );
+    let gone = started.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (tries, failed) = looping.join().unwrap();
+    assert_eq!(
+        failed, 0,
+        "{failed} of {tries} connections failed during the takeover"
+    );
+    assert!(tries > 50, "the loop ran ({tries})");
+    assert!(closes.iter().all(|c| c.0 == Some(1012)), "{closes:?}");
+    let first = closes.iter().map(|c| c.1).min().unwrap();
+    let last = closes.iter().map(|c| c.1).max().unwrap();
+    assert!(
+        last - first >= Duration::from_millis(1200),
+        "spread over --drain-spread 2s: {:?}",
+        last - first
+    );
+    assert!(gone < Duration::from_secs(10), "{gone:?}");
+    assert!(old.log().contains("taken over"), "{}", old.log());
+    assert!(new.log().contains("received"), "{}", new.log());
+    // The new one serves on the port.
+    let ws = subscribe(addr, "room");
+    drop(ws);
+}
+
+#[test]
+fn takeover_without_a_running_serve_says_so_and_starts() {
+    let s = serve(&["--takeover", "--workers", "1"]);
+    wait_until("the log line", || s.log().contains("no running serve"));
+}
+
+/// A `throng.v1` subscriber of `channel` that rejoins `addr` with
+/// `?since=` after every close until it has seen `last`; returns the
+/// sequence numbers it got and how many times it rejoined.
+fn follow(addr: SocketAddr, channel: &'static str, last: u64) -> JoinHandle<(Vec<u64>, u32)> {
+    let mut ws = subscribe_v1(addr, channel, None);
+    std::thread::spawn(move || {
+        let (mut got, mut since, mut rejoins) = (Vec::new(), None::<String>, 0);
+        loop {
+            match ws.read() {
+                Ok(Message::Text(t)) => {
+                    let (id, body) = t.split_once('\n').expect("id\\npayload");
+                    since = Some(id.to_owned());
+                    let n: u64 = body.parse().expect("a number");
+                    got.push(n);
+                    if n == last {
+                        return (got, rejoins);
+                    }
+                }
+                Ok(Message::Close(_)) | Err(_) => {
+                    rejoins += 1;
+                    assert!(rejoins < 5, "rejoined too often");
+                    ws = subscribe_v1(addr, channel, since.as_deref());
+                }
+                Ok(_) => {}
+            }
+        }
+    })
+}
+
+#[test]
+fn with_redis_history_subscribers_that_rejoin_with_since_miss_nothing() {
+    require!(Peer::RedisServer);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let node = ["--redis", &url, "--history", "1000", "--drain-spread", "2s"];
+    let mut args = vec!["--workers", "2"];
+    args.extend_from_slice(&node);
+    let mut old = serve(&args);
+    old.wait_broker("up");
+    let addr = old.addr;
+    const LAST: u64 = 200;
+    let subs: Vec<_> = (0..10).map(|_| follow(addr, "feed", LAST)).collect();
+    old.wait_metric("throng_connections_open", |v| v == 10.0);
+    // A steady publisher (50 a second), each message until it is taken.
+    let sent = Arc::new(AtomicU64::new(0));
+    let publisher = {
+        let sent = sent.clone();
+        std::thread::spawn(move || {
+            for n in 0..=LAST {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while publish(addr, "feed", n.to_string().as_bytes(), None).0 != 200 {
+                    assert!(Instant::now() < deadline, "publishing {n}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                sent.store(n, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    wait_until("some messages out", || sent.load(Ordering::Relaxed) > 20);
+    let new = take_over(&old, &node);
+    new.wait_broker("up");
+    publisher.join().unwrap();
+    for t in subs {
+        let (got, rejoins) = t.join().unwrap();
+        assert!(rejoins >= 1, "taken over, every subscriber rejoined");
+        let mut seen = got.clone();
+        seen.dedup();
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "in order: {got:?}");
+        assert_eq!(seen, (0..=LAST).collect::<Vec<_>>(), "nothing missed");
+    }
+    assert!(exits_within(&mut old.child, Duration::from_secs(15)));
+}
