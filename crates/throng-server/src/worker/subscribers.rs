@@ -1898,6 +1898,16 @@ impl<O: Outside> Subscribers<O> {
             c.set_rejoining(false);
         }
         for (i, out) in a.out.iter().enumerate() {
+            // Held live messages and retained ones obey the client's 5.0
+            // Maximum Packet Size as a fan-out does: skipped, and counted.
+            let len = match out {
+                Out::Qos0(bytes) => bytes.len(),
+                Out::Qos1(q) => q.len(),
+            };
+            if c.proto().mqtt().is_some_and(|s| s.too_large(len)) {
+                self.counters.mqtt_refused("over_client_maximum_packet");
+                continue;
+            }
             let sent = match out {
                 Out::Qos0(bytes) => self.send(c, bytes),
                 Out::Qos1(q) => self.deliver_qos1(c, q),
