@@ -817,7 +817,13 @@ fn serve_args(connections: u64, tls: bool, scale: &ScaleSettings) -> io::Result<
     let ports = format!("{first}-{}", first + LISTEN_PORTS - 1);
     let mut args: Vec<String> = vec!["serve".into(), "--listen".into()];
     if tls {
-        let plain = server::free_port_range(LOOPBACK, 1)?;
+        // Not one of the TLS ports (each probe's listeners are gone by the
+        // next): serve refuses an address given twice.
+        let tls_ports = first..first + LISTEN_PORTS;
+        let mut plain = server::free_port_range(LOOPBACK, 1)?;
+        while tls_ports.contains(&plain) {
+            plain = server::free_port_range(LOOPBACK, 1)?;
+        }
         args.extend([
             format!("127.0.0.1:{plain}"),
             "--tls-listen".into(),
