@@ -4,10 +4,10 @@
 //! publisher connection (`POST /publish` becomes `PUBLISH <prefix><channel>`).
 //!
 //! - [`settings`]: where Redis is and how a node uses it ([`RedisSettings`]).
-//! - [`session`]: the link as a state machine without sockets or a clock
-//!   ([`Session`]): what to write, what the replies mean, what the
+//! - `session`: the link as a state machine without sockets or a clock
+//!   (`Session`): what to write, what the replies mean, what the
 //!   supervisor is told.
-//! - [`driver`]: the task that runs it over sockets ([`run`]): both
+//! - `driver`: the task that runs it over sockets (`run`): both
 //!   connections in one task, so "up" means both work and the
 //!   subscriptions are confirmed. When either breaks, both are dropped and
 //!   reconnected with backoff; subscribers stay connected meanwhile,
@@ -15,8 +15,8 @@
 //!   pattern, or the set of channels with local subscribers) are made again
 //!   before the broker says it is up.
 //! - [`cluster`]: Redis Cluster's slots, slot map and redirects (sans-I/O);
-//!   [`router`]: one link per master behind one router (`--redis-cluster`).
-//! - [`sentinel`]: the master found through Sentinel and followed on
+//!   `router`: one link per master behind one router (`--redis-cluster`).
+//! - `sentinel`: the master found through Sentinel and followed on
 //!   failover (`--redis-sentinel`).
 //! - [`error`]: what goes wrong, as types.
 //!

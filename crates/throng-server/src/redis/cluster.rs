@@ -1,7 +1,7 @@
 //! Redis Cluster without sockets: which slot a channel is in (CRC16 of
 //! the key, or of its `{hash tag}`, mod 16384), which master serves each
 //! slot (read from `CLUSTER SLOTS`), and what a `MOVED`/`ASK` refusal
-//! says. The router in [`super::router`] acts on them.
+//! says. The router in `super::router` acts on them.
 
 use std::fmt;
 use std::time::Instant;
