@@ -69,6 +69,9 @@ pub struct Request {
     pub tls: Option<TlsOptions>,
     /// The live view.
     pub progress: Progress,
+    /// How per-request rows are written (`None`: CSV for a `.csv` name,
+    /// else JSON lines; Vegeta's results for `--format vegeta`).
+    pub per_request_format: Option<RowFormat>,
 }
 
 /// Why an `attack` cannot start.
@@ -143,8 +146,17 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
         ),
         Load::Max { .. } => None,
     };
-    if let Some(p) = &req.per_request {
-        let head = if RowFormat::for_path(p) == RowFormat::Csv {
+    let row_format = req.per_request.as_deref().map(|p| {
+        req.per_request_format
+            .unwrap_or_else(|| RowFormat::for_path(p))
+    });
+    // Vegeta's results go to stdout, which is there already.
+    if let Some(p) = req
+        .per_request
+        .as_ref()
+        .filter(|_| row_format != Some(RowFormat::Vegeta))
+    {
+        let head = if row_format == Some(RowFormat::Csv) {
             CSV_HEADER
         } else {
             ""
@@ -167,6 +179,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
             settings,
             per_request: req.per_request.clone(),
             tls: req.tls.clone(),
+            row_format,
         },
         planned,
     };
@@ -434,11 +447,17 @@ fn start_lines(
         out.push(format!("  results to {}", o.display()));
     }
     if let Some(p) = &req.per_request {
-        out.push(format!(
-            "  per-request rows to {} ({:?})",
-            p.display(),
-            RowFormat::for_path(p)
-        ));
+        match a.plan.row_format {
+            Some(RowFormat::Vegeta) => out.push(
+                "  one Vegeta JSON result per request on stdout (for vegeta report, plot, encode)"
+                    .to_owned(),
+            ),
+            f => out.push(format!(
+                "  per-request rows to {} ({:?})",
+                p.display(),
+                f.unwrap_or_else(|| RowFormat::for_path(p))
+            )),
+        }
     }
     if req.max_error_rate.is_some() || req.max_p99.is_some() || req.max_lag.is_some() {
         out.push(format!(

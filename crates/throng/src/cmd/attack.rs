@@ -7,12 +7,22 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use throng_host::units::parse_duration;
+use throng_load::attack::record::RowFormat;
 use throng_load::attack::targets::Flags;
 use throng_load::attack::{self, Load};
 use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
 
-use super::Format;
+/// What `attack` writes on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AttackFormat {
+    /// The summary as text.
+    Text,
+    /// The summary as one JSON document.
+    Json,
+    /// Vegeta's JSON results, one per request.
+    Vegeta,
+}
 
 /// Arguments of `throng attack`.
 #[derive(Debug, clap::Args)]
@@ -27,6 +37,8 @@ Examples:
       --duration 10s
   throng attack --url https://localhost:8443/ping --tls-ca ca.pem \\
       --rate 1000/s --duration 10s --no-keepalive
+  throng attack --url http://127.0.0.1:8080/ping --rate 1000/s --duration 30s \\
+      --format vegeta | vegeta report
   cat targets.txt | throng attack --targets - --rate 500/s \\
       --requests 10000 --max-p99 200ms
 
@@ -109,9 +121,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     per_request: Option<PathBuf>,
 
-    /// Final summary as text or json (JSON on stdout; progress then goes to stderr).
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
+    /// Final summary as text or json (JSON on stdout; progress then goes to
+    /// stderr); or vegeta: Vegeta's JSON results on stdout, one line per
+    /// request (`| vegeta report`, `vegeta plot`, `vegeta encode`), with the
+    /// progress and the summary on stderr.
+    #[arg(long, value_enum, default_value_t = AttackFormat::Text)]
+    format: AttackFormat,
 
     /// Exit 1 when more than this fraction of requests fail (errors and non-2xx/3xx), e.g. 0.01.
     #[arg(long, value_name = "FRACTION")]
@@ -153,8 +168,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         // Invariant: `missing` refused a run with neither.
         (false, None) => anyhow::bail!("--rate or --max is needed"),
     };
-    let json = args.format == Format::Json;
-    let progress = Progress::choose(args.client.quiet, json);
+    let json = args.format == AttackFormat::Json;
+    let vegeta = args.format == AttackFormat::Vegeta;
+    let (per_request, per_request_format) = per_request(&args)?;
+    let progress = Progress::choose(args.client.quiet, json || vegeta);
     let (remote, agents) = args
         .agents
         .attack(
@@ -181,11 +198,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             keepalive: !args.no_keepalive,
             timeout: args.timeout,
             output: args.output,
-            per_request: args.per_request,
+            per_request,
             max_error_rate: args.max_error_rate,
             max_p99: args.max_p99,
             max_lag: args.max_lag,
             progress,
+            per_request_format,
         },
         remote,
     )?;
@@ -193,6 +211,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         progress.say(line);
     }
     let (summary, failed) = prepared.run().context("attack")?;
+    if vegeta {
+        // stdout holds the results: the summary goes beside the progress.
+        eprint!("{}", attack::render(&summary));
+        for f in &failed {
+            eprintln!("throng attack: threshold passed: {f}");
+        }
+        return Ok(if failed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     super::agent::conclude(
         json.then(|| serde_json::to_value(&summary)).transpose()?,
         || attack::render(&summary),
@@ -201,6 +231,22 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         failed,
         "throng attack: threshold passed: ",
     )
+}
+
+/// Where per-request rows go, and how: `--per-request FILE`, or with
+/// `--format vegeta` Vegeta's results on this process's stdout (which the
+/// workers open by its /proc name: their own stdout carries their records).
+fn per_request(args: &Args) -> anyhow::Result<(Option<PathBuf>, Option<RowFormat>)> {
+    if args.format != AttackFormat::Vegeta {
+        return Ok((args.per_request.clone(), None));
+    }
+    if args.per_request.is_some() {
+        anyhow::bail!(
+            "--format vegeta writes one result per request on stdout already; leave out --per-request (or use --format text with --per-request FILE)"
+        );
+    }
+    let stdout = PathBuf::from(format!("/proc/{}/fd/1", std::process::id()));
+    Ok((Some(stdout), Some(RowFormat::Vegeta)))
 }
 
 /// What to request: a targets file, or one URL with its method, headers

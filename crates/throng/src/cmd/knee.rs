@@ -390,6 +390,7 @@ fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
         max_p99: None,
         max_lag: None,
         progress: Progress::QUIET,
+        per_request_format: None,
     }))
 }
 
