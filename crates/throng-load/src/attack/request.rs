@@ -14,17 +14,18 @@ use throng_host::units::fmt_duration;
 use throng_report::format::Header;
 
 use super::record::{CSV_HEADER, LATE_US, RowFormat};
-use super::summary::{Summary, check};
+use super::summary::Summary;
 use super::supervisor::AttackRun;
 use super::targets::{Target, TargetError};
 use super::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan, pacer, planned};
 use crate::harness::Setup;
-use crate::harness::clock::{micros, millis, nanos};
+use crate::harness::clock::{millis, nanos};
 use crate::harness::collect::ResultFile;
 use crate::harness::machine::Machine;
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::PacerError;
+use crate::threshold::{Threshold, ThresholdError, check_all, start_line};
 use crate::tls::TlsOptions;
 
 /// The arguments an `attack` worker process is started with.
@@ -72,6 +73,10 @@ pub struct Request {
     /// How per-request rows are written (`None`: CSV for a `.csv` name,
     /// else JSON lines; Vegeta's results for `--format vegeta`).
     pub per_request_format: Option<RowFormat>,
+    /// `--threshold`s (the `--max-*` flags above are added to them).
+    pub thresholds: Vec<Threshold>,
+    /// Stop the run once a threshold can no longer pass.
+    pub abort_on_fail: bool,
 }
 
 /// Why an `attack` cannot start.
@@ -87,6 +92,9 @@ pub enum AttackError {
     /// A rate that makes no schedule.
     #[error("{0}")]
     Rate(#[from] PacerError),
+    /// A threshold that cannot be checked.
+    #[error("{0}")]
+    Threshold(#[from] ThresholdError),
     /// The machine could not be read, a file not written, or the workers not found.
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -98,9 +106,7 @@ pub struct Prepared {
     attack: AttackRun,
     setup: Setup,
     lines: Vec<String>,
-    max_error_rate: Option<f64>,
-    max_p99: Option<Duration>,
-    max_lag: Option<Duration>,
+    thresholds: Vec<Threshold>,
 }
 
 /// Checks `req` and plans it on this machine.
@@ -111,6 +117,12 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
 /// Checks `req` and plans it on this machine, or runs it on `remote`.
 pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, AttackError> {
     check_settings(&req)?;
+    let thresholds = super::summary::thresholds(
+        &req.thresholds,
+        req.max_error_rate,
+        req.max_p99,
+        req.max_lag,
+    )?;
     if remote.is_some() && req.per_request.is_some() {
         return Err(AttackError::Setting(
             "--per-request writes on this machine; it does not go with --agents".into(),
@@ -182,8 +194,18 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
             row_format,
         },
         planned,
+        abort: if req.abort_on_fail {
+            thresholds
+                .iter()
+                .filter(|t| t.can_abort())
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        },
     };
     let mut lines = start_lines(&req, &attack, &machine, &workers_why, &sources_why);
+    lines.extend(start_line(&thresholds, req.abort_on_fail));
     if let Some(r) = &remote {
         // Workers and sources are each agent's (its lines), not this machine's.
         lines.splice(3..4, r.lines.iter().cloned());
@@ -202,9 +224,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
         },
         attack,
         lines,
-        max_error_rate: req.max_error_rate,
-        max_p99: req.max_p99,
-        max_lag: req.max_lag,
+        thresholds,
     })
 }
 
@@ -253,16 +273,14 @@ impl Prepared {
         (self.attack, self.setup)
     }
 
-    /// Runs it; the summary and the thresholds it passed (`--max-error-rate`,
-    /// `--max-p99`, `--max-lag`), one line each.
+    /// Runs it; the summary and the thresholds it failed, one line each
+    /// (the one that stopped it first, under `--abort-on-fail`).
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
         let summary = super::supervisor::run(self.attack, self.setup)?;
-        let failed = check(
-            &summary,
-            self.max_error_rate,
-            self.max_p99.map(micros),
-            self.max_lag.map(micros),
-        );
+        let mut failed = check_all(&self.thresholds, &summary);
+        if let Some(why) = &summary.aborted {
+            failed.insert(0, format!("stopped early (--abort-on-fail): {why}"));
+        }
         Ok((summary, failed))
     }
 }
@@ -458,14 +476,6 @@ fn start_lines(
                 f.unwrap_or_else(|| RowFormat::for_path(p))
             )),
         }
-    }
-    if req.max_error_rate.is_some() || req.max_p99.is_some() || req.max_lag.is_some() {
-        out.push(format!(
-            "  thresholds: error rate <= {}, p99 latency <= {}, behind schedule <= {}",
-            req.max_error_rate.map_or("-".to_owned(), |r| r.to_string()),
-            req.max_p99.map_or("-".to_owned(), fmt_duration),
-            req.max_lag.map_or("-".to_owned(), fmt_duration)
-        ));
     }
     out
 }

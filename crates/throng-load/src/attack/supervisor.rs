@@ -10,13 +10,14 @@ use throng_report::format::Event;
 use throng_report::interval::Interval;
 
 use super::record::LATE_US;
-use super::summary::{Summary, progress_line};
+use super::summary::{Running, Summary, progress_line};
 use super::worker::Done;
 use super::{Load, WorkerPlan};
 use crate::harness::collect::Totals;
 use crate::harness::progress::View;
 use crate::harness::worker::Order;
 use crate::harness::{Role, Run, Setup};
+use crate::threshold::Threshold;
 
 /// A whole `attack` run, planned.
 #[derive(Debug, Clone)]
@@ -25,6 +26,9 @@ pub struct AttackRun {
     pub plan: WorkerPlan,
     /// Requests the schedule plans (rate mode), for the progress and summary.
     pub planned: Option<u64>,
+    /// Thresholds checked as the run goes (`--abort-on-fail`): the first
+    /// that can no longer pass stops it.
+    pub abort: Vec<Threshold>,
 }
 
 /// Runs a whole attack.
@@ -45,6 +49,7 @@ pub fn role(attack: AttackRun) -> Attack {
         },
         attack,
         dones: vec![None; workers],
+        doomed: None,
     }
 }
 
@@ -56,6 +61,8 @@ pub struct Attack {
     dones: Vec<Option<Done>>,
     /// Figures kept while the run goes (peaks, stopped).
     summary: Summary,
+    /// A threshold that can no longer pass, to stop the run at the next tick.
+    doomed: Option<String>,
 }
 
 impl Role for Attack {
@@ -104,6 +111,28 @@ impl Role for Attack {
         self.summary.stopped = true;
         run.crew().stop_all(&Order::Stop(0));
         "Ctrl-C: stopping; requests in flight count as canceled (press again to kill)"
+    }
+
+    fn counted(&mut self, totals: &Interval) {
+        if self.doomed.is_some() || self.summary.aborted.is_some() {
+            return;
+        }
+        let live = Running {
+            totals,
+            planned: self.attack.planned,
+        };
+        self.doomed = self.attack.abort.iter().find_map(|t| t.doomed(&live));
+    }
+
+    fn tick(&mut self, run: &Rc<Run>) {
+        if let Some(why) = self.doomed.take() {
+            run.note(&format!(
+                "--abort-on-fail: {why}; stopping (requests in flight count as canceled)"
+            ));
+            self.summary.stopped = true;
+            self.summary.aborted = Some(why);
+            run.crew().stop_all(&Order::Stop(0));
+        }
     }
 
     fn late(&mut self, merged: &Interval) {

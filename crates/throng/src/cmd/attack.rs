@@ -12,6 +12,7 @@ use throng_load::attack::targets::Flags;
 use throng_load::attack::{self, Load};
 use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
+use throng_load::threshold::Threshold;
 
 /// What `attack` writes on stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -57,8 +58,13 @@ the actual start) is kept beside it. When the generator itself falls
 behind, it still sends every request and reports its lag and the requests it
 started late.
 
-Exit status: 0 ok, 1 a --max-error-rate, --max-p99 or --max-lag threshold was passed,
-2 bad arguments or a failed run.")]
+Thresholds (exit 1 names every one that failed):
+  throng attack --url http://127.0.0.1:8080/ping --rate 1000/s --duration 1m \\
+      --threshold 'p99<100ms' --threshold 'error_rate<0.1%' \\
+      --threshold 'rate>=990/s' --abort-on-fail
+
+Exit status: 0 ok, 1 a threshold failed (--threshold, --max-error-rate, --max-p99,
+--max-lag), 2 bad arguments or a failed run.")]
 pub(crate) struct Args {
     #[command(flatten)]
     target: TargetArgs,
@@ -144,6 +150,24 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     max_lag: Option<Duration>,
 
+    /// Exit 1 unless FIGURE OP VALUE holds at the end (repeatable), k6's way:
+    /// 'p99<100ms', 'p99.9<1s', 'error_rate<0.1%', 'rate>=900/s', 'errors==0',
+    /// 'connect_p99<1s'. Figures: p50 p75 p90 p95 p99 p99.9 mean min max (of
+    /// latency), the same of service_, lag_, connect_, tls_ (lag_max<1s),
+    /// error_rate, success_ratio, rate, throughput, requests, errors,
+    /// timeouts, late, retried. --max-error-rate R is error_rate<=R, --max-p99
+    /// D is p99<=D, --max-lag D is lag_max<=D.
+    #[arg(long, value_name = "EXPR", value_parser = attack_threshold)]
+    threshold: Vec<Threshold>,
+
+    /// Stop the run as soon as a threshold can no longer pass: a count
+    /// already over its bound (errors==0 after an error), a max already
+    /// passed, or with a planned request count (--rate with --requests or
+    /// --duration) an error_rate, success_ratio or percentile whose budget of
+    /// failed or slow requests is already spent. The start lines say which.
+    #[arg(long)]
+    abort_on_fail: bool,
+
     #[command(flatten)]
     client: super::client::ClientArgs,
 
@@ -204,6 +228,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             max_lag: args.max_lag,
             progress,
             per_request_format,
+            thresholds: args.threshold,
+            abort_on_fail: args.abort_on_fail,
         },
         remote,
     )?;
@@ -215,7 +241,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         // stdout holds the results: the summary goes beside the progress.
         eprint!("{}", attack::render(&summary));
         for f in &failed {
-            eprintln!("throng attack: threshold passed: {f}");
+            eprintln!("throng attack: threshold failed: {f}");
         }
         return Ok(if failed.is_empty() {
             ExitCode::SUCCESS
@@ -229,7 +255,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         summary.start_unix_ns,
         agents.as_deref(),
         failed,
-        "throng attack: threshold passed: ",
+        "throng attack: threshold failed: ",
     )
 }
 
@@ -247,6 +273,11 @@ fn per_request(args: &Args) -> anyhow::Result<(Option<PathBuf>, Option<RowFormat
     }
     let stdout = PathBuf::from(format!("/proc/{}/fd/1", std::process::id()));
     Ok((Some(stdout), Some(RowFormat::Vegeta)))
+}
+
+/// `--threshold`: one expression on attack's figures.
+fn attack_threshold(text: &str) -> Result<Threshold, String> {
+    Threshold::parse(text, &attack::summary::FIGURES).map_err(|e| e.to_string())
 }
 
 /// What to request: a targets file, or one URL with its method, headers

@@ -398,13 +398,18 @@ fn thresholds_set_the_exit_status() {
         .concat(),
     );
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("behind schedule <= 10s"), "{err}");
+    assert!(
+        err.contains(
+            "error_rate<=0 (--max-error-rate), p99<=10s (--max-p99), lag_max<=10s (--max-lag)"
+        ),
+        "{err}"
+    );
     // No request goes on the wire at its exact intended microsecond: a
     // 1 us lag threshold is always passed, and says by how much.
     let (code, s, err) = attack(&[&slow[..], &["--max-lag", "1us"]].concat());
     assert_eq!(code, 1, "{s} {err}");
     assert!(
-        err.contains("behind its schedule, over --max-lag 1µs"),
+        err.contains("lag_max<=1us (--max-lag): lag_max was "),
         "{err}"
     );
 
@@ -429,6 +434,113 @@ fn thresholds_set_the_exit_status() {
     assert_eq!(code, 1, "{err}");
     assert_eq!(s["errors"]["refused"].as_u64(), Some(100), "{s}");
     assert!(began.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn thresholds_on_any_figure_name_every_failure() {
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let base = ["--url", &url, "--rate", "100/s", "--requests", "100"];
+    let (code, s, err) = attack(
+        &[
+            &base[..],
+            &[
+                "--threshold",
+                "p99 < 10s",
+                "--threshold",
+                "error_rate<0.1%",
+                "--threshold",
+                "requests==100",
+                "--threshold",
+                "connect_p99<10s",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{s} {err}");
+    // Two that cannot hold on loopback /ping: both named, exit 1.
+    let (code, _, err) = attack(
+        &[
+            &base[..],
+            &[
+                "--threshold",
+                "p50<1ns",
+                "--threshold",
+                "rate>=1000000/s",
+                "--threshold",
+                "errors==0",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("threshold failed: p50<1ns: p50 was"), "{err}");
+    assert!(
+        err.contains("threshold failed: rate>=1000000/s: rate was"),
+        "{err}"
+    );
+    assert!(!err.contains("errors==0:"), "{err}");
+    for (bad, says) in [
+        ("p99", "has no comparison"),
+        ("p42<1s", "the percentiles are"),
+        ("lost==0", "not one of attack's"),
+        ("error_rate<2", "at most 1"),
+    ] {
+        let (code, _, err) = attack(&[&base[..], &["--threshold", bad]].concat());
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn abort_on_fail_stops_a_run_that_cannot_pass() {
+    // Nobody listens: the first refused request dooms errors==0, and the
+    // 1% budget of a planned 6000 requests goes after 61 failures.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!("http://127.0.0.1:{port}/");
+    for threshold in ["errors==0", "error_rate<=1%"] {
+        let (code, s, err) = attack(&[
+            "--url",
+            &dead,
+            "--rate",
+            "200/s",
+            "--duration",
+            "30s",
+            "--threshold",
+            threshold,
+            "--abort-on-fail",
+        ]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("stopped early (--abort-on-fail)"), "{err}");
+        assert!(
+            s["aborted"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(threshold)),
+            "{s}"
+        );
+        assert!(s["stopped"].as_bool().unwrap(), "{s}");
+        assert!(n(&s, "requests") < 6000, "{s}");
+    }
+    // A threshold known only at the end: the run goes on, and says so at start.
+    let (_, _, err) = attack(&[
+        "--url",
+        &dead,
+        "--rate",
+        "100/s",
+        "--requests",
+        "20",
+        "--threshold",
+        "mean<1s",
+        "--abort-on-fail",
+    ]);
+    assert!(
+        err.contains("none of them can be known to fail before the end"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -645,7 +757,7 @@ fn timed_out_requests_count_at_their_timeout() {
         s["answered_latency_us"]["p99"].as_u64().unwrap() < 100_000,
         "{s}"
     );
-    assert!(err.contains("p99 latency"), "{err}");
+    assert!(err.contains("p99<=100ms (--max-p99): p99 was"), "{err}");
 
     let out = output_within(throng().arg("report").arg(&file), Duration::from_secs(30));
     let text = text(&out.stdout);
