@@ -27,6 +27,16 @@ fn serve_one(extra: &[&str]) -> Server {
     serve(&[&["--workers", "1"], extra].concat())
 }
 
+/// A URL on a loopback port nobody listens on (its listener is gone).
+fn dead_url() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("http://127.0.0.1:{port}/")
+}
+
 /// The server's `/ping` URL.
 fn ping_url(server: &Server) -> String {
     format!("http://{}/ping", server.addr)
@@ -414,12 +424,7 @@ fn thresholds_set_the_exit_status() {
     );
 
     // Nobody listens: every request fails as refused, the run still ends on time.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dead = format!("http://127.0.0.1:{port}/");
+    let dead = dead_url();
     let began = Instant::now();
     let (code, s, err) = attack(&[
         "--url",
@@ -496,12 +501,7 @@ fn thresholds_on_any_figure_name_every_failure() {
 fn abort_on_fail_stops_a_run_that_cannot_pass() {
     // Nobody listens: the first refused request dooms errors==0, and the
     // 1% budget of a planned 6000 requests goes after 61 failures.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dead = format!("http://127.0.0.1:{port}/");
+    let dead = dead_url();
     for threshold in ["errors==0", "error_rate<=1%"] {
         let (code, s, err) = attack(&[
             "--url",
