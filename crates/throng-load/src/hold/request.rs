@@ -244,7 +244,8 @@ impl Prepared {
 
     /// Runs it; the summary and what it broke of the thresholds, one line each.
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
-        let summary = super::run(self.hold, self.setup)?;
+        let live = self.thresholds.live();
+        let summary = super::supervisor::run_until_doomed(self.hold, self.setup, live)?;
         let failed = self.thresholds.check(&summary);
         Ok((summary, failed))
     }
