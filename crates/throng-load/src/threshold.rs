@@ -455,6 +455,19 @@ pub fn check_all(thresholds: &[Threshold], figures: &dyn Figures) -> Vec<String>
     thresholds.iter().filter_map(|t| t.check(figures)).collect()
 }
 
+/// The thresholds to check as a run goes: under `--abort-on-fail` (`abort`)
+/// those that can be known to fail before the end, else none.
+pub fn live(thresholds: &[Threshold], abort: bool) -> Vec<Threshold> {
+    if !abort {
+        return Vec::new();
+    }
+    thresholds
+        .iter()
+        .filter(|t| t.can_abort())
+        .cloned()
+        .collect()
+}
+
 /// The start line that states the thresholds, and which can stop the run
 /// early under `--abort-on-fail`.
 pub fn start_line(thresholds: &[Threshold], abort: bool) -> Option<String> {

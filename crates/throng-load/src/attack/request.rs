@@ -24,7 +24,7 @@ use crate::harness::collect::ResultFile;
 use crate::harness::machine::Machine;
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
-use crate::pacer::PacerError;
+use crate::pacer::{PacerError, RateSpec, stage_lines};
 use crate::threshold::{Threshold, ThresholdError, check_all, start_line};
 use crate::tls::TlsOptions;
 
@@ -115,7 +115,11 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
 }
 
 /// Checks `req` and plans it on this machine, or runs it on `remote`.
-pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, AttackError> {
+pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, AttackError> {
+    // Stages set their own time: the run lasts them out unless told shorter.
+    if let (Load::Rate(RateSpec::Stages(st)), None) = (req.load, req.duration) {
+        req.duration = Some(st.total());
+    }
     check_settings(&req)?;
     let thresholds = super::summary::thresholds(
         &req.thresholds,
@@ -194,21 +198,16 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
             row_format,
         },
         planned,
-        abort: if req.abort_on_fail {
-            thresholds
-                .iter()
-                .filter(|t| t.can_abort())
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        },
+        abort: crate::threshold::live(&thresholds, req.abort_on_fail),
     };
     let mut lines = start_lines(&req, &attack, &machine, &workers_why, &sources_why);
     lines.extend(start_line(&thresholds, req.abort_on_fail));
     if let Some(r) = &remote {
         // Workers and sources are each agent's (its lines), not this machine's.
         lines.splice(3..4, r.lines.iter().cloned());
+    }
+    if let Load::Rate(RateSpec::Stages(st)) = req.load {
+        lines.splice(2..2, stage_lines(&st, "requests"));
     }
     let results = req.output.clone().map(|path| ResultFile {
         path,
@@ -489,6 +488,7 @@ fn header(req: &Request, a: &AttackRun) -> Header {
             "subcommand": "attack",
             "targets": plan.targets.iter().map(|t| format!("{} {}", t.method, t.url)).collect::<Vec<_>>(),
             "load": match plan.load {
+                Load::Rate(spec @ RateSpec::Stages(st)) => serde_json::json!({"rate": spec.to_string(), "stages": st}),
                 Load::Rate(spec) => serde_json::json!({"rate": spec.to_string()}),
                 Load::Max { connections } => serde_json::json!({"max": true, "connections": connections}),
             },

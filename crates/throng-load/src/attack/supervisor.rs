@@ -17,6 +17,7 @@ use crate::harness::collect::Totals;
 use crate::harness::progress::View;
 use crate::harness::worker::Order;
 use crate::harness::{Role, Run, Setup};
+use crate::pacer::{Pacer, RateSpec, stage_note};
 use crate::threshold::Threshold;
 
 /// A whole `attack` run, planned.
@@ -47,6 +48,16 @@ pub fn role(attack: AttackRun) -> Attack {
             late_threshold_us: LATE_US,
             ..Summary::default()
         },
+        schedule: match attack.plan.load {
+            Load::Rate(spec) => super::pacer(
+                spec,
+                attack.plan.duration_ns.map(std::time::Duration::from_nanos),
+                attack.plan.requests,
+            )
+            .ok(),
+            Load::Max { .. } => None,
+        },
+        start_ns: 0,
         attack,
         dones: vec![None; workers],
         doomed: None,
@@ -63,6 +74,25 @@ pub struct Attack {
     summary: Summary,
     /// A threshold that can no longer pass, to stop the run at the next tick.
     doomed: Option<String>,
+    /// The open model's schedule: what each interval planned.
+    schedule: Option<Pacer>,
+    /// When it started, ns since the epoch.
+    start_ns: u64,
+}
+
+impl Attack {
+    /// Requests the schedule plans before `t_ns` (ns since the epoch):
+    /// those due strictly before it, up to the run's planned total.
+    fn planned_before(&self, t_ns: u64) -> u64 {
+        let Some(pacer) = &self.schedule else {
+            return 0;
+        };
+        if t_ns <= self.start_ns || self.start_ns == 0 {
+            return 0;
+        }
+        let due = pacer.due(std::time::Duration::from_nanos(t_ns - self.start_ns - 1));
+        self.attack.planned.map_or(due, |p| due.min(p))
+    }
 }
 
 impl Role for Attack {
@@ -113,6 +143,23 @@ impl Role for Attack {
         "Ctrl-C: stopping; requests in flight count as canceled (press again to kill)"
     }
 
+    fn started(&mut self, run: &Rc<Run>) {
+        self.start_ns = run.start().unix_ns();
+    }
+
+    /// `requests.planned`: what the schedule planned in the interval, beside
+    /// what was sent (`requests.sent`), so a report shows both.
+    fn own(&mut self, start_ns: u64, length_ns: u64) -> Interval {
+        let mut iv = Interval::empty(start_ns, length_ns, String::new());
+        let n = self
+            .planned_before(start_ns + length_ns)
+            .saturating_sub(self.planned_before(start_ns));
+        if n > 0 {
+            iv.counters.insert("requests.planned".into(), n);
+        }
+        iv
+    }
+
     fn counted(&mut self, totals: &Interval) {
         if self.doomed.is_some() || self.summary.aborted.is_some() {
             return;
@@ -146,7 +193,12 @@ impl Role for Attack {
     }
 
     fn progress(&mut self, view: &View<'_>) -> String {
-        progress_line(view, self.attack.planned)
+        let mut line = progress_line(view, self.attack.planned);
+        if let (Load::Rate(RateSpec::Stages(st)), Some(p)) = (self.attack.plan.load, &self.schedule)
+        {
+            line.push_str(&stage_note(&st, p, view.elapsed_s()));
+        }
+        line
     }
 
     fn finish(mut self, totals: Totals, run: &Rc<Run>) -> Summary {

@@ -310,7 +310,10 @@ async fn schedule(
         if duration.is_some_and(|d| offset >= d) {
             break;
         }
-        let intended = ctx.start.instant() + offset;
+        // Past the last stage (which ended at 0/s) nothing more is due.
+        let Some(intended) = ctx.start.instant().checked_add(offset) else {
+            break;
+        };
         if intended > Instant::now() {
             burst = 0;
             let stop = ctx.stop.notified();

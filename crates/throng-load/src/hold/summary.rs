@@ -193,15 +193,7 @@ impl Thresholds {
 
     /// The thresholds checked as the run goes (`--abort-on-fail`).
     pub fn live(&self) -> Vec<Threshold> {
-        if self.abort_on_fail {
-            self.given
-                .iter()
-                .filter(|t| t.can_abort())
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        }
+        crate::threshold::live(&self.given, self.abort_on_fail)
     }
 
     /// What `s` broke, one line each (empty: it passed).

@@ -516,7 +516,12 @@ impl Role for Hold {
     }
 
     fn progress(&mut self, view: &View<'_>) -> String {
-        progress_line(view, self.run.connections)
+        let mut line = progress_line(view, self.run.connections);
+        if let RateSpec::Stages(st) = self.run.rate {
+            let pacer = Pacer::stages(&st);
+            line.push_str(&crate::pacer::stage_note(&st, &pacer, view.elapsed_s()));
+        }
+        line
     }
 
     fn finish(self, totals: Totals, run: &Rc<Run>) -> Summary {

@@ -34,6 +34,8 @@ Examples:
       --rate 2000/s --duration 1m --timeout 10s
   throng attack --targets targets.txt --rate 100/s..5000/s --duration 2m \\
       --output run.jsonl
+  throng attack --url http://127.0.0.1:8080/ping \\
+      --rate 0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s
   throng attack --url http://127.0.0.1:8080/ping --max --connections 64 \\
       --duration 10s
   throng attack --url https://localhost:8443/ping --tls-ca ca.pem \\
@@ -69,7 +71,9 @@ pub(crate) struct Args {
     #[command(flatten)]
     target: TargetArgs,
 
-    /// Requests per second: 2000/s, 5k/s, or a linear ramp 100/s..5000/s over the duration.
+    /// Requests per second: 2000/s, 5k/s, a linear ramp 100/s..5000/s over the
+    /// duration, or stages RATE[..RATE]@TIME,... (ramp up, hold, ramp down:
+    /// 0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s), which set the duration.
     #[arg(short, long)]
     rate: Option<RateSpec>,
 
@@ -339,7 +343,8 @@ fn missing(args: &Args) -> Option<String> {
             "  how hard: --rate RATE (2000/s, or a ramp 100/s..5000/s), or --max (a closed pool of --connections, wrk's mode)",
         );
     }
-    if args.duration.is_none() && args.requests.is_none() {
+    let stages = matches!(args.rate, Some(RateSpec::Stages(_)));
+    if args.duration.is_none() && args.requests.is_none() && !stages {
         lines.push(
             "  how long: --duration D (30s, 5m), or --requests N (or both: whichever ends first)",
         );

@@ -82,8 +82,10 @@ pub(crate) struct Args {
     #[arg(short = 'c', long, default_value_t = 1000)]
     connections: u64,
 
-    /// New connections per second: 2000/s, 5k/s, or a linear ramp 100/s..5000/s
-    /// (which ends as the last connection is due).
+    /// New connections per second: 2000/s, 5k/s, a linear ramp 100/s..5000/s
+    /// (which ends as the last connection is due), or stages
+    /// RATE[..RATE]@TIME,... (100/s@1m,100/s..2000/s@2m: each for its time, the
+    /// last rate going on until every connection is due).
     #[arg(short, long, default_value = "1000/s")]
     rate: RateSpec,
 

@@ -543,6 +543,75 @@ fn abort_on_fail_stops_a_run_that_cannot_pass() {
     );
 }
 
+/// Stages: 0 → 200/s over 1 s (100 requests), 200/s for 1 s (200), 200 →
+/// 0/s over 1 s (100); every request at its stage's intended time, the plan
+/// and the progress name the stages, the result file holds what each second
+/// planned.
+#[test]
+fn stages_follow_their_schedule() {
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let dir = TempDir::new("attack-stages");
+    let rows_file = dir.file("rows.jsonl");
+    let results = dir.file("run.throng");
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "0/s..200/s@1s,200/s@1s,200/s..0/s@1s",
+        "--per-request",
+        rows_file.to_str().unwrap(),
+        "--output",
+        results.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(n(&s, "planned"), 400, "{s}");
+    assert_eq!(n(&s, "requests"), 400, "{s}");
+    assert!(
+        err.contains("  stage 1/3: 0/s..200/s for 1s (from 0s to 1s): 100 requests"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  stage 3/3: 200/s..0/s for 1s (from 2s to 3s): 100 requests"),
+        "{err}"
+    );
+    let mut rows = rows(&rows_file);
+    rows.sort_by_key(|r| r["seq"].as_u64());
+    let at = |seq: usize| {
+        rows[seq]["intended_ns"].as_u64().unwrap() - rows[0]["intended_ns"].as_u64().unwrap()
+    };
+    // Up ramp: 100·t² events by t; event 25 at 0.5 s. Plateau: 5 ms apart.
+    let close = |got: u64, want: u64| got.abs_diff(want) <= 1_000;
+    assert!(close(at(25), 500_000_000), "{}", at(25));
+    assert!(close(at(100), 1_000_000_000), "{}", at(100));
+    assert!(close(at(101), 1_005_000_000), "{}", at(101));
+    assert!(close(at(300), 2_000_000_000), "{}", at(300));
+    // Down ramp: 200·τ - 100·τ² after 2 s; event 375 at τ = 0.5.
+    assert!(close(at(375), 2_500_000_000), "{}", at(375));
+    assert!(at(399) < 3_000_000_000);
+    let out = output_within(
+        throng().args(["report", "--format", "json"]).arg(&results),
+        Duration::from_secs(30),
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        r["counters"]["requests.planned"]["total"].as_u64(),
+        Some(400),
+        "{r}"
+    );
+    // A ramp through three rates without times is refused, with the fix.
+    let (code, _, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "100/s..1000/s..100/s",
+        "--duration",
+        "1s",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("give stages with their times"), "{err}");
+}
+
 #[test]
 fn timeouts_are_their_own_error_kind() {
     // The server holds every answer for 10 s; the timeout is 300 ms.

@@ -254,6 +254,43 @@ fn silent_server_times_out_the_handshake() {
     assert_eq!(count(&s, &["failed", "timeout"]), 40, "{s:#}");
 }
 
+/// Stages of the connection rate: every connection opened on them, and
+/// stages that end at 0/s before the last connection is due are refused.
+#[test]
+fn connections_open_on_stages() {
+    let server = serve(&["--workers", "1"]);
+    let url = format!("ws://{}/c", server.addr);
+    let (s, code, stderr) = hold(&[
+        &url,
+        "-c",
+        "60",
+        "--rate",
+        "0/s..100/s@1s,100/s@1s",
+        "--duration",
+        "0s",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(count(&s, &["opened"]), 60, "{s:#}");
+    assert!(
+        stderr.contains("stage 1/2: 0/s..100/s for 1s (from 0s to 1s): 50 connections"),
+        "{stderr}"
+    );
+    let (_, code, stderr) = hold(&[
+        &url,
+        "-c",
+        "60",
+        "--rate",
+        "0/s..50/s@1s,50/s..0/s@1s",
+        "--duration",
+        "0s",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("open only 50 of the 60 connections"),
+        "{stderr}"
+    );
+}
+
 /// A plan that cannot fit is refused before any socket is opened, with the fix.
 #[test]
 fn refuses_a_plan_that_cannot_fit() {
