@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use throng_host::units::parse_duration;
 use throng_load::attack::record::RowFormat;
-use throng_load::attack::targets::Flags;
+use throng_load::attack::targets::{Flags, TargetFormat};
 use throng_load::attack::{self, Load};
 use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
@@ -45,13 +45,16 @@ Examples:
   cat targets.txt | throng attack --targets - --rate 500/s \\
       --requests 10000 --max-p99 200ms
 
-Targets file (Vegeta's format; requests take the targets in turn):
+Targets file (Vegeta's text format, or its JSON format one target a line;
+requests take the targets in turn):
   GET http://127.0.0.1:8080/ping
   sleep: 1000
 
   POST http://127.0.0.1:8080/ping
   Content-Type: application/json
   @body.json
+
+  {\"method\":\"GET\",\"url\":\"http://127.0.0.1:8080/ping\",\"header\":{\"sleep\":[\"1000\"]}}
 
 Open model: request i is due at a time fixed by --rate before the run
 starts. Its latency counts from that intended time, so a server that stalls
@@ -288,7 +291,7 @@ fn attack_threshold(text: &str) -> Result<Threshold, String> {
 /// and body; `attack`'s and `knee attack`'s.
 #[derive(Debug, clap::Args)]
 pub(crate) struct TargetArgs {
-    /// Targets file in Vegeta's format ('-' for stdin).
+    /// Targets file in Vegeta's text or JSON format ('-' for stdin), read line by line.
     #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
     pub(crate) targets: Option<PathBuf>,
 
@@ -311,6 +314,12 @@ pub(crate) struct TargetArgs {
     /// Body for --url, read from a file.
     #[arg(long, value_name = "FILE")]
     body_file: Option<PathBuf>,
+
+    /// The targets file's format (Vegeta's -format): http (its text format),
+    /// json (one {"method","url","header":{"Name":["value"]},"body":"<base64>"}
+    /// per line), or auto: JSON when the first line starts with '{'.
+    #[arg(long, value_name = "FORMAT", default_value = "auto")]
+    targets_format: TargetFormat,
 }
 
 impl TargetArgs {
@@ -323,6 +332,7 @@ impl TargetArgs {
             headers: self.headers.clone(),
             body: self.body.clone(),
             body_file: self.body_file.clone(),
+            format: self.targets_format,
         }
         .targets()?)
     }

@@ -612,6 +612,50 @@ fn stages_follow_their_schedule() {
     assert!(err.contains("give stages with their times"), "{err}");
 }
 
+/// Vegeta's JSON targets (`-format=json`): read line by line, sent in turn.
+#[test]
+fn json_targets_are_sent_in_turn() {
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let dir = TempDir::new("attack-json-targets");
+    let file = dir.file("targets.json");
+    std::fs::write(
+        &file,
+        format!(
+            "{{\"method\":\"GET\",\"url\":\"{url}\",\"header\":{{\"sleep\":[\"1\"]}}}}\n\n{{\"method\":\"GET\",\"url\":\"{url}?b\"}}\n"
+        ),
+    )
+    .unwrap();
+    let rows_file = dir.file("rows.jsonl");
+    let (code, s, err) = attack(&[
+        "--targets",
+        file.to_str().unwrap(),
+        "--rate",
+        "100/s",
+        "--requests",
+        "20",
+        "--per-request",
+        rows_file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(20), "{s}");
+    let rows = rows(&rows_file);
+    assert_eq!(rows.iter().filter(|r| r["target"] == 1).count(), 10);
+    // Told it is the text format, the same file is refused by its line.
+    let (code, _, err) = attack(&[
+        "--targets",
+        file.to_str().unwrap(),
+        "--targets-format",
+        "http",
+        "--rate",
+        "1/s",
+        "--requests",
+        "1",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("targets.json line 1"), "{err}");
+}
+
 #[test]
 fn timeouts_are_their_own_error_kind() {
     // The server holds every answer for 10 s; the timeout is 300 ms.
