@@ -333,6 +333,9 @@ struct JsonTarget {
     header: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
+/// What a JSON target line starts with.
+const OPEN_BRACE: char = '\u{7b}';
+
 /// Reads an `@path` body.
 type ReadBody<'a> = dyn FnMut(&Path) -> Result<Vec<u8>, std::io::Error> + 'a;
 
@@ -386,7 +389,7 @@ impl<'a> Parser<'a> {
             return Ok(());
         }
         if self.format == TargetFormat::Auto {
-            self.format = if line.starts_with('{') {
+            self.format = if line.starts_with(OPEN_BRACE) {
                 TargetFormat::Json
             } else {
                 TargetFormat::Http
