@@ -129,7 +129,12 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
     )?;
     if remote.is_some() && req.per_request.is_some() {
         return Err(AttackError::Setting(
-            "--per-request writes on this machine; it does not go with --agents".into(),
+            if req.per_request_format == Some(RowFormat::Vegeta) {
+                "--format vegeta writes each request's result on this machine's stdout; it does not go with --agents (give --output and read the merged run with throng report)"
+            } else {
+                "--per-request writes on this machine; it does not go with --agents"
+            }
+            .into(),
         ));
     }
     let addrs = req
