@@ -26,6 +26,7 @@ use super::state::Worker;
 use super::subscribers::max_packet;
 use crate::addresses::Source;
 use crate::channel;
+use crate::control::Claim;
 use crate::tls::stream::{Io, TlsStream};
 use crate::wheel;
 
@@ -126,6 +127,16 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         }
     };
     let counted = &w.subs.outside().counted;
+    // Taken before the CONNACK goes out: a client's next CONNECT comes
+    // after it, so claims order as the client made them.
+    let claim = connected.client_hash.map(|hash| {
+        let at = throng_host::process::monotonic().as_nanos();
+        let claim = Claim {
+            at_ns: u64::try_from(at).unwrap_or(u64::MAX),
+            worker: u32::try_from(w.index).unwrap_or(u32::MAX),
+        };
+        (hash, claim)
+    });
     let connack = connack(w, &connected);
     let written = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&connack)).await;
     if !matches!(written, Ok(Ok(()))) {
@@ -160,7 +171,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     if let Some(tls) = tls {
         c = c.with_tls(tls);
     }
-    if let Err(e) = w.subs.add_mqtt(c, connected.client_hash) {
+    if let Err(e) = w.subs.add_mqtt(c, claim) {
         counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
