@@ -90,8 +90,11 @@ pub enum HoldError {
     /// it twice.
     #[error("this run does not fit the machine: {0}")]
     Plan(PlanError),
+    /// Stages of the connection rate that cannot open every connection.
+    #[error("{0}")]
+    Stages(String),
     /// `--publish-rate` was a ramp.
-    #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp")]
+    #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp or stages")]
     PublishRamp,
     /// A limit `throng doctor` checks will stop the run (the same check:
     /// a dry run that passed would promise what doctor refuses).
@@ -180,13 +183,24 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             fit
         }
     };
+    if let RateSpec::Stages(st) = req.rate {
+        let last = st.stages().last().map_or(0.0, |s| s.to);
+        if last <= 0.0 && st.events() < req.connections as f64 {
+            return Err(HoldError::Stages(format!(
+                "the stages --rate {} open only {} of the {} connections (--connections), and end at 0/s: give stages that reach them, or end at a rate above 0/s",
+                req.rate,
+                st.events().floor(),
+                req.connections
+            )));
+        }
+    }
     let publish = match &req.publish {
         None => None,
         Some(p) => Some(PublishPlan {
             target: p.target.clone(),
             rate: match p.rate {
                 RateSpec::Constant(r) => r,
-                RateSpec::Ramp(..) => return Err(HoldError::PublishRamp),
+                RateSpec::Ramp(..) | RateSpec::Stages(_) => return Err(HoldError::PublishRamp),
             },
             message_size: p.message_size,
             redis_channel: format!("{}{}", p.redis_prefix, req.target.channel()),
@@ -209,6 +223,9 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
     if let Some(r) = &remote {
         // Workers, sources and ports are each agent's (its lines), not this machine's.
         lines.splice(2..5, r.lines.iter().cloned());
+    }
+    if let RateSpec::Stages(st) = req.rate {
+        lines.splice(2..2, crate::pacer::stage_lines(&st, "connections"));
     }
     lines.push(req.thresholds.line());
     let results = req.output.clone().map(|path| ResultFile {
@@ -244,7 +261,8 @@ impl Prepared {
 
     /// Runs it; the summary and what it broke of the thresholds, one line each.
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
-        let summary = super::run(self.hold, self.setup)?;
+        let live = self.thresholds.live();
+        let summary = super::supervisor::run_until_doomed(self.hold, self.setup, live)?;
         let failed = self.thresholds.check(&summary);
         Ok((summary, failed))
     }

@@ -235,7 +235,10 @@ async fn open_all(ctx: Rc<Ctx>, pacer: Pacer, start: Instant) {
     let step = u64::from(ctx.shared.plan.workers.max(1));
     let mut i = u64::from(ctx.shared.plan.index);
     while i < ctx.shared.plan.connections && !ctx.shared.stop.is_set() {
-        let intended = start + pacer.intended(i);
+        // Past the last stage (which ended at 0/s) nothing more is due.
+        let Some(intended) = start.checked_add(pacer.intended(i)) else {
+            break;
+        };
         let now = Instant::now();
         if intended > now {
             let stop = ctx.shared.stop.notified();

@@ -46,6 +46,7 @@ mod serve_tls;
 mod takeover;
 mod tls_client;
 mod tls_park;
+mod vegeta;
 
 use std::process::Command;
 use std::time::Duration;
