@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod events;
+pub mod fanout;
 pub mod format;
 pub mod html;
 pub mod interval;

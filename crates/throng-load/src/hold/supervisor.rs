@@ -16,6 +16,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use throng_report::fanout::{self, Spread};
 use throng_report::format::Event;
 use throng_report::interval::{Interval, new_histogram};
 use tokio::sync::Notify;
@@ -246,6 +247,8 @@ pub struct Hold {
     received: u64,
     /// Ctrl-C (or a signal) stopped the run.
     interrupted: bool,
+    /// When each message the server made arrived, over every worker.
+    arrivals: Spread,
 }
 
 /// Where the end of the run is.
@@ -283,6 +286,7 @@ impl Hold {
             open_now: 0,
             received: 0,
             interrupted: false,
+            arrivals: Spread::default(),
         }
     }
 
@@ -358,6 +362,9 @@ impl Role for Hold {
             "worker.ramp_done" => self.ramp_step(),
             // In the result file for bench's per-message figures.
             "worker.done" | "worker.messages" => {}
+            fanout::KIND => {
+                self.arrivals.add_text(&ev.text);
+            }
             _ => return false,
         }
         true
@@ -521,6 +528,7 @@ impl Role for Hold {
         s.elapsed_s = now_unix_ns().saturating_sub(run.start().unix_ns()) as f64 / 1e9;
         s.start_unix_ns = run.start().unix_ns();
         s.stopped = self.interrupted;
+        s.server_spread = self.arrivals.stats();
         s
     }
 }

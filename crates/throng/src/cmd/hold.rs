@@ -74,7 +74,10 @@ pub(crate) struct Args {
     /// Where messages the server makes on its own say when they were sent:
     /// json:FIELD (a JSON object's field), number (a number the message
     /// starts with), or throng (only throng's own messages; the default).
-    /// A Unix time in s, ms, µs or ns, told by its magnitude.
+    /// A Unix time in s, ms, µs or ns, told by its magnitude. Each such
+    /// message is told apart by its JSON `seq`, else its stamp (else, for
+    /// one without a stamp, its bytes): its fan-out spread, first to last
+    /// subscriber over every worker, is in the summary.
     #[arg(long, value_name = "FORMAT", default_value = "throng")]
     stamp: Stamp,
 
