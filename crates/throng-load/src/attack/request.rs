@@ -21,7 +21,7 @@ use super::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan, pacer, planned};
 use crate::harness::Setup;
 use crate::harness::clock::{micros, millis, nanos};
 use crate::harness::collect::ResultFile;
-use crate::harness::machine::Machine;
+use crate::harness::machine::{self, Machine};
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::PacerError;
@@ -174,6 +174,8 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
     if let Some(r) = &remote {
         // Workers and sources are each agent's (its lines), not this machine's.
         lines.splice(3..4, r.lines.iter().cloned());
+    } else {
+        lines.extend(limit_lines(&attack.plan));
     }
     let results = req.output.clone().map(|path| ResultFile {
         path,
@@ -193,6 +195,21 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
         max_p99: req.max_p99,
         max_lag: req.max_lag,
     })
+}
+
+/// The start lines' section on this machine's limits: `throng doctor
+/// --role client`'s checks of the most connections the run may open, from
+/// its sources to its targets' ports.
+fn limit_lines(plan: &WorkerPlan) -> Vec<String> {
+    use throng_host::doctor::{self, Role};
+    let connections = plan.settings.max_connections;
+    let ports: std::collections::BTreeSet<_> = plan.addrs.iter().collect();
+    let dp = doctor::Plan {
+        source_ips: plan.sources.len().max(1) as u64,
+        target_ports: ports.len().max(1) as u64,
+        ..doctor::Plan::new(connections, Role::Client)
+    };
+    machine::limit_lines(connections, &doctor::check(&dp))
 }
 
 /// The settings that make no run, refused with the flag to change.

@@ -544,6 +544,60 @@ fn a_frozen_server_fails_the_read_timeout() {
     assert!(err.contains("--read-timeout"), "{err}");
 }
 
+/// hold's start lines say what `throng doctor` says of the same plan: as
+/// many limits checked, and every one not OK, the same words.
+#[test]
+fn the_start_lines_say_what_doctor_says_of_the_plan() {
+    let sources = "127.0.0.2-127.0.0.21";
+    for connections in ["1000", "200000"] {
+        let out = crate::throng()
+            .args([
+                "hold",
+                "ws://127.0.0.1:9/c",
+                "-c",
+                connections,
+                "--source-ips",
+                sources,
+            ])
+            .arg("--dry-run")
+            .output()
+            .expect("run throng");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let out = crate::throng()
+            .args([
+                "doctor",
+                "-c",
+                connections,
+                "--role",
+                "client",
+                "--source-ips",
+                sources,
+            ])
+            .args(["--ports", "9", "--format", "json"])
+            .output()
+            .expect("run doctor");
+        let doctor: Value = serde_json::from_slice(&out.stdout).expect("doctor json");
+        let findings = doctor["findings"].as_array().expect("findings");
+        let stops = findings.iter().filter(|f| f["status"] == "stop").count();
+        if stops > 0 {
+            // Refused, naming the limit.
+            assert!(err.contains("will stop"), "{err}");
+            continue;
+        }
+        let head = format!("{} checked", findings.len());
+        let line = text
+            .lines()
+            .find(|l| l.contains("limits (the checks of 'throng doctor"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains(&head), "{line} vs {doctor:#}");
+        for f in findings.iter().filter(|f| f["status"] != "ok") {
+            let message = f["message"].as_str().unwrap();
+            assert!(text.contains(message), "{message} in {text}");
+        }
+    }
+}
+
 /// A dry run tells the truth: a source address not on this host is refused
 /// by binding it (hold and attack, exit 2), and `--workers` is capped by
 /// the connections instead of starting processes with nothing to do.
