@@ -49,11 +49,14 @@ pub enum Peer {
     NodeMqtt,
     /// `redis-sentinel` (Debian package `redis-sentinel`).
     RedisSentinel,
+    /// `python3` with `prometheus-client`: its parser reads Prometheus text
+    /// independently of ours.
+    PythonPrometheus,
 }
 
 impl Peer {
     /// How many kinds of peer there are: one past the last variant.
-    const COUNT: usize = Self::RedisSentinel as usize + 1;
+    const COUNT: usize = Self::PythonPrometheus as usize + 1;
 
     /// What the peer is, as a person would look for it.
     pub fn name(self) -> &'static str {
@@ -73,6 +76,7 @@ impl Peer {
             Self::MosquittoClients => "mosquitto_sub and mosquitto_pub",
             Self::NodeMqtt => "node with mqtt in tests/peers",
             Self::RedisSentinel => "redis-sentinel",
+            Self::PythonPrometheus => "python3 with prometheus-client",
         }
     }
 
@@ -94,6 +98,7 @@ impl Peer {
             Self::MosquittoClients => "apt-get install mosquitto-clients",
             Self::NodeMqtt => "cd tests/peers && npm install",
             Self::RedisSentinel => "apt-get install redis-sentinel",
+            Self::PythonPrometheus => "python3 -m pip install 'prometheus-client>=0.17'",
         }
     }
 
@@ -158,6 +163,7 @@ impl Peer {
                 });
             }
             Self::NodeMqtt => ("node", &["-e", "require.resolve('mqtt')"]),
+            Self::PythonPrometheus => ("python3", &["-c", "import prometheus_client.parser"]),
         };
         Command::new(program)
             .args(args)

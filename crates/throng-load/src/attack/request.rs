@@ -22,6 +22,7 @@ use crate::harness::Setup;
 use crate::harness::clock::{micros, millis, nanos};
 use crate::harness::collect::ResultFile;
 use crate::harness::machine::{self, Machine};
+use crate::harness::metrics::Metrics;
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::PacerError;
@@ -188,6 +189,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
             results,
             progress: req.progress,
             remote: remote.map(|r| r.launch),
+            metrics: None,
         },
         attack,
         lines,
@@ -249,6 +251,13 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// Serves the run's live figures on `metrics` (`--metrics-listen`),
+    /// and says where in the start lines.
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.lines.push(metrics.line());
+        self.setup.metrics = Some(metrics);
     }
 
     /// The planned run and its set-up, for a caller that runs it its own

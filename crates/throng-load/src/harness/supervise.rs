@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use super::clock::{Anchor, now_unix_ns};
 use super::collect::{Arrival, Collector, ResultFile, Totals};
+use super::metrics::Metrics;
 use super::pool::{Crew, Feed, Launch, Pool, WorkerCommand};
 use super::progress::{Progress, Screen, View};
 
@@ -82,6 +83,8 @@ pub struct Setup {
     pub progress: Progress,
     /// Where the workers run instead of child processes (agents), if elsewhere.
     pub remote: Option<Rc<dyn Launch>>,
+    /// Where the live figures are served (`--metrics-listen`), if anywhere.
+    pub metrics: Option<Metrics>,
 }
 
 /// A running run, as its role sees it.
@@ -90,6 +93,7 @@ pub struct Run {
     screen: RefCell<Screen>,
     start: Anchor,
     kill_at: Cell<Option<Instant>>,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for Run {
@@ -271,6 +275,7 @@ fn start<R: Role>(
         screen: RefCell::new(Screen::new(setup.progress, R::NAME)),
         start: Anchor::at_unix_ns(start_ns),
         kill_at: Cell::new(None),
+        metrics: setup.metrics.clone(),
     });
     role.started(&run);
     Ok((collector, run, feed))
@@ -288,6 +293,12 @@ fn flush<R: Role>(
         return Ok(());
     };
     role.counted(collector.total());
+    if let Some(m) = &run.metrics {
+        m.update(|e| {
+            e.flushed(R::NAME, collector.total(), &flushed.merged, flushed.show);
+            e.progress(flushed.late, run.start().unix_ns());
+        });
+    }
     if !flushed.show {
         role.late(&flushed.merged);
     }

@@ -24,6 +24,7 @@ use super::target::{PublishTarget, WsTarget};
 use crate::harness::Setup;
 use crate::harness::collect::ResultFile;
 use crate::harness::machine::{Machine, limit_lines};
+use crate::harness::metrics::Metrics;
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::RateSpec;
@@ -232,6 +233,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
         results,
         progress: req.progress,
         remote: remote.map(|r| r.launch),
+        metrics: None,
     };
     Ok(Prepared {
         hold,
@@ -246,6 +248,13 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// Serves the run's live figures on `metrics` (`--metrics-listen`),
+    /// and says where in the start lines.
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.lines.push(metrics.line());
+        self.setup.metrics = Some(metrics);
     }
 
     /// The fitted run and its set-up, for a caller that runs it its own

@@ -30,6 +30,7 @@ use throng_report::summary::Report;
 use crate::attack::request::AttackError;
 use crate::attack::{self};
 use crate::harness::clock::now_unix_ns;
+use crate::harness::metrics::Metrics;
 use crate::harness::progress::{Mode as Shown, Progress};
 use crate::hold::mqtt::MqttOptions;
 use crate::hold::request::HoldError;
@@ -307,6 +308,7 @@ pub fn prepare(req: Request) -> Result<Prepared, KneeError> {
         step: req.step,
         results,
         command_line: req.command_line.clone(),
+        metrics: None,
     };
     let lines = start_lines(&req, &plan, &search, &common, &html, mode_lines);
     Ok(Prepared {
@@ -515,6 +517,13 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// Serves every level's live figures on `metrics` (`--metrics-listen`),
+    /// and says where in the start lines.
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.lines.push(metrics.line());
+        self.common.metrics = Some(metrics);
     }
 
     /// Runs the search to its end; writes the result file and the page.

@@ -24,6 +24,7 @@ use crate::attack::{self, Load};
 use crate::harness::Setup;
 use crate::harness::clock::nanos;
 use crate::harness::collect::ResultFile;
+use crate::harness::metrics::Metrics;
 use crate::hold::supervisor::{DRAIN, HoldRun, PUBLISH_SETTLE};
 use crate::hold::{self};
 use crate::pacer::RateSpec;
@@ -70,6 +71,8 @@ pub(crate) struct Common {
     pub(crate) step: Duration,
     pub(crate) results: std::path::PathBuf,
     pub(crate) command_line: Vec<String>,
+    /// Where every level's live figures are served (`--metrics-listen`).
+    pub(crate) metrics: Option<Metrics>,
 }
 
 /// What one run of a level showed, before the verdict.
@@ -138,6 +141,7 @@ impl Plan {
                 header: Header::new(c.command_line.clone(), header.clone()),
                 append: true,
             }),
+            metrics: c.metrics.clone(),
             ..setup.clone()
         };
         match self {

@@ -316,7 +316,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.workers.is_some() || args.source_ips.is_some(),
         )?
         .unzip();
-    let prepared = hold::prepare_on(
+    let mut prepared = hold::prepare_on(
         hold::Request {
             command_line: std::env::args().collect(),
             connections: args.connections,
@@ -338,6 +338,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         remote,
     )?;
+    if let Some(m) = args.client.metrics()? {
+        prepared.serve_metrics(m);
+    }
     for line in prepared.lines() {
         progress.say(line);
     }

@@ -134,6 +134,11 @@ struct SearchArgs {
     /// plan, then exit without sending anything.
     #[arg(long)]
     dry_run: bool,
+
+    /// Serve each level's live figures as Prometheus text on
+    /// http://HOST:PORT/metrics (role "knee"; counters start again at each level).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// `throng knee attack`.
@@ -312,7 +317,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_error_rate: search.max_error_rate,
         max_lost,
     };
-    let prepared = knee::prepare(knee::Request {
+    let mut prepared = knee::prepare(knee::Request {
         command_line: std::env::args().collect(),
         load,
         objective,
@@ -324,6 +329,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         out_dir: search.out_dir,
         progress,
     })?;
+    if let Some(addr) = search.metrics_listen {
+        prepared.serve_metrics(throng_load::harness::metrics::Metrics::listen(addr)?);
+    }
     for line in prepared.lines() {
         progress.say(line);
     }

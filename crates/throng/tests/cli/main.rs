@@ -24,6 +24,7 @@ mod hold_sse;
 mod knee;
 mod knee_flags;
 mod knee_transports;
+mod load_metrics;
 mod mqtt;
 mod mqtt_auth;
 mod mqtt_listen;
