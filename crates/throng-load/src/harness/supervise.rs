@@ -29,6 +29,10 @@ use super::progress::{Progress, Screen, View};
 pub trait Role {
     /// `hold`, `attack`: workers are `<host>/<NAME>-<i>`, notes `throng <NAME>: ...`.
     const NAME: &'static str;
+    /// The role its workers run (`throng <WORKER> --worker`): what an
+    /// agent is asked to start. A role that wraps another (a knee level)
+    /// runs the other's workers.
+    const WORKER: &'static str = Self::NAME;
     /// What each worker is told.
     type Plan: Serialize;
     /// What the run returns.
@@ -266,7 +270,7 @@ fn start<R: Role>(
                 .map(|(l, p)| serde_json::to_value(p).map(|v| (l, v)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(io::Error::other)?;
-            r.launch(R::NAME, plans, &tx)?
+            r.launch(R::WORKER, plans, &tx)?
         }
     };
     drop(tx);

@@ -174,6 +174,7 @@ impl<R: Role> Level<R> {
 impl<R: Role> Role for Level<R> {
     /// Workers are `<host>/knee-<i>`, notes `throng knee: ...`.
     const NAME: &'static str = "knee";
+    const WORKER: &'static str = R::WORKER;
     type Plan = R::Plan;
     type Summary = Measured;
 

@@ -22,6 +22,7 @@ mod history;
 mod hold;
 mod hold_sse;
 mod knee;
+mod knee_agents;
 mod knee_flags;
 mod knee_transports;
 mod load_metrics;
