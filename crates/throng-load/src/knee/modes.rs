@@ -525,8 +525,16 @@ fn late_share(lag: Option<&Histogram<u64>>) -> f64 {
 /// over the measured span, the run's start and its flags.
 fn seen(m: &Measured, mut figures: Figures) -> Seen {
     let used = HostUse::over(m);
-    figures.generator_cpu = used.busiest_cpu;
-    figures.generator_busiest = used.busiest;
+    // The busiest by host samples (this machine's processes) or by the
+    // workers' own records (every agent's too), whichever used more.
+    let (who, cores) = &m.busiest_worker;
+    if *cores > used.busiest_cpu {
+        figures.generator_cpu = *cores;
+        figures.generator_busiest.clone_from(who);
+    } else {
+        figures.generator_cpu = used.busiest_cpu;
+        figures.generator_busiest = used.busiest;
+    }
     figures.stall_us = m.stall_ns / 1000;
     figures.stalled.clone_from(&m.stalled);
     Seen {
@@ -644,7 +652,26 @@ mod tests {
             interrupted: false,
             stall_ns: 0,
             stalled: String::new(),
+            busiest_worker: (String::new(), 0.0),
         }
+    }
+
+    /// A worker on an agent (no host sample of it here) that used more CPU
+    /// by its own records than any process sampled here is the busiest.
+    #[test]
+    fn an_agents_busy_worker_counts_by_its_own_records() {
+        let here = vec![
+            interval(10, &[("h/knee-0", 0)], 0, 10),
+            interval(12, &[("h/knee-0", 200_000_000)], 5, 10),
+        ];
+        let mut m = measured(here, 2.0, 2.0);
+        let seen_here = seen(&m, Figures::default());
+        assert_eq!(seen_here.figures.generator_busiest, "h/knee-0");
+        assert!((seen_here.figures.generator_cpu - 0.1).abs() < 1e-9);
+        m.busiest_worker = ("a1/knee-3".into(), 0.95);
+        let on_agent = seen(&m, Figures::default());
+        assert_eq!(on_agent.figures.generator_busiest, "a1/knee-3");
+        assert!((on_agent.figures.generator_cpu - 0.95).abs() < 1e-9);
     }
 
     #[test]
