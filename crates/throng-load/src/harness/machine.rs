@@ -80,9 +80,9 @@ pub fn limit_lines(connections: u64, findings: &[Finding]) -> Vec<String> {
         "  limits (the checks of 'throng doctor --connections {connections} --role client'): {} checked, {}",
         findings.len(),
         if bad.is_empty() {
-            "none near".to_owned()
+            "all OK for this plan".to_owned()
         } else {
-            format!("{} to watch, the nearest first:", bad.len())
+            format!("{} to watch, the worst first:", bad.len())
         }
     )];
     out.extend(bad.into_iter().map(|l| format!("    {l}")));
