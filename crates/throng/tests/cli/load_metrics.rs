@@ -267,3 +267,33 @@ fn a_knee_search_serves_its_levels_live() {
     let k: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     assert_eq!(k["outcome"]["kind"], "interrupted", "{out}");
 }
+
+/// On agents the controller serves the figures of every agent's workers,
+/// merged: the connections of both agents are one level.
+#[test]
+fn a_hold_on_agents_serves_both_agents_figures_merged() {
+    let _one = crate::agents::one_at_a_time();
+    require!(Peer::PythonPrometheus, Peer::RedisServer, Peer::RedisCli);
+    let t = crate::agents::two_agents();
+    let url = format!("ws://{}/news", t.server.addr);
+    let (run, metrics) = start(&[
+        "hold", &url, "-c", "40", "--rate", "400/s", "--agents", &t.url, "--json",
+    ]);
+    let open = "throng_load_connections_open{role=\"hold\"}";
+    let hold = scrape(
+        &metrics,
+        &[
+            (open, 40),
+            ("throng_load_connect_seconds_count{role=\"hold\"}", 40),
+        ],
+    );
+    assert_eq!(sample(&hold, open), 40.0, "{hold:#}");
+    let summary = stop(run);
+    assert_eq!(summary["opened"], 40, "{summary:#}");
+    let agents = summary["agents"].as_array().expect("agents");
+    assert_eq!(agents.len(), 2, "{summary:#}");
+    assert!(
+        agents.iter().all(|a| a["opened"].as_u64() > Some(0)),
+        "{summary:#}"
+    );
+}
