@@ -7,7 +7,7 @@ use serde_json::Value;
 use throng_testkit::{Peer, TempDir, require};
 
 use crate::agents::{one_at_a_time, two_agents};
-use crate::knee::{QUICK, knee};
+use crate::knee::{QUICK, SATURATING, knee};
 
 /// Every interval record of the search's result file.
 fn intervals(dir: &TempDir) -> Vec<Value> {
@@ -78,14 +78,7 @@ fn a_knee_on_agents_runs_each_level_on_every_agent_and_blames_their_lag() {
         &dir,
         &[
             &["attack", "--url", &url, "--max-connections", "2"][..],
-            &[
-                "--from",
-                "1000/s",
-                "--to",
-                "64000/s",
-                "--step-duration",
-                "2s",
-            ],
+            &SATURATING,
             &["--agents", &t.url],
             &QUICK,
         ]
