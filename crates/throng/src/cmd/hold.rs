@@ -74,7 +74,10 @@ pub(crate) struct Args {
     /// Where messages the server makes on its own say when they were sent:
     /// json:FIELD (a JSON object's field), number (a number the message
     /// starts with), or throng (only throng's own messages; the default).
-    /// A Unix time in s, ms, µs or ns, told by its magnitude.
+    /// A Unix time in s, ms, µs or ns, told by its magnitude. Each such
+    /// message is told apart by its JSON `seq`, else its stamp (else, for
+    /// one without a stamp, its bytes): its fan-out spread, first to last
+    /// subscriber over every worker, is in the summary.
     #[arg(long, value_name = "FORMAT", default_value = "throng")]
     stamp: Stamp,
 
@@ -329,7 +332,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.workers.is_some() || args.source_ips.is_some(),
         )?
         .unzip();
-    let prepared = hold::prepare_on(
+    let mut prepared = hold::prepare_on(
         hold::Request {
             command_line: std::env::args().collect(),
             connections: args.connections,
@@ -353,6 +356,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         remote,
     )?;
+    if let Some(m) = args.client.metrics()? {
+        prepared.serve_metrics(m);
+    }
     for line in prepared.lines() {
         progress.say(line);
     }
