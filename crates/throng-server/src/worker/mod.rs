@@ -577,7 +577,9 @@ async fn tick_loop(w: Rc<Worker>) {
             return;
         }
         let now = if w.draining.get() {
-            w.subs.advance()
+            let now = w.subs.advance();
+            w.subs.end_overdue(now);
+            now
         } else {
             w.subs.set_wall(gate::unix_now());
             w.subs.tick();

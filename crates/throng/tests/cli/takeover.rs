@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use throng_testkit::http::{publish, try_raw};
 use throng_testkit::redis::Redis;
-use throng_testkit::ws::subscribe;
+use throng_testkit::ws::{Got, next_frame, raw_subscribe, subscribe};
 use throng_testkit::{Peer, Server, require, wait_until};
 use tungstenite::Message;
 
@@ -111,6 +111,90 @@ fn a_takeover_refuses_no_one_and_the_old_serve_closes_with_1012_spread_then_exit
     // The new one serves on the port.
     let ws = subscribe(addr, "room");
     drop(ws);
+}
+
+/// Subscribers that take the server's close frame and then say nothing
+/// and keep their sockets open (a client that forked and left a copy of
+/// its socket behind, a host gone dark): their close codes, the sockets
+/// held until the caller drops them.
+fn silent_subscribers(addr: SocketAddr, n: usize) -> JoinHandle<Vec<(Got, std::net::TcpStream)>> {
+    let subs: Vec<_> = (0..n).map(|_| raw_subscribe(addr, "room")).collect();
+    std::thread::spawn(move || {
+        subs.into_iter()
+            .map(|(mut s, mut buf)| {
+                let mut dec =
+                    throng_proto::ws::Decoder::new(throng_proto::ws::Role::Client, 1 << 20);
+                loop {
+                    match next_frame(&mut s, &mut buf, &mut dec) {
+                        Got::Ping | Got::Pong | Got::Text(_) | Got::Binary(_) => {}
+                        got => return (got, s),
+                    }
+                }
+            })
+            .collect()
+    })
+}
+
+/// The subscribers the old serve's workers logged as drained, of how many.
+fn drained(log: &str) -> (u64, u64) {
+    log.lines()
+        .filter_map(|l| l.split_once(": drained ")?.1.strip_suffix(" subscribers"))
+        .filter_map(|t| {
+            let (done, of) = t.split_once(" of ")?;
+            Some((done.parse::<u64>().ok()?, of.parse::<u64>().ok()?))
+        })
+        .fold((0, 0), |(a, b), (d, o)| (a + d, b + o))
+}
+
+#[test]
+fn taken_over_the_old_serve_exits_when_its_last_close_ends_not_at_the_drain_timeout() {
+    // A drain timeout no test waits for: the old serve must be gone once
+    // the closing grace of its last silent subscriber is over.
+    let mut old = serve(&[
+        "--workers",
+        "2",
+        "--drain-spread",
+        "1s",
+        "--drain-timeout",
+        "10m",
+    ]);
+    let subs = silent_subscribers(old.addr, 12);
+    old.wait_metric("throng_connections_open", |v| v == 12.0);
+    let _new = take_over(&old, &[]);
+    let got = subs.join().unwrap();
+    assert!(
+        got.iter().all(|(g, _)| *g == Got::Close(Some(1012))),
+        "{:?}",
+        got.iter().map(|g| &g.0).collect::<Vec<_>>()
+    );
+    assert!(
+        exits_within(&mut old.child, Duration::from_secs(90)),
+        "the old serve still runs, waiting for closes nobody answers: {}",
+        old.log()
+    );
+    assert_eq!(drained(&old.log()), (12, 12), "{}", old.log());
+    drop(got);
+}
+
+#[test]
+fn sigterm_drain_ends_when_the_last_close_is_over_not_at_the_drain_timeout() {
+    let mut s = serve(&["--workers", "2", "--drain-timeout", "10m"]);
+    let subs = silent_subscribers(s.addr, 12);
+    s.wait_metric("throng_connections_open", |v| v == 12.0);
+    s.signal("TERM");
+    let got = subs.join().unwrap();
+    assert!(
+        got.iter().all(|(g, _)| *g == Got::Close(Some(1001))),
+        "{:?}",
+        got.iter().map(|g| &g.0).collect::<Vec<_>>()
+    );
+    assert!(
+        exits_within(&mut s.child, Duration::from_secs(90)),
+        "the serve still runs, waiting for closes nobody answers: {}",
+        s.log()
+    );
+    assert_eq!(drained(&s.log()), (12, 12), "{}", s.log());
+    drop(got);
 }
 
 #[test]
