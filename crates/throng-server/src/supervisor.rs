@@ -570,6 +570,8 @@ enum Event {
     Restart(usize, u64),
     /// News from the Redis broker task.
     Broker(redis::Event),
+    /// The history the serve we took over (its pid) handed over, or why not.
+    History(i32, Result<Vec<u8>, String>),
 }
 
 /// One worker slot; `generation` tells a restarted worker from the one before.
@@ -604,6 +606,11 @@ struct Supervisor {
     /// Each channel's retained message (the local broker's; with Redis,
     /// Redis keeps them).
     retained: Retained,
+    /// Taking over with an embedded history: the publishes and recoveries
+    /// that wait for the old serve's history (`handover.rs`).
+    held: Option<Vec<(usize, u64, Record)>>,
+    /// Taken over, our history went to the new serve: we number nothing more.
+    handed_over: bool,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -648,6 +655,10 @@ async fn supervise(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut sup = Supervisor::new(&plan.config, command, tx)?;
     sup.shared = plan.shared;
+    if handover.is_some() && plan.redis.is_none() && plan.config.history > 0 {
+        // Nothing is numbered or recovered before the old history is ours.
+        sup.held = Some(Vec::new());
+    }
     if let Some(settings) = plan.redis.clone() {
         let events = sup.events.clone();
         let cmds = sup.use_redis(settings.clone());
@@ -693,7 +704,10 @@ async fn supervise(
             step = next_step(&mut ctl, &ports, &plan.reserved), if !sup.draining => match step {
                 // Dropping our claims' file frees every one of them.
                 Step::Release => plan.locks = PortLocks::open().map_err(ServeError::PortLock)?,
-                Step::Go => deadline = Some(sup.taken_over()),
+                Step::Go(reply) => {
+                    deadline = Some(sup.taken_over());
+                    reply.send(sup.hand_history_over());
+                }
                 Step::Abandoned => {
                     log!("throng: the takeover was abandoned; serving on");
                     if let Err(e) = claim_ports(&mut plan.locks, &plan.reserved) {
@@ -734,10 +748,8 @@ async fn supervise(
         // subscribers that rejoin with ?since=): the old server may stop.
         let ready = sup.slots.iter().all(|s| s.snapshot.is_some())
             && sup.broker.stats().is_none_or(|b| b.up);
-        if handover.is_some() && ready {
-            if let Some(Err(e)) = handover.take().map(Handover::go) {
-                log!("throng: --takeover: the old server is gone already ({e})");
-            }
+        if ready && let Some(h) = handover.take() {
+            handover::go(h, sup.events.clone());
         }
     }
     // Hold the reserved ports until the workers are gone.
@@ -801,6 +813,8 @@ impl Supervisor {
                 max_topics: config.max_retained,
                 max_bytes: config.max_retained_memory,
             }),
+            held: None,
+            handed_over: false,
         })
     }
 
@@ -906,6 +920,7 @@ impl Supervisor {
                 });
             }
             Event::Broker(ev) => self.on_broker(ev),
+            Event::History(pid, got) => self.history_arrived(pid, got),
             Event::Restart(i, generation) => {
                 if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
                     return None;
@@ -953,6 +968,9 @@ impl Supervisor {
     }
 
     fn on_record(&mut self, i: usize, generation: u64, rec: Record) {
+        let Some(rec) = self.hold(i, generation, rec) else {
+            return;
+        };
         match rec {
             Record::Publish(m) => self.publish(i, generation, m, None),
             Record::PublishRetained { qos, message } => {
@@ -1062,7 +1080,12 @@ impl Supervisor {
             },
             request: m.id,
         };
-        match self.broker.publish(from, m, retain) {
+        let routed = if self.handed_over {
+            Routed::Refused(crate::broker::Refusal::TakenOver)
+        } else {
+            self.broker.publish(from, m, retain)
+        };
+        match routed {
             Routed::Relay(m) => self.relay(Some(from), m, None, retain),
             Routed::Sent => {}
             Routed::Refused(reason) => {
@@ -1295,6 +1318,8 @@ mod tests {
         assert_eq!(count(0, 2, Some(1_000_000)).0, 52);
     }
 }
+
+mod handover;
 
 #[cfg(test)]
 mod pair;

@@ -10,8 +10,13 @@
 //! spread over `--drain-spread` and exits. Until `go` both accept, so no
 //! connection is refused in between. Without `go` (the new one died) the
 //! old one claims its ports again and carries on.
+//!
+//! After `go` the old one answers `history N` and N bytes: its embedded
+//! history (`history::handover`), which the new one adopts before it
+//! numbers a message or answers a recovery (N is 0 with Redis or without
+//! history: nothing to hand over).
 
-use std::io::{self, BufRead as _, BufReader, Write as _};
+use std::io::{self, BufRead as _, BufReader, Read as _, Write as _};
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -84,19 +89,55 @@ impl Handover {
         self.pid
     }
 
-    /// Tells the old server that our workers listen: it closes its own.
-    pub fn go(self) -> io::Result<()> {
-        (&self.stream).write_all(b"go\n")
+    /// Tells the old server that our workers listen (it closes its own)
+    /// and reads the history it hands over (empty: none). Blocking: run it
+    /// on a thread of its own.
+    pub fn go(self) -> io::Result<Vec<u8>> {
+        (&self.stream).write_all(b"go\n")?;
+        // Writing out a large history takes the old server a moment.
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(60)))?;
+        let mut r = BufReader::new(&self.stream);
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            // An old server that hands over nothing just closes.
+            return Ok(Vec::new());
+        }
+        let n = line
+            .trim()
+            .strip_prefix("history ")
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|&n| n <= MAX_HISTORY)
+            .ok_or_else(|| io::Error::other(format!("unexpected answer {line:?}")))?;
+        let mut bytes = vec![0; usize::try_from(n).map_err(io::Error::other)?];
+        r.read_exact(&mut bytes)?;
+        Ok(bytes)
+    }
+}
+
+/// The most history bytes a new server reads (the old one's is bounded by
+/// its `--history-max-memory`; this only stops a garbage length).
+const MAX_HISTORY: u64 = 1 << 36;
+
+/// The old server's way to hand its history over once told `go`.
+#[derive(Debug)]
+pub struct Reply(std::sync::mpsc::Sender<Vec<u8>>);
+
+impl Reply {
+    /// Hands `history` (handover bytes; empty: none) to the new server.
+    pub fn send(self, history: Vec<u8>) {
+        let _ = self.0.send(history);
     }
 }
 
 /// What the old server's side of a handover reports to its supervisor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Step {
     /// The sockets went over: give up the port claims.
     Release,
-    /// The new server listens: close spread out and exit.
-    Go,
+    /// The new server listens: close spread out and exit, and hand the
+    /// history over through the reply.
+    Go(Reply),
     /// The new server went away without `go`: claim the ports again.
     Abandoned,
 }
@@ -137,10 +178,20 @@ pub fn give(
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     line.clear();
     match lines.read_line(&mut line) {
-        Ok(_) if line.trim() == "go" => report(Step::Go),
-        _ => report(Step::Abandoned),
+        Ok(_) if line.trim() == "go" => {}
+        _ => {
+            report(Step::Abandoned);
+            return Ok(());
+        }
     }
-    Ok(())
+    let (tx, rx) = std::sync::mpsc::channel();
+    report(Step::Go(Reply(tx)));
+    // The supervisor answers at once; without an answer the new server
+    // starts with a history of its own.
+    let history = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    let mut out = stream;
+    out.write_all(format!("history {}\n", history.len()).as_bytes())?;
+    out.write_all(&history)
 }
 
 /// A running serve's control socket, in its supervisor's event loop.
@@ -246,15 +297,24 @@ mod tests {
         let old = std::thread::spawn(move || {
             let (s, _) = ctl.accept().unwrap();
             let mut steps = Vec::new();
-            give(&s, &[addr.port()], &sockets, |st| steps.push(st)).unwrap();
+            give(&s, &[addr.port()], &sockets, |st| {
+                steps.push(format!("{st:?}"));
+                if let Step::Go(reply) = st {
+                    reply.send(b"the history".to_vec());
+                }
+            })
+            .unwrap();
             steps
         });
         let h = Handover::take(&path, 1).unwrap();
         assert_eq!(h.sockets.len(), 1);
         let got = h.sockets[0].local_addr().unwrap().as_socket().unwrap();
         assert_eq!(got, addr);
-        h.go().unwrap();
-        assert_eq!(old.join().unwrap(), [Step::Release, Step::Go]);
+        assert_eq!(h.go().unwrap(), b"the history");
+        let steps = old.join().unwrap();
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        assert_eq!(steps[0], "Release");
+        assert!(steps[1].starts_with("Go("), "{steps:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -146,47 +146,22 @@ fn drained(log: &str) -> (u64, u64) {
         .fold((0, 0), |(a, b), (d, o)| (a + d, b + o))
 }
 
-#[test]
-fn taken_over_the_old_serve_exits_when_its_last_close_ends_not_at_the_drain_timeout() {
-    // A drain timeout no test waits for: the old serve must be gone once
-    // the closing grace of its last silent subscriber is over.
-    let mut old = serve(&[
-        "--workers",
-        "2",
-        "--drain-spread",
-        "1s",
-        "--drain-timeout",
-        "10m",
-    ]);
-    let subs = silent_subscribers(old.addr, 12);
-    old.wait_metric("throng_connections_open", |v| v == 12.0);
-    let _new = take_over(&old, &[]);
-    let got = subs.join().unwrap();
-    assert!(
-        got.iter().all(|(g, _)| *g == Got::Close(Some(1012))),
-        "{:?}",
-        got.iter().map(|g| &g.0).collect::<Vec<_>>()
-    );
-    assert!(
-        exits_within(&mut old.child, Duration::from_secs(90)),
-        "the old serve still runs, waiting for closes nobody answers: {}",
-        old.log()
-    );
-    assert_eq!(drained(&old.log()), (12, 12), "{}", old.log());
-    drop(got);
-}
-
-#[test]
-fn sigterm_drain_ends_when_the_last_close_is_over_not_at_the_drain_timeout() {
-    let mut s = serve(&["--workers", "2", "--drain-timeout", "10m"]);
+/// 12 silent subscribers of a serve started with `args`; `stop` makes it
+/// drain (a takeover, SIGTERM): each gets close `code`, and the serve is
+/// gone with every subscriber counted as drained long before its
+/// `--drain-timeout` (10 minutes).
+fn drains_past_silent_subscribers(args: &[&str], stop: impl FnOnce(&Server), code: u16) {
+    let mut args = args.to_vec();
+    args.extend(["--workers", "2", "--drain-timeout", "10m"]);
+    let mut s = serve(&args);
     let subs = silent_subscribers(s.addr, 12);
     s.wait_metric("throng_connections_open", |v| v == 12.0);
-    s.signal("TERM");
+    stop(&s);
     let got = subs.join().unwrap();
+    let codes: Vec<_> = got.iter().map(|g| &g.0).collect();
     assert!(
-        got.iter().all(|(g, _)| *g == Got::Close(Some(1001))),
-        "{:?}",
-        got.iter().map(|g| &g.0).collect::<Vec<_>>()
+        codes.iter().all(|g| **g == Got::Close(Some(code))),
+        "{codes:?}"
     );
     assert!(
         exits_within(&mut s.child, Duration::from_secs(90)),
@@ -195,6 +170,19 @@ fn sigterm_drain_ends_when_the_last_close_is_over_not_at_the_drain_timeout() {
     );
     assert_eq!(drained(&s.log()), (12, 12), "{}", s.log());
     drop(got);
+}
+
+#[test]
+fn taken_over_the_old_serve_exits_when_its_last_close_ends_not_at_the_drain_timeout() {
+    // The new serve lives until the end of the test.
+    let new = std::cell::RefCell::new(None);
+    let take = |old: &Server| *new.borrow_mut() = Some(take_over(old, &[]));
+    drains_past_silent_subscribers(&["--drain-spread", "1s"], take, 1012);
+}
+
+#[test]
+fn sigterm_drain_ends_when_the_last_close_is_over_not_at_the_drain_timeout() {
+    drains_past_silent_subscribers(&[], |s| s.signal("TERM"), 1001);
 }
 
 #[test]
@@ -238,10 +226,35 @@ fn with_redis_history_subscribers_that_rejoin_with_since_miss_nothing() {
     let redis = Redis::start(&[], &[]);
     let url = redis.url();
     let node = ["--redis", &url, "--history", "1000", "--drain-spread", "2s"];
+    let (_, new) = rejoiners_miss_nothing(&node, |s| s.wait_broker("up"));
+    assert!(!new.log().contains("adopted"), "{}", new.log());
+}
+
+#[test]
+fn with_the_embedded_history_handed_over_subscribers_that_rejoin_with_since_miss_nothing() {
+    let node = ["--history", "1000", "--drain-spread", "2s"];
+    let (old, new) = rejoiners_miss_nothing(&node, |_| {});
+    assert!(
+        old.log().contains("handed the history over"),
+        "{}",
+        old.log()
+    );
+    assert!(
+        new.log().contains("adopted the history of pid"),
+        "{}",
+        new.log()
+    );
+}
+
+/// 10 `throng.v1` subscribers of a serve with `node` options, a steady
+/// publisher (each message until one serve takes it), a takeover: every
+/// subscriber rejoins and has every message once, in order. `ready`
+/// waits for a serve to be ready to publish. Returns both serves.
+fn rejoiners_miss_nothing(node: &[&str], ready: impl Fn(&Server)) -> (Server, Server) {
     let mut args = vec!["--workers", "2"];
-    args.extend_from_slice(&node);
+    args.extend_from_slice(node);
     let mut old = serve(&args);
-    old.wait_broker("up");
+    ready(&old);
     let addr = old.addr;
     const LAST: u64 = 200;
     let subs: Vec<_> = (0..10).map(|_| follow(addr, "feed", LAST)).collect();
@@ -263,8 +276,8 @@ fn with_redis_history_subscribers_that_rejoin_with_since_miss_nothing() {
         })
     };
     wait_until("some messages out", || sent.load(Ordering::Relaxed) > 20);
-    let new = take_over(&old, &node);
-    new.wait_broker("up");
+    let new = take_over(&old, node);
+    ready(&new);
     publisher.join().unwrap();
     for t in subs {
         let (got, rejoins) = t.join().unwrap();
@@ -275,4 +288,5 @@ fn with_redis_history_subscribers_that_rejoin_with_since_miss_nothing() {
         assert_eq!(seen, (0..=LAST).collect::<Vec<_>>(), "nothing missed");
     }
     assert!(exits_within(&mut old.child, Duration::from_secs(15)));
+    (old, new)
 }
