@@ -27,10 +27,11 @@ use crate::relay::{Answer, Publisher, Relay, WorkerId};
 use crate::reload;
 use crate::retained::{self, Retained};
 use crate::reuseport;
+use throng_host::fdpass;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
-use throng_host::portlock::{ClaimError, PortLocks};
+use throng_host::portlock::{self, ClaimError, PortLocks};
 
-use crate::takeover::{Control, Handover, Step, TakeoverError};
+use crate::takeover::{self, Control, Handover, Step, TakeoverError};
 use throng_host::process::{self, Signal};
 use throng_host::shared::SharedCounters;
 
@@ -47,6 +48,30 @@ pub enum ServeError {
         addr: SocketAddr,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// A port another user's server listens on.
+    #[error(
+        "cannot listen on {addr}: a server of another user ({holder}) listens on port {}, and \
+         the kernel lets only one user's sockets share a port{}",
+        addr.port(),
+        if *takeover {
+            format!(
+                "; --takeover works between serves of the same user only: run this one as that \
+                 user (sudo -u {user} throng serve ... --takeover; under systemd User={user})"
+            )
+        } else {
+            String::new()
+        }
+    )]
+    OtherUser {
+        /// The address.
+        addr: SocketAddr,
+        /// The user holding it (`name (uid N)`).
+        holder: String,
+        /// That user for `sudo -u` (`name`, or `#N`).
+        user: String,
+        /// Whether `--takeover` was asked for.
+        takeover: bool,
     },
     /// No listen address was given.
     #[error("no listen address (use --listen HOST:PORT)")]
@@ -207,14 +232,12 @@ impl Plan {
             worker_count(config.workers, cores, budget, config.max_connections);
         config.workers = workers;
         let mut reserved = Vec::new();
+        let takeover = config.takeover;
         // Binds each address (port 0 becomes the port the kernel gave).
         let mut bind_all = |addrs: &mut Vec<SocketAddr>| -> Result<(), ServeError> {
             for addr in addrs.iter_mut() {
                 // Held, not listening: the port is the workers' to take.
-                let s = reuseport::member(*addr).map_err(|source| ServeError::Bind {
-                    addr: *addr,
-                    source,
-                })?;
+                let s = reuseport::member(*addr).map_err(|e| bind_error(*addr, e, takeover))?;
                 if let Some(local) = s.local_addr().ok().and_then(|a| a.as_socket()) {
                     *addr = local;
                 }
@@ -421,6 +444,24 @@ fn ports_of(reserved: &[socket2::Socket]) -> Vec<u16> {
         .filter_map(|s| s.local_addr().ok()?.as_socket())
         .map(|a| a.port())
         .collect()
+}
+
+/// Why `addr` could not be bound: in use by another user's listener
+/// (named), or the OS error.
+fn bind_error(addr: SocketAddr, source: std::io::Error, takeover: bool) -> ServeError {
+    let other = (source.kind() == std::io::ErrorKind::AddrInUse)
+        .then(|| portlock::listener_uid(addr.port()))
+        .flatten()
+        .filter(|&uid| uid != fdpass::euid());
+    match other {
+        Some(uid) => ServeError::OtherUser {
+            addr,
+            holder: takeover::user_label(uid),
+            user: takeover::sudo_user(uid),
+            takeover,
+        },
+        None => ServeError::Bind { addr, source },
+    }
 }
 
 /// `--takeover`: receives the sockets of the serve with pid `pid`, then

@@ -37,6 +37,24 @@ pub enum TakeoverError {
         /// The OS error.
         source: io::Error,
     },
+    /// The running serve is another user's: the kernel would not let our
+    /// sockets join its ports' groups.
+    #[error(
+        "cannot take over pid {pid}: it runs as {holder}, this serve as {ours}; --takeover \
+         works between serves of the same user only (the kernel lets only one user's sockets \
+         share a port): run this one as that user (sudo -u {user} throng serve ... \
+         --takeover; under systemd User={user})"
+    )]
+    OtherUser {
+        /// The running serve.
+        pid: i32,
+        /// Its user (`name (uid N)`).
+        holder: String,
+        /// That user for `sudo -u` (`name`, or `#N`).
+        user: String,
+        /// Ours.
+        ours: String,
+    },
     /// The exchange broke off or made no sense.
     #[error("the takeover from pid {pid} failed: {source}")]
     Exchange {
@@ -65,12 +83,26 @@ impl Handover {
             source,
         })?;
         let fail = |source| TakeoverError::Exchange { pid, source };
+        // Checked before asking: root may connect to anyone's socket.
+        let holder = fdpass::peer(&stream).map_err(fail)?.uid;
+        if holder != fdpass::euid() {
+            return Err(TakeoverError::OtherUser {
+                pid,
+                holder: user_label(holder),
+                user: sudo_user(holder),
+                ours: user_label(fdpass::euid()),
+            });
+        }
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(fail)?;
         (&stream).write_all(b"take\n").map_err(fail)?;
         let mut buf = [0u8; 64 * 1024];
         let (n, fds) = fdpass::recv(&stream, &mut buf).map_err(fail)?;
+        if let Some(why) = buf[..n].strip_prefix(b"refused: ") {
+            let why = String::from_utf8_lossy(why).trim().to_owned();
+            return Err(fail(io::Error::other(why)));
+        }
         if !buf[..n].starts_with(b"ports ") {
             return Err(fail(io::Error::other(format!(
                 "unexpected answer {:?}",
@@ -143,14 +175,48 @@ pub enum Step {
 }
 
 /// The control socket of a running serve: binds `path` (a stale file of a
-/// dead serve is replaced).
+/// dead serve is replaced), connectable by its own user only (root still
+/// connects, and is refused by [`admit`]).
 pub fn listen(path: &Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt as _;
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    UnixListener::bind(path)
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// `uid` as a person reads it: `name (uid N)`, or `uid N` without a name.
+pub fn user_label(uid: u32) -> String {
+    match throng_host::portlock::user_name(uid) {
+        Some(name) => format!("{name} (uid {uid})"),
+        None => format!("uid {uid}"),
+    }
+}
+
+/// `uid` as `sudo -u` takes it: its name, or `#N`.
+pub fn sudo_user(uid: u32) -> String {
+    throng_host::portlock::user_name(uid).unwrap_or_else(|| format!("#{uid}"))
+}
+
+/// Whether a takeover request from `peer` may have our sockets: only
+/// from our own user (whose sockets the kernel lets join our ports); else
+/// the answer that says why not.
+pub fn admit(peer: fdpass::Peer, ours: u32) -> Result<(), String> {
+    if peer.uid == ours {
+        return Ok(());
+    }
+    Err(format!(
+        "refused: this serve (pid {}) runs as {}, the one asking (pid {}) as {}; a takeover \
+         needs the same user\n",
+        std::process::id(),
+        user_label(ours),
+        peer.pid,
+        user_label(peer.uid)
+    ))
 }
 
 /// The old server's side of one handover over `stream` (blocking: run it
@@ -239,6 +305,14 @@ impl Control {
                     let (Ok(copies), Ok(conn)) = (copies, conn.into_std()) else {
                         continue;
                     };
+                    let peer = fdpass::peer(&conn);
+                    let verdict = peer.as_ref().map_err(ToString::to_string).and_then(|p| admit(*p, fdpass::euid()));
+                    if let Err(answer) = verdict {
+                        log!("throng: takeover request {}", answer.trim());
+                        let _ = conn.set_nonblocking(false);
+                        let _ = (&conn).write_all(answer.as_bytes());
+                        continue;
+                    }
                     let tx = self.tx.clone();
                     let ports = ports.to_vec();
                     std::thread::spawn(move || {
@@ -284,6 +358,19 @@ impl Drop for Control {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_our_own_user_may_take_over() {
+        let me = fdpass::euid();
+        assert!(admit(fdpass::Peer { pid: 7, uid: me }, me).is_ok());
+        let other = me.wrapping_add(1);
+        let no = admit(fdpass::Peer { pid: 7, uid: other }, me).unwrap_err();
+        assert!(no.starts_with("refused: "), "{no}");
+        assert!(
+            no.contains(&format!("uid {other}")) && no.contains("same user"),
+            "{no}"
+        );
+    }
 
     #[test]
     fn a_handover_passes_the_sockets_and_reports_each_step() {

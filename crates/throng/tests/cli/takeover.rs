@@ -17,7 +17,7 @@ use throng_testkit::{Peer, Server, require, wait_until};
 use tungstenite::Message;
 
 use crate::history::subscribe_v1;
-use crate::serve;
+use crate::{serve, throng};
 
 /// Connects (and asks `/healthz`) in a loop until `stop`; returns
 /// (attempts, failures: refused, reset or unanswered).
@@ -289,4 +289,78 @@ fn rejoiners_miss_nothing(node: &[&str], ready: impl Fn(&Server)) -> (Server, Se
     }
     assert!(exits_within(&mut old.child, Duration::from_secs(15)));
     (old, new)
+}
+
+/// The user the other-user tests run a serve as (`nobody`), when this
+/// test runs as root and that user can run the binary (a checkout under
+/// a private home cannot be); else why the test is skipped.
+fn other_user() -> Option<u32> {
+    use std::os::unix::process::CommandExt as _;
+    const NOBODY: u32 = 65_534;
+    if throng_host::fdpass::euid() != 0 {
+        eprintln!("skipped: a takeover across users needs root to start the other user's serve");
+        return None;
+    }
+    let mut probe = throng();
+    probe.arg("--version").uid(NOBODY).gid(NOBODY);
+    let ok = throng_testkit::process::output_within(&mut probe, Duration::from_secs(30));
+    if !ok.status.success() {
+        eprintln!("skipped: uid {NOBODY} cannot run {}: {ok:?}", crate::THRONG);
+        return None;
+    }
+    Some(NOBODY)
+}
+
+/// `serve --takeover` of `addr` as `uid` (root: None): exit code, stderr.
+fn take_over_as(addr: SocketAddr, uid: Option<u32>) -> (Option<i32>, String) {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = throng();
+    let listen = addr.to_string();
+    cmd.args(["serve", "--listen", &listen, "--takeover", "--workers", "1"]);
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let out = throng_testkit::process::output_within(&mut cmd, Duration::from_secs(60));
+    (
+        out.status.code(),
+        throng_testkit::process::text(&out.stderr),
+    )
+}
+
+/// A `serve --takeover` as `uid` (root: None) of `old` exits 2 naming
+/// `holder` and the user to run it as (`sudo -u <user>`); `old` serves on,
+/// untouched.
+fn refused_across_users(old: &Server, uid: Option<u32>, holder: &str, user: &str) {
+    let (code, err) = take_over_as(old.addr, uid);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(&format!("a server of another user ({holder})"))
+            && err.contains("--takeover works between serves of the same user only")
+            && err.contains(&format!("sudo -u {user} throng serve")),
+        "{err}"
+    );
+    let healthy = throng_testkit::http::healthy(old.addr);
+    assert!(healthy, "the old serve serves on");
+    assert!(!old.log().contains("taken over"), "{}", old.log());
+}
+
+#[test]
+fn another_user_cannot_take_over_and_is_told_to_run_as_the_serves_user() {
+    let Some(nobody) = other_user() else { return };
+    let old = serve(&["--workers", "1"]);
+    refused_across_users(&old, Some(nobody), "root (uid 0)", "root");
+}
+
+#[test]
+fn root_cannot_take_over_another_users_serve_either() {
+    use std::os::unix::process::CommandExt as _;
+    let Some(nobody) = other_user() else { return };
+    let old = Server::start_with(crate::THRONG, &["--workers", "1"], |c| {
+        c.uid(nobody).gid(nobody);
+    });
+    let (holder, user) = match throng_host::portlock::user_name(nobody) {
+        Some(name) => (format!("{name} (uid {nobody})"), name),
+        None => (format!("uid {nobody}"), format!("#{nobody}")),
+    };
+    refused_across_users(&old, None, &holder, &user);
 }
