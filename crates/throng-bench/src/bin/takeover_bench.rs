@@ -682,7 +682,8 @@ impl Run<'_> {
                 "close_codes": self.merged("closes"),
                 "failed_connects": failed,
                 "old_gone_seconds": self.old_gone.map(|d| d.as_secs_f64()),
-                "rejoins_per_second": per,
+                // [second after the takeover, rejoins], in time order.
+                "rejoins_per_second": per.iter().map(|(s, n)| [*s, *n as i64]).collect::<Vec<_>>(),
                 "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
             });
             println!("{json}");
