@@ -213,6 +213,11 @@ impl History {
         self.epoch
     }
 
+    /// The sequence of the last message numbered.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
     /// Gives a relayed message its id and keeps it (at `now_ms`, on the
     /// caller's monotonic clock).
     pub fn record(&mut self, channel: &str, text: bool, payload: &Bytes, now_ms: u64) -> MessageId {

@@ -652,6 +652,9 @@ struct Supervisor {
     held: Option<Vec<(usize, u64, Record)>>,
     /// Taken over, our history went to the new serve: we number nothing more.
     handed_over: bool,
+    /// The last sequence we gave before our sockets went to a new serve:
+    /// what we number after it, that serve relays to its own subscribers.
+    handover_mark: u64,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -744,7 +747,10 @@ async fn supervise(
             _ = hup.recv() => sup.reload(&plan.reload),
             step = next_step(&mut ctl, &ports, &plan.reserved), if !sup.draining => match step {
                 // Dropping our claims' file frees every one of them.
-                Step::Release => plan.locks = PortLocks::open().map_err(ServeError::PortLock)?,
+                Step::Release => {
+                    sup.handover_mark = sup.history.last_seq();
+                    plan.locks = PortLocks::open().map_err(ServeError::PortLock)?;
+                }
                 Step::Go(reply) => {
                     deadline = Some(sup.taken_over());
                     reply.send(sup.hand_history_over());
@@ -856,6 +862,7 @@ impl Supervisor {
             }),
             held: None,
             handed_over: false,
+            handover_mark: 0,
         })
     }
 
@@ -1191,7 +1198,19 @@ impl Supervisor {
             self.retained
                 .set(&m.channel, qos, kept, m.properties.clone());
         }
-        let (id, rec) = self.relay.deliver(Message { message, ..m });
+        self.deliver(from, Message { message, ..m }, permit);
+    }
+
+    /// Sends numbered message `m` to every live worker (one record, encoded
+    /// once) and answers `from` once they have counted it.
+    fn deliver(
+        &mut self,
+        from: Option<Publisher>,
+        m: Message,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        let message = m.message;
+        let (id, rec) = self.relay.deliver(m);
         let mut to = Vec::with_capacity(self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {
             if let Some(tx) = &s.tx

@@ -5,8 +5,10 @@
 //! epoch, so a subscriber rejoining it with an id the old one gave misses
 //! nothing.
 //!
-//! The bytes, big-endian: `THH1`, epoch, last sequence and watermark (u64
-//! each); the channels (u32 count; each a u16 name length, the name and
+//! The bytes, big-endian: `THH1`, epoch, last sequence, watermark and
+//! mark (u64 each: the mark is the last sequence numbered before the new
+//! process could have subscribers; what came after it the new one relays
+//! to them, as they were not on the old one); the channels (u32 count; each a u16 name length, the name and
 //! the sequence it dropped through, u64); the messages oldest first (u32
 //! count; each its channel's index u32, sequence u64, text u8, age in ms
 //! u64, payload length u32 and payload).
@@ -38,17 +40,20 @@ struct Entry {
     payload: Bytes,
 }
 
-/// What [`History::adopt`] took: messages kept and channels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What [`History::adopt`] took: messages kept and channels, and the
+/// messages numbered after the mark (channel and message, oldest first).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Adopted {
     pub messages: usize,
     pub channels: usize,
+    pub after_mark: Vec<(String, super::Kept)>,
 }
 
 impl History {
     /// This history as handover bytes, at `now_ms` (ages are kept, not
-    /// clock readings: the new process's clock started elsewhere).
-    pub fn export(&self, now_ms: u64) -> Vec<u8> {
+    /// clock readings: the new process's clock started elsewhere), with
+    /// `mark` (a sequence of ours) for [`Adopted::after_mark`].
+    pub fn export(&self, now_ms: u64, mark: u64) -> Vec<u8> {
         let arrived: HashMap<u64, u64> = self.order.iter().map(|(s, _, at)| (*s, *at)).collect();
         let names: Vec<_> = self.channels.iter().collect();
         let mut all: Vec<(u64, u32, &super::Kept)> = Vec::with_capacity(self.kept);
@@ -59,7 +64,7 @@ impl History {
         all.sort_unstable_by_key(|m| m.0);
         let mut out = Vec::with_capacity(64 + self.bytes);
         out.extend_from_slice(MAGIC);
-        for v in [self.epoch, self.last_seq, self.forgotten] {
+        for v in [self.epoch, self.last_seq, self.forgotten, mark] {
             out.extend_from_slice(&v.to_be_bytes());
         }
         out.extend_from_slice(&len32(names.len()).to_be_bytes());
@@ -92,7 +97,7 @@ impl History {
         if r.take(4)? != MAGIC {
             return Err(r.bad("no THH1 header"));
         }
-        let (epoch, last_seq, forgotten) = (r.u64()?, r.u64()?, r.u64()?);
+        let (epoch, last_seq, forgotten, mark) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
         let mut names = Vec::new();
         for _ in 0..r.u32()? {
             let n = usize::from(r.u16()?);
@@ -127,10 +132,20 @@ impl History {
         };
         self.last_seq = last_seq;
         self.forgotten = forgotten;
+        let mut after_mark = Vec::new();
         for e in entries {
             let id = MessageId { epoch, seq: e.seq };
             let at = now_ms.saturating_sub(e.age);
-            self.keep(&names[e.channel].0, id, e.text, &e.payload, at);
+            let name = &names[e.channel].0;
+            self.keep(name, id, e.text, &e.payload, at);
+            if e.seq > mark {
+                let kept = super::Kept {
+                    id,
+                    text: e.text,
+                    payload: e.payload,
+                };
+                after_mark.push((name.clone(), kept));
+            }
         }
         for (name, through) in names {
             match self.channels.get_mut(name.as_str()) {
@@ -141,6 +156,7 @@ impl History {
         Ok(Adopted {
             messages: self.kept,
             channels: self.channels.len(),
+            after_mark,
         })
     }
 }
@@ -211,8 +227,18 @@ mod tests {
             put(&mut old, &m[..1], m, 0);
         }
         let mut new = History::new(limits(10), OLD + 5000);
-        let got = new.adopt(&old.export(100), 200).unwrap();
+        let got = new.adopt(&old.export(100, 5), 200).unwrap();
         assert_eq!((got.messages, got.channels), (5, 2));
+        let after: Vec<_> = got
+            .after_mark
+            .iter()
+            .map(|(c, k)| (c.as_str(), k.id.seq))
+            .collect();
+        assert_eq!(
+            after,
+            [("b", 6)],
+            "numbered after the mark: relayed by the new node"
+        );
         assert_eq!(new.epoch(), OLD, "the old epoch goes on");
         let all_a = vec!["a2".into(), "a3".into(), "a4".into()];
         assert_eq!(
@@ -242,7 +268,7 @@ mod tests {
             .map(|i| put(&mut old, "a", &format!("a{i}"), 0))
             .collect();
         let mut new = History::new(limits(2), OLD + 1);
-        assert_eq!(new.adopt(&old.export(0), 0).unwrap().messages, 2);
+        assert_eq!(new.adopt(&old.export(0, 0), 0).unwrap().messages, 2);
         assert_eq!(
             bodies(&mut new, "a", ids[3]),
             (true, vec!["a5".into(), "a6".into()])
@@ -263,7 +289,7 @@ mod tests {
         let late = put(&mut old, "a", "late", 8_000);
         let mut new = History::new(old.limits, OLD + 1);
         // Exported at 9 s: ages 8 s and 1 s; the new clock reads 50 s.
-        new.adopt(&old.export(9_000), 50_000).unwrap();
+        new.adopt(&old.export(9_000, 0), 50_000).unwrap();
         new.expire(52_500);
         assert_eq!(new.stats().messages, 1, "early was 10.5 s old");
         let r = new.recover("a", MessageId { epoch: OLD, seq: 1 }, 52_500);
@@ -275,7 +301,7 @@ mod tests {
     fn damaged_bytes_are_refused_and_change_nothing() {
         let mut old = History::new(limits(10), OLD);
         put(&mut old, "a", "x", 0);
-        let good = old.export(0);
+        let good = old.export(0, 0);
         let mut new = History::new(limits(10), OLD + 1);
         put(&mut new, "n", "mine", 0);
         for cut in 0..good.len() {

@@ -7,7 +7,8 @@
 use tokio::sync::mpsc;
 
 use super::{Event, Supervisor};
-use crate::control::Record;
+use crate::control::{Message, Record};
+use crate::history::Kept;
 use crate::takeover::Handover;
 
 /// Says `go` to the old serve on a thread of its own (the exchange
@@ -59,13 +60,18 @@ impl Supervisor {
                  ours starts empty"
             ),
             Ok(bytes) => match self.history.adopt(&bytes, now) {
-                Ok(a) => log!(
-                    "throng: --takeover: adopted the history of pid {pid}: {} messages in {} \
-                     channels; ids go on in its epoch {}",
-                    a.messages,
-                    a.channels,
-                    self.history.epoch()
-                ),
+                Ok(a) => {
+                    log!(
+                        "throng: --takeover: adopted the history of pid {pid}: {} messages in {} \
+                         channels; ids go on in its epoch {}; {} published there meanwhile \
+                         relayed here",
+                        a.messages,
+                        a.channels,
+                        self.history.epoch(),
+                        a.after_mark.len()
+                    );
+                    self.relay_after_mark(a.after_mark);
+                }
                 Err(e) => log!("throng: --takeover: ERROR: {e}; ours starts empty"),
             },
             Err(e) => log!(
@@ -80,6 +86,28 @@ impl Supervisor {
         }
     }
 
+    /// The messages the old serve numbered once our workers could have
+    /// subscribers: they were delivered only to its own, so ours get them
+    /// now (a subscriber rejoining meanwhile has its recovery held, and
+    /// takes each id once).
+    fn relay_after_mark(&mut self, messages: Vec<(String, Kept)>) {
+        for (channel, k) in messages {
+            let m = Message {
+                id: 0,
+                message: k.id,
+                text: k.text,
+                at_most_once: false,
+                exactly_once: false,
+                properties: bytes::Bytes::new(),
+                retained: false,
+                origin: 0,
+                channel,
+                payload: k.payload,
+            };
+            self.deliver(None, m, None);
+        }
+    }
+
     /// Told `go`: our embedded history for the new serve (empty with
     /// Redis, which keeps it for both, or without history); from now on
     /// a publish here is refused, so nothing is numbered twice.
@@ -90,7 +118,7 @@ impl Supervisor {
         self.handed_over = true;
         let now = self.now_ms();
         self.history.expire(now);
-        let bytes = self.history.export(now);
+        let bytes = self.history.export(now, self.handover_mark);
         let s = self.history.stats();
         log!(
             "throng: taken over: handed the history over ({} messages in {} channels, {} bytes); \
