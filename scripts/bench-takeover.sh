@@ -31,7 +31,10 @@ if [ "${REDIS:-0}" = 1 ]; then
   redis-server --port "$REDIS_PORT" --save '' --appendonly no >/dev/null &
   REDIS_PID=$!
   trap 'kill $REDIS_PID 2>/dev/null || true' EXIT
-  sleep 0.5
+  for _ in $(seq 100); do
+    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
   redis=(--redis "redis://127.0.0.1:$REDIS_PORT")
 fi
 json="$OUT/takeover-$(date -u +%Y%m%dT%H%M%SZ).json"

@@ -477,9 +477,14 @@ async fn drive(o: Opts) {
     let mut old = serve(&o, port, "old", &[]);
     let up = Instant::now();
     while publish_probe(addr).await.is_err() {
+        let log = format!("{}/takeover-old.log", o.logdir);
+        if let Ok(Some(status)) = old.try_wait() {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("the serve exited ({status}) before it listened:\n{log}");
+        }
         assert!(
             up.elapsed() < Duration::from_secs(30),
-            "the serve did not start"
+            "the serve did not start: {log}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
