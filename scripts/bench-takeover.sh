@@ -27,14 +27,25 @@ mkdir -p "$OUT"
 machine_line
 redis=()
 if [ "${REDIS:-0}" = 1 ]; then
-  REDIS_PORT=$(free_port)
-  redis-server --port "$REDIS_PORT" --save '' --appendonly no >/dev/null &
-  REDIS_PID=$!
-  trap 'kill $REDIS_PID 2>/dev/null || true' EXIT
-  for _ in $(seq 100); do
-    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
-    sleep 0.1
+  # A port of the ephemeral range may be some earlier connection's own
+  # end still: try another when it is.
+  for _ in 1 2 3 4 5; do
+    REDIS_PORT=$(free_port)
+    redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
+      >"$OUT/redis.log" 2>&1 &
+    REDIS_PID=$!
+    trap 'kill $REDIS_PID 2>/dev/null || true' EXIT
+    for _ in $(seq 50); do
+      redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break 2
+      kill -0 $REDIS_PID 2>/dev/null || break
+      sleep 0.1
+    done
   done
+  if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    echo "redis-server did not answer on port $REDIS_PORT; its log:" >&2
+    tail -5 "$OUT/redis.log" >&2
+    exit 1
+  fi
   redis=(--redis "redis://127.0.0.1:$REDIS_PORT")
 fi
 json="$OUT/takeover-$(date -u +%Y%m%dT%H%M%SZ).json"

@@ -351,6 +351,8 @@ struct Side {
     refused_publishes: Cell<u64>,
     probes: Cell<u64>,
     refused: Cell<u64>,
+    /// Why probes failed: connect, reset, no answer...
+    refused_why: RefCell<BTreeMap<String, u64>>,
     stop: Cell<bool>,
 }
 
@@ -398,19 +400,31 @@ async fn prober(addr: SocketAddr, side: Rc<Side>) {
     while !side.stop.get() {
         side.probes.set(side.probes.get() + 1);
         let ask = async {
-            let mut s = TcpStream::connect(addr).await.ok()?;
+            let mut s = TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connect: {}", e.kind()))?;
             let req = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-            s.write_all(req.as_bytes()).await.ok()?;
+            s.write_all(req.as_bytes())
+                .await
+                .map_err(|e| format!("write: {}", e.kind()))?;
             let mut resp = Vec::new();
-            s.read_to_end(&mut resp).await.ok()?;
-            Some(resp.starts_with(b"HTTP/1.1 "))
+            s.read_to_end(&mut resp)
+                .await
+                .map_err(|e| format!("read: {}", e.kind()))?;
+            if resp.starts_with(b"HTTP/1.1 ") {
+                Ok(())
+            } else {
+                Err(format!("answered {} bytes, not HTTP", resp.len()))
+            }
         };
-        let ok = matches!(
-            tokio::time::timeout(Duration::from_secs(5), ask).await,
-            Ok(Some(true))
-        );
-        if !ok {
+        let why = match tokio::time::timeout(Duration::from_secs(5), ask).await {
+            Ok(Ok(())) => None,
+            Ok(Err(why)) => Some(why),
+            Err(_) => Some("no answer within 5 s".to_owned()),
+        };
+        if let Some(why) = why {
             side.refused.set(side.refused.get() + 1);
+            *side.refused_why.borrow_mut().entry(why).or_default() += 1;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -651,6 +665,10 @@ impl Run<'_> {
             self.sum("incomplete"),
             self.sum("duplicates"),
         );
+        let why = self.side.refused_why.borrow();
+        if !why.is_empty() {
+            println!("why probes failed: {why:?}");
+        }
         println!("close codes: {:?}", self.merged("closes"));
         let failed = self.merged("failed_rejoins");
         if !failed.is_empty() {
@@ -678,6 +696,7 @@ impl Run<'_> {
                 "open_seconds": self.opened.as_secs_f64(),
                 "probes": self.side.probes.get(),
                 "refused_connections": self.side.refused.get(),
+                "refused_why": *self.side.refused_why.borrow(),
                 "publishes_refused": self.side.refused_publishes.get(),
                 "messages_published": published,
                 "lost": self.sum("lost"),
