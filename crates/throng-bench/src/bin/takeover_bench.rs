@@ -135,6 +135,21 @@ struct Tally {
     closes: RefCell<BTreeMap<u16, u64>>,
     incomplete: Cell<u64>,
     duplicates: Cell<u64>,
+    /// Upgrades in flight at once: a process that asks for thousands at
+    /// the same instant meets full accept queues and handshake timeouts,
+    /// which would measure its own haste, not the takeover.
+    upgrading: Upgrading,
+}
+
+/// Upgrades one subscriber process has in flight at most.
+const UPGRADING: usize = 256;
+
+struct Upgrading(tokio::sync::Semaphore);
+
+impl Default for Upgrading {
+    fn default() -> Self {
+        Self(tokio::sync::Semaphore::new(UPGRADING))
+    }
 }
 
 impl Tally {
@@ -238,7 +253,9 @@ async fn session(
     joined: &mut bool,
     t0: u64,
 ) -> Result<(), String> {
+    let turn = tally.upgrading.0.acquire().await;
     let (mut s, mut buf) = upgrade(addr, source, since.as_deref()).await?;
+    drop(turn);
     if *joined {
         // A rejoin, counted by the second it got in.
         let sec = unix_ms().saturating_sub(t0) / 1000;
@@ -303,6 +320,25 @@ fn mask() -> [u8; 4] {
     fastrand::u32(..).to_le_bytes()
 }
 
+/// Leaves the port to `connect` (`IP_BIND_ADDRESS_NO_PORT`), which needs
+/// only the whole address pair to be new: a port `bind` picks must be
+/// free of every socket of the source address, the last run's thousands
+/// in TIME_WAIT included, and finding one gets slow, then fails.
+fn no_port_at_bind(sock: &TcpSocket) {
+    use std::os::fd::AsRawFd as _;
+    let one: libc::c_int = 1;
+    // SAFETY: a live socket, and an int option of its size.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
 /// Connects from `source` and upgrades to `/feed` as `throng.v1`.
 async fn upgrade(
     addr: SocketAddr,
@@ -310,6 +346,7 @@ async fn upgrade(
     since: Option<&str>,
 ) -> Result<(TcpStream, Vec<u8>), String> {
     let sock = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
+    no_port_at_bind(&sock);
     sock.bind(SocketAddr::new(source, 0))
         .map_err(|e| format!("bind: {}", e.kind()))?;
     let mut s = sock
