@@ -10,15 +10,17 @@
 # the subscribers in processes of PER_PROCESS (at most 19,000: each process
 # may open 20,000 files), each from a source address of its own.
 # Bounded: every process it starts is stopped by its pid.
-#   N=10000 SPREAD=10s PUB_RATE=20 [REDIS=1] [WORKERS=2] scripts/bench-takeover.sh
+#   N=10000 SPREAD=10s PUB_RATE=20 [REDIS=1] [WORKERS=N/PER_PROCESS, at least 2] scripts/bench-takeover.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
 N=${N:-10000}
 SPREAD=${SPREAD:-10s}
 PUB_RATE=${PUB_RATE:-20}
-WORKERS=${WORKERS:-2}
 PER_PROCESS=${PER_PROCESS:-15000}
+# A worker holds about 19,900 subscribers at 20,000 files: one per
+# PER_PROCESS subscribers, at least 2.
+WORKERS=${WORKERS:-$(( (N + PER_PROCESS - 1) / PER_PROCESS > 2 ? (N + PER_PROCESS - 1) / PER_PROCESS : 2 ))}
 OUT=${OUT:-bench-out}
 target=${CARGO_TARGET_DIR:-target}
 cargo build --quiet --release -p throng
