@@ -16,6 +16,9 @@
   mqtt_peer.py send HOST PORT TOPIC --qos Q [--retain] [--cafile F]
       Publishes each line of stdin as one message, in order, each
       acknowledged at QoS 1 before the next; prints {"sent", "acked"}.
+
+  Any mode with --ws PATH: MQTT over WebSocket (subprotocol mqtt) to
+  ws://HOST:PORT/PATH instead of MQTT over TCP.
 """
 
 import argparse
@@ -33,7 +36,10 @@ def client(args, name):
         mqtt.CallbackAPIVersion.VERSION2,
         client_id=f"paho-{name}-{time.monotonic_ns()}",
         protocol=mqtt.MQTTv5 if args.v5 else mqtt.MQTTv311,
+        transport="websockets" if args.ws else "tcp",
     )
+    if args.ws:
+        c.ws_set_options(path=args.ws)
     if args.cafile:
         c.tls_set(ca_certs=args.cafile, cert_reqs=ssl.CERT_REQUIRED)
     return c
@@ -151,6 +157,7 @@ def main():
     p.add_argument("--v5", action="store_true")
     p.add_argument("--lines", action="store_true")
     p.add_argument("--retain", action="store_true")
+    p.add_argument("--ws", metavar="PATH")
     args = p.parse_args()
     args.topic = args.filter
     {"sub": sub, "pub": pub, "send": send}[args.mode](args)

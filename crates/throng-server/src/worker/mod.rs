@@ -24,6 +24,7 @@ mod mqtt_auth;
 mod mqtt_ids;
 mod mqtt_qos;
 mod mqtt_retain;
+mod mqtt_ws;
 #[cfg(test)]
 mod pair;
 mod ping_answer;

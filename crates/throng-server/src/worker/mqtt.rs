@@ -71,6 +71,9 @@ pub(crate) struct Mqtt {
     /// channel, when it has one: a connection's only subscription is kept there
     /// ([`super::table::Channels::subscribe_mqtt`]).
     pub(crate) qos: u8,
+    /// Carried in WebSocket frames (subprotocol `mqtt`, [`super::mqtt_ws`]):
+    /// in a byte the struct had spare, so a subscriber does not grow.
+    pub(crate) ws: bool,
     /// Everything else; `None` while there is nothing.
     pub(crate) more: Option<Box<MqttState>>,
 }
@@ -82,6 +85,7 @@ impl Mqtt {
             keep_alive,
             receive_max: MAX_INFLIGHT,
             qos: 0,
+            ws: false,
             more: None,
         }
     }

@@ -22,6 +22,7 @@ use super::mqtt::{Mqtt, Will, encode};
 use super::mqtt_auth::{self, Admitted};
 use super::mqtt_ids;
 use super::mqtt_qos::RECEIVE_MAX;
+use super::mqtt_ws;
 use super::state::Worker;
 use super::subscribers::max_packet;
 use crate::addresses::Source;
@@ -80,9 +81,58 @@ pub(crate) async fn serve(
             }
         }
     };
-    handshake(&w, stream, &ticket).await;
+    handshake(&w, stream, &ticket, None).await;
     if let Some(source) = ticket.take() {
         w.supervisor.release(source);
+    }
+}
+
+/// Serves a WebSocket upgrade that offered subprotocol `mqtt` (on an HTTP
+/// or TLS listener, any path): 101 with that subprotocol, then the MQTT
+/// handshake over binary frames (`rest`: frames sent behind the request),
+/// and the connection is an MQTT subscriber like any other.
+pub(crate) async fn over_ws(
+    w: &Worker,
+    mut stream: Io,
+    accept: &str,
+    rest: &[u8],
+    ticket: &Cell<Option<Source>>,
+) {
+    let mut out = Vec::with_capacity(160);
+    throng_proto::http::write_response_head(
+        &mut out,
+        101,
+        &[
+            ("Upgrade", "websocket"),
+            ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Accept", accept),
+            ("Sec-WebSocket-Protocol", mqtt_ws::SUBPROTOCOL),
+        ],
+    );
+    let written = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+    if !matches!(written, Ok(Ok(()))) {
+        w.counters.handshake_failed("write_failed");
+        return;
+    }
+    handshake(w, stream, ticket, Some(rest.to_vec())).await;
+}
+
+/// Why no CONNECT came.
+enum NoConnect {
+    /// The client left first.
+    Left,
+    /// It broke MQTT.
+    Mqtt(mqtt::DecodeError),
+    /// It broke MQTT over WebSocket.
+    Ws(mqtt_ws::UnwrapError),
+}
+
+/// `packet` as it goes on the wire: in a binary frame over WebSocket.
+fn framed(ws: bool, packet: Bytes) -> Bytes {
+    if ws {
+        Bytes::from(mqtt_ws::wrap(&packet))
+    } else {
+        packet
     }
 }
 
@@ -110,23 +160,30 @@ struct Connected {
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
 /// the connection to the subscribers, holding its address (`ticket`) and
-/// its place under `--max-connections`.
-async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
+/// its place under `--max-connections`. With `ws` (what was read behind
+/// the upgrade request), every packet is carried in WebSocket frames.
+async fn handshake(
+    w: &Worker,
+    mut tcp: Io,
+    ticket: &Cell<Option<Source>>,
+    mut ws: Option<Vec<u8>>,
+) {
     let mut buf: Vec<u8> = Vec::new();
-    let Some((mut connected, used)) = connect(w, &mut tcp, &mut buf).await else {
+    let Some((mut connected, used)) = connect(w, &mut tcp, &mut buf, ws.as_mut()).await else {
         return;
     };
+    let over_ws = ws.is_some();
     let version = connected.version;
     let (admitted, will) = match admit(w, &mut connected) {
         Ok(admitted) => admitted,
         Err(code) => {
-            let out = refusal(version, code);
+            let out = framed(over_ws, refusal(version, code));
             let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
             return;
         }
     };
     let counted = &w.subs.outside().counted;
-    let connack = connack(w, &connected);
+    let connack = framed(over_ws, connack(w, &connected));
     let written = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&connack)).await;
     if !matches!(written, Ok(Ok(()))) {
         counted.give_place();
@@ -134,24 +191,33 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
         return;
     }
     // From here on the socket lives in the worker's own epoll, not tokio's.
-    let (sock, rest, tls) = match tcp {
+    let (sock, mut rest, tls) = match tcp {
         Io::Plain(tcp) => (tcp.into_std(), buf[used..].to_vec(), None),
         Io::Tls(s) => {
             let parts = s.into_parts();
             // Packets behind the CONNECT: what was read, then what was
             // decrypted but not read.
             let mut plain = buf[used..].to_vec();
-            plain.extend_from_slice(&parts.plain_rest);
+            let after = match ws.as_mut() {
+                Some(raw) => raw,
+                None => &mut plain,
+            };
+            after.extend_from_slice(&parts.plain_rest);
             let tls = TlsState::new(parts.conn, &parts.cipher_rest);
             (parts.tcp.into_std(), plain, Some(tls))
         }
     };
+    if let Some(raw) = &ws {
+        // A packet begun behind the CONNECT, then frames not yet unwrapped.
+        rest = mqtt_ws::keep(&rest, raw);
+    }
     let Ok(sock) = sock else {
         counted.give_place();
         w.counters.handshake_failed("write_failed");
         return;
     };
-    let state = session(&connected, admitted.grants, will);
+    let mut state = session(&connected, admitted.grants, will);
+    state.ws = over_ws;
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
     let mut c = Conn::new(sock, w.subs.now(), &rest)
         .with_mqtt(version, state)
@@ -170,34 +236,52 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
 /// Reads CONNECT within `--handshake-timeout`: its fields and the bytes of
 /// `buf` it took. `None` (counted, and a protocol error answered) when the
 /// client was too slow, left, or broke the protocol.
-async fn connect(w: &Worker, tcp: &mut Io, buf: &mut Vec<u8>) -> Option<(Connected, usize)> {
-    let mut decoder = Decoder::server(max_packet(w.cfg.max_message));
+async fn connect(
+    w: &Worker,
+    tcp: &mut Io,
+    buf: &mut Vec<u8>,
+    ws: Option<&mut Vec<u8>>,
+) -> Option<(Connected, usize)> {
+    let max = max_packet(w.cfg.max_message);
+    let mut decoder = Decoder::server(max);
+    let over_ws = ws.is_some();
     let read = tokio::time::timeout(
         w.cfg.handshake_timeout,
-        read_connect(tcp, &mut decoder, buf),
+        read_connect(
+            tcp,
+            &mut decoder,
+            buf,
+            ws.map(|raw| (raw, max + mqtt_ws::FRAME_SLACK)),
+        ),
     )
     .await;
-    match read {
+    let out = match read {
         Err(_) => {
             w.counters.handshake_failed("mqtt_timeout");
-            None
+            return None;
         }
-        Ok(Err(None)) => {
+        Ok(Err(NoConnect::Left)) => {
             if !buf.is_empty() {
                 w.counters.handshake_failed("mqtt_incomplete");
             }
-            None
+            return None;
         }
-        Ok(Err(Some(e))) => {
+        Ok(Err(NoConnect::Mqtt(e))) => {
             w.counters.handshake_failed("mqtt_bad_connect");
             w.counters.mqtt_refused(e.label());
             let mut out = Vec::new();
             decoder.answer(&e).encode(&mut out);
-            let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
-            None
+            framed(over_ws, Bytes::from(out))
         }
-        Ok(Ok(got)) => Some(got),
-    }
+        Ok(Err(NoConnect::Ws(e))) => {
+            w.counters.handshake_failed("mqtt_bad_connect");
+            w.counters.mqtt_refused(e.label());
+            super::conn::close_frame(e.close_code(), &e.to_string())
+        }
+        Ok(Ok(got)) => return Some(got),
+    };
+    let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
+    None
 }
 
 /// The CONNACK refusing a client of `version` with `code`.
@@ -345,19 +429,41 @@ fn session(
     )
 }
 
+/// Moves the MQTT bytes of the whole frames in `raw` to `buf`; an error
+/// for a bad frame, and the client gone for a close.
+fn unwrap_into(raw: &mut Vec<u8>, buf: &mut Vec<u8>, max: usize) -> Result<(), NoConnect> {
+    let got = mqtt_ws::unwrap(raw, max).map_err(NoConnect::Ws)?;
+    buf.extend_from_slice(&raw[..got.data]);
+    raw.drain(..got.consumed);
+    // A ping before CONNECT goes unanswered: the client is still connecting.
+    if got
+        .controls
+        .iter()
+        .any(|c| matches!(c, mqtt_ws::Control::Close(_)))
+    {
+        return Err(NoConnect::Left);
+    }
+    Ok(())
+}
+
 /// Reads until `decoder` gives the CONNECT; returns its fields and the
 /// bytes of `buf` it used (what follows is the client's next packets).
-/// `Err(None)`: the client left first; `Err(Some)`: it broke the protocol.
+/// With `ws` (the raw bytes and the largest frame), bytes are read into
+/// the raw buffer and unwrapped into `buf`.
 async fn read_connect(
     tcp: &mut Io,
     decoder: &mut Decoder,
     buf: &mut Vec<u8>,
-) -> Result<(Connected, usize), Option<mqtt::DecodeError>> {
+    mut ws: Option<(&mut Vec<u8>, usize)>,
+) -> Result<(Connected, usize), NoConnect> {
+    if let Some((raw, max)) = ws.as_mut() {
+        unwrap_into(raw, buf, *max)?;
+    }
     loop {
-        if let Some(d) = decoder.decode(buf).map_err(Some)? {
+        if let Some(d) = decoder.decode(buf).map_err(NoConnect::Mqtt)? {
             let Packet::Connect(c) = d.packet else {
                 // The decoder refuses anything else first.
-                return Err(None);
+                return Err(NoConnect::Left);
             };
             let version = decoder.version().unwrap_or(Version::V311);
             let connected = Connected {
@@ -382,10 +488,17 @@ async fn read_connect(
             };
             return Ok((connected, d.consumed));
         }
-        buf.reserve(1024);
-        match tcp.read_buf(buf).await {
-            Ok(0) | Err(_) => return Err(None),
+        let into = match ws.as_mut() {
+            Some((raw, _)) => &mut **raw,
+            None => &mut *buf,
+        };
+        into.reserve(1024);
+        match tcp.read_buf(into).await {
+            Ok(0) | Err(_) => return Err(NoConnect::Left),
             Ok(_) => {}
+        }
+        if let Some((raw, max)) = ws.as_mut() {
+            unwrap_into(raw, buf, *max)?;
         }
     }
 }

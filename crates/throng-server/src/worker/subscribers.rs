@@ -41,6 +41,7 @@ use super::mqtt_auth;
 use super::mqtt_ids::ClientIds;
 use super::mqtt_qos::{self, DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
+use super::mqtt_ws;
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
 use crate::auth;
@@ -68,6 +69,11 @@ const PACKET_OVERHEAD: usize = 1024;
 /// worker's scratch buffer, which must hold it and leave room to read.
 pub(crate) fn max_packet(max_message: usize) -> usize {
     max_message.saturating_add(PACKET_OVERHEAD).min(SCRATCH / 2)
+}
+
+/// Whether `c` is an MQTT subscriber carried in WebSocket frames.
+fn over_ws<W>(c: &Conn<W>) -> bool {
+    c.kind().is_mqtt() && c.proto().mqtt().is_some_and(|m| m.ws)
 }
 
 /// What the subscribers need from around them.
@@ -909,6 +915,30 @@ impl<O: Outside> Subscribers<O> {
         if c.state() == State::Gone {
             return Err(SendError::Closed);
         }
+        if over_ws(c) {
+            return self.send_framed(c, frame);
+        }
+        self.send_raw(c, frame)
+    }
+
+    /// Hands an MQTT-over-WebSocket subscriber `packet` in a binary frame:
+    /// the header and the packet (encoded once for every subscriber) in
+    /// one `writev`; joined only for TLS, behind a queue, or what the
+    /// socket did not take.
+    fn send_framed(&self, c: &Rc<Conn<O::Wire>>, packet: &[u8]) -> Result<(), SendError> {
+        if c.is_tls() || c.has_queue() {
+            return self.send_raw(c, &Bytes::from(mqtt_ws::wrap(packet)));
+        }
+        let (h, n) = mqtt_ws::header(packet.len());
+        if let Some(unsent) = c.write_parts(&[&h[..n], packet, &[]])? {
+            self.start_queue(c, unsent);
+        }
+        Ok(())
+    }
+
+    /// [`Self::send`] of bytes that are already what goes on the wire (a
+    /// WebSocket frame, or a packet of MQTT not over WebSocket).
+    fn send_raw(&self, c: &Rc<Conn<O::Wire>>, frame: &Bytes) -> Result<(), SendError> {
         if c.is_tls() {
             let mut out = self.tls_out.borrow_mut();
             if c.seal(frame, &mut out).is_err() {
@@ -945,7 +975,7 @@ impl<O: Outside> Subscribers<O> {
         if c.state() == State::Gone {
             return Err(SendError::Closed);
         }
-        if c.is_tls() || c.has_queue() {
+        if c.is_tls() || c.has_queue() || over_ws(c) {
             return self.send(c, &Bytes::from(parts.concat()));
         }
         if let Some(unsent) = c.write_parts(parts)? {
@@ -996,6 +1026,7 @@ impl<O: Outside> Subscribers<O> {
             if c.kind() == Kind::Mqtt5 {
                 let _ = self.send(c, &mqtt::disconnect(why));
             }
+            self.ws_goodbye(c, why);
             self.end_after_queue(c);
             return;
         }
@@ -1037,7 +1068,11 @@ impl<O: Outside> Subscribers<O> {
         self.counters.slow_consumer(cause);
         let partial = self.drop_queue(c);
         if !partial && c.kind() == Kind::Mqtt5 {
-            c.write_now(&mqtt::disconnect(CloseReason::SlowConsumer), &self.tls_out);
+            let mut d = mqtt::disconnect(CloseReason::SlowConsumer);
+            if over_ws(c) {
+                d = Bytes::from(mqtt_ws::wrap(&d));
+            }
+            c.write_now(&d, &self.tls_out);
         } else if !partial && c.kind() != Kind::Sse && !c.kind().is_mqtt() {
             let reason = if cause == "queue" {
                 "slow consumer: over --max-queue"
@@ -1201,8 +1236,11 @@ impl<O: Outside> Subscribers<O> {
             // or a reset, still ends it).
             return true;
         }
+        if over_ws(c) {
+            return self.on_mqtt_ws_bytes(c, buf);
+        }
         if c.kind().is_mqtt() {
-            return self.on_mqtt_bytes(c, buf);
+            return self.on_mqtt_bytes(c, buf).is_some();
         }
         let have = buf.len();
         let mut pos = 0;
@@ -1317,16 +1355,93 @@ impl<O: Outside> Subscribers<O> {
         }
     }
 
+    /// Handles an MQTT-over-WebSocket subscriber's frames in `buf`: their
+    /// packets as [`Self::on_mqtt_bytes`] does, then their pings and close;
+    /// keeps a split packet and a split frame ([`mqtt_ws::keep`]). False
+    /// when the connection ended.
+    fn on_mqtt_ws_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
+        let max_frame = self.limits.mqtt_packet + mqtt_ws::FRAME_SLACK;
+        let got = match mqtt_ws::unwrap(buf, max_frame) {
+            Ok(got) => got,
+            Err(e) => {
+                self.counters.mqtt_refused(e.label());
+                if c.is_open() {
+                    self.counters.closed(CloseReason::ProtocolError);
+                    self.unsubscribe(c);
+                }
+                let _ = self.send_raw(c, &close_frame(e.close_code(), &e.to_string()));
+                self.end_after_queue(c);
+                return false;
+            }
+        };
+        let Some(used) = self.mqtt_packets(c, &buf[..got.data]) else {
+            return false;
+        };
+        for control in got.controls {
+            match control {
+                mqtt_ws::Control::Ping(payload) => {
+                    let pong = ws::server_frame(OpCode::Pong, &payload);
+                    if let Err(e) = self.send_raw(c, &pong) {
+                        self.send_failed(c, e);
+                        return false;
+                    }
+                }
+                mqtt_ws::Control::Close(code) => {
+                    // Without DISCONNECT: its will is published as for a
+                    // dropped connection.
+                    if c.is_open() {
+                        self.counters.closed(CloseReason::PeerClose);
+                        self.unsubscribe(c);
+                    }
+                    let reply = close_frame(code.unwrap_or(close_code::NORMAL), "");
+                    let _ = self.send_raw(c, &reply);
+                    self.end_after_queue(c);
+                    return false;
+                }
+            }
+        }
+        let kept = mqtt_ws::keep(&buf[used..got.data], &buf[got.consumed..]);
+        if !kept.is_empty() && c.is_open() {
+            c.set_rest(&kept);
+        }
+        true
+    }
+
+    /// The WebSocket close frame that follows an MQTT-over-WebSocket
+    /// subscriber's last packet; nothing for others.
+    fn ws_goodbye(&self, c: &Rc<Conn<O::Wire>>, why: CloseReason) {
+        if over_ws(c) {
+            let code = if why == CloseReason::ProtocolError {
+                close_code::PROTOCOL
+            } else {
+                close_code::NORMAL
+            };
+            let _ = self.send_raw(c, &close_frame(code, ""));
+        }
+    }
+
     /// Handles every whole packet in `buf`, keeps a split one's bytes;
-    /// false when the connection ended.
-    pub(crate) fn on_mqtt_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
+    /// `None` when the connection ended.
+    pub(crate) fn on_mqtt_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> Option<()> {
+        let have = buf.len();
+        let pos = self.mqtt_packets(c, buf)?;
+        if pos < have && c.is_open() {
+            // Bounded: the decoder refuses a packet over max_packet.
+            c.set_rest(&buf[pos..have]);
+        }
+        Some(())
+    }
+
+    /// Handles every whole packet in `buf`: the bytes they took, or `None`
+    /// when the connection ended.
+    fn mqtt_packets(&self, c: &Rc<Conn<O::Wire>>, buf: &[u8]) -> Option<usize> {
         let have = buf.len();
         let mut pos = 0;
         let mut decoder = Decoder::server_connected(version_of(c.kind()), self.limits.mqtt_packet);
         while pos < have {
             if !c.is_open() {
                 // Closing after an answer: what follows is not read.
-                return true;
+                return Some(have);
             }
             let decoded = decoder.decode(&buf[pos..have]).map_err(|e| {
                 let mut out = Vec::new();
@@ -1338,21 +1453,17 @@ impl<O: Outside> Subscribers<O> {
                 Ok(Some(d)) => {
                     pos += d.consumed;
                     if !self.on_packet(c, d.packet) {
-                        return false;
+                        return None;
                     }
                 }
                 Err((e, answer)) => {
                     self.counters.mqtt_refused(e.label());
                     self.fail(c, &answer);
-                    return false;
+                    return None;
                 }
             }
         }
-        if pos < have {
-            // Bounded: the decoder refuses a packet over max_packet.
-            c.set_rest(&buf[pos..have]);
-        }
-        true
+        Some(pos)
     }
 
     /// Publishes `c`'s will, if it has one (its connection is ending
@@ -1393,6 +1504,7 @@ impl<O: Outside> Subscribers<O> {
         if !answer.is_empty() {
             let _ = self.send(c, &Bytes::copy_from_slice(answer));
         }
+        self.ws_goodbye(c, CloseReason::ProtocolError);
         self.end_after_queue(c);
     }
 
