@@ -86,7 +86,12 @@ def sub(args):
         if received >= args.count:
             done.set()
 
+    def on_disconnect(_c, _userdata, _flags, reason, _props):
+        # Said on stderr: a test that sees a second SUBACK can tell why.
+        print(f"mqtt_peer: disconnected: {reason}", file=sys.stderr, flush=True)
+
     c.on_connect = on_connect
+    c.on_disconnect = on_disconnect
     c.on_subscribe = on_subscribe
     c.on_message = on_message
     c.connect(args.host, args.port, keepalive=30)

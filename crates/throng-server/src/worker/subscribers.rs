@@ -456,6 +456,20 @@ impl<O: Outside> Subscribers<O> {
     /// table, for a subscriber of one), counts it, and handles what came
     /// in the same packet as its upgrade request or CONNECT.
     fn admit(&self, c: Conn<O::Wire>, channel: Option<&str>) -> io::Result<Rc<Conn<O::Wire>>> {
+        let c = self.admit_quiet(c, channel)?;
+        if c.has_rest() {
+            self.on_readable(&c, false);
+        }
+        Ok(c)
+    }
+
+    /// [`Self::admit`] without handling what came behind the upgrade or
+    /// CONNECT: the caller does, once it has done what must come first.
+    fn admit_quiet(
+        &self,
+        c: Conn<O::Wire>,
+        channel: Option<&str>,
+    ) -> io::Result<Rc<Conn<O::Wire>>> {
         let c = Rc::new(c);
         self.conns.borrow_mut().insert(&c);
         if let Err(e) = self.outside.watch(c.wire(), c.slot()) {
@@ -472,9 +486,6 @@ impl<O: Outside> Subscribers<O> {
             crate::metrics::inc(&self.counters.mqtt_open);
         }
         crate::metrics::inc(&self.counters.upgraded);
-        if c.has_rest() {
-            self.on_readable(&c, false);
-        }
         Ok(c)
     }
 
@@ -1335,13 +1346,19 @@ impl<O: Outside> Subscribers<O> {
     /// assigned one), a connection that holds it already, here or on
     /// another worker, is closed: taken over (5.0: DISCONNECT 0x8E).
     pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>, client_id: Option<u64>) -> io::Result<()> {
-        let c = self.admit(c, None)?;
+        // The id is claimed before the packets read with the CONNECT are
+        // handled: a DISCONNECT among them ends the connection, and its
+        // slot with it.
+        let c = self.admit_quiet(c, None)?;
         if let Some(hash) = client_id {
             let before = self.client_ids.borrow_mut().claim(hash, c.slot());
             self.outside.client_id(hash);
             if let Some(old) = before.and_then(|s| self.get(u64::from(s))) {
                 self.close(&old, 0, "", CloseReason::TakenOver);
             }
+        }
+        if c.has_rest() {
+            self.on_readable(&c, false);
         }
         Ok(())
     }

@@ -136,7 +136,13 @@ fn paho_and_mqtt_js_over_websocket_at_qos_0_1_and_2() {
         }
         for sub in subs {
             let (got, granted) = sub.finish();
-            assert_eq!(granted, serde_json::json!([qos]));
+            let (_, metrics) = throng_testkit::http::get(server.ops, "/metrics");
+            assert_eq!(
+                granted,
+                serde_json::json!([qos]),
+                "one SUBACK each\n{}\n{metrics}",
+                server.log()
+            );
             assert_eq!(got, want, "QoS {qos}\n{}", server.log());
         }
     }
@@ -231,4 +237,39 @@ fn packets_span_frames_and_bad_input_is_answered_per_the_spec() {
     tcp.write_all(&frame(2, true, &[0xC0, 0])).expect("write");
     let rest = to_the_end(tcp);
     assert!(!rest.windows(4).any(|w| w == [0x20, 2, 0, 0]), "{rest:?}");
+}
+
+/// A client that sends CONNECT, a PUBLISH and DISCONNECT in one write (a
+/// busy client's packets coalesce, as paho's did in a loaded CI run): the
+/// connection ends after the message is relayed, over TCP and over
+/// WebSocket alike, and no worker dies (one did: the client id was
+/// claimed for a connection that had already ended).
+#[test]
+fn connect_publish_and_disconnect_in_one_write_end_cleanly() {
+    let (server, mqtt) = crate::mqtt_listen::mqtt_server(&["--workers", "1"]);
+    let port = server.addr.port();
+    // Client id "raw", 3.1.1, clean, no keep-alive.
+    let mut burst = CONNECT.to_vec();
+    burst.extend_from_slice(&[0x30, 9, 0, 3, b'a', b'/', b'b', b'h', b'e', b'y', b'!']);
+    burst.extend_from_slice(&[0xE0, 0]);
+    for round in 0..3 {
+        let mut tcp = TcpStream::connect(mqtt).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        tcp.write_all(&burst).expect("write");
+        let got = to_the_end(tcp);
+        assert_eq!(&got[..4], &[0x20, 2, 0, 0], "round {round}: {got:?}");
+
+        let mut ws = upgraded(port, "/mqtt");
+        ws.write_all(&frame(2, true, &burst)).expect("write");
+        let got = to_the_end(ws);
+        assert_eq!(&got[..4], &[0x82, 4, 0x20, 2], "round {round}: {got:?}");
+    }
+    let published = server.wait_metric(
+        "throng_mqtt_packets_received_total{type=\"PUBLISH\"}",
+        |v| v >= 6.0,
+    );
+    assert_eq!(published, 6.0);
+    let restarts = server.metric("throng_worker_restarts_total");
+    assert_eq!(restarts, 0.0, "{}", server.log());
 }
