@@ -13,6 +13,9 @@ use crate::addresses::{Source, Verdict};
 use crate::history::{Kept, MessageId};
 use crate::retained::RetainedMessage;
 
+mod session;
+pub use session::{SessionOpen, SessionPark, SessionResumed, SessionSub};
+
 /// The largest record accepted; far above any `--max-message`.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024;
 
@@ -155,6 +158,13 @@ pub enum Record {
         /// The client id's hash ([`crate::worker`]'s takeover table).
         hash: u64,
     },
+    /// Worker → supervisor: an MQTT client with a client id connected
+    /// (persistent sessions, [`crate::sessions`]).
+    SessionOpen(SessionOpen),
+    /// Worker → supervisor: a persistent session's connection ended.
+    SessionPark(SessionPark),
+    /// Supervisor → worker: the session a CONNECT without clean start resumes.
+    SessionResumed(SessionResumed),
 }
 
 /// A message on its way to subscribers.
@@ -338,6 +348,9 @@ impl Record {
                 out.put_u8(CLIENT_ID);
                 out.put_u64_le(*hash);
             }
+            Self::SessionOpen(o) => session::put_open(&mut out, o),
+            Self::SessionPark(p) => session::put_park(&mut out, p),
+            Self::SessionResumed(r) => session::put_resumed(&mut out, r),
             Self::Release { source } => {
                 out.put_u8(RELEASE);
                 let mut s = Vec::with_capacity(9);
@@ -369,6 +382,8 @@ impl Record {
                 .sum(),
             Self::Recover { channel, .. } => channel.len(),
             Self::Recovered { messages, .. } => messages.iter().map(|k| 21 + k.payload.len()).sum(),
+            Self::SessionPark(p) => session::payload_len(&p.subs, &p.pending),
+            Self::SessionResumed(r) => session::payload_len(&r.subs, &r.messages),
             _ => 0,
         }
     }
@@ -450,6 +465,9 @@ impl Record {
                     subscribed,
                 }
             }
+            session::SESSION_OPEN => Self::SessionOpen(session::get_open(rec)?),
+            session::SESSION_PARK => Self::SessionPark(session::get_park(rec)?),
+            session::SESSION_RESUMED => Self::SessionResumed(session::get_resumed(rec)?),
             CLIENT_ID => {
                 need(&rec, 8)?;
                 Self::ClientId {

@@ -40,6 +40,7 @@ mod relay;
 pub mod reload;
 pub mod retained;
 mod reuseport;
+pub mod sessions;
 pub mod stream;
 pub mod supervisor;
 pub mod takeover;

@@ -27,6 +27,7 @@ use crate::relay::{Answer, Publisher, Relay, WorkerId};
 use crate::reload;
 use crate::retained::{self, Retained};
 use crate::reuseport;
+use crate::sessions::{self, Sessions};
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
 use throng_host::portlock::{ClaimError, PortLocks};
 
@@ -604,6 +605,8 @@ struct Supervisor {
     /// Each channel's retained message (the local broker's; with Redis,
     /// Redis keeps them).
     retained: Retained,
+    /// MQTT persistent sessions while their clients are away.
+    sessions: Sessions,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -709,13 +712,16 @@ async fn supervise(
                 }
                 None => break,
             },
-            _ = prune.tick(), if sup.addresses.is_some() || sup.config.history_ttl.is_some() => {
+            _ = prune.tick() => {
                 let now = sup.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut sup.addresses {
                     a.prune(now);
                 }
                 let now = sup.now_ms();
                 sup.history.expire(now);
+                for reply in sup.sessions.tick(now) {
+                    sup.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
+                }
             }
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
@@ -800,6 +806,11 @@ impl Supervisor {
             retained: Retained::new(retained::Limits {
                 max_topics: config.max_retained,
                 max_bytes: config.max_retained_memory,
+            }),
+            sessions: Sessions::new(sessions::Limits {
+                queue: config.mqtt_session_queue,
+                memory: config.mqtt_sessions_memory,
+                max_expiry: config.mqtt_session_expiry,
             }),
         })
     }
@@ -942,6 +953,8 @@ impl Supervisor {
         if let Some(slot) = self.shared.as_ref().and_then(|s| s.slot(i)) {
             slot.store(0, std::sync::atomic::Ordering::SeqCst);
         }
+        // Its persistent sessions' connections are gone with it, unparked.
+        self.sessions.worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
             slot: i,
@@ -1042,6 +1055,18 @@ impl Supervisor {
                     self.send(j, rec.clone());
                 }
             }
+            Record::SessionOpen(o) => {
+                let now = self.now_ms();
+                if let Some(reply) = self.sessions.open(i, &o, now) {
+                    self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
+                }
+            }
+            Record::SessionPark(p) => {
+                let now = self.now_ms();
+                if let Some(reply) = self.sessions.park(i, p, now) {
+                    self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
+                }
+            }
             Record::Release { source } => {
                 let now = self.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut self.addresses {
@@ -1127,7 +1152,15 @@ impl Supervisor {
             self.retained
                 .set(&m.channel, qos, kept, m.properties.clone());
         }
-        let (id, rec) = self.relay.deliver(Message { message, ..m });
+        let m = Message { message, ..m };
+        // Copied only while MQTT sessions want it (queued for those away,
+        // matched at a park), under its relay id.
+        let kept = self.sessions.wants().then(|| m.clone());
+        let (id, rec) = self.relay.deliver(m);
+        match kept {
+            Some(m) => self.sessions.relayed(&Message { id, ..m }),
+            None => self.sessions.passed(id),
+        }
         let mut to = Vec::with_capacity(self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {
             if let Some(tx) = &s.tx
@@ -1182,6 +1215,7 @@ impl Supervisor {
         });
         self.stats.broker = self.broker.stats();
         self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
+        self.stats.sessions = self.sessions.stats();
         let live: Vec<&Snapshot> = self
             .slots
             .iter()

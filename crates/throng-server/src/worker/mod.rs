@@ -24,6 +24,7 @@ mod mqtt_auth;
 mod mqtt_ids;
 mod mqtt_qos;
 mod mqtt_retain;
+mod mqtt_session;
 mod mqtt_ws;
 #[cfg(test)]
 mod pair;
@@ -619,6 +620,8 @@ fn on_record(w: &Worker, rec: Record) {
             if n > 0 {
                 w.outbox.borrow_mut().push_back(Outgoing::Deliver(m));
                 w.outbox_ready.notify_one();
+            } else if w.outbox.borrow().is_empty() {
+                w.subs.passed(m.id);
             }
         }
         Some(Record::Recovered {
@@ -628,6 +631,7 @@ fn on_record(w: &Worker, rec: Record) {
         }) => w.subs.recovered(id, complete, messages),
         Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
         Some(Record::ClientId { hash }) => w.subs.taken_over(hash),
+        Some(Record::SessionResumed(r)) => w.subs.session_resumed(r),
         Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
         Some(Record::Reload(json)) => reload(w, &json),
         Some(Record::Retained { id, messages }) => {

@@ -168,6 +168,24 @@ pub(crate) struct MqttState {
     /// The largest packet it takes (5.0's Maximum Packet Size), when it
     /// set one: a delivery larger is skipped for it.
     max_packet: Option<u32>,
+    /// Its session outlives it (persistent sessions): what the supervisor
+    /// knows it by; `None` for a clean session.
+    pub(crate) persist: Option<Box<Persist>>,
+}
+
+/// A persistent session's names and expiry ([`MqttState::persist`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Persist {
+    /// Its client id's hash.
+    pub(crate) hash: u64,
+    /// The connection's id in the session records
+    /// ([`crate::control::SessionOpen::conn`]).
+    pub(crate) id: u64,
+    /// Seconds the session is kept once the connection ends; 0: not
+    /// kept after all (a 5.0 DISCONNECT can say so).
+    pub(crate) expiry: u32,
+    /// Parked already: the connection's end parks it once.
+    pub(crate) parked: bool,
 }
 
 impl MqttState {
@@ -179,6 +197,7 @@ impl MqttState {
             && self.auth.is_none()
             && self.received.is_none()
             && self.max_packet.is_none()
+            && self.persist.is_none()
     }
 }
 

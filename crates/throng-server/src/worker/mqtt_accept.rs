@@ -18,13 +18,14 @@ use tokio::net::TcpStream;
 
 use super::conn::{Conn, NONE, TlsState};
 use super::gate;
-use super::mqtt::{Mqtt, Will, encode};
+use super::mqtt::{Mqtt, Persist, Will, encode};
 use super::mqtt_auth::{self, Admitted};
 use super::mqtt_ids;
 use super::mqtt_qos::RECEIVE_MAX;
+use super::mqtt_session;
 use super::mqtt_ws;
 use super::state::Worker;
-use super::subscribers::max_packet;
+use super::subscribers::{SessionStart, max_packet};
 use crate::addresses::Source;
 use crate::channel;
 use crate::tls::stream::{Io, TlsStream};
@@ -156,6 +157,9 @@ struct Connected {
     /// It asked for 5.0 enhanced authentication (an Authentication
     /// Method), which the server does not offer.
     auth_method: bool,
+    /// Seconds its session outlives the connection, if it does
+    /// ([`mqtt_session::expiry`]).
+    session_expiry: Option<u32>,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
@@ -183,12 +187,17 @@ async fn handshake(
         }
     };
     let counted = &w.subs.outside().counted;
-    let connack = framed(over_ws, connack(w, &connected));
-    let written = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&connack)).await;
-    if !matches!(written, Ok(Ok(()))) {
-        counted.give_place();
-        w.counters.handshake_failed("write_failed");
-        return;
+    // A resume's CONNACK waits for the session (session present).
+    let resume = !connected.clean_start && connected.client_hash.is_some();
+    let connacks = [false, true].map(|present| framed(over_ws, connack(w, &connected, present)));
+    if !resume {
+        let written =
+            tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&connacks[0])).await;
+        if !matches!(written, Ok(Ok(()))) {
+            counted.give_place();
+            w.counters.handshake_failed("write_failed");
+            return;
+        }
     }
     // From here on the socket lives in the worker's own epoll, not tokio's.
     let (sock, mut rest, tls) = match tcp {
@@ -218,6 +227,22 @@ async fn handshake(
     };
     let mut state = session(&connected, admitted.grants, will);
     state.ws = over_ws;
+    let start = connected.client_hash.map(|hash| {
+        let id = w.subs.session_id();
+        if let Some(expiry) = connected.session_expiry {
+            state.state_mut().persist = Some(Box::new(Persist {
+                hash,
+                id,
+                expiry,
+                parked: false,
+            }));
+        }
+        SessionStart {
+            id,
+            resume: resume.then_some(connacks),
+            persistent: connected.session_expiry.is_some(),
+        }
+    });
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
     let mut c = Conn::new(sock, w.subs.now(), &rest)
         .with_mqtt(version, state)
@@ -226,7 +251,7 @@ async fn handshake(
     if let Some(tls) = tls {
         c = c.with_tls(tls);
     }
-    if let Err(e) = w.subs.add_mqtt(c, connected.client_hash) {
+    if let Err(e) = w.subs.add_mqtt(c, connected.client_hash, start) {
         counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
@@ -364,7 +389,7 @@ fn admit(
 
 /// The CONNACK that lets the client in: for 5.0, what this server offers
 /// and the client id it assigned.
-fn connack(w: &Worker, connected: &Connected) -> Bytes {
+fn connack(w: &Worker, connected: &Connected, session_present: bool) -> Bytes {
     let version = connected.version;
     let mut props = PropertiesBuf::new();
     let assigned;
@@ -393,15 +418,10 @@ fn connack(w: &Worker, connected: &Connected) -> Bytes {
             let _ = props.push(Property::AssignedClientIdentifier(&assigned));
         }
     }
-    if !connected.clean_start {
-        // A persistent session is not kept: this one is clean, and
-        // "session present 0" tells the client so.
-        w.counters.mqtt_refused("persistent_session");
-    }
     encode(
         version,
         &Packet::Connack(Connack {
-            session_present: false,
+            session_present,
             code: ReasonCode::SUCCESS,
             properties: props.properties(),
         }),
@@ -485,6 +505,11 @@ async fn read_connect(
                 client_hash: (!c.client_id.is_empty()).then(|| mqtt_ids::hash(c.client_id)),
                 max_packet: c.properties.maximum_packet_size(),
                 auth_method: c.properties.authentication_method().is_some(),
+                session_expiry: mqtt_session::expiry(
+                    version == Version::V5,
+                    c.clean_start,
+                    c.properties.session_expiry_interval(),
+                ),
             };
             return Ok((connected, d.consumed));
         }

@@ -41,12 +41,13 @@ use super::mqtt_auth;
 use super::mqtt_ids::ClientIds;
 use super::mqtt_qos::{self, DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
+use super::mqtt_session::{Resumes, Waiting};
 use super::mqtt_ws;
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
 use crate::auth;
 use crate::channel;
-use crate::control::Message;
+use crate::control::{Message, SessionOpen, SessionPark, SessionResumed};
 use crate::history::{Kept, MessageId};
 use crate::metrics::{CloseReason, Counters};
 use crate::retained::RetainedMessage;
@@ -69,6 +70,14 @@ const PACKET_OVERHEAD: usize = 1024;
 /// worker's scratch buffer, which must hold it and leave room to read.
 pub(crate) fn max_packet(max_message: usize) -> usize {
     max_message.saturating_add(PACKET_OVERHEAD).min(SCRATCH / 2)
+}
+
+/// `c`'s persistent session, if it has one.
+fn persist_of<W>(c: &Conn<W>) -> Option<mqtt::Persist> {
+    c.proto()
+        .mqtt()
+        .and_then(Mqtt::state)
+        .and_then(|s| s.persist.as_deref().copied())
 }
 
 /// Whether `c` is an MQTT subscriber carried in WebSocket frames.
@@ -108,6 +117,23 @@ pub(crate) trait Outside {
     /// An MQTT client connected here with the client id `hash`
     /// ([`super::mqtt_ids`]): the node's other workers close theirs.
     fn client_id(&self, hash: u64);
+    /// An MQTT client with a client id connected: to the supervisor, which
+    /// keeps sessions ([`crate::sessions`]); a resume's answer comes to
+    /// [`Subscribers::session_resumed`].
+    fn session_open(&self, o: SessionOpen);
+    /// A persistent session's connection ended: its session, to keep.
+    fn session_park(&self, p: SessionPark);
+}
+
+/// What a CONNECT with a client id asks of its session ([`Subscribers::add_mqtt`]).
+pub(crate) struct SessionStart {
+    /// Its id in the session records (from [`Subscribers::session_id`]).
+    pub(crate) id: u64,
+    /// Clean start; else its CONNACK waits for the session, and these are
+    /// it with session present 0 and 1.
+    pub(crate) resume: Option<[Bytes; 2]>,
+    /// It outlives the connection (its persist box is set).
+    pub(crate) persistent: bool,
 }
 
 /// A subscriber waiting for its channel's history, and what was published
@@ -347,6 +373,12 @@ pub(crate) struct Subscribers<O: Outside> {
     owed: RefCell<HashMap<u64, Owed<O::Wire>>>,
     /// MQTT client ids held here, for takeover ([`super::mqtt_ids`]).
     client_ids: RefCell<ClientIds>,
+    /// MQTT connections waiting for their session, and resumed ones'
+    /// fences ([`super::mqtt_session`]).
+    resumes: RefCell<Resumes<O::Wire>>,
+    /// The last relayed message whose fan-out here is done: a session
+    /// parked now may have missed those after it.
+    relayed_through: Cell<u64>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -432,6 +464,8 @@ impl<O: Outside> Subscribers<O> {
             retained: RefCell::default(),
             owed: RefCell::default(),
             client_ids: RefCell::default(),
+            resumes: RefCell::default(),
+            relayed_through: Cell::new(0),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -579,6 +613,10 @@ impl<O: Outside> Subscribers<O> {
         let mut rejoins = self.rejoins.borrow_mut();
         let Some(k) = rejoins.iter().position(|r| Rc::ptr_eq(&r.conn, c)) else {
             drop(rejoins);
+            // A resumed MQTT session's queue had what was relayed before its answer.
+            if self.resumes.borrow_mut().fenced(c, m.id) == Some(true) {
+                return Ok(Live::Repeat);
+            }
             // An MQTT subscriber waiting for retained messages holds too.
             let held = self.retained.borrow_mut().hold(c, m, self.limits.max_queue);
             if let Some(held) = held {
@@ -613,6 +651,9 @@ impl<O: Outside> Subscribers<O> {
     /// Takes a subscriber out of its channel, saying so when that was the
     /// channel's last subscriber here.
     pub(crate) fn unsubscribe(&self, c: &Conn<O::Wire>) {
+        if c.kind().is_mqtt() {
+            self.park_session(c);
+        }
         let gone = self.channels.borrow_mut().unsubscribe(c);
         if let Some(name) = gone {
             self.outside.channel_interest(&name, false);
@@ -798,6 +839,7 @@ impl<O: Outside> Subscribers<O> {
         let more = f.next < f.conns.len();
         if !more {
             self.counters.fanout(f.started.elapsed(), f.cpu);
+            self.relayed_through.set(f.message.id);
         }
         more
     }
@@ -1122,6 +1164,7 @@ impl<O: Outside> Subscribers<O> {
         self.unsubscribe(c);
         self.forget_rejoin(c);
         if c.kind().is_mqtt() {
+            self.resumes.borrow_mut().forget(c);
             self.client_ids.borrow_mut().release(c.slot());
             self.publish_will(c);
             self.drop_inflight(c);
@@ -1345,7 +1388,12 @@ impl<O: Outside> Subscribers<O> {
     /// With its client id's hash `client_id` (none for an empty or an
     /// assigned one), a connection that holds it already, here or on
     /// another worker, is closed: taken over (5.0: DISCONNECT 0x8E).
-    pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>, client_id: Option<u64>) -> io::Result<()> {
+    pub(crate) fn add_mqtt(
+        &self,
+        c: Conn<O::Wire>,
+        client_id: Option<u64>,
+        session: Option<SessionStart>,
+    ) -> io::Result<()> {
         // The id is claimed before the packets read with the CONNECT are
         // handled: a DISCONNECT among them ends the connection, and its
         // slot with it.
@@ -1356,11 +1404,140 @@ impl<O: Outside> Subscribers<O> {
             if let Some(old) = before.and_then(|s| self.get(u64::from(s))) {
                 self.close(&old, 0, "", CloseReason::TakenOver);
             }
+            // After the takeover: a session it parks is the one resumed.
+            if let Some(start) = session {
+                self.open_session(&c, hash, start);
+            }
         }
         if c.has_rest() {
             self.on_readable(&c, false);
         }
         Ok(())
+    }
+
+    /// A new id for a connection in the session records.
+    pub(crate) fn session_id(&self) -> u64 {
+        self.resumes.borrow_mut().next_id()
+    }
+
+    /// Tells the supervisor of `c`'s session; a resume waits for it.
+    fn open_session(&self, c: &Rc<Conn<O::Wire>>, hash: u64, start: SessionStart) {
+        self.outside.session_open(SessionOpen {
+            hash,
+            conn: start.id,
+            clean: start.resume.is_none(),
+            persistent: start.persistent,
+        });
+        if let Some(connacks) = start.resume {
+            let persist = persist_of(c);
+            let waiting = Waiting {
+                conn: c.clone(),
+                persist,
+                hash,
+                connacks,
+            };
+            self.resumes.borrow_mut().wait(start.id, waiting);
+        }
+    }
+
+    /// The supervisor's answer to a resume: CONNACK (session present as
+    /// it says), the session's subscriptions back in the tables, what
+    /// came while the client was away, in order; then live messages, less
+    /// those the session had. A connection that ended meanwhile parks
+    /// what it was given back.
+    pub(crate) fn session_resumed(&self, r: SessionResumed) {
+        let Some(w) = self.resumes.borrow_mut().answered(r.conn) else {
+            return;
+        };
+        let c = &w.conn;
+        if !c.is_open() {
+            if let Some(p) = w.persist {
+                self.outside.session_park(SessionPark {
+                    hash: w.hash,
+                    conn: r.conn,
+                    expiry: p.expiry,
+                    through: r.through,
+                    subs: r.subs,
+                    pending: r.messages,
+                });
+            }
+            return;
+        }
+        let [absent, present] = w.connacks;
+        if let Err(e) = self.send(c, if r.present { &present } else { &absent }) {
+            self.send_failed(c, e);
+            return;
+        }
+        for sub in &r.subs {
+            self.enter_mqtt(c, &sub.filter, sub.options);
+        }
+        if self.relayed_through.get() < r.through {
+            self.resumes.borrow_mut().fence(c, r.through);
+            c.set_rejoining(true);
+        }
+        let version = version_of(c.kind());
+        for m in &r.messages {
+            let qos = if m.exactly_once { 2 } else { 1 };
+            let Some(q) = Qos1::of(version, m) else {
+                continue;
+            };
+            let q = if qos == 2 { q.exactly_once() } else { q };
+            if self.over_client_max(c, m, qos) {
+                continue;
+            }
+            if let Err(e) = self.deliver_qos1(c, &q) {
+                self.send_failed(c, e);
+                return;
+            }
+            crate::metrics::inc(&self.counters.frames_delivered);
+        }
+    }
+
+    /// Puts MQTT subscriber `c` back in the tables for `filter` with
+    /// subscription byte `sub` (a resumed session's, checked when it was
+    /// subscribed).
+    fn enter_mqtt(&self, c: &Rc<Conn<O::Wire>>, filter: &str, sub: u8) {
+        if topic::is_wildcard(filter) {
+            if self.limits.wildcards {
+                let _ = self.channels.borrow_mut().subscribe_wild(filter, c, sub);
+            }
+        } else if channel::validate(filter).is_ok()
+            && self.channels.borrow_mut().subscribe_mqtt(filter, c, sub)
+        {
+            self.outside.channel_interest(filter, true);
+        }
+    }
+
+    /// A persistent session's connection is ending: its session goes to
+    /// the supervisor (once), with its subscriptions and the last fan-out
+    /// done here. One still waiting for its answer parks at the answer.
+    fn park_session(&self, c: &Conn<O::Wire>) {
+        let Some(p) = persist_of(c).filter(|p| !p.parked) else {
+            return;
+        };
+        if let Some(m) = c.proto_mut().mqtt_mut()
+            && let Some(kept) = m.state_mut().persist.as_deref_mut()
+        {
+            kept.parked = true;
+        }
+        if self.resumes.borrow().is_waiting(p.id) {
+            return;
+        }
+        let subs = self.channels.borrow_mut().mqtt_subscriptions(c);
+        self.outside.session_park(SessionPark {
+            hash: p.hash,
+            conn: p.id,
+            expiry: p.expiry,
+            through: self.relayed_through.get(),
+            subs,
+            pending: Vec::new(),
+        });
+    }
+
+    /// Relayed message `id` needs no fan-out here (nobody's fan-out waits
+    /// before it either): sessions parked from now on come after it.
+    pub(crate) fn passed(&self, id: u64) {
+        self.relayed_through.set(id);
     }
 
     /// A connection on another worker took the client id `hash`: this
@@ -1554,6 +1731,13 @@ impl<O: Outside> Subscribers<O> {
                     && let Some(m) = c.proto_mut().mqtt_mut()
                 {
                     m.drop_will();
+                }
+                // 5.0: the session's expiry may change at the end.
+                if let Some(expiry) = d.properties.session_expiry_interval()
+                    && let Some(m) = c.proto_mut().mqtt_mut()
+                    && let Some(p) = m.more.as_deref_mut().and_then(|s| s.persist.as_deref_mut())
+                {
+                    p.expiry = expiry;
                 }
                 self.counters.closed(CloseReason::PeerClose);
                 self.unsubscribe(c);

@@ -327,7 +327,7 @@ fn mqtt_websocket_and_http_meet_on_a_channel_with_slashes() {
 }
 
 #[test]
-fn connack_says_the_session_is_clean_and_5_0_gets_an_assigned_id() {
+fn connack_says_no_session_was_kept_and_5_0_gets_an_assigned_id() {
     let (_s, mqtt) = mqtt_server(&[]);
     let mut v5 = Client::open(mqtt, Version::V5, "", 60, false);
     match v5.next() {
@@ -336,7 +336,7 @@ fn connack_says_the_session_is_clean_and_5_0_gets_an_assigned_id() {
             code,
             assigned_id,
         }) => {
-            assert!(!session_present, "no persistent session is kept");
+            assert!(!session_present, "a first connect finds no session");
             assert_eq!(code, 0);
             assert!(assigned_id.is_some_and(|id| id.starts_with("throng-")));
         }

@@ -1,0 +1,107 @@
+//! MQTT persistent sessions on `throng serve`, with paho-mqtt (Python) as
+//! the client: 3.1.1's clean session 0 and 5.0's Session Expiry Interval
+//! keep the subscriptions and the QoS 1 messages published while the
+//! client is away, bounded by `--mqtt-session-queue`, handed back in order
+//! with session present 1 on whichever worker the client lands; a 5.0
+//! connection without an expiry ends it, and an expired one is gone.
+
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
+use std::process::Stdio;
+
+use serde_json::Value;
+use throng_testkit::http::publish_ok;
+use throng_testkit::peers::dir;
+use throng_testkit::process::command;
+use throng_testkit::{Peer, require};
+
+use crate::mqtt_listen::mqtt_server;
+
+/// One run of `mqtt_peer.py session` as client `id`: CONNACK's session
+/// present, and the (payload, qos) of the messages it got.
+fn session(mqtt: SocketAddr, id: &str, args: &[&str]) -> (bool, Vec<(String, u64)>) {
+    let mut child = command("python3")
+        .arg(dir().join("mqtt_peer.py"))
+        .args(["session", "127.0.0.1", &mqtt.port().to_string(), "s/+"])
+        .args(["--client-id", id, "--qos", "1", "--timeout", "20"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start paho");
+    let out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut present = None;
+    let mut got = Vec::new();
+    for line in out.lines() {
+        let v: Value = serde_json::from_str(&line.expect("a line")).unwrap_or_default();
+        if let Some(p) = v.get("present") {
+            present = p.as_bool();
+        } else if v.get("topic").is_some() {
+            got.push((
+                v["payload"].as_str().unwrap_or("").to_owned(),
+                v["qos"].as_u64().unwrap_or(9),
+            ));
+        }
+    }
+    assert!(child.wait().expect("paho ends").success());
+    (present.expect("a CONNACK"), got)
+}
+
+#[test]
+fn a_session_keeps_subscriptions_and_messages_while_away_on_any_worker() {
+    require!(Peer::PythonPaho);
+    let (server, mqtt) = mqtt_server(&["--workers", "2", "--mqtt-session-queue", "3"]);
+    let (present, _) = session(mqtt, "dev-1", &["--subscribe", "--count", "0"]);
+    assert!(!present, "a first connect has no session");
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    // Reconnects land on either worker: each finds the session.
+    for round in 0..4 {
+        let mut want = Vec::new();
+        for k in 0..4 {
+            let body = format!("r{round}-{k}");
+            publish_ok(server.addr, &format!("s/{k}"), body.as_bytes(), None);
+            // The fourth is over --mqtt-session-queue.
+            if k < 3 {
+                want.push((body, 1));
+            }
+        }
+        server.wait_metric("throng_mqtt_session_messages", |v| v == 3.0);
+        let (present, got) = session(mqtt, "dev-1", &["--count", "3"]);
+        assert!(present, "round {round}\n{}", server.log());
+        assert_eq!(got, want, "round {round}");
+        server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    }
+    let dropped = server.metric("throng_mqtt_session_dropped_total{cause=\"queue\"}");
+    assert_eq!(dropped, 4.0);
+    assert_eq!(server.metric("throng_mqtt_sessions_resumed_total"), 4.0);
+
+    // 5.0 with no Session Expiry Interval resumes it, and it ends with
+    // that connection: the next resume finds none.
+    let (present, _) = session(mqtt, "dev-1", &["--v5", "--count", "0"]);
+    assert!(present);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 0.0);
+    let (present, _) = session(mqtt, "dev-1", &["--count", "0"]);
+    assert!(!present, "the session ended with the 5.0 connection");
+}
+
+#[test]
+fn a_5_0_session_lasts_its_expiry_interval() {
+    require!(Peer::PythonPaho);
+    let (server, mqtt) = mqtt_server(&["--workers", "1"]);
+    let (present, _) = session(
+        mqtt,
+        "dev-5",
+        &["--v5", "--expiry", "1", "--subscribe", "--count", "0"],
+    );
+    assert!(!present);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    publish_ok(server.addr, "s/a", b"kept", None);
+    server.wait_metric("throng_mqtt_session_messages", |v| v == 1.0);
+    let (present, got) = session(mqtt, "dev-5", &["--v5", "--expiry", "1", "--count", "1"]);
+    assert!(present);
+    assert_eq!(got, vec![("kept".to_owned(), 1)]);
+    // Parked again for a second; then gone.
+    server.wait_metric("throng_mqtt_sessions_expired_total", |v| v == 1.0);
+    let (present, _) = session(mqtt, "dev-5", &["--v5", "--expiry", "1", "--count", "0"]);
+    assert!(!present, "expired");
+}
