@@ -157,6 +157,10 @@ pub enum Record {
     ClientId {
         /// The client id's hash ([`crate::worker`]'s takeover table).
         hash: u64,
+        /// When and where it was claimed: a worker closes its own
+        /// connection only for a later claim, so a record that arrives
+        /// after a newer local CONNECT cannot close the newer one.
+        claim: Claim,
     },
     /// Worker → supervisor: an MQTT client with a client id connected
     /// (persistent sessions, [`crate::sessions`]).
@@ -165,6 +169,17 @@ pub enum Record {
     SessionPark(SessionPark),
     /// Supervisor → worker: the session a CONNECT without clean start resumes.
     SessionResumed(SessionResumed),
+}
+
+/// When and on which worker an MQTT client id was claimed: later claims
+/// order after earlier ones (the host's monotonic clock, one time line for
+/// every worker process), a tie goes to the higher worker index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Claim {
+    /// CLOCK_MONOTONIC in nanoseconds.
+    pub at_ns: u64,
+    /// The claiming worker's index.
+    pub worker: u32,
 }
 
 /// A message on its way to subscribers.
@@ -344,9 +359,11 @@ impl Record {
                 out.put_u8(code);
                 out.put_u32_le(retry_after);
             }
-            Self::ClientId { hash } => {
+            Self::ClientId { hash, claim } => {
                 out.put_u8(CLIENT_ID);
                 out.put_u64_le(*hash);
+                out.put_u64_le(claim.at_ns);
+                out.put_u32_le(claim.worker);
             }
             Self::SessionOpen(o) => session::put_open(&mut out, o),
             Self::SessionPark(p) => session::put_park(&mut out, p),
@@ -469,9 +486,13 @@ impl Record {
             session::SESSION_PARK => Self::SessionPark(session::get_park(rec)?),
             session::SESSION_RESUMED => Self::SessionResumed(session::get_resumed(rec)?),
             CLIENT_ID => {
-                need(&rec, 8)?;
+                need(&rec, 20)?;
                 Self::ClientId {
                     hash: rec.get_u64_le(),
+                    claim: Claim {
+                        at_ns: rec.get_u64_le(),
+                        worker: rec.get_u32_le(),
+                    },
                 }
             }
             PUBLISH_FAILED => {
@@ -839,7 +860,13 @@ mod tests {
                 properties: Bytes::from_static(&[0x26, 0, 1, b'k', 0, 1, b'v']),
                 ..m.clone()
             }),
-            Record::ClientId { hash: u64::MAX - 1 },
+            Record::ClientId {
+                hash: u64::MAX - 1,
+                claim: Claim {
+                    at_ns: u64::MAX - 2,
+                    worker: 3,
+                },
+            },
             Record::Delivered {
                 id: 1,
                 subscribers: u64::MAX,

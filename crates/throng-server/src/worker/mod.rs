@@ -630,7 +630,7 @@ fn on_record(w: &Worker, rec: Record) {
             messages,
         }) => w.subs.recovered(id, complete, messages),
         Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
-        Some(Record::ClientId { hash }) => w.subs.taken_over(hash),
+        Some(Record::ClientId { hash, claim }) => w.subs.taken_over(hash, claim),
         Some(Record::SessionResumed(r)) => w.subs.session_resumed(r),
         Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
         Some(Record::Reload(json)) => reload(w, &json),

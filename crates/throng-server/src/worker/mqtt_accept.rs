@@ -28,6 +28,7 @@ use super::state::Worker;
 use super::subscribers::{SessionStart, max_packet};
 use crate::addresses::Source;
 use crate::channel;
+use crate::control::Claim;
 use crate::tls::stream::{Io, TlsStream};
 use crate::wheel;
 
@@ -187,6 +188,16 @@ async fn handshake(
         }
     };
     let counted = &w.subs.outside().counted;
+    // Taken before the CONNACK goes out: a client's next CONNECT comes
+    // after it, so claims order as the client made them.
+    let claim = connected.client_hash.map(|hash| {
+        let at = throng_host::process::monotonic().as_nanos();
+        let claim = Claim {
+            at_ns: u64::try_from(at).unwrap_or(u64::MAX),
+            worker: u32::try_from(w.index).unwrap_or(u32::MAX),
+        };
+        (hash, claim)
+    });
     // A resume's CONNACK waits for the session (session present).
     let resume = !connected.clean_start && connected.client_hash.is_some();
     let connacks = [false, true].map(|present| framed(over_ws, connack(w, &connected, present)));
@@ -251,7 +262,7 @@ async fn handshake(
     if let Some(tls) = tls {
         c = c.with_tls(tls);
     }
-    if let Err(e) = w.subs.add_mqtt(c, connected.client_hash, start) {
+    if let Err(e) = w.subs.add_mqtt(c, claim, start) {
         counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);

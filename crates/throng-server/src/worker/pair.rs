@@ -8,6 +8,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::rc::Rc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use throng_proto::ws::{self, Decoder, Frame, OpCode, Role};
@@ -15,7 +16,7 @@ use throng_proto::ws::{self, Decoder, Frame, OpCode, Role};
 use super::conn::{Conn, Wire};
 use super::rejoin::Kind;
 use super::subscribers::{Limits, Outside, Subscribers};
-use crate::control::Message;
+use crate::control::{Claim, Message};
 use crate::history::MessageId;
 use crate::metrics::Counters;
 use crate::wheel::TICK;
@@ -171,7 +172,7 @@ impl Outside for Around {
         self.retained_asks.borrow_mut().push((request, filters));
     }
 
-    fn client_id(&self, _hash: u64) {}
+    fn client_id(&self, _hash: u64, _claim: Claim) {}
 
     fn session_open(&self, _o: crate::control::SessionOpen) {}
 
@@ -304,6 +305,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         max_subscriptions: 100,
         max_filter_bytes: 1 << 14,
         publish_guarded: false,
+        claim_window: Duration::from_secs(10),
     }
 }
 

@@ -23,7 +23,7 @@ use super::supervisor_link::SupervisorLink;
 use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
-use crate::control::{Message, Record};
+use crate::control::{Claim, Message, Record};
 use crate::history::MessageId;
 use crate::metrics::Counters;
 use crate::retained::RetainedMessage;
@@ -303,8 +303,8 @@ impl Outside for Around {
         (self.supervisor.index() as u64 + 1) << 32 | u64::from(slot)
     }
 
-    fn client_id(&self, hash: u64) {
-        self.supervisor.send(&Record::ClientId { hash });
+    fn client_id(&self, hash: u64, claim: Claim) {
+        self.supervisor.send(&Record::ClientId { hash, claim });
     }
 
     fn session_open(&self, o: crate::control::SessionOpen) {

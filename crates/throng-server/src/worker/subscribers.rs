@@ -38,7 +38,7 @@ use super::conn::{
 };
 use super::mqtt::{self, Mqtt, Will, version_of};
 use super::mqtt_auth;
-use super::mqtt_ids::ClientIds;
+use super::mqtt_ids::{Claimed, ClientIds};
 use super::mqtt_qos::{self, DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
 use super::mqtt_session::{Resumes, Waiting};
@@ -47,7 +47,7 @@ use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
 use crate::auth;
 use crate::channel;
-use crate::control::{Message, SessionOpen, SessionPark, SessionResumed};
+use crate::control::{Claim, Message, SessionOpen, SessionPark, SessionResumed};
 use crate::history::{Kept, MessageId};
 use crate::metrics::{CloseReason, Counters};
 use crate::retained::RetainedMessage;
@@ -114,9 +114,10 @@ pub(crate) trait Outside {
     /// The id of this node's MQTT connection in `slot` as a message's
     /// publisher ([`Message::origin`]): never 0.
     fn origin(&self, slot: u32) -> u64;
-    /// An MQTT client connected here with the client id `hash`
-    /// ([`super::mqtt_ids`]): the node's other workers close theirs.
-    fn client_id(&self, hash: u64);
+    /// An MQTT client connected here with the client id `hash` at
+    /// `claim` ([`super::mqtt_ids`]): the node's other workers close
+    /// theirs if it is older.
+    fn client_id(&self, hash: u64, claim: Claim);
     /// An MQTT client with a client id connected: to the supervisor, which
     /// keeps sessions ([`crate::sessions`]); a resume's answer comes to
     /// [`Subscribers::session_resumed`].
@@ -223,6 +224,9 @@ pub(crate) struct Limits {
     pub(crate) max_subscriptions: usize,
     /// Bytes of filters one MQTT connection may hold (`--max-filter-bytes`).
     pub(crate) max_filter_bytes: usize,
+    /// The longest from an MQTT client id's claim to its registration
+    /// (the CONNACK write's `--handshake-timeout`, and a second).
+    pub(crate) claim_window: Duration,
 }
 
 impl Limits {
@@ -241,6 +245,7 @@ impl Limits {
             publish_guarded: cfg.auth.publish_guarded(),
             max_subscriptions: cfg.max_subscriptions,
             max_filter_bytes: cfg.max_filter_bytes,
+            claim_window: cfg.handshake_timeout + Duration::from_secs(1),
         }
     }
 }
@@ -463,7 +468,9 @@ impl<O: Outside> Subscribers<O> {
             next_rejoin: Cell::new(1),
             retained: RefCell::default(),
             owed: RefCell::default(),
-            client_ids: RefCell::default(),
+            client_ids: RefCell::new(ClientIds::new(
+                u64::try_from(limits.claim_window.as_nanos()).unwrap_or(u64::MAX),
+            )),
             resumes: RefCell::default(),
             relayed_through: Cell::new(0),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
@@ -1385,27 +1392,40 @@ impl<O: Outside> Subscribers<O> {
 
     /// Registers MQTT subscriber `c` after its CONNACK: in the slab and the
     /// readiness set, in no channel until it subscribes.
-    /// With its client id's hash `client_id` (none for an empty or an
-    /// assigned one), a connection that holds it already, here or on
-    /// another worker, is closed: taken over (5.0: DISCONNECT 0x8E).
+    /// With its client id's hash and claim `client_id` (none for an empty
+    /// or an assigned id), the older of this and a connection that holds
+    /// it already, here or on another worker, is closed: taken over (5.0:
+    /// DISCONNECT 0x8E).
     pub(crate) fn add_mqtt(
         &self,
         c: Conn<O::Wire>,
-        client_id: Option<u64>,
+        client_id: Option<(u64, Claim)>,
         session: Option<SessionStart>,
     ) -> io::Result<()> {
         // The id is claimed before the packets read with the CONNECT are
         // handled: a DISCONNECT among them ends the connection, and its
         // slot with it.
         let c = self.admit_quiet(c, None)?;
-        if let Some(hash) = client_id {
-            let before = self.client_ids.borrow_mut().claim(hash, c.slot());
-            self.outside.client_id(hash);
-            if let Some(old) = before.and_then(|s| self.get(u64::from(s))) {
+        if let Some((hash, claim)) = client_id {
+            let claimed = self.client_ids.borrow_mut().claim(hash, c.slot(), claim);
+            let old = match claimed {
+                Claimed::Superseded => Some(Rc::clone(&c)),
+                Claimed::Replaced(s) => {
+                    self.outside.client_id(hash, claim);
+                    self.get(u64::from(s))
+                }
+                Claimed::First => {
+                    self.outside.client_id(hash, claim);
+                    None
+                }
+            };
+            if let Some(old) = old {
                 self.close(&old, 0, "", CloseReason::TakenOver);
             }
             // After the takeover: a session it parks is the one resumed.
-            if let Some(start) = session {
+            if let Some(start) = session
+                && c.is_open()
+            {
                 self.open_session(&c, hash, start);
             }
         }
@@ -1542,8 +1562,8 @@ impl<O: Outside> Subscribers<O> {
 
     /// A connection on another worker took the client id `hash`: this
     /// worker's connection that holds it, if any, is closed.
-    pub(crate) fn taken_over(&self, hash: u64) {
-        let slot = self.client_ids.borrow_mut().take(hash);
+    pub(crate) fn taken_over(&self, hash: u64, claim: Claim) {
+        let slot = self.client_ids.borrow_mut().take(hash, claim);
         if let Some(old) = slot.and_then(|s| self.get(u64::from(s))) {
             self.close(&old, 0, "", CloseReason::TakenOver);
         }
