@@ -8,9 +8,10 @@
 //!
 //! A topic is a channel: an MQTT subscriber of `sensors/42` gets what any
 //! route publishes there (HTTP, Redis, another MQTT client), and what it
-//! publishes reaches WebSocket and SSE subscribers too. Sessions are clean
-//! only: a client asking for a persistent one gets a clean one, and
-//! CONNACK says so (session present 0). Messages go out at QoS 0 as one
+//! publishes reaches WebSocket and SSE subscribers too. A persistent
+//! session is kept by the supervisor while its client is away
+//! ([`crate::sessions`], [`super::mqtt_session`]); a connection knows only
+//! its names ([`Persist`]). Messages go out at QoS 0 as one
 //! PUBLISH encoded per worker and per version, written to every MQTT
 //! subscriber as a WebSocket frame is to every WebSocket one
 //! ([`super::subscribers`]). A subscriber's state is a few bytes in its

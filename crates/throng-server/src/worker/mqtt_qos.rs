@@ -17,7 +17,8 @@
 //! while deliveries await one, it is closed (5.0: DISCONNECT 0x97). Its
 //! state is boxed (in the subscriber's own box, [`super::mqtt::Mqtt`])
 //! only while something is in flight, and dies with the connection:
-//! sessions are clean, nothing is redelivered.
+//! what is in flight is not redelivered, even to a persistent session
+//! (which keeps what is relayed after its connection ended).
 
 use std::collections::VecDeque;
 
