@@ -29,6 +29,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use throng_proto::mqtt::topic::FilterTrie;
+use throng_proto::mqtt::{Properties, PropertiesBuf, Property};
 
 use crate::control::{Message, SessionOpen, SessionPark, SessionResumed, SessionSub};
 
@@ -86,7 +87,9 @@ struct Owner {
 /// A session kept while its client is away.
 struct Parked {
     subs: Vec<SessionSub>,
-    queue: VecDeque<Message>,
+    /// Each message with when it was queued (ms), for its 5.0 Message
+    /// Expiry Interval.
+    queue: VecDeque<(Message, u64)>,
     bytes: usize,
     expires_at: u64,
 }
@@ -145,6 +148,34 @@ fn cost(m: &Message) -> usize {
     OVERHEAD + m.channel.len() + m.properties.len() + m.payload.len()
 }
 
+/// `m` as it goes out `waited` ms after it was queued: with its 5.0
+/// Message Expiry Interval less the whole seconds it waited, or `None`
+/// once that interval is over (MQTT-3.3.2-5 and -6).
+fn unexpired(mut m: Message, waited: u64) -> Option<Message> {
+    let Ok(props) = Properties::of_publish(&m.properties) else {
+        return Some(m);
+    };
+    let Some(interval) = props.iter().find_map(|p| match p {
+        Property::MessageExpiryInterval(s) => Some(s),
+        _ => None,
+    }) else {
+        return Some(m);
+    };
+    let waited = u32::try_from(waited / 1000).unwrap_or(u32::MAX);
+    let left = interval.checked_sub(waited).filter(|&s| s > 0)?;
+    let mut out = PropertiesBuf::new();
+    for p in props.iter() {
+        let p = match p {
+            Property::MessageExpiryInterval(_) => Property::MessageExpiryInterval(left),
+            other => other,
+        };
+        // The same properties, one value changed: they fit as they did.
+        let _ = out.push(p);
+    }
+    m.properties = bytes::Bytes::copy_from_slice(out.properties().as_bytes());
+    Some(m)
+}
+
 impl Sessions {
     pub fn new(limits: Limits) -> Self {
         Self {
@@ -174,7 +205,7 @@ impl Sessions {
         }
         if let Some(p) = self.take_parked(o.hash) {
             self.set_owner(o.hash, owner, o.persistent);
-            return Some(self.reply(owner, Some(p)));
+            return Some(self.reply(owner, Some(p), now));
         }
         if self.owners.get(&o.hash).is_some_and(|&old| old != owner) {
             self.waiting.push(Waiting {
@@ -186,7 +217,7 @@ impl Sessions {
             return None;
         }
         self.set_owner(o.hash, owner, o.persistent);
-        Some(self.reply(owner, None))
+        Some(self.reply(owner, None, now))
     }
 
     /// A persistent session's connection on `worker` ended at `now` (ms):
@@ -210,7 +241,7 @@ impl Sessions {
         };
         for m in &p.pending {
             let qos = qos_of(m).max(1);
-            self.push(&mut parked, m, qos);
+            self.push(&mut parked, m, qos, now);
         }
         // What was relayed after the worker's last finished fan-out.
         if self.recent.front().is_some_and(|m| m.id > p.through + 1) {
@@ -230,14 +261,14 @@ impl Sessions {
                 .map(|s| s.options & 3)
                 .max();
             if let Some(qos) = sub.map(|s| s.min(qos_of(m))).filter(|&q| q > 0) {
-                self.push(&mut parked, m, qos);
+                self.push(&mut parked, m, qos, now);
             }
         }
         if let Some(k) = self.waiting.iter().position(|w| w.hash == p.hash) {
             let w = self.waiting.swap_remove(k);
             self.set_owner(p.hash, w.owner, w.persistent);
             self.bytes -= parked.bytes;
-            return Some(self.reply(w.owner, Some(parked)));
+            return Some(self.reply(w.owner, Some(parked), now));
         }
         if expiry == 0 {
             self.bytes -= parked.bytes;
@@ -269,7 +300,7 @@ impl Sessions {
 
     /// Message `m` was relayed to the workers: queued for the parked
     /// sessions it matches.
-    pub fn relayed(&mut self, m: &Message) {
+    pub fn relayed(&mut self, m: &Message, now: u64) {
         self.last = m.id;
         if self.owners.is_empty() {
             self.recent.clear();
@@ -296,7 +327,7 @@ impl Sessions {
                 continue;
             }
             if let Some(mut p) = self.parked.remove(&hash) {
-                self.push(&mut p, m, qos);
+                self.push(&mut p, m, qos, now);
                 self.parked.insert(hash, p);
             }
         }
@@ -324,7 +355,7 @@ impl Sessions {
             }
             let w = self.waiting.swap_remove(k);
             self.set_owner(w.hash, w.owner, w.persistent);
-            out.push(self.reply(w.owner, None));
+            out.push(self.reply(w.owner, None, now));
         }
         out
     }
@@ -353,15 +384,15 @@ impl Sessions {
         }
     }
 
-    /// Queues `m` at `qos` for `p`, or drops it (counted).
-    fn push(&mut self, p: &mut Parked, m: &Message, qos: u8) {
+    /// Queues `m` at `qos` for `p` at `now` (ms), or drops it (counted).
+    fn push(&mut self, p: &mut Parked, m: &Message, qos: u8, now: u64) {
         let n = cost(m);
         if p.queue.len() >= self.limits.queue {
             self.stats.dropped_queue += 1;
         } else if self.bytes + n > self.limits.memory {
             self.stats.dropped_memory += 1;
         } else {
-            p.queue.push_back(at_qos(m, qos));
+            p.queue.push_back((at_qos(m, qos), now));
             p.bytes += n;
             self.bytes += n;
         }
@@ -388,12 +419,19 @@ impl Sessions {
         self.waiting.retain(|w| w.hash != hash);
     }
 
-    fn reply(&mut self, owner: Owner, p: Option<Parked>) -> Reply {
+    fn reply(&mut self, owner: Owner, p: Option<Parked>, now: u64) -> Reply {
         let present = p.is_some();
         if present {
             self.stats.resumed += 1;
         }
-        let (subs, messages) = p.map_or((Vec::new(), Vec::new()), |p| (p.subs, p.queue.into()));
+        let (subs, messages) = p.map_or((Vec::new(), Vec::new()), |p| {
+            let messages = p
+                .queue
+                .into_iter()
+                .filter_map(|(m, at)| unexpired(m, now.saturating_sub(at)))
+                .collect();
+            (p.subs, messages)
+        });
         Reply {
             worker: owner.worker,
             resumed: SessionResumed {
@@ -413,6 +451,12 @@ mod tests {
 
     use super::*;
     use crate::history::MessageId;
+
+    impl Sessions {
+        fn relayed_at(&mut self, m: &Message) {
+            self.relayed(m, 0);
+        }
+    }
 
     fn limits() -> Limits {
         Limits {
@@ -482,10 +526,10 @@ mod tests {
         let first = s.open(0, &open(7, 1, false), 0).unwrap();
         assert!(!first.resumed.present);
         assert_eq!(s.park(0, park(7, 1, 0, &[("a/+", 1), ("b", 2)]), 10), None);
-        s.relayed(&msg(1, "a/x", 2));
-        s.relayed(&msg(2, "c", 1));
-        s.relayed(&msg(3, "b", 0));
-        s.relayed(&msg(4, "b", 2));
+        s.relayed_at(&msg(1, "a/x", 2));
+        s.relayed_at(&msg(2, "c", 1));
+        s.relayed_at(&msg(3, "b", 0));
+        s.relayed_at(&msg(4, "b", 2));
         assert_eq!(s.stats().queued, 2);
         let r = s.open(1, &open(7, 5, false), 20).unwrap();
         assert_eq!(r.worker, 1);
@@ -502,12 +546,33 @@ mod tests {
     }
 
     #[test]
+    fn a_message_expiry_interval_counts_down_while_queued_and_ends_it() {
+        let mut props = PropertiesBuf::new();
+        props.push(Property::MessageExpiryInterval(6)).unwrap();
+        props.push(Property::ContentType("text/plain")).unwrap();
+        let mut six = msg(1, "t", 1);
+        six.properties = Bytes::copy_from_slice(props.properties().as_bytes());
+        let left = unexpired(six.clone(), 3_500).unwrap();
+        let p = Properties::of_publish(&left.properties).unwrap();
+        let got: Vec<_> = p.iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                Property::MessageExpiryInterval(3),
+                Property::ContentType("text/plain")
+            ]
+        );
+        assert_eq!(unexpired(six, 6_000), None);
+        assert!(unexpired(msg(2, "t", 1), u64::MAX).is_some(), "no interval");
+    }
+
+    #[test]
     fn the_queue_and_memory_caps_drop_and_count() {
         let mut s = Sessions::new(limits());
         s.open(0, &open(7, 1, false), 0);
         s.park(0, park(7, 1, 0, &[("#", 1)]), 0);
         for id in 1..=5 {
-            s.relayed(&msg(id, "t", 1));
+            s.relayed_at(&msg(id, "t", 1));
         }
         assert_eq!(s.stats().dropped_queue, 2);
         let mut small = Sessions::new(Limits {
@@ -517,7 +582,7 @@ mod tests {
         small.open(0, &open(7, 1, false), 0);
         small.park(0, park(7, 1, 0, &[("t", 1)]), 0);
         for id in 1..=3 {
-            small.relayed(&msg(id, "t", 1));
+            small.relayed_at(&msg(id, "t", 1));
         }
         assert_eq!(small.stats().dropped_memory, 1);
         assert_eq!(small.stats().queued, 2);
@@ -528,7 +593,7 @@ mod tests {
         let mut s = Sessions::new(limits());
         s.open(0, &open(7, 1, true), 0);
         for id in 1..=3 {
-            s.relayed(&msg(id, "t", 1));
+            s.relayed_at(&msg(id, "t", 1));
         }
         // The worker had finished the fan-out of 1 only.
         s.park(0, park(7, 1, 1, &[("t", 1)]), 0);
@@ -542,7 +607,7 @@ mod tests {
         let mut s = Sessions::new(limits());
         s.open(0, &open(7, 1, false), 0);
         s.park(0, park(7, 1, 0, &[("t", 1)]), 0);
-        s.relayed(&msg(1, "t", 1));
+        s.relayed_at(&msg(1, "t", 1));
         assert_eq!(s.open(0, &open(7, 2, true), 0), None);
         assert_eq!(s.stats().parked, 0);
         // Connection 2 is on; a park from 3 (taken over meanwhile) is stale.

@@ -1158,7 +1158,7 @@ impl Supervisor {
         let kept = self.sessions.wants().then(|| m.clone());
         let (id, rec) = self.relay.deliver(m);
         match kept {
-            Some(m) => self.sessions.relayed(&Message { id, ..m }),
+            Some(m) => self.sessions.relayed(&Message { id, ..m }, now),
             None => self.sessions.passed(id),
         }
         let mut to = Vec::with_capacity(self.slots.len());

@@ -359,10 +359,14 @@ impl Mqtt {
         now: u32,
     ) -> Option<Slot> {
         let window = usize::from(self.receive_max);
-        let inflight = self
-            .state_mut()
+        let state = self.state_mut();
+        let persistent = state.persist.is_some();
+        let inflight = state
             .inflight
             .get_or_insert_with(|| Box::new(Inflight::new(now)));
+        if persistent {
+            inflight.keep_packets();
+        }
         if queued + inflight.bytes() + p.len() > max_queue {
             return None;
         }
@@ -435,6 +439,14 @@ impl Mqtt {
     }
 
     /// Takes its QoS 1 window: the connection is ending.
+    /// Its deliveries the client has not received (a persistent
+    /// session's, for its park), in order.
+    pub(crate) fn unreceived(&self) -> Vec<Qos1> {
+        self.state()
+            .and_then(|s| s.inflight.as_ref())
+            .map_or_else(Vec::new, |i| i.unreceived())
+    }
+
     pub(crate) fn take_inflight(&mut self) -> Option<Box<Inflight>> {
         self.more.as_mut()?.inflight.take()
     }

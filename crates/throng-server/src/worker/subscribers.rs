@@ -179,6 +179,21 @@ fn client_message(p: &Publish<'_>, origin: u64) -> Message {
     }
 }
 
+/// The message a QoS 1 or 2 delivery `q` (encoded for `version`) carries,
+/// for a persistent session to send again.
+fn message_of(version: Version, q: &Qos1) -> Option<Message> {
+    // Any packet id but 0 reads.
+    let packet = q.parts(&[0, 1]).concat();
+    let mut decoder = Decoder::server_connected(version, packet.len());
+    match decoder.decode(&packet) {
+        Ok(Some(d)) => match d.packet {
+            Packet::Publish(p) => Some(client_message(&p, 0)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The QoS `p` is kept at as its channel's retained message, if it is one.
 fn retain_qos(p: &Publish<'_>) -> Option<u8> {
     p.retain.then(|| p.delivery.qos() as u8)
@@ -1544,13 +1559,20 @@ impl<O: Outside> Subscribers<O> {
             return;
         }
         let subs = self.channels.borrow_mut().mqtt_subscriptions(c);
+        // What the client has not received goes first when it is back.
+        let version = version_of(c.kind());
+        let unreceived = c.proto().mqtt().map(Mqtt::unreceived).unwrap_or_default();
+        let pending = unreceived
+            .iter()
+            .filter_map(|q| message_of(version, q))
+            .collect();
         self.outside.session_park(SessionPark {
             hash: p.hash,
             conn: p.id,
             expiry: p.expiry,
             through: self.relayed_through.get(),
             subs,
-            pending: Vec::new(),
+            pending,
         });
     }
 

@@ -178,7 +178,13 @@ impl<S: Read + Write> Client<S> {
 
 impl Client {
     /// Connects and sends CONNECT; the CONNACK is the first [`Client::next`].
-    fn open(addr: SocketAddr, version: Version, id: &str, keep_alive: u16, clean: bool) -> Self {
+    pub(crate) fn open(
+        addr: SocketAddr,
+        version: Version,
+        id: &str,
+        keep_alive: u16,
+        clean: bool,
+    ) -> Self {
         let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut c = Self::over(s, version);

@@ -15,7 +15,11 @@ use throng_testkit::peers::dir;
 use throng_testkit::process::command;
 use throng_testkit::{Peer, require};
 
-use crate::mqtt_listen::mqtt_server;
+use throng_proto::mqtt::{
+    Packet, PacketId, Properties, QoS, Subscribe, SubscriptionOptions, Version,
+};
+
+use crate::mqtt_listen::{Client, Got, mqtt_server};
 
 /// One run of `mqtt_peer.py session` as client `id`: CONNACK's session
 /// present, and the (payload, qos) of the messages it got.
@@ -104,4 +108,43 @@ fn a_5_0_session_lasts_its_expiry_interval() {
     server.wait_metric("throng_mqtt_sessions_expired_total", |v| v == 1.0);
     let (present, _) = session(mqtt, "dev-5", &["--v5", "--expiry", "1", "--count", "0"]);
     assert!(!present, "expired");
+}
+
+/// Deliveries the client never acknowledged are sent again when it
+/// resumes its session (MQTT-4.4.0-1), before anything newer.
+#[test]
+fn deliveries_never_acknowledged_come_again_on_resume() {
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let connack = |present| Got::Connack {
+        session_present: present,
+        code: 0,
+        assigned_id: None,
+    };
+    let mut c = Client::open(mqtt, Version::V311, "unacked", 60, false);
+    assert_eq!(c.next(), Some(connack(false)));
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: PacketId::MIN,
+        properties: Properties::EMPTY,
+        filters: vec![("u/1", SubscriptionOptions::qos(QoS::AtLeastOnce))],
+    }));
+    assert_eq!(c.next(), Some(Got::Suback(1, vec![1])));
+    let got = |payload: &str| Got::Publish {
+        topic: "u/1".to_owned(),
+        payload: payload.as_bytes().to_vec(),
+        qos: QoS::AtLeastOnce,
+    };
+    for p in ["one", "two"] {
+        publish_ok(server.addr, "u/1", p.as_bytes(), None);
+        assert_eq!(c.next(), Some(got(p)));
+    }
+    // Gone without a PUBACK.
+    drop(c);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    publish_ok(server.addr, "u/1", b"three", None);
+    server.wait_metric("throng_mqtt_session_messages", |v| v == 3.0);
+    let mut c = Client::open(mqtt, Version::V311, "unacked", 60, false);
+    assert_eq!(c.next(), Some(connack(true)));
+    for p in ["one", "two", "three"] {
+        assert_eq!(c.next(), Some(got(p)));
+    }
 }
