@@ -41,6 +41,7 @@ pub mod reload;
 pub mod retained;
 mod reuseport;
 pub mod sessions;
+pub mod shares;
 pub mod stream;
 pub mod supervisor;
 pub mod takeover;

@@ -349,6 +349,8 @@ pub struct SupervisorStats {
     pub retained: Option<crate::retained::Stats>,
     /// The MQTT persistent sessions kept (set at each `/metrics`).
     pub sessions: crate::sessions::SessionStats,
+    /// MQTT shared subscriptions: groups and their members node-wide.
+    pub shares: (u64, u64),
 }
 
 /// The Redis broker as `/metrics` shows it.
@@ -457,6 +459,21 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         total.mqtt_retained_sent,
     );
     render_sessions(&mut out, &sup.sessions);
+    for (name, help, v) in [
+        (
+            "throng_mqtt_shared_groups",
+            "MQTT shared subscriptions ($share/group/filter) with members now.",
+            sup.shares.0,
+        ),
+        (
+            "throng_mqtt_shared_members",
+            "Their members on every worker now.",
+            sup.shares.1,
+        ),
+    ] {
+        family(&mut out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
     out
 }
 

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use crate::addresses::{Addresses, Verdict};
 use crate::broker::{Broker, News, Remote, Routed, fit_retained};
 use crate::config::Config;
-use crate::control::{Message, Record, read_record};
+use crate::control::{Message, Record, ShareDeliver, read_record};
 use crate::history::{self, History, Kept};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
@@ -28,6 +28,7 @@ use crate::reload;
 use crate::retained::{self, Retained};
 use crate::reuseport;
 use crate::sessions::{self, Sessions};
+use crate::shares::Shares;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
 use throng_host::portlock::{ClaimError, PortLocks};
 
@@ -607,6 +608,8 @@ struct Supervisor {
     retained: Retained,
     /// MQTT persistent sessions while their clients are away.
     sessions: Sessions,
+    /// MQTT shared subscriptions: each group's members by worker.
+    shares: Shares,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -812,6 +815,7 @@ impl Supervisor {
                 memory: config.mqtt_sessions_memory,
                 max_expiry: config.mqtt_session_expiry,
             }),
+            shares: Shares::default(),
         })
     }
 
@@ -955,6 +959,7 @@ impl Supervisor {
         }
         // Its persistent sessions' connections are gone with it, unparked.
         self.sessions.worker_gone(i);
+        self.shares.worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
             slot: i,
@@ -1067,6 +1072,7 @@ impl Supervisor {
                     self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
             }
+            Record::ShareMember(m) => self.shares.member(i, &m),
             Record::Release { source } => {
                 let now = self.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut self.addresses {
@@ -1156,10 +1162,21 @@ impl Supervisor {
         // Copied only while MQTT sessions want it (queued for those away,
         // matched at a park), under its relay id.
         let kept = self.sessions.wants().then(|| m.clone());
+        // One member of each shared subscription it matches gets it.
+        let shared = (!self.shares.is_empty()).then(|| m.clone());
         let (id, rec) = self.relay.deliver(m);
         match kept {
             Some(m) => self.sessions.relayed(&Message { id, ..m }, now),
             None => self.sessions.passed(id),
+        }
+        if let Some(m) = shared {
+            for (worker, key) in self.shares.picks(&m.channel) {
+                let message = Message { id, ..m.clone() };
+                self.send(
+                    worker,
+                    Record::ShareDeliver(ShareDeliver { key, message }).encode(),
+                );
+            }
         }
         let mut to = Vec::with_capacity(self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {
@@ -1216,6 +1233,7 @@ impl Supervisor {
         self.stats.broker = self.broker.stats();
         self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
         self.stats.sessions = self.sessions.stats();
+        self.stats.shares = self.shares.counts();
         let live: Vec<&Snapshot> = self
             .slots
             .iter()

@@ -25,6 +25,7 @@ mod mqtt_ids;
 mod mqtt_qos;
 mod mqtt_retain;
 mod mqtt_session;
+mod mqtt_share;
 mod mqtt_ws;
 #[cfg(test)]
 mod pair;
@@ -632,6 +633,7 @@ fn on_record(w: &Worker, rec: Record) {
         Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
         Some(Record::ClientId { hash, claim }) => w.subs.taken_over(hash, claim),
         Some(Record::SessionResumed(r)) => w.subs.session_resumed(r),
+        Some(Record::ShareDeliver(d)) => w.subs.share_deliver(d),
         Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
         Some(Record::Reload(json)) => reload(w, &json),
         Some(Record::Retained { id, messages }) => {

@@ -172,6 +172,8 @@ pub(crate) struct MqttState {
     /// Its session outlives it (persistent sessions): what the supervisor
     /// knows it by; `None` for a clean session.
     pub(crate) persist: Option<Box<Persist>>,
+    /// Its shared subscriptions' keys (`group/filter`, [`super::mqtt_share`]).
+    pub(crate) shares: Vec<Rc<str>>,
 }
 
 /// A persistent session's names and expiry ([`MqttState::persist`]).
@@ -199,6 +201,7 @@ impl MqttState {
             && self.received.is_none()
             && self.max_packet.is_none()
             && self.persist.is_none()
+            && self.shares.is_empty()
     }
 }
 

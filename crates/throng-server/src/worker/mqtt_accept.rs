@@ -412,7 +412,7 @@ fn connack(w: &Worker, connected: &Connected, session_present: bool) -> Bytes {
             Property::ReceiveMaximum(RECEIVE_MAX),
             Property::RetainAvailable(1),
             Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits().wildcards)),
-            Property::SharedSubscriptionAvailable(0),
+            Property::SharedSubscriptionAvailable(1),
             // No Topic Alias Maximum: 0, a client may send none.
             Property::SubscriptionIdentifierAvailable(0),
         ];

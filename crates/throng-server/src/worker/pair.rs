@@ -178,6 +178,8 @@ impl Outside for Around {
 
     fn session_park(&self, _p: crate::control::SessionPark) {}
 
+    fn share_member(&self, _m: crate::control::ShareMember) {}
+
     fn origin(&self, slot: u32) -> u64 {
         u64::from(slot) + 1
     }

@@ -315,6 +315,10 @@ impl Outside for Around {
         self.supervisor.send(&Record::SessionPark(p));
     }
 
+    fn share_member(&self, m: crate::control::ShareMember) {
+        self.supervisor.send(&Record::ShareMember(m));
+    }
+
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
         self.supervisor.send(&Record::RetainedAsk {
             id: request,

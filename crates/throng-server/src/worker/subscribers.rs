@@ -42,12 +42,15 @@ use super::mqtt_ids::{Claimed, ClientIds};
 use super::mqtt_qos::{self, DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
 use super::mqtt_session::{Resumes, Waiting};
+use super::mqtt_share::{self, Shares};
 use super::mqtt_ws;
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
 use crate::auth;
 use crate::channel;
-use crate::control::{Claim, Message, SessionOpen, SessionPark, SessionResumed};
+use crate::control::{
+    Claim, Message, SessionOpen, SessionPark, SessionResumed, ShareDeliver, ShareMember,
+};
 use crate::history::{Kept, MessageId};
 use crate::metrics::{CloseReason, Counters};
 use crate::retained::RetainedMessage;
@@ -124,6 +127,9 @@ pub(crate) trait Outside {
     fn session_open(&self, o: SessionOpen);
     /// A persistent session's connection ended: its session, to keep.
     fn session_park(&self, p: SessionPark);
+    /// A connection here joined or left a shared subscription: to the
+    /// supervisor, whose picks come to [`Subscribers::share_deliver`].
+    fn share_member(&self, m: ShareMember);
 }
 
 /// What a CONNECT with a client id asks of its session ([`Subscribers::add_mqtt`]).
@@ -399,6 +405,8 @@ pub(crate) struct Subscribers<O: Outside> {
     /// The last relayed message whose fan-out here is done: a session
     /// parked now may have missed those after it.
     relayed_through: Cell<u64>,
+    /// Members here of MQTT shared subscriptions ([`super::mqtt_share`]).
+    shares: RefCell<Shares<O::Wire>>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -488,6 +496,7 @@ impl<O: Outside> Subscribers<O> {
             )),
             resumes: RefCell::default(),
             relayed_through: Cell::new(0),
+            shares: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -675,6 +684,7 @@ impl<O: Outside> Subscribers<O> {
     pub(crate) fn unsubscribe(&self, c: &Conn<O::Wire>) {
         if c.kind().is_mqtt() {
             self.park_session(c);
+            self.leave_shares(c);
         }
         let gone = self.channels.borrow_mut().unsubscribe(c);
         if let Some(name) = gone {
@@ -1576,6 +1586,106 @@ impl<O: Outside> Subscribers<O> {
         });
     }
 
+    /// `c` subscribes to a shared subscription (`$share/...` parsed):
+    /// granted the QoS asked, or refused with a reason (counted).
+    fn share_subscribe(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        shared: Result<(&str, &str), ()>,
+        sub: u8,
+        v5: bool,
+    ) -> ReasonCode {
+        let refuse = |kind, code| {
+            self.counters.mqtt_refused(kind);
+            if v5 { code } else { ReasonCode::UNSPECIFIED }
+        };
+        let Ok((key, filter)) = shared else {
+            return refuse("bad_share", ReasonCode::TOPIC_FILTER_INVALID);
+        };
+        if topic::check_filter(filter).is_err() {
+            return refuse("bad_share", ReasonCode::TOPIC_FILTER_INVALID);
+        }
+        if topic::is_wildcard(filter) && !self.limits.wildcards {
+            return refuse(
+                "wildcard_filter",
+                ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+            );
+        }
+        if self.shares.borrow_mut().join(key, c, sub) {
+            if let Some(m) = c.proto_mut().mqtt_mut() {
+                m.state_mut().shares.push(key.into());
+            }
+            self.outside.share_member(ShareMember {
+                key: key.to_owned(),
+                joined: true,
+            });
+        }
+        ReasonCode(sub & mqtt::QOS)
+    }
+
+    /// `c` leaves shared subscription `key`: whether it was a member.
+    fn leave_share(&self, c: &Conn<O::Wire>, key: &str) -> bool {
+        if !self.shares.borrow_mut().leave(key, c) {
+            return false;
+        }
+        if let Some(m) = c.proto_mut().mqtt_mut()
+            && let Some(s) = m.more.as_deref_mut()
+        {
+            s.shares.retain(|k| &**k != key);
+        }
+        self.outside.share_member(ShareMember {
+            key: key.to_owned(),
+            joined: false,
+        });
+        true
+    }
+
+    /// `c` is ending: it leaves every shared subscription it had.
+    fn leave_shares(&self, c: &Conn<O::Wire>) {
+        let keys = c
+            .proto()
+            .mqtt()
+            .and_then(Mqtt::state)
+            .map(|s| s.shares.clone())
+            .unwrap_or_default();
+        for key in keys {
+            self.leave_share(c, &key);
+        }
+    }
+
+    /// A message the supervisor gave this worker for one member of a
+    /// shared subscription: to the member whose turn it is, at the lower
+    /// of its QoS and the message's.
+    pub(crate) fn share_deliver(&self, d: ShareDeliver) {
+        let Some((c, sub)) = self.shares.borrow_mut().pick(&d.key) else {
+            return;
+        };
+        let m = &d.message;
+        let published = if m.at_most_once {
+            0
+        } else if m.exactly_once {
+            2
+        } else {
+            1
+        };
+        let qos = (sub & mqtt::QOS).min(published);
+        if !c.is_open() || self.over_client_max(&c, m, qos) {
+            return;
+        }
+        let version = version_of(c.kind());
+        let sent = match Qos1::of(version, m) {
+            Some(q) if qos > 0 => {
+                let q = if qos == 2 { q.exactly_once() } else { q };
+                self.deliver_qos1(&c, &q)
+            }
+            _ => self.send(&c, &mqtt::publish(version, m)),
+        };
+        match sent {
+            Ok(()) => crate::metrics::inc(&self.counters.frames_delivered),
+            Err(e) => self.send_failed(&c, e),
+        }
+    }
+
     /// Relayed message `id` needs no fan-out here (nobody's fan-out waits
     /// before it either): sessions parked from now on come after it.
     pub(crate) fn passed(&self, id: u64) {
@@ -1826,13 +1936,20 @@ impl<O: Outside> Subscribers<O> {
         // handling: at every subscribe, only a new one's, or never).
         let mut retained = Vec::new();
         for (filter, options) in &s.filters {
-            let wants_retained = match options.retain_handling {
-                RetainHandling::OnSubscribe => true,
-                RetainHandling::OnNewSubscribe => {
-                    !self.channels.borrow().has_mqtt_subscription(filter, c)
-                }
-                RetainHandling::Never => false,
+            let shared = mqtt_share::parse(filter);
+            // A shared subscription's filter is what its grant must cover.
+            let target = match shared {
+                Some(Ok((_, f))) => f,
+                _ => filter,
             };
+            let wants_retained = shared.is_none()
+                && match options.retain_handling {
+                    RetainHandling::OnSubscribe => true,
+                    RetainHandling::OnNewSubscribe => {
+                        !self.channels.borrow().has_mqtt_subscription(filter, c)
+                    }
+                    RetainHandling::Never => false,
+                };
             // QoS 0, 1 or 2: what was asked; the 5.0 options beside it.
             let qos = (options.qos as u8).min(2);
             let granted = ReasonCode(qos);
@@ -1854,8 +1971,10 @@ impl<O: Outside> Subscribers<O> {
                 } else {
                     ReasonCode::UNSPECIFIED
                 }
-            } else if !self.mqtt_may_subscribe(c, filter) {
+            } else if !self.mqtt_may_subscribe(c, target) {
                 ReasonCode::NOT_AUTHORIZED
+            } else if let Some(shared) = shared {
+                self.share_subscribe(c, shared, sub, v5)
             } else if topic::is_wildcard(filter) {
                 let ok = self.limits.wildcards
                     && self
@@ -1926,6 +2045,17 @@ impl<O: Outside> Subscribers<O> {
         let v5 = c.kind() == Kind::Mqtt5;
         let mut codes = Vec::new();
         for filter in &u.filters {
+            if let Some(Ok((key, _))) = mqtt_share::parse(filter) {
+                let had = self.leave_share(c, key);
+                if v5 {
+                    codes.push(if had {
+                        ReasonCode::SUCCESS
+                    } else {
+                        ReasonCode::NO_SUBSCRIPTION_EXISTED
+                    });
+                }
+                continue;
+            }
             if topic::is_wildcard(filter) {
                 let had = self.channels.borrow_mut().unsubscribe_wild(filter, c);
                 if v5 {

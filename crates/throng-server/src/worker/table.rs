@@ -233,6 +233,8 @@ impl<W> Channels<W> {
             n += m.subs.len() + m.wild.len();
             bytes += m.subs.iter().map(|s| name_len(s.channel)).sum::<usize>();
             bytes += m.wild.iter().map(|w| w.filter.len()).sum::<usize>();
+            n += m.shares.len();
+            bytes += m.shares.iter().map(|k| k.len()).sum::<usize>();
         }
         (n, bytes)
     }
