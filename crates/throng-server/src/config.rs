@@ -149,6 +149,11 @@ pub struct Config {
     /// (`--mqtt-session-expiry`).
     #[serde(default = "default_session_expiry")]
     pub mqtt_session_expiry: u32,
+    /// The longest keep-alive a 5.0 client gets, in seconds
+    /// (`--mqtt-max-keep-alive`): one asking for more, or for none, is
+    /// told this one in CONNACK (Server Keep Alive). `None`: what it asks.
+    #[serde(default)]
+    pub mqtt_max_keep_alive: Option<u16>,
 }
 
 /// `--mqtt-session-queue`'s default (Mosquitto's max_queued_messages).
@@ -265,6 +270,7 @@ impl Default for Config {
             mqtt_session_queue: DEFAULT_SESSION_QUEUE,
             mqtt_sessions_memory: DEFAULT_SESSIONS_MEMORY,
             mqtt_session_expiry: DEFAULT_SESSION_EXPIRY,
+            mqtt_max_keep_alive: None,
         }
     }
 }

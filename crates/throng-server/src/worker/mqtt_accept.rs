@@ -161,6 +161,9 @@ struct Connected {
     /// Seconds its session outlives the connection, if it does
     /// ([`mqtt_session::expiry`]).
     session_expiry: Option<u32>,
+    /// Its keep-alive was replaced by `--mqtt-max-keep-alive` (5.0):
+    /// CONNACK says so.
+    server_keep_alive: bool,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
@@ -179,6 +182,13 @@ async fn handshake(
     };
     let over_ws = ws.is_some();
     let version = connected.version;
+    if let Some(max) = w.cfg.mqtt_max_keep_alive
+        && version == Version::V5
+        && (connected.keep_alive == 0 || connected.keep_alive > max)
+    {
+        connected.keep_alive = max;
+        connected.server_keep_alive = true;
+    }
     let (admitted, will) = match admit(w, &mut connected) {
         Ok(admitted) => admitted,
         Err(code) => {
@@ -419,6 +429,9 @@ fn connack(w: &Worker, connected: &Connected, session_present: bool) -> Bytes {
         for p in offer {
             let _ = props.push(p);
         }
+        if connected.server_keep_alive {
+            let _ = props.push(Property::ServerKeepAlive(connected.keep_alive));
+        }
         if connected.client_id_empty {
             let n = ASSIGNED.with(|a| {
                 let n = a.get() + 1;
@@ -521,6 +534,7 @@ async fn read_connect(
                     c.clean_start,
                     c.properties.session_expiry_interval(),
                 ),
+                server_keep_alive: false,
             };
             return Ok((connected, d.consumed));
         }

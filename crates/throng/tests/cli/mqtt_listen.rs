@@ -923,3 +923,23 @@ fn a_retained_message_keeps_its_publishers_properties_and_qos_2() {
     assert_eq!(props.len(), 1, "{props:?}");
     assert!(props[0].contains("unit"), "{props:?}");
 }
+
+/// `--mqtt-max-keep-alive`: a 5.0 client asking for more, or for none, is
+/// told the server's in CONNACK (Server Keep Alive) and held to it; one
+/// asking for less, and a 3.1.1 one, keep theirs.
+#[test]
+fn a_5_0_keep_alive_over_the_servers_maximum_is_told_the_maximum() {
+    let (_s, mqtt) = mqtt_server(&["--mqtt-max-keep-alive", "60s"]);
+    let server_keep_alive = |version, asked| {
+        let mut c = Client::open(mqtt, version, "ka", asked, true);
+        c.next_as(|p| match p {
+            Packet::Connack(c) => c.properties.server_keep_alive(),
+            other => panic!("{other:?}"),
+        })
+        .expect("a CONNACK")
+    };
+    assert_eq!(server_keep_alive(Version::V5, 120), Some(60));
+    assert_eq!(server_keep_alive(Version::V5, 0), Some(60));
+    assert_eq!(server_keep_alive(Version::V5, 30), None);
+    assert_eq!(server_keep_alive(Version::V311, 120), None);
+}
