@@ -213,6 +213,11 @@ pub(crate) struct Will {
     /// Its 5.0 properties its subscribers get ([`forwarded`]).
     pub(crate) properties: Bytes,
     pub(crate) retain: Option<u8>,
+    /// 5.0's Will Delay Interval, in seconds (0: at once).
+    pub(crate) delay: u32,
+    /// Its client id's hash (0: none): a reconnect with it cancels a
+    /// delayed will.
+    pub(crate) client: u64,
 }
 
 /// One wildcard subscription: its filter, and its position in the filter's

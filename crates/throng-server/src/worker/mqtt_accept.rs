@@ -147,6 +147,8 @@ struct Connected {
     client_id_empty: bool,
     /// Its will's topic and payload, and its QoS if it is retained.
     will: Option<(String, Bytes, Option<u8>, Bytes)>,
+    /// Its will's 5.0 Will Delay Interval, in seconds.
+    will_delay: u32,
     /// Its receive maximum (5.0; 3.1.1 has none).
     receive_max: Option<u16>,
     /// Its password: a token or the publish key (read, then dropped).
@@ -404,6 +406,8 @@ fn admit(
         payload,
         properties,
         retain,
+        delay: connected.will_delay,
+        client: connected.client_hash.unwrap_or(0),
     };
     Ok((admitted, Some(Box::new(will))))
 }
@@ -510,6 +514,11 @@ async fn read_connect(
                 return Err(NoConnect::Left);
             };
             let version = decoder.version().unwrap_or(Version::V311);
+            let will_delay = c
+                .will
+                .as_ref()
+                .and_then(|w| w.properties.will_delay_interval())
+                .unwrap_or(0);
             let connected = Connected {
                 version,
                 keep_alive: c.keep_alive,
@@ -524,6 +533,7 @@ async fn read_connect(
                         super::mqtt::forwarded(w.properties),
                     )
                 }),
+                will_delay,
                 receive_max: c.properties.receive_maximum(),
                 password: c.password.map(<[u8]>::to_vec),
                 client_hash: (!c.client_id.is_empty()).then(|| mqtt_ids::hash(c.client_id)),

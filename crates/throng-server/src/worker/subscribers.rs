@@ -407,6 +407,9 @@ pub(crate) struct Subscribers<O: Outside> {
     relayed_through: Cell<u64>,
     /// Members here of MQTT shared subscriptions ([`super::mqtt_share`]).
     shares: RefCell<Shares<O::Wire>>,
+    /// Wills of connections gone, waiting out their 5.0 Will Delay
+    /// Interval: the tick they are due at (a reconnect cancels one).
+    delayed_wills: RefCell<Vec<(u32, Box<Will>)>>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -497,6 +500,7 @@ impl<O: Outside> Subscribers<O> {
             resumes: RefCell::default(),
             relayed_through: Cell::new(0),
             shares: RefCell::default(),
+            delayed_wills: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -890,6 +894,7 @@ impl<O: Outside> Subscribers<O> {
     /// enforced within one ping interval of its `exp`, with no timer of its own.
     pub(crate) fn tick(&self) {
         let now = self.advance();
+        self.publish_due_wills(now);
         let wall = self.wall.get();
         let mut expired = Vec::new();
         let mut idle_out = Vec::new();
@@ -1447,6 +1452,7 @@ impl<O: Outside> Subscribers<O> {
             if let Some(old) = old {
                 self.close(&old, 0, "", CloseReason::TakenOver);
             }
+            self.cancel_will(hash);
             // After the takeover: a session it parks is the one resumed.
             if let Some(start) = session
                 && c.is_open()
@@ -1695,6 +1701,7 @@ impl<O: Outside> Subscribers<O> {
     /// A connection on another worker took the client id `hash`: this
     /// worker's connection that holds it, if any, is closed.
     pub(crate) fn taken_over(&self, hash: u64, claim: Claim) {
+        self.cancel_will(hash);
         let slot = self.client_ids.borrow_mut().take(hash, claim);
         if let Some(old) = slot.and_then(|s| self.get(u64::from(s))) {
             self.close(&old, 0, "", CloseReason::TakenOver);
@@ -1816,13 +1823,61 @@ impl<O: Outside> Subscribers<O> {
     /// without a DISCONNECT that dropped it).
     pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
         let will = c.proto_mut().mqtt_mut().and_then(Mqtt::take_will);
-        if let Some(will) = will {
+        let Some(will) = will else { return };
+        // 5.0: after its delay, or when its session ends if that is sooner.
+        let session = persist_of(c).map_or(0, |p| p.expiry);
+        let delay = will.delay.min(session);
+        if delay == 0 || will.client == 0 {
+            self.send_will(*will);
+            return;
+        }
+        let due = self
+            .now
+            .get()
+            .wrapping_add(wheel::ticks(Duration::from_secs(u64::from(delay))));
+        self.delayed_wills.borrow_mut().push((due, will));
+        self.counters.mqtt_sent("will_delayed");
+    }
+
+    /// Publishes the delayed wills due at tick `now`.
+    fn publish_due_wills(&self, now: u32) {
+        if self.delayed_wills.borrow().is_empty() {
+            return;
+        }
+        let due: Vec<Box<Will>> = {
+            let mut wills = self.delayed_wills.borrow_mut();
+            let (due, wait) = wills
+                .drain(..)
+                // Due: `now` is at or past `at` (ticks wrap).
+                .partition(|(at, _)| now.wrapping_sub(*at) < 1 << 31);
+            *wills = wait;
+            due.into_iter().map(|(_, w)| w).collect()
+        };
+        for will in due {
+            self.send_will(*will);
+        }
+    }
+
+    /// Client `hash` connected again: its delayed will is not sent.
+    fn cancel_will(&self, hash: u64) {
+        let mut wills = self.delayed_wills.borrow_mut();
+        let before = wills.len();
+        wills.retain(|(_, w)| w.client != hash);
+        for _ in wills.len()..before {
+            self.counters.mqtt_sent("will_cancelled");
+        }
+    }
+
+    /// Publishes a will now.
+    fn send_will(&self, will: Will) {
+        {
             let Will {
                 channel,
                 payload,
                 properties,
                 retain,
-            } = *will;
+                ..
+            } = will;
             // A will is published at QoS 0 (its QoS is not kept).
             let m = Message {
                 id: 0,

@@ -4,11 +4,13 @@
 //! client is away, bounded by `--mqtt-session-queue`, handed back in order
 //! with session present 1 on whichever worker the client lands; a 5.0
 //! connection without an expiry ends it, and an expired one is gone; a
-//! shared subscription's messages go to one member each, in turn.
+//! shared subscription's messages go to one member each, in turn; a
+//! delayed will waits, and a reconnect cancels it.
 
 use std::io::{BufRead as _, BufReader, Read as _};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 use throng_testkit::http::publish_ok;
@@ -17,7 +19,8 @@ use throng_testkit::process::command;
 use throng_testkit::{Peer, require};
 
 use throng_proto::mqtt::{
-    Packet, PacketId, Properties, QoS, Subscribe, SubscriptionOptions, Version,
+    Connect, Packet, PacketId, Properties, PropertiesBuf, Property, QoS, Subscribe,
+    SubscriptionOptions, Version, Will,
 };
 
 use crate::mqtt_listen::{Client, Got, mqtt_server};
@@ -239,4 +242,53 @@ fn finish(mut child: Child) -> Vec<String> {
         .collect();
     let _ = child.wait();
     got
+}
+
+/// A 5.0 will with a Will Delay Interval is published after it (or when
+/// its session ends, if sooner), unless the client connects again first.
+#[test]
+fn a_delayed_will_waits_and_a_reconnect_cancels_it() {
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let mut watch = Client::connect(mqtt, Version::V5, "watch");
+    assert_eq!(watch.subscribe(1, &["w/1"]), vec![0]);
+    let dying = |id: &str, delay: u32| {
+        let mut props = PropertiesBuf::new();
+        props.push(Property::SessionExpiryInterval(60)).unwrap();
+        let mut will_props = PropertiesBuf::new();
+        will_props.push(Property::WillDelayInterval(delay)).unwrap();
+        let s = TcpStream::connect(mqtt).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client::over(s, Version::V5);
+        c.send(&Packet::Connect(Connect {
+            clean_start: true,
+            keep_alive: 60,
+            properties: props.properties(),
+            client_id: id,
+            will: Some(Will {
+                qos: QoS::AtMostOnce,
+                retain: false,
+                properties: will_props.properties(),
+                topic: "w/1",
+                payload: id.as_bytes(),
+            }),
+            username: None,
+            password: None,
+        }));
+        assert!(matches!(c.next(), Some(Got::Connack { code: 0, .. })));
+        // Gone without a DISCONNECT.
+        drop(c);
+    };
+    let sent = |kind: &str| format!("throng_mqtt_packets_sent_total{{type=\"{kind}\"}}");
+    dying("back-soon", 60);
+    server.wait_metric(&sent("will_delayed"), |v| v == 1.0);
+    let _back = Client::connect(mqtt, Version::V5, "back-soon");
+    server.wait_metric(&sent("will_cancelled"), |v| v == 1.0);
+
+    dying("gone", 1);
+    assert_eq!(watch.message(), ("w/1".to_owned(), "gone".to_owned()));
+    assert_eq!(
+        server.metric(&sent("will")),
+        1.0,
+        "only the one not cancelled"
+    );
 }
