@@ -40,6 +40,11 @@ pub const RECENT: usize = 4096;
 /// How long a resume waits for the park of the connection it takes over.
 pub const WAIT_MS: u64 = 3000;
 
+/// How long a channel's interest outlives its last parked session's
+/// resume: the resuming worker's own interest comes meanwhile, so Redis
+/// stays subscribed.
+const RELEASE_MS: u64 = 2000;
+
 /// Bytes a queued message is counted for besides its payload, channel and
 /// properties.
 const OVERHEAD: usize = 96;
@@ -120,6 +125,16 @@ pub struct Sessions {
     recent: VecDeque<Message>,
     /// The last relayed message.
     last: u64,
+    /// The time (ms) of the last call that said it.
+    clock: u64,
+    /// Channels (exact filters) that gained their first parked session
+    /// (`true`) or lost their last (`false`), for the broker's interest
+    /// (`--redis-mode channels`), not yet taken ([`Self::take_interest`]).
+    interest: Vec<(String, bool)>,
+    /// Channels whose last parked session resumed: their interest ends a
+    /// little later (at the tick past the time here, ms), once the worker
+    /// that took the session has said its own.
+    releases: Vec<(String, u64)>,
     bytes: usize,
     stats: SessionStats,
 }
@@ -186,6 +201,9 @@ impl Sessions {
             waiting: Vec::new(),
             recent: VecDeque::new(),
             last: 0,
+            clock: 0,
+            interest: Vec::new(),
+            releases: Vec::new(),
             bytes: 0,
             stats: SessionStats::default(),
         }
@@ -194,6 +212,7 @@ impl Sessions {
     /// A client connected on `worker` at `now` (ms): for a resume, the
     /// answer, unless it waits for the park of the connection it took over.
     pub fn open(&mut self, worker: usize, o: &SessionOpen, now: u64) -> Option<Reply> {
+        self.clock = now;
         let owner = Owner {
             worker,
             conn: o.conn,
@@ -275,8 +294,12 @@ impl Sessions {
             return None;
         }
         for s in &parked.subs {
+            let first = self.index.get_mut(&s.filter).is_none();
             if let Ok(v) = self.index.get_or_insert_with(&s.filter, Vec::new) {
                 v.push((p.hash, s.options));
+                if first && !throng_proto::mqtt::topic::is_wildcard(&s.filter) {
+                    self.interest.push((s.filter.clone(), true));
+                }
             }
         }
         if let Some(old) = self.parked.insert(p.hash, parked) {
@@ -336,6 +359,19 @@ impl Sessions {
     /// Expires sessions and gives up waiting for parks at `now` (ms): the
     /// resumes that waited too long are answered without a session.
     pub fn tick(&mut self, now: u64) -> Vec<Reply> {
+        self.clock = now;
+        let mut k = 0;
+        while k < self.releases.len() {
+            if self.releases[k].1 > now {
+                k += 1;
+                continue;
+            }
+            let (channel, _) = self.releases.swap_remove(k);
+            // Parked again meanwhile: still wanted.
+            if self.index.get_mut(&channel).is_none() {
+                self.interest.push((channel, false));
+            }
+        }
         let expired: Vec<u64> = self
             .parked
             .iter()
@@ -365,6 +401,11 @@ impl Sessions {
     pub fn worker_gone(&mut self, worker: usize) {
         self.owners.retain(|_, o| o.worker != worker);
         self.waiting.retain(|w| w.owner.worker != worker);
+    }
+
+    /// The interest changes since the last call, in order.
+    pub fn take_interest(&mut self) -> Vec<(String, bool)> {
+        std::mem::take(&mut self.interest)
     }
 
     pub fn stats(&self) -> SessionStats {
@@ -408,6 +449,10 @@ impl Sessions {
             });
             if empty {
                 self.index.remove(&s.filter);
+                if !throng_proto::mqtt::topic::is_wildcard(&s.filter) {
+                    self.releases
+                        .push((s.filter.clone(), self.clock + RELEASE_MS));
+                }
             }
         }
         self.bytes -= p.bytes;
@@ -564,6 +609,19 @@ mod tests {
         );
         assert_eq!(unexpired(six, 6_000), None);
         assert!(unexpired(msg(2, "t", 1), u64::MAX).is_some(), "no interval");
+    }
+
+    #[test]
+    fn a_parked_channel_is_wanted_until_a_while_after_its_resume() {
+        let mut s = Sessions::new(limits());
+        s.open(0, &open(7, 1, false), 0);
+        s.park(0, park(7, 1, 0, &[("t", 1), ("w/+", 1)]), 0);
+        assert_eq!(s.take_interest(), vec![("t".to_owned(), true)]);
+        s.open(0, &open(7, 2, false), 1000);
+        assert!(s.tick(2999).is_empty());
+        assert!(s.take_interest().is_empty(), "not yet");
+        s.tick(3000);
+        assert_eq!(s.take_interest(), vec![("t".to_owned(), false)]);
     }
 
     #[test]

@@ -725,6 +725,7 @@ async fn supervise(
                 for reply in sup.sessions.tick(now) {
                     sup.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
+                sup.session_interest();
             }
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
@@ -1071,6 +1072,7 @@ impl Supervisor {
                 if let Some(reply) = self.sessions.park(i, p, now) {
                     self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
+                self.session_interest();
             }
             Record::ShareMember(m) => self.shares.member(i, &m),
             Record::Release { source } => {
@@ -1080,6 +1082,16 @@ impl Supervisor {
                 }
             }
             other => log!("throng: worker {i}: unexpected control record {other:?}"),
+        }
+    }
+
+    /// Parked MQTT sessions' channels stay subscribed in Redis (channels
+    /// mode) while their clients are away: the broker's slot past the
+    /// workers' holds them.
+    fn session_interest(&mut self) {
+        let slot = self.slots.len();
+        for (channel, on) in self.sessions.take_interest() {
+            self.broker.interest(slot, channel, on);
         }
     }
 

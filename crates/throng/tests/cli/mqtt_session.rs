@@ -16,6 +16,7 @@ use serde_json::Value;
 use throng_testkit::http::publish_ok;
 use throng_testkit::peers::dir;
 use throng_testkit::process::command;
+use throng_testkit::redis::Redis;
 use throng_testkit::{Peer, require};
 
 use throng_proto::mqtt::{
@@ -28,9 +29,19 @@ use crate::mqtt_listen::{Client, Got, mqtt_server};
 /// One run of `mqtt_peer.py session` as client `id`: CONNACK's session
 /// present, and the (payload, qos) of the messages it got.
 fn session(mqtt: SocketAddr, id: &str, args: &[&str]) -> (bool, Vec<(String, u64)>) {
+    session_on(mqtt, id, "s/+", args)
+}
+
+/// [`session`] subscribing to `filter` (with `--subscribe`).
+fn session_on(
+    mqtt: SocketAddr,
+    id: &str,
+    filter: &str,
+    args: &[&str],
+) -> (bool, Vec<(String, u64)>) {
     let mut child = command("python3")
         .arg(dir().join("mqtt_peer.py"))
-        .args(["session", "127.0.0.1", &mqtt.port().to_string(), "s/+"])
+        .args(["session", "127.0.0.1", &mqtt.port().to_string(), filter])
         .args(["--client-id", id, "--qos", "1", "--timeout", "20"])
         .args(args)
         .stdout(Stdio::piped())
@@ -291,4 +302,35 @@ fn a_delayed_will_waits_and_a_reconnect_cancels_it() {
         1.0,
         "only the one not cancelled"
     );
+}
+
+/// With `--redis` in channels mode a parked session keeps its node
+/// subscribed in Redis: what another node publishes meanwhile is kept.
+#[test]
+fn a_session_parked_on_one_node_gets_what_another_node_publishes() {
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::PythonPaho);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let args = ["--redis", &url, "--redis-mode", "channels"];
+    let (a, mqtt_a) = mqtt_server(&args);
+    let (b, _) = mqtt_server(&args);
+    a.wait_broker("up");
+    b.wait_broker("up");
+    // Channels mode: an exact filter (wildcards are refused there).
+    let (present, _) = session_on(mqtt_a, "dev-r", "s/1", &["--subscribe", "--count", "0"]);
+    assert!(!present);
+    a.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    // Published on B until A's session has one (Redis subscribes A to the
+    // channel for the session; the first may come before).
+    let mut n = 0;
+    while a.metric("throng_mqtt_session_messages") < 1.0 {
+        n += 1;
+        assert!(n < 200, "A's session never got one\n{}", a.log());
+        throng_testkit::http::publish_redis(b.addr, "s/1", &format!("r{n}"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (present, got) = session_on(mqtt_a, "dev-r", "s/1", &["--count", "1"]);
+    assert!(present);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].0.starts_with('r'), "{got:?}");
 }
