@@ -459,22 +459,32 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         total.mqtt_retained_sent,
     );
     render_sessions(&mut out, &sup.sessions);
-    for (name, help, v) in [
-        (
-            "throng_mqtt_shared_groups",
-            "MQTT shared subscriptions ($share/group/filter) with members now.",
-            sup.shares.0,
-        ),
-        (
-            "throng_mqtt_shared_members",
-            "Their members on every worker now.",
-            sup.shares.1,
-        ),
-    ] {
-        family(&mut out, name, "gauge", help);
+    unlabelled(
+        &mut out,
+        &[
+            (
+                "throng_mqtt_shared_groups",
+                "gauge",
+                "MQTT shared subscriptions ($share/group/filter) with members now.",
+                sup.shares.0,
+            ),
+            (
+                "throng_mqtt_shared_members",
+                "gauge",
+                "Their members on every worker now.",
+                sup.shares.1,
+            ),
+        ],
+    );
+    out
+}
+
+/// Samples without labels: (name, kind, help, value) each.
+fn unlabelled(out: &mut String, rows: &[(&str, &str, &str, u64)]) {
+    for &(name, kind, help, v) in rows {
+        family(out, name, kind, help);
         let _ = writeln!(out, "{name} {v}");
     }
-    out
 }
 
 /// The MQTT persistent sessions kept while their clients are away.
@@ -518,10 +528,7 @@ fn render_sessions(out: &mut String, s: &crate::sessions::SessionStats) {
             s.gap_missed,
         ),
     ];
-    for (name, kind, help, v) in rows {
-        family(out, name, kind, help);
-        let _ = writeln!(out, "{name} {v}");
-    }
+    unlabelled(out, &rows);
     let name = "throng_mqtt_session_dropped_total";
     family(
         out,
@@ -938,10 +945,7 @@ fn render_retained(out: &mut String, r: crate::retained::Stats, sent: u64) {
             r.cut,
         ),
     ];
-    for (name, kind, help, v) in rows {
-        family(out, name, kind, help);
-        let _ = writeln!(out, "{name} {v}");
-    }
+    unlabelled(out, &rows);
     let name = "throng_mqtt_retained_dropped_total";
     family(
         out,

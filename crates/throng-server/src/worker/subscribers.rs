@@ -2100,34 +2100,19 @@ impl<O: Outside> Subscribers<O> {
         let v5 = c.kind() == Kind::Mqtt5;
         let mut codes = Vec::new();
         for filter in &u.filters {
-            if let Some(Ok((key, _))) = mqtt_share::parse(filter) {
-                let had = self.leave_share(c, key);
-                if v5 {
-                    codes.push(if had {
-                        ReasonCode::SUCCESS
-                    } else {
-                        ReasonCode::NO_SUBSCRIPTION_EXISTED
-                    });
+            let had = if let Some(Ok((key, _))) = mqtt_share::parse(filter) {
+                self.leave_share(c, key)
+            } else if topic::is_wildcard(filter) {
+                self.channels.borrow_mut().unsubscribe_wild(filter, c)
+            } else {
+                let left = self.channels.borrow_mut().unsubscribe_mqtt(filter, c);
+                if let Some(Some(name)) = &left {
+                    self.outside.channel_interest(name, false);
                 }
-                continue;
-            }
-            if topic::is_wildcard(filter) {
-                let had = self.channels.borrow_mut().unsubscribe_wild(filter, c);
-                if v5 {
-                    codes.push(if had {
-                        ReasonCode::SUCCESS
-                    } else {
-                        ReasonCode::NO_SUBSCRIPTION_EXISTED
-                    });
-                }
-                continue;
-            }
-            let left = self.channels.borrow_mut().unsubscribe_mqtt(filter, c);
-            if let Some(Some(name)) = &left {
-                self.outside.channel_interest(name, false);
-            }
+                left.is_some()
+            };
             if v5 {
-                codes.push(if left.is_some() {
+                codes.push(if had {
                     ReasonCode::SUCCESS
                 } else {
                     ReasonCode::NO_SUBSCRIPTION_EXISTED
