@@ -228,7 +228,9 @@ impl Remote {
             reason: "connecting".into(),
             recovered: (0, 0),
             retained: retained::Stats::default(),
-            interest: vec![HashSet::new(); workers],
+            // One more than the workers: the channels of MQTT sessions
+            // parked in the supervisor (`Supervisor`'s sessions slot).
+            interest: vec![HashSet::new(); workers + 1],
             nodes: HashMap::new(),
             stats: BrokerStats::default(),
             shards: Vec::new(),

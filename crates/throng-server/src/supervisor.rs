@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use crate::addresses::{Addresses, Verdict};
 use crate::broker::{Broker, News, Remote, Routed, fit_retained};
 use crate::config::Config;
-use crate::control::{Message, Record, read_record};
+use crate::control::{Message, Record, ShareDeliver, read_record};
 use crate::history::{self, History, Kept};
 use crate::metrics::{self, Snapshot, SupervisorStats};
 use crate::redis::{self, RedisSettings};
@@ -27,6 +27,8 @@ use crate::relay::{Answer, Publisher, Relay, WorkerId};
 use crate::reload;
 use crate::retained::{self, Retained};
 use crate::reuseport;
+use crate::sessions::{self, Sessions};
+use crate::shares::Shares;
 use throng_host::fdpass;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
 use throng_host::portlock::{self, ClaimError, PortLocks};
@@ -655,6 +657,10 @@ struct Supervisor {
     /// The last sequence we gave before our sockets went to a new serve:
     /// what we number after it, that serve relays to its own subscribers.
     handover_mark: u64,
+    /// MQTT persistent sessions while their clients are away.
+    sessions: Sessions,
+    /// MQTT shared subscriptions: each group's members by worker.
+    shares: Shares,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -770,13 +776,17 @@ async fn supervise(
                 }
                 None => break,
             },
-            _ = prune.tick(), if sup.addresses.is_some() || sup.config.history_ttl.is_some() => {
+            _ = prune.tick() => {
                 let now = sup.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut sup.addresses {
                     a.prune(now);
                 }
                 let now = sup.now_ms();
                 sup.history.expire(now);
+                for reply in sup.sessions.tick(now) {
+                    sup.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
+                }
+                sup.session_interest();
             }
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
@@ -863,6 +873,12 @@ impl Supervisor {
             held: None,
             handed_over: false,
             handover_mark: 0,
+            sessions: Sessions::new(sessions::Limits {
+                queue: config.mqtt_session_queue,
+                memory: config.mqtt_sessions_memory,
+                max_expiry: config.mqtt_session_expiry,
+            }),
+            shares: Shares::default(),
         })
     }
 
@@ -1005,6 +1021,9 @@ impl Supervisor {
         if let Some(slot) = self.shared.as_ref().and_then(|s| s.slot(i)) {
             slot.store(0, std::sync::atomic::Ordering::SeqCst);
         }
+        // Its persistent sessions' connections are gone with it, unparked.
+        self.sessions.worker_gone(i);
+        self.shares.worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
             slot: i,
@@ -1108,6 +1127,20 @@ impl Supervisor {
                     self.send(j, rec.clone());
                 }
             }
+            Record::SessionOpen(o) => {
+                let now = self.now_ms();
+                if let Some(reply) = self.sessions.open(i, &o, now) {
+                    self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
+                }
+            }
+            Record::SessionPark(p) => {
+                let now = self.now_ms();
+                if let Some(reply) = self.sessions.park(i, p, now) {
+                    self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
+                }
+                self.session_interest();
+            }
+            Record::ShareMember(m) => self.shares.member(i, &m),
             Record::Release { source } => {
                 let now = self.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut self.addresses {
@@ -1115,6 +1148,16 @@ impl Supervisor {
                 }
             }
             other => log!("throng: worker {i}: unexpected control record {other:?}"),
+        }
+    }
+
+    /// Parked MQTT sessions' channels stay subscribed in Redis (channels
+    /// mode) while their clients are away: the broker's slot past the
+    /// workers' holds them.
+    fn session_interest(&mut self) {
+        let slot = self.slots.len();
+        for (channel, on) in self.sessions.take_interest() {
+            self.broker.interest(slot, channel, on);
         }
     }
 
@@ -1210,7 +1253,26 @@ impl Supervisor {
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
         let message = m.message;
+        let now = self.now_ms();
+        // Copied only while MQTT sessions want it (queued for those away,
+        // matched at a park), under its relay id.
+        let kept = self.sessions.wants().then(|| m.clone());
+        // One member of each shared subscription it matches gets it.
+        let shared = (!self.shares.is_empty()).then(|| m.clone());
         let (id, rec) = self.relay.deliver(m);
+        match kept {
+            Some(m) => self.sessions.relayed(&Message { id, ..m }, now),
+            None => self.sessions.passed(id),
+        }
+        if let Some(m) = shared {
+            for (worker, key) in self.shares.picks(&m.channel) {
+                let message = Message { id, ..m.clone() };
+                self.send(
+                    worker,
+                    Record::ShareDeliver(ShareDeliver { key, message }).encode(),
+                );
+            }
+        }
         let mut to = Vec::with_capacity(self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {
             if let Some(tx) = &s.tx
@@ -1265,6 +1327,8 @@ impl Supervisor {
         });
         self.stats.broker = self.broker.stats();
         self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
+        self.stats.sessions = self.sessions.stats();
+        self.stats.shares = self.shares.counts();
         let live: Vec<&Snapshot> = self
             .slots
             .iter()

@@ -414,7 +414,7 @@ fn header(req: &Request, h: &HoldRun, limits: &[String]) -> Header {
             "tls": h.tls,
             "mqtt": h.mqtt.as_ref().map(|m| serde_json::json!({
                 "level": m.level, "qos": m.qos, "keep_alive_s": m.keep_alive_s,
-                "client_id_prefix": m.client_id_prefix,
+                "client_id_prefix": m.client_id_prefix, "connect_only": m.connect_only,
             })),
             "publish": h.publish.as_ref().map(|p| serde_json::json!({
                 "target": p.target.to_string(), "rate": p.rate, "message_size": p.message_size,

@@ -643,7 +643,7 @@ async fn join(
     opts.connect(client_id, opts.keep_alive_s, &mut request);
     opts.subscribe(filter, &mut request);
     let mut decoder = mqtt::Decoder::client(opts.version(), max_packet);
-    let mut step = Joining::Connack;
+    let mut step = opts.joining();
     let answer = |buf: &mut Vec<u8>| {
         while step != Joining::Done {
             let (consumed, next) = match decoder.decode(buf) {

@@ -24,6 +24,9 @@ mod mqtt_auth;
 mod mqtt_ids;
 mod mqtt_qos;
 mod mqtt_retain;
+mod mqtt_session;
+mod mqtt_share;
+mod mqtt_ws;
 #[cfg(test)]
 mod pair;
 mod ping_answer;
@@ -656,6 +659,8 @@ fn on_record(w: &Worker, rec: Record) {
             if n > 0 {
                 w.outbox.borrow_mut().push_back(Outgoing::Deliver(m));
                 w.outbox_ready.notify_one();
+            } else if w.outbox.borrow().is_empty() {
+                w.subs.passed(m.id);
             }
         }
         Some(Record::Recovered {
@@ -665,6 +670,8 @@ fn on_record(w: &Worker, rec: Record) {
         }) => w.subs.recovered(id, complete, messages),
         Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
         Some(Record::ClientId { hash, claim }) => w.subs.taken_over(hash, claim),
+        Some(Record::SessionResumed(r)) => w.subs.session_resumed(r),
+        Some(Record::ShareDeliver(d)) => w.subs.share_deliver(d),
         Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
         Some(Record::Reload(json)) => reload(w, &json),
         Some(Record::Retained { id, messages }) => {

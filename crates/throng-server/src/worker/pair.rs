@@ -174,6 +174,12 @@ impl Outside for Around {
 
     fn client_id(&self, _hash: u64, _claim: Claim) {}
 
+    fn session_open(&self, _o: crate::control::SessionOpen) {}
+
+    fn session_park(&self, _p: crate::control::SessionPark) {}
+
+    fn share_member(&self, _m: crate::control::ShareMember) {}
+
     fn origin(&self, slot: u32) -> u64 {
         u64::from(slot) + 1
     }
@@ -399,7 +405,7 @@ impl Pair {
         let pipe = Pipe::new(ROOM);
         let state = super::mqtt::Mqtt::new(0);
         let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"").with_mqtt(version, state);
-        self.subs.add_mqtt(conn, None).expect("watched");
+        self.subs.add_mqtt(conn, None, None).expect("watched");
         self.clients.push(Client {
             pipe,
             decoder: Decoder::new(Role::Client, 1 << 20),

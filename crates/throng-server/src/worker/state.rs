@@ -307,6 +307,18 @@ impl Outside for Around {
         self.supervisor.send(&Record::ClientId { hash, claim });
     }
 
+    fn session_open(&self, o: crate::control::SessionOpen) {
+        self.supervisor.send(&Record::SessionOpen(o));
+    }
+
+    fn session_park(&self, p: crate::control::SessionPark) {
+        self.supervisor.send(&Record::SessionPark(p));
+    }
+
+    fn share_member(&self, m: crate::control::ShareMember) {
+        self.supervisor.send(&Record::ShareMember(m));
+    }
+
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
         self.supervisor.send(&Record::RetainedAsk {
             id: request,

@@ -32,6 +32,8 @@ mod mqtt_listen;
 mod mqtt_qos;
 mod mqtt_retain;
 mod mqtt_serve;
+mod mqtt_session;
+mod mqtt_ws;
 mod newcomer;
 mod one_owner;
 mod output;
