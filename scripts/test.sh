@@ -71,6 +71,10 @@ probe_mosquitto() { mosquitto -h 2>/dev/null | head -1 | cut -d' ' -f1-3; }
 probe_python_paho() {
   python3 -c 'import paho.mqtt; print("paho-mqtt", paho.mqtt.__version__)' 2>/dev/null
 }
+# The harness's --metrics-listen text is read by Prometheus's own Python parser.
+probe_python_prometheus() {
+  python3 -c 'import prometheus_client.parser, importlib.metadata as m; print("prometheus-client", m.version("prometheus-client"))' 2>/dev/null
+}
 # --help exits 1 but prints the version (what counts is the output).
 probe_mosquitto_clients() {
   command -v mosquitto_sub >/dev/null && mosquitto_pub --help 2>/dev/null | sed -n 2p | cut -d' ' -f1-3
@@ -101,6 +105,7 @@ peers=(
   "python3-jwt probe_python_jwt"
   "mosquitto-clients probe_mosquitto_clients mosquitto-clients"
   "python3-paho-mqtt probe_python_paho"
+  "python3-prometheus probe_python_prometheus"
   "node-ws probe_node_ws"
   "node-mqtt probe_node_mqtt"
   "vegeta probe_vegeta"
@@ -163,6 +168,9 @@ if [ "$install" = 1 ]; then
   fi
   if [ -z "${before[python3-paho-mqtt]}" ]; then
     pip_install 'paho-mqtt>=2'
+  fi
+  if [ -z "${before[python3-prometheus]}" ]; then
+    pip_install 'prometheus-client>=0.17'
   fi
   if [ -z "${before[node-ws]}" ] || [ -z "${before[node-mqtt]}" ]; then
     echo "npm install (tests/peers)"

@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod events;
+pub mod fanout;
 pub mod format;
 pub mod hist;
 pub mod html;

@@ -27,6 +27,7 @@ use throng_host::sample::HostSample;
 
 use crate::bench::BenchSummary;
 use crate::events::{EventGroup, Groups};
+use crate::fanout::{self, Spread};
 use crate::format::{Event, Record};
 use crate::interval::{Interval, new_histogram};
 
@@ -278,6 +279,9 @@ pub struct Merged {
     pub intervals: u64,
     /// Intervals skipped because the same source and start were already merged.
     pub duplicates: u64,
+    /// Arrivals of each message the server made, from the workers'
+    /// [`fanout::KIND`] events (kept out of `events`: one is long).
+    pub arrivals: Spread,
 }
 
 /// Merges records one at a time; [`Merger::finish`] gives the result of
@@ -359,6 +363,7 @@ impl Merger {
                 benches: Vec::new(),
                 intervals: 0,
                 duplicates: 0,
+                arrivals: Spread::default(),
             },
             live: None,
             runs: Vec::new(),
@@ -626,6 +631,9 @@ impl Merger {
     /// Keeps one event (up to [`MAX_EVENTS_KEPT`]) and counts its kind.
     pub fn add_event(&mut self, ev: Event) {
         add_to(&mut self.merged.event_kinds, &ev.kind, 1);
+        if ev.kind == fanout::KIND && self.merged.arrivals.add_text(&ev.text) {
+            return;
+        }
         self.groups.add(&ev);
         if self.merged.events.len() < MAX_EVENTS_KEPT {
             self.merged.events.push(ev);

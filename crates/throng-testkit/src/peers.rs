@@ -51,11 +51,14 @@ pub enum Peer {
     RedisSentinel,
     /// Vegeta, the HTTP load tester (`go install github.com/tsenart/vegeta/v12`).
     Vegeta,
+    /// `python3` with `prometheus-client`: its parser reads Prometheus text
+    /// independently of ours.
+    PythonPrometheus,
 }
 
 impl Peer {
     /// How many kinds of peer there are: one past the last variant.
-    const COUNT: usize = Self::Vegeta as usize + 1;
+    const COUNT: usize = Self::PythonPrometheus as usize + 1;
 
     /// What the peer is, as a person would look for it.
     pub fn name(self) -> &'static str {
@@ -76,6 +79,7 @@ impl Peer {
             Self::NodeMqtt => "node with mqtt in tests/peers",
             Self::RedisSentinel => "redis-sentinel",
             Self::Vegeta => "vegeta",
+            Self::PythonPrometheus => "python3 with prometheus-client",
         }
     }
 
@@ -100,6 +104,7 @@ impl Peer {
             Self::Vegeta => {
                 "GOBIN=/usr/local/bin go install github.com/tsenart/vegeta/v12@v12.13.0"
             }
+            Self::PythonPrometheus => "python3 -m pip install 'prometheus-client>=0.17'",
         }
     }
 
@@ -165,6 +170,7 @@ impl Peer {
             }
             Self::NodeMqtt => ("node", &["-e", "require.resolve('mqtt')"]),
             Self::Vegeta => ("vegeta", &["-version"]),
+            Self::PythonPrometheus => ("python3", &["-c", "import prometheus_client.parser"]),
         };
         Command::new(program)
             .args(args)

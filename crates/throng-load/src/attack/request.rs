@@ -21,7 +21,8 @@ use super::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan, pacer, planned};
 use crate::harness::Setup;
 use crate::harness::clock::{millis, nanos};
 use crate::harness::collect::ResultFile;
-use crate::harness::machine::Machine;
+use crate::harness::machine::{self, Machine};
+use crate::harness::metrics::Metrics;
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::{PacerError, RateSpec, stage_lines};
@@ -210,6 +211,8 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
     if let Some(r) = &remote {
         // Workers and sources are each agent's (its lines), not this machine's.
         lines.splice(3..4, r.lines.iter().cloned());
+    } else {
+        lines.extend(limit_lines(&attack.plan));
     }
     if let Load::Rate(RateSpec::Stages(st)) = req.load {
         lines.splice(2..2, stage_lines(&st, "requests"));
@@ -225,11 +228,27 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
             results,
             progress: req.progress,
             remote: remote.map(|r| r.launch),
+            metrics: None,
         },
         attack,
         lines,
         thresholds,
     })
+}
+
+/// The start lines' section on this machine's limits: `throng doctor
+/// --role client`'s checks of the most connections the run may open, from
+/// its sources to its targets' ports.
+fn limit_lines(plan: &WorkerPlan) -> Vec<String> {
+    use throng_host::doctor::{self, Role};
+    let connections = plan.settings.max_connections;
+    let ports: std::collections::BTreeSet<_> = plan.addrs.iter().collect();
+    let dp = doctor::Plan {
+        source_ips: plan.sources.len().max(1) as u64,
+        target_ports: ports.len().max(1) as u64,
+        ..doctor::Plan::new(connections, Role::Client)
+    };
+    machine::limit_lines(connections, &doctor::check(&dp))
 }
 
 /// The settings that make no run, refused with the flag to change.
@@ -269,6 +288,13 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// Serves the run's live figures on `metrics` (`--metrics-listen`),
+    /// and says where in the start lines.
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.lines.push(metrics.line());
+        self.setup.metrics = Some(metrics);
     }
 
     /// The planned run and its set-up, for a caller that runs it its own

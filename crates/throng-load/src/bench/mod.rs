@@ -355,6 +355,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         }),
         progress: req.progress,
         remote: None,
+        metrics: None,
     };
     let (
         summary,

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use thiserror::Error;
+use throng_host::doctor::{self, Finding, Role, Status};
 use throng_host::units::{fmt_duration, fmt_size};
 use throng_report::format::Header;
 
@@ -22,7 +23,8 @@ use super::supervisor::{
 use super::target::{PublishTarget, WsTarget};
 use crate::harness::Setup;
 use crate::harness::collect::ResultFile;
-use crate::harness::machine::Machine;
+use crate::harness::machine::{Machine, limit_lines};
+use crate::harness::metrics::Metrics;
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::RateSpec;
@@ -113,22 +115,17 @@ pub enum HoldError {
     Io(#[from] io::Error),
 }
 
-/// The limits `throng doctor --role client` would call STOP for hold's own
-/// side of `connections` from `sources` addresses to the target's ports,
-/// one line each. The client side only: a server on this machine plans its
-/// own sockets (`throng serve`, or doctor's default role, both).
-fn doctor_stops(connections: u64, target: &WsTarget, sources: usize) -> Vec<String> {
-    use throng_host::doctor::{self, Role, Status};
+/// What `throng doctor --role client` finds for hold's own side of
+/// `connections` from `sources` addresses to the target's ports: every
+/// limit it checks. The client side only: a server on this machine plans
+/// its own sockets (`throng serve`, or doctor's default role, both).
+fn doctor_findings(connections: u64, target: &WsTarget, sources: usize) -> Vec<Finding> {
     let plan = doctor::Plan {
         source_ips: sources.max(1) as u64,
         target_ports: u64::from(target.port_count()),
         ..doctor::Plan::new(connections, Role::Client)
     };
     doctor::check(&plan)
-        .iter()
-        .filter(|f| f.status == Status::Stop)
-        .map(doctor::Finding::line)
-        .collect()
 }
 
 impl From<PlanError> for HoldError {
@@ -144,6 +141,8 @@ pub struct Prepared {
     setup: Setup,
     lines: Vec<String>,
     thresholds: Thresholds,
+    /// The start lines' section on this machine's limits.
+    limits: Vec<String>,
 }
 
 /// Checks `req` and fits it onto this machine.
@@ -154,6 +153,7 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
 /// Checks `req` and fits it onto this machine, or runs it on `remote`.
 pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, HoldError> {
     let machine = Machine::probe()?;
+    let mut findings = Vec::new();
     let fit = match &remote {
         // Each agent's machine was fitted when the run was shared out.
         Some(r) => plan::Fit {
@@ -173,7 +173,12 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             };
             let fit = plan::fit(&asked, &machine)?;
             plan::check_sources(&asked)?;
-            let stops = doctor_stops(req.connections, &req.target, fit.sources.len());
+            findings = doctor_findings(req.connections, &req.target, fit.sources.len());
+            let stops: Vec<String> = findings
+                .iter()
+                .filter(|f| f.status == Status::Stop)
+                .map(Finding::line)
+                .collect();
             if !stops.is_empty() {
                 return Err(HoldError::Limits {
                     connections: req.connections,
@@ -227,10 +232,17 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
     if let RateSpec::Stages(st) = req.rate {
         lines.splice(2..2, crate::pacer::stage_lines(&st, "connections"));
     }
+    let limits = if remote.is_some() {
+        // Each agent checked its own machine when the run was shared out.
+        Vec::new()
+    } else {
+        limit_lines(req.connections, &findings)
+    };
+    lines.extend(limits.iter().cloned());
     lines.push(req.thresholds.line());
     let results = req.output.clone().map(|path| ResultFile {
         path,
-        header: header(&req, &hold),
+        header: header(&req, &hold, &limits),
         append: false,
     });
     let setup = Setup {
@@ -238,12 +250,14 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
         results,
         progress: req.progress,
         remote: remote.map(|r| r.launch),
+        metrics: None,
     };
     Ok(Prepared {
         hold,
         setup,
         lines,
         thresholds: req.thresholds,
+        limits,
     })
 }
 
@@ -251,6 +265,13 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// Serves the run's live figures on `metrics` (`--metrics-listen`),
+    /// and says where in the start lines.
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.lines.push(metrics.line());
+        self.setup.metrics = Some(metrics);
     }
 
     /// The fitted run and its set-up, for a caller that runs it its own
@@ -262,7 +283,8 @@ impl Prepared {
     /// Runs it; the summary and what it broke of the thresholds, one line each.
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
         let live = self.thresholds.live();
-        let summary = super::supervisor::run_until_doomed(self.hold, self.setup, live)?;
+        let mut summary = super::supervisor::run_until_doomed(self.hold, self.setup, live)?;
+        summary.limits = self.limits.iter().map(|l| l.trim().to_owned()).collect();
         let failed = self.thresholds.check(&summary);
         Ok((summary, failed))
     }
@@ -377,7 +399,7 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
 }
 
 /// The result file's header: the command line and what the run was.
-fn header(req: &Request, h: &HoldRun) -> Header {
+fn header(req: &Request, h: &HoldRun, limits: &[String]) -> Header {
     Header::new(
         req.command_line.clone(),
         serde_json::json!({
@@ -392,11 +414,12 @@ fn header(req: &Request, h: &HoldRun) -> Header {
             "tls": h.tls,
             "mqtt": h.mqtt.as_ref().map(|m| serde_json::json!({
                 "level": m.level, "qos": m.qos, "keep_alive_s": m.keep_alive_s,
-                "client_id_prefix": m.client_id_prefix,
+                "client_id_prefix": m.client_id_prefix, "connect_only": m.connect_only,
             })),
             "publish": h.publish.as_ref().map(|p| serde_json::json!({
                 "target": p.target.to_string(), "rate": p.rate, "message_size": p.message_size,
             })),
+            "limits": limits.iter().map(|l| l.trim()).collect::<Vec<_>>(),
         }),
     )
 }

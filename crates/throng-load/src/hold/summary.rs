@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use throng_report::events::EventGroup;
+use throng_report::fanout::SpreadStats;
 use throng_report::interval::Interval;
 use throng_report::summary::HistStats;
-use throng_report::text::micros;
+use throng_report::text::{micros, server_spread};
 
 use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
 use crate::harness::progress::View;
@@ -98,6 +99,13 @@ pub struct Summary {
     /// longer pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aborted: Option<String>,
+    /// The fan-out spread of the messages the server made (`--stamp`):
+    /// first to last subscriber, per message, over every worker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_spread: Option<SpreadStats>,
+    /// The start lines' section on this machine's limits (doctor's
+    /// checks): how many were checked, and each to watch.
+    pub limits: Vec<String>,
 }
 
 impl Summary {
@@ -392,6 +400,9 @@ fn server_messages(s: &Summary) -> String {
             micros(d.p99),
             micros(d.max)
         ));
+    }
+    if let Some(spread) = &s.server_spread {
+        out.push_str(&format!("  {}\n", server_spread(spread)));
     }
     if s.foreign > 0 {
         out.push_str(&format!(

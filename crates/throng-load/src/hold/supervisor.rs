@@ -16,6 +16,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use throng_report::fanout::{self, Spread};
 use throng_report::format::Event;
 use throng_report::interval::{Interval, new_histogram};
 use tokio::sync::Notify;
@@ -258,6 +259,8 @@ pub struct Hold {
     abort: Vec<Threshold>,
     /// The one that can no longer pass, which stopped the run.
     aborted: Option<String>,
+    /// When each message the server made arrived, over every worker.
+    arrivals: Spread,
 }
 
 /// Where the end of the run is.
@@ -297,6 +300,7 @@ impl Hold {
             interrupted: false,
             abort: Vec::new(),
             aborted: None,
+            arrivals: Spread::default(),
         }
     }
 
@@ -378,6 +382,9 @@ impl Role for Hold {
             "worker.ramp_done" => self.ramp_step(),
             // In the result file for bench's per-message figures.
             "worker.done" | "worker.messages" => {}
+            fanout::KIND => {
+                self.arrivals.add_text(&ev.text);
+            }
             _ => return false,
         }
         true
@@ -554,6 +561,7 @@ impl Role for Hold {
         s.elapsed_s = now_unix_ns().saturating_sub(run.start().unix_ns()) as f64 / 1e9;
         s.start_unix_ns = run.start().unix_ns();
         s.stopped = self.interrupted || s.aborted.is_some();
+        s.server_spread = self.arrivals.stats();
         s
     }
 }

@@ -18,8 +18,10 @@
 //! `stop <final_seq>` at the end), its records include a
 //! `worker.ramp_done` event once every connection of its share is open or
 //! has failed, a `worker.messages` event at its end (each message's
-//! deliveries here: count, latency sum and largest), and a `worker.done`
-//! event last.
+//! deliveries here: count, latency sum and largest), a `worker.arrivals`
+//! event when the server's own messages were measured (`--stamp`: each
+//! one's first and last arrival here, `throng_report::fanout`), and a
+//! `worker.done` event last.
 
 use std::cell::{Cell, RefCell};
 use std::io::{self, Write};
@@ -29,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use throng_proto::http::{self, BodyKind};
 use throng_proto::{mqtt, ws};
+use throng_report::fanout;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
@@ -222,6 +225,12 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
         // Exact per message whatever their spacing (bench's last subscriber).
         ctx.out
             .event("worker.messages", MessageTally::to_text(&messages));
+    }
+    let arrivals = ctx.shared.rec.borrow().arrivals().clone();
+    if !arrivals.is_empty() {
+        // Each server message's first and last arrival here: its spread
+        // over every worker is one merge away.
+        ctx.out.event(fanout::KIND, arrivals.to_text());
     }
     ctx.out.event(
         "worker.done",
@@ -634,7 +643,7 @@ async fn join(
     opts.connect(client_id, opts.keep_alive_s, &mut request);
     opts.subscribe(filter, &mut request);
     let mut decoder = mqtt::Decoder::client(opts.version(), max_packet);
-    let mut step = Joining::Connack;
+    let mut step = opts.joining();
     let answer = |buf: &mut Vec<u8>| {
         while step != Joining::Done {
             let (consumed, next) = match decoder.decode(buf) {

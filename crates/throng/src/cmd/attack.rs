@@ -211,7 +211,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.workers.is_some() || args.source_ips.is_some(),
         )?
         .unzip();
-    let prepared = attack::prepare_on(
+    let mut prepared = attack::prepare_on(
         attack::Request {
             command_line: std::env::args().collect(),
             tls: args.client.tls.options(targets.iter().any(|t| t.url.tls))?,
@@ -240,6 +240,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         remote,
     )?;
+    if let Some(m) = args.client.metrics()? {
+        prepared.serve_metrics(m);
+    }
     for line in prepared.lines() {
         progress.say(line);
     }

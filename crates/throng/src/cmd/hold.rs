@@ -74,7 +74,10 @@ pub(crate) struct Args {
     /// Where messages the server makes on its own say when they were sent:
     /// json:FIELD (a JSON object's field), number (a number the message
     /// starts with), or throng (only throng's own messages; the default).
-    /// A Unix time in s, ms, µs or ns, told by its magnitude.
+    /// A Unix time in s, ms, µs or ns, told by its magnitude. Each such
+    /// message is told apart by its JSON `seq`, else its stamp (else, for
+    /// one without a stamp, its bytes): its fan-out spread, first to last
+    /// subscriber over every worker, is in the summary.
     #[arg(long, value_name = "FORMAT", default_value = "throng")]
     stamp: Stamp,
 
@@ -214,9 +217,10 @@ pub(crate) struct Args {
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "MQTT (mqtt:// and mqtts:// URLs)")]
 pub(crate) struct MqttArgs {
-    /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once) or 1 (at least
-    /// once, each delivery acknowledged with PUBACK).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once), 1 (at least
+    /// once, each delivery acknowledged with PUBACK) or 2 (exactly once: PUBREC, PUBREL,
+    /// PUBCOMP).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
     qos: u8,
 
     /// CONNECT's keep-alive: each subscriber sends PINGREQ every half of it (0: no keep-alive).
@@ -239,6 +243,11 @@ pub(crate) struct MqttArgs {
     /// CONNECT's password (with a broker that checks tokens, the token).
     #[arg(long)]
     password: Option<String>,
+
+    /// Connect only: CONNECT and keep-alive, no SUBSCRIBE (what idle devices cost a
+    /// broker). Not with --publish: nothing would be received.
+    #[arg(long)]
+    mqtt_connect_only: bool,
 }
 
 impl MqttArgs {
@@ -254,12 +263,13 @@ impl MqttArgs {
             || self.mqtt_version != "3.1.1"
             || self.client_id_prefix.is_some()
             || self.username.is_some()
-            || self.password.is_some();
+            || self.password.is_some()
+            || self.mqtt_connect_only;
         if !used {
             anyhow::ensure!(
                 !given,
-                "--qos, --mqtt-keepalive, --mqtt-version, --client-id-prefix, --username and \
-                 --password are for mqtt:// or mqtts:// URLs"
+                "--qos, --mqtt-keepalive, --mqtt-version, --client-id-prefix, --username, \
+                 --password and --mqtt-connect-only are for mqtt:// or mqtts:// URLs"
             );
             return Ok(None);
         }
@@ -283,6 +293,7 @@ impl MqttArgs {
             client_id_prefix: prefix,
             username: self.username.clone(),
             password: self.password.clone(),
+            connect_only: self.mqtt_connect_only,
         }))
     }
 }
@@ -306,6 +317,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .as_deref()
         .is_some_and(|p| p.starts_with("mqtt://") || p.starts_with("mqtts://"));
     let mqtt = args.mqtt.options(target.mqtt || publish_mqtt)?;
+    anyhow::ensure!(
+        !(args.mqtt.mqtt_connect_only && args.publish.is_some()),
+        "--mqtt-connect-only subscribes to nothing: --publish would count every message lost"
+    );
     let publish = match &args.publish {
         Some(url) => Some(publish(&args, url, mqtt.as_ref())?),
         None => None,
@@ -329,7 +344,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.workers.is_some() || args.source_ips.is_some(),
         )?
         .unzip();
-    let prepared = hold::prepare_on(
+    let mut prepared = hold::prepare_on(
         hold::Request {
             command_line: std::env::args().collect(),
             connections: args.connections,
@@ -353,6 +368,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         remote,
     )?;
+    if let Some(m) = args.client.metrics()? {
+        prepared.serve_metrics(m);
+    }
     for line in prepared.lines() {
         progress.say(line);
     }

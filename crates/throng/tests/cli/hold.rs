@@ -534,6 +534,72 @@ fn server_pushes_are_timed_by_their_own_stamp() {
     assert!(err.contains("--stamp"), "{err}");
 }
 
+/// A server that sends each message to every client in turn, 100 ms
+/// apart: hold tells its messages apart by the server's `seq` (or, without
+/// one, by the stamp) and measures each one's fan-out spread from the
+/// first subscriber to the last, across two worker processes: four
+/// deliveries per message and at least 300 ms, where either worker alone
+/// saw two. `throng report` of the result file says the same.
+#[test]
+fn the_fan_out_spread_of_server_messages_spans_every_worker() {
+    require!(Peer::PythonWebsockets);
+    let dir = TempDir::new("spread");
+    for (extra, tag) in [(&[][..], "s"), (&["--no-seq"][..], "t")] {
+        let mut args = vec!["--broadcast", "4", "--gap", "0.1", "--every", "0.2"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--timeout", "30"]);
+        let (_server, port) = push_server(&args);
+        let url = format!("ws://127.0.0.1:{port}/");
+        let output = dir.file(&format!("spread-{tag}.jsonl"));
+        let (s, code, err) = hold(&[
+            &url,
+            "-c",
+            "4",
+            "-w",
+            "2",
+            "--rate",
+            "100/s",
+            "--duration",
+            "2500ms",
+            "--stamp",
+            "json:t",
+            "--output",
+            output.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{s} {err}");
+        let spread = &s["server_spread"];
+        let messages = count(spread, &["messages"]);
+        assert!(messages >= 2, "{s:#}");
+        assert_eq!(
+            count(spread, &["deliveries"]),
+            count(&s, &["pushed"]),
+            "{s:#}"
+        );
+        assert_eq!(count(spread, &["widest_deliveries"]), 4, "{s:#}");
+        assert!(spread["widest"].as_str().unwrap().starts_with(tag), "{s:#}");
+        // Three gaps of 100 ms between the first subscriber and the last.
+        assert!(count(spread, &["spread_us", "p50"]) >= 300_000, "{s:#}");
+
+        let out = throng_testkit::process::output_within(
+            crate::throng()
+                .args(["report", "--format", "json"])
+                .arg(&output),
+            Duration::from_secs(30),
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).expect("report json");
+        assert_eq!(&r["server_spread"], spread, "{r:#}");
+        let out = throng_testkit::process::output_within(
+            crate::throng().arg("report").arg(&output),
+            Duration::from_secs(30),
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("fan-out spread (first to last subscriber)"),
+            "{text}"
+        );
+    }
+}
+
 /// A server frozen for the whole run (SIGSTOP after the connections are
 /// up) sends nothing, not even a ping: `--read-timeout` fails every held
 /// connection as `read_timeout` and the run exits 1, instead of all "held".
@@ -569,6 +635,60 @@ fn a_frozen_server_fails_the_read_timeout() {
     assert_eq!(count(&s, &["closed", "read_timeout"]), 3, "{s}");
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("--read-timeout"), "{err}");
+}
+
+/// hold's start lines say what `throng doctor` says of the same plan: as
+/// many limits checked, and every one not OK, the same words.
+#[test]
+fn the_start_lines_say_what_doctor_says_of_the_plan() {
+    let sources = "127.0.0.2-127.0.0.21";
+    for connections in ["1000", "200000"] {
+        let out = crate::throng()
+            .args([
+                "hold",
+                "ws://127.0.0.1:9/c",
+                "-c",
+                connections,
+                "--source-ips",
+                sources,
+            ])
+            .arg("--dry-run")
+            .output()
+            .expect("run throng");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let out = crate::throng()
+            .args([
+                "doctor",
+                "-c",
+                connections,
+                "--role",
+                "client",
+                "--source-ips",
+                sources,
+            ])
+            .args(["--ports", "9", "--format", "json"])
+            .output()
+            .expect("run doctor");
+        let doctor: Value = serde_json::from_slice(&out.stdout).expect("doctor json");
+        let findings = doctor["findings"].as_array().expect("findings");
+        let stops = findings.iter().filter(|f| f["status"] == "stop").count();
+        if stops > 0 {
+            // Refused, naming the limit.
+            assert!(err.contains("will stop"), "{err}");
+            continue;
+        }
+        let head = format!("{} checked", findings.len());
+        let line = text
+            .lines()
+            .find(|l| l.contains("limits (the checks of 'throng doctor"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains(&head), "{line} vs {doctor:#}");
+        for f in findings.iter().filter(|f| f["status"] != "ok") {
+            let message = f["message"].as_str().unwrap();
+            assert!(text.contains(message), "{message} in {text}");
+        }
+    }
 }
 
 /// A dry run tells the truth: a source address not on this host is refused
