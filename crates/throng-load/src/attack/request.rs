@@ -99,6 +99,8 @@ pub struct Prepared {
     max_error_rate: Option<f64>,
     max_p99: Option<Duration>,
     max_lag: Option<Duration>,
+    /// The start lines' section on this machine's limits (none on agents).
+    limits: Vec<String>,
 }
 
 /// Checks `req` and plans it on this machine.
@@ -175,9 +177,13 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
     if let Some(r) = &remote {
         // Workers and sources are each agent's (its lines), not this machine's.
         lines.splice(3..4, r.lines.iter().cloned());
-    } else {
-        lines.extend(limit_lines(&attack.plan));
     }
+    let limits = if remote.is_some() {
+        Vec::new()
+    } else {
+        limit_lines(&attack.plan)
+    };
+    lines.extend(limits.iter().cloned());
     let results = req.output.clone().map(|path| ResultFile {
         path,
         header: header(&req, &attack),
@@ -196,6 +202,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
         max_error_rate: req.max_error_rate,
         max_p99: req.max_p99,
         max_lag: req.max_lag,
+        limits,
     })
 }
 
@@ -269,7 +276,8 @@ impl Prepared {
     /// Runs it; the summary and the thresholds it passed (`--max-error-rate`,
     /// `--max-p99`, `--max-lag`), one line each.
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
-        let summary = super::supervisor::run(self.attack, self.setup)?;
+        let mut summary = super::supervisor::run(self.attack, self.setup)?;
+        summary.limits = self.limits.iter().map(|l| l.trim().to_owned()).collect();
         let failed = check(
             &summary,
             self.max_error_rate,

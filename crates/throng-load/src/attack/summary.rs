@@ -90,6 +90,9 @@ pub struct Summary {
     pub events: Vec<EventGroup>,
     /// When the schedule started, ns since the epoch.
     pub start_unix_ns: u64,
+    /// The start lines' section on this machine's limits (`throng doctor
+    /// --role client`'s checks of the plan): how many, and each to watch.
+    pub limits: Vec<String>,
 }
 
 impl Summary {
