@@ -79,12 +79,14 @@ run_one() {
   if [ "$broker" = throng ]; then
     # The keep-alive check rides the sweep of --ping-interval (30 s by
     # default); the tests use keep-alives of 2-5 s and wait 10 s for the
-    # will a missed one sends.
+    # will a missed one sends. test_server_keep_alive wants a server
+    # keep-alive of 60 s for a client asking 120: configured on both.
     "$throng" serve --listen 127.0.0.1:0 --mqtt-listen "127.0.0.1:$port" --workers 1 \
-      --ping-interval 1s >"$log.server" 2>&1 &
+      --ping-interval 1s --mqtt-max-keep-alive 60s >"$log.server" 2>&1 &
     pid=$!
   else
-    printf 'listener %s 127.0.0.1\nallow_anonymous true\n' "$port" >"$work/$broker.$kind.$test.conf"
+    printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_keepalive 60\n' "$port" \
+      >"$work/$broker.$kind.$test.conf"
     mosquitto -c "$work/$broker.$kind.$test.conf" >"$log.server" 2>&1 &
     pid=$!
   fi

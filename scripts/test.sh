@@ -86,6 +86,9 @@ probe_node_mqtt() {
 probe_node_ws() {
   (cd tests/peers && node -e 'require.resolve("eventsource"); console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
 }
+# Built from the Go module registry below (scripts/test.sh pins the version).
+probe_vegeta() { command -v vegeta >/dev/null && vegeta -version 2>/dev/null | grep -q Runtime && echo "vegeta at $(command -v vegeta)"; }
+VEGETA_MODULE=github.com/tsenart/vegeta/v12@v12.13.0
 
 # peer | its probe | its Debian package (none: installed by pip or npm below)
 peers=(
@@ -105,6 +108,7 @@ peers=(
   "python3-prometheus probe_python_prometheus"
   "node-ws probe_node_ws"
   "node-mqtt probe_node_mqtt"
+  "vegeta probe_vegeta"
 )
 
 declare -A before=()
@@ -171,6 +175,23 @@ if [ "$install" = 1 ]; then
   if [ -z "${before[node-ws]}" ] || [ -z "${before[node-mqtt]}" ]; then
     echo "npm install (tests/peers)"
     (cd tests/peers && npm install --silent --no-audit --no-fund >/dev/null)
+  fi
+  if [ -z "${before[vegeta]}" ]; then
+    # Go 1.22 or later (Debian's golang-go is older): the toolchain this
+    # machine has, on PATH or where the Go project's archive unpacks.
+    go=$(command -v go || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; } || true)
+    if [ -z "$go" ]; then
+      echo "cannot install vegeta: no Go toolchain (1.22 or later) on PATH or in /usr/local/go;" \
+        "the Vegeta interoperability tests will fail" >&2
+    elif ! "$go" mod download -json "$VEGETA_MODULE" >/dev/null 2>&1; then
+      # The one case a peer may be missing: its registry cannot be reached.
+      echo "cannot reach the Go module registry for $VEGETA_MODULE:" \
+        "the Vegeta interoperability tests are SKIPPED (not passed)" >&2
+      export THRONG_TEST_UNREACHABLE_PEERS=vegeta
+    else
+      echo "go install $VEGETA_MODULE (into /usr/local/bin)"
+      GOBIN=/usr/local/bin "$go" install "$VEGETA_MODULE"
+    fi
   fi
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi

@@ -10,11 +10,13 @@
 //   node mqtt_peer.mjs send HOST PORT TOPIC --qos Q [--retain] [--v5]
 //     Publishes each line of stdin as one message, in order (at QoS 1 each
 //     waits for its PUBACK); prints {"sent", "acked"} at the end.
+//
+//   Either mode with --ws PATH: MQTT over WebSocket to ws://HOST:PORT/PATH.
 import readline from "node:readline";
 import mqtt from "mqtt";
 
 const [mode, host, port, first, ...rest] = process.argv.slice(2);
-const opts = { filters: [first], qos: 0, count: 0, timeout: 30, v5: false, retain: false };
+const opts = { filters: [first], qos: 0, count: 0, timeout: 30, v5: false, retain: false, ws: null };
 for (let i = 0; i < rest.length; i++) {
   const a = rest[i];
   if (a === "--and") opts.filters.push(rest[++i]);
@@ -23,13 +25,15 @@ for (let i = 0; i < rest.length; i++) {
   else if (a === "--timeout") opts.timeout = Number(rest[++i]);
   else if (a === "--v5") opts.v5 = true;
   else if (a === "--retain") opts.retain = true;
+  else if (a === "--ws") opts.ws = rest[++i];
   else {
     console.error(`unknown argument ${a}`);
     process.exit(2);
   }
 }
 
-const client = mqtt.connect(`mqtt://${host}:${port}`, {
+const url = opts.ws ? `ws://${host}:${port}${opts.ws}` : `mqtt://${host}:${port}`;
+const client = mqtt.connect(url, {
   protocolVersion: opts.v5 ? 5 : 4,
   clean: true,
   clientId: `node-${mode}-${process.pid}`,

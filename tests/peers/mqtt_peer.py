@@ -16,6 +16,17 @@
   mqtt_peer.py send HOST PORT TOPIC --qos Q [--retain] [--cafile F]
       Publishes each line of stdin as one message, in order, each
       acknowledged at QoS 1 before the next; prints {"sent", "acked"}.
+
+  mqtt_peer.py session HOST PORT FILTER --client-id ID --qos Q --count N
+                 [--subscribe] [--v5 --expiry S] [--timeout S]
+      Connects without clean start (3.1.1: clean session 0; 5.0: clean
+      start 0 and Session Expiry Interval S) and prints {"present": ...}
+      from CONNACK; with --subscribe subscribes to FILTER; prints "ready";
+      then one JSON line per message, and after N messages (or the
+      timeout) disconnects cleanly and prints {"received": N}.
+
+  Any mode with --ws PATH: MQTT over WebSocket (subprotocol mqtt) to
+  ws://HOST:PORT/PATH instead of MQTT over TCP.
 """
 
 import argparse
@@ -33,7 +44,10 @@ def client(args, name):
         mqtt.CallbackAPIVersion.VERSION2,
         client_id=f"paho-{name}-{time.monotonic_ns()}",
         protocol=mqtt.MQTTv5 if args.v5 else mqtt.MQTTv311,
+        transport="websockets" if args.ws else "tcp",
     )
+    if args.ws:
+        c.ws_set_options(path=args.ws)
     if args.cafile:
         c.tls_set(ca_certs=args.cafile, cert_reqs=ssl.CERT_REQUIRED)
     return c
@@ -80,7 +94,12 @@ def sub(args):
         if received >= args.count:
             done.set()
 
+    def on_disconnect(_c, _userdata, _flags, reason, _props):
+        # Said on stderr: a test that sees a second SUBACK can tell why.
+        print(f"mqtt_peer: disconnected: {reason}", file=sys.stderr, flush=True)
+
     c.on_connect = on_connect
+    c.on_disconnect = on_disconnect
     c.on_subscribe = on_subscribe
     c.on_message = on_message
     c.connect(args.host, args.port, keepalive=30)
@@ -136,9 +155,69 @@ def send(args):
     print(json.dumps({"sent": sent, "acked": acked}), flush=True)
 
 
+def session(args):
+    c = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=args.client_id,
+        protocol=mqtt.MQTTv5 if args.v5 else mqtt.MQTTv311,
+        clean_session=None if args.v5 else False,
+        # Acknowledged in on_message, so the PUBACK is out before the DISCONNECT.
+        manual_ack=True,
+    )
+    received = 0
+    done = threading.Event()
+
+    def ready():
+        print("ready", flush=True)
+        if args.count == 0:
+            done.set()
+
+    def on_connect(c, _userdata, flags, reason, _props):
+        if reason.is_failure:
+            print(json.dumps({"error": f"CONNACK {reason}"}), flush=True)
+            done.set()
+            return
+        print(json.dumps({"present": bool(flags.session_present)}), flush=True)
+        if args.subscribe:
+            c.subscribe(args.filter, args.qos)
+        else:
+            ready()
+
+    def on_subscribe(_c, _userdata, _mid, _reasons, _props):
+        ready()
+
+    def on_message(c, _userdata, msg):
+        nonlocal received
+        received += 1
+        line = {"topic": msg.topic, "payload": msg.payload.decode("latin-1"), "qos": msg.qos}
+        print(json.dumps(line), flush=True)
+        c.ack(msg.mid, msg.qos)
+        if received >= args.count:
+            done.set()
+
+    c.on_connect = on_connect
+    c.on_subscribe = on_subscribe
+    c.on_message = on_message
+    props = None
+    if args.v5:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = args.expiry
+        c.connect(args.host, args.port, keepalive=30, clean_start=False, properties=props)
+    else:
+        c.connect(args.host, args.port, keepalive=30)
+    c.loop_start()
+    done.wait(args.timeout)
+    c.disconnect()
+    c.loop_stop()
+    print(json.dumps({"received": received}), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["sub", "pub", "send"])
+    p.add_argument("mode", choices=["sub", "pub", "send", "session"])
     p.add_argument("host")
     p.add_argument("port", type=int)
     p.add_argument("filter", metavar="FILTER_OR_TOPIC")
@@ -151,9 +230,13 @@ def main():
     p.add_argument("--v5", action="store_true")
     p.add_argument("--lines", action="store_true")
     p.add_argument("--retain", action="store_true")
+    p.add_argument("--ws", metavar="PATH")
+    p.add_argument("--client-id", default="")
+    p.add_argument("--subscribe", action="store_true")
+    p.add_argument("--expiry", type=int, default=0)
     args = p.parse_args()
     args.topic = args.filter
-    {"sub": sub, "pub": pub, "send": send}[args.mode](args)
+    {"sub": sub, "pub": pub, "send": send, "session": session}[args.mode](args)
     return 0
 
 

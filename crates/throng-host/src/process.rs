@@ -38,18 +38,25 @@ pub fn rss_bytes() -> u64 {
     pages * page_size()
 }
 
-fn cpu_clock(clock: libc::clockid_t) -> Duration {
+fn read_clock(id: libc::clockid_t) -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid timespec for clock_gettime to fill. The CPU
+    // SAFETY: `ts` is a valid timespec for clock_gettime to fill. These
     // clocks always exist on Linux; on failure `ts` stays zero.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
+    unsafe { libc::clock_gettime(id, &mut ts) };
     Duration::new(
         u64::try_from(ts.tv_sec).unwrap_or(0),
         u32::try_from(ts.tv_nsec).unwrap_or(0),
     )
+}
+
+/// The host's monotonic clock (CLOCK_MONOTONIC): one time line for every
+/// process on the machine, unlike [`std::time::Instant`], whose values
+/// cannot leave their process.
+pub fn monotonic() -> Duration {
+    read_clock(libc::CLOCK_MONOTONIC)
 }
 
 /// Gives the allocator's free memory back to the kernel, so RSS shows what
@@ -64,12 +71,12 @@ pub fn release_free_memory() {
 
 /// CPU time (user + system) the calling thread has used, to the nanosecond.
 pub fn thread_cpu() -> Duration {
-    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+    read_clock(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// CPU time (user + system) all threads of this process have used.
 pub fn process_cpu() -> Duration {
-    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+    read_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 /// A signal throng sends.

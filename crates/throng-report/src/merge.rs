@@ -672,7 +672,11 @@ pub fn group_by_kind<P: AsRef<std::path::Path>>(
 ) -> Result<Vec<(String, Vec<std::path::PathBuf>)>, crate::format::ReadError> {
     let mut groups: Vec<(String, Vec<std::path::PathBuf>)> = Vec::new();
     for path in paths {
-        let kind = crate::format::Reader::open(path)?.header().kind();
+        let kind = match crate::vegeta::sniff(path.as_ref())? {
+            // Vegeta's results are an attack's.
+            Some(_) => "attack".to_owned(),
+            None => crate::format::Reader::open(path)?.header().kind(),
+        };
         let path = path.as_ref().to_path_buf();
         match groups.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, files)) => files.push(path),
@@ -698,7 +702,7 @@ pub fn merge_files_into<P: AsRef<std::path::Path>>(
     paths: &[P],
     mergers: &mut [Merger],
 ) -> Result<Vec<crate::format::FileSummary>, crate::format::ReadError> {
-    crate::format::read_files(paths, |_, record| {
+    crate::vegeta::read_files(paths, |_, record| {
         for m in mergers.iter_mut() {
             m.add(&record);
         }

@@ -137,6 +137,44 @@ pub struct Config {
     /// Bytes of topic filters one MQTT connection may hold (`--max-filter-bytes`).
     #[serde(default = "default_max_filter_bytes")]
     pub max_filter_bytes: usize,
+    /// Messages an MQTT persistent session keeps while its client is away
+    /// (`--mqtt-session-queue`).
+    #[serde(default = "default_session_queue")]
+    pub mqtt_session_queue: usize,
+    /// Bytes the messages of every kept session may take
+    /// (`--mqtt-sessions-memory`).
+    #[serde(default = "default_sessions_memory")]
+    pub mqtt_sessions_memory: usize,
+    /// The longest an MQTT session is kept, in seconds
+    /// (`--mqtt-session-expiry`).
+    #[serde(default = "default_session_expiry")]
+    pub mqtt_session_expiry: u32,
+    /// The longest keep-alive a 5.0 client gets, in seconds
+    /// (`--mqtt-max-keep-alive`): one asking for more, or for none, is
+    /// told this one in CONNACK (Server Keep Alive). `None`: what it asks.
+    #[serde(default)]
+    pub mqtt_max_keep_alive: Option<u16>,
+}
+
+/// `--mqtt-session-queue`'s default (Mosquitto's max_queued_messages).
+pub const DEFAULT_SESSION_QUEUE: usize = 1000;
+
+/// `--mqtt-sessions-memory`'s default.
+pub const DEFAULT_SESSIONS_MEMORY: usize = 64 * 1024 * 1024;
+
+/// `--mqtt-session-expiry`'s default: two hours.
+pub const DEFAULT_SESSION_EXPIRY: u32 = 7200;
+
+fn default_session_queue() -> usize {
+    DEFAULT_SESSION_QUEUE
+}
+
+fn default_sessions_memory() -> usize {
+    DEFAULT_SESSIONS_MEMORY
+}
+
+fn default_session_expiry() -> u32 {
+    DEFAULT_SESSION_EXPIRY
 }
 
 /// `--max-subscriptions`' default.
@@ -229,6 +267,10 @@ impl Default for Config {
             test_backend: false,
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
             max_filter_bytes: DEFAULT_MAX_FILTER_BYTES,
+            mqtt_session_queue: DEFAULT_SESSION_QUEUE,
+            mqtt_sessions_memory: DEFAULT_SESSIONS_MEMORY,
+            mqtt_session_expiry: DEFAULT_SESSION_EXPIRY,
+            mqtt_max_keep_alive: None,
         }
     }
 }

@@ -13,6 +13,11 @@ use crate::addresses::{Source, Verdict};
 use crate::history::{Kept, MessageId};
 use crate::retained::RetainedMessage;
 
+mod session;
+mod share;
+pub use session::{SessionOpen, SessionPark, SessionResumed, SessionSub};
+pub use share::{ShareDeliver, ShareMember};
+
 /// The largest record accepted; far above any `--max-message`.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024;
 
@@ -154,7 +159,33 @@ pub enum Record {
     ClientId {
         /// The client id's hash ([`crate::worker`]'s takeover table).
         hash: u64,
+        /// When and where it was claimed: a worker closes its own
+        /// connection only for a later claim, so a record that arrives
+        /// after a newer local CONNECT cannot close the newer one.
+        claim: Claim,
     },
+    /// Worker → supervisor: an MQTT client with a client id connected
+    /// (persistent sessions, [`crate::sessions`]).
+    SessionOpen(SessionOpen),
+    /// Worker → supervisor: a persistent session's connection ended.
+    SessionPark(SessionPark),
+    /// Supervisor → worker: the session a CONNECT without clean start resumes.
+    SessionResumed(SessionResumed),
+    /// Worker → supervisor: a member of an MQTT shared subscription joined or left.
+    ShareMember(ShareMember),
+    /// Supervisor → worker: a message for one of its shared subscription's members.
+    ShareDeliver(ShareDeliver),
+}
+
+/// When and on which worker an MQTT client id was claimed: later claims
+/// order after earlier ones (the host's monotonic clock, one time line for
+/// every worker process), a tie goes to the higher worker index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Claim {
+    /// CLOCK_MONOTONIC in nanoseconds.
+    pub at_ns: u64,
+    /// The claiming worker's index.
+    pub worker: u32,
 }
 
 /// A message on its way to subscribers.
@@ -334,10 +365,17 @@ impl Record {
                 out.put_u8(code);
                 out.put_u32_le(retry_after);
             }
-            Self::ClientId { hash } => {
+            Self::ClientId { hash, claim } => {
                 out.put_u8(CLIENT_ID);
                 out.put_u64_le(*hash);
+                out.put_u64_le(claim.at_ns);
+                out.put_u32_le(claim.worker);
             }
+            Self::SessionOpen(o) => session::put_open(&mut out, o),
+            Self::SessionPark(p) => session::put_park(&mut out, p),
+            Self::SessionResumed(r) => session::put_resumed(&mut out, r),
+            Self::ShareMember(m) => share::put_member(&mut out, m),
+            Self::ShareDeliver(d) => share::put_deliver(&mut out, d),
             Self::Release { source } => {
                 out.put_u8(RELEASE);
                 let mut s = Vec::with_capacity(9);
@@ -369,6 +407,11 @@ impl Record {
                 .sum(),
             Self::Recover { channel, .. } => channel.len(),
             Self::Recovered { messages, .. } => messages.iter().map(|k| 21 + k.payload.len()).sum(),
+            Self::SessionPark(p) => session::payload_len(&p.subs, &p.pending),
+            Self::SessionResumed(r) => session::payload_len(&r.subs, &r.messages),
+            Self::ShareDeliver(d) => {
+                d.key.len() + d.message.channel.len() + d.message.payload.len() + 64
+            }
             _ => 0,
         }
     }
@@ -450,10 +493,19 @@ impl Record {
                     subscribed,
                 }
             }
+            session::SESSION_OPEN => Self::SessionOpen(session::get_open(rec)?),
+            session::SESSION_PARK => Self::SessionPark(session::get_park(rec)?),
+            session::SESSION_RESUMED => Self::SessionResumed(session::get_resumed(rec)?),
+            share::SHARE_MEMBER => Self::ShareMember(share::get_member(rec)?),
+            share::SHARE_DELIVER => Self::ShareDeliver(share::get_deliver(rec)?),
             CLIENT_ID => {
-                need(&rec, 8)?;
+                need(&rec, 20)?;
                 Self::ClientId {
                     hash: rec.get_u64_le(),
+                    claim: Claim {
+                        at_ns: rec.get_u64_le(),
+                        worker: rec.get_u32_le(),
+                    },
                 }
             }
             PUBLISH_FAILED => {
@@ -821,7 +873,13 @@ mod tests {
                 properties: Bytes::from_static(&[0x26, 0, 1, b'k', 0, 1, b'v']),
                 ..m.clone()
             }),
-            Record::ClientId { hash: u64::MAX - 1 },
+            Record::ClientId {
+                hash: u64::MAX - 1,
+                claim: Claim {
+                    at_ns: u64::MAX - 2,
+                    worker: 3,
+                },
+            },
             Record::Delivered {
                 id: 1,
                 subscribers: u64::MAX,

@@ -40,6 +40,8 @@ mod relay;
 pub mod reload;
 pub mod retained;
 mod reuseport;
+pub mod sessions;
+pub mod shares;
 pub mod stream;
 pub mod supervisor;
 pub mod takeover;

@@ -347,6 +347,10 @@ pub struct SupervisorStats {
     pub history: Option<crate::history::Stats>,
     /// The retained messages' figures (set at each `/metrics`).
     pub retained: Option<crate::retained::Stats>,
+    /// The MQTT persistent sessions kept (set at each `/metrics`).
+    pub sessions: crate::sessions::SessionStats,
+    /// MQTT shared subscriptions: groups and their members node-wide.
+    pub shares: (u64, u64),
 }
 
 /// The Redis broker as `/metrics` shows it.
@@ -454,7 +458,87 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
         sup.retained.unwrap_or_default(),
         total.mqtt_retained_sent,
     );
+    render_sessions(&mut out, &sup.sessions);
+    unlabelled(
+        &mut out,
+        &[
+            (
+                "throng_mqtt_shared_groups",
+                "gauge",
+                "MQTT shared subscriptions ($share/group/filter) with members now.",
+                sup.shares.0,
+            ),
+            (
+                "throng_mqtt_shared_members",
+                "gauge",
+                "Their members on every worker now.",
+                sup.shares.1,
+            ),
+        ],
+    );
     out
+}
+
+/// Samples without labels: (name, kind, help, value) each.
+fn unlabelled(out: &mut String, rows: &[(&str, &str, &str, u64)]) {
+    for &(name, kind, help, v) in rows {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+}
+
+/// The MQTT persistent sessions kept while their clients are away.
+fn render_sessions(out: &mut String, s: &crate::sessions::SessionStats) {
+    let rows = [
+        (
+            "throng_mqtt_sessions_parked",
+            "gauge",
+            "MQTT persistent sessions kept for clients away now.",
+            s.parked,
+        ),
+        (
+            "throng_mqtt_session_messages",
+            "gauge",
+            "Messages queued in them now.",
+            s.queued,
+        ),
+        (
+            "throng_mqtt_session_bytes",
+            "gauge",
+            "Bytes those messages take, under --mqtt-sessions-memory.",
+            s.bytes,
+        ),
+        (
+            "throng_mqtt_sessions_resumed_total",
+            "counter",
+            "Reconnects without clean start that found their session.",
+            s.resumed,
+        ),
+        (
+            "throng_mqtt_sessions_expired_total",
+            "counter",
+            "Sessions dropped at their expiry (or --mqtt-session-expiry).",
+            s.expired,
+        ),
+        (
+            "throng_mqtt_session_gaps_missed_total",
+            "counter",
+            "Sessions parked after more messages than the supervisor keeps to close the gap \
+             between a connection's end and its park: some may be missing.",
+            s.gap_missed,
+        ),
+    ];
+    unlabelled(out, &rows);
+    let name = "throng_mqtt_session_dropped_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Messages not kept for a session away: over --mqtt-session-queue (queue) or \
+         --mqtt-sessions-memory (memory).",
+    );
+    let _ = writeln!(out, "{name}{{cause=\"queue\"}} {}", s.dropped_queue);
+    let _ = writeln!(out, "{name}{{cause=\"memory\"}} {}", s.dropped_memory);
 }
 
 /// Connections: open, accepted, upgraded, closed, failed and refused.
@@ -861,10 +945,7 @@ fn render_retained(out: &mut String, r: crate::retained::Stats, sent: u64) {
             r.cut,
         ),
     ];
-    for (name, kind, help, v) in rows {
-        family(out, name, kind, help);
-        let _ = writeln!(out, "{name} {v}");
-    }
+    unlabelled(out, &rows);
     let name = "throng_mqtt_retained_dropped_total";
     family(
         out,

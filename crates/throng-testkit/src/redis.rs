@@ -13,6 +13,10 @@ use crate::peers::{Peer, expect};
 use crate::process::command;
 use crate::{free_port, wait_until};
 
+/// In [`Redis::start`]'s arguments: a free port of its own (e.g. for
+/// `--cluster-port`), chosen again if a start finds it taken.
+pub const FREE_PORT: &str = "{free port}";
+
 /// A `redis-server` on 127.0.0.1, killed on drop. Its extra config lines
 /// (`--requirepass x`) are kept for a restart on the same port.
 #[derive(Debug)]
@@ -41,18 +45,38 @@ impl Redis {
         Self::launch(Some(certs), args, auth)
     }
 
+    /// Starts it on a free port, and [`FREE_PORT`] in `args` each on one
+    /// of its own. A free port is only free until someone binds it (a
+    /// busy test run's outgoing connections take ports from the same
+    /// range): a start that finds one taken tries new ones.
     fn launch(tls: Option<Certs>, args: &[&str], auth: &[&str]) -> Self {
         expect(Peer::RedisServer);
         expect(Peer::RedisCli);
         let mut r = Self {
             child: None,
-            port: free_port(),
-            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            port: 0,
+            args: Vec::new(),
             auth: auth.iter().map(|s| (*s).to_owned()).collect(),
             log: Arc::default(),
             tls,
         };
-        r.restart();
+        for attempt in 1.. {
+            r.port = free_port();
+            r.args = args
+                .iter()
+                .map(|&a| match a {
+                    FREE_PORT => free_port().to_string(),
+                    a => a.to_owned(),
+                })
+                .collect();
+            match r.spawn() {
+                Ok(()) => break,
+                Err(e) if attempt < 5 && e.contains("Address already in use") => {
+                    r.log.lock().expect("log lock").clear();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
         r
     }
 
@@ -68,6 +92,14 @@ impl Redis {
 
     /// (Re)starts the server on its port and waits until it answers PING.
     pub fn restart(&mut self) {
+        if let Err(e) = self.spawn() {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts the server on its port and waits until it answers PING; what
+    /// it printed if it exited instead.
+    fn spawn(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "redis-server is already running");
         let port = self.port.to_string();
         let listen: Vec<&str> = match &self.tls {
@@ -106,18 +138,26 @@ impl Redis {
             });
         }
         self.child = Some(child);
+        let mut exited = None;
         wait_until("redis-server to answer PING", || {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
-                std::thread::sleep(Duration::from_millis(100));
-                panic!(
-                    "redis-server exited ({status}):\n{}",
-                    self.log.lock().expect("log lock")
-                );
+                exited = Some(status);
+                return true;
             }
             String::from_utf8_lossy(&self.cli_output(&["PING"]).stdout).trim() == "PONG"
         });
+        let Some(status) = exited else {
+            return Ok(());
+        };
+        self.child = None;
+        // The log thread reads what it printed last.
+        std::thread::sleep(Duration::from_millis(100));
+        Err(format!(
+            "redis-server exited ({status}):\n{}",
+            self.log.lock().expect("log lock")
+        ))
     }
 
     /// Kills the server (SIGKILL: an outage, not a shutdown) and waits

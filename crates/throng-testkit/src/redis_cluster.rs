@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::peers::{Peer, expect};
 use crate::process::command;
-use crate::redis::Redis;
+use crate::redis::{FREE_PORT, Redis};
 use crate::{TempDir, free_port, wait_until};
 
 /// A Redis Cluster on 127.0.0.1: `nodes[..masters]` start as the masters.
@@ -36,17 +36,16 @@ impl Cluster {
         let nodes: Vec<Redis> = (0..masters * (1 + replicas))
             .map(|i| {
                 let conf = dir.arg(&format!("nodes-{i}.conf"));
-                // The bus port would be port + 10000, past 65535 for a
-                // high free port: give it one of its own.
-                let bus = free_port().to_string();
                 Redis::start(
                     &[
                         "--cluster-enabled",
                         "yes",
                         "--cluster-config-file",
                         &conf,
+                        // The bus port would be port + 10000, past 65535
+                        // for a high free port: one of its own.
                         "--cluster-port",
-                        &bus,
+                        FREE_PORT,
                         "--cluster-node-timeout",
                         "1000",
                         // A replica promotes however long ago it last

@@ -34,7 +34,7 @@ use throng_proto::mqtt::{self, Packet};
 use throng_proto::sse;
 use throng_proto::ws::{self, Decoder, Frame};
 
-use super::mqtt::{acknowledge, disconnect, ping_due, ping_every, pingreq};
+use super::mqtt::{acknowledge, disconnect, handshake_step, ping_due, ping_every, pingreq};
 use super::recorder::Closed;
 use super::sequence::Sequence;
 use super::shared::Shared;
@@ -598,6 +598,8 @@ fn packets(
                 ctx.on_message(seq, p.payload, now_ns);
                 acknowledge(p.delivery, version(&m.decoder), reply);
             }
+            // QoS 2's second half: the message was counted at its PUBLISH.
+            Packet::Pubrel(a) => handshake_step(false, a.packet_id, version(&m.decoder), reply),
             Packet::Pingresp => m.ping_out = false,
             Packet::Disconnect(d) => return (buf.len(), Seen::Close(Some(u16::from(d.reason.0)))),
             // SUBACK, PUBACK and the like: nothing was asked that they answer.

@@ -6,7 +6,8 @@
 //! reads CONNACK and SUBACK ([`Joining`]). From then on it is held like a
 //! WebSocket connection (`held.rs`): its decoder is a few bytes with no
 //! buffer, a PUBLISH is checked against its sequence, a QoS 1 PUBLISH is
-//! answered with PUBACK at once, and PINGREQ goes out on the worker's
+//! answered with PUBACK at once (QoS 2: PUBREC, and PUBCOMP for the
+//! broker's PUBREL), and PINGREQ goes out on the worker's
 //! one-second sweep ([`ping_due`]). The packets themselves are
 //! `throng-proto`'s; this module only decides which to send.
 
@@ -27,7 +28,7 @@ const SUBSCRIBE_ID: PacketId = NonZeroU16::MIN;
 pub struct MqttOptions {
     /// The protocol level: 4 (3.1.1) or 5 (5.0).
     pub level: u8,
-    /// The QoS subscribed and published at: 0 or 1.
+    /// The QoS subscribed and published at: 0, 1 or 2.
     pub qos: u8,
     /// CONNECT's keep-alive, seconds (0: none, no PINGREQ).
     pub keep_alive_s: u16,
@@ -37,6 +38,10 @@ pub struct MqttOptions {
     pub username: Option<String>,
     /// CONNECT's password.
     pub password: Option<String>,
+    /// Connections send CONNECT and no SUBSCRIBE: a broker's cost of
+    /// connected, idle devices (emqtt-bench's `conn`).
+    #[serde(default)]
+    pub connect_only: bool,
 }
 
 impl Default for MqttOptions {
@@ -48,6 +53,7 @@ impl Default for MqttOptions {
             client_id_prefix: "throng-".to_owned(),
             username: None,
             password: None,
+            connect_only: false,
         }
     }
 }
@@ -62,21 +68,34 @@ impl MqttOptions {
         }
     }
 
-    /// The QoS of [`Self::qos`] (0 unless it is 1).
+    /// The QoS of [`Self::qos`] (0 unless it is 1 or 2).
     pub fn qos(&self) -> QoS {
-        if self.qos == 1 {
-            QoS::AtLeastOnce
-        } else {
-            QoS::AtMostOnce
+        match self.qos {
+            1 => QoS::AtLeastOnce,
+            2 => QoS::ExactlyOnce,
+            _ => QoS::AtMostOnce,
+        }
+    }
+
+    /// How a PUBLISH with packet id `id` goes at [`Self::qos`] (`id` unused at 0).
+    pub fn delivery(&self, id: PacketId) -> Delivery {
+        match self.qos() {
+            QoS::AtMostOnce => Delivery::AtMostOnce,
+            QoS::AtLeastOnce => Delivery::AtLeastOnce(id),
+            QoS::ExactlyOnce => Delivery::ExactlyOnce(id),
         }
     }
 
     /// The start line: version, QoS, keep-alive, client ids, credentials.
     pub fn describe(&self) -> String {
         format!(
-            "mqtt: version {}, QoS {}, keep-alive {} s (PINGREQ every {}), client ids {}<n>{}",
+            "mqtt: version {}, {}, keep-alive {} s (PINGREQ every {}), client ids {}<n>{}",
             if self.level == 5 { "5.0" } else { "3.1.1" },
-            self.qos,
+            if self.connect_only {
+                "connect only (no SUBSCRIBE)".to_owned()
+            } else {
+                format!("QoS {}", self.qos)
+            },
             self.keep_alive_s,
             match ping_every(self.keep_alive_s) {
                 0 => "never".to_owned(),
@@ -108,8 +127,22 @@ impl MqttOptions {
         let _ = packet.encode(self.version(), out);
     }
 
-    /// Appends SUBSCRIBE to `filter` at the QoS asked.
+    /// Where a connection's start begins: CONNACK, then SUBACK unless
+    /// [`Self::connect_only`].
+    pub fn joining(&self) -> Joining {
+        if self.connect_only {
+            Joining::ConnackOnly
+        } else {
+            Joining::Connack
+        }
+    }
+
+    /// Appends SUBSCRIBE to `filter` at the QoS asked (nothing for a
+    /// connect-only connection).
     pub fn subscribe(&self, filter: &str, out: &mut Vec<u8>) {
+        if self.connect_only {
+            return;
+        }
         let packet = Packet::Subscribe(Subscribe {
             packet_id: SUBSCRIBE_ID,
             properties: Properties::EMPTY,
@@ -164,6 +197,8 @@ impl std::fmt::Display for Refusal {
 pub enum Joining {
     /// CONNACK not read yet.
     Connack,
+    /// CONNACK not read yet, and no SUBSCRIBE was sent.
+    ConnackOnly,
     /// SUBACK not read yet.
     Suback,
     /// Subscribed.
@@ -174,9 +209,10 @@ impl Joining {
     /// The next step after `packet`, or why it ends the connection.
     pub fn on(self, packet: &Packet<'_>) -> Result<Self, Refusal> {
         match (self, packet) {
-            (Self::Connack, Packet::Connack(c)) if c.code.is_error() => {
+            (Self::Connack | Self::ConnackOnly, Packet::Connack(c)) if c.code.is_error() => {
                 Err(Refusal::Connack(c.code))
             }
+            (Self::ConnackOnly, Packet::Connack(_)) => Ok(Self::Done),
             (Self::Connack, Packet::Connack(_)) => Ok(Self::Suback),
             (Self::Suback, Packet::Suback(s)) if s.packet_id != SUBSCRIBE_ID => Err(
                 Refusal::Unexpected("SUBACK for a SUBSCRIBE that was not sent"),
@@ -194,18 +230,39 @@ impl Joining {
     }
 }
 
-/// Appends the PUBACK that a QoS 1 `delivery` is owed (nothing for QoS 0;
-/// QoS 2 is never subscribed to, and its PUBREC is not offered either).
+/// Appends the answer a `delivery` is owed: PUBACK at QoS 1, PUBREC at
+/// QoS 2 (its PUBREL gets [`complete`]), nothing at QoS 0.
 pub fn acknowledge(delivery: Delivery, version: Version, out: &mut Vec<u8>) {
-    if let Delivery::AtLeastOnce(packet_id) = delivery {
-        let ack = Packet::Puback(Ack {
-            packet_id,
-            reason: ReasonCode::SUCCESS,
-            properties: Properties::EMPTY,
-        });
-        // A 2-to-4-byte packet with no strings: encoding cannot fail.
-        let _ = ack.encode(version, out);
-    }
+    let ack = |packet_id| Ack {
+        packet_id,
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::EMPTY,
+    };
+    let packet = match delivery {
+        Delivery::AtMostOnce => return,
+        Delivery::AtLeastOnce(id) => Packet::Puback(ack(id)),
+        Delivery::ExactlyOnce(id) => Packet::Pubrec(ack(id)),
+    };
+    // A 2-to-4-byte packet with no strings: encoding cannot fail.
+    let _ = packet.encode(version, out);
+}
+
+/// Appends the second half of QoS 2's handshake for packet `id`: PUBREL
+/// (`release`, the publisher's answer to PUBREC) or PUBCOMP (the
+/// subscriber's answer to PUBREL).
+pub fn handshake_step(release: bool, id: PacketId, version: Version, out: &mut Vec<u8>) {
+    let ack = Ack {
+        packet_id: id,
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::EMPTY,
+    };
+    let packet = if release {
+        Packet::Pubrel(ack)
+    } else {
+        Packet::Pubcomp(ack)
+    };
+    // A 2-to-4-byte packet with no strings: encoding cannot fail.
+    let _ = packet.encode(version, out);
 }
 
 /// Appends PINGREQ.
@@ -221,17 +278,18 @@ pub fn disconnect(version: Version, out: &mut Vec<u8>) {
     let _ = packet.encode(version, out);
 }
 
-/// Appends a PUBLISH of `payload` to `topic`; `id` is its packet id at QoS 1.
+/// Appends a PUBLISH of `payload` to `topic`, delivered as `delivery`
+/// (its QoS and packet id).
 pub fn publish(
     version: Version,
     topic: &str,
-    id: Option<PacketId>,
+    delivery: Delivery,
     payload: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), throng_proto::mqtt::EncodeError> {
     Packet::Publish(Publish {
         dup: false,
-        delivery: id.map_or(Delivery::AtMostOnce, Delivery::AtLeastOnce),
+        delivery,
         retain: false,
         topic,
         properties: Properties::EMPTY,
@@ -343,5 +401,25 @@ mod tests {
         let id = PacketId::new(513).unwrap();
         acknowledge(Delivery::AtLeastOnce(id), Version::V311, &mut out);
         assert_eq!(out, [0x40, 2, 2, 1]);
+    }
+
+    #[test]
+    fn qos2_deliveries_get_pubrec_then_pubcomp_and_the_publisher_pubrel() {
+        let id = PacketId::new(513).unwrap();
+        let mut out = Vec::new();
+        acknowledge(Delivery::ExactlyOnce(id), Version::V311, &mut out);
+        assert_eq!(out, [0x50, 2, 2, 1]);
+        out.clear();
+        handshake_step(false, id, Version::V311, &mut out);
+        assert_eq!(out, [0x70, 2, 2, 1]);
+        out.clear();
+        handshake_step(true, id, Version::V311, &mut out);
+        assert_eq!(out, [0x62, 2, 2, 1]);
+        let two = MqttOptions {
+            qos: 2,
+            ..MqttOptions::default()
+        };
+        assert_eq!(two.delivery(id), Delivery::ExactlyOnce(id));
+        assert_eq!(MqttOptions::default().delivery(id), Delivery::AtMostOnce);
     }
 }

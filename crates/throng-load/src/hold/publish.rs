@@ -31,7 +31,7 @@ use throng_proto::resp::{self, Value};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::net::TcpStream;
 
-use super::mqtt::{Refusal, publish};
+use super::mqtt::{Refusal, handshake_step, publish};
 use super::target::PublishTarget;
 
 /// The largest publish response body read (the server's JSON answer).
@@ -233,13 +233,18 @@ impl Publisher {
             ),
             PublishTarget::Mqtt { topic, options, .. } => {
                 // Ids run 1..=65535 and wrap; one message is in flight at a time.
-                let id = (options.qos() == QoS::AtLeastOnce).then(|| {
-                    let id = PacketId::new(self.last_id.wrapping_add(1)).unwrap_or(PacketId::MIN);
+                let id = PacketId::new(self.last_id.wrapping_add(1)).unwrap_or(PacketId::MIN);
+                if options.qos() != QoS::AtMostOnce {
                     self.last_id = id.get();
-                    id
-                });
-                publish(options.version(), topic, id, payload, &mut self.out)
-                    .map_err(|e| PublishError::Protocol(e.to_string()))?;
+                }
+                publish(
+                    options.version(),
+                    topic,
+                    options.delivery(id),
+                    payload,
+                    &mut self.out,
+                )
+                .map_err(|e| PublishError::Protocol(e.to_string()))?;
             }
         }
         let Some(conn) = self.conn.as_mut() else {
@@ -263,31 +268,47 @@ impl Publisher {
                 read_redis_integer(conn, &mut self.resp_in).await.map(Some)
             }
             PublishTarget::Mqtt { options, .. } => {
-                if options.qos() == QoS::AtMostOnce {
-                    return Ok(None);
-                }
-                let Some(decoder) = self.mqtt_in.as_mut() else {
-                    return Err(PublishError::Protocol("no MQTT connection".into()));
-                };
-                let want = self.last_id;
-                loop {
-                    match read_mqtt(conn, decoder, &mut self.inbuf).await? {
-                        Answered::Puback(id, reason) if id == want => {
-                            return if reason.is_error() {
-                                Err(PublishError::Protocol(format!(
-                                    "PUBACK refused the message: reason {:#04x}",
-                                    reason.0
-                                )))
-                            } else {
-                                Ok(None)
-                            };
-                        }
-                        // An older message's late PUBACK, a PINGRESP, a PUBLISH.
-                        Answered::Puback(..) | Answered::Other => {}
-                        Answered::Connack(_) => {
-                            return Err(PublishError::Protocol("a second CONNACK".into()));
-                        }
+                let (qos, version) = (options.qos(), options.version());
+                self.mqtt_answer(qos, version).await
+            }
+        }
+    }
+
+    /// Waits for the broker's answer to the PUBLISH just written at `qos`:
+    /// PUBACK at QoS 1; PUBREC, then PUBREL sent, then PUBCOMP at QoS 2.
+    async fn mqtt_answer(
+        &mut self,
+        qos: QoS,
+        version: mqtt::Version,
+    ) -> Result<Option<u64>, PublishError> {
+        if qos == QoS::AtMostOnce {
+            return Ok(None);
+        }
+        let (Some(conn), Some(decoder)) = (self.conn.as_mut(), self.mqtt_in.as_mut()) else {
+            return Err(PublishError::Protocol("no MQTT connection".into()));
+        };
+        let want = self.last_id;
+        loop {
+            match read_mqtt(conn, decoder, &mut self.inbuf).await? {
+                Answered::Ack(kind, id, reason) if id == want => {
+                    if reason.is_error() {
+                        return Err(PublishError::Protocol(format!(
+                            "{kind} refused the message: reason {:#04x}",
+                            reason.0
+                        )));
                     }
+                    if kind != "PUBREC" {
+                        return Ok(None);
+                    }
+                    let id = PacketId::new(want).unwrap_or(PacketId::MIN);
+                    self.out.clear();
+                    handshake_step(true, id, version, &mut self.out);
+                    throng_client::link::write_all(conn, &self.out).await?;
+                }
+                // An older message's late answer, a PINGRESP, a PUBLISH.
+                Answered::Ack(..) | Answered::Other => {}
+                Answered::Connack(_) => {
+                    return Err(PublishError::Protocol("a second CONNACK".into()));
                 }
             }
         }
@@ -298,8 +319,8 @@ impl Publisher {
 enum Answered {
     /// CONNACK with its code.
     Connack(mqtt::ReasonCode),
-    /// PUBACK for this packet id, with its reason.
-    Puback(u16, mqtt::ReasonCode),
+    /// PUBACK, PUBREC or PUBCOMP (named) for this packet id, with its reason.
+    Ack(&'static str, u16, mqtt::ReasonCode),
     /// Anything else.
     Other,
 }
@@ -317,7 +338,9 @@ async fn read_mqtt<S: AsyncRead + Unpin>(
         if let Some(d) = decoded {
             let answer = match d.packet {
                 Packet::Connack(c) => Answered::Connack(c.code),
-                Packet::Puback(a) => Answered::Puback(a.packet_id.get(), a.reason),
+                Packet::Puback(a) => Answered::Ack("PUBACK", a.packet_id.get(), a.reason),
+                Packet::Pubrec(a) => Answered::Ack("PUBREC", a.packet_id.get(), a.reason),
+                Packet::Pubcomp(a) => Answered::Ack("PUBCOMP", a.packet_id.get(), a.reason),
                 Packet::Disconnect(d) => {
                     return Err(PublishError::Protocol(format!(
                         "the broker sent DISCONNECT: reason {:#04x}",

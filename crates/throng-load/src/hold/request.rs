@@ -92,8 +92,11 @@ pub enum HoldError {
     /// it twice.
     #[error("this run does not fit the machine: {0}")]
     Plan(PlanError),
+    /// Stages of the connection rate that cannot open every connection.
+    #[error("{0}")]
+    Stages(String),
     /// `--publish-rate` was a ramp.
-    #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp")]
+    #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp or stages")]
     PublishRamp,
     /// A limit `throng doctor` checks will stop the run (the same check:
     /// a dry run that passed would promise what doctor refuses).
@@ -185,13 +188,24 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             fit
         }
     };
+    if let RateSpec::Stages(st) = req.rate {
+        let last = st.stages().last().map_or(0.0, |s| s.to);
+        if last <= 0.0 && st.events() < req.connections as f64 {
+            return Err(HoldError::Stages(format!(
+                "the stages --rate {} open only {} of the {} connections (--connections), and end at 0/s: give stages that reach them, or end at a rate above 0/s",
+                req.rate,
+                st.events().floor(),
+                req.connections
+            )));
+        }
+    }
     let publish = match &req.publish {
         None => None,
         Some(p) => Some(PublishPlan {
             target: p.target.clone(),
             rate: match p.rate {
                 RateSpec::Constant(r) => r,
-                RateSpec::Ramp(..) => return Err(HoldError::PublishRamp),
+                RateSpec::Ramp(..) | RateSpec::Stages(_) => return Err(HoldError::PublishRamp),
             },
             message_size: p.message_size,
             redis_channel: format!("{}{}", p.redis_prefix, req.target.channel()),
@@ -214,6 +228,9 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
     if let Some(r) = &remote {
         // Workers, sources and ports are each agent's (its lines), not this machine's.
         lines.splice(2..5, r.lines.iter().cloned());
+    }
+    if let RateSpec::Stages(st) = req.rate {
+        lines.splice(2..2, crate::pacer::stage_lines(&st, "connections"));
     }
     let limits = if remote.is_some() {
         // Each agent checked its own machine when the run was shared out.
@@ -265,7 +282,8 @@ impl Prepared {
 
     /// Runs it; the summary and what it broke of the thresholds, one line each.
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
-        let mut summary = super::run(self.hold, self.setup)?;
+        let live = self.thresholds.live();
+        let mut summary = super::supervisor::run_until_doomed(self.hold, self.setup, live)?;
         summary.limits = self.limits.iter().map(|l| l.trim().to_owned()).collect();
         let failed = self.thresholds.check(&summary);
         Ok((summary, failed))
@@ -396,7 +414,7 @@ fn header(req: &Request, h: &HoldRun, limits: &[String]) -> Header {
             "tls": h.tls,
             "mqtt": h.mqtt.as_ref().map(|m| serde_json::json!({
                 "level": m.level, "qos": m.qos, "keep_alive_s": m.keep_alive_s,
-                "client_id_prefix": m.client_id_prefix,
+                "client_id_prefix": m.client_id_prefix, "connect_only": m.connect_only,
             })),
             "publish": h.publish.as_ref().map(|p| serde_json::json!({
                 "target": p.target.to_string(), "rate": p.rate, "message_size": p.message_size,

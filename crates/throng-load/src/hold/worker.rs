@@ -244,7 +244,10 @@ async fn open_all(ctx: Rc<Ctx>, pacer: Pacer, start: Instant) {
     let step = u64::from(ctx.shared.plan.workers.max(1));
     let mut i = u64::from(ctx.shared.plan.index);
     while i < ctx.shared.plan.connections && !ctx.shared.stop.is_set() {
-        let intended = start + pacer.intended(i);
+        // Past the last stage (which ended at 0/s) nothing more is due.
+        let Some(intended) = start.checked_add(pacer.intended(i)) else {
+            break;
+        };
         let now = Instant::now();
         if intended > now {
             let stop = ctx.shared.stop.notified();
@@ -640,7 +643,7 @@ async fn join(
     opts.connect(client_id, opts.keep_alive_s, &mut request);
     opts.subscribe(filter, &mut request);
     let mut decoder = mqtt::Decoder::client(opts.version(), max_packet);
-    let mut step = Joining::Connack;
+    let mut step = opts.joining();
     let answer = |buf: &mut Vec<u8>| {
         while step != Joining::Done {
             let (consumed, next) = match decoder.decode(buf) {

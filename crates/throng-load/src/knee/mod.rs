@@ -66,6 +66,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = attack::DEFAULT_TIMEOUT;
 
 /// What rises, as the command asks for it.
 #[derive(Debug, Clone)]
+// One per search: the size of its variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Load {
     /// `attack`'s request rate; the request is `attack`'s own (its load,
     /// duration and output are the knee's to set).

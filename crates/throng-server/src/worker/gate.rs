@@ -70,6 +70,11 @@ pub(crate) fn protocol(req: &Request) -> Option<&'static str> {
         .find(|want| protocols(req).any(|p| p == want.as_bytes()))
 }
 
+/// Whether `req` offered the subprotocol `name`.
+pub(crate) fn offers(req: &Request, name: &str) -> bool {
+    protocols(req).any(|p| p == name.as_bytes())
+}
+
 /// Whether a browser from `req`'s `Origin` may subscribe. Without
 /// `--allowed-origins` every origin may; a request without `Origin` is not
 /// from a browser page, which is what the check guards against.

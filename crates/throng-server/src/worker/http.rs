@@ -19,6 +19,8 @@ use tokio::net::TcpStream;
 
 use super::conn::{Conn, NONE, TlsState};
 use super::gate;
+use super::mqtt_accept;
+use super::mqtt_ws;
 use super::ping_answer::Answer;
 use super::rejoin::Kind;
 use super::routes::ping::Pinged;
@@ -628,6 +630,19 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             }
         }
     };
+    if !sse && gate::offers(req, mqtt_ws::SUBPROTOCOL) {
+        // MQTT over WebSocket, on any path: an MQTT session, not a channel.
+        if !gate::origin_allowed(w, req) {
+            w.counters.refused("origin");
+            let why = "this origin may not connect (--allowed-origins)\n";
+            Box::pin(refuse(w, &mut stream, 403, why)).await;
+            return;
+        }
+        let unticketed = Cell::new(None);
+        let ticket = ticket.unwrap_or(&unticketed);
+        Box::pin(mqtt_accept::over_ws(w, stream, &accept, rest, ticket)).await;
+        return;
+    }
     let prefix = if sse && req.target.starts_with(SSE_PREFIX) {
         SSE_PREFIX
     } else {

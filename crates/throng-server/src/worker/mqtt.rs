@@ -8,9 +8,10 @@
 //!
 //! A topic is a channel: an MQTT subscriber of `sensors/42` gets what any
 //! route publishes there (HTTP, Redis, another MQTT client), and what it
-//! publishes reaches WebSocket and SSE subscribers too. Sessions are clean
-//! only: a client asking for a persistent one gets a clean one, and
-//! CONNACK says so (session present 0). Messages go out at QoS 0 as one
+//! publishes reaches WebSocket and SSE subscribers too. A persistent
+//! session is kept by the supervisor while its client is away
+//! ([`crate::sessions`], [`super::mqtt_session`]); a connection knows only
+//! its names ([`Persist`]). Messages go out at QoS 0 as one
 //! PUBLISH encoded per worker and per version, written to every MQTT
 //! subscriber as a WebSocket frame is to every WebSocket one
 //! ([`super::subscribers`]). A subscriber's state is a few bytes in its
@@ -71,6 +72,9 @@ pub(crate) struct Mqtt {
     /// channel, when it has one: a connection's only subscription is kept there
     /// ([`super::table::Channels::subscribe_mqtt`]).
     pub(crate) qos: u8,
+    /// Carried in WebSocket frames (subprotocol `mqtt`, [`super::mqtt_ws`]):
+    /// in a byte the struct had spare, so a subscriber does not grow.
+    pub(crate) ws: bool,
     /// Everything else; `None` while there is nothing.
     pub(crate) more: Option<Box<MqttState>>,
 }
@@ -82,6 +86,7 @@ impl Mqtt {
             keep_alive,
             receive_max: MAX_INFLIGHT,
             qos: 0,
+            ws: false,
             more: None,
         }
     }
@@ -164,6 +169,26 @@ pub(crate) struct MqttState {
     /// The largest packet it takes (5.0's Maximum Packet Size), when it
     /// set one: a delivery larger is skipped for it.
     max_packet: Option<u32>,
+    /// Its session outlives it (persistent sessions): what the supervisor
+    /// knows it by; `None` for a clean session.
+    pub(crate) persist: Option<Box<Persist>>,
+    /// Its shared subscriptions' keys (`group/filter`, [`super::mqtt_share`]).
+    pub(crate) shares: Vec<Rc<str>>,
+}
+
+/// A persistent session's names and expiry ([`MqttState::persist`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Persist {
+    /// Its client id's hash.
+    pub(crate) hash: u64,
+    /// The connection's id in the session records
+    /// ([`crate::control::SessionOpen::conn`]).
+    pub(crate) id: u64,
+    /// Seconds the session is kept once the connection ends; 0: not
+    /// kept after all (a 5.0 DISCONNECT can say so).
+    pub(crate) expiry: u32,
+    /// Parked already: the connection's end parks it once.
+    pub(crate) parked: bool,
 }
 
 impl MqttState {
@@ -175,6 +200,8 @@ impl MqttState {
             && self.auth.is_none()
             && self.received.is_none()
             && self.max_packet.is_none()
+            && self.persist.is_none()
+            && self.shares.is_empty()
     }
 }
 
@@ -186,6 +213,11 @@ pub(crate) struct Will {
     /// Its 5.0 properties its subscribers get ([`forwarded`]).
     pub(crate) properties: Bytes,
     pub(crate) retain: Option<u8>,
+    /// 5.0's Will Delay Interval, in seconds (0: at once).
+    pub(crate) delay: u32,
+    /// Its client id's hash (0: none): a reconnect with it cancels a
+    /// delayed will.
+    pub(crate) client: u64,
 }
 
 /// One wildcard subscription: its filter, and its position in the filter's
@@ -335,10 +367,14 @@ impl Mqtt {
         now: u32,
     ) -> Option<Slot> {
         let window = usize::from(self.receive_max);
-        let inflight = self
-            .state_mut()
+        let state = self.state_mut();
+        let persistent = state.persist.is_some();
+        let inflight = state
             .inflight
             .get_or_insert_with(|| Box::new(Inflight::new(now)));
+        if persistent {
+            inflight.keep_packets();
+        }
         if queued + inflight.bytes() + p.len() > max_queue {
             return None;
         }
@@ -411,6 +447,14 @@ impl Mqtt {
     }
 
     /// Takes its QoS 1 window: the connection is ending.
+    /// Its deliveries the client has not received (a persistent
+    /// session's, for its park), in order.
+    pub(crate) fn unreceived(&self) -> Vec<Qos1> {
+        self.state()
+            .and_then(|s| s.inflight.as_ref())
+            .map_or_else(Vec::new, |i| i.unreceived())
+    }
+
     pub(crate) fn take_inflight(&mut self) -> Option<Box<Inflight>> {
         self.more.as_mut()?.inflight.take()
     }

@@ -18,14 +18,17 @@ use tokio::net::TcpStream;
 
 use super::conn::{Conn, NONE, TlsState};
 use super::gate;
-use super::mqtt::{Mqtt, Will, encode};
+use super::mqtt::{Mqtt, Persist, Will, encode};
 use super::mqtt_auth::{self, Admitted};
 use super::mqtt_ids;
 use super::mqtt_qos::RECEIVE_MAX;
+use super::mqtt_session;
+use super::mqtt_ws;
 use super::state::Worker;
-use super::subscribers::max_packet;
+use super::subscribers::{SessionStart, max_packet};
 use crate::addresses::Source;
 use crate::channel;
+use crate::control::Claim;
 use crate::tls::stream::{Io, TlsStream};
 use crate::wheel;
 
@@ -80,9 +83,58 @@ pub(crate) async fn serve(
             }
         }
     };
-    handshake(&w, stream, &ticket).await;
+    handshake(&w, stream, &ticket, None).await;
     if let Some(source) = ticket.take() {
         w.supervisor.release(source);
+    }
+}
+
+/// Serves a WebSocket upgrade that offered subprotocol `mqtt` (on an HTTP
+/// or TLS listener, any path): 101 with that subprotocol, then the MQTT
+/// handshake over binary frames (`rest`: frames sent behind the request),
+/// and the connection is an MQTT subscriber like any other.
+pub(crate) async fn over_ws(
+    w: &Worker,
+    mut stream: Io,
+    accept: &str,
+    rest: &[u8],
+    ticket: &Cell<Option<Source>>,
+) {
+    let mut out = Vec::with_capacity(160);
+    throng_proto::http::write_response_head(
+        &mut out,
+        101,
+        &[
+            ("Upgrade", "websocket"),
+            ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Accept", accept),
+            ("Sec-WebSocket-Protocol", mqtt_ws::SUBPROTOCOL),
+        ],
+    );
+    let written = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+    if !matches!(written, Ok(Ok(()))) {
+        w.counters.handshake_failed("write_failed");
+        return;
+    }
+    handshake(w, stream, ticket, Some(rest.to_vec())).await;
+}
+
+/// Why no CONNECT came.
+enum NoConnect {
+    /// The client left first.
+    Left,
+    /// It broke MQTT.
+    Mqtt(mqtt::DecodeError),
+    /// It broke MQTT over WebSocket.
+    Ws(mqtt_ws::UnwrapError),
+}
+
+/// `packet` as it goes on the wire: in a binary frame over WebSocket.
+fn framed(ws: bool, packet: Bytes) -> Bytes {
+    if ws {
+        Bytes::from(mqtt_ws::wrap(&packet))
+    } else {
+        packet
     }
 }
 
@@ -95,6 +147,8 @@ struct Connected {
     client_id_empty: bool,
     /// Its will's topic and payload, and its QoS if it is retained.
     will: Option<(String, Bytes, Option<u8>, Bytes)>,
+    /// Its will's 5.0 Will Delay Interval, in seconds.
+    will_delay: u32,
     /// Its receive maximum (5.0; 3.1.1 has none).
     receive_max: Option<u16>,
     /// Its password: a token or the publish key (read, then dropped).
@@ -106,52 +160,112 @@ struct Connected {
     /// It asked for 5.0 enhanced authentication (an Authentication
     /// Method), which the server does not offer.
     auth_method: bool,
+    /// Seconds its session outlives the connection, if it does
+    /// ([`mqtt_session::expiry`]).
+    session_expiry: Option<u32>,
+    /// Its keep-alive was replaced by `--mqtt-max-keep-alive` (5.0):
+    /// CONNACK says so.
+    server_keep_alive: bool,
 }
 
 /// Reads CONNECT (within `--handshake-timeout`), answers CONNACK and hands
 /// the connection to the subscribers, holding its address (`ticket`) and
-/// its place under `--max-connections`.
-async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
+/// its place under `--max-connections`. With `ws` (what was read behind
+/// the upgrade request), every packet is carried in WebSocket frames.
+async fn handshake(
+    w: &Worker,
+    mut tcp: Io,
+    ticket: &Cell<Option<Source>>,
+    mut ws: Option<Vec<u8>>,
+) {
     let mut buf: Vec<u8> = Vec::new();
-    let Some((mut connected, used)) = connect(w, &mut tcp, &mut buf).await else {
+    let Some((mut connected, used)) = connect(w, &mut tcp, &mut buf, ws.as_mut()).await else {
         return;
     };
+    let over_ws = ws.is_some();
     let version = connected.version;
+    if let Some(max) = w.cfg.mqtt_max_keep_alive
+        && version == Version::V5
+        && (connected.keep_alive == 0 || connected.keep_alive > max)
+    {
+        connected.keep_alive = max;
+        connected.server_keep_alive = true;
+    }
     let (admitted, will) = match admit(w, &mut connected) {
         Ok(admitted) => admitted,
         Err(code) => {
-            let out = refusal(version, code);
+            let out = framed(over_ws, refusal(version, code));
             let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
             return;
         }
     };
     let counted = &w.subs.outside().counted;
-    let connack = connack(w, &connected);
-    let written = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&connack)).await;
-    if !matches!(written, Ok(Ok(()))) {
-        counted.give_place();
-        w.counters.handshake_failed("write_failed");
-        return;
+    // Taken before the CONNACK goes out: a client's next CONNECT comes
+    // after it, so claims order as the client made them.
+    let claim = connected.client_hash.map(|hash| {
+        let at = throng_host::process::monotonic().as_nanos();
+        let claim = Claim {
+            at_ns: u64::try_from(at).unwrap_or(u64::MAX),
+            worker: u32::try_from(w.index).unwrap_or(u32::MAX),
+        };
+        (hash, claim)
+    });
+    // A resume's CONNACK waits for the session (session present).
+    let resume = !connected.clean_start && connected.client_hash.is_some();
+    let connacks = [false, true].map(|present| framed(over_ws, connack(w, &connected, present)));
+    if !resume {
+        let written =
+            tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&connacks[0])).await;
+        if !matches!(written, Ok(Ok(()))) {
+            counted.give_place();
+            w.counters.handshake_failed("write_failed");
+            return;
+        }
     }
     // From here on the socket lives in the worker's own epoll, not tokio's.
-    let (sock, rest, tls) = match tcp {
+    let (sock, mut rest, tls) = match tcp {
         Io::Plain(tcp) => (tcp.into_std(), buf[used..].to_vec(), None),
         Io::Tls(s) => {
             let parts = s.into_parts();
             // Packets behind the CONNECT: what was read, then what was
             // decrypted but not read.
             let mut plain = buf[used..].to_vec();
-            plain.extend_from_slice(&parts.plain_rest);
+            let after = match ws.as_mut() {
+                Some(raw) => raw,
+                None => &mut plain,
+            };
+            after.extend_from_slice(&parts.plain_rest);
             let tls = TlsState::new(parts.conn, &parts.cipher_rest);
             (parts.tcp.into_std(), plain, Some(tls))
         }
     };
+    if let Some(raw) = &ws {
+        // A packet begun behind the CONNECT, then frames not yet unwrapped.
+        rest = mqtt_ws::keep(&rest, raw);
+    }
     let Ok(sock) = sock else {
         counted.give_place();
         w.counters.handshake_failed("write_failed");
         return;
     };
-    let state = session(&connected, admitted.grants, will);
+    let mut state = session(&connected, admitted.grants, will);
+    state.ws = over_ws;
+    let start = connected.client_hash.map(|hash| {
+        let id = w.subs.session_id();
+        if let Some(expiry) = connected.session_expiry {
+            state.state_mut().persist = Some(Box::new(Persist {
+                hash,
+                id,
+                expiry,
+                parked: false,
+            }));
+        }
+        SessionStart {
+            id,
+            resume: resume.then_some(connacks),
+            persistent: connected.session_expiry.is_some(),
+        }
+    });
     let tag = ticket.take().map_or(NONE, |s| counted.tag(s));
     let mut c = Conn::new(sock, w.subs.now(), &rest)
         .with_mqtt(version, state)
@@ -160,7 +274,7 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
     if let Some(tls) = tls {
         c = c.with_tls(tls);
     }
-    if let Err(e) = w.subs.add_mqtt(c, connected.client_hash) {
+    if let Err(e) = w.subs.add_mqtt(c, claim, start) {
         counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
@@ -170,34 +284,52 @@ async fn handshake(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>) {
 /// Reads CONNECT within `--handshake-timeout`: its fields and the bytes of
 /// `buf` it took. `None` (counted, and a protocol error answered) when the
 /// client was too slow, left, or broke the protocol.
-async fn connect(w: &Worker, tcp: &mut Io, buf: &mut Vec<u8>) -> Option<(Connected, usize)> {
-    let mut decoder = Decoder::server(max_packet(w.cfg.max_message));
+async fn connect(
+    w: &Worker,
+    tcp: &mut Io,
+    buf: &mut Vec<u8>,
+    ws: Option<&mut Vec<u8>>,
+) -> Option<(Connected, usize)> {
+    let max = max_packet(w.cfg.max_message);
+    let mut decoder = Decoder::server(max);
+    let over_ws = ws.is_some();
     let read = tokio::time::timeout(
         w.cfg.handshake_timeout,
-        read_connect(tcp, &mut decoder, buf),
+        read_connect(
+            tcp,
+            &mut decoder,
+            buf,
+            ws.map(|raw| (raw, max + mqtt_ws::FRAME_SLACK)),
+        ),
     )
     .await;
-    match read {
+    let out = match read {
         Err(_) => {
             w.counters.handshake_failed("mqtt_timeout");
-            None
+            return None;
         }
-        Ok(Err(None)) => {
+        Ok(Err(NoConnect::Left)) => {
             if !buf.is_empty() {
                 w.counters.handshake_failed("mqtt_incomplete");
             }
-            None
+            return None;
         }
-        Ok(Err(Some(e))) => {
+        Ok(Err(NoConnect::Mqtt(e))) => {
             w.counters.handshake_failed("mqtt_bad_connect");
             w.counters.mqtt_refused(e.label());
             let mut out = Vec::new();
             decoder.answer(&e).encode(&mut out);
-            let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
-            None
+            framed(over_ws, Bytes::from(out))
         }
-        Ok(Ok(got)) => Some(got),
-    }
+        Ok(Err(NoConnect::Ws(e))) => {
+            w.counters.handshake_failed("mqtt_bad_connect");
+            w.counters.mqtt_refused(e.label());
+            super::conn::close_frame(e.close_code(), &e.to_string())
+        }
+        Ok(Ok(got)) => return Some(got),
+    };
+    let _ = tokio::time::timeout(w.cfg.handshake_timeout, tcp.write_all(&out)).await;
+    None
 }
 
 /// The CONNACK refusing a client of `version` with `code`.
@@ -274,13 +406,15 @@ fn admit(
         payload,
         properties,
         retain,
+        delay: connected.will_delay,
+        client: connected.client_hash.unwrap_or(0),
     };
     Ok((admitted, Some(Box::new(will))))
 }
 
 /// The CONNACK that lets the client in: for 5.0, what this server offers
 /// and the client id it assigned.
-fn connack(w: &Worker, connected: &Connected) -> Bytes {
+fn connack(w: &Worker, connected: &Connected, session_present: bool) -> Bytes {
     let version = connected.version;
     let mut props = PropertiesBuf::new();
     let assigned;
@@ -292,12 +426,15 @@ fn connack(w: &Worker, connected: &Connected) -> Bytes {
             Property::ReceiveMaximum(RECEIVE_MAX),
             Property::RetainAvailable(1),
             Property::WildcardSubscriptionAvailable(u8::from(w.subs.limits().wildcards)),
-            Property::SharedSubscriptionAvailable(0),
+            Property::SharedSubscriptionAvailable(1),
             // No Topic Alias Maximum: 0, a client may send none.
             Property::SubscriptionIdentifierAvailable(0),
         ];
         for p in offer {
             let _ = props.push(p);
+        }
+        if connected.server_keep_alive {
+            let _ = props.push(Property::ServerKeepAlive(connected.keep_alive));
         }
         if connected.client_id_empty {
             let n = ASSIGNED.with(|a| {
@@ -309,15 +446,10 @@ fn connack(w: &Worker, connected: &Connected) -> Bytes {
             let _ = props.push(Property::AssignedClientIdentifier(&assigned));
         }
     }
-    if !connected.clean_start {
-        // A persistent session is not kept: this one is clean, and
-        // "session present 0" tells the client so.
-        w.counters.mqtt_refused("persistent_session");
-    }
     encode(
         version,
         &Packet::Connack(Connack {
-            session_present: false,
+            session_present,
             code: ReasonCode::SUCCESS,
             properties: props.properties(),
         }),
@@ -345,21 +477,48 @@ fn session(
     )
 }
 
+/// Moves the MQTT bytes of the whole frames in `raw` to `buf`; an error
+/// for a bad frame, and the client gone for a close.
+fn unwrap_into(raw: &mut Vec<u8>, buf: &mut Vec<u8>, max: usize) -> Result<(), NoConnect> {
+    let got = mqtt_ws::unwrap(raw, max).map_err(NoConnect::Ws)?;
+    buf.extend_from_slice(&raw[..got.data]);
+    raw.drain(..got.consumed);
+    // A ping before CONNECT goes unanswered: the client is still connecting.
+    if got
+        .controls
+        .iter()
+        .any(|c| matches!(c, mqtt_ws::Control::Close(_)))
+    {
+        return Err(NoConnect::Left);
+    }
+    Ok(())
+}
+
 /// Reads until `decoder` gives the CONNECT; returns its fields and the
 /// bytes of `buf` it used (what follows is the client's next packets).
-/// `Err(None)`: the client left first; `Err(Some)`: it broke the protocol.
+/// With `ws` (the raw bytes and the largest frame), bytes are read into
+/// the raw buffer and unwrapped into `buf`.
 async fn read_connect(
     tcp: &mut Io,
     decoder: &mut Decoder,
     buf: &mut Vec<u8>,
-) -> Result<(Connected, usize), Option<mqtt::DecodeError>> {
+    mut ws: Option<(&mut Vec<u8>, usize)>,
+) -> Result<(Connected, usize), NoConnect> {
+    if let Some((raw, max)) = ws.as_mut() {
+        unwrap_into(raw, buf, *max)?;
+    }
     loop {
-        if let Some(d) = decoder.decode(buf).map_err(Some)? {
+        if let Some(d) = decoder.decode(buf).map_err(NoConnect::Mqtt)? {
             let Packet::Connect(c) = d.packet else {
                 // The decoder refuses anything else first.
-                return Err(None);
+                return Err(NoConnect::Left);
             };
             let version = decoder.version().unwrap_or(Version::V311);
+            let will_delay = c
+                .will
+                .as_ref()
+                .and_then(|w| w.properties.will_delay_interval())
+                .unwrap_or(0);
             let connected = Connected {
                 version,
                 keep_alive: c.keep_alive,
@@ -374,18 +533,32 @@ async fn read_connect(
                         super::mqtt::forwarded(w.properties),
                     )
                 }),
+                will_delay,
                 receive_max: c.properties.receive_maximum(),
                 password: c.password.map(<[u8]>::to_vec),
                 client_hash: (!c.client_id.is_empty()).then(|| mqtt_ids::hash(c.client_id)),
                 max_packet: c.properties.maximum_packet_size(),
                 auth_method: c.properties.authentication_method().is_some(),
+                session_expiry: mqtt_session::expiry(
+                    version == Version::V5,
+                    c.clean_start,
+                    c.properties.session_expiry_interval(),
+                ),
+                server_keep_alive: false,
             };
             return Ok((connected, d.consumed));
         }
-        buf.reserve(1024);
-        match tcp.read_buf(buf).await {
-            Ok(0) | Err(_) => return Err(None),
+        let into = match ws.as_mut() {
+            Some((raw, _)) => &mut **raw,
+            None => &mut *buf,
+        };
+        into.reserve(1024);
+        match tcp.read_buf(into).await {
+            Ok(0) | Err(_) => return Err(NoConnect::Left),
             Ok(_) => {}
+        }
+        if let Some((raw, max)) = ws.as_mut() {
+            unwrap_into(raw, buf, *max)?;
         }
     }
 }

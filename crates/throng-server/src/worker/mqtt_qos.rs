@@ -17,7 +17,8 @@
 //! while deliveries await one, it is closed (5.0: DISCONNECT 0x97). Its
 //! state is boxed (in the subscriber's own box, [`super::mqtt::Mqtt`])
 //! only while something is in flight, and dies with the connection:
-//! sessions are clean, nothing is redelivered.
+//! what is in flight is not redelivered, even to a persistent session
+//! (which keeps what is relayed after its connection ended).
 
 use std::collections::VecDeque;
 
@@ -155,6 +156,10 @@ pub(crate) struct Inflight {
     /// Tick of the last PUBACK, or of the delivery that found none in
     /// flight: `--write-timeout` counts from here.
     since: u32,
+    /// A persistent session's: the packets of `sent` the client has not
+    /// received yet (no PUBACK or PUBREC), by id, for its session to send
+    /// again when the connection ends; `None` for a clean session.
+    kept: Option<VecDeque<(u16, Qos1)>>,
 }
 
 /// A delivery sent and not finished: its packet id, where its QoS 1 or 2
@@ -210,7 +215,23 @@ impl Inflight {
             next_id: 1,
             wrapped: false,
             since: now,
+            kept: None,
         }
+    }
+
+    /// Keeps the packets sent from now on until the client has them
+    /// (a persistent session's window).
+    pub(crate) fn keep_packets(&mut self) {
+        if self.kept.is_none() {
+            self.kept = Some(VecDeque::new());
+        }
+    }
+
+    /// The deliveries the client has not received, in order: those sent
+    /// and kept ([`Self::keep_packets`]), then those held.
+    pub(crate) fn unreceived(&self) -> Vec<Qos1> {
+        let sent = self.kept.iter().flat_map(|k| k.iter().map(|(_, p)| p));
+        sent.chain(self.waiting.iter()).cloned().collect()
     }
 
     /// A packet id not in flight (there are at most [`MAX_INFLIGHT`], so
@@ -284,6 +305,9 @@ impl Inflight {
         let len = p.len() as u32;
         self.sent.push_back(Out { id, phase, len });
         self.bytes += p.len();
+        if let Some(kept) = self.kept.as_mut() {
+            kept.push_back((id, p.clone()));
+        }
         id
     }
 
@@ -305,6 +329,10 @@ impl Inflight {
             return false;
         };
         self.since = now;
+        if let Some(kept) = self.kept.as_mut() {
+            // Received: a PUBACK, a PUBREC, or a refusal.
+            kept.retain(|(i, _)| *i != id);
+        }
         if ack == DeliveryAck::Pubrec {
             let o = &mut self.sent[k];
             self.bytes -= o.len as usize;

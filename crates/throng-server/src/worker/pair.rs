@@ -8,6 +8,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::rc::Rc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use throng_proto::ws::{self, Decoder, Frame, OpCode, Role};
@@ -15,7 +16,7 @@ use throng_proto::ws::{self, Decoder, Frame, OpCode, Role};
 use super::conn::{Conn, Wire};
 use super::rejoin::Kind;
 use super::subscribers::{Limits, Outside, Subscribers};
-use crate::control::Message;
+use crate::control::{Claim, Message};
 use crate::history::MessageId;
 use crate::metrics::Counters;
 use crate::wheel::TICK;
@@ -171,7 +172,13 @@ impl Outside for Around {
         self.retained_asks.borrow_mut().push((request, filters));
     }
 
-    fn client_id(&self, _hash: u64) {}
+    fn client_id(&self, _hash: u64, _claim: Claim) {}
+
+    fn session_open(&self, _o: crate::control::SessionOpen) {}
+
+    fn session_park(&self, _p: crate::control::SessionPark) {}
+
+    fn share_member(&self, _m: crate::control::ShareMember) {}
 
     fn origin(&self, slot: u32) -> u64 {
         u64::from(slot) + 1
@@ -300,6 +307,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         max_subscriptions: 100,
         max_filter_bytes: 1 << 14,
         publish_guarded: false,
+        claim_window: Duration::from_secs(10),
     }
 }
 
@@ -397,7 +405,7 @@ impl Pair {
         let pipe = Pipe::new(ROOM);
         let state = super::mqtt::Mqtt::new(0);
         let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"").with_mqtt(version, state);
-        self.subs.add_mqtt(conn, None).expect("watched");
+        self.subs.add_mqtt(conn, None, None).expect("watched");
         self.clients.push(Client {
             pipe,
             decoder: Decoder::new(Role::Client, 1 << 20),

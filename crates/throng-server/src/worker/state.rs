@@ -23,7 +23,7 @@ use super::supervisor_link::SupervisorLink;
 use crate::addresses::Source;
 use crate::auth::{PublishKey, Verifier};
 use crate::config::Config;
-use crate::control::{Message, Record};
+use crate::control::{Claim, Message, Record};
 use crate::history::MessageId;
 use crate::metrics::Counters;
 use crate::retained::RetainedMessage;
@@ -303,8 +303,20 @@ impl Outside for Around {
         (self.supervisor.index() as u64 + 1) << 32 | u64::from(slot)
     }
 
-    fn client_id(&self, hash: u64) {
-        self.supervisor.send(&Record::ClientId { hash });
+    fn client_id(&self, hash: u64, claim: Claim) {
+        self.supervisor.send(&Record::ClientId { hash, claim });
+    }
+
+    fn session_open(&self, o: crate::control::SessionOpen) {
+        self.supervisor.send(&Record::SessionOpen(o));
+    }
+
+    fn session_park(&self, p: crate::control::SessionPark) {
+        self.supervisor.send(&Record::SessionPark(p));
+    }
+
+    fn share_member(&self, m: crate::control::ShareMember) {
+        self.supervisor.send(&Record::ShareMember(m));
     }
 
     fn ask_retained(&self, request: u64, filters: Vec<String>) {

@@ -38,14 +38,19 @@ use super::conn::{
 };
 use super::mqtt::{self, Mqtt, Will, version_of};
 use super::mqtt_auth;
-use super::mqtt_ids::ClientIds;
+use super::mqtt_ids::{Claimed, ClientIds};
 use super::mqtt_qos::{self, DeliveryAck, Incoming, Qos1, Slot};
 use super::mqtt_retain::{Holds, Out};
+use super::mqtt_session::{Resumes, Waiting};
+use super::mqtt_share::{self, Shares};
+use super::mqtt_ws;
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
 use crate::auth;
 use crate::channel;
-use crate::control::Message;
+use crate::control::{
+    Claim, Message, SessionOpen, SessionPark, SessionResumed, ShareDeliver, ShareMember,
+};
 use crate::history::{Kept, MessageId};
 use crate::metrics::{CloseReason, Counters};
 use crate::retained::RetainedMessage;
@@ -68,6 +73,19 @@ const PACKET_OVERHEAD: usize = 1024;
 /// worker's scratch buffer, which must hold it and leave room to read.
 pub(crate) fn max_packet(max_message: usize) -> usize {
     max_message.saturating_add(PACKET_OVERHEAD).min(SCRATCH / 2)
+}
+
+/// `c`'s persistent session, if it has one.
+fn persist_of<W>(c: &Conn<W>) -> Option<mqtt::Persist> {
+    c.proto()
+        .mqtt()
+        .and_then(Mqtt::state)
+        .and_then(|s| s.persist.as_deref().copied())
+}
+
+/// Whether `c` is an MQTT subscriber carried in WebSocket frames.
+fn over_ws<W>(c: &Conn<W>) -> bool {
+    c.kind().is_mqtt() && c.proto().mqtt().is_some_and(|m| m.ws)
 }
 
 /// What the subscribers need from around them.
@@ -99,9 +117,30 @@ pub(crate) trait Outside {
     /// The id of this node's MQTT connection in `slot` as a message's
     /// publisher ([`Message::origin`]): never 0.
     fn origin(&self, slot: u32) -> u64;
-    /// An MQTT client connected here with the client id `hash`
-    /// ([`super::mqtt_ids`]): the node's other workers close theirs.
-    fn client_id(&self, hash: u64);
+    /// An MQTT client connected here with the client id `hash` at
+    /// `claim` ([`super::mqtt_ids`]): the node's other workers close
+    /// theirs if it is older.
+    fn client_id(&self, hash: u64, claim: Claim);
+    /// An MQTT client with a client id connected: to the supervisor, which
+    /// keeps sessions ([`crate::sessions`]); a resume's answer comes to
+    /// [`Subscribers::session_resumed`].
+    fn session_open(&self, o: SessionOpen);
+    /// A persistent session's connection ended: its session, to keep.
+    fn session_park(&self, p: SessionPark);
+    /// A connection here joined or left a shared subscription: to the
+    /// supervisor, whose picks come to [`Subscribers::share_deliver`].
+    fn share_member(&self, m: ShareMember);
+}
+
+/// What a CONNECT with a client id asks of its session ([`Subscribers::add_mqtt`]).
+pub(crate) struct SessionStart {
+    /// Its id in the session records (from [`Subscribers::session_id`]).
+    pub(crate) id: u64,
+    /// Clean start; else its CONNACK waits for the session, and these are
+    /// it with session present 0 and 1.
+    pub(crate) resume: Option<[Bytes; 2]>,
+    /// It outlives the connection (its persist box is set).
+    pub(crate) persistent: bool,
 }
 
 /// A subscriber waiting for its channel's history, and what was published
@@ -143,6 +182,21 @@ fn client_message(p: &Publish<'_>, origin: u64) -> Message {
         origin,
         channel: p.topic.to_owned(),
         payload: Bytes::copy_from_slice(p.payload),
+    }
+}
+
+/// The message a QoS 1 or 2 delivery `q` (encoded for `version`) carries,
+/// for a persistent session to send again.
+fn message_of(version: Version, q: &Qos1) -> Option<Message> {
+    // Any packet id but 0 reads.
+    let packet = q.parts(&[0, 1]).concat();
+    let mut decoder = Decoder::server_connected(version, packet.len());
+    match decoder.decode(&packet) {
+        Ok(Some(d)) => match d.packet {
+            Packet::Publish(p) => Some(client_message(&p, 0)),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -191,6 +245,9 @@ pub(crate) struct Limits {
     pub(crate) max_subscriptions: usize,
     /// Bytes of filters one MQTT connection may hold (`--max-filter-bytes`).
     pub(crate) max_filter_bytes: usize,
+    /// The longest from an MQTT client id's claim to its registration
+    /// (the CONNACK write's `--handshake-timeout`, and a second).
+    pub(crate) claim_window: Duration,
 }
 
 impl Limits {
@@ -209,6 +266,7 @@ impl Limits {
             publish_guarded: cfg.auth.publish_guarded(),
             max_subscriptions: cfg.max_subscriptions,
             max_filter_bytes: cfg.max_filter_bytes,
+            claim_window: cfg.handshake_timeout + Duration::from_secs(1),
         }
     }
 }
@@ -341,6 +399,17 @@ pub(crate) struct Subscribers<O: Outside> {
     owed: RefCell<HashMap<u64, Owed<O::Wire>>>,
     /// MQTT client ids held here, for takeover ([`super::mqtt_ids`]).
     client_ids: RefCell<ClientIds>,
+    /// MQTT connections waiting for their session, and resumed ones'
+    /// fences ([`super::mqtt_session`]).
+    resumes: RefCell<Resumes<O::Wire>>,
+    /// The last relayed message whose fan-out here is done: a session
+    /// parked now may have missed those after it.
+    relayed_through: Cell<u64>,
+    /// Members here of MQTT shared subscriptions ([`super::mqtt_share`]).
+    shares: RefCell<Shares<O::Wire>>,
+    /// Wills of connections gone, waiting out their 5.0 Will Delay
+    /// Interval: the tick they are due at (a reconnect cancels one).
+    delayed_wills: RefCell<Vec<(u32, Box<Will>)>>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -425,7 +494,13 @@ impl<O: Outside> Subscribers<O> {
             next_rejoin: Cell::new(1),
             retained: RefCell::default(),
             owed: RefCell::default(),
-            client_ids: RefCell::default(),
+            client_ids: RefCell::new(ClientIds::new(
+                u64::try_from(limits.claim_window.as_nanos()).unwrap_or(u64::MAX),
+            )),
+            resumes: RefCell::default(),
+            relayed_through: Cell::new(0),
+            shares: RefCell::default(),
+            delayed_wills: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -450,6 +525,20 @@ impl<O: Outside> Subscribers<O> {
     /// table, for a subscriber of one), counts it, and handles what came
     /// in the same packet as its upgrade request or CONNECT.
     fn admit(&self, c: Conn<O::Wire>, channel: Option<&str>) -> io::Result<Rc<Conn<O::Wire>>> {
+        let c = self.admit_quiet(c, channel)?;
+        if c.has_rest() {
+            self.on_readable(&c, false);
+        }
+        Ok(c)
+    }
+
+    /// [`Self::admit`] without handling what came behind the upgrade or
+    /// CONNECT: the caller does, once it has done what must come first.
+    fn admit_quiet(
+        &self,
+        c: Conn<O::Wire>,
+        channel: Option<&str>,
+    ) -> io::Result<Rc<Conn<O::Wire>>> {
         let c = Rc::new(c);
         self.conns.borrow_mut().insert(&c);
         if let Err(e) = self.outside.watch(c.wire(), c.slot()) {
@@ -466,9 +555,6 @@ impl<O: Outside> Subscribers<O> {
             crate::metrics::inc(&self.counters.mqtt_open);
         }
         crate::metrics::inc(&self.counters.upgraded);
-        if c.has_rest() {
-            self.on_readable(&c, false);
-        }
         Ok(c)
     }
 
@@ -562,6 +648,10 @@ impl<O: Outside> Subscribers<O> {
         let mut rejoins = self.rejoins.borrow_mut();
         let Some(k) = rejoins.iter().position(|r| Rc::ptr_eq(&r.conn, c)) else {
             drop(rejoins);
+            // A resumed MQTT session's queue had what was relayed before its answer.
+            if self.resumes.borrow_mut().fenced(c, m.id) == Some(true) {
+                return Ok(Live::Repeat);
+            }
             // An MQTT subscriber waiting for retained messages holds too.
             let held = self.retained.borrow_mut().hold(c, m, self.limits.max_queue);
             if let Some(held) = held {
@@ -596,6 +686,10 @@ impl<O: Outside> Subscribers<O> {
     /// Takes a subscriber out of its channel, saying so when that was the
     /// channel's last subscriber here.
     pub(crate) fn unsubscribe(&self, c: &Conn<O::Wire>) {
+        if c.kind().is_mqtt() {
+            self.park_session(c);
+            self.leave_shares(c);
+        }
         let gone = self.channels.borrow_mut().unsubscribe(c);
         if let Some(name) = gone {
             self.outside.channel_interest(&name, false);
@@ -781,6 +875,7 @@ impl<O: Outside> Subscribers<O> {
         let more = f.next < f.conns.len();
         if !more {
             self.counters.fanout(f.started.elapsed(), f.cpu);
+            self.relayed_through.set(f.message.id);
         }
         more
     }
@@ -799,6 +894,7 @@ impl<O: Outside> Subscribers<O> {
     /// enforced within one ping interval of its `exp`, with no timer of its own.
     pub(crate) fn tick(&self) {
         let now = self.advance();
+        self.publish_due_wills(now);
         let wall = self.wall.get();
         let mut expired = Vec::new();
         let mut idle_out = Vec::new();
@@ -851,6 +947,15 @@ impl<O: Outside> Subscribers<O> {
         for (c, e) in slow {
             self.send_failed(&c, e);
         }
+        self.end_overdue(now);
+    }
+
+    /// Ends the closing handshakes past their grace and the queues stalled
+    /// past `--write-timeout` at tick `now`. A drain runs only this (no
+    /// pings, no idle checks): a client that neither answers our close
+    /// frame nor closes its socket must not keep a draining worker up
+    /// until `--drain-timeout`.
+    pub(crate) fn end_overdue(&self, now: u32) {
         let overdue: Vec<_> = {
             let mut closing = self.closing.borrow_mut();
             let mut out = Vec::new();
@@ -909,6 +1014,30 @@ impl<O: Outside> Subscribers<O> {
         if c.state() == State::Gone {
             return Err(SendError::Closed);
         }
+        if over_ws(c) {
+            return self.send_framed(c, frame);
+        }
+        self.send_raw(c, frame)
+    }
+
+    /// Hands an MQTT-over-WebSocket subscriber `packet` in a binary frame:
+    /// the header and the packet (encoded once for every subscriber) in
+    /// one `writev`; joined only for TLS, behind a queue, or what the
+    /// socket did not take.
+    fn send_framed(&self, c: &Rc<Conn<O::Wire>>, packet: &[u8]) -> Result<(), SendError> {
+        if c.is_tls() || c.has_queue() {
+            return self.send_raw(c, &Bytes::from(mqtt_ws::wrap(packet)));
+        }
+        let (h, n) = mqtt_ws::header(packet.len());
+        if let Some(unsent) = c.write_parts(&[&h[..n], packet, &[]])? {
+            self.start_queue(c, unsent);
+        }
+        Ok(())
+    }
+
+    /// [`Self::send`] of bytes that are already what goes on the wire (a
+    /// WebSocket frame, or a packet of MQTT not over WebSocket).
+    fn send_raw(&self, c: &Rc<Conn<O::Wire>>, frame: &Bytes) -> Result<(), SendError> {
         if c.is_tls() {
             let mut out = self.tls_out.borrow_mut();
             if c.seal(frame, &mut out).is_err() {
@@ -945,7 +1074,7 @@ impl<O: Outside> Subscribers<O> {
         if c.state() == State::Gone {
             return Err(SendError::Closed);
         }
-        if c.is_tls() || c.has_queue() {
+        if c.is_tls() || c.has_queue() || over_ws(c) {
             return self.send(c, &Bytes::from(parts.concat()));
         }
         if let Some(unsent) = c.write_parts(parts)? {
@@ -996,6 +1125,7 @@ impl<O: Outside> Subscribers<O> {
             if c.kind() == Kind::Mqtt5 {
                 let _ = self.send(c, &mqtt::disconnect(why));
             }
+            self.ws_goodbye(c, why);
             self.end_after_queue(c);
             return;
         }
@@ -1037,7 +1167,11 @@ impl<O: Outside> Subscribers<O> {
         self.counters.slow_consumer(cause);
         let partial = self.drop_queue(c);
         if !partial && c.kind() == Kind::Mqtt5 {
-            c.write_now(&mqtt::disconnect(CloseReason::SlowConsumer), &self.tls_out);
+            let mut d = mqtt::disconnect(CloseReason::SlowConsumer);
+            if over_ws(c) {
+                d = Bytes::from(mqtt_ws::wrap(&d));
+            }
+            c.write_now(&d, &self.tls_out);
         } else if !partial && c.kind() != Kind::Sse && !c.kind().is_mqtt() {
             let reason = if cause == "queue" {
                 "slow consumer: over --max-queue"
@@ -1076,6 +1210,7 @@ impl<O: Outside> Subscribers<O> {
         self.unsubscribe(c);
         self.forget_rejoin(c);
         if c.kind().is_mqtt() {
+            self.resumes.borrow_mut().forget(c);
             self.client_ids.borrow_mut().release(c.slot());
             self.publish_will(c);
             self.drop_inflight(c);
@@ -1201,8 +1336,11 @@ impl<O: Outside> Subscribers<O> {
             // or a reset, still ends it).
             return true;
         }
+        if over_ws(c) {
+            return self.on_mqtt_ws_bytes(c, buf);
+        }
         if c.kind().is_mqtt() {
-            return self.on_mqtt_bytes(c, buf);
+            return self.on_mqtt_bytes(c, buf).is_some();
         }
         let have = buf.len();
         let mut pos = 0;
@@ -1293,40 +1431,379 @@ impl<O: Outside> Subscribers<O> {
 
     /// Registers MQTT subscriber `c` after its CONNACK: in the slab and the
     /// readiness set, in no channel until it subscribes.
-    /// With its client id's hash `client_id` (none for an empty or an
-    /// assigned one), a connection that holds it already, here or on
-    /// another worker, is closed: taken over (5.0: DISCONNECT 0x8E).
-    pub(crate) fn add_mqtt(&self, c: Conn<O::Wire>, client_id: Option<u64>) -> io::Result<()> {
-        let c = self.admit(c, None)?;
-        if let Some(hash) = client_id {
-            let before = self.client_ids.borrow_mut().claim(hash, c.slot());
-            self.outside.client_id(hash);
-            if let Some(old) = before.and_then(|s| self.get(u64::from(s))) {
+    /// With its client id's hash and claim `client_id` (none for an empty
+    /// or an assigned id), the older of this and a connection that holds
+    /// it already, here or on another worker, is closed: taken over (5.0:
+    /// DISCONNECT 0x8E).
+    pub(crate) fn add_mqtt(
+        &self,
+        c: Conn<O::Wire>,
+        client_id: Option<(u64, Claim)>,
+        session: Option<SessionStart>,
+    ) -> io::Result<()> {
+        // The id is claimed before the packets read with the CONNECT are
+        // handled: a DISCONNECT among them ends the connection, and its
+        // slot with it.
+        let c = self.admit_quiet(c, None)?;
+        if let Some((hash, claim)) = client_id {
+            let claimed = self.client_ids.borrow_mut().claim(hash, c.slot(), claim);
+            let old = match claimed {
+                Claimed::Superseded => Some(Rc::clone(&c)),
+                Claimed::Replaced(s) => {
+                    self.outside.client_id(hash, claim);
+                    self.get(u64::from(s))
+                }
+                Claimed::First => {
+                    self.outside.client_id(hash, claim);
+                    None
+                }
+            };
+            if let Some(old) = old {
                 self.close(&old, 0, "", CloseReason::TakenOver);
             }
+            self.cancel_will(hash);
+            // After the takeover: a session it parks is the one resumed.
+            if let Some(start) = session
+                && c.is_open()
+            {
+                self.open_session(&c, hash, start);
+            }
+        }
+        if c.has_rest() {
+            self.on_readable(&c, false);
         }
         Ok(())
     }
 
+    /// A new id for a connection in the session records.
+    pub(crate) fn session_id(&self) -> u64 {
+        self.resumes.borrow_mut().next_id()
+    }
+
+    /// Tells the supervisor of `c`'s session; a resume waits for it.
+    fn open_session(&self, c: &Rc<Conn<O::Wire>>, hash: u64, start: SessionStart) {
+        self.outside.session_open(SessionOpen {
+            hash,
+            conn: start.id,
+            clean: start.resume.is_none(),
+            persistent: start.persistent,
+        });
+        if let Some(connacks) = start.resume {
+            let persist = persist_of(c);
+            let waiting = Waiting {
+                conn: c.clone(),
+                persist,
+                hash,
+                connacks,
+            };
+            self.resumes.borrow_mut().wait(start.id, waiting);
+        }
+    }
+
+    /// The supervisor's answer to a resume: CONNACK (session present as
+    /// it says), the session's subscriptions back in the tables, what
+    /// came while the client was away, in order; then live messages, less
+    /// those the session had. A connection that ended meanwhile parks
+    /// what it was given back.
+    pub(crate) fn session_resumed(&self, r: SessionResumed) {
+        let Some(w) = self.resumes.borrow_mut().answered(r.conn) else {
+            return;
+        };
+        let c = &w.conn;
+        if !c.is_open() {
+            if let Some(p) = w.persist {
+                self.outside.session_park(SessionPark {
+                    hash: w.hash,
+                    conn: r.conn,
+                    expiry: p.expiry,
+                    through: r.through,
+                    subs: r.subs,
+                    pending: r.messages,
+                });
+            }
+            return;
+        }
+        let [absent, present] = w.connacks;
+        if let Err(e) = self.send(c, if r.present { &present } else { &absent }) {
+            self.send_failed(c, e);
+            return;
+        }
+        for sub in &r.subs {
+            self.enter_mqtt(c, &sub.filter, sub.options);
+        }
+        if self.relayed_through.get() < r.through {
+            self.resumes.borrow_mut().fence(c, r.through);
+            c.set_rejoining(true);
+        }
+        let version = version_of(c.kind());
+        for m in &r.messages {
+            let qos = if m.exactly_once { 2 } else { 1 };
+            let Some(q) = Qos1::of(version, m) else {
+                continue;
+            };
+            let q = if qos == 2 { q.exactly_once() } else { q };
+            if self.over_client_max(c, m, qos) {
+                continue;
+            }
+            if let Err(e) = self.deliver_qos1(c, &q) {
+                self.send_failed(c, e);
+                return;
+            }
+            crate::metrics::inc(&self.counters.frames_delivered);
+        }
+    }
+
+    /// Puts MQTT subscriber `c` back in the tables for `filter` with
+    /// subscription byte `sub` (a resumed session's, checked when it was
+    /// subscribed).
+    fn enter_mqtt(&self, c: &Rc<Conn<O::Wire>>, filter: &str, sub: u8) {
+        if topic::is_wildcard(filter) {
+            if self.limits.wildcards {
+                let _ = self.channels.borrow_mut().subscribe_wild(filter, c, sub);
+            }
+        } else if channel::validate(filter).is_ok()
+            && self.channels.borrow_mut().subscribe_mqtt(filter, c, sub)
+        {
+            self.outside.channel_interest(filter, true);
+        }
+    }
+
+    /// A persistent session's connection is ending: its session goes to
+    /// the supervisor (once), with its subscriptions and the last fan-out
+    /// done here. One still waiting for its answer parks at the answer.
+    fn park_session(&self, c: &Conn<O::Wire>) {
+        let Some(p) = persist_of(c).filter(|p| !p.parked) else {
+            return;
+        };
+        if let Some(m) = c.proto_mut().mqtt_mut()
+            && let Some(kept) = m.state_mut().persist.as_deref_mut()
+        {
+            kept.parked = true;
+        }
+        if self.resumes.borrow().is_waiting(p.id) {
+            return;
+        }
+        let subs = self.channels.borrow_mut().mqtt_subscriptions(c);
+        // What the client has not received goes first when it is back.
+        let version = version_of(c.kind());
+        let unreceived = c.proto().mqtt().map(Mqtt::unreceived).unwrap_or_default();
+        let pending = unreceived
+            .iter()
+            .filter_map(|q| message_of(version, q))
+            .collect();
+        self.outside.session_park(SessionPark {
+            hash: p.hash,
+            conn: p.id,
+            expiry: p.expiry,
+            through: self.relayed_through.get(),
+            subs,
+            pending,
+        });
+    }
+
+    /// `c` subscribes to a shared subscription (`$share/...` parsed):
+    /// granted the QoS asked, or refused with a reason (counted).
+    fn share_subscribe(
+        &self,
+        c: &Rc<Conn<O::Wire>>,
+        shared: Result<(&str, &str), ()>,
+        sub: u8,
+        v5: bool,
+    ) -> ReasonCode {
+        let refuse = |kind, code| {
+            self.counters.mqtt_refused(kind);
+            if v5 { code } else { ReasonCode::UNSPECIFIED }
+        };
+        let Ok((key, filter)) = shared else {
+            return refuse("bad_share", ReasonCode::TOPIC_FILTER_INVALID);
+        };
+        if topic::check_filter(filter).is_err() {
+            return refuse("bad_share", ReasonCode::TOPIC_FILTER_INVALID);
+        }
+        if topic::is_wildcard(filter) && !self.limits.wildcards {
+            return refuse(
+                "wildcard_filter",
+                ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+            );
+        }
+        if self.shares.borrow_mut().join(key, c, sub) {
+            if let Some(m) = c.proto_mut().mqtt_mut() {
+                m.state_mut().shares.push(key.into());
+            }
+            self.outside.share_member(ShareMember {
+                key: key.to_owned(),
+                joined: true,
+            });
+        }
+        ReasonCode(sub & mqtt::QOS)
+    }
+
+    /// `c` leaves shared subscription `key`: whether it was a member.
+    fn leave_share(&self, c: &Conn<O::Wire>, key: &str) -> bool {
+        if !self.shares.borrow_mut().leave(key, c) {
+            return false;
+        }
+        if let Some(m) = c.proto_mut().mqtt_mut()
+            && let Some(s) = m.more.as_deref_mut()
+        {
+            s.shares.retain(|k| &**k != key);
+        }
+        self.outside.share_member(ShareMember {
+            key: key.to_owned(),
+            joined: false,
+        });
+        true
+    }
+
+    /// `c` is ending: it leaves every shared subscription it had.
+    fn leave_shares(&self, c: &Conn<O::Wire>) {
+        let keys = c
+            .proto()
+            .mqtt()
+            .and_then(Mqtt::state)
+            .map(|s| s.shares.clone())
+            .unwrap_or_default();
+        for key in keys {
+            self.leave_share(c, &key);
+        }
+    }
+
+    /// A message the supervisor gave this worker for one member of a
+    /// shared subscription: to the member whose turn it is, at the lower
+    /// of its QoS and the message's.
+    pub(crate) fn share_deliver(&self, d: ShareDeliver) {
+        let Some((c, sub)) = self.shares.borrow_mut().pick(&d.key) else {
+            return;
+        };
+        let m = &d.message;
+        let published = if m.at_most_once {
+            0
+        } else if m.exactly_once {
+            2
+        } else {
+            1
+        };
+        let qos = (sub & mqtt::QOS).min(published);
+        if !c.is_open() || self.over_client_max(&c, m, qos) {
+            return;
+        }
+        let version = version_of(c.kind());
+        let sent = match Qos1::of(version, m) {
+            Some(q) if qos > 0 => {
+                let q = if qos == 2 { q.exactly_once() } else { q };
+                self.deliver_qos1(&c, &q)
+            }
+            _ => self.send(&c, &mqtt::publish(version, m)),
+        };
+        match sent {
+            Ok(()) => crate::metrics::inc(&self.counters.frames_delivered),
+            Err(e) => self.send_failed(&c, e),
+        }
+    }
+
+    /// Relayed message `id` needs no fan-out here (nobody's fan-out waits
+    /// before it either): sessions parked from now on come after it.
+    pub(crate) fn passed(&self, id: u64) {
+        self.relayed_through.set(id);
+    }
+
     /// A connection on another worker took the client id `hash`: this
     /// worker's connection that holds it, if any, is closed.
-    pub(crate) fn taken_over(&self, hash: u64) {
-        let slot = self.client_ids.borrow_mut().take(hash);
+    pub(crate) fn taken_over(&self, hash: u64, claim: Claim) {
+        self.cancel_will(hash);
+        let slot = self.client_ids.borrow_mut().take(hash, claim);
         if let Some(old) = slot.and_then(|s| self.get(u64::from(s))) {
             self.close(&old, 0, "", CloseReason::TakenOver);
         }
     }
 
+    /// Handles an MQTT-over-WebSocket subscriber's frames in `buf`: their
+    /// packets as [`Self::on_mqtt_bytes`] does, then their pings and close;
+    /// keeps a split packet and a split frame ([`mqtt_ws::keep`]). False
+    /// when the connection ended.
+    fn on_mqtt_ws_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
+        let max_frame = self.limits.mqtt_packet + mqtt_ws::FRAME_SLACK;
+        let got = match mqtt_ws::unwrap(buf, max_frame) {
+            Ok(got) => got,
+            Err(e) => {
+                self.counters.mqtt_refused(e.label());
+                if c.is_open() {
+                    self.counters.closed(CloseReason::ProtocolError);
+                    self.unsubscribe(c);
+                }
+                let _ = self.send_raw(c, &close_frame(e.close_code(), &e.to_string()));
+                self.end_after_queue(c);
+                return false;
+            }
+        };
+        let Some(used) = self.mqtt_packets(c, &buf[..got.data]) else {
+            return false;
+        };
+        for control in got.controls {
+            match control {
+                mqtt_ws::Control::Ping(payload) => {
+                    let pong = ws::server_frame(OpCode::Pong, &payload);
+                    if let Err(e) = self.send_raw(c, &pong) {
+                        self.send_failed(c, e);
+                        return false;
+                    }
+                }
+                mqtt_ws::Control::Close(code) => {
+                    // Without DISCONNECT: its will is published as for a
+                    // dropped connection.
+                    if c.is_open() {
+                        self.counters.closed(CloseReason::PeerClose);
+                        self.unsubscribe(c);
+                    }
+                    let reply = close_frame(code.unwrap_or(close_code::NORMAL), "");
+                    let _ = self.send_raw(c, &reply);
+                    self.end_after_queue(c);
+                    return false;
+                }
+            }
+        }
+        let kept = mqtt_ws::keep(&buf[used..got.data], &buf[got.consumed..]);
+        if !kept.is_empty() && c.is_open() {
+            c.set_rest(&kept);
+        }
+        true
+    }
+
+    /// The WebSocket close frame that follows an MQTT-over-WebSocket
+    /// subscriber's last packet; nothing for others.
+    fn ws_goodbye(&self, c: &Rc<Conn<O::Wire>>, why: CloseReason) {
+        if over_ws(c) {
+            let code = if why == CloseReason::ProtocolError {
+                close_code::PROTOCOL
+            } else {
+                close_code::NORMAL
+            };
+            let _ = self.send_raw(c, &close_frame(code, ""));
+        }
+    }
+
     /// Handles every whole packet in `buf`, keeps a split one's bytes;
-    /// false when the connection ended.
-    pub(crate) fn on_mqtt_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
+    /// `None` when the connection ended.
+    pub(crate) fn on_mqtt_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> Option<()> {
+        let have = buf.len();
+        let pos = self.mqtt_packets(c, buf)?;
+        if pos < have && c.is_open() {
+            // Bounded: the decoder refuses a packet over max_packet.
+            c.set_rest(&buf[pos..have]);
+        }
+        Some(())
+    }
+
+    /// Handles every whole packet in `buf`: the bytes they took, or `None`
+    /// when the connection ended.
+    fn mqtt_packets(&self, c: &Rc<Conn<O::Wire>>, buf: &[u8]) -> Option<usize> {
         let have = buf.len();
         let mut pos = 0;
         let mut decoder = Decoder::server_connected(version_of(c.kind()), self.limits.mqtt_packet);
         while pos < have {
             if !c.is_open() {
                 // Closing after an answer: what follows is not read.
-                return true;
+                return Some(have);
             }
             let decoded = decoder.decode(&buf[pos..have]).map_err(|e| {
                 let mut out = Vec::new();
@@ -1338,34 +1815,78 @@ impl<O: Outside> Subscribers<O> {
                 Ok(Some(d)) => {
                     pos += d.consumed;
                     if !self.on_packet(c, d.packet) {
-                        return false;
+                        return None;
                     }
                 }
                 Err((e, answer)) => {
                     self.counters.mqtt_refused(e.label());
                     self.fail(c, &answer);
-                    return false;
+                    return None;
                 }
             }
         }
-        if pos < have {
-            // Bounded: the decoder refuses a packet over max_packet.
-            c.set_rest(&buf[pos..have]);
-        }
-        true
+        Some(pos)
     }
 
     /// Publishes `c`'s will, if it has one (its connection is ending
     /// without a DISCONNECT that dropped it).
     pub(crate) fn publish_will(&self, c: &Conn<O::Wire>) {
         let will = c.proto_mut().mqtt_mut().and_then(Mqtt::take_will);
-        if let Some(will) = will {
+        let Some(will) = will else { return };
+        // 5.0: after its delay, or when its session ends if that is sooner.
+        let session = persist_of(c).map_or(0, |p| p.expiry);
+        let delay = will.delay.min(session);
+        if delay == 0 || will.client == 0 {
+            self.send_will(*will);
+            return;
+        }
+        let due = self
+            .now
+            .get()
+            .wrapping_add(wheel::ticks(Duration::from_secs(u64::from(delay))));
+        self.delayed_wills.borrow_mut().push((due, will));
+        self.counters.mqtt_sent("will_delayed");
+    }
+
+    /// Publishes the delayed wills due at tick `now`.
+    fn publish_due_wills(&self, now: u32) {
+        if self.delayed_wills.borrow().is_empty() {
+            return;
+        }
+        let due: Vec<Box<Will>> = {
+            let mut wills = self.delayed_wills.borrow_mut();
+            let (due, wait) = wills
+                .drain(..)
+                // Due: `now` is at or past `at` (ticks wrap).
+                .partition(|(at, _)| now.wrapping_sub(*at) < 1 << 31);
+            *wills = wait;
+            due.into_iter().map(|(_, w)| w).collect()
+        };
+        for will in due {
+            self.send_will(*will);
+        }
+    }
+
+    /// Client `hash` connected again: its delayed will is not sent.
+    fn cancel_will(&self, hash: u64) {
+        let mut wills = self.delayed_wills.borrow_mut();
+        let before = wills.len();
+        wills.retain(|(_, w)| w.client != hash);
+        for _ in wills.len()..before {
+            self.counters.mqtt_sent("will_cancelled");
+        }
+    }
+
+    /// Publishes a will now.
+    fn send_will(&self, will: Will) {
+        {
             let Will {
                 channel,
                 payload,
                 properties,
                 retain,
-            } = *will;
+                ..
+            } = will;
             // A will is published at QoS 0 (its QoS is not kept).
             let m = Message {
                 id: 0,
@@ -1393,6 +1914,7 @@ impl<O: Outside> Subscribers<O> {
         if !answer.is_empty() {
             let _ = self.send(c, &Bytes::copy_from_slice(answer));
         }
+        self.ws_goodbye(c, CloseReason::ProtocolError);
         self.end_after_queue(c);
     }
 
@@ -1425,6 +1947,13 @@ impl<O: Outside> Subscribers<O> {
                     && let Some(m) = c.proto_mut().mqtt_mut()
                 {
                     m.drop_will();
+                }
+                // 5.0: the session's expiry may change at the end.
+                if let Some(expiry) = d.properties.session_expiry_interval()
+                    && let Some(m) = c.proto_mut().mqtt_mut()
+                    && let Some(p) = m.more.as_deref_mut().and_then(|s| s.persist.as_deref_mut())
+                {
+                    p.expiry = expiry;
                 }
                 self.counters.closed(CloseReason::PeerClose);
                 self.unsubscribe(c);
@@ -1471,13 +2000,20 @@ impl<O: Outside> Subscribers<O> {
         // handling: at every subscribe, only a new one's, or never).
         let mut retained = Vec::new();
         for (filter, options) in &s.filters {
-            let wants_retained = match options.retain_handling {
-                RetainHandling::OnSubscribe => true,
-                RetainHandling::OnNewSubscribe => {
-                    !self.channels.borrow().has_mqtt_subscription(filter, c)
-                }
-                RetainHandling::Never => false,
+            let shared = mqtt_share::parse(filter);
+            // A shared subscription's filter is what its grant must cover.
+            let target = match shared {
+                Some(Ok((_, f))) => f,
+                _ => filter,
             };
+            let wants_retained = shared.is_none()
+                && match options.retain_handling {
+                    RetainHandling::OnSubscribe => true,
+                    RetainHandling::OnNewSubscribe => {
+                        !self.channels.borrow().has_mqtt_subscription(filter, c)
+                    }
+                    RetainHandling::Never => false,
+                };
             // QoS 0, 1 or 2: what was asked; the 5.0 options beside it.
             let qos = (options.qos as u8).min(2);
             let granted = ReasonCode(qos);
@@ -1499,8 +2035,10 @@ impl<O: Outside> Subscribers<O> {
                 } else {
                     ReasonCode::UNSPECIFIED
                 }
-            } else if !self.mqtt_may_subscribe(c, filter) {
+            } else if !self.mqtt_may_subscribe(c, target) {
                 ReasonCode::NOT_AUTHORIZED
+            } else if let Some(shared) = shared {
+                self.share_subscribe(c, shared, sub, v5)
             } else if topic::is_wildcard(filter) {
                 let ok = self.limits.wildcards
                     && self
@@ -1571,23 +2109,19 @@ impl<O: Outside> Subscribers<O> {
         let v5 = c.kind() == Kind::Mqtt5;
         let mut codes = Vec::new();
         for filter in &u.filters {
-            if topic::is_wildcard(filter) {
-                let had = self.channels.borrow_mut().unsubscribe_wild(filter, c);
-                if v5 {
-                    codes.push(if had {
-                        ReasonCode::SUCCESS
-                    } else {
-                        ReasonCode::NO_SUBSCRIPTION_EXISTED
-                    });
+            let had = if let Some(Ok((key, _))) = mqtt_share::parse(filter) {
+                self.leave_share(c, key)
+            } else if topic::is_wildcard(filter) {
+                self.channels.borrow_mut().unsubscribe_wild(filter, c)
+            } else {
+                let left = self.channels.borrow_mut().unsubscribe_mqtt(filter, c);
+                if let Some(Some(name)) = &left {
+                    self.outside.channel_interest(name, false);
                 }
-                continue;
-            }
-            let left = self.channels.borrow_mut().unsubscribe_mqtt(filter, c);
-            if let Some(Some(name)) = &left {
-                self.outside.channel_interest(name, false);
-            }
+                left.is_some()
+            };
             if v5 {
-                codes.push(if left.is_some() {
+                codes.push(if had {
                     ReasonCode::SUCCESS
                 } else {
                     ReasonCode::NO_SUBSCRIPTION_EXISTED

@@ -19,6 +19,7 @@ use throng_proto::mqtt::topic::{FilterTrie, TooDeep};
 
 use super::conn::{Conn, NONE};
 use super::mqtt::{Mqtt, MqttState, QOS, Sub, WildSub};
+use crate::control::SessionSub;
 
 /// Live subscribers by slot. Invariant: `slots[c.slot] == Some(c)` for every
 /// connection in the table; free slots are listed in `free`.
@@ -232,8 +233,49 @@ impl<W> Channels<W> {
             n += m.subs.len() + m.wild.len();
             bytes += m.subs.iter().map(|s| name_len(s.channel)).sum::<usize>();
             bytes += m.wild.iter().map(|w| w.filter.len()).sum::<usize>();
+            n += m.shares.len();
+            bytes += m.shares.iter().map(|k| k.len()).sum::<usize>();
         }
         (n, bytes)
+    }
+
+    /// MQTT subscriber `c`'s subscriptions: each filter with its
+    /// subscription byte (QoS and 5.0 options), for its session to keep.
+    pub(crate) fn mqtt_subscriptions(&mut self, c: &Conn<W>) -> Vec<SessionSub> {
+        let mut out = Vec::new();
+        fn named<W>(
+            list: &[Option<(Rc<str>, Channel<W>)>],
+            id: u32,
+        ) -> Option<(String, &Channel<W>)> {
+            list.get(id as usize)
+                .and_then(Option::as_ref)
+                .map(|(name, ch)| (name.to_string(), ch))
+        }
+        if c.sub_pos() != NONE
+            && let Some((filter, _)) = named(&self.list, c.channel())
+        {
+            let options = c.proto().mqtt().map_or(0, |m| m.qos);
+            out.push(SessionSub { filter, options });
+        }
+        let Some(m) = state(c) else { return out };
+        for s in &m.subs {
+            if let Some((filter, ch)) = named(&self.list, s.channel) {
+                let options = ch.mqtt.get(s.pos as usize).map_or(0, |e| e.2);
+                out.push(SessionSub { filter, options });
+            }
+        }
+        for w in &m.wild {
+            let options = self
+                .wild
+                .get_mut(&w.filter)
+                .and_then(|subs| subs.get(w.pos as usize))
+                .map_or(0, |e| e.2);
+            out.push(SessionSub {
+                filter: w.filter.to_string(),
+                options,
+            });
+        }
+        out
     }
 
     /// Whether MQTT subscriber `c` has subscription `filter` already (an

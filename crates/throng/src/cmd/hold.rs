@@ -85,8 +85,10 @@ pub(crate) struct Args {
     #[arg(short = 'c', long, default_value_t = 1000)]
     connections: u64,
 
-    /// New connections per second: 2000/s, 5k/s, or a linear ramp 100/s..5000/s
-    /// (which ends as the last connection is due).
+    /// New connections per second: 2000/s, 5k/s, a linear ramp 100/s..5000/s
+    /// (which ends as the last connection is due), or stages
+    /// RATE[..RATE]@TIME,... (100/s@1m,100/s..2000/s@2m: each for its time, the
+    /// last rate going on until every connection is due).
     #[arg(short, long, default_value = "1000/s")]
     rate: RateSpec,
 
@@ -170,6 +172,20 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 0, value_name = "N")]
     max_lost: u64,
 
+    /// Exit 1 unless FIGURE OP VALUE holds at the end (repeatable):
+    /// 'lost==0', 'p99<100ms' (delivery), 'p99.9<1s', 'connect_p99<1s',
+    /// 'publish_p99<50ms', 'loss_rate<0.1%', 'connect_rate>=900/s'. Figures:
+    /// p50 p75 p90 p95 p99 p99.9 mean min max of delivery, connect_, publish_,
+    /// pushed_; loss_rate; connect_rate; lost, connect_errors, duplicated,
+    /// out_of_order, received, opened, publish_errors.
+    #[arg(long, value_name = "EXPR", value_parser = hold_threshold)]
+    threshold: Vec<throng_load::threshold::Threshold>,
+
+    /// Stop the run once a threshold can no longer pass: a count already
+    /// over its bound (lost==0 after a loss), or a max already passed.
+    #[arg(long)]
+    abort_on_fail: bool,
+
     /// Append per-second results (throng result-file format) to FILE.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -201,9 +217,10 @@ pub(crate) struct Args {
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "MQTT (mqtt:// and mqtts:// URLs)")]
 pub(crate) struct MqttArgs {
-    /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once) or 1 (at least
-    /// once, each delivery acknowledged with PUBACK).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    /// QoS of the subscriptions and of --publish mqtt://: 0 (at most once), 1 (at least
+    /// once, each delivery acknowledged with PUBACK) or 2 (exactly once: PUBREC, PUBREL,
+    /// PUBCOMP).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
     qos: u8,
 
     /// CONNECT's keep-alive: each subscriber sends PINGREQ every half of it (0: no keep-alive).
@@ -226,6 +243,11 @@ pub(crate) struct MqttArgs {
     /// CONNECT's password (with a broker that checks tokens, the token).
     #[arg(long)]
     password: Option<String>,
+
+    /// Connect only: CONNECT and keep-alive, no SUBSCRIBE (what idle devices cost a
+    /// broker). Not with --publish: nothing would be received.
+    #[arg(long)]
+    mqtt_connect_only: bool,
 }
 
 impl MqttArgs {
@@ -241,12 +263,13 @@ impl MqttArgs {
             || self.mqtt_version != "3.1.1"
             || self.client_id_prefix.is_some()
             || self.username.is_some()
-            || self.password.is_some();
+            || self.password.is_some()
+            || self.mqtt_connect_only;
         if !used {
             anyhow::ensure!(
                 !given,
-                "--qos, --mqtt-keepalive, --mqtt-version, --client-id-prefix, --username and \
-                 --password are for mqtt:// or mqtts:// URLs"
+                "--qos, --mqtt-keepalive, --mqtt-version, --client-id-prefix, --username, \
+                 --password and --mqtt-connect-only are for mqtt:// or mqtts:// URLs"
             );
             return Ok(None);
         }
@@ -270,6 +293,7 @@ impl MqttArgs {
             client_id_prefix: prefix,
             username: self.username.clone(),
             password: self.password.clone(),
+            connect_only: self.mqtt_connect_only,
         }))
     }
 }
@@ -293,6 +317,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         .as_deref()
         .is_some_and(|p| p.starts_with("mqtt://") || p.starts_with("mqtts://"));
     let mqtt = args.mqtt.options(target.mqtt || publish_mqtt)?;
+    anyhow::ensure!(
+        !(args.mqtt.mqtt_connect_only && args.publish.is_some()),
+        "--mqtt-connect-only subscribes to nothing: --publish would count every message lost"
+    );
     let publish = match &args.publish {
         Some(url) => Some(publish(&args, url, mqtt.as_ref())?),
         None => None,
@@ -334,6 +362,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             thresholds: hold::Thresholds {
                 max_connect_errors: args.max_connect_errors,
                 max_lost: args.max_lost,
+                given: args.threshold,
+                abort_on_fail: args.abort_on_fail,
             },
         },
         remote,
@@ -381,4 +411,10 @@ fn publish(args: &Args, url: &str, mqtt: Option<&MqttOptions>) -> anyhow::Result
         messages: args.messages,
         timeout: args.publish_timeout,
     })
+}
+
+/// `--threshold`: one expression on hold's figures.
+fn hold_threshold(text: &str) -> Result<throng_load::threshold::Threshold, String> {
+    throng_load::threshold::Threshold::parse(text, &hold::figures::FIGURES)
+        .map_err(|e| e.to_string())
 }

@@ -414,6 +414,9 @@ fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
         max_p99: None,
         max_lag: None,
         progress: Progress::QUIET,
+        per_request_format: None,
+        thresholds: Vec::new(),
+        abort_on_fail: false,
     }))
 }
 

@@ -224,6 +224,28 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SIZE", default_value = "16KiB", value_parser = parse_size)]
     max_filter_bytes: usize,
 
+    /// Messages an MQTT persistent session (3.1.1 clean session 0, 5.0 Session Expiry
+    /// Interval) keeps while its client is away; past it new ones are dropped for it
+    /// (counted: throng_mqtt_session_dropped_total{cause="queue"}).
+    #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_SESSION_QUEUE)]
+    mqtt_session_queue: usize,
+
+    /// Bytes the messages of every kept MQTT session may take in all; past it new ones
+    /// are dropped (cause="memory").
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    mqtt_sessions_memory: usize,
+
+    /// The longest an MQTT session is kept while its client is away (a 5.0 client's
+    /// Session Expiry Interval up to it; a 3.1.1 clean session 0 this long).
+    #[arg(long, value_name = "DURATION", default_value = "2h", value_parser = parse_duration)]
+    mqtt_session_expiry: Duration,
+
+    /// The longest keep-alive an MQTT 5.0 client gets: one asking for more (or for none)
+    /// is told this one in CONNACK (Server Keep Alive) and held to it. 3.1.1 has no way
+    /// to say so: its clients keep what they asked. Default: what the client asks.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    mqtt_max_keep_alive: Option<Duration>,
+
     /// Close (1008) a connection that sent nothing (not even a pong) for this long.
     /// Default: 3 x --ping-interval. Checked once per ping interval.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -237,7 +259,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     write_timeout: Duration,
 
-    /// On SIGTERM/SIGINT, wait this long for close handshakes before exiting.
+    /// On SIGTERM/SIGINT, wait at most this long for close handshakes before exiting
+    /// (it exits once the last connection is gone; a client that does not answer gets 5 s).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     drain_timeout: Duration,
 
@@ -245,7 +268,9 @@ pub(crate) struct Args {
     /// listening sockets come over its control socket, this server's workers
     /// start on them, then the old one closes its connections (WebSocket
     /// 1012, MQTT 5 DISCONNECT 0x8B, SSE end of stream) spread over
-    /// --drain-spread and exits. Without a running serve: starts normally.
+    /// --drain-spread and exits; without --redis it hands its --history
+    /// over, so clients rejoining with ?since= miss nothing. Only a serve of
+    /// the same user can be taken over. Without a running serve: starts normally.
     #[arg(long)]
     takeover: bool,
 
@@ -551,6 +576,12 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         test_backend: args.test_backend,
         max_subscriptions: args.max_subscriptions,
         max_filter_bytes: args.max_filter_bytes,
+        mqtt_session_queue: args.mqtt_session_queue,
+        mqtt_sessions_memory: args.mqtt_sessions_memory,
+        mqtt_session_expiry: u32::try_from(args.mqtt_session_expiry.as_secs()).unwrap_or(u32::MAX),
+        mqtt_max_keep_alive: args
+            .mqtt_max_keep_alive
+            .map(|d| u16::try_from(d.as_secs().max(1)).unwrap_or(u16::MAX)),
     };
     if config.proxy_protocol && config.trusted_proxies.is_empty() {
         anyhow::bail!(

@@ -168,6 +168,62 @@ fn connection_refused_is_counted_and_fails_the_run() {
     assert_eq!(code, 2);
 }
 
+/// `--threshold` on hold's figures, and `--abort-on-fail` ending a ramp that
+/// can no longer pass (every connection is refused: the first failure
+/// already breaks connect_errors==0).
+#[test]
+fn thresholds_and_abort_on_fail() {
+    let port = free_port();
+    let url = format!("ws://127.0.0.1:{port}/c");
+    let ramp = [
+        url.as_str(),
+        "-c",
+        "6000",
+        "--rate",
+        "200/s",
+        "--duration",
+        "0s",
+    ];
+    let (s, code, stderr) = hold(
+        &[
+            &ramp[..],
+            &[
+                "--max-connect-errors",
+                "6000",
+                "--threshold",
+                "connect_errors==0",
+                "--threshold",
+                "lost==0",
+                "--abort-on-fail",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "--abort-on-fail stops the run once connect_errors==0, lost==0 can no longer pass"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "FAIL: stopped early (--abort-on-fail): connect_errors==0: connect_errors is already"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("FAIL: connect_errors==0: connect_errors was"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("lost==0:"), "{stderr}");
+    assert!(s["aborted"].is_string() && s["stopped"] == true, "{s:#}");
+    assert!(count(&s, &["failed", "refused"]) < 6000, "{s:#}");
+    let (_, code, stderr) = hold(&[url.as_str(), "--threshold", "error_rate<1%"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("not one of hold's"), "{stderr}");
+}
+
 /// A server that accepts TCP and never answers the upgrade: handshake timeouts.
 #[test]
 fn silent_server_times_out_the_handshake() {
@@ -196,6 +252,43 @@ fn silent_server_times_out_the_handshake() {
     ]);
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(count(&s, &["failed", "timeout"]), 40, "{s:#}");
+}
+
+/// Stages of the connection rate: every connection opened on them, and
+/// stages that end at 0/s before the last connection is due are refused.
+#[test]
+fn connections_open_on_stages() {
+    let server = serve(&["--workers", "1"]);
+    let url = format!("ws://{}/c", server.addr);
+    let (s, code, stderr) = hold(&[
+        &url,
+        "-c",
+        "60",
+        "--rate",
+        "0/s..100/s@1s,100/s@1s",
+        "--duration",
+        "0s",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(count(&s, &["opened"]), 60, "{s:#}");
+    assert!(
+        stderr.contains("stage 1/2: 0/s..100/s for 1s (from 0s to 1s): 50 connections"),
+        "{stderr}"
+    );
+    let (_, code, stderr) = hold(&[
+        &url,
+        "-c",
+        "60",
+        "--rate",
+        "0/s..50/s@1s,50/s..0/s@1s",
+        "--duration",
+        "0s",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("open only 50 of the 60 connections"),
+        "{stderr}"
+    );
 }
 
 /// A plan that cannot fit is refused before any socket is opened, with the fix.

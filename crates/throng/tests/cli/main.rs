@@ -32,6 +32,8 @@ mod mqtt_listen;
 mod mqtt_qos;
 mod mqtt_retain;
 mod mqtt_serve;
+mod mqtt_session;
+mod mqtt_ws;
 mod newcomer;
 mod one_owner;
 mod output;
@@ -48,6 +50,7 @@ mod serve_tls;
 mod takeover;
 mod tls_client;
 mod tls_park;
+mod vegeta;
 
 use std::process::Command;
 use std::time::Duration;

@@ -178,7 +178,13 @@ impl<S: Read + Write> Client<S> {
 
 impl Client {
     /// Connects and sends CONNECT; the CONNACK is the first [`Client::next`].
-    fn open(addr: SocketAddr, version: Version, id: &str, keep_alive: u16, clean: bool) -> Self {
+    pub(crate) fn open(
+        addr: SocketAddr,
+        version: Version,
+        id: &str,
+        keep_alive: u16,
+        clean: bool,
+    ) -> Self {
         let s = TcpStream::connect(addr).expect("connect to the MQTT listener");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut c = Self::over(s, version);
@@ -327,7 +333,7 @@ fn mqtt_websocket_and_http_meet_on_a_channel_with_slashes() {
 }
 
 #[test]
-fn connack_says_the_session_is_clean_and_5_0_gets_an_assigned_id() {
+fn connack_says_no_session_was_kept_and_5_0_gets_an_assigned_id() {
     let (_s, mqtt) = mqtt_server(&[]);
     let mut v5 = Client::open(mqtt, Version::V5, "", 60, false);
     match v5.next() {
@@ -336,7 +342,7 @@ fn connack_says_the_session_is_clean_and_5_0_gets_an_assigned_id() {
             code,
             assigned_id,
         }) => {
-            assert!(!session_present, "no persistent session is kept");
+            assert!(!session_present, "a first connect finds no session");
             assert_eq!(code, 0);
             assert!(assigned_id.is_some_and(|id| id.starts_with("throng-")));
         }
@@ -916,4 +922,24 @@ fn a_retained_message_keeps_its_publishers_properties_and_qos_2() {
     assert_eq!(qos, QoS::ExactlyOnce);
     assert_eq!(props.len(), 1, "{props:?}");
     assert!(props[0].contains("unit"), "{props:?}");
+}
+
+/// `--mqtt-max-keep-alive`: a 5.0 client asking for more, or for none, is
+/// told the server's in CONNACK (Server Keep Alive) and held to it; one
+/// asking for less, and a 3.1.1 one, keep theirs.
+#[test]
+fn a_5_0_keep_alive_over_the_servers_maximum_is_told_the_maximum() {
+    let (_s, mqtt) = mqtt_server(&["--mqtt-max-keep-alive", "60s"]);
+    let server_keep_alive = |version, asked| {
+        let mut c = Client::open(mqtt, version, "ka", asked, true);
+        c.next_as(|p| match p {
+            Packet::Connack(c) => c.properties.server_keep_alive(),
+            other => panic!("{other:?}"),
+        })
+        .expect("a CONNACK")
+    };
+    assert_eq!(server_keep_alive(Version::V5, 120), Some(60));
+    assert_eq!(server_keep_alive(Version::V5, 0), Some(60));
+    assert_eq!(server_keep_alive(Version::V5, 30), None);
+    assert_eq!(server_keep_alive(Version::V311, 120), None);
 }

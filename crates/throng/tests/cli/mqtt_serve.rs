@@ -767,3 +767,93 @@ fn a_will_is_published_when_its_client_drops_and_not_otherwise() {
         );
     }
 }
+
+/// `throng hold mqtt:// --qos 2` with `--publish mqtt://` at QoS 2, against
+/// Mosquitto and throng serve: every message reaches every subscriber
+/// exactly once, each delivery completed with PUBREC, PUBREL, PUBCOMP
+/// (throng serve counts the PUBCOMPs it got and the publisher's PUBRELs).
+#[test]
+fn hold_at_qos_2_gets_every_message_exactly_once() {
+    require!(Peer::Mosquitto);
+    let (conns, messages) = (50u64, 20u64);
+    for start in Broker::both() {
+        let broker = start();
+        let name = broker.name();
+        let url = |topic: &str| format!("mqtt://127.0.0.1:{}/{topic}", broker.port());
+        let (code, s, stderr) = run_json(
+            "hold",
+            &[
+                &url("two/+"),
+                "-c",
+                &conns.to_string(),
+                "--qos",
+                "2",
+                "--publish",
+                &url("two/x"),
+                "--publish-rate",
+                "40/s",
+                "--messages",
+                &messages.to_string(),
+            ],
+        );
+        assert_eq!(code, 0, "{name}: hold failed: {stderr}\n{}", broker.log());
+        assert_eq!(count(&s, &["published"]), messages, "{name}: {s:#}");
+        assert_eq!(count(&s, &["received"]), conns * messages, "{name}: {s:#}");
+        for bad in ["lost", "duplicated", "out_of_order", "foreign"] {
+            assert_eq!(count(&s, &[bad]), 0, "{name}: {bad}: {s:#}");
+        }
+        if let Broker::Throng(server, _) = &broker {
+            let got = |t: &str| {
+                server.metric(&format!(
+                    "throng_mqtt_packets_received_total{{type=\"{t}\"}}"
+                ))
+            };
+            assert_eq!(got("PUBCOMP"), (conns * messages) as f64, "{name}");
+            assert_eq!(got("PUBREL"), messages as f64, "{name}");
+        }
+    }
+}
+
+/// `--mqtt-connect-only`: connections that CONNECT and send no SUBSCRIBE
+/// (idle devices), held open on throng serve and Mosquitto alike; with
+/// `--publish` it is refused.
+#[test]
+fn hold_can_connect_without_subscribing() {
+    require!(Peer::Mosquitto);
+    for start in Broker::both() {
+        let broker = start();
+        let name = broker.name();
+        let url = format!("mqtt://127.0.0.1:{}/idle", broker.port());
+        let (code, s, stderr) = run_json(
+            "hold",
+            &[&url, "-c", "40", "--mqtt-connect-only", "--duration", "2s"],
+        );
+        assert_eq!(code, 0, "{name}: hold failed: {stderr}\n{}", broker.log());
+        assert_eq!(count(&s, &["opened"]), 40, "{name}: {s:#}");
+        assert_eq!(count(&s, &["closed", "clean"]), 40, "{name}: {s:#}");
+        if let Broker::Throng(server, _) = &broker {
+            // hold ends once its DISCONNECTs are written; the workers may
+            // count them a moment later on a loaded machine.
+            let disconnects = server.wait_metric(
+                "throng_mqtt_packets_received_total{type=\"DISCONNECT\"}",
+                |v| v >= 40.0,
+            );
+            assert_eq!(disconnects, 40.0, "{name}");
+            let (_, metrics) = throng_testkit::http::get(server.ops, "/metrics");
+            assert!(!metrics.contains("type=\"SUBSCRIBE\""), "{name}: {metrics}");
+        }
+        let (code, _, stderr) = run_json(
+            "hold",
+            &[
+                &url,
+                "--mqtt-connect-only",
+                "--publish",
+                &url,
+                "--messages",
+                "1",
+            ],
+        );
+        assert_ne!(code, 0, "{name}: {stderr}");
+        assert!(stderr.contains("--mqtt-connect-only"), "{stderr}");
+    }
+}

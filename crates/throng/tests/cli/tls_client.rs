@@ -110,8 +110,10 @@ fn hold_wss_against_throng_serve_tls_resumes_across_workers() {
             &format!("wss://localhost:{}/news", tls.port()),
             "-c",
             "400",
+            // Slow enough that a loaded machine's first handshakes (and
+            // their tickets) end before most connections start.
             "--rate",
-            "1000/s",
+            "100/s",
             "-w",
             "2",
             "--tls-ca",
@@ -135,8 +137,9 @@ fn hold_wss_against_throng_serve_tls_resumes_across_workers() {
     assert_eq!(n(&s, &["lost"]), 0, "{s:#}");
     assert_eq!(n(&s, &["tls_full"]) + n(&s, &["tls_resumed"]), 400, "{s:#}");
     // Only the connections a client worker opens before its first ticket
-    // arrives are full (4 of 400 here); the rest resume on whichever server
-    // worker the kernel picks.
+    // arrives are full (a few of 400 on an idle machine, 160 at 1000/s on
+    // a loaded one); the rest resume on whichever server worker the
+    // kernel picks.
     assert!(n(&s, &["tls_resumed"]) >= 300, "{s:#}");
     let resumed = server.metric("throng_tls_handshakes_total{kind=\"tls1.3_resumed\"}");
     assert!(

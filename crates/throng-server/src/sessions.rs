@@ -1,0 +1,699 @@
+//! MQTT persistent sessions while their clients are away, in the
+//! supervisor, sans I/O: the node's one place every relayed message passes,
+//! so a client that reconnects lands on any worker and finds its session.
+//!
+//! A worker says when a client with a client id connects
+//! ([`SessionOpen`]): with clean start a kept session is dropped; without,
+//! the session kept is handed back ([`SessionResumed`]: its subscriptions
+//! and what came meanwhile, in order). While a persistent session is
+//! connected the supervisor only knows where (its owner); when the
+//! connection ends its worker parks it ([`SessionPark`]: subscriptions,
+//! unacknowledged deliveries, and the last relayed message its fan-outs
+//! had finished). The messages relayed after that one, which the worker
+//! may not have written, are matched again from the last
+//! [`RECENT`] relayed, kept only while a persistent session is connected.
+//!
+//! While parked, a relayed message that a subscription matches at QoS 1
+//! or 2 is queued for it (at the lower of the two QoS; QoS 0 ones are not
+//! kept, as Mosquitto does by default), up to `--mqtt-session-queue`
+//! messages per session and `--mqtt-sessions-memory` bytes in all; past
+//! either the message is dropped for that session and counted. A session
+//! ends after its expiry (5.0's Session Expiry Interval; 3.1.1's clean
+//! session 0 keeps it until `--mqtt-session-expiry`, the cap of both).
+//!
+//! A reconnect while the old connection is still open (a takeover) waits
+//! for that connection's park, up to [`WAIT_MS`]; a park from a connection
+//! that is no longer its session's owner (a clean start took over) is
+//! dropped. A worker that dies loses the sessions of its connections.
+
+use std::collections::{HashMap, VecDeque};
+
+use throng_proto::mqtt::topic::FilterTrie;
+use throng_proto::mqtt::{Properties, PropertiesBuf, Property};
+
+use crate::control::{Message, SessionOpen, SessionPark, SessionResumed, SessionSub};
+
+/// Relayed messages kept to close the gap between a connection's end and
+/// its park (a few control-socket round trips of traffic).
+pub const RECENT: usize = 4096;
+
+/// How long a resume waits for the park of the connection it takes over.
+pub const WAIT_MS: u64 = 3000;
+
+/// How long a channel's interest outlives its last parked session's
+/// resume: the resuming worker's own interest comes meanwhile, so Redis
+/// stays subscribed.
+const RELEASE_MS: u64 = 2000;
+
+/// Bytes a queued message is counted for besides its payload, channel and
+/// properties.
+const OVERHEAD: usize = 96;
+
+/// The flags that bound the sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Messages queued per session.
+    pub queue: usize,
+    /// Bytes queued in all sessions.
+    pub memory: usize,
+    /// The longest a session is kept, in seconds.
+    pub max_expiry: u32,
+}
+
+/// Counts for `/metrics`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionStats {
+    /// Sessions kept for clients away now.
+    pub parked: u64,
+    /// Messages queued in them now.
+    pub queued: u64,
+    /// Bytes queued in them now.
+    pub bytes: u64,
+    /// Resumes that found their session.
+    pub resumed: u64,
+    /// Sessions that expired.
+    pub expired: u64,
+    /// Messages dropped over `--mqtt-session-queue`.
+    pub dropped_queue: u64,
+    /// Messages dropped over `--mqtt-sessions-memory`.
+    pub dropped_memory: u64,
+    /// Parks whose gap was older than the recent messages kept: messages
+    /// relayed meanwhile may be missing from the session.
+    pub gap_missed: u64,
+}
+
+/// Where a connected persistent session is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    worker: usize,
+    conn: u64,
+}
+
+/// A session kept while its client is away.
+struct Parked {
+    subs: Vec<SessionSub>,
+    /// Each message with when it was queued (ms), for its 5.0 Message
+    /// Expiry Interval.
+    queue: VecDeque<(Message, u64)>,
+    bytes: usize,
+    expires_at: u64,
+}
+
+/// A resume waiting for the park of the connection it took over.
+struct Waiting {
+    hash: u64,
+    owner: Owner,
+    persistent: bool,
+    since: u64,
+}
+
+/// An answer for a worker's connection.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub worker: usize,
+    pub resumed: SessionResumed,
+}
+
+/// The sessions of one node.
+pub struct Sessions {
+    limits: Limits,
+    parked: HashMap<u64, Parked>,
+    /// Filter: the parked sessions subscribed to it, with their options.
+    index: FilterTrie<Vec<(u64, u8)>>,
+    owners: HashMap<u64, Owner>,
+    waiting: Vec<Waiting>,
+    recent: VecDeque<Message>,
+    /// The last relayed message.
+    last: u64,
+    /// The time (ms) of the last call that said it.
+    clock: u64,
+    /// Channels (exact filters) that gained their first parked session
+    /// (`true`) or lost their last (`false`), for the broker's interest
+    /// (`--redis-mode channels`), not yet taken ([`Self::take_interest`]).
+    interest: Vec<(String, bool)>,
+    /// Channels whose last parked session resumed: their interest ends a
+    /// little later (at the tick past the time here, ms), once the worker
+    /// that took the session has said its own.
+    releases: Vec<(String, u64)>,
+    bytes: usize,
+    stats: SessionStats,
+}
+
+/// The QoS message `m` was published at.
+fn qos_of(m: &Message) -> u8 {
+    if m.at_most_once {
+        0
+    } else if m.exactly_once {
+        2
+    } else {
+        1
+    }
+}
+
+/// `m` to be delivered at `qos` (1 or 2).
+fn at_qos(m: &Message, qos: u8) -> Message {
+    Message {
+        at_most_once: false,
+        exactly_once: qos == 2,
+        ..m.clone()
+    }
+}
+
+fn cost(m: &Message) -> usize {
+    OVERHEAD + m.channel.len() + m.properties.len() + m.payload.len()
+}
+
+/// `m` as it goes out `waited` ms after it was queued: with its 5.0
+/// Message Expiry Interval less the whole seconds it waited, or `None`
+/// once that interval is over (MQTT-3.3.2-5 and -6).
+fn unexpired(mut m: Message, waited: u64) -> Option<Message> {
+    let Ok(props) = Properties::of_publish(&m.properties) else {
+        return Some(m);
+    };
+    let Some(interval) = props.iter().find_map(|p| match p {
+        Property::MessageExpiryInterval(s) => Some(s),
+        _ => None,
+    }) else {
+        return Some(m);
+    };
+    let waited = u32::try_from(waited / 1000).unwrap_or(u32::MAX);
+    let left = interval.checked_sub(waited).filter(|&s| s > 0)?;
+    let mut out = PropertiesBuf::new();
+    for p in props.iter() {
+        let p = match p {
+            Property::MessageExpiryInterval(_) => Property::MessageExpiryInterval(left),
+            other => other,
+        };
+        // The same properties, one value changed: they fit as they did.
+        let _ = out.push(p);
+    }
+    m.properties = bytes::Bytes::copy_from_slice(out.properties().as_bytes());
+    Some(m)
+}
+
+impl Sessions {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            parked: HashMap::new(),
+            index: FilterTrie::new(),
+            owners: HashMap::new(),
+            waiting: Vec::new(),
+            recent: VecDeque::new(),
+            last: 0,
+            clock: 0,
+            interest: Vec::new(),
+            releases: Vec::new(),
+            bytes: 0,
+            stats: SessionStats::default(),
+        }
+    }
+
+    /// A client connected on `worker` at `now` (ms): for a resume, the
+    /// answer, unless it waits for the park of the connection it took over.
+    pub fn open(&mut self, worker: usize, o: &SessionOpen, now: u64) -> Option<Reply> {
+        self.clock = now;
+        let owner = Owner {
+            worker,
+            conn: o.conn,
+        };
+        if o.clean {
+            self.drop_parked(o.hash);
+            self.set_owner(o.hash, owner, o.persistent);
+            return None;
+        }
+        if let Some(p) = self.take_parked(o.hash) {
+            self.set_owner(o.hash, owner, o.persistent);
+            return Some(self.reply(owner, Some(p), now));
+        }
+        if self.owners.get(&o.hash).is_some_and(|&old| old != owner) {
+            self.waiting.push(Waiting {
+                hash: o.hash,
+                owner,
+                persistent: o.persistent,
+                since: now,
+            });
+            return None;
+        }
+        self.set_owner(o.hash, owner, o.persistent);
+        Some(self.reply(owner, None, now))
+    }
+
+    /// A persistent session's connection on `worker` ended at `now` (ms):
+    /// kept, or handed to the resume waiting for it.
+    pub fn park(&mut self, worker: usize, p: SessionPark, now: u64) -> Option<Reply> {
+        let owner = Owner {
+            worker,
+            conn: p.conn,
+        };
+        if self.owners.get(&p.hash) != Some(&owner) {
+            // A clean start took the client id over since.
+            return None;
+        }
+        self.owners.remove(&p.hash);
+        let expiry = p.expiry.min(self.limits.max_expiry);
+        let mut parked = Parked {
+            subs: p.subs,
+            queue: VecDeque::new(),
+            bytes: 0,
+            expires_at: now.saturating_add(u64::from(expiry) * 1000),
+        };
+        for m in &p.pending {
+            let qos = qos_of(m).max(1);
+            self.push(&mut parked, m, qos, now);
+        }
+        // What was relayed after the worker's last finished fan-out.
+        if self.recent.front().is_some_and(|m| m.id > p.through + 1) {
+            self.stats.gap_missed += 1;
+        }
+        let gap: Vec<Message> = self
+            .recent
+            .iter()
+            .filter(|m| m.id > p.through)
+            .cloned()
+            .collect();
+        for m in &gap {
+            let sub = parked
+                .subs
+                .iter()
+                .filter(|s| throng_proto::mqtt::topic::matches(&s.filter, &m.channel))
+                .map(|s| s.options & 3)
+                .max();
+            if let Some(qos) = sub.map(|s| s.min(qos_of(m))).filter(|&q| q > 0) {
+                self.push(&mut parked, m, qos, now);
+            }
+        }
+        if let Some(k) = self.waiting.iter().position(|w| w.hash == p.hash) {
+            let w = self.waiting.swap_remove(k);
+            self.set_owner(p.hash, w.owner, w.persistent);
+            self.bytes -= parked.bytes;
+            return Some(self.reply(w.owner, Some(parked), now));
+        }
+        if expiry == 0 {
+            self.bytes -= parked.bytes;
+            return None;
+        }
+        for s in &parked.subs {
+            let first = self.index.get_mut(&s.filter).is_none();
+            if let Ok(v) = self.index.get_or_insert_with(&s.filter, Vec::new) {
+                v.push((p.hash, s.options));
+                if first && !throng_proto::mqtt::topic::is_wildcard(&s.filter) {
+                    self.interest.push((s.filter.clone(), true));
+                }
+            }
+        }
+        if let Some(old) = self.parked.insert(p.hash, parked) {
+            self.bytes -= old.bytes;
+        }
+        None
+    }
+
+    /// Whether relayed messages are wanted ([`Self::relayed`]): while a
+    /// persistent session is connected or parked; else only their ids
+    /// ([`Self::passed`]).
+    pub fn wants(&self) -> bool {
+        !self.owners.is_empty() || !self.parked.is_empty()
+    }
+
+    /// Message `id` was relayed while no session wanted it.
+    pub fn passed(&mut self, id: u64) {
+        self.last = id;
+        self.recent.clear();
+    }
+
+    /// Message `m` was relayed to the workers: queued for the parked
+    /// sessions it matches.
+    pub fn relayed(&mut self, m: &Message, now: u64) {
+        self.last = m.id;
+        if self.owners.is_empty() {
+            self.recent.clear();
+        } else {
+            if self.recent.len() >= RECENT {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(m.clone());
+        }
+        if self.parked.is_empty() || m.at_most_once {
+            return;
+        }
+        let mut hits: Vec<(u64, u8)> = Vec::new();
+        self.index.for_each_match(&m.channel, |subs| {
+            hits.extend(subs.iter().map(|&(h, o)| (h, o & 3)));
+        });
+        // A session two of whose filters match gets it once, at the higher QoS.
+        hits.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        hits.dedup_by_key(|h| h.0);
+        let published = qos_of(m);
+        for (hash, sub) in hits {
+            let qos = sub.min(published);
+            if qos == 0 {
+                continue;
+            }
+            if let Some(mut p) = self.parked.remove(&hash) {
+                self.push(&mut p, m, qos, now);
+                self.parked.insert(hash, p);
+            }
+        }
+    }
+
+    /// Expires sessions and gives up waiting for parks at `now` (ms): the
+    /// resumes that waited too long are answered without a session.
+    pub fn tick(&mut self, now: u64) -> Vec<Reply> {
+        self.clock = now;
+        let mut k = 0;
+        while k < self.releases.len() {
+            if self.releases[k].1 > now {
+                k += 1;
+                continue;
+            }
+            let (channel, _) = self.releases.swap_remove(k);
+            // Parked again meanwhile: still wanted.
+            if self.index.get_mut(&channel).is_none() {
+                self.interest.push((channel, false));
+            }
+        }
+        let expired: Vec<u64> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.expires_at <= now)
+            .map(|(&h, _)| h)
+            .collect();
+        for h in expired {
+            self.drop_parked(h);
+            self.stats.expired += 1;
+        }
+        let mut out = Vec::new();
+        let mut k = 0;
+        while k < self.waiting.len() {
+            if now.saturating_sub(self.waiting[k].since) < WAIT_MS {
+                k += 1;
+                continue;
+            }
+            let w = self.waiting.swap_remove(k);
+            self.set_owner(w.hash, w.owner, w.persistent);
+            out.push(self.reply(w.owner, None, now));
+        }
+        out
+    }
+
+    /// Worker `worker` died (or was replaced): its connections' sessions
+    /// are lost, and its waiting resumes with them.
+    pub fn worker_gone(&mut self, worker: usize) {
+        self.owners.retain(|_, o| o.worker != worker);
+        self.waiting.retain(|w| w.owner.worker != worker);
+    }
+
+    /// The interest changes since the last call, in order.
+    pub fn take_interest(&mut self) -> Vec<(String, bool)> {
+        std::mem::take(&mut self.interest)
+    }
+
+    pub fn stats(&self) -> SessionStats {
+        SessionStats {
+            parked: self.parked.len() as u64,
+            queued: self.parked.values().map(|p| p.queue.len() as u64).sum(),
+            bytes: self.bytes as u64,
+            ..self.stats
+        }
+    }
+
+    fn set_owner(&mut self, hash: u64, owner: Owner, persistent: bool) {
+        if persistent {
+            self.owners.insert(hash, owner);
+        } else {
+            self.owners.remove(&hash);
+        }
+    }
+
+    /// Queues `m` at `qos` for `p` at `now` (ms), or drops it (counted).
+    fn push(&mut self, p: &mut Parked, m: &Message, qos: u8, now: u64) {
+        let n = cost(m);
+        if p.queue.len() >= self.limits.queue {
+            self.stats.dropped_queue += 1;
+        } else if self.bytes + n > self.limits.memory {
+            self.stats.dropped_memory += 1;
+        } else {
+            p.queue.push_back((at_qos(m, qos), now));
+            p.bytes += n;
+            self.bytes += n;
+        }
+    }
+
+    /// Takes the session of `hash` out of the tables.
+    fn take_parked(&mut self, hash: u64) -> Option<Parked> {
+        let p = self.parked.remove(&hash)?;
+        for s in &p.subs {
+            let empty = self.index.get_mut(&s.filter).is_some_and(|v| {
+                v.retain(|&(h, _)| h != hash);
+                v.is_empty()
+            });
+            if empty {
+                self.index.remove(&s.filter);
+                if !throng_proto::mqtt::topic::is_wildcard(&s.filter) {
+                    self.releases
+                        .push((s.filter.clone(), self.clock + RELEASE_MS));
+                }
+            }
+        }
+        self.bytes -= p.bytes;
+        Some(p)
+    }
+
+    fn drop_parked(&mut self, hash: u64) {
+        self.take_parked(hash);
+        self.waiting.retain(|w| w.hash != hash);
+    }
+
+    fn reply(&mut self, owner: Owner, p: Option<Parked>, now: u64) -> Reply {
+        let present = p.is_some();
+        if present {
+            self.stats.resumed += 1;
+        }
+        let (subs, messages) = p.map_or((Vec::new(), Vec::new()), |p| {
+            let messages = p
+                .queue
+                .into_iter()
+                .filter_map(|(m, at)| unexpired(m, now.saturating_sub(at)))
+                .collect();
+            (p.subs, messages)
+        });
+        Reply {
+            worker: owner.worker,
+            resumed: SessionResumed {
+                conn: owner.conn,
+                present,
+                through: self.last,
+                subs,
+                messages,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::history::MessageId;
+
+    impl Sessions {
+        fn relayed_at(&mut self, m: &Message) {
+            self.relayed(m, 0);
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            queue: 3,
+            memory: 1 << 20,
+            max_expiry: 3600,
+        }
+    }
+
+    fn msg(id: u64, channel: &str, qos: u8) -> Message {
+        Message {
+            id,
+            message: MessageId::NONE,
+            text: false,
+            at_most_once: qos == 0,
+            exactly_once: qos == 2,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
+            channel: channel.to_owned(),
+            payload: Bytes::from(format!("m{id}")),
+        }
+    }
+
+    fn open(hash: u64, conn: u64, clean: bool) -> SessionOpen {
+        SessionOpen {
+            hash,
+            conn,
+            clean,
+            persistent: true,
+        }
+    }
+
+    fn park(hash: u64, conn: u64, through: u64, filters: &[(&str, u8)]) -> SessionPark {
+        SessionPark {
+            hash,
+            conn,
+            expiry: 60,
+            through,
+            subs: filters
+                .iter()
+                .map(|&(f, o)| SessionSub {
+                    filter: f.to_owned(),
+                    options: o,
+                })
+                .collect(),
+            pending: Vec::new(),
+        }
+    }
+
+    fn payloads(r: &Reply) -> Vec<(String, bool)> {
+        r.resumed
+            .messages
+            .iter()
+            .map(|m| {
+                (
+                    String::from_utf8_lossy(&m.payload).into_owned(),
+                    m.exactly_once,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_parked_session_queues_what_it_matches_and_hands_it_back_in_order() {
+        let mut s = Sessions::new(limits());
+        let first = s.open(0, &open(7, 1, false), 0).unwrap();
+        assert!(!first.resumed.present);
+        assert_eq!(s.park(0, park(7, 1, 0, &[("a/+", 1), ("b", 2)]), 10), None);
+        s.relayed_at(&msg(1, "a/x", 2));
+        s.relayed_at(&msg(2, "c", 1));
+        s.relayed_at(&msg(3, "b", 0));
+        s.relayed_at(&msg(4, "b", 2));
+        assert_eq!(s.stats().queued, 2);
+        let r = s.open(1, &open(7, 5, false), 20).unwrap();
+        assert_eq!(r.worker, 1);
+        assert!(r.resumed.present);
+        assert_eq!(r.resumed.through, 4);
+        assert_eq!(r.resumed.subs.len(), 2);
+        // QoS 2 on a QoS 1 subscription comes at 1; QoS 0 is not kept.
+        assert_eq!(
+            payloads(&r),
+            vec![("m1".to_owned(), false), ("m4".to_owned(), true)]
+        );
+        assert_eq!(s.stats().parked, 0);
+        assert_eq!(s.stats().bytes, 0);
+    }
+
+    #[test]
+    fn a_message_expiry_interval_counts_down_while_queued_and_ends_it() {
+        let mut props = PropertiesBuf::new();
+        props.push(Property::MessageExpiryInterval(6)).unwrap();
+        props.push(Property::ContentType("text/plain")).unwrap();
+        let mut six = msg(1, "t", 1);
+        six.properties = Bytes::copy_from_slice(props.properties().as_bytes());
+        let left = unexpired(six.clone(), 3_500).unwrap();
+        let p = Properties::of_publish(&left.properties).unwrap();
+        let got: Vec<_> = p.iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                Property::MessageExpiryInterval(3),
+                Property::ContentType("text/plain")
+            ]
+        );
+        assert_eq!(unexpired(six, 6_000), None);
+        assert!(unexpired(msg(2, "t", 1), u64::MAX).is_some(), "no interval");
+    }
+
+    #[test]
+    fn a_parked_channel_is_wanted_until_a_while_after_its_resume() {
+        let mut s = Sessions::new(limits());
+        s.open(0, &open(7, 1, false), 0);
+        s.park(0, park(7, 1, 0, &[("t", 1), ("w/+", 1)]), 0);
+        assert_eq!(s.take_interest(), vec![("t".to_owned(), true)]);
+        s.open(0, &open(7, 2, false), 1000);
+        assert!(s.tick(2999).is_empty());
+        assert!(s.take_interest().is_empty(), "not yet");
+        s.tick(3000);
+        assert_eq!(s.take_interest(), vec![("t".to_owned(), false)]);
+    }
+
+    #[test]
+    fn the_queue_and_memory_caps_drop_and_count() {
+        let mut s = Sessions::new(limits());
+        s.open(0, &open(7, 1, false), 0);
+        s.park(0, park(7, 1, 0, &[("#", 1)]), 0);
+        for id in 1..=5 {
+            s.relayed_at(&msg(id, "t", 1));
+        }
+        assert_eq!(s.stats().dropped_queue, 2);
+        let mut small = Sessions::new(Limits {
+            memory: 2 * (OVERHEAD + 3),
+            ..limits()
+        });
+        small.open(0, &open(7, 1, false), 0);
+        small.park(0, park(7, 1, 0, &[("t", 1)]), 0);
+        for id in 1..=3 {
+            small.relayed_at(&msg(id, "t", 1));
+        }
+        assert_eq!(small.stats().dropped_memory, 1);
+        assert_eq!(small.stats().queued, 2);
+    }
+
+    #[test]
+    fn messages_relayed_after_the_last_fanout_are_matched_at_the_park() {
+        let mut s = Sessions::new(limits());
+        s.open(0, &open(7, 1, true), 0);
+        for id in 1..=3 {
+            s.relayed_at(&msg(id, "t", 1));
+        }
+        // The worker had finished the fan-out of 1 only.
+        s.park(0, park(7, 1, 1, &[("t", 1)]), 0);
+        let r = s.open(0, &open(7, 2, false), 0).unwrap();
+        assert_eq!(payloads(&r).len(), 2);
+        assert_eq!(s.stats().gap_missed, 0);
+    }
+
+    #[test]
+    fn a_clean_start_drops_the_session_and_a_late_park_of_the_old_connection() {
+        let mut s = Sessions::new(limits());
+        s.open(0, &open(7, 1, false), 0);
+        s.park(0, park(7, 1, 0, &[("t", 1)]), 0);
+        s.relayed_at(&msg(1, "t", 1));
+        assert_eq!(s.open(0, &open(7, 2, true), 0), None);
+        assert_eq!(s.stats().parked, 0);
+        // Connection 2 is on; a park from 3 (taken over meanwhile) is stale.
+        s.park(0, park(7, 3, 0, &[("t", 1)]), 0);
+        assert_eq!(s.stats().parked, 0);
+        let r = s.open(1, &open(7, 4, false), 0);
+        assert_eq!(r, None, "waits for connection 2's park");
+        let r = s.park(0, park(7, 2, 1, &[("t", 1)]), 0).unwrap();
+        assert!(r.resumed.present);
+        assert_eq!(r.worker, 1);
+    }
+
+    #[test]
+    fn sessions_expire_a_resume_stops_waiting_and_a_dead_worker_forgets() {
+        let mut s = Sessions::new(limits());
+        s.open(0, &open(7, 1, false), 0);
+        s.park(0, park(7, 1, 0, &[("t", 1)]), 0);
+        assert!(s.tick(59_999).is_empty());
+        assert_eq!(s.stats().parked, 1);
+        s.tick(60_000);
+        assert_eq!(s.stats().parked, 0);
+        assert_eq!(s.stats().expired, 1);
+        s.open(0, &open(8, 1, true), 0);
+        assert_eq!(s.open(1, &open(8, 2, false), 100), None);
+        let late = s.tick(100 + WAIT_MS);
+        assert_eq!(late.len(), 1);
+        assert!(!late[0].resumed.present);
+        s.worker_gone(1);
+        assert!(s.open(0, &open(8, 3, false), 0).is_some(), "no owner left");
+    }
+}

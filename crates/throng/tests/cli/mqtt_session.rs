@@ -1,0 +1,334 @@
+//! MQTT persistent sessions and shared subscriptions on `throng serve`,
+//! with paho-mqtt (Python) as the client: 3.1.1's clean session 0 and 5.0's Session Expiry Interval
+//! keep the subscriptions and the QoS 1 messages published while the
+//! client is away, bounded by `--mqtt-session-queue`, handed back in order
+//! with session present 1 on whichever worker the client lands; a 5.0
+//! connection without an expiry ends it, and an expired one is gone; a
+//! shared subscription's messages go to one member each, in turn; a
+//! delayed will waits, and a reconnect cancels it.
+
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use throng_testkit::http::publish_ok;
+use throng_testkit::peers::dir;
+use throng_testkit::process::command;
+use throng_testkit::redis::Redis;
+use throng_testkit::{Peer, require};
+
+use throng_proto::mqtt::{
+    Connect, Packet, PacketId, Properties, PropertiesBuf, Property, QoS, Subscribe,
+    SubscriptionOptions, Version, Will,
+};
+
+use crate::mqtt_listen::{Client, Got, mqtt_server};
+
+/// One run of `mqtt_peer.py session` as client `id`: CONNACK's session
+/// present, and the (payload, qos) of the messages it got.
+fn session(mqtt: SocketAddr, id: &str, args: &[&str]) -> (bool, Vec<(String, u64)>) {
+    session_on(mqtt, id, "s/+", args)
+}
+
+/// [`session`] subscribing to `filter` (with `--subscribe`).
+fn session_on(
+    mqtt: SocketAddr,
+    id: &str,
+    filter: &str,
+    args: &[&str],
+) -> (bool, Vec<(String, u64)>) {
+    let mut child = command("python3")
+        .arg(dir().join("mqtt_peer.py"))
+        .args(["session", "127.0.0.1", &mqtt.port().to_string(), filter])
+        .args(["--client-id", id, "--qos", "1", "--timeout", "20"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start paho");
+    let out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut present = None;
+    let mut got = Vec::new();
+    for line in out.lines() {
+        let v: Value = serde_json::from_str(&line.expect("a line")).unwrap_or_default();
+        if let Some(p) = v.get("present") {
+            present = p.as_bool();
+        } else if v.get("topic").is_some() {
+            got.push((
+                v["payload"].as_str().unwrap_or("").to_owned(),
+                v["qos"].as_u64().unwrap_or(9),
+            ));
+        }
+    }
+    assert!(child.wait().expect("paho ends").success());
+    (present.expect("a CONNACK"), got)
+}
+
+#[test]
+fn a_session_keeps_subscriptions_and_messages_while_away_on_any_worker() {
+    require!(Peer::PythonPaho);
+    let (server, mqtt) = mqtt_server(&["--workers", "2", "--mqtt-session-queue", "3"]);
+    let (present, _) = session(mqtt, "dev-1", &["--subscribe", "--count", "0"]);
+    assert!(!present, "a first connect has no session");
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    // Reconnects land on either worker: each finds the session.
+    for round in 0..4 {
+        let mut want = Vec::new();
+        for k in 0..4 {
+            let body = format!("r{round}-{k}");
+            publish_ok(server.addr, &format!("s/{k}"), body.as_bytes(), None);
+            // The fourth is over --mqtt-session-queue.
+            if k < 3 {
+                want.push((body, 1));
+            }
+        }
+        server.wait_metric("throng_mqtt_session_messages", |v| v == 3.0);
+        let (present, got) = session(mqtt, "dev-1", &["--count", "3"]);
+        assert!(present, "round {round}\n{}", server.log());
+        assert_eq!(got, want, "round {round}");
+        server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    }
+    let dropped = server.metric("throng_mqtt_session_dropped_total{cause=\"queue\"}");
+    assert_eq!(dropped, 4.0);
+    assert_eq!(server.metric("throng_mqtt_sessions_resumed_total"), 4.0);
+
+    // 5.0 with no Session Expiry Interval resumes it, and it ends with
+    // that connection: the next resume finds none.
+    let (present, _) = session(mqtt, "dev-1", &["--v5", "--count", "0"]);
+    assert!(present);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 0.0);
+    let (present, _) = session(mqtt, "dev-1", &["--count", "0"]);
+    assert!(!present, "the session ended with the 5.0 connection");
+}
+
+#[test]
+fn a_5_0_session_lasts_its_expiry_interval() {
+    require!(Peer::PythonPaho);
+    let (server, mqtt) = mqtt_server(&["--workers", "1"]);
+    // A minute: kept however slow the machine is to start the next client.
+    let (present, _) = session(
+        mqtt,
+        "dev-5",
+        &["--v5", "--expiry", "60", "--subscribe", "--count", "0"],
+    );
+    assert!(!present);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    publish_ok(server.addr, "s/a", b"kept", None);
+    server.wait_metric("throng_mqtt_session_messages", |v| v == 1.0);
+    let (present, got) = session(mqtt, "dev-5", &["--v5", "--expiry", "1", "--count", "1"]);
+    assert!(present);
+    assert_eq!(got, vec![("kept".to_owned(), 1)]);
+    // Parked again, now for a second (this CONNECT's interval); then gone.
+    server.wait_metric("throng_mqtt_sessions_expired_total", |v| v == 1.0);
+    let (present, _) = session(mqtt, "dev-5", &["--v5", "--expiry", "1", "--count", "0"]);
+    assert!(!present, "expired");
+}
+
+/// Deliveries the client never acknowledged are sent again when it
+/// resumes its session (MQTT-4.4.0-1), before anything newer.
+#[test]
+fn deliveries_never_acknowledged_come_again_on_resume() {
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let connack = |present| Got::Connack {
+        session_present: present,
+        code: 0,
+        assigned_id: None,
+    };
+    let mut c = Client::open(mqtt, Version::V311, "unacked", 60, false);
+    assert_eq!(c.next(), Some(connack(false)));
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: PacketId::MIN,
+        properties: Properties::EMPTY,
+        filters: vec![("u/1", SubscriptionOptions::qos(QoS::AtLeastOnce))],
+    }));
+    assert_eq!(c.next(), Some(Got::Suback(1, vec![1])));
+    let got = |payload: &str| Got::Publish {
+        topic: "u/1".to_owned(),
+        payload: payload.as_bytes().to_vec(),
+        qos: QoS::AtLeastOnce,
+    };
+    for p in ["one", "two"] {
+        publish_ok(server.addr, "u/1", p.as_bytes(), None);
+        assert_eq!(c.next(), Some(got(p)));
+    }
+    // Gone without a PUBACK.
+    drop(c);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    publish_ok(server.addr, "u/1", b"three", None);
+    server.wait_metric("throng_mqtt_session_messages", |v| v == 3.0);
+    let mut c = Client::open(mqtt, Version::V311, "unacked", 60, false);
+    assert_eq!(c.next(), Some(connack(true)));
+    for p in ["one", "two", "three"] {
+        assert_eq!(c.next(), Some(got(p)));
+    }
+}
+
+/// `$share/group/filter`: each message to one member of the group, in
+/// turn, wherever on the node's workers the members are; a plain
+/// subscriber of the same topic gets every message.
+#[test]
+fn a_shared_subscription_gives_each_message_to_one_member_in_turn() {
+    require!(Peer::PythonPaho);
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let members: Vec<Child> = (0..3)
+        .map(|_| share_sub(mqtt, "$share/g/s/+", 10))
+        .collect();
+    let plain = share_sub(mqtt, "s/+", 30);
+    server.wait_metric("throng_mqtt_shared_members", |v| v == 3.0);
+    assert_eq!(server.metric("throng_mqtt_shared_groups"), 1.0);
+    for k in 0..30 {
+        publish_ok(
+            server.addr,
+            &format!("s/{}", k % 4),
+            format!("m{k}").as_bytes(),
+            None,
+        );
+    }
+    let mut all = Vec::new();
+    for m in members {
+        let got = finish(m);
+        assert_eq!(got.len(), 10, "one in three to each member: {got:?}");
+        all.extend(got);
+    }
+    all.sort();
+    let mut want: Vec<String> = (0..30).map(|k| format!("m{k}")).collect();
+    want.sort();
+    assert_eq!(all, want, "each message once");
+    assert_eq!(finish(plain).len(), 30);
+    server.wait_metric("throng_mqtt_shared_groups", |v| v == 0.0);
+
+    // A share filter without a group or a filter is refused per filter
+    // (5.0: 0x8F), and counted (a wildcard inside a level is malformed:
+    // the codec's answer).
+    let mut c = Client::connect(mqtt, Version::V5, "bad-share");
+    let codes = c.subscribe(1, &["$share/g", "$share//x", "$share/ok/x"]);
+    assert_eq!(codes, vec![0x8F, 0x8F, 0]);
+    server.wait_metric("throng_mqtt_refused_total{kind=\"bad_share\"}", |v| {
+        v == 2.0
+    });
+}
+
+/// A paho subscriber of `filter` at QoS 1 that takes `count` messages,
+/// started once its SUBACK came.
+fn share_sub(mqtt: SocketAddr, filter: &str, count: usize) -> Child {
+    let mut child = command("python3")
+        .arg(dir().join("mqtt_peer.py"))
+        .args(["sub", "127.0.0.1", &mqtt.port().to_string(), filter])
+        .args([
+            "--qos",
+            "1",
+            "--count",
+            &count.to_string(),
+            "--timeout",
+            "30",
+        ])
+        .args(["--v5", "--lines"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start paho");
+    let out = child.stdout.as_mut().expect("piped stdout");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    // Byte by byte: nothing past "ready" is read here.
+    while !line.ends_with(b"ready\n") {
+        let n = out.read(&mut byte).expect("read paho");
+        assert!(n > 0, "paho ended before its SUBACK");
+        line.push(byte[0]);
+    }
+    child
+}
+
+/// The payloads a [`share_sub`] subscriber got.
+fn finish(mut child: Child) -> Vec<String> {
+    let out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let got = out
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
+        .filter(|v| v.get("topic").is_some())
+        .map(|v| v["payload"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let _ = child.wait();
+    got
+}
+
+/// A 5.0 will with a Will Delay Interval is published after it (or when
+/// its session ends, if sooner), unless the client connects again first.
+#[test]
+fn a_delayed_will_waits_and_a_reconnect_cancels_it() {
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let mut watch = Client::connect(mqtt, Version::V5, "watch");
+    assert_eq!(watch.subscribe(1, &["w/1"]), vec![0]);
+    let dying = |id: &str, delay: u32| {
+        let mut props = PropertiesBuf::new();
+        props.push(Property::SessionExpiryInterval(60)).unwrap();
+        let mut will_props = PropertiesBuf::new();
+        will_props.push(Property::WillDelayInterval(delay)).unwrap();
+        let s = TcpStream::connect(mqtt).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client::over(s, Version::V5);
+        c.send(&Packet::Connect(Connect {
+            clean_start: true,
+            keep_alive: 60,
+            properties: props.properties(),
+            client_id: id,
+            will: Some(Will {
+                qos: QoS::AtMostOnce,
+                retain: false,
+                properties: will_props.properties(),
+                topic: "w/1",
+                payload: id.as_bytes(),
+            }),
+            username: None,
+            password: None,
+        }));
+        assert!(matches!(c.next(), Some(Got::Connack { code: 0, .. })));
+        // Gone without a DISCONNECT.
+        drop(c);
+    };
+    let sent = |kind: &str| format!("throng_mqtt_packets_sent_total{{type=\"{kind}\"}}");
+    dying("back-soon", 60);
+    server.wait_metric(&sent("will_delayed"), |v| v == 1.0);
+    let _back = Client::connect(mqtt, Version::V5, "back-soon");
+    server.wait_metric(&sent("will_cancelled"), |v| v == 1.0);
+
+    dying("gone", 1);
+    assert_eq!(watch.message(), ("w/1".to_owned(), "gone".to_owned()));
+    // The workers' counts reach /metrics a moment later.
+    let wills = server.wait_metric(&sent("will"), |v| v >= 1.0);
+    assert_eq!(wills, 1.0, "only the one not cancelled");
+}
+
+/// With `--redis` in channels mode a parked session keeps its node
+/// subscribed in Redis: what another node publishes meanwhile is kept.
+#[test]
+fn a_session_parked_on_one_node_gets_what_another_node_publishes() {
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::PythonPaho);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let args = ["--redis", &url, "--redis-mode", "channels"];
+    let (a, mqtt_a) = mqtt_server(&args);
+    let (b, _) = mqtt_server(&args);
+    a.wait_broker("up");
+    b.wait_broker("up");
+    // Channels mode: an exact filter (wildcards are refused there).
+    let (present, _) = session_on(mqtt_a, "dev-r", "s/1", &["--subscribe", "--count", "0"]);
+    assert!(!present);
+    a.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    // Published on B until A's session has one (Redis subscribes A to the
+    // channel for the session; the first may come before).
+    let mut n = 0;
+    while a.metric("throng_mqtt_session_messages") < 1.0 {
+        n += 1;
+        assert!(n < 200, "A's session never got one\n{}", a.log());
+        throng_testkit::http::publish_redis(b.addr, "s/1", &format!("r{n}"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (present, got) = session_on(mqtt_a, "dev-r", "s/1", &["--count", "1"]);
+    assert!(present);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].0.starts_with('r'), "{got:?}");
+}
