@@ -274,6 +274,8 @@ fn a_knee_search_serves_its_levels_live() {
         ],
     );
     assert_eq!(knee["types"]["throng_load_latency_seconds"], "histogram");
+    // The level it runs: the first, 50 requests a second.
+    assert_eq!(sample(&knee, "throng_load_knee_level{role=\"knee\"}"), 50.0);
     let (out, err) = interrupt(run);
     let k: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     assert_eq!(k["outcome"]["kind"], "interrupted", "{out}");
