@@ -23,6 +23,7 @@ use bytes::Bytes;
 
 mod handover;
 pub use handover::BadHandover;
+pub(crate) use handover::Reader as HandoverReader;
 
 /// A message's id: the node's epoch and its place in the node's sequence.
 /// Ordered as a pair, so ids of one node order its messages.

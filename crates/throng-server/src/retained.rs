@@ -26,6 +26,8 @@ use throng_proto::mqtt::topic;
 
 use crate::history::{CHANNEL_COST, Kept, MESSAGE_COST, MessageId};
 
+mod handover;
+
 /// The most retained messages one subscription is sent: a filter such as
 /// `#` on a node with many retained channels gets these (the answer says
 /// how many it left out, counted in `/metrics`).

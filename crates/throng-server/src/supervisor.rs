@@ -613,8 +613,9 @@ enum Event {
     Restart(usize, u64),
     /// News from the Redis broker task.
     Broker(redis::Event),
-    /// The history the serve we took over (its pid) handed over, or why not.
-    History(i32, Result<Vec<u8>, String>),
+    /// The history and retained messages the serve we took over (its pid)
+    /// handed over, or why not.
+    History(i32, Result<takeover::Handed, String>),
 }
 
 /// One worker slot; `generation` tells a restarted worker from the one before.
@@ -705,8 +706,9 @@ async fn supervise(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut sup = Supervisor::new(&plan.config, command, tx)?;
     sup.shared = plan.shared;
-    if handover.is_some() && plan.redis.is_none() && plan.config.history > 0 {
-        // Nothing is numbered or recovered before the old history is ours.
+    if handover.is_some() && plan.redis.is_none() {
+        // Nothing is numbered, recovered or read from the retained store
+        // before the old history and retained messages are ours.
         sup.held = Some(Vec::new());
     }
     if let Some(settings) = plan.redis.clone() {
@@ -759,7 +761,7 @@ async fn supervise(
                 }
                 Step::Go(reply) => {
                     deadline = Some(sup.taken_over());
-                    reply.send(sup.hand_history_over());
+                    reply.send(sup.hand_over());
                 }
                 Step::Abandoned => {
                     log!("throng: the takeover was abandoned; serving on");

@@ -14,7 +14,11 @@
 //! After `go` the old one answers `history N` and N bytes: its embedded
 //! history (`history::handover`), which the new one adopts before it
 //! numbers a message or answers a recovery (N is 0 with Redis or without
-//! history: nothing to hand over).
+//! history: nothing to hand over); then `retained N` and N bytes: its
+//! embedded retained MQTT messages (`retained::handover`; N is 0 with
+//! Redis, which keeps them for both), which the new one sets before it
+//! answers a subscription's retained read. An old server that closes
+//! after its history hands over no retained messages.
 
 use std::io::{self, BufRead as _, BufReader, Read as _, Write as _};
 use std::os::fd::{AsFd as _, OwnedFd};
@@ -122,43 +126,65 @@ impl Handover {
     }
 
     /// Tells the old server that our workers listen (it closes its own)
-    /// and reads the history it hands over (empty: none). Blocking: run it
-    /// on a thread of its own.
-    pub fn go(self) -> io::Result<Vec<u8>> {
+    /// and reads what it hands over (empty: none). Blocking: run it on a
+    /// thread of its own.
+    pub fn go(self) -> io::Result<Handed> {
         (&self.stream).write_all(b"go\n")?;
         // Writing out a large history takes the old server a moment.
         self.stream
             .set_read_timeout(Some(Duration::from_secs(60)))?;
         let mut r = BufReader::new(&self.stream);
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
-            // An old server that hands over nothing just closes.
-            return Ok(Vec::new());
-        }
-        let n = line
-            .trim()
-            .strip_prefix("history ")
-            .and_then(|n| n.parse::<u64>().ok())
-            .filter(|&n| n <= MAX_HISTORY)
-            .ok_or_else(|| io::Error::other(format!("unexpected answer {line:?}")))?;
-        let mut bytes = vec![0; usize::try_from(n).map_err(io::Error::other)?];
-        r.read_exact(&mut bytes)?;
-        Ok(bytes)
+        // An old server that hands over nothing (or no retained messages)
+        // just closes.
+        let history = read_part(&mut r, "history")?;
+        let retained = read_part(&mut r, "retained")?;
+        Ok(Handed { history, retained })
     }
 }
 
-/// The most history bytes a new server reads (the old one's is bounded by
-/// its `--history-max-memory`; this only stops a garbage length).
+/// Reads one part of what the old server hands over: a `<what> N` line
+/// and N bytes (empty when the server closed instead).
+fn read_part(r: &mut BufReader<&UnixStream>, what: &str) -> io::Result<Vec<u8>> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Ok(Vec::new());
+    }
+    let n = line
+        .trim()
+        .strip_prefix(what)
+        .and_then(|n| n.strip_prefix(' '))
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|&n| n <= MAX_HISTORY)
+        .ok_or_else(|| io::Error::other(format!("unexpected answer {line:?}")))?;
+    let mut bytes = vec![0; usize::try_from(n).map_err(io::Error::other)?];
+    r.read_exact(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// What the old server hands over after `go`: its embedded history and
+/// retained messages as handover bytes (each empty: none).
+#[derive(Debug, Default)]
+pub struct Handed {
+    /// `History::export`'s bytes.
+    pub history: Vec<u8>,
+    /// `Retained::export`'s bytes.
+    pub retained: Vec<u8>,
+}
+
+/// The most bytes of one part a new server reads (the old one's are
+/// bounded by its `--history-max-memory` and `--max-retained-memory`;
+/// this only stops a garbage length).
 const MAX_HISTORY: u64 = 1 << 36;
 
-/// The old server's way to hand its history over once told `go`.
+/// The old server's way to hand its history and retained messages over
+/// once told `go`.
 #[derive(Debug)]
-pub struct Reply(std::sync::mpsc::Sender<Vec<u8>>);
+pub struct Reply(std::sync::mpsc::Sender<Handed>);
 
 impl Reply {
-    /// Hands `history` (handover bytes; empty: none) to the new server.
-    pub fn send(self, history: Vec<u8>) {
-        let _ = self.0.send(history);
+    /// Hands `handed` to the new server.
+    pub fn send(self, handed: Handed) {
+        let _ = self.0.send(handed);
     }
 }
 
@@ -254,10 +280,13 @@ pub fn give(
     report(Step::Go(Reply(tx)));
     // The supervisor answers at once; without an answer the new server
     // starts with a history of its own.
-    let history = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    let handed = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
     let mut out = stream;
-    out.write_all(format!("history {}\n", history.len()).as_bytes())?;
-    out.write_all(&history)
+    for (what, bytes) in [("history", handed.history), ("retained", handed.retained)] {
+        out.write_all(format!("{what} {}\n", bytes.len()).as_bytes())?;
+        out.write_all(&bytes)?;
+    }
+    Ok(())
 }
 
 /// A running serve's control socket, in its supervisor's event loop.
@@ -387,7 +416,10 @@ mod tests {
             give(&s, &[addr.port()], &sockets, |st| {
                 steps.push(format!("{st:?}"));
                 if let Step::Go(reply) = st {
-                    reply.send(b"the history".to_vec());
+                    reply.send(Handed {
+                        history: b"the history".to_vec(),
+                        retained: b"retained".to_vec(),
+                    });
                 }
             })
             .unwrap();
@@ -397,7 +429,9 @@ mod tests {
         assert_eq!(h.sockets.len(), 1);
         let got = h.sockets[0].local_addr().unwrap().as_socket().unwrap();
         assert_eq!(got, addr);
-        assert_eq!(h.go().unwrap(), b"the history");
+        let handed = h.go().unwrap();
+        assert_eq!(handed.history, b"the history");
+        assert_eq!(handed.retained, b"retained");
         let steps = old.join().unwrap();
         assert_eq!(steps.len(), 2, "{steps:?}");
         assert_eq!(steps[0], "Release");

@@ -165,18 +165,29 @@ fn len32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// Reads the handover bytes in order, failing at their end.
-struct Reader<'a> {
+/// Reads handover bytes in order, failing at their end (the retained
+/// messages' handover reads with it too: `retained::handover`).
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn bad(&self, what: &'static str) -> BadHandover {
+    /// Reads `bytes` from their start.
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, at: 0 }
+    }
+
+    /// Whether every byte has been read.
+    pub(crate) fn done(&self) -> bool {
+        self.at == self.bytes.len()
+    }
+
+    pub(crate) fn bad(&self, what: &'static str) -> BadHandover {
         BadHandover { at: self.at, what }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], BadHandover> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], BadHandover> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
         let Some(end) = end else {
             return Err(self.bad("cut short"));
@@ -186,18 +197,18 @@ impl<'a> Reader<'a> {
         Ok(got)
     }
 
-    fn u16(&mut self) -> Result<u16, BadHandover> {
+    pub(crate) fn u16(&mut self) -> Result<u16, BadHandover> {
         let b = self.take(2)?;
         Ok(u16::from_be_bytes([b[0], b[1]]))
     }
 
-    fn u32(&mut self) -> Result<u32, BadHandover> {
+    pub(crate) fn u32(&mut self) -> Result<u32, BadHandover> {
         let mut a = [0; 4];
         a.copy_from_slice(self.take(4)?);
         Ok(u32::from_be_bytes(a))
     }
 
-    fn u64(&mut self) -> Result<u64, BadHandover> {
+    pub(crate) fn u64(&mut self) -> Result<u64, BadHandover> {
         let mut a = [0; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_be_bytes(a))

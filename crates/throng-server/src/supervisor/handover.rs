@@ -1,15 +1,16 @@
-//! The embedded history across `serve --takeover`: the old supervisor
-//! hands its history over when told `go` and numbers nothing after it;
-//! the new one holds every publish and recovery its workers send until
-//! that history is its own, so ids go on from the old serve's last and a
-//! subscriber rejoining with one of them misses nothing.
+//! The embedded history and retained messages across `serve --takeover`:
+//! the old supervisor hands both over when told `go` and numbers nothing
+//! after it; the new one holds every publish, recovery and retained read
+//! its workers send until they are its own, so ids go on from the old
+//! serve's last, a subscriber rejoining with one of them misses nothing,
+//! and a new MQTT subscription gets the retained messages set before.
 
 use tokio::sync::mpsc;
 
 use super::{Event, Supervisor};
 use crate::control::{Message, Record};
 use crate::history::Kept;
-use crate::takeover::Handover;
+use crate::takeover::{Handed, Handover};
 
 /// Says `go` to the old serve on a thread of its own (the exchange
 /// blocks); what it hands over arrives as [`Event::History`].
@@ -28,13 +29,17 @@ pub(super) fn go(h: Handover, events: mpsc::UnboundedSender<Event>) {
 }
 
 impl Supervisor {
-    /// Keeps `rec` for later when it is a publish or a recovery and the
-    /// old serve's history has not come yet; gives it back otherwise.
+    /// Keeps `rec` for later when it is a publish, a recovery or a
+    /// retained read and the old serve's history and retained messages
+    /// have not come yet; gives it back otherwise.
     pub(super) fn hold(&mut self, i: usize, generation: u64, rec: Record) -> Option<Record> {
         match (&mut self.held, &rec) {
             (
                 Some(held),
-                Record::Publish(_) | Record::PublishRetained { .. } | Record::Recover { .. },
+                Record::Publish(_)
+                | Record::PublishRetained { .. }
+                | Record::Recover { .. }
+                | Record::RetainedAsk { .. },
             ) => {
                 held.push((i, generation, rec));
                 None
@@ -43,46 +48,79 @@ impl Supervisor {
         }
     }
 
-    /// The old serve (`pid`) answered `go`: adopt its history (with
-    /// Redis, or when it had none, there is nothing to adopt), then handle
-    /// what was held, in the order it came.
-    pub(super) fn history_arrived(&mut self, pid: i32, got: Result<Vec<u8>, String>) {
+    /// The old serve (`pid`) answered `go`: adopt its history and its
+    /// retained messages (with Redis there is nothing to adopt), then
+    /// handle what was held, in the order it came: a retained message set
+    /// here meanwhile replaces the old serve's of its channel.
+    pub(super) fn history_arrived(&mut self, pid: i32, got: Result<Handed, String>) {
         let Some(held) = self.held.take() else {
             if let Err(e) = got {
                 log!("throng: --takeover: the old server is gone already ({e})");
             }
             return;
         };
-        let now = self.now_ms();
         match got {
-            Ok(bytes) if bytes.is_empty() => log!(
-                "throng: --takeover: pid {pid} handed over no history (it kept none); \
-                 ours starts empty"
-            ),
-            Ok(bytes) => match self.history.adopt(&bytes, now) {
-                Ok(a) => {
-                    log!(
-                        "throng: --takeover: adopted the history of pid {pid}: {} messages in {} \
-                         channels; ids go on in its epoch {}; {} published there meanwhile \
-                         relayed here",
-                        a.messages,
-                        a.channels,
-                        self.history.epoch(),
-                        a.after_mark.len()
-                    );
-                    self.relay_after_mark(a.after_mark);
+            Ok(handed) => {
+                if self.config.history > 0 {
+                    self.adopt_history(pid, &handed.history);
                 }
-                Err(e) => log!("throng: --takeover: ERROR: {e}; ours starts empty"),
-            },
+                self.adopt_retained(pid, &handed.retained);
+            }
             Err(e) => log!(
-                "throng: --takeover: ERROR: no history from pid {pid} ({e}); ours starts empty, \
-                 and a subscriber rejoining with its ids is told !incomplete"
+                "throng: --takeover: ERROR: nothing handed over by pid {pid} ({e}); our history \
+                 and retained messages start empty, and a subscriber rejoining with its ids is \
+                 told !incomplete"
             ),
         }
         for (i, generation, rec) in held {
             if self.slots[i].generation == generation {
                 self.on_record(i, generation, rec);
             }
+        }
+    }
+
+    fn adopt_history(&mut self, pid: i32, bytes: &[u8]) {
+        if bytes.is_empty() {
+            log!(
+                "throng: --takeover: pid {pid} handed over no history (it kept none); ours \
+                 starts empty"
+            );
+            return;
+        }
+        let now = self.now_ms();
+        match self.history.adopt(bytes, now) {
+            Ok(a) => {
+                log!(
+                    "throng: --takeover: adopted the history of pid {pid}: {} messages in {} \
+                     channels; ids go on in its epoch {}; {} published there meanwhile relayed \
+                     here",
+                    a.messages,
+                    a.channels,
+                    self.history.epoch(),
+                    a.after_mark.len()
+                );
+                self.relay_after_mark(a.after_mark);
+            }
+            Err(e) => log!("throng: --takeover: ERROR: {e}; ours starts empty"),
+        }
+    }
+
+    /// Sets the old serve's retained messages here, before any retained
+    /// read is answered (those wait in `held`).
+    fn adopt_retained(&mut self, pid: i32, bytes: &[u8]) {
+        if bytes.is_empty() {
+            log!(
+                "throng: --takeover: pid {pid} handed over no retained messages (a serve that \
+                 predates their handover); ours start empty"
+            );
+            return;
+        }
+        match self.retained.adopt(bytes) {
+            Ok(n) => log!(
+                "throng: --takeover: adopted the retained messages of pid {pid}: {n} channels \
+                 hold one"
+            ),
+            Err(e) => log!("throng: --takeover: ERROR: retained messages: {e}; ours start empty"),
         }
     }
 
@@ -108,10 +146,35 @@ impl Supervisor {
         }
     }
 
-    /// Told `go`: our embedded history for the new serve (empty with
-    /// Redis, which keeps it for both, or without history); from now on
-    /// a publish here is refused, so nothing is numbered twice.
-    pub(super) fn hand_history_over(&mut self) -> Vec<u8> {
+    /// Told `go`: our embedded history and retained messages for the
+    /// new serve (each empty when Redis keeps it for both); from now on a
+    /// publish here is refused, so nothing is numbered twice and no
+    /// retained message is set that the new serve would never know.
+    pub(super) fn hand_over(&mut self) -> Handed {
+        Handed {
+            history: self.hand_history_over(),
+            retained: self.hand_retained_over(),
+        }
+    }
+
+    fn hand_retained_over(&mut self) -> Vec<u8> {
+        if self.broker.keeps_retained() {
+            return Vec::new();
+        }
+        self.handed_over = true;
+        let bytes = self.retained.export();
+        log!(
+            "throng: taken over: handed the retained messages over ({} channels, {} bytes); \
+             publishes here are refused from now on",
+            self.retained.stats().topics,
+            bytes.len()
+        );
+        bytes
+    }
+
+    /// Our embedded history for the new serve (empty with Redis, which
+    /// keeps it for both, or without history).
+    fn hand_history_over(&mut self) -> Vec<u8> {
         if self.broker.keeps_history() || self.config.history == 0 {
             return Vec::new();
         }
