@@ -48,6 +48,7 @@ mod scale;
 mod serve;
 mod serve_tls;
 mod takeover;
+mod takeover_retained;
 mod tls_client;
 mod tls_park;
 mod vegeta;

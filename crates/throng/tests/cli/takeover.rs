@@ -48,7 +48,7 @@ fn closed_at(mut ws: throng_testkit::ws::Sub) -> (Option<u16>, Instant) {
 }
 
 /// Waits (up to `limit`) for `child` to exit.
-fn exits_within(child: &mut std::process::Child, limit: Duration) -> bool {
+pub(crate) fn exits_within(child: &mut std::process::Child, limit: Duration) -> bool {
     let start = Instant::now();
     while start.elapsed() < limit {
         if child.try_wait().ok().flatten().is_some() {
@@ -60,7 +60,7 @@ fn exits_within(child: &mut std::process::Child, limit: Duration) -> bool {
 }
 
 /// `serve --takeover` of `old`'s address, with `extra` options.
-fn take_over(old: &Server, extra: &[&str]) -> Server {
+pub(crate) fn take_over(old: &Server, extra: &[&str]) -> Server {
     let addr = old.addr.to_string();
     let mut args = vec!["--listen", &addr, "--takeover", "--workers", "2"];
     args.extend_from_slice(extra);
