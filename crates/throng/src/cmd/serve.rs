@@ -268,9 +268,11 @@ pub(crate) struct Args {
     /// listening sockets come over its control socket, this server's workers
     /// start on them, then the old one closes its connections (WebSocket
     /// 1012, MQTT 5 DISCONNECT 0x8B, SSE end of stream) spread over
-    /// --drain-spread and exits; without --redis it hands its --history
-    /// over, so clients rejoining with ?since= miss nothing. Only a serve of
-    /// the same user can be taken over. Without a running serve: starts normally.
+    /// --drain-spread and exits; without --redis it hands its --history and
+    /// its retained MQTT messages over, so clients rejoining with ?since= miss
+    /// nothing and a new MQTT subscriber gets what was retained (persistent
+    /// MQTT sessions are not handed over). Only a serve of the same user can
+    /// be taken over. Without a running serve: starts normally.
     #[arg(long)]
     takeover: bool,
 
