@@ -193,3 +193,100 @@ impl Supervisor {
         bytes
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::{Bytes, BytesMut};
+
+    use super::super::WorkerCommand;
+    use super::super::pair::message;
+    use super::*;
+    use crate::config::Config;
+
+    /// A supervisor without Redis with one worker, whose records arrive
+    /// on the receiver.
+    fn supervisor() -> (Supervisor, mpsc::UnboundedReceiver<Bytes>) {
+        let config = Config {
+            workers: 1,
+            history: 0,
+            ..Config::default()
+        };
+        let (events, _) = mpsc::unbounded_channel();
+        let command = WorkerCommand {
+            program: "/bin/false".into(),
+            args: Vec::new(),
+        };
+        let mut sup = Supervisor::new(&config, command, events).unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let slot = &mut sup.slots[0];
+        (slot.generation, slot.alive, slot.tx) = (1, true, Some(tx));
+        (sup, rx)
+    }
+
+    fn set(sup: &mut Supervisor, id: u64, channel: &str, payload: &str) {
+        let message = message(id, channel, payload);
+        sup.on_record(0, 1, Record::PublishRetained { qos: 1, message });
+    }
+
+    fn ask(sup: &mut Supervisor, id: u64) {
+        let filters = vec!["a".into(), "b".into()];
+        sup.on_record(0, 1, Record::RetainedAsk { id, filters });
+    }
+
+    /// What the worker got: retained answers as `channel=payload` lists
+    /// (sorted), refusals as `refused`, deliveries as `live:payload`.
+    fn got(rx: &mut mpsc::UnboundedReceiver<Bytes>) -> Vec<String> {
+        let mut buf = BytesMut::new();
+        while let Ok(b) = rx.try_recv() {
+            buf.extend_from_slice(&b);
+        }
+        let mut out = Vec::new();
+        while let Some(rec) = Record::decode(&mut buf).unwrap() {
+            match rec {
+                Record::Retained { messages, .. } => {
+                    let mut v: Vec<String> = messages
+                        .iter()
+                        .map(|r| {
+                            format!("{}={}", r.channel, String::from_utf8_lossy(&r.kept.payload))
+                        })
+                        .collect();
+                    v.sort();
+                    out.push(v.join(","));
+                }
+                Record::PublishFailed { .. } => out.push("refused".into()),
+                Record::Deliver(m) => {
+                    out.push(format!("live:{}", String::from_utf8_lossy(&m.payload)))
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn retained_reads_wait_for_the_old_ones_and_a_retained_publish_meanwhile_wins() {
+        let (mut old, mut old_rx) = supervisor();
+        set(&mut old, 1, "a", "old-a");
+        set(&mut old, 2, "b", "old-b");
+        got(&mut old_rx);
+        let (mut new, mut new_rx) = supervisor();
+        new.held = Some(Vec::new());
+        // Before the old serve's retained messages are here: both wait.
+        ask(&mut new, 1);
+        set(&mut new, 2, "a", "new-a");
+        assert!(got(&mut new_rx).is_empty(), "nothing answered yet");
+        let handed = old.hand_over();
+        assert!(handed.history.is_empty(), "no --history: none to hand over");
+        // After handing over the old serve refuses a retained publish.
+        set(&mut old, 3, "b", "too-late");
+        assert_eq!(got(&mut old_rx), ["refused"]);
+        new.history_arrived(1, Ok(handed));
+        assert_eq!(
+            got(&mut new_rx),
+            ["a=old-a,b=old-b", "live:new-a"],
+            "the held read got the old ones, then the held publish went out"
+        );
+        ask(&mut new, 3);
+        assert_eq!(got(&mut new_rx), ["a=new-a,b=old-b"], "the newer one won");
+    }
+}

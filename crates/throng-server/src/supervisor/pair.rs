@@ -208,7 +208,7 @@ fn interest(on: bool) -> Record {
     }
 }
 
-fn message(id: u64, channel: &str, payload: &str) -> Message {
+pub(super) fn message(id: u64, channel: &str, payload: &str) -> Message {
     Message {
         id,
         message: MessageId::NONE,
