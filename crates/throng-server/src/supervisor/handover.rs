@@ -110,8 +110,8 @@ impl Supervisor {
     fn adopt_retained(&mut self, pid: i32, bytes: &[u8]) {
         if bytes.is_empty() {
             log!(
-                "throng: --takeover: pid {pid} handed over no retained messages (a serve that \
-                 predates their handover); ours start empty"
+                "throng: --takeover: pid {pid} handed over no retained messages (it keeps them \
+                 in Redis, or predates their handover); ours start empty"
             );
             return;
         }
