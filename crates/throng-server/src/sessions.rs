@@ -34,8 +34,11 @@ use throng_proto::mqtt::{Properties, PropertiesBuf, Property};
 use crate::control::{Message, SessionOpen, SessionPark, SessionResumed, SessionSub};
 
 /// Relayed messages kept to close the gap between a connection's end and
-/// its park (a few control-socket round trips of traffic).
+/// its park (a few control-socket round trips of traffic), at most.
 pub const RECENT: usize = 4096;
+
+/// Bytes those may take, at most (payloads of up to `--max-message`).
+pub const RECENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// How long a resume waits for the park of the connection it takes over.
 pub const WAIT_MS: u64 = 3000;
@@ -123,6 +126,8 @@ pub struct Sessions {
     owners: HashMap<u64, Owner>,
     waiting: Vec<Waiting>,
     recent: VecDeque<Message>,
+    /// Bytes of `recent` ([`cost`]).
+    recent_bytes: usize,
     /// The last relayed message.
     last: u64,
     /// The time (ms) of the last call that said it.
@@ -200,6 +205,7 @@ impl Sessions {
             owners: HashMap::new(),
             waiting: Vec::new(),
             recent: VecDeque::new(),
+            recent_bytes: 0,
             last: 0,
             clock: 0,
             interest: Vec::new(),
@@ -319,6 +325,7 @@ impl Sessions {
     pub fn passed(&mut self, id: u64) {
         self.last = id;
         self.recent.clear();
+        self.recent_bytes = 0;
     }
 
     /// Message `m` was relayed to the workers: queued for the parked
@@ -327,11 +334,16 @@ impl Sessions {
         self.last = m.id;
         if self.owners.is_empty() {
             self.recent.clear();
+            self.recent_bytes = 0;
         } else {
-            if self.recent.len() >= RECENT {
-                self.recent.pop_front();
-            }
+            self.recent_bytes += cost(m);
             self.recent.push_back(m.clone());
+            while self.recent.len() > RECENT || self.recent_bytes > RECENT_BYTES {
+                let Some(old) = self.recent.pop_front() else {
+                    break;
+                };
+                self.recent_bytes -= cost(&old);
+            }
         }
         if self.parked.is_empty() || m.at_most_once {
             return;
