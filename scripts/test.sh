@@ -71,6 +71,10 @@ probe_mosquitto() { mosquitto -h 2>/dev/null | head -1 | cut -d' ' -f1-3; }
 probe_python_paho() {
   python3 -c 'import paho.mqtt; print("paho-mqtt", paho.mqtt.__version__)' 2>/dev/null
 }
+# The harness's --metrics-listen text is read by Prometheus's own Python parser.
+probe_python_prometheus() {
+  python3 -c 'import prometheus_client.parser, importlib.metadata as m; print("prometheus-client", m.version("prometheus-client"))' 2>/dev/null
+}
 # --help exits 1 but prints the version (what counts is the output).
 probe_mosquitto_clients() {
   command -v mosquitto_sub >/dev/null && mosquitto_pub --help 2>/dev/null | sed -n 2p | cut -d' ' -f1-3
@@ -82,6 +86,9 @@ probe_node_mqtt() {
 probe_node_ws() {
   (cd tests/peers && node -e 'require.resolve("eventsource"); console.log("ws", require("ws/package.json").version, "on node", process.version)') 2>/dev/null
 }
+# Built from the Go module registry below (scripts/test.sh pins the version).
+probe_vegeta() { command -v vegeta >/dev/null && vegeta -version 2>/dev/null | grep -q Runtime && echo "vegeta at $(command -v vegeta)"; }
+VEGETA_MODULE=github.com/tsenart/vegeta/v12@v12.13.0
 
 # peer | its probe | its Debian package (none: installed by pip or npm below)
 peers=(
@@ -98,8 +105,10 @@ peers=(
   "python3-jwt probe_python_jwt"
   "mosquitto-clients probe_mosquitto_clients mosquitto-clients"
   "python3-paho-mqtt probe_python_paho"
+  "python3-prometheus probe_python_prometheus"
   "node-ws probe_node_ws"
   "node-mqtt probe_node_mqtt"
+  "vegeta probe_vegeta"
 )
 
 declare -A before=()
@@ -160,9 +169,29 @@ if [ "$install" = 1 ]; then
   if [ -z "${before[python3-paho-mqtt]}" ]; then
     pip_install 'paho-mqtt>=2'
   fi
+  if [ -z "${before[python3-prometheus]}" ]; then
+    pip_install 'prometheus-client>=0.17'
+  fi
   if [ -z "${before[node-ws]}" ] || [ -z "${before[node-mqtt]}" ]; then
     echo "npm install (tests/peers)"
     (cd tests/peers && npm install --silent --no-audit --no-fund >/dev/null)
+  fi
+  if [ -z "${before[vegeta]}" ]; then
+    # Go 1.22 or later (Debian's golang-go is older): the toolchain this
+    # machine has, on PATH or where the Go project's archive unpacks.
+    go=$(command -v go || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; } || true)
+    if [ -z "$go" ]; then
+      echo "cannot install vegeta: no Go toolchain (1.22 or later) on PATH or in /usr/local/go;" \
+        "the Vegeta interoperability tests will fail" >&2
+    elif ! "$go" mod download -json "$VEGETA_MODULE" >/dev/null 2>&1; then
+      # The one case a peer may be missing: its registry cannot be reached.
+      echo "cannot reach the Go module registry for $VEGETA_MODULE:" \
+        "the Vegeta interoperability tests are SKIPPED (not passed)" >&2
+      export THRONG_TEST_UNREACHABLE_PEERS=vegeta
+    else
+      echo "go install $VEGETA_MODULE (into /usr/local/bin)"
+      GOBIN=/usr/local/bin "$go" install "$VEGETA_MODULE"
+    fi
   fi
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi

@@ -10,6 +10,8 @@
 //!
 //! - `rejoin_bench` (`scripts/bench-history.sh`): recovery of M messages
 //!   to N subscribers reconnecting at once.
+//! - `takeover_bench` (`scripts/bench-takeover.sh`): `serve --takeover`
+//!   under N subscribers rejoining with `?since=` and a steady publisher.
 //!
 //! What they share lives here; the TLS clients trust any certificate with
 //! `throng-client`'s verifier, checking no signature

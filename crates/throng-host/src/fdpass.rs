@@ -103,6 +103,44 @@ fn space(bytes: usize) -> usize {
     unsafe { libc::CMSG_SPACE(bytes as u32) as usize }
 }
 
+/// The process at the other end of a Unix socket, as the kernel saw it
+/// (`SO_PEERCRED`: for a connected client, the listener's creator).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: i32,
+    pub uid: u32,
+}
+
+/// Who is at the other end of `sock`.
+pub fn peer(sock: &impl std::os::fd::AsRawFd) -> io::Result<Peer> {
+    // SAFETY: ucred is plain data; all-zero is a valid value of it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred is a live ucred and len its size, as SO_PEERCRED expects.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Peer {
+        pid: cred.pid,
+        uid: cred.uid,
+    })
+}
+
+/// This process's effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +166,13 @@ mod tests {
         send(&a, b"none", &[]).unwrap();
         let (n, fds) = recv(&b, &mut buf).unwrap();
         assert_eq!((&buf[..n], fds.len()), (&b"none"[..], 0));
+    }
+
+    #[test]
+    fn the_peer_of_a_pair_is_this_process() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let p = peer(&a).unwrap();
+        assert_eq!(p.pid, std::process::id() as i32);
+        assert_eq!(p.uid, euid());
     }
 }

@@ -165,6 +165,39 @@ fn default_dir() -> PathBuf {
     }
 }
 
+/// The uid that owns a TCP socket listening on `port` (any address), from
+/// `/proc/net/tcp` and `tcp6`, which anyone may read: who holds a port
+/// this process cannot bind, when no claim of ours names the holder (a
+/// serve of another user keeps its claims elsewhere).
+pub fn listener_uid(port: u16) -> Option<u32> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .find_map(|t| listener_uid_in(&t, port))
+}
+
+/// [`listener_uid`] over the text of one `/proc/net/tcp*` table.
+fn listener_uid_in(table: &str, port: u16) -> Option<u32> {
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let local_port = f.get(1)?.rsplit_once(':')?.1;
+        // State 0A is LISTEN.
+        let listening = *f.get(3)? == "0A";
+        let ours = u16::from_str_radix(local_port, 16).ok()? == port;
+        (listening && ours).then(|| f.get(7)?.parse().ok())?
+    })
+}
+
+/// The name of user `uid` in `/etc/passwd`, if it has one.
+pub fn user_name(uid: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let mut f = l.split(':');
+        let name = f.next()?;
+        (f.nth(1)?.parse::<u32>().ok()? == uid).then(|| name.to_owned())
+    })
+}
+
 /// This process's network namespace (the inode of `/proc/self/ns/net`; 0
 /// when it cannot be read).
 fn netns_id() -> u64 {
@@ -174,6 +207,25 @@ fn netns_id() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_listener_of_a_port_is_found_with_its_uid_and_nothing_else_is() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+           0: 0100007F:47A5 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 1 1\n\
+           1: 0100007F:47A6 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     7        0 2 1\n";
+        assert_eq!(listener_uid_in(table, 0x47A5), Some(1001));
+        assert_eq!(
+            listener_uid_in(table, 0x47A6),
+            None,
+            "connected, not listening"
+        );
+        assert_eq!(listener_uid_in(table, 1), None);
+        assert_eq!(listener_uid_in("garbage", 1), None);
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(listener_uid(port), Some(crate::fdpass::euid()));
+        assert_eq!(user_name(0).as_deref(), Some("root"));
+    }
 
     #[test]
     fn a_claimed_port_is_refused_to_another_process_naming_the_holder() {

@@ -1,7 +1,7 @@
 //! The one grammar for quantities on every command line: durations
 //! (`1h30m`, `1.5s`, `250ms`, a bare number of seconds), byte sizes (`64`,
 //! `64k`, `64KiB`, `1GiB`; a `k` is 1024 bytes), rates (`5k/s`, `60/m`,
-//! or a ramp `100/s..5000/s`), counts (`10k` connections: a `k` is 1000)
+//! a ramp `100/s..5000/s`, or stages `0/s..1k/s@30s,1k/s@5m`), counts (`10k` connections: a `k` is 1000)
 //! and fractions (`0.1%`, `0.001`), with the formatters that print them
 //! back in the same words.
 //!
@@ -193,31 +193,182 @@ pub fn parse_fraction(text: &str) -> Result<f64, UnitError> {
     }
 }
 
-/// A rate as given on the command line: constant (`2k/s`) or a linear ramp
-/// (`100/s..5000/s`), events per second.
+/// A rate as given on the command line: constant (`2k/s`), a linear ramp
+/// (`100/s..5000/s`), or stages (`0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s`),
+/// events per second.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum RateSpec {
     /// A constant number of events per second.
     Constant(f64),
     /// A linear ramp from the first to the second rate (events per second).
     Ramp(f64, f64),
+    /// One stage after another, each a constant rate or a linear ramp for
+    /// its own time (k6's stages): ramp up, hold at the peak, ramp down.
+    Stages(Stages),
 }
 
 impl RateSpec {
     /// The highest rate the spec reaches, events per second.
     pub fn peak(&self) -> f64 {
-        match *self {
-            Self::Constant(r) => r,
-            Self::Ramp(a, b) => a.max(b),
+        match self {
+            Self::Constant(r) => *r,
+            Self::Ramp(a, b) => a.max(*b),
+            Self::Stages(s) => s
+                .stages()
+                .iter()
+                .map(|st| st.from.max(st.to))
+                .fold(0.0, f64::max),
         }
     }
+}
+
+/// Most stages a rate may have: they are kept inline, so that a rate stays
+/// `Copy` and small (a ramp up, a hold, a ramp down and a few steps fit).
+pub const MAX_STAGES: usize = 8;
+
+/// One stage: the rate goes linearly from `from` to `to` over `secs`
+/// (`from == to`: a constant rate). Rates may be 0 (a pause, a ramp from 0).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Stage {
+    /// Rate at its start, events per second (>= 0).
+    pub from: f64,
+    /// Rate at its end, events per second (>= 0).
+    pub to: f64,
+    /// Its length, seconds (> 0).
+    pub secs: f64,
+}
+
+impl Stage {
+    /// Events it plans: the integral of its rate.
+    pub fn events(&self) -> f64 {
+        (self.from + self.to) * self.secs / 2.0
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = fmt_duration(Duration::from_secs_f64(self.secs));
+        if self.from == self.to {
+            write!(f, "{}/s@{secs}", self.from)
+        } else {
+            write!(f, "{}/s..{}/s@{secs}", self.from, self.to)
+        }
+    }
+}
+
+/// Stages of a rate, at most [`MAX_STAGES`], at least one; written and
+/// read (in a worker's plan) as a list.
+#[derive(Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "Vec<Stage>", into = "Vec<Stage>")]
+pub struct Stages {
+    list: [Stage; MAX_STAGES],
+    len: u8,
+}
+
+impl Stages {
+    /// The stages, in order.
+    pub fn stages(&self) -> &[Stage] {
+        &self.list[..usize::from(self.len)]
+    }
+
+    /// How long they last in all.
+    pub fn total(&self) -> Duration {
+        Duration::from_secs_f64(self.stages().iter().map(|s| s.secs).sum())
+    }
+
+    /// Events they plan in all.
+    pub fn events(&self) -> f64 {
+        self.stages().iter().map(Stage::events).sum()
+    }
+}
+
+impl fmt::Debug for Stages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.stages()).finish()
+    }
+}
+
+impl TryFrom<Vec<Stage>> for Stages {
+    type Error = UnitError;
+
+    fn try_from(v: Vec<Stage>) -> Result<Self, UnitError> {
+        if v.is_empty() || v.len() > MAX_STAGES {
+            return Err(UnitError(format!(
+                "a rate has 1 to {MAX_STAGES} stages, not {}",
+                v.len()
+            )));
+        }
+        for s in &v {
+            let ok = |r: f64| r.is_finite() && r >= 0.0;
+            if !(ok(s.from) && ok(s.to) && s.secs.is_finite() && s.secs > 0.0) {
+                return Err(UnitError(format!(
+                    "stage {s}: rates are 0 or more per second, and its time more than zero"
+                )));
+            }
+        }
+        if v.iter().all(|s| s.events() <= 0.0) {
+            return Err(UnitError(
+                "the stages plan no event at all: give one a rate above 0/s".into(),
+            ));
+        }
+        let mut list = [Stage::default(); MAX_STAGES];
+        list[..v.len()].copy_from_slice(&v);
+        Ok(Self {
+            list,
+            // Invariant: checked above, at most MAX_STAGES (16).
+            len: u8::try_from(v.len()).unwrap_or(u8::MAX),
+        })
+    }
+}
+
+impl From<Stages> for Vec<Stage> {
+    fn from(s: Stages) -> Self {
+        s.stages().to_vec()
+    }
+}
+
+/// `RATE[..RATE]@DURATION,...`: each stage a rate or a ramp for its time.
+fn parse_stages(text: &str) -> Result<Stages, UnitError> {
+    let mut list = Vec::new();
+    for part in text.split(',') {
+        let bad = |why: &str| {
+            UnitError(format!(
+                "stage '{}' {why}: write stages as RATE@TIME or FROM..TO@TIME, comma-separated, e.g. 0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s",
+                part.trim()
+            ))
+        };
+        let (rates, time) = part.split_once('@').ok_or_else(|| bad("has no @TIME"))?;
+        let secs = parse_duration(time)
+            .map_err(|e| bad(&format!("has a bad time ({e})")))?
+            .as_secs_f64();
+        let rate = |t: &str| {
+            one_rate(t)
+                .filter(|r| r.is_finite() && *r >= 0.0)
+                .ok_or_else(|| bad(&format!("has a bad rate '{}'", t.trim())))
+        };
+        let (from, to) = match rates.split_once("..") {
+            Some((_, b)) if b.contains("..") => {
+                return Err(bad("ramps through more than two rates"));
+            }
+            Some((a, b)) => (rate(a)?, rate(b)?),
+            None => (rate(rates)?, rate(rates)?),
+        };
+        list.push(Stage { from, to, secs });
+    }
+    Stages::try_from(list)
 }
 
 impl FromStr for RateSpec {
     type Err = UnitError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.contains('@') {
+            return Ok(Self::Stages(parse_stages(s)?));
+        }
         match s.split_once("..") {
+            Some((_, b)) if b.contains("..") => Err(UnitError(format!(
+                "a ramp goes from one rate to another ('{s}' has more): for up-then-down give stages with their times, e.g. 100/s..1000/s@1m,1000/s..100/s@1m"
+            ))),
             Some((a, b)) => Ok(Self::Ramp(parse_rate(a)?, parse_rate(b)?)),
             None => Ok(Self::Constant(parse_rate(s)?)),
         }
@@ -229,6 +380,10 @@ impl fmt::Display for RateSpec {
         match self {
             Self::Constant(r) => write!(f, "{r}/s"),
             Self::Ramp(a, b) => write!(f, "{a}/s..{b}/s"),
+            Self::Stages(s) => {
+                let parts: Vec<String> = s.stages().iter().map(ToString::to_string).collect();
+                f.write_str(&parts.join(","))
+            }
         }
     }
 }
@@ -374,6 +529,43 @@ mod tests {
         ] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn stages_parse_print_and_check() {
+        let spec: RateSpec = "0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s".parse().unwrap();
+        let RateSpec::Stages(st) = spec else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(st.stages().len(), 3);
+        assert_eq!(
+            st.stages()[1],
+            Stage {
+                from: 1000.0,
+                to: 1000.0,
+                secs: 300.0
+            }
+        );
+        assert_eq!(st.total(), Duration::from_secs(360));
+        assert_eq!(st.events(), 15_000.0 + 300_000.0 + 15_000.0);
+        assert_eq!(spec.peak(), 1000.0);
+        assert_eq!(
+            spec.to_string(),
+            "0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s"
+        );
+        assert_eq!(spec.to_string().parse::<RateSpec>().unwrap(), spec);
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<RateSpec>(&json).unwrap(), spec);
+        let err = |t: &str| t.parse::<RateSpec>().unwrap_err().to_string();
+        assert!(err("100/s..1000/s..100/s").contains("give stages with their times"));
+        assert!(err("100/s@").contains("bad time"));
+        assert!(err("100/s@0s").contains("more than zero"));
+        assert!(err("fast@1s").contains("bad rate 'fast'"));
+        assert!(err("0/s@10s").contains("no event at all"));
+        assert!(err("1/s..2/s..3/s@1s").contains("more than two rates"));
+        let many = ["1/s@1s"; MAX_STAGES + 1].join(",");
+        assert!(err(&many).contains("1 to 8 stages"));
+        assert!(serde_json::from_str::<RateSpec>(r#"{"Stages":[]}"#).is_err());
     }
 
     #[test]

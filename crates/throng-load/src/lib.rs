@@ -4,8 +4,8 @@
 //! (hold WebSocket connections, publish, check every delivery) and
 //! [`attack`] (HTTP load at a set rate), and [`knee`], which runs them at
 //! rising levels to find the tipping point; [`bench`](mod@bench), the one-command proof
-//! built on `hold`; and what they share: the open-model [`pacer`] and the
-//! [`tls`] client.
+//! built on `hold`; and what they share: the open-model [`pacer`], the
+//! pass/fail [`threshold`]s and the [`tls`] client.
 //!
 //! No `unsafe` here: every OS call the harness makes (its epoll set, the
 //! schedule's timer, signals, socket options) is `throng-host`'s.
@@ -19,4 +19,5 @@ pub mod harness;
 pub mod hold;
 pub mod knee;
 pub mod pacer;
+pub mod threshold;
 pub mod tls;

@@ -10,13 +10,18 @@
 //! silently sending less.
 //!
 //! The pacer has no clock and no I/O: it maps event indices to offsets from
-//! the start and back. Two shapes are supported:
+//! the start and back. The shapes:
 //!
 //! - constant: `r` events per second, event `i` at `i / r`;
 //! - linear ramp: the rate grows from `a` to `b` per second over `T`, then
 //!   stays at `b`. The number of events due by `t` is the integral of the
 //!   rate, `a·t + (b-a)·t²/(2T)`, and the intended time of event `i` solves
-//!   that for `t`.
+//!   that for `t`;
+//! - stages: constant rates and ramps one after another, each for its own
+//!   time (`0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s`); event `i` falls in
+//!   the stage whose events (the integral of its rate, added to those of
+//!   the stages before) reach past `i`, and is solved within it as above, so
+//!   the schedule stays exact across stage boundaries and from a rate of 0.
 //!
 //! ```
 //! use std::time::Duration;
@@ -32,7 +37,8 @@
 use std::time::Duration;
 
 use thiserror::Error;
-pub use throng_host::units::RateSpec;
+use throng_host::units::fmt_duration;
+pub use throng_host::units::{MAX_STAGES, RateSpec, Stages};
 
 /// Why a pacer could not be made (a rate's text is parsed, and refused, by
 /// [`throng_host::units`]).
@@ -55,27 +61,107 @@ fn check_rate(r: f64) -> Result<(), PacerError> {
     }
 }
 
-/// Maps event indices to intended start offsets for a constant rate or a
-/// linear ramp. Pure arithmetic: cheap to copy and to call per event.
+/// One piece of a schedule: the rate goes linearly from `from` to `to` over
+/// `secs` (infinite for the open end of a constant rate or a ramp), starting
+/// at offset `t0` with `e0` events already due before it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Piece {
+    from: f64,
+    to: f64,
+    secs: f64,
+    t0: f64,
+    e0: f64,
+}
+
+impl Piece {
+    /// Events due within the piece (infinite for an open end).
+    fn events(&self) -> f64 {
+        if self.secs.is_infinite() {
+            f64::INFINITY
+        } else {
+            (self.from + self.to) * self.secs / 2.0
+        }
+    }
+
+    /// Events due in its first `tau` seconds (the integral of the rate).
+    fn due_in(&self, tau: f64) -> f64 {
+        if self.secs.is_infinite() {
+            return self.from * tau;
+        }
+        self.from * tau + (self.to - self.from) * tau * tau / (2.0 * self.secs)
+    }
+
+    /// The offset into the piece at which its `j`-th event (real) is due.
+    fn solve(&self, j: f64) -> f64 {
+        if j <= 0.0 {
+            return 0.0;
+        }
+        if self.secs.is_infinite() || self.from == self.to {
+            return j / self.from;
+        }
+        // Solve from·t + k/2·t² = j for t, k = (to - from) / T. Written in
+        // the form 2j / (from + sqrt(from² + 2kj)), which stays exact as k
+        // approaches 0, never divides by k, and holds from a rate of 0.
+        let k = (self.to - self.from) / self.secs;
+        let disc = (self.from * self.from + 2.0 * k * j).max(0.0);
+        (2.0 * j / (self.from + disc.sqrt())).min(self.secs)
+    }
+}
+
+/// Maps event indices to intended start offsets for a constant rate, a
+/// linear ramp, or stages of them (each piece exact: its events are the
+/// integral of its rate). Pure arithmetic: cheap to copy and to call per
+/// event.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pacer {
-    /// Starting rate, events per second (> 0).
-    from: f64,
-    /// Rate at and after the end of the ramp, events per second (> 0).
-    to: f64,
-    /// Length of the ramp, seconds; 0 for a constant rate.
-    ramp_secs: f64,
+    /// The pieces, in time order; the last may be open-ended.
+    pieces: [Piece; MAX_STAGES + 1],
+    len: u8,
 }
 
 impl Pacer {
+    /// Pieces of `(from, to, secs)` one after another, then `tail` events
+    /// per second for ever (none when 0).
+    fn of_pieces(list: &[(f64, f64, f64)], tail: f64) -> Self {
+        let mut pieces = [Piece::default(); MAX_STAGES + 1];
+        let (mut t0, mut e0, mut n) = (0.0, 0.0, 0usize);
+        for &(from, to, secs) in list.iter().take(MAX_STAGES) {
+            pieces[n] = Piece {
+                from,
+                to,
+                secs,
+                t0,
+                e0,
+            };
+            t0 += secs;
+            e0 += pieces[n].events();
+            n += 1;
+        }
+        if tail > 0.0 {
+            pieces[n] = Piece {
+                from: tail,
+                to: tail,
+                secs: f64::INFINITY,
+                t0,
+                e0,
+            };
+            n += 1;
+        }
+        Self {
+            pieces,
+            // Invariant: at most MAX_STAGES + 1 (17) pieces.
+            len: u8::try_from(n).unwrap_or(u8::MAX),
+        }
+    }
+
+    fn pieces(&self) -> &[Piece] {
+        &self.pieces[..usize::from(self.len)]
+    }
+
     /// A constant rate of `per_sec` events per second.
     pub fn constant(per_sec: f64) -> Result<Self, PacerError> {
         check_rate(per_sec)?;
-        Ok(Self {
-            from: per_sec,
-            to: per_sec,
-            ramp_secs: 0.0,
-        })
+        Ok(Self::of_pieces(&[], per_sec))
     }
 
     /// A linear ramp from `from` to `to` events per second over `over`, then
@@ -86,25 +172,35 @@ impl Pacer {
         if over.is_zero() {
             return Err(PacerError::EmptyRamp);
         }
-        Ok(Self {
-            from,
-            to,
-            ramp_secs: over.as_secs_f64(),
-        })
+        Ok(Self::of_pieces(&[(from, to, over.as_secs_f64())], to))
+    }
+
+    /// Stages one after another ([`RateSpec::Stages`]), then nothing more
+    /// (when the last ends at 0/s) or its last rate for ever: the run's
+    /// duration or count ends it.
+    pub fn stages(stages: &Stages) -> Self {
+        let list: Vec<(f64, f64, f64)> = stages
+            .stages()
+            .iter()
+            .map(|s| (s.from, s.to, s.secs))
+            .collect();
+        let tail = stages.stages().last().map_or(0.0, |s| s.to);
+        Self::of_pieces(&list, tail)
     }
 
     /// The pacer for `spec` when the run has a known length (`attack
-    /// --duration`): a ramp spans the whole duration.
+    /// --duration`): a ramp spans the whole duration; stages keep their own times.
     pub fn for_duration(spec: RateSpec, duration: Duration) -> Result<Self, PacerError> {
         match spec {
             RateSpec::Constant(r) => Self::constant(r),
             RateSpec::Ramp(a, b) => Self::ramp(a, b, duration),
+            RateSpec::Stages(s) => Ok(Self::stages(&s)),
         }
     }
 
     /// The pacer for `spec` when the run has a known number of events (`hold
     /// --connections N`): a ramp ends exactly as event `count` is due, i.e.
-    /// its length is `2·count / (a + b)`.
+    /// its length is `2·count / (a + b)`; stages keep their own times.
     pub fn for_count(spec: RateSpec, count: u64) -> Result<Self, PacerError> {
         match spec {
             RateSpec::Constant(r) => Self::constant(r),
@@ -115,45 +211,53 @@ impl Pacer {
                 let secs = 2.0 * count as f64 / (a + b);
                 Self::ramp(a, b, Duration::from_secs_f64(secs))
             }
+            RateSpec::Stages(s) => Ok(Self::stages(&s)),
         }
     }
 
-    /// The rate at offset `t`, events per second.
+    /// The piece that holds offset `t` (seconds), if any.
+    fn piece_at(&self, t: f64) -> Option<&Piece> {
+        self.pieces()
+            .iter()
+            .find(|p| t >= p.t0 && t - p.t0 < p.secs)
+    }
+
+    /// The rate at offset `t`, events per second (0 past the last stage).
     pub fn rate_at(&self, t: Duration) -> f64 {
         let t = t.as_secs_f64();
-        if t >= self.ramp_secs {
-            self.to
-        } else {
-            self.from + (self.to - self.from) * t / self.ramp_secs
-        }
+        self.piece_at(t).map_or(0.0, |p| {
+            if p.secs.is_infinite() {
+                p.from
+            } else {
+                p.from + (p.to - p.from) * (t - p.t0) / p.secs
+            }
+        })
     }
 
     /// Events due in `[0, t]`, as a real number (the integral of the rate).
     fn due_f(&self, t: f64) -> f64 {
-        if t <= self.ramp_secs {
-            self.from * t + (self.to - self.from) * t * t / (2.0 * self.ramp_secs)
-        } else {
-            let at_end = (self.from + self.to) * self.ramp_secs / 2.0;
-            at_end + self.to * (t - self.ramp_secs)
+        match self.piece_at(t) {
+            Some(p) => p.e0 + p.due_in(t - p.t0),
+            None => self
+                .pieces()
+                .last()
+                .map_or(0.0, |p| if t < p.t0 { 0.0 } else { p.e0 + p.events() }),
         }
     }
 
     /// The offset from the start at which event `i` (0-based) is meant to
     /// start. Event 0 is due at once; the offsets never decrease with `i`.
+    /// An event past the end of the last stage is never due (`Duration::MAX`).
     pub fn intended(&self, i: u64) -> Duration {
         let i = i as f64;
-        let at_end = (self.from + self.to) * self.ramp_secs / 2.0;
-        let secs = if i >= at_end {
-            self.ramp_secs + (i - at_end) / self.to
-        } else {
-            // Solve from·t + k/2·t² = i for t, k = (to - from) / T. Written in
-            // the form 2i / (from + sqrt(from² + 2ki)), which stays exact as
-            // k approaches 0 and never divides by k.
-            let k = (self.to - self.from) / self.ramp_secs;
-            let disc = (self.from * self.from + 2.0 * k * i).max(0.0);
-            2.0 * i / (self.from + disc.sqrt())
-        };
-        Duration::from_secs_f64(secs.max(0.0))
+        for p in self.pieces() {
+            // A piece without events (a pause at 0/s) holds none of them.
+            if i < p.e0 + p.events() {
+                let secs = p.t0 + p.solve(i - p.e0);
+                return Duration::from_secs_f64(secs.max(0.0));
+            }
+        }
+        Duration::MAX
     }
 
     /// How many events are due by offset `t` (those with `intended(i) <= t`).
@@ -179,6 +283,54 @@ impl Pacer {
         } else {
             self.intended(count - 1)
         }
+    }
+}
+
+/// The plan of `stages`, one start line each: its rates, when it runs and
+/// how many `noun` (requests, connections) it plans.
+pub fn stage_lines(stages: &Stages, noun: &str) -> Vec<String> {
+    let n = stages.stages().len();
+    let mut at = 0.0;
+    let mut out = Vec::with_capacity(n);
+    for (i, s) in stages.stages().iter().enumerate() {
+        let span = |secs: f64| fmt_duration(Duration::from_secs_f64(secs));
+        let rates = if s.from == s.to {
+            format!("{}/s", s.from)
+        } else {
+            format!("{}/s..{}/s", s.from, s.to)
+        };
+        out.push(format!(
+            "  stage {}/{n}: {rates} for {} (from {} to {}): {} {noun}",
+            i + 1,
+            span(s.secs),
+            span(at),
+            span(at + s.secs),
+            s.events().floor()
+        ));
+        at += s.secs;
+    }
+    out
+}
+
+/// The stage (1-based) that holds offset `t`, and how many there are;
+/// `None` past the last.
+pub fn stage_at(stages: &Stages, t: Duration) -> Option<(usize, usize)> {
+    let t = t.as_secs_f64();
+    let mut end = 0.0;
+    let n = stages.stages().len();
+    stages.stages().iter().enumerate().find_map(|(i, s)| {
+        end += s.secs;
+        (t < end).then_some((i + 1, n))
+    })
+}
+
+/// What a progress line says of the stages `elapsed_s` into the schedule:
+/// `  stage 2/3 1000/s`, or that they are over.
+pub fn stage_note(stages: &Stages, pacer: &Pacer, elapsed_s: f64) -> String {
+    let t = Duration::from_secs_f64(elapsed_s.max(0.0));
+    match stage_at(stages, t) {
+        Some((k, n)) => format!("  stage {k}/{n} {:.0}/s", pacer.rate_at(t)),
+        None => "  stages over".to_owned(),
     }
 }
 
@@ -280,5 +432,93 @@ mod tests {
             lag(Duration::from_millis(5), Duration::from_millis(8)),
             Duration::from_millis(3)
         );
+    }
+
+    fn stages(text: &str) -> Pacer {
+        Pacer::for_duration(text.parse().unwrap(), Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn stages_send_times_follow_each_stage() {
+        // 0 → 100/s over 10 s (500 events), 100/s for 5 s (500), 100 → 0/s
+        // over 10 s (500).
+        let p = stages("0/s..100/s@10s,100/s@5s,100/s..0/s@10s");
+        assert_eq!(p.intended(0), Duration::ZERO);
+        // In the up ramp, events due by t are 5·t²: event 5 at 1 s, 20 at 2 s.
+        let at = |i: u64| p.intended(i).as_secs_f64();
+        assert!((at(5) - 1.0).abs() < 1e-9, "{}", at(5));
+        assert!((at(20) - 2.0).abs() < 1e-9, "{}", at(20));
+        // The up ramp ends as event 500 is due, at 10 s; the plateau spaces them 10 ms.
+        assert!((at(500) - 10.0).abs() < 1e-9, "{}", at(500));
+        assert!((at(501) - 10.01).abs() < 1e-9, "{}", at(501));
+        assert!((at(999) - 14.99).abs() < 1e-9, "{}", at(999));
+        assert!((at(1000) - 15.0).abs() < 1e-9, "{}", at(1000));
+        // The down ramp: 100·τ - 5·τ² events after 15 s; event 1095 at τ = 1.
+        assert!((at(1095) - 16.0).abs() < 1e-9, "{}", at(1095));
+        // 1500 events in all, the last before 25 s; none after.
+        assert!(at(1499) < 25.0 && at(1499) > 24.0, "{}", at(1499));
+        assert_eq!(p.intended(1500), Duration::MAX);
+        assert_eq!(p.due(Duration::from_secs(3600)), 1500);
+        assert_eq!(p.due(Duration::from_secs(10)), 501);
+        assert!((p.rate_at(Duration::from_secs(5)) - 50.0).abs() < 1e-9);
+        assert!((p.rate_at(Duration::from_secs(12)) - 100.0).abs() < 1e-9);
+        assert!((p.rate_at(Duration::from_secs(20)) - 50.0).abs() < 1e-9);
+        assert_eq!(p.rate_at(Duration::from_secs(26)), 0.0);
+    }
+
+    #[test]
+    fn a_pause_and_a_last_rate_that_goes_on() {
+        // 10/s for 1 s, nothing for 2 s, then 20/s for 1 s and on.
+        let p = stages("10/s@1s,0/s@2s,20/s@1s");
+        let at = |i: u64| p.intended(i).as_secs_f64();
+        assert!((at(9) - 0.9).abs() < 1e-9);
+        // Event 10 waits out the pause.
+        assert!((at(10) - 3.0).abs() < 1e-9, "{}", at(10));
+        assert!((at(11) - 3.05).abs() < 1e-9, "{}", at(11));
+        // Past the stages the last rate goes on (a duration ends the run).
+        assert!((at(40) - 4.5).abs() < 1e-9, "{}", at(40));
+        assert_eq!(p.due(Duration::from_millis(2500)), 10);
+    }
+
+    #[test]
+    fn stages_never_go_back_and_due_inverts_intended() {
+        for text in [
+            "0/s..1000/s@3s,1000/s@2s,1000/s..0/s@3s",
+            "5/s@1s,0/s@1s,0/s..50/s@2s,50/s..7/s@1s",
+            "1k/s..10/s@700ms",
+        ] {
+            let p = stages(text);
+            let mut last = Duration::ZERO;
+            for i in 0..20_000 {
+                let t = p.intended(i);
+                if t == Duration::MAX {
+                    break;
+                }
+                assert!(t >= last, "{text}: event {i} at {t:?} before {last:?}");
+                last = t;
+                assert!(p.due(t) > i, "{text}: due({t:?}) = {} <= {i}", p.due(t));
+            }
+        }
+    }
+
+    #[test]
+    fn stage_lines_and_where_a_time_falls() {
+        let RateSpec::Stages(st) = "0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s".parse().unwrap()
+        else {
+            unreachable!()
+        };
+        let lines = stage_lines(&st, "requests");
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            lines[0],
+            "  stage 1/3: 0/s..1000/s for 30s (from 0s to 30s): 15000 requests"
+        );
+        assert_eq!(
+            lines[1],
+            "  stage 2/3: 1000/s for 5m (from 30s to 5m30s): 300000 requests"
+        );
+        assert_eq!(stage_at(&st, Duration::from_secs(29)), Some((1, 3)));
+        assert_eq!(stage_at(&st, Duration::from_secs(30)), Some((2, 3)));
+        assert_eq!(stage_at(&st, Duration::from_secs(360)), None);
     }
 }

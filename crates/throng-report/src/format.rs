@@ -825,34 +825,58 @@ pub fn read_files<P: AsRef<Path>>(
     paths: &[P],
     mut visit: impl FnMut(usize, Record),
 ) -> Result<Vec<FileSummary>, ReadError> {
-    let mut summaries = Vec::with_capacity(paths.len());
-    for (i, path) in paths.iter().enumerate() {
-        let mut reader = Reader::open(path)?;
-        // The first header too: what follows is its run's.
-        visit(i, Record::Header(reader.header.clone()));
-        for record in reader.by_ref() {
-            visit(i, record);
-        }
-        summaries.push(FileSummary {
-            path: reader.path.clone(),
-            header: reader.header.clone(),
-            records: reader.records,
-            skipped: reader.skipped,
-            damage: reader.damage.clone(),
-        });
+    paths
+        .iter()
+        .enumerate()
+        .map(|(i, path)| read_file(i, path, &mut visit))
+        .collect()
+}
+
+/// Reads one result file (number `i` of many), handing its header and
+/// then each record to `visit`, as [`read_files`] does.
+pub fn read_file(
+    i: usize,
+    path: impl AsRef<Path>,
+    visit: &mut impl FnMut(usize, Record),
+) -> Result<FileSummary, ReadError> {
+    let mut reader = Reader::open(path)?;
+    // The first header too: what follows is its run's.
+    visit(i, Record::Header(reader.header.clone()));
+    for record in reader.by_ref() {
+        visit(i, record);
     }
-    Ok(summaries)
+    Ok(FileSummary {
+        path: reader.path.clone(),
+        header: reader.header.clone(),
+        records: reader.records,
+        skipped: reader.skipped,
+        damage: reader.damage.clone(),
+    })
 }
 
 /// `ns` since the Unix epoch as RFC 3339 UTC with milliseconds.
 pub fn rfc3339(ns: u64) -> String {
+    format!(
+        "{}.{:03}Z",
+        rfc3339_seconds(ns),
+        (ns % 1_000_000_000) / 1_000_000
+    )
+}
+
+/// `ns` since the Unix epoch as RFC 3339 UTC with nanoseconds, as Go's
+/// `time.Time` writes it in JSON (Vegeta's result timestamps).
+pub fn rfc3339_nanos(ns: u64) -> String {
+    format!("{}.{:09}Z", rfc3339_seconds(ns), ns % 1_000_000_000)
+}
+
+/// The date and the whole seconds of `ns` since the Unix epoch, UTC.
+fn rfc3339_seconds(ns: u64) -> String {
     let secs = ns / 1_000_000_000;
-    let millis = (ns % 1_000_000_000) / 1_000_000;
     let days = secs / 86_400;
     let rem = secs % 86_400;
     let (y, m, d) = civil_from_days(days);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
         rem / 3600,
         rem % 3600 / 60,
         rem % 60

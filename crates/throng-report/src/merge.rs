@@ -27,6 +27,7 @@ use throng_host::sample::HostSample;
 
 use crate::bench::BenchSummary;
 use crate::events::{EventGroup, Groups};
+use crate::fanout::{self, Spread};
 use crate::format::{Event, Record};
 use crate::interval::{Interval, new_histogram};
 
@@ -278,6 +279,9 @@ pub struct Merged {
     pub intervals: u64,
     /// Intervals skipped because the same source and start were already merged.
     pub duplicates: u64,
+    /// Arrivals of each message the server made, from the workers'
+    /// [`fanout::KIND`] events (kept out of `events`: one is long).
+    pub arrivals: Spread,
 }
 
 /// Merges records one at a time; [`Merger::finish`] gives the result of
@@ -359,6 +363,7 @@ impl Merger {
                 benches: Vec::new(),
                 intervals: 0,
                 duplicates: 0,
+                arrivals: Spread::default(),
             },
             live: None,
             runs: Vec::new(),
@@ -626,6 +631,9 @@ impl Merger {
     /// Keeps one event (up to [`MAX_EVENTS_KEPT`]) and counts its kind.
     pub fn add_event(&mut self, ev: Event) {
         add_to(&mut self.merged.event_kinds, &ev.kind, 1);
+        if ev.kind == fanout::KIND && self.merged.arrivals.add_text(&ev.text) {
+            return;
+        }
         self.groups.add(&ev);
         if self.merged.events.len() < MAX_EVENTS_KEPT {
             self.merged.events.push(ev);
@@ -664,7 +672,11 @@ pub fn group_by_kind<P: AsRef<std::path::Path>>(
 ) -> Result<Vec<(String, Vec<std::path::PathBuf>)>, crate::format::ReadError> {
     let mut groups: Vec<(String, Vec<std::path::PathBuf>)> = Vec::new();
     for path in paths {
-        let kind = crate::format::Reader::open(path)?.header().kind();
+        let kind = match crate::vegeta::sniff(path.as_ref())? {
+            // Vegeta's results are an attack's.
+            Some(_) => "attack".to_owned(),
+            None => crate::format::Reader::open(path)?.header().kind(),
+        };
         let path = path.as_ref().to_path_buf();
         match groups.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, files)) => files.push(path),
@@ -690,7 +702,7 @@ pub fn merge_files_into<P: AsRef<std::path::Path>>(
     paths: &[P],
     mergers: &mut [Merger],
 ) -> Result<Vec<crate::format::FileSummary>, crate::format::ReadError> {
-    crate::format::read_files(paths, |_, record| {
+    crate::vegeta::read_files(paths, |_, record| {
         for m in mergers.iter_mut() {
             m.add(&record);
         }

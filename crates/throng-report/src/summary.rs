@@ -205,6 +205,10 @@ pub struct Report {
     /// The time series, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub series: Option<Vec<SeriesPoint>>,
+    /// The fan-out spread of the messages the server made (`hold --stamp`),
+    /// over every worker of every machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_spread: Option<crate::fanout::SpreadStats>,
 }
 
 /// What a latency histogram measures, in one line, for the names the
@@ -317,6 +321,7 @@ impl Report {
             events: merged.events.clone(),
             event_groups: merged.event_groups.clone(),
             series,
+            server_spread: merged.arrivals.stats(),
         }
     }
 }

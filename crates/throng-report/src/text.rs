@@ -148,6 +148,9 @@ pub fn render(r: &Report) -> String {
     render_counters(o, r, nw);
     render_errors(o, r, nw);
     render_gauges(o, r, nw);
+    if let Some(spread) = &r.server_spread {
+        let _ = writeln!(o, "\n{}", server_spread(spread));
+    }
     if let Some(h) = &r.host {
         render_host(o, r, h, nw);
     }
@@ -302,6 +305,29 @@ fn render_errors(o: &mut String, r: &Report, nw: usize) {
         let parts: Vec<String> = r.losses.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(o, "losses: {}", parts.join(", "));
     }
+}
+
+/// The fan-out spread of the server's own messages, in one line: the words
+/// `hold`'s summary and `throng report` share.
+pub fn server_spread(s: &crate::fanout::SpreadStats) -> String {
+    let d = &s.spread_us;
+    let mut line = format!(
+        "server messages' fan-out spread (first to last subscriber): {} message(s), {} deliveries: p50 {}, p99 {}, max {} ({}, {} deliveries)",
+        s.messages,
+        s.deliveries,
+        micros(d.p50),
+        micros(d.p99),
+        micros(d.max),
+        s.widest,
+        s.widest_deliveries
+    );
+    if s.untallied > 0 {
+        line.push_str(&format!(
+            "; {} deliveries of further messages not told apart",
+            s.untallied
+        ));
+    }
+    line
 }
 
 /// The gauges: last, highest and lowest level.

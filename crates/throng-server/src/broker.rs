@@ -38,6 +38,10 @@ pub(crate) enum Refusal {
     /// The Redis task is gone (the server is stopping).
     #[error("the Redis broker task has stopped")]
     Stopped,
+    /// A `serve --takeover` took this serve's embedded history: the new
+    /// serve numbers every message from now on.
+    #[error("this serve was taken over (serve --takeover): publish again, the new serve answers")]
+    TakenOver,
 }
 
 /// Keeps the retained messages that fit in one control record.

@@ -21,6 +21,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+mod handover;
+pub use handover::BadHandover;
+
 /// A message's id: the node's epoch and its place in the node's sequence.
 /// Ordered as a pair, so ids of one node order its messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -210,6 +213,11 @@ impl History {
         self.epoch
     }
 
+    /// The sequence of the last message numbered.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
     /// Gives a relayed message its id and keeps it (at `now_ms`, on the
     /// caller's monotonic clock).
     pub fn record(&mut self, channel: &str, text: bool, payload: &Bytes, now_ms: u64) -> MessageId {
@@ -218,10 +226,16 @@ impl History {
             epoch: self.epoch,
             seq: self.last_seq,
         };
+        self.keep(channel, id, text, payload, now_ms);
+        id
+    }
+
+    /// Keeps message `id` of `channel` (arrived at `now_ms`) within the limits.
+    fn keep(&mut self, channel: &str, id: MessageId, text: bool, payload: &Bytes, now_ms: u64) {
         if self.limits.keep == 0 {
             // Nothing is kept: any `since` before this one missed it.
-            self.forgotten = self.last_seq;
-            return id;
+            self.forgotten = id.seq;
+            return;
         }
         let cost = MESSAGE_COST + payload.len();
         let name = match self.channels.get_key_value(channel) {
@@ -245,7 +259,7 @@ impl History {
         let over = {
             // Invariant: the entry was found or made just above.
             let Some(ch) = self.channels.get_mut(channel) else {
-                return id;
+                return;
             };
             ch.kept.push_back((kept, cost as u64));
             ch.kept.len() > self.limits.keep
@@ -262,7 +276,6 @@ impl History {
         if self.order.len() > 2 * self.kept + 64 {
             self.compact();
         }
-        id
     }
 
     /// Drops what is older than the TTL at `now_ms`.
@@ -367,7 +380,7 @@ mod tests {
 
     const EPOCH: u64 = 1_764_000_000_000;
 
-    fn limits(keep: usize) -> Limits {
+    pub(super) fn limits(keep: usize) -> Limits {
         Limits {
             keep,
             ttl: None,
@@ -379,7 +392,7 @@ mod tests {
         MessageId { epoch: EPOCH, seq }
     }
 
-    fn put(h: &mut History, channel: &str, body: &str, now: u64) -> MessageId {
+    pub(super) fn put(h: &mut History, channel: &str, body: &str, now: u64) -> MessageId {
         h.record(channel, true, &Bytes::copy_from_slice(body.as_bytes()), now)
     }
 

@@ -29,10 +29,11 @@ use crate::retained::{self, Retained};
 use crate::reuseport;
 use crate::sessions::{self, Sessions};
 use crate::shares::Shares;
+use throng_host::fdpass;
 use throng_host::limits::{self, Budget, BudgetError, DEFAULT_FD_RESERVE, NoFile};
-use throng_host::portlock::{ClaimError, PortLocks};
+use throng_host::portlock::{self, ClaimError, PortLocks};
 
-use crate::takeover::{Control, Handover, Step, TakeoverError};
+use crate::takeover::{self, Control, Handover, Step, TakeoverError};
 use throng_host::process::{self, Signal};
 use throng_host::shared::SharedCounters;
 
@@ -49,6 +50,30 @@ pub enum ServeError {
         addr: SocketAddr,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// A port another user's server listens on.
+    #[error(
+        "cannot listen on {addr}: a server of another user ({holder}) listens on port {}, and \
+         the kernel lets only one user's sockets share a port{}",
+        addr.port(),
+        if *takeover {
+            format!(
+                "; --takeover works between serves of the same user only: run this one as that \
+                 user (sudo -u {user} throng serve ... --takeover; under systemd User={user})"
+            )
+        } else {
+            String::new()
+        }
+    )]
+    OtherUser {
+        /// The address.
+        addr: SocketAddr,
+        /// The user holding it (`name (uid N)`).
+        holder: String,
+        /// That user for `sudo -u` (`name`, or `#N`).
+        user: String,
+        /// Whether `--takeover` was asked for.
+        takeover: bool,
     },
     /// No listen address was given.
     #[error("no listen address (use --listen HOST:PORT)")]
@@ -209,14 +234,12 @@ impl Plan {
             worker_count(config.workers, cores, budget, config.max_connections);
         config.workers = workers;
         let mut reserved = Vec::new();
+        let takeover = config.takeover;
         // Binds each address (port 0 becomes the port the kernel gave).
         let mut bind_all = |addrs: &mut Vec<SocketAddr>| -> Result<(), ServeError> {
             for addr in addrs.iter_mut() {
                 // Held, not listening: the port is the workers' to take.
-                let s = reuseport::member(*addr).map_err(|source| ServeError::Bind {
-                    addr: *addr,
-                    source,
-                })?;
+                let s = reuseport::member(*addr).map_err(|e| bind_error(*addr, e, takeover))?;
                 if let Some(local) = s.local_addr().ok().and_then(|a| a.as_socket()) {
                     *addr = local;
                 }
@@ -425,6 +448,24 @@ fn ports_of(reserved: &[socket2::Socket]) -> Vec<u16> {
         .collect()
 }
 
+/// Why `addr` could not be bound: in use by another user's listener
+/// (named), or the OS error.
+fn bind_error(addr: SocketAddr, source: std::io::Error, takeover: bool) -> ServeError {
+    let other = (source.kind() == std::io::ErrorKind::AddrInUse)
+        .then(|| portlock::listener_uid(addr.port()))
+        .flatten()
+        .filter(|&uid| uid != fdpass::euid());
+    match other {
+        Some(uid) => ServeError::OtherUser {
+            addr,
+            holder: takeover::user_label(uid),
+            user: takeover::sudo_user(uid),
+            takeover,
+        },
+        None => ServeError::Bind { addr, source },
+    }
+}
+
 /// `--takeover`: receives the sockets of the serve with pid `pid`, then
 /// claims the ports it gives up (it does so right after sending them).
 fn take_ports(plan: &mut Plan, pid: i32) -> Result<Handover, ServeError> {
@@ -572,6 +613,8 @@ enum Event {
     Restart(usize, u64),
     /// News from the Redis broker task.
     Broker(redis::Event),
+    /// The history the serve we took over (its pid) handed over, or why not.
+    History(i32, Result<Vec<u8>, String>),
 }
 
 /// One worker slot; `generation` tells a restarted worker from the one before.
@@ -606,6 +649,14 @@ struct Supervisor {
     /// Each channel's retained message (the local broker's; with Redis,
     /// Redis keeps them).
     retained: Retained,
+    /// Taking over with an embedded history: the publishes and recoveries
+    /// that wait for the old serve's history (`handover.rs`).
+    held: Option<Vec<(usize, u64, Record)>>,
+    /// Taken over, our history went to the new serve: we number nothing more.
+    handed_over: bool,
+    /// The last sequence we gave before our sockets went to a new serve:
+    /// what we number after it, that serve relays to its own subscribers.
+    handover_mark: u64,
     /// MQTT persistent sessions while their clients are away.
     sessions: Sessions,
     /// MQTT shared subscriptions: each group's members by worker.
@@ -654,6 +705,10 @@ async fn supervise(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut sup = Supervisor::new(&plan.config, command, tx)?;
     sup.shared = plan.shared;
+    if handover.is_some() && plan.redis.is_none() && plan.config.history > 0 {
+        // Nothing is numbered or recovered before the old history is ours.
+        sup.held = Some(Vec::new());
+    }
     if let Some(settings) = plan.redis.clone() {
         let events = sup.events.clone();
         let cmds = sup.use_redis(settings.clone());
@@ -698,8 +753,14 @@ async fn supervise(
             _ = hup.recv() => sup.reload(&plan.reload),
             step = next_step(&mut ctl, &ports, &plan.reserved), if !sup.draining => match step {
                 // Dropping our claims' file frees every one of them.
-                Step::Release => plan.locks = PortLocks::open().map_err(ServeError::PortLock)?,
-                Step::Go => deadline = Some(sup.taken_over()),
+                Step::Release => {
+                    sup.handover_mark = sup.history.last_seq();
+                    plan.locks = PortLocks::open().map_err(ServeError::PortLock)?;
+                }
+                Step::Go(reply) => {
+                    deadline = Some(sup.taken_over());
+                    reply.send(sup.hand_history_over());
+                }
                 Step::Abandoned => {
                     log!("throng: the takeover was abandoned; serving on");
                     if let Err(e) = claim_ports(&mut plan.locks, &plan.reserved) {
@@ -744,10 +805,8 @@ async fn supervise(
         // subscribers that rejoin with ?since=): the old server may stop.
         let ready = sup.slots.iter().all(|s| s.snapshot.is_some())
             && sup.broker.stats().is_none_or(|b| b.up);
-        if handover.is_some() && ready {
-            if let Some(Err(e)) = handover.take().map(Handover::go) {
-                log!("throng: --takeover: the old server is gone already ({e})");
-            }
+        if ready && let Some(h) = handover.take() {
+            handover::go(h, sup.events.clone());
         }
     }
     // Hold the reserved ports until the workers are gone.
@@ -811,6 +870,9 @@ impl Supervisor {
                 max_topics: config.max_retained,
                 max_bytes: config.max_retained_memory,
             }),
+            held: None,
+            handed_over: false,
+            handover_mark: 0,
             sessions: Sessions::new(sessions::Limits {
                 queue: config.mqtt_session_queue,
                 memory: config.mqtt_sessions_memory,
@@ -922,6 +984,7 @@ impl Supervisor {
                 });
             }
             Event::Broker(ev) => self.on_broker(ev),
+            Event::History(pid, got) => self.history_arrived(pid, got),
             Event::Restart(i, generation) => {
                 if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
                     return None;
@@ -972,6 +1035,9 @@ impl Supervisor {
     }
 
     fn on_record(&mut self, i: usize, generation: u64, rec: Record) {
+        let Some(rec) = self.hold(i, generation, rec) else {
+            return;
+        };
         match rec {
             Record::Publish(m) => self.publish(i, generation, m, None),
             Record::PublishRetained { qos, message } => {
@@ -1105,7 +1171,12 @@ impl Supervisor {
             },
             request: m.id,
         };
-        match self.broker.publish(from, m, retain) {
+        let routed = if self.handed_over {
+            Routed::Refused(crate::broker::Refusal::TakenOver)
+        } else {
+            self.broker.publish(from, m, retain)
+        };
+        match routed {
             Routed::Relay(m) => self.relay(Some(from), m, None, retain),
             Routed::Sent => {}
             Routed::Refused(reason) => {
@@ -1170,7 +1241,19 @@ impl Supervisor {
             self.retained
                 .set(&m.channel, qos, kept, m.properties.clone());
         }
-        let m = Message { message, ..m };
+        self.deliver(from, Message { message, ..m }, permit);
+    }
+
+    /// Sends numbered message `m` to every live worker (one record, encoded
+    /// once) and answers `from` once they have counted it.
+    fn deliver(
+        &mut self,
+        from: Option<Publisher>,
+        m: Message,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        let message = m.message;
+        let now = self.now_ms();
         // Copied only while MQTT sessions want it (queued for those away,
         // matched at a park), under its relay id.
         let kept = self.sessions.wants().then(|| m.clone());
@@ -1359,6 +1442,8 @@ mod tests {
         assert_eq!(count(0, 2, Some(1_000_000)).0, 52);
     }
 }
+
+mod handover;
 
 #[cfg(test)]
 mod pair;

@@ -10,8 +10,13 @@
 //! spread over `--drain-spread` and exits. Until `go` both accept, so no
 //! connection is refused in between. Without `go` (the new one died) the
 //! old one claims its ports again and carries on.
+//!
+//! After `go` the old one answers `history N` and N bytes: its embedded
+//! history (`history::handover`), which the new one adopts before it
+//! numbers a message or answers a recovery (N is 0 with Redis or without
+//! history: nothing to hand over).
 
-use std::io::{self, BufRead as _, BufReader, Write as _};
+use std::io::{self, BufRead as _, BufReader, Read as _, Write as _};
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -31,6 +36,24 @@ pub enum TakeoverError {
         pid: i32,
         /// The OS error.
         source: io::Error,
+    },
+    /// The running serve is another user's: the kernel would not let our
+    /// sockets join its ports' groups.
+    #[error(
+        "cannot take over pid {pid}: it runs as {holder}, this serve as {ours}; --takeover \
+         works between serves of the same user only (the kernel lets only one user's sockets \
+         share a port): run this one as that user (sudo -u {user} throng serve ... \
+         --takeover; under systemd User={user})"
+    )]
+    OtherUser {
+        /// The running serve.
+        pid: i32,
+        /// Its user (`name (uid N)`).
+        holder: String,
+        /// That user for `sudo -u` (`name`, or `#N`).
+        user: String,
+        /// Ours.
+        ours: String,
     },
     /// The exchange broke off or made no sense.
     #[error("the takeover from pid {pid} failed: {source}")]
@@ -60,12 +83,26 @@ impl Handover {
             source,
         })?;
         let fail = |source| TakeoverError::Exchange { pid, source };
+        // Checked before asking: root may connect to anyone's socket.
+        let holder = fdpass::peer(&stream).map_err(fail)?.uid;
+        if holder != fdpass::euid() {
+            return Err(TakeoverError::OtherUser {
+                pid,
+                holder: user_label(holder),
+                user: sudo_user(holder),
+                ours: user_label(fdpass::euid()),
+            });
+        }
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(fail)?;
         (&stream).write_all(b"take\n").map_err(fail)?;
         let mut buf = [0u8; 64 * 1024];
         let (n, fds) = fdpass::recv(&stream, &mut buf).map_err(fail)?;
+        if let Some(why) = buf[..n].strip_prefix(b"refused: ") {
+            let why = String::from_utf8_lossy(why).trim().to_owned();
+            return Err(fail(io::Error::other(why)));
+        }
         if !buf[..n].starts_with(b"ports ") {
             return Err(fail(io::Error::other(format!(
                 "unexpected answer {:?}",
@@ -84,32 +121,102 @@ impl Handover {
         self.pid
     }
 
-    /// Tells the old server that our workers listen: it closes its own.
-    pub fn go(self) -> io::Result<()> {
-        (&self.stream).write_all(b"go\n")
+    /// Tells the old server that our workers listen (it closes its own)
+    /// and reads the history it hands over (empty: none). Blocking: run it
+    /// on a thread of its own.
+    pub fn go(self) -> io::Result<Vec<u8>> {
+        (&self.stream).write_all(b"go\n")?;
+        // Writing out a large history takes the old server a moment.
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(60)))?;
+        let mut r = BufReader::new(&self.stream);
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            // An old server that hands over nothing just closes.
+            return Ok(Vec::new());
+        }
+        let n = line
+            .trim()
+            .strip_prefix("history ")
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|&n| n <= MAX_HISTORY)
+            .ok_or_else(|| io::Error::other(format!("unexpected answer {line:?}")))?;
+        let mut bytes = vec![0; usize::try_from(n).map_err(io::Error::other)?];
+        r.read_exact(&mut bytes)?;
+        Ok(bytes)
+    }
+}
+
+/// The most history bytes a new server reads (the old one's is bounded by
+/// its `--history-max-memory`; this only stops a garbage length).
+const MAX_HISTORY: u64 = 1 << 36;
+
+/// The old server's way to hand its history over once told `go`.
+#[derive(Debug)]
+pub struct Reply(std::sync::mpsc::Sender<Vec<u8>>);
+
+impl Reply {
+    /// Hands `history` (handover bytes; empty: none) to the new server.
+    pub fn send(self, history: Vec<u8>) {
+        let _ = self.0.send(history);
     }
 }
 
 /// What the old server's side of a handover reports to its supervisor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Step {
     /// The sockets went over: give up the port claims.
     Release,
-    /// The new server listens: close spread out and exit.
-    Go,
+    /// The new server listens: close spread out and exit, and hand the
+    /// history over through the reply.
+    Go(Reply),
     /// The new server went away without `go`: claim the ports again.
     Abandoned,
 }
 
 /// The control socket of a running serve: binds `path` (a stale file of a
-/// dead serve is replaced).
+/// dead serve is replaced), connectable by its own user only (root still
+/// connects, and is refused by [`admit`]).
 pub fn listen(path: &Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt as _;
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    UnixListener::bind(path)
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// `uid` as a person reads it: `name (uid N)`, or `uid N` without a name.
+pub fn user_label(uid: u32) -> String {
+    match throng_host::portlock::user_name(uid) {
+        Some(name) => format!("{name} (uid {uid})"),
+        None => format!("uid {uid}"),
+    }
+}
+
+/// `uid` as `sudo -u` takes it: its name, or `#N`.
+pub fn sudo_user(uid: u32) -> String {
+    throng_host::portlock::user_name(uid).unwrap_or_else(|| format!("#{uid}"))
+}
+
+/// Whether a takeover request from `peer` may have our sockets: only
+/// from our own user (whose sockets the kernel lets join our ports); else
+/// the answer that says why not.
+pub fn admit(peer: fdpass::Peer, ours: u32) -> Result<(), String> {
+    if peer.uid == ours {
+        return Ok(());
+    }
+    Err(format!(
+        "refused: this serve (pid {}) runs as {}, the one asking (pid {}) as {}; a takeover \
+         needs the same user\n",
+        std::process::id(),
+        user_label(ours),
+        peer.pid,
+        user_label(peer.uid)
+    ))
 }
 
 /// The old server's side of one handover over `stream` (blocking: run it
@@ -137,10 +244,20 @@ pub fn give(
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     line.clear();
     match lines.read_line(&mut line) {
-        Ok(_) if line.trim() == "go" => report(Step::Go),
-        _ => report(Step::Abandoned),
+        Ok(_) if line.trim() == "go" => {}
+        _ => {
+            report(Step::Abandoned);
+            return Ok(());
+        }
     }
-    Ok(())
+    let (tx, rx) = std::sync::mpsc::channel();
+    report(Step::Go(Reply(tx)));
+    // The supervisor answers at once; without an answer the new server
+    // starts with a history of its own.
+    let history = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    let mut out = stream;
+    out.write_all(format!("history {}\n", history.len()).as_bytes())?;
+    out.write_all(&history)
 }
 
 /// A running serve's control socket, in its supervisor's event loop.
@@ -188,6 +305,14 @@ impl Control {
                     let (Ok(copies), Ok(conn)) = (copies, conn.into_std()) else {
                         continue;
                     };
+                    let peer = fdpass::peer(&conn);
+                    let verdict = peer.as_ref().map_err(ToString::to_string).and_then(|p| admit(*p, fdpass::euid()));
+                    if let Err(answer) = verdict {
+                        log!("throng: takeover request {}", answer.trim());
+                        let _ = conn.set_nonblocking(false);
+                        let _ = (&conn).write_all(answer.as_bytes());
+                        continue;
+                    }
                     let tx = self.tx.clone();
                     let ports = ports.to_vec();
                     std::thread::spawn(move || {
@@ -235,6 +360,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_our_own_user_may_take_over() {
+        let me = fdpass::euid();
+        assert!(admit(fdpass::Peer { pid: 7, uid: me }, me).is_ok());
+        let other = me.wrapping_add(1);
+        let no = admit(fdpass::Peer { pid: 7, uid: other }, me).unwrap_err();
+        assert!(no.starts_with("refused: "), "{no}");
+        assert!(
+            no.contains(&format!("uid {other}")) && no.contains("same user"),
+            "{no}"
+        );
+    }
+
+    #[test]
     fn a_handover_passes_the_sockets_and_reports_each_step() {
         let dir = std::env::temp_dir().join(format!("throng-takeover-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -246,15 +384,24 @@ mod tests {
         let old = std::thread::spawn(move || {
             let (s, _) = ctl.accept().unwrap();
             let mut steps = Vec::new();
-            give(&s, &[addr.port()], &sockets, |st| steps.push(st)).unwrap();
+            give(&s, &[addr.port()], &sockets, |st| {
+                steps.push(format!("{st:?}"));
+                if let Step::Go(reply) = st {
+                    reply.send(b"the history".to_vec());
+                }
+            })
+            .unwrap();
             steps
         });
         let h = Handover::take(&path, 1).unwrap();
         assert_eq!(h.sockets.len(), 1);
         let got = h.sockets[0].local_addr().unwrap().as_socket().unwrap();
         assert_eq!(got, addr);
-        h.go().unwrap();
-        assert_eq!(old.join().unwrap(), [Step::Release, Step::Go]);
+        assert_eq!(h.go().unwrap(), b"the history");
+        let steps = old.join().unwrap();
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        assert_eq!(steps[0], "Release");
+        assert!(steps[1].starts_with("Go("), "{steps:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -28,12 +28,13 @@ enum Command {
     // Boxed: its options (access control included) outweigh the others'.
     /// Run the WebSocket push server: subscribe on /<channel>, publish with POST /publish/<channel>.
     Serve(Box<cmd::serve::Args>),
+    // Boxed too: their rates (stages kept inline) outweigh the others'.
     /// Open and hold many WebSocket connections at a set rate and measure every push.
-    Hold(cmd::hold::Args),
+    Hold(Box<cmd::hold::Args>),
     /// Drive HTTP load at a set request rate (open model), measured without coordinated omission.
-    Attack(cmd::attack::Args),
+    Attack(Box<cmd::attack::Args>),
     /// Find the tipping point: raise a load level by level until the target misses its objective.
-    Knee(cmd::knee::Args),
+    Knee(Box<cmd::knee::Args>),
     /// Read and merge result files into a text, JSON or HTML report.
     Report(cmd::report::Args),
     /// One-command proof on this machine: serve + hold + publish + host sampling, then a report.
@@ -62,9 +63,9 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(*args),
-        Command::Hold(args) => cmd::hold::run(args),
-        Command::Attack(args) => cmd::attack::run(args),
-        Command::Knee(args) => cmd::knee::run(args),
+        Command::Hold(args) => cmd::hold::run(*args),
+        Command::Attack(args) => cmd::attack::run(*args),
+        Command::Knee(args) => cmd::knee::run(*args),
         Command::Report(args) => cmd::report::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),

@@ -129,6 +129,9 @@ pub struct WorkerPlan {
     /// How to check and resume TLS (for `https://` targets).
     #[serde(default)]
     pub tls: Option<crate::tls::TlsOptions>,
+    /// How per-request rows are written (`None`: by the file's name).
+    #[serde(default)]
+    pub row_format: Option<record::RowFormat>,
 }
 
 /// The pacer of a rate run: a ramp spans the duration (or, without one, the

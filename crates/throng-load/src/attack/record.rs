@@ -262,6 +262,9 @@ pub enum RowFormat {
     Csv,
     /// One JSON object per line.
     JsonLines,
+    /// Vegeta's JSON results, one per line (`attack --format vegeta`), for
+    /// `vegeta report`, `vegeta plot` and `vegeta encode`.
+    Vegeta,
 }
 
 impl RowFormat {
@@ -306,6 +309,48 @@ pub struct Row {
     pub bytes_in: u64,
     /// Bytes written.
     pub bytes_out: u64,
+    /// Intended start → end (ns): Vegeta's latency.
+    #[serde(skip)]
+    pub latency_ns: u64,
+}
+
+/// One result as Vegeta's `easyjson` encoder writes it: its field names,
+/// latency in ns, the timestamp as Go's RFC 3339 with nanoseconds.
+#[derive(Serialize)]
+struct VegetaRow<'a> {
+    attack: &'a str,
+    seq: u64,
+    code: u16,
+    timestamp: String,
+    latency: u64,
+    bytes_out: u64,
+    bytes_in: u64,
+    error: String,
+    /// Responses are read and dropped as they arrive, not kept: no body.
+    body: Option<&'a str>,
+    method: &'a str,
+    url: &'a str,
+    /// Not kept either (`null`, as Vegeta writes a result without them).
+    headers: Option<()>,
+}
+
+/// The name of Vegeta's results throng writes (`vegeta plot` labels by it).
+pub const VEGETA_ATTACK: &str = "throng";
+
+/// What Vegeta's `error` says of a row: the failure, or for a status
+/// outside 2xx and 3xx the status line as Go's client gives it.
+fn vegeta_error(r: &Row) -> String {
+    if !r.error.is_empty() {
+        return r.error.to_owned();
+    }
+    if (200..400).contains(&r.status) {
+        return String::new();
+    }
+    let reason = match throng_proto::http::reason_phrase(r.status) {
+        "Unknown" => "",
+        known => known,
+    };
+    format!("{} {reason}", r.status).trim_end().to_owned()
 }
 
 /// Appends rows to a file shared by every worker: each write is a block of
@@ -316,6 +361,11 @@ pub struct RowWriter {
     file: std::fs::File,
     format: RowFormat,
     buf: Vec<u8>,
+    /// Each target's method and URL (Vegeta's rows name them).
+    targets: Vec<(String, String)>,
+    /// Writes of at most this many bytes: a pipe (`| vegeta report`)
+    /// keeps only writes up to `PIPE_BUF` whole among many writers.
+    max_write: usize,
 }
 
 /// Flush when the buffer passes this.
@@ -324,12 +374,26 @@ const ROW_FLUSH: usize = 32 * 1024;
 impl RowWriter {
     /// Opens `path` for appending (the supervisor created it).
     pub fn open(path: &Path, format: RowFormat) -> io::Result<Self> {
+        use std::os::unix::fs::FileTypeExt as _;
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
+        let max_write = if file.metadata()?.file_type().is_fifo() {
+            libc::PIPE_BUF
+        } else {
+            usize::MAX
+        };
         Ok(Self {
             file,
             format,
             buf: Vec::with_capacity(ROW_FLUSH + 512),
+            targets: Vec::new(),
+            max_write,
         })
+    }
+
+    /// Names the targets (method, URL) that rows' `target` indexes.
+    pub fn with_targets(mut self, targets: Vec<(String, String)>) -> Self {
+        self.targets = targets;
+        self
     }
 
     /// Adds one row.
@@ -356,6 +420,28 @@ impl RowWriter {
                 serde_json::to_writer(&mut self.buf, r).map_err(io::Error::other)?;
                 self.buf.push(b'\n');
             }
+            RowFormat::Vegeta => {
+                let (method, url) = self
+                    .targets
+                    .get(r.target)
+                    .map_or(("", ""), |(m, u)| (m.as_str(), u.as_str()));
+                let row = VegetaRow {
+                    attack: VEGETA_ATTACK,
+                    seq: r.seq,
+                    code: r.status,
+                    timestamp: throng_report::format::rfc3339_nanos(r.intended_ns),
+                    latency: r.latency_ns,
+                    bytes_out: r.bytes_out,
+                    bytes_in: r.bytes_in,
+                    error: vegeta_error(r),
+                    body: None,
+                    method,
+                    url,
+                    headers: None,
+                };
+                serde_json::to_writer(&mut self.buf, &row).map_err(io::Error::other)?;
+                self.buf.push(b'\n');
+            }
         }
         if self.buf.len() >= ROW_FLUSH {
             self.flush()
@@ -364,12 +450,24 @@ impl RowWriter {
         }
     }
 
-    /// Writes what is buffered, in one `write` (whole lines only).
+    /// Writes what is buffered, whole lines only: in one `write`, or on a
+    /// pipe in writes of at most `PIPE_BUF` (a longer line alone).
     pub fn flush(&mut self) -> io::Result<()> {
-        if !self.buf.is_empty() {
-            self.file.write_all(&self.buf)?;
-            self.buf.clear();
+        let mut rest = &self.buf[..];
+        while !rest.is_empty() {
+            let cut = if rest.len() <= self.max_write {
+                rest.len()
+            } else {
+                rest[..self.max_write]
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .or_else(|| rest.iter().position(|&b| b == b'\n'))
+                    .map_or(rest.len(), |i| i + 1)
+            };
+            self.file.write_all(&rest[..cut])?;
+            rest = &rest[cut..];
         }
+        self.buf.clear();
         Ok(())
     }
 }
@@ -410,5 +508,59 @@ mod tests {
         let third = r.take(3_000_000_000);
         assert_eq!(third.histograms["latency.error"].len(), 1);
         assert_eq!(third.every_request_stats().count, 1);
+    }
+
+    #[test]
+    fn vegeta_rows_carry_vegetas_fields_and_units() {
+        let dir = throng_testkit::TempDir::new("vegeta-rows");
+        let path = dir.file("rows.json");
+        std::fs::write(&path, "").unwrap();
+        let mut w = RowWriter::open(&path, RowFormat::Vegeta)
+            .unwrap()
+            .with_targets(vec![("POST".into(), "http://h:1/p?q=\"x\"".into())]);
+        let row = |status, error| Row {
+            seq: 7,
+            worker: 1,
+            target: 0,
+            intended_ns: 1_795_831_310_000_000_123,
+            started_ns: 1_795_831_310_000_500_000,
+            latency_us: 1_234,
+            service_us: 700,
+            status,
+            error,
+            bytes_in: 92,
+            bytes_out: 45,
+            latency_ns: 1_234_567,
+        };
+        w.push(&row(200, "")).unwrap();
+        w.push(&row(503, "")).unwrap();
+        w.push(&row(0, "timeout")).unwrap();
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3);
+        let ok = &lines[0];
+        assert_eq!(ok["attack"], VEGETA_ATTACK);
+        assert_eq!(ok["seq"], 7);
+        assert_eq!(ok["code"], 200);
+        // The intended start, to the ns; the latency in ns.
+        assert_eq!(ok["timestamp"], "2026-11-28T02:01:50.000000123Z");
+        assert_eq!(ok["latency"], 1_234_567);
+        assert_eq!(
+            (ok["bytes_in"].as_u64(), ok["bytes_out"].as_u64()),
+            (Some(92), Some(45))
+        );
+        assert_eq!(ok["error"], "");
+        assert_eq!(ok["method"], "POST");
+        assert_eq!(ok["url"], "http://h:1/p?q=\"x\"");
+        assert!(ok["body"].is_null() && ok["headers"].is_null());
+        assert_eq!(lines[1]["error"], "503 Service Unavailable");
+        assert_eq!(
+            (lines[2]["code"].as_u64(), lines[2]["error"].as_str()),
+            (Some(0), Some("timeout"))
+        );
     }
 }

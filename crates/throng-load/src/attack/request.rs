@@ -14,17 +14,19 @@ use throng_host::units::fmt_duration;
 use throng_report::format::Header;
 
 use super::record::{CSV_HEADER, LATE_US, RowFormat};
-use super::summary::{Summary, check};
+use super::summary::Summary;
 use super::supervisor::AttackRun;
 use super::targets::{Target, TargetError};
 use super::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan, pacer, planned};
 use crate::harness::Setup;
-use crate::harness::clock::{micros, millis, nanos};
+use crate::harness::clock::{millis, nanos};
 use crate::harness::collect::ResultFile;
-use crate::harness::machine::Machine;
+use crate::harness::machine::{self, Machine};
+use crate::harness::metrics::Metrics;
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
-use crate::pacer::PacerError;
+use crate::pacer::{PacerError, RateSpec, stage_lines};
+use crate::threshold::{Threshold, ThresholdError, check_all, start_line};
 use crate::tls::TlsOptions;
 
 /// The arguments an `attack` worker process is started with.
@@ -69,6 +71,13 @@ pub struct Request {
     pub tls: Option<TlsOptions>,
     /// The live view.
     pub progress: Progress,
+    /// How per-request rows are written (`None`: CSV for a `.csv` name,
+    /// else JSON lines; Vegeta's results for `--format vegeta`).
+    pub per_request_format: Option<RowFormat>,
+    /// `--threshold`s (the `--max-*` flags above are added to them).
+    pub thresholds: Vec<Threshold>,
+    /// Stop the run once a threshold can no longer pass.
+    pub abort_on_fail: bool,
 }
 
 /// Why an `attack` cannot start.
@@ -84,6 +93,9 @@ pub enum AttackError {
     /// A rate that makes no schedule.
     #[error("{0}")]
     Rate(#[from] PacerError),
+    /// A threshold that cannot be checked.
+    #[error("{0}")]
+    Threshold(#[from] ThresholdError),
     /// The machine could not be read, a file not written, or the workers not found.
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -95,9 +107,7 @@ pub struct Prepared {
     attack: AttackRun,
     setup: Setup,
     lines: Vec<String>,
-    max_error_rate: Option<f64>,
-    max_p99: Option<Duration>,
-    max_lag: Option<Duration>,
+    thresholds: Vec<Threshold>,
 }
 
 /// Checks `req` and plans it on this machine.
@@ -106,8 +116,18 @@ pub fn prepare(req: Request) -> Result<Prepared, AttackError> {
 }
 
 /// Checks `req` and plans it on this machine, or runs it on `remote`.
-pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, AttackError> {
+pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, AttackError> {
+    // Stages set their own time: the run lasts them out unless told shorter.
+    if let (Load::Rate(RateSpec::Stages(st)), None) = (req.load, req.duration) {
+        req.duration = Some(st.total());
+    }
     check_settings(&req)?;
+    let thresholds = super::summary::thresholds(
+        &req.thresholds,
+        req.max_error_rate,
+        req.max_p99,
+        req.max_lag,
+    )?;
     if remote.is_some() && req.per_request.is_some() {
         return Err(AttackError::Setting(
             "--per-request writes on this machine; it does not go with --agents".into(),
@@ -143,8 +163,17 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
         ),
         Load::Max { .. } => None,
     };
-    if let Some(p) = &req.per_request {
-        let head = if RowFormat::for_path(p) == RowFormat::Csv {
+    let row_format = req.per_request.as_deref().map(|p| {
+        req.per_request_format
+            .unwrap_or_else(|| RowFormat::for_path(p))
+    });
+    // Vegeta's results go to stdout, which is there already.
+    if let Some(p) = req
+        .per_request
+        .as_ref()
+        .filter(|_| row_format != Some(RowFormat::Vegeta))
+    {
+        let head = if row_format == Some(RowFormat::Csv) {
             CSV_HEADER
         } else {
             ""
@@ -167,13 +196,21 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
             settings,
             per_request: req.per_request.clone(),
             tls: req.tls.clone(),
+            row_format,
         },
         planned,
+        abort: crate::threshold::live(&thresholds, req.abort_on_fail),
     };
     let mut lines = start_lines(&req, &attack, &machine, &workers_why, &sources_why);
+    lines.extend(start_line(&thresholds, req.abort_on_fail));
     if let Some(r) = &remote {
         // Workers and sources are each agent's (its lines), not this machine's.
         lines.splice(3..4, r.lines.iter().cloned());
+    } else {
+        lines.extend(limit_lines(&attack.plan));
+    }
+    if let Load::Rate(RateSpec::Stages(st)) = req.load {
+        lines.splice(2..2, stage_lines(&st, "requests"));
     }
     let results = req.output.clone().map(|path| ResultFile {
         path,
@@ -186,13 +223,27 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Atta
             results,
             progress: req.progress,
             remote: remote.map(|r| r.launch),
+            metrics: None,
         },
         attack,
         lines,
-        max_error_rate: req.max_error_rate,
-        max_p99: req.max_p99,
-        max_lag: req.max_lag,
+        thresholds,
     })
+}
+
+/// The start lines' section on this machine's limits: `throng doctor
+/// --role client`'s checks of the most connections the run may open, from
+/// its sources to its targets' ports.
+fn limit_lines(plan: &WorkerPlan) -> Vec<String> {
+    use throng_host::doctor::{self, Role};
+    let connections = plan.settings.max_connections;
+    let ports: std::collections::BTreeSet<_> = plan.addrs.iter().collect();
+    let dp = doctor::Plan {
+        source_ips: plan.sources.len().max(1) as u64,
+        target_ports: ports.len().max(1) as u64,
+        ..doctor::Plan::new(connections, Role::Client)
+    };
+    machine::limit_lines(connections, &doctor::check(&dp))
 }
 
 /// The settings that make no run, refused with the flag to change.
@@ -234,22 +285,27 @@ impl Prepared {
         &self.lines
     }
 
+    /// Serves the run's live figures on `metrics` (`--metrics-listen`),
+    /// and says where in the start lines.
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.lines.push(metrics.line());
+        self.setup.metrics = Some(metrics);
+    }
+
     /// The planned run and its set-up, for a caller that runs it its own
     /// way (`knee` runs it once per level, at the level's rate).
     pub fn into_parts(self) -> (AttackRun, Setup) {
         (self.attack, self.setup)
     }
 
-    /// Runs it; the summary and the thresholds it passed (`--max-error-rate`,
-    /// `--max-p99`, `--max-lag`), one line each.
+    /// Runs it; the summary and the thresholds it failed, one line each
+    /// (the one that stopped it first, under `--abort-on-fail`).
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
         let summary = super::supervisor::run(self.attack, self.setup)?;
-        let failed = check(
-            &summary,
-            self.max_error_rate,
-            self.max_p99.map(micros),
-            self.max_lag.map(micros),
-        );
+        let mut failed = check_all(&self.thresholds, &summary);
+        if let Some(why) = &summary.aborted {
+            failed.insert(0, format!("stopped early (--abort-on-fail): {why}"));
+        }
         Ok((summary, failed))
     }
 }
@@ -434,19 +490,17 @@ fn start_lines(
         out.push(format!("  results to {}", o.display()));
     }
     if let Some(p) = &req.per_request {
-        out.push(format!(
-            "  per-request rows to {} ({:?})",
-            p.display(),
-            RowFormat::for_path(p)
-        ));
-    }
-    if req.max_error_rate.is_some() || req.max_p99.is_some() || req.max_lag.is_some() {
-        out.push(format!(
-            "  thresholds: error rate <= {}, p99 latency <= {}, behind schedule <= {}",
-            req.max_error_rate.map_or("-".to_owned(), |r| r.to_string()),
-            req.max_p99.map_or("-".to_owned(), fmt_duration),
-            req.max_lag.map_or("-".to_owned(), fmt_duration)
-        ));
+        match a.plan.row_format {
+            Some(RowFormat::Vegeta) => out.push(
+                "  one Vegeta JSON result per request on stdout (for vegeta report, plot, encode)"
+                    .to_owned(),
+            ),
+            f => out.push(format!(
+                "  per-request rows to {} ({:?})",
+                p.display(),
+                f.unwrap_or_else(|| RowFormat::for_path(p))
+            )),
+        }
     }
     out
 }
@@ -460,6 +514,7 @@ fn header(req: &Request, a: &AttackRun) -> Header {
             "subcommand": "attack",
             "targets": plan.targets.iter().map(|t| format!("{} {}", t.method, t.url)).collect::<Vec<_>>(),
             "load": match plan.load {
+                Load::Rate(spec @ RateSpec::Stages(st)) => serde_json::json!({"rate": spec.to_string(), "stages": st}),
                 Load::Rate(spec) => serde_json::json!({"rate": spec.to_string()}),
                 Load::Max { connections } => serde_json::json!({"max": true, "connections": connections}),
             },

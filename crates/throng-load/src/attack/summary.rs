@@ -1,17 +1,24 @@
 //! What an `attack` run did, summed up the way Vegeta's report does, with
 //! the generator's own lag beside the latencies; the progress line of each
-//! second; the thresholds that fail a run (`--max-error-rate`, `--max-p99`).
+//! second; the figures the thresholds that fail a run are on (`--threshold`,
+//! and the `--max-*` flags that are its aliases).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::Serialize;
+use throng_host::units::fmt_duration;
 use throng_report::events::EventGroup;
+use throng_report::interval::Interval;
 use throng_report::summary::HistStats;
 use throng_report::text::micros;
 
 use super::worker::Done;
 use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
 use crate::harness::progress::View;
+use crate::threshold::{
+    Catalogue, Figure, Figures, Live, Stat, Threshold, ThresholdError, count_over,
+};
 
 /// What a run did: the final print and `--format json`.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -90,6 +97,10 @@ pub struct Summary {
     pub events: Vec<EventGroup>,
     /// When the schedule started, ns since the epoch.
     pub start_unix_ns: u64,
+    /// Why `--abort-on-fail` stopped the run: the threshold that could no
+    /// longer pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aborted: Option<String>,
 }
 
 impl Summary {
@@ -167,46 +178,135 @@ impl Summary {
     }
 }
 
-/// Checks `--max-error-rate`, `--max-p99` and `--max-lag` (µs): one line
-/// per threshold passed.
-pub fn check(
-    s: &Summary,
-    max_error_rate: Option<f64>,
-    max_p99_us: Option<u64>,
-    max_lag_us: Option<u64>,
-) -> Vec<String> {
-    let mut failed = Vec::new();
-    if let Some(max) = max_error_rate
-        && s.error_rate > max
-    {
-        failed.push(format!(
-            "error rate {:.4} is over --max-error-rate {max}",
-            s.error_rate
-        ));
-    }
-    if let Some(max) = max_p99_us {
-        if s.latency_us.count == 0 {
-            failed.push("no request ended, so p99 latency is unknown (--max-p99)".to_owned());
-        } else if s.latency_us.p99 > max {
-            failed.push(format!(
-                "p99 latency {} is over --max-p99 {}",
-                micros(s.latency_us.p99),
-                micros(max)
-            ));
+/// The figures an `attack` threshold may name (`--threshold`).
+pub const FIGURES: Catalogue = Catalogue {
+    command: "attack",
+    latencies: &["latency", "service", "lag", "connect", "tls"],
+    ratios: &["error_rate", "success_ratio"],
+    rates: &["rate", "throughput"],
+    counts: &["requests", "errors", "timeouts", "late", "retried"],
+};
+
+impl Figures for Summary {
+    fn value(&self, figure: &Figure) -> Option<f64> {
+        let stats = |h: &HistStats, stat: Stat| (h.count > 0).then(|| stat.of(h));
+        let sent = self.requests > 0;
+        match figure {
+            Figure::Latency { of, stat } => stats(
+                match *of {
+                    "service" => &self.service_us,
+                    "lag" => &self.lag_us,
+                    "connect" => &self.connect_tcp_us,
+                    "tls" => &self.connect_tls_us,
+                    _ => &self.latency_us,
+                },
+                *stat,
+            ),
+            Figure::Ratio("success_ratio") => sent.then_some(self.success_ratio),
+            Figure::Ratio(_) => sent.then_some(self.error_rate),
+            Figure::Rate("throughput") => Some(self.throughput),
+            Figure::Rate(_) => Some(self.rate),
+            Figure::Count(c) => Some(match *c {
+                "requests" => self.requests,
+                "timeouts" => self.errors.get("timeout").copied().unwrap_or(0),
+                "late" => self.late,
+                "retried" => self.retried,
+                _ => self.errors.values().sum(),
+            } as f64),
         }
     }
-    if let Some(max) = max_lag_us
-        && s.lag_us.max > max
-    {
-        failed.push(format!(
-            "a request started {} behind its schedule, over --max-lag {} ({} started more than {} ms late)",
-            micros(s.lag_us.max),
-            micros(max),
-            s.late,
-            s.late_threshold_us / 1000
-        ));
+}
+
+/// A running attack's totals, for `--abort-on-fail`.
+pub(super) struct Running<'a> {
+    /// Everything counted so far.
+    pub(super) totals: &'a Interval,
+    /// Requests the schedule plans (rate mode).
+    pub(super) planned: Option<u64>,
+}
+
+impl Live for Running<'_> {
+    fn planned(&self) -> Option<u64> {
+        self.planned
     }
-    failed
+
+    fn count(&self, name: &str) -> Option<u64> {
+        let t = self.totals;
+        Some(match name {
+            "requests" => t.counter("requests.sent"),
+            "timeouts" => t.counter("requests.error.timeout"),
+            "late" => t.counter("requests.late"),
+            "retried" => t.counter("requests.retried"),
+            _ => counters_under(t, "requests.error."),
+        })
+    }
+
+    fn at_least(&self, of: &str, bound_us: f64, inclusive: bool) -> Option<u64> {
+        let names: &[&str] = match of {
+            "service" => &["service"],
+            "lag" => &["lag"],
+            "connect" => &["connect.tcp"],
+            "tls" => &["connect.tls"],
+            _ => &["latency", "latency.timeout", "latency.error"],
+        };
+        Some(
+            names
+                .iter()
+                .filter_map(|n| self.totals.histograms.get(*n))
+                .map(|h| count_over(h, bound_us, inclusive))
+                .sum(),
+        )
+    }
+
+    fn failures(&self) -> Option<u64> {
+        let unsuccessful: u64 = self
+            .totals
+            .counters
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix("status.").map(|code| (code, v)))
+            .filter(|(code, _)| !(code.starts_with('2') || code.starts_with('3')))
+            .map(|(_, v)| v)
+            .sum();
+        Some(unsuccessful + counters_under(self.totals, "requests.error."))
+    }
+}
+
+fn counters_under(iv: &Interval, prefix: &str) -> u64 {
+    iv.counters
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// The thresholds of `--threshold` and the `--max-*` flags, which are
+/// aliases: `--max-error-rate R` is `error_rate<=R`, `--max-p99 D` is
+/// `p99<=D`, `--max-lag D` is `lag_max<=D`.
+pub fn thresholds(
+    given: &[Threshold],
+    max_error_rate: Option<f64>,
+    max_p99: Option<Duration>,
+    max_lag: Option<Duration>,
+) -> Result<Vec<Threshold>, ThresholdError> {
+    let mut out = Vec::new();
+    if let Some(r) = max_error_rate {
+        out.push(
+            Threshold::parse(&format!("error_rate<={r}"), &FIGURES)?.alias("--max-error-rate"),
+        );
+    }
+    if let Some(d) = max_p99 {
+        out.push(
+            Threshold::parse(&format!("p99<={}", fmt_duration(d)), &FIGURES)?.alias("--max-p99"),
+        );
+    }
+    if let Some(d) = max_lag {
+        out.push(
+            Threshold::parse(&format!("lag_max<={}", fmt_duration(d)), &FIGURES)?
+                .alias("--max-lag"),
+        );
+    }
+    out.extend(given.iter().cloned());
+    Ok(out)
 }
 
 /// The progress line of one interval; `sent` requests so far of `planned`.
@@ -385,11 +485,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn thresholds() {
+    fn thresholds_and_their_aliases() {
         let mut s = Summary {
             requests: 100,
             success: 97,
             error_rate: 0.03,
+            success_ratio: 0.97,
             ..Summary::default()
         };
         s.latency_us = HistStats {
@@ -402,19 +503,34 @@ mod tests {
             max: 784_000,
             ..HistStats::default()
         };
-        s.late = 38;
-        s.late_threshold_us = 10_000;
-        assert!(check(&s, Some(0.05), Some(300_000), Some(1_000_000)).is_empty());
-        assert_eq!(check(&s, Some(0.01), None, None).len(), 1);
-        assert_eq!(check(&s, None, Some(200_000), None).len(), 1);
-        let lag = check(&s, None, None, Some(500_000));
+        s.errors.insert("timeout".into(), 3);
+        let ms = Duration::from_millis;
+        let check = |t: &[Threshold]| crate::threshold::check_all(t, &s);
+        let all = thresholds(&[], Some(0.05), Some(ms(300)), Some(ms(1000))).unwrap();
+        assert!(check(&all).is_empty());
         assert_eq!(
-            lag,
-            [
-                "a request started 784ms behind its schedule, over --max-lag 500ms (38 started more than 10 ms late)"
-            ]
+            check(&thresholds(&[], Some(0.01), None, None).unwrap()).len(),
+            1
         );
-        s.latency_us = HistStats::default();
-        assert_eq!(check(&s, None, Some(200_000), None).len(), 1);
+        assert_eq!(
+            check(&thresholds(&[], None, Some(ms(200)), None).unwrap()).len(),
+            1
+        );
+        let lag = check(&thresholds(&[], None, None, Some(ms(500))).unwrap());
+        assert_eq!(lag, ["lag_max<=500ms (--max-lag): lag_max was 784ms"]);
+        let mine = Threshold::parse("timeouts==0", &FIGURES).unwrap();
+        assert_eq!(check(&[mine]), ["timeouts==0: timeouts was 3"]);
+        let unmeasured = Summary {
+            latency_us: HistStats::default(),
+            ..s.clone()
+        };
+        let p99 = crate::threshold::check_all(
+            &thresholds(&[], None, Some(ms(200)), None).unwrap(),
+            &unmeasured,
+        );
+        assert_eq!(
+            p99,
+            ["p99<=200ms (--max-p99): p99 is unknown (nothing measured)"]
+        );
     }
 }

@@ -10,13 +10,15 @@ use throng_report::format::Event;
 use throng_report::interval::Interval;
 
 use super::record::LATE_US;
-use super::summary::{Summary, progress_line};
+use super::summary::{Running, Summary, progress_line};
 use super::worker::Done;
 use super::{Load, WorkerPlan};
 use crate::harness::collect::Totals;
 use crate::harness::progress::View;
 use crate::harness::worker::Order;
 use crate::harness::{Role, Run, Setup};
+use crate::pacer::{Pacer, RateSpec, stage_note};
+use crate::threshold::Threshold;
 
 /// A whole `attack` run, planned.
 #[derive(Debug, Clone)]
@@ -25,6 +27,9 @@ pub struct AttackRun {
     pub plan: WorkerPlan,
     /// Requests the schedule plans (rate mode), for the progress and summary.
     pub planned: Option<u64>,
+    /// Thresholds checked as the run goes (`--abort-on-fail`): the first
+    /// that can no longer pass stops it.
+    pub abort: Vec<Threshold>,
 }
 
 /// Runs a whole attack.
@@ -43,8 +48,19 @@ pub fn role(attack: AttackRun) -> Attack {
             late_threshold_us: LATE_US,
             ..Summary::default()
         },
+        schedule: match attack.plan.load {
+            Load::Rate(spec) => super::pacer(
+                spec,
+                attack.plan.duration_ns.map(std::time::Duration::from_nanos),
+                attack.plan.requests,
+            )
+            .ok(),
+            Load::Max { .. } => None,
+        },
+        start_ns: 0,
         attack,
         dones: vec![None; workers],
+        doomed: None,
     }
 }
 
@@ -56,6 +72,27 @@ pub struct Attack {
     dones: Vec<Option<Done>>,
     /// Figures kept while the run goes (peaks, stopped).
     summary: Summary,
+    /// A threshold that can no longer pass, to stop the run at the next tick.
+    doomed: Option<String>,
+    /// The open model's schedule: what each interval planned.
+    schedule: Option<Pacer>,
+    /// When it started, ns since the epoch.
+    start_ns: u64,
+}
+
+impl Attack {
+    /// Requests the schedule plans before `t_ns` (ns since the epoch):
+    /// those due strictly before it, up to the run's planned total.
+    fn planned_before(&self, t_ns: u64) -> u64 {
+        let Some(pacer) = &self.schedule else {
+            return 0;
+        };
+        if t_ns <= self.start_ns || self.start_ns == 0 {
+            return 0;
+        }
+        let due = pacer.due(std::time::Duration::from_nanos(t_ns - self.start_ns - 1));
+        self.attack.planned.map_or(due, |p| due.min(p))
+    }
 }
 
 impl Role for Attack {
@@ -106,6 +143,45 @@ impl Role for Attack {
         "Ctrl-C: stopping; requests in flight count as canceled (press again to kill)"
     }
 
+    fn started(&mut self, run: &Rc<Run>) {
+        self.start_ns = run.start().unix_ns();
+    }
+
+    /// `requests.planned`: what the schedule planned in the interval, beside
+    /// what was sent (`requests.sent`), so a report shows both.
+    fn own(&mut self, start_ns: u64, length_ns: u64) -> Interval {
+        let mut iv = Interval::empty(start_ns, length_ns, String::new());
+        let n = self
+            .planned_before(start_ns + length_ns)
+            .saturating_sub(self.planned_before(start_ns));
+        if n > 0 {
+            iv.counters.insert("requests.planned".into(), n);
+        }
+        iv
+    }
+
+    fn counted(&mut self, totals: &Interval) {
+        if self.doomed.is_some() || self.summary.aborted.is_some() {
+            return;
+        }
+        let live = Running {
+            totals,
+            planned: self.attack.planned,
+        };
+        self.doomed = self.attack.abort.iter().find_map(|t| t.doomed(&live));
+    }
+
+    fn tick(&mut self, run: &Rc<Run>) {
+        if let Some(why) = self.doomed.take() {
+            run.note(&format!(
+                "--abort-on-fail: {why}; stopping (requests in flight count as canceled)"
+            ));
+            self.summary.stopped = true;
+            self.summary.aborted = Some(why);
+            run.crew().stop_all(&Order::Stop(0));
+        }
+    }
+
     fn late(&mut self, merged: &Interval) {
         self.absorb(merged);
     }
@@ -117,7 +193,12 @@ impl Role for Attack {
     }
 
     fn progress(&mut self, view: &View<'_>) -> String {
-        progress_line(view, self.attack.planned)
+        let mut line = progress_line(view, self.attack.planned);
+        if let (Load::Rate(RateSpec::Stages(st)), Some(p)) = (self.attack.plan.load, &self.schedule)
+        {
+            line.push_str(&stage_note(&st, p, view.elapsed_s()));
+        }
+        line
     }
 
     fn finish(mut self, totals: Totals, run: &Rc<Run>) -> Summary {

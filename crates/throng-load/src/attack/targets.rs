@@ -1,5 +1,5 @@
-//! What `throng attack` sends: targets in Vegeta's text format, or one
-//! target built from `--url`, `-H`, `--body` and `--method`.
+//! What `throng attack` sends: targets in Vegeta's text or JSON format, or
+//! one target built from `--url`, `-H`, `--body` and `--method`.
 //!
 //! The format, one target after another (blank lines and `#` comments are
 //! ignored):
@@ -18,6 +18,11 @@
 //! headers; one `@path` line names a file whose bytes are its body (relative
 //! paths are relative to the current directory, as in Vegeta). Requests take
 //! the targets in turn: request `i` uses target `i % targets`.
+//!
+//! Or Vegeta's JSON format, one object per line (its `-format=json`):
+//! `{"method":"POST","url":"http://...","header":{"Content-Type":["application/json"]},"body":"eyJhIjoxfQ=="}`.
+//! A file is read line by line as it comes; every target is kept (each
+//! worker sends them in turn), up to [`MAX_TARGET_BYTES`].
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs as _};
@@ -288,97 +293,314 @@ fn is_method(word: &str) -> bool {
             .all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_')
 }
 
-/// Parses targets text. `source_name` names it in errors; `read_body` reads
-/// an `@path` body (a closure so tests need no files).
-pub fn parse(
-    text: &str,
-    source_name: &str,
-    mut read_body: impl FnMut(&Path) -> Result<Vec<u8>, std::io::Error>,
-) -> Result<Vec<Target>, TargetError> {
-    let mut targets: Vec<Target> = Vec::new();
-    // Whether the current target already has its body (no lines may follow).
-    let mut has_body = false;
-    for (n, raw) in text.lines().enumerate() {
-        let line_no = n + 1;
-        let err = |reason: String| TargetError::Line {
-            source_name: source_name.to_owned(),
-            line: line_no,
-            reason,
-        };
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
+/// How a targets file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum TargetFormat {
+    /// Whichever the first line says: `{` starts JSON, anything else is text.
+    #[default]
+    Auto,
+    /// Vegeta's text format (`-format=http`): `METHOD URL`, headers, `@body`.
+    Http,
+    /// Vegeta's JSON format (`-format=json`): one object per line,
+    /// `{"method":"GET","url":"...","header":{"Name":["v"]},"body":"<base64>"}`.
+    Json,
+}
+
+impl std::str::FromStr for TargetFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "http" | "text" => Ok(Self::Http),
+            "json" => Ok(Self::Json),
+            _ => Err(format!(
+                "{s:?} is not a targets format: http (Vegeta's text), json, or auto (the first line tells)"
+            )),
         }
+    }
+}
+
+/// Vegeta's JSON target (its `target.schema.json`: nothing else allowed).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonTarget {
+    method: String,
+    url: String,
+    #[serde(default)]
+    body: Option<String>,
+    #[serde(default)]
+    header: Option<std::collections::BTreeMap<String, Vec<String>>>,
+}
+
+/// What a JSON target line starts with.
+const OPEN_BRACE: char = '\u{7b}';
+
+/// Reads an `@path` body.
+type ReadBody<'a> = dyn FnMut(&Path) -> Result<Vec<u8>, std::io::Error> + 'a;
+
+/// Targets parsed line by line, as they are read (sans I/O: the caller
+/// reads the lines).
+pub struct Parser<'a> {
+    source_name: String,
+    format: TargetFormat,
+    read_body: Box<ReadBody<'a>>,
+    targets: Vec<Target>,
+    /// Whether the current (text) target already has its body.
+    has_body: bool,
+    /// Bytes the targets hold so far (bounded by [`MAX_TARGET_BYTES`]).
+    held: usize,
+}
+
+/// The most the targets of one run may hold (URLs, headers, bodies): a
+/// larger file is refused with a clear error instead of filling memory.
+pub const MAX_TARGET_BYTES: usize = 256 << 20;
+
+impl<'a> Parser<'a> {
+    /// A parser of `format`; `source_name` names the input in errors and
+    /// `read_body` reads an `@path` body (a closure so tests need no files).
+    pub fn new(
+        source_name: &str,
+        format: TargetFormat,
+        read_body: impl FnMut(&Path) -> Result<Vec<u8>, std::io::Error> + 'a,
+    ) -> Self {
+        Self {
+            source_name: source_name.to_owned(),
+            format,
+            read_body: Box::new(read_body),
+            targets: Vec::new(),
+            has_body: false,
+            held: 0,
+        }
+    }
+
+    fn err(&self, line: usize, reason: String) -> TargetError {
+        TargetError::Line {
+            source_name: self.source_name.clone(),
+            line,
+            reason,
+        }
+    }
+
+    /// Takes line `line_no` (1-based) of the input.
+    pub fn line(&mut self, line_no: usize, raw: &str) -> Result<(), TargetError> {
+        let line = raw.trim();
+        if line.is_empty() || (self.format != TargetFormat::Json && line.starts_with('#')) {
+            return Ok(());
+        }
+        if self.format == TargetFormat::Auto {
+            self.format = if line.starts_with(OPEN_BRACE) {
+                TargetFormat::Json
+            } else {
+                TargetFormat::Http
+            };
+        }
+        match self.format {
+            TargetFormat::Json => self.json_line(line_no, line)?,
+            _ => self.text_line(line_no, line)?,
+        }
+        if let Some(t) = self.targets.last() {
+            // Counted again as a text target grows: an upper bound.
+            self.held += t.body.len()
+                + t.url.path.len()
+                + t.url.authority.len()
+                + t.headers
+                    .iter()
+                    .map(|(n, v)| n.len() + v.len())
+                    .sum::<usize>();
+        }
+        if self.held > MAX_TARGET_BYTES {
+            return Err(self.err(
+                line_no,
+                format!(
+                    "the targets so far hold over {} MiB; throng keeps every target in memory (each worker sends them in turn), so a file this large is refused: split it, or reuse bodies",
+                    MAX_TARGET_BYTES >> 20
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn json_line(&mut self, line_no: usize, line: &str) -> Result<(), TargetError> {
+        let t: JsonTarget = serde_json::from_str(line).map_err(|e| {
+            self.err(
+                line_no,
+                format!(
+                    "not a JSON target ({e}); expected {{\"method\":\"GET\",\"url\":\"http://...\",\"header\":{{\"Name\":[\"value\"]}},\"body\":\"<base64>\"}}"
+                ),
+            )
+        })?;
+        if !is_method(&t.method) {
+            return Err(self.err(
+                line_no,
+                format!("\"method\": {:?} is not an HTTP method", t.method),
+            ));
+        }
+        let url = HttpUrl::parse(&t.url).map_err(|e| self.err(line_no, e.to_string()))?;
+        let body = match t.body.as_deref() {
+            None | Some("") => Vec::new(),
+            Some(b) => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .map_err(|e| self.err(line_no, format!("\"body\" is not base64: {e}")))?
+            }
+        };
+        let mut headers = Vec::new();
+        for (name, values) in t.header.unwrap_or_default() {
+            for v in values {
+                headers.push(
+                    parse_header(&format!("{name}: {v}"))
+                        .map_err(|e| self.err(line_no, format!("\"header\": {e}")))?,
+                );
+            }
+        }
+        self.targets.push(Target {
+            method: t.method,
+            url,
+            headers,
+            body,
+        });
+        Ok(())
+    }
+
+    fn text_line(&mut self, line_no: usize, line: &str) -> Result<(), TargetError> {
         let first = line.split_whitespace().next().unwrap_or("");
         if is_method(first) && line[first.len()..].trim_start().contains("://") {
             let url_text = line[first.len()..].trim();
             if url_text.contains(char::is_whitespace) {
-                return Err(err(format!("expected 'METHOD URL', got '{line}'")));
+                return Err(self.err(line_no, format!("expected 'METHOD URL', got '{line}'")));
             }
-            let url = HttpUrl::parse(url_text).map_err(|e| err(e.to_string()))?;
-            targets.push(Target {
+            let url = HttpUrl::parse(url_text).map_err(|e| self.err(line_no, e.to_string()))?;
+            self.targets.push(Target {
                 method: first.to_owned(),
                 url,
                 headers: Vec::new(),
                 body: Vec::new(),
             });
-            has_body = false;
-            continue;
+            self.has_body = false;
+            return Ok(());
         }
-        let Some(target) = targets.last_mut() else {
-            return Err(err(format!(
-                "expected a target line 'METHOD http://HOST:PORT/PATH' first, got '{line}'"
-            )));
-        };
-        if has_body {
-            return Err(err(format!(
-                "'{line}' after the body line: a target ends with its '@file' line"
-            )));
+        if self.targets.is_empty() {
+            return Err(self.err(
+                line_no,
+                format!(
+                    "expected a target line 'METHOD http://HOST:PORT/PATH' first, got '{line}'"
+                ),
+            ));
+        }
+        if self.has_body {
+            return Err(self.err(
+                line_no,
+                format!("'{line}' after the body line: a target ends with its '@file' line"),
+            ));
         }
         if let Some(path) = line.strip_prefix('@') {
             let path = Path::new(path.trim());
-            target.body = read_body(path)
-                .map_err(|e| err(format!("cannot read body file {}: {e}", path.display())))?;
-            has_body = true;
-            continue;
+            let body = (self.read_body)(path).map_err(|e| {
+                self.err(
+                    line_no,
+                    format!("cannot read body file {}: {e}", path.display()),
+                )
+            })?;
+            if let Some(t) = self.targets.last_mut() {
+                t.body = body;
+            }
+            self.has_body = true;
+            return Ok(());
         }
         if first.contains("://") {
-            return Err(err(format!(
-                "'{line}': a target line needs a method first, e.g. 'GET {first}'"
-            )));
+            return Err(self.err(
+                line_no,
+                format!("'{line}': a target line needs a method first, e.g. 'GET {first}'"),
+            ));
         }
         let header = parse_header(line).map_err(|reason| {
-            err(format!(
-                "{reason} (lines are 'METHOD URL', 'Name: value' or '@bodyfile')"
-            ))
+            self.err(
+                line_no,
+                format!("{reason} (lines are 'METHOD URL', 'Name: value' or '@bodyfile')"),
+            )
         })?;
-        target.headers.push(header);
+        if let Some(t) = self.targets.last_mut() {
+            t.headers.push(header);
+        }
+        Ok(())
     }
-    if targets.is_empty() {
-        return Err(TargetError::Empty(source_name.to_owned()));
+
+    /// The targets read; an input without any is an error.
+    pub fn finish(self) -> Result<Vec<Target>, TargetError> {
+        if self.targets.is_empty() {
+            return Err(TargetError::Empty(self.source_name));
+        }
+        Ok(self.targets)
     }
-    Ok(targets)
 }
 
-/// Reads targets from a file, or from stdin for `-`.
-pub fn read(path: &Path) -> Result<Vec<Target>, TargetError> {
-    let (text, name) = if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|err| {
-            TargetError::Read {
-                path: PathBuf::from("stdin"),
-                err,
-            }
-        })?;
-        (s, "stdin".to_owned())
+/// Parses targets text (either format, told by its first line).
+/// `source_name` names it in errors; `read_body` reads an `@path` body.
+pub fn parse(
+    text: &str,
+    source_name: &str,
+    read_body: impl FnMut(&Path) -> Result<Vec<u8>, std::io::Error>,
+) -> Result<Vec<Target>, TargetError> {
+    let mut p = Parser::new(source_name, TargetFormat::Auto, read_body);
+    for (n, line) in text.lines().enumerate() {
+        p.line(n + 1, line)?;
+    }
+    p.finish()
+}
+
+/// The longest line a targets file may have (a JSON target's base64 body included).
+const MAX_LINE: u64 = 64 << 20;
+
+/// Reads targets from a file, or from stdin for `-`, line by line as they
+/// come (never the whole input at once).
+pub fn read(path: &Path, format: TargetFormat) -> Result<Vec<Target>, TargetError> {
+    let (input, name): (Box<dyn std::io::BufRead>, String) = if path == Path::new("-") {
+        (Box::new(std::io::stdin().lock()), "stdin".to_owned())
     } else {
-        let s = std::fs::read_to_string(path).map_err(|err| TargetError::Read {
+        let file = std::fs::File::open(path).map_err(|err| TargetError::Read {
             path: path.to_owned(),
             err,
         })?;
-        (s, path.display().to_string())
+        (
+            Box::new(std::io::BufReader::with_capacity(64 << 10, file)),
+            path.display().to_string(),
+        )
     };
-    parse(&text, &name, |p| std::fs::read(p))
+    read_lines(input, &name, format)
+}
+
+fn read_lines(
+    mut input: Box<dyn std::io::BufRead>,
+    name: &str,
+    format: TargetFormat,
+) -> Result<Vec<Target>, TargetError> {
+    use std::io::BufRead as _;
+    let mut p = Parser::new(name, format, |p| std::fs::read(p));
+    let mut buf = Vec::new();
+    for line_no in 1.. {
+        buf.clear();
+        let n = std::io::Read::take(&mut input, MAX_LINE + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|err| TargetError::Read {
+                path: PathBuf::from(name),
+                err,
+            })?;
+        if n == 0 {
+            break;
+        }
+        if n as u64 > MAX_LINE {
+            return Err(p.err(
+                line_no,
+                format!("a line longer than {} MiB", MAX_LINE >> 20),
+            ));
+        }
+        let line =
+            std::str::from_utf8(&buf).map_err(|_| p.err(line_no, "not UTF-8 text".to_owned()))?;
+        p.line(line_no, line)?;
+    }
+    p.finish()
 }
 
 /// What to send, as the command line says it: a targets file (`-` for
@@ -398,6 +620,8 @@ pub struct Flags {
     pub body: Option<String>,
     /// `--body-file FILE` (for `--url`).
     pub body_file: Option<PathBuf>,
+    /// `--targets-format` (Vegeta's `-format`).
+    pub format: TargetFormat,
 }
 
 impl Flags {
@@ -417,7 +641,7 @@ impl Flags {
                             .into(),
                     ));
                 }
-                read(path)?
+                read(path, self.format)?
             }
             (None, Some(url)) => vec![self.one(url)?],
             (None, None) => {
@@ -614,5 +838,61 @@ mod tests {
         for f in bad {
             assert!(matches!(f.targets(), Err(TargetError::Flags(_))), "{f:?}");
         }
+    }
+
+    #[test]
+    fn json_targets_as_vegeta_writes_them() {
+        let text = concat!(
+            "{\"method\":\"POST\",\"url\":\"http://127.0.0.1:8080/p?x=1\",\"body\":\"eyJhIjoxfQ==\",",
+            "\"header\":{\"Content-Type\":[\"application/json\"],\"X-Many\":[\"a\",\"b\"]}}\n",
+            "\n",
+            "{\"method\":\"GET\",\"url\":\"https://h:8443/\"}\n"
+        );
+        let t = parse(text, "t.json", no_files).unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].method, "POST");
+        assert_eq!(t[0].url.path, "/p?x=1");
+        assert_eq!(t[0].body, b"{\"a\":1}");
+        assert_eq!(
+            t[0].headers,
+            [
+                ("Content-Type".to_owned(), "application/json".to_owned()),
+                ("X-Many".to_owned(), "a".to_owned()),
+                ("X-Many".to_owned(), "b".to_owned())
+            ]
+        );
+        assert!(t[1].url.tls && t[1].body.is_empty());
+        let err = |text: &str| parse(text, "t.json", no_files).unwrap_err().to_string();
+        assert!(err("{\"method\":\"GET\"}\n").contains("t.json line 1: not a JSON target"));
+        assert!(
+            err("{\"method\":\"GET\",\"url\":\"http://h/\",\"extra\":1}").contains("unknown field")
+        );
+        assert!(
+            err("{\"method\":\"GET\",\"url\":\"http://h/\",\"body\":\"!!\"}")
+                .contains("not base64")
+        );
+        assert!(err("{\"method\":\"get\",\"url\":\"http://h/\"}").contains("not an HTTP method"));
+        assert!(err("{\"method\":\"GET\",\"url\":\"ftp://h/\"}").contains("expected http://"));
+        let crlf = "{\"method\":\"GET\",\"url\":\"http://h/\",\"header\":{\"A\":[\"x\\r\\ny\"]}}";
+        assert!(err(crlf).contains("control characters"), "{}", err(crlf));
+        // A text file stays text; a JSON line in it is no target line.
+        assert!(parse("GET http://h/\n{\"method\":1}\n", "t", no_files).is_err());
+    }
+
+    #[test]
+    fn a_file_is_read_line_by_line_in_either_format() {
+        let dir = throng_testkit::TempDir::new("targets-read");
+        let json = dir.file("t.json");
+        std::fs::write(&json, "{\"method\":\"GET\",\"url\":\"http://h/a\"}\n{\"method\":\"GET\",\"url\":\"http://h/b\"}").unwrap();
+        let t = read(&json, TargetFormat::Auto).unwrap();
+        assert_eq!(
+            t.iter().map(|t| t.url.path.as_str()).collect::<Vec<_>>(),
+            ["/a", "/b"]
+        );
+        // Told it is text, the JSON is refused with its line.
+        let err = read(&json, TargetFormat::Http).unwrap_err().to_string();
+        assert!(err.contains("line 1"), "{err}");
+        assert_eq!("json".parse::<TargetFormat>(), Ok(TargetFormat::Json));
+        assert!("yaml".parse::<TargetFormat>().is_err());
     }
 }

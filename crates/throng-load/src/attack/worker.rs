@@ -38,7 +38,7 @@ use super::record::{AttackRecorder, Exchange, Io, RequestError, Row, RowFormat, 
 use super::response::ResponseReader;
 use super::waiting::{Left, Outcome, Waiting, WaitingRoom, Wake};
 use super::{Load, WorkerPlan, pacer};
-use crate::harness::clock::{Anchor, micros};
+use crate::harness::clock::{Anchor, micros, nanos};
 use crate::harness::failure::{Failure, FirstOfKind, NetCause};
 use crate::harness::share;
 use crate::harness::worker::{Live, Order, Orders, Output, Stop, Ticker};
@@ -214,7 +214,18 @@ impl Ctx {
             }
         };
         let rows = match &plan.per_request {
-            Some(path) => Some(RowWriter::open(path, RowFormat::for_path(path))?),
+            Some(path) => Some(
+                RowWriter::open(
+                    path,
+                    plan.row_format.unwrap_or_else(|| RowFormat::for_path(path)),
+                )?
+                .with_targets(
+                    plan.targets
+                        .iter()
+                        .map(|t| (t.method.clone(), t.url.to_string()))
+                        .collect(),
+                ),
+            ),
             None => None,
         };
         let start = Anchor::at_unix_ns(plan.start_unix_ns);
@@ -299,7 +310,10 @@ async fn schedule(
         if duration.is_some_and(|d| offset >= d) {
             break;
         }
-        let intended = ctx.start.instant() + offset;
+        // Past the last stage (which ended at 0/s) nothing more is due.
+        let Some(intended) = ctx.start.instant().checked_add(offset) else {
+            break;
+        };
         if intended > Instant::now() {
             burst = 0;
             let stop = ctx.stop.notified();
@@ -601,6 +615,7 @@ fn finish(
             error: result.err().map_or("", RequestError::label),
             bytes_in: io.bytes_in,
             bytes_out: io.bytes_out,
+            latency_ns: nanos(end.saturating_duration_since(intended)),
         };
         // A failing disk is reported once by the ticker's flush.
         let _ = rows.push(&row);

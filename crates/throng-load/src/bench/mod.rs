@@ -355,6 +355,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         }),
         progress: req.progress,
         remote: None,
+        metrics: None,
     };
     let (
         summary,
@@ -370,7 +371,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
     let (memory, cpu) = costs::costs(&samples, before_ns, summary.peak_open.max(0) as u64);
     let planned_rate = match plan.rate {
         RateSpec::Constant(r) => Some(r),
-        RateSpec::Ramp(..) => None,
+        RateSpec::Ramp(..) | RateSpec::Stages(_) => None,
     };
     let report = Report::new(report::Parts {
         settings: settings_json,

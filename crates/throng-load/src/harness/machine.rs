@@ -3,7 +3,7 @@
 
 use std::io;
 
-use throng_host::doctor::{self, PORT_FAST, PORT_USE};
+use throng_host::doctor::{self, Finding, PORT_FAST, PORT_USE};
 use throng_host::limits::{self, DEFAULT_FD_RESERVE, DEFAULT_LOCAL_PORTS, Sysctls};
 
 /// What the machine allows (see `throng-host`).
@@ -67,4 +67,24 @@ impl Machine {
     pub fn per_worker(&self) -> u64 {
         limits::budget(1, self.nofile, DEFAULT_FD_RESERVE).map_or(0, |b| b.per_worker)
     }
+}
+
+/// The start lines' section on this machine's limits, from `throng doctor
+/// --role client`'s findings for a run of `connections`: how many limits
+/// were checked, and each that is not OK, worst first (the one that will
+/// stop or slow this plan first), one line each. The same checks as
+/// doctor's, so a run says at start what doctor would.
+pub fn limit_lines(connections: u64, findings: &[Finding]) -> Vec<String> {
+    let bad = doctor::warning_lines(findings);
+    let mut out = vec![format!(
+        "  limits (the checks of 'throng doctor --connections {connections} --role client'): {} checked, {}",
+        findings.len(),
+        if bad.is_empty() {
+            "all OK for this plan".to_owned()
+        } else {
+            format!("{} to watch, the worst first:", bad.len())
+        }
+    )];
+    out.extend(bad.into_iter().map(|l| format!("    {l}")));
+    out
 }

@@ -11,7 +11,8 @@
 //!   (where workers run and how they are reached: today child processes,
 //!   plans on stdin, records on stdout; agents are another [`pool::Crew`]
 //!   and [`pool::Feed`]), [`collect`] (merging, the result file, host
-//!   samples, totals) and [`progress`] (the live view);
+//!   samples, totals), [`progress`] (the live view) and [`metrics`] (the
+//!   same figures as Prometheus text, `--metrics-listen`);
 //! - worker side: [`worker`] (the plan, the supervisor's orders, interval
 //!   ticks, records out);
 //! - both: one [`clock`], one [`failure`]-kind machinery, one
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod collect;
 pub mod failure;
 pub mod machine;
+pub mod metrics;
 pub mod pool;
 pub mod progress;
 pub mod recorder;

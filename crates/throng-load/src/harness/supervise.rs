@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use super::clock::{Anchor, now_unix_ns};
 use super::collect::{Arrival, Collector, ResultFile, Totals};
+use super::metrics::Metrics;
 use super::pool::{Crew, Feed, Launch, Pool, WorkerCommand};
 use super::progress::{Progress, Screen, View};
 
@@ -28,6 +29,10 @@ use super::progress::{Progress, Screen, View};
 pub trait Role {
     /// `hold`, `attack`: workers are `<host>/<NAME>-<i>`, notes `throng <NAME>: ...`.
     const NAME: &'static str;
+    /// The role its workers run (`throng <WORKER> --worker`): what an
+    /// agent is asked to start. A role that wraps another (a knee level)
+    /// runs the other's workers.
+    const WORKER: &'static str = Self::NAME;
     /// What each worker is told.
     type Plan: Serialize;
     /// What the run returns.
@@ -82,6 +87,8 @@ pub struct Setup {
     pub progress: Progress,
     /// Where the workers run instead of child processes (agents), if elsewhere.
     pub remote: Option<Rc<dyn Launch>>,
+    /// Where the live figures are served (`--metrics-listen`), if anywhere.
+    pub metrics: Option<Metrics>,
 }
 
 /// A running run, as its role sees it.
@@ -90,6 +97,7 @@ pub struct Run {
     screen: RefCell<Screen>,
     start: Anchor,
     kill_at: Cell<Option<Instant>>,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for Run {
@@ -262,7 +270,7 @@ fn start<R: Role>(
                 .map(|(l, p)| serde_json::to_value(p).map(|v| (l, v)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(io::Error::other)?;
-            r.launch(R::NAME, plans, &tx)?
+            r.launch(R::WORKER, plans, &tx)?
         }
     };
     drop(tx);
@@ -271,6 +279,7 @@ fn start<R: Role>(
         screen: RefCell::new(Screen::new(setup.progress, R::NAME)),
         start: Anchor::at_unix_ns(start_ns),
         kill_at: Cell::new(None),
+        metrics: setup.metrics.clone(),
     });
     role.started(&run);
     Ok((collector, run, feed))
@@ -288,6 +297,12 @@ fn flush<R: Role>(
         return Ok(());
     };
     role.counted(collector.total());
+    if let Some(m) = &run.metrics {
+        m.update(|e| {
+            e.flushed(R::NAME, collector.total(), &flushed.merged, flushed.show);
+            e.progress(flushed.late, run.start().unix_ns());
+        });
+    }
     if !flushed.show {
         role.late(&flushed.merged);
     }

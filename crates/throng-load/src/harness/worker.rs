@@ -2,8 +2,9 @@
 //! besides its own work. It reads its plan (the first line of its input,
 //! JSON), runs one single-threaded tokio runtime, takes [`Order`]s from the
 //! supervisor on the following lines, and writes result-file records on
-//! its output: one interval per [`Ticker`] tick, events, and a
-//! `worker.done` event last.
+//! its output: one interval per [`Ticker`] tick (with the CPU time the
+//! worker used in it, `worker.cpu_us`), events, and a `worker.done` event
+//! last.
 //!
 //! Input and output are any `BufRead` and `Write`: a worker process uses
 //! its stdin and stdout; a test drives one in memory.
@@ -191,6 +192,8 @@ pub struct Ticker {
     length_ns: u64,
     /// The start of the next interval to hand out (0 before the first).
     next_start: Cell<u64>,
+    /// This process's CPU time as of the last record, µs.
+    cpu_us: Cell<u64>,
 }
 
 impl Ticker {
@@ -199,7 +202,20 @@ impl Ticker {
         Self {
             length_ns: length_ns.max(1),
             next_start: Cell::new(0),
+            cpu_us: Cell::new(cpu_us()),
         }
+    }
+
+    /// Adds to `iv` the CPU time this process used since the last record
+    /// (`worker.cpu_us`): each worker's own, wherever it runs, so a
+    /// generator on agents is judged by its CPU too (knee's verdict).
+    fn with_cpu(&self, mut iv: Interval) -> Interval {
+        let now = cpu_us();
+        let used = now.saturating_sub(self.cpu_us.replace(now));
+        if used > 0 {
+            iv.counters.insert(CPU_COUNTER.to_owned(), used);
+        }
+        iv
     }
 
     /// At the end of every interval, writes `rec`'s record for it to `out`
@@ -211,7 +227,7 @@ impl Ticker {
             let end = (interval_start(now, length) + length).max(self.next_start.get() + length);
             tokio::time::sleep(Duration::from_nanos(end.saturating_sub(now))).await;
             self.next_start.set(end);
-            let iv = rec.borrow_mut().take(end - length);
+            let iv = self.with_cpu(rec.borrow_mut().take(end - length));
             out.interval(&iv);
             after();
         }
@@ -222,9 +238,16 @@ impl Ticker {
     /// disagree by a little: it never reuses a start already written.
     pub fn last(&self, rec: &RefCell<impl Recorder>, out: &Output) {
         let start = interval_start(now_unix_ns(), self.length_ns).max(self.next_start.get());
-        let iv = rec.borrow_mut().take(start);
+        let iv = self.with_cpu(rec.borrow_mut().take(start));
         out.interval(&iv);
     }
+}
+
+/// The counter of a worker's CPU time in each interval, µs.
+pub const CPU_COUNTER: &str = "worker.cpu_us";
+
+fn cpu_us() -> u64 {
+    u64::try_from(throng_host::process::process_cpu().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Tasks still running; wakes whoever waits when the count drops to zero.

@@ -23,6 +23,7 @@ use crate::pacer::RateSpec;
 use crate::tls::TlsOptions;
 use target::WsTarget;
 
+pub mod figures;
 mod held;
 pub mod message;
 pub mod mqtt;

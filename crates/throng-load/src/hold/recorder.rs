@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
+use throng_report::fanout::{MessageId, Spread};
 use throng_report::interval::{Interval, new_histogram};
 
 use super::sequence::Arrival;
@@ -100,6 +101,9 @@ pub struct HoldRecorder {
     /// Messages the server made, timed by their own stamp (`--stamp`).
     pushed: u64,
     delivery_pushed: Histogram<u64>,
+    /// When each message the server made (`--stamp`) arrived here, over
+    /// the whole run: its fan-out spread, said at the worker's end.
+    arrivals: Spread,
     /// Per message (index: sequence number - 1), over the whole run:
     /// deliveries, their latencies' sum and the largest, µs. 24 bytes a
     /// message; what the worker says at its end ([`Self::messages`]).
@@ -193,6 +197,7 @@ impl HoldRecorder {
             delivery: new_histogram(),
             pushed: 0,
             delivery_pushed: new_histogram(),
+            arrivals: Spread::default(),
             messages: Vec::new(),
         }
     }
@@ -291,18 +296,29 @@ impl HoldRecorder {
         self.lost += n;
     }
 
-    /// A data message that is not one of ours.
-    pub fn foreign(&mut self) {
+    /// A data message that is not one of ours; `id`: what tells it from
+    /// the server's other messages, when they are measured (`--stamp`).
+    pub fn foreign(&mut self, id: Option<MessageId>, now_ns: u64) {
         self.foreign += 1;
+        if let Some(id) = id {
+            self.arrivals.arrived(id, now_ns);
+        }
     }
 
-    /// A message the server made (not ours) arrived `latency_us` after the
-    /// send time it holds (`--stamp`).
+    /// A message the server made (not ours), `id`, arrived at `now_ns`,
+    /// `latency_us` after the send time it holds (`--stamp`).
     /// `arrival`: what its own sequence number meant for its connection
     /// (gaps are losses, as for ours).
-    pub fn pushed(&mut self, latency_us: u64, arrival: Option<Arrival>) {
+    pub fn pushed(
+        &mut self,
+        id: MessageId,
+        now_ns: u64,
+        latency_us: u64,
+        arrival: Option<Arrival>,
+    ) {
         self.pushed += 1;
         record(&mut self.delivery_pushed, latency_us);
+        self.arrivals.arrived(id, now_ns);
         match arrival {
             Some(Arrival::Next { lost }) => self.lost += lost,
             Some(Arrival::Duplicate) => self.duplicated += 1,
@@ -314,6 +330,11 @@ impl HoldRecorder {
     /// Connections open now.
     pub fn open_now(&self) -> i64 {
         self.open.get()
+    }
+
+    /// When each message the server made arrived here so far.
+    pub fn arrivals(&self) -> &Spread {
+        &self.arrivals
     }
 
     /// Each message's deliveries here so far, those that had any.

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use thiserror::Error;
+use throng_host::doctor::{self, Finding, Role, Status};
 use throng_host::units::{fmt_duration, fmt_size};
 use throng_report::format::Header;
 
@@ -22,7 +23,8 @@ use super::supervisor::{
 use super::target::{PublishTarget, WsTarget};
 use crate::harness::Setup;
 use crate::harness::collect::ResultFile;
-use crate::harness::machine::Machine;
+use crate::harness::machine::{Machine, limit_lines};
+use crate::harness::metrics::Metrics;
 use crate::harness::pool::{Remote, WorkerCommand};
 use crate::harness::progress::Progress;
 use crate::pacer::RateSpec;
@@ -90,8 +92,11 @@ pub enum HoldError {
     /// it twice.
     #[error("this run does not fit the machine: {0}")]
     Plan(PlanError),
+    /// Stages of the connection rate that cannot open every connection.
+    #[error("{0}")]
+    Stages(String),
     /// `--publish-rate` was a ramp.
-    #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp")]
+    #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp or stages")]
     PublishRamp,
     /// A limit `throng doctor` checks will stop the run (the same check:
     /// a dry run that passed would promise what doctor refuses).
@@ -110,22 +115,17 @@ pub enum HoldError {
     Io(#[from] io::Error),
 }
 
-/// The limits `throng doctor --role client` would call STOP for hold's own
-/// side of `connections` from `sources` addresses to the target's ports,
-/// one line each. The client side only: a server on this machine plans its
-/// own sockets (`throng serve`, or doctor's default role, both).
-fn doctor_stops(connections: u64, target: &WsTarget, sources: usize) -> Vec<String> {
-    use throng_host::doctor::{self, Role, Status};
+/// What `throng doctor --role client` finds for hold's own side of
+/// `connections` from `sources` addresses to the target's ports: every
+/// limit it checks. The client side only: a server on this machine plans
+/// its own sockets (`throng serve`, or doctor's default role, both).
+fn doctor_findings(connections: u64, target: &WsTarget, sources: usize) -> Vec<Finding> {
     let plan = doctor::Plan {
         source_ips: sources.max(1) as u64,
         target_ports: u64::from(target.port_count()),
         ..doctor::Plan::new(connections, Role::Client)
     };
     doctor::check(&plan)
-        .iter()
-        .filter(|f| f.status == Status::Stop)
-        .map(doctor::Finding::line)
-        .collect()
 }
 
 impl From<PlanError> for HoldError {
@@ -141,6 +141,8 @@ pub struct Prepared {
     setup: Setup,
     lines: Vec<String>,
     thresholds: Thresholds,
+    /// The start lines' section on this machine's limits.
+    limits: Vec<String>,
 }
 
 /// Checks `req` and fits it onto this machine.
@@ -151,6 +153,7 @@ pub fn prepare(req: Request) -> Result<Prepared, HoldError> {
 /// Checks `req` and fits it onto this machine, or runs it on `remote`.
 pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, HoldError> {
     let machine = Machine::probe()?;
+    let mut findings = Vec::new();
     let fit = match &remote {
         // Each agent's machine was fitted when the run was shared out.
         Some(r) => plan::Fit {
@@ -170,7 +173,12 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             };
             let fit = plan::fit(&asked, &machine)?;
             plan::check_sources(&asked)?;
-            let stops = doctor_stops(req.connections, &req.target, fit.sources.len());
+            findings = doctor_findings(req.connections, &req.target, fit.sources.len());
+            let stops: Vec<String> = findings
+                .iter()
+                .filter(|f| f.status == Status::Stop)
+                .map(Finding::line)
+                .collect();
             if !stops.is_empty() {
                 return Err(HoldError::Limits {
                     connections: req.connections,
@@ -180,13 +188,24 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             fit
         }
     };
+    if let RateSpec::Stages(st) = req.rate {
+        let last = st.stages().last().map_or(0.0, |s| s.to);
+        if last <= 0.0 && st.events() < req.connections as f64 {
+            return Err(HoldError::Stages(format!(
+                "the stages --rate {} open only {} of the {} connections (--connections), and end at 0/s: give stages that reach them, or end at a rate above 0/s",
+                req.rate,
+                st.events().floor(),
+                req.connections
+            )));
+        }
+    }
     let publish = match &req.publish {
         None => None,
         Some(p) => Some(PublishPlan {
             target: p.target.clone(),
             rate: match p.rate {
                 RateSpec::Constant(r) => r,
-                RateSpec::Ramp(..) => return Err(HoldError::PublishRamp),
+                RateSpec::Ramp(..) | RateSpec::Stages(_) => return Err(HoldError::PublishRamp),
             },
             message_size: p.message_size,
             redis_channel: format!("{}{}", p.redis_prefix, req.target.channel()),
@@ -210,10 +229,20 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
         // Workers, sources and ports are each agent's (its lines), not this machine's.
         lines.splice(2..5, r.lines.iter().cloned());
     }
+    if let RateSpec::Stages(st) = req.rate {
+        lines.splice(2..2, crate::pacer::stage_lines(&st, "connections"));
+    }
+    let limits = if remote.is_some() {
+        // Each agent checked its own machine when the run was shared out.
+        Vec::new()
+    } else {
+        limit_lines(req.connections, &findings)
+    };
+    lines.extend(limits.iter().cloned());
     lines.push(req.thresholds.line());
     let results = req.output.clone().map(|path| ResultFile {
         path,
-        header: header(&req, &hold),
+        header: header(&req, &hold, &limits),
         append: false,
     });
     let setup = Setup {
@@ -221,12 +250,14 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
         results,
         progress: req.progress,
         remote: remote.map(|r| r.launch),
+        metrics: None,
     };
     Ok(Prepared {
         hold,
         setup,
         lines,
         thresholds: req.thresholds,
+        limits,
     })
 }
 
@@ -234,6 +265,13 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// Serves the run's live figures on `metrics` (`--metrics-listen`),
+    /// and says where in the start lines.
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.lines.push(metrics.line());
+        self.setup.metrics = Some(metrics);
     }
 
     /// The fitted run and its set-up, for a caller that runs it its own
@@ -244,7 +282,9 @@ impl Prepared {
 
     /// Runs it; the summary and what it broke of the thresholds, one line each.
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
-        let summary = super::run(self.hold, self.setup)?;
+        let live = self.thresholds.live();
+        let mut summary = super::supervisor::run_until_doomed(self.hold, self.setup, live)?;
+        summary.limits = self.limits.iter().map(|l| l.trim().to_owned()).collect();
         let failed = self.thresholds.check(&summary);
         Ok((summary, failed))
     }
@@ -359,7 +399,7 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
 }
 
 /// The result file's header: the command line and what the run was.
-fn header(req: &Request, h: &HoldRun) -> Header {
+fn header(req: &Request, h: &HoldRun, limits: &[String]) -> Header {
     Header::new(
         req.command_line.clone(),
         serde_json::json!({
@@ -379,6 +419,7 @@ fn header(req: &Request, h: &HoldRun) -> Header {
             "publish": h.publish.as_ref().map(|p| serde_json::json!({
                 "target": p.target.to_string(), "rate": p.rate, "message_size": p.message_size,
             })),
+            "limits": limits.iter().map(|l| l.trim()).collect::<Vec<_>>(),
         }),
     )
 }

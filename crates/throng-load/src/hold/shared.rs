@@ -12,7 +12,9 @@ use super::WorkerPlan;
 use super::message;
 use super::recorder::HoldRecorder;
 use super::sequence::Sequence;
+use super::stamp::Stamp;
 use crate::harness::worker::{Live, Stop};
+use throng_report::fanout::{self, MessageId};
 
 /// State shared by every task of the worker (single-threaded: `Cell`, `RefCell`).
 pub(super) struct Shared {
@@ -49,9 +51,20 @@ impl Shared {
                 Some((sent_ns, server_seq)) => {
                     let own = self.first_publish_ns.get() > 0 || self.final_seq.get() > 0;
                     let arrival = server_seq.filter(|_| !own).map(|n| seq.receive(n, 0));
-                    rec.pushed(now_ns.saturating_sub(sent_ns) / 1000, arrival);
+                    // The same message on every connection: its sequence
+                    // number, else its send time.
+                    let id = server_seq.map_or(MessageId::Stamp(sent_ns), MessageId::Seq);
+                    rec.pushed(id, now_ns, now_ns.saturating_sub(sent_ns) / 1000, arrival);
                 }
-                None => rec.foreign(),
+                // Measured by its bytes alone when the run measures the
+                // server's messages (`--stamp`): nothing else tells two apart.
+                None => {
+                    let measured = self.plan.target.stamp != Stamp::Throng;
+                    rec.foreign(
+                        measured.then(|| MessageId::Hash(fanout::hash(payload))),
+                        now_ns,
+                    );
+                }
             },
         }
     }

@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use throng_report::events::EventGroup;
+use throng_report::fanout::SpreadStats;
 use throng_report::interval::Interval;
 use throng_report::summary::HistStats;
-use throng_report::text::micros;
+use throng_report::text::{micros, server_spread};
 
 use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
 use crate::harness::progress::View;
+use crate::threshold::Threshold;
 
 /// What a run did, for the final print and `--json`.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -93,6 +95,17 @@ pub struct Summary {
     pub events: Vec<EventGroup>,
     /// Stopped by Ctrl-C (or a signal) before its end.
     pub stopped: bool,
+    /// Why `--abort-on-fail` stopped the run: the threshold that could no
+    /// longer pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aborted: Option<String>,
+    /// The fan-out spread of the messages the server made (`--stamp`):
+    /// first to last subscriber, per message, over every worker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_spread: Option<SpreadStats>,
+    /// The start lines' section on this machine's limits (doctor's
+    /// checks): how many were checked, and each to watch.
+    pub limits: Vec<String>,
 }
 
 impl Summary {
@@ -148,12 +161,16 @@ impl Summary {
 }
 
 /// What fails a run (exit status 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Thresholds {
     /// Connections that may fail to open.
     pub max_connect_errors: u64,
     /// Messages that may be lost.
     pub max_lost: u64,
+    /// `--threshold`s on any figure ([`super::figures::FIGURES`]).
+    pub given: Vec<Threshold>,
+    /// `--abort-on-fail`: stop once one of `given` can no longer pass.
+    pub abort_on_fail: bool,
 }
 
 impl Default for Thresholds {
@@ -162,17 +179,29 @@ impl Default for Thresholds {
         Self {
             max_connect_errors: 0,
             max_lost: 0,
+            given: Vec::new(),
+            abort_on_fail: false,
         }
     }
 }
 
 impl Thresholds {
-    /// The start line that states them.
+    /// The start line that states them (and the `--threshold`s, if any).
     pub fn line(&self) -> String {
-        format!(
+        let mut line = format!(
             "  fails (exit 1) when over {} connections fail (--max-connect-errors), over {} messages are lost (--max-lost), or a message cannot be published",
             self.max_connect_errors, self.max_lost
-        )
+        );
+        if let Some(more) = crate::threshold::start_line(&self.given, self.abort_on_fail) {
+            line.push('\n');
+            line.push_str(&more);
+        }
+        line
+    }
+
+    /// The thresholds checked as the run goes (`--abort-on-fail`).
+    pub fn live(&self) -> Vec<Threshold> {
+        crate::threshold::live(&self.given, self.abort_on_fail)
     }
 
     /// What `s` broke, one line each (empty: it passed).
@@ -197,6 +226,10 @@ impl Thresholds {
                 "{n} held connections received nothing, not even a ping, for --read-timeout"
             ));
         }
+        if let Some(why) = &s.aborted {
+            out.push(format!("stopped early (--abort-on-fail): {why}"));
+        }
+        out.extend(crate::threshold::check_all(&self.given, s));
         let unpublished: u64 = s.publish_errors.values().sum();
         if unpublished > 0 {
             out.push(format!(
@@ -367,6 +400,9 @@ fn server_messages(s: &Summary) -> String {
             micros(d.p99),
             micros(d.max)
         ));
+    }
+    if let Some(spread) = &s.server_spread {
+        out.push_str(&format!("  {}\n", server_spread(spread)));
     }
     if s.foreign > 0 {
         out.push_str(&format!(

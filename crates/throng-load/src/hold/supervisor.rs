@@ -16,11 +16,13 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use throng_report::fanout::{self, Spread};
 use throng_report::format::Event;
 use throng_report::interval::{Interval, new_histogram};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::figures::Running;
 use super::mqtt::MqttOptions;
 use super::plan::Fit;
 use super::publish::{Outcome, Publisher};
@@ -34,6 +36,7 @@ use crate::harness::recorder::{Take, record};
 use crate::harness::worker::Order;
 use crate::harness::{Role, Run, Setup};
 use crate::pacer::{Pacer, RateSpec};
+use crate::threshold::Threshold;
 use crate::tls::TlsOptions;
 
 /// How long after every connection is open (or failed) before publishing
@@ -115,6 +118,12 @@ pub struct HoldRun {
 /// Runs a whole `hold`.
 pub fn run(hold: HoldRun, setup: Setup) -> io::Result<Summary> {
     crate::harness::supervise::run(role(hold)?, setup)
+}
+
+/// Runs a whole `hold` that stops once one of `abort` can no longer pass
+/// (`--abort-on-fail`).
+pub fn run_until_doomed(hold: HoldRun, setup: Setup, abort: Vec<Threshold>) -> io::Result<Summary> {
+    crate::harness::supervise::run(role(hold)?.abort_on(abort), setup)
 }
 
 /// The role of a whole `hold`, for a caller that runs it inside a role of
@@ -246,6 +255,12 @@ pub struct Hold {
     received: u64,
     /// Ctrl-C (or a signal) stopped the run.
     interrupted: bool,
+    /// Thresholds checked as the run goes (`--abort-on-fail`).
+    abort: Vec<Threshold>,
+    /// The one that can no longer pass, which stopped the run.
+    aborted: Option<String>,
+    /// When each message the server made arrived, over every worker.
+    arrivals: Spread,
 }
 
 /// Where the end of the run is.
@@ -283,7 +298,16 @@ impl Hold {
             open_now: 0,
             received: 0,
             interrupted: false,
+            abort: Vec::new(),
+            aborted: None,
+            arrivals: Spread::default(),
         }
+    }
+
+    /// Stops the run once one of `thresholds` can no longer pass.
+    pub fn abort_on(mut self, thresholds: Vec<Threshold>) -> Self {
+        self.abort = thresholds;
+        self
     }
 
     /// Whether the last deliveries are in: every connection open has
@@ -358,6 +382,9 @@ impl Role for Hold {
             "worker.ramp_done" => self.ramp_step(),
             // In the result file for bench's per-message figures.
             "worker.done" | "worker.messages" => {}
+            fanout::KIND => {
+                self.arrivals.add_text(&ev.text);
+            }
             _ => return false,
         }
         true
@@ -486,10 +513,22 @@ impl Role for Hold {
 
     fn counted(&mut self, totals: &Interval) {
         self.received = totals.counter("messages.received");
+        if self.aborted.is_none()
+            && let Some(why) = self.abort.iter().find_map(|t| t.doomed(&Running(totals)))
+        {
+            // Ends as a Ctrl-C does: publishing stops, deliveries drain.
+            self.stop_at = Some(Instant::now());
+            self.aborted = Some(why);
+        }
     }
 
     fn progress(&mut self, view: &View<'_>) -> String {
-        progress_line(view, self.run.connections)
+        let mut line = progress_line(view, self.run.connections);
+        if let RateSpec::Stages(st) = self.run.rate {
+            let pacer = Pacer::stages(&st);
+            line.push_str(&crate::pacer::stage_note(&st, &pacer, view.elapsed_s()));
+        }
+        line
     }
 
     fn finish(self, totals: Totals, run: &Rc<Run>) -> Summary {
@@ -497,6 +536,7 @@ impl Role for Hold {
             p.abort();
         }
         let mut s = Summary::of(totals);
+        s.aborted = self.aborted;
         s.target = self.run.connections;
         s.workers = self.run.fit.workers;
         s.peak_open = self.peak_open;
@@ -520,7 +560,8 @@ impl Role for Hold {
         }
         s.elapsed_s = now_unix_ns().saturating_sub(run.start().unix_ns()) as f64 / 1e9;
         s.start_unix_ns = run.start().unix_ns();
-        s.stopped = self.interrupted;
+        s.stopped = self.interrupted || s.aborted.is_some();
+        s.server_spread = self.arrivals.stats();
         s
     }
 }

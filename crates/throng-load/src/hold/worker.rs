@@ -18,8 +18,10 @@
 //! `stop <final_seq>` at the end), its records include a
 //! `worker.ramp_done` event once every connection of its share is open or
 //! has failed, a `worker.messages` event at its end (each message's
-//! deliveries here: count, latency sum and largest), and a `worker.done`
-//! event last.
+//! deliveries here: count, latency sum and largest), a `worker.arrivals`
+//! event when the server's own messages were measured (`--stamp`: each
+//! one's first and last arrival here, `throng_report::fanout`), and a
+//! `worker.done` event last.
 
 use std::cell::{Cell, RefCell};
 use std::io::{self, Write};
@@ -29,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use throng_proto::http::{self, BodyKind};
 use throng_proto::{mqtt, ws};
+use throng_report::fanout;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
@@ -223,6 +226,12 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
         ctx.out
             .event("worker.messages", MessageTally::to_text(&messages));
     }
+    let arrivals = ctx.shared.rec.borrow().arrivals().clone();
+    if !arrivals.is_empty() {
+        // Each server message's first and last arrival here: its spread
+        // over every worker is one merge away.
+        ctx.out.event(fanout::KIND, arrivals.to_text());
+    }
     ctx.out.event(
         "worker.done",
         format!("{} connections attempted", ctx.shared.plan.share()),
@@ -235,7 +244,10 @@ async fn open_all(ctx: Rc<Ctx>, pacer: Pacer, start: Instant) {
     let step = u64::from(ctx.shared.plan.workers.max(1));
     let mut i = u64::from(ctx.shared.plan.index);
     while i < ctx.shared.plan.connections && !ctx.shared.stop.is_set() {
-        let intended = start + pacer.intended(i);
+        // Past the last stage (which ended at 0/s) nothing more is due.
+        let Some(intended) = start.checked_add(pacer.intended(i)) else {
+            break;
+        };
         let now = Instant::now();
         if intended > now {
             let stop = ctx.shared.stop.notified();

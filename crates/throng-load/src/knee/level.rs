@@ -8,6 +8,7 @@
 //! The inner role does everything it does alone (its plan, its workers'
 //! events, its end); being stopped early is its Ctrl-C.
 
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use super::publisher::{self, Publishing};
 use crate::harness::clock::{nanos, now_unix_ns};
 use crate::harness::collect::Totals;
 use crate::harness::progress::View;
+use crate::harness::worker::CPU_COUNTER;
 use crate::harness::{Role, Run};
 
 /// Decides, from what was flushed so far (every interval, and the measured
@@ -79,6 +81,9 @@ pub struct Measured {
     pub stall_ns: u64,
     /// See `stall_ns`.
     pub stalled: String,
+    /// The worker that used the most CPU over the measured span, by its
+    /// own records (`worker.cpu_us`: on agents too), and how much (cores).
+    pub busiest_worker: (String, f64),
 }
 
 /// The knee's role around a level's `attack` or `hold`.
@@ -104,6 +109,9 @@ pub struct Level<R: Role> {
     ramps_done: usize,
     /// The longest lateness of a worker's record in the measured span, and whose.
     stall: (u64, String),
+    /// Each worker's CPU over the measured span, by source: the start of
+    /// the last record counted, and the µs added up.
+    cpu: BTreeMap<String, (u64, u64)>,
 }
 
 impl<R: Role> std::fmt::Debug for Level<R> {
@@ -141,6 +149,7 @@ impl<R: Role> Level<R> {
             publishing,
             ramps_done: 0,
             stall: (0, String::new()),
+            cpu: BTreeMap::new(),
         }
     }
 
@@ -174,6 +183,7 @@ impl<R: Role> Level<R> {
 impl<R: Role> Role for Level<R> {
     /// Workers are `<host>/knee-<i>`, notes `throng knee: ...`.
     const NAME: &'static str = "knee";
+    const WORKER: &'static str = R::WORKER;
     type Plan = R::Plan;
     type Summary = Measured;
 
@@ -294,6 +304,12 @@ impl<R: Role> Role for Level<R> {
                 if w.start_ns >= from && w.late_ns > self.stall.0 {
                     self.stall = (w.late_ns, w.source.clone());
                 }
+                // Each record once, however many flushes it is the latest of.
+                let (last, sum) = self.cpu.entry(w.source.clone()).or_default();
+                if w.start_ns >= from && w.start_ns < to && (*last == 0 || w.start_ns > *last) {
+                    *last = w.start_ns;
+                    *sum += w.counters.get(CPU_COUNTER).copied().unwrap_or(0);
+                }
             }
         }
         let stage = if from == u64::MAX || end <= from {
@@ -343,6 +359,34 @@ impl<R: Role> Role for Level<R> {
             interrupted: self.interrupted,
             stall_ns: self.stall.0,
             stalled: self.stall.1,
+            busiest_worker: busiest(&self.cpu, from, to),
         }
+    }
+}
+/// The worker whose CPU over the span `from_ns..to_ns` was the most, in cores.
+fn busiest(cpu: &BTreeMap<String, (u64, u64)>, from_ns: u64, to_ns: u64) -> (String, f64) {
+    if from_ns == u64::MAX || to_ns == u64::MAX || to_ns <= from_ns {
+        return (String::new(), 0.0);
+    }
+    let span_ns = to_ns - from_ns;
+    cpu.iter()
+        .map(|(who, (_, us))| (who.clone(), *us as f64 * 1e3 / span_ns as f64))
+        .fold((String::new(), 0.0), |a, b| if b.1 > a.1 { b } else { a })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busiest_worker_is_the_most_cpu_over_the_span() {
+        let cpu = BTreeMap::from([
+            ("a1/knee-0".to_owned(), (0, 400_000)),
+            ("b2/knee-1".to_owned(), (0, 1_800_000)),
+        ]);
+        let (who, cores) = busiest(&cpu, 10_000_000_000, 12_000_000_000);
+        assert_eq!(who, "b2/knee-1");
+        assert!((cores - 0.9).abs() < 1e-9, "{cores}");
+        assert_eq!(busiest(&cpu, u64::MAX, u64::MAX), (String::new(), 0.0));
     }
 }

@@ -27,9 +27,11 @@ use throng_report::knee::{self as report, Knee, Mode, Phase, Run, Verdict};
 use throng_report::merge::{Merger, merge_files_into};
 use throng_report::summary::Report;
 
+use crate::agent::crew::{self, AgentsError};
 use crate::attack::request::AttackError;
 use crate::attack::{self};
 use crate::harness::clock::now_unix_ns;
+use crate::harness::metrics::Metrics;
 use crate::harness::progress::{Mode as Shown, Progress};
 use crate::hold::mqtt::MqttOptions;
 use crate::hold::request::HoldError;
@@ -64,6 +66,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = attack::DEFAULT_TIMEOUT;
 
 /// What rises, as the command asks for it.
 #[derive(Debug, Clone)]
+// One per search: the size of its variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Load {
     /// `attack`'s request rate; the request is `attack`'s own (its load,
     /// duration and output are the knee's to set).
@@ -232,6 +236,8 @@ pub struct Request {
     pub out_dir: PathBuf,
     /// The live view.
     pub progress: Progress,
+    /// Run every level on these agents (`--agents`) instead of here.
+    pub agents: Option<crew::Options>,
 }
 
 /// Why a search cannot start, or stopped.
@@ -253,6 +259,12 @@ pub enum KneeError {
     /// Files, workers, the machine.
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// The agents cannot take a level (`--agents`), or one was lost in it.
+    #[error(transparent)]
+    Agents(#[from] AgentsError),
+    /// An agent was lost during a level: its figures are not the target's.
+    #[error("agent(s) {0} lost during a level: the search cannot judge it; see 'throng agents'")]
+    AgentLost(String),
 }
 
 /// A search checked and planned, ready to run.
@@ -307,6 +319,8 @@ pub fn prepare(req: Request) -> Result<Prepared, KneeError> {
         step: req.step,
         results,
         command_line: req.command_line.clone(),
+        metrics: None,
+        agents: req.agents.clone(),
     };
     let lines = start_lines(&req, &plan, &search, &common, &html, mode_lines);
     Ok(Prepared {
@@ -324,18 +338,30 @@ fn plan(req: &Request) -> Result<(Plan, Vec<String>), KneeError> {
     let span = req.warmup + req.step;
     Ok(match &req.load {
         Load::Attack(a) => {
-            let prepared = attack::prepare(attack::Request {
-                load: attack::Load::Rate(RateSpec::Constant(req.search.from)),
-                duration: Some(span),
-                requests: None,
-                output: None,
-                per_request: None,
-                max_error_rate: None,
-                max_p99: None,
-                max_lag: None,
-                progress: req.progress,
-                ..a.clone()
-            })?;
+            // On agents: checked now (found, same version, clocks, room);
+            // each level is then a run of its own on them.
+            let remote = match &req.agents {
+                Some(o) => {
+                    let interval_ns = attack::Settings::default().interval_ns;
+                    Some(crew::attack(o.clone(), a.max_connections, interval_ns)?.0)
+                }
+                None => None,
+            };
+            let prepared = attack::prepare_on(
+                attack::Request {
+                    load: attack::Load::Rate(RateSpec::Constant(req.search.from)),
+                    duration: Some(span),
+                    requests: None,
+                    output: None,
+                    per_request: None,
+                    max_error_rate: None,
+                    max_p99: None,
+                    max_lag: None,
+                    progress: req.progress,
+                    ..a.clone()
+                },
+                remote,
+            )?;
             let lines = prepared.lines().to_vec();
             let (run, setup) = prepared.into_parts();
             (Plan::Attack { run, setup }, lines)
@@ -389,15 +415,23 @@ fn held(
     connections: Option<(u64, RateSpec)>,
 ) -> Result<hold::Prepared, KneeError> {
     let (connections, rate) = connections.unwrap_or((h.connections, h.rate));
-    Ok(hold::prepare(hold::Request {
-        connections,
-        rate,
-        duration: Some(req.warmup + req.step),
-        publish: None,
-        output: None,
-        progress: req.progress,
-        ..h.clone()
-    })?)
+    // On agents the largest level must fit them, not this machine.
+    let remote = match &req.agents {
+        Some(o) => Some(crew::hold(o.clone(), connections, &h.target, h.settings.interval_ns)?.0),
+        None => None,
+    };
+    Ok(hold::prepare_on(
+        hold::Request {
+            connections,
+            rate,
+            duration: Some(req.warmup + req.step),
+            publish: None,
+            output: None,
+            progress: req.progress,
+            ..h.clone()
+        },
+        remote,
+    )?)
 }
 
 fn start_lines(
@@ -515,6 +549,13 @@ impl Prepared {
     /// What will run, every default that matters, one line each.
     pub fn lines(&self) -> &[String] {
         &self.lines
+    }
+
+    /// Serves every level's live figures on `metrics` (`--metrics-listen`),
+    /// and says where in the start lines.
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.lines.push(metrics.line());
+        self.common.metrics = Some(metrics);
     }
 
     /// Runs the search to its end; writes the result file and the page.

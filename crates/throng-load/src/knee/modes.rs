@@ -19,11 +19,14 @@ use super::level::{Banner, Check, Level, Measured, Window};
 use super::objective::{Figures, GENERATOR_LAG_US, Objective};
 use super::publisher::{PublishPlan, Publishing};
 use super::{KneeError, PublishSettings};
+use crate::agent::crew::{self, Agents, AgentsError, OnLoss};
 use crate::attack::supervisor::AttackRun;
 use crate::attack::{self, Load};
 use crate::harness::Setup;
 use crate::harness::clock::nanos;
 use crate::harness::collect::ResultFile;
+use crate::harness::metrics::Metrics;
+use crate::harness::pool::Remote;
 use crate::hold::supervisor::{DRAIN, HoldRun, PUBLISH_SETTLE};
 use crate::hold::{self};
 use crate::pacer::RateSpec;
@@ -70,6 +73,48 @@ pub(crate) struct Common {
     pub(crate) step: Duration,
     pub(crate) results: std::path::PathBuf,
     pub(crate) command_line: Vec<String>,
+    /// Where every level's live figures are served (`--metrics-listen`).
+    pub(crate) metrics: Option<Metrics>,
+    /// The agents every level runs on (`--agents`), if any.
+    pub(crate) agents: Option<crew::Options>,
+}
+
+/// How long a level waits for agents still busy with the level before
+/// (an agent says it is idle again once its last worker has exited).
+const AGENTS_IDLE_WITHIN: Duration = Duration::from_secs(20);
+
+/// A level's workers on the agents, a run of its own on them (`None`
+/// without `--agents`): `share` fits the level over the live agents. An
+/// agent still busy with the level before is waited for.
+fn on_agents(
+    c: &Common,
+    share: impl Fn(crew::Options) -> Result<(Remote, Rc<Agents>), AgentsError>,
+) -> Result<Option<(Remote, Rc<Agents>)>, KneeError> {
+    let Some(o) = &c.agents else {
+        return Ok(None);
+    };
+    // A level that loses an agent cannot be judged: stop it, as Ctrl-C does.
+    let o = crew::Options {
+        on_loss: OnLoss::Stop,
+        ..o.clone()
+    };
+    let until = Instant::now() + AGENTS_IDLE_WITHIN;
+    loop {
+        match share(o.clone()) {
+            Err(AgentsError::Busy { .. }) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return Ok(Some(r?)),
+        }
+    }
+}
+
+/// An error when the level lost an agent.
+fn none_lost(agents: Option<&Rc<Agents>>) -> Result<(), KneeError> {
+    match agents.map(|a| a.lost()) {
+        Some(lost) if !lost.is_empty() => Err(KneeError::AgentLost(lost.join(", "))),
+        _ => Ok(()),
+    }
 }
 
 /// What one run of a level showed, before the verdict.
@@ -138,40 +183,11 @@ impl Plan {
                 header: Header::new(c.command_line.clone(), header.clone()),
                 append: true,
             }),
+            metrics: c.metrics.clone(),
             ..setup.clone()
         };
         match self {
-            Self::Attack { run, setup } => {
-                let mut run = run.clone();
-                let span = c.warmup + c.step;
-                let spec = RateSpec::Constant(level);
-                run.plan.load = Load::Rate(spec);
-                run.plan.duration_ns = Some(nanos(span));
-                run.planned = attack::pacer(spec, Some(span), None)
-                    .ok()
-                    .and_then(|p| attack::planned(&p, Some(span), None));
-                let planned = (level * c.step.as_secs_f64()).round() as u64;
-                let objective = c.objective.clone();
-                let check: Check = Box::new(move |_all: &Interval, window: &Interval| {
-                    let errors = attack_errors(window).values().sum();
-                    // Every request's latency: a timeout counts at its timeout.
-                    let every = every_request(&window.histograms);
-                    let latency = every.as_ref().or(window.histograms.get("latency"));
-                    objective.clearly_missed(latency, errors, planned)
-                });
-                let role = Level::new(
-                    attack::supervisor::role(run),
-                    banner,
-                    Window::AfterStart {
-                        warmup: c.warmup,
-                        step: c.step,
-                    },
-                    check,
-                    None,
-                );
-                let m = crate::harness::supervise::run(role, results(setup))?;
-                Ok(attack_seen(&m))
-            }
+            Self::Attack { run, setup } => attack_level(run, setup, level, banner, c, &results),
             Self::Hold {
                 template,
                 connect_rate,
@@ -187,7 +203,11 @@ impl Plan {
                     output: None,
                     ..template.clone()
                 };
-                let (run, setup) = hold::prepare(req)?.into_parts();
+                let target = req.target.clone();
+                let interval_ns = req.settings.interval_ns;
+                let (remote, agents) =
+                    on_agents(c, |o| crew::hold(o, connections, &target, interval_ns))?.unzip();
+                let (run, setup) = hold::prepare_on(req, remote)?.into_parts();
                 let publishing = Rc::new(Publishing::new(publish.plan(publish.rate, c)));
                 let objective = c.objective.clone();
                 let check: Check = Box::new(move |all: &Interval, _window: &Interval| {
@@ -202,6 +222,7 @@ impl Plan {
                     Some(publishing),
                 );
                 let m = crate::harness::supervise::run(role, results(&setup))?;
+                none_lost(agents.as_ref())?;
                 Ok(hold_seen(&m, connections))
             }
             Self::Publish {
@@ -210,6 +231,17 @@ impl Plan {
                 subscribers,
                 publish,
             } => {
+                let mut run = run.clone();
+                let mut setup = setup.clone();
+                let interval_ns = run.settings.interval_ns;
+                let agents =
+                    on_agents(c, |o| crew::hold(o, *subscribers, &run.target, interval_ns))?.map(
+                        |(remote, agents)| {
+                            run.fit.workers = remote.workers;
+                            setup.remote = Some(remote.launch);
+                            agents
+                        },
+                    );
                 let publishing = Rc::new(Publishing::new(publish.plan(level, c)));
                 let objective = c.objective.clone();
                 let messages = (level * c.step.as_secs_f64()).round() as u64;
@@ -223,18 +255,69 @@ impl Plan {
                 let role = Level::new(
                     hold::supervisor::role(HoldRun {
                         duration: Some(hold_time(c)),
-                        ..run.clone()
+                        ..run
                     })?,
                     banner,
                     Window::Publisher,
                     check,
                     Some(publishing),
                 );
-                let m = crate::harness::supervise::run(role, results(setup))?;
+                let m = crate::harness::supervise::run(role, results(&setup))?;
+                none_lost(agents.as_ref())?;
                 Ok(publish_seen(&m, *subscribers))
             }
         }
     }
+}
+
+/// One level of an attack search: `run` at `level` requests per second,
+/// on the agents when there are any.
+fn attack_level(
+    run: &AttackRun,
+    setup: &Setup,
+    level: f64,
+    banner: Banner,
+    c: &Common,
+    results: &dyn Fn(&Setup) -> Setup,
+) -> Result<Seen, KneeError> {
+    let mut run = run.clone();
+    let mut setup = setup.clone();
+    let s = run.plan.settings;
+    let agents = on_agents(c, |o| crew::attack(o, s.max_connections, s.interval_ns))?.map(
+        |(remote, agents)| {
+            (run.plan.workers, setup.remote) = (remote.workers, Some(remote.launch));
+            agents
+        },
+    );
+    let span = c.warmup + c.step;
+    let spec = RateSpec::Constant(level);
+    run.plan.load = Load::Rate(spec);
+    run.plan.duration_ns = Some(nanos(span));
+    run.planned = attack::pacer(spec, Some(span), None)
+        .ok()
+        .and_then(|p| attack::planned(&p, Some(span), None));
+    let planned = (level * c.step.as_secs_f64()).round() as u64;
+    let objective = c.objective.clone();
+    let check: Check = Box::new(move |_all: &Interval, window: &Interval| {
+        let errors = attack_errors(window).values().sum();
+        // Every request's latency: a timeout counts at its timeout.
+        let every = every_request(&window.histograms);
+        let latency = every.as_ref().or(window.histograms.get("latency"));
+        objective.clearly_missed(latency, errors, planned)
+    });
+    let role = Level::new(
+        attack::supervisor::role(run),
+        banner,
+        Window::AfterStart {
+            warmup: c.warmup,
+            step: c.step,
+        },
+        check,
+        None,
+    );
+    let m = crate::harness::supervise::run(role, results(&setup))?;
+    none_lost(agents.as_ref())?;
+    Ok(attack_seen(&m))
 }
 
 impl PublishSettings {
@@ -442,8 +525,16 @@ fn late_share(lag: Option<&Histogram<u64>>) -> f64 {
 /// over the measured span, the run's start and its flags.
 fn seen(m: &Measured, mut figures: Figures) -> Seen {
     let used = HostUse::over(m);
-    figures.generator_cpu = used.busiest_cpu;
-    figures.generator_busiest = used.busiest;
+    // The busiest by host samples (this machine's processes) or by the
+    // workers' own records (every agent's too), whichever used more.
+    let (who, cores) = &m.busiest_worker;
+    if *cores > used.busiest_cpu {
+        figures.generator_cpu = *cores;
+        figures.generator_busiest.clone_from(who);
+    } else {
+        figures.generator_cpu = used.busiest_cpu;
+        figures.generator_busiest = used.busiest;
+    }
     figures.stall_us = m.stall_ns / 1000;
     figures.stalled.clone_from(&m.stalled);
     Seen {
@@ -561,7 +652,26 @@ mod tests {
             interrupted: false,
             stall_ns: 0,
             stalled: String::new(),
+            busiest_worker: (String::new(), 0.0),
         }
+    }
+
+    /// A worker on an agent (no host sample of it here) that used more CPU
+    /// by its own records than any process sampled here is the busiest.
+    #[test]
+    fn an_agents_busy_worker_counts_by_its_own_records() {
+        let here = vec![
+            interval(10, &[("h/knee-0", 0)], 0, 10),
+            interval(12, &[("h/knee-0", 200_000_000)], 5, 10),
+        ];
+        let mut m = measured(here, 2.0, 2.0);
+        let seen_here = seen(&m, Figures::default());
+        assert_eq!(seen_here.figures.generator_busiest, "h/knee-0");
+        assert!((seen_here.figures.generator_cpu - 0.1).abs() < 1e-9);
+        m.busiest_worker = ("a1/knee-3".into(), 0.95);
+        let on_agent = seen(&m, Figures::default());
+        assert_eq!(on_agent.figures.generator_busiest, "a1/knee-3");
+        assert!((on_agent.figures.generator_cpu - 0.95).abs() < 1e-9);
     }
 
     #[test]

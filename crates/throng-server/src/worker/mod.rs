@@ -156,15 +156,18 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
         }
     });
     let w = Rc::new(worker(index, cfg, tx)?);
+    let (stop_accepting, stop) = tokio::sync::watch::channel(false);
     let mut accepts: Vec<AbortHandle> = listeners
         .into_iter()
         .map(|(l, tls, serves)| {
             let speaks = Speaks::Http(tls, serves);
-            tokio::task::spawn_local(accept_loop(w.clone(), l, speaks)).abort_handle()
+            let stop = stop.clone();
+            tokio::task::spawn_local(accept_loop(w.clone(), l, speaks, stop)).abort_handle()
         })
         .collect();
     accepts.extend(mqtt_listeners.into_iter().map(|(l, tls)| {
-        tokio::task::spawn_local(accept_loop(w.clone(), l, Speaks::Mqtt(tls))).abort_handle()
+        let speaks = Speaks::Mqtt(tls);
+        tokio::task::spawn_local(accept_loop(w.clone(), l, speaks, stop.clone())).abort_handle()
     }));
     let ticker = tokio::task::spawn_local(tick_loop(w.clone())).abort_handle();
     let reactor = tokio::task::spawn_local(reactor(w.clone())).abort_handle();
@@ -199,12 +202,16 @@ async fn main(index: usize, ctl: UnixStream) -> Result<(), WorkerError> {
             }
         }
     }
+    // Each accept loop takes what its listener's queue holds and closes
+    // it: a connection left in the queue of a closed listener is reset
+    // (unless net.ipv4.tcp_migrate_req), so a takeover refuses no one.
+    let _ = stop_accepting.send(true);
+    // Let them go before the first subscriber is told to reconnect: it
+    // must not land on a listener about to close.
+    tokio::task::yield_now().await;
     for a in accepts {
         a.abort();
     }
-    // Let the aborted accept loops go (closing the listeners) before the
-    // first subscriber is told to reconnect: it must not land on them.
-    tokio::task::yield_now().await;
     drain(&w, &mut rd, &mut buf, spread).await;
     ticker.abort();
     reactor.abort();
@@ -374,18 +381,23 @@ impl Speaks {
 }
 
 /// Accepts connections on `l`.
-async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
+async fn accept_loop(
+    w: Rc<Worker>,
+    l: TcpListener,
+    speaks: Speaks,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     loop {
-        match l.accept().await {
-            Ok((stream, peer)) => {
-                crate::metrics::inc(&w.counters.accepted);
-                let _ = stream.set_nodelay(true);
-                if w.cfg.proxy_protocol && speaks.is_public() {
-                    tokio::task::spawn_local(proxied(w.clone(), stream, peer, speaks.clone()));
-                    continue;
-                }
-                dispatch(&w, stream, peer, &speaks);
+        let got = tokio::select! {
+            biased;
+            _ = stop.changed() => {
+                take_queued(&w, l, &speaks);
+                return;
             }
+            got = l.accept() => got,
+        };
+        match got {
+            Ok((stream, peer)) => accepted(&w, stream, peer, &speaks),
             Err(e) => {
                 // EMFILE and friends: say so once, count the rest, and back
                 // off instead of spinning.
@@ -401,6 +413,30 @@ async fn accept_loop(w: Rc<Worker>, l: TcpListener, speaks: Speaks) {
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        }
+    }
+}
+
+/// Serves an accepted connection (after its PROXY header, when asked for).
+fn accepted(w: &Rc<Worker>, stream: TcpStream, peer: SocketAddr, speaks: &Speaks) {
+    crate::metrics::inc(&w.counters.accepted);
+    let _ = stream.set_nodelay(true);
+    if w.cfg.proxy_protocol && speaks.is_public() {
+        tokio::task::spawn_local(proxied(w.clone(), stream, peer, speaks.clone()));
+        return;
+    }
+    dispatch(w, stream, peer, speaks);
+}
+
+/// Accepts what `l`'s queue holds now, without waiting, then closes it.
+fn take_queued(w: &Rc<Worker>, l: TcpListener, speaks: &Speaks) {
+    let Ok(l) = l.into_std() else { return };
+    while let Ok((s, peer)) = l.accept() {
+        let s = s
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(s));
+        if let Ok(s) = s {
+            accepted(w, s, peer, speaks);
         }
     }
 }
@@ -580,7 +616,9 @@ async fn tick_loop(w: Rc<Worker>) {
             return;
         }
         let now = if w.draining.get() {
-            w.subs.advance()
+            let now = w.subs.advance();
+            w.subs.end_overdue(now);
+            now
         } else {
             w.subs.set_wall(gate::unix_now());
             w.subs.tick();

@@ -947,6 +947,15 @@ impl<O: Outside> Subscribers<O> {
         for (c, e) in slow {
             self.send_failed(&c, e);
         }
+        self.end_overdue(now);
+    }
+
+    /// Ends the closing handshakes past their grace and the queues stalled
+    /// past `--write-timeout` at tick `now`. A drain runs only this (no
+    /// pings, no idle checks): a client that neither answers our close
+    /// frame nor closes its socket must not keep a draining worker up
+    /// until `--drain-timeout`.
+    pub(crate) fn end_overdue(&self, now: u32) {
         let overdue: Vec<_> = {
             let mut closing = self.closing.borrow_mut();
             let mut out = Vec::new();

@@ -172,7 +172,7 @@ pub(crate) fn run_agents(args: AgentsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The `--agents` options of `hold` and `attack`.
+/// The `--agents` options of `hold`, `attack` and `knee`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
     /// Run on the live agents registered in this Redis (see 'throng agent'), instead of
@@ -236,7 +236,7 @@ impl RunArgs {
 
     /// `local_plan`: `--workers` or `--source-ips` was given, which with
     /// agents are each agent's.
-    fn options(&self, local_plan: bool) -> anyhow::Result<Option<crew::Options>> {
+    pub(crate) fn options(&self, local_plan: bool) -> anyhow::Result<Option<crew::Options>> {
         let Some(url) = &self.agents else {
             return Ok(None);
         };

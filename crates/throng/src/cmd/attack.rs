@@ -7,12 +7,23 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use throng_host::units::parse_duration;
-use throng_load::attack::targets::Flags;
+use throng_load::attack::record::RowFormat;
+use throng_load::attack::targets::{Flags, TargetFormat};
 use throng_load::attack::{self, Load};
 use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
+use throng_load::threshold::Threshold;
 
-use super::Format;
+/// What `attack` writes on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AttackFormat {
+    /// The summary as text.
+    Text,
+    /// The summary as one JSON document.
+    Json,
+    /// Vegeta's JSON results, one per request.
+    Vegeta,
+}
 
 /// Arguments of `throng attack`.
 #[derive(Debug, clap::Args)]
@@ -23,20 +34,27 @@ Examples:
       --rate 2000/s --duration 1m --timeout 10s
   throng attack --targets targets.txt --rate 100/s..5000/s --duration 2m \\
       --output run.jsonl
+  throng attack --url http://127.0.0.1:8080/ping \\
+      --rate 0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s
   throng attack --url http://127.0.0.1:8080/ping --max --connections 64 \\
       --duration 10s
   throng attack --url https://localhost:8443/ping --tls-ca ca.pem \\
       --rate 1000/s --duration 10s --no-keepalive
+  throng attack --url http://127.0.0.1:8080/ping --rate 1000/s --duration 30s \\
+      --format vegeta | vegeta report
   cat targets.txt | throng attack --targets - --rate 500/s \\
       --requests 10000 --max-p99 200ms
 
-Targets file (Vegeta's format; requests take the targets in turn):
+Targets file (Vegeta's text format, or its JSON format one target a line;
+requests take the targets in turn):
   GET http://127.0.0.1:8080/ping
   sleep: 1000
 
   POST http://127.0.0.1:8080/ping
   Content-Type: application/json
   @body.json
+
+  {\"method\":\"GET\",\"url\":\"http://127.0.0.1:8080/ping\",\"header\":{\"sleep\":[\"1000\"]}}
 
 Open model: request i is due at a time fixed by --rate before the run
 starts. Its latency counts from that intended time, so a server that stalls
@@ -45,13 +63,20 @@ the actual start) is kept beside it. When the generator itself falls
 behind, it still sends every request and reports its lag and the requests it
 started late.
 
-Exit status: 0 ok, 1 a --max-error-rate, --max-p99 or --max-lag threshold was passed,
-2 bad arguments or a failed run.")]
+Thresholds (exit 1 names every one that failed):
+  throng attack --url http://127.0.0.1:8080/ping --rate 1000/s --duration 1m \\
+      --threshold 'p99<100ms' --threshold 'error_rate<0.1%' \\
+      --threshold 'rate>=990/s' --abort-on-fail
+
+Exit status: 0 ok, 1 a threshold failed (--threshold, --max-error-rate, --max-p99,
+--max-lag), 2 bad arguments or a failed run.")]
 pub(crate) struct Args {
     #[command(flatten)]
     target: TargetArgs,
 
-    /// Requests per second: 2000/s, 5k/s, or a linear ramp 100/s..5000/s over the duration.
+    /// Requests per second: 2000/s, 5k/s, a linear ramp 100/s..5000/s over the
+    /// duration, or stages RATE[..RATE]@TIME,... (ramp up, hold, ramp down:
+    /// 0/s..1000/s@30s,1000/s@5m,1000/s..0/s@30s), which set the duration.
     #[arg(short, long)]
     rate: Option<RateSpec>,
 
@@ -109,9 +134,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     per_request: Option<PathBuf>,
 
-    /// Final summary as text or json (JSON on stdout; progress then goes to stderr).
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
+    /// Final summary as text or json (JSON on stdout; progress then goes to
+    /// stderr); or vegeta: Vegeta's JSON results on stdout, one line per
+    /// request (`| vegeta report`, `vegeta plot`, `vegeta encode`), with the
+    /// progress and the summary on stderr.
+    #[arg(long, value_enum, default_value_t = AttackFormat::Text)]
+    format: AttackFormat,
 
     /// Exit 1 when more than this fraction of requests fail (errors and non-2xx/3xx), e.g. 0.01.
     #[arg(long, value_name = "FRACTION")]
@@ -128,6 +156,24 @@ pub(crate) struct Args {
     /// requests started more than 10 ms late.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     max_lag: Option<Duration>,
+
+    /// Exit 1 unless FIGURE OP VALUE holds at the end (repeatable), k6's way:
+    /// 'p99<100ms', 'p99.9<1s', 'error_rate<0.1%', 'rate>=900/s', 'errors==0',
+    /// 'connect_p99<1s'. Figures: p50 p75 p90 p95 p99 p99.9 mean min max (of
+    /// latency), the same of service_, lag_, connect_, tls_ (lag_max<1s),
+    /// error_rate, success_ratio, rate, throughput, requests, errors,
+    /// timeouts, late, retried. --max-error-rate R is error_rate<=R, --max-p99
+    /// D is p99<=D, --max-lag D is lag_max<=D.
+    #[arg(long, value_name = "EXPR", value_parser = attack_threshold)]
+    threshold: Vec<Threshold>,
+
+    /// Stop the run as soon as a threshold can no longer pass: a count
+    /// already over its bound (errors==0 after an error), a max already
+    /// passed, or with a planned request count (--rate with --requests or
+    /// --duration) an error_rate, success_ratio or percentile whose budget of
+    /// failed or slow requests is already spent. The start lines say which.
+    #[arg(long)]
+    abort_on_fail: bool,
 
     #[command(flatten)]
     client: super::client::ClientArgs,
@@ -153,8 +199,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         // Invariant: `missing` refused a run with neither.
         (false, None) => anyhow::bail!("--rate or --max is needed"),
     };
-    let json = args.format == Format::Json;
-    let progress = Progress::choose(args.client.quiet, json);
+    let json = args.format == AttackFormat::Json;
+    let vegeta = args.format == AttackFormat::Vegeta;
+    let (per_request, per_request_format) = per_request(&args)?;
+    let progress = Progress::choose(args.client.quiet, json || vegeta);
     let (remote, agents) = args
         .agents
         .attack(
@@ -163,7 +211,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.workers.is_some() || args.source_ips.is_some(),
         )?
         .unzip();
-    let prepared = attack::prepare_on(
+    let mut prepared = attack::prepare_on(
         attack::Request {
             command_line: std::env::args().collect(),
             tls: args.client.tls.options(targets.iter().any(|t| t.url.tls))?,
@@ -181,33 +229,72 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             keepalive: !args.no_keepalive,
             timeout: args.timeout,
             output: args.output,
-            per_request: args.per_request,
+            per_request,
             max_error_rate: args.max_error_rate,
             max_p99: args.max_p99,
             max_lag: args.max_lag,
             progress,
+            per_request_format,
+            thresholds: args.threshold,
+            abort_on_fail: args.abort_on_fail,
         },
         remote,
     )?;
+    if let Some(m) = args.client.metrics()? {
+        prepared.serve_metrics(m);
+    }
     for line in prepared.lines() {
         progress.say(line);
     }
     let (summary, failed) = prepared.run().context("attack")?;
+    if vegeta {
+        // stdout holds the results: the summary goes beside the progress.
+        eprint!("{}", attack::render(&summary));
+        for f in &failed {
+            eprintln!("throng attack: threshold failed: {f}");
+        }
+        return Ok(if failed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     super::agent::conclude(
         json.then(|| serde_json::to_value(&summary)).transpose()?,
         || attack::render(&summary),
         summary.start_unix_ns,
         agents.as_deref(),
         failed,
-        "throng attack: threshold passed: ",
+        "throng attack: threshold failed: ",
     )
+}
+
+/// Where per-request rows go, and how: `--per-request FILE`, or with
+/// `--format vegeta` Vegeta's results on this process's stdout (which the
+/// workers open by its /proc name: their own stdout carries their records).
+fn per_request(args: &Args) -> anyhow::Result<(Option<PathBuf>, Option<RowFormat>)> {
+    if args.format != AttackFormat::Vegeta {
+        return Ok((args.per_request.clone(), None));
+    }
+    if args.per_request.is_some() {
+        anyhow::bail!(
+            "--format vegeta writes one result per request on stdout already; leave out --per-request (or use --format text with --per-request FILE)"
+        );
+    }
+    let stdout = PathBuf::from(format!("/proc/{}/fd/1", std::process::id()));
+    Ok((Some(stdout), Some(RowFormat::Vegeta)))
+}
+
+/// `--threshold`: one expression on attack's figures.
+fn attack_threshold(text: &str) -> Result<Threshold, String> {
+    Threshold::parse(text, &attack::summary::FIGURES).map_err(|e| e.to_string())
 }
 
 /// What to request: a targets file, or one URL with its method, headers
 /// and body; `attack`'s and `knee attack`'s.
 #[derive(Debug, clap::Args)]
 pub(crate) struct TargetArgs {
-    /// Targets file in Vegeta's format ('-' for stdin).
+    /// Targets file in Vegeta's text or JSON format ('-' for stdin), read line by line.
     #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
     pub(crate) targets: Option<PathBuf>,
 
@@ -230,6 +317,12 @@ pub(crate) struct TargetArgs {
     /// Body for --url, read from a file.
     #[arg(long, value_name = "FILE")]
     body_file: Option<PathBuf>,
+
+    /// The targets file's format (Vegeta's -format): http (its text format),
+    /// json (one {"method","url","header":{"Name":["value"]},"body":"<base64>"}
+    /// per line), or auto: JSON when the first line starts with '{'.
+    #[arg(long, value_name = "FORMAT", default_value = "auto")]
+    targets_format: TargetFormat,
 }
 
 impl TargetArgs {
@@ -242,6 +335,7 @@ impl TargetArgs {
             headers: self.headers.clone(),
             body: self.body.clone(),
             body_file: self.body_file.clone(),
+            format: self.targets_format,
         }
         .targets()?)
     }
@@ -262,7 +356,8 @@ fn missing(args: &Args) -> Option<String> {
             "  how hard: --rate RATE (2000/s, or a ramp 100/s..5000/s), or --max (a closed pool of --connections, wrk's mode)",
         );
     }
-    if args.duration.is_none() && args.requests.is_none() {
+    let stages = matches!(args.rate, Some(RateSpec::Stages(_)));
+    if args.duration.is_none() && args.requests.is_none() && !stages {
         lines.push(
             "  how long: --duration D (30s, 5m), or --requests N (or both: whichever ends first)",
         );

@@ -21,6 +21,22 @@ pub(crate) struct ClientArgs {
     /// Internal: run as a worker process (plan on stdin).
     #[arg(long, hide = true)]
     pub(crate) worker: bool,
+
+    /// Serve the run's live figures as Prometheus text on http://HOST:PORT/metrics
+    /// (counters, levels and latency histograms, every worker and agent merged,
+    /// after each interval): 127.0.0.1:9464. See deploy/grafana/load.json.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+}
+
+impl ClientArgs {
+    /// The `--metrics-listen` endpoint, listening, if asked for.
+    pub(crate) fn metrics(&self) -> anyhow::Result<Option<throng_load::harness::metrics::Metrics>> {
+        Ok(self
+            .metrics_listen
+            .map(throng_load::harness::metrics::Metrics::listen)
+            .transpose()?)
+    }
 }
 
 /// TLS arguments (used only with wss:// or https:// targets).

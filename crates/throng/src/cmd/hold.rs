@@ -74,7 +74,10 @@ pub(crate) struct Args {
     /// Where messages the server makes on its own say when they were sent:
     /// json:FIELD (a JSON object's field), number (a number the message
     /// starts with), or throng (only throng's own messages; the default).
-    /// A Unix time in s, ms, µs or ns, told by its magnitude.
+    /// A Unix time in s, ms, µs or ns, told by its magnitude. Each such
+    /// message is told apart by its JSON `seq`, else its stamp (else, for
+    /// one without a stamp, its bytes): its fan-out spread, first to last
+    /// subscriber over every worker, is in the summary.
     #[arg(long, value_name = "FORMAT", default_value = "throng")]
     stamp: Stamp,
 
@@ -82,8 +85,10 @@ pub(crate) struct Args {
     #[arg(short = 'c', long, default_value_t = 1000)]
     connections: u64,
 
-    /// New connections per second: 2000/s, 5k/s, or a linear ramp 100/s..5000/s
-    /// (which ends as the last connection is due).
+    /// New connections per second: 2000/s, 5k/s, a linear ramp 100/s..5000/s
+    /// (which ends as the last connection is due), or stages
+    /// RATE[..RATE]@TIME,... (100/s@1m,100/s..2000/s@2m: each for its time, the
+    /// last rate going on until every connection is due).
     #[arg(short, long, default_value = "1000/s")]
     rate: RateSpec,
 
@@ -166,6 +171,20 @@ pub(crate) struct Args {
     /// Exit 1 when more than this many messages are lost (over all connections).
     #[arg(long, default_value_t = 0, value_name = "N")]
     max_lost: u64,
+
+    /// Exit 1 unless FIGURE OP VALUE holds at the end (repeatable):
+    /// 'lost==0', 'p99<100ms' (delivery), 'p99.9<1s', 'connect_p99<1s',
+    /// 'publish_p99<50ms', 'loss_rate<0.1%', 'connect_rate>=900/s'. Figures:
+    /// p50 p75 p90 p95 p99 p99.9 mean min max of delivery, connect_, publish_,
+    /// pushed_; loss_rate; connect_rate; lost, connect_errors, duplicated,
+    /// out_of_order, received, opened, publish_errors.
+    #[arg(long, value_name = "EXPR", value_parser = hold_threshold)]
+    threshold: Vec<throng_load::threshold::Threshold>,
+
+    /// Stop the run once a threshold can no longer pass: a count already
+    /// over its bound (lost==0 after a loss), or a max already passed.
+    #[arg(long)]
+    abort_on_fail: bool,
 
     /// Append per-second results (throng result-file format) to FILE.
     #[arg(short, long, value_name = "FILE")]
@@ -325,7 +344,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.workers.is_some() || args.source_ips.is_some(),
         )?
         .unzip();
-    let prepared = hold::prepare_on(
+    let mut prepared = hold::prepare_on(
         hold::Request {
             command_line: std::env::args().collect(),
             connections: args.connections,
@@ -343,10 +362,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             thresholds: hold::Thresholds {
                 max_connect_errors: args.max_connect_errors,
                 max_lost: args.max_lost,
+                given: args.threshold,
+                abort_on_fail: args.abort_on_fail,
             },
         },
         remote,
     )?;
+    if let Some(m) = args.client.metrics()? {
+        prepared.serve_metrics(m);
+    }
     for line in prepared.lines() {
         progress.say(line);
     }
@@ -387,4 +411,10 @@ fn publish(args: &Args, url: &str, mqtt: Option<&MqttOptions>) -> anyhow::Result
         messages: args.messages,
         timeout: args.publish_timeout,
     })
+}
+
+/// `--threshold`: one expression on hold's figures.
+fn hold_threshold(text: &str) -> Result<throng_load::threshold::Threshold, String> {
+    throng_load::threshold::Threshold::parse(text, &hold::figures::FIGURES)
+        .map_err(|e| e.to_string())
 }

@@ -134,6 +134,14 @@ struct SearchArgs {
     /// plan, then exit without sending anything.
     #[arg(long)]
     dry_run: bool,
+
+    /// Serve each level's live figures as Prometheus text on
+    /// http://HOST:PORT/metrics (role "knee"; counters start again at each level).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
+
+    #[command(flatten)]
+    agents: super::agent::RunArgs,
 }
 
 /// `throng knee attack`.
@@ -312,8 +320,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_error_rate: search.max_error_rate,
         max_lost,
     };
-    let prepared = knee::prepare(knee::Request {
+    let agents = search.agents.options(local_plan(&load))?;
+    let mut prepared = knee::prepare(knee::Request {
         command_line: std::env::args().collect(),
+        agents,
         load,
         objective,
         search: plan,
@@ -324,6 +334,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         out_dir: search.out_dir,
         progress,
     })?;
+    if let Some(addr) = search.metrics_listen {
+        prepared.serve_metrics(throng_load::harness::metrics::Metrics::listen(addr)?);
+    }
     for line in prepared.lines() {
         progress.say(line);
     }
@@ -348,6 +361,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// The search as asked, `--from`/`--to` with the mode's defaults:
 /// connection counts when the levels are `whole`, else rates.
+/// Whether workers or source addresses were given: with `--agents` they
+/// are each agent's.
+fn local_plan(load: &Load) -> bool {
+    match load {
+        Load::Attack(a) => a.workers.is_some() || a.sources.is_some(),
+        Load::Hold { hold, .. } | Load::Publish { hold, .. } => {
+            hold.workers.is_some() || hold.sources.is_some()
+        }
+    }
+}
+
 fn search_plan(s: &SearchArgs, (from, to): (f64, f64), whole: bool) -> anyhow::Result<SearchPlan> {
     let parse = |text: &Option<String>, flag: &str, default: f64| -> anyhow::Result<f64> {
         let Some(t) = text else { return Ok(default) };
@@ -390,6 +414,9 @@ fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
         max_p99: None,
         max_lag: None,
         progress: Progress::QUIET,
+        per_request_format: None,
+        thresholds: Vec::new(),
+        abort_on_fail: false,
     }))
 }
 

@@ -30,7 +30,13 @@ Examples:
   throng report run.throng
   throng report box1.throng box2.throng --every 10s
   throng report run.throng --format json | jq '.latency_us.delivery.p99'
-  throng report run.throng --html run.html")]
+  throng report run.throng --html run.html
+  vegeta attack ... | vegeta encode --to json > vegeta.json
+  throng report vegeta.json throng-attack.throng --hist 0,10ms,50ms,100ms
+
+Vegeta's result files (JSON or CSV, as `vegeta encode` writes them) are
+read as attacks: each result counted in the second of its timestamp, so
+they merge with throng's own attack files.")]
 pub(crate) struct Args {
     /// Result files to read and merge (written by hold, attack or bench with --output, and by knee).
     #[arg(required = true, value_name = "FILE")]
@@ -54,6 +60,12 @@ pub(crate) struct Args {
     /// refusing them.
     #[arg(long, conflicts_with = "html")]
     mixed: bool,
+
+    /// Also count the latencies into buckets, as `vegeta report -type=hist[...]`
+    /// draws them: 0,10ms,50ms,100ms gives [0,10ms) [10ms,50ms) [50ms,100ms)
+    /// [100ms,+Inf). Every request's latency (an attack's; a hold's delivery).
+    #[arg(long, value_name = "BOUNDS", value_parser = throng_report::hist::Buckets::parse)]
+    hist: Option<throng_report::hist::Buckets>,
 }
 
 /// Points a plot of the HTML page holds at most: a long run is drawn in
@@ -127,6 +139,11 @@ fn render(args: &Args, files: &[PathBuf]) -> anyhow::Result<String> {
     // Invariant: `mergers` held at least the text merger.
     let text_merged = merged.next().expect("the text merger");
     let report = Report::build(&text_merged, &files, args.every.is_some());
+    let hist = args
+        .hist
+        .as_ref()
+        .map(|b| latency_buckets(b, &text_merged))
+        .transpose()?;
     // A knee search's file carries its result: its table and page lead.
     let knees = throng_report::knee::read_all(paths);
 
@@ -147,6 +164,12 @@ fn render(args: &Args, files: &[PathBuf]) -> anyhow::Result<String> {
                 out.push_str(&format!("{}\n", throng_report::knee::render_text(knee)));
             }
             out.push_str(&throng_report::text::render(&report));
+            if let Some((name, buckets)) = &hist {
+                out.push_str(&format!(
+                    "\nLatency buckets ({name}):\n{}",
+                    throng_report::hist::render_hist(buckets)
+                ));
+            }
         }
         Format::Json => {
             for f in &report.files {
@@ -154,20 +177,44 @@ fn render(args: &Args, files: &[PathBuf]) -> anyhow::Result<String> {
                     eprintln!("throng report: warning: {d}");
                 }
             }
-            if knees.is_empty() {
-                out.push_str(&format!("{}\n", serde_json::to_string_pretty(&report)?));
-            } else {
+            let mut json = serde_json::to_value(&report)?;
+            if let Some(fields) = json.as_object_mut() {
                 // A knee search's result goes beside the merged figures, as
                 // `knees` (the same object `throng knee --format json` prints).
-                let mut json = serde_json::to_value(&report)?;
-                if let Some(fields) = json.as_object_mut() {
+                if !knees.is_empty() {
                     fields.insert("knees".into(), serde_json::to_value(&knees)?);
                 }
-                out.push_str(&format!("{}\n", serde_json::to_string_pretty(&json)?));
+                if let Some((name, buckets)) = &hist {
+                    fields.insert(
+                        "hist".into(),
+                        serde_json::json!({"histogram": name, "buckets": buckets}),
+                    );
+                }
             }
+            out.push_str(&format!("{}\n", serde_json::to_string_pretty(&json)?));
         }
     }
     Ok(out)
+}
+
+/// `--hist`: the run's latency counted into `buckets`, with the name of
+/// the histogram counted: every request of an attack (`latency`, timed-out
+/// and failed ones included), else a hold's `delivery`.
+fn latency_buckets(
+    buckets: &throng_report::hist::Buckets,
+    merged: &throng_report::merge::Merged,
+) -> anyhow::Result<(String, Vec<throng_report::hist::HistBucket>)> {
+    if let Some(all) = throng_report::interval::every_request(&merged.histograms) {
+        return Ok(("latency, every request".into(), buckets.count(&all)));
+    }
+    for name in ["latency", "delivery"] {
+        if let Some(h) = merged.histograms.get(name) {
+            return Ok((name.into(), buckets.count(h)));
+        }
+    }
+    anyhow::bail!(
+        "--hist: these files hold no request latency (latency) or delivery latency to count into buckets"
+    )
 }
 
 /// `--every`: a duration in the one grammar (`10s`, `500ms`, `1m`), as ns.

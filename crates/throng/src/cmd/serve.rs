@@ -259,7 +259,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     write_timeout: Duration,
 
-    /// On SIGTERM/SIGINT, wait this long for close handshakes before exiting.
+    /// On SIGTERM/SIGINT, wait at most this long for close handshakes before exiting
+    /// (it exits once the last connection is gone; a client that does not answer gets 5 s).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     drain_timeout: Duration,
 
@@ -267,7 +268,9 @@ pub(crate) struct Args {
     /// listening sockets come over its control socket, this server's workers
     /// start on them, then the old one closes its connections (WebSocket
     /// 1012, MQTT 5 DISCONNECT 0x8B, SSE end of stream) spread over
-    /// --drain-spread and exits. Without a running serve: starts normally.
+    /// --drain-spread and exits; without --redis it hands its --history
+    /// over, so clients rejoining with ?since= miss nothing. Only a serve of
+    /// the same user can be taken over. Without a running serve: starts normally.
     #[arg(long)]
     takeover: bool,
 

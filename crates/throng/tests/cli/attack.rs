@@ -27,6 +27,16 @@ fn serve_one(extra: &[&str]) -> Server {
     serve(&[&["--workers", "1"], extra].concat())
 }
 
+/// A URL on a loopback port nobody listens on (its listener is gone).
+fn dead_url() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("http://127.0.0.1:{port}/")
+}
+
 /// The server's `/ping` URL.
 fn ping_url(server: &Server) -> String {
     format!("http://{}/ping", server.addr)
@@ -398,23 +408,23 @@ fn thresholds_set_the_exit_status() {
         .concat(),
     );
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("behind schedule <= 10s"), "{err}");
+    assert!(
+        err.contains(
+            "error_rate<=0 (--max-error-rate), p99<=10s (--max-p99), lag_max<=10s (--max-lag)"
+        ),
+        "{err}"
+    );
     // No request goes on the wire at its exact intended microsecond: a
     // 1 us lag threshold is always passed, and says by how much.
     let (code, s, err) = attack(&[&slow[..], &["--max-lag", "1us"]].concat());
     assert_eq!(code, 1, "{s} {err}");
     assert!(
-        err.contains("behind its schedule, over --max-lag 1µs"),
+        err.contains("lag_max<=1us (--max-lag): lag_max was "),
         "{err}"
     );
 
     // Nobody listens: every request fails as refused, the run still ends on time.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dead = format!("http://127.0.0.1:{port}/");
+    let dead = dead_url();
     let began = Instant::now();
     let (code, s, err) = attack(&[
         "--url",
@@ -429,6 +439,221 @@ fn thresholds_set_the_exit_status() {
     assert_eq!(code, 1, "{err}");
     assert_eq!(s["errors"]["refused"].as_u64(), Some(100), "{s}");
     assert!(began.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn thresholds_on_any_figure_name_every_failure() {
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let base = ["--url", &url, "--rate", "100/s", "--requests", "100"];
+    let (code, s, err) = attack(
+        &[
+            &base[..],
+            &[
+                "--threshold",
+                "p99 < 10s",
+                "--threshold",
+                "error_rate<0.1%",
+                "--threshold",
+                "requests==100",
+                "--threshold",
+                "connect_p99<10s",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{s} {err}");
+    // Two that cannot hold on loopback /ping: both named, exit 1.
+    let (code, _, err) = attack(
+        &[
+            &base[..],
+            &[
+                "--threshold",
+                "p50<1ns",
+                "--threshold",
+                "rate>=1000000/s",
+                "--threshold",
+                "errors==0",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("threshold failed: p50<1ns: p50 was"), "{err}");
+    assert!(
+        err.contains("threshold failed: rate>=1000000/s: rate was"),
+        "{err}"
+    );
+    assert!(!err.contains("errors==0:"), "{err}");
+    for (bad, says) in [
+        ("p99", "has no comparison"),
+        ("p42<1s", "the percentiles are"),
+        ("lost==0", "not one of attack's"),
+        ("error_rate<2", "at most 1"),
+    ] {
+        let (code, _, err) = attack(&[&base[..], &["--threshold", bad]].concat());
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn abort_on_fail_stops_a_run_that_cannot_pass() {
+    // Nobody listens: the first refused request dooms errors==0, and the
+    // 1% budget of a planned 6000 requests goes after 61 failures.
+    let dead = dead_url();
+    for threshold in ["errors==0", "error_rate<=1%"] {
+        let (code, s, err) = attack(&[
+            "--url",
+            &dead,
+            "--rate",
+            "200/s",
+            "--duration",
+            "30s",
+            "--threshold",
+            threshold,
+            "--abort-on-fail",
+        ]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("stopped early (--abort-on-fail)"), "{err}");
+        assert!(
+            s["aborted"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(threshold)),
+            "{s}"
+        );
+        assert!(s["stopped"].as_bool().unwrap(), "{s}");
+        assert!(n(&s, "requests") < 6000, "{s}");
+    }
+    // A threshold known only at the end: the run goes on, and says so at start.
+    let (_, _, err) = attack(&[
+        "--url",
+        &dead,
+        "--rate",
+        "100/s",
+        "--requests",
+        "20",
+        "--threshold",
+        "mean<1s",
+        "--abort-on-fail",
+    ]);
+    assert!(
+        err.contains("none of them can be known to fail before the end"),
+        "{err}"
+    );
+}
+
+/// Stages: 0 → 200/s over 1 s (100 requests), 200/s for 1 s (200), 200 →
+/// 0/s over 1 s (100); every request at its stage's intended time, the plan
+/// and the progress name the stages, the result file holds what each second
+/// planned.
+#[test]
+fn stages_follow_their_schedule() {
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let dir = TempDir::new("attack-stages");
+    let rows_file = dir.file("rows.jsonl");
+    let results = dir.file("run.throng");
+    let (code, s, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "0/s..200/s@1s,200/s@1s,200/s..0/s@1s",
+        "--per-request",
+        rows_file.to_str().unwrap(),
+        "--output",
+        results.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(n(&s, "planned"), 400, "{s}");
+    assert_eq!(n(&s, "requests"), 400, "{s}");
+    assert!(
+        err.contains("  stage 1/3: 0/s..200/s for 1s (from 0s to 1s): 100 requests"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  stage 3/3: 200/s..0/s for 1s (from 2s to 3s): 100 requests"),
+        "{err}"
+    );
+    let mut rows = rows(&rows_file);
+    rows.sort_by_key(|r| r["seq"].as_u64());
+    let at = |seq: usize| {
+        rows[seq]["intended_ns"].as_u64().unwrap() - rows[0]["intended_ns"].as_u64().unwrap()
+    };
+    // Up ramp: 100·t² events by t; event 25 at 0.5 s. Plateau: 5 ms apart.
+    let close = |got: u64, want: u64| got.abs_diff(want) <= 1_000;
+    assert!(close(at(25), 500_000_000), "{}", at(25));
+    assert!(close(at(100), 1_000_000_000), "{}", at(100));
+    assert!(close(at(101), 1_005_000_000), "{}", at(101));
+    assert!(close(at(300), 2_000_000_000), "{}", at(300));
+    // Down ramp: 200·τ - 100·τ² after 2 s; event 375 at τ = 0.5.
+    assert!(close(at(375), 2_500_000_000), "{}", at(375));
+    assert!(at(399) < 3_000_000_000);
+    let out = output_within(
+        throng().args(["report", "--format", "json"]).arg(&results),
+        Duration::from_secs(30),
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        r["counters"]["requests.planned"]["total"].as_u64(),
+        Some(400),
+        "{r}"
+    );
+    // A ramp through three rates without times is refused, with the fix.
+    let (code, _, err) = attack(&[
+        "--url",
+        &url,
+        "--rate",
+        "100/s..1000/s..100/s",
+        "--duration",
+        "1s",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("give stages with their times"), "{err}");
+}
+
+/// Vegeta's JSON targets (`-format=json`): read line by line, sent in turn.
+#[test]
+fn json_targets_are_sent_in_turn() {
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let dir = TempDir::new("attack-json-targets");
+    let file = dir.file("targets.json");
+    std::fs::write(
+        &file,
+        format!(
+            "{{\"method\":\"GET\",\"url\":\"{url}\",\"header\":{{\"sleep\":[\"1\"]}}}}\n\n{{\"method\":\"GET\",\"url\":\"{url}?b\"}}\n"
+        ),
+    )
+    .unwrap();
+    let rows_file = dir.file("rows.jsonl");
+    let (code, s, err) = attack(&[
+        "--targets",
+        file.to_str().unwrap(),
+        "--rate",
+        "100/s",
+        "--requests",
+        "20",
+        "--per-request",
+        rows_file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(20), "{s}");
+    let rows = rows(&rows_file);
+    assert_eq!(rows.iter().filter(|r| r["target"] == 1).count(), 10);
+    // Told it is the text format, the same file is refused by its line.
+    let (code, _, err) = attack(&[
+        "--targets",
+        file.to_str().unwrap(),
+        "--targets-format",
+        "http",
+        "--rate",
+        "1/s",
+        "--requests",
+        "1",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("targets.json line 1"), "{err}");
 }
 
 #[test]
@@ -645,7 +870,7 @@ fn timed_out_requests_count_at_their_timeout() {
         s["answered_latency_us"]["p99"].as_u64().unwrap() < 100_000,
         "{s}"
     );
-    assert!(err.contains("p99 latency"), "{err}");
+    assert!(err.contains("p99<=100ms (--max-p99): p99 was"), "{err}");
 
     let out = output_within(throng().arg("report").arg(&file), Duration::from_secs(30));
     let text = text(&out.stdout);

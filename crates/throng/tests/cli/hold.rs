@@ -168,6 +168,62 @@ fn connection_refused_is_counted_and_fails_the_run() {
     assert_eq!(code, 2);
 }
 
+/// `--threshold` on hold's figures, and `--abort-on-fail` ending a ramp that
+/// can no longer pass (every connection is refused: the first failure
+/// already breaks connect_errors==0).
+#[test]
+fn thresholds_and_abort_on_fail() {
+    let port = free_port();
+    let url = format!("ws://127.0.0.1:{port}/c");
+    let ramp = [
+        url.as_str(),
+        "-c",
+        "6000",
+        "--rate",
+        "200/s",
+        "--duration",
+        "0s",
+    ];
+    let (s, code, stderr) = hold(
+        &[
+            &ramp[..],
+            &[
+                "--max-connect-errors",
+                "6000",
+                "--threshold",
+                "connect_errors==0",
+                "--threshold",
+                "lost==0",
+                "--abort-on-fail",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "--abort-on-fail stops the run once connect_errors==0, lost==0 can no longer pass"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "FAIL: stopped early (--abort-on-fail): connect_errors==0: connect_errors is already"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("FAIL: connect_errors==0: connect_errors was"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("lost==0:"), "{stderr}");
+    assert!(s["aborted"].is_string() && s["stopped"] == true, "{s:#}");
+    assert!(count(&s, &["failed", "refused"]) < 6000, "{s:#}");
+    let (_, code, stderr) = hold(&[url.as_str(), "--threshold", "error_rate<1%"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("not one of hold's"), "{stderr}");
+}
+
 /// A server that accepts TCP and never answers the upgrade: handshake timeouts.
 #[test]
 fn silent_server_times_out_the_handshake() {
@@ -196,6 +252,43 @@ fn silent_server_times_out_the_handshake() {
     ]);
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(count(&s, &["failed", "timeout"]), 40, "{s:#}");
+}
+
+/// Stages of the connection rate: every connection opened on them, and
+/// stages that end at 0/s before the last connection is due are refused.
+#[test]
+fn connections_open_on_stages() {
+    let server = serve(&["--workers", "1"]);
+    let url = format!("ws://{}/c", server.addr);
+    let (s, code, stderr) = hold(&[
+        &url,
+        "-c",
+        "60",
+        "--rate",
+        "0/s..100/s@1s,100/s@1s",
+        "--duration",
+        "0s",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(count(&s, &["opened"]), 60, "{s:#}");
+    assert!(
+        stderr.contains("stage 1/2: 0/s..100/s for 1s (from 0s to 1s): 50 connections"),
+        "{stderr}"
+    );
+    let (_, code, stderr) = hold(&[
+        &url,
+        "-c",
+        "60",
+        "--rate",
+        "0/s..50/s@1s,50/s..0/s@1s",
+        "--duration",
+        "0s",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("open only 50 of the 60 connections"),
+        "{stderr}"
+    );
 }
 
 /// A plan that cannot fit is refused before any socket is opened, with the fix.
@@ -441,6 +534,72 @@ fn server_pushes_are_timed_by_their_own_stamp() {
     assert!(err.contains("--stamp"), "{err}");
 }
 
+/// A server that sends each message to every client in turn, 100 ms
+/// apart: hold tells its messages apart by the server's `seq` (or, without
+/// one, by the stamp) and measures each one's fan-out spread from the
+/// first subscriber to the last, across two worker processes: four
+/// deliveries per message and at least 300 ms, where either worker alone
+/// saw two. `throng report` of the result file says the same.
+#[test]
+fn the_fan_out_spread_of_server_messages_spans_every_worker() {
+    require!(Peer::PythonWebsockets);
+    let dir = TempDir::new("spread");
+    for (extra, tag) in [(&[][..], "s"), (&["--no-seq"][..], "t")] {
+        let mut args = vec!["--broadcast", "4", "--gap", "0.1", "--every", "0.2"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--timeout", "30"]);
+        let (_server, port) = push_server(&args);
+        let url = format!("ws://127.0.0.1:{port}/");
+        let output = dir.file(&format!("spread-{tag}.jsonl"));
+        let (s, code, err) = hold(&[
+            &url,
+            "-c",
+            "4",
+            "-w",
+            "2",
+            "--rate",
+            "100/s",
+            "--duration",
+            "2500ms",
+            "--stamp",
+            "json:t",
+            "--output",
+            output.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{s} {err}");
+        let spread = &s["server_spread"];
+        let messages = count(spread, &["messages"]);
+        assert!(messages >= 2, "{s:#}");
+        assert_eq!(
+            count(spread, &["deliveries"]),
+            count(&s, &["pushed"]),
+            "{s:#}"
+        );
+        assert_eq!(count(spread, &["widest_deliveries"]), 4, "{s:#}");
+        assert!(spread["widest"].as_str().unwrap().starts_with(tag), "{s:#}");
+        // Three gaps of 100 ms between the first subscriber and the last.
+        assert!(count(spread, &["spread_us", "p50"]) >= 300_000, "{s:#}");
+
+        let out = throng_testkit::process::output_within(
+            crate::throng()
+                .args(["report", "--format", "json"])
+                .arg(&output),
+            Duration::from_secs(30),
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).expect("report json");
+        assert_eq!(&r["server_spread"], spread, "{r:#}");
+        let out = throng_testkit::process::output_within(
+            crate::throng().arg("report").arg(&output),
+            Duration::from_secs(30),
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("fan-out spread (first to last subscriber)"),
+            "{text}"
+        );
+    }
+}
+
 /// A server frozen for the whole run (SIGSTOP after the connections are
 /// up) sends nothing, not even a ping: `--read-timeout` fails every held
 /// connection as `read_timeout` and the run exits 1, instead of all "held".
@@ -476,6 +635,60 @@ fn a_frozen_server_fails_the_read_timeout() {
     assert_eq!(count(&s, &["closed", "read_timeout"]), 3, "{s}");
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("--read-timeout"), "{err}");
+}
+
+/// hold's start lines say what `throng doctor` says of the same plan: as
+/// many limits checked, and every one not OK, the same words.
+#[test]
+fn the_start_lines_say_what_doctor_says_of_the_plan() {
+    let sources = "127.0.0.2-127.0.0.21";
+    for connections in ["1000", "200000"] {
+        let out = crate::throng()
+            .args([
+                "hold",
+                "ws://127.0.0.1:9/c",
+                "-c",
+                connections,
+                "--source-ips",
+                sources,
+            ])
+            .arg("--dry-run")
+            .output()
+            .expect("run throng");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let out = crate::throng()
+            .args([
+                "doctor",
+                "-c",
+                connections,
+                "--role",
+                "client",
+                "--source-ips",
+                sources,
+            ])
+            .args(["--ports", "9", "--format", "json"])
+            .output()
+            .expect("run doctor");
+        let doctor: Value = serde_json::from_slice(&out.stdout).expect("doctor json");
+        let findings = doctor["findings"].as_array().expect("findings");
+        let stops = findings.iter().filter(|f| f["status"] == "stop").count();
+        if stops > 0 {
+            // Refused, naming the limit.
+            assert!(err.contains("will stop"), "{err}");
+            continue;
+        }
+        let head = format!("{} checked", findings.len());
+        let line = text
+            .lines()
+            .find(|l| l.contains("limits (the checks of 'throng doctor"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains(&head), "{line} vs {doctor:#}");
+        for f in findings.iter().filter(|f| f["status"] != "ok") {
+            let message = f["message"].as_str().unwrap();
+            assert!(text.contains(message), "{message} in {text}");
+        }
+    }
 }
 
 /// A dry run tells the truth: a source address not on this host is refused

@@ -21,6 +21,17 @@ use throng_testkit::{Peer, TempDir, free_port, require};
 
 use crate::{serve, throng};
 
+/// Levels from 1000/s to 64000/s, 2 s each: past what one connection per
+/// generator worker carries, so the generator saturates.
+pub(crate) const SATURATING: [&str; 6] = [
+    "--from",
+    "1000/s",
+    "--to",
+    "64000/s",
+    "--step-duration",
+    "2s",
+];
+
 /// A short search: one-second warm-up, a few measured seconds, no repeats.
 pub(crate) const QUICK: [&str; 8] = [
     "--warmup",
@@ -342,14 +353,7 @@ fn a_generator_limited_on_purpose_is_blamed_not_the_target() {
         &[
             &["attack", "--url", &url, "--workers", "1"][..],
             &["--max-connections", "1"],
-            &[
-                "--from",
-                "1000/s",
-                "--to",
-                "64000/s",
-                "--step-duration",
-                "2s",
-            ],
+            &SATURATING,
             &QUICK,
         ]
         .concat(),

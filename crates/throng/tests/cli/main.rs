@@ -22,8 +22,10 @@ mod history;
 mod hold;
 mod hold_sse;
 mod knee;
+mod knee_agents;
 mod knee_flags;
 mod knee_transports;
+mod load_metrics;
 mod mqtt;
 mod mqtt_auth;
 mod mqtt_listen;
@@ -48,6 +50,7 @@ mod serve_tls;
 mod takeover;
 mod tls_client;
 mod tls_park;
+mod vegeta;
 
 use std::process::Command;
 use std::time::Duration;

@@ -1,0 +1,95 @@
+//! `throng knee --agents`: every level a run on real agents (this binary,
+//! on loopback) through a real `redis-server`, against a real `throng
+//! serve`; the levels' figures merged over both agents, and the
+//! generator's verdict taken over both.
+
+use serde_json::Value;
+use throng_testkit::{Peer, TempDir, require};
+
+use crate::agents::{one_at_a_time, two_agents};
+use crate::knee::{QUICK, SATURATING, knee};
+
+/// Every interval record of the search's result file.
+fn intervals(dir: &TempDir) -> Vec<Value> {
+    let file = std::fs::read_dir(dir.path())
+        .expect("the out dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .expect("a result file");
+    std::fs::read_to_string(file)
+        .expect("read it")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["type"] == "interval")
+        .collect()
+}
+
+#[test]
+fn a_knee_on_agents_runs_each_level_on_every_agent_and_blames_their_lag() {
+    let _one = one_at_a_time();
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let t = two_agents();
+    let url = format!("http://{}/ping", t.server.addr);
+
+    // A target that never breaks: every level passes, each run on both agents.
+    let dir = TempDir::new("knee-agents");
+    let s = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "--from", "100/s", "--to", "200/s"][..],
+            &[
+                "--step-duration",
+                "2s",
+                "--slo-p99",
+                "1s",
+                "--agents",
+                &t.url,
+            ],
+            &QUICK,
+        ]
+        .concat(),
+    );
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(s.knee["outcome"]["kind"], "no_knee", "{}", s.stdout);
+    let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
+    assert!(runs.len() >= 2, "{}", s.stdout);
+    assert!(runs.iter().all(|r| r["verdict"] == "pass"), "{}", s.stdout);
+    let records = intervals(&dir);
+    for agent in ["a1/", "b2/"] {
+        let theirs: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["source"].as_str().is_some_and(|s| s.starts_with(agent)))
+            .collect();
+        assert!(!theirs.is_empty(), "no interval from {agent}\n{}", s.stderr);
+        // Each worker's own CPU, wherever it runs: the generator's verdict reads it.
+        assert!(
+            theirs
+                .iter()
+                .any(|r| r["counters"]["worker.cpu_us"].as_u64() > Some(0)),
+            "{theirs:?}"
+        );
+    }
+
+    // One connection on each agent: past what two connections carry the
+    // requests queue on the agents while the target answers in
+    // microseconds. Their lag, merged over both, blames the generator.
+    let dir = TempDir::new("knee-agents-generator");
+    let s = knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "--max-connections", "2"][..],
+            &SATURATING,
+            &["--agents", &t.url],
+            &QUICK,
+        ]
+        .concat(),
+    );
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(
+        s.knee["outcome"]["kind"], "generator_saturated",
+        "{}\n{}",
+        s.stdout, s.stderr
+    );
+    let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
+    assert!(runs.iter().all(|r| r["verdict"] != "fail"), "{}", s.stdout);
+}
