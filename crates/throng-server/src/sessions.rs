@@ -70,7 +70,7 @@ pub struct SessionStats {
     pub parked: u64,
     /// Messages queued in them now.
     pub queued: u64,
-    /// Bytes queued in them now.
+    /// Bytes they take now (their subscriptions and queued messages).
     pub bytes: u64,
     /// Resumes that found their session.
     pub resumed: u64,
@@ -80,6 +80,8 @@ pub struct SessionStats {
     pub dropped_queue: u64,
     /// Messages dropped over `--mqtt-sessions-memory`.
     pub dropped_memory: u64,
+    /// Sessions not kept: over `--mqtt-sessions-memory` themselves.
+    pub refused: u64,
     /// Parks whose gap was older than the recent messages kept: messages
     /// relayed meanwhile may be missing from the session.
     pub gap_missed: u64,
@@ -258,10 +260,22 @@ impl Sessions {
         }
         self.owners.remove(&p.hash);
         let expiry = p.expiry.min(self.limits.max_expiry);
+        // The session itself counts under --mqtt-sessions-memory too: past
+        // it, it is not kept (counted), whatever it holds.
+        let own: usize = OVERHEAD
+            + p.subs
+                .iter()
+                .map(|s| OVERHEAD + s.filter.len())
+                .sum::<usize>();
+        if self.bytes + own > self.limits.memory {
+            self.stats.refused += 1;
+            return None;
+        }
+        self.bytes += own;
         let mut parked = Parked {
             subs: p.subs,
             queue: VecDeque::new(),
-            bytes: 0,
+            bytes: own,
             expires_at: now.saturating_add(u64::from(expiry) * 1000),
         };
         for m in &p.pending {
@@ -645,8 +659,9 @@ mod tests {
             s.relayed_at(&msg(id, "t", 1));
         }
         assert_eq!(s.stats().dropped_queue, 2);
+        // Room for the session (two overheads and its filter) and one message.
         let mut small = Sessions::new(Limits {
-            memory: 2 * (OVERHEAD + 3),
+            memory: 3 * OVERHEAD + 1 + OVERHEAD + 3,
             ..limits()
         });
         small.open(0, &open(7, 1, false), 0);
@@ -654,8 +669,13 @@ mod tests {
         for id in 1..=3 {
             small.relayed_at(&msg(id, "t", 1));
         }
-        assert_eq!(small.stats().dropped_memory, 1);
-        assert_eq!(small.stats().queued, 2);
+        assert_eq!(small.stats().dropped_memory, 2);
+        assert_eq!(small.stats().queued, 1);
+        // Full: the next session is not kept at all.
+        small.open(0, &open(8, 2, false), 0);
+        assert_eq!(small.park(0, park(8, 2, 0, &[("t", 1)]), 0), None);
+        assert_eq!(small.stats().refused, 1);
+        assert_eq!(small.stats().parked, 1);
     }
 
     #[test]
