@@ -166,6 +166,14 @@ fn at_qos(m: &Message, qos: u8) -> Message {
     }
 }
 
+/// Whether a session's filter is one channel (what Redis's channels mode
+/// subscribes to): not a wildcard, not a shared subscription (whose
+/// messages go to the group's members that are connected, and are not
+/// queued for one away: its filter matches no topic here).
+fn is_channel(filter: &str) -> bool {
+    !throng_proto::mqtt::topic::is_wildcard(filter) && !filter.starts_with("$share/")
+}
+
 fn cost(m: &Message) -> usize {
     OVERHEAD + m.channel.len() + m.properties.len() + m.payload.len()
 }
@@ -317,7 +325,7 @@ impl Sessions {
             let first = self.index.get_mut(&s.filter).is_none();
             if let Ok(v) = self.index.get_or_insert_with(&s.filter, Vec::new) {
                 v.push((p.hash, s.options));
-                if first && !throng_proto::mqtt::topic::is_wildcard(&s.filter) {
+                if first && is_channel(&s.filter) {
                     self.interest.push((s.filter.clone(), true));
                 }
             }
@@ -475,7 +483,7 @@ impl Sessions {
             });
             if empty {
                 self.index.remove(&s.filter);
-                if !throng_proto::mqtt::topic::is_wildcard(&s.filter) {
+                if is_channel(&s.filter) {
                     self.releases
                         .push((s.filter.clone(), self.clock + RELEASE_MS));
                 }

@@ -1557,7 +1557,9 @@ impl<O: Outside> Subscribers<O> {
     /// subscription byte `sub` (a resumed session's, checked when it was
     /// subscribed).
     fn enter_mqtt(&self, c: &Rc<Conn<O::Wire>>, filter: &str, sub: u8) {
-        if topic::is_wildcard(filter) {
+        if let Some(shared) = mqtt_share::parse(filter) {
+            let _ = self.share_subscribe(c, shared, sub, c.kind() == Kind::Mqtt5);
+        } else if topic::is_wildcard(filter) {
             if self.limits.wildcards {
                 let _ = self.channels.borrow_mut().subscribe_wild(filter, c, sub);
             }
@@ -1583,7 +1585,20 @@ impl<O: Outside> Subscribers<O> {
         if self.resumes.borrow().is_waiting(p.id) {
             return;
         }
-        let subs = self.channels.borrow_mut().mqtt_subscriptions(c);
+        let mut subs = self.channels.borrow_mut().mqtt_subscriptions(c);
+        // Its shared subscriptions too, as their SUBSCRIBE filters.
+        let keys = c
+            .proto()
+            .mqtt()
+            .and_then(Mqtt::state)
+            .map(|s| s.shares.clone())
+            .unwrap_or_default();
+        for (key, options) in self.shares.borrow().held(&keys, c) {
+            subs.push(crate::control::SessionSub {
+                filter: format!("$share/{key}"),
+                options,
+            });
+        }
         // What the client has not received goes first when it is back.
         let version = version_of(c.kind());
         let unreceived = c.proto().mqtt().map(Mqtt::unreceived).unwrap_or_default();
