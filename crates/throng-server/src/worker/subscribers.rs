@@ -83,6 +83,15 @@ fn persist_of<W>(c: &Conn<W>) -> Option<mqtt::Persist> {
         .and_then(|s| s.persist.as_deref().copied())
 }
 
+/// The keys of `c`'s shared subscriptions.
+fn share_keys<W>(c: &Conn<W>) -> Vec<Rc<str>> {
+    c.proto()
+        .mqtt()
+        .and_then(Mqtt::state)
+        .map(|s| s.shares.clone())
+        .unwrap_or_default()
+}
+
 /// Whether `c` is an MQTT subscriber carried in WebSocket frames.
 fn over_ws<W>(c: &Conn<W>) -> bool {
     c.kind().is_mqtt() && c.proto().mqtt().is_some_and(|m| m.ws)
@@ -1587,13 +1596,7 @@ impl<O: Outside> Subscribers<O> {
         }
         let mut subs = self.channels.borrow_mut().mqtt_subscriptions(c);
         // Its shared subscriptions too, as their SUBSCRIBE filters.
-        let keys = c
-            .proto()
-            .mqtt()
-            .and_then(Mqtt::state)
-            .map(|s| s.shares.clone())
-            .unwrap_or_default();
-        for (key, options) in self.shares.borrow().held(&keys, c) {
+        for (key, options) in self.shares.borrow().held(&share_keys(c), c) {
             subs.push(crate::control::SessionSub {
                 filter: format!("$share/{key}"),
                 options,
@@ -1672,13 +1675,7 @@ impl<O: Outside> Subscribers<O> {
 
     /// `c` is ending: it leaves every shared subscription it had.
     fn leave_shares(&self, c: &Conn<O::Wire>) {
-        let keys = c
-            .proto()
-            .mqtt()
-            .and_then(Mqtt::state)
-            .map(|s| s.shares.clone())
-            .unwrap_or_default();
-        for key in keys {
+        for key in share_keys(c) {
             self.leave_share(c, &key);
         }
     }
