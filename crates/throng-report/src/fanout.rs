@@ -22,7 +22,7 @@ use crate::interval::{HistStats, new_histogram};
 pub const KIND: &str = "worker.arrivals";
 
 /// The most messages a worker or a merge tells apart; arrivals of further
-/// messages are counted as untallied (memory stays bounded: 32 bytes a message).
+/// messages are counted as untallied (memory stays bounded: some 50 bytes a message).
 pub const MAX_MESSAGES: usize = 100_000;
 
 /// How the event's text starts: what its numbers are.

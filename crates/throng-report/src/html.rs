@@ -396,6 +396,13 @@ fn latency_table(o: &mut String, r: &Report) {
         }
         o.push_str("</dl>\n");
     }
+    if let Some(spread) = &r.server_spread {
+        let _ = writeln!(
+            o,
+            "<p id=\"server-spread\">{}</p>",
+            esc(&crate::text::server_spread(spread))
+        );
+    }
 }
 
 /// Counter totals, means and the busiest interval.
@@ -1356,6 +1363,27 @@ mod tests {
             !page.contains("data-figure=\"verdict\""),
             "an older record has none"
         );
+    }
+
+    #[test]
+    fn the_server_messages_spread_is_on_the_page() {
+        let mut merger = crate::merge::Merger::new(1);
+        let mut spread = crate::fanout::Spread::default();
+        spread.arrived(crate::fanout::MessageId::Seq(1), 1_000);
+        spread.arrived(crate::fanout::MessageId::Seq(1), 301_000);
+        merger.add_event(crate::format::Event {
+            at_ns: 1,
+            source: "h/hold-0".into(),
+            kind: crate::fanout::KIND.into(),
+            text: spread.to_text(),
+        });
+        let page = render(&Report::build(&merger.finish(), &[], true));
+        assert!(
+            page.contains("<p id=\"server-spread\">server messages&#39; fan-out spread"),
+            "{page}"
+        );
+        // From 1,000 ns to 301,000 ns: 300 µs, both deliveries of s1.
+        assert!(page.contains("max 300µs (s1, 2 deliveries)"), "{page}");
     }
 
     #[test]

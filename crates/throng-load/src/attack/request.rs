@@ -108,6 +108,8 @@ pub struct Prepared {
     setup: Setup,
     lines: Vec<String>,
     thresholds: Vec<Threshold>,
+    /// The start lines' section on this machine's limits (none on agents).
+    limits: Vec<String>,
 }
 
 /// Checks `req` and plans it on this machine.
@@ -130,7 +132,12 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
     )?;
     if remote.is_some() && req.per_request.is_some() {
         return Err(AttackError::Setting(
-            "--per-request writes on this machine; it does not go with --agents".into(),
+            if req.per_request_format == Some(RowFormat::Vegeta) {
+                "--format vegeta writes each request's result on this machine's stdout; it does not go with --agents (give --output and read the merged run with throng report)"
+            } else {
+                "--per-request writes on this machine; it does not go with --agents"
+            }
+            .into(),
         ));
     }
     let addrs = req
@@ -206,12 +213,16 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
     if let Some(r) = &remote {
         // Workers and sources are each agent's (its lines), not this machine's.
         lines.splice(3..4, r.lines.iter().cloned());
-    } else {
-        lines.extend(limit_lines(&attack.plan));
     }
     if let Load::Rate(RateSpec::Stages(st)) = req.load {
         lines.splice(2..2, stage_lines(&st, "requests"));
     }
+    let limits = if remote.is_some() {
+        Vec::new()
+    } else {
+        limit_lines(&attack.plan)
+    };
+    lines.extend(limits.iter().cloned());
     let results = req.output.clone().map(|path| ResultFile {
         path,
         header: header(&req, &attack),
@@ -228,6 +239,7 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
         attack,
         lines,
         thresholds,
+        limits,
     })
 }
 
@@ -301,7 +313,8 @@ impl Prepared {
     /// Runs it; the summary and the thresholds it failed, one line each
     /// (the one that stopped it first, under `--abort-on-fail`).
     pub fn run(self) -> io::Result<(Summary, Vec<String>)> {
-        let summary = super::supervisor::run(self.attack, self.setup)?;
+        let mut summary = super::supervisor::run(self.attack, self.setup)?;
+        summary.limits = self.limits.iter().map(|l| l.trim().to_owned()).collect();
         let mut failed = check_all(&self.thresholds, &summary);
         if let Some(why) = &summary.aborted {
             failed.insert(0, format!("stopped early (--abort-on-fail): {why}"));

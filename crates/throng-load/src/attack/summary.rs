@@ -101,6 +101,9 @@ pub struct Summary {
     /// longer pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aborted: Option<String>,
+    /// The start lines' section on this machine's limits (`throng doctor
+    /// --role client`'s checks of the plan): how many, and each to watch.
+    pub limits: Vec<String>,
 }
 
 impl Summary {

@@ -527,6 +527,22 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
+    /// Whether `raw` would begin a new target (a JSON line; a text
+    /// `METHOD URL` line).
+    fn starts_target(&self, raw: &str) -> bool {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            return false;
+        }
+        match self.format {
+            TargetFormat::Json => true,
+            _ => {
+                let first = line.split_whitespace().next().unwrap_or("");
+                is_method(first) && line[first.len()..].trim_start().contains("://")
+            }
+        }
+    }
+
     /// The targets read; an input without any is an error.
     pub fn finish(self) -> Result<Vec<Target>, TargetError> {
         if self.targets.is_empty() {
@@ -554,8 +570,14 @@ pub fn parse(
 const MAX_LINE: u64 = 64 << 20;
 
 /// Reads targets from a file, or from stdin for `-`, line by line as they
-/// come (never the whole input at once).
-pub fn read(path: &Path, format: TargetFormat) -> Result<Vec<Target>, TargetError> {
+/// come (never the whole input at once), and no further than the first
+/// `limit` targets: request `i` takes target `i % targets`, so a run of
+/// `limit` requests uses no other (a huge file costs only what the run uses).
+pub fn read(
+    path: &Path,
+    format: TargetFormat,
+    limit: Option<u64>,
+) -> Result<Vec<Target>, TargetError> {
     let (input, name): (Box<dyn std::io::BufRead>, String) = if path == Path::new("-") {
         (Box::new(std::io::stdin().lock()), "stdin".to_owned())
     } else {
@@ -568,14 +590,18 @@ pub fn read(path: &Path, format: TargetFormat) -> Result<Vec<Target>, TargetErro
             path.display().to_string(),
         )
     };
-    read_lines(input, &name, format)
+    read_lines(input, &name, format, limit)
 }
 
 fn read_lines(
     mut input: Box<dyn std::io::BufRead>,
     name: &str,
     format: TargetFormat,
+    limit: Option<u64>,
 ) -> Result<Vec<Target>, TargetError> {
+    let limit = limit.map_or(usize::MAX, |n| {
+        usize::try_from(n.max(1)).unwrap_or(usize::MAX)
+    });
     use std::io::BufRead as _;
     let mut p = Parser::new(name, format, |p| std::fs::read(p));
     let mut buf = Vec::new();
@@ -598,6 +624,11 @@ fn read_lines(
         }
         let line =
             std::str::from_utf8(&buf).map_err(|_| p.err(line_no, "not UTF-8 text".to_owned()))?;
+        // The next target begins: the ones before it are whole, and the run
+        // uses no more (nor is this one parsed).
+        if p.targets.len() >= limit && p.starts_target(line) {
+            break;
+        }
         p.line(line_no, line)?;
     }
     p.finish()
@@ -622,6 +653,9 @@ pub struct Flags {
     pub body_file: Option<PathBuf>,
     /// `--targets-format` (Vegeta's `-format`).
     pub format: TargetFormat,
+    /// The most targets the run can use (its planned requests), if known:
+    /// a targets file is read no further.
+    pub limit: Option<u64>,
 }
 
 impl Flags {
@@ -641,7 +675,7 @@ impl Flags {
                             .into(),
                     ));
                 }
-                read(path, self.format)?
+                read(path, self.format, self.limit)?
             }
             (None, Some(url)) => vec![self.one(url)?],
             (None, None) => {
@@ -884,15 +918,41 @@ mod tests {
         let dir = throng_testkit::TempDir::new("targets-read");
         let json = dir.file("t.json");
         std::fs::write(&json, "{\"method\":\"GET\",\"url\":\"http://h/a\"}\n{\"method\":\"GET\",\"url\":\"http://h/b\"}").unwrap();
-        let t = read(&json, TargetFormat::Auto).unwrap();
+        let t = read(&json, TargetFormat::Auto, None).unwrap();
         assert_eq!(
             t.iter().map(|t| t.url.path.as_str()).collect::<Vec<_>>(),
             ["/a", "/b"]
         );
         // Told it is text, the JSON is refused with its line.
-        let err = read(&json, TargetFormat::Http).unwrap_err().to_string();
+        let err = read(&json, TargetFormat::Http, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 1"), "{err}");
         assert_eq!("json".parse::<TargetFormat>(), Ok(TargetFormat::Json));
         assert!("yaml".parse::<TargetFormat>().is_err());
+    }
+
+    #[test]
+    fn a_file_is_read_no_further_than_the_run_needs() {
+        let dir = throng_testkit::TempDir::new("targets-limit");
+        let text = dir.file("t.txt");
+        // The third target is broken: a run of two requests never reads it.
+        std::fs::write(
+            &text,
+            "GET http://h/a\nA: 1\n\nGET http://h/b\nB: 2\nGET ftp://h/c\n",
+        )
+        .unwrap();
+        let two = read(&text, TargetFormat::Auto, Some(2)).unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[1].headers, [("B".to_owned(), "2".to_owned())]);
+        assert!(read(&text, TargetFormat::Auto, Some(3)).is_err());
+        assert!(read(&text, TargetFormat::Auto, None).is_err());
+        let json = dir.file("t.json");
+        std::fs::write(
+            &json,
+            "{\"method\":\"GET\",\"url\":\"http://h/a\"}\nnot json\n",
+        )
+        .unwrap();
+        assert_eq!(read(&json, TargetFormat::Auto, Some(1)).unwrap().len(), 1);
     }
 }

@@ -86,6 +86,9 @@ pub struct Exposition {
     flushed: u64,
     /// When the run's schedule started, ns since the epoch.
     start_unix_ns: u64,
+    /// The level a knee search is running (requests or messages per
+    /// second, or connections), when it is one.
+    level: Option<f64>,
 }
 
 impl Default for Exposition {
@@ -98,6 +101,7 @@ impl Default for Exposition {
             late: 0,
             flushed: 0,
             start_unix_ns: 0,
+            level: None,
         }
     }
 }
@@ -119,6 +123,11 @@ impl Exposition {
                 .collect();
             self.flushed += 1;
         }
+    }
+
+    /// A knee search runs `level` now: its counters start again from zero.
+    pub fn level(&mut self, level: f64) {
+        self.level = Some(level);
     }
 
     /// Workers late with the last interval, and when the run started.
@@ -201,6 +210,10 @@ impl Exposition {
         for (family, kind, v) in scalars {
             let _ = writeln!(out, "# TYPE {PREFIX}{family} {kind}");
             let _ = writeln!(out, "{PREFIX}{family}{{role=\"{role}\"}} {v}");
+        }
+        if let Some(level) = self.level {
+            let _ = writeln!(out, "# TYPE {PREFIX}knee_level gauge");
+            let _ = writeln!(out, "{PREFIX}knee_level{{role=\"{role}\"}} {level}");
         }
         out
     }

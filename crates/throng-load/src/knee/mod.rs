@@ -302,6 +302,16 @@ pub fn prepare(req: Request) -> Result<Prepared, KneeError> {
             "--max-duration must be more than zero".into(),
         ));
     }
+    if req
+        .agents
+        .as_ref()
+        .is_some_and(|o| o.per_agent_output.is_some())
+    {
+        // Each level would write the agents' files afresh, keeping the last only.
+        return Err(KneeError::Setting(
+            "--per-agent-output is for hold and attack; a knee search keeps every level, every agent's records included, in its one result file".into(),
+        ));
+    }
     let search = Search::new(req.search)?;
     let o = &req.objective;
     if o.p99.is_some_and(|d| d.is_zero()) || o.p999.is_some_and(|d| d.is_zero()) {

@@ -173,6 +173,9 @@ impl Plan {
         c: &Common,
     ) -> Result<Seen, KneeError> {
         let ends = Instant::now() + self.estimate(level, c);
+        if let Some(m) = &c.metrics {
+            m.update(|e| e.level(level));
+        }
         let banner = Banner {
             title: banner.to_owned(),
             ends,

@@ -190,7 +190,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(what) = missing(&args) {
         anyhow::bail!("{what}");
     }
-    let targets = args.target.targets()?;
+    let targets = args.target.targets(requests_needed(&args))?;
     let load = match (args.max, args.rate) {
         (true, _) => Load::Max {
             connections: args.connections,
@@ -285,6 +285,22 @@ fn per_request(args: &Args) -> anyhow::Result<(Option<PathBuf>, Option<RowFormat
     Ok((Some(stdout), Some(RowFormat::Vegeta)))
 }
 
+/// The requests the run will send at most, when known before it starts: a
+/// rate's schedule over the duration (or --requests), or --requests alone.
+fn requests_needed(args: &Args) -> Option<u64> {
+    match (args.max, args.rate) {
+        (false, Some(spec)) => {
+            let duration = match spec {
+                RateSpec::Stages(st) if args.duration.is_none() => Some(st.total()),
+                _ => args.duration,
+            };
+            let pacer = attack::pacer(spec, duration, args.requests).ok()?;
+            attack::planned(&pacer, duration, args.requests)
+        }
+        _ => args.requests,
+    }
+}
+
 /// `--threshold`: one expression on attack's figures.
 fn attack_threshold(text: &str) -> Result<Threshold, String> {
     Threshold::parse(text, &attack::summary::FIGURES).map_err(|e| e.to_string())
@@ -294,7 +310,8 @@ fn attack_threshold(text: &str) -> Result<Threshold, String> {
 /// and body; `attack`'s and `knee attack`'s.
 #[derive(Debug, clap::Args)]
 pub(crate) struct TargetArgs {
-    /// Targets file in Vegeta's text or JSON format ('-' for stdin), read line by line.
+    /// Targets file in Vegeta's text or JSON format ('-' for stdin), read line
+    /// by line and no further than the targets the run's planned requests use.
     #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
     pub(crate) targets: Option<PathBuf>,
 
@@ -326,8 +343,12 @@ pub(crate) struct TargetArgs {
 }
 
 impl TargetArgs {
-    /// The targets these flags name, read (a targets file) and checked.
-    pub(crate) fn targets(&self) -> anyhow::Result<Vec<attack::targets::Target>> {
+    /// The targets these flags name, read (a targets file, no further than
+    /// the `limit` targets a run of that many requests uses) and checked.
+    pub(crate) fn targets(
+        &self,
+        limit: Option<u64>,
+    ) -> anyhow::Result<Vec<attack::targets::Target>> {
         Ok(Flags {
             file: self.targets.clone(),
             url: self.url.clone(),
@@ -336,6 +357,7 @@ impl TargetArgs {
             body: self.body.clone(),
             body_file: self.body_file.clone(),
             format: self.targets_format,
+            limit,
         }
         .targets()?)
     }

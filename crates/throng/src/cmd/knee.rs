@@ -393,7 +393,7 @@ fn search_plan(s: &SearchArgs, (from, to): (f64, f64), whole: bool) -> anyhow::R
 }
 
 fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
-    let targets = a.target.targets()?;
+    let targets = a.target.targets(None)?;
     Ok(Load::Attack(attack::Request {
         command_line: std::env::args().collect(),
         tls: a.tls.options(targets.iter().any(|t| t.url.tls))?,

@@ -31,12 +31,11 @@ Examples:
   throng report box1.throng box2.throng --every 10s
   throng report run.throng --format json | jq '.latency_us.delivery.p99'
   throng report run.throng --html run.html
-  vegeta attack ... | vegeta encode --to json > vegeta.json
-  throng report vegeta.json throng-attack.throng --hist 0,10ms,50ms,100ms
+  throng report vegeta.json run.throng --hist 0,10ms,50ms,100ms
 
-Vegeta's result files (JSON or CSV, as `vegeta encode` writes them) are
-read as attacks: each result counted in the second of its timestamp, so
-they merge with throng's own attack files.")]
+Vegeta's result files (JSON or CSV, as `vegeta encode --to json` or
+`--to csv` writes them) are read as attacks: each result counted in the
+second of its timestamp, so they merge with throng's own attack files.")]
 pub(crate) struct Args {
     /// Result files to read and merge (written by hold, attack or bench with --output, and by knee).
     #[arg(required = true, value_name = "FILE")]

@@ -656,6 +656,63 @@ fn json_targets_are_sent_in_turn() {
     assert!(err.contains("targets.json line 1"), "{err}");
 }
 
+/// A huge targets file costs only the targets the run uses: the memory of
+/// a 50-request run over 400,000 targets is that of the same run over 100
+/// (read whole, the large file's targets alone would be tens of MiB in the
+/// supervisor and in every worker).
+#[test]
+fn a_huge_targets_file_costs_only_what_the_run_uses() {
+    use std::io::Write as _;
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let dir = TempDir::new("attack-huge-targets");
+    let rss = |lines: usize| {
+        let file = dir.file(&format!("targets-{lines}.json"));
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+        for i in 0..lines {
+            writeln!(
+                out,
+                "{{\"method\":\"GET\",\"url\":\"{url}?target={i:07}\"}}"
+            )
+            .unwrap();
+        }
+        out.flush().unwrap();
+        drop(out);
+        let (code, s, err) = attack(&[
+            "--targets",
+            file.to_str().unwrap(),
+            "--rate",
+            "100/s",
+            "--requests",
+            "50",
+            "--workers",
+            "1",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(s["status"]["200"].as_u64(), Some(50), "{s}");
+        let _ = std::fs::remove_file(&file);
+        let peak = &s["peak_rss_bytes"];
+        let of = |suffix: &str| {
+            peak.as_object()
+                .and_then(|m| m.iter().find(|(k, _)| k.ends_with(suffix)))
+                .and_then(|(_, v)| v.as_u64())
+                .unwrap_or_else(|| panic!("no {suffix} in {peak}"))
+        };
+        (of("supervisor"), of("attack-0"))
+    };
+    let (small_sup, small_worker) = rss(100);
+    let (big_sup, big_worker) = rss(400_000);
+    let slack = 8 << 20;
+    assert!(
+        big_sup < small_sup + slack,
+        "supervisor {big_sup} B vs {small_sup} B"
+    );
+    assert!(
+        big_worker < small_worker + slack,
+        "worker {big_worker} B vs {small_worker} B"
+    );
+}
+
 #[test]
 fn timeouts_are_their_own_error_kind() {
     // The server holds every answer for 10 s; the timeout is 300 ms.

@@ -93,3 +93,28 @@ fn a_knee_on_agents_runs_each_level_on_every_agent_and_blames_their_lag() {
     let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
     assert!(runs.iter().all(|r| r["verdict"] != "fail"), "{}", s.stdout);
 }
+
+/// Per-agent files would be written afresh at each level: refused, before
+/// Redis is asked anything.
+#[test]
+fn per_agent_files_are_refused_for_a_search() {
+    let out = throng_testkit::process::output_within(
+        crate::throng().args([
+            "knee",
+            "attack",
+            "--url",
+            "http://127.0.0.1:9/ping",
+            "--agents",
+            "redis://127.0.0.1:9",
+            "--per-agent-output",
+            "per-agent",
+        ]),
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--per-agent-output is for hold and attack"),
+        "{err}"
+    );
+}

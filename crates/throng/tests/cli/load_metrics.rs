@@ -187,6 +187,12 @@ fn hold_and_attack_serve_live_metrics_that_the_dashboard_reads() {
     );
     let summary = stop(child);
     assert_eq!(summary["opened"], 20, "{summary:#}");
+    // doctor's findings on the plan, as the start lines said them.
+    let limits = summary["limits"][0].as_str().unwrap_or_default();
+    assert!(
+        limits.starts_with("limits (the checks of 'throng doctor"),
+        "{summary:#}"
+    );
 
     let ping = format!("http://{}/ping", server.addr);
     let (child, metrics) = start(&[
@@ -217,6 +223,11 @@ fn hold_and_attack_serve_live_metrics_that_the_dashboard_reads() {
     );
     let summary = stop(child);
     assert!(summary["requests"].as_u64().unwrap() >= 20, "{summary:#}");
+    let limits = summary["limits"][0].as_str().unwrap_or_default();
+    assert!(
+        limits.starts_with("limits (the checks of 'throng doctor"),
+        "{summary:#}"
+    );
 
     let exposed: BTreeSet<String> = names(&hold).union(&names(&attack)).cloned().collect();
     let exprs = board_exprs("load.json");
@@ -263,6 +274,8 @@ fn a_knee_search_serves_its_levels_live() {
         ],
     );
     assert_eq!(knee["types"]["throng_load_latency_seconds"], "histogram");
+    // The level it runs: the first, 50 requests a second.
+    assert_eq!(sample(&knee, "throng_load_knee_level{role=\"knee\"}"), 50.0);
     let (out, err) = interrupt(run);
     let k: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     assert_eq!(k["outcome"]["kind"], "interrupted", "{out}");
