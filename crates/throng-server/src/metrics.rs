@@ -505,7 +505,8 @@ fn render_sessions(out: &mut String, s: &crate::sessions::SessionStats) {
         (
             "throng_mqtt_session_bytes",
             "gauge",
-            "Bytes those messages take, under --mqtt-sessions-memory.",
+            "Bytes the kept sessions take (subscriptions and messages), under \
+             --mqtt-sessions-memory.",
             s.bytes,
         ),
         (
@@ -519,6 +520,12 @@ fn render_sessions(out: &mut String, s: &crate::sessions::SessionStats) {
             "counter",
             "Sessions dropped at their expiry (or --mqtt-session-expiry).",
             s.expired,
+        ),
+        (
+            "throng_mqtt_sessions_refused_total",
+            "counter",
+            "Sessions not kept when their client went: over --mqtt-sessions-memory themselves.",
+            s.refused,
         ),
         (
             "throng_mqtt_session_gaps_missed_total",

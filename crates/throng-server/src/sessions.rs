@@ -34,8 +34,11 @@ use throng_proto::mqtt::{Properties, PropertiesBuf, Property};
 use crate::control::{Message, SessionOpen, SessionPark, SessionResumed, SessionSub};
 
 /// Relayed messages kept to close the gap between a connection's end and
-/// its park (a few control-socket round trips of traffic).
+/// its park (a few control-socket round trips of traffic), at most.
 pub const RECENT: usize = 4096;
+
+/// Bytes those may take, at most (payloads of up to `--max-message`).
+pub const RECENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// How long a resume waits for the park of the connection it takes over.
 pub const WAIT_MS: u64 = 3000;
@@ -67,7 +70,7 @@ pub struct SessionStats {
     pub parked: u64,
     /// Messages queued in them now.
     pub queued: u64,
-    /// Bytes queued in them now.
+    /// Bytes they take now (their subscriptions and queued messages).
     pub bytes: u64,
     /// Resumes that found their session.
     pub resumed: u64,
@@ -77,6 +80,8 @@ pub struct SessionStats {
     pub dropped_queue: u64,
     /// Messages dropped over `--mqtt-sessions-memory`.
     pub dropped_memory: u64,
+    /// Sessions not kept: over `--mqtt-sessions-memory` themselves.
+    pub refused: u64,
     /// Parks whose gap was older than the recent messages kept: messages
     /// relayed meanwhile may be missing from the session.
     pub gap_missed: u64,
@@ -123,6 +128,8 @@ pub struct Sessions {
     owners: HashMap<u64, Owner>,
     waiting: Vec<Waiting>,
     recent: VecDeque<Message>,
+    /// Bytes of `recent` ([`cost`]).
+    recent_bytes: usize,
     /// The last relayed message.
     last: u64,
     /// The time (ms) of the last call that said it.
@@ -157,6 +164,14 @@ fn at_qos(m: &Message, qos: u8) -> Message {
         exactly_once: qos == 2,
         ..m.clone()
     }
+}
+
+/// Whether a session's filter is one channel (what Redis's channels mode
+/// subscribes to): not a wildcard, not a shared subscription (whose
+/// messages go to the group's members that are connected, and are not
+/// queued for one away: its filter matches no topic here).
+fn is_channel(filter: &str) -> bool {
+    !throng_proto::mqtt::topic::is_wildcard(filter) && !filter.starts_with("$share/")
 }
 
 fn cost(m: &Message) -> usize {
@@ -200,6 +215,7 @@ impl Sessions {
             owners: HashMap::new(),
             waiting: Vec::new(),
             recent: VecDeque::new(),
+            recent_bytes: 0,
             last: 0,
             clock: 0,
             interest: Vec::new(),
@@ -252,10 +268,22 @@ impl Sessions {
         }
         self.owners.remove(&p.hash);
         let expiry = p.expiry.min(self.limits.max_expiry);
+        // The session itself counts under --mqtt-sessions-memory too: past
+        // it, it is not kept (counted), whatever it holds.
+        let own: usize = OVERHEAD
+            + p.subs
+                .iter()
+                .map(|s| OVERHEAD + s.filter.len())
+                .sum::<usize>();
+        if self.bytes + own > self.limits.memory {
+            self.stats.refused += 1;
+            return None;
+        }
+        self.bytes += own;
         let mut parked = Parked {
             subs: p.subs,
             queue: VecDeque::new(),
-            bytes: 0,
+            bytes: own,
             expires_at: now.saturating_add(u64::from(expiry) * 1000),
         };
         for m in &p.pending {
@@ -297,7 +325,7 @@ impl Sessions {
             let first = self.index.get_mut(&s.filter).is_none();
             if let Ok(v) = self.index.get_or_insert_with(&s.filter, Vec::new) {
                 v.push((p.hash, s.options));
-                if first && !throng_proto::mqtt::topic::is_wildcard(&s.filter) {
+                if first && is_channel(&s.filter) {
                     self.interest.push((s.filter.clone(), true));
                 }
             }
@@ -319,6 +347,7 @@ impl Sessions {
     pub fn passed(&mut self, id: u64) {
         self.last = id;
         self.recent.clear();
+        self.recent_bytes = 0;
     }
 
     /// Message `m` was relayed to the workers: queued for the parked
@@ -327,11 +356,16 @@ impl Sessions {
         self.last = m.id;
         if self.owners.is_empty() {
             self.recent.clear();
+            self.recent_bytes = 0;
         } else {
-            if self.recent.len() >= RECENT {
-                self.recent.pop_front();
-            }
+            self.recent_bytes += cost(m);
             self.recent.push_back(m.clone());
+            while self.recent.len() > RECENT || self.recent_bytes > RECENT_BYTES {
+                let Some(old) = self.recent.pop_front() else {
+                    break;
+                };
+                self.recent_bytes -= cost(&old);
+            }
         }
         if self.parked.is_empty() || m.at_most_once {
             return;
@@ -449,7 +483,7 @@ impl Sessions {
             });
             if empty {
                 self.index.remove(&s.filter);
-                if !throng_proto::mqtt::topic::is_wildcard(&s.filter) {
+                if is_channel(&s.filter) {
                     self.releases
                         .push((s.filter.clone(), self.clock + RELEASE_MS));
                 }
@@ -633,8 +667,9 @@ mod tests {
             s.relayed_at(&msg(id, "t", 1));
         }
         assert_eq!(s.stats().dropped_queue, 2);
+        // Room for the session (two overheads and its filter) and one message.
         let mut small = Sessions::new(Limits {
-            memory: 2 * (OVERHEAD + 3),
+            memory: 3 * OVERHEAD + 1 + OVERHEAD + 3,
             ..limits()
         });
         small.open(0, &open(7, 1, false), 0);
@@ -642,8 +677,13 @@ mod tests {
         for id in 1..=3 {
             small.relayed_at(&msg(id, "t", 1));
         }
-        assert_eq!(small.stats().dropped_memory, 1);
-        assert_eq!(small.stats().queued, 2);
+        assert_eq!(small.stats().dropped_memory, 2);
+        assert_eq!(small.stats().queued, 1);
+        // Full: the next session is not kept at all.
+        small.open(0, &open(8, 2, false), 0);
+        assert_eq!(small.park(0, park(8, 2, 0, &[("t", 1)]), 0), None);
+        assert_eq!(small.stats().refused, 1);
+        assert_eq!(small.stats().parked, 1);
     }
 
     #[test]

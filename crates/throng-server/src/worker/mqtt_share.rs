@@ -73,6 +73,18 @@ impl<W> Shares<W> {
         true
     }
 
+    /// `c`'s shared subscriptions among `keys`, each with its
+    /// subscription byte (for its persistent session to keep).
+    pub(crate) fn held(&self, keys: &[Rc<str>], c: &Conn<W>) -> Vec<(Rc<str>, u8)> {
+        keys.iter()
+            .filter_map(|k| {
+                let g = self.groups.get(k)?;
+                let (_, sub) = g.members.iter().find(|(m, _)| std::ptr::eq(&**m, c))?;
+                Some((k.clone(), *sub))
+            })
+            .collect()
+    }
+
     /// The member of `key` whose turn it is, with its subscription byte.
     pub(crate) fn pick(&mut self, key: &str) -> Option<(Rc<Conn<W>>, u8)> {
         let g = self.groups.get_mut(key)?;

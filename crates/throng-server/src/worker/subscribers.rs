@@ -83,6 +83,15 @@ fn persist_of<W>(c: &Conn<W>) -> Option<mqtt::Persist> {
         .and_then(|s| s.persist.as_deref().copied())
 }
 
+/// The keys of `c`'s shared subscriptions.
+fn share_keys<W>(c: &Conn<W>) -> Vec<Rc<str>> {
+    c.proto()
+        .mqtt()
+        .and_then(Mqtt::state)
+        .map(|s| s.shares.clone())
+        .unwrap_or_default()
+}
+
 /// Whether `c` is an MQTT subscriber carried in WebSocket frames.
 fn over_ws<W>(c: &Conn<W>) -> bool {
     c.kind().is_mqtt() && c.proto().mqtt().is_some_and(|m| m.ws)
@@ -1557,7 +1566,9 @@ impl<O: Outside> Subscribers<O> {
     /// subscription byte `sub` (a resumed session's, checked when it was
     /// subscribed).
     fn enter_mqtt(&self, c: &Rc<Conn<O::Wire>>, filter: &str, sub: u8) {
-        if topic::is_wildcard(filter) {
+        if let Some(shared) = mqtt_share::parse(filter) {
+            let _ = self.share_subscribe(c, shared, sub, c.kind() == Kind::Mqtt5);
+        } else if topic::is_wildcard(filter) {
             if self.limits.wildcards {
                 let _ = self.channels.borrow_mut().subscribe_wild(filter, c, sub);
             }
@@ -1583,7 +1594,14 @@ impl<O: Outside> Subscribers<O> {
         if self.resumes.borrow().is_waiting(p.id) {
             return;
         }
-        let subs = self.channels.borrow_mut().mqtt_subscriptions(c);
+        let mut subs = self.channels.borrow_mut().mqtt_subscriptions(c);
+        // Its shared subscriptions too, as their SUBSCRIBE filters.
+        for (key, options) in self.shares.borrow().held(&share_keys(c), c) {
+            subs.push(crate::control::SessionSub {
+                filter: format!("$share/{key}"),
+                options,
+            });
+        }
         // What the client has not received goes first when it is back.
         let version = version_of(c.kind());
         let unreceived = c.proto().mqtt().map(Mqtt::unreceived).unwrap_or_default();
@@ -1657,13 +1675,7 @@ impl<O: Outside> Subscribers<O> {
 
     /// `c` is ending: it leaves every shared subscription it had.
     fn leave_shares(&self, c: &Conn<O::Wire>) {
-        let keys = c
-            .proto()
-            .mqtt()
-            .and_then(Mqtt::state)
-            .map(|s| s.shares.clone())
-            .unwrap_or_default();
-        for key in keys {
+        for key in share_keys(c) {
             self.leave_share(c, &key);
         }
     }

@@ -332,3 +332,42 @@ fn a_session_parked_on_one_node_gets_what_another_node_publishes() {
     assert_eq!(got.len(), 1);
     assert!(got[0].0.starts_with('r'), "{got:?}");
 }
+
+/// A persistent session keeps its shared subscriptions: back, the client
+/// is a member again without a SUBSCRIBE (while away, the group's other
+/// members take its turns).
+#[test]
+fn a_session_keeps_its_shared_subscriptions() {
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let mut c = Client::open(mqtt, Version::V311, "sharer", 60, false);
+    assert!(matches!(c.next(), Some(Got::Connack { code: 0, .. })));
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: PacketId::MIN,
+        properties: Properties::EMPTY,
+        filters: vec![("$share/g/q/1", SubscriptionOptions::qos(QoS::AtLeastOnce))],
+    }));
+    assert_eq!(c.next(), Some(Got::Suback(1, vec![1])));
+    server.wait_metric("throng_mqtt_shared_members", |v| v == 1.0);
+    drop(c);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    server.wait_metric("throng_mqtt_shared_members", |v| v == 0.0);
+    let mut c = Client::open(mqtt, Version::V311, "sharer", 60, false);
+    assert_eq!(
+        c.next(),
+        Some(Got::Connack {
+            session_present: true,
+            code: 0,
+            assigned_id: None
+        })
+    );
+    server.wait_metric("throng_mqtt_shared_members", |v| v == 1.0);
+    publish_ok(server.addr, "q/1", b"hi", None);
+    assert_eq!(
+        c.next(),
+        Some(Got::Publish {
+            topic: "q/1".to_owned(),
+            payload: b"hi".to_vec(),
+            qos: QoS::AtLeastOnce,
+        })
+    );
+}
