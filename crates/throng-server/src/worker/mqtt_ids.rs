@@ -73,6 +73,11 @@ impl ClientIds {
 
     /// The connection in `slot` claimed the id `hash` at `claim`.
     pub(crate) fn claim(&mut self, hash: u64, slot: u32, claim: Claim) -> Claimed {
+        if slot == u32::MAX {
+            // A connection that ended before it had a slot (NONE) holds
+            // nothing: never size the table by it (a 32 GiB resize).
+            return Claimed::Superseded;
+        }
         if self.elsewhere.get(&hash).is_some_and(|&c| c > claim) {
             return Claimed::Superseded;
         }
@@ -205,6 +210,9 @@ mod tests {
         assert_eq!(ids.claim(a, 3, at(25, 0)), Claimed::First);
         // An older local claim registering late is superseded too.
         assert_eq!(ids.claim(a, 4, at(24, 0)), Claimed::Superseded);
+        // A connection that has no slot claims nothing.
+        assert_eq!(ids.claim(a, u32::MAX, at(99, 0)), Claimed::Superseded);
+        assert_eq!(ids.by_slot.len(), 4);
     }
 
     #[test]
