@@ -231,7 +231,7 @@ impl Joining {
 }
 
 /// Appends the answer a `delivery` is owed: PUBACK at QoS 1, PUBREC at
-/// QoS 2 (its PUBREL gets [`complete`]), nothing at QoS 0.
+/// QoS 2 (its PUBREL gets [`handshake_step`]), nothing at QoS 0.
 pub fn acknowledge(delivery: Delivery, version: Version, out: &mut Vec<u8>) {
     let ack = |packet_id| Ack {
         packet_id,

@@ -52,7 +52,7 @@ pub struct Adopted {
 impl History {
     /// This history as handover bytes, at `now_ms` (ages are kept, not
     /// clock readings: the new process's clock started elsewhere), with
-    /// `mark` (a sequence of ours) for [`Adopted::after_mark`].
+    /// `mark` (a sequence of ours) for `Adopted::after_mark`.
     pub fn export(&self, now_ms: u64, mark: u64) -> Vec<u8> {
         let arrived: HashMap<u64, u64> = self.order.iter().map(|(s, _, at)| (*s, *at)).collect();
         let names: Vec<_> = self.channels.iter().collect();
