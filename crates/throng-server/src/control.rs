@@ -13,8 +13,10 @@ use crate::addresses::{Source, Verdict};
 use crate::history::{Kept, MessageId};
 use crate::retained::RetainedMessage;
 
+mod api;
 mod session;
 mod share;
+pub use api::{ApiRecord, Leg};
 pub use session::{SessionOpen, SessionPark, SessionResumed, SessionSub};
 pub use share::{ShareDeliver, ShareMember};
 
@@ -175,6 +177,8 @@ pub enum Record {
     ShareMember(ShareMember),
     /// Supervisor → worker: a message for one of its shared subscription's members.
     ShareDeliver(ShareDeliver),
+    /// One leg of a server API request (`/api/...`), [`ApiRecord`].
+    Api(ApiRecord),
 }
 
 /// When and on which worker an MQTT client id was claimed: later claims
@@ -376,6 +380,7 @@ impl Record {
             Self::SessionResumed(r) => session::put_resumed(&mut out, r),
             Self::ShareMember(m) => share::put_member(&mut out, m),
             Self::ShareDeliver(d) => share::put_deliver(&mut out, d),
+            Self::Api(r) => api::put(&mut out, r),
             Self::Release { source } => {
                 out.put_u8(RELEASE);
                 let mut s = Vec::with_capacity(9);
@@ -406,6 +411,7 @@ impl Record {
                 .map(|r| RETAINED_FRAMING + r.channel.len() + r.kept.payload.len())
                 .sum(),
             Self::Recover { channel, .. } => channel.len(),
+            Self::Api(r) => r.body.len(),
             Self::Recovered { messages, .. } => messages.iter().map(|k| 21 + k.payload.len()).sum(),
             Self::SessionPark(p) => session::payload_len(&p.subs, &p.pending),
             Self::SessionResumed(r) => session::payload_len(&r.subs, &r.messages),
@@ -545,6 +551,7 @@ impl Record {
                     text: rec,
                 }
             }
+            api::API => Self::Api(api::get(rec)?),
             _ => return Err(ControlError::Malformed("unknown tag")),
         })
     }

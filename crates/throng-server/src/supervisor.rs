@@ -661,6 +661,8 @@ struct Supervisor {
     sessions: Sessions,
     /// MQTT shared subscriptions: each group's members by worker.
     shares: Shares,
+    /// Server API questions waiting for the workers' parts.
+    api: crate::api::Gather,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -879,6 +881,7 @@ impl Supervisor {
                 max_expiry: config.mqtt_session_expiry,
             }),
             shares: Shares::default(),
+            api: crate::api::Gather::default(),
         })
     }
 
@@ -1024,6 +1027,7 @@ impl Supervisor {
         // Its persistent sessions' connections are gone with it, unparked.
         self.sessions.worker_gone(i);
         self.shares.worker_gone(i);
+        self.api_worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
             slot: i,
@@ -1141,6 +1145,7 @@ impl Supervisor {
                 self.session_interest();
             }
             Record::ShareMember(m) => self.shares.member(i, &m),
+            Record::Api(r) => self.on_api(i, generation, r),
             Record::Release { source } => {
                 let now = self.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut self.addresses {
@@ -1443,6 +1448,7 @@ mod tests {
     }
 }
 
+mod api;
 mod handover;
 
 #[cfg(test)]
