@@ -218,11 +218,7 @@ impl SupervisorLink {
     /// Redis, as a reconnecting subscriber's recovery does): whether
     /// nothing after `since` was dropped, and the messages; `None` when the
     /// supervisor did not answer in time.
-    pub(crate) async fn history(
-        &self,
-        channel: &str,
-        since: MessageId,
-    ) -> Option<KeptAfter> {
+    pub(crate) async fn history(&self, channel: &str, since: MessageId) -> Option<KeptAfter> {
         let id = self.request_id() | API_RECOVER;
         let (tx, rx) = oneshot::channel();
         self.pending_history.borrow_mut().insert(id, tx);

@@ -1,0 +1,387 @@
+//! The server API (docs/api.md) against a real `throng serve`: tungstenite
+//! and raw Server-Sent Events subscribers on several channels and workers,
+//! counts read back, a disconnect seen from the clients' side, the
+//! history read back, a batch publish delivered, and bad requests each
+//! answered with a clear 4xx.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use throng_testkit::TempDir;
+use throng_testkit::http::{get, raw};
+use throng_testkit::ws::{Sub, next_text, subscribe};
+
+use crate::serve;
+
+/// `method path` with an optional JSON body and `Authorization`; the
+/// status and the body parsed as JSON (`Null` when it is not JSON).
+fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    auth: Option<&str>,
+) -> (u16, Value) {
+    let body = body.map_or(String::new(), Value::to_string);
+    let auth = auth.map_or(String::new(), |a| format!("Authorization: Bearer {a}\r\n"));
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, _, text) = raw(addr, req.as_bytes());
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn api(addr: SocketAddr, path: &str) -> Value {
+    let (status, v) = call(addr, "GET", path, None, None);
+    assert_eq!(status, 200, "{path}: {v}");
+    v
+}
+
+/// Asks `path` until `ok` holds of its answer (a subscriber is counted
+/// once its worker has it in its table, just after the upgrade's answer).
+fn wait_api(addr: SocketAddr, path: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let v = api(addr, path);
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{path} still {v}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The internal (publishing) address from the start line.
+fn internal(server: &throng_testkit::Server) -> SocketAddr {
+    server.start["publish_listen"][0]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("a --publish-listen address")
+}
+
+fn names(v: &Value) -> Vec<(String, u64)> {
+    v["channels"]
+        .as_array()
+        .expect("a channel list")
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["subscribers"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn subs(addr: SocketAddr, channel: &str, n: usize) -> Vec<Sub> {
+    (0..n).map(|_| subscribe(addr, channel)).collect()
+}
+
+#[test]
+fn counts_over_every_worker_by_prefix_and_page() {
+    let server = serve(&["--workers", "3", "--publish-listen", "127.0.0.1:0"]);
+    let (public, inside) = (server.addr, internal(&server));
+    let _a = subs(public, "room.a", 4);
+    let _b = subs(public, "room.b", 2);
+    let _f = subs(public, "feed", 1);
+    let all = wait_api(inside, "/api/channels", |v| names(v).len() == 3);
+    assert_eq!(
+        names(&all),
+        [
+            ("feed".into(), 1),
+            ("room.a".into(), 4),
+            ("room.b".into(), 2)
+        ]
+    );
+    assert_eq!(all["next"], Value::Null);
+    assert_eq!(all["scope"], "server");
+    let rooms = api(inside, "/api/channels?prefix=room.");
+    assert_eq!(names(&rooms), [("room.a".into(), 4), ("room.b".into(), 2)]);
+    // A page of one, then the next after its cursor, then the end.
+    let first = api(inside, "/api/channels?limit=1");
+    assert_eq!(names(&first), [("feed".into(), 1)]);
+    assert_eq!(first["next"], "feed");
+    let second = api(inside, "/api/channels?limit=2&after=feed");
+    assert_eq!(names(&second), [("room.a".into(), 4), ("room.b".into(), 2)]);
+    assert_eq!(second["next"], Value::Null);
+    let one = api(inside, "/api/channels/room.a");
+    assert_eq!(one["subscribers"], 4, "{one}");
+    assert_eq!(one.get("last_id"), None, "no history, no last id: {one}");
+    assert_eq!(api(inside, "/api/channels/nobody")["subscribers"], 0);
+    // The API is where publishing is, not on the public address.
+    let (status, body) = get(public, "/api/channels");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("--publish-listen"), "{body}");
+    // Bad paging and names: a 400 that says what to change.
+    for path in [
+        "/api/channels?limit=0",
+        "/api/channels?limit=1001",
+        "/api/channels?limit=ten",
+        "/api/channels?prefix=a%20b",
+        "/api/channels/",
+    ] {
+        let (status, v) = call(inside, "GET", path, None, None);
+        assert_eq!(status, 400, "{path}: {v}");
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{path}: {v}"
+        );
+    }
+}
+
+/// A raw Server-Sent Events subscriber of `channel`, past its head.
+fn sse(addr: SocketAddr, channel: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let req = format!("GET /{channel} HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n\r\n");
+    s.write_all(req.as_bytes()).expect("send");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).expect("the head"), 1, "ended in the head");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
+}
+
+/// The server's close frame (code and reason), after reading up to the
+/// end of the connection (tungstenite answers the close).
+fn close_frame_then_end(ws: &mut Sub) -> (u16, String) {
+    let mut got = None;
+    loop {
+        match ws.read() {
+            Ok(tungstenite::Message::Close(Some(f))) => {
+                got = Some((u16::from(f.code), f.reason.to_string()));
+            }
+            Ok(_) => {}
+            Err(tungstenite::Error::ConnectionClosed) => return got.expect("a close frame"),
+            Err(e) => panic!("expected a close frame, then the end: {e}"),
+        }
+    }
+}
+
+#[test]
+fn disconnect_closes_a_channels_subscribers_with_the_code_and_no_others() {
+    let server = serve(&["--workers", "2", "--publish-listen", "127.0.0.1:0"]);
+    let (public, inside) = (server.addr, internal(&server));
+    let mut gone = subs(public, "revoked", 3);
+    let mut stream = sse(public, "revoked");
+    let mut kept = subscribe(public, "kept");
+    wait_api(inside, "/api/channels/revoked", |v| v["subscribers"] == 4);
+    let (status, v) = call(
+        inside,
+        "POST",
+        "/api/disconnect",
+        Some(&json!({"channel": "revoked", "code": 4000, "reason": "access revoked"})),
+        None,
+    );
+    assert_eq!((status, &v["closed"]), (200, &json!(4)), "{v}");
+    for ws in &mut gone {
+        assert_eq!(
+            close_frame_then_end(ws),
+            (4000, "access revoked".to_owned())
+        );
+    }
+    // The event stream ends (its client reconnects, as after any end).
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).expect("the stream ends");
+    wait_api(inside, "/api/channels/revoked", |v| v["subscribers"] == 0);
+    // The other channel's subscriber is still there and still served.
+    let (status, v) = call(
+        inside,
+        "POST",
+        "/api/publish",
+        Some(&json!({"channels": ["kept"], "data": "still here"})),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(next_text(&mut kept), "still here");
+    server.wait_metric(
+        "throng_connections_closed_total{reason=\"api_disconnect\"}",
+        |v| v == 4.0,
+    );
+    // A channel nobody holds: nothing closed, not an error.
+    let (status, v) = call(
+        inside,
+        "POST",
+        "/api/disconnect",
+        Some(&json!({"channel": "empty"})),
+        None,
+    );
+    assert_eq!((status, &v["closed"]), (200, &json!(0)), "{v}");
+    for (body, why) in [
+        ("{\"channel\":", "not a disconnect request"),
+        ("{\"channel\":\"a\",\"colour\":1}", "unknown field"),
+        ("{\"sub\":\"user-1\"}", "token subject is not supported"),
+        ("{}", "name the channel"),
+        ("{\"channel\":\"a\",\"code\":1005}", "cannot be sent"),
+        ("{\"channel\":\"bad name\"}", "channel"),
+    ] {
+        let req = format!(
+            "POST /api/disconnect HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, _, text) = raw(inside, req.as_bytes());
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(why), "{body}: {text}");
+    }
+}
+
+#[test]
+fn batch_publish_reaches_every_channel_and_the_history_reads_back() {
+    let server = serve(&[
+        "--workers",
+        "2",
+        "--history",
+        "5",
+        "--publish-listen",
+        "127.0.0.1:0",
+    ]);
+    let (public, inside) = (server.addr, internal(&server));
+    let mut a = subscribe(public, "a");
+    let mut b = subscribe(public, "b");
+    wait_api(inside, "/api/channels", |v| names(v).len() == 2);
+    let (status, v) = call(
+        inside,
+        "POST",
+        "/api/publish",
+        Some(&json!({"channels": ["a", "b", "c"], "data": "to all"})),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    let results = v["results"].as_array().expect("results");
+    let counts: Vec<(&str, u64)> = results
+        .iter()
+        .map(|r| {
+            (
+                r["channel"].as_str().unwrap(),
+                r["subscribers"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(counts, [("a", 1), ("b", 1), ("c", 0)]);
+    assert!(results.iter().all(|r| r["id"].is_string()), "{v}");
+    assert_eq!(next_text(&mut a), "to all");
+    assert_eq!(next_text(&mut b), "to all");
+    // JSON data goes as its JSON text.
+    let (status, _) = call(
+        inside,
+        "POST",
+        "/api/publish",
+        Some(&json!({"channels": ["a"], "data": {"n": 2}})),
+        None,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(next_text(&mut a), "{\"n\":2}");
+    let first = results[0]["id"].as_str().unwrap().to_owned();
+    let h = api(inside, "/api/history/a");
+    let ids: Vec<&str> = h["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{h}");
+    assert_eq!(ids[0], first);
+    assert_eq!(h["messages"][1]["data"], "{\"n\":2}");
+    assert_eq!(api(inside, "/api/channels/a")["last_id"], ids[1]);
+    // A page of one, then what follows its `next`.
+    let page = api(inside, "/api/history/a?limit=1");
+    assert_eq!(page["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(page["next"], first.as_str());
+    let after = api(inside, &format!("/api/history/a?since={first}"));
+    assert_eq!(after["messages"][0]["id"], ids[1]);
+    assert_eq!(
+        (after["complete"].as_bool(), after["next"].is_null()),
+        (Some(true), true)
+    );
+    assert_eq!(api(inside, "/api/history/never")["messages"], json!([]));
+    for (method, path, body, status) in [
+        ("GET", "/api/history/a?since=yesterday", None, 400),
+        ("GET", "/api/history/a?limit=0", None, 400),
+        (
+            "POST",
+            "/api/publish",
+            Some(json!({"channels": [], "data": "x"})),
+            400,
+        ),
+        (
+            "POST",
+            "/api/publish",
+            Some(json!({"channels": ["a b"], "data": "x"})),
+            400,
+        ),
+        (
+            "POST",
+            "/api/publish",
+            Some(json!({"channel": "a", "data": "x"})),
+            400,
+        ),
+        ("GET", "/api/publish", None, 405),
+        ("POST", "/api/channels", None, 405),
+        ("GET", "/api/presence/a", None, 404),
+    ] {
+        let (got, v) = call(inside, method, path, body.as_ref(), None);
+        assert_eq!(got, status, "{method} {path}: {v}");
+        assert!(v["error"].is_string(), "{method} {path}: {v}");
+    }
+    // Nothing was published by the refused requests.
+    assert_eq!(
+        api(inside, "/api/history/a")["messages"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    drop(server);
+    let plain = serve(&["--workers", "1"]);
+    let (status, v) = call(plain.addr, "GET", "/api/history/a", None, None);
+    assert_eq!(status, 404, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("--history"), "{v}");
+}
+
+#[test]
+fn the_api_takes_the_publish_key() {
+    let dir = TempDir::new("api-key");
+    let key = "an-api-and-publish-key-of-some-length";
+    std::fs::write(dir.file("key"), format!("{key}\n")).expect("write the key");
+    let server = serve(&["--workers", "1", "--publish-key-file", &dir.arg("key")]);
+    let addr = server.addr;
+    for auth in [None, Some("not-the-key")] {
+        for (method, path) in [
+            ("GET", "/api/channels"),
+            ("GET", "/api/history/a"),
+            ("POST", "/api/disconnect"),
+        ] {
+            let body = json!({"channel": "a"});
+            let (status, _) = call(addr, method, path, Some(&body), auth);
+            assert!(
+                status == 401 || status == 403,
+                "{method} {path} with {auth:?}: {status}"
+            );
+        }
+    }
+    let (status, v) = call(addr, "GET", "/api/channels", None, Some(key));
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = call(
+        addr,
+        "POST",
+        "/api/disconnect",
+        Some(&json!({"channel": "a"})),
+        Some(key),
+    );
+    assert_eq!((status, &v["closed"]), (200, &json!(0)), "{v}");
+}
