@@ -381,12 +381,7 @@ impl Record {
             Self::ShareMember(m) => share::put_member(&mut out, m),
             Self::ShareDeliver(d) => share::put_deliver(&mut out, d),
             Self::Api(r) => api::put(&mut out, r),
-            Self::Release { source } => {
-                out.put_u8(RELEASE);
-                let mut s = Vec::with_capacity(9);
-                source.encode(&mut s);
-                out.put_slice(&s);
-            }
+            Self::Release { source } => put_release(&mut out, *source),
         }
         let len = (out.len() - 4) as u32;
         out[..4].copy_from_slice(&len.to_le_bytes());
@@ -555,6 +550,14 @@ impl Record {
             _ => return Err(ControlError::Malformed("unknown tag")),
         })
     }
+}
+
+/// Writes a [`Record::Release`].
+fn put_release(out: &mut BytesMut, source: Source) {
+    out.put_u8(RELEASE);
+    let mut s = Vec::with_capacity(9);
+    source.encode(&mut s);
+    out.put_slice(&s);
 }
 
 /// Writes a [`Record::RetainedAsk`].
@@ -981,6 +984,16 @@ mod tests {
                 id: 12,
                 messages: Vec::new(),
             },
+            Record::Api(ApiRecord {
+                leg: Leg::Part,
+                id: 13,
+                body: Bytes::from_static(b"{\"closed\":2}"),
+            }),
+            Record::Api(ApiRecord {
+                leg: Leg::Answer,
+                id: u64::MAX,
+                body: Bytes::new(),
+            }),
         ]
     }
 
