@@ -385,3 +385,56 @@ fn the_api_takes_the_publish_key() {
     );
     assert_eq!((status, &v["closed"]), (200, &json!(0)), "{v}");
 }
+
+#[test]
+fn with_redis_counts_are_the_nodes_and_the_history_is_the_stream() {
+    throng_testkit::require!(
+        throng_testkit::Peer::RedisServer,
+        throng_testkit::Peer::RedisCli
+    );
+    let redis = throng_testkit::redis::Redis::start(&[], &[]);
+    let url = redis.url();
+    let node = |workers: &str| {
+        let s = serve(&["--redis", &url, "--workers", workers, "--history", "10"]);
+        s.wait_broker("up");
+        s
+    };
+    let (a, b) = (node("2"), node("1"));
+    let _on_a = subs(a.addr, "room", 3);
+    let mut on_b = subscribe(b.addr, "room");
+    wait_api(a.addr, "/api/channels/room", |v| v["subscribers"] == 3);
+    wait_api(b.addr, "/api/channels/room", |v| v["subscribers"] == 1);
+    let listed = api(a.addr, "/api/channels");
+    assert_eq!(
+        (names(&listed), &listed["scope"]),
+        (vec![("room".into(), 3)], &json!("node"))
+    );
+    // Published through node A, delivered on node B, read back from the
+    // stream on node B.
+    let (status, v) = call(
+        a.addr,
+        "POST",
+        "/api/publish",
+        Some(&json!({"channels": ["room", "hall"], "data": "via redis"})),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(v["results"][0]["redis_receivers"].as_u64().is_some(), "{v}");
+    assert_eq!(next_text(&mut on_b), "via redis");
+    let h = wait_api(b.addr, "/api/history/room", |v| {
+        v["messages"].as_array().is_some_and(|m| m.len() == 1)
+    });
+    assert_eq!(h["messages"][0]["data"], "via redis");
+    let last = api(b.addr, "/api/channels/room")["last_id"].clone();
+    assert_eq!(last, h["messages"][0]["id"], "{h}");
+    // A disconnect on node A closes node A's subscribers only.
+    let (status, v) = call(
+        a.addr,
+        "POST",
+        "/api/disconnect",
+        Some(&json!({"channel": "room", "code": 4001})),
+        None,
+    );
+    assert_eq!((status, &v["closed"]), (200, &json!(3)), "{v}");
+    assert_eq!(api(b.addr, "/api/channels/room")["subscribers"], 1);
+}
