@@ -438,3 +438,33 @@ fn with_redis_counts_are_the_nodes_and_the_history_is_the_stream() {
     assert_eq!((status, &v["closed"]), (200, &json!(3)), "{v}");
     assert_eq!(api(b.addr, "/api/channels/room")["subscribers"], 1);
 }
+
+#[test]
+fn disconnect_sends_mqtt_5_clients_administrative_action() {
+    use crate::mqtt_listen::{Client, Got, mqtt_server};
+    use throng_proto::mqtt::Version;
+    let (s, mqtt) = mqtt_server(&["--workers", "2"]);
+    let mut v5 = Client::connect(mqtt, Version::V5, "v5");
+    let mut v3 = Client::connect(mqtt, Version::V311, "v3");
+    assert_eq!(v5.subscribe(1, &["plant/1", "plant/2"]), [0, 0]);
+    assert_eq!(v3.subscribe(1, &["plant/1"]), [0]);
+    wait_api(s.addr, "/api/channels/plant/1", |v| v["subscribers"] == 2);
+    let (status, v) = call(
+        s.addr,
+        "POST",
+        "/api/disconnect",
+        Some(&json!({"channel": "plant/1", "code": 4000})),
+        None,
+    );
+    assert_eq!((status, &v["closed"]), (200, &json!(2)), "{v}");
+    assert_eq!(
+        v5.next(),
+        Some(Got::Disconnect(0x98)),
+        "Administrative action"
+    );
+    assert_eq!(v5.next(), None, "then closed");
+    // 3.1.1 has no DISCONNECT from a server: closed without a word.
+    assert_eq!(v3.next(), None);
+    // The closed 5.0 client's other subscription went with it.
+    wait_api(s.addr, "/api/channels", |v| names(v).is_empty());
+}
