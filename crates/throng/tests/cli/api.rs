@@ -468,3 +468,85 @@ fn disconnect_sends_mqtt_5_clients_administrative_action() {
     // The closed 5.0 client's other subscription went with it.
     wait_api(s.addr, "/api/channels", |v| names(v).is_empty());
 }
+
+#[test]
+fn a_token_sees_and_acts_on_the_channels_its_publish_claim_grants() {
+    use throng_testkit::jwt::Mint;
+    throng_testkit::require!(throng_testkit::Peer::PythonJwt);
+    let mint = Mint::new();
+    let server = serve(&[
+        "--workers",
+        "2",
+        "--auth-hs256-secret-file",
+        &mint.key("hs256.key"),
+    ]);
+    let tokens = mint.tokens(&[
+        json!({"alg": "HS256", "claims": {"exp_in": 60, "channels": ["room.*", "other"]}}),
+        json!({"alg": "HS256", "claims": {"exp_in": 60, "publish": ["room.*"]}}),
+    ]);
+    let (reader, admin) = (&tokens[0], &tokens[1]);
+    let join = |channel: &str| {
+        let s = TcpStream::connect(server.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("timeout");
+        let url = format!("ws://{}/{channel}?token={reader}", server.addr);
+        tungstenite::client(url, s).expect("upgrade").0
+    };
+    let _held = [join("room.a"), join("other")];
+    let mut room = join("room.b");
+    let addr = server.addr;
+    let list = |auth: &str| {
+        let (status, v) = call(addr, "GET", "/api/channels", None, Some(auth));
+        assert_eq!(status, 200, "{v}");
+        v
+    };
+    // The admin token lists room.* only (`other` is held too, not shown).
+    let start = Instant::now();
+    while names(&list(admin)).len() < 2 {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", list(admin));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        names(&list(admin)),
+        [("room.a".into(), 1), ("room.b".into(), 1)]
+    );
+    for (method, path, body) in [
+        ("GET", "/api/channels/other", None),
+        ("GET", "/api/channels", None),
+        ("POST", "/api/disconnect", Some(json!({"channel": "other"}))),
+        (
+            "POST",
+            "/api/publish",
+            Some(json!({"channels": ["room.b", "other"], "data": "no"})),
+        ),
+    ] {
+        // A subscribe-only token may not; the admin token may not outside its grant.
+        let token = if path == "/api/channels" {
+            reader
+        } else {
+            admin
+        };
+        let (status, v) = call(addr, method, path, body.as_ref(), Some(token));
+        if path == "/api/channels" {
+            assert_eq!(
+                names(&v),
+                [],
+                "a token without publish grants lists nothing: {v}"
+            );
+            continue;
+        }
+        assert_eq!(status, 403, "{method} {path}: {v}");
+    }
+    let (status, v) = call(addr, "GET", "/api/channels/room.b", None, None);
+    assert_eq!(status, 401, "{v}");
+    // The refused batch published nothing: the next message room.b gets is this one.
+    let (status, v) = call(
+        addr,
+        "POST",
+        "/api/publish",
+        Some(&json!({"channels": ["room.b"], "data": "yes"})),
+        Some(admin),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(next_text(&mut room), "yes");
+}
