@@ -16,7 +16,7 @@ use crate::retained::RetainedMessage;
 mod api;
 mod session;
 mod share;
-pub use api::{ApiRecord, Leg};
+pub use api::{API_READ, ApiRecord, Leg};
 pub use session::{SessionOpen, SessionPark, SessionResumed, SessionSub};
 pub use share::{ShareDeliver, ShareMember};
 

@@ -1094,7 +1094,11 @@ impl Supervisor {
             }
             Record::Recover { id, since, channel } => {
                 let now = self.now_ms();
-                let mut r = self.history.recover(&channel, since, now);
+                let mut r = if id & crate::control::API_READ == 0 {
+                    self.history.recover(&channel, since, now)
+                } else {
+                    self.history.read(&channel, since, now)
+                };
                 // 21 bytes of framing per message, 64 for the record's own.
                 r.fit(crate::control::MAX_RECORD - 64, 21);
                 let rec = Record::Recovered {

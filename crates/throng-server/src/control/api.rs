@@ -35,6 +35,12 @@ pub struct ApiRecord {
 
 pub(super) const API: u8 = 70;
 
+/// Set in the id of a [`super::Record::Recover`] that is a server API
+/// history read (`GET /api/history`), not a subscriber's recovery: its
+/// answer goes to the API, and it is not counted as a recovery. A
+/// worker's rejoin requests count up from 1 and never reach it.
+pub const API_READ: u64 = 1 << 63;
+
 pub(super) fn put(out: &mut BytesMut, r: &ApiRecord) {
     out.put_u8(API);
     out.put_u8(match r.leg {

@@ -16,16 +16,12 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::addresses::{Source, Verdict};
-use crate::control::{ApiRecord, Leg, Message, Record};
+use crate::control::{API_READ, ApiRecord, Leg, Message, Record};
 use crate::history::{Kept, MessageId};
 use crate::metrics::Counters;
 
 /// How long `/metrics` waits for the supervisor.
 const METRICS_WAIT: Duration = Duration::from_secs(5);
-
-/// Set in the recovery id of a `GET /api/history` read: a subscriber's
-/// rejoin requests count up from 1 and never reach it.
-const API_RECOVER: u64 = 1 << 63;
 
 /// What a history read found: whether nothing after `since` was dropped,
 /// and the kept messages.
@@ -84,7 +80,7 @@ pub(crate) struct SupervisorLink {
     /// Server API questions (`/api/...`) waiting for the merged answer.
     pending_api: RefCell<HashMap<u64, oneshot::Sender<Bytes>>>,
     /// `GET /api/history` reads waiting for the history, by their
-    /// recovery id ([`API_RECOVER`] set).
+    /// recovery id ([`API_READ`] set).
     pending_history: RefCell<HashMap<u64, oneshot::Sender<KeptAfter>>>,
     /// The broker's last state from the supervisor (Redis only).
     broker: RefCell<Option<BrokerState>>,
@@ -184,7 +180,7 @@ impl SupervisorLink {
                 id,
                 complete,
                 messages,
-            } if id & API_RECOVER != 0 => {
+            } if id & API_READ != 0 => {
                 if let Some(tx) = self.pending_history.borrow_mut().remove(&id) {
                     let _ = tx.send((complete, messages));
                 }
@@ -219,7 +215,7 @@ impl SupervisorLink {
     /// nothing after `since` was dropped, and the messages; `None` when the
     /// supervisor did not answer in time.
     pub(crate) async fn history(&self, channel: &str, since: MessageId) -> Option<KeptAfter> {
-        let id = self.request_id() | API_RECOVER;
+        let id = self.request_id() | API_READ;
         let (tx, rx) = oneshot::channel();
         self.pending_history.borrow_mut().insert(id, tx);
         self.recover(id, channel, since);

@@ -338,6 +338,11 @@ fn batch_publish_reaches_every_channel_and_the_history_reads_back() {
         assert_eq!(got, status, "{method} {path}: {v}");
         assert!(v["error"].is_string(), "{method} {path}: {v}");
     }
+    // The API's reads are not subscribers' recoveries.
+    for result in ["complete", "incomplete"] {
+        let sample = format!("throng_recoveries_total{{result=\"{result}\"}}");
+        assert_eq!(server.metric(&sample), 0.0, "{sample}");
+    }
     // Nothing was published by the refused requests.
     assert_eq!(
         api(inside, "/api/history/a")["messages"]
@@ -427,6 +432,8 @@ fn with_redis_counts_are_the_nodes_and_the_history_is_the_stream() {
     assert_eq!(h["messages"][0]["data"], "via redis");
     let last = api(b.addr, "/api/channels/room")["last_id"].clone();
     assert_eq!(last, h["messages"][0]["id"], "{h}");
+    let sample = "throng_recoveries_total{result=\"complete\"}";
+    assert_eq!(b.metric(sample), 0.0, "API reads are not recoveries");
     // A disconnect on node A closes node A's subscribers only.
     let (status, v) = call(
         a.addr,
