@@ -557,3 +557,26 @@ fn a_token_sees_and_acts_on_the_channels_its_publish_claim_grants() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(next_text(&mut room), "yes");
 }
+
+#[test]
+fn keep_alive_holds_unless_a_body_was_left_unread() {
+    let server = serve(&["--workers", "1"]);
+    let two = |first: &str| {
+        let mut s = TcpStream::connect(server.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("timeout");
+        let second = "GET /api/channels/b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        s.write_all(format!("{first}{second}").as_bytes())
+            .expect("send");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        out.matches("HTTP/1.1 ").count()
+    };
+    assert_eq!(two("GET /api/channels HTTP/1.1\r\nHost: x\r\n\r\n"), 2);
+    let post =
+        "POST /api/disconnect HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\n\r\n{\"channel\":\"a\"}";
+    assert_eq!(two(post), 2, "a body read: the next request is answered");
+    // A body the route refused without reading: closed after the answer.
+    let unread = "POST /api/channels HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+    assert_eq!(two(unread), 1);
+}

@@ -14,7 +14,7 @@
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use throng_proto::http::Request;
+use throng_proto::http::{BodyKind, Request};
 
 use super::publish::read_message;
 use super::reply;
@@ -55,6 +55,9 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
             return false;
         }
     };
+    // A body this request carries but the route does not read would be
+    // taken for the next request: such a connection closes after the answer.
+    let mut read = matches!(req.body_kind(), Ok(BodyKind::Empty | BodyKind::Length(0)));
     let (path, query) = req.target.split_once('?').unwrap_or((&req.target, ""));
     let rest = &path[PREFIX.len()..];
     let answer = match (req.method.as_str(), rest) {
@@ -66,6 +69,7 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
                 Ok(m) => m,
                 Err(keep) => return keep,
             };
+            read = true;
             match rest {
                 "disconnect" => disconnect(w, &caller, &m.body).await,
                 _ => publish(w, &caller, &m.body).await,
@@ -97,7 +101,7 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
         status,
         "application/json",
         body.as_bytes(),
-        req.keep_alive(),
+        req.keep_alive() && read,
     )
     .await
 }
