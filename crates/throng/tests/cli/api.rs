@@ -35,6 +35,11 @@ fn call(
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+/// `POST path` with a JSON body and no credential.
+fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    call(addr, "POST", path, Some(body), None)
+}
+
 fn api(addr: SocketAddr, path: &str) -> Value {
     let (status, v) = call(addr, "GET", path, None, None);
     assert_eq!(status, 200, "{path}: {v}");
@@ -181,12 +186,10 @@ fn disconnect_closes_a_channels_subscribers_with_the_code_and_no_others() {
     let mut stream = sse(public, "revoked");
     let mut kept = subscribe(public, "kept");
     wait_api(inside, "/api/channels/revoked", |v| v["subscribers"] == 4);
-    let (status, v) = call(
+    let (status, v) = post(
         inside,
-        "POST",
         "/api/disconnect",
-        Some(&json!({"channel": "revoked", "code": 4000, "reason": "access revoked"})),
-        None,
+        &json!({"channel": "revoked", "code": 4000, "reason": "access revoked"}),
     );
     assert_eq!((status, &v["closed"]), (200, &json!(4)), "{v}");
     for ws in &mut gone {
@@ -200,12 +203,10 @@ fn disconnect_closes_a_channels_subscribers_with_the_code_and_no_others() {
     stream.read_to_end(&mut rest).expect("the stream ends");
     wait_api(inside, "/api/channels/revoked", |v| v["subscribers"] == 0);
     // The other channel's subscriber is still there and still served.
-    let (status, v) = call(
+    let (status, v) = post(
         inside,
-        "POST",
         "/api/publish",
-        Some(&json!({"channels": ["kept"], "data": "still here"})),
-        None,
+        &json!({"channels": ["kept"], "data": "still here"}),
     );
     assert_eq!(status, 200, "{v}");
     assert_eq!(next_text(&mut kept), "still here");
@@ -214,13 +215,7 @@ fn disconnect_closes_a_channels_subscribers_with_the_code_and_no_others() {
         |v| v == 4.0,
     );
     // A channel nobody holds: nothing closed, not an error.
-    let (status, v) = call(
-        inside,
-        "POST",
-        "/api/disconnect",
-        Some(&json!({"channel": "empty"})),
-        None,
-    );
+    let (status, v) = post(inside, "/api/disconnect", &json!({"channel": "empty"}));
     assert_eq!((status, &v["closed"]), (200, &json!(0)), "{v}");
     for (body, why) in [
         ("{\"channel\":", "not a disconnect request"),
@@ -254,12 +249,10 @@ fn batch_publish_reaches_every_channel_and_the_history_reads_back() {
     let mut a = subscribe(public, "a");
     let mut b = subscribe(public, "b");
     wait_api(inside, "/api/channels", |v| names(v).len() == 2);
-    let (status, v) = call(
+    let (status, v) = post(
         inside,
-        "POST",
         "/api/publish",
-        Some(&json!({"channels": ["a", "b", "c"], "data": "to all"})),
-        None,
+        &json!({"channels": ["a", "b", "c"], "data": "to all"}),
     );
     assert_eq!(status, 200, "{v}");
     let results = v["results"].as_array().expect("results");
@@ -277,12 +270,10 @@ fn batch_publish_reaches_every_channel_and_the_history_reads_back() {
     assert_eq!(next_text(&mut a), "to all");
     assert_eq!(next_text(&mut b), "to all");
     // JSON data goes as its JSON text.
-    let (status, _) = call(
+    let (status, _) = post(
         inside,
-        "POST",
         "/api/publish",
-        Some(&json!({"channels": ["a"], "data": {"n": 2}})),
-        None,
+        &json!({"channels": ["a"], "data": {"n": 2}}),
     );
     assert_eq!(status, 200);
     assert_eq!(next_text(&mut a), "{\"n\":2}");
@@ -416,12 +407,10 @@ fn with_redis_counts_are_the_nodes_and_the_history_is_the_stream() {
     );
     // Published through node A, delivered on node B, read back from the
     // stream on node B.
-    let (status, v) = call(
+    let (status, v) = post(
         a.addr,
-        "POST",
         "/api/publish",
-        Some(&json!({"channels": ["room", "hall"], "data": "via redis"})),
-        None,
+        &json!({"channels": ["room", "hall"], "data": "via redis"}),
     );
     assert_eq!(status, 200, "{v}");
     assert!(v["results"][0]["redis_receivers"].as_u64().is_some(), "{v}");
@@ -435,12 +424,10 @@ fn with_redis_counts_are_the_nodes_and_the_history_is_the_stream() {
     let sample = "throng_recoveries_total{result=\"complete\"}";
     assert_eq!(b.metric(sample), 0.0, "API reads are not recoveries");
     // A disconnect on node A closes node A's subscribers only.
-    let (status, v) = call(
+    let (status, v) = post(
         a.addr,
-        "POST",
         "/api/disconnect",
-        Some(&json!({"channel": "room", "code": 4001})),
-        None,
+        &json!({"channel": "room", "code": 4001}),
     );
     assert_eq!((status, &v["closed"]), (200, &json!(3)), "{v}");
     assert_eq!(api(b.addr, "/api/channels/room")["subscribers"], 1);
@@ -456,12 +443,10 @@ fn disconnect_sends_mqtt_5_clients_administrative_action() {
     assert_eq!(v5.subscribe(1, &["plant/1", "plant/2"]), [0, 0]);
     assert_eq!(v3.subscribe(1, &["plant/1"]), [0]);
     wait_api(s.addr, "/api/channels/plant/1", |v| v["subscribers"] == 2);
-    let (status, v) = call(
+    let (status, v) = post(
         s.addr,
-        "POST",
         "/api/disconnect",
-        Some(&json!({"channel": "plant/1", "code": 4000})),
-        None,
+        &json!({"channel": "plant/1", "code": 4000}),
     );
     assert_eq!((status, &v["closed"]), (200, &json!(2)), "{v}");
     assert_eq!(
