@@ -75,11 +75,9 @@ pub(crate) async fn serve(w: &Worker, stream: &mut Io, req: &Request, buf: &mut 
                 _ => publish(w, &caller, &m.body).await,
             }
         }
-        (_, "channels" | "disconnect" | "publish") => {
-            Err(bad(405, "wrong method for this endpoint (see docs/api.md)"))
-        }
-        (_, r) if r.starts_with("channels/") || r.starts_with("history/") => {
-            Err(bad(405, "use GET for this endpoint"))
+        (_, "disconnect" | "publish") => Err(bad(405, format!("use POST for /api/{rest}"))),
+        (_, r) if r == "channels" || r.starts_with("channels/") || r.starts_with("history/") => {
+            Err(bad(405, format!("use GET for /api/{rest}")))
         }
         _ => Err(bad(
             404,
