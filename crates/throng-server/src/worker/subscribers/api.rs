@@ -54,3 +54,47 @@ impl<O: Outside> Subscribers<O> {
         conns.len() as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::worker::pair::{Got, Pair};
+
+    #[test]
+    fn a_page_is_the_first_names_after_the_cursor_with_their_counts() {
+        let mut p = Pair::defaults();
+        for ch in ["b", "a", "a", "c", "ab", "d", "a"] {
+            p.connect(ch);
+        }
+        let page = |prefix, after, take| p.subs.channel_page(prefix, after, take);
+        let names = |v: Vec<(String, u64)>| {
+            v.into_iter()
+                .map(|(n, c)| format!("{n}={c}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(page("", "", 3)), ["a=3", "ab=1", "b=1"]);
+        assert_eq!(names(page("", "ab", 2)), ["b=1", "c=1"]);
+        assert_eq!(names(page("a", "", 10)), ["a=3", "ab=1"]);
+        assert_eq!(names(page("", "d", 10)), Vec::<String>::new());
+        assert_eq!(names(page("", "", 0)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn closing_a_channel_sends_its_subscribers_the_code_and_leaves_the_rest() {
+        let mut p = Pair::defaults();
+        let (a, b, c) = (p.connect("x"), p.connect("x"), p.connect("y"));
+        assert_eq!(p.subs.close_channel("x", 4000, "revoked"), 2);
+        assert_eq!(p.subs.close_channel("nobody", 4000, ""), 0);
+        p.drive();
+        for i in [a, b] {
+            assert_eq!(
+                p.clients[i].take(),
+                [Got::Close(Some(4000), "revoked".into())]
+            );
+        }
+        assert_eq!(p.clients[c].take(), []);
+        assert_eq!(p.subs.subscribers_of("x"), 0);
+        assert_eq!(p.subs.subscribers_of("y"), 1);
+        let closed = p.counters().closed.borrow().get("api_disconnect").copied();
+        assert_eq!(closed, Some(2));
+    }
+}
