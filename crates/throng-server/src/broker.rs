@@ -477,7 +477,9 @@ impl Remote {
                 complete,
                 messages,
             } => {
-                if complete {
+                if to.request & crate::control::API_READ != 0 {
+                    // A server API read, not a subscriber's recovery.
+                } else if complete {
                     self.recovered.0 += 1;
                 } else {
                     self.recovered.1 += 1;

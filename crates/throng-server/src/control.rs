@@ -13,8 +13,10 @@ use crate::addresses::{Source, Verdict};
 use crate::history::{Kept, MessageId};
 use crate::retained::RetainedMessage;
 
+mod api;
 mod session;
 mod share;
+pub use api::{API_READ, ApiRecord, Leg};
 pub use session::{SessionOpen, SessionPark, SessionResumed, SessionSub};
 pub use share::{ShareDeliver, ShareMember};
 
@@ -175,6 +177,8 @@ pub enum Record {
     ShareMember(ShareMember),
     /// Supervisor → worker: a message for one of its shared subscription's members.
     ShareDeliver(ShareDeliver),
+    /// One leg of a server API request (`/api/...`), [`ApiRecord`].
+    Api(ApiRecord),
 }
 
 /// When and on which worker an MQTT client id was claimed: later claims
@@ -376,12 +380,8 @@ impl Record {
             Self::SessionResumed(r) => session::put_resumed(&mut out, r),
             Self::ShareMember(m) => share::put_member(&mut out, m),
             Self::ShareDeliver(d) => share::put_deliver(&mut out, d),
-            Self::Release { source } => {
-                out.put_u8(RELEASE);
-                let mut s = Vec::with_capacity(9);
-                source.encode(&mut s);
-                out.put_slice(&s);
-            }
+            Self::Api(r) => api::put(&mut out, r),
+            Self::Release { source } => put_release(&mut out, *source),
         }
         let len = (out.len() - 4) as u32;
         out[..4].copy_from_slice(&len.to_le_bytes());
@@ -406,6 +406,7 @@ impl Record {
                 .map(|r| RETAINED_FRAMING + r.channel.len() + r.kept.payload.len())
                 .sum(),
             Self::Recover { channel, .. } => channel.len(),
+            Self::Api(r) => r.body.len(),
             Self::Recovered { messages, .. } => messages.iter().map(|k| 21 + k.payload.len()).sum(),
             Self::SessionPark(p) => session::payload_len(&p.subs, &p.pending),
             Self::SessionResumed(r) => session::payload_len(&r.subs, &r.messages),
@@ -545,9 +546,18 @@ impl Record {
                     text: rec,
                 }
             }
+            api::API => Self::Api(api::get(rec)?),
             _ => return Err(ControlError::Malformed("unknown tag")),
         })
     }
+}
+
+/// Writes a [`Record::Release`].
+fn put_release(out: &mut BytesMut, source: Source) {
+    out.put_u8(RELEASE);
+    let mut s = Vec::with_capacity(9);
+    source.encode(&mut s);
+    out.put_slice(&s);
 }
 
 /// Writes a [`Record::RetainedAsk`].
@@ -974,6 +984,16 @@ mod tests {
                 id: 12,
                 messages: Vec::new(),
             },
+            Record::Api(ApiRecord {
+                leg: Leg::Part,
+                id: 13,
+                body: Bytes::from_static(b"{\"closed\":2}"),
+            }),
+            Record::Api(ApiRecord {
+                leg: Leg::Answer,
+                id: u64::MAX,
+                body: Bytes::new(),
+            }),
         ]
     }
 

@@ -291,8 +291,21 @@ impl History {
         }
     }
 
-    /// What `channel` kept after `since`, at `now_ms`.
+    /// What `channel` kept after `since`, at `now_ms`: a subscriber's
+    /// recovery, counted in [`Self::stats`].
     pub fn recover(&mut self, channel: &str, since: MessageId, now_ms: u64) -> Recovery {
+        let r = self.read(channel, since, now_ms);
+        if r.complete {
+            self.stats.complete += 1;
+        } else {
+            self.stats.incomplete += 1;
+        }
+        r
+    }
+
+    /// What `channel` kept after `since`, at `now_ms`, not counted (the
+    /// server API's history read).
+    pub fn read(&mut self, channel: &str, since: MessageId, now_ms: u64) -> Recovery {
         self.expire(now_ms);
         let ch = self.channels.get(channel);
         let ours = since.epoch == self.epoch && since.seq <= self.last_seq;
@@ -306,11 +319,6 @@ impl History {
                 .map(|(k, _)| k.clone())
                 .collect()
         });
-        if complete {
-            self.stats.complete += 1;
-        } else {
-            self.stats.incomplete += 1;
-        }
         Recovery { complete, messages }
     }
 

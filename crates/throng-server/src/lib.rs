@@ -27,6 +27,7 @@ macro_rules! log {
 }
 
 pub mod addresses;
+pub mod api;
 pub mod auth;
 mod broker;
 pub mod channel;

@@ -35,6 +35,8 @@ pub enum CloseReason {
     TokenExpired,
     /// An MQTT client connected with its client id (5.0: DISCONNECT 0x8E).
     TakenOver,
+    /// Closed through the server API (`POST /api/disconnect`).
+    Disconnected,
 }
 
 impl CloseReason {
@@ -50,6 +52,7 @@ impl CloseReason {
             Self::TlsError => "tls_error",
             Self::TokenExpired => "token_expired",
             Self::TakenOver => "taken_over",
+            Self::Disconnected => "api_disconnect",
         }
     }
 }

@@ -662,6 +662,8 @@ struct Supervisor {
     sessions: Sessions,
     /// MQTT shared subscriptions: each group's members by worker.
     shares: Shares,
+    /// Server API questions waiting for the workers' parts.
+    api: crate::api::Gather,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -881,6 +883,7 @@ impl Supervisor {
                 max_expiry: config.mqtt_session_expiry,
             }),
             shares: Shares::default(),
+            api: crate::api::Gather::default(),
         })
     }
 
@@ -1026,6 +1029,7 @@ impl Supervisor {
         // Its persistent sessions' connections are gone with it, unparked.
         self.sessions.worker_gone(i);
         self.shares.worker_gone(i);
+        self.api_worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
             slot: i,
@@ -1092,7 +1096,11 @@ impl Supervisor {
             }
             Record::Recover { id, since, channel } => {
                 let now = self.now_ms();
-                let mut r = self.history.recover(&channel, since, now);
+                let mut r = if id & crate::control::API_READ == 0 {
+                    self.history.recover(&channel, since, now)
+                } else {
+                    self.history.read(&channel, since, now)
+                };
                 // 21 bytes of framing per message, 64 for the record's own.
                 r.fit(crate::control::MAX_RECORD - 64, 21);
                 let rec = Record::Recovered {
@@ -1143,6 +1151,7 @@ impl Supervisor {
                 self.session_interest();
             }
             Record::ShareMember(m) => self.shares.member(i, &m),
+            Record::Api(r) => self.on_api(i, generation, r),
             Record::Release { source } => {
                 let now = self.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut self.addresses {
@@ -1445,6 +1454,7 @@ mod tests {
     }
 }
 
+mod api;
 mod handover;
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use throng_proto::http::Request;
 
 use super::routes::reply_with;
 use super::state::Worker;
-use crate::auth::{Access, Action, Refusal};
+use crate::auth::{self, Access, Action, Refusal};
 use crate::tls::stream::Io;
 
 /// The subprotocol a client may offer beside its `bearer.<token>` entry so
@@ -108,8 +108,34 @@ pub(crate) fn may_subscribe(w: &Worker, req: &Request, channel: &str) -> Result<
 /// May this request publish to `channel`? Either the publish key or a
 /// token granting the channel; with neither configured, anyone may.
 pub(crate) fn may_publish(w: &Worker, req: &Request, channel: &str) -> Result<(), Refusal> {
+    caller(w, req)?.may_publish(channel)
+}
+
+/// Who sent a publishing request (or a server API request, which takes the
+/// same credentials): anyone may publish anywhere, or a token's grants say.
+pub(crate) enum Caller {
+    /// Publishing is not guarded, or the publish key was presented.
+    Any,
+    /// A verified token: it may publish where its `publish` claim grants.
+    Token(auth::Token),
+}
+
+impl Caller {
+    /// May this caller publish to (or manage) `channel`?
+    pub(crate) fn may_publish(&self, channel: &str) -> Result<(), Refusal> {
+        match self {
+            Self::Any => Ok(()),
+            Self::Token(t) if t.allows(Action::Publish, channel) => Ok(()),
+            Self::Token(_) => Err(Refusal::NotGranted),
+        }
+    }
+}
+
+/// The caller of a publishing request: the token is verified once, the
+/// channels it names are checked with [`Caller::may_publish`].
+pub(crate) fn caller(w: &Worker, req: &Request) -> Result<Caller, Refusal> {
     if !w.cfg.auth.publish_guarded() {
-        return Ok(());
+        return Ok(Caller::Any);
     }
     let presented = bearer(req).ok_or(Refusal::Missing)?;
     // The key counts only in the Authorization header: a key in `?token=`
@@ -117,12 +143,10 @@ pub(crate) fn may_publish(w: &Worker, req: &Request, channel: &str) -> Result<()
     if let Some(key) = authorization(req)
         && w.publish_key.get().is_some_and(|k| k.matches(key))
     {
-        return Ok(());
+        return Ok(Caller::Any);
     }
     match w.verifier.get() {
-        Some(v) => v
-            .check(presented, Action::Publish, channel, unix_now())
-            .map(|_| ()),
+        Some(v) => v.verify(presented, unix_now()).map(Caller::Token),
         None => Err(Refusal::PublishKey),
     }
 }

@@ -396,6 +396,7 @@ async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) 
             Route::Metrics => ops::metrics(w, stream, &req).await,
             Route::Publish => Box::pin(publish::serve(w, stream, &req, &mut buf)).await,
             Route::PublishMethod => publish::refuse_method(w, stream).await,
+            Route::Api => Box::pin(routes::api::serve(w, stream, &req, &mut buf)).await,
             Route::Ping => {
                 let may_leave = matches!(stream, Io::Plain(_));
                 match ping::serve(w, stream, &req, &mut buf, may_leave).await {

@@ -15,6 +15,7 @@
 //! channels); `state` is what the tasks share, `supervisor_link` the
 //! control socket as the tasks and routes use it.
 
+mod api;
 mod conn;
 mod gate;
 mod http;
@@ -674,6 +675,7 @@ fn on_record(w: &Worker, rec: Record) {
         Some(Record::ShareDeliver(d)) => w.subs.share_deliver(d),
         Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
         Some(Record::Reload(json)) => reload(w, &json),
+        Some(Record::Api(r)) if r.leg == crate::control::Leg::Query => api::answer(w, &r),
         Some(Record::Retained { id, messages }) => {
             // In order with the fan-outs of what came before it.
             w.outbox

@@ -280,6 +280,7 @@ pub(crate) fn disconnect(why: CloseReason) -> Bytes {
         CloseReason::SlowConsumer => ReasonCode::QUOTA_EXCEEDED,
         CloseReason::TokenExpired => ReasonCode::NOT_AUTHORIZED,
         CloseReason::TakenOver => ReasonCode::SESSION_TAKEN_OVER,
+        CloseReason::Disconnected => ReasonCode::ADMINISTRATIVE_ACTION,
         CloseReason::ProtocolError => ReasonCode::PROTOCOL_ERROR,
         CloseReason::PeerClose | CloseReason::PeerGone | CloseReason::TlsError => {
             ReasonCode::UNSPECIFIED

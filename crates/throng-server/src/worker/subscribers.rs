@@ -46,6 +46,8 @@ use super::mqtt_share::{self, Shares};
 use super::mqtt_ws;
 use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
+
+mod api;
 use crate::auth;
 use crate::channel;
 use crate::control::{

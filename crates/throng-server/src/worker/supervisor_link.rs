@@ -16,12 +16,16 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::addresses::{Source, Verdict};
-use crate::control::{Message, Record};
-use crate::history::MessageId;
+use crate::control::{API_READ, ApiRecord, Leg, Message, Record};
+use crate::history::{Kept, MessageId};
 use crate::metrics::Counters;
 
 /// How long `/metrics` waits for the supervisor.
 const METRICS_WAIT: Duration = Duration::from_secs(5);
+
+/// What a history read found: whether nothing after `since` was dropped,
+/// and the kept messages.
+pub(crate) type KeptAfter = (bool, Vec<Kept>);
 
 /// The Redis broker's state as the supervisor last described it.
 struct BrokerState {
@@ -73,6 +77,11 @@ pub(crate) struct SupervisorLink {
     pending_publish: RefCell<HashMap<u64, oneshot::Sender<Result<Published, PublishError>>>>,
     pending_metrics: RefCell<HashMap<u64, oneshot::Sender<Bytes>>>,
     pending_admit: RefCell<HashMap<u64, oneshot::Sender<Verdict>>>,
+    /// Server API questions (`/api/...`) waiting for the merged answer.
+    pending_api: RefCell<HashMap<u64, oneshot::Sender<Bytes>>>,
+    /// `GET /api/history` reads waiting for the history, by their
+    /// recovery id ([`API_READ`] set).
+    pending_history: RefCell<HashMap<u64, oneshot::Sender<KeptAfter>>>,
     /// The broker's last state from the supervisor (Redis only).
     broker: RefCell<Option<BrokerState>>,
 }
@@ -94,6 +103,8 @@ impl SupervisorLink {
             pending_publish: RefCell::default(),
             pending_metrics: RefCell::default(),
             pending_admit: RefCell::default(),
+            pending_api: RefCell::default(),
+            pending_history: RefCell::default(),
             broker: RefCell::default(),
         }
     }
@@ -160,9 +171,57 @@ impl SupervisorLink {
                     let _ = tx.send(verdict);
                 }
             }
+            Record::Api(r) if r.leg == Leg::Answer => {
+                if let Some(tx) = self.pending_api.borrow_mut().remove(&r.id) {
+                    let _ = tx.send(r.body);
+                }
+            }
+            Record::Recovered {
+                id,
+                complete,
+                messages,
+            } if id & API_READ != 0 => {
+                if let Some(tx) = self.pending_history.borrow_mut().remove(&id) {
+                    let _ = tx.send((complete, messages));
+                }
+            }
             other => return Some(other),
         }
         None
+    }
+
+    /// Asks the supervisor a server API question (JSON, a
+    /// [`crate::api::Query`]); resolves to the merged answer's JSON, or
+    /// `None` when the supervisor did not answer within [`METRICS_WAIT`].
+    pub(crate) async fn api(&self, query: Bytes) -> Option<Bytes> {
+        let id = self.request_id();
+        let (tx, rx) = oneshot::channel();
+        self.pending_api.borrow_mut().insert(id, tx);
+        let rec = Record::Api(ApiRecord {
+            leg: Leg::Ask,
+            id,
+            body: query,
+        });
+        let answer = match self.ctl.send(rec.encode()) {
+            Ok(()) => tokio::time::timeout(METRICS_WAIT, rx).await.ok()?.ok(),
+            Err(_) => None,
+        };
+        self.pending_api.borrow_mut().remove(&id);
+        answer
+    }
+
+    /// Reads what `channel` kept after `since` (the embedded history or
+    /// Redis, as a reconnecting subscriber's recovery does): whether
+    /// nothing after `since` was dropped, and the messages; `None` when the
+    /// supervisor did not answer in time.
+    pub(crate) async fn history(&self, channel: &str, since: MessageId) -> Option<KeptAfter> {
+        let id = self.request_id() | API_READ;
+        let (tx, rx) = oneshot::channel();
+        self.pending_history.borrow_mut().insert(id, tx);
+        self.recover(id, channel, since);
+        let answer = tokio::time::timeout(METRICS_WAIT, rx).await.ok()?.ok();
+        self.pending_history.borrow_mut().remove(&id);
+        answer
     }
 
     /// Asks the supervisor to relay a message (also its channel's retained

@@ -137,6 +137,11 @@ impl<W> Default for Channels<W> {
 }
 
 impl<W> Channels<W> {
+    /// Every channel with its name, in no order (the server API's listing).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &Channel<W>)> {
+        self.list.iter().flatten().map(|(n, ch)| (&**n, ch))
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<&Channel<W>> {
         let id = *self.by_name.get(name)?;
         self.list[id as usize].as_ref().map(|(_, ch)| ch)

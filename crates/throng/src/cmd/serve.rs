@@ -39,6 +39,11 @@ Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>
             body clears it; see --max-retained)
 MQTT:       --mqtt-listen HOST:PORT; a topic is a channel (docs/mqtt.md)
 Observe:    GET /metrics (Prometheus text), GET /healthz
+API:        where publishing is, with its credentials (docs/api.md):
+            GET /api/channels?prefix=&limit=&after= (subscriber counts),
+            GET /api/channels/<c>, GET /api/history/<c>?since=&limit=,
+            POST /api/disconnect {\"channel\":..,\"code\":4000},
+            POST /api/publish {\"channels\":[..],\"data\":..}
 Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
             node: POST /publish goes to Redis (PUBLISH <prefix><channel>),
             and every node delivers what Redis sends it. The publish answer
@@ -393,8 +398,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     publish_key_file: Option<String>,
 
-    /// Serve publishing (and /healthz) on this internal address only, like an admin port;
-    /// the public addresses then refuse POST /publish with 403.
+    /// Serve publishing, the server API (/api/...) and /healthz on this internal address
+    /// only, like an admin port; the public addresses then refuse them with 403.
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_listen, action = clap::ArgAction::Append)]
     publish_listen: Vec<Vec<SocketAddr>>,
 

@@ -8,6 +8,7 @@
 
 mod agents;
 mod agents_json;
+mod api;
 mod attack;
 mod auth;
 mod bench;

@@ -4,11 +4,14 @@
 //! awaits that route's function.
 //!
 //! - `POST /publish/<channel>` ([`publish`]): relay a message through the supervisor.
+//! - `/api/...` ([`api`]): the server API (channels, history, disconnect,
+//!   batch publish), served where publishing is.
 //! - `GET /healthz`, `GET /metrics` ([`ops`]): for load balancers and Prometheus.
 //! - `GET`/`POST /ping` ([`ping`]): the seeds' test back end for HTTP load.
 //! - `POST /bench/floor/<channel>` (`bench_floor`): benchmark only: in a
 //!   build with the `bench-floor` feature, and then only with `--bench-floor`.
 
+pub(crate) mod api;
 #[cfg(feature = "bench-floor")]
 pub(crate) mod bench_floor;
 pub(crate) mod ops;
@@ -31,6 +34,8 @@ pub(crate) enum Route {
     Publish,
     /// `/publish` with another method: [`publish::refuse_method`].
     PublishMethod,
+    /// `/api/...`: [`api::serve`].
+    Api,
     /// `GET` or `POST /ping`: [`ping::serve`].
     Ping,
     /// `/ping` where the test back end is off: [`test_backend_off`].
@@ -56,11 +61,14 @@ pub(crate) fn route(w: &Worker, req: &Request, serves: Serves) -> Option<Route> 
         .split_once('?')
         .map_or(req.target.as_str(), |(p, _)| p);
     let publish = path == "/publish" || path.starts_with("/publish/");
+    let api = path.starts_with(api::PREFIX);
     Some(match (req.method.as_str(), path) {
         ("GET", "/healthz") => Route::Healthz,
         ("GET", "/metrics") if serves.metrics => Route::Metrics,
         ("GET", "/metrics") => Route::NotHere("/metrics"),
         _ if publish && !serves.publish => Route::NotHere("publishing"),
+        _ if api && !serves.publish => Route::NotHere("the server API (/api/)"),
+        _ if api => Route::Api,
         ("POST", _) if publish => Route::Publish,
         _ if publish => Route::PublishMethod,
         _ if !serves.subscribe => Route::NotHere("this endpoint"),
