@@ -226,6 +226,26 @@ pub struct Message {
     pub payload: Bytes,
 }
 
+#[cfg(test)]
+impl Message {
+    /// A text message `id` on `channel`, QoS 1 to MQTT, no properties and
+    /// no publisher: what tests start from, changing what they test.
+    pub(crate) fn sample(id: u64, channel: &str, payload: impl Into<Bytes>) -> Self {
+        Self {
+            id,
+            message: MessageId::NONE,
+            text: true,
+            at_most_once: false,
+            exactly_once: false,
+            properties: Bytes::new(),
+            retained: false,
+            origin: 0,
+            channel: channel.to_owned(),
+            payload: payload.into(),
+        }
+    }
+}
+
 /// A control socket carried something that is not a record.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -529,7 +529,6 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::history::MessageId;
 
     impl Sessions {
         fn relayed_at(&mut self, m: &Message) {
@@ -547,16 +546,10 @@ mod tests {
 
     fn msg(id: u64, channel: &str, qos: u8) -> Message {
         Message {
-            id,
-            message: MessageId::NONE,
             text: false,
             at_most_once: qos == 0,
             exactly_once: qos == 2,
-            properties: Bytes::new(),
-            retained: false,
-            origin: 0,
-            channel: channel.to_owned(),
-            payload: Bytes::from(format!("m{id}")),
+            ..Message::sample(id, channel, format!("m{id}"))
         }
     }
 

@@ -210,20 +210,12 @@ fn get_messages(rec: &mut Bytes) -> Result<Vec<Message>, ControlError> {
 mod tests {
     use super::*;
     use crate::control::Record;
-    use crate::history::MessageId;
 
     fn message(channel: &str, payload: &'static [u8], exactly_once: bool) -> Message {
         Message {
-            id: 7,
-            message: MessageId::NONE,
             text: false,
-            at_most_once: false,
             exactly_once,
-            properties: Bytes::new(),
-            retained: false,
-            origin: 0,
-            channel: channel.to_owned(),
-            payload: Bytes::from_static(payload),
+            ..Message::sample(7, channel, payload)
         }
     }
 

@@ -65,7 +65,6 @@ pub(super) fn get_deliver(mut rec: Bytes) -> Result<ShareDeliver, ControlError> 
 mod tests {
     use super::*;
     use crate::control::Record;
-    use crate::history::MessageId;
 
     #[test]
     fn share_records_round_trip() {
@@ -77,16 +76,8 @@ mod tests {
             Record::ShareDeliver(ShareDeliver {
                 key: "g/a/+".into(),
                 message: Message {
-                    id: 3,
-                    message: MessageId::NONE,
-                    text: true,
-                    at_most_once: false,
                     exactly_once: true,
-                    properties: Bytes::new(),
-                    retained: false,
-                    origin: 0,
-                    channel: "a/b".into(),
-                    payload: Bytes::from_static(b"hi"),
+                    ..Message::sample(3, "a/b", &b"hi"[..])
                 },
             }),
         ] {

@@ -209,18 +209,7 @@ fn interest(on: bool) -> Record {
 }
 
 pub(super) fn message(id: u64, channel: &str, payload: &str) -> Message {
-    Message {
-        id,
-        message: MessageId::NONE,
-        text: true,
-        at_most_once: false,
-        exactly_once: false,
-        properties: Bytes::new(),
-        retained: false,
-        origin: 0,
-        channel: channel.into(),
-        payload: Bytes::copy_from_slice(payload.as_bytes()),
-    }
+    Message::sample(id, channel, Bytes::copy_from_slice(payload.as_bytes()))
 }
 
 /// The payloads of the `Deliver` records among `got`.

@@ -466,27 +466,14 @@ mod tests {
     //! An MQTT session's QoS 1 window, without a connection: what each
     //! delivery and PUBACK does to it.
 
-    use bytes::Bytes;
     use throng_proto::mqtt::Version;
 
     use super::{DeliveryAck, Mqtt, Slot};
     use crate::control::Message;
-    use crate::history::MessageId;
     use crate::worker::mqtt_qos::Qos1;
 
     fn qos1(payload: &'static [u8]) -> Qos1 {
-        let m = Message {
-            id: 1,
-            message: MessageId::NONE,
-            text: true,
-            at_most_once: false,
-            exactly_once: false,
-            properties: Bytes::new(),
-            retained: false,
-            origin: 0,
-            channel: "c".into(),
-            payload: Bytes::from_static(payload),
-        };
+        let m = Message::sample(1, "c", payload);
         Qos1::of(Version::V5, &m).expect("a small PUBLISH encodes")
     }
 

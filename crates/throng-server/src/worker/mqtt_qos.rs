@@ -444,27 +444,14 @@ impl Received {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
     use throng_proto::mqtt::{Connack, Decoder, Delivery, Packet, Properties, ReasonCode, Version};
 
     use super::{DeliveryAck, Incoming, Inflight, Out, Phase, Qos1, RECEIVE_MAX, Received, Slot};
     use crate::control::Message;
-    use crate::history::MessageId;
 
     #[test]
     fn a_qos1_publish_encoded_once_takes_any_packet_id() {
-        let m = Message {
-            id: 1,
-            message: MessageId::NONE,
-            text: true,
-            at_most_once: false,
-            exactly_once: false,
-            properties: Bytes::new(),
-            retained: false,
-            origin: 0,
-            channel: "sensors/1".into(),
-            payload: Bytes::from_static(b"21.5"),
-        };
+        let m = Message::sample(1, "sensors/1", &b"21.5"[..]);
         for version in [Version::V311, Version::V5] {
             let q = Qos1::of(version, &m).unwrap();
             for id in [1u16, 0x1234, u16::MAX] {
@@ -531,16 +518,8 @@ mod tests {
     #[test]
     fn a_qos2_delivery_keeps_its_slot_from_pubrec_to_pubcomp() {
         let m = Message {
-            id: 1,
-            message: MessageId::NONE,
-            text: true,
-            at_most_once: false,
             exactly_once: true,
-            properties: Bytes::new(),
-            retained: false,
-            origin: 0,
-            channel: "c".into(),
-            payload: Bytes::from_static(b"x"),
+            ..Message::sample(1, "c", &b"x"[..])
         };
         let q2 = Qos1::of(Version::V5, &m).unwrap().exactly_once();
         assert!(q2.is_exactly_once());
