@@ -616,6 +616,8 @@ enum Event {
     /// The history and retained messages the serve we took over (its pid)
     /// handed over, or why not.
     History(i32, Result<takeover::Handed, String>),
+    /// A read of `--auth-jwks-url` ended (`supervisor/jwks.rs`).
+    Jwks(Result<crate::auth::jwks::Parsed, crate::jwks::FetchError>),
 }
 
 /// One worker slot; `generation` tells a restarted worker from the one before.
@@ -664,6 +666,8 @@ struct Supervisor {
     shares: Shares,
     /// Server API questions waiting for the workers' parts.
     api: crate::api::Gather,
+    /// Wakes the `--auth-jwks-url` reader (`supervisor/jwks.rs`).
+    keys_stale: Option<std::rc::Rc<tokio::sync::Notify>>,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -726,6 +730,7 @@ async fn supervise(
             tokio::task::spawn_local(redis::run(settings, max, cmds, emit));
         }
     }
+    sup.start_jwks();
     let workers = plan.config.workers;
     for i in 0..workers {
         sup.spawn(i).map_err(ServeError::Spawn)?;
@@ -884,6 +889,7 @@ impl Supervisor {
             }),
             shares: Shares::default(),
             api: crate::api::Gather::default(),
+            keys_stale: None,
         })
     }
 
@@ -990,6 +996,7 @@ impl Supervisor {
             }
             Event::Broker(ev) => self.on_broker(ev),
             Event::History(pid, got) => self.history_arrived(pid, got),
+            Event::Jwks(got) => self.jwks_read(got),
             Event::Restart(i, generation) => {
                 if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
                     return None;
@@ -1152,6 +1159,7 @@ impl Supervisor {
             }
             Record::ShareMember(m) => self.shares.member(i, &m),
             Record::Api(r) => self.on_api(i, generation, r),
+            Record::KeysStale => self.keys_stale(),
             Record::Release { source } => {
                 let now = self.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut self.addresses {
@@ -1381,13 +1389,18 @@ impl Supervisor {
         for line in &out.kept {
             log!("throng: SIGHUP: ERROR: {line}");
         }
-        if !out.changed() {
-            return;
+        if out.changed() {
+            self.push_config("SIGHUP");
         }
+    }
+
+    /// Hands the settings, changed by `why`, to every worker (and to those
+    /// started later).
+    fn push_config(&mut self, why: &str) {
         match serde_json::to_vec(&self.config) {
             Ok(json) => self.config_json = Bytes::from(json),
             Err(e) => {
-                log!("throng: SIGHUP: cannot encode the settings: {e}");
+                log!("throng: {why}: cannot encode the settings: {e}");
                 return;
             }
         }
@@ -1456,6 +1469,7 @@ mod tests {
 
 mod api;
 mod handover;
+mod jwks;
 
 #[cfg(test)]
 mod pair;
