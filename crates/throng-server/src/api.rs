@@ -46,6 +46,10 @@ pub struct Part {
     /// Workers that answered.
     #[serde(default)]
     pub workers: u64,
+    /// `"cluster"`: the counts include the other nodes sharing Redis
+    /// (`redis/counts.rs`); absent: this node's (or server's) only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 impl Part {
@@ -181,6 +185,7 @@ mod tests {
             channels: names.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect(),
             closed: 0,
             workers: 1,
+            scope: None,
         }
     }
 

@@ -618,6 +618,8 @@ enum Event {
     History(i32, Result<takeover::Handed, String>),
     /// A read of `--auth-jwks-url` ended (`supervisor/jwks.rs`).
     Jwks(Result<crate::auth::jwks::Parsed, crate::jwks::FetchError>),
+    /// The other nodes' counts for an API answer (`supervisor/counts.rs`).
+    Counts(u64, Result<Vec<(String, u64)>, String>),
 }
 
 /// One worker slot; `generation` tells a restarted worker from the one before.
@@ -668,6 +670,8 @@ struct Supervisor {
     api: crate::api::Gather,
     /// Wakes the `--auth-jwks-url` reader (`supervisor/jwks.rs`).
     keys_stale: Option<std::rc::Rc<tokio::sync::Notify>>,
+    /// Subscriber counts across nodes, with Redis (`supervisor/counts.rs`).
+    counts: Option<counts::Counts>,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -719,6 +723,7 @@ async fn supervise(
     }
     if let Some(settings) = plan.redis.clone() {
         let events = sup.events.clone();
+        sup.start_counts(settings.clone());
         let cmds = sup.use_redis(settings.clone());
         let emit = move |ev| {
             let _ = events.send(Event::Broker(ev));
@@ -796,6 +801,7 @@ async fn supervise(
                     sup.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
                 sup.session_interest();
+                sup.counts_tick();
             }
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
@@ -890,6 +896,7 @@ impl Supervisor {
             shares: Shares::default(),
             api: crate::api::Gather::default(),
             keys_stale: None,
+            counts: None,
         })
     }
 
@@ -997,6 +1004,7 @@ impl Supervisor {
             Event::Broker(ev) => self.on_broker(ev),
             Event::History(pid, got) => self.history_arrived(pid, got),
             Event::Jwks(got) => self.jwks_read(got),
+            Event::Counts(id, got) => self.counts_read(id, got),
             Event::Restart(i, generation) => {
                 if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
                     return None;
@@ -1468,6 +1476,7 @@ mod tests {
 }
 
 mod api;
+mod counts;
 mod handover;
 mod jwks;
 
