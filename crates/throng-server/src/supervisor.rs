@@ -619,7 +619,7 @@ enum Event {
     /// A read of `--auth-jwks-url` ended (`supervisor/jwks.rs`).
     Jwks(Result<crate::auth::jwks::Parsed, crate::jwks::FetchError>),
     /// The other nodes' counts for an API answer (`supervisor/counts.rs`).
-    Counts(u64, Result<Vec<(String, u64)>, String>),
+    Counts(redis::counts::CountsNews),
 }
 
 /// One worker slot; `generation` tells a restarted worker from the one before.
@@ -1004,7 +1004,7 @@ impl Supervisor {
             Event::Broker(ev) => self.on_broker(ev),
             Event::History(pid, got) => self.history_arrived(pid, got),
             Event::Jwks(got) => self.jwks_read(got),
-            Event::Counts(id, got) => self.counts_read(id, got),
+            Event::Counts(news) => self.counts_news(news),
             Event::Restart(i, generation) => {
                 if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
                     return None;

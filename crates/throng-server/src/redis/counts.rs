@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use serde::{Deserialize, Serialize};
 use throng_client::link::Stream;
 use throng_proto::resp::{self, Limits, Value};
 use tokio::sync::mpsc;
@@ -31,7 +32,7 @@ pub(crate) const TTL: Duration = Duration::from_secs(15);
 /// Fields per `HSET` when writing many channels.
 const HSET_BATCH: usize = 1000;
 /// How long one exchange with Redis may take.
-const TIMEOUT: Duration = Duration::from_secs(5);
+const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the supervisor asks of the counts link.
 #[derive(Debug)]
@@ -39,15 +40,61 @@ pub(crate) enum CountsCmd {
     /// This node's counts now (every channel with subscribers).
     Write(Vec<(String, u64)>),
     /// The other nodes' counts for `query` (a `Channels` or `Channel`),
-    /// answered to `done` with request `id`.
+    /// answered with [`CountsNews::Counts`] and request `id`.
     Read { id: u64, query: Query },
+    /// Relays a disconnect to the other nodes and gathers how many each
+    /// closed; answered with [`CountsNews::Relayed`] and request `id`.
+    Disconnect { id: u64, order: Order },
+    /// This node closed `closed` subscribers for the relayed order `req`.
+    Closed { req: String, closed: u64 },
 }
+
+/// A disconnect relayed to every node (`POST /api/disconnect` with Redis).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Order {
+    /// The order's id: where each node pushes what it closed.
+    pub req: String,
+    /// The node that relayed it (it closed its own already).
+    pub from: String,
+    pub channel: String,
+    pub code: u16,
+    pub reason: String,
+}
+
+/// How a relayed disconnect went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Relayed {
+    /// Subscribers the other nodes closed.
+    pub closed: u64,
+    /// Other live nodes it was relayed to.
+    pub asked: u64,
+    /// Those that said how many they closed in time.
+    pub answered: u64,
+}
+
+/// What the counts link tells the supervisor.
+#[derive(Debug)]
+pub(crate) enum CountsNews {
+    /// The other nodes' counts for read `id`, or why not.
+    Counts(u64, Result<Vec<(String, u64)>, String>),
+    /// How relayed disconnect `id` went, or why it could not be relayed.
+    Relayed(u64, Result<Relayed, String>),
+    /// Another node relayed a disconnect: close here, then answer [`CountsCmd::Closed`].
+    Order(Order),
+}
+
+/// How long a relayed disconnect waits for the other nodes' answers.
+const RELAY_WAIT: Duration = Duration::from_millis(1500);
 
 /// The keys of one node's counts.
 #[derive(Debug, Clone)]
 struct Keys {
     nodes: String,
     node_prefix: String,
+    /// The pub/sub channel of relayed disconnects.
+    orders: String,
+    /// Where the nodes push what they closed for an order: `<closed><req>`.
+    closed: String,
 }
 
 impl Keys {
@@ -56,6 +103,8 @@ impl Keys {
         Self {
             nodes: format!("{tag}:nodes"),
             node_prefix: format!("{tag}:node:"),
+            orders: format!("{tag}:disconnect"),
+            closed: format!("{tag}:closed:"),
         }
     }
 
@@ -241,7 +290,8 @@ impl Link {
         }
     }
 
-    async fn read(&mut self, query: &Query) -> Result<Vec<(String, u64)>, String> {
+    /// The other nodes whose counts have not expired.
+    async fn others(&mut self) -> Result<Vec<String>, String> {
         let now = unix_ms().to_string();
         let live = self
             .exchange(&[vec![
@@ -254,12 +304,78 @@ impl Link {
         let Some(Value::Array(Some(nodes))) = live.first() else {
             return Err(format!("the node list answered {live:?}"));
         };
-        let cmds: Vec<Vec<Vec<u8>>> = nodes
+        Ok(nodes
             .iter()
             .filter_map(|n| n.as_bytes())
             .filter(|n| n.as_ref() != self.id.as_bytes())
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect())
+    }
+
+    /// Publishes `order` to the other nodes, then waits up to
+    /// [`RELAY_WAIT`] for each live one to say how many it closed.
+    async fn relay(&mut self, order: &Order) -> Result<Relayed, String> {
+        let asked = self.others().await?.len() as u64;
+        let json = serde_json::to_vec(order).map_err(|e| e.to_string())?;
+        self.exchange(&[vec![
+            b"PUBLISH".to_vec(),
+            self.keys.orders.clone().into_bytes(),
+            json,
+        ]])
+        .await?;
+        let key = format!("{}{}", self.keys.closed, order.req).into_bytes();
+        let deadline = tokio::time::Instant::now() + RELAY_WAIT;
+        let mut out = Relayed {
+            closed: 0,
+            asked,
+            answered: 0,
+        };
+        while out.answered < asked {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let wait = format!("{:.3}", left.as_secs_f64().max(0.01));
+            let r = self
+                .exchange(&[vec![b"BLPOP".to_vec(), key.clone(), wait.into_bytes()]])
+                .await?;
+            // [key, count], or nil when the wait ran out.
+            let Some(Value::Array(Some(kv))) = r.first() else {
+                break;
+            };
+            let n = kv
+                .get(1)
+                .and_then(Value::as_bytes)
+                .and_then(|b| std::str::from_utf8(b).ok()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            out.closed += n;
+            out.answered += 1;
+        }
+        Ok(out)
+    }
+
+    /// Tells the node that relayed order `req` how many this node closed.
+    async fn closed(&mut self, req: &str, closed: u64) -> Result<(), String> {
+        let key = format!("{}{req}", self.keys.closed).into_bytes();
+        self.exchange(&[
+            vec![
+                b"RPUSH".to_vec(),
+                key.clone(),
+                closed.to_string().into_bytes(),
+            ],
+            vec![b"PEXPIRE".to_vec(), key, b"30000".to_vec()],
+        ])
+        .await
+        .map(drop)
+    }
+
+    async fn read(&mut self, query: &Query) -> Result<Vec<(String, u64)>, String> {
+        let cmds: Vec<Vec<Vec<u8>>> = self
+            .others()
+            .await?
+            .iter()
             .map(|n| {
-                let node = self.keys.node(&String::from_utf8_lossy(n));
+                let node = self.keys.node(n);
                 match query {
                     Query::Channel { name } => {
                         vec![
@@ -312,16 +428,23 @@ pub(crate) fn node_id() -> String {
 }
 
 /// The counts link: writes what [`CountsCmd::Write`] gives, answers each
-/// [`CountsCmd::Read`] to `done` (`Err`: why the other nodes could not be
-/// read; the API then answers for this node only). A failed exchange drops
-/// the connection; the next command makes a new one.
+/// [`CountsCmd::Read`] and [`CountsCmd::Disconnect`] to `news` (`Err`: why
+/// the other nodes could not be reached; the API then answers for this node
+/// only), and hands the disconnects other nodes relay to `news`. A failed
+/// exchange drops the connection; the next command makes a new one.
 pub(crate) async fn run(
     settings: RedisSettings,
     id: String,
     mut cmds: mpsc::UnboundedReceiver<CountsCmd>,
-    done: impl Fn(u64, Result<Vec<(String, u64)>, String>),
+    news: impl Fn(CountsNews) + Clone + 'static,
 ) {
     let keys = Keys::new(&settings.prefix);
+    tokio::task::spawn_local(listen(
+        settings.clone(),
+        keys.orders.clone(),
+        id.clone(),
+        news.clone(),
+    ));
     let mut link = Link {
         settings,
         keys,
@@ -341,9 +464,16 @@ pub(crate) async fn run(
             CountsCmd::Read { id, query } => {
                 let got = link.read(&query).await;
                 let failed = got.as_ref().err().cloned();
-                done(id, got);
+                news(CountsNews::Counts(id, got));
                 failed.map_or(Ok(()), Err)
             }
+            CountsCmd::Disconnect { id, order } => {
+                let got = link.relay(&order).await;
+                let failed = got.as_ref().err().cloned();
+                news(CountsNews::Relayed(id, got));
+                failed.map_or(Ok(()), Err)
+            }
+            CountsCmd::Closed { req, closed } => link.closed(&req, closed).await,
         };
         match result {
             Ok(()) if failing => {
@@ -360,6 +490,66 @@ pub(crate) async fn run(
                 }
                 failing = true;
             }
+        }
+    }
+}
+
+/// The subscriber connection of relayed disconnects: `SUBSCRIBE` to
+/// `orders` (plain pub/sub: on a Redis Cluster a `PUBLISH` reaches every
+/// node's subscribers), each order from another node handed to `news`.
+/// Reconnects a second after a failure, for as long as the server runs.
+async fn listen(settings: RedisSettings, orders: String, id: String, news: impl Fn(CountsNews)) {
+    let dec = resp::Decoder::default();
+    loop {
+        if let Err(e) = listen_once(&settings, &orders, &id, &news, &dec).await {
+            log!("throng: Redis disconnect relay: {e}; listening again in 1s");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn listen_once(
+    settings: &RedisSettings,
+    orders: &str,
+    id: &str,
+    news: &impl Fn(CountsNews),
+    dec: &resp::Decoder,
+) -> Result<(), String> {
+    let addr = match &settings.topology {
+        super::Topology::Cluster(seeds) => seeds[0].clone(),
+        _ => settings.master().await.map_err(|e| e.to_string())?,
+    };
+    let s = settings.at(&addr);
+    let (mut stream, mut buf) = throng_client::redis::open(&s.url, s.tls.as_ref(), TIMEOUT)
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let mut out = Vec::new();
+    resp::encode_command(&mut out, &[b"SUBSCRIBE", orders.as_bytes()]);
+    throng_client::link::write_all(&mut stream, &out)
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let v = throng_client::redis::read_value(&mut stream, &mut buf, dec)
+            .await
+            .map_err(|e| e.to_string())?;
+        // ["message", channel, payload]; the subscribe confirmation is not one.
+        let Value::Array(Some(items)) = &v else {
+            continue;
+        };
+        let (Some(kind), Some(payload)) = (items.first().and_then(Value::as_bytes), items.get(2))
+        else {
+            continue;
+        };
+        if kind.as_ref() != b"message" {
+            continue;
+        }
+        match payload
+            .as_bytes()
+            .map(|p| serde_json::from_slice::<Order>(p))
+        {
+            Some(Ok(order)) if order.from != id => news(CountsNews::Order(order)),
+            Some(Ok(_)) => {}
+            _ => log!("throng: Redis disconnect relay: a message that is not an order; ignored"),
         }
     }
 }

@@ -44,6 +44,8 @@ API:        where publishing is, with its credentials (docs/api.md):
             GET /api/channels/<c>, GET /api/history/<c>?since=&limit=,
             POST /api/disconnect {\"channel\":..,\"code\":4000},
             POST /api/publish {\"channels\":[..],\"data\":..}
+            With --redis, counts and disconnects cover every node
+            (\"scope\":\"cluster\"; each node writes its counts every 5s)
 Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
             node: POST /publish goes to Redis (PUBLISH <prefix><channel>),
             and every node delivers what Redis sends it. The publish answer

@@ -432,14 +432,24 @@ fn with_redis_counts_cover_every_node_and_the_history_is_the_stream() {
     assert_eq!(last, h["messages"][0]["id"], "{h}");
     let sample = "throng_recoveries_total{result=\"complete\"}";
     assert_eq!(b.metric(sample), 0.0, "API reads are not recoveries");
-    // A disconnect on node A closes node A's subscribers only.
+    // A disconnect on node A is relayed to node B: 3 closed there, 1 here.
     let (status, v) = post(
         a.addr,
         "/api/disconnect",
-        &json!({"channel": "room", "code": 4001}),
+        &json!({"channel": "room", "code": 4001, "reason": "revoked"}),
     );
-    assert_eq!((status, &v["closed"]), (200, &json!(3)), "{v}");
-    wait_api(b.addr, "/api/channels/room", |v| v["subscribers"] == 1);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (&v["closed"], &v["scope"], &v["nodes"]),
+        (
+            &json!(4),
+            &json!("cluster"),
+            &json!({"asked": 1, "answered": 1})
+        ),
+        "{v}"
+    );
+    assert_eq!(close_frame_then_end(&mut on_b), (4001, "revoked".into()));
+    wait_api(b.addr, "/api/channels/room", |v| v["subscribers"] == 0);
     // A node that dies stops counting once its counts expire in Redis.
     b.signal("KILL");
     let start = Instant::now();

@@ -319,7 +319,12 @@ async fn disconnect(w: &Worker, caller: &Caller, body: &[u8]) -> Result<Value, B
         reason: d.reason,
     };
     let part = ask(w, &q).await?;
-    Ok(json!({ "channel": channel, "closed": part.closed, "scope": scope(w) }))
+    let scope = part.scope.as_deref().unwrap_or(scope(w));
+    let mut v = json!({ "channel": channel, "closed": part.closed, "scope": scope });
+    if let Some(n) = part.nodes {
+        v["nodes"] = json!(n);
+    }
+    Ok(v)
 }
 
 /// `POST /api/publish`'s body.
