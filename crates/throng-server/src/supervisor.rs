@@ -1386,7 +1386,14 @@ impl Supervisor {
     /// what it kept, and hands the new settings to every worker (and to
     /// those started later).
     fn reload(&mut self, files: &reload::Files) {
+        if let Some(n) = &self.keys_stale {
+            log!("throng: SIGHUP: reading --auth-jwks-url again (at most once per 5s)");
+            n.notify_one();
+        }
         if files.is_empty() {
+            if self.keys_stale.is_some() {
+                return;
+            }
             log!("throng: SIGHUP: nothing to reload (no certificate or key files were given)");
             return;
         }

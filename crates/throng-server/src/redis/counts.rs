@@ -7,7 +7,7 @@
 //! counting within [`TTL`]; another node's counts are as of its last
 //! write.
 //!
-//! Every key carries the hash tag `{<prefix>counts}`, so on a Redis Cluster
+//! Every key carries the hash tag `{<prefix>#counts}`, so on a Redis Cluster
 //! they all live on one master (followed through `MOVED`). This link is
 //! its own connection, beside the broker's: it does request and reply, the
 //! broker's connections carry pub/sub.
@@ -99,7 +99,7 @@ struct Keys {
 
 impl Keys {
     fn new(prefix: &str) -> Self {
-        let tag = format!("{{{prefix}counts}}");
+        let tag = format!("{{{prefix}#counts}}");
         Self {
             nodes: format!("{tag}:nodes"),
             node_prefix: format!("{tag}:node:"),
@@ -582,7 +582,7 @@ mod tests {
                 b"EXEC"
             ]
         );
-        assert_eq!(cmds[1][1], b"{throng:counts}:node:n1");
+        assert_eq!(cmds[1][1], b"{throng:#counts}:node:n1");
         assert_eq!(cmds[2].len(), 2 + 2 * HSET_BATCH);
         assert_eq!(cmds[4].len(), 2 + 2 * 500);
         assert_eq!(cmds[6][2], b"16000");

@@ -109,8 +109,8 @@ Stops on SIGTERM or SIGINT, to the supervisor or to the whole process group
 within --drain-timeout. A worker that exits cleanly after such a signal is not
 restarted: the whole server stops.
 
-SIGHUP (systemctl reload) reads --tls-cert/--tls-key, the --auth-* key files and
---publish-key-file again; each new connection uses what was read. A bad file is
+SIGHUP (systemctl reload) reads --tls-cert/--tls-key, the --auth-* key files,
+--auth-jwks-url and --publish-key-file again; each new connection uses what was read. A bad file is
 logged and the old material kept; nothing else changes without a restart.
 
 Examples:

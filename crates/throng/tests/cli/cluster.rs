@@ -96,9 +96,9 @@ fn three_masters_each_channel_on_its_shard_and_history_publishes() {
         wait_json(b.addr, "/api/channels/room.7", |_| true)["last_id"]
     );
     assert!(one["last_id"].is_string(), "{one}");
-    let m = c.master_of("{throng:counts}:nodes");
+    let m = c.master_of("{throng:#counts}:nodes");
     let owner = c.nodes.iter().find(|n| n.port == m).expect("a node");
-    assert_eq!(owner.cli(&["ZCARD", "{throng:counts}:nodes"]), ["2"]);
+    assert_eq!(owner.cli(&["ZCARD", "{throng:#counts}:nodes"]), ["2"]);
     // Pattern mode has no sharded form: refused at start, with the reason.
     let seeds = c.seeds();
     let out = output_within(

@@ -99,6 +99,20 @@ fn keys_come_from_an_https_key_set_and_a_rotation_is_picked_up_on_an_unknown_kid
     let allowed = start.elapsed().as_secs() / 5 + 2;
     assert!(gets <= allowed, "{gets} reads in {:?}", start.elapsed());
     assert_eq!(upgrade(server.addr, &rotated).0, 101, "the keys were kept");
+    // SIGHUP reads the set again, before any token names the new key.
+    std::fs::write(&set, new.jwks(&["b=rsa", "c=ec"])).expect("add a key");
+    server.signal("HUP");
+    // At most once per 5 s: a minute is generous on a loaded machine.
+    let start = Instant::now();
+    while !server.log().contains("kids b, c (were b)") {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(upgrade(server.addr, &token(&new, "ES256", "c")).0, 101);
 }
 
 #[test]
