@@ -10,6 +10,11 @@ usage:
                                    SPECS is a JSON list of token specs; prints a JSON
                                    list of tokens, one per spec
 
+  python3 jwt_mint.py jwks DIR KID=NAME...
+                                   prints a JSON Web Key Set of DIR's public keys NAME
+                                   (rsa, ec, ed), each labelled with its KID (PyJWT's
+                                   to_jwk: a JWK implementation independent of throng's)
+
 A spec is {"alg": ..., "claims": {...}, "kid": optional}. In claims, "exp_in"
 and "nbf_in" are seconds from now, turned into "exp" and "nbf". alg is one of
 HS256, RS256, ES256, EdDSA (signed with DIR's keys), or the attacks:
@@ -100,6 +105,21 @@ def token(directory, spec):
     return jwt.encode(claims, key, algorithm=alg, headers=headers)
 
 
+def jwks(directory, labels):
+    """A key set of the public halves of DIR's keys, one per KID=NAME."""
+    from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
+
+    kinds = {"rsa": RSAAlgorithm, "ec": ECAlgorithm, "ed": OKPAlgorithm}
+    keys = []
+    for label in labels:
+        kid, name = label.split("=", 1)
+        public = serialization.load_pem_public_key(read(directory, name + ".pub.pem"))
+        jwk = kinds[name].to_jwk(public, as_dict=True)
+        jwk.update({"kid": kid, "use": "sig"})
+        keys.append(jwk)
+    return {"keys": keys}
+
+
 def main():
     what, directory = sys.argv[1], sys.argv[2]
     if what == "keys":
@@ -107,8 +127,10 @@ def main():
     elif what == "tokens":
         specs = json.loads(sys.argv[3])
         print(json.dumps([token(directory, s) for s in specs]))
+    elif what == "jwks":
+        print(json.dumps(jwks(directory, sys.argv[3:])))
     else:
-        sys.exit("usage: jwt_mint.py keys DIR | tokens DIR SPECS")
+        sys.exit("usage: jwt_mint.py keys DIR | tokens DIR SPECS | jwks DIR KID=NAME...")
 
 
 if __name__ == "__main__":

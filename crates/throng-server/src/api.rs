@@ -46,6 +46,23 @@ pub struct Part {
     /// Workers that answered.
     #[serde(default)]
     pub workers: u64,
+    /// `"cluster"`: the counts include the other nodes sharing Redis
+    /// (`redis/counts.rs`); absent: this node's (or server's) only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// A disconnect relayed through Redis: the other nodes it went to, and
+    /// those that said in time how many they closed (counted in `closed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Nodes>,
+}
+
+/// The other nodes a relayed disconnect reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nodes {
+    /// Live nodes it was relayed to.
+    pub asked: u64,
+    /// Those that answered within the wait.
+    pub answered: u64,
 }
 
 impl Part {
@@ -181,6 +198,8 @@ mod tests {
             channels: names.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect(),
             closed: 0,
             workers: 1,
+            scope: None,
+            nodes: None,
         }
     }
 

@@ -434,7 +434,7 @@ impl Config {
     fn fmt_access(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let a = &self.auth;
         if a.tokens() {
-            let keys: Vec<String> = a.keys.iter().map(crate::auth::Key::describe).collect();
+            let keys: Vec<String> = a.all_keys().map(crate::auth::Key::describe).collect();
             let mut rules = vec![if a.allow_no_exp {
                 "exp optional (--auth-allow-no-exp)".to_owned()
             } else {
@@ -570,7 +570,7 @@ impl Config {
         if !sub.is_empty() {
             open.push(
                 "anyone who reaches it can subscribe to any channel \
-                 (--auth-hs256-secret-file or --auth-public-key require a token)"
+                 (--auth-hs256-secret-file, --auth-public-key or --auth-jwks-url require a token)"
                     .to_owned(),
             );
         }

@@ -179,6 +179,9 @@ pub enum Record {
     ShareDeliver(ShareDeliver),
     /// One leg of a server API request (`/api/...`), [`ApiRecord`].
     Api(ApiRecord),
+    /// Worker → supervisor: a token named a `kid` no key has; with
+    /// `--auth-jwks-url` the key set may have rotated (read it again).
+    KeysStale,
 }
 
 /// When and on which worker an MQTT client id was claimed: later claims
@@ -283,6 +286,7 @@ const RETAINED: u8 = 19;
 // Far from the others: kinds added beside it by other work stay apart.
 const RELOAD: u8 = 40;
 const CLIENT_ID: u8 = 41;
+const KEYS_STALE: u8 = 80;
 
 /// Bytes a retained message takes in a [`Record::Retained`] besides its
 /// channel and payload.
@@ -401,6 +405,7 @@ impl Record {
             Self::ShareMember(m) => share::put_member(&mut out, m),
             Self::ShareDeliver(d) => share::put_deliver(&mut out, d),
             Self::Api(r) => api::put(&mut out, r),
+            Self::KeysStale => out.put_u8(KEYS_STALE),
             Self::Release { source } => put_release(&mut out, *source),
         }
         let len = (out.len() - 4) as u32;
@@ -567,6 +572,7 @@ impl Record {
                 }
             }
             api::API => Self::Api(api::get(rec)?),
+            KEYS_STALE => Self::KeysStale,
             _ => return Err(ControlError::Malformed("unknown tag")),
         })
     }
@@ -1014,6 +1020,7 @@ mod tests {
                 id: u64::MAX,
                 body: Bytes::new(),
             }),
+            Record::KeysStale,
         ]
     }
 

@@ -34,6 +34,7 @@ pub mod channel;
 pub mod config;
 pub mod control;
 pub mod history;
+pub mod jwks;
 pub mod metrics;
 pub mod proxied;
 pub mod redis;

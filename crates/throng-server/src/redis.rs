@@ -18,6 +18,8 @@
 //!   `router`: one link per master behind one router (`--redis-cluster`).
 //! - `sentinel`: the master found through Sentinel and followed on
 //!   failover (`--redis-sentinel`).
+//! - `counts`: subscriber counts summed over the nodes (the server API),
+//!   on a request-and-reply connection of its own.
 //! - [`error`]: what goes wrong, as types.
 //!
 //! Connections are made by [`throng_client::redis::open`]: plain TCP for
@@ -26,6 +28,7 @@
 //! is the same code over either kind of stream.
 
 pub mod cluster;
+pub(crate) mod counts;
 pub(crate) mod driver;
 pub mod error;
 pub(crate) mod oneshot;

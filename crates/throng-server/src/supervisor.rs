@@ -616,6 +616,10 @@ enum Event {
     /// The history and retained messages the serve we took over (its pid)
     /// handed over, or why not.
     History(i32, Result<takeover::Handed, String>),
+    /// A read of `--auth-jwks-url` ended (`supervisor/jwks.rs`).
+    Jwks(Result<crate::auth::jwks::Parsed, crate::jwks::FetchError>),
+    /// The other nodes' counts for an API answer (`supervisor/counts.rs`).
+    Counts(redis::counts::CountsNews),
 }
 
 /// One worker slot; `generation` tells a restarted worker from the one before.
@@ -664,6 +668,10 @@ struct Supervisor {
     shares: Shares,
     /// Server API questions waiting for the workers' parts.
     api: crate::api::Gather,
+    /// Wakes the `--auth-jwks-url` reader (`supervisor/jwks.rs`).
+    keys_stale: Option<std::rc::Rc<tokio::sync::Notify>>,
+    /// Subscriber counts across nodes, with Redis (`supervisor/counts.rs`).
+    counts: Option<counts::Counts>,
 }
 
 /// The Unix millisecond now: the epoch of this node's message ids. A
@@ -715,6 +723,7 @@ async fn supervise(
     }
     if let Some(settings) = plan.redis.clone() {
         let events = sup.events.clone();
+        sup.start_counts(settings.clone());
         let cmds = sup.use_redis(settings.clone());
         let emit = move |ev| {
             let _ = events.send(Event::Broker(ev));
@@ -726,6 +735,7 @@ async fn supervise(
             tokio::task::spawn_local(redis::run(settings, max, cmds, emit));
         }
     }
+    sup.start_jwks();
     let workers = plan.config.workers;
     for i in 0..workers {
         sup.spawn(i).map_err(ServeError::Spawn)?;
@@ -791,6 +801,7 @@ async fn supervise(
                     sup.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
                 sup.session_interest();
+                sup.counts_tick();
             }
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
@@ -884,6 +895,8 @@ impl Supervisor {
             }),
             shares: Shares::default(),
             api: crate::api::Gather::default(),
+            keys_stale: None,
+            counts: None,
         })
     }
 
@@ -990,6 +1003,8 @@ impl Supervisor {
             }
             Event::Broker(ev) => self.on_broker(ev),
             Event::History(pid, got) => self.history_arrived(pid, got),
+            Event::Jwks(got) => self.jwks_read(got),
+            Event::Counts(news) => self.counts_news(news),
             Event::Restart(i, generation) => {
                 if self.slots[i].generation != generation || self.slots[i].alive || self.draining {
                     return None;
@@ -1152,6 +1167,7 @@ impl Supervisor {
             }
             Record::ShareMember(m) => self.shares.member(i, &m),
             Record::Api(r) => self.on_api(i, generation, r),
+            Record::KeysStale => self.keys_stale(),
             Record::Release { source } => {
                 let now = self.started.elapsed().as_secs_f64();
                 if let Some(a) = &mut self.addresses {
@@ -1370,7 +1386,14 @@ impl Supervisor {
     /// what it kept, and hands the new settings to every worker (and to
     /// those started later).
     fn reload(&mut self, files: &reload::Files) {
+        if let Some(n) = &self.keys_stale {
+            log!("throng: SIGHUP: reading --auth-jwks-url again (at most once per 5s)");
+            n.notify_one();
+        }
         if files.is_empty() {
+            if self.keys_stale.is_some() {
+                return;
+            }
             log!("throng: SIGHUP: nothing to reload (no certificate or key files were given)");
             return;
         }
@@ -1381,13 +1404,18 @@ impl Supervisor {
         for line in &out.kept {
             log!("throng: SIGHUP: ERROR: {line}");
         }
-        if !out.changed() {
-            return;
+        if out.changed() {
+            self.push_config("SIGHUP");
         }
+    }
+
+    /// Hands the settings, changed by `why`, to every worker (and to those
+    /// started later).
+    fn push_config(&mut self, why: &str) {
         match serde_json::to_vec(&self.config) {
             Ok(json) => self.config_json = Bytes::from(json),
             Err(e) => {
-                log!("throng: SIGHUP: cannot encode the settings: {e}");
+                log!("throng: {why}: cannot encode the settings: {e}");
                 return;
             }
         }
@@ -1455,7 +1483,9 @@ mod tests {
 }
 
 mod api;
+mod counts;
 mod handover;
+mod jwks;
 
 #[cfg(test)]
 mod pair;

@@ -3,12 +3,16 @@
 //! auth tests: the server must accept what another library signs, and
 //! refuse the attacks it builds by hand.
 
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::TempDir;
-use crate::peers::{Peer, dir, expect};
+use crate::certs::Certs;
+use crate::peers::{self, Peer, dir, expect};
 use crate::process::{command, output_within, text};
 
 /// A directory of keys (`hs256.key`, `rsa.pub.pem`, `ec.pub.pem`,
@@ -48,6 +52,80 @@ impl Mint {
     /// One token.
     pub fn token(&self, spec: Value) -> String {
         self.tokens(&[spec]).remove(0)
+    }
+
+    /// A JSON Web Key Set of the public keys `labels` name, `KID=NAME`
+    /// each (`NAME`: `rsa`, `ec` or `ed`), written by PyJWT.
+    pub fn jwks(&self, labels: &[&str]) -> String {
+        let mut args = vec![
+            "jwks",
+            self.keys.path().to_str().expect("a UTF-8 temp path"),
+        ];
+        args.extend_from_slice(labels);
+        run(&args)
+    }
+}
+
+/// `tests/peers/jwks_server.py`: an HTTPS server (Python's `ssl`) that
+/// answers every GET with a key set file as it is at that moment, and
+/// counts the GETs. Killed on drop.
+#[derive(Debug)]
+pub struct JwksServer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// The port it listens on, on 127.0.0.1.
+    pub port: u16,
+}
+
+impl JwksServer {
+    /// Serves `set_file` with `certs`' server certificate. The test must
+    /// have named [`Peer::PythonJwt`] (its Python) with [`require!`](crate::require).
+    pub fn start(certs: &Certs, set_file: &Path) -> Self {
+        expect(Peer::PythonJwt);
+        let mut cmd = peers::python("jwks_server.py");
+        cmd.args(["--tls-cert", certs.cert(), "--tls-key", certs.key()])
+            .arg(set_file)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {cmd:?}: {e}"));
+        let stdin = child.stdin.take().expect("stdin is piped");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read READY <port>");
+        let port = line
+            .strip_prefix("READY ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("jwks_server.py said {line:?}, not READY <port>"));
+        Self {
+            child,
+            stdin,
+            stdout,
+            port,
+        }
+    }
+
+    /// `https://127.0.0.1:<port><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// How many GETs it has answered.
+    pub fn gets(&mut self) -> u64 {
+        writeln!(self.stdin, "gets").expect("ask jwks_server.py");
+        self.stdin.flush().expect("flush");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read its count");
+        line.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("jwks_server.py counted {line:?}: {e}"))
+    }
+}
+
+impl Drop for JwksServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

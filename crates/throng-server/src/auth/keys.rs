@@ -181,6 +181,27 @@ impl Key {
         })
     }
 
+    /// A key read elsewhere (a JSON Web Key Set, `jwks`), already in the
+    /// form [`Key::decoding_key`] takes for `alg`.
+    pub(crate) fn from_parts(
+        kid: Option<String>,
+        alg: KeyAlg,
+        source: String,
+        material: Vec<u8>,
+    ) -> Self {
+        Self {
+            kid,
+            alg,
+            source,
+            material,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn material_for_tests(&self) -> &[u8] {
+        &self.material
+    }
+
     /// The key as `jsonwebtoken` verifies with it.
     pub(crate) fn decoding_key(&self) -> jsonwebtoken::DecodingKey {
         use jsonwebtoken::DecodingKey;

@@ -20,14 +20,17 @@
 //! with no leeway.
 
 pub mod grant;
+pub mod jwks;
 pub mod keys;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 pub use grant::{Grants, Pattern, PatternError};
+pub use jwks::{JwksError, JwksUrl};
 pub use keys::{Key, KeyAlg, KeyError};
 
 /// The close code of a subscriber whose token expired (4001; throng keeps
@@ -55,6 +58,24 @@ pub struct Settings {
     pub allow_no_exp: bool,
     /// The publish API key (`--publish-key-file`).
     pub publish_key: Option<PublishKeyFile>,
+    /// Keys from a JSON Web Key Set URL (`--auth-jwks-url`), beside `keys`.
+    #[serde(default)]
+    pub jwks: Option<Jwks>,
+}
+
+/// `--auth-jwks-url`: where the key set is read, how often, and the keys
+/// it held when last read (the supervisor replaces them as it reads again).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Jwks {
+    /// The set's URL.
+    pub url: JwksUrl,
+    /// `--auth-jwks-ca`: the CA file its certificate must chain to (`None`:
+    /// the system bundle).
+    pub ca: Option<std::path::PathBuf>,
+    /// `--auth-jwks-refresh`: how often it is read again.
+    pub refresh: std::time::Duration,
+    /// The keys of its last good read.
+    pub keys: Vec<Key>,
 }
 
 impl fmt::Debug for Settings {
@@ -65,6 +86,7 @@ impl fmt::Debug for Settings {
             .field("audience", &self.audience)
             .field("allow_no_exp", &self.allow_no_exp)
             .field("publish_key", &self.publish_key)
+            .field("jwks", &self.jwks)
             .finish()
     }
 }
@@ -115,7 +137,14 @@ pub const MIN_PUBLISH_KEY: usize = 16;
 impl Settings {
     /// Whether subscribers need a token.
     pub fn tokens(&self) -> bool {
-        !self.keys.is_empty()
+        !self.keys.is_empty() || self.jwks.is_some()
+    }
+
+    /// Every key a token may be checked with: the files', then the key set's.
+    pub fn all_keys(&self) -> impl Iterator<Item = &Key> {
+        self.keys
+            .iter()
+            .chain(self.jwks.iter().flat_map(|j| j.keys.iter()))
     }
 
     /// Whether publishing needs a credential (a token or the key).
@@ -134,6 +163,14 @@ impl Settings {
             "audience": self.audience,
             "allow_no_exp": self.allow_no_exp,
             "publish_key_file": self.publish_key.as_ref().map(|k| &k.source),
+            "jwks": self.jwks.as_ref().map(|j| serde_json::json!({
+                "url": j.url.url,
+                "ca": j.ca,
+                "refresh": throng_host::units::fmt_duration(j.refresh),
+                "keys": j.keys.iter().map(|k| serde_json::json!({
+                    "alg": k.alg.name(), "kid": k.kid,
+                })).collect::<Vec<_>>(),
+            })),
         })
     }
 }
@@ -329,6 +366,12 @@ struct Verifying {
 pub struct Verifier {
     keys: Vec<Verifying>,
     allow_no_exp: bool,
+    /// Keys come from a key set that may have gained one since it was read.
+    watch_kids: bool,
+    /// A token named a `kid` no key has since [`Verifier::take_unknown_kid`]
+    /// last asked: the key set may have rotated. (Atomic only so that a
+    /// verifier stays `Sync`; each worker has its own.)
+    unknown_kid: AtomicBool,
 }
 
 impl fmt::Debug for Verifier {
@@ -346,8 +389,7 @@ impl Verifier {
             return None;
         }
         let keys = settings
-            .keys
-            .iter()
+            .all_keys()
             .map(|k| {
                 let alg = match k.alg {
                     KeyAlg::HS256 => jsonwebtoken::Algorithm::HS256,
@@ -386,6 +428,8 @@ impl Verifier {
         Some(Self {
             keys,
             allow_no_exp: settings.allow_no_exp,
+            watch_kids: settings.jwks.is_some(),
+            unknown_kid: AtomicBool::new(false),
         })
     }
 
@@ -412,6 +456,9 @@ impl Verifier {
             .kid
             .as_deref()
             .filter(|kid| self.keys.iter().any(|k| k.kid.as_deref() == Some(*kid)));
+        if named.is_none() && header.kid.is_some() && self.watch_kids {
+            self.unknown_kid.store(true, Ordering::Relaxed);
+        }
         let mut candidates = self
             .keys
             .iter()
@@ -438,6 +485,13 @@ impl Verifier {
             }
         }
         Err(refusal)
+    }
+
+    /// Whether a token named an unknown `kid` (with a key set configured)
+    /// since the last call: the worker's tick asks, and tells the
+    /// supervisor, which reads the set again (at most so often).
+    pub fn take_unknown_kid(&self) -> bool {
+        self.unknown_kid.swap(false, Ordering::Relaxed)
     }
 
     /// The claims of a token whose signature, issuer and audience are right.

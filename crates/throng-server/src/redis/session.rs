@@ -538,7 +538,15 @@ impl Session {
             }
             Command::Recover { to, channel, since } => {
                 let p = Parked { to, channel, since };
-                if self.settings.mode == RedisMode::Channels && !live.confirmed.contains(&p.channel)
+                // A subscriber's recovery waits for its channel's subscription,
+                // so nothing falls between the read and the live messages; a
+                // server API read (`GET /api/history`) has no such gap to close,
+                // and on a node without subscribers of the channel no
+                // subscription is ever coming.
+                let api_read = p.to.request & crate::control::API_READ != 0;
+                if self.settings.mode == RedisMode::Channels
+                    && !api_read
+                    && !live.confirmed.contains(&p.channel)
                 {
                     live.parked.push(p);
                 } else {

@@ -27,23 +27,8 @@ impl Supervisor {
                         part: Part::default(),
                     });
                 };
-                let live: Vec<usize> = (0..self.slots.len())
-                    .filter(|&j| self.slots[j].tx.is_some())
-                    .collect();
-                match self.api.ask(to, &query, live.clone()) {
-                    Ok(id) => {
-                        let rec = Record::Api(ApiRecord {
-                            leg: Leg::Query,
-                            id,
-                            body: r.body,
-                        })
-                        .encode();
-                        for j in live {
-                            self.send(j, rec.clone());
-                        }
-                    }
-                    Err(done) => self.api_answer(done),
-                }
+                self.counts_asked(to, &query);
+                self.api_ask(to, &query, r.body);
             }
             Leg::Part => {
                 let part = serde_json::from_slice::<Part>(&r.body).unwrap_or_default();
@@ -57,6 +42,27 @@ impl Supervisor {
         }
     }
 
+    /// Puts `query` (`body`, its JSON) to every live worker for `to`.
+    pub(super) fn api_ask(&mut self, to: Asker, query: &Query, body: Bytes) {
+        let live: Vec<usize> = (0..self.slots.len())
+            .filter(|&j| self.slots[j].tx.is_some())
+            .collect();
+        match self.api.ask(to, query, live.clone()) {
+            Ok(id) => {
+                let rec = Record::Api(ApiRecord {
+                    leg: Leg::Query,
+                    id,
+                    body,
+                })
+                .encode();
+                for j in live {
+                    self.send(j, rec.clone());
+                }
+            }
+            Err(done) => self.api_answer(done),
+        }
+    }
+
     /// Worker `i` exited: the questions waiting for its part go on without it.
     pub(super) fn api_worker_gone(&mut self, i: usize) {
         for done in self.api.gone(i) {
@@ -64,7 +70,15 @@ impl Supervisor {
         }
     }
 
-    fn api_answer(&mut self, done: Done) {
+    pub(super) fn api_answer(&mut self, done: Done) {
+        let Some(done) = self.counts_answer(done) else {
+            return;
+        };
+        self.api_reply(done);
+    }
+
+    /// Sends the answer to the worker that asked (if it is still the same process).
+    pub(super) fn api_reply(&mut self, done: Done) {
         let to = done.to;
         if self.slots[to.slot].generation != to.generation {
             return;

@@ -628,6 +628,10 @@ async fn tick_loop(w: Rc<Worker>) {
         };
         if now % snapshot_every == 0 {
             w.supervisor.send_snapshot();
+            // At most twice a second, however many tokens named an unknown kid.
+            if w.verifier.get().is_some_and(|v| v.take_unknown_kid()) {
+                w.supervisor.send(&Record::KeysStale);
+            }
             if let Some(line) = w.accept_errors.borrow_mut().flush(Instant::now()) {
                 log!("{line}");
             }

@@ -44,6 +44,8 @@ API:        where publishing is, with its credentials (docs/api.md):
             GET /api/channels/<c>, GET /api/history/<c>?since=&limit=,
             POST /api/disconnect {\"channel\":..,\"code\":4000},
             POST /api/publish {\"channels\":[..],\"data\":..}
+            With --redis, counts and disconnects cover every node
+            (\"scope\":\"cluster\"; each node writes its counts every 5s)
 Cluster:    --redis redis[s]://[user:password@]HOST:PORT[/DB] makes this a
             node: POST /publish goes to Redis (PUBLISH <prefix><channel>),
             and every node delivers what Redis sends it. The publish answer
@@ -77,6 +79,11 @@ Access:     with no option below anyone may subscribe to any channel and
               new WebSocket(url, ['throng', 'bearer.' + jwt]).
               No or a bad token: 401 with WWW-Authenticate; a channel not
               granted: 403.
+            --auth-jwks-url: keys from an OIDC provider's key set (RSA, EC
+              P-256/P-384, Ed25519), read at start (a set that cannot be
+              read stops the start), again every --auth-jwks-refresh and
+              when a token names an unknown kid (at most once per 5s: that
+              token is refused, a retry after the read passes).
             Publishing needs the key (--publish-key-file) as
               'Authorization: Bearer <key>' (only there: never ?token=),
               or a token whose 'publish' claim grants the channel; --publish-listen moves it to an
@@ -102,8 +109,8 @@ Stops on SIGTERM or SIGINT, to the supervisor or to the whole process group
 within --drain-timeout. A worker that exits cleanly after such a signal is not
 restarted: the whole server stops.
 
-SIGHUP (systemctl reload) reads --tls-cert/--tls-key, the --auth-* key files and
---publish-key-file again; each new connection uses what was read. A bad file is
+SIGHUP (systemctl reload) reads --tls-cert/--tls-key, the --auth-* key files,
+--auth-jwks-url and --publish-key-file again; each new connection uses what was read. A bad file is
 logged and the old material kept; nothing else changes without a restart.
 
 Examples:
@@ -377,6 +384,23 @@ pub(crate) struct Args {
     #[arg(long, value_name = "[KID=]FILE", action = clap::ArgAction::Append)]
     auth_public_key: Vec<String>,
 
+    /// Require a token (JWT) signed by a key of this JSON Web Key Set (an OIDC provider's
+    /// jwks_uri): https://, or http:// to a loopback address only. Read at start: a set that
+    /// cannot be read, or holds no usable key, stops the start. Read again every
+    /// --auth-jwks-refresh, and when a token names a kid the set lacks (at most once per 5s;
+    /// that token is refused, a retry after the read passes); a failed read keeps the keys.
+    #[arg(long, value_name = "URL", value_parser = parse_jwks_url)]
+    auth_jwks_url: Option<throng_server::auth::JwksUrl>,
+
+    /// The CA certificates (PEM) the --auth-jwks-url server's certificate must chain to.
+    /// Default: the system bundle.
+    #[arg(long, value_name = "FILE", requires = "auth_jwks_url")]
+    auth_jwks_ca: Option<PathBuf>,
+
+    /// How often --auth-jwks-url is read again.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    auth_jwks_refresh: Duration,
+
     /// Tokens must carry this issuer (iss).
     #[arg(long, value_name = "ISS")]
     auth_issuer: Option<String>,
@@ -480,12 +504,31 @@ fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
     for spec in &args.auth_public_key {
         keys.push(Key::public_key_file(spec).context("--auth-public-key")?);
     }
+    let jwks = match &args.auth_jwks_url {
+        Some(url) => {
+            let ca = args.auth_jwks_ca.as_deref();
+            let read = throng_server::jwks::read_now(url, ca)
+                .with_context(|| format!("--auth-jwks-url {url}: cannot read the key set"))?;
+            for s in &read.skipped {
+                eprintln!("throng: --auth-jwks-url: skipped {s}");
+            }
+            Some(throng_server::auth::Jwks {
+                url: url.clone(),
+                ca: args.auth_jwks_ca.clone(),
+                refresh: args.auth_jwks_refresh,
+                keys: read.keys,
+            })
+        }
+        None => None,
+    };
     if keys.is_empty()
+        && jwks.is_none()
         && (args.auth_issuer.is_some() || args.auth_audience.is_some() || args.auth_allow_no_exp)
     {
         anyhow::bail!(
             "--auth-issuer, --auth-audience and --auth-allow-no-exp are rules for tokens: \
-             give the key they are signed with (--auth-hs256-secret-file or --auth-public-key)"
+             give the key they are signed with (--auth-hs256-secret-file, --auth-public-key \
+             or --auth-jwks-url)"
         );
     }
     if let Some(allowed) = &args.allowed_origins
@@ -508,7 +551,13 @@ fn auth_settings(args: &Args) -> anyhow::Result<Settings> {
         audience: args.auth_audience.clone(),
         allow_no_exp: args.auth_allow_no_exp,
         publish_key,
+        jwks,
     })
+}
+
+fn parse_jwks_url(s: &str) -> Result<throng_server::auth::JwksUrl, String> {
+    s.parse()
+        .map_err(|e: throng_server::auth::JwksError| e.to_string())
 }
 
 fn parse_cidr(s: &str) -> Result<throng_server::proxied::Cidr, String> {

@@ -383,7 +383,7 @@ fn the_api_takes_the_publish_key() {
 }
 
 #[test]
-fn with_redis_counts_are_the_nodes_and_the_history_is_the_stream() {
+fn with_redis_counts_cover_every_node_and_the_history_is_the_stream() {
     throng_testkit::require!(
         throng_testkit::Peer::RedisServer,
         throng_testkit::Peer::RedisCli
@@ -398,12 +398,21 @@ fn with_redis_counts_are_the_nodes_and_the_history_is_the_stream() {
     let (a, b) = (node("2"), node("1"));
     let _on_a = subs(a.addr, "room", 3);
     let mut on_b = subscribe(b.addr, "room");
-    wait_api(a.addr, "/api/channels/room", |v| v["subscribers"] == 3);
-    wait_api(b.addr, "/api/channels/room", |v| v["subscribers"] == 1);
-    let listed = api(a.addr, "/api/channels");
+    let _hall_on_b = subscribe(b.addr, "hall");
+    // Each node counts the other's subscribers too, through Redis.
+    for n in [&a, &b] {
+        wait_api(n.addr, "/api/channels/room", |v| v["subscribers"] == 4);
+        let listed = wait_api(n.addr, "/api/channels", |v| {
+            names(v) == [("hall".to_owned(), 1), ("room".to_owned(), 4)]
+        });
+        assert_eq!(listed["scope"], "cluster", "{listed}");
+    }
+    let one = api(a.addr, "/api/channels/room");
+    assert_eq!(one["scope"], "cluster", "{one}");
+    let page = api(a.addr, "/api/channels?limit=1");
     assert_eq!(
-        (names(&listed), &listed["scope"]),
-        (vec![("room".into(), 3)], &json!("node"))
+        (names(&page), &page["next"]),
+        (vec![("hall".into(), 1)], &json!("hall"))
     );
     // Published through node A, delivered on node B, read back from the
     // stream on node B.
@@ -423,14 +432,35 @@ fn with_redis_counts_are_the_nodes_and_the_history_is_the_stream() {
     assert_eq!(last, h["messages"][0]["id"], "{h}");
     let sample = "throng_recoveries_total{result=\"complete\"}";
     assert_eq!(b.metric(sample), 0.0, "API reads are not recoveries");
-    // A disconnect on node A closes node A's subscribers only.
+    // A disconnect on node A is relayed to node B: 3 closed there, 1 here.
     let (status, v) = post(
         a.addr,
         "/api/disconnect",
-        &json!({"channel": "room", "code": 4001}),
+        &json!({"channel": "room", "code": 4001, "reason": "revoked"}),
     );
-    assert_eq!((status, &v["closed"]), (200, &json!(3)), "{v}");
-    assert_eq!(api(b.addr, "/api/channels/room")["subscribers"], 1);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (&v["closed"], &v["scope"], &v["nodes"]),
+        (
+            &json!(4),
+            &json!("cluster"),
+            &json!({"asked": 1, "answered": 1})
+        ),
+        "{v}"
+    );
+    assert_eq!(close_frame_then_end(&mut on_b), (4001, "revoked".into()));
+    wait_api(b.addr, "/api/channels/room", |v| v["subscribers"] == 0);
+    // A node that dies stops counting once its counts expire in Redis.
+    b.signal("KILL");
+    let start = Instant::now();
+    while api(a.addr, "/api/channels/hall")["subscribers"] != 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "node B still counted"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(on_b);
 }
 
 #[test]

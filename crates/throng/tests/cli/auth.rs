@@ -20,10 +20,10 @@ use crate::{THRONG, serve, throng};
 
 /// An answer read off a raw connection: status, head, body, and the
 /// connection (still open after a 101).
-struct Answer {
-    status: u16,
-    head: String,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) head: String,
+    pub(crate) body: String,
     /// Open while the answer lives (a subscriber, after a 101).
     _conn: TcpStream,
 }
@@ -43,7 +43,7 @@ pub(crate) fn connect_from(addr: SocketAddr, from: Ipv4Addr) -> TcpStream {
 
 /// Sends `request` from `from` and reads the answer's head (and, unless
 /// it is a 101, its body to the end).
-fn exchange(addr: SocketAddr, from: Ipv4Addr, request: &str) -> Answer {
+pub(crate) fn exchange(addr: SocketAddr, from: Ipv4Addr, request: &str) -> Answer {
     let mut stream = connect_from(addr, from);
     stream.write_all(request.as_bytes()).expect("send");
     let mut buf = Vec::new();
@@ -70,7 +70,7 @@ fn exchange(addr: SocketAddr, from: Ipv4Addr, request: &str) -> Answer {
 }
 
 /// A WebSocket upgrade request for `path` with `headers`.
-fn upgrade_request(path: &str, headers: &[(&str, &str)]) -> String {
+pub(crate) fn upgrade_request(path: &str, headers: &[(&str, &str)]) -> String {
     let mut r = format!(
         "GET {path} HTTP/1.1\r\nHost: throng\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"

@@ -17,6 +17,28 @@ use throng_testkit::{Peer, Server, require, wait_until};
 
 use crate::{serve, throng};
 
+/// GETs `path` until its JSON answer satisfies `ok` (another node's counts
+/// arrive with its next write, every 5 s), within a generous minute.
+fn wait_json(
+    addr: SocketAddr,
+    path: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let (status, body) = get(addr, path);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if status == 200 && ok(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{path}: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A node on the cluster; returns once every shard's link is up.
 fn cluster_node(c: &Cluster, extra: &[&str]) -> Server {
     let seeds = c.seeds();
@@ -60,6 +82,23 @@ fn three_masters_each_channel_on_its_shard_and_history_publishes() {
     }
     let (_, health) = get(a.addr, "/healthz");
     assert!(health.contains("broker: up (cluster"), "{health}");
+    // Node A has no subscriber; it counts B's through the cluster (the
+    // counts' keys on one master, reached through MOVED from any seed).
+    let listed = wait_json(a.addr, "/api/channels?prefix=room.&limit=1000", |v| {
+        v["channels"].as_array().is_some_and(|l| l.len() == 12)
+    });
+    assert_eq!(listed["scope"], "cluster", "{listed}");
+    let one = wait_json(a.addr, "/api/channels/room.7", |v| v["subscribers"] == 1);
+    assert_eq!(one["scope"], "cluster", "{one}");
+    // Read from the shard's stream on a node with no subscriber of it.
+    assert_eq!(
+        one["last_id"],
+        wait_json(b.addr, "/api/channels/room.7", |_| true)["last_id"]
+    );
+    assert!(one["last_id"].is_string(), "{one}");
+    let m = c.master_of("{throng:#counts}:nodes");
+    let owner = c.nodes.iter().find(|n| n.port == m).expect("a node");
+    assert_eq!(owner.cli(&["ZCARD", "{throng:#counts}:nodes"]), ["2"]);
     // Pattern mode has no sharded form: refused at start, with the reason.
     let seeds = c.seeds();
     let out = output_within(
@@ -231,7 +270,10 @@ fn a_killed_cluster_master_fails_only_its_channels_until_its_replica_takes_over(
     assert!(failover.is_some(), "the replica took over");
     let (health, up) = seen_down.expect("looked while it was down");
     assert!(
-        health.contains(&format!("shard 127.0.0.1:{victim} unreachable")) && up == 0.0,
+        health.contains("broker: down for")
+            && health.contains(&format!("shard 127.0.0.1:{victim} unreachable"))
+            && health.contains("2 of 3 shards up")
+            && up == 0.0,
         "{health} {shard_up} {up}"
     );
     collect(a.addr, &channels, &mut subs, &mut sent);

@@ -22,6 +22,7 @@ mod grafana;
 mod history;
 mod hold;
 mod hold_sse;
+mod jwks;
 mod knee;
 mod knee_agents;
 mod knee_flags;

@@ -146,7 +146,8 @@ async fn ask(w: &Worker, q: &Query) -> Result<Part, Bad> {
         .ok_or_else(|| bad(503, "supervisor unavailable"))
 }
 
-/// What the counts cover: with Redis, other nodes' subscribers are not in them.
+/// What the counts cover when the supervisor did not say `"cluster"`: with
+/// Redis, other nodes' subscribers are then not in them.
 fn scope(w: &Worker) -> &'static str {
     if w.cfg.redis_mode.is_some() {
         "node"
@@ -180,7 +181,8 @@ async fn channels(w: &Worker, caller: &Caller, query: &str) -> Result<Value, Bad
     } else {
         None
     };
-    Ok(json!({ "channels": list, "next": next, "scope": scope(w) }))
+    let scope = part.scope.as_deref().unwrap_or(scope(w));
+    Ok(json!({ "channels": list, "next": next, "scope": scope }))
 }
 
 /// The channel named after `prefix` in `path`, if the caller may see it.
@@ -197,7 +199,8 @@ async fn one_channel(w: &Worker, caller: &Caller, path: &str) -> Result<Value, B
     let name = path_channel(caller, path, "/api/channels/")?;
     let part = ask(w, &Query::Channel { name: name.clone() }).await?;
     let subscribers: u64 = part.channels.iter().map(|(_, n)| n).sum();
-    let mut v = json!({ "name": name, "subscribers": subscribers, "scope": scope(w) });
+    let scope = part.scope.as_deref().unwrap_or(scope(w));
+    let mut v = json!({ "name": name, "subscribers": subscribers, "scope": scope });
     if w.cfg.history > 0 {
         let (_, kept) = w
             .supervisor
@@ -316,7 +319,12 @@ async fn disconnect(w: &Worker, caller: &Caller, body: &[u8]) -> Result<Value, B
         reason: d.reason,
     };
     let part = ask(w, &q).await?;
-    Ok(json!({ "channel": channel, "closed": part.closed, "scope": scope(w) }))
+    let scope = part.scope.as_deref().unwrap_or(scope(w));
+    let mut v = json!({ "channel": channel, "closed": part.closed, "scope": scope });
+    if let Some(n) = part.nodes {
+        v["nodes"] = json!(n);
+    }
+    Ok(v)
 }
 
 /// `POST /api/publish`'s body.
