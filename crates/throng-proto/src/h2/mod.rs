@@ -23,7 +23,7 @@
 //! alone with [`Event::Malformed`] and an RST_STREAM. Nothing the peer
 //! sends can make it panic or hold more than the bounds above.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
 use thiserror::Error;
@@ -205,7 +205,8 @@ struct Block {
 /// One HTTP/2 client connection, sans I/O.
 pub struct Connection<T> {
     config: Config,
-    streams: HashMap<u32, Stream<T>>,
+    /// By id, so in the order they started.
+    streams: BTreeMap<u32, Stream<T>>,
     /// The id the next stream gets (odd, client-initiated).
     next_id: u32,
     peer_max_streams: u32,
@@ -275,7 +276,7 @@ impl<T> Connection<T> {
         out.extend_from_slice(&((CONNECTION_WINDOW - DEFAULT_WINDOW) as u32).to_be_bytes());
         Self {
             config,
-            streams: HashMap::new(),
+            streams: BTreeMap::new(),
             next_id: 1,
             peer_max_streams: STREAMS_BEFORE_SETTINGS,
             peer_window: DEFAULT_WINDOW,
@@ -302,6 +303,19 @@ impl<T> Connection<T> {
     /// Streams open now.
     pub fn open_streams(&self) -> usize {
         self.streams.len()
+    }
+
+    /// The stream open longest (the lowest id) and its token: with one
+    /// timeout for every request, the first to time out.
+    pub fn oldest(&self) -> Option<(u32, &T)> {
+        self.streams
+            .first_key_value()
+            .map(|(id, s)| (*id, &s.token))
+    }
+
+    /// Whether the server sent GOAWAY (no new stream may start here).
+    pub fn going_away(&self) -> bool {
+        self.goaway.is_some()
     }
 
     /// Whether a new stream may start now.
@@ -363,12 +377,8 @@ impl<T> Connection<T> {
     /// open stream is lost ([`Event::Lost`], in the order they started).
     pub fn closed(&mut self) {
         self.failed = true;
-        let mut ids: Vec<u32> = self.streams.keys().copied().collect();
-        ids.sort_unstable();
-        for id in ids {
-            if let Some(s) = self.streams.remove(&id) {
-                self.events.push_back(Event::Lost { token: s.token });
-            }
+        for (_, s) in std::mem::take(&mut self.streams) {
+            self.events.push_back(Event::Lost { token: s.token });
         }
         self.blocked.clear();
     }
@@ -714,12 +724,8 @@ impl<T> Connection<T> {
         let code = be32(&payload[4..]);
         let last = self.goaway.map_or(last, |l| l.min(last));
         self.goaway = Some(last);
-        let mut refused: Vec<u32> = self.streams.keys().copied().filter(|&s| s > last).collect();
-        refused.sort_unstable();
-        for id in refused {
-            if let Some(s) = self.streams.remove(&id) {
-                self.events.push_back(Event::Refused { token: s.token });
-            }
+        for (_, s) in self.streams.split_off(&(last + 1)) {
+            self.events.push_back(Event::Refused { token: s.token });
         }
         self.blocked.retain(|id| *id <= last);
         self.events.push_back(Event::GoAway {
