@@ -231,3 +231,29 @@ fn http2_flags_that_do_not_go_together_are_refused() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--http2"), "{err}");
 }
+
+/// `knee attack --http2`: every level runs over HTTP/2 (HAProxy's `proto
+/// h2` bind speaks nothing else, so a level that passes went through it).
+#[test]
+fn knee_attack_searches_over_http2() {
+    require!(Peer::Haproxy);
+    let server = serve(&["--workers", "1"]);
+    let proxy = Haproxy::h2(server.addr, None, None);
+    let dir = TempDir::new("knee-h2");
+    let url = format!("http://{}/ping", proxy.addr);
+    let s = crate::knee::knee(
+        &dir,
+        &[
+            &["attack", "--url", &url, "--http2", "--max-streams", "20"][..],
+            &["--from", "100/s", "--to", "200/s", "--step-duration", "1s"],
+            &["--slo-p99", "1s"],
+            &crate::knee::QUICK,
+        ]
+        .concat(),
+    );
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert_eq!(s.knee["outcome"]["kind"], "no_knee", "{}", s.stdout);
+    let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
+    assert!(!runs.is_empty(), "{}", s.stdout);
+    assert!(runs.iter().all(|r| r["verdict"] == "pass"), "{}", s.stdout);
+}
