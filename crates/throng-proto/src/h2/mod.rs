@@ -412,7 +412,13 @@ impl<T> Connection<T> {
         if self.failed {
             return Ok(());
         }
-        let result = if self.partial.is_empty() {
+        let result = if !self.got_settings && self.partial.is_empty() && data.starts_with(b"HTTP/")
+        {
+            // An HTTP/1.x server answering the preface (h2c to a server without it).
+            Err(H2Error::Protocol(
+                "the server answered in HTTP/1.x: it does not speak HTTP/2 with prior knowledge (h2c)",
+            ))
+        } else if self.partial.is_empty() {
             self.frames(data).map(|used| {
                 self.partial.extend_from_slice(&data[used..]);
             })

@@ -314,6 +314,10 @@ fn bad_frames_are_connection_errors_with_a_goaway() {
     assert!(c.recv(&frame(PING, 0, 0, b"12345678")).is_err());
     // After a connection error nothing more is read.
     assert_eq!(c.recv(b"anything"), Ok(()));
+    // An HTTP/1.1 server answering the preface is named as such.
+    let mut c: Connection<u8> = Connection::new(Config::default());
+    let e = c.recv(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap_err();
+    assert!(e.to_string().contains("HTTP/1.x"), "{e}");
 }
 
 #[test]

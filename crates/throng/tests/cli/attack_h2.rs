@@ -257,3 +257,29 @@ fn knee_attack_searches_over_http2() {
     assert!(!runs.is_empty(), "{}", s.stdout);
     assert!(runs.iter().all(|r| r["verdict"] == "pass"), "{}", s.stdout);
 }
+
+/// h2c to a server that speaks only HTTP/1.1 (`throng serve` itself): every
+/// request fails, and the first failure says why.
+#[test]
+fn h2c_to_an_http1_server_says_it_does_not_speak_h2c() {
+    let server = serve(&["--workers", "1"]);
+    let (code, s, err) = attack(&[
+        "--url",
+        &format!("http://{}/ping", server.addr),
+        "--http2",
+        "--rate",
+        "100/s",
+        "--requests",
+        "20",
+        "--workers",
+        "1",
+        "--max-error-rate",
+        "0",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(s["errors"]["bad_response"].as_u64(), Some(20), "{s}");
+    assert!(
+        err.contains("does not speak HTTP/2 with prior knowledge"),
+        "{err}"
+    );
+}
