@@ -635,3 +635,18 @@ fn settle_events(
         place(ctx, h2, pool, again);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request in flight over HTTP/2 is its stream's entry in its
+    /// connection: this token, two windows, a body handle, the status and
+    /// its byte count (docs/http2.md; `scripts/bench-attack-h2.sh` measures
+    /// the whole cost per stream).
+    #[test]
+    fn a_stream_in_flight_keeps_its_size() {
+        assert_eq!(size_of::<Flight>(), 64);
+        assert_eq!(throng_proto::h2::stream_size::<Flight>(), 120);
+    }
+}

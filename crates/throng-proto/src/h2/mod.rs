@@ -195,6 +195,12 @@ struct Stream<T> {
     bytes_in: u64,
 }
 
+/// The size of one open stream's entry with token `T` (without the map's
+/// own overhead), for the callers' tests that pin it.
+pub fn stream_size<T>() -> usize {
+    size_of::<Stream<T>>()
+}
+
 /// A header block waiting for its CONTINUATION frames.
 struct Block {
     stream: u32,
