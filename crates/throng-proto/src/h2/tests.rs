@@ -353,3 +353,46 @@ fn random_bytes_never_panic_or_grow() {
         events(&mut c);
     }
 }
+
+#[test]
+fn a_large_header_block_goes_out_as_headers_and_continuations() {
+    let mut c = ready(&[]);
+    let head = vec![0x82u8; 40_000];
+    let id = c.start(&head, None, 1).unwrap();
+    let out = sent(&mut c);
+    let kinds: Vec<(u8, u8)> = out.iter().map(|f| (f.0, f.1)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (HEADERS, END_STREAM),
+            (CONTINUATION, 0),
+            (CONTINUATION, END_HEADERS)
+        ]
+    );
+    assert!(out.iter().all(|f| f.2 == id && f.3.len() <= MAX_FRAME));
+    assert_eq!(out.iter().map(|f| f.3.len()).sum::<usize>(), 40_000);
+}
+
+#[test]
+fn a_new_initial_window_applies_to_open_streams() {
+    let mut c = ready(&[(0x4, 10)]);
+    let body: Rc<[u8]> = vec![1u8; 100].into();
+    c.start(&[0x83], Some(body), 1).unwrap();
+    let data = |out: &[(u8, u8, u32, Vec<u8>)]| -> usize {
+        out.iter().filter(|f| f.0 == DATA).map(|f| f.3.len()).sum()
+    };
+    assert_eq!(data(&sent(&mut c)), 10);
+    // The server raises the initial window by 50: the open stream may send 50 more.
+    c.recv(&settings(&[(0x4, 60)])).unwrap();
+    let out = sent(&mut c);
+    assert_eq!(out[0], (SETTINGS, ACK, 0, vec![]));
+    assert_eq!(data(&out), 50);
+    // Lowered below what was sent: the window goes negative and nothing more goes.
+    c.recv(&settings(&[(0x4, 0)])).unwrap();
+    assert_eq!(data(&sent(&mut c)), 0);
+    c.recv(&frame(WINDOW_UPDATE, 0, 1, &100u32.to_be_bytes()))
+        .unwrap();
+    let out = sent(&mut c);
+    assert_eq!(data(&out), 40);
+    assert_eq!(out.last().unwrap().1, END_STREAM);
+}
