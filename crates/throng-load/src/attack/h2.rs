@@ -80,6 +80,8 @@ pub(super) struct H2 {
     goaway_logged: Cell<bool>,
     /// A connection error was logged with its reason.
     protocol_logged: Cell<bool>,
+    /// An RST_STREAM was logged with its code.
+    reset_logged: Cell<bool>,
 }
 
 #[derive(Default)]
@@ -172,6 +174,7 @@ impl H2 {
             closed: closed.map(|end| (Cell::new(0), end)),
             goaway_logged: Cell::new(false),
             protocol_logged: Cell::new(false),
+            reset_logged: Cell::new(false),
         }
     }
 }
@@ -482,7 +485,11 @@ async fn carry(
     }
 }
 
-/// Ends the streams whose timeout came (an RST_STREAM CANCEL each).
+/// Ends the streams whose timeout came (an RST_STREAM CANCEL each), oldest
+/// stream first: streams start in the order requests were due, so their
+/// deadlines come in that order too, except a request sent again after a
+/// refusal, which keeps its first deadline and is checked when it is the
+/// oldest (at most its first try's time late).
 fn expire(ctx: &Rc<Ctx>, h2: &H2, conn: &mut Connection<Flight>, timeout: std::time::Duration) {
     let now = Instant::now();
     while let Some((id, f)) = conn.oldest() {
@@ -591,7 +598,15 @@ fn settle_events(
                 status,
                 bytes_in,
             } => (token, Ok(status), bytes_in),
-            Event::Reset { token, .. } => (token, Err(Failure::Own(Exchange::StreamReset)), 0),
+            Event::Reset { token, code } => {
+                if !h2.reset_logged.replace(true) {
+                    ctx.out.event(
+                        "request.error",
+                        format!("the server reset an HTTP/2 stream (RST_STREAM, error code {code}) (first of its kind)"),
+                    );
+                }
+                (token, Err(Failure::Own(Exchange::StreamReset)), 0)
+            }
             Event::Malformed { token, .. } => (token, Err(Failure::Own(Exchange::BadResponse)), 0),
             Event::Lost { token } => (
                 token,
