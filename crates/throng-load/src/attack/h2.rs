@@ -481,6 +481,10 @@ async fn carry(
             () = shared.wake.notified() => {}
             () = deadline => expire(ctx, h2, conn, timeout),
         }
+        if conn.going_away() {
+            // Before the refused streams look for a connection: not this one.
+            shared.closing.set(true);
+        }
         settle_events(ctx, h2, pool, conn, None);
     }
 }

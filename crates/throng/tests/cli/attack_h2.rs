@@ -1,14 +1,20 @@
 //! `throng attack --http2` against a real HTTP/2 front end: HAProxy
 //! (Debian's) with `proto h2` on a plain bind (h2c, prior knowledge) and
-//! `alpn h2` on a TLS bind, in front of `throng serve`'s /ping. Every run
-//! is bounded (seconds, hundreds of requests) on free loopback ports.
+//! `alpn h2` on a TLS bind, in front of `throng serve`'s /ping; and
+//! python-hyper's `h2` (`tests/peers/h2_server.py`) for what HAProxy does
+//! only now and then: RST_STREAM, REFUSED_STREAM, a GOAWAY above which
+//! streams were not processed, a large response body. Every run is
+//! bounded (seconds, hundreds of requests) on free loopback ports.
 
 use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 use throng_testkit::certs::Certs;
 use throng_testkit::haproxy::Haproxy;
 
-use throng_testkit::process::{output_within, text};
+use throng_testkit::peers;
+use throng_testkit::process::{command, output_within, text};
 use throng_testkit::{Peer, TempDir, require};
 
 use crate::{run_json, serve, throng};
@@ -282,4 +288,87 @@ fn h2c_to_an_http1_server_says_it_does_not_speak_h2c() {
         err.contains("does not speak HTTP/2 with prior knowledge"),
         "{err}"
     );
+}
+
+/// `tests/peers/h2_server.py`, killed on drop.
+struct H2Peer {
+    child: Child,
+    port: u16,
+}
+
+impl H2Peer {
+    fn start() -> Self {
+        let mut child = command("python3")
+            .arg(peers::dir().join("h2_server.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start h2_server.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("its READY line");
+        let port = line
+            .strip_prefix("READY ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("h2_server.py said {line:?}"));
+        Self { child, port }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+impl Drop for H2Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs 3 requests due at once (so on one connection) at `url`.
+fn three(url: &str) -> (i32, Value, String) {
+    attack(&[
+        "--url",
+        url,
+        "--http2",
+        "--rate",
+        "1000/s",
+        "--requests",
+        "3",
+        "--workers",
+        "1",
+    ])
+}
+
+/// Against python-hyper's h2: RST_STREAM counts as `stream_reset` (its code
+/// logged); a refused stream goes once more, then counts as `stream_reset`;
+/// streams above a GOAWAY's last stream go again on a new connection and
+/// are answered there; a 1 MiB response passes the receive windows.
+#[test]
+fn resets_refusals_goaway_and_large_responses_from_python_h2() {
+    require!(Peer::PythonH2);
+    let peer = H2Peer::start();
+
+    let (code, s, err) = three(&peer.url("/reset"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["errors"]["stream_reset"].as_u64(), Some(3), "{s}");
+    assert!(err.contains("RST_STREAM, error code 2"), "{err}");
+
+    let (code, s, err) = three(&peer.url("/refuse"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["errors"]["stream_reset"].as_u64(), Some(3), "{s}");
+    assert_eq!(n(&s, "retried"), 3, "{s}");
+
+    let (code, s, err) = three(&peer.url("/goaway3"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(3), "{s}\n{err}");
+    assert_eq!(n(&s, "retried"), 2, "{s}");
+    assert_eq!(n(&s, "connections_opened"), 2, "{s}");
+
+    let (code, s, err) = three(&peer.url("/big"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(3), "{s}");
+    assert!(n(&s, "bytes_in") >= 3 << 20, "{s}");
 }
