@@ -15,6 +15,11 @@
 //! part of opening the connection (timed apart from TCP connect), and its
 //! records are read through the same scratch buffer.
 //!
+//! With `--http2` the requests go to a [`Streams`] engine instead (the
+//! `h2` module beside this one, made by the function `work` is given):
+//! many requests per connection as streams, no task per request. It uses
+//! this worker's state ([`Ctx`]), its connect and its recording.
+//!
 //! It talks to its supervisor through the harness core's
 //! [`worker`](crate::harness::worker): the [`WorkerPlan`] first, then a
 //! `stop` order (or the end of its input) stops it at once; its
@@ -69,38 +74,38 @@ pub(super) struct Ctx {
     /// Distinct endpoints, by pool index.
     pub(super) endpoints: Vec<Endpoint>,
     /// Idle keep-alive connections, by pool index.
-    pub(super) pools: Vec<RefCell<Vec<Link>>>,
+    pools: Vec<RefCell<Vec<Link>>>,
     /// The TLS client, when any target is `https://`.
-    pub(super) tls: Option<TlsClient>,
+    tls: Option<TlsClient>,
     /// Connections open or being opened, idle ones included.
     /// Invariant: `open <= cap`.
     pub(super) open: Cell<u64>,
     /// This worker's share of `--max-connections`.
     pub(super) cap: u64,
     /// The source address the next new connection binds (an index into the plan's).
-    pub(super) next_source: Cell<usize>,
+    next_source: Cell<usize>,
     /// Requests whose answer is slow, waiting outside tokio.
-    pub(super) waiting: WaitingRoom,
+    waiting: WaitingRoom,
     /// A connection went back to a pool or closed: one waiter may go on.
-    pub(super) freed: Notify,
+    freed: Notify,
     pub(super) timeout: Duration,
     /// Where the schedule starts (request 0's intended time), both clocks.
-    pub(super) start: Anchor,
+    start: Anchor,
     pub(super) rec: RefCell<AttackRecorder>,
     /// The one read buffer. Borrowed only between awaits.
     pub(super) scratch: RefCell<Box<[u8]>>,
-    pub(super) rows: RefCell<Option<RowWriter>>,
+    rows: RefCell<Option<RowWriter>>,
     pub(super) stop: Stop,
     /// Request tasks and loops still running, plus the scheduler.
     pub(super) live: Live,
-    pub(super) done: Cell<Done>,
-    pub(super) ticker: Ticker,
+    done: Cell<Done>,
+    ticker: Ticker,
     /// Failure kinds already logged (one event per kind).
-    pub(super) logged: FirstOfKind,
+    logged: FirstOfKind,
     /// A TLS handshake failure was logged with rustls's own words.
     pub(super) tls_logged: Cell<bool>,
     /// What the first TLS handshake negotiated was logged.
-    pub(super) tls_noted: Cell<bool>,
+    tls_noted: Cell<bool>,
     pub(super) out: Output,
     /// The HTTP/2 engine (`--http2`).
     pub(super) h2: Option<Rc<dyn Streams>>,
