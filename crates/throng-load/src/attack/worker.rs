@@ -15,10 +15,10 @@
 //! part of opening the connection (timed apart from TCP connect), and its
 //! records are read through the same scratch buffer.
 //!
-//! With `--http2` the requests go to a [`Streams`] engine instead (the
-//! `h2` module beside this one, made by the function `work` is given):
-//! many requests per connection as streams, no task per request. It uses
-//! this worker's state ([`Ctx`]), its connect and its recording.
+//! With `--http2` the requests go to a `Streams` engine instead (the `h2`
+//! module beside this one, made by the function `work` is given): many
+//! requests per connection as streams, no task per request. It uses this
+//! worker's state (`Ctx`), its connect and its recording.
 //!
 //! It talks to its supervisor through the harness core's
 //! [`worker`](crate::harness::worker): the [`WorkerPlan`] first, then a
