@@ -72,6 +72,9 @@ probe_python_paho() {
   python3 -c 'import paho.mqtt; print("paho-mqtt", paho.mqtt.__version__)' 2>/dev/null
 }
 # The harness's --metrics-listen text is read by Prometheus's own Python parser.
+probe_python_h2() {
+  python3 -c 'import h2.connection, importlib.metadata as m; print("h2", m.version("h2"))' 2>/dev/null
+}
 probe_python_prometheus() {
   python3 -c 'import prometheus_client.parser, importlib.metadata as m; print("prometheus-client", m.version("prometheus-client"))' 2>/dev/null
 }
@@ -106,6 +109,7 @@ peers=(
   "mosquitto-clients probe_mosquitto_clients mosquitto-clients"
   "python3-paho-mqtt probe_python_paho"
   "python3-prometheus probe_python_prometheus"
+  "python3-h2 probe_python_h2"
   "node-ws probe_node_ws"
   "node-mqtt probe_node_mqtt"
   "vegeta probe_vegeta"
@@ -171,6 +175,9 @@ if [ "$install" = 1 ]; then
   fi
   if [ -z "${before[python3-prometheus]}" ]; then
     pip_install 'prometheus-client>=0.17'
+  fi
+  if [ -z "${before[python3-h2]}" ]; then
+    pip_install 'h2>=4.1'
   fi
   if [ -z "${before[node-ws]}" ] || [ -z "${before[node-mqtt]}" ]; then
     echo "npm install (tests/peers)"

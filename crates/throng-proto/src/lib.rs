@@ -1,5 +1,6 @@
 //! Sans-I/O protocol code shared by the throng server and load harness:
-//! WebSocket ([`ws`]), HTTP/1.1 heads and bodies ([`http`]), the Redis
+//! WebSocket ([`ws`]), HTTP/1.1 heads and bodies ([`http`]), an HTTP/2
+//! client connection ([`h2`]), the Redis
 //! protocol RESP2 ([`resp`]), Server-Sent Events ([`sse`]) and MQTT 3.1.1
 //! and 5.0 ([`mqtt`]), with the topic-filter index ([`mqtt::topic`]), and
 //! the PROXY protocol header a load balancer sends first ([`proxy`]).
@@ -20,6 +21,7 @@
 //! `tests/proto/`; and cargo-fuzz targets in the repository's `fuzz/`
 //! directory for the handshake, the frame decoder and HTTP responses.
 
+pub mod h2;
 pub mod http;
 pub mod mqtt;
 pub mod proxy;

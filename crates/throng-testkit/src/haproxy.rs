@@ -1,7 +1,8 @@
 //! A real HAProxy (Debian's) on a free loopback port, in TCP mode: in front
 //! of several `throng serve` nodes as docs/deploy.md sets it up, or
 //! terminating TLS in front of one plain server; or in HTTP mode, limiting
-//! the requests a back end gets at once (a target with a hard capacity).
+//! the requests a back end gets at once (a target with a hard capacity); or
+//! as an HTTP/2 front end (h2c, or ALPN h2 over TLS).
 
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Stdio};
@@ -100,6 +101,28 @@ impl Haproxy {
                  timeout server 60s\n  timeout queue 60s\n\
                  frontend web\n  bind 127.0.0.1:{port}\n  default_backend app\n\
                  backend app\n  server s1 {backend} maxconn {maxconn}\n"
+            )
+        })
+    }
+
+    /// An HTTP/2 front end in front of one `backend` (HTTP/1.1): prior
+    /// knowledge h2c on a plain bind (`tls: None`), or TLS with
+    /// `cert_and_key` offering `alpn` (`h2`; `http/1.1` for a front end that
+    /// does not speak HTTP/2 over TLS). `timeouts` replaces the defaults'
+    /// timeout lines (e.g. a short `timeout client`, after which HAProxy
+    /// sends GOAWAY on an idle connection and closes it).
+    pub fn h2(backend: SocketAddr, tls: Option<(&str, &str)>, timeouts: Option<&str>) -> Self {
+        let timeouts = timeouts.unwrap_or("timeout client 60s\n  timeout server 60s");
+        Self::launch(|port| {
+            let bind = match tls {
+                None => "proto h2".to_owned(),
+                Some((cert, alpn)) => format!("ssl crt {cert} alpn {alpn}"),
+            };
+            format!(
+                "global\n  maxconn 4000\n\
+                 defaults\n  mode http\n  timeout connect 5s\n  {timeouts}\n\
+                 frontend web\n  bind 127.0.0.1:{port} {bind}\n  default_backend app\n\
+                 backend app\n  server s1 {backend}\n"
             )
         })
     }

@@ -54,11 +54,14 @@ pub enum Peer {
     /// `python3` with `prometheus-client`: its parser reads Prometheus text
     /// independently of ours.
     PythonPrometheus,
+    /// `python3` with python-hyper's `h2`: an HTTP/2 server independent of
+    /// our client (`tests/peers/h2_server.py`).
+    PythonH2,
 }
 
 impl Peer {
     /// How many kinds of peer there are: one past the last variant.
-    const COUNT: usize = Self::PythonPrometheus as usize + 1;
+    const COUNT: usize = Self::PythonH2 as usize + 1;
 
     /// What the peer is, as a person would look for it.
     pub fn name(self) -> &'static str {
@@ -80,6 +83,7 @@ impl Peer {
             Self::RedisSentinel => "redis-sentinel",
             Self::Vegeta => "vegeta",
             Self::PythonPrometheus => "python3 with prometheus-client",
+            Self::PythonH2 => "python3 with h2 >= 4.1",
         }
     }
 
@@ -105,6 +109,7 @@ impl Peer {
                 "GOBIN=/usr/local/bin go install github.com/tsenart/vegeta/v12@v12.13.0"
             }
             Self::PythonPrometheus => "python3 -m pip install 'prometheus-client>=0.17'",
+            Self::PythonH2 => "python3 -m pip install 'h2>=4.1'",
         }
     }
 
@@ -171,6 +176,7 @@ impl Peer {
             Self::NodeMqtt => ("node", &["-e", "require.resolve('mqtt')"]),
             Self::Vegeta => ("vegeta", &["-version"]),
             Self::PythonPrometheus => ("python3", &["-c", "import prometheus_client.parser"]),
+            Self::PythonH2 => ("python3", &["-c", "import h2.connection"]),
         };
         Command::new(program)
             .args(args)

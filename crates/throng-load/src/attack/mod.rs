@@ -19,7 +19,9 @@
 //! - [`record`]: what a worker counts per interval, and per-request rows;
 //! - `waiting`: requests whose answer is slow, waiting outside tokio;
 //! - `response`: one HTTP/1.1 response read as it arrives, sans I/O (both
-//!   the worker and the waiting room feed it).
+//!   the worker and the waiting room feed it);
+//! - `h2`: the HTTP/2 engine (`--http2`): many streams per connection,
+//!   on `throng-proto`'s sans-I/O [`throng_proto::h2::Connection`].
 //!
 //! The schedule wakes on `throng-host`'s timerfd [`Timer`](throng_host::timer::Timer)
 //! (tokio's timers round up to the millisecond).
@@ -32,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::pacer::{Pacer, RateSpec};
 
+mod h2;
 pub mod record;
 pub mod request;
 mod response;
@@ -46,7 +49,9 @@ pub use summary::{Summary, render};
 
 /// Runs this process as one `attack` worker (plan on stdin, records on stdout).
 pub fn run_worker() -> std::io::Result<()> {
-    crate::harness::worker::run_process(worker::work)
+    crate::harness::worker::run_process(|plan, orders, out| {
+        worker::work(plan, orders, out, h2::engine)
+    })
 }
 
 /// The shape of the load.
@@ -78,6 +83,11 @@ pub struct Settings {
     pub interval_ns: u64,
     /// Size of the one read buffer per worker.
     pub scratch: usize,
+    /// HTTP/2 (`--http2`): at most this many streams per connection (the
+    /// server's SETTINGS_MAX_CONCURRENT_STREAMS may allow fewer); `None`:
+    /// HTTP/1.1.
+    #[serde(default)]
+    pub http2: Option<u32>,
 }
 
 /// The default `--timeout`: long enough for the seeds' slow back ends
@@ -93,6 +103,7 @@ impl Default for Settings {
             max_connections: 10_000,
             interval_ns: 1_000_000_000,
             scratch: 64 * 1024,
+            http2: None,
         }
     }
 }

@@ -56,10 +56,18 @@ pub enum Exchange {
     BadResponse,
     /// Still in flight when the run was stopped (Ctrl-C).
     Canceled,
+    /// The server reset the HTTP/2 stream (RST_STREAM other than
+    /// REFUSED_STREAM, which is retried).
+    StreamReset,
 }
 
 impl OwnKind for Exchange {
-    const ALL: &'static [Self] = &[Self::Closed, Self::BadResponse, Self::Canceled];
+    const ALL: &'static [Self] = &[
+        Self::Closed,
+        Self::BadResponse,
+        Self::Canceled,
+        Self::StreamReset,
+    ];
     const TLS_CLOSED: Failure<Self> = Failure::Own(Self::Closed);
 
     fn label(self) -> &'static str {
@@ -67,6 +75,7 @@ impl OwnKind for Exchange {
             Self::Closed => "closed",
             Self::BadResponse => "bad_response",
             Self::Canceled => "canceled",
+            Self::StreamReset => "stream_reset",
         }
     }
 }

@@ -78,7 +78,14 @@ pub struct Request {
     pub thresholds: Vec<Threshold>,
     /// Stop the run once a threshold can no longer pass.
     pub abort_on_fail: bool,
+    /// HTTP/2 (`--http2`) with at most this many streams per connection
+    /// (`--max-streams`); `None`: HTTP/1.1.
+    pub http2: Option<u32>,
 }
+
+/// The default `--max-streams`: HAProxy's and nginx's default
+/// SETTINGS_MAX_CONCURRENT_STREAMS, and h2load's usual `-m`.
+pub const DEFAULT_MAX_STREAMS: u32 = 100;
 
 /// Why an `attack` cannot start.
 #[derive(Debug, Error)]
@@ -160,6 +167,7 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
         timeout_ms: millis(req.timeout),
         keepalive: req.keepalive,
         max_connections,
+        http2: req.http2,
         ..Settings::default()
     };
     let planned = match req.load {
@@ -280,6 +288,12 @@ fn check_settings(req: &Request) -> Result<(), AttackError> {
     }
     if req.max_connections == 0 {
         return bad("--max-connections must be at least 1".into());
+    }
+    if req.http2 == Some(0) {
+        return bad("--max-streams must be at least 1".into());
+    }
+    if req.http2.is_some() && !req.keepalive {
+        return bad("--no-keepalive does not go with --http2: HTTP/2 carries many requests on each connection".into());
     }
     match req.load {
         Load::Max { connections: 0 } => bad("--connections must be at least 1".into()),
@@ -492,8 +506,23 @@ fn start_lines(
             machine.nofile
         ),
     ];
+    out.push(match req.http2 {
+        Some(streams) => format!(
+            "  protocol HTTP/2 (--http2: ALPN h2 on https://, prior knowledge h2c on http://), up to {streams} streams per connection (--max-streams{}; the server's SETTINGS_MAX_CONCURRENT_STREAMS may allow fewer)",
+            if streams == DEFAULT_MAX_STREAMS {
+                ", the default"
+            } else {
+                ""
+            }
+        ),
+        None => "  protocol HTTP/1.1 (--http2 for HTTP/2)".into(),
+    });
     if let Some(tls) = &req.tls {
-        out.push(format!("  tls: {}", tls.describe()));
+        let mut line = format!("  tls: {}", tls.describe());
+        if req.http2.is_some() {
+            line = line.replace("ALPN http/1.1", "ALPN h2");
+        }
+        out.push(line);
     }
     out.push(format!(
         "  latency from each request's intended start; 'late' = started more than {} ms behind schedule",

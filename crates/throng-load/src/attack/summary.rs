@@ -54,7 +54,8 @@ pub struct Summary {
     pub late: u64,
     /// The lateness that counts a request as late, µs.
     pub late_threshold_us: u64,
-    /// Requests sent again because a reused connection had been closed.
+    /// Requests sent again because a reused connection had been closed,
+    /// or (HTTP/2) the server did not process their stream.
     pub retried: u64,
     /// Connections opened.
     pub connections_opened: u64,
@@ -437,7 +438,10 @@ pub fn render(s: &Summary) -> String {
         s.peak_connections,
         s.peak_in_flight,
         if s.retried > 0 {
-            format!(", {} retried on a new connection", s.retried)
+            format!(
+                ", {} retried (a stale connection, or an HTTP/2 stream the server did not process)",
+                s.retried
+            )
         } else {
             String::new()
         }

@@ -15,6 +15,11 @@
 //! part of opening the connection (timed apart from TCP connect), and its
 //! records are read through the same scratch buffer.
 //!
+//! With `--http2` the requests go to a `Streams` engine instead (the `h2`
+//! module beside this one, made by the function `work` is given): many
+//! requests per connection as streams, no task per request. It uses this
+//! worker's state (`Ctx`), its connect and its recording.
+//!
 //! It talks to its supervisor through the harness core's
 //! [`worker`](crate::harness::worker): the [`WorkerPlan`] first, then a
 //! `stop` order (or the end of its input) stops it at once; its
@@ -60,48 +65,50 @@ pub struct Done {
 }
 
 /// State shared by every task of the worker (single-threaded).
-struct Ctx {
-    plan: WorkerPlan,
+pub(super) struct Ctx {
+    pub(super) plan: WorkerPlan,
     /// Each target's request bytes, encoded once.
-    wire: Vec<Rc<[u8]>>,
+    pub(super) wire: Vec<Rc<[u8]>>,
     /// Each target's pool index (targets on one endpoint share a pool).
-    pool_of: Vec<usize>,
+    pub(super) pool_of: Vec<usize>,
     /// Distinct endpoints, by pool index.
-    endpoints: Vec<Endpoint>,
+    pub(super) endpoints: Vec<Endpoint>,
     /// Idle keep-alive connections, by pool index.
     pools: Vec<RefCell<Vec<Link>>>,
     /// The TLS client, when any target is `https://`.
     tls: Option<TlsClient>,
     /// Connections open or being opened, idle ones included.
     /// Invariant: `open <= cap`.
-    open: Cell<u64>,
+    pub(super) open: Cell<u64>,
     /// This worker's share of `--max-connections`.
-    cap: u64,
+    pub(super) cap: u64,
     /// The source address the next new connection binds (an index into the plan's).
     next_source: Cell<usize>,
     /// Requests whose answer is slow, waiting outside tokio.
     waiting: WaitingRoom,
     /// A connection went back to a pool or closed: one waiter may go on.
     freed: Notify,
-    timeout: Duration,
+    pub(super) timeout: Duration,
     /// Where the schedule starts (request 0's intended time), both clocks.
     start: Anchor,
-    rec: RefCell<AttackRecorder>,
+    pub(super) rec: RefCell<AttackRecorder>,
     /// The one read buffer. Borrowed only between awaits.
-    scratch: RefCell<Box<[u8]>>,
+    pub(super) scratch: RefCell<Box<[u8]>>,
     rows: RefCell<Option<RowWriter>>,
-    stop: Stop,
+    pub(super) stop: Stop,
     /// Request tasks and loops still running, plus the scheduler.
-    live: Live,
+    pub(super) live: Live,
     done: Cell<Done>,
     ticker: Ticker,
     /// Failure kinds already logged (one event per kind).
     logged: FirstOfKind,
     /// A TLS handshake failure was logged with rustls's own words.
-    tls_logged: Cell<bool>,
+    pub(super) tls_logged: Cell<bool>,
     /// What the first TLS handshake negotiated was logged.
     tls_noted: Cell<bool>,
-    out: Output,
+    pub(super) out: Output,
+    /// The HTTP/2 engine (`--http2`).
+    pub(super) h2: Option<Rc<dyn Streams>>,
 }
 
 impl Ctx {
@@ -126,9 +133,29 @@ impl Ctx {
     }
 }
 
-/// Runs one worker: its share of `plan`, until it is done or told to stop.
-pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> io::Result<()> {
-    let (ctx, loops) = Ctx::new(plan, out)?;
+/// A multiplexing engine the worker hands its requests to instead of
+/// running each in a task (HTTP/2: `super::h2`).
+pub(super) trait Streams {
+    /// Request `seq`, due at `intended`, starts now; it holds a place in
+    /// `live` until it ends.
+    fn submit(self: Rc<Self>, ctx: &Rc<Ctx>, seq: u64, intended: Instant);
+    /// A closed pool of `loops` connections starts, each holding a place in `live`.
+    fn start_closed(self: Rc<Self>, ctx: &Rc<Ctx>, loops: u64);
+}
+
+/// Makes the engine of a plan (`None`: a task per request), given the
+/// number of endpoints.
+pub(super) type MakeStreams = fn(&WorkerPlan, usize) -> Option<Rc<dyn Streams>>;
+
+/// Runs one worker: its share of `plan`, until it is done or told to stop;
+/// `streams` makes its multiplexing engine, if the plan asks for one.
+pub(super) async fn work(
+    plan: WorkerPlan,
+    mut orders: Orders,
+    out: Box<dyn Write>,
+    streams: MakeStreams,
+) -> io::Result<()> {
+    let (ctx, loops) = Ctx::new(plan, out, streams)?;
     let ctx = Rc::new(ctx);
 
     // A stop order, or the end of the input, stops the run at once.
@@ -178,7 +205,7 @@ impl Ctx {
     /// The worker's state for `plan`, writing its records to `out`, and
     /// (closed pool) the number of loops it runs. Must be called inside
     /// the worker's runtime.
-    fn new(plan: WorkerPlan, out: Box<dyn Write>) -> io::Result<(Self, u64)> {
+    fn new(plan: WorkerPlan, out: Box<dyn Write>, streams: MakeStreams) -> io::Result<(Self, u64)> {
         if plan.targets.is_empty() || plan.targets.len() != plan.addrs.len() {
             return Err(invalid(
                 "a worker plan needs targets and one address per target".into(),
@@ -195,7 +222,12 @@ impl Ctx {
             let opts = plan.tls.as_ref().ok_or_else(|| {
                 invalid("https:// targets need TLS options in the worker plan".into())
             })?;
-            Some(TlsClient::new(opts).map_err(|e| invalid(e.to_string()))?)
+            let client = TlsClient::new(opts).map_err(|e| invalid(e.to_string()))?;
+            Some(if settings.http2.is_some() {
+                client.for_h2()
+            } else {
+                client
+            })
         } else {
             None
         };
@@ -229,6 +261,7 @@ impl Ctx {
             None => None,
         };
         let start = Anchor::at_unix_ns(plan.start_unix_ns);
+        let pool_count = endpoints.len();
         let ctx = Self {
             wire,
             pools: endpoints.iter().map(|_| RefCell::new(Vec::new())).collect(),
@@ -256,6 +289,7 @@ impl Ctx {
             ticker: Ticker::new(settings.interval_ns),
             logged: FirstOfKind::default(),
             out: Output::new(plan.label.clone(), out),
+            h2: streams(&plan, pool_count),
             plan,
         };
         Ok((ctx, loops))
@@ -271,6 +305,17 @@ fn start_load(ctx: &Rc<Ctx>, loops: u64) -> io::Result<()> {
         Load::Rate(spec) => {
             let pacer = pacer(spec, duration, requests).map_err(|e| invalid(e.to_string()))?;
             tokio::task::spawn_local(schedule(ctx.clone(), pacer, duration, requests));
+        }
+        Load::Max { .. } if ctx.h2.is_some() => {
+            let c = ctx.clone();
+            let start = ctx.start.instant();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep_until(start.into()).await;
+                if let Some(h2) = c.h2.clone() {
+                    h2.start_closed(&c, loops);
+                }
+                c.live.done();
+            });
         }
         Load::Max { .. } => {
             let start = ctx.start.instant();
@@ -334,12 +379,16 @@ async fn schedule(
             continue;
         }
         ctx.live.add();
-        let c = ctx.clone();
-        tokio::task::spawn_local(async move {
-            if request(&c, i, intended, Instant::now(), None).await {
-                c.live.done();
-            }
-        });
+        if let Some(h2) = ctx.h2.clone() {
+            h2.submit(&ctx, i, intended);
+        } else {
+            let c = ctx.clone();
+            tokio::task::spawn_local(async move {
+                if request(&c, i, intended, Instant::now(), None).await {
+                    c.live.done();
+                }
+            });
+        }
         i += step;
         // Behind schedule, every due request starts now; let the responses
         // already in be read between batches so the lag does not feed itself.
@@ -390,6 +439,19 @@ async fn request(
     began: Instant,
     timer: Option<Pin<&mut Sleep>>,
 ) -> bool {
+    count_start(ctx, began);
+
+    let io = Io {
+        bytes_in: 0,
+        bytes_out: 0,
+        began,
+        sent_at: None,
+    };
+    attempt(ctx, seq, intended, io, began + ctx.timeout, timer, false).await
+}
+
+/// Counts a request started at `began`.
+pub(super) fn count_start(ctx: &Ctx, began: Instant) {
     ctx.rec.borrow_mut().started();
     let mut done = ctx.done.get();
     done.sent += 1;
@@ -399,14 +461,6 @@ async fn request(
     }
     done.last_sent_ns = began_ns;
     ctx.done.set(done);
-
-    let io = Io {
-        bytes_in: 0,
-        bytes_out: 0,
-        began,
-        sent_at: None,
-    };
-    attempt(ctx, seq, intended, io, began + ctx.timeout, timer, false).await
 }
 
 /// Runs request `seq` (due at `intended`) to its end by `deadline`, or
@@ -560,7 +614,7 @@ fn free_place(ctx: &Ctx, keep: Option<std::net::TcpStream>, pool: usize) {
 }
 
 /// Records how request `seq` (target `t`, due at `intended`) ended.
-fn finish(
+pub(super) fn finish(
     ctx: &Ctx,
     seq: u64,
     t: usize,
@@ -625,8 +679,8 @@ fn finish(
 /// Where a pool's connections go: an address, and for `https://` the host
 /// named in SNI and checked in the certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Endpoint {
-    addr: SocketAddr,
+pub(super) struct Endpoint {
+    pub(super) addr: SocketAddr,
     tls_host: Option<String>,
 }
 
@@ -658,9 +712,9 @@ impl Endpoint {
 }
 
 /// An open connection: the socket and, for `https://`, its TLS session.
-struct Link {
-    stream: TcpStream,
-    tls: Option<Box<Session>>,
+pub(super) struct Link {
+    pub(super) stream: TcpStream,
+    pub(super) tls: Option<Box<Session>>,
 }
 
 /// An open connection counted against the cap; closing it (by drop) frees
@@ -776,7 +830,7 @@ async fn acquire(
 
 /// Opens a connection for pool `pool`: TCP connect, then the TLS handshake
 /// for an `https://` endpoint; records how long each took.
-async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, RequestError> {
+pub(super) async fn connect(ctx: &Ctx, pool: usize) -> Result<Link, RequestError> {
     let endpoint = &ctx.endpoints[pool];
     let began = Instant::now();
     let sources = &ctx.plan.sources;

@@ -249,6 +249,15 @@ impl TlsClient {
         })
     }
 
+    /// The same client offering only `h2` in ALPN (`attack --http2`).
+    pub fn for_h2(&self) -> Self {
+        let mut config = (*self.config).clone();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
     /// A new client session to `host` (the URL's host: a name is sent as SNI,
     /// an IP address is not).
     pub fn session(&self, host: &str) -> Result<Session, TlsSetupError> {
@@ -530,6 +539,11 @@ impl Session {
             .map_or("none".into(), String::from_utf8_lossy);
         let kind = if self.resumed() { "resumed" } else { "full" };
         format!("{version} {suite}, ALPN {alpn}, {kind} handshake")
+    }
+
+    /// The protocol the server chose in ALPN (`None`: it chose none).
+    pub fn alpn(&self) -> Option<&[u8]> {
+        self.conn.alpn_protocol()
     }
 
     /// Whether the handshake resumed an earlier session.

@@ -42,6 +42,8 @@ Examples:
       --rate 1000/s --duration 10s --no-keepalive
   throng attack --url http://127.0.0.1:8080/ping --rate 1000/s --duration 30s \\
       --format vegeta | vegeta report
+  throng attack --url https://localhost:8443/ping --tls-ca ca.pem --http2 \\
+      --max-streams 100 --rate 20k/s --duration 30s
   cat targets.txt | throng attack --targets - --rate 500/s \\
       --requests 10000 --max-p99 200ms
 
@@ -176,6 +178,9 @@ pub(crate) struct Args {
     abort_on_fail: bool,
 
     #[command(flatten)]
+    http2: Http2Args,
+
+    #[command(flatten)]
     client: super::client::ClientArgs,
 
     #[command(flatten)]
@@ -237,6 +242,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             per_request_format,
             thresholds: args.threshold,
             abort_on_fail: args.abort_on_fail,
+            http2: args.http2.streams(),
         },
         remote,
     )?;
@@ -304,6 +310,31 @@ fn requests_needed(args: &Args) -> Option<u64> {
 /// `--threshold`: one expression on attack's figures.
 fn attack_threshold(text: &str) -> Result<Threshold, String> {
     Threshold::parse(text, &attack::summary::FIGURES).map_err(|e| e.to_string())
+}
+
+/// HTTP/2; `attack`'s and `knee attack`'s.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Http2Args {
+    /// Speak HTTP/2: ALPN h2 on https:// (a server that does not choose h2
+    /// fails the connection), prior knowledge (h2c) on http://. Many requests
+    /// go at once on each connection, as streams; a request due when every
+    /// stream is busy waits for one, its latency counted from its intended time.
+    #[arg(long)]
+    http2: bool,
+
+    /// With --http2: streams open at once per connection, at most (the
+    /// server's SETTINGS_MAX_CONCURRENT_STREAMS may allow fewer). More
+    /// connections open, up to --max-connections, when all are busy; with
+    /// --max each of the --connections keeps this many requests in flight.
+    #[arg(long, value_name = "N", default_value_t = attack::request::DEFAULT_MAX_STREAMS, requires = "http2")]
+    max_streams: u32,
+}
+
+impl Http2Args {
+    /// Streams per connection under --http2; `None`: HTTP/1.1.
+    pub(crate) fn streams(&self) -> Option<u32> {
+        self.http2.then_some(self.max_streams)
+    }
 }
 
 /// What to request: a targets file, or one URL with its method, headers

@@ -172,6 +172,9 @@ struct AttackArgs {
     tls: super::client::TlsArgs,
 
     #[command(flatten)]
+    http2: super::attack::Http2Args,
+
+    #[command(flatten)]
     search: SearchArgs,
 }
 
@@ -417,6 +420,7 @@ fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
         per_request_format: None,
         thresholds: Vec::new(),
         abort_on_fail: false,
+        http2: a.http2.streams(),
     }))
 }
 

@@ -10,6 +10,7 @@ mod agents;
 mod agents_json;
 mod api;
 mod attack;
+mod attack_h2;
 mod auth;
 mod bench;
 mod cluster;
