@@ -563,7 +563,9 @@ fn hold_run(
             redis_channel: "throng:bench".into(),
             messages: Some(u64::from(req.messages)),
             timeout: req.publish_timeout,
+            clients: 1,
         }),
+        sessions: None,
     })
 }
 

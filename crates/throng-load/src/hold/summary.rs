@@ -71,6 +71,10 @@ pub struct Summary {
     pub lost: u64,
     /// Messages received twice.
     pub duplicated: u64,
+    /// Publishing clients, when more than one (`--publishers`): `lost` is
+    /// then net of messages that arrived after another client's later one.
+    #[serde(skip_serializing_if = "is_one_or_less")]
+    pub publishers: u32,
     /// Messages received after a later one.
     pub out_of_order: u64,
     /// Data messages that were not ours (nor timed by `--stamp`).
@@ -103,6 +107,9 @@ pub struct Summary {
     /// first to last subscriber, per message, over every worker.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_spread: Option<SpreadStats>,
+    /// What the persistent-session clients did (`--mqtt-sessions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<super::sessions::SessionSummary>,
     /// The start lines' section on this machine's limits (doctor's
     /// checks): how many were checked, and each to watch.
     pub limits: Vec<String>,
@@ -158,6 +165,10 @@ impl Summary {
         }
         s
     }
+}
+
+fn is_one_or_less(n: &u32) -> bool {
+    *n <= 1
 }
 
 /// What fails a run (exit status 1).
@@ -230,6 +241,9 @@ impl Thresholds {
             out.push(format!("stopped early (--abort-on-fail): {why}"));
         }
         out.extend(crate::threshold::check_all(&self.given, s));
+        if let Some(sessions) = &s.sessions {
+            out.extend(sessions.failures());
+        }
         let unpublished: u64 = s.publish_errors.values().sum();
         if unpublished > 0 {
             out.push(format!(
@@ -290,23 +304,26 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
     s
 }
 
+/// One latency's line in the summary: its percentiles and count.
+pub(super) fn latency_line(l: &HistStats) -> String {
+    if l.count == 0 {
+        return "none measured".to_owned();
+    }
+    format!(
+        "p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})",
+        micros(l.p50),
+        micros(l.p90),
+        micros(l.p99),
+        micros(l.p999),
+        micros(l.max),
+        l.count
+    )
+}
+
 /// The final human summary.
 pub fn render(s: &Summary) -> String {
     let mut out = String::new();
-    let lat = |l: &HistStats| {
-        if l.count == 0 {
-            return "none measured".to_owned();
-        }
-        format!(
-            "p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})",
-            micros(l.p50),
-            micros(l.p90),
-            micros(l.p99),
-            micros(l.p999),
-            micros(l.max),
-            l.count
-        )
-    };
+    let lat = latency_line;
     out.push_str(&format!(
         "connections: {} opened of {} over {} worker(s) in {:.2}s ({:.0}/s), peak {} open\n",
         s.opened, s.target, s.workers, s.ramp_s, s.connect_rate, s.peak_open
@@ -354,6 +371,12 @@ pub fn render(s: &Summary) -> String {
             "messages: {} published, {} received of {} expected, {} lost, {} duplicated, {} out of order\n",
             s.published, s.received, s.expected, s.lost, s.duplicated, s.out_of_order
         ));
+        if s.publishers > 1 {
+            out.push_str(&format!(
+                "  from {} publishing clients: a message overtaken by another client's is out of order, not lost\n",
+                s.publishers
+            ));
+        }
         let errs: u64 = s.publish_errors.values().sum();
         if errs > 0 {
             out.push_str(&format!(
@@ -377,6 +400,9 @@ pub fn render(s: &Summary) -> String {
         }
     }
     out.push_str(&server_messages(s));
+    if let Some(sessions) = &s.sessions {
+        out.push_str(&sessions.render());
+    }
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("peak RSS: {}\n", peak_rss(&s.peak_rss_bytes)));
     }

@@ -438,6 +438,7 @@ fn hold_request(h: &HeldArgs, connections: u64, rate: RateSpec) -> anyhow::Resul
         publish: None,
         tls: h.tls.options(target.tls)?,
         mqtt: h.mqtt_options(&target)?.filter(|_| target.mqtt),
+        sessions: None,
         target,
         output: None,
         progress: Progress::QUIET,
