@@ -197,13 +197,35 @@ impl Default for Thresholds {
 }
 
 impl Thresholds {
-    /// The start line that states them (and the `--threshold`s, if any).
+    /// Every threshold: `--max-connect-errors N` and `--max-lost N` as the
+    /// thresholds they are aliases of (`connect_errors<=N`, `lost<=N`),
+    /// then the `--threshold`s.
+    pub fn all(&self) -> Vec<Threshold> {
+        let aliases = [
+            (
+                format!("connect_errors<={}", self.max_connect_errors),
+                "--max-connect-errors",
+            ),
+            (format!("lost<={}", self.max_lost), "--max-lost"),
+        ];
+        let mut out: Vec<Threshold> = aliases
+            .into_iter()
+            // A count bound by a whole number always parses.
+            .filter_map(|(expr, flag)| {
+                Threshold::parse(&expr, &super::figures::FIGURES)
+                    .ok()
+                    .map(|t| t.alias(flag))
+            })
+            .collect();
+        out.extend(self.given.iter().cloned());
+        out
+    }
+
+    /// The start lines that state them.
     pub fn line(&self) -> String {
-        let mut line = format!(
-            "  fails (exit 1) when over {} connections fail (--max-connect-errors), over {} messages are lost (--max-lost), or a message cannot be published",
-            self.max_connect_errors, self.max_lost
-        );
-        if let Some(more) = crate::threshold::start_line(&self.given, self.abort_on_fail) {
+        let mut line =
+            "  fails (exit 1) when a message cannot be published, or a threshold fails".to_owned();
+        if let Some(more) = crate::threshold::start_line(&self.all(), self.abort_on_fail) {
             line.push('\n');
             line.push_str(&more);
         }
@@ -212,26 +234,22 @@ impl Thresholds {
 
     /// The thresholds checked as the run goes (`--abort-on-fail`).
     pub fn live(&self) -> Vec<Threshold> {
-        crate::threshold::live(&self.given, self.abort_on_fail)
+        crate::threshold::live(&self.all(), self.abort_on_fail)
     }
 
     /// What `s` broke, one line each (empty: it passed).
     pub fn check(&self, s: &Summary) -> Vec<String> {
-        let mut out = Vec::new();
-        let failed: u64 = s.failed.values().sum();
-        if failed > self.max_connect_errors {
-            out.push(format!(
-                "{failed} connections failed ({}), over --max-connect-errors {}",
-                kinds(&s.failed, " ", ", "),
-                self.max_connect_errors
-            ));
-        }
-        if s.lost > self.max_lost {
-            out.push(format!(
-                "{} messages lost, over --max-lost {}",
-                s.lost, self.max_lost
-            ));
-        }
+        let mut out: Vec<String> = crate::threshold::check_all(&self.all(), s)
+            .into_iter()
+            .map(|line| {
+                // Which kinds of failure, beside their count.
+                if line.starts_with("connect_errors") && !s.failed.is_empty() {
+                    format!("{line} ({})", kinds(&s.failed, " ", ", "))
+                } else {
+                    line
+                }
+            })
+            .collect();
         if let Some(n) = s.closed.get("read_timeout") {
             out.push(format!(
                 "{n} held connections received nothing, not even a ping, for --read-timeout"
@@ -240,7 +258,6 @@ impl Thresholds {
         if let Some(why) = &s.aborted {
             out.push(format!("stopped early (--abort-on-fail): {why}"));
         }
-        out.extend(crate::threshold::check_all(&self.given, s));
         if let Some(sessions) = &s.sessions {
             out.extend(sessions.failures());
         }

@@ -185,11 +185,13 @@ pub(crate) struct Args {
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     max_message: usize,
 
-    /// Exit 1 when more than this many connections fail to open.
+    /// Exit 1 when more than this many connections fail to open: an alias of
+    /// --threshold 'connect_errors<=N'.
     #[arg(long, default_value_t = 0, value_name = "N")]
     max_connect_errors: u64,
 
-    /// Exit 1 when more than this many messages are lost (over all connections).
+    /// Exit 1 when more than this many messages are lost (over all connections):
+    /// an alias of --threshold 'lost<=N'.
     #[arg(long, default_value_t = 0, value_name = "N")]
     max_lost: u64,
 
@@ -204,6 +206,7 @@ pub(crate) struct Args {
 
     /// Stop the run once a threshold can no longer pass: a count already
     /// over its bound (lost==0 after a loss), or a max already passed.
+    /// --max-connect-errors and --max-lost (0 unless given) are thresholds too.
     #[arg(long)]
     abort_on_fail: bool,
 
