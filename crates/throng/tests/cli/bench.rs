@@ -205,3 +205,54 @@ fn a_full_disk_is_one_error_line_and_no_partial_file() {
         assert!(left.is_empty(), "{size}: left {left:?}");
     }
 }
+
+/// `--threshold` on the figures bench prints: each failed one makes the
+/// verdict FAIL (exit 1) and is named; one that holds changes nothing; a
+/// cost not measured (memory per connection under 1,000 connections) is
+/// unknown, so its threshold fails; a figure bench does not print is
+/// refused before anything starts.
+#[test]
+fn bench_thresholds_on_its_figures_fail_the_verdict_and_name_themselves() {
+    let dir = TempDir::new("bench-threshold");
+    let out = run(&[
+        "bench",
+        "--connections",
+        "300",
+        "--messages",
+        "2",
+        "--message-every",
+        "300ms",
+        "--threshold",
+        "held>=300",
+        "--threshold",
+        "received<1",
+        "--threshold",
+        "server_bytes_per_connection<1000000",
+        "--out-dir",
+        dir.path().to_str().unwrap(),
+        "--format",
+        "json",
+        "--quiet",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)));
+    assert_eq!(r["verdict"], "FAIL", "{r:#}");
+    assert_eq!(r["received"], 600, "{r:#}");
+    assert_eq!(
+        r["failures"],
+        serde_json::json!([
+            "received<1: received was 600",
+            "server_bytes_per_connection<1000000: server_bytes_per_connection is unknown (nothing measured)"
+        ]),
+        "{r:#}"
+    );
+    let out = run(&["bench", "--threshold", "error_rate<1%"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not one of bench's"),
+        "{}",
+        text(&out.stderr)
+    );
+}
