@@ -259,12 +259,10 @@ pub enum KneeError {
     /// Files, workers, the machine.
     #[error(transparent)]
     Io(#[from] io::Error),
-    /// The agents cannot take a level (`--agents`), or one was lost in it.
+    /// The agents cannot take a level (`--agents`). One lost during a
+    /// level is that level's verdict, not an error.
     #[error(transparent)]
     Agents(#[from] AgentsError),
-    /// An agent was lost during a level: its figures are not the target's.
-    #[error("agent(s) {0} lost during a level: the search cannot judge it; see 'throng agents'")]
-    AgentLost(String),
 }
 
 /// A search checked and planned, ready to run.
@@ -632,6 +630,17 @@ impl Prepared {
             });
             let seen = self.plan.run_level(level, &title, header, &self.common)?;
             let (mut verdict, mut reasons) = self.common.objective.judge(&seen.figures);
+            if let Some(lost) = &seen.lost_agents {
+                // Part of the load was never generated: the harness's
+                // failure, not the target's, judged as a saturated generator.
+                verdict = Verdict::Generator;
+                reasons.insert(
+                    0,
+                    format!(
+                        "agent(s) lost during the level ({lost}): their share of the load was not generated"
+                    ),
+                );
+            }
             if seen.interrupted && verdict == Verdict::Pass {
                 // Cut off by Ctrl-C: what it measured says nothing either way.
                 verdict = Verdict::Fail;

@@ -29,14 +29,14 @@ pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 /// A program started by a test, its stderr kept line by line with the
 /// time each line came; killed on drop.
-struct Spawned {
+pub(crate) struct Spawned {
     child: Child,
     lines: Arc<Mutex<Vec<(Instant, String)>>>,
     stdout: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Spawned {
-    fn start(cmd: &mut Command) -> Self {
+    pub(crate) fn start(cmd: &mut Command) -> Self {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -85,7 +85,7 @@ impl Spawned {
             .collect()
     }
 
-    fn wait_said(&self, what: &str) -> Instant {
+    pub(crate) fn wait_said(&self, what: &str) -> Instant {
         let start = Instant::now();
         loop {
             if let Some(at) = self.said(what) {
@@ -101,7 +101,7 @@ impl Spawned {
     }
 
     /// Waits for the end (at most `limit`): exit code, stdout.
-    fn wait(&mut self, limit: Duration) -> (i32, String) {
+    pub(crate) fn wait(&mut self, limit: Duration) -> (i32, String) {
         let deadline = Instant::now() + limit;
         let status = loop {
             if let Some(s) = self.child.try_wait().unwrap() {
@@ -226,7 +226,8 @@ pub(crate) struct Two {
     redis: Redis,
     pub(crate) url: String,
     a: Spawned,
-    b: Spawned,
+    /// The second agent, which a test may kill (drop).
+    pub(crate) b: Spawned,
     pub(crate) server: throng_testkit::Server,
 }
 
