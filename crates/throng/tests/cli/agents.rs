@@ -336,6 +336,47 @@ fn a_hold_on_agents_adds_up_and_each_agents_file_adds_up_to_the_merged_one() {
     assert!(text.contains("\"a1/hold-0\"") && text.contains("\"b2/hold-3\""));
 }
 
+/// `throng agent --metrics-listen`: the agent's own figures, its
+/// workers' records of the run it served, scraped by a real Prometheus
+/// text parser once the run is over (they stay until the next run).
+#[test]
+fn an_agent_serves_its_own_workers_figures_on_metrics_listen() {
+    let _one = one_at_a_time();
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::PythonPrometheus);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let addr = format!("127.0.0.1:{}", throng_testkit::free_port());
+    let a = agent(&url, "m1", &["--metrics-listen", &addr]);
+    assert!(
+        a.stderr()
+            .contains(&format!("metrics on http://{addr}/metrics")),
+        "{}",
+        a.stderr()
+    );
+    let server = serve(&[]);
+    let mut args = hold_args(&server, "200");
+    args.extend(["--messages", "3", "--agents", &url].map(String::from));
+    let out = output_within(throng().args(&args), Duration::from_secs(90));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let scraped = crate::load_metrics::scrape(
+        &format!("http://{addr}/metrics"),
+        &[
+            ("throng_load_connect_ok_total{role=\"hold\"}", 200),
+            ("throng_load_messages_received_total{role=\"hold\"}", 600),
+            ("throng_load_delivery_seconds_count{role=\"hold\"}", 600),
+        ],
+    );
+    assert_eq!(
+        scraped["samples"]["throng_load_messages_lost_total{role=\"hold\"}"], 0.0,
+        "{scraped:#}"
+    );
+}
+
 #[test]
 fn a_run_the_agents_cannot_take_is_refused_before_it_starts() {
     let _one = one_at_a_time();
