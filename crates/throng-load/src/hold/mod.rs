@@ -41,8 +41,9 @@ pub mod supervisor;
 pub mod target;
 pub mod worker;
 
+pub use figures::Thresholds;
 pub use request::{Prepared, Request, prepare, prepare_on};
-pub use summary::{Summary, Thresholds, render};
+pub use summary::{Summary, render};
 pub use supervisor::{HoldRun, PublishPlan, run};
 
 /// Runs this process as one `hold` worker (plan on stdin, records on stdout).

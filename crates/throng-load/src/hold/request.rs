@@ -14,10 +14,11 @@ use throng_host::units::{fmt_duration, fmt_size};
 use throng_report::format::Header;
 
 use super::Settings;
+use super::figures::Thresholds;
 use super::mqtt::MqttOptions;
 use super::plan::{self, PlanError};
 use super::sessions::SessionPlan;
-use super::summary::{Summary, Thresholds};
+use super::summary::Summary;
 use super::supervisor::{
     DRAIN_MAX, DRAIN_QUIET, HoldRun, PUBLISH_SETTLE, PUBLISH_TIMEOUT, PublishPlan, client_topic,
 };

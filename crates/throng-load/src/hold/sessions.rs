@@ -10,8 +10,9 @@
 //! published while it was away (`session.owed`), delivered on its return
 //! (`session.resumed`, and how long after the CONNACK, `session.resume`),
 //! none lost, none twice, in order (its own [`Sequence`], as a held
-//! subscriber's). A QoS 2 message the broker sends again before our PUBCOMP
-//! (its PUBREC lost when we went) is acknowledged again and counted once.
+//! subscriber's). A QoS 2 message the broker sends again (DUP) before its
+//! PUBREL (our PUBREC lost when we went) is acknowledged again and counted
+//! once.
 //!
 //! The clients are tasks of the supervisor, beside the publishers, not
 //! connections of the workers: a few hundred returning clients show what
@@ -322,7 +323,7 @@ struct Client {
     k: usize,
     id: String,
     /// QoS 2 packet ids received (PUBREC sent) whose PUBREL has not come:
-    /// the same id again is the same message, sent again.
+    /// the same id again, marked DUP, is the same message, sent again.
     pending: HashSet<u16>,
     /// A SUBACK came (the session has the subscription, unless a return
     /// finds it discarded).
@@ -446,8 +447,11 @@ impl Client {
                 self.out.clear();
                 match d.packet {
                     Packet::Publish(p) => {
+                        // Sent again (DUP) before its PUBREL: the same
+                        // message. Without DUP, a new one that reuses the
+                        // id of a PUBREL never sent (we went away first).
                         let again = match p.delivery {
-                            Delivery::ExactlyOnce(id) => !self.pending.insert(id.get()),
+                            Delivery::ExactlyOnce(id) => !self.pending.insert(id.get()) && p.dup,
                             _ => false,
                         };
                         acknowledge(p.delivery, version, &mut self.out);
@@ -579,7 +583,7 @@ impl SessionSummary {
 
     /// The lines of the human summary.
     pub fn render(&self) -> String {
-        let lat = super::summary::latency_line;
+        let lat = crate::harness::collect::latency_line;
         let mut out = format!(
             "sessions: {} clients, {} returns: {} with the session kept, {} without\n",
             self.clients, self.returns, self.present, self.discarded

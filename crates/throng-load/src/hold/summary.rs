@@ -10,9 +10,8 @@ use throng_report::interval::Interval;
 use throng_report::summary::HistStats;
 use throng_report::text::{micros, server_spread};
 
-use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
+use crate::harness::collect::{Totals, event_lines, kinds, latency_line, peak_rss};
 use crate::harness::progress::View;
-use crate::threshold::Threshold;
 
 /// What a run did, for the final print and `--json`.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -171,107 +170,6 @@ fn is_one_or_less(n: &u32) -> bool {
     *n <= 1
 }
 
-/// What fails a run (exit status 1).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Thresholds {
-    /// Connections that may fail to open.
-    pub max_connect_errors: u64,
-    /// Messages that may be lost.
-    pub max_lost: u64,
-    /// `--threshold`s on any figure ([`super::figures::FIGURES`]).
-    pub given: Vec<Threshold>,
-    /// `--abort-on-fail`: stop once one of `given` can no longer pass.
-    pub abort_on_fail: bool,
-}
-
-impl Default for Thresholds {
-    /// Nothing may fail.
-    fn default() -> Self {
-        Self {
-            max_connect_errors: 0,
-            max_lost: 0,
-            given: Vec::new(),
-            abort_on_fail: false,
-        }
-    }
-}
-
-impl Thresholds {
-    /// Every threshold: `--max-connect-errors N` and `--max-lost N` as the
-    /// thresholds they are aliases of (`connect_errors<=N`, `lost<=N`),
-    /// then the `--threshold`s.
-    pub fn all(&self) -> Vec<Threshold> {
-        let aliases = [
-            (
-                format!("connect_errors<={}", self.max_connect_errors),
-                "--max-connect-errors",
-            ),
-            (format!("lost<={}", self.max_lost), "--max-lost"),
-        ];
-        let mut out: Vec<Threshold> = aliases
-            .into_iter()
-            // A count bound by a whole number always parses.
-            .filter_map(|(expr, flag)| {
-                Threshold::parse(&expr, &super::figures::FIGURES)
-                    .ok()
-                    .map(|t| t.alias(flag))
-            })
-            .collect();
-        out.extend(self.given.iter().cloned());
-        out
-    }
-
-    /// The start lines that state them.
-    pub fn line(&self) -> String {
-        let mut line =
-            "  fails (exit 1) when a message cannot be published, or a threshold fails".to_owned();
-        if let Some(more) = crate::threshold::start_line(&self.all(), self.abort_on_fail) {
-            line.push('\n');
-            line.push_str(&more);
-        }
-        line
-    }
-
-    /// The thresholds checked as the run goes (`--abort-on-fail`).
-    pub fn live(&self) -> Vec<Threshold> {
-        crate::threshold::live(&self.all(), self.abort_on_fail)
-    }
-
-    /// What `s` broke, one line each (empty: it passed).
-    pub fn check(&self, s: &Summary) -> Vec<String> {
-        let mut out: Vec<String> = crate::threshold::check_all(&self.all(), s)
-            .into_iter()
-            .map(|line| {
-                // Which kinds of failure, beside their count.
-                if line.starts_with("connect_errors") && !s.failed.is_empty() {
-                    format!("{line} ({})", kinds(&s.failed, " ", ", "))
-                } else {
-                    line
-                }
-            })
-            .collect();
-        if let Some(n) = s.closed.get("read_timeout") {
-            out.push(format!(
-                "{n} held connections received nothing, not even a ping, for --read-timeout"
-            ));
-        }
-        if let Some(why) = &s.aborted {
-            out.push(format!("stopped early (--abort-on-fail): {why}"));
-        }
-        if let Some(sessions) = &s.sessions {
-            out.extend(sessions.failures());
-        }
-        let unpublished: u64 = s.publish_errors.values().sum();
-        if unpublished > 0 {
-            out.push(format!(
-                "{unpublished} messages could not be published ({})",
-                kinds(&s.publish_errors, ": ", ", ")
-            ));
-        }
-        out
-    }
-}
-
 /// The progress line of one interval: connections (every worker's last
 /// known count), this interval's connects, the run's failures and closes so
 /// far, and with publishing the messages and their delivery; workers whose
@@ -319,22 +217,6 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
     }
     s.push_str(&view.late_note());
     s
-}
-
-/// One latency's line in the summary: its percentiles and count.
-pub(super) fn latency_line(l: &HistStats) -> String {
-    if l.count == 0 {
-        return "none measured".to_owned();
-    }
-    format!(
-        "p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})",
-        micros(l.p50),
-        micros(l.p90),
-        micros(l.p99),
-        micros(l.p999),
-        micros(l.max),
-        l.count
-    )
 }
 
 /// The final human summary.
