@@ -39,6 +39,7 @@ use crate::hold::target::{PublishTarget, TargetError, WsTarget};
 use crate::hold::{self};
 use crate::pacer::RateSpec;
 
+pub mod gate;
 pub mod level;
 pub mod modes;
 pub mod objective;
