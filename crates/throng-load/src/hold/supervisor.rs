@@ -818,6 +818,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_publishing_client_has_its_own_topic_from_1() {
+        assert_eq!(client_topic("fleet/%i/temp", 0), "fleet/1/temp");
+        assert_eq!(client_topic("fleet/%i/%i", 41), "fleet/42/42");
+        assert_eq!(client_topic("fleet/all", 7), "fleet/all");
+    }
+
+    #[test]
+    fn an_unpublished_message_gives_its_number_back_only_when_none_followed() {
+        let mut s = PubStats::new();
+        // One client: 1 published, 2 refused (given back), the next takes 2.
+        let one = s.take_seq();
+        s.settle_seq(one, true);
+        let two = s.take_seq();
+        s.settle_seq(two, false);
+        assert_eq!(s.take_seq(), 2);
+        s.settle_seq(2, true);
+        // Two clients in flight: 3 and 4 taken; 3 fails after 4 was taken,
+        // so 3 stays a gap (counted lost), and the last published is 4.
+        let (three, four) = (s.take_seq(), s.take_seq());
+        s.settle_seq(four, true);
+        s.settle_seq(three, false);
+        assert_eq!((s.last_seq, s.take_seq()), (4, 5));
+    }
+
+    #[test]
     fn the_first_message_waits_for_an_interval_boundary_only_at_slow_rates() {
         let second = Duration::from_secs(1);
         let (early, late) = first_publish_window(second, 0.5);
