@@ -15,16 +15,19 @@ pub const FIGURES: Catalogue = Catalogue {
     latencies: &["delivery", "connect", "publish", "pushed"],
     ratios: &["loss_rate"],
     rates: &["connect_rate"],
-    counts: &[
-        "lost",
-        "connect_errors",
-        "duplicated",
-        "out_of_order",
-        "received",
-        "opened",
-        "publish_errors",
-    ],
+    counts: &COUNTS,
 };
+
+/// `hold`'s counts (`bench` has them too).
+pub const COUNTS: [&str; 7] = [
+    "lost",
+    "connect_errors",
+    "duplicated",
+    "out_of_order",
+    "received",
+    "opened",
+    "publish_errors",
+];
 
 impl Figures for Summary {
     fn value(&self, figure: &Figure) -> Option<f64> {

@@ -104,32 +104,28 @@ fn a_lost_agent_gives_its_level_the_generator_verdict() {
     let t = two_agents();
     let url = format!("http://{}/ping", t.server.addr);
     let dir = TempDir::new("knee-agent-lost");
-    let mut k = Spawned::start(crate::throng().args([
-        "knee",
-        "attack",
-        "--url",
-        &url,
-        "--from",
-        "100/s",
-        "--to",
-        "200/s",
-        "--step-duration",
-        "60s",
-        "--slo-p99",
-        "1s",
-        "--agents",
-        &t.url,
-        "--warmup",
-        "1s",
-        "--cooldown",
-        "1s",
-        "--repeat",
-        "1",
-        "--format",
-        "json",
-        "--out-dir",
-        dir.path().to_str().unwrap(),
-    ]));
+    let mut k = Spawned::start(
+        crate::throng()
+            .args([
+                "knee",
+                "attack",
+                "--url",
+                &url,
+                "--from",
+                "100/s",
+                "--to",
+                "200/s",
+                "--step-duration",
+                "60s",
+                "--slo-p99",
+                "1s",
+                "--agents",
+                &t.url,
+                "--out-dir",
+                dir.path().to_str().unwrap(),
+            ])
+            .args(QUICK),
+    );
     k.wait_said("run 1");
     drop(t.b);
     let (code, out) = k.wait(std::time::Duration::from_secs(120));
