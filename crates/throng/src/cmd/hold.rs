@@ -41,9 +41,10 @@ Examples:
       --publish-interval 1s --mqtt-sessions 50 --duration 1m
 
 Exit status: 0 when at most --max-connect-errors connections failed, at most
---max-lost messages were lost and every message was published (both 0 by
-default); 1 otherwise, with the reason on stderr; 2 for bad arguments or a run
-that could not start.
+--max-lost messages were lost, every message was published (both 0 by
+default), every --threshold held and the --mqtt-sessions clients found their
+sessions kept and lost nothing; 1 otherwise, with the reasons on stderr; 2 for
+bad arguments or a run that could not start.
 
 Connection i goes to worker i % workers, source address i % sources and
 target port (i / sources) % ports. The run opens every connection on a
@@ -256,7 +257,8 @@ pub(crate) struct MqttArgs {
     mqtt_version: String,
 
     /// Client ids are this followed by the connection's number (the publisher's: followed
-    /// by "publisher"). Default: throng-<process id>-, unique per run on one machine.
+    /// by "publisher", "publisher<n>" with --publishers; --mqtt-sessions clients':
+    /// "session<n>"). Default: throng-<process id>-, unique per run on one machine.
     #[arg(long, value_name = "PREFIX")]
     client_id_prefix: Option<String>,
 
