@@ -262,9 +262,8 @@ impl Sessions {
     }
 
     /// A message `payload` arrived at client `k` at `now_ns`; `returned`:
-    /// when its connection's CONNACK came and the last message published
-    /// then, on a return.
-    fn arrived(&self, k: usize, payload: &[u8], now_ns: u64, returned: Option<(u64, u64)>) {
+    /// what its connection owes it, on a return.
+    fn arrived(&self, k: usize, payload: &[u8], now_ns: u64, returned: Option<&mut Return>) {
         let Some((seq, sent_ns)) = message::decode(payload) else {
             return;
         };
@@ -277,13 +276,59 @@ impl Sessions {
             Arrival::OutOfOrder => c.add("session.out_of_order", 1),
         }
         record(&mut c.delivery, now_ns.saturating_sub(sent_ns) / 1000);
-        if let Some((at_ns, owed_to)) = returned
-            && seq <= owed_to
-            && arrival != Arrival::Duplicate
+        if let Some(r) = returned
+            && r.first(seq)
         {
             c.add("session.resumed", 1);
-            record(&mut c.resume, now_ns.saturating_sub(at_ns) / 1000);
+            record(&mut c.resume, now_ns.saturating_sub(r.at_ns) / 1000);
         }
+    }
+}
+
+/// The most messages a return tells apart (a bit each): past it, one that
+/// comes twice counts twice as kept.
+const MAX_OWED_TRACKED: u64 = 1 << 20;
+
+/// What a return's CONNACK found owed: the messages after `from` (the
+/// highest received before) up to `to` (the last published then), and
+/// which of them came since.
+#[derive(Debug)]
+struct Return {
+    at_ns: u64,
+    from: u64,
+    to: u64,
+    seen: Vec<u64>,
+}
+
+impl Return {
+    fn new(at_ns: u64, from: u64, to: u64) -> Self {
+        let owed = to.saturating_sub(from);
+        let words = if owed <= MAX_OWED_TRACKED {
+            owed.div_ceil(64) as usize
+        } else {
+            0
+        };
+        Self {
+            at_ns,
+            from,
+            to,
+            seen: vec![0; words],
+        }
+    }
+
+    /// Whether `seq` is owed and came for the first time (then marked).
+    fn first(&mut self, seq: u64) -> bool {
+        if seq <= self.from || seq > self.to {
+            return false;
+        }
+        let i = seq - self.from - 1;
+        let Some(word) = self.seen.get_mut((i / 64) as usize) else {
+            return true;
+        };
+        let bit = 1u64 << (i % 64);
+        let first = *word & bit == 0;
+        *word |= bit;
+        first
     }
 }
 
@@ -328,9 +373,8 @@ struct Client {
     /// A SUBACK came (the session has the subscription, unless a return
     /// finds it discarded).
     subscribed: bool,
-    /// On a return: when its CONNACK came (Unix ns) and the last message
-    /// published then.
-    returned: Option<(u64, u64)>,
+    /// On a return: what it owes.
+    returned: Option<Return>,
     buf: Vec<u8>,
     out: Vec<u8>,
 }
@@ -414,7 +458,7 @@ impl Client {
         s.counts
             .borrow_mut()
             .add("session.owed", owed_to.saturating_sub(last));
-        self.returned = Some((now_unix_ns(), owed_to));
+        self.returned = Some(Return::new(now_unix_ns(), last, owed_to));
     }
 
     /// Reads and answers until `online` has passed (or, once publishing
@@ -456,7 +500,7 @@ impl Client {
                         };
                         acknowledge(p.delivery, version, &mut self.out);
                         if !again {
-                            s.arrived(self.k, p.payload, now_unix_ns(), self.returned);
+                            s.arrived(self.k, p.payload, now_unix_ns(), self.returned.as_mut());
                         }
                     }
                     Packet::Pubrel(a) => {
@@ -651,4 +695,87 @@ pub fn progress(t: &Interval) -> String {
         t.counter("session.owed"),
         t.counter("session.lost")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sessions(clients: u32) -> Sessions {
+        let plan = SessionPlan {
+            clients,
+            online: Duration::from_secs(1),
+            away: Duration::from_secs(1),
+            expiry_s: 60,
+        };
+        Sessions::new(
+            plan,
+            MqttOptions::default(),
+            "127.0.0.1:1883".parse().unwrap(),
+            "f/#".into(),
+        )
+    }
+
+    fn message(seq: u64, sent_ns: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        message::encode(&mut out, seq, sent_ns, 0);
+        out
+    }
+
+    fn totals(s: &Sessions) -> Interval {
+        let mut t = Take::default();
+        s.take(&mut t);
+        t.into_interval(0, 1, String::new())
+    }
+
+    #[test]
+    fn what_a_return_delivers_is_counted_kept_and_what_never_came_lost() {
+        let s = sessions(2);
+        s.publishing(1);
+        // Client 0 got 1 and 2 online; returned when 5 was published, and
+        // got 3, 4 and 5 after its CONNACK at 1,000 ns; then 6 online.
+        let mut back = Return::new(1_000, 2, 5);
+        s.arrived(0, &message(1, 10), 20, None);
+        s.arrived(0, &message(2, 10), 20, None);
+        // 4 overtook 3 (two publishing clients): both kept, 3 out of order.
+        for seq in [4, 3, 5] {
+            s.arrived(0, &message(seq, 500), 1_000 + seq * 1_000, Some(&mut back));
+        }
+        s.arrived(0, &message(6, 9_000), 9_500, Some(&mut back));
+        // 5 again: out of order, and not kept twice.
+        s.arrived(0, &message(5, 500), 9_600, Some(&mut back));
+        // Not ours: ignored.
+        s.arrived(0, b"hello", 9_700, Some(&mut back));
+        s.published(6);
+        // Client 1 has only 1..=4: not caught up; at the close 5 and 6 are lost.
+        for seq in 1..=4 {
+            s.arrived(1, &message(seq, 10), 20, None);
+        }
+        assert!(!s.caught_up());
+        s.close(6);
+        let t = totals(&s);
+        assert_eq!(t.counter("session.received"), 11);
+        assert_eq!(t.counter("session.resumed"), 3);
+        assert_eq!(t.counter("session.out_of_order"), 2);
+        // 3 was counted lost when 4 overtook it; 5 and 6 of client 1 at the close.
+        assert_eq!(t.counter("session.lost"), 3);
+        assert_eq!(t.stats("session.resume").count, 3);
+        // From the return's CONNACK (1,000 ns) to 3 at 4,000 ns: 3 µs.
+        assert_eq!(t.stats("session.resume").min, 3);
+        let summary = SessionSummary::of(&t, 2, 2).unwrap();
+        assert_eq!(summary.failures().len(), 1, "{:?}", summary.failures());
+    }
+
+    #[test]
+    fn every_client_caught_up_lets_the_drain_end() {
+        let s = sessions(1);
+        s.publishing(1);
+        s.published(2);
+        s.arrived(0, &message(1, 10), 20, None);
+        assert!(!s.caught_up());
+        s.arrived(0, &message(2, 10), 20, None);
+        assert!(s.caught_up());
+        s.close(2);
+        assert_eq!(totals(&s).counter("session.lost"), 0);
+    }
 }
