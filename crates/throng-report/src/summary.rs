@@ -234,6 +234,12 @@ pub fn explain(name: &str) -> Option<&'static str> {
             "a publish call, from its start to the server's answer (throng serve answers once every worker has counted its subscribers, before the writes)"
         }
         "publish.lag" => "how late the publisher sent a message after its scheduled time",
+        "session.delivery" => {
+            "a persistent-session client's message (hold --mqtt-sessions), publish to arrival: a message kept while its client was away includes the time away"
+        }
+        "session.resume" => {
+            "a message kept while its persistent-session client was away, from the return's CONNACK to its arrival"
+        }
         "delivery.pushed" => {
             "a message the server made on its own, from the send time it holds (hold --stamp) to its arrival"
         }

@@ -12,17 +12,21 @@
 //! controller stops listening (nobody gets what it publishes), it stops
 //! the run's workers too: a killed controller leaves no load behind.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use throng_client::link::LinkError;
+use throng_report::format::{Record, decode_record};
+use throng_report::interval::Interval;
 use tokio::sync::mpsc;
 
 use super::redis::{Conn, Redis};
 use super::{Assigned, BEAT, Capacity, Command, Keys, Registration, Report, Running, TTL};
 use crate::harness::clock::now_unix_ns;
 use crate::harness::machine::Machine;
+use crate::harness::metrics::Metrics;
 use crate::harness::pool::{Crew, Feed, Pool, WorkerCommand};
 use crate::harness::worker::Order;
 
@@ -44,6 +48,9 @@ pub struct Options {
     pub sources: Vec<IpAddr>,
     /// See [`Registration::instance`]; 0: drawn at start.
     pub instance: u64,
+    /// `--metrics-listen`: this agent's own live figures (its workers'
+    /// records merged, per run), if anywhere.
+    pub metrics: Option<Metrics>,
 }
 
 /// This machine's capacity, as registered.
@@ -73,6 +80,49 @@ struct Job {
     feed: mpsc::UnboundedReceiver<Feed>,
     /// Told to stop: kill what is left at this time.
     kill_at: Option<Instant>,
+    /// What its workers counted so far, for `--metrics-listen`.
+    live: Live,
+}
+
+/// A run's figures on this agent: its workers' interval records added as
+/// they pass through (counters and histograms), and each worker's latest
+/// levels (gauges), summed. Shown as they come, not per interval: the
+/// controller's endpoint has the run's merged intervals.
+struct Live {
+    totals: Interval,
+    gauges: Vec<BTreeMap<String, i64>>,
+}
+
+impl Live {
+    fn new(workers: usize) -> Self {
+        Self {
+            totals: Interval::empty(0, 0, String::new()),
+            gauges: vec![BTreeMap::new(); workers],
+        }
+    }
+
+    /// Takes `line` of local worker `worker`; true when it was an interval.
+    fn take(&mut self, worker: usize, line: &str) -> bool {
+        let Ok(Record::Interval(iv)) = decode_record(line) else {
+            return false;
+        };
+        self.totals.add(&iv);
+        if let Some(g) = self.gauges.get_mut(worker) {
+            g.clone_from(&iv.gauges);
+        }
+        true
+    }
+
+    /// The levels now: every worker's latest gauges, summed.
+    fn levels(&self) -> Interval {
+        let mut now = Interval::empty(0, 0, String::new());
+        for g in &self.gauges {
+            for (k, v) in g {
+                *now.gauges.entry(k.clone()).or_insert(0) += v;
+            }
+        }
+        now
+    }
 }
 
 impl Job {
@@ -237,6 +287,12 @@ async fn session(
             }
             f = next_feed(job) => {
                 let Some(j) = job.as_mut() else { continue };
+                if let (Some(Feed::Line { worker, line }), Some(m)) = (&f, &opts.metrics)
+                    && j.live.take(*worker, line)
+                {
+                    let levels = j.live.levels();
+                    m.update(|e| e.flushed(&j.role, &j.live.totals, &levels, true));
+                }
                 let report = match f {
                     Some(Feed::Line { worker, line }) => Some(Report::Line {
                         worker: j.global.get(worker).copied().unwrap_or(u32::MAX),
@@ -409,6 +465,7 @@ fn start(run: &str, role: &str, reply: &str, workers: Vec<Assigned>) -> io::Resu
     let command = WorkerCommand::this_program(&[role, "--worker"])?;
     let (tx, feed) = mpsc::unbounded_channel();
     let global = workers.iter().map(|w| w.index).collect::<Vec<_>>();
+    let global_len = global.len();
     let plans = workers.into_iter().map(|w| (w.label, w.plan)).collect();
     let pool = Pool::spawn(&command, plans, &tx)?;
     Ok(Job {
@@ -420,5 +477,6 @@ fn start(run: &str, role: &str, reply: &str, workers: Vec<Assigned>) -> io::Resu
         pool,
         feed,
         kill_at: None,
+        live: Live::new(global_len),
     })
 }

@@ -31,9 +31,11 @@ use crate::hold::supervisor::{HoldRun, PublishPlan};
 use crate::hold::target::{PublishTarget, WsTarget};
 use crate::hold::{Settings, Summary};
 use crate::pacer::RateSpec;
+use crate::threshold::Threshold;
 use crate::tls::{TlsClient, TlsOptions};
 
 pub mod costs;
+pub mod figures;
 pub mod limits;
 pub mod monitor;
 pub mod report;
@@ -154,6 +156,12 @@ pub struct Request {
     /// give the run a TCP connection table of its size (as root, when the
     /// host's would chain the run's sockets: the `network` start line).
     pub host_network: bool,
+    /// `--threshold`s on the figures bench prints ([`figures::FIGURES`]),
+    /// checked beside its own criteria.
+    pub thresholds: Vec<Threshold>,
+    /// `--abort-on-fail`: stop the hold once one of `thresholds` can no
+    /// longer pass (those hold's running totals can tell).
+    pub abort_on_fail: bool,
 }
 
 /// Why a bench could not run.
@@ -364,7 +372,13 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
             before_ns,
             server_killed,
         },
-    ) = hold_and_measure(&mut server, hold, setup, plan.connections)?;
+    ) = hold_and_measure(
+        &mut server,
+        hold,
+        setup,
+        plan.connections,
+        crate::threshold::live(&req.thresholds, req.abort_on_fail),
+    )?;
     // One read of hold's file: the figures, the bench's own file, the page.
     let mut results = Results::copy(&files.hold, &files.results, &samples)?;
     let intervals = results.intervals();
@@ -386,6 +400,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         html_report: files.html.clone(),
         server_killed,
         hold: summary,
+        thresholds: req.thresholds,
     });
     let summary = report.to_record(
         now_unix_ns(),
@@ -489,6 +504,9 @@ fn start_lines(
         "  verdict   {}",
         criteria(plan.connections, req.messages)
     ));
+    if let Some(line) = crate::threshold::start_line(&req.thresholds, req.abort_on_fail) {
+        say(&line);
+    }
     say(&format!(
         "  expect    {}",
         expected_time(plan.connections, plan.rate, req.messages, req.message_every)
@@ -563,7 +581,9 @@ fn hold_run(
             redis_channel: "throng:bench".into(),
             messages: Some(u64::from(req.messages)),
             timeout: req.publish_timeout,
+            clients: 1,
         }),
+        sessions: None,
     })
 }
 
@@ -584,12 +604,17 @@ fn hold_and_measure(
     hold: HoldRun,
     setup: Setup,
     connections: u64,
+    live: Vec<Threshold>,
 ) -> Result<(Summary, Measured), BenchError> {
     let monitor = monitor::Monitor::start(server.pid(), Duration::from_millis(250));
     std::thread::sleep(Duration::from_millis(600));
     let before_ns = now_unix_ns();
     monitor.arm(true);
-    let held = crate::hold::run(hold, setup);
+    let held = if live.is_empty() {
+        crate::hold::run(hold, setup)
+    } else {
+        crate::hold::supervisor::run_until_doomed(hold, setup, live)
+    };
     monitor.arm(false);
     let server_died = monitor.server_died() || server.exited().is_some();
     let samples = monitor.finish();

@@ -16,6 +16,7 @@ use super::costs::{Cpu, DeliveryCpu, Memory, MessageStats};
 use super::limits::{Limit, Peaks};
 use crate::harness::collect::kinds;
 use crate::hold::Summary;
+use crate::threshold::Threshold;
 
 /// Everything `bench` reports.
 #[derive(Debug)]
@@ -80,6 +81,8 @@ pub struct Report {
     pub server_killed: bool,
     /// `hold`'s own summary.
     pub hold: Summary,
+    /// `--threshold`s, checked beside the criteria.
+    pub thresholds: Vec<Threshold>,
 }
 
 /// What a report is made of.
@@ -97,6 +100,7 @@ pub(super) struct Parts {
     pub(super) html_report: PathBuf,
     pub(super) server_killed: bool,
     pub(super) hold: Summary,
+    pub(super) thresholds: Vec<Threshold>,
 }
 
 /// How a bench ended.
@@ -165,6 +169,7 @@ impl Report {
             html_report: p.html_report,
             server_killed: p.server_killed,
             hold: p.hold,
+            thresholds: p.thresholds,
         }
     }
 
@@ -208,12 +213,17 @@ impl Report {
                 out.push(format!("{n} messages {what}"));
             }
         }
+        if let Some(why) = &self.hold.aborted {
+            out.push(format!("stopped early (--abort-on-fail): {why}"));
+        }
+        out.extend(crate::threshold::check_all(&self.thresholds, self));
         out
     }
 
     /// How the bench ended.
     pub fn verdict(&self) -> Verdict {
-        if self.hold.stopped {
+        // Stopped by Ctrl-C; a threshold's stop is a failure.
+        if self.hold.stopped && self.hold.aborted.is_none() {
             Verdict::Stopped
         } else if self.failures().is_empty() {
             Verdict::Pass
@@ -557,6 +567,7 @@ mod tests {
             html_report: PathBuf::from("r.html"),
             server_killed: false,
             hold,
+            thresholds: Vec::new(),
         })
     }
 

@@ -347,6 +347,23 @@ pub fn peak_rss(by_label: &BTreeMap<String, u64>) -> String {
     parts.join(", ")
 }
 
+/// One latency's line in the summary: its percentiles and count.
+pub fn latency_line(l: &throng_report::interval::HistStats) -> String {
+    use throng_report::text::micros;
+    if l.count == 0 {
+        return "none measured".to_owned();
+    }
+    format!(
+        "p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})",
+        micros(l.p50),
+        micros(l.p90),
+        micros(l.p99),
+        micros(l.p999),
+        micros(l.max),
+        l.count
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,11 +1,13 @@
 //! The figures a `hold` threshold may name (`--threshold 'lost==0'`,
 //! `'delivery_p99<100ms'`, `'connect_p99<1s'`), read from its summary at the
-//! end and from its running totals for `--abort-on-fail`.
+//! end and from its running totals for `--abort-on-fail`; and what fails a
+//! run ([`Thresholds`]).
 
 use throng_report::interval::Interval;
 
 use super::summary::Summary;
-use crate::threshold::{Catalogue, Figure, Figures, Live, count_over};
+use crate::harness::collect::kinds;
+use crate::threshold::{Catalogue, Figure, Figures, Live, Threshold, count_over};
 
 /// `hold`'s figures: a bare `p99` is the delivery latency.
 pub const FIGURES: Catalogue = Catalogue {
@@ -13,16 +15,19 @@ pub const FIGURES: Catalogue = Catalogue {
     latencies: &["delivery", "connect", "publish", "pushed"],
     ratios: &["loss_rate"],
     rates: &["connect_rate"],
-    counts: &[
-        "lost",
-        "connect_errors",
-        "duplicated",
-        "out_of_order",
-        "received",
-        "opened",
-        "publish_errors",
-    ],
+    counts: &COUNTS,
 };
+
+/// `hold`'s counts (`bench` has them too).
+pub const COUNTS: [&str; 7] = [
+    "lost",
+    "connect_errors",
+    "duplicated",
+    "out_of_order",
+    "received",
+    "opened",
+    "publish_errors",
+];
 
 impl Figures for Summary {
     fn value(&self, figure: &Figure) -> Option<f64> {
@@ -97,6 +102,107 @@ impl Live for Running<'_> {
 
     fn failures(&self) -> Option<u64> {
         None
+    }
+}
+
+/// What fails a run (exit status 1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Thresholds {
+    /// Connections that may fail to open.
+    pub max_connect_errors: u64,
+    /// Messages that may be lost.
+    pub max_lost: u64,
+    /// `--threshold`s on any figure ([`FIGURES`]).
+    pub given: Vec<Threshold>,
+    /// `--abort-on-fail`: stop once one of `given` can no longer pass.
+    pub abort_on_fail: bool,
+}
+
+impl Default for Thresholds {
+    /// Nothing may fail.
+    fn default() -> Self {
+        Self {
+            max_connect_errors: 0,
+            max_lost: 0,
+            given: Vec::new(),
+            abort_on_fail: false,
+        }
+    }
+}
+
+impl Thresholds {
+    /// Every threshold: `--max-connect-errors N` and `--max-lost N` as the
+    /// thresholds they are aliases of (`connect_errors<=N`, `lost<=N`),
+    /// then the `--threshold`s.
+    pub fn all(&self) -> Vec<Threshold> {
+        let aliases = [
+            (
+                format!("connect_errors<={}", self.max_connect_errors),
+                "--max-connect-errors",
+            ),
+            (format!("lost<={}", self.max_lost), "--max-lost"),
+        ];
+        let mut out: Vec<Threshold> = aliases
+            .into_iter()
+            // A count bound by a whole number always parses.
+            .filter_map(|(expr, flag)| {
+                Threshold::parse(&expr, &FIGURES)
+                    .ok()
+                    .map(|t| t.alias(flag))
+            })
+            .collect();
+        out.extend(self.given.iter().cloned());
+        out
+    }
+
+    /// The start lines that state them.
+    pub fn line(&self) -> String {
+        let mut line =
+            "  fails (exit 1) when a message cannot be published, or a threshold fails".to_owned();
+        if let Some(more) = crate::threshold::start_line(&self.all(), self.abort_on_fail) {
+            line.push('\n');
+            line.push_str(&more);
+        }
+        line
+    }
+
+    /// The thresholds checked as the run goes (`--abort-on-fail`).
+    pub fn live(&self) -> Vec<Threshold> {
+        crate::threshold::live(&self.all(), self.abort_on_fail)
+    }
+
+    /// What `s` broke, one line each (empty: it passed).
+    pub fn check(&self, s: &Summary) -> Vec<String> {
+        let mut out: Vec<String> = crate::threshold::check_all(&self.all(), s)
+            .into_iter()
+            .map(|line| {
+                // Which kinds of failure, beside their count.
+                if line.starts_with("connect_errors") && !s.failed.is_empty() {
+                    format!("{line} ({})", kinds(&s.failed, " ", ", "))
+                } else {
+                    line
+                }
+            })
+            .collect();
+        if let Some(n) = s.closed.get("read_timeout") {
+            out.push(format!(
+                "{n} held connections received nothing, not even a ping, for --read-timeout"
+            ));
+        }
+        if let Some(why) = &s.aborted {
+            out.push(format!("stopped early (--abort-on-fail): {why}"));
+        }
+        if let Some(sessions) = &s.sessions {
+            out.extend(sessions.failures());
+        }
+        let unpublished: u64 = s.publish_errors.values().sum();
+        if unpublished > 0 {
+            out.push(format!(
+                "{unpublished} messages could not be published ({})",
+                kinds(&s.publish_errors, ": ", ", ")
+            ));
+        }
+        out
     }
 }
 

@@ -10,6 +10,7 @@
 //!   publisher, the end of the run; [`summary`]: what the run did;
 //! - [`publish`], [`message`]: publishing the timestamped messages;
 //! - [`mqtt`]: what held MQTT subscribers and the MQTT publisher send;
+//!   [`sessions`]: persistent-session MQTT clients that go away and return;
 //! - [`worker`] (with `held`, its readiness loop, and `shared`, what the
 //!   two share): one worker process;
 //! - [`recorder`], [`sequence`]: what a worker counts.
@@ -32,6 +33,7 @@ pub mod publish;
 pub mod recorder;
 pub mod request;
 pub mod sequence;
+pub mod sessions;
 mod shared;
 pub mod stamp;
 pub mod summary;
@@ -39,8 +41,9 @@ pub mod supervisor;
 pub mod target;
 pub mod worker;
 
+pub use figures::Thresholds;
 pub use request::{Prepared, Request, prepare, prepare_on};
-pub use summary::{Summary, Thresholds, render};
+pub use summary::{Summary, render};
 pub use supervisor::{HoldRun, PublishPlan, run};
 
 /// Runs this process as one `hold` worker (plan on stdin, records on stdout).

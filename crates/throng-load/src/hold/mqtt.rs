@@ -15,8 +15,8 @@ use std::num::NonZeroU16;
 
 use serde::{Deserialize, Serialize};
 use throng_proto::mqtt::{
-    Ack, Connect, Delivery, Disconnect, Packet, PacketId, Properties, Publish, QoS, ReasonCode,
-    Subscribe, SubscriptionOptions, Version,
+    Ack, Connect, Delivery, Disconnect, Packet, PacketId, Properties, PropertiesBuf, Property,
+    Publish, QoS, ReasonCode, Subscribe, SubscriptionOptions, Version,
 };
 
 /// The packet id of the one SUBSCRIBE a held connection sends.
@@ -124,6 +124,30 @@ impl MqttOptions {
         });
         // Invariant: the strings come from a URL or a command line, far under
         // the 65,535-byte limit (checked when the request is made).
+        let _ = packet.encode(self.version(), out);
+    }
+
+    /// Appends the CONNECT of a persistent-session client `client_id`,
+    /// at this keep-alive: 3.1.1 clean session 0; 5.0 Clean Start
+    /// `!resume` (a fresh session the first time) and a Session Expiry
+    /// Interval of `expiry_s`.
+    pub fn connect_session(&self, client_id: &str, resume: bool, expiry_s: u32, out: &mut Vec<u8>) {
+        let mut props = PropertiesBuf::new();
+        let v5 = self.version() == Version::V5;
+        if v5 {
+            // A four-byte integer: pushing cannot fail.
+            let _ = props.push(Property::SessionExpiryInterval(expiry_s));
+        }
+        let packet = Packet::Connect(Connect {
+            clean_start: v5 && !resume,
+            keep_alive: self.keep_alive_s,
+            properties: props.properties(),
+            client_id,
+            will: None,
+            username: self.username.as_deref(),
+            password: self.password.as_deref().map(str::as_bytes),
+        });
+        // Invariant: as for [`Self::connect`].
         let _ = packet.encode(self.version(), out);
     }
 

@@ -14,11 +14,13 @@ use throng_host::units::{fmt_duration, fmt_size};
 use throng_report::format::Header;
 
 use super::Settings;
+use super::figures::Thresholds;
 use super::mqtt::MqttOptions;
 use super::plan::{self, PlanError};
-use super::summary::{Summary, Thresholds};
+use super::sessions::SessionPlan;
+use super::summary::Summary;
 use super::supervisor::{
-    DRAIN_MAX, DRAIN_QUIET, HoldRun, PUBLISH_SETTLE, PUBLISH_TIMEOUT, PublishPlan,
+    DRAIN_MAX, DRAIN_QUIET, HoldRun, PUBLISH_SETTLE, PUBLISH_TIMEOUT, PublishPlan, client_topic,
 };
 use super::target::{PublishTarget, WsTarget};
 use crate::harness::Setup;
@@ -58,6 +60,8 @@ pub struct Request {
     pub tls: Option<TlsOptions>,
     /// How MQTT subscribers (`mqtt://` targets) connect and subscribe.
     pub mqtt: Option<MqttOptions>,
+    /// Persistent-session clients beside the held subscribers (`mqtt://`).
+    pub sessions: Option<SessionPlan>,
     /// The result file, if any.
     pub output: Option<PathBuf>,
     /// The live view.
@@ -81,6 +85,9 @@ pub struct PublishRequest {
     pub messages: Option<u64>,
     /// Timeout of one publish call.
     pub timeout: Duration,
+    /// Publishing clients sharing `rate`, each on its own connection
+    /// (`--publishers`); an MQTT topic's `%i` is each one's number.
+    pub clients: u32,
 }
 
 /// Why a `hold` cannot start.
@@ -95,6 +102,10 @@ pub enum HoldError {
     /// Stages of the connection rate that cannot open every connection.
     #[error("{0}")]
     Stages(String),
+    /// A publishing client's topic that the subscribers' filter does not
+    /// match: each of them would count its messages lost.
+    #[error("{0}")]
+    Publishers(String),
     /// `--publish-rate` was a ramp.
     #[error("--publish-rate takes a constant rate (e.g. 10/s), not a ramp or stages")]
     PublishRamp,
@@ -143,6 +154,32 @@ pub struct Prepared {
     thresholds: Thresholds,
     /// The start lines' section on this machine's limits.
     limits: Vec<String>,
+}
+
+/// With several MQTT publishing clients (`%i` in the topic), that the
+/// subscribers' filter matches every client's topic: loss is counted
+/// against every message published.
+fn check_client_topics(req: &Request) -> Result<(), HoldError> {
+    let Some(p) = &req.publish else {
+        return Ok(());
+    };
+    let PublishTarget::Mqtt { topic, .. } = &p.target else {
+        return Ok(());
+    };
+    if !req.target.mqtt {
+        return Ok(());
+    }
+    let filter = req.target.channel();
+    for k in 0..p.clients.max(1) {
+        let name = client_topic(topic, k);
+        if !throng_proto::mqtt::topic::matches(filter, &name) {
+            return Err(HoldError::Publishers(format!(
+                "publishing client {} publishes to '{name}', which the subscribers' filter '{filter}' does not match: every subscriber is owed every message, so give a filter that matches every client's topic (e.g. a + where the topic has %i)",
+                k + 1
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Checks `req` and fits it onto this machine.
@@ -199,6 +236,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             )));
         }
     }
+    check_client_topics(&req)?;
     let publish = match &req.publish {
         None => None,
         Some(p) => Some(PublishPlan {
@@ -211,6 +249,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
             redis_channel: format!("{}{}", p.redis_prefix, req.target.channel()),
             messages: p.messages,
             timeout: p.timeout,
+            clients: p.clients.max(1),
         }),
     };
     let hold = HoldRun {
@@ -223,6 +262,7 @@ pub fn prepare_on(req: Request, remote: Option<Remote>) -> Result<Prepared, Hold
         settings: req.settings,
         duration: req.duration,
         publish,
+        sessions: req.sessions.clone(),
     };
     let mut lines = start_lines(&hold, &machine, req.output.as_ref());
     if let Some(r) = &remote {
@@ -341,6 +381,9 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
     if let Some(m) = h.mqtt.as_ref().or(publish_mqtt) {
         out.push(format!("  {}", m.describe()));
     }
+    if let (Some(sp), Some(m)) = (&h.sessions, &h.mqtt) {
+        out.push(format!("  {}", sp.describe(m)));
+    }
     let s = &h.settings;
     out.push(format!(
         "  timeouts: connect {} ms, handshake {} ms, close {} ms, read {}; max message {}; open-file limit {}/process",
@@ -367,8 +410,15 @@ fn start_lines(h: &HoldRun, machine: &Machine, output: Option<&PathBuf>) -> Vec<
             Some(n) => format!("{n} messages"),
             None => "messages".to_owned(),
         };
+        let clients = match p.clients {
+            0 | 1 => String::new(),
+            n => format!(
+                " from {n} clients (each on its own connection, one every {})",
+                fmt_duration(Duration::from_secs_f64(f64::from(n) / p.rate))
+            ),
+        };
         out.push(format!(
-            "  publish {count} to {}{via} at {}/s, {} bytes each, from {} ms after every connection is open; publish timeout {}{} (a late answer counts apart: the message was sent)",
+            "  publish {count} to {}{via} at {}/s{clients}, {} bytes each, from {} ms after every connection is open; publish timeout {}{} (a late answer counts apart: the message was sent)",
             p.target,
             p.rate,
             p.message_size,
@@ -416,8 +466,13 @@ fn header(req: &Request, h: &HoldRun, limits: &[String]) -> Header {
                 "level": m.level, "qos": m.qos, "keep_alive_s": m.keep_alive_s,
                 "client_id_prefix": m.client_id_prefix, "connect_only": m.connect_only,
             })),
+            "sessions": h.sessions.as_ref().map(|p| serde_json::json!({
+                "clients": p.clients, "online_s": p.online.as_secs_f64(),
+                "away_s": p.away.as_secs_f64(), "expiry_s": p.expiry_s,
+            })),
             "publish": h.publish.as_ref().map(|p| serde_json::json!({
                 "target": p.target.to_string(), "rate": p.rate, "message_size": p.message_size,
+                "clients": p.clients,
             })),
             "limits": limits.iter().map(|l| l.trim()).collect::<Vec<_>>(),
         }),

@@ -10,9 +10,8 @@ use throng_report::interval::Interval;
 use throng_report::summary::HistStats;
 use throng_report::text::{micros, server_spread};
 
-use crate::harness::collect::{Totals, event_lines, kinds, peak_rss};
+use crate::harness::collect::{Totals, event_lines, kinds, latency_line, peak_rss};
 use crate::harness::progress::View;
-use crate::threshold::Threshold;
 
 /// What a run did, for the final print and `--json`.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -71,6 +70,10 @@ pub struct Summary {
     pub lost: u64,
     /// Messages received twice.
     pub duplicated: u64,
+    /// Publishing clients, when more than one (`--publishers`): `lost` is
+    /// then net of messages that arrived after another client's later one.
+    #[serde(skip_serializing_if = "is_one_or_less")]
+    pub publishers: u32,
     /// Messages received after a later one.
     pub out_of_order: u64,
     /// Data messages that were not ours (nor timed by `--stamp`).
@@ -103,6 +106,9 @@ pub struct Summary {
     /// first to last subscriber, per message, over every worker.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_spread: Option<SpreadStats>,
+    /// What the persistent-session clients did (`--mqtt-sessions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<super::sessions::SessionSummary>,
     /// The start lines' section on this machine's limits (doctor's
     /// checks): how many were checked, and each to watch.
     pub limits: Vec<String>,
@@ -160,85 +166,8 @@ impl Summary {
     }
 }
 
-/// What fails a run (exit status 1).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Thresholds {
-    /// Connections that may fail to open.
-    pub max_connect_errors: u64,
-    /// Messages that may be lost.
-    pub max_lost: u64,
-    /// `--threshold`s on any figure ([`super::figures::FIGURES`]).
-    pub given: Vec<Threshold>,
-    /// `--abort-on-fail`: stop once one of `given` can no longer pass.
-    pub abort_on_fail: bool,
-}
-
-impl Default for Thresholds {
-    /// Nothing may fail.
-    fn default() -> Self {
-        Self {
-            max_connect_errors: 0,
-            max_lost: 0,
-            given: Vec::new(),
-            abort_on_fail: false,
-        }
-    }
-}
-
-impl Thresholds {
-    /// The start line that states them (and the `--threshold`s, if any).
-    pub fn line(&self) -> String {
-        let mut line = format!(
-            "  fails (exit 1) when over {} connections fail (--max-connect-errors), over {} messages are lost (--max-lost), or a message cannot be published",
-            self.max_connect_errors, self.max_lost
-        );
-        if let Some(more) = crate::threshold::start_line(&self.given, self.abort_on_fail) {
-            line.push('\n');
-            line.push_str(&more);
-        }
-        line
-    }
-
-    /// The thresholds checked as the run goes (`--abort-on-fail`).
-    pub fn live(&self) -> Vec<Threshold> {
-        crate::threshold::live(&self.given, self.abort_on_fail)
-    }
-
-    /// What `s` broke, one line each (empty: it passed).
-    pub fn check(&self, s: &Summary) -> Vec<String> {
-        let mut out = Vec::new();
-        let failed: u64 = s.failed.values().sum();
-        if failed > self.max_connect_errors {
-            out.push(format!(
-                "{failed} connections failed ({}), over --max-connect-errors {}",
-                kinds(&s.failed, " ", ", "),
-                self.max_connect_errors
-            ));
-        }
-        if s.lost > self.max_lost {
-            out.push(format!(
-                "{} messages lost, over --max-lost {}",
-                s.lost, self.max_lost
-            ));
-        }
-        if let Some(n) = s.closed.get("read_timeout") {
-            out.push(format!(
-                "{n} held connections received nothing, not even a ping, for --read-timeout"
-            ));
-        }
-        if let Some(why) = &s.aborted {
-            out.push(format!("stopped early (--abort-on-fail): {why}"));
-        }
-        out.extend(crate::threshold::check_all(&self.given, s));
-        let unpublished: u64 = s.publish_errors.values().sum();
-        if unpublished > 0 {
-            out.push(format!(
-                "{unpublished} messages could not be published ({})",
-                kinds(&s.publish_errors, ": ", ", ")
-            ));
-        }
-        out
-    }
+fn is_one_or_less(n: &u32) -> bool {
+    *n <= 1
 }
 
 /// The progress line of one interval: connections (every worker's last
@@ -293,20 +222,7 @@ pub(super) fn progress_line(view: &View<'_>, target: u64) -> String {
 /// The final human summary.
 pub fn render(s: &Summary) -> String {
     let mut out = String::new();
-    let lat = |l: &HistStats| {
-        if l.count == 0 {
-            return "none measured".to_owned();
-        }
-        format!(
-            "p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  (n={})",
-            micros(l.p50),
-            micros(l.p90),
-            micros(l.p99),
-            micros(l.p999),
-            micros(l.max),
-            l.count
-        )
-    };
+    let lat = latency_line;
     out.push_str(&format!(
         "connections: {} opened of {} over {} worker(s) in {:.2}s ({:.0}/s), peak {} open\n",
         s.opened, s.target, s.workers, s.ramp_s, s.connect_rate, s.peak_open
@@ -354,6 +270,12 @@ pub fn render(s: &Summary) -> String {
             "messages: {} published, {} received of {} expected, {} lost, {} duplicated, {} out of order\n",
             s.published, s.received, s.expected, s.lost, s.duplicated, s.out_of_order
         ));
+        if s.publishers > 1 {
+            out.push_str(&format!(
+                "  from {} publishing clients: a message overtaken by another client's is out of order, not lost\n",
+                s.publishers
+            ));
+        }
         let errs: u64 = s.publish_errors.values().sum();
         if errs > 0 {
             out.push_str(&format!(
@@ -377,6 +299,9 @@ pub fn render(s: &Summary) -> String {
         }
     }
     out.push_str(&server_messages(s));
+    if let Some(sessions) = &s.sessions {
+        out.push_str(&sessions.render());
+    }
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("peak RSS: {}\n", peak_rss(&s.peak_rss_bytes)));
     }

@@ -26,6 +26,7 @@ use super::figures::Running;
 use super::mqtt::MqttOptions;
 use super::plan::Fit;
 use super::publish::{Outcome, Publisher};
+use super::sessions::{SessionPlan, SessionSummary, Sessions};
 use super::summary::{Summary, progress_line};
 use super::target::{PublishTarget, WsTarget};
 use super::{Settings, WorkerPlan, message};
@@ -90,6 +91,10 @@ pub struct PublishPlan {
     pub messages: Option<u64>,
     /// Timeout of one publish call.
     pub timeout: Duration,
+    /// Publishing clients, each over its own connection, sharing `rate`
+    /// (`--publishers`; 1: one). An MQTT topic's `%i` is each one's number
+    /// ([`client_topic`]).
+    pub clients: u32,
 }
 
 /// A whole `hold` run, fitted onto the machine.
@@ -113,6 +118,9 @@ pub struct HoldRun {
     pub duration: Option<Duration>,
     /// Publishing, if any.
     pub publish: Option<PublishPlan>,
+    /// Persistent-session MQTT clients that go away and return
+    /// (`--mqtt-sessions`; `mqtt://` targets only).
+    pub sessions: Option<SessionPlan>,
 }
 
 /// Runs a whole `hold`.
@@ -160,6 +168,8 @@ struct PubStats {
     subscribers: Option<u64>,
     /// Sequence number of the last message published.
     last_seq: u64,
+    /// Sequence numbers taken by messages so far (published or in flight).
+    taken_seq: u64,
     /// A publish error was shown.
     shown_error: bool,
 }
@@ -177,6 +187,7 @@ impl PubStats {
             lag: new_histogram(),
             subscribers: None,
             last_seq: 0,
+            taken_seq: 0,
             shown_error: false,
         }
     }
@@ -186,6 +197,23 @@ impl PubStats {
         let before = self.sent_at.len();
         self.sent_at.retain(|&at| at >= end_ns);
         (before - self.sent_at.len()) as u64
+    }
+
+    /// The sequence number of the message about to go.
+    fn take_seq(&mut self) -> u64 {
+        self.taken_seq += 1;
+        self.taken_seq
+    }
+
+    /// Message `seq` was `published`, or not: an unpublished one gives its
+    /// number back when no later message took it yet (with one publishing
+    /// client, always), so that subscribers count no gap for it.
+    fn settle_seq(&mut self, seq: u64, published: bool) {
+        if published {
+            self.last_seq = self.last_seq.max(seq);
+        } else if self.taken_seq == seq {
+            self.taken_seq -= 1;
+        }
     }
 
     /// Counts what one call did (its sending was counted as it went out).
@@ -261,6 +289,9 @@ pub struct Hold {
     aborted: Option<String>,
     /// When each message the server made arrived, over every worker.
     arrivals: Spread,
+    /// The persistent-session clients, if any, and their task.
+    sessions: Option<Rc<Sessions>>,
+    session_task: Option<JoinHandle<()>>,
 }
 
 /// Where the end of the run is.
@@ -282,7 +313,18 @@ enum Ending {
 
 impl Hold {
     fn new(run: HoldRun) -> Self {
+        let sessions = match (&run.sessions, &run.mqtt) {
+            (Some(plan), Some(options)) if run.target.mqtt => Some(Rc::new(Sessions::new(
+                plan.clone(),
+                options.clone(),
+                std::net::SocketAddr::new(run.target.ip, run.target.port_first),
+                run.target.channel().to_owned(),
+            ))),
+            _ => None,
+        };
         Self {
+            sessions,
+            session_task: None,
             run,
             stats: Rc::new(RefCell::new(PubStats::new())),
             publishing_stop: Rc::new(Cell::new(false)),
@@ -316,7 +358,9 @@ impl Hold {
         let published = self.stats.borrow().published;
         let expected = published.saturating_mul(u64::try_from(self.open_now).unwrap_or(0));
         let waited = now.saturating_duration_since(since);
-        (waited >= DRAIN && (self.received >= expected || now - changed >= DRAIN_QUIET))
+        let caught_up = self.sessions.as_ref().is_none_or(|s| s.caught_up());
+        (waited >= DRAIN
+            && ((self.received >= expected && caught_up) || now - changed >= DRAIN_QUIET))
             || waited >= DRAIN_MAX
     }
 
@@ -373,8 +417,21 @@ impl Role for Hold {
                 stats: self.stats.clone(),
                 stop: self.publishing_stop.clone(),
                 run: run.clone(),
+                sessions: self.sessions.clone(),
             }))
         });
+        if let Some(sessions) = &self.sessions {
+            let r = run.clone();
+            let note: Rc<dyn Fn(&str)> = Rc::new(move |t: &str| r.note(t));
+            let sessions = sessions.clone();
+            self.session_task = Some(tokio::task::spawn_local(async move {
+                let mut clients = tokio::task::JoinSet::new();
+                for k in 0..sessions.clients() {
+                    clients.spawn_local(sessions.clone().client(k, note.clone()));
+                }
+                while clients.join_next().await.is_some() {}
+            }));
+        }
     }
 
     fn event(&mut self, _worker: usize, ev: &Event, _run: &Rc<Run>) -> bool {
@@ -424,6 +481,9 @@ impl Role for Hold {
         match self.ending {
             Ending::Holding if self.stop_at.is_some_and(|at| now >= at) => {
                 self.publishing_stop.set(true);
+                if let Some(s) = &self.sessions {
+                    s.settle();
+                }
                 self.ramp.cancelled.set(true);
                 self.ramp.note.notify_one();
                 self.ending = Ending::Publishing { since: now };
@@ -499,6 +559,9 @@ impl Role for Hold {
         if let Some(n) = s.subscribers {
             t.gauge("publish.subscribers", i64::try_from(n).unwrap_or(i64::MAX));
         }
+        if let Some(sessions) = &self.sessions {
+            sessions.take(&mut t);
+        }
         t.into_interval(start_ns, length_ns, String::new())
     }
 
@@ -524,6 +587,9 @@ impl Role for Hold {
 
     fn progress(&mut self, view: &View<'_>) -> String {
         let mut line = progress_line(view, self.run.connections);
+        if self.sessions.is_some() {
+            line.push_str(&super::sessions::progress(view.totals));
+        }
         if let RateSpec::Stages(st) = self.run.rate {
             let pacer = Pacer::stages(&st);
             line.push_str(&crate::pacer::stage_note(&st, &pacer, view.elapsed_s()));
@@ -535,7 +601,35 @@ impl Role for Hold {
         if let Some(p) = self.publisher {
             p.abort();
         }
+        let mut sessions = None;
+        if let Some(c) = &self.sessions {
+            if let Some(task) = self.session_task {
+                task.abort();
+            }
+            // What the clients counted since the last interval (the losses
+            // counted at the close, when no interval followed).
+            let mut t = Take::default();
+            c.take(&mut t);
+            let mut all = t.into_interval(0, 0, String::new());
+            all.add(&totals.total);
+            sessions = SessionSummary::of(
+                &all,
+                c.clients(),
+                self.run.mqtt.as_ref().map_or(0, |m| m.qos),
+            );
+        }
         let mut s = Summary::of(totals);
+        let clients = self.run.publish.as_ref().map_or(1, |p| p.clients);
+        if clients > 1 {
+            // Two clients' messages may reach the broker in either order:
+            // one overtaken was counted lost, then out of order on arrival.
+            s.lost = s.lost.saturating_sub(s.out_of_order);
+            s.publishers = clients;
+            if let Some(c) = &mut sessions {
+                c.lost = c.lost.saturating_sub(c.out_of_order);
+            }
+        }
+        s.sessions = sessions;
         s.aborted = self.aborted;
         s.target = self.run.connections;
         s.workers = self.run.fit.workers;
@@ -571,6 +665,9 @@ impl Hold {
     /// those still there after the close timeout (and some).
     fn close(&self, run: &Rc<Run>) {
         let final_seq = self.stats.borrow().last_seq;
+        if let Some(s) = &self.sessions {
+            s.close(final_seq);
+        }
         run.crew().stop_all(&Order::Stop(final_seq));
         let close = Duration::from_millis(self.run.settings.close_timeout_ms);
         run.kill_after(close + Duration::from_secs(10));
@@ -588,17 +685,17 @@ struct Publishing {
     stats: Rc<RefCell<PubStats>>,
     stop: Rc<Cell<bool>>,
     run: Rc<Run>,
+    /// The persistent-session clients, told when publishing begins and
+    /// each message published.
+    sessions: Option<Rc<Sessions>>,
 }
 
 /// Publishes timestamped messages at `plan.rate`, from [`PUBLISH_SETTLE`]
 /// after every worker has opened its share until the hold ends, `messages`
-/// are published or the run is stopped, over one connection, one call at a
-/// time. A message that was not published (never sent, or refused) gives
-/// its sequence number to the next, so that workers count no gap for it.
+/// are published or the run is stopped, from `plan.clients` publishing
+/// clients, each over its own connection, one call at a time (see
+/// [`publish_client`]). Dropping it (an abort) drops every client.
 async fn publish_loop(p: Publishing) {
-    let Ok(pacer) = Pacer::constant(p.plan.rate) else {
-        return;
-    };
     let Some(ramp_end) = p.ramp.wait().await else {
         return;
     };
@@ -609,7 +706,11 @@ async fn publish_loop(p: Publishing) {
     }
     // Tell the workers first, so a connection open before the first message
     // expects sequence number 1.
-    p.run.crew().tell_all(&Order::Publishing(now_unix_ns()));
+    let began = now_unix_ns();
+    p.run.crew().tell_all(&Order::Publishing(began));
+    if let Some(s) = &p.sessions {
+        s.publishing(began);
+    }
     // At one message per interval or slower, start just after an interval
     // boundary (intervals are aligned on wall time), and at least 50 ms after
     // telling the workers: each message's deliveries then fall in its own
@@ -626,14 +727,37 @@ async fn publish_loop(p: Publishing) {
         wait += (interval_ns + phase - into) % interval_ns;
     }
     tokio::time::sleep(Duration::from_nanos(wait)).await;
-    let mut publisher = Publisher::new(
-        p.plan.target.clone(),
-        p.plan.redis_channel.clone(),
-        p.plan.timeout,
-    );
     let start = Instant::now();
+    let p = Rc::new(p);
+    let mut clients = tokio::task::JoinSet::new();
+    for k in 0..p.plan.clients.max(1) {
+        clients.spawn_local(publish_client(p.clone(), k, start, until));
+    }
+    while clients.join_next().await.is_some() {}
+}
+
+/// Publishing client `k` of `plan.clients`: the messages of the run's
+/// schedule whose number is `k` modulo the clients, so that together they
+/// publish at `plan.rate`, each at `rate / clients` and spread evenly
+/// between the others (emqtt-bench's `pub -c N -I ms`). Each message takes
+/// the next sequence number when it goes; one that was not published
+/// (never sent, or refused) gives it back when no later one took it yet,
+/// so that workers count no gap for it.
+async fn publish_client(p: Rc<Publishing>, k: u32, start: Instant, until: Option<Instant>) {
+    let clients = u64::from(p.plan.clients.max(1));
+    let Ok(pacer) = Pacer::constant(p.plan.rate) else {
+        return;
+    };
+    let mut target = p.plan.target.clone();
+    if let PublishTarget::Mqtt { topic, .. } = &mut target {
+        *topic = client_topic(topic, k);
+    }
+    let mut publisher = Publisher::new(target, p.plan.redis_channel.clone(), p.plan.timeout);
+    if clients > 1 {
+        publisher = publisher.numbered(k as usize + 1);
+    }
     let mut buf = Vec::with_capacity(p.plan.message_size.max(message::MAX_HEADER));
-    for attempt in 0.. {
+    for attempt in (u64::from(k)..).step_by(clients as usize) {
         if p.plan.messages.is_some_and(|n| attempt >= n) {
             break;
         }
@@ -648,7 +772,7 @@ async fn publish_loop(p: Publishing) {
         if p.stop.get() {
             break;
         }
-        let seq = p.stats.borrow().last_seq + 1;
+        let seq = p.stats.borrow_mut().take_seq();
         let began = Instant::now();
         let sent_ns = now_unix_ns();
         buf.clear();
@@ -663,8 +787,9 @@ async fn publish_loop(p: Publishing) {
             .await;
         let mut s = p.stats.borrow_mut();
         s.count(&outcome, micros(began.elapsed()));
-        if outcome.published() {
-            s.last_seq = seq;
+        s.settle_seq(seq, outcome.published());
+        if let Some(sessions) = &p.sessions {
+            sessions.published(s.last_seq);
         }
         if let Err(e) = &outcome.answer
             && !s.shown_error
@@ -682,9 +807,40 @@ async fn publish_loop(p: Publishing) {
     }
 }
 
+/// The topic of publishing client `k` (from 0): `template` with each `%i`
+/// replaced by its number, from 1 (emqtt-bench's client sequence).
+pub fn client_topic(template: &str, k: u32) -> String {
+    template.replace("%i", &(u64::from(k) + 1).to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_publishing_client_has_its_own_topic_from_1() {
+        assert_eq!(client_topic("fleet/%i/temp", 0), "fleet/1/temp");
+        assert_eq!(client_topic("fleet/%i/%i", 41), "fleet/42/42");
+        assert_eq!(client_topic("fleet/all", 7), "fleet/all");
+    }
+
+    #[test]
+    fn an_unpublished_message_gives_its_number_back_only_when_none_followed() {
+        let mut s = PubStats::new();
+        // One client: 1 published, 2 refused (given back), the next takes 2.
+        let one = s.take_seq();
+        s.settle_seq(one, true);
+        let two = s.take_seq();
+        s.settle_seq(two, false);
+        assert_eq!(s.take_seq(), 2);
+        s.settle_seq(2, true);
+        // Two clients in flight: 3 and 4 taken; 3 fails after 4 was taken,
+        // so 3 stays a gap (counted lost), and the last published is 4.
+        let (three, four) = (s.take_seq(), s.take_seq());
+        s.settle_seq(four, true);
+        s.settle_seq(three, false);
+        assert_eq!((s.last_seq, s.take_seq()), (4, 5));
+    }
 
     #[test]
     fn the_first_message_waits_for_an_interval_boundary_only_at_slow_rates() {

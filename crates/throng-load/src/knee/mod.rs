@@ -39,6 +39,7 @@ use crate::hold::target::{PublishTarget, TargetError, WsTarget};
 use crate::hold::{self};
 use crate::pacer::RateSpec;
 
+pub mod gate;
 pub mod level;
 pub mod modes;
 pub mod objective;
@@ -259,12 +260,10 @@ pub enum KneeError {
     /// Files, workers, the machine.
     #[error(transparent)]
     Io(#[from] io::Error),
-    /// The agents cannot take a level (`--agents`), or one was lost in it.
+    /// The agents cannot take a level (`--agents`). One lost during a
+    /// level is that level's verdict, not an error.
     #[error(transparent)]
     Agents(#[from] AgentsError),
-    /// An agent was lost during a level: its figures are not the target's.
-    #[error("agent(s) {0} lost during a level: the search cannot judge it; see 'throng agents'")]
-    AgentLost(String),
 }
 
 /// A search checked and planned, ready to run.
@@ -631,12 +630,7 @@ impl Prepared {
                 "level": level, "phase": phase_word(phase),
             });
             let seen = self.plan.run_level(level, &title, header, &self.common)?;
-            let (mut verdict, mut reasons) = self.common.objective.judge(&seen.figures);
-            if seen.interrupted && verdict == Verdict::Pass {
-                // Cut off by Ctrl-C: what it measured says nothing either way.
-                verdict = Verdict::Fail;
-                reasons.push("interrupted before its end".into());
-            }
+            let (verdict, reasons) = judge(&self.common.objective, &seen);
             let run = row(n, level, phase, &seen, verdict, reasons);
             say(&format!("{title}: {}", verdict_line(&run, mode)));
             let clear = seen.failed_early.is_some() && verdict == Verdict::Fail;
@@ -712,6 +706,29 @@ fn search_lines(req: &Request) -> Vec<String> {
         format!("--warmup {}", fmt_duration(req.warmup)),
         format!("--step-duration {}", fmt_duration(req.step)),
     ]
+}
+
+/// A level's verdict and its reasons: the objective's, unless an agent
+/// was lost or Ctrl-C cut it off.
+fn judge(objective: &Objective, seen: &modes::Seen) -> (Verdict, Vec<String>) {
+    let (mut verdict, mut reasons) = objective.judge(&seen.figures);
+    if let Some(lost) = &seen.lost_agents {
+        // Part of the load was never generated: the harness's failure,
+        // not the target's, judged as a saturated generator.
+        verdict = Verdict::Generator;
+        reasons.insert(
+            0,
+            format!(
+                "agent(s) lost during the level ({lost}): their share of the load was not generated"
+            ),
+        );
+    }
+    if seen.interrupted && verdict == Verdict::Pass {
+        // Cut off by Ctrl-C: what it measured says nothing either way.
+        verdict = Verdict::Fail;
+        reasons.push("interrupted before its end".into());
+    }
+    (verdict, reasons)
 }
 
 /// The table row of one run.

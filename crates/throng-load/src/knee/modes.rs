@@ -109,12 +109,17 @@ fn on_agents(
     }
 }
 
-/// An error when the level lost an agent.
-fn none_lost(agents: Option<&Rc<Agents>>) -> Result<(), KneeError> {
-    match agents.map(|a| a.lost()) {
-        Some(lost) if !lost.is_empty() => Err(KneeError::AgentLost(lost.join(", "))),
-        _ => Ok(()),
+/// `seen` with the agents the level lost, if any: the level was stopped
+/// for it (as a Ctrl-C stops one), which is not the user's interruption,
+/// and its verdict names them (see [`super::Finder`]'s loop).
+fn with_lost(agents: Option<&Rc<Agents>>, mut seen: Seen) -> Seen {
+    if let Some(lost) = agents.map(|a| a.lost())
+        && !lost.is_empty()
+    {
+        seen.lost_agents = Some(lost.join(", "));
+        seen.interrupted = false;
     }
+    seen
 }
 
 /// What one run of a level showed, before the verdict.
@@ -130,6 +135,9 @@ pub(crate) struct Seen {
     pub(crate) host_mem_used_bytes: Option<u64>,
     pub(crate) failed_early: Option<String>,
     pub(crate) interrupted: bool,
+    /// Agents lost during the level (`--agents`): their share of the load
+    /// was not generated.
+    pub(crate) lost_agents: Option<String>,
 }
 
 impl Plan {
@@ -225,8 +233,7 @@ impl Plan {
                     Some(publishing),
                 );
                 let m = crate::harness::supervise::run(role, results(&setup))?;
-                none_lost(agents.as_ref())?;
-                Ok(hold_seen(&m, connections))
+                Ok(with_lost(agents.as_ref(), hold_seen(&m, connections)))
             }
             Self::Publish {
                 run,
@@ -266,8 +273,7 @@ impl Plan {
                     Some(publishing),
                 );
                 let m = crate::harness::supervise::run(role, results(&setup))?;
-                none_lost(agents.as_ref())?;
-                Ok(publish_seen(&m, *subscribers))
+                Ok(with_lost(agents.as_ref(), publish_seen(&m, *subscribers)))
             }
         }
     }
@@ -319,8 +325,7 @@ fn attack_level(
         None,
     );
     let m = crate::harness::supervise::run(role, results(&setup))?;
-    none_lost(agents.as_ref())?;
-    Ok(attack_seen(&m))
+    Ok(with_lost(agents.as_ref(), attack_seen(&m)))
 }
 
 impl PublishSettings {
@@ -551,6 +556,7 @@ fn seen(m: &Measured, mut figures: Figures) -> Seen {
         host_mem_used_bytes: used.mem_used,
         failed_early: m.failed_early.clone(),
         interrupted: m.interrupted,
+        lost_agents: None,
     }
 }
 

@@ -83,6 +83,14 @@ pub(crate) struct AgentArgs {
     #[arg(long, value_name = "LIST")]
     source_ips: Option<String>,
 
+    /// Serve this agent's own live figures as Prometheus text on
+    /// http://HOST:PORT/metrics: its workers' counters, levels and latency
+    /// histograms of the run it serves (starting again at each run), for a
+    /// dashboard per load machine. The controller's --metrics-listen has the
+    /// whole run.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
+
     #[command(flatten)]
     redis_args: RedisArgs,
 }
@@ -102,6 +110,16 @@ pub(crate) fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         Some(s) => parse_sources(s)?,
         None => Vec::new(),
     };
+    let metrics = args
+        .metrics_listen
+        .map(throng_load::harness::metrics::Metrics::listen)
+        .transpose()?;
+    if let Some(m) = &metrics {
+        eprintln!(
+            "throng agent {name}: metrics on http://{}/metrics (this agent's workers, each run's)",
+            m.addr()
+        );
+    }
     serve::run(serve::Options {
         redis,
         keys,
@@ -109,6 +127,7 @@ pub(crate) fn run_agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         group: args.group,
         sources,
         instance: 0,
+        metrics,
     })
     .context("agent")?;
     Ok(ExitCode::SUCCESS)

@@ -121,6 +121,27 @@ pub(crate) struct Args {
     /// then exit without starting anything.
     #[arg(long)]
     dry_run: bool,
+
+    /// Also FAIL (exit 1) unless FIGURE OP VALUE holds at the end (repeatable),
+    /// on the figures bench prints: 'p99<50ms' (delivery), 'connect_p99<1s',
+    /// 'server_bytes_per_connection<4096', 'server_ns_per_delivery<2000',
+    /// 'connect_rate>=5000/s'. Figures: p50 p75 p90 p95 p99 p99.9 mean min max of
+    /// delivery, connect_, publish_; loss_rate; connect_rate; lost, connect_errors,
+    /// duplicated, out_of_order, received, opened, publish_errors, held,
+    /// server_/harness_/kernel_bytes_per_connection, server_/harness_ns_per_delivery.
+    #[arg(long, value_name = "EXPR", value_parser = bench_threshold)]
+    threshold: Vec<throng_load::threshold::Threshold>,
+
+    /// Stop the hold once a threshold can no longer pass (a count already over
+    /// its bound, a max already passed); the verdict is then FAIL.
+    #[arg(long)]
+    abort_on_fail: bool,
+}
+
+/// `--threshold`: one expression on bench's figures.
+fn bench_threshold(text: &str) -> Result<throng_load::threshold::Threshold, String> {
+    throng_load::threshold::Threshold::parse(text, &bench::figures::FIGURES)
+        .map_err(|e| e.to_string())
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -137,6 +158,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         out_dir: args.out_dir,
         progress: Progress::choose(args.quiet, json),
         host_network: args.host_network,
+        thresholds: args.threshold,
+        abort_on_fail: args.abort_on_fail,
     };
     if args.dry_run {
         for line in bench::dry_run(&request).context("bench")? {

@@ -11,6 +11,7 @@ use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
 use throng_load::hold::mqtt::MqttOptions;
 use throng_load::hold::request::PublishRequest;
+use throng_load::hold::sessions::SessionPlan;
 use throng_load::hold::stamp::Stamp;
 use throng_load::hold::target::{PublishTarget, WsTarget, parse_header, parse_sources};
 use throng_load::hold::{self, Settings};
@@ -35,11 +36,15 @@ Examples:
       --publish rediss://bob:secret@10.0.0.6:6380 --publish-tls-ca ca.pem
   throng hold 'mqtt://127.0.0.1:1883/sensors/+/temp' -c 5000 --qos 1 \\
       --publish mqtt://127.0.0.1:1883/sensors/1/temp --messages 100
+  throng hold 'mqtt://127.0.0.1:1883/sensors/+/temp' -c 1000 --qos 1 \\
+      --publish 'mqtt://127.0.0.1:1883/sensors/%i/temp' --publishers 200 \\
+      --publish-interval 1s --mqtt-sessions 50 --duration 1m
 
 Exit status: 0 when at most --max-connect-errors connections failed, at most
---max-lost messages were lost and every message was published (both 0 by
-default); 1 otherwise, with the reason on stderr; 2 for bad arguments or a run
-that could not start.
+--max-lost messages were lost, every message was published (both 0 by
+default), every --threshold held and the --mqtt-sessions clients found their
+sessions kept and lost nothing; 1 otherwise, with the reasons on stderr; 2 for
+bad arguments or a run that could not start.
 
 Connection i goes to worker i % workers, source address i % sources and
 target port (i / sources) % ports. The run opens every connection on a
@@ -124,9 +129,26 @@ pub(crate) struct Args {
     #[arg(long, requires = "publish", conflicts_with = "publish_tls_ca")]
     publish_tls_insecure: bool,
 
-    /// Messages per second to publish.
+    /// Messages per second to publish (over every --publishers client).
     #[arg(long, default_value = "1/s")]
     publish_rate: RateSpec,
+
+    /// Publishing clients, each on its own connection with its own client id
+    /// (<prefix>publisher<n>), sharing --publish-rate and spread evenly
+    /// (emqtt-bench's pub -c N). In an mqtt:// topic, %i is each client's
+    /// number from 1 (sensors/%i/temp); the subscribers' filter must match
+    /// every client's topic (sensors/+/temp). With several, the broker may
+    /// deliver two clients' messages in either order: a message overtaken by
+    /// another client's is counted out of order, not lost.
+    #[arg(long, default_value_t = 1, value_name = "N", requires = "publish",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    publishers: u32,
+
+    /// Each publishing client sends one message every DURATION (emqtt-bench's
+    /// -I; 100ms, 1s): the publish rate is then --publishers / DURATION.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          requires = "publish", conflicts_with = "publish_rate")]
+    publish_interval: Option<Duration>,
 
     /// Publish this many messages, then end once every connection has them (or
     /// deliveries stop); without it, publishing goes on until --duration ends.
@@ -164,11 +186,13 @@ pub(crate) struct Args {
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     max_message: usize,
 
-    /// Exit 1 when more than this many connections fail to open.
+    /// Exit 1 when more than this many connections fail to open: an alias of
+    /// --threshold 'connect_errors<=N'.
     #[arg(long, default_value_t = 0, value_name = "N")]
     max_connect_errors: u64,
 
-    /// Exit 1 when more than this many messages are lost (over all connections).
+    /// Exit 1 when more than this many messages are lost (over all connections):
+    /// an alias of --threshold 'lost<=N'.
     #[arg(long, default_value_t = 0, value_name = "N")]
     max_lost: u64,
 
@@ -183,6 +207,7 @@ pub(crate) struct Args {
 
     /// Stop the run once a threshold can no longer pass: a count already
     /// over its bound (lost==0 after a loss), or a max already passed.
+    /// --max-connect-errors and --max-lost (0 unless given) are thresholds too.
     #[arg(long)]
     abort_on_fail: bool,
 
@@ -232,7 +257,8 @@ pub(crate) struct MqttArgs {
     mqtt_version: String,
 
     /// Client ids are this followed by the connection's number (the publisher's: followed
-    /// by "publisher"). Default: throng-<process id>-, unique per run on one machine.
+    /// by "publisher", "publisher<n>" with --publishers; --mqtt-sessions clients':
+    /// "session<n>"). Default: throng-<process id>-, unique per run on one machine.
     #[arg(long, value_name = "PREFIX")]
     client_id_prefix: Option<String>,
 
@@ -248,9 +274,69 @@ pub(crate) struct MqttArgs {
     /// broker). Not with --publish: nothing would be received.
     #[arg(long)]
     mqtt_connect_only: bool,
+
+    /// Persistent-session clients beside the held subscribers: each keeps a session
+    /// (3.1.1 clean session 0; 5.0 Clean Start 0 with --mqtt-session-expiry), is online
+    /// for --mqtt-session-online, goes away (DISCONNECT) for --mqtt-session-away, and
+    /// returns, again and again. Each return checks the broker kept the session and
+    /// measures the messages published while it was away: delivered on return, none
+    /// lost, none twice (the run fails otherwise; twice only at QoS 2). Needs --qos 1 or 2
+    /// (a broker keeps no QoS 0 message) and an mqtt:// URL.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    mqtt_sessions: u32,
+
+    /// How long each --mqtt-sessions client stays connected between two absences.
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_duration)]
+    mqtt_session_online: Duration,
+
+    /// How long each --mqtt-sessions client stays away.
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = parse_duration)]
+    mqtt_session_away: Duration,
+
+    /// 5.0: the Session Expiry Interval the --mqtt-sessions clients ask for (whole
+    /// seconds); it must outlast --mqtt-session-away.
+    #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = parse_duration)]
+    mqtt_session_expiry: Duration,
 }
 
 impl MqttArgs {
+    /// The persistent-session clients, when asked for; checked against
+    /// the target and the QoS.
+    pub(crate) fn sessions(&self, target: &WsTarget) -> anyhow::Result<Option<SessionPlan>> {
+        if self.mqtt_sessions == 0 {
+            return Ok(None);
+        }
+        anyhow::ensure!(
+            target.mqtt && !target.tls,
+            "--mqtt-sessions needs an mqtt:// URL (mqtts:// is not supported for them yet)"
+        );
+        anyhow::ensure!(
+            self.qos > 0,
+            "--mqtt-sessions needs --qos 1 or 2: a broker keeps no QoS 0 message for a client away"
+        );
+        anyhow::ensure!(
+            !self.mqtt_connect_only,
+            "--mqtt-sessions clients subscribe: not with --mqtt-connect-only"
+        );
+        anyhow::ensure!(
+            !self.mqtt_session_online.is_zero() && !self.mqtt_session_away.is_zero(),
+            "--mqtt-session-online and --mqtt-session-away must be above 0"
+        );
+        let expiry_s = u32::try_from(self.mqtt_session_expiry.as_secs())
+            .context("--mqtt-session-expiry is too long")?;
+        anyhow::ensure!(
+            self.mqtt_version != "5" || self.mqtt_session_expiry > self.mqtt_session_away,
+            "--mqtt-session-expiry ({expiry_s} s) must outlast --mqtt-session-away, or the broker ends each session while its client is away"
+        );
+        Ok(Some(SessionPlan {
+            clients: self.mqtt_sessions,
+            online: self.mqtt_session_online,
+            away: self.mqtt_session_away,
+            expiry_s,
+        }))
+    }
+
     /// The options, when a URL is mqtt://; an error if MQTT options were
     /// given for no MQTT URL.
     pub(crate) fn options(&self, used: bool) -> anyhow::Result<Option<MqttOptions>> {
@@ -356,6 +442,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             publish,
             tls: args.client.tls.options(target.tls)?,
             mqtt: mqtt.filter(|_| target.mqtt),
+            sessions: args.mqtt.sessions(&target)?,
             target,
             output: args.output,
             progress,
@@ -403,9 +490,17 @@ fn publish(args: &Args, url: &str, mqtt: Option<&MqttOptions>) -> anyhow::Result
     if let Some(w) = warning {
         eprintln!("throng: WARNING: {w}");
     }
+    let rate = match args.publish_interval {
+        Some(every) => {
+            anyhow::ensure!(!every.is_zero(), "--publish-interval must be above 0");
+            RateSpec::Constant(f64::from(args.publishers) / every.as_secs_f64())
+        }
+        None => args.publish_rate,
+    };
     Ok(PublishRequest {
         target,
-        rate: args.publish_rate,
+        rate,
+        clients: args.publishers,
         message_size: args.message_size,
         redis_prefix: args.redis_prefix.clone(),
         messages: args.messages,

@@ -43,7 +43,8 @@ X\") instead of reporting a false knee.
 Exit status: 0 a knee was found within the range; 1 no knee (the target met
 the objective up to --to, or failed at --from, or the generator saturated
 first); 2 bad arguments, a failed run, or Ctrl-C (which stops the level
-under way and prints what the search had found so far).
+under way and prints what the search had found so far). With --threshold:
+0 when every threshold holds, 1 when one fails (2 as before).
 
 Examples:
   throng knee attack --url http://127.0.0.1:8080/ping --from 500/s --to 50k/s
@@ -134,6 +135,15 @@ struct SearchArgs {
     /// plan, then exit without sending anything.
     #[arg(long)]
     dry_run: bool,
+
+    /// A gate on what the search found, for CI (repeatable): 'knee>=5000/s'
+    /// (attack, publish) or 'knee_connections>=100000' (hold), on the highest
+    /// level the target met the objective at (the knee; without one, the highest
+    /// level passed: --to when all did, 0 when none did). With thresholds the exit
+    /// status is theirs: 0 when every one holds, 1 naming each that failed (2 still
+    /// for bad arguments, a failed run or Ctrl-C).
+    #[arg(long, value_name = "EXPR", value_parser = knee_threshold)]
+    threshold: Vec<throng_load::threshold::Threshold>,
 
     /// Serve each level's live figures as Prometheus text on
     /// http://HOST:PORT/metrics (role "knee"; counters start again at each level).
@@ -343,6 +353,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     for line in prepared.lines() {
         progress.say(line);
     }
+    if let Some(line) = throng_load::threshold::start_line(&search.threshold, false) {
+        progress.say(&line);
+    }
     if search.dry_run {
         progress.say("dry run: the search fits this machine; nothing started");
         return Ok(ExitCode::SUCCESS);
@@ -359,7 +372,20 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         done.results.display(),
         done.html.display()
     ));
-    Ok(ExitCode::from(done.knee.outcome.exit_code()))
+    let code = done.knee.outcome.exit_code();
+    if search.threshold.is_empty() || code == 2 {
+        return Ok(ExitCode::from(code));
+    }
+    let failed = knee::gate::check(&done.knee, &search.threshold);
+    for f in &failed {
+        eprintln!("throng knee: FAIL: {f}");
+    }
+    Ok(ExitCode::from(u8::from(!failed.is_empty())))
+}
+
+/// `--threshold`: one expression on what the search found.
+fn knee_threshold(text: &str) -> Result<throng_load::threshold::Threshold, String> {
+    throng_load::threshold::Threshold::parse(text, &knee::gate::FIGURES).map_err(|e| e.to_string())
 }
 
 /// The search as asked, `--from`/`--to` with the mode's defaults:
@@ -442,6 +468,7 @@ fn hold_request(h: &HeldArgs, connections: u64, rate: RateSpec) -> anyhow::Resul
         publish: None,
         tls: h.tls.options(target.tls)?,
         mqtt: h.mqtt_options(&target)?.filter(|_| target.mqtt),
+        sessions: None,
         target,
         output: None,
         progress: Progress::QUIET,

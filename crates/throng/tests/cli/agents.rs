@@ -29,14 +29,14 @@ pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 /// A program started by a test, its stderr kept line by line with the
 /// time each line came; killed on drop.
-struct Spawned {
+pub(crate) struct Spawned {
     child: Child,
     lines: Arc<Mutex<Vec<(Instant, String)>>>,
     stdout: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Spawned {
-    fn start(cmd: &mut Command) -> Self {
+    pub(crate) fn start(cmd: &mut Command) -> Self {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -85,7 +85,7 @@ impl Spawned {
             .collect()
     }
 
-    fn wait_said(&self, what: &str) -> Instant {
+    pub(crate) fn wait_said(&self, what: &str) -> Instant {
         let start = Instant::now();
         loop {
             if let Some(at) = self.said(what) {
@@ -101,7 +101,7 @@ impl Spawned {
     }
 
     /// Waits for the end (at most `limit`): exit code, stdout.
-    fn wait(&mut self, limit: Duration) -> (i32, String) {
+    pub(crate) fn wait(&mut self, limit: Duration) -> (i32, String) {
         let deadline = Instant::now() + limit;
         let status = loop {
             if let Some(s) = self.child.try_wait().unwrap() {
@@ -226,7 +226,8 @@ pub(crate) struct Two {
     redis: Redis,
     pub(crate) url: String,
     a: Spawned,
-    b: Spawned,
+    /// The second agent, which a test may kill (drop).
+    pub(crate) b: Spawned,
     pub(crate) server: throng_testkit::Server,
 }
 
@@ -333,6 +334,47 @@ fn a_hold_on_agents_adds_up_and_each_agents_file_adds_up_to_the_merged_one() {
     // Every record's source names its agent.
     let text = std::fs::read_to_string(&merged).unwrap();
     assert!(text.contains("\"a1/hold-0\"") && text.contains("\"b2/hold-3\""));
+}
+
+/// `throng agent --metrics-listen`: the agent's own figures, its
+/// workers' records of the run it served, scraped by a real Prometheus
+/// text parser once the run is over (they stay until the next run).
+#[test]
+fn an_agent_serves_its_own_workers_figures_on_metrics_listen() {
+    let _one = one_at_a_time();
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::PythonPrometheus);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let addr = format!("127.0.0.1:{}", throng_testkit::free_port());
+    let a = agent(&url, "m1", &["--metrics-listen", &addr]);
+    assert!(
+        a.stderr()
+            .contains(&format!("metrics on http://{addr}/metrics")),
+        "{}",
+        a.stderr()
+    );
+    let server = serve(&[]);
+    let mut args = hold_args(&server, "200");
+    args.extend(["--messages", "3", "--agents", &url].map(String::from));
+    let out = output_within(throng().args(&args), Duration::from_secs(90));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let scraped = crate::load_metrics::scrape(
+        &format!("http://{addr}/metrics"),
+        &[
+            ("throng_load_connect_ok_total{role=\"hold\"}", 200),
+            ("throng_load_messages_received_total{role=\"hold\"}", 600),
+            ("throng_load_delivery_seconds_count{role=\"hold\"}", 600),
+        ],
+    );
+    assert_eq!(
+        scraped["samples"]["throng_load_messages_lost_total{role=\"hold\"}"], 0.0,
+        "{scraped:#}"
+    );
 }
 
 #[test]

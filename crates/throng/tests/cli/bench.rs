@@ -15,6 +15,12 @@ fn run(args: &[&str]) -> Output {
     output_within(throng().args(args), Duration::from_secs(300))
 }
 
+/// A bench's `--format json` report.
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
+}
+
 #[test]
 fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     // The kernel's socket count below is the whole host's: no other test of
@@ -38,8 +44,7 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     ]);
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)));
+    let r = json(&out);
 
     assert_eq!(r["connections"], 20_000);
     assert_eq!(r["opened"], 20_000, "{r:#}");
@@ -132,8 +137,7 @@ fn bench_tls_holds_wss_connections_with_a_checked_certificate_and_delivers_every
     ]);
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "bench --tls failed: {stderr}");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)));
+    let r = json(&out);
     assert_eq!(r["settings"]["tls"], true);
     // The default rate for TLS.
     assert_eq!(r["settings"]["rate"], "2500/s", "{:#}", r["settings"]);
@@ -204,4 +208,54 @@ fn a_full_disk_is_one_error_line_and_no_partial_file() {
             .collect();
         assert!(left.is_empty(), "{size}: left {left:?}");
     }
+}
+
+/// `--threshold` on the figures bench prints: each failed one makes the
+/// verdict FAIL (exit 1) and is named; one that holds changes nothing; a
+/// cost not measured (memory per connection under 1,000 connections) is
+/// unknown, so its threshold fails; a figure bench does not print is
+/// refused before anything starts.
+#[test]
+fn bench_thresholds_on_its_figures_fail_the_verdict_and_name_themselves() {
+    let dir = TempDir::new("bench-threshold");
+    let out = run(&[
+        "bench",
+        "--connections",
+        "300",
+        "--messages",
+        "2",
+        "--message-every",
+        "300ms",
+        "--threshold",
+        "held>=300",
+        "--threshold",
+        "received<1",
+        "--threshold",
+        "server_bytes_per_connection<1000000",
+        "--out-dir",
+        dir.path().to_str().unwrap(),
+        "--format",
+        "json",
+        "--quiet",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let r = json(&out);
+    assert_eq!(r["verdict"], "FAIL", "{r:#}");
+    assert_eq!(r["received"], 600, "{r:#}");
+    assert_eq!(
+        r["failures"],
+        serde_json::json!([
+            "received<1: received was 600",
+            "server_bytes_per_connection<1000000: server_bytes_per_connection is unknown (nothing measured)"
+        ]),
+        "{r:#}"
+    );
+    let out = run(&["bench", "--threshold", "error_rate<1%"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not one of bench's"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -155,7 +155,7 @@ fn connection_refused_is_counted_and_fails_the_run() {
     assert_eq!(count(&s, &["opened"]), 0);
     assert!(
         stderr.contains(
-            "throng hold: FAIL: 50 connections failed (refused 50), over --max-connect-errors 0"
+            "throng hold: FAIL: connect_errors<=0 (--max-connect-errors): connect_errors was 50 (refused 50)"
         ),
         "{stderr}"
     );
@@ -170,7 +170,8 @@ fn connection_refused_is_counted_and_fails_the_run() {
 
 /// `--threshold` on hold's figures, and `--abort-on-fail` ending a ramp that
 /// can no longer pass (every connection is refused: the first failure
-/// already breaks connect_errors==0).
+/// already breaks connect_errors==0). --max-connect-errors and --max-lost
+/// are thresholds too, named by their flag.
 #[test]
 fn thresholds_and_abort_on_fail() {
     let port = free_port();
@@ -202,7 +203,7 @@ fn thresholds_and_abort_on_fail() {
     assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains(
-            "--abort-on-fail stops the run once connect_errors==0, lost==0 can no longer pass"
+            "--abort-on-fail stops the run once connect_errors<=6000, lost<=0, connect_errors==0, lost==0 can no longer pass"
         ),
         "{stderr}"
     );

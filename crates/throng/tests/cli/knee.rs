@@ -589,3 +589,47 @@ fn wait_within(child: &mut Child, limit: Duration) -> ExitStatus {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `--threshold` gates on what the search found: with every level passed
+/// up to --to, the capacity is at least --to, so 'knee>=150/s' holds (exit
+/// 0 where the search alone says 1) and 'knee>=300/s' fails, named.
+#[test]
+fn a_threshold_on_the_knee_gates_the_exit_status() {
+    let server = serve(&["--workers", "1"]);
+    let url = format!("http://{}/ping", server.addr);
+    let search = |gate: &str| {
+        let dir = TempDir::new("knee-gate");
+        knee(
+            &dir,
+            &[
+                &["attack", "--url", &url, "--from", "100/s", "--to", "200/s"][..],
+                &[
+                    "--step-duration",
+                    "1s",
+                    "--slo-p99",
+                    "1s",
+                    "--threshold",
+                    gate,
+                ],
+                &QUICK,
+            ]
+            .concat(),
+        )
+    };
+    let s = search("knee>=150/s");
+    assert_eq!(s.knee["outcome"]["kind"], "no_knee", "{}", s.stdout);
+    assert_eq!(s.code, 0, "{}\n{}", s.stdout, s.stderr);
+    let s = search("knee>=300/s");
+    assert_eq!(s.code, 1, "{}\n{}", s.stdout, s.stderr);
+    assert!(
+        s.stderr
+            .contains("throng knee: FAIL: knee>=300/s: knee was 200.00/s"),
+        "{}",
+        s.stderr
+    );
+    let bad = knee(
+        &TempDir::new("knee-gate-bad"),
+        &["attack", "--url", &url, "--threshold", "p99<1s"],
+    );
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+}

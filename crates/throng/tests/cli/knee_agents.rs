@@ -6,7 +6,7 @@
 use serde_json::Value;
 use throng_testkit::{Peer, TempDir, require};
 
-use crate::agents::{one_at_a_time, two_agents};
+use crate::agents::{Spawned, one_at_a_time, two_agents};
 use crate::knee::{QUICK, SATURATING, knee};
 
 /// Every interval record of the search's result file.
@@ -92,6 +92,54 @@ fn a_knee_on_agents_runs_each_level_on_every_agent_and_blames_their_lag() {
     );
     let runs = s.knee["runs"].as_array().cloned().unwrap_or_default();
     assert!(runs.iter().all(|r| r["verdict"] != "fail"), "{}", s.stdout);
+}
+
+/// An agent lost during a level: the level's verdict is the generator's
+/// (its share of the load was never generated), naming the agent, and the
+/// search ends as a saturated generator, with its result, not with exit 2.
+#[test]
+fn a_lost_agent_gives_its_level_the_generator_verdict() {
+    let _one = one_at_a_time();
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let t = two_agents();
+    let url = format!("http://{}/ping", t.server.addr);
+    let dir = TempDir::new("knee-agent-lost");
+    let mut k = Spawned::start(
+        crate::throng()
+            .args([
+                "knee",
+                "attack",
+                "--url",
+                &url,
+                "--from",
+                "100/s",
+                "--to",
+                "200/s",
+                "--step-duration",
+                "60s",
+                "--slo-p99",
+                "1s",
+                "--agents",
+                &t.url,
+                "--out-dir",
+                dir.path().to_str().unwrap(),
+            ])
+            .args(QUICK),
+    );
+    k.wait_said("run 1");
+    drop(t.b);
+    let (code, out) = k.wait(std::time::Duration::from_secs(120));
+    let knee: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(knee["outcome"]["kind"], "generator_saturated", "{out}");
+    let run = &knee["runs"][0];
+    assert_eq!(run["verdict"], "generator", "{out}");
+    assert!(
+        run["reasons"][0]
+            .as_str()
+            .is_some_and(|r| r.starts_with("agent(s) lost during the level (b2: ")),
+        "{out}"
+    );
 }
 
 /// Per-agent files would be written afresh at each level: refused, before

@@ -52,7 +52,7 @@ fn start(args: &[&str]) -> (Running, String) {
 
 /// Scrapes `url` with `tests/peers/scrape_metrics.py` until each of
 /// `at_least` (sample, minimum) holds: the samples and the families' types.
-fn scrape(url: &str, at_least: &[(&str, u64)]) -> Value {
+pub(crate) fn scrape(url: &str, at_least: &[(&str, u64)]) -> Value {
     let mut cmd = throng_testkit::process::command("python3");
     cmd.arg(throng_testkit::peers::dir().join("scrape_metrics.py"))
         .arg(url);

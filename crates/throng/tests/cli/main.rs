@@ -22,6 +22,7 @@ mod file_budget;
 mod grafana;
 mod history;
 mod hold;
+mod hold_mqtt_clients;
 mod hold_sse;
 mod jwks;
 mod knee;
