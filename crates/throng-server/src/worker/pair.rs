@@ -305,6 +305,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         mqtt_packet: 1 << 16,
         max_message: 1 << 16,
         max_subscriptions: 100,
+        max_channels: 3,
         max_filter_bytes: 1 << 14,
         publish_guarded: false,
         claim_window: Duration::from_secs(10),
@@ -385,6 +386,26 @@ impl Pair {
             None => self.subs.subscribe(channel, conn).map(drop),
         }
         .expect("watched");
+        self.clients.push(Client {
+            pipe,
+            decoder: Decoder::new(Role::Client, 1 << 20),
+            buf: Vec::new(),
+            got: Vec::new(),
+            reading: true,
+        });
+        self.clients.len() - 1
+    }
+
+    /// A `throng.v1` client of several channels in `channels`, each after
+    /// `since` when given; returns its index.
+    pub(crate) fn connect_many(&mut self, channels: &[&str], since: Option<MessageId>) -> usize {
+        let pipe = Pipe::new(ROOM);
+        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"")
+            .with_kind(Kind::WsMulti)
+            .with_max_message(1 << 16);
+        self.subs
+            .subscribe_many(conn, channels, since, None)
+            .expect("watched");
         self.clients.push(Client {
             pipe,
             decoder: Decoder::new(Role::Client, 1 << 20),

@@ -10,6 +10,11 @@
 //! MQTT list, each entry naming the subscription it is in the connection's
 //! list ([`super::mqtt::MqttState`]), which names the entry back, so that
 //! leaving stays O(1) too.
+//!
+//! A connection of several channels (`throng.v1` at `/?channel=..`, or an
+//! event stream of several) is in each channel's `multi` list; which
+//! channels it is in, and where, is kept here in a side table by
+//! connection, so a subscriber of one channel pays nothing for it.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -90,17 +95,33 @@ pub(crate) struct Channel<W> {
     /// connection's list and the QoS it was granted (0 or 1). Invariant:
     /// `c.mqtt().subs[k] == (this channel, position of (c, k, _) here)`.
     pub(crate) mqtt: Vec<(Rc<Conn<W>>, u32, u8)>,
+    /// Connections of several channels, each with the index of this
+    /// channel in its list ([`Channels::joined`]).
+    pub(crate) multi: Vec<(Rc<Conn<W>>, u32)>,
 }
 
 impl<W> Channel<W> {
     /// Subscribers of every kind.
     pub(crate) fn len(&self) -> usize {
-        self.subs.len() + self.mqtt.len()
+        self.subs.len() + self.mqtt.len() + self.multi.len()
     }
 
     fn is_empty(&self) -> bool {
-        self.subs.is_empty() && self.mqtt.is_empty()
+        self.subs.is_empty() && self.mqtt.is_empty() && self.multi.is_empty()
     }
+}
+
+/// Where a connection of several channels is in one of them: the
+/// channel's id and its position in that channel's `multi` list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Joined {
+    channel: u32,
+    pos: u32,
+}
+
+/// A connection's key in the side table: its address, stable while it lives.
+fn key<W>(c: &Conn<W>) -> usize {
+    std::ptr::from_ref(c) as usize
 }
 
 /// The MQTT subscribers of one wildcard filter, each with the index of
@@ -122,6 +143,10 @@ pub(crate) struct Channels<W> {
     /// marked with the current one was already found (two of its filters
     /// match), so it gets the message once.
     generation: Cell<u64>,
+    /// The channels of each connection of several (by [`key`]).
+    /// Invariant: `list[j.channel].multi[j.pos] == (c, k)` for the `k`th
+    /// entry `j` of `c`'s.
+    joined: HashMap<usize, Vec<Joined>>,
 }
 
 impl<W> Default for Channels<W> {
@@ -132,6 +157,7 @@ impl<W> Default for Channels<W> {
             free: Vec::new(),
             wild: FilterTrie::new(),
             generation: Cell::new(0),
+            joined: HashMap::new(),
         }
     }
 }
@@ -388,6 +414,7 @@ impl<W> Channels<W> {
             Channel {
                 subs: Vec::new(),
                 mqtt: Vec::new(),
+                multi: Vec::new(),
             },
         ));
         let id = match self.free.pop() {
@@ -567,6 +594,99 @@ impl<W> Channels<W> {
             moved.set_sub_pos(pos);
         }
         Some(id)
+    }
+
+    /// Adds connection `c` (of several channels) to channel `name`: `None`
+    /// when it is in it already, else whether it is the channel's first
+    /// subscriber.
+    pub(crate) fn subscribe_multi(&mut self, name: &str, c: &Rc<Conn<W>>) -> Option<bool> {
+        if self.in_multi(name, c) {
+            return None;
+        }
+        let (id, first) = self.id_of(name);
+        let (_, ch) = self.list[id as usize].as_mut()?;
+        let mine = self.joined.entry(key(&**c)).or_default();
+        mine.push(Joined {
+            channel: id,
+            pos: ch.multi.len() as u32,
+        });
+        ch.multi.push((c.clone(), (mine.len() - 1) as u32));
+        Some(first)
+    }
+
+    /// Whether connection `c` (of several channels) is in channel `name`.
+    pub(crate) fn in_multi(&self, name: &str, c: &Conn<W>) -> bool {
+        let Some(&id) = self.by_name.get(name) else {
+            return false;
+        };
+        self.joined
+            .get(&key(c))
+            .is_some_and(|mine| mine.iter().any(|j| j.channel == id))
+    }
+
+    /// The channels connection `c` (of several) is in, in the order it
+    /// joined them (but for those that moved when one before them left).
+    pub(crate) fn multi_channels(&self, c: &Conn<W>) -> Vec<Rc<str>> {
+        let Some(mine) = self.joined.get(&key(c)) else {
+            return Vec::new();
+        };
+        mine.iter()
+            .filter_map(|j| self.list[j.channel as usize].as_ref())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Takes connection `c` (of several channels) out of channel `name`:
+    /// `None` when it was not in it, else the channel's name when `c` was
+    /// its last subscriber.
+    pub(crate) fn unsubscribe_multi(&mut self, name: &str, c: &Conn<W>) -> Option<Option<Rc<str>>> {
+        let id = *self.by_name.get(name)?;
+        let k = self
+            .joined
+            .get(&key(c))?
+            .iter()
+            .position(|j| j.channel == id)?;
+        Some(self.leave_multi(c, k))
+    }
+
+    /// Takes connection `c` (of several channels) out of every channel;
+    /// returns the names of those it was the last subscriber of.
+    pub(crate) fn unsubscribe_multi_all(&mut self, c: &Conn<W>) -> Vec<Rc<str>> {
+        let mut gone = Vec::new();
+        while let Some(n) = self.joined.get(&key(c)).map(Vec::len) {
+            if n == 0 {
+                self.joined.remove(&key(c));
+                break;
+            }
+            gone.extend(self.leave_multi(c, n - 1));
+        }
+        gone
+    }
+
+    /// Takes entry `k` of `c`'s channels out of its channel and out of
+    /// `c`'s list (whose last entry moves into its place).
+    fn leave_multi(&mut self, c: &Conn<W>, k: usize) -> Option<Rc<str>> {
+        let mine = self.joined.get_mut(&key(c))?;
+        let j = mine.swap_remove(k);
+        let moved = mine.get(k).copied();
+        if mine.is_empty() {
+            self.joined.remove(&key(c));
+        }
+        if let Some(moved) = moved
+            && let Some((_, ch)) = self.list[moved.channel as usize].as_mut()
+        {
+            ch.multi[moved.pos as usize].1 = k as u32;
+        }
+        let id = j.channel as usize;
+        let (_, ch) = self.list[id].as_mut()?;
+        ch.multi.swap_remove(j.pos as usize);
+        if let Some((other, i)) = ch.multi.get(j.pos as usize)
+            && let Some(theirs) = self.joined.get_mut(&key(&**other))
+        {
+            // Another connection's: `c` is in a channel once.
+            theirs[*i as usize].pos = j.pos;
+        }
+        self.forget_if_empty(id)
     }
 
     /// Forgets channel `id` when its last subscriber of any kind left;

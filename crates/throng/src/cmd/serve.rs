@@ -224,6 +224,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_MAX_SUBSCRIPTIONS)]
     max_subscriptions: usize,
 
+    /// Channels one connection opened at / may be in: a WebSocket offering throng.v1
+    /// (/?channel=a&channel=b, then {"subscribe":"c"} frames) or an event stream
+    /// (/sse/?channel=a&channel=b). Past it a subscribe is answered with an error
+    /// (docs/channels.md); at connect, 400.
+    #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_MAX_CHANNELS)]
+    max_channels_per_connection: usize,
+
     /// Bytes of topic filters one MQTT connection may hold; a filter past it is refused
     /// as past --max-subscriptions (kind="max_filter_bytes").
     #[arg(long, value_name = "SIZE", default_value = "16KiB", value_parser = parse_size)]
@@ -582,6 +589,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         worker_files: None,
         test_backend: args.test_backend,
         max_subscriptions: args.max_subscriptions,
+        max_channels_per_connection: args.max_channels_per_connection,
         max_filter_bytes: args.max_filter_bytes,
         mqtt_session_queue: args.mqtt_session_queue,
         mqtt_sessions_memory: args.mqtt_sessions_memory,

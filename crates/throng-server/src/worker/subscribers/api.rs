@@ -37,8 +37,19 @@ impl<O: Outside> Subscribers<O> {
 
     /// Closes every subscriber of `channel` here (WebSocket: a close frame
     /// with `code` and `reason`; SSE: the stream ends; MQTT 5.0: a
-    /// DISCONNECT, Administrative action). Returns how many.
+    /// DISCONNECT, Administrative action). A connection of several
+    /// channels leaves only this one, told why (an event stream of several
+    /// ends). Returns how many.
     pub(crate) fn close_channel(&self, channel: &str, code: u16, reason: &str) -> u64 {
+        let many: Vec<Rc<Conn<O::Wire>>> = self
+            .channels
+            .borrow()
+            .get(channel)
+            .map(|ch| ch.multi.iter().map(|(c, _)| c.clone()).collect())
+            .unwrap_or_default();
+        for c in &many {
+            self.end_subscription(c, channel, reason);
+        }
         let conns: Vec<Rc<Conn<O::Wire>>> = match self.channels.borrow().get(channel) {
             Some(ch) => ch
                 .subs
@@ -51,7 +62,7 @@ impl<O: Outside> Subscribers<O> {
         for c in &conns {
             self.close(c, code, reason, CloseReason::Disconnected);
         }
-        conns.len() as u64
+        (conns.len() + many.len()) as u64
     }
 }
 
