@@ -12,6 +12,7 @@ mod api;
 mod attack;
 mod auth;
 mod bench;
+mod channels;
 mod cluster;
 mod config_file;
 mod deploy;
