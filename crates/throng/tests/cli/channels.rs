@@ -352,3 +352,82 @@ fn publish_id_with(addr: SocketAddr, token: &str, channel: &str, body: &str) {
     let (status, _, reply) = throng_testkit::http::raw(addr, req.as_bytes());
     assert_eq!(status, 200, "{reply}");
 }
+
+/// The browser test's page: one socket, three channels, as
+/// docs/channels.md shows it. The test steers it through channel `c`:
+/// "drop b" unsubscribes from b, "back b" subscribes again after the last
+/// id of b it saw.
+const PAGE: &str = r#"<!doctype html><title>throng channels</title><script>
+const log = (...a) => console.log(a.join(' '));
+const last = {};
+const ws = new WebSocket('ws://TARGET/?channel=a&channel=b&channel=c', ['throng.v1']);
+ws.onopen = () => log('open');
+ws.onmessage = ({ data }) => {
+  if (data[0] === '{') return log('answer', data);     // an answer to a request
+  const i = data.indexOf('\n'), j = data.indexOf('\n', i + 1);
+  const channel = data.slice(0, i), id = data.slice(i + 1, j), body = data.slice(j + 1);
+  last[channel] = id;
+  log('got', channel, body);
+  if (body === 'drop b') ws.send(JSON.stringify({ unsubscribe: 'b' }));
+  if (body === 'back b') ws.send(JSON.stringify({ subscribe: 'b', since: last.b }));
+};
+</script>"#;
+
+#[test]
+fn a_browser_page_follows_three_channels_on_one_socket_leaves_one_and_recovers_it() {
+    use std::process::Stdio;
+
+    use crate::history::{Kill, console_lines, page_server};
+
+    require!(Peer::Chromium);
+    let server = serve(&["--history", "100"]);
+    let addr = server.addr;
+    let page = page_server(PAGE.replace("TARGET", &addr.to_string()));
+    let dir = throng_testkit::TempDir::new("channels-browser");
+    let mut browser = throng_testkit::peers::headless_chromium(&dir.file("profile"));
+    browser
+        .args(["--enable-logging=stderr", "--v=0"])
+        .arg(format!("http://{page}/"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut browser = Kill(browser.spawn().expect("start chromium"));
+    let console = console_lines(&mut browser.0);
+    let next_line = || {
+        console
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the page stalled")
+    };
+    assert_eq!(next_line(), "open");
+    server.wait_metric("throng_connections_open", |v| v == 1.0);
+    let say = |channel: &str, body: &str| {
+        publish_id(addr, channel, body);
+    };
+    for (channel, body) in [("a", "a1"), ("b", "b1"), ("c", "c1")] {
+        say(channel, body);
+        assert_eq!(next_line(), format!("got {channel} {body}"));
+    }
+    say("c", "drop b");
+    assert_eq!(next_line(), "got c drop b");
+    assert_eq!(next_line(), r#"answer {"unsubscribed":"b"}"#);
+    // Missed on b while away; a goes on.
+    say("b", "b2");
+    say("b", "b3");
+    say("a", "a2");
+    assert_eq!(next_line(), "got a a2");
+    say("c", "back b");
+    assert_eq!(next_line(), "got c back b");
+    assert_eq!(next_line(), r#"answer {"subscribed":"b"}"#);
+    assert_eq!(
+        next_line(),
+        "got b b2",
+        "recovered after the last id of b seen"
+    );
+    assert_eq!(next_line(), "got b b3");
+    say("b", "b4");
+    assert_eq!(next_line(), "got b b4", "then live");
+    assert_eq!(
+        server.wait_metric("throng_connections_open", |v| v == 1.0),
+        1.0,
+        "one socket all along"
+    );
+}

@@ -325,7 +325,7 @@ connect();
 </script>"#;
 
 /// Serves `page` to every GET on a free port, from a thread.
-fn page_server(page: String) -> SocketAddr {
+pub(crate) fn page_server(page: String) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr");
     std::thread::spawn(move || {
@@ -344,7 +344,7 @@ fn page_server(page: String) -> SocketAddr {
 }
 
 /// What the page logged, one console line at a time, from Chromium's stderr.
-fn console_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+pub(crate) fn console_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
     let err = child.stderr.take().expect("stderr is piped");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -369,7 +369,7 @@ fn console_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
 type Seen = [Vec<(String, String)>; 2];
 
 /// Kills a child when dropped (a browser left behind by a failed assertion).
-struct Kill(Child);
+pub(crate) struct Kill(pub(crate) Child);
 
 impl Drop for Kill {
     fn drop(&mut self) {
