@@ -849,9 +849,11 @@ async fn upgrade_many(
     let Some((c, tag)) = take(w, stream, req, rest, ticket, kind, protocol, accept).await else {
         return;
     };
+    // Room for a publish of --max-message in base64 (`data_base64`), and
+    // the JSON around it.
     let c = c
         .with_expiry(admitted.expires)
-        .with_max_message(max_packet(w.cfg.max_message));
+        .with_max_message(max_packet(w.cfg.max_message.div_ceil(3) * 4));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     if let Err(e) = w.subs.subscribe_many(c, &names, since, admitted.grants) {
         w.subs.outside().counted.release(&w.supervisor, tag);

@@ -30,6 +30,12 @@ use throng_server::{Config, Plan, WorkerCommand};
 #[command(after_help = "\
 Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel>
             (channel: 1-128 bytes of A-Z a-z 0-9 _ . : / -)
+Several:    one connection, several channels (docs/channels.md):
+            ws://HOST:PORT/?channel=a&channel=b offering throng.v1 (frames
+            <channel>\\n<id>\\n<payload>; JSON text frames
+            {\"subscribe\":\"c\",\"since\":ID} {\"unsubscribe\":\"a\"}
+            {\"publish\":\"a\",\"data\":..} {\"refresh\":JWT}, each answered),
+            or GET /sse/?channel=a&channel=b; --max-channels-per-connection
 Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>
             answers {\"channel\":..,\"subscribers\":N}; a text frame when the
             body is UTF-8 (or Content-Type text/*, */json), binary otherwise
