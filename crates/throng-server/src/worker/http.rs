@@ -665,17 +665,9 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             return;
         }
     };
-    if w.draining.get() {
-        w.counters.handshake_failed("draining");
-        refuse(w, &mut stream, 503, "server is shutting down\n").await;
-        return;
-    }
     // Refusals are boxed: the upgrade's future is part of every HTTP
     // connection's, and stays as small as the happy path needs.
-    if !gate::origin_allowed(w, req) {
-        w.counters.refused("origin");
-        let why = "this origin may not subscribe (--allowed-origins)\n";
-        Box::pin(refuse(w, &mut stream, 403, why)).await;
+    if Box::pin(turned_away(w, &mut stream, req)).await {
         return;
     }
     // Only its expiry is kept, in the four bytes a subscriber has for it.
@@ -767,6 +759,23 @@ async fn take(
     Some((c.with_tag(tag), tag))
 }
 
+/// Refuses a subscription while the worker drains (503) or from an origin
+/// `--allowed-origins` does not allow (403); true when it did.
+async fn turned_away(w: &Worker, stream: &mut Io, req: &Request) -> bool {
+    if w.draining.get() {
+        w.counters.handshake_failed("draining");
+        refuse(w, stream, 503, "server is shutting down\n").await;
+        return true;
+    }
+    if !gate::origin_allowed(w, req) {
+        w.counters.refused("origin");
+        let why = "this origin may not subscribe (--allowed-origins)\n";
+        refuse(w, stream, 403, why).await;
+        return true;
+    }
+    false
+}
+
 /// Whether `req` subscribes to several channels: its path is the bare
 /// `prefix` (`/`, or `/sse/` for an event stream), and it names channels
 /// in its query or (a WebSocket) offers `throng.v1` to name them later.
@@ -817,15 +826,7 @@ async fn upgrade_many(
         refuse(w, &mut stream, 400, &why).await;
         return;
     }
-    if w.draining.get() {
-        w.counters.handshake_failed("draining");
-        refuse(w, &mut stream, 503, "server is shutting down\n").await;
-        return;
-    }
-    if !gate::origin_allowed(w, req) {
-        w.counters.refused("origin");
-        let why = "this origin may not subscribe (--allowed-origins)\n";
-        refuse(w, &mut stream, 403, why).await;
+    if turned_away(w, &mut stream, req).await {
         return;
     }
     let admitted = gate::admitted(w, req).and_then(|a| {

@@ -386,6 +386,11 @@ impl Pair {
             None => self.subs.subscribe(channel, conn).map(drop),
         }
         .expect("watched");
+        self.add_client(pipe)
+    }
+
+    /// The client end of `pipe`, reading; returns its index.
+    fn add_client(&mut self, pipe: Rc<Pipe>) -> usize {
         self.clients.push(Client {
             pipe,
             decoder: Decoder::new(Role::Client, 1 << 20),
@@ -406,14 +411,7 @@ impl Pair {
         self.subs
             .subscribe_many(conn, channels, since, None)
             .expect("watched");
-        self.clients.push(Client {
-            pipe,
-            decoder: Decoder::new(Role::Client, 1 << 20),
-            buf: Vec::new(),
-            got: Vec::new(),
-            reading: true,
-        });
-        self.clients.len() - 1
+        self.add_client(pipe)
     }
 
     /// An MQTT client of `version` after its CONNACK, subscribed to

@@ -375,23 +375,14 @@ ws.onmessage = ({ data }) => {
 
 #[test]
 fn a_browser_page_follows_three_channels_on_one_socket_leaves_one_and_recovers_it() {
-    use std::process::Stdio;
-
-    use crate::history::{Kill, console_lines, page_server};
+    use crate::history::{Browser, page_server};
 
     require!(Peer::Chromium);
     let server = serve(&["--history", "100"]);
     let addr = server.addr;
     let page = page_server(PAGE.replace("TARGET", &addr.to_string()));
-    let dir = throng_testkit::TempDir::new("channels-browser");
-    let mut browser = throng_testkit::peers::headless_chromium(&dir.file("profile"));
-    browser
-        .args(["--enable-logging=stderr", "--v=0"])
-        .arg(format!("http://{page}/"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut browser = Kill(browser.spawn().expect("start chromium"));
-    let console = console_lines(&mut browser.0);
+    let browser = Browser::open(page, "channels-browser");
+    let console = &browser.console;
     let next_line = || {
         console
             .recv_timeout(Duration::from_secs(30))

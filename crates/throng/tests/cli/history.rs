@@ -344,7 +344,7 @@ pub(crate) fn page_server(page: String) -> SocketAddr {
 }
 
 /// What the page logged, one console line at a time, from Chromium's stderr.
-pub(crate) fn console_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+fn console_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
     let err = child.stderr.take().expect("stderr is piped");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -369,7 +369,35 @@ pub(crate) fn console_lines(child: &mut Child) -> std::sync::mpsc::Receiver<Stri
 type Seen = [Vec<(String, String)>; 2];
 
 /// Kills a child when dropped (a browser left behind by a failed assertion).
-pub(crate) struct Kill(pub(crate) Child);
+struct Kill(Child);
+
+/// A headless Chromium showing the page at `page`, and what it logs.
+pub(crate) struct Browser {
+    _kill: Kill,
+    _profile: throng_testkit::TempDir,
+    /// The page's console lines.
+    pub(crate) console: std::sync::mpsc::Receiver<String>,
+}
+
+impl Browser {
+    /// Opens `http://{page}/` with a scratch profile named after `name`.
+    pub(crate) fn open(page: SocketAddr, name: &str) -> Self {
+        let profile = throng_testkit::TempDir::new(name);
+        let mut browser = peers::headless_chromium(&profile.file("profile"));
+        browser
+            .args(["--enable-logging=stderr", "--v=0"])
+            .arg(format!("http://{page}/"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut kill = Kill(browser.spawn().expect("start chromium"));
+        let console = console_lines(&mut kill.0);
+        Self {
+            _kill: kill,
+            _profile: profile,
+            console,
+        }
+    }
+}
 
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -384,15 +412,8 @@ fn a_browser_cut_off_mid_stream_ends_with_every_message_once_in_order_over_sse_a
     let server = serve(&["--history", "100"]);
     let relay = Relay::to(server.addr);
     let page = page_server(PAGE.replace("TARGET", &relay.addr.to_string()));
-    let dir = throng_testkit::TempDir::new("history-browser");
-    let mut browser = peers::headless_chromium(&dir.file("profile"));
-    browser
-        .args(["--enable-logging=stderr", "--v=0"])
-        .arg(format!("http://{page}/"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut browser = Kill(browser.spawn().expect("start chromium"));
-    let console = console_lines(&mut browser.0);
+    let browser = Browser::open(page, "history-browser");
+    let console = &browser.console;
     let mut got: Seen = [Vec::new(), Vec::new()];
     let mut opens = 0;
     // Reads the console until `done` says so (30 s at most).

@@ -387,16 +387,8 @@ mod tests {
 
     fn message(channel: &str, seq: u64, payload: &str) -> Message {
         Message {
-            id: seq,
             message: MessageId { epoch: 1, seq },
-            text: true,
-            at_most_once: false,
-            exactly_once: false,
-            properties: Bytes::new(),
-            retained: false,
-            origin: 0,
-            channel: channel.into(),
-            payload: Bytes::copy_from_slice(payload.as_bytes()),
+            ..Message::sample(seq, channel, payload.to_owned())
         }
     }
 
