@@ -337,6 +337,29 @@ fn tokens_grant_each_channel_and_publish_and_a_refresh_replaces_them() {
     );
 }
 
+#[test]
+fn a_publish_the_broker_cannot_take_is_refused_never_acknowledged() {
+    // Redis is not there (--redis-wait serves anyway): POST /publish gets
+    // 503, and a publish on the socket its reason.
+    let url = format!("redis://127.0.0.1:{}", throng_testkit::free_port());
+    let server = serve(&["--redis", &url, "--redis-wait"]);
+    server.wait_broker("down");
+    let mut ws = open(server.addr, "/?channel=a", None);
+    let got = ask(&mut ws, &json!({"publish": "a", "data": "lost?"}));
+    assert_eq!(
+        (&got["op"], &got["channel"]),
+        (&json!("publish"), &json!("a"))
+    );
+    let why = got["error"].as_str().expect("an error");
+    assert!(why.starts_with("not published: "), "{got}");
+    assert!(got.get("id").is_none() && got.get("published").is_none());
+    // The connection goes on: its next request is answered.
+    assert_eq!(
+        ask(&mut ws, &json!({"subscribe": "b"})),
+        json!({"subscribed": "b"})
+    );
+}
+
 /// A token that may publish anywhere.
 fn secret_publish(mint: &Mint) -> String {
     mint.token(json!({"alg": "HS256", "claims": {"exp_in": 300, "publish": ["*"]}}))
