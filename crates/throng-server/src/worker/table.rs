@@ -940,4 +940,65 @@ mod tests {
         assert_eq!(qos_found(&ch, "a/x"), want);
         check_mqtt(&ch, "a/x");
     }
+
+    /// Every `multi` entry of every channel names a place in its
+    /// connection's list that names it back; returns the channel's count.
+    fn check_multi(ch: &Channels<TcpStream>, name: &str) -> usize {
+        let Some(&id) = ch.by_name.get(name) else {
+            return 0;
+        };
+        let entries = &ch.get(name).expect("listed").multi;
+        for (pos, (c, k)) in entries.iter().enumerate() {
+            let mine = &ch.joined[&super::key(&**c)];
+            assert_eq!(
+                mine[*k as usize],
+                super::Joined {
+                    channel: id,
+                    pos: pos as u32
+                },
+                "{name}"
+            );
+        }
+        entries.len()
+    }
+
+    #[test]
+    fn connections_of_several_channels_leave_any_of_them_in_o1_and_keep_positions() {
+        let (_l, cs) = conns(5);
+        let mut ch = Channels::default();
+        let names = ["a", "b", "c", "d"];
+        for (i, c) in cs.iter().enumerate() {
+            for n in &names[..1 + i % 4] {
+                let first = ch.subscribe_multi(n, c).expect("not in it yet");
+                assert_eq!(first, i == names.iter().position(|m| m == n).unwrap());
+            }
+            assert_eq!(c.sub_pos(), NONE, "never in a channel's own list");
+        }
+        assert_eq!(ch.subscribe_multi("a", &cs[0]), None, "twice is once");
+        assert_eq!(names.map(|n| check_multi(&ch, n)), [5, 3, 2, 1]);
+        assert_eq!(ch.unsubscribe_multi("b", &cs[1]), Some(None));
+        assert_eq!(ch.unsubscribe_multi("b", &cs[1]), None, "not in it");
+        assert_eq!(
+            ch.unsubscribe_multi("d", &cs[3]).flatten().as_deref(),
+            Some("d")
+        );
+        assert_eq!(names.map(|n| check_multi(&ch, n)), [5, 2, 2, 0]);
+        let names_of = |c| {
+            ch.multi_channels(c)
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names_of(&cs[1]), ["a"]);
+        let gone = ch.unsubscribe_multi_all(&cs[2]);
+        assert!(gone.is_empty(), "a, b and c have others: {gone:?}");
+        assert_eq!(names.map(|n| check_multi(&ch, n)), [4, 1, 1, 0]);
+        for c in &cs {
+            ch.unsubscribe_multi_all(c);
+        }
+        assert!(
+            ch.joined.is_empty() && ch.iter().next().is_none(),
+            "nothing left"
+        );
+    }
 }
