@@ -32,7 +32,7 @@ if [ "$CONNS" -gt 20000 ]; then
   exit 2
 fi
 target=${CARGO_TARGET_DIR:-target}
-cargo build --quiet --release -p throng
+cargo build --quiet --release -p throng --features bench-floor
 cargo build --quiet --release -p throng-bench --bin serve_bench
 THRONG=$target/release/throng
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-channels.XXXXXX)}
