@@ -498,6 +498,7 @@ impl<O: Outside> Subscribers<O> {
                 ch.subs
                     .iter()
                     .filter(|c| !c.has_queue() && c.is_open() && !c.is_tls())
+                    .filter(|c| !c.kind().is_multi())
                     .cloned()
                     .collect()
             })

@@ -12,9 +12,11 @@
 //! leaving stays O(1) too.
 //!
 //! A connection of several channels (`throng.v1` at `/?channel=..`, or an
-//! event stream of several) is in each channel's `multi` list; which
-//! channels it is in, and where, is kept here in a side table by
-//! connection, so a subscriber of one channel pays nothing for it.
+//! event stream of several) keeps its first channel as a WebSocket
+//! subscriber's is (so with one it costs what one of `/<channel>` does),
+//! and is in each other one's `multi` list; which, and where, is kept here
+//! in a side table by connection, so a subscriber of one channel pays
+//! nothing for it.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -598,12 +600,16 @@ impl<W> Channels<W> {
 
     /// Adds connection `c` (of several channels) to channel `name`: `None`
     /// when it is in it already, else whether it is the channel's first
-    /// subscriber.
+    /// subscriber. While it has no channel kept as its own, this one is.
     pub(crate) fn subscribe_multi(&mut self, name: &str, c: &Rc<Conn<W>>) -> Option<bool> {
         if self.in_multi(name, c) {
             return None;
         }
         let (id, first) = self.id_of(name);
+        if c.sub_pos() == NONE {
+            self.join(id, c);
+            return Some(first);
+        }
         let (_, ch) = self.list[id as usize].as_mut()?;
         let mine = self.joined.entry(key(&**c)).or_default();
         mine.push(Joined {
@@ -619,19 +625,21 @@ impl<W> Channels<W> {
         let Some(&id) = self.by_name.get(name) else {
             return false;
         };
-        self.joined
-            .get(&key(c))
-            .is_some_and(|mine| mine.iter().any(|j| j.channel == id))
+        (c.sub_pos() != NONE && c.channel() == id)
+            || self
+                .joined
+                .get(&key(c))
+                .is_some_and(|mine| mine.iter().any(|j| j.channel == id))
     }
 
     /// The channels connection `c` (of several) is in, in the order it
     /// joined them (but for those that moved when one before them left).
     pub(crate) fn multi_channels(&self, c: &Conn<W>) -> Vec<Rc<str>> {
-        let Some(mine) = self.joined.get(&key(c)) else {
-            return Vec::new();
-        };
-        mine.iter()
-            .filter_map(|j| self.list[j.channel as usize].as_ref())
+        let own = (c.sub_pos() != NONE).then(|| c.channel());
+        let others = self.joined.get(&key(c)).into_iter().flatten();
+        own.into_iter()
+            .chain(others.map(|j| j.channel))
+            .filter_map(|id| self.list[id as usize].as_ref())
             .map(|(name, _)| name.clone())
             .collect()
     }
@@ -641,6 +649,9 @@ impl<W> Channels<W> {
     /// its last subscriber.
     pub(crate) fn unsubscribe_multi(&mut self, name: &str, c: &Conn<W>) -> Option<Option<Rc<str>>> {
         let id = *self.by_name.get(name)?;
+        if c.sub_pos() != NONE && c.channel() == id {
+            return Some(self.unsubscribe(c));
+        }
         let k = self
             .joined
             .get(&key(c))?
@@ -652,7 +663,7 @@ impl<W> Channels<W> {
     /// Takes connection `c` (of several channels) out of every channel;
     /// returns the names of those it was the last subscriber of.
     pub(crate) fn unsubscribe_multi_all(&mut self, c: &Conn<W>) -> Vec<Rc<str>> {
-        let mut gone = Vec::new();
+        let mut gone: Vec<Rc<str>> = self.unsubscribe(c).into_iter().collect();
         while let Some(n) = self.joined.get(&key(c)).map(Vec::len) {
             if n == 0 {
                 self.joined.remove(&key(c));
@@ -947,19 +958,18 @@ mod tests {
         let Some(&id) = ch.by_name.get(name) else {
             return 0;
         };
-        let entries = &ch.get(name).expect("listed").multi;
-        for (pos, (c, k)) in entries.iter().enumerate() {
+        let channel = ch.get(name).expect("listed");
+        for (pos, (c, k)) in channel.multi.iter().enumerate() {
             let mine = &ch.joined[&super::key(&**c)];
-            assert_eq!(
-                mine[*k as usize],
-                super::Joined {
-                    channel: id,
-                    pos: pos as u32
-                },
-                "{name}"
-            );
+            let j = super::Joined {
+                channel: id,
+                pos: pos as u32,
+            };
+            assert_eq!(mine[*k as usize], j, "{name}");
+            assert_ne!(c.channel(), id, "{name}: in one list only");
         }
-        entries.len()
+        check(ch, name, channel.subs.len());
+        channel.len()
     }
 
     #[test]
@@ -972,7 +982,7 @@ mod tests {
                 let first = ch.subscribe_multi(n, c).expect("not in it yet");
                 assert_eq!(first, i == names.iter().position(|m| m == n).unwrap());
             }
-            assert_eq!(c.sub_pos(), NONE, "never in a channel's own list");
+            assert_eq!(c.channel(), ch.by_name["a"], "its first is kept as its own");
         }
         assert_eq!(ch.subscribe_multi("a", &cs[0]), None, "twice is once");
         assert_eq!(names.map(|n| check_multi(&ch, n)), [5, 3, 2, 1]);

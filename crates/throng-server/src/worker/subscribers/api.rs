@@ -41,24 +41,22 @@ impl<O: Outside> Subscribers<O> {
     /// channels leaves only this one, told why (an event stream of several
     /// ends). Returns how many.
     pub(crate) fn close_channel(&self, channel: &str, code: u16, reason: &str) -> u64 {
-        let many: Vec<Rc<Conn<O::Wire>>> = self
-            .channels
-            .borrow()
-            .get(channel)
-            .map(|ch| ch.multi.iter().map(|(c, _)| c.clone()).collect())
-            .unwrap_or_default();
+        // Connections of several channels (this one kept as their own, or
+        // not) leave it; the others close.
+        let (many, conns): (Vec<Rc<Conn<O::Wire>>>, Vec<_>) =
+            match self.channels.borrow().get(channel) {
+                Some(ch) => ch
+                    .subs
+                    .iter()
+                    .chain(ch.multi.iter().map(|(c, _)| c))
+                    .cloned()
+                    .chain(ch.mqtt.iter().map(|(c, _, _)| c.clone()))
+                    .partition(|c| c.kind().is_multi()),
+                None => Default::default(),
+            };
         for c in &many {
             self.end_subscription(c, channel, reason);
         }
-        let conns: Vec<Rc<Conn<O::Wire>>> = match self.channels.borrow().get(channel) {
-            Some(ch) => ch
-                .subs
-                .iter()
-                .cloned()
-                .chain(ch.mqtt.iter().map(|(c, _, _)| c.clone()))
-                .collect(),
-            None => Vec::new(),
-        };
         for c in &conns {
             self.close(c, code, reason, CloseReason::Disconnected);
         }
