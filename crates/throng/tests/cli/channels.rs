@@ -360,6 +360,53 @@ fn a_publish_the_broker_cannot_take_is_refused_never_acknowledged() {
     );
 }
 
+#[test]
+fn python_websockets_speaks_the_same_requests_and_frames() {
+    use std::io::BufRead as _;
+    use std::process::Stdio;
+
+    require!(Peer::PythonWebsockets);
+    let server = serve(&["--history", "10"]);
+    let addr = server.addr;
+    let mut child = throng_testkit::peers::python("channels_client.py")
+        .arg(format!("ws://{addr}/?channel=a&channel=b"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start channels_client.py");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = || {
+        let mut l = String::new();
+        out.read_line(&mut l).expect("a line");
+        let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{l:?}: {e}"));
+        v
+    };
+    assert_eq!(line(), json!({"protocol": "throng.v1"}));
+    writeln!(stdin, r#"{{"subscribe":"c"}}"#).expect("send");
+    assert_eq!(line(), json!({"frame": r#"{"subscribed":"c"}"#}));
+    server.wait_metric("throng_connections_open", |v| v == 1.0);
+    let id = publish_id(addr, "a", "hello");
+    assert_eq!(line(), json!({"frame": format!("a\n{id}\nhello")}));
+    writeln!(stdin, r#"{{"publish":"c","data":"from python"}}"#).expect("send");
+    let mut two = [line(), line()];
+    two.sort_by_key(|v| v["frame"].as_str().map(str::to_owned));
+    let ack: Value = serde_json::from_str(two[1]["frame"].as_str().expect("text")).expect("JSON");
+    let pid = ack["id"].as_str().expect("an id");
+    assert_eq!(two[0]["frame"], json!(format!("c\n{pid}\nfrom python")));
+    writeln!(stdin, "{{nope").expect("send");
+    let bad = line();
+    assert!(
+        bad["frame"]
+            .as_str()
+            .is_some_and(|f| f.contains("not JSON")),
+        "{bad}"
+    );
+    drop(stdin);
+    assert_eq!(line(), json!({"closed": 1000}));
+    assert!(child.wait().expect("exit").success());
+}
+
 /// A token that may publish anywhere.
 fn secret_publish(mint: &Mint) -> String {
     mint.token(json!({"alg": "HS256", "claims": {"exp_in": 300, "publish": ["*"]}}))
