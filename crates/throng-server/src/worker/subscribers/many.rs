@@ -34,6 +34,9 @@ pub(crate) struct Many<W> {
     /// Their publishes awaiting the relay's answer, by request: the
     /// connection and the channel, for the acknowledgement.
     owed: RefCell<HashMap<u64, Owed<W>>>,
+    /// How many of `owed` are each connection's (by [`key`]); none is
+    /// listed at 0. Bounds what one client can have waiting.
+    in_flight: RefCell<HashMap<usize, u32>>,
     /// What a refreshed token is checked by (reloaded with the keys).
     verifier: RefCell<Option<Rc<Verifier>>>,
 }
@@ -46,6 +49,7 @@ impl<W> Default for Many<W> {
         Self {
             grants: RefCell::default(),
             owed: RefCell::default(),
+            in_flight: RefCell::default(),
             verifier: RefCell::default(),
         }
     }
@@ -55,6 +59,11 @@ impl<W> Default for Many<W> {
 fn key<W>(c: &Conn<W>) -> usize {
     std::ptr::from_ref(c) as usize
 }
+
+/// Publishes one connection may have awaiting the relay's answer; past it
+/// a publish is refused until acknowledgements come (as MQTT's receive
+/// maximum bounds a client's QoS 1 publishes).
+pub(crate) const MAX_IN_FLIGHT: u32 = 64;
 
 /// Why a subscription ended when the refreshed token no longer grants it.
 const NOT_GRANTED_NOW: &str = "not granted by the refreshed token";
@@ -253,6 +262,13 @@ impl<O: Outside> Subscribers<O> {
             name,
         );
         drop(grants);
+        let waiting = self
+            .many
+            .in_flight
+            .borrow()
+            .get(&key(&**c))
+            .copied()
+            .unwrap_or(0);
         let why = if !self.limits.mqtt_publish {
             Some("publishing is not served on this address (--publish-listen)".to_owned())
         } else if payload.len() > self.limits.max_message {
@@ -263,6 +279,10 @@ impl<O: Outside> Subscribers<O> {
             ))
         } else if c.expired(self.wall.get()) {
             Some("token expired".to_owned())
+        } else if waiting >= MAX_IN_FLIGHT {
+            Some(format!(
+                "{waiting} publishes await the relay's answer: wait for their acknowledgements"
+            ))
         } else if !granted {
             Some("not granted by the token's publish claim".to_owned())
         } else {
@@ -288,6 +308,12 @@ impl<O: Outside> Subscribers<O> {
             .owed
             .borrow_mut()
             .insert(request, (c.clone(), Rc::from(name)));
+        *self
+            .many
+            .in_flight
+            .borrow_mut()
+            .entry(key(&**c))
+            .or_default() += 1;
         true
     }
 
@@ -303,6 +329,14 @@ impl<O: Outside> Subscribers<O> {
         let Some((c, name)) = self.many.owed.borrow_mut().remove(&request) else {
             return false;
         };
+        let mut in_flight = self.many.in_flight.borrow_mut();
+        if let Some(n) = in_flight.get_mut(&key(&*c)) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&key(&*c));
+            }
+        }
+        drop(in_flight);
         if c.is_open() {
             let frame = match refused {
                 None => multi::published(&name, id),
@@ -456,6 +490,21 @@ mod tests {
             p.clients[m].take(),
             [text(r#"{"id":"1-9","published":"b"}"#)]
         );
+        // At most MAX_IN_FLIGHT wait for the relay; then one more may go.
+        for _ in 0..super::MAX_IN_FLIGHT {
+            assert_eq!(ask(&mut p, r#"{"publish":"b","data":"n"}"#), []);
+        }
+        let full = ask(&mut p, r#"{"publish":"b","data":"n"}"#);
+        assert!(
+            matches!(&full[..], [Got::Text(t)] if t.contains("await the relay")),
+            "{full:?}"
+        );
+        let refused = Some(&b"Redis is unreachable"[..]);
+        p.subs.publish_answered(2, MessageId::NONE, refused);
+        p.drive();
+        let why = r#"{"channel":"b","error":"not published: Redis is unreachable","op":"publish"}"#;
+        assert_eq!(p.clients[m].take(), [text(why)]);
+        assert_eq!(ask(&mut p, r#"{"publish":"b","data":"n"}"#), []);
         // Closed: out of every channel, the single-channel one untouched.
         p.clients[m].close(1000);
         p.drive();
