@@ -134,6 +134,10 @@ pub struct Config {
     /// Subscriptions one MQTT connection may hold (`--max-subscriptions`).
     #[serde(default = "default_max_subscriptions")]
     pub max_subscriptions: usize,
+    /// Channels one WebSocket `throng.v1` or SSE connection opened at `/`
+    /// may be in (`--max-channels-per-connection`).
+    #[serde(default = "default_max_channels")]
+    pub max_channels_per_connection: usize,
     /// Bytes of topic filters one MQTT connection may hold (`--max-filter-bytes`).
     #[serde(default = "default_max_filter_bytes")]
     pub max_filter_bytes: usize,
@@ -185,6 +189,13 @@ pub const DEFAULT_MAX_FILTER_BYTES: usize = 16 * 1024;
 
 fn default_max_subscriptions() -> usize {
     DEFAULT_MAX_SUBSCRIPTIONS
+}
+
+/// `--max-channels-per-connection`' default.
+pub const DEFAULT_MAX_CHANNELS: usize = 100;
+
+fn default_max_channels() -> usize {
+    DEFAULT_MAX_CHANNELS
 }
 
 fn default_max_filter_bytes() -> usize {
@@ -266,6 +277,7 @@ impl Default for Config {
             worker_files: None,
             test_backend: false,
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
+            max_channels_per_connection: DEFAULT_MAX_CHANNELS,
             max_filter_bytes: DEFAULT_MAX_FILTER_BYTES,
             mqtt_session_queue: DEFAULT_SESSION_QUEUE,
             mqtt_sessions_memory: DEFAULT_SESSIONS_MEMORY,
@@ -365,6 +377,11 @@ impl fmt::Display for Config {
             None => writeln!(f, "  max-connections  (none)")?,
         }
         writeln!(f, "  max-message      {}", fmt_size(self.max_message))?;
+        writeln!(
+            f,
+            "  max-channels     {} per connection",
+            self.max_channels_per_connection
+        )?;
         if self.history == 0 {
             writeln!(
                 f,

@@ -18,6 +18,14 @@
 //! instead of WebSocket ones: the same figures, for issue 18's "an idle SSE
 //! subscriber costs about what an idle WebSocket subscriber does".
 //!
+//! `--channels N` holds connections of several channels instead
+//! (docs/channels.md: `throng.v1` at `/?channel=bench&channel=o1..`, N in
+//! all, the other N-1 shared by every subscriber): what each further
+//! channel costs an idle connection, and the fan-out CPU per delivery to
+//! a channel whose subscribers hold others too (`scripts/bench-channels.sh`
+//! runs 1, 3 and 10 against today's one-channel URL). The bare write loop
+//! reaches one-channel subscribers only, so it is not run then.
+//!
 //! `--serve-arg ARG` (repeated) passes more options to the server, and
 //! `--token JWT` sends every upgrade with `?token=JWT` and every publish
 //! with `Authorization: Bearer JWT`: `scripts/bench-auth.sh` runs the same
@@ -55,6 +63,9 @@ struct Opts {
     token: Option<String>,
     /// Hold SSE subscribers rather than WebSocket ones.
     sse: bool,
+    /// Hold `throng.v1` connections of this many channels (0: the
+    /// one-channel URL).
+    channels: usize,
 }
 
 fn opts() -> Opts {
@@ -67,6 +78,7 @@ fn opts() -> Opts {
         serve_args: Vec::new(),
         token: None,
         sse: false,
+        channels: 0,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -79,6 +91,7 @@ fn opts() -> Opts {
             "--payload" => o.payload = v().parse().expect("--payload BYTES"),
             "--serve-arg" => o.serve_args.push(v()),
             "--token" => o.token = Some(v()),
+            "--channels" => o.channels = v().parse().expect("--channels N"),
             "--kind" => {
                 o.sse = match v().as_str() {
                     "ws" => false,
@@ -88,7 +101,7 @@ fn opts() -> Opts {
             }
             _ => panic!(
                 "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES \
-                 --serve-arg ARG --token JWT --kind ws|sse)"
+                 --serve-arg ARG --token JWT --kind ws|sse --channels N)"
             ),
         }
     }
@@ -204,6 +217,11 @@ async fn subscribe(
     let key = ws::client_key(fastrand::u128(..).to_le_bytes());
     let mut out = Vec::new();
     ws::write_upgrade_request(&mut out, &addr.to_string(), target, &key);
+    if target.starts_with("/?") {
+        // Several channels: the subprotocol that speaks them.
+        out.truncate(out.len() - 2);
+        out.extend_from_slice(b"Sec-WebSocket-Protocol: throng.v1\r\n\r\n");
+    }
     s.write_all(&out).await?;
     let mut buf = Vec::with_capacity(512);
     let used = loop {
@@ -333,6 +351,8 @@ async fn bench(o: Opts) {
         "serve_args": o.serve_args,
         "token": o.token.is_some(),
         "kind": if o.sse { "sse" } else { "ws" },
+        "channels_per_connection": o.channels.max(1),
+        "several_channels_url": o.channels > 0,
         "connections": held,
         "failed": failed,
         "upgrades_per_sec": upgrades_per_sec.round(),
@@ -381,10 +401,17 @@ struct Opened {
 /// time, in two halves, with the worker's (`pid`) RSS measured after the
 /// first.
 async fn open_subscribers(o: &Opts, addr: SocketAddr, pid: u32, holder: &Rc<Held>) -> Opened {
-    let target: Rc<str> = match &o.token {
-        Some(t) => format!("/bench?token={t}").into(),
-        None => "/bench".into(),
+    let mut target = if o.channels == 0 {
+        "/bench".to_owned()
+    } else {
+        let others = (1..o.channels).map(|j| format!("&channel=o{j}"));
+        format!("/?channel=bench{}", others.collect::<String>())
     };
+    if let Some(t) = &o.token {
+        target.push(if o.channels == 0 { '?' } else { '&' });
+        target.push_str(&format!("token={t}"));
+    }
+    let target: Rc<str> = target.into();
     let sse = o.sse;
     let next = Rc::new(Cell::new(0usize));
     let failed = Rc::new(Cell::new(0usize));
@@ -467,7 +494,13 @@ async fn fan_out(o: &Opts, addr: SocketAddr, pid: u32, holder: &Held, held: usiz
     let (mut pub_ticks, mut floor_ticks) = (0u64, 0u64);
     let fan_cpu0 = metric(addr, "throng_fanout_cpu_seconds_total").await;
     for _ in 0..o.rounds {
-        for floor in [false, true] {
+        // The floor's bare loop reaches one-channel subscribers only.
+        let floors: &[bool] = if o.channels > 0 {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &floor in floors {
             let ticks0 = cpu_ticks(pid);
             let t = Instant::now();
             let path = if floor {
@@ -482,6 +515,12 @@ async fn fan_out(o: &Opts, addr: SocketAddr, pid: u32, holder: &Held, held: usiz
             // An SSE event's length depends on its id: `id: ID\ndata: ...\n\n`.
             let want = match v["id"].as_str() {
                 Some(id) if o.sse && !floor => (4 + id.len() + 1 + 6 + o.payload + 2) as u64,
+                // `bench\n<id>\n<payload>` in one frame.
+                Some(id) if o.channels > 0 => ws::server_frame(
+                    ws::OpCode::Text,
+                    &[b"bench\n" as &[u8], id.as_bytes(), b"\n", &payload].concat(),
+                )
+                .len() as u64,
                 _ => frame_len,
             };
             // Every subscriber got exactly one whole frame. The publish

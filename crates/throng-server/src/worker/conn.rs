@@ -126,7 +126,8 @@ pub(crate) struct Conn<W> {
     /// The Unix second its token expires at (closed 4001 by the sweep);
     /// 0: no token, or one without `exp`. Four bytes that fit beside the
     /// other small fields, so an authenticated subscriber costs no more.
-    expires: u32,
+    /// A `Cell`: an in-band refresh ([`super::multi`]) moves it.
+    expires: Cell<u32>,
     /// What the worker counts this connection under (its client address
     /// for the per-address limits, its place under `--max-connections`),
     /// handed back to [`Outside::forget`](super::subscribers::Outside::forget); [`NONE`] when nothing is.
@@ -386,7 +387,7 @@ impl<W: Wire> Conn<W> {
             listed: Cell::new(false),
             kind: Kind::Ws,
             rejoining: Cell::new(false),
-            expires: 0,
+            expires: Cell::new(0),
             tag: NONE,
             rest: Cell::new((!rest.is_empty()).then(|| rest.into())),
             queue: RefCell::new(None),
@@ -400,13 +401,19 @@ impl<W: Wire> Conn<W> {
 
     /// Closes it (4001) once Unix second `exp` has passed ([`crate::auth::expiry`]).
     pub(crate) fn with_expiry(mut self, exp: u32) -> Self {
-        self.expires = exp;
+        self.expires = Cell::new(exp);
         self
+    }
+
+    /// Its token now expires at Unix second `exp` (0: never): a refresh.
+    pub(crate) fn set_expires(&self, exp: u32) {
+        self.expires.set(exp);
     }
 
     /// Whether its token has expired at Unix second `now`.
     pub(crate) fn expired(&self, now: u64) -> bool {
-        self.expires != 0 && u64::from(self.expires) <= now
+        let exp = self.expires.get();
+        exp != 0 && u64::from(exp) <= now
     }
 
     /// Makes this an MQTT subscriber (of `version`) after its CONNACK.
@@ -416,6 +423,13 @@ impl<W: Wire> Conn<W> {
             mqtt::Version::V5 => Kind::Mqtt5,
         };
         self.proto = RefCell::new(Proto::Mqtt(state));
+        self
+    }
+
+    /// Lets its client send messages of up to `max` bytes (a connection of
+    /// several channels publishes), not only control frames.
+    pub(crate) fn with_max_message(mut self, max: usize) -> Self {
+        self.proto = RefCell::new(Proto::Ws(Decoder::new(ws::Role::Server, max)));
         self
     }
 

@@ -14,6 +14,7 @@
 
 use throng_proto::http::Request;
 
+use super::mqtt_auth;
 use super::routes::reply_with;
 use super::state::Worker;
 use crate::auth::{self, Access, Action, Refusal};
@@ -86,6 +87,30 @@ pub(crate) fn origin_allowed(w: &Worker, req: &Request) -> bool {
     allowed
         .iter()
         .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
+}
+
+/// What the credential of an upgrade to several channels grants
+/// (docs/channels.md), by MQTT's rules ([`mqtt_auth::check`]): a token's
+/// `channels` and `publish` claims; the publish key (only in the
+/// `Authorization` header, as for `/publish`) publishes anywhere; nothing
+/// kept where nothing is guarded.
+pub(crate) fn admitted(w: &Worker, req: &Request) -> Result<mqtt_auth::Admitted, Refusal> {
+    let key = w.publish_key.get();
+    let keyed = authorization(req).filter(|k| key.as_ref().is_some_and(|p| p.matches(k)));
+    let verifier = w.verifier.get();
+    let presented = match keyed.or_else(|| bearer(req)) {
+        Some(p) => p,
+        None if verifier.is_some() => return Err(Refusal::Missing),
+        None => b"",
+    };
+    let key = keyed.and(key.as_deref());
+    mqtt_auth::check(
+        w.cfg.auth.publish_guarded(),
+        verifier.as_deref(),
+        key,
+        presented,
+        unix_now(),
+    )
 }
 
 /// Unix seconds now, the `now` tokens are checked at.

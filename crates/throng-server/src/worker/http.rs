@@ -20,13 +20,17 @@ use tokio::net::TcpStream;
 use super::conn::{Conn, NONE, TlsState};
 use super::gate;
 use super::mqtt_accept;
+use super::mqtt_auth;
 use super::mqtt_ws;
+use super::multi;
 use super::ping_answer::Answer;
 use super::rejoin::Kind;
 use super::routes::ping::Pinged;
 use super::routes::{self, Route, ops, ping, publish, refuse};
 use super::state::{Serves, Sleeper, Waiting, Worker};
+use super::subscribers::max_packet;
 use crate::addresses::{Source, Verdict};
+use crate::auth::Refusal;
 use crate::channel;
 use crate::history::MessageId;
 use crate::tls::park;
@@ -649,6 +653,10 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
     } else {
         "/"
     };
+    if many_channels(req, prefix) {
+        Box::pin(upgrade_many(w, stream, req, rest, ticket, &accept)).await;
+        return;
+    }
     let name = match channel::from_target(&req.target, prefix) {
         Ok(name) => name,
         Err(e) => {
@@ -657,17 +665,9 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             return;
         }
     };
-    if w.draining.get() {
-        w.counters.handshake_failed("draining");
-        refuse(w, &mut stream, 503, "server is shutting down\n").await;
-        return;
-    }
     // Refusals are boxed: the upgrade's future is part of every HTTP
     // connection's, and stays as small as the happy path needs.
-    if !gate::origin_allowed(w, req) {
-        w.counters.refused("origin");
-        let why = "this origin may not subscribe (--allowed-origins)\n";
-        Box::pin(refuse(w, &mut stream, 403, why)).await;
+    if Box::pin(turned_away(w, &mut stream, req)).await {
         return;
     }
     // Only its expiry is kept, in the four bytes a subscriber has for it.
@@ -692,43 +692,172 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
             return;
         }
     };
-    if w.cfg.per_address.any()
-        && let Some(t) = ticket.filter(|t| t.get().is_none())
-        && !Box::pin(forwarded_admission(w, &mut stream, req, t)).await
-    {
-        return;
-    }
-    let counted = &w.subs.outside().counted;
-    if !counted.take_place() {
-        w.counters.refused("max_connections");
-        Box::pin(gate::full(w, &mut stream)).await;
-        return;
-    }
-    let mut out = Vec::with_capacity(160);
-    upgrade_head(w, req, kind, protocol, &accept, &mut out);
-    let written = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
-    if !matches!(written, Ok(Ok(()))) {
-        counted.give_place();
-        w.counters.handshake_failed("write_failed");
-        return;
-    }
-    // From here on the socket lives in the worker's own epoll, not tokio's.
-    let Some(c) = into_conn(w, stream, rest) else {
-        counted.give_place();
-        w.counters.handshake_failed("write_failed");
+    let Some((c, tag)) =
+        Box::pin(take(w, stream, req, rest, ticket, kind, protocol, &accept)).await
+    else {
         return;
     };
-    let c = c.with_expiry(expires).with_kind(kind);
-    // The subscriber holds its place and its address from here on, and
-    // gives both back when it ends (`Outside::forget`).
-    let tag = ticket.and_then(Cell::take).map_or(NONE, |s| counted.tag(s));
-    let c = c.with_tag(tag);
+    let c = c.with_expiry(expires);
     let subscribed = match since {
         Some(since) => w.subs.subscribe_after(name, c, since),
         None => w.subs.subscribe(name, c).map(drop),
     };
     if let Err(e) = subscribed {
-        counted.release(&w.supervisor, tag);
+        w.subs.outside().counted.release(&w.supervisor, tag);
+        w.counters.handshake_failed("epoll");
+        log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
+    }
+}
+
+/// Admits an accepted subscription (per-address limits,
+/// `--max-connections`), writes the head that answers it and takes its
+/// socket out of tokio: the subscriber's `Conn` (of `kind`, counted under
+/// the tag it is returned with). `None` when it was refused (answered and
+/// counted) or lost.
+#[allow(clippy::too_many_arguments)]
+async fn take(
+    w: &Worker,
+    mut stream: Io,
+    req: &Request,
+    rest: &[u8],
+    ticket: Option<&Ticket>,
+    kind: Kind,
+    protocol: Option<&str>,
+    accept: &str,
+) -> Option<(Conn<std::net::TcpStream>, u32)> {
+    if w.cfg.per_address.any()
+        && let Some(t) = ticket.filter(|t| t.get().is_none())
+        && !Box::pin(forwarded_admission(w, &mut stream, req, t)).await
+    {
+        return None;
+    }
+    let counted = &w.subs.outside().counted;
+    if !counted.take_place() {
+        w.counters.refused("max_connections");
+        Box::pin(gate::full(w, &mut stream)).await;
+        return None;
+    }
+    let mut out = Vec::with_capacity(160);
+    upgrade_head(w, req, kind, protocol, accept, &mut out);
+    let written = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
+    if !matches!(written, Ok(Ok(()))) {
+        counted.give_place();
+        w.counters.handshake_failed("write_failed");
+        return None;
+    }
+    // From here on the socket lives in the worker's own epoll, not tokio's.
+    let Some(c) = into_conn(w, stream, rest) else {
+        counted.give_place();
+        w.counters.handshake_failed("write_failed");
+        return None;
+    };
+    let c = c.with_kind(kind);
+    // The subscriber holds its place and its address from here on, and
+    // gives both back when it ends (`Outside::forget`).
+    let tag = ticket.and_then(Cell::take).map_or(NONE, |s| counted.tag(s));
+    let c = c.with_tag(tag);
+    Some((c.with_tag(tag), tag))
+}
+
+/// Refuses a subscription while the worker drains (503) or from an origin
+/// `--allowed-origins` does not allow (403); true when it did.
+async fn turned_away(w: &Worker, stream: &mut Io, req: &Request) -> bool {
+    if w.draining.get() {
+        w.counters.handshake_failed("draining");
+        refuse(w, stream, 503, "server is shutting down\n").await;
+        return true;
+    }
+    if !gate::origin_allowed(w, req) {
+        w.counters.refused("origin");
+        let why = "this origin may not subscribe (--allowed-origins)\n";
+        refuse(w, stream, 403, why).await;
+        return true;
+    }
+    false
+}
+
+/// Whether `req` subscribes to several channels: its path is the bare
+/// `prefix` (`/`, or `/sse/` for an event stream), and it names channels
+/// in its query or (a WebSocket) offers `throng.v1` to name them later.
+fn many_channels(req: &Request, prefix: &str) -> bool {
+    let path = req.target.split_once('?').map_or(&*req.target, |(p, _)| p);
+    path == prefix
+        && (!multi::channels_of(&req.target).is_empty() || gate::offers(req, gate::PROTOCOL_IDS))
+}
+
+/// Completes (or refuses) a subscription to several channels (docs/channels.md):
+/// a WebSocket offering `throng.v1`, or an event stream. Every channel is
+/// checked (a name, under `--max-channels-per-connection`, granted by the
+/// token) before any is joined; `?since=` (or `Last-Event-ID`) recovers each.
+async fn upgrade_many(
+    w: &Worker,
+    mut stream: Io,
+    req: &Request,
+    rest: &[u8],
+    ticket: Option<&Ticket>,
+    accept: &str,
+) {
+    let sse = is_sse(req);
+    let protocol = if sse { None } else { gate::protocol(req) };
+    let kind = if sse { Kind::SseMulti } else { Kind::WsMulti };
+    let mut names = multi::channels_of(&req.target);
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    let why = if !sse && protocol != Some(gate::PROTOCOL_IDS) {
+        Some(format!(
+            "several channels on one WebSocket need the {} subprotocol (docs/channels.md)\n",
+            gate::PROTOCOL_IDS
+        ))
+    } else if sse && names.is_empty() {
+        Some("an event stream of several channels names them: /sse/?channel=a&channel=b\n".into())
+    } else if names.len() > w.cfg.max_channels_per_connection {
+        Some(format!(
+            "{} channels, over --max-channels-per-connection ({})\n",
+            names.len(),
+            w.cfg.max_channels_per_connection
+        ))
+    } else {
+        names
+            .iter()
+            .find_map(|n| channel::validate(n).err().map(|e| format!("{e}: {n:?}\n")))
+    };
+    if let Some(why) = why {
+        w.counters.handshake_failed("bad_channel");
+        refuse(w, &mut stream, 400, &why).await;
+        return;
+    }
+    if turned_away(w, &mut stream, req).await {
+        return;
+    }
+    let admitted = gate::admitted(w, req).and_then(|a| {
+        let all = names
+            .iter()
+            .all(|n| mqtt_auth::may_subscribe(a.grants.as_deref(), n));
+        if all { Ok(a) } else { Err(Refusal::NotGranted) }
+    });
+    let admitted = match admitted {
+        Ok(a) => a,
+        Err(why) => return gate::refuse(w, &mut stream, why).await,
+    };
+    let since = match since(req, kind) {
+        Ok(since) => since,
+        Err(why) => {
+            w.counters.handshake_failed("bad_since");
+            refuse(w, &mut stream, 400, &why.to_string()).await;
+            return;
+        }
+    };
+    let Some((c, tag)) = take(w, stream, req, rest, ticket, kind, protocol, accept).await else {
+        return;
+    };
+    // Room for a publish of --max-message in base64 (`data_base64`), and
+    // the JSON around it.
+    let c = c
+        .with_expiry(admitted.expires)
+        .with_max_message(max_packet(w.cfg.max_message.div_ceil(3) * 4));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    if let Err(e) = w.subs.subscribe_many(c, &names, since, admitted.grants) {
+        w.subs.outside().counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
     }
@@ -764,7 +893,7 @@ fn upgrade_head(
     out: &mut Vec<u8>,
 ) {
     match protocol {
-        _ if kind == Kind::Sse => sse_head(w, req, out),
+        _ if kind.is_sse() => sse_head(w, req, out),
         // Only the protocol this server speaks goes back, never a token.
         Some(p) => http::write_response_head(
             out,
@@ -804,7 +933,8 @@ pub(crate) fn is_sse(req: &Request) -> bool {
 /// text says why); a bare WebSocket, which could not tell what it missed,
 /// must ask for ids on the wire first.
 fn since(req: &Request, kind: Kind) -> Result<Option<MessageId>, BadSince> {
-    let header = (kind == Kind::Sse)
+    let header = kind
+        .is_sse()
         .then(|| req.header("last-event-id"))
         .flatten()
         .map(|v| String::from_utf8_lossy(v.trim_ascii()).into_owned())

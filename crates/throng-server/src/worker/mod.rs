@@ -28,6 +28,7 @@ mod mqtt_retain;
 mod mqtt_session;
 mod mqtt_share;
 mod mqtt_ws;
+mod multi;
 #[cfg(test)]
 mod pair;
 mod ping_answer;
@@ -341,9 +342,12 @@ fn worker(
         })?),
         None => None,
     };
+    let verifier = Verifier::new(&cfg.auth).map(Rc::new);
+    let subs = Subscribers::new(Limits::of(&cfg), around, counters.clone());
+    subs.set_verifier(verifier.clone());
     Ok(Worker {
         index,
-        subs: Subscribers::new(Limits::of(&cfg), around, counters.clone()),
+        subs,
         counters,
         supervisor,
         draining: Cell::new(false),
@@ -351,7 +355,7 @@ fn worker(
         outbox_ready: Notify::new(),
         sleepers: sleepers::Sleepers::default(),
         accept_errors: RefCell::new(Recurring::new(index)),
-        verifier: Reloadable::new(Verifier::new(&cfg.auth).map(Rc::new)),
+        verifier: Reloadable::new(verifier),
         publish_key: Reloadable::new(publish_key.map(Rc::new)),
         tls: Reloadable::new(None),
         parked: Parked::default(),
@@ -563,6 +567,7 @@ fn reload(w: &Worker, json: &[u8]) {
         }
     }
     w.verifier.set(Verifier::new(&cfg.auth).map(Rc::new));
+    w.subs.set_verifier(w.verifier.get());
     if let Some(file) = &cfg.auth.publish_key
         && let Ok(key) = PublishKey::new(file)
     {
@@ -673,11 +678,14 @@ fn on_record(w: &Worker, rec: Record) {
             complete,
             messages,
         }) => w.subs.recovered(id, complete, messages),
-        Some(Record::Published { id, .. }) => w.subs.publish_answered(id, None),
+        Some(Record::Published { id, message, .. }) => w.subs.publish_answered(id, message, None),
         Some(Record::ClientId { hash, claim }) => w.subs.taken_over(hash, claim),
         Some(Record::SessionResumed(r)) => w.subs.session_resumed(r),
         Some(Record::ShareDeliver(d)) => w.subs.share_deliver(d),
-        Some(Record::PublishFailed { id, reason }) => w.subs.publish_answered(id, Some(&reason)),
+        Some(Record::PublishFailed { id, reason }) => {
+            w.subs
+                .publish_answered(id, crate::history::MessageId::NONE, Some(&reason));
+        }
         Some(Record::Reload(json)) => reload(w, &json),
         Some(Record::Api(r)) if r.leg == crate::control::Leg::Query => api::answer(w, &r),
         Some(Record::Retained { id, messages }) => {

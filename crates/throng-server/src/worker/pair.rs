@@ -305,6 +305,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         mqtt_packet: 1 << 16,
         max_message: 1 << 16,
         max_subscriptions: 100,
+        max_channels: 3,
         max_filter_bytes: 1 << 14,
         publish_guarded: false,
         claim_window: Duration::from_secs(10),
@@ -385,6 +386,11 @@ impl Pair {
             None => self.subs.subscribe(channel, conn).map(drop),
         }
         .expect("watched");
+        self.add_client(pipe)
+    }
+
+    /// The client end of `pipe`, reading; returns its index.
+    fn add_client(&mut self, pipe: Rc<Pipe>) -> usize {
         self.clients.push(Client {
             pipe,
             decoder: Decoder::new(Role::Client, 1 << 20),
@@ -393,6 +399,19 @@ impl Pair {
             reading: true,
         });
         self.clients.len() - 1
+    }
+
+    /// A `throng.v1` client of several channels in `channels`, each after
+    /// `since` when given; returns its index.
+    pub(crate) fn connect_many(&mut self, channels: &[&str], since: Option<MessageId>) -> usize {
+        let pipe = Pipe::new(ROOM);
+        let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"")
+            .with_kind(Kind::WsMulti)
+            .with_max_message(1 << 16);
+        self.subs
+            .subscribe_many(conn, channels, since, None)
+            .expect("watched");
+        self.add_client(pipe)
     }
 
     /// An MQTT client of `version` after its CONNACK, subscribed to

@@ -36,11 +36,27 @@ pub(crate) enum Kind {
     Mqtt311,
     /// MQTT 5.0.
     Mqtt5,
+    /// WebSocket with `throng.v1` opened at `/` (`?channel=a&channel=b`):
+    /// any number of channels, each message saying its channel, and the
+    /// client's in-band requests ([`super::multi`]).
+    WsMulti,
+    /// Server-Sent Events of several channels (`/sse/?channel=a&channel=b`).
+    SseMulti,
 }
 
 impl Kind {
     pub(crate) fn is_mqtt(self) -> bool {
         matches!(self, Self::Mqtt311 | Self::Mqtt5)
+    }
+
+    /// An event stream, of one channel or several.
+    pub(crate) fn is_sse(self) -> bool {
+        matches!(self, Self::Sse | Self::SseMulti)
+    }
+
+    /// A connection of several channels, whose messages say their channel.
+    pub(crate) fn is_multi(self) -> bool {
+        matches!(self, Self::WsMulti | Self::SseMulti)
     }
 }
 
@@ -95,18 +111,49 @@ pub(crate) fn join(
 
 /// A message as a subscriber of `kind` receives it.
 pub(crate) fn frame(kind: Kind, m: &Message) -> Bytes {
-    encode(kind, m.message, m.text, &m.payload)
+    encode(kind, &m.channel, m.message, m.text, &m.payload)
 }
 
-/// A kept message as a subscriber of `kind` receives it.
-pub(crate) fn kept(kind: Kind, k: &Kept) -> Bytes {
-    encode(kind, k.id, k.text, &k.payload)
+/// A kept message of `channel` as a subscriber of `kind` receives it.
+pub(crate) fn kept(kind: Kind, channel: &str, k: &Kept) -> Bytes {
+    encode(kind, channel, k.id, k.text, &k.payload)
 }
 
-fn encode(kind: Kind, id: MessageId, text: bool, payload: &[u8]) -> Bytes {
+fn encode(kind: Kind, channel: &str, id: MessageId, text: bool, payload: &[u8]) -> Bytes {
     let op = if text { OpCode::Text } else { OpCode::Binary };
     match kind {
         Kind::Ws => ws::server_frame(op, payload),
+        Kind::WsMulti => {
+            // `<channel>\n<id>\n<payload>`: a channel name never starts
+            // with `{`, which every answer to the client's requests does.
+            let mut body = Vec::with_capacity(channel.len() + payload.len() + 32);
+            body.extend_from_slice(channel.as_bytes());
+            body.push(b'\n');
+            if !id.is_none() {
+                body.extend_from_slice(id.to_string().as_bytes());
+            }
+            body.push(b'\n');
+            body.extend_from_slice(payload);
+            ws::server_frame(op, &body)
+        }
+        Kind::SseMulti => {
+            // The channel is the event's first data line; a binary payload
+            // (or one not UTF-8) is base64 after it, in a `binary` event.
+            let mut out = Vec::with_capacity(channel.len() + payload.len() + 48);
+            let id = (!id.is_none()).then(|| id.to_string());
+            match std::str::from_utf8(payload) {
+                Ok(s) if text => {
+                    sse::event(&mut out, id.as_deref(), None, &format!("{channel}\n{s}"))
+                }
+                _ => {
+                    use base64::Engine as _;
+                    let b64 = base64::engine::general_purpose::STANDARD.encode(payload);
+                    let data = format!("{channel}\n{b64}");
+                    sse::event(&mut out, id.as_deref(), Some("binary"), &data);
+                }
+            }
+            Bytes::from(out)
+        }
         Kind::WsIds => {
             // A message without an id (published into Redis by another
             // client) has an empty first line.
@@ -131,9 +178,20 @@ fn encode(kind: Kind, id: MessageId, text: bool, payload: &[u8]) -> Bytes {
     }
 }
 
-/// The incomplete-recovery marker for a subscriber of `kind` that gave `since`.
-pub(crate) fn marker(kind: Kind, since: MessageId) -> Bytes {
+/// The incomplete-recovery marker for a subscriber of `kind` that gave
+/// `since` for `channel`.
+pub(crate) fn marker(kind: Kind, channel: &str, since: MessageId) -> Bytes {
     match kind {
+        Kind::WsMulti => {
+            let body = serde_json::json!({ "incomplete": channel, "since": since.to_string() });
+            ws::server_frame(OpCode::Text, body.to_string().as_bytes())
+        }
+        Kind::SseMulti => {
+            let mut out = Vec::new();
+            let data = format!("{channel}\n{since}");
+            sse::event(&mut out, None, Some(SSE_INCOMPLETE), &data);
+            Bytes::from(out)
+        }
         Kind::Ws | Kind::WsIds => {
             ws::server_frame(OpCode::Text, format!("{INCOMPLETE}\n{since}").as_bytes())
         }
@@ -262,11 +320,11 @@ mod tests {
         );
         let since = MessageId { epoch: 1, seq: 2 };
         assert_eq!(
-            marker(Kind::WsIds, since),
+            marker(Kind::WsIds, "c", since),
             ws::server_frame(OpCode::Text, b"!incomplete\n1-2")
         );
         assert_eq!(
-            &marker(Kind::Sse, since)[..],
+            &marker(Kind::Sse, "c", since)[..],
             b"event: incomplete\ndata: 1-2\n\n"
         );
     }

@@ -48,6 +48,7 @@ use super::rejoin::{self, Joined, Kind};
 use super::table::{Channels, Slab};
 
 mod api;
+mod many;
 use crate::auth;
 use crate::channel;
 use crate::control::{
@@ -160,6 +161,8 @@ pub(crate) struct SessionStart {
 pub(crate) struct Rejoin<W> {
     request: u64,
     conn: Rc<Conn<W>>,
+    /// The channel it rejoins, for a connection of several; `None`: its one.
+    channel: Option<Rc<str>>,
     since: MessageId,
     held: Vec<Kept>,
     held_bytes: usize,
@@ -259,6 +262,9 @@ pub(crate) struct Limits {
     /// The longest from an MQTT client id's claim to its registration
     /// (the CONNACK write's `--handshake-timeout`, and a second).
     pub(crate) claim_window: Duration,
+    /// Channels one connection of several may be in
+    /// (`--max-channels-per-connection`).
+    pub(crate) max_channels: usize,
 }
 
 impl Limits {
@@ -278,6 +284,7 @@ impl Limits {
             max_subscriptions: cfg.max_subscriptions,
             max_filter_bytes: cfg.max_filter_bytes,
             claim_window: cfg.handshake_timeout + Duration::from_secs(1),
+            max_channels: cfg.max_channels_per_connection,
         }
     }
 }
@@ -291,6 +298,10 @@ pub(crate) struct Fanout<W> {
     /// first subscriber that takes them.
     with_id: Option<Bytes>,
     sse: Option<Bytes>,
+    /// The frame and the event that say the channel, for connections of
+    /// several, encoded at the first of them.
+    multi: Option<Bytes>,
+    sse_multi: Option<Bytes>,
     /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers, then with
     /// the retain flag (Retain As Published).
     mqtt: [Option<Bytes>; 4],
@@ -421,6 +432,11 @@ pub(crate) struct Subscribers<O: Outside> {
     /// Wills of connections gone, waiting out their 5.0 Will Delay
     /// Interval: the tick they are due at (a reconnect cancels one).
     delayed_wills: RefCell<Vec<(u32, Box<Will>)>>,
+    /// Connections of several channels: what their credential grants, by
+    /// connection (none kept where nothing is guarded), their publishes
+    /// awaiting the relay's answer, and the token verifier a refresh is
+    /// checked by ([`many`]).
+    many: many::Many<O::Wire>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -482,6 +498,7 @@ impl<O: Outside> Subscribers<O> {
                 ch.subs
                     .iter()
                     .filter(|c| !c.has_queue() && c.is_open() && !c.is_tls())
+                    .filter(|c| !c.kind().is_multi())
                     .cloned()
                     .collect()
             })
@@ -512,6 +529,7 @@ impl<O: Outside> Subscribers<O> {
             relayed_through: Cell::new(0),
             shares: RefCell::default(),
             delayed_wills: RefCell::default(),
+            many: many::Many::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -589,6 +607,7 @@ impl<O: Outside> Subscribers<O> {
         self.rejoins.borrow_mut().push(Rejoin {
             request,
             conn,
+            channel: None,
             since,
             held: Vec::new(),
             held_bytes: 0,
@@ -602,7 +621,7 @@ impl<O: Outside> Subscribers<O> {
     /// marker (unless `complete`), the history and what was held, each
     /// message once, then whatever is published next.
     pub(crate) fn recovered(&self, request: u64, complete: bool, history: Vec<Kept>) {
-        let (c, since, held) = {
+        let rejoined = {
             let mut rejoins = self.rejoins.borrow_mut();
             let Some(k) = rejoins
                 .iter()
@@ -615,15 +634,22 @@ impl<O: Outside> Subscribers<O> {
                 return;
             }
             let r = &mut rejoins[k];
-            (r.conn.clone(), r.since, std::mem::take(&mut r.held))
+            let channel = r.channel.clone().unwrap_or_else(|| Rc::from(""));
+            (
+                r.conn.clone(),
+                r.since,
+                std::mem::take(&mut r.held),
+                channel,
+            )
         };
+        let (c, since, held, channel) = rejoined;
         let mut last = MessageId::NONE;
         for j in rejoin::join(since, complete, history, held) {
             let frame = match j {
-                Joined::Incomplete => rejoin::marker(c.kind(), since),
+                Joined::Incomplete => rejoin::marker(c.kind(), &channel, since),
                 Joined::Message(k) => {
                     last = k.id;
-                    rejoin::kept(c.kind(), &k)
+                    rejoin::kept(c.kind(), &channel, &k)
                 }
             };
             if let Err(e) = self.send(&c, &frame) {
@@ -656,6 +682,9 @@ impl<O: Outside> Subscribers<O> {
     /// history arrives, then dropped while it repeats what the history
     /// gave, then sent.
     fn live(&self, c: &Rc<Conn<O::Wire>>, m: &Message) -> Result<Live, SendError> {
+        if c.kind().is_multi() {
+            return self.live_multi(c, m);
+        }
         let mut rejoins = self.rejoins.borrow_mut();
         let Some(k) = rejoins.iter().position(|r| Rc::ptr_eq(&r.conn, c)) else {
             drop(rejoins);
@@ -671,14 +700,21 @@ impl<O: Outside> Subscribers<O> {
             c.set_rejoining(false);
             return Ok(Live::Send);
         };
-        let r = &mut rejoins[k];
+        let live = self.rejoin_live(&mut rejoins[k], m)?;
+        if matches!(live, Live::Send) {
+            rejoins.swap_remove(k);
+            c.set_rejoining(false);
+        }
+        Ok(live)
+    }
+
+    /// What rejoin `r` does with live message `m` of its channel: held
+    /// until the history arrives, then dropped while it repeats what the
+    /// history gave, then sent (the caller then forgets the rejoin).
+    fn rejoin_live(&self, r: &mut Rejoin<O::Wire>, m: &Message) -> Result<Live, SendError> {
         match r.fence {
             Some(fence) if !m.message.is_none() && m.message <= fence => Ok(Live::Repeat),
-            Some(_) => {
-                rejoins.swap_remove(k);
-                c.set_rejoining(false);
-                Ok(Live::Send)
-            }
+            Some(_) => Ok(Live::Send),
             None => {
                 if r.held_bytes + m.payload.len() > self.limits.max_queue {
                     return Err(SendError::QueueFull);
@@ -711,6 +747,9 @@ impl<O: Outside> Subscribers<O> {
                 self.outside.channel_interest(&name, false);
             }
         }
+        if c.kind().is_multi() {
+            self.leave_all(c);
+        }
     }
 
     /// The subscriber in `slot`, if any.
@@ -725,7 +764,9 @@ impl<O: Outside> Subscribers<O> {
         if !channels.has_wildcards() {
             return channels.get(channel).map_or(0, |ch| ch.len() as u64);
         }
-        let mut n = channels.get(channel).map_or(0, |ch| ch.subs.len() as u64);
+        let mut n = channels
+            .get(channel)
+            .map_or(0, |ch| (ch.subs.len() + ch.multi.len()) as u64);
         channels.for_each_mqtt(channel, |_, _, first| n += u64::from(first));
         n
     }
@@ -789,11 +830,18 @@ impl<O: Outside> Subscribers<O> {
                 mark_qos(&mut qos, conns.len(), capped(*q, most));
             }
         }
+        // Connections of several channels come last: they are neither the
+        // channel's own nor MQTT, so `exact` and `qos` do not reach them.
+        if let Some(ch) = channels.get(&m.channel) {
+            conns.extend(ch.multi.iter().map(|(c, _)| c.clone()));
+        }
         drop(channels);
         Fanout {
             frame,
             with_id: None,
             sse: None,
+            multi: None,
+            sse_multi: None,
             mqtt: Default::default(),
             mqtt_qos1: Default::default(),
             message: m.clone(),
@@ -856,6 +904,12 @@ impl<O: Outside> Subscribers<O> {
                             .with_id
                             .get_or_insert_with(|| rejoin::frame(Kind::WsIds, m)),
                         Kind::Sse => f.sse.get_or_insert_with(|| rejoin::frame(Kind::Sse, m)),
+                        Kind::WsMulti => f
+                            .multi
+                            .get_or_insert_with(|| rejoin::frame(Kind::WsMulti, m)),
+                        Kind::SseMulti => f
+                            .sse_multi
+                            .get_or_insert_with(|| rejoin::frame(Kind::SseMulti, m)),
                         Kind::Mqtt311 | Kind::Mqtt5 => {
                             let (v, version) = version_at(c.kind());
                             f.mqtt[v + 2 * usize::from(retain)]
@@ -919,7 +973,7 @@ impl<O: Outside> Subscribers<O> {
                 }
                 // An SSE client never speaks: its keep-alive is a comment,
                 // and a dead one is found by its writes failing or stalling.
-                let sse = c.kind() == Kind::Sse;
+                let sse = c.kind().is_sse();
                 if c.expired(wall) {
                     expired.push(c.clone());
                 } else if c.kind().is_mqtt() {
@@ -1128,7 +1182,7 @@ impl<O: Outside> Subscribers<O> {
         }
         self.counters.closed(why);
         self.unsubscribe(c);
-        if c.kind() == Kind::Sse || c.kind().is_mqtt() {
+        if c.kind().is_sse() || c.kind().is_mqtt() {
             // An event stream has no closing handshake: it ends (after what
             // is queued), and the client reconnects with its last id. An
             // MQTT server sends 5.0 clients a DISCONNECT saying why, then
@@ -1183,7 +1237,7 @@ impl<O: Outside> Subscribers<O> {
                 d = Bytes::from(mqtt_ws::wrap(&d));
             }
             c.write_now(&d, &self.tls_out);
-        } else if !partial && c.kind() != Kind::Sse && !c.kind().is_mqtt() {
+        } else if !partial && !c.kind().is_sse() && !c.kind().is_mqtt() {
             let reason = if cause == "queue" {
                 "slow consumer: over --max-queue"
             } else {
@@ -1341,7 +1395,7 @@ impl<O: Outside> Subscribers<O> {
     /// what was just read); keeps a split frame's bytes in `c.rest`. False
     /// when the connection ended.
     fn on_bytes(&self, c: &Rc<Conn<O::Wire>>, buf: &mut [u8]) -> bool {
-        if c.state() == State::Failed || c.kind() == Kind::Sse {
+        if c.state() == State::Failed || c.kind().is_sse() {
             // Discard: the decoder is not trusted after an error, and an
             // SSE client has nothing to say after its request (its end,
             // or a reset, still ends it).
@@ -1402,6 +1456,12 @@ impl<O: Outside> Subscribers<O> {
                     }
                 }
                 true
+            }
+            // A connection of several channels asks in text frames.
+            Frame::Text(t) if c.kind() == Kind::WsMulti => self.on_request(c, t),
+            Frame::Binary(_) if c.kind() == Kind::WsMulti => {
+                let why = "requests are JSON in text frames (docs/channels.md)";
+                self.answer(c, &super::multi::refusal(why, "request", None))
             }
             // Subscribers have nothing to say: data is accepted and ignored,
             // and like a pong it counts as a sign of life.
@@ -2260,7 +2320,10 @@ impl<O: Outside> Subscribers<O> {
     /// or 2 PUBLISH is acknowledged now; a refused one gets 5.0's PUBACK
     /// or PUBREC 0x80, and a 3.1.1 client, which has no way to hear a
     /// refusal, is closed rather than told a lost message arrived.
-    pub(crate) fn publish_answered(&self, request: u64, refused: Option<&[u8]>) {
+    pub(crate) fn publish_answered(&self, request: u64, id: MessageId, refused: Option<&[u8]>) {
+        if self.many_published(request, id, refused) {
+            return;
+        }
         let Some(o) = self.owed.borrow_mut().remove(&request) else {
             // A QoS 0 publish, or a connection gone.
             return;
@@ -2580,9 +2643,15 @@ mod tests {
             acks(&p.clients[i].take_raw()).is_empty(),
             "nothing before the relay"
         );
-        p.subs.publish_answered(1, None);
-        p.subs.publish_answered(2, Some(b"Redis is unreachable"));
-        p.subs.publish_answered(99, None);
+        p.subs
+            .publish_answered(1, crate::history::MessageId::NONE, None);
+        p.subs.publish_answered(
+            2,
+            crate::history::MessageId::NONE,
+            Some(b"Redis is unreachable"),
+        );
+        p.subs
+            .publish_answered(99, crate::history::MessageId::NONE, None);
         p.drive();
         assert_eq!(
             acks(&p.clients[i].take_raw()),

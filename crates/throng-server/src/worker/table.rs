@@ -10,6 +10,13 @@
 //! MQTT list, each entry naming the subscription it is in the connection's
 //! list ([`super::mqtt::MqttState`]), which names the entry back, so that
 //! leaving stays O(1) too.
+//!
+//! A connection of several channels (`throng.v1` at `/?channel=..`, or an
+//! event stream of several) keeps its first channel as a WebSocket
+//! subscriber's is (so with one it costs what one of `/<channel>` does),
+//! and is in each other one's `multi` list; which, and where, is kept here
+//! in a side table by connection, so a subscriber of one channel pays
+//! nothing for it.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -90,17 +97,33 @@ pub(crate) struct Channel<W> {
     /// connection's list and the QoS it was granted (0 or 1). Invariant:
     /// `c.mqtt().subs[k] == (this channel, position of (c, k, _) here)`.
     pub(crate) mqtt: Vec<(Rc<Conn<W>>, u32, u8)>,
+    /// Connections of several channels, each with the index of this
+    /// channel in its list ([`Channels::joined`]).
+    pub(crate) multi: Vec<(Rc<Conn<W>>, u32)>,
 }
 
 impl<W> Channel<W> {
     /// Subscribers of every kind.
     pub(crate) fn len(&self) -> usize {
-        self.subs.len() + self.mqtt.len()
+        self.subs.len() + self.mqtt.len() + self.multi.len()
     }
 
     fn is_empty(&self) -> bool {
-        self.subs.is_empty() && self.mqtt.is_empty()
+        self.subs.is_empty() && self.mqtt.is_empty() && self.multi.is_empty()
     }
+}
+
+/// Where a connection of several channels is in one of them: the
+/// channel's id and its position in that channel's `multi` list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Joined {
+    channel: u32,
+    pos: u32,
+}
+
+/// A connection's key in the side table: its address, stable while it lives.
+fn key<W>(c: &Conn<W>) -> usize {
+    std::ptr::from_ref(c) as usize
 }
 
 /// The MQTT subscribers of one wildcard filter, each with the index of
@@ -122,6 +145,12 @@ pub(crate) struct Channels<W> {
     /// marked with the current one was already found (two of its filters
     /// match), so it gets the message once.
     generation: Cell<u64>,
+    /// The channels of each connection of several (by [`key`]).
+    /// Invariant: `list[j.channel].multi[j.pos] == (c, k)` for the `k`th
+    /// entry `j` of `c`'s.
+    /// A boxed slice, not a `Vec`: 8 bytes less in the table, and no
+    /// spare capacity; joining and leaving (rare) reallocate it.
+    joined: HashMap<usize, Box<[Joined]>>,
 }
 
 impl<W> Default for Channels<W> {
@@ -132,6 +161,7 @@ impl<W> Default for Channels<W> {
             free: Vec::new(),
             wild: FilterTrie::new(),
             generation: Cell::new(0),
+            joined: HashMap::new(),
         }
     }
 }
@@ -388,6 +418,7 @@ impl<W> Channels<W> {
             Channel {
                 subs: Vec::new(),
                 mqtt: Vec::new(),
+                multi: Vec::new(),
             },
         ));
         let id = match self.free.pop() {
@@ -567,6 +598,113 @@ impl<W> Channels<W> {
             moved.set_sub_pos(pos);
         }
         Some(id)
+    }
+
+    /// Adds connection `c` (of several channels) to channel `name`: `None`
+    /// when it is in it already, else whether it is the channel's first
+    /// subscriber. While it has no channel kept as its own, this one is.
+    pub(crate) fn subscribe_multi(&mut self, name: &str, c: &Rc<Conn<W>>) -> Option<bool> {
+        if self.in_multi(name, c) {
+            return None;
+        }
+        let (id, first) = self.id_of(name);
+        if c.sub_pos() == NONE {
+            self.join(id, c);
+            return Some(first);
+        }
+        let (_, ch) = self.list[id as usize].as_mut()?;
+        let mine = self.joined.entry(key(&**c)).or_default();
+        let mut grown = std::mem::take(mine).into_vec();
+        grown.push(Joined {
+            channel: id,
+            pos: ch.multi.len() as u32,
+        });
+        ch.multi.push((c.clone(), (grown.len() - 1) as u32));
+        *mine = grown.into_boxed_slice();
+        Some(first)
+    }
+
+    /// Whether connection `c` (of several channels) is in channel `name`.
+    pub(crate) fn in_multi(&self, name: &str, c: &Conn<W>) -> bool {
+        let Some(&id) = self.by_name.get(name) else {
+            return false;
+        };
+        (c.sub_pos() != NONE && c.channel() == id)
+            || self
+                .joined
+                .get(&key(c))
+                .is_some_and(|mine| mine.iter().any(|j| j.channel == id))
+    }
+
+    /// The channels connection `c` (of several) is in, in the order it
+    /// joined them (but for those that moved when one before them left).
+    pub(crate) fn multi_channels(&self, c: &Conn<W>) -> Vec<Rc<str>> {
+        let own = (c.sub_pos() != NONE).then(|| c.channel());
+        let others = self.joined.get(&key(c)).into_iter().flatten();
+        own.into_iter()
+            .chain(others.map(|j| j.channel))
+            .filter_map(|id| self.list[id as usize].as_ref())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Takes connection `c` (of several channels) out of channel `name`:
+    /// `None` when it was not in it, else the channel's name when `c` was
+    /// its last subscriber.
+    pub(crate) fn unsubscribe_multi(&mut self, name: &str, c: &Conn<W>) -> Option<Option<Rc<str>>> {
+        let id = *self.by_name.get(name)?;
+        if c.sub_pos() != NONE && c.channel() == id {
+            return Some(self.unsubscribe(c));
+        }
+        let k = self
+            .joined
+            .get(&key(c))?
+            .iter()
+            .position(|j| j.channel == id)?;
+        Some(self.leave_multi(c, k))
+    }
+
+    /// Takes connection `c` (of several channels) out of every channel;
+    /// returns the names of those it was the last subscriber of.
+    pub(crate) fn unsubscribe_multi_all(&mut self, c: &Conn<W>) -> Vec<Rc<str>> {
+        let mut gone: Vec<Rc<str>> = self.unsubscribe(c).into_iter().collect();
+        while let Some(n) = self.joined.get(&key(c)).map(|mine| mine.len()) {
+            if n == 0 {
+                self.joined.remove(&key(c));
+                break;
+            }
+            gone.extend(self.leave_multi(c, n - 1));
+        }
+        gone
+    }
+
+    /// Takes entry `k` of `c`'s channels out of its channel and out of
+    /// `c`'s list (whose last entry moves into its place).
+    fn leave_multi(&mut self, c: &Conn<W>, k: usize) -> Option<Rc<str>> {
+        let mine = self.joined.get_mut(&key(c))?;
+        let mut shrunk = std::mem::take(mine).into_vec();
+        let j = shrunk.swap_remove(k);
+        let moved = shrunk.get(k).copied();
+        if shrunk.is_empty() {
+            self.joined.remove(&key(c));
+        } else {
+            *mine = shrunk.into_boxed_slice();
+        }
+        if let Some(moved) = moved
+            && let Some((_, ch)) = self.list[moved.channel as usize].as_mut()
+        {
+            ch.multi[moved.pos as usize].1 = k as u32;
+        }
+        let id = j.channel as usize;
+        let (_, ch) = self.list[id].as_mut()?;
+        ch.multi.swap_remove(j.pos as usize);
+        if let Some((other, i)) = ch.multi.get(j.pos as usize)
+            && let Some(theirs) = self.joined.get_mut(&key(&**other))
+        {
+            // Another connection's: `c` is in a channel once.
+            theirs[*i as usize].pos = j.pos;
+        }
+        self.forget_if_empty(id)
     }
 
     /// Forgets channel `id` when its last subscriber of any kind left;
@@ -819,5 +957,65 @@ mod tests {
         want.sort();
         assert_eq!(qos_found(&ch, "a/x"), want);
         check_mqtt(&ch, "a/x");
+    }
+
+    /// Every `multi` entry of every channel names a place in its
+    /// connection's list that names it back; returns the channel's count.
+    fn check_multi(ch: &Channels<TcpStream>, name: &str) -> usize {
+        let Some(&id) = ch.by_name.get(name) else {
+            return 0;
+        };
+        let channel = ch.get(name).expect("listed");
+        for (pos, (c, k)) in channel.multi.iter().enumerate() {
+            let mine = &ch.joined[&super::key(&**c)];
+            let j = super::Joined {
+                channel: id,
+                pos: pos as u32,
+            };
+            assert_eq!(mine[*k as usize], j, "{name}");
+            assert_ne!(c.channel(), id, "{name}: in one list only");
+        }
+        check(ch, name, channel.subs.len());
+        channel.len()
+    }
+
+    #[test]
+    fn connections_of_several_channels_leave_any_of_them_in_o1_and_keep_positions() {
+        let (_l, cs) = conns(5);
+        let mut ch = Channels::default();
+        let names = ["a", "b", "c", "d"];
+        for (i, c) in cs.iter().enumerate() {
+            for n in &names[..1 + i % 4] {
+                let first = ch.subscribe_multi(n, c).expect("not in it yet");
+                assert_eq!(first, i == names.iter().position(|m| m == n).unwrap());
+            }
+            assert_eq!(c.channel(), ch.by_name["a"], "its first is kept as its own");
+        }
+        assert_eq!(ch.subscribe_multi("a", &cs[0]), None, "twice is once");
+        assert_eq!(names.map(|n| check_multi(&ch, n)), [5, 3, 2, 1]);
+        assert_eq!(ch.unsubscribe_multi("b", &cs[1]), Some(None));
+        assert_eq!(ch.unsubscribe_multi("b", &cs[1]), None, "not in it");
+        assert_eq!(
+            ch.unsubscribe_multi("d", &cs[3]).flatten().as_deref(),
+            Some("d")
+        );
+        assert_eq!(names.map(|n| check_multi(&ch, n)), [5, 2, 2, 0]);
+        let names_of = |c| {
+            ch.multi_channels(c)
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names_of(&cs[1]), ["a"]);
+        let gone = ch.unsubscribe_multi_all(&cs[2]);
+        assert!(gone.is_empty(), "a, b and c have others: {gone:?}");
+        assert_eq!(names.map(|n| check_multi(&ch, n)), [4, 1, 1, 0]);
+        for c in &cs {
+            ch.unsubscribe_multi_all(c);
+        }
+        assert!(
+            ch.joined.is_empty() && ch.iter().next().is_none(),
+            "nothing left"
+        );
     }
 }

@@ -30,6 +30,12 @@ use throng_server::{Config, Plan, WorkerCommand};
 #[command(after_help = "\
 Subscribe:  a WebSocket upgrade on ws://HOST:PORT/<channel>
             (channel: 1-128 bytes of A-Z a-z 0-9 _ . : / -)
+Several:    one connection, several channels (docs/channels.md):
+            ws://HOST:PORT/?channel=a&channel=b offering throng.v1 (frames
+            <channel>\\n<id>\\n<payload>; JSON text frames
+            {\"subscribe\":\"c\",\"since\":ID} {\"unsubscribe\":\"a\"}
+            {\"publish\":\"a\",\"data\":..} {\"refresh\":JWT}, each answered),
+            or GET /sse/?channel=a&channel=b; --max-channels-per-connection
 Publish:    curl -d 'hello' http://HOST:PORT/publish/<channel>
             answers {\"channel\":..,\"subscribers\":N}; a text frame when the
             body is UTF-8 (or Content-Type text/*, */json), binary otherwise
@@ -230,6 +236,13 @@ pub(crate) struct Args {
     /// (5.0 SUBACK 0x97, 3.1.1 0x80; counted: throng_mqtt_refused_total{kind="max_subscriptions"}).
     #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_MAX_SUBSCRIPTIONS)]
     max_subscriptions: usize,
+
+    /// Channels one connection opened at / may be in: a WebSocket offering throng.v1
+    /// (/?channel=a&channel=b, then {"subscribe":"c"} frames) or an event stream
+    /// (/sse/?channel=a&channel=b). Past it a subscribe is answered with an error
+    /// (docs/channels.md); at connect, 400.
+    #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_MAX_CHANNELS)]
+    max_channels_per_connection: usize,
 
     /// Bytes of topic filters one MQTT connection may hold; a filter past it is refused
     /// as past --max-subscriptions (kind="max_filter_bytes").
@@ -631,6 +644,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         worker_files: None,
         test_backend: args.test_backend,
         max_subscriptions: args.max_subscriptions,
+        max_channels_per_connection: args.max_channels_per_connection,
         max_filter_bytes: args.max_filter_bytes,
         mqtt_session_queue: args.mqtt_session_queue,
         mqtt_sessions_memory: args.mqtt_sessions_memory,

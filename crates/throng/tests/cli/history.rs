@@ -325,7 +325,7 @@ connect();
 </script>"#;
 
 /// Serves `page` to every GET on a free port, from a thread.
-fn page_server(page: String) -> SocketAddr {
+pub(crate) fn page_server(page: String) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr");
     std::thread::spawn(move || {
@@ -371,6 +371,34 @@ type Seen = [Vec<(String, String)>; 2];
 /// Kills a child when dropped (a browser left behind by a failed assertion).
 struct Kill(Child);
 
+/// A headless Chromium showing the page at `page`, and what it logs.
+pub(crate) struct Browser {
+    _kill: Kill,
+    _profile: throng_testkit::TempDir,
+    /// The page's console lines.
+    pub(crate) console: std::sync::mpsc::Receiver<String>,
+}
+
+impl Browser {
+    /// Opens `http://{page}/` with a scratch profile named after `name`.
+    pub(crate) fn open(page: SocketAddr, name: &str) -> Self {
+        let profile = throng_testkit::TempDir::new(name);
+        let mut browser = peers::headless_chromium(&profile.file("profile"));
+        browser
+            .args(["--enable-logging=stderr", "--v=0"])
+            .arg(format!("http://{page}/"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut kill = Kill(browser.spawn().expect("start chromium"));
+        let console = console_lines(&mut kill.0);
+        Self {
+            _kill: kill,
+            _profile: profile,
+            console,
+        }
+    }
+}
+
 impl Drop for Kill {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -384,15 +412,8 @@ fn a_browser_cut_off_mid_stream_ends_with_every_message_once_in_order_over_sse_a
     let server = serve(&["--history", "100"]);
     let relay = Relay::to(server.addr);
     let page = page_server(PAGE.replace("TARGET", &relay.addr.to_string()));
-    let dir = throng_testkit::TempDir::new("history-browser");
-    let mut browser = peers::headless_chromium(&dir.file("profile"));
-    browser
-        .args(["--enable-logging=stderr", "--v=0"])
-        .arg(format!("http://{page}/"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut browser = Kill(browser.spawn().expect("start chromium"));
-    let console = console_lines(&mut browser.0);
+    let browser = Browser::open(page, "history-browser");
+    let console = &browser.console;
     let mut got: Seen = [Vec::new(), Vec::new()];
     let mut opens = 0;
     // Reads the console until `done` says so (30 s at most).

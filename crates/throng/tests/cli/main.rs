@@ -13,6 +13,7 @@ mod attack;
 mod attack_h2;
 mod auth;
 mod bench;
+mod channels;
 mod cluster;
 mod config_file;
 mod deploy;

@@ -37,21 +37,30 @@ impl<O: Outside> Subscribers<O> {
 
     /// Closes every subscriber of `channel` here (WebSocket: a close frame
     /// with `code` and `reason`; SSE: the stream ends; MQTT 5.0: a
-    /// DISCONNECT, Administrative action). Returns how many.
+    /// DISCONNECT, Administrative action). A connection of several
+    /// channels leaves only this one, told why (an event stream of several
+    /// ends). Returns how many.
     pub(crate) fn close_channel(&self, channel: &str, code: u16, reason: &str) -> u64 {
-        let conns: Vec<Rc<Conn<O::Wire>>> = match self.channels.borrow().get(channel) {
-            Some(ch) => ch
-                .subs
-                .iter()
-                .cloned()
-                .chain(ch.mqtt.iter().map(|(c, _, _)| c.clone()))
-                .collect(),
-            None => Vec::new(),
-        };
+        // Connections of several channels (this one kept as their own, or
+        // not) leave it; the others close.
+        let (many, conns): (Vec<Rc<Conn<O::Wire>>>, Vec<_>) =
+            match self.channels.borrow().get(channel) {
+                Some(ch) => ch
+                    .subs
+                    .iter()
+                    .chain(ch.multi.iter().map(|(c, _)| c))
+                    .cloned()
+                    .chain(ch.mqtt.iter().map(|(c, _, _)| c.clone()))
+                    .partition(|c| c.kind().is_multi()),
+                None => Default::default(),
+            };
+        for c in &many {
+            self.end_subscription(c, channel, reason);
+        }
         for c in &conns {
             self.close(c, code, reason, CloseReason::Disconnected);
         }
-        conns.len() as u64
+        (conns.len() + many.len()) as u64
     }
 }
 
