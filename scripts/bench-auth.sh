@@ -52,7 +52,7 @@ python3 -c 'import jwt, cryptography' 2>/dev/null || {
   exit 1
 }
 target=${CARGO_TARGET_DIR:-target}
-cargo build --quiet --release -p throng
+cargo build --quiet --release -p throng --features bench-floor
 cargo build --quiet --release -p throng-bench --bin serve_bench
 THRONG=$target/release/throng
 CLIENT=$target/release/serve_bench

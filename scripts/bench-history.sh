@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 target=${CARGO_TARGET_DIR:-target}
-cargo build --quiet --release -p throng
+cargo build --quiet --release -p throng --features bench-floor
 cargo build --quiet --release -p throng-bench --bin serve_bench --bin rejoin_bench
 THRONG=$target/release/throng
 OUT=${OUT:-$(mktemp -d /tmp/throng-bench-history.XXXXXX)}
