@@ -48,7 +48,9 @@ Examples:
       --requests 10000 --max-p99 200ms
 
 Targets file (Vegeta's text format, or its JSON format one target a line;
-requests take the targets in turn):
+requests take the targets in turn, request i target i % targets). A run that
+plans N requests reads no more than N targets; one that cycles through them
+(or --max without --requests) holds them all, up to 256 MiB:
   GET http://127.0.0.1:8080/ping
   sleep: 1000
 
@@ -343,6 +345,9 @@ impl Http2Args {
 pub(crate) struct TargetArgs {
     /// Targets file in Vegeta's text or JSON format ('-' for stdin), read line
     /// by line and no further than the targets the run's planned requests use.
+    /// The supervisor and each worker hold the targets read: every one when
+    /// the run cycles through them (it plans more requests than the file has,
+    /// or is --max without --requests), up to 256 MiB.
     #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
     pub(crate) targets: Option<PathBuf>,
 
