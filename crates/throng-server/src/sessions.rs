@@ -29,7 +29,6 @@
 use std::collections::{HashMap, VecDeque};
 
 use throng_proto::mqtt::topic::FilterTrie;
-use throng_proto::mqtt::{Properties, PropertiesBuf, Property};
 
 use crate::control::{Message, SessionOpen, SessionPark, SessionResumed, SessionSub};
 
@@ -182,27 +181,7 @@ fn cost(m: &Message) -> usize {
 /// Message Expiry Interval less the whole seconds it waited, or `None`
 /// once that interval is over (MQTT-3.3.2-5 and -6).
 fn unexpired(mut m: Message, waited: u64) -> Option<Message> {
-    let Ok(props) = Properties::of_publish(&m.properties) else {
-        return Some(m);
-    };
-    let Some(interval) = props.iter().find_map(|p| match p {
-        Property::MessageExpiryInterval(s) => Some(s),
-        _ => None,
-    }) else {
-        return Some(m);
-    };
-    let waited = u32::try_from(waited / 1000).unwrap_or(u32::MAX);
-    let left = interval.checked_sub(waited).filter(|&s| s > 0)?;
-    let mut out = PropertiesBuf::new();
-    for p in props.iter() {
-        let p = match p {
-            Property::MessageExpiryInterval(_) => Property::MessageExpiryInterval(left),
-            other => other,
-        };
-        // The same properties, one value changed: they fit as they did.
-        let _ = out.push(p);
-    }
-    m.properties = bytes::Bytes::copy_from_slice(out.properties().as_bytes());
+    m.properties = crate::redis::envelope::expiry_left(m.properties, waited)?;
     Some(m)
 }
 
@@ -527,6 +506,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
+    use throng_proto::mqtt::{Properties, PropertiesBuf, Property};
 
     use super::*;
 

@@ -22,6 +22,7 @@ use throng_proto::resp::{self, Push, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::cluster::Redirect;
+use super::envelope;
 use super::error::{Conn, PublishError, SessionError};
 use super::settings::{RedisMode, RedisSettings};
 use crate::channel;
@@ -134,6 +135,9 @@ pub(crate) enum Event {
         id: MessageId,
         /// The payload.
         payload: Bytes,
+        /// What an MQTT publisher sealed beside it ([`envelope`]); `None`
+        /// for a plain publish.
+        meta: Option<envelope::Meta>,
         /// One of [`MAX_IN_FLIGHT`].
         permit: OwnedSemaphorePermit,
     },
@@ -728,16 +732,26 @@ impl Session {
                 String::from_utf8_lossy(channel)
             )));
         };
+        let (id, payload) = match self.settings.history {
+            Some(_) => stream::open(payload),
+            None => (MessageId::NONE, payload),
+        };
+        if payload.len() > self.max_message + envelope::SLACK {
+            return self.emit(Event::Dropped(format!(
+                "message of {} bytes on '{name}' is over --max-message",
+                payload.len()
+            )));
+        }
+        let (meta, payload) = match envelope::open(payload) {
+            Ok(opened) => opened,
+            Err(e) => return self.emit(Event::Dropped(format!("{e} (on '{name}')"))),
+        };
         if payload.len() > self.max_message {
             return self.emit(Event::Dropped(format!(
                 "message of {} bytes on '{name}' is over --max-message",
                 payload.len()
             )));
         }
-        let (id, payload) = match self.settings.history {
-            Some(_) => stream::open(payload),
-            None => (MessageId::NONE, payload),
-        };
         let channel = name.to_owned();
         let Some(live) = &mut self.live else {
             return;
@@ -750,6 +764,7 @@ impl Session {
             channel,
             id,
             payload,
+            meta,
             permit,
         });
     }

@@ -820,11 +820,6 @@ impl<O: Outside> Subscribers<O> {
                 // Left the channel since the fan-out began.
                 continue;
             }
-            let now = if c.rejoining() {
-                self.live(c, m)
-            } else {
-                Ok(Live::Send)
-            };
             let at = f.next + k;
             let sub = if !c.kind().is_mqtt() {
                 0
@@ -838,9 +833,15 @@ impl<O: Outside> Subscribers<O> {
                 && m.origin != 0
                 && m.origin == self.outside.origin(c.slot())
             {
-                // 5.0 No Local: its own message.
+                // 5.0 No Local: its own message (never held for later
+                // either, where nothing would look again).
                 continue;
             }
+            let now = if c.rejoining() {
+                self.live(c, m)
+            } else {
+                Ok(Live::Send)
+            };
             let qos = sub & mqtt::QOS;
             let retain = sub & mqtt::RETAIN_AS_PUBLISHED != 0 && m.retained;
             let qos1 = qos1_for(&mut f.mqtt_qos1, m, c.kind(), qos, retain);
