@@ -220,3 +220,35 @@ fn through_redis_a_publish_keeps_its_qos_retain_flag_properties_and_publisher() 
     );
     assert_eq!(got.properties, [format!("{:?}", kept[0])]);
 }
+
+#[test]
+fn with_history_in_redis_a_sealed_publish_is_read_back_as_its_payload() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let args = ["--redis", &url, "--history", "10", "--redis-prefix", "hx:"];
+    let ((a, mqtt_a), (b, _)) = (mqtt_server(&args), mqtt_server(&args));
+    a.wait_broker("up");
+    b.wait_broker("up");
+    let mut ws = throng_testkit::ws::subscribe(b.addr, "h/x");
+    let mut me = Client::connect(mqtt_a, Version::V5, "pub-a");
+    let user = [Property::UserProperty("k", "v")];
+    me.send(&Packet::Publish(Publish {
+        dup: false,
+        delivery: Delivery::AtMostOnce,
+        retain: false,
+        topic: "h/x",
+        properties: props(&user).properties(),
+        payload: b"h1",
+    }));
+    // Live on B's WebSocket, and from the stream in B's history: the
+    // payload alone, not the seal.
+    assert_eq!(throng_testkit::ws::next_text(&mut ws), "h1");
+    let (status, body) = throng_testkit::http::get(b.addr, "/api/history/h/x");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["messages"][0]["data"], "h1", "{v}");
+    // Redis keeps it sealed (so a node reading it gets the properties).
+    let kept = redis.cli(&["XRANGE", "hx:h/x", "-", "+"]);
+    assert!(kept.iter().any(|f| f.contains("throng-mqtt")), "{kept:?}");
+}
