@@ -97,8 +97,10 @@ struct Owner {
 struct Parked {
     subs: Vec<SessionSub>,
     /// Each message with when it was queued (ms), for its 5.0 Message
-    /// Expiry Interval.
-    queue: VecDeque<(Message, u64)>,
+    /// Expiry Interval, and the packet id it was sent with (0: never).
+    queue: VecDeque<(Message, u64, u16)>,
+    /// PUBRELs owed: QoS 2 deliveries received, awaiting PUBCOMP.
+    releases: Vec<u16>,
     bytes: usize,
     expires_at: u64,
 }
@@ -262,12 +264,14 @@ impl Sessions {
         let mut parked = Parked {
             subs: p.subs,
             queue: VecDeque::new(),
+            releases: p.releases,
             bytes: own,
             expires_at: now.saturating_add(u64::from(expiry) * 1000),
         };
-        for m in &p.pending {
+        for (k, m) in p.pending.iter().enumerate() {
             let qos = qos_of(m).max(1);
-            self.push(&mut parked, m, qos, now);
+            let id = p.ids.get(k).copied().unwrap_or(0);
+            self.push(&mut parked, m, qos, now, id);
         }
         // What was relayed after the worker's last finished fan-out.
         if self.recent.front().is_some_and(|m| m.id > p.through + 1) {
@@ -287,7 +291,7 @@ impl Sessions {
                 .map(|s| s.options & 3)
                 .max();
             if let Some(qos) = sub.map(|s| s.min(qos_of(m))).filter(|&q| q > 0) {
-                self.push(&mut parked, m, qos, now);
+                self.push(&mut parked, m, qos, now, 0);
             }
         }
         if let Some(k) = self.waiting.iter().position(|w| w.hash == p.hash) {
@@ -363,7 +367,7 @@ impl Sessions {
                 continue;
             }
             if let Some(mut p) = self.parked.remove(&hash) {
-                self.push(&mut p, m, qos, now);
+                self.push(&mut p, m, qos, now, 0);
                 self.parked.insert(hash, p);
             }
         }
@@ -439,14 +443,16 @@ impl Sessions {
     }
 
     /// Queues `m` at `qos` for `p` at `now` (ms), or drops it (counted).
-    fn push(&mut self, p: &mut Parked, m: &Message, qos: u8, now: u64) {
+    /// Queues `m` at `qos` for `p` at `now`, sent before as packet `id`
+    /// (0: never), unless a cap is reached (counted).
+    fn push(&mut self, p: &mut Parked, m: &Message, qos: u8, now: u64, id: u16) {
         let n = cost(m);
         if p.queue.len() >= self.limits.queue {
             self.stats.dropped_queue += 1;
         } else if self.bytes + n > self.limits.memory {
             self.stats.dropped_memory += 1;
         } else {
-            p.queue.push_back((at_qos(m, qos), now));
+            p.queue.push_back((at_qos(m, qos), now, id));
             p.bytes += n;
             self.bytes += n;
         }
@@ -482,13 +488,15 @@ impl Sessions {
         if present {
             self.stats.resumed += 1;
         }
-        let (subs, messages) = p.map_or((Vec::new(), Vec::new()), |p| {
-            let messages = p
-                .queue
-                .into_iter()
-                .filter_map(|(m, at)| unexpired(m, now.saturating_sub(at)))
-                .collect();
-            (p.subs, messages)
+        let (mut messages, mut ids) = (Vec::new(), Vec::new());
+        let (subs, releases) = p.map_or((Vec::new(), Vec::new()), |p| {
+            for (m, at, id) in p.queue {
+                if let Some(m) = unexpired(m, now.saturating_sub(at)) {
+                    messages.push(m);
+                    ids.push(id);
+                }
+            }
+            (p.subs, p.releases)
         });
         Reply {
             worker: owner.worker,
@@ -498,6 +506,8 @@ impl Sessions {
                 through: self.last,
                 subs,
                 messages,
+                ids,
+                releases,
             },
         }
     }
@@ -556,6 +566,8 @@ mod tests {
                 })
                 .collect(),
             pending: Vec::new(),
+            ids: Vec::new(),
+            releases: Vec::new(),
         }
     }
 

@@ -447,15 +447,58 @@ impl Mqtt {
         }
     }
 
-    /// Takes its QoS 1 window: the connection is ending.
     /// Its deliveries the client has not received (a persistent
-    /// session's, for its park), in order.
-    pub(crate) fn unreceived(&self) -> Vec<Qos1> {
+    /// session's, for its park), in order, with their packet ids (0:
+    /// never sent).
+    pub(crate) fn unreceived(&self) -> Vec<(u16, Qos1)> {
         self.state()
             .and_then(|s| s.inflight.as_ref())
             .map_or_else(Vec::new, |i| i.unreceived())
     }
 
+    /// Its QoS 2 deliveries awaiting PUBCOMP after PUBREL: their ids.
+    pub(crate) fn releasing(&self) -> Vec<u16> {
+        self.state()
+            .and_then(|s| s.inflight.as_ref())
+            .map_or_else(Vec::new, |i| i.releasing())
+    }
+
+    /// A resumed session's delivery `p`, sent before as `id` (0: never),
+    /// sent again with it: the id to send with, or `None` past
+    /// `max_queue` with what is `queued` (a slow consumer).
+    pub(crate) fn deliver_again(
+        &mut self,
+        p: &Qos1,
+        id: u16,
+        queued: usize,
+        max_queue: usize,
+        now: u32,
+    ) -> Option<u16> {
+        let state = self.state_mut();
+        let persistent = state.persist.is_some();
+        let inflight = state
+            .inflight
+            .get_or_insert_with(|| Box::new(Inflight::new(now)));
+        if persistent {
+            inflight.keep_packets();
+        }
+        if queued + inflight.bytes() + p.len() > max_queue {
+            return None;
+        }
+        Some(inflight.offer_again(p, id, now))
+    }
+
+    /// A resumed session's PUBREL owed for delivery `id`: in flight again,
+    /// awaiting PUBCOMP. False if `id` is in flight already.
+    pub(crate) fn release_again(&mut self, id: u16, now: u32) -> bool {
+        let inflight = self
+            .state_mut()
+            .inflight
+            .get_or_insert_with(|| Box::new(Inflight::new(now)));
+        inflight.release_again(id, now)
+    }
+
+    /// Takes its QoS 1 window: the connection is ending.
     pub(crate) fn take_inflight(&mut self) -> Option<Box<Inflight>> {
         self.more.as_mut()?.inflight.take()
     }
