@@ -76,6 +76,10 @@ pub(crate) enum News {
     /// A message for this node's subscribers: relay it to every worker,
     /// holding the permit until all delivered.
     Relay(Message, OwnedSemaphorePermit),
+    /// Another node has an MQTT client of this client id (its hash)
+    /// since a Unix nanosecond: a connection of this node with it made
+    /// before then is taken over.
+    Claimed(u64, u64),
     /// Redis answered a publish: the record for the worker that asked.
     Answer(Publisher, Bytes),
     /// The broker's state changed: the record every worker gets (for `/healthz`).
@@ -103,6 +107,23 @@ impl Broker {
                 Ok(()) => Routed::Sent,
                 Err(reason) => Routed::Refused(reason),
             },
+        }
+    }
+
+    /// An MQTT client with this client id (its hash) connected here at
+    /// Unix nanosecond `unix_ns`: the other nodes are told (Redis in
+    /// pattern mode, not on a cluster).
+    pub(crate) fn claim(&mut self, hash: u64, unix_ns: u64) {
+        if let Self::Redis(r) = self
+            && r.settings.mode == RedisMode::Pattern
+            && !r.settings.sharded()
+        {
+            let node = r.node;
+            let _ = r.cmds.send(Command::Claim {
+                node,
+                hash,
+                unix_ns,
+            });
         }
     }
 
@@ -526,6 +547,13 @@ impl Remote {
                     None => News::Nothing,
                 }
             }
+            redis::Event::Claimed {
+                node,
+                hash,
+                unix_ns,
+            } if node != self.node => News::Claimed(hash, unix_ns),
+            // This node's own claim, back from Redis.
+            redis::Event::Claimed { .. } => News::Nothing,
             redis::Event::Dropped(why) => {
                 self.stats.dropped += 1;
                 if self.stats.dropped.is_power_of_two() {
@@ -678,9 +706,30 @@ mod tests {
                 Command::Recover { channel, since, .. } => format!("recover {channel} {since}"),
                 Command::Resend { channel, .. } => format!("resend {channel}"),
                 Command::Store { channel, .. } => format!("store {channel}"),
+                Command::Claim { hash, .. } => format!("claim {hash}"),
             });
         }
         out
+    }
+
+    #[test]
+    fn claims_go_to_redis_in_pattern_mode_and_come_back_from_other_nodes_only() {
+        let (r, mut rx) = remote(RedisMode::Pattern);
+        let me = r.node;
+        let mut b = Broker::Redis(Box::new(r));
+        b.claim(42, 7);
+        assert_eq!(drain(&mut rx), ["claim 42"]);
+        let back = |node| redis::Event::Claimed {
+            node,
+            hash: 42,
+            unix_ns: 7,
+        };
+        assert!(matches!(b.on_event(back(me)), News::Nothing));
+        let other = me.wrapping_add(1).max(1);
+        assert!(matches!(b.on_event(back(other)), News::Claimed(42, 7)));
+        let (r, mut rx) = remote(RedisMode::Channels);
+        Broker::Redis(Box::new(r)).claim(42, 7);
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
     }
 
     #[test]

@@ -53,6 +53,29 @@ pub(crate) struct Meta {
     pub(crate) properties: Bytes,
 }
 
+/// The Redis channel (after the prefix) where a node says an MQTT client
+/// id connected to it, so the others close their connection with it
+/// (MQTT-3.1.4-2 across nodes). `#` is no channel byte: no throng channel
+/// is named so, and a node of an older version drops what comes on it.
+pub(crate) const CLAIMS: &str = "#claims";
+
+/// A claim's payload: the claiming node's tag, the client id's hash, and
+/// when it was claimed (Unix nanoseconds, by the claiming node's clock).
+pub(crate) fn claim(node: u64, hash: u64, unix_ns: u64) -> [u8; 24] {
+    let mut out = [0; 24];
+    out[..8].copy_from_slice(&node.to_be_bytes());
+    out[8..16].copy_from_slice(&hash.to_be_bytes());
+    out[16..].copy_from_slice(&unix_ns.to_be_bytes());
+    out
+}
+
+/// A claim's node, hash and time; `None` if it is not 24 bytes.
+pub(crate) fn open_claim(payload: &[u8]) -> Option<(u64, u64, u64)> {
+    let b: &[u8; 24] = payload.try_into().ok()?;
+    let word = |at: usize| u64::from_be_bytes(b[at..at + 8].try_into().unwrap_or_default());
+    Some((word(0), word(8), word(16)))
+}
+
 /// A sealed message that does not open.
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
 #[error("a sealed MQTT message from Redis is malformed: {0}")]
@@ -265,6 +288,13 @@ mod tests {
             Malformed("properties past its end")
         );
         assert_eq!(payload_of(raw).1, Bytes::from_static(b"x"));
+    }
+
+    #[test]
+    fn a_claim_opens_to_its_node_and_hash_and_nothing_else_does() {
+        assert_eq!(open_claim(&claim(7, u64::MAX, 9)), Some((7, u64::MAX, 9)));
+        assert_eq!(open_claim(b"short"), None);
+        assert_eq!(open_claim(&[0; 25]), None);
     }
 
     #[test]

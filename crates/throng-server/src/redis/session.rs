@@ -71,6 +71,17 @@ pub(crate) enum Command {
         /// A new subscription's filters.
         filters: Vec<String>,
     },
+    /// An MQTT client id (its hash) connected to node `node`: said on
+    /// [`envelope::CLAIMS`] for the other nodes (pattern mode, not on a
+    /// cluster); no answer.
+    Claim {
+        /// This node's tag.
+        node: u64,
+        /// The client id's hash.
+        hash: u64,
+        /// When it was claimed, in Unix nanoseconds.
+        unix_ns: u64,
+    },
     /// The node has subscribers of this channel now (channels mode).
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
@@ -144,6 +155,16 @@ pub(crate) enum Event {
     /// A message arrived that no subscriber can get (a channel name throng
     /// does not accept, or over `--max-message`).
     Dropped(String),
+    /// A node (maybe this one) said an MQTT client id (its hash)
+    /// connected to it ([`Command::Claim`]).
+    Claimed {
+        /// The claiming node's tag.
+        node: u64,
+        /// The client id's hash.
+        hash: u64,
+        /// When, in Unix nanoseconds by the claiming node's clock.
+        unix_ns: u64,
+    },
     /// The answer to a [`Command::Publish`]: Redis's receiver count, or why not.
     Published {
         /// Who asked.
@@ -549,6 +570,17 @@ impl Session {
                     self.recover(p, now);
                 }
             }
+            Command::Claim {
+                node,
+                hash,
+                unix_ns,
+            } => {
+                let name = format!("{prefix}{}", envelope::CLAIMS);
+                let claim = envelope::claim(node, hash, unix_ns);
+                resp::encode_command(&mut out, &[b"PUBLISH", name.as_bytes(), &claim]);
+                live.waiting.push_back(Waiting::Skip(now));
+                self.write(Conn::Publisher, out);
+            }
             Command::Subscribe(c) => {
                 let name = format!("{prefix}{c}");
                 self.channels.insert(c);
@@ -616,6 +648,9 @@ impl Session {
             }
             Command::Recover { to, .. } => self.unrecovered(to),
             Command::Retained { to, .. } => self.unretained(to),
+            // Nobody to tell while Redis is away; a client that moves
+            // meanwhile keeps both connections (docs/mqtt.md).
+            Command::Claim { .. } => {}
         }
     }
 
@@ -722,6 +757,18 @@ impl Session {
     /// A message pushed on `channel` (with the prefix): relayed with the
     /// permit in hand, or dropped with the reason.
     fn message(&mut self, channel: &[u8], payload: Bytes) {
+        if let Some(claim) = channel.strip_prefix(self.settings.prefix.as_bytes())
+            && claim == envelope::CLAIMS.as_bytes()
+        {
+            return match envelope::open_claim(&payload) {
+                Some((node, hash, unix_ns)) => self.emit(Event::Claimed {
+                    node,
+                    hash,
+                    unix_ns,
+                }),
+                None => self.emit(Event::Dropped("a malformed client id claim".into())),
+            };
+        }
         let name = channel
             .strip_prefix(self.settings.prefix.as_bytes())
             .and_then(|c| std::str::from_utf8(c).ok())

@@ -252,3 +252,32 @@ fn with_history_in_redis_a_sealed_publish_is_read_back_as_its_payload() {
     let kept = redis.cli(&["XRANGE", "hx:h/x", "-", "+"]);
     assert!(kept.iter().any(|f| f.contains("throng-mqtt")), "{kept:?}");
 }
+
+#[test]
+fn a_client_id_connecting_to_another_node_takes_it_over_there() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let ((a, mqtt_a), (b, mqtt_b)) = two_nodes(&redis);
+    let mut first = Client::connect(mqtt_a, Version::V5, "roamer");
+    let mut second = Client::connect(mqtt_b, Version::V5, "roamer");
+    // MQTT-3.1.4-2 across nodes: A closes its connection, 5.0's 0x8E.
+    assert_eq!(first.next(), Some(Got::Disconnect(0x8E)));
+    assert_eq!(first.next(), None);
+    a.wait_metric(
+        "throng_connections_closed_total{reason=\"taken_over\"}",
+        |v| v == 1.0,
+    );
+    // B's own claim came back to it through Redis and closed nothing.
+    second.send(&Packet::Pingreq);
+    assert_eq!(second.next(), Some(Got::Pingresp));
+    // And back to A: B's is closed in turn, A's new one stays.
+    let mut third = Client::connect(mqtt_a, Version::V5, "roamer");
+    assert_eq!(second.next(), Some(Got::Disconnect(0x8E)));
+    third.send(&Packet::Pingreq);
+    assert_eq!(third.next(), Some(Got::Pingresp));
+    assert!(
+        b.metric("throng_connections_closed_total{reason=\"taken_over\"}") == 1.0,
+        "{}",
+        b.log()
+    );
+}
