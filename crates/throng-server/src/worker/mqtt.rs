@@ -368,6 +368,20 @@ impl Mqtt {
         now: u32,
     ) -> Option<Slot> {
         let window = usize::from(self.receive_max);
+        let inflight = self.window_for(p, queued, max_queue, now)?;
+        Some(inflight.offer(p, window, now))
+    }
+
+    /// Its window (made at tick `now` if none), when `p` fits in it
+    /// beside what is `queued` under `max_queue`; a persistent session's
+    /// keeps the packets it sends.
+    fn window_for(
+        &mut self,
+        p: &Qos1,
+        queued: usize,
+        max_queue: usize,
+        now: u32,
+    ) -> Option<&mut Inflight> {
         let state = self.state_mut();
         let persistent = state.persist.is_some();
         let inflight = state
@@ -376,10 +390,7 @@ impl Mqtt {
         if persistent {
             inflight.keep_packets();
         }
-        if queued + inflight.bytes() + p.len() > max_queue {
-            return None;
-        }
-        Some(inflight.offer(p, window, now))
+        (queued + inflight.bytes() + p.len() <= max_queue).then_some(&mut **inflight)
     }
 
     /// Its acknowledgement `ack` (PUBACK, PUBREC, PUBCOMP) of delivery
@@ -474,17 +485,7 @@ impl Mqtt {
         max_queue: usize,
         now: u32,
     ) -> Option<u16> {
-        let state = self.state_mut();
-        let persistent = state.persist.is_some();
-        let inflight = state
-            .inflight
-            .get_or_insert_with(|| Box::new(Inflight::new(now)));
-        if persistent {
-            inflight.keep_packets();
-        }
-        if queued + inflight.bytes() + p.len() > max_queue {
-            return None;
-        }
+        let inflight = self.window_for(p, queued, max_queue, now)?;
         Some(inflight.offer_again(p, id, now))
     }
 
