@@ -4,7 +4,7 @@
 //!
 //! A message whose relay record says nothing more than a plain publish
 //! (QoS 1, no properties, not retained, no MQTT publisher: every HTTP
-//! publish) goes to Redis as its bare payload, as before, so other Redis
+//! publish but a retained one) goes to Redis as its bare payload, as before, so other Redis
 //! clients and nodes of earlier versions read it as ever. Any other is
 //! sealed: [`MAGIC`], a fixed header, the properties, then the payload.
 //! A bare payload that happens to start with [`MAGIC`] is sealed too, so
