@@ -101,6 +101,8 @@ struct Parked {
     queue: VecDeque<(Message, u64, u16)>,
     /// PUBRELs owed: QoS 2 deliveries received, awaiting PUBCOMP.
     releases: Vec<u16>,
+    /// The client's QoS 2 PUBLISHes relayed, awaiting its PUBREL.
+    received: Vec<u16>,
     bytes: usize,
     expires_at: u64,
 }
@@ -265,6 +267,7 @@ impl Sessions {
             subs: p.subs,
             queue: VecDeque::new(),
             releases: p.releases,
+            received: p.received,
             bytes: own,
             expires_at: now.saturating_add(u64::from(expiry) * 1000),
         };
@@ -489,14 +492,14 @@ impl Sessions {
             self.stats.resumed += 1;
         }
         let (mut messages, mut ids) = (Vec::new(), Vec::new());
-        let (subs, releases) = p.map_or((Vec::new(), Vec::new()), |p| {
+        let (subs, releases, received) = p.map_or(Default::default(), |p| {
             for (m, at, id) in p.queue {
                 if let Some(m) = unexpired(m, now.saturating_sub(at)) {
                     messages.push(m);
                     ids.push(id);
                 }
             }
-            (p.subs, p.releases)
+            (p.subs, p.releases, p.received)
         });
         Reply {
             worker: owner.worker,
@@ -508,6 +511,7 @@ impl Sessions {
                 messages,
                 ids,
                 releases,
+                received,
             },
         }
     }
@@ -568,6 +572,7 @@ mod tests {
             pending: Vec::new(),
             ids: Vec::new(),
             releases: Vec::new(),
+            received: Vec::new(),
         }
     }
 

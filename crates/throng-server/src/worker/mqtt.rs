@@ -436,6 +436,22 @@ impl Mqtt {
         self.drop_received();
     }
 
+    /// Its QoS 2 PUBLISHes the relay took, awaiting PUBREL: their ids.
+    pub(crate) fn received_ids(&self) -> Vec<u16> {
+        self.state()
+            .and_then(|s| s.received.as_ref())
+            .map_or_else(Vec::new, |r| r.taken())
+    }
+
+    /// A resumed session's QoS 2 PUBLISHes awaiting PUBREL ([`Received::restore`]).
+    pub(crate) fn restore_received(&mut self, ids: &[u16]) {
+        if ids.is_empty() {
+            return;
+        }
+        let received = self.state_mut().received.get_or_insert_with(Box::default);
+        received.restore(ids);
+    }
+
     /// Its PUBREL for QoS 2 PUBLISH `id`: false when none the relay took
     /// has that id.
     pub(crate) fn released(&mut self, id: u16) -> bool {

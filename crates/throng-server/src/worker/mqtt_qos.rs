@@ -489,6 +489,25 @@ impl Received {
         }
     }
 
+    /// The QoS 2 PUBLISHes the relay took, awaiting PUBREL: their ids
+    /// (a persistent session keeps them, MQTT-4.3.3).
+    pub(crate) fn taken(&self) -> Vec<u16> {
+        let took = self.exactly.iter().filter(|(_, took)| *took);
+        took.map(|(id, _)| *id).collect()
+    }
+
+    /// A resumed session's QoS 2 PUBLISHes awaiting PUBREL, by id: a
+    /// PUBLISH sent again with one is not relayed again, its PUBREL is
+    /// completed. At most [`RECEIVE_MAX`] are kept.
+    pub(crate) fn restore(&mut self, ids: &[u16]) {
+        for &id in ids {
+            let known = self.exactly.iter().any(|(i, _)| *i == id);
+            if !known && self.exactly.len() < usize::from(RECEIVE_MAX) {
+                self.exactly.push((id, true));
+            }
+        }
+    }
+
     /// PUBREL `id`: false when no QoS 2 PUBLISH the relay took has it.
     pub(crate) fn released(&mut self, id: u16) -> bool {
         match self.exactly.iter().position(|e| *e == (id, true)) {

@@ -1533,6 +1533,7 @@ impl<O: Outside> Subscribers<O> {
                     pending: r.messages,
                     ids: r.ids,
                     releases: r.releases,
+                    received: r.received,
                 });
             }
             return;
@@ -1548,6 +1549,9 @@ impl<O: Outside> Subscribers<O> {
         if self.relayed_through.get() < r.through {
             self.resumes.borrow_mut().fence(c, r.through);
             c.set_rejoining(true);
+        }
+        if let Some(m) = c.proto_mut().mqtt_mut() {
+            m.restore_received(&r.received);
         }
         if !self.release_again(c, &r.releases) {
             return;
@@ -1676,6 +1680,7 @@ impl<O: Outside> Subscribers<O> {
             }
         }
         let releases = c.proto().mqtt().map(Mqtt::releasing).unwrap_or_default();
+        let received = c.proto().mqtt().map(Mqtt::received_ids).unwrap_or_default();
         self.outside.session_park(SessionPark {
             hash: p.hash,
             conn: p.id,
@@ -1685,6 +1690,7 @@ impl<O: Outside> Subscribers<O> {
             pending,
             ids,
             releases,
+            received,
         });
     }
 

@@ -483,3 +483,40 @@ fn a_session_keeps_its_shared_subscriptions() {
         })
     );
 }
+
+#[test]
+fn a_resumed_session_keeps_its_own_qos_2_publish_until_pubrel_and_relays_it_once() {
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let mut sub = Client::connect(mqtt, Version::V5, "watcher");
+    assert_eq!(sub.subscribe(1, &["own/2"]), [0]);
+    let mut c = connect_v5(mqtt, "sender");
+    let send = |c: &mut Client, dup: bool| {
+        c.send(&Packet::Publish(throng_proto::mqtt::Publish {
+            dup,
+            delivery: Delivery::ExactlyOnce(5.try_into().unwrap()),
+            retain: false,
+            topic: "own/2",
+            properties: Properties::EMPTY,
+            payload: b"once",
+        }));
+    };
+    send(&mut c, false);
+    assert_eq!(packet(&mut c), ("pubrec".to_owned(), 5));
+    assert_eq!(sub.message(), ("own/2".to_owned(), "once".to_owned()));
+    // Gone before its PUBREL.
+    drop(c);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    let mut c = connect_v5(mqtt, "sender");
+    // Sent again: PUBREC, not relayed again; its PUBREL is completed.
+    send(&mut c, true);
+    assert_eq!(packet(&mut c), ("pubrec".to_owned(), 5));
+    c.send(&ack(Packet::Pubrel, 5));
+    let comp = c.next_as(|p| match p {
+        Packet::Pubcomp(a) => (a.packet_id.get(), a.reason.0),
+        other => panic!("expected PUBCOMP, got {other:?}"),
+    });
+    assert_eq!(comp, Some((5, 0)));
+    // The watcher's next message is the next publish: "once" came once.
+    publish_ok(server.addr, "own/2", b"next", None);
+    assert_eq!(sub.message(), ("own/2".to_owned(), "next".to_owned()));
+}
