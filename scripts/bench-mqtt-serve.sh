@@ -43,6 +43,14 @@ source scripts/bench-lib.sh
 N=${1:-18000}
 ROUNDS=${ROUNDS:-3}
 RATE=${RATE:-1000/s}
+# QOS=1 or 2: MQTT subscribers subscribe at that QoS and the publish goes
+# at it over MQTT (to throng's --mqtt-listen too: an HTTP publish is QoS 1),
+# so the columns are the QoS 1/2 fan-out with every PUBACK, or PUBREC,
+# PUBREL and PUBCOMP; WebSocket has no QoS: no throng-ws column then.
+# The CPU window ends when the publisher's hold has its PUBCOMP: the last
+# subscribers' PUBCOMPs may come after it (hold counts a QoS 2 message at
+# PUBREC), so ns/delivery leaves out a little of the tail, on both servers.
+QOS=${QOS:-0}
 # How long the big hold stays once all N are open: covers the settle, the
 # idle window and the publish.
 HOLD_FOR=${HOLD_FOR:-15s}
@@ -68,6 +76,11 @@ else
 fi
 if [ -n "${SERVERS:-}" ]; then
   read -ra TARGETS <<< "$SERVERS"
+fi
+if [ "$QOS" != 0 ]; then
+  PUBLISH_MQTT=1
+  read -ra TARGETS <<< "${TARGETS[*]/throng-ws/}"
+  echo "QoS $QOS: subscriptions and the publish at QoS $QOS over MQTT (no throng-ws column)"
 fi
 echo "binary: $BIN ($(git rev-parse --short HEAD)); mosquitto: $(mosquitto -h | head -1)"
 echo "N=$N, opened at $RATE, $ROUNDS rounds; results in $OUT"
@@ -160,6 +173,7 @@ measure() {
   # No keep-alive: PINGREQs would be work while idle (WebSocket pings are off too).
   local mqtt=()
   [[ $SUB_URL == mqtt://* ]] && mqtt=(--mqtt-keepalive 0)
+  [ "$QOS" != 0 ] && mqtt+=(--qos "$QOS")
   "$BIN" hold "$SUB_URL" -c "$N" -w 1 --rate "$RATE" --duration "$HOLD_FOR" \
     "${mqtt[@]}" --json -q -o "$dir/hold.jsonl" > "$dir/hold.json" 2> "$dir/hold.err" &
   local hold=$!

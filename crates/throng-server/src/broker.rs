@@ -18,7 +18,7 @@ use crate::control::{MAX_RECORD, Message, RETAINED_FRAMING, Record};
 use crate::history::MessageId;
 use crate::metrics::BrokerStats;
 use crate::redis::cluster::ShardState;
-use crate::redis::{self, Command, PublishError, RedisMode, RedisSettings};
+use crate::redis::{self, Command, PublishError, RedisMode, RedisSettings, envelope};
 use crate::relay::Publisher;
 use crate::retained::{self, RetainedMessage};
 
@@ -76,6 +76,10 @@ pub(crate) enum News {
     /// A message for this node's subscribers: relay it to every worker,
     /// holding the permit until all delivered.
     Relay(Message, OwnedSemaphorePermit),
+    /// Another node has an MQTT client of this client id (its hash)
+    /// since a Unix nanosecond: a connection of this node with it made
+    /// before then is taken over.
+    Claimed(u64, u64),
     /// Redis answered a publish: the record for the worker that asked.
     Answer(Publisher, Bytes),
     /// The broker's state changed: the record every worker gets (for `/healthz`).
@@ -103,6 +107,23 @@ impl Broker {
                 Ok(()) => Routed::Sent,
                 Err(reason) => Routed::Refused(reason),
             },
+        }
+    }
+
+    /// An MQTT client with this client id (its hash) connected here at
+    /// Unix nanosecond `unix_ns`: the other nodes are told (Redis in
+    /// pattern mode, not on a cluster).
+    pub(crate) fn claim(&mut self, hash: u64, unix_ns: u64) {
+        if let Self::Redis(r) = self
+            && r.settings.mode == RedisMode::Pattern
+            && !r.settings.sharded()
+        {
+            let node = r.node;
+            let _ = r.cmds.send(Command::Claim {
+                node,
+                hash,
+                unix_ns,
+            });
         }
     }
 
@@ -211,6 +232,8 @@ pub(crate) struct Remote {
     stats: BrokerStats,
     /// A cluster's shards as last reported (empty otherwise).
     shards: Vec<ShardState>,
+    /// This node's tag in the MQTT publishes it seals ([`envelope`]).
+    node: u64,
 }
 
 impl Remote {
@@ -234,6 +257,7 @@ impl Remote {
             nodes: HashMap::new(),
             stats: BrokerStats::default(),
             shards: Vec::new(),
+            node: envelope::node_tag(),
         }
     }
 
@@ -251,10 +275,32 @@ impl Remote {
             self.stats.publish_failures += 1;
             return Err(self.unavailable());
         }
+        // An empty retained payload clears the channel's retained
+        // message in Redis: it goes bare, as the clear it is.
+        let payload = if retain.is_some() && m.payload.is_empty() {
+            m.payload
+        } else {
+            let meta = envelope::Meta {
+                qos: if m.at_most_once {
+                    0
+                } else if m.exactly_once {
+                    2
+                } else {
+                    1
+                },
+                retained: m.retained,
+                text: m.text,
+                node: self.node,
+                origin: m.origin,
+                sent_ms: envelope::unix_ms(),
+                properties: m.properties,
+            };
+            envelope::seal(&meta, &m.payload)
+        };
         let sent = self.cmds.send(Command::Publish {
             to: origin,
             channel: m.channel,
-            payload: m.payload,
+            payload,
             retain,
         });
         sent.map_err(|_| Refusal::Stopped)
@@ -405,6 +451,55 @@ impl Remote {
         }
     }
 
+    /// A message from Redis as the relay takes it: a plain publish is
+    /// QoS 1 to those who asked, with no properties; a sealed one is as
+    /// its publisher sent it (its publishing connection only if it is
+    /// this node's), its message expiry less the seconds since it was
+    /// sealed. `None`: it expired on the way (counted as dropped).
+    fn relayed(
+        &mut self,
+        channel: String,
+        id: MessageId,
+        payload: Bytes,
+        meta: Option<envelope::Meta>,
+    ) -> Option<Message> {
+        let Some(meta) = meta else {
+            return Some(Message {
+                id: 0,
+                message: id,
+                text: std::str::from_utf8(&payload).is_ok(),
+                at_most_once: false,
+                exactly_once: false,
+                properties: Bytes::new(),
+                retained: false,
+                origin: 0,
+                channel,
+                payload,
+            });
+        };
+        let waited = envelope::unix_ms().saturating_sub(meta.sent_ms);
+        let Some(properties) = envelope::expiry_left(meta.properties, waited) else {
+            self.stats.dropped += 1;
+            return None;
+        };
+        Some(Message {
+            id: 0,
+            message: id,
+            text: meta.text,
+            at_most_once: meta.qos == 0,
+            exactly_once: meta.qos == 2,
+            properties,
+            retained: meta.retained,
+            origin: if meta.node == self.node {
+                meta.origin
+            } else {
+                0
+            },
+            channel,
+            payload,
+        })
+    }
+
     /// Takes news from the Redis link: counts it, says what matters on
     /// stderr, and tells the supervisor what to do.
     fn on_event(&mut self, ev: redis::Event) -> News {
@@ -443,25 +538,22 @@ impl Remote {
                 channel,
                 id,
                 payload,
+                meta,
                 permit,
             } => {
                 self.stats.received += 1;
-                let text = std::str::from_utf8(&payload).is_ok();
-                let m = Message {
-                    id: 0,
-                    message: id,
-                    text,
-                    // Redis carries no QoS: QoS 1 to those who asked.
-                    at_most_once: false,
-                    exactly_once: false,
-                    properties: Bytes::new(),
-                    retained: false,
-                    origin: 0,
-                    channel,
-                    payload,
-                };
-                News::Relay(m, permit)
+                match self.relayed(channel, id, payload, meta) {
+                    Some(m) => News::Relay(m, permit),
+                    None => News::Nothing,
+                }
             }
+            redis::Event::Claimed {
+                node,
+                hash,
+                unix_ns,
+            } if node != self.node => News::Claimed(hash, unix_ns),
+            // This node's own claim, back from Redis.
+            redis::Event::Claimed { .. } => News::Nothing,
             redis::Event::Dropped(why) => {
                 self.stats.dropped += 1;
                 if self.stats.dropped.is_power_of_two() {
@@ -614,9 +706,30 @@ mod tests {
                 Command::Recover { channel, since, .. } => format!("recover {channel} {since}"),
                 Command::Resend { channel, .. } => format!("resend {channel}"),
                 Command::Store { channel, .. } => format!("store {channel}"),
+                Command::Claim { hash, .. } => format!("claim {hash}"),
             });
         }
         out
+    }
+
+    #[test]
+    fn claims_go_to_redis_in_pattern_mode_and_come_back_from_other_nodes_only() {
+        let (r, mut rx) = remote(RedisMode::Pattern);
+        let me = r.node;
+        let mut b = Broker::Redis(Box::new(r));
+        b.claim(42, 7);
+        assert_eq!(drain(&mut rx), ["claim 42"]);
+        let back = |node| redis::Event::Claimed {
+            node,
+            hash: 42,
+            unix_ns: 7,
+        };
+        assert!(matches!(b.on_event(back(me)), News::Nothing));
+        let other = me.wrapping_add(1).max(1);
+        assert!(matches!(b.on_event(back(other)), News::Claimed(42, 7)));
+        let (r, mut rx) = remote(RedisMode::Channels);
+        Broker::Redis(Box::new(r)).claim(42, 7);
+        assert_eq!(drain(&mut rx), Vec::<String>::new());
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //!   publishing is refused with the reason, and the subscriptions (one
 //!   pattern, or the set of channels with local subscribers) are made again
 //!   before the broker says it is up.
+//! - `envelope`: an MQTT publish's QoS, flags and properties beside its
+//!   payload, for the other nodes.
 //! - [`cluster`]: Redis Cluster's slots, slot map and redirects (sans-I/O);
 //!   `router`: one link per master behind one router (`--redis-cluster`).
 //! - `sentinel`: the master found through Sentinel and followed on
@@ -30,6 +32,7 @@
 pub mod cluster;
 pub(crate) mod counts;
 pub(crate) mod driver;
+pub(crate) mod envelope;
 pub mod error;
 pub(crate) mod oneshot;
 pub(crate) mod router;

@@ -59,7 +59,8 @@ pub struct RetainedMessage {
     /// framing and its payload.
     pub kept: Kept,
     /// The MQTT 5.0 properties it was published with (user properties,
-    /// ...: [`crate::control::Message::properties`]); not kept in Redis.
+    /// ...: [`crate::control::Message::properties`]); in Redis sealed
+    /// with it (`redis/envelope.rs`).
     pub properties: Bytes,
 }
 
@@ -226,6 +227,7 @@ pub mod in_redis {
 
     use super::{MAX_PER_ANSWER, RetainedMessage};
     use crate::history::{Kept, MessageId};
+    use crate::redis::envelope;
     use crate::redis::error::ReplyError;
 
     /// Sets (or, with an empty value, clears) a channel's retained
@@ -403,16 +405,29 @@ return {redis.call('HLEN', KEYS[1]), dropped}
                 cut += 1;
                 continue;
             }
-            let payload = value.slice(1..);
+            // An MQTT publish is kept sealed, with its properties.
+            let (text, payload, properties) = match envelope::open(value.slice(1..)) {
+                Ok((Some(meta), payload)) => {
+                    let waited = envelope::unix_ms().saturating_sub(meta.sent_ms);
+                    let Some(properties) = envelope::expiry_left(meta.properties, waited) else {
+                        continue;
+                    };
+                    (meta.text, payload, properties)
+                }
+                _ => {
+                    let payload = value.slice(1..);
+                    (std::str::from_utf8(&payload).is_ok(), payload, Bytes::new())
+                }
+            };
             out.push(RetainedMessage {
                 channel,
                 qos: value[0].min(2),
                 kept: Kept {
                     id: MessageId::NONE,
-                    text: std::str::from_utf8(&payload).is_ok(),
+                    text,
                     payload,
                 },
-                properties: Bytes::new(),
+                properties,
             });
         }
         Ok((out, cut))

@@ -29,7 +29,6 @@
 use std::collections::{HashMap, VecDeque};
 
 use throng_proto::mqtt::topic::FilterTrie;
-use throng_proto::mqtt::{Properties, PropertiesBuf, Property};
 
 use crate::control::{Message, SessionOpen, SessionPark, SessionResumed, SessionSub};
 
@@ -98,8 +97,12 @@ struct Owner {
 struct Parked {
     subs: Vec<SessionSub>,
     /// Each message with when it was queued (ms), for its 5.0 Message
-    /// Expiry Interval.
-    queue: VecDeque<(Message, u64)>,
+    /// Expiry Interval, and the packet id it was sent with (0: never).
+    queue: VecDeque<(Message, u64, u16)>,
+    /// PUBRELs owed: QoS 2 deliveries received, awaiting PUBCOMP.
+    releases: Vec<u16>,
+    /// The client's QoS 2 PUBLISHes relayed, awaiting its PUBREL.
+    received: Vec<u16>,
     bytes: usize,
     expires_at: u64,
 }
@@ -182,27 +185,7 @@ fn cost(m: &Message) -> usize {
 /// Message Expiry Interval less the whole seconds it waited, or `None`
 /// once that interval is over (MQTT-3.3.2-5 and -6).
 fn unexpired(mut m: Message, waited: u64) -> Option<Message> {
-    let Ok(props) = Properties::of_publish(&m.properties) else {
-        return Some(m);
-    };
-    let Some(interval) = props.iter().find_map(|p| match p {
-        Property::MessageExpiryInterval(s) => Some(s),
-        _ => None,
-    }) else {
-        return Some(m);
-    };
-    let waited = u32::try_from(waited / 1000).unwrap_or(u32::MAX);
-    let left = interval.checked_sub(waited).filter(|&s| s > 0)?;
-    let mut out = PropertiesBuf::new();
-    for p in props.iter() {
-        let p = match p {
-            Property::MessageExpiryInterval(_) => Property::MessageExpiryInterval(left),
-            other => other,
-        };
-        // The same properties, one value changed: they fit as they did.
-        let _ = out.push(p);
-    }
-    m.properties = bytes::Bytes::copy_from_slice(out.properties().as_bytes());
+    m.properties = crate::redis::envelope::expiry_left(m.properties, waited)?;
     Some(m)
 }
 
@@ -283,12 +266,15 @@ impl Sessions {
         let mut parked = Parked {
             subs: p.subs,
             queue: VecDeque::new(),
+            releases: p.releases,
+            received: p.received,
             bytes: own,
             expires_at: now.saturating_add(u64::from(expiry) * 1000),
         };
-        for m in &p.pending {
+        for (k, m) in p.pending.iter().enumerate() {
             let qos = qos_of(m).max(1);
-            self.push(&mut parked, m, qos, now);
+            let id = p.ids.get(k).copied().unwrap_or(0);
+            self.push(&mut parked, m, qos, now, id);
         }
         // What was relayed after the worker's last finished fan-out.
         if self.recent.front().is_some_and(|m| m.id > p.through + 1) {
@@ -308,7 +294,7 @@ impl Sessions {
                 .map(|s| s.options & 3)
                 .max();
             if let Some(qos) = sub.map(|s| s.min(qos_of(m))).filter(|&q| q > 0) {
-                self.push(&mut parked, m, qos, now);
+                self.push(&mut parked, m, qos, now, 0);
             }
         }
         if let Some(k) = self.waiting.iter().position(|w| w.hash == p.hash) {
@@ -384,7 +370,7 @@ impl Sessions {
                 continue;
             }
             if let Some(mut p) = self.parked.remove(&hash) {
-                self.push(&mut p, m, qos, now);
+                self.push(&mut p, m, qos, now, 0);
                 self.parked.insert(hash, p);
             }
         }
@@ -460,14 +446,16 @@ impl Sessions {
     }
 
     /// Queues `m` at `qos` for `p` at `now` (ms), or drops it (counted).
-    fn push(&mut self, p: &mut Parked, m: &Message, qos: u8, now: u64) {
+    /// Queues `m` at `qos` for `p` at `now`, sent before as packet `id`
+    /// (0: never), unless a cap is reached (counted).
+    fn push(&mut self, p: &mut Parked, m: &Message, qos: u8, now: u64, id: u16) {
         let n = cost(m);
         if p.queue.len() >= self.limits.queue {
             self.stats.dropped_queue += 1;
         } else if self.bytes + n > self.limits.memory {
             self.stats.dropped_memory += 1;
         } else {
-            p.queue.push_back((at_qos(m, qos), now));
+            p.queue.push_back((at_qos(m, qos), now, id));
             p.bytes += n;
             self.bytes += n;
         }
@@ -503,13 +491,15 @@ impl Sessions {
         if present {
             self.stats.resumed += 1;
         }
-        let (subs, messages) = p.map_or((Vec::new(), Vec::new()), |p| {
-            let messages = p
-                .queue
-                .into_iter()
-                .filter_map(|(m, at)| unexpired(m, now.saturating_sub(at)))
-                .collect();
-            (p.subs, messages)
+        let (mut messages, mut ids) = (Vec::new(), Vec::new());
+        let (subs, releases, received) = p.map_or(Default::default(), |p| {
+            for (m, at, id) in p.queue {
+                if let Some(m) = unexpired(m, now.saturating_sub(at)) {
+                    messages.push(m);
+                    ids.push(id);
+                }
+            }
+            (p.subs, p.releases, p.received)
         });
         Reply {
             worker: owner.worker,
@@ -519,6 +509,9 @@ impl Sessions {
                 through: self.last,
                 subs,
                 messages,
+                ids,
+                releases,
+                received,
             },
         }
     }
@@ -527,6 +520,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
+    use throng_proto::mqtt::{Properties, PropertiesBuf, Property};
 
     use super::*;
 
@@ -576,6 +570,9 @@ mod tests {
                 })
                 .collect(),
             pending: Vec::new(),
+            ids: Vec::new(),
+            releases: Vec::new(),
+            received: Vec::new(),
         }
     }
 

@@ -184,11 +184,9 @@ fn entries(v: Value) -> Result<Vec<Kept>, ReplyError> {
             .find(|kv| kv[0].as_bytes().is_some_and(|k| &k[..] == b"p"))
             .and_then(|kv| kv.get(1)?.as_bytes().cloned())
             .unwrap_or_default();
-        out.push(Kept {
-            id,
-            text: std::str::from_utf8(&payload).is_ok(),
-            payload,
-        });
+        // An MQTT publish kept sealed: its subscribers want the payload.
+        let (text, payload) = crate::redis::envelope::payload_of(payload);
+        out.push(Kept { id, text, payload });
     }
     Ok(out)
 }

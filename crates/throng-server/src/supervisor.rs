@@ -1144,9 +1144,13 @@ impl Supervisor {
                 };
                 self.send(i, Record::Admitted { id, verdict }.encode());
             }
-            Record::ClientId { .. } => {
+            Record::ClientId { hash, claim } => {
                 // MQTT takeover: the other workers close their connection
-                // with this client id, if they have one.
+                // with this client id, if they have one; so do the other
+                // nodes (with Redis), told when by the wall clock.
+                let (mono, wall) = clocks();
+                let unix_ns = wall.saturating_sub(mono.saturating_sub(claim.at_ns));
+                self.broker.claim(hash, unix_ns);
                 let rec = rec.encode();
                 for j in (0..self.slots.len()).filter(|&j| j != i) {
                     self.send(j, rec.clone());
@@ -1221,6 +1225,21 @@ impl Supervisor {
         match self.broker.on_event(ev) {
             News::Nothing => {}
             News::Relay(m, permit) => self.relay(None, m, Some(permit), None),
+            News::Claimed(hash, unix_ns) => {
+                // Another node's client took the id at `unix_ns`: as a
+                // claim of this host's monotonic clock, every worker closes
+                // its connection with it if that was made before (two
+                // hosts' clocks differ by what NTP leaves).
+                let (mono, wall) = clocks();
+                let claim = crate::control::Claim {
+                    at_ns: mono.saturating_sub(wall.saturating_sub(unix_ns)),
+                    worker: u32::MAX,
+                };
+                let rec = Record::ClientId { hash, claim }.encode();
+                for j in 0..self.slots.len() {
+                    self.send(j, rec.clone());
+                }
+            }
             News::Answer(to, rec) => {
                 if self.slots[to.worker.slot].generation == to.worker.generation {
                     self.send(to.worker.slot, rec);
@@ -1452,6 +1471,16 @@ impl Supervisor {
         }
         tokio::time::Instant::now() + self.config.drain_timeout + Duration::from_secs(2)
     }
+}
+
+/// The host's monotonic clock (what MQTT client id claims are dated by)
+/// and the Unix time, both in nanoseconds, read together.
+fn clocks() -> (u64, u64) {
+    let mono = u64::try_from(process::monotonic().as_nanos()).unwrap_or(u64::MAX);
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    (mono, wall)
 }
 
 #[cfg(test)]

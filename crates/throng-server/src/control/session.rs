@@ -46,6 +46,15 @@ pub struct SessionPark {
     /// Its deliveries never acknowledged, in order (their QoS in their
     /// flags: `exactly_once` for 2, else 1).
     pub pending: Vec<Message>,
+    /// The packet id each of `pending` was sent with (0: never sent), to
+    /// be sent again with it, DUP 1 (MQTT-4.4.0-1).
+    pub ids: Vec<u16>,
+    /// Its QoS 2 deliveries received and released (PUBREL sent), awaiting
+    /// PUBCOMP: their packet ids, whose PUBREL is sent again.
+    pub releases: Vec<u16>,
+    /// The client's own QoS 2 PUBLISHes relayed and awaiting its PUBREL:
+    /// their packet ids (MQTT-4.3.3: not relayed again if sent again).
+    pub received: Vec<u16>,
 }
 
 /// Supervisor → worker: the answer to a [`SessionOpen`] without clean
@@ -63,6 +72,13 @@ pub struct SessionResumed {
     /// What came while the client was away, in order, each at the QoS it
     /// is delivered at (as in [`SessionPark::pending`]).
     pub messages: Vec<Message>,
+    /// The packet id each of `messages` was sent with before (0: never
+    /// sent; as [`SessionPark::ids`]).
+    pub ids: Vec<u16>,
+    /// PUBRELs owed ([`SessionPark::releases`]).
+    pub releases: Vec<u16>,
+    /// The client's QoS 2 PUBLISHes awaiting PUBREL ([`SessionPark::received`]).
+    pub received: Vec<u16>,
 }
 
 pub(super) const SESSION_OPEN: u8 = 42;
@@ -97,6 +113,7 @@ pub(super) fn put_park(out: &mut BytesMut, p: &SessionPark) {
     out.put_u64_le(p.through);
     put_subs(out, &p.subs);
     put_messages(out, &p.pending);
+    put_ids(out, &p.ids, &p.releases, &p.received);
 }
 
 pub(super) fn get_park(mut rec: Bytes) -> Result<SessionPark, ControlError> {
@@ -107,6 +124,7 @@ pub(super) fn get_park(mut rec: Bytes) -> Result<SessionPark, ControlError> {
     let through = rec.get_u64_le();
     let subs = get_subs(&mut rec)?;
     let pending = get_messages(&mut rec)?;
+    let [ids, releases, received] = get_ids(&mut rec, pending.len())?;
     Ok(SessionPark {
         hash,
         conn,
@@ -114,6 +132,9 @@ pub(super) fn get_park(mut rec: Bytes) -> Result<SessionPark, ControlError> {
         through,
         subs,
         pending,
+        ids,
+        releases,
+        received,
     })
 }
 
@@ -124,6 +145,7 @@ pub(super) fn put_resumed(out: &mut BytesMut, r: &SessionResumed) {
     out.put_u64_le(r.through);
     put_subs(out, &r.subs);
     put_messages(out, &r.messages);
+    put_ids(out, &r.ids, &r.releases, &r.received);
 }
 
 pub(super) fn get_resumed(mut rec: Bytes) -> Result<SessionResumed, ControlError> {
@@ -133,12 +155,16 @@ pub(super) fn get_resumed(mut rec: Bytes) -> Result<SessionResumed, ControlError
     let through = rec.get_u64_le();
     let subs = get_subs(&mut rec)?;
     let messages = get_messages(&mut rec)?;
+    let [ids, releases, received] = get_ids(&mut rec, messages.len())?;
     Ok(SessionResumed {
         conn,
         present,
         through,
         subs,
         messages,
+        ids,
+        releases,
+        received,
     })
 }
 
@@ -178,6 +204,32 @@ fn get_subs(rec: &mut Bytes) -> Result<Vec<SessionSub>, ControlError> {
         });
     }
     Ok(subs)
+}
+
+/// A message list's packet ids (one per message), the PUBRELs owed, then
+/// the client's PUBLISHes awaiting PUBREL.
+fn put_ids(out: &mut BytesMut, ids: &[u16], releases: &[u16], received: &[u16]) {
+    for list in [ids, releases, received] {
+        out.put_u32_le(list.len() as u32);
+        for &id in list {
+            out.put_u16_le(id);
+        }
+    }
+}
+
+/// What [`put_ids`] wrote for a list of `n` messages: one id each.
+fn get_ids(rec: &mut Bytes, n: usize) -> Result<[Vec<u16>; 3], ControlError> {
+    let mut lists = [Vec::new(), Vec::new(), Vec::new()];
+    for list in &mut lists {
+        need(rec, 4)?;
+        let k = count(rec, 2)?;
+        need(rec, 2 * k)?;
+        *list = (0..k).map(|_| rec.get_u16_le()).collect();
+    }
+    if lists[0].len() != n {
+        return Err(ControlError::Malformed("a packet id per session message"));
+    }
+    Ok(lists)
 }
 
 /// Each message as its length, then what [`put_message`] writes.
@@ -250,6 +302,9 @@ mod tests {
             through: 41,
             subs: subs.clone(),
             pending: vec![message("a/1", b"x", false), message("b", b"", true)],
+            ids: vec![7, 0],
+            releases: vec![9, 65535],
+            received: vec![3],
         };
         round_trip(Record::SessionPark(park.clone()));
         round_trip(Record::SessionResumed(SessionResumed {
@@ -258,6 +313,9 @@ mod tests {
             through: 44,
             subs,
             messages: park.pending.clone(),
+            ids: park.ids.clone(),
+            releases: vec![],
+            received: vec![4, 5],
         }));
         let whole = Record::SessionPark(park).encode();
         let mut cut = BytesMut::from(&whole[..whole.len() - 3]);

@@ -234,6 +234,9 @@ impl Router {
                 let at = self.store();
                 self.send(at.as_ref(), cmd);
             }
+            // A cluster's nodes say no claims (sharded pub/sub has no
+            // channel every node hears): the broker sends none.
+            Command::Claim { .. } => {}
             Command::Subscribe(c) => {
                 let at = self.owner(&c);
                 if let Some(s) = at.as_ref().and_then(|a| self.shards.get(a)) {
@@ -579,6 +582,7 @@ mod tests {
                     Command::Resend { channel, .. } => format!("resend {channel}"),
                     Command::Store { channel, .. } => format!("store {channel}"),
                     Command::Retained { .. } => "retained".into(),
+                    Command::Claim { .. } => "claim".into(),
                     other => format!("{other:?}"),
                 };
                 out.push((a.port, what));

@@ -22,6 +22,7 @@ use throng_proto::resp::{self, Push, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::cluster::Redirect;
+use super::envelope;
 use super::error::{Conn, PublishError, SessionError};
 use super::settings::{RedisMode, RedisSettings};
 use crate::channel;
@@ -69,6 +70,17 @@ pub(crate) enum Command {
         to: Publisher,
         /// A new subscription's filters.
         filters: Vec<String>,
+    },
+    /// An MQTT client id (its hash) connected to node `node`: said on
+    /// [`envelope::CLAIMS`] for the other nodes (pattern mode, not on a
+    /// cluster); no answer.
+    Claim {
+        /// This node's tag.
+        node: u64,
+        /// The client id's hash.
+        hash: u64,
+        /// When it was claimed, in Unix nanoseconds.
+        unix_ns: u64,
     },
     /// The node has subscribers of this channel now (channels mode).
     Subscribe(String),
@@ -134,12 +146,25 @@ pub(crate) enum Event {
         id: MessageId,
         /// The payload.
         payload: Bytes,
+        /// What an MQTT publisher sealed beside it ([`envelope`]); `None`
+        /// for a plain publish.
+        meta: Option<envelope::Meta>,
         /// One of [`MAX_IN_FLIGHT`].
         permit: OwnedSemaphorePermit,
     },
     /// A message arrived that no subscriber can get (a channel name throng
     /// does not accept, or over `--max-message`).
     Dropped(String),
+    /// A node (maybe this one) said an MQTT client id (its hash)
+    /// connected to it ([`Command::Claim`]).
+    Claimed {
+        /// The claiming node's tag.
+        node: u64,
+        /// The client id's hash.
+        hash: u64,
+        /// When, in Unix nanoseconds by the claiming node's clock.
+        unix_ns: u64,
+    },
     /// The answer to a [`Command::Publish`]: Redis's receiver count, or why not.
     Published {
         /// Who asked.
@@ -553,6 +578,17 @@ impl Session {
                     self.recover(p, now);
                 }
             }
+            Command::Claim {
+                node,
+                hash,
+                unix_ns,
+            } => {
+                let name = format!("{prefix}{}", envelope::CLAIMS);
+                let claim = envelope::claim(node, hash, unix_ns);
+                resp::encode_command(&mut out, &[b"PUBLISH", name.as_bytes(), &claim]);
+                live.waiting.push_back(Waiting::Skip(now));
+                self.write(Conn::Publisher, out);
+            }
             Command::Subscribe(c) => {
                 let name = format!("{prefix}{c}");
                 self.channels.insert(c);
@@ -620,6 +656,9 @@ impl Session {
             }
             Command::Recover { to, .. } => self.unrecovered(to),
             Command::Retained { to, .. } => self.unretained(to),
+            // Nobody to tell while Redis is away; a client that moves
+            // meanwhile keeps both connections (docs/mqtt.md).
+            Command::Claim { .. } => {}
         }
     }
 
@@ -726,6 +765,18 @@ impl Session {
     /// A message pushed on `channel` (with the prefix): relayed with the
     /// permit in hand, or dropped with the reason.
     fn message(&mut self, channel: &[u8], payload: Bytes) {
+        if let Some(claim) = channel.strip_prefix(self.settings.prefix.as_bytes())
+            && claim == envelope::CLAIMS.as_bytes()
+        {
+            return match envelope::open_claim(&payload) {
+                Some((node, hash, unix_ns)) => self.emit(Event::Claimed {
+                    node,
+                    hash,
+                    unix_ns,
+                }),
+                None => self.emit(Event::Dropped("a malformed client id claim".into())),
+            };
+        }
         let name = channel
             .strip_prefix(self.settings.prefix.as_bytes())
             .and_then(|c| std::str::from_utf8(c).ok())
@@ -736,16 +787,26 @@ impl Session {
                 String::from_utf8_lossy(channel)
             )));
         };
+        let (id, payload) = match self.settings.history {
+            Some(_) => stream::open(payload),
+            None => (MessageId::NONE, payload),
+        };
+        if payload.len() > self.max_message + envelope::SLACK {
+            return self.emit(Event::Dropped(format!(
+                "message of {} bytes on '{name}' is over --max-message",
+                payload.len()
+            )));
+        }
+        let (meta, payload) = match envelope::open(payload) {
+            Ok(opened) => opened,
+            Err(e) => return self.emit(Event::Dropped(format!("{e} (on '{name}')"))),
+        };
         if payload.len() > self.max_message {
             return self.emit(Event::Dropped(format!(
                 "message of {} bytes on '{name}' is over --max-message",
                 payload.len()
             )));
         }
-        let (id, payload) = match self.settings.history {
-            Some(_) => stream::open(payload),
-            None => (MessageId::NONE, payload),
-        };
         let channel = name.to_owned();
         let Some(live) = &mut self.live else {
             return;
@@ -758,6 +819,7 @@ impl Session {
             channel,
             id,
             payload,
+            meta,
             permit,
         });
     }

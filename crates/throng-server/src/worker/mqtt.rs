@@ -368,6 +368,20 @@ impl Mqtt {
         now: u32,
     ) -> Option<Slot> {
         let window = usize::from(self.receive_max);
+        let inflight = self.window_for(p, queued, max_queue, now)?;
+        Some(inflight.offer(p, window, now))
+    }
+
+    /// Its window (made at tick `now` if none), when `p` fits in it
+    /// beside what is `queued` under `max_queue`; a persistent session's
+    /// keeps the packets it sends.
+    fn window_for(
+        &mut self,
+        p: &Qos1,
+        queued: usize,
+        max_queue: usize,
+        now: u32,
+    ) -> Option<&mut Inflight> {
         let state = self.state_mut();
         let persistent = state.persist.is_some();
         let inflight = state
@@ -376,10 +390,7 @@ impl Mqtt {
         if persistent {
             inflight.keep_packets();
         }
-        if queued + inflight.bytes() + p.len() > max_queue {
-            return None;
-        }
-        Some(inflight.offer(p, window, now))
+        (queued + inflight.bytes() + p.len() <= max_queue).then_some(&mut **inflight)
     }
 
     /// Its acknowledgement `ack` (PUBACK, PUBREC, PUBCOMP) of delivery
@@ -425,6 +436,22 @@ impl Mqtt {
         self.drop_received();
     }
 
+    /// Its QoS 2 PUBLISHes the relay took, awaiting PUBREL: their ids.
+    pub(crate) fn received_ids(&self) -> Vec<u16> {
+        self.state()
+            .and_then(|s| s.received.as_ref())
+            .map_or_else(Vec::new, |r| r.taken())
+    }
+
+    /// A resumed session's QoS 2 PUBLISHes awaiting PUBREL ([`Received::restore`]).
+    pub(crate) fn restore_received(&mut self, ids: &[u16]) {
+        if ids.is_empty() {
+            return;
+        }
+        let received = self.state_mut().received.get_or_insert_with(Box::default);
+        received.restore(ids);
+    }
+
     /// Its PUBREL for QoS 2 PUBLISH `id`: false when none the relay took
     /// has that id.
     pub(crate) fn released(&mut self, id: u16) -> bool {
@@ -447,15 +474,48 @@ impl Mqtt {
         }
     }
 
-    /// Takes its QoS 1 window: the connection is ending.
     /// Its deliveries the client has not received (a persistent
-    /// session's, for its park), in order.
-    pub(crate) fn unreceived(&self) -> Vec<Qos1> {
+    /// session's, for its park), in order, with their packet ids (0:
+    /// never sent).
+    pub(crate) fn unreceived(&self) -> Vec<(u16, Qos1)> {
         self.state()
             .and_then(|s| s.inflight.as_ref())
             .map_or_else(Vec::new, |i| i.unreceived())
     }
 
+    /// Its QoS 2 deliveries awaiting PUBCOMP after PUBREL: their ids.
+    pub(crate) fn releasing(&self) -> Vec<u16> {
+        self.state()
+            .and_then(|s| s.inflight.as_ref())
+            .map_or_else(Vec::new, |i| i.releasing())
+    }
+
+    /// A resumed session's delivery `p`, sent before as `id` (0: never),
+    /// sent again with it: the id to send with, or `None` past
+    /// `max_queue` with what is `queued` (a slow consumer).
+    pub(crate) fn deliver_again(
+        &mut self,
+        p: &Qos1,
+        id: u16,
+        queued: usize,
+        max_queue: usize,
+        now: u32,
+    ) -> Option<u16> {
+        let inflight = self.window_for(p, queued, max_queue, now)?;
+        Some(inflight.offer_again(p, id, now))
+    }
+
+    /// A resumed session's PUBREL owed for delivery `id`: in flight again,
+    /// awaiting PUBCOMP. False if `id` is in flight already.
+    pub(crate) fn release_again(&mut self, id: u16, now: u32) -> bool {
+        let inflight = self
+            .state_mut()
+            .inflight
+            .get_or_insert_with(|| Box::new(Inflight::new(now)));
+        inflight.release_again(id, now)
+    }
+
+    /// Takes its QoS 1 window: the connection is ending.
     pub(crate) fn take_inflight(&mut self) -> Option<Box<Inflight>> {
         self.more.as_mut()?.inflight.take()
     }

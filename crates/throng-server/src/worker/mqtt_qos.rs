@@ -16,9 +16,11 @@
 //! consumer: over `--max-queue`, or with no PUBACK for `--write-timeout`
 //! while deliveries await one, it is closed (5.0: DISCONNECT 0x97). Its
 //! state is boxed (in the subscriber's own box, [`super::mqtt::Mqtt`])
-//! only while something is in flight, and dies with the connection:
-//! what is in flight is not redelivered, even to a persistent session
-//! (which keeps what is relayed after its connection ended).
+//! only while something is in flight, and dies with the connection; a
+//! persistent session's park takes what the client had not received,
+//! with its packet ids, and the PUBRELs owed, which its resume sends
+//! again under the same ids ([`Inflight::offer_again`],
+//! [`Inflight::release_again`]).
 
 use std::collections::VecDeque;
 
@@ -87,6 +89,18 @@ impl Qos1 {
         let mut packet = self.packet.to_vec();
         if let Some(first) = packet.first_mut() {
             *first = (*first & !0b0110) | 0b0100;
+        }
+        Self {
+            packet: Bytes::from(packet),
+            id_at: self.id_at,
+        }
+    }
+
+    /// The same PUBLISH sent again: its DUP flag set (MQTT-3.3.1-1).
+    pub(crate) fn dup(&self) -> Self {
+        let mut packet = self.packet.to_vec();
+        if let Some(first) = packet.first_mut() {
+            *first |= 0b1000;
         }
         Self {
             packet: Bytes::from(packet),
@@ -228,10 +242,50 @@ impl Inflight {
     }
 
     /// The deliveries the client has not received, in order: those sent
-    /// and kept ([`Self::keep_packets`]), then those held.
-    pub(crate) fn unreceived(&self) -> Vec<Qos1> {
-        let sent = self.kept.iter().flat_map(|k| k.iter().map(|(_, p)| p));
-        sent.chain(self.waiting.iter()).cloned().collect()
+    /// and kept ([`Self::keep_packets`]), with their packet ids, then
+    /// those held (id 0: never sent).
+    pub(crate) fn unreceived(&self) -> Vec<(u16, Qos1)> {
+        let sent = self.kept.iter().flat_map(|k| k.iter().cloned());
+        let held = self.waiting.iter().map(|p| (0, p.clone()));
+        sent.chain(held).collect()
+    }
+
+    /// The QoS 2 deliveries the client received and was sent PUBREL for,
+    /// awaiting PUBCOMP: their packet ids, in order.
+    pub(crate) fn releasing(&self) -> Vec<u16> {
+        let released = self.sent.iter().filter(|o| o.phase == Phase::Pubcomp);
+        released.map(|o| o.id).collect()
+    }
+
+    /// A resumed session's delivery sent again with packet id `id`, the
+    /// one it had (whatever the window: it was in flight then); a fresh
+    /// id if `id` is in flight already. Returns the id.
+    pub(crate) fn offer_again(&mut self, p: &Qos1, id: u16, now: u32) -> u16 {
+        // Ids handed out from now on are checked against those in flight.
+        self.wrapped = true;
+        if self.sent.is_empty() {
+            self.since = now;
+        }
+        if id == 0 || self.sent.iter().any(|o| o.id == id) {
+            return self.push(p);
+        }
+        self.push_as(p, id);
+        id
+    }
+
+    /// A resumed session's QoS 2 delivery whose PUBREL is owed again: in
+    /// flight under `id`, awaiting PUBCOMP. False if `id` is in flight.
+    pub(crate) fn release_again(&mut self, id: u16, now: u32) -> bool {
+        self.wrapped = true;
+        if id == 0 || self.sent.iter().any(|o| o.id == id) {
+            return false;
+        }
+        if self.sent.is_empty() {
+            self.since = now;
+        }
+        let phase = Phase::Pubcomp;
+        self.sent.push_back(Out { id, phase, len: 0 });
+        true
     }
 
     /// A packet id not in flight (there are at most [`MAX_INFLIGHT`], so
@@ -296,6 +350,12 @@ impl Inflight {
     /// Sends `p` with a fresh packet id, which it returns.
     fn push(&mut self, p: &Qos1) -> u16 {
         let id = self.take_id();
+        self.push_as(p, id);
+        id
+    }
+
+    /// Sends `p` with packet id `id` (not in flight).
+    fn push_as(&mut self, p: &Qos1, id: u16) {
         let phase = if p.is_exactly_once() {
             Phase::Pubrec
         } else {
@@ -308,7 +368,6 @@ impl Inflight {
         if let Some(kept) = self.kept.as_mut() {
             kept.push_back((id, p.clone()));
         }
-        id
     }
 
     /// Acknowledgement `ack` of delivery `id` at tick `now`: false when no
@@ -430,6 +489,25 @@ impl Received {
         }
     }
 
+    /// The QoS 2 PUBLISHes the relay took, awaiting PUBREL: their ids
+    /// (a persistent session keeps them, MQTT-4.3.3).
+    pub(crate) fn taken(&self) -> Vec<u16> {
+        let took = self.exactly.iter().filter(|(_, took)| *took);
+        took.map(|(id, _)| *id).collect()
+    }
+
+    /// A resumed session's QoS 2 PUBLISHes awaiting PUBREL, by id: a
+    /// PUBLISH sent again with one is not relayed again, its PUBREL is
+    /// completed. At most [`RECEIVE_MAX`] are kept.
+    pub(crate) fn restore(&mut self, ids: &[u16]) {
+        for &id in ids {
+            let known = self.exactly.iter().any(|(i, _)| *i == id);
+            if !known && self.exactly.len() < usize::from(RECEIVE_MAX) {
+                self.exactly.push((id, true));
+            }
+        }
+    }
+
     /// PUBREL `id`: false when no QoS 2 PUBLISH the relay took has it.
     pub(crate) fn released(&mut self, id: u16) -> bool {
         match self.exactly.iter().position(|e| *e == (id, true)) {
@@ -448,6 +526,32 @@ mod tests {
 
     use super::{DeliveryAck, Incoming, Inflight, Out, Phase, Qos1, RECEIVE_MAX, Received, Slot};
     use crate::control::Message;
+
+    #[test]
+    fn a_resumed_window_keeps_the_old_ids_and_never_hands_them_out_twice() {
+        let q = Qos1::of(Version::V5, &Message::sample(1, "a", &b"x"[..])).unwrap();
+        let two = q.exactly_once();
+        assert_eq!(q.dup().parts(&[0, 1])[0][0], 0x3a, "PUBLISH, DUP, QoS 1");
+        assert_eq!(two.dup().parts(&[0, 1])[0][0], 0x3c, "PUBLISH, DUP, QoS 2");
+        let mut w = Inflight::new(0);
+        w.keep_packets();
+        assert!(w.release_again(1, 0));
+        assert!(!w.release_again(1, 0), "in flight already");
+        assert_eq!(w.offer_again(&two, 2, 0), 2);
+        assert_eq!(w.offer_again(&q, 2, 0), 3, "2 is taken: a fresh id");
+        // Fresh ids skip those the resume took.
+        let Slot::Send(id) = w.offer(&q, 10, 0) else {
+            panic!("held")
+        };
+        assert_eq!(id, 4);
+        assert_eq!(w.releasing(), [1]);
+        let ids: Vec<u16> = w.unreceived().iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [2, 3, 4]);
+        // The PUBCOMP of the owed PUBREL frees it; a PUBREC moves 2 on.
+        assert!(w.ack(DeliveryAck::Pubcomp, 1, 1));
+        assert!(w.ack(DeliveryAck::Pubrec, 2, 1));
+        assert_eq!(w.releasing(), [2]);
+    }
 
     #[test]
     fn a_qos1_publish_encoded_once_takes_any_packet_id() {

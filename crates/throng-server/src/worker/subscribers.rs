@@ -868,11 +868,6 @@ impl<O: Outside> Subscribers<O> {
                 // Left the channel since the fan-out began.
                 continue;
             }
-            let now = if c.rejoining() {
-                self.live(c, m)
-            } else {
-                Ok(Live::Send)
-            };
             let at = f.next + k;
             let sub = if !c.kind().is_mqtt() {
                 0
@@ -886,9 +881,15 @@ impl<O: Outside> Subscribers<O> {
                 && m.origin != 0
                 && m.origin == self.outside.origin(c.slot())
             {
-                // 5.0 No Local: its own message.
+                // 5.0 No Local: its own message (never held for later
+                // either, where nothing would look again).
                 continue;
             }
+            let now = if c.rejoining() {
+                self.live(c, m)
+            } else {
+                Ok(Live::Send)
+            };
             let qos = sub & mqtt::QOS;
             let retain = sub & mqtt::RETAIN_AS_PUBLISHED != 0 && m.retained;
             let qos1 = qos1_for(&mut f.mqtt_qos1, m, c.kind(), qos, retain);
@@ -1590,6 +1591,9 @@ impl<O: Outside> Subscribers<O> {
                     through: r.through,
                     subs: r.subs,
                     pending: r.messages,
+                    ids: r.ids,
+                    releases: r.releases,
+                    received: r.received,
                 });
             }
             return;
@@ -1606,8 +1610,14 @@ impl<O: Outside> Subscribers<O> {
             self.resumes.borrow_mut().fence(c, r.through);
             c.set_rejoining(true);
         }
+        if let Some(m) = c.proto_mut().mqtt_mut() {
+            m.restore_received(&r.received);
+        }
+        if !self.release_again(c, &r.releases) {
+            return;
+        }
         let version = version_of(c.kind());
-        for m in &r.messages {
+        for (k, m) in r.messages.iter().enumerate() {
             let qos = if m.exactly_once { 2 } else { 1 };
             let Some(q) = Qos1::of(version, m) else {
                 continue;
@@ -1616,12 +1626,67 @@ impl<O: Outside> Subscribers<O> {
             if self.over_client_max(c, m, qos) {
                 continue;
             }
-            if let Err(e) = self.deliver_qos1(c, &q) {
+            let sent = match r.ids.get(k).copied().unwrap_or(0) {
+                0 => self.deliver_qos1(c, &q),
+                id => self.deliver_again(c, &q.dup(), id),
+            };
+            if let Err(e) = sent {
                 self.send_failed(c, e);
                 return;
             }
             crate::metrics::inc(&self.counters.frames_delivered);
         }
+    }
+
+    /// A resumed session's PUBRELs owed (MQTT-4.4.0-1): sent again, each
+    /// delivery in flight again until its PUBCOMP. False when the
+    /// connection ended.
+    fn release_again(&self, c: &Rc<Conn<O::Wire>>, ids: &[u16]) -> bool {
+        for &id in ids {
+            let now = self.now.get();
+            let taken = c
+                .proto_mut()
+                .mqtt_mut()
+                .is_some_and(|m| m.release_again(id, now));
+            let Some(packet_id) = PacketId::new(id).filter(|_| taken) else {
+                continue;
+            };
+            crate::metrics::inc(&self.counters.mqtt_inflight);
+            if !c.list() {
+                self.queued.borrow_mut().push(c.clone());
+            }
+            let pubrel = Ack {
+                packet_id,
+                reason: ReasonCode::SUCCESS,
+                properties: Properties::EMPTY,
+            };
+            if !self.reply(c, &Packet::Pubrel(pubrel)) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A resumed session's delivery `p` (DUP set) sent again with the
+    /// packet id `id` it had, in flight again whatever the window.
+    fn deliver_again(&self, c: &Rc<Conn<O::Wire>>, p: &Qos1, id: u16) -> Result<(), SendError> {
+        let queued = c.queued_len();
+        let now = self.now.get();
+        let id = {
+            let mut proto = c.proto_mut();
+            let Some(m) = proto.mqtt_mut() else {
+                return Err(SendError::Closed);
+            };
+            m.deliver_again(p, id, queued, self.limits.max_queue, now)
+        };
+        let Some(id) = id else {
+            return Err(SendError::QueueFull);
+        };
+        crate::metrics::inc(&self.counters.mqtt_inflight);
+        if !c.list() {
+            self.queued.borrow_mut().push(c.clone());
+        }
+        self.send_parts(c, &p.parts(&id.to_be_bytes()))
     }
 
     /// Puts MQTT subscriber `c` back in the tables for `filter` with
@@ -1667,10 +1732,15 @@ impl<O: Outside> Subscribers<O> {
         // What the client has not received goes first when it is back.
         let version = version_of(c.kind());
         let unreceived = c.proto().mqtt().map(Mqtt::unreceived).unwrap_or_default();
-        let pending = unreceived
-            .iter()
-            .filter_map(|q| message_of(version, q))
-            .collect();
+        let (mut pending, mut ids) = (Vec::new(), Vec::new());
+        for (id, q) in &unreceived {
+            if let Some(m) = message_of(version, q) {
+                pending.push(m);
+                ids.push(*id);
+            }
+        }
+        let releases = c.proto().mqtt().map(Mqtt::releasing).unwrap_or_default();
+        let received = c.proto().mqtt().map(Mqtt::received_ids).unwrap_or_default();
         self.outside.session_park(SessionPark {
             hash: p.hash,
             conn: p.id,
@@ -1678,6 +1748,9 @@ impl<O: Outside> Subscribers<O> {
             through: self.relayed_through.get(),
             subs,
             pending,
+            ids,
+            releases,
+            received,
         });
     }
 

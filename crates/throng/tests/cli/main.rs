@@ -35,6 +35,7 @@ mod mqtt;
 mod mqtt_auth;
 mod mqtt_listen;
 mod mqtt_qos;
+mod mqtt_redis;
 mod mqtt_retain;
 mod mqtt_serve;
 mod mqtt_session;

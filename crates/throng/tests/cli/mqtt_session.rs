@@ -20,8 +20,8 @@ use throng_testkit::redis::Redis;
 use throng_testkit::{Peer, require};
 
 use throng_proto::mqtt::{
-    Connect, Packet, PacketId, Properties, PropertiesBuf, Property, QoS, Subscribe,
-    SubscriptionOptions, Version, Will,
+    Ack, Connect, Delivery, Packet, PacketId, Properties, PropertiesBuf, Property, QoS, ReasonCode,
+    Subscribe, SubscriptionOptions, Version, Will,
 };
 
 use crate::mqtt_listen::{Client, Got, mqtt_server};
@@ -144,14 +144,12 @@ fn deliveries_never_acknowledged_come_again_on_resume() {
         filters: vec![("u/1", SubscriptionOptions::qos(QoS::AtLeastOnce))],
     }));
     assert_eq!(c.next(), Some(Got::Suback(1, vec![1])));
-    let got = |payload: &str| Got::Publish {
-        topic: "u/1".to_owned(),
-        payload: payload.as_bytes().to_vec(),
-        qos: QoS::AtLeastOnce,
-    };
+    let mut ids = Vec::new();
     for p in ["one", "two"] {
         publish_ok(server.addr, "u/1", p.as_bytes(), None);
-        assert_eq!(c.next(), Some(got(p)));
+        let (text, id) = packet(&mut c);
+        assert_eq!(text, format!("publish {p} qos 1 dup 0"));
+        ids.push(id);
     }
     // Gone without a PUBACK.
     drop(c);
@@ -160,9 +158,123 @@ fn deliveries_never_acknowledged_come_again_on_resume() {
     server.wait_metric("throng_mqtt_session_messages", |v| v == 3.0);
     let mut c = Client::open(mqtt, Version::V311, "unacked", 60, false);
     assert_eq!(c.next(), Some(connack(true)));
-    for p in ["one", "two", "three"] {
-        assert_eq!(c.next(), Some(got(p)));
+    // Sent again with their ids and DUP 1 (MQTT-4.4.0-1), then the new
+    // one with an id of its own.
+    for (p, id) in ["one", "two"].iter().zip(&ids) {
+        assert_eq!(packet(&mut c), (format!("publish {p} qos 1 dup 1"), *id));
     }
+    let (text, id) = packet(&mut c);
+    assert_eq!(text, "publish three qos 1 dup 0");
+    assert!(!ids.contains(&id), "{id} is in flight already");
+}
+
+/// The next packet as a line (a PUBLISH's payload, QoS and DUP, or the
+/// packet's name) and its packet id (0 for none).
+fn packet(c: &mut Client) -> (String, u16) {
+    c.next_as(|p| match p {
+        Packet::Publish(p) => (
+            format!(
+                "publish {} qos {} dup {}",
+                String::from_utf8_lossy(p.payload),
+                p.delivery.qos() as u8,
+                u8::from(p.dup)
+            ),
+            p.delivery.packet_id().map_or(0, |id| id.get()),
+        ),
+        Packet::Pubrel(a) => ("pubrel".to_owned(), a.packet_id.get()),
+        Packet::Pubcomp(a) => ("pubcomp".to_owned(), a.packet_id.get()),
+        Packet::Pubrec(a) => ("pubrec".to_owned(), a.packet_id.get()),
+        other => (other.packet_type().name().to_owned(), 0),
+    })
+    .expect("a packet")
+}
+
+fn ack(kind: fn(Ack<'static>) -> Packet<'static>, id: u16) -> Packet<'static> {
+    kind(Ack {
+        packet_id: id.try_into().unwrap(),
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::EMPTY,
+    })
+}
+
+#[test]
+fn a_resumed_qos_2_delivery_is_released_or_sent_again_never_received_twice() {
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let mut c = connect_v5(mqtt, "twice");
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: PacketId::MIN,
+        properties: Properties::EMPTY,
+        filters: vec![("q/2", SubscriptionOptions::qos(QoS::ExactlyOnce))],
+    }));
+    assert_eq!(c.next(), Some(Got::Suback(1, vec![2])));
+    let mut publisher = Client::connect(mqtt, Version::V5, "pub-2");
+    let mut publish = |body: &str, id: u16| {
+        let packet_id = id.try_into().unwrap();
+        publisher.send(&Packet::Publish(throng_proto::mqtt::Publish {
+            dup: false,
+            delivery: Delivery::ExactlyOnce(packet_id),
+            retain: false,
+            topic: "q/2",
+            properties: Properties::EMPTY,
+            payload: body.as_bytes(),
+        }));
+        assert_eq!(packet(&mut publisher), ("pubrec".to_owned(), id));
+        publisher.send(&ack(Packet::Pubrel, id));
+        assert_eq!(packet(&mut publisher), ("pubcomp".to_owned(), id));
+    };
+    // "a" is received (PUBREC) and released (PUBREL), never completed;
+    // "b" is sent and never received.
+    publish("a", 1);
+    let (text, a) = packet(&mut c);
+    assert_eq!(text, "publish a qos 2 dup 0");
+    c.send(&ack(Packet::Pubrec, a));
+    assert_eq!(packet(&mut c), ("pubrel".to_owned(), a));
+    publish("b", 2);
+    let (text, b) = packet(&mut c);
+    assert_eq!(text, "publish b qos 2 dup 0");
+    drop(c);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    // Back: the PUBREL of "a" again, "b" again under its id with DUP 1;
+    // "a" itself is not sent again.
+    let mut c = connect_v5(mqtt, "twice");
+    assert_eq!(packet(&mut c), ("pubrel".to_owned(), a));
+    assert_eq!(packet(&mut c), ("publish b qos 2 dup 1".to_owned(), b));
+    c.send(&ack(Packet::Pubcomp, a));
+    c.send(&ack(Packet::Pubrec, b));
+    assert_eq!(packet(&mut c), ("pubrel".to_owned(), b));
+    c.send(&ack(Packet::Pubcomp, b));
+    publish("c", 3);
+    let (text, _) = packet(&mut c);
+    assert_eq!(text, "publish c qos 2 dup 0");
+    // The PUBCOMPs of "a" and "b" freed their slots: "c" alone is in flight.
+    server.wait_metric("throng_mqtt_inflight", |v| v == 1.0);
+}
+
+/// CONNECT properties with a Session Expiry Interval of `s`.
+fn expiry_props(s: u32) -> PropertiesBuf {
+    let mut b = PropertiesBuf::new();
+    b.push(Property::SessionExpiryInterval(s)).unwrap();
+    b
+}
+
+/// A 5.0 client `id` resuming (or starting) a session that lasts 10
+/// minutes away: CONNACK success checked.
+fn connect_v5(mqtt: SocketAddr, id: &str) -> Client {
+    let s = TcpStream::connect(mqtt).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut c = Client::over(s, Version::V5);
+    c.send(&Packet::Connect(Connect {
+        clean_start: false,
+        keep_alive: 60,
+        properties: expiry_props(600).properties(),
+        client_id: id,
+        will: None,
+        username: None,
+        password: None,
+    }));
+    let got = c.next();
+    assert!(matches!(got, Some(Got::Connack { code: 0, .. })), "{got:?}");
+    c
 }
 
 /// `$share/group/filter`: each message to one member of the group, in
@@ -370,4 +482,41 @@ fn a_session_keeps_its_shared_subscriptions() {
             qos: QoS::AtLeastOnce,
         })
     );
+}
+
+#[test]
+fn a_resumed_session_keeps_its_own_qos_2_publish_until_pubrel_and_relays_it_once() {
+    let (server, mqtt) = mqtt_server(&["--workers", "2"]);
+    let mut sub = Client::connect(mqtt, Version::V5, "watcher");
+    assert_eq!(sub.subscribe(1, &["own/2"]), [0]);
+    let mut c = connect_v5(mqtt, "sender");
+    let send = |c: &mut Client, dup: bool| {
+        c.send(&Packet::Publish(throng_proto::mqtt::Publish {
+            dup,
+            delivery: Delivery::ExactlyOnce(5.try_into().unwrap()),
+            retain: false,
+            topic: "own/2",
+            properties: Properties::EMPTY,
+            payload: b"once",
+        }));
+    };
+    send(&mut c, false);
+    assert_eq!(packet(&mut c), ("pubrec".to_owned(), 5));
+    assert_eq!(sub.message(), ("own/2".to_owned(), "once".to_owned()));
+    // Gone before its PUBREL.
+    drop(c);
+    server.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    let mut c = connect_v5(mqtt, "sender");
+    // Sent again: PUBREC, not relayed again; its PUBREL is completed.
+    send(&mut c, true);
+    assert_eq!(packet(&mut c), ("pubrec".to_owned(), 5));
+    c.send(&ack(Packet::Pubrel, 5));
+    let comp = c.next_as(|p| match p {
+        Packet::Pubcomp(a) => (a.packet_id.get(), a.reason.0),
+        other => panic!("expected PUBCOMP, got {other:?}"),
+    });
+    assert_eq!(comp, Some((5, 0)));
+    // The watcher's next message is the next publish: "once" came once.
+    publish_ok(server.addr, "own/2", b"next", None);
+    assert_eq!(sub.message(), ("own/2".to_owned(), "next".to_owned()));
 }
