@@ -15,7 +15,7 @@ use super::worker::Done;
 use super::{Load, WorkerPlan};
 use crate::harness::collect::Totals;
 use crate::harness::progress::View;
-use crate::harness::worker::Order;
+use crate::harness::worker::{LATE, Order};
 use crate::harness::{Role, Run, Setup};
 use crate::pacer::{Pacer, RateSpec, stage_note};
 use crate::threshold::Threshold;
@@ -58,6 +58,7 @@ pub fn role(attack: AttackRun) -> Attack {
             Load::Max { .. } => None,
         },
         start_ns: 0,
+        planned_counted: 0,
         attack,
         dones: vec![None; workers],
         doomed: None,
@@ -76,8 +77,12 @@ pub struct Attack {
     doomed: Option<String>,
     /// The open model's schedule: what each interval planned.
     schedule: Option<Pacer>,
-    /// When it started, ns since the epoch.
+    /// When it started, ns since the epoch: the run's start, or the latest
+    /// worker's if one was ready only after it.
     start_ns: u64,
+    /// `requests.planned` counted in the intervals flushed so far (a
+    /// later start does not count them again).
+    planned_counted: u64,
 }
 
 impl Attack {
@@ -119,6 +124,11 @@ impl Role for Attack {
     }
 
     fn event(&mut self, worker: usize, ev: &Event, _run: &Rc<Run>) -> bool {
+        if ev.kind == LATE {
+            // It started its schedule when it said so: plan from there.
+            self.start_ns = self.start_ns.max(ev.at_ns);
+            return false;
+        }
         if ev.kind != "worker.done" {
             return false;
         }
@@ -153,7 +163,8 @@ impl Role for Attack {
         let mut iv = Interval::empty(start_ns, length_ns, String::new());
         let n = self
             .planned_before(start_ns + length_ns)
-            .saturating_sub(self.planned_before(start_ns));
+            .saturating_sub(self.planned_counted);
+        self.planned_counted += n;
         if n > 0 {
             iv.counters.insert("requests.planned".into(), n);
         }
