@@ -219,3 +219,45 @@ impl Role for Attack {
         self.summary
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker ready late moves the schedule's start: the intervals after
+    /// it plan from there, and no request is planned twice.
+    #[test]
+    fn a_later_start_plans_each_request_once() {
+        let second = 1_000_000_000;
+        let mut role = role(AttackRun {
+            plan: WorkerPlan {
+                index: 0,
+                workers: 1,
+                label: String::new(),
+                load: Load::Rate(RateSpec::Constant(100.0)),
+                duration_ns: Some(2 * second),
+                requests: None,
+                targets: Vec::new(),
+                addrs: Vec::new(),
+                sources: Vec::new(),
+                start_unix_ns: 0,
+                settings: super::super::Settings::default(),
+                per_request: None,
+                tls: None,
+                row_format: None,
+            },
+            planned: Some(200),
+            abort: Vec::new(),
+        });
+        let start = 10 * second;
+        role.start_ns = start;
+        let planned =
+            |role: &mut Attack, from: u64| role.own(from, second).counter("requests.planned");
+        assert_eq!(planned(&mut role, start), 100);
+        // The worker was ready half a second late.
+        role.start_ns = start + second / 2;
+        assert_eq!(planned(&mut role, start + second), 50);
+        assert_eq!(planned(&mut role, start + 2 * second), 50);
+        assert_eq!(planned(&mut role, start + 3 * second), 0);
+    }
+}
