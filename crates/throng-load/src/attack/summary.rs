@@ -37,6 +37,13 @@ pub struct Summary {
     pub attack_s: f64,
     /// Seconds from the last start to the last end.
     pub wait_s: f64,
+    /// Workers that were ready only after the run's start (a plan slow to
+    /// send and parse): each began its schedule when ready and sent for the
+    /// whole duration, so the run spans that much longer.
+    pub late_workers: u32,
+    /// How long after the run's start the latest of them was ready, s
+    /// (0: every worker on time).
+    pub late_start_s: f64,
     /// Responses that arrived whole.
     pub answered: u64,
     /// 2xx and 3xx responses.
@@ -157,6 +164,15 @@ impl Summary {
         }
         let dones: Vec<Done> = dones.iter().flatten().copied().collect();
         s.stopped |= dones.iter().any(|d| d.stopped);
+        s.late_workers = dones.iter().filter(|d| d.late_ns > 0).count() as u32;
+        s.late_start_s = dones.iter().map(|d| d.late_ns).max().unwrap_or(0) as f64 / 1e9;
+        // A worker ready late started its schedule then.
+        let start_ns = dones
+            .iter()
+            .map(|d| d.start_ns)
+            .filter(|&n| n > 0)
+            .min()
+            .unwrap_or(start_ns);
         let first = dones
             .iter()
             .map(|d| d.first_sent_ns)
@@ -477,6 +493,7 @@ pub fn render(s: &Summary) -> String {
     if !s.peak_rss_bytes.is_empty() {
         out.push_str(&format!("Peak RSS      {}\n", peak_rss(&s.peak_rss_bytes)));
     }
+    out.push_str(&late_start(s));
     if !s.events.is_empty() {
         out.push_str("Events\n");
         out.push_str(&event_lines(&s.events, s.start_unix_ns));
@@ -485,6 +502,17 @@ pub fn render(s: &Summary) -> String {
         out.push_str("Stopped before the schedule ended.\n");
     }
     out
+}
+
+/// The line on workers ready after the run's start, if any were.
+fn late_start(s: &Summary) -> String {
+    if s.late_workers == 0 {
+        return String::new();
+    }
+    format!(
+        "Late start    [workers, up to]                  {}, {:.3}s (ready after the run's start: each sent for its whole duration from then)\n",
+        s.late_workers, s.late_start_s
+    )
 }
 
 #[cfg(test)]

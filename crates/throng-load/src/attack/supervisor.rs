@@ -15,7 +15,7 @@ use super::worker::Done;
 use super::{Load, WorkerPlan};
 use crate::harness::collect::Totals;
 use crate::harness::progress::View;
-use crate::harness::worker::Order;
+use crate::harness::worker::{LATE, Order};
 use crate::harness::{Role, Run, Setup};
 use crate::pacer::{Pacer, RateSpec, stage_note};
 use crate::threshold::Threshold;
@@ -58,6 +58,7 @@ pub fn role(attack: AttackRun) -> Attack {
             Load::Max { .. } => None,
         },
         start_ns: 0,
+        planned_counted: 0,
         attack,
         dones: vec![None; workers],
         doomed: None,
@@ -76,8 +77,12 @@ pub struct Attack {
     doomed: Option<String>,
     /// The open model's schedule: what each interval planned.
     schedule: Option<Pacer>,
-    /// When it started, ns since the epoch.
+    /// When it started, ns since the epoch: the run's start, or the latest
+    /// worker's if one was ready only after it.
     start_ns: u64,
+    /// `requests.planned` counted in the intervals flushed so far (a
+    /// later start does not count them again).
+    planned_counted: u64,
 }
 
 impl Attack {
@@ -119,6 +124,11 @@ impl Role for Attack {
     }
 
     fn event(&mut self, worker: usize, ev: &Event, _run: &Rc<Run>) -> bool {
+        if ev.kind == LATE {
+            // It started its schedule when it said so: plan from there.
+            self.start_ns = self.start_ns.max(ev.at_ns);
+            return false;
+        }
         if ev.kind != "worker.done" {
             return false;
         }
@@ -153,7 +163,8 @@ impl Role for Attack {
         let mut iv = Interval::empty(start_ns, length_ns, String::new());
         let n = self
             .planned_before(start_ns + length_ns)
-            .saturating_sub(self.planned_before(start_ns));
+            .saturating_sub(self.planned_counted);
+        self.planned_counted += n;
         if n > 0 {
             iv.counters.insert("requests.planned".into(), n);
         }
@@ -206,5 +217,47 @@ impl Role for Attack {
         self.summary
             .finish(totals, &self.dones, run.start().unix_ns(), open_model);
         self.summary
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker ready late moves the schedule's start: the intervals after
+    /// it plan from there, and no request is planned twice.
+    #[test]
+    fn a_later_start_plans_each_request_once() {
+        let second = 1_000_000_000;
+        let mut role = role(AttackRun {
+            plan: WorkerPlan {
+                index: 0,
+                workers: 1,
+                label: String::new(),
+                load: Load::Rate(RateSpec::Constant(100.0)),
+                duration_ns: Some(2 * second),
+                requests: None,
+                targets: Vec::new(),
+                addrs: Vec::new(),
+                sources: Vec::new(),
+                start_unix_ns: 0,
+                settings: super::super::Settings::default(),
+                per_request: None,
+                tls: None,
+                row_format: None,
+            },
+            planned: Some(200),
+            abort: Vec::new(),
+        });
+        let start = 10 * second;
+        role.start_ns = start;
+        let planned =
+            |role: &mut Attack, from: u64| role.own(from, second).counter("requests.planned");
+        assert_eq!(planned(&mut role, start), 100);
+        // The worker was ready half a second late.
+        role.start_ns = start + second / 2;
+        assert_eq!(planned(&mut role, start + second), 50);
+        assert_eq!(planned(&mut role, start + 2 * second), 50);
+        assert_eq!(planned(&mut role, start + 3 * second), 0);
     }
 }

@@ -43,7 +43,7 @@ use super::record::{AttackRecorder, Exchange, Io, RequestError, Row, RowFormat, 
 use super::response::ResponseReader;
 use super::waiting::{Left, Outcome, Waiting, WaitingRoom, Wake};
 use super::{Load, WorkerPlan, pacer};
-use crate::harness::clock::{Anchor, micros, nanos};
+use crate::harness::clock::{Anchor, micros, nanos, start_late};
 use crate::harness::failure::{Failure, FirstOfKind, NetCause};
 use crate::harness::share;
 use crate::harness::worker::{Live, Order, Orders, Output, Stop, Ticker};
@@ -62,6 +62,13 @@ pub struct Done {
     pub last_done_ns: u64,
     /// Stopped before the schedule ended.
     pub stopped: bool,
+    /// When this worker's schedule started, ns since the epoch: the run's
+    /// start, or (ready late) when it was ready.
+    #[serde(default)]
+    pub start_ns: u64,
+    /// How late after the run's start it was ready, ns (0: on time).
+    #[serde(default)]
+    pub late_ns: u64,
 }
 
 /// State shared by every task of the worker (single-threaded).
@@ -157,6 +164,10 @@ pub(super) async fn work(
 ) -> io::Result<()> {
     let (ctx, loops) = Ctx::new(plan, out, streams)?;
     let ctx = Rc::new(ctx);
+    let late_ns = ctx.done.get().late_ns;
+    if late_ns > 0 {
+        ctx.out.late(late_ns);
+    }
 
     // A stop order, or the end of the input, stops the run at once.
     let orders_ctx = ctx.clone();
@@ -205,7 +216,11 @@ impl Ctx {
     /// The worker's state for `plan`, writing its records to `out`, and
     /// (closed pool) the number of loops it runs. Must be called inside
     /// the worker's runtime.
-    fn new(plan: WorkerPlan, out: Box<dyn Write>, streams: MakeStreams) -> io::Result<(Self, u64)> {
+    fn new(
+        mut plan: WorkerPlan,
+        out: Box<dyn Write>,
+        streams: MakeStreams,
+    ) -> io::Result<(Self, u64)> {
         if plan.targets.is_empty() || plan.targets.len() != plan.addrs.len() {
             return Err(invalid(
                 "a worker plan needs targets and one address per target".into(),
@@ -260,6 +275,9 @@ impl Ctx {
             ),
             None => None,
         };
+        // Everything slow (the plan read, each target encoded) is done:
+        // ready after the start, the schedule starts now.
+        let late_ns = start_late(&mut plan.start_unix_ns).unwrap_or(0);
         let start = Anchor::at_unix_ns(plan.start_unix_ns);
         let pool_count = endpoints.len();
         let ctx = Self {
@@ -285,7 +303,11 @@ impl Ctx {
             rows: RefCell::new(rows),
             stop: Stop::default(),
             live: Live::default(),
-            done: Cell::new(Done::default()),
+            done: Cell::new(Done {
+                start_ns: plan.start_unix_ns,
+                late_ns,
+                ..Done::default()
+            }),
             ticker: Ticker::new(settings.interval_ns),
             logged: FirstOfKind::default(),
             out: Output::new(plan.label.clone(), out),

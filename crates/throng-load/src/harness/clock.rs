@@ -33,6 +33,19 @@ pub fn interval_start(unix_ns: u64, length_ns: u64) -> u64 {
     unix_ns / length * length
 }
 
+/// A worker ready after its schedule's start (sending and parsing a large
+/// plan, or starting a slow build, can take longer than the lead the
+/// supervisor gave): moves the start to now, so that the worker still sends
+/// for its whole duration at its planned pace, instead of silently losing
+/// the time (a shorter window) or bursting to catch up. Returns how late it
+/// was, ns; the worker says so (`worker.late`).
+pub fn start_late(start_unix_ns: &mut u64) -> Option<u64> {
+    let now = now_unix_ns();
+    let late = now.checked_sub(*start_unix_ns).filter(|&l| l > 0)?;
+    *start_unix_ns = now;
+    Some(late)
+}
+
 /// One moment as wall-clock ns and as an `Instant` of this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Anchor {
@@ -91,5 +104,18 @@ mod tests {
             soon - 5_000_000
         );
         assert_eq!(interval_start(1_999_999_999, 1_000_000_000), 1_000_000_000);
+    }
+
+    #[test]
+    fn a_start_already_past_moves_to_now_and_says_how_late() {
+        let mut ahead = now_unix_ns() + 60_000_000_000;
+        let planned = ahead;
+        assert_eq!(start_late(&mut ahead), None);
+        assert_eq!(ahead, planned);
+        let past = now_unix_ns() - 1_500_000_000;
+        let mut start = past;
+        let late = start_late(&mut start).expect("late");
+        assert!(late >= 1_500_000_000);
+        assert_eq!(start, past + late);
     }
 }

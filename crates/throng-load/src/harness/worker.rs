@@ -20,7 +20,10 @@ use throng_report::format::{Event, encode_event, encode_interval};
 use throng_report::interval::Interval;
 use tokio::sync::{Notify, mpsc};
 
-use super::clock::{interval_start, now_unix_ns};
+use super::clock::{interval_start, now_unix_ns, start_late};
+
+/// The event of a worker that was ready after the run's start.
+pub const LATE: &str = "worker.late";
 use super::recorder::Recorder;
 
 /// What the supervisor tells a running worker, one line each.
@@ -177,6 +180,26 @@ impl Output {
             kind: kind.to_owned(),
             text,
         }));
+    }
+
+    /// Says the worker was ready `late_ns` after the run's start (see
+    /// `clock::start_late`): the supervisor warns about it and sums it up.
+    pub fn late(&self, late_ns: u64) {
+        self.event(
+            LATE,
+            format!(
+                "ready {:.3} s after the run's start (sending and parsing its plan took longer than the lead); its schedule starts when it was ready, for the whole duration",
+                late_ns as f64 / 1e9
+            ),
+        );
+    }
+
+    /// The worker is ready to start its schedule at `start_unix_ns`: one
+    /// already past moves to now, and the worker says how late it is.
+    pub fn ready(&self, start_unix_ns: &mut u64) {
+        if let Some(late) = start_late(start_unix_ns) {
+            self.late(late);
+        }
     }
 
     /// Writes an interval.

@@ -112,7 +112,8 @@ impl Ctx {
 }
 
 /// Runs one worker: its share of `plan`, until every connection has closed.
-pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> io::Result<()> {
+/// Ready after the run's start, it starts its ramp then, at the planned pace.
+pub async fn work(mut plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> io::Result<()> {
     let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
     let pacer =
         Pacer::for_count(plan.rate, plan.connections).map_err(|e| invalid(e.to_string()))?;
@@ -133,6 +134,7 @@ pub async fn work(plan: WorkerPlan, mut orders: Orders, out: Box<dyn Write>) -> 
         ));
     }
     let out = Output::new(plan.label.clone(), out);
+    out.ready(&mut plan.start_unix_ns);
     let ctx = Rc::new(Ctx {
         shared: Shared {
             plain: RefCell::new(Vec::new()),

@@ -656,28 +656,83 @@ fn json_targets_are_sent_in_turn() {
     assert!(err.contains("targets.json line 1"), "{err}");
 }
 
+/// A JSON targets file of `lines` targets, each a distinct query on `url`.
+fn json_targets(dir: &TempDir, url: &str, lines: usize) -> std::path::PathBuf {
+    let file = dir.file(&format!("targets-{lines}.json"));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+    for i in 0..lines {
+        writeln!(
+            out,
+            "{{\"method\":\"GET\",\"url\":\"{url}?target={i:07}\"}}"
+        )
+        .unwrap();
+    }
+    out.flush().unwrap();
+    file
+}
+
+/// A plan slow to send and parse (400,000 targets, every one held since
+/// `--max` cycles them) makes the worker ready after the run's start: it
+/// says so (stderr, the summary, the result file), and still sends for the
+/// whole duration from when it was ready, instead of silently losing that
+/// time from its window (or, late by more than the duration, sending nothing
+/// and exiting 0).
+#[test]
+fn a_worker_ready_late_says_so_and_still_sends_for_the_whole_duration() {
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let dir = TempDir::new("attack-late-start");
+    let file = json_targets(&dir, &url, 400_000);
+    let out = dir.file("late.jsonl");
+    let (code, s, err) = attack(&[
+        "--targets",
+        file.to_str().unwrap(),
+        "--max",
+        "--connections",
+        "2",
+        "--duration",
+        "2s",
+        "--workers",
+        "1",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(n(&s, "late_workers"), 1, "{s}");
+    assert!(s["late_start_s"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(err.contains("worker.late"), "{err}");
+    // The window is the duration, counted from when the worker was ready.
+    let window = s["attack_s"].as_f64().unwrap();
+    assert!(window > 1.5 && window < 2.5, "{window} s: {s}");
+    assert!(
+        n(&s, "requests") > 0 && n(&s, "success") == n(&s, "requests"),
+        "{s}"
+    );
+    let kinds: Vec<&str> = s["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"worker.late"), "{s}");
+    let results = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        results.contains("worker.late"),
+        "result file has no worker.late event"
+    );
+}
+
 /// A huge targets file costs only the targets the run uses: the memory of
 /// a 50-request run over 400,000 targets is that of the same run over 100
 /// (read whole, the large file's targets alone would be tens of MiB in the
 /// supervisor and in every worker).
 #[test]
 fn a_huge_targets_file_costs_only_what_the_run_uses() {
-    use std::io::Write as _;
     let serve = serve_one(&[]);
     let url = ping_url(&serve);
     let dir = TempDir::new("attack-huge-targets");
     let rss = |lines: usize| {
-        let file = dir.file(&format!("targets-{lines}.json"));
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
-        for i in 0..lines {
-            writeln!(
-                out,
-                "{{\"method\":\"GET\",\"url\":\"{url}?target={i:07}\"}}"
-            )
-            .unwrap();
-        }
-        out.flush().unwrap();
-        drop(out);
+        let file = json_targets(&dir, &url, lines);
         let (code, s, err) = attack(&[
             "--targets",
             file.to_str().unwrap(),
