@@ -32,6 +32,13 @@ pub enum Query {
         code: u16,
         reason: String,
     },
+    /// Close every connection whose token's subject is `sub`, with `code`
+    /// and `reason`.
+    DisconnectSubject {
+        sub: String,
+        code: u16,
+        reason: String,
+    },
 }
 
 /// One worker's answer, and (merged) the node's.
@@ -40,7 +47,7 @@ pub struct Part {
     /// `(channel, subscribers)`, sorted by name.
     #[serde(default)]
     pub channels: Vec<(String, u64)>,
-    /// Subscribers closed (`Disconnect`).
+    /// Subscribers closed (`Disconnect`, `DisconnectSubject`).
     #[serde(default)]
     pub closed: u64,
     /// Workers that answered.

@@ -288,11 +288,14 @@ impl Refusal {
 }
 
 /// What a granted request keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
     /// The token's `exp` (Unix seconds); `None`: no expiry, or not a token
     /// (the publish key).
     pub expires: Option<u64>,
+    /// The token's `sub`, when it has one: what `POST /api/disconnect`
+    /// finds its connections by.
+    pub subject: Option<Box<str>>,
 }
 
 /// A verified token: its expiry and grants.
@@ -304,7 +307,13 @@ pub struct Token {
     pub channels: Grants,
     /// `publish`: where it may publish.
     pub publish: Grants,
+    /// `sub`, when it has one (at most [`MAX_SUBJECT`] bytes).
+    pub subject: Option<Box<str>>,
 }
+
+/// The longest `sub` kept: a longer one is refused as a bad claim, so one
+/// connection cannot make the server keep a large string.
+pub const MAX_SUBJECT: usize = 255;
 
 impl Token {
     /// Whether the token allows `action` on `channel`.
@@ -331,11 +340,12 @@ impl<'de> Deserialize<'de> for NumericDate {
     }
 }
 
-/// The claims this server reads; any others are ignored (`sub` included:
-/// it is neither logged nor kept).
+/// The claims this server reads; any others are ignored. `sub` is kept by
+/// the connection (not logged), for disconnecting a user.
 #[derive(Deserialize)]
 struct Claims {
     exp: Option<NumericDate>,
+    sub: Option<String>,
     nbf: Option<NumericDate>,
     #[serde(default)]
     channels: Vec<String>,
@@ -504,7 +514,11 @@ impl Verifier {
         if claims.nbf.is_some_and(|NumericDate(nbf)| nbf > now) {
             return Err(Refusal::NotYetValid);
         }
+        if claims.sub.as_ref().is_some_and(|s| s.len() > MAX_SUBJECT) {
+            return Err(Refusal::Claims);
+        }
         Ok(Token {
+            subject: claims.sub.map(String::into_boxed_str),
             expires: claims.exp.map(|NumericDate(e)| e),
             channels: Grants::parse(&claims.channels).map_err(|_| Refusal::Claims)?,
             publish: Grants::parse(&claims.publish).map_err(|_| Refusal::Claims)?,
@@ -524,7 +538,10 @@ impl Verifier {
         if !t.allows(action, channel) {
             return Err(Refusal::NotGranted);
         }
-        Ok(Access { expires: t.expires })
+        Ok(Access {
+            expires: t.expires,
+            subject: t.subject,
+        })
     }
 }
 
@@ -687,7 +704,8 @@ mod tests {
         assert_eq!(
             ok,
             Ok(Access {
-                expires: Some(NOW + 60)
+                expires: Some(NOW + 60),
+                subject: Some("alice".into()),
             })
         );
         assert!(

@@ -44,6 +44,9 @@ fn part(w: &Worker, q: &Query) -> Part {
             code,
             reason,
         } => part.closed = w.subs.close_channel(channel, *code, reason),
+        Query::DisconnectSubject { sub, code, reason } => {
+            part.closed = w.subs.close_subject(sub, *code, reason);
+        }
     }
     part
 }

@@ -4,7 +4,8 @@
 //! - `GET /api/channels?prefix=&limit=&after=`: channels and their subscribers, by name.
 //! - `GET /api/channels/<c>`: one channel's subscribers and last message id.
 //! - `GET /api/history/<c>?since=&limit=`: what the history kept.
-//! - `POST /api/disconnect`: close a channel's subscribers with a close code.
+//! - `POST /api/disconnect`: close a channel's subscribers, or a token
+//!   subject's connections, with a close code.
 //! - `POST /api/publish`: one message to several channels.
 //!
 //! Counts are this node's: the supervisor asks every worker
@@ -262,7 +263,7 @@ async fn history(w: &Worker, caller: &Caller, path: &str, query: &str) -> Result
 #[serde(deny_unknown_fields)]
 struct DisconnectBody {
     channel: Option<String>,
-    /// Disconnect by token subject: refused, the server does not keep it.
+    /// The token subject whose connections close, whatever their channels.
     sub: Option<String>,
     #[serde(default = "normal_close")]
     code: u16,
@@ -279,28 +280,10 @@ fn sendable(code: u16) -> bool {
     matches!(code, 1000 | 1001 | 1008 | 1011..=1013 | 3000..=4999)
 }
 
-/// `POST /api/disconnect`.
+/// `POST /api/disconnect`: by channel or by token subject.
 async fn disconnect(w: &Worker, caller: &Caller, body: &[u8]) -> Result<Value, Bad> {
     let d: DisconnectBody = serde_json::from_slice(body)
         .map_err(|e| bad(400, format!("the body is not a disconnect request: {e}")))?;
-    let channel = match (d.channel, d.sub) {
-        (Some(c), None) => c,
-        (_, Some(_)) => {
-            return Err(bad(
-                400,
-                "disconnect by token subject is not supported: connections do not keep their \
-                 token's sub (docs/api.md); disconnect by channel",
-            ));
-        }
-        (None, None) => return Err(bad(400, "name the channel: {\"channel\":\"a\"}")),
-    };
-    let channel = channel_name(&channel, "channel")?;
-    if channel.is_empty() {
-        return Err(bad(400, "channel: empty name"));
-    }
-    caller
-        .may_publish(&channel)
-        .map_err(|why| bad(why.status(), why.to_string()))?;
     if !sendable(d.code) {
         return Err(bad(
             400,
@@ -313,18 +296,69 @@ async fn disconnect(w: &Worker, caller: &Caller, body: &[u8]) -> Result<Value, B
     if d.reason.len() > MAX_REASON {
         return Err(bad(400, format!("reason is over {MAX_REASON} bytes")));
     }
-    let q = Query::Disconnect {
-        channel: channel.clone(),
-        code: d.code,
-        reason: d.reason,
+    let (q, mut v) = match (d.channel, d.sub) {
+        (Some(c), None) => {
+            let channel = channel_name(&c, "channel")?;
+            if channel.is_empty() {
+                return Err(bad(400, "channel: empty name"));
+            }
+            caller
+                .may_publish(&channel)
+                .map_err(|why| bad(why.status(), why.to_string()))?;
+            let v = json!({ "channel": channel });
+            let q = Query::Disconnect {
+                channel,
+                code: d.code,
+                reason: d.reason,
+            };
+            (q, v)
+        }
+        (None, Some(sub)) => {
+            subject(caller, &sub)?;
+            let v = json!({ "sub": sub });
+            let q = Query::DisconnectSubject {
+                sub,
+                code: d.code,
+                reason: d.reason,
+            };
+            (q, v)
+        }
+        (Some(_), Some(_)) => {
+            return Err(bad(400, "name the channel or the sub, not both"));
+        }
+        (None, None) => {
+            return Err(bad(
+                400,
+                "name the channel or the token subject: {\"channel\":\"a\"} or {\"sub\":\"alice\"}",
+            ));
+        }
     };
     let part = ask(w, &q).await?;
-    let scope = part.scope.as_deref().unwrap_or(scope(w));
-    let mut v = json!({ "channel": channel, "closed": part.closed, "scope": scope });
+    v["closed"] = json!(part.closed);
+    v["scope"] = json!(part.scope.as_deref().unwrap_or(scope(w)));
     if let Some(n) = part.nodes {
         v["nodes"] = json!(n);
     }
     Ok(v)
+}
+
+/// Checks a disconnect by subject: a subject a token can carry, asked by
+/// the publish key (or where publishing is open): a token's grants name
+/// channels, not users, so none may close another user's connections.
+fn subject(caller: &Caller, sub: &str) -> Result<(), Bad> {
+    if sub.is_empty() || sub.len() > crate::auth::MAX_SUBJECT {
+        return Err(bad(
+            400,
+            format!("sub: 1 to {} bytes", crate::auth::MAX_SUBJECT),
+        ));
+    }
+    match caller {
+        Caller::Any => Ok(()),
+        Caller::Token(_) => Err(bad(
+            403,
+            "disconnecting by sub takes the publish key, not a token",
+        )),
+    }
 }
 
 /// `POST /api/publish`'s body.
