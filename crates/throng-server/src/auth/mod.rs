@@ -345,7 +345,7 @@ impl<'de> Deserialize<'de> for NumericDate {
 #[derive(Deserialize)]
 struct Claims {
     exp: Option<NumericDate>,
-    sub: Option<String>,
+    sub: Option<serde_json::Value>,
     nbf: Option<NumericDate>,
     #[serde(default)]
     channels: Vec<String>,
@@ -514,11 +514,18 @@ impl Verifier {
         if claims.nbf.is_some_and(|NumericDate(nbf)| nbf > now) {
             return Err(Refusal::NotYetValid);
         }
-        if claims.sub.as_ref().is_some_and(|s| s.len() > MAX_SUBJECT) {
+        // RFC 7519 makes `sub` a string; a number, which some issuers
+        // send, is kept as its text (the decoder refused anything else).
+        let subject = match claims.sub {
+            Some(serde_json::Value::String(s)) => Some(s),
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        if subject.as_ref().is_some_and(|s| s.len() > MAX_SUBJECT) {
             return Err(Refusal::Claims);
         }
         Ok(Token {
-            subject: claims.sub.map(String::into_boxed_str),
+            subject: subject.map(String::into_boxed_str),
             expires: claims.exp.map(|NumericDate(e)| e),
             channels: Grants::parse(&claims.channels).map_err(|_| Refusal::Claims)?,
             publish: Grants::parse(&claims.publish).map_err(|_| Refusal::Claims)?,
@@ -713,6 +720,21 @@ mod tests {
                 .is_ok()
         );
         assert!(v.check(t.as_bytes(), Action::Publish, "news", NOW).is_ok());
+        let subject = |sub| {
+            let t = hs(json!({ "sub": sub, "exp": NOW + 60 }));
+            v.verify(t.as_bytes(), NOW).map(|t| t.subject)
+        };
+        assert_eq!(subject(json!(42)), Ok(Some("42".into())));
+        // The decoder refuses a `sub` that is not a string or a number.
+        assert_eq!(subject(json!(["a"])), Err(Refusal::Claims));
+        assert_eq!(
+            subject(json!("x".repeat(MAX_SUBJECT))).map(|s| s.map(|s| s.len())),
+            Ok(Some(MAX_SUBJECT))
+        );
+        assert_eq!(
+            subject(json!("x".repeat(MAX_SUBJECT + 1))),
+            Err(Refusal::Claims)
+        );
         let refused = v.check(t.as_bytes(), Action::Subscribe, "sport", NOW);
         assert_eq!(refused, Err(Refusal::NotGranted));
         assert_eq!(Refusal::NotGranted.status(), 403);

@@ -2,7 +2,8 @@
 //! serve` guarded by PyJWT tokens: one user's WebSocket (one channel and
 //! `throng.v1` of several), event stream and MQTT connections closed, on
 //! every worker and, through a real Redis, on another node; another
-//! user's connections untouched; bad requests each answered.
+//! user's connections untouched; bad requests each answered; and the
+//! presence `--presence` lists for a channel.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -70,13 +71,38 @@ fn wait_count(addr: SocketAddr, channel: &str, n: u64) {
     }
 }
 
+/// `GET /api/channels/<channel>`'s `presence` (`Null` when not listed).
+fn presence(addr: SocketAddr, channel: &str) -> Value {
+    let path = format!("/api/channels/{channel}");
+    let (status, v) = call(addr, "GET", &path, None, Some(KEY));
+    assert_eq!(status, 200, "{v}");
+    if v.get("presence").is_some() {
+        assert_eq!(
+            (&v["presence_scope"], &v["presence_truncated"]),
+            (&json!("node"), &json!(false)),
+            "{v}"
+        );
+    }
+    v["presence"].clone()
+}
+
 #[test]
 fn disconnect_by_sub_closes_every_connection_of_that_user_and_no_other() {
     require!(Peer::PythonJwt);
     let mint = Mint::new();
     let dir = TempDir::new("api-sub");
     let key = key_file(&dir);
-    let (server, mqtt) = guarded(&mint, &["--workers", "2", "--publish-key-file", &key]);
+    let (server, mqtt) = guarded(
+        &mint,
+        &[
+            "--workers",
+            "2",
+            "--publish-key-file",
+            &key,
+            "--presence",
+            "room.*",
+        ],
+    );
     let addr = server.addr;
     let (alice, bob) = tokens(&mint);
     // Alice: two WebSockets (so on both workers, most likely), one of
@@ -88,6 +114,13 @@ fn disconnect_by_sub_closes_every_connection_of_that_user_and_no_other() {
     assert_eq!(m.subscribe(1, &["room.a"]), [0]);
     let mut kept = join(addr, "room.a", &bob);
     wait_count(addr, "room.a", 6);
+    // Presence: who holds room.a (summed over the workers); feed is not
+    // named by --presence.
+    assert_eq!(
+        presence(addr, "room.a"),
+        json!([{"sub": "alice", "connections": 5}, {"sub": "bob", "connections": 1}])
+    );
+    assert_eq!(presence(addr, "feed"), Value::Null);
     let (status, v) = disconnect(
         addr,
         &json!({"sub": "alice", "code": 4003, "reason": "user removed"}),
@@ -113,6 +146,10 @@ fn disconnect_by_sub_closes_every_connection_of_that_user_and_no_other() {
     assert_eq!(m.next(), None, "then closed");
     wait_count(addr, "room.a", 1);
     wait_count(addr, "feed", 0);
+    assert_eq!(
+        presence(addr, "room.a"),
+        json!([{"sub": "bob", "connections": 1}])
+    );
     // Bob is still subscribed and served.
     let (status, v) = call(
         addr,

@@ -195,6 +195,23 @@ fn path_channel(caller: &Caller, path: &str, prefix: &str) -> Result<String, Bad
     Ok(name.to_owned())
 }
 
+/// The most subjects `GET /api/channels/<c>` lists in `presence`.
+const MAX_PRESENCE: usize = 1000;
+
+/// Adds a channel's presence to its answer: this node's subjects (first
+/// [`MAX_PRESENCE`] by name, `presence_truncated` when there were more).
+fn presence(v: &mut Value, mut who: Vec<(String, u64)>) {
+    let truncated = who.len() > MAX_PRESENCE;
+    who.truncate(MAX_PRESENCE);
+    let list: Vec<Value> = who
+        .into_iter()
+        .map(|(sub, n)| json!({ "sub": sub, "connections": n }))
+        .collect();
+    v["presence"] = list.into();
+    v["presence_scope"] = "node".into();
+    v["presence_truncated"] = truncated.into();
+}
+
 /// `GET /api/channels/<c>`.
 async fn one_channel(w: &Worker, caller: &Caller, path: &str) -> Result<Value, Bad> {
     let name = path_channel(caller, path, "/api/channels/")?;
@@ -202,6 +219,9 @@ async fn one_channel(w: &Worker, caller: &Caller, path: &str) -> Result<Value, B
     let subscribers: u64 = part.channels.iter().map(|(_, n)| n).sum();
     let scope = part.scope.as_deref().unwrap_or(scope(w));
     let mut v = json!({ "name": name, "subscribers": subscribers, "scope": scope });
+    if crate::worker::api::presence_on(w, &name) {
+        presence(&mut v, part.presence.map(|p| *p).unwrap_or_default());
+    }
     if w.cfg.history > 0 {
         let (_, kept) = w
             .supervisor

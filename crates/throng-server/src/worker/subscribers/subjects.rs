@@ -79,6 +79,26 @@ impl<O: Outside> Subscribers<O> {
         self.subjects.borrow_mut().remove(key(c));
     }
 
+    /// Who is subscribed to `channel` here: each token subject with how
+    /// many of its connections are (exactly that name; MQTT wildcard
+    /// filters not included), sorted by subject. Walks the channel's
+    /// subscribers: asked by the API, never on delivery.
+    pub(crate) fn presence_of(&self, channel: &str) -> Vec<(String, u64)> {
+        let subjects = self.subjects.borrow();
+        let mut who: std::collections::BTreeMap<&str, u64> = Default::default();
+        if let Some(ch) = self.channels.borrow().get(channel) {
+            let conns = (ch.subs.iter())
+                .chain(ch.multi.iter().map(|(c, _)| c))
+                .chain(ch.mqtt.iter().map(|(c, _, _)| c));
+            for c in conns {
+                if let Some(s) = subjects.by_conn.get(&key(&**c)) {
+                    *who.entry(s).or_default() += 1;
+                }
+            }
+        }
+        who.into_iter().map(|(s, n)| (s.to_owned(), n)).collect()
+    }
+
     /// `c` refreshed its token in-band: the new token's subject replaces
     /// the old.
     pub(super) fn subject_refreshed(&self, c: &Conn<O::Wire>, subject: Option<Box<str>>) {
