@@ -333,6 +333,21 @@ pub fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, ParseError> {
     Ok((first..=last).map(|p| SocketAddr::new(ip, p)).collect())
 }
 
+impl Config {
+    /// The start lines of the channel limits and `--presence`.
+    fn fmt_channels(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "  max-channels     {} per connection",
+            self.max_channels_per_connection
+        )?;
+        if !self.presence.is_empty() {
+            writeln!(f, "  presence         {}", self.presence.join(" "))?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let listen: Vec<String> = self.listen.iter().map(ToString::to_string).collect();
@@ -389,14 +404,7 @@ impl fmt::Display for Config {
             None => writeln!(f, "  max-connections  (none)")?,
         }
         writeln!(f, "  max-message      {}", fmt_size(self.max_message))?;
-        writeln!(
-            f,
-            "  max-channels     {} per connection",
-            self.max_channels_per_connection
-        )?;
-        if !self.presence.is_empty() {
-            writeln!(f, "  presence         {}", self.presence.join(" "))?;
-        }
+        self.fmt_channels(f)?;
         if self.history == 0 {
             writeln!(
                 f,
