@@ -32,6 +32,13 @@ pub enum Query {
         code: u16,
         reason: String,
     },
+    /// Close every connection whose token's subject is `sub`, with `code`
+    /// and `reason`.
+    DisconnectSubject {
+        sub: String,
+        code: u16,
+        reason: String,
+    },
 }
 
 /// One worker's answer, and (merged) the node's.
@@ -40,7 +47,12 @@ pub struct Part {
     /// `(channel, subscribers)`, sorted by name.
     #[serde(default)]
     pub channels: Vec<(String, u64)>,
-    /// Subscribers closed (`Disconnect`).
+    /// `Channel` with `--presence` on for it: `(sub, connections)` of the
+    /// channel's subscribers admitted with a token subject, sorted by sub.
+    /// (Boxed: most answers have none, and a part stays small.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence: Option<Box<Vec<(String, u64)>>>,
+    /// Subscribers closed (`Disconnect`, `DisconnectSubject`).
     #[serde(default)]
     pub closed: u64,
     /// Workers that answered.
@@ -78,6 +90,19 @@ impl Part {
             // first `limit + 1` of every worker that has them, so the
             // rest can never be part of the page.
             self.channels.truncate(limit.saturating_add(1));
+        }
+        if let Some(theirs) = other.presence {
+            let mut merged: BTreeMap<String, u64> = self
+                .presence
+                .take()
+                .map(|p| *p)
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            for (sub, n) in *theirs {
+                *merged.entry(sub).or_default() += n;
+            }
+            self.presence = Some(Box::new(merged.into_iter().collect()));
         }
         self.closed += other.closed;
         self.workers += other.workers;
@@ -196,6 +221,7 @@ mod tests {
     fn part(names: &[(&str, u64)]) -> Part {
         Part {
             channels: names.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect(),
+            presence: None,
             closed: 0,
             workers: 1,
             scope: None,

@@ -138,6 +138,10 @@ pub struct Config {
     /// may be in (`--max-channels-per-connection`).
     #[serde(default = "default_max_channels")]
     pub max_channels_per_connection: usize,
+    /// Channels whose presence `GET /api/channels/<c>` lists (`--presence`
+    /// patterns, as a token's grants).
+    #[serde(default)]
+    pub presence: Vec<String>,
     /// Bytes of topic filters one MQTT connection may hold (`--max-filter-bytes`).
     #[serde(default = "default_max_filter_bytes")]
     pub max_filter_bytes: usize,
@@ -278,6 +282,7 @@ impl Default for Config {
             test_backend: false,
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
             max_channels_per_connection: DEFAULT_MAX_CHANNELS,
+            presence: Vec::new(),
             max_filter_bytes: DEFAULT_MAX_FILTER_BYTES,
             mqtt_session_queue: DEFAULT_SESSION_QUEUE,
             mqtt_sessions_memory: DEFAULT_SESSIONS_MEMORY,
@@ -291,6 +296,13 @@ impl Default for Config {
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 #[error("{0}")]
 pub struct ParseError(String);
+
+/// A `--presence` pattern, checked as a token's grant is.
+pub fn parse_presence(s: &str) -> Result<String, String> {
+    crate::auth::Pattern::parse(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| e.to_string())
+}
 
 /// Parses `HOST:PORT` or `HOST:FIRST-LAST` (one listener per port) into addresses.
 pub fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, ParseError> {
@@ -319,6 +331,21 @@ pub fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, ParseError> {
         return Err(bad("a range cannot start at port 0"));
     }
     Ok((first..=last).map(|p| SocketAddr::new(ip, p)).collect())
+}
+
+impl Config {
+    /// The start lines of the channel limits and `--presence`.
+    fn fmt_channels(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "  max-channels     {} per connection",
+            self.max_channels_per_connection
+        )?;
+        if !self.presence.is_empty() {
+            writeln!(f, "  presence         {}", self.presence.join(" "))?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for Config {
@@ -377,11 +404,7 @@ impl fmt::Display for Config {
             None => writeln!(f, "  max-connections  (none)")?,
         }
         writeln!(f, "  max-message      {}", fmt_size(self.max_message))?;
-        writeln!(
-            f,
-            "  max-channels     {} per connection",
-            self.max_channels_per_connection
-        )?;
+        self.fmt_channels(f)?;
         if self.history == 0 {
             writeln!(
                 f,

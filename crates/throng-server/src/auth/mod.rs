@@ -288,11 +288,14 @@ impl Refusal {
 }
 
 /// What a granted request keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
     /// The token's `exp` (Unix seconds); `None`: no expiry, or not a token
     /// (the publish key).
     pub expires: Option<u64>,
+    /// The token's `sub`, when it has one: what `POST /api/disconnect`
+    /// finds its connections by.
+    pub subject: Option<Box<str>>,
 }
 
 /// A verified token: its expiry and grants.
@@ -304,7 +307,13 @@ pub struct Token {
     pub channels: Grants,
     /// `publish`: where it may publish.
     pub publish: Grants,
+    /// `sub`, when it has one (at most [`MAX_SUBJECT`] bytes).
+    pub subject: Option<Box<str>>,
 }
+
+/// The longest `sub` kept: a longer one is refused as a bad claim, so one
+/// connection cannot make the server keep a large string.
+pub const MAX_SUBJECT: usize = 255;
 
 impl Token {
     /// Whether the token allows `action` on `channel`.
@@ -331,11 +340,12 @@ impl<'de> Deserialize<'de> for NumericDate {
     }
 }
 
-/// The claims this server reads; any others are ignored (`sub` included:
-/// it is neither logged nor kept).
+/// The claims this server reads; any others are ignored. `sub` is kept by
+/// the connection (not logged), for disconnecting a user.
 #[derive(Deserialize)]
 struct Claims {
     exp: Option<NumericDate>,
+    sub: Option<serde_json::Value>,
     nbf: Option<NumericDate>,
     #[serde(default)]
     channels: Vec<String>,
@@ -504,7 +514,18 @@ impl Verifier {
         if claims.nbf.is_some_and(|NumericDate(nbf)| nbf > now) {
             return Err(Refusal::NotYetValid);
         }
+        // RFC 7519 makes `sub` a string; a number, which some issuers
+        // send, is kept as its text (the decoder refused anything else).
+        let subject = match claims.sub {
+            Some(serde_json::Value::String(s)) => Some(s),
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        if subject.as_ref().is_some_and(|s| s.len() > MAX_SUBJECT) {
+            return Err(Refusal::Claims);
+        }
         Ok(Token {
+            subject: subject.map(String::into_boxed_str),
             expires: claims.exp.map(|NumericDate(e)| e),
             channels: Grants::parse(&claims.channels).map_err(|_| Refusal::Claims)?,
             publish: Grants::parse(&claims.publish).map_err(|_| Refusal::Claims)?,
@@ -524,7 +545,10 @@ impl Verifier {
         if !t.allows(action, channel) {
             return Err(Refusal::NotGranted);
         }
-        Ok(Access { expires: t.expires })
+        Ok(Access {
+            expires: t.expires,
+            subject: t.subject,
+        })
     }
 }
 
@@ -687,7 +711,8 @@ mod tests {
         assert_eq!(
             ok,
             Ok(Access {
-                expires: Some(NOW + 60)
+                expires: Some(NOW + 60),
+                subject: Some("alice".into()),
             })
         );
         assert!(
@@ -695,6 +720,21 @@ mod tests {
                 .is_ok()
         );
         assert!(v.check(t.as_bytes(), Action::Publish, "news", NOW).is_ok());
+        let subject = |sub| {
+            let t = hs(json!({ "sub": sub, "exp": NOW + 60 }));
+            v.verify(t.as_bytes(), NOW).map(|t| t.subject)
+        };
+        assert_eq!(subject(json!(42)), Ok(Some("42".into())));
+        // The decoder refuses a `sub` that is not a string or a number.
+        assert_eq!(subject(json!(["a"])), Err(Refusal::Claims));
+        assert_eq!(
+            subject(json!("x".repeat(MAX_SUBJECT))).map(|s| s.map(|s| s.len())),
+            Ok(Some(MAX_SUBJECT))
+        );
+        assert_eq!(
+            subject(json!("x".repeat(MAX_SUBJECT + 1))),
+            Err(Refusal::Claims)
+        );
         let refused = v.check(t.as_bytes(), Action::Subscribe, "sport", NOW);
         assert_eq!(refused, Err(Refusal::NotGranted));
         assert_eq!(Refusal::NotGranted.status(), 403);

@@ -59,6 +59,9 @@ pub(crate) struct Order {
     pub channel: String,
     pub code: u16,
     pub reason: String,
+    /// Set: close the connections of this token subject (`channel` empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub: Option<String>,
 }
 
 /// How a relayed disconnect went.
@@ -178,7 +181,7 @@ fn add_hash(sum: &mut BTreeMap<String, u64>, reply: &Value, query: &Query) {
                 name.starts_with(prefix.as_str()) && name > after.as_str()
             }
             Query::Channel { name: c } => name == c,
-            Query::Disconnect { .. } => false,
+            Query::Disconnect { .. } | Query::DisconnectSubject { .. } => false,
         };
         if wanted {
             *sum.entry(name.to_owned()).or_default() += n;

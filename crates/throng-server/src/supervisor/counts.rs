@@ -115,6 +115,14 @@ impl Supervisor {
         };
         c.next += 1;
         let id = c.next;
+        let order = |channel: &str, sub: Option<&String>, code: u16, reason: &str| Order {
+            req: format!("{}-{id}", c.id),
+            from: c.id.clone(),
+            channel: channel.to_owned(),
+            code,
+            reason: reason.to_owned(),
+            sub: sub.cloned(),
+        };
         let cmd = match &query {
             Query::Disconnect {
                 channel,
@@ -122,13 +130,11 @@ impl Supervisor {
                 reason,
             } => CountsCmd::Disconnect {
                 id,
-                order: Order {
-                    req: format!("{}-{id}", c.id),
-                    from: c.id.clone(),
-                    channel: channel.clone(),
-                    code: *code,
-                    reason: reason.clone(),
-                },
+                order: order(channel, None, *code, reason),
+            },
+            Query::DisconnectSubject { sub, code, reason } => CountsCmd::Disconnect {
+                id,
+                order: order("", Some(sub), *code, reason),
             },
             _ => CountsCmd::Read {
                 id,
@@ -188,10 +194,17 @@ impl Supervisor {
         c.next += 1;
         let n = c.next;
         c.orders.insert(n, order.req);
-        let q = Query::Disconnect {
-            channel: order.channel,
-            code: order.code,
-            reason: order.reason,
+        let q = match order.sub {
+            Some(sub) => Query::DisconnectSubject {
+                sub,
+                code: order.code,
+                reason: order.reason,
+            },
+            None => Query::Disconnect {
+                channel: order.channel,
+                code: order.code,
+                reason: order.reason,
+            },
         };
         let body = Bytes::from(serde_json::to_vec(&q).unwrap_or_default());
         let to = Asker {

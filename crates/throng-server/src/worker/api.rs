@@ -38,12 +38,25 @@ fn part(w: &Worker, q: &Query) -> Part {
         } => part.channels = w.subs.channel_page(prefix, after, limit.saturating_add(1)),
         Query::Channel { name } => {
             part.channels = vec![(name.clone(), w.subs.subscribers_of(name))];
+            if presence_on(w, name) {
+                part.presence = Some(Box::new(w.subs.presence_of(name)));
+            }
         }
         Query::Disconnect {
             channel,
             code,
             reason,
         } => part.closed = w.subs.close_channel(channel, *code, reason),
+        Query::DisconnectSubject { sub, code, reason } => {
+            part.closed = w.subs.close_subject(sub, *code, reason);
+        }
     }
     part
+}
+
+/// Whether `--presence` names `channel` (a pattern that does not parse was
+/// refused at start).
+pub(super) fn presence_on(w: &Worker, channel: &str) -> bool {
+    !w.cfg.presence.is_empty()
+        && crate::auth::Grants::parse(&w.cfg.presence).is_ok_and(|g| g.allows(channel))
 }

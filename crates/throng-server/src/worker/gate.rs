@@ -124,7 +124,10 @@ pub(crate) fn unix_now() -> u64 {
 /// anyone may (and nothing expires).
 pub(crate) fn may_subscribe(w: &Worker, req: &Request, channel: &str) -> Result<Access, Refusal> {
     let Some(v) = w.verifier.get() else {
-        return Ok(Access { expires: None });
+        return Ok(Access {
+            expires: None,
+            subject: None,
+        });
     };
     let token = bearer(req).ok_or(Refusal::Missing)?;
     v.check(token, Action::Subscribe, channel, unix_now())

@@ -670,9 +670,10 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
     if Box::pin(turned_away(w, &mut stream, req)).await {
         return;
     }
-    // Only its expiry is kept, in the four bytes a subscriber has for it.
-    let expires = match gate::may_subscribe(w, req, name) {
-        Ok(access) => crate::auth::expiry(access.expires),
+    // Its expiry is kept in the four bytes a subscriber has for it; its
+    // subject (if any) beside the tables.
+    let (expires, subject) = match gate::may_subscribe(w, req, name) {
+        Ok(access) => (crate::auth::expiry(access.expires), access.subject),
         Err(why) => {
             Box::pin(gate::refuse(w, &mut stream, why)).await;
             return;
@@ -698,6 +699,7 @@ async fn upgrade(w: &Worker, mut stream: Io, req: &Request, rest: &[u8], ticket:
         return;
     };
     let c = c.with_expiry(expires);
+    w.subs.subject_next(subject);
     let subscribed = match since {
         Some(since) => w.subs.subscribe_after(name, c, since),
         None => w.subs.subscribe(name, c).map(drop),
@@ -856,6 +858,7 @@ async fn upgrade_many(
         .with_expiry(admitted.expires)
         .with_max_message(max_packet(w.cfg.max_message.div_ceil(3) * 4));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    w.subs.subject_next(admitted.subject);
     if let Err(e) = w.subs.subscribe_many(c, &names, since, admitted.grants) {
         w.subs.outside().counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");

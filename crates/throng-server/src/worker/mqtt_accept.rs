@@ -274,6 +274,7 @@ async fn handshake(
     if let Some(tls) = tls {
         c = c.with_tls(tls);
     }
+    w.subs.subject_next(admitted.subject);
     if let Err(e) = w.subs.add_mqtt(c, claim, start) {
         counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");

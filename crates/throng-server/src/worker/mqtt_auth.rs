@@ -47,6 +47,8 @@ pub(crate) struct MqttGrants {
 pub(crate) struct Admitted {
     pub(crate) grants: Option<Box<MqttGrants>>,
     pub(crate) expires: u32,
+    /// The token's `sub`, when it has one.
+    pub(crate) subject: Option<Box<str>>,
 }
 
 /// What the CONNACK of a refused credential says.
@@ -71,6 +73,7 @@ pub(crate) fn check(
     let open = Admitted {
         grants: None,
         expires: 0,
+        subject: None,
     };
     if !guarded {
         // Nothing to check: a password is not read.
@@ -90,6 +93,7 @@ pub(crate) fn check(
                 publish: Grants::all(),
             })),
             expires: 0,
+            subject: None,
         });
     }
     match verifier {
@@ -97,6 +101,7 @@ pub(crate) fn check(
             let token = v.verify(password, now)?;
             Ok(Admitted {
                 expires: crate::auth::expiry(token.expires),
+                subject: token.subject,
                 grants: Some(Box::new(MqttGrants {
                     channels: token.channels,
                     publish: token.publish,
@@ -260,7 +265,8 @@ mod tests {
             a,
             Admitted {
                 grants: None,
-                expires: 0
+                expires: 0,
+                subject: None,
             }
         );
         assert!(may_publish(limits(false), None, "news"));

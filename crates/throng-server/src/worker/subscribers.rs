@@ -49,6 +49,7 @@ use super::table::{Channels, Slab};
 
 mod api;
 mod many;
+mod subjects;
 use crate::auth;
 use crate::channel;
 use crate::control::{
@@ -437,6 +438,8 @@ pub(crate) struct Subscribers<O: Outside> {
     /// awaiting the relay's answer, and the token verifier a refresh is
     /// checked by ([`many`]).
     many: many::Many<O::Wire>,
+    /// The token subject of connections admitted with one ([`subjects`]).
+    subjects: RefCell<subjects::Subjects>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -530,6 +533,7 @@ impl<O: Outside> Subscribers<O> {
             shares: RefCell::default(),
             delayed_wills: RefCell::default(),
             many: many::Many::default(),
+            subjects: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -572,8 +576,10 @@ impl<O: Outside> Subscribers<O> {
         self.conns.borrow_mut().insert(&c);
         if let Err(e) = self.outside.watch(c.wire(), c.slot()) {
             self.conns.borrow_mut().remove(&c);
+            self.subject_next(None);
             return Err(e);
         }
+        self.subject_admitted(&c);
         if let Some(channel) = channel
             && self.channels.borrow_mut().subscribe(channel, &c)
         {
@@ -1286,6 +1292,7 @@ impl<O: Outside> Subscribers<O> {
             c.close_notify(&self.tls_out);
         }
         self.outside.forget(c.wire(), c.tag());
+        self.subject_gone(c);
         if c.slot() != NONE {
             self.conns.borrow_mut().remove(c);
             self.counters

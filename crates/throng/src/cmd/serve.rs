@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use throng_host::units::{parse_duration, parse_rate, parse_size};
 use throng_server::auth::{Key, PublishKeyFile, Settings};
-use throng_server::config::{PerAddress, parse_listen};
+use throng_server::config::{PerAddress, parse_listen, parse_presence};
 use throng_server::redis::{RedisMode, RedisSettings, RedisUrl, Topology, Trust};
 use throng_server::reload::Files;
 use throng_server::{Config, Plan, WorkerCommand};
@@ -243,6 +243,12 @@ pub(crate) struct Args {
     /// (docs/channels.md); at connect, 400.
     #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_MAX_CHANNELS)]
     max_channels_per_connection: usize,
+
+    /// Channels whose presence (who is subscribed: the tokens' sub) GET /api/channels/<c>
+    /// lists, by pattern as in a token's grants (room.*, exact names, *); repeatable.
+    /// Off by default: the subjects of users are not shown (docs/api.md).
+    #[arg(long, value_name = "PATTERN", value_parser = parse_presence, action = clap::ArgAction::Append)]
+    presence: Vec<String>,
 
     /// Bytes of topic filters one MQTT connection may hold; a filter past it is refused
     /// as past --max-subscriptions (kind="max_filter_bytes").
@@ -645,6 +651,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         test_backend: args.test_backend,
         max_subscriptions: args.max_subscriptions,
         max_channels_per_connection: args.max_channels_per_connection,
+        presence: args.presence.clone(),
         max_filter_bytes: args.max_filter_bytes,
         mqtt_session_queue: args.mqtt_session_queue,
         mqtt_sessions_memory: args.mqtt_sessions_memory,

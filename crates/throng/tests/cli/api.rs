@@ -17,7 +17,7 @@ use crate::serve;
 
 /// `method path` with an optional JSON body and `Authorization`; the
 /// status and the body parsed as JSON (`Null` when it is not JSON).
-fn call(
+pub(crate) fn call(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -36,7 +36,7 @@ fn call(
 }
 
 /// `POST path` with a JSON body and no credential.
-fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+pub(crate) fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
     call(addr, "POST", path, Some(body), None)
 }
 
@@ -142,7 +142,7 @@ fn counts_over_every_worker_by_prefix_and_page() {
 }
 
 /// A raw Server-Sent Events subscriber of `channel`, past its head.
-fn sse(addr: SocketAddr, channel: &str) -> TcpStream {
+pub(crate) fn sse(addr: SocketAddr, channel: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(15)))
         .expect("timeout");
@@ -164,7 +164,7 @@ fn sse(addr: SocketAddr, channel: &str) -> TcpStream {
 
 /// The server's close frame (code and reason), after reading up to the
 /// end of the connection (tungstenite answers the close).
-fn close_frame_then_end(ws: &mut Sub) -> (u16, String) {
+pub(crate) fn close_frame_then_end(ws: &mut Sub) -> (u16, String) {
     let mut got = None;
     loop {
         match ws.read() {
@@ -220,7 +220,8 @@ fn disconnect_closes_a_channels_subscribers_with_the_code_and_no_others() {
     for (body, why) in [
         ("{\"channel\":", "not a disconnect request"),
         ("{\"channel\":\"a\",\"colour\":1}", "unknown field"),
-        ("{\"sub\":\"user-1\"}", "token subject is not supported"),
+        ("{\"sub\":\"\"}", "sub: 1 to 255 bytes"),
+        ("{\"sub\":\"u\",\"channel\":\"a\"}", "not both"),
         ("{}", "name the channel"),
         ("{\"channel\":\"a\",\"code\":1005}", "cannot be sent"),
         ("{\"channel\":\"bad name\"}", "channel"),

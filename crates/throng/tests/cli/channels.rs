@@ -22,7 +22,7 @@ type Ws = tungstenite::WebSocket<TcpStream>;
 
 /// A `throng.v1` connection to `target` (with `token` as a `bearer.`
 /// subprotocol entry when given).
-fn open(addr: SocketAddr, target: &str, token: Option<&str>) -> Ws {
+pub(crate) fn open(addr: SocketAddr, target: &str, token: Option<&str>) -> Ws {
     let mut req = format!("ws://{addr}{target}")
         .into_client_request()
         .expect("a request");

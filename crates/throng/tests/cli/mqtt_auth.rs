@@ -110,7 +110,7 @@ fn connack(c: &mut Client) -> u8 {
 }
 
 /// Connected with `password`: CONNACK success checked.
-fn connected(addr: SocketAddr, version: Version, password: Option<&str>) -> Client {
+pub(crate) fn connected(addr: SocketAddr, version: Version, password: Option<&str>) -> Client {
     let mut c = open(addr, version, password, None);
     assert_eq!(connack(&mut c), 0, "{version:?} with {password:?}");
     c
@@ -118,7 +118,7 @@ fn connected(addr: SocketAddr, version: Version, password: Option<&str>) -> Clie
 
 /// An MQTT listener on a server whose tokens are checked with `mint`'s
 /// HS256 secret.
-fn guarded(mint: &Mint, extra: &[&str]) -> (Server, SocketAddr) {
+pub(crate) fn guarded(mint: &Mint, extra: &[&str]) -> (Server, SocketAddr) {
     let secret = mint.key("hs256.key");
     let mut args = vec!["--auth-hs256-secret-file", &secret];
     args.extend_from_slice(extra);

@@ -4,7 +4,8 @@
 //! - `GET /api/channels?prefix=&limit=&after=`: channels and their subscribers, by name.
 //! - `GET /api/channels/<c>`: one channel's subscribers and last message id.
 //! - `GET /api/history/<c>?since=&limit=`: what the history kept.
-//! - `POST /api/disconnect`: close a channel's subscribers with a close code.
+//! - `POST /api/disconnect`: close a channel's subscribers, or a token
+//!   subject's connections, with a close code.
 //! - `POST /api/publish`: one message to several channels.
 //!
 //! Counts are this node's: the supervisor asks every worker
@@ -194,6 +195,23 @@ fn path_channel(caller: &Caller, path: &str, prefix: &str) -> Result<String, Bad
     Ok(name.to_owned())
 }
 
+/// The most subjects `GET /api/channels/<c>` lists in `presence`.
+const MAX_PRESENCE: usize = 1000;
+
+/// Adds a channel's presence to its answer: this node's subjects (first
+/// [`MAX_PRESENCE`] by name, `presence_truncated` when there were more).
+fn presence(v: &mut Value, mut who: Vec<(String, u64)>) {
+    let truncated = who.len() > MAX_PRESENCE;
+    who.truncate(MAX_PRESENCE);
+    let list: Vec<Value> = who
+        .into_iter()
+        .map(|(sub, n)| json!({ "sub": sub, "connections": n }))
+        .collect();
+    v["presence"] = list.into();
+    v["presence_scope"] = "node".into();
+    v["presence_truncated"] = truncated.into();
+}
+
 /// `GET /api/channels/<c>`.
 async fn one_channel(w: &Worker, caller: &Caller, path: &str) -> Result<Value, Bad> {
     let name = path_channel(caller, path, "/api/channels/")?;
@@ -201,6 +219,9 @@ async fn one_channel(w: &Worker, caller: &Caller, path: &str) -> Result<Value, B
     let subscribers: u64 = part.channels.iter().map(|(_, n)| n).sum();
     let scope = part.scope.as_deref().unwrap_or(scope(w));
     let mut v = json!({ "name": name, "subscribers": subscribers, "scope": scope });
+    if crate::worker::api::presence_on(w, &name) {
+        presence(&mut v, part.presence.map(|p| *p).unwrap_or_default());
+    }
     if w.cfg.history > 0 {
         let (_, kept) = w
             .supervisor
@@ -262,7 +283,7 @@ async fn history(w: &Worker, caller: &Caller, path: &str, query: &str) -> Result
 #[serde(deny_unknown_fields)]
 struct DisconnectBody {
     channel: Option<String>,
-    /// Disconnect by token subject: refused, the server does not keep it.
+    /// The token subject whose connections close, whatever their channels.
     sub: Option<String>,
     #[serde(default = "normal_close")]
     code: u16,
@@ -279,28 +300,10 @@ fn sendable(code: u16) -> bool {
     matches!(code, 1000 | 1001 | 1008 | 1011..=1013 | 3000..=4999)
 }
 
-/// `POST /api/disconnect`.
+/// `POST /api/disconnect`: by channel or by token subject.
 async fn disconnect(w: &Worker, caller: &Caller, body: &[u8]) -> Result<Value, Bad> {
     let d: DisconnectBody = serde_json::from_slice(body)
         .map_err(|e| bad(400, format!("the body is not a disconnect request: {e}")))?;
-    let channel = match (d.channel, d.sub) {
-        (Some(c), None) => c,
-        (_, Some(_)) => {
-            return Err(bad(
-                400,
-                "disconnect by token subject is not supported: connections do not keep their \
-                 token's sub (docs/api.md); disconnect by channel",
-            ));
-        }
-        (None, None) => return Err(bad(400, "name the channel: {\"channel\":\"a\"}")),
-    };
-    let channel = channel_name(&channel, "channel")?;
-    if channel.is_empty() {
-        return Err(bad(400, "channel: empty name"));
-    }
-    caller
-        .may_publish(&channel)
-        .map_err(|why| bad(why.status(), why.to_string()))?;
     if !sendable(d.code) {
         return Err(bad(
             400,
@@ -313,18 +316,69 @@ async fn disconnect(w: &Worker, caller: &Caller, body: &[u8]) -> Result<Value, B
     if d.reason.len() > MAX_REASON {
         return Err(bad(400, format!("reason is over {MAX_REASON} bytes")));
     }
-    let q = Query::Disconnect {
-        channel: channel.clone(),
-        code: d.code,
-        reason: d.reason,
+    let (q, mut v) = match (d.channel, d.sub) {
+        (Some(c), None) => {
+            let channel = channel_name(&c, "channel")?;
+            if channel.is_empty() {
+                return Err(bad(400, "channel: empty name"));
+            }
+            caller
+                .may_publish(&channel)
+                .map_err(|why| bad(why.status(), why.to_string()))?;
+            let v = json!({ "channel": channel });
+            let q = Query::Disconnect {
+                channel,
+                code: d.code,
+                reason: d.reason,
+            };
+            (q, v)
+        }
+        (None, Some(sub)) => {
+            subject(caller, &sub)?;
+            let v = json!({ "sub": sub });
+            let q = Query::DisconnectSubject {
+                sub,
+                code: d.code,
+                reason: d.reason,
+            };
+            (q, v)
+        }
+        (Some(_), Some(_)) => {
+            return Err(bad(400, "name the channel or the sub, not both"));
+        }
+        (None, None) => {
+            return Err(bad(
+                400,
+                "name the channel or the token subject: {\"channel\":\"a\"} or {\"sub\":\"alice\"}",
+            ));
+        }
     };
     let part = ask(w, &q).await?;
-    let scope = part.scope.as_deref().unwrap_or(scope(w));
-    let mut v = json!({ "channel": channel, "closed": part.closed, "scope": scope });
+    v["closed"] = json!(part.closed);
+    v["scope"] = json!(part.scope.as_deref().unwrap_or(scope(w)));
     if let Some(n) = part.nodes {
         v["nodes"] = json!(n);
     }
     Ok(v)
+}
+
+/// Checks a disconnect by subject: a subject a token can carry, asked by
+/// the publish key (or where publishing is open): a token's grants name
+/// channels, not users, so none may close another user's connections.
+fn subject(caller: &Caller, sub: &str) -> Result<(), Bad> {
+    if sub.is_empty() || sub.len() > crate::auth::MAX_SUBJECT {
+        return Err(bad(
+            400,
+            format!("sub: 1 to {} bytes", crate::auth::MAX_SUBJECT),
+        ));
+    }
+    match caller {
+        Caller::Any => Ok(()),
+        Caller::Token(_) => Err(bad(
+            403,
+            "disconnecting by sub takes the publish key, not a token",
+        )),
+    }
 }
 
 /// `POST /api/publish`'s body.

@@ -368,6 +368,7 @@ impl<O: Outside> Subscribers<O> {
                 }
             };
         c.set_expires(admitted.expires);
+        self.subject_refreshed(c, admitted.subject);
         let revoked: Vec<_> = {
             let mut grants = self.many.grants.borrow_mut();
             match admitted.grants {
