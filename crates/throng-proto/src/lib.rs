@@ -21,6 +21,7 @@
 //! `tests/proto/`; and cargo-fuzz targets in the repository's `fuzz/`
 //! directory for the handshake, the frame decoder and HTTP responses.
 
+pub mod deflate;
 pub mod h2;
 pub mod http;
 pub mod mqtt;
