@@ -170,9 +170,11 @@ impl Deflater {
     /// The compressed form of `frame`, one complete unmasked server frame
     /// (as [`crate::ws::server_frame`] makes): the same opcode, RSV1 set,
     /// the payload deflated with the 4-byte tail removed. A frame that is
-    /// not a whole unfragmented data frame is returned unchanged.
-    pub fn frame(&mut self, frame: &Bytes) -> Bytes {
-        let Some((opcode, payload)) = data_frame(frame) else {
+    /// not a whole unfragmented data frame, or whose payload is shorter
+    /// than `min` bytes (too small to gain), is returned unchanged: RSV1
+    /// is per message, so an uncompressed frame is always allowed.
+    pub fn frame(&mut self, frame: &Bytes, min: usize) -> Bytes {
+        let Some((opcode, payload)) = data_frame(frame).filter(|(_, p)| p.len() >= min) else {
             return frame.clone();
         };
         let body = self.compress(payload);
@@ -345,7 +347,8 @@ mod tests {
         let json = br#"{"user":"ada","event":"click","x":1,"y":2}"#.repeat(24);
         let frame = server_frame(OpCode::Text, &json);
         let mut z = Deflater::new();
-        let c = z.frame(&frame);
+        let c = z.frame(&frame, 0);
+        assert_eq!(z.frame(&frame, json.len() + 1), frame, "under the minimum");
         assert_eq!(c[0], 0x80 | RSV1 | 0x1);
         assert!(c.len() < frame.len() / 4, "{} vs {}", c.len(), frame.len());
         let mut plain = c.to_vec();
@@ -356,10 +359,10 @@ mod tests {
         assert_eq!(op, OpCode::Text);
         assert_eq!(inflate(body, 1 << 20).as_deref(), Ok(&json[..]));
         // Each message alone: the same frame twice compresses the same.
-        assert_eq!(z.frame(&frame), c);
+        assert_eq!(z.frame(&frame, json.len()), c);
         // Control frames and empty payloads.
         let ping = server_frame(OpCode::Ping, b"");
-        assert_eq!(z.frame(&ping), ping);
+        assert_eq!(z.frame(&ping, 0), ping);
         let empty = z.compress(b"");
         assert_eq!(inflate(&empty, 10).as_deref(), Ok(&b""[..]));
         assert_eq!(inflate(&empty, 0).as_deref(), Ok(&b""[..]));
