@@ -10,16 +10,15 @@
 //! uncompressed frames), never accepted and then broken.
 
 use bytes::Bytes;
-use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
+use flate2::{Compress, Compression, FlushCompress};
 
 use crate::ws::{OpCode, encode_into, header_len};
 
 /// The extension's name in `Sec-WebSocket-Extensions`.
 pub const NAME: &str = "permessage-deflate";
 
-/// The bytes a sync flush ends with, stripped by the sender and put back
-/// by the receiver (RFC 7692 section 7.2.1).
-const TAIL: [u8; 4] = [0x00, 0x00, 0xff, 0xff];
+use crate::inflate::TAIL;
+pub use crate::inflate::{InflateError, inflate};
 
 /// RSV1: the frame starts a compressed message.
 pub const RSV1: u8 = 0x40;
@@ -226,67 +225,6 @@ fn data_frame(frame: &[u8]) -> Option<(OpCode, &[u8])> {
         _ => 2,
     };
     Some((opcode, frame.get(at..)?))
-}
-
-/// Why a compressed message could not be inflated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InflateError {
-    /// It inflates to more than the limit (a decompression bomb is cut
-    /// off here, having cost at most the limit).
-    TooBig,
-    /// Not a valid raw deflate stream.
-    Corrupt,
-}
-
-/// Inflates one message's compressed payload (its frames' payloads
-/// joined, without the tail) into at most `limit` bytes. Each message
-/// starts afresh: the client was told `client_no_context_takeover`.
-pub fn inflate(compressed: &[u8], limit: usize) -> Result<Vec<u8>, InflateError> {
-    let mut d = Decompress::new(false);
-    let mut out: Vec<u8> = Vec::with_capacity(
-        compressed
-            .len()
-            .saturating_mul(4)
-            .max(64)
-            .min(limit.saturating_add(1)),
-    );
-    for (input, last) in [(compressed, false), (&TAIL[..], true)] {
-        let start = d.total_in();
-        loop {
-            let used = (d.total_in() - start) as usize;
-            if out.len() == out.capacity() {
-                if out.len() > limit {
-                    return Err(InflateError::TooBig);
-                }
-                // Room for one byte past the limit, to see it exceeded.
-                let grow = out
-                    .capacity()
-                    .max(64)
-                    .min(limit.saturating_add(1) - out.len());
-                out.reserve_exact(grow);
-            }
-            let status = d
-                .decompress_vec(&input[used..], &mut out, FlushDecompress::Sync)
-                .map_err(|_| InflateError::Corrupt)?;
-            if out.len() > limit {
-                return Err(InflateError::TooBig);
-            }
-            let consumed = (d.total_in() - start) as usize == input.len();
-            match status {
-                Status::StreamEnd => return Ok(out),
-                // All in, and room was left: nothing more comes out.
-                _ if consumed && out.len() < out.capacity() => break,
-                Status::BufError if !consumed && out.len() < out.capacity() => {
-                    return Err(InflateError::Corrupt);
-                }
-                _ => {}
-            }
-        }
-        if last {
-            break;
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@
 pub mod deflate;
 pub mod h2;
 pub mod http;
+mod inflate;
 pub mod mqtt;
 pub mod proxy;
 pub mod resp;

@@ -832,11 +832,11 @@ impl Assembly {
     /// most `max_message` bytes), and checks that a text one is all UTF-8.
     fn finish(&mut self, max_message: usize) -> Result<(), ProtocolError> {
         if self.compressed {
-            self.buf = crate::deflate::inflate(&self.buf, max_message).map_err(|e| match e {
-                crate::deflate::InflateError::TooBig => {
+            self.buf = crate::inflate::inflate(&self.buf, max_message).map_err(|e| match e {
+                crate::inflate::InflateError::TooBig => {
                     ProtocolError::TooBig { limit: max_message }
                 }
-                crate::deflate::InflateError::Corrupt => ProtocolError::BadDeflate,
+                crate::inflate::InflateError::Corrupt => ProtocolError::BadDeflate,
             })?;
             if self.text {
                 std::str::from_utf8(&self.buf).map_err(|_| ProtocolError::InvalidUtf8)?;
