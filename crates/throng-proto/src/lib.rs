@@ -21,8 +21,10 @@
 //! `tests/proto/`; and cargo-fuzz targets in the repository's `fuzz/`
 //! directory for the handshake, the frame decoder and HTTP responses.
 
+pub mod deflate;
 pub mod h2;
 pub mod http;
+mod inflate;
 pub mod mqtt;
 pub mod proxy;
 pub mod resp;

@@ -403,13 +403,16 @@ pub enum ProtocolError {
     /// section 5.2). Lengths in a longer encoding than needed are accepted.
     #[error("invalid frame length")]
     BadLength,
+    /// A compressed message (permessage-deflate) that does not inflate.
+    #[error("compressed message is not valid deflate data")]
+    BadDeflate,
 }
 
 impl ProtocolError {
     /// The close code to send: 1002 protocol, 1007 invalid data, 1009 too big.
     pub fn close_code(&self) -> u16 {
         match self {
-            Self::InvalidUtf8 => close_code::INVALID_DATA,
+            Self::InvalidUtf8 | Self::BadDeflate => close_code::INVALID_DATA,
             Self::TooBig { .. } => close_code::TOO_BIG,
             _ => close_code::PROTOCOL,
         }
@@ -430,6 +433,7 @@ impl ProtocolError {
             Self::TooBig { .. } => "too_big",
             Self::BadClose => "bad_close",
             Self::BadLength => "bad_length",
+            Self::BadDeflate => "bad_deflate",
         }
     }
 }
@@ -475,9 +479,13 @@ pub struct Decoder {
     /// completed one is dropped at the start of the next [`Decoder::decode`]
     /// call or by [`Decoder::release`]. Boxed so an idle decoder stays small.
     assembly: Option<Box<Assembly>>,
-    /// Largest message, in payload bytes summed over its fragments.
+    /// Largest message, in payload bytes summed over its fragments (and,
+    /// for a compressed one, both before and after inflating).
     max_message: usize,
     role: Role,
+    /// permessage-deflate was negotiated: RSV1 on a message's first frame
+    /// says it is compressed ([`crate::deflate`]). In what was padding.
+    deflate: bool,
 }
 
 /// A message arriving in fragments.
@@ -487,6 +495,9 @@ struct Assembly {
     text: bool,
     /// The final fragment arrived; `buf` is only kept for the returned borrow.
     done: bool,
+    /// Compressed (RSV1): `buf` holds deflated bytes, inflated and checked
+    /// when the last fragment arrives.
+    compressed: bool,
     /// Invariant: `buf[..checked]` is valid UTF-8 (text only). Bytes after it
     /// are at most an incomplete trailing sequence (fewer than 4 bytes), so an
     /// invalid message is refused at the fragment that breaks it.
@@ -523,6 +534,8 @@ struct Head {
     header_len: usize,
     /// Payload bytes; within the message limit for data frames.
     payload_len: usize,
+    /// RSV1 on a message's first frame, with permessage-deflate negotiated.
+    compressed: bool,
 }
 
 impl Decoder {
@@ -532,7 +545,20 @@ impl Decoder {
             assembly: None,
             max_message,
             role,
+            deflate: false,
         }
+    }
+
+    /// Accepts compressed messages (RSV1), as permessage-deflate with
+    /// `client_no_context_takeover` sends them: each inflated on its own,
+    /// to at most the message limit ([`ProtocolError::TooBig`] beyond).
+    pub fn set_deflate(&mut self, on: bool) {
+        self.deflate = on;
+    }
+
+    /// Whether permessage-deflate was negotiated ([`Decoder::set_deflate`]).
+    pub fn deflate(&self) -> bool {
+        self.deflate
     }
 
     /// Decodes the frame at the front of `buf`, unmasking it in place.
@@ -625,21 +651,28 @@ impl Decoder {
             OpCode::Ping => Out::Ping,
             OpCode::Pong => Out::Pong,
             OpCode::Close => Out::Close(parse_close(payload)?),
-            OpCode::Text if head.fin => {
+            OpCode::Text if head.fin && !head.compressed => {
                 std::str::from_utf8(payload).map_err(|_| ProtocolError::InvalidUtf8)?;
                 Out::Text
             }
-            OpCode::Binary if head.fin => Out::Binary,
+            OpCode::Binary if head.fin && !head.compressed => Out::Binary,
             OpCode::Text | OpCode::Binary => {
                 let mut asm = Assembly {
                     text: head.opcode == OpCode::Text,
                     done: false,
+                    compressed: head.compressed,
                     checked: 0,
                     buf: Vec::with_capacity(payload.len()),
                 };
                 asm.push(payload, self.max_message)?;
+                let out = if head.fin {
+                    asm.finish(self.max_message)?;
+                    Out::Assembled
+                } else {
+                    Out::Fragment
+                };
                 self.assembly = Some(Box::new(asm));
-                Out::Fragment
+                out
             }
             OpCode::Continuation => {
                 // parse_head refused a continuation without a message.
@@ -649,10 +682,7 @@ impl Decoder {
                     .ok_or(ProtocolError::UnexpectedContinuation)?;
                 asm.push(payload, self.max_message)?;
                 if head.fin {
-                    if asm.text && asm.checked != asm.buf.len() {
-                        return Err(ProtocolError::InvalidUtf8);
-                    }
-                    asm.done = true;
+                    asm.finish(self.max_message)?;
                     Out::Assembled
                 } else {
                     Out::Fragment
@@ -673,9 +703,6 @@ impl Decoder {
         let [b0, b1, ..] = *buf else {
             return Ok(None);
         };
-        if b0 & 0x70 != 0 {
-            return Err(ProtocolError::ReservedBits);
-        }
         let fin = b0 & 0x80 != 0;
         let opcode = match b0 & 0x0F {
             0x0 => OpCode::Continuation,
@@ -686,6 +713,13 @@ impl Decoder {
             0xA => OpCode::Pong,
             other => return Err(ProtocolError::UnknownOpcode(other)),
         };
+        // RSV1 may start a compressed message, and only that (RFC 7692
+        // section 6): never on a continuation or a control frame.
+        let compressed =
+            self.deflate && b0 & 0x40 != 0 && matches!(opcode, OpCode::Text | OpCode::Binary);
+        if b0 & 0x70 != 0 && !(compressed && b0 & 0x30 == 0) {
+            return Err(ProtocolError::ReservedBits);
+        }
         let masked = b1 & 0x80 != 0;
         match (self.role, masked) {
             (Role::Server, false) => return Err(ProtocolError::Unmasked),
@@ -763,6 +797,7 @@ impl Decoder {
             mask,
             header_len,
             payload_len,
+            compressed,
         }))
     }
 }
@@ -779,7 +814,7 @@ impl Assembly {
             self.buf.reserve_exact(cap - self.buf.len());
         }
         self.buf.extend_from_slice(payload);
-        if self.text {
+        if self.text && !self.compressed {
             match std::str::from_utf8(&self.buf[self.checked..]) {
                 Ok(_) => self.checked = self.buf.len(),
                 // An incomplete sequence at the end may be finished by the
@@ -788,6 +823,30 @@ impl Assembly {
                 Err(_) => return Err(ProtocolError::InvalidUtf8),
             }
         }
+        Ok(())
+    }
+}
+
+impl Assembly {
+    /// The last fragment arrived: inflates a compressed message (to at
+    /// most `max_message` bytes), and checks that a text one is all UTF-8.
+    fn finish(&mut self, max_message: usize) -> Result<(), ProtocolError> {
+        if self.compressed {
+            self.buf = crate::inflate::inflate(&self.buf, max_message).map_err(|e| match e {
+                crate::inflate::InflateError::TooBig => {
+                    ProtocolError::TooBig { limit: max_message }
+                }
+                crate::inflate::InflateError::Corrupt => ProtocolError::BadDeflate,
+            })?;
+            if self.text {
+                std::str::from_utf8(&self.buf).map_err(|_| ProtocolError::InvalidUtf8)?;
+                self.checked = self.buf.len();
+            }
+        }
+        if self.text && self.checked != self.buf.len() {
+            return Err(ProtocolError::InvalidUtf8);
+        }
+        self.done = true;
         Ok(())
     }
 }

@@ -142,6 +142,12 @@ pub struct Config {
     /// patterns, as a token's grants).
     #[serde(default)]
     pub presence: Vec<String>,
+    /// Offer permessage-deflate to WebSocket subscribers (`--ws-deflate`).
+    #[serde(default)]
+    pub ws_deflate: bool,
+    /// The smallest payload sent compressed (`--ws-deflate-min`).
+    #[serde(default = "default_ws_deflate_min")]
+    pub ws_deflate_min: usize,
     /// Bytes of topic filters one MQTT connection may hold (`--max-filter-bytes`).
     #[serde(default = "default_max_filter_bytes")]
     pub max_filter_bytes: usize,
@@ -200,6 +206,14 @@ pub const DEFAULT_MAX_CHANNELS: usize = 100;
 
 fn default_max_channels() -> usize {
     DEFAULT_MAX_CHANNELS
+}
+
+/// Payloads shorter than this go uncompressed with `--ws-deflate`: a
+/// deflate stream's own overhead eats what so few bytes could save.
+pub const DEFAULT_WS_DEFLATE_MIN: usize = 256;
+
+fn default_ws_deflate_min() -> usize {
+    DEFAULT_WS_DEFLATE_MIN
 }
 
 fn default_max_filter_bytes() -> usize {
@@ -283,6 +297,8 @@ impl Default for Config {
             max_subscriptions: DEFAULT_MAX_SUBSCRIPTIONS,
             max_channels_per_connection: DEFAULT_MAX_CHANNELS,
             presence: Vec::new(),
+            ws_deflate: false,
+            ws_deflate_min: DEFAULT_WS_DEFLATE_MIN,
             max_filter_bytes: DEFAULT_MAX_FILTER_BYTES,
             mqtt_session_queue: DEFAULT_SESSION_QUEUE,
             mqtt_sessions_memory: DEFAULT_SESSIONS_MEMORY,

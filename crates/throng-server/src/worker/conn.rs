@@ -344,6 +344,11 @@ impl<W> Conn<W> {
         self.kind
     }
 
+    /// Whether it negotiated permessage-deflate ([`Conn::with_deflate`]).
+    pub(crate) fn deflates(&self) -> bool {
+        matches!(&*self.proto.borrow(), Proto::Ws(d) if d.deflate())
+    }
+
     /// Whether what is published is held for it (a rejoin, or retained
     /// messages on their way).
     pub(crate) fn rejoining(&self) -> bool {
@@ -429,7 +434,20 @@ impl<W: Wire> Conn<W> {
     /// Lets its client send messages of up to `max` bytes (a connection of
     /// several channels publishes), not only control frames.
     pub(crate) fn with_max_message(mut self, max: usize) -> Self {
-        self.proto = RefCell::new(Proto::Ws(Decoder::new(ws::Role::Server, max)));
+        let deflate = self.deflates();
+        let mut dec = Decoder::new(ws::Role::Server, max);
+        dec.set_deflate(deflate);
+        self.proto = RefCell::new(Proto::Ws(dec));
+        self
+    }
+
+    /// It negotiated permessage-deflate: it may send compressed messages
+    /// (inflated within its message limit), and is sent compressed ones.
+    /// The flag lives in the decoder's padding: the size does not change.
+    pub(crate) fn with_deflate(mut self) -> Self {
+        if let Proto::Ws(d) = self.proto.get_mut() {
+            d.set_deflate(true);
+        }
         self
     }
 

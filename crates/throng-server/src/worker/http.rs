@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use throng_proto::http::{self, HeadError, Request};
-use throng_proto::ws;
+use throng_proto::{deflate, ws};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -739,8 +739,17 @@ async fn take(
         Box::pin(gate::full(w, &mut stream)).await;
         return None;
     }
+    // permessage-deflate, when offered and this server offers it too.
+    let deflate = (w.cfg.ws_deflate && !kind.is_sse())
+        .then(|| {
+            deflate::negotiate(req.headers.iter().filter_map(|(k, v)| {
+                k.eq_ignore_ascii_case("sec-websocket-extensions")
+                    .then_some(&v[..])
+            }))
+        })
+        .flatten();
     let mut out = Vec::with_capacity(160);
-    upgrade_head(w, req, kind, protocol, accept, &mut out);
+    upgrade_head(w, req, kind, protocol, accept, deflate, &mut out);
     let written = tokio::time::timeout(w.cfg.handshake_timeout, stream.write_all(&out)).await;
     if !matches!(written, Ok(Ok(()))) {
         counted.give_place();
@@ -754,6 +763,11 @@ async fn take(
         return None;
     };
     let c = c.with_kind(kind);
+    let c = if deflate.is_some() {
+        c.with_deflate()
+    } else {
+        c
+    };
     // The subscriber holds its place and its address from here on, and
     // gives both back when it ends (`Outside::forget`).
     let tag = ticket.and_then(Cell::take).map_or(NONE, |s| counted.tag(s));
@@ -893,23 +907,25 @@ fn upgrade_head(
     kind: Kind,
     protocol: Option<&str>,
     accept: &str,
+    deflate: Option<deflate::Agreed>,
     out: &mut Vec<u8>,
 ) {
-    match protocol {
-        _ if kind.is_sse() => sse_head(w, req, out),
-        // Only the protocol this server speaks goes back, never a token.
-        Some(p) => http::write_response_head(
-            out,
-            101,
-            &[
-                ("Upgrade", "websocket"),
-                ("Connection", "Upgrade"),
-                ("Sec-WebSocket-Accept", accept),
-                ("Sec-WebSocket-Protocol", p),
-            ],
-        ),
-        None => ws::write_accept(out, accept),
+    if kind.is_sse() {
+        return sse_head(w, req, out);
     }
+    let mut headers = vec![
+        ("Upgrade", "websocket"),
+        ("Connection", "Upgrade"),
+        ("Sec-WebSocket-Accept", accept),
+    ];
+    // Only the protocol this server speaks goes back, never a token.
+    if let Some(p) = protocol {
+        headers.push(("Sec-WebSocket-Protocol", p));
+    }
+    if let Some(d) = deflate {
+        headers.push(("Sec-WebSocket-Extensions", d.response()));
+    }
+    http::write_response_head(out, 101, &headers);
 }
 
 /// The path prefix of an event stream for clients that cannot set `Accept`.

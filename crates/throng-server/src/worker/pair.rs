@@ -306,6 +306,7 @@ pub(crate) fn limits(max_queue: usize, idle: u32, write: u32, grace: u32) -> Lim
         max_message: 1 << 16,
         max_subscriptions: 100,
         max_channels: 3,
+        deflate_min: None,
         max_filter_bytes: 1 << 14,
         publish_guarded: false,
         claim_window: Duration::from_secs(10),

@@ -109,6 +109,19 @@ pub(crate) fn join(
     out
 }
 
+thread_local! {
+    /// The worker thread's compressor, reset for every message.
+    static DEFLATER: std::cell::RefCell<throng_proto::deflate::Deflater> =
+        std::cell::RefCell::new(throng_proto::deflate::Deflater::new());
+}
+
+/// `frame` (a WebSocket data frame) compressed for subscribers that
+/// negotiated permessage-deflate, or itself when its payload is under
+/// `min` bytes. Made once per message and kind, like `frame` itself.
+pub(crate) fn deflated(frame: &Bytes, min: usize) -> Bytes {
+    DEFLATER.with(|z| z.borrow_mut().frame(frame, min))
+}
+
 /// A message as a subscriber of `kind` receives it.
 pub(crate) fn frame(kind: Kind, m: &Message) -> Bytes {
     encode(kind, &m.channel, m.message, m.text, &m.payload)

@@ -266,6 +266,9 @@ pub(crate) struct Limits {
     /// Channels one connection of several may be in
     /// (`--max-channels-per-connection`).
     pub(crate) max_channels: usize,
+    /// permessage-deflate is offered (`--ws-deflate`): the smallest
+    /// payload compressed (`--ws-deflate-min`). `None`: no subscriber has it.
+    pub(crate) deflate_min: Option<usize>,
 }
 
 impl Limits {
@@ -286,6 +289,7 @@ impl Limits {
             max_filter_bytes: cfg.max_filter_bytes,
             claim_window: cfg.handshake_timeout + Duration::from_secs(1),
             max_channels: cfg.max_channels_per_connection,
+            deflate_min: cfg.ws_deflate.then_some(cfg.ws_deflate_min),
         }
     }
 }
@@ -303,6 +307,9 @@ pub(crate) struct Fanout<W> {
     /// several, encoded at the first of them.
     multi: Option<Bytes>,
     sse_multi: Option<Bytes>,
+    /// `frame`, `with_id` and `multi` compressed (permessage-deflate),
+    /// each at the first subscriber of its kind that negotiated it.
+    deflated: [Option<Bytes>; 3],
     /// The QoS 0 PUBLISH, for MQTT 3.1.1 and 5.0 subscribers, then with
     /// the retain flag (Retain As Published).
     mqtt: [Option<Bytes>; 4],
@@ -848,6 +855,7 @@ impl<O: Outside> Subscribers<O> {
             sse: None,
             multi: None,
             sse_multi: None,
+            deflated: Default::default(),
             mqtt: Default::default(),
             mqtt_qos1: Default::default(),
             message: m.clone(),
@@ -923,7 +931,20 @@ impl<O: Outside> Subscribers<O> {
                                 .get_or_insert_with(|| mqtt::publish_as(version, m, retain))
                         }
                     };
-                    self.send(c, frame)
+                    match self.limits.deflate_min {
+                        Some(min) if c.deflates() => {
+                            let at = match c.kind() {
+                                Kind::WsIds => 1,
+                                Kind::WsMulti => 2,
+                                _ => 0,
+                            };
+                            let base = frame.clone();
+                            let z =
+                                f.deflated[at].get_or_insert_with(|| rejoin::deflated(&base, min));
+                            self.send(c, z)
+                        }
+                        _ => self.send(c, frame),
+                    }
                 }
                 (Ok(Live::Held | Live::Repeat), _) => Ok(()),
                 (Err(e), _) => Err(e),

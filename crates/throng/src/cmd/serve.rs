@@ -250,6 +250,20 @@ pub(crate) struct Args {
     #[arg(long, value_name = "PATTERN", value_parser = parse_presence, action = clap::ArgAction::Append)]
     presence: Vec<String>,
 
+    /// Offer permessage-deflate (RFC 7692) to WebSocket subscribers. Negotiated with
+    /// server_no_context_takeover and client_no_context_takeover: each message is
+    /// compressed once per fan-out and the same frame goes to every subscriber that
+    /// accepted it (others get it uncompressed), and no subscriber keeps compression
+    /// state, so an idle one costs what it did. An offer asking for a server window
+    /// under 15 bits is declined. Compressed client frames are inflated to at most their
+    /// message limit (past it: close 1009; not deflate data: 1007). docs/clients.md.
+    #[arg(long)]
+    ws_deflate: bool,
+
+    /// With --ws-deflate, payloads shorter than this go uncompressed (RSV1 clear).
+    #[arg(long, value_name = "SIZE", default_value = "256B", value_parser = parse_size)]
+    ws_deflate_min: usize,
+
     /// Bytes of topic filters one MQTT connection may hold; a filter past it is refused
     /// as past --max-subscriptions (kind="max_filter_bytes").
     #[arg(long, value_name = "SIZE", default_value = "16KiB", value_parser = parse_size)]
@@ -652,6 +666,8 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         max_subscriptions: args.max_subscriptions,
         max_channels_per_connection: args.max_channels_per_connection,
         presence: args.presence.clone(),
+        ws_deflate: args.ws_deflate,
+        ws_deflate_min: args.ws_deflate_min,
         max_filter_bytes: args.max_filter_bytes,
         mqtt_session_queue: args.mqtt_session_queue,
         mqtt_sessions_memory: args.mqtt_sessions_memory,

@@ -17,6 +17,7 @@ mod bench;
 mod channels;
 mod cluster;
 mod config_file;
+mod deflate;
 mod deploy;
 mod doctor;
 mod exposure;
