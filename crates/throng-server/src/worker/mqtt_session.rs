@@ -12,7 +12,7 @@
 //! when it comes, and would reach the connection now in the tables: those
 //! (relay id up to the answer's `through`) are dropped for it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -32,6 +32,9 @@ pub(crate) struct Waiting<W> {
 /// A worker's resumes and fences.
 pub(crate) struct Resumes<W> {
     waiting: HashMap<u64, Waiting<W>>,
+    /// The waiting connections, by address (each kept alive by its
+    /// [`Waiting`], so no other has it meanwhile).
+    held: HashSet<*const Conn<W>>,
     fences: Vec<(Rc<Conn<W>>, u64)>,
     next_id: u64,
 }
@@ -40,6 +43,7 @@ impl<W> Default for Resumes<W> {
     fn default() -> Self {
         Self {
             waiting: HashMap::new(),
+            held: HashSet::new(),
             fences: Vec::new(),
             next_id: 1,
         }
@@ -56,6 +60,7 @@ impl<W> Resumes<W> {
 
     /// Connection `id` waits for the answer to its resume.
     pub(crate) fn wait(&mut self, id: u64, w: Waiting<W>) {
+        self.held.insert(Rc::as_ptr(&w.conn));
         self.waiting.insert(id, w);
     }
 
@@ -64,9 +69,16 @@ impl<W> Resumes<W> {
         self.waiting.contains_key(&id)
     }
 
+    /// Whether `c` waits for its answer; cheap while none waits.
+    pub(crate) fn holds(&self, c: &Rc<Conn<W>>) -> bool {
+        !self.held.is_empty() && self.held.contains(&Rc::as_ptr(c))
+    }
+
     /// The answer for connection `id` came.
     pub(crate) fn answered(&mut self, id: u64) -> Option<Waiting<W>> {
-        self.waiting.remove(&id)
+        let w = self.waiting.remove(&id)?;
+        self.held.remove(&Rc::as_ptr(&w.conn));
+        Some(w)
     }
 
     /// Live messages up to relay id `through` are repeats for `c`.

@@ -282,6 +282,12 @@ impl Outside for Around {
         let _ = self.poller.modify(wire, u64::from(slot), interest);
     }
 
+    fn unwatch(&self, wire: &TcpStream) {
+        // Not modified to no interest: a hang-up or an error would still
+        // be reported, again and again (level-triggered).
+        let _ = self.poller.remove(wire);
+    }
+
     fn forget(&self, wire: &TcpStream, tag: u32) {
         let _ = self.poller.remove(wire);
         self.counted.release(&self.supervisor, tag);

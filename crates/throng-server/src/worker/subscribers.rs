@@ -109,6 +109,10 @@ pub(crate) trait Outside {
     fn watch(&self, wire: &Self::Wire, slot: u32) -> io::Result<()>;
     /// Watches it for room to write too (while it has a queue), or no longer.
     fn want_write(&self, wire: &Self::Wire, slot: u32, on: bool);
+    /// Stops watching it for a while, until [`Self::watch`] again (its
+    /// bytes wait in the socket, which a level-triggered poll would report
+    /// again and again); a wire that reports no readiness needs nothing.
+    fn unwatch(&self, _wire: &Self::Wire) {}
     /// Stops watching it (the connection is gone), and gives back what it
     /// was counted under (`tag`, see [`Conn::tag`]).
     fn forget(&self, wire: &Self::Wire, tag: u32);
@@ -1331,6 +1335,11 @@ impl<O: Outside> Subscribers<O> {
     /// split frame's (or record's) bytes. With `read` false, only handles
     /// bytes already kept (those sent with the upgrade).
     pub(crate) fn on_readable(&self, c: &Rc<Conn<O::Wire>>, read: bool) {
+        // A resume's packets wait for its CONNACK (MQTT-3.2.0-1): kept,
+        // in the socket or `rest`, until [`Self::session_resumed`].
+        if self.resumes.borrow().holds(c) {
+            return;
+        }
         let tls = c.tls();
         let mut scratch = self.scratch.borrow_mut();
         let mut read = read;
@@ -1597,6 +1606,8 @@ impl<O: Outside> Subscribers<O> {
                 connacks,
             };
             self.resumes.borrow_mut().wait(start.id, waiting);
+            // Nothing it sent is read until its CONNACK is out.
+            self.outside.unwatch(c.wire());
         }
     }
 
@@ -1604,11 +1615,31 @@ impl<O: Outside> Subscribers<O> {
     /// it says), the session's subscriptions back in the tables, what
     /// came while the client was away, in order; then live messages, less
     /// those the session had. A connection that ended meanwhile parks
-    /// what it was given back.
+    /// what it was given back. Then what the client sent behind its
+    /// CONNECT is handled, in order.
     pub(crate) fn session_resumed(&self, r: SessionResumed) {
         let Some(w) = self.resumes.borrow_mut().answered(r.conn) else {
             return;
         };
+        let c = &w.conn;
+        self.resume_with(&w, r);
+        if c.state() == State::Gone {
+            return;
+        }
+        // Watched again: what came after its CONNECT waits in the socket,
+        // and the poll reports it.
+        if self.outside.watch(c.wire(), c.slot()).is_err() {
+            self.lost(c);
+            return;
+        }
+        self.outside.want_write(c.wire(), c.slot(), c.has_queue());
+        if c.is_open() && c.has_rest() {
+            self.on_readable(c, false);
+        }
+    }
+
+    /// [`Self::session_resumed`] up to the client's own packets.
+    fn resume_with(&self, w: &Waiting<O::Wire>, r: SessionResumed) {
         let c = &w.conn;
         if !c.is_open() {
             if let Some(p) = w.persist {
@@ -1626,8 +1657,8 @@ impl<O: Outside> Subscribers<O> {
             }
             return;
         }
-        let [absent, present] = w.connacks;
-        if let Err(e) = self.send(c, if r.present { &present } else { &absent }) {
+        let [absent, present] = &w.connacks;
+        if let Err(e) = self.send(c, if r.present { present } else { absent }) {
             self.send_failed(c, e);
             return;
         }

@@ -96,8 +96,15 @@ impl<S: Read + Write> Client<S> {
     }
 
     pub(crate) fn send(&mut self, p: &Packet<'_>) {
+        self.send_all(std::slice::from_ref(p));
+    }
+
+    /// Sends `packets` in one write (as a busy client's coalesce).
+    pub(crate) fn send_all(&mut self, packets: &[Packet<'_>]) {
         let mut out = Vec::new();
-        p.encode(self.version, &mut out).expect("encode");
+        for p in packets {
+            p.encode(self.version, &mut out).expect("encode");
+        }
         self.s.write_all(&out).expect("write to the server");
     }
 

@@ -7,7 +7,7 @@
 //! shared subscription's messages go to one member each, in turn; a
 //! delayed will waits, and a reconnect cancels it.
 
-use std::io::{BufRead as _, BufReader, Read as _};
+use std::io::{BufRead as _, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Stdio};
 use std::time::Duration;
@@ -170,7 +170,7 @@ fn deliveries_never_acknowledged_come_again_on_resume() {
 
 /// The next packet as a line (a PUBLISH's payload, QoS and DUP, or the
 /// packet's name) and its packet id (0 for none).
-fn packet(c: &mut Client) -> (String, u16) {
+fn packet<S: Read + Write>(c: &mut Client<S>) -> (String, u16) {
     c.next_as(|p| match p {
         Packet::Publish(p) => (
             format!(
@@ -519,4 +519,107 @@ fn a_resumed_session_keeps_its_own_qos_2_publish_until_pubrel_and_relays_it_once
     // The watcher's next message is the next publish: "once" came once.
     publish_ok(server.addr, "own/2", b"next", None);
     assert_eq!(sub.message(), ("own/2".to_owned(), "next".to_owned()));
+}
+
+/// A client that resumes (or starts) its session and sends SUBSCRIBE in
+/// the same write as its CONNECT gets CONNACK first (MQTT-3.2.0-1), then
+/// the SUBACK; on a resume, CONNACK then the queued message and the SUBACK
+/// (either order): over TCP and TLS, 3.1.1 and 5.0. The server answered
+/// the SUBACK first while the resume waited for its session.
+#[test]
+fn connack_comes_first_when_a_resume_sends_more_in_the_same_write() {
+    let tls = ["--mqtts-listen", "127.0.0.1:0", "--tls-self-signed"];
+    let (server, mqtt) = mqtt_server(&[&["--workers", "2"][..], &tls[..]].concat());
+    let mqtts: SocketAddr = server.start["mqtts_listen"][0]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("mqtts_listen in the start line");
+    let pem = server.start["config"]["tls"]["cert_pem"].as_str().unwrap();
+    let cfg = crate::serve_tls::client_config(pem, rustls::ALL_VERSIONS);
+    let mut round = 0;
+    for version in [Version::V311, Version::V5] {
+        for over_tls in [false, true] {
+            let id = format!("burst-{round}");
+            let topic = format!("o/{round}");
+            let open = || -> Box<dyn ReadWrite> {
+                if over_tls {
+                    Box::new(crate::serve_tls::connect(mqtts, &cfg))
+                } else {
+                    let s = TcpStream::connect(mqtt).expect("connect");
+                    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+                    Box::new(s)
+                }
+            };
+            let what = format!("{version:?} tls {over_tls}");
+            let mut c = Client::over(open(), version);
+            let present = connect_and_subscribe(&mut c, version, &id, &topic);
+            assert!(!present, "{what}");
+            assert_eq!(c.next(), Some(Got::Suback(1, vec![1])), "{what}");
+            drop(c);
+            round += 1;
+            server.wait_metric("throng_mqtt_sessions_parked", |v| v == f64::from(round));
+            publish_ok(server.addr, &topic, b"queued", None);
+            server.wait_metric("throng_mqtt_session_messages", |v| v == 1.0);
+
+            let mut c = Client::over(open(), version);
+            let present = connect_and_subscribe(&mut c, version, &id, &topic);
+            assert!(present, "{what}");
+            let mut got = [packet(&mut c), packet(&mut c)];
+            got.sort();
+            assert_eq!(got[0].0, "SUBACK", "{what}: {got:?}");
+            assert_eq!(got[1].0, "publish queued qos 1 dup 0", "{what}: {got:?}");
+            // Acknowledged, so the session parks again with nothing queued.
+            c.send(&ack(Packet::Puback, got[1].1));
+            c.send(&Packet::Pingreq);
+            assert_eq!(packet(&mut c).0, "PINGRESP", "{what}");
+            drop(c);
+            server.wait_metric("throng_mqtt_sessions_parked", |v| v == f64::from(round));
+        }
+    }
+    assert_eq!(server.metric("throng_worker_restarts_total"), 0.0);
+}
+
+/// A stream either plain or TLS.
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// Sends CONNECT (resuming: clean 0, 5.0 with a 10 minute Session Expiry
+/// Interval) and a QoS 1 SUBSCRIBE to `topic` in one write; reads the
+/// first packet, which must be a successful CONNACK: its session present.
+fn connect_and_subscribe<S: Read + Write>(
+    c: &mut Client<S>,
+    version: Version,
+    id: &str,
+    topic: &str,
+) -> bool {
+    let props = expiry_props(600);
+    let properties = if version == Version::V5 {
+        props.properties()
+    } else {
+        Properties::EMPTY
+    };
+    c.send_all(&[
+        Packet::Connect(Connect {
+            clean_start: false,
+            keep_alive: 60,
+            properties,
+            client_id: id,
+            will: None,
+            username: None,
+            password: None,
+        }),
+        Packet::Subscribe(Subscribe {
+            packet_id: PacketId::MIN,
+            properties: Properties::EMPTY,
+            filters: vec![(topic, SubscriptionOptions::qos(QoS::AtLeastOnce))],
+        }),
+    ]);
+    match c.next() {
+        Some(Got::Connack {
+            session_present,
+            code: 0,
+            ..
+        }) => session_present,
+        other => panic!("the first packet must be a successful CONNACK: {other:?}"),
+    }
 }
