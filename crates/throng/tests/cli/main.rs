@@ -23,6 +23,7 @@ mod grafana;
 mod history;
 mod hold;
 mod hold_sse;
+mod http_park;
 mod knee;
 mod knee_agents;
 mod knee_flags;
