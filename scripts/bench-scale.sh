@@ -14,6 +14,9 @@
 #                             (the same settings at each size, so the fan-out
 #                             times compare: 20 s leaves a million subscribers
 #                             room for each message)
+#   ws-20k                    the same at 20,000 (not in the default list):
+#                             a quick check of the ratio table on a shared
+#                             machine, with kernel-20k beside it
 #   ws-200k, ws-300k          the same at two more sizes (not in the default
 #                             list; RUNS=sweep runs ws-100k, ws-200k, ws-300k,
 #                             ws-500k and ws-1m): where a fan-out's growth with
@@ -37,7 +40,8 @@
 #                             the same TCP table size: how the kernel's own
 #                             fan-out grows on this machine, for throng's to be
 #                             judged against (kernel-200k, -300k, -500k too;
-#                             RUNS=sweep runs each size's pair)
+#                             RUNS=sweep runs each size's pair; kernel-20k
+#                             for ws-20k)
 #   fd-tax                    the machine's busy share while idle processes
 #                             hold 0, 200,000 and 2,000,000 descriptors on
 #                             /dev/null (what a run of 100k and of a million
@@ -48,6 +52,12 @@
 #                             write(2) loop a fan-out is compared with (one
 #                             worker, 18,000 subscribers), for the CPU per
 #                             delivery beside it
+#
+# Ends with one table of throng against the kernel at each size that has
+# both runs (ws-N and kernel-N of the same run): the last subscriber against
+# the last byte (medians) and serve's CPU per delivery against the floor
+# writers', each with its ratio: issue 33's claim (within 1.25x and 1.10x)
+# in one command, e.g. RUNS="kernel-100k ws-100k kernel-1m ws-1m".
 #
 # Prints, per bench: held, failed, lost, verdict, connect rate, memory per
 # connection (server, harness, kernel), each message's last subscriber, CPU
@@ -224,6 +234,8 @@ for n in [0, 200000, 2000000]:
 json.dump(rows, open(sys.argv[1], "w"))
 PY
 fi
+has kernel-20k && kernel kernel-20k 20000
+has ws-20k && bench ws-20k 20000 --messages 3 --message-every 20s
 has kernel-100k && kernel kernel-100k 100000
 has ws-100k && bench ws-100k 100000 --messages 3 --message-every 20s
 has kernel-200k && kernel kernel-200k 200000
@@ -288,7 +300,7 @@ def load(name):
         return float("nan")
 size = lambda n: f"{n // 1000000}M" if n % 1000000 == 0 else f"{n // 1000}k"
 rows = []
-for name in ["ws-100k", "ws-200k", "ws-300k", "ws-500k", "ws-1m", "ws-500k-10"]:
+for name in ["ws-20k", "ws-100k", "ws-200k", "ws-300k", "ws-500k", "ws-1m", "ws-500k-10"]:
     path = f"{out}/{name}.json"
     if not os.path.exists(path):
         continue
@@ -332,7 +344,7 @@ if small and len(sizes) > 2:
 # kernel: of its rounds).
 med = lambda v: sorted(v)[len(v) // 2]
 kernel = {}
-for name in ["kernel-100k", "kernel-200k", "kernel-300k", "kernel-500k", "kernel-1m"]:
+for name in ["kernel-20k", "kernel-100k", "kernel-200k", "kernel-300k", "kernel-500k", "kernel-1m"]:
     try:
         k = json.load(open(f"{out}/{name}.json"))
     except (OSError, ValueError):
@@ -356,6 +368,22 @@ def growth(times):
 if growth(ours) and growth(theirs):
     print("fan-out by size, medians (against linear from 100k): throng " + growth(ours))
     print("                                                 the kernel alone " + growth(theirs))
+# throng against the kernel, size by size: time to the last subscriber
+# (median of throng's messages) over the kernel's last byte (median of its
+# rounds), and serve's CPU per delivery over the floor writers' (median).
+serve_cpu = {r["connections"]: r.get("delivery_cpu", {}).get("server_ns")
+             for n, r in rows if n != "ws-500k-10"}
+both = sorted(set(ours) & set(theirs))
+if both:
+    print("throng against the kernel's own fan-out (fanout_floor), same run; issue 33's bar: 1.25x and 1.10x")
+    print(f"{'size':>6} {'throng: last subscriber':>24} {'kernel: last byte':>18} {'ratio':>6}"
+          f" {'serve CPU/delivery':>19} {'writers CPU/delivery':>21} {'ratio':>6}")
+    for n in both:
+        s, w = serve_cpu.get(n), kernel[n].get("median_writer_cpu_ns_per_delivery")
+        cpu = (f"{s / 1e3:>16.2f} µs {w / 1e3:>18.2f} µs {s / w:>5.2f}x" if s and w
+               else f"{'-':>19} {'-':>21} {'-':>6}")
+        print(f"{size(n):>6} {ours[n] * 1e3:>21.0f} ms {theirs[n] * 1e3:>15.0f} ms "
+              f"{ours[n] / max(theirs[n], 1e-9):>5.2f}x {cpu}")
 try:
     tax = {r["descriptors"]: r["machine_busy"] for r in json.load(open(f"{out}/fd-tax.json"))}
 except (OSError, ValueError):

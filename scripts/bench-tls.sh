@@ -5,8 +5,8 @@
 # certificate and checks no signature, so the crypto measured is the server's).
 #
 #   scripts/bench-tls.sh [--conns 15000] [--secs 5] [--threads 4] [--rounds 10] [--repeat 3]
-#                        [--part idle|handshakes|requests|states]...   (default: all four)
-#                        [--bin THRONG]...   (states: the binaries to compare; default the one built)
+#                        [--part idle|handshakes|requests|states|plain]...   (default: the first four)
+#                        [--bin THRONG]...   (states, plain: the binaries to compare; default the one built)
 #
 # Prints one JSON object per measurement, then a summary:
 #   rustls_heap            live heap rustls holds per idle server connection,
@@ -35,6 +35,10 @@
 #                          GET /healthz (kept), an SSE subscriber (sse); the
 #                          states take turns --repeat times, and so do the
 #                          --bin binaries (before/after a change, same run)
+#   plain_state_*          the same on the plain listener (no TLS; not in the
+#                          default parts): waiting for its first request
+#                          (waiting), kept alive after one GET /healthz
+#                          (kept), a ws subscriber (ws)
 # Both servers get the same 2 cores (throng: 2 workers; HAProxy: 2 threads)
 # as the client; every run is bounded by --secs or by N.
 set -euo pipefail
@@ -44,7 +48,7 @@ CONNS=15000 SECS=5 THREADS=4 ROUNDS=10 REPEAT=3 PARTS="" BINS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --part)
-      case "$2" in idle|handshakes|requests|states) PARTS="$PARTS $2" ;; *) echo "--part is idle, handshakes, requests or states" >&2; exit 2 ;; esac
+      case "$2" in idle|handshakes|requests|states|plain) PARTS="$PARTS $2" ;; *) echo "--part is idle, handshakes, requests, states or plain" >&2; exit 2 ;; esac
       shift 2 ;;
     --bin) [ -x "$2" ] || { echo "--bin $2 is not an executable" >&2; exit 2; }; BINS+=("$2"); shift 2 ;;
     --conns) CONNS=$2; shift 2 ;;
@@ -243,33 +247,45 @@ if part requests; then
   stop_throng
 fi
 
-if part states; then
-  # Idle TLS connections in each state a connection can wait in, beside a
-  # wss subscriber: N on one worker of a fresh server per measurement,
-  # --handshake-timeout long enough that none is closed while counted.
+# Idle connections in each state a connection can wait in (the states
+# after $3), N on one worker of a fresh server per measurement, recorded as
+# $1_<state>; $2: tls or plain. --handshake-timeout long enough that none
+# is closed while counted. The states take turns --repeat times, and so do
+# the --bin binaries.
+states_part() { # prefix tls|plain states...
+  local prefix=$1 kind=$2; shift 2
+  local cert=ec port flag=()
+  if [ "$kind" = plain ]; then cert="" flag=(--plain); fi
   for r in $(seq "$REPEAT"); do
-    for state in ws waiting kept sse; do
+    for state in "$@"; do
       for b in "${BINS[@]}"; do
-        BIN=$b start_throng 1 ec --handshake-timeout 10m
-        out=$("$CLIENT" idle --target "127.0.0.1:$TLS" --conns "$CONNS" --pid "$WORKER" --state "$state" --threads "$THREADS")
-        record "idle_state_$state" "$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["bin"]=sys.argv[2]; print(json.dumps(d))' "$out" "$b")"
+        BIN=$b start_throng 1 "$cert" --handshake-timeout 10m
+        if [ "$kind" = plain ]; then port=$PLAIN; else port=$TLS; fi
+        out=$("$CLIENT" idle "${flag[@]}" --target "127.0.0.1:$port" --conns "$CONNS" --pid "$WORKER" --state "$state" --threads "$THREADS")
+        record "${prefix}_$state" "$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["bin"]=sys.argv[2]; print(json.dumps(d))' "$out" "$b")"
         stop_throng
       done
     done
   done
-  python3 - "$results" "${BINS[@]}" <<'EOF'
+  python3 - "$results" "$prefix" "$kind" "$*" "${BINS[@]}" <<'EOF'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-print("idle TLS connections, user-space bytes per connection (medians; target <= 4096):", file=sys.stderr)
-for b in sys.argv[2:]:
+prefix, kind, states = sys.argv[2], sys.argv[3], sys.argv[4].split()
+target = "; target <= 4096" if kind == "tls" else ""
+print(f"idle {kind.upper() if kind == 'tls' else kind} connections, user-space bytes per connection (medians{target}):", file=sys.stderr)
+for b in sys.argv[5:]:
     row = []
-    for state in ["ws", "waiting", "kept", "sse"]:
+    for state in states:
         v = [r["result"]["user_bytes_per_conn"] for r in runs
-             if r["name"] == f"idle_state_{state}" and r["result"].get("bin") == b]
+             if r["name"] == f"{prefix}_{state}" and r["result"].get("bin") == b]
         row.append(f"{state} {statistics.median(v):,.0f}" if v else f"{state} -")
     print(f"  {b}: " + ", ".join(row), file=sys.stderr)
 EOF
-fi
+}
+# TLS beside a wss subscriber; plain: what a connection costs before it is
+# a subscriber (issue 33: parked before its first request, as TLS ones are).
+part states && states_part idle_state tls ws waiting kept sse
+part plain && states_part plain_state plain ws waiting kept
 
 python3 - "$results" <<'EOF'
 import json, sys
