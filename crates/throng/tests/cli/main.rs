@@ -27,7 +27,6 @@ mod history;
 mod hold;
 mod hold_mqtt_clients;
 mod hold_sse;
-mod http_park;
 mod jwks;
 mod knee;
 mod knee_agents;
