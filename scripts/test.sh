@@ -237,8 +237,27 @@ if [ -f fuzz/Cargo.toml ]; then
   cargo check --quiet --manifest-path fuzz/Cargo.toml --bins
 fi
 
+# Every test binary runs even after a failure, without backtraces, and each
+# failure's last lines are printed again at the end: a CI log cut to its head
+# and tail still says why each test failed.
 step "cargo test --workspace --all-targets"
-cargo test --workspace --all-targets
+test_log=$(mktemp)
+if ! RUST_BACKTRACE=0 cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$test_log"; then
+  printf '\n== the failures, each with the last lines it printed\n'
+  awk '
+    /^---- .* stdout ----$/ { if (name != "") flush(); name = $2; n = 0; next }
+    name != "" && (/^failures:$/ || /^note: run with `RUST_BACKTRACE=1`/) { flush(); name = ""; next }
+    name != "" { lines[n++] = $0 }
+    function flush(  i, from) {
+      print "-- " name
+      from = n > 8 ? n - 8 : 0
+      for (i = from; i < n; i++) print "   " substr(lines[i], 1, 400)
+    }
+  ' "$test_log"
+  rm -f "$test_log"
+  exit 1
+fi
+rm -f "$test_log"
 
 # The Paho MQTT interoperability suite against throng and Mosquitto (the
 # suite beside the clone, as CI has it): fails when throng fails a test

@@ -186,6 +186,14 @@ pub enum BenchError {
     /// The server did not say it was listening, or did not answer /healthz, in time.
     #[error("the server did not become ready: {0}")]
     NotReady(String),
+    /// The server exited before it was ready, having said `said` last.
+    #[error("the server exited before it was ready ({status}){}", said.as_ref().map_or_else(String::new, |s| format!(": {s}")))]
+    ServerExited {
+        /// Its exit status.
+        status: String,
+        /// Its last stderr lines.
+        said: Option<String>,
+    },
     /// The server exited while the connections were held.
     #[error(
         "the server exited during the run; its connections are gone (a limit? see 'throng \
@@ -324,9 +332,8 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         req.progress.say(&line);
     }
     let scale = ScaleSettings::for_connections(plan.connections);
-    let serve_args = serve_args(plan.connections, req.tls, &scale)?;
     let program = std::env::current_exe()?;
-    let mut server = server::Server::start(&program, &serve_args.args, Duration::from_secs(20))?;
+    let (serve_args, mut server) = start_server(&program, plan.connections, req.tls, &scale)?;
     let tls = if req.tls {
         Some(trust_the_server(&server, &files.cert)?)
     } else {
@@ -823,6 +830,31 @@ impl Files {
             html: dir.join(format!("bench-{stamp}.html")),
             hold: dir.join(format!(".bench-{stamp}.hold.jsonl")),
             cert: dir.join(format!(".bench-{stamp}.cert.pem")),
+        }
+    }
+}
+
+/// Starts `throng serve` on free ports. The ports are probed free, then
+/// bound by the server: another program can take one meanwhile, so a server
+/// that exits saying a port is in use is started again on other ports.
+fn start_server(
+    program: &Path,
+    connections: u64,
+    tls: bool,
+    scale: &ScaleSettings,
+) -> Result<(ServeArgs, server::Server), BenchError> {
+    const TRIES: u32 = 3;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let args = serve_args(connections, tls, scale)?;
+        match server::Server::start(program, &args.args, Duration::from_secs(20)) {
+            Ok(server) => return Ok((args, server)),
+            Err(BenchError::ServerExited {
+                said: Some(ref said),
+                ..
+            }) if tries < TRIES && said.contains("cannot listen on") => {}
+            Err(e) => return Err(e),
         }
     }
 }

@@ -1,11 +1,12 @@
 //! `throng serve` as a child of the bench: started, waited for until it
 //! answers, stopped with SIGTERM, never left behind.
 
+use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use throng_host::process::{self, Signal};
@@ -21,6 +22,28 @@ pub struct Server {
     /// The JSON start line it printed.
     start_line: serde_json::Value,
     done: Option<ExitStatus>,
+    /// Its last lines on stderr (which are passed on to ours as they come),
+    /// to say why it stopped.
+    said: Arc<Mutex<VecDeque<String>>>,
+}
+
+/// How many of the server's last stderr lines are kept.
+const KEPT_LINES: usize = 4;
+
+/// Passes the server's stderr on to ours, line by line, keeping the last
+/// [`KEPT_LINES`].
+fn pass_on(stderr: impl Read + Send + 'static, said: Arc<Mutex<VecDeque<String>>>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("{line}");
+            let mut kept = said.lock().unwrap_or_else(PoisonError::into_inner);
+            if kept.len() == KEPT_LINES {
+                kept.pop_front();
+            }
+            kept.push_back(line);
+        }
+    });
 }
 
 impl Server {
@@ -32,7 +55,7 @@ impl Server {
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(Stdio::piped());
         {
             use std::os::unix::process::CommandExt as _;
             // Own group: the terminal's Ctrl-C reaches the bench only, which
@@ -41,9 +64,11 @@ impl Server {
         }
         process::exit_with_parent(&mut cmd, Signal::Term);
         let mut child = cmd.spawn().map_err(BenchError::Spawn)?;
-        let Some(stdout) = child.stdout.take() else {
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(BenchError::NotReady("no stdout".into()));
         };
+        let said = Arc::new(Mutex::new(VecDeque::new()));
+        pass_on(stderr, Arc::clone(&said));
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut r = BufReader::new(stdout);
@@ -67,14 +92,29 @@ impl Server {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             start_line: serde_json::Value::Null,
             done: None,
+            said,
         };
         let deadline = Instant::now() + timeout;
-        let Ok(line) = rx.recv_timeout(timeout) else {
-            let status = server.stop(Duration::from_secs(2));
-            return Err(BenchError::NotReady(format!(
-                "no start line within {timeout:?} (server {})",
-                status.map_or_else(|| "killed".to_owned(), |s| s.to_string())
-            )));
+        let line = match rx.recv_timeout(timeout) {
+            Ok(line) => line,
+            // Its stdout closed: it exited, or is about to.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = server.stop(Duration::from_secs(2));
+                return Err(BenchError::ServerExited {
+                    status: status.map_or_else(|| "killed".to_owned(), |s| s.to_string()),
+                    said: server.last_words(),
+                });
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let status = server.stop(Duration::from_secs(2));
+                return Err(BenchError::NotReady(format!(
+                    "no start line within {timeout:?} (server {}){}",
+                    status.map_or_else(|| "killed".to_owned(), |s| s.to_string()),
+                    server
+                        .last_words()
+                        .map_or_else(String::new, |w| format!(": {w}"))
+                )));
+            }
         };
         let start_line = serde_json::from_str::<serde_json::Value>(&line).unwrap_or_default();
         let addr = start_line["listen"][0]
@@ -91,7 +131,10 @@ impl Server {
         server.start_line = start_line;
         loop {
             if let Some(status) = server.exited() {
-                return Err(BenchError::NotReady(format!("server exited: {status}")));
+                return Err(BenchError::ServerExited {
+                    status: status.to_string(),
+                    said: server.last_words(),
+                });
             }
             if http_get(addr, "/healthz").is_ok_and(|(code, _)| code == 200) {
                 return Ok(server);
@@ -104,6 +147,19 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Its last stderr lines, joined, if it said anything. The pipe may
+    /// still hold a line when it has just exited: waited for briefly.
+    fn last_words(&self) -> Option<String> {
+        std::thread::sleep(Duration::from_millis(100));
+        let kept = self.said.lock().unwrap_or_else(PoisonError::into_inner);
+        (!kept.is_empty()).then(|| {
+            kept.iter()
+                .map(|l| l.trim())
+                .collect::<Vec<_>>()
+                .join(" / ")
+        })
     }
 
     /// Where it listens.
@@ -197,4 +253,34 @@ pub fn free_port_range(ip: std::net::IpAddr, n: u16) -> io::Result<u16> {
         io::ErrorKind::AddrInUse,
         format!("no {n} consecutive free ports on {ip} in 20000-30000"),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that exits before its start line is named at once, with
+    /// what it said last, not after the whole timeout.
+    #[test]
+    fn a_server_that_exits_at_start_is_named_with_its_last_words() {
+        let t0 = Instant::now();
+        let e = Server::start(
+            Path::new("/bin/sh"),
+            &[
+                "-c".into(),
+                "echo starting >&2; echo 'throng: error: cannot listen on 127.0.0.1:1' >&2; exit 2"
+                    .into(),
+            ],
+            Duration::from_secs(20),
+        )
+        .unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        let text = e.to_string();
+        assert!(text.contains("exited before it was ready"), "{text}");
+        assert!(text.contains("exit status: 2"), "{text}");
+        assert!(
+            text.contains("starting / throng: error: cannot listen on 127.0.0.1:1"),
+            "{text}"
+        );
+    }
 }
