@@ -23,6 +23,9 @@
 #                             size departs from linear
 #   ws-500k-10                throng bench -c 500000 --messages 10 (the default
 #                             spacing, 2 s: fan-outs overlap)
+#   sleep-100k                the same at 4000/s over 50 s with 'sleep: 50000'
+#                             (not in the default list): 100,000 in flight, a
+#                             quick check of the memory per sleeping request
 #   sleep-1m                  throng serve + throng attack --rate 10000/s
 #                             --duration 200s -H 'sleep: 200000' (a random 0-200 s
 #                             each: a mean of 100 s, so a million requests in
@@ -248,15 +251,19 @@ has kernel-1m && kernel kernel-1m 1000000
 has ws-1m && bench ws-1m 1000000 --messages 3 --message-every 20s
 has ws-500k-10 && bench ws-500k-10 500000 --messages 10
 
-if has sleep-1m; then
-  echo; echo "== sleep-1m: throng attack --rate 10000/s --duration 200s -H 'sleep: 200000' --max-lag 1s against throng serve's /ping"
+# A sleeping-request run: NAME, the rate per second, the schedule's seconds,
+# the longest sleep in ms (each request sleeps a random 0..SLEEP: as many in
+# flight at the end as the rate over half of it) and the connection cap.
+sleepers() {
+  local name=$1 rate=$2 secs=$3 sleep_ms=$4 cap=$5
+  echo; echo "== $name: throng attack --rate $rate/s --duration ${secs}s -H 'sleep: $sleep_ms' --max-lag 1s against throng serve's /ping"
   netns_up 4194304
   port=$(free_port)
-  "${IN[@]}" "$THRONG" serve --listen "127.0.0.1:$port" --max-connections 1050000 --json \
-    >"$OUT/sleep-serve.json" 2>"$OUT/sleep-serve.err" &
+  "${IN[@]}" "$THRONG" serve --listen "127.0.0.1:$port" --max-connections "$cap" --json \
+    >"$OUT/$name-serve.json" 2>"$OUT/$name-serve.err" &
   SERVER_PID=$!
   for _ in $(seq 200); do "${IN[@]}" curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
-  echo "  server: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["workers"])' "$OUT/sleep-serve.json") workers"
+  echo "  server: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["workers"])' "$OUT/$name-serve.json") workers"
   # The server's workers' RSS (KiB) and the server's CPU (user + system
   # clock ticks, its supervisor's included) once a second; the attack's are
   # in its result file.
@@ -269,22 +276,24 @@ if has sleep-1m; then
         c=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null); ticks=$((ticks + ${c:-0}))
       done
       echo "$t $kb $ticks"; sleep 1
-    done ) >"$OUT/sleep-serve-rss.txt" &
+    done ) >"$OUT/$name-serve-rss.txt" &
   SAMPLER_PID=$!
-  load_watch "$OUT/sleep-1m.load"
+  load_watch "$OUT/$name.load"
   started=$SECONDS
-  "${IN[@]}" "$THRONG" attack --url "http://127.0.0.1:$port/ping" -H 'sleep: 200000' --rate 10000/s --duration 200s \
-    --max-lag 1s --max-connections 1050000 --timeout 300s --output "$OUT/sleep-attack.jsonl" --format json \
-    >"$OUT/sleep-1m.json" 2>"$OUT/sleep-1m.err"
-  rc=$?; echo "$rc" >"$OUT/sleep-1m.rc"
+  "${IN[@]}" "$THRONG" attack --url "http://127.0.0.1:$port/ping" -H "sleep: $sleep_ms" --rate "$rate/s" --duration "${secs}s" \
+    --max-lag 1s --max-connections "$cap" --timeout 300s --output "$OUT/$name-attack.jsonl" --format json \
+    >"$OUT/$name.json" 2>"$OUT/$name.err"
+  rc=$?; echo "$rc" >"$OUT/$name.rc"
   echo "  exit $rc after $((SECONDS - started)) s"
   load_stop
   kill "$SAMPLER_PID" 2>/dev/null; SAMPLER_PID=
   kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
   netns_down
-  grep -E '^  (workers|max connections|TIMEOUT|thresholds)' "$OUT/sleep-1m.err" | sed 's/^/  /'
-  grep 'threshold passed' "$OUT/sleep-1m.err" | sed 's/^/  /'
-fi
+  grep -E '^  (workers|max connections|TIMEOUT|thresholds)' "$OUT/$name.err" | sed 's/^/  /'
+  grep 'threshold passed' "$OUT/$name.err" | sed 's/^/  /'
+}
+has sleep-100k && sleepers sleep-100k 4000 50 50000 110000
+has sleep-1m && sleepers sleep-1m 10000 200 200000 1050000
 
 echo
 echo "== the table ($(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
@@ -398,63 +407,64 @@ if 100000 in ours and 1000000 in ours and 100000 in theirs and 1000000 in theirs
     a, b = ours[1000000] / ours[100000], theirs[1000000] / theirs[100000]
     print(f"fan-out 100k -> 1M, medians: throng x{a:.1f}, the kernel alone x{b:.1f} in the same run "
           f"(throng {ours[1000000] / theirs[1000000]:.2f}x the kernel's time at 1M, {ours[100000] / theirs[100000]:.2f}x at 100k)")
-path = f"{out}/sleep-1m.json"
-if os.path.exists(path):
-    try:
-        s = json.load(open(path))
-    except ValueError:
-        s = None
-        print(f"sleep-1m: no summary (see {out}/sleep-1m.err)")
-    if s:
-        # Each side's RSS at the second with the most requests in flight.
-        inflight, attack_rss, cpu = {}, {}, {}
-        for line in open(f"{out}/sleep-attack.jsonl"):
-            rec = json.loads(line)
-            if rec.get("type") != "interval":
-                continue
-            t = rec["start_ns"]
-            if rec["source"].endswith("-supervisor"):
-                host = rec.get("host") or {}
-                attack_rss[t] = sum(b for l, b in host.get("rss_bytes", []) if "/attack-" in l and not l.endswith("supervisor"))
-                if "cpu_all_ns" in host:
-                    cpu[t] = (host["at_ns"], host["cpu_all_ns"], host["cpu_busy_ns"],
-                              sum(ns for l, ns in host.get("cpu_ns", []) if "/attack-" in l))
-            else:
-                inflight[t] = inflight.get(t, 0) + rec.get("gauges", {}).get("requests.in_flight", 0)
-        times = sorted(t for t in inflight if t in attack_rss)
-        peak_t = max(times, key=lambda t: inflight[t])
-        n = inflight[peak_t]
-        first = times[0]
-        serve = [tuple(map(int, l.split())) for l in open(f"{out}/sleep-serve-rss.txt") if len(l.split()) >= 2]
-        near = lambda t: min(serve, key=lambda x: abs(x[0] - t))[1] * 1024
-        srv_before = serve[0][1] * 1024
-        a_b = (attack_rss[peak_t] - attack_rss[first]) / max(n - inflight[first], 1)
-        s_b = (near(peak_t) - srv_before) / max(n, 1)
-        ok = s["status"].get("200", 0)
-        timeouts = s["errors"].get("timeout", 0)
-        # The attack's own thresholds (--max-lag 1s: the harness kept to its
-        # schedule within the 1 s lag 'throng bench' allows its connects).
-        rc = open(f"{out}/sleep-1m.rc").read().strip() if os.path.exists(f"{out}/sleep-1m.rc") else "?"
-        verdict = "PASS" if ok == s["requests"] and not s["errors"] and rc == "0" else "FAIL"
-        print(f"sleep-1m    {verdict:<4} {s['requests']} requests, {ok} answered, {timeouts} timeouts, "
-              f"other errors {sum(v for k, v in s['errors'].items() if k != 'timeout')}; most in flight {n} "
-              f"(summary's peak {s['peak_in_flight']})")
-        print(f"{'':<11} started late (> {s['late_threshold_us'] / 1000:.0f} ms): {s['late']}; lag p99 "
-              f"{s['lag_us']['p99'] / 1000:.1f} ms, max {s['lag_us']['max'] / 1000:.1f} ms; latency p50 "
-              f"{s['latency_us']['p50'] / 1e6:.1f} s, max {s['latency_us']['max'] / 1e6:.1f} s")
-        print(f"{'':<11} memory per request in flight: attack {a_b:.0f} B, serve {s_b:.0f} B; "
-              f"load average up to {load('sleep-1m'):.1f}")
-        # Who had the CPU: the machine's busy share, the attack's, the server's, the rest.
-        spans = sorted(cpu.values())
-        ticked = [x for x in serve if len(x) == 3]
-        if len(spans) >= 2 and len(ticked) >= 2:
-            (a0, all0, busy0, att0), (a1, all1, busy1, att1) = spans[0], spans[-1]
-            inside = [x for x in ticked if a0 <= x[0] <= a1] or ticked
-            hz = os.sysconf("SC_CLK_TCK")
-            srv = (inside[-1][2] - inside[0][2]) / hz * 1e9 * (a1 - a0) / max(inside[-1][0] - inside[0][0], 1)
-            total = max(all1 - all0, 1)
-            busy, att = (busy1 - busy0) / total, (att1 - att0) / total
-            print(f"{'':<11} CPU over the run ({(a1 - a0) / 1e9:.0f} s): the machine {100 * busy:.0f}% busy: "
-                  f"attack {100 * att:.0f}%, serve {100 * srv / total:.0f}%, other programs "
-                  f"{100 * max(busy - att - srv / total, 0):.0f}%")
+for name in ["sleep-100k", "sleep-1m"]:
+  path = f"{out}/{name}.json"
+  if os.path.exists(path):
+      try:
+          s = json.load(open(path))
+      except ValueError:
+          s = None
+          print(f"{name}: no summary (see {out}/{name}.err)")
+      if s:
+          # Each side's RSS at the second with the most requests in flight.
+          inflight, attack_rss, cpu = {}, {}, {}
+          for line in open(f"{out}/{name}-attack.jsonl"):
+              rec = json.loads(line)
+              if rec.get("type") != "interval":
+                  continue
+              t = rec["start_ns"]
+              if rec["source"].endswith("-supervisor"):
+                  host = rec.get("host") or {}
+                  attack_rss[t] = sum(b for l, b in host.get("rss_bytes", []) if "/attack-" in l and not l.endswith("supervisor"))
+                  if "cpu_all_ns" in host:
+                      cpu[t] = (host["at_ns"], host["cpu_all_ns"], host["cpu_busy_ns"],
+                                sum(ns for l, ns in host.get("cpu_ns", []) if "/attack-" in l))
+              else:
+                  inflight[t] = inflight.get(t, 0) + rec.get("gauges", {}).get("requests.in_flight", 0)
+          times = sorted(t for t in inflight if t in attack_rss)
+          peak_t = max(times, key=lambda t: inflight[t])
+          n = inflight[peak_t]
+          first = times[0]
+          serve = [tuple(map(int, l.split())) for l in open(f"{out}/{name}-serve-rss.txt") if len(l.split()) >= 2]
+          near = lambda t: min(serve, key=lambda x: abs(x[0] - t))[1] * 1024
+          srv_before = serve[0][1] * 1024
+          a_b = (attack_rss[peak_t] - attack_rss[first]) / max(n - inflight[first], 1)
+          s_b = (near(peak_t) - srv_before) / max(n, 1)
+          ok = s["status"].get("200", 0)
+          timeouts = s["errors"].get("timeout", 0)
+          # The attack's own thresholds (--max-lag 1s: the harness kept to its
+          # schedule within the 1 s lag 'throng bench' allows its connects).
+          rc = open(f"{out}/{name}.rc").read().strip() if os.path.exists(f"{out}/{name}.rc") else "?"
+          verdict = "PASS" if ok == s["requests"] and not s["errors"] and rc == "0" else "FAIL"
+          print(f"{name:<11} {verdict:<4} {s['requests']} requests, {ok} answered, {timeouts} timeouts, "
+                f"other errors {sum(v for k, v in s['errors'].items() if k != 'timeout')}; most in flight {n} "
+                f"(summary's peak {s['peak_in_flight']})")
+          print(f"{'':<11} started late (> {s['late_threshold_us'] / 1000:.0f} ms): {s['late']}; lag p99 "
+                f"{s['lag_us']['p99'] / 1000:.1f} ms, max {s['lag_us']['max'] / 1000:.1f} ms; latency p50 "
+                f"{s['latency_us']['p50'] / 1e6:.1f} s, max {s['latency_us']['max'] / 1e6:.1f} s")
+          print(f"{'':<11} memory per request in flight: attack {a_b:.0f} B, serve {s_b:.0f} B; "
+                f"load average up to {load(name):.1f}")
+          # Who had the CPU: the machine's busy share, the attack's, the server's, the rest.
+          spans = sorted(cpu.values())
+          ticked = [x for x in serve if len(x) == 3]
+          if len(spans) >= 2 and len(ticked) >= 2:
+              (a0, all0, busy0, att0), (a1, all1, busy1, att1) = spans[0], spans[-1]
+              inside = [x for x in ticked if a0 <= x[0] <= a1] or ticked
+              hz = os.sysconf("SC_CLK_TCK")
+              srv = (inside[-1][2] - inside[0][2]) / hz * 1e9 * (a1 - a0) / max(inside[-1][0] - inside[0][0], 1)
+              total = max(all1 - all0, 1)
+              busy, att = (busy1 - busy0) / total, (att1 - att0) / total
+              print(f"{'':<11} CPU over the run ({(a1 - a0) / 1e9:.0f} s): the machine {100 * busy:.0f}% busy: "
+                    f"attack {100 * att:.0f}%, serve {100 * srv / total:.0f}%, other programs "
+                    f"{100 * max(busy - att - srv / total, 0):.0f}%")
 EOF
