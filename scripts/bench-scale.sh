@@ -59,7 +59,8 @@
 # Ends with one table of throng against the kernel at each size that has
 # both runs (ws-N and kernel-N of the same run): the last subscriber against
 # the last byte (medians) and serve's CPU per delivery against the floor
-# writers', each with its ratio: issue 33's claim (within 1.25x and 1.10x)
+# writers' (serve's above its idle cost between fan-outs, which the table
+# prints beside), each with its ratio: issue 33's claim (within 1.25x and 1.10x)
 # in one command, e.g. RUNS="kernel-100k ws-100k kernel-1m ws-1m".
 #
 # Prints, per bench: held, failed, lost, verdict, connect rate, memory per
@@ -330,6 +331,10 @@ for name in ["ws-20k", "ws-100k", "ws-200k", "ws-300k", "ws-500k", "ws-1m", "ws-
     print(f"{'':<11} CPU per delivery: server {dc.get('server_ns', 0) / 1e3:.2f} µs, harness "
           f"{dc.get('harness_ns', 0) / 1e3:.2f} µs" + (f" (bare write(2) {int(floor[0]) / 1e3:.2f} µs)" if floor else "")
           + f"; elapsed {r['elapsed_s']:.0f} s; load average up to {load(name):.1f}")
+    if dc.get("server_fanout_ns") is not None:
+        print(f"{'':<11} idle between fan-outs: server {100 * dc['server_idle_cores']:.1f}%, harness "
+              f"{100 * dc['harness_idle_cores']:.1f}% of a core; per delivery above it: server "
+              f"{dc['server_fanout_ns'] / 1e3:.2f} µs, harness {dc['harness_fanout_ns'] / 1e3:.2f} µs")
     print(f"{'':<11} first limit: " + (f"{limit['name']} at {limit['at_s']:.0f} s ({limit['detail']})" if limit else "none reached"))
     for f in r.get("failures", []):
         print(f"{'':<11} FAIL: {f}")
@@ -379,8 +384,12 @@ if growth(ours) and growth(theirs):
     print("                                                 the kernel alone " + growth(theirs))
 # throng against the kernel, size by size: time to the last subscriber
 # (median of throng's messages) over the kernel's last byte (median of its
-# rounds), and serve's CPU per delivery over the floor writers' (median).
-serve_cpu = {r["connections"]: r.get("delivery_cpu", {}).get("server_ns")
+# rounds), and serve's CPU per delivery over the floor writers' (median):
+# the fan-outs' own, less what serve spends holding its connections between
+# them (pings, timers; the floor's writers do nothing between rounds), when
+# the run left quiet seconds to measure that in, else the whole window's.
+serve_cpu = {r["connections"]: (r.get("delivery_cpu", {}).get("server_fanout_ns")
+                                or r.get("delivery_cpu", {}).get("server_ns"))
              for n, r in rows if n != "ws-500k-10"}
 both = sorted(set(ours) & set(theirs))
 if both:

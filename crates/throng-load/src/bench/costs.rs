@@ -156,7 +156,9 @@ pub fn costs(samples: &[HostSample], before_ns: u64, held: u64) -> (Memory, Cpu)
 }
 
 /// CPU per delivery while the messages went out: each side's CPU from the
-/// first publish to the last delivery, over the deliveries.
+/// first publish to the last delivery, over the deliveries; and the same
+/// with what each side spends holding its connections idle (pings, timers)
+/// taken out, measured in the seconds between fan-outs.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct DeliveryCpu {
     /// Deliveries in the window.
@@ -167,6 +169,20 @@ pub struct DeliveryCpu {
     pub server_ns: f64,
     /// Harness CPU per delivery (workers and the bench process), ns.
     pub harness_ns: f64,
+    /// Seconds of the window with no publish and no delivery, the first and
+    /// last of each such stretch left out (a fan-out's edges): where the
+    /// idle cost is measured. `None` when fan-outs left no such second.
+    pub idle_s: Option<f64>,
+    /// The server's CPU in those seconds, in cores (0.03: 3% of one).
+    pub server_idle_cores: Option<f64>,
+    /// The harness's, in cores.
+    pub harness_idle_cores: Option<f64>,
+    /// Server CPU per delivery above its idle cost: the window's CPU less
+    /// the idle rate over every second without a fan-out, ns. What a
+    /// fan-out costs, against `fanout_floor`'s writers.
+    pub server_fanout_ns: Option<f64>,
+    /// The harness's, ns.
+    pub harness_fanout_ns: Option<f64>,
 }
 
 /// [`DeliveryCpu`] from the monitor's samples and the run's intervals.
@@ -189,32 +205,101 @@ pub fn delivery_cpu(samples: &[HostSample], intervals: &BTreeMap<u64, Interval>)
         .map(|(_, iv)| iv.counter("messages.received"))
         .sum();
     let near = |t: u64| samples.iter().min_by_key(|s| s.at_ns.abs_diff(t));
-    let (Some(a), Some(b)) = (near(from), near(to)) else {
+    // Each side's CPU between the samples nearest `t0` and `t1`, ns.
+    let used = |t0: u64, t1: u64, part: &str, extra: &str| -> Option<u64> {
+        let (a, b) = (near(t0)?, near(t1)?);
+        Some(
+            b.cpu_ns
+                .iter()
+                .filter(|(l, _)| l.contains(part) || (!extra.is_empty() && l.contains(extra)))
+                .map(|(l, v)| {
+                    let before = a.cpu_ns.iter().find(|(k, _)| k == l).map_or(0, |x| x.1);
+                    v.saturating_sub(before)
+                })
+                .sum(),
+        )
+    };
+    let server = |t0, t1| used(t0, t1, label::SERVE, "");
+    let harness = |t0, t1| used(t0, t1, label::HOLD, label::BENCH);
+    let (Some(server_all), Some(harness_all)) = (server(from, to), harness(from, to)) else {
         return DeliveryCpu::default();
     };
-    let used = |part: &str, extra: &str| -> u64 {
-        b.cpu_ns
-            .iter()
-            .filter(|(l, _)| l.contains(part) || (!extra.is_empty() && l.contains(extra)))
-            .map(|(l, v)| {
-                let before = a.cpu_ns.iter().find(|(k, _)| k == l).map_or(0, |x| x.1);
-                v.saturating_sub(before)
-            })
-            .sum()
-    };
-    let per = |ns: u64| {
+    let per = |ns: f64| {
         if deliveries == 0 {
             0.0
         } else {
-            ns as f64 / deliveries as f64
+            ns / deliveries as f64
         }
     };
-    DeliveryCpu {
+    let window_ns = to.saturating_sub(from);
+    let idle = idle_stretches(intervals, from, to);
+    let idle_ns: u64 = idle.iter().map(|(a, b)| b - a).sum();
+    let mut d = DeliveryCpu {
         deliveries,
-        window_s: to.saturating_sub(from) as f64 / 1e9,
-        server_ns: per(used(label::SERVE, "")),
-        harness_ns: per(used(label::HOLD, label::BENCH)),
+        window_s: window_ns as f64 / 1e9,
+        server_ns: per(server_all as f64),
+        harness_ns: per(harness_all as f64),
+        ..DeliveryCpu::default()
+    };
+    if idle_ns == 0 {
+        return d;
     }
+    let idle_cpu = |side: &dyn Fn(u64, u64) -> Option<u64>| -> f64 {
+        idle.iter().filter_map(|&(a, b)| side(a, b)).sum::<u64>() as f64
+    };
+    // Cores: CPU ns per wall ns.
+    let server_rate = idle_cpu(&server) / idle_ns as f64;
+    let harness_rate = idle_cpu(&harness) / idle_ns as f64;
+    // Every second of the window that is not a fan-out's, edges included,
+    // is charged at the idle rate; the rest is the fan-outs'.
+    let quiet_ns = quiet_ns(intervals, from, to) as f64;
+    d.idle_s = Some(idle_ns as f64 / 1e9);
+    d.server_idle_cores = Some(server_rate);
+    d.harness_idle_cores = Some(harness_rate);
+    d.server_fanout_ns = Some(per((server_all as f64 - server_rate * quiet_ns).max(0.0)));
+    d.harness_fanout_ns = Some(per((harness_all as f64 - harness_rate * quiet_ns).max(0.0)));
+    d
+}
+
+/// Whether interval `iv` saw a publish or a delivery.
+fn busy(iv: &Interval) -> bool {
+    iv.counter("publish.sent") > 0 || iv.counter("messages.received") > 0
+}
+
+/// The stretches of `from..to` without a publish or a delivery, each less
+/// its first and last interval (where a fan-out's start or tail may fall
+/// between samples), as (start, end) ns.
+fn idle_stretches(intervals: &BTreeMap<u64, Interval>, from: u64, to: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut run: Vec<&Interval> = Vec::new();
+    let mut flush = |run: &mut Vec<&Interval>| {
+        if run.len() >= 3 {
+            let first = run[1].start_ns;
+            let last = run[run.len() - 2];
+            out.push((first, last.start_ns + last.length_ns));
+        }
+        run.clear();
+    };
+    for iv in intervals.range(from..to).map(|(_, iv)| iv) {
+        if busy(iv) {
+            flush(&mut run);
+        } else {
+            run.push(iv);
+        }
+    }
+    flush(&mut run);
+    out
+}
+
+/// The nanoseconds of `from..to` outside the intervals with a publish or a
+/// delivery (an interval nobody recorded in is quiet too).
+fn quiet_ns(intervals: &BTreeMap<u64, Interval>, from: u64, to: u64) -> u64 {
+    let busy_ns: u64 = intervals
+        .range(from..to)
+        .filter(|(_, iv)| busy(iv))
+        .map(|(_, iv)| iv.length_ns)
+        .sum();
+    to.saturating_sub(from).saturating_sub(busy_ns)
 }
 
 /// Delivery of one published message to every subscriber.
@@ -310,5 +395,86 @@ mod tests {
         assert!((m.harness_per_connection - 2.0).abs() < 1e-9);
         assert!((m.kernel_per_connection - 4.0).abs() < 1e-9);
         assert!((cpu.server_s - 3000e-9).abs() < 1e-12);
+    }
+
+    /// Two fan-outs ten seconds apart, each 50 deliveries in each of two
+    /// seconds, the server idling at 3% of a core between them: the idle
+    /// cost is measured in the quiet seconds and taken out of the fan-outs'.
+    #[test]
+    fn the_idle_cost_between_fan_outs_is_taken_out_of_theirs() {
+        const S: u64 = 1_000_000_000;
+        let mut intervals = BTreeMap::new();
+        for i in 0..20u64 {
+            let mut iv = Interval::empty(i * S, S, "h/hold-0".into());
+            if i == 0 || i == 10 {
+                iv.counters.insert("publish.sent".into(), 1);
+            }
+            if matches!(i, 0 | 1 | 10 | 11) {
+                iv.counters.insert("messages.received".into(), 50);
+            }
+            intervals.insert(i * S, iv);
+        }
+        // Cumulative CPU at each second: 30 ms a second, 500 ms more in
+        // each second with deliveries.
+        let mut samples = Vec::new();
+        let mut cpu = 0;
+        for i in 0..=20u64 {
+            samples.push(HostSample {
+                at_ns: i * S,
+                cpu_ns: vec![("h/serve-0".into(), cpu), ("h/hold-pid9".into(), cpu / 10)],
+                ..HostSample::default()
+            });
+            cpu += 30_000_000
+                + if matches!(i, 0 | 1 | 10 | 11) {
+                    500_000_000
+                } else {
+                    0
+                };
+        }
+        let d = delivery_cpu(&samples, &intervals);
+        assert_eq!(d.deliveries, 200);
+        assert!((d.window_s - 12.0).abs() < 1e-9, "{d:?}");
+        // The whole window's CPU: 12 s at 30 ms, 4 s at 500 ms.
+        assert!((d.server_ns - 2.36e9 / 200.0).abs() < 1.0, "{d:?}");
+        // Seconds 3..=8: the quiet stretch less its first and last second.
+        assert_eq!(d.idle_s, Some(6.0));
+        assert!((d.server_idle_cores.unwrap() - 0.03).abs() < 1e-9, "{d:?}");
+        // Less 8 quiet seconds at 30 ms.
+        assert!(
+            (d.server_fanout_ns.unwrap() - 2.12e9 / 200.0).abs() < 1.0,
+            "{d:?}"
+        );
+        assert!(
+            (d.harness_fanout_ns.unwrap() - 2.12e8 / 200.0).abs() < 1.0,
+            "{d:?}"
+        );
+    }
+
+    /// Fan-outs that follow one another leave no quiet second: no idle
+    /// figure, rather than a guess.
+    #[test]
+    fn back_to_back_fan_outs_have_no_idle_figure() {
+        const S: u64 = 1_000_000_000;
+        let mut intervals = BTreeMap::new();
+        let mut samples = Vec::new();
+        for i in 0..4u64 {
+            let mut iv = Interval::empty(i * S, S, "h/hold-0".into());
+            iv.counters.insert("publish.sent".into(), 1);
+            iv.counters.insert("messages.received".into(), 10);
+            intervals.insert(i * S, iv);
+        }
+        for i in 0..=4u64 {
+            samples.push(HostSample {
+                at_ns: i * S,
+                cpu_ns: vec![("h/serve-0".into(), i * 100)],
+                ..HostSample::default()
+            });
+        }
+        let d = delivery_cpu(&samples, &intervals);
+        assert_eq!(
+            (d.deliveries, d.idle_s, d.server_fanout_ns),
+            (40, None, None)
+        );
+        assert!((d.server_ns - 10.0).abs() < 1e-9);
     }
 }

@@ -17,13 +17,15 @@ pub const FIGURES: Catalogue = Catalogue {
 };
 
 /// The bench's own costs, beside hold's counts.
-const OWN: [&str; 6] = [
+const OWN: [&str; 8] = [
     "held",
     "server_bytes_per_connection",
     "harness_bytes_per_connection",
     "kernel_bytes_per_connection",
     "server_ns_per_delivery",
     "harness_ns_per_delivery",
+    "server_fanout_ns_per_delivery",
+    "harness_fanout_ns_per_delivery",
 ];
 
 /// hold's counts, then [`OWN`].
@@ -55,6 +57,8 @@ impl Figures for Report {
                 "kernel_bytes_per_connection" => memory(self.memory.kernel_per_connection),
                 "server_ns_per_delivery" => cpu(self.delivery_cpu.server_ns),
                 "harness_ns_per_delivery" => cpu(self.delivery_cpu.harness_ns),
+                "server_fanout_ns_per_delivery" => self.delivery_cpu.server_fanout_ns,
+                "harness_fanout_ns_per_delivery" => self.delivery_cpu.harness_fanout_ns,
                 _ => self.hold.value(figure),
             },
             _ => self.hold.value(figure),

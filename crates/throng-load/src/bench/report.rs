@@ -518,6 +518,21 @@ fn cpu(s: &mut String, r: &Report) {
             dc.deliveries,
             dc.window_s
         ));
+        if let (Some(idle_s), Some(si), Some(hi), Some(sf), Some(hf)) = (
+            dc.idle_s,
+            dc.server_idle_cores,
+            dc.harness_idle_cores,
+            dc.server_fanout_ns,
+            dc.harness_fanout_ns,
+        ) {
+            s.push_str(&format!(
+                "  idle between fan-outs: server {:.1}%, harness {:.1}% of a core (over {idle_s:.0} s); per delivery above it: server {:.2} µs, harness {:.2} µs\n",
+                100.0 * si,
+                100.0 * hi,
+                sf / 1e3,
+                hf / 1e3
+            ));
+        }
     }
 }
 

@@ -128,7 +128,10 @@ pub(crate) struct Args {
     /// 'connect_rate>=5000/s'. Figures: p50 p75 p90 p95 p99 p99.9 mean min max of
     /// delivery, connect_, publish_; loss_rate; connect_rate; lost, connect_errors,
     /// duplicated, out_of_order, received, opened, publish_errors, held,
-    /// server_/harness_/kernel_bytes_per_connection, server_/harness_ns_per_delivery.
+    /// server_/harness_/kernel_bytes_per_connection, server_/harness_ns_per_delivery
+    /// (the CPU from the first publish to the last delivery, over the deliveries),
+    /// server_/harness_fanout_ns_per_delivery (the same less the idle cost measured
+    /// between fan-outs; none when fan-outs leave no quiet second).
     #[arg(long, value_name = "EXPR", value_parser = bench_threshold)]
     threshold: Vec<throng_load::threshold::Threshold>,
 
