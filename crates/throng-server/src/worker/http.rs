@@ -525,6 +525,7 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>, first: bool) 
 /// next bytes, for what is left of `--handshake-timeout`. Its address
 /// stays counted (the ticket's source goes with it).
 fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first: bool) {
+    let ticketed = ticket.is_some();
     let source = ticket.and_then(Cell::take);
     let release = |source: Option<Source>| {
         if let Some(source) = source {
@@ -539,6 +540,7 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
     let waiting = Waiting {
         serves,
         source,
+        ticketed,
         first,
     };
     let parked = w.parked.park(
@@ -588,10 +590,11 @@ pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
 }
 
 /// A woken connection's task: its HTTP phase goes on, counted under its
-/// address as before.
+/// address as before (one from a trusted proxy, not counted yet, is counted
+/// at its upgrade under the client it names).
 async fn resumed(w: Rc<Worker>, s: Box<TlsStream>, waiting: Waiting) {
     let ticket: Ticket = Cell::new(waiting.source);
-    let counted = waiting.source.is_some().then_some(&ticket);
+    let counted = waiting.ticketed.then_some(&ticket);
     serve_from(&w, Io::Tls(s), waiting.serves, counted, waiting.first).await;
     if let Some(source) = ticket.take() {
         w.supervisor.release(source);

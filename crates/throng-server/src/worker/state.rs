@@ -159,6 +159,10 @@ pub(crate) struct Waiting {
     pub(crate) serves: Serves,
     /// The client address it is counted under (per-address limits).
     pub(crate) source: Option<Source>,
+    /// It is subject to per-address counting: counted under `source`, or,
+    /// from a trusted proxy, to be counted under the client its upgrade's
+    /// `X-Forwarded-For` names.
+    pub(crate) ticketed: bool,
     /// No request was read yet: a timeout counts as a failed handshake.
     pub(crate) first: bool,
 }

@@ -164,3 +164,48 @@ fn proxy_protocol_needs_trusted_proxies() {
     );
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A TLS connection from a trusted proxy that says nothing at first waits
+/// parked, out of its task; woken by its upgrade, it is still counted under
+/// the client its `X-Forwarded-For` names (it was let in uncounted).
+#[test]
+fn a_parked_tls_connection_from_a_trusted_proxy_is_counted_under_its_client() {
+    use std::io::Write as _;
+    let (_server, tls, pem) = crate::serve_tls::start(&[
+        "--workers",
+        "1",
+        "--trusted-proxies",
+        "127.0.0.1",
+        "--max-connections-per-ip",
+        "1",
+    ]);
+    let cfg = crate::serve_tls::client_config(&pem, &[&rustls::version::TLS13]);
+    let upgrade = |client: &str| {
+        let mut s = crate::serve_tls::connect(tls, &cfg);
+        // Parked as soon as the handshake is done and nothing follows. Had
+        // it not been parked yet, its task would count it the same way: the
+        // wait makes the check, it cannot fail it.
+        std::thread::sleep(Duration::from_millis(300));
+        let req = format!(
+            "GET /news HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: {client}\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Version: 13\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+            head.push(byte[0]);
+        }
+        (String::from_utf8_lossy(&head).into_owned(), s)
+    };
+    let (first, _held) = upgrade("198.51.100.7");
+    assert!(first.starts_with("HTTP/1.1 101"), "{first}");
+    let (second, _) = upgrade("198.51.100.7");
+    assert!(
+        second.starts_with("HTTP/1.1 429"),
+        "the client's second: {second}"
+    );
+    let (other, _held2) = upgrade("198.51.100.8");
+    assert!(other.starts_with("HTTP/1.1 101"), "another client: {other}");
+}
