@@ -1,9 +1,10 @@
 //! What a `/ping` request asked for and what is left of its answer, sans
 //! I/O: the parts still to write, the waits before them and the deadline
-//! ([`Answer`], 40 bytes). The route (`routes::ping`) writes the parts; a
+//! ([`Answer`], 24 bytes). The route (`routes::ping`) writes the parts; a
 //! long wait is spent with the worker's sleepers ([`super::sleepers`]),
 //! which hold this and the socket.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use throng_proto::http::{self, Request};
@@ -85,10 +86,10 @@ pub(crate) fn parse(req: &Request, max_sleep: Duration, max_times: u64) -> Resul
 /// socket and a place in the sleepers' queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Answer {
-    /// Longest wait before each part, ms.
-    sleep_ms: u64,
+    /// Longest wait before each part, ms (49 days at most).
+    sleep_ms: u32,
     /// Pongs after the first still to write.
-    left: u64,
+    left: u32,
     /// The first part (the head, or the whole answer) is still to write.
     first: bool,
     /// More than one pong: parts of a body (chunked for HTTP/1.1).
@@ -101,7 +102,27 @@ pub(crate) struct Answer {
     /// The wait before the next part was spent (with the sleepers): write it now.
     due: bool,
     /// `--request-timeout` from the request's start.
-    deadline: Instant,
+    deadline: Moment,
+}
+
+/// An instant in 8 bytes (an `Instant` takes 16): nanoseconds from the
+/// first one made in this process. One made of an earlier instant is that
+/// first one (a deadline already past stays past).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Moment(u64);
+
+/// The instant [`Moment`]s count from.
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+impl Moment {
+    fn of(t: Instant) -> Self {
+        let epoch = *EPOCH.get_or_init(Instant::now);
+        Self(u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn instant(self) -> Instant {
+        *EPOCH.get_or_init(Instant::now) + Duration::from_nanos(self.0)
+    }
 }
 
 /// Where an answer's next wait ends ([`Answer::wait`]).
@@ -120,15 +141,16 @@ impl Answer {
         let parts = ask.times > 0;
         let chunked = parts && req.minor_version >= 1;
         Self {
-            sleep_ms: ask.sleep_ms,
-            left: ask.times,
+            // Both within --max-sleep and --max-times; past u32, the most it holds.
+            sleep_ms: u32::try_from(ask.sleep_ms).unwrap_or(u32::MAX),
+            left: u32::try_from(ask.times).unwrap_or(u32::MAX),
             first: true,
             parts,
             chunked,
             keep: req.keep_alive() && (!parts || chunked),
             expired: false,
             due: false,
-            deadline,
+            deadline: Moment::of(deadline),
         }
     }
 
@@ -154,14 +176,15 @@ impl Answer {
     /// away when it `may_leave` (the part is then due when it comes back).
     pub(crate) fn wait(&mut self, now: Instant, may_leave: bool) -> Wait {
         let ms = if self.sleep_ms > 0 {
-            fastrand::u64(0..=self.sleep_ms)
+            fastrand::u32(0..=self.sleep_ms)
         } else {
             0
         };
-        let mut wake = now + Duration::from_millis(ms);
-        if wake >= self.deadline {
+        let mut wake = now + Duration::from_millis(u64::from(ms));
+        let deadline = self.deadline.instant();
+        if wake >= deadline {
             // Cut off at --request-timeout, whether it waits here or there.
-            wake = self.deadline;
+            wake = deadline;
             self.expired = true;
         }
         if may_leave && wake - now >= LEAVE_TASK {
@@ -214,6 +237,13 @@ fn push_pong(out: &mut Vec<u8>, chunked: bool) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_answer_and_its_moment_are_small_and_exact() {
+        assert_eq!(size_of::<Answer>(), 24);
+        let t = Instant::now() + Duration::from_millis(1234);
+        assert_eq!(Moment::of(t).instant(), t);
+    }
+
     fn req(headers: &[(&str, &str)]) -> Request {
         Request {
             method: "POST".into(),
@@ -265,6 +295,7 @@ mod tests {
 
     #[test]
     fn an_answer_of_three_pongs_is_one_chunked_response_in_three_parts() {
+        Moment::of(Instant::now());
         let now = Instant::now();
         let ask = Ask {
             sleep_ms: 0,
@@ -293,6 +324,8 @@ mod tests {
 
     #[test]
     fn a_wait_past_the_deadline_cuts_the_answer_off_and_no_sleep_waits_here() {
+        // Moments count from the first one made: made before `now`.
+        Moment::of(Instant::now());
         let now = Instant::now();
         let ask = Ask {
             sleep_ms: 0,
