@@ -274,7 +274,9 @@ impl Collector {
             w.write_interval(&sup).map_err(io::Error::other)?;
         }
         if let Some(h) = &sup.host {
-            for (k, v) in &h.rss_bytes {
+            // A process that has exited (a zombie until reaped) reads 0 B:
+            // no reading, not a peak of 0.
+            for (k, v) in h.rss_bytes.iter().filter(|(_, v)| *v > 0) {
                 let peak = self.peak_rss_bytes.entry(k.clone()).or_insert(0);
                 *peak = (*peak).max(*v);
             }
