@@ -30,7 +30,7 @@ use std::io;
 use std::rc::Rc;
 use std::time::Instant;
 
-use throng_proto::h2::{Config, Connection, Event, hpack};
+use throng_proto::h2::{Config, Connection, Event};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
@@ -68,10 +68,6 @@ impl Flight {
 /// The HTTP/2 side of a worker: the encoded requests, and per endpoint the
 /// connections and the requests waiting for a stream.
 pub(super) struct H2 {
-    /// Each target's header block, encoded once.
-    heads: Vec<Rc<[u8]>>,
-    /// Each target's body (none when empty).
-    bodies: Vec<Option<Rc<[u8]>>>,
     config: Config,
     pools: Vec<RefCell<Pool>>,
     /// Closed pool: the next request number (of this worker's), and when to stop.
@@ -125,7 +121,7 @@ pub(super) fn engine(plan: &WorkerPlan, pools: usize) -> Option<Rc<dyn Streams>>
                 + std::time::Duration::from_nanos(d)
         })
     });
-    Some(Rc::new(H2::new(&plan.targets, pools, streams, closed)))
+    Some(Rc::new(H2::new(pools, streams, closed)))
 }
 
 impl Streams for H2 {
@@ -139,33 +135,10 @@ impl Streams for H2 {
 }
 
 impl H2 {
-    /// The engine for `targets`, `max_streams` per connection; a closed
-    /// pool stops at `end`.
-    fn new(
-        targets: &[super::targets::Target],
-        pools: usize,
-        max_streams: u32,
-        closed: Option<Option<Instant>>,
-    ) -> Self {
+    /// The engine for `pools` endpoints, `max_streams` per connection; a
+    /// closed pool stops at `end`.
+    fn new(pools: usize, max_streams: u32, closed: Option<Option<Instant>>) -> Self {
         Self {
-            heads: targets
-                .iter()
-                .map(|t| {
-                    let u = &t.url;
-                    Rc::from(hpack::encode_request(
-                        &t.method,
-                        u.tls,
-                        &u.authority,
-                        &u.path,
-                        &t.headers,
-                        t.body.len(),
-                    ))
-                })
-                .collect(),
-            bodies: targets
-                .iter()
-                .map(|t| (!t.body.is_empty()).then(|| Rc::from(t.body.as_slice())))
-                .collect(),
             config: Config {
                 max_streams: max_streams.max(1),
                 ..Config::default()
@@ -184,15 +157,19 @@ impl H2 {
 fn submit(ctx: &Rc<Ctx>, h2: &Rc<H2>, seq: u64, intended: Instant) {
     let began = Instant::now();
     count_start(ctx, began);
-    let t = (seq % h2.heads.len() as u64) as usize;
-    let pool = ctx.pool_of[t];
-    h2.pools[pool].borrow_mut().queue.push_back(Flight {
+    let f = Flight {
         seq,
         intended,
         began,
         sent_at: began,
         retried: false,
-    });
+    };
+    // Invariant: its target is held until it ends.
+    let Some(pool) = ctx.aims.get(ctx.aims.index(seq)).map(|a| a.pool) else {
+        end(ctx, h2, f, f.io(), Err(Failure::Net(NetCause::Other)));
+        return;
+    };
+    h2.pools[pool].borrow_mut().queue.push_back(f);
     place(ctx, h2, pool, 1);
 }
 
@@ -282,8 +259,7 @@ fn connect_failed(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, shared: &Shared, why:
 
 /// Records how flight `f` ended, with its figures `io`.
 fn end(ctx: &Rc<Ctx>, h2: &H2, f: Flight, io: Io, result: Result<u16, RequestError>) {
-    let t = (f.seq % ctx.wire.len() as u64) as usize;
-    finish(ctx, f.seq, t, f.intended, &io, result);
+    finish(ctx, f.seq, ctx.aims.index(f.seq), f.intended, &io, result);
     // A request of the schedule holds its place in `live` until it ends.
     if h2.closed.is_none() {
         ctx.live.done();
@@ -545,12 +521,16 @@ fn take_work(
             );
             continue;
         }
-        let t = (next.seq % h2.heads.len() as u64) as usize;
+        let Some(aim) = ctx.aims.get(ctx.aims.index(next.seq)) else {
+            // Invariant: its target is held until it ends.
+            end(ctx, h2, next, next.io(), Err(Failure::Net(NetCause::Other)));
+            continue;
+        };
         let next = Flight {
             sent_at: Instant::now(),
             ..next
         };
-        if let Err(f) = conn.start(&h2.heads[t], h2.bodies[t].clone(), next) {
+        if let Err(f) = conn.start(&aim.head, aim.body.clone(), next) {
             h2.pools[pool].borrow_mut().queue.push_front(f);
             return;
         }
@@ -574,10 +554,14 @@ fn next_closed(ctx: &Rc<Ctx>, h2: &Rc<H2>) -> Option<Flight> {
     let (next, _) = h2.closed.as_ref()?;
     let k = next.get();
     next.set(k + 1);
+    let seq = u64::from(ctx.plan.index) + k * u64::from(ctx.plan.workers.max(1));
+    if !super::worker::take(ctx, seq) {
+        return None;
+    }
     let now = Instant::now();
     count_start(ctx, now);
     Some(Flight {
-        seq: u64::from(ctx.plan.index) + k * u64::from(ctx.plan.workers.max(1)),
+        seq,
         intended: now,
         began: now,
         sent_at: now,
@@ -640,11 +624,12 @@ fn settle_events(
                 continue;
             }
         };
-        let t = (f.seq % h2.heads.len() as u64) as usize;
+        let sent = ctx.aims.get(ctx.aims.index(f.seq)).map_or(0, |a| {
+            a.head.len() + 9 + a.body.as_ref().map_or(0, |b| b.len() + 9)
+        });
         let io = Io {
             bytes_in,
-            bytes_out: (h2.heads[t].len() + 9 + h2.bodies[t].as_ref().map_or(0, |b| b.len() + 9))
-                as u64,
+            bytes_out: sent as u64,
             began: f.began,
             sent_at: Some(f.sent_at),
         };

@@ -370,8 +370,6 @@ pub struct RowWriter {
     file: std::fs::File,
     format: RowFormat,
     buf: Vec<u8>,
-    /// Each target's method and URL (Vegeta's rows name them).
-    targets: Vec<(String, String)>,
     /// Writes of at most this many bytes: a pipe (`| vegeta report`)
     /// keeps only writes up to `PIPE_BUF` whole among many writers.
     max_write: usize,
@@ -394,19 +392,12 @@ impl RowWriter {
             file,
             format,
             buf: Vec::with_capacity(ROW_FLUSH + 512),
-            targets: Vec::new(),
             max_write,
         })
     }
 
-    /// Names the targets (method, URL) that rows' `target` indexes.
-    pub fn with_targets(mut self, targets: Vec<(String, String)>) -> Self {
-        self.targets = targets;
-        self
-    }
-
-    /// Adds one row.
-    pub fn push(&mut self, r: &Row) -> io::Result<()> {
+    /// Adds one row, of a request to `method` `url` (Vegeta's rows name them).
+    pub fn push(&mut self, r: &Row, method: &str, url: &str) -> io::Result<()> {
         match self.format {
             RowFormat::Csv => {
                 let _ = writeln!(
@@ -430,10 +421,6 @@ impl RowWriter {
                 self.buf.push(b'\n');
             }
             RowFormat::Vegeta => {
-                let (method, url) = self
-                    .targets
-                    .get(r.target)
-                    .map_or(("", ""), |(m, u)| (m.as_str(), u.as_str()));
                 let row = VegetaRow {
                     attack: VEGETA_ATTACK,
                     seq: r.seq,
@@ -524,9 +511,8 @@ mod tests {
         let dir = throng_testkit::TempDir::new("vegeta-rows");
         let path = dir.file("rows.json");
         std::fs::write(&path, "").unwrap();
-        let mut w = RowWriter::open(&path, RowFormat::Vegeta)
-            .unwrap()
-            .with_targets(vec![("POST".into(), "http://h:1/p?q=\"x\"".into())]);
+        let mut w = RowWriter::open(&path, RowFormat::Vegeta).unwrap();
+        let url = "http://h:1/p?q=\"x\"";
         let row = |status, error| Row {
             seq: 7,
             worker: 1,
@@ -541,9 +527,9 @@ mod tests {
             bytes_out: 45,
             latency_ns: 1_234_567,
         };
-        w.push(&row(200, "")).unwrap();
-        w.push(&row(503, "")).unwrap();
-        w.push(&row(0, "timeout")).unwrap();
+        w.push(&row(200, ""), "POST", url).unwrap();
+        w.push(&row(503, ""), "POST", url).unwrap();
+        w.push(&row(0, "timeout"), "POST", url).unwrap();
         w.flush().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<serde_json::Value> = text

@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 use throng_host::poll::{Events, Interest, Poller};
 use tokio::sync::Notify;
 
+use super::aims::Aims;
 use super::record::{AttackRecorder, Exchange, Io, RequestError};
 use super::response::ResponseReader;
-use super::targets::Target;
 use crate::harness::clock::micros;
 use crate::harness::failure::{Failure, NetCause};
 
@@ -224,14 +224,15 @@ impl WaitingRoom {
         &self,
         fd: usize,
         scratch: &RefCell<Box<[u8]>>,
-        targets: &[Target],
+        aims: &Aims,
         rec: &RefCell<AttackRecorder>,
     ) -> Option<Left> {
         let mut slots = self.slots.borrow_mut();
         let Some(Some(wait)) = slots.get_mut(fd) else {
             return None;
         };
-        let method = targets[wait.t as usize].method.as_str();
+        let aim = aims.get(wait.t as usize);
+        let method = aim.as_deref().map_or("", |a| a.method.as_str());
         let outcome = {
             let mut scratch = scratch.borrow_mut();
             loop {
