@@ -17,9 +17,11 @@
 //! (`stream_reset`); a malformed answer (`bad_response`); the connection
 //! lost (`closed`); its timeout, counted from when it began (an RST_STREAM
 //! CANCEL goes out). A stream the server did not process (REFUSED_STREAM,
-//! or above a GOAWAY's last stream) goes once more, on another connection,
-//! keeping its intended time (counted in `retried`); refused twice, it
-//! fails as `stream_reset`.
+//! or above a GOAWAY's last stream) goes once more, keeping its intended
+//! time (counted in `retried`): on another connection while the pool has
+//! one that takes streams or room for a new one (a refused stream is
+//! marked so that the connection that refused it leaves it to the others),
+//! else on the same; refused twice, it fails as `stream_reset`.
 //!
 //! Closed pool (`--max`): each of the `--connections` keeps its streams
 //! busy, the next request starting as soon as one ends (h2load's `-c`/`-m`).
@@ -51,6 +53,9 @@ pub(super) struct Flight {
     sent_at: Instant,
     /// Refused once already (it gets no third try).
     retried: bool,
+    /// The connection that refused it (`Shared::id`; 0: none): it goes on
+    /// another while the pool has one that takes streams.
+    avoid: u32,
 }
 
 impl Flight {
@@ -78,6 +83,8 @@ pub(super) struct H2 {
     protocol_logged: Cell<bool>,
     /// An RST_STREAM was logged with its code.
     reset_logged: Cell<bool>,
+    /// The last connection's `Shared::id`.
+    last_id: Cell<u32>,
 }
 
 #[derive(Default)]
@@ -89,6 +96,8 @@ struct Pool {
 
 /// What a connection's task and the dispatcher share.
 struct Shared {
+    /// Its number in the worker (from 1).
+    id: u32,
     /// Streams open now.
     open: Cell<u32>,
     /// Requests the dispatcher sent its way since it last looked.
@@ -148,6 +157,7 @@ impl H2 {
             goaway_logged: Cell::new(false),
             protocol_logged: Cell::new(false),
             reset_logged: Cell::new(false),
+            last_id: Cell::new(0),
         }
     }
 }
@@ -163,6 +173,7 @@ fn submit(ctx: &Rc<Ctx>, h2: &Rc<H2>, seq: u64, intended: Instant) {
         began,
         sent_at: began,
         retried: false,
+        avoid: 0,
     };
     // Invariant: its target is held until it ends.
     let Some(pool) = ctx.aims.get(ctx.aims.index(seq)).map(|a| a.pool) else {
@@ -175,12 +186,18 @@ fn submit(ctx: &Rc<Ctx>, h2: &Rc<H2>, seq: u64, intended: Instant) {
 
 /// Finds streams for `n` requests of pool `pool`'s queue: room on the open
 /// connections, then new connections under the cap.
-fn place(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, mut n: u32) {
+fn place(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, n: u32) {
+    let _unplaced = place_avoiding(ctx, h2, pool, n, 0);
+}
+
+/// [`place`], on connections other than `avoid`'s; how many of the `n`
+/// found no room.
+fn place_avoiding(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, mut n: u32, avoid: u32) -> u32 {
     {
         let p = h2.pools[pool].borrow();
-        for c in &p.conns {
+        for c in p.conns.iter().filter(|c| c.id != avoid) {
             if n == 0 {
-                return;
+                return 0;
             }
             let k = c.room().min(n);
             if k > 0 {
@@ -195,12 +212,15 @@ fn place(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, mut n: u32) {
         n -= k;
         open_connection(ctx, h2, pool, k);
     }
+    n
 }
 
 /// Starts a connection task for pool `pool`, `claimed` requests its way.
 fn open_connection(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, claimed: u32) {
     ctx.open.set(ctx.open.get() + 1);
+    h2.last_id.set(h2.last_id.get() + 1);
     let shared = Rc::new(Shared {
+        id: h2.last_id.get(),
         open: Cell::new(0),
         claimed: Cell::new(claimed),
         limit: Cell::new(h2.config.max_streams),
@@ -294,7 +314,7 @@ async fn run(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, shared: &Rc<Shared>) {
     shared.closing.set(true);
     conn.closed();
     let why = lost.unwrap_or(Failure::Own(Exchange::Closed));
-    settle_events(ctx, h2, pool, &mut conn, Some(why));
+    settle_events(ctx, h2, (pool, shared), &mut conn, Some(why));
     ctx.rec.borrow_mut().connection_closed();
 }
 
@@ -411,7 +431,7 @@ async fn carry(
     loop {
         // Also here: a busy socket must not keep timeouts from coming.
         expire(ctx, h2, conn, timeout);
-        settle_events(ctx, h2, pool, conn, None);
+        settle_events(ctx, h2, (pool, shared), conn, None);
         take_work(ctx, h2, pool, shared, conn);
         if let Err(e) = wire.flush(ctx, conn).await {
             return Some(RequestError::from_io(&e));
@@ -461,7 +481,7 @@ async fn carry(
             // Before the refused streams look for a connection: not this one.
             shared.closing.set(true);
         }
-        settle_events(ctx, h2, pool, conn, None);
+        settle_events(ctx, h2, (pool, shared), conn, None);
     }
 }
 
@@ -496,7 +516,7 @@ fn take_work(
         return;
     }
     while conn.can_start() {
-        let queued = h2.pools[pool].borrow_mut().queue.pop_front();
+        let queued = pop_for(&mut h2.pools[pool].borrow_mut(), shared.id);
         let next = match queued {
             Some(f) => f,
             None if h2.closed.is_some() => match next_closed(ctx, h2) {
@@ -537,6 +557,18 @@ fn take_work(
     }
 }
 
+/// The oldest request in `p`'s queue for connection `id`: one it refused
+/// is left to the others while any of them takes streams.
+fn pop_for(p: &mut Pool, id: u32) -> Option<Flight> {
+    let others = p.conns.iter().any(|c| c.id != id && !c.closing.get());
+    let at = if others {
+        p.queue.iter().position(|f| f.avoid != id)?
+    } else {
+        0
+    };
+    p.queue.remove(at)
+}
+
 /// Whether a closed pool has requests left to make.
 fn has_next_closed(ctx: &Ctx, h2: &Rc<H2>) -> bool {
     let Some((next, end)) = &h2.closed else {
@@ -566,6 +598,7 @@ fn next_closed(ctx: &Rc<Ctx>, h2: &Rc<H2>) -> Option<Flight> {
         began: now,
         sent_at: now,
         retried: false,
+        avoid: 0,
     })
 }
 
@@ -574,7 +607,7 @@ fn next_closed(ctx: &Rc<Ctx>, h2: &Rc<H2>) -> Option<Flight> {
 fn settle_events(
     ctx: &Rc<Ctx>,
     h2: &Rc<H2>,
-    pool: usize,
+    (pool, from): (usize, &Shared),
     conn: &mut Connection<Flight>,
     lost: Option<RequestError>,
 ) {
@@ -605,6 +638,7 @@ fn settle_events(
                 ctx.rec.borrow_mut().retried();
                 let f = Flight {
                     retried: true,
+                    avoid: from.id,
                     ..token
                 };
                 h2.pools[pool].borrow_mut().queue.push_front(f);
@@ -635,8 +669,20 @@ fn settle_events(
         };
         end(ctx, h2, f, io, result);
     }
-    if again > 0 {
-        place(ctx, h2, pool, again);
+    // On another connection (an open one, or a new one under the cap);
+    // those with none go on any, this one too.
+    let unplaced = if again > 0 {
+        place_avoiding(ctx, h2, pool, again, from.id)
+    } else {
+        0
+    };
+    if unplaced > 0 {
+        for f in h2.pools[pool].borrow_mut().queue.iter_mut() {
+            if f.avoid == from.id {
+                f.avoid = 0;
+            }
+        }
+        place(ctx, h2, pool, unplaced);
     }
 }
 

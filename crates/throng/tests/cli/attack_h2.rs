@@ -343,7 +343,8 @@ fn three(url: &str) -> (i32, Value, String) {
 }
 
 /// Against python-hyper's h2: RST_STREAM counts as `stream_reset` (its code
-/// logged); a refused stream goes once more, then counts as `stream_reset`;
+/// logged); a refused stream goes once more, on another connection when
+/// there is one, then counts as `stream_reset`;
 /// streams above a GOAWAY's last stream go again on a new connection and
 /// are answered there; a 1 MiB response passes the receive windows.
 #[test]
@@ -360,6 +361,13 @@ fn resets_refusals_goaway_and_large_responses_from_python_h2() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(s["errors"]["stream_reset"].as_u64(), Some(3), "{s}");
     assert_eq!(n(&s, "retried"), 3, "{s}");
+
+    // Refused by one connection, a request goes on another: answered there.
+    let (code, s, err) = three(&peer.url("/refuse-one-conn"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(3), "{s}\n{err}");
+    assert_eq!(n(&s, "retried"), 3, "{s}");
+    assert_eq!(n(&s, "connections_opened"), 2, "{s}");
 
     let (code, s, err) = three(&peer.url("/goaway3"));
     assert_eq!(code, 0, "{err}");
