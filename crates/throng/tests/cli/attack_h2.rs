@@ -380,3 +380,41 @@ fn resets_refusals_goaway_and_large_responses_from_python_h2() {
     assert_eq!(s["status"]["200"].as_u64(), Some(3), "{s}");
     assert!(n(&s, "bytes_in") >= 3 << 20, "{s}");
 }
+
+/// `--http2` on agents: each agent's workers speak h2c to HAProxy's
+/// `proto h2` bind (which answers nothing else), and the merged run adds up.
+#[test]
+fn an_http2_attack_on_agents_adds_up() {
+    let _one = crate::agents::one_at_a_time();
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::Haproxy);
+    let t = crate::agents::two_agents();
+    let proxy = Haproxy::h2(t.server.addr, None, None);
+    let out = output_within(
+        throng().args([
+            "attack",
+            "--url",
+            &format!("http://{}/ping", proxy.addr),
+            "--http2",
+            "--rate",
+            "200/s",
+            "--duration",
+            "1s",
+            "--agents",
+            &t.url,
+            "--format",
+            "json",
+            "-q",
+        ]),
+        Duration::from_secs(90),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(n(&s, "requests"), 200, "{s:#}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(200), "{s:#}");
+    let agents = s["agents"].as_array().unwrap_or_else(|| panic!("{s:#}"));
+    assert_eq!(agents.len(), 2, "{s:#}");
+    for a in agents {
+        assert!(a["requests"].as_u64().unwrap_or(0) > 0, "{a}");
+        assert_eq!(a["errors"], 0, "{a}");
+    }
+}
