@@ -40,7 +40,9 @@ use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use super::aims::{Aims, Armed};
-use super::record::{AttackRecorder, Exchange, Io, RequestError, Row, RowFormat, RowWriter};
+use super::record::{
+    Answer, AttackRecorder, Exchange, Io, RequestError, Row, RowFormat, RowWriter,
+};
 use super::response::ResponseReader;
 use super::waiting::{Left, Outcome, Waiting, WaitingRoom, Wake};
 use super::{Load, WorkerPlan, pacer};
@@ -115,9 +117,30 @@ pub(super) struct Ctx {
     pub(super) out: Output,
     /// The HTTP/2 engine (`--http2`).
     pub(super) h2: Option<Rc<dyn Streams>>,
+    /// Responses' headers and bodies are kept for the rows (Vegeta's).
+    keep_answers: bool,
+    /// The answer of the request that just ended, for its row: put here
+    /// when its response ends and taken by [`finish`] in the same poll.
+    answer: RefCell<Option<Box<Answer>>>,
 }
 
 impl Ctx {
+    /// A reader for a response, keeping its answer when rows want it.
+    fn reader(&self) -> ResponseReader {
+        if self.keep_answers {
+            ResponseReader::keeping()
+        } else {
+            ResponseReader::new()
+        }
+    }
+
+    /// The response `reader` read ended: its answer (if kept) is for the row.
+    fn answered(&self, reader: &mut ResponseReader) {
+        if let Some(a) = reader.take_answer() {
+            *self.answer.borrow_mut() = Some(a);
+        }
+    }
+
     /// Wall-clock ns of `at`, through the schedule's start.
     fn unix_ns(&self, at: Instant) -> u64 {
         self.start.unix_ns_of(at)
@@ -270,6 +293,7 @@ impl Ctx {
         let late_ns = start_late(&mut plan.start_unix_ns).unwrap_or(0);
         let start = Anchor::at_unix_ns(plan.start_unix_ns);
         let pool_count = endpoints.len();
+        let keep_answers = plan.row_format == Some(RowFormat::Vegeta) && plan.per_request.is_some();
         // Held once, in `aims`.
         plan.targets = Vec::new();
         let ctx = Self {
@@ -282,7 +306,9 @@ impl Ctx {
             open: Cell::new(0),
             cap: cap.max(1),
             next_source: Cell::new(0),
-            waiting: WaitingRoom::new(start.instant())?,
+            waiting: WaitingRoom::new(start.instant(), keep_answers)?,
+            keep_answers,
+            answer: RefCell::new(None),
             freed: Notify::new(),
             timeout: Duration::from_millis(settings.timeout_ms),
             start,
@@ -604,7 +630,9 @@ fn settle(ctx: &Rc<Ctx>, left: Left) {
         mut io,
         stream,
         how,
+        answer,
     } = left;
+    *ctx.answer.borrow_mut() = answer;
     let Some(pool) = ctx.aims.get(t).map(|a| a.pool) else {
         // Invariant: its target is held until it ends.
         free_place(ctx, None, 0);
@@ -673,6 +701,7 @@ pub(super) fn finish(
 ) {
     let aim = ctx.aims.get(t);
     ctx.aims.release(t);
+    let answer = ctx.answer.take();
     if ctx.stop.is_set() {
         // Counted as canceled with the rest of those in flight.
         return;
@@ -720,7 +749,7 @@ pub(super) fn finish(
             latency_ns: nanos(end.saturating_duration_since(intended)),
         };
         // A failing disk is reported once by the ticker's flush.
-        let _ = rows.push(&row, method, url);
+        let _ = rows.push(&row, (method, url), answer.as_deref());
     }
 }
 
@@ -1043,7 +1072,7 @@ async fn talk(
         }
     }
     let method = aim.method.as_str();
-    let mut reader = ResponseReader::new();
+    let mut reader = ctx.reader();
     loop {
         if may_wait_outside && !reader.started() {
             match tokio::time::timeout(WAIT_IN_TASK, stream.readable()).await {
@@ -1065,7 +1094,10 @@ async fn talk(
         };
         if n == 0 {
             return match reader.eof() {
-                Some(status) => Ok((status, false)),
+                Some(status) => {
+                    ctx.answered(&mut reader);
+                    Ok((status, false))
+                }
                 None if !reader.started() => Err(Talk::Stale(Failure::Own(Exchange::Closed))),
                 None => Err(Talk::Fail(Failure::Own(Exchange::Closed))),
             };
@@ -1081,6 +1113,7 @@ async fn talk(
                     Err::<(), _>(io::ErrorKind::WouldBlock.into())
                 });
             }
+            ctx.answered(&mut reader);
             return Ok(done);
         }
     }
@@ -1107,7 +1140,7 @@ async fn talk_tls(
     ctx.rec.borrow_mut().bytes_out(wire.len());
     out.clear();
     let method = aim.method.as_str();
-    let mut reader = ResponseReader::new();
+    let mut reader = ctx.reader();
     let mut plain = Vec::new();
     loop {
         plain.clear();
@@ -1130,12 +1163,16 @@ async fn talk_tls(
             io.bytes_in += plain.len() as u64;
             ctx.rec.borrow_mut().bytes_in(plain.len());
             if let Some(done) = reader.feed(&plain, method).map_err(Talk::Fail)? {
+                ctx.answered(&mut reader);
                 return Ok(done);
             }
         }
         if ended {
             return match reader.eof() {
-                Some(status) => Ok((status, false)),
+                Some(status) => {
+                    ctx.answered(&mut reader);
+                    Ok((status, false))
+                }
                 None if !reader.started() => Err(Talk::Stale(Failure::Own(Exchange::Closed))),
                 None => Err(Talk::Fail(Failure::Own(Exchange::Closed))),
             };

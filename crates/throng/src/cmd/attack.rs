@@ -146,7 +146,9 @@ pub(crate) struct Args {
     /// Final summary as text or json (JSON on stdout; progress then goes to
     /// stderr); or vegeta: Vegeta's JSON results on stdout, one line per
     /// request (`| vegeta report`, `vegeta plot`, `vegeta encode`), with the
-    /// progress and the summary on stderr.
+    /// progress and the summary on stderr. Each result carries its response's
+    /// headers and body (base64, up to 1 MiB) over HTTP/1.1; over HTTP/2 they
+    /// are null (only the status is decoded).
     #[arg(long, value_enum, default_value_t = AttackFormat::Text)]
     format: AttackFormat,
 

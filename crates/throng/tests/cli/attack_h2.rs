@@ -389,26 +389,8 @@ fn an_http2_attack_on_agents_adds_up() {
     require!(Peer::RedisServer, Peer::RedisCli, Peer::Haproxy);
     let t = crate::agents::two_agents();
     let proxy = Haproxy::h2(t.server.addr, None, None);
-    let out = output_within(
-        throng().args([
-            "attack",
-            "--url",
-            &format!("http://{}/ping", proxy.addr),
-            "--http2",
-            "--rate",
-            "200/s",
-            "--duration",
-            "1s",
-            "--agents",
-            &t.url,
-            "--format",
-            "json",
-            "-q",
-        ]),
-        Duration::from_secs(90),
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let url = format!("http://{}/ping", proxy.addr);
+    let s = crate::agents_json::attack_on_agents(&t, &url, &["--http2"]);
     assert_eq!(n(&s, "requests"), 200, "{s:#}");
     assert_eq!(s["status"]["200"].as_u64(), Some(200), "{s:#}");
     let agents = s["agents"].as_array().unwrap_or_else(|| panic!("{s:#}"));
