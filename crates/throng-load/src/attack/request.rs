@@ -17,6 +17,7 @@ use super::record::{CSV_HEADER, LATE_US, RowFormat};
 use super::summary::Summary;
 use super::supervisor::AttackRun;
 use super::targets::{LazyFile, Target, TargetError};
+use super::worker::TARGETS_ERROR;
 use super::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan, pacer, planned};
 use crate::harness::Setup;
 use crate::harness::clock::{millis, nanos};
@@ -347,6 +348,14 @@ impl Prepared {
         let mut failed = check_all(&self.thresholds, &summary);
         if let Some(why) = &summary.aborted {
             failed.insert(0, format!("stopped early (--abort-on-fail): {why}"));
+        }
+        // Not the run asked for: fail it, whatever the thresholds say.
+        if summary.events.iter().any(|e| e.kind == TARGETS_ERROR) {
+            failed.insert(
+                0,
+                "a worker stopped early: its targets file no longer read as checked (see the events)"
+                    .to_owned(),
+            );
         }
         Ok((summary, failed))
     }

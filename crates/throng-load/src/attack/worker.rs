@@ -472,6 +472,9 @@ async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
     ctx.live.done();
 }
 
+/// The event of a worker whose targets file no longer reads as checked.
+pub const TARGETS_ERROR: &str = "targets.error";
+
 /// Request `seq` takes its target (in turn: see [`Aims::take`]); a
 /// targets file that no longer reads as it did stops the worker, said once.
 pub(super) fn take(ctx: &Ctx, seq: u64) -> bool {
@@ -480,7 +483,7 @@ pub(super) fn take(ctx: &Ctx, seq: u64) -> bool {
         Err(e) => {
             if !ctx.stop.is_set() {
                 ctx.out
-                    .event("targets.error", format!("{e}; this worker stops"));
+                    .event(TARGETS_ERROR, format!("{e}; this worker stops"));
                 ctx.stop.set();
                 ctx.live.wake();
             }
