@@ -191,7 +191,7 @@ pub(crate) struct Args {
     /// comes first). A file is read as the run takes its targets, never
     /// held whole (a large one is read so without this flag too, but
     /// cycled); stdin is read to its end first and held, up to 256 MiB.
-    #[arg(long, requires = "targets")]
+    #[arg(long)]
     lazy: bool,
 
     #[command(flatten)]
@@ -211,6 +211,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(what) = missing(&args) {
         anyhow::bail!("{what}");
+    }
+    if args.lazy && args.target.targets.is_none() {
+        anyhow::bail!(
+            "--lazy sends each target of a targets file once: it goes with --targets FILE"
+        );
     }
     let holding = if args.agents.given() {
         Holding::All

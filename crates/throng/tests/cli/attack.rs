@@ -904,6 +904,11 @@ fn targets_read_as_the_run_goes_are_taken_in_turn() {
     let counts = std::mem::take(&mut *seen.lock().unwrap());
     assert_eq!(counts.len() as u64, targets);
     assert!(counts.values().all(|&c| c == 1));
+    // One --url target cannot be sent "each once" lazily: said, not run.
+    let url = format!("http://127.0.0.1:{port}/t0");
+    let (code, _, err) = attack(&["--url", &url, "--lazy", "--rate", "1/s"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--lazy"), "{err}");
 }
 
 #[test]
