@@ -6,6 +6,8 @@ that does, by path, what a front end does now and then.
   /big      200 with a 1 MiB body, sent as the client's windows allow
   /reset    RST_STREAM INTERNAL_ERROR (2)
   /refuse   RST_STREAM REFUSED_STREAM (7): not processed
+  /refuse-one-conn  REFUSED_STREAM on the first connection that asks,
+            200 on any other
   /goaway3  on the first connection that asks: once three such requests
             are in, the lowest is answered, then GOAWAY with it as the last
             stream, and the connection closes; elsewhere 200
@@ -29,6 +31,7 @@ import h2.exceptions
 BIG = b"x" * (1 << 20)
 goaway_taken = threading.Lock()
 goaway_done = [False]
+refuser_taken = [False]
 
 
 def serve(sock):
@@ -38,6 +41,7 @@ def serve(sock):
     pending = {}  # stream id -> body bytes still to send
     goaway_streams = []
     mine = False  # this connection does the GOAWAY
+    refuser = False  # this connection refuses /refuse-one-conn
     while True:
         data = sock.recv(65536)
         if not data:
@@ -49,6 +53,9 @@ def serve(sock):
                 if path == b"/reset":
                     conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
                 elif path == b"/refuse":
+                    conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+                elif path == b"/refuse-one-conn" and (refuser or claim(refuser_taken)):
+                    refuser = True
                     conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
                 elif path == b"/goaway3" and (mine or claim_goaway()):
                     mine = True
@@ -76,10 +83,15 @@ def serve(sock):
 
 
 def claim_goaway():
+    return claim(goaway_done)
+
+
+def claim(flag):
+    """True for the first caller only."""
     with goaway_taken:
-        if goaway_done[0]:
+        if flag[0]:
             return False
-        goaway_done[0] = True
+        flag[0] = True
         return True
 
 

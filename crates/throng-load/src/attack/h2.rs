@@ -17,9 +17,11 @@
 //! (`stream_reset`); a malformed answer (`bad_response`); the connection
 //! lost (`closed`); its timeout, counted from when it began (an RST_STREAM
 //! CANCEL goes out). A stream the server did not process (REFUSED_STREAM,
-//! or above a GOAWAY's last stream) goes once more, on another connection,
-//! keeping its intended time (counted in `retried`); refused twice, it
-//! fails as `stream_reset`.
+//! or above a GOAWAY's last stream) goes once more, keeping its intended
+//! time (counted in `retried`): on another connection while the pool has
+//! one that takes streams or room for a new one (a refused stream is
+//! marked so that the connection that refused it leaves it to the others),
+//! else on the same; refused twice, it fails as `stream_reset`.
 //!
 //! Closed pool (`--max`): each of the `--connections` keeps its streams
 //! busy, the next request starting as soon as one ends (h2load's `-c`/`-m`).
@@ -30,7 +32,7 @@ use std::io;
 use std::rc::Rc;
 use std::time::Instant;
 
-use throng_proto::h2::{Config, Connection, Event, hpack};
+use throng_proto::h2::{Config, Connection, Event};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
@@ -51,6 +53,9 @@ pub(super) struct Flight {
     sent_at: Instant,
     /// Refused once already (it gets no third try).
     retried: bool,
+    /// The connection that refused it (`Shared::id`; 0: none): it goes on
+    /// another while the pool has one that takes streams.
+    avoid: u32,
 }
 
 impl Flight {
@@ -68,10 +73,6 @@ impl Flight {
 /// The HTTP/2 side of a worker: the encoded requests, and per endpoint the
 /// connections and the requests waiting for a stream.
 pub(super) struct H2 {
-    /// Each target's header block, encoded once.
-    heads: Vec<Rc<[u8]>>,
-    /// Each target's body (none when empty).
-    bodies: Vec<Option<Rc<[u8]>>>,
     config: Config,
     pools: Vec<RefCell<Pool>>,
     /// Closed pool: the next request number (of this worker's), and when to stop.
@@ -82,6 +83,8 @@ pub(super) struct H2 {
     protocol_logged: Cell<bool>,
     /// An RST_STREAM was logged with its code.
     reset_logged: Cell<bool>,
+    /// The last connection's `Shared::id`.
+    last_id: Cell<u32>,
 }
 
 #[derive(Default)]
@@ -93,6 +96,8 @@ struct Pool {
 
 /// What a connection's task and the dispatcher share.
 struct Shared {
+    /// Its number in the worker (from 1).
+    id: u32,
     /// Streams open now.
     open: Cell<u32>,
     /// Requests the dispatcher sent its way since it last looked.
@@ -125,7 +130,7 @@ pub(super) fn engine(plan: &WorkerPlan, pools: usize) -> Option<Rc<dyn Streams>>
                 + std::time::Duration::from_nanos(d)
         })
     });
-    Some(Rc::new(H2::new(&plan.targets, pools, streams, closed)))
+    Some(Rc::new(H2::new(pools, streams, closed)))
 }
 
 impl Streams for H2 {
@@ -139,33 +144,10 @@ impl Streams for H2 {
 }
 
 impl H2 {
-    /// The engine for `targets`, `max_streams` per connection; a closed
-    /// pool stops at `end`.
-    fn new(
-        targets: &[super::targets::Target],
-        pools: usize,
-        max_streams: u32,
-        closed: Option<Option<Instant>>,
-    ) -> Self {
+    /// The engine for `pools` endpoints, `max_streams` per connection; a
+    /// closed pool stops at `end`.
+    fn new(pools: usize, max_streams: u32, closed: Option<Option<Instant>>) -> Self {
         Self {
-            heads: targets
-                .iter()
-                .map(|t| {
-                    let u = &t.url;
-                    Rc::from(hpack::encode_request(
-                        &t.method,
-                        u.tls,
-                        &u.authority,
-                        &u.path,
-                        &t.headers,
-                        t.body.len(),
-                    ))
-                })
-                .collect(),
-            bodies: targets
-                .iter()
-                .map(|t| (!t.body.is_empty()).then(|| Rc::from(t.body.as_slice())))
-                .collect(),
             config: Config {
                 max_streams: max_streams.max(1),
                 ..Config::default()
@@ -175,6 +157,7 @@ impl H2 {
             goaway_logged: Cell::new(false),
             protocol_logged: Cell::new(false),
             reset_logged: Cell::new(false),
+            last_id: Cell::new(0),
         }
     }
 }
@@ -184,26 +167,37 @@ impl H2 {
 fn submit(ctx: &Rc<Ctx>, h2: &Rc<H2>, seq: u64, intended: Instant) {
     let began = Instant::now();
     count_start(ctx, began);
-    let t = (seq % h2.heads.len() as u64) as usize;
-    let pool = ctx.pool_of[t];
-    h2.pools[pool].borrow_mut().queue.push_back(Flight {
+    let f = Flight {
         seq,
         intended,
         began,
         sent_at: began,
         retried: false,
-    });
+        avoid: 0,
+    };
+    // Invariant: its target is held until it ends.
+    let Some(pool) = ctx.aims.get(ctx.aims.index(seq)).map(|a| a.pool) else {
+        end(ctx, h2, f, f.io(), Err(Failure::Net(NetCause::Other)));
+        return;
+    };
+    h2.pools[pool].borrow_mut().queue.push_back(f);
     place(ctx, h2, pool, 1);
 }
 
 /// Finds streams for `n` requests of pool `pool`'s queue: room on the open
 /// connections, then new connections under the cap.
-fn place(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, mut n: u32) {
+fn place(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, n: u32) {
+    let _unplaced = place_avoiding(ctx, h2, pool, n, 0);
+}
+
+/// [`place`], on connections other than `avoid`'s; how many of the `n`
+/// found no room.
+fn place_avoiding(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, mut n: u32, avoid: u32) -> u32 {
     {
         let p = h2.pools[pool].borrow();
-        for c in &p.conns {
+        for c in p.conns.iter().filter(|c| c.id != avoid) {
             if n == 0 {
-                return;
+                return 0;
             }
             let k = c.room().min(n);
             if k > 0 {
@@ -218,12 +212,15 @@ fn place(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, mut n: u32) {
         n -= k;
         open_connection(ctx, h2, pool, k);
     }
+    n
 }
 
 /// Starts a connection task for pool `pool`, `claimed` requests its way.
 fn open_connection(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, claimed: u32) {
     ctx.open.set(ctx.open.get() + 1);
+    h2.last_id.set(h2.last_id.get() + 1);
     let shared = Rc::new(Shared {
+        id: h2.last_id.get(),
         open: Cell::new(0),
         claimed: Cell::new(claimed),
         limit: Cell::new(h2.config.max_streams),
@@ -282,8 +279,7 @@ fn connect_failed(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, shared: &Shared, why:
 
 /// Records how flight `f` ended, with its figures `io`.
 fn end(ctx: &Rc<Ctx>, h2: &H2, f: Flight, io: Io, result: Result<u16, RequestError>) {
-    let t = (f.seq % ctx.wire.len() as u64) as usize;
-    finish(ctx, f.seq, t, f.intended, &io, result);
+    finish(ctx, f.seq, ctx.aims.index(f.seq), f.intended, &io, result);
     // A request of the schedule holds its place in `live` until it ends.
     if h2.closed.is_none() {
         ctx.live.done();
@@ -318,7 +314,7 @@ async fn run(ctx: &Rc<Ctx>, h2: &Rc<H2>, pool: usize, shared: &Rc<Shared>) {
     shared.closing.set(true);
     conn.closed();
     let why = lost.unwrap_or(Failure::Own(Exchange::Closed));
-    settle_events(ctx, h2, pool, &mut conn, Some(why));
+    settle_events(ctx, h2, (pool, shared), &mut conn, Some(why));
     ctx.rec.borrow_mut().connection_closed();
 }
 
@@ -435,7 +431,7 @@ async fn carry(
     loop {
         // Also here: a busy socket must not keep timeouts from coming.
         expire(ctx, h2, conn, timeout);
-        settle_events(ctx, h2, pool, conn, None);
+        settle_events(ctx, h2, (pool, shared), conn, None);
         take_work(ctx, h2, pool, shared, conn);
         if let Err(e) = wire.flush(ctx, conn).await {
             return Some(RequestError::from_io(&e));
@@ -485,7 +481,7 @@ async fn carry(
             // Before the refused streams look for a connection: not this one.
             shared.closing.set(true);
         }
-        settle_events(ctx, h2, pool, conn, None);
+        settle_events(ctx, h2, (pool, shared), conn, None);
     }
 }
 
@@ -520,7 +516,7 @@ fn take_work(
         return;
     }
     while conn.can_start() {
-        let queued = h2.pools[pool].borrow_mut().queue.pop_front();
+        let queued = pop_for(&mut h2.pools[pool].borrow_mut(), shared.id);
         let next = match queued {
             Some(f) => f,
             None if h2.closed.is_some() => match next_closed(ctx, h2) {
@@ -545,16 +541,32 @@ fn take_work(
             );
             continue;
         }
-        let t = (next.seq % h2.heads.len() as u64) as usize;
+        let Some(aim) = ctx.aims.get(ctx.aims.index(next.seq)) else {
+            // Invariant: its target is held until it ends.
+            end(ctx, h2, next, next.io(), Err(Failure::Net(NetCause::Other)));
+            continue;
+        };
         let next = Flight {
             sent_at: Instant::now(),
             ..next
         };
-        if let Err(f) = conn.start(&h2.heads[t], h2.bodies[t].clone(), next) {
+        if let Err(f) = conn.start(&aim.head, aim.body.clone(), next) {
             h2.pools[pool].borrow_mut().queue.push_front(f);
             return;
         }
     }
+}
+
+/// The oldest request in `p`'s queue for connection `id`: one it refused
+/// is left to the others while any of them takes streams.
+fn pop_for(p: &mut Pool, id: u32) -> Option<Flight> {
+    let others = p.conns.iter().any(|c| c.id != id && !c.closing.get());
+    let at = if others {
+        p.queue.iter().position(|f| f.avoid != id)?
+    } else {
+        0
+    };
+    p.queue.remove(at)
 }
 
 /// Whether a closed pool has requests left to make.
@@ -574,14 +586,19 @@ fn next_closed(ctx: &Rc<Ctx>, h2: &Rc<H2>) -> Option<Flight> {
     let (next, _) = h2.closed.as_ref()?;
     let k = next.get();
     next.set(k + 1);
+    let seq = u64::from(ctx.plan.index) + k * u64::from(ctx.plan.workers.max(1));
+    if !super::worker::take(ctx, seq) {
+        return None;
+    }
     let now = Instant::now();
     count_start(ctx, now);
     Some(Flight {
-        seq: u64::from(ctx.plan.index) + k * u64::from(ctx.plan.workers.max(1)),
+        seq,
         intended: now,
         began: now,
         sent_at: now,
         retried: false,
+        avoid: 0,
     })
 }
 
@@ -590,7 +607,7 @@ fn next_closed(ctx: &Rc<Ctx>, h2: &Rc<H2>) -> Option<Flight> {
 fn settle_events(
     ctx: &Rc<Ctx>,
     h2: &Rc<H2>,
-    pool: usize,
+    (pool, from): (usize, &Shared),
     conn: &mut Connection<Flight>,
     lost: Option<RequestError>,
 ) {
@@ -621,6 +638,7 @@ fn settle_events(
                 ctx.rec.borrow_mut().retried();
                 let f = Flight {
                     retried: true,
+                    avoid: from.id,
                     ..token
                 };
                 h2.pools[pool].borrow_mut().queue.push_front(f);
@@ -640,18 +658,31 @@ fn settle_events(
                 continue;
             }
         };
-        let t = (f.seq % h2.heads.len() as u64) as usize;
+        let sent = ctx.aims.get(ctx.aims.index(f.seq)).map_or(0, |a| {
+            a.head.len() + 9 + a.body.as_ref().map_or(0, |b| b.len() + 9)
+        });
         let io = Io {
             bytes_in,
-            bytes_out: (h2.heads[t].len() + 9 + h2.bodies[t].as_ref().map_or(0, |b| b.len() + 9))
-                as u64,
+            bytes_out: sent as u64,
             began: f.began,
             sent_at: Some(f.sent_at),
         };
         end(ctx, h2, f, io, result);
     }
-    if again > 0 {
-        place(ctx, h2, pool, again);
+    // On another connection (an open one, or a new one under the cap);
+    // those with none go on any, this one too.
+    let unplaced = if again > 0 {
+        place_avoiding(ctx, h2, pool, again, from.id)
+    } else {
+        0
+    };
+    if unplaced > 0 {
+        for f in h2.pools[pool].borrow_mut().queue.iter_mut() {
+            if f.avoid == from.id {
+                f.avoid = 0;
+            }
+        }
+        place(ctx, h2, pool, unplaced);
     }
 }
 

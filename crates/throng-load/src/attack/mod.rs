@@ -16,6 +16,8 @@
 //!   the run did, Vegeta's way, and the thresholds that fail it;
 //! - [`worker`]: one worker process: the schedule, the HTTP/1.1 client, the
 //!   connection pool;
+//! - `aims`: the targets a worker sends, ready on the wire (held, or read
+//!   from a large targets file as the run takes them);
 //! - [`record`]: what a worker counts per interval, and per-request rows;
 //! - `waiting`: requests whose answer is slow, waiting outside tokio;
 //! - `response`: one HTTP/1.1 response read as it arrives, sans I/O (both
@@ -34,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::pacer::{Pacer, RateSpec};
 
+mod aims;
 mod h2;
 pub mod record;
 pub mod request;
@@ -124,8 +127,12 @@ pub struct WorkerPlan {
     pub duration_ns: Option<u64>,
     /// Stop after this many requests in the whole run.
     pub requests: Option<u64>,
-    /// What to send, taken in turn.
+    /// What to send, taken in turn; or, with `lazy`, the first target of
+    /// each endpoint (the file holds the rest).
     pub targets: Vec<targets::Target>,
+    /// A targets file too large to hold, read as the run takes its targets.
+    #[serde(default)]
+    pub lazy: Option<targets::LazyFile>,
     /// Each target's resolved address.
     pub addrs: Vec<SocketAddr>,
     /// Source addresses new connections bind, in turn (empty: the kernel picks).

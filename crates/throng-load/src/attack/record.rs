@@ -21,6 +21,7 @@
 //!   `connect.tcp` (TCP connect of each new connection) and `connect.tls`
 //!   (its TLS handshake, `https://` only).
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
 use std::time::Instant;
@@ -335,12 +336,58 @@ struct VegetaRow<'a> {
     bytes_out: u64,
     bytes_in: u64,
     error: String,
-    /// Responses are read and dropped as they arrive, not kept: no body.
-    body: Option<&'a str>,
+    /// The response body, base64 (as Go writes `[]byte`); `null` when
+    /// none was kept (HTTP/2, a failed request).
+    body: Option<String>,
     method: &'a str,
     url: &'a str,
-    /// Not kept either (`null`, as Vegeta writes a result without them).
-    headers: Option<()>,
+    /// The response headers as Go's `http.Header`: canonical names, each
+    /// with its values.
+    headers: Option<BTreeMap<String, Vec<String>>>,
+}
+
+/// A response's headers and body, kept for Vegeta's results (`--format
+/// vegeta`); other runs read and drop responses as they arrive.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// Header lines in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body, decoded, up to [`MAX_KEPT_BODY`].
+    pub body: Vec<u8>,
+}
+
+/// The most of a response body kept for a result (Vegeta's `-max-body`
+/// keeps all; a bound here keeps memory bounded).
+pub const MAX_KEPT_BODY: usize = 1 << 20;
+
+impl Answer {
+    /// The headers as Go's `http.Header`.
+    fn header_map(&self) -> BTreeMap<String, Vec<String>> {
+        let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, value) in &self.headers {
+            map.entry(canonical_header(name))
+                .or_default()
+                .push(String::from_utf8_lossy(value).into_owned());
+        }
+        map
+    }
+}
+
+/// A header name as Go's `CanonicalMIMEHeaderKey` writes it: each word
+/// (split by `-`) capitalised, the rest lower case.
+fn canonical_header(name: &str) -> String {
+    let mut upper = true;
+    name.chars()
+        .map(|c| {
+            let out = if upper {
+                c.to_ascii_uppercase()
+            } else {
+                c.to_ascii_lowercase()
+            };
+            upper = c == '-';
+            out
+        })
+        .collect()
 }
 
 /// The name of Vegeta's results throng writes (`vegeta plot` labels by it).
@@ -370,8 +417,6 @@ pub struct RowWriter {
     file: std::fs::File,
     format: RowFormat,
     buf: Vec<u8>,
-    /// Each target's method and URL (Vegeta's rows name them).
-    targets: Vec<(String, String)>,
     /// Writes of at most this many bytes: a pipe (`| vegeta report`)
     /// keeps only writes up to `PIPE_BUF` whole among many writers.
     max_write: usize,
@@ -394,19 +439,18 @@ impl RowWriter {
             file,
             format,
             buf: Vec::with_capacity(ROW_FLUSH + 512),
-            targets: Vec::new(),
             max_write,
         })
     }
 
-    /// Names the targets (method, URL) that rows' `target` indexes.
-    pub fn with_targets(mut self, targets: Vec<(String, String)>) -> Self {
-        self.targets = targets;
-        self
-    }
-
-    /// Adds one row.
-    pub fn push(&mut self, r: &Row) -> io::Result<()> {
+    /// Adds one row, of a request to `method` `url` answered `answer`
+    /// (Vegeta's rows name them, and carry the answer's headers and body).
+    pub fn push(
+        &mut self,
+        r: &Row,
+        (method, url): (&str, &str),
+        answer: Option<&Answer>,
+    ) -> io::Result<()> {
         match self.format {
             RowFormat::Csv => {
                 let _ = writeln!(
@@ -430,10 +474,6 @@ impl RowWriter {
                 self.buf.push(b'\n');
             }
             RowFormat::Vegeta => {
-                let (method, url) = self
-                    .targets
-                    .get(r.target)
-                    .map_or(("", ""), |(m, u)| (m.as_str(), u.as_str()));
                 let row = VegetaRow {
                     attack: VEGETA_ATTACK,
                     seq: r.seq,
@@ -443,10 +483,13 @@ impl RowWriter {
                     bytes_out: r.bytes_out,
                     bytes_in: r.bytes_in,
                     error: vegeta_error(r),
-                    body: None,
+                    body: answer.map(|a| {
+                        use base64::Engine as _;
+                        base64::engine::general_purpose::STANDARD.encode(&a.body)
+                    }),
                     method,
                     url,
-                    headers: None,
+                    headers: answer.map(Answer::header_map),
                 };
                 serde_json::to_writer(&mut self.buf, &row).map_err(io::Error::other)?;
                 self.buf.push(b'\n');
@@ -524,9 +567,8 @@ mod tests {
         let dir = throng_testkit::TempDir::new("vegeta-rows");
         let path = dir.file("rows.json");
         std::fs::write(&path, "").unwrap();
-        let mut w = RowWriter::open(&path, RowFormat::Vegeta)
-            .unwrap()
-            .with_targets(vec![("POST".into(), "http://h:1/p?q=\"x\"".into())]);
+        let mut w = RowWriter::open(&path, RowFormat::Vegeta).unwrap();
+        let url = "http://h:1/p?q=\"x\"";
         let row = |status, error| Row {
             seq: 7,
             worker: 1,
@@ -541,9 +583,17 @@ mod tests {
             bytes_out: 45,
             latency_ns: 1_234_567,
         };
-        w.push(&row(200, "")).unwrap();
-        w.push(&row(503, "")).unwrap();
-        w.push(&row(0, "timeout")).unwrap();
+        let answer = Answer {
+            headers: vec![
+                ("content-type".into(), b"text/plain".to_vec()),
+                ("x-many".into(), b"a".to_vec()),
+                ("X-MANY".into(), b"b".to_vec()),
+            ],
+            body: b"ok".to_vec(),
+        };
+        w.push(&row(200, ""), ("POST", url), Some(&answer)).unwrap();
+        w.push(&row(503, ""), ("POST", url), None).unwrap();
+        w.push(&row(0, "timeout"), ("POST", url), None).unwrap();
         w.flush().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<serde_json::Value> = text
@@ -565,7 +615,13 @@ mod tests {
         assert_eq!(ok["error"], "");
         assert_eq!(ok["method"], "POST");
         assert_eq!(ok["url"], "http://h:1/p?q=\"x\"");
-        assert!(ok["body"].is_null() && ok["headers"].is_null());
+        // Go's []byte is base64; http.Header canonical names, values in order.
+        assert_eq!(ok["body"], "b2s=");
+        assert_eq!(
+            ok["headers"],
+            serde_json::json!({"Content-Type": ["text/plain"], "X-Many": ["a", "b"]})
+        );
+        assert!(lines[1]["body"].is_null() && lines[1]["headers"].is_null());
         assert_eq!(lines[1]["error"], "503 Service Unavailable");
         assert_eq!(
             (lines[2]["code"].as_u64(), lines[2]["error"].as_str()),

@@ -16,7 +16,8 @@ use throng_report::format::Header;
 use super::record::{CSV_HEADER, LATE_US, RowFormat};
 use super::summary::Summary;
 use super::supervisor::AttackRun;
-use super::targets::{Target, TargetError};
+use super::targets::{LazyFile, Target, TargetError};
+use super::worker::TARGETS_ERROR;
 use super::{DEFAULT_TIMEOUT, Load, Settings, WorkerPlan, pacer, planned};
 use crate::harness::Setup;
 use crate::harness::clock::{millis, nanos};
@@ -37,8 +38,11 @@ pub const WORKER_ARGS: [&str; 2] = ["attack", "--worker"];
 pub struct Request {
     /// The command line, for the result file's header.
     pub command_line: Vec<String>,
-    /// What to send, taken in turn.
+    /// What to send, taken in turn; with `lazy`, the first target of each
+    /// endpoint (the file holds the rest).
     pub targets: Vec<Target>,
+    /// A targets file too large to hold, read as the run takes its targets.
+    pub lazy: Option<LazyFile>,
     /// A rate, or a closed pool.
     pub load: Load,
     /// How long to start requests for.
@@ -137,16 +141,7 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
         req.max_p99,
         req.max_lag,
     )?;
-    if remote.is_some() && req.per_request.is_some() {
-        return Err(AttackError::Setting(
-            if req.per_request_format == Some(RowFormat::Vegeta) {
-                "--format vegeta writes each request's result on this machine's stdout; it does not go with --agents (give --output and read the merged run with throng report)"
-            } else {
-                "--per-request writes on this machine; it does not go with --agents"
-            }
-            .into(),
-        ));
-    }
+    check_remote(&req, remote.is_some())?;
     let addrs = req
         .targets
         .iter()
@@ -205,6 +200,7 @@ pub fn prepare_on(mut req: Request, remote: Option<Remote>) -> Result<Prepared, 
             duration_ns: req.duration.map(nanos),
             requests: req.requests,
             targets: req.targets.clone(),
+            lazy: req.lazy.clone(),
             addrs,
             sources,
             start_unix_ns: 0,
@@ -264,6 +260,26 @@ fn limit_lines(plan: &WorkerPlan) -> Vec<String> {
         ..doctor::Plan::new(connections, Role::Client)
     };
     machine::limit_lines(connections, &doctor::check(&dp))
+}
+
+/// What does not go with `--agents` (`remote`).
+fn check_remote(req: &Request, remote: bool) -> Result<(), AttackError> {
+    if remote && req.per_request.is_some() {
+        return Err(AttackError::Setting(
+            if req.per_request_format == Some(RowFormat::Vegeta) {
+                "--format vegeta writes each request's result on this machine's stdout; it does not go with --agents (give --output and read the merged run with throng report)"
+            } else {
+                "--per-request writes on this machine; it does not go with --agents"
+            }
+            .into(),
+        ));
+    }
+    if remote && req.lazy.is_some() {
+        return Err(AttackError::Setting(
+            "a targets file read as the run goes cannot go to agents (they cannot read it); hold its targets instead".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The settings that make no run, refused with the flag to change.
@@ -332,6 +348,14 @@ impl Prepared {
         let mut failed = check_all(&self.thresholds, &summary);
         if let Some(why) = &summary.aborted {
             failed.insert(0, format!("stopped early (--abort-on-fail): {why}"));
+        }
+        // Not the run asked for: fail it, whatever the thresholds say.
+        if summary.events.iter().any(|e| e.kind == TARGETS_ERROR) {
+            failed.insert(
+                0,
+                "a worker stopped early: its targets file no longer read as checked (see the events)"
+                    .to_owned(),
+            );
         }
         Ok((summary, failed))
     }
@@ -456,10 +480,18 @@ fn start_lines(
     sources_why: &str,
 ) -> Vec<String> {
     let first = &req.targets[0];
-    let more = if req.targets.len() > 1 {
-        format!(" (+{} more targets, taken in turn)", req.targets.len() - 1)
-    } else {
-        String::new()
+    let count = req
+        .lazy
+        .as_ref()
+        .map_or(req.targets.len() as u64, |l| l.count);
+    let more = match &req.lazy {
+        Some(l) => format!(
+            " (+{} more targets, taken in turn, each worker reading {} as the run goes)",
+            count - 1,
+            l.path.display()
+        ),
+        None if count > 1 => format!(" (+{} more targets, taken in turn)", count - 1),
+        None => String::new(),
     };
     let span = match (req.duration, req.requests) {
         (Some(d), Some(n)) => format!(
@@ -555,6 +587,7 @@ fn header(req: &Request, a: &AttackRun) -> Header {
         serde_json::json!({
             "subcommand": "attack",
             "targets": plan.targets.iter().map(|t| format!("{} {}", t.method, t.url)).collect::<Vec<_>>(),
+            "targets_file": plan.lazy.as_ref().map(|l| serde_json::json!({"path": l.path, "count": l.count})),
             "load": match plan.load {
                 Load::Rate(spec @ RateSpec::Stages(st)) => serde_json::json!({"rate": spec.to_string(), "stages": st}),
                 Load::Rate(spec) => serde_json::json!({"rate": spec.to_string()}),

@@ -1,11 +1,12 @@
 //! Reading one HTTP/1.1 response as its bytes arrive, sans I/O: the head
-//! (kept only when it arrives split), then the body, counted and dropped.
+//! (kept only when it arrives split), then the body, counted and dropped
+//! (or, for Vegeta's results, kept with the headers: [`Answer`]).
 //! Both a request's task ([`super::worker`]) and the waiting room
 //! ([`super::waiting`]) feed it whatever they read.
 
 use throng_proto::http::{self, BodyDecoder, BodyError};
 
-use super::record::{Exchange, RequestError};
+use super::record::{Answer, Exchange, MAX_KEPT_BODY, RequestError};
 use crate::harness::failure::Failure;
 
 /// Reads one response from the bytes as they arrive: the head (kept only
@@ -18,6 +19,8 @@ pub(super) struct ResponseReader {
     head: Option<(u16, bool, BodyDecoder)>,
     /// Any byte arrived.
     any: bool,
+    /// The headers and body, when kept (`--format vegeta`).
+    answer: Option<Box<Answer>>,
 }
 
 impl ResponseReader {
@@ -27,7 +30,22 @@ impl ResponseReader {
             partial: Vec::new(),
             head: None,
             any: false,
+            answer: None,
         }
+    }
+
+    /// A reader that keeps the response's headers and body (the first
+    /// [`MAX_KEPT_BODY`] bytes of it) for [`ResponseReader::take_answer`].
+    pub(super) fn keeping() -> Self {
+        Self {
+            answer: Some(Box::default()),
+            ..Self::new()
+        }
+    }
+
+    /// The headers and body kept, if this reader keeps them.
+    pub(super) fn take_answer(&mut self) -> Option<Box<Answer>> {
+        self.answer.take()
     }
 
     /// Any byte of the response arrived.
@@ -43,7 +61,8 @@ impl ResponseReader {
     ) -> Result<Option<(u16, bool)>, RequestError> {
         self.any = true;
         if let Some((status, keep, dec)) = self.head.as_mut() {
-            return Ok(body(dec, data)?.map(|extra| (*status, *keep && !extra)));
+            return Ok(body(dec, data, self.answer.as_deref_mut())?
+                .map(|extra| (*status, *keep && !extra)));
         }
         let joined = !self.partial.is_empty();
         if joined {
@@ -55,7 +74,7 @@ impl ResponseReader {
         let buf: &[u8] = if joined { &self.partial } else { data };
         let parsed = http::parse_response(buf, http::MAX_HEAD)
             .map_err(|_| Failure::Own(Exchange::BadResponse))?;
-        let Some((resp, used)) = parsed else {
+        let Some((mut resp, used)) = parsed else {
             if !joined {
                 self.partial.extend_from_slice(data);
             }
@@ -66,7 +85,11 @@ impl ResponseReader {
             .map_err(|_| Failure::Own(Exchange::BadResponse))?;
         let keep = resp.keep_alive();
         let mut dec = BodyDecoder::new(kind, u64::MAX);
-        let result = body(&mut dec, &buf[used..])?.map(|extra| (resp.status, keep && !extra));
+        if let Some(a) = self.answer.as_deref_mut() {
+            a.headers = std::mem::take(&mut resp.headers);
+        }
+        let result = body(&mut dec, &buf[used..], self.answer.as_deref_mut())?
+            .map(|extra| (resp.status, keep && !extra));
         self.head = Some((resp.status, keep, dec));
         self.partial = Vec::new();
         Ok(result)
@@ -82,9 +105,14 @@ impl ResponseReader {
     }
 }
 
-/// Runs body bytes through the decoder: `Some(extra)` when the body ended
-/// (`extra`: bytes followed it, so the connection cannot be trusted again).
-fn body(dec: &mut BodyDecoder, mut rest: &[u8]) -> Result<Option<bool>, RequestError> {
+/// Runs body bytes through the decoder (the data kept in `answer`, up to
+/// [`MAX_KEPT_BODY`]): `Some(extra)` when the body ended (`extra`: bytes
+/// followed it, so the connection cannot be trusted again).
+fn body(
+    dec: &mut BodyDecoder,
+    mut rest: &[u8],
+    mut answer: Option<&mut Answer>,
+) -> Result<Option<bool>, RequestError> {
     loop {
         if dec.is_done() {
             return Ok(Some(!rest.is_empty()));
@@ -96,6 +124,11 @@ fn body(dec: &mut BodyDecoder, mut rest: &[u8]) -> Result<Option<bool>, RequestE
             BodyError::Truncated => Failure::Own(Exchange::Closed),
             _ => Failure::Own(Exchange::BadResponse),
         })?;
+        if let Some(a) = answer.as_deref_mut() {
+            let data = &rest[step.data.0..step.data.1];
+            let room = MAX_KEPT_BODY.saturating_sub(a.body.len());
+            a.body.extend_from_slice(&data[..data.len().min(room)]);
+        }
         rest = &rest[step.consumed..];
         if step.done {
             return Ok(Some(!rest.is_empty()));
@@ -114,7 +147,8 @@ mod tests {
     fn reads_split_heads_and_chunked_bodies() {
         let wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\npong\r\n4\r\npong\r\n0\r\n\r\n";
         for split in 1..wire.len() {
-            let mut r = ResponseReader::new();
+            // Kept (for Vegeta's results): the headers, the body decoded.
+            let mut r = ResponseReader::keeping();
             let first = r.feed(&wire[..split], "POST").unwrap();
             let got = match first {
                 Some(done) => {
@@ -124,7 +158,14 @@ mod tests {
                 None => r.feed(&wire[split..], "POST").unwrap().unwrap(),
             };
             assert_eq!(got, (200, true), "split {split}");
+            let a = r.take_answer().unwrap();
+            assert_eq!(a.body, b"pongpong", "split {split}");
+            assert_eq!(
+                a.headers,
+                [("Transfer-Encoding".to_owned(), b"chunked".to_vec())]
+            );
         }
+        assert!(ResponseReader::new().take_answer().is_none());
     }
 
     #[test]

@@ -238,6 +238,7 @@ mod tests {
                 duration_ns: Some(2 * second),
                 requests: None,
                 targets: Vec::new(),
+                lazy: None,
                 addrs: Vec::new(),
                 sources: Vec::new(),
                 start_unix_ns: 0,

@@ -68,6 +68,12 @@ pub enum TargetError {
     /// The flags that say what to send do not go together.
     #[error("{0}")]
     Flags(String),
+    /// Targets that must be held are too many.
+    #[error("{0}")]
+    Held(String),
+    /// A targets file read as the run goes no longer has what was checked.
+    #[error("{0}")]
+    Changed(String),
     /// The host name does not resolve.
     #[error("cannot resolve {host}: {reason}")]
     Resolve {
@@ -375,11 +381,7 @@ impl<'a> Parser<'a> {
     }
 
     fn err(&self, line: usize, reason: String) -> TargetError {
-        TargetError::Line {
-            source_name: self.source_name.clone(),
-            line,
-            reason,
-        }
+        line_error(&self.source_name, line, reason)
     }
 
     /// Takes line `line_no` (1-based) of the input.
@@ -527,22 +529,6 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    /// Whether `raw` would begin a new target (a JSON line; a text
-    /// `METHOD URL` line).
-    fn starts_target(&self, raw: &str) -> bool {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            return false;
-        }
-        match self.format {
-            TargetFormat::Json => true,
-            _ => {
-                let first = line.split_whitespace().next().unwrap_or("");
-                is_method(first) && line[first.len()..].trim_start().contains("://")
-            }
-        }
-    }
-
     /// The targets read; an input without any is an error.
     pub fn finish(self) -> Result<Vec<Target>, TargetError> {
         if self.targets.is_empty() {
@@ -569,69 +555,366 @@ pub fn parse(
 /// The longest line a targets file may have (a JSON target's base64 body included).
 const MAX_LINE: u64 = 64 << 20;
 
+/// A line error of input `name`.
+fn line_error(name: &str, line: usize, reason: String) -> TargetError {
+    TargetError::Line {
+        source_name: name.to_owned(),
+        line,
+        reason,
+    }
+}
+
+/// A targets input read line by line (never whole), each line checked
+/// for its length and UTF-8.
+struct Lines {
+    input: Box<dyn std::io::BufRead>,
+    name: String,
+    buf: Vec<u8>,
+    /// The number of the line last read (1-based).
+    line_no: usize,
+}
+
+impl Lines {
+    /// Opens `path` (`-`: stdin).
+    fn open(path: &Path) -> Result<Self, TargetError> {
+        let (input, name): (Box<dyn std::io::BufRead>, String) = if path == Path::new("-") {
+            (Box::new(std::io::stdin().lock()), "stdin".to_owned())
+        } else {
+            let file = std::fs::File::open(path).map_err(|err| TargetError::Read {
+                path: path.to_owned(),
+                err,
+            })?;
+            (
+                Box::new(std::io::BufReader::with_capacity(64 << 10, file)),
+                path.display().to_string(),
+            )
+        };
+        Ok(Self {
+            input,
+            name,
+            buf: Vec::new(),
+            line_no: 0,
+        })
+    }
+
+    /// The next line and its number, or `None` at the end of the input.
+    fn next(&mut self) -> Result<Option<(usize, &str)>, TargetError> {
+        use std::io::BufRead as _;
+        self.buf.clear();
+        let n = std::io::Read::take(&mut self.input, MAX_LINE + 1)
+            .read_until(b'\n', &mut self.buf)
+            .map_err(|err| TargetError::Read {
+                path: PathBuf::from(&self.name),
+                err,
+            })?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.line_no += 1;
+        let no = self.line_no;
+        if n as u64 > MAX_LINE {
+            return Err(line_error(
+                &self.name,
+                no,
+                format!("a line longer than {} MiB", MAX_LINE >> 20),
+            ));
+        }
+        match std::str::from_utf8(&self.buf) {
+            Ok(line) => Ok(Some((no, line))),
+            Err(_) => Err(line_error(&self.name, no, "not UTF-8 text".to_owned())),
+        }
+    }
+}
+
+/// Whether `raw` begins a target in `format` (a JSON line; a text
+/// `METHOD URL` line).
+fn starts_target(format: TargetFormat, raw: &str) -> bool {
+    let line = raw.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return false;
+    }
+    match format {
+        TargetFormat::Json => true,
+        TargetFormat::Http => {
+            let first = line.split_whitespace().next().unwrap_or("");
+            is_method(first) && line[first.len()..].trim_start().contains("://")
+        }
+        // Told by this very line.
+        TargetFormat::Auto => true,
+    }
+}
+
+/// What a target holds in memory (URL, headers, body), roughly.
+fn weight(t: &Target) -> usize {
+    t.body.len()
+        + t.url.path.len()
+        + t.url.authority.len()
+        + t.headers
+            .iter()
+            .map(|(n, v)| n.len() + v.len())
+            .sum::<usize>()
+}
+
+/// Reads the targets of `lines` in turn, no further than the first
+/// `limit`, and gives each whole one to `each` (none is kept here); the
+/// format found.
+fn scan(
+    mut lines: Lines,
+    format: TargetFormat,
+    limit: u64,
+    mut each: impl FnMut(Target) -> Result<(), TargetError>,
+) -> Result<TargetFormat, TargetError> {
+    let mut p = Parser::new(&lines.name, format, |p| std::fs::read(p));
+    let mut given = 0u64;
+    while let Some((no, line)) = lines.next()? {
+        // The next target begins: the ones before it are whole, and the run
+        // uses no more (nor is this one parsed).
+        if given + p.targets.len() as u64 >= limit && starts_target(p.format, line) {
+            break;
+        }
+        p.line(no, line)?;
+        // All but the last are whole (a text target grows by its lines).
+        if p.targets.len() > 1 {
+            let whole: Vec<Target> = p.targets.drain(..p.targets.len() - 1).collect();
+            // The parser's bound now covers the target it builds.
+            p.held = 0;
+            for t in whole {
+                given += 1;
+                each(t)?;
+            }
+        }
+    }
+    let found = p.format;
+    for t in p.finish()? {
+        each(t)?;
+    }
+    Ok(found)
+}
+
+/// Targets past this many are not held: each worker reads them from the
+/// file as the run takes them ([`LazyFile`]).
+pub const HOLD_TARGETS: u64 = 10_000;
+
+/// Targets holding more than this (URLs, headers, bodies) are not held either.
+pub const HOLD_BYTES: usize = 16 << 20;
+
+/// Whether the targets read are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Holding {
+    /// Held when few ([`HOLD_TARGETS`], [`HOLD_BYTES`]), else read as the
+    /// run goes; stdin (which cannot be read twice) is always held.
+    #[default]
+    Auto,
+    /// Every target held (a run on agents: they cannot read this
+    /// machine's file), up to [`MAX_TARGET_BYTES`].
+    All,
+    /// Read as the run goes however few (`--lazy`).
+    Lazy,
+}
+
+/// A targets file too large to hold: each worker reads it as the run takes
+/// its targets (a [`Cursor`]), holding only those of the requests in flight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LazyFile {
+    /// The file (absolute: a worker reads it too).
+    pub path: PathBuf,
+    /// Its format, as the checking pass found it.
+    pub format: TargetFormat,
+    /// The targets the run takes in turn: the file's first `count`.
+    pub count: u64,
+    /// `-H` headers, added to each target that does not set them.
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+}
+
+/// The targets of a run.
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    /// Every target; or, read as the run goes (`lazy`), the first target
+    /// of each endpoint (where connections go).
+    pub list: Vec<Target>,
+    /// The file the workers read as the run goes, when not held.
+    pub lazy: Option<LazyFile>,
+}
+
+impl Targets {
+    /// How many the run takes in turn.
+    pub fn count(&self) -> u64 {
+        self.lazy
+            .as_ref()
+            .map_or(self.list.len() as u64, |l| l.count)
+    }
+
+    /// Whether any is `https://`.
+    pub fn any_tls(&self) -> bool {
+        self.list.iter().any(|t| t.url.tls)
+    }
+}
+
 /// Reads targets from a file, or from stdin for `-`, line by line as they
 /// come (never the whole input at once), and no further than the first
 /// `limit` targets: request `i` takes target `i % targets`, so a run of
-/// `limit` requests uses no other (a huge file costs only what the run uses).
+/// `limit` requests uses no other. Every target is checked; they are held
+/// as `holding` says.
 pub fn read(
     path: &Path,
     format: TargetFormat,
     limit: Option<u64>,
-) -> Result<Vec<Target>, TargetError> {
-    let (input, name): (Box<dyn std::io::BufRead>, String) = if path == Path::new("-") {
-        (Box::new(std::io::stdin().lock()), "stdin".to_owned())
-    } else {
-        let file = std::fs::File::open(path).map_err(|err| TargetError::Read {
-            path: path.to_owned(),
-            err,
-        })?;
-        (
-            Box::new(std::io::BufReader::with_capacity(64 << 10, file)),
-            path.display().to_string(),
-        )
-    };
-    read_lines(input, &name, format, limit)
+    holding: Holding,
+) -> Result<Targets, TargetError> {
+    let lines = Lines::open(path)?;
+    let name = lines.name.clone();
+    let stdin = path == Path::new("-");
+    let holding = if stdin { Holding::All } else { holding };
+    let mut held: Option<Vec<Target>> = (holding != Holding::Lazy).then(Vec::new);
+    let mut bytes = 0usize;
+    let mut count = 0u64;
+    let mut firsts: Vec<Target> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let found = scan(lines, format, limit.unwrap_or(u64::MAX).max(1), |t| {
+        count += 1;
+        bytes += weight(&t);
+        if seen.insert((t.url.host.clone(), t.url.port, t.url.tls)) {
+            firsts.push(t.clone());
+        }
+        if holding == Holding::Auto && (count > HOLD_TARGETS || bytes > HOLD_BYTES) {
+            held = None;
+        }
+        if let Some(list) = held.as_mut() {
+            if bytes > MAX_TARGET_BYTES {
+                return Err(TargetError::Held(format!(
+                    "{name}: the targets hold over {} MiB; throng keeps every target {} in memory, so this much is refused: {}",
+                    MAX_TARGET_BYTES >> 20,
+                    if stdin {
+                        "read from stdin"
+                    } else {
+                        "of a run on agents"
+                    },
+                    if stdin {
+                        "give a file (--targets FILE), which is read as the run goes"
+                    } else {
+                        "split the file, or reuse bodies"
+                    }
+                )));
+            }
+            list.push(t);
+        }
+        Ok(())
+    })?;
+    if let Some(list) = held {
+        return Ok(Targets { list, lazy: None });
+    }
+    let path = std::fs::canonicalize(path).map_err(|err| TargetError::Read {
+        path: path.to_owned(),
+        err,
+    })?;
+    Ok(Targets {
+        list: firsts,
+        lazy: Some(LazyFile {
+            path,
+            format: found,
+            count,
+            headers: Vec::new(),
+        }),
+    })
 }
 
-fn read_lines(
-    mut input: Box<dyn std::io::BufRead>,
-    name: &str,
-    format: TargetFormat,
-    limit: Option<u64>,
-) -> Result<Vec<Target>, TargetError> {
-    let limit = limit.map_or(usize::MAX, |n| {
-        usize::try_from(n.max(1)).unwrap_or(usize::MAX)
-    });
-    use std::io::BufRead as _;
-    let mut p = Parser::new(name, format, |p| std::fs::read(p));
-    let mut buf = Vec::new();
-    for line_no in 1.. {
-        buf.clear();
-        let n = std::io::Read::take(&mut input, MAX_LINE + 1)
-            .read_until(b'\n', &mut buf)
-            .map_err(|err| TargetError::Read {
-                path: PathBuf::from(name),
-                err,
-            })?;
-        if n == 0 {
-            break;
+/// A worker's place in a [`LazyFile`]: it reads target `t` when the run
+/// takes it, passing over those between (other workers take them), and
+/// opens the file again to go round from the first.
+pub struct Cursor {
+    file: LazyFile,
+    lines: Option<Lines>,
+    /// The number of the target whose first line is `pending` (or, none
+    /// pending, the next one found).
+    next: u64,
+    /// The first line of target `next`, read already (it ended the one before).
+    pending: String,
+    pending_no: Option<usize>,
+}
+
+impl Cursor {
+    /// A cursor before the first target of `file`.
+    pub fn new(file: LazyFile) -> Self {
+        Self {
+            file,
+            lines: None,
+            next: 0,
+            pending: String::new(),
+            pending_no: None,
         }
-        if n as u64 > MAX_LINE {
-            return Err(p.err(
-                line_no,
-                format!("a line longer than {} MiB", MAX_LINE >> 20),
-            ));
-        }
-        let line =
-            std::str::from_utf8(&buf).map_err(|_| p.err(line_no, "not UTF-8 text".to_owned()))?;
-        // The next target begins: the ones before it are whole, and the run
-        // uses no more (nor is this one parsed).
-        if p.targets.len() >= limit && p.starts_target(line) {
-            break;
-        }
-        p.line(line_no, line)?;
     }
-    p.finish()
+
+    /// The targets the run takes in turn.
+    pub fn count(&self) -> u64 {
+        self.file.count
+    }
+
+    /// The file no longer has the targets the run checked.
+    fn changed(&self) -> TargetError {
+        TargetError::Changed(format!(
+            "{} changed during the run: it no longer has the {} targets checked at the start",
+            self.file.path.display(),
+            self.file.count
+        ))
+    }
+
+    /// Target `t` (`0..count`), with the `-H` headers: read on from here,
+    /// or from the start again when `t` is behind.
+    pub fn read(&mut self, t: u64) -> Result<Target, TargetError> {
+        if t >= self.file.count {
+            return Err(self.changed());
+        }
+        if self.lines.is_none() || t < self.next {
+            self.lines = Some(Lines::open(&self.file.path)?);
+            self.next = 0;
+            self.pending_no = None;
+        }
+        let format = self.file.format;
+        loop {
+            let Some(lines) = self.lines.as_mut() else {
+                return Err(self.changed());
+            };
+            let first = match self.pending_no.take() {
+                Some(no) => no,
+                None => loop {
+                    match lines.next()? {
+                        Some((no, line)) if starts_target(format, line) => {
+                            self.pending.clear();
+                            self.pending.push_str(line);
+                            break no;
+                        }
+                        Some(_) => {}
+                        None => return Err(self.changed()),
+                    }
+                },
+            };
+            let here = self.next;
+            self.next += 1;
+            let mut parser =
+                (here == t).then(|| Parser::new(&lines.name, format, |p| std::fs::read(p)));
+            if let Some(p) = parser.as_mut() {
+                p.line(first, &self.pending)?;
+            }
+            // Its other lines, up to the next target's first.
+            while let Some((no, line)) = lines.next()? {
+                if starts_target(format, line) {
+                    self.pending.clear();
+                    self.pending.push_str(line);
+                    self.pending_no = Some(no);
+                    break;
+                }
+                if let Some(p) = parser.as_mut() {
+                    p.line(no, line)?;
+                }
+            }
+            if let Some(p) = parser {
+                let mut target = p.finish()?.pop().ok_or_else(|| self.changed())?;
+                target.add_defaults(&self.file.headers);
+                return Ok(target);
+            }
+        }
+    }
 }
 
 /// What to send, as the command line says it: a targets file (`-` for
@@ -656,11 +939,13 @@ pub struct Flags {
     /// The most targets the run can use (its planned requests), if known:
     /// a targets file is read no further.
     pub limit: Option<u64>,
+    /// Whether a targets file's targets are held in memory.
+    pub holding: Holding,
 }
 
 impl Flags {
     /// The targets: read from the file, or the one `--url` target.
-    pub fn targets(&self) -> Result<Vec<Target>, TargetError> {
+    pub fn targets(&self) -> Result<Targets, TargetError> {
         let defaults = self
             .headers
             .iter()
@@ -675,17 +960,23 @@ impl Flags {
                             .into(),
                     ));
                 }
-                read(path, self.format, self.limit)?
+                read(path, self.format, self.limit, self.holding)?
             }
-            (None, Some(url)) => vec![self.one(url)?],
+            (None, Some(url)) => Targets {
+                list: vec![self.one(url)?],
+                lazy: None,
+            },
             (None, None) => {
                 return Err(TargetError::Flags(
                     "give --url URL or --targets FILE".into(),
                 ));
             }
         };
-        for t in &mut list {
+        for t in &mut list.list {
             t.add_defaults(&defaults);
+        }
+        if let Some(lazy) = list.lazy.as_mut() {
+            lazy.headers = defaults;
         }
         Ok(list)
     }
@@ -842,7 +1133,7 @@ mod tests {
             url: Some(u.into()),
             ..Flags::default()
         };
-        let get = url("http://127.0.0.1:9/ping").targets().unwrap();
+        let get = url("http://127.0.0.1:9/ping").targets().unwrap().list;
         assert_eq!((get.len(), get[0].method.as_str()), (1, "GET"));
         let post = Flags {
             body: Some("hi".into()),
@@ -850,7 +1141,8 @@ mod tests {
             ..url("http://127.0.0.1:9/ping")
         }
         .targets()
-        .unwrap();
+        .unwrap()
+        .list;
         assert_eq!(post[0].method, "POST");
         assert_eq!(post[0].headers, [("sleep".to_owned(), "5".to_owned())]);
         let bad = [
@@ -918,13 +1210,15 @@ mod tests {
         let dir = throng_testkit::TempDir::new("targets-read");
         let json = dir.file("t.json");
         std::fs::write(&json, "{\"method\":\"GET\",\"url\":\"http://h/a\"}\n{\"method\":\"GET\",\"url\":\"http://h/b\"}").unwrap();
-        let t = read(&json, TargetFormat::Auto, None).unwrap();
+        let t = read(&json, TargetFormat::Auto, None, Holding::Auto)
+            .unwrap()
+            .list;
         assert_eq!(
             t.iter().map(|t| t.url.path.as_str()).collect::<Vec<_>>(),
             ["/a", "/b"]
         );
         // Told it is text, the JSON is refused with its line.
-        let err = read(&json, TargetFormat::Http, None)
+        let err = read(&json, TargetFormat::Http, None, Holding::Auto)
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 1"), "{err}");
@@ -942,17 +1236,78 @@ mod tests {
             "GET http://h/a\nA: 1\n\nGET http://h/b\nB: 2\nGET ftp://h/c\n",
         )
         .unwrap();
-        let two = read(&text, TargetFormat::Auto, Some(2)).unwrap();
+        let two = read(&text, TargetFormat::Auto, Some(2), Holding::Auto)
+            .unwrap()
+            .list;
         assert_eq!(two.len(), 2);
         assert_eq!(two[1].headers, [("B".to_owned(), "2".to_owned())]);
-        assert!(read(&text, TargetFormat::Auto, Some(3)).is_err());
-        assert!(read(&text, TargetFormat::Auto, None).is_err());
+        assert!(read(&text, TargetFormat::Auto, Some(3), Holding::Auto).is_err());
+        assert!(read(&text, TargetFormat::Auto, None, Holding::Auto).is_err());
         let json = dir.file("t.json");
         std::fs::write(
             &json,
             "{\"method\":\"GET\",\"url\":\"http://h/a\"}\nnot json\n",
         )
         .unwrap();
-        assert_eq!(read(&json, TargetFormat::Auto, Some(1)).unwrap().len(), 1);
+        assert_eq!(
+            read(&json, TargetFormat::Auto, Some(1), Holding::Auto)
+                .unwrap()
+                .count(),
+            1
+        );
+    }
+
+    /// A cursor reads target `t` of either format wherever it stands,
+    /// going round from the start when `t` is behind it; the checking pass
+    /// holds none of a lazily read file but the first target per endpoint.
+    #[test]
+    fn a_cursor_reads_any_target_in_turn() {
+        let dir = throng_testkit::TempDir::new("targets-cursor");
+        let text = dir.file("t.txt");
+        std::fs::write(
+            &text,
+            "# c\nGET http://h/0\nA: 0\n\nPOST http://h:81/1\n# inside\nB: 1\nGET http://h/2\n",
+        )
+        .unwrap();
+        let json = dir.file("t.json");
+        let lines: String = (0..5)
+            .map(|i| format!("{{\"method\":\"GET\",\"url\":\"http://h/{i}\"}}\n\n"))
+            .collect();
+        std::fs::write(&json, lines).unwrap();
+        for (path, n) in [(&text, 3u64), (&json, 5)] {
+            let t = read(path, TargetFormat::Auto, None, Holding::Lazy).unwrap();
+            let mut lazy = t.lazy.clone().unwrap();
+            assert_eq!(lazy.count, n);
+            lazy.headers = vec![("X".into(), "y".into())];
+            let endpoints = if n == 3 { 2 } else { 1 };
+            assert_eq!(t.list.len(), endpoints, "{t:?}");
+            let mut c = Cursor::new(lazy);
+            // Two workers' turns, then one going round twice.
+            for t in [0, 2, 1, 0, 1, 2, 2, 0, 2] {
+                let got = c.read(t % n).unwrap();
+                assert_eq!(got.url.path, format!("/{}", t % n), "{path:?}");
+                assert_eq!(got.headers.last().unwrap().0, "X");
+            }
+            assert!(c.read(n).is_err());
+        }
+        let first = Cursor::new(
+            read(&text, TargetFormat::Auto, None, Holding::Lazy)
+                .unwrap()
+                .lazy
+                .unwrap(),
+        )
+        .read(0)
+        .unwrap();
+        assert_eq!(first.headers[0], ("A".to_owned(), "0".to_owned()));
+        // The file shrank under the run: said, not a panic.
+        let mut c = Cursor::new(
+            read(&json, TargetFormat::Auto, None, Holding::Lazy)
+                .unwrap()
+                .lazy
+                .unwrap(),
+        );
+        std::fs::write(&json, "{\"method\":\"GET\",\"url\":\"http://h/0\"}\n").unwrap();
+        let err = c.read(3).unwrap_err().to_string();
+        assert!(err.contains("changed during the run"), "{err}");
     }
 }

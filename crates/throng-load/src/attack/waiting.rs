@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 use throng_host::poll::{Events, Interest, Poller};
 use tokio::sync::Notify;
 
-use super::record::{AttackRecorder, Exchange, Io, RequestError};
+use super::aims::Aims;
+use super::record::{Answer, AttackRecorder, Exchange, Io, RequestError};
 use super::response::ResponseReader;
-use super::targets::Target;
 use crate::harness::clock::micros;
 use crate::harness::failure::{Failure, NetCause};
 
@@ -101,6 +101,7 @@ impl Waiting {
             },
             stream: self.stream,
             how,
+            answer: self.reader.and_then(|mut r| r.take_answer()),
         }
     }
 }
@@ -117,6 +118,8 @@ pub(super) struct Left {
     /// Its connection, out of tokio's reactor.
     pub(super) stream: TcpStream,
     pub(super) how: Outcome,
+    /// Its response's headers and body, when kept (for its row).
+    pub(super) answer: Option<Box<Answer>>,
 }
 
 /// How a request ended in the waiting room.
@@ -154,13 +157,16 @@ pub(super) struct WaitingRoom {
     next_ticket: Cell<u64>,
     /// The first request entered an empty room: the loop has a deadline again.
     entered: Notify,
+    /// Answers' headers and bodies are kept (for Vegeta's rows).
+    keep_answers: bool,
 }
 
 impl WaitingRoom {
     /// An empty room for a schedule that starts at `start`. Must be called
     /// inside the worker's runtime.
-    pub(super) fn new(start: Instant) -> io::Result<Self> {
+    pub(super) fn new(start: Instant, keep_answers: bool) -> io::Result<Self> {
         Ok(Self {
+            keep_answers,
             poller: Poller::new()?,
             start,
             slots: RefCell::default(),
@@ -224,14 +230,15 @@ impl WaitingRoom {
         &self,
         fd: usize,
         scratch: &RefCell<Box<[u8]>>,
-        targets: &[Target],
+        aims: &Aims,
         rec: &RefCell<AttackRecorder>,
     ) -> Option<Left> {
         let mut slots = self.slots.borrow_mut();
         let Some(Some(wait)) = slots.get_mut(fd) else {
             return None;
         };
-        let method = targets[wait.t as usize].method.as_str();
+        let aim = aims.get(wait.t as usize);
+        let method = aim.as_deref().map_or("", |a| a.method.as_str());
         let outcome = {
             let mut scratch = scratch.borrow_mut();
             loop {
@@ -247,9 +254,13 @@ impl WaitingRoom {
                     Ok(n) => {
                         wait.bytes_in += n as u64;
                         rec.borrow_mut().bytes_in(n);
-                        let reader = wait
-                            .reader
-                            .get_or_insert_with(|| Box::new(ResponseReader::new()));
+                        let reader = wait.reader.get_or_insert_with(|| {
+                            Box::new(if self.keep_answers {
+                                ResponseReader::keeping()
+                            } else {
+                                ResponseReader::new()
+                            })
+                        });
                         match reader.feed(&scratch[..n], method) {
                             Ok(Some(done)) => break Some(Ok(done)),
                             Ok(None) => {}

@@ -39,7 +39,10 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 
-use super::record::{AttackRecorder, Exchange, Io, RequestError, Row, RowFormat, RowWriter};
+use super::aims::{Aims, Armed};
+use super::record::{
+    Answer, AttackRecorder, Exchange, Io, RequestError, Row, RowFormat, RowWriter,
+};
 use super::response::ResponseReader;
 use super::waiting::{Left, Outcome, Waiting, WaitingRoom, Wake};
 use super::{Load, WorkerPlan, pacer};
@@ -74,10 +77,8 @@ pub struct Done {
 /// State shared by every task of the worker (single-threaded).
 pub(super) struct Ctx {
     pub(super) plan: WorkerPlan,
-    /// Each target's request bytes, encoded once.
-    pub(super) wire: Vec<Rc<[u8]>>,
-    /// Each target's pool index (targets on one endpoint share a pool).
-    pub(super) pool_of: Vec<usize>,
+    /// The targets, ready on the wire (its `targets` are moved here).
+    pub(super) aims: Aims,
     /// Distinct endpoints, by pool index.
     pub(super) endpoints: Vec<Endpoint>,
     /// Idle keep-alive connections, by pool index.
@@ -116,9 +117,30 @@ pub(super) struct Ctx {
     pub(super) out: Output,
     /// The HTTP/2 engine (`--http2`).
     pub(super) h2: Option<Rc<dyn Streams>>,
+    /// Responses' headers and bodies are kept for the rows (Vegeta's).
+    keep_answers: bool,
+    /// The answer of the request that just ended, for its row: put here
+    /// when its response ends and taken by [`finish`] in the same poll.
+    answer: RefCell<Option<Box<Answer>>>,
 }
 
 impl Ctx {
+    /// A reader for a response, keeping its answer when rows want it.
+    fn reader(&self) -> ResponseReader {
+        if self.keep_answers {
+            ResponseReader::keeping()
+        } else {
+            ResponseReader::new()
+        }
+    }
+
+    /// The response `reader` read ended: its answer (if kept) is for the row.
+    fn answered(&self, reader: &mut ResponseReader) {
+        if let Some(a) = reader.take_answer() {
+            *self.answer.borrow_mut() = Some(a);
+        }
+    }
+
     /// Wall-clock ns of `at`, through the schedule's start.
     fn unix_ns(&self, at: Instant) -> u64 {
         self.start.unix_ns_of(at)
@@ -227,12 +249,11 @@ impl Ctx {
             ));
         }
         let settings = plan.settings;
-        let wire: Vec<Rc<[u8]>> = plan
-            .targets
-            .iter()
-            .map(|t| Rc::from(t.encode(settings.keepalive)))
-            .collect();
         let (endpoints, pool_of) = Endpoint::pools(&plan);
+        let aims = match plan.lazy.take() {
+            Some(file) => Aims::read(file, &plan.targets, &pool_of, &settings),
+            None => Aims::held(&plan.targets, &pool_of, &settings),
+        };
         let tls = if plan.targets.iter().any(|t| t.url.tls) {
             let opts = plan.tls.as_ref().ok_or_else(|| {
                 invalid("https:// targets need TLS options in the worker plan".into())
@@ -261,18 +282,10 @@ impl Ctx {
             }
         };
         let rows = match &plan.per_request {
-            Some(path) => Some(
-                RowWriter::open(
-                    path,
-                    plan.row_format.unwrap_or_else(|| RowFormat::for_path(path)),
-                )?
-                .with_targets(
-                    plan.targets
-                        .iter()
-                        .map(|t| (t.method.clone(), t.url.to_string()))
-                        .collect(),
-                ),
-            ),
+            Some(path) => Some(RowWriter::open(
+                path,
+                plan.row_format.unwrap_or_else(|| RowFormat::for_path(path)),
+            )?),
             None => None,
         };
         // Everything slow (the plan read, each target encoded) is done:
@@ -280,10 +293,12 @@ impl Ctx {
         let late_ns = start_late(&mut plan.start_unix_ns).unwrap_or(0);
         let start = Anchor::at_unix_ns(plan.start_unix_ns);
         let pool_count = endpoints.len();
+        let keep_answers = plan.row_format == Some(RowFormat::Vegeta) && plan.per_request.is_some();
+        // Held once, in `aims`.
+        plan.targets = Vec::new();
         let ctx = Self {
-            wire,
+            aims,
             pools: endpoints.iter().map(|_| RefCell::new(Vec::new())).collect(),
-            pool_of,
             endpoints,
             tls,
             tls_logged: Cell::new(false),
@@ -291,7 +306,9 @@ impl Ctx {
             open: Cell::new(0),
             cap: cap.max(1),
             next_source: Cell::new(0),
-            waiting: WaitingRoom::new(start.instant())?,
+            waiting: WaitingRoom::new(start.instant(), keep_answers)?,
+            keep_answers,
+            answer: RefCell::new(None),
             freed: Notify::new(),
             timeout: Duration::from_millis(settings.timeout_ms),
             start,
@@ -400,6 +417,9 @@ async fn schedule(
             }
             continue;
         }
+        if !take(&ctx, i) {
+            break;
+        }
         ctx.live.add();
         if let Some(h2) = ctx.h2.clone() {
             h2.submit(&ctx, i, intended);
@@ -443,10 +463,33 @@ async fn closed_loop(ctx: Rc<Ctx>, end: Option<Instant>, next: Rc<Cell<u64>>) {
             break;
         }
         next.set(k + 1);
+        if !take(&ctx, seq) {
+            break;
+        }
         // With its own timer a request never leaves for the waiting room.
         let _ended = request(&ctx, seq, now, now, Some(timer.as_mut())).await;
     }
     ctx.live.done();
+}
+
+/// The event of a worker whose targets file no longer reads as checked.
+pub const TARGETS_ERROR: &str = "targets.error";
+
+/// Request `seq` takes its target (in turn: see [`Aims::take`]); a
+/// targets file that no longer reads as it did stops the worker, said once.
+pub(super) fn take(ctx: &Ctx, seq: u64) -> bool {
+    match ctx.aims.take(seq) {
+        Ok(_) => true,
+        Err(e) => {
+            if !ctx.stop.is_set() {
+                ctx.out
+                    .event(TARGETS_ERROR, format!("{e}; this worker stops"));
+                ctx.stop.set();
+                ctx.live.wake();
+            }
+            false
+        }
+    }
 }
 
 /// Runs request `seq` (target `seq % targets`), due at `intended` and
@@ -498,7 +541,7 @@ async fn attempt(
     timer: Option<Pin<&mut Sleep>>,
     retried: bool,
 ) -> bool {
-    let t = (seq % ctx.wire.len() as u64) as usize;
+    let t = ctx.aims.index(seq);
     let result = match timer {
         None => {
             let exchange = exchange(ctx, t, &mut io, true, retried);
@@ -563,7 +606,7 @@ async fn serve_waiting(ctx: Rc<Ctx>) {
             Ok(Wake::Ready) => {
                 for ev in events.iter() {
                     let fd = ev.token as usize;
-                    if let Some(left) = room.read(fd, &ctx.scratch, &ctx.plan.targets, &ctx.rec) {
+                    if let Some(left) = room.read(fd, &ctx.scratch, &ctx.aims, &ctx.rec) {
                         settle(&ctx, left);
                     }
                 }
@@ -590,8 +633,23 @@ fn settle(ctx: &Rc<Ctx>, left: Left) {
         mut io,
         stream,
         how,
+        answer,
     } = left;
-    let pool = ctx.pool_of[t];
+    *ctx.answer.borrow_mut() = answer;
+    let Some(pool) = ctx.aims.get(t).map(|a| a.pool) else {
+        // Invariant: its target is held until it ends.
+        free_place(ctx, None, 0);
+        finish(
+            ctx,
+            seq,
+            t,
+            intended,
+            &io,
+            Err(Failure::Net(NetCause::Other)),
+        );
+        ctx.live.done();
+        return;
+    };
     let (result, keep) = match how {
         Outcome::Answered(status, keep) => (
             Ok(status),
@@ -644,10 +702,16 @@ pub(super) fn finish(
     io: &Io,
     result: Result<u16, RequestError>,
 ) {
+    let aim = ctx.aims.get(t);
+    ctx.aims.release(t);
+    let answer = ctx.answer.take();
     if ctx.stop.is_set() {
         // Counted as canceled with the rest of those in flight.
         return;
     }
+    let (method, url) = aim
+        .as_deref()
+        .map_or(("", ""), |a| (a.method.as_str(), a.url.as_str()));
     let end = Instant::now();
     let sent_at = io.sent_at.unwrap_or(end);
     ctx.rec
@@ -662,15 +726,9 @@ pub(super) fn finish(
         Err(why) => {
             ctx.rec.borrow_mut().failed(why, latency);
             if ctx.logged.first(why) {
-                let target = &ctx.plan.targets[t];
                 ctx.out.event(
                     "request.error",
-                    format!(
-                        "{} (first of its kind): {} {}",
-                        why.label(),
-                        target.method,
-                        target.url
-                    ),
+                    format!("{} (first of its kind): {method} {url}", why.label()),
                 );
             }
         }
@@ -694,7 +752,7 @@ pub(super) fn finish(
             latency_ns: nanos(end.saturating_duration_since(intended)),
         };
         // A failing disk is reported once by the ticker's flush.
-        let _ = rows.push(&row);
+        let _ = rows.push(&row, (method, url), answer.as_deref());
     }
 }
 
@@ -946,19 +1004,21 @@ async fn exchange(
     may_wait_outside: bool,
     mut retried: bool,
 ) -> Result<Exchanged, RequestError> {
-    let pool = ctx.pool_of[t];
+    // Invariant: its target is held until it ends.
+    let aim = ctx.aims.get(t).ok_or(Failure::Net(NetCause::Other))?;
+    let pool = aim.pool;
     loop {
         let (mut conn, reused) = acquire(ctx, pool, io, retried).await?;
         let Some(link) = conn.stream.as_mut() else {
             return Err(Failure::Net(NetCause::Other));
         };
         let talked = match link.tls.as_deref_mut() {
-            None => talk(ctx, &link.stream, t, io, may_wait_outside).await,
+            None => talk(ctx, &link.stream, &aim, io, may_wait_outside).await,
             // Boxed: inline, the TLS exchange's state would size every
             // request's task, plain ones included (scripts/bench-attack.sh:
             // 1,307 B per plain request in flight before TLS, 1,832 B with
             // it inline).
-            Some(session) => Box::pin(talk_tls(ctx, &link.stream, session, t, io)).await,
+            Some(session) => Box::pin(talk_tls(ctx, &link.stream, session, &aim, io)).await,
         };
         match talked {
             Ok((status, keep)) => {
@@ -991,11 +1051,11 @@ async fn exchange(
 async fn talk(
     ctx: &Ctx,
     stream: &TcpStream,
-    t: usize,
+    aim: &Armed,
     io: &mut Io,
     may_wait_outside: bool,
 ) -> Result<(u16, bool), Talk> {
-    let wire = &ctx.wire[t];
+    let wire = &aim.wire;
     let mut off = 0;
     while off < wire.len() {
         match stream.try_write(&wire[off..]) {
@@ -1014,8 +1074,8 @@ async fn talk(
             Err(e) => return Err(Talk::Fail(RequestError::from_io(&e))),
         }
     }
-    let method = ctx.plan.targets[t].method.as_str();
-    let mut reader = ResponseReader::new();
+    let method = aim.method.as_str();
+    let mut reader = ctx.reader();
     loop {
         if may_wait_outside && !reader.started() {
             match tokio::time::timeout(WAIT_IN_TASK, stream.readable()).await {
@@ -1037,7 +1097,10 @@ async fn talk(
         };
         if n == 0 {
             return match reader.eof() {
-                Some(status) => Ok((status, false)),
+                Some(status) => {
+                    ctx.answered(&mut reader);
+                    Ok((status, false))
+                }
                 None if !reader.started() => Err(Talk::Stale(Failure::Own(Exchange::Closed))),
                 None => Err(Talk::Fail(Failure::Own(Exchange::Closed))),
             };
@@ -1053,6 +1116,7 @@ async fn talk(
                     Err::<(), _>(io::ErrorKind::WouldBlock.into())
                 });
             }
+            ctx.answered(&mut reader);
             return Ok(done);
         }
     }
@@ -1064,10 +1128,10 @@ async fn talk_tls(
     ctx: &Ctx,
     stream: &TcpStream,
     session: &mut Session,
-    t: usize,
+    aim: &Armed,
     io: &mut Io,
 ) -> Result<(u16, bool), Talk> {
-    let wire = &ctx.wire[t];
+    let wire = &aim.wire;
     let tls_fail = |e: TlsError| Talk::Fail(RequestError::from_tls(&e));
     let mut out = Vec::new();
     session.send(wire, &mut out).map_err(tls_fail)?;
@@ -1078,8 +1142,8 @@ async fn talk_tls(
     io.bytes_out += wire.len() as u64;
     ctx.rec.borrow_mut().bytes_out(wire.len());
     out.clear();
-    let method = ctx.plan.targets[t].method.as_str();
-    let mut reader = ResponseReader::new();
+    let method = aim.method.as_str();
+    let mut reader = ctx.reader();
     let mut plain = Vec::new();
     loop {
         plain.clear();
@@ -1102,12 +1166,16 @@ async fn talk_tls(
             io.bytes_in += plain.len() as u64;
             ctx.rec.borrow_mut().bytes_in(plain.len());
             if let Some(done) = reader.feed(&plain, method).map_err(Talk::Fail)? {
+                ctx.answered(&mut reader);
                 return Ok(done);
             }
         }
         if ended {
             return match reader.eof() {
-                Some(status) => Ok((status, false)),
+                Some(status) => {
+                    ctx.answered(&mut reader);
+                    Ok((status, false))
+                }
                 None if !reader.started() => Err(Talk::Stale(Failure::Own(Exchange::Closed))),
                 None => Err(Talk::Fail(Failure::Own(Exchange::Closed))),
             };

@@ -112,6 +112,11 @@ pub struct Summary {
     /// The start lines' section on this machine's limits (doctor's
     /// checks): how many were checked, and each to watch.
     pub limits: Vec<String>,
+    /// Workers ready only after the run's start (each started its schedule
+    /// then, and opened its whole share from there).
+    pub late_workers: u32,
+    /// How long after the run's start the latest of them was ready, s.
+    pub late_start_s: f64,
 }
 
 impl Summary {
@@ -265,6 +270,12 @@ pub fn render(s: &Summary) -> String {
             lat(&s.connect_lag_us)
         ));
     }
+    if s.late_workers > 0 {
+        out.push_str(&format!(
+            "  late start: {} worker(s) ready up to {:.3}s after the run's start (each started its schedule when ready)\n",
+            s.late_workers, s.late_start_s
+        ));
+    }
     if s.published > 0 || !s.publish_errors.is_empty() || s.received > 0 {
         out.push_str(&format!(
             "messages: {} published, {} received of {} expected, {} lost, {} duplicated, {} out of order\n",
@@ -408,5 +419,23 @@ mod tests {
             line.contains("(1 of 3 workers late, oldest 4.0s behind"),
             "{line}"
         );
+    }
+
+    /// Workers ready after the run's start are counted, in the text and
+    /// the JSON, as in attack's summary; none, no line.
+    #[test]
+    fn late_workers_are_in_the_summary() {
+        let mut s = Summary::default();
+        assert!(!render(&s).contains("late start"));
+        s.late_workers = 2;
+        s.late_start_s = 1.25;
+        let text = render(&s);
+        assert!(
+            text.contains("late start: 2 worker(s) ready up to 1.250s after the run's start"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["late_workers"], 2);
+        assert_eq!(json["late_start_s"], 1.25);
     }
 }

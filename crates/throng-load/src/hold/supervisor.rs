@@ -34,7 +34,7 @@ use crate::harness::clock::{micros, now_unix_ns};
 use crate::harness::collect::Totals;
 use crate::harness::progress::View;
 use crate::harness::recorder::{Take, record};
-use crate::harness::worker::Order;
+use crate::harness::worker::{LATE, Order};
 use crate::harness::{Role, Run, Setup};
 use crate::pacer::{Pacer, RateSpec};
 use crate::threshold::Threshold;
@@ -292,6 +292,8 @@ pub struct Hold {
     /// The persistent-session clients, if any, and their task.
     sessions: Option<Rc<Sessions>>,
     session_task: Option<JoinHandle<()>>,
+    /// Workers ready after the run's start, and how late each was (ns).
+    late: BTreeMap<usize, u64>,
 }
 
 /// Where the end of the run is.
@@ -343,6 +345,7 @@ impl Hold {
             abort: Vec::new(),
             aborted: None,
             arrivals: Spread::default(),
+            late: BTreeMap::new(),
         }
     }
 
@@ -434,7 +437,14 @@ impl Role for Hold {
         }
     }
 
-    fn event(&mut self, _worker: usize, ev: &Event, _run: &Rc<Run>) -> bool {
+    fn event(&mut self, worker: usize, ev: &Event, run: &Rc<Run>) -> bool {
+        if ev.kind == LATE {
+            // Said when it was ready: its schedule started then. Still
+            // shown as a note.
+            let late = ev.at_ns.saturating_sub(run.start().unix_ns());
+            self.late.insert(worker, late.max(1));
+            return false;
+        }
         match ev.kind.as_str() {
             "worker.ramp_done" => self.ramp_step(),
             // In the result file for bench's per-message figures.
@@ -656,6 +666,8 @@ impl Role for Hold {
         s.start_unix_ns = run.start().unix_ns();
         s.stopped = self.interrupted || s.aborted.is_some();
         s.server_spread = self.arrivals.stats();
+        s.late_workers = self.late.len() as u32;
+        s.late_start_s = self.late.values().max().copied().unwrap_or(0) as f64 / 1e9;
         s
     }
 }

@@ -5,7 +5,8 @@
 //! The client announces `SETTINGS_HEADER_TABLE_SIZE = 0`, so the server's
 //! encoder keeps no dynamic table: nothing a response says has to be
 //! remembered for the next one, a connection holds no table, and only the
-//! `:status` value has to be decoded (other fields are skipped by length).
+//! `:status` field has to be decoded, its name and value Huffman coded or
+//! not (other fields are skipped by length).
 //! Requests are written as literals without indexing, names from the static
 //! table where it has them, no Huffman coding.
 
@@ -159,6 +160,12 @@ fn read_string<'a>(buf: &'a [u8], at: &mut usize) -> Result<(bool, &'a [u8]), H2
     Ok((huffman, s))
 }
 
+/// `:status` Huffman coded (RFC 7541 Appendix B: `:` 1011100, `s` 01000,
+/// `t` 01001, `a` 00011, `u` 101101, then two padding bits). The padding
+/// must be the EOS code's first bits (all ones), so a name has one coding
+/// and comparing the bytes is decoding it.
+const STATUS_NAME_HUFFMAN: [u8; 5] = [0xb8, 0x84, 0x8d, 0x36, 0xa3];
+
 /// The Huffman codes of the ten digits (RFC 7541 Appendix B): code, bits.
 const DIGITS: [(u32, u32); 10] = [
     (0b00000, 5),
@@ -252,7 +259,11 @@ pub fn decode_status(block: &[u8]) -> Result<Option<u16>, H2Error> {
         let is_status = match index {
             0 => {
                 let (huffman, name) = read_string(block, &mut at)?;
-                !huffman && name == b":status"
+                if huffman {
+                    name == STATUS_NAME_HUFFMAN
+                } else {
+                    name == b":status"
+                }
             }
             8..=14 => true,
             1..=61 => false,
@@ -323,6 +334,13 @@ mod tests {
         assert_eq!(decode_status(&block).unwrap(), Some(503));
         assert_eq!(decode_status(&[0x0f, 0x10, 1, b'x']).unwrap(), None);
         assert_eq!(decode_status(&[0x20, 0x88]).unwrap(), Some(200));
+        // The name itself Huffman coded (python-hyper's hpack codes
+        // ":status" as b8 84 8d 36 a3), the value too; other names so coded
+        // are skipped by length.
+        let mut block = vec![0x00, 0x85, 0xb8, 0x84, 0x8d, 0x36, 0xa3, 0x82, 0x64, 0x02];
+        assert_eq!(decode_status(&block).unwrap(), Some(302));
+        block[6] = 0xa1;
+        assert_eq!(decode_status(&block).unwrap(), None);
     }
 
     #[test]

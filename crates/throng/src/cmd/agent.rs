@@ -226,6 +226,11 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
+    /// Whether `--agents` was given.
+    pub(crate) fn given(&self) -> bool {
+        self.agents.is_some()
+    }
+
     /// The agents of a `hold`, when `--agents` was given.
     pub(crate) fn hold(
         &self,

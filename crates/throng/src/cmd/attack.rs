@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use throng_host::units::parse_duration;
 use throng_load::attack::record::RowFormat;
-use throng_load::attack::targets::{Flags, TargetFormat};
+use throng_load::attack::targets::{Flags, Holding, TargetFormat, Targets};
 use throng_load::attack::{self, Load};
 use throng_load::harness::progress::Progress;
 use throng_load::pacer::RateSpec;
@@ -46,11 +46,16 @@ Examples:
       --max-streams 100 --rate 20k/s --duration 30s
   cat targets.txt | throng attack --targets - --rate 500/s \\
       --requests 10000 --max-p99 200ms
+  throng attack --targets huge.json --lazy --rate 5k/s
 
 Targets file (Vegeta's text format, or its JSON format one target a line;
-requests take the targets in turn, request i target i % targets). A run that
-plans N requests reads no more than N targets; one that cycles through them
-(or --max without --requests) holds them all, up to 256 MiB:
+requests take the targets in turn, request i target i % targets). Every
+target the run uses is checked before it starts (a run that plans N requests
+reads no more than N). Up to 10,000 targets (16 MiB) are held in memory; past
+that each worker reads the file as the run takes its targets, going round it,
+and holds only those of its requests in flight (--lazy: each target once, as
+Vegeta's -lazy). From stdin, or with --agents, every target is held, up to
+256 MiB:
   GET http://127.0.0.1:8080/ping
   sleep: 1000
 
@@ -141,7 +146,9 @@ pub(crate) struct Args {
     /// Final summary as text or json (JSON on stdout; progress then goes to
     /// stderr); or vegeta: Vegeta's JSON results on stdout, one line per
     /// request (`| vegeta report`, `vegeta plot`, `vegeta encode`), with the
-    /// progress and the summary on stderr.
+    /// progress and the summary on stderr. Each result carries its response's
+    /// headers and body (base64, up to 1 MiB) over HTTP/1.1; over HTTP/2 they
+    /// are null (only the status is decoded).
     #[arg(long, value_enum, default_value_t = AttackFormat::Text)]
     format: AttackFormat,
 
@@ -179,6 +186,14 @@ pub(crate) struct Args {
     #[arg(long)]
     abort_on_fail: bool,
 
+    /// Vegeta's -lazy: send each target of --targets once, in turn, and end
+    /// the run after the last (with --requests or --duration, whichever
+    /// comes first). A file is read as the run takes its targets, never
+    /// held whole (a large one is read so without this flag too, but
+    /// cycled); stdin is read to its end first and held, up to 256 MiB.
+    #[arg(long)]
+    lazy: bool,
+
     #[command(flatten)]
     http2: Http2Args,
 
@@ -197,7 +212,25 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(what) = missing(&args) {
         anyhow::bail!("{what}");
     }
-    let targets = args.target.targets(requests_needed(&args))?;
+    if args.lazy && args.target.targets.is_none() {
+        anyhow::bail!(
+            "--lazy sends each target of a targets file once: it goes with --targets FILE"
+        );
+    }
+    let holding = if args.agents.given() {
+        Holding::All
+    } else if args.lazy {
+        Holding::Lazy
+    } else {
+        Holding::Auto
+    };
+    let targets = args.target.targets(requests_needed(&args), holding)?;
+    // Vegeta's -lazy: each target once, and the run ends with the last.
+    let requests = match args.requests {
+        Some(n) if args.lazy => Some(n.min(targets.count())),
+        None if args.lazy => Some(targets.count()),
+        n => n,
+    };
     let load = match (args.max, args.rate) {
         (true, _) => Load::Max {
             connections: args.connections,
@@ -221,11 +254,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut prepared = attack::prepare_on(
         attack::Request {
             command_line: std::env::args().collect(),
-            tls: args.client.tls.options(targets.iter().any(|t| t.url.tls))?,
-            targets,
+            tls: args.client.tls.options(targets.any_tls())?,
+            targets: targets.list,
+            lazy: targets.lazy,
             load,
             duration: args.duration,
-            requests: args.requests,
+            requests,
             workers: args.workers,
             max_connections: args.max_connections,
             sources: args
@@ -344,10 +378,12 @@ impl Http2Args {
 #[derive(Debug, clap::Args)]
 pub(crate) struct TargetArgs {
     /// Targets file in Vegeta's text or JSON format ('-' for stdin), read line
-    /// by line and no further than the targets the run's planned requests use.
-    /// The supervisor and each worker hold the targets read: every one when
-    /// the run cycles through them (it plans more requests than the file has,
-    /// or is --max without --requests), up to 256 MiB.
+    /// by line and no further than the targets the run's planned requests use,
+    /// every one checked before the run. Up to 10,000 targets (16 MiB) are held
+    /// in memory; a larger file is read by each worker as the run takes its
+    /// targets (request i takes target i % targets, as when held). From stdin
+    /// (which cannot be read twice) or with --agents, every target is held, up
+    /// to 256 MiB.
     #[arg(short, long, value_name = "FILE", conflicts_with = "url")]
     pub(crate) targets: Option<PathBuf>,
 
@@ -381,10 +417,7 @@ pub(crate) struct TargetArgs {
 impl TargetArgs {
     /// The targets these flags name, read (a targets file, no further than
     /// the `limit` targets a run of that many requests uses) and checked.
-    pub(crate) fn targets(
-        &self,
-        limit: Option<u64>,
-    ) -> anyhow::Result<Vec<attack::targets::Target>> {
+    pub(crate) fn targets(&self, limit: Option<u64>, holding: Holding) -> anyhow::Result<Targets> {
         Ok(Flags {
             file: self.targets.clone(),
             url: self.url.clone(),
@@ -394,6 +427,7 @@ impl TargetArgs {
             body_file: self.body_file.clone(),
             format: self.targets_format,
             limit,
+            holding,
         }
         .targets()?)
     }
@@ -415,7 +449,7 @@ fn missing(args: &Args) -> Option<String> {
         );
     }
     let stages = matches!(args.rate, Some(RateSpec::Stages(_)));
-    if args.duration.is_none() && args.requests.is_none() && !stages {
+    if args.duration.is_none() && args.requests.is_none() && !stages && !args.lazy {
         lines.push(
             "  how long: --duration D (30s, 5m), or --requests N (or both: whichever ends first)",
         );

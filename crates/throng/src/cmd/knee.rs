@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use throng_host::units::{parse_count, parse_duration, parse_fraction, parse_rate, parse_size};
 use throng_load::attack;
+use throng_load::attack::targets::Holding;
 use throng_load::harness::clock::millis;
 use throng_load::harness::progress::Progress;
 use throng_load::hold::mqtt::MqttOptions;
@@ -302,7 +303,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (load, search, plan, max_lost) = match args.mode {
         ModeArgs::Attack(a) => {
             let plan = search_plan(&a.search, (100.0, 50_000.0), false)?;
-            (attack_load(&a)?, a.search, plan, None)
+            let holding = if a.search.agents.given() {
+                Holding::All
+            } else {
+                Holding::Auto
+            };
+            (attack_load(&a, holding)?, a.search, plan, None)
         }
         ModeArgs::Hold(h) => {
             let plan = search_plan(&h.held.search, (1_000.0, 100_000.0), true)?;
@@ -421,12 +427,13 @@ fn search_plan(s: &SearchArgs, (from, to): (f64, f64), whole: bool) -> anyhow::R
     })
 }
 
-fn attack_load(a: &AttackArgs) -> anyhow::Result<Load> {
-    let targets = a.target.targets(None)?;
+fn attack_load(a: &AttackArgs, holding: Holding) -> anyhow::Result<Load> {
+    let targets = a.target.targets(None, holding)?;
     Ok(Load::Attack(attack::Request {
         command_line: std::env::args().collect(),
-        tls: a.tls.options(targets.iter().any(|t| t.url.tls))?,
-        targets,
+        tls: a.tls.options(targets.any_tls())?,
+        targets: targets.list,
+        lazy: targets.lazy,
         // The knee sets the load and the span of each level.
         load: attack::Load::Rate(RateSpec::Constant(1.0)),
         duration: None,

@@ -7,7 +7,7 @@ use serde_json::Value;
 use throng_testkit::process::{output_within, text};
 use throng_testkit::{Peer, require};
 
-use crate::agents::{hold_args, one_at_a_time, two_agents};
+use crate::agents::{Two, hold_args, one_at_a_time, two_agents};
 use crate::throng;
 
 /// The summary's `agents` section, by agent name.
@@ -55,25 +55,7 @@ fn an_attack_on_agents_says_what_each_agent_sent_and_what_failed() {
     let _one = one_at_a_time();
     require!(Peer::RedisServer, Peer::RedisCli);
     let t = two_agents();
-    let out = output_within(
-        throng().args([
-            "attack",
-            "--url",
-            &format!("http://{}/healthz", t.server.addr),
-            "--rate",
-            "200/s",
-            "--duration",
-            "1s",
-            "--agents",
-            &t.url,
-            "--format",
-            "json",
-            "-q",
-        ]),
-        Duration::from_secs(90),
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = attack_on_agents(&t, &format!("http://{}/healthz", t.server.addr), &[]);
     let agents = by_agent(&s);
     assert_eq!(agents.len(), 2, "{s:#}");
     let mut sent = 0;
@@ -85,4 +67,26 @@ fn an_attack_on_agents_says_what_each_agent_sent_and_what_failed() {
         sent += requests;
     }
     assert_eq!(sent, s["requests"].as_u64().unwrap_or(u64::MAX), "{s:#}");
+}
+
+/// `throng attack URL` at 200/s for 1 s on `t`'s agents, with `extra`:
+/// its JSON summary, the run checked ok.
+pub(crate) fn attack_on_agents(t: &Two, url: &str, extra: &[&str]) -> Value {
+    let out = output_within(
+        throng()
+            .args([
+                "attack",
+                "--url",
+                url,
+                "--rate",
+                "200/s",
+                "--duration",
+                "1s",
+            ])
+            .args(["--agents", &t.url, "--format", "json", "-q"])
+            .args(extra),
+        Duration::from_secs(90),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
 }

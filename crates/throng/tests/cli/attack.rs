@@ -50,30 +50,40 @@ type FirstRequest = Arc<Mutex<Option<(Instant, u64)>>>;
 /// it holds every answer until `stall_for` later. Returns its port and the
 /// stall's start (unix ns, set at the first request).
 fn stall_server(stall_after: Duration, stall_for: Duration) -> (u16, FirstRequest) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
     let first: FirstRequest = Arc::new(Mutex::new(None));
     let f = first.clone();
+    let port = ok_server(move |_head| {
+        let (t0, _) = *f
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| (Instant::now(), unix_ns()));
+        let (from, until) = (t0 + stall_after, t0 + stall_after + stall_for);
+        let now = Instant::now();
+        if now >= from && now < until {
+            std::thread::sleep(until - now);
+        }
+    });
+    (port, first)
+}
+
+/// A keep-alive HTTP server (a thread per connection) that answers every
+/// request with `ok` once `before` returns (given the request's head).
+/// Returns its port.
+fn ok_server(before: impl Fn(&str) + Clone + Send + 'static) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
-            let f = f.clone();
+            let before = before.clone();
             std::thread::spawn(move || {
                 let _ = conn.set_nodelay(true);
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
+                let mut chunk = [0u8; 16384];
                 loop {
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        before(&String::from_utf8_lossy(&buf[..end]));
                         buf.drain(..end + 4);
-                        let (t0, _) = *f
-                            .lock()
-                            .unwrap()
-                            .get_or_insert_with(|| (Instant::now(), unix_ns()));
-                        let (from, until) = (t0 + stall_after, t0 + stall_after + stall_for);
-                        let now = Instant::now();
-                        if now >= from && now < until {
-                            std::thread::sleep(until - now);
-                        }
                         if conn
                             .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                             .is_err()
@@ -89,7 +99,7 @@ fn stall_server(stall_after: Duration, stall_for: Duration) -> (u16, FirstReques
             });
         }
     });
-    (port, first)
+    port
 }
 
 /// Runs `throng attack ARGS --format json -q`; returns the exit code, the
@@ -671,8 +681,8 @@ fn json_targets(dir: &TempDir, url: &str, lines: usize) -> std::path::PathBuf {
     file
 }
 
-/// A plan slow to send and parse (400,000 targets, every one held since
-/// `--max` cycles them) makes the worker ready after the run's start: it
+/// A plan slow to send and parse (400,000 targets from stdin, every one
+/// held since `--max` cycles them) makes the worker ready after the run's start: it
 /// says so (stderr, the summary, the result file), and still sends for the
 /// whole duration from when it was ready, instead of silently losing that
 /// time from its window (or, late by more than the duration, sending nothing
@@ -684,19 +694,30 @@ fn a_worker_ready_late_says_so_and_still_sends_for_the_whole_duration() {
     let dir = TempDir::new("attack-late-start");
     let file = json_targets(&dir, &url, 400_000);
     let out = dir.file("late.jsonl");
-    let (code, s, err) = attack(&[
-        "--targets",
-        file.to_str().unwrap(),
-        "--max",
-        "--connections",
-        "2",
-        "--duration",
-        "2s",
-        "--workers",
-        "1",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    // From stdin, which cannot be read twice, the targets are held (a file
+    // this large would be read as the run goes, and the plan be small).
+    let run = throng()
+        .args(["attack", "--targets", "-", "--max", "--connections", "2"])
+        .args([
+            "--duration",
+            "2s",
+            "--workers",
+            "1",
+            "--format",
+            "json",
+            "-q",
+        ])
+        .args(["--output", out.to_str().unwrap()])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let (code, s, err) = (
+        run.status.code().unwrap_or(-1),
+        serde_json::from_slice::<Value>(&run.stdout).unwrap_or(Value::Null),
+        text(&run.stderr),
+    );
     assert_eq!(code, 0, "{err}");
     assert_eq!(n(&s, "late_workers"), 1, "{s}");
     assert!(s["late_start_s"].as_f64().unwrap() > 0.0, "{s}");
@@ -722,6 +743,49 @@ fn a_worker_ready_late_says_so_and_still_sends_for_the_whole_duration() {
     );
 }
 
+/// Runs one worker over `lines` JSON targets on `url` (the file then
+/// removed) with `run`; its summary, the run checked ok.
+fn attack_rss(dir: &TempDir, url: &str, lines: usize, run: &[&str]) -> Value {
+    let file = json_targets(dir, url, lines);
+    let args = [
+        &["--targets", file.to_str().unwrap(), "--workers", "1"],
+        run,
+    ]
+    .concat();
+    let (code, s, err) = attack(&args);
+    assert_eq!(code, 0, "{err}");
+    let _ = std::fs::remove_file(&file);
+    s
+}
+
+/// The supervisor's and the worker's RSS in `big` are within `slack` of `small`'s.
+fn costs_no_more(small: (u64, u64), big: (u64, u64), slack: u64) {
+    assert!(
+        big.0 < small.0 + slack,
+        "supervisor {} B vs {} B",
+        big.0,
+        small.0
+    );
+    assert!(
+        big.1 < small.1 + slack,
+        "worker {} B vs {} B",
+        big.1,
+        small.1
+    );
+}
+
+/// The peak RSS of the supervisor and of the one worker.
+fn peak_rss(s: &Value) -> (u64, u64) {
+    let peak = &s["peak_rss_bytes"];
+    let of = |suffix: &str| {
+        peak.as_object()
+            .and_then(|m| m.iter().find(|(k, _)| k.ends_with(suffix)))
+            .and_then(|(_, v)| v.as_u64())
+            .unwrap_or_else(|| panic!("no {suffix} in {peak}"))
+    };
+    (of("supervisor"), of("attack-0"))
+}
+
 /// A huge targets file costs only the targets the run uses: the memory of
 /// a 50-request run over 400,000 targets is that of the same run over 100
 /// (read whole, the large file's targets alone would be tens of MiB in the
@@ -732,43 +796,119 @@ fn a_huge_targets_file_costs_only_what_the_run_uses() {
     let url = ping_url(&serve);
     let dir = TempDir::new("attack-huge-targets");
     let rss = |lines: usize| {
-        let file = json_targets(&dir, &url, lines);
-        let (code, s, err) = attack(&[
-            "--targets",
-            file.to_str().unwrap(),
-            // 2.5 s: the supervisor samples each process's RSS once a
-            // second, and a worker that ended before the first sample
-            // reads 0 B (a CI rehearsal failed so at 0.5 s).
-            "--rate",
-            "100/s",
-            "--requests",
-            "250",
-            "--workers",
-            "1",
-        ]);
-        assert_eq!(code, 0, "{err}");
+        let s = attack_rss(&dir, &url, lines, &["--rate", "100/s", "--requests", "250"]);
         assert_eq!(s["status"]["200"].as_u64(), Some(250), "{s}");
-        let _ = std::fs::remove_file(&file);
-        let peak = &s["peak_rss_bytes"];
-        let of = |suffix: &str| {
-            peak.as_object()
-                .and_then(|m| m.iter().find(|(k, _)| k.ends_with(suffix)))
-                .and_then(|(_, v)| v.as_u64())
-                .unwrap_or_else(|| panic!("no {suffix} in {peak}"))
-        };
-        (of("supervisor"), of("attack-0"))
+        peak_rss(&s)
     };
-    let (small_sup, small_worker) = rss(100);
-    let (big_sup, big_worker) = rss(400_000);
-    let slack = 8 << 20;
-    assert!(
-        big_sup < small_sup + slack,
-        "supervisor {big_sup} B vs {small_sup} B"
+    costs_no_more(rss(100), rss(400_000), 8 << 20);
+}
+
+/// A huge targets file that the run cycles through (`--max` without
+/// `--requests`) is read as the run takes its targets: the supervisor and
+/// the worker cost what they cost over 100 targets, not the 200,000.
+#[test]
+fn a_huge_targets_file_cycled_is_read_as_the_run_goes() {
+    let serve = serve_one(&[]);
+    let url = ping_url(&serve);
+    let dir = TempDir::new("attack-lazy-targets");
+    let rss = |lines: usize| {
+        // Past the supervisor's first RSS sample (once a second).
+        let run = ["--max", "--connections", "4", "--duration", "2500ms"];
+        let s = attack_rss(&dir, &url, lines, &run);
+        assert!(
+            n(&s, "success") > 0 && n(&s, "success") == n(&s, "requests"),
+            "{s}"
+        );
+        peak_rss(&s)
+    };
+    // Held, the 200,000 targets were over 60 MiB in each process.
+    costs_no_more(rss(100), rss(200_000), 12 << 20);
+}
+
+/// A keep-alive HTTP server answering `ok` to every request, counting the
+/// requests per path.
+fn counting_server() -> (u16, Arc<Mutex<std::collections::HashMap<String, u64>>>) {
+    let seen = Arc::new(Mutex::new(std::collections::HashMap::new()));
+    let counts = seen.clone();
+    let port = ok_server(move |head| {
+        let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+        *counts.lock().unwrap().entry(path).or_insert(0) += 1;
+    });
+    (port, seen)
+}
+
+/// Targets read as the run goes keep today's order exactly: request `seq`
+/// takes target `seq % targets`, every worker passing over the others'
+/// targets and going round the file (12,001 targets, past what is held,
+/// 30,000 requests over 3 workers); and `--lazy` sends each target once.
+#[test]
+fn targets_read_as_the_run_goes_are_taken_in_turn() {
+    let (port, seen) = counting_server();
+    let dir = TempDir::new("attack-lazy-order");
+    let file = dir.file("targets.json");
+    let targets = 12_001u64;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+    for i in 0..targets {
+        writeln!(
+            out,
+            "{{\"method\":\"GET\",\"url\":\"http://127.0.0.1:{port}/t{i}\"}}"
+        )
+        .unwrap();
+    }
+    out.flush().unwrap();
+    drop(out);
+    let requests = 30_000u64;
+    let run = output_within(
+        throng()
+            .args(["attack", "--targets", file.to_str().unwrap(), "--max"])
+            .args(["--connections", "6", "--workers", "3", "--format", "vegeta"])
+            .args(["--requests", &requests.to_string()]),
+        Duration::from_secs(120),
     );
-    assert!(
-        big_worker < small_worker + slack,
-        "worker {big_worker} B vs {small_worker} B"
-    );
+    let err = text(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("as the run goes"), "{err}");
+    let mut seqs = Vec::new();
+    for line in text(&run.stdout).lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let seq = n(&r, "seq");
+        assert_eq!(
+            r["url"].as_str(),
+            Some(format!("http://127.0.0.1:{port}/t{}", seq % targets).as_str()),
+            "{r}"
+        );
+        assert_eq!(n(&r, "code"), 200, "{r}");
+        seqs.push(seq);
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (0..requests).collect::<Vec<_>>());
+    // What the server got: each target in turn, going round.
+    let counts = std::mem::take(&mut *seen.lock().unwrap());
+    assert_eq!(counts.len() as u64, targets);
+    for i in 0..targets {
+        let want = requests / targets + u64::from(i < requests % targets);
+        assert_eq!(counts.get(&format!("/t{i}")), Some(&want), "/t{i}");
+    }
+    // --lazy: each target once, and the run ends with the last.
+    let (code, s, err) = attack(&[
+        "--targets",
+        file.to_str().unwrap(),
+        "--lazy",
+        "--rate",
+        "20k/s",
+        "--workers",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(n(&s, "requests"), targets, "{s}");
+    let counts = std::mem::take(&mut *seen.lock().unwrap());
+    assert_eq!(counts.len() as u64, targets);
+    assert!(counts.values().all(|&c| c == 1));
+    // One --url target cannot be sent "each once" lazily: said, not run.
+    let url = format!("http://127.0.0.1:{port}/t0");
+    let (code, _, err) = attack(&["--url", &url, "--lazy", "--rate", "1/s"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--lazy"), "{err}");
 }
 
 #[test]

@@ -343,7 +343,8 @@ fn three(url: &str) -> (i32, Value, String) {
 }
 
 /// Against python-hyper's h2: RST_STREAM counts as `stream_reset` (its code
-/// logged); a refused stream goes once more, then counts as `stream_reset`;
+/// logged); a refused stream goes once more, on another connection when
+/// there is one, then counts as `stream_reset`;
 /// streams above a GOAWAY's last stream go again on a new connection and
 /// are answered there; a 1 MiB response passes the receive windows.
 #[test]
@@ -361,6 +362,13 @@ fn resets_refusals_goaway_and_large_responses_from_python_h2() {
     assert_eq!(s["errors"]["stream_reset"].as_u64(), Some(3), "{s}");
     assert_eq!(n(&s, "retried"), 3, "{s}");
 
+    // Refused by one connection, a request goes on another: answered there.
+    let (code, s, err) = three(&peer.url("/refuse-one-conn"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(3), "{s}\n{err}");
+    assert_eq!(n(&s, "retried"), 3, "{s}");
+    assert_eq!(n(&s, "connections_opened"), 2, "{s}");
+
     let (code, s, err) = three(&peer.url("/goaway3"));
     assert_eq!(code, 0, "{err}");
     assert_eq!(s["status"]["200"].as_u64(), Some(3), "{s}\n{err}");
@@ -371,4 +379,24 @@ fn resets_refusals_goaway_and_large_responses_from_python_h2() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(s["status"]["200"].as_u64(), Some(3), "{s}");
     assert!(n(&s, "bytes_in") >= 3 << 20, "{s}");
+}
+
+/// `--http2` on agents: each agent's workers speak h2c to HAProxy's
+/// `proto h2` bind (which answers nothing else), and the merged run adds up.
+#[test]
+fn an_http2_attack_on_agents_adds_up() {
+    let _one = crate::agents::one_at_a_time();
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::Haproxy);
+    let t = crate::agents::two_agents();
+    let proxy = Haproxy::h2(t.server.addr, None, None);
+    let url = format!("http://{}/ping", proxy.addr);
+    let s = crate::agents_json::attack_on_agents(&t, &url, &["--http2"]);
+    assert_eq!(n(&s, "requests"), 200, "{s:#}");
+    assert_eq!(s["status"]["200"].as_u64(), Some(200), "{s:#}");
+    let agents = s["agents"].as_array().unwrap_or_else(|| panic!("{s:#}"));
+    assert_eq!(agents.len(), 2, "{s:#}");
+    for a in agents {
+        assert!(a["requests"].as_u64().unwrap_or(0) > 0, "{a}");
+        assert_eq!(a["errors"], 0, "{a}");
+    }
 }

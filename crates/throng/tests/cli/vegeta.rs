@@ -118,6 +118,34 @@ fn attack_results_are_read_by_vegeta() {
     );
     assert!(r["latencies"]["min"].as_u64().unwrap() > 0, "{r}");
 
+    // Each response's body (base64) and headers, as Vegeta writes them:
+    // Vegeta reads them and writes them back unchanged.
+    let first = &lines[0];
+    let b64 = first["body"].as_str().unwrap_or_else(|| panic!("{first}"));
+    let decoded_len = b64.len() / 4 * 3 - b64.matches('=').count();
+    let (_, pong) = throng_testkit::http::get(server.addr, "/ping");
+    assert_eq!(decoded_len, pong.len(), "{first}");
+    assert_eq!(
+        first["headers"]["Content-Length"][0].as_str(),
+        Some(pong.len().to_string().as_str()),
+        "{first}"
+    );
+    let again = text(&vegeta(&[
+        "encode",
+        "-to",
+        "json",
+        results.to_str().unwrap(),
+    ]));
+    let back: Value = again
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["seq"] == first["seq"])
+        .unwrap();
+    assert_eq!(
+        (&back["body"], &back["headers"]),
+        (&first["body"], &first["headers"])
+    );
+
     let csv = vegeta(&["encode", "-to", "csv", results.to_str().unwrap()]);
     assert_eq!(text(&csv).lines().count(), 400);
     let plot = text(&vegeta(&["plot", results.to_str().unwrap()]));
