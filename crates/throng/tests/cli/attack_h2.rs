@@ -366,7 +366,9 @@ fn resets_refusals_goaway_and_large_responses_from_python_h2() {
     let (code, s, err) = three(&peer.url("/refuse-one-conn"));
     assert_eq!(code, 0, "{err}");
     assert_eq!(s["status"]["200"].as_u64(), Some(3), "{s}\n{err}");
-    assert_eq!(n(&s, "retried"), 3, "{s}");
+    // Those sent before the second connection opened were refused and sent
+    // again; a later one may go on the second connection at once.
+    assert!((1..=3).contains(&n(&s, "retried")), "{s}");
     assert_eq!(n(&s, "connections_opened"), 2, "{s}");
 
     let (code, s, err) = three(&peer.url("/goaway3"));
