@@ -1219,7 +1219,8 @@ impl Supervisor {
         };
         let now = self.now_ms();
         self.shares.view().expire(now);
-        if self.shares.view().due(now) {
+        let none = self.shares.is_empty();
+        if self.shares.view().due(now, none) {
             let (payload, left_out) = self.shares.announcement(node);
             if left_out > 0 {
                 log!(

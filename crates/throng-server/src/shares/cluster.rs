@@ -4,7 +4,8 @@
 //!
 //! Each node says on the Redis channel `<prefix>#shares` how many members
 //! it has in each of its groups ([`announcement`]): at once when they
-//! change (at most every [`ANNOUNCE_GAP_MS`]) and every second anyway.
+//! change (at most every [`ANNOUNCE_GAP_MS`]) and every second while it
+//! has any.
 //! Every node keeps what each node said (its own too, as it came back
 //! through Redis) for [`FORGET_AFTER_MS`] after it last heard from it.
 //! A message from Redis has a hash every node computes alike (its
@@ -58,6 +59,8 @@ pub(crate) struct View {
     dirty: bool,
     /// When this node last announced (ms).
     announced_ms: Option<u64>,
+    /// Its last announcement named no group.
+    said_none: bool,
     /// Announcements dropped as malformed or past [`MAX_NODES`].
     refused: u64,
 }
@@ -68,18 +71,22 @@ impl View {
         self.dirty = true;
     }
 
-    /// Whether an announcement is due at `now_ms`: soon after a change,
-    /// and every second anyway.
-    pub(crate) fn due(&mut self, now_ms: u64) -> bool {
+    /// Whether an announcement is due at `now_ms` for a node with groups
+    /// (`!none`) or none: soon after a change, and every second anyway,
+    /// but once only while it has none (a node without shared
+    /// subscriptions, most of them, says nothing every second).
+    pub(crate) fn due(&mut self, now_ms: u64, none: bool) -> bool {
         let since = self
             .announced_ms
             .map_or(u64::MAX, |t| now_ms.saturating_sub(t));
         let due = (self.dirty && since >= ANNOUNCE_GAP_MS) || since >= ANNOUNCE_EVERY_MS;
-        if due {
-            self.dirty = false;
-            self.announced_ms = Some(now_ms);
+        if !due || (none && self.said_none) {
+            return false;
         }
-        due
+        self.dirty = false;
+        self.said_none = none;
+        self.announced_ms = Some(now_ms);
+        true
     }
 
     /// Node `node` (maybe this one) said `payload` at `now_ms`; false if
@@ -312,12 +319,20 @@ mod tests {
     #[test]
     fn announcements_are_due_after_a_change_and_every_second() {
         let mut v = View::default();
-        assert!(v.due(0), "the first at once");
-        assert!(!v.due(10));
+        assert!(v.due(0, false), "the first at once");
+        assert!(!v.due(10, false));
         v.changed();
-        assert!(!v.due(20), "within the gap: later");
-        assert!(v.due(ANNOUNCE_GAP_MS));
-        assert!(!v.due(ANNOUNCE_GAP_MS + 500));
-        assert!(v.due(ANNOUNCE_GAP_MS + ANNOUNCE_EVERY_MS));
+        assert!(!v.due(20, false), "within the gap: later");
+        assert!(v.due(ANNOUNCE_GAP_MS, false));
+        assert!(!v.due(ANNOUNCE_GAP_MS + 500, false));
+        assert!(v.due(ANNOUNCE_GAP_MS + ANNOUNCE_EVERY_MS, false));
+        // The last group gone: said once, then nothing while none.
+        v.changed();
+        let t = 3 * ANNOUNCE_EVERY_MS;
+        assert!(v.due(t, true));
+        assert!(!v.due(t + ANNOUNCE_EVERY_MS, true));
+        assert!(!v.due(t + 10 * ANNOUNCE_EVERY_MS, true));
+        v.changed();
+        assert!(v.due(t + 11 * ANNOUNCE_EVERY_MS, false));
     }
 }
