@@ -76,8 +76,8 @@ pub(crate) enum News {
     /// A message for this node's subscribers: relay it to every worker,
     /// holding the permit until all delivered. The `u64`: its hash, the
     /// same on every node ([`crate::shares::cluster`] picks a shared
-    /// subscription's member by it).
-    Relay(Message, OwnedSemaphorePermit, u64),
+    /// subscription's member by it), while the node has any.
+    Relay(Message, OwnedSemaphorePermit, Option<u64>),
     /// A node (maybe this one) said its shared subscriptions' members.
     Announced(Bytes),
     /// Another node has an MQTT client of this client id (its hash)
@@ -143,6 +143,14 @@ impl Broker {
             && r.up
         {
             let _ = r.cmds.send(Command::Announce(payload));
+        }
+    }
+
+    /// Whether the node has shared subscriptions now: each message from
+    /// Redis is hashed only then ([`News::Relay`]).
+    pub(crate) fn sharing(&mut self, on: bool) {
+        if let Self::Redis(r) = self {
+            r.sharing = on;
         }
     }
 
@@ -253,6 +261,8 @@ pub(crate) struct Remote {
     shards: Vec<ShardState>,
     /// This node's tag in the MQTT publishes it seals ([`envelope`]).
     node: u64,
+    /// The node has shared subscriptions ([`Broker::sharing`]).
+    sharing: bool,
 }
 
 impl Remote {
@@ -285,6 +295,7 @@ impl Remote {
             stats: BrokerStats::default(),
             shards: Vec::new(),
             node: envelope::node_tag(),
+            sharing: false,
         }
     }
 
@@ -569,7 +580,9 @@ impl Remote {
                 permit,
             } => {
                 self.stats.received += 1;
-                let spread = spread(&channel, id, &payload, meta.as_ref());
+                let spread = self
+                    .sharing
+                    .then(|| spread(&channel, id, &payload, meta.as_ref()));
                 match self.relayed(channel, id, payload, meta) {
                     Some(m) => News::Relay(m, permit, spread),
                     None => News::Nothing,
@@ -720,7 +733,7 @@ fn spread(channel: &str, id: MessageId, payload: &[u8], meta: Option<&envelope::
         }
     }
     // Its length and first bytes are enough to tell messages apart, and
-    // cost the same for a large one (this runs for every message).
+    // cost the same for a large one.
     h = hash_more(h, &(payload.len() as u64).to_be_bytes());
     hash_more(h, &payload[..payload.len().min(SPREAD_BYTES)])
 }

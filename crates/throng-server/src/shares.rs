@@ -36,6 +36,8 @@ pub struct Shares {
     index: FilterTrie<Vec<String>>,
     /// Every node's members, as heard through Redis (`--redis`).
     view: cluster::View,
+    /// Groups the last announcement left out.
+    left_out: usize,
 }
 
 /// A filter that gained its first group (`true`) or lost its last: with
@@ -75,13 +77,17 @@ impl Shares {
         &mut self.view
     }
 
-    /// What node `node` says of its groups now ([`cluster::announcement`]).
-    pub(crate) fn announcement(&self, node: u64) -> (bytes::Bytes, usize) {
+    /// What node `node` says of its groups now ([`cluster::announcement`]),
+    /// and how many groups it leaves out when that changed (to say once).
+    pub(crate) fn announcement(&mut self, node: u64) -> (bytes::Bytes, Option<usize>) {
         let groups = self.groups.iter().map(|(key, g)| {
             let n: u32 = g.members.iter().map(|&(_, n)| n).sum();
             (key.as_str(), n)
         });
-        cluster::announcement(node, groups)
+        let (payload, left_out) = cluster::announcement(node, groups);
+        let changed = left_out != self.left_out && left_out > 0;
+        self.left_out = left_out;
+        (payload, changed.then_some(left_out))
     }
 
     /// Worker `worker` reported `m`; a filter's first group or last one

@@ -1047,6 +1047,7 @@ impl Supervisor {
         for interest in self.shares.worker_gone(i) {
             self.share_interest(interest);
         }
+        self.shares_tick();
         self.api_worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
@@ -1220,12 +1221,14 @@ impl Supervisor {
         let now = self.now_ms();
         self.shares.view().expire(now);
         let none = self.shares.is_empty();
+        self.broker.sharing(!none);
         if self.shares.view().due(now, none) {
             let (payload, left_out) = self.shares.announcement(node);
-            if left_out > 0 {
+            if let Some(n) = left_out {
                 log!(
-                    "throng: {left_out} shared subscription groups do not fit in this node's \
-                     announcement to the others; their messages reach one member on each node"
+                    "throng: {n} shared subscription groups do not fit in this node's \
+                     announcement to the others (64 KiB): their members here may miss \
+                     messages, or get them beside another node's member"
                 );
             }
             self.broker.announce(payload);
@@ -1264,7 +1267,7 @@ impl Supervisor {
     fn on_broker(&mut self, ev: redis::Event) {
         match self.broker.on_event(ev) {
             News::Nothing => {}
-            News::Relay(m, permit, spread) => self.relay(None, m, Some(permit), None, Some(spread)),
+            News::Relay(m, permit, spread) => self.relay(None, m, Some(permit), None, spread),
             News::Announced(payload) => {
                 let now = self.now_ms();
                 let view = self.shares.view();
