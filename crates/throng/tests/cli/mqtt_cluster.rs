@@ -189,12 +189,10 @@ fn wait_total(members: &[&Member], n: usize) {
 /// Two members of `$share/g/s` on node A, one on B, a plain subscriber of
 /// `s` on A: 40 messages published on A reach the group once each in all
 /// (both nodes' members have some); B dies, and once A forgets it A's
-/// members get every message.
-fn one_member_in_the_deployment(mode: &[&str]) {
-    let redis = Redis::start(&[], &[]);
-    let url = redis.url();
-    let mut args = vec!["--redis", &url, "--workers", "1"];
-    args.extend_from_slice(mode);
+/// members get every message. `broker`: the nodes' Redis flags.
+fn one_member_in_the_deployment(broker: &[&str]) {
+    let mut args = vec!["--workers", "1"];
+    args.extend_from_slice(broker);
     let ((a, mqtt_a), (b, mqtt_b)) = (mqtt_server(&args), mqtt_server(&args));
     a.wait_broker("up");
     b.wait_broker("up");
@@ -250,11 +248,24 @@ fn one_member_in_the_deployment(mode: &[&str]) {
 #[test]
 fn a_shared_subscription_with_members_on_two_nodes_gets_each_message_once() {
     require!(Peer::RedisServer, Peer::PythonPaho);
-    one_member_in_the_deployment(&[]);
+    let redis = Redis::start(&[], &[]);
+    one_member_in_the_deployment(&["--redis", &redis.url()]);
 }
 
 #[test]
 fn in_channels_mode_a_node_with_only_shared_members_subscribes_and_shares_too() {
     require!(Peer::RedisServer, Peer::PythonPaho);
-    one_member_in_the_deployment(&["--redis-mode", "channels"]);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    one_member_in_the_deployment(&["--redis", &url, "--redis-mode", "channels"]);
+}
+
+/// On a cluster the members' announcements and the messages are on
+/// different masters: once every node has heard every member (the gauge),
+/// each message still goes to one member in all.
+#[test]
+fn on_a_redis_cluster_a_shared_subscription_gets_each_message_once() {
+    require!(Peer::RedisServer, Peer::RedisCli, Peer::PythonPaho);
+    let c = Cluster::start(3, 0);
+    one_member_in_the_deployment(&["--redis-cluster", &c.seeds()]);
 }
