@@ -137,11 +137,11 @@ impl Broker {
     }
 
     /// Says this node's shared subscriptions' members to the other nodes
-    /// ([`crate::shares::cluster::announcement`]).
+    /// ([`crate::shares::cluster::announcement`]). Sent even while the
+    /// link is not all up: on a cluster another shard may be down, and the
+    /// link drops it when its own connection is.
     pub(crate) fn announce(&mut self, payload: Bytes) {
-        if let Self::Redis(r) = self
-            && r.up
-        {
+        if let Self::Redis(r) = self {
             let _ = r.cmds.send(Command::Announce(payload));
         }
     }
