@@ -9,6 +9,9 @@
 #                 (left out, saying so, when this binary has no --mqtt-listen)
 #
 #   scripts/bench-mqtt-serve.sh [N]     N idle subscribers (default 18000)
+#   SESSIONS=1 scripts/bench-mqtt-serve.sh [N]
+#                                       N idle persistent sessions instead
+#                                       (mosquitto and throng-mqtt only)
 #
 # THRONG=path measures that binary instead of building this tree's (for a
 # before/after: run it with each in turn); SERVERS="throng-ws throng-mqtt"
@@ -35,6 +38,14 @@
 # ratios the issue sets targets for: throng-mqtt over throng-ws (within
 # 1.2) and over mosquitto (below 1).
 #
+# SESSIONS=1: the N held clients are `throng hold --mqtt-sessions N`
+# clients (3.1.1 clean session 0, one subscription at QoS $QOS, default 1),
+# online for the whole hold (--mqtt-session-online 1000h) and idle, plus one
+# plain subscriber: bytes/conn is then the memory of one idle persistent
+# session with its connection (over N), and the publish reaches N + 2 at
+# QoS $QOS over MQTT. Mosquitto keeps its sessions in memory too
+# (persistence false: nothing is written to disk by either).
+#
 # Every run is bounded and every server is stopped at the end. Result files
 # and logs stay in $OUT.
 set -euo pipefail
@@ -50,6 +61,12 @@ RATE=${RATE:-1000/s}
 # The CPU window ends when the publisher's hold has its PUBCOMP: the last
 # subscribers' PUBCOMPs may come after it (hold counts a QoS 2 message at
 # PUBREC), so ns/delivery leaves out a little of the tail, on both servers.
+SESSIONS=${SESSIONS:-0}
+if [ "$SESSIONS" = 1 ]; then
+  # A broker keeps no QoS 0 message for a session: sessions subscribe at 1.
+  QOS=${QOS:-1}
+  [ "$QOS" != 0 ] || { echo "SESSIONS=1 needs QOS 1 or 2" >&2; exit 2; }
+fi
 QOS=${QOS:-0}
 # How long the big hold stays once all N are open: covers the settle, the
 # idle window and the publish.
@@ -76,6 +93,9 @@ else
 fi
 if [ -n "${SERVERS:-}" ]; then
   read -ra TARGETS <<< "$SERVERS"
+fi
+if [ "$SESSIONS" = 1 ]; then
+  echo "SESSIONS=1: N idle persistent sessions (clean session 0, one subscription each)"
 fi
 if [ "$QOS" != 0 ]; then
   PUBLISH_MQTT=1
@@ -174,11 +194,19 @@ measure() {
   local mqtt=()
   [[ $SUB_URL == mqtt://* ]] && mqtt=(--mqtt-keepalive 0)
   [ "$QOS" != 0 ] && mqtt+=(--qos "$QOS")
-  "$BIN" hold "$SUB_URL" -c "$N" -w 1 --rate "$RATE" --duration "$HOLD_FOR" \
+  # The held clients: N subscribers, or one and N persistent sessions.
+  local held=(-c "$N") want=$N
+  if [ "$SESSIONS" = 1 ]; then
+    # hold spreads the first departures over one online time (client k
+    # leaves after k/N of it): 1000h keeps all N online for the run.
+    held=(-c 1 --mqtt-sessions "$N" --mqtt-session-online 1000h --mqtt-session-expiry 1h)
+    want=$((N + 1))
+  fi
+  "$BIN" hold "$SUB_URL" "${held[@]}" -w 1 --rate "$RATE" --duration "$HOLD_FOR" \
     "${mqtt[@]}" --json -q -o "$dir/hold.jsonl" > "$dir/hold.json" 2> "$dir/hold.err" &
   local hold=$!
   local waited=0
-  while [ "$(established "$PORT")" -lt "$N" ]; do
+  while [ "$(established "$PORT")" -lt "$want" ]; do
     sleep 0.5
     waited=$((waited + 1))
     if ! kill -0 "$hold" 2>/dev/null || [ "$waited" -gt 600 ]; then
@@ -208,14 +236,25 @@ import json, sys
 t, rnd, n, rss0, rss1, c0, c1, t0, t1, c2, c3, t2, t3 = sys.argv[1:2] + [int(a) for a in sys.argv[2:14]]
 hold, pub = (json.load(open(p)) for p in sys.argv[14:16])
 idle_per_ns = (c1 - c0) / (t1 - t0)
-delivered = hold["received"] + pub["received"]
+# SESSIONS=1: the N are the session clients (the one plain subscriber
+# beside them is left out of the counts it would blur).
+s = hold.get("sessions") or {}
+if s.get("clients"):
+    # connects counts a client's retries too (a full listen backlog).
+    opened, received, lost = min(s["connects"], s["clients"]), s["received"], s["lost"]
+    last_us = max(hold["delivery_us"]["max"], s["delivery_us"]["max"])
+    delivered = s["received"] + hold["received"] + pub["received"]
+else:
+    opened, received, lost = hold["opened"], hold["received"], hold["lost"]
+    last_us = hold["delivery_us"]["max"]
+    delivered = hold["received"] + pub["received"]
 busy = (c3 - c2) - idle_per_ns * (t3 - t2)
 print(json.dumps({
-    "target": t, "round": rnd, "n": n, "opened": hold["opened"],
-    "received": hold["received"], "lost": hold["lost"],
+    "target": t, "round": rnd, "n": n, "opened": opened,
+    "received": received, "lost": lost,
     "bytes_per_conn": round((rss1 - rss0) / n, 1),
     "ns_per_delivery": round(busy / max(delivered, 1), 1),
-    "last_ms": round(hold["delivery_us"]["max"] / 1000, 2),
+    "last_ms": round(last_us / 1000, 2),
     "idle_cpu_ms_per_s": round(idle_per_ns * 1000, 3),
     "connect_p50_ms": round(hold["connect_us"]["p50"] / 1000, 2),
 }))
@@ -233,7 +272,9 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-echo; echo "== medians of $ROUNDS rounds, N=$N"
+what="idle subscribers"
+[ "$SESSIONS" = 1 ] && what="idle persistent sessions (QoS $QOS)"
+echo; echo "== medians of $ROUNDS rounds, N=$N $what"
 python3 - "$OUT/runs.jsonl" <<'EOF'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]

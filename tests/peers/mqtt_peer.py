@@ -25,6 +25,13 @@
       then one JSON line per message, and after N messages (or the
       timeout) disconnects cleanly and prints {"received": N}.
 
+  mqtt_peer.py hold HOST PORT - --client-id ID [--v5] [--timeout S]
+      Connects as ID (clean), prints {"connected": true} once CONNACK came,
+      then waits until the server ends the connection (or the timeout) and
+      prints {"disconnected": CODE}: 5.0's DISCONNECT reason code (0x8E,
+      142, for a takeover), or -1 when the connection closed without one
+      (3.1.1) or was still open at the timeout. Never reconnects.
+
   Any mode with --ws PATH: MQTT over WebSocket (subprotocol mqtt) to
   ws://HOST:PORT/PATH instead of MQTT over TCP.
 """
@@ -215,9 +222,35 @@ def session(args):
     print(json.dumps({"received": received}), flush=True)
 
 
+def hold(args):
+    c = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=args.client_id,
+        protocol=mqtt.MQTTv5 if args.v5 else mqtt.MQTTv311,
+    )
+    code = None
+
+    def on_connect(_c, _userdata, _flags, reason, _props):
+        print(json.dumps({"connected": not reason.is_failure}), flush=True)
+
+    def on_disconnect(_c, _userdata, _flags, reason, _props):
+        nonlocal code
+        # 3.1.1 has no reason to give: the connection just closes.
+        code = reason.value if args.v5 and reason is not None else -1
+
+    c.on_connect = on_connect
+    c.on_disconnect = on_disconnect
+    c.connect(args.host, args.port, keepalive=30)
+    # Our own loop, not loop_start's: that one would connect again.
+    deadline = time.monotonic() + args.timeout
+    while code is None and time.monotonic() < deadline:
+        c.loop(0.1)
+    print(json.dumps({"disconnected": -1 if code is None else code}), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["sub", "pub", "send", "session"])
+    p.add_argument("mode", choices=["sub", "pub", "send", "session", "hold"])
     p.add_argument("host")
     p.add_argument("port", type=int)
     p.add_argument("filter", metavar="FILTER_OR_TOPIC")
@@ -236,7 +269,8 @@ def main():
     p.add_argument("--expiry", type=int, default=0)
     args = p.parse_args()
     args.topic = args.filter
-    {"sub": sub, "pub": pub, "send": send, "session": session}[args.mode](args)
+    modes = {"sub": sub, "pub": pub, "send": send, "session": session, "hold": hold}
+    modes[args.mode](args)
     return 0
 
 

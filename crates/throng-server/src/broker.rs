@@ -74,8 +74,12 @@ pub(crate) enum News {
     /// Nothing beyond what the broker did itself (count, log).
     Nothing,
     /// A message for this node's subscribers: relay it to every worker,
-    /// holding the permit until all delivered.
-    Relay(Message, OwnedSemaphorePermit),
+    /// holding the permit until all delivered. The `u64`: its hash, the
+    /// same on every node ([`crate::shares::cluster`] picks a shared
+    /// subscription's member by it), while the node has any.
+    Relay(Message, OwnedSemaphorePermit, Option<u64>),
+    /// A node (maybe this one) said its shared subscriptions' members.
+    Announced(Bytes),
     /// Another node has an MQTT client of this client id (its hash)
     /// since a Unix nanosecond: a connection of this node with it made
     /// before then is taken over.
@@ -111,19 +115,42 @@ impl Broker {
     }
 
     /// An MQTT client with this client id (its hash) connected here at
-    /// Unix nanosecond `unix_ns`: the other nodes are told (Redis in
-    /// pattern mode, not on a cluster).
+    /// Unix nanosecond `unix_ns`: the other nodes are told (through Redis,
+    /// in every mode).
     pub(crate) fn claim(&mut self, hash: u64, unix_ns: u64) {
-        if let Self::Redis(r) = self
-            && r.settings.mode == RedisMode::Pattern
-            && !r.settings.sharded()
-        {
+        if let Self::Redis(r) = self {
             let node = r.node;
             let _ = r.cmds.send(Command::Claim {
                 node,
                 hash,
                 unix_ns,
             });
+        }
+    }
+
+    /// This node's tag among the nodes of a Redis (none without one).
+    pub(crate) fn node(&self) -> Option<u64> {
+        match self {
+            Self::Local => None,
+            Self::Redis(r) => Some(r.node),
+        }
+    }
+
+    /// Says this node's shared subscriptions' members to the other nodes
+    /// ([`crate::shares::cluster::announcement`]). Sent even while the
+    /// link is not all up: on a cluster another shard may be down, and the
+    /// link drops it when its own connection is.
+    pub(crate) fn announce(&mut self, payload: Bytes) {
+        if let Self::Redis(r) = self {
+            let _ = r.cmds.send(Command::Announce(payload));
+        }
+    }
+
+    /// Whether the node has shared subscriptions now: each message from
+    /// Redis is hashed only then ([`News::Relay`]).
+    pub(crate) fn sharing(&mut self, on: bool) {
+        if let Self::Redis(r) = self {
+            r.sharing = on;
         }
     }
 
@@ -234,6 +261,8 @@ pub(crate) struct Remote {
     shards: Vec<ShardState>,
     /// This node's tag in the MQTT publishes it seals ([`envelope`]).
     node: u64,
+    /// The node has shared subscriptions ([`Broker::sharing`]).
+    sharing: bool,
 }
 
 impl Remote {
@@ -242,6 +271,13 @@ impl Remote {
         cmds: mpsc::UnboundedSender<Command>,
         workers: usize,
     ) -> Self {
+        // Heard by every node, whatever its subscribers: the pattern takes
+        // them in; else each is a subscription of its own, kept for good.
+        if settings.mode == RedisMode::Channels {
+            for c in envelope::CONTROL {
+                let _ = cmds.send(Command::Subscribe(c.to_owned()));
+            }
+        }
         Self {
             settings,
             cmds,
@@ -251,13 +287,15 @@ impl Remote {
             reason: "connecting".into(),
             recovered: (0, 0),
             retained: retained::Stats::default(),
-            // One more than the workers: the channels of MQTT sessions
-            // parked in the supervisor (`Supervisor`'s sessions slot).
-            interest: vec![HashSet::new(); workers + 1],
+            // Two more than the workers: the channels of MQTT sessions
+            // parked in the supervisor (`Supervisor`'s sessions slot), and
+            // the filters of the node's shared subscriptions (the next).
+            interest: vec![HashSet::new(); workers + 2],
             nodes: HashMap::new(),
             stats: BrokerStats::default(),
             shards: Vec::new(),
             node: envelope::node_tag(),
+            sharing: false,
         }
     }
 
@@ -542,8 +580,11 @@ impl Remote {
                 permit,
             } => {
                 self.stats.received += 1;
+                let spread = self
+                    .sharing
+                    .then(|| spread(&channel, id, &payload, meta.as_ref()));
                 match self.relayed(channel, id, payload, meta) {
-                    Some(m) => News::Relay(m, permit),
+                    Some(m) => News::Relay(m, permit, spread),
                     None => News::Nothing,
                 }
             }
@@ -554,6 +595,7 @@ impl Remote {
             } if node != self.node => News::Claimed(hash, unix_ns),
             // This node's own claim, back from Redis.
             redis::Event::Claimed { .. } => News::Nothing,
+            redis::Event::Announced(payload) => News::Announced(payload),
             redis::Event::Dropped(why) => {
                 self.stats.dropped += 1;
                 if self.stats.dropped.is_power_of_two() {
@@ -674,6 +716,31 @@ impl Remote {
     }
 }
 
+/// A message's hash as every node computes it alike from what Redis handed
+/// it: the channel, the stream id (with history), the payload and the
+/// seal's publisher and time (an MQTT publish), so two publishes of one
+/// payload differ unless both are bare (an HTTP publish without history:
+/// those go to one node, whose members take them in turn).
+fn spread(channel: &str, id: MessageId, payload: &[u8], meta: Option<&envelope::Meta>) -> u64 {
+    use crate::shares::cluster::{hash, hash_more};
+    let mut h = hash_more(hash(channel.as_bytes()), &[0]);
+    for word in [id.epoch, id.seq] {
+        h = hash_more(h, &word.to_be_bytes());
+    }
+    if let Some(m) = meta {
+        for word in [m.node, m.origin, m.sent_ms] {
+            h = hash_more(h, &word.to_be_bytes());
+        }
+    }
+    // Its length and first bytes are enough to tell messages apart, and
+    // cost the same for a large one.
+    h = hash_more(h, &(payload.len() as u64).to_be_bytes());
+    hash_more(h, &payload[..payload.len().min(SPREAD_BYTES)])
+}
+
+/// How much of a payload [`spread`] reads.
+const SPREAD_BYTES: usize = 256;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -707,13 +774,14 @@ mod tests {
                 Command::Resend { channel, .. } => format!("resend {channel}"),
                 Command::Store { channel, .. } => format!("store {channel}"),
                 Command::Claim { hash, .. } => format!("claim {hash}"),
+                Command::Announce(_) => "announce".into(),
             });
         }
         out
     }
 
     #[test]
-    fn claims_go_to_redis_in_pattern_mode_and_come_back_from_other_nodes_only() {
+    fn claims_go_to_redis_in_every_mode_and_come_back_from_other_nodes_only() {
         let (r, mut rx) = remote(RedisMode::Pattern);
         let me = r.node;
         let mut b = Broker::Redis(Box::new(r));
@@ -727,14 +795,16 @@ mod tests {
         assert!(matches!(b.on_event(back(me)), News::Nothing));
         let other = me.wrapping_add(1).max(1);
         assert!(matches!(b.on_event(back(other)), News::Claimed(42, 7)));
+        // Channels mode subscribes to the control channels at once.
         let (r, mut rx) = remote(RedisMode::Channels);
         Broker::Redis(Box::new(r)).claim(42, 7);
-        assert_eq!(drain(&mut rx), Vec::<String>::new());
+        assert_eq!(drain(&mut rx), ["+#claims", "+#shares", "claim 42"]);
     }
 
     #[test]
     fn a_channel_is_subscribed_while_any_worker_has_subscribers() {
         let (mut r, mut rx) = remote(RedisMode::Channels);
+        drain(&mut rx);
         r.interest(0, "a".into(), true);
         r.interest(1, "a".into(), true);
         r.interest(1, "a".into(), true); // repeated: harmless

@@ -354,6 +354,8 @@ pub struct SupervisorStats {
     pub sessions: crate::sessions::SessionStats,
     /// MQTT shared subscriptions: groups and their members node-wide.
     pub shares: (u64, u64),
+    /// Members of this node's groups on every node, as heard through Redis.
+    pub shared_cluster: u64,
 }
 
 /// The Redis broker as `/metrics` shows it.
@@ -476,6 +478,12 @@ pub fn render(live: &[&Snapshot], retired: &Snapshot, sup: &SupervisorStats) -> 
                 "gauge",
                 "Their members on every worker now.",
                 sup.shares.1,
+            ),
+            (
+                "throng_mqtt_shared_cluster_members",
+                "gauge",
+                "With --redis: members of these groups on every node, as the nodes said through Redis (this one's once heard back).",
+                sup.shared_cluster,
             ),
         ],
     );

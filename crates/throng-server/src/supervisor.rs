@@ -802,6 +802,7 @@ async fn supervise(
                 }
                 sup.session_interest();
                 sup.counts_tick();
+                sup.shares_tick();
             }
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
@@ -1043,7 +1044,10 @@ impl Supervisor {
         }
         // Its persistent sessions' connections are gone with it, unparked.
         self.sessions.worker_gone(i);
-        self.shares.worker_gone(i);
+        for interest in self.shares.worker_gone(i) {
+            self.share_interest(interest);
+        }
+        self.shares_tick();
         self.api_worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
@@ -1169,7 +1173,7 @@ impl Supervisor {
                 }
                 self.session_interest();
             }
-            Record::ShareMember(m) => self.shares.member(i, &m),
+            Record::ShareMember(m) => self.share_member(i, &m),
             Record::Api(r) => self.on_api(i, generation, r),
             Record::KeysStale => self.keys_stale(),
             Record::Release { source } => {
@@ -1192,6 +1196,45 @@ impl Supervisor {
         }
     }
 
+    /// Worker `i` says a member joined or left a shared subscription.
+    fn share_member(&mut self, i: usize, m: &crate::control::ShareMember) {
+        if let Some(interest) = self.shares.member(i, m) {
+            self.share_interest(interest);
+        }
+        self.shares_tick();
+    }
+
+    /// A filter of the node's shared subscriptions gained its first group
+    /// or lost its last: in `--redis-mode channels` the node is subscribed
+    /// to it meanwhile (the broker's slot after the sessions').
+    fn share_interest(&mut self, (filter, on): crate::shares::Interest) {
+        let slot = self.slots.len() + 1;
+        self.broker.interest(slot, filter, on);
+    }
+
+    /// With Redis: forgets silent nodes, and says this node's shared
+    /// subscriptions' members when due ([`crate::shares::cluster`]).
+    fn shares_tick(&mut self) {
+        let Some(node) = self.broker.node() else {
+            return;
+        };
+        let now = self.now_ms();
+        self.shares.view().expire(now);
+        let none = self.shares.is_empty();
+        self.broker.sharing(!none);
+        if self.shares.view().due(now, none) {
+            let (payload, left_out) = self.shares.announcement(node);
+            if let Some(n) = left_out {
+                log!(
+                    "throng: {n} shared subscription groups do not fit in this node's \
+                     announcement to the others (64 KiB): their members here may miss \
+                     messages, or get them beside another node's member"
+                );
+            }
+            self.broker.announce(payload);
+        }
+    }
+
     /// A message published through worker `i` (retained when `retain`
     /// holds its QoS): relayed, or sent to Redis.
     fn publish(&mut self, i: usize, generation: u64, m: Message, retain: Option<u8>) {
@@ -1208,7 +1251,7 @@ impl Supervisor {
             self.broker.publish(from, m, retain)
         };
         match routed {
-            Routed::Relay(m) => self.relay(Some(from), m, None, retain),
+            Routed::Relay(m) => self.relay(Some(from), m, None, retain, None),
             Routed::Sent => {}
             Routed::Refused(reason) => {
                 let rec = Record::PublishFailed {
@@ -1224,7 +1267,19 @@ impl Supervisor {
     fn on_broker(&mut self, ev: redis::Event) {
         match self.broker.on_event(ev) {
             News::Nothing => {}
-            News::Relay(m, permit) => self.relay(None, m, Some(permit), None),
+            News::Relay(m, permit, spread) => self.relay(None, m, Some(permit), None, spread),
+            News::Announced(payload) => {
+                let now = self.now_ms();
+                let view = self.shares.view();
+                if !view.heard(&payload, now) && view.refused().is_power_of_two() {
+                    log!(
+                        "throng: ignored a shared subscriptions announcement from Redis \
+                         (malformed, or past {} nodes): {} so far",
+                        crate::shares::cluster::MAX_NODES,
+                        view.refused()
+                    );
+                }
+            }
             News::Claimed(hash, unix_ns) => {
                 // Another node's client took the id at `unix_ns`: as a
                 // claim of this host's monotonic clock, every worker closes
@@ -1258,12 +1313,14 @@ impl Supervisor {
     /// Sends a message to every live worker: one record, encoded once.
     /// A retained one (`retain`: its QoS) becomes its channel's retained
     /// message first (the local broker's store; Redis's keeps its own).
+    /// `spread`: from Redis, its hash ([`News::Relay`]).
     fn relay(
         &mut self,
         from: Option<Publisher>,
         m: Message,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
         retain: Option<u8>,
+        spread: Option<u64>,
     ) {
         self.stats.published += 1;
         // Numbered and kept before any worker sees it: a recovery the
@@ -1287,7 +1344,7 @@ impl Supervisor {
             self.retained
                 .set(&m.channel, qos, kept, m.properties.clone());
         }
-        self.deliver(from, Message { message, ..m }, permit);
+        self.deliver(from, Message { message, ..m }, permit, spread);
     }
 
     /// Sends numbered message `m` to every live worker (one record, encoded
@@ -1297,13 +1354,15 @@ impl Supervisor {
         from: Option<Publisher>,
         m: Message,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        spread: Option<u64>,
     ) {
         let message = m.message;
         let now = self.now_ms();
         // Copied only while MQTT sessions want it (queued for those away,
         // matched at a park), under its relay id.
         let kept = self.sessions.wants().then(|| m.clone());
-        // One member of each shared subscription it matches gets it.
+        // One member of each shared subscription it matches gets it (with
+        // Redis: one in the deployment, when it is this node's).
         let shared = (!self.shares.is_empty()).then(|| m.clone());
         let (id, rec) = self.relay.deliver(m);
         match kept {
@@ -1311,7 +1370,8 @@ impl Supervisor {
             None => self.sessions.passed(id),
         }
         if let Some(m) = shared {
-            for (worker, key) in self.shares.picks(&m.channel) {
+            let spread = spread.zip(self.broker.node());
+            for (worker, key) in self.shares.picks(&m.channel, spread) {
                 let message = Message { id, ..m.clone() };
                 self.send(
                     worker,
@@ -1375,6 +1435,7 @@ impl Supervisor {
         self.stats.addresses = self.addresses.as_ref().map(|a| a.len() as u64);
         self.stats.sessions = self.sessions.stats();
         self.stats.shares = self.shares.counts();
+        self.stats.shared_cluster = self.shares.cluster_members();
         let live: Vec<&Snapshot> = self
             .slots
             .iter()

@@ -59,6 +59,15 @@ pub(crate) struct Meta {
 /// is named so, and a node of an older version drops what comes on it.
 pub(crate) const CLAIMS: &str = "#claims";
 
+/// The Redis channel (after the prefix) where each node says its members
+/// of MQTT shared subscriptions ([`crate::shares::cluster`]).
+pub(crate) const SHARES: &str = "#shares";
+
+/// The channels every node hears whatever its subscribers (subscribed
+/// on their own in `--redis-mode channels` and on a cluster; pattern mode's
+/// pattern takes them in).
+pub(crate) const CONTROL: [&str; 2] = [CLAIMS, SHARES];
+
 /// A claim's payload: the claiming node's tag, the client id's hash, and
 /// when it was claimed (Unix nanoseconds, by the claiming node's clock).
 pub(crate) fn claim(node: u64, hash: u64, unix_ns: u64) -> [u8; 24] {

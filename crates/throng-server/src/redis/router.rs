@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::cluster::{Addr, ShardState, SlotMap, slot};
+use super::envelope;
 use super::error::{PublishError, SessionError};
 use super::session::{Command, Event};
 use super::settings::{CONNECT_TIMEOUT, RedisSettings, Topology};
@@ -234,9 +235,11 @@ impl Router {
                 let at = self.store();
                 self.send(at.as_ref(), cmd);
             }
-            // A cluster's nodes say no claims (sharded pub/sub has no
-            // channel every node hears): the broker sends none.
-            Command::Claim { .. } => {}
+            // Said on the master of the control channel's slot, where
+            // every node is subscribed to it (the broker's Subscribe at
+            // start); lost while that shard is down, as on one Redis.
+            Command::Claim { .. } => self.say(envelope::CLAIMS, cmd),
+            Command::Announce(_) => self.say(envelope::SHARES, cmd),
             Command::Subscribe(c) => {
                 let at = self.owner(&c);
                 if let Some(s) = at.as_ref().and_then(|a| self.shards.get(a)) {
@@ -258,6 +261,16 @@ impl Router {
                 let at = self.owner(channel);
                 self.send(at.as_ref(), cmd);
             }
+        }
+    }
+
+    /// Sends control message `cmd` to the master of `channel`'s slot, if up.
+    fn say(&mut self, channel: &str, cmd: Command) {
+        let at = self.owner(channel);
+        if let Some(s) = at.and_then(|a| self.shards.get(&a))
+            && s.state.up
+        {
+            let _ = s.cmds.send(cmd);
         }
     }
 
@@ -583,6 +596,7 @@ mod tests {
                     Command::Store { channel, .. } => format!("store {channel}"),
                     Command::Retained { .. } => "retained".into(),
                     Command::Claim { .. } => "claim".into(),
+                    Command::Announce(_) => "announce".into(),
                     other => format!("{other:?}"),
                 };
                 out.push((a.port, what));
@@ -670,6 +684,54 @@ mod tests {
             filters: vec!["#".into()],
         });
         assert_eq!(sent(&links), [(7002, "retained".into())]);
+    }
+
+    #[test]
+    fn claims_and_announcements_go_to_the_master_their_channel_is_subscribed_on() {
+        let (mut r, links) = router();
+        let now = Instant::now();
+        // The broker subscribes to the control channels before any map.
+        r.on_command(Command::Subscribe("#claims".into()));
+        r.on_command(Command::Subscribe("#shares".into()));
+        r.apply(three(), now);
+        all_up(&mut r, now);
+        let port = |key: &[u8]| match slot(key) {
+            0..=5460 => 7000,
+            5461..=10922 => 7001,
+            _ => 7002,
+        };
+        let (c, s) = (port(b"t:#claims"), port(b"t:#shares"));
+        let mut placed = sent(&links);
+        placed.sort();
+        let mut want = vec![(c, "+#claims".to_owned()), (s, "+#shares".to_owned())];
+        want.sort();
+        assert_eq!(placed, want);
+        r.on_command(Command::Claim {
+            node: 1,
+            hash: 2,
+            unix_ns: 3,
+        });
+        r.on_command(Command::Announce(Bytes::from_static(b"x")));
+        let mut said = sent(&links);
+        said.sort();
+        let mut want = vec![(c, "claim".to_owned()), (s, "announce".to_owned())];
+        want.sort();
+        assert_eq!(said, want);
+        // Its shard down: said nowhere (the node tells no one, as with one
+        // Redis down), and nothing is answered.
+        let down = Event::Down {
+            reason: SessionError::Closed(crate::redis::Conn::Publisher),
+            retry_in: Duration::from_millis(100),
+        };
+        r.on_shard_event(&addr(c), down, now);
+        while r.poll_event().is_some() {}
+        r.on_command(Command::Claim {
+            node: 1,
+            hash: 2,
+            unix_ns: 3,
+        });
+        assert_eq!(sent(&links), []);
+        assert!(r.poll_event().is_none());
     }
 
     #[test]

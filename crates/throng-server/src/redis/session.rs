@@ -72,8 +72,7 @@ pub(crate) enum Command {
         filters: Vec<String>,
     },
     /// An MQTT client id (its hash) connected to node `node`: said on
-    /// [`envelope::CLAIMS`] for the other nodes (pattern mode, not on a
-    /// cluster); no answer.
+    /// [`envelope::CLAIMS`] for the other nodes; no answer.
     Claim {
         /// This node's tag.
         node: u64,
@@ -82,6 +81,9 @@ pub(crate) enum Command {
         /// When it was claimed, in Unix nanoseconds.
         unix_ns: u64,
     },
+    /// This node's members of MQTT shared subscriptions, said on
+    /// [`envelope::SHARES`] ([`crate::shares::cluster::announcement`]); no answer.
+    Announce(Bytes),
     /// The node has subscribers of this channel now (channels mode).
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
@@ -165,6 +167,9 @@ pub(crate) enum Event {
         /// When, in Unix nanoseconds by the claiming node's clock.
         unix_ns: u64,
     },
+    /// A node (maybe this one) said its shared subscriptions' members
+    /// ([`Command::Announce`]).
+    Announced(Bytes),
     /// The answer to a [`Command::Publish`]: Redis's receiver count, or why not.
     Published {
         /// Who asked.
@@ -318,6 +323,9 @@ struct Live {
     confirmed: HashSet<String>,
     /// Channels mode: recoveries waiting for their channel's confirmation.
     parked: Vec<Parked>,
+    /// Of the subscriptions Redis counts, the [`envelope::CONTROL`]
+    /// channels' (left out of the count the node reports).
+    control: i64,
     /// The replies of the recovery being read, so far.
     parts: Vec<Value>,
 }
@@ -583,12 +591,10 @@ impl Session {
                 hash,
                 unix_ns,
             } => {
-                let name = format!("{prefix}{}", envelope::CLAIMS);
                 let claim = envelope::claim(node, hash, unix_ns);
-                resp::encode_command(&mut out, &[b"PUBLISH", name.as_bytes(), &claim]);
-                live.waiting.push_back(Waiting::Skip(now));
-                self.write(Conn::Publisher, out);
+                self.say(envelope::CLAIMS, &claim, now);
             }
+            Command::Announce(payload) => self.say(envelope::SHARES, &payload, now),
             Command::Subscribe(c) => {
                 let name = format!("{prefix}{c}");
                 self.channels.insert(c);
@@ -657,17 +663,32 @@ impl Session {
             Command::Recover { to, .. } => self.unrecovered(to),
             Command::Retained { to, .. } => self.unretained(to),
             // Nobody to tell while Redis is away; a client that moves
-            // meanwhile keeps both connections (docs/mqtt.md).
-            Command::Claim { .. } => {}
+            // meanwhile keeps both connections (docs/mqtt.md). Members are
+            // said again every second.
+            Command::Claim { .. } | Command::Announce(_) => {}
         }
     }
 
-    /// A (un)subscribe command's name: `SSUBSCRIBE` and `SUNSUBSCRIBE`
-    /// (sharded pub/sub) on a cluster.
+    /// Publishes `payload` on control channel `channel` ([`envelope::CONTROL`]),
+    /// its reply of no interest.
+    fn say(&mut self, channel: &str, payload: &[u8], now: Instant) {
+        let name = format!("{}{channel}", self.settings.prefix);
+        let mut out = BytesMut::new();
+        resp::encode_command(&mut out, &[self.verb(b"PUBLISH"), name.as_bytes(), payload]);
+        let Some(live) = &mut self.live else {
+            return;
+        };
+        live.waiting.push_back(Waiting::Skip(now));
+        self.write(Conn::Publisher, out);
+    }
+
+    /// A (un)subscribe or publish command's name: `SSUBSCRIBE`,
+    /// `SUNSUBSCRIBE` and `SPUBLISH` (sharded pub/sub) on a cluster.
     fn verb(&self, plain: &'static [u8]) -> &'static [u8] {
         match (self.settings.sharded(), plain) {
             (true, b"SUBSCRIBE") => b"SSUBSCRIBE",
             (true, b"UNSUBSCRIBE") => b"SUNSUBSCRIBE",
+            (true, b"PUBLISH") => b"SPUBLISH",
             _ => plain,
         }
     }
@@ -765,17 +786,21 @@ impl Session {
     /// A message pushed on `channel` (with the prefix): relayed with the
     /// permit in hand, or dropped with the reason.
     fn message(&mut self, channel: &[u8], payload: Bytes) {
-        if let Some(claim) = channel.strip_prefix(self.settings.prefix.as_bytes())
-            && claim == envelope::CLAIMS.as_bytes()
-        {
-            return match envelope::open_claim(&payload) {
-                Some((node, hash, unix_ns)) => self.emit(Event::Claimed {
-                    node,
-                    hash,
-                    unix_ns,
-                }),
-                None => self.emit(Event::Dropped("a malformed client id claim".into())),
-            };
+        match channel.strip_prefix(self.settings.prefix.as_bytes()) {
+            Some(c) if c == envelope::CLAIMS.as_bytes() => {
+                return match envelope::open_claim(&payload) {
+                    Some((node, hash, unix_ns)) => self.emit(Event::Claimed {
+                        node,
+                        hash,
+                        unix_ns,
+                    }),
+                    None => self.emit(Event::Dropped("a malformed client id claim".into())),
+                };
+            }
+            Some(c) if c == envelope::SHARES.as_bytes() => {
+                return self.emit(Event::Announced(payload));
+            }
+            _ => {}
         }
         let name = channel
             .strip_prefix(self.settings.prefix.as_bytes())
@@ -843,6 +868,15 @@ impl Session {
             live.confirmed.remove(c);
             self.out.push_back(Output::Event(Event::Lost(c.to_owned())));
         }
+        if let Some(c) = channel
+            && envelope::CONTROL.contains(&c)
+        {
+            live.control += match kind {
+                b"subscribe" | b"ssubscribe" => 1,
+                b"unsubscribe" | b"sunsubscribe" => -1,
+                _ => 0,
+            };
+        }
         if kind == b"ssubscribe"
             && let Some(c) = channel
         {
@@ -867,10 +901,11 @@ impl Session {
             live.confirming -= 1;
             up = live.confirming == 0;
         }
+        let count = count - live.control;
         if up {
             self.emit(Event::Up);
         }
-        self.emit(Event::Subscriptions(count));
+        self.emit(Event::Subscriptions(count.max(0)));
         for p in ready {
             self.recover(p, now);
         }
@@ -1229,6 +1264,61 @@ mod tests {
             }
         }
         (writes, events)
+    }
+
+    #[test]
+    fn control_channels_are_heard_said_sharded_and_left_out_of_the_count() {
+        // Channels mode on one Redis, against the fake.
+        let mut s = Session::new(fake::settings(RedisMode::Channels, 0), 1 << 20);
+        let mut redis = FakeRedis::default();
+        let now = Instant::now();
+        s.on_command(Command::Subscribe("#claims".into()), now);
+        s.on_command(Command::Subscribe("news".into()), now);
+        s.on_connected();
+        let events = exchange(&mut s, &mut redis, now);
+        let counts: Vec<i64> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Subscriptions(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(counts.last(), Some(&1), "news only: {events:?}");
+        let claim = envelope::claim(3, 4, 5);
+        redis.publish_elsewhere(b"t:#claims", &claim);
+        let events = exchange(&mut s, &mut redis, now);
+        assert!(
+            matches!(
+                events[..],
+                [Event::Claimed {
+                    node: 3,
+                    hash: 4,
+                    unix_ns: 5
+                }]
+            ),
+            "{events:?}"
+        );
+        // On a cluster: said with SPUBLISH, heard from an smessage.
+        let mut s = on_a_cluster(0);
+        s.on_connected();
+        s.on_command(Command::Subscribe("#shares".into()), now);
+        s.on_command(Command::Announce(Bytes::from_static(b"members")), now);
+        let (writes, _) = drain(&mut s);
+        assert!(
+            writes
+                .iter()
+                .any(|w| w.contains("SPUBLISH") && w.contains("t:#shares")),
+            "{writes:?}"
+        );
+        let heard = b"*3\r\n$10\r\nssubscribe\r\n$9\r\nt:#shares\r\n:1\r\n\
+                      *3\r\n$8\r\nsmessage\r\n$9\r\nt:#shares\r\n$2\r\nhi\r\n";
+        s.on_bytes(Conn::Subscriber, heard, now).unwrap();
+        let (_, events) = drain(&mut s);
+        assert!(
+            matches!(&events[..], [Event::Placed(_), Event::Subscriptions(0), Event::Announced(p)]
+                if p == "hi"),
+            "{events:?}"
+        );
     }
 
     #[test]

@@ -142,7 +142,7 @@ impl Supervisor {
                 channel,
                 payload: k.payload,
             };
-            self.deliver(None, m, None);
+            self.deliver(None, m, None, None);
         }
     }
 

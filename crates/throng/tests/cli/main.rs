@@ -35,6 +35,7 @@ mod knee_transports;
 mod load_metrics;
 mod mqtt;
 mod mqtt_auth;
+mod mqtt_cluster;
 mod mqtt_listen;
 mod mqtt_qos;
 mod mqtt_redis;

@@ -324,7 +324,7 @@ fn a_shared_subscription_gives_each_message_to_one_member_in_turn() {
 
 /// A paho subscriber of `filter` at QoS 1 that takes `count` messages,
 /// started once its SUBACK came.
-fn share_sub(mqtt: SocketAddr, filter: &str, count: usize) -> Child {
+pub(crate) fn share_sub(mqtt: SocketAddr, filter: &str, count: usize) -> Child {
     let mut child = command("python3")
         .arg(dir().join("mqtt_peer.py"))
         .args(["sub", "127.0.0.1", &mqtt.port().to_string(), filter])
