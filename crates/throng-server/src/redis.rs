@@ -34,6 +34,7 @@ pub(crate) mod counts;
 pub(crate) mod driver;
 pub(crate) mod envelope;
 pub mod error;
+pub(crate) mod mqtt_sessions;
 pub(crate) mod oneshot;
 pub(crate) mod router;
 pub(crate) mod sentinel;

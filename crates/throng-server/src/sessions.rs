@@ -32,6 +32,9 @@ use throng_proto::mqtt::topic::FilterTrie;
 
 use crate::control::{Message, SessionOpen, SessionPark, SessionResumed, SessionSub};
 
+mod shared;
+pub(crate) use shared::{Ask, TakeAnswer};
+
 /// Relayed messages kept to close the gap between a connection's end and
 /// its park (a few control-socket round trips of traffic), at most.
 pub const RECENT: usize = 4096;
@@ -147,6 +150,8 @@ pub struct Sessions {
     releases: Vec<(String, u64)>,
     bytes: usize,
     stats: SessionStats,
+    /// With Redis (pattern mode, one Redis): sessions away live there.
+    shared: Option<shared::Shared>,
 }
 
 /// The QoS message `m` was published at.
@@ -205,6 +210,7 @@ impl Sessions {
             releases: Vec::new(),
             bytes: 0,
             stats: SessionStats::default(),
+            shared: None,
         }
     }
 
@@ -218,6 +224,7 @@ impl Sessions {
         };
         if o.clean {
             self.drop_parked(o.hash);
+            self.drop_shared(o.hash);
             self.set_owner(o.hash, owner, o.persistent);
             return None;
         }
@@ -235,6 +242,9 @@ impl Sessions {
             return None;
         }
         self.set_owner(o.hash, owner, o.persistent);
+        if self.open_shared(owner, o, now) {
+            return None;
+        }
         Some(self.reply(owner, None, now))
     }
 
@@ -251,6 +261,11 @@ impl Sessions {
         }
         self.owners.remove(&p.hash);
         let expiry = p.expiry.min(self.limits.max_expiry);
+        // In Redis, unless a resume on this node waits for it.
+        if self.shared.is_some() && !self.waiting.iter().any(|w| w.hash == p.hash) {
+            self.park_shared(p, expiry, now);
+            return None;
+        }
         // The session itself counts under --mqtt-sessions-memory too: past
         // it, it is not kept (counted), whatever it holds.
         let own: usize = OVERHEAD
@@ -280,22 +295,8 @@ impl Sessions {
         if self.recent.front().is_some_and(|m| m.id > p.through + 1) {
             self.stats.gap_missed += 1;
         }
-        let gap: Vec<Message> = self
-            .recent
-            .iter()
-            .filter(|m| m.id > p.through)
-            .cloned()
-            .collect();
-        for m in &gap {
-            let sub = parked
-                .subs
-                .iter()
-                .filter(|s| throng_proto::mqtt::topic::matches(&s.filter, &m.channel))
-                .map(|s| s.options & 3)
-                .max();
-            if let Some(qos) = sub.map(|s| s.min(qos_of(m))).filter(|&q| q > 0) {
-                self.push(&mut parked, m, qos, now, 0);
-            }
+        for (m, qos) in self.matched(&parked.subs, p.through, self.last) {
+            self.push(&mut parked, &m, qos, now, 0);
         }
         if let Some(k) = self.waiting.iter().position(|w| w.hash == p.hash) {
             let w = self.waiting.swap_remove(k);
@@ -326,7 +327,29 @@ impl Sessions {
     /// persistent session is connected or parked; else only their ids
     /// ([`Self::passed`]).
     pub fn wants(&self) -> bool {
-        !self.owners.is_empty() || !self.parked.is_empty()
+        !self.owners.is_empty() || !self.parked.is_empty() || self.shared_busy()
+    }
+
+    fn shared_busy(&self) -> bool {
+        self.shared.as_ref().is_some_and(shared::Shared::busy)
+    }
+
+    /// The messages relayed after `after`, up to `upto`, that `subs`
+    /// match, each with the QoS it goes at (QoS 0 ones are not kept).
+    fn matched(&self, subs: &[SessionSub], after: u64, upto: u64) -> Vec<(Message, u8)> {
+        self.recent
+            .iter()
+            .filter(|m| m.id > after && m.id <= upto)
+            .filter_map(|m| {
+                let sub = subs
+                    .iter()
+                    .filter(|s| throng_proto::mqtt::topic::matches(&s.filter, &m.channel))
+                    .map(|s| s.options & 3)
+                    .max()?;
+                let qos = sub.min(qos_of(m));
+                (qos > 0).then(|| (m.clone(), qos))
+            })
+            .collect()
     }
 
     /// Message `id` was relayed while no session wanted it.
@@ -340,7 +363,7 @@ impl Sessions {
     /// sessions it matches.
     pub fn relayed(&mut self, m: &Message, now: u64) {
         self.last = m.id;
-        if self.owners.is_empty() {
+        if self.owners.is_empty() && !self.shared_busy() {
             self.recent.clear();
             self.recent_bytes = 0;
         } else {
@@ -413,6 +436,7 @@ impl Sessions {
             self.set_owner(w.hash, w.owner, w.persistent);
             out.push(self.reply(w.owner, None, now));
         }
+        out.extend(self.tick_shared(now));
         out
     }
 
@@ -421,6 +445,7 @@ impl Sessions {
     pub fn worker_gone(&mut self, worker: usize) {
         self.owners.retain(|_, o| o.worker != worker);
         self.waiting.retain(|w| w.owner.worker != worker);
+        self.worker_gone_shared(worker);
     }
 
     /// The interest changes since the last call, in order.

@@ -39,7 +39,7 @@ pub const ENVELOPE: &[u8] = b"\0throng ";
 
 /// The publish script: KEYS = stream, channel; ARGV = keep, payload, ttl ms.
 /// Answers `[id, receivers]`.
-const PUBLISH_SCRIPT: &str = r"
+pub(crate) const PUBLISH_SCRIPT: &str = r"
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'p', ARGV[2])
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then

@@ -328,6 +328,10 @@ impl Plan {
                 .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         });
         settings.max_retained = self.config.max_retained;
+        // MQTT sessions live in Redis where every node hears the marks.
+        if settings.mode == redis::RedisMode::Pattern && !settings.sharded() {
+            settings.session_queue = self.config.mqtt_session_queue.max(1);
+        }
         self.config.redis_mode = Some(settings.mode);
         self.broker = settings.describe();
         self.redis = Some(settings);
@@ -724,6 +728,9 @@ async fn supervise(
     if let Some(settings) = plan.redis.clone() {
         let events = sup.events.clone();
         sup.start_counts(settings.clone());
+        if settings.session_queue > 0 {
+            sup.sessions.keep_in_redis();
+        }
         let cmds = sup.use_redis(settings.clone());
         let emit = move |ev| {
             let _ = events.send(Event::Broker(ev));
@@ -801,6 +808,7 @@ async fn supervise(
                     sup.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
                 sup.session_interest();
+                sup.session_asks();
                 sup.counts_tick();
             }
             () = until_deadline => {
@@ -1161,6 +1169,7 @@ impl Supervisor {
                 if let Some(reply) = self.sessions.open(i, &o, now) {
                     self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
+                self.session_asks();
             }
             Record::SessionPark(p) => {
                 let now = self.now_ms();
@@ -1168,6 +1177,7 @@ impl Supervisor {
                     self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
                 self.session_interest();
+                self.session_asks();
             }
             Record::ShareMember(m) => self.shares.member(i, &m),
             Record::Api(r) => self.on_api(i, generation, r),
@@ -1252,6 +1262,8 @@ impl Supervisor {
                     }
                 }
             }
+            News::SessionMark(kind, nonce) => self.on_session_mark(kind, nonce),
+            News::SessionReply(nonce, reply) => self.on_session_reply(nonce, reply),
         }
     }
 
@@ -1516,5 +1528,6 @@ mod counts;
 mod handover;
 mod jwks;
 
+mod mqtt_sessions;
 #[cfg(test)]
 mod pair;

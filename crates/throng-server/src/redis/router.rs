@@ -237,6 +237,11 @@ impl Router {
             // A cluster's nodes say no claims (sharded pub/sub has no
             // channel every node hears): the broker sends none.
             Command::Claim { .. } => {}
+            // Nor sessions in Redis: they are each node's on a cluster.
+            Command::Session { nonce, .. } => self.out.push_back(Event::SessionReply {
+                nonce,
+                reply: Err("MQTT sessions are not kept on a Redis Cluster".into()),
+            }),
             Command::Subscribe(c) => {
                 let at = self.owner(&c);
                 if let Some(s) = at.as_ref().and_then(|a| self.shards.get(a)) {

@@ -82,6 +82,14 @@ pub(crate) enum Command {
         /// When it was claimed, in Unix nanoseconds.
         unix_ns: u64,
     },
+    /// A script of the MQTT sessions in Redis ([`super::mqtt_sessions`]),
+    /// encoded; answered with [`Event::SessionReply`].
+    Session {
+        /// The sessions' nonce for the answer.
+        nonce: u64,
+        /// The command's bytes.
+        bytes: Bytes,
+    },
     /// The node has subscribers of this channel now (channels mode).
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
@@ -164,6 +172,22 @@ pub(crate) enum Event {
         hash: u64,
         /// When, in Unix nanoseconds by the claiming node's clock.
         unix_ns: u64,
+    },
+    /// A park or take mark of the MQTT sessions in Redis (any node's),
+    /// in its place among the messages ([`super::mqtt_sessions::MARKS`]).
+    SessionMark {
+        /// `p` (park) or `t` (take).
+        kind: u8,
+        /// The nonce of the park or take.
+        nonce: u64,
+    },
+    /// The answer to a [`Command::Session`]: the script's reply, or why
+    /// there is none.
+    SessionReply {
+        /// The nonce it carried.
+        nonce: u64,
+        /// The reply.
+        reply: Result<Value, String>,
     },
     /// The answer to a [`Command::Publish`]: Redis's receiver count, or why not.
     Published {
@@ -254,6 +278,8 @@ enum Waiting {
     Retained(Publisher, Vec<String>, Instant),
     /// A cluster's store write, and the publish that follows it.
     Store(Publisher, Box<Command>, Instant),
+    /// A script of the MQTT sessions, by its nonce.
+    Session(u64, Instant),
 }
 
 impl Waiting {
@@ -265,7 +291,8 @@ impl Waiting {
             | Self::Skip(t)
             | Self::Exec(_, _, t)
             | Self::Retained(_, _, t)
-            | Self::Store(_, _, t) => *t,
+            | Self::Store(_, _, t)
+            | Self::Session(_, t) => *t,
         }
     }
 }
@@ -589,6 +616,11 @@ impl Session {
                 live.waiting.push_back(Waiting::Skip(now));
                 self.write(Conn::Publisher, out);
             }
+            Command::Session { nonce, bytes } => {
+                live.waiting.push_back(Waiting::Session(nonce, now));
+                out.extend_from_slice(&bytes);
+                self.write(Conn::Publisher, out);
+            }
             Command::Subscribe(c) => {
                 let name = format!("{prefix}{c}");
                 self.channels.insert(c);
@@ -628,6 +660,10 @@ impl Session {
                     }),
                 Waiting::Recover(to, _, 0, _) => self.unrecovered(to),
                 Waiting::Retained(to, ..) => self.unretained(to),
+                Waiting::Session(nonce, _) => self.emit(Event::SessionReply {
+                    nonce,
+                    reply: Err(why.to_string()),
+                }),
                 _ => {}
             }
         }
@@ -659,6 +695,10 @@ impl Session {
             // Nobody to tell while Redis is away; a client that moves
             // meanwhile keeps both connections (docs/mqtt.md).
             Command::Claim { .. } => {}
+            Command::Session { nonce, .. } => self.emit(Event::SessionReply {
+                nonce,
+                reply: Err("Redis is not connected".into()),
+            }),
         }
     }
 
@@ -775,6 +815,14 @@ impl Session {
                     unix_ns,
                 }),
                 None => self.emit(Event::Dropped("a malformed client id claim".into())),
+            };
+        }
+        if channel.strip_prefix(self.settings.prefix.as_bytes())
+            == Some(super::mqtt_sessions::MARKS.as_bytes())
+        {
+            return match super::mqtt_sessions::open_mark(&payload) {
+                Some((kind, nonce)) => self.emit(Event::SessionMark { kind, nonce }),
+                None => self.emit(Event::Dropped("a malformed session mark".into())),
             };
         }
         let name = channel
@@ -982,6 +1030,10 @@ impl Session {
                         self.unretained(to);
                     }
                 },
+                Some(Waiting::Session(nonce, _)) => self.emit(Event::SessionReply {
+                    nonce,
+                    reply: Ok(v),
+                }),
                 Some(Waiting::Ping(_) | Waiting::Skip(_)) => {}
                 None => return Err(SessionError::Unasked(format!("{v:?}"))),
             }
@@ -1048,8 +1100,21 @@ impl Session {
 
 /// Appends the command that publishes `payload` on `channel`: `PUBLISH`
 /// (`SPUBLISH` on a cluster), or the history script.
-fn publish_command(out: &mut BytesMut, settings: &RedisSettings, channel: &str, payload: &[u8]) {
+fn publish_command(out: &mut BytesMut, settings: &RedisSettings, channel: &str, payload: &Bytes) {
     let prefix = &settings.prefix;
+    // QoS 1 and 2 are queued for MQTT sessions away in the same script
+    // (a bare payload is QoS 1; an empty one clears a retained message).
+    if settings.session_queue > 0 && !settings.sharded() && !payload.is_empty() {
+        let qos = match envelope::open(payload.clone()) {
+            Ok((Some(meta), _)) => meta.qos,
+            _ => 1,
+        };
+        if qos > 0 {
+            let limit = settings.session_queue;
+            let h = settings.history;
+            return super::mqtt_sessions::publish(out, prefix, channel, payload, qos, limit, h);
+        }
+    }
     match settings.history {
         Some(h) => stream::publish(out, prefix, channel, payload, h, settings.sharded()),
         None => {

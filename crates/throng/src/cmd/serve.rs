@@ -745,6 +745,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             // Set by the plan from --max-retained.
             max_retained: 0,
             topology,
+            // Set by the plan from --mqtt-session-queue (pattern mode, one Redis).
+            session_queue: 0,
         })?;
     }
     if args.json {

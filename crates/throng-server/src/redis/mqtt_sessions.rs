@@ -1,0 +1,500 @@
+//! MQTT persistent sessions in Redis (`--redis`, pattern mode, one Redis),
+//! without sockets: the scripts and the reading of their replies, so a
+//! client that comes back to any node finds its session, and a node that
+//! dies loses none.
+//!
+//! A session away is three things under the node's prefix (`#` is no
+//! channel byte, so no channel's stream shares a key):
+//!
+//! - `#s:<hash>`, a hash: `r` its record ([`encode_record`]: subscriptions,
+//!   owed PUBRELs, the client's QoS 2 ids awaiting PUBREL), `n` the nonce
+//!   of the park that wrote it, `ready` (`1` once the parking node added
+//!   what its connection had not received), and one `f:<filter>` field per
+//!   subscription with its options. Its TTL is the Session Expiry Interval.
+//! - `#sq:<hash>`, a list: the messages queued for it, in order, each
+//!   [`entry`]'s bytes. Same TTL.
+//! - the index every publish reads: `#sf:<filter>`, a hash of the sessions
+//!   away subscribed to that filter (field the hash, value the options),
+//!   and `#sw`, the set of wildcard filters among them.
+//!
+//! Who queues: the node that publishes, in the same script as its
+//! `PUBLISH` ([`publish_script`]), so a message is queued for every
+//! session away the moment Redis publishes it, whichever node is alive,
+//! and the publisher's answer (PUBACK, HTTP 200) comes after both. A park
+//! and a take publish a mark on [`MARKS`] in the same script: on the node
+//! that asked, the mark's place among the relayed messages tells which
+//! came before (the connection's, or the queue's) and which after.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use throng_proto::resp::{self, Value};
+
+use super::error::ReplyError;
+
+/// The Redis channel (after the prefix) of park and take marks: `p` or
+/// `t`, then the nonce in decimal.
+pub(crate) const MARKS: &str = "#sessions";
+
+/// Lua: the subscription index's upkeep, shared by the scripts that end a
+/// session away (take, drop, a park over an older one).
+const UNINDEX: &str = r"
+local function unindex(pfx, sid, rec)
+  local h = redis.call('HGETALL', rec)
+  for i = 1, #h, 2 do
+    if string.sub(h[i], 1, 2) == 'f:' then
+      local f = string.sub(h[i], 3)
+      redis.call('HDEL', pfx .. '#sf:' .. f, sid)
+      if redis.call('EXISTS', pfx .. '#sf:' .. f) == 0 then redis.call('SREM', pfx .. '#sw', f) end
+    end
+  end
+end
+";
+
+/// Lua run after a publish whose payload is `P`: queues it for every
+/// session away that a filter matches (at the lower of the two QoS), up
+/// to the queue limit. The last four arguments: prefix, topic, QoS, limit.
+/// An index entry whose session is gone (expired) is removed on the way.
+const QUEUE: &str = r"
+local pfx, topic = ARGV[#ARGV-3], ARGV[#ARGV-2]
+local qos, limit = tonumber(ARGV[#ARGV-1]), tonumber(ARGV[#ARGV])
+local function split(s)
+  local r = {}
+  for p in string.gmatch(s .. '/', '([^/]*)/') do r[#r+1] = p end
+  return r
+end
+local function matches(f, t)
+  local a, b = split(f), split(t)
+  if string.byte(t, 1) == 36 and (a[1] == '+' or a[1] == '#') then return false end
+  for i = 1, #a do
+    if a[i] == '#' then return true end
+    if b[i] == nil or (a[i] ~= '+' and a[i] ~= b[i]) then return false end
+  end
+  return #a == #b
+end
+local hits = {}
+local function add(f)
+  local h = redis.call('HGETALL', pfx .. '#sf:' .. f)
+  for i = 1, #h, 2 do
+    if redis.call('HEXISTS', pfx .. '#s:' .. h[i], 'f:' .. f) == 1 then
+      local o = tonumber(h[i+1]) % 4
+      if hits[h[i]] == nil or hits[h[i]] < o then hits[h[i]] = o end
+    else
+      redis.call('HDEL', pfx .. '#sf:' .. f, h[i])
+      if redis.call('EXISTS', pfx .. '#sf:' .. f) == 0 then redis.call('SREM', pfx .. '#sw', f) end
+    end
+  end
+end
+add(topic)
+for _, f in ipairs(redis.call('SMEMBERS', pfx .. '#sw')) do
+  if f ~= topic and matches(f, topic) then add(f) end
+end
+for sid, o in pairs(hits) do
+  local q = math.min(o, qos)
+  local key = pfx .. '#sq:' .. sid
+  if q > 0 and redis.call('LLEN', key) < limit then
+    redis.call('RPUSH', key, string.char(q, 0, 0) .. topic .. '\n' .. P)
+    redis.call('PEXPIRE', key, redis.call('PTTL', pfx .. '#s:' .. sid))
+  end
+end
+";
+
+/// A plain publish that queues: KEYS = the channel; ARGV = payload,
+/// prefix, topic, QoS, limit. Answers `PUBLISH`'s receiver count.
+fn plain_script() -> String {
+    format!(
+        "local n = redis.call('PUBLISH', KEYS[1], ARGV[1])\nlocal P = ARGV[1]\n{QUEUE}\nreturn n\n"
+    )
+}
+
+/// The history script ([`crate::stream`]) that queues too: its
+/// arguments, then prefix, topic, QoS, limit; its answer.
+fn history_script() -> String {
+    let base = crate::stream::PUBLISH_SCRIPT.replacen("return {", "local r = {", 1);
+    format!("{base}\nlocal P = ARGV[2]\n{QUEUE}\nreturn r\n")
+}
+
+/// Appends the command that publishes `payload` (as it goes to Redis) on
+/// `channel` at `qos` and queues it for the sessions away: the plain or
+/// the history publish as a script ([`crate::stream::publish`]'s
+/// arguments when `history` holds them).
+pub(crate) fn publish(
+    out: &mut BytesMut,
+    prefix: &str,
+    channel: &str,
+    payload: &[u8],
+    qos: u8,
+    limit: usize,
+    history: Option<crate::stream::StreamLimits>,
+) {
+    let key = format!("{prefix}{channel}");
+    let (qos, limit) = (qos.to_string(), limit.to_string());
+    let tail: [&[u8]; 4] = [
+        prefix.as_bytes(),
+        channel.as_bytes(),
+        qos.as_bytes(),
+        limit.as_bytes(),
+    ];
+    match history {
+        Some(l) => {
+            let script = history_script();
+            let (keep, ttl) = (l.keep.to_string(), l.ttl_ms.to_string());
+            let mut args: Vec<&[u8]> = vec![
+                b"EVAL",
+                script.as_bytes(),
+                b"2",
+                key.as_bytes(),
+                key.as_bytes(),
+                keep.as_bytes(),
+                payload,
+                ttl.as_bytes(),
+            ];
+            args.extend(tail);
+            resp::encode_command(out, &args);
+        }
+        None => {
+            let script = plain_script();
+            let mut args: Vec<&[u8]> =
+                vec![b"EVAL", script.as_bytes(), b"1", key.as_bytes(), payload];
+            args.extend(tail);
+            resp::encode_command(out, &args);
+        }
+    }
+}
+
+/// One subscription of a session, as kept: its filter and its options
+/// byte (QoS in the low two bits).
+pub(crate) type Filter = (String, u8);
+
+/// A session's record: what it needs on its return besides its queue.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// Its subscriptions (shared ones too).
+    pub(crate) subs: Vec<Filter>,
+    /// PUBRELs owed (QoS 2 deliveries received, awaiting PUBCOMP).
+    pub(crate) releases: Vec<u16>,
+    /// The client's QoS 2 PUBLISHes relayed, awaiting its PUBREL.
+    pub(crate) received: Vec<u16>,
+}
+
+/// Version byte in front of a record.
+const RECORD_V1: u8 = 1;
+
+/// A record's bytes: the version, then each list with a 16-bit count; a
+/// filter is its options, a 16-bit length and its bytes.
+pub(crate) fn encode_record(r: &Record) -> Bytes {
+    let mut out = BytesMut::new();
+    out.put_u8(RECORD_V1);
+    let n = |len: usize| u16::try_from(len).unwrap_or(u16::MAX);
+    out.put_u16(n(r.subs.len()));
+    for (f, o) in r.subs.iter().take(usize::from(u16::MAX)) {
+        out.put_u8(*o);
+        out.put_u16(n(f.len()));
+        out.put_slice(&f.as_bytes()[..usize::from(n(f.len()))]);
+    }
+    for ids in [&r.releases, &r.received] {
+        out.put_u16(n(ids.len()));
+        for id in ids.iter().take(usize::from(u16::MAX)) {
+            out.put_u16(*id);
+        }
+    }
+    out.freeze()
+}
+
+/// The record in `b`; `None` when it is not one this version wrote.
+pub(crate) fn decode_record(b: &[u8]) -> Option<Record> {
+    let mut at = 0;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = b.get(at..at + n)?;
+        at += n;
+        Some(s)
+    };
+    let word = |s: &[u8]| u16::from_be_bytes([s[0], s[1]]);
+    if take(1)? != [RECORD_V1] {
+        return None;
+    }
+    let mut r = Record::default();
+    for _ in 0..word(take(2)?) {
+        let o = take(1)?[0];
+        let len = usize::from(word(take(2)?));
+        let f = std::str::from_utf8(take(len)?).ok()?.to_owned();
+        r.subs.push((f, o));
+    }
+    for _ in 0..word(take(2)?) {
+        r.releases.push(word(take(2)?));
+    }
+    for _ in 0..word(take(2)?) {
+        r.received.push(word(take(2)?));
+    }
+    Some(r)
+}
+
+/// A queued message's bytes: the QoS it goes at, the packet id it was
+/// sent with (0: never), the channel, a newline (no channel holds one),
+/// then what was published to Redis (sealed or bare).
+pub(crate) fn entry(qos: u8, id: u16, channel: &str, raw: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(4 + channel.len() + raw.len());
+    out.put_u8(qos);
+    out.put_u16(id);
+    out.put_slice(channel.as_bytes());
+    out.put_u8(b'\n');
+    out.put_slice(raw);
+    out.freeze()
+}
+
+/// An [`entry`] opened: QoS, packet id, channel, what was published.
+pub(crate) fn open_entry(b: &Bytes) -> Option<(u8, u16, String, Bytes)> {
+    let qos = *b.first()?;
+    let id = u16::from_be_bytes([*b.get(1)?, *b.get(2)?]);
+    let nl = b.get(3..)?.iter().position(|&c| c == b'\n')? + 3;
+    let channel = std::str::from_utf8(&b[3..nl]).ok()?.to_owned();
+    Some((qos, id, channel, b.slice(nl + 1..)))
+}
+
+/// The park script: ARGV = prefix, hash, nonce, TTL ms, record, then each
+/// indexed filter and its options. Ends any older session of the hash.
+const PARK: &str = r"
+local pfx, sid, nonce, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local rec, key = pfx .. '#s:' .. sid, pfx .. '#sq:' .. sid
+unindex(pfx, sid, rec)
+redis.call('DEL', rec, key)
+redis.call('HSET', rec, 'r', ARGV[5], 'n', nonce, 'ready', '0')
+for i = 6, #ARGV, 2 do
+  redis.call('HSET', rec, 'f:' .. ARGV[i], ARGV[i+1])
+  redis.call('HSET', pfx .. '#sf:' .. ARGV[i], sid, ARGV[i+1])
+  if string.find(ARGV[i], '[+#]') then redis.call('SADD', pfx .. '#sw', ARGV[i]) end
+end
+redis.call('PEXPIRE', rec, ttl)
+redis.call('PUBLISH', pfx .. '#sessions', 'p' .. nonce)
+return 1
+";
+
+/// What the parking node adds in front of the queue once its mark came
+/// (the deliveries its connection had not received): ARGV = prefix, hash,
+/// nonce, limit, entries. Only onto its own park; the session is ready.
+const FRONT: &str = r"
+local pfx, sid, nonce, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local rec, key = pfx .. '#s:' .. sid, pfx .. '#sq:' .. sid
+if redis.call('HGET', rec, 'n') ~= nonce then return 0 end
+for i = #ARGV, 5, -1 do redis.call('LPUSH', key, ARGV[i]) end
+redis.call('LTRIM', key, 0, limit - 1)
+redis.call('HSET', rec, 'ready', '1')
+if redis.call('EXISTS', key) == 1 then redis.call('PEXPIRE', key, redis.call('PTTL', rec)) end
+return 1
+";
+
+/// The take script: ARGV = prefix, hash, nonce, force. `{0}`: no session;
+/// `{1}`: its park is not ready (and not forced); `{2, record, queue}`:
+/// taken out of Redis, with a mark.
+const TAKE: &str = r"
+local pfx, sid, nonce, force = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local rec, key = pfx .. '#s:' .. sid, pfx .. '#sq:' .. sid
+if redis.call('EXISTS', rec) == 0 then
+  redis.call('DEL', key)
+  return {0}
+end
+if redis.call('HGET', rec, 'ready') ~= '1' and force ~= '1' then return {1} end
+local r = redis.call('HGET', rec, 'r')
+local q = redis.call('LRANGE', key, 0, -1)
+unindex(pfx, sid, rec)
+redis.call('DEL', rec, key)
+redis.call('PUBLISH', pfx .. '#sessions', 't' .. nonce)
+return {2, r, q}
+";
+
+/// The drop script (a clean start): ARGV = prefix, hash.
+const DROP: &str = r"
+local rec = ARGV[1] .. '#s:' .. ARGV[2]
+unindex(ARGV[1], ARGV[2], rec)
+redis.call('DEL', rec, ARGV[1] .. '#sq:' .. ARGV[2])
+return 1
+";
+
+/// A session's hash as its keys spell it.
+fn sid(hash: u64) -> String {
+    format!("{hash:016x}")
+}
+
+fn eval(out: &mut BytesMut, body: &str, args: &[&[u8]]) {
+    let script = format!("{UNINDEX}{body}");
+    let mut all: Vec<&[u8]> = vec![b"EVAL", script.as_bytes(), b"0"];
+    all.extend_from_slice(args);
+    resp::encode_command(out, &all);
+}
+
+/// Appends a park of session `hash` (nonce `nonce`, kept `ttl_ms`).
+pub(crate) fn park(
+    out: &mut BytesMut,
+    prefix: &str,
+    hash: u64,
+    nonce: u64,
+    ttl_ms: u64,
+    record: &Record,
+    indexed: &[Filter],
+) {
+    let (sid, nonce, ttl) = (sid(hash), nonce.to_string(), ttl_ms.max(1).to_string());
+    let rec = encode_record(record);
+    let opts: Vec<String> = indexed.iter().map(|(_, o)| o.to_string()).collect();
+    let mut args: Vec<&[u8]> = vec![
+        prefix.as_bytes(),
+        sid.as_bytes(),
+        nonce.as_bytes(),
+        ttl.as_bytes(),
+        &rec,
+    ];
+    for ((f, _), o) in indexed.iter().zip(&opts) {
+        args.push(f.as_bytes());
+        args.push(o.as_bytes());
+    }
+    eval(out, PARK, &args);
+}
+
+/// Appends what goes in front of park `nonce`'s queue.
+pub(crate) fn front(
+    out: &mut BytesMut,
+    prefix: &str,
+    hash: u64,
+    nonce: u64,
+    limit: usize,
+    entries: &[Bytes],
+) {
+    let (sid, nonce, limit) = (sid(hash), nonce.to_string(), limit.to_string());
+    let mut args: Vec<&[u8]> = vec![
+        prefix.as_bytes(),
+        sid.as_bytes(),
+        nonce.as_bytes(),
+        limit.as_bytes(),
+    ];
+    args.extend(entries.iter().map(|e| &e[..]));
+    eval(out, FRONT, &args);
+}
+
+/// Appends a take of session `hash`; `force`: even if its park is not
+/// ready (its node died between park and front).
+pub(crate) fn take(out: &mut BytesMut, prefix: &str, hash: u64, nonce: u64, force: bool) {
+    let (sid, nonce) = (sid(hash), nonce.to_string());
+    let force: &[u8] = if force { b"1" } else { b"0" };
+    eval(
+        out,
+        TAKE,
+        &[prefix.as_bytes(), sid.as_bytes(), nonce.as_bytes(), force],
+    );
+}
+
+/// Appends the end of session `hash` (a clean start).
+pub(crate) fn drop_session(out: &mut BytesMut, prefix: &str, hash: u64) {
+    let sid = sid(hash);
+    eval(out, DROP, &[prefix.as_bytes(), sid.as_bytes()]);
+}
+
+/// A mark's kind and nonce.
+pub(crate) fn open_mark(payload: &[u8]) -> Option<(u8, u64)> {
+    let (&kind, rest) = payload.split_first()?;
+    let nonce = std::str::from_utf8(rest).ok()?.parse().ok()?;
+    matches!(kind, b'p' | b't').then_some((kind, nonce))
+}
+
+/// What a take found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// No session in Redis.
+    Nothing,
+    /// Its park has not added its connection's deliveries yet.
+    NotReady,
+    /// The session, out of Redis now: its record and its queue's entries.
+    Session(Record, Vec<Bytes>),
+}
+
+/// Reads a take's reply; any other script's reply is `Ok(None)`.
+pub(crate) fn taken(v: Value) -> Result<Option<Taken>, ReplyError> {
+    let items = match v {
+        Value::Array(Some(items)) => items,
+        Value::Error(e) => {
+            return Err(ReplyError::Refused(
+                String::from_utf8_lossy(&e).into_owned(),
+            ));
+        }
+        _ => return Ok(None),
+    };
+    let mut it = items.into_iter();
+    match it.next() {
+        Some(Value::Integer(0)) => Ok(Some(Taken::Nothing)),
+        Some(Value::Integer(1)) => Ok(Some(Taken::NotReady)),
+        Some(Value::Integer(2)) => {
+            let record = match it.next() {
+                Some(Value::Bulk(Some(b))) => decode_record(&b),
+                _ => None,
+            };
+            let Some(record) = record else {
+                return Err(ReplyError::Unexpected(
+                    "a session record this version cannot read".into(),
+                ));
+            };
+            let entries = match it.next() {
+                Some(Value::Array(Some(q))) => q
+                    .into_iter()
+                    .filter_map(|e| match e {
+                        Value::Bulk(Some(b)) => Some(b),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            Ok(Some(Taken::Session(record, entries)))
+        }
+        other => Err(ReplyError::Unexpected(format!("{other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_and_an_entry_come_back_as_they_went() {
+        let r = Record {
+            subs: vec![("a/+".into(), 1), ("$share/g/b".into(), 2)],
+            releases: vec![7, 65_535],
+            received: vec![1],
+        };
+        assert_eq!(decode_record(&encode_record(&r)), Some(r));
+        assert_eq!(decode_record(b"\x02"), None, "a later version");
+        assert_eq!(
+            decode_record(b"\x01\x00\x01\x01\x00\x09a"),
+            None,
+            "cut short"
+        );
+        let e = entry(2, 513, "a/b", b"x\ny");
+        assert_eq!(
+            open_entry(&e),
+            Some((2, 513, "a/b".to_owned(), Bytes::from_static(b"x\ny")))
+        );
+        assert_eq!(open_entry(&Bytes::from_static(b"\x01\x00")), None);
+    }
+
+    #[test]
+    fn marks_and_take_replies_are_read_and_bad_ones_refused() {
+        assert_eq!(open_mark(b"p42"), Some((b'p', 42)));
+        assert_eq!(open_mark(b"x42"), None);
+        assert_eq!(open_mark(b"t"), None);
+        let int = |n| Value::Integer(n);
+        assert_eq!(taken(int(1)).unwrap(), None, "a park's or front's reply");
+        assert_eq!(
+            taken(Value::Array(Some(vec![int(1)]))).unwrap(),
+            Some(Taken::NotReady)
+        );
+        let rec = encode_record(&Record::default());
+        let got = taken(Value::Array(Some(vec![
+            int(2),
+            Value::Bulk(Some(rec)),
+            Value::Array(Some(vec![Value::Bulk(Some(Bytes::from_static(b"e")))])),
+        ])))
+        .unwrap();
+        assert_eq!(
+            got,
+            Some(Taken::Session(
+                Record::default(),
+                vec![Bytes::from_static(b"e")]
+            ))
+        );
+        assert!(taken(Value::Array(Some(vec![int(2), Value::Bulk(None)]))).is_err());
+    }
+}

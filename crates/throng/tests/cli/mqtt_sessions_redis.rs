@@ -1,0 +1,177 @@
+//! MQTT persistent sessions in Redis (`--redis`, pattern mode): a client
+//! that goes away from one node and comes back to another resumes its
+//! session there (session present 1, its subscriptions, what was
+//! published while it was away, in order, once), also after the node it
+//! left was SIGKILLed, and after a restart of the only node; a clean
+//! start ends it everywhere. Real Redis, real `throng serve` nodes, the
+//! test's own MQTT client.
+
+use std::net::SocketAddr;
+
+use throng_proto::mqtt::{
+    Ack, Disconnect, Packet, PacketId, Properties, QoS, ReasonCode, Subscribe, SubscriptionOptions,
+    Version,
+};
+use throng_testkit::http::publish;
+use throng_testkit::redis::Redis;
+use throng_testkit::{Peer, Server, require, wait_until};
+
+use crate::mqtt_listen::{Client, Got, mqtt_server};
+
+/// A node on `redis` with one worker, once its link is up.
+fn node(redis: &Redis) -> (Server, SocketAddr) {
+    let url = redis.url();
+    let n = mqtt_server(&["--redis", &url, "--workers", "1"]);
+    n.0.wait_broker("up");
+    n
+}
+
+/// Connects `id` without clean session (3.1.1): CONNACK's session present.
+fn connect(mqtt: SocketAddr, id: &str) -> (Client, bool) {
+    let mut c = Client::open(mqtt, Version::V311, id, 60, false);
+    match c.next() {
+        Some(Got::Connack {
+            session_present,
+            code: 0,
+            ..
+        }) => (c, session_present),
+        other => panic!("expected CONNACK 0, got {other:?}"),
+    }
+}
+
+fn subscribe(c: &mut Client, filter: &str) {
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: PacketId::MIN,
+        properties: Properties::EMPTY,
+        filters: vec![(filter, SubscriptionOptions::qos(QoS::AtLeastOnce))],
+    }));
+    assert_eq!(c.next(), Some(Got::Suback(1, vec![1])));
+}
+
+/// The next PUBLISH's payload and QoS, acknowledged.
+fn receive(c: &mut Client) -> (String, u8) {
+    let got = c.next_as(|p| match p {
+        Packet::Publish(p) => Some((
+            String::from_utf8_lossy(p.payload).into_owned(),
+            p.delivery.qos() as u8,
+            p.delivery.packet_id(),
+        )),
+        _ => None,
+    });
+    let Some(Some((payload, qos, id))) = got else {
+        panic!("expected a PUBLISH, got {got:?}");
+    };
+    if let Some(id) = id {
+        c.send(&Packet::Puback(Ack {
+            packet_id: id,
+            reason: ReasonCode::SUCCESS,
+            properties: Properties::EMPTY,
+        }));
+    }
+    (payload, qos)
+}
+
+/// Waits until Redis holds `n` sessions away, each ready (its node added
+/// what its connection had not received).
+fn wait_parked(redis: &Redis, n: usize) {
+    wait_until(&format!("{n} sessions away in Redis"), || {
+        let keys = redis.cli(&["--scan", "--pattern", "throng:#s:*"]);
+        keys.len() == n
+            && keys
+                .iter()
+                .all(|k| redis.cli(&["HGET", k, "ready"]) == ["1"])
+    });
+}
+
+/// Reconnects `id` to `mqtt`: session present, then every one of `want`
+/// in order at QoS 1, and nothing more: a marker published after them
+/// (through `http`) is the next message.
+fn resume(mqtt: SocketAddr, http: SocketAddr, id: &str, want: &[String]) -> Client {
+    let (mut c, present) = connect(mqtt, id);
+    assert!(present, "the session was found");
+    for w in want {
+        assert_eq!(receive(&mut c), (w.clone(), 1));
+    }
+    sent(http, "away/end", &format!("end-{id}"));
+    assert_eq!(receive(&mut c), (format!("end-{id}"), 1), "none twice");
+    c
+}
+
+/// Subscribes `id` on `mqtt` with a persistent session and goes away.
+fn subscribe_and_leave(redis: &Redis, mqtt: SocketAddr, id: &str) {
+    let (mut c, present) = connect(mqtt, id);
+    assert!(!present, "a first connect has no session");
+    subscribe(&mut c, "away/+");
+    c.send(&Packet::Disconnect(Disconnect::new(ReasonCode::SUCCESS)));
+    drop(c);
+    wait_parked(redis, 1);
+}
+
+/// Publishes over HTTP: accepted (200) whoever is subscribed.
+fn sent(http: SocketAddr, channel: &str, body: &str) {
+    let (status, reply) = publish(http, channel, body.as_bytes(), None);
+    assert_eq!(status, 200, "{reply}");
+}
+
+fn publish_all(http: SocketAddr, round: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|k| {
+            let body = format!("{round}-{k}");
+            sent(http, &format!("away/{k}"), &body);
+            body
+        })
+        .collect()
+}
+
+#[test]
+fn a_session_left_on_one_node_resumes_on_another_with_what_came_meanwhile() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let (a, mqtt_a) = node(&redis);
+    let (b, mqtt_b) = node(&redis);
+    subscribe_and_leave(&redis, mqtt_a, "mover");
+    // Published on both nodes while the client is away.
+    let mut want = publish_all(b.addr, "b", 5);
+    want.extend(publish_all(a.addr, "a", 3));
+    let c = resume(mqtt_b, b.addr, "mover", &want);
+    drop(c);
+    // Back again on A: the session went with it each time.
+    wait_parked(&redis, 1);
+    let want = publish_all(b.addr, "again", 2);
+    drop(resume(mqtt_a, a.addr, "mover", &want));
+    // A clean start ends it everywhere.
+    wait_parked(&redis, 1);
+    let mut clean = Client::open(mqtt_b, Version::V311, "mover", 60, true);
+    assert!(matches!(clean.next(), Some(Got::Connack { code: 0, .. })));
+    wait_until("the session ended in Redis", || {
+        redis.cli(&["--scan", "--pattern", "throng:#s*"]).is_empty()
+    });
+    drop(clean);
+    let (_, present) = connect(mqtt_a, "mover");
+    assert!(!present, "ended by the clean start");
+}
+
+#[test]
+fn a_session_outlives_the_node_it_left_killed_and_a_restart_of_the_only_node() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let (a, mqtt_a) = node(&redis);
+    let (mut b, mqtt_b) = node(&redis);
+    subscribe_and_leave(&redis, mqtt_a, "survivor");
+    let mut want = publish_all(a.addr, "before", 2);
+    a.signal("KILL");
+    drop(a);
+    // Nobody holds the session now: the publishing node queues.
+    want.extend(publish_all(b.addr, "after", 3));
+    drop(resume(mqtt_b, b.addr, "survivor", &want));
+
+    // The only node restarts while the client is away.
+    wait_parked(&redis, 1);
+    let want_before = publish_all(b.addr, "old", 2);
+    b.signal("TERM");
+    assert!(b.child.wait().expect("serve ends").success());
+    let (c, mqtt_c) = node(&redis);
+    let mut want = want_before;
+    want.extend(publish_all(c.addr, "new", 2));
+    drop(resume(mqtt_c, c.addr, "survivor", &want));
+}
