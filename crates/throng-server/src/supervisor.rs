@@ -832,6 +832,8 @@ async fn supervise(
             handover::go(h, sup.events.clone());
         }
     }
+    // MQTT sessions the drain parked reach Redis before we go.
+    sup.settle_sessions(&mut rx).await;
     // Hold the reserved ports until the workers are gone.
     drop(plan.reserved);
     drop(plan.locks);

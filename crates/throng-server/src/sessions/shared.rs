@@ -99,6 +99,8 @@ pub(super) struct Shared {
     asks: Vec<Ask>,
     taking: HashMap<u64, Taking>,
     parking: HashMap<u64, Parking>,
+    /// Asks sent and not answered yet.
+    unanswered: usize,
 }
 
 impl Shared {
@@ -109,6 +111,7 @@ impl Shared {
             asks: Vec::new(),
             taking: HashMap::new(),
             parking: HashMap::new(),
+            unanswered: 0,
         }
     }
 
@@ -139,10 +142,26 @@ impl Sessions {
 
     /// What to ask of Redis now, in order.
     pub(crate) fn take_asks(&mut self) -> Vec<Ask> {
+        let Some(s) = &mut self.shared else {
+            return Vec::new();
+        };
+        s.unanswered += s.asks.len();
+        std::mem::take(&mut s.asks)
+    }
+
+    /// Redis answered one of the asks.
+    pub fn answered(&mut self) {
+        if let Some(s) = &mut self.shared {
+            s.unanswered = s.unanswered.saturating_sub(1);
+        }
+    }
+
+    /// Whether parks are still on their way to Redis (a node that stops
+    /// waits for them, a little).
+    pub fn settling(&self) -> bool {
         self.shared
-            .as_mut()
-            .map(|s| std::mem::take(&mut s.asks))
-            .unwrap_or_default()
+            .as_ref()
+            .is_some_and(|s| !s.parking.is_empty() || s.unanswered > 0 || !s.asks.is_empty())
     }
 
     /// Whether `nonce` is a take of this node's waiting for its reply.

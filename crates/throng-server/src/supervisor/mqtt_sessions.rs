@@ -4,15 +4,38 @@
 //! and the marks and replies that come back go to them, answering the
 //! worker of a resume once both are in.
 
+use std::time::Duration;
+
 use bytes::{Bytes, BytesMut};
 use throng_proto::resp::Value;
+use tokio::sync::mpsc;
 
-use super::Supervisor;
+use super::{Event, Supervisor};
 use crate::control::Record;
 use crate::redis::mqtt_sessions::{self, Taken};
 use crate::sessions::{Ask, Reply, TakeAnswer};
 
+/// How long a stopping node waits for its sessions' parks to reach Redis.
+const SETTLE: Duration = Duration::from_secs(3);
+
 impl Supervisor {
+    /// Once the workers are gone: waits (up to [`SETTLE`]) until the
+    /// sessions their connections parked are in Redis, ready.
+    pub(super) async fn settle_sessions(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>) {
+        let until = tokio::time::Instant::now() + SETTLE;
+        while self.sessions.settling() {
+            match tokio::time::timeout_at(until, rx.recv()).await {
+                Ok(Some(ev)) => {
+                    self.on_event(ev);
+                }
+                _ => {
+                    log!("throng: MQTT sessions may not all have reached Redis before the stop");
+                    break;
+                }
+            }
+        }
+    }
+
     /// Sends what the sessions ask of Redis, in order.
     pub(super) fn session_asks(&mut self) {
         let Some((prefix, limit)) = self.broker.sessions_in_redis() else {
@@ -69,6 +92,7 @@ impl Supervisor {
 
     /// Redis answered a script of the sessions.
     pub(super) fn on_session_reply(&mut self, nonce: u64, reply: Result<Value, String>) {
+        self.sessions.answered();
         if !self.sessions.is_take(nonce) {
             match reply {
                 Ok(Value::Error(e)) => log!(

@@ -175,3 +175,22 @@ fn a_session_outlives_the_node_it_left_killed_and_a_restart_of_the_only_node() {
     want.extend(publish_all(c.addr, "new", 2));
     drop(resume(mqtt_c, c.addr, "survivor", &want));
 }
+
+#[test]
+fn a_session_connected_through_a_graceful_restart_is_kept_in_redis() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let (mut a, mqtt_a) = node(&redis);
+    let (mut c, present) = connect(mqtt_a, "stayer");
+    assert!(!present);
+    subscribe(&mut c, "away/+");
+    // Connected while its node drains: the drain closes it, and its
+    // session goes to Redis before the node exits.
+    a.signal("TERM");
+    assert!(a.child.wait().expect("serve ends").success());
+    drop(c);
+    wait_parked(&redis, 1);
+    let (b, mqtt_b) = node(&redis);
+    let want = publish_all(b.addr, "later", 2);
+    drop(resume(mqtt_b, b.addr, "stayer", &want));
+}
