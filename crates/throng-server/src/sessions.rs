@@ -751,4 +751,113 @@ mod tests {
         s.worker_gone(1);
         assert!(s.open(0, &open(8, 3, false), 0).is_some(), "no owner left");
     }
+
+    #[test]
+    fn in_redis_a_park_puts_what_its_connection_missed_in_front_at_its_mark() {
+        let mut s = Sessions::new(limits());
+        s.keep_in_redis();
+        assert_eq!(s.open(0, &open(7, 1, true), 0), None);
+        assert_eq!(s.take_asks(), vec![Ask::Drop { hash: 7 }]);
+        for id in 1..=3 {
+            s.relayed_at(&msg(id, "t", 1));
+        }
+        // The worker had finished the fan-out of 1; one in flight unacked.
+        let mut p = park(7, 1, 1, &[("t", 1), ("$share/g/t", 1)]);
+        p.pending = vec![msg(1, "t", 1)];
+        p.ids = vec![9];
+        assert_eq!(s.park(0, p, 0), None);
+        let Some(Ask::Park {
+            hash: 7,
+            nonce,
+            ttl_ms: 60_000,
+            indexed,
+            ..
+        }) = s.take_asks().pop()
+        else {
+            panic!("a park")
+        };
+        assert_eq!(indexed, vec![("t".to_owned(), 1)], "no shared filter");
+        assert!(s.settling());
+        s.relayed_at(&msg(4, "t", 1));
+        assert_eq!(s.on_mark(b'p', nonce, 0), None);
+        // After the mark, publishers queue: 5 is theirs.
+        s.relayed_at(&msg(5, "t", 1));
+        let Some(Ask::Front { entries, .. }) = s.take_asks().pop() else {
+            panic!("a front")
+        };
+        let got: Vec<(u64, u16)> = entries.iter().map(|(m, _, id)| (m.id, *id)).collect();
+        assert_eq!(got, vec![(1, 9), (2, 0), (3, 0), (4, 0)]);
+        assert!(s.settling(), "until Redis answered");
+        // The drop, the park and the front.
+        for _ in 0..3 {
+            s.answered();
+        }
+        assert!(!s.settling());
+    }
+
+    #[test]
+    fn in_redis_a_resume_gets_the_queue_then_what_came_after_the_take_once() {
+        let mut s = Sessions::new(limits());
+        s.keep_in_redis();
+        assert_eq!(s.open(1, &open(7, 2, false), 0), None);
+        let Some(Ask::Take { nonce, force, .. }) = s.take_asks().pop() else {
+            panic!("a take")
+        };
+        assert!(!force);
+        // Published before the take: in the queue, not again.
+        s.relayed_at(&msg(10, "t", 1));
+        assert_eq!(s.on_mark(b't', nonce, 0), None);
+        s.relayed_at(&msg(11, "t", 2));
+        s.relayed_at(&msg(12, "other", 1));
+        let record = crate::redis::mqtt_sessions::Record {
+            subs: vec![("t".into(), 1)],
+            releases: vec![3],
+            received: Vec::new(),
+        };
+        let queue = vec![(msg(0, "t", 1), 1, 0)];
+        let r = s
+            .on_taken(nonce, TakeAnswer::Session(record, queue), 5)
+            .expect("answered once both came");
+        assert_eq!(r.worker, 1);
+        assert!(r.resumed.present);
+        assert_eq!(r.resumed.through, 12);
+        assert_eq!(r.resumed.releases, vec![3]);
+        assert_eq!(
+            payloads(&r),
+            vec![("m0".to_owned(), false), ("m11".to_owned(), false)],
+            "QoS 2 on a QoS 1 subscription comes at 1"
+        );
+        assert_eq!(s.stats().resumed, 1);
+    }
+
+    #[test]
+    fn in_redis_a_take_asks_again_forces_after_the_wait_and_none_is_a_fresh_start() {
+        let mut s = Sessions::new(limits());
+        s.keep_in_redis();
+        s.open(0, &open(7, 1, false), 0);
+        let Some(Ask::Take { nonce, .. }) = s.take_asks().pop() else {
+            panic!("a take")
+        };
+        assert_eq!(s.on_taken(nonce, TakeAnswer::NotReady, 0), None);
+        assert!(s.tick(1000).is_empty());
+        let again = s.take_asks();
+        assert!(
+            matches!(again[..], [Ask::Take { force: false, .. }]),
+            "{again:?}"
+        );
+        s.on_taken(nonce, TakeAnswer::NotReady, 1000);
+        s.tick(WAIT_MS);
+        let forced = s.take_asks();
+        assert!(
+            matches!(forced[..], [Ask::Take { force: true, .. }]),
+            "{forced:?}"
+        );
+        let r = s.on_taken(nonce, TakeAnswer::Nothing, WAIT_MS).unwrap();
+        assert!(!r.resumed.present);
+        assert_eq!(
+            s.on_taken(nonce, TakeAnswer::Nothing, 0),
+            None,
+            "answered once"
+        );
+    }
 }
