@@ -87,6 +87,13 @@ pub struct SessionStats {
     /// Parks whose gap was older than the recent messages kept: messages
     /// relayed meanwhile may be missing from the session.
     pub gap_missed: u64,
+    /// Sessions written to Redis when their client went (`--redis`).
+    #[serde(default)]
+    pub stored: u64,
+    /// Session writes and reads Redis refused or could not answer (a
+    /// resume then starts afresh).
+    #[serde(default)]
+    pub store_failed: u64,
 }
 
 /// Where a connected persistent session is.
@@ -790,7 +797,7 @@ mod tests {
         assert!(s.settling(), "until Redis answered");
         // The drop, the park and the front.
         for _ in 0..3 {
-            s.answered();
+            s.answered(true);
         }
         assert!(!s.settling());
     }

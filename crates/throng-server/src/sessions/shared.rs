@@ -149,10 +149,14 @@ impl Sessions {
         std::mem::take(&mut s.asks)
     }
 
-    /// Redis answered one of the asks.
-    pub fn answered(&mut self) {
+    /// Redis answered one of the asks (`ok`: as asked, else refused or
+    /// lost with the link).
+    pub fn answered(&mut self, ok: bool) {
         if let Some(s) = &mut self.shared {
             s.unanswered = s.unanswered.saturating_sub(1);
+        }
+        if !ok {
+            self.stats.store_failed += 1;
         }
     }
 
@@ -213,6 +217,7 @@ impl Sessions {
             return true;
         }
         let nonce = s.nonce();
+        self.stats.stored += 1;
         let indexed = p
             .subs
             .iter()

@@ -92,7 +92,8 @@ impl Supervisor {
 
     /// Redis answered a script of the sessions.
     pub(super) fn on_session_reply(&mut self, nonce: u64, reply: Result<Value, String>) {
-        self.sessions.answered();
+        let ok = matches!(&reply, Ok(v) if !matches!(v, Value::Error(_)));
+        self.sessions.answered(ok);
         if !self.sessions.is_take(nonce) {
             match reply {
                 Ok(Value::Error(e)) => log!(

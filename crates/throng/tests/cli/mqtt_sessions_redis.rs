@@ -130,6 +130,7 @@ fn a_session_left_on_one_node_resumes_on_another_with_what_came_meanwhile() {
     let (a, mqtt_a) = node(&redis);
     let (b, mqtt_b) = node(&redis);
     subscribe_and_leave(&redis, mqtt_a, "mover");
+    assert_eq!(a.metric("throng_mqtt_sessions_stored_total"), 1.0);
     // Published on both nodes while the client is away.
     let mut want = publish_all(b.addr, "b", 5);
     want.extend(publish_all(a.addr, "a", 3));
