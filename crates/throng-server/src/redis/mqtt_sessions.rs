@@ -55,44 +55,47 @@ end
 /// An index entry whose session is gone (expired) is removed on the way.
 const QUEUE: &str = r"
 local pfx, topic = ARGV[#ARGV-3], ARGV[#ARGV-2]
-local qos, limit = tonumber(ARGV[#ARGV-1]), tonumber(ARGV[#ARGV])
-local function split(s)
-  local r = {}
-  for p in string.gmatch(s .. '/', '([^/]*)/') do r[#r+1] = p end
-  return r
-end
-local function matches(f, t)
-  local a, b = split(f), split(t)
-  if string.byte(t, 1) == 36 and (a[1] == '+' or a[1] == '#') then return false end
-  for i = 1, #a do
-    if a[i] == '#' then return true end
-    if b[i] == nil or (a[i] ~= '+' and a[i] ~= b[i]) then return false end
+local exact = redis.call('HGETALL', pfx .. '#sf:' .. topic)
+local wild = redis.call('SMEMBERS', pfx .. '#sw')
+if #exact > 0 or #wild > 0 then
+  local qos, limit = tonumber(ARGV[#ARGV-1]), tonumber(ARGV[#ARGV])
+  local function split(s)
+    local r = {}
+    for p in string.gmatch(s .. '/', '([^/]*)/') do r[#r+1] = p end
+    return r
   end
-  return #a == #b
-end
-local hits = {}
-local function add(f)
-  local h = redis.call('HGETALL', pfx .. '#sf:' .. f)
-  for i = 1, #h, 2 do
-    if redis.call('HEXISTS', pfx .. '#s:' .. h[i], 'f:' .. f) == 1 then
-      local o = tonumber(h[i+1]) % 4
-      if hits[h[i]] == nil or hits[h[i]] < o then hits[h[i]] = o end
-    else
-      redis.call('HDEL', pfx .. '#sf:' .. f, h[i])
-      if redis.call('EXISTS', pfx .. '#sf:' .. f) == 0 then redis.call('SREM', pfx .. '#sw', f) end
+  local function matches(f, t)
+    local a, b = split(f), split(t)
+    if string.byte(t, 1) == 36 and (a[1] == '+' or a[1] == '#') then return false end
+    for i = 1, #a do
+      if a[i] == '#' then return true end
+      if b[i] == nil or (a[i] ~= '+' and a[i] ~= b[i]) then return false end
+    end
+    return #a == #b
+  end
+  local hits = {}
+  local function add(f, h)
+    for i = 1, #h, 2 do
+      if redis.call('HEXISTS', pfx .. '#s:' .. h[i], 'f:' .. f) == 1 then
+        local o = tonumber(h[i+1]) % 4
+        if hits[h[i]] == nil or hits[h[i]] < o then hits[h[i]] = o end
+      else
+        redis.call('HDEL', pfx .. '#sf:' .. f, h[i])
+        if redis.call('EXISTS', pfx .. '#sf:' .. f) == 0 then redis.call('SREM', pfx .. '#sw', f) end
+      end
     end
   end
-end
-add(topic)
-for _, f in ipairs(redis.call('SMEMBERS', pfx .. '#sw')) do
-  if f ~= topic and matches(f, topic) then add(f) end
-end
-for sid, o in pairs(hits) do
-  local q = math.min(o, qos)
-  local key = pfx .. '#sq:' .. sid
-  if q > 0 and redis.call('LLEN', key) < limit then
-    redis.call('RPUSH', key, string.char(q, 0, 0) .. topic .. '\n' .. P)
-    redis.call('PEXPIRE', key, redis.call('PTTL', pfx .. '#s:' .. sid))
+  add(topic, exact)
+  for _, f in ipairs(wild) do
+    if f ~= topic and matches(f, topic) then add(f, redis.call('HGETALL', pfx .. '#sf:' .. f)) end
+  end
+  for sid, o in pairs(hits) do
+    local q = math.min(o, qos)
+    local key = pfx .. '#sq:' .. sid
+    if q > 0 and redis.call('LLEN', key) < limit then
+      redis.call('RPUSH', key, string.char(q, 0, 0) .. topic .. '\n' .. P)
+      redis.call('PEXPIRE', key, redis.call('PTTL', pfx .. '#s:' .. sid))
+    end
   end
 end
 ";
