@@ -100,6 +100,49 @@ if #exact > 0 or #wild > 0 then
 end
 ";
 
+/// A publish script's text and its SHA-1 in hex (what `EVALSHA` names).
+struct Script {
+    text: String,
+    sha: String,
+}
+
+impl Script {
+    fn new(text: String) -> Self {
+        let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, text.as_bytes());
+        let sha = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        Self { text, sha }
+    }
+}
+
+/// The publish script that queues, with history or without: made once.
+fn script(history: bool) -> &'static Script {
+    static PLAIN: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    static HISTORY: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    if history {
+        HISTORY.get_or_init(|| Script::new(history_script()))
+    } else {
+        PLAIN.get_or_init(|| Script::new(plain_script()))
+    }
+}
+
+/// Appends `SCRIPT LOAD` of the publish script (with history or
+/// without): sent once per connection before the first publish that
+/// queues, which then names it by its SHA-1 (`EVALSHA`), so its text does
+/// not go with every publish.
+pub(crate) fn load(out: &mut BytesMut, history: bool) {
+    resp::encode_command(out, &[b"SCRIPT", b"LOAD", script(history).text.as_bytes()]);
+}
+
+/// Whether a reply says Redis no longer has the script (`SCRIPT FLUSH`):
+/// the connection loads it again before its next publish.
+pub(crate) fn lost_script(v: &Value) -> bool {
+    match v {
+        Value::Error(e) => e.starts_with(b"NOSCRIPT"),
+        Value::Array(Some(items)) => items.iter().any(lost_script),
+        _ => false,
+    }
+}
+
 /// A plain publish that queues: KEYS = the channel; ARGV = payload,
 /// prefix, topic, QoS, limit. Answers `PUBLISH`'s receiver count.
 fn plain_script() -> String {
@@ -118,7 +161,7 @@ fn history_script() -> String {
 /// Appends the command that publishes `payload` (as it goes to Redis) on
 /// `channel` at `qos` and queues it for the sessions away: the plain or
 /// the history publish as a script ([`crate::stream::publish`]'s
-/// arguments when `history` holds them).
+/// arguments when `history` holds them), by its SHA-1 ([`load`] first).
 pub(crate) fn publish(
     out: &mut BytesMut,
     prefix: &str,
@@ -138,11 +181,10 @@ pub(crate) fn publish(
     ];
     match history {
         Some(l) => {
-            let script = history_script();
             let (keep, ttl) = (l.keep.to_string(), l.ttl_ms.to_string());
             let mut args: Vec<&[u8]> = vec![
-                b"EVAL",
-                script.as_bytes(),
+                b"EVALSHA",
+                script(true).sha.as_bytes(),
                 b"2",
                 key.as_bytes(),
                 key.as_bytes(),
@@ -154,9 +196,8 @@ pub(crate) fn publish(
             resp::encode_command(out, &args);
         }
         None => {
-            let script = plain_script();
-            let mut args: Vec<&[u8]> =
-                vec![b"EVAL", script.as_bytes(), b"1", key.as_bytes(), payload];
+            let sha = script(false).sha.as_bytes();
+            let mut args: Vec<&[u8]> = vec![b"EVALSHA", sha, b"1", key.as_bytes(), payload];
             args.extend(tail);
             resp::encode_command(out, &args);
         }

@@ -347,6 +347,9 @@ struct Live {
     parked: Vec<Parked>,
     /// The replies of the recovery being read, so far.
     parts: Vec<Value>,
+    /// The publish script that queues for MQTT sessions was loaded on
+    /// the publisher connection ([`super::mqtt_sessions::load`]).
+    scripts_loaded: bool,
 }
 
 /// The Redis session: the state of both connections and of the requests
@@ -529,6 +532,16 @@ impl Session {
                 retain,
             } => {
                 let sharded = self.settings.sharded();
+                if session_qos(&self.settings, &payload).is_some() && !live.scripts_loaded {
+                    // Apart from the MULTI of a retained publish.
+                    let mut load = BytesMut::new();
+                    let history = self.settings.history.is_some();
+                    super::mqtt_sessions::load(&mut load, history);
+                    live.waiting.push_back(Waiting::Skip(now));
+                    live.scripts_loaded = true;
+                    self.out
+                        .push_back(Output::Write(Conn::Publisher, load.freeze()));
+                }
                 publish_command(&mut out, &self.settings, &channel, &payload);
                 let kept = self.settings.history.is_some();
                 if let Some(qos) = retain {
@@ -981,6 +994,9 @@ impl Session {
             let Some(live) = &mut self.live else {
                 return Ok(());
             };
+            if super::mqtt_sessions::lost_script(&v) {
+                live.scripts_loaded = false;
+            }
             match live.waiting.pop_front() {
                 Some(Waiting::Publish(to, kept, resend, _)) => {
                     if let (Some(r), Value::Error(e)) = (resend, &v)
@@ -1098,22 +1114,28 @@ impl Session {
     }
 }
 
+/// The QoS a publish of `payload` is queued at for MQTT sessions away, in
+/// the same script ([`super::mqtt_sessions::publish`]): QoS 1 and 2 (a
+/// bare payload is QoS 1; an empty one clears a retained message), with
+/// sessions in Redis.
+fn session_qos(settings: &RedisSettings, payload: &Bytes) -> Option<u8> {
+    if settings.session_queue == 0 || settings.sharded() || payload.is_empty() {
+        return None;
+    }
+    let qos = match envelope::open(payload.clone()) {
+        Ok((Some(meta), _)) => meta.qos,
+        _ => 1,
+    };
+    (qos > 0).then_some(qos)
+}
+
 /// Appends the command that publishes `payload` on `channel`: `PUBLISH`
 /// (`SPUBLISH` on a cluster), or the history script.
 fn publish_command(out: &mut BytesMut, settings: &RedisSettings, channel: &str, payload: &Bytes) {
     let prefix = &settings.prefix;
-    // QoS 1 and 2 are queued for MQTT sessions away in the same script
-    // (a bare payload is QoS 1; an empty one clears a retained message).
-    if settings.session_queue > 0 && !settings.sharded() && !payload.is_empty() {
-        let qos = match envelope::open(payload.clone()) {
-            Ok((Some(meta), _)) => meta.qos,
-            _ => 1,
-        };
-        if qos > 0 {
-            let limit = settings.session_queue;
-            let h = settings.history;
-            return super::mqtt_sessions::publish(out, prefix, channel, payload, qos, limit, h);
-        }
+    if let Some(qos) = session_qos(settings, payload) {
+        let (limit, h) = (settings.session_queue, settings.history);
+        return super::mqtt_sessions::publish(out, prefix, channel, payload, qos, limit, h);
     }
     match settings.history {
         Some(h) => stream::publish(out, prefix, channel, payload, h, settings.sharded()),

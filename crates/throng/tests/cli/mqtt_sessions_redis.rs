@@ -142,6 +142,11 @@ fn a_session_left_on_one_node_resumes_on_another_with_what_came_meanwhile() {
     drop(c);
     // Back again on A: the session went with it each time.
     wait_parked(&redis, 1);
+    // Redis forgot the publish script (SCRIPT FLUSH): one publish is
+    // refused, not lost, and the node loads it again.
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    let (status, reply) = publish(b.addr, "away/0", b"refused", None);
+    assert_eq!(status, 503, "{reply}");
     let want = publish_all(b.addr, "again", 2);
     drop(resume(mqtt_a, a.addr, "mover", &want));
     // A clean start ends it everywhere.
