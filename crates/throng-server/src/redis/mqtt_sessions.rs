@@ -181,19 +181,8 @@ pub(crate) fn publish(
     ];
     match history {
         Some(l) => {
-            let (keep, ttl) = (l.keep.to_string(), l.ttl_ms.to_string());
-            let mut args: Vec<&[u8]> = vec![
-                b"EVALSHA",
-                script(true).sha.as_bytes(),
-                b"2",
-                key.as_bytes(),
-                key.as_bytes(),
-                keep.as_bytes(),
-                payload,
-                ttl.as_bytes(),
-            ];
-            args.extend(tail);
-            resp::encode_command(out, &args);
+            let sha = script(true).sha.as_bytes();
+            crate::stream::script_command(out, b"EVALSHA", sha, &key, payload, l, &tail);
         }
         None => {
             let sha = script(false).sha.as_bytes();

@@ -519,6 +519,9 @@ impl Session {
 
     /// The supervisor asks for something.
     pub(crate) fn on_command(&mut self, cmd: Command, now: Instant) {
+        let Some(cmd) = self.before(cmd, now) else {
+            return;
+        };
         let Some(live) = &mut self.live else {
             return self.while_down(cmd);
         };
@@ -532,16 +535,6 @@ impl Session {
                 retain,
             } => {
                 let sharded = self.settings.sharded();
-                if session_qos(&self.settings, &payload).is_some() && !live.scripts_loaded {
-                    // Apart from the MULTI of a retained publish.
-                    let mut load = BytesMut::new();
-                    let history = self.settings.history.is_some();
-                    super::mqtt_sessions::load(&mut load, history);
-                    live.waiting.push_back(Waiting::Skip(now));
-                    live.scripts_loaded = true;
-                    self.out
-                        .push_back(Output::Write(Conn::Publisher, load.freeze()));
-                }
                 publish_command(&mut out, &self.settings, &channel, &payload);
                 let kept = self.settings.history.is_some();
                 if let Some(qos) = retain {
@@ -629,11 +622,8 @@ impl Session {
                 live.waiting.push_back(Waiting::Skip(now));
                 self.write(Conn::Publisher, out);
             }
-            Command::Session { nonce, bytes } => {
-                live.waiting.push_back(Waiting::Session(nonce, now));
-                out.extend_from_slice(&bytes);
-                self.write(Conn::Publisher, out);
-            }
+            // Taken by `before`.
+            Command::Session { .. } => {}
             Command::Subscribe(c) => {
                 let name = format!("{prefix}{c}");
                 self.channels.insert(c);
@@ -654,6 +644,45 @@ impl Session {
                 self.write(Conn::Subscriber, out);
             }
         }
+    }
+
+    /// What [`Self::on_command`] does first: a script of the MQTT sessions
+    /// goes as it is; a publish that queues for them loads their script.
+    fn before(&mut self, cmd: Command, now: Instant) -> Option<Command> {
+        match cmd {
+            Command::Session { nonce, bytes } => {
+                match &mut self.live {
+                    Some(live) => {
+                        live.waiting.push_back(Waiting::Session(nonce, now));
+                        self.out.push_back(Output::Write(Conn::Publisher, bytes));
+                    }
+                    None => self.while_down(Command::Session { nonce, bytes }),
+                }
+                None
+            }
+            Command::Publish { ref payload, .. } => {
+                self.load_scripts(payload, now);
+                Some(cmd)
+            }
+            other => Some(other),
+        }
+    }
+
+    /// Loads the publish script that queues for MQTT sessions on the
+    /// publisher connection before the first publish that uses it (on its
+    /// own: not inside the MULTI of a retained publish).
+    fn load_scripts(&mut self, payload: &Bytes, now: Instant) {
+        let Some(live) = &mut self.live else {
+            return;
+        };
+        if live.scripts_loaded || session_qos(&self.settings, payload).is_none() {
+            return;
+        }
+        let mut load = BytesMut::new();
+        super::mqtt_sessions::load(&mut load, self.settings.history.is_some());
+        live.waiting.push_back(Waiting::Skip(now));
+        live.scripts_loaded = true;
+        self.write(Conn::Publisher, load);
     }
 
     /// The connections are gone (`why`): every request on them is
