@@ -320,7 +320,8 @@ pub(crate) struct Args {
     /// --drain-spread and exits; without --redis it hands its --history and
     /// its retained MQTT messages over, so clients rejoining with ?since= miss
     /// nothing and a new MQTT subscriber gets what was retained (persistent
-    /// MQTT sessions are not handed over). Only a serve of the same user can
+    /// MQTT sessions are not handed over; with --redis they are parked in
+    /// Redis, where this one resumes them). Only a serve of the same user can
     /// be taken over. Without a running serve: starts normally.
     #[arg(long)]
     takeover: bool,

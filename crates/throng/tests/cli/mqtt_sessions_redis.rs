@@ -206,3 +206,25 @@ fn a_session_connected_through_a_graceful_restart_is_kept_in_redis() {
     let want = publish_all(b.addr, "later", 2);
     drop(resume(mqtt_b, b.addr, "stayer", &want));
 }
+
+#[test]
+fn a_session_connected_through_serve_takeover_is_kept_in_redis() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let args = ["--redis", &url, "--workers", "1", "--drain-spread", "1s"];
+    let (old, mqtt) = mqtt_server(&args);
+    old.wait_broker("up");
+    let (mut c, present) = connect(mqtt, "handed");
+    assert!(!present);
+    subscribe(&mut c, &["away/+"]);
+    // The new serve takes the ports; the old one's drain closes the client
+    // and parks its session in Redis before it exits.
+    let listen = mqtt.to_string();
+    let new = crate::takeover::take_over(&old, &["--mqtt-listen", &listen, "--redis", &url]);
+    wait_parked(&redis, 1);
+    drop(c);
+    new.wait_broker("up");
+    let want = publish_all(new.addr, "handed", 2);
+    drop(resume(mqtt, new.addr, "handed", &want));
+}
