@@ -231,7 +231,7 @@ impl Sessions {
         };
         if o.clean {
             self.drop_parked(o.hash);
-            self.drop_shared(o.hash);
+            self.drop_shared(o.hash, o.persistent);
             self.set_owner(o.hash, owner, o.persistent);
             return None;
         }
@@ -450,9 +450,15 @@ impl Sessions {
     /// Worker `worker` died (or was replaced): its connections' sessions
     /// are lost, and its waiting resumes with them.
     pub fn worker_gone(&mut self, worker: usize) {
+        let gone: Vec<u64> = self
+            .owners
+            .iter()
+            .filter(|(_, o)| o.worker == worker)
+            .map(|(&h, _)| h)
+            .collect();
         self.owners.retain(|_, o| o.worker != worker);
         self.waiting.retain(|w| w.owner.worker != worker);
-        self.worker_gone_shared(worker);
+        self.worker_gone_shared(worker, &gone);
     }
 
     /// The interest changes since the last call, in order.
@@ -764,7 +770,18 @@ mod tests {
         let mut s = Sessions::new(limits());
         s.keep_in_redis();
         assert_eq!(s.open(0, &open(7, 1, true), 0), None);
-        assert_eq!(s.take_asks(), vec![Ask::Drop { hash: 7 }]);
+        let drop = s.take_asks();
+        let [
+            Ask::Drop {
+                hash: 7,
+                token,
+                clean: true,
+                ttl_ms: 3_600_000,
+            },
+        ] = drop[..]
+        else {
+            panic!("a clean start that owns the session: {drop:?}")
+        };
         for id in 1..=3 {
             s.relayed_at(&msg(id, "t", 1));
         }
@@ -777,6 +794,7 @@ mod tests {
             hash: 7,
             nonce,
             ttl_ms: 60_000,
+            owner,
             indexed,
             ..
         }) = s.take_asks().pop()
@@ -784,6 +802,7 @@ mod tests {
             panic!("a park")
         };
         assert_eq!(indexed, vec![("t".to_owned(), 1)], "no shared filter");
+        assert_eq!(owner, token, "parked as the connection that owns it");
         assert!(s.settling());
         s.relayed_at(&msg(4, "t", 1));
         assert_eq!(s.on_mark(b'p', nonce, 0), None);

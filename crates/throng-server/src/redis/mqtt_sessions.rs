@@ -282,15 +282,23 @@ pub(crate) fn open_entry(b: &Bytes) -> Option<(u8, u16, String, Bytes)> {
     Some((qos, id, channel, b.slice(nl + 1..)))
 }
 
-/// The park script: ARGV = prefix, hash, nonce, TTL ms, record, then each
-/// indexed filter and its options. Ends any older session of the hash.
+/// The park script: ARGV = prefix, hash, nonce, TTL ms, record, owner,
+/// then each indexed filter and its options. Ends any older session of
+/// the hash, unless another connection owns it now (`o`, a later
+/// connect's token): then this park is stale and dropped (its mark
+/// still goes, so its node stops waiting).
 const PARK: &str = r"
-local pfx, sid, nonce, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local pfx, sid, nonce, ttl, owner = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6]
 local rec, key = pfx .. '#s:' .. sid, pfx .. '#sq:' .. sid
+local o = redis.call('HGET', rec, 'o')
+if o and o ~= owner then
+  redis.call('PUBLISH', pfx .. '#sessions', 'p' .. nonce)
+  return 0
+end
 unindex(pfx, sid, rec)
 redis.call('DEL', rec, key)
-redis.call('HSET', rec, 'r', ARGV[5], 'n', nonce, 'ready', '0')
-for i = 6, #ARGV, 2 do
+redis.call('HSET', rec, 'r', ARGV[5], 'n', nonce, 'ready', '0', 'o', owner)
+for i = 7, #ARGV, 2 do
   redis.call('HSET', rec, 'f:' .. ARGV[i], ARGV[i+1])
   redis.call('HSET', pfx .. '#sf:' .. ARGV[i], sid, ARGV[i+1])
   if string.find(ARGV[i], '[+#]') then redis.call('SADD', pfx .. '#sw', ARGV[i]) end
@@ -314,30 +322,50 @@ if redis.call('EXISTS', key) == 1 then redis.call('PEXPIRE', key, redis.call('PT
 return 1
 ";
 
-/// The take script: ARGV = prefix, hash, nonce, force. `{0}`: no session;
-/// `{1}`: its park is not ready (and not forced); `{2, record, queue}`:
-/// taken out of Redis, with a mark.
+/// The take script: ARGV = prefix, hash, nonce, force, TTL ms. `{0}`: no
+/// session; `{1}`: another connection holds it (an owner mark without a
+/// record) or its park is not ready, and not forced; `{2, record,
+/// queue}`: taken out of Redis, with a mark. Either way the taker owns
+/// the session from then on (`o`: its nonce, for the TTL), so the park
+/// of a connection it took over is refused.
 const TAKE: &str = r"
-local pfx, sid, nonce, force = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local pfx, sid, nonce, force, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local rec, key = pfx .. '#s:' .. sid, pfx .. '#sq:' .. sid
-if redis.call('EXISTS', rec) == 0 then
-  redis.call('DEL', key)
+local function own()
+  redis.call('HSET', rec, 'o', nonce)
+  redis.call('PEXPIRE', rec, ttl)
+end
+local r = redis.call('HGET', rec, 'r')
+if not r then
+  if redis.call('EXISTS', rec) == 1 and force ~= '1' then return {1} end
+  redis.call('DEL', rec, key)
+  own()
   return {0}
 end
 if redis.call('HGET', rec, 'ready') ~= '1' and force ~= '1' then return {1} end
-local r = redis.call('HGET', rec, 'r')
 local q = redis.call('LRANGE', key, 0, -1)
 unindex(pfx, sid, rec)
 redis.call('DEL', rec, key)
+own()
 redis.call('PUBLISH', pfx .. '#sessions', 't' .. nonce)
 return {2, r, q}
 ";
 
-/// The drop script (a clean start): ARGV = prefix, hash.
+/// The drop script: ARGV = prefix, hash, token, mode, TTL ms. Mode `c` (a
+/// clean start) ends the session whoever owns it, and with a TTL the
+/// token owns it from then on; mode `e` (the end of a connection whose
+/// session ends with it) only if the token owns it.
 const DROP: &str = r"
-local rec = ARGV[1] .. '#s:' .. ARGV[2]
-unindex(ARGV[1], ARGV[2], rec)
-redis.call('DEL', rec, ARGV[1] .. '#sq:' .. ARGV[2])
+local pfx, sid, token, mode, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local rec = pfx .. '#s:' .. sid
+local o = redis.call('HGET', rec, 'o')
+if mode == 'e' and o and o ~= token then return 0 end
+unindex(pfx, sid, rec)
+redis.call('DEL', rec, pfx .. '#sq:' .. sid)
+if ttl > 0 then
+  redis.call('HSET', rec, 'o', token)
+  redis.call('PEXPIRE', rec, ttl)
+end
 return 1
 ";
 
@@ -353,18 +381,31 @@ fn eval(out: &mut BytesMut, body: &str, args: &[&[u8]]) {
     resp::encode_command(out, &all);
 }
 
-/// Appends a park of session `hash` (nonce `nonce`, kept `ttl_ms`).
-pub(crate) fn park(
-    out: &mut BytesMut,
-    prefix: &str,
-    hash: u64,
-    nonce: u64,
-    ttl_ms: u64,
-    record: &Record,
-    indexed: &[Filter],
-) {
-    let (sid, nonce, ttl) = (sid(hash), nonce.to_string(), ttl_ms.max(1).to_string());
-    let rec = encode_record(record);
+/// A park's arguments.
+pub(crate) struct Park<'a> {
+    /// The session.
+    pub(crate) hash: u64,
+    /// The park's own nonce (its mark's).
+    pub(crate) nonce: u64,
+    /// How long it is kept.
+    pub(crate) ttl_ms: u64,
+    /// The token of the connection that parks it (its take's nonce).
+    pub(crate) owner: u64,
+    pub(crate) record: &'a Record,
+    /// The filters publishes look up (not shared subscriptions').
+    pub(crate) indexed: &'a [Filter],
+}
+
+/// Appends a park.
+pub(crate) fn park(out: &mut BytesMut, prefix: &str, p: &Park<'_>) {
+    let (sid, nonce, ttl) = (
+        sid(p.hash),
+        p.nonce.to_string(),
+        p.ttl_ms.max(1).to_string(),
+    );
+    let owner = p.owner.to_string();
+    let rec = encode_record(p.record);
+    let indexed = p.indexed;
     let opts: Vec<String> = indexed.iter().map(|(_, o)| o.to_string()).collect();
     let mut args: Vec<&[u8]> = vec![
         prefix.as_bytes(),
@@ -372,6 +413,7 @@ pub(crate) fn park(
         nonce.as_bytes(),
         ttl.as_bytes(),
         &rec,
+        owner.as_bytes(),
     ];
     for ((f, _), o) in indexed.iter().zip(&opts) {
         args.push(f.as_bytes());
@@ -400,22 +442,50 @@ pub(crate) fn front(
     eval(out, FRONT, &args);
 }
 
-/// Appends a take of session `hash`; `force`: even if its park is not
-/// ready (its node died between park and front).
-pub(crate) fn take(out: &mut BytesMut, prefix: &str, hash: u64, nonce: u64, force: bool) {
-    let (sid, nonce) = (sid(hash), nonce.to_string());
+/// Appends a take of session `hash`, owned for `ttl_ms` by `nonce` then;
+/// `force`: even if another connection holds it or its park is not
+/// ready (that connection's worker or node died).
+pub(crate) fn take(
+    out: &mut BytesMut,
+    prefix: &str,
+    hash: u64,
+    nonce: u64,
+    force: bool,
+    ttl_ms: u64,
+) {
+    let (sid, nonce, ttl) = (sid(hash), nonce.to_string(), ttl_ms.max(1).to_string());
     let force: &[u8] = if force { b"1" } else { b"0" };
-    eval(
-        out,
-        TAKE,
-        &[prefix.as_bytes(), sid.as_bytes(), nonce.as_bytes(), force],
-    );
+    let args = [
+        prefix.as_bytes(),
+        sid.as_bytes(),
+        nonce.as_bytes(),
+        force,
+        ttl.as_bytes(),
+    ];
+    eval(out, TAKE, &args);
 }
 
-/// Appends the end of session `hash` (a clean start).
-pub(crate) fn drop_session(out: &mut BytesMut, prefix: &str, hash: u64) {
-    let sid = sid(hash);
-    eval(out, DROP, &[prefix.as_bytes(), sid.as_bytes()]);
+/// Appends the end of session `hash`: `clean` (a clean start) whoever
+/// owns it, `token` owning it for `ttl_ms` then (0: nobody); else only
+/// if `token` owns it.
+pub(crate) fn drop_session(
+    out: &mut BytesMut,
+    prefix: &str,
+    hash: u64,
+    token: u64,
+    clean: bool,
+    ttl_ms: u64,
+) {
+    let (sid, token, ttl) = (sid(hash), token.to_string(), ttl_ms.to_string());
+    let mode: &[u8] = if clean { b"c" } else { b"e" };
+    let args = [
+        prefix.as_bytes(),
+        sid.as_bytes(),
+        token.as_bytes(),
+        mode,
+        ttl.as_bytes(),
+    ];
+    eval(out, DROP, &args);
 }
 
 /// A mark's kind and nonce.

@@ -35,11 +35,13 @@ pub(crate) type Queue = Vec<(Message, u8, u16)>;
 /// What the sessions ask of Redis.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Ask {
-    /// Keep session `hash` away for `ttl_ms`, its filters indexed.
+    /// Keep session `hash` away for `ttl_ms`, its filters indexed, unless
+    /// a connection other than `owner`'s holds it now.
     Park {
         hash: u64,
         nonce: u64,
         ttl_ms: u64,
+        owner: u64,
         record: Record,
         indexed: Vec<Filter>,
     },
@@ -49,10 +51,21 @@ pub(crate) enum Ask {
         nonce: u64,
         entries: Queue,
     },
-    /// Take session `hash` out of Redis.
-    Take { hash: u64, nonce: u64, force: bool },
-    /// End session `hash` (a clean start).
-    Drop { hash: u64 },
+    /// Take session `hash` out of Redis; owned by `nonce` then, for `ttl_ms`.
+    Take {
+        hash: u64,
+        nonce: u64,
+        force: bool,
+        ttl_ms: u64,
+    },
+    /// End session `hash`: `clean` (a clean start) whoever owns it, owned
+    /// by `token` for `ttl_ms` then (0: nobody); else if `token` owns it.
+    Drop {
+        hash: u64,
+        token: u64,
+        clean: bool,
+        ttl_ms: u64,
+    },
 }
 
 /// What a take brought, messages already read.
@@ -101,11 +114,18 @@ pub(super) struct Shared {
     parking: HashMap<u64, Parking>,
     /// Asks sent and not answered yet.
     unanswered: usize,
+    /// Each connected session's token in Redis (its take's or clean
+    /// start's nonce), for its park.
+    tokens: HashMap<u64, u64>,
+    /// How long a connected session's token holds it (`--mqtt-session-expiry`).
+    ttl_ms: u64,
 }
 
 impl Shared {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(ttl_ms: u64) -> Self {
         Self {
+            tokens: HashMap::new(),
+            ttl_ms,
             // Nonces are heard by every node: each starts at random.
             next: fastrand::u64(1..u64::MAX / 2),
             asks: Vec::new(),
@@ -137,7 +157,7 @@ fn record(subs: &[SessionSub], releases: Vec<u16>, received: Vec<u16>) -> Record
 impl Sessions {
     /// Keeps sessions in Redis from now on (before any connection).
     pub fn keep_in_redis(&mut self) {
-        self.shared = Some(Shared::new());
+        self.shared = Some(Shared::new(u64::from(self.limits.max_expiry) * 1000));
     }
 
     /// What to ask of Redis now, in order.
@@ -185,7 +205,9 @@ impl Sessions {
             hash: o.hash,
             nonce,
             force: false,
+            ttl_ms: s.ttl_ms,
         });
+        s.tokens.insert(o.hash, nonce);
         s.taking.insert(
             nonce,
             Taking {
@@ -201,10 +223,21 @@ impl Sessions {
         true
     }
 
-    /// A clean start ends the session in Redis too.
-    pub(super) fn drop_shared(&mut self, hash: u64) {
+    /// A clean start ends the session in Redis too; a persistent one owns
+    /// the new session from then on.
+    pub(super) fn drop_shared(&mut self, hash: u64, persistent: bool) {
         if let Some(s) = &mut self.shared {
-            s.asks.push(Ask::Drop { hash });
+            let token = s.nonce();
+            let ttl_ms = if persistent { s.ttl_ms } else { 0 };
+            if persistent {
+                s.tokens.insert(hash, token);
+            }
+            s.asks.push(Ask::Drop {
+                hash,
+                token,
+                clean: true,
+                ttl_ms,
+            });
         }
     }
 
@@ -213,7 +246,15 @@ impl Sessions {
         let Some(s) = &mut self.shared else {
             return false;
         };
+        let owner = s.tokens.remove(&p.hash).unwrap_or(0);
         if expiry == 0 {
+            // It ends with its connection: so does its hold in Redis.
+            s.asks.push(Ask::Drop {
+                hash: p.hash,
+                token: owner,
+                clean: false,
+                ttl_ms: 0,
+            });
             return true;
         }
         let nonce = s.nonce();
@@ -228,6 +269,7 @@ impl Sessions {
             hash: p.hash,
             nonce,
             ttl_ms: u64::from(expiry) * 1000,
+            owner,
             record: record(&p.subs, p.releases, p.received),
             indexed,
         });
@@ -323,6 +365,7 @@ impl Sessions {
                     hash: t.hash,
                     nonce,
                     force,
+                    ttl_ms: s.ttl_ms,
                 });
             }
             if t.session.is_some() && now.saturating_sub(t.answered) >= WAIT_MS {
@@ -344,9 +387,12 @@ impl Sessions {
     }
 
     /// A worker died: its resumes waiting for Redis go with it.
-    pub(super) fn worker_gone_shared(&mut self, worker: usize) {
+    pub(super) fn worker_gone_shared(&mut self, worker: usize, gone: &[u64]) {
         if let Some(s) = &mut self.shared {
             s.taking.retain(|_, t| t.owner.worker != worker);
+            for h in gone {
+                s.tokens.remove(h);
+            }
         }
     }
 

@@ -49,10 +49,19 @@ impl Supervisor {
                     hash,
                     nonce,
                     ttl_ms,
+                    owner,
                     record,
                     indexed,
                 } => {
-                    mqtt_sessions::park(&mut out, &prefix, hash, nonce, ttl_ms, &record, &indexed);
+                    let park = mqtt_sessions::Park {
+                        hash,
+                        nonce,
+                        ttl_ms,
+                        owner,
+                        record: &record,
+                        indexed: &indexed,
+                    };
+                    mqtt_sessions::park(&mut out, &prefix, &park);
                     nonce
                 }
                 Ask::Front {
@@ -69,12 +78,22 @@ impl Supervisor {
                     mqtt_sessions::front(&mut out, &prefix, hash, nonce, limit, &entries);
                     nonce
                 }
-                Ask::Take { hash, nonce, force } => {
-                    mqtt_sessions::take(&mut out, &prefix, hash, nonce, force);
+                Ask::Take {
+                    hash,
+                    nonce,
+                    force,
+                    ttl_ms,
+                } => {
+                    mqtt_sessions::take(&mut out, &prefix, hash, nonce, force, ttl_ms);
                     nonce
                 }
-                Ask::Drop { hash } => {
-                    mqtt_sessions::drop_session(&mut out, &prefix, hash);
+                Ask::Drop {
+                    hash,
+                    token,
+                    clean,
+                    ttl_ms,
+                } => {
+                    mqtt_sessions::drop_session(&mut out, &prefix, hash, token, clean, ttl_ms);
                     0
                 }
             };

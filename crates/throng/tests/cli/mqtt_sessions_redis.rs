@@ -228,3 +228,23 @@ fn a_session_connected_through_serve_takeover_is_kept_in_redis() {
     let want = publish_all(new.addr, "handed", 2);
     drop(resume(mqtt, new.addr, "handed", &want));
 }
+
+#[test]
+fn a_client_that_moves_while_still_connected_takes_its_session_along() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let (a, mqtt_a) = node(&redis);
+    let (b, mqtt_b) = node(&redis);
+    let (mut old, present) = connect(mqtt_a, "restless");
+    assert!(!present);
+    subscribe(&mut old, &["away/+"]);
+    sent(a.addr, "away/1", "on-a");
+    assert_eq!(receive(&mut old), ("on-a".to_owned(), 1));
+    // Connected to B while A still holds it: A closes its connection (the
+    // takeover across nodes) and parks the session, which B waits for.
+    let (mut new, present) = connect(mqtt_b, "restless");
+    assert!(present, "the session came along\n{}", b.log());
+    sent(a.addr, "away/2", "after-the-move");
+    assert_eq!(receive(&mut new), ("after-the-move".to_owned(), 1));
+    assert_eq!(old.next(), None, "A closed the old connection");
+}
