@@ -9,8 +9,12 @@
 //! - `#s:<hash>`, a hash: `r` its record ([`encode_record`]: subscriptions,
 //!   owed PUBRELs, the client's QoS 2 ids awaiting PUBREL), `n` the nonce
 //!   of the park that wrote it, `ready` (`1` once the parking node added
-//!   what its connection had not received), and one `f:<filter>` field per
-//!   subscription with its options. Its TTL is the Session Expiry Interval.
+//!   what its connection had not received), `o` the token of the
+//!   connection that parked it, and one `f:<filter>` field per
+//!   subscription with its options. Its TTL is the Session Expiry
+//!   Interval. While a connection holds the session the key holds its
+//!   token `o` alone (a take's or a clean start's nonce), so a resume
+//!   elsewhere waits for its park and a stale park is refused.
 //! - `#sq:<hash>`, a list: the messages queued for it, in order, each
 //!   [`entry`]'s bytes. Same TTL.
 //! - the index every publish reads: `#sf:<filter>`, a hash of the sessions
