@@ -880,6 +880,13 @@ mod tests {
         );
         let r = s.on_taken(nonce, TakeAnswer::Nothing, WAIT_MS).unwrap();
         assert!(!r.resumed.present);
+        // Its worker dies: the session's hold in Redis goes with it.
+        s.worker_gone(0);
+        let gone = s.take_asks();
+        assert!(
+            matches!(gone[..], [Ask::Drop { hash: 7, clean: false, token, .. }] if token == nonce),
+            "{gone:?}"
+        );
         assert_eq!(
             s.on_taken(nonce, TakeAnswer::Nothing, 0),
             None,

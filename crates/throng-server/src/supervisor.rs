@@ -1053,6 +1053,7 @@ impl Supervisor {
         }
         // Its persistent sessions' connections are gone with it, unparked.
         self.sessions.worker_gone(i);
+        self.session_asks();
         self.shares.worker_gone(i);
         self.api_worker_gone(i);
         // Messages it will never count no longer wait for it.

@@ -390,8 +390,17 @@ impl Sessions {
     pub(super) fn worker_gone_shared(&mut self, worker: usize, gone: &[u64]) {
         if let Some(s) = &mut self.shared {
             s.taking.retain(|_, t| t.owner.worker != worker);
-            for h in gone {
-                s.tokens.remove(h);
+            // Their sessions died with the worker: their clients' next
+            // CONNECT need not wait for a park that never comes.
+            for &hash in gone {
+                if let Some(token) = s.tokens.remove(&hash) {
+                    s.asks.push(Ask::Drop {
+                        hash,
+                        token,
+                        clean: false,
+                        ttl_ms: 0,
+                    });
+                }
             }
         }
     }
