@@ -336,8 +336,10 @@ const TAKE: &str = r"
 local pfx, sid, nonce, force, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local rec, key = pfx .. '#s:' .. sid, pfx .. '#sq:' .. sid
 local function own()
-  redis.call('HSET', rec, 'o', nonce)
-  redis.call('PEXPIRE', rec, ttl)
+  if tonumber(ttl) > 0 then
+    redis.call('HSET', rec, 'o', nonce)
+    redis.call('PEXPIRE', rec, ttl)
+  end
 end
 local r = redis.call('HGET', rec, 'r')
 if not r then
@@ -446,9 +448,10 @@ pub(crate) fn front(
     eval(out, FRONT, &args);
 }
 
-/// Appends a take of session `hash`, owned for `ttl_ms` by `nonce` then;
-/// `force`: even if another connection holds it or its park is not
-/// ready (that connection's worker or node died).
+/// Appends a take of session `hash`, owned for `ttl_ms` by `nonce` then
+/// (0: not at all, the session ends with the connection); `force`: even
+/// if another connection holds it or its park is not ready (that
+/// connection's worker or node died).
 pub(crate) fn take(
     out: &mut BytesMut,
     prefix: &str,
@@ -457,7 +460,7 @@ pub(crate) fn take(
     force: bool,
     ttl_ms: u64,
 ) {
-    let (sid, nonce, ttl) = (sid(hash), nonce.to_string(), ttl_ms.max(1).to_string());
+    let (sid, nonce, ttl) = (sid(hash), nonce.to_string(), ttl_ms.to_string());
     let force: &[u8] = if force { b"1" } else { b"0" };
     let args = [
         prefix.as_bytes(),

@@ -94,6 +94,9 @@ struct Taking {
     answered: u64,
     /// The last relayed message before the mark, once it came.
     mark: Option<u64>,
+    /// How long the connection holds the session in Redis: 0 when it
+    /// ends with the connection (its park never comes).
+    ttl_ms: u64,
 }
 
 /// A park waiting for its mark.
@@ -201,13 +204,18 @@ impl Sessions {
             return false;
         };
         let nonce = s.nonce();
+        // A session that ends with this connection is parked by no one:
+        // it holds nothing in Redis.
+        let ttl_ms = if o.persistent { s.ttl_ms } else { 0 };
         s.asks.push(Ask::Take {
             hash: o.hash,
             nonce,
             force: false,
-            ttl_ms: s.ttl_ms,
+            ttl_ms,
         });
-        s.tokens.insert(o.hash, nonce);
+        if o.persistent {
+            s.tokens.insert(o.hash, nonce);
+        }
         s.taking.insert(
             nonce,
             Taking {
@@ -218,6 +226,7 @@ impl Sessions {
                 session: None,
                 answered: 0,
                 mark: None,
+                ttl_ms,
             },
         );
         true
@@ -365,7 +374,7 @@ impl Sessions {
                     hash: t.hash,
                     nonce,
                     force,
-                    ttl_ms: s.ttl_ms,
+                    ttl_ms: t.ttl_ms,
                 });
             }
             if t.session.is_some() && now.saturating_sub(t.answered) >= WAIT_MS {

@@ -248,3 +248,30 @@ fn a_client_that_moves_while_still_connected_takes_its_session_along() {
     assert_eq!(receive(&mut new), ("after-the-move".to_owned(), 1));
     assert_eq!(old.next(), None, "A closed the old connection");
 }
+
+#[test]
+fn a_5_0_resume_without_expiry_ends_the_session_with_its_connection() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let (_a, mqtt_a) = node(&redis);
+    let (b, mqtt_b) = node(&redis);
+    subscribe_and_leave(&redis, mqtt_a, "brief", &["away/+"]);
+    sent(b.addr, "away/1", "kept");
+    // 5.0, clean start 0, no Session Expiry Interval: resumed, then over.
+    let mut c = Client::open(mqtt_b, Version::V5, "brief", 60, false);
+    assert!(matches!(
+        c.next(),
+        Some(Got::Connack {
+            session_present: true,
+            code: 0,
+            ..
+        })
+    ));
+    assert_eq!(receive(&mut c), ("kept".to_owned(), 1));
+    drop(c);
+    wait_until("nothing of it left in Redis", || {
+        redis.cli(&["--scan", "--pattern", "throng:#s*"]).is_empty()
+    });
+    let (_, present) = connect(mqtt_a, "brief");
+    assert!(!present, "it ended with the 5.0 connection");
+}
