@@ -9,8 +9,8 @@
 use std::net::SocketAddr;
 
 use throng_proto::mqtt::{
-    Ack, Disconnect, Packet, PacketId, Properties, QoS, ReasonCode, Subscribe, SubscriptionOptions,
-    Version,
+    Ack, Delivery, Disconnect, Packet, PacketId, Properties, QoS, ReasonCode, Subscribe,
+    SubscriptionOptions, Version,
 };
 use throng_testkit::http::publish;
 use throng_testkit::redis::Redis;
@@ -135,9 +135,15 @@ fn a_session_left_on_one_node_resumes_on_another_with_what_came_meanwhile() {
     let (b, mqtt_b) = node(&redis);
     subscribe_and_leave(&redis, mqtt_a, "mover", &["away/+"]);
     assert_eq!(a.metric("throng_mqtt_sessions_stored_total"), 1.0);
-    // Published on both nodes while the client is away.
+    // Published on both nodes while the client is away, over HTTP and by
+    // an MQTT client (sealed with its QoS on the way through Redis).
     let mut want = publish_all(b.addr, "b", 5);
     want.extend(publish_all(a.addr, "a", 3));
+    let mut publisher = Client::connect(mqtt_b, Version::V311, "publisher");
+    let id = PacketId::MIN;
+    publisher.publish("away/9", b"by-mqtt", Delivery::AtLeastOnce(id));
+    assert_eq!(publisher.next(), Some(Got::Puback(1, 0)));
+    want.push("by-mqtt".to_owned());
     let c = resume(mqtt_b, b.addr, "mover", &want);
     drop(c);
     // Back again on A: the session went with it each time.
