@@ -19,7 +19,8 @@
 //!   [`entry`]'s bytes. Same TTL.
 //! - the index every publish reads: `#sf:<filter>`, a hash of the sessions
 //!   away subscribed to that filter (field the hash, value the options),
-//!   and `#sw`, the set of wildcard filters among them.
+//!   and `#sw:<n>:<levels>`, the wildcard filters among them by their
+//!   first `n` literal levels (before their first wildcard).
 //!
 //! Who queues: the node that publishes, in the same script as its
 //! `PUBLISH` ([`publish_script`]), so a message is queued for every
@@ -38,16 +39,39 @@ use super::error::ReplyError;
 /// `t`, then the nonce in decimal.
 pub(crate) const MARKS: &str = "#sessions";
 
-/// Lua: the subscription index's upkeep, shared by the scripts that end a
-/// session away (take, drop, a park over an older one).
-const UNINDEX: &str = r"
+/// Lua: the subscription index, shared by every script. A wildcard
+/// filter is listed in the set of its literal levels (those before its
+/// first wildcard: `#sw:<count>:<levels>`), so a publish reads one set per
+/// level of its topic, whatever the number of filters elsewhere.
+const INDEX: &str = r"
+local function split(s)
+  local r = {}
+  for p in string.gmatch(s .. '/', '([^/]*)/') do r[#r+1] = p end
+  return r
+end
+local function wset(pfx, levels, k)
+  return pfx .. '#sw:' .. k .. ':' .. table.concat(levels, '/', 1, k)
+end
+local function wkey(pfx, f)
+  local l = split(f)
+  for k = 1, #l do
+    if l[k] == '+' or l[k] == '#' then return wset(pfx, l, k - 1) end
+  end
+  return nil
+end
+local function unlist(pfx, f)
+  if redis.call('EXISTS', pfx .. '#sf:' .. f) == 0 then
+    local w = wkey(pfx, f)
+    if w then redis.call('SREM', w, f) end
+  end
+end
 local function unindex(pfx, sid, rec)
   local h = redis.call('HGETALL', rec)
   for i = 1, #h, 2 do
     if string.sub(h[i], 1, 2) == 'f:' then
       local f = string.sub(h[i], 3)
       redis.call('HDEL', pfx .. '#sf:' .. f, sid)
-      if redis.call('EXISTS', pfx .. '#sf:' .. f) == 0 then redis.call('SREM', pfx .. '#sw', f) end
+      unlist(pfx, f)
     end
   end
 end
@@ -60,14 +84,13 @@ end
 const QUEUE: &str = r"
 local pfx, topic = ARGV[#ARGV-3], ARGV[#ARGV-2]
 local exact = redis.call('HGETALL', pfx .. '#sf:' .. topic)
-local wild = redis.call('SMEMBERS', pfx .. '#sw')
+local levels = split(topic)
+local wild = {}
+for k = 0, #levels do
+  for _, f in ipairs(redis.call('SMEMBERS', wset(pfx, levels, k))) do wild[#wild+1] = f end
+end
 if #exact > 0 or #wild > 0 then
   local qos, limit = tonumber(ARGV[#ARGV-1]), tonumber(ARGV[#ARGV])
-  local function split(s)
-    local r = {}
-    for p in string.gmatch(s .. '/', '([^/]*)/') do r[#r+1] = p end
-    return r
-  end
   local function matches(f, t)
     local a, b = split(f), split(t)
     if string.byte(t, 1) == 36 and (a[1] == '+' or a[1] == '#') then return false end
@@ -85,7 +108,7 @@ if #exact > 0 or #wild > 0 then
         if hits[h[i]] == nil or hits[h[i]] < o then hits[h[i]] = o end
       else
         redis.call('HDEL', pfx .. '#sf:' .. f, h[i])
-        if redis.call('EXISTS', pfx .. '#sf:' .. f) == 0 then redis.call('SREM', pfx .. '#sw', f) end
+        unlist(pfx, f)
       end
     end
   end
@@ -151,7 +174,7 @@ pub(crate) fn lost_script(v: &Value) -> bool {
 /// prefix, topic, QoS, limit. Answers `PUBLISH`'s receiver count.
 fn plain_script() -> String {
     format!(
-        "local n = redis.call('PUBLISH', KEYS[1], ARGV[1])\nlocal P = ARGV[1]\n{QUEUE}\nreturn n\n"
+        "{INDEX}local n = redis.call('PUBLISH', KEYS[1], ARGV[1])\nlocal P = ARGV[1]\n{QUEUE}\nreturn n\n"
     )
 }
 
@@ -159,7 +182,7 @@ fn plain_script() -> String {
 /// arguments, then prefix, topic, QoS, limit; its answer.
 fn history_script() -> String {
     let base = crate::stream::PUBLISH_SCRIPT.replacen("return {", "local r = {", 1);
-    format!("{base}\nlocal P = ARGV[2]\n{QUEUE}\nreturn r\n")
+    format!("{base}\n{INDEX}local P = ARGV[2]\n{QUEUE}\nreturn r\n")
 }
 
 /// Appends the command that publishes `payload` (as it goes to Redis) on
@@ -305,7 +328,8 @@ redis.call('HSET', rec, 'r', ARGV[5], 'n', nonce, 'ready', '0', 'o', owner)
 for i = 7, #ARGV, 2 do
   redis.call('HSET', rec, 'f:' .. ARGV[i], ARGV[i+1])
   redis.call('HSET', pfx .. '#sf:' .. ARGV[i], sid, ARGV[i+1])
-  if string.find(ARGV[i], '[+#]') then redis.call('SADD', pfx .. '#sw', ARGV[i]) end
+  local w = wkey(pfx, ARGV[i])
+  if w then redis.call('SADD', w, ARGV[i]) end
 end
 redis.call('PEXPIRE', rec, ttl)
 redis.call('PUBLISH', pfx .. '#sessions', 'p' .. nonce)
@@ -381,7 +405,7 @@ fn sid(hash: u64) -> String {
 }
 
 fn eval(out: &mut BytesMut, body: &str, args: &[&[u8]]) {
-    let script = format!("{UNINDEX}{body}");
+    let script = format!("{INDEX}{body}");
     let mut all: Vec<&[u8]> = vec![b"EVAL", script.as_bytes(), b"0"];
     all.extend_from_slice(args);
     resp::encode_command(out, &all);
