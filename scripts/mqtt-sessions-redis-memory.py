@@ -14,17 +14,27 @@ filters every publish reads. Nothing is queued: this is a session's own
 cost; each queued message adds its entry (payload, topic, 3 bytes, the
 seal for MQTT publishes) to a Redis list.
 
+Then, with all those sessions away, what a QoS 1 publish costs Redis:
+--publishes HTTP publishes (64 bytes, default 500: under the queue limit) through the node to a topic no
+session matches (`other/1`) and to one that one session's filter matches
+(`fleet/<its client>/0/x` with a wildcard filter; it queues), each as
+Redis's `usec_per_call` of the publish script (`INFO commandstats`,
+`cmdstat_evalsha`), beside a plain `PUBLISH` of the same size (QoS 0
+never queues: what every publish cost before sessions were in Redis).
+
 Every process it starts is stopped at the end.
 """
 
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import paho.mqtt.client as mqtt
 
@@ -64,6 +74,25 @@ def wait(what, ok, timeout=120):
         time.sleep(0.2)
 
 
+def usec_per_call(port, command):
+    for line in cli(port, "INFO", "commandstats").splitlines():
+        if line.startswith(f"cmdstat_{command}:"):
+            return float(line.split("usec_per_call=")[1].split(",")[0])
+    raise SystemExit(f"no cmdstat_{command}")
+
+
+def publish_cost(rport, http, topic, n):
+    """Redis's microseconds per publish script over n HTTP publishes."""
+    cli(rport, "CONFIG", "RESETSTAT")
+    body = b"x" * 64
+    for _ in range(n):
+        req = urllib.request.Request(f"http://{http}/publish/{topic}", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if r.status != 200:
+                raise SystemExit(f"publish answered {r.status}")
+    return usec_per_call(rport, "evalsha")
+
+
 def leave_sessions(mqtt_port, tag, k, filters):
     """K clients, each subscribed to its filters (SUBACK in) and gone."""
     for c in range(k):
@@ -88,8 +117,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sessions", type=int, default=1000)
     p.add_argument("--subs", type=int, nargs="+", default=[1, 10])
+    p.add_argument("--publishes", type=int, default=500)
     p.add_argument("--throng", default=os.path.join(ROOT, "target", "debug", "throng"))
     args = p.parse_args()
+    # Stopped by a signal, it still stops what it started.
+    signal.signal(signal.SIGTERM, lambda *_a: sys.exit(143))
     rport = free_port()
     redis = subprocess.Popen(
         ["redis-server", "--port", str(rport), "--save", "", "--appendonly", "no"],
@@ -124,6 +156,19 @@ def main():
                 after = used_memory(rport)
                 per = (after - before) / args.sessions
                 print(f"{n:>8} {kind:>9} {args.sessions:>9} {per:>14.0f}", flush=True)
+        http = start["listen"][0]
+        print(f"with {total} sessions away, Redis us per QoS 1 publish ({args.publishes} each):")
+        none = publish_cost(rport, http, "other/1", args.publishes)
+        print(f"  no session matches        {none:6.2f}", flush=True)
+        one = publish_cost(rport, http, f"fleet/wildcard{max(args.subs)}-0/0/x", args.publishes)
+        print(f"  queued for one session    {one:6.2f}", flush=True)
+        cli(rport, "CONFIG", "RESETSTAT")
+        subprocess.run(
+            ["redis-benchmark", "-p", str(rport), "-n", str(args.publishes * 10), "-q",
+             "PUBLISH", "throng:other/1", "x" * 64],
+            capture_output=True, check=True,
+        )
+        print(f"  plain PUBLISH             {usec_per_call(rport, 'publish'):6.2f}", flush=True)
     finally:
         for proc in (serve, redis):
             if proc is not None:

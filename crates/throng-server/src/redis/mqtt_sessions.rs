@@ -77,19 +77,30 @@ local function unindex(pfx, sid, rec)
 end
 ";
 
-/// Lua run after a publish whose payload is `P`: queues it for every
-/// session away that a filter matches (at the lower of the two QoS), up
-/// to the queue limit. The last four arguments: prefix, topic, QoS, limit.
-/// An index entry whose session is gone (expired) is removed on the way.
-const QUEUE: &str = r"
+/// Lua run after a publish whose payload is `P`: the filters that could
+/// match its topic (the last four arguments: prefix, topic, QoS, limit),
+/// read with no table or function made, as most publishes match none.
+const SCAN: &str = r"
 local pfx, topic = ARGV[#ARGV-3], ARGV[#ARGV-2]
 local exact = redis.call('HGETALL', pfx .. '#sf:' .. topic)
-local levels = split(topic)
-local wild = {}
-for k = 0, #levels do
-  for _, f in ipairs(redis.call('SMEMBERS', wset(pfx, levels, k))) do wild[#wild+1] = f end
+local wild = redis.call('SMEMBERS', pfx .. '#sw:0:')
+local k, at = 0, 0
+while true do
+  local e = string.find(topic, '/', at + 1, true)
+  k = k + 1
+  for _, f in ipairs(redis.call('SMEMBERS', pfx .. '#sw:' .. k .. ':' .. string.sub(topic, 1, (e or 0) - 1))) do
+    wild[#wild+1] = f
+  end
+  if not e then break end
+  at = e
 end
-if #exact > 0 or #wild > 0 then
+";
+
+/// Lua run when [`SCAN`] found filters, after [`INDEX`]: queues the
+/// message for every session away that one matches (at the lower of the
+/// two QoS), up to the queue limit. An index entry whose session is gone
+/// (expired) is removed on the way.
+const QUEUE: &str = r"
   local qos, limit = tonumber(ARGV[#ARGV-1]), tonumber(ARGV[#ARGV])
   local function matches(f, t)
     local a, b = split(f), split(t)
@@ -124,7 +135,6 @@ if #exact > 0 or #wild > 0 then
       redis.call('PEXPIRE', key, redis.call('PTTL', pfx .. '#s:' .. sid))
     end
   end
-end
 ";
 
 /// A publish script's text and its SHA-1 in hex (what `EVALSHA` names).
@@ -170,11 +180,17 @@ pub(crate) fn lost_script(v: &Value) -> bool {
     }
 }
 
+/// [`SCAN`], then [`INDEX`] and [`QUEUE`] when it found filters.
+fn queue() -> String {
+    format!("{SCAN}if #exact > 0 or #wild > 0 then\n{INDEX}{QUEUE}end\n")
+}
+
 /// A plain publish that queues: KEYS = the channel; ARGV = payload,
 /// prefix, topic, QoS, limit. Answers `PUBLISH`'s receiver count.
 fn plain_script() -> String {
     format!(
-        "{INDEX}local n = redis.call('PUBLISH', KEYS[1], ARGV[1])\nlocal P = ARGV[1]\n{QUEUE}\nreturn n\n"
+        "local n = redis.call('PUBLISH', KEYS[1], ARGV[1])\nlocal P = ARGV[1]\n{}return n\n",
+        queue()
     )
 }
 
@@ -182,7 +198,7 @@ fn plain_script() -> String {
 /// arguments, then prefix, topic, QoS, limit; its answer.
 fn history_script() -> String {
     let base = crate::stream::PUBLISH_SCRIPT.replacen("return {", "local r = {", 1);
-    format!("{base}\n{INDEX}local P = ARGV[2]\n{QUEUE}\nreturn r\n")
+    format!("{base}\nlocal P = ARGV[2]\n{}return r\n", queue())
 }
 
 /// Appends the command that publishes `payload` (as it goes to Redis) on
