@@ -88,6 +88,11 @@ pub(crate) enum News {
     Answer(Publisher, Bytes),
     /// The broker's state changed: the record every worker gets (for `/healthz`).
     State(Bytes),
+    /// A park or take mark of the MQTT sessions in Redis (`p`/`t`, nonce),
+    /// in its place among the relayed messages.
+    SessionMark(u8, u64),
+    /// The reply to a script of the MQTT sessions in Redis, by nonce.
+    SessionReply(u64, Result<throng_proto::resp::Value, String>),
 }
 
 /// The node's broker: the embedded relay, or Redis shared by many nodes.
@@ -152,6 +157,56 @@ impl Broker {
         if let Self::Redis(r) = self {
             r.sharing = on;
         }
+    }
+
+    /// The prefix and per-session queue limit of MQTT sessions kept in
+    /// Redis; `None` when they are the node's (no Redis, channels mode, a
+    /// cluster).
+    pub(crate) fn sessions_in_redis(&self) -> Option<(&str, usize)> {
+        match self {
+            Self::Redis(r) if r.settings.session_queue > 0 => {
+                Some((&r.settings.prefix, r.settings.session_queue))
+            }
+            _ => None,
+        }
+    }
+
+    /// Sends a script of the MQTT sessions in Redis; its reply comes as
+    /// [`News::SessionReply`] with `nonce`.
+    pub(crate) fn session_command(&mut self, nonce: u64, bytes: Bytes) {
+        if let Self::Redis(r) = self {
+            let _ = r.cmds.send(Command::Session { nonce, bytes });
+        }
+    }
+
+    /// `m` as this node publishes it to Redis (sealed unless bare says all).
+    pub(crate) fn sealed(&self, m: &Message) -> Bytes {
+        match self {
+            Self::Redis(r) => r.seal(m),
+            Self::Local => m.payload.clone(),
+        }
+    }
+
+    /// A message queued in Redis for an MQTT session
+    /// ([`redis::mqtt_sessions::entry`]): it, the QoS it goes at and the
+    /// packet id it was sent with; `None` when it does not read or its
+    /// Message Expiry Interval ran out (counted as dropped).
+    pub(crate) fn unqueue(&mut self, entry: &Bytes) -> Option<(Message, u8, u16)> {
+        let Self::Redis(r) = self else {
+            return None;
+        };
+        let (qos, id, channel, raw) = redis::mqtt_sessions::open_entry(entry)?;
+        let (meta, payload) = envelope::open(raw).ok()?;
+        let m = r.relayed(channel, MessageId::NONE, payload, meta)?;
+        Some((
+            Message {
+                at_most_once: false,
+                exactly_once: qos == 2,
+                ..m
+            },
+            qos,
+            id,
+        ))
     }
 
     /// Worker slot `i` gained (`on`) or lost its subscribers of `channel`.
@@ -316,24 +371,9 @@ impl Remote {
         // An empty retained payload clears the channel's retained
         // message in Redis: it goes bare, as the clear it is.
         let payload = if retain.is_some() && m.payload.is_empty() {
-            m.payload
+            m.payload.clone()
         } else {
-            let meta = envelope::Meta {
-                qos: if m.at_most_once {
-                    0
-                } else if m.exactly_once {
-                    2
-                } else {
-                    1
-                },
-                retained: m.retained,
-                text: m.text,
-                node: self.node,
-                origin: m.origin,
-                sent_ms: envelope::unix_ms(),
-                properties: m.properties,
-            };
-            envelope::seal(&meta, &m.payload)
+            self.seal(&m)
         };
         let sent = self.cmds.send(Command::Publish {
             to: origin,
@@ -342,6 +382,27 @@ impl Remote {
             retain,
         });
         sent.map_err(|_| Refusal::Stopped)
+    }
+
+    /// What goes to Redis for `m`: bare when a plain publish says all.
+    fn seal(&self, m: &Message) -> Bytes {
+        let qos = if m.at_most_once {
+            0
+        } else if m.exactly_once {
+            2
+        } else {
+            1
+        };
+        let meta = envelope::Meta {
+            qos,
+            retained: m.retained,
+            text: m.text,
+            node: self.node,
+            origin: m.origin,
+            sent_ms: envelope::unix_ms(),
+            properties: m.properties.clone(),
+        };
+        envelope::seal(&meta, &m.payload)
     }
 
     /// Asks Redis what `channel`'s stream kept after `since`, for rejoin
@@ -596,6 +657,8 @@ impl Remote {
             // This node's own claim, back from Redis.
             redis::Event::Claimed { .. } => News::Nothing,
             redis::Event::Announced(payload) => News::Announced(payload),
+            redis::Event::SessionMark { kind, nonce } => News::SessionMark(kind, nonce),
+            redis::Event::SessionReply { nonce, reply } => News::SessionReply(nonce, reply),
             redis::Event::Dropped(why) => {
                 self.stats.dropped += 1;
                 if self.stats.dropped.is_power_of_two() {
@@ -758,6 +821,7 @@ mod tests {
             history: None,
             max_retained: 10,
             topology: redis::Topology::Single,
+            session_queue: 0,
         };
         (Remote::new(settings, tx, 3), rx)
     }
@@ -775,6 +839,7 @@ mod tests {
                 Command::Store { channel, .. } => format!("store {channel}"),
                 Command::Claim { hash, .. } => format!("claim {hash}"),
                 Command::Announce(_) => "announce".into(),
+                Command::Session { nonce, .. } => format!("session {nonce}"),
             });
         }
         out

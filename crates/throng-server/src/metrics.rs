@@ -545,6 +545,19 @@ fn render_sessions(out: &mut String, s: &crate::sessions::SessionStats) {
              between a connection's end and its park: some may be missing.",
             s.gap_missed,
         ),
+        (
+            "throng_mqtt_sessions_stored_total",
+            "counter",
+            "Sessions written to Redis when their client went (--redis): any node resumes them.",
+            s.stored,
+        ),
+        (
+            "throng_mqtt_session_store_failures_total",
+            "counter",
+            "Session writes and reads Redis refused or could not answer (a resume then starts \
+             afresh).",
+            s.store_failed,
+        ),
     ];
     unlabelled(out, &rows);
     let name = "throng_mqtt_session_dropped_total";

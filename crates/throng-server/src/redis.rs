@@ -22,6 +22,8 @@
 //!   failover (`--redis-sentinel`).
 //! - `counts`: subscriber counts summed over the nodes (the server API),
 //!   on a request-and-reply connection of its own.
+//! - `mqtt_sessions`: MQTT persistent sessions away, kept in Redis and
+//!   queued for by every publishing node (pattern mode, one Redis).
 //! - [`error`]: what goes wrong, as types.
 //!
 //! Connections are made by [`throng_client::redis::open`]: plain TCP for
@@ -34,6 +36,7 @@ pub(crate) mod counts;
 pub(crate) mod driver;
 pub(crate) mod envelope;
 pub mod error;
+pub(crate) mod mqtt_sessions;
 pub(crate) mod oneshot;
 pub(crate) mod router;
 pub(crate) mod sentinel;

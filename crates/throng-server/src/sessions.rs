@@ -32,6 +32,9 @@ use throng_proto::mqtt::topic::FilterTrie;
 
 use crate::control::{Message, SessionOpen, SessionPark, SessionResumed, SessionSub};
 
+mod shared;
+pub(crate) use shared::{Ask, TakeAnswer};
+
 /// Relayed messages kept to close the gap between a connection's end and
 /// its park (a few control-socket round trips of traffic), at most.
 pub const RECENT: usize = 4096;
@@ -84,6 +87,13 @@ pub struct SessionStats {
     /// Parks whose gap was older than the recent messages kept: messages
     /// relayed meanwhile may be missing from the session.
     pub gap_missed: u64,
+    /// Sessions written to Redis when their client went (`--redis`).
+    #[serde(default)]
+    pub stored: u64,
+    /// Session writes and reads Redis refused or could not answer (a
+    /// resume then starts afresh).
+    #[serde(default)]
+    pub store_failed: u64,
 }
 
 /// Where a connected persistent session is.
@@ -147,6 +157,8 @@ pub struct Sessions {
     releases: Vec<(String, u64)>,
     bytes: usize,
     stats: SessionStats,
+    /// With Redis (pattern mode, one Redis): sessions away live there.
+    shared: Option<shared::Shared>,
 }
 
 /// The QoS message `m` was published at.
@@ -205,6 +217,7 @@ impl Sessions {
             releases: Vec::new(),
             bytes: 0,
             stats: SessionStats::default(),
+            shared: None,
         }
     }
 
@@ -218,6 +231,7 @@ impl Sessions {
         };
         if o.clean {
             self.drop_parked(o.hash);
+            self.drop_shared(o.hash, o.persistent);
             self.set_owner(o.hash, owner, o.persistent);
             return None;
         }
@@ -235,6 +249,9 @@ impl Sessions {
             return None;
         }
         self.set_owner(o.hash, owner, o.persistent);
+        if self.open_shared(owner, o, now) {
+            return None;
+        }
         Some(self.reply(owner, None, now))
     }
 
@@ -251,6 +268,11 @@ impl Sessions {
         }
         self.owners.remove(&p.hash);
         let expiry = p.expiry.min(self.limits.max_expiry);
+        // In Redis, unless a resume on this node waits for it.
+        if self.shared.is_some() && !self.waiting.iter().any(|w| w.hash == p.hash) {
+            self.park_shared(p, expiry, now);
+            return None;
+        }
         // The session itself counts under --mqtt-sessions-memory too: past
         // it, it is not kept (counted), whatever it holds.
         let own: usize = OVERHEAD
@@ -280,22 +302,8 @@ impl Sessions {
         if self.recent.front().is_some_and(|m| m.id > p.through + 1) {
             self.stats.gap_missed += 1;
         }
-        let gap: Vec<Message> = self
-            .recent
-            .iter()
-            .filter(|m| m.id > p.through)
-            .cloned()
-            .collect();
-        for m in &gap {
-            let sub = parked
-                .subs
-                .iter()
-                .filter(|s| throng_proto::mqtt::topic::matches(&s.filter, &m.channel))
-                .map(|s| s.options & 3)
-                .max();
-            if let Some(qos) = sub.map(|s| s.min(qos_of(m))).filter(|&q| q > 0) {
-                self.push(&mut parked, m, qos, now, 0);
-            }
+        for (m, qos) in self.matched(&parked.subs, p.through, self.last) {
+            self.push(&mut parked, &m, qos, now, 0);
         }
         if let Some(k) = self.waiting.iter().position(|w| w.hash == p.hash) {
             let w = self.waiting.swap_remove(k);
@@ -326,7 +334,29 @@ impl Sessions {
     /// persistent session is connected or parked; else only their ids
     /// ([`Self::passed`]).
     pub fn wants(&self) -> bool {
-        !self.owners.is_empty() || !self.parked.is_empty()
+        !self.owners.is_empty() || !self.parked.is_empty() || self.shared_busy()
+    }
+
+    fn shared_busy(&self) -> bool {
+        self.shared.as_ref().is_some_and(shared::Shared::busy)
+    }
+
+    /// The messages relayed after `after`, up to `upto`, that `subs`
+    /// match, each with the QoS it goes at (QoS 0 ones are not kept).
+    fn matched(&self, subs: &[SessionSub], after: u64, upto: u64) -> Vec<(Message, u8)> {
+        self.recent
+            .iter()
+            .filter(|m| m.id > after && m.id <= upto)
+            .filter_map(|m| {
+                let sub = subs
+                    .iter()
+                    .filter(|s| throng_proto::mqtt::topic::matches(&s.filter, &m.channel))
+                    .map(|s| s.options & 3)
+                    .max()?;
+                let qos = sub.min(qos_of(m));
+                (qos > 0).then(|| (m.clone(), qos))
+            })
+            .collect()
     }
 
     /// Message `id` was relayed while no session wanted it.
@@ -340,7 +370,7 @@ impl Sessions {
     /// sessions it matches.
     pub fn relayed(&mut self, m: &Message, now: u64) {
         self.last = m.id;
-        if self.owners.is_empty() {
+        if self.owners.is_empty() && !self.shared_busy() {
             self.recent.clear();
             self.recent_bytes = 0;
         } else {
@@ -413,14 +443,22 @@ impl Sessions {
             self.set_owner(w.hash, w.owner, w.persistent);
             out.push(self.reply(w.owner, None, now));
         }
+        out.extend(self.tick_shared(now));
         out
     }
 
     /// Worker `worker` died (or was replaced): its connections' sessions
     /// are lost, and its waiting resumes with them.
     pub fn worker_gone(&mut self, worker: usize) {
+        let gone: Vec<u64> = self
+            .owners
+            .iter()
+            .filter(|(_, o)| o.worker == worker)
+            .map(|(&h, _)| h)
+            .collect();
         self.owners.retain(|_, o| o.worker != worker);
         self.waiting.retain(|w| w.owner.worker != worker);
+        self.worker_gone_shared(worker, &gone);
     }
 
     /// The interest changes since the last call, in order.
@@ -725,5 +763,134 @@ mod tests {
         assert!(!late[0].resumed.present);
         s.worker_gone(1);
         assert!(s.open(0, &open(8, 3, false), 0).is_some(), "no owner left");
+    }
+
+    #[test]
+    fn in_redis_a_park_puts_what_its_connection_missed_in_front_at_its_mark() {
+        let mut s = Sessions::new(limits());
+        s.keep_in_redis();
+        assert_eq!(s.open(0, &open(7, 1, true), 0), None);
+        let drop = s.take_asks();
+        let [
+            Ask::Drop {
+                hash: 7,
+                token,
+                clean: true,
+                ttl_ms: 3_600_000,
+            },
+        ] = drop[..]
+        else {
+            panic!("a clean start that owns the session: {drop:?}")
+        };
+        for id in 1..=3 {
+            s.relayed_at(&msg(id, "t", 1));
+        }
+        // The worker had finished the fan-out of 1; one in flight unacked.
+        let mut p = park(7, 1, 1, &[("t", 1), ("$share/g/t", 1)]);
+        p.pending = vec![msg(1, "t", 1)];
+        p.ids = vec![9];
+        assert_eq!(s.park(0, p, 0), None);
+        let Some(Ask::Park {
+            hash: 7,
+            nonce,
+            ttl_ms: 60_000,
+            owner,
+            indexed,
+            ..
+        }) = s.take_asks().pop()
+        else {
+            panic!("a park")
+        };
+        assert_eq!(indexed, vec![("t".to_owned(), 1)], "no shared filter");
+        assert_eq!(owner, token, "parked as the connection that owns it");
+        assert!(s.settling());
+        s.relayed_at(&msg(4, "t", 1));
+        assert_eq!(s.on_mark(b'p', nonce, 0), None);
+        // After the mark, publishers queue: 5 is theirs.
+        s.relayed_at(&msg(5, "t", 1));
+        let Some(Ask::Front { entries, .. }) = s.take_asks().pop() else {
+            panic!("a front")
+        };
+        let got: Vec<(u64, u16)> = entries.iter().map(|(m, _, id)| (m.id, *id)).collect();
+        assert_eq!(got, vec![(1, 9), (2, 0), (3, 0), (4, 0)]);
+        assert!(s.settling(), "until Redis answered");
+        // The drop, the park and the front.
+        for _ in 0..3 {
+            s.answered(true);
+        }
+        assert!(!s.settling());
+    }
+
+    #[test]
+    fn in_redis_a_resume_gets_the_queue_then_what_came_after_the_take_once() {
+        let mut s = Sessions::new(limits());
+        s.keep_in_redis();
+        assert_eq!(s.open(1, &open(7, 2, false), 0), None);
+        let Some(Ask::Take { nonce, force, .. }) = s.take_asks().pop() else {
+            panic!("a take")
+        };
+        assert!(!force);
+        // Published before the take: in the queue, not again.
+        s.relayed_at(&msg(10, "t", 1));
+        assert_eq!(s.on_mark(b't', nonce, 0), None);
+        s.relayed_at(&msg(11, "t", 2));
+        s.relayed_at(&msg(12, "other", 1));
+        let record = crate::redis::mqtt_sessions::Record {
+            subs: vec![("t".into(), 1)],
+            releases: vec![3],
+            received: Vec::new(),
+        };
+        let queue = vec![(msg(0, "t", 1), 1, 0)];
+        let r = s
+            .on_taken(nonce, TakeAnswer::Session(record, queue), 5)
+            .expect("answered once both came");
+        assert_eq!(r.worker, 1);
+        assert!(r.resumed.present);
+        assert_eq!(r.resumed.through, 12);
+        assert_eq!(r.resumed.releases, vec![3]);
+        assert_eq!(
+            payloads(&r),
+            vec![("m0".to_owned(), false), ("m11".to_owned(), false)],
+            "QoS 2 on a QoS 1 subscription comes at 1"
+        );
+        assert_eq!(s.stats().resumed, 1);
+    }
+
+    #[test]
+    fn in_redis_a_take_asks_again_forces_after_the_wait_and_none_is_a_fresh_start() {
+        let mut s = Sessions::new(limits());
+        s.keep_in_redis();
+        s.open(0, &open(7, 1, false), 0);
+        let Some(Ask::Take { nonce, .. }) = s.take_asks().pop() else {
+            panic!("a take")
+        };
+        assert_eq!(s.on_taken(nonce, TakeAnswer::NotReady, 0), None);
+        assert!(s.tick(1000).is_empty());
+        let again = s.take_asks();
+        assert!(
+            matches!(again[..], [Ask::Take { force: false, .. }]),
+            "{again:?}"
+        );
+        s.on_taken(nonce, TakeAnswer::NotReady, 1000);
+        s.tick(WAIT_MS);
+        let forced = s.take_asks();
+        assert!(
+            matches!(forced[..], [Ask::Take { force: true, .. }]),
+            "{forced:?}"
+        );
+        let r = s.on_taken(nonce, TakeAnswer::Nothing, WAIT_MS).unwrap();
+        assert!(!r.resumed.present);
+        // Its worker dies: the session's hold in Redis goes with it.
+        s.worker_gone(0);
+        let gone = s.take_asks();
+        assert!(
+            matches!(gone[..], [Ask::Drop { hash: 7, clean: false, token, .. }] if token == nonce),
+            "{gone:?}"
+        );
+        assert_eq!(
+            s.on_taken(nonce, TakeAnswer::Nothing, 0),
+            None,
+            "answered once"
+        );
     }
 }

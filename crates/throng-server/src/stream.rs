@@ -39,7 +39,7 @@ pub const ENVELOPE: &[u8] = b"\0throng ";
 
 /// The publish script: KEYS = stream, channel; ARGV = keep, payload, ttl ms.
 /// Answers `[id, receivers]`.
-const PUBLISH_SCRIPT: &str = r"
+pub(crate) const PUBLISH_SCRIPT: &str = r"
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'p', ARGV[2])
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then
@@ -68,21 +68,35 @@ pub fn publish(
         PUBLISH_SCRIPT.into()
     };
     let key = format!("{prefix}{channel}");
+    script_command(out, b"EVAL", script.as_bytes(), &key, payload, l, &[]);
+}
+
+/// Appends `<verb> <script> 2 <key> <key> <keep> <payload> <ttl> <tail...>`:
+/// the publish script's command, by text (`EVAL`) or by SHA-1
+/// (`EVALSHA`), with more arguments for a script that does more.
+pub(crate) fn script_command(
+    out: &mut BytesMut,
+    verb: &[u8],
+    script: &[u8],
+    key: &str,
+    payload: &[u8],
+    l: StreamLimits,
+    tail: &[&[u8]],
+) {
     let keep = l.keep.to_string();
     let ttl = l.ttl_ms.to_string();
-    resp::encode_command(
-        out,
-        &[
-            b"EVAL",
-            script.as_bytes(),
-            b"2",
-            key.as_bytes(),
-            key.as_bytes(),
-            keep.as_bytes(),
-            payload,
-            ttl.as_bytes(),
-        ],
-    );
+    let mut args: Vec<&[u8]> = vec![
+        verb,
+        script,
+        b"2",
+        key.as_bytes(),
+        key.as_bytes(),
+        keep.as_bytes(),
+        payload,
+        ttl.as_bytes(),
+    ];
+    args.extend_from_slice(tail);
+    resp::encode_command(out, &args);
 }
 
 /// Reads the publish script's answer: the message's id and Redis's receivers.

@@ -328,6 +328,10 @@ impl Plan {
                 .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         });
         settings.max_retained = self.config.max_retained;
+        // MQTT sessions live in Redis where every node hears the marks.
+        if settings.mode == redis::RedisMode::Pattern && !settings.sharded() {
+            settings.session_queue = self.config.mqtt_session_queue.max(1);
+        }
         self.config.redis_mode = Some(settings.mode);
         self.broker = settings.describe();
         self.redis = Some(settings);
@@ -724,6 +728,9 @@ async fn supervise(
     if let Some(settings) = plan.redis.clone() {
         let events = sup.events.clone();
         sup.start_counts(settings.clone());
+        if settings.session_queue > 0 {
+            sup.sessions.keep_in_redis();
+        }
         let cmds = sup.use_redis(settings.clone());
         let emit = move |ev| {
             let _ = events.send(Event::Broker(ev));
@@ -801,6 +808,7 @@ async fn supervise(
                     sup.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
                 sup.session_interest();
+                sup.session_asks();
                 sup.counts_tick();
                 sup.shares_tick();
             }
@@ -825,6 +833,8 @@ async fn supervise(
             handover::go(h, sup.events.clone());
         }
     }
+    // MQTT sessions the drain parked reach Redis before we go.
+    sup.settle_sessions(&mut rx).await;
     // Hold the reserved ports until the workers are gone.
     drop(plan.reserved);
     drop(plan.locks);
@@ -1044,6 +1054,7 @@ impl Supervisor {
         }
         // Its persistent sessions' connections are gone with it, unparked.
         self.sessions.worker_gone(i);
+        self.session_asks();
         for interest in self.shares.worker_gone(i) {
             self.share_interest(interest);
         }
@@ -1165,6 +1176,7 @@ impl Supervisor {
                 if let Some(reply) = self.sessions.open(i, &o, now) {
                     self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
+                self.session_asks();
             }
             Record::SessionPark(p) => {
                 let now = self.now_ms();
@@ -1172,6 +1184,7 @@ impl Supervisor {
                     self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
                 }
                 self.session_interest();
+                self.session_asks();
             }
             Record::ShareMember(m) => self.share_member(i, &m),
             Record::Api(r) => self.on_api(i, generation, r),
@@ -1307,6 +1320,8 @@ impl Supervisor {
                     }
                 }
             }
+            News::SessionMark(kind, nonce) => self.on_session_mark(kind, nonce),
+            News::SessionReply(nonce, reply) => self.on_session_reply(nonce, reply),
         }
     }
 
@@ -1577,5 +1592,6 @@ mod counts;
 mod handover;
 mod jwks;
 
+mod mqtt_sessions;
 #[cfg(test)]
 mod pair;

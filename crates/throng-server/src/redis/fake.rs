@@ -29,6 +29,7 @@ pub(crate) fn settings(mode: RedisMode, history: usize) -> RedisSettings {
         }),
         max_retained: 10,
         topology: super::settings::Topology::Single,
+        session_queue: 0,
     }
 }
 

@@ -240,6 +240,11 @@ impl Router {
             // start); lost while that shard is down, as on one Redis.
             Command::Claim { .. } => self.say(envelope::CLAIMS, cmd),
             Command::Announce(_) => self.say(envelope::SHARES, cmd),
+            // Sessions in Redis are each node's on a cluster.
+            Command::Session { nonce, .. } => self.out.push_back(Event::SessionReply {
+                nonce,
+                reply: Err("MQTT sessions are not kept on a Redis Cluster".into()),
+            }),
             Command::Subscribe(c) => {
                 let at = self.owner(&c);
                 if let Some(s) = at.as_ref().and_then(|a| self.shards.get(a)) {

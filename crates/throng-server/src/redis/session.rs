@@ -84,6 +84,14 @@ pub(crate) enum Command {
     /// This node's members of MQTT shared subscriptions, said on
     /// [`envelope::SHARES`] ([`crate::shares::cluster::announcement`]); no answer.
     Announce(Bytes),
+    /// A script of the MQTT sessions in Redis ([`super::mqtt_sessions`]),
+    /// encoded; answered with [`Event::SessionReply`].
+    Session {
+        /// The sessions' nonce for the answer.
+        nonce: u64,
+        /// The command's bytes.
+        bytes: Bytes,
+    },
     /// The node has subscribers of this channel now (channels mode).
     Subscribe(String),
     /// The node's last subscriber of this channel left (channels mode).
@@ -170,6 +178,22 @@ pub(crate) enum Event {
     /// A node (maybe this one) said its shared subscriptions' members
     /// ([`Command::Announce`]).
     Announced(Bytes),
+    /// A park or take mark of the MQTT sessions in Redis (any node's),
+    /// in its place among the messages ([`super::mqtt_sessions::MARKS`]).
+    SessionMark {
+        /// `p` (park) or `t` (take).
+        kind: u8,
+        /// The nonce of the park or take.
+        nonce: u64,
+    },
+    /// The answer to a [`Command::Session`]: the script's reply, or why
+    /// there is none.
+    SessionReply {
+        /// The nonce it carried.
+        nonce: u64,
+        /// The reply.
+        reply: Result<Value, String>,
+    },
     /// The answer to a [`Command::Publish`]: Redis's receiver count, or why not.
     Published {
         /// Who asked.
@@ -259,6 +283,8 @@ enum Waiting {
     Retained(Publisher, Vec<String>, Instant),
     /// A cluster's store write, and the publish that follows it.
     Store(Publisher, Box<Command>, Instant),
+    /// A script of the MQTT sessions, by its nonce.
+    Session(u64, Instant),
 }
 
 impl Waiting {
@@ -270,7 +296,8 @@ impl Waiting {
             | Self::Skip(t)
             | Self::Exec(_, _, t)
             | Self::Retained(_, _, t)
-            | Self::Store(_, _, t) => *t,
+            | Self::Store(_, _, t)
+            | Self::Session(_, t) => *t,
         }
     }
 }
@@ -328,6 +355,9 @@ struct Live {
     control: i64,
     /// The replies of the recovery being read, so far.
     parts: Vec<Value>,
+    /// The publish script that queues for MQTT sessions was loaded on
+    /// the publisher connection ([`super::mqtt_sessions::load`]).
+    scripts_loaded: bool,
 }
 
 /// The Redis session: the state of both connections and of the requests
@@ -497,6 +527,9 @@ impl Session {
 
     /// The supervisor asks for something.
     pub(crate) fn on_command(&mut self, cmd: Command, now: Instant) {
+        let Some(cmd) = self.before(cmd, now) else {
+            return;
+        };
         let Some(live) = &mut self.live else {
             return self.while_down(cmd);
         };
@@ -595,6 +628,8 @@ impl Session {
                 self.say(envelope::CLAIMS, &claim, now);
             }
             Command::Announce(payload) => self.say(envelope::SHARES, &payload, now),
+            // Taken by `before`.
+            Command::Session { .. } => {}
             Command::Subscribe(c) => {
                 let name = format!("{prefix}{c}");
                 self.channels.insert(c);
@@ -617,6 +652,45 @@ impl Session {
         }
     }
 
+    /// What [`Self::on_command`] does first: a script of the MQTT sessions
+    /// goes as it is; a publish that queues for them loads their script.
+    fn before(&mut self, cmd: Command, now: Instant) -> Option<Command> {
+        match cmd {
+            Command::Session { nonce, bytes } => {
+                match &mut self.live {
+                    Some(live) => {
+                        live.waiting.push_back(Waiting::Session(nonce, now));
+                        self.out.push_back(Output::Write(Conn::Publisher, bytes));
+                    }
+                    None => self.while_down(Command::Session { nonce, bytes }),
+                }
+                None
+            }
+            Command::Publish { ref payload, .. } => {
+                self.load_scripts(payload, now);
+                Some(cmd)
+            }
+            other => Some(other),
+        }
+    }
+
+    /// Loads the publish script that queues for MQTT sessions on the
+    /// publisher connection before the first publish that uses it (on its
+    /// own: not inside the MULTI of a retained publish).
+    fn load_scripts(&mut self, payload: &Bytes, now: Instant) {
+        let Some(live) = &mut self.live else {
+            return;
+        };
+        if live.scripts_loaded || session_qos(&self.settings, payload).is_none() {
+            return;
+        }
+        let mut load = BytesMut::new();
+        super::mqtt_sessions::load(&mut load, self.settings.history.is_some());
+        live.waiting.push_back(Waiting::Skip(now));
+        live.scripts_loaded = true;
+        self.write(Conn::Publisher, load);
+    }
+
     /// The connections are gone (`why`): every request on them is
     /// answered with a failure, and the session waits for the next.
     pub(crate) fn on_closed(&mut self, why: &SessionError) {
@@ -634,6 +708,10 @@ impl Session {
                     }),
                 Waiting::Recover(to, _, 0, _) => self.unrecovered(to),
                 Waiting::Retained(to, ..) => self.unretained(to),
+                Waiting::Session(nonce, _) => self.emit(Event::SessionReply {
+                    nonce,
+                    reply: Err(why.to_string()),
+                }),
                 _ => {}
             }
         }
@@ -666,6 +744,10 @@ impl Session {
             // meanwhile keeps both connections (docs/mqtt.md). Members are
             // said again every second.
             Command::Claim { .. } | Command::Announce(_) => {}
+            Command::Session { nonce, .. } => self.emit(Event::SessionReply {
+                nonce,
+                reply: Err("Redis is not connected".into()),
+            }),
         }
     }
 
@@ -801,6 +883,14 @@ impl Session {
                 return self.emit(Event::Announced(payload));
             }
             _ => {}
+        }
+        if channel.strip_prefix(self.settings.prefix.as_bytes())
+            == Some(super::mqtt_sessions::MARKS.as_bytes())
+        {
+            return match super::mqtt_sessions::open_mark(&payload) {
+                Some((kind, nonce)) => self.emit(Event::SessionMark { kind, nonce }),
+                None => self.emit(Event::Dropped("a malformed session mark".into())),
+            };
         }
         let name = channel
             .strip_prefix(self.settings.prefix.as_bytes())
@@ -968,6 +1058,9 @@ impl Session {
             let Some(live) = &mut self.live else {
                 return Ok(());
             };
+            if super::mqtt_sessions::lost_script(&v) {
+                live.scripts_loaded = false;
+            }
             match live.waiting.pop_front() {
                 Some(Waiting::Publish(to, kept, resend, _)) => {
                     if let (Some(r), Value::Error(e)) = (resend, &v)
@@ -1017,6 +1110,10 @@ impl Session {
                         self.unretained(to);
                     }
                 },
+                Some(Waiting::Session(nonce, _)) => self.emit(Event::SessionReply {
+                    nonce,
+                    reply: Ok(v),
+                }),
                 Some(Waiting::Ping(_) | Waiting::Skip(_)) => {}
                 None => return Err(SessionError::Unasked(format!("{v:?}"))),
             }
@@ -1081,10 +1178,29 @@ impl Session {
     }
 }
 
+/// The QoS a publish of `payload` is queued at for MQTT sessions away, in
+/// the same script ([`super::mqtt_sessions::publish`]): QoS 1 and 2 (a
+/// bare payload is QoS 1; an empty one clears a retained message), with
+/// sessions in Redis.
+fn session_qos(settings: &RedisSettings, payload: &Bytes) -> Option<u8> {
+    if settings.session_queue == 0 || settings.sharded() || payload.is_empty() {
+        return None;
+    }
+    let qos = match envelope::open(payload.clone()) {
+        Ok((Some(meta), _)) => meta.qos,
+        _ => 1,
+    };
+    (qos > 0).then_some(qos)
+}
+
 /// Appends the command that publishes `payload` on `channel`: `PUBLISH`
 /// (`SPUBLISH` on a cluster), or the history script.
-fn publish_command(out: &mut BytesMut, settings: &RedisSettings, channel: &str, payload: &[u8]) {
+fn publish_command(out: &mut BytesMut, settings: &RedisSettings, channel: &str, payload: &Bytes) {
     let prefix = &settings.prefix;
+    if let Some(qos) = session_qos(settings, payload) {
+        let (limit, h) = (settings.session_queue, settings.history);
+        return super::mqtt_sessions::publish(out, prefix, channel, payload, qos, limit, h);
+    }
     match settings.history {
         Some(h) => stream::publish(out, prefix, channel, payload, h, settings.sharded()),
         None => {

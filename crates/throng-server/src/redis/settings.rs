@@ -161,6 +161,10 @@ pub struct RedisSettings {
     pub max_retained: usize,
     /// One Redis, a cluster, or a master found through Sentinel.
     pub topology: Topology,
+    /// MQTT sessions in Redis: the messages queued per session away by
+    /// each publish (`--mqtt-session-queue`); 0: sessions are the node's
+    /// (channels mode, a cluster), publishes queue nothing.
+    pub session_queue: usize,
 }
 
 impl RedisSettings {
@@ -335,6 +339,7 @@ mod tests {
             history: None,
             max_retained: 10,
             topology: Topology::Single,
+            session_queue: 0,
         };
         assert_eq!(s("throng:").pattern(), "throng:*");
         assert_eq!(s("a*b?[c]\\").pattern(), "a\\*b\\?\\[c\\]\\\\*");

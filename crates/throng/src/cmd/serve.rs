@@ -271,12 +271,16 @@ pub(crate) struct Args {
 
     /// Messages an MQTT persistent session (3.1.1 clean session 0, 5.0 Session Expiry
     /// Interval) keeps while its client is away; past it new ones are dropped for it
-    /// (counted: throng_mqtt_session_dropped_total{cause="queue"}).
+    /// (counted: throng_mqtt_session_dropped_total{cause="queue"}). With --redis (pattern
+    /// mode) sessions away live in Redis, where any node resumes them, and this is the
+    /// limit this node's publishes queue to (give every node the same); without, they are
+    /// this node's memory only.
     #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_SESSION_QUEUE)]
     mqtt_session_queue: usize,
 
     /// Bytes the messages of every kept MQTT session may take in all; past it new ones
-    /// are dropped (cause="memory").
+    /// are dropped (cause="memory"). Sessions kept in Redis (--redis) are bounded by
+    /// --mqtt-session-queue and Redis's maxmemory instead.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     mqtt_sessions_memory: usize,
 
@@ -316,7 +320,8 @@ pub(crate) struct Args {
     /// --drain-spread and exits; without --redis it hands its --history and
     /// its retained MQTT messages over, so clients rejoining with ?since= miss
     /// nothing and a new MQTT subscriber gets what was retained (persistent
-    /// MQTT sessions are not handed over). Only a serve of the same user can
+    /// MQTT sessions are not handed over; with --redis they are parked in
+    /// Redis, where this one resumes them). Only a serve of the same user can
     /// be taken over. Without a running serve: starts normally.
     #[arg(long)]
     takeover: bool,
@@ -745,6 +750,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             // Set by the plan from --max-retained.
             max_retained: 0,
             topology,
+            // Set by the plan from --mqtt-session-queue (pattern mode, one Redis).
+            session_queue: 0,
         })?;
     }
     if args.json {

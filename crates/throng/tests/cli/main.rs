@@ -42,6 +42,7 @@ mod mqtt_redis;
 mod mqtt_retain;
 mod mqtt_serve;
 mod mqtt_session;
+mod mqtt_sessions_redis;
 mod mqtt_ws;
 mod newcomer;
 mod one_owner;
