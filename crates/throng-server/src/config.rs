@@ -155,6 +155,9 @@ pub struct Config {
     /// (`--mqtt-session-queue`).
     #[serde(default = "default_session_queue")]
     pub mqtt_session_queue: usize,
+    /// Keep MQTT sessions away in Redis (`--mqtt-sessions-in-redis`).
+    #[serde(default)]
+    pub mqtt_sessions_in_redis: bool,
     /// Bytes the messages of every kept session may take
     /// (`--mqtt-sessions-memory`).
     #[serde(default = "default_sessions_memory")]
@@ -301,6 +304,7 @@ impl Default for Config {
             ws_deflate_min: DEFAULT_WS_DEFLATE_MIN,
             max_filter_bytes: DEFAULT_MAX_FILTER_BYTES,
             mqtt_session_queue: DEFAULT_SESSION_QUEUE,
+            mqtt_sessions_in_redis: false,
             mqtt_sessions_memory: DEFAULT_SESSIONS_MEMORY,
             mqtt_session_expiry: DEFAULT_SESSION_EXPIRY,
             mqtt_max_keep_alive: None,

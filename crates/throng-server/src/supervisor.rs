@@ -78,6 +78,11 @@ pub enum ServeError {
     /// No listen address was given.
     #[error("no listen address (use --listen HOST:PORT)")]
     NoListen,
+    /// `--mqtt-sessions-in-redis` where the nodes cannot share them.
+    #[error(
+        "--mqtt-sessions-in-redis needs one Redis in pattern mode (--redis or --redis-sentinel,          not --redis-mode channels nor --redis-cluster): a session's marks must reach every node          in order with the messages. Without it, sessions are the memory of their node"
+    )]
+    SessionsInRedis,
     /// A port that a running `throng serve` holds.
     #[error(
         "cannot listen on port {port}: a running throng serve (pid {pid}) holds it, and two \
@@ -313,6 +318,13 @@ impl Plan {
         if settings.sharded() && settings.prefix.contains(['{', '}']) {
             return Err(ServeError::TaggedPrefix(settings.prefix));
         }
+        // MQTT sessions in Redis need every node to hear the marks in order
+        // with the messages: one Redis in pattern mode.
+        if self.config.mqtt_sessions_in_redis
+            && (settings.mode != redis::RedisMode::Pattern || settings.sharded())
+        {
+            return Err(ServeError::SessionsInRedis);
+        }
         if !settings.wait {
             settings.probe().map_err(|e| ServeError::Redis {
                 url: settings.url.to_string(),
@@ -328,8 +340,7 @@ impl Plan {
                 .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         });
         settings.max_retained = self.config.max_retained;
-        // MQTT sessions live in Redis where every node hears the marks.
-        if settings.mode == redis::RedisMode::Pattern && !settings.sharded() {
+        if self.config.mqtt_sessions_in_redis {
             settings.session_queue = self.config.mqtt_session_queue.max(1);
         }
         self.config.redis_mode = Some(settings.mode);

@@ -271,15 +271,23 @@ pub(crate) struct Args {
 
     /// Messages an MQTT persistent session (3.1.1 clean session 0, 5.0 Session Expiry
     /// Interval) keeps while its client is away; past it new ones are dropped for it
-    /// (counted: throng_mqtt_session_dropped_total{cause="queue"}). With --redis (pattern
-    /// mode) sessions away live in Redis, where any node resumes them, and this is the
-    /// limit this node's publishes queue to (give every node the same); without, they are
-    /// this node's memory only.
+    /// (counted: throng_mqtt_session_dropped_total{cause="queue"}). With
+    /// --mqtt-sessions-in-redis this is the limit this node's publishes queue to in
+    /// Redis (give every node the same); without, sessions are this node's memory only.
     #[arg(long, value_name = "N", default_value_t = throng_server::config::DEFAULT_SESSION_QUEUE)]
     mqtt_session_queue: usize,
 
+    /// Keep MQTT persistent sessions whose client is away in Redis (--redis, pattern
+    /// mode; give it to every node): a client that comes back to any node resumes its
+    /// session, and a node's death or restart loses none. Its cost: each QoS 1/2 publish
+    /// (every HTTP publish included) runs a Redis script that queues it for the matching
+    /// sessions away, atomically with the PUBLISH (about 30 times a bare PUBLISH's Redis
+    /// CPU). Off: sessions are the memory of the node the client last used. docs/mqtt.md.
+    #[arg(long, requires = "redis_any")]
+    mqtt_sessions_in_redis: bool,
+
     /// Bytes the messages of every kept MQTT session may take in all; past it new ones
-    /// are dropped (cause="memory"). Sessions kept in Redis (--redis) are bounded by
+    /// are dropped (cause="memory"). Sessions kept in Redis (--mqtt-sessions-in-redis) are bounded by
     /// --mqtt-session-queue and Redis's maxmemory instead.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     mqtt_sessions_memory: usize,
@@ -675,6 +683,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         ws_deflate_min: args.ws_deflate_min,
         max_filter_bytes: args.max_filter_bytes,
         mqtt_session_queue: args.mqtt_session_queue,
+        mqtt_sessions_in_redis: args.mqtt_sessions_in_redis,
         mqtt_sessions_memory: args.mqtt_sessions_memory,
         mqtt_session_expiry: u32::try_from(args.mqtt_session_expiry.as_secs()).unwrap_or(u32::MAX),
         mqtt_max_keep_alive: args
@@ -750,7 +759,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             // Set by the plan from --max-retained.
             max_retained: 0,
             topology,
-            // Set by the plan from --mqtt-session-queue (pattern mode, one Redis).
+            // Set by the plan from --mqtt-sessions-in-redis and --mqtt-session-queue.
             session_queue: 0,
         })?;
     }

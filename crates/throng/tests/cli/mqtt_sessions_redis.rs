@@ -21,7 +21,13 @@ use crate::mqtt_listen::{Client, Got, mqtt_server};
 /// A node on `redis` with one worker, once its link is up.
 fn node(redis: &Redis) -> (Server, SocketAddr) {
     let url = redis.url();
-    let n = mqtt_server(&["--redis", &url, "--workers", "1"]);
+    let n = mqtt_server(&[
+        "--redis",
+        &url,
+        "--mqtt-sessions-in-redis",
+        "--workers",
+        "1",
+    ]);
     n.0.wait_broker("up");
     n
 }
@@ -218,7 +224,15 @@ fn a_session_connected_through_serve_takeover_is_kept_in_redis() {
     require!(Peer::RedisServer, Peer::RedisCli);
     let redis = Redis::start(&[], &[]);
     let url = redis.url();
-    let args = ["--redis", &url, "--workers", "1", "--drain-spread", "1s"];
+    let args = [
+        "--redis",
+        &url,
+        "--mqtt-sessions-in-redis",
+        "--workers",
+        "1",
+        "--drain-spread",
+        "1s",
+    ];
     let (old, mqtt) = mqtt_server(&args);
     old.wait_broker("up");
     let (mut c, present) = connect(mqtt, "handed");
@@ -227,7 +241,16 @@ fn a_session_connected_through_serve_takeover_is_kept_in_redis() {
     // The new serve takes the ports; the old one's drain closes the client
     // and parks its session in Redis before it exits.
     let listen = mqtt.to_string();
-    let new = crate::takeover::take_over(&old, &["--mqtt-listen", &listen, "--redis", &url]);
+    let new = crate::takeover::take_over(
+        &old,
+        &[
+            "--mqtt-listen",
+            &listen,
+            "--redis",
+            &url,
+            "--mqtt-sessions-in-redis",
+        ],
+    );
     wait_parked(&redis, 1);
     drop(c);
     new.wait_broker("up");
@@ -280,4 +303,78 @@ fn a_5_0_resume_without_expiry_ends_the_session_with_its_connection() {
     });
     let (_, present) = connect(mqtt_a, "brief");
     assert!(!present, "it ended with the 5.0 connection");
+}
+
+/// Without `--mqtt-sessions-in-redis`, `--redis` leaves sessions to their
+/// node and publishes are a bare PUBLISH: nothing is stored in Redis, and
+/// a client that moves to another node starts afresh there.
+#[test]
+fn without_the_flag_sessions_stay_on_their_node_and_publishes_stay_bare() {
+    require!(Peer::RedisServer, Peer::RedisCli);
+    let redis = Redis::start(&[], &[]);
+    let url = redis.url();
+    let plain = || {
+        let n = mqtt_server(&["--redis", &url, "--workers", "1"]);
+        n.0.wait_broker("up");
+        n
+    };
+    let ((a, mqtt_a), (b, mqtt_b)) = (plain(), plain());
+    let (mut c, present) = connect(mqtt_a, "stays");
+    assert!(!present);
+    subscribe(&mut c, &["away/+"]);
+    c.send(&Packet::Disconnect(Disconnect::new(ReasonCode::SUCCESS)));
+    drop(c);
+    // Kept by A: a publish is queued there for it while it is away.
+    a.wait_metric("throng_mqtt_sessions_parked", |v| v == 1.0);
+    sent(b.addr, "away/1", "kept-by-a");
+    let (c, present) = connect(mqtt_b, "other");
+    assert!(!present);
+    drop(c);
+    assert!(redis.cli(&["--scan", "--pattern", "throng:#s*"]).is_empty());
+    let scripts = redis.cli(&["INFO", "commandstats"]);
+    assert!(
+        !scripts
+            .iter()
+            .any(|l| l.starts_with("cmdstat_evalsha") || l.starts_with("cmdstat_eval:")),
+        "{scripts:?}"
+    );
+    // Back on A, its session and what came meanwhile.
+    let (mut c, present) = connect(mqtt_a, "stays");
+    assert!(present);
+    assert_eq!(receive(&mut c), ("kept-by-a".to_owned(), 1));
+}
+
+/// The flag where the nodes cannot share sessions is refused at start.
+#[test]
+fn the_flag_is_refused_where_sessions_cannot_be_shared() {
+    let out = throng_testkit::process::output_within(
+        crate::throng().args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--redis",
+            "redis://127.0.0.1:1",
+            "--redis-mode",
+            "channels",
+            "--mqtt-sessions-in-redis",
+        ]),
+        std::time::Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--mqtt-sessions-in-redis needs one Redis in pattern mode"),
+        "{err}"
+    );
+    let out = throng_testkit::process::output_within(
+        crate::throng().args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--mqtt-sessions-in-redis",
+        ]),
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--redis"));
 }
