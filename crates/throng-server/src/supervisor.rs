@@ -666,6 +666,8 @@ struct Supervisor {
     sessions: Sessions,
     /// MQTT shared subscriptions: each group's members by worker.
     shares: Shares,
+    /// This node's subjects of `--presence` channels ([`crate::presence`]).
+    presence: crate::presence::Tally,
     /// Server API questions waiting for the workers' parts.
     api: crate::api::Gather,
     /// Wakes the `--auth-jwks-url` reader (`supervisor/jwks.rs`).
@@ -894,6 +896,7 @@ impl Supervisor {
                 max_expiry: config.mqtt_session_expiry,
             }),
             shares: Shares::default(),
+            presence: crate::presence::Tally::default(),
             api: crate::api::Gather::default(),
             keys_stale: None,
             counts: None,
@@ -1044,6 +1047,7 @@ impl Supervisor {
         // Its persistent sessions' connections are gone with it, unparked.
         self.sessions.worker_gone(i);
         self.shares.worker_gone(i);
+        self.presence_worker_gone(i);
         self.api_worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
@@ -1170,6 +1174,7 @@ impl Supervisor {
                 self.session_interest();
             }
             Record::ShareMember(m) => self.shares.member(i, &m),
+            Record::Presence(e) => self.presence_told(i, e),
             Record::Api(r) => self.on_api(i, generation, r),
             Record::KeysStale => self.keys_stale(),
             Record::Release { source } => {
@@ -1515,6 +1520,7 @@ mod api;
 mod counts;
 mod handover;
 mod jwks;
+mod presence;
 
 #[cfg(test)]
 mod pair;
