@@ -1,11 +1,13 @@
 //! Presence events (`--presence`, docs/channels.md) against a real `throng
-//! serve` guarded by PyJWT tokens: a `throng.v1` WebSocket that asks for a
+//! serve` guarded by PyJWT tokens: a `throng.v1` WebSocket (and an event
+//! stream of several channels) that asks for a
 //! channel's joins and leaves (at connect with `presence=`, or in-band)
 //! sees every user who joins or leaves it on any worker and, through a
 //! real Redis, on another node, whose subjects `GET /api/channels/<c>`
 //! then lists too; asking where presence is off is refused.
 
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -13,7 +15,7 @@ use throng_testkit::jwt::Mint;
 use throng_testkit::{Peer, TempDir, require};
 use tungstenite::Message;
 
-use crate::api::call;
+use crate::api::{call, sse};
 use crate::api_sub::{KEY, join, key_file};
 use crate::channels::{Ws, answer, ask, open, refused};
 use crate::serve;
@@ -35,6 +37,26 @@ fn joined(channel: &str, sub: &str) -> Value {
 
 fn left(channel: &str, sub: &str) -> Value {
     json!({"leave": {"channel": channel, "sub": sub}})
+}
+
+/// The next event of an event stream: its lines (the `retry:` hint and
+/// keep-alive comments skipped).
+fn event(s: &mut BufReader<TcpStream>) -> Vec<String> {
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            s.read_line(&mut line).expect("a line") > 0,
+            "the stream ended"
+        );
+        let line = line.trim_end().to_owned();
+        if line.is_empty() && !lines.is_empty() {
+            return lines;
+        }
+        if !line.is_empty() && !line.starts_with("retry:") && !line.starts_with(':') {
+            lines.push(line);
+        }
+    }
 }
 
 /// `GET /api/channels/<channel>` (with the key) until `ok` holds.
@@ -78,6 +100,13 @@ fn a_watcher_sees_who_joins_and_leaves_on_every_worker() {
     }
     let mut w = open(addr, "/?channel=room.a&presence=room.a", Some(&watch));
     assert_eq!(answer(&mut w), joined("room.a", "watch"), "its own join");
+    // An event stream of several channels asks the same way.
+    let target = format!("sse/?channel=room.a&presence=room.a&token={watch}");
+    let mut events = BufReader::new(sse(addr, &target));
+    let join_event =
+        |sub: &str| ["event: join", "data: room.a", &format!("data: {sub}")].map(String::from);
+    assert_eq!(event(&mut events), join_event("watch"));
+    assert_eq!(answer(&mut w), joined("room.a", "watch"));
     // Alice on two sockets (most likely one on each worker), Bob on one of
     // several channels (feed has no presence).
     let mut a = [join(addr, "room.a", &alice), join(addr, "room.a", &alice)];
@@ -85,6 +114,9 @@ fn a_watcher_sees_who_joins_and_leaves_on_every_worker() {
     assert_eq!(answer(&mut w), joined("room.a", "alice"));
     let mut b = open(addr, "/?channel=room.a&channel=feed", Some(&bob));
     assert_eq!(answer(&mut w), joined("room.a", "bob"));
+    for sub in ["alice", "alice", "bob"] {
+        assert_eq!(event(&mut events), join_event(sub));
+    }
     a[0].close(None).expect("close");
     assert_eq!(answer(&mut w), left("room.a", "alice"));
     assert_eq!(
@@ -92,6 +124,10 @@ fn a_watcher_sees_who_joins_and_leaves_on_every_worker() {
         json!({"unsubscribed": "room.a"})
     );
     assert_eq!(answer(&mut w), left("room.a", "bob"));
+    let leave_event =
+        |sub: &str| ["event: leave", "data: room.a", &format!("data: {sub}")].map(String::from);
+    assert_eq!(event(&mut events), leave_event("alice"));
+    assert_eq!(event(&mut events), leave_event("bob"));
     // In-band: refused where presence is off, and nothing else changes.
     let no = ask(&mut w, &json!({"subscribe": "feed", "presence": true}));
     assert_eq!(
@@ -111,7 +147,8 @@ fn a_watcher_sees_who_joins_and_leaves_on_every_worker() {
     assert_eq!(answer(&mut w), joined("room.b", "bob"));
     on_b.close(None).expect("close");
     assert_eq!(answer(&mut w), left("room.b", "bob"));
-    server.wait_metric("throng_presence_events_total", |v| v == 9.0);
+    // 10 to the WebSocket watcher, 6 to the event stream.
+    server.wait_metric("throng_presence_events_total", |v| v == 16.0);
     drop(a);
 }
 
