@@ -163,36 +163,43 @@ impl Held {
     /// Reads every socket until each has `per_sock` more bytes (or `limit`
     /// passes); returns how many sockets got exactly that.
     fn drain(&self, per_sock: u64, limit: Duration) -> usize {
-        let socks = self.socks.borrow();
-        let mut got = self.got.borrow_mut();
-        got.iter_mut().for_each(|g| *g = 0);
-        let mut buf = [0u8; 4096];
-        let start = Instant::now();
-        let mut pending: Vec<usize> = (0..socks.len()).collect();
-        while !pending.is_empty() && start.elapsed() < limit {
-            pending.retain(|&i| {
-                loop {
-                    match io::Read::read(&mut &socks[i], &mut buf) {
-                        Ok(0) => {
-                            self.closed.set(self.closed.get() + 1);
-                            return false;
-                        }
-                        Ok(n) => got[i] += n as u64,
-                        Err(_) => break,
-                    }
-                }
-                got[i] < per_sock
-            });
-        }
-        got.iter().filter(|&&g| g == per_sock).count()
+        self.drain_by(per_sock, limit, |_, b| b.len() as u64)
     }
 
     /// Reads every socket until each has `per_sock` more whole WebSocket
     /// frames (or `limit` passes); returns how many got exactly that.
     fn drain_frames(&self, per_sock: u64, limit: Duration) -> usize {
+        let mut rest = self.rest.borrow_mut();
+        self.drain_by(per_sock, limit, |i, b| {
+            let mine = &mut rest[i];
+            mine.extend_from_slice(b);
+            let (mut at, mut frames) = (0, 0);
+            while let Some((n, z)) = whole_frame(&mine[at..]) {
+                at += n;
+                frames += 1;
+                self.compressed.set(self.compressed.get() + u64::from(z));
+                self.frames.set(self.frames.get() + 1);
+                self.frame_bytes.set(self.frame_bytes.get() + n as u64);
+            }
+            mine.drain(..at);
+            if mine.is_empty() {
+                *mine = Vec::new();
+            }
+            frames
+        })
+    }
+
+    /// Reads every socket until `add` (given the socket's index and what
+    /// was read) has counted `per_sock` for each (or `limit` passes);
+    /// returns how many counted exactly that.
+    fn drain_by(
+        &self,
+        per_sock: u64,
+        limit: Duration,
+        mut add: impl FnMut(usize, &[u8]) -> u64,
+    ) -> usize {
         let socks = self.socks.borrow();
         let mut got = self.got.borrow_mut();
-        let mut rest = self.rest.borrow_mut();
         got.iter_mut().for_each(|g| *g = 0);
         let mut buf = [0u8; 4096];
         let start = Instant::now();
@@ -205,21 +212,9 @@ impl Held {
                             self.closed.set(self.closed.get() + 1);
                             return false;
                         }
-                        Ok(n) => rest[i].extend_from_slice(&buf[..n]),
+                        Ok(n) => got[i] += add(i, &buf[..n]),
                         Err(_) => break,
                     }
-                }
-                let mut at = 0;
-                while let Some((n, z)) = whole_frame(&rest[i][at..]) {
-                    at += n;
-                    got[i] += 1;
-                    self.compressed.set(self.compressed.get() + u64::from(z));
-                    self.frames.set(self.frames.get() + 1);
-                    self.frame_bytes.set(self.frame_bytes.get() + n as u64);
-                }
-                rest[i].drain(..at);
-                if rest[i].is_empty() {
-                    rest[i] = Vec::new();
                 }
                 got[i] < per_sock
             });

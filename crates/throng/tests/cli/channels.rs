@@ -75,6 +75,16 @@ pub(crate) fn message(ws: &mut Ws) -> (String, String, String) {
     (part().to_owned(), part().to_owned(), part().to_owned())
 }
 
+/// A server taking HS256 tokens, and tokens of `specs` from its key (the
+/// mint keeps the key's file).
+fn guarded(specs: &[Value]) -> (Mint, throng_testkit::Server, Vec<String>) {
+    let mint = Mint::new();
+    let secret = mint.key("hs256.key");
+    let server = serve(&["--auth-hs256-secret-file", &secret]);
+    let tokens = mint.tokens(specs);
+    (mint, server, tokens)
+}
+
 /// Publishes `body` over HTTP and returns its id.
 fn publish_id(addr: SocketAddr, channel: &str, body: &str) -> String {
     let (status, reply) = publish(addr, channel, body.as_bytes(), None);
@@ -274,15 +284,12 @@ fn an_event_stream_of_several_channels_says_each_events_channel() {
 #[test]
 fn tokens_grant_each_channel_and_publish_and_a_refresh_replaces_them() {
     require!(Peer::PythonJwt);
-    let mint = Mint::new();
-    let secret = mint.key("hs256.key");
-    let server = serve(&["--auth-hs256-secret-file", &secret]);
-    let addr = server.addr;
-    let tokens = mint.tokens(&[
+    let (mint, server, tokens) = guarded(&[
         json!({"alg": "HS256", "claims": {"exp_in": 300, "channels": ["a", "b"], "publish": ["a"]}}),
         json!({"alg": "HS256", "claims": {"exp_in": 600, "channels": ["a"]}}),
         json!({"alg": "HS256-wrong", "claims": {"exp_in": 600, "channels": ["*"]}}),
     ]);
+    let addr = server.addr;
     let [both, only_a, forged] = [0, 1, 2].map(|i| tokens[i].as_str());
     let no = refused(
         addr,
@@ -340,16 +347,13 @@ fn tokens_grant_each_channel_and_publish_and_a_refresh_replaces_them() {
 #[test]
 fn a_websocket_of_one_channel_refreshes_its_token_in_band() {
     require!(Peer::PythonJwt);
-    let mint = Mint::new();
-    let secret = mint.key("hs256.key");
-    let server = serve(&["--auth-hs256-secret-file", &secret]);
-    let addr = server.addr;
-    let tokens = mint.tokens(&[
+    let (mint, server, tokens) = guarded(&[
         json!({"alg": "HS256", "claims": {"exp_in": 300, "channels": ["a"]}}),
         json!({"alg": "HS256", "claims": {"exp_in": 900, "channels": ["a"]}}),
         json!({"alg": "HS256", "claims": {"exp_in": 900, "channels": ["b"]}}),
         json!({"alg": "HS256-wrong", "claims": {"exp_in": 900, "channels": ["*"]}}),
     ]);
+    let addr = server.addr;
     let [first, longer, only_b, forged] = [0, 1, 2, 3].map(|i| tokens[i].as_str());
     let mut one = crate::api_sub::join(addr, "a", first);
     server.wait_metric("throng_connections_open", |v| v == 1.0);
