@@ -27,25 +27,14 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1 (--conns N --rounds N --repeat N)" >&2; exit 2 ;;
   esac
 done
-if [ "$CONNS" -gt 20000 ]; then
-  echo "--conns $CONNS: this client holds every subscriber; stay at 20000 or under" >&2
-  exit 2
-fi
-target=${CARGO_TARGET_DIR:-target}
-cargo build --quiet --release -p throng --features bench-floor
-cargo build --quiet --release -p throng-bench --bin serve_bench
-THRONG=$target/release/throng
-OUT=${OUT:-$(mktemp -d /tmp/throng-bench-channels.XXXXXX)}
-mkdir -p "$OUT"
-echo "results in $OUT"
-machine_line
+serve_bench_setup "$CONNS" channels
 
 CONFIGS=(one 1 3 10)
 for r in $(seq 1 "$REPEAT"); do
   for c in "${CONFIGS[@]}"; do
     n=$c
     [ "$c" = one ] && n=0
-    "$target/release/serve_bench" --throng "$THRONG" --conns "$CONNS" --rounds "$ROUNDS" \
+    "$CLIENT" --throng "$THRONG" --conns "$CONNS" --rounds "$ROUNDS" \
       --channels "$n" >"$OUT/$c-$r.json"
     python3 - "$OUT/$c-$r.json" "$c" "$r" <<'PY'
 import json, sys

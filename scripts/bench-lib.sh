@@ -5,6 +5,26 @@ machine_line() {
   echo "machine: $(nproc) cores, $(free -m | awk '/^Mem:/ {print $7}') MiB available; $(uptime | sed 's/.*load/load/')"
 }
 
+# For the scripts that drive serve_bench (one client holding every
+# subscriber): refuses more than 20,000 subscribers ($1), builds the server
+# (with its bench floor) and the client, and sets THRONG, CLIENT and OUT
+# (a new directory under /tmp named after $2 unless OUT is set).
+serve_bench_setup() { # conns name
+  if [ "$1" -gt 20000 ]; then
+    echo "--conns $1: this client holds every subscriber; stay at 20000 or under" >&2
+    exit 2
+  fi
+  local target=${CARGO_TARGET_DIR:-target}
+  cargo build --quiet --release -p throng --features bench-floor
+  cargo build --quiet --release -p throng-bench --bin serve_bench
+  THRONG=$target/release/throng
+  CLIENT=$target/release/serve_bench
+  OUT=${OUT:-$(mktemp -d "/tmp/throng-bench-$2.XXXXXX")}
+  mkdir -p "$OUT"
+  echo "results in $OUT"
+  machine_line
+}
+
 # The median of the numbers on stdin, one per line.
 median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 

@@ -354,7 +354,7 @@ pub fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, ParseError> {
 }
 
 impl Config {
-    /// The start lines of the channel limits and `--presence`.
+    /// The start lines of the channel limits, `--presence` and `--ws-deflate`.
     fn fmt_channels(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
@@ -363,6 +363,15 @@ impl Config {
         )?;
         if !self.presence.is_empty() {
             writeln!(f, "  presence         {}", self.presence.join(" "))?;
+        }
+        if self.ws_deflate {
+            writeln!(
+                f,
+                "  ws-deflate       on: payloads of {} B and more, compressed once per fan-out",
+                self.ws_deflate_min
+            )?;
+        } else {
+            writeln!(f, "  ws-deflate       off")?;
         }
         Ok(())
     }

@@ -14,9 +14,11 @@ use crate::history::{Kept, MessageId};
 use crate::retained::RetainedMessage;
 
 mod api;
+mod presence;
 mod session;
 mod share;
 pub use api::{API_READ, ApiRecord, Leg};
+pub use presence::PresenceEvent;
 pub use session::{SessionOpen, SessionPark, SessionResumed, SessionSub};
 pub use share::{ShareDeliver, ShareMember};
 
@@ -179,6 +181,9 @@ pub enum Record {
     ShareDeliver(ShareDeliver),
     /// One leg of a server API request (`/api/...`), [`ApiRecord`].
     Api(ApiRecord),
+    /// Worker → supervisor: a token subject joined or left a channel of
+    /// `--presence`; supervisor → every worker: tell its watchers.
+    Presence(PresenceEvent),
     /// Worker → supervisor: a token named a `kid` no key has; with
     /// `--auth-jwks-url` the key set may have rotated (read it again).
     KeysStale,
@@ -405,6 +410,7 @@ impl Record {
             Self::ShareMember(m) => share::put_member(&mut out, m),
             Self::ShareDeliver(d) => share::put_deliver(&mut out, d),
             Self::Api(r) => api::put(&mut out, r),
+            Self::Presence(e) => presence::put(&mut out, e),
             Self::KeysStale => out.put_u8(KEYS_STALE),
             Self::Release { source } => put_release(&mut out, *source),
         }
@@ -432,6 +438,7 @@ impl Record {
                 .sum(),
             Self::Recover { channel, .. } => channel.len(),
             Self::Api(r) => r.body.len(),
+            Self::Presence(e) => 3 + e.channel.len() + e.sub.len(),
             Self::Recovered { messages, .. } => messages.iter().map(|k| 21 + k.payload.len()).sum(),
             Self::SessionPark(p) => session::payload_len(&p.subs, &p.pending),
             Self::SessionResumed(r) => session::payload_len(&r.subs, &r.messages),
@@ -572,6 +579,7 @@ impl Record {
                 }
             }
             api::API => Self::Api(api::get(rec)?),
+            presence::PRESENCE => Self::Presence(presence::get(rec)?),
             KEYS_STALE => Self::KeysStale,
             _ => return Err(ControlError::Malformed("unknown tag")),
         })
@@ -1019,6 +1027,16 @@ mod tests {
                 leg: Leg::Answer,
                 id: u64::MAX,
                 body: Bytes::new(),
+            }),
+            Record::Presence(PresenceEvent {
+                join: true,
+                channel: "room.a".into(),
+                sub: "alice".into(),
+            }),
+            Record::Presence(PresenceEvent {
+                join: false,
+                channel: "b".into(),
+                sub: String::new(),
             }),
             Record::KeysStale,
         ]

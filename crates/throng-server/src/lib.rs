@@ -36,6 +36,7 @@ pub mod control;
 pub mod history;
 pub mod jwks;
 pub mod metrics;
+mod presence;
 pub mod proxied;
 pub mod redis;
 mod relay;

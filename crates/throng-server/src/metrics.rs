@@ -72,6 +72,10 @@ pub struct Counters {
     pub frames_delivered: Cell<u64>,
     /// Frames not delivered because their connection was closed first.
     pub frames_dropped: Cell<u64>,
+    /// Messages written (or queued) compressed (permessage-deflate).
+    pub frames_deflated: Cell<u64>,
+    /// Presence events (joins and leaves) written to watchers.
+    pub presence_events: Cell<u64>,
     /// Pings sent by the heartbeat.
     pub pings: Cell<u64>,
     /// Fan-out durations, one count per bucket of [`FANOUT_BUCKETS`] plus +Inf.
@@ -205,6 +209,8 @@ impl Counters {
             upgraded: self.upgraded.get(),
             frames_delivered: self.frames_delivered.get(),
             frames_dropped: self.frames_dropped.get(),
+            frames_deflated: self.frames_deflated.get(),
+            presence_events: self.presence_events.get(),
             pings: self.pings.get(),
             fanout_buckets: self.fanout_buckets.borrow().clone(),
             fanout_seconds: self.fanout_seconds.get(),
@@ -248,6 +254,12 @@ pub struct Snapshot {
     pub frames_delivered: u64,
     /// Counter: frames dropped.
     pub frames_dropped: u64,
+    /// Counter: frames delivered compressed (permessage-deflate).
+    #[serde(default)]
+    pub frames_deflated: u64,
+    /// Counter: presence events written to watchers.
+    #[serde(default)]
+    pub presence_events: u64,
     /// Counter: heartbeat pings sent.
     pub pings: u64,
     /// Counter per fan-out bucket (not cumulative), +Inf last.
@@ -310,6 +322,8 @@ impl Snapshot {
         self.upgraded += other.upgraded;
         self.frames_delivered += other.frames_delivered;
         self.frames_dropped += other.frames_dropped;
+        self.frames_deflated += other.frames_deflated;
+        self.presence_events += other.presence_events;
         self.pings += other.pings;
         if self.fanout_buckets.len() < other.fanout_buckets.len() {
             self.fanout_buckets.resize(other.fanout_buckets.len(), 0);
@@ -739,6 +753,20 @@ fn render_delivery(out: &mut String, total: &Snapshot, sup: &SupervisorStats) {
         "counter",
         "Frames discarded because their subscriber was closed first.",
         total.frames_dropped.to_string(),
+    );
+    one(
+        out,
+        "throng_frames_deflated_total",
+        "counter",
+        "Frames of those delivered that went compressed (permessage-deflate, --ws-deflate).",
+        total.frames_deflated.to_string(),
+    );
+    one(
+        out,
+        "throng_presence_events_total",
+        "counter",
+        "Presence events (joins and leaves, --presence) written to the connections that asked for them.",
+        total.presence_events.to_string(),
     );
     family(
         out,

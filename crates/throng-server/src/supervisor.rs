@@ -681,6 +681,8 @@ struct Supervisor {
     sessions: Sessions,
     /// MQTT shared subscriptions: each group's members by worker.
     shares: Shares,
+    /// This node's subjects of `--presence` channels ([`crate::presence`]).
+    presence: crate::presence::Tally,
     /// Server API questions waiting for the workers' parts.
     api: crate::api::Gather,
     /// Wakes the `--auth-jwks-url` reader (`supervisor/jwks.rs`).
@@ -916,6 +918,7 @@ impl Supervisor {
                 max_expiry: config.mqtt_session_expiry,
             }),
             shares: Shares::default(),
+            presence: crate::presence::Tally::default(),
             api: crate::api::Gather::default(),
             keys_stale: None,
             counts: None,
@@ -1070,6 +1073,7 @@ impl Supervisor {
             self.share_interest(interest);
         }
         self.shares_tick();
+        self.presence_worker_gone(i);
         self.api_worker_gone(i);
         // Messages it will never count no longer wait for it.
         for answer in self.relay.worker_gone(WorkerId {
@@ -1198,6 +1202,7 @@ impl Supervisor {
                 self.session_asks();
             }
             Record::ShareMember(m) => self.share_member(i, &m),
+            Record::Presence(e) => self.presence_told(i, e),
             Record::Api(r) => self.on_api(i, generation, r),
             Record::KeysStale => self.keys_stale(),
             Record::Release { source } => {
@@ -1602,6 +1607,7 @@ mod api;
 mod counts;
 mod handover;
 mod jwks;
+mod presence;
 
 mod mqtt_sessions;
 #[cfg(test)]

@@ -26,6 +26,19 @@
 //! runs 1, 3 and 10 against today's one-channel URL). The bare write loop
 //! reaches one-channel subscribers only, so it is not run then.
 //!
+//! `--deflate` offers permessage-deflate on every upgrade (and starts the
+//! server with `--ws-deflate`): memory per idle compressed subscriber and
+//! fan-out CPU per compressed delivery, the same figures as without
+//! (`scripts/bench-deflate.sh` runs both in turns). The bare write loop
+//! writes uncompressed frames, so it is not run then; the payload, with or
+//! without, is JSON-like text (`--payload` bytes) that compresses as such
+//! messages do, not a run of one byte.
+//!
+//! A WebSocket subscriber's deliveries are counted by frame (headers read
+//! off the stream, with the frames that came compressed), not by byte
+//! length, so a compressed frame, whose length the client cannot know
+//! beforehand, is checked as well as a plain one.
+//!
 //! `--serve-arg ARG` (repeated) passes more options to the server, and
 //! `--token JWT` sends every upgrade with `?token=JWT` and every publish
 //! with `Authorization: Bearer JWT`: `scripts/bench-auth.sh` runs the same
@@ -66,6 +79,8 @@ struct Opts {
     /// Hold `throng.v1` connections of this many channels (0: the
     /// one-channel URL).
     channels: usize,
+    /// Offer permessage-deflate (and serve with `--ws-deflate`).
+    deflate: bool,
 }
 
 fn opts() -> Opts {
@@ -79,6 +94,7 @@ fn opts() -> Opts {
         token: None,
         sse: false,
         channels: 0,
+        deflate: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -92,6 +108,7 @@ fn opts() -> Opts {
             "--serve-arg" => o.serve_args.push(v()),
             "--token" => o.token = Some(v()),
             "--channels" => o.channels = v().parse().expect("--channels N"),
+            "--deflate" => o.deflate = true,
             "--kind" => {
                 o.sse = match v().as_str() {
                     "ws" => false,
@@ -101,7 +118,7 @@ fn opts() -> Opts {
             }
             _ => panic!(
                 "unknown argument {a} (--throng PATH --conns N --rounds N --concurrency N --payload BYTES \
-                 --serve-arg ARG --token JWT --kind ws|sse --channels N)"
+                 --serve-arg ARG --token JWT --kind ws|sse --channels N --deflate)"
             ),
         }
     }
@@ -117,13 +134,70 @@ struct Held {
     socks: RefCell<Vec<std::net::TcpStream>>,
     /// Bytes received per socket since the last check.
     got: RefCell<Vec<u64>>,
+    /// A WebSocket subscriber's bytes past its last whole frame (empty,
+    /// costing nothing, between rounds).
+    rest: RefCell<Vec<Vec<u8>>>,
+    /// Whole frames read with RSV1 set (compressed), over every check.
+    compressed: Cell<u64>,
+    /// Whole frames read, and their bytes, over every check.
+    frames: Cell<u64>,
+    frame_bytes: Cell<u64>,
     closed: Cell<u64>,
+}
+
+/// The length of the WebSocket frame (from the server: unmasked) at the
+/// start of `b`, and whether it is compressed; `None` until its header
+/// and payload are all there.
+fn whole_frame(b: &[u8]) -> Option<(usize, bool)> {
+    let (&b0, &b1) = (b.first()?, b.get(1)?);
+    let (len, head) = match b1 & 0x7f {
+        126 => (u64::from(u16::from_be_bytes([*b.get(2)?, *b.get(3)?])), 4),
+        127 => (u64::from_be_bytes(b.get(2..10)?.try_into().ok()?), 10),
+        n => (u64::from(n), 2),
+    };
+    let total = head + usize::try_from(len).ok()?;
+    (b.len() >= total).then_some((total, b0 & 0x40 != 0))
 }
 
 impl Held {
     /// Reads every socket until each has `per_sock` more bytes (or `limit`
     /// passes); returns how many sockets got exactly that.
     fn drain(&self, per_sock: u64, limit: Duration) -> usize {
+        self.drain_by(per_sock, limit, |_, b| b.len() as u64)
+    }
+
+    /// Reads every socket until each has `per_sock` more whole WebSocket
+    /// frames (or `limit` passes); returns how many got exactly that.
+    fn drain_frames(&self, per_sock: u64, limit: Duration) -> usize {
+        let mut rest = self.rest.borrow_mut();
+        self.drain_by(per_sock, limit, |i, b| {
+            let mine = &mut rest[i];
+            mine.extend_from_slice(b);
+            let (mut at, mut frames) = (0, 0);
+            while let Some((n, z)) = whole_frame(&mine[at..]) {
+                at += n;
+                frames += 1;
+                self.compressed.set(self.compressed.get() + u64::from(z));
+                self.frames.set(self.frames.get() + 1);
+                self.frame_bytes.set(self.frame_bytes.get() + n as u64);
+            }
+            mine.drain(..at);
+            if mine.is_empty() {
+                *mine = Vec::new();
+            }
+            frames
+        })
+    }
+
+    /// Reads every socket until `add` (given the socket's index and what
+    /// was read) has counted `per_sock` for each (or `limit` passes);
+    /// returns how many counted exactly that.
+    fn drain_by(
+        &self,
+        per_sock: u64,
+        limit: Duration,
+        mut add: impl FnMut(usize, &[u8]) -> u64,
+    ) -> usize {
         let socks = self.socks.borrow();
         let mut got = self.got.borrow_mut();
         got.iter_mut().for_each(|g| *g = 0);
@@ -138,7 +212,7 @@ impl Held {
                             self.closed.set(self.closed.get() + 1);
                             return false;
                         }
-                        Ok(n) => got[i] += n as u64,
+                        Ok(n) => got[i] += add(i, &buf[..n]),
                         Err(_) => break,
                     }
                 }
@@ -201,7 +275,7 @@ async fn subscribe(
     addr: SocketAddr,
     src: Ipv4Addr,
     target: &str,
-    sse: bool,
+    (sse, deflate): (bool, bool),
     holder: Rc<Held>,
 ) -> io::Result<()> {
     let sock = TcpSocket::new_v4()?;
@@ -222,6 +296,13 @@ async fn subscribe(
         out.truncate(out.len() - 2);
         out.extend_from_slice(b"Sec-WebSocket-Protocol: throng.v1\r\n\r\n");
     }
+    if deflate {
+        // What a browser offers.
+        out.truncate(out.len() - 2);
+        out.extend_from_slice(
+            b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n",
+        );
+    }
     s.write_all(&out).await?;
     let mut buf = Vec::with_capacity(512);
     let used = loop {
@@ -232,6 +313,15 @@ async fn subscribe(
             http::parse_response(&buf, http::MAX_HEAD).map_err(io::Error::other)?
         {
             ws::client_verify(&resp, &key).map_err(io::Error::other)?;
+            let agreed = resp.headers.iter().any(|(k, v)| {
+                k.eq_ignore_ascii_case("sec-websocket-extensions")
+                    && v.starts_with(b"permessage-deflate")
+            });
+            if agreed != deflate {
+                return Err(io::Error::other(format!(
+                    "permessage-deflate offered: {deflate}, agreed: {agreed}"
+                )));
+            }
             break used;
         }
     };
@@ -242,6 +332,7 @@ async fn subscribe(
     let std = s.into_std()?;
     holder.socks.borrow_mut().push(std);
     holder.got.borrow_mut().push(0);
+    holder.rest.borrow_mut().push(Vec::new());
     Ok(())
 }
 
@@ -301,6 +392,9 @@ async fn bench(o: Opts) {
         "10000h",
         "--bench-floor",
     ];
+    if o.deflate {
+        args.push("--ws-deflate");
+    }
     args.extend(o.serve_args.iter().map(String::as_str));
     let (mut server, addr) = served::start(&o.throng, &args);
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -340,6 +434,7 @@ async fn bench(o: Opts) {
         floor_ticks,
     } = fan_out(&o, addr, pid, &holder, held).await;
     let closed = holder.closed.get();
+    let deflated = metric(addr, "throng_frames_deflated_total").await;
 
     let hz = 100.0; // USER_HZ on Linux
     let per_frame = |ticks: u64| ticks as f64 / hz * 1e9 / (o.rounds * held) as f64;
@@ -353,6 +448,10 @@ async fn bench(o: Opts) {
         "kind": if o.sse { "sse" } else { "ws" },
         "channels_per_connection": o.channels.max(1),
         "several_channels_url": o.channels > 0,
+        "deflate": o.deflate,
+        "frames_received_compressed": holder.compressed.get(),
+        "bytes_per_frame_received": holder.frame_bytes.get() as f64 / holder.frames.get().max(1) as f64,
+        "server_frames_deflated": deflated,
         "connections": held,
         "failed": failed,
         "upgrades_per_sec": upgrades_per_sec.round(),
@@ -412,7 +511,7 @@ async fn open_subscribers(o: &Opts, addr: SocketAddr, pid: u32, holder: &Rc<Held
         target.push_str(&format!("token={t}"));
     }
     let target: Rc<str> = target.into();
-    let sse = o.sse;
+    let how = (o.sse, o.deflate);
     let next = Rc::new(Cell::new(0usize));
     let failed = Rc::new(Cell::new(0usize));
     let half = o.conns / 2;
@@ -436,7 +535,7 @@ async fn open_subscribers(o: &Opts, addr: SocketAddr, pid: u32, holder: &Rc<Held
                     }
                     next.set(i + 1);
                     let src = Ipv4Addr::new(127, 0, 0, 2 + (i % 8) as u8);
-                    if let Err(e) = subscribe(addr, src, &target, sse, holder.clone()).await {
+                    if let Err(e) = subscribe(addr, src, &target, how, holder.clone()).await {
                         if failed.get() == 0 {
                             eprintln!("subscribe failed: {e}");
                         }
@@ -486,16 +585,16 @@ struct FanOut {
 /// the server's bare write loop of the same frame, interleaved; each
 /// checked by draining `holder`.
 async fn fan_out(o: &Opts, addr: SocketAddr, pid: u32, holder: &Held, held: usize) -> FanOut {
-    let payload = vec![b'x'; o.payload];
-    let frame_len = ws::server_frame(ws::OpCode::Text, &payload).len() as u64;
+    let payload = payload(o.payload);
     let (mut pub_ms, mut pub_last_ms, mut pub_cpu, mut floor_cpu, mut floor_wall_ms) =
         (vec![], vec![], vec![], vec![], vec![]);
     let mut incomplete = 0;
     let (mut pub_ticks, mut floor_ticks) = (0u64, 0u64);
     let fan_cpu0 = metric(addr, "throng_fanout_cpu_seconds_total").await;
     for _ in 0..o.rounds {
-        // The floor's bare loop reaches one-channel subscribers only.
-        let floors: &[bool] = if o.channels > 0 {
+        // The floor's bare loop reaches one-channel subscribers only, with
+        // uncompressed frames.
+        let floors: &[bool] = if o.channels > 0 || o.deflate {
             &[false]
         } else {
             &[false, true]
@@ -512,21 +611,18 @@ async fn fan_out(o: &Opts, addr: SocketAddr, pid: u32, holder: &Held, held: usiz
             let rtt = t.elapsed().as_secs_f64() * 1e3;
             assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
             let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON reply");
-            // An SSE event's length depends on its id: `id: ID\ndata: ...\n\n`.
-            let want = match v["id"].as_str() {
-                Some(id) if o.sse && !floor => (4 + id.len() + 1 + 6 + o.payload + 2) as u64,
-                // `bench\n<id>\n<payload>` in one frame.
-                Some(id) if o.channels > 0 => ws::server_frame(
-                    ws::OpCode::Text,
-                    &[b"bench\n" as &[u8], id.as_bytes(), b"\n", &payload].concat(),
-                )
-                .len() as u64,
-                _ => frame_len,
-            };
-            // Every subscriber got exactly one whole frame. The publish
+            // Every subscriber got exactly one whole frame (an SSE event:
+            // `id: ID\ndata: ...\n\n`, counted by its length). The publish
             // answer comes before the writes: the server's CPU is read once
             // the last frame is in.
-            incomplete += held - holder.drain(want, Duration::from_secs(10));
+            let whole = match v["id"].as_str() {
+                Some(id) if o.sse && !floor => {
+                    let want = (4 + id.len() + 1 + 6 + o.payload + 2) as u64;
+                    holder.drain(want, Duration::from_secs(10))
+                }
+                _ => holder.drain_frames(1, Duration::from_secs(10)),
+            };
+            incomplete += held - whole;
             let last_frame = t.elapsed().as_secs_f64() * 1e3;
             let ticks = cpu_ticks(pid) - ticks0;
             if floor {
@@ -560,6 +656,34 @@ async fn fan_out(o: &Opts, addr: SocketAddr, pid: u32, holder: &Held, held: usiz
         pub_ticks,
         floor_ticks,
     }
+}
+
+/// A payload of `n` bytes of JSON-like text: records of a chat room, with
+/// the variety of real ones (user, sequence, words), so that a compressed
+/// run compresses as such messages do (a run of one byte would shrink to
+/// nothing).
+fn payload(n: usize) -> Vec<u8> {
+    const WORDS: [&str; 12] = [
+        "hello", "room", "ready", "joined", "price", "update", "ok", "seen", "typing", "left",
+        "order", "status",
+    ];
+    let mut rng = fastrand::Rng::with_seed(31);
+    let mut out = Vec::with_capacity(n + 96);
+    out.push(b'[');
+    while out.len() < n {
+        let text: Vec<&str> = (0..4).map(|_| WORDS[rng.usize(..WORDS.len())]).collect();
+        out.extend_from_slice(
+            format!(
+                r#"{{"user":"u{}","seq":{},"text":"{}"}},"#,
+                rng.u32(..100_000),
+                rng.u32(..1_000_000),
+                text.join(" ")
+            )
+            .as_bytes(),
+        );
+    }
+    out.truncate(n);
+    out
 }
 
 async fn metric(addr: SocketAddr, name: &str) -> f64 {

@@ -7,6 +7,11 @@
 //! counting within [`TTL`]; another node's counts are as of its last
 //! write.
 //!
+//! The same link carries presence (`--presence`): with its counts a node
+//! writes who holds its presence channels (a hash of its own beside its
+//! counts', gone with them), and it publishes each join and leave on a
+//! pub/sub channel every node listens to, as disconnects are relayed.
+//!
 //! Every key carries the hash tag `{<prefix>#counts}`, so on a Redis Cluster
 //! they all live on one master (followed through `MOVED`). This link is
 //! its own connection, beside the broker's: it does request and reply, the
@@ -24,6 +29,7 @@ use tokio::sync::mpsc;
 use super::cluster::Addr;
 use super::settings::RedisSettings;
 use crate::api::{Part, Query};
+use crate::control::PresenceEvent;
 
 /// How often a node writes its counts.
 pub(crate) const WRITE_EVERY: Duration = Duration::from_secs(5);
@@ -37,16 +43,44 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// What the supervisor asks of the counts link.
 #[derive(Debug)]
 pub(crate) enum CountsCmd {
-    /// This node's counts now (every channel with subscribers).
-    Write(Vec<(String, u64)>),
+    /// This node's counts now (every channel with subscribers), and who
+    /// holds each of its `--presence` channels.
+    Write {
+        counts: Vec<(String, u64)>,
+        presence: Vec<(String, Vec<(String, u64)>)>,
+    },
     /// The other nodes' counts for `query` (a `Channels` or `Channel`),
-    /// answered with [`CountsNews::Counts`] and request `id`.
-    Read { id: u64, query: Query },
+    /// answered with [`CountsNews::Counts`] and request `id`; with
+    /// `presence`, a `Channel`'s presence lists too.
+    Read {
+        id: u64,
+        query: Query,
+        presence: bool,
+    },
     /// Relays a disconnect to the other nodes and gathers how many each
     /// closed; answered with [`CountsNews::Relayed`] and request `id`.
     Disconnect { id: u64, order: Order },
     /// This node closed `closed` subscribers for the relayed order `req`.
     Closed { req: String, closed: u64 },
+    /// A presence event of this node, for the other nodes.
+    Presence(PresenceEvent),
+}
+
+/// A presence event relayed through Redis, with the node it came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Relayed1 {
+    from: String,
+    #[serde(flatten)]
+    event: PresenceEvent,
+}
+
+/// What the other nodes hold of what a read asked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Remote {
+    /// `(channel, subscribers)`, as [`Part::channels`].
+    pub channels: Vec<(String, u64)>,
+    /// A `Channel` read: the subjects the other nodes list for it.
+    pub presence: Vec<(String, u64)>,
 }
 
 /// A disconnect relayed to every node (`POST /api/disconnect` with Redis).
@@ -79,11 +113,15 @@ pub(crate) struct Relayed {
 #[derive(Debug)]
 pub(crate) enum CountsNews {
     /// The other nodes' counts for read `id`, or why not.
-    Counts(u64, Result<Vec<(String, u64)>, String>),
+    Counts(u64, Result<Remote, String>),
     /// How relayed disconnect `id` went, or why it could not be relayed.
     Relayed(u64, Result<Relayed, String>),
     /// Another node relayed a disconnect: close here, then answer [`CountsCmd::Closed`].
     Order(Order),
+    /// Another node's presence event.
+    Presence(PresenceEvent),
+    /// The link published a presence event handed to it (or gave up on it).
+    PresenceSent,
 }
 
 /// How long a relayed disconnect waits for the other nodes' answers.
@@ -96,6 +134,10 @@ struct Keys {
     node_prefix: String,
     /// The pub/sub channel of relayed disconnects.
     orders: String,
+    /// The pub/sub channel of presence events.
+    presence: String,
+    /// The hashes of each node's presence: `<presence_prefix><node>`.
+    presence_prefix: String,
     /// Where the nodes push what they closed for an order: `<closed><req>`.
     closed: String,
 }
@@ -107,12 +149,18 @@ impl Keys {
             nodes: format!("{tag}:nodes"),
             node_prefix: format!("{tag}:node:"),
             orders: format!("{tag}:disconnect"),
+            presence: format!("{tag}:presence"),
+            presence_prefix: format!("{tag}:presence:"),
             closed: format!("{tag}:closed:"),
         }
     }
 
     fn node(&self, id: &str) -> String {
         format!("{}{id}", self.node_prefix)
+    }
+
+    fn node_presence(&self, id: &str) -> String {
+        format!("{}{id}", self.presence_prefix)
     }
 }
 
@@ -122,6 +170,7 @@ fn write_commands(
     keys: &Keys,
     id: &str,
     counts: &[(String, u64)],
+    presence: &[(String, Vec<(String, u64)>)],
     now_ms: u64,
 ) -> Vec<Vec<Vec<u8>>> {
     let node = keys.node(id);
@@ -155,8 +204,55 @@ fn write_commands(
         b"-inf".to_vec(),
         format!("({now_ms}").into_bytes(),
     ]);
+    presence_commands(keys, id, presence, &mut cmds);
     cmds.push(vec![b"EXEC".to_vec()]);
     cmds
+}
+
+/// The commands that replace node `id`'s presence hash (one field a
+/// channel, its subjects as JSON `[["alice",2],...]`), expiring with its
+/// counts: part of the counts' transaction.
+fn presence_commands(
+    keys: &Keys,
+    id: &str,
+    presence: &[(String, Vec<(String, u64)>)],
+    cmds: &mut Vec<Vec<Vec<u8>>>,
+) {
+    let key = keys.node_presence(id).into_bytes();
+    cmds.push(vec![b"DEL".to_vec(), key.clone()]);
+    if presence.is_empty() {
+        return;
+    }
+    for batch in presence.chunks(HSET_BATCH) {
+        let mut c = vec![b"HSET".to_vec(), key.clone()];
+        for (channel, subs) in batch {
+            c.push(channel.clone().into_bytes());
+            c.push(serde_json::to_vec(subs).unwrap_or_default());
+        }
+        cmds.push(c);
+    }
+    cmds.push(vec![
+        b"PEXPIRE".to_vec(),
+        key,
+        TTL.as_millis().to_string().into_bytes(),
+    ]);
+}
+
+/// Adds one node's presence for a channel (an `HMGET` reply: its JSON, or
+/// nil) to `sum`.
+fn add_presence(sum: &mut BTreeMap<String, u64>, reply: &Value) {
+    let Value::Array(Some(v)) = reply else {
+        return;
+    };
+    let Some(json) = v.first().and_then(Value::as_bytes) else {
+        return;
+    };
+    let Ok(subs) = serde_json::from_slice::<Vec<(String, u64)>>(json) else {
+        return;
+    };
+    for (sub, n) in subs {
+        *sum.entry(sub).or_default() += n;
+    }
 }
 
 /// Adds one node's `HGETALL` reply to `sum`, keeping the names `query` asks for.
@@ -190,11 +286,19 @@ fn add_hash(sum: &mut BTreeMap<String, u64>, reply: &Value, query: &Query) {
 }
 
 /// Adds the other nodes' counts (`remote`) to this node's answer `local`:
-/// a page stays the first `limit + 1` names of the union.
-pub(crate) fn merge(local: &mut Part, remote: Vec<(String, u64)>, query: &Query) {
+/// a page stays the first `limit + 1` names of the union; a channel's
+/// presence (when this node lists it) is the union of every node's.
+pub(crate) fn merge(local: &mut Part, remote: Remote, query: &Query) {
     let mut all: BTreeMap<String, u64> = local.channels.drain(..).collect();
-    for (name, n) in remote {
+    for (name, n) in remote.channels {
         *all.entry(name).or_default() += n;
+    }
+    if let Some(mine) = local.presence.as_mut() {
+        let mut who: BTreeMap<String, u64> = std::mem::take(&mut **mine).into_iter().collect();
+        for (sub, n) in remote.presence {
+            *who.entry(sub).or_default() += n;
+        }
+        **mine = who.into_iter().collect();
     }
     local.channels = all.into_iter().collect();
     if let Query::Channels { limit, .. } = query {
@@ -284,8 +388,12 @@ impl Link {
         Err("redirected more than twice".to_owned())
     }
 
-    async fn write(&mut self, counts: &[(String, u64)]) -> Result<(), String> {
-        let cmds = write_commands(&self.keys, &self.id, counts, unix_ms());
+    async fn write(
+        &mut self,
+        counts: &[(String, u64)],
+        presence: &[(String, Vec<(String, u64)>)],
+    ) -> Result<(), String> {
+        let cmds = write_commands(&self.keys, &self.id, counts, presence, unix_ms());
         let replies = self.exchange(&cmds).await?;
         match replies.last() {
             Some(Value::Array(Some(_))) => Ok(()),
@@ -357,6 +465,22 @@ impl Link {
         Ok(out)
     }
 
+    /// Publishes this node's presence event `e` to the other nodes.
+    async fn presence(&mut self, e: PresenceEvent) -> Result<(), String> {
+        let json = serde_json::to_vec(&Relayed1 {
+            from: self.id.clone(),
+            event: e,
+        })
+        .map_err(|e| e.to_string())?;
+        self.exchange(&[vec![
+            b"PUBLISH".to_vec(),
+            self.keys.presence.clone().into_bytes(),
+            json,
+        ]])
+        .await
+        .map(drop)
+    }
+
     /// Tells the node that relayed order `req` how many this node closed.
     async fn closed(&mut self, req: &str, closed: u64) -> Result<(), String> {
         let key = format!("{}{req}", self.keys.closed).into_bytes();
@@ -372,31 +496,34 @@ impl Link {
         .map(drop)
     }
 
-    async fn read(&mut self, query: &Query) -> Result<Vec<(String, u64)>, String> {
-        let cmds: Vec<Vec<Vec<u8>>> = self
-            .others()
-            .await?
-            .iter()
-            .map(|n| {
-                let node = self.keys.node(n);
-                match query {
-                    Query::Channel { name } => {
-                        vec![
-                            b"HMGET".to_vec(),
-                            node.into_bytes(),
-                            name.clone().into_bytes(),
-                        ]
+    async fn read(&mut self, query: &Query, presence: bool) -> Result<Remote, String> {
+        let mut cmds: Vec<Vec<Vec<u8>>> = Vec::new();
+        for n in self.others().await? {
+            let node = self.keys.node(&n);
+            match query {
+                Query::Channel { name } => {
+                    let field = name.clone().into_bytes();
+                    cmds.push(vec![b"HMGET".to_vec(), node.into_bytes(), field.clone()]);
+                    if presence {
+                        let key = self.keys.node_presence(&n).into_bytes();
+                        cmds.push(vec![b"HMGET".to_vec(), key, field]);
                     }
-                    _ => vec![b"HGETALL".to_vec(), node.into_bytes()],
                 }
-            })
-            .collect();
+                _ => cmds.push(vec![b"HGETALL".to_vec(), node.into_bytes()]),
+            }
+        }
         if cmds.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Remote::default());
         }
         let replies = self.exchange(&cmds).await?;
         let mut sum = BTreeMap::new();
-        for r in &replies {
+        let mut who = BTreeMap::new();
+        let step = if presence { 2 } else { 1 };
+        for (k, r) in replies.iter().enumerate() {
+            if k % step == 1 {
+                add_presence(&mut who, r);
+                continue;
+            }
             match (query, r) {
                 // HMGET's answer: the count, or nil.
                 (Query::Channel { name }, Value::Array(Some(v))) => {
@@ -415,7 +542,10 @@ impl Link {
         if let Query::Channels { limit, .. } = query {
             v.truncate(limit.saturating_add(1));
         }
-        Ok(v)
+        Ok(Remote {
+            channels: v,
+            presence: who.into_iter().collect(),
+        })
     }
 }
 
@@ -444,7 +574,7 @@ pub(crate) async fn run(
     let keys = Keys::new(&settings.prefix);
     tokio::task::spawn_local(listen(
         settings.clone(),
-        keys.orders.clone(),
+        [keys.orders.clone(), keys.presence.clone()],
         id.clone(),
         news.clone(),
     ));
@@ -463,9 +593,13 @@ pub(crate) async fn run(
     let mut failing = false;
     while let Some(cmd) = cmds.recv().await {
         let result = match cmd {
-            CountsCmd::Write(counts) => link.write(&counts).await,
-            CountsCmd::Read { id, query } => {
-                let got = link.read(&query).await;
+            CountsCmd::Write { counts, presence } => link.write(&counts, &presence).await,
+            CountsCmd::Read {
+                id,
+                query,
+                presence,
+            } => {
+                let got = link.read(&query, presence).await;
                 let failed = got.as_ref().err().cloned();
                 news(CountsNews::Counts(id, got));
                 failed.map_or(Ok(()), Err)
@@ -477,6 +611,11 @@ pub(crate) async fn run(
                 failed.map_or(Ok(()), Err)
             }
             CountsCmd::Closed { req, closed } => link.closed(&req, closed).await,
+            CountsCmd::Presence(e) => {
+                let sent = link.presence(e).await;
+                news(CountsNews::PresenceSent);
+                sent
+            }
         };
         match result {
             Ok(()) if failing => {
@@ -497,14 +636,21 @@ pub(crate) async fn run(
     }
 }
 
-/// The subscriber connection of relayed disconnects: `SUBSCRIBE` to
-/// `orders` (plain pub/sub: on a Redis Cluster a `PUBLISH` reaches every
-/// node's subscribers), each order from another node handed to `news`.
-/// Reconnects a second after a failure, for as long as the server runs.
-async fn listen(settings: RedisSettings, orders: String, id: String, news: impl Fn(CountsNews)) {
+/// The subscriber connection of relayed disconnects and presence events:
+/// `SUBSCRIBE` to `[orders, presence]` (plain pub/sub: on a Redis Cluster
+/// a `PUBLISH` reaches every node's subscribers), each from another node
+/// handed to `news`. Reconnects a second after a failure, for as long as
+/// the server runs (presence events published meanwhile are missed; the
+/// lists of `GET /api/channels/<c>` are rewritten every [`WRITE_EVERY`]).
+async fn listen(
+    settings: RedisSettings,
+    channels: [String; 2],
+    id: String,
+    news: impl Fn(CountsNews),
+) {
     let dec = resp::Decoder::default();
     loop {
-        if let Err(e) = listen_once(&settings, &orders, &id, &news, &dec).await {
+        if let Err(e) = listen_once(&settings, &channels, &id, &news, &dec).await {
             log!("throng: Redis disconnect relay: {e}; listening again in 1s");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -513,7 +659,7 @@ async fn listen(settings: RedisSettings, orders: String, id: String, news: impl 
 
 async fn listen_once(
     settings: &RedisSettings,
-    orders: &str,
+    [orders, presence]: &[String; 2],
     id: &str,
     news: &impl Fn(CountsNews),
     dec: &resp::Decoder,
@@ -527,7 +673,10 @@ async fn listen_once(
         .await
         .map_err(|e| format!("{addr}: {e}"))?;
     let mut out = Vec::new();
-    resp::encode_command(&mut out, &[b"SUBSCRIBE", orders.as_bytes()]);
+    resp::encode_command(
+        &mut out,
+        &[b"SUBSCRIBE", orders.as_bytes(), presence.as_bytes()],
+    );
     throng_client::link::write_all(&mut stream, &out)
         .await
         .map_err(|e| e.to_string())?;
@@ -539,11 +688,25 @@ async fn listen_once(
         let Value::Array(Some(items)) = &v else {
             continue;
         };
-        let (Some(kind), Some(payload)) = (items.first().and_then(Value::as_bytes), items.get(2))
-        else {
+        let (Some(kind), Some(channel), Some(payload)) = (
+            items.first().and_then(Value::as_bytes),
+            items.get(1).and_then(Value::as_bytes),
+            items.get(2),
+        ) else {
             continue;
         };
         if kind.as_ref() != b"message" {
+            continue;
+        }
+        if channel.as_ref() == presence.as_bytes() {
+            match payload
+                .as_bytes()
+                .map(|p| serde_json::from_slice::<Relayed1>(p))
+            {
+                Some(Ok(r)) if r.from != id => news(CountsNews::Presence(r.event)),
+                Some(Ok(_)) => {}
+                _ => log!("throng: Redis presence relay: a message that is not an event; ignored"),
+            }
             continue;
         }
         match payload
@@ -569,7 +732,7 @@ mod tests {
     fn a_write_replaces_the_hash_in_one_transaction_tagged_to_one_slot() {
         let keys = Keys::new("throng:");
         let counts: Vec<(String, u64)> = (0..2500).map(|i| (format!("c{i}"), i)).collect();
-        let cmds = write_commands(&keys, "n1", &counts, 1_000);
+        let cmds = write_commands(&keys, "n1", &counts, &[], 1_000);
         let names: Vec<&[u8]> = cmds.iter().map(|c| c[0].as_slice()).collect();
         assert_eq!(
             names,
@@ -582,6 +745,7 @@ mod tests {
                 b"PEXPIRE",
                 b"ZADD",
                 b"ZREMRANGEBYSCORE",
+                b"DEL",
                 b"EXEC"
             ]
         );
@@ -594,8 +758,47 @@ mod tests {
         let slot = |k: &[u8]| super::super::cluster::slot(k);
         assert_eq!(slot(&cmds[1][1]), slot(&cmds[6][1]));
         // Nothing to count: still a heartbeat, no HSET.
-        let empty = write_commands(&keys, "n1", &[], 1_000);
+        let empty = write_commands(&keys, "n1", &[], &[], 1_000);
         assert!(empty.iter().all(|c| c[0] != b"HSET"));
+    }
+
+    #[test]
+    fn presence_is_written_with_the_counts_and_read_back_by_subject() {
+        let keys = Keys::new("throng:");
+        let presence = vec![(
+            "room.a".to_owned(),
+            vec![("alice".to_owned(), 2), ("bob".to_owned(), 1)],
+        )];
+        let cmds = write_commands(&keys, "n1", &[], &presence, 1_000);
+        let n = cmds.len();
+        assert_eq!(cmds[n - 4][1], b"{throng:#counts}:presence:n1");
+        assert_eq!(
+            cmds[n - 3],
+            [
+                &b"HSET"[..],
+                b"{throng:#counts}:presence:n1",
+                b"room.a",
+                br#"[["alice",2],["bob",1]]"#
+            ]
+        );
+        assert_eq!(cmds[n - 2][0], b"PEXPIRE");
+        let slot = |k: &[u8]| super::super::cluster::slot(k);
+        assert_eq!(slot(&cmds[n - 3][1]), slot(&cmds[1][1]));
+        let mut who = BTreeMap::new();
+        add_presence(
+            &mut who,
+            &Value::Array(Some(vec![bulk(r#"[["alice",2],["bob",1]]"#)])),
+        );
+        add_presence(
+            &mut who,
+            &Value::Array(Some(vec![bulk(r#"[["alice",1]]"#)])),
+        );
+        add_presence(&mut who, &Value::Array(Some(vec![Value::Bulk(None)])));
+        add_presence(&mut who, &Value::Array(Some(vec![bulk("not json")])));
+        assert_eq!(
+            who.into_iter().collect::<Vec<_>>(),
+            [("alice".to_owned(), 3), ("bob".to_owned(), 1)]
+        );
     }
 
     #[test]
@@ -627,7 +830,11 @@ mod tests {
             channels: vec![("room.c".into(), 1), ("room.d".into(), 1)],
             ..Part::default()
         };
-        merge(&mut local, vec![("room.b".into(), 5)], &q);
+        let remote = Remote {
+            channels: vec![("room.b".into(), 5)],
+            presence: Vec::new(),
+        };
+        merge(&mut local, remote, &q);
         assert_eq!(
             local.channels,
             [("room.b".into(), 5), ("room.c".into(), 1)],

@@ -29,7 +29,7 @@ const ORDER: u64 = 1;
 
 /// The counts link and the API answers waiting for it.
 pub(super) struct Counts {
-    tx: mpsc::UnboundedSender<CountsCmd>,
+    pub(super) tx: mpsc::UnboundedSender<CountsCmd>,
     /// This node's name in Redis.
     id: String,
     /// API questions about counts or disconnects, by asker, until the workers answered.
@@ -41,6 +41,10 @@ pub(super) struct Counts {
     next: u64,
     /// Seconds of the supervisor's 1 s tick since the last write.
     ticks: u64,
+    /// Presence events handed to the link and not yet published.
+    pub(super) relaying: usize,
+    /// Presence events not relayed: too many were waiting.
+    pub(super) presence_dropped: u64,
 }
 
 impl Supervisor {
@@ -60,6 +64,8 @@ impl Supervisor {
             orders: HashMap::new(),
             next: 0,
             ticks: 0,
+            relaying: 0,
+            presence_dropped: 0,
         });
     }
 
@@ -100,7 +106,10 @@ impl Supervisor {
         };
         let to = done.to;
         if to == OWN {
-            let _ = c.tx.send(CountsCmd::Write(done.part.channels));
+            let _ = c.tx.send(CountsCmd::Write {
+                counts: done.part.channels,
+                presence: self.presence.snapshot(),
+            });
             return None;
         }
         if to.slot == OWN.slot {
@@ -139,6 +148,7 @@ impl Supervisor {
             _ => CountsCmd::Read {
                 id,
                 query: query.clone(),
+                presence: done.part.presence.is_some(),
             },
         };
         if c.tx.send(cmd).is_err() {
@@ -178,6 +188,12 @@ impl Supervisor {
                 self.api_reply(done);
             }
             CountsNews::Order(order) => self.carry_out(order),
+            CountsNews::Presence(e) => self.presence_deliver(&e),
+            CountsNews::PresenceSent => {
+                if let Some(c) = &mut self.counts {
+                    c.relaying = c.relaying.saturating_sub(1);
+                }
+            }
         }
     }
 

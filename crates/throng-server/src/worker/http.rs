@@ -822,6 +822,8 @@ async fn upgrade_many(
     let mut names = multi::channels_of(&req.target);
     let mut seen = std::collections::HashSet::new();
     names.retain(|n| seen.insert(n.clone()));
+    let mut watch = multi::presence_of(&req.target);
+    watch.dedup();
     let why = if !sse && protocol != Some(gate::PROTOCOL_IDS) {
         Some(format!(
             "several channels on one WebSocket need the {} subprotocol (docs/channels.md)\n",
@@ -839,6 +841,7 @@ async fn upgrade_many(
         names
             .iter()
             .find_map(|n| channel::validate(n).err().map(|e| format!("{e}: {n:?}\n")))
+            .or_else(|| watch_refusal(w, &names, &watch))
     };
     if let Some(why) = why {
         w.counters.handshake_failed("bad_channel");
@@ -875,12 +878,35 @@ async fn upgrade_many(
         .with_expiry(admitted.expires)
         .with_max_message(max_packet(w.cfg.max_message.div_ceil(3) * 4));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let watch: Vec<&str> = watch.iter().map(String::as_str).collect();
     w.subs.subject_next(admitted.subject);
-    if let Err(e) = w.subs.subscribe_many(c, &names, since, admitted.grants) {
+    if let Err(e) = w
+        .subs
+        .subscribe_many(c, &names, since, admitted.grants, &watch)
+    {
         w.subs.outside().counted.release(&w.supervisor, tag);
         w.counters.handshake_failed("epoll");
         log!("throng: worker {}: cannot watch a subscriber: {e}", w.index);
     }
+}
+
+/// Why the `presence=` channels of a connection of several cannot be
+/// watched: each must be one of its `channel=`, with `--presence` on.
+fn watch_refusal(w: &Worker, names: &[String], watch: &[String]) -> Option<String> {
+    watch.iter().find_map(|n| {
+        if !names.contains(n) {
+            Some(format!(
+                "presence={n} names a channel the query does not (channel={n})\n"
+            ))
+        } else if !w.subs.presence_on(n) {
+            Some(format!(
+                "{}: {n:?}\n",
+                crate::worker::subscribers::PRESENCE_NOT_ON
+            ))
+        } else {
+            None
+        }
+    })
 }
 
 /// The upgraded connection as a subscriber's `Conn`, its socket out of

@@ -345,6 +345,7 @@ fn worker(
     let verifier = Verifier::new(&cfg.auth).map(Rc::new);
     let subs = Subscribers::new(Limits::of(&cfg), around, counters.clone());
     subs.set_verifier(verifier.clone());
+    subs.set_presence(&cfg.presence);
     Ok(Worker {
         index,
         subs,
@@ -688,6 +689,9 @@ fn on_record(w: &Worker, rec: Record) {
         }
         Some(Record::Reload(json)) => reload(w, &json),
         Some(Record::Api(r)) if r.leg == crate::control::Leg::Query => api::answer(w, &r),
+        Some(Record::Presence(e)) => {
+            w.subs.presence_event(&e);
+        }
         Some(Record::Retained { id, messages }) => {
             // In order with the fan-outs of what came before it.
             w.outbox

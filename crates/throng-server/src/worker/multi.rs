@@ -18,10 +18,12 @@ use crate::history::MessageId;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Op {
     /// `{"subscribe":"a"}`, or `{"subscribe":"a","since":"<id>"}` to have
-    /// what the channel kept after that id first.
+    /// what the channel kept after that id first; `"presence":true` to get
+    /// the channel's joins and leaves too (`--presence`).
     Subscribe {
         channel: String,
         since: Option<MessageId>,
+        presence: bool,
     },
     /// `{"unsubscribe":"a"}`.
     Unsubscribe { channel: String },
@@ -57,7 +59,7 @@ impl BadOp {
 
 /// The ops a request may name, and the fields each may carry beside it.
 const OPS: [(&str, &[&str]); 4] = [
-    ("subscribe", &["since"]),
+    ("subscribe", &["since", "presence"]),
     ("unsubscribe", &[]),
     ("publish", &["data", "data_base64"]),
     ("refresh", &[]),
@@ -105,6 +107,17 @@ pub(crate) fn parse(frame: &[u8]) -> Result<Op, BadOp> {
     match op {
         "subscribe" => Ok(Op::Subscribe {
             since: since(&obj).map_err(|why| BadOp::new(why, Some(op), channel))?,
+            presence: match obj.get("presence") {
+                None => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(BadOp::new(
+                        "presence takes true or false",
+                        Some(op),
+                        channel,
+                    ));
+                }
+            },
             channel: name,
         }),
         "unsubscribe" => Ok(Op::Unsubscribe { channel: name }),
@@ -204,12 +217,23 @@ pub(crate) fn refusal(why: impl Into<String>, op: &'static str, channel: Option<
 /// The channels a request target names: every `channel=` of its query,
 /// percent-decoded (a browser's `encodeURIComponent` escapes `/` and `:`).
 pub(crate) fn channels_of(target: &str) -> Vec<String> {
+    query_values(target, "channel=")
+}
+
+/// The channels whose joins and leaves a request target asks for: every
+/// `presence=` of its query, percent-decoded.
+pub(crate) fn presence_of(target: &str) -> Vec<String> {
+    query_values(target, "presence=")
+}
+
+/// Every value of `key` (`name=`) in `target`'s query, percent-decoded.
+fn query_values(target: &str, key: &str) -> Vec<String> {
     let Some((_, query)) = target.split_once('?') else {
         return Vec::new();
     };
     query
         .split('&')
-        .filter_map(|kv| kv.strip_prefix("channel="))
+        .filter_map(|kv| kv.strip_prefix(key))
         .map(unescape)
         .collect()
 }
@@ -252,14 +276,24 @@ mod tests {
             parse(br#"{"subscribe":"a"}"#),
             Ok(Op::Subscribe {
                 channel: "a".into(),
-                since: None
+                since: None,
+                presence: false
             })
         );
         assert_eq!(
             parse(br#"{"since":"5-6","subscribe":"a/b"}"#),
             Ok(Op::Subscribe {
                 channel: "a/b".into(),
-                since: Some(MessageId { epoch: 5, seq: 6 })
+                since: Some(MessageId { epoch: 5, seq: 6 }),
+                presence: false
+            })
+        );
+        assert_eq!(
+            parse(br#"{"subscribe":"a","presence":true}"#),
+            Ok(Op::Subscribe {
+                channel: "a".into(),
+                since: None,
+                presence: true
             })
         );
         assert_eq!(
@@ -322,6 +356,10 @@ mod tests {
         );
         assert!(e.why.contains("may only contain"));
         assert_eq!(bad(r#"{"subscribe":7}"#).why, "subscribe takes a string");
+        assert_eq!(
+            bad(r#"{"subscribe":"a","presence":1}"#).why,
+            "presence takes true or false"
+        );
         assert!(
             bad(r#"{"subscribe":"a","since":"x"}"#)
                 .why
@@ -366,5 +404,9 @@ mod tests {
             ["a/b:c", "%zz"]
         );
         assert!(channels_of("/").is_empty());
+        assert_eq!(
+            presence_of("/?channel=a&presence=a&presence=b%2Fc"),
+            ["a", "b/c"]
+        );
     }
 }

@@ -131,6 +131,8 @@ pub(crate) struct Around {
     pub(crate) published: RefCell<Vec<(String, Bytes)>>,
     /// Retained messages asked for: request, filters.
     pub(crate) retained_asks: RefCell<Vec<(u64, Vec<String>)>>,
+    /// Presence events told, not yet handed back by [`Pair::drive`].
+    pub(crate) presence: RefCell<Vec<crate::control::PresenceEvent>>,
 }
 
 impl Outside for Around {
@@ -179,6 +181,10 @@ impl Outside for Around {
     fn session_park(&self, _p: crate::control::SessionPark) {}
 
     fn share_member(&self, _m: crate::control::ShareMember) {}
+
+    fn presence(&self, e: crate::control::PresenceEvent) {
+        self.presence.borrow_mut().push(e);
+    }
 
     fn origin(&self, slot: u32) -> u64 {
         u64::from(slot) + 1
@@ -405,12 +411,23 @@ impl Pair {
     /// A `throng.v1` client of several channels in `channels`, each after
     /// `since` when given; returns its index.
     pub(crate) fn connect_many(&mut self, channels: &[&str], since: Option<MessageId>) -> usize {
+        self.connect_watching(channels, since, &[])
+    }
+
+    /// [`Self::connect_many`], watching the joins and leaves of `presence`
+    /// (some of `channels`, with presence on).
+    pub(crate) fn connect_watching(
+        &mut self,
+        channels: &[&str],
+        since: Option<MessageId>,
+        presence: &[&str],
+    ) -> usize {
         let pipe = Pipe::new(ROOM);
         let conn = Conn::new(MemWire(pipe.clone()), self.subs.now(), b"")
             .with_kind(Kind::WsMulti)
             .with_max_message(1 << 16);
         self.subs
-            .subscribe_many(conn, channels, since, None)
+            .subscribe_many(conn, channels, since, None, presence)
             .expect("watched");
         self.add_client(pipe)
     }
@@ -487,6 +504,18 @@ impl Pair {
                 }
                 let after = (p.to_client.borrow().len(), p.to_server.borrow().len());
                 moved |= before != after;
+            }
+            // What the supervisor does with presence events: back to every worker.
+            let told: Vec<_> = self
+                .subs
+                .outside()
+                .presence
+                .borrow_mut()
+                .drain(..)
+                .collect();
+            for e in &told {
+                self.subs.presence_event(e);
+                moved = true;
             }
             if !moved {
                 return;

@@ -329,6 +329,10 @@ impl Outside for Around {
         self.supervisor.send(&Record::ShareMember(m));
     }
 
+    fn presence(&self, e: crate::control::PresenceEvent) {
+        self.supervisor.send(&Record::Presence(e));
+    }
+
     fn ask_retained(&self, request: u64, filters: Vec<String>) {
         self.supervisor.send(&Record::RetainedAsk {
             id: request,

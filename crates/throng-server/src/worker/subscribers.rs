@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use throng_host::process;
+use throng_proto::deflate;
 use throng_proto::mqtt::{
     Ack, Answer as MqttAnswer, Decoder, Delivery, Packet, PacketId, Properties, Property, Publish,
     ReasonCode, RetainHandling, Suback, Subscribe, Unsuback, Unsubscribe, Version, topic,
@@ -49,6 +50,7 @@ use super::table::{Channels, Slab};
 
 mod api;
 mod many;
+mod presence;
 mod subjects;
 use crate::auth;
 use crate::channel;
@@ -60,6 +62,7 @@ use crate::metrics::{CloseReason, Counters};
 use crate::retained::RetainedMessage;
 use crate::tls::Pumped;
 use crate::wheel::{self, Sweep};
+pub(crate) use presence::NOT_ON as PRESENCE_NOT_ON;
 
 /// Size of the one read buffer per worker. Clients only send control
 /// frames, so this is far more than one read ever needs.
@@ -147,6 +150,10 @@ pub(crate) trait Outside {
     /// A connection here joined or left a shared subscription: to the
     /// supervisor, whose picks come to [`Subscribers::share_deliver`].
     fn share_member(&self, m: ShareMember);
+    /// A token subject joined or left a channel of `--presence` here: to
+    /// the supervisor, which hands it to every worker (and node), back to
+    /// [`Subscribers::presence_event`].
+    fn presence(&self, _e: crate::control::PresenceEvent) {}
 }
 
 /// What a CONNECT with a client id asks of its session ([`Subscribers::add_mqtt`]).
@@ -451,6 +458,9 @@ pub(crate) struct Subscribers<O: Outside> {
     many: many::Many<O::Wire>,
     /// The token subject of connections admitted with one ([`subjects`]).
     subjects: RefCell<subjects::Subjects>,
+    /// `--presence` and the connections that watch a channel's joins and
+    /// leaves ([`presence`]).
+    presence: RefCell<presence::Presence<O::Wire>>,
     sweep: RefCell<Sweep>,
     ping: Bytes,
     keep_alive: Bytes,
@@ -545,6 +555,7 @@ impl<O: Outside> Subscribers<O> {
             delayed_wills: RefCell::default(),
             many: many::Many::default(),
             subjects: RefCell::default(),
+            presence: RefCell::default(),
             sweep: RefCell::new(Sweep::new(limits.ping_interval)),
             ping: ws::server_frame(OpCode::Ping, b""),
             keep_alive: Bytes::from_static(throng_proto::sse::KEEP_ALIVE),
@@ -591,10 +602,11 @@ impl<O: Outside> Subscribers<O> {
             return Err(e);
         }
         self.subject_admitted(&c);
-        if let Some(channel) = channel
-            && self.channels.borrow_mut().subscribe(channel, &c)
-        {
-            self.outside.channel_interest(channel, true);
+        if let Some(channel) = channel {
+            if self.channels.borrow_mut().subscribe(channel, &c) {
+                self.outside.channel_interest(channel, true);
+            }
+            self.presence_told(&c, channel, true);
         }
         self.counters.open.set(self.counters.open.get() + 1);
         if c.kind().is_mqtt() {
@@ -750,6 +762,7 @@ impl<O: Outside> Subscribers<O> {
     /// Takes a subscriber out of its channel, saying so when that was the
     /// channel's last subscriber here.
     pub(crate) fn unsubscribe(&self, c: &Conn<O::Wire>) {
+        self.presence_leave_all(c);
         if c.kind().is_mqtt() {
             self.park_session(c);
             self.leave_shares(c);
@@ -880,6 +893,7 @@ impl<O: Outside> Subscribers<O> {
         let end = f.next.saturating_add(n).min(f.conns.len());
         let mut behind = Vec::new();
         let mut delivered = 0u64;
+        let mut zipped = 0u64;
         let m = &f.message;
         for (k, c) in f.conns[f.next..end].iter().enumerate() {
             if !c.is_open() {
@@ -945,7 +959,11 @@ impl<O: Outside> Subscribers<O> {
                             let base = frame.clone();
                             let z =
                                 f.deflated[at].get_or_insert_with(|| rejoin::deflated(&base, min));
-                            self.send(c, z)
+                            let sent = self.send(c, z);
+                            if sent.is_ok() && z.first().is_some_and(|b| b & deflate::RSV1 != 0) {
+                                zipped += 1;
+                            }
+                            sent
                         }
                         _ => self.send(c, frame),
                     }
@@ -962,6 +980,8 @@ impl<O: Outside> Subscribers<O> {
         self.counters
             .frames_delivered
             .set(self.counters.frames_delivered.get() + delivered);
+        let deflated = &self.counters.frames_deflated;
+        deflated.set(deflated.get() + zipped);
         self.counters
             .frames_dropped
             .set(self.counters.frames_dropped.get() + behind.len() as u64);
@@ -1497,6 +1517,10 @@ impl<O: Outside> Subscribers<O> {
             }
             // A connection of several channels asks in text frames.
             Frame::Text(t) if c.kind() == Kind::WsMulti => self.on_request(c, t),
+            // One channel: only a token refresh is read.
+            Frame::Text(t) if matches!(c.kind(), Kind::Ws | Kind::WsIds) => {
+                self.on_single_text(c, t)
+            }
             Frame::Binary(_) if c.kind() == Kind::WsMulti => {
                 let why = "requests are JSON in text frames (docs/channels.md)";
                 self.answer(c, &super::multi::refusal(why, "request", None))

@@ -246,6 +246,8 @@ pub(crate) struct Args {
 
     /// Channels whose presence (who is subscribed: the tokens' sub) GET /api/channels/<c>
     /// lists, by pattern as in a token's grants (room.*, exact names, *); repeatable.
+    /// Their subscribers may also follow joins and leaves: `presence=<c>` at connect or
+    /// {"subscribe":"<c>","presence":true} (docs/channels.md). With --redis: every node's.
     /// Off by default: the subjects of users are not shown (docs/api.md).
     #[arg(long, value_name = "PATTERN", value_parser = parse_presence, action = clap::ArgAction::Append)]
     presence: Vec<String>,

@@ -22,10 +22,10 @@ use crate::mqtt_listen::Got;
 use crate::serve;
 
 /// The publish key: disconnecting by subject takes it.
-const KEY: &str = "the-publish-and-api-key-of-this-test";
+pub(crate) const KEY: &str = "the-publish-and-api-key-of-this-test";
 
 /// `--publish-key-file` with [`KEY`], in `dir`.
-fn key_file(dir: &TempDir) -> String {
+pub(crate) fn key_file(dir: &TempDir) -> String {
     std::fs::write(dir.file("key"), format!("{KEY}\n")).expect("write the key");
     dir.arg("key")
 }
@@ -43,7 +43,7 @@ fn tokens(mint: &Mint) -> (String, String) {
 }
 
 /// A WebSocket subscriber of `channel` with `token`.
-fn join(addr: SocketAddr, channel: &str, token: &str) -> throng_testkit::ws::Sub {
+pub(crate) fn join(addr: SocketAddr, channel: &str, token: &str) -> throng_testkit::ws::Sub {
     let s = std::net::TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");

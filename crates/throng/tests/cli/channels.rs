@@ -18,7 +18,7 @@ use tungstenite::client::IntoClientRequest;
 
 use crate::serve;
 
-type Ws = tungstenite::WebSocket<TcpStream>;
+pub(crate) type Ws = tungstenite::WebSocket<TcpStream>;
 
 /// A `throng.v1` connection to `target` (with `token` as a `bearer.`
 /// subprotocol entry when given).
@@ -41,7 +41,7 @@ pub(crate) fn open(addr: SocketAddr, target: &str, token: Option<&str>) -> Ws {
 }
 
 /// The next text or binary frame, as text.
-fn next(ws: &mut Ws) -> String {
+pub(crate) fn next(ws: &mut Ws) -> String {
     loop {
         match ws.read().expect("a frame") {
             Message::Text(t) => return t.as_str().to_owned(),
@@ -52,19 +52,19 @@ fn next(ws: &mut Ws) -> String {
 }
 
 /// The next frame, which must be an answer (JSON).
-fn answer(ws: &mut Ws) -> Value {
+pub(crate) fn answer(ws: &mut Ws) -> Value {
     let t = next(ws);
     serde_json::from_str(&t).unwrap_or_else(|e| panic!("not an answer: {t:?}: {e}"))
 }
 
 /// Sends request `v` and returns its answer.
-fn ask(ws: &mut Ws, v: &Value) -> Value {
+pub(crate) fn ask(ws: &mut Ws, v: &Value) -> Value {
     ws.send(Message::text(v.to_string())).expect("send");
     answer(ws)
 }
 
 /// The next message as `(channel, id, payload)`.
-fn message(ws: &mut Ws) -> (String, String, String) {
+pub(crate) fn message(ws: &mut Ws) -> (String, String, String) {
     let t = next(ws);
     let mut parts = t.splitn(3, '\n');
     let mut part = || {
@@ -73,6 +73,16 @@ fn message(ws: &mut Ws) -> (String, String, String) {
             .unwrap_or_else(|| panic!("not a message: {t:?}"))
     };
     (part().to_owned(), part().to_owned(), part().to_owned())
+}
+
+/// A server taking HS256 tokens, and tokens of `specs` from its key (the
+/// mint keeps the key's file).
+fn guarded(specs: &[Value]) -> (Mint, throng_testkit::Server, Vec<String>) {
+    let mint = Mint::new();
+    let secret = mint.key("hs256.key");
+    let server = serve(&["--auth-hs256-secret-file", &secret]);
+    let tokens = mint.tokens(specs);
+    (mint, server, tokens)
 }
 
 /// Publishes `body` over HTTP and returns its id.
@@ -84,7 +94,7 @@ fn publish_id(addr: SocketAddr, channel: &str, body: &str) -> String {
 }
 
 /// The status line and body of a raw upgrade to `target`, with `extra` headers.
-fn refused(addr: SocketAddr, target: &str, extra: &str) -> String {
+pub(crate) fn refused(addr: SocketAddr, target: &str, extra: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
@@ -274,15 +284,12 @@ fn an_event_stream_of_several_channels_says_each_events_channel() {
 #[test]
 fn tokens_grant_each_channel_and_publish_and_a_refresh_replaces_them() {
     require!(Peer::PythonJwt);
-    let mint = Mint::new();
-    let secret = mint.key("hs256.key");
-    let server = serve(&["--auth-hs256-secret-file", &secret]);
-    let addr = server.addr;
-    let tokens = mint.tokens(&[
+    let (mint, server, tokens) = guarded(&[
         json!({"alg": "HS256", "claims": {"exp_in": 300, "channels": ["a", "b"], "publish": ["a"]}}),
         json!({"alg": "HS256", "claims": {"exp_in": 600, "channels": ["a"]}}),
         json!({"alg": "HS256-wrong", "claims": {"exp_in": 600, "channels": ["*"]}}),
     ]);
+    let addr = server.addr;
     let [both, only_a, forged] = [0, 1, 2].map(|i| tokens[i].as_str());
     let no = refused(
         addr,
@@ -334,6 +341,44 @@ fn tokens_grant_each_channel_and_publish_and_a_refresh_replaces_them() {
         message(&mut ws).2,
         "on a",
         "a goes on, b's message never came"
+    );
+}
+
+#[test]
+fn a_websocket_of_one_channel_refreshes_its_token_in_band() {
+    require!(Peer::PythonJwt);
+    let (mint, server, tokens) = guarded(&[
+        json!({"alg": "HS256", "claims": {"exp_in": 300, "channels": ["a"]}}),
+        json!({"alg": "HS256", "claims": {"exp_in": 900, "channels": ["a"]}}),
+        json!({"alg": "HS256", "claims": {"exp_in": 900, "channels": ["b"]}}),
+        json!({"alg": "HS256-wrong", "claims": {"exp_in": 900, "channels": ["*"]}}),
+    ]);
+    let addr = server.addr;
+    let [first, longer, only_b, forged] = [0, 1, 2, 3].map(|i| tokens[i].as_str());
+    let mut one = crate::api_sub::join(addr, "a", first);
+    server.wait_metric("throng_connections_open", |v| v == 1.0);
+    let bad = ask(&mut one, &json!({"refresh": forged}));
+    assert_eq!(bad["op"], json!("refresh"), "{bad}");
+    let ok = ask(&mut one, &json!({"refresh": longer}));
+    assert_eq!(ok["refreshed"], json!(true), "{ok}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let expires = ok["expires"].as_u64().expect("an expiry");
+    assert!(expires > now + 600, "the new token's exp: {ok}");
+    // Any other text is ignored, as ever; messages keep their framing.
+    one.send(Message::text("hello")).expect("send");
+    one.send(Message::text(r#"{"subscribe":"b"}"#))
+        .expect("send");
+    publish_id_with(addr, &secret_publish(&mint), "a", "after");
+    assert_eq!(next(&mut one), "after");
+    // A token that does not grant the channel ends the connection.
+    one.send(Message::text(json!({"refresh": only_b}).to_string()))
+        .expect("send");
+    assert_eq!(
+        crate::api::close_frame_then_end(&mut one),
+        (4003, "not granted by the refreshed token".to_owned())
     );
 }
 

@@ -157,6 +157,8 @@ fn peers_that_negotiate_get_one_compressed_frame_others_get_todays() {
         raw_frame(&mut z, &mut zbuf),
         ws::server_frame(OpCode::Text, b"short")
     );
+    // Counted: the 1 KB message to the three that negotiated, not the short one.
+    server.wait_metric("throng_frames_deflated_total", |v| v == 3.0);
     assert_eq!(
         raw_frame(&mut plain, &mut pbuf),
         ws::server_frame(OpCode::Text, &body)

@@ -9,6 +9,7 @@
 mod agents;
 mod agents_json;
 mod api;
+mod api_presence;
 mod api_sub;
 mod attack;
 mod attack_h2;

@@ -200,7 +200,7 @@ const MAX_PRESENCE: usize = 1000;
 
 /// Adds a channel's presence to its answer: this node's subjects (first
 /// [`MAX_PRESENCE`] by name, `presence_truncated` when there were more).
-fn presence(v: &mut Value, mut who: Vec<(String, u64)>) {
+fn presence(v: &mut Value, mut who: Vec<(String, u64)>, scope: &str) {
     let truncated = who.len() > MAX_PRESENCE;
     who.truncate(MAX_PRESENCE);
     let list: Vec<Value> = who
@@ -208,7 +208,7 @@ fn presence(v: &mut Value, mut who: Vec<(String, u64)>) {
         .map(|(sub, n)| json!({ "sub": sub, "connections": n }))
         .collect();
     v["presence"] = list.into();
-    v["presence_scope"] = "node".into();
+    v["presence_scope"] = scope.into();
     v["presence_truncated"] = truncated.into();
 }
 
@@ -220,7 +220,13 @@ async fn one_channel(w: &Worker, caller: &Caller, path: &str) -> Result<Value, B
     let scope = part.scope.as_deref().unwrap_or(scope(w));
     let mut v = json!({ "name": name, "subscribers": subscribers, "scope": scope });
     if crate::worker::api::presence_on(w, &name) {
-        presence(&mut v, part.presence.map(|p| *p).unwrap_or_default());
+        // With Redis: every node's subjects, as of each one's last write.
+        let who = if scope == "cluster" {
+            "cluster"
+        } else {
+            "node"
+        };
+        presence(&mut v, part.presence.map(|p| *p).unwrap_or_default(), who);
     }
     if w.cfg.history > 0 {
         let (_, kept) = w

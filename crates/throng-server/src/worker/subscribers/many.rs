@@ -21,6 +21,7 @@ use super::{Live, Outside, Rejoin, Subscribers};
 use crate::auth::Verifier;
 use crate::control::Message;
 use crate::history::MessageId;
+use crate::metrics::CloseReason;
 use crate::worker::conn::{Conn, SendError};
 use crate::worker::mqtt_auth::{self, MqttGrants};
 use crate::worker::multi::{self, Op};
@@ -68,6 +69,10 @@ pub(crate) const MAX_IN_FLIGHT: u32 = 64;
 /// Why a subscription ended when the refreshed token no longer grants it.
 const NOT_GRANTED_NOW: &str = "not granted by the refreshed token";
 
+/// The close code of a WebSocket of one channel whose refreshed token does
+/// not grant its channel (docs/auth.md: 4001-4099 are throng's).
+pub(crate) const CLOSE_NOT_GRANTED: u16 = 4003;
+
 impl<O: Outside> Subscribers<O> {
     /// Sets the token verifier in-band refreshes are checked by.
     pub(crate) fn set_verifier(&self, v: Option<Rc<Verifier>>) {
@@ -83,6 +88,7 @@ impl<O: Outside> Subscribers<O> {
         channels: &[&str],
         since: Option<MessageId>,
         grants: Option<Box<MqttGrants>>,
+        presence: &[&str],
     ) -> io::Result<()> {
         let c = self.admit_quiet(c, None)?;
         if let Some(g) = grants {
@@ -90,6 +96,10 @@ impl<O: Outside> Subscribers<O> {
         }
         for name in channels {
             self.join_many(&c, name, since);
+        }
+        // Checked by the caller: each is one of `channels`, with presence on.
+        for name in presence {
+            let _ = self.watch(&c, name);
         }
         if c.has_rest() {
             self.on_readable(&c, false);
@@ -100,8 +110,12 @@ impl<O: Outside> Subscribers<O> {
     /// Puts `c` in channel `name` (it is not in it); with `since`, what the
     /// channel kept after it comes first.
     fn join_many(&self, c: &Rc<Conn<O::Wire>>, name: &str, since: Option<MessageId>) {
-        if self.channels.borrow_mut().subscribe_multi(name, c) == Some(true) {
+        let joined = self.channels.borrow_mut().subscribe_multi(name, c);
+        if joined == Some(true) {
             self.outside.channel_interest(name, true);
+        }
+        if joined.is_some() {
+            self.presence_told(c, name, true);
         }
         let Some(since) = since else { return };
         c.set_rejoining(true);
@@ -136,6 +150,8 @@ impl<O: Outside> Subscribers<O> {
         if let Some(name) = gone {
             self.outside.channel_interest(&name, false);
         }
+        self.unwatch(c, name);
+        self.presence_told(c, name, false);
         let mut rejoins = self.rejoins.borrow_mut();
         rejoins.retain(|r| !(std::ptr::eq(&*r.conn, c) && r.channel.as_deref() == Some(name)));
         if !rejoins.iter().any(|r| std::ptr::eq(&*r.conn, c)) {
@@ -188,7 +204,11 @@ impl<O: Outside> Subscribers<O> {
         }
         match multi::parse(text) {
             Err(e) => self.answer(c, &multi::error(&e)),
-            Ok(Op::Subscribe { channel, since }) => self.request_subscribe(c, &channel, since),
+            Ok(Op::Subscribe {
+                channel,
+                since,
+                presence,
+            }) => self.request_subscribe(c, &channel, since, presence),
             Ok(Op::Unsubscribe { channel }) => {
                 if self.leave_one(c, &channel) {
                     self.answer(c, &multi::unsubscribed(&channel, None))
@@ -207,12 +227,14 @@ impl<O: Outside> Subscribers<O> {
     }
 
     /// `{"subscribe":..}`: checked (not in it already, under the limit, a
-    /// live token that grants it), then answered and joined.
+    /// live token that grants it, presence on when asked for), then
+    /// answered and joined.
     fn request_subscribe(
         &self,
         c: &Rc<Conn<O::Wire>>,
         name: &str,
         since: Option<MessageId>,
+        presence: bool,
     ) -> bool {
         let held = {
             let channels = self.channels.borrow();
@@ -232,6 +254,7 @@ impl<O: Outside> Subscribers<O> {
             Some(_) if !mqtt_auth::may_subscribe(grants.get(&key(&**c)).map(|g| &**g), name) => {
                 Some("not granted by the token".to_owned())
             }
+            Some(_) if presence && !self.presence_on(name) => Some(super::presence::NOT_ON.into()),
             Some(_) => None,
         };
         drop(grants);
@@ -240,6 +263,9 @@ impl<O: Outside> Subscribers<O> {
         }
         if !self.answer(c, &multi::subscribed(name)) {
             return false;
+        }
+        if presence {
+            let _ = self.watch(c, name);
         }
         self.join_many(c, name, since);
         true
@@ -350,25 +376,69 @@ impl<O: Outside> Subscribers<O> {
         true
     }
 
+    /// A text frame from a WebSocket of one channel: `{"refresh":..}` is
+    /// done and answered ([`Self::refresh_one`]); anything else is ignored,
+    /// as it always was. False when the connection ended.
+    pub(super) fn on_single_text(&self, c: &Rc<Conn<O::Wire>>, text: &[u8]) -> bool {
+        if text.first() != Some(&b'{') || !c.is_open() {
+            return true;
+        }
+        match multi::parse(text) {
+            Ok(Op::Refresh { token }) => self.refresh_one(c, &token),
+            _ => true,
+        }
+    }
+
+    /// `{"refresh":..}` on a WebSocket of one channel: a valid token's
+    /// expiry (and subject) replace the old; one that does not grant the
+    /// channel closes the connection ([`CLOSE_NOT_GRANTED`]). A token that
+    /// does not verify changes nothing.
+    fn refresh_one(&self, c: &Rc<Conn<O::Wire>>, token: &str) -> bool {
+        let Some(admitted) = self.verify_refresh(c, token) else {
+            return c.is_open();
+        };
+        let own = self.channels.borrow().multi_channels(c);
+        if !own
+            .iter()
+            .all(|name| mqtt_auth::may_subscribe(admitted.grants.as_deref(), name))
+        {
+            let reason = NOT_GRANTED_NOW;
+            self.close(c, CLOSE_NOT_GRANTED, reason, CloseReason::Disconnected);
+            return false;
+        }
+        c.set_expires(admitted.expires);
+        self.presence_resubject(c, admitted.subject);
+        self.answer(c, &multi::refreshed(admitted.expires))
+    }
+
+    /// A refresh's token, checked: what it admits, or `None` when it was
+    /// refused (and answered so).
+    fn verify_refresh(&self, c: &Rc<Conn<O::Wire>>, token: &str) -> Option<mqtt_auth::Admitted> {
+        let verifier = self.many.verifier.borrow().clone();
+        let Some(v) = verifier else {
+            let why = "this server takes no tokens (no --auth-* keys): nothing to refresh";
+            self.answer(c, &multi::refusal(why, "refresh", None));
+            return None;
+        };
+        match mqtt_auth::check(true, Some(&v), None, token.as_bytes(), self.wall.get()) {
+            Ok(a) => Some(a),
+            Err(refusal) => {
+                self.counters.refused(refusal.label());
+                self.answer(c, &multi::refusal(refusal.to_string(), "refresh", None));
+                None
+            }
+        }
+    }
+
     /// `{"refresh":..}`: a valid token's grants and expiry replace the
     /// old; each channel it does not grant ends, saying why. A token that
     /// does not verify changes nothing.
     fn request_refresh(&self, c: &Rc<Conn<O::Wire>>, token: &str) -> bool {
-        let verifier = self.many.verifier.borrow().clone();
-        let Some(v) = verifier else {
-            let why = "this server takes no tokens (no --auth-* keys): nothing to refresh";
-            return self.answer(c, &multi::refusal(why, "refresh", None));
+        let Some(admitted) = self.verify_refresh(c, token) else {
+            return c.is_open();
         };
-        let admitted =
-            match mqtt_auth::check(true, Some(&v), None, token.as_bytes(), self.wall.get()) {
-                Ok(a) => a,
-                Err(refusal) => {
-                    self.counters.refused(refusal.label());
-                    return self.answer(c, &multi::refusal(refusal.to_string(), "refresh", None));
-                }
-            };
         c.set_expires(admitted.expires);
-        self.subject_refreshed(c, admitted.subject);
+        self.presence_resubject(c, admitted.subject);
         let revoked: Vec<_> = {
             let mut grants = self.many.grants.borrow_mut();
             match admitted.grants {
@@ -396,7 +466,7 @@ impl<O: Outside> Subscribers<O> {
     /// stream, which cannot be, ends. False when the connection ended.
     pub(super) fn end_subscription(&self, c: &Rc<Conn<O::Wire>>, name: &str, reason: &str) -> bool {
         if c.kind() == Kind::SseMulti {
-            self.close(c, 0, reason, crate::metrics::CloseReason::Disconnected);
+            self.close(c, 0, reason, CloseReason::Disconnected);
             return false;
         }
         self.leave_one(c, name);

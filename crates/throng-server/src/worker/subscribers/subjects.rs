@@ -110,7 +110,6 @@ impl<O: Outside> Subscribers<O> {
     }
 
     /// The subject of `c`, if it came with one.
-    #[cfg(test)]
     pub(crate) fn subject_of(&self, c: &Conn<O::Wire>) -> Option<Rc<str>> {
         self.subjects.borrow().by_conn.get(&key(c)).cloned()
     }
