@@ -48,7 +48,9 @@ pub(crate) async fn serve(
 ) {
     let source = if w.cfg.per_address.any() {
         let source = Source::of(peer.ip());
-        let verdict = w.supervisor.admit(source).await;
+        // Boxed, as the TLS handshake below: only some connections wait
+        // here, every one would carry room for it.
+        let verdict = Box::pin(w.supervisor.admit(source)).await;
         if let Some(label) = verdict.label() {
             w.counters.refused(label);
             return;
@@ -61,8 +63,13 @@ pub(crate) async fn serve(
     let stream = match tls {
         None => Io::Plain(tcp),
         Some(config) => {
-            let accepted =
-                tokio::time::timeout(w.cfg.handshake_timeout, TlsStream::accept(tcp, config)).await;
+            // Boxed: a TLS handshake's state (rustls's connection) is most
+            // of 2 KB, and every plain connection's task, while it waits
+            // for CONNECT, would otherwise carry room for it: in a burst of
+            // connects (devices coming back) that is the memory the
+            // allocator keeps afterwards.
+            let accept = TlsStream::accept(tcp, config);
+            let accepted = Box::pin(tokio::time::timeout(w.cfg.handshake_timeout, accept)).await;
             let failed = match accepted {
                 Ok(Ok(s)) => {
                     w.counters.tls_handshake(s.handshake_label());
@@ -179,9 +186,41 @@ async fn handshake(
     mut ws: Option<Vec<u8>>,
 ) {
     let mut buf: Vec<u8> = Vec::new();
-    let Some((mut connected, used)) = connect(w, &mut tcp, &mut buf, ws.as_mut()).await else {
+    let Some((connected, used)) = connect(w, &mut tcp, &mut buf, ws.as_mut()).await else {
         return;
     };
+    // Boxed: a task waiting for CONNECT (every connection of a burst, as
+    // when devices come back at once) then carries only what reading it
+    // takes, not room for what follows; the allocator keeps a burst's
+    // peak once it is over.
+    let read = Read {
+        buf,
+        used,
+        ws,
+        connected,
+    };
+    Box::pin(connected_to(w, tcp, ticket, read)).await;
+}
+
+/// What [`handshake`] read: the CONNECT and the bytes behind it.
+struct Read {
+    buf: Vec<u8>,
+    /// The bytes of `buf` the CONNECT took.
+    used: usize,
+    /// Over WebSocket: what was read and not yet unwrapped.
+    ws: Option<Vec<u8>>,
+    connected: Connected,
+}
+
+/// [`handshake`] from its CONNECT on: admission, CONNACK, and the
+/// connection handed to the subscribers.
+async fn connected_to(w: &Worker, mut tcp: Io, ticket: &Cell<Option<Source>>, read: Read) {
+    let Read {
+        buf,
+        used,
+        mut ws,
+        mut connected,
+    } = read;
     let over_ws = ws.is_some();
     let version = connected.version;
     if let Some(max) = w.cfg.mqtt_max_keep_alive
@@ -553,7 +592,10 @@ async fn read_connect(
             Some((raw, _)) => &mut **raw,
             None => &mut *buf,
         };
-        into.reserve(1024);
+        // Room for a usual CONNECT (a larger one takes more reads): every
+        // connection waiting for its CONNECT holds this, and a burst of
+        // connects leaves the allocator keeping the peak.
+        into.reserve(256);
         match tcp.read_buf(into).await {
             Ok(0) | Err(_) => return Err(NoConnect::Left),
             Ok(_) => {}

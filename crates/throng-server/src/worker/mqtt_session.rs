@@ -20,6 +20,9 @@ use bytes::Bytes;
 use super::conn::Conn;
 use super::mqtt::Persist;
 
+/// Waiting connections whose room [`Resumes`] keeps once none waits.
+const KEPT: usize = 64;
+
 /// A connection waiting for its session.
 pub(crate) struct Waiting<W> {
     pub(crate) conn: Rc<Conn<W>>,
@@ -78,6 +81,13 @@ impl<W> Resumes<W> {
     pub(crate) fn answered(&mut self, id: u64) -> Option<Waiting<W>> {
         let w = self.waiting.remove(&id)?;
         self.held.remove(&Rc::as_ptr(&w.conn));
+        if self.waiting.is_empty() && self.waiting.capacity() > KEPT {
+            // A burst of resumes (devices coming back at once) grew these
+            // to its size: kept, they would cost every session connected
+            // afterwards the room of one that waited.
+            self.waiting = HashMap::new();
+            self.held = HashSet::new();
+        }
         Some(w)
     }
 
