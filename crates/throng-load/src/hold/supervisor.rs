@@ -427,9 +427,19 @@ impl Role for Hold {
             let r = run.clone();
             let note: Rc<dyn Fn(&str)> = Rc::new(move |t: &str| r.note(t));
             let sessions = sessions.clone();
+            // They connect at the run's --rate, as its subscribers do: all
+            // at once would measure a connect storm, not the sessions.
+            let pacer = Pacer::for_count(self.run.rate.clone(), u64::from(sessions.clients())).ok();
             self.session_task = Some(tokio::task::spawn_local(async move {
                 let mut clients = tokio::task::JoinSet::new();
+                let start = tokio::time::Instant::now();
                 for k in 0..sessions.clients() {
+                    if let Some(at) = pacer
+                        .as_ref()
+                        .and_then(|p| start.checked_add(p.intended(u64::from(k))))
+                    {
+                        tokio::time::sleep_until(at).await;
+                    }
                     clients.spawn_local(sessions.clone().client(k, note.clone()));
                 }
                 while clients.join_next().await.is_some() {}

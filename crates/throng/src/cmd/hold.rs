@@ -275,7 +275,8 @@ pub(crate) struct MqttArgs {
     #[arg(long)]
     mqtt_connect_only: bool,
 
-    /// Persistent-session clients beside the held subscribers: each keeps a session
+    /// Persistent-session clients beside the held subscribers: they first connect at
+    /// --rate, as the subscribers do; each keeps a session
     /// (3.1.1 clean session 0; 5.0 Clean Start 0 with --mqtt-session-expiry), is online
     /// for --mqtt-session-online, goes away (DISCONNECT) for --mqtt-session-away, and
     /// returns, again and again. Each return checks the broker kept the session and
