@@ -429,7 +429,7 @@ impl Role for Hold {
             let sessions = sessions.clone();
             // They connect at the run's --rate, as its subscribers do: all
             // at once would measure a connect storm, not the sessions.
-            let pacer = Pacer::for_count(self.run.rate.clone(), u64::from(sessions.clients())).ok();
+            let pacer = Pacer::for_count(self.run.rate, u64::from(sessions.clients())).ok();
             self.session_task = Some(tokio::task::spawn_local(async move {
                 let mut clients = tokio::task::JoinSet::new();
                 let start = tokio::time::Instant::now();
