@@ -764,6 +764,8 @@ async fn supervise(
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut deadline = None;
+    // Once taken over: when our handover is written out.
+    let mut written = None;
     let mut prune = tokio::time::interval(Duration::from_secs(1));
     let ports = ports_of(&plan.reserved);
     let mut ctl = Control::open(plan.locks.control_path(std::process::id() as i32))
@@ -793,7 +795,7 @@ async fn supervise(
                 }
                 Step::Go(reply) => {
                     deadline = Some(sup.taken_over());
-                    reply.send(sup.hand_over());
+                    written = Some(reply.send(sup.hand_over()));
                 }
                 Step::Abandoned => {
                     log!("throng: the takeover was abandoned; serving on");
@@ -848,6 +850,10 @@ async fn supervise(
     }
     // MQTT sessions the drain parked reach Redis before we go.
     sup.settle_sessions(&mut rx).await;
+    // What we handed over reaches the new serve before we go.
+    if let Some(w) = written {
+        w.wait(Duration::from_secs(10));
+    }
     // Hold the reserved ports until the workers are gone.
     drop(plan.reserved);
     drop(plan.locks);

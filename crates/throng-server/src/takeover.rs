@@ -179,12 +179,30 @@ const MAX_HISTORY: u64 = 1 << 36;
 /// The old server's way to hand its history and retained messages over
 /// once told `go`.
 #[derive(Debug)]
-pub struct Reply(std::sync::mpsc::Sender<Handed>);
+pub struct Reply {
+    handed: std::sync::mpsc::Sender<Handed>,
+    written: std::sync::mpsc::Receiver<()>,
+}
 
 impl Reply {
-    /// Hands `handed` to the new server.
-    pub fn send(self, handed: Handed) {
-        let _ = self.0.send(handed);
+    /// Hands `handed` to the new server. The handover's thread writes it
+    /// out: the process must not exit before [`Written::wait`] says it has
+    /// (a supervisor with nothing to drain exits at once, and took the
+    /// bytes with it under load).
+    pub fn send(self, handed: Handed) -> Written {
+        let _ = self.handed.send(handed);
+        Written(self.written)
+    }
+}
+
+/// Says when the old server's handover bytes are written out.
+#[derive(Debug)]
+pub struct Written(std::sync::mpsc::Receiver<()>);
+
+impl Written {
+    /// Waits until the bytes are written (or failed), at most `limit`.
+    pub fn wait(self, limit: Duration) {
+        let _ = self.0.recv_timeout(limit);
     }
 }
 
@@ -277,16 +295,24 @@ pub fn give(
         }
     }
     let (tx, rx) = std::sync::mpsc::channel();
-    report(Step::Go(Reply(tx)));
+    let (written, written_rx) = std::sync::mpsc::channel();
+    report(Step::Go(Reply {
+        handed: tx,
+        written: written_rx,
+    }));
     // The supervisor answers at once; without an answer the new server
     // starts with a history of its own.
     let handed = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
     let mut out = stream;
-    for (what, bytes) in [("history", handed.history), ("retained", handed.retained)] {
-        out.write_all(format!("{what} {}\n", bytes.len()).as_bytes())?;
-        out.write_all(&bytes)?;
-    }
-    Ok(())
+    let sent = [("history", handed.history), ("retained", handed.retained)]
+        .into_iter()
+        .try_for_each(|(what, bytes)| {
+            out.write_all(format!("{what} {}\n", bytes.len()).as_bytes())?;
+            out.write_all(&bytes)
+        });
+    // Written or failed: the process may go.
+    let _ = written.send(());
+    sent
 }
 
 /// A running serve's control socket, in its supervisor's event loop.
@@ -416,10 +442,11 @@ mod tests {
             give(&s, &[addr.port()], &sockets, |st| {
                 steps.push(format!("{st:?}"));
                 if let Step::Go(reply) = st {
-                    reply.send(Handed {
+                    // Not waited for here: this thread writes them.
+                    drop(reply.send(Handed {
                         history: b"the history".to_vec(),
                         retained: b"retained".to_vec(),
-                    });
+                    }));
                 }
             })
             .unwrap();

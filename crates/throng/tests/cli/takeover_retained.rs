@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use throng_testkit::http::publish;
 use throng_testkit::process::{output_within, text};
-use throng_testkit::{Peer, Server, require, wait_until};
+use throng_testkit::{Peer, Server, require};
 
 use crate::mqtt_listen::mqtt_server;
 use crate::takeover::{exits_within, take_over};
@@ -78,9 +78,17 @@ fn without_redis_the_retained_messages_are_handed_over_to_the_new_serve() {
 
     let mqtt_listen = mqtt.to_string();
     let new = take_over(&old, &["--mqtt-listen", &mqtt_listen]);
-    wait_until("the new serve adopts the retained messages", || {
-        new.log().contains("adopted the retained messages of pid")
-    });
+    // Both logs when it does not come: what each side said of the handover.
+    let asked = std::time::Instant::now();
+    while !new.log().contains("adopted the retained messages of pid") {
+        assert!(
+            asked.elapsed() < Duration::from_secs(60),
+            "the new serve did not adopt the retained messages in 60 s\n-- new:\n{}\n-- old:\n{}",
+            new.log(),
+            old.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(
         exits_within(&mut old.child, Duration::from_secs(30)),
         "the old serve exits"
