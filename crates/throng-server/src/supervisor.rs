@@ -812,21 +812,7 @@ async fn supervise(
                 }
                 None => break,
             },
-            _ = prune.tick() => {
-                let now = sup.started.elapsed().as_secs_f64();
-                if let Some(a) = &mut sup.addresses {
-                    a.prune(now);
-                }
-                let now = sup.now_ms();
-                sup.history.expire(now);
-                for reply in sup.sessions.tick(now) {
-                    sup.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
-                }
-                sup.session_interest();
-                sup.session_asks();
-                sup.counts_tick();
-                sup.shares_tick();
-            }
+            _ = prune.tick() => sup.each_second(),
             () = until_deadline => {
                 log!("throng: workers did not exit within the drain timeout; killing them");
                 for s in &sup.slots {
@@ -866,6 +852,24 @@ async fn supervise(
 }
 
 impl Supervisor {
+    /// Once a second: forgets idle addresses and expired history, expires
+    /// sessions, and says counts, sessions' interest and shares to Redis.
+    fn each_second(&mut self) {
+        let now = self.started.elapsed().as_secs_f64();
+        if let Some(a) = &mut self.addresses {
+            a.prune(now);
+        }
+        let now = self.now_ms();
+        self.history.expire(now);
+        for reply in self.sessions.tick(now) {
+            self.send(reply.worker, Record::SessionResumed(reply.resumed).encode());
+        }
+        self.session_interest();
+        self.session_asks();
+        self.counts_tick();
+        self.shares_tick();
+    }
+
     /// A supervisor of `config.workers` slots, none started yet, with the
     /// local broker; `events` is where what its workers do arrives.
     fn new(
@@ -1145,22 +1149,7 @@ impl Supervisor {
                 };
                 self.broker.recover(to, channel, since);
             }
-            Record::Recover { id, since, channel } => {
-                let now = self.now_ms();
-                let mut r = if id & crate::control::API_READ == 0 {
-                    self.history.recover(&channel, since, now)
-                } else {
-                    self.history.read(&channel, since, now)
-                };
-                // 21 bytes of framing per message, 64 for the record's own.
-                r.fit(crate::control::MAX_RECORD - 64, 21);
-                let rec = Record::Recovered {
-                    id,
-                    complete: r.complete,
-                    messages: r.messages,
-                };
-                self.send(i, rec.encode());
-            }
+            Record::Recover { id, since, channel } => self.recover_here(i, id, since, &channel),
             Record::MetricsRequest { id } => {
                 let text = self.metrics_text();
                 self.send(
@@ -1219,6 +1208,25 @@ impl Supervisor {
             }
             other => log!("throng: worker {i}: unexpected control record {other:?}"),
         }
+    }
+
+    /// Answers worker `i`'s recovery (or API read, `id` says) from the
+    /// embedded history.
+    fn recover_here(&mut self, i: usize, id: u64, since: history::MessageId, channel: &str) {
+        let now = self.now_ms();
+        let mut r = if id & crate::control::API_READ == 0 {
+            self.history.recover(channel, since, now)
+        } else {
+            self.history.read(channel, since, now)
+        };
+        // 21 bytes of framing per message, 64 for the record's own.
+        r.fit(crate::control::MAX_RECORD - 64, 21);
+        let rec = Record::Recovered {
+            id,
+            complete: r.complete,
+            messages: r.messages,
+        };
+        self.send(i, rec.encode());
     }
 
     /// Parked MQTT sessions' channels stay subscribed in Redis (channels
