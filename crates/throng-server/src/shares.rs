@@ -8,7 +8,7 @@
 //! each matching group the worker holding the next member in turn is
 //! named ([`Shares::picks`]); that worker gives it to one of its members,
 //! in turn too. With `--redis` the nodes say their members to each other
-//! ([`cluster`]) and only the node holding the member a message's hash
+//! (`shares::cluster`) and only the node holding the member a message's hash
 //! picks delivers it: one member of the group in the whole deployment.
 
 pub(crate) mod cluster;
@@ -133,7 +133,7 @@ impl Shares {
     /// The groups whose filter matches `channel`, each with the worker
     /// whose member's turn it is. `spread`: with `--redis`, the message's
     /// hash and this node's tag: only the groups whose member it picks
-    /// in the whole deployment is here ([`cluster::View::mine`]).
+    /// in the whole deployment is here (`cluster::View::mine`).
     pub fn picks(&mut self, channel: &str, spread: Option<(u64, u64)>) -> Vec<(usize, String)> {
         let mut keys = Vec::new();
         self.index
