@@ -40,7 +40,11 @@
 #                             layout (writers and readers of at most 19,600
 #                             connections each, level-triggered epoll, one
 #                             66-byte frame to every connection, 9 rounds) and
-#                             the same TCP table size: how the kernel's own
+#                             the same TCP table size, each reader's
+#                             connections spread over every writer as
+#                             bench's are over serve's workers
+#                             (FLOOR_LAYOUT=paired: a reader per writer,
+#                             the layout before 2026-11-28): how the kernel's own
 #                             fan-out grows on this machine, for throng's to be
 #                             judged against (kernel-200k, -300k, -500k too;
 #                             RUNS=sweep runs each size's pair; kernel-20k
@@ -175,9 +179,13 @@ bench() { # name connections args...
 }
 
 FANOUT_FLOOR=
+# bench's layout: every harness worker holds connections to every server
+# worker (SO_REUSEPORT's spread). FLOOR_LAYOUT=paired connects each reader
+# to one writer only: cheaper on both sides, and not what bench does.
+FLOOR_LAYOUT=${FLOOR_LAYOUT:-spread}
 kernel() { # name connections
   local name=$1 n=$2
-  echo; echo "== $name: fanout_floor --conns $n --rounds 9 (the kernel's own fan-out: write(2), epoll_wait(2), read(2); no throng)"
+  echo; echo "== $name: fanout_floor --conns $n --rounds 9 --layout $FLOOR_LAYOUT (the kernel's own fan-out: write(2), epoll_wait(2), read(2); no throng)"
   if [ -z "$FANOUT_FLOOR" ]; then
     cargo build --release -q -p throng-bench --bin fanout_floor || exit 2
     FANOUT_FLOOR=$(realpath "${CARGO_TARGET_DIR:-target}/release/fanout_floor")
@@ -190,7 +198,7 @@ kernel() { # name connections
   "${IN[@]}" sysctl -qw net.core.somaxconn=65535 2>/dev/null
   load_watch "$OUT/$name.load"
   local started=$SECONDS
-  "${IN[@]}" "$FANOUT_FLOOR" --conns "$n" --rounds 9 >"$OUT/$name.json" 2>"$OUT/$name.err"
+  "${IN[@]}" "$FANOUT_FLOOR" --conns "$n" --rounds 9 --layout "$FLOOR_LAYOUT" >"$OUT/$name.json" 2>"$OUT/$name.err"
   echo "  exit $? after $((SECONDS - started)) s"
   load_stop
   netns_down
@@ -369,7 +377,8 @@ for name in ["kernel-20k", "kernel-100k", "kernel-200k", "kernel-300k", "kernel-
     rounds = " ".join(f"{x:.2f}" for x in k["last_byte_s"])
     print(f"{name:<11} last byte (s) per round: {rounds}; median {k['median_last_byte_s']:.2f} s")
     print(f"{'':<11} CPU per delivery (median): writers {k['median_writer_cpu_ns_per_delivery'] / 1e3:.2f} µs, "
-          f"the machine {k['median_machine_cpu_ns_per_delivery'] / 1e3:.2f} µs; {k['processes_a_side']} processes a side; "
+          f"readers {k.get('median_reader_cpu_ns_per_delivery', 0) / 1e3:.2f} µs, "
+          f"the machine {k['median_machine_cpu_ns_per_delivery'] / 1e3:.2f} µs; {k['processes_a_side']} processes a side ({k.get('layout', 'paired')}); "
           f"load average up to {load(name):.1f}")
 ours = {r["connections"]: med([x["last_subscriber_us"] / 1e6 for x in r["messages"]])
         for n, r in rows if n != "ws-500k-10" and r.get("messages")}
@@ -393,7 +402,8 @@ serve_cpu = {r["connections"]: (r.get("delivery_cpu", {}).get("server_fanout_ns"
              for n, r in rows if n != "ws-500k-10"}
 both = sorted(set(ours) & set(theirs))
 if both:
-    print("throng against the kernel's own fan-out (fanout_floor), same run; issue 33's bar: 1.25x and 1.10x")
+    layouts = "/".join(sorted({kernel[n].get("layout", "paired") for n in both}))
+    print(f"throng against the kernel's own fan-out (fanout_floor, layout {layouts}), same run; issue 33's bar: 1.25x and 1.10x")
     print(f"{'size':>6} {'throng: last subscriber':>24} {'kernel: last byte':>18} {'ratio':>6}"
           f" {'serve CPU/delivery':>19} {'writers CPU/delivery':>21} {'ratio':>6}")
     for n in both:

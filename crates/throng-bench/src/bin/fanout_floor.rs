@@ -5,8 +5,15 @@
 //!
 //! It holds the connections the way `throng bench` does: writer processes
 //! (the server's workers) and reader processes (the harness's), each with
-//! at most `--per-process` connections (the 20,000-file limit), a reader
-//! per writer, the readers' sockets in one level-triggered epoll set each.
+//! at most `--per-process` connections (the 20,000-file limit), the
+//! readers' sockets in one level-triggered epoll set each. With `--layout
+//! spread` each reader's connections go to every writer in turn, as
+//! `throng bench`'s do (`SO_REUSEPORT` hands each harness worker's
+//! connections to all of serve's workers), so every writer wakes every
+//! reader; the default, `paired`, connects each reader to one writer only,
+//! which wakes fewer readers and costs less on both sides (measured on
+//! 2026-11-28 at 100,000: writers ~8.3 against ~10 µs per delivery,
+//! readers ~2.6 against ~5.3 µs, docs/scale.md).
 //! A round tells every writer to write one frame to each of its sockets,
 //! in the order they were accepted; the round's time is from that word to
 //! the last reader's last byte, on the system-wide monotonic clock. The
@@ -19,7 +26,7 @@
 //! anything built on the same system calls.
 //!
 //! ```text
-//! cargo run --release -p throng-bench --bin fanout_floor -- --conns 100000 --rounds 3
+//! cargo run --release -p throng-bench --bin fanout_floor -- --conns 100000 --rounds 3 --layout spread
 //! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -40,6 +47,12 @@ struct Opts {
     gap: Duration,
     port: u16,
     source: Ipv4Addr,
+    /// `spread`: each reader's connections go to every writer in turn.
+    layout: String,
+    /// A reader's writer ports, when spread.
+    ports: Vec<u16>,
+    /// A reader's first connection's place among all connections, when spread.
+    first: usize,
 }
 
 fn opts() -> Opts {
@@ -52,6 +65,9 @@ fn opts() -> Opts {
         gap: Duration::from_secs(2),
         port: 0,
         source: Ipv4Addr::LOCALHOST,
+        layout: "paired".into(),
+        ports: Vec::new(),
+        first: 0,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -70,13 +86,24 @@ fn opts() -> Opts {
             "--gap-ms" => o.gap = Duration::from_millis(num("milliseconds") as u64),
             "--role" => o.role = v,
             "--port" => o.port = num("a port") as u16,
+            "--layout" if v == "paired" || v == "spread" => o.layout = v,
+            "--ports" => {
+                o.ports = v
+                    .split(',')
+                    .map(|p| {
+                        p.parse()
+                            .unwrap_or_else(|_| fail(&format!("--ports: '{p}'")))
+                    })
+                    .collect()
+            }
+            "--first" => o.first = num("a count"),
             "--source" => {
                 o.source = v
                     .parse()
                     .unwrap_or_else(|_| fail(&format!("--source: '{v}' is not an IPv4 address")))
             }
             _ => fail(&format!(
-                "unknown option {a}; options: --conns N --per-process N --rounds N --payload BYTES --gap-ms MS"
+                "unknown option {a} (or a bad value); options: --conns N --per-process N --rounds N --payload BYTES --gap-ms MS --layout paired|spread"
             )),
         }
     }
@@ -182,6 +209,13 @@ fn reader(o: &Opts) {
     let mut socks = Vec::with_capacity(o.conns);
     for i in 0..o.conns {
         let source = Ipv4Addr::from(u32::from(o.source) + i as u32 % SOURCES_PER_READER);
+        let to = match o.ports.len() {
+            0 => to,
+            k => SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::LOCALHOST,
+                o.ports[(o.first + i) % k],
+            )),
+        };
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
             .unwrap_or_else(|e| fail(&format!("socket: {e}")));
         let one: libc::c_int = 1;
@@ -327,6 +361,18 @@ fn coordinate(o: &Opts) {
                 "--source".into(),
                 source.to_string(),
             ];
+            let mut more = more.to_vec();
+            if o.layout == "spread" {
+                // Connection g of all goes to writer g % k: each writer
+                // still gets share(w), from every reader.
+                let first: usize = (0..i).map(share).sum();
+                more.extend([
+                    "--ports".into(),
+                    ports.join(","),
+                    "--first".into(),
+                    first.to_string(),
+                ]);
+            }
             Proc::start(&args("reader", i, &more))
         })
         .collect();
@@ -399,11 +445,13 @@ fn coordinate(o: &Opts) {
         serde_json::json!({
             "conns": n,
             "processes_a_side": k,
+            "layout": o.layout,
             "rounds": o.rounds,
             "frame_bytes": o.payload + 2,
             "last_byte_s": rows.iter().map(|r| r.0).collect::<Vec<_>>(),
             "median_last_byte_s": median(|r| r.0),
             "median_writer_cpu_ns_per_delivery": median(|r| r.1),
+            "median_reader_cpu_ns_per_delivery": median(|r| r.2),
             "median_machine_cpu_ns_per_delivery": median(|r| r.3),
         })
     );
