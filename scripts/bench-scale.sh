@@ -343,6 +343,10 @@ for name in ["ws-20k", "ws-100k", "ws-200k", "ws-300k", "ws-500k", "ws-1m", "ws-
         print(f"{'':<11} idle between fan-outs: server {100 * dc['server_idle_cores']:.1f}%, harness "
               f"{100 * dc['harness_idle_cores']:.1f}% of a core; per delivery above it: server "
               f"{dc['server_fanout_ns'] / 1e3:.2f} µs, harness {dc['harness_fanout_ns'] / 1e3:.2f} µs")
+    cc = r.get("connect_cpu", {})
+    if cc.get("opened"):
+        print(f"{'':<11} CPU per connection opened: server {cc['server_ns'] / 1e3:.1f} µs, harness "
+              f"{cc['harness_ns'] / 1e3:.1f} µs: at these costs the cores open at most ~{cc['ceiling_per_s']:.0f}/s")
     print(f"{'':<11} first limit: " + (f"{limit['name']} at {limit['at_s']:.0f} s ({limit['detail']})" if limit else "none reached"))
     for f in r.get("failures", []):
         print(f"{'':<11} FAIL: {f}")

@@ -261,6 +261,79 @@ pub fn delivery_cpu(samples: &[HostSample], intervals: &BTreeMap<u64, Interval>)
     d
 }
 
+/// CPU per connection opened while the connections were being opened (the
+/// ramp: from the first interval with a connect to the last), each side's
+/// processes' user + system time over the connections opened in it, and
+/// the rate the machine's cores would allow at these costs: the connect
+/// path's ceiling here.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ConnectCpu {
+    /// Connections opened in the window.
+    pub opened: u64,
+    /// Seconds from the first interval with a connect to the end of the last.
+    pub window_s: f64,
+    /// Server CPU per connection opened (accept, upgrade, registration), ns.
+    pub server_ns: f64,
+    /// Harness CPU per connection opened (connect, upgrade, registration; the bench process too), ns.
+    pub harness_ns: f64,
+    /// The machine's cores over both sides' CPU per connection: connects a
+    /// second when both sides have every core and nothing else runs.
+    pub ceiling_per_s: f64,
+}
+
+/// [`ConnectCpu`] from the monitor's samples and the run's intervals, on a
+/// machine of `cores`.
+pub fn connect_cpu(
+    samples: &[HostSample],
+    intervals: &BTreeMap<u64, Interval>,
+    cores: f64,
+) -> ConnectCpu {
+    let opening = |iv: &Interval| iv.counter("connect.ok") > 0;
+    let Some(from) = intervals
+        .iter()
+        .find(|(_, iv)| opening(iv))
+        .map(|(t, _)| *t)
+    else {
+        return ConnectCpu::default();
+    };
+    let to = intervals
+        .range(from..)
+        .rev()
+        .find(|(_, iv)| opening(iv))
+        .map_or(from, |(t, iv)| t + iv.length_ns);
+    let opened: u64 = intervals
+        .range(from..to)
+        .map(|(_, iv)| iv.counter("connect.ok"))
+        .sum();
+    let near = |t: u64| samples.iter().min_by_key(|s| s.at_ns.abs_diff(t));
+    let (Some(a), Some(b)) = (near(from), near(to)) else {
+        return ConnectCpu::default();
+    };
+    if opened == 0 || b.at_ns <= a.at_ns {
+        return ConnectCpu::default();
+    }
+    let used = |serve: bool| -> u64 {
+        b.cpu_ns
+            .iter()
+            .filter(|(l, _)| l.contains(label::SERVE) == serve)
+            .map(|(l, v)| {
+                let before = a.cpu_ns.iter().find(|(k, _)| k == l).map_or(0, |x| x.1);
+                v.saturating_sub(before)
+            })
+            .sum()
+    };
+    let server_ns = used(true) as f64 / opened as f64;
+    let harness_ns = used(false) as f64 / opened as f64;
+    let both = server_ns + harness_ns;
+    ConnectCpu {
+        opened,
+        window_s: to.saturating_sub(from) as f64 / 1e9,
+        server_ns,
+        harness_ns,
+        ceiling_per_s: if both > 0.0 { cores * 1e9 / both } else { 0.0 },
+    }
+}
+
 /// Whether interval `iv` saw a publish or a delivery.
 fn busy(iv: &Interval) -> bool {
     iv.counter("publish.sent") > 0 || iv.counter("messages.received") > 0
@@ -476,5 +549,48 @@ mod tests {
             (40, None, None)
         );
         assert!((d.server_ns - 10.0).abs() < 1e-9);
+    }
+
+    /// A ramp of 3 seconds opening 10,000 a second after a quiet second:
+    /// the CPU of the ramp's seconds over the connections they opened, and
+    /// the rate two cores allow at that cost; a run that opened nothing has
+    /// no figure.
+    #[test]
+    fn connect_cpu_is_the_ramps_cpu_over_its_connections() {
+        const S: u64 = 1_000_000_000;
+        let mut intervals = BTreeMap::new();
+        for i in 0..6u64 {
+            let mut iv = Interval::empty(i * S, S, "h/hold-0".into());
+            if (1..=3).contains(&i) {
+                iv.counters.insert("connect.ok".into(), 10_000);
+            }
+            intervals.insert(i * S, iv);
+        }
+        // 0.3 s of server and 0.4 s of harness CPU in each ramp second, a
+        // little outside it.
+        let mut samples = Vec::new();
+        let (mut serve, mut hold) = (0u64, 0u64);
+        for i in 0..=6u64 {
+            samples.push(HostSample {
+                at_ns: i * S,
+                cpu_ns: vec![
+                    ("h/serve-0".into(), serve),
+                    ("h/hold-pid9".into(), hold),
+                    ("h/bench".into(), 0),
+                ],
+                ..HostSample::default()
+            });
+            let ramp = (1..=3).contains(&i);
+            serve += if ramp { 300_000_000 } else { 5_000_000 };
+            hold += if ramp { 400_000_000 } else { 5_000_000 };
+        }
+        let c = connect_cpu(&samples, &intervals, 2.0);
+        assert_eq!(c.opened, 30_000);
+        assert!((c.window_s - 3.0).abs() < 1e-9, "{c:?}");
+        assert!((c.server_ns - 30_000.0).abs() < 1e-6, "{c:?}");
+        assert!((c.harness_ns - 40_000.0).abs() < 1e-6, "{c:?}");
+        assert!((c.ceiling_per_s - 2e9 / 70_000.0).abs() < 1e-6, "{c:?}");
+        let none = connect_cpu(&samples, &BTreeMap::new(), 2.0);
+        assert_eq!((none.opened, none.ceiling_per_s), (0, 0.0));
     }
 }

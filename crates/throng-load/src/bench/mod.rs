@@ -401,6 +401,7 @@ pub fn run(req: Request) -> Result<Report, BenchError> {
         memory,
         cpu,
         delivery_cpu: costs::delivery_cpu(&samples, &intervals),
+        connect_cpu: costs::connect_cpu(&samples, &intervals, plan.machine.cores as f64),
         messages: costs::per_message(&intervals, results.tallies()),
         limits: limits::reached(&intervals, &samples, summary.start_unix_ns, planned_rate),
         result_file: files.results.clone(),

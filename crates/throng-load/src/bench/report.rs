@@ -12,7 +12,7 @@ use throng_report::bench::{
 use throng_report::interval::HistStats;
 use throng_report::text::{Bytes, micros};
 
-use super::costs::{Cpu, DeliveryCpu, Memory, MessageStats};
+use super::costs::{ConnectCpu, Cpu, DeliveryCpu, Memory, MessageStats};
 use super::limits::{Limit, Peaks};
 use crate::harness::collect::kinds;
 use crate::hold::Summary;
@@ -45,6 +45,8 @@ pub struct Report {
     pub cpu: Cpu,
     /// CPU per delivery while the messages went out.
     pub delivery_cpu: DeliveryCpu,
+    /// CPU per connection opened over the ramp, and the connect rate it allows.
+    pub connect_cpu: ConnectCpu,
     /// Messages published (sent and not refused; a late answer still counts).
     pub published: u64,
     /// Publish calls answered in time.
@@ -94,6 +96,7 @@ pub(super) struct Parts {
     pub(super) memory: Memory,
     pub(super) cpu: Cpu,
     pub(super) delivery_cpu: DeliveryCpu,
+    pub(super) connect_cpu: ConnectCpu,
     pub(super) messages: Vec<MessageStats>,
     pub(super) limits: (Vec<Limit>, Peaks),
     pub(super) result_file: PathBuf,
@@ -162,6 +165,7 @@ impl Report {
             memory: p.memory,
             cpu: p.cpu,
             delivery_cpu: p.delivery_cpu,
+            connect_cpu: p.connect_cpu,
             messages: p.messages,
             limits,
             peaks,
@@ -249,6 +253,7 @@ impl Report {
             "memory": self.memory,
             "cpu": self.cpu,
             "delivery_cpu": self.delivery_cpu,
+            "connect_cpu": self.connect_cpu,
             "messages_asked": self.messages_asked,
             "published": self.published,
             "publish_answered": self.publish_answered,
@@ -509,6 +514,18 @@ fn cpu(s: &mut String, r: &Report) {
         "CPU          server {:.2} s, harness {:.2} s (user + system, whole run of {:.1} s)\n",
         r.cpu.server_s, r.cpu.harness_s, r.elapsed_s
     ));
+    let cc = &r.connect_cpu;
+    if cc.opened > 0 {
+        s.push_str(&format!(
+            "  per connection opened: server {:.1} µs, harness {:.1} µs ({} in {:.1} s): at these costs {} cores open at most ~{:.0}/s\n",
+            cc.server_ns / 1e3,
+            cc.harness_ns / 1e3,
+            cc.opened,
+            cc.window_s,
+            r.settings["machine"]["cores"].as_u64().unwrap_or(0),
+            cc.ceiling_per_s
+        ));
+    }
     let dc = &r.delivery_cpu;
     if dc.deliveries > 0 {
         s.push_str(&format!(
@@ -576,6 +593,7 @@ mod tests {
             memory,
             cpu: Cpu::default(),
             delivery_cpu: DeliveryCpu::default(),
+            connect_cpu: ConnectCpu::default(),
             messages: Vec::new(),
             limits: (Vec::new(), Peaks::default()),
             result_file: PathBuf::from("r.jsonl"),

@@ -90,6 +90,18 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
     );
     assert!(r["cpu"]["server_s"].as_f64().unwrap() > 0.0);
     assert!(r["cpu"]["harness_s"].as_f64().unwrap() > 0.0);
+    // The ramp's CPU over the connections it opened (every one opened in
+    // it), and the rate the machine's cores allow at that cost.
+    let cc = &r["connect_cpu"];
+    assert_eq!(cc["opened"], 20_000, "{cc:#}");
+    let per = cc["server_ns"].as_f64().unwrap() + cc["harness_ns"].as_f64().unwrap();
+    assert!(per > 0.0, "{cc:#}");
+    let cores = r["settings"]["machine"]["cores"].as_f64().unwrap();
+    let ceiling = cc["ceiling_per_s"].as_f64().unwrap();
+    assert!(
+        (ceiling - cores * 1e9 / per).abs() < 1e-6 * ceiling,
+        "{cc:#}"
+    );
 
     // The files it names exist and read back.
     let results = r["result_file"].as_str().unwrap();
