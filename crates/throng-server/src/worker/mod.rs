@@ -40,6 +40,7 @@ mod state;
 mod subscribers;
 mod supervisor_link;
 mod table;
+mod trim;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -615,6 +616,7 @@ async fn tick_loop(w: Rc<Worker>) {
         }
     };
     let snapshot_every = wheel::ticks(Duration::from_millis(500));
+    let mut burst = trim::AfterBurst::default();
     loop {
         // Missed ticks are not made up: the clock counts sweeps, and a
         // connection's deadlines stretch with a busy worker, never shrink.
@@ -640,6 +642,9 @@ async fn tick_loop(w: Rc<Worker>) {
             }
             if let Some(line) = w.accept_errors.borrow_mut().flush(Instant::now()) {
                 log!("{line}");
+            }
+            if burst.due(w.counters.accepted.get()) {
+                throng_host::process::release_free_memory();
             }
         }
     }
