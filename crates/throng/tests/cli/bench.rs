@@ -36,6 +36,11 @@ fn bench_20000_connections_delivers_every_message_and_writes_its_reports() {
         "10000/s",
         "--messages",
         "3",
+        // Known and above 0, or the verdict fails.
+        "--threshold",
+        "server_ns_per_connect>0",
+        "--threshold",
+        "harness_ns_per_connect>0",
         "--out-dir",
         out_dir,
         "--format",
