@@ -3,7 +3,9 @@
 //! a kept-alive connection) holding no bytes leaves its tokio task and
 //! tokio's reactor and waits in the worker's own epoll, as subscribers do,
 //! holding its socket and rustls's state only. Its first bytes (or its
-//! end) wake it: it becomes a task again and reads its request.
+//! end) wake it: it becomes a task again and reads its request. A plain
+//! HTTP connection waiting for its first request is parked the same way,
+//! with no rustls state.
 //!
 //! Measured with `scripts/bench-tls.sh --part states`: a connection
 //! waiting in its task held ~7.8 KB of user space (rustls's state, ~3.3
@@ -36,10 +38,11 @@ pub(crate) const KEPT_GRACE: Duration = Duration::from_millis(10);
 pub(crate) const TOKEN_BIT: u64 = 1 << 63;
 
 /// A parked connection: the socket (out of tokio's reactor), its rustls
-/// state, and what the HTTP phase needs to go on (`T`).
+/// state (none: a plain connection), and what the HTTP phase needs to go
+/// on (`T`).
 pub(crate) struct Entry<T> {
     pub(crate) tcp: TcpStream,
-    pub(crate) conn: Box<UnbufferedServerConnection>,
+    pub(crate) conn: Option<Box<UnbufferedServerConnection>>,
     pub(crate) extra: T,
     /// Tells this entry from a later one in the same slot.
     generation: u32,
@@ -77,7 +80,7 @@ impl<T> Parked<T> {
         &self,
         poller: &Poller,
         tcp: TcpStream,
-        conn: Box<UnbufferedServerConnection>,
+        conn: Option<Box<UnbufferedServerConnection>>,
         extra: T,
         deadline: u32,
     ) -> Result<(), T> {
@@ -182,7 +185,11 @@ mod tests {
         rt.block_on(async {
             let cfg: Arc<rustls::ServerConfig> =
                 server_config(&Material::self_signed().unwrap()).unwrap();
-            let conn = || Box::new(UnbufferedServerConnection::new(cfg.clone()).unwrap());
+            let conn = || {
+                Some(Box::new(
+                    UnbufferedServerConnection::new(cfg.clone()).unwrap(),
+                ))
+            };
             let poller = Poller::new().unwrap();
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let parked: Parked<&str> = Parked::default();
@@ -207,7 +214,8 @@ mod tests {
 
             // `d` takes `a`'s slot; the old deadline of that slot is not its.
             let (_d, d_srv) = pair(&l);
-            parked.park(&poller, d_srv, conn(), "d", 12).unwrap();
+            // A plain connection (no rustls state) parks beside them.
+            parked.park(&poller, d_srv, None, "d", 12).unwrap();
             let mut gone = Vec::new();
             parked.expire(&poller, 9, |e| gone.push(e.extra));
             assert!(gone.is_empty());
