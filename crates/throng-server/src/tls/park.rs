@@ -29,8 +29,9 @@ use throng_host::poll::{Interest, Poller};
 /// task before it is parked: a client sending requests back to back does
 /// not pay the move each time (measured: 6.1 µs of server CPU per request
 /// became 10.5 µs when every wait parked; `scripts/bench-tls-compare.sh`).
-/// A connection waiting for its first request is parked at once: the move
-/// is small beside its handshake.
+/// A TLS connection waiting for its first request is parked at once: the
+/// move is small beside its handshake. A plain one waits this long too
+/// (its client's request usually follows the connect at once).
 pub(crate) const KEPT_GRACE: Duration = Duration::from_millis(10);
 
 /// The bit that marks a parked connection's token in the worker's epoll

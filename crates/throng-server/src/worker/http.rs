@@ -465,6 +465,7 @@ async fn read_head(
     first: bool,
     park_plain: bool,
 ) -> Head {
+    let mut graced = false;
     loop {
         if !buf.is_empty() {
             match http::parse_request(buf, http::MAX_HEAD) {
@@ -523,8 +524,10 @@ async fn read_head(
         };
         // A plain connection waiting for its first request reads at once
         // (tokio's readiness of a socket just registered is not known yet,
-        // while its client's request is often there already), and with
-        // nothing to read it is parked: out of its task, ~1.7 KB as a
+        // while its client's request is often there already); with
+        // nothing to read it waits in its task a moment (a client's request
+        // usually follows its connect at once: parking it would add four
+        // epoll calls to its upgrade), then it is parked: ~1.7 KB as a
         // task against a parked entry's few dozen bytes.
         if !park_plain && tcp.readable().await.is_err() {
             return Head::Closed;
@@ -538,10 +541,20 @@ async fn read_head(
         let n = match read {
             Ok(0) => return Head::Closed,
             Ok(n) => n,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock && park_plain && buf.is_empty() =>
-            {
-                return Head::Park;
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && park_plain => {
+                drop(scratch);
+                if graced {
+                    return Head::Park;
+                }
+                graced = true;
+                // Boxed, as TLS's wait: the timer would grow every
+                // connection's future.
+                let ready = Box::pin(tokio::time::timeout(park::KEPT_GRACE, tcp.readable()));
+                match ready.await {
+                    Err(_) => return Head::Park,
+                    Ok(Err(_)) => return Head::Closed,
+                    Ok(Ok(())) => continue,
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
