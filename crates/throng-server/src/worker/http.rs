@@ -532,17 +532,18 @@ async fn read_head(
         if !park_plain && tcp.readable().await.is_err() {
             return Head::Closed;
         }
-        let mut scratch = w.subs.scratch().borrow_mut();
-        let read = if park_plain {
-            std::io::Read::read(&mut &*socket2::SockRef::from(&*tcp), &mut scratch)
-        } else {
-            tcp.try_read(&mut scratch)
+        let read = {
+            let mut scratch = w.subs.scratch().borrow_mut();
+            if park_plain {
+                std::io::Read::read(&mut &*socket2::SockRef::from(&*tcp), &mut scratch)
+            } else {
+                tcp.try_read(&mut scratch)
+            }
         };
         let n = match read {
             Ok(0) => return Head::Closed,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && park_plain => {
-                drop(scratch);
                 if graced {
                     return Head::Park;
                 }
@@ -560,6 +561,8 @@ async fn read_head(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => return Head::Closed,
         };
+        // What was just read, with no wait since.
+        let scratch = w.subs.scratch().borrow();
         match http::parse_request(&scratch[..n], http::MAX_HEAD) {
             Ok(Some((req, used))) => {
                 buf.extend_from_slice(&scratch[used..n]);
