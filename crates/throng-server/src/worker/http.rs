@@ -465,7 +465,8 @@ async fn read_head(
     first: bool,
     park_plain: bool,
 ) -> Head {
-    let mut graced = false;
+    // The end of a plain connection's wait in its task, once it began.
+    let mut grace: Option<tokio::time::Instant> = None;
     loop {
         if !buf.is_empty() {
             match http::parse_request(buf, http::MAX_HEAD) {
@@ -527,16 +528,22 @@ async fn read_head(
         // while its client's request is often there already); with
         // nothing to read it waits in its task a moment (a client's request
         // usually follows its connect at once: parking it would add four
-        // epoll calls to its upgrade), then it is parked: ~1.7 KB as a
+        // epoll calls to its upgrade), then it is parked: ~1.9 KB as a
         // task against a parked entry's few dozen bytes.
         if !park_plain && tcp.readable().await.is_err() {
             return Head::Closed;
         }
         let read = {
             let mut scratch = w.subs.scratch().borrow_mut();
-            if park_plain {
+            if park_plain && grace.is_none() {
                 std::io::Read::read(&mut &*socket2::SockRef::from(&*tcp), &mut scratch)
             } else {
+                // Through tokio once it has said the socket is readable:
+                // a WouldBlock clears that readiness. Tokio often says a
+                // socket just accepted is readable while nothing is there
+                // yet; read around it, the wait ended at once and most
+                // connections of a connect storm were parked
+                // (`scripts/bench-serve.sh`: 14,323 of 18,000).
                 tcp.try_read(&mut scratch)
             }
         };
@@ -544,13 +551,11 @@ async fn read_head(
             Ok(0) => return Head::Closed,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && park_plain => {
-                if graced {
-                    return Head::Park;
-                }
-                graced = true;
+                let until =
+                    *grace.get_or_insert_with(|| tokio::time::Instant::now() + park::KEPT_GRACE);
                 // Boxed, as TLS's wait: the timer would grow every
                 // connection's future.
-                let ready = Box::pin(tokio::time::timeout(park::KEPT_GRACE, tcp.readable()));
+                let ready = Box::pin(tokio::time::timeout_at(until, tcp.readable()));
                 match ready.await {
                     Err(_) => return Head::Park,
                     Ok(Err(_)) => return Head::Closed,
