@@ -30,9 +30,17 @@ use throng_host::poll::{Interest, Poller};
 /// not pay the move each time (measured: 6.1 µs of server CPU per request
 /// became 10.5 µs when every wait parked; `scripts/bench-tls-compare.sh`).
 /// A TLS connection waiting for its first request is parked at once: the
-/// move is small beside its handshake. A plain one waits this long too
-/// (its client's request usually follows the connect at once).
+/// move is small beside its handshake.
 pub(crate) const KEPT_GRACE: Duration = Duration::from_millis(10);
+
+/// How long a plain connection waits for its first request in its task
+/// before it is parked. Its client's request usually follows the connect
+/// at once, but in a connect storm the clients fall behind: with 10 ms,
+/// the parks' own work (four epoll calls and a new task each) slowed the
+/// server further and more requests came late, and `throng bench -c 20000
+/// --rate 20000/s` connected at ~16,500/s against ~19,960/s (medians of
+/// 6, alternating).
+pub(crate) const FIRST_GRACE: Duration = Duration::from_millis(100);
 
 /// The bit that marks a parked connection's token in the worker's epoll
 /// (a subscriber's token is its slot, below 2^32).

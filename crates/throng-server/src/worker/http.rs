@@ -552,7 +552,7 @@ async fn read_head(
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && park_plain => {
                 let until =
-                    *grace.get_or_insert_with(|| tokio::time::Instant::now() + park::KEPT_GRACE);
+                    *grace.get_or_insert_with(|| tokio::time::Instant::now() + park::FIRST_GRACE);
                 // Boxed, as TLS's wait: the timer would grow every
                 // connection's future.
                 let ready = Box::pin(tokio::time::timeout_at(until, tcp.readable()));
