@@ -37,10 +37,13 @@ pub(crate) const KEPT_GRACE: Duration = Duration::from_millis(10);
 /// before it is parked. Its client's request usually follows the connect
 /// at once, but in a connect storm the clients fall behind: with 10 ms,
 /// the parks' own work (four epoll calls and a new task each) slowed the
-/// server further and more requests came late, and `throng bench -c 20000
-/// --rate 20000/s` connected at ~16,500/s against ~19,960/s (medians of
-/// 6, alternating).
-pub(crate) const FIRST_GRACE: Duration = Duration::from_millis(100);
+/// server further and more requests came late (`throng bench -c 20000
+/// --rate 20000/s`: ~16,500/s against ~19,960/s, medians of 6,
+/// alternating); with 100 ms the connects' time in their tasks left more
+/// heap behind than a parked connection may cost (~640 B each with
+/// `scripts/bench-tls.sh --part plain`). With 30 ms: 19,961/s against
+/// 19,963/s, and 471 B.
+pub(crate) const FIRST_GRACE: Duration = Duration::from_millis(30);
 
 /// The bit that marks a parked connection's token in the worker's epoll
 /// (a subscriber's token is its slot, below 2^32).
