@@ -41,8 +41,9 @@ pub(crate) const KEPT_GRACE: Duration = Duration::from_millis(10);
 /// --rate 20000/s`: ~16,500/s against ~19,960/s, medians of 6,
 /// alternating); with 100 ms the connects' time in their tasks left more
 /// heap behind than a parked connection may cost (~640 B each with
-/// `scripts/bench-tls.sh --part plain`). With 30 ms: 19,961/s against
-/// 19,963/s, and 471 B.
+/// `scripts/bench-tls.sh --part plain`, before the worker's trim after a
+/// burst). With 30 ms: 19,961/s against 19,963/s, and 471 B (24 B with
+/// the trim).
 pub(crate) const FIRST_GRACE: Duration = Duration::from_millis(30);
 
 /// The bit that marks a parked connection's token in the worker's epoll
