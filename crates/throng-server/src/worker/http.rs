@@ -240,8 +240,10 @@ async fn serve_from(
     ticket: Option<&Ticket>,
     first: bool,
 ) {
-    // A connection counted at its upgrade (from a trusted proxy, see
-    // [`forwarded`]) keeps its task: a parked one goes on without that mark.
+    // A plain connection from a trusted proxy, counted only at its upgrade
+    // ([`forwarded`]), waits in its task as before (a parked one would keep
+    // that mark in `Waiting::ticketed`, as TLS ones do, but no test covers
+    // a plain one yet).
     let parks = ticket.is_none_or(|t| t.get().is_some());
     let phase = requests(w, &mut stream, serves, first, parks).await;
     end(w.clone(), stream, serves, ticket, phase).await;
