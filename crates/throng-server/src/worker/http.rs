@@ -43,8 +43,9 @@ enum Head {
     /// The client closed (or the socket failed) before sending a whole head.
     Closed,
     Bad(HeadError),
-    /// A TLS connection would wait for a request holding no bytes: it
-    /// waits on out of its task ([`park()`]).
+    /// A TLS connection would wait for a request holding no bytes, or a
+    /// plain one for its first request: it waits on out of its task
+    /// ([`park()`]).
     Park,
 }
 
@@ -221,8 +222,8 @@ enum Phase {
     Upgrade(Request, Vec<u8>),
     /// A `/ping` answer sleeps until the instant given: the sleepers hold it.
     Sleeps(Answer, Instant),
-    /// A TLS connection waiting for a request, to park; `first`: no request
-    /// was read on it yet.
+    /// A connection waiting for a request, to park (TLS; plain: only for
+    /// its first); `first`: no request was read on it yet.
     Park { first: bool },
 }
 
@@ -239,7 +240,12 @@ async fn serve_from(
     ticket: Option<&Ticket>,
     first: bool,
 ) {
-    let phase = requests(w, &mut stream, serves, first).await;
+    // A plain connection from a trusted proxy, counted only at its upgrade
+    // ([`forwarded`]), waits in its task as before (a parked one would keep
+    // that mark in `Waiting::ticketed`, as TLS ones do, but no test covers
+    // a plain one yet).
+    let parks = ticket.is_none_or(|t| t.get().is_some());
+    let phase = requests(w, &mut stream, serves, first, parks).await;
     end(w.clone(), stream, serves, ticket, phase).await;
 }
 
@@ -293,7 +299,7 @@ pub(crate) async fn resume(w: Rc<Worker>, sleeper: Sleeper) {
         let phase = match ping::go_on(&w, &mut stream, sleeper.answer, true).await {
             Pinged::Sleeps(answer, wake) => Phase::Sleeps(answer, wake),
             Pinged::Done(false) => Phase::Closed,
-            Pinged::Done(true) => requests(&w, &mut stream, sleeper.serves, false).await,
+            Pinged::Done(true) => requests(&w, &mut stream, sleeper.serves, false, false).await,
         };
         end(w.clone(), stream, sleeper.serves, Some(&ticket), phase).await;
     }
@@ -323,11 +329,20 @@ async fn end(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Tick
                 );
             }
         }
-        Phase::Park { first } => {
-            if let Io::Tls(s) = stream {
-                park(&w, *s, serves, ticket, first);
+        Phase::Park { first } => match stream {
+            Io::Tls(s) => {
+                let parts = s.into_parts();
+                park(
+                    &w,
+                    parts.tcp,
+                    Some(Box::new(parts.conn)),
+                    serves,
+                    ticket,
+                    first,
+                );
             }
-        }
+            Io::Plain(tcp) => park(&w, tcp, None, serves, ticket, first),
+        },
         Phase::Closed => {
             if let Io::Tls(_) = stream {
                 // close_notify, so the client can tell the end from a cut.
@@ -343,14 +358,20 @@ async fn end(w: Rc<Worker>, mut stream: Io, serves: Serves, ticket: Option<&Tick
 
 /// Answers requests until the connection ends, asks for a subscription,
 /// sleeps in a `/ping` answer long enough to leave its task (plain
-/// connections only: a TLS one keeps its session in its task), or (TLS) is
-/// to be parked.
-async fn requests(w: &Worker, stream: &mut Io, serves: Serves, mut first: bool) -> Phase {
+/// connections only: a TLS one keeps its session in its task), or is to
+/// be parked (TLS; plain: before its first request, if `parks`).
+async fn requests(
+    w: &Worker,
+    stream: &mut Io,
+    serves: Serves,
+    mut first: bool,
+    parks: bool,
+) -> Phase {
     let mut buf: Vec<u8> = Vec::new();
     loop {
         let read = tokio::time::timeout(
             w.cfg.handshake_timeout,
-            read_head(w, stream, &mut buf, first),
+            read_head(w, stream, &mut buf, first, parks && first),
         );
         let Ok(head) = read.await else {
             if first || !buf.is_empty() {
@@ -437,8 +458,17 @@ fn hosts(req: &Request) -> usize {
 /// reserving 4 KiB per connection up front was most of what each of 5,000
 /// sleeping `/ping` requests cost the server. A TLS connection reads through
 /// its stream, which owns the decrypted bytes.
-/// `first`: no request was read on the connection yet.
-async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>, first: bool) -> Head {
+/// `first`: no request was read on the connection yet. `park_plain`: a
+/// plain connection with nothing to read is parked (its first request).
+async fn read_head(
+    w: &Worker,
+    stream: &mut Io,
+    buf: &mut Vec<u8>,
+    first: bool,
+    park_plain: bool,
+) -> Head {
+    // The end of a plain connection's wait in its task, once it began.
+    let mut grace: Option<tokio::time::Instant> = None;
     loop {
         if !buf.is_empty() {
             match http::parse_request(buf, http::MAX_HEAD) {
@@ -495,16 +525,51 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>, first: bool) 
                 }
             }
         };
-        if tcp.readable().await.is_err() {
+        // A plain connection waiting for its first request reads at once
+        // (tokio's readiness of a socket just registered is not known yet,
+        // while its client's request is often there already); with
+        // nothing to read it waits in its task a moment (a client's request
+        // usually follows its connect at once: parking it would add four
+        // epoll calls to its upgrade), then it is parked: ~1.9 KB as a
+        // task against a parked entry's few dozen bytes.
+        if !park_plain && tcp.readable().await.is_err() {
             return Head::Closed;
         }
-        let mut scratch = w.subs.scratch().borrow_mut();
-        let n = match tcp.try_read(&mut scratch) {
+        let read = {
+            let mut scratch = w.subs.scratch().borrow_mut();
+            if park_plain && grace.is_none() {
+                std::io::Read::read(&mut &*socket2::SockRef::from(&*tcp), &mut scratch)
+            } else {
+                // Through tokio once it has said the socket is readable:
+                // a WouldBlock clears that readiness. Tokio often says a
+                // socket just accepted is readable while nothing is there
+                // yet; read around it, the wait ended at once and most
+                // connections of a connect storm were parked
+                // (`scripts/bench-serve.sh`: 14,323 of 18,000).
+                tcp.try_read(&mut scratch)
+            }
+        };
+        let n = match read {
             Ok(0) => return Head::Closed,
             Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && park_plain => {
+                let until =
+                    *grace.get_or_insert_with(|| tokio::time::Instant::now() + park::FIRST_GRACE);
+                // Boxed, as TLS's wait: the timer would grow every
+                // connection's future.
+                let ready = Box::pin(tokio::time::timeout_at(until, tcp.readable()));
+                match ready.await {
+                    Err(_) => return Head::Park,
+                    Ok(Err(_)) => return Head::Closed,
+                    Ok(Ok(())) => continue,
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => return Head::Closed,
         };
+        // What was just read, with no wait since.
+        let scratch = w.subs.scratch().borrow();
         match http::parse_request(&scratch[..n], http::MAX_HEAD) {
             Ok(Some((req, used))) => {
                 buf.extend_from_slice(&scratch[used..n]);
@@ -521,10 +586,18 @@ async fn read_head(w: &Worker, stream: &mut Io, buf: &mut Vec<u8>, first: bool) 
     }
 }
 
-/// Parks a TLS connection that waits for a request (tls::park) until its
-/// next bytes, for what is left of `--handshake-timeout`. Its address
-/// stays counted (the ticket's source goes with it).
-fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first: bool) {
+/// Parks a connection that waits for a request (tls::park; `conn`: its
+/// rustls state, none if plain) until its next bytes, for what is left of
+/// `--handshake-timeout`. Its address stays counted (the ticket's source
+/// goes with it).
+fn park(
+    w: &Worker,
+    tcp: TcpStream,
+    conn: Option<Box<rustls::server::UnbufferedServerConnection>>,
+    serves: Serves,
+    ticket: Option<&Ticket>,
+    first: bool,
+) {
     let ticketed = ticket.is_some();
     let source = ticket.and_then(Cell::take);
     let release = |source: Option<Source>| {
@@ -532,8 +605,7 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
             w.supervisor.release(source);
         }
     };
-    let parts = s.into_parts();
-    let Ok(tcp) = parts.tcp.into_std() else {
+    let Ok(tcp) = tcp.into_std() else {
         release(source);
         return;
     };
@@ -546,7 +618,7 @@ fn park(w: &Worker, s: TlsStream, serves: Serves, ticket: Option<&Ticket>, first
     let parked = w.parked.park(
         &w.subs.outside().poller,
         tcp,
-        Box::new(parts.conn),
+        conn,
         waiting,
         park_deadline(w),
     );
@@ -567,16 +639,31 @@ pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
     let Some(e) = w.parked.wake(&w.subs.outside().poller, token) else {
         return;
     };
-    let waiting = match TlsStream::wake(e.tcp, e.conn) {
+    let Some(conn) = e.conn else {
+        // Plain: its task reads the request (or parks it again if there
+        // was nothing after all).
+        match TcpStream::from_std(e.tcp) {
+            Ok(tcp) => {
+                tokio::task::spawn_local(resumed(w.clone(), Io::Plain(tcp), e.extra));
+            }
+            Err(_) => {
+                if let Some(source) = e.extra.source {
+                    w.supervisor.release(source);
+                }
+            }
+        }
+        return;
+    };
+    let waiting = match TlsStream::wake(e.tcp, conn) {
         Woken::Stream(s) => {
-            tokio::task::spawn_local(resumed(w.clone(), s, e.extra));
+            tokio::task::spawn_local(resumed(w.clone(), Io::Tls(s), e.extra));
             return;
         }
         Woken::NotYet(tcp, conn) => {
             let deadline = park_deadline(w);
             match w
                 .parked
-                .park(&w.subs.outside().poller, tcp, conn, e.extra, deadline)
+                .park(&w.subs.outside().poller, tcp, Some(conn), e.extra, deadline)
             {
                 Ok(()) => return,
                 Err(waiting) => waiting,
@@ -592,10 +679,10 @@ pub(crate) fn unpark(w: &Rc<Worker>, token: u64) {
 /// A woken connection's task: its HTTP phase goes on, counted under its
 /// address as before (one from a trusted proxy, not counted yet, is counted
 /// at its upgrade under the client it names).
-async fn resumed(w: Rc<Worker>, s: Box<TlsStream>, waiting: Waiting) {
+async fn resumed(w: Rc<Worker>, stream: Io, waiting: Waiting) {
     let ticket: Ticket = Cell::new(waiting.source);
     let counted = waiting.ticketed.then_some(&ticket);
-    serve_from(&w, Io::Tls(s), waiting.serves, counted, waiting.first).await;
+    serve_from(&w, stream, waiting.serves, counted, waiting.first).await;
     if let Some(source) = ticket.take() {
         w.supervisor.release(source);
     }
@@ -613,7 +700,9 @@ pub(crate) fn expire_parked(w: &Worker) {
                 w.supervisor.release(source);
             }
             let mut out = Vec::new();
-            if crate::tls::close_notify(&mut e.conn, &mut [], &mut out).is_ok() {
+            if let Some(conn) = &mut e.conn
+                && crate::tls::close_notify(conn, &mut [], &mut out).is_ok()
+            {
                 // Best effort: the socket is non-blocking, and closed next.
                 let _ = std::io::Write::write(&mut e.tcp, &out);
             }

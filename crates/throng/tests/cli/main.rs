@@ -28,6 +28,7 @@ mod history;
 mod hold;
 mod hold_mqtt_clients;
 mod hold_sse;
+mod http_park;
 mod jwks;
 mod knee;
 mod knee_agents;

@@ -21,7 +21,7 @@ fn tls13(pem: &str) -> Arc<rustls::ClientConfig> {
 }
 
 /// Reads from `s` until `want` has arrived; returns everything read.
-fn read_until(s: &mut Tls, want: &[u8]) -> Vec<u8> {
+pub(crate) fn read_until(s: &mut impl Read, want: &[u8]) -> Vec<u8> {
     let mut got = Vec::new();
     let mut chunk = [0u8; 4096];
     while !got.windows(want.len()).any(|w| w == want) {
@@ -125,7 +125,7 @@ fn a_parked_connection_stays_counted_under_its_address_until_it_ends() {
 }
 
 /// A TCP connection to `addr` from 127.0.0.2.
-fn bound(addr: SocketAddr) -> std::io::Result<TcpStream> {
+pub(crate) fn bound(addr: SocketAddr) -> std::io::Result<TcpStream> {
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
     s.bind(&SocketAddr::from(([127, 0, 0, 2], 0)).into())?;
     s.connect(&addr.into())?;
