@@ -324,6 +324,33 @@ impl Proc {
     }
 }
 
+/// What reader `i` is told besides its count: its rounds, its writer's
+/// port and its first source address; when spread, every writer's port and
+/// where its connections start among all (`before`: the connections of the
+/// readers before it), so that connection g of all goes to writer g % k and
+/// each writer still gets its share, from every reader.
+fn reader_args(o: &Opts, i: usize, before: usize, ports: &[String]) -> Vec<String> {
+    // Source addresses of their own per reader, from 127.0.1.0 on.
+    let first = u32::from(Ipv4Addr::new(127, 0, 1, 0)) + i as u32 * SOURCES_PER_READER;
+    let mut more = vec![
+        "--rounds".into(),
+        o.rounds.to_string(),
+        "--port".into(),
+        ports[i].clone(),
+        "--source".into(),
+        Ipv4Addr::from(first).to_string(),
+    ];
+    if o.layout == "spread" {
+        more.extend([
+            "--ports".into(),
+            ports.join(","),
+            "--first".into(),
+            before.to_string(),
+        ]);
+    }
+    more
+}
+
 fn coordinate(o: &Opts) {
     let n = o.conns;
     let k = n.div_ceil(o.per_process);
@@ -350,30 +377,8 @@ fn coordinate(o: &Opts) {
     let ports: Vec<String> = writers.iter_mut().map(|w| w.line()[1].clone()).collect();
     let mut readers: Vec<Proc> = (0..k)
         .map(|i| {
-            // Source addresses of their own per reader, from 127.0.1.0 on.
-            let first = u32::from(Ipv4Addr::new(127, 0, 1, 0)) + i as u32 * SOURCES_PER_READER;
-            let source = Ipv4Addr::from(first);
-            let more = [
-                "--rounds".into(),
-                o.rounds.to_string(),
-                "--port".into(),
-                ports[i].clone(),
-                "--source".into(),
-                source.to_string(),
-            ];
-            let mut more = more.to_vec();
-            if o.layout == "spread" {
-                // Connection g of all goes to writer g % k: each writer
-                // still gets share(w), from every reader.
-                let first: usize = (0..i).map(share).sum();
-                more.extend([
-                    "--ports".into(),
-                    ports.join(","),
-                    "--first".into(),
-                    first.to_string(),
-                ]);
-            }
-            Proc::start(&args("reader", i, &more))
+            let before: usize = (0..i).map(share).sum();
+            Proc::start(&args("reader", i, &reader_args(o, i, before, &ports)))
         })
         .collect();
     for p in writers.iter_mut().chain(readers.iter_mut()) {
