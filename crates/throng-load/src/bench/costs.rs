@@ -204,20 +204,12 @@ pub fn delivery_cpu(samples: &[HostSample], intervals: &BTreeMap<u64, Interval>)
         .range(from..to)
         .map(|(_, iv)| iv.counter("messages.received"))
         .sum();
-    let near = |t: u64| samples.iter().min_by_key(|s| s.at_ns.abs_diff(t));
     // Each side's CPU between the samples nearest `t0` and `t1`, ns.
     let used = |t0: u64, t1: u64, part: &str, extra: &str| -> Option<u64> {
-        let (a, b) = (near(t0)?, near(t1)?);
-        Some(
-            b.cpu_ns
-                .iter()
-                .filter(|(l, _)| l.contains(part) || (!extra.is_empty() && l.contains(extra)))
-                .map(|(l, v)| {
-                    let before = a.cpu_ns.iter().find(|(k, _)| k == l).map_or(0, |x| x.1);
-                    v.saturating_sub(before)
-                })
-                .sum(),
-        )
+        let (a, b) = (nearest(samples, t0)?, nearest(samples, t1)?);
+        Some(cpu_between(a, b, |l| {
+            l.contains(part) || (!extra.is_empty() && l.contains(extra))
+        }))
     };
     let server = |t0, t1| used(t0, t1, label::SERVE, "");
     let harness = |t0, t1| used(t0, t1, label::HOLD, label::BENCH);
@@ -305,23 +297,13 @@ pub fn connect_cpu(
         .range(from..to)
         .map(|(_, iv)| iv.counter("connect.ok"))
         .sum();
-    let near = |t: u64| samples.iter().min_by_key(|s| s.at_ns.abs_diff(t));
-    let (Some(a), Some(b)) = (near(from), near(to)) else {
+    let (Some(a), Some(b)) = (nearest(samples, from), nearest(samples, to)) else {
         return ConnectCpu::default();
     };
     if opened == 0 || b.at_ns <= a.at_ns {
         return ConnectCpu::default();
     }
-    let used = |serve: bool| -> u64 {
-        b.cpu_ns
-            .iter()
-            .filter(|(l, _)| l.contains(label::SERVE) == serve)
-            .map(|(l, v)| {
-                let before = a.cpu_ns.iter().find(|(k, _)| k == l).map_or(0, |x| x.1);
-                v.saturating_sub(before)
-            })
-            .sum()
-    };
+    let used = |serve: bool| cpu_between(a, b, |l| l.contains(label::SERVE) == serve);
     let server_ns = used(true) as f64 / opened as f64;
     let harness_ns = used(false) as f64 / opened as f64;
     let both = server_ns + harness_ns;
@@ -332,6 +314,24 @@ pub fn connect_cpu(
         harness_ns,
         ceiling_per_s: if both > 0.0 { cores * 1e9 / both } else { 0.0 },
     }
+}
+
+/// The sample taken nearest to `t` (ns since the epoch).
+fn nearest(samples: &[HostSample], t: u64) -> Option<&HostSample> {
+    samples.iter().min_by_key(|s| s.at_ns.abs_diff(t))
+}
+
+/// CPU (ns) the processes whose labels `keep` takes used from sample `a`
+/// to sample `b`; a process first seen in `b` counts from 0.
+fn cpu_between(a: &HostSample, b: &HostSample, keep: impl Fn(&str) -> bool) -> u64 {
+    b.cpu_ns
+        .iter()
+        .filter(|(l, _)| keep(l))
+        .map(|(l, v)| {
+            let before = a.cpu_ns.iter().find(|(k, _)| k == l).map_or(0, |x| x.1);
+            v.saturating_sub(before)
+        })
+        .sum()
 }
 
 /// Whether interval `iv` saw a publish or a delivery.
